@@ -1,0 +1,26 @@
+"""Errors a user can cause, each carrying one sentence that names the cause and the fix.
+
+The CLI prints ``str(error)`` and exits with code 2; the GUI shows it in a banner; the HTTP
+server returns it as the error message. Anything that is not a ``StrataError`` is a bug.
+"""
+from __future__ import annotations
+
+
+class StrataError(Exception):
+    """Base class of user-facing errors: ``str(err)`` is one line, ready to show."""
+
+
+class ModelLoadError(StrataError):
+    """The model folder is missing, incomplete or inconsistent."""
+
+
+class UnsupportedModelError(StrataError):
+    """The checkpoint is readable but its architecture or a feature of it is not supported."""
+
+
+class ConfigError(StrataError):
+    """An engine option has an invalid value or a value that does not fit the machine."""
+
+
+class ReconfigureError(ConfigError):
+    """A live change could not be applied; the engine keeps running with its previous settings."""

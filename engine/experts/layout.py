@@ -1,0 +1,117 @@
+"""Byte layout of one routed expert: every matrix and scale of it in one contiguous range.
+
+A host store is ``uint8 [layers * experts, nbytes]`` and a device pool ``uint8 [slots, nbytes]``;
+a miss is one copy of one row. :meth:`ExpertLayout.views` turns such a buffer into typed per-slot
+tensors that the MoE kernels index with a slot number (``w13[slot]``), so no weight is ever gathered.
+
+Matrices (``N`` output rows, ``K`` reduction dim; ``D`` hidden, ``F`` expert FFN):
+
+* ``w13`` ``[2F, D]``: gate rows ``0..F-1`` then up rows ``F..2F-1`` (out = silu(gate x) * up x);
+* ``w2``  ``[D, F]``: down projection.
+
+Formats:
+
+* ``bf16`` / ``fp16`` / ``fp32``: the matrices as they are.
+* ``fp8``: e4m3 values plus one float32 scale per output row (``w13_scale [2F]``, ``w2_scale [D]``);
+  ``w = fp8 * scale``.
+* ``int4``: asymmetric, per output row and per group of ``G`` along K. ``w13`` is ``uint8 [2F, D/2]``:
+  byte ``j`` of a row holds element ``k = 2j`` in its low nibble and ``k = 2j + 1`` in its high nibble.
+  ``w13_scale`` is float16 ``[2F, D/G]``, ``w13_zero`` uint8 ``[2F, D/G]`` (0..15);
+  ``w = (q - zero) * scale``. Likewise ``w2 [D, F/2]``, ``w2_scale/w2_zero [D, F/G]``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.errors import ConfigError
+
+ALIGN = 256  # bytes; every tensor and every slot starts on this boundary (16-byte loads, cache lines)
+
+DENSE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+EXPERT_FORMATS = ("bf16", "fp16", "fp32", "fp8", "int4")
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+@dataclass(frozen=True)
+class TensorSlice:
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    offset: int          # bytes from the start of the expert
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n * torch.empty((), dtype=self.dtype).element_size()
+
+
+@dataclass(frozen=True)
+class ExpertLayout:
+    """Where each tensor of one expert lives inside its byte range."""
+
+    fmt: str
+    hidden: int           # D
+    ffn: int              # F
+    group_size: int = 128
+    tensors: tuple[TensorSlice, ...] = ()
+    nbytes: int = 0
+
+    @staticmethod
+    def make(fmt: str, hidden: int, ffn: int, group_size: int = 128) -> "ExpertLayout":
+        if fmt not in EXPERT_FORMATS:
+            raise ConfigError(f"expert format {fmt!r} is not supported; choose one of {', '.join(EXPERT_FORMATS)}")
+        specs: list[tuple[str, torch.dtype, tuple[int, ...]]] = []
+        for name, n, k in (("w13", 2 * ffn, hidden), ("w2", hidden, ffn)):
+            if fmt in DENSE_DTYPES:
+                specs.append((name, DENSE_DTYPES[fmt], (n, k)))
+            elif fmt == "fp8":
+                specs += [(name, torch.float8_e4m3fn, (n, k)), (f"{name}_scale", torch.float32, (n,))]
+            else:  # int4
+                if k % group_size or k % 2:
+                    raise ConfigError(
+                        f"int4 group size {group_size} does not divide the reduction dim {k} of {name}; "
+                        "choose a group size of 32, 64 or 128 that divides it")
+                specs += [(name, torch.uint8, (n, k // 2)),
+                          (f"{name}_scale", torch.float16, (n, k // group_size)),
+                          (f"{name}_zero", torch.uint8, (n, k // group_size))]
+        offset, slices = 0, []
+        for name, dtype, shape in specs:
+            s = TensorSlice(name, dtype, shape, offset)
+            slices.append(s)
+            offset = _align(offset + s.nbytes)
+        return ExpertLayout(fmt, hidden, ffn, group_size, tuple(slices), offset)
+
+    def slice(self, name: str) -> TensorSlice:
+        for s in self.tensors:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    def views(self, buf: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Typed views ``[S, *shape]`` of a ``uint8 [S, nbytes]`` buffer (no copy)."""
+        if buf.dtype != torch.uint8 or buf.dim() != 2 or buf.shape[1] != self.nbytes:
+            raise ValueError(f"expected uint8 [S, {self.nbytes}], got {buf.dtype} {tuple(buf.shape)}")
+        out = {}
+        for s in self.tensors:
+            raw = buf[:, s.offset:s.offset + s.nbytes]
+            out[s.name] = raw.view(s.dtype).view(buf.shape[0], *s.shape)
+        return out
+
+    def pack(self, tensors: dict[str, torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
+        """Write one expert's tensors into ``uint8 [nbytes]`` (``out`` if given)."""
+        if out is None:
+            out = torch.zeros(self.nbytes, dtype=torch.uint8)
+        views = self.views(out.view(1, -1))
+        for s in self.tensors:
+            t = tensors[s.name]
+            if tuple(t.shape) != s.shape or t.dtype != s.dtype:
+                raise ValueError(f"{s.name}: expected {s.dtype} {s.shape}, got {t.dtype} {tuple(t.shape)}")
+            views[s.name][0].copy_(t)
+        return out

@@ -1,0 +1,121 @@
+"""Engine counters and the frozen ``EngineStats`` snapshot.
+
+Counters are plain Python numbers updated where the engine already is on the host: no device sync
+is ever issued just to read a statistic.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class MemoryStats:
+    """Bytes on the compute device by category, against the budget."""
+
+    resident_bytes: int = 0          # embeddings, attention, norms, routers, shared experts, LM head
+    expert_pool_bytes: int = 0       # GPU expert pool slots (incl. staging)
+    kv_cache_bytes: int = 0
+    workspace_bytes: int = 0
+    budget_bytes: int | None = None  # None: no budget (CPU)
+    pinned_host_bytes: int = 0       # host store of routed experts
+    max_allocated_bytes: int = 0     # torch.cuda.max_memory_allocated, 0 on CPU
+
+
+@dataclass(frozen=True)
+class ExpertStats:
+    """Expert residency counters, cumulative since load (or the last reset)."""
+
+    hits: int = 0
+    misses: int = 0
+    prefetch_hits: int = 0           # needed experts that a prefetch brought in time
+    prefetch_wasted: int = 0         # prefetched experts that were never used before eviction
+    h2d_bytes: int = 0
+    copy_wait_ms: float = 0.0        # time compute waited on copies
+    pool_slots_used: int = 0
+    pool_slots_total: int = 0
+    pool_bytes: int = 0
+    per_layer_hit_rate: tuple[float, ...] = ()
+    activations: tuple[tuple[int, ...], ...] = ()   # [moe layers][experts] routed-token counts
+
+    @property
+    def hit_rate(self) -> float:
+        total = self.hits + self.misses
+        return self.hits / total if total else 1.0
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """One snapshot of the engine, cheap to make, safe to send across threads."""
+
+    timestamp: float = 0.0
+    device: str = "cpu"
+    model_name: str = ""
+    # throughput and latency
+    prompt_tokens: int = 0           # prompt tokens prefilled since load
+    generated_tokens: int = 0        # tokens sampled since load
+    requests_finished: int = 0
+    decode_tok_s: float = 0.0        # per-stream decode speed over the recent window
+    aggregate_tok_s: float = 0.0     # all streams together over the recent window
+    prefill_tok_s: float = 0.0
+    ttft_ms: float | None = None     # of the most recent first token
+    step_ms: float = 0.0             # duration of the last step
+    # scheduler
+    running: int = 0
+    waiting: int = 0
+    batch_size: int = 0              # sequences in the last step
+    preemptions: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks_total: int = 0
+    kv_cache_dtype: str = ""
+    cuda_graphs_active: bool = False
+    host_syncs: int = 0
+    experts: ExpertStats = field(default_factory=ExpertStats)
+    memory: MemoryStats = field(default_factory=MemoryStats)
+
+    # flat aliases used by benchmarks and the HTTP stats endpoint
+    @property
+    def expert_hits(self) -> int:
+        return self.experts.hits
+
+    @property
+    def expert_misses(self) -> int:
+        return self.experts.misses
+
+    @property
+    def expert_hit_rate(self) -> float:
+        return self.experts.hit_rate
+
+    @property
+    def h2d_bytes(self) -> int:
+        return self.experts.h2d_bytes
+
+    @property
+    def copy_wait_ms(self) -> float:
+        return self.experts.copy_wait_ms
+
+
+class RateWindow:
+    """Events per second over a sliding time window (host clock only)."""
+
+    def __init__(self, seconds: float = 2.0) -> None:
+        self.seconds = seconds
+        self._events: deque[tuple[float, int]] = deque()
+
+    def add(self, count: int, now: float | None = None) -> None:
+        now = time.perf_counter() if now is None else now
+        self._events.append((now, count))
+        self._trim(now)
+
+    def rate(self, now: float | None = None) -> float:
+        now = time.perf_counter() if now is None else now
+        self._trim(now)
+        if not self._events:
+            return 0.0
+        span = max(now - self._events[0][0], 1e-3)
+        return sum(c for _, c in self._events) / span
+
+    def _trim(self, now: float) -> None:
+        while self._events and now - self._events[0][0] > self.seconds:
+            self._events.popleft()
