@@ -1,0 +1,71 @@
+"""The contract between the model's MoE layers and wherever the routed experts live.
+
+The model asks the provider, layer by layer, for the experts its tokens were routed to; the
+provider answers with a slot table ``[E] int32`` (expert -> slot, every needed expert valid) and
+typed views ``[S, ...]`` of the buffer those slots index (see :mod:`engine.experts.layout`). The MoE
+kernels read weights through that pair and never gather a copy.
+
+Implementations: :class:`ResidentExperts` (every expert in one device buffer) and the offloading
+pool in :mod:`engine.experts.manager` (hot experts on the GPU, the rest in pinned host memory).
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from engine.experts.layout import ExpertLayout
+from engine.telemetry import ExpertStats
+
+
+class ExpertProvider(Protocol):
+    layout: ExpertLayout
+
+    def begin_step(self) -> None:
+        """A forward pass starts (one engine step)."""
+
+    def before_layer(self, moe_index: int, hidden: torch.Tensor) -> None:
+        """Layer ``moe_index`` is about to run on ``hidden [T, D]`` (prefetch hook)."""
+
+    def acquire(self, moe_index: int, topk_ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Make the experts in ``topk_ids [T, k]`` usable; return ``(slot_of_expert [E] int32, views)``."""
+
+    def end_step(self) -> None:
+        """The forward pass is over (counters, eviction bookkeeping)."""
+
+    def stats(self) -> ExpertStats:
+        """Cumulative counters, without a device sync."""
+
+
+class ResidentExperts:
+    """Every routed expert of every MoE layer in one buffer on the compute device (no offload)."""
+
+    def __init__(self, layout: ExpertLayout, experts: torch.Tensor, num_experts: int) -> None:
+        # experts: uint8 [L * E, nbytes], expert e of MoE layer l at row l * E + e
+        self.layout = layout
+        self.num_experts = num_experts
+        self.buffer = experts
+        self.views = layout.views(experts)
+        n_layers = experts.shape[0] // num_experts
+        base = torch.arange(num_experts, dtype=torch.int32, device=experts.device)
+        self._slot_tables = [base + l * num_experts for l in range(n_layers)]
+        self._counts = torch.zeros(n_layers, num_experts, dtype=torch.int64, device=experts.device)
+
+    def begin_step(self) -> None:
+        pass
+
+    def before_layer(self, moe_index: int, hidden: torch.Tensor) -> None:
+        pass
+
+    def acquire(self, moe_index: int, topk_ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        self._counts[moe_index] += torch.bincount(topk_ids.flatten(), minlength=self.num_experts)
+        return self._slot_tables[moe_index], self.views
+
+    def end_step(self) -> None:
+        pass
+
+    def stats(self) -> ExpertStats:
+        n = self.buffer.shape[0]
+        return ExpertStats(pool_slots_used=n, pool_slots_total=n, pool_bytes=self.buffer.numel(),
+                           per_layer_hit_rate=tuple(1.0 for _ in self._slot_tables),
+                           activations=tuple(tuple(r) for r in self._counts.cpu().tolist()))
