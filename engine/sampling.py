@@ -1,7 +1,11 @@
 """Sampling parameters and the batched sampler."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
 
 from engine.errors import ConfigError
 
@@ -44,3 +48,135 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+# Sampler. Legend: B rows (requests) in the batch, V vocabulary entries, S rows that sample
+# (temperature > 0), H longest repetition-penalty history.
+
+
+def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator | None:
+    """A generator seeded with ``seed`` on ``device``, or None (draw from the global RNG) when unseeded."""
+    if seed is None:
+        return None
+    generator = torch.Generator(device=device)
+    generator.manual_seed(int(seed))
+    return generator
+
+
+def apply_repetition_penalty(logits: Tensor, penalties: Sequence[float],
+                             histories: Sequence[Sequence[int]]) -> Tensor:
+    """Penalise every token id seen in a row's history (prompt and generated), in place.
+
+    ``logits`` is float32 [B, V]. A seen token's positive logit is divided by the penalty, a negative
+    one multiplied, so a penalty above 1 always makes it less likely.
+    """
+    rows = [i for i, p in enumerate(penalties) if p != 1.0 and len(histories[i]) > 0]
+    if not rows:
+        return logits
+    width = max(len(histories[i]) for i in rows)
+    # Pad each history with its own first id: a repeated id scatters the same value twice.
+    padded = [list(histories[i]) + [histories[i][0]] * (width - len(histories[i])) for i in rows]
+    ids = torch.tensor(padded, dtype=torch.int64, device=logits.device)               # [R, H]
+    row_idx = torch.tensor(rows, dtype=torch.int64, device=logits.device)             # [R]
+    penalty = torch.tensor([penalties[i] for i in rows], dtype=torch.float32,
+                           device=logits.device).unsqueeze(1)                         # [R, 1]
+    seen = logits[row_idx].gather(1, ids)                                             # [R, H]
+    seen = torch.where(seen > 0, seen / penalty, seen * penalty)
+    logits[row_idx] = logits[row_idx].scatter(1, ids, seen)
+    return logits
+
+
+def _filter_sorted(sorted_logits: Tensor, params: Sequence[SamplingParams]) -> Tensor:
+    """Mask (to -inf) what top-k, then top-p, then min-p remove; ``sorted_logits`` is [S, V] descending."""
+    device = sorted_logits.device
+    n_vocab = sorted_logits.shape[1]
+    rank = torch.arange(n_vocab, device=device).unsqueeze(0)                          # [1, V]
+    top_k = torch.tensor([p.top_k if p.top_k > 0 else n_vocab for p in params], device=device)
+    masked = sorted_logits.masked_fill(rank >= top_k.unsqueeze(1), float("-inf"))      # [S, V]
+    probs = masked.softmax(dim=-1)                                                     # [S, V]
+    top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device).unsqueeze(1)
+    mass_before = probs.cumsum(dim=-1) - probs                                         # [S, V]
+    # A token goes when the more likely tokens already hold top_p of the mass; the first always stays.
+    drop = (mass_before >= top_p) & (top_p < 1.0) & (rank > 0)
+    masked = masked.masked_fill(drop, float("-inf"))
+    min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32, device=device).unsqueeze(1)
+    probs = masked.softmax(dim=-1)                                                     # [S, V]
+    drop = probs < min_p * probs[:, :1]
+    return masked.masked_fill(drop & (rank > 0), float("-inf"))
+
+
+def _draw(probs: Tensor, generators: Sequence[torch.Generator | None]) -> Tensor:
+    """One index per row of ``probs`` [S, V]; each seeded row draws only from its own generator.
+
+    Uses the exponential race (argmax of p / Exp(1)), which samples exactly from ``probs`` and
+    needs no device-to-host sync.
+    """
+    noise = torch.empty_like(probs)                                                    # [S, V]
+    unseeded = [i for i, g in enumerate(generators) if g is None]
+    if unseeded:
+        noise[unseeded] = torch.empty_like(noise[unseeded]).exponential_()
+    for i, g in enumerate(generators):
+        if g is not None:
+            noise[i].exponential_(generator=g)
+    # exponential_ may return exactly 0, and 0 / 0 would be a NaN that argmax picks.
+    noise.clamp_(min=torch.finfo(torch.float32).tiny)
+    return (probs / noise).argmax(dim=-1)                                              # [S]
+
+
+def sample(logits: Tensor, params: Sequence[SamplingParams],
+           generators: Sequence[torch.Generator | None],
+           histories: Sequence[Sequence[int]] | None = None) -> Tensor:
+    """Pick the next token of every row.
+
+    ``logits`` [B, V] of any float dtype (computed in float32); ``params`` and ``generators`` give
+    one entry per row; ``histories`` the token ids each row has seen (prompt + generated) for the
+    repetition penalty. Order: repetition penalty, temperature, top-k, top-p, min-p. Returns [B] int64.
+    """
+    if not (len(params) == len(generators) == logits.shape[0]):
+        raise ValueError(f"sample() got {logits.shape[0]} rows, {len(params)} params, {len(generators)} generators")
+    logits = logits.float()                                                            # [B, V]
+    if histories is not None:
+        logits = apply_repetition_penalty(logits.clone(), [p.repetition_penalty for p in params], histories)
+    greedy = [p.greedy for p in params]
+    if all(greedy):
+        return logits.argmax(dim=-1)                                                   # [B]
+    out = logits.argmax(dim=-1) if any(greedy) else torch.empty(
+        logits.shape[0], dtype=torch.int64, device=logits.device)                      # [B]
+    rows = [i for i, g in enumerate(greedy) if not g]
+    row_params = [params[i] for i in rows]
+    temperature = torch.tensor([p.temperature for p in row_params], dtype=torch.float32,
+                               device=logits.device).unsqueeze(1)                     # [S, 1]
+    scaled = logits[rows] / temperature                                                # [S, V]
+    sorted_logits, order = scaled.sort(dim=-1, descending=True)                        # [S, V]
+    probs = _filter_sorted(sorted_logits, row_params).softmax(dim=-1)                  # [S, V]
+    picked = _draw(probs, [generators[i] for i in rows])                               # [S]
+    out[rows] = order.gather(1, picked.unsqueeze(1)).squeeze(1)
+    return out
+
+
+def check_stop(text_so_far: str, new_text: str, stop: tuple[str, ...]) -> int | None:
+    """Where the earliest stop string that ends inside ``new_text`` begins in ``text_so_far + new_text``.
+
+    A stop string may straddle the two; matches lying wholly in ``text_so_far`` were reported before.
+    Returns None when no stop string occurs.
+    """
+    full = text_so_far + new_text
+    best: int | None = None
+    for s in stop:
+        if not s:
+            continue
+        found = full.find(s, max(0, len(text_so_far) - len(s) + 1))
+        if found >= 0 and (best is None or found < best):
+            best = found
+    return best
+
+
+def stop_holdback(text: str, stop: tuple[str, ...]) -> int:
+    """How many trailing characters of ``text`` to hold back because a stop string may start there."""
+    longest = 0
+    for s in stop:
+        for n in range(min(len(s) - 1, len(text)), longest, -1):
+            if text.endswith(s[:n]):
+                longest = n
+                break
+    return longest

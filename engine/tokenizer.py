@@ -1,0 +1,295 @@
+"""Tokenizer: ``tokenizer.json`` through the ``tokenizers`` library, the model's Jinja chat template,
+and streaming detokenisation.
+
+The model folder is read the way Hugging Face checkpoints lay it out:
+
+- ``tokenizer.json``            the vocabulary, merges, normaliser, pre-tokeniser and decoder (required);
+- ``tokenizer_config.json``     special tokens, ``chat_template``, and ``add_bos_token`` /
+                                ``add_eos_token`` (used when tokenizer.json has no post-processor);
+- ``chat_template.jinja``       the chat template as its own file (wins over the config's copy);
+- ``generation_config.json``    the end-of-sequence ids generation stops at (int or list);
+- ``config.json``               a fallback for the bos/eos ids.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.ext
+import jinja2.sandbox
+from tokenizers import AddedToken, processors
+from tokenizers import Tokenizer as _Backend
+
+from engine.errors import ModelLoadError, StrataError
+
+_REPLACEMENT_CHAR = "\ufffd"
+_SPECIAL_NAMES = ("bos_token", "eos_token", "pad_token", "unk_token")
+
+
+class ChatTemplateError(StrataError):
+    """The conversation could not be rendered with the model's chat template."""
+
+
+def _read_json(path: Path) -> dict | None:
+    """The JSON object in ``path``, or None when the file does not exist."""
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(
+            f"{path} is not valid JSON ({exc}); restore the file from the original checkpoint"
+        ) from exc
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path} does not hold a JSON object; restore the file from the original checkpoint")
+    return data
+
+
+def _token_text(value: Any) -> str | None:
+    """A special token given as a string or as an AddedToken-like dict ``{"content": ...}``."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return value["content"]
+    return None
+
+
+def _ids(value: Any) -> list[int]:
+    """Token ids given as an int, a list of ints or nothing."""
+    if isinstance(value, bool) or value is None:
+        return []
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, list):
+        return [int(v) for v in value if isinstance(v, int) and not isinstance(v, bool)]
+    return []
+
+
+def _pick_template(value: Any) -> str | None:
+    """The default chat template from a string or a list of ``{name, template}`` entries."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        named = {e.get("name"): e.get("template") for e in value if isinstance(e, dict)}
+        chosen = named.get("default", next(iter(named.values()), None))
+        return chosen if isinstance(chosen, str) else None
+    return None
+
+
+def _load_backend(folder: Path) -> _Backend:
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        raise ModelLoadError(
+            f"{path} is missing; copy tokenizer.json from the original checkpoint into the model folder"
+        )
+    try:
+        return _Backend.from_file(str(path))
+    except Exception as exc:  # the Rust library raises plain Exceptions for any parse error
+        raise ModelLoadError(
+            f"{path} could not be read ({exc}); restore tokenizer.json from the original checkpoint"
+        ) from exc
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    # Jinja's own tojson escapes HTML characters, which would change the prompt the model sees.
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def compile_chat_template(source: str) -> jinja2.Template:
+    """Compile a chat template in a sandbox with the helpers Hugging Face templates expect."""
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols],
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    try:
+        return env.from_string(source)
+    except jinja2.exceptions.TemplateSyntaxError as exc:
+        raise ModelLoadError(
+            f"the chat template does not parse ({exc.message} on line {exc.lineno}); "
+            "fix chat_template in tokenizer_config.json or chat_template.jinja"
+        ) from exc
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    """The named special tokens as text (None when the model has none)."""
+
+    bos_token: str | None = None
+    eos_token: str | None = None
+    pad_token: str | None = None
+    unk_token: str | None = None
+
+    def as_template_vars(self) -> dict[str, str]:
+        return {k: v for k, v in vars(self).items() if v is not None}
+
+
+class Tokenizer:
+    """Text <-> token ids for one model, plus its chat template."""
+
+    def __init__(self, backend: _Backend, special: SpecialTokens, eos_token_ids: Iterable[int],
+                 bos_token_id: int | None, pad_token_id: int | None, chat_template: str | None) -> None:
+        self._backend = backend
+        self.special_tokens = special
+        self.bos_token_id = bos_token_id
+        self.pad_token_id = pad_token_id
+        self.eos_token_ids: frozenset[int] = frozenset(eos_token_ids)
+        self.chat_template = chat_template
+        self._template = compile_chat_template(chat_template) if chat_template else None
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> Tokenizer:
+        """Load the tokenizer files of a Hugging Face model folder (see the module docstring)."""
+        folder = Path(path)
+        backend = _load_backend(folder)
+        cfg = _read_json(folder / "tokenizer_config.json") or {}
+        gen = _read_json(folder / "generation_config.json") or {}
+        model_cfg = _read_json(folder / "config.json") or {}
+        special = SpecialTokens(**{name: _token_text(cfg.get(name)) for name in _SPECIAL_NAMES})
+        _register_special_tokens(backend, special)
+        _apply_bos_eos_flags(backend, cfg, special)
+
+        def token_id(text: str | None) -> int | None:
+            return backend.token_to_id(text) if text is not None else None
+
+        eos = {i for i in [token_id(special.eos_token)] if i is not None} | set(_ids(gen.get("eos_token_id")))
+        if not eos:
+            eos = set(_ids(model_cfg.get("eos_token_id")))
+        bos = token_id(special.bos_token)
+        for source in (gen, model_cfg):
+            if bos is None and _ids(source.get("bos_token_id")):
+                bos = _ids(source["bos_token_id"])[0]
+        pad = token_id(special.pad_token)
+        if pad is None and _ids(gen.get("pad_token_id")):
+            pad = _ids(gen["pad_token_id"])[0]
+        template = _pick_template(cfg.get("chat_template"))
+        jinja_file = folder / "chat_template.jinja"
+        if jinja_file.is_file():
+            template = jinja_file.read_text(encoding="utf-8")
+        return cls(backend, special, eos, bos, pad, template)
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of token ids the tokenizer can produce, added tokens included."""
+        return self._backend.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self._template is not None
+
+    def token_to_id(self, token: str) -> int | None:
+        """The id of one vocabulary entry, or None when it is not in the vocabulary."""
+        return self._backend.token_to_id(token)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text``; ``add_special_tokens`` adds what the model's post-processor adds (e.g. bos)."""
+        return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text of ``ids``; incomplete UTF-8 at the ends shows as U+FFFD."""
+        return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            tokenize: bool = False, **kwargs: Any) -> str | list[int]:
+        """Render ``messages`` with the model's chat template; with ``tokenize`` return the ids.
+
+        Extra keyword arguments (``tools``, ``enable_thinking``, ...) become template variables.
+        The rendered text already holds the template's special tokens, so none are added when tokenizing.
+        """
+        if self._template is None:
+            raise ChatTemplateError(
+                "this model has no chat template; send a plain prompt instead or add chat_template "
+                "to the model's tokenizer_config.json"
+            )
+        variables = {**self.special_tokens.as_template_vars(), **kwargs}
+        try:
+            text = self._template.render(
+                messages=messages, add_generation_prompt=add_generation_prompt, **variables,
+            )
+        except jinja2.exceptions.TemplateError as exc:
+            raise ChatTemplateError(
+                f"the model's chat template rejected the conversation ({exc}); "
+                "change the messages to the roles and order this model expects"
+            ) from exc
+        return self.encode(text, add_special_tokens=False) if tokenize else text
+
+
+def _register_special_tokens(backend: _Backend, special: SpecialTokens) -> None:
+    # A named special token must never be split and must be skipped by skip_special_tokens, even
+    # when tokenizer.json lists it as an ordinary vocabulary entry or not at all.
+    tokens = [AddedToken(t, special=True, normalized=False) for t in vars(special).values() if t]
+    if tokens:
+        backend.add_special_tokens(tokens)
+
+
+def _apply_bos_eos_flags(backend: _Backend, cfg: dict, special: SpecialTokens) -> None:
+    # A post-processor in tokenizer.json is authoritative about which special tokens encode() adds.
+    # Without one, tokenizer_config.json's add_bos_token/add_eos_token flags decide.
+    if backend.post_processor is not None:
+        return
+    add_bos = bool(cfg.get("add_bos_token")) and backend.token_to_id(special.bos_token or "") is not None
+    add_eos = bool(cfg.get("add_eos_token")) and backend.token_to_id(special.eos_token or "") is not None
+    if not (add_bos or add_eos):
+        return
+    bos = f"{special.bos_token}:0 " if add_bos else ""
+    eos = f" {special.eos_token}:0" if add_eos else ""
+    added = [(t, backend.token_to_id(t)) for t, on in ((special.bos_token, add_bos), (special.eos_token, add_eos)) if on]
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"{bos}$A:0{eos}", pair=f"{bos}$A:0{eos} {bos.replace(':0', ':1')}$B:1{eos.replace(':0', ':1')}",
+        special_tokens=added,
+    )
+
+
+class IncrementalDetokenizer:
+    """Turns a stream of token ids into a stream of complete text pieces.
+
+    Each ``push`` decodes only a short window: the tokens from ``_prefix`` (the start of the last
+    emitted piece, kept so that decoders which treat the first token specially see the same
+    context) to the end. The text that window adds beyond ``_prefix.._read`` is the new piece.
+    A piece ending in U+FFFD is held back until the next token completes the character.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
+        self._tokenizer = tokenizer
+        self._skip = skip_special_tokens
+        self.token_ids: list[int] = []
+        self._prefix = 0   # start of the decode window
+        self._read = 0     # tokens before this index have been emitted as text
+
+    def _pending_text(self) -> str:
+        window = self.token_ids[self._prefix:]
+        prefix_text = self._tokenizer.decode(window[: self._read - self._prefix], self._skip)
+        full_text = self._tokenizer.decode(window, self._skip)
+        return full_text[len(prefix_text):] if len(full_text) > len(prefix_text) else ""
+
+    def push(self, token_ids: Sequence[int] | int) -> str:
+        """Add tokens; return the text they complete (possibly empty, never a partial character)."""
+        if isinstance(token_ids, int):
+            token_ids = [token_ids]
+        self.token_ids.extend(int(t) for t in token_ids)
+        new_text = self._pending_text()
+        if not new_text or new_text.endswith(_REPLACEMENT_CHAR):
+            return ""
+        self._prefix, self._read = self._read, len(self.token_ids)
+        return new_text
+
+    def flush(self) -> str:
+        """Return whatever is held back, even an incomplete character (the stream has ended)."""
+        new_text = self._pending_text()
+        self._prefix, self._read = self._read, len(self.token_ids)
+        return new_text
