@@ -1,0 +1,190 @@
+"""Tokenizer loading, chat template parity with transformers, and streaming detokenisation."""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from engine.errors import ModelLoadError
+from engine.tokenizer import ChatTemplateError, IncrementalDetokenizer, Tokenizer
+from tests.engine.tokenizer_fixtures import IM_START, build_tiny_tokenizer
+
+transformers = pytest.importorskip("transformers")
+
+MULTIBYTE = "Streaming 你好，世界！東京は晴れ 😀🚀🎉 👍🏽 ❤️ 🇯🇵 done. 未见过的字：龘靐齉 🦄🧬"
+
+CONVERSATION = [
+    {"role": "system", "content": "You are Strata, a terse assistant."},
+    {"role": "user", "content": "What is an expert pool?"},
+    {"role": "assistant", "content": "Hot experts kept on the GPU. 专家 🚀"},
+    {"role": "user", "content": "And a miss?  "},
+]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tiny_tok")
+    build_tiny_tokenizer(path)
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [3, 0]}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tok(model_dir: Path) -> Tokenizer:
+    return Tokenizer.from_dir(model_dir)
+
+
+@pytest.fixture(scope="module")
+def hf(model_dir: Path):
+    return transformers.AutoTokenizer.from_pretrained(str(model_dir))
+
+
+@pytest.mark.parametrize("messages", [CONVERSATION, CONVERSATION[1:]], ids=["system", "default-system"])
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+@pytest.mark.parametrize("tokenize", [False, True])
+def test_chat_template_matches_transformers(tok, hf, messages, add_generation_prompt, tokenize) -> None:
+    ours = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=tokenize)
+    theirs = hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                    tokenize=tokenize, return_dict=False)
+    assert ours == theirs
+    if not tokenize:
+        assert ours.endswith("<|im_start|>assistant\n") == add_generation_prompt
+
+
+def test_chat_template_rejection_is_one_sentence(tok) -> None:
+    with pytest.raises(ChatTemplateError, match="Unknown role: robot"):
+        tok.apply_chat_template([{"role": "robot", "content": "beep"}])
+
+
+def test_template_helpers_and_kwargs(tmp_path: Path) -> None:
+    template = ("{{ bos_token }}{{ messages | tojson }}|{{ greeting }}|{{ strftime_now('%Y') | length }}"
+                "{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}{{ m.role }}{% endfor %}")
+    build_tiny_tokenizer(tmp_path, chat_template=template)
+    tok = Tokenizer.from_dir(tmp_path)
+    hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    msgs = [{"role": "user", "content": "<b>ünï</b>"}, {"role": "assistant", "content": "x"}]
+    ours = tok.apply_chat_template(msgs, greeting="hi")
+    assert ours == hf.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, greeting="hi")
+    assert '"<b>ünï</b>"' in ours and ours.endswith("|hi|4user")
+
+
+def test_encode_decode_match_transformers(tok, hf) -> None:
+    for text in (MULTIBYTE, "The quick brown fox.", "<|im_start|>user\nhi<|im_end|>", ""):
+        ids = tok.encode(text)
+        assert ids == hf.encode(text)
+        assert tok.decode(ids) == hf.decode(ids, skip_special_tokens=True)
+        assert tok.decode(ids, skip_special_tokens=False) == hf.decode(ids) == text
+    assert tok.token_to_id(IM_START) == 2
+    assert tok.vocab_size == len(hf)
+
+
+def test_special_ids_include_generation_config_eos(tok) -> None:
+    assert tok.eos_token_ids == frozenset({3, 0})
+    assert tok.bos_token_id == 1
+    assert tok.pad_token_id == 0
+    assert tok.has_chat_template
+
+
+def test_add_bos_token_without_post_processor(tmp_path: Path) -> None:
+    build_tiny_tokenizer(tmp_path, add_bos_token=True)
+    tok = Tokenizer.from_dir(tmp_path)
+    plain = tok.encode("hello", add_special_tokens=False)
+    assert tok.encode("hello") == [1] + plain
+    chat = tok.apply_chat_template([{"role": "user", "content": "hello"}], tokenize=True)
+    assert chat[0] == 2 and 1 not in chat  # the rendered template is not given a second bos
+
+
+def test_eos_falls_back_to_config_json_and_template_lists(tmp_path: Path) -> None:
+    build_tiny_tokenizer(tmp_path, chat_template=None)
+    cfg = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    del cfg["eos_token"], cfg["bos_token"]
+    cfg["chat_template"] = [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(cfg))
+    (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": 3, "bos_token_id": 1}))
+    tok = Tokenizer.from_dir(tmp_path)
+    assert tok.eos_token_ids == frozenset({3}) and tok.bos_token_id == 1
+    assert tok.apply_chat_template([]) == "D"
+    (tmp_path / "chat_template.jinja").write_text("J{{ messages | length }}")
+    assert Tokenizer.from_dir(tmp_path).apply_chat_template([{"role": "user", "content": "x"}]) == "J1"
+
+
+def test_no_chat_template_raises(tmp_path: Path) -> None:
+    build_tiny_tokenizer(tmp_path, chat_template=None)
+    tok = Tokenizer.from_dir(tmp_path)
+    assert not tok.has_chat_template
+    with pytest.raises(ChatTemplateError, match="no chat template"):
+        tok.apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+def test_missing_or_corrupt_tokenizer_json(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match="tokenizer.json is missing"):
+        Tokenizer.from_dir(tmp_path)
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(ModelLoadError, match="could not be read"):
+        Tokenizer.from_dir(tmp_path)
+
+
+def test_corrupt_tokenizer_config(tmp_path: Path) -> None:
+    build_tiny_tokenizer(tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text("{")
+    with pytest.raises(ModelLoadError, match="tokenizer_config.json is not valid JSON"):
+        Tokenizer.from_dir(tmp_path)
+
+
+def _stream(tok: Tokenizer, ids: list[int], chunks: list[int], skip: bool = True) -> list[str]:
+    detok = IncrementalDetokenizer(tok, skip_special_tokens=skip)
+    deltas, start = [], 0
+    for size in chunks:
+        deltas.append(detok.push(ids[start:start + size]))
+        start += size
+    deltas.append(detok.flush())
+    return deltas
+
+
+def test_multibyte_tokens_split_characters(tok) -> None:
+    # The test below only proves something if some tokens hold part of a character.
+    ids = tok.encode(MULTIBYTE)
+    assert any("\ufffd" in tok.decode([i]) for i in ids)
+
+
+def test_streaming_one_token_at_a_time(tok) -> None:
+    ids = tok.encode(MULTIBYTE)
+    deltas = _stream(tok, ids, [1] * len(ids))
+    assert "".join(deltas) == tok.decode(ids) == MULTIBYTE
+    assert not any("\ufffd" in d for d in deltas)
+    assert deltas[-1] == ""  # nothing was held back at the end of complete text
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_streaming_random_chunks_with_special_tokens(tok, seed: int) -> None:
+    rng = random.Random(seed)
+    text = MULTIBYTE + "<|im_end|>" + MULTIBYTE[::-1]
+    ids = tok.encode(text)
+    chunks = []
+    while sum(chunks) < len(ids):
+        chunks.append(rng.randint(1, 4))
+    for skip in (True, False):
+        deltas = _stream(tok, ids, chunks, skip)
+        assert "".join(deltas) == tok.decode(ids, skip_special_tokens=skip)
+        assert not any("\ufffd" in d for d in deltas)
+
+
+def test_incomplete_character_held_until_flush(tok) -> None:
+    ids = tok.encode("a😀", add_special_tokens=False)
+    emoji_bytes = ids[1:]
+    assert len(emoji_bytes) > 1
+    detok = IncrementalDetokenizer(tok)
+    assert detok.push(ids[:1]) == "a"
+    assert detok.push(emoji_bytes[:-1]) == ""
+    # The stream ended mid-character: flush emits what there is, as decode() would show it.
+    assert detok.flush() == tok.decode(ids[:-1])[1:] == "\ufffd"
+
+
+def test_push_window_stays_short(tok) -> None:
+    ids = tok.encode(MULTIBYTE * 4)
+    detok = IncrementalDetokenizer(tok)
+    for i in ids:
+        detok.push(i)
+        assert len(detok.token_ids) - detok._prefix <= 8  # O(new tokens), not the whole sequence
