@@ -1,0 +1,43 @@
+"""Quantise one routed expert into the tensors of its :class:`ExpertLayout`, and read them back.
+
+``quantize_expert`` returns exactly the dict ``layout.pack`` takes; ``dequantize_expert_matrix``
+rebuilds one dense matrix of one pool slot (the reference path and tests use it; kernels never do).
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.experts.layout import DENSE_DTYPES, ExpertLayout
+from engine.quant.fp8 import dequantize_fp8, quantize_fp8
+from engine.quant.int4 import dequantize_int4, quantize_int4
+
+
+def quantize_matrix(w: torch.Tensor, name: str, layout: ExpertLayout) -> dict[str, torch.Tensor]:
+    """Tensors named ``name``, ``name_scale``, ``name_zero`` (as the format needs) for ``w [N, K]``."""
+    if layout.fmt in DENSE_DTYPES:
+        return {name: w.to(DENSE_DTYPES[layout.fmt]).contiguous()}
+    if layout.fmt == "fp8":
+        q, scale = quantize_fp8(w)
+        return {name: q, f"{name}_scale": scale}
+    q, scale, zero = quantize_int4(w, layout.group_size)
+    return {name: q, f"{name}_scale": scale, f"{name}_zero": zero}
+
+
+def quantize_expert(w13: torch.Tensor, w2: torch.Tensor, layout: ExpertLayout) -> dict[str, torch.Tensor]:
+    """One expert's ``w13 [2F, D]`` and ``w2 [D, F]`` in ``layout``'s format, ready for ``layout.pack``."""
+    want = {"w13": (2 * layout.ffn, layout.hidden), "w2": (layout.hidden, layout.ffn)}
+    for name, w in (("w13", w13), ("w2", w2)):
+        if tuple(w.shape) != want[name]:
+            raise ValueError(f"{name}: expected shape {want[name]} for this layout, got {tuple(w.shape)}")
+    return {**quantize_matrix(w13, "w13", layout), **quantize_matrix(w2, "w2", layout)}
+
+
+def dequantize_expert_matrix(views: dict[str, torch.Tensor], name: str, slot: int,
+                             layout: ExpertLayout, dtype: torch.dtype) -> torch.Tensor:
+    """Dense ``name`` (``"w13"`` or ``"w2"``) of the expert in pool ``slot``, in ``dtype``."""
+    if layout.fmt in DENSE_DTYPES:
+        return views[name][slot].to(dtype)
+    if layout.fmt == "fp8":
+        return dequantize_fp8(views[name][slot], views[f"{name}_scale"][slot], dtype)
+    return dequantize_int4(views[name][slot], views[f"{name}_scale"][slot], views[f"{name}_zero"][slot],
+                           layout.group_size, dtype)

@@ -1,0 +1,114 @@
+"""Router: scores over all experts, top-k, optional renormalisation, per-expert activation counts.
+
+Semantics (Mixtral, Qwen-MoE, OLMoE): ``softmax`` is taken over all E logits in float32, then the k
+largest probabilities are kept; ``sigmoid`` scores each logit independently. ``renormalize`` divides
+the k kept weights by their sum.
+
+Tie-breaking: among equal scores the lower expert id ranks first (weights in descending order,
+ties by ascending id, as a stable descending sort orders them). On distinct scores this is exactly
+``torch.topk``; on exact ties ``torch.topk`` leaves the order unspecified (its CPU kernel returns
+tied ids in no fixed order), so the reference uses a stable sort to give both paths one answer.
+
+Legend: T tokens, E experts, k experts per token.
+"""
+from __future__ import annotations
+
+import torch
+
+from kernels._triton import jit, next_pow2, tl, cdiv
+
+SCORINGS = ("softmax", "sigmoid")
+
+
+@jit
+def _route_kernel(logits_ptr, w_ptr, ids_ptr, counts_ptr, T, E, stride_t,
+                  TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
+                  BLOCK_E: tl.constexpr, SIGMOID: tl.constexpr, RENORM: tl.constexpr,
+                  COUNT: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)          # [BT]
+    cols = tl.arange(0, BLOCK_E)                                        # [BE]
+    kcols = tl.arange(0, BLOCK_K)                                       # [BK]
+    row_ok = rows < T
+    mask = row_ok[:, None] & (cols[None, :] < E)
+    x = tl.load(logits_ptr + rows[:, None] * stride_t + cols[None, :], mask=mask,
+                other=-float("inf")).to(tl.float32)                    # [BT, BE]
+    if SIGMOID:
+        s = 1.0 / (1.0 + tl.exp(-x))
+    else:
+        top = tl.max(x, axis=1)                                         # [BT]
+        top = tl.where(row_ok, top, 0.0)                                # rows past T: avoid inf - inf
+        ex = tl.exp(x - top[:, None])
+        s = ex / tl.sum(ex, axis=1)[:, None]
+    s = tl.where(mask, s, -1.0)                                         # scores are >= 0; -1 = unusable
+    w = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
+    ids = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.int32)
+    for j in tl.static_range(TOP_K):
+        best = tl.max(s, axis=1)                                        # [BT]
+        idx = tl.min(tl.where(s == best[:, None], cols[None, :], BLOCK_E), axis=1)  # lowest id wins
+        w = tl.where(kcols[None, :] == j, best[:, None], w)
+        ids = tl.where(kcols[None, :] == j, idx[:, None], ids)
+        s = tl.where(cols[None, :] == idx[:, None], -2.0, s)
+    if RENORM:
+        total = tl.sum(w, axis=1)                                       # [BT]
+        w = w / tl.where(row_ok, total, 1.0)[:, None]
+    out_mask = row_ok[:, None] & (kcols[None, :] < TOP_K)
+    offs = rows[:, None] * TOP_K + kcols[None, :]
+    tl.store(w_ptr + offs, w, mask=out_mask)
+    tl.store(ids_ptr + offs, ids, mask=out_mask)
+    if COUNT:
+        tl.atomic_add(counts_ptr + ids, tl.full([BLOCK_T, BLOCK_K], 1, tl.int64), mask=out_mask)
+
+
+def _check(logits: torch.Tensor, top_k: int, scoring: str, counts: torch.Tensor | None) -> None:
+    if logits.dim() != 2 or not logits.is_floating_point():
+        raise ValueError(f"router logits must be a float matrix [T, E], got {logits.dtype} {tuple(logits.shape)}")
+    e = logits.shape[1]
+    if not 1 <= top_k <= e:
+        raise ValueError(f"top_k={top_k} must lie between 1 and the number of experts {e}")
+    if scoring not in SCORINGS:
+        raise ValueError(f"router scoring {scoring!r} is not supported; choose softmax or sigmoid")
+    if counts is not None and (counts.shape != (e,) or counts.dtype != torch.int64
+                               or counts.device != logits.device):
+        raise ValueError(f"counts must be int64 [{e}] on {logits.device}, got {counts.dtype} "
+                         f"{tuple(counts.shape)} on {counts.device}")
+
+
+def route_ref(logits: torch.Tensor, top_k: int, scoring: str = "softmax", renormalize: bool = False,
+              counts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain-torch router. ``logits [T, E]`` -> ``(weights [T, k] float32, ids [T, k] int32)``.
+
+    ``counts [E] int64``, if given, is incremented by how many tokens chose each expert.
+    """
+    _check(logits, top_k, scoring, counts)
+    x = logits.float()                                                  # [T, E]
+    scores = torch.softmax(x, dim=-1) if scoring == "softmax" else torch.sigmoid(x)
+    w, ids = torch.sort(scores, dim=-1, descending=True, stable=True)   # [T, E] ties: lower id first
+    w, ids = w[:, :top_k], ids[:, :top_k]                               # [T, k]
+    if renormalize:
+        w = w / w.sum(dim=-1, keepdim=True)
+    if counts is not None:
+        counts.index_add_(0, ids.flatten(), torch.ones_like(ids.flatten(), dtype=torch.int64))
+    return w, ids.to(torch.int32)
+
+
+def route(logits: torch.Tensor, top_k: int, scoring: str = "softmax", renormalize: bool = False,
+          counts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton router, same contract as :func:`route_ref`; one program per ``BLOCK_T`` tokens.
+
+    Needs no host sync, so it can be captured in a CUDA graph.
+    """
+    _check(logits, top_k, scoring, counts)
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    t, e = logits.shape
+    w = torch.empty(t, top_k, dtype=torch.float32, device=logits.device)
+    ids = torch.empty(t, top_k, dtype=torch.int32, device=logits.device)
+    if t == 0:
+        return w, ids
+    block_e = next_pow2(e)
+    block_t = max(1, min(16, 4096 // block_e, next_pow2(t)))
+    _route_kernel[(cdiv(t, block_t),)](
+        logits, w, ids, counts if counts is not None else ids, t, e, logits.stride(0),
+        TOP_K=top_k, BLOCK_K=next_pow2(top_k), BLOCK_T=block_t, BLOCK_E=block_e,
+        SIGMOID=scoring == "sigmoid", RENORM=renormalize, COUNT=counts is not None)
+    return w, ids
