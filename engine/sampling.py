@@ -65,7 +65,7 @@ def make_generator(seed: int | None, device: torch.device | str) -> torch.Genera
 
 def apply_repetition_penalty(logits: Tensor, penalties: Sequence[float],
                              histories: Sequence[Sequence[int]]) -> Tensor:
-    """Penalise every token id seen in a row's history (prompt and generated), in place.
+    """Penalise every token id seen in a row's history (prompt and generated); returns a new tensor.
 
     ``logits`` is float32 [B, V]. A seen token's positive logit is divided by the penalty, a negative
     one multiplied, so a penalty above 1 always makes it less likely.
@@ -82,6 +82,7 @@ def apply_repetition_penalty(logits: Tensor, penalties: Sequence[float],
                            device=logits.device).unsqueeze(1)                         # [R, 1]
     seen = logits[row_idx].gather(1, ids)                                             # [R, H]
     seen = torch.where(seen > 0, seen / penalty, seen * penalty)
+    logits = logits.clone()
     logits[row_idx] = logits[row_idx].scatter(1, ids, seen)
     return logits
 
@@ -136,22 +137,28 @@ def sample(logits: Tensor, params: Sequence[SamplingParams],
         raise ValueError(f"sample() got {logits.shape[0]} rows, {len(params)} params, {len(generators)} generators")
     logits = logits.float()                                                            # [B, V]
     if histories is not None:
-        logits = apply_repetition_penalty(logits.clone(), [p.repetition_penalty for p in params], histories)
+        logits = apply_repetition_penalty(logits, [p.repetition_penalty for p in params], histories)
     greedy = [p.greedy for p in params]
     if all(greedy):
         return logits.argmax(dim=-1)                                                   # [B]
     out = logits.argmax(dim=-1) if any(greedy) else torch.empty(
         logits.shape[0], dtype=torch.int64, device=logits.device)                      # [B]
     rows = [i for i, g in enumerate(greedy) if not g]
-    row_params = [params[i] for i in rows]
-    temperature = torch.tensor([p.temperature for p in row_params], dtype=torch.float32,
-                               device=logits.device).unsqueeze(1)                     # [S, 1]
-    scaled = logits[rows] / temperature                                                # [S, V]
-    sorted_logits, order = scaled.sort(dim=-1, descending=True)                        # [S, V]
-    probs = _filter_sorted(sorted_logits, row_params).softmax(dim=-1)                  # [S, V]
-    picked = _draw(probs, [generators[i] for i in rows])                               # [S]
-    out[rows] = order.gather(1, picked.unsqueeze(1)).squeeze(1)
+    probs = warp_logits(logits[rows], [params[i] for i in rows]).softmax(dim=-1)       # [S, V]
+    out[rows] = _draw(probs, [generators[i] for i in rows])
     return out
+
+
+def warp_logits(logits: Tensor, params: Sequence[SamplingParams]) -> Tensor:
+    """Temperature, then top-k, top-p and min-p: float32 ``logits`` [S, V] -> [S, V], removed tokens at -inf.
+
+    Every row must have temperature > 0.
+    """
+    temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32,
+                               device=logits.device).unsqueeze(1)                     # [S, 1]
+    sorted_logits, order = (logits / temperature).sort(dim=-1, descending=True)        # [S, V]
+    kept = _filter_sorted(sorted_logits, params)                                       # [S, V]
+    return torch.empty_like(kept).scatter_(1, order, kept)
 
 
 def check_stop(text_so_far: str, new_text: str, stop: tuple[str, ...]) -> int | None:

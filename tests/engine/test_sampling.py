@@ -1,0 +1,142 @@
+"""The batched sampler, seeded generators and stop-string helpers."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.sampling import (SamplingParams, apply_repetition_penalty, check_stop, make_generator, sample,
+                             stop_holdback, warp_logits)
+
+transformers = pytest.importorskip("transformers")
+from transformers.generation.logits_process import (  # noqa: E402
+    MinPLogitsWarper, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def _logits(rows: int, vocab: int = 64, seed: int = 0) -> torch.Tensor:
+    return torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed)) * 3  # [B, V]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_greedy_is_argmax(dtype: torch.dtype) -> None:
+    logits = _logits(8).to(dtype)
+    out = sample(logits, [GREEDY] * 8, [None] * 8, None)
+    assert out.dtype == torch.int64
+    assert torch.equal(out, logits.float().argmax(dim=-1))
+
+
+def test_top_k_one_and_tiny_top_p_are_greedy() -> None:
+    logits = _logits(6)
+    params = [SamplingParams(temperature=1.5, top_k=1)] * 3 + [SamplingParams(temperature=1.5, top_p=1e-6)] * 3
+    for seed in range(5):
+        gens = [make_generator(seed * 10 + i, "cpu") for i in range(6)]
+        assert torch.equal(sample(logits, params, gens, None), logits.argmax(dim=-1))
+
+
+def test_mixed_greedy_and_sampled_rows() -> None:
+    logits = _logits(4)
+    params = [GREEDY, SamplingParams(top_k=1), GREEDY, SamplingParams(temperature=0.7, seed=3)]
+    out = sample(logits, params, [None, None, None, make_generator(3, "cpu")], None)
+    assert torch.equal(out[:3], logits[:3].argmax(dim=-1))
+
+
+def test_min_p_filters_unlikely_tokens() -> None:
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))                         # [1, 4]
+    warped = warp_logits(logits, [SamplingParams(min_p=0.2)])
+    assert torch.isfinite(warped).tolist() == [[True, True, True, False]]  # 0.05 < 0.2 * 0.5
+    params = [SamplingParams(min_p=0.35)] * 2000
+    out = sample(logits.expand(2000, 4), params, [make_generator(7, "cpu")] * 2000, None)
+    assert set(out.tolist()) == {0, 1}  # 0.15 < 0.35 * 0.5 is removed too
+
+
+@pytest.mark.parametrize("top_k,top_p,min_p,temperature", [
+    (0, 0.9, 0.0, 1.0), (5, 1.0, 0.0, 0.7), (10, 0.8, 0.05, 1.3), (0, 1.0, 0.1, 0.5), (3, 0.5, 0.2, 2.0),
+])
+def test_filters_match_transformers(top_k: int, top_p: float, min_p: float, temperature: float) -> None:
+    logits = _logits(5, vocab=100, seed=1)
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    ours = warp_logits(logits, [params] * 5)
+    theirs = TemperatureLogitsWarper(temperature)(None, logits.clone())
+    for warper, on in ((TopKLogitsWarper(max(top_k, 1)), top_k > 0), (TopPLogitsWarper(top_p), top_p < 1),
+                       (MinPLogitsWarper(min_p), min_p > 0)):
+        theirs = warper(None, theirs) if on else theirs
+    assert torch.equal(torch.isfinite(ours), torch.isfinite(theirs))
+    torch.testing.assert_close(ours.softmax(-1), theirs.softmax(-1))
+
+
+def test_repetition_penalty_matches_transformers() -> None:
+    logits = _logits(3, vocab=50)
+    histories = [[1, 5, 5, 7, 49], [], [0, 2, 3, 2]]
+    penalties = [1.3, 1.3, 0.8]
+    ours = apply_repetition_penalty(logits, penalties, histories)
+    for row in (0, 2):
+        ids = torch.tensor([histories[row]])
+        theirs = RepetitionPenaltyLogitsProcessor(penalties[row])(ids, logits[row:row + 1].clone())
+        torch.testing.assert_close(ours[row:row + 1], theirs, rtol=0, atol=0)
+    assert torch.equal(ours[1], logits[1])
+    assert not torch.equal(ours[0], logits[0])  # the caller's tensor is left alone, a new one returned
+
+
+def test_repetition_penalty_changes_greedy_choice() -> None:
+    logits = torch.tensor([[2.0, 1.9, -1.0]])
+    params = [SamplingParams(temperature=0.0, repetition_penalty=1.2)]
+    assert sample(logits, params, [None], [[0]]).item() == 1     # 2.0 / 1.2 < 1.9
+    assert sample(logits, params, [None], [[]]).item() == 0
+    assert sample(logits, [GREEDY], [None], [[0]]).item() == 0  # penalty 1.0 is off
+
+
+def test_same_seed_same_tokens_regardless_of_batch() -> None:
+    vocab = 200
+    target = _logits(1, vocab, seed=5)                                                  # [1, V]
+    params = SamplingParams(temperature=1.0, top_p=0.95, seed=1234)
+
+    def run_alone() -> list[int]:
+        gen = make_generator(1234, "cpu")
+        return [sample(target, [params], [gen], None).item() for _ in range(20)]
+
+    def run_in_batch(others: int) -> list[int]:
+        gen = make_generator(1234, "cpu")
+        other_gens = [make_generator(s, "cpu") for s in range(others)]
+        batch = torch.cat([_logits(others, vocab, seed=9), target])                   # [others + 1, V]
+        mix = [SamplingParams(temperature=0.8, top_k=7)] * others + [params]
+        return [sample(batch, mix, other_gens + [gen], None)[-1].item() for _ in range(20)]
+
+    alone = run_alone()
+    assert alone == run_alone() == run_in_batch(1) == run_in_batch(5)
+    assert len(set(alone)) > 3  # it really sampled rather than always taking the argmax
+
+
+def test_unseeded_generator_is_none() -> None:
+    assert make_generator(None, "cpu") is None
+    assert make_generator(0, "cpu").initial_seed() == 0
+
+
+def test_temperature_frequencies_follow_softmax() -> None:
+    logits = torch.tensor([[1.0, 0.0, -0.5, 0.5, -2.0]])                               # [1, 5]
+    n, temperature = 20000, 0.8
+    gen = make_generator(42, "cpu")
+    out = sample(logits.expand(n, 5), [SamplingParams(temperature=temperature)] * n, [gen] * n, None)
+    freq = torch.bincount(out, minlength=5).float() / n
+    expected = (logits[0] / temperature).softmax(-1)
+    assert (freq - expected).abs().max().item() < 0.015
+
+
+def test_check_stop_finds_straddling_strings() -> None:
+    assert check_stop("Hello wo", "rld!", ("world",)) == 6
+    assert check_stop("abc", "def", ("zz",)) is None
+    assert check_stop("x STO", "P and END", ("END", "STOP")) == 2       # the earliest one wins
+    assert check_stop("", "one\n\ntwo", ("\n\n",)) == 3
+    assert check_stop("world ", "again", ("world",)) is None            # already reported earlier
+    assert check_stop("ab", "c", ("",)) is None
+
+
+def test_stop_holdback() -> None:
+    assert stop_holdback("Hello wor", ("world",)) == 3
+    assert stop_holdback("Hello w", ("world", "wxyz")) == 1
+    assert stop_holdback("Hello", ("world",)) == 0
+    assert stop_holdback("a<|i", ("<|im_end|>", "<")) == 3
+    assert stop_holdback("abc<", ("<",)) == 0                            # a full match is check_stop's job
+    assert stop_holdback("", ("world",)) == 0
