@@ -134,7 +134,9 @@ def sample(logits: Tensor, params: Sequence[SamplingParams],
     repetition penalty. Order: repetition penalty, temperature, top-k, top-p, min-p. Returns [B] int64.
     """
     if not (len(params) == len(generators) == logits.shape[0]):
-        raise ValueError(f"sample() got {logits.shape[0]} rows, {len(params)} params, {len(generators)} generators")
+        raise ValueError(
+            f"sample() got {logits.shape[0]} rows, {len(params)} params and {len(generators)} generators"
+        )
     logits = logits.float()                                                            # [B, V]
     if histories is not None:
         logits = apply_repetition_penalty(logits, [p.repetition_penalty for p in params], histories)

@@ -21,6 +21,8 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
+import jinja2.nodes
+import jinja2.parser
 import jinja2.sandbox
 from tokenizers import AddedToken, processors
 from tokenizers import Tokenizer as _Backend
@@ -46,7 +48,9 @@ def _read_json(path: Path) -> dict | None:
             f"{path} is not valid JSON ({exc}); restore the file from the original checkpoint"
         ) from exc
     if not isinstance(data, dict):
-        raise ModelLoadError(f"{path} does not hold a JSON object; restore the file from the original checkpoint")
+        raise ModelLoadError(
+            f"{path} does not hold a JSON object; restore the file from the original checkpoint"
+        )
     return data
 
 
@@ -109,10 +113,24 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+class _GenerationBlock(jinja2.ext.Extension):
+    """``{% generation %}...{% endgeneration %}`` marks assistant text for training masks; render it as is."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
+
+    def _render(self, caller: Any) -> str:
+        return caller()
+
+
 def compile_chat_template(source: str) -> jinja2.Template:
     """Compile a chat template in a sandbox with the helpers Hugging Face templates expect."""
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols],
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, _GenerationBlock],
     )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
@@ -163,20 +181,7 @@ class Tokenizer:
         special = SpecialTokens(**{name: _token_text(cfg.get(name)) for name in _SPECIAL_NAMES})
         _register_special_tokens(backend, special)
         _apply_bos_eos_flags(backend, cfg, special)
-
-        def token_id(text: str | None) -> int | None:
-            return backend.token_to_id(text) if text is not None else None
-
-        eos = {i for i in [token_id(special.eos_token)] if i is not None} | set(_ids(gen.get("eos_token_id")))
-        if not eos:
-            eos = set(_ids(model_cfg.get("eos_token_id")))
-        bos = token_id(special.bos_token)
-        for source in (gen, model_cfg):
-            if bos is None and _ids(source.get("bos_token_id")):
-                bos = _ids(source["bos_token_id"])[0]
-        pad = token_id(special.pad_token)
-        if pad is None and _ids(gen.get("pad_token_id")):
-            pad = _ids(gen["pad_token_id"])[0]
+        eos, bos, pad = _special_ids(backend, special, gen, model_cfg)
         template = _pick_template(cfg.get("chat_template"))
         jinja_file = folder / "chat_template.jinja"
         if jinja_file.is_file():
@@ -197,7 +202,7 @@ class Tokenizer:
         return self._backend.token_to_id(token)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of ``text``; ``add_special_tokens`` adds what the model's post-processor adds (e.g. bos)."""
+        """Token ids of ``text``; ``add_special_tokens`` adds what the post-processor adds (e.g. bos)."""
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
@@ -229,6 +234,32 @@ class Tokenizer:
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
 
+def _first_id(*values: Any) -> int | None:
+    """The first id found among config values that may be an int, a list or missing."""
+    for value in values:
+        if _ids(value):
+            return _ids(value)[0]
+    return None
+
+
+def _special_ids(backend: _Backend, special: SpecialTokens, gen: dict,
+                 model_cfg: dict) -> tuple[set[int], int | None, int | None]:
+    """(eos ids, bos id, pad id): the tokenizer's own tokens first, then generation_config, then config."""
+    def token_id(text: str | None) -> int | None:
+        return backend.token_to_id(text) if text is not None else None
+
+    eos = {i for i in [token_id(special.eos_token)] if i is not None} | set(_ids(gen.get("eos_token_id")))
+    if not eos:
+        eos = set(_ids(model_cfg.get("eos_token_id")))
+    bos = token_id(special.bos_token)
+    if bos is None:
+        bos = _first_id(gen.get("bos_token_id"), model_cfg.get("bos_token_id"))
+    pad = token_id(special.pad_token)
+    if pad is None:
+        pad = _first_id(gen.get("pad_token_id"), model_cfg.get("pad_token_id"))
+    return eos, bos, pad
+
+
 def _register_special_tokens(backend: _Backend, special: SpecialTokens) -> None:
     # A named special token must never be split and must be skipped by skip_special_tokens, even
     # when tokenizer.json lists it as an ordinary vocabulary entry or not at all.
@@ -248,10 +279,11 @@ def _apply_bos_eos_flags(backend: _Backend, cfg: dict, special: SpecialTokens) -
         return
     bos = f"{special.bos_token}:0 " if add_bos else ""
     eos = f" {special.eos_token}:0" if add_eos else ""
-    added = [(t, backend.token_to_id(t)) for t, on in ((special.bos_token, add_bos), (special.eos_token, add_eos)) if on]
+    added = [(t, backend.token_to_id(t))
+             for t, on in ((special.bos_token, add_bos), (special.eos_token, add_eos)) if on]
+    second = f"{bos.replace(':0', ':1')}$B:1{eos.replace(':0', ':1')}"
     backend.post_processor = processors.TemplateProcessing(
-        single=f"{bos}$A:0{eos}", pair=f"{bos}$A:0{eos} {bos.replace(':0', ':1')}$B:1{eos.replace(':0', ':1')}",
-        special_tokens=added,
+        single=f"{bos}$A:0{eos}", pair=f"{bos}$A:0{eos} {second}", special_tokens=added,
     )
 
 

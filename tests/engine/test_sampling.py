@@ -30,7 +30,8 @@ def test_greedy_is_argmax(dtype: torch.dtype) -> None:
 
 def test_top_k_one_and_tiny_top_p_are_greedy() -> None:
     logits = _logits(6)
-    params = [SamplingParams(temperature=1.5, top_k=1)] * 3 + [SamplingParams(temperature=1.5, top_p=1e-6)] * 3
+    params = ([SamplingParams(temperature=1.5, top_k=1)] * 3
+              + [SamplingParams(temperature=1.5, top_p=1e-6)] * 3)
     for seed in range(5):
         gens = [make_generator(seed * 10 + i, "cpu") for i in range(6)]
         assert torch.equal(sample(logits, params, gens, None), logits.argmax(dim=-1))

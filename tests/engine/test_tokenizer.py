@@ -13,7 +13,9 @@ from tests.engine.tokenizer_fixtures import IM_START, build_tiny_tokenizer
 
 transformers = pytest.importorskip("transformers")
 
-MULTIBYTE = "Streaming 你好，世界！東京は晴れ 😀🚀🎉 👍🏽 ❤️ 🇯🇵 done. 未见过的字：龘靐齉 🦄🧬"
+# Characters the tokenizer was trained on and ones it never saw (split into single bytes).
+MULTIBYTE = ("Streaming 你好，世界！東京は晴れ 😀🚀🎉 👍🏽 ❤️ 🇯🇵 done. "
+             "未见过的字：龘靐齉 🦄🧬")
 
 CONVERSATION = [
     {"role": "system", "content": "You are Strata, a terse assistant."},
@@ -45,7 +47,8 @@ def hf(model_dir: Path):
 @pytest.mark.parametrize("add_generation_prompt", [True, False])
 @pytest.mark.parametrize("tokenize", [False, True])
 def test_chat_template_matches_transformers(tok, hf, messages, add_generation_prompt, tokenize) -> None:
-    ours = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=tokenize)
+    ours = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                   tokenize=tokenize)
     theirs = hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
                                     tokenize=tokenize, return_dict=False)
     assert ours == theirs
@@ -60,14 +63,15 @@ def test_chat_template_rejection_is_one_sentence(tok) -> None:
 
 def test_template_helpers_and_kwargs(tmp_path: Path) -> None:
     template = ("{{ bos_token }}{{ messages | tojson }}|{{ greeting }}|{{ strftime_now('%Y') | length }}"
-                "{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}{{ m.role }}{% endfor %}")
+                "{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}{{ m.role }}{% endfor %}"
+                "{% generation %}!{% endgeneration %}")
     build_tiny_tokenizer(tmp_path, chat_template=template)
     tok = Tokenizer.from_dir(tmp_path)
     hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
     msgs = [{"role": "user", "content": "<b>ünï</b>"}, {"role": "assistant", "content": "x"}]
     ours = tok.apply_chat_template(msgs, greeting="hi")
     assert ours == hf.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, greeting="hi")
-    assert '"<b>ünï</b>"' in ours and ours.endswith("|hi|4user")
+    assert '"<b>ünï</b>"' in ours and ours.endswith("|hi|4user!")
 
 
 def test_encode_decode_match_transformers(tok, hf) -> None:

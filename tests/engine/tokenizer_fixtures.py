@@ -75,8 +75,9 @@ def build_tiny_tokenizer(path: str | Path, vocab_size: int = 384, add_bos_token:
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": BOS,
-        "eos_token": {"__type": "AddedToken", "content": IM_END, "special": True, "lstrip": False, "rstrip": False,
-                      "normalized": False, "single_word": False},
+        # eos in the AddedToken dict form real checkpoints use; the loaders must accept both forms.
+        "eos_token": {"__type": "AddedToken", "content": IM_END, "special": True, "lstrip": False,
+                      "rstrip": False, "normalized": False, "single_word": False},
         "pad_token": PAD,
         "add_bos_token": add_bos_token,
         "clean_up_tokenization_spaces": False,
