@@ -1,0 +1,21 @@
+"""Strata engine: run Mixture-of-Experts models on a GPU smaller than the model."""
+from engine.config import EngineConfig
+from engine.errors import ConfigError, ModelLoadError, ReconfigureError, StrataError, UnsupportedModelError
+from engine.outputs import RequestDelta, RequestOutput
+from engine.sampling import SamplingParams
+from engine.telemetry import EngineStats, ExpertStats, MemoryStats
+
+__all__ = ["LLM", "LLMEngine", "EngineConfig", "SamplingParams", "RequestOutput", "RequestDelta", "EngineStats",
+           "ExpertStats", "MemoryStats", "StrataError", "ModelLoadError", "UnsupportedModelError", "ConfigError",
+           "ReconfigureError"]
+
+
+def __getattr__(name: str):
+    # torch-heavy modules load on first use, so `import engine` stays cheap for the CLI's --help
+    if name == "LLM":
+        from engine.llm import LLM
+        return LLM
+    if name == "LLMEngine":
+        from engine.engine import LLMEngine
+        return LLMEngine
+    raise AttributeError(name)

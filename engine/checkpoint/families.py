@@ -1,0 +1,56 @@
+"""Per-family data: tensor names and the few flags in which the supported MoE families differ.
+
+One generic model (engine/models) runs them all; nothing here is code that differs by family.
+Name templates use ``{i}`` for the layer and ``{e}`` for the expert.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    moe_prefix: str          # module holding the router and the experts
+    router: str              # router weight [E, D]
+    expert_gate: str         # per-expert gate/up/down [F, D] / [F, D] / [D, F]
+    expert_up: str
+    expert_down: str
+    fused_gate_up: str       # alternative storage: all experts fused [E, 2F, D]
+    fused_down: str          # [E, D, F]
+    qk_norm: str | None      # None | "head" (per head, Qwen3) | "full" (whole projection, OLMoE)
+    always_renormalize: bool = False   # Mixtral renormalises top-k weights regardless of config
+    has_shared_expert: bool = False
+    sparse_step_keys: bool = False     # honours decoder_sparse_step / mlp_only_layers
+
+
+_LLAMA_EXPERT = ("{p}.experts.{e}.gate_proj.weight", "{p}.experts.{e}.up_proj.weight",
+                 "{p}.experts.{e}.down_proj.weight")
+
+FAMILIES: dict[str, Family] = {
+    "MixtralForCausalLM": Family(
+        "mixtral", "model.layers.{i}.block_sparse_moe", "{p}.gate.weight",
+        "{p}.experts.{e}.w1.weight", "{p}.experts.{e}.w3.weight", "{p}.experts.{e}.w2.weight",
+        "{p}.experts.gate_up_proj", "{p}.experts.down_proj", None, always_renormalize=True),
+    "Qwen2MoeForCausalLM": Family(
+        "qwen2_moe", "model.layers.{i}.mlp", "{p}.gate.weight", *_LLAMA_EXPERT,
+        "{p}.experts.gate_up_proj", "{p}.experts.down_proj", None,
+        has_shared_expert=True, sparse_step_keys=True),
+    "Qwen3MoeForCausalLM": Family(
+        "qwen3_moe", "model.layers.{i}.mlp", "{p}.gate.weight", *_LLAMA_EXPERT,
+        "{p}.experts.gate_up_proj", "{p}.experts.down_proj", "head", sparse_step_keys=True),
+    "OlmoeForCausalLM": Family(
+        "olmoe", "model.layers.{i}.mlp", "{p}.gate.weight", *_LLAMA_EXPERT,
+        "{p}.experts.gate_up_proj", "{p}.experts.down_proj", "full"),
+}
+
+SUPPORTED = ", ".join(sorted(FAMILIES))
+
+# Names shared by every family (Llama-style attention and norms).
+EMBED = "model.embed_tokens.weight"
+FINAL_NORM = "model.norm.weight"
+LM_HEAD = "lm_head.weight"
+ATTN = "model.layers.{i}.self_attn"
+INPUT_NORM = "model.layers.{i}.input_layernorm.weight"
+POST_NORM = "model.layers.{i}.post_attention_layernorm.weight"
+DENSE_MLP = "model.layers.{i}.mlp"

@@ -1,0 +1,134 @@
+"""Load a checkpoint into resident weights (on the device) and packed routed experts (host rows)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from engine.checkpoint import families as fn
+from engine.checkpoint.plan import TensorEntry, routed_expert_entries, tensor_plan
+from engine.checkpoint.reader import TensorSource
+from engine.checkpoint.spec import ModelSpec
+from engine.errors import ModelLoadError
+from engine.experts.layout import DENSE_DTYPES, ExpertLayout
+from engine.models.weights import AttentionWeights, LayerWeights, MLPWeights, ModelWeights, MoEWeights
+
+RowAllocator = Callable[[int, int], torch.Tensor]   # (rows, nbytes) -> uint8 [rows, nbytes]
+
+
+class _Fetch:
+    """Reads tensors by plan entry with shape checks, casting and placement."""
+
+    def __init__(self, source: TensorSource, device: torch.device, dtype: torch.dtype) -> None:
+        self.source, self.device, self.dtype = source, device, dtype
+        self.names = source.names()
+
+    def _where(self, name: str) -> str:
+        f = getattr(self.source, "file_of", None)
+        return str(f(name)) if f else "checkpoint"
+
+    def raw(self, entry: TensorEntry) -> torch.Tensor:
+        if entry.name not in self.names:
+            raise ModelLoadError(f"tensor '{entry.name}' (shape {list(entry.shape)}) is missing from the checkpoint; "
+                                 "the weights do not match config.json — re-download the model")
+        shape = tuple(self.source.shape(entry.name))
+        if shape != entry.shape:
+            raise ModelLoadError(f"{self._where(entry.name)}: tensor '{entry.name}' has shape {list(shape)} but "
+                                 f"config.json implies {list(entry.shape)}; the weights do not match the config")
+        return self.source.get(entry.name)
+
+    def __call__(self, entry: TensorEntry | None) -> torch.Tensor | None:
+        if entry is None:
+            return None
+        return self.raw(entry).to(device=self.device, dtype=self.dtype)
+
+
+def _fused_experts(source: TensorSource, spec: ModelSpec, i: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    p = spec.family.moe_prefix.format(i=i)
+    gu, dn = spec.family.fused_gate_up.format(p=p), spec.family.fused_down.format(p=p)
+    names = source.names()
+    if gu in names and dn in names:
+        return source.get(gu), source.get(dn)   # [E, 2F, D], [E, D, F]
+    return None
+
+
+def _load_experts(fetch: _Fetch, spec: ModelSpec, i: int, layout: ExpertLayout,
+                  rows: torch.Tensor, row0: int) -> None:
+    """Pack every routed expert of layer ``i`` into ``rows[row0 + e]``."""
+    fused = _fused_experts(fetch.source, spec, i)
+    entries = routed_expert_entries(spec, i)
+    for e in range(spec.num_experts):
+        if fused is not None:
+            w13, w2 = fused[0][e], fused[1][e]
+        else:
+            gate, up, down = (fetch.raw(t) for t in entries[3 * e:3 * e + 3])
+            w13, w2 = torch.cat([gate, up], 0), down                    # [2F, D], [D, F]
+        if layout.fmt in DENSE_DTYPES:
+            packed = {"w13": w13.to(DENSE_DTYPES[layout.fmt]), "w2": w2.to(DENSE_DTYPES[layout.fmt])}
+        else:
+            from engine.quant import quantize_expert   # int4 / fp8, quantised once at load
+            packed = quantize_expert(w13.to(torch.float32), w2.to(torch.float32), layout)
+        layout.pack(packed, out=rows[row0 + e])
+
+
+def load_weights(spec: ModelSpec, source: TensorSource, device: torch.device, dtype: torch.dtype,
+                 layout: ExpertLayout, allocate_rows: RowAllocator) -> tuple[ModelWeights, torch.Tensor]:
+    """Resident weights on ``device`` and routed experts packed into host rows ``[L_moe * E, nbytes]``."""
+    fetch = _Fetch(source, device, dtype)
+    by_name = {t.name: t for t in tensor_plan(spec) if t.category != "routed_experts"}
+    get = lambda name: fetch(by_name.get(name))                            # noqa: E731
+    rows = allocate_rows(spec.num_moe_layers * spec.num_experts, layout.nbytes)
+    layers, moe_index = [], 0
+    for i in range(spec.num_layers):
+        a = fn.ATTN.format(i=i)
+        qkv = torch.cat([get(f"{a}.{n}_proj.weight") for n in "qkv"], 0)
+        bias = torch.cat([get(f"{a}.{n}_proj.bias") for n in "qkv"], 0) if spec.qkv_bias else None
+        attn = AttentionWeights(qkv, get(f"{a}.o_proj.weight"), bias, get(f"{a}.q_norm.weight"),
+                                get(f"{a}.k_norm.weight"))
+        layer = LayerWeights(get(fn.INPUT_NORM.format(i=i)), get(fn.POST_NORM.format(i=i)), attn)
+        if not spec.moe_layers[i]:
+            layer.mlp = _mlp(get, fn.DENSE_MLP.format(i=i))
+        else:
+            p = spec.family.moe_prefix.format(i=i)
+            shared = _mlp(get, f"{p}.shared_expert") if spec.shared_ffn else None
+            layer.moe = MoEWeights(moe_index, get(spec.family.router.format(p=p)), shared,
+                                   get(f"{p}.shared_expert_gate.weight") if spec.shared_ffn else None)
+            _load_experts(fetch, spec, i, layout, rows, moe_index * spec.num_experts)
+            moe_index += 1
+        layers.append(layer)
+    embed = get(fn.EMBED)
+    lm_head = embed if spec.tie_word_embeddings else get(fn.LM_HEAD)
+    return ModelWeights(embed, get(fn.FINAL_NORM), lm_head, layers), rows
+
+
+def _mlp(get, prefix: str) -> MLPWeights:
+    gate_up = torch.cat([get(f"{prefix}.gate_proj.weight"), get(f"{prefix}.up_proj.weight")], 0)
+    return MLPWeights(gate_up, get(f"{prefix}.down_proj.weight"))
+
+
+def check_complete(spec: ModelSpec, source: TensorSource) -> None:
+    """Fail fast, before any big allocation, if a tensor is missing or mis-shaped."""
+    names = source.names()
+    fused_layers = {i for i in range(spec.num_layers) if spec.moe_layers[i] and _has_fused(names, spec, i)}
+    for t in tensor_plan(spec):
+        if t.category == "routed_experts" and t.layer in fused_layers:
+            continue
+        if t.name not in names:
+            raise ModelLoadError(f"tensor '{t.name}' (shape {list(t.shape)}) is missing from the checkpoint in "
+                                 f"{getattr(source, 'dir', 'memory')}; the weights do not match config.json — "
+                                 "re-download the model")
+        shape = tuple(source.shape(t.name))
+        if shape != t.shape:
+            where = source.file_of(t.name) if hasattr(source, "file_of") else "checkpoint"
+            raise ModelLoadError(f"{where}: tensor '{t.name}' has shape {list(shape)} but config.json implies "
+                                 f"{list(t.shape)}; the weights do not match the config")
+
+
+def _has_fused(names: set[str], spec: ModelSpec, i: int) -> bool:
+    p = spec.family.moe_prefix.format(i=i)
+    return spec.family.fused_gate_up.format(p=p) in names
+
+
+def model_dir_of(source: TensorSource) -> Path | None:
+    return getattr(source, "dir", None)

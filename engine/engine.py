@@ -1,0 +1,155 @@
+"""``LLMEngine``: load a model, accept requests, and advance them one step at a time.
+
+Not thread-safe: one thread drives it (the CLI, the workbench's bridge thread, the HTTP server's
+engine loop). A step is schedule -> run -> postprocess.
+"""
+from __future__ import annotations
+
+import time
+import torch
+
+from engine.config import EngineConfig
+from engine.errors import ConfigError
+from engine import stats as stats_mod
+from engine.live import LiveSettings
+from engine.loading import LoadedModel, load_model
+from engine.outputs import RequestDelta
+from engine.request import Request, Status
+from engine.sampling import SamplingParams, check_stop, make_generator, stop_holdback
+from engine.telemetry import EngineStats
+from engine.tokenizer import IncrementalDetokenizer
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.loaded: LoadedModel = load_model(config)
+        self.tokenizer = self.loaded.tokenizer
+        self.model_info = self.loaded.info
+        self.scheduler = self.loaded.scheduler
+        self.runner = self.loaded.runner
+        self.counters = stats_mod.Counters()
+        self.live = LiveSettings(self)
+        self._requests: dict[str, Request] = {}
+        self._next_id = 0
+
+    # ---- requests -----------------------------------------------------------------------------
+    def add_request(self, request_id: str | None, prompt: str | list[int], params: SamplingParams) -> str:
+        """Queue a request; ``prompt`` is text (encoded with special tokens) or token ids."""
+        if request_id is None:
+            request_id, self._next_id = f"req-{self._next_id}", self._next_id + 1
+        if request_id in self._requests:
+            raise ConfigError(f"request id '{request_id}' is already in use; give each request its own id")
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        self._check_prompt(ids)
+        req = Request(request_id, ids, params, self.loaded.max_model_len,
+                      make_generator(params.seed, self.loaded.device),
+                      IncrementalDetokenizer(self.tokenizer))
+        self._requests[request_id] = req
+        self.scheduler.add(req)
+        return request_id
+
+    def _check_prompt(self, ids: list[int]) -> None:
+        if not ids:
+            raise ConfigError("the prompt is empty; give at least one token of text")
+        vocab = self.loaded.spec.vocab_size
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ConfigError(f"token id {bad} is outside the vocabulary (0..{vocab - 1}); check the prompt's token ids")
+        limit = self.loaded.max_model_len
+        if len(ids) >= limit:
+            raise ConfigError(f"the prompt has {len(ids)} tokens but the context holds {limit}; shorten the prompt "
+                              "or raise --max-model-len (and the KV cache with it)")
+
+    def abort(self, request_id: str) -> None:
+        req = self._requests.get(request_id)
+        if req is not None:
+            req.abort_requested = True
+
+    def has_unfinished(self) -> bool:
+        return bool(self._requests)
+
+    # ---- the step -------------------------------------------------------------------------------
+    def step(self) -> list[RequestDelta]:
+        """One scheduler step; returns the new output of every request that advanced or ended."""
+        deltas = [self._finish(r, "abort") for r in list(self._requests.values()) if r.abort_requested]
+        sched = self.scheduler.schedule()
+        if not sched.seqs:
+            return deltas
+        t0 = time.perf_counter()
+        tokens = self.runner.run(sched)
+        now = time.perf_counter()
+        sampled = iter(tokens)
+        for s in sched.seqs:
+            s.request.num_computed += s.num_new
+        for s in sched.seqs:
+            if s.samples:
+                deltas.append(self._append(s.request, next(sampled), now))
+        self.counters.on_step(sched, len(tokens), now - t0, now)
+        return [d for d in deltas if d is not None]
+
+    def _append(self, req: Request, token: int, now: float) -> RequestDelta | None:
+        if req.first_token_at is None:
+            req.first_token_at = now
+            self.counters.on_first_token(req.ttft_ms)
+        req.output_ids.append(token)
+        p = req.params
+        eos = (not p.ignore_eos) and token in self.tokenizer.eos_token_ids
+        if eos or token in p.stop_token_ids:
+            return self._finish(req, "stop", drop_last=True)
+        prev = len(req.text)
+        req.text += req.detokenizer.push([token])
+        cut = check_stop(req.text[:prev], req.text[prev:], p.stop) if p.stop else None
+        if cut is not None:
+            stop_len = next((len(s) for s in p.stop if req.text.startswith(s, cut)), 0)
+            req.text = req.text[:cut + (stop_len if p.include_stop_str_in_output else 0)]
+            return self._finish(req, "stop")
+        if len(req.output_ids) >= p.max_tokens or req.num_tokens >= req.max_total_tokens:
+            req.text += req.detokenizer.flush()
+            return self._finish(req, "length")
+        return self._emit(req, final=False)
+
+    def _emit(self, req: Request, final: bool, reason: str | None = None) -> RequestDelta | None:
+        hold = 0 if final else stop_holdback(req.text, req.params.stop)
+        upto = max(req.sent_chars, len(req.text) - hold)
+        new_text, new_ids = req.text[req.sent_chars:upto], tuple(req.output_ids[req.sent_tokens:])
+        if not final and not new_text and not new_ids:
+            return None
+        ttft = req.ttft_ms if req.sent_tokens == 0 and new_ids else None
+        req.sent_chars, req.sent_tokens = upto, len(req.output_ids)
+        return RequestDelta(req.request_id, new_ids, new_text, final, reason, len(req.prompt_ids),
+                            len(req.output_ids), ttft)
+
+    def _finish(self, req: Request, reason: str, drop_last: bool = False) -> RequestDelta:
+        if drop_last:   # the stop token is reported in token_ids but never as text
+            req.text += req.detokenizer.flush()
+        req.status, req.finish_reason, req.finished_at = Status.FINISHED, reason, time.perf_counter()
+        self.scheduler.remove(req)
+        self._requests.pop(req.request_id, None)
+        self.counters.on_finish()
+        return self._emit(req, final=True, reason=reason)
+
+    # ---- scoring, stats, live changes -------------------------------------------------------------
+    def score(self, token_ids: list[int]) -> torch.Tensor:
+        """Logits [T, vocab] (float32, on the CPU) of every position of ``token_ids``."""
+        self._check_prompt(list(token_ids))
+        return self.loaded.score(list(token_ids))
+
+    def stats(self) -> EngineStats:
+        return stats_mod.snapshot(self)
+
+    def reconfigure(self, **options) -> dict[str, str]:
+        """Apply live options between steps; raises ReconfigureError and applies nothing if one is rejected."""
+        return self.live.reconfigure(options)
+
+    def live_options(self) -> dict[str, str | None]:
+        return self.live.availability()
+
+    def close(self) -> None:
+        self.loaded.close()
+
+    def __enter__(self) -> "LLMEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

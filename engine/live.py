@@ -1,0 +1,59 @@
+"""Options that change while the engine runs (``LLMEngine.reconfigure``), applied between steps."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from engine.config import LIVE_OPTIONS, parse_size
+from engine.errors import ConfigError, ReconfigureError
+
+if TYPE_CHECKING:
+    from engine.engine import LLMEngine
+
+_SCHEDULER = ("max_batch", "max_batch_tokens", "prefill_chunk")
+_EXPERTS = ("expert_pool_size", "prefetch_depth", "expert_policy")
+
+
+class LiveSettings:
+    def __init__(self, engine: "LLMEngine") -> None:
+        self.engine = engine
+
+    def availability(self) -> dict[str, str | None]:
+        """Every live option -> None when it can change now, else the reason it cannot."""
+        m = self.engine.loaded
+        out: dict[str, str | None] = dict.fromkeys(sorted(LIVE_OPTIONS))
+        if not hasattr(m.experts, "reconfigure"):
+            why = ("every expert is resident (no --expert-pool-size was given); restart with "
+                   "--expert-pool-size to offload and tune the pool")
+            for k in _EXPERTS:
+                out[k] = why
+        out["kv_cache_dtype"] = "the KV cache is kept in the model dtype in this version; int8/fp8 KV is not available yet"
+        out["cuda_graphs"] = ("CUDA graphs need a CUDA GPU" if m.device.type != "cuda"
+                              else "decode runs without CUDA graphs in this version")
+        return out
+
+    def reconfigure(self, options: dict) -> dict[str, str]:
+        unknown = set(options) - LIVE_OPTIONS
+        if unknown:
+            raise ReconfigureError(f"{', '.join(sorted(unknown))} cannot change while running; live options are "
+                                   f"{', '.join(sorted(LIVE_OPTIONS))} — restart the engine to change the others")
+        avail = self.availability()
+        for k in options:
+            if avail[k] is not None:
+                raise ReconfigureError(f"{k}: {avail[k]}")
+        try:
+            new = self.engine.config.replace(**options)
+        except ConfigError as e:
+            raise ReconfigureError(str(e)) from None
+        applied: dict[str, str] = {}
+        exp = {k: options[k] for k in _EXPERTS if k in options}
+        if exp:
+            m = self.engine.loaded
+            msg = m.experts.reconfigure(pool_bytes=parse_size(exp.get("expert_pool_size"), "expert_pool_size"),
+                                        prefetch_depth=exp.get("prefetch_depth"), policy=exp.get("expert_policy"))
+            applied.update({k: str(msg or "applied") for k in exp})
+        sched = self.engine.scheduler
+        if any(k in options for k in _SCHEDULER):
+            sched.max_batch, sched.prefill_chunk, sched.token_budget = new.max_batch, new.prefill_chunk, new.token_budget
+            applied.update({k: f"{k} = {options[k]}" for k in _SCHEDULER if k in options})
+        self.engine.config = new
+        return applied

@@ -1,0 +1,159 @@
+"""Builds a ready-to-run engine core from an EngineConfig: spec, tokenizer, weights, experts, KV cache."""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine.checkpoint.loader import check_complete, load_weights
+from engine.checkpoint.plan import params_by_category
+from engine.checkpoint.reader import SafetensorsReader, TensorSource
+from engine.checkpoint.spec import ModelSpec, read_spec
+from engine.config import EngineConfig
+from engine.errors import ConfigError
+from engine.experts.layout import ExpertLayout
+from engine.experts.provider import ExpertProvider, ResidentExperts
+from engine.kv.blocks import BlockAllocator
+from engine.kv.cache import KVCache
+from engine.models.layers import SeqSlice
+from engine.models.moe_transformer import ForwardBatch, MoETransformer
+from engine.runner import ModelRunner
+from engine.scheduler import Scheduler
+from engine.tokenizer import Tokenizer
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_FMT_OF_DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+CPU_KV_CAP = 256 << 20     # bytes of KV cache on the CPU when no size is given
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    family: str
+    architecture: str
+    path: str
+    num_layers: int
+    num_moe_layers: int
+    num_experts: int
+    top_k: int
+    params: int
+    expert_format: str
+    is_demo: bool
+    random_weights: bool
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device={name} was asked for but no CUDA GPU is available; use --device cpu or auto")
+    return dev
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[name]
+
+
+def _demo_marker(path: Path) -> dict:
+    f = path / "STRATA_DEMO.json"
+    try:
+        return json.loads(f.read_text()) if f.is_file() else {}
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def expert_layout(config: EngineConfig, spec: ModelSpec, dtype: torch.dtype) -> ExpertLayout:
+    fmt = _FMT_OF_DTYPE[dtype] if config.weight_format == "auto" else config.weight_format
+    return ExpertLayout.make(fmt, spec.hidden, spec.moe_ffn, config.group_size)
+
+
+class LoadedModel:
+    """Everything the engine runs on, built once per model load."""
+
+    def __init__(self, config: EngineConfig, spec: ModelSpec, source: TensorSource, tokenizer: Tokenizer | None,
+                 path: Path | None = None) -> None:
+        t0 = time.perf_counter()
+        self.config, self.spec, self.tokenizer = config, spec, tokenizer
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        check_complete(spec, source)
+        self.layout = expert_layout(config, spec, self.dtype)
+        self.weights, rows = load_weights(spec, source, self.device, self.dtype, self.layout, self._allocate_rows)
+        self.experts: ExpertProvider = self._build_experts(rows)
+        self.max_model_len = min(config.max_model_len or spec.max_position, spec.max_position)
+        self.model = MoETransformer(spec, self.weights, self.experts, self.device, self.dtype, self.max_model_len)
+        self.cache = self._build_cache()
+        self.allocator = BlockAllocator(self.cache.num_blocks, self.cache.block_size)
+        self.scheduler = Scheduler(self.allocator, config.max_batch, config.token_budget, config.prefill_chunk)
+        self.runner = ModelRunner(self.model, self.cache)
+        marker = _demo_marker(path) if path else {}
+        self.info = ModelInfo(
+            name=spec.name or "model", family=spec.family.name, architecture=spec.architecture,
+            path=str(path or ""), num_layers=spec.num_layers, num_moe_layers=spec.num_moe_layers,
+            num_experts=spec.num_experts, top_k=spec.top_k, params=sum(params_by_category(spec).values()),
+            expert_format=self.layout.fmt, is_demo=bool(marker.get("demo")),
+            random_weights=bool(marker.get("random_weights")))
+        self.load_seconds = time.perf_counter() - t0
+
+    def _allocate_rows(self, rows: int, nbytes: int) -> torch.Tensor:
+        return torch.empty(rows, nbytes, dtype=torch.uint8)
+
+    def _build_experts(self, rows: torch.Tensor) -> ExpertProvider:
+        pool = self.config.expert_pool_size
+        if pool is None or pool >= rows.numel():
+            return ResidentExperts(self.layout, rows.to(self.device), self.spec.num_experts)
+        from engine.experts.manager import OffloadedExperts
+        routers = [layer.moe.router for layer in self.weights.layers if layer.moe is not None]
+        return OffloadedExperts.from_rows(self.layout, rows, self.spec.num_experts, self.device, pool,
+                                          self.config.prefetch_depth, self.config.expert_policy, routers,
+                                          self._route)
+
+    def _route(self, logits: torch.Tensor):
+        return self.model.route(logits)
+
+    def _build_cache(self) -> KVCache:
+        s, c = self.spec, self.config
+        bpt = KVCache.bytes_per_token(s.num_layers, s.num_kv_heads, s.head_dim, self.dtype)
+        want = c.kv_cache_size or min(CPU_KV_CAP, bpt * self.max_model_len * c.max_batch)
+        blocks = max(want // (bpt * c.kv_block_size), -(-self.max_model_len // c.kv_block_size))
+        return KVCache(s.num_layers, int(blocks), c.kv_block_size, s.num_kv_heads, s.head_dim, self.dtype, self.device)
+
+    def score(self, ids: list[int]) -> torch.Tensor:
+        """Logits for every position of ``ids``, prefilled in chunks on blocks of its own."""
+        need = self.allocator.blocks_needed(len(ids), 0)
+        if not self.allocator.can_allocate(need):
+            raise ConfigError(f"scoring {len(ids)} tokens needs {need} free KV blocks but {self.allocator.num_free} "
+                              "are free; wait for running requests or raise --kv-cache-size")
+        blocks = self.allocator.allocate(need)
+        try:
+            table = torch.tensor(blocks, dtype=torch.int64, device=self.device)
+            bs, out, chunk = self.cache.block_size, [], self.config.prefill_chunk
+            for start in range(0, len(ids), chunk):
+                part = ids[start:start + chunk]
+                pos = list(range(start, start + len(part)))
+                as_t = lambda xs: torch.tensor(xs, dtype=torch.int64, device=self.device)   # noqa: E731
+                batch = ForwardBatch(as_t(part), as_t(pos), as_t([blocks[p // bs] * bs + p % bs for p in pos]),
+                                     [SeqSlice(0, len(part), start + len(part), table)], None)
+                out.append(self.model.forward(batch, self.cache).cpu())
+            return torch.cat(out, 0)
+        finally:
+            self.allocator.free(blocks)
+
+    def close(self) -> None:
+        close = getattr(self.experts, "close", None)
+        if close:
+            close()
+
+
+def load_model(config: EngineConfig) -> LoadedModel:
+    """Read the model folder named by ``config.model`` (one-line errors for every way it can be wrong)."""
+    path = Path(config.model)
+    spec = read_spec(path)
+    tokenizer = Tokenizer.from_dir(path)
+    return LoadedModel(config, spec, SafetensorsReader(path), tokenizer, path)

@@ -1,0 +1,1 @@
+"""The generic MoE transformer (plain torch reference path)."""

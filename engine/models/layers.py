@@ -1,0 +1,81 @@
+"""Building blocks of the reference forward: RMSNorm, RoPE, paged attention, MLP.
+
+Legend: T tokens in the step, H query heads, Hkv KV heads, hd head dim, D hidden, C context length.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm computed in float32, scaled in the input dtype. x [..., N], weight [N]."""
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+class Rope:
+    """Rotary embedding tables (rotate-half convention), computed once."""
+
+    def __init__(self, head_dim: int, theta: float, max_position: int, device: torch.device,
+                 dtype: torch.dtype) -> None:
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float().to(device) / head_dim))
+        pos = torch.arange(max_position, device=device, dtype=torch.float32)
+        freqs = torch.outer(pos, inv_freq)                               # [P, hd/2]
+        emb = torch.cat([freqs, freqs], -1)                              # [P, hd]
+        self.cos, self.sin = emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x [T, heads, hd], positions [T] -> rotated x."""
+        cos = self.cos[positions][:, None, :]                            # [T, 1, hd]
+        sin = self.sin[positions][:, None, :]
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
+        return x * cos + rotated * sin
+
+
+@dataclass(frozen=True)
+class SeqSlice:
+    """One sequence's share of a step: its new tokens are rows q_start..q_start+q_len of the batch."""
+
+    q_start: int
+    q_len: int
+    ctx_len: int                 # tokens in the cache for this sequence after this step
+    block_table: torch.Tensor    # [n_blocks] int64 (on the device)
+
+
+def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        seqs: list[SeqSlice], block_size: int) -> torch.Tensor:
+    """Causal attention of each sequence's new queries over its cached context.
+
+    q [T, H, hd]; k_cache/v_cache [num_blocks * block_size, Hkv, hd] (already holding the new keys).
+    Returns [T, H * hd].
+    """
+    T, H, hd = q.shape
+    out = torch.empty(T, H, hd, dtype=q.dtype, device=q.device)
+    offsets = torch.arange(block_size, device=q.device)
+    for s in seqs:
+        slots = (s.block_table[:, None] * block_size + offsets).flatten()[:s.ctx_len]   # [C]
+        k, v = k_cache[slots], v_cache[slots]                            # [C, Hkv, hd]
+        rep = H // k.shape[1]
+        k = k.transpose(0, 1).repeat_interleave(rep, 0)                  # [H, C, hd]
+        v = v.transpose(0, 1).repeat_interleave(rep, 0)
+        qs = q[s.q_start:s.q_start + s.q_len].transpose(0, 1)            # [H, q_len, hd]
+        mask = None
+        if 1 < s.q_len < s.ctx_len:
+            qpos = torch.arange(s.ctx_len - s.q_len, s.ctx_len, device=q.device)
+            mask = torch.arange(s.ctx_len, device=q.device)[None, :] <= qpos[:, None]   # [q_len, C]
+        o = F.scaled_dot_product_attention(qs, k.to(qs.dtype), v.to(qs.dtype), attn_mask=mask,
+                                           is_causal=s.q_len == s.ctx_len and s.q_len > 1)
+        out[s.q_start:s.q_start + s.q_len] = o.transpose(0, 1)
+    return out.reshape(T, H * hd)
+
+
+def mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """SwiGLU MLP. x [T, D], gate_up [2F, D], down [D, F] -> [T, D]."""
+    h = x @ gate_up.t()                                                  # [T, 2F]
+    f = gate_up.shape[0] // 2
+    return (F.silu(h[:, :f]) * h[:, f:]) @ down.t()

@@ -1,0 +1,116 @@
+"""The generic MoE transformer: one forward for Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE.
+
+Family differences are data (ModelSpec, families.py): q/k norm per head or over the projection,
+qkv bias, shared expert with a sigmoid gate, dense layers between sparse ones, top-k renormalisation.
+
+Legend: T tokens in the step, B sequences, D hidden, H / Hkv heads, hd head dim, E experts, k top-k.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.checkpoint.spec import ModelSpec
+from engine.experts.provider import ExpertProvider
+from engine.kv.cache import KVCache
+from engine.models.layers import Rope, SeqSlice, mlp, paged_attention_ref, rms_norm
+from engine.models.weights import AttentionWeights, ModelWeights, MoEWeights
+
+
+@dataclass
+class ForwardBatch:
+    """Inputs of one forward pass, passed explicitly (no global context)."""
+
+    input_ids: torch.Tensor          # [T] int64
+    positions: torch.Tensor          # [T] int64
+    slot_mapping: torch.Tensor       # [T] int64, cache row of each new token
+    seqs: list[SeqSlice]             # B sequences, in row order
+    logits_rows: torch.Tensor | None  # [B'] rows whose logits are needed; None = every row
+
+
+def route_ref(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax in float32, top-k, optional renormalisation. logits [T, E] -> (weights [T, k] f32, ids [T, k])."""
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    w, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        w = w / w.sum(-1, keepdim=True)
+    return w, ids
+
+
+class MoETransformer:
+    def __init__(self, spec: ModelSpec, weights: ModelWeights, experts: ExpertProvider,
+                 device: torch.device, dtype: torch.dtype, max_position: int) -> None:
+        self.spec, self.w, self.experts = spec, weights, experts
+        self.device, self.dtype = device, dtype
+        self.rope = Rope(spec.head_dim, spec.rope_theta, max_position, device, dtype)
+        self.moe_fn = _select_moe_fn(device)
+
+    def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Router scores -> (weights [T, k] f32, ids [T, k]); also used by the prefetcher."""
+        return route_ref(logits, self.spec.top_k, self.spec.renormalize)
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
+        """Logits [B', V] in float32 for ``batch.logits_rows`` (every row when None)."""
+        x = self.w.embed[batch.input_ids]                                # [T, D]
+        self.experts.begin_step()
+        try:
+            for i, layer in enumerate(self.w.layers):
+                if layer.moe is not None:
+                    self.experts.before_layer(layer.moe.moe_index, x)
+                h = rms_norm(x, layer.input_norm, self.spec.rms_norm_eps)
+                x = x + self._attention(i, layer.attn, h, batch, cache)
+                h = rms_norm(x, layer.post_norm, self.spec.rms_norm_eps)
+                x = x + (self._moe(layer.moe, h) if layer.moe is not None
+                         else mlp(h, layer.mlp.gate_up, layer.mlp.down))
+        finally:
+            self.experts.end_step()
+        if batch.logits_rows is not None:
+            x = x[batch.logits_rows]                                     # [B', D]
+        x = rms_norm(x, self.w.final_norm, self.spec.rms_norm_eps)
+        return (x @ self.w.lm_head.t()).float()                          # [B', V]
+
+    def _attention(self, i: int, a: AttentionWeights, x: torch.Tensor, batch: ForwardBatch,
+                   cache: KVCache) -> torch.Tensor:
+        s, T = self.spec, x.shape[0]
+        qkv = x @ a.qkv.t()                                              # [T, (H + 2Hkv) hd]
+        if a.qkv_bias is not None:
+            qkv = qkv + a.qkv_bias
+        q, k, v = qkv.split([s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim,
+                             s.num_kv_heads * s.head_dim], -1)
+        if s.family.qk_norm == "full":                                   # OLMoE: norm over the projection
+            q, k = rms_norm(q, a.q_norm, s.rms_norm_eps), rms_norm(k, a.k_norm, s.rms_norm_eps)
+        if s.clip_qkv is not None:
+            q, k, v = (t.clamp(-s.clip_qkv, s.clip_qkv) for t in (q, k, v))
+        q = q.reshape(T, s.num_heads, s.head_dim)                        # [T, H, hd]
+        k = k.reshape(T, s.num_kv_heads, s.head_dim)                     # [T, Hkv, hd]
+        v = v.reshape(T, s.num_kv_heads, s.head_dim)
+        if s.family.qk_norm == "head":                                   # Qwen3: norm per head
+            q, k = rms_norm(q, a.q_norm, s.rms_norm_eps), rms_norm(k, a.k_norm, s.rms_norm_eps)
+        q, k = self.rope(q, batch.positions), self.rope(k, batch.positions)
+        cache.write(i, batch.slot_mapping, k, v)
+        o = paged_attention_ref(q, cache.k[i], cache.v[i], batch.seqs, cache.block_size)   # [T, H hd]
+        return o @ a.o.t()                                               # [T, D]
+
+    def _moe(self, m: MoEWeights, x: torch.Tensor) -> torch.Tensor:
+        logits = x @ m.router.t()                                        # [T, E]
+        w, ids = self.route(logits)                                      # [T, k] f32, [T, k]
+        slot_of_expert, views = self.experts.acquire(m.moe_index, ids)
+        out = self.moe_fn(x, ids, w, slot_of_expert, views, self.experts.layout)   # [T, D]
+        if m.shared is not None:
+            shared = mlp(x, m.shared.gate_up, m.shared.down)             # [T, D]
+            out = out + torch.sigmoid(x @ m.shared_gate.t()) * shared
+        return out
+
+
+def _select_moe_fn(device: torch.device):
+    """The Triton grouped GEMM on CUDA when available, the torch reference elsewhere."""
+    from kernels.fused_moe import fused_moe_ref
+    if device.type == "cuda":
+        try:
+            from kernels.fused_moe import fused_moe
+            return fused_moe
+        except ImportError:
+            pass
+    return fused_moe_ref

@@ -1,0 +1,76 @@
+"""Weights of the generic MoE transformer, grouped as the forward uses them.
+
+Everything here is resident on the compute device. Routed experts are not here: they live in an
+expert provider (engine/experts), addressed by MoE layer index.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class AttentionWeights:
+    qkv: torch.Tensor                    # [(H + 2 Hkv) * hd, D]  q, k and v projections stacked
+    o: torch.Tensor                      # [D, H * hd]
+    qkv_bias: torch.Tensor | None = None  # [(H + 2 Hkv) * hd]
+    q_norm: torch.Tensor | None = None   # [hd] (per head) or [H * hd] (whole projection)
+    k_norm: torch.Tensor | None = None
+
+
+@dataclass
+class MLPWeights:
+    gate_up: torch.Tensor                # [2F, D] gate rows then up rows
+    down: torch.Tensor                   # [D, F]
+
+
+@dataclass
+class MoEWeights:
+    moe_index: int                       # index among MoE layers (the provider's layer id)
+    router: torch.Tensor                 # [E, D]
+    shared: MLPWeights | None = None
+    shared_gate: torch.Tensor | None = None  # [1, D], sigmoid gate of the shared expert
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor             # [D]
+    post_norm: torch.Tensor              # [D]
+    attn: AttentionWeights
+    mlp: MLPWeights | None = None        # dense layer
+    moe: MoEWeights | None = None        # MoE layer
+
+
+@dataclass
+class ModelWeights:
+    embed: torch.Tensor                  # [V, D]
+    final_norm: torch.Tensor             # [D]
+    lm_head: torch.Tensor                # [V, D] (the embedding itself when tied)
+    layers: list[LayerWeights] = field(default_factory=list)
+
+    def resident_bytes(self) -> int:
+        """Bytes of all resident tensors (tied embeddings counted once)."""
+        seen: set[int] = set()
+        total = 0
+
+        def add(t: torch.Tensor | None) -> None:
+            nonlocal total
+            if t is not None and t.data_ptr() not in seen:
+                seen.add(t.data_ptr())
+                total += t.numel() * t.element_size()
+
+        for t in (self.embed, self.final_norm, self.lm_head):
+            add(t)
+        for layer in self.layers:
+            a = layer.attn
+            for t in (layer.input_norm, layer.post_norm, a.qkv, a.o, a.qkv_bias, a.q_norm, a.k_norm):
+                add(t)
+            for m in (layer.mlp, layer.moe.shared if layer.moe else None):
+                if m is not None:
+                    add(m.gate_up)
+                    add(m.down)
+            if layer.moe is not None:
+                add(layer.moe.router)
+                add(layer.moe.shared_gate)
+        return total

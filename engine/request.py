@@ -1,0 +1,61 @@
+"""A request's mutable state inside the engine (owned by the engine thread only)."""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.sampling import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    max_total_tokens: int                         # prompt + output may not exceed this (max_model_len)
+    generator: torch.Generator | None = None
+    detokenizer: object | None = None             # IncrementalDetokenizer
+    output_ids: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    num_computed: int = 0                         # tokens whose K/V are in the cache
+    blocks: list[int] = field(default_factory=list)
+    text: str = ""                                # detokenised output so far (stop strings cut)
+    sent_chars: int = 0                           # characters of ``text`` already streamed
+    sent_tokens: int = 0
+    finish_reason: str | None = None
+    arrival: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    abort_requested: bool = False
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def remaining(self) -> int:
+        """Tokens known but not yet in the cache (prompt chunks, or the last sampled token)."""
+        return self.num_tokens - self.num_computed
+
+    @property
+    def ttft_ms(self) -> float | None:
+        return None if self.first_token_at is None else (self.first_token_at - self.arrival) * 1e3
+
+    @property
+    def decode_tok_s(self) -> float | None:
+        if self.first_token_at is None or self.finished_at is None or len(self.output_ids) < 2:
+            return None
+        return (len(self.output_ids) - 1) / max(self.finished_at - self.first_token_at, 1e-9)

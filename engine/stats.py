@@ -1,0 +1,73 @@
+"""Host-side counters of the engine and the ``EngineStats`` snapshot built from them."""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from engine.telemetry import EngineStats, MemoryStats, RateWindow
+
+if TYPE_CHECKING:
+    from engine.engine import LLMEngine
+    from engine.scheduler import SchedulerOutput
+
+
+class Counters:
+    """Updated once per step from values already on the host; never syncs the device."""
+
+    def __init__(self) -> None:
+        self.prompt_tokens = 0
+        self.generated_tokens = 0
+        self.requests_finished = 0
+        self.ttft_ms: float | None = None
+        self.step_ms = 0.0
+        self.batch_size = 0
+        self.sampled = RateWindow(2.0)      # tokens sampled per second, all streams
+        self.prefilled = RateWindow(2.0)
+        self.decode_streams = RateWindow(2.0)   # sampling sequences per step, to get per-stream speed
+
+    def on_step(self, sched: "SchedulerOutput", sampled: int, seconds: float, now: float) -> None:
+        prefill = sum(s.num_new for s in sched.seqs if not (s.samples and s.num_new == 1))
+        self.prompt_tokens += prefill
+        self.generated_tokens += sampled
+        self.step_ms = seconds * 1e3
+        self.batch_size = len(sched.seqs)
+        self.sampled.add(sampled, now)
+        self.prefilled.add(prefill, now)
+        self.decode_streams.add(1 if sampled else 0, now)
+
+    def on_first_token(self, ttft_ms: float | None) -> None:
+        self.ttft_ms = ttft_ms
+
+    def on_finish(self) -> None:
+        self.requests_finished += 1
+
+    def per_stream_tok_s(self, now: float) -> float:
+        """Tokens per second one stream sees: sampling steps per second."""
+        return self.decode_streams.rate(now)
+
+
+def _memory(engine: "LLMEngine") -> MemoryStats:
+    m = engine.loaded
+    pool = m.experts.stats().pool_bytes
+    max_alloc = torch.cuda.max_memory_allocated(m.device) if m.device.type == "cuda" else 0
+    return MemoryStats(resident_bytes=m.weights.resident_bytes(), expert_pool_bytes=pool,
+                       kv_cache_bytes=m.cache.nbytes, workspace_bytes=getattr(m, "workspace_bytes", 0),
+                       budget_bytes=engine.config.gpu_memory_budget,
+                       pinned_host_bytes=getattr(m.experts, "pinned_bytes", 0), max_allocated_bytes=max_alloc)
+
+
+def snapshot(engine: "LLMEngine") -> EngineStats:
+    c, m, now = engine.counters, engine.loaded, time.perf_counter()
+    sched = engine.scheduler
+    expert_stats = m.experts.stats()
+    return EngineStats(
+        timestamp=time.time(), device=str(m.device), model_name=m.info.name,
+        prompt_tokens=c.prompt_tokens, generated_tokens=c.generated_tokens,
+        requests_finished=c.requests_finished, decode_tok_s=c.per_stream_tok_s(now),
+        aggregate_tok_s=c.sampled.rate(now), prefill_tok_s=c.prefilled.rate(now), ttft_ms=c.ttft_ms,
+        step_ms=c.step_ms, running=len(sched.running), waiting=len(sched.waiting), batch_size=c.batch_size,
+        preemptions=sched.preemptions, kv_blocks_used=m.allocator.num_used, kv_blocks_total=m.allocator.num_blocks,
+        kv_cache_dtype=str(m.cache.dtype).replace("torch.", ""), cuda_graphs_active=False,
+        host_syncs=getattr(m.experts, "host_syncs", 0), experts=expert_stats, memory=_memory(engine))

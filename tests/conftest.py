@@ -1,0 +1,13 @@
+"""Shared fixtures: tiny Hugging Face MoE checkpoints of every supported family, built in the test."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")

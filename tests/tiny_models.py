@@ -1,0 +1,62 @@
+"""Tiny random MoE checkpoints of every supported family, saved with transformers' save_pretrained.
+
+Each family gets a config that exercises its quirks: GQA, q/k norm, qkv bias, a shared expert,
+dense layers between sparse ones, top-k renormalisation, tied embeddings.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from tests.engine.tokenizer_fixtures import build_tiny_tokenizer
+
+VOCAB = 512
+
+
+def _common(**over) -> dict:
+    base = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=3, pad_token_id=0)
+    base.update(over)
+    return base
+
+
+def family_configs() -> dict:
+    """name -> transformers config of a tiny model of that family."""
+    from transformers import MixtralConfig, OlmoeConfig, Qwen2MoeConfig, Qwen3MoeConfig
+    return {
+        "mixtral": MixtralConfig(**_common(num_local_experts=4, num_experts_per_tok=2, rope_theta=1e6)),
+        # shared expert + sigmoid gate, qkv bias, a dense layer between sparse ones (step 2 + mlp_only)
+        "qwen2_moe": Qwen2MoeConfig(**_common(moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                                              num_experts=6, num_experts_per_tok=2, decoder_sparse_step=1,
+                                              mlp_only_layers=[1], norm_topk_prob=False)),
+        # per-head q/k norm, explicit head_dim, renormalised top-k, tied embeddings
+        "qwen3_moe": Qwen3MoeConfig(**_common(moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+                                              head_dim=24, norm_topk_prob=True, tie_word_embeddings=True)),
+        # q/k norm over the whole projection; top-k = 1
+        "olmoe": OlmoeConfig(**_common(intermediate_size=32, num_experts=4, num_experts_per_tok=1)),
+    }
+
+
+def build_tiny_model(path: Path, family: str = "qwen3_moe", seed: int = 0, dtype=torch.float32) -> Path:
+    """Write a random tiny model of ``family`` with a tokenizer into ``path``; returns ``path``."""
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(seed)
+    cfg = family_configs()[family]
+    model = AutoModelForCausalLM.from_config(cfg).to(dtype)
+    _spread_init(model)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    build_tiny_tokenizer(path, vocab_size=VOCAB)
+    return path
+
+
+def _spread_init(model) -> None:
+    """Larger random weights than the default init, so routing and logits actually vary."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            else:
+                p.normal_(0.0, 0.08)
