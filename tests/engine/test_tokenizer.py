@@ -192,3 +192,37 @@ def test_push_window_stays_short(tok) -> None:
     for i in ids:
         detok.push(i)
         assert len(detok.token_ids) - detok._prefix <= 8  # O(new tokens), not the whole sequence
+
+
+def _byte_fallback_tokenizer(path: Path) -> Tokenizer:
+    """A SentencePiece-style tokenizer (Mistral/Mixtral family): '▁' for spaces, <0xNN> byte tokens,
+    and a decoder that strips the leading space of the whole text."""
+    from tokenizers import Tokenizer as Backend, decoders, models, normalizers
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    vocab.update({f"<0x{b:02X}>": 3 + b for b in range(256)})
+    for piece in "▁abcdefghijklmnopqrstuvwxyzHW,.!":
+        vocab.setdefault(piece, len(vocab))
+    backend = Backend(models.BPE(vocab=vocab, merges=[], byte_fallback=True, unk_token="<unk>"))
+    backend.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
+                                         decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    backend.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
+    return Tokenizer.from_dir(path)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_streaming_byte_fallback_tokenizer(tmp_path: Path, seed: int) -> None:
+    tok = _byte_fallback_tokenizer(tmp_path)
+    text = "Hello world, 你好 😀 abc 🇯🇵 end"
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text
+    rng = random.Random(seed)
+    chunks = []
+    while sum(chunks) < len(ids):
+        chunks.append(rng.randint(1, 3))
+    deltas = _stream(tok, ids, chunks)
+    assert "".join(deltas) == text
+    assert next(d for d in deltas if d).startswith("H")  # the leading space is stripped exactly once
+    assert not any("\ufffd" in d for d in deltas)
