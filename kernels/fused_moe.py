@@ -3,14 +3,24 @@
 Weights are read through the slot table (expert -> pool slot) from the typed pool views of
 :class:`engine.experts.layout.ExpertLayout`; nothing is gathered.
 
+:func:`fused_moe` is the Triton path (CUDA, or the interpreter in tests): a decode variant for a few
+tokens (:mod:`kernels.moe_decode`) and an aligned-block prefill variant (:mod:`kernels.moe_prefill`),
+chosen with their tile sizes by :mod:`kernels.moe_config`. Each pair's weighted output is written to a
+float32 buffer ``[T, k, D]`` that is summed over k afterwards: deterministic, no atomics, no host sync,
+so the call can be captured in a CUDA graph. fp32 activations use TF32 tensor cores in the prefill
+variant on a GPU. :func:`fused_moe_ref` is the plain-torch path (CPU) and the reference.
+
 Legend: T tokens, k experts per token, E experts, S pool slots, D hidden, F expert FFN.
 """
 from __future__ import annotations
+
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
 
 from engine.experts.layout import ExpertLayout
+from kernels.moe_config import MoeLaunchConfig, moe_launch_config
 
 
 def expert_weights_ref(views: dict[str, torch.Tensor], slot: int, layout: ExpertLayout,
@@ -53,3 +63,60 @@ def fused_moe_ref(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
         out.index_add_(0, toks, y * w_sorted[start:start + n, None])
         start += n
     return out.to(x.dtype)
+
+
+@lru_cache(maxsize=None)
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def _check_inputs(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                  slot_of_expert: torch.Tensor, layout: ExpertLayout) -> None:
+    if x.dim() != 2 or x.shape[1] != layout.hidden or x.dtype not in (torch.bfloat16, torch.float16,
+                                                                      torch.float32):
+        raise ValueError(f"x must be bf16/fp16/fp32 [T, {layout.hidden}], got {x.dtype} {tuple(x.shape)}")
+    if x.stride(1) != 1:
+        raise ValueError("x must have contiguous rows (stride(1) == 1)")
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0] or topk_ids.dtype not in (torch.int32,
+                                                                                       torch.int64):
+        raise ValueError(f"topk_ids must be int32/int64 [{x.shape[0]}, k], got {topk_ids.dtype} "
+                         f"{tuple(topk_ids.shape)}")
+    if topk_weights.shape != topk_ids.shape or not topk_weights.is_floating_point():
+        raise ValueError(f"topk_weights must be float {tuple(topk_ids.shape)}, got {topk_weights.dtype} "
+                         f"{tuple(topk_weights.shape)}")
+    if slot_of_expert.dim() != 1 or slot_of_expert.dtype != torch.int32:
+        raise ValueError(f"slot_of_expert must be int32 [E], got {slot_of_expert.dtype} "
+                         f"{tuple(slot_of_expert.shape)}")
+    for t in (topk_ids, topk_weights, slot_of_expert):
+        if t.device != x.device:
+            raise ValueError(f"all MoE inputs must be on {x.device}; one is on {t.device}")
+
+
+def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+              slot_of_expert: torch.Tensor, views: dict[str, torch.Tensor], layout: ExpertLayout,
+              config: MoeLaunchConfig | None = None) -> torch.Tensor:
+    """Triton MoE, same contract as :func:`fused_moe_ref`; ``[T, D]`` in ``x.dtype``.
+
+    Formats bf16/fp16/fp32, fp8 and int4 are read in their packed form from the pool views. ``config``
+    overrides the tuned launch setting (benchmarks and tests use it to pick a variant). Every expert
+    in ``topk_ids`` must have a valid slot; neither is checked on the device (that would sync).
+    """
+    from kernels.moe_align import moe_align
+    from kernels.moe_decode import moe_decode
+    from kernels.moe_prefill import moe_prefill
+    from kernels.moe_weights import format_code, pool_matrix
+
+    _check_inputs(x, topk_ids, topk_weights, slot_of_expert, layout)
+    t, k = topk_ids.shape
+    if t == 0:
+        return torch.empty_like(x)
+    w13, w2 = pool_matrix(views, "w13", layout), pool_matrix(views, "w2", layout)
+    fmt = format_code(layout)
+    cfg = config or moe_launch_config(_device_name(x.device), layout.fmt, t)
+    if cfg.variant == "decode":
+        y = moe_decode(x, topk_ids, topk_weights, slot_of_expert, w13, w2, fmt, layout.group_size,
+                       cfg.up, cfg.down)                                # [T*k, D]
+    else:
+        align = moe_align(topk_ids, slot_of_expert, cfg.block_m)
+        y = moe_prefill(x, topk_weights, align, w13, w2, fmt, layout.group_size, cfg.up, cfg.down)
+    return y.view(t, k, -1).sum(dim=1).to(x.dtype)                     # [T, D]

@@ -1,0 +1,78 @@
+"""Launch settings of the MoE GEMM kernels, read from JSON in ``kernels/configs/``.
+
+One file per GPU, named after ``torch.cuda.get_device_name`` with non-alphanumerics as ``_``
+(``NVIDIA_H200.json``); ``default.json`` is the fallback for unknown GPUs and missing entries. A file
+maps ``format -> token bucket -> setting``; the bucket used is the smallest one at least the batch's
+token count (else the largest). A setting::
+
+    {"variant": "decode" | "prefill",
+     "up":   {"block_n": 16, "block_k": 256, "num_warps": 4, "num_stages": 3},
+     "down": {"block_n": 16, "block_k": 256, "num_warps": 4, "num_stages": 3},
+     "block_m": 16}          # prefill only: rows of the aligned blocks
+
+``decode`` runs one program per (token, expert) pair and N tile (a GEMV per pair); ``prefill`` aligns
+pairs into M-blocks per expert and runs tensor-core tiles.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+@dataclass(frozen=True)
+class MoeLaunchConfig:
+    variant: str          # "decode" or "prefill"
+    up: TileConfig        # gate+up GEMM (N = F, K = D)
+    down: TileConfig      # down GEMM (N = D, K = F)
+    block_m: int = 16     # prefill block rows
+
+
+def config_file_name(device_name: str) -> str:
+    """``"NVIDIA H200"`` -> ``"NVIDIA_H200.json"``."""
+    return re.sub(r"[^A-Za-z0-9]+", "_", device_name).strip("_") + ".json"
+
+
+@lru_cache(maxsize=None)
+def _load(name: str) -> dict:
+    path = CONFIG_DIR / name
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _parse(entry: dict) -> MoeLaunchConfig:
+    variant = entry.get("variant", "decode")
+    if variant not in ("decode", "prefill"):
+        raise ValueError(f"MoE launch config variant {variant!r} must be decode or prefill")
+    return MoeLaunchConfig(variant, TileConfig(**entry["up"]), TileConfig(**entry["down"]),
+                           int(entry.get("block_m", 16)))
+
+
+def _pick(table: dict, fmt: str, tokens: int) -> dict | None:
+    buckets = table.get(fmt) or table.get("*")
+    if not buckets:
+        return None
+    sizes = sorted(int(b) for b in buckets)
+    size = next((b for b in sizes if b >= tokens), sizes[-1])
+    return buckets[str(size)]
+
+
+def moe_launch_config(device_name: str, fmt: str, tokens: int) -> MoeLaunchConfig:
+    """Setting for ``tokens`` tokens of expert format ``fmt`` on ``device_name`` (with fallback)."""
+    entry = _pick(_load(config_file_name(device_name)), fmt, tokens)
+    if entry is None:
+        entry = _pick(_load("default.json"), fmt, tokens)
+    if entry is None:
+        raise FileNotFoundError(f"no MoE launch setting for {fmt}; {CONFIG_DIR / 'default.json'} is incomplete")
+    return _parse(entry)

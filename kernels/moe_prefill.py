@@ -1,0 +1,127 @@
+"""Prefill MoE GEMMs: tensor-core tiles over M-blocks of pairs aligned by expert.
+
+:func:`kernels.moe_align.moe_align` sorts the (token, expert) pairs by expert and pads each group to
+M rows, so program (b, n) multiplies M pairs' activations by one ``[K, BLOCK_N]`` tile column of the
+block's expert, read from its pool slot; fp8 and int4 tiles are dequantised in registers inside the K
+loop. Blocks past the used length exit at once, so the grid is sized without a host sync.
+
+* up: ``h[p] = silu(x[t] @ gate.T) * (x[t] @ up.T)`` for the pairs ``p`` of a block (``t = p // k``);
+* down: ``y[p] = weight[p] * (h[p] @ w2.T)`` in float32; the caller sums y over the k pairs.
+
+int4 tiles split K into even and odd halves (low and high nibbles) and run two dots, so no nibble
+interleave is needed; their ``BLOCK_K`` divides the group size so one scale per row covers a tile.
+
+Legend: P = T*k pairs, M block rows, D hidden, F expert FFN, G int4 group size.
+"""
+from __future__ import annotations
+
+import torch
+
+from kernels._triton import cdiv, jit, tl
+from kernels.moe_align import MoeAlignment
+from kernels.moe_config import TileConfig
+from kernels.moe_weights import FMT_INT4, PoolMatrix
+
+
+@jit
+def _tile_gemm(a_ptr, a_rows, a_ok, stride_a, w_ptr, s_ptr, z_ptr, cols, cols_ok, K, sw_n, ss_n,
+               FMT: tl.constexpr, G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_K: tl.constexpr):
+    """``[BLOCK_M, BLOCK_N]`` float32 = A rows ``a_rows`` times weight rows ``cols`` transposed."""
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    a_row = a_ptr + a_rows.to(tl.int64)[:, None] * stride_a             # [BM, 1]
+    if FMT == 2:
+        HK: tl.constexpr = BLOCK_K // 2
+        kh = tl.arange(0, HK)
+        for k0 in range(0, K // 2, HK):                                 # k0 counts bytes
+            kb = k0 + kh                                                # [HK]
+            k_ok = kb < K // 2
+            ae = tl.load(a_row + 2 * kb[None, :], mask=a_ok[:, None] & k_ok[None, :], other=0.0)
+            ao = tl.load(a_row + 2 * kb[None, :] + 1, mask=a_ok[:, None] & k_ok[None, :], other=0.0)
+            wm = k_ok[:, None] & cols_ok[None, :]
+            b = tl.load(w_ptr + cols[None, :] * sw_n + kb[:, None], mask=wm, other=0)  # [HK, BN]
+            grp = (2 * k0) // G
+            sc = tl.load(s_ptr + cols * ss_n + grp, mask=cols_ok, other=0.0).to(tl.float32)  # [BN]
+            zp = tl.load(z_ptr + cols * ss_n + grp, mask=cols_ok, other=0).to(tl.float32)
+            lo = (((b & 15).to(tl.float32) - zp[None, :]) * sc[None, :]).to(ae.dtype)
+            hi = (((b >> 4).to(tl.float32) - zp[None, :]) * sc[None, :]).to(ae.dtype)
+            acc = tl.dot(ae, lo, acc)
+            acc = tl.dot(ao, hi, acc)
+    else:
+        kc = tl.arange(0, BLOCK_K)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + kc
+            k_ok = kk < K
+            a = tl.load(a_row + kk[None, :], mask=a_ok[:, None] & k_ok[None, :], other=0.0)  # [BM, BK]
+            w = tl.load(w_ptr + cols[None, :] * sw_n + kk[:, None], mask=k_ok[:, None] & cols_ok[None, :],
+                        other=0.0)                                      # [BK, BN]
+            acc = tl.dot(a, w.to(a.dtype), acc)
+        if FMT == 1:
+            acc = acc * tl.load(s_ptr + cols * ss_n, mask=cols_ok, other=0.0)[None, :]
+    return acc
+
+
+@jit
+def _up_prefill_kernel(x_ptr, sorted_ptr, bslot_ptr, npad_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr,
+                       ss_s, sz_s, ss_n, P, F, K, stride_x, TOP_K: tl.constexpr, FMT: tl.constexpr,
+                       G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    blk = tl.program_id(0)
+    if blk * BLOCK_M >= tl.load(npad_ptr):
+        return
+    pairs = tl.load(sorted_ptr + blk * BLOCK_M + tl.arange(0, BLOCK_M))  # [BM]; P marks padding
+    p_ok = pairs < P
+    slot = tl.load(bslot_ptr + blk).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)           # [BN] gate rows; up = cols + F
+    c_ok = cols < F
+    w_base, s_base, z_base = w_ptr + slot * sw_s, s_ptr + slot * ss_s, z_ptr + slot * sz_s
+    gate = _tile_gemm(x_ptr, pairs // TOP_K, p_ok, stride_x, w_base, s_base, z_base, cols, c_ok, K,
+                      sw_n, ss_n, FMT, G, BLOCK_M, BLOCK_N, BLOCK_K)
+    up = _tile_gemm(x_ptr, pairs // TOP_K, p_ok, stride_x, w_base, s_base, z_base, cols + F, c_ok, K,
+                    sw_n, ss_n, FMT, G, BLOCK_M, BLOCK_N, BLOCK_K)
+    h = gate / (1.0 + tl.exp(-gate)) * up                               # [BM, BN]
+    tl.store(h_ptr + pairs.to(tl.int64)[:, None] * F + cols[None, :], h.to(h_ptr.dtype.element_ty),
+             mask=p_ok[:, None] & c_ok[None, :])
+
+
+@jit
+def _down_prefill_kernel(h_ptr, sorted_ptr, bslot_ptr, npad_ptr, tw_ptr, y_ptr, w_ptr, sw_s, sw_n, s_ptr,
+                         z_ptr, ss_s, sz_s, ss_n, P, D, F, FMT: tl.constexpr, G: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    blk = tl.program_id(0)
+    if blk * BLOCK_M >= tl.load(npad_ptr):
+        return
+    pairs = tl.load(sorted_ptr + blk * BLOCK_M + tl.arange(0, BLOCK_M))  # [BM]
+    p_ok = pairs < P
+    slot = tl.load(bslot_ptr + blk).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)           # [BN] hidden rows of w2
+    c_ok = cols < D
+    y = _tile_gemm(h_ptr, pairs, p_ok, F, w_ptr + slot * sw_s, s_ptr + slot * ss_s, z_ptr + slot * sz_s,
+                   cols, c_ok, F, sw_n, ss_n, FMT, G, BLOCK_M, BLOCK_N, BLOCK_K)
+    y = y * tl.load(tw_ptr + pairs, mask=p_ok, other=0.0).to(tl.float32)[:, None]
+    tl.store(y_ptr + pairs.to(tl.int64)[:, None] * D + cols[None, :], y, mask=p_ok[:, None] & c_ok[None, :])
+
+
+def _block_k(tile: TileConfig, fmt: int, group: int) -> int:
+    # An int4 tile must sit inside one group (one scale per row) and give dots of >= 16 along K.
+    return max(32, min(tile.block_k, group)) if fmt == FMT_INT4 else max(16, tile.block_k)
+
+
+def moe_prefill(x: torch.Tensor, topk_weights: torch.Tensor, align: MoeAlignment, w13: PoolMatrix,
+                w2: PoolMatrix, fmt: int, group: int, up: TileConfig, down: TileConfig) -> torch.Tensor:
+    """``y [T*k, D]`` float32: each pair's routed, weighted expert output (sum over k is the caller's)."""
+    t, d = x.shape
+    k = topk_weights.shape[1]
+    p, f, m, nb = t * k, w13.n // 2, align.block_m, align.max_blocks
+    h = torch.empty(p, f, dtype=x.dtype, device=x.device)              # [P, F]
+    y = torch.empty(p, d, dtype=torch.float32, device=x.device)        # [P, D]
+    w, sw_s, sw_n, s, z, ss_s, sz_s, ss_n = w13.args()
+    _up_prefill_kernel[(nb, cdiv(f, up.block_n))](
+        x, align.sorted_pairs, align.block_slot, align.num_padded, h, w, sw_s, sw_n, s, z, ss_s, sz_s, ss_n,
+        p, f, d, x.stride(0), TOP_K=k, FMT=fmt, G=group, BLOCK_M=m, BLOCK_N=up.block_n,
+        BLOCK_K=_block_k(up, fmt, group), num_warps=up.num_warps, num_stages=up.num_stages)
+    w, sw_s, sw_n, s, z, ss_s, sz_s, ss_n = w2.args()
+    _down_prefill_kernel[(nb, cdiv(d, down.block_n))](
+        h, align.sorted_pairs, align.block_slot, align.num_padded, topk_weights.contiguous(), y, w,
+        sw_s, sw_n, s, z, ss_s, sz_s, ss_n, p, d, f, FMT=fmt, G=group, BLOCK_M=m, BLOCK_N=down.block_n,
+        BLOCK_K=_block_k(down, fmt, group), num_warps=down.num_warps, num_stages=down.num_stages)
+    return y

@@ -1,0 +1,57 @@
+"""Pointer and stride arguments of one expert matrix in the pool, for the MoE GEMM kernels.
+
+The kernels read ``w[slot]`` (and its scale/zero) straight from the typed pool views; slots live in
+one uint8 buffer, so ``stride(0)`` is the slot size and is passed to the kernel as is.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.experts.layout import DENSE_DTYPES, ExpertLayout
+
+FMT_DENSE, FMT_FP8, FMT_INT4 = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class PoolMatrix:
+    """One matrix (``w13`` or ``w2``) of every slot: ``w [S, N, K or K/2]`` plus scale/zero views."""
+
+    w: torch.Tensor
+    scale: torch.Tensor      # fp8: [S, N] f32; int4: [S, N, K/G] f16; dense: w itself (unused)
+    zero: torch.Tensor       # int4: [S, N, K/G] u8; otherwise w itself (unused)
+    n: int                   # output rows
+    k: int                   # reduction length in elements
+
+    def args(self) -> tuple:
+        """``(w, w_stride_slot, w_stride_row, scale, zero, scale_stride_slot, zero_stride_slot,
+        scale_stride_row)``; scale and zero share their row stride (checked by :func:`pool_matrix`)."""
+        s0, s1 = (self.scale.stride(0), self.scale.stride(1)) if self.scale is not self.w else (0, 0)
+        z0 = self.zero.stride(0) if self.zero is not self.w else 0
+        return (self.w, self.w.stride(0), self.w.stride(1), self.scale, self.zero, s0, z0, s1)
+
+
+def format_code(layout: ExpertLayout) -> int:
+    """Kernel constant for ``layout.fmt``."""
+    if layout.fmt in DENSE_DTYPES:
+        return FMT_DENSE
+    return FMT_FP8 if layout.fmt == "fp8" else FMT_INT4
+
+
+def pool_matrix(views: dict[str, torch.Tensor], name: str, layout: ExpertLayout) -> PoolMatrix:
+    """Check the views of ``name`` against ``layout`` and wrap them for a kernel launch."""
+    spec = layout.slice(name)
+    w = views[name]
+    n, k = (2 * layout.ffn, layout.hidden) if name == "w13" else (layout.hidden, layout.ffn)
+    if w.dim() != 3 or tuple(w.shape[1:]) != spec.shape or w.dtype != spec.dtype:
+        raise ValueError(f"pool view {name} must be {spec.dtype} [S, {', '.join(map(str, spec.shape))}], "
+                         f"got {w.dtype} {tuple(w.shape)}")
+    if w.stride(2) != 1 or w.stride(1) != spec.shape[1]:
+        raise ValueError(f"pool view {name} must have contiguous rows (strides [*, {spec.shape[1]}, 1]), "
+                         f"got {w.stride()}")
+    scale = views.get(f"{name}_scale", w)
+    zero = views.get(f"{name}_zero", w)
+    if layout.fmt == "int4" and scale.stride()[1:] != zero.stride()[1:]:
+        raise ValueError(f"{name}_scale and {name}_zero views must have the same row strides")
+    return PoolMatrix(w, scale, zero, n, k)
