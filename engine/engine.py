@@ -132,8 +132,13 @@ class LLMEngine:
     # ---- scoring, stats, live changes -------------------------------------------------------------
     def score(self, token_ids: list[int]) -> torch.Tensor:
         """Logits [T, vocab] (float32, on the CPU) of every position of ``token_ids``."""
-        self._check_prompt(list(token_ids))
-        return self.loaded.score(list(token_ids))
+        return self.score_batch([token_ids])[0]
+
+    def score_batch(self, seqs: list[list[int]]) -> list[torch.Tensor]:
+        """Logits of several sequences of different lengths, computed in one batch."""
+        for ids in seqs:
+            self._check_prompt(list(ids))
+        return self.loaded.score([list(ids) for ids in seqs])
 
     def stats(self) -> EngineStats:
         return stats_mod.snapshot(self)

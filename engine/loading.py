@@ -124,26 +124,42 @@ class LoadedModel:
         blocks = max(want // (bpt * c.kv_block_size), -(-self.max_model_len // c.kv_block_size))
         return KVCache(s.num_layers, int(blocks), c.kv_block_size, s.num_kv_heads, s.head_dim, self.dtype, self.device)
 
-    def score(self, ids: list[int]) -> torch.Tensor:
-        """Logits for every position of ``ids``, prefilled in chunks on blocks of its own."""
-        need = self.allocator.blocks_needed(len(ids), 0)
+    def score(self, seqs: list[list[int]], chunk: int | None = None) -> list[torch.Tensor]:
+        """Logits [T_i, V] for every position of each sequence, on KV blocks of their own.
+
+        All sequences go through one batched forward per chunk of ``chunk`` tokens (prefill_chunk).
+        """
+        need = sum(self.allocator.blocks_needed(len(ids), 0) for ids in seqs)
         if not self.allocator.can_allocate(need):
-            raise ConfigError(f"scoring {len(ids)} tokens needs {need} free KV blocks but {self.allocator.num_free} "
-                              "are free; wait for running requests or raise --kv-cache-size")
-        blocks = self.allocator.allocate(need)
+            raise ConfigError(f"scoring needs {need} free KV blocks but {self.allocator.num_free} are free; "
+                              "wait for running requests or raise --kv-cache-size")
+        tables = [self.allocator.allocate(self.allocator.blocks_needed(len(ids), 0)) for ids in seqs]
+        chunk = chunk or self.config.prefill_chunk
+        outs: list[list[torch.Tensor]] = [[] for _ in seqs]
         try:
-            table = torch.tensor(blocks, dtype=torch.int64, device=self.device)
-            bs, out, chunk = self.cache.block_size, [], self.config.prefill_chunk
-            for start in range(0, len(ids), chunk):
-                part = ids[start:start + chunk]
-                pos = list(range(start, start + len(part)))
-                as_t = lambda xs: torch.tensor(xs, dtype=torch.int64, device=self.device)   # noqa: E731
-                batch = ForwardBatch(as_t(part), as_t(pos), as_t([blocks[p // bs] * bs + p % bs for p in pos]),
-                                     [SeqSlice(0, len(part), start + len(part), table)], None)
-                out.append(self.model.forward(batch, self.cache).cpu())
-            return torch.cat(out, 0)
+            for start in range(0, max(len(ids) for ids in seqs), chunk):
+                live = [i for i, ids in enumerate(seqs) if len(ids) > start]
+                batch = self._score_batch([seqs[i] for i in live], [tables[i] for i in live], start, chunk)
+                logits = self.model.forward(batch, self.cache).cpu()
+                for i, s in zip(live, batch.seqs):
+                    outs[i].append(logits[s.q_start:s.q_start + s.q_len])
+            return [torch.cat(o, 0) for o in outs]
         finally:
-            self.allocator.free(blocks)
+            for t in tables:
+                self.allocator.free(t)
+
+    def _score_batch(self, seqs: list[list[int]], tables: list[list[int]], start: int, chunk: int) -> ForwardBatch:
+        bs, ids, pos, slots, slices = self.cache.block_size, [], [], [], []
+        for seq, blocks in zip(seqs, tables):
+            part = seq[start:start + chunk]
+            p = list(range(start, start + len(part)))
+            slices.append(SeqSlice(len(ids), len(part), start + len(part),
+                                   torch.tensor(blocks, dtype=torch.int64, device=self.device)))
+            ids += part
+            pos += p
+            slots += [blocks[q // bs] * bs + q % bs for q in p]
+        as_t = lambda xs: torch.tensor(xs, dtype=torch.int64, device=self.device)   # noqa: E731
+        return ForwardBatch(as_t(ids), as_t(pos), as_t(slots), slices, None)
 
     def close(self) -> None:
         close = getattr(self.experts, "close", None)
