@@ -226,7 +226,8 @@ class Tokenizer:
             text = self._template.render(
                 messages=messages, add_generation_prompt=add_generation_prompt, **variables,
             )
-        except jinja2.exceptions.TemplateError as exc:
+        except (jinja2.exceptions.TemplateError, TypeError, ValueError) as exc:
+            # TypeError/ValueError: message fields of a shape the template cannot handle (e.g. a list).
             raise ChatTemplateError(
                 f"the model's chat template rejected the conversation ({exc}); "
                 "change the messages to the roles and order this model expects"

@@ -61,6 +61,14 @@ def test_chat_template_rejection_is_one_sentence(tok) -> None:
         tok.apply_chat_template([{"role": "robot", "content": "beep"}])
 
 
+def test_message_of_wrong_shape_is_a_user_error(tmp_path: Path) -> None:
+    build_tiny_tokenizer(tmp_path, chat_template="{{ messages[0]['content'] + '!' }}")
+    tok = Tokenizer.from_dir(tmp_path)
+    assert tok.apply_chat_template([{"role": "user", "content": "hi"}]) == "hi!"
+    with pytest.raises(ChatTemplateError, match="rejected the conversation"):
+        tok.apply_chat_template([{"role": "user", "content": ["a list", "of parts"]}])
+
+
 def test_template_helpers_and_kwargs(tmp_path: Path) -> None:
     template = ("{{ bos_token }}{{ messages | tojson }}|{{ greeting }}|{{ strftime_now('%Y') | length }}"
                 "{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}{{ m.role }}{% endfor %}"
