@@ -1,0 +1,74 @@
+"""``info``: what a model is made of, what one token costs, and how it fits a GPU budget."""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from engine.checkpoint.plan import CATEGORIES, active_params_per_token, params_by_category
+from engine.checkpoint.spec import ModelSpec, read_spec
+from engine.cli.options import model_dir
+from engine.config import format_size, parse_size
+from engine.experts.layout import ExpertLayout
+
+_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+KV_RESERVE_TOKENS = 8192      # context reserved in the plan (one long conversation)
+WORKSPACE = 512 << 20         # activations, logits, staging slots
+
+
+def expert_bytes(spec: ModelSpec, fmt: str, group: int) -> int:
+    return ExpertLayout.make(fmt, spec.hidden, spec.moe_ffn, group).nbytes
+
+
+def plan_lines(spec: ModelSpec, args: argparse.Namespace) -> list[str]:
+    dtype = "bfloat16" if args.dtype == "auto" else args.dtype
+    wb = _BYTES[dtype]
+    fmt = {"auto": "bf16" if wb == 2 else "fp32"}.get(args.weight_format, args.weight_format)
+    per_expert = expert_bytes(spec, fmt, args.group_size)
+    n_experts = spec.num_moe_layers * spec.num_experts
+    counts = params_by_category(spec)
+    lines = [f"model        {spec.name}  ({spec.architecture}, family {spec.family.name})",
+             f"layers       {spec.num_layers} ({spec.num_moe_layers} MoE), {spec.num_experts} experts, top-{spec.top_k}, "
+             f"hidden {spec.hidden}, expert FFN {spec.moe_ffn}",
+             "", f"{'category':<16}{'parameters':>16}{'bytes':>14}"]
+    resident = 0
+    for cat in CATEGORIES:
+        nbytes = n_experts * per_expert if cat == "routed_experts" else counts[cat] * wb
+        resident += 0 if cat == "routed_experts" else nbytes
+        lines.append(f"{cat:<16}{counts[cat]:>16,}{format_size(nbytes):>14}")
+    total_params = sum(counts.values())
+    lines.append(f"{'total':<16}{total_params:>16,}{format_size(resident + n_experts * per_expert):>14}")
+    active = active_params_per_token(spec)
+    routed_active = spec.num_moe_layers * spec.top_k * per_expert
+    active_bytes = (active - spec.num_moe_layers * spec.top_k * 3 * spec.hidden * spec.moe_ffn) * wb + routed_active
+    lines += ["", f"active per token: {active:,} parameters, {format_size(active_bytes)} "
+                  f"(routed experts {format_size(routed_active)} in {fmt})"]
+    lines += _budget_lines(spec, args, resident, per_expert, n_experts, routed_active, wb)
+    return lines
+
+
+def _budget_lines(spec, args, resident, per_expert, n_experts, routed_active, wb) -> list[str]:
+    budget = parse_size(args.gpu_memory_budget, "gpu_memory_budget")
+    if budget is None and torch.cuda.is_available():
+        budget = torch.cuda.mem_get_info()[0]
+    if budget is None:
+        return ["", "GPU budget: none given and no CUDA GPU found; pass --gpu-memory-budget 24G to plan for a card"]
+    kv = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * wb * KV_RESERVE_TOKENS
+    left = budget - resident - kv - WORKSPACE
+    out = ["", f"GPU budget {format_size(budget)}: resident {format_size(resident)} + KV for {KV_RESERVE_TOKENS} "
+               f"tokens {format_size(kv)} + workspace {format_size(WORKSPACE)}"]
+    if left < 0:
+        return out + [f"does NOT fit: the resident weights and KV need {format_size(budget - left)}; raise "
+                      "--gpu-memory-budget or quantise the experts (--weight-format int4 does not shrink resident weights)"]
+    slots = min(n_experts, left // per_expert)
+    out.append(f"fits: expert pool of {format_size(slots * per_expert)} = {slots} of {n_experts} experts "
+               f"({100 * slots / n_experts:.0f}%)" + (" — every expert resident" if slots == n_experts else ""))
+    for hit in (0.5, 0.8, 0.95):
+        out.append(f"  at {hit:.0%} hit rate: {format_size(int((1 - hit) * routed_active))} per token over the bus")
+    return out
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    spec = read_spec(model_dir(args))
+    print("\n".join(plan_lines(spec, args)))
+    return 0

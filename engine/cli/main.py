@@ -1,0 +1,55 @@
+"""The ``strata`` command line: subcommands generate, chat, info, convert."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from engine.cli.options import add_engine_flags, add_model_flag
+from engine.errors import StrataError
+
+ENGINE_COMMANDS = ("generate", "chat", "info")
+
+
+def build_parser(prog: str = "strata") -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
+    from engine.cli.run import add_sampling_flags
+    parser = argparse.ArgumentParser(prog=prog, description="Run Mixture-of-Experts models on one GPU, and watch them.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    p = sub.add_parser("generate", help="complete one prompt and print the text")
+    add_model_flag(p)
+    p.add_argument("--prompt", required=True, help="text to complete")
+    p.add_argument("--json", action="store_true", help="print one JSON object (text, token ids, timings)")
+    add_sampling_flags(p, temperature=0.8)
+    add_engine_flags(p)
+    p = sub.add_parser("chat", help="chat in the terminal, streaming replies")
+    add_model_flag(p)
+    p.add_argument("--system", default=None, help="system prompt")
+    add_sampling_flags(p, temperature=0.7)
+    add_engine_flags(p)
+    p = sub.add_parser("info", help="parameters and bytes by category, and the GPU memory plan")
+    add_model_flag(p)
+    add_engine_flags(p)
+    return parser, sub
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Dispatch an engine subcommand; user errors become one line on stderr and exit code 2."""
+    from engine.cli import info, run
+    handlers = {"generate": run.cmd_generate, "chat": run.cmd_chat, "info": info.cmd_info}
+    try:
+        return handlers[args.command](args)
+    except StrataError as e:
+        if getattr(args, "debug", False):
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, _ = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    return run_command(args)
