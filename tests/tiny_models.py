@@ -11,6 +11,7 @@ import torch
 
 from tests.engine.tokenizer_fixtures import build_tiny_tokenizer
 
+ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 512
 
 
