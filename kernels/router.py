@@ -38,7 +38,7 @@ def _route_kernel(logits_ptr, w_ptr, ids_ptr, counts_ptr, T, E, stride_t,
         top = tl.max(x, axis=1)                                         # [BT]
         top = tl.where(row_ok, top, 0.0)                                # rows past T: avoid inf - inf
         ex = tl.exp(x - top[:, None])
-        s = ex / tl.sum(ex, axis=1)[:, None]
+        s = ex / tl.where(row_ok, tl.sum(ex, axis=1), 1.0)[:, None]
     s = tl.where(mask, s, -1.0)                                         # scores are >= 0; -1 = unusable
     w = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
     ids = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.int32)

@@ -1,0 +1,100 @@
+"""Triton fused MoE (decode and prefill variants) against ``fused_moe_ref``, per format and dtype.
+
+Every pool has spare slots full of random bytes and a permuted slot table, so a kernel that reads a
+wrong slot, a wrong stride or a gathered copy fails. bf16 activations and GPU speed are checked by
+``benchmarks/kernels/bench_moe.py`` on the GPU (the interpreter mishandles bf16 arithmetic).
+"""
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+from kernels.fused_moe import fused_moe, fused_moe_ref  # noqa: E402
+from kernels.moe_config import MoeLaunchConfig, TileConfig  # noqa: E402
+from tests.kernels.helpers import TOLERANCES, make_pool, make_routing  # noqa: E402
+
+DECODE = MoeLaunchConfig("decode", TileConfig(16, 32), TileConfig(16, 32))
+PREFILL = MoeLaunchConfig("prefill", TileConfig(16, 32), TileConfig(16, 32), block_m=16)
+SPLIT_GROUPS = MoeLaunchConfig("decode", TileConfig(16, 64), TileConfig(16, 64))  # int4: 2 groups a step
+
+
+def run_case(fmt, dtype, hidden, ffn, experts, tokens, top_k, cfg, group=32, used=None):
+    layout, _, views, slots = make_pool(fmt, hidden, ffn, experts, group)
+    ids, weights = make_routing(tokens, experts, top_k, used)
+    x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(7)).to(dtype)
+    out = fused_moe(x, ids, weights, slots, views, layout, cfg)
+    ref = fused_moe_ref(x, ids, weights, slots, views, layout)
+    assert out.dtype == dtype and out.shape == (tokens, hidden)
+    torch.testing.assert_close(out, ref, **TOLERANCES[dtype])
+    return out
+
+
+@pytest.mark.parametrize("cfg", [DECODE, PREFILL], ids=["decode", "prefill"])
+@pytest.mark.parametrize("fmt, dtype", [("fp32", torch.float32), ("fp16", torch.float16),
+                                        ("fp8", torch.float32), ("fp8", torch.float16)])
+def test_dense_and_fp8_odd_tails(cfg, fmt, dtype):
+    # Odd K and N (37, 19) leave partial tiles in both GEMMs; 3 tokens is fewer than the block.
+    run_case(fmt, dtype, hidden=37, ffn=19, experts=6, tokens=3, top_k=2, cfg=cfg)
+
+
+@pytest.mark.parametrize("cfg", [DECODE, PREFILL], ids=["decode", "prefill"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_int4_group_sizes(cfg, dtype, group):
+    # Each supported group size: the kernel must pick the right scale and zero for every nibble.
+    run_case("int4", dtype, hidden=128, ffn=128 if group == 128 else 64, experts=4, tokens=2,
+             top_k=2, cfg=cfg, group=group)
+
+
+def test_int4_several_groups_per_step_with_tail():
+    # A decode K step spanning two groups, where K (96) leaves half a step: the group mask matters.
+    run_case("int4", torch.float32, hidden=96, ffn=32, experts=3, tokens=1, top_k=2, cfg=SPLIT_GROUPS)
+
+
+@pytest.mark.parametrize("cfg", [DECODE, PREFILL], ids=["decode", "prefill"])
+def test_one_token_top1(cfg):
+    # The decode step of one request with a Switch-style router (k = 1).
+    run_case("fp32", torch.float32, hidden=32, ffn=16, experts=4, tokens=1, top_k=1, cfg=cfg)
+
+
+@pytest.mark.parametrize("cfg", [DECODE, PREFILL], ids=["decode", "prefill"])
+def test_top_k_equals_experts(cfg):
+    # Every token visits every expert: the per-expert groups are as large as they get.
+    run_case("fp16", torch.float16, hidden=32, ffn=16, experts=4, tokens=5, top_k=4, cfg=cfg)
+
+
+def test_prefill_experts_without_tokens_and_many_blocks():
+    # 40 tokens over 3 of 8 experts: several full and partial blocks per used expert, five experts
+    # that receive nothing (their groups must be empty, not a block of padding).
+    run_case("int4", torch.float32, hidden=64, ffn=32, experts=8, tokens=40, top_k=2, cfg=PREFILL,
+             used=3)
+
+
+def test_default_settings_pick_a_variant_by_token_count():
+    # Without an explicit setting the launcher reads kernels/configs (CPU falls back to default.json):
+    # 2 tokens run the decode variant and 20 the prefill one; both must agree with the reference.
+    for tokens in (2, 20):
+        run_case("fp8", torch.float32, hidden=32, ffn=32, experts=4, tokens=tokens, top_k=2, cfg=None)
+
+
+def test_result_is_deterministic_and_ignores_int64_ids():
+    # Reduction over k uses a buffer, not atomics: two runs are bitwise equal; int64 ids work.
+    layout, _, views, slots = make_pool("fp16", 32, 16, 4)
+    ids, w = make_routing(3, 4, 2)
+    x = torch.randn(3, 32).half()
+    a = fused_moe(x, ids, w, slots, views, layout, PREFILL)
+    b = fused_moe(x, ids.long(), w, slots, views, layout, PREFILL)
+    assert torch.equal(a, b)
+
+
+def test_rejects_mismatched_inputs():
+    # Wrong shapes and dtypes name the offending argument instead of reading out of bounds.
+    layout, _, views, slots = make_pool("fp32", 32, 16, 4)
+    ids, w = make_routing(2, 4, 2)
+    with pytest.raises(ValueError, match="x must be"):
+        fused_moe(torch.randn(2, 31), ids, w, slots, views, layout)
+    with pytest.raises(ValueError, match="slot_of_expert"):
+        fused_moe(torch.randn(2, 32), ids, w, slots.long(), views, layout)
+    with pytest.raises(ValueError, match="topk_weights"):
+        fused_moe(torch.randn(2, 32), ids, w[:, :1], slots, views, layout)
+    with pytest.raises(ValueError, match="pool view w2"):
+        fused_moe(torch.randn(2, 32), ids, w, slots, {**views, "w2": views["w2"].transpose(1, 2)}, layout)

@@ -1,0 +1,67 @@
+"""Router kernel against its reference: scoring, top-k, renormalisation, ties, counts."""
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+from kernels.router import route, route_ref  # noqa: E402
+
+
+@pytest.mark.parametrize("scoring", ["softmax", "sigmoid"])
+@pytest.mark.parametrize("renormalize", [False, True])
+@pytest.mark.parametrize("tokens, experts, top_k", [
+    (1, 8, 2),      # one token (decode)
+    (19, 12, 3),    # tokens not a multiple of the token block; experts not a power of two
+    (5, 6, 1),      # top-k = 1 (Switch-style)
+    (4, 6, 6),      # top-k = E: every expert chosen, order must still match
+])
+def test_route_matches_reference(scoring, renormalize, tokens, experts, top_k):
+    logits = torch.randn(tokens, experts, generator=torch.Generator().manual_seed(tokens))
+    c_kernel = torch.zeros(experts, dtype=torch.int64)
+    c_ref = torch.zeros(experts, dtype=torch.int64)
+    w, ids = route(logits, top_k, scoring, renormalize, c_kernel)
+    w_ref, ids_ref = route_ref(logits, top_k, scoring, renormalize, c_ref)
+    assert ids.dtype == torch.int32 and w.dtype == torch.float32
+    assert torch.equal(ids, ids_ref)
+    torch.testing.assert_close(w, w_ref, atol=1e-6, rtol=1e-5)
+    assert torch.equal(c_kernel, c_ref) and int(c_kernel.sum()) == tokens * top_k
+    if renormalize:
+        torch.testing.assert_close(w.sum(1), torch.ones(tokens))
+
+
+def test_route_matches_torch_topk_on_distinct_scores():
+    # The documented contract: on distinct scores the choice and order are torch.topk's.
+    logits = torch.randn(7, 16, generator=torch.Generator().manual_seed(3))
+    w, ids = route(logits, 4)
+    w_t, ids_t = torch.topk(torch.softmax(logits, -1), 4)
+    assert torch.equal(ids, ids_t.to(torch.int32))
+    torch.testing.assert_close(w, w_t)
+
+
+def test_route_ties_pick_lower_expert_ids():
+    # Exact ties (e.g. zero logits from a padded batch row) must give one answer on every device.
+    logits = torch.zeros(2, 6)
+    logits[1, 2] = logits[1, 4] = 1.0
+    _, ids = route(logits, 3)
+    _, ids_ref = route_ref(logits, 3)
+    assert ids.tolist() == [[0, 1, 2], [2, 4, 0]] == ids_ref.tolist()
+
+
+def test_route_counts_accumulate_and_half_logits():
+    # Counts are per-layer running totals for the stats panel: a second call adds to them; the
+    # router reads half-precision logits and still scores in float32.
+    logits = torch.randn(9, 8, generator=torch.Generator().manual_seed(1)).to(torch.float16)
+    counts = torch.zeros(8, dtype=torch.int64)
+    route(logits, 2, counts=counts)
+    route(logits, 2, counts=counts)
+    _, ids = route_ref(logits, 2)
+    assert torch.equal(counts, 2 * torch.bincount(ids.flatten().long(), minlength=8))
+
+
+def test_route_rejects_bad_arguments():
+    # Mistakes in the caller must name the argument, not fail inside the kernel.
+    with pytest.raises(ValueError, match="top_k"):
+        route(torch.randn(2, 4), 5)
+    with pytest.raises(ValueError, match="scoring"):
+        route(torch.randn(2, 4), 2, scoring="relu")
+    with pytest.raises(ValueError, match="counts"):
+        route(torch.randn(2, 4), 2, counts=torch.zeros(4, dtype=torch.int32))
