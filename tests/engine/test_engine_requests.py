@@ -1,0 +1,94 @@
+"""Request lifecycle: stop strings, stop tokens, abort, preemption under a small KV cache, streaming."""
+from __future__ import annotations
+
+import pytest
+
+from engine import LLM, SamplingParams
+from engine.engine import LLMEngine
+from engine.config import EngineConfig
+from tiny_models import build_tiny_model
+
+GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("req") / "m", "mixtral")
+
+
+@pytest.fixture(scope="module")
+def llm(model_dir):
+    return LLM(str(model_dir), device="cpu")
+
+
+def test_stop_string_cuts_text_and_finishes(llm):
+    full = llm.generate([[1, 5, 9]], GREEDY)[0]
+    assert len(full.text) > 6
+    stop = full.text[3:6]
+    out = llm.generate([[1, 5, 9]], SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, stop=(stop,)))[0]
+    assert out.finish_reason == "stop"
+    assert out.text == full.text[: full.text.index(stop)]
+
+
+def test_stop_token_id_finishes_with_stop(llm):
+    full = llm.generate([[1, 5, 9]], GREEDY)[0]
+    target = full.token_ids[4]
+    out = llm.generate([[1, 5, 9]], SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True,
+                                                   stop_token_ids=(target,)))[0]
+    assert out.finish_reason == "stop"
+    assert out.token_ids == full.token_ids[: full.token_ids.index(target) + 1]
+
+
+def test_seeded_sampling_is_reproducible(llm):
+    p = SamplingParams(max_tokens=16, temperature=1.0, top_p=0.9, seed=7, ignore_eos=True)
+    a, b = llm.generate([[1, 5, 9]], p)[0], llm.generate([[1, 5, 9], [1, 2]], p)[0]
+    assert a.token_ids == b.token_ids
+
+
+def test_abort_mid_generation_frees_everything(model_dir):
+    eng = LLMEngine(EngineConfig(model=str(model_dir), device="cpu"))
+    eng.add_request("a", [1, 5, 9], SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True))
+    eng.add_request("b", [1, 7], SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True))
+    for _ in range(3):
+        eng.step()
+    eng.abort("a")
+    finished = {}
+    while eng.has_unfinished():
+        for d in eng.step():
+            if d.finished:
+                finished[d.request_id] = d.finish_reason
+    assert finished == {"a": "abort", "b": "length"}
+    assert eng.stats().kv_blocks_used == 0
+
+
+def test_preemption_under_a_tiny_kv_cache_keeps_outputs(model_dir, llm):
+    """Blocks run out: the youngest request is preempted and recomputed; no output changes, none is lost."""
+    prompts = [[1, 5, 9, 11], [1, 7, 8], [1, 20, 21, 22, 23], [1, 3]]
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    want = [llm.generate([p], params)[0].token_ids for p in prompts]
+    bpt = 2 * 3 * 2 * 16 * 4          # layers * kv heads * head_dim * fp32, K and V
+    small = LLM(str(model_dir), device="cpu", kv_block_size=4, kv_cache_size=bpt * 4 * 20, max_model_len=64)
+    got = small.generate(prompts, params)
+    assert [o.token_ids for o in got] == want
+    assert small.stats().preemptions > 0
+
+
+def test_streamed_deltas_add_up_to_the_final_text(model_dir):
+    eng = LLMEngine(EngineConfig(model=str(model_dir), device="cpu"))
+    eng.add_request("s", "The expert pool", SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True))
+    text, ids, ttft = "", [], None
+    while eng.has_unfinished():
+        for d in eng.step():
+            text += d.new_text
+            ids += d.new_token_ids
+            ttft = ttft if d.ttft_ms is None else d.ttft_ms
+    assert text == eng.tokenizer.decode(ids)
+    assert len(ids) == 20 and ttft is not None and ttft > 0
+    s = eng.stats()
+    assert s.generated_tokens == 20 and s.requests_finished == 1 and s.kv_blocks_used == 0
+
+
+def test_prompt_longer_than_the_context_is_refused(llm):
+    from engine.errors import ConfigError
+    with pytest.raises(ConfigError, match="raise --max-model-len"):
+        llm.generate([[1] * 600], GREEDY)
