@@ -1,0 +1,325 @@
+"""``OffloadedExperts``: the ExpertProvider that keeps hot experts on the GPU and streams the rest.
+
+Per engine step and MoE layer ``l`` the model calls ``before_layer(l, hidden)`` then
+``acquire(l, topk_ids)``:
+
+* ``before_layer`` guesses the experts of layers ``l+1 .. l+depth`` by applying their routers to
+  ``hidden`` (on the device, no sync).
+* ``acquire`` reads layer ``l``'s ids (and those guesses) to the host in one counted sync, copies
+  the missing experts on demand (counted misses), makes the compute stream wait for exactly the
+  copies it uses, pushes row ``l`` of the slot table, and then issues the prefetch copies, so they
+  run while layer ``l`` computes. Misses are copied before prefetches and on their own stream.
+* With a pool that holds every expert the table is static and ``acquire`` never syncs.
+
+Pinned against eviction: the experts of the current layer and every prefetched expert until its
+layer has run. Keys are store rows, ``layer * E + expert``.
+
+Legend: T tokens, k experts per token, E experts, L MoE layers, D hidden.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from engine.errors import ConfigError, ReconfigureError
+from engine.experts.counters import ResidencyCounters
+from engine.experts.layout import ExpertLayout
+from engine.experts.policy import DEFAULT_LFU_DECAY, EvictionPolicy, StaticPolicy, make_policy
+from engine.experts.pool import ExpertPool
+from engine.experts.prefetch import RouteFn, predict_experts
+from engine.experts.profile import check_routing_profile, read_routing_profile
+from engine.experts.store import HostExpertStore
+from engine.telemetry import ExpertStats
+
+
+class OffloadedExperts:
+    """Byte-budgeted device pool over a host store, with prefetch, policies and live resizing.
+
+    ``pool_bytes`` buys ``pool_bytes // layout.nbytes`` pool slots (None: every expert); a pool
+    smaller than all experts also takes ``2 E`` staging slots. ``budget_bytes`` caps the device
+    bytes of slots and staging together. ``routers`` are the ``[E, D]`` router weights of every
+    MoE layer in order, ``route_fn(logits [T, E]) -> (weights [T, k], ids [T, k])`` the model's
+    routing. ``routing_profile`` (a path or counts ``[L][E]``) is needed by the static policy.
+    """
+
+    def __init__(self, layout: ExpertLayout, store: HostExpertStore, num_experts: int,
+                 device: torch.device | str, pool_bytes: int | None, prefetch_depth: int, policy: str,
+                 routers: Sequence[torch.Tensor], route_fn: RouteFn, *,
+                 routing_profile: str | Path | Sequence[Sequence[int]] | None = None,
+                 budget_bytes: int | None = None, lfu_decay: float = DEFAULT_LFU_DECAY) -> None:
+        if store.num_experts != num_experts or len(routers) != store.num_layers or store.layout != layout:
+            raise ValueError(f"store is {store.num_layers} x {store.num_experts} ({store.layout.fmt}); got "
+                             f"{len(routers)} routers, {num_experts} experts, layout {layout.fmt}")
+        self.layout, self.store = layout, store
+        self.num_layers, self.num_experts = store.num_layers, num_experts
+        self.device = torch.device(device)
+        self.routers, self.route_fn = list(routers), route_fn
+        self.prefetch_depth = _check_depth(prefetch_depth, ConfigError)
+        self._lfu_decay = lfu_decay
+        self._profile = self._load_profile(routing_profile)
+        self.policy = make_policy(policy, self._profile, lfu_decay)
+        slots = self._slots_for(pool_bytes)
+        keep = self.policy.place(slots) if isinstance(self.policy, StaticPolicy) else []
+        self.pool = ExpertPool(store, self.device, slots, keep, budget_bytes)
+        self._seed(self.policy, self.pool.resident_keys())
+        self.counters = ResidencyCounters(self.num_layers, num_experts, self.device)
+        self._prefetched: dict[int, int] = {}      # key -> layer it was fetched for, pinned until then
+        self._unused: set[int] = set()             # prefetched, not used yet
+        self._current: set[int] = set()            # keys of the layer being computed
+        self._predicted: tuple[int, list[int], torch.Tensor] | None = None
+        self._last_layer = -1
+        self._in_step = False
+        self._owns_store = False
+
+    @classmethod
+    def from_rows(cls, layout: ExpertLayout, rows: torch.Tensor, num_experts: int, device: torch.device | str,
+                  pool_bytes: int | None, prefetch_depth: int, policy: str, routers: Sequence[torch.Tensor],
+                  route_fn: RouteFn, **options) -> "OffloadedExperts":
+        """Build over loader-filled host rows ``uint8 [L * E, nbytes]``, page-locked in place on CUDA.
+
+        The provider then owns the store and releases it in :meth:`close`. ``options`` are the
+        keyword options of the constructor.
+        """
+        dev = torch.device(device)
+        store = HostExpertStore.from_rows(rows, num_experts, layout, pin=dev.type == "cuda", device=dev)
+        out = cls(layout, store, num_experts, dev, pool_bytes, prefetch_depth, policy, routers, route_fn, **options)
+        out._owns_store = True
+        return out
+
+    # ---- ExpertProvider ----------------------------------------------------------------------
+    def begin_step(self) -> None:
+        """A forward pass starts: forget the last step's leases and pins, age the policy."""
+        self._release_all()
+        self.policy.tick()
+        self._in_step = True
+
+    def before_layer(self, moe_index: int, hidden: torch.Tensor) -> None:
+        """Predict layers ``moe_index+1 .. +depth`` from ``hidden [T, D]`` (device work, no sync)."""
+        if self.pool.full or self.prefetch_depth == 0:
+            return
+        layers = list(range(moe_index + 1, min(moe_index + self.prefetch_depth, self.num_layers - 1) + 1))
+        if layers:
+            self._predicted = (moe_index, layers, predict_experts(hidden, self.routers, layers, self.route_fn))
+
+    def acquire(self, moe_index: int, topk_ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Make the experts of ``topk_ids [T, k]`` resident; returns ``(slot_of_expert [E] int32, views)``."""
+        if self.pool.full:
+            self.counters.device_tally.add(moe_index, topk_ids)
+            return self.pool.table[moe_index], self.pool.views
+        ids, predicted = self._read_ids(moe_index, topk_ids)
+        self._enter_layer(moe_index)
+        base = moe_index * self.num_experts
+        keys = [base + e for e in sorted(set(ids.tolist()))]
+        self._current = set(keys)
+        slot_of = self.pool.slot_of
+        misses = [k for k in keys if slot_of[k] < 0]
+        for k in keys:
+            if slot_of[k] >= 0 and k in self._unused:
+                self._unused.discard(k)
+                self.counters.prefetch_hits += 1
+        pinned = self._current | self._prefetched.keys()
+        pairs = [(self._slot_for(k, moe_index, pinned, demand=True), k) for k in misses]
+        self.pool.load(pairs, demand=True)
+        self.policy.touch(keys)
+        self.counters.record(moe_index, ids, len(keys) - len(misses), len(misses))
+        for k in [k for k, j in self._prefetched.items() if j <= moe_index]:
+            del self._prefetched[k]                  # its layer has come: no longer pinned
+        self.pool.copies.wait_for([slot_of[k] for k in keys])
+        row = self.pool.push_row(moe_index)
+        if predicted is not None:
+            self._prefetch(predicted[0], predicted[1])
+        return row, self.pool.views
+
+    def end_step(self) -> None:
+        """The forward pass is over: staging leases and prefetch pins end with it."""
+        self._release_all()
+        self._in_step = False
+
+    def stats(self) -> ExpertStats:
+        """Cumulative counters (no device sync; on CUDA device-side counts may lag one call)."""
+        return self.counters.snapshot(self.pool)
+
+    @property
+    def host_syncs(self) -> int:
+        """Device-to-host reads of routing ids so far (each one a sync on CUDA)."""
+        return self.counters.host_syncs
+
+    # ---- live changes ------------------------------------------------------------------------
+    def reconfigure(self, pool_bytes: int | None = None, prefetch_depth: int | None = None,
+                    policy: str | None = None) -> str:
+        """Apply new settings between steps; returns a short description of the result.
+
+        Raises ReconfigureError and changes nothing when a setting is invalid, the pool does not
+        fit the budget, or its allocation fails.
+        """
+        if self._in_step:
+            raise ReconfigureError("the expert pool can change only between engine steps; apply it after step() returns")
+        depth = self.prefetch_depth if prefetch_depth is None else _check_depth(prefetch_depth, ReconfigureError)
+        new_policy = self.policy
+        if policy is not None and policy != self.policy.name:
+            try:
+                new_policy = make_policy(policy, self._profile, self._lfu_decay)
+            except ConfigError as err:
+                raise ReconfigureError(str(err)) from None
+        slots = self.pool.slots if pool_bytes is None else self._slots_for(pool_bytes)
+        static = isinstance(new_policy, StaticPolicy)
+        if slots != self.pool.slots or (static and new_policy is not self.policy):
+            self._resize(slots, new_policy)
+        elif new_policy is not self.policy:
+            self._seed(new_policy, self.policy.rank(self.pool.resident_keys()))
+        self.policy, self.prefetch_depth = new_policy, depth
+        return self.describe()
+
+    def describe(self) -> str:
+        """One line: pool, policy, depth."""
+        return f"{self.pool.describe()}, policy {self.policy.name}, prefetch depth {self.prefetch_depth}"
+
+    def close(self) -> None:
+        """Wait for copies in flight and free the device pool (the host store is the caller's)."""
+        self.pool.close()
+        if self._owns_store:
+            self.store.close()
+
+    # ---- internals ---------------------------------------------------------------------------
+    def _slots_for(self, pool_bytes: int | None) -> int:
+        total = self.num_layers * self.num_experts
+        return total if pool_bytes is None else min(int(pool_bytes) // self.layout.nbytes, total)
+
+    def _load_profile(self, profile: str | Path | Sequence[Sequence[int]] | None) -> list[list[int]] | None:
+        if profile is None:
+            return None
+        if isinstance(profile, (str, Path)):
+            return read_routing_profile(profile, self.num_layers, self.num_experts)
+        doc = {"format": "strata-routing-profile", "counts": [list(r) for r in profile]}
+        return check_routing_profile(doc, self.num_layers, self.num_experts)
+
+    def _read_ids(self, layer: int, topk_ids: torch.Tensor) -> tuple[torch.Tensor, tuple | None]:
+        """Layer ids ``[T*k]`` and the predictions made for later layers, in one read (one sync)."""
+        flat = topk_ids.reshape(-1).to(torch.int64)                    # [T*k]
+        pred = self._predicted if self._predicted is not None and self._predicted[0] == layer else None
+        self._predicted = None
+        self.counters.host_syncs += 1
+        if pred is None:
+            return flat.cpu(), None
+        both = torch.cat([flat, pred[2].reshape(-1)]).cpu()            # [T*k + P*T'*k]
+        n = flat.numel()
+        return both[:n], (pred[1], both[n:].view(pred[2].shape))
+
+    def _enter_layer(self, layer: int) -> None:
+        """Release staging leased to layers already computed (or to the last step, if one began)."""
+        if layer <= self._last_layer:
+            self._release_all()
+        self._last_layer = layer
+        for slot in [s for s, j in self.pool.lease.items() if j < layer]:
+            self._drop_staging(slot)
+
+    def _slot_for(self, key: int, layer: int, pinned: set[int], demand: bool) -> int | None:
+        """A slot for ``key``: free pool slot, else a policy victim's, else staging. Assigns it."""
+        pool = self.pool
+        slot = None
+        if self.policy.admits(key):
+            slot = pool.take_free()
+            if slot is None:
+                victim = self.policy.victim(pinned)
+                if victim is not None:
+                    slot = pool.slot_of[victim]
+                    self._evict(victim)
+            if slot is not None:
+                self.policy.insert(key)
+        if slot is None:
+            slot = pool.take_staging(layer)
+            if slot is None and demand:
+                slot = self._reclaim_staging(layer)
+        if slot is not None:
+            pool.assign(key, slot)
+            pinned.add(key)
+        return slot
+
+    def _evict(self, key: int) -> None:
+        self.pool.unassign(self.pool.slot_of[key])
+        self.policy.remove(key)
+        if key in self._unused:
+            self._unused.discard(key)
+            self.counters.prefetch_wasted += 1
+
+    def _drop_staging(self, slot: int) -> None:
+        key = self.pool.release_staging(slot)
+        self._prefetched.pop(key, None)
+        if key in self._unused:
+            self._unused.discard(key)
+            self.counters.prefetch_wasted += 1
+
+    def _reclaim_staging(self, layer: int) -> int:
+        """Take back the staging slot prefetched for the farthest later layer (a miss outranks a guess)."""
+        later = [(j, s) for s, j in self.pool.lease.items() if j > layer]
+        if not later:
+            raise RuntimeError(f"no staging slot left for layer {layer}: {len(self.pool.lease)} leased of "
+                               f"{self.pool.staging}; staging must hold one layer's experts")
+        _, slot = max(later)
+        self._drop_staging(slot)
+        return self.pool.take_staging(layer)
+
+    def _prefetch(self, layers: list[int], ids: torch.Tensor) -> None:
+        """Issue copies of the predicted experts (``ids [P, T, k]`` on the host), nearest layer first."""
+        pinned = self._current | self._prefetched.keys()
+        slot_of = self.pool.slot_of
+        for layer, layer_ids in zip(layers, ids):
+            base, pairs = layer * self.num_experts, []
+            for e in sorted(set(layer_ids.reshape(-1).tolist())):
+                key = base + e
+                if slot_of[key] < 0:
+                    slot = self._slot_for(key, layer, pinned, demand=False)
+                    if slot is None:
+                        break                      # no room left: later guesses would not fit either
+                    pairs.append((slot, key))
+                    self._unused.add(key)
+                self._prefetched.setdefault(key, layer)
+                pinned.add(key)
+            self.pool.load(pairs, demand=False)
+
+    def _release_all(self) -> None:
+        for slot in list(self.pool.lease):
+            self._drop_staging(slot)
+        self._prefetched.clear()
+        self._current = set()
+        self._last_layer = -1
+
+    def _resize(self, slots: int, policy: EvictionPolicy) -> None:
+        """Re-create the pool for ``policy``; on failure the old pool and placement stay."""
+        self._release_all()
+        old = self.pool.resident_keys()
+        if isinstance(policy, StaticPolicy):
+            keep = policy.place(slots)
+        else:
+            keep = self.policy.rank(old)
+        try:
+            self.pool.resize(slots, keep)
+        except ReconfigureError:
+            if isinstance(self.policy, StaticPolicy):
+                self.policy.place(self.pool.slots)
+            raise
+        now = set(self.pool.resident_keys())
+        for k in old:
+            if k not in now:
+                self.policy.remove(k)
+                if k in self._unused:
+                    self._unused.discard(k)
+                    self.counters.prefetch_wasted += 1
+        self._unused &= now
+        if policy is not self.policy:
+            self._seed(policy, self.policy.rank(list(now)))
+
+    @staticmethod
+    def _seed(policy: EvictionPolicy, ranked: list[int]) -> None:
+        """Tell a fresh policy what is resident, least valuable first (so it goes first)."""
+        for k in reversed(ranked):
+            policy.insert(k)
+
+
+def _check_depth(depth: int, error: type[ConfigError]) -> int:
+    if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
+        raise error(f"prefetch_depth must be an integer >= 0 (got {depth!r}); 0 disables prefetching")
+    return depth
+

@@ -1,0 +1,223 @@
+"""Eviction policies of the device expert pool.
+
+A key is an expert's store row, ``layer * E + expert``. The pool tells its policy which keys are
+resident (``insert`` / ``remove``) and which were used (``touch``); when it needs a slot it asks
+for a ``victim`` outside the pinned set (the current layer's experts and those being prefetched),
+and on a resize it keeps the best-``rank``ed residents.
+
+* ``lru``: least recently used goes first.
+* ``lfu`` (default): least "hot" goes first, where hotness is a use count that decays by
+  ``decay`` per engine step, so yesterday's favourites fade. Ties go to the least recently used.
+* ``static``: a fixed placement, the most-routed experts of a recorded routing profile; nothing
+  placed is ever evicted, and experts outside the placement are only ever staged.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import OrderedDict
+from typing import Iterable, Protocol, Sequence
+
+from engine.errors import ConfigError
+
+POLICIES = ("lfu", "lru", "static")
+DEFAULT_LFU_DECAY = 0.9   # per step: a use 7 steps old weighs half a fresh one
+
+
+class EvictionPolicy(Protocol):
+    name: str
+
+    def insert(self, key: int) -> None:
+        """``key`` took a pool slot."""
+
+    def remove(self, key: int) -> None:
+        """``key`` left the pool."""
+
+    def touch(self, keys: Iterable[int]) -> None:
+        """These keys were used by one layer call."""
+
+    def tick(self) -> None:
+        """One engine step passed."""
+
+    def admits(self, key: int) -> bool:
+        """Whether ``key`` may take a pool slot at all (otherwise it is staged)."""
+
+    def victim(self, pinned: set[int]) -> int | None:
+        """The resident key to evict next, never one in ``pinned``; None if every resident is pinned."""
+
+    def rank(self, keys: Iterable[int]) -> list[int]:
+        """``keys`` ordered most valuable first (what a shrink keeps)."""
+
+
+class LRUPolicy:
+    """Least recently used."""
+
+    name = "lru"
+
+    def __init__(self) -> None:
+        self._order: OrderedDict[int, None] = OrderedDict()   # oldest first
+
+    def insert(self, key: int) -> None:
+        self._order[key] = None
+        self._order.move_to_end(key)
+
+    def remove(self, key: int) -> None:
+        self._order.pop(key, None)
+
+    def touch(self, keys: Iterable[int]) -> None:
+        for k in keys:
+            if k in self._order:
+                self._order.move_to_end(k)
+
+    def tick(self) -> None:
+        pass
+
+    def admits(self, key: int) -> bool:
+        return True
+
+    def victim(self, pinned: set[int]) -> int | None:
+        for k in self._order:
+            if k not in pinned:
+                return k
+        return None
+
+    def rank(self, keys: Iterable[int]) -> list[int]:
+        pos = {k: i for i, k in enumerate(self._order)}
+        return sorted(keys, key=lambda k: -pos.get(k, -1))
+
+
+class LFUPolicy:
+    """Use counts with exponential decay per step; a lazy min-heap finds the coldest resident.
+
+    Instead of decaying every score each step, each new use adds ``(1/decay) ** step``: the order
+    is the same and a step costs nothing. Scores are rescaled before they grow past floats.
+    """
+
+    name = "lfu"
+    _RESCALE_AT = 1e150
+
+    def __init__(self, decay: float = DEFAULT_LFU_DECAY) -> None:
+        if not 0.0 < decay <= 1.0:
+            raise ConfigError(f"LFU decay must be in (0, 1] (got {decay}); 0.9 is a good start")
+        self._growth = 1.0 / decay
+        self._weight = 1.0                       # value of one use now
+        self._score: dict[int, float] = {}       # every key ever used, resident or not
+        self._seq: dict[int, int] = {}           # last-touch order, for ties
+        self._resident: set[int] = set()
+        self._heap: list[tuple[float, int, int]] = []   # (score, seq, key), stale entries skipped
+        self._clock = itertools.count()
+
+    def insert(self, key: int) -> None:
+        self._resident.add(key)
+        self._seq.setdefault(key, next(self._clock))
+        self._push(key)
+
+    def remove(self, key: int) -> None:
+        self._resident.discard(key)
+
+    def touch(self, keys: Iterable[int]) -> None:
+        for k in keys:
+            self._score[k] = self._score.get(k, 0.0) + self._weight
+            self._seq[k] = next(self._clock)
+            if k in self._resident:
+                self._push(k)
+        if len(self._heap) > 4 * len(self._resident) + 1024:   # drop stale entries
+            self._heap = [(self._score.get(k, 0.0), self._seq[k], k) for k in self._resident]
+            heapq.heapify(self._heap)
+
+    def tick(self) -> None:
+        self._weight *= self._growth
+        if self._weight > self._RESCALE_AT:
+            for k in self._score:
+                self._score[k] /= self._weight
+            self._weight = 1.0
+            self._heap = []
+            for k in self._resident:
+                self._push(k)
+
+    def admits(self, key: int) -> bool:
+        return True
+
+    def hotness(self, key: int) -> float:
+        """Decayed use count of ``key`` as of the current step."""
+        return self._score.get(key, 0.0) / self._weight
+
+    def victim(self, pinned: set[int]) -> int | None:
+        skipped: list[tuple[float, int, int]] = []
+        found = None
+        while self._heap:
+            entry = heapq.heappop(self._heap)
+            score, seq, key = entry
+            if key not in self._resident or seq != self._seq[key] or score != self._score.get(key, 0.0):
+                continue                                 # stale
+            skipped.append(entry)
+            if key not in pinned:
+                found = key
+                break
+        for entry in skipped:
+            heapq.heappush(self._heap, entry)
+        return found
+
+    def rank(self, keys: Iterable[int]) -> list[int]:
+        return sorted(keys, key=lambda k: (-self._score.get(k, 0.0), -self._seq.get(k, -1)))
+
+    def _push(self, key: int) -> None:
+        heapq.heappush(self._heap, (self._score.get(key, 0.0), self._seq[key], key))
+
+
+class StaticPolicy:
+    """A fixed placement from a routing profile: the most-routed (layer, expert) pairs overall."""
+
+    name = "static"
+
+    def __init__(self, counts: Sequence[Sequence[int]]) -> None:
+        num_experts = len(counts[0]) if counts else 0
+        flat = [(c, l * num_experts + e) for l, row in enumerate(counts) for e, c in enumerate(row)]
+        # most routed first; ties by key so the placement is reproducible
+        self._order = [k for _, k in sorted(flat, key=lambda ck: (-ck[0], ck[1]))]
+        self._placed: set[int] = set()
+        self._capacity = 0
+
+    def place(self, slots: int) -> list[int]:
+        """Fix the placement for a pool of ``slots`` slots; returns the placed keys, best first."""
+        self._capacity = slots
+        placed = self._order[:slots]
+        self._placed = set(placed)
+        return placed
+
+    def insert(self, key: int) -> None:
+        pass
+
+    def remove(self, key: int) -> None:
+        pass
+
+    def touch(self, keys: Iterable[int]) -> None:
+        pass
+
+    def tick(self) -> None:
+        pass
+
+    def admits(self, key: int) -> bool:
+        return key in self._placed
+
+    def victim(self, pinned: set[int]) -> int | None:
+        return None
+
+    def rank(self, keys: Iterable[int]) -> list[int]:
+        pos = {k: i for i, k in enumerate(self._order)}
+        return sorted(keys, key=lambda k: pos[k])
+
+
+def make_policy(name: str, profile: Sequence[Sequence[int]] | None = None,
+                lfu_decay: float = DEFAULT_LFU_DECAY) -> EvictionPolicy:
+    """Build the policy called ``name``; ``static`` needs the profile's counts ``[L][E]``."""
+    if name == "lru":
+        return LRUPolicy()
+    if name == "lfu":
+        return LFUPolicy(lfu_decay)
+    if name == "static":
+        if profile is None:
+            raise ConfigError("expert_policy=static needs a routing profile; record one with --record-routing FILE "
+                              "and pass it with --routing-profile FILE")
+        return StaticPolicy(profile)
+    raise ConfigError(f"expert policy {name!r} is not supported; choose one of {', '.join(POLICIES)}")

@@ -1,0 +1,123 @@
+"""Copies of experts into pool slots, and the prediction of which experts are needed next.
+
+On CUDA, copies run on their own streams (one for prefetches, one for on-demand misses, so a miss
+never queues behind prefetches of later layers). Each batch of copies first waits for the compute
+work already issued (a slot being overwritten may still be read by an earlier layer) and ends with
+an event; the compute stream waits only on the events of the slots a layer uses. The time the
+compute stream stalls is measured with a pair of timing events around those waits and read back
+only once the pair has completed, so statistics never synchronise.
+
+On CPU there are no streams: copies are plain and synchronous, and the time spent copying misses is
+what compute "waited".
+
+Legend: T tokens, k experts per token, E experts, D hidden, P predicted layers.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Callable, Sequence
+
+import torch
+
+RouteFn = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+class CopyEngine:
+    """Host-store rows -> device pool slots, ordered against the compute stream with events."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self._prefetch_stream = torch.cuda.Stream(device) if self.cuda else None
+        self._demand_stream = torch.cuda.Stream(device) if self.cuda else None
+        self._pending: dict[int, torch.cuda.Event] = {}            # slot -> copy that fills it
+        self._timings: deque[tuple[torch.cuda.Event, torch.cuda.Event]] = deque()
+        self.wait_ms = 0.0          # completed compute stalls on copies
+        self.bytes_copied = 0
+
+    def copy(self, pairs: Sequence[tuple[int, int]], dst: torch.Tensor, src: torch.Tensor, demand: bool) -> None:
+        """Copy ``src[row] -> dst[slot]`` for each ``(slot, row)``; dst [S, nbytes] device, src [R, nbytes] host."""
+        if not pairs:
+            return
+        self.bytes_copied += len(pairs) * dst.shape[1]
+        if not self.cuda:
+            t0 = time.perf_counter()
+            for slot, row in pairs:
+                dst[slot].copy_(src[row])
+            if demand:
+                self.wait_ms += (time.perf_counter() - t0) * 1e3
+            return
+        stream = self._demand_stream if demand else self._prefetch_stream
+        stream.wait_stream(torch.cuda.current_stream(self.device))   # earlier readers of these slots
+        for slot, _ in pairs:                  # an earlier copy into a reused slot, maybe on the other stream
+            ev = self._pending.get(slot)
+            if ev is not None and not ev.query():
+                stream.wait_event(ev)
+        with torch.cuda.stream(stream):
+            for slot, row in pairs:
+                dst[slot].copy_(src[row], non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(stream)
+        for slot, _ in pairs:
+            self._pending[slot] = done
+
+    def wait_for(self, slots: Sequence[int]) -> None:
+        """Make the compute stream wait for the copies that fill ``slots`` (no host sync)."""
+        if not self.cuda:
+            return
+        events = []
+        for s in slots:
+            ev = self._pending.get(s)
+            if ev is None:
+                continue
+            if ev.query():
+                del self._pending[s]
+            elif all(ev is not e for e in events):
+                events.append(ev)
+        if not events:
+            return
+        compute = torch.cuda.current_stream(self.device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(compute)
+        for ev in events:
+            compute.wait_event(ev)
+        end.record(compute)
+        self._timings.append((start, end))
+
+    def poll(self) -> float:
+        """Fold completed stall measurements into ``wait_ms`` (never blocks); returns it."""
+        while self._timings and self._timings[0][1].query():
+            start, end = self._timings.popleft()
+            self.wait_ms += start.elapsed_time(end)
+        return self.wait_ms
+
+    def join(self) -> None:
+        """Make the compute stream wait for every copy issued so far (no host sync)."""
+        if self.cuda:
+            compute = torch.cuda.current_stream(self.device)
+            compute.wait_stream(self._prefetch_stream)
+            compute.wait_stream(self._demand_stream)
+
+    def synchronize(self) -> None:
+        """Wait for every copy in flight (used before a pool buffer is freed)."""
+        if self.cuda:
+            self._prefetch_stream.synchronize()
+            self._demand_stream.synchronize()
+            self._pending.clear()
+
+
+def predict_experts(hidden: torch.Tensor, routers: Sequence[torch.Tensor], layers: Sequence[int],
+                    route_fn: RouteFn) -> torch.Tensor:
+    """Experts that ``layers`` would pick for ``hidden [T, D]``: int64 ``[P, T, k]`` on hidden's device.
+
+    Later layers see a hidden state that has drifted only a little (the residual stream changes
+    slowly), so their routers applied to the current one are a good guess.
+    """
+    out = []
+    for j in layers:
+        router = routers[j]                                   # [E, D]
+        logits = hidden.to(router.dtype) @ router.t()         # [T, E]
+        _, ids = route_fn(logits)                             # [T, k]
+        out.append(ids.to(torch.int64))
+    return torch.stack(out)                                   # [P, T, k]

@@ -1,0 +1,138 @@
+"""Host store: every routed expert of every MoE layer, one contiguous row each.
+
+``rows`` is ``uint8 [L * E, nbytes]`` with expert ``e`` of MoE layer ``l`` at row ``l * E + e``
+(layout: :class:`engine.experts.layout.ExpertLayout`), so a miss is one copy of one row.
+
+When the compute device is CUDA the rows are page-locked so that copies run as asynchronous DMA
+at full bus speed. We allocate ordinary memory and register it (``cudaHostRegister``) rather than
+use ``pin_memory=True``: PyTorch's pinned allocator rounds every request up to a power of two (a
+58 GB store would take 64 GB), and registering from a thread bound to the GPU's NUMA node places
+the pages on that node. If registering fails we fall back to the pinned allocator.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from engine.errors import ConfigError
+from engine.experts.layout import ExpertLayout
+from engine.experts.numa import NumaPlacement, place_near
+
+
+class HostExpertStore:
+    """The routed experts in host memory, written once by the loader and read by the pool."""
+
+    def __init__(self, rows: torch.Tensor, num_layers: int, num_experts: int, layout: ExpertLayout,
+                 pinned: bool, pin_seconds: float, numa: NumaPlacement, registered: bool) -> None:
+        self.rows = rows                  # uint8 [L * E, nbytes]
+        self.num_layers = num_layers
+        self.num_experts = num_experts
+        self.layout = layout
+        self.pinned = pinned
+        self.pin_seconds = pin_seconds
+        self.numa = numa
+        self._registered = registered
+
+    @classmethod
+    def allocate(cls, num_layers: int, num_experts: int, layout: ExpertLayout, pin: bool,
+                 device: torch.device | str | None = None) -> "HostExpertStore":
+        """Allocate ``uint8 [num_layers * num_experts, layout.nbytes]`` once, page-locked if ``pin``.
+
+        ``pin`` needs CUDA; ``device`` (default: the current CUDA device when pinning) decides the
+        NUMA node the memory is placed on. Contents are uninitialised until :meth:`write`.
+        """
+        if num_layers < 1 or num_experts < 1:
+            raise ConfigError(f"a host store needs at least one layer and one expert (got {num_layers} x {num_experts})")
+        dev = torch.device(device) if device is not None else torch.device("cuda" if pin else "cpu")
+        if pin and not torch.cuda.is_available():
+            raise ConfigError("pinned host memory needs CUDA, which is not available; load on --device cpu")
+        numa = place_near(dev) if pin else NumaPlacement(nodes=1, gpu_node=None)
+        n_rows = num_layers * num_experts
+        t0 = time.perf_counter()
+        registered = False
+        try:
+            rows = torch.empty(n_rows, layout.nbytes, dtype=torch.uint8)
+        except RuntimeError as err:
+            raise ConfigError(
+                f"could not allocate {n_rows * layout.nbytes / 2**30:.1f} GiB of host memory for the experts ({err}); "
+                "free host memory or use --weight-format int4") from None
+        if pin:
+            registered = _register(rows)
+            if not registered:
+                rows = torch.empty(n_rows, layout.nbytes, dtype=torch.uint8, pin_memory=True)
+        seconds = time.perf_counter() - t0 if pin else 0.0
+        return cls(rows, num_layers, num_experts, layout, pin, seconds, numa, registered)
+
+    @classmethod
+    def from_rows(cls, rows: torch.Tensor, num_experts: int, layout: ExpertLayout, pin: bool,
+                  device: torch.device | str | None = None) -> "HostExpertStore":
+        """Adopt rows a loader already filled (``uint8 [L * E, nbytes]`` on the CPU), page-locking them
+        in place when ``pin`` (no copy; falls back to one pinned copy if registering is refused)."""
+        if rows.dtype != torch.uint8 or rows.dim() != 2 or rows.shape[1] != layout.nbytes \
+                or rows.shape[0] % num_experts or rows.device.type != "cpu":
+            raise ValueError(f"expected CPU uint8 [L * {num_experts}, {layout.nbytes}], got "
+                             f"{rows.dtype} {tuple(rows.shape)} on {rows.device}")
+        rows = rows.contiguous()
+        dev = torch.device(device) if device is not None else torch.device("cuda" if pin else "cpu")
+        numa = place_near(dev) if pin else NumaPlacement(nodes=1, gpu_node=None)
+        t0 = time.perf_counter()
+        registered = pin and not rows.is_pinned() and _register(rows)
+        if pin and not registered and not rows.is_pinned():
+            rows = rows.pin_memory()
+        seconds = time.perf_counter() - t0 if pin else 0.0
+        return cls(rows, rows.shape[0] // num_experts, num_experts, layout, pin, seconds, numa, registered)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the whole store."""
+        return self.rows.numel()
+
+    @property
+    def pinned_bytes(self) -> int:
+        """Page-locked bytes (0 when not pinned)."""
+        return self.nbytes if self.pinned else 0
+
+    def row_index(self, layer: int, expert: int) -> int:
+        """Row of expert ``expert`` of MoE layer ``layer``."""
+        if not (0 <= layer < self.num_layers and 0 <= expert < self.num_experts):
+            raise IndexError(f"expert ({layer}, {expert}) outside {self.num_layers} x {self.num_experts}")
+        return layer * self.num_experts + expert
+
+    def write(self, layer: int, expert: int, packed: torch.Tensor) -> None:
+        """Store one packed expert (``uint8 [nbytes]``, see ``ExpertLayout.pack``)."""
+        if packed.dtype != torch.uint8 or packed.numel() != self.layout.nbytes:
+            raise ValueError(f"expected uint8 [{self.layout.nbytes}], got {packed.dtype} {tuple(packed.shape)}")
+        self.rows[self.row_index(layer, expert)].copy_(packed.reshape(-1))
+
+    def layer_rows(self, layer: int) -> torch.Tensor:
+        """``uint8 [E, nbytes]`` view of one layer's experts (a loader may fill it in one copy)."""
+        return self.rows[layer * self.num_experts:(layer + 1) * self.num_experts]
+
+    def describe(self) -> str:
+        """One line: size, pinning and its cost, NUMA placement."""
+        gib = self.nbytes / 2**30
+        how = (f"pinned in {self.pin_seconds:.2f} s" if self.pinned else "pageable")
+        return f"host store: {self.num_layers} x {self.num_experts} experts, {gib:.2f} GiB {how}; {self.numa.describe()}"
+
+    def close(self) -> None:
+        """Unregister page-locked memory (safe to call twice)."""
+        if self._registered:
+            torch.cuda.cudart().cudaHostUnregister(self.rows.data_ptr())
+            self._registered = False
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the CUDA runtime may be gone already
+            pass
+
+
+def _register(rows: torch.Tensor) -> bool:
+    """Page-lock ``rows`` in place; False when the runtime refuses (caller falls back)."""
+    try:
+        err = torch.cuda.cudart().cudaHostRegister(rows.data_ptr(), rows.numel(), 0)
+    except (AttributeError, RuntimeError):
+        return False
+    code = int(err.value) if hasattr(err, "value") else int(err)
+    return code == 0

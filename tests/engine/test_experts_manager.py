@@ -1,0 +1,197 @@
+"""OffloadedExperts on the CPU: results equal the fully resident provider, counters equal hand counts."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.errors import ConfigError, ReconfigureError
+from engine.experts import pool as pool_module
+from test_experts_support import D, E, L, Stack, route
+
+
+@pytest.fixture(scope="module")
+def stack() -> Stack:
+    return Stack()
+
+
+def _x(tokens: int, seed: int = 1) -> torch.Tensor:
+    return torch.randn(tokens, D, generator=torch.Generator().manual_seed(seed))
+
+
+def _reference(stack: Stack, tokens: int, steps: int) -> list[torch.Tensor]:
+    return stack.run(stack.resident(), _x(tokens), steps)
+
+
+def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> None:
+    for x, y in zip(a, b, strict=True):
+        assert torch.equal(x, y)
+
+
+# pool sizes: 0 (all staged), 1 (below one layer's active set of 3 tokens x top-2), half, all
+@pytest.mark.parametrize("slots", [0, 1, L * E // 2, L * E])
+@pytest.mark.parametrize("depth", [0, 1, 2])
+@pytest.mark.parametrize("policy", ["lru", "lfu", "static"])
+def test_outputs_identical_to_resident(stack: Stack, slots: int, depth: int, policy: str) -> None:
+    ref = _reference(stack, tokens=3, steps=3)
+    profile = [[(l * 7 + e * 3) % 5 for e in range(E)] for l in range(L)]
+    prov = stack.offloaded(slots, depth, policy, routing_profile=profile)
+    _same(stack.run(prov, _x(3), 3), ref)
+    st = prov.stats()
+    assert st.pool_slots_total == slots
+    assert st.hits + st.misses > 0
+
+
+def test_full_pool_all_hits_without_sync(stack: Stack) -> None:
+    prov = stack.offloaded(None, depth=2)
+    x = _x(3)
+    stack.run(prov, x, 2)
+    st = prov.stats()
+    assert prov.host_syncs == 0 and st.misses == 0
+    # hand count: distinct experts per layer call over the same two steps on the resident provider
+    res = stack.resident()
+    stack.run(res, x, 2)
+    acts = res.stats().activations
+    assert st.activations == acts
+    assert st.h2d_bytes == L * E * stack.layout.nbytes       # the initial fill only
+    assert st.pool_slots_used == st.pool_slots_total == L * E
+    assert st.per_layer_hit_rate == (1.0,) * L
+    assert sum(sum(r) for r in acts) == 2 * 3 * 2 * L          # steps x tokens x k x layers
+
+
+class _Fixed:
+    """Acquire a fixed id sequence on one layer, one step per id list."""
+
+    def __init__(self, prov) -> None:
+        self.prov = prov
+
+    def __call__(self, seq: list[list[int]], layer: int = 0) -> None:
+        for ids in seq:
+            self.prov.begin_step()
+            self.prov.acquire(layer, torch.tensor([ids]).view(-1, 1))
+            self.prov.end_step()
+
+
+def test_lru_two_slots_exact_misses(stack: Stack) -> None:
+    prov = stack.offloaded(2, depth=0, policy="lru")
+    # 0 m, 1 m, 0 h, 2 m (evicts 1), 1 m (evicts 0), 0 m (evicts 2), 1 h, 1 h
+    _Fixed(prov)([[0], [1], [0], [2], [1], [0], [1], [1]])
+    st = prov.stats()
+    assert (st.hits, st.misses) == (3, 5)
+    assert st.h2d_bytes == 5 * stack.layout.nbytes
+    assert prov.host_syncs == 8
+    assert st.pool_slots_used == 2
+    assert st.per_layer_hit_rate[0] == pytest.approx(3 / 8)
+
+
+def test_lfu_keeps_the_hot_expert(stack: Stack) -> None:
+    prov = stack.offloaded(2, depth=0, policy="lfu")
+    # 0 is used thrice, 1 once; 2 must then evict 1 (LRU would evict 0)
+    _Fixed(prov)([[0], [1], [0], [0], [2], [0]])
+    st = prov.stats()
+    assert (st.hits, st.misses) == (3, 3)
+
+
+def test_static_placement_never_evicts(stack: Stack) -> None:
+    profile = [[0] * E for _ in range(L)]
+    profile[0][5], profile[0][6] = 10, 9
+    prov = stack.offloaded(2, depth=0, policy="static", routing_profile=profile)
+    fill = prov.stats().h2d_bytes
+    _Fixed(prov)([[5], [1], [6], [1], [5]])
+    st = prov.stats()
+    assert (st.hits, st.misses) == (3, 2)                      # 1 is staged every time
+    assert st.h2d_bytes - fill == 2 * stack.layout.nbytes
+    assert prov.pool.slot_of[5] >= 0 and prov.pool.slot_of[6] >= 0
+
+
+def test_current_layer_pinned_and_staged_beyond_pool(stack: Stack) -> None:
+    prov = stack.offloaded(1, depth=0, policy="lru")
+    prov.begin_step()
+    slot_of, _ = prov.acquire(0, torch.tensor([[0, 1], [2, 3]]))
+    slots = slot_of[:4].tolist()
+    assert len(set(slots)) == 4 and min(slots) >= 0            # four distinct slots, three of them staging
+    assert sum(s >= prov.pool.slots for s in slots) == 3
+    prov.end_step()
+    assert prov.stats().pool_slots_used == 1
+
+
+def test_prefetch_pins_survive_demand(stack: Stack) -> None:
+    prov = stack.offloaded(3, depth=1, policy="lru")
+    x = _x(1, seed=4)
+    prov.begin_step()
+    prov.before_layer(0, x)
+    prov.acquire(0, route(x @ stack.routers[0].t())[1])
+    predicted = {k for k, j in prov._prefetched.items() if j == 1}
+    assert predicted and all(prov.pool.slot_of[k] >= 0 for k in predicted)
+    assert prov.policy.victim(prov._current | prov._prefetched.keys()) not in predicted
+    _, ids = route(x @ stack.routers[1].t())
+    prov.acquire(1, ids)
+    prov.end_step()
+    st = prov.stats()
+    assert st.prefetch_hits == len(predicted)                  # same hidden state: the guess is exact
+
+
+def test_shrink_and_grow_between_steps_preserve_results(stack: Stack) -> None:
+    ref = _reference(stack, tokens=4, steps=6)
+    prov = stack.offloaded(L * E // 2, depth=1, policy="lfu")
+    sizes = [3, 0, L * E, 5, L * E // 2, 1]
+    msgs = []
+    outs = stack.run(prov, _x(4), 6, between=lambda i: msgs.append(
+        prov.reconfigure(pool_bytes=sizes[i] * stack.layout.nbytes, prefetch_depth=i % 3)))
+    _same(outs, ref)
+    assert prov.stats().pool_slots_total == 1 and "1 slots" in msgs[-1]
+
+
+def test_grow_over_budget_rolls_back(stack: Stack) -> None:
+    nb = stack.layout.nbytes
+    prov = stack.offloaded(4, depth=0, budget_bytes=(4 + 2 * E) * nb)
+    stack.run(prov, _x(2), 1)
+    before = prov.stats()
+    with pytest.raises(ReconfigureError, match="budget"):
+        prov.reconfigure(pool_bytes=10 * nb)
+    after = prov.stats()
+    assert after.pool_slots_total == 4 and after.pool_slots_used == before.pool_slots_used
+    _same(stack.run(prov, _x(2, 9), 2), stack.run(stack.resident(), _x(2, 9), 2))
+
+
+def test_failed_allocation_rolls_back(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    ref = _reference(stack, tokens=2, steps=2)
+    prov = stack.offloaded(6, depth=1)
+    stack.run(prov, _x(2), 1)
+    kept = sorted(prov.pool.resident_keys())
+    real = pool_module._allocate
+
+    def refuse_big(rows: int, nbytes: int, device: torch.device) -> torch.Tensor:
+        if rows > 6 + 2 * E:
+            raise ReconfigureError("allocating the expert pool failed (out of memory); lower expert_pool_size")
+        return real(rows, nbytes, device)
+
+    monkeypatch.setattr(pool_module, "_allocate", refuse_big)
+    with pytest.raises(ReconfigureError, match="out of memory"):
+        prov.reconfigure(pool_bytes=20 * stack.layout.nbytes, prefetch_depth=0)
+    assert prov.prefetch_depth == 1 and prov.pool.slots == 6
+    assert sorted(prov.pool.resident_keys()) == kept
+    _same(stack.run(prov, _x(2), 2), ref)
+
+
+def test_reconfigure_policy_and_errors(stack: Stack) -> None:
+    prov = stack.offloaded(4, depth=0, policy="lru")
+    stack.run(prov, _x(2), 1)
+    assert "policy lfu" in prov.reconfigure(policy="lfu")
+    with pytest.raises(ReconfigureError, match="routing profile"):
+        prov.reconfigure(policy="static")
+    with pytest.raises(ReconfigureError, match="prefetch_depth"):
+        prov.reconfigure(prefetch_depth=-1)
+    prov.begin_step()
+    with pytest.raises(ReconfigureError, match="between engine steps"):
+        prov.reconfigure(prefetch_depth=1)
+    prov.end_step()
+    assert prov.policy.name == "lfu" and prov.prefetch_depth == 0
+
+
+def test_bad_construction_is_one_line(stack: Stack) -> None:
+    with pytest.raises(ConfigError, match="routing profile"):
+        stack.offloaded(2, policy="static")
+    with pytest.raises(ConfigError, match="budget"):
+        stack.offloaded(4, budget_bytes=stack.layout.nbytes)
+    with pytest.raises(ConfigError, match="recorded for"):
+        stack.offloaded(2, policy="static", routing_profile=[[1] * E])

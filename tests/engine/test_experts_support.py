@@ -1,0 +1,70 @@
+"""Shared fixtures of the expert-residency tests: a small routed MoE stack run through a provider.
+
+The stack is L MoE layers of router + routed experts with a residual, fp32 on the CPU; enough to
+drive the provider the way the model does (begin_step, before_layer, acquire, end_step).
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.experts.layout import ExpertLayout
+from engine.experts.manager import OffloadedExperts
+from engine.experts.provider import ResidentExperts
+from engine.experts.store import HostExpertStore
+from kernels.fused_moe import fused_moe_ref
+
+L, E, K, D, F = 4, 8, 2, 16, 8
+
+
+def route(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax top-K, renormalised: logits [T, E] -> (weights [T, K], ids [T, K])."""
+    w, ids = torch.topk(torch.softmax(logits.float(), -1), K, dim=-1)
+    return w / w.sum(-1, keepdim=True), ids
+
+
+class Stack:
+    """Random experts in a host store plus one router per layer."""
+
+    def __init__(self, seed: int = 0, layers: int = L, experts: int = E) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.layers, self.experts = layers, experts
+        self.layout = ExpertLayout.make("fp32", D, F)
+        self.store = HostExpertStore.allocate(layers, experts, self.layout, pin=False)
+        for l in range(layers):
+            for e in range(experts):
+                w13 = torch.randn(2 * F, D, generator=g) / D ** 0.5
+                w2 = torch.randn(D, F, generator=g) / F ** 0.5
+                self.store.write(l, e, self.layout.pack({"w13": w13, "w2": w2}))
+        self.routers = [torch.randn(experts, D, generator=g) for _ in range(layers)]
+
+    def offloaded(self, slots: int | None, depth: int = 0, policy: str = "lru", **kw) -> OffloadedExperts:
+        pool = None if slots is None else slots * self.layout.nbytes
+        return OffloadedExperts(self.layout, self.store, self.experts, "cpu", pool, depth, policy,
+                                self.routers, route, **kw)
+
+    def resident(self) -> ResidentExperts:
+        return ResidentExperts(self.layout, self.store.rows.clone(), self.experts)
+
+    def step(self, provider, x: torch.Tensor) -> torch.Tensor:
+        """One forward over every layer: x [T, D] -> [T, D]."""
+        provider.begin_step()
+        try:
+            for l in range(self.layers):
+                provider.before_layer(l, x)
+                w, ids = route(x @ self.routers[l].t())
+                slot_of, views = provider.acquire(l, ids)
+                x = x + fused_moe_ref(x, ids, w, slot_of, views, self.layout)
+        finally:
+            provider.end_step()
+        return x
+
+    def run(self, provider, x: torch.Tensor, steps: int, between=None) -> list[torch.Tensor]:
+        """``steps`` forwards feeding each output back (like decoding); ``between(i)`` runs after step i."""
+        outs = []
+        for i in range(steps):
+            x = self.step(provider, x)
+            outs.append(x.clone())
+            x = torch.tanh(x)
+            if between is not None:
+                between(i)
+        return outs
