@@ -1,0 +1,41 @@
+"""What every benchmark result file records: commit, machine, versions, config."""
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def environment() -> dict:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = "unknown"
+    env = {"commit": commit or "unknown", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "python": platform.python_version(), "torch": torch.__version__, "cpu": platform.processor() or
+           platform.machine(), "threads": torch.get_num_threads()}
+    try:
+        import transformers
+        env["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name(0)
+        env["cuda"] = torch.version.cuda
+        try:
+            import triton
+            env["triton"] = triton.__version__
+        except ImportError:
+            pass
+    return env
+
+
+def write_result(path: str | Path, payload: dict) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps({"environment": environment(), **payload}, indent=2) + "\n")
