@@ -5,9 +5,10 @@ Weights are read through the slot table (expert -> pool slot) from the typed poo
 
 :func:`fused_moe` is the Triton path (CUDA, or the interpreter in tests): a decode variant for a few
 tokens (:mod:`kernels.moe_decode`) and an aligned-block prefill variant (:mod:`kernels.moe_prefill`),
-chosen with their tile sizes by :mod:`kernels.moe_config`. Each pair's weighted output is written to a
-float32 buffer ``[T, k, D]`` that is summed over k afterwards: deterministic, no atomics, no host sync,
-so the call can be captured in a CUDA graph. fp32 activations use TF32 tensor cores in the prefill
+chosen with their tile sizes by :mod:`kernels.moe_config`. The decode variant sums over k inside its
+down kernel; the prefill variant writes each pair's weighted output to a float32 buffer ``[T, k, D]``
+summed afterwards. Both are deterministic (no atomics) and free of host syncs, so the call can be
+captured in a CUDA graph. fp32 activations use TF32 tensor cores in the prefill
 variant on a GPU. :func:`fused_moe_ref` is the plain-torch path (CPU) and the reference.
 
 Legend: T tokens, k experts per token, E experts, S pool slots, D hidden, F expert FFN.
@@ -114,9 +115,8 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     fmt = format_code(layout)
     cfg = config or moe_launch_config(_device_name(x.device), layout.fmt, t)
     if cfg.variant == "decode":
-        y = moe_decode(x, topk_ids, topk_weights, slot_of_expert, w13, w2, fmt, layout.group_size,
-                       cfg.up, cfg.down)                                # [T*k, D]
-    else:
-        align = moe_align(topk_ids, slot_of_expert, cfg.block_m)
-        y = moe_prefill(x, topk_weights, align, w13, w2, fmt, layout.group_size, cfg.up, cfg.down)
-    return y.view(t, k, -1).sum(dim=1).to(x.dtype)                     # [T, D]
+        return moe_decode(x, topk_ids, topk_weights, slot_of_expert, w13, w2, fmt, layout.group_size,
+                          cfg.up, cfg.down)                             # [T, D]
+    align = moe_align(topk_ids, slot_of_expert, cfg.block_m)
+    y = moe_prefill(x, topk_weights, align, w13, w2, fmt, layout.group_size, cfg.up, cfg.down)
+    return y.view(t, k, -1).sum(dim=1).to(x.dtype)                     # [T*k, D] -> [T, D]

@@ -1,11 +1,12 @@
-"""Decode MoE GEMMs (1-16 tokens): one program per (token, expert) pair and tile of output rows.
+"""Decode MoE GEMMs (1-16 tokens): GEMV programs per (token, expert) pair, or token, and row tile.
 
 At decode the MoE layer is a set of matrix-vector products, bound by the bytes of the k experts'
 weights. Each program streams one ``[BLOCK_N, K]`` strip of one expert's matrix once (fp8 and int4
 are dequantised in registers inside the K loop) and reduces it against the token's activations.
 
 * up: ``h[p, n] = silu(x[t] . gate[n]) * (x[t] . up[n])`` for pair ``p = t * k + j``;
-* down: ``y[p, n] = weight[p] * (h[p] . w2[n])`` in float32; the caller sums y over the k pairs.
+* down: ``out[t, n] = sum_j weight[p_j] * (h[p_j] . w2_j[n])``: one program per (token, N tile)
+  walks the token's k experts in order, so the reduction over k needs no buffer and no atomics.
 
 Legend: T tokens, k experts per token, P = T*k pairs, D hidden, F expert FFN, G int4 group size.
 """
@@ -64,31 +65,40 @@ def _up_decode_kernel(x_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr,
                       F, K, stride_x, TOP_K: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pair = tl.program_id(0)
-    rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)          # [BN] gate rows; up = rows + F
-    rows_ok = rows < F
+    # One strip of 2 * BLOCK_N rows: BLOCK_N gate rows then the matching up rows (F further on), so
+    # gate and up stream through the same K loop and twice the bytes are in flight.
+    r = tl.arange(0, 2 * BLOCK_N)                                       # [2BN]
+    n = tl.program_id(1) * BLOCK_N + r % BLOCK_N
+    rows = n + (r // BLOCK_N) * F
     slot = tl.load(slot_ptr + tl.load(ids_ptr + pair)).to(tl.int64)    # int64: pools exceed 2 GiB
     x_row = x_ptr + (pair // TOP_K).to(tl.int64) * stride_x
-    w_base = w_ptr + slot * sw_s
-    gate = _strip_dot(x_row, w_base, s_ptr + slot * ss_s, z_ptr + slot * sz_s, rows, rows_ok, K,
-                      sw_n, ss_n, FMT, G, BLOCK_N, BLOCK_K)
-    up = _strip_dot(x_row, w_base, s_ptr + slot * ss_s, z_ptr + slot * sz_s, rows + F, rows_ok, K,
-                    sw_n, ss_n, FMT, G, BLOCK_N, BLOCK_K)
+    gu = _strip_dot(x_row, w_ptr + slot * sw_s, s_ptr + slot * ss_s, z_ptr + slot * sz_s, rows, n < F, K,
+                    sw_n, ss_n, FMT, G, 2 * BLOCK_N, BLOCK_K)           # [2BN]
+    gu = tl.reshape(gu, (2, BLOCK_N))                                   # [2, BN]: gate row, up row
+    half = tl.arange(0, 2)[:, None]
+    gate = tl.sum(tl.where(half == 0, gu, 0.0), axis=0)                 # [BN]
+    up = tl.sum(tl.where(half == 1, gu, 0.0), axis=0)
     h = gate / (1.0 + tl.exp(-gate)) * up
-    tl.store(h_ptr + pair.to(tl.int64) * F + rows, h.to(h_ptr.dtype.element_ty), mask=rows_ok)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    tl.store(h_ptr + pair.to(tl.int64) * F + cols, h.to(h_ptr.dtype.element_ty), mask=cols < F)
 
 
 @jit
-def _down_decode_kernel(h_ptr, ids_ptr, slot_ptr, tw_ptr, y_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr,
-                        ss_s, sz_s, ss_n, D, F, FMT: tl.constexpr, G: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pair = tl.program_id(0)
+def _down_decode_kernel(h_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr,
+                        ss_s, sz_s, ss_n, D, F, stride_o, TOP_K: tl.constexpr, FMT: tl.constexpr,
+                        G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    tok = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)          # [BN] rows of w2 (hidden)
     rows_ok = rows < D
-    slot = tl.load(slot_ptr + tl.load(ids_ptr + pair)).to(tl.int64)
-    y = _strip_dot(h_ptr + pair.to(tl.int64) * F, w_ptr + slot * sw_s, s_ptr + slot * ss_s,
-                   z_ptr + slot * sz_s, rows, rows_ok, F, sw_n, ss_n, FMT, G, BLOCK_N, BLOCK_K)
-    y = y * tl.load(tw_ptr + pair).to(tl.float32)                      # routing weight in the epilogue
-    tl.store(y_ptr + pair.to(tl.int64) * D + rows, y, mask=rows_ok)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    # The sum over the token's k experts happens here, in a fixed order: deterministic, no atomics.
+    for j in range(TOP_K):
+        pair = tok * TOP_K + j
+        slot = tl.load(slot_ptr + tl.load(ids_ptr + pair)).to(tl.int64)
+        y = _strip_dot(h_ptr + pair.to(tl.int64) * F, w_ptr + slot * sw_s, s_ptr + slot * ss_s,
+                       z_ptr + slot * sz_s, rows, rows_ok, F, sw_n, ss_n, FMT, G, BLOCK_N, BLOCK_K)
+        acc += y * tl.load(tw_ptr + pair).to(tl.float32)               # routing weight in the epilogue
+    tl.store(out_ptr + tok.to(tl.int64) * stride_o + rows, acc.to(out_ptr.dtype.element_ty), mask=rows_ok)
 
 
 def _block_k(tile: TileConfig, fmt: int, group: int) -> int:
@@ -99,12 +109,12 @@ def _block_k(tile: TileConfig, fmt: int, group: int) -> int:
 def moe_decode(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                slot_of_expert: torch.Tensor, w13: PoolMatrix, w2: PoolMatrix, fmt: int, group: int,
                up: TileConfig, down: TileConfig) -> torch.Tensor:
-    """``y [T*k, D]`` float32: each pair's routed, weighted expert output (sum over k is the caller's)."""
+    """``out [T, D]`` in ``x.dtype``: the MoE output, summed over each token's k experts."""
     t, d = x.shape
     k = topk_ids.shape[1]
     f = w13.n // 2
     h = torch.empty(t * k, f, dtype=x.dtype, device=x.device)          # [P, F]
-    y = torch.empty(t * k, d, dtype=torch.float32, device=x.device)    # [P, D]
+    out = torch.empty(t, d, dtype=x.dtype, device=x.device)            # [T, D]
     ids = topk_ids.contiguous()
     w, sw_s, sw_n, s, z, ss_s, sz_s, ss_n = w13.args()
     _up_decode_kernel[(t * k, cdiv(f, up.block_n))](
@@ -112,8 +122,8 @@ def moe_decode(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tens
         TOP_K=k, FMT=fmt, G=group, BLOCK_N=up.block_n, BLOCK_K=_block_k(up, fmt, group),
         num_warps=up.num_warps, num_stages=up.num_stages)
     w, sw_s, sw_n, s, z, ss_s, sz_s, ss_n = w2.args()
-    _down_decode_kernel[(t * k, cdiv(d, down.block_n))](
-        h, ids, slot_of_expert, topk_weights.contiguous(), y, w, sw_s, sw_n, s, z, ss_s, sz_s, ss_n, d, f,
-        FMT=fmt, G=group, BLOCK_N=down.block_n, BLOCK_K=_block_k(down, fmt, group),
+    _down_decode_kernel[(t, cdiv(d, down.block_n))](
+        h, ids, slot_of_expert, topk_weights.contiguous(), out, w, sw_s, sw_n, s, z, ss_s, sz_s, ss_n, d, f,
+        out.stride(0), TOP_K=k, FMT=fmt, G=group, BLOCK_N=down.block_n, BLOCK_K=_block_k(down, fmt, group),
         num_warps=down.num_warps, num_stages=down.num_stages)
-    return y
+    return out
