@@ -17,6 +17,7 @@ from engine.errors import ConfigError
 from engine.experts.layout import ExpertLayout
 from engine.experts.provider import ExpertProvider, ResidentExperts
 from engine.kv.blocks import BlockAllocator
+from engine.memory import MemoryPlan, default_budget, plan_memory
 from engine.kv.cache import KVCache
 from engine.models.layers import SeqSlice
 from engine.models.moe_transformer import ForwardBatch, MoETransformer
@@ -84,9 +85,10 @@ class LoadedModel:
         self.dtype = resolve_dtype(config.dtype, self.device)
         check_complete(spec, source)
         self.layout = expert_layout(config, spec, self.dtype)
+        self.max_model_len = min(config.max_model_len or spec.max_position, spec.max_position)
+        self.plan = self._plan()      # fails fast, before any allocation, when the model cannot fit
         self.weights, rows = load_weights(spec, source, self.device, self.dtype, self.layout, self._allocate_rows)
         self.experts: ExpertProvider = self._build_experts(rows)
-        self.max_model_len = min(config.max_model_len or spec.max_position, spec.max_position)
         self.model = MoETransformer(spec, self.weights, self.experts, self.device, self.dtype, self.max_model_len)
         self.cache = self._build_cache()
         self.allocator = BlockAllocator(self.cache.num_blocks, self.cache.block_size)
@@ -104,23 +106,41 @@ class LoadedModel:
     def _allocate_rows(self, rows: int, nbytes: int) -> torch.Tensor:
         return torch.empty(rows, nbytes, dtype=torch.uint8)
 
+    def _plan(self) -> MemoryPlan:
+        s, c = self.spec, self.config
+        counts = params_by_category(s)
+        resident = (sum(counts.values()) - counts["routed_experts"]) * torch.empty((), dtype=self.dtype).element_size()
+        budget = c.gpu_memory_budget if c.gpu_memory_budget is not None else default_budget(self.device)
+        if self.device.type != "cuda":
+            budget = None     # no device memory to budget on the CPU
+        return plan_memory(resident, self.layout.nbytes, s.num_moe_layers * s.num_experts, self._kv_bytes_per_token(),
+                           budget, c.expert_pool_size, experts_per_layer=s.num_experts,
+                           active_experts_per_token=s.num_moe_layers * s.top_k)
+
+    def _kv_bytes_per_token(self) -> int:
+        s = self.spec
+        return KVCache.bytes_per_token(s.num_layers, s.num_kv_heads, s.head_dim, self.dtype)
+
     def _build_experts(self, rows: torch.Tensor) -> ExpertProvider:
-        pool = self.config.expert_pool_size
-        if pool is None or pool >= rows.numel():
+        plan = self.plan
+        if self.config.expert_pool_size is None and plan.pool_slots >= plan.num_experts:
             return ResidentExperts(self.layout, rows.to(self.device), self.spec.num_experts)
         from engine.experts.manager import OffloadedExperts
         routers = [layer.moe.router for layer in self.weights.layers if layer.moe is not None]
-        return OffloadedExperts.from_rows(self.layout, rows, self.spec.num_experts, self.device, pool,
-                                          self.config.prefetch_depth, self.config.expert_policy, routers,
-                                          self._route)
+        return OffloadedExperts.from_rows(self.layout, rows, self.spec.num_experts, self.device,
+                                          plan.pool_slots * plan.expert_bytes, self.config.prefetch_depth,
+                                          self.config.expert_policy, routers, self._route,
+                                          **({"routing_profile": self.config.routing_profile}
+                                             if self.config.routing_profile else {}))
 
     def _route(self, logits: torch.Tensor):
         return self.model.route(logits)
 
     def _build_cache(self) -> KVCache:
         s, c = self.spec, self.config
-        bpt = KVCache.bytes_per_token(s.num_layers, s.num_kv_heads, s.head_dim, self.dtype)
-        want = c.kv_cache_size or min(CPU_KV_CAP, bpt * self.max_model_len * c.max_batch)
+        bpt = self._kv_bytes_per_token()
+        full = bpt * self.max_model_len * c.max_batch          # every running request at full context
+        want = c.kv_cache_size or (min(self.plan.kv_bytes, full) if self.plan.budget_bytes else min(CPU_KV_CAP, full))
         blocks = max(want // (bpt * c.kv_block_size), -(-self.max_model_len // c.kv_block_size))
         return KVCache(s.num_layers, int(blocks), c.kv_block_size, s.num_kv_heads, s.head_dim, self.dtype, self.device)
 
@@ -162,6 +182,9 @@ class LoadedModel:
         return ForwardBatch(as_t(ids), as_t(pos), as_t(slots), slices, None)
 
     def close(self) -> None:
+        if self.config.record_routing:
+            from engine.experts.profile import write_routing_profile
+            write_routing_profile(self.config.record_routing, self.experts.stats().activations)
         close = getattr(self.experts, "close", None)
         if close:
             close()

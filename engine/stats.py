@@ -54,7 +54,7 @@ def _memory(engine: "LLMEngine") -> MemoryStats:
     max_alloc = torch.cuda.max_memory_allocated(m.device) if m.device.type == "cuda" else 0
     return MemoryStats(resident_bytes=m.weights.resident_bytes(), expert_pool_bytes=pool,
                        kv_cache_bytes=m.cache.nbytes, workspace_bytes=getattr(m, "workspace_bytes", 0),
-                       budget_bytes=engine.config.gpu_memory_budget,
+                       budget_bytes=m.plan.budget_bytes,
                        pinned_host_bytes=getattr(m.experts, "pinned_bytes", 0), max_allocated_bytes=max_alloc)
 
 
