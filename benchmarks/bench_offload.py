@@ -70,7 +70,7 @@ def build(args, dev: torch.device) -> tuple[HostExpertStore, list[torch.Tensor],
 def bus_bandwidth(store: HostExpertStore, dev: torch.device) -> dict:
     """Pinned H2D GB/s: one large copy, and back-to-back copies of single experts."""
     rows = store.rows
-    n = max(1, (1 << 30) // rows.shape[1])
+    n = min(rows.shape[0], max(1, (1 << 30) // rows.shape[1]))
     dst = torch.empty(n, rows.shape[1], dtype=torch.uint8, device=dev)
     out = {}
     for name, fn in (("bulk_1GiB", lambda: dst.copy_(rows[:n], non_blocking=True)),
@@ -106,7 +106,7 @@ def decode(prov, routers, layout, top_k, batch, tokens, moe, emb, step0):
 def measure(prov, args, routers, layout, moe, emb, batch, depth, step0) -> dict:
     prov.reconfigure(prefetch_depth=depth)
     decode(prov, routers, layout, args.top_k, batch, args.warmup, moe, emb, step0)
-    s0, syncs0 = prov.stats(), prov.host_syncs
+    s0, syncs0, sync_ms0 = prov.stats(), prov.host_syncs, prov.host_sync_ms
     tokens = args.tokens if batch == 1 else max(2, args.tokens // 2)
     sec = decode(prov, routers, layout, args.top_k, batch, tokens, moe, emb, step0 + args.warmup)
     s1 = prov.stats()
@@ -123,6 +123,8 @@ def measure(prov, args, routers, layout, moe, emb, batch, depth, step0) -> dict:
         "prefetch_hits_per_step": (s1.prefetch_hits - s0.prefetch_hits) / tokens,
         "prefetch_wasted_per_step": (s1.prefetch_wasted - s0.prefetch_wasted) / tokens,
         "host_syncs_per_step": (prov.host_syncs - syncs0) / tokens,
+        "host_sync_ms_per_step": (prov.host_sync_ms - sync_ms0) / tokens,
+        "zero_copy_readback": prov._reader.zero_copy,
         "roofline_step_ms": 1e3 * bus_per_tok / (args.bus_gbs * 1e9),
     }
 
@@ -166,12 +168,12 @@ def versions(dev: torch.device) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    head = f"{'pool':>5} {'B':>2} {'d':>2} {'tok/s':>8} {'step ms':>8} {'roof ms':>8} {'GB/s':>6} {'wait ms':>8} {'hit':>5} {'pf hit':>6} {'MiB alloc':>9}"
+    head = f"{'pool':>5} {'B':>2} {'d':>2} {'tok/s':>8} {'step ms':>8} {'roof ms':>8} {'GB/s':>6} {'wait ms':>8} {'hit':>5} {'pf hit':>6} {'sync ms':>7} {'MiB alloc':>9}"
     lines = [head]
     for r in rows:
         lines.append(f"{r['pool_fraction']:>5.0%} {r['batch']:>2} {r['depth']:>2} {r['tok_s']:>8.2f} {r['step_ms']:>8.1f} "
                      f"{r['roofline_step_ms']:>8.1f} {r['h2d_gb_s']:>6.1f} {r['copy_wait_ms_per_step']:>8.1f} "
-                     f"{r['hit_rate']:>5.2f} {r['prefetch_hits_per_step']:>6.0f} {r['max_memory_allocated'] / 2**20:>9.0f}")
+                     f"{r['hit_rate']:>5.2f} {r['prefetch_hits_per_step']:>6.0f} {r['host_sync_ms_per_step']:>7.1f} {r['max_memory_allocated'] / 2**20:>9.0f}")
     return "\n".join(lines)
 
 

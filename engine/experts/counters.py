@@ -63,6 +63,7 @@ class ResidencyCounters:
         self.prefetch_hits = 0
         self.prefetch_wasted = 0
         self.host_syncs = 0
+        self.sync_ms = 0.0
         self.layer_hits = [0] * num_layers
         self.layer_misses = [0] * num_layers
         self.acts = torch.zeros(num_layers, num_experts, dtype=torch.int64)   # [L, E] host-side counts

@@ -18,6 +18,7 @@ Legend: T tokens, k experts per token, E experts, L MoE layers, D hidden.
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -29,6 +30,7 @@ from engine.experts.layout import ExpertLayout
 from engine.experts.policy import DEFAULT_LFU_DECAY, EvictionPolicy, StaticPolicy, make_policy
 from engine.experts.pool import ExpertPool
 from engine.experts.prefetch import RouteFn, predict_experts
+from engine.experts.readback import HostReader
 from engine.experts.profile import check_routing_profile, read_routing_profile
 from engine.experts.store import HostExpertStore
 from engine.telemetry import ExpertStats
@@ -55,7 +57,9 @@ class OffloadedExperts:
         self.layout, self.store = layout, store
         self.num_layers, self.num_experts = store.num_layers, num_experts
         self.device = torch.device(device)
-        self.routers, self.route_fn = list(routers), route_fn
+        self.routers = torch.stack([r.detach() for r in routers])       # [L, E, D], one matmul predicts many layers
+        self.route_fn = route_fn
+        self._reader = HostReader(self.device)
         self.prefetch_depth = _check_depth(prefetch_depth, ConfigError)
         self._lfu_decay = lfu_decay
         self._profile = self._load_profile(routing_profile)
@@ -101,7 +105,8 @@ class OffloadedExperts:
             return
         layers = list(range(moe_index + 1, min(moe_index + self.prefetch_depth, self.num_layers - 1) + 1))
         if layers:
-            self._predicted = (moe_index, layers, predict_experts(hidden, self.routers, layers, self.route_fn))
+            ids = predict_experts(hidden, self.routers, layers[0], len(layers), self.route_fn)   # [P, T, k]
+            self._predicted = (moe_index, layers, ids)
 
     def acquire(self, moe_index: int, topk_ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Make the experts of ``topk_ids [T, k]`` resident; returns ``(slot_of_expert [E] int32, views)``."""
@@ -140,6 +145,11 @@ class OffloadedExperts:
     def stats(self) -> ExpertStats:
         """Cumulative counters (no device sync; on CUDA device-side counts may lag one call)."""
         return self.counters.snapshot(self.pool)
+
+    @property
+    def host_sync_ms(self) -> float:
+        """Host time spent waiting on those reads (includes the compute they waited for)."""
+        return self.counters.sync_ms
 
     @property
     def host_syncs(self) -> int:
@@ -201,9 +211,12 @@ class OffloadedExperts:
         pred = self._predicted if self._predicted is not None and self._predicted[0] == layer else None
         self._predicted = None
         self.counters.host_syncs += 1
+        t0 = time.perf_counter()
+        both = flat if pred is None else torch.cat([flat, pred[2].reshape(-1)])   # [T*k (+ P*T*k)]
+        both = self._reader.read(both)
+        self.counters.sync_ms += (time.perf_counter() - t0) * 1e3
         if pred is None:
-            return flat.cpu(), None
-        both = torch.cat([flat, pred[2].reshape(-1)]).cpu()            # [T*k + P*T'*k]
+            return both, None
         n = flat.numel()
         return both[:n], (pred[1], both[n:].view(pred[2].shape))
 

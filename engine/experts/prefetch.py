@@ -107,17 +107,18 @@ class CopyEngine:
             self._pending.clear()
 
 
-def predict_experts(hidden: torch.Tensor, routers: Sequence[torch.Tensor], layers: Sequence[int],
+def predict_experts(hidden: torch.Tensor, routers: torch.Tensor, first: int, count: int,
                     route_fn: RouteFn) -> torch.Tensor:
-    """Experts that ``layers`` would pick for ``hidden [T, D]``: int64 ``[P, T, k]`` on hidden's device.
+    """Experts that layers ``first .. first+count-1`` would pick for ``hidden [T, D]``.
 
-    Later layers see a hidden state that has drifted only a little (the residual stream changes
-    slowly), so their routers applied to the current one are a good guess.
+    ``routers`` is ``[L, E, D]``; one matmul and one routing call cover every predicted layer.
+    Returns int64 ``[P, T, k]`` on hidden's device. Later layers see a hidden state that has
+    drifted only a little (the residual stream changes slowly), so their routers applied to the
+    current one are a good guess.
     """
-    out = []
-    for j in layers:
-        router = routers[j]                                   # [E, D]
-        logits = hidden.to(router.dtype) @ router.t()         # [T, E]
-        _, ids = route_fn(logits)                             # [T, k]
-        out.append(ids.to(torch.int64))
-    return torch.stack(out)                                   # [P, T, k]
+    P, E, D = count, routers.shape[1], routers.shape[2]
+    T = hidden.shape[0]
+    w = routers[first:first + P].reshape(P * E, D)                    # [P*E, D]
+    logits = (hidden.to(w.dtype) @ w.t()).view(T, P, E)               # [T, P, E]
+    _, ids = route_fn(logits.transpose(0, 1).reshape(P * T, E))       # [P*T, k]
+    return ids.to(torch.int64).view(P, T, -1)                         # [P, T, k]
