@@ -1,0 +1,143 @@
+"""The GPU memory budget: what goes where, and how big an expert pool fits.
+
+One budget (``--gpu-memory-budget``, default: the card's free memory) covers resident weights
+(embeddings, attention, norms, routers, shared experts, LM head), the expert pool (slots plus
+its staging slots), the KV cache and a workspace reserve for activations. On the CPU there is no
+budget: every expert stays in the "pool" and the plan only reports sizes.
+
+``plan_memory`` is pure arithmetic so that ``main.py info`` can print it before anything loads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.config import format_size
+from engine.errors import ConfigError
+
+MIN_KV_TOKENS = 4096                     # KV reserve kept before an automatic pool takes the rest
+DEFAULT_WORKSPACE = 1 << 30              # activations, logits, kernel scratch
+_FIX = "raise --gpu-memory-budget, lower --expert-pool-size or use --weight-format int4"
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Where every byte goes (all sizes in bytes)."""
+
+    budget_bytes: int | None             # None: no budget (CPU)
+    resident_bytes: int
+    workspace_bytes: int
+    expert_bytes: int                    # one routed expert, packed
+    num_experts: int                     # routed experts over all MoE layers (L * E)
+    pool_slots: int
+    staging_slots: int
+    kv_bytes: int
+    kv_bytes_per_token: int
+    active_experts_per_token: int        # routed experts one token reads (MoE layers x top-k)
+
+    @property
+    def pool_bytes(self) -> int:
+        """Bytes of the pool slots (without staging): what ``--expert-pool-size`` asks for."""
+        return self.pool_slots * self.expert_bytes
+
+    @property
+    def staging_bytes(self) -> int:
+        return self.staging_slots * self.expert_bytes
+
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens of context the KV cache holds (all sequences together)."""
+        return self.kv_bytes // self.kv_bytes_per_token if self.kv_bytes_per_token else 0
+
+    @property
+    def host_bytes(self) -> int:
+        """Pinned host store: every routed expert (kept even when the pool holds them all)."""
+        return self.num_experts * self.expert_bytes
+
+    @property
+    def pool_fraction(self) -> float:
+        return self.pool_slots / self.num_experts if self.num_experts else 1.0
+
+    @property
+    def total_bytes(self) -> int:
+        """Device bytes the plan uses."""
+        return self.resident_bytes + self.pool_bytes + self.staging_bytes + self.kv_bytes + self.workspace_bytes
+
+    def bus_bytes_per_token(self, hit_rate: float | None = None) -> float:
+        """Expected host-to-device bytes per decoded token (one sequence) at ``hit_rate``.
+
+        Default hit rate: the pool fraction, which is what near-uniform routing gives.
+        """
+        rate = self.pool_fraction if hit_rate is None else hit_rate
+        return (1.0 - rate) * self.active_experts_per_token * self.expert_bytes
+
+    def format(self, hit_rate: float | None = None, bus_gb_s: float | None = None) -> list[str]:
+        """Lines for ``main.py info``."""
+        budget = "none (CPU)" if self.budget_bytes is None else format_size(self.budget_bytes)
+        rate = self.pool_fraction if hit_rate is None else hit_rate
+        bus = self.bus_bytes_per_token(hit_rate)
+        lines = [
+            f"GPU memory budget : {budget}",
+            f"resident weights  : {format_size(self.resident_bytes)}",
+            f"expert pool       : {format_size(self.pool_bytes)} = {self.pool_slots}/{self.num_experts} experts "
+            f"({self.pool_fraction:.0%}) of {format_size(self.expert_bytes)}"
+            + (f", + {self.staging_slots} staging slots ({format_size(self.staging_bytes)})" if self.staging_slots else ""),
+            f"KV cache          : {format_size(self.kv_bytes)} = {self.kv_tokens} tokens",
+            f"workspace         : {format_size(self.workspace_bytes)}",
+            f"device total      : {format_size(self.total_bytes)}",
+            f"host store        : {format_size(self.host_bytes)} (pinned on CUDA)",
+            f"bus per token     : {format_size(int(bus))} at a {rate:.0%} hit rate",
+        ]
+        if bus_gb_s and bus > 0:
+            lines.append(f"copy-bound speed  : {bus_gb_s * 1e9 / bus:.1f} tok/s at {bus_gb_s:g} GB/s")
+        return lines
+
+
+def default_budget(device: torch.device) -> int | None:
+    """Free memory of the card (None on the CPU)."""
+    if device.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(free)
+
+
+def plan_memory(resident_bytes: int, expert_bytes: int, num_experts: int, kv_bytes_per_token: int,
+                budget_bytes: int | None, requested_pool: int | None = None,
+                workspace_bytes: int = DEFAULT_WORKSPACE, experts_per_layer: int = 0,
+                active_experts_per_token: int = 0, min_kv_tokens: int = MIN_KV_TOKENS) -> MemoryPlan:
+    """Split ``budget_bytes`` between resident weights, expert pool (+ staging), KV cache, workspace.
+
+    ``num_experts`` counts routed experts over all MoE layers; ``experts_per_layer`` sizes the
+    staging slots (two layers' worth when the pool holds fewer than all experts).
+    ``requested_pool`` (bytes) None means as many experts as fit after a KV reserve of
+    ``min_kv_tokens`` tokens. Raises a one-line ConfigError when the resident part alone, or the
+    requested pool, does not fit.
+    """
+    staging_for = lambda slots: 0 if slots >= num_experts else 2 * experts_per_layer   # noqa: E731
+    want = num_experts if requested_pool is None else min(requested_pool // expert_bytes, num_experts)
+    if budget_bytes is None:
+        slots = want
+        return MemoryPlan(None, resident_bytes, workspace_bytes, expert_bytes, num_experts, slots,
+                          staging_for(slots), 0, kv_bytes_per_token, active_experts_per_token)
+    fixed = resident_bytes + workspace_bytes
+    if fixed > budget_bytes:
+        raise ConfigError(
+            f"the resident weights ({format_size(resident_bytes)}) and workspace ({format_size(workspace_bytes)}) "
+            f"need {format_size(fixed)} but the GPU memory budget is {format_size(budget_bytes)}; {_FIX}")
+    left = budget_bytes - fixed
+    if requested_pool is None:
+        room = max(0, left - min_kv_tokens * kv_bytes_per_token)
+        slots = min(num_experts, room // expert_bytes)
+        if slots < num_experts:                 # staging comes out of the same room
+            slots = max(0, min(slots, (room - 2 * experts_per_layer * expert_bytes) // expert_bytes))
+    else:
+        slots = want
+    pool = (slots + staging_for(slots)) * expert_bytes
+    if pool > left:
+        raise ConfigError(
+            f"an expert pool of {format_size(slots * expert_bytes)} (+ {format_size(staging_for(slots) * expert_bytes)} "
+            f"staging) does not fit the {format_size(left)} left after resident weights and workspace in the "
+            f"{format_size(budget_bytes)} budget; {_FIX}")
+    return MemoryPlan(budget_bytes, resident_bytes, workspace_bytes, expert_bytes, num_experts, slots,
+                      staging_for(slots), left - pool, kv_bytes_per_token, active_experts_per_token)
