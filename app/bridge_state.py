@@ -1,0 +1,55 @@
+"""Snapshots the bridge takes of the engine for the GUI: the model, the knobs, synthetic prompts.
+
+Called on the bridge thread only, with the live engine object.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from app.messages import KnobState, ModelDescription
+from app.paths import read_demo_marker
+
+_FILLER = ("The expert pool keeps hot experts on the GPU while cold ones stream over the bus. "
+           "Every token is routed to a few experts in each layer. ")
+
+
+def describe_model(engine: Any) -> ModelDescription:
+    """The loaded model as the window shows it."""
+    info = engine.model_info
+    marker = read_demo_marker(info.path)
+    is_demo = bool(getattr(info, "is_demo", False) or marker is not None)
+    random_weights = bool(getattr(info, "random_weights", False) or (marker or {}).get("random_weights", False))
+    return ModelDescription(
+        name=str(info.name), path=str(info.path), family=str(getattr(info, "family", "")),
+        device=str(engine.stats().device), num_layers=int(info.num_layers),
+        num_experts=int(info.num_experts), top_k=int(info.top_k), params=int(getattr(info, "params", 0) or 0),
+        is_demo=is_demo, random_weights=random_weights,
+        has_chat_template=bool(engine.tokenizer.has_chat_template) and not (marker or {}).get("completion_only"))
+
+
+def pool_bounds(stats: Any) -> tuple[int, int]:
+    """(slider maximum, current pool bytes): the budget on a GPU, every expert's bytes on the CPU."""
+    mem, experts = stats.memory, stats.experts
+    current = int(experts.pool_bytes or mem.expert_pool_bytes)
+    if mem.budget_bytes:
+        return int(mem.budget_bytes), current
+    return int(max(mem.pinned_host_bytes, mem.expert_pool_bytes, experts.pool_bytes)), current
+
+
+def knob_state(engine: Any, defaults: dict[str, object], choices: dict[str, tuple[str, ...]]) -> KnobState:
+    """Current live values, the reasons some cannot change, and the pool bounds."""
+    cfg = engine.config
+    reasons = engine.live_options()
+    max_bytes, current = pool_bounds(engine.stats())
+    return KnobState(
+        values=tuple((name, getattr(cfg, name)) for name in sorted(defaults)),
+        unsupported=tuple((name, why) for name, why in sorted(reasons.items()) if why),
+        defaults=tuple(sorted(defaults.items())),
+        pool_max_bytes=max_bytes, pool_bytes=current, choices=tuple(sorted(choices.items())))
+
+
+def synthetic_prompt(tokenizer: Any, n_tokens: int) -> list[int]:
+    """Exactly ``n_tokens`` token ids of ordinary text (for the load test)."""
+    ids = list(tokenizer.encode(_FILLER, add_special_tokens=False)) or [0]
+    reps = n_tokens // len(ids) + 1
+    return (ids * reps)[:n_tokens]

@@ -1,0 +1,128 @@
+"""Start the workbench: ``run_gui`` (what ``python main.py`` calls) and the ``--screenshot`` mode."""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+from PySide6.QtCore import QEventLoop, QSettings, QSize, Qt, QTimer
+from PySide6.QtGui import QIcon
+from PySide6.QtWidgets import QApplication
+
+from app.bridge import EngineBridge
+from app.gpu_poller import GpuPoller
+from app.main_window import MainWindow
+from app.paths import default_model_dir, icon_path
+from app.theme import apply_theme
+
+SCREENSHOT_SIZE = QSize(1600, 1000)
+SCREENSHOT_TIMEOUT_MS = 240_000
+log = logging.getLogger(__name__)
+
+
+def make_app(argv: list[str] | None = None) -> QApplication:
+    """The QApplication (created once), themed; headless screenshot runs use the offscreen platform."""
+    app = QApplication.instance()
+    if app is None:
+        app = QApplication(argv or [sys.argv[0]])
+        app.setApplicationName("Strata")
+        app.setOrganizationName("Strata")
+        app.setDesktopFileName("strata")
+        app.setWindowIcon(QIcon(str(icon_path())))
+        apply_theme(app)
+    return app
+
+
+def choose_model(model: str | None, settings: QSettings) -> str:
+    """The model to open: the one asked for, else the last one used (if still there), else the demo."""
+    if model:
+        return model
+    last = settings.value("last_model", "")
+    if last and Path(str(last)).is_dir():
+        return str(last)
+    return str(default_model_dir())
+
+
+def build_window(model: str | None, engine_options: dict, settings: QSettings | None = None,
+                 poller: GpuPoller | None = None) -> MainWindow:
+    """A window wired to a fresh engine thread and GPU poller, loading ``model``."""
+    settings = settings if settings is not None else QSettings()
+    bridge = EngineBridge()
+    poller = poller if poller is not None else GpuPoller()
+    window = MainWindow(bridge, poller, settings, engine_options=engine_options)
+    bridge.start()
+    poller.start()
+    window.open_model(choose_model(model, settings))
+    return window
+
+
+def _wait_for(signal, timeout_ms: int) -> bool:
+    """Run the event loop until ``signal`` fires; False on timeout."""
+    loop = QEventLoop()
+    fired = []
+    signal.connect(lambda *_: (fired.append(True), loop.quit()))
+    QTimer.singleShot(timeout_ms, loop.quit)
+    loop.exec()
+    return bool(fired)
+
+
+def take_screenshot(window: MainWindow, path: str, prompt: str | None) -> int:
+    """Wait for the model (and the whole reply to ``prompt``), then save the window as a PNG."""
+    window.resize(SCREENSHOT_SIZE)
+    window.show()
+    if window.model is None:
+        loaded = _wait_for_any(window, SCREENSHOT_TIMEOUT_MS)
+        if not loaded:
+            print(f"strata: the model did not load; see the window's banner (saved to {path})", file=sys.stderr)
+    if prompt and window.model is not None:
+        window.chat.send(prompt)
+        if not _wait_for(window.chat.reply_done, SCREENSHOT_TIMEOUT_MS):
+            print("strata: the reply did not finish in time; the screenshot shows it unfinished", file=sys.stderr)
+    _wait_for(window.bridge.stats, 2000)   # let the plots take one more sample
+    _settle(400)
+    image = window.grab()
+    if image.size() != SCREENSHOT_SIZE:
+        image = image.scaled(SCREENSHOT_SIZE)
+    if not image.save(path, "PNG"):
+        print(f"strata: could not write {path}; check the folder exists and is writable", file=sys.stderr)
+        return 1
+    return 0 if window.model is not None else 1
+
+
+def _wait_for_any(window: MainWindow, timeout_ms: int) -> bool:
+    loop = QEventLoop()
+    window.model_ready.connect(loop.quit)
+    window.bridge.error.connect(loop.quit)
+    QTimer.singleShot(timeout_ms, loop.quit)
+    loop.exec()
+    return window.model is not None
+
+
+def _settle(ms: int) -> None:
+    loop = QEventLoop()
+    QTimer.singleShot(ms, loop.quit)
+    loop.exec()
+
+
+def run_gui(model: str | None, engine_options: dict, screenshot: str | None = None, prompt: str | None = None,
+            debug: bool = False) -> int:
+    """Open the workbench on ``model`` (None: the last model, else the bundled demo); returns the exit code.
+
+    With ``screenshot``, the window opens, answers ``prompt`` if given, saves a PNG there and exits.
+    """
+    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if screenshot and "QT_QPA_PLATFORM" not in os.environ and not os.environ.get("DISPLAY") \
+            and not os.environ.get("WAYLAND_DISPLAY"):
+        os.environ["QT_QPA_PLATFORM"] = "offscreen"
+    app = make_app()
+    window = build_window(model, engine_options)
+    if screenshot:
+        code = take_screenshot(window, screenshot, prompt)
+        window.close()
+        return code
+    window.show()
+    if prompt:
+        window.model_ready.connect(lambda _m: window.chat.send(prompt), Qt.ConnectionType.SingleShotConnection)
+    return app.exec()

@@ -1,0 +1,141 @@
+"""Load test: N concurrent synthetic requests; aggregate tok/s against per-stream tok/s."""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Callable
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import (QDialog, QFormLayout, QHBoxLayout, QHeaderView, QLabel, QPushButton, QSpinBox,
+                               QTableWidget, QTableWidgetItem, QVBoxLayout)
+
+from app.messages import GenerationSettings, ReplyRequest, ReplyStats
+
+COLUMNS = ("Stream", "Status", "Tokens", "TTFT (ms)", "Decode tok/s")
+
+
+@dataclass(frozen=True)
+class LoadTestSummary:
+    streams: int
+    total_tokens: int
+    wall_s: float
+    aggregate_tok_s: float
+    per_stream_tok_s: float      # mean decode speed of one stream
+
+    def text(self) -> str:
+        return (f"{self.streams} streams, {self.total_tokens} tokens in {self.wall_s:.1f} s: aggregate "
+                f"{self.aggregate_tok_s:.1f} tok/s vs {self.per_stream_tok_s:.1f} tok/s per stream "
+                f"({self.aggregate_tok_s / self.per_stream_tok_s:.2f}× from batching)"
+                if self.per_stream_tok_s > 0 else f"{self.streams} streams, {self.total_tokens} tokens")
+
+
+def summarise(results: list[ReplyStats]) -> LoadTestSummary:
+    """Aggregate = all tokens over the wall time of the whole test; per stream = mean decode speed."""
+    tokens = sum(r.completion_tokens for r in results)
+    wall = max(r.finished for r in results) - min(r.started for r in results) if results else 0.0
+    speeds = [r.decode_tok_s for r in results if r.decode_tok_s]
+    return LoadTestSummary(len(results), tokens, wall, tokens / wall if wall > 0 else 0.0,
+                           sum(speeds) / len(speeds) if speeds else 0.0)
+
+
+class LoadTestDialog(QDialog):
+    """Runs through ``submit``/``cancel`` (the bridge); feed it ``on_finished`` and ``on_stats``."""
+
+    finished_test = Signal(object)   # LoadTestSummary
+
+    def __init__(self, submit: Callable[[ReplyRequest], None], cancel: Callable[[str], None], parent=None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Load test")
+        self.resize(620, 420)
+        self._submit, self._cancel = submit, cancel
+        self.ids: list[str] = []
+        self.results: dict[str, ReplyStats] = {}
+        lay = QVBoxLayout(self)
+        form = QFormLayout()
+        self.streams = QSpinBox()
+        self.streams.setRange(1, 256)
+        self.streams.setValue(4)
+        self.prompt_len = QSpinBox()
+        self.prompt_len.setRange(1, 32768)
+        self.prompt_len.setValue(64)
+        self.prompt_len.setSuffix(" tokens")
+        self.output_len = QSpinBox()
+        self.output_len.setRange(1, 32768)
+        self.output_len.setValue(64)
+        self.output_len.setSuffix(" tokens")
+        form.addRow("Concurrent requests", self.streams)
+        form.addRow("Prompt length", self.prompt_len)
+        form.addRow("Output length", self.output_len)
+        lay.addLayout(form)
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setHorizontalHeaderLabels(COLUMNS)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        self.table.verticalHeader().hide()
+        lay.addWidget(self.table, 1)
+        self.live = QLabel("Engine aggregate: —")
+        self.summary = QLabel("Press Start to send the requests at once.")
+        self.summary.setWordWrap(True)
+        lay.addWidget(self.live)
+        lay.addWidget(self.summary)
+        row = QHBoxLayout()
+        self.start_button = QPushButton("Start")
+        self.start_button.setObjectName("primary")
+        self.start_button.clicked.connect(self.start)
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.clicked.connect(self.stop)
+        self.stop_button.setEnabled(False)
+        row.addStretch(1)
+        row.addWidget(self.stop_button)
+        row.addWidget(self.start_button)
+        lay.addLayout(row)
+
+    @property
+    def running(self) -> bool:
+        return bool(self.ids) and len(self.results) < len(self.ids)
+
+    def start(self) -> None:
+        """Submit every stream at once (EOS ignored so each produces exactly the output length)."""
+        n = self.streams.value()
+        tag = uuid.uuid4().hex[:6]
+        self.ids = [f"load-{tag}-{i}" for i in range(n)]
+        self.results = {}
+        self.table.setRowCount(n)
+        for i, rid in enumerate(self.ids):
+            self._row(i, [str(i + 1), "running", "", "", ""])
+        settings = GenerationSettings(temperature=0.8, top_p=1.0, top_k=0, max_tokens=self.output_len.value())
+        for rid in self.ids:
+            self._submit(ReplyRequest(rid, settings, synthetic_prompt_tokens=self.prompt_len.value(),
+                                      ignore_eos=True, tag="loadtest"))
+        self.summary.setText(f"Running {n} streams…")
+        self.start_button.setEnabled(False)
+        self.stop_button.setEnabled(True)
+
+    def stop(self) -> None:
+        for rid in self.ids:
+            if rid not in self.results:
+                self._cancel(rid)
+
+    def _row(self, i: int, cells: list[str]) -> None:
+        for c, text in enumerate(cells):
+            self.table.setItem(i, c, QTableWidgetItem(text))
+
+    def on_stats(self, stats) -> None:
+        if self.running:
+            self.live.setText(f"Engine aggregate: {stats.aggregate_tok_s:.1f} tok/s · batch {stats.batch_size} "
+                              f"· queued {stats.waiting}")
+
+    def on_finished(self, r: ReplyStats) -> None:
+        """One stream ended; when all have, show aggregate against per-stream speed."""
+        if r.request_id not in self.ids:
+            return
+        self.results[r.request_id] = r
+        i = self.ids.index(r.request_id)
+        self._row(i, [str(i + 1), r.error or r.finish_reason, str(r.completion_tokens),
+                      "—" if r.ttft_ms is None else f"{r.ttft_ms:.0f}",
+                      "—" if r.decode_tok_s is None else f"{r.decode_tok_s:.1f}"])
+        if len(self.results) == len(self.ids):
+            result = summarise(list(self.results.values()))
+            self.summary.setText(result.text())
+            self.start_button.setEnabled(True)
+            self.stop_button.setEnabled(False)
+            self.finished_test.emit(result)

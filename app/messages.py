@@ -1,0 +1,149 @@
+"""The frozen dataclasses that travel between the engine thread and the GUI.
+
+Commands go into the bridge's queue; events come out as Qt signals. None of them holds a reference
+to the engine, a tensor or a widget, so they are safe to hand across threads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """Sampling settings the chat pane exposes."""
+
+    temperature: float = 0.7
+    top_p: float = 0.95
+    top_k: int = 40
+    max_tokens: int = 512
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str       # "system" | "user" | "assistant"
+    content: str
+
+
+@dataclass(frozen=True)
+class ReplyRequest:
+    """One generation: a chat (``messages``), a plain completion (``prompt``) or a synthetic load."""
+
+    request_id: str
+    settings: GenerationSettings
+    messages: tuple[ChatMessage, ...] = ()
+    prompt: str | None = None              # completion mode: continue this text
+    synthetic_prompt_tokens: int = 0       # load test: a prompt of exactly this many tokens
+    ignore_eos: bool = False
+    tag: str = "chat"                      # "chat" | "loadtest"
+
+
+@dataclass(frozen=True)
+class TextChunk:
+    request_id: str
+    text: str
+
+
+@dataclass(frozen=True)
+class TextBatch:
+    """Coalesced text of one or more requests since the previous batch (at most ~30 per second)."""
+
+    chunks: tuple[TextChunk, ...]
+
+
+@dataclass(frozen=True)
+class ReplyStats:
+    """What one reply cost, kept under it in the chat."""
+
+    request_id: str
+    tag: str
+    finish_reason: str                 # "stop" | "length" | "abort" | "error"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    ttft_ms: float | None = None
+    prompt_tok_s: float | None = None
+    decode_tok_s: float | None = None
+    expert_hit_rate: float | None = None
+    started: float = 0.0               # perf_counter seconds
+    finished: float = 0.0
+    error: str | None = None
+
+    def summary(self) -> str:
+        """One line for under the reply: TTFT, speeds, tokens, stop reason, expert hits."""
+        parts = [f"TTFT {self.ttft_ms:.0f} ms" if self.ttft_ms is not None else "TTFT —"]
+        if self.prompt_tok_s is not None:
+            parts.append(f"prompt {self.prompt_tok_s:.1f} tok/s")
+        parts.append(f"decode {self.decode_tok_s:.1f} tok/s" if self.decode_tok_s is not None else "decode —")
+        parts.append(f"{self.completion_tokens} tokens")
+        parts.append(f"stop: {self.finish_reason}")
+        if self.expert_hit_rate is not None:
+            parts.append(f"expert hits {self.expert_hit_rate * 100:.1f}%")
+        return " · ".join(parts)
+
+
+@dataclass(frozen=True)
+class ModelDescription:
+    """The loaded model, as the window shows it."""
+
+    name: str
+    path: str
+    family: str
+    device: str
+    num_layers: int
+    num_experts: int
+    top_k: int
+    params: int
+    is_demo: bool
+    random_weights: bool
+    has_chat_template: bool
+
+
+@dataclass(frozen=True)
+class KnobState:
+    """Current value of every live option, why some cannot change now, and the pool-size bounds."""
+
+    values: tuple[tuple[str, object], ...]
+    unsupported: tuple[tuple[str, str], ...]      # option -> reason it cannot change now
+    defaults: tuple[tuple[str, object], ...]      # the values at load, for "Reset to defaults"
+    pool_max_bytes: int = 0                       # slider upper bound (budget, or all experts on CPU)
+    pool_bytes: int = 0                           # what the pool holds now
+    choices: tuple[tuple[str, tuple[str, ...]], ...] = ()   # option -> allowed values (combo boxes)
+
+    def value(self, name: str) -> object:
+        return dict(self.values).get(name)
+
+    def reason(self, name: str) -> str | None:
+        return dict(self.unsupported).get(name)
+
+    def choices_of(self, name: str) -> tuple[str, ...]:
+        return dict(self.choices).get(name, ())
+
+
+@dataclass(frozen=True)
+class KnobResult:
+    """The engine's answer to one live change."""
+
+    option: str
+    value: object
+    applied: bool
+    message: str
+
+
+@dataclass(frozen=True)
+class BridgeError:
+    """Something went wrong in the engine thread; ``message`` is one line for a banner."""
+
+    message: str
+    source: str = "engine"      # "load" | "engine" | "reconfigure" | "internal"
+
+
+@dataclass(frozen=True)
+class PauseState:
+    paused: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class SessionRow:
+    """One recorded sample: flat name -> value pairs for the CSV."""
+
+    values: tuple[tuple[str, object], ...] = field(default=())

@@ -1,0 +1,87 @@
+"""Device memory by category (resident, expert pool, KV, workspace) against the budget, and KV use."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import pyqtgraph as pg
+
+from app.panels.base import COLORS, Panel, Ring, curve, make_plot, set_series
+
+GIB = float(1 << 30)
+_CATEGORIES = (("resident", "blue"), ("expert pool", "green"), ("KV cache", "purple"), ("workspace", "amber"))
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "—"
+    if n >= 1 << 30:
+        return f"{n / GIB:.2f} GiB"
+    return f"{n / (1 << 20):.0f} MiB"
+
+
+class MemoryPanel(Panel):
+    title = "Memory"
+
+    def __init__(self) -> None:
+        super().__init__([("resident", "Resident"), ("pool", "Expert pool"), ("kv", "KV cache"),
+                          ("budget", "Budget"), ("kvuse", "KV blocks used"), ("vram", "VRAM (NVML)"),
+                          ("host", "Pinned host"), ("peak", "Peak allocated")])
+        self.mem = Ring(5)       # cumulative stack tops in GiB, budget
+        self.kv = Ring(1)        # KV blocks used %
+        p1 = make_plot(self.graphics, "Device memory by category (stacked)", "GiB", 0)
+        self._stack = []
+        for i, (name, color) in enumerate(_CATEGORIES):
+            self._stack.append(curve(p1, color, name, width=1.2))
+        self._fills = []
+        lower = None
+        for i, (_, color) in enumerate(_CATEGORIES):
+            c = pg.mkColor(COLORS[color])
+            c.setAlpha(70)
+            base = lower if lower is not None else p1.plot([], [], pen=None)
+            fill = pg.FillBetweenItem(base, self._stack[i], brush=pg.mkBrush(c))
+            p1.addItem(fill)
+            self._fills.append(fill)
+            lower = self._stack[i]
+        self._zero = self._fills[0].curves[0]
+        self._budget = curve(p1, "red", "budget", width=1.4, dash=True)
+        p2 = make_plot(self.graphics, "KV cache use", "%", 1)
+        p2.setYRange(0, 100, padding=0.02)
+        self._kv = curve(p2, "purple", "blocks used")
+        self.plots = (p1, p2)
+
+    def push_stats(self, s: Any, now: float | None = None) -> None:
+        """One EngineStats snapshot."""
+        now = time.perf_counter() if now is None else now
+        m = s.memory
+        parts = np.cumsum([m.resident_bytes, m.expert_pool_bytes, m.kv_cache_bytes, m.workspace_bytes]) / GIB
+        budget = None if m.budget_bytes is None else m.budget_bytes / GIB
+        self.mem.append(now, *parts, budget)
+        kv_pct = 100.0 * s.kv_blocks_used / s.kv_blocks_total if s.kv_blocks_total else None
+        self.kv.append(now, kv_pct)
+        r = self.readouts
+        r["resident"].set(fmt_bytes(m.resident_bytes))
+        r["pool"].set(fmt_bytes(m.expert_pool_bytes))
+        r["kv"].set(fmt_bytes(m.kv_cache_bytes), f"dtype {s.kv_cache_dtype}" if s.kv_cache_dtype else "")
+        r["budget"].set(fmt_bytes(m.budget_bytes) if m.budget_bytes else "none (CPU)")
+        r["kvuse"].set("—" if kv_pct is None else f"{s.kv_blocks_used}/{s.kv_blocks_total} ({kv_pct:.0f}%)")
+        r["host"].set(fmt_bytes(m.pinned_host_bytes))
+        r["peak"].set(fmt_bytes(m.max_allocated_bytes) if m.max_allocated_bytes else "—")
+        self.dirty = True
+
+    def push_gpu(self, sample: Any) -> None:
+        """NVML's view of the card's memory (all processes)."""
+        if sample.vram_used_bytes is None or sample.vram_total_bytes is None:
+            self.readouts["vram"].set("not supported" if sample.available else "no GPU")
+        else:
+            self.readouts["vram"].set(f"{sample.vram_used_bytes / GIB:.1f}/{sample.vram_total_bytes / GIB:.0f} GiB")
+
+    def _render(self, now: float) -> None:
+        rows = self.mem.view()
+        for i, item in enumerate(self._stack):
+            set_series(item, rows, i, now)
+        if len(rows):
+            self._zero.setData(rows[:, 0] - now, np.zeros(len(rows)))
+        set_series(self._budget, rows, 4, now)
+        set_series(self._kv, self.kv.view(), 0, now)

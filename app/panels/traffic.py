@@ -1,0 +1,71 @@
+"""Host→device traffic counted by the engine beside NVML's PCIe throughput, and the scheduler's
+batch, queue and copy waits."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from app.panels.base import Panel, Ring, curve, make_plot, set_series
+
+GB = 1e9
+
+
+class TrafficPanel(Panel):
+    title = "Transfers & batch"
+
+    def __init__(self) -> None:
+        super().__init__([("h2d", "H2D (engine)"), ("pcie", "PCIe RX (NVML)"), ("wait", "Copy wait"),
+                          ("batch", "Batch"), ("running", "Running"), ("waiting", "Queued"),
+                          ("preempt", "Preemptions"), ("syncs", "Host syncs")])
+        self.bus = Ring(3)          # engine H2D GB/s, NVML PCIe RX GB/s, copy wait ms per s
+        self.sched = Ring(3)        # batch, running, waiting
+        self._prev: tuple[float, int, float] | None = None
+        self._pcie_rx: float | None = None
+        p1 = make_plot(self.graphics, "Host → device", "GB/s", 0)
+        self._h2d = curve(p1, "blue", "engine copies")
+        self._pcie = curve(p1, "amber", "PCIe RX (NVML)", dash=True)
+        p2 = make_plot(self.graphics, "Batch and queue", "requests", 1)
+        self._batch = curve(p2, "green", "batch")
+        self._running = curve(p2, "cyan", "running", width=1.0)
+        self._waiting = curve(p2, "red", "queued")
+        self.plots = (p1, p2)
+
+    def push_stats(self, s: Any, now: float | None = None) -> None:
+        """One EngineStats snapshot; rates come from the change since the previous one."""
+        now = time.perf_counter() if now is None else now
+        e = s.experts
+        h2d = wait = None
+        if self._prev is not None and now > self._prev[0]:
+            dt = now - self._prev[0]
+            h2d = max(e.h2d_bytes - self._prev[1], 0) / dt / GB
+            wait = max(e.copy_wait_ms - self._prev[2], 0.0) / dt
+        self._prev = (now, e.h2d_bytes, e.copy_wait_ms)
+        self.bus.append(now, h2d, self._pcie_rx, wait)
+        self.sched.append(now, s.batch_size, s.running, s.waiting)
+        r = self.readouts
+        r["h2d"].set("—" if h2d is None else f"{h2d:.2f} GB/s", f"{e.h2d_bytes / GB:.2f} GB copied since load")
+        r["wait"].set("—" if wait is None else f"{wait:.0f} ms/s")
+        r["batch"].set(str(s.batch_size))
+        r["running"].set(str(s.running))
+        r["waiting"].set(str(s.waiting))
+        r["preempt"].set(str(s.preemptions))
+        r["syncs"].set(str(s.host_syncs))
+        self.dirty = True
+
+    def push_gpu(self, sample: Any) -> None:
+        """NVML's PCIe receive throughput (host → device), when the card reports it."""
+        rx = sample.pcie_rx_bytes_s
+        self._pcie_rx = None if rx is None else rx / GB
+        if not sample.available:
+            self.readouts["pcie"].set("no GPU")
+        else:
+            self.readouts["pcie"].set("not supported" if rx is None else f"{rx / GB:.2f} GB/s")
+
+    def _render(self, now: float) -> None:
+        rows = self.bus.view()
+        set_series(self._h2d, rows, 0, now)
+        set_series(self._pcie, rows, 1, now)
+        rows = self.sched.view()
+        set_series(self._batch, rows, 0, now)
+        set_series(self._running, rows, 1, now)
+        set_series(self._waiting, rows, 2, now)
