@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from engine.checkpoint.converted import ConvertedSource, is_converted
 from engine.checkpoint.loader import check_complete, load_weights
 from engine.checkpoint.plan import params_by_category
 from engine.checkpoint.reader import SafetensorsReader, TensorSource
@@ -195,4 +196,14 @@ def load_model(config: EngineConfig) -> LoadedModel:
     path = Path(config.model)
     spec = read_spec(path)
     tokenizer = Tokenizer.from_dir(path)
+    if is_converted(path):
+        source = ConvertedSource(path)
+        fmt = source.manifest.weights
+        if config.weight_format not in ("auto", fmt):
+            raise ConfigError(f"{path} holds {fmt} experts, converted by main.py convert; drop --weight-format "
+                              f"or convert the source again with --weights {config.weight_format}")
+        config = config.replace(weight_format=fmt, group_size=source.manifest.group_size)
+        loaded = LoadedModel(config, spec, source, tokenizer, path)
+        source.manifest.check_layout(loaded.layout, path)
+        return loaded
     return LoadedModel(config, spec, SafetensorsReader(path), tokenizer, path)

@@ -40,11 +40,17 @@ def family_configs() -> dict:
     }
 
 
-def build_tiny_model(path: Path, family: str = "qwen3_moe", seed: int = 0, dtype=torch.float32) -> Path:
-    """Write a random tiny model of ``family`` with a tokenizer into ``path``; returns ``path``."""
+def build_tiny_model(path: Path, family: str = "qwen3_moe", seed: int = 0, dtype=torch.float32,
+                     wide: bool = False) -> Path:
+    """Write a random tiny model of ``family`` with a tokenizer into ``path``; returns ``path``.
+
+    ``wide``: hidden size and expert FFN of 128, so every int4 group size divides them.
+    """
     from transformers import AutoModelForCausalLM
     torch.manual_seed(seed)
     cfg = family_configs()[family]
+    if wide:
+        cfg.hidden_size, cfg.moe_intermediate_size, cfg.intermediate_size = 128, 128, 128
     model = AutoModelForCausalLM.from_config(cfg).to(dtype)
     _spread_init(model)
     path.mkdir(parents=True, exist_ok=True)

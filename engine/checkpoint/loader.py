@@ -53,9 +53,10 @@ def _fused_experts(source: TensorSource, spec: ModelSpec, i: int) -> tuple[torch
     return None
 
 
-def _load_experts(fetch: _Fetch, spec: ModelSpec, i: int, layout: ExpertLayout,
-                  rows: torch.Tensor, row0: int) -> None:
-    """Pack every routed expert of layer ``i`` into ``rows[row0 + e]``."""
+def pack_layer_experts(source: TensorSource, spec: ModelSpec, i: int, layout: ExpertLayout,
+                       out: torch.Tensor) -> None:
+    """Pack every routed expert of layer ``i`` of a Hugging Face checkpoint into ``out`` ``uint8 [E, nbytes]``."""
+    fetch = source if isinstance(source, _Fetch) else _Fetch(source, torch.device("cpu"), torch.float32)
     fused = _fused_experts(fetch.source, spec, i)
     entries = routed_expert_entries(spec, i)
     for e in range(spec.num_experts):
@@ -67,9 +68,9 @@ def _load_experts(fetch: _Fetch, spec: ModelSpec, i: int, layout: ExpertLayout,
         if layout.fmt in DENSE_DTYPES:
             packed = {"w13": w13.to(DENSE_DTYPES[layout.fmt]), "w2": w2.to(DENSE_DTYPES[layout.fmt])}
         else:
-            from engine.quant import quantize_expert   # int4 / fp8, quantised once at load
+            from engine.quant import quantize_expert   # int4 / fp8, quantised once
             packed = quantize_expert(w13.to(torch.float32), w2.to(torch.float32), layout)
-        layout.pack(packed, out=rows[row0 + e])
+        layout.pack(packed, out=out[e])
 
 
 def load_weights(spec: ModelSpec, source: TensorSource, device: torch.device, dtype: torch.dtype,
@@ -94,7 +95,12 @@ def load_weights(spec: ModelSpec, source: TensorSource, device: torch.device, dt
             shared = _mlp(get, f"{p}.shared_expert") if spec.shared_ffn else None
             layer.moe = MoEWeights(moe_index, get(spec.family.router.format(p=p)), shared,
                                    get(f"{p}.shared_expert_gate.weight") if spec.shared_ffn else None)
-            _load_experts(fetch, spec, i, layout, rows, moe_index * spec.num_experts)
+            layer_rows = rows[moe_index * spec.num_experts:(moe_index + 1) * spec.num_experts]
+            read_experts = getattr(source, "read_experts", None)     # a converted folder: packed already
+            if read_experts is not None:
+                read_experts(moe_index, layer_rows)
+            else:
+                pack_layer_experts(fetch, spec, i, layout, layer_rows)
             moe_index += 1
         layers.append(layer)
     embed = get(fn.EMBED)
@@ -110,7 +116,8 @@ def _mlp(get, prefix: str) -> MLPWeights:
 def check_complete(spec: ModelSpec, source: TensorSource) -> None:
     """Fail fast, before any big allocation, if a tensor is missing or mis-shaped."""
     names = source.names()
-    fused_layers = {i for i in range(spec.num_layers) if spec.moe_layers[i] and _has_fused(names, spec, i)}
+    packed = hasattr(source, "read_experts")
+    fused_layers = {i for i in range(spec.num_layers) if spec.moe_layers[i] and (packed or _has_fused(names, spec, i))}
     for t in tensor_plan(spec):
         if t.category == "routed_experts" and t.layer in fused_layers:
             continue

@@ -21,11 +21,11 @@ class TensorSource:
 class SafetensorsReader(TensorSource):
     """Opens every shard once (mmap); tensors are read only when asked for."""
 
-    def __init__(self, model_dir: str | Path) -> None:
+    def __init__(self, model_dir: str | Path, files: list[Path] | None = None) -> None:
         self.dir = Path(model_dir)
         self._file_of: dict[str, Path] = {}
         self._handles: dict[Path, object] = {}
-        for f in self._shard_files():
+        for f in files or self._shard_files():
             handle = self._open(f)
             self._handles[f] = handle
             for name in handle.keys():

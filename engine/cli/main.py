@@ -7,7 +7,7 @@ import sys
 from engine.cli.options import add_engine_flags, add_model_flag
 from engine.errors import StrataError
 
-ENGINE_COMMANDS = ("generate", "chat", "info")
+ENGINE_COMMANDS = ("generate", "chat", "info", "convert", "eval")
 
 
 def build_parser(prog: str = "strata") -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
@@ -28,13 +28,17 @@ def build_parser(prog: str = "strata") -> tuple[argparse.ArgumentParser, argpars
     p = sub.add_parser("info", help="parameters and bytes by category, and the GPU memory plan")
     add_model_flag(p)
     add_engine_flags(p)
+    from engine.cli.convert import add_convert_parser, add_eval_parser
+    add_convert_parser(sub)
+    add_eval_parser(sub, add_model_flag, add_engine_flags)
     return parser, sub
 
 
 def run_command(args: argparse.Namespace) -> int:
     """Dispatch an engine subcommand; user errors become one line on stderr and exit code 2."""
-    from engine.cli import info, run
-    handlers = {"generate": run.cmd_generate, "chat": run.cmd_chat, "info": info.cmd_info}
+    from engine.cli import convert, info, run
+    handlers = {"generate": run.cmd_generate, "chat": run.cmd_chat, "info": info.cmd_info,
+                "convert": convert.cmd_convert, "eval": convert.cmd_eval}
     try:
         return handlers[args.command](args)
     except StrataError as e:
