@@ -27,20 +27,28 @@ def describe_model(engine: Any) -> ModelDescription:
         has_chat_template=bool(engine.tokenizer.has_chat_template) and not (marker or {}).get("completion_only"))
 
 
-def pool_bounds(stats: Any) -> tuple[int, int]:
-    """(slider maximum, current pool bytes): the budget on a GPU, every expert's bytes on the CPU."""
+def all_expert_bytes(engine: Any) -> int:
+    """Bytes of every routed expert of every MoE layer (one expert's layout size times their count)."""
+    layout = getattr(getattr(getattr(engine, "loaded", None), "experts", None), "layout", None)
+    info = engine.model_info
+    layers = getattr(info, "num_moe_layers", info.num_layers)
+    return int(getattr(layout, "nbytes", 0)) * int(layers) * int(info.num_experts)
+
+
+def pool_bounds(engine: Any, stats: Any) -> tuple[int, int]:
+    """(slider maximum, current pool bytes): the budget on a GPU, every expert's bytes without one."""
     mem, experts = stats.memory, stats.experts
     current = int(experts.pool_bytes or mem.expert_pool_bytes)
     if mem.budget_bytes:
         return int(mem.budget_bytes), current
-    return int(max(mem.pinned_host_bytes, mem.expert_pool_bytes, experts.pool_bytes)), current
+    return max(all_expert_bytes(engine), mem.pinned_host_bytes, current), current
 
 
 def knob_state(engine: Any, defaults: dict[str, object], choices: dict[str, tuple[str, ...]]) -> KnobState:
     """Current live values, the reasons some cannot change, and the pool bounds."""
     cfg = engine.config
     reasons = engine.live_options()
-    max_bytes, current = pool_bounds(engine.stats())
+    max_bytes, current = pool_bounds(engine, engine.stats())
     return KnobState(
         values=tuple((name, getattr(cfg, name)) for name in sorted(defaults)),
         unsupported=tuple((name, why) for name, why in sorted(reasons.items()) if why),

@@ -22,6 +22,8 @@ class ConversationList(QWidget):
         self.new_button.clicked.connect(self.new_requested)
         lay.addWidget(self.new_button)
         self.list = QListWidget()
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.list.setWordWrap(True)
         self.list.currentItemChanged.connect(self._changed)
         lay.addWidget(self.list, 1)
         row = QHBoxLayout()
@@ -30,7 +32,7 @@ class ConversationList(QWidget):
         row.addStretch(1)
         row.addWidget(self.delete_button)
         lay.addLayout(row)
-        self.setMinimumWidth(170)
+        self.setMinimumWidth(190)
         self.setMaximumWidth(280)
 
     def set_conversations(self, convs: list[Conversation], current_id: str | None) -> None:

@@ -177,8 +177,11 @@ class KnobsPanel(QWidget):
             reason = state.reason(name)
             w.setEnabled(reason is None)
             w.setToolTip(reason or "")
+            self.status[name].setToolTip(reason or "")
             if reason:
-                self._set_status(name, "off", f"unavailable: {reason}")
+                self._set_status(name, "off", "not available now (hover for why)")
+            elif self.status[name].text().startswith("not available"):
+                self._set_status(name, "off", "")
         self.reset_button.setEnabled(state.values != state.defaults)
 
     def _sync(self, name: str, w: QWidget, state: KnobState) -> None:

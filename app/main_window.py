@@ -273,7 +273,7 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(f"Wrote {n} samples to {path}", 5000)
 
     def export_plot_dialog(self, panel: Panel) -> None:
-        name = panel.title.lower().replace(" & ", "-").replace(" ", "-")
+        name = panel.title.lower().replace(" ", "-")
         path, _ = QFileDialog.getSaveFileName(self, f"Export {panel.title}", f"strata-{name}.png", "PNG (*.png)")
         if path:
             panel.export_png(path)

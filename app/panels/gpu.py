@@ -25,7 +25,7 @@ def reading(value: float | None, unit: str, digits: int = 0) -> str:
 
 
 class GpuPanel(Panel):
-    title = "GPU thermal & power"
+    title = "GPU thermal and power"
 
     def __init__(self) -> None:
         super().__init__([("state", "State"), ("temp", "GPU temp"), ("memtemp", "Memory temp"),
@@ -88,6 +88,9 @@ class GpuPanel(Panel):
         self.state = state
         self.status_text = s.status
         self.stack.setCurrentIndex(1 if s.available else 0)
+        for key, readout in self.readouts.items():
+            readout.setVisible(s.available or key == "state")
+        self.flags_label.setVisible(s.available)
         if not s.available:
             self.no_gpu.setText(f"{s.status or 'No NVIDIA GPU detected'}\n\nThe engine runs on the CPU; "
                                 "GPU temperature, power and clocks appear here on a machine with an NVIDIA card.")

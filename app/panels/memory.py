@@ -46,6 +46,7 @@ class MemoryPanel(Panel):
             lower = self._stack[i]
         self._zero = self._fills[0].curves[0]
         self._budget = curve(p1, "red", "budget", width=1.4, dash=True)
+        self._unit: tuple[str, float] | None = None   # chosen on the first sample: GiB, or MiB for small models
         p2 = make_plot(self.graphics, "KV cache use", "%", 1)
         p2.setYRange(0, 100, padding=0.02)
         self._kv = curve(p2, "purple", "blocks used")
@@ -55,8 +56,12 @@ class MemoryPanel(Panel):
         """One EngineStats snapshot."""
         now = time.perf_counter() if now is None else now
         m = s.memory
-        parts = np.cumsum([m.resident_bytes, m.expert_pool_bytes, m.kv_cache_bytes, m.workspace_bytes]) / GIB
-        budget = None if m.budget_bytes is None else m.budget_bytes / GIB
+        parts = np.cumsum([m.resident_bytes, m.expert_pool_bytes, m.kv_cache_bytes, m.workspace_bytes])
+        if self._unit is None:
+            self._unit = ("GiB", GIB) if max(parts[-1], m.budget_bytes or 0) >= GIB else ("MiB", float(1 << 20))
+            self.plots[0].setLabel("left", self._unit[0])
+        parts = parts / self._unit[1]
+        budget = None if m.budget_bytes is None else m.budget_bytes / self._unit[1]
         self.mem.append(now, *parts, budget)
         kv_pct = 100.0 * s.kv_blocks_used / s.kv_blocks_total if s.kv_blocks_total else None
         self.kv.append(now, kv_pct)

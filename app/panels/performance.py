@@ -12,7 +12,7 @@ def fmt_ms(v: float | None) -> str:
 
 
 class PerformancePanel(Panel):
-    title = "Throughput & latency"
+    title = "Throughput and latency"
 
     def __init__(self) -> None:
         super().__init__([("decode", "Decode / stream"), ("aggregate", "Aggregate"),
@@ -22,7 +22,6 @@ class PerformancePanel(Panel):
         p1 = make_plot(self.graphics, "Tokens per second", "tok/s", 0)
         self._decode = curve(p1, "blue", "decode / stream")
         self._aggregate = curve(p1, "green", "aggregate")
-        self._prefill = curve(p1, "purple", "prefill", width=1.0, dash=True)
         p1.enableAutoRange(y=True)
         p2 = make_plot(self.graphics, "Latency", "ms", 1)
         self._ttft = curve(p2, "amber", "TTFT")
@@ -44,7 +43,6 @@ class PerformancePanel(Panel):
         rows = self.speed.view()
         set_series(self._decode, rows, 0, now)
         set_series(self._aggregate, rows, 1, now)
-        set_series(self._prefill, rows, 2, now)
         rows = self.latency.view()
         set_series(self._ttft, rows, 0, now)
         set_series(self._step, rows, 1, now)

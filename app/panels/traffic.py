@@ -11,7 +11,7 @@ GB = 1e9
 
 
 class TrafficPanel(Panel):
-    title = "Transfers & batch"
+    title = "Transfers and batch"
 
     def __init__(self) -> None:
         super().__init__([("h2d", "H2D (engine)"), ("pcie", "PCIe RX (NVML)"), ("wait", "Copy wait"),

@@ -1,0 +1,78 @@
+"""Workbench test fixtures: offscreen Qt, isolated settings and data folders, a window on the demo model."""
+from __future__ import annotations
+
+import os
+
+os.environ["QT_QPA_PLATFORM"] = "offscreen"
+
+import pytest  # noqa: E402
+from PySide6.QtCore import QSettings  # noqa: E402
+
+import app  # noqa: E402,F401  (protects interpreter singletons before any Qt call)
+from app.bridge import EngineBridge, open_engine  # noqa: E402
+from app.conversations import ConversationStore  # noqa: E402
+from app.gpu_poller import FakeMonitor, GpuPoller, GpuSample  # noqa: E402
+from app.main_window import MainWindow  # noqa: E402
+from app.paths import default_model_dir  # noqa: E402
+from app.theme import apply_theme  # noqa: E402
+
+#: The engine options the tests run with: CPU, and a small expert pool so every pool knob is live.
+ENGINE_OPTIONS = {"device": "cpu", "expert_pool_size": "8M"}
+LOAD_TIMEOUT_MS = 60_000
+REPLY_TIMEOUT_MS = 120_000
+
+
+@pytest.fixture(autouse=True)
+def isolated_user_dirs(tmp_path, monkeypatch):
+    """Conversations and QSettings go to tmp_path, never to the user's real folders."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    QSettings.setDefaultFormat(QSettings.Format.IniFormat)
+    QSettings.setPath(QSettings.Format.IniFormat, QSettings.Scope.UserScope, str(tmp_path / "settings"))
+    yield
+
+
+@pytest.fixture(scope="session")
+def themed(qapp):
+    apply_theme(qapp)
+    return qapp
+
+
+def make_window(qtbot, tmp_path, monitor: FakeMonitor | None = None, options: dict | None = None,
+                model: str | None = None) -> MainWindow:
+    """A window on a real engine thread (demo model unless ``model``) with a fake GPU polled every 30 ms."""
+    settings = QSettings(str(tmp_path / "strata.ini"), QSettings.Format.IniFormat)
+    monitor = monitor or FakeMonitor(GpuSample(timestamp=0.0, status="Fake GPU · driver test", name="Fake GPU",
+                                               gpu_temp_c=55.0, slowdown_temp_c=90.0))
+    bridge = EngineBridge(open_engine)
+    poller = GpuPoller(monitor, interval_ms=30)
+    store = ConversationStore(tmp_path / "data" / "strata" / "conversations")
+    window = MainWindow(bridge, poller, settings, store, engine_options=options or ENGINE_OPTIONS)
+    qtbot.addWidget(window)
+    bridge.start()
+    poller.start()
+    window.resize(1400, 900)
+    window.show()
+    with qtbot.waitSignal(window.model_ready, timeout=LOAD_TIMEOUT_MS):
+        window.open_model(model or str(default_model_dir()))
+    return window
+
+
+@pytest.fixture
+def window_factory(qtbot, tmp_path, themed):
+    """Make windows (closed at the end of the test): ``window_factory(monitor=..., options=...)``."""
+    made: list[MainWindow] = []
+
+    def make(**kwargs) -> MainWindow:
+        w = make_window(qtbot, tmp_path, **kwargs)
+        made.append(w)
+        return w
+
+    yield make
+    for w in made:
+        w.close()
+
+
+@pytest.fixture
+def window(window_factory):
+    return window_factory()
