@@ -1,0 +1,254 @@
+"""Paged decode attention: one new query token per sequence over a block-paged KV cache.
+
+For sequence b the keys and values are the cache rows
+``block_tables[b, p // block_size] * block_size + p % block_size`` for ``p < context_lens[b]``;
+``out[b, h] = softmax(q[b, h] . k * scale) @ v`` with the softmax in float32. GQA: query head h reads
+KV head ``h // (H // Hkv)``. Block-table entries past a sequence's used blocks are never read.
+
+:func:`paged_decode_attention` is the Triton path, split-KV (flash-decoding): one program per
+(sequence, KV head, split) runs over a range of the sequence's KV blocks for all query heads of that
+KV head's group, keeping a running (max, sum, acc) in float32; a small kernel then combines the
+splits. The grid and the partial buffers are sized from tensor shapes and the device's SM count only
+(never from ``context_lens``), and nothing is copied to the host, so the call can be captured in a
+CUDA graph. K and V are loaded in their storage dtype and upcast to float32 at once; the two small
+matrix products run on tensor cores as TF32, which is exact for bf16/fp16 K, V and q (their
+mantissas fit in TF32's), and as IEEE fp32 for an fp32 cache.
+:func:`paged_decode_attention_ref` is the vectorised plain-torch path (CPU decode) and the truth.
+
+Legend: B sequences, H query heads, Hkv KV heads, G = H // Hkv heads per group, hd head dim,
+P = max_blocks * block_size padded context, S splits.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+from kernels._triton import cdiv, jit, next_pow2, tl
+
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class DecodeAttentionLaunch:
+    """Launch settings; the split count follows from shapes, the SM count and these numbers."""
+    block_n: int = 64              # context tokens per loop step (power of two, >= 16)
+    num_warps: int = 4
+    num_stages: int = 2
+    waves: int = 2                 # aim for waves * SMs split programs
+    min_split_tokens: int = 256    # fewer tokens per split would cost more in partials than it gains
+    num_splits: int | None = None  # force a split count (tests, benchmark sweeps)
+
+
+@jit
+def _paged_decode_split_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr,
+                               stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                               stride_btb, stride_ob, stride_oh, qk_scale, split_tokens, H, S,
+                               G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                               BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                               DIRECT: tl.constexpr, DOT_PREC: tl.constexpr):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    s = tl.program_id(2)
+    ctx = tl.load(lens_ptr + b)
+    start = s * split_tokens
+    end = tl.minimum(start + split_tokens, ctx)                         # start >= end: empty split
+    offs_g = tl.arange(0, BLOCK_G)                                      # [BG]
+    offs_n = tl.arange(0, BLOCK_N)                                      # [BN]
+    offs_d = tl.arange(0, BLOCK_D)                                      # [BD]
+    g_ok = offs_g < G
+    d_ok = offs_d < HEAD_DIM
+    heads = kvh * G + offs_g                                            # [BG] query heads of the group
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=g_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)   # [BG, BD]
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)                 # running max (log2 units)
+    l_i = tl.zeros([BLOCK_G], tl.float32)                               # running sum of exp2
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)                      # running sum of p * v
+    bt_row = bt_ptr + b * stride_btb
+    for t0 in range(start, end, BLOCK_N):
+        pos = t0 + offs_n                                               # [BN] token positions
+        ok = pos < end
+        blk = tl.load(bt_row + pos // BLOCK_SIZE, mask=ok, other=0)     # [BN] unused entries unread
+        row = blk.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE          # [BN] cache rows
+        kv_mask = ok[:, None] & d_ok[None, :]
+        k = tl.load(k_ptr + row[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :],
+                    mask=kv_mask, other=0.0).to(tl.float32)             # [BN, BD]
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale   # [BG, BN]
+        qk = tl.where(ok[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, axis=1))                     # finite: >= 1 valid token
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])                                # [BG, BN]
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_ptr + row[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
+                    mask=kv_mask, other=0.0).to(tl.float32)             # [BN, BD]
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PREC)
+        m_i = m_new
+    if DIRECT:  # one split: normalise and write the output here, no reduce launch
+        o = acc / l_i[:, None]
+        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
+    else:
+        part = (b * H + heads) * S + s                                  # [BG] rows of [B, H, S]
+        tl.store(m_ptr + part, m_i, mask=g_ok)
+        tl.store(l_ptr + part, l_i, mask=g_ok)
+        tl.store(acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc,
+                 mask=g_ok[:, None] & d_ok[None, :])
+
+
+@jit
+def _paged_decode_reduce_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, stride_ob, stride_oh, H, S,
+                                HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    base = (b * H + h) * S
+    offs_s = tl.arange(0, BLOCK_S)                                      # [BS]
+    offs_d = tl.arange(0, BLOCK_D)                                      # [BD]
+    d_ok = offs_d < HEAD_DIM
+    m_max = tl.full([BLOCK_S], float("-inf"), tl.float32)
+    for s0 in range(0, S, BLOCK_S):
+        m_max = tl.maximum(m_max, tl.load(m_ptr + base + s0 + offs_s, mask=s0 + offs_s < S,
+                                          other=float("-inf")))
+    m_all = tl.max(m_max, axis=0)                                       # finite: split 0 is never empty
+    total = tl.zeros([BLOCK_S], tl.float32)
+    o = tl.zeros([BLOCK_D], tl.float32)
+    for s0 in range(0, S, BLOCK_S):
+        s_ok = s0 + offs_s < S
+        m = tl.load(m_ptr + base + s0 + offs_s, mask=s_ok, other=float("-inf"))
+        w = tl.exp2(m - m_all)                                          # [BS] 0 for empty splits
+        total += w * tl.load(l_ptr + base + s0 + offs_s, mask=s_ok, other=0.0)
+        a = tl.load(acc_ptr + (base + s0 + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+                    mask=s_ok[:, None] & d_ok[None, :], other=0.0)      # [BS, BD]
+        o += tl.sum(w[:, None] * a, axis=0)
+    o = o / tl.sum(total, axis=0)
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty), mask=d_ok)
+
+
+def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                               block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int,
+                               scale: float | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Plain-torch paged decode attention, vectorised over the batch.
+
+    q [B, H, hd], k_cache / v_cache [num_blocks * block_size, Hkv, hd] (bf16/fp16/fp32, one dtype),
+    block_tables [B, max_blocks] int32, context_lens [B] int32 (1 <= len <= max_blocks * block_size).
+    Returns [B, H, hd] in q.dtype (written into ``out`` if given); computes in float32.
+    """
+    _check(q, k_cache, v_cache, block_tables, context_lens, block_size, out)
+    b, h, hd = q.shape
+    hkv = k_cache.shape[1]
+    scale = 1.0 / math.sqrt(hd) if scale is None else scale
+    pos = torch.arange(block_tables.shape[1] * block_size, device=q.device)            # [P]
+    rows = block_tables.long()[:, pos // block_size] * block_size + pos % block_size   # [B, P]
+    valid = pos[None, :] < context_lens.long()[:, None]                               # [B, P]
+    rows = torch.where(valid, rows, 0)                # padded entries: read row 0, masked below
+    k = k_cache[rows].float()                                                         # [B, P, Hkv, hd]
+    v = v_cache[rows].float().masked_fill(~valid[:, :, None, None], 0.0)              # [B, P, Hkv, hd]
+    qg = q.float().view(b, hkv, h // hkv, hd)                                         # [B, Hkv, G, hd]
+    scores = torch.einsum("bkgd,bpkd->bkgp", qg, k) * scale                           # [B, Hkv, G, P]
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    res = torch.einsum("bkgp,bpkd->bkgd", probs, v).reshape(b, h, hd).to(q.dtype)      # [B, H, hd]
+    if out is None:
+        return res
+    return out.copy_(res)
+
+
+def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+           context_lens: torch.Tensor, block_size: int, out: torch.Tensor | None) -> None:
+    if q.dim() != 3 or q.dtype not in DTYPES:
+        raise ValueError(f"q must be bf16/fp16/fp32 [B, H, hd], got {q.dtype} {tuple(q.shape)}")
+    b, h, hd = q.shape
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if c.dim() != 3 or c.dtype != q.dtype or c.shape[2] != hd:
+            raise ValueError(f"{name} must be {q.dtype} [num_blocks * block_size, Hkv, {hd}], got "
+                             f"{c.dtype} {tuple(c.shape)}")
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache {tuple(v_cache.shape)} must have k_cache's shape {tuple(k_cache.shape)}")
+    hkv = k_cache.shape[1]
+    if hkv == 0 or h % hkv != 0:
+        raise ValueError(f"query heads ({h}) must be a multiple of KV heads ({hkv})")
+    if block_size < 1 or k_cache.shape[0] % block_size != 0:
+        raise ValueError(f"cache rows ({k_cache.shape[0]}) must be a whole number of blocks of "
+                         f"block_size={block_size}")
+    if block_tables.dim() != 2 or block_tables.shape[0] != b or block_tables.dtype != torch.int32:
+        raise ValueError(f"block_tables must be int32 [{b}, max_blocks], got {block_tables.dtype} "
+                         f"{tuple(block_tables.shape)}")
+    if context_lens.shape != (b,) or context_lens.dtype != torch.int32:
+        raise ValueError(f"context_lens must be int32 [{b}], got {context_lens.dtype} "
+                         f"{tuple(context_lens.shape)}")
+    if out is not None and (out.shape != q.shape or out.dtype != q.dtype):
+        raise ValueError(f"out must be {q.dtype} {tuple(q.shape)}, got {out.dtype} {tuple(out.shape)}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables),
+                    ("context_lens", context_lens), ("out", out)):
+        if t is not None and t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; move both to one device")
+
+
+@lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 16  # the interpreter: a few splits, so tests exercise the reduce
+
+
+def num_splits(batch: int, kv_heads: int, max_blocks: int, block_size: int, device: torch.device,
+               launch: DecodeAttentionLaunch) -> int:
+    """Splits per (sequence, KV head), from shapes and the SM count only (CUDA-graph safe)."""
+    if launch.num_splits is not None:
+        return max(1, min(launch.num_splits, max_blocks))
+    wanted = cdiv(launch.waves * _sm_count(device), batch * kv_heads)
+    most = max(1, (max_blocks * block_size) // launch.min_split_tokens)
+    return max(1, min(wanted, most, max_blocks))
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int,
+                           scale: float | None = None, out: torch.Tensor | None = None, *,
+                           launch: DecodeAttentionLaunch | None = None) -> torch.Tensor:
+    """Triton paged decode attention, same contract as :func:`paged_decode_attention_ref`.
+
+    The last dim of q, k_cache, v_cache and out must be contiguous. ``context_lens`` values are not
+    checked on the device (that would sync): each must lie in ``[1, max_blocks * block_size]`` and each
+    used block id must be a valid block. ``launch`` overrides the default launch settings.
+    """
+    _check(q, k_cache, v_cache, block_tables, context_lens, block_size, out)
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out)):
+        if t is not None and t.stride(-1) != 1:
+            raise ValueError(f"{name} must have a contiguous last dim (stride(-1) == 1)")
+    launch = launch or DecodeAttentionLaunch()
+    if launch.block_n < 16 or launch.block_n & (launch.block_n - 1):
+        raise ValueError(f"launch.block_n={launch.block_n} must be a power of two >= 16")
+    b, h, hd = q.shape
+    hkv = k_cache.shape[1]
+    g = h // hkv
+    scale = 1.0 / math.sqrt(hd) if scale is None else scale
+    out = torch.empty_like(q) if out is None else out
+    if b == 0:
+        return out
+    max_blocks = block_tables.shape[1]
+    splits = num_splits(b, hkv, max_blocks, block_size, q.device, launch)
+    split_tokens = cdiv(max_blocks, splits) * block_size               # whole blocks per split
+    splits = cdiv(max_blocks * block_size, split_tokens)                # no split left always empty
+    direct = splits == 1
+    if direct:
+        m = l = acc = out                                               # unused by the kernel
+    else:
+        m = torch.empty(b, h, splits, dtype=torch.float32, device=q.device)          # [B, H, S]
+        l = torch.empty_like(m)                                                       # [B, H, S]
+        acc = torch.empty(b, h, splits, hd, dtype=torch.float32, device=q.device)    # [B, H, S, hd]
+    block_d = max(16, next_pow2(hd))
+    _paged_decode_split_kernel[(b, hkv, splits)](
+        q, k_cache, v_cache, block_tables, context_lens, out, m, l, acc,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0),
+        v_cache.stride(1), block_tables.stride(0), out.stride(0), out.stride(1),
+        scale * LOG2E, split_tokens, h, splits,
+        G=g, HEAD_DIM=hd, BLOCK_SIZE=block_size, BLOCK_G=max(16, next_pow2(g)), BLOCK_N=launch.block_n,
+        BLOCK_D=block_d, DIRECT=direct, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=launch.num_warps, num_stages=launch.num_stages)
+    if not direct:
+        _paged_decode_reduce_kernel[(b, h)](m, l, acc, out, out.stride(0), out.stride(1), h, splits,
+                                            HEAD_DIM=hd, BLOCK_S=min(16, next_pow2(splits)),
+                                            BLOCK_D=block_d, num_warps=4)
+    return out
