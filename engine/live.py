@@ -27,8 +27,7 @@ class LiveSettings:
             for k in _EXPERTS:
                 out[k] = why
         out["kv_cache_dtype"] = "the KV cache is kept in the model dtype in this version; int8/fp8 KV is not available yet"
-        out["cuda_graphs"] = ("CUDA graphs need a CUDA GPU" if m.device.type != "cuda"
-                              else "decode runs without CUDA graphs in this version")
+        out["cuda_graphs"] = m.graphs_possible
         return out
 
     def reconfigure(self, options: dict) -> dict[str, str]:
@@ -55,5 +54,11 @@ class LiveSettings:
         if any(k in options for k in _SCHEDULER):
             sched.max_batch, sched.prefill_chunk, sched.token_budget = new.max_batch, new.prefill_chunk, new.token_budget
             applied.update({k: f"{k} = {options[k]}" for k in _SCHEDULER if k in options})
+        if "cuda_graphs" in options:
+            runner = self.engine.runner
+            if options["cuda_graphs"] and runner.graphs is None:
+                runner.graphs = m.make_graphs() if (m := self.engine.loaded) else None
+            runner.use_graphs = bool(options["cuda_graphs"]) and runner.graphs is not None
+            applied["cuda_graphs"] = "decode steps replay CUDA graphs" if runner.use_graphs else "CUDA graphs off"
         self.engine.config = new
         return applied

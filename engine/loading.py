@@ -22,6 +22,7 @@ from engine.memory import MemoryPlan, default_budget, plan_memory
 from engine.kv.cache import KVCache
 from engine.models.layers import SeqSlice
 from engine.models.moe_transformer import ForwardBatch, MoETransformer
+from engine.cuda_graphs import DecodeGraphs
 from engine.runner import ModelRunner
 from engine.scheduler import Scheduler
 from engine.tokenizer import Tokenizer
@@ -92,9 +93,10 @@ class LoadedModel:
         self.experts: ExpertProvider = self._build_experts(rows)
         self.model = MoETransformer(spec, self.weights, self.experts, self.device, self.dtype, self.max_model_len)
         self.cache = self._build_cache()
-        self.allocator = BlockAllocator(self.cache.num_blocks, self.cache.block_size)
+        # the last block is scratch space for the padding rows of graph-captured decode batches
+        self.allocator = BlockAllocator(self.cache.num_blocks - 1, self.cache.block_size)
         self.scheduler = Scheduler(self.allocator, config.max_batch, config.token_budget, config.prefill_chunk)
-        self.runner = ModelRunner(self.model, self.cache)
+        self.runner = ModelRunner(self.model, self.cache, self.make_graphs() if config.cuda_graphs else None)
         marker = _demo_marker(path) if path else {}
         self.info = ModelInfo(
             name=spec.name or "model", family=spec.family.name, architecture=spec.architecture,
@@ -106,6 +108,22 @@ class LoadedModel:
 
     def _allocate_rows(self, rows: int, nbytes: int) -> torch.Tensor:
         return torch.empty(rows, nbytes, dtype=torch.uint8)
+
+    @property
+    def graphs_possible(self) -> str | None:
+        """None when decode steps can be graph-captured, else why not."""
+        if self.device.type != "cuda":
+            return "CUDA graphs need a CUDA GPU"
+        if not isinstance(self.experts, ResidentExperts):
+            return "CUDA graphs need every expert resident (the slot table must not change); raise the pool size"
+        return None
+
+    def make_graphs(self) -> DecodeGraphs | None:
+        if self.graphs_possible is not None:
+            return None
+        bs = self.cache.block_size
+        return DecodeGraphs(self.model, self.cache, self.config.max_batch, -(-self.max_model_len // bs),
+                            self.cache.num_blocks - 1)
 
     def _plan(self) -> MemoryPlan:
         s, c = self.spec, self.config
@@ -142,7 +160,7 @@ class LoadedModel:
         bpt = self._kv_bytes_per_token()
         full = bpt * self.max_model_len * c.max_batch          # every running request at full context
         want = c.kv_cache_size or (min(self.plan.kv_bytes, full) if self.plan.budget_bytes else min(CPU_KV_CAP, full))
-        blocks = max(want // (bpt * c.kv_block_size), -(-self.max_model_len // c.kv_block_size))
+        blocks = max(want // (bpt * c.kv_block_size), -(-self.max_model_len // c.kv_block_size)) + 1   # + scratch
         return KVCache(s.num_layers, int(blocks), c.kv_block_size, s.num_kv_heads, s.head_dim, self.dtype, self.device)
 
     def score(self, seqs: list[list[int]], chunk: int | None = None) -> list[torch.Tensor]:

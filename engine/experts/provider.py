@@ -58,7 +58,9 @@ class ResidentExperts:
         pass
 
     def acquire(self, moe_index: int, topk_ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        self._counts[moe_index] += torch.bincount(topk_ids.flatten(), minlength=self.num_experts)
+        # index_add_ rather than bincount: no device->host sync, so decode steps can be graph-captured
+        ids = topk_ids.flatten()
+        self._counts[moe_index].index_add_(0, ids, torch.ones_like(ids, dtype=torch.int64))
         return self._slot_tables[moe_index], self.views
 
     def end_step(self) -> None:

@@ -19,14 +19,23 @@ from engine.models.weights import AttentionWeights, ModelWeights, MoEWeights
 
 
 @dataclass
+class DecodeMeta:
+    """A pure decode step (one new token per sequence) in tensors only, so it can be graph-captured."""
+
+    block_tables: torch.Tensor       # [B, max_blocks] int32
+    context_lens: torch.Tensor       # [B] int32, including the new token
+
+
+@dataclass
 class ForwardBatch:
     """Inputs of one forward pass, passed explicitly (no global context)."""
 
     input_ids: torch.Tensor          # [T] int64
     positions: torch.Tensor          # [T] int64
     slot_mapping: torch.Tensor       # [T] int64, cache row of each new token
-    seqs: list[SeqSlice]             # B sequences, in row order
+    seqs: list[SeqSlice]             # B sequences, in row order (unused when ``decode`` is set)
     logits_rows: torch.Tensor | None  # [B'] rows whose logits are needed; None = every row
+    decode: DecodeMeta | None = None  # set when every sequence adds exactly one token
 
 
 def route_ref(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,6 +54,7 @@ class MoETransformer:
         self.device, self.dtype = device, dtype
         self.rope = Rope(spec.head_dim, spec.rope_theta, max_position, device, dtype)
         self.moe_fn = _select_moe_fn(device)
+        self.decode_attention = _select_decode_attention(device)
 
     def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Router scores -> (weights [T, k] f32, ids [T, k]); also used by the prefetcher."""
@@ -90,7 +100,12 @@ class MoETransformer:
             q, k = rms_norm(q, a.q_norm, s.rms_norm_eps), rms_norm(k, a.k_norm, s.rms_norm_eps)
         q, k = self.rope(q, batch.positions), self.rope(k, batch.positions)
         cache.write(i, batch.slot_mapping, k, v)
-        o = paged_attention_ref(q, cache.k[i], cache.v[i], batch.seqs, cache.block_size)   # [T, H hd]
+        if batch.decode is not None:
+            d = batch.decode
+            o = self.decode_attention(q, cache.k[i], cache.v[i], d.block_tables, d.context_lens,
+                                      cache.block_size).reshape(T, -1)   # [B, H hd]
+        else:
+            o = paged_attention_ref(q, cache.k[i], cache.v[i], batch.seqs, cache.block_size)   # [T, H hd]
         return o @ a.o.t()                                               # [T, D]
 
     def _moe(self, m: MoEWeights, x: torch.Tensor) -> torch.Tensor:
@@ -114,3 +129,15 @@ def _select_moe_fn(device: torch.device):
         except ImportError:
             pass
     return fused_moe_ref
+
+
+def _select_decode_attention(device: torch.device):
+    """The Triton split-KV decode kernel on CUDA when available, the vectorised reference elsewhere."""
+    from kernels.paged_attention import paged_decode_attention_ref
+    if device.type == "cuda":
+        try:
+            from kernels.paged_attention import paged_decode_attention
+            return paged_decode_attention
+        except ImportError:
+            pass
+    return paged_decode_attention_ref
