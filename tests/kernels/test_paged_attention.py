@@ -1,0 +1,178 @@
+"""Paged decode attention: the reference against per-sequence SDPA, the Triton kernel against the reference.
+
+Every cache starts filled with NaN and only the rows a sequence owns get values, so a kernel that reads
+a row past a context's end, a padded block-table entry or a wrong block poisons its output. bf16 and
+GPU speed are checked by ``benchmarks/kernels/bench_attention.py`` (the interpreter mishandles bf16).
+"""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+triton = pytest.importorskip("triton")
+from kernels.paged_attention import (DecodeAttentionLaunch, paged_decode_attention,  # noqa: E402
+                                     paged_decode_attention_ref)
+
+# Both paths compute in fp32 and differ in summation order; fp16 adds one rounding of the output.
+TOLERANCES = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.float16: dict(atol=2e-3, rtol=5e-3)}
+
+
+def make_case(lens, heads=4, kv_heads=2, hd=64, block_size=4, dtype=torch.float32, max_blocks=None,
+              spare_blocks=3, garbage=float("nan"), seed=0):
+    """Random q and a scrambled paged cache holding ``lens`` tokens per sequence; the rest is garbage.
+
+    Block ids are a random permutation of a pool with ``spare_blocks`` unowned blocks; block-table
+    entries past a sequence's used blocks point at an unowned block.
+    """
+    g = torch.Generator().manual_seed(seed)
+    used = [math.ceil(n / block_size) for n in lens]
+    max_blocks = max_blocks or max(used)
+    pool = sum(used) + spare_blocks
+    ids = torch.randperm(pool, generator=g)
+    k = torch.full((pool * block_size, kv_heads, hd), garbage, dtype=dtype)
+    v = torch.full_like(k, garbage)
+    tables = torch.full((len(lens), max_blocks), int(ids[-1]), dtype=torch.int32)  # an unowned block
+    nxt = 0
+    for b, (n, u) in enumerate(zip(lens, used)):
+        tables[b, :u] = ids[nxt:nxt + u].to(torch.int32)
+        nxt += u
+        rows = (tables[b, :u].long()[:, None] * block_size + torch.arange(block_size)).flatten()[:n]
+        k[rows] = torch.randn(n, kv_heads, hd, generator=g).to(dtype)
+        v[rows] = torch.randn(n, kv_heads, hd, generator=g).to(dtype)
+    q = torch.randn(len(lens), heads, hd, generator=g).to(dtype)
+    return q, k, v, tables, torch.tensor(lens, dtype=torch.int32), block_size
+
+
+def sdpa_loop(q, k, v, tables, lens, block_size):
+    """The truth: gather each sequence's context and call SDPA, one sequence at a time."""
+    outs = []
+    for b, n in enumerate(lens.tolist()):
+        pos = torch.arange(n)
+        rows = tables[b, pos // block_size].long() * block_size + pos % block_size
+        g = q.shape[1] // k.shape[1]
+        kb = k[rows].float().repeat_interleave(g, dim=1).transpose(0, 1)     # [H, n, hd]
+        vb = v[rows].float().repeat_interleave(g, dim=1).transpose(0, 1)     # [H, n, hd]
+        outs.append(F.scaled_dot_product_attention(q[b].float()[:, None], kb, vb)[:, 0])  # [H, hd]
+    return torch.stack(outs).to(q.dtype)
+
+
+def check(case, launch=None, **kw):
+    q = case[0]
+    out = paged_decode_attention(*case, launch=launch, **kw)
+    ref = paged_decode_attention_ref(*case, **kw)
+    assert out.dtype == q.dtype and out.shape == q.shape
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, ref, **TOLERANCES[q.dtype])
+    return out
+
+
+SMALL = DecodeAttentionLaunch(block_n=16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_ref_matches_per_sequence_sdpa(dtype):
+    # The reference is the engine's CPU path and the kernel's truth: check it against SDPA on the
+    # gathered context, with GQA, mixed lengths and garbage everywhere a sequence does not own.
+    case = make_case([1, 4, 5, 13], heads=8, kv_heads=2, dtype=dtype, max_blocks=6)
+    torch.testing.assert_close(paged_decode_attention_ref(*case), sdpa_loop(*case), **TOLERANCES[dtype])
+
+
+def test_ref_is_finite_with_huge_garbage():
+    # Finite garbage (fp16 max) must be masked as well as NaN: 0 * huge is fine, huge in a max is not.
+    case = make_case([3, 9], garbage=65504.0, dtype=torch.float16, max_blocks=4)
+    torch.testing.assert_close(paged_decode_attention_ref(*case), sdpa_loop(*case), **TOLERANCES[torch.float16])
+
+
+def test_one_sequence_long_context():
+    # Batch 1 is the case split-KV exists for: many splits over one sequence, then the reduce.
+    check(make_case([45], block_size=4), SMALL)
+
+
+def test_mixed_context_lengths():
+    # 1 token, exactly one block, one block + 1, several blocks and a partial tail, in one batch:
+    # per-sequence loop bounds and the tail mask inside the last block.
+    check(make_case([1, 16, 17, 53], block_size=16, max_blocks=5), SMALL)
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+def test_gqa_ratios(kv_heads):
+    # Group sizes 1, 2 and 4 (MHA, GQA, MQA-like): head h must read KV head h // (H // Hkv).
+    check(make_case([7, 22], heads=4, kv_heads=kv_heads), SMALL)
+
+
+def test_scrambled_block_ids():
+    # Out-of-order, non-contiguous block ids from a large pool: the kernel must follow the table.
+    case = make_case([30, 25], block_size=4, spare_blocks=20, seed=3)
+    assert not torch.equal(case[3][0, :8].sort().values, case[3][0, :8])   # really scrambled
+    check(case, SMALL)
+
+
+@pytest.mark.parametrize("garbage", [float("nan"), 65504.0])
+def test_padded_table_entries_are_never_read(garbage):
+    # A table much wider than any context whose spare entries point at a garbage block (NaN or
+    # fp16 max): one read of it poisons the output. Also splits that start past a context (empty).
+    case = make_case([2, 9], block_size=4, max_blocks=12, garbage=garbage, dtype=torch.float16)
+    check(case, DecodeAttentionLaunch(block_n=16, num_splits=12))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("hd", [64, 128])
+def test_head_dims_and_dtypes(hd, dtype):
+    # The model head dims (64: small models, 128: Qwen3) in each dtype the interpreter handles.
+    check(make_case([5, 20], heads=4, kv_heads=2, hd=hd, dtype=dtype), SMALL)
+
+
+@pytest.mark.parametrize("splits", [1, 2, 5])
+def test_split_counts_agree(splits):
+    # One split writes the output directly; several go through the reduce; uneven splits leave a
+    # short last one. All must give the reference's answer.
+    check(make_case([19, 40], block_size=4), DecodeAttentionLaunch(block_n=16, num_splits=splits))
+
+
+def test_odd_block_size_and_block_spanning_steps():
+    # A block size that is not a power of two, with loop steps spanning several blocks.
+    check(make_case([11, 30], block_size=6), DecodeAttentionLaunch(block_n=32, num_splits=2))
+
+
+def test_strided_q_out_and_scale():
+    # q as a view into a fused qkv projection (batch stride != H * hd), a caller-owned output buffer
+    # (a CUDA graph's static output) and an explicit scale.
+    q, k, v, tables, lens, bs = make_case([6, 14], heads=4, kv_heads=2)
+    qkv = torch.randn(2, 8, 64)
+    qkv[:, :4] = q
+    out = torch.empty_like(q)
+    res = paged_decode_attention(qkv[:, :4], k, v, tables, lens, bs, 0.3, out, launch=SMALL)
+    assert res.data_ptr() == out.data_ptr()
+    torch.testing.assert_close(out, paged_decode_attention_ref(q, k, v, tables, lens, bs, 0.3),
+                               **TOLERANCES[torch.float32])
+
+
+def test_default_launch():
+    # The settings the engine uses when it passes none.
+    check(make_case([3, 50], block_size=4))
+
+
+def _bad(case, **change):
+    args = dict(zip(["q", "k_cache", "v_cache", "block_tables", "context_lens", "block_size"], case))
+    args.update(change)
+    return args
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda c: dict(k_cache=c[1].half()), "k_cache must be torch.float32"),
+    (lambda c: dict(v_cache=c[2][:, :, :32]), "v_cache must be"),
+    (lambda c: dict(q=c[0].to(torch.int32)), "q must be bf16/fp16/fp32"),
+    (lambda c: dict(q=c[0][:, :3]), "multiple of KV heads"),
+    (lambda c: dict(block_tables=c[3].long()), "block_tables must be int32"),
+    (lambda c: dict(block_tables=c[3][:1]), "block_tables must be int32"),
+    (lambda c: dict(context_lens=c[4].long()), "context_lens must be int32"),
+    (lambda c: dict(block_size=3), "whole number of blocks"),
+    (lambda c: dict(out=torch.empty(2, 4, 32)), "out must be"),
+    (lambda c: dict(q=c[0].transpose(1, 2).contiguous().transpose(1, 2)), "contiguous last dim"),
+])
+def test_launcher_rejects_bad_inputs(change, message):
+    # Mistakes a caller can make get one clear sentence, before anything is launched.
+    case = make_case([5, 8], heads=4, kv_heads=2, block_size=4)
+    with pytest.raises(ValueError, match=message):
+        paged_decode_attention(**_bad(case, **change(case)))
