@@ -21,9 +21,10 @@ from engine.tokenizer import IncrementalDetokenizer
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
+        """Load ``config.model``; or run an already built ``loaded`` model (e.g. one made in memory)."""
         self.config = config
-        self.loaded: LoadedModel = load_model(config)
+        self.loaded: LoadedModel = loaded or load_model(config)
         self.tokenizer = self.loaded.tokenizer
         self.model_info = self.loaded.info
         self.scheduler = self.loaded.scheduler
@@ -31,6 +32,8 @@ class LLMEngine:
         self.counters = stats_mod.Counters()
         self.live = LiveSettings(self)
         self._requests: dict[str, Request] = {}
+        # a model without a tokenizer (built in memory) takes and returns token ids only
+        self.eos_ids = self.tokenizer.eos_token_ids if self.tokenizer else frozenset()
         self._next_id = 0
 
     # ---- requests -----------------------------------------------------------------------------
@@ -40,11 +43,13 @@ class LLMEngine:
             request_id, self._next_id = f"req-{self._next_id}", self._next_id + 1
         if request_id in self._requests:
             raise ConfigError(f"request id '{request_id}' is already in use; give each request its own id")
+        if isinstance(prompt, str) and self.tokenizer is None:
+            raise ConfigError("this model has no tokenizer; pass token ids instead of text")
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         self._check_prompt(ids)
         req = Request(request_id, ids, params, self.loaded.max_model_len,
                       make_generator(params.seed, self.loaded.device),
-                      IncrementalDetokenizer(self.tokenizer))
+                      IncrementalDetokenizer(self.tokenizer) if self.tokenizer else None)
         self._requests[request_id] = req
         self.scheduler.add(req)
         return request_id
@@ -94,18 +99,18 @@ class LLMEngine:
             self.counters.on_first_token(req.ttft_ms)
         req.output_ids.append(token)
         p = req.params
-        eos = (not p.ignore_eos) and token in self.tokenizer.eos_token_ids
+        eos = (not p.ignore_eos) and token in self.eos_ids
         if eos or token in p.stop_token_ids:
             return self._finish(req, "stop", drop_last=True)
         prev = len(req.text)
-        req.text += req.detokenizer.push([token])
+        req.text += req.detokenizer.push([token]) if req.detokenizer else ""
         cut = check_stop(req.text[:prev], req.text[prev:], p.stop) if p.stop else None
         if cut is not None:
             stop_len = next((len(s) for s in p.stop if req.text.startswith(s, cut)), 0)
             req.text = req.text[:cut + (stop_len if p.include_stop_str_in_output else 0)]
             return self._finish(req, "stop")
         if len(req.output_ids) >= p.max_tokens or req.num_tokens >= req.max_total_tokens:
-            req.text += req.detokenizer.flush()
+            req.text += req.detokenizer.flush() if req.detokenizer else ""
             return self._finish(req, "length")
         return self._emit(req, final=False)
 
@@ -121,7 +126,7 @@ class LLMEngine:
                             len(req.output_ids), ttft)
 
     def _finish(self, req: Request, reason: str, drop_last: bool = False) -> RequestDelta:
-        if drop_last:   # the stop token is reported in token_ids but never as text
+        if drop_last and req.detokenizer:   # the stop token is reported in token_ids but never as text
             req.text += req.detokenizer.flush()
         req.status, req.finish_reason, req.finished_at = Status.FINISHED, reason, time.perf_counter()
         self.scheduler.remove(req)

@@ -11,7 +11,7 @@ import torch
 from engine.checkpoint.converted import ConvertedSource, is_converted
 from engine.checkpoint.loader import check_complete, load_weights
 from engine.checkpoint.plan import params_by_category
-from engine.checkpoint.reader import SafetensorsReader, TensorSource
+from engine.checkpoint.reader import SafetensorsReader, TensorSource, with_aliases
 from engine.checkpoint.spec import ModelSpec, read_spec
 from engine.config import EngineConfig
 from engine.errors import ConfigError
@@ -85,6 +85,7 @@ class LoadedModel:
         self.config, self.spec, self.tokenizer = config, spec, tokenizer
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        source = with_aliases(source, spec.family.aliases)
         check_complete(spec, source)
         self.layout = expert_layout(config, spec, self.dtype)
         self.max_model_len = min(config.max_model_len or spec.max_position, spec.max_position)

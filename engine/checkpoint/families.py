@@ -22,6 +22,8 @@ class Family:
     always_renormalize: bool = False   # Mixtral renormalises top-k weights regardless of config
     has_shared_expert: bool = False
     sparse_step_keys: bool = False     # honours decoder_sparse_step / mlp_only_layers
+    # other spellings of the same tensors (newer transformers name Mixtral's MoE block "mlp" in memory)
+    aliases: tuple[tuple[str, str], ...] = ()
 
 
 _LLAMA_EXPERT = ("{p}.experts.{e}.gate_proj.weight", "{p}.experts.{e}.up_proj.weight",
@@ -31,7 +33,8 @@ FAMILIES: dict[str, Family] = {
     "MixtralForCausalLM": Family(
         "mixtral", "model.layers.{i}.block_sparse_moe", "{p}.gate.weight",
         "{p}.experts.{e}.w1.weight", "{p}.experts.{e}.w3.weight", "{p}.experts.{e}.w2.weight",
-        "{p}.experts.gate_up_proj", "{p}.experts.down_proj", None, always_renormalize=True),
+        "{p}.experts.gate_up_proj", "{p}.experts.down_proj", None, always_renormalize=True,
+        aliases=((".mlp.gate.", ".block_sparse_moe.gate."), (".mlp.experts.", ".block_sparse_moe.experts."))),
     "Qwen2MoeForCausalLM": Family(
         "qwen2_moe", "model.layers.{i}.mlp", "{p}.gate.weight", *_LLAMA_EXPERT,
         "{p}.experts.gate_up_proj", "{p}.experts.down_proj", None,

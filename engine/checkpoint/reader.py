@@ -75,3 +75,33 @@ class SafetensorsReader(TensorSource):
 
     def file_of(self, name: str) -> Path:
         return self._file_of[name]
+
+
+class AliasedSource(TensorSource):
+    """A source whose tensors are renamed: each (alias, canonical) substring pair maps a name."""
+
+    def __init__(self, source: TensorSource, aliases: tuple[tuple[str, str], ...]) -> None:
+        self.source = source
+        self.dir = getattr(source, "dir", None)
+        self._orig: dict[str, str] = {}
+        for name in source.names():
+            canon = name
+            for alias, canonical in aliases:
+                canon = canon.replace(alias, canonical)
+            self._orig[canon] = name
+
+    def names(self) -> set[str]:
+        return set(self._orig)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.source.shape(self._orig[name])
+
+    def get(self, name: str) -> torch.Tensor:
+        return self.source.get(self._orig[name])
+
+
+def with_aliases(source: TensorSource, aliases: tuple[tuple[str, str], ...]) -> TensorSource:
+    """``source`` itself when no name needs mapping, else an AliasedSource."""
+    if not aliases or not any(a in n for n in source.names() for a, _ in aliases):
+        return source
+    return AliasedSource(source, aliases)

@@ -47,3 +47,22 @@ def test_greedy_generation_matches_transformers_batched_and_alone(family_pair):
         assert out.token_ids == ref
         assert llm.generate([ids], params)[0].token_ids == ref
         assert out.finish_reason == "length"
+
+
+def test_in_memory_state_dict_with_fused_experts(family_pair):
+    """A transformers model's own state_dict (experts fused as [E, 2F, D] / [E, D, F]) runs without a disk."""
+    from pathlib import Path
+
+    from engine.checkpoint.memory import DictSource
+    from engine.checkpoint.spec import spec_from_config
+    from engine.config import EngineConfig
+    from engine.engine import LLMEngine
+    from engine.loading import LoadedModel
+    _, hf, _ = family_pair
+    cfg = hf.config.to_dict()
+    spec = spec_from_config(cfg, Path("memory"))
+    config = EngineConfig(model="memory", device="cpu", dtype="float32")
+    engine = LLMEngine(config, LoadedModel(config, spec, DictSource(hf.state_dict()), None))
+    with torch.no_grad():
+        ref = hf(torch.tensor([PROMPTS[0]])).logits[0].float()
+    assert (engine.score(PROMPTS[0]) - ref).abs().max().item() <= 1e-4
