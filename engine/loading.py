@@ -137,6 +137,13 @@ class LoadedModel:
                            budget, c.expert_pool_size, experts_per_layer=s.num_experts,
                            active_experts_per_token=s.num_moe_layers * s.top_k)
 
+    def _pool_budget(self) -> int | None:
+        """Bytes the expert pool (with staging) may grow to: the budget less everything else."""
+        p = self.plan
+        if p.budget_bytes is None:
+            return None
+        return p.budget_bytes - p.resident_bytes - p.workspace_bytes - p.kv_bytes + p.pool_bytes + p.staging_bytes
+
     def _kv_bytes_per_token(self) -> int:
         s = self.spec
         return KVCache.bytes_per_token(s.num_layers, s.num_kv_heads, s.head_dim, self.dtype)
@@ -150,8 +157,8 @@ class LoadedModel:
         return OffloadedExperts.from_rows(self.layout, rows, self.spec.num_experts, self.device,
                                           plan.pool_slots * plan.expert_bytes, self.config.prefetch_depth,
                                           self.config.expert_policy, routers, self._route,
-                                          **({"routing_profile": self.config.routing_profile}
-                                             if self.config.routing_profile else {}))
+                                          routing_profile=self.config.routing_profile,
+                                          budget_bytes=self._pool_budget())
 
     def _route(self, logits: torch.Tensor):
         return self.model.route(logits)
