@@ -142,7 +142,7 @@ class LoadedModel:
         p = self.plan
         if p.budget_bytes is None:
             return None
-        return p.budget_bytes - p.resident_bytes - p.workspace_bytes - p.kv_bytes + p.pool_bytes + p.staging_bytes
+        return p.budget_bytes - p.resident_bytes - p.workspace_bytes - self._kv_cache_bytes()
 
     def _kv_bytes_per_token(self) -> int:
         s = self.spec
@@ -163,13 +163,20 @@ class LoadedModel:
     def _route(self, logits: torch.Tensor):
         return self.model.route(logits)
 
+    def _kv_cache_bytes(self) -> int:
+        """KV bytes to allocate: the size asked for, else what the plan leaves, at most a full batch at full context."""
+        c = self.config
+        full = self._kv_bytes_per_token() * self.max_model_len * c.max_batch
+        if c.kv_cache_size:
+            return c.kv_cache_size
+        return min(self.plan.kv_bytes, full) if self.plan.budget_bytes else min(CPU_KV_CAP, full)
+
     def _build_cache(self) -> KVCache:
         s, c = self.spec, self.config
         bpt = self._kv_bytes_per_token()
-        full = bpt * self.max_model_len * c.max_batch          # every running request at full context
-        want = c.kv_cache_size or (min(self.plan.kv_bytes, full) if self.plan.budget_bytes else min(CPU_KV_CAP, full))
-        blocks = max(want // (bpt * c.kv_block_size), -(-self.max_model_len // c.kv_block_size)) + 1   # + scratch
-        return KVCache(s.num_layers, int(blocks), c.kv_block_size, s.num_kv_heads, s.head_dim, self.dtype, self.device)
+        blocks = max(self._kv_cache_bytes() // (bpt * c.kv_block_size), -(-self.max_model_len // c.kv_block_size))
+        return KVCache(s.num_layers, int(blocks) + 1, c.kv_block_size, s.num_kv_heads, s.head_dim, self.dtype,
+                       self.device)   # + 1: the scratch block of graph-captured decode batches
 
     def score(self, seqs: list[list[int]], chunk: int | None = None) -> list[torch.Tensor]:
         """Logits [T_i, V] for every position of each sequence, on KV blocks of their own.
