@@ -15,6 +15,7 @@ from tests.kernels.helpers import TOLERANCES, make_pool, make_routing  # noqa: E
 DECODE = MoeLaunchConfig("decode", TileConfig(16, 32), TileConfig(16, 32))
 PREFILL = MoeLaunchConfig("prefill", TileConfig(16, 32), TileConfig(16, 32), block_m=16)
 SPLIT_GROUPS = MoeLaunchConfig("decode", TileConfig(16, 64), TileConfig(16, 64))  # int4: 2 groups a step
+ONE_SHOT = MoeLaunchConfig("decode", TileConfig(4, 1024), TileConfig(1, 1024))    # one chunk per row
 
 
 def run_case(fmt, dtype, hidden, ffn, experts, tokens, top_k, cfg, group=32, used=None):
@@ -45,9 +46,25 @@ def test_int4_group_sizes(cfg, dtype, group):
              top_k=2, cfg=cfg, group=group)
 
 
-def test_int4_several_groups_per_step_with_tail():
-    # A decode K step spanning two groups, where K (96) leaves half a step: the group mask matters.
-    run_case("int4", torch.float32, hidden=96, ffn=32, experts=3, tokens=1, top_k=2, cfg=SPLIT_GROUPS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_int4_several_groups_per_step_with_tail(dtype):
+    # Decode K chunks spanning two groups, where K (96 in both GEMMs) leaves half a chunk: the group
+    # mask matters in the up and in the down kernel, and each group's zero point comes out of its sum.
+    run_case("int4", dtype, hidden=96, ffn=96, experts=3, tokens=1, top_k=2, cfg=SPLIT_GROUPS)
+
+
+@pytest.mark.parametrize("fmt, group", [("int4", 32), ("int4", 64), ("fp8", 32), ("fp16", 32)])
+def test_one_chunk_wider_than_k(fmt, group):
+    # The one-token setting: a chunk wider than K (192 -> 256, 64 -> 64) reads each row in one go;
+    # for int4 the chunk holds whole groups of which the last ones are masked.
+    run_case(fmt, torch.float32 if fmt != "fp16" else torch.float16, hidden=192, ffn=64, experts=5,
+             tokens=1, top_k=4, cfg=ONE_SHOT, group=group)
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "int4"])
+def test_top_k_not_a_power_of_two(fmt):
+    # The down kernel pads k (3) to 4 rows of experts: the padded expert must add nothing.
+    run_case(fmt, torch.float32, hidden=64, ffn=32, experts=5, tokens=2, top_k=3, cfg=ONE_SHOT)
 
 
 @pytest.mark.parametrize("cfg", [DECODE, PREFILL], ids=["decode", "prefill"])
@@ -76,13 +93,14 @@ def test_default_settings_pick_a_variant_by_token_count():
         run_case("fp8", torch.float32, hidden=32, ffn=32, experts=4, tokens=tokens, top_k=2, cfg=None)
 
 
-def test_result_is_deterministic_and_ignores_int64_ids():
-    # Reduction over k uses a buffer, not atomics: two runs are bitwise equal; int64 ids work.
+@pytest.mark.parametrize("cfg", [DECODE, PREFILL], ids=["decode", "prefill"])
+def test_result_is_deterministic_and_ignores_int64_ids(cfg):
+    # Reduction over k in a fixed order, not atomics: two runs are bitwise equal; int64 ids work.
     layout, _, views, slots = make_pool("fp16", 32, 16, 4)
     ids, w = make_routing(3, 4, 2)
     x = torch.randn(3, 32).half()
-    a = fused_moe(x, ids, w, slots, views, layout, PREFILL)
-    b = fused_moe(x, ids.long(), w, slots, views, layout, PREFILL)
+    a = fused_moe(x, ids, w, slots, views, layout, cfg)
+    b = fused_moe(x, ids.long(), w, slots, views, layout, cfg)
     assert torch.equal(a, b)
 
 
