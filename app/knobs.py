@@ -81,6 +81,7 @@ class KnobsPanel(QWidget):
     """The live knobs; ``change_requested(option, value)`` fires once per user change."""
 
     change_requested = Signal(str, object)
+    result_shown = Signal(object)                # KnobResult, once its status is on screen
     guard_changed = Signal(bool, float, float)   # enabled, pause at °C, resume below °C
     title = "Knobs"
 
@@ -205,6 +206,7 @@ class KnobsPanel(QWidget):
             self._set_status(result.option, "ok", f"✓ applied: {result.message}")
         else:
             self._set_status(result.option, "bad", f"✗ rejected: {result.message}")
+        self.result_shown.emit(result)
 
     def reset_to_defaults(self) -> None:
         """Send every option that differs from its value at load back to it, one at a time."""

@@ -60,10 +60,14 @@ def build_window(model: str | None, engine_options: dict, settings: QSettings | 
 def _wait_for(signal, timeout_ms: int) -> bool:
     """Run the event loop until ``signal`` fires; False on timeout."""
     loop = QEventLoop()
-    fired = []
-    signal.connect(lambda *_: (fired.append(True), loop.quit()))
+    fired: list[bool] = []
+    record = lambda *_: fired.append(True)   # noqa: E731  (may run on the emitting thread: only records)
+    signal.connect(record)
+    signal.connect(loop.quit)                 # queued to this thread's loop
     QTimer.singleShot(timeout_ms, loop.quit)
     loop.exec()
+    signal.disconnect(record)
+    signal.disconnect(loop.quit)
     return bool(fired)
 
 

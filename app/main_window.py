@@ -41,7 +41,9 @@ def demo_notice(model: ModelDescription) -> str:
     """What the window says about the bundled demo model."""
     what = ("Small demo model with random weights: its replies are meaningless text, "
             "useful only to watch the engine and the panels work."
-            if model.random_weights else "Small demo model: it knows very little; expect simple text.")
+            if model.random_weights else
+            "Small demo model trained on a small public-domain corpus: it continues text in that style "
+            "and knows little else.")
     return f"{what} Open a real model with File › Open model folder… or start Strata with --model PATH."
 
 
@@ -171,7 +173,9 @@ class MainWindow(QMainWindow):
         b.error.connect(self.on_error)
         b.paused_changed.connect(self._on_paused)
         self.poller.sampled.connect(self.on_gpu_sample)
-        self.knobs.change_requested.connect(self.bridge.reconfigure)
+        # a lambda, not the bound method: the bridge lives in its own thread and takes commands by queue,
+        # whereas a connection to its method would be queued to a thread that runs no event loop
+        self.knobs.change_requested.connect(lambda option, value: self.bridge.reconfigure(option, value))
         self.knobs.guard_changed.connect(self._on_guard_settings)
 
     # --- engine events -------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 from app.messages import GenerationSettings, TextBatch
+from app.paths import default_model_dir, read_demo_marker
 
 REPLY_MS = 120_000
 
@@ -30,9 +31,12 @@ def test_prompt_streams_a_reply_with_its_stats(window, qtbot):
     line = bubble.stats.text()
     assert "TTFT" in line and "tok/s" in line and f"{stats.completion_tokens} tokens" in line
     assert window.chat_pane.send_button.isEnabled() and not window.chat_pane.stop_button.isEnabled()
-    # the demo is a completion model: the window says so, and that the weights are random
+    # the demo is a small completion model: the window says so, and whether its weights are random
+    marker = read_demo_marker(default_model_dir())
     assert "Completion mode" in window.chat_pane.mode_label.text()
-    assert "random weights" in window.chat_pane.model_line.text()
+    line = window.chat_pane.model_line.text()
+    assert "Small demo model" in line and "Open a real model" in line
+    assert ("random weights" in line) == bool(marker["random_weights"])
 
 
 def test_stop_mid_reply_keeps_the_partial_text(window, qtbot):
