@@ -45,6 +45,8 @@ def fused_moe_ref(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
     """
     T, D = x.shape
     out = torch.zeros(T, D, dtype=torch.float32, device=x.device)
+    if T == 1:
+        return _one_token_ref(x, topk_ids, topk_weights, slot_of_expert, views, layout, out)
     flat_ids = topk_ids.flatten()                                    # [T*k]
     order = torch.argsort(flat_ids, stable=True)                     # [T*k]
     counts = torch.bincount(flat_ids, minlength=slot_of_expert.numel()).tolist()
@@ -63,6 +65,22 @@ def fused_moe_ref(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
         y = (h @ w2.t()).to(torch.float32)                           # [n, D]
         out.index_add_(0, toks, y * w_sorted[start:start + n, None])
         start += n
+    return out.to(x.dtype)
+
+
+def _one_token_ref(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                   slot_of_expert: torch.Tensor, views: dict[str, torch.Tensor], layout: ExpertLayout,
+                   out: torch.Tensor) -> torch.Tensor:
+    """The decode case without sorting or index tables: same arithmetic, same (ascending id) order."""
+    ids = topk_ids[0].tolist()
+    slots = slot_of_expert[topk_ids[0]].tolist()
+    w = topk_weights[0].to(torch.float32)                            # [k]
+    for j in sorted(range(len(ids)), key=ids.__getitem__):
+        w13, w2 = expert_weights_ref(views, slots[j], layout, x.dtype)
+        h = x @ w13.t()                                              # [1, 2F]
+        f = w13.shape[0] // 2
+        h = F.silu(h[:, :f]) * h[:, f:]                              # [1, F]
+        out += (h @ w2.t()).to(torch.float32) * w[j]
     return out.to(x.dtype)
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
+import torch.nn.functional as F
 
 from kernels._triton import cdiv, jit, next_pow2, tl
 
@@ -143,13 +144,13 @@ def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     rows = block_tables.long()[:, pos // block_size] * block_size + pos % block_size   # [B, P]
     valid = pos[None, :] < context_lens.long()[:, None]                               # [B, P]
     rows = torch.where(valid, rows, 0)                # padded entries: read row 0, masked below
-    k = k_cache[rows].float()                                                         # [B, P, Hkv, hd]
-    v = v_cache[rows].float().masked_fill(~valid[:, :, None, None], 0.0)              # [B, P, Hkv, hd]
-    qg = q.float().view(b, hkv, h // hkv, hd)                                         # [B, Hkv, G, hd]
-    scores = torch.einsum("bkgd,bpkd->bkgp", qg, k) * scale                           # [B, Hkv, G, P]
-    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    res = torch.einsum("bkgp,bpkd->bkgd", probs, v).reshape(b, h, hd).to(q.dtype)      # [B, H, hd]
+    keep = valid[:, :, None, None]
+    k = k_cache[rows].float().masked_fill(~keep, 0.0).transpose(1, 2)                # [B, Hkv, P, hd]
+    v = v_cache[rows].float().masked_fill(~keep, 0.0).transpose(1, 2)                # [B, Hkv, P, hd]
+    k, v = k.repeat_interleave(h // hkv, 1), v.repeat_interleave(h // hkv, 1)          # [B, H, P, hd]
+    # SDPA: one fused op on the CPU (the engine's batched decode path there); padded keys are masked
+    res = F.scaled_dot_product_attention(q.float()[:, :, None, :], k, v, attn_mask=valid[:, None, None, :],
+                                         scale=scale)[:, :, 0].to(q.dtype)            # [B, H, hd]
     if out is None:
         return res
     return out.copy_(res)

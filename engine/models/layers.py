@@ -12,6 +12,8 @@ import torch.nn.functional as F
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm computed in float32, scaled in the input dtype. x [..., N], weight [N]."""
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        return F.rms_norm(x, weight.shape, weight, eps)              # one fused op, same arithmetic
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(x.dtype)
@@ -28,10 +30,13 @@ class Rope:
         emb = torch.cat([freqs, freqs], -1)                              # [P, hd]
         self.cos, self.sin = emb.cos().to(dtype), emb.sin().to(dtype)
 
-    def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x [T, heads, hd], positions [T] -> rotated x."""
-        cos = self.cos[positions][:, None, :]                            # [T, 1, hd]
-        sin = self.sin[positions][:, None, :]
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, 1, hd] for ``positions`` [T] (gathered once per forward, used by every layer)."""
+        return self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+
+    @staticmethod
+    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x [T, heads, hd] rotated by the gathered tables."""
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
         return x * cos + rotated * sin

@@ -64,13 +64,14 @@ class MoETransformer:
     def forward(self, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
         """Logits [B', V] in float32 for ``batch.logits_rows`` (every row when None)."""
         x = self.w.embed[batch.input_ids]                                # [T, D]
+        rope = self.rope.tables(batch.positions)                         # cos, sin [T, 1, hd]
         self.experts.begin_step()
         try:
             for i, layer in enumerate(self.w.layers):
                 if layer.moe is not None:
                     self.experts.before_layer(layer.moe.moe_index, x)
                 h = rms_norm(x, layer.input_norm, self.spec.rms_norm_eps)
-                x = x + self._attention(i, layer.attn, h, batch, cache)
+                x = x + self._attention(i, layer.attn, h, batch, cache, rope)
                 h = rms_norm(x, layer.post_norm, self.spec.rms_norm_eps)
                 x = x + (self._moe(layer.moe, h) if layer.moe is not None
                          else mlp(h, layer.mlp.gate_up, layer.mlp.down))
@@ -82,7 +83,7 @@ class MoETransformer:
         return (x @ self.w.lm_head.t()).float()                          # [B', V]
 
     def _attention(self, i: int, a: AttentionWeights, x: torch.Tensor, batch: ForwardBatch,
-                   cache: KVCache) -> torch.Tensor:
+                   cache: KVCache, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         s, T = self.spec, x.shape[0]
         qkv = x @ a.qkv.t()                                              # [T, (H + 2Hkv) hd]
         if a.qkv_bias is not None:
@@ -98,7 +99,7 @@ class MoETransformer:
         v = v.reshape(T, s.num_kv_heads, s.head_dim)
         if s.family.qk_norm == "head":                                   # Qwen3: norm per head
             q, k = rms_norm(q, a.q_norm, s.rms_norm_eps), rms_norm(k, a.k_norm, s.rms_norm_eps)
-        q, k = self.rope(q, batch.positions), self.rope(k, batch.positions)
+        q, k = Rope.apply(q, *rope), Rope.apply(k, *rope)
         cache.write(i, batch.slot_mapping, k, v)
         if batch.decode is not None:
             d = batch.decode
