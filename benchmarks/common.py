@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import time
@@ -13,11 +14,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def environment() -> dict:
+    """Where and with what a result was measured (STRATA_COMMIT names the commit where there is no .git)."""
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     except OSError:
         commit = "unknown"
-    env = {"commit": commit or "unknown", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    env = {"commit": os.environ.get("STRATA_COMMIT") or commit or "unknown", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "python": platform.python_version(), "torch": torch.__version__, "cpu": platform.processor() or
            platform.machine(), "threads": torch.get_num_threads()}
     try:
