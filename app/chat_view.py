@@ -8,6 +8,9 @@ from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QScrollA
 
 from app.markdown_blocks import Block, split_all, split_finished
 
+#: While streaming, an unfinished paragraph longer than this is shown as several plain labels, so each
+#: update lays out only the last few hundred characters, not the whole paragraph again.
+TAIL_CHUNK_CHARS = 400
 _SELECTABLE = Qt.TextInteractionFlag.TextSelectableByMouse | Qt.TextInteractionFlag.LinksAccessibleByMouse
 
 
@@ -44,6 +47,8 @@ class MessageBubble(QFrame):
         self.role = role
         self.text = ""
         self._pending = ""          # text not yet part of a finished block
+        self._frozen: list[QLabel] = []   # plain labels holding the start of a long unfinished paragraph
+        self._frozen_chars = 0
         self.setObjectName({"user": "userBubble", "notice": "noticeBubble"}.get(role, "assistantBubble"))
         lay = QVBoxLayout(self)
         lay.setContentsMargins(12, 8, 12, 8)
@@ -81,14 +86,31 @@ class MessageBubble(QFrame):
         self.text += text
         self._pending += text
         blocks, self._pending = split_finished(self._pending)
+        if blocks:
+            self._drop_frozen()
         for block in blocks:
             self.body.addWidget(block_widget(block))
-        self.tail.setText(self._pending)
-        self.tail.setVisible(bool(self._pending))
+        shown = self._pending[self._frozen_chars:]
+        cut = shown.rfind(" ", 0, len(shown) - TAIL_CHUNK_CHARS // 4) if len(shown) > TAIL_CHUNK_CHARS else -1
+        if cut > 0:
+            frozen = _label(shown[:cut], Qt.TextFormat.PlainText)
+            self.body.addWidget(frozen)
+            self._frozen.append(frozen)
+            self._frozen_chars += cut + 1
+            shown = shown[cut + 1:]
+        self.tail.setText(shown)
+        self.tail.setVisible(bool(shown))
+
+    def _drop_frozen(self) -> None:
+        for label in self._frozen:
+            self.body.removeWidget(label)
+            label.deleteLater()
+        self._frozen, self._frozen_chars = [], 0
 
     def finish(self, stats_line: str = "") -> None:
         """The message is complete: render what is left and show the reply's stats."""
         self.streaming = False
+        self._drop_frozen()
         for block in split_all(self._pending):
             self.body.addWidget(block_widget(block))
         self._pending = ""

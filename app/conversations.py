@@ -58,9 +58,8 @@ class ConversationStore:
         fd, tmp = tempfile.mkstemp(prefix=f".{conv.id}.", suffix=".tmp", dir=self.folder)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
+                # no fsync: it can block the GUI for tens of ms; the rename alone keeps the file whole
                 json.dump(conv.to_json(), f, ensure_ascii=False, indent=1)
-                f.flush()
-                os.fsync(f.fileno())
             os.replace(tmp, self.path_of(conv.id))
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

@@ -34,7 +34,8 @@ from app.paths import conversations_dir, icon_path
 from app.recorder import SessionRecorder
 from app.thermal import AMBER, RED, ThermalGuard, ThermalState, assess
 
-REDRAW_MS = 100
+REDRAW_MS = 33          # a tick every 33 ms redraws one of REDRAW_GROUPS groups: each panel ~10 Hz,
+REDRAW_GROUPS = 3       # and no single tick paints every plot at once (keeps each pause of the GUI short)
 
 
 def demo_notice(model: ModelDescription) -> str:
@@ -70,6 +71,7 @@ class MainWindow(QMainWindow):
         self._build_menus()
         self._build_status_bar()
         self._connect()
+        self._tick = 0
         self.redraw_timer = QTimer(self)
         self.redraw_timer.timeout.connect(self.redraw)
         self.redraw_timer.start(REDRAW_MS)
@@ -254,10 +256,12 @@ class MainWindow(QMainWindow):
                 self.chat.notice(decision.message)
 
     def redraw(self) -> None:
-        """10 Hz: push ring buffers into visible plots that have new data."""
+        """Push ring buffers into the visible plots of this tick's group that have new data."""
         now = time.perf_counter()
-        for panel in self.panels:
-            panel.redraw(now)
+        self._tick = (self._tick + 1) % REDRAW_GROUPS
+        for i, panel in enumerate(self.panels):
+            if i % REDRAW_GROUPS == self._tick:
+                panel.redraw(now)
 
     # --- menus ---------------------------------------------------------------------------------
     def open_model(self, path: str) -> None:

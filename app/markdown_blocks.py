@@ -53,10 +53,12 @@ def split_finished(text: str) -> tuple[list[Block], str]:
 def split_all(text: str) -> list[Block]:
     """Every block of a finished reply (the tail becomes the last block)."""
     blocks, tail = split_finished(text)
-    fence = _FENCE.match(tail.strip().split("\n", 1)[0]) if tail.strip() else None
-    if fence and "\n" in tail.strip():
-        body = tail.strip().split("\n", 1)[1]
-        blocks.append(Block("code", body.rstrip("`~ \n"), fence.group(2)))
-    elif tail.strip():
-        blocks.append(Block("markdown", tail.strip()))
+    lines = tail.split("\n")
+    at = next((i for i, line in enumerate(lines) if _FENCE.match(line.strip())), None)
+    prose = "\n".join(lines if at is None else lines[:at]).strip()
+    if prose:
+        blocks.append(Block("markdown", prose))
+    if at is not None:   # a code block the reply never closed
+        body = "\n".join(lines[at + 1:]).rstrip("`~ \n")
+        blocks.append(Block("code", body, _FENCE.match(lines[at].strip()).group(2)))
     return blocks

@@ -17,7 +17,7 @@ MEMORY_FIELDS = ("resident_bytes", "expert_pool_bytes", "kv_cache_bytes", "works
 GPU_FIELDS = ("gpu_temp_c", "mem_temp_c", "power_w", "power_limit_w", "sm_clock_mhz", "mem_clock_mhz",
               "gpu_util_pct", "vram_used_bytes", "pcie_rx_bytes_s", "pcie_tx_bytes_s")
 COLUMNS = ("wall_time", *ENGINE_FIELDS, *(f"expert_{f}" for f in EXPERT_FIELDS),
-           *(f"mem_{f}" for f in MEMORY_FIELDS), *(f"gpu_{f}" for f in GPU_FIELDS), "gpu_throttle_reasons")
+           *(f"mem_{f}" for f in MEMORY_FIELDS), *(f if f.startswith("gpu_") else f"gpu_{f}" for f in GPU_FIELDS), "gpu_throttle_reasons")
 
 
 class SessionRecorder:

@@ -10,6 +10,7 @@ from PySide6.QtWidgets import QGridLayout, QLabel, QVBoxLayout, QWidget
 
 HISTORY = 600          # samples kept per series (60 s at 10 Hz)
 WINDOW_S = 60.0        # seconds of history shown
+EXPORT_SIZE = (900, 700)
 COLORS = {"blue": "#4c9aff", "green": "#3fb950", "amber": "#f0a030", "red": "#e5484d",
           "purple": "#b084f5", "cyan": "#39c5cf", "grey": "#8b949e", "pink": "#f778ba"}
 
@@ -51,7 +52,6 @@ def make_plot(layout: pg.GraphicsLayoutWidget, title: str, unit: str, row: int) 
     plot.setTitle(f"<span style='color:#c9d1d9;font-size:9pt'>{title}</span>")
     plot.setLabel("left", unit)
     plot.setLabel("bottom", "seconds ago" if row == -1 else "")
-    plot.showGrid(x=True, y=True, alpha=0.15)
     plot.setXRange(-WINDOW_S, 0, padding=0)
     plot.setMouseEnabled(x=False, y=False)
     plot.hideButtons()
@@ -117,6 +117,8 @@ class Panel(QWidget):
         self._layout.addLayout(grid)
         self.graphics = pg.GraphicsLayoutWidget()
         self.graphics.ci.setContentsMargins(0, 0, 0, 0)
+        # repaint only what changed: a full-viewport repaint of every plot per frame stalls the GUI
+        self.graphics.setViewportUpdateMode(self.graphics.ViewportUpdateMode.MinimalViewportUpdate)
         self._layout.addWidget(self.graphics, 1)
         self.dirty = False
 
@@ -134,5 +136,7 @@ class Panel(QWidget):
         """Save the panel's plots as a PNG (pyqtgraph exporter)."""
         self.dirty = True
         self._render(time.perf_counter())
-        exporter = pyqtgraph.exporters.ImageExporter(self.graphics.scene())
+        if not self.isVisible():   # a panel in a hidden tab has no useful size: lay it out at a readable one
+            self.graphics.ci.resize(*EXPORT_SIZE)
+        exporter = pyqtgraph.exporters.ImageExporter(self.graphics.ci)
         exporter.export(path)

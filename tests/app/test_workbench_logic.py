@@ -1,0 +1,57 @@
+"""The workbench's pure logic: Markdown block splitting, reply stats, thermal states, the store."""
+from __future__ import annotations
+
+import json
+
+from app.conversations import Conversation, ConversationStore, StoredMessage
+from app.gpu_poller import GpuSample
+from app.markdown_blocks import split_all, split_finished
+from app.reply_tracker import ReplyTracker
+from app.thermal import AMBER, OK, RED, UNKNOWN, ThermalGuard, assess
+
+
+def test_streamed_markdown_renders_only_finished_blocks():
+    blocks, tail = split_finished("First para\nstill first\n\nSecond par")
+    assert [b.text for b in blocks] == ["First para\nstill first"] and tail == "Second par"
+    blocks, tail = split_finished("Intro\n```python\ndef f():\n    return 1\n")
+    assert [b.kind for b in blocks] == [] and tail.startswith("Intro")     # code fence still open
+    blocks, tail = split_finished("Intro\n```python\ndef f():\n    return 1\n```\nafter")
+    assert [(b.kind, b.lang) for b in blocks] == [("markdown", ""), ("code", "python")]
+    assert blocks[1].text == "def f():\n    return 1" and tail == "after"
+    assert [b.kind for b in split_all("text\n```\nunterminated code")] == ["markdown", "code"]
+
+
+def test_reply_tracker_measures_ttft_speeds_and_hit_rate():
+    t = ReplyTracker()
+    t.start("r", "chat", hits=100, misses=50, now=10.0)
+    t.on_tokens("r", 1, prompt_tokens=40, completion_tokens=1, ttft_ms=200.0, now=10.2)
+    t.on_tokens("r", 10, prompt_tokens=40, completion_tokens=11, ttft_ms=None, now=11.2)
+    s = t.finish("r", "length", hits=190, misses=60, now=11.2)
+    assert s.ttft_ms == 200.0 and s.prompt_tok_s == 200.0
+    assert abs(s.decode_tok_s - 10.0) < 1e-9 and s.expert_hit_rate == 0.9
+    assert "stop: length" in s.summary() and "expert hits 90.0%" in s.summary()
+    assert t.finish("r", "stop", 0, 0, 12.0) is None
+
+
+def test_thermal_assessment_keeps_since_and_guard_has_hysteresis():
+    base = GpuSample(timestamp=100.0, gpu_temp_c=70.0, slowdown_temp_c=90.0, throttle_reasons=())
+    assert assess(base).level == OK
+    assert assess(GpuSample(timestamp=0.0, available=False)).level == UNKNOWN
+    warm = assess(base.with_changes(throttle_reasons=("software power cap",)))
+    assert warm.level == AMBER and warm.since == 100.0
+    later = assess(base.with_changes(timestamp=130.0, throttle_reasons=("hardware power brake",)), warm)
+    assert later.level == RED and later.since == 100.0
+    guard = ThermalGuard(pause_at_c=80, resume_below_c=70, enabled=True)
+    assert guard.update(base.with_changes(gpu_temp_c=81.0)).action == "pause"
+    assert guard.update(base.with_changes(gpu_temp_c=75.0)) is None
+    assert guard.update(base.with_changes(gpu_temp_c=69.0)).action == "resume"
+
+
+def test_store_round_trip_and_skips_unreadable_files(tmp_path):
+    store = ConversationStore(tmp_path / "c")
+    conv = Conversation(title="t", system_prompt="be brief", messages=[StoredMessage("user", "hi")])
+    store.save(conv)
+    (tmp_path / "c" / "broken.json").write_text("{not json")
+    loaded = store.load_all()
+    assert len(loaded) == 1 and loaded[0].messages[0].content == "hi" and loaded[0].system_prompt == "be brief"
+    assert json.loads(store.path_of(conv.id).read_text())["version"] == 1
