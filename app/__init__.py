@@ -3,6 +3,3 @@
 Only :mod:`app.bridge` talks to the engine (and :mod:`app.gpu_poller` to the GPU monitor); widgets
 receive frozen dataclasses through Qt signals and never touch the engine or torch.
 """
-from app.compat import protect_singleton_refcounts
-
-protect_singleton_refcounts()   # before any Qt call: see app.compat
