@@ -8,7 +8,6 @@ os.environ["QT_QPA_PLATFORM"] = "offscreen"
 import pytest  # noqa: E402
 from PySide6.QtCore import QSettings  # noqa: E402
 
-import app  # noqa: E402,F401  (protects interpreter singletons before any Qt call)
 from app.bridge import EngineBridge, open_engine  # noqa: E402
 from app.conversations import ConversationStore  # noqa: E402
 from app.gpu_poller import FakeMonitor, GpuPoller, GpuSample  # noqa: E402
