@@ -6,10 +6,11 @@ engine loop). A step is schedule -> run -> postprocess.
 from __future__ import annotations
 
 import time
+
 import torch
 
 from engine.config import EngineConfig
-from engine.errors import ConfigError
+from engine.errors import ConfigError, DeviceOutOfMemoryError
 from engine import stats as stats_mod
 from engine.live import LiveSettings
 from engine.loading import LoadedModel, load_model
@@ -82,7 +83,14 @@ class LLMEngine:
         if not sched.seqs:
             return deltas
         t0 = time.perf_counter()
-        tokens = self.runner.run(sched)
+        try:
+            tokens = self.runner.run(sched)
+        except torch.OutOfMemoryError:
+            if self.loaded.device.type == "cuda":
+                torch.cuda.empty_cache()
+            raise DeviceOutOfMemoryError(
+                f"the GPU ran out of memory running a step of {sched.num_tokens} tokens; every request is kept — "
+                "lower --max-batch-tokens, --prefill-chunk or --expert-pool-size, then continue") from None
         now = time.perf_counter()
         sampled = iter(tokens)
         for s in sched.seqs:

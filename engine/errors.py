@@ -24,3 +24,7 @@ class ConfigError(StrataError):
 
 class ReconfigureError(ConfigError):
     """A live change could not be applied; the engine keeps running with its previous settings."""
+
+
+class DeviceOutOfMemoryError(StrataError):
+    """The device ran out of memory during a step; queued and running requests are kept."""

@@ -92,3 +92,25 @@ def test_prompt_longer_than_the_context_is_refused(llm):
     from engine.errors import ConfigError
     with pytest.raises(ConfigError, match="raise --max-model-len"):
         llm.generate([[1] * 600], GREEDY)
+
+
+def test_out_of_memory_in_a_step_keeps_every_request(model_dir, monkeypatch):
+    """A step that runs out of device memory becomes one clear error; the requests survive and finish later."""
+    import torch
+
+    from engine.errors import DeviceOutOfMemoryError
+    eng = LLMEngine(EngineConfig(model=str(model_dir), device="cpu"))
+    eng.add_request("a", [1, 5, 9], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+    real = eng.runner.run
+
+    def oom_once(sched):
+        monkeypatch.setattr(eng.runner, "run", real)
+        raise torch.OutOfMemoryError("CUDA out of memory")
+    monkeypatch.setattr(eng.runner, "run", oom_once)
+    with pytest.raises(DeviceOutOfMemoryError, match="every request is kept"):
+        eng.step()
+    ids = []
+    while eng.has_unfinished():
+        for d in eng.step():
+            ids += d.new_token_ids
+    assert len(ids) == 6
