@@ -71,10 +71,10 @@ def build_hf(shape: dict, dtype: torch.dtype, std: float):
     return model, cfg
 
 
-def strata_engine(hf, cfg, fmt: str, max_batch: int, dtype: str) -> tuple[LLMEngine, float]:
+def strata_engine(hf, cfg, fmt: str, max_batch: int, dtype: str, **options) -> tuple[LLMEngine, float]:
     spec = spec_from_config({**cfg.to_dict(), "architectures": ["Qwen3MoeForCausalLM"]}, Path("in-memory"))
     config = EngineConfig(model="in-memory", device="cuda", dtype=dtype, weight_format=fmt, max_batch=max_batch,
-                          max_model_len=1024, kv_cache_size="4G")
+                          max_model_len=1024, kv_cache_size="4G", **options)
     t0 = time.perf_counter()
     engine = LLMEngine(config, LoadedModel(config, spec, DictSource(hf.state_dict()), None))
     torch.cuda.synchronize()
@@ -121,25 +121,39 @@ def bytes_per_token(spec, fmt: str) -> int:
     return resident + lm_head + spec.hidden * 2 + spec.num_moe_layers * spec.top_k * expert
 
 
-def correctness() -> dict:
-    """Tiny fp32 model on the GPU: Strata (Triton kernels, CUDA graphs) against transformers."""
-    hf, cfg = build_hf(TINY, torch.float32, 0.08)
-    engine, _ = strata_engine(hf, cfg, "auto", 4, "float32")
-    prompts = [[1, 5, 77, 300, 12, 9], [1, 99, 4], [1, 250, 251, 252]]
-    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
-    outs = {}
+def _greedy(engine: LLMEngine, prompts: list[list[int]], n: int = 24) -> dict[str, list[int]]:
+    outs: dict[str, list[int]] = {}
     for i, p in enumerate(prompts):
-        engine.add_request(f"c{i}", p, params)
+        engine.add_request(f"c{i}", p, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
     while engine.has_unfinished():
         for d in engine.step():
             outs.setdefault(d.request_id, []).extend(d.new_token_ids)
+    return outs
+
+
+def correctness() -> dict:
+    """Tiny fp32 model on the GPU: Strata (Triton kernels, CUDA graphs) against transformers, and an
+    offloaded expert pool (half the experts, prefetch depth 0 and 2) against every expert resident."""
+    hf, cfg = build_hf(TINY, torch.float32, 0.08)
+    engine, _ = strata_engine(hf, cfg, "auto", 4, "float32")
+    prompts = [[1, 5, 77, 300, 12, 9], [1, 99, 4], [1, 250, 251, 252]]
+    outs = _greedy(engine, prompts)
+    offload = {}
+    for depth in (0, 2):
+        half = engine.loaded.layout.nbytes * cfg.num_experts * cfg.num_hidden_layers // 2
+        off, _ = strata_engine(hf, cfg, "auto", 4, "float32", expert_pool_size=half, prefetch_depth=depth)
+        got = _greedy(off, prompts)
+        s = off.stats().experts
+        offload[f"depth{depth}"] = {"greedy_equal_resident": got == outs, "hit_rate": s.hit_rate,
+                                    "prefetch_hits": s.prefetch_hits, "h2d_bytes": s.h2d_bytes}
+        off.close()
     with torch.no_grad():
         ref = [hf.generate(torch.tensor([p], device="cuda"), max_new_tokens=24, min_new_tokens=24, do_sample=False,
                            eos_token_id=None, pad_token_id=0)[0, len(p):].tolist() for p in prompts]
         diff = (engine.score(prompts[0]).to(hf.device) - hf(torch.tensor([prompts[0]], device="cuda")).logits[0]).abs().max()
     stats = engine.stats()
     return {"greedy_equal": [outs[f"c{i}"] == r for i, r in enumerate(ref)], "max_abs_logit_diff": float(diff),
-            "cuda_graphs_active": stats.cuda_graphs_active, "host_syncs": stats.host_syncs}
+            "cuda_graphs_active": stats.cuda_graphs_active, "host_syncs": stats.host_syncs, "offload": offload}
 
 
 def main() -> None:
