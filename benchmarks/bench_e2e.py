@@ -156,12 +156,40 @@ def correctness() -> dict:
             "cuda_graphs_active": stats.cuda_graphs_active, "host_syncs": stats.host_syncs, "offload": offload}
 
 
+def offload_rows(hf, cfg, fmt: str, pools: list[float], depths: list[int], batches: list[int],
+                 prompts: dict, tokens: int) -> list[dict]:
+    """The full model with an offloaded expert pool, retuned live between measurements (pool size, depth)."""
+    spec = spec_from_config({**cfg.to_dict(), "architectures": ["Qwen3MoeForCausalLM"]}, Path("in-memory"))
+    expert = ExpertLayout.make(fmt, spec.hidden, spec.moe_ffn, 128).nbytes
+    total = expert * spec.num_moe_layers * spec.num_experts
+    engine, load_s = strata_engine(hf, cfg, fmt, max(batches), "bfloat16", expert_pool_size=int(total * pools[0]),
+                                   prefetch_depth=depths[0])
+    rows = []
+    for pool in pools:
+        for depth in depths:
+            engine.reconfigure(expert_pool_size=int(total * pool), prefetch_depth=depth)
+            for b in batches:
+                before = engine.stats().experts
+                tok_s = strata_decode(engine, prompts[b], tokens)
+                after = engine.stats().experts
+                looked = (after.hits + after.misses) - (before.hits + before.misses)
+                rows.append({"system": f"strata {fmt} offload", "pool_fraction": pool, "depth": depth, "batch": b,
+                             "tok_s": tok_s, "hit_rate": (after.hits - before.hits) / max(looked, 1),
+                             "h2d_gb": (after.h2d_bytes - before.h2d_bytes) / 1e9,
+                             "copy_wait_ms": after.copy_wait_ms - before.copy_wait_ms, "load_s": load_s})
+    engine.close()
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--formats", default="int4,fp8")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--offload", default="", help="expert format of an offload sweep (e.g. int4); empty: none")
+    ap.add_argument("--pools", default="0.5,0.25")
+    ap.add_argument("--depths", default="0,2")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     result: dict = {"benchmark": "e2e_qwen3_30b_a3b_shape", "model": QWEN3_30B, "routing": "random N(0,0.02) "
@@ -196,6 +224,12 @@ def main() -> None:
         except Exception as e:
             rows.append({"system": f"strata {fmt}", "error": "".join(traceback.format_exception(e))[-3000:]})
         torch.cuda.empty_cache()
+    if args.offload:
+        try:
+            result["offload"] = offload_rows(hf, cfg, args.offload, [float(p) for p in args.pools.split(",")],
+                                             [int(d) for d in args.depths.split(",")], batches, prompts, args.tokens)
+        except Exception as e:
+            result["offload"] = [{"error": "".join(traceback.format_exception(e))[-3000:]}]
     base = {r["batch"]: r["tok_s"] for r in rows if r["system"].startswith("transformers")}
     for r in rows:
         if "tok_s" in r:
@@ -213,6 +247,12 @@ def main() -> None:
             continue
         roof = f"{100 * r['fraction_of_roofline']:.1f}%" if r.get("fraction_of_roofline") else ""
         print(f"{r['system']:<30}{r['batch']:>6}{r['tok_s']:>10.1f}{r['vs_transformers']:>8.2f}{roof:>10}")
+    for r in result.get("offload", []):
+        if "error" in r:
+            print("offload ERROR", r["error"][-600:])
+            continue
+        print(f"offload {r['system']:<22} pool {100 * r['pool_fraction']:3.0f}% depth {r['depth']} batch {r['batch']}: "
+              f"{r['tok_s']:7.1f} tok/s  hit {100 * r['hit_rate']:5.1f}%  H2D {r['h2d_gb']:.2f} GB")
 
 
 if __name__ == "__main__":
