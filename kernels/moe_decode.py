@@ -10,12 +10,14 @@ at once, so registers hold one chunk rather than an accumulator tile:
   ``BN`` rows of every one of its token's k experts in the same chunk (``k * BN`` rows in flight) and
   sums over k in its epilogue in a fixed order: no buffer, no atomics, no third launch.
 
-int4 rows are read as int32 words (8 nibbles; element ``8w + m`` in bits ``4m..4m+3``) and become
-floats without an int-to-float conversion: the bits ``nibble | 0x4B000000`` are the float ``2^23 + q``.
-Zero points leave the inner loop: ``sum_k (q_k - z) s x_k = s (sum_k q_k x_k - z sum_k x_k)`` per group.
+int4 has its own pair of kernels. Programs read packed bytes as ``[.., NG, G/2]`` tiles (16-byte loads)
+and split each byte into its low nibble (element ``2j``) and high nibble (``2j + 1``), never joining
+them; the vector is read as the matching evens and odds (bf16/fp16 activations as int32 pairs, ``h``
+stored split by the up kernel). Nibbles become floats by bit moves (``1 + q/16``, no conversion), and
+scale and zero point apply once per row and group: ``sum_k (q_k - z) s x_k = s (sum q x - z sum x)``.
 
 Legend: T tokens, k experts per token, P = T*k pairs, R rows of a program, D hidden, F expert FFN,
-G int4 group size, NG groups of a chunk, GW = G/8 words of a group.
+G int4 group size, NG groups of a tile, GH = G/2 packed bytes of a group.
 """
 from __future__ import annotations
 
@@ -26,60 +28,33 @@ from kernels.moe_config import TileConfig
 from kernels.moe_weights import FMT_INT4, PoolMatrix
 
 @jit
-def _rows_dot(v_ptr, w_rows, s_rows, z_rows, rows_ok, K, FMT: tl.constexpr, G: tl.constexpr,
-              R: tl.constexpr, BLOCK_K: tl.constexpr, V_PER_ROW: tl.constexpr):
-    """``[R]`` float32: each weight row (pointers ``w_rows``, int32 words for int4) dotted with its vector.
+def _rows_dot(v_ptr, w_rows, s_rows, rows_ok, K, FMT: tl.constexpr, R: tl.constexpr,
+              BLOCK_K: tl.constexpr, V_PER_ROW: tl.constexpr):
+    """``[R]`` float32: each dense or fp8 weight row (pointers ``w_rows``) dotted with its vector.
 
     The vector is one for all rows (``v_ptr`` a pointer) or one per row (``V_PER_ROW``: ``[R]`` pointers).
-    ``s_rows``/``z_rows`` point at each row's scales (fp8: one; int4: one per group) and zero points.
+    ``s_rows`` points at each fp8 row's scale, applied once after the K loop.
     """
     acc = tl.zeros([R], dtype=tl.float32)
-    if FMT == 2:
-        NG: tl.constexpr = BLOCK_K // G
-        GW: tl.constexpr = G // 8
-        m = tl.arange(0, 8)
-        for g0 in range(0, K // G, NG):
-            grp = g0 + tl.arange(0, NG)                                 # [NG]
-            g_ok = grp < K // G
-            word = grp[:, None] * GW + tl.arange(0, GW)[None, :]        # [NG, GW]
-            ok = rows_ok[:, None] & g_ok[None, :]                       # [R, NG]
-            wd = tl.load(w_rows[:, None, None] + word[None, :, :], mask=ok[:, :, None], other=0)
-            q = ((wd[:, :, :, None] >> (4 * m)[None, None, None, :]) & 15) | 0x4B000000
-            q = q.to(tl.float32, bitcast=True) - 8388608.0              # [R, NG, GW, 8]: 2^23 + q - 2^23
-            kk = word[:, :, None] * 8 + m[None, None, :]                # [NG, GW, 8] element index
-            if V_PER_ROW:
-                v = tl.load(v_ptr[:, None, None, None] + kk[None, :, :, :], mask=ok[:, :, None, None],
-                            other=0.0).to(tl.float32)                  # [R, NG, GW, 8]
-                qv = tl.sum(tl.sum(q * v, axis=3), axis=2)              # [R, NG]
-                vs = tl.sum(tl.sum(v, axis=3), axis=2)                  # [R, NG]
-            else:
-                v = tl.load(v_ptr + kk, mask=g_ok[:, None, None], other=0.0).to(tl.float32)  # [NG, GW, 8]
-                qv = tl.sum(tl.sum(q * v[None, :, :, :], axis=3), axis=2)
-                vs = tl.sum(tl.sum(v, axis=2), axis=1)[None, :]         # [1, NG]
-            sc = tl.load(s_rows[:, None] + grp[None, :], mask=ok, other=0.0).to(tl.float32)  # [R, NG]
-            zp = tl.load(z_rows[:, None] + grp[None, :], mask=ok, other=0).to(tl.float32)
-            acc += tl.sum((qv - zp * vs) * sc, axis=1)
-    else:
-        cols = tl.arange(0, BLOCK_K)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + cols
-            k_ok = kk < K
-            ok = rows_ok[:, None] & k_ok[None, :]                       # [R, BK]
-            w = tl.load(w_rows[:, None] + kk[None, :], mask=ok, other=0.0).to(tl.float32)
-            if V_PER_ROW:
-                v = tl.load(v_ptr[:, None] + kk[None, :], mask=ok, other=0.0).to(tl.float32)
-            else:
-                v = tl.load(v_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
-            acc += tl.sum(w * v, axis=1)
-        if FMT == 1:  # fp8: one scale per output row
-            acc = acc * tl.load(s_rows, mask=rows_ok, other=0.0)
+    cols = tl.arange(0, BLOCK_K)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + cols
+        k_ok = kk < K
+        ok = rows_ok[:, None] & k_ok[None, :]                           # [R, BK]
+        w = tl.load(w_rows[:, None] + kk[None, :], mask=ok, other=0.0).to(tl.float32)
+        if V_PER_ROW:
+            v = tl.load(v_ptr[:, None] + kk[None, :], mask=ok, other=0.0).to(tl.float32)
+        else:
+            v = tl.load(v_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+        acc += tl.sum(w * v, axis=1)
+    if FMT == 1:  # fp8: one scale per output row
+        acc = acc * tl.load(s_rows, mask=rows_ok, other=0.0)
     return acc
 
 
 @jit
-def _up_decode_kernel(x_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr, ss_s, sz_s, ss_n,
-                      F, K, stride_x, TOP_K: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _up_decode_kernel(x_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, ss_s, ss_n, F, K, stride_x,
+                      TOP_K: tl.constexpr, FMT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pair = tl.program_id(0)
     # BLOCK_N gate rows then the matching up rows (F further on): both stream through one K loop.
     r = tl.arange(0, 2 * BLOCK_N)                                       # [2BN]
@@ -87,8 +62,8 @@ def _up_decode_kernel(x_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr,
     rows = n + (r // BLOCK_N) * F
     slot = tl.load(slot_ptr + tl.load(ids_ptr + pair)).to(tl.int64)    # int64: pools exceed 2 GiB
     x_row = x_ptr + (pair // TOP_K).to(tl.int64) * stride_x
-    gu = _rows_dot(x_row, w_ptr + slot * sw_s + rows * sw_n, s_ptr + slot * ss_s + rows * ss_n,
-                   z_ptr + slot * sz_s + rows * ss_n, n < F, K, FMT, G, 2 * BLOCK_N, BLOCK_K, False)
+    gu = _rows_dot(x_row, w_ptr + slot * sw_s + rows * sw_n, s_ptr + slot * ss_s + rows * ss_n, n < F, K,
+                   FMT, 2 * BLOCK_N, BLOCK_K, False)
     gu = tl.reshape(gu, (2, BLOCK_N))                                   # [2, BN]: gate row, up row
     half = tl.arange(0, 2)[:, None]
     gate = tl.sum(tl.where(half == 0, gu, 0.0), axis=0)                 # [BN]
@@ -99,9 +74,9 @@ def _up_decode_kernel(x_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr,
 
 
 @jit
-def _down_decode_kernel(h_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr,
-                        ss_s, sz_s, ss_n, D, F, stride_o, TOP_K: tl.constexpr, KP: tl.constexpr,
-                        FMT: tl.constexpr, G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _down_decode_kernel(h_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, sw_n, s_ptr, ss_s, ss_n, D, F,
+                        stride_o, TOP_K: tl.constexpr, KP: tl.constexpr, FMT: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     tok = tl.program_id(0)
     r = tl.arange(0, KP * BLOCK_N)                                      # [R] row r: expert r // BN
     j = r // BLOCK_N
@@ -110,25 +85,179 @@ def _down_decode_kernel(h_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, 
     pair = tok * TOP_K + j
     slot = tl.load(slot_ptr + tl.load(ids_ptr + pair, mask=j_ok, other=0), mask=j_ok, other=0).to(tl.int64)
     y = _rows_dot(h_ptr + pair.to(tl.int64) * F, w_ptr + slot * sw_s + n * sw_n,
-                  s_ptr + slot * ss_s + n * ss_n, z_ptr + slot * sz_s + n * ss_n, j_ok & (n < D), F,
-                  FMT, G, KP * BLOCK_N, BLOCK_K, True)                  # [R]
+                  s_ptr + slot * ss_s + n * ss_n, j_ok & (n < D), F, FMT, KP * BLOCK_N, BLOCK_K, True)  # [R]
     y = y * tl.load(tw_ptr + pair, mask=j_ok, other=0.0).to(tl.float32)  # routing weight
     acc = tl.sum(tl.reshape(y, (KP, BLOCK_N)), axis=0)                  # [BN]: fixed-order sum over k
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     tl.store(out_ptr + tok.to(tl.int64) * stride_o + cols, acc.to(out_ptr.dtype.element_ty), mask=cols < D)
 
 
+@jit
+def _pair_vectors(v_ptr, idx, mask, half, V_KIND: tl.constexpr):
+    """Elements ``2 idx`` and ``2 idx + 1`` of a vector as two float32 tensors shaped like ``idx``.
+
+    ``V_KIND`` 0: float32 elements, read strided; 1 / 2: bf16 / fp16 pairs read as one int32 word each
+    (the even element in the low half), widened by bit moves; 3: float32 stored split, the evens in
+    ``[0, half)`` and the odds in ``[half, 2 half)`` (the intermediate ``h`` the up kernel writes).
+    """
+    if V_KIND == 0:
+        ve = tl.load(v_ptr + 2 * idx, mask=mask, other=0.0).to(tl.float32)
+        vo = tl.load(v_ptr + 2 * idx + 1, mask=mask, other=0.0).to(tl.float32)
+    elif V_KIND == 3:
+        ve = tl.load(v_ptr + idx, mask=mask, other=0.0)
+        vo = tl.load(v_ptr + half + idx, mask=mask, other=0.0)
+    else:
+        wd = tl.load(v_ptr + idx, mask=mask, other=0)                   # int32: odd << 16 | even
+        if V_KIND == 1:  # bf16 is the top half of a float32
+            ve = (wd << 16).to(tl.float32, bitcast=True)
+            vo = (wd & -65536).to(tl.float32, bitcast=True)
+        else:
+            ve = (wd & 65535).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+            vo = (wd >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return ve, vo
+
+
+@jit
+def _k_mask(idx, limit, NG: tl.constexpr, GH: tl.constexpr, EVEN_K: tl.constexpr):
+    # A constant mask when the tiles divide K, so nothing stands in the way of 16-byte loads.
+    if EVEN_K:
+        return tl.full([1, 1, NG, GH], 1, tl.int1)
+    return idx < limit
+
+
+@jit
+def _int4_group_dots(wb, ve, vo, sc, zp):
+    """``[A, B]`` float32: packed rows ``wb [A, B, NG, G/2]`` (uint8) dotted with the vector ``ve``/``vo``.
+
+    Nibbles become floats without a conversion: ``(q << 19) | 0x3F800000`` is the float ``1 + q/16``.
+    Per group ``sum_k (1 + q_k/16) x_k = sx + sqx/16`` with ``sx = sum_k x_k``, so
+    ``sum_k (q_k - z) s x_k = s (16 sum_k v_k x_k - (16 + z) sx)``: scale and zero once per group.
+    """
+    b = wb.to(tl.int32)
+    lo = (((b & 15) << 19) | 0x3F800000).to(tl.float32, bitcast=True)      # element 2j
+    hi = (((b & 240) << 15) | 0x3F800000).to(tl.float32, bitcast=True)     # element 2j + 1
+    dot = tl.sum(lo * ve + hi * vo, axis=3, keep_dims=True)             # [A, B, NG, 1]
+    sx = tl.sum(ve + vo, axis=3, keep_dims=True)                        # [1 or A, 1 or B, NG, 1]
+    return tl.sum(tl.sum(sc * (16.0 * dot - (16.0 + zp) * sx), axis=3), axis=2)  # [A, B]
+
+
+@jit
+def _up_int4_kernel(xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr, ss_s, sz_s, ss_n,
+                    F, K, stride_x, TOP_K: tl.constexpr, V_KIND: tl.constexpr, ROUND: tl.constexpr,
+                    G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    # Tile [2, BN, NG, GH]: gate and up rows of BN outputs, NG groups of GH packed bytes along K.
+    GH: tl.constexpr = G // 2
+    NG: tl.constexpr = BLOCK_K // G
+    pair = tl.program_id(0)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :, None, None]     # [1, BN, 1, 1]
+    rows = n + tl.arange(0, 2)[:, None, None, None] * F                           # [2, BN, 1, 1]
+    row_ok = n < F
+    grp = tl.arange(0, NG)[None, None, :, None]                                    # [1, 1, NG, 1]
+    byte = grp * GH + tl.arange(0, GH)[None, None, None, :]                        # [1, 1, NG, GH]
+    slot = tl.load(slot_ptr + tl.load(ids_ptr + pair)).to(tl.int64)    # int64: pools exceed 2 GiB
+    w_rows = w_ptr + slot * sw_s + rows * sw_n
+    s_rows = s_ptr + slot * ss_s + rows * ss_n
+    z_rows = z_ptr + slot * sz_s + rows * ss_n
+    x_row = xv_ptr + (pair // TOP_K).to(tl.int64) * stride_x
+    acc = tl.zeros([2, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        idx = k0 // 2 + byte                                            # [1, 1, NG, GH] byte = pair index
+        g = k0 // G + grp                                               # [1, 1, NG, 1]
+        k_ok = _k_mask(idx, K // 2, NG, GH, EVEN_K)
+        ve, vo = _pair_vectors(x_row, idx, k_ok, 0, V_KIND)
+        wb = tl.load(w_rows + idx, mask=row_ok & k_ok, other=0)          # [2, BN, NG, GH]
+        g_ok = row_ok & (g < K // G)
+        sc = tl.load(s_rows + g, mask=g_ok, other=0.0).to(tl.float32)    # [2, BN, NG, 1]
+        zp = tl.load(z_rows + g, mask=g_ok, other=0).to(tl.float32)
+        acc += _int4_group_dots(wb, ve, vo, sc, zp)      # [2, BN]
+    half = tl.arange(0, 2)[:, None]
+    gate = tl.sum(tl.where(half == 0, acc, 0.0), axis=0)                # [BN]
+    up = tl.sum(tl.where(half == 1, acc, 0.0), axis=0)
+    h = gate / (1.0 + tl.exp(-gate)) * up
+    if ROUND == 1:  # the activations' precision, as the reference keeps h
+        h = h.to(tl.bfloat16).to(tl.float32)
+    elif ROUND == 2:
+        h = h.to(tl.float16).to(tl.float32)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    # Split store: evens then odds, so the down kernel reads both halves contiguously.
+    tl.store(h_ptr + pair.to(tl.int64) * F + (cols % 2) * (F // 2) + cols // 2, h, mask=cols < F)
+
+
+@jit
+def _down_int4_kernel(h_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr,
+                      ss_s, sz_s, ss_n, D, F, stride_o, TOP_K: tl.constexpr, KP: tl.constexpr,
+                      G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    # Tile [BN, KP, NG, GH]: BN rows of w2 of each of the token's k experts. Rows outermost, so a
+    # thread's h values serve all its rows.
+    GH: tl.constexpr = G // 2
+    NG: tl.constexpr = BLOCK_K // G
+    tok = tl.program_id(0)
+    j = tl.arange(0, KP)[None, :, None, None]                           # [1, KP, 1, 1]
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)[:, None, None, None]   # [BN, 1, 1, 1]
+    j_ok = j < TOP_K                                                    # KP pads k to a power of two
+    pair = tok * TOP_K + j
+    slot = tl.load(slot_ptr + tl.load(ids_ptr + pair, mask=j_ok, other=0), mask=j_ok, other=0).to(tl.int64)
+    row_ok = j_ok & (n < D)                                             # [BN, KP, 1, 1]
+    w_rows = w_ptr + slot * sw_s + n * sw_n
+    s_rows = s_ptr + slot * ss_s + n * ss_n
+    z_rows = z_ptr + slot * sz_s + n * ss_n
+    h_row = h_ptr + pair.to(tl.int64) * F                               # [1, KP, 1, 1]
+    grp = tl.arange(0, NG)[None, None, :, None]
+    byte = grp * GH + tl.arange(0, GH)[None, None, None, :]             # [1, 1, NG, GH]
+    acc = tl.zeros([BLOCK_N, KP], dtype=tl.float32)
+    for k0 in range(0, F, BLOCK_K):
+        idx = k0 // 2 + byte
+        g = k0 // G + grp
+        k_ok = _k_mask(idx, F // 2, NG, GH, EVEN_K)
+        ve, vo = _pair_vectors(h_row, idx, j_ok & k_ok, F // 2, 3)      # [1, KP, NG, GH]
+        wb = tl.load(w_rows + idx, mask=row_ok & k_ok, other=0)          # [BN, KP, NG, GH]
+        g_ok = row_ok & (g < F // G)
+        sc = tl.load(s_rows + g, mask=g_ok, other=0.0).to(tl.float32)    # [BN, KP, NG, 1]
+        zp = tl.load(z_rows + g, mask=g_ok, other=0).to(tl.float32)
+        acc += _int4_group_dots(wb, ve, vo, sc, zp)      # [BN, KP]
+    tw = tl.load(tw_ptr + tok * TOP_K + tl.arange(0, KP), mask=tl.arange(0, KP) < TOP_K, other=0.0)
+    y = tl.sum(acc * tw.to(tl.float32)[None, :], axis=1)                # [BN]: fixed-order sum over k
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    tl.store(out_ptr + tok.to(tl.int64) * stride_o + cols, y.to(out_ptr.dtype.element_ty), mask=cols < D)
+
+
 def _block_k(tile: TileConfig, fmt: int, group: int, k: int) -> int:
-    # No wider than K needs; int4 chunks hold whole groups. Triton needs powers of two.
+    # No wider than K needs; int4 tiles hold whole groups. Triton needs powers of two.
     bk = min(tile.block_k, next_pow2(k))
     return max(bk, group) // group * group if fmt == FMT_INT4 else bk
 
 
-def _weight_args(m: PoolMatrix, fmt: int) -> tuple:
-    w, sw_s, sw_n, s, z, ss_s, sz_s, ss_n = m.args()
-    if fmt == FMT_INT4:  # as int32 words: rows are K/2 bytes, a multiple of 16 since G | K
-        w, sw_s, sw_n = w.view(torch.int32), sw_s // 4, sw_n // 4
-    return w, sw_s, sw_n, s, z, ss_s, sz_s, ss_n
+def _x_words(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """``(x view, row stride, V_KIND)`` for the int4 up kernel: 16-bit rows as int32 pairs.
+
+    V_KIND also names the precision ``h`` is rounded to (0: none, 1: bf16, 2: fp16)."""
+    if x.dtype == torch.float32:
+        return x, x.stride(0), 0
+    if x.stride(0) % 2 or x.storage_offset() % 2:
+        x = x.contiguous()
+    return x.view(torch.int32), x.stride(0) // 2, 1 if x.dtype == torch.bfloat16 else 2
+
+
+def _moe_decode_int4(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, slots: torch.Tensor,
+                     w13: PoolMatrix, w2: PoolMatrix, group: int, up: TileConfig,
+                     down: TileConfig) -> torch.Tensor:
+    t, d = x.shape
+    k = ids.shape[1]
+    f = w13.n // 2
+    h = torch.empty(t * k, f, dtype=torch.float32, device=x.device)    # [P, F]: evens, then odds
+    out = torch.empty(t, d, dtype=x.dtype, device=x.device)            # [T, D]
+    xv, stride_x, v_kind = _x_words(x)
+    bk = _block_k(up, FMT_INT4, group, d)
+    _up_int4_kernel[(t * k, cdiv(f, up.block_n))](
+        xv, ids, slots, h, *w13.args(), f, d, stride_x, TOP_K=k, V_KIND=v_kind, ROUND=v_kind, G=group,
+        BLOCK_N=up.block_n, BLOCK_K=bk, EVEN_K=d % bk == 0, num_warps=up.num_warps,
+        num_stages=up.num_stages)
+    bk = _block_k(down, FMT_INT4, group, f)
+    _down_int4_kernel[(t, cdiv(d, down.block_n))](
+        h, ids, slots, tw, out, *w2.args(), d, f, out.stride(0), TOP_K=k, KP=next_pow2(k), G=group,
+        BLOCK_N=down.block_n, BLOCK_K=bk, EVEN_K=f % bk == 0, num_warps=down.num_warps,
+        num_stages=down.num_stages)
+    return out
 
 
 def moe_decode(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
@@ -137,19 +266,23 @@ def moe_decode(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tens
     """``out [T, D]`` in ``x.dtype``: the MoE output, summed over each token's k experts.
 
     int4 group sizes are 32, 64 or 128 (:func:`engine.quant.int4.check_group_size`): powers of two of
-    whole words, as the kernels' group tiles need."""
+    at least 16 bytes, as the kernels' group tiles need."""
+    ids, tw = topk_ids.contiguous(), topk_weights.contiguous()
+    if fmt == FMT_INT4:
+        return _moe_decode_int4(x, ids, tw, slot_of_expert, w13, w2, group, up, down)
     t, d = x.shape
     k = topk_ids.shape[1]
     f = w13.n // 2
     h = torch.empty(t * k, f, dtype=x.dtype, device=x.device)          # [P, F]
     out = torch.empty(t, d, dtype=x.dtype, device=x.device)            # [T, D]
-    ids = topk_ids.contiguous()
+    w, sw_s, sw_n, s, _, ss_s, _, ss_n = w13.args()
     _up_decode_kernel[(t * k, cdiv(f, up.block_n))](
-        x, ids, slot_of_expert, h, *_weight_args(w13, fmt), f, d, x.stride(0),
-        TOP_K=k, FMT=fmt, G=group, BLOCK_N=up.block_n, BLOCK_K=_block_k(up, fmt, group, d),
-        num_warps=up.num_warps, num_stages=up.num_stages)
+        x, ids, slot_of_expert, h, w, sw_s, sw_n, s, ss_s, ss_n, f, d, x.stride(0), TOP_K=k, FMT=fmt,
+        BLOCK_N=up.block_n, BLOCK_K=_block_k(up, fmt, group, d), num_warps=up.num_warps,
+        num_stages=up.num_stages)
+    w, sw_s, sw_n, s, _, ss_s, _, ss_n = w2.args()
     _down_decode_kernel[(t, cdiv(d, down.block_n))](
-        h, ids, slot_of_expert, topk_weights.contiguous(), out, *_weight_args(w2, fmt), d, f,
-        out.stride(0), TOP_K=k, KP=next_pow2(k), FMT=fmt, G=group, BLOCK_N=down.block_n,
-        BLOCK_K=_block_k(down, fmt, group, f), num_warps=down.num_warps, num_stages=down.num_stages)
+        h, ids, slot_of_expert, tw, out, w, sw_s, sw_n, s, ss_s, ss_n, d, f, out.stride(0), TOP_K=k,
+        KP=next_pow2(k), FMT=fmt, BLOCK_N=down.block_n, BLOCK_K=_block_k(down, fmt, group, f),
+        num_warps=down.num_warps, num_stages=down.num_stages)
     return out

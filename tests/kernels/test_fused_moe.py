@@ -16,6 +16,7 @@ DECODE = MoeLaunchConfig("decode", TileConfig(16, 32), TileConfig(16, 32))
 PREFILL = MoeLaunchConfig("prefill", TileConfig(16, 32), TileConfig(16, 32), block_m=16)
 SPLIT_GROUPS = MoeLaunchConfig("decode", TileConfig(16, 64), TileConfig(16, 64))  # int4: 2 groups a step
 ONE_SHOT = MoeLaunchConfig("decode", TileConfig(4, 1024), TileConfig(1, 1024))    # one chunk per row
+WIDE_TILES = MoeLaunchConfig("decode", TileConfig(64, 128), TileConfig(64, 128))  # int4: 4 groups a tile
 
 
 def run_case(fmt, dtype, hidden, ffn, experts, tokens, top_k, cfg, group=32, used=None):
@@ -51,6 +52,38 @@ def test_int4_several_groups_per_step_with_tail(dtype):
     # Decode K chunks spanning two groups, where K (96 in both GEMMs) leaves half a chunk: the group
     # mask matters in the up and in the down kernel, and each group's zero point comes out of its sum.
     run_case("int4", dtype, hidden=96, ffn=96, experts=3, tokens=1, top_k=2, cfg=SPLIT_GROUPS)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_int4_tiles_of_several_groups_with_n_and_k_tails(dtype):
+    # K tiles of 4 groups (128 of G = 32): group boundaries inside every tile, K = 160 ends mid-tile
+    # (the group mask and the pair mask), and 64-row tiles over F = 96 and D = 160 leave N tails in
+    # both kernels.
+    run_case("int4", dtype, hidden=160, ffn=96, experts=5, tokens=3, top_k=3, cfg=WIDE_TILES)
+
+
+def test_int4_bf16_activations():
+    # bf16 rows are read as int32 pairs and widened by bit moves (no bf16 arithmetic, so the
+    # interpreter runs it); compared with float32 math on the same bf16 inputs.
+    layout, _, views, slots = make_pool("int4", 160, 96, 5)
+    ids, w = make_routing(3, 5, 3)
+    x = torch.randn(3, 160, generator=torch.Generator().manual_seed(7)).bfloat16()
+    out = fused_moe(x, ids, w, slots, views, layout, WIDE_TILES)
+    ref = fused_moe_ref(x.float(), ids, w, slots, views, layout)
+    assert out.dtype == torch.bfloat16
+    assert float((out.float() - ref).norm() / ref.norm()) < 1e-2
+
+
+@pytest.mark.parametrize("stride", [160, 162, 163])
+def test_int4_activation_rows_with_any_stride(stride):
+    # fp16 rows are read as int32 pairs: an even row stride is used as is, an odd one (whose pairs
+    # straddle words) is copied first; both must give the reference.
+    layout, _, views, slots = make_pool("int4", 160, 64, 4)
+    ids, w = make_routing(2, 4, 2)
+    big = torch.randn(2, stride, generator=torch.Generator().manual_seed(3)).half()
+    x = big[:, :160]
+    out = fused_moe(x, ids, w, slots, views, layout, WIDE_TILES)
+    torch.testing.assert_close(out, fused_moe_ref(x, ids, w, slots, views, layout), **TOLERANCES[torch.float16])
 
 
 @pytest.mark.parametrize("fmt, group", [("int4", 32), ("int4", 64), ("fp8", 32), ("fp16", 32)])
