@@ -12,6 +12,7 @@ import logging
 import os
 import queue
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -32,6 +33,7 @@ TEXT_INTERVAL_S = 1 / 30     # coalesce text deltas to at most ~30 Hz
 STATS_INTERVAL_S = 0.1       # ~10 Hz
 IDLE_WAIT_S = 0.05           # how long the idle loop blocks on the command queue
 GIL_SWITCH_S = 0.001
+ENGINE_NICE = 5              # the engine thread's niceness above the GUI's: the GUI wins a contended core
 
 EngineFactory = Callable[[str, dict], Any]
 _CHOICES = {"expert_policy": EXPERT_POLICIES, "kv_cache_dtype": KV_DTYPES}
@@ -47,6 +49,21 @@ def open_engine(model: str, options: dict) -> Any:
     from engine.engine import LLMEngine
     torch.set_num_threads(max(1, (os.cpu_count() or 2) - 1))
     return LLMEngine(EngineConfig(model=model, **options))
+
+
+def _lower_thread_priority(steps: int) -> None:
+    """Make the calling thread ``steps`` nicer than it is (Linux nice is per thread; elsewhere a no-op).
+
+    When the engine thread and the GUI thread want the same core, the scheduler then runs the GUI thread
+    first, so a busy engine never delays a paint by a whole scheduler time slice.
+    """
+    if not hasattr(os, "setpriority"):
+        return
+    tid = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + steps)
+    except OSError:
+        log.debug("could not lower the engine thread's priority", exc_info=True)
 
 
 # --- commands (GUI thread -> bridge thread) ---------------------------------------------------
@@ -157,6 +174,7 @@ class EngineBridge(QObject):
     # --- the loop (bridge thread) ---------------------------------------------------------------
     @Slot()
     def _loop(self) -> None:
+        _lower_thread_priority(ENGINE_NICE)
         while self._running:
             busy = self._engine is not None and not self._paused and self._guarded(self._engine.has_unfinished)
             try:
@@ -167,6 +185,7 @@ class EngineBridge(QObject):
                 self._guarded(lambda: self._handle(cmd))
             elif busy:
                 self._guarded(self._step)
+                time.sleep(0)    # let go of the GIL between steps: a GUI thread waiting for it gets it now
             self._emit_periodic()
         self._close_engine()
         self.stopped.emit()

@@ -2,15 +2,15 @@
 Markdown block (paragraph, list, fenced code) into rendered text once, never re-rendering the whole reply."""
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, QTimer
-from PySide6.QtGui import QFontDatabase, QGuiApplication
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QScrollArea, QVBoxLayout, QWidget
+import math
+
+from PySide6.QtCore import QSizeF, Qt, QTimer
+from PySide6.QtGui import QFontDatabase, QGuiApplication, QTextCursor
+from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPushButton, QScrollArea, QSizePolicy, QTextEdit,
+                               QVBoxLayout, QWidget)
 
 from app.markdown_blocks import Block, split_all, split_finished
 
-#: While streaming, an unfinished paragraph longer than this is shown as several plain labels, so each
-#: update lays out only the last few hundred characters, not the whole paragraph again.
-TAIL_CHUNK_CHARS = 400
 _SELECTABLE = Qt.TextInteractionFlag.TextSelectableByMouse | Qt.TextInteractionFlag.LinksAccessibleByMouse
 
 
@@ -37,6 +37,48 @@ def block_widget(block: Block) -> QLabel:
     return _label(block.text, Qt.TextFormat.MarkdownText)
 
 
+class StreamingTail(QTextEdit):
+    """The unfinished end of a streaming reply, as plain text that only ever grows at its end.
+
+    Text is appended with a cursor, so Qt lays out only the last line again; the widget's height follows
+    the document, so the transcript re-lays itself out only when a line is added, not per text delta.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setObjectName("streamTail")
+        self.setStyleSheet("QTextEdit#streamTail { background: transparent; border: none; padding: 0; }")
+        self.setReadOnly(True)
+        self.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Fixed)
+        self.document().setDocumentMargin(0)
+        self.document().documentLayout().documentSizeChanged.connect(self._fit_height)
+        self._fit_height(self.document().size())
+
+    def text(self) -> str:
+        return self.toPlainText()
+
+    def set_text(self, text: str) -> None:
+        """Replace everything (once per finished block)."""
+        self.setPlainText(text)
+        self.setVisible(bool(text))
+
+    def append_text(self, text: str) -> None:
+        """Add ``text`` at the end without touching what is already laid out."""
+        cursor = QTextCursor(self.document())
+        cursor.movePosition(QTextCursor.MoveOperation.End)
+        cursor.insertText(text)
+        self.setVisible(not self.document().isEmpty())
+
+    def _fit_height(self, size: QSizeF) -> None:
+        height = math.ceil(size.height()) + 2 * self.frameWidth()
+        if height != self.height() or self.minimumHeight() != height:
+            self.setFixedHeight(height)
+
+
 class MessageBubble(QFrame):
     """One message. Assistant bubbles stream: ``append`` then ``finish``."""
 
@@ -46,9 +88,7 @@ class MessageBubble(QFrame):
         super().__init__()
         self.role = role
         self.text = ""
-        self._pending = ""          # text not yet part of a finished block
-        self._frozen: list[QLabel] = []   # plain labels holding the start of a long unfinished paragraph
-        self._frozen_chars = 0
+        self._pending = ""          # text not yet part of a finished block (what the tail shows)
         self.setObjectName({"user": "userBubble", "notice": "noticeBubble"}.get(role, "assistantBubble"))
         lay = QVBoxLayout(self)
         lay.setContentsMargins(12, 8, 12, 8)
@@ -67,7 +107,8 @@ class MessageBubble(QFrame):
         self.body = QVBoxLayout()
         self.body.setSpacing(6)
         lay.addLayout(self.body)
-        self.tail = _label("", Qt.TextFormat.PlainText)
+        self.tail = StreamingTail()
+        self.tail.hide()
         lay.addWidget(self.tail)
         self.stats = QLabel("")
         self.stats.setObjectName("replyStats")
@@ -84,38 +125,22 @@ class MessageBubble(QFrame):
     def append(self, text: str) -> None:
         """More streamed text: finished blocks are rendered once, the rest shows as plain text."""
         self.text += text
-        self._pending += text
-        blocks, self._pending = split_finished(self._pending)
-        if blocks:
-            self._drop_frozen()
+        grown = self._pending + text
+        blocks, self._pending = split_finished(grown)
         for block in blocks:
             self.body.addWidget(block_widget(block))
-        shown = self._pending[self._frozen_chars:]
-        cut = shown.rfind(" ", 0, len(shown) - TAIL_CHUNK_CHARS // 4) if len(shown) > TAIL_CHUNK_CHARS else -1
-        if cut > 0:
-            frozen = _label(shown[:cut], Qt.TextFormat.PlainText)
-            self.body.addWidget(frozen)
-            self._frozen.append(frozen)
-            self._frozen_chars += cut + 1
-            shown = shown[cut + 1:]
-        self.tail.setText(shown)
-        self.tail.setVisible(bool(shown))
-
-    def _drop_frozen(self) -> None:
-        for label in self._frozen:
-            self.body.removeWidget(label)
-            label.deleteLater()
-        self._frozen, self._frozen_chars = [], 0
+        if not blocks and self._pending == grown:
+            self.tail.append_text(text)          # the common case: the tail only grows at its end
+        else:
+            self.tail.set_text(self._pending)
 
     def finish(self, stats_line: str = "") -> None:
         """The message is complete: render what is left and show the reply's stats."""
         self.streaming = False
-        self._drop_frozen()
         for block in split_all(self._pending):
             self.body.addWidget(block_widget(block))
         self._pending = ""
-        self.tail.clear()
-        self.tail.hide()
+        self.tail.set_text("")
         self.set_stats(stats_line)
 
     def set_stats(self, line: str) -> None:

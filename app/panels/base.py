@@ -1,6 +1,7 @@
 """What every live panel shares: ring buffers, once-created curves, readouts and PNG export."""
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -52,13 +53,37 @@ def make_plot(layout: pg.GraphicsLayoutWidget, title: str, unit: str, row: int) 
     plot.setTitle(f"<span style='color:#c9d1d9;font-size:9pt'>{title}</span>")
     plot.setLabel("left", unit)
     plot.setLabel("bottom", "seconds ago" if row == -1 else "")
+    # fixed ranges, never auto-range: pyqtgraph's auto-range walks every item's bounds and regenerates the
+    # axis ticks on each setData; fit_y moves the Y range only when the data outgrows it
+    plot.disableAutoRange()
     plot.setXRange(-WINDOW_S, 0, padding=0)
+    plot.setYRange(0, 1, padding=0)
     plot.setMouseEnabled(x=False, y=False)
     plot.hideButtons()
     plot.setMenuEnabled(False)
     plot.getAxis("bottom").setHeight(18)
     plot.addLegend(offset=(-4, 4), labelTextSize="8pt", brush=pg.mkBrush(21, 23, 26, 200))
     return plot
+
+
+def nice_ceiling(value: float) -> float:
+    """The smallest 1, 2 or 5 × 10^k at or above ``value`` (1 for nothing positive)."""
+    if not math.isfinite(value) or value <= 0:
+        return 1.0
+    step = 10.0 ** math.floor(math.log10(value))
+    return next(m * step for m in (1, 2, 5, 10) if value <= m * step * (1 + 1e-9))
+
+
+def fit_y(plot: pg.PlotItem, values: np.ndarray, bottom: float = 0.0) -> None:
+    """Show ``bottom`` up to a round number above the largest of ``values`` (NaNs ignored).
+
+    Calls setYRange only when that round number changes, so the axis keeps its cached ticks.
+    """
+    finite = values[np.isfinite(values)]
+    top = nice_ceiling(float(finite.max()) * 1.05 if finite.size else 0.0)
+    (lo, hi) = plot.getViewBox().viewRange()[1]
+    if lo != bottom or not math.isclose(hi, top):
+        plot.setYRange(bottom, top, padding=0)
 
 
 def curve(plot: pg.PlotItem, color: str, name: str, width: float = 1.6, dash: bool = False) -> pg.PlotDataItem:
@@ -92,9 +117,11 @@ class Readout(QWidget):
         lay.addWidget(self.value)
 
     def set(self, text: str, tooltip: str = "") -> None:
+        """Change the shown text and tooltip (only what differs: each change costs the GUI an event)."""
         if self.value.text() != text:
             self.value.setText(text)
-        self.value.setToolTip(tooltip)
+        if self.value.toolTip() != tooltip:
+            self.value.setToolTip(tooltip)
 
 
 class Panel(QWidget):

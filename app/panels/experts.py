@@ -19,6 +19,7 @@ class ExpertPanel(Panel):
         self.rate = Ring(1)
         self._layers: np.ndarray = np.zeros(0)
         self._heat: np.ndarray = np.zeros((0, 0))
+        self._shown_shape: tuple | None = None
         p1 = make_plot(self.graphics, "Expert hit rate", "%", 0)
         p1.setYRange(0, 100, padding=0.02)
         self._rate = curve(p1, "green", "all layers")
@@ -29,6 +30,7 @@ class ExpertPanel(Panel):
         p2.setYRange(0, 100, padding=0.02)
         p2.setMouseEnabled(x=False, y=False)
         p2.hideButtons()
+        p2.disableAutoRange()
         self._bars = pg.BarGraphItem(x=[], height=[], width=0.7, brush=COLORS["blue"])
         p2.addItem(self._bars)
         p3 = self.graphics.addPlot(row=2, col=0)
@@ -38,6 +40,7 @@ class ExpertPanel(Panel):
         p3.setMouseEnabled(x=False, y=False)
         p3.hideButtons()
         p3.invertY(True)
+        p3.disableAutoRange()
         self._image = pg.ImageItem(axisOrder="row-major")
         self._image.setColorMap(pg.colormap.get("inferno"))
         p3.addItem(self._image)
@@ -63,6 +66,11 @@ class ExpertPanel(Panel):
         set_series(self._rate, self.rate.view(), 0, now)
         n = len(self._layers)
         self._bars.setOpts(x=np.arange(n), height=self._layers, width=0.7)
+        if self._shown_shape != (n, self._heat.shape):     # fixed ranges: no auto-range pass per redraw
+            self._shown_shape = (n, self._heat.shape)
+            self.plots[1].setXRange(-0.5, max(n, 1) - 0.5, padding=0.02)
+            rows, cols = self._heat.shape if self._heat.size else (1, 1)
+            self.plots[2].setRange(xRange=(0, cols), yRange=(0, rows), padding=0)
         if self._heat.size:
             # normalise each layer so a quiet layer's favourite experts still stand out
             peak = self._heat.max(axis=1, keepdims=True)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QStackedWidget, QVBoxLayout, QWidget
 
-from app.panels.base import COLORS, Panel, Ring, curve, make_plot, set_series
+from app.panels.base import COLORS, Panel, Ring, curve, fit_y, make_plot, set_series
 from app.thermal import AMBER, OK, RED, UNKNOWN, ThermalState
 
 NOT_SUPPORTED = "not supported"
@@ -102,7 +103,9 @@ class GpuPanel(Panel):
                                  for i, r in enumerate(TIMELINE_REASONS)])
         self._set_readouts(s, state)
         border = {AMBER: COLORS["amber"], RED: COLORS["red"]}.get(state.level)
-        self.setStyleSheet(f"#panel_GpuPanel {{ border: 2px solid {border}; border-radius: 4px; }}" if border else "")
+        sheet = f"#panel_GpuPanel {{ border: 2px solid {border}; border-radius: 4px; }}" if border else ""
+        if self.styleSheet() != sheet:     # a new sheet re-polishes every child: only on a change of level
+            self.setStyleSheet(sheet)
         if s.slowdown_temp_c is not None:
             self._slowdown.setValue(s.slowdown_temp_c)
         self._slowdown.setVisible(s.slowdown_temp_c is not None)
@@ -111,9 +114,11 @@ class GpuPanel(Panel):
     def _set_readouts(self, s: Any, state: ThermalState) -> None:
         r = self.readouts
         r["state"].set(_STATE_WORDS[state.level], "\n".join(state.reasons))
-        r["state"].value.setObjectName(f"state_{state.level}")
-        r["state"].value.style().unpolish(r["state"].value)
-        r["state"].value.style().polish(r["state"].value)
+        value = r["state"].value
+        if value.objectName() != f"state_{state.level}":
+            value.setObjectName(f"state_{state.level}")
+            value.style().unpolish(value)
+            value.style().polish(value)
         if not s.available:
             for key in ("temp", "memtemp", "power", "sm", "memclk", "util", "fan"):
                 r[key].set("no GPU")
@@ -139,12 +144,16 @@ class GpuPanel(Panel):
         rows = self.temps.view()
         set_series(self._gpu_t, rows, 0, now)
         set_series(self._mem_t, rows, 1, now)
+        limit = self._slowdown.value() if self._slowdown.isVisible() else np.nan
+        fit_y(self.plots[0], np.append(rows[:, 1:3], limit))
         rows = self.power.view()
         set_series(self._power, rows, 0, now)
         set_series(self._limit, rows, 1, now)
+        fit_y(self.plots[1], rows[:, 1:3])
         rows = self.clocks.view()
         set_series(self._sm, rows, 0, now)
         set_series(self._memclk, rows, 1, now)
+        fit_y(self.plots[2], rows[:, 1:3])
         rows = self.flags.view()
         for i, item in enumerate(self._flag_curves):
             set_series(item, rows, i, now)

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pyqtgraph as pg
 
-from app.panels.base import COLORS, Panel, Ring, curve, make_plot, set_series
+from app.panels.base import COLORS, Panel, Ring, curve, fit_y, make_plot, set_series
 
 GIB = float(1 << 30)
 _CATEGORIES = (("resident", "blue"), ("expert pool", "green"), ("KV cache", "purple"), ("workspace", "amber"))
@@ -89,4 +89,5 @@ class MemoryPanel(Panel):
         if len(rows):
             self._zero.setData(rows[:, 0] - now, np.zeros(len(rows)))
         set_series(self._budget, rows, 4, now)
+        fit_y(self.plots[0], rows[:, 4:6])     # the top of the stack and the budget
         set_series(self._kv, self.kv.view(), 0, now)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from app.panels.base import Panel, Ring, curve, make_plot, set_series
+from app.panels.base import Panel, Ring, curve, fit_y, make_plot, set_series
 
 
 def fmt_ms(v: float | None) -> str:
@@ -22,7 +22,6 @@ class PerformancePanel(Panel):
         p1 = make_plot(self.graphics, "Tokens per second", "tok/s", 0)
         self._decode = curve(p1, "blue", "decode / stream")
         self._aggregate = curve(p1, "green", "aggregate")
-        p1.enableAutoRange(y=True)
         p2 = make_plot(self.graphics, "Latency", "ms", 1)
         self._ttft = curve(p2, "amber", "TTFT")
         self._step = curve(p2, "cyan", "step")
@@ -43,6 +42,8 @@ class PerformancePanel(Panel):
         rows = self.speed.view()
         set_series(self._decode, rows, 0, now)
         set_series(self._aggregate, rows, 1, now)
+        fit_y(self.plots[0], rows[:, 1:3])
         rows = self.latency.view()
         set_series(self._ttft, rows, 0, now)
         set_series(self._step, rows, 1, now)
+        fit_y(self.plots[1], rows[:, 1:3])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from app.panels.base import Panel, Ring, curve, make_plot, set_series
+from app.panels.base import Panel, Ring, curve, fit_y, make_plot, set_series
 
 GB = 1e9
 
@@ -65,7 +65,9 @@ class TrafficPanel(Panel):
         rows = self.bus.view()
         set_series(self._h2d, rows, 0, now)
         set_series(self._pcie, rows, 1, now)
+        fit_y(self.plots[0], rows[:, 1:3])
         rows = self.sched.view()
         set_series(self._batch, rows, 0, now)
         set_series(self._running, rows, 1, now)
         set_series(self._waiting, rows, 2, now)
+        fit_y(self.plots[1], rows[:, 1:4])

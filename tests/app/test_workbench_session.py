@@ -18,6 +18,12 @@ PROBE_MS = 5
 
 def test_event_loop_never_stalls_while_a_reply_streams(window, qtbot):
     """A 5 ms timer measures how late the GUI thread is while text streams and the plots redraw."""
+    # Guards the issue's requirement: no GUI stall over 50 ms while a reply streams at full speed. What keeps
+    # it true: fixed plot ranges moved only when the data outgrows them (no pyqtgraph auto-range or axis
+    # tick pass per paint), readouts and the GPU panel's style touched only on a change, the streaming tail
+    # appended with a cursor (no re-layout of the transcript per text delta), and an engine thread that
+    # is nicer than the GUI thread and lets go of the GIL after every step. Not to be loosened: on a
+    # machine this test fails on, the app freezes visibly.
     window.chat_pane.settings_box.set_settings(GenerationSettings(temperature=0.8, top_k=0, top_p=1.0,
                                                                   max_tokens=200))
     gaps: list[float] = []
