@@ -29,6 +29,12 @@ def e2e_table(d: dict) -> list[str]:
             continue
         roof = f"{100 * r['fraction_of_roofline']:.1f}% of {r['roofline_tok_s']:.0f}" if r.get("fraction_of_roofline") else ""
         out.append(f"| {r['system']} | {r['batch']} | {r['tok_s']:.1f} | {r['vs_transformers']:.2f} | {roof} |")
+    offload = [r for r in d.get("offload", []) if "tok_s" in r]
+    if offload:
+        out += ["", "The same model with half the experts offloaded (pool size and prefetch depth changed live):", "",
+                "| experts | pool | depth | batch | decode tok/s | hit rate | H2D GB |", "|---|---|---|---|---|---|---|"]
+        out += [f"| {r['system'].split()[1]} | {100 * r['pool_fraction']:.0f}% | {r['depth']} | {r['batch']} | "
+                f"{r['tok_s']:.1f} | {100 * r['hit_rate']:.1f}% | {r['h2d_gb']:.2f} |" for r in offload]
     return out
 
 
