@@ -153,7 +153,10 @@ class LoadedModel:
         if self.config.expert_pool_size is None and plan.pool_slots >= plan.num_experts:
             return ResidentExperts(self.layout, rows.to(self.device), self.spec.num_experts)
         from engine.experts.manager import OffloadedExperts
-        routers = [layer.moe.router for layer in self.weights.layers if layer.moe is not None]
+        # Prediction routers: each MoE layer routes rms_norm(x) * post_norm; folding its norm weight into the
+        # router leaves only a positive per-token scale, which top-k ignores, so the predictor can apply it
+        # to the raw residual stream of an earlier layer.
+        routers = [layer.moe.router * layer.post_norm for layer in self.weights.layers if layer.moe is not None]
         return OffloadedExperts.from_rows(self.layout, rows, self.spec.num_experts, self.device,
                                           plan.pool_slots * plan.expert_bytes, self.config.prefetch_depth,
                                           self.config.expert_policy, routers, self._route,

@@ -29,7 +29,7 @@ from engine.experts.counters import ResidencyCounters
 from engine.experts.layout import ExpertLayout
 from engine.experts.policy import DEFAULT_LFU_DECAY, EvictionPolicy, StaticPolicy, make_policy
 from engine.experts.pool import ExpertPool
-from engine.experts.prefetch import RouteFn, predict_experts
+from engine.experts.prefetch import PrefetchGate, RouteFn, predict_experts
 from engine.experts.readback import HostReader
 from engine.experts.profile import check_routing_profile, read_routing_profile
 from engine.experts.store import HostExpertStore
@@ -71,6 +71,8 @@ class OffloadedExperts:
         self.counters = ResidencyCounters(self.num_layers, num_experts, self.device)
         self._prefetched: dict[int, int] = {}      # key -> layer it was fetched for, pinned until then
         self._unused: set[int] = set()             # prefetched, not used yet
+        self._distance: dict[int, int] = {}        # prefetched key -> look-ahead distance it was guessed at
+        self.gate = PrefetchGate()
         self._current: set[int] = set()            # keys of the layer being computed
         self._predicted: tuple[int, list[int], torch.Tensor] | None = None
         self._last_layer = -1
@@ -98,12 +100,14 @@ class OffloadedExperts:
         self._release_all()
         self.policy.tick()
         self._in_step = True
+        self.gate.tick()
 
     def before_layer(self, moe_index: int, hidden: torch.Tensor) -> None:
         """Predict layers ``moe_index+1 .. +depth`` from ``hidden [T, D]`` (device work, no sync)."""
         if self.pool.full or self.prefetch_depth == 0:
             return
-        layers = list(range(moe_index + 1, min(moe_index + self.prefetch_depth, self.num_layers - 1) + 1))
+        depth = self.gate.depth(self.prefetch_depth)
+        layers = list(range(moe_index + 1, min(moe_index + depth, self.num_layers - 1) + 1))
         if layers:
             ids = predict_experts(hidden, self.routers, layers[0], len(layers), self.route_fn)   # [P, T, k]
             self._predicted = (moe_index, layers, ids)
@@ -124,6 +128,7 @@ class OffloadedExperts:
             if slot_of[k] >= 0 and k in self._unused:
                 self._unused.discard(k)
                 self.counters.prefetch_hits += 1
+                self.gate.on_use(self._distance.pop(k, 0))
         pinned = self._current | self._prefetched.keys()
         pairs = [(self._slot_for(k, moe_index, pinned, demand=True), k) for k in misses]
         self.pool.load(pairs, demand=True)
@@ -141,6 +146,7 @@ class OffloadedExperts:
         """The forward pass is over: staging leases and prefetch pins end with it."""
         self._release_all()
         self._in_step = False
+        self._distance = {k: d for k, d in self._distance.items() if k in self._unused}
 
     def stats(self) -> ExpertStats:
         """Cumulative counters (no device sync; on CUDA device-side counts may lag one call)."""
@@ -277,6 +283,7 @@ class OffloadedExperts:
     def _prefetch(self, layers: list[int], ids: torch.Tensor) -> None:
         """Issue copies of the predicted experts (``ids [P, T, k]`` on the host), nearest layer first."""
         pinned = self._current | self._prefetched.keys()
+        origin = layers[0] - 1                     # the layer whose input made the prediction
         slot_of = self.pool.slot_of
         for layer, layer_ids in zip(layers, ids):
             base, pairs = layer * self.num_experts, []
@@ -288,9 +295,11 @@ class OffloadedExperts:
                         break                      # no room left: later guesses would not fit either
                     pairs.append((slot, key))
                     self._unused.add(key)
+                    self._distance[key] = layer - origin
                 self._prefetched.setdefault(key, layer)
                 pinned.add(key)
             self.pool.load(pairs, demand=False)
+            self.gate.on_issue(layer - origin, len(pairs))
 
     def _release_all(self) -> None:
         for slot in list(self.pool.lease):

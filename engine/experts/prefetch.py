@@ -122,3 +122,54 @@ def predict_experts(hidden: torch.Tensor, routers: torch.Tensor, first: int, cou
     logits = (hidden.to(w.dtype) @ w.t()).view(T, P, E)               # [T, P, E]
     _, ids = route_fn(logits.transpose(0, 1).reshape(P * T, E))       # [P*T, k]
     return ids.to(torch.int64).view(P, T, -1)                         # [P, T, k]
+
+
+class PrefetchGate:
+    """Prefetches only at look-ahead distances whose guesses are mostly right.
+
+    A wrong guess costs a copy over the bus and may evict a hot expert, so a prefetcher that guesses
+    badly is slower than none. For each distance ``d`` (predicting layer L+d from layer L's input)
+    this keeps decayed counts of experts copied ahead and of those the real routing then used; a
+    distance whose hit share is below ``threshold`` stops prefetching — and everything beyond it,
+    since predictions get worse with distance — except on one step in ``probe_every``, which keeps
+    the estimate current when routing changes.
+    """
+
+    def __init__(self, max_depth: int = 8, threshold: float = 0.5, decay: float = 0.98,
+                 probe_every: int = 16, min_samples: float = 16.0) -> None:
+        self.threshold, self.decay, self.probe_every, self.min_samples = threshold, decay, probe_every, min_samples
+        self.issued = [0.0] * (max_depth + 1)
+        self.used = [0.0] * (max_depth + 1)
+        self.steps = 0
+
+    def accuracy(self, d: int) -> float | None:
+        """Share of distance-``d`` prefetches that were used (None until enough were issued)."""
+        if d >= len(self.issued) or self.issued[d] < self.min_samples:
+            return None
+        return self.used[d] / self.issued[d]
+
+    def depth(self, requested: int) -> int:
+        """The look-ahead to use this step: the longest run of distances 1.. that are allowed."""
+        if self.steps % self.probe_every == 0:
+            return requested
+        d = 0
+        while d < requested:
+            acc = self.accuracy(d + 1)
+            if acc is not None and acc < self.threshold:
+                break
+            d += 1
+        return d
+
+    def on_issue(self, d: int, n: int) -> None:
+        if d < len(self.issued):
+            self.issued[d] += n
+
+    def on_use(self, d: int) -> None:
+        if d < len(self.used):
+            self.used[d] += 1
+
+    def tick(self) -> None:
+        """One engine step: age the counts so the estimate follows the routing."""
+        self.steps += 1
+        self.issued = [x * self.decay for x in self.issued]
+        self.used = [x * self.decay for x in self.used]

@@ -1,0 +1,58 @@
+"""The prefetch gate: distances whose guesses mostly miss stop costing bus bytes, and are probed again."""
+from __future__ import annotations
+
+from engine.experts.prefetch import PrefetchGate
+
+
+def test_gate_stays_open_while_guesses_are_used():
+    gate = PrefetchGate(threshold=0.5, probe_every=1000, min_samples=8)
+    for _ in range(50):
+        gate.tick()
+        gate.on_issue(1, 4)
+        for _ in range(3):
+            gate.on_use(1)                        # 75% of distance-1 guesses are used
+        gate.on_issue(2, 4)
+        for _ in range(3):
+            gate.on_use(2)
+    assert gate.depth(2) == 2
+    assert 0.7 < gate.accuracy(1) < 0.8
+
+
+def test_gate_closes_a_distance_that_mostly_misses_and_everything_beyond():
+    gate = PrefetchGate(threshold=0.5, probe_every=1000, min_samples=8)
+    for _ in range(50):
+        gate.tick()
+        gate.on_issue(1, 4)
+        gate.on_use(1)                            # 25%: wrong guesses cost more than they save
+        gate.on_issue(2, 4)
+        for _ in range(4):
+            gate.on_use(2)                        # even a good farther distance goes: it rests on worse guesses
+    assert gate.depth(2) == 0
+
+
+def test_gate_probes_again_so_a_routing_change_is_noticed():
+    gate = PrefetchGate(threshold=0.5, probe_every=4, min_samples=8)
+    for _ in range(40):
+        gate.tick()
+        gate.on_issue(1, 4)
+    depths = []
+    for _ in range(8):
+        gate.tick()
+        depths.append(gate.depth(1))
+    assert depths.count(1) == 2 and depths.count(0) == 6     # one probe step in four
+
+
+def test_no_estimate_yet_means_prefetch():
+    """Until enough guesses were made, the requested depth stands (the prefetcher must learn first)."""
+    assert PrefetchGate(min_samples=8).depth(3) == 3
+
+
+def test_the_offloaded_pool_counts_guesses_per_distance(tmp_path):
+    from engine import LLM, SamplingParams
+    from tiny_models import build_tiny_model
+    model = build_tiny_model(tmp_path / "m", "qwen3_moe")
+    llm = LLM(str(model), device="cpu", expert_pool_size=3 * 24 * 3 * 1024, prefetch_depth=2)
+    llm.generate([[1, 5, 9, 300]], SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))
+    gate, stats = llm.engine.loaded.experts.gate, llm.stats().experts
+    assert gate.issued[1] > 0
+    assert round(sum(gate.used)) <= stats.prefetch_hits           # used counts decay, hits do not
