@@ -6,13 +6,15 @@
 
 The shapes below are the single source of truth; train_demo.py imports them.
 Parameter count (V vocab, D hidden, L layers, E experts, I expert width, H/K q/kv heads, d head dim):
-    embedding (tied with the LM head)  V*D                   = 4096*160         =   655,360
-    attention per layer                D*d*(2H+2K)           = 160*32*12        =    61,440
-    router per layer                   E*D                   = 16*160           =     2,560
-    experts per layer                  E*3*D*I               = 16*3*160*96      =   737,280
-    norms per layer (+ q/k norms)      2*D + 2*d                                =       384
-    total                              V*D + L*(...) + D     = 655,360 + 6*801,664 + 160 = 5,465,504
-    -> 10.9 MB in bf16, under the 12 MB limit.
+    embedding (tied with the LM head)  V*D                   = 4096*128         =   524,288
+    attention per layer                D*d*(2H+2K)           = 128*32*12        =    49,152
+    router per layer                   E*D                   = 16*128           =     2,048
+    experts per layer                  E*3*D*I               = 16*3*128*128     =   786,432
+    norms per layer (+ q/k norms)      2*D + 2*d                                =       320
+    total                              V*D + L*(...) + D     = 524,288 + 6*837,952 + 128 = 5,552,128
+    -> 11.1 MB in bf16, under the 12 MB limit.
+D and I are multiples of 128 so that every reduction dimension of the routed experts (D for gate/up,
+I for down) divides into int4 groups of 128 (and of 32 and 64).
 """
 
 from __future__ import annotations
@@ -37,14 +39,14 @@ CHAT_TEMPLATE = (
 
 MODEL_CONFIG = dict(
     vocab_size=VOCAB_SIZE,
-    hidden_size=160,
+    hidden_size=128,
     num_hidden_layers=6,
     num_attention_heads=4,
     num_key_value_heads=2,
     head_dim=32,
     num_experts=16,
     num_experts_per_tok=2,
-    moe_intermediate_size=96,
+    moe_intermediate_size=128,
     intermediate_size=384,  # unused: every layer is sparse (decoder_sparse_step=1, no mlp_only_layers)
     decoder_sparse_step=1,
     mlp_only_layers=[],
