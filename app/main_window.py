@@ -156,6 +156,7 @@ class MainWindow(QMainWindow):
     def _build_status_bar(self) -> None:
         self.status_model = QLabel("No model")
         self.status_speed = QLabel("")
+        self.status_speed.setMinimumWidth(420)   # a fixed slot: text changes at 10 Hz never re-lay out the bar
         self.status_gpu = QLabel("GPU: polling…")
         bar = self.statusBar()
         bar.addWidget(self.status_model, 1)

@@ -7,7 +7,8 @@ import time
 import numpy as np
 import pyqtgraph as pg
 import pyqtgraph.exporters
-from PySide6.QtWidgets import QGridLayout, QLabel, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QGridLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
+
 
 HISTORY = 600          # samples kept per series (60 s at 10 Hz)
 WINDOW_S = 60.0        # seconds of history shown
@@ -113,6 +114,10 @@ class Readout(QWidget):
         self.caption.setObjectName("readoutLabel")
         self.value = QLabel("—")
         self.value.setObjectName("readout")
+        # a value whose width changes must not re-lay out the dock (and with it the whole window) 10 times a
+        # second: the readout's width comes from its grid cell, never from its text
+        self.value.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
+        self.value.setMinimumWidth(60)
         lay.addWidget(self.caption)
         lay.addWidget(self.value)
 
