@@ -127,6 +127,39 @@ def _paged_decode_reduce_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, stride_ob, strid
     tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty), mask=d_ok)
 
 
+def context_rows(block_tables: torch.Tensor, context_lens: torch.Tensor,
+                 block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cache rows of every context position: (rows [B, P] int64, valid [B, P] bool), P = max_blocks * block_size.
+
+    The same for every layer of a step, so a forward computes it once. Padded positions read row 0
+    and are marked invalid.
+    """
+    pos = torch.arange(block_tables.shape[1] * block_size, device=block_tables.device)   # [P]
+    rows = block_tables.long()[:, pos // block_size] * block_size + pos % block_size     # [B, P]
+    valid = pos[None, :] < context_lens.long()[:, None]                                 # [B, P]
+    return torch.where(valid, rows, 0), valid
+
+
+def attend_rows_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: torch.Tensor,
+                    valid: torch.Tensor, scale: float | None = None, finite_padding: bool = False) -> torch.Tensor:
+    """Attention of q [B, H, hd] over the cache rows ``rows [B, P]`` (``valid`` masks padding); float32 inside.
+
+    ``finite_padding``: the row padded positions read (row 0) holds finite numbers (a zero-initialised
+    cache), so masking the scores suffices; otherwise keys and values are zeroed there too, since a NaN
+    would survive a zero probability.
+    """
+    hd = q.shape[2]
+    scale = 1.0 / math.sqrt(hd) if scale is None else scale
+    k, v = k_cache[rows].float(), v_cache[rows].float()                              # [B, P, Hkv, hd]
+    if not finite_padding:
+        keep = valid[:, :, None, None]
+        k, v = k.masked_fill(~keep, 0.0), v.masked_fill(~keep, 0.0)
+    # SDPA with grouped KV heads: one fused op on the CPU (the engine's batched decode path there)
+    return F.scaled_dot_product_attention(q.float()[:, :, None, :], k.transpose(1, 2), v.transpose(1, 2),
+                                          attn_mask=valid[:, None, None, :], scale=scale,
+                                          enable_gqa=True)[:, :, 0].to(q.dtype)        # [B, H, hd]
+
+
 def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int,
                                scale: float | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -137,20 +170,7 @@ def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     Returns [B, H, hd] in q.dtype (written into ``out`` if given); computes in float32.
     """
     _check(q, k_cache, v_cache, block_tables, context_lens, block_size, out)
-    b, h, hd = q.shape
-    hkv = k_cache.shape[1]
-    scale = 1.0 / math.sqrt(hd) if scale is None else scale
-    pos = torch.arange(block_tables.shape[1] * block_size, device=q.device)            # [P]
-    rows = block_tables.long()[:, pos // block_size] * block_size + pos % block_size   # [B, P]
-    valid = pos[None, :] < context_lens.long()[:, None]                               # [B, P]
-    rows = torch.where(valid, rows, 0)                # padded entries: read row 0, masked below
-    keep = valid[:, :, None, None]
-    k = k_cache[rows].float().masked_fill(~keep, 0.0).transpose(1, 2)                # [B, Hkv, P, hd]
-    v = v_cache[rows].float().masked_fill(~keep, 0.0).transpose(1, 2)                # [B, Hkv, P, hd]
-    k, v = k.repeat_interleave(h // hkv, 1), v.repeat_interleave(h // hkv, 1)          # [B, H, P, hd]
-    # SDPA: one fused op on the CPU (the engine's batched decode path there); padded keys are masked
-    res = F.scaled_dot_product_attention(q.float()[:, :, None, :], k, v, attn_mask=valid[:, None, None, :],
-                                         scale=scale)[:, :, 0].to(q.dtype)            # [B, H, hd]
+    res = attend_rows_ref(q, k_cache, v_cache, *context_rows(block_tables, context_lens, block_size), scale)
     if out is None:
         return res
     return out.copy_(res)

@@ -16,6 +16,7 @@ from engine.experts.provider import ExpertProvider
 from engine.kv.cache import KVCache
 from engine.models.layers import Rope, SeqSlice, mlp, paged_attention_ref, rms_norm
 from engine.models.weights import AttentionWeights, ModelWeights, MoEWeights
+from kernels.paged_attention import attend_rows_ref, context_rows
 
 
 @dataclass
@@ -24,6 +25,8 @@ class DecodeMeta:
 
     block_tables: torch.Tensor       # [B, max_blocks] int32
     context_lens: torch.Tensor       # [B] int32, including the new token
+    rows: torch.Tensor | None = None   # reference path: cache rows [B, P] of the context, shared by all layers
+    valid: torch.Tensor | None = None  # [B, P]
 
 
 @dataclass
@@ -99,15 +102,21 @@ class MoETransformer:
         v = v.reshape(T, s.num_kv_heads, s.head_dim)
         if s.family.qk_norm == "head":                                   # Qwen3: norm per head
             q, k = rms_norm(q, a.q_norm, s.rms_norm_eps), rms_norm(k, a.k_norm, s.rms_norm_eps)
-        q, k = Rope.apply(q, *rope), Rope.apply(k, *rope)
+        q, k = Rope.apply(torch.cat([q, k], 1), *rope).split([s.num_heads, s.num_kv_heads], 1)   # one rotation
         cache.write(i, batch.slot_mapping, k, v)
         if batch.decode is not None:
-            d = batch.decode
-            o = self.decode_attention(q, cache.k[i], cache.v[i], d.block_tables, d.context_lens,
-                                      cache.block_size).reshape(T, -1)   # [B, H hd]
+            o = self._decode_attention(q, cache, i, batch.decode).reshape(T, -1)   # [B, H hd]
         else:
             o = paged_attention_ref(q, cache.k[i], cache.v[i], batch.seqs, cache.block_size)   # [T, H hd]
         return o @ a.o.t()                                               # [T, D]
+
+    def _decode_attention(self, q: torch.Tensor, cache: KVCache, i: int, d: DecodeMeta) -> torch.Tensor:
+        """q [B, H, hd] over each sequence's cached context -> [B, H, hd]."""
+        if self.decode_attention is not None:                            # Triton split-KV kernel
+            return self.decode_attention(q, cache.k[i], cache.v[i], d.block_tables, d.context_lens, cache.block_size)
+        if d.rows is None:                                               # once per step, not per layer
+            d.rows, d.valid = context_rows(d.block_tables, d.context_lens, cache.block_size)
+        return attend_rows_ref(q, cache.k[i], cache.v[i], d.rows, d.valid, finite_padding=True)   # zeroed cache
 
     def _moe(self, m: MoEWeights, x: torch.Tensor) -> torch.Tensor:
         logits = x @ m.router.t()                                        # [T, E]
@@ -133,12 +142,11 @@ def _select_moe_fn(device: torch.device):
 
 
 def _select_decode_attention(device: torch.device):
-    """The Triton split-KV decode kernel on CUDA when available, the vectorised reference elsewhere."""
-    from kernels.paged_attention import paged_decode_attention_ref
+    """The Triton split-KV decode kernel on CUDA when available; None: the vectorised reference."""
     if device.type == "cuda":
         try:
             from kernels.paged_attention import paged_decode_attention
             return paged_decode_attention
         except ImportError:
             pass
-    return paged_decode_attention_ref
+    return None
