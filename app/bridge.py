@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
@@ -39,6 +40,9 @@ EngineFactory = Callable[[str, dict], Any]
 _CHOICES = {"expert_policy": EXPERT_POLICIES, "kv_cache_dtype": KV_DTYPES}
 
 
+DEMO_POOL = "50%"
+
+
 def open_engine(model: str, options: dict) -> Any:
     """Build the real engine for ``model`` with ``options`` (raises StrataError on a user error).
 
@@ -48,6 +52,9 @@ def open_engine(model: str, options: dict) -> Any:
 
     from engine.engine import LLMEngine
     torch.set_num_threads(max(1, (os.cpu_count() or 2) - 1))
+    if options.get("expert_pool_size") is None and (Path(model) / "STRATA_DEMO.json").is_file():
+        # the demo shows the machinery: half its experts pooled, so every residency knob is live from the start
+        options = {**options, "expert_pool_size": DEMO_POOL}
     return LLMEngine(EngineConfig(model=model, **options))
 
 

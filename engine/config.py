@@ -44,6 +44,22 @@ def parse_size(value: int | float | str | None, name: str = "size") -> int | Non
     return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
 
 
+def parse_pool_size(value: int | float | str | None, total_bytes: int | None = None) -> int | str | None:
+    """An expert pool size: bytes, a size string ("10G"), or a share of all experts ("50%").
+
+    Without ``total_bytes`` a share stays the validated string "N%"; with it, it becomes bytes.
+    """
+    if isinstance(value, str) and value.strip().endswith("%"):
+        try:
+            share = float(value.strip()[:-1])
+        except ValueError:
+            share = -1.0
+        if not 0.0 <= share <= 100.0:
+            raise ConfigError(f"expert_pool_size={value!r} is not a share of the experts; write e.g. 50%")
+        return f"{share:g}%" if total_bytes is None else int(total_bytes * share / 100.0)
+    return parse_size(value, "expert_pool_size")
+
+
 def format_size(n: int | None) -> str:
     """Bytes as a short human string: 1.50 GiB, 12.0 MiB."""
     if n is None:
@@ -73,7 +89,7 @@ class EngineConfig:
     dtype: str = "auto"                  # activations/resident weights; auto = bf16 on cuda, fp32 on cpu
     weight_format: str = "auto"          # routed experts: auto = as stored (bf16/dtype, or converted format)
     group_size: int = 128                # int4 group along K when quantising at load
-    expert_pool_size: int | None = None  # bytes of GPU expert pool; None = as many experts as fit
+    expert_pool_size: int | str | None = None  # bytes, "10G" or "50%" of the experts; None = as many as fit
     prefetch_depth: int = 2              # layers ahead to prefetch; 0 = synchronous offload
     expert_policy: str = "lfu"           # eviction policy of the pool
     routing_profile: str | None = None   # JSON of per-layer expert counts for the static policy
@@ -91,8 +107,9 @@ class EngineConfig:
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
-        for name in ("expert_pool_size", "gpu_memory_budget", "kv_cache_size"):
+        for name in ("gpu_memory_budget", "kv_cache_size"):
             object.__setattr__(self, name, parse_size(getattr(self, name), name))
+        object.__setattr__(self, "expert_pool_size", parse_pool_size(self.expert_pool_size))
         _choice("dtype", self.dtype, DTYPES)
         _choice("weight_format", self.weight_format, WEIGHT_FORMATS)
         _choice("kv_cache_dtype", self.kv_cache_dtype, KV_DTYPES)

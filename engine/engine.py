@@ -24,8 +24,8 @@ from engine.tokenizer import IncrementalDetokenizer
 class LLMEngine:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         """Load ``config.model``; or run an already built ``loaded`` model (e.g. one made in memory)."""
-        self.config = config
         self.loaded: LoadedModel = loaded or load_model(config)
+        self.config = self.loaded.config          # as resolved at load (pool shares in bytes)
         self.tokenizer = self.loaded.tokenizer
         self.model_info = self.loaded.info
         self.scheduler = self.loaded.scheduler

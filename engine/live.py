@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine.config import LIVE_OPTIONS, parse_size
+from engine.config import LIVE_OPTIONS
 from engine.errors import ConfigError, ReconfigureError
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ class LiveSettings:
         exp = {k: options[k] for k in _EXPERTS if k in options}
         if exp:
             m = self.engine.loaded
-            msg = m.experts.reconfigure(pool_bytes=parse_size(exp.get("expert_pool_size"), "expert_pool_size"),
+            msg = m.experts.reconfigure(pool_bytes=m.pool_request(exp.get("expert_pool_size")),
                                         prefetch_depth=exp.get("prefetch_depth"), policy=exp.get("expert_policy"))
             applied.update({k: str(msg or "applied") for k in exp})
         sched = self.engine.scheduler
@@ -60,5 +60,7 @@ class LiveSettings:
                 runner.graphs = m.make_graphs() if (m := self.engine.loaded) else None
             runner.use_graphs = bool(options["cuda_graphs"]) and runner.graphs is not None
             applied["cuda_graphs"] = "decode steps replay CUDA graphs" if runner.use_graphs else "CUDA graphs off"
+        if "expert_pool_size" in options:
+            new = new.replace(expert_pool_size=self.engine.loaded.pool_request(new.expert_pool_size))
         self.engine.config = new
         return applied

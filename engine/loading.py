@@ -13,7 +13,7 @@ from engine.checkpoint.loader import check_complete, load_weights
 from engine.checkpoint.plan import params_by_category
 from engine.checkpoint.reader import SafetensorsReader, TensorSource, with_aliases
 from engine.checkpoint.spec import ModelSpec, read_spec
-from engine.config import EngineConfig
+from engine.config import EngineConfig, parse_pool_size
 from engine.errors import ConfigError
 from engine.experts.layout import ExpertLayout
 from engine.experts.provider import ExpertProvider, ResidentExperts
@@ -90,6 +90,8 @@ class LoadedModel:
         self.layout = expert_layout(config, spec, self.dtype)
         self.max_model_len = min(config.max_model_len or spec.max_position, spec.max_position)
         self.plan = self._plan()      # fails fast, before any allocation, when the model cannot fit
+        if isinstance(config.expert_pool_size, str):          # "50%" -> bytes, so the config reads plainly
+            self.config = config = config.replace(expert_pool_size=self.pool_request(config.expert_pool_size))
         self.weights, rows = load_weights(spec, source, self.device, self.dtype, self.layout, self._allocate_rows)
         self.experts: ExpertProvider = self._build_experts(rows)
         self.model = MoETransformer(spec, self.weights, self.experts, self.device, self.dtype, self.max_model_len)
@@ -134,7 +136,7 @@ class LoadedModel:
         if self.device.type != "cuda":
             budget = None     # no device memory to budget on the CPU
         return plan_memory(resident, self.layout.nbytes, s.num_moe_layers * s.num_experts, self._kv_bytes_per_token(),
-                           budget, c.expert_pool_size, experts_per_layer=s.num_experts,
+                           budget, self.pool_request(c.expert_pool_size), experts_per_layer=s.num_experts,
                            active_experts_per_token=s.num_moe_layers * s.top_k)
 
     def _pool_budget(self) -> int | None:
@@ -143,6 +145,11 @@ class LoadedModel:
         if p.budget_bytes is None:
             return None
         return p.budget_bytes - p.resident_bytes - p.workspace_bytes - self._kv_cache_bytes()
+
+    def pool_request(self, value: int | str | None) -> int | None:
+        """Pool bytes asked for: a share ("50%") of all routed experts resolved against their bytes."""
+        total = self.layout.nbytes * self.spec.num_moe_layers * self.spec.num_experts
+        return parse_pool_size(value, total)
 
     def _kv_bytes_per_token(self) -> int:
         s = self.spec

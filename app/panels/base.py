@@ -102,6 +102,9 @@ def set_series(item: pg.PlotDataItem, rows: np.ndarray, column: int, now: float)
     item.setData(rows[:, 0] - now, rows[:, column + 1], connect="finite")
 
 
+WIDEST_READOUT = "888.8 tok/s"   # the room every readout keeps, whatever it shows now
+
+
 class Readout(QWidget):
     """A caption over a large value: "GPU temp" / "71 °C"."""
 
@@ -117,7 +120,8 @@ class Readout(QWidget):
         # a value whose width changes must not re-lay out the dock (and with it the whole window) 10 times a
         # second: the readout's width comes from its grid cell, never from its text
         self.value.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
-        self.value.setMinimumWidth(60)
+        self.value.ensurePolished()                     # the style sheet's font, not the default one
+        self.value.setMinimumWidth(self.value.fontMetrics().horizontalAdvance(WIDEST_READOUT))
         lay.addWidget(self.caption)
         lay.addWidget(self.value)
 

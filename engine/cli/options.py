@@ -23,7 +23,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="routed expert format; int4/fp8 quantise at load (default: as stored)")
     g.add_argument("--group-size", type=int, default=128, help="int4 group size along K: 32, 64 or 128")
     g.add_argument("--expert-pool-size", default=None,
-                   help="bytes of GPU expert pool, e.g. 10G (default: every expert that fits)")
+                   help="GPU expert pool: bytes, e.g. 10G, or a share of the experts, e.g. 50%% (default: every expert that fits)")
     g.add_argument("--prefetch-depth", type=int, default=2, help="MoE layers to prefetch ahead (0 = off)")
     g.add_argument("--expert-policy", default="lfu", choices=EXPERT_POLICIES, help="pool eviction policy")
     g.add_argument("--routing-profile", default=None, help="routing profile JSON for --expert-policy static")
