@@ -28,11 +28,8 @@ def describe_model(engine: Any) -> ModelDescription:
 
 
 def all_expert_bytes(engine: Any) -> int:
-    """Bytes of every routed expert of every MoE layer (one expert's layout size times their count)."""
-    layout = getattr(getattr(getattr(engine, "loaded", None), "experts", None), "layout", None)
-    info = engine.model_info
-    layers = getattr(info, "num_moe_layers", info.num_layers)
-    return int(getattr(layout, "nbytes", 0)) * int(layers) * int(info.num_experts)
+    """Bytes of every routed expert of every MoE layer."""
+    return int(engine.model_info.routed_expert_bytes)
 
 
 def pool_bounds(engine: Any, stats: Any) -> tuple[int, int]:

@@ -44,6 +44,8 @@ class ModelInfo:
     top_k: int
     params: int
     expert_format: str
+    expert_bytes: int              # one routed expert, packed
+    routed_expert_bytes: int       # every routed expert of every MoE layer
     is_demo: bool
     random_weights: bool
 
@@ -105,7 +107,9 @@ class LoadedModel:
             name=spec.name or "model", family=spec.family.name, architecture=spec.architecture,
             path=str(path or ""), num_layers=spec.num_layers, num_moe_layers=spec.num_moe_layers,
             num_experts=spec.num_experts, top_k=spec.top_k, params=sum(params_by_category(spec).values()),
-            expert_format=self.layout.fmt, is_demo=bool(marker.get("demo")),
+            expert_format=self.layout.fmt, expert_bytes=self.layout.nbytes,
+            routed_expert_bytes=self.layout.nbytes * spec.num_moe_layers * spec.num_experts,
+            is_demo=bool(marker.get("demo")),
             random_weights=bool(marker.get("random_weights")))
         self.load_seconds = time.perf_counter() - t0
 

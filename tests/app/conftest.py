@@ -54,6 +54,8 @@ def make_window(qtbot, tmp_path, monitor: FakeMonitor | None = None, options: di
     window.show()
     with qtbot.waitSignal(window.model_ready, timeout=LOAD_TIMEOUT_MS):
         window.open_model(model or str(default_model_dir()))
+    # the knobs' first state is a separate signal from the engine thread: tests read it, so wait for it
+    qtbot.waitUntil(lambda: window.knobs.state is not None, timeout=LOAD_TIMEOUT_MS)
     return window
 
 
