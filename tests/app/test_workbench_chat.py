@@ -9,7 +9,9 @@ from app.paths import default_model_dir, read_demo_marker
 REPLY_MS = 120_000
 
 
-def _settings(window, max_tokens: int, temperature: float = 0.8) -> None:
+def _settings(window, max_tokens: int, temperature: float = 0.0) -> None:
+    # greedy by default: the demo's greedy continuations of these prompts never end early (checked to 300
+    # tokens), so a reply's length and finish reason do not depend on the luck of a sample
     window.chat_pane.settings_box.set_settings(GenerationSettings(temperature=temperature, top_p=1.0, top_k=0,
                                                                   max_tokens=max_tokens))
 
