@@ -8,12 +8,12 @@ import torch
 from engine.checkpoint.plan import CATEGORIES, active_params_per_token, params_by_category
 from engine.checkpoint.spec import ModelSpec, read_spec
 from engine.cli.options import model_dir
-from engine.config import format_size, parse_size
+from engine.config import format_size, parse_pool_size, parse_size
 from engine.experts.layout import ExpertLayout
+from engine.memory import default_budget, plan_memory
 
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-KV_RESERVE_TOKENS = 8192      # context reserved in the plan (one long conversation)
-WORKSPACE = 512 << 20         # activations, logits, staging slots
+PCIE_GEN4_GB_S = 25.0         # pinned host->device on a PCIe 4.0 x16 card, for the copy-bound estimate
 
 
 def expert_bytes(spec: ModelSpec, fmt: str, group: int) -> int:
@@ -48,24 +48,21 @@ def plan_lines(spec: ModelSpec, args: argparse.Namespace) -> list[str]:
 
 
 def _budget_lines(spec, args, resident, per_expert, n_experts, routed_active, wb) -> list[str]:
+    """The engine's own memory plan for the budget given (or the card's free memory)."""
     budget = parse_size(args.gpu_memory_budget, "gpu_memory_budget")
     if budget is None and torch.cuda.is_available():
-        budget = torch.cuda.mem_get_info()[0]
+        budget = default_budget(torch.device("cuda"))
     if budget is None:
         return ["", "GPU budget: none given and no CUDA GPU found; pass --gpu-memory-budget 24G to plan for a card"]
-    kv = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * wb * KV_RESERVE_TOKENS
-    left = budget - resident - kv - WORKSPACE
-    out = ["", f"GPU budget {format_size(budget)}: resident {format_size(resident)} + KV for {KV_RESERVE_TOKENS} "
-               f"tokens {format_size(kv)} + workspace {format_size(WORKSPACE)}"]
-    if left < 0:
-        return out + [f"does NOT fit: the resident weights and KV need {format_size(budget - left)}; raise "
-                      "--gpu-memory-budget or quantise the experts (--weight-format int4 does not shrink resident weights)"]
-    slots = min(n_experts, left // per_expert)
-    out.append(f"fits: expert pool of {format_size(slots * per_expert)} = {slots} of {n_experts} experts "
-               f"({100 * slots / n_experts:.0f}%)" + (" — every expert resident" if slots == n_experts else ""))
+    kv_per_token = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * wb
+    total = per_expert * n_experts
+    plan = plan_memory(resident, per_expert, n_experts, kv_per_token, budget,
+                       parse_pool_size(args.expert_pool_size, total), experts_per_layer=spec.num_experts,
+                       active_experts_per_token=spec.num_moe_layers * spec.top_k)
+    lines = ["", *plan.format(bus_gb_s=PCIE_GEN4_GB_S)]
     for hit in (0.5, 0.8, 0.95):
-        out.append(f"  at {hit:.0%} hit rate: {format_size(int((1 - hit) * routed_active))} per token over the bus")
-    return out
+        lines.append(f"  at {hit:.0%} hit rate: {format_size(int(plan.bus_bytes_per_token(hit)))} per token over the bus")
+    return lines
 
 
 def cmd_info(args: argparse.Namespace) -> int:
