@@ -26,7 +26,6 @@ class LiveSettings:
                    "--expert-pool-size to offload and tune the pool")
             for k in _EXPERTS:
                 out[k] = why
-        out["kv_cache_dtype"] = "the KV cache is kept in the model dtype in this version; int8/fp8 KV is not available yet"
         out["cuda_graphs"] = m.graphs_possible
         return out
 
@@ -54,6 +53,12 @@ class LiveSettings:
         if any(k in options for k in _SCHEDULER):
             sched.max_batch, sched.prefill_chunk, sched.token_budget = new.max_batch, new.prefill_chunk, new.token_budget
             applied.update({k: f"{k} = {options[k]}" for k in _SCHEDULER if k in options})
+        if "kv_cache_dtype" in options:
+            m = self.engine.loaded
+            m.cache.convert(options["kv_cache_dtype"])           # in place: running requests keep their context
+            if self.engine.runner.graphs is not None:
+                self.engine.runner.graphs.reset()               # captured against the old storage
+            applied["kv_cache_dtype"] = f"KV cache now {m.cache.label} ({m.cache.nbytes / 2**20:.1f} MiB)"
         if "cuda_graphs" in options:
             runner = self.engine.runner
             if options["cuda_graphs"] and runner.graphs is None:

@@ -157,7 +157,7 @@ class LoadedModel:
 
     def _kv_bytes_per_token(self) -> int:
         s = self.spec
-        return KVCache.bytes_per_token(s.num_layers, s.num_kv_heads, s.head_dim, self.dtype)
+        return KVCache.bytes_per_token(s.num_layers, s.num_kv_heads, s.head_dim, self.dtype, self.config.kv_cache_dtype)
 
     def _build_experts(self, rows: torch.Tensor) -> ExpertProvider:
         plan = self.plan
@@ -190,7 +190,7 @@ class LoadedModel:
         bpt = self._kv_bytes_per_token()
         blocks = max(self._kv_cache_bytes() // (bpt * c.kv_block_size), -(-self.max_model_len // c.kv_block_size))
         return KVCache(s.num_layers, int(blocks) + 1, c.kv_block_size, s.num_kv_heads, s.head_dim, self.dtype,
-                       self.device)   # + 1: the scratch block of graph-captured decode batches
+                       self.device, c.kv_cache_dtype)   # + 1: the scratch block of graph-captured decode batches
 
     def score(self, seqs: list[list[int]], chunk: int | None = None) -> list[torch.Tensor]:
         """Logits [T_i, V] for every position of each sequence, on KV blocks of their own.

@@ -69,5 +69,5 @@ def snapshot(engine: "LLMEngine") -> EngineStats:
         aggregate_tok_s=c.sampled.rate(now), prefill_tok_s=c.prefilled.rate(now), ttft_ms=c.ttft_ms,
         step_ms=c.step_ms, running=len(sched.running), waiting=len(sched.waiting), batch_size=c.batch_size,
         preemptions=sched.preemptions, kv_blocks_used=m.allocator.num_used, kv_blocks_total=m.allocator.num_blocks,
-        kv_cache_dtype=str(m.cache.dtype).replace("torch.", ""), cuda_graphs_active=engine.runner.use_graphs and engine.runner.graphs is not None and engine.runner.graphs.replays > 0,
+        kv_cache_dtype=m.cache.label, cuda_graphs_active=engine.runner.use_graphs and engine.runner.graphs is not None and engine.runner.graphs.replays > 0,
         host_syncs=getattr(m.experts, "host_syncs", 0), experts=expert_stats, memory=_memory(engine))

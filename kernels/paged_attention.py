@@ -148,16 +148,21 @@ def attend_rows_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     cache), so masking the scores suffices; otherwise keys and values are zeroed there too, since a NaN
     would survive a zero probability.
     """
-    hd = q.shape[2]
-    scale = 1.0 / math.sqrt(hd) if scale is None else scale
-    k, v = k_cache[rows].float(), v_cache[rows].float()                              # [B, P, Hkv, hd]
+    k, v = k_cache[rows], v_cache[rows]                                              # [B, P, Hkv, hd]
     if not finite_padding:
         keep = valid[:, :, None, None]
         k, v = k.masked_fill(~keep, 0.0), v.masked_fill(~keep, 0.0)
+    return attend_context_ref(q, k, v, valid, scale)
+
+
+def attend_context_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor,
+                       scale: float | None = None) -> torch.Tensor:
+    """q [B, H, hd] over gathered context k / v [B, P, Hkv, hd] (``valid [B, P]``) -> [B, H, hd], float32 inside."""
+    scale = 1.0 / math.sqrt(q.shape[2]) if scale is None else scale
     # SDPA with grouped KV heads: one fused op on the CPU (the engine's batched decode path there)
-    return F.scaled_dot_product_attention(q.float()[:, :, None, :], k.transpose(1, 2), v.transpose(1, 2),
-                                          attn_mask=valid[:, None, None, :], scale=scale,
-                                          enable_gqa=True)[:, :, 0].to(q.dtype)        # [B, H, hd]
+    return F.scaled_dot_product_attention(q.float()[:, :, None, :], k.float().transpose(1, 2),
+                                          v.float().transpose(1, 2), attn_mask=valid[:, None, None, :],
+                                          scale=scale, enable_gqa=True)[:, :, 0].to(q.dtype)   # [B, H, hd]
 
 
 def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -4,6 +4,7 @@ Legend: T tokens in the step, H query heads, Hkv KV heads, hd head dim, D hidden
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +43,9 @@ class Rope:
         return x * cos + rotated * sin
 
 
+Gather = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
 @dataclass(frozen=True)
 class SeqSlice:
     """One sequence's share of a step: its new tokens are rows q_start..q_start+q_len of the batch."""
@@ -52,19 +56,18 @@ class SeqSlice:
     block_table: torch.Tensor    # [n_blocks] int64 (on the device)
 
 
-def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                        seqs: list[SeqSlice], block_size: int) -> torch.Tensor:
+def paged_attention_ref(q: torch.Tensor, gather: Gather, seqs: list[SeqSlice], block_size: int) -> torch.Tensor:
     """Causal attention of each sequence's new queries over its cached context.
 
-    q [T, H, hd]; k_cache/v_cache [num_blocks * block_size, Hkv, hd] (already holding the new keys).
-    Returns [T, H * hd].
+    q [T, H, hd]; ``gather(rows [C])`` returns the cached K and V ``[C, Hkv, hd]`` in the compute dtype
+    (the cache already holds the new keys). Returns [T, H * hd].
     """
     T, H, hd = q.shape
     out = torch.empty(T, H, hd, dtype=q.dtype, device=q.device)
     offsets = torch.arange(block_size, device=q.device)
     for s in seqs:
         slots = (s.block_table[:, None] * block_size + offsets).flatten()[:s.ctx_len]   # [C]
-        k, v = k_cache[slots], v_cache[slots]                            # [C, Hkv, hd]
+        k, v = gather(slots)                                             # [C, Hkv, hd]
         rep = H // k.shape[1]
         k = k.transpose(0, 1).repeat_interleave(rep, 0)                  # [H, C, hd]
         v = v.transpose(0, 1).repeat_interleave(rep, 0)

@@ -16,7 +16,7 @@ from engine.experts.provider import ExpertProvider
 from engine.kv.cache import KVCache
 from engine.models.layers import Rope, SeqSlice, mlp, paged_attention_ref, rms_norm
 from engine.models.weights import AttentionWeights, ModelWeights, MoEWeights
-from kernels.paged_attention import attend_rows_ref, context_rows
+from kernels.paged_attention import attend_context_ref, context_rows
 
 
 @dataclass
@@ -107,16 +107,17 @@ class MoETransformer:
         if batch.decode is not None:
             o = self._decode_attention(q, cache, i, batch.decode).reshape(T, -1)   # [B, H hd]
         else:
-            o = paged_attention_ref(q, cache.k[i], cache.v[i], batch.seqs, cache.block_size)   # [T, H hd]
+            o = paged_attention_ref(q, lambda rows: cache.gather(i, rows), batch.seqs, cache.block_size)   # [T, H hd]
         return o @ a.o.t()                                               # [T, D]
 
     def _decode_attention(self, q: torch.Tensor, cache: KVCache, i: int, d: DecodeMeta) -> torch.Tensor:
         """q [B, H, hd] over each sequence's cached context -> [B, H, hd]."""
-        if self.decode_attention is not None:                            # Triton split-KV kernel
+        if self.decode_attention is not None and cache.storage_dtype == q.dtype:   # Triton split-KV kernel
             return self.decode_attention(q, cache.k[i], cache.v[i], d.block_tables, d.context_lens, cache.block_size)
         if d.rows is None:                                               # once per step, not per layer
             d.rows, d.valid = context_rows(d.block_tables, d.context_lens, cache.block_size)
-        return attend_rows_ref(q, cache.k[i], cache.v[i], d.rows, d.valid, finite_padding=True)   # zeroed cache
+        k, v = cache.gather(i, d.rows)          # [B, P, Hkv, hd]; padding reads row 0 of a zeroed cache: finite
+        return attend_context_ref(q, k, v, d.valid)
 
     def _moe(self, m: MoEWeights, x: torch.Tensor) -> torch.Tensor:
         logits = x @ m.router.t()                                        # [T, E]
