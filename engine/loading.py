@@ -48,6 +48,7 @@ class ModelInfo:
     routed_expert_bytes: int       # every routed expert of every MoE layer
     is_demo: bool
     random_weights: bool
+    completion_only: bool = False  # a base model: its chat template (if any) is not what it was trained on
 
 
 def resolve_device(name: str) -> torch.device:
@@ -110,7 +111,7 @@ class LoadedModel:
             expert_format=self.layout.fmt, expert_bytes=self.layout.nbytes,
             routed_expert_bytes=self.layout.nbytes * spec.num_moe_layers * spec.num_experts,
             is_demo=bool(marker.get("demo")),
-            random_weights=bool(marker.get("random_weights")))
+            random_weights=bool(marker.get("random_weights")), completion_only=bool(marker.get("completion_only")))
         self.load_seconds = time.perf_counter() - t0
 
     def _allocate_rows(self, rows: int, nbytes: int) -> torch.Tensor:

@@ -38,7 +38,7 @@ def open_engine(args: argparse.Namespace):
     return engine
 
 
-def stream(engine, prompt, params: SamplingParams, out=sys.stdout) -> dict:
+def stream(engine, prompt, params: SamplingParams, echo: bool = True) -> dict:
     """Run one request, writing text as it arrives; returns a summary. Ctrl-C aborts the request."""
     rid = engine.add_request(None, prompt, params)
     summary = {"text": "", "token_ids": [], "finish_reason": None, "ttft_ms": None}
@@ -48,9 +48,9 @@ def stream(engine, prompt, params: SamplingParams, out=sys.stdout) -> dict:
                 summary["text"] += d.new_text
                 summary["token_ids"] += d.new_token_ids
                 summary["ttft_ms"] = summary["ttft_ms"] if d.ttft_ms is None else d.ttft_ms
-                if out is not None and d.new_text:
-                    out.write(d.new_text)
-                    out.flush()
+                if echo and d.new_text:
+                    sys.stdout.write(d.new_text)
+                    sys.stdout.flush()
                 if d.finished:
                     summary["finish_reason"] = d.finish_reason
                     summary["prompt_tokens"], summary["completion_tokens"] = d.prompt_tokens, d.completion_tokens
@@ -65,7 +65,7 @@ def stream(engine, prompt, params: SamplingParams, out=sys.stdout) -> dict:
 def cmd_generate(args: argparse.Namespace) -> int:
     engine = open_engine(args)
     try:
-        summary = stream(engine, args.prompt, sampling_params(args), out=None if args.json else sys.stdout)
+        summary = stream(engine, args.prompt, sampling_params(args), echo=not args.json)
         stats = engine.stats()
     finally:
         engine.close()
@@ -81,10 +81,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_chat(args: argparse.Namespace) -> int:
     engine = open_engine(args)
     tok = engine.tokenizer
+    use_template = tok.has_chat_template and not engine.model_info.completion_only
     params = sampling_params(args)
     messages: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
     transcript = ""
-    mode = "chat" if tok.has_chat_template else "completion (the model has no chat template)"
+    mode = "chat" if use_template else "completion (a base model: your text is continued as written)"
     print(f"Strata chat — {engine.model_info.name}, {mode}. /reset clears, /exit quits, Ctrl-C stops a reply.")
     try:
         while True:
@@ -98,17 +99,17 @@ def cmd_chat(args: argparse.Namespace) -> int:
                 messages, transcript = messages[:1] if args.system else [], ""
                 print("(conversation cleared)")
                 continue
-            if tok.has_chat_template:
+            if use_template:
                 messages.append({"role": "user", "content": line})
                 prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
             else:
-                transcript += line
+                transcript += ("\n" if transcript else "") + line
                 prompt = transcript
             reply = stream(engine, prompt, params)
             print()
             if reply["finish_reason"] == "abort":
                 print("(stopped)")
-            if tok.has_chat_template:
+            if use_template:
                 messages.append({"role": "assistant", "content": reply["text"]})
             else:
                 transcript += reply["text"]

@@ -35,3 +35,23 @@ def test_info_says_when_the_resident_part_does_not_fit(model, capsys):
     assert main(["info", "--model", str(model), "--gpu-memory-budget", "1M"]) == 2
     err = capsys.readouterr().err
     assert "the GPU memory budget is 1.00 MiB" in err and "raise --gpu-memory-budget" in err
+
+
+def test_chat_streams_replies_resets_and_exits(model, capsys, monkeypatch):
+    lines = iter(["Hello there", "/reset", "More", "/exit"])
+    monkeypatch.setattr("builtins.input", lambda prompt="": next(lines))
+    assert main(["chat", "--model", str(model), "--max-tokens", "5", "--temperature", "0"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Strata chat — m, chat.")          # the tiny model has a chat template
+    assert "(conversation cleared)" in out
+
+
+def test_chat_on_a_base_model_continues_text(model, capsys, monkeypatch, tmp_path):
+    import json
+    import shutil
+    base = tmp_path / "base"
+    shutil.copytree(model, base)
+    (base / "STRATA_DEMO.json").write_text(json.dumps({"demo": True, "completion_only": True}))
+    monkeypatch.setattr("builtins.input", lambda prompt="": (_ for _ in ()).throw(EOFError))
+    assert main(["chat", "--model", str(base)]) == 0
+    assert "completion (a base model" in capsys.readouterr().out
