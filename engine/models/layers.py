@@ -29,7 +29,9 @@ class Rope:
         pos = torch.arange(max_position, device=device, dtype=torch.float32)
         freqs = torch.outer(pos, inv_freq)                               # [P, hd/2]
         emb = torch.cat([freqs, freqs], -1)                              # [P, hd]
-        self.cos, self.sin = emb.cos().to(dtype), emb.sin().to(dtype)
+        self.cos = emb.cos().to(dtype)
+        # rotate-half is cat(-x2, x1) * sin = roll(x, hd/2) * cat(-sin1, sin2): the sign lives in the table
+        self.sin = torch.cat([-freqs.sin(), freqs.sin()], -1).to(dtype)
 
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, 1, hd] for ``positions`` [T] (gathered once per forward, used by every layer)."""
@@ -37,10 +39,8 @@ class Rope:
 
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x [T, heads, hd] rotated by the gathered tables."""
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
-        return x * cos + rotated * sin
+        """x [T, heads, hd] rotated by the gathered tables (``sin`` carries the rotate-half sign)."""
+        return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
 
 
 Gather = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
