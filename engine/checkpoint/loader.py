@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
@@ -136,6 +135,3 @@ def _has_fused(names: set[str], spec: ModelSpec, i: int) -> bool:
     p = spec.family.moe_prefix.format(i=i)
     return spec.family.fused_gate_up.format(p=p) in names
 
-
-def model_dir_of(source: TensorSource) -> Path | None:
-    return getattr(source, "dir", None)

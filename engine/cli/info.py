@@ -43,11 +43,11 @@ def plan_lines(spec: ModelSpec, args: argparse.Namespace) -> list[str]:
     active_bytes = (active - spec.num_moe_layers * spec.top_k * 3 * spec.hidden * spec.moe_ffn) * wb + routed_active
     lines += ["", f"active per token: {active:,} parameters, {format_size(active_bytes)} "
                   f"(routed experts {format_size(routed_active)} in {fmt})"]
-    lines += _budget_lines(spec, args, resident, per_expert, n_experts, routed_active, wb)
+    lines += _budget_lines(spec, args, resident, per_expert, n_experts, wb)
     return lines
 
 
-def _budget_lines(spec, args, resident, per_expert, n_experts, routed_active, wb) -> list[str]:
+def _budget_lines(spec, args, resident: int, per_expert: int, n_experts: int, wb: int) -> list[str]:
     """The engine's own memory plan for the budget given (or the card's free memory)."""
     budget = parse_size(args.gpu_memory_budget, "gpu_memory_budget")
     if budget is None and torch.cuda.is_available():
