@@ -1,10 +1,22 @@
-"""CUDA-graph replay of decode steps when every expert is resident (DESIGN.md §1 rule 5).
+"""CUDA-graph replay of decode steps (DESIGN.md §1 rule 5).
 
-One graph per batch-size bucket, captured lazily on first use into one memory pool. A step pads its
-batch up to the bucket: padding rows write their K/V into a scratch block that no request owns and
-read one token of it, so they never touch a real sequence.
+One recording per batch-size bucket, captured lazily on first use into one memory pool. A step pads
+its batch up to the bucket: padding rows write their K/V into a scratch block that no request owns
+and read one token of it, so they never touch a real sequence.
+
+When every expert is resident the slot tables never change and a whole step is one graph. With an
+offloaded expert pool each MoE layer needs the host between its routing and its expert GEMMs (read
+the ids, copy the misses, push the slot-table row, issue prefetches), so the step is recorded in
+pieces: graph ``j`` runs from the expert GEMMs of MoE layer ``j - 1`` up to the routing of MoE layer
+``j`` (attention, norms, router, the prefetch prediction), and the host resolves layer ``j``'s
+experts between two replays. The GEMMs read the slot-table row and the pool views at fixed
+addresses, so one recording serves every step until the pool is resized (``reset``). A step then
+costs one graph launch per MoE layer instead of dozens of kernel launches.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -12,6 +24,15 @@ from engine.kv.cache import KVCache
 from engine.models.moe_transformer import DecodeMeta, ForwardBatch, MoETransformer
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
+
+
+@dataclass
+class _Recording:
+    """One bucket's decode step: ``graphs[j]`` ends at ``cuts[j]`` = (moe_index, topk_ids, prediction)."""
+
+    graphs: list[torch.cuda.CUDAGraph]
+    logits: torch.Tensor
+    cuts: list[tuple[int, torch.Tensor, Any]] = field(default_factory=list)
 
 
 class DecodeGraphs:
@@ -27,7 +48,8 @@ class DecodeGraphs:
         self.slots = torch.full((n,), self.scratch_slot, dtype=torch.int64, device=dev)
         self.tables = torch.full((n, max_blocks), scratch_block, dtype=torch.int32, device=dev)
         self.lens = torch.ones(n, dtype=torch.int32, device=dev)
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.pad = torch.zeros(n, dtype=torch.bool, device=dev)          # rows past the real batch
+        self.graphs: dict[int, _Recording] = {}
         self.pool = None
         self.replays = 0
 
@@ -39,30 +61,83 @@ class DecodeGraphs:
                             DecodeMeta(self.tables[:b], self.lens[:b]))
 
     def _capture(self, b: int) -> None:
-        side = torch.cuda.Stream(self.model.device)
-        side.wait_stream(torch.cuda.current_stream(self.model.device))
+        dev = self.model.device
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(side):
             for _ in range(2):                     # warm-up: Triton autotune/compile, allocator caches
                 self.model.forward(self._batch(b), self.cache)
-        torch.cuda.current_stream(self.model.device).wait_stream(side)
+        torch.cuda.current_stream(dev).wait_stream(side)
+        torch.cuda.synchronize(dev)
+        experts = self.model.experts
+        if getattr(experts, "static", True):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                logits = self.model.forward(self._batch(b), self.cache)
+            self.pool = graph.pool()
+            self.graphs[b] = _Recording([graph], logits)
+            return
+        self.graphs[b] = self._capture_pieces(b, side)
+
+    def _capture_pieces(self, b: int, stream: torch.cuda.Stream) -> _Recording:
+        """Record one decode step as a graph per MoE layer boundary (see the module docstring)."""
+        experts = self.model.experts
+        rec = _Recording([], torch.empty(0))
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            logits = self.model.forward(self._batch(b), self.cache)
-        self.pool = graph.pool()
-        self.graphs[b] = (graph, logits)
+
+        def cut(moe_index: int, topk_ids: torch.Tensor, predicted: Any) -> tuple[torch.Tensor, dict]:
+            nonlocal graph
+            # Padding rows take row 0's experts: the host resolves only the real rows' experts, and
+            # the GEMMs of the next piece must find every expert they read resident.
+            topk_ids.copy_(torch.where(self.pad[:b, None], topk_ids[:1], topk_ids))
+            graph.capture_end()
+            self.pool = graph.pool()
+            rec.graphs.append(graph)
+            rec.cuts.append((moe_index, topk_ids, predicted))
+            graph = torch.cuda.CUDAGraph()
+            graph.capture_begin(pool=self.pool)
+            return experts.pool.table[moe_index], experts.pool.views
+
+        experts.capturing = True
+        try:
+            with torch.cuda.stream(stream):
+                graph.capture_begin(pool=self.pool)
+                try:
+                    rec.logits = self.model.forward(self._batch(b), self.cache, acquire=cut)
+                finally:
+                    graph.capture_end()
+            self.pool = graph.pool()
+            rec.graphs.append(graph)
+        finally:
+            experts.capturing = False
+        torch.cuda.current_stream(self.model.device).wait_stream(stream)
+        return rec
 
     def run(self, batch: ForwardBatch) -> torch.Tensor:
-        """Logits [B, V] of a decode batch, replayed from the graph of its bucket."""
+        """Logits [B, V] of a decode batch, replayed from the recording of its bucket."""
         b = batch.input_ids.shape[0]
         n = self.bucket(b)
         self._load(batch, b, n)
         if n not in self.graphs:
             self._capture(n)
             self._load(batch, b, n)                # capture's warm-up ran on these buffers; reload them
-        graph, logits = self.graphs[n]
-        graph.replay()
+        rec = self.graphs[n]
+        if not rec.cuts:
+            rec.graphs[0].replay()
+        else:
+            experts = self.model.experts
+            experts.begin_step()
+            try:
+                for graph, (moe_index, ids, predicted) in zip(rec.graphs, rec.cuts):
+                    graph.replay()
+                    if predicted is not None and n > b:
+                        predicted = (predicted[0], predicted[1], predicted[2][:, :b])
+                    experts.acquire(moe_index, ids[:b], predicted)
+                rec.graphs[-1].replay()
+            finally:
+                experts.end_step()
         self.replays += 1
-        return logits[:b]
+        return rec.logits[:b]
 
     def _load(self, batch: ForwardBatch, b: int, n: int) -> None:
         d = batch.decode
@@ -72,12 +147,14 @@ class DecodeGraphs:
         self.tables[:b].fill_(self.scratch_block)
         self.tables[:b, :d.block_tables.shape[1]].copy_(d.block_tables)
         self.lens[:b].copy_(d.context_lens)
+        self.pad[:b].fill_(False)
         if n > b:                                  # padding rows: scratch block, one token of context
             self.ids[b:n].zero_()
             self.positions[b:n].zero_()
             self.slots[b:n].fill_(self.scratch_slot)
             self.tables[b:n].fill_(self.scratch_block)
             self.lens[b:n].fill_(1)
+            self.pad[b:n].fill_(True)
 
     def reset(self) -> None:
         """Drop every graph (after a change that invalidates them, e.g. a different expert pool)."""

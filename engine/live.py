@@ -49,6 +49,8 @@ class LiveSettings:
             msg = m.experts.reconfigure(pool_bytes=m.pool_request(exp.get("expert_pool_size")),
                                         prefetch_depth=exp.get("prefetch_depth"), policy=exp.get("expert_policy"))
             applied.update({k: str(msg or "applied") for k in exp})
+            if ("expert_pool_size" in exp or "prefetch_depth" in exp) and self.engine.runner.graphs is not None:
+                self.engine.runner.graphs.reset()   # recorded against the old pool views and look-ahead
         sched = self.engine.scheduler
         if any(k in options for k in _SCHEDULER):
             sched.max_batch, sched.prefill_chunk, sched.token_budget = new.max_batch, new.prefill_chunk, new.token_budget

@@ -35,6 +35,8 @@ from engine.experts.profile import check_routing_profile, read_routing_profile
 from engine.experts.store import HostExpertStore
 from engine.telemetry import ExpertStats
 
+Prediction = tuple[int, list[int], torch.Tensor]   # (layer it was made at, layers predicted, ids [P, T, k])
+
 
 class OffloadedExperts:
     """Byte-budgeted device pool over a host store, with prefetch, policies and live resizing.
@@ -74,10 +76,11 @@ class OffloadedExperts:
         self._distance: dict[int, int] = {}        # prefetched key -> look-ahead distance it was guessed at
         self.gate = PrefetchGate()
         self._current: set[int] = set()            # keys of the layer being computed
-        self._predicted: tuple[int, list[int], torch.Tensor] | None = None
+        self._predicted: Prediction | None = None
         self._last_layer = -1
         self._in_step = False
         self._owns_store = False
+        self.capturing = False     # set while decode steps are recorded into CUDA graphs (see before_layer)
 
     @classmethod
     def from_rows(cls, layout: ExpertLayout, rows: torch.Tensor, num_experts: int, device: torch.device | str,
@@ -102,21 +105,39 @@ class OffloadedExperts:
         self._in_step = True
         self.gate.tick()
 
-    def before_layer(self, moe_index: int, hidden: torch.Tensor) -> None:
-        """Predict layers ``moe_index+1 .. +depth`` from ``hidden [T, D]`` (device work, no sync)."""
-        if self.pool.full or self.prefetch_depth == 0:
-            return
-        depth = self.gate.depth(self.prefetch_depth)
-        layers = list(range(moe_index + 1, min(moe_index + depth, self.num_layers - 1) + 1))
-        if layers:
-            ids = predict_experts(hidden, self.routers, layers[0], len(layers), self.route_fn)   # [P, T, k]
-            self._predicted = (moe_index, layers, ids)
+    @property
+    def static(self) -> bool:
+        """True while the slot table cannot change (every expert has a pool slot): no host work per layer."""
+        return self.pool.full
 
-    def acquire(self, moe_index: int, topk_ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Make the experts of ``topk_ids [T, k]`` resident; returns ``(slot_of_expert [E] int32, views)``."""
+    def before_layer(self, moe_index: int, hidden: torch.Tensor) -> Prediction | None:
+        """Predict layers ``moe_index+1 .. +depth`` from ``hidden [T, D]`` (device work, no sync).
+
+        While ``capturing`` (a decode step being recorded into CUDA graphs) the prediction covers the
+        full ``prefetch_depth``, since the gate's depth changes from step to step; ``acquire`` keeps
+        only the distances the gate allows. Returns the prediction, also kept for ``acquire``.
+        """
+        if self.pool.full or self.prefetch_depth == 0:
+            return None
+        depth = self.prefetch_depth if self.capturing else self.gate.depth(self.prefetch_depth)
+        layers = list(range(moe_index + 1, min(moe_index + depth, self.num_layers - 1) + 1))
+        if not layers:
+            return None
+        ids = predict_experts(hidden, self.routers, layers[0], len(layers), self.route_fn)   # [P, T, k]
+        self._predicted = (moe_index, layers, ids)
+        return self._predicted
+
+    def acquire(self, moe_index: int, topk_ids: torch.Tensor,
+                predicted: Prediction | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Make the experts of ``topk_ids [T, k]`` resident; returns ``(slot_of_expert [E] int32, views)``.
+
+        ``predicted`` is what ``before_layer`` returned for this layer (default: the one it kept).
+        """
         if self.pool.full:
             self.counters.device_tally.add(moe_index, topk_ids)
             return self.pool.table[moe_index], self.pool.views
+        if predicted is not None:
+            self._predicted = predicted
         ids, predicted = self._read_ids(moe_index, topk_ids)
         self._enter_layer(moe_index)
         base = moe_index * self.num_experts
@@ -216,6 +237,9 @@ class OffloadedExperts:
         flat = topk_ids.reshape(-1).to(torch.int64)                    # [T*k]
         pred = self._predicted if self._predicted is not None and self._predicted[0] == layer else None
         self._predicted = None
+        if pred is not None:                       # only the distances the gate allows this step
+            depth = self.gate.depth(self.prefetch_depth)
+            pred = (pred[0], pred[1][:depth], pred[2][:depth]) if depth > 0 else None
         self.counters.host_syncs += 1
         t0 = time.perf_counter()
         both = flat if pred is None else torch.cat([flat, pred[2].reshape(-1)])   # [T*k (+ P*T*k)]

@@ -10,7 +10,7 @@ pool in :mod:`engine.experts.manager` (hot experts on the GPU, the rest in pinne
 """
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -24,10 +24,16 @@ class ExpertProvider(Protocol):
     def begin_step(self) -> None:
         """A forward pass starts (one engine step)."""
 
-    def before_layer(self, moe_index: int, hidden: torch.Tensor) -> None:
-        """Layer ``moe_index`` is about to run on ``hidden [T, D]`` (prefetch hook)."""
+    @property
+    def static(self) -> bool:
+        """True when the slot tables never change, so a whole decode step can be one CUDA graph."""
 
-    def acquire(self, moe_index: int, topk_ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def before_layer(self, moe_index: int, hidden: torch.Tensor) -> Any:
+        """Layer ``moe_index`` is about to run on ``hidden [T, D]`` (prefetch hook); returns a
+        prediction handle (or None) to pass to ``acquire``."""
+
+    def acquire(self, moe_index: int, topk_ids: torch.Tensor,
+                predicted: Any = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Make the experts in ``topk_ids [T, k]`` usable; return ``(slot_of_expert [E] int32, views)``."""
 
     def end_step(self) -> None:
@@ -51,13 +57,16 @@ class ResidentExperts:
         self._slot_tables = [base + l * num_experts for l in range(n_layers)]
         self._counts = torch.zeros(n_layers, num_experts, dtype=torch.int64, device=experts.device)
 
+    static = True
+
     def begin_step(self) -> None:
         pass
 
     def before_layer(self, moe_index: int, hidden: torch.Tensor) -> None:
-        pass
+        return None
 
-    def acquire(self, moe_index: int, topk_ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def acquire(self, moe_index: int, topk_ids: torch.Tensor,
+                predicted: Any = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         # index_add_ rather than bincount: no device->host sync, so decode steps can be graph-captured
         ids = topk_ids.flatten()
         self._counts[moe_index].index_add_(0, ids, torch.ones_like(ids, dtype=torch.int64))

@@ -8,6 +8,7 @@ Legend: T tokens in the step, B sequences, D hidden, H / Hkv heads, hd head dim,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
@@ -17,6 +18,8 @@ from engine.kv.cache import KVCache
 from engine.models.layers import Rope, SeqSlice, mlp, paged_attention_ref, rms_norm
 from engine.models.weights import AttentionWeights, ModelWeights, MoEWeights
 from kernels.paged_attention import attend_context_ref, context_rows
+
+Acquire = Callable[[int, torch.Tensor, Any], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
 @dataclass
@@ -64,19 +67,24 @@ class MoETransformer:
         return route_ref(logits, self.spec.top_k, self.spec.renormalize)
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
-        """Logits [B', V] in float32 for ``batch.logits_rows`` (every row when None)."""
+    def forward(self, batch: ForwardBatch, cache: KVCache, acquire: Acquire | None = None) -> torch.Tensor:
+        """Logits [B', V] in float32 for ``batch.logits_rows`` (every row when None).
+
+        ``acquire(moe_index, topk_ids, prediction) -> (slot_of_expert, views)`` resolves each MoE
+        layer's experts; by default the expert provider's. A decode step recorded into CUDA graphs
+        piece by piece passes one that ends a graph there (engine/cuda_graphs.py).
+        """
+        acquire = acquire or self.experts.acquire
         x = self.w.embed[batch.input_ids]                                # [T, D]
         rope = self.rope.tables(batch.positions)                         # cos, sin [T, 1, hd]
         self.experts.begin_step()
         try:
             for i, layer in enumerate(self.w.layers):
-                if layer.moe is not None:
-                    self.experts.before_layer(layer.moe.moe_index, x)
+                pred = self.experts.before_layer(layer.moe.moe_index, x) if layer.moe is not None else None
                 h = rms_norm(x, layer.input_norm, self.spec.rms_norm_eps)
                 x = x + self._attention(i, layer.attn, h, batch, cache, rope)
                 h = rms_norm(x, layer.post_norm, self.spec.rms_norm_eps)
-                x = x + (self._moe(layer.moe, h) if layer.moe is not None
+                x = x + (self._moe(layer.moe, h, pred, acquire) if layer.moe is not None
                          else mlp(h, layer.mlp.gate_up, layer.mlp.down))
         finally:
             self.experts.end_step()
@@ -119,10 +127,10 @@ class MoETransformer:
         k, v = cache.gather(i, d.rows)          # [B, P, Hkv, hd]; padding reads row 0 of a zeroed cache: finite
         return attend_context_ref(q, k, v, d.valid)
 
-    def _moe(self, m: MoEWeights, x: torch.Tensor) -> torch.Tensor:
+    def _moe(self, m: MoEWeights, x: torch.Tensor, pred: Any, acquire: Acquire) -> torch.Tensor:
         logits = x @ m.router.t()                                        # [T, E]
         w, ids = self.route(logits)                                      # [T, k] f32, [T, k]
-        slot_of_expert, views = self.experts.acquire(m.moe_index, ids)
+        slot_of_expert, views = acquire(m.moe_index, ids, pred)
         out = self.moe_fn(x, ids, w, slot_of_expert, views, self.experts.layout)   # [T, D]
         if m.shared is not None:
             shared = mlp(x, m.shared.gate_up, m.shared.down)             # [T, D]
