@@ -10,14 +10,19 @@ at once, so registers hold one chunk rather than an accumulator tile:
   ``BN`` rows of every one of its token's k experts in the same chunk (``k * BN`` rows in flight) and
   sums over k in its epilogue in a fixed order: no buffer, no atomics, no third launch.
 
-int4 has its own pair of kernels. Programs read packed bytes as ``[.., NG, G/2]`` tiles (16-byte loads)
-and split each byte into its low nibble (element ``2j``) and high nibble (``2j + 1``), never joining
-them; the vector is read as the matching evens and odds (bf16/fp16 activations as int32 pairs, ``h``
-stored split by the up kernel). Nibbles become floats by bit moves (``1 + q/16``, no conversion), and
-scale and zero point apply once per row and group: ``sum_k (q_k - z) s x_k = s (sum q x - z sum x)``.
+int4 has its own pair of kernels, bound by instructions per weight rather than bytes. Programs read
+packed rows as int32 words in ``[.., NG, G/8]`` tiles (16-byte loads); word ``i`` holds elements
+``8i .. 8i+7``, element ``8i + s`` in bits ``4s .. 4s+3``. Each nibble position ``s`` is one pass over
+the tile: one shift and one and-or turn the nibble into the float ``1 + q/16`` (no conversion), and
+one FMA adds it times vector element ``8i + s`` to a per-element accumulator. The vector is read in
+the weights' layout: ``x`` strided (bf16/fp16 as int32 pairs, widened by bit moves), ``h`` stored
+nibble-major by the up kernel (element ``n`` at ``(n % 8) * F/8 + n // 8``) so the down kernel reads
+each nibble's slice contiguously; these loads are shared by all rows of a program. Scale and zero
+point apply once per row and group: ``sum_k (q_k - z) s x_k = s (16 sum_k (1 + q_k/16) x_k -
+(16 + z) sum_k x_k)``.
 
 Legend: T tokens, k experts per token, P = T*k pairs, R rows of a program, D hidden, F expert FFN,
-G int4 group size, NG groups of a tile, GH = G/2 packed bytes of a group.
+G int4 group size, NG groups of a tile, GW = G/8 int32 words of a group.
 """
 from __future__ import annotations
 
@@ -93,21 +98,23 @@ def _down_decode_kernel(h_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, 
 
 
 @jit
-def _pair_vectors(v_ptr, idx, mask, half, V_KIND: tl.constexpr):
-    """Elements ``2 idx`` and ``2 idx + 1`` of a vector as two float32 tensors shaped like ``idx``.
+def _pair_vectors(v_ptr, idx, p: tl.constexpr, mask, quarter, V_KIND: tl.constexpr):
+    """Elements ``8 idx + 2p`` and ``8 idx + 2p + 1`` of a vector (for nibbles ``2p`` and ``2p + 1`` of
+    weight words ``idx``) as two float32 tensors shaped like ``idx``.
 
     ``V_KIND`` 0: float32 elements, read strided; 1 / 2: bf16 / fp16 pairs read as one int32 word each
-    (the even element in the low half), widened by bit moves; 3: float32 stored split, the evens in
-    ``[0, half)`` and the odds in ``[half, 2 half)`` (the intermediate ``h`` the up kernel writes).
+    (the even element in the low half), widened by bit moves; 3: float32 stored nibble-major, element
+    ``n`` at ``(n % 8) * quarter + n // 8`` (the intermediate ``h`` the up kernel writes), so each
+    nibble's vector is contiguous.
     """
     if V_KIND == 0:
-        ve = tl.load(v_ptr + 2 * idx, mask=mask, other=0.0).to(tl.float32)
-        vo = tl.load(v_ptr + 2 * idx + 1, mask=mask, other=0.0).to(tl.float32)
+        ve = tl.load(v_ptr + 8 * idx + 2 * p, mask=mask, other=0.0).to(tl.float32)
+        vo = tl.load(v_ptr + 8 * idx + 2 * p + 1, mask=mask, other=0.0).to(tl.float32)
     elif V_KIND == 3:
-        ve = tl.load(v_ptr + idx, mask=mask, other=0.0)
-        vo = tl.load(v_ptr + half + idx, mask=mask, other=0.0)
+        ve = tl.load(v_ptr + (2 * p) * quarter + idx, mask=mask, other=0.0)
+        vo = tl.load(v_ptr + (2 * p + 1) * quarter + idx, mask=mask, other=0.0)
     else:
-        wd = tl.load(v_ptr + idx, mask=mask, other=0)                   # int32: odd << 16 | even
+        wd = tl.load(v_ptr + 4 * idx + p, mask=mask, other=0)           # int32: odd << 16 | even
         if V_KIND == 1:  # bf16 is the top half of a float32
             ve = (wd << 16).to(tl.float32, bitcast=True)
             vo = (wd & -65536).to(tl.float32, bitcast=True)
@@ -118,42 +125,61 @@ def _pair_vectors(v_ptr, idx, mask, half, V_KIND: tl.constexpr):
 
 
 @jit
-def _k_mask(idx, limit, NG: tl.constexpr, GH: tl.constexpr, EVEN_K: tl.constexpr):
-    # A constant mask when the tiles divide K, so nothing stands in the way of 16-byte loads.
-    if EVEN_K:
-        return tl.full([1, 1, NG, GH], 1, tl.int1)
-    return idx < limit
+def _nibble_floats(w, S: tl.constexpr):
+    """Nibble ``S`` of every int32 word ``w`` as the float ``1 + q/16``: one shift and one and-or.
+
+    The nibble lands in the top mantissa bits (19..22) under the exponent of 1.0; the mask also drops
+    the sign bits an arithmetic right shift brings in."""
+    if 4 * S <= 19:
+        b = (w << (19 - 4 * S)) & (15 << 19)
+    else:
+        b = (w >> (4 * S - 19)) & (15 << 19)
+    return (b | 0x3F800000).to(tl.float32, bitcast=True)
 
 
 @jit
-def _int4_group_dots(wb, ve, vo, sc, zp):
-    """``[A, B]`` float32: packed rows ``wb [A, B, NG, G/2]`` (uint8) dotted with the vector ``ve``/``vo``.
+def _group_mask(g, groups, NG: tl.constexpr, EVEN_K: tl.constexpr):
+    # Whole groups are valid or not (K is a multiple of G), so the mask is constant along a group's
+    # words and never splits a 16-byte load; a constant one when the tiles divide K.
+    if EVEN_K:
+        return tl.full([1, 1, NG, 1], 1, tl.int1)
+    return g < groups
 
-    Nibbles become floats without a conversion: ``(q << 19) | 0x3F800000`` is the float ``1 + q/16``.
-    Per group ``sum_k (1 + q_k/16) x_k = sx + sqx/16`` with ``sx = sum_k x_k``, so
+
+@jit
+def _int4_group_dots(w, v_ptr, idx, v_ok, quarter, sc, zp, V_KIND: tl.constexpr):
+    """``[A, B]`` float32: packed rows ``w [A, B, NG, G/8]`` (int32 words) dotted with the vector.
+
+    Word ``i`` holds elements ``8i .. 8i + 7``, element ``8i + s`` in bits ``4s .. 4s + 3``. Each nibble
+    position is one pass over the tile (shift, and-or, FMA per element) against the vector elements
+    ``8 idx + s``. Per group ``sum_k (1 + q_k/16) x_k = sx + sqx/16`` with ``sx = sum_k x_k``, so
     ``sum_k (q_k - z) s x_k = s (16 sum_k v_k x_k - (16 + z) sx)``: scale and zero once per group.
     """
-    b = wb.to(tl.int32)
-    lo = (((b & 15) << 19) | 0x3F800000).to(tl.float32, bitcast=True)      # element 2j
-    hi = (((b & 240) << 15) | 0x3F800000).to(tl.float32, bitcast=True)     # element 2j + 1
-    dot = tl.sum(lo * ve + hi * vo, axis=3, keep_dims=True)             # [A, B, NG, 1]
-    sx = tl.sum(ve + vo, axis=3, keep_dims=True)                        # [1 or A, 1 or B, NG, 1]
-    return tl.sum(tl.sum(sc * (16.0 * dot - (16.0 + zp) * sx), axis=3), axis=2)  # [A, B]
+    acc = tl.zeros(w.shape, dtype=tl.float32)                           # [A, B, NG, GW]
+    sx = tl.zeros(idx.shape, dtype=tl.float32)                          # [1 or A, 1 or B, NG, GW]
+    for p in tl.static_range(4):
+        ve, vo = _pair_vectors(v_ptr, idx, p, v_ok, quarter, V_KIND)
+        acc += _nibble_floats(w, 2 * p) * ve
+        acc += _nibble_floats(w, 2 * p + 1) * vo
+        sx += ve + vo
+    dot = tl.sum(acc, axis=3, keep_dims=True)                           # [A, B, NG, 1]
+    sxg = tl.sum(sx, axis=3, keep_dims=True)
+    return tl.sum(tl.sum(sc * (16.0 * dot - (16.0 + zp) * sxg), axis=3), axis=2)  # [A, B]
 
 
 @jit
 def _up_int4_kernel(xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr, ss_s, sz_s, ss_n,
                     F, K, stride_x, TOP_K: tl.constexpr, V_KIND: tl.constexpr, ROUND: tl.constexpr,
                     G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
-    # Tile [2, BN, NG, GH]: gate and up rows of BN outputs, NG groups of GH packed bytes along K.
-    GH: tl.constexpr = G // 2
+    # Tile [2, BN, NG, GW]: gate and up rows of BN outputs, NG groups of GW int32 words along K.
+    GW: tl.constexpr = G // 8
     NG: tl.constexpr = BLOCK_K // G
     pair = tl.program_id(0)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :, None, None]     # [1, BN, 1, 1]
     rows = n + tl.arange(0, 2)[:, None, None, None] * F                           # [2, BN, 1, 1]
     row_ok = n < F
     grp = tl.arange(0, NG)[None, None, :, None]                                    # [1, 1, NG, 1]
-    byte = grp * GH + tl.arange(0, GH)[None, None, None, :]                        # [1, 1, NG, GH]
+    word = grp * GW + tl.arange(0, GW)[None, None, None, :]                        # [1, 1, NG, GW]
     slot = tl.load(slot_ptr + tl.load(ids_ptr + pair)).to(tl.int64)    # int64: pools exceed 2 GiB
     w_rows = w_ptr + slot * sw_s + rows * sw_n
     s_rows = s_ptr + slot * ss_s + rows * ss_n
@@ -161,15 +187,14 @@ def _up_int4_kernel(xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, 
     x_row = xv_ptr + (pair // TOP_K).to(tl.int64) * stride_x
     acc = tl.zeros([2, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        idx = k0 // 2 + byte                                            # [1, 1, NG, GH] byte = pair index
+        idx = k0 // 8 + word                                            # [1, 1, NG, GW] word index
         g = k0 // G + grp                                               # [1, 1, NG, 1]
-        k_ok = _k_mask(idx, K // 2, NG, GH, EVEN_K)
-        ve, vo = _pair_vectors(x_row, idx, k_ok, 0, V_KIND)
-        wb = tl.load(w_rows + idx, mask=row_ok & k_ok, other=0)          # [2, BN, NG, GH]
+        g_in = _group_mask(g, K // G, NG, EVEN_K)
+        w = tl.load(w_rows + idx, mask=row_ok & g_in, other=0)          # [2, BN, NG, GW]
         g_ok = row_ok & (g < K // G)
         sc = tl.load(s_rows + g, mask=g_ok, other=0.0).to(tl.float32)    # [2, BN, NG, 1]
         zp = tl.load(z_rows + g, mask=g_ok, other=0).to(tl.float32)
-        acc += _int4_group_dots(wb, ve, vo, sc, zp)      # [2, BN]
+        acc += _int4_group_dots(w, x_row, idx, g_in, 0, sc, zp, V_KIND)  # [2, BN]
     half = tl.arange(0, 2)[:, None]
     gate = tl.sum(tl.where(half == 0, acc, 0.0), axis=0)                # [BN]
     up = tl.sum(tl.where(half == 1, acc, 0.0), axis=0)
@@ -179,17 +204,18 @@ def _up_int4_kernel(xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, 
     elif ROUND == 2:
         h = h.to(tl.float16).to(tl.float32)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    # Split store: evens then odds, so the down kernel reads both halves contiguously.
-    tl.store(h_ptr + pair.to(tl.int64) * F + (cols % 2) * (F // 2) + cols // 2, h, mask=cols < F)
+    # Nibble-major store: the down kernel reads the vector of each nibble position contiguously.
+    tl.store(h_ptr + pair.to(tl.int64) * F + (cols % 8) * (F // 8) + cols // 8, h, mask=cols < F)
 
 
 @jit
 def _down_int4_kernel(h_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr,
-                      ss_s, sz_s, ss_n, D, F, stride_o, TOP_K: tl.constexpr, KP: tl.constexpr,
+                      ss_s, sz_s, ss_n, D, F, F8, stride_o, TOP_K: tl.constexpr, KP: tl.constexpr,
                       G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
-    # Tile [BN, KP, NG, GH]: BN rows of w2 of each of the token's k experts. Rows outermost, so a
-    # thread's h values serve all its rows.
-    GH: tl.constexpr = G // 2
+    # Tile [BN, KP, NG, GW]: BN rows of w2 of each of the token's k experts. Rows outermost, so a
+    # thread's h values serve all its rows. F8 = F / 8 is an argument of its own so that Triton sees
+    # its divisibility and reads each nibble's slice of h in 16-byte loads.
+    GW: tl.constexpr = G // 8
     NG: tl.constexpr = BLOCK_K // G
     tok = tl.program_id(0)
     j = tl.arange(0, KP)[None, :, None, None]                           # [1, KP, 1, 1]
@@ -203,18 +229,17 @@ def _down_int4_kernel(h_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, sw
     z_rows = z_ptr + slot * sz_s + n * ss_n
     h_row = h_ptr + pair.to(tl.int64) * F                               # [1, KP, 1, 1]
     grp = tl.arange(0, NG)[None, None, :, None]
-    byte = grp * GH + tl.arange(0, GH)[None, None, None, :]             # [1, 1, NG, GH]
+    word = grp * GW + tl.arange(0, GW)[None, None, None, :]             # [1, 1, NG, GW]
     acc = tl.zeros([BLOCK_N, KP], dtype=tl.float32)
     for k0 in range(0, F, BLOCK_K):
-        idx = k0 // 2 + byte
+        idx = k0 // 8 + word
         g = k0 // G + grp
-        k_ok = _k_mask(idx, F // 2, NG, GH, EVEN_K)
-        ve, vo = _pair_vectors(h_row, idx, j_ok & k_ok, F // 2, 3)      # [1, KP, NG, GH]
-        wb = tl.load(w_rows + idx, mask=row_ok & k_ok, other=0)          # [BN, KP, NG, GH]
+        g_in = _group_mask(g, F // G, NG, EVEN_K)
+        w = tl.load(w_rows + idx, mask=row_ok & g_in, other=0)          # [BN, KP, NG, GW]
         g_ok = row_ok & (g < F // G)
         sc = tl.load(s_rows + g, mask=g_ok, other=0.0).to(tl.float32)    # [BN, KP, NG, 1]
         zp = tl.load(z_rows + g, mask=g_ok, other=0).to(tl.float32)
-        acc += _int4_group_dots(wb, ve, vo, sc, zp)      # [BN, KP]
+        acc += _int4_group_dots(w, h_row, idx, j_ok & g_in, F8, sc, zp, 3)  # [BN, KP]
     tw = tl.load(tw_ptr + tok * TOP_K + tl.arange(0, KP), mask=tl.arange(0, KP) < TOP_K, other=0.0)
     y = tl.sum(acc * tw.to(tl.float32)[None, :], axis=1)                # [BN]: fixed-order sum over k
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -238,25 +263,41 @@ def _x_words(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
     return x.view(torch.int32), x.stride(0) // 2, 1 if x.dtype == torch.bfloat16 else 2
 
 
+def _int4_word_args(m: PoolMatrix, name: str) -> tuple:
+    """``m.args()`` with the packed bytes as int32 words ``[S, N, K/8]`` (strides in words).
+
+    The expert layout starts every tensor and slot on 256 bytes and K is a multiple of the group size
+    (at least 32), so rows start on 16 bytes: whole-word and 16-byte loads."""
+    w = m.w
+    if m.k % 8 or w.data_ptr() % 16 or w.stride(0) % 16 or w.stride(1) % 16:
+        raise ValueError(f"int4 pool view {name} must have rows of a multiple of 8 elements starting on "
+                         f"16-byte boundaries (as ExpertLayout places them); got K = {m.k}, address "
+                         f"{w.data_ptr()} and byte strides {w.stride()[:2]}")
+    words = w.view(torch.int32)                                          # [S, N, K/8]
+    return (words, words.stride(0), words.stride(1), *m.args()[3:])
+
+
 def _moe_decode_int4(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, slots: torch.Tensor,
                      w13: PoolMatrix, w2: PoolMatrix, group: int, up: TileConfig,
                      down: TileConfig) -> torch.Tensor:
     t, d = x.shape
     k = ids.shape[1]
     f = w13.n // 2
-    h = torch.empty(t * k, f, dtype=torch.float32, device=x.device)    # [P, F]: evens, then odds
+    w, sw_s, sw_n, *rest = _int4_word_args(w13, "w13")
+    h = torch.empty(t * k, f, dtype=torch.float32, device=x.device)    # [P, F]: nibble-major
     out = torch.empty(t, d, dtype=x.dtype, device=x.device)            # [T, D]
     xv, stride_x, v_kind = _x_words(x)
     bk = _block_k(up, FMT_INT4, group, d)
     _up_int4_kernel[(t * k, cdiv(f, up.block_n))](
-        xv, ids, slots, h, *w13.args(), f, d, stride_x, TOP_K=k, V_KIND=v_kind, ROUND=v_kind, G=group,
-        BLOCK_N=up.block_n, BLOCK_K=bk, EVEN_K=d % bk == 0, num_warps=up.num_warps,
-        num_stages=up.num_stages)
+        xv, ids, slots, h, w, sw_s, sw_n, *rest, f, d, stride_x, TOP_K=k, V_KIND=v_kind,
+        ROUND=v_kind, G=group, BLOCK_N=up.block_n, BLOCK_K=bk, EVEN_K=d % bk == 0,
+        num_warps=up.num_warps, num_stages=up.num_stages)
+    w, sw_s, sw_n, *rest = _int4_word_args(w2, "w2")
     bk = _block_k(down, FMT_INT4, group, f)
     _down_int4_kernel[(t, cdiv(d, down.block_n))](
-        h, ids, slots, tw, out, *w2.args(), d, f, out.stride(0), TOP_K=k, KP=next_pow2(k), G=group,
-        BLOCK_N=down.block_n, BLOCK_K=bk, EVEN_K=f % bk == 0, num_warps=down.num_warps,
-        num_stages=down.num_stages)
+        h, ids, slots, tw, out, w, sw_s, sw_n, *rest, d, f, f // 8, out.stride(0), TOP_K=k,
+        KP=next_pow2(k), G=group, BLOCK_N=down.block_n, BLOCK_K=bk, EVEN_K=f % bk == 0,
+        num_warps=down.num_warps, num_stages=down.num_stages)
     return out
 
 
@@ -266,7 +307,7 @@ def moe_decode(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tens
     """``out [T, D]`` in ``x.dtype``: the MoE output, summed over each token's k experts.
 
     int4 group sizes are 32, 64 or 128 (:func:`engine.quant.int4.check_group_size`): powers of two of
-    at least 16 bytes, as the kernels' group tiles need."""
+    at least four int32 words (16 bytes), as the kernels' group tiles need."""
     ids, tw = topk_ids.contiguous(), topk_weights.contiguous()
     if fmt == FMT_INT4:
         return _moe_decode_int4(x, ids, tw, slot_of_expert, w13, w2, group, up, down)

@@ -1,6 +1,7 @@
 """GPU microbenchmark of the fused MoE kernels on Qwen3-30B-A3B-shaped layers.
 
-128 experts, top-8, hidden 2048, expert FFN 768; 1, 4, 16 and 64 tokens; bf16, fp8 and int4 experts.
+128 experts, top-8, hidden 2048, expert FFN 768; 1, 4, 16 and 64 tokens; bf16, fp8 and int4 experts
+(``--tokens`` and ``--formats`` pick fewer).
 For each case: median time per layer (CUDA-graph replay of ``--layers`` layers with their own pools
 and routings, so L2 never holds the weights of the next layer), bytes = packed bytes of the distinct
 experts touched, read once, plus activations in and out; GB/s against the device-copy ceiling measured
@@ -9,7 +10,8 @@ before it is timed; the best setting is timed twice (the spread). ``--grouped-mm
 ``torch._grouped_mm`` (bf16). ``--out`` gets the full JSON with the whole sweep, ``--configs-out`` the
 tuned table.
 
-Run: ``python benchmarks/kernels/bench_moe.py --out results.json [--configs-out NVIDIA_H200.json]``.
+Run: ``python benchmarks/kernels/bench_moe.py --out results.json [--configs-out NVIDIA_H200.json]
+[--formats int4,fp8] [--tokens 1,4,16]``.
 """
 from __future__ import annotations
 
@@ -34,16 +36,21 @@ from kernels.router import route, route_ref  # noqa: E402
 E, TOP_K, D, F, GROUP = 128, 8, 2048, 768, 128
 FORMATS = ("bf16", "fp8", "int4")
 TOKENS = (1, 4, 16, 64)
-# Decode candidates per format: (up, down) as (block_n, block_k, num_warps). Up programs read 2*block_n
-# rows of one expert; down programs read block_n rows of each of a token's k experts.
+# Decode candidates per format: (up, down) as (block_n, block_k, num_warps[, num_stages]). Up programs
+# read 2*block_n rows of one expert; down programs read block_n rows of each of a token's k experts.
 DECODE_TILES = {
     "bf16": [((4, 1024, 4), (1, 1024, 4)), ((2, 2048, 4), (2, 1024, 8)), ((8, 512, 4), (1, 512, 4)),
              ((4, 1024, 8), (2, 512, 4))],
     "fp8": [((2, 2048, 4), (1, 512, 4)), ((4, 1024, 4), (2, 512, 2)), ((1, 2048, 4), (1, 512, 2)),
-            ((2, 2048, 8), (1, 1024, 8)), ((1, 1024, 2), (1, 256, 2))],
-    # int4 block_k counts elements; up tiles are [2, BN, K/G groups, G/2 bytes], down [BN, k, ., .].
-    "int4": [((4, 2048, 4), (4, 256, 4)), ((4, 1024, 4), (2, 256, 2)), ((8, 1024, 8), (8, 256, 4)),
-             ((2, 2048, 4), (4, 1024, 4)), ((8, 512, 4), (2, 128, 2)), ((16, 512, 8), (16, 256, 8))],
+            ((2, 2048, 8), (1, 1024, 8)), ((1, 1024, 2), (1, 256, 2)), ((2, 1024, 2), (1, 256, 2)),
+            ((1, 1024, 2, 4), (1, 256, 2, 4)), ((4, 512, 4), (1, 256, 2)), ((1, 2048, 2), (2, 256, 2))],
+    # int4 block_k counts elements; up tiles are [2, BN, K/G groups, G/8 words], down [BN, k, ., .].
+    # Every row of a program shares the vector loads of its chunk, so wider row counts amortise them;
+    # narrower ones put more programs in flight.
+    "int4": [((4, 2048, 4), (4, 256, 4)), ((8, 2048, 8), (8, 256, 4)), ((8, 1024, 4), (8, 256, 8)),
+             ((16, 1024, 8), (16, 256, 8)), ((4, 1024, 4), (2, 256, 2)), ((2, 2048, 4), (4, 1024, 4)),
+             ((8, 512, 4), (4, 512, 4)), ((16, 512, 8), (8, 128, 4)), ((8, 1024, 4, 4), (8, 256, 4, 4)),
+             ((4, 2048, 8, 2), (2, 256, 2, 2))],
 }
 PREFILL_TILES = [(16, 64, 64, 4, 3), (32, 64, 128, 4, 3)]
 
@@ -149,12 +156,12 @@ def config_of(tile: tuple, tokens: int) -> MoeLaunchConfig:
     return MoeLaunchConfig("prefill", TileConfig(n, k, w, s), TileConfig(n, k, w, s), m)
 
 
-def bench_format(fmt: str, layers: int) -> tuple[list[dict], dict]:
+def bench_format(fmt: str, layers: int, tokens: tuple[int, ...]) -> tuple[list[dict], dict]:
     """Correctness, sweep and timings of one format; returns rows and the tuned table entries."""
     layout, views, slots = build_layers(fmt, layers)
     x = [torch.randn(64, D, device="cuda", dtype=torch.bfloat16) for _ in range(layers)]
     rows, tuned = [], {}
-    for t in TOKENS:
+    for t in tokens:
         routes = routing(t, layers)
         touched = [int(torch.unique(ids).numel()) for _, ids in routes]
         nbytes = statistics.mean(touched) * expert_bytes(layout) + 2 * t * D * 2
@@ -191,14 +198,14 @@ def bench_format(fmt: str, layers: int) -> tuple[list[dict], dict]:
     return rows, tuned
 
 
-def grouped_mm_bf16(layers: int) -> dict:
+def grouped_mm_bf16(layers: int, tokens: tuple[int, ...]) -> dict:
     """``torch._grouped_mm`` bf16 MoE (dense per-expert weights [E, K, N]) timed like the kernels."""
     if not hasattr(torch, "_grouped_mm"):
         return {}
     w13 = [torch.randn(E, D, 2 * F, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(layers)]
     w2 = [torch.randn(E, F, D, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(layers)]
     res = {}
-    for t in TOKENS:
+    for t in tokens:
         routes = routing(t, layers)
         x = torch.randn(t, D, device="cuda", dtype=torch.bfloat16)
 
@@ -231,24 +238,41 @@ def environment(commit: str) -> dict:
             "shape": {"experts": E, "top_k": TOP_K, "hidden": D, "ffn": F, "group_size": GROUP}}
 
 
-def main() -> None:
+def parse_args() -> tuple[argparse.Namespace, tuple[str, ...], tuple[int, ...]]:
+    """Command line, with ``--formats`` and ``--tokens`` as tuples (a short run covers fewer cases)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--configs-out")
+    ap.add_argument("--configs-out", help="tuned table; complete only when all formats and tokens run")
     ap.add_argument("--commit", default="unknown", help="commit measured (the device copy has no .git)")
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--grouped-mm", action="store_true", help="also time torch._grouped_mm (bf16)")
+    ap.add_argument("--formats", default=",".join(FORMATS), help=f"comma list of {', '.join(FORMATS)}")
+    ap.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="comma list of token counts")
     args = ap.parse_args()
+    formats = tuple(f for f in args.formats.split(",") if f)
+    if not formats or set(formats) - set(FORMATS):
+        ap.error(f"--formats takes a comma list of {', '.join(FORMATS)}, got {args.formats!r}")
+    try:
+        tokens = tuple(int(t) for t in args.tokens.split(","))
+    except ValueError:
+        tokens = ()
+    if not tokens or min(tokens) < 1:
+        ap.error(f"--tokens takes a comma list of positive token counts, got {args.tokens!r}")
+    return args, formats, tokens
+
+
+def main() -> None:
+    args, formats, tokens = parse_args()
     result = {**environment(args.commit), "ceiling_gbs": copy_ceiling_gbs()}
     result["small_kernels"] = check_small_kernels()
     print(result, flush=True)
     rows, tuned = [], {}
-    for fmt in FORMATS:
-        r, tuned[fmt] = bench_format(fmt, args.layers)
+    for fmt in formats:
+        r, tuned[fmt] = bench_format(fmt, args.layers, tokens)
         rows += r
         torch.cuda.empty_cache()
         Path(args.out).write_text(json.dumps({**result, "results": rows}, indent=1))  # partial, if cut short
-    result["grouped_mm_bf16_ms"] = grouped_mm_bf16(args.layers) if args.grouped_mm else {}
+    result["grouped_mm_bf16_ms"] = grouped_mm_bf16(args.layers, tokens) if args.grouped_mm else {}
     for r in rows:
         r["gbs"] = r["bytes"] / r["ms"] / 1e6 if r["ms"] else None
         r["pct_ceiling"] = 100 * r["gbs"] / result["ceiling_gbs"] if r["gbs"] else None

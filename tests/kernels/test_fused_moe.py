@@ -62,6 +62,25 @@ def test_int4_tiles_of_several_groups_with_n_and_k_tails(dtype):
     run_case("int4", dtype, hidden=160, ffn=96, experts=5, tokens=3, top_k=3, cfg=WIDE_TILES)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_int4_word_tiles_with_a_lone_tail_group(dtype):
+    # K = 224 is 7 groups of 32 (28 int32 words a row): 64-element chunks end on one lone group in both
+    # kernels, and h is stored nibble-major with slices of 28 words, not a power of two.
+    run_case("int4", dtype, hidden=224, ffn=224, experts=4, tokens=2, top_k=2, cfg=SPLIT_GROUPS)
+
+
+def test_int4_rejects_weights_off_16_byte_rows():
+    # The int4 kernels read packed rows as int32 words in 16-byte loads; a pool view that does not
+    # start on such a boundary (not placed by ExpertLayout) is refused with a sentence, not misread.
+    layout, buf, _, slots = make_pool("int4", 64, 32, 4)
+    shifted = torch.zeros(buf.shape[0], buf.shape[1] + 16, dtype=torch.uint8)
+    shifted[:, 4:4 + buf.shape[1]] = buf
+    views = layout.views(shifted[:, 4:4 + buf.shape[1]])
+    ids, w = make_routing(1, 4, 2)
+    with pytest.raises(ValueError, match="16-byte boundaries"):
+        fused_moe(torch.randn(1, 64), ids, w, slots, views, layout, ONE_SHOT)
+
+
 def test_int4_bf16_activations():
     # bf16 rows are read as int32 pairs and widened by bit moves (no bf16 arithmetic, so the
     # interpreter runs it); compared with float32 math on the same bf16 inputs.
