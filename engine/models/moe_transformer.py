@@ -17,7 +17,10 @@ from engine.experts.provider import ExpertProvider
 from engine.kv.cache import KVCache
 from engine.models.layers import Rope, SeqSlice, mlp, paged_attention_ref, rms_norm
 from engine.models.weights import AttentionWeights, ModelWeights, MoEWeights
+from kernels._triton import HAS_TRITON
+from kernels.decode_ops import add_rms_norm, qk_norm_rope_write
 from kernels.paged_attention import attend_context_ref, context_rows
+from kernels.router import route as route_kernel
 
 Acquire = Callable[[int, torch.Tensor, Any], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
@@ -60,10 +63,14 @@ class MoETransformer:
         self.device, self.dtype = device, dtype
         self.rope = Rope(spec.head_dim, spec.rope_theta, max_position, device, dtype)
         self.moe_fn = _select_moe_fn(device)
+        # One-launch norms, q/k norm + RoPE + KV write, and router on CUDA; torch everywhere else.
+        self.fused = device.type == "cuda" and HAS_TRITON
         self.decode_attention = _select_decode_attention(device)
 
     def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Router scores -> (weights [T, k] f32, ids [T, k]); also used by the prefetcher."""
+        if self.fused:
+            return route_kernel(logits, self.spec.top_k, "softmax", self.spec.renormalize)
         return route_ref(logits, self.spec.top_k, self.spec.renormalize)
 
     @torch.inference_mode()
@@ -77,26 +84,59 @@ class MoETransformer:
         acquire = acquire or self.experts.acquire
         x = self.w.embed[batch.input_ids]                                # [T, D]
         rope = self.rope.tables(batch.positions)                         # cos, sin [T, 1, hd]
+        out = None                                                       # last block's output, not yet in x
         self.experts.begin_step()
         try:
             for i, layer in enumerate(self.w.layers):
+                h, x = self._add_norm(x, out, layer.input_norm)
                 pred = self.experts.before_layer(layer.moe.moe_index, x) if layer.moe is not None else None
-                h = rms_norm(x, layer.input_norm, self.spec.rms_norm_eps)
-                x = x + self._attention(i, layer.attn, h, batch, cache, rope)
-                h = rms_norm(x, layer.post_norm, self.spec.rms_norm_eps)
-                x = x + (self._moe(layer.moe, h, pred, acquire) if layer.moe is not None
-                         else mlp(h, layer.mlp.gate_up, layer.mlp.down))
+                h, x = self._add_norm(x, self._attention(i, layer.attn, h, batch, cache, rope), layer.post_norm)
+                out = (self._moe(layer.moe, h, pred, acquire) if layer.moe is not None
+                       else mlp(h, layer.mlp.gate_up, layer.mlp.down))
         finally:
             self.experts.end_step()
+        if out is not None:
+            x = x + out
         if batch.logits_rows is not None:
             x = x[batch.logits_rows]                                     # [B', D]
-        x = rms_norm(x, self.w.final_norm, self.spec.rms_norm_eps)
+        x, _ = self._add_norm(x, None, self.w.final_norm)
         return (x @ self.w.lm_head.t()).float()                          # [B', V]
+
+    def _add_norm(self, x: torch.Tensor, delta: torch.Tensor | None,
+                  weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(rms_norm(x + delta), x + delta)``; no add when ``delta`` is None. One kernel on CUDA."""
+        if self.fused and weight.dtype == x.dtype:
+            return add_rms_norm(x, weight, self.spec.rms_norm_eps, residual=delta)
+        if delta is not None:
+            x = x + delta
+        return rms_norm(x, weight, self.spec.rms_norm_eps), x
 
     def _attention(self, i: int, a: AttentionWeights, x: torch.Tensor, batch: ForwardBatch,
                    cache: KVCache, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         s, T = self.spec, x.shape[0]
         qkv = x @ a.qkv.t()                                              # [T, (H + 2Hkv) hd]
+        if self.fused and self._fused_qkv_ok(a, cache):                   # norm, RoPE, KV write: one kernel
+            q = qk_norm_rope_write(qkv, batch.positions, self.rope.cos, self.rope.sin, cache.k[i], cache.v[i],
+                                   batch.slot_mapping, s.num_heads, s.num_kv_heads, s.head_dim, s.rms_norm_eps,
+                                   a.q_norm, a.k_norm, a.qkv_bias)
+        else:
+            q = self._qkv_ref(i, a, qkv, batch, cache, rope)
+        if batch.decode is not None:
+            o = self._decode_attention(q, cache, i, batch.decode).reshape(T, -1)   # [B, H hd]
+        else:
+            o = paged_attention_ref(q, lambda rows: cache.gather(i, rows), batch.seqs, cache.block_size)   # [T, H hd]
+        return o @ a.o.t()                                               # [T, D]
+
+    def _fused_qkv_ok(self, a: AttentionWeights, cache: KVCache) -> bool:
+        """The fused kernel covers per-head q/k norm (or none), an optional bias, an unquantised cache."""
+        s = self.spec
+        return (s.family.qk_norm in (None, "head") and s.clip_qkv is None and cache.storage_dtype == self.dtype
+                and all(t is None or t.dtype == self.dtype for t in (a.q_norm, a.k_norm, a.qkv_bias)))
+
+    def _qkv_ref(self, i: int, a: AttentionWeights, qkv: torch.Tensor, batch: ForwardBatch, cache: KVCache,
+                 rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """Bias, q/k norm, RoPE and the KV write in torch; returns q [T, H, hd]."""
+        s, T = self.spec, qkv.shape[0]
         if a.qkv_bias is not None:
             qkv = qkv + a.qkv_bias
         q, k, v = qkv.split([s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim,
@@ -112,11 +152,7 @@ class MoETransformer:
             q, k = rms_norm(q, a.q_norm, s.rms_norm_eps), rms_norm(k, a.k_norm, s.rms_norm_eps)
         q, k = Rope.apply(torch.cat([q, k], 1), *rope).split([s.num_heads, s.num_kv_heads], 1)   # one rotation
         cache.write(i, batch.slot_mapping, k, v)
-        if batch.decode is not None:
-            o = self._decode_attention(q, cache, i, batch.decode).reshape(T, -1)   # [B, H hd]
-        else:
-            o = paged_attention_ref(q, lambda rows: cache.gather(i, rows), batch.seqs, cache.block_size)   # [T, H hd]
-        return o @ a.o.t()                                               # [T, D]
+        return q
 
     def _decode_attention(self, q: torch.Tensor, cache: KVCache, i: int, d: DecodeMeta) -> torch.Tensor:
         """q [B, H, hd] over each sequence's cached context -> [B, H, hd]."""
