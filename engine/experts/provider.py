@@ -56,6 +56,7 @@ class ResidentExperts:
         base = torch.arange(num_experts, dtype=torch.int32, device=experts.device)
         self._slot_tables = [base + l * num_experts for l in range(n_layers)]
         self._counts = torch.zeros(n_layers, num_experts, dtype=torch.int64, device=experts.device)
+        self._ones = torch.ones(1024, dtype=torch.int64, device=experts.device)
 
     static = True
 
@@ -69,7 +70,9 @@ class ResidentExperts:
                 predicted: Any = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         # index_add_ rather than bincount: no device->host sync, so decode steps can be graph-captured
         ids = topk_ids.flatten()
-        self._counts[moe_index].index_add_(0, ids, torch.ones_like(ids, dtype=torch.int64))
+        if self._ones.numel() < ids.numel():
+            self._ones = torch.ones(ids.numel(), dtype=torch.int64, device=ids.device)
+        self._counts[moe_index].index_add_(0, ids, self._ones[:ids.numel()])   # one launch per layer
         return self._slot_tables[moe_index], self.views
 
     def end_step(self) -> None:
