@@ -41,3 +41,21 @@ def environment() -> dict:
 def write_result(path: str | Path, payload: dict) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps({"environment": environment(), **payload}, indent=2) + "\n")
+
+
+def h2d_bandwidth_gbs(device: torch.device | str, nbytes: int = 1 << 30, repeats: int = 8) -> float:
+    """Host -> ``device`` copy bandwidth in GB/s (1e9): a page-locked ``nbytes`` buffer on CUDA,
+    a plain memcpy between two host buffers on the CPU (what the CPU "bus" of an offload run is)."""
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+    src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=cuda).fill_(1)
+    dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    for _ in range(2):
+        dst.copy_(src, non_blocking=cuda)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        dst.copy_(src, non_blocking=cuda)
+    sync()
+    return nbytes * repeats / (time.perf_counter() - t0) / 1e9
