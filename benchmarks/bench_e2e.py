@@ -56,6 +56,7 @@ import argparse
 import dataclasses
 import json
 import math
+import statistics
 import sys
 import time
 import traceback
@@ -273,8 +274,8 @@ def strata_engine(hf, cfg, fmt: str, max_batch: int, dtype: str, device: str = "
     return engine, time.perf_counter() - t0
 
 
-def strata_decode(engine: LLMEngine, prompts: list[list[int]], n: int) -> float:
-    """Aggregate decode tok/s: (time for n tokens - time for 1 token) over the n - 1 decode steps."""
+def strata_sample(engine: LLMEngine, prompts: list[list[int]], n: int) -> float:
+    """One decode tok/s sample: (time for n tokens - time for 1 token) over the n - 1 decode steps."""
     def run(k: int) -> float:
         t0 = time.perf_counter()
         for i, p in enumerate(prompts):
@@ -284,25 +285,22 @@ def strata_decode(engine: LLMEngine, prompts: list[list[int]], n: int) -> float:
             engine.step()
         torch.cuda.synchronize()
         return time.perf_counter() - t0
-    run(4)
-    one, full = min(run(1) for _ in range(2)), min(run(n) for _ in range(2))
-    return len(prompts) * (n - 1) / (full - one)
+    return len(prompts) * (n - 1) / (run(n) - run(1))
 
 
-def hf_decode(hf, prompts: list[list[int]], n: int) -> float:
+def hf_sample(hf, prompts: list[list[int]], n: int) -> float:
+    """The same sample for transformers' ``generate`` (greedy, fixed length)."""
     ids = torch.tensor(prompts, device="cuda")
     kw = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
-    with torch.inference_mode():
-        hf.generate(ids, max_new_tokens=4, min_new_tokens=4, **kw)
 
-        def run(k):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            hf.generate(ids, max_new_tokens=k, min_new_tokens=k, **kw)
-            torch.cuda.synchronize()
-            return time.perf_counter() - t0
-        one, full = min(run(1) for _ in range(2)), min(run(n) for _ in range(2))
-    return len(prompts) * (n - 1) / (full - one)
+    def run(k: int) -> float:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        hf.generate(ids, max_new_tokens=k, min_new_tokens=k, **kw)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+    with torch.inference_mode():
+        return len(prompts) * (n - 1) / (run(n) - run(1))
 
 
 def bytes_per_token(spec, fmt: str) -> int:
@@ -349,26 +347,46 @@ def correctness() -> dict:
 
 
 def resident_rows(hf, cfg, formats: list[str], batches: list[int], prompts: dict, tokens: int,
-                  ceiling: float) -> list[dict]:
-    """transformers and Strata (every expert resident, one engine per format), greedy decode."""
-    rows = [{"system": "transformers grouped_mm bf16", "batch": b, "tok_s": hf_decode(hf, prompts[b], tokens)}
-            for b in batches]
+                  ceiling: float, rounds: int = 3) -> list[dict]:
+    """transformers and Strata (every expert resident, one engine per format), greedy decode.
+
+    Every system is loaded at once and sampled in interleaved rounds (transformers, then each
+    format, ``rounds`` times per batch size), so a slow spell of the host hits all of them alike;
+    rows report the median and every sample.
+    """
     spec = spec_from_config({**cfg.to_dict(), "architectures": ["Qwen3MoeForCausalLM"]}, Path("in-memory"))
+    systems: dict[str, object] = {"transformers grouped_mm bf16": hf}
+    rows, loads = [], {}
     for fmt in formats:
         try:
-            engine, load_s = strata_engine(hf, cfg, fmt, max(batches), "bfloat16")
-            for b in batches:
-                tok_s = strata_decode(engine, prompts[b], tokens)
-                roof = ceiling * 1e9 / bytes_per_token(spec, fmt)
-                rows.append({"system": f"strata {fmt}", "batch": b, "tok_s": tok_s, "load_s": load_s,
-                             "bytes_per_token": bytes_per_token(spec, fmt), "roofline_tok_s": roof,
-                             "fraction_of_roofline": tok_s / roof if b == 1 else None,
-                             "cuda_graphs_active": engine.stats().cuda_graphs_active})
-            engine.close()
-            del engine
+            systems[f"strata {fmt}"], loads[fmt] = strata_engine(hf, cfg, fmt, max(batches), "bfloat16")
         except Exception as e:
             rows.append({"system": f"strata {fmt}", "error": "".join(traceback.format_exception(e))[-3000:]})
-        torch.cuda.empty_cache()
+    for b in batches:
+        hf.generate(torch.tensor(prompts[b], device="cuda"), max_new_tokens=4, min_new_tokens=4, do_sample=False,
+                    eos_token_id=None, pad_token_id=0)
+        for name, sys_ in systems.items():
+            if name != "transformers grouped_mm bf16":
+                strata_sample(sys_, prompts[b], 4)                      # warm-up: graphs, compiles
+        samples: dict[str, list[float]] = {name: [] for name in systems}
+        for _ in range(rounds):
+            for name, sys_ in systems.items():
+                fn = hf_sample if name.startswith("transformers") else strata_sample
+                samples[name].append(fn(sys_, prompts[b], tokens))
+        for name, got in samples.items():
+            row = {"system": name, "batch": b, "tok_s": statistics.median(got), "samples": got}
+            if name.startswith("strata"):
+                fmt = name.split()[1]
+                roof = ceiling * 1e9 / bytes_per_token(spec, fmt)
+                row.update(load_s=loads[fmt], bytes_per_token=bytes_per_token(spec, fmt), roofline_tok_s=roof,
+                           fraction_of_roofline=row["tok_s"] / roof if b == 1 else None,
+                           cuda_graphs_active=systems[name].stats().cuda_graphs_active)
+            rows.append(row)
+    for name, sys_ in systems.items():
+        if not name.startswith("transformers"):
+            sys_.close()
+    systems.clear()
+    torch.cuda.empty_cache()
     base = {r["batch"]: r["tok_s"] for r in rows if r["system"].startswith("transformers")}
     for r in rows:
         if "tok_s" in r:

@@ -7,10 +7,14 @@ is checked on the families whose attention the kernel covers (per-head q/k norm;
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 pytest.importorskip("triton")
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                reason="CPU tensors through the Triton interpreter (a GPU run uses test_gpu_decode)")
 from engine import LLM, SamplingParams  # noqa: E402
 from tiny_models import build_tiny_model  # noqa: E402
 
