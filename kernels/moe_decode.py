@@ -125,16 +125,17 @@ def _pair_vectors(v_ptr, idx, p: tl.constexpr, mask, quarter, V_KIND: tl.constex
 
 
 @jit
-def _nibble_floats(w, S: tl.constexpr):
+def _nibble_floats(w, S: tl.constexpr, one):
     """Nibble ``S`` of every int32 word ``w`` as the float ``1 + q/16``: one shift and one and-or.
 
-    The nibble lands in the top mantissa bits (19..22) under the exponent of 1.0; the mask also drops
-    the sign bits an arithmetic right shift brings in."""
+    The nibble lands in the top mantissa bits (19..22) under the exponent of 1.0 (``one``, the bits of
+    1.0 passed at run time: with one immediate mask and one register the and-or is a single LOP3);
+    the mask also drops the sign bits an arithmetic right shift brings in."""
     if 4 * S <= 19:
         b = (w << (19 - 4 * S)) & (15 << 19)
     else:
         b = (w >> (4 * S - 19)) & (15 << 19)
-    return (b | 0x3F800000).to(tl.float32, bitcast=True)
+    return (b | one).to(tl.float32, bitcast=True)
 
 
 @jit
@@ -142,44 +143,46 @@ def _group_mask(g, groups, NG: tl.constexpr, EVEN_K: tl.constexpr):
     # Whole groups are valid or not (K is a multiple of G), so the mask is constant along a group's
     # words and never splits a 16-byte load; a constant one when the tiles divide K.
     if EVEN_K:
-        return tl.full([1, 1, NG, 1], 1, tl.int1)
+        return tl.full([NG, 1, 1, 1], 1, tl.int1)
     return g < groups
 
 
 @jit
-def _int4_group_dots(w, v_ptr, idx, v_ok, quarter, sc, zp, V_KIND: tl.constexpr):
-    """``[A, B]`` float32: packed rows ``w [A, B, NG, G/8]`` (int32 words) dotted with the vector.
+def _int4_group_dots(w, v_ptr, idx, v_ok, quarter, sc, zp, one, V_KIND: tl.constexpr):
+    """``[A, B]`` float32: packed rows ``w [NG, A, B, G/8]`` (int32 words) dotted with the vector.
 
     Word ``i`` holds elements ``8i .. 8i + 7``, element ``8i + s`` in bits ``4s .. 4s + 3``. Each nibble
     position is one pass over the tile (shift, and-or, FMA per element) against the vector elements
     ``8 idx + s``. Per group ``sum_k (1 + q_k/16) x_k = sx + sqx/16`` with ``sx = sum_k x_k``, so
     ``sum_k (q_k - z) s x_k = s (16 sum_k v_k x_k - (16 + z) sx)``: scale and zero once per group.
     """
-    acc = tl.zeros(w.shape, dtype=tl.float32)                           # [A, B, NG, GW]
-    sx = tl.zeros(idx.shape, dtype=tl.float32)                          # [1 or A, 1 or B, NG, GW]
+    acc = tl.zeros(w.shape, dtype=tl.float32)                           # [NG, A, B, GW]
+    sx = tl.zeros(idx.shape, dtype=tl.float32)                          # [NG, 1 or A, 1, GW]
     for p in tl.static_range(4):
         ve, vo = _pair_vectors(v_ptr, idx, p, v_ok, quarter, V_KIND)
-        acc += _nibble_floats(w, 2 * p) * ve
-        acc += _nibble_floats(w, 2 * p + 1) * vo
+        acc += _nibble_floats(w, 2 * p, one) * ve
+        acc += _nibble_floats(w, 2 * p + 1, one) * vo
         sx += ve + vo
-    dot = tl.sum(acc, axis=3, keep_dims=True)                           # [A, B, NG, 1]
+    dot = tl.sum(acc, axis=3, keep_dims=True)                           # [NG, A, B, 1]
     sxg = tl.sum(sx, axis=3, keep_dims=True)
-    return tl.sum(tl.sum(sc * (16.0 * dot - (16.0 + zp) * sxg), axis=3), axis=2)  # [A, B]
+    return tl.sum(tl.sum(sc * (16.0 * dot - (16.0 + zp) * sxg), axis=3), axis=0)  # [A, B]
 
 
 @jit
 def _up_int4_kernel(xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr, ss_s, sz_s, ss_n,
-                    F, K, stride_x, TOP_K: tl.constexpr, V_KIND: tl.constexpr, ROUND: tl.constexpr,
+                    F, K, stride_x, one, TOP_K: tl.constexpr, V_KIND: tl.constexpr, ROUND: tl.constexpr,
                     G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
-    # Tile [2, BN, NG, GW]: gate and up rows of BN outputs, NG groups of GW int32 words along K.
+    # Tile [NG, 2, BN, GW]: NG groups of GW int32 words along K of the gate and up rows of BN outputs.
+    # Groups outermost: Triton spreads threads over words, then groups, then rows, so once the words
+    # of a chunk are spread each thread holds several rows that share its vector loads.
     GW: tl.constexpr = G // 8
     NG: tl.constexpr = BLOCK_K // G
     pair = tl.program_id(0)
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :, None, None]     # [1, BN, 1, 1]
-    rows = n + tl.arange(0, 2)[:, None, None, None] * F                           # [2, BN, 1, 1]
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)[None, None, :, None]     # [1, 1, BN, 1]
+    rows = n + tl.arange(0, 2)[None, :, None, None] * F                           # [1, 2, BN, 1]
     row_ok = n < F
-    grp = tl.arange(0, NG)[None, None, :, None]                                    # [1, 1, NG, 1]
-    word = grp * GW + tl.arange(0, GW)[None, None, None, :]                        # [1, 1, NG, GW]
+    grp = tl.arange(0, NG)[:, None, None, None]                                    # [NG, 1, 1, 1]
+    word = grp * GW + tl.arange(0, GW)[None, None, None, :]                        # [NG, 1, 1, GW]
     slot = tl.load(slot_ptr + tl.load(ids_ptr + pair)).to(tl.int64)    # int64: pools exceed 2 GiB
     w_rows = w_ptr + slot * sw_s + rows * sw_n
     s_rows = s_ptr + slot * ss_s + rows * ss_n
@@ -187,14 +190,14 @@ def _up_int4_kernel(xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, 
     x_row = xv_ptr + (pair // TOP_K).to(tl.int64) * stride_x
     acc = tl.zeros([2, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        idx = k0 // 8 + word                                            # [1, 1, NG, GW] word index
-        g = k0 // G + grp                                               # [1, 1, NG, 1]
+        idx = k0 // 8 + word                                            # [NG, 1, 1, GW] word index
+        g = k0 // G + grp                                               # [NG, 1, 1, 1]
         g_in = _group_mask(g, K // G, NG, EVEN_K)
-        w = tl.load(w_rows + idx, mask=row_ok & g_in, other=0)          # [2, BN, NG, GW]
+        w = tl.load(w_rows + idx, mask=row_ok & g_in, other=0)          # [NG, 2, BN, GW]
         g_ok = row_ok & (g < K // G)
-        sc = tl.load(s_rows + g, mask=g_ok, other=0.0).to(tl.float32)    # [2, BN, NG, 1]
+        sc = tl.load(s_rows + g, mask=g_ok, other=0.0).to(tl.float32)    # [NG, 2, BN, 1]
         zp = tl.load(z_rows + g, mask=g_ok, other=0).to(tl.float32)
-        acc += _int4_group_dots(w, x_row, idx, g_in, 0, sc, zp, V_KIND)  # [2, BN]
+        acc += _int4_group_dots(w, x_row, idx, g_in, 0, sc, zp, one, V_KIND)  # [2, BN]
     half = tl.arange(0, 2)[:, None]
     gate = tl.sum(tl.where(half == 0, acc, 0.0), axis=0)                # [BN]
     up = tl.sum(tl.where(half == 1, acc, 0.0), axis=0)
@@ -210,40 +213,44 @@ def _up_int4_kernel(xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, 
 
 @jit
 def _down_int4_kernel(h_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr,
-                      ss_s, sz_s, ss_n, D, F, F8, stride_o, TOP_K: tl.constexpr, KP: tl.constexpr,
+                      ss_s, sz_s, ss_n, D, F, F8, stride_o, one, TOP_K: tl.constexpr, KP: tl.constexpr,
                       G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
-    # Tile [BN, KP, NG, GW]: BN rows of w2 of each of the token's k experts. Rows outermost, so a
-    # thread's h values serve all its rows. F8 = F / 8 is an argument of its own so that Triton sees
-    # its divisibility and reads each nibble's slice of h in 16-byte loads.
+    # Tile [NG, KP, BN, GW]: BN rows of w2 of each of the token's k experts, groups outermost as in
+    # the up kernel. h [NG, KP, 1, GW] is as large as the tile's words spread over the threads when
+    # BLOCK_K >= 128 * num_warps, and then each thread's h values serve all its BN rows. F8 = F / 8 is
+    # an argument of its own so that Triton sees its divisibility and reads h in 16-byte loads.
     GW: tl.constexpr = G // 8
     NG: tl.constexpr = BLOCK_K // G
     tok = tl.program_id(0)
     j = tl.arange(0, KP)[None, :, None, None]                           # [1, KP, 1, 1]
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)[:, None, None, None]   # [BN, 1, 1, 1]
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)[None, None, :, None]   # [1, 1, BN, 1]
     j_ok = j < TOP_K                                                    # KP pads k to a power of two
     pair = tok * TOP_K + j
     slot = tl.load(slot_ptr + tl.load(ids_ptr + pair, mask=j_ok, other=0), mask=j_ok, other=0).to(tl.int64)
-    row_ok = j_ok & (n < D)                                             # [BN, KP, 1, 1]
+    row_ok = j_ok & (n < D)                                             # [1, KP, BN, 1]
     w_rows = w_ptr + slot * sw_s + n * sw_n
     s_rows = s_ptr + slot * ss_s + n * ss_n
     z_rows = z_ptr + slot * sz_s + n * ss_n
     h_row = h_ptr + pair.to(tl.int64) * F                               # [1, KP, 1, 1]
-    grp = tl.arange(0, NG)[None, None, :, None]
-    word = grp * GW + tl.arange(0, GW)[None, None, None, :]             # [1, 1, NG, GW]
-    acc = tl.zeros([BLOCK_N, KP], dtype=tl.float32)
+    grp = tl.arange(0, NG)[:, None, None, None]                         # [NG, 1, 1, 1]
+    word = grp * GW + tl.arange(0, GW)[None, None, None, :]             # [NG, 1, 1, GW]
+    acc = tl.zeros([KP, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, F, BLOCK_K):
         idx = k0 // 8 + word
         g = k0 // G + grp
         g_in = _group_mask(g, F // G, NG, EVEN_K)
-        w = tl.load(w_rows + idx, mask=row_ok & g_in, other=0)          # [BN, KP, NG, GW]
+        w = tl.load(w_rows + idx, mask=row_ok & g_in, other=0)          # [NG, KP, BN, GW]
         g_ok = row_ok & (g < F // G)
-        sc = tl.load(s_rows + g, mask=g_ok, other=0.0).to(tl.float32)    # [BN, KP, NG, 1]
+        sc = tl.load(s_rows + g, mask=g_ok, other=0.0).to(tl.float32)    # [NG, KP, BN, 1]
         zp = tl.load(z_rows + g, mask=g_ok, other=0).to(tl.float32)
-        acc += _int4_group_dots(w, h_row, idx, j_ok & g_in, F8, sc, zp, 3)  # [BN, KP]
+        acc += _int4_group_dots(w, h_row, idx, j_ok & g_in, F8, sc, zp, one, 3)  # [KP, BN]
     tw = tl.load(tw_ptr + tok * TOP_K + tl.arange(0, KP), mask=tl.arange(0, KP) < TOP_K, other=0.0)
-    y = tl.sum(acc * tw.to(tl.float32)[None, :], axis=1)                # [BN]: fixed-order sum over k
+    y = tl.sum(acc * tw.to(tl.float32)[:, None], axis=0)                # [BN]: fixed-order sum over k
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     tl.store(out_ptr + tok.to(tl.int64) * stride_o + cols, y.to(out_ptr.dtype.element_ty), mask=cols < D)
+
+
+_ONE_BITS = 0x3F800000  # float32 1.0; a kernel argument, not a literal (see _nibble_floats)
 
 
 def _block_k(tile: TileConfig, fmt: int, group: int, k: int) -> int:
@@ -289,13 +296,13 @@ def _moe_decode_int4(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, slots
     xv, stride_x, v_kind = _x_words(x)
     bk = _block_k(up, FMT_INT4, group, d)
     _up_int4_kernel[(t * k, cdiv(f, up.block_n))](
-        xv, ids, slots, h, w, sw_s, sw_n, *rest, f, d, stride_x, TOP_K=k, V_KIND=v_kind,
+        xv, ids, slots, h, w, sw_s, sw_n, *rest, f, d, stride_x, _ONE_BITS, TOP_K=k, V_KIND=v_kind,
         ROUND=v_kind, G=group, BLOCK_N=up.block_n, BLOCK_K=bk, EVEN_K=d % bk == 0,
         num_warps=up.num_warps, num_stages=up.num_stages)
     w, sw_s, sw_n, *rest = _int4_word_args(w2, "w2")
     bk = _block_k(down, FMT_INT4, group, f)
     _down_int4_kernel[(t, cdiv(d, down.block_n))](
-        h, ids, slots, tw, out, w, sw_s, sw_n, *rest, d, f, f // 8, out.stride(0), TOP_K=k,
+        h, ids, slots, tw, out, w, sw_s, sw_n, *rest, d, f, f // 8, out.stride(0), _ONE_BITS, TOP_K=k,
         KP=next_pow2(k), G=group, BLOCK_N=down.block_n, BLOCK_K=bk, EVEN_K=f % bk == 0,
         num_warps=down.num_warps, num_stages=down.num_stages)
     return out

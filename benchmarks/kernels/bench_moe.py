@@ -44,13 +44,14 @@ DECODE_TILES = {
     "fp8": [((2, 2048, 4), (1, 512, 4)), ((4, 1024, 4), (2, 512, 2)), ((1, 2048, 4), (1, 512, 2)),
             ((2, 2048, 8), (1, 1024, 8)), ((1, 1024, 2), (1, 256, 2)), ((2, 1024, 2), (1, 256, 2)),
             ((1, 1024, 2, 4), (1, 256, 2, 4)), ((4, 512, 4), (1, 256, 2)), ((1, 2048, 2), (2, 256, 2))],
-    # int4 block_k counts elements; up tiles are [2, BN, K/G groups, G/8 words], down [BN, k, ., .].
-    # Every row of a program shares the vector loads of its chunk, so wider row counts amortise them;
-    # narrower ones put more programs in flight.
-    "int4": [((4, 2048, 4), (4, 256, 4)), ((8, 2048, 8), (8, 256, 4)), ((8, 1024, 4), (8, 256, 8)),
-             ((16, 1024, 8), (16, 256, 8)), ((4, 1024, 4), (2, 256, 2)), ((2, 2048, 4), (4, 1024, 4)),
-             ((8, 512, 4), (4, 512, 4)), ((16, 512, 8), (8, 128, 4)), ((8, 1024, 4, 4), (8, 256, 4, 4)),
-             ((4, 2048, 8, 2), (2, 256, 2, 2))],
+    # int4 block_k counts elements; up tiles are [K/G groups, 2, BN, G/8 words], down [., k, BN, .].
+    # Settings that keep the vector and scale loads of a step below the thread count (up) or the
+    # h slice at least as wide as the threads' words (down, block_k >= 128 * num_warps) let every
+    # thread share its vector loads over its rows instead of moving tiles through shared memory.
+    "int4": [((8, 512, 4), (4, 256, 2)), ((8, 512, 4), (8, 256, 2)), ((16, 512, 8), (8, 512, 4)),
+             ((8, 256, 2), (4, 256, 2)), ((16, 256, 4), (16, 256, 2)), ((32, 256, 8), (8, 1024, 8)),
+             ((8, 1024, 8), (4, 512, 4)), ((16, 256, 4), (2, 256, 2)), ((8, 512, 4, 4), (4, 256, 2, 4)),
+             ((4, 256, 2), (2, 256, 1))],
 }
 PREFILL_TILES = [(16, 64, 64, 4, 3), (32, 64, 128, 4, 3)]
 
