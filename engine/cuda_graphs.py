@@ -8,10 +8,12 @@ When every expert is resident the slot tables never change and a whole step is o
 offloaded expert pool each MoE layer needs the host between its routing and its expert GEMMs (read
 the ids, copy the misses, push the slot-table row, issue prefetches), so the step is recorded in
 pieces: graph ``j`` runs from the expert GEMMs of MoE layer ``j - 1`` up to the routing of MoE layer
-``j`` (attention, norms, router, the prefetch prediction), and the host resolves layer ``j``'s
-experts between two replays. The GEMMs read the slot-table row and the pool views at fixed
-addresses, so one recording serves every step until the pool is resized (``reset``). A step then
-costs one graph launch per MoE layer instead of dozens of kernel launches.
+``j`` (attention, norms, router, the prefetch prediction) and ends by storing the ids and predictions
+into pinned host memory; the host waits for it, resolves layer ``j``'s experts, launches the next
+piece and only then issues the prefetch copies, so that host work overlaps the GPU's. The GEMMs
+read the slot-table row and the pool views at fixed addresses, so one recording serves every step
+until the pool is resized or the look-ahead changes (``reset``). A step then costs one graph launch
+and one host wait per MoE layer instead of dozens of kernel launches.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from typing import Any
 
 import torch
 
+from engine.experts.readback import pinned_ids
 from engine.kv.cache import KVCache
 from engine.models.moe_transformer import DecodeMeta, ForwardBatch, MoETransformer
 
@@ -27,12 +30,23 @@ BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 
 
 @dataclass
+class _Cut:
+    """Where piece ``j`` ends: MoE layer ``moe_index`` routed; its ids (and the prediction made for
+    later layers) are published into the pinned ``region`` by the piece itself."""
+
+    moe_index: int
+    shape: tuple[int, int]        # (T, k) of the recorded ids
+    predicted: Any                # the provider's prediction handle, or None
+    region: torch.Tensor          # pinned int64 host memory
+
+
+@dataclass
 class _Recording:
-    """One bucket's decode step: ``graphs[j]`` ends at ``cuts[j]`` = (moe_index, topk_ids, prediction)."""
+    """One bucket's decode step: ``graphs[j]`` ends at ``cuts[j]``; the last graph ends with the logits."""
 
     graphs: list[torch.cuda.CUDAGraph]
     logits: torch.Tensor
-    cuts: list[tuple[int, torch.Tensor, Any]] = field(default_factory=list)
+    cuts: list[_Cut] = field(default_factory=list)
 
 
 class DecodeGraphs:
@@ -84,16 +98,21 @@ class DecodeGraphs:
         experts = self.model.experts
         rec = _Recording([], torch.empty(0))
         graph = torch.cuda.CUDAGraph()
+        k = self.model.spec.top_k
+        width = b * k * (1 + experts.prefetch_depth)            # ids, then up to depth predicted layers
+        regions = pinned_ids(self.model.spec.num_moe_layers * width).view(-1, width)
 
         def cut(moe_index: int, topk_ids: torch.Tensor, predicted: Any) -> tuple[torch.Tensor, dict]:
             nonlocal graph
             # Padding rows take row 0's experts: the host resolves only the real rows' experts, and
             # the GEMMs of the next piece must find every expert they read resident.
             topk_ids.copy_(torch.where(self.pad[:b, None], topk_ids[:1], topk_ids))
+            region = regions[len(rec.cuts)]
+            experts.publish(topk_ids, predicted, region)
             graph.capture_end()
             self.pool = graph.pool()
             rec.graphs.append(graph)
-            rec.cuts.append((moe_index, topk_ids, predicted))
+            rec.cuts.append(_Cut(moe_index, (b, k), predicted, region))
             graph = torch.cuda.CUDAGraph()
             graph.capture_begin(pool=self.pool)
             return experts.pool.table[moe_index], experts.pool.views
@@ -128,12 +147,11 @@ class DecodeGraphs:
             experts = self.model.experts
             experts.begin_step()
             try:
-                for graph, (moe_index, ids, predicted) in zip(rec.graphs, rec.cuts):
-                    graph.replay()
-                    if predicted is not None and n > b:
-                        predicted = (predicted[0], predicted[1], predicted[2][:, :b])
-                    experts.acquire(moe_index, ids[:b], predicted)
-                rec.graphs[-1].replay()
+                rec.graphs[0].replay()
+                for c, graph in zip(rec.cuts, rec.graphs[1:]):
+                    experts.acquire_published(c.moe_index, c.region, c.shape, b, c.predicted)
+                    graph.replay()                 # the GPU computes while the host issues prefetches
+                    experts.issue_prefetch()
             finally:
                 experts.end_step()
         self.replays += 1

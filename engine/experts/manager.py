@@ -9,6 +9,10 @@ Per engine step and MoE layer ``l`` the model calls ``before_layer(l, hidden)`` 
   the missing experts on demand (counted misses), makes the compute stream wait for exactly the
   copies it uses, pushes row ``l`` of the slot table, and then issues the prefetch copies, so they
   run while layer ``l`` computes. Misses are copied before prefetches and on their own stream.
+* A decode step replayed from CUDA graphs (engine/cuda_graphs.py) has each graph piece publish its
+  ids into pinned memory (``publish``); ``acquire_published`` then only waits and reads, and the
+  prefetches are issued (``issue_prefetch``) after the next piece is launched, so the host's
+  bookkeeping overlaps the GPU's work.
 * With a pool that holds every expert the table is static and ``acquire`` never syncs.
 
 Pinned against eviction: the experts of the current layer and every prefetched expert until its
@@ -81,6 +85,7 @@ class OffloadedExperts:
         self._in_step = False
         self._owns_store = False
         self.capturing = False     # set while decode steps are recorded into CUDA graphs (see before_layer)
+        self._pending_prefetch: tuple[list[int], torch.Tensor] | None = None
 
     @classmethod
     def from_rows(cls, layout: ExpertLayout, rows: torch.Tensor, num_experts: int, device: torch.device | str,
@@ -101,6 +106,7 @@ class OffloadedExperts:
     def begin_step(self) -> None:
         """A forward pass starts: forget the last step's leases and pins, age the policy."""
         self._release_all()
+        self._predicted = None
         self.policy.tick()
         self._in_step = True
         self.gate.tick()
@@ -117,6 +123,7 @@ class OffloadedExperts:
         full ``prefetch_depth``, since the gate's depth changes from step to step; ``acquire`` keeps
         only the distances the gate allows. Returns the prediction, also kept for ``acquire``.
         """
+        self._predicted = None
         if self.pool.full or self.prefetch_depth == 0:
             return None
         depth = self.prefetch_depth if self.capturing else self.gate.depth(self.prefetch_depth)
@@ -127,11 +134,13 @@ class OffloadedExperts:
         self._predicted = (moe_index, layers, ids)
         return self._predicted
 
-    def acquire(self, moe_index: int, topk_ids: torch.Tensor,
-                predicted: Prediction | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def acquire(self, moe_index: int, topk_ids: torch.Tensor, predicted: Prediction | None = None,
+                defer_prefetch: bool = False) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Make the experts of ``topk_ids [T, k]`` resident; returns ``(slot_of_expert [E] int32, views)``.
 
         ``predicted`` is what ``before_layer`` returned for this layer (default: the one it kept).
+        With ``defer_prefetch`` the prefetch copies wait for :meth:`issue_prefetch`, so a caller can
+        launch the layer's compute first and let the host's prefetch work overlap it.
         """
         if self.pool.full:
             self.counters.device_tally.add(moe_index, topk_ids)
@@ -139,6 +148,45 @@ class OffloadedExperts:
         if predicted is not None:
             self._predicted = predicted
         ids, predicted = self._read_ids(moe_index, topk_ids)
+        return self._acquire_host(moe_index, ids, predicted, defer_prefetch)
+
+    def publish(self, topk_ids: torch.Tensor, predicted: Prediction | None, region: torch.Tensor) -> None:
+        """Device work only (graph-capturable): write ``topk_ids [T, k]`` and then the predicted ids
+        ``[P, T, k]`` into the pinned host ``region`` for :meth:`acquire_published` to read."""
+        flat = topk_ids.reshape(-1).to(torch.int64)
+        self._reader.publish(flat if predicted is None else torch.cat([flat, predicted[2].reshape(-1)]), region)
+
+    def acquire_published(self, moe_index: int, region: torch.Tensor, shape: tuple[int, int], rows: int,
+                          predicted: Prediction | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """:meth:`acquire` for ids a recorded graph has published into ``region``; prefetches deferred.
+
+        ``shape`` is ``(T, k)`` as recorded, ``rows`` how many leading rows are real this step.
+        """
+        if self.pool.full:
+            raise RuntimeError("a pool holding every expert needs no published ids; record the step whole")
+        self.counters.host_syncs += 1
+        t0 = time.perf_counter()
+        self._reader.wait()
+        t, k = shape
+        host = region[:t * k * (1 + (len(predicted[1]) if predicted is not None else 0))].clone()
+        self.counters.sync_ms += (time.perf_counter() - t0) * 1e3
+        ids = host[:t * k].view(t, k)[:rows].reshape(-1)
+        pred = None
+        if predicted is not None:
+            depth = self.gate.depth(self.prefetch_depth)
+            if depth > 0:
+                pred = (predicted[1][:depth], host[t * k:].view(-1, t, k)[:depth, :rows])
+        return self._acquire_host(moe_index, ids, pred, defer_prefetch=True)
+
+    def issue_prefetch(self) -> None:
+        """Issue the prefetch copies an ``acquire(..., defer_prefetch=True)`` left pending."""
+        pending, self._pending_prefetch = self._pending_prefetch, None
+        if pending is not None:
+            self._prefetch(*pending)
+
+    def _acquire_host(self, moe_index: int, ids: torch.Tensor, predicted: tuple | None,
+                      defer_prefetch: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Host half of acquire: ``ids`` int64 [T*k] and ``predicted`` (layers, ids [P, T, k]) on the host."""
         self._enter_layer(moe_index)
         base = moe_index * self.num_experts
         keys = [base + e for e in sorted(set(ids.tolist()))]
@@ -159,8 +207,9 @@ class OffloadedExperts:
             del self._prefetched[k]                  # its layer has come: no longer pinned
         self.pool.copies.wait_for([slot_of[k] for k in keys])
         row = self.pool.push_row(moe_index)
-        if predicted is not None:
-            self._prefetch(predicted[0], predicted[1])
+        self._pending_prefetch = predicted
+        if not defer_prefetch:
+            self.issue_prefetch()
         return row, self.pool.views
 
     def end_step(self) -> None:
@@ -326,6 +375,7 @@ class OffloadedExperts:
             self.gate.on_issue(layer - origin, len(pairs))
 
     def _release_all(self) -> None:
+        self._pending_prefetch = None
         for slot in list(self.pool.lease):
             self._drop_staging(slot)
         self._prefetched.clear()

@@ -1,9 +1,11 @@
 """Copies of experts into pool slots, and the prediction of which experts are needed next.
 
 On CUDA, copies run on their own streams (one for prefetches, one for on-demand misses, so a miss
-never queues behind prefetches of later layers). Each batch of copies first waits for the compute
-work already issued (a slot being overwritten may still be read by an earlier layer) and ends with
-an event; the compute stream waits only on the events of the slots a layer uses. The time the
+never queues behind prefetches of later layers), each batch ending with an event; the compute stream
+waits only on the events of the slots a layer uses. Copies do not wait for the compute stream: every
+copy is issued after the host has read a layer's routing ids, which finished every earlier kernel,
+and the slots a copy may overwrite are never those of the layer being computed or of a pending
+prefetch (the manager pins them). So prefetch copies can be issued while the layer computes. The time the
 compute stream stalls is measured with a pair of timing events around those waits and read back
 only once the pair has completed, so statistics never synchronise.
 
@@ -49,7 +51,6 @@ class CopyEngine:
                 self.wait_ms += (time.perf_counter() - t0) * 1e3
             return
         stream = self._demand_stream if demand else self._prefetch_stream
-        stream.wait_stream(torch.cuda.current_stream(self.device))   # earlier readers of these slots
         for slot, _ in pairs:                  # an earlier copy into a reused slot, maybe on the other stream
             ev = self._pending.get(slot)
             if ev is not None and not ev.query():
