@@ -396,7 +396,8 @@ def resident_rows(hf, cfg, formats: list[str], batches: list[int], prompts: dict
 
 def sampled_decode(engine: LLMEngine, prompts: list[list[int]], sweep: Sweep, seed: int):
     """Sample (temperature 1, seeded) ``warmup + tokens`` tokens per prompt; time only the last
-    ``tokens`` steps. Returns (tokens timed, seconds, expert stats before, after)."""
+    ``tokens`` steps. Returns (tokens timed, seconds, expert stats before, after, host ms blocked on
+    routing reads)."""
     ids = [engine.add_request(None, p, SamplingParams(max_tokens=sweep.warmup + sweep.tokens, temperature=1.0,
                                                       seed=seed + i, ignore_eos=True)) for i, p in enumerate(prompts)]
     made = dict.fromkeys(ids, 0)
@@ -412,23 +413,28 @@ def sampled_decode(engine: LLMEngine, prompts: list[list[int]], sweep: Sweep, se
     while min(made.values()) < sweep.warmup:
         step()
     before, done = snapshot(), sum(made.values())
+    experts = engine.loaded.experts
+    sync0 = getattr(experts, "host_sync_ms", 0.0)
     t0 = time.perf_counter()
     while engine.has_unfinished():
         step()
     _sync(sweep.device)
     seconds = time.perf_counter() - t0
-    return sum(made.values()) - done, seconds, before, snapshot()
+    after = snapshot()
+    return sum(made.values()) - done, seconds, before, after, getattr(experts, "host_sync_ms", 0.0) - sync0
 
 
 def _row(routing: str, pool: float, depth: int, batch: int, timed, base_bytes: int, budget: int | None) -> dict:
-    n, secs, before, after = timed
+    n, secs, before, after, host_wait = timed
     d = lambda f: getattr(after, f) - getattr(before, f)   # noqa: E731
     looked = d("hits") + d("misses")
     row = {"routing": routing, "pool_fraction": pool, "depth": depth, "batch": batch, "tokens": n,
            "tok_s": n / secs, "ms_per_token": 1e3 * secs / n, "hit_rate": d("hits") / looked if looked else 1.0,
            "prefetch_hits": d("prefetch_hits"), "prefetch_wasted": d("prefetch_wasted"),
            "h2d_bytes_per_token": d("h2d_bytes") / n, "bus_gb_s": d("h2d_bytes") / secs / 1e9,
-           "copy_wait_ms_per_token": d("copy_wait_ms") / n}
+           "copy_wait_ms_per_token": d("copy_wait_ms") / n,
+           # wall time the host spent blocked on routing reads (GPU busy); the rest is host work
+           "host_wait_ms_per_token": host_wait / n}
     if torch.cuda.is_available() and budget is not None:
         peak = torch.cuda.max_memory_allocated()
         row.update(peak_allocated_gb=peak / 1e9, engine_peak_gb=(peak - base_bytes) / 1e9, budget_gb=budget / 1e9,
@@ -524,7 +530,7 @@ def print_tables(result: dict) -> None:
     print(f"pinned H2D {result['pinned_h2d_gbs']:.1f} GB/s; ms are per generated token; C = compute-only (100% pool), "
           "M = H2D bytes / pinned bandwidth; bus = H2D bytes / decode wall time")
     print(f"{'routing':<13}{'pool':>5}{'d':>2}{'B':>3}{'tok/s':>9}{'ms':>8}{'C+M':>8}{'max':>8}{'hit%':>6}"
-          f"{'pf+':>6}{'pf-':>6}{'MB/tok':>8}{'busGB/s':>8}{'wait':>7}{'x d0':>6}{'ideal':>6}{'peak/budget GB':>16}")
+          f"{'pf+':>6}{'pf-':>6}{'MB/tok':>8}{'busGB/s':>8}{'wait':>7}{'hostw':>7}{'x d0':>6}{'ideal':>6}{'peak/budget GB':>16}")
     for routing, block in result["offload"].items():
         if "error" in block:
             print(f"{routing}: ERROR {block['error'][-600:]}")
@@ -536,6 +542,7 @@ def print_tables(result: dict) -> None:
                   f"{r['ms_per_token']:>8.2f}{f('serial_limit_ms', '8.2f'):>8}{f('overlap_limit_ms', '8.2f'):>8}"
                   f"{100 * r['hit_rate']:>6.1f}{r['prefetch_hits']:>6}{r['prefetch_wasted']:>6}"
                   f"{r['h2d_bytes_per_token'] / 1e6:>8.1f}{r['bus_gb_s']:>8.2f}{r['copy_wait_ms_per_token']:>7.2f}"
+                  f"{r.get('host_wait_ms_per_token', 0.0):>7.2f}"
                   f"{f('speedup_vs_depth0', '6.2f'):>6}{f('ideal_speedup_vs_depth0', '6.2f'):>6}{mem:>16}")
     for routing, block in result["offload"].items():
         if "error" not in block:
