@@ -47,6 +47,7 @@ class ExpertPool:
         self.free: list[int] = []                     # free pool slots, lowest last (popped first)
         self.staging_free: list[int] = []
         self.lease: dict[int, int] = {}               # staging slot -> layer it was taken for
+        self._stale: set[int] = set()                 # layers whose device row differs from the mirror
         self.resize(slots, keep)
 
     # ---- sizes -------------------------------------------------------------------------------
@@ -76,6 +77,7 @@ class ExpertPool:
     def assign(self, key: int, slot: int) -> None:
         self.slot_of[key] = slot
         self.owner[slot] = key
+        self._stale.add(key // self.num_experts)
 
     def unassign(self, slot: int) -> int:
         """Empty ``slot``; returns the key it held."""
@@ -83,6 +85,7 @@ class ExpertPool:
         self.owner[slot] = -1
         if key >= 0:
             self.slot_of[key] = -1
+            self._stale.add(key // self.num_experts)
         return key
 
     def take_free(self) -> int | None:
@@ -106,10 +109,13 @@ class ExpertPool:
         self.copies.copy(pairs, self.buffer, self.store.rows, demand)
 
     def push_row(self, layer: int) -> torch.Tensor:
-        """Send the host mirror of ``layer``'s row to the device table; returns ``table[layer]`` [E]."""
-        lo = layer * self.num_experts
-        row = torch.tensor(self.slot_of[lo:lo + self.num_experts], dtype=torch.int32)
-        self.table[layer].copy_(row, non_blocking=True)   # pageable source: staged by the driver at once
+        """Send the host mirror of ``layer``'s row to the device table if it changed since it was last
+        sent; returns ``table[layer]`` [E]."""
+        if layer in self._stale:
+            self._stale.discard(layer)
+            lo = layer * self.num_experts
+            row = torch.tensor(self.slot_of[lo:lo + self.num_experts], dtype=torch.int32)
+            self.table[layer].copy_(row, non_blocking=True)   # pageable source: staged by the driver at once
         return self.table[layer]
 
 
@@ -154,6 +160,7 @@ class ExpertPool:
         self.load(placed, demand=False)
         self.copies.join()
         self.table.copy_(torch.tensor(self.slot_of, dtype=torch.int32).view(self.num_layers, self.num_experts))
+        self._stale.clear()
 
     def close(self) -> None:
         """Free the device buffer once every copy into it is done."""
