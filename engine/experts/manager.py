@@ -360,9 +360,12 @@ class OffloadedExperts:
         slot_of = self.pool.slot_of
         for layer, layer_ids in zip(layers, ids):
             base, pairs = layer * self.num_experts, []
-            for e in sorted(set(layer_ids.reshape(-1).tolist())):
+            cap = self.gate.quota(layer - origin)
+            for e in dict.fromkeys(layer_ids.t().reshape(-1).tolist()):   # every token's first choice first
                 key = base + e
                 if slot_of[key] < 0:
+                    if cap is not None and len(pairs) >= cap:
+                        continue
                     slot = self._slot_for(key, layer, pinned, demand=False)
                     if slot is None:
                         break                      # no room left: later guesses would not fit either

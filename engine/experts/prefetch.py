@@ -133,12 +133,15 @@ class PrefetchGate:
     this keeps decayed counts of experts copied ahead and of those the real routing then used; a
     distance whose hit share is below ``threshold`` stops prefetching — and everything beyond it,
     since predictions get worse with distance — except on one step in ``probe_every``, which keeps
-    the estimate current when routing changes.
+    the estimate current when routing changes. A probe copies at most ``probe_quota`` guesses per
+    layer at a closed distance: enough to measure, too few to flood the bus (at batch 8 a full
+    probe of a bf16 model would move gigabytes of mostly wrong guesses).
     """
 
     def __init__(self, max_depth: int = 8, threshold: float = 0.5, decay: float = 0.98,
-                 probe_every: int = 16, min_samples: float = 16.0) -> None:
+                 probe_every: int = 16, min_samples: float = 16.0, probe_quota: int = 1) -> None:
         self.threshold, self.decay, self.probe_every, self.min_samples = threshold, decay, probe_every, min_samples
+        self.probe_quota = probe_quota
         self.issued = [0.0] * (max_depth + 1)
         self.used = [0.0] * (max_depth + 1)
         self.steps = 0
@@ -160,6 +163,12 @@ class PrefetchGate:
                 break
             d += 1
         return d
+
+    def quota(self, d: int) -> int | None:
+        """Most copies one layer may issue at distance ``d`` this step: None (no cap) while the
+        distance is open, ``probe_quota`` when only a probe lets it through."""
+        acc = self.accuracy(d)
+        return None if acc is None or acc >= self.threshold else self.probe_quota
 
     def on_issue(self, d: int, n: int) -> None:
         if d < len(self.issued):

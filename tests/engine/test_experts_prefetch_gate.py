@@ -56,3 +56,16 @@ def test_the_offloaded_pool_counts_guesses_per_distance(tmp_path):
     gate, stats = llm.engine.loaded.experts.gate, llm.stats().experts
     assert gate.issued[1] > 0
     assert round(sum(gate.used)) <= stats.prefetch_hits           # used counts decay, hits do not
+
+
+def test_a_probe_at_a_closed_distance_copies_only_its_quota():
+    # At batch 8 a full probe of a closed distance would copy dozens of mostly wrong guesses per layer.
+    gate = PrefetchGate(threshold=0.5, probe_every=4, min_samples=8, probe_quota=2)
+    assert gate.quota(1) is None                                  # no estimate yet: no cap
+    for _ in range(40):
+        gate.tick()
+        gate.on_issue(1, 4)
+        gate.on_issue(2, 4)
+        for _ in range(4):
+            gate.on_use(2)
+    assert gate.quota(1) == 2 and gate.quota(2) is None           # closed distance capped, open one not
