@@ -112,6 +112,7 @@ class Sweep:
     dtype: str
     kv_cache_size: str
     budget: int | None               # gpu_memory_budget passed to the engine (None on the CPU)
+    repeat: int = 1                  # rounds over the grid; a row reports its median round
 
 
 def base_std(shape: dict) -> float:
@@ -448,27 +449,46 @@ def offload_block(hf, cfg, sweep: Sweep, prompts: dict, routing: str) -> dict:
     expert = ExpertLayout.make(sweep.fmt, spec.hidden, spec.moe_ffn, 128).nbytes
     total = expert * spec.num_moe_layers * spec.num_experts
     cuda = sweep.device.startswith("cuda")
-    base = torch.cuda.memory_allocated() if cuda else 0        # what is not the engine's (transformers' model)
+    # what is not the engine's: transformers' model, which shares the GPU during the sweep
+    base = sum(t.numel() * t.element_size() for t in [*hf.parameters(), *hf.buffers()]) if cuda else 0
     budget = {} if sweep.budget is None else {"gpu_memory_budget": sweep.budget}
     engine, load_s = strata_engine(hf, cfg, sweep.fmt, max(sweep.batches), sweep.dtype, sweep.device,
                                    sweep.kv_cache_size, expert_pool_size=int(total * sweep.pools[0]),
                                    prefetch_depth=sweep.depths[0], **budget)
     rows = []
     try:
-        for pool in sweep.pools:
-            for depth in sweep.depths if pool < 1 else sweep.depths[:1]:   # a full pool never prefetches
-                for b in sweep.batches:
-                    if cuda:
-                        torch.cuda.reset_peak_memory_stats()
-                    engine.reconfigure(expert_pool_size=int(total * pool), prefetch_depth=depth)
-                    timed = sampled_decode(engine, prompts[b], sweep, seed=1000 * len(rows))
-                    rows.append(_row(routing, pool, depth, b, timed, base, sweep.budget))
+        for _ in range(sweep.repeat):      # rounds: a slow spell of the host hits every setting alike
+            for pool in sweep.pools:
+                for depth in sweep.depths if pool < 1 else sweep.depths[:1]:   # a full pool never prefetches
+                    for b in sweep.batches:
+                        if cuda:
+                            torch.cuda.reset_peak_memory_stats()
+                        engine.reconfigure(expert_pool_size=int(total * pool), prefetch_depth=depth)
+                        timed = sampled_decode(engine, prompts[b], sweep, seed=1000 * len(rows))
+                        rows.append(_row(routing, pool, depth, b, timed, base, sweep.budget))
+        rows = _medians(rows)
         acts = torch.tensor(engine.stats().experts.activations)                        # [L, E]
         plan_budget = engine.loaded.plan.budget_bytes
     finally:
         engine.close()
     return {"rows": rows, "engine_top10_share": top_share(acts), "load_s": load_s, "expert_bytes": expert,
             "gpu_memory_budget": sweep.budget, "engine_plan_budget": plan_budget}
+
+
+def _medians(rows: list[dict]) -> list[dict]:
+    """One row per setting: its median round by time per token, with every round's tok/s; the
+    memory peak is the largest of any round."""
+    out = []
+    for key in dict.fromkeys((r["pool_fraction"], r["depth"], r["batch"]) for r in rows):
+        mine = sorted((r for r in rows if (r["pool_fraction"], r["depth"], r["batch"]) == key),
+                      key=lambda r: r["ms_per_token"])
+        row = dict(mine[(len(mine) - 1) // 2])
+        row["rounds_tok_s"] = [r["tok_s"] for r in mine]
+        if "engine_peak_gb" in row:
+            row["engine_peak_gb"] = max(r["engine_peak_gb"] for r in mine)
+            row["within_budget"] = all(r["within_budget"] for r in mine)
+        out.append(row)
+    return out
 
 
 def add_limits(rows: list[dict], pinned_gbs: float) -> None:
@@ -595,6 +615,7 @@ def main() -> None:
     ap.add_argument("--depths", default="0,1,2")
     ap.add_argument("--routing", choices=("uniform", "trained-like", "both"), default="both")
     ap.add_argument("--budget", default="64G", help="gpu_memory_budget given to the offload engine")
+    ap.add_argument("--repeat", type=int, default=1, help="offload: rounds over the grid (rows report medians)")
     ap.add_argument("--update-ratio", type=float, default=TrainedLike.update_ratio)
     ap.add_argument("--mean-share", type=float, default=TrainedLike.mean_share)
     ap.add_argument("--top10-share", type=float, default=TrainedLike.top10_share)
@@ -625,7 +646,7 @@ def main() -> None:
         sweep = Sweep(args.offload, tuple(float(p) for p in args.pools.split(",")),
                       tuple(int(d) for d in args.depths.split(",")), tuple(batches), args.tokens, args.warmup,
                       device, "float32" if args.smoke else "bfloat16", "64M" if args.smoke else "4G",
-                      None if args.smoke else parse_size(args.budget, "budget"))
+                      None if args.smoke else parse_size(args.budget, "budget"), args.repeat)
         result["pinned_h2d_gbs"] = pinned = h2d_bandwidth_gbs(device, 1 << (26 if args.smoke else 30))
         routings = ["uniform", "trained-like"] if args.routing == "both" else [args.routing]
         result["offload"] = offload_sweep(hf, cfg, sweep, routings, knobs, prompts, std)
