@@ -21,7 +21,9 @@ def _load(name: str) -> dict | None:
 
 
 def e2e_table(d: dict) -> list[str]:
-    out = [f"End to end, Qwen3-30B-A3B shape on an H200 (`{_file('e2e_*.json')}`; {d['routing']}; copy ceiling "
+    routing = d.get("routing", "random N(0, 0.02) weights")
+    out = [f"End to end, Qwen3-30B-A3B shape on an H200 (`{_file('e2e_*.json')}`; {routing}; medians of interleaved "
+           f"rounds; copy ceiling "
            f"{d['copy_ceiling_gbs']:.0f} GB/s):", "", "| system | batch | decode tok/s | × transformers | of roofline |",
            "|---|---|---|---|---|"]
     for r in d["results"]:
@@ -58,6 +60,47 @@ def offload_table(d: dict) -> list[str]:
     return out
 
 
+def residency_table(d: dict) -> list[str]:
+    """The whole engine with an offloaded pool (bench_e2e.py --offload): each row beside its limits."""
+    out = [f"Expert residency, the whole engine on the same shape with bf16 experts (`{_file('residency_*.json')}`; "
+           f"pinned host-to-device {d['pinned_h2d_gbs']:.1f} GB/s; ms per generated token; C = the 100%-pool time, "
+           "M = bytes over the bus / pinned bandwidth; medians of the rounds where there were several):", "",
+           "| routing | pool | depth | batch | tok/s | ms | C + M | max(C, M) | hit rate | MB/token over the bus |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for routing, block in d["offload"].items():
+        for r in block.get("rows", []):
+            lim = (f"{r['serial_limit_ms']:.2f} | {r['overlap_limit_ms']:.2f}" if "serial_limit_ms" in r else "| ")
+            out.append(f"| {routing} | {100 * r['pool_fraction']:.0f}% | {r['depth']} | {r['batch']} | {r['tok_s']:.1f} | "
+                       f"{r['ms_per_token']:.2f} | {lim} | {100 * r['hit_rate']:.1f}% | "
+                       f"{r['h2d_bytes_per_token'] / 1e6:.0f} |")
+    out.append("")
+    for s in d.get("summary", []):
+        parts = [f"{s['routing']}, batch {s['batch']}:"]
+        if "pool50_depth2_over_depth0" in s:
+            parts.append(f"50% pool, depth 2 / depth 0 = {s['pool50_depth2_over_depth0']:.2f}× "
+                         f"(ideal overlap {s['pool50_ideal']:.2f}×);")
+        if "pool0_bus_gb_s" in s:
+            parts.append(f"0% pool moves {s['pool0_bus_gb_s']:.1f} GB/s = {100 * s['pool0_bus_fraction_of_pinned']:.0f}% "
+                         "of pinned;")
+        if "within_budget" in s:
+            parts.append(f"engine peak {s['max_engine_peak_gb']:.1f} GB, within the budget: {s['within_budget']}.")
+        out.append("- " + " ".join(parts))
+    full = next((f for f in sorted(RESULTS.glob("residency_*.json"), reverse=True)
+                 if any(r["pool_fraction"] == 0 for b in json.loads(f.read_text())["offload"].values()
+                        for r in b.get("rows", []))), None)
+    if full is not None:
+        doc = json.loads(full.read_text())
+        pinned = doc["pinned_h2d_gbs"]
+        rows = [(routing, r) for routing, b in doc["offload"].items() for r in b.get("rows", [])
+                if r["pool_fraction"] == 0 and r["depth"] == 0]
+        out.append(f"- Miss-bound decode, 0% pool, depth 0 (`benchmarks/results/{full.name}`, the full grid of pools "
+                   f"0/25/50/100% and depths 0/1/2; pinned {pinned:.1f} GB/s): " + "; ".join(
+                       f"{routing} batch {r['batch']}: copies at {r['serial_copy_gb_s']:.1f} GB/s = "
+                       f"{100 * r['serial_copy_gb_s'] / pinned:.0f}% of pinned (bytes / (time − C)), bus busy "
+                       f"{100 * r['bus_gb_s'] / pinned:.0f}% of the wall time" for routing, r in rows) + ".")
+    return out
+
+
 def cpu_table(d: dict) -> list[str]:
     return [f"CPU decode of the demo model, batch 1, float32 (`{_file('cpu_decode_*.json')}`): Strata "
             f"{d['strata_decode_tok_s']} tok/s, transformers {d['transformers_decode_tok_s']} tok/s, "
@@ -72,7 +115,8 @@ def _file(pattern: str) -> str:
 def render() -> str:
     parts: list[list[str]] = []
     for pattern, fn in (("e2e_*.json", e2e_table), ("kernels_moe_*.json", kernels_table),
-                        ("offload_*.json", offload_table), ("cpu_decode_*.json", cpu_table)):
+                        ("offload_*.json", offload_table), ("residency_*.json", residency_table),
+                        ("cpu_decode_*.json", cpu_table)):
         d = _load(pattern)
         if d is not None:
             parts.append(fn(d))
