@@ -66,16 +66,21 @@ class ResidencyCounters:
         self.sync_ms = 0.0
         self.layer_hits = [0] * num_layers
         self.layer_misses = [0] * num_layers
-        self.acts = torch.zeros(num_layers, num_experts, dtype=torch.int64)   # [L, E] host-side counts
+        self.acts = [[0] * num_experts for _ in range(num_layers)]            # [L][E] host-side counts
         self.device_tally = DeviceTally(num_layers, num_experts, device)
 
-    def record(self, layer: int, ids_host: torch.Tensor, hits: int, misses: int) -> None:
-        """One layer call resolved on the host: ``ids_host`` int64 [T*k]."""
+    def record(self, layer: int, ids_host: list[int], hits: int, misses: int) -> None:
+        """One layer call resolved on the host: the expert id of each of its T*k assignments.
+
+        Plain Python on purpose: this runs once per layer on the decode path, where a torch call
+        on a few ids costs more than the counting."""
         self.hits += hits
         self.misses += misses
         self.layer_hits[layer] += hits
         self.layer_misses[layer] += misses
-        self.acts[layer] += torch.bincount(ids_host, minlength=self.num_experts)
+        row = self.acts[layer]
+        for e in ids_host:
+            row[e] += 1
 
     def snapshot(self, pool: ExpertPool) -> ExpertStats:
         """A frozen ExpertStats (device-side counts as of the previous call on CUDA)."""
@@ -83,7 +88,7 @@ class ResidencyCounters:
         dev_hits_l = dev_hits.tolist()
         hits_l = [h + d for h, d in zip(self.layer_hits, dev_hits_l)]
         rates = tuple(h / (h + m) if h + m else 1.0 for h, m in zip(hits_l, self.layer_misses))
-        acts = (self.acts + dev_acts).tolist()
+        acts = (torch.tensor(self.acts, dtype=torch.int64) + dev_acts).tolist()
         return ExpertStats(
             hits=self.hits + int(sum(dev_hits_l)), misses=self.misses,
             prefetch_hits=self.prefetch_hits, prefetch_wasted=self.prefetch_wasted,

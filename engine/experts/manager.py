@@ -189,7 +189,8 @@ class OffloadedExperts:
         """Host half of acquire: ``ids`` int64 [T*k] and ``predicted`` (layers, ids [P, T, k]) on the host."""
         self._enter_layer(moe_index)
         base = moe_index * self.num_experts
-        keys = [base + e for e in sorted(set(ids.tolist()))]
+        id_list = ids.tolist()
+        keys = [base + e for e in sorted(set(id_list))]
         self._current = set(keys)
         slot_of = self.pool.slot_of
         misses = [k for k in keys if slot_of[k] < 0]
@@ -202,7 +203,7 @@ class OffloadedExperts:
         pairs = [(self._slot_for(k, moe_index, pinned, demand=True), k) for k in misses]
         self.pool.load(pairs, demand=True)
         self.policy.touch(keys)
-        self.counters.record(moe_index, ids, len(keys) - len(misses), len(misses))
+        self.counters.record(moe_index, id_list, len(keys) - len(misses), len(misses))
         for k in [k for k, j in self._prefetched.items() if j <= moe_index]:
             del self._prefetched[k]                  # its layer has come: no longer pinned
         self.pool.copies.wait_for([slot_of[k] for k in keys])

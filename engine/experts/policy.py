@@ -91,6 +91,12 @@ class LFUPolicy:
 
     Instead of decaying every score each step, each new use adds ``(1/decay) ** step``: the order
     is the same and a step costs nothing. Scores are rescaled before they grow past floats.
+
+    A use only updates the key's ``(score, last use)``; it does not touch the heap. Both only grow,
+    so a heap entry is never above its key's current value: ``victim`` pops the smallest entry and,
+    if it is out of date, pushes the current one back and pops again. The coldest up-to-date entry
+    is then the coldest resident, and a use (once per expert per layer on the decode path) costs
+    two dict writes.
     """
 
     name = "lfu"
@@ -116,14 +122,10 @@ class LFUPolicy:
         self._resident.discard(key)
 
     def touch(self, keys: Iterable[int]) -> None:
+        score, seq, weight = self._score, self._seq, self._weight
         for k in keys:
-            self._score[k] = self._score.get(k, 0.0) + self._weight
-            self._seq[k] = next(self._clock)
-            if k in self._resident:
-                self._push(k)
-        if len(self._heap) > 4 * len(self._resident) + 1024:   # drop stale entries
-            self._heap = [(self._score.get(k, 0.0), self._seq[k], k) for k in self._resident]
-            heapq.heapify(self._heap)
+            score[k] = score.get(k, 0.0) + weight
+            seq[k] = next(self._clock)
 
     def tick(self) -> None:
         self._weight *= self._growth
@@ -143,13 +145,20 @@ class LFUPolicy:
         return self._score.get(key, 0.0) / self._weight
 
     def victim(self, pinned: set[int]) -> int | None:
+        if len(self._heap) > 4 * len(self._resident) + 1024:   # drop entries of evicted keys
+            self._heap = [(self._score.get(k, 0.0), self._seq[k], k) for k in self._resident]
+            heapq.heapify(self._heap)
         skipped: list[tuple[float, int, int]] = []
         found = None
         while self._heap:
             entry = heapq.heappop(self._heap)
             score, seq, key = entry
-            if key not in self._resident or seq != self._seq[key] or score != self._score.get(key, 0.0):
-                continue                                 # stale
+            if key not in self._resident:
+                continue                                 # evicted since
+            current = (self._score.get(key, 0.0), self._seq[key], key)
+            if entry != current:
+                heapq.heappush(self._heap, current)      # used since: it may not be the coldest
+                continue
             skipped.append(entry)
             if key not in pinned:
                 found = key

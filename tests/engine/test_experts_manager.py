@@ -195,3 +195,31 @@ def test_bad_construction_is_one_line(stack: Stack) -> None:
         stack.offloaded(4, budget_bytes=stack.layout.nbytes)
     with pytest.raises(ConfigError, match="recorded for"):
         stack.offloaded(2, policy="static", routing_profile=[[1] * E])
+
+
+def test_lfu_victim_is_the_coldest_unpinned_resident_under_random_use() -> None:
+    # Uses update scores without touching the heap; the victim must still be exactly the resident
+    # with the lowest (decayed count, last use), skipping pinned keys, through evictions,
+    # re-insertions and the per-step decay.
+    import random
+
+    from engine.experts.policy import LFUPolicy
+    rng = random.Random(0)
+    lfu = LFUPolicy(decay=0.8)
+    resident: set[int] = set()
+    for step in range(300):
+        lfu.tick()
+        for _ in range(3):
+            k = rng.randrange(40)
+            if k not in resident and len(resident) < 25:
+                lfu.insert(k)
+                resident.add(k)
+        lfu.touch(rng.sample(range(40), 6))
+        pinned = set(rng.sample(sorted(resident), min(4, len(resident))))
+        want = min((k for k in resident if k not in pinned),
+                   key=lambda k: (lfu._score.get(k, 0.0), lfu._seq[k]), default=None)
+        got = lfu.victim(pinned)
+        assert got == want, step
+        if got is not None and step % 2:
+            lfu.remove(got)
+            resident.discard(got)
