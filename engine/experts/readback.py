@@ -40,6 +40,7 @@ class HostReader:
         self.zero_copy = device.type == "cuda"
         self._buf: torch.Tensor | None = None       # int64 [capacity], pinned and mapped
         self._fn = None
+        self._done: torch.cuda.Event | None = None
 
     def read(self, t: torch.Tensor) -> torch.Tensor:
         """Copy of ``t`` (int64, contiguous, 1-D) on the host."""
@@ -68,9 +69,10 @@ class HostReader:
     def wait(self) -> None:
         """Block the host until the compute stream's work so far (the last publish included) is done."""
         if self.device.type == "cuda":
-            done = torch.cuda.Event()
-            done.record()
-            done.synchronize()
+            if self._done is None:
+                self._done = torch.cuda.Event()    # one event, recorded again each time
+            self._done.record()
+            self._done.synchronize()
 
 
 def pinned_ids(n: int) -> torch.Tensor:
