@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from engine import LLM, SamplingParams
+from test_experts_support import generate_with_resizes
 from tiny_models import build_tiny_model
 
 PROMPTS = [[1, 5, 77, 300, 12, 9, 400, 33], [1, 99, 4], [1, 250, 251, 252, 17]]
@@ -48,15 +49,7 @@ def test_greedy_identical_per_policy(model, policy) -> None:
 def test_live_resizes_mid_generation(model) -> None:
     path, ref, keys, nbytes = model
     with _llm(path, expert_pool_size=(keys // 2) * nbytes, prefetch_depth=2) as llm:
-        eng = llm.engine
-        ids = {eng.add_request(None, p, GREEDY): i for i, p in enumerate(PROMPTS)}
-        out = {i: [] for i in ids.values()}
         sizes = [0, keys, 3, keys // 2, 1]
-        step = 0
-        while eng.has_unfinished():
-            for d in eng.step():
-                out[ids[d.request_id]] += d.new_token_ids
-            llm.reconfigure(expert_pool_size=sizes[step % len(sizes)] * nbytes, prefetch_depth=step % 3)
-            step += 1
-        assert [out[i] for i in range(len(PROMPTS))] == ref
-        assert step > len(sizes)
+        out, steps = generate_with_resizes(llm, PROMPTS, GREEDY, sizes, nbytes)
+        assert out == ref
+        assert steps > len(sizes)

@@ -68,3 +68,18 @@ class Stack:
             if between is not None:
                 between(i)
         return outs
+
+
+def generate_with_resizes(llm, prompts: list[list[int]], params, pool_slots: list[int], nbytes: int):
+    """Generate ``prompts`` step by step, resizing the pool (``pool_slots[i % n]`` slots of ``nbytes``)
+    and cycling the prefetch depth 0-2 after every step. Returns (token ids per prompt, steps)."""
+    eng = llm.engine
+    ids = {eng.add_request(None, p, params): i for i, p in enumerate(prompts)}
+    out = {i: [] for i in ids.values()}
+    step = 0
+    while eng.has_unfinished():
+        for d in eng.step():
+            out[ids[d.request_id]] += d.new_token_ids
+        llm.reconfigure(expert_pool_size=pool_slots[step % len(pool_slots)] * nbytes, prefetch_depth=step % 3)
+        step += 1
+    return [out[i] for i in range(len(prompts))], step

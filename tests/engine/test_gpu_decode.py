@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
+from test_experts_support import generate_with_resizes
 from tiny_models import build_tiny_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -58,15 +59,6 @@ def test_single_sequence_and_live_resize(model) -> None:
     with LLM(str(path), device="cuda", dtype="float32", expert_pool_size=(keys // 2) * nbytes,
              prefetch_depth=2) as llm:
         assert llm.generate([PROMPTS[1]], GREEDY)[0].token_ids == ref[1]
-        eng = llm.engine
-        ids = {eng.add_request(None, p, GREEDY): i for i, p in enumerate(PROMPTS)}
-        out = {i: [] for i in ids.values()}
-        sizes = [0, keys, 3, keys // 2]
-        step = 0
-        while eng.has_unfinished():
-            for d in eng.step():
-                out[ids[d.request_id]] += d.new_token_ids
-            llm.reconfigure(expert_pool_size=sizes[step % len(sizes)] * nbytes, prefetch_depth=step % 3)
-            step += 1
-        assert [out[i] for i in range(len(PROMPTS))] == ref
+        out, _ = generate_with_resizes(llm, PROMPTS, GREEDY, [0, keys, 3, keys // 2], nbytes)
+        assert out == ref
         assert _graphs(llm).replays > 0
