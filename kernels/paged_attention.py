@@ -12,7 +12,9 @@ splits. The grid and the partial buffers are sized from tensor shapes and the de
 (never from ``context_lens``), and nothing is copied to the host, so the call can be captured in a
 CUDA graph. K and V are loaded in their storage dtype and upcast to float32 at once; the two small
 matrix products run on tensor cores as TF32, which is exact for bf16/fp16 K, V and q (their
-mantissas fit in TF32's), and as IEEE fp32 for an fp32 cache.
+mantissas fit in TF32's), and as IEEE fp32 for an fp32 cache. An int8 / fp8 (e4m3) cache carries one
+float32 scale per token and KV head: its stored values are exact in TF32 too, so the kernel multiplies
+the raw rows and applies each token's key scale to its scores and its value scale to its probability.
 :func:`paged_decode_attention_ref` is the vectorised plain-torch path (CPU decode) and the truth.
 
 Legend: B sequences, H query heads, Hkv KV heads, G = H // Hkv heads per group, hd head dim,
@@ -30,6 +32,7 @@ import torch.nn.functional as F
 from kernels._triton import cdiv, jit, next_pow2, tl
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+QUANT_DTYPES = (torch.int8, torch.float8_e4m3fn)     # quantised caches, with a float32 scale per token and KV head
 LOG2E = 1.4426950408889634
 
 
@@ -45,12 +48,12 @@ class DecodeAttentionLaunch:
 
 
 @jit
-def _paged_decode_split_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr,
-                               stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+def _paged_decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
+                               acc_ptr, stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_st,
                                stride_btb, stride_ob, stride_oh, qk_scale, split_tokens, H, S,
                                G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                                BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                               DIRECT: tl.constexpr, DOT_PREC: tl.constexpr):
+                               DIRECT: tl.constexpr, DOT_PREC: tl.constexpr, QUANT: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     s = tl.program_id(2)
@@ -75,17 +78,25 @@ def _paged_decode_split_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr, m
         blk = tl.load(bt_row + pos // BLOCK_SIZE, mask=ok, other=0)     # [BN] unused entries unread
         row = blk.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE          # [BN] cache rows
         kv_mask = ok[:, None] & d_ok[None, :]
-        k = tl.load(k_ptr + row[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :],
-                    mask=kv_mask, other=0.0).to(tl.float32)             # [BN, BD]
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale   # [BG, BN]
+        k = tl.load(k_ptr + row[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :], mask=kv_mask)
+        k = tl.where(kv_mask, k.to(tl.float32), 0.0)                    # [BN, BD] any storage dtype
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)           # [BG, BN]
+        if QUANT:  # int8 / fp8 rows: the token's scale applies to its whole row of scores
+            qk = qk * (qk_scale * tl.load(ks_ptr + row * stride_st + kvh, mask=ok, other=0.0))[None, :]
+        else:
+            qk = qk * qk_scale
         qk = tl.where(ok[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, axis=1))                     # finite: >= 1 valid token
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(qk - m_new[:, None])                                # [BG, BN]
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + row[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
-                    mask=kv_mask, other=0.0).to(tl.float32)             # [BN, BD]
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PREC)
+        v = tl.load(v_ptr + row[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :], mask=kv_mask)
+        v = tl.where(kv_mask, v.to(tl.float32), 0.0)                    # [BN, BD]
+        if QUANT:  # the value scale folds into the probabilities of its token
+            pv = p * tl.load(vs_ptr + row * stride_st + kvh, mask=ok, other=0.0)[None, :]
+        else:
+            pv = p
+        acc = acc * alpha[:, None] + tl.dot(pv, v, input_precision=DOT_PREC)
         m_i = m_new
     if DIRECT:  # one split: normalise and write the output here, no reduce launch
         o = acc / l_i[:, None]
@@ -167,14 +178,21 @@ def attend_context_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid:
 
 def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int,
-                               scale: float | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                               scale: float | None = None, out: torch.Tensor | None = None, *,
+                               k_scale: torch.Tensor | None = None,
+                               v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Plain-torch paged decode attention, vectorised over the batch.
 
-    q [B, H, hd], k_cache / v_cache [num_blocks * block_size, Hkv, hd] (bf16/fp16/fp32, one dtype),
-    block_tables [B, max_blocks] int32, context_lens [B] int32 (1 <= len <= max_blocks * block_size).
-    Returns [B, H, hd] in q.dtype (written into ``out`` if given); computes in float32.
+    q [B, H, hd], k_cache / v_cache [num_blocks * block_size, Hkv, hd] (q's dtype; or int8 / fp8 e4m3
+    with ``k_scale`` / ``v_scale`` [num_blocks * block_size, Hkv] float32, one scale per token and KV
+    head, value = stored * scale), block_tables [B, max_blocks] int32, context_lens [B] int32
+    (1 <= len <= max_blocks * block_size). Returns [B, H, hd] in q.dtype (written into ``out`` if
+    given); computes in float32.
     """
-    _check(q, k_cache, v_cache, block_tables, context_lens, block_size, out)
+    _check(q, k_cache, v_cache, block_tables, context_lens, block_size, out, k_scale, v_scale)
+    if k_scale is not None:
+        k_cache = k_cache.float() * k_scale[..., None]
+        v_cache = v_cache.float() * v_scale[..., None]
     res = attend_rows_ref(q, k_cache, v_cache, *context_rows(block_tables, context_lens, block_size), scale)
     if out is None:
         return res
@@ -182,16 +200,29 @@ def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
 
 
 def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-           context_lens: torch.Tensor, block_size: int, out: torch.Tensor | None) -> None:
+           context_lens: torch.Tensor, block_size: int, out: torch.Tensor | None,
+           k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> None:
     if q.dim() != 3 or q.dtype not in DTYPES:
         raise ValueError(f"q must be bf16/fp16/fp32 [B, H, hd], got {q.dtype} {tuple(q.shape)}")
     b, h, hd = q.shape
+    if (k_scale is None) != (v_scale is None):
+        raise ValueError("k_scale and v_scale go together: give both for an int8/fp8 cache, or neither")
+    want = QUANT_DTYPES if k_scale is not None else (q.dtype,)
+    names = "int8/float8_e4m3fn" if k_scale is not None else str(q.dtype)
     for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if c.dim() != 3 or c.dtype != q.dtype or c.shape[2] != hd:
-            raise ValueError(f"{name} must be {q.dtype} [num_blocks * block_size, Hkv, {hd}], got "
-                             f"{c.dtype} {tuple(c.shape)}")
+        if c.dim() != 3 or c.dtype not in want or c.shape[2] != hd:
+            raise ValueError(f"{name} must be {names} [num_blocks * block_size, Hkv, {hd}], got "
+                             f"{c.dtype} {tuple(c.shape)}" + ("" if k_scale is not None else
+                                                              "; an int8/fp8 cache needs k_scale and v_scale"))
     if v_cache.shape != k_cache.shape:
         raise ValueError(f"v_cache {tuple(v_cache.shape)} must have k_cache's shape {tuple(k_cache.shape)}")
+    for name, sc in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if sc is not None and (sc.shape != k_cache.shape[:2] or sc.dtype != torch.float32 or sc.stride(1) != 1
+                               or sc.device != q.device):
+            raise ValueError(f"{name} must be float32 {tuple(k_cache.shape[:2])} with contiguous rows on "
+                             f"{q.device}, got {sc.dtype} {tuple(sc.shape)} on {sc.device}")
+    if k_scale is not None and k_scale.stride() != v_scale.stride():
+        raise ValueError("k_scale and v_scale must have the same strides")
     hkv = k_cache.shape[1]
     if hkv == 0 or h % hkv != 0:
         raise ValueError(f"query heads ({h}) must be a multiple of KV heads ({hkv})")
@@ -232,14 +263,17 @@ def num_splits(batch: int, kv_heads: int, max_blocks: int, block_size: int, devi
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int,
                            scale: float | None = None, out: torch.Tensor | None = None, *,
+                           k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
                            launch: DecodeAttentionLaunch | None = None) -> torch.Tensor:
     """Triton paged decode attention, same contract as :func:`paged_decode_attention_ref`.
 
     The last dim of q, k_cache, v_cache and out must be contiguous. ``context_lens`` values are not
     checked on the device (that would sync): each must lie in ``[1, max_blocks * block_size]`` and each
-    used block id must be a valid block. ``launch`` overrides the default launch settings.
+    used block id must be a valid block. ``launch`` overrides the default launch settings. An int8 /
+    fp8 cache is read as stored (its values are exact in TF32) and its scales are applied to the
+    scores and to the probabilities, one multiply per token instead of one per element.
     """
-    _check(q, k_cache, v_cache, block_tables, context_lens, block_size, out)
+    _check(q, k_cache, v_cache, block_tables, context_lens, block_size, out, k_scale, v_scale)
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out)):
         if t is not None and t.stride(-1) != 1:
             raise ValueError(f"{name} must have a contiguous last dim (stride(-1) == 1)")
@@ -265,13 +299,14 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         l = torch.empty_like(m)                                                       # [B, H, S]
         acc = torch.empty(b, h, splits, hd, dtype=torch.float32, device=q.device)    # [B, H, S, hd]
     block_d = max(16, next_pow2(hd))
+    quant = k_scale is not None
     _paged_decode_split_kernel[(b, hkv, splits)](
-        q, k_cache, v_cache, block_tables, context_lens, out, m, l, acc,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0),
-        v_cache.stride(1), block_tables.stride(0), out.stride(0), out.stride(1),
-        scale * LOG2E, split_tokens, h, splits,
+        q, k_cache, v_cache, k_scale if quant else q, v_scale if quant else q, block_tables, context_lens,
+        out, m, l, acc, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0),
+        v_cache.stride(1), k_scale.stride(0) if quant else 0, block_tables.stride(0), out.stride(0),
+        out.stride(1), scale * LOG2E, split_tokens, h, splits,
         G=g, HEAD_DIM=hd, BLOCK_SIZE=block_size, BLOCK_G=max(16, next_pow2(g)), BLOCK_N=launch.block_n,
-        BLOCK_D=block_d, DIRECT=direct, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        BLOCK_D=block_d, DIRECT=direct, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", QUANT=quant,
         num_warps=launch.num_warps, num_stages=launch.num_stages)
     if not direct:
         _paged_decode_reduce_kernel[(b, h)](m, l, acc, out, out.stride(0), out.stride(1), h, splits,

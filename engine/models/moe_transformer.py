@@ -156,6 +156,9 @@ class MoETransformer:
 
     def _decode_attention(self, q: torch.Tensor, cache: KVCache, i: int, d: DecodeMeta) -> torch.Tensor:
         """q [B, H, hd] over each sequence's cached context -> [B, H, hd]."""
+        if self.decode_attention is not None and cache.quantised:          # Triton, int8 / fp8 rows + scales
+            return self.decode_attention(q, cache.k[i], cache.v[i], d.block_tables, d.context_lens, cache.block_size,
+                                         k_scale=cache.k_scale[i], v_scale=cache.v_scale[i])
         if self.decode_attention is not None and cache.storage_dtype == q.dtype:   # Triton split-KV kernel
             return self.decode_attention(q, cache.k[i], cache.v[i], d.block_tables, d.context_lens, cache.block_size)
         if d.rows is None:                                               # once per step, not per layer

@@ -39,3 +39,27 @@ def test_fused_forward_matches_torch_forward(tmp_path, family) -> None:
     for r, g in zip(ref, got):
         torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
     assert tokens == ref_tokens
+
+
+@pytest.mark.parametrize("kv", ["int8", "fp8"])
+def test_decode_attention_kernel_reads_a_quantised_cache(tmp_path, kv) -> None:
+    # On CUDA an int8 / fp8 KV cache is read by the split-KV kernel with its per-token scales; here
+    # the kernel is switched on by hand and must generate what the torch attention does.
+    from kernels.paged_attention import paged_decode_attention
+    path = build_tiny_model(tmp_path / "m", "qwen3_moe")
+    greedy = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    with LLM(str(path), device="cpu", dtype="float32", kv_cache_dtype=kv) as llm:
+        model = llm.engine.loaded.model
+        ref = [o.token_ids for o in llm.generate(PROMPTS, greedy)]
+        calls = []
+
+        def kernel(*args, **kw):
+            calls.append(kw["k_scale"].dtype)
+            return paged_decode_attention(*args, **kw)
+        model.decode_attention = kernel
+        try:
+            got = [o.token_ids for o in llm.generate(PROMPTS, greedy)]
+        finally:
+            model.decode_attention = None
+    assert got == ref
+    assert calls and set(calls) == {torch.float32}        # every decode layer went through the kernel

@@ -176,3 +176,39 @@ def test_launcher_rejects_bad_inputs(change, message):
     case = make_case([5, 8], heads=4, kv_heads=2, block_size=4)
     with pytest.raises(ValueError, match=message):
         paged_decode_attention(**_bad(case, **change(case)))
+
+
+def quantise(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [rows, Hkv, hd] -> (values in ``dtype``, float32 scales [rows, Hkv]), as the KV cache stores them."""
+    qmax = 127.0 if dtype == torch.int8 else 448.0
+    scale = (x.abs().amax(-1) / qmax).clamp_min(1e-12)
+    y = x / scale[..., None]
+    if dtype == torch.int8:
+        y = y.round().clamp(-qmax, qmax)
+    return y.to(dtype), scale
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.int8, torch.float8_e4m3fn])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_quantised_cache(kv_dtype, dtype, splits):
+    # int8 / fp8 rows with one scale per token and KV head (the engine's quantised KV cache): the
+    # kernel folds the scales into scores and probabilities; the reference dequantises first.
+    # Unowned rows hold NaN values and scales, so a read past a context poisons the output.
+    q, k, v, tables, lens, bs = make_case([7, 26], heads=4, kv_heads=2, block_size=4)
+    kq, ks = quantise(k, kv_dtype)
+    vq, vs = quantise(v, kv_dtype)
+    case = (q.to(dtype), kq, vq, tables, lens, bs)
+    check(case, DecodeAttentionLaunch(block_n=16, num_splits=splits), k_scale=ks, v_scale=vs)
+
+
+def test_quantised_cache_needs_both_scales_of_the_right_shape():
+    q, k, v, tables, lens, bs = make_case([5, 8], heads=4, kv_heads=2, block_size=4)
+    kq, ks = quantise(k, torch.int8)
+    vq, vs = quantise(v, torch.int8)
+    with pytest.raises(ValueError, match="k_scale and v_scale go together"):
+        paged_decode_attention(q, kq, vq, tables, lens, bs, k_scale=ks)
+    with pytest.raises(ValueError, match="needs k_scale and v_scale"):
+        paged_decode_attention(q, kq, vq, tables, lens, bs)
+    with pytest.raises(ValueError, match="k_scale must be float32"):
+        paged_decode_attention(q, kq, vq, tables, lens, bs, k_scale=ks[:, :1], v_scale=vs)
