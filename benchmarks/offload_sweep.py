@@ -1,0 +1,204 @@
+"""The expert-offload sweep of the end-to-end benchmark: one engine per routing, retuned live.
+
+Each routing gets one engine over the synthetic model's weights, retuned between rows (expert pool
+share x prefetch depth x batch). Decoding samples at temperature 1.0 with fixed seeds, so tokens and
+routing change every step. The 100% pool row of a batch is the compute-only time per token C.
+Per row: tok/s, hit rate, prefetch hits/wasted, H2D bytes per token, bus utilisation (H2D bytes
+over decode wall time: the engine does not time its copies), copy_wait_ms per token (compute
+stalled on copies), the bus limit M = H2D bytes per token / pinned H2D bandwidth (measured in the
+same run), C + M (copies not overlapped) and max(C, M) (perfectly overlapped), the ideal depth>0
+speed-up over depth 0, (C + M0) / max(C, M0), and the peak of torch.cuda.max_memory_allocated
+above what was allocated before the engine, against the gpu_memory_budget passed to it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from benchmarks.synthetic_moe import (TrainedLike, make_trained_like, routing_profile, strata_engine, sync,
+                                      top_share)
+from engine.checkpoint.spec import spec_from_config
+from engine.engine import LLMEngine
+from engine.experts.layout import ExpertLayout
+from engine.sampling import SamplingParams
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+    """The offload grid and how each row is measured."""
+
+    fmt: str
+    pools: tuple[float, ...]         # shares of all routed experts held in the GPU pool
+    depths: tuple[int, ...]
+    batches: tuple[int, ...]
+    tokens: int                      # timed decode tokens per sequence
+    warmup: int                      # decode tokens per sequence before the clock starts
+    device: str
+    dtype: str
+    kv_cache_size: str
+    budget: int | None               # gpu_memory_budget passed to the engine (None on the CPU)
+    repeat: int = 1                  # rounds over the grid; a row reports its median round
+
+
+def sampled_decode(engine: LLMEngine, prompts: list[list[int]], sweep: Sweep, seed: int):
+    """Sample (temperature 1, seeded) ``warmup + tokens`` tokens per prompt; time only the last
+    ``tokens`` steps. Returns (tokens timed, seconds, expert stats before, after, host ms blocked on
+    routing reads)."""
+    ids = [engine.add_request(None, p, SamplingParams(max_tokens=sweep.warmup + sweep.tokens, temperature=1.0,
+                                                      seed=seed + i, ignore_eos=True)) for i, p in enumerate(prompts)]
+    made = dict.fromkeys(ids, 0)
+
+    def step() -> None:
+        for d in engine.step():
+            made[d.request_id] += len(d.new_token_ids)
+
+    def snapshot():
+        engine.stats()                  # on CUDA a snapshot returns the device counts of the call before
+        sync(sweep.device)
+        return engine.stats().experts
+    while min(made.values()) < sweep.warmup:
+        step()
+    before, done = snapshot(), sum(made.values())
+    experts = engine.loaded.experts
+    sync0 = getattr(experts, "host_sync_ms", 0.0)
+    t0 = time.perf_counter()
+    while engine.has_unfinished():
+        step()
+    sync(sweep.device)
+    seconds = time.perf_counter() - t0
+    after = snapshot()
+    return sum(made.values()) - done, seconds, before, after, getattr(experts, "host_sync_ms", 0.0) - sync0
+
+
+def _row(routing: str, pool: float, depth: int, batch: int, timed, base_bytes: int, budget: int | None) -> dict:
+    n, secs, before, after, host_wait = timed
+    d = lambda f: getattr(after, f) - getattr(before, f)   # noqa: E731
+    looked = d("hits") + d("misses")
+    row = {"routing": routing, "pool_fraction": pool, "depth": depth, "batch": batch, "tokens": n,
+           "tok_s": n / secs, "ms_per_token": 1e3 * secs / n, "hit_rate": d("hits") / looked if looked else 1.0,
+           "prefetch_hits": d("prefetch_hits"), "prefetch_wasted": d("prefetch_wasted"),
+           "h2d_bytes_per_token": d("h2d_bytes") / n, "bus_gb_s": d("h2d_bytes") / secs / 1e9,
+           "copy_wait_ms_per_token": d("copy_wait_ms") / n,
+           # wall time the host spent blocked on routing reads (GPU busy); the rest is host work
+           "host_wait_ms_per_token": host_wait / n}
+    if torch.cuda.is_available() and budget is not None:
+        peak = torch.cuda.max_memory_allocated()
+        row.update(peak_allocated_gb=peak / 1e9, engine_peak_gb=(peak - base_bytes) / 1e9, budget_gb=budget / 1e9,
+                   within_budget=peak - base_bytes <= budget)
+    return row
+
+
+def offload_block(hf, cfg, sweep: Sweep, prompts: dict, routing: str) -> dict:
+    """One engine over ``hf``'s weights, retuned live for each (pool, depth), every batch size decoded."""
+    spec = spec_from_config({**cfg.to_dict(), "architectures": ["Qwen3MoeForCausalLM"]}, Path("in-memory"))
+    expert = ExpertLayout.make(sweep.fmt, spec.hidden, spec.moe_ffn, 128).nbytes
+    total = expert * spec.num_moe_layers * spec.num_experts
+    cuda = sweep.device.startswith("cuda")
+    # what is not the engine's: transformers' model, which shares the GPU during the sweep
+    base = sum(t.numel() * t.element_size() for t in [*hf.parameters(), *hf.buffers()]) if cuda else 0
+    budget = {} if sweep.budget is None else {"gpu_memory_budget": sweep.budget}
+    engine, load_s = strata_engine(hf, cfg, sweep.fmt, max(sweep.batches), sweep.dtype, sweep.device,
+                                   sweep.kv_cache_size, expert_pool_size=int(total * sweep.pools[0]),
+                                   prefetch_depth=sweep.depths[0], **budget)
+    rows = []
+    try:
+        for _ in range(sweep.repeat):      # rounds: a slow spell of the host hits every setting alike
+            for pool in sweep.pools:
+                for depth in sweep.depths if pool < 1 else sweep.depths[:1]:   # a full pool never prefetches
+                    for b in sweep.batches:
+                        if cuda:
+                            torch.cuda.reset_peak_memory_stats()
+                        engine.reconfigure(expert_pool_size=int(total * pool), prefetch_depth=depth)
+                        timed = sampled_decode(engine, prompts[b], sweep, seed=1000 * len(rows))
+                        rows.append(_row(routing, pool, depth, b, timed, base, sweep.budget))
+        rows = _medians(rows)
+        acts = torch.tensor(engine.stats().experts.activations)                        # [L, E]
+        plan_budget = engine.loaded.plan.budget_bytes
+    finally:
+        engine.close()
+    return {"rows": rows, "engine_top10_share": top_share(acts), "load_s": load_s, "expert_bytes": expert,
+            "gpu_memory_budget": sweep.budget, "engine_plan_budget": plan_budget}
+
+
+def _medians(rows: list[dict]) -> list[dict]:
+    """One row per setting: its median round by time per token, with every round's tok/s; the
+    memory peak is the largest of any round."""
+    out = []
+    for key in dict.fromkeys((r["pool_fraction"], r["depth"], r["batch"]) for r in rows):
+        mine = sorted((r for r in rows if (r["pool_fraction"], r["depth"], r["batch"]) == key),
+                      key=lambda r: r["ms_per_token"])
+        row = dict(mine[(len(mine) - 1) // 2])
+        row["rounds_tok_s"] = [r["tok_s"] for r in mine]
+        if "engine_peak_gb" in row:
+            row["engine_peak_gb"] = max(r["engine_peak_gb"] for r in mine)
+            row["within_budget"] = all(r["within_budget"] for r in mine)
+        out.append(row)
+    return out
+
+
+def add_limits(rows: list[dict], pinned_gbs: float) -> None:
+    """Each row against its physical limits (see the module docstring); ms are per generated token."""
+    compute = {(r["routing"], r["batch"]): r["ms_per_token"] for r in rows if r["pool_fraction"] >= 1}
+    depth0 = {(r["routing"], r["pool_fraction"], r["batch"]): r for r in rows if r["depth"] == 0}
+    bus_ms = lambda r: r["h2d_bytes_per_token"] / pinned_gbs / 1e6   # noqa: E731
+    for r in rows:
+        r["bus_limit_ms"], r["bus_fraction_of_pinned"] = bus_ms(r), r["bus_gb_s"] / pinned_gbs
+        c = compute.get((r["routing"], r["batch"]))
+        if c is None:
+            continue
+        m = bus_ms(r)
+        r.update(compute_ms=c, serial_limit_ms=c + m, overlap_limit_ms=max(c, m),
+                 fraction_of_overlap_limit=max(c, m) / r["ms_per_token"])
+        if r["depth"] == 0 and r["h2d_bytes_per_token"] and r["ms_per_token"] > c:
+            # copies and compute do not overlap at depth 0: the time above C is the copies'
+            r["serial_copy_gb_s"] = r["h2d_bytes_per_token"] / (r["ms_per_token"] - c) / 1e6
+        z = depth0.get((r["routing"], r["pool_fraction"], r["batch"]))
+        if r["depth"] > 0 and z is not None and r["pool_fraction"] < 1:
+            m0 = bus_ms(z)
+            r["speedup_vs_depth0"] = z["ms_per_token"] / r["ms_per_token"]
+            r["ideal_speedup_vs_depth0"] = (c + m0) / max(c, m0)
+
+
+def summarise(rows: list[dict], pinned_gbs: float) -> list[dict]:
+    """Per (routing, batch): the issue's three targets next to their limits."""
+    out = []
+    for key in dict.fromkeys((r["routing"], r["batch"]) for r in rows):
+        mine = [r for r in rows if (r["routing"], r["batch"]) == key]
+        pick = lambda pool, depth: next((r for r in mine if r["pool_fraction"] == pool and r["depth"] == depth), None)  # noqa: E731
+        s: dict = {"routing": key[0], "batch": key[1], "pinned_gb_s": pinned_gbs}
+        d0, d2 = pick(0.5, 0), pick(0.5, 2)
+        if d0 and d2:
+            s.update(pool50_depth2_over_depth0=d0["ms_per_token"] / d2["ms_per_token"],
+                     pool50_ideal=d2.get("ideal_speedup_vs_depth0"))
+        empty = [r for r in mine if r["pool_fraction"] == 0]
+        if empty:
+            s["pool0_bus_gb_s"] = max(r["bus_gb_s"] for r in empty)
+            s["pool0_serial_copy_gb_s"] = max((r.get("serial_copy_gb_s", 0.0) for r in empty), default=0.0)
+            s["pool0_bus_fraction_of_pinned"] = s["pool0_bus_gb_s"] / pinned_gbs
+            s["pool0_serial_copy_fraction_of_pinned"] = s["pool0_serial_copy_gb_s"] / pinned_gbs
+        if any("within_budget" in r for r in mine):
+            s["max_engine_peak_gb"] = max(r["engine_peak_gb"] for r in mine)
+            s["within_budget"] = all(r["within_budget"] for r in mine)
+        out.append(s)
+    return out
+
+
+def offload_sweep(hf, cfg, sweep: Sweep, routings: list[str], knobs: TrainedLike, prompts: dict, std: float) -> dict:
+    """The offload blocks, uniform first: the trained-like reshaping changes ``hf`` in place."""
+    calib = torch.randint(10, cfg.vocab_size, (4, 64), generator=torch.Generator().manual_seed(2)).to(hf.device)
+    blocks: dict = {}
+    for routing in [r for r in ("uniform", "trained-like") if r in routings]:
+        try:
+            block = {"construction": make_trained_like(hf, std, knobs, calib)} if routing == "trained-like" else {}
+            block["measured_hf"] = routing_profile(hf, calib)
+            block.update(offload_block(hf, cfg, sweep, prompts, routing))
+        except Exception as e:   # keep measuring; the error is in the result file
+            block = {"error": "".join(traceback.format_exception(e))[-3000:]}
+        blocks[routing] = block
+        if sweep.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    return blocks
