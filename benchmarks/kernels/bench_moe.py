@@ -6,7 +6,8 @@ For each case: median time per layer (CUDA-graph replay of ``--layers`` layers w
 and routings, so L2 never holds the weights of the next layer), bytes = packed bytes of the distinct
 experts touched, read once, plus activations in and out; GB/s against the device-copy ceiling measured
 in the same run. Every setting is checked against the torch reference on the GPU (bf16 activations)
-before it is timed; the best setting is timed twice (the spread). ``--grouped-mm`` also times
+before it is timed; the best setting is timed twice (the spread); the plain-torch reference is timed
+eagerly beside it. ``--grouped-mm`` (on by default) also times
 ``torch._grouped_mm`` (bf16). ``--out`` gets the full JSON with the whole sweep, ``--configs-out`` the
 tuned table.
 
@@ -188,9 +189,11 @@ def bench_format(fmt: str, layers: int, tokens: tuple[int, ...]) -> tuple[list[d
             cfg = config_of(best[1], t)
             ms_again = time_graph(lambda: [fused_moe(x[i][:t], routes[i][1], routes[i][0], slots[i], views[i],
                                                      layout, cfg) for i in range(layers)]) / layers
+        # the plain-torch reference (what the engine runs without Triton), timed eagerly
+        ref_ms = time_eager(lambda: fused_moe_ref(x[0][:t], routes[0][1], routes[0][0], slots[0], views[0], layout))
         row = {"format": fmt, "tokens": t, "experts_touched": statistics.mean(touched), "bytes": nbytes,
                "ms": best[0] if best else None, "ms_again": ms_again, "tile": best[1] if best else None,
-               "rel_err_vs_ref": best[2] if best else None, "sweep": sweep}
+               "rel_err_vs_ref": best[2] if best else None, "torch_ref_ms": ref_ms, "sweep": sweep}
         rows.append(row)
         if best:
             c = config_of(best[1], t)
@@ -246,7 +249,8 @@ def parse_args() -> tuple[argparse.Namespace, tuple[str, ...], tuple[int, ...]]:
     ap.add_argument("--configs-out", help="tuned table; complete only when all formats and tokens run")
     ap.add_argument("--commit", default="unknown", help="commit measured (the device copy has no .git)")
     ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--grouped-mm", action="store_true", help="also time torch._grouped_mm (bf16)")
+    ap.add_argument("--grouped-mm", action=argparse.BooleanOptionalAction, default=True,
+                    help="also time torch._grouped_mm (bf16), as transformers' grouped_mm experts run")
     ap.add_argument("--formats", default=",".join(FORMATS), help=f"comma list of {', '.join(FORMATS)}")
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="comma list of token counts")
     args = ap.parse_args()
@@ -284,7 +288,8 @@ def main() -> None:
     if args.configs_out:
         Path(args.configs_out).write_text(json.dumps(tuned, indent=1))
     print(f"\nceiling {result['ceiling_gbs']:.0f} GB/s  {result['small_kernels']}")
-    print(f"{'fmt':5} {'T':>3} {'us':>8} {'again':>7} {'GB/s':>7} {'%ceil':>6} {'err':>8} {'gmm us':>8}  tile")
+    print(f"{'fmt':5} {'T':>3} {'us':>8} {'again':>7} {'GB/s':>7} {'%ceil':>6} {'err':>8} {'gmm us':>8} {'ref us':>8}"
+          "  tile")
     for r in rows:
         g = result["grouped_mm_bf16_ms"].get(str(r["tokens"])) if r["format"] == "bf16" else None
         gs = f"{1000 * g:8.1f}" if isinstance(g, float) else f"{'-':>8}"
@@ -292,7 +297,7 @@ def main() -> None:
             print(f"{r['format']:5} {r['tokens']:3}  no correct setting")
             continue
         print(f"{r['format']:5} {r['tokens']:3} {1000 * r['ms']:8.1f} {1000 * r['ms_again']:7.1f} {r['gbs']:7.0f} "
-              f"{r['pct_ceiling']:6.1f} {r['rel_err_vs_ref']:8.1e} {gs}  {r['tile']}")
+              f"{r['pct_ceiling']:6.1f} {r['rel_err_vs_ref']:8.1e} {gs} {1000 * r['torch_ref_ms']:8.1f}  {r['tile']}")
 
 
 if __name__ == "__main__":
