@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Everything that needs a GPU, in one command: the GPU-only tests, the MoE kernel benchmark (with a
+# tuned launch table for kernels/configs/), end to end against transformers, and the expert-residency
+# sweep. Result files go to OUT (default benchmarks/results/gpu-DATE); the last lines printed are a
+# short summary of each part.
+#
+#   STRATA_COMMIT=$(git rev-parse --short HEAD) OUT=/tmp/out benchmarks/gpu_suite.sh [tests|kernels|e2e|residency ...]
+#
+# With no arguments every part runs (about 10-12 minutes on an H200: tests and kernels 1-2, e2e 2,
+# residency 6-8, model builds included); where one command may run 10 minutes at most, run
+# `tests kernels e2e` and `residency` as two commands. Each part writes its log and JSON as soon as it ends, so a cut-short run keeps
+# what finished. STRATA_COMMIT names the commit where the tree has no .git.
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-benchmarks/results/gpu-$(date +%Y-%m-%d)}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}                      # the interpreter with torch (PYTHON=.venv/bin/python here)
+parts=("$@")
+[ ${#parts[@]} -eq 0 ] && parts=(tests kernels e2e residency)
+summary=()
+
+for part in "${parts[@]}"; do
+  case $part in
+    tests)
+      "$PY" -m pytest tests/engine/test_gpu_decode.py -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -3
+      summary+=("tests: $(tail -1 "$OUT/tests.log")");;
+    kernels)
+      "$PY" benchmarks/kernels/bench_moe.py --out "$OUT/kernels_moe.json" --configs-out "$OUT/NVIDIA_H200.json" \
+        --commit "${STRATA_COMMIT:-unknown}" > "$OUT/kernels.log" 2>&1
+      summary+=("kernels:" "$(tail -13 "$OUT/kernels.log")");;
+    e2e)
+      "$PY" benchmarks/bench_e2e.py --formats int4,fp8 --batches 1,8 --tokens 64 --out "$OUT/e2e.json" \
+        > "$OUT/e2e.log" 2>&1
+      summary+=("e2e:" "$(grep -E '^(transformers|strata)' "$OUT/e2e.log")");;
+    residency)
+      "$PY" benchmarks/bench_e2e.py --formats "" --offload bf16 --pools 0,0.5,1.0 --depths 0,1,2 --batches 1,8 \
+        --routing both --tokens 32 --warmup 4 --repeat 2 --budget 64G --out "$OUT/residency.json" \
+        > "$OUT/residency.log" 2>&1
+      summary+=("residency:" "$(grep -E '^(uniform|trained-like) batch' "$OUT/residency.log")");;
+    *)
+      echo "unknown part '$part': choose tests, kernels, e2e or residency" >&2
+      exit 2;;
+  esac
+done
+
+printf '\n== summary (%s) ==\n' "$OUT"
+printf '%s\n' "${summary[@]}"
