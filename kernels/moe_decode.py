@@ -110,9 +110,9 @@ def _pair_vectors(v_ptr, idx, p: tl.constexpr, mask, quarter, V_KIND: tl.constex
     if V_KIND == 0:
         ve = tl.load(v_ptr + 8 * idx + 2 * p, mask=mask, other=0.0).to(tl.float32)
         vo = tl.load(v_ptr + 8 * idx + 2 * p + 1, mask=mask, other=0.0).to(tl.float32)
-    elif V_KIND == 3:
-        ve = tl.load(v_ptr + (2 * p) * quarter + idx, mask=mask, other=0.0)
-        vo = tl.load(v_ptr + (2 * p + 1) * quarter + idx, mask=mask, other=0.0)
+    elif V_KIND == 3:  # from L2 (".cg"): other programs of the same launch may have just written it
+        ve = tl.load(v_ptr + (2 * p) * quarter + idx, mask=mask, other=0.0, cache_modifier=".cg")
+        vo = tl.load(v_ptr + (2 * p + 1) * quarter + idx, mask=mask, other=0.0, cache_modifier=".cg")
     else:
         wd = tl.load(v_ptr + 4 * idx + p, mask=mask, other=0)           # int32: odd << 16 | even
         if V_KIND == 1:  # bf16 is the top half of a float32
@@ -169,16 +169,17 @@ def _int4_group_dots(w, v_ptr, idx, v_ok, quarter, sc, zp, one, V_KIND: tl.const
 
 
 @jit
-def _up_int4_kernel(xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr, ss_s, sz_s, ss_n,
-                    F, K, stride_x, one, TOP_K: tl.constexpr, V_KIND: tl.constexpr, ROUND: tl.constexpr,
-                    G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
-    # Tile [NG, 2, BN, GW]: NG groups of GW int32 words along K of the gate and up rows of BN outputs.
-    # Groups outermost: Triton spreads threads over words, then groups, then rows, so once the words
-    # of a chunk are spread each thread holds several rows that share its vector loads.
+def _up_int4_tile(pair, nb, xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr, ss_s, sz_s,
+                  ss_n, F, K, stride_x, one, TOP_K: tl.constexpr, V_KIND: tl.constexpr, ROUND: tl.constexpr,
+                  G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """``h`` of pair ``pair``, outputs ``nb * BN ..``: the gate and up rows of one expert, SiLU·mul.
+
+    Tile [NG, 2, BN, GW]: NG groups of GW int32 words along K of the gate and up rows of BN outputs.
+    Groups outermost: Triton spreads threads over words, then groups, then rows, so once the words
+    of a chunk are spread each thread holds several rows that share its vector loads."""
     GW: tl.constexpr = G // 8
     NG: tl.constexpr = BLOCK_K // G
-    pair = tl.program_id(0)
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)[None, None, :, None]     # [1, 1, BN, 1]
+    n = nb * BLOCK_N + tl.arange(0, BLOCK_N)[None, None, :, None]                 # [1, 1, BN, 1]
     rows = n + tl.arange(0, 2)[None, :, None, None] * F                           # [1, 2, BN, 1]
     row_ok = n < F
     grp = tl.arange(0, NG)[:, None, None, None]                                    # [NG, 1, 1, 1]
@@ -190,13 +191,7 @@ def _up_int4_kernel(xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, 
     x_row = xv_ptr + (pair // TOP_K).to(tl.int64) * stride_x
     acc = tl.zeros([2, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        idx = k0 // 8 + word                                            # [NG, 1, 1, GW] word index
-        g = k0 // G + grp                                               # [NG, 1, 1, 1]
-        g_in = _group_mask(g, K // G, NG, EVEN_K)
-        w = tl.load(w_rows + idx, mask=row_ok & g_in, other=0)          # [NG, 2, BN, GW]
-        g_ok = row_ok & (g < K // G)
-        sc = tl.load(s_rows + g, mask=g_ok, other=0.0).to(tl.float32)    # [NG, 2, BN, 1]
-        zp = tl.load(z_rows + g, mask=g_ok, other=0).to(tl.float32)
+        w, sc, zp, idx, g_in = _int4_chunk(k0, w_rows, s_rows, z_rows, row_ok, word, grp, K, G, NG, EVEN_K)
         acc += _int4_group_dots(w, x_row, idx, g_in, 0, sc, zp, one, V_KIND)  # [2, BN]
     half = tl.arange(0, 2)[:, None]
     gate = tl.sum(tl.where(half == 0, acc, 0.0), axis=0)                # [BN]
@@ -206,9 +201,58 @@ def _up_int4_kernel(xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, 
         h = h.to(tl.bfloat16).to(tl.float32)
     elif ROUND == 2:
         h = h.to(tl.float16).to(tl.float32)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     # Nibble-major store: the down kernel reads the vector of each nibble position contiguously.
     tl.store(h_ptr + pair.to(tl.int64) * F + (cols % 8) * (F // 8) + cols // 8, h, mask=cols < F)
+
+
+@jit
+def _int4_chunk(k0, w_rows, s_rows, z_rows, row_ok, word, grp, K, G: tl.constexpr, NG: tl.constexpr,
+                EVEN_K: tl.constexpr):
+    """Words, scales and zero points of the K chunk at ``k0`` of packed rows; and the word indices and
+    group mask the dot needs. Rows broadcast against ``word [NG, 1, 1, GW]`` and ``grp [NG, 1, 1, 1]``."""
+    idx = k0 // 8 + word                                                # [NG, 1, 1, GW] word index
+    g = k0 // G + grp                                                   # [NG, 1, 1, 1]
+    g_in = _group_mask(g, K // G, NG, EVEN_K)
+    w = tl.load(w_rows + idx, mask=row_ok & g_in, other=0)              # [NG, A, B, GW]
+    g_ok = row_ok & (g < K // G)
+    sc = tl.load(s_rows + g, mask=g_ok, other=0.0).to(tl.float32)        # [NG, A, B, 1]
+    zp = tl.load(z_rows + g, mask=g_ok, other=0).to(tl.float32)
+    return w, sc, zp, idx, g_in
+
+
+@jit
+def _down_int4_rows(tok, db, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr, ss_s, sz_s, ss_n, D,
+                    F, TOP_K: tl.constexpr, KP: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Row pointers of a down tile: ``BN`` rows (``db * BN ..``) of w2 of each of token ``tok``'s k
+    experts ``[1, KP, BN, 1]``, the mask of real rows, and the token's ``h`` rows ``[1, KP, 1, 1]``."""
+    j = tl.arange(0, KP)[None, :, None, None]                           # [1, KP, 1, 1]
+    n = db * BLOCK_N + tl.arange(0, BLOCK_N)[None, None, :, None]       # [1, 1, BN, 1]
+    j_ok = j < TOP_K                                                    # KP pads k to a power of two
+    pair = tok * TOP_K + j
+    slot = tl.load(slot_ptr + tl.load(ids_ptr + pair, mask=j_ok, other=0), mask=j_ok, other=0).to(tl.int64)
+    row_ok = j_ok & (n < D)                                             # [1, KP, BN, 1]
+    return (w_ptr + slot * sw_s + n * sw_n, s_ptr + slot * ss_s + n * ss_n, z_ptr + slot * sz_s + n * ss_n,
+            row_ok, j_ok, h_ptr + pair.to(tl.int64) * F)
+
+
+@jit
+def _down_int4_store(acc, tok, db, tw_ptr, out_ptr, D, stride_o, TOP_K: tl.constexpr, KP: tl.constexpr,
+                     BLOCK_N: tl.constexpr):
+    """``out[tok, db * BN ..] = sum_j weight_j * acc[j]``: routing weights, fixed-order sum over k."""
+    tw = tl.load(tw_ptr + tok * TOP_K + tl.arange(0, KP), mask=tl.arange(0, KP) < TOP_K, other=0.0)
+    y = tl.sum(acc * tw.to(tl.float32)[:, None], axis=0)                # [BN]
+    cols = db * BLOCK_N + tl.arange(0, BLOCK_N)
+    tl.store(out_ptr + tok.to(tl.int64) * stride_o + cols, y.to(out_ptr.dtype.element_ty), mask=cols < D)
+
+
+@jit
+def _up_int4_kernel(xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr, ss_s, sz_s, ss_n,
+                    F, K, stride_x, one, TOP_K: tl.constexpr, V_KIND: tl.constexpr, ROUND: tl.constexpr,
+                    G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    _up_int4_tile(tl.program_id(0), tl.program_id(1), xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n,
+                  s_ptr, z_ptr, ss_s, sz_s, ss_n, F, K, stride_x, one, TOP_K, V_KIND, ROUND, G, BLOCK_N,
+                  BLOCK_K, EVEN_K)
 
 
 @jit
@@ -221,33 +265,17 @@ def _down_int4_kernel(h_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, sw
     # an argument of its own so that Triton sees its divisibility and reads h in 16-byte loads.
     GW: tl.constexpr = G // 8
     NG: tl.constexpr = BLOCK_K // G
-    tok = tl.program_id(0)
-    j = tl.arange(0, KP)[None, :, None, None]                           # [1, KP, 1, 1]
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)[None, None, :, None]   # [1, 1, BN, 1]
-    j_ok = j < TOP_K                                                    # KP pads k to a power of two
-    pair = tok * TOP_K + j
-    slot = tl.load(slot_ptr + tl.load(ids_ptr + pair, mask=j_ok, other=0), mask=j_ok, other=0).to(tl.int64)
-    row_ok = j_ok & (n < D)                                             # [1, KP, BN, 1]
-    w_rows = w_ptr + slot * sw_s + n * sw_n
-    s_rows = s_ptr + slot * ss_s + n * ss_n
-    z_rows = z_ptr + slot * sz_s + n * ss_n
-    h_row = h_ptr + pair.to(tl.int64) * F                               # [1, KP, 1, 1]
+    tok, db = tl.program_id(0), tl.program_id(1)
+    w_rows, s_rows, z_rows, row_ok, j_ok, h_row = _down_int4_rows(
+        tok, db, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr, ss_s, sz_s, ss_n, D, F, TOP_K, KP,
+        BLOCK_N)
     grp = tl.arange(0, NG)[:, None, None, None]                         # [NG, 1, 1, 1]
     word = grp * GW + tl.arange(0, GW)[None, None, None, :]             # [NG, 1, 1, GW]
     acc = tl.zeros([KP, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, F, BLOCK_K):
-        idx = k0 // 8 + word
-        g = k0 // G + grp
-        g_in = _group_mask(g, F // G, NG, EVEN_K)
-        w = tl.load(w_rows + idx, mask=row_ok & g_in, other=0)          # [NG, KP, BN, GW]
-        g_ok = row_ok & (g < F // G)
-        sc = tl.load(s_rows + g, mask=g_ok, other=0.0).to(tl.float32)    # [NG, KP, BN, 1]
-        zp = tl.load(z_rows + g, mask=g_ok, other=0).to(tl.float32)
+        w, sc, zp, idx, g_in = _int4_chunk(k0, w_rows, s_rows, z_rows, row_ok, word, grp, F, G, NG, EVEN_K)
         acc += _int4_group_dots(w, h_row, idx, j_ok & g_in, F8, sc, zp, one, 3)  # [KP, BN]
-    tw = tl.load(tw_ptr + tok * TOP_K + tl.arange(0, KP), mask=tl.arange(0, KP) < TOP_K, other=0.0)
-    y = tl.sum(acc * tw.to(tl.float32)[:, None], axis=0)                # [BN]: fixed-order sum over k
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    tl.store(out_ptr + tok.to(tl.int64) * stride_o + cols, y.to(out_ptr.dtype.element_ty), mask=cols < D)
+    _down_int4_store(acc, tok, db, tw_ptr, out_ptr, D, stride_o, TOP_K, KP, BLOCK_N)
 
 
 _ONE_BITS = 0x3F800000  # float32 1.0; a kernel argument, not a literal (see _nibble_floats)

@@ -52,7 +52,13 @@ DECODE_TILES = {
     "int4": [((8, 512, 4), (4, 256, 2)), ((8, 512, 4), (8, 256, 2)), ((16, 512, 8), (8, 512, 4)),
              ((8, 256, 2), (4, 256, 2)), ((16, 256, 4), (16, 256, 2)), ((32, 256, 8), (8, 1024, 8)),
              ((8, 1024, 8), (4, 512, 4)), ((16, 256, 4), (2, 256, 2)), ((8, 512, 4, 4), (4, 256, 2, 4)),
-             ((4, 256, 2), (2, 256, 1))],
+             ((4, 256, 2), (2, 256, 1)),
+             # single launch: (up, down, programs per SM); down tiles read all of F at once, and the
+             # launch runs with the up setting's warps
+             ((16, 256, 4), (4, 1024), 2), ((16, 256, 4), (8, 1024), 2), ((8, 512, 4), (4, 1024), 2),
+             ((16, 256, 8), (8, 1024), 1), ((16, 256, 8), (8, 1024), 2), ((32, 256, 8), (16, 1024), 1),
+             ((16, 512, 8), (8, 1024), 1), ((8, 256, 4), (4, 1024), 4), ((16, 256, 4), (4, 1024), 4),
+             ((32, 512, 8), (8, 1024), 1), ((16, 256, 16), (16, 1024), 1)],
 }
 PREFILL_TILES = [(16, 64, 64, 4, 3), (32, 64, 128, 4, 3)]
 
@@ -152,6 +158,8 @@ def check_small_kernels() -> dict:
 
 
 def config_of(tile: tuple, tokens: int) -> MoeLaunchConfig:
+    if len(tile) == 3:  # single launch
+        return MoeLaunchConfig("single", TileConfig(*tile[0]), TileConfig(*tile[1]), programs_per_sm=tile[2])
     if len(tile) == 2:
         return MoeLaunchConfig("decode", TileConfig(*tile[0]), TileConfig(*tile[1]))
     m, n, k, w, s = tile
@@ -197,7 +205,8 @@ def bench_format(fmt: str, layers: int, tokens: tuple[int, ...]) -> tuple[list[d
         rows.append(row)
         if best:
             c = config_of(best[1], t)
-            tuned[str(t)] = {"variant": c.variant, "block_m": c.block_m, "up": vars(c.up), "down": vars(c.down)}
+            tuned[str(t)] = {"variant": c.variant, "block_m": c.block_m, "up": vars(c.up), "down": vars(c.down),
+                             "programs_per_sm": c.programs_per_sm}
         print(f"{fmt} T={t}: {row}", flush=True)
     return rows, tuned
 
