@@ -28,7 +28,13 @@ from __future__ import annotations
 
 import torch
 
-from kernels._triton import cdiv, jit, next_pow2, tl
+from kernels._triton import HAS_TRITON, cdiv, jit, next_pow2, tl
+
+if HAS_TRITON:
+    try:  # grid dependency control (Hopper+): the next kernel launches while this one runs
+        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    except ImportError:  # older Triton: launches stay serial
+        gdc_launch_dependents = gdc_wait = None
 from kernels.moe_config import TileConfig
 from kernels.moe_weights import FMT_INT4, PoolMatrix
 
@@ -171,8 +177,12 @@ def _int4_group_dots(w, v_ptr, idx, v_ok, quarter, sc, zp, one, V_KIND: tl.const
 @jit
 def _up_int4_tile(pair, nb, xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr, ss_s, sz_s,
                   ss_n, F, K, stride_x, one, TOP_K: tl.constexpr, V_KIND: tl.constexpr, ROUND: tl.constexpr,
-                  G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+                  G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                  PDL: tl.constexpr = False):
     """``h`` of pair ``pair``, outputs ``nb * BN ..``: the gate and up rows of one expert, SiLU·mul.
+
+    ``PDL``: launched as a programmatic dependent, the tile's first weight chunk is requested before
+    waiting for the previous kernel (whose output ``x`` is, or whose ``h`` this may overwrite).
 
     Tile [NG, 2, BN, GW]: NG groups of GW int32 words along K of the gate and up rows of BN outputs.
     Groups outermost: Triton spreads threads over words, then groups, then rows, so once the words
@@ -189,8 +199,12 @@ def _up_int4_tile(pair, nb, xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n,
     s_rows = s_ptr + slot * ss_s + rows * ss_n
     z_rows = z_ptr + slot * sz_s + rows * ss_n
     x_row = xv_ptr + (pair // TOP_K).to(tl.int64) * stride_x
-    acc = tl.zeros([2, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    w, sc, zp, idx, g_in = _int4_chunk(0, w_rows, s_rows, z_rows, row_ok, word, grp, K, G, NG, EVEN_K)
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    acc = _int4_group_dots(w, x_row, idx, g_in, 0, sc, zp, one, V_KIND)  # [2, BN]
+    for k0 in range(BLOCK_K, K, BLOCK_K):
         w, sc, zp, idx, g_in = _int4_chunk(k0, w_rows, s_rows, z_rows, row_ok, word, grp, K, G, NG, EVEN_K)
         acc += _int4_group_dots(w, x_row, idx, g_in, 0, sc, zp, one, V_KIND)  # [2, BN]
     half = tl.arange(0, 2)[:, None]
@@ -249,16 +263,18 @@ def _down_int4_store(acc, tok, db, tw_ptr, out_ptr, D, stride_o, TOP_K: tl.const
 @jit
 def _up_int4_kernel(xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr, ss_s, sz_s, ss_n,
                     F, K, stride_x, one, TOP_K: tl.constexpr, V_KIND: tl.constexpr, ROUND: tl.constexpr,
-                    G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+                    G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                    PDL: tl.constexpr):
     _up_int4_tile(tl.program_id(0), tl.program_id(1), xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n,
                   s_ptr, z_ptr, ss_s, sz_s, ss_n, F, K, stride_x, one, TOP_K, V_KIND, ROUND, G, BLOCK_N,
-                  BLOCK_K, EVEN_K)
+                  BLOCK_K, EVEN_K, PDL)
 
 
 @jit
 def _down_int4_kernel(h_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr,
                       ss_s, sz_s, ss_n, D, F, F8, stride_o, one, TOP_K: tl.constexpr, KP: tl.constexpr,
-                      G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+                      G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                      PDL: tl.constexpr):
     # Tile [NG, KP, BN, GW]: BN rows of w2 of each of the token's k experts, groups outermost as in
     # the up kernel. h [NG, KP, 1, GW] is as large as the tile's words spread over the threads when
     # BLOCK_K >= 128 * num_warps, and then each thread's h values serve all its BN rows. F8 = F / 8 is
@@ -271,8 +287,13 @@ def _down_int4_kernel(h_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, sw
         BLOCK_N)
     grp = tl.arange(0, NG)[:, None, None, None]                         # [NG, 1, 1, 1]
     word = grp * GW + tl.arange(0, GW)[None, None, None, :]             # [NG, 1, 1, GW]
-    acc = tl.zeros([KP, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, F, BLOCK_K):
+    # PDL: launched while the up kernel runs; the first chunk of w2 is requested, then the wait for h.
+    w, sc, zp, idx, g_in = _int4_chunk(0, w_rows, s_rows, z_rows, row_ok, word, grp, F, G, NG, EVEN_K)
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    acc = _int4_group_dots(w, h_row, idx, j_ok & g_in, F8, sc, zp, one, 3)  # [KP, BN]
+    for k0 in range(BLOCK_K, F, BLOCK_K):
         w, sc, zp, idx, g_in = _int4_chunk(k0, w_rows, s_rows, z_rows, row_ok, word, grp, F, G, NG, EVEN_K)
         acc += _int4_group_dots(w, h_row, idx, j_ok & g_in, F8, sc, zp, one, 3)  # [KP, BN]
     _down_int4_store(acc, tok, db, tw_ptr, out_ptr, D, stride_o, TOP_K, KP, BLOCK_N)
@@ -312,9 +333,15 @@ def _int4_word_args(m: PoolMatrix, name: str) -> tuple:
     return (words, words.stride(0), words.stride(1), *m.args()[3:])
 
 
+def pdl_supported(device: torch.device) -> bool:
+    """Programmatic dependent launch: a Hopper-or-later GPU and a Triton that exposes it."""
+    return (device.type == "cuda" and gdc_wait is not None
+            and torch.cuda.get_device_capability(device)[0] >= 9)
+
+
 def _moe_decode_int4(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, slots: torch.Tensor,
                      w13: PoolMatrix, w2: PoolMatrix, group: int, up: TileConfig,
-                     down: TileConfig) -> torch.Tensor:
+                     down: TileConfig, pdl: bool = False) -> torch.Tensor:
     t, d = x.shape
     k = ids.shape[1]
     f = w13.n // 2
@@ -325,27 +352,30 @@ def _moe_decode_int4(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, slots
     bk = _block_k(up, FMT_INT4, group, d)
     _up_int4_kernel[(t * k, cdiv(f, up.block_n))](
         xv, ids, slots, h, w, sw_s, sw_n, *rest, f, d, stride_x, _ONE_BITS, TOP_K=k, V_KIND=v_kind,
-        ROUND=v_kind, G=group, BLOCK_N=up.block_n, BLOCK_K=bk, EVEN_K=d % bk == 0,
-        num_warps=up.num_warps, num_stages=up.num_stages)
+        ROUND=v_kind, G=group, BLOCK_N=up.block_n, BLOCK_K=bk, EVEN_K=d % bk == 0, PDL=pdl,
+        num_warps=up.num_warps, num_stages=up.num_stages, launch_pdl=pdl)
     w, sw_s, sw_n, *rest = _int4_word_args(w2, "w2")
     bk = _block_k(down, FMT_INT4, group, f)
     _down_int4_kernel[(t, cdiv(d, down.block_n))](
         h, ids, slots, tw, out, w, sw_s, sw_n, *rest, d, f, f // 8, out.stride(0), _ONE_BITS, TOP_K=k,
-        KP=next_pow2(k), G=group, BLOCK_N=down.block_n, BLOCK_K=bk, EVEN_K=f % bk == 0,
-        num_warps=down.num_warps, num_stages=down.num_stages)
+        KP=next_pow2(k), G=group, BLOCK_N=down.block_n, BLOCK_K=bk, EVEN_K=f % bk == 0, PDL=pdl,
+        num_warps=down.num_warps, num_stages=down.num_stages, launch_pdl=pdl)
     return out
 
 
 def moe_decode(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                slot_of_expert: torch.Tensor, w13: PoolMatrix, w2: PoolMatrix, fmt: int, group: int,
-               up: TileConfig, down: TileConfig) -> torch.Tensor:
+               up: TileConfig, down: TileConfig, pdl: bool = False) -> torch.Tensor:
     """``out [T, D]`` in ``x.dtype``: the MoE output, summed over each token's k experts.
+
+    ``pdl`` (int4; see :func:`pdl_supported`) launches both kernels as programmatic dependents: each
+    starts while its predecessor runs, requests its first weight chunk, then waits for its input.
 
     int4 group sizes are 32, 64 or 128 (:func:`engine.quant.int4.check_group_size`): powers of two of
     at least four int32 words (16 bytes), as the kernels' group tiles need."""
     ids, tw = topk_ids.contiguous(), topk_weights.contiguous()
     if fmt == FMT_INT4:
-        return _moe_decode_int4(x, ids, tw, slot_of_expert, w13, w2, group, up, down)
+        return _moe_decode_int4(x, ids, tw, slot_of_expert, w13, w2, group, up, down, pdl)
     t, d = x.shape
     k = topk_ids.shape[1]
     f = w13.n // 2

@@ -19,8 +19,8 @@ Synchronisation words (int32, one set per device and stream, zero between launch
 head, ``[1]`` up tiles done, ``[2]`` down tiles done. Every program ends by taking one index past the
 queue; the one that takes the last (``tiles + programs - 1``) resets ``[0]``. The program finishing
 the last down tile resets ``[1]`` and ``[2]``: by then every waiter has passed. Ordering: an up tile's
-``h`` stores, a block barrier, then a release increment; a waiter polls with volatile loads, then does
-one acquire read, and reads ``h`` from L2 (``.cg``), never from a stale L1 line.
+``h`` stores, a block barrier, then a release increment; a waiter polls with acquire reads (one thread,
+then a block barrier) and reads ``h`` from L2 (``.cg``), never from a stale L1 line.
 
 Launches on one stream run one after another, so one set of words per stream suffices; a CUDA graph
 keeps the set of the stream it was captured on and must not be replayed on two streams at once.
@@ -52,9 +52,10 @@ def _down_int4_tile_after_up(tok, db, ready_ptr, n_ready, h_ptr, ids_ptr, slot_p
     grp = tl.arange(0, NG)[:, None, None, None]                         # [NG, 1, 1, 1]
     word = grp * GW + tl.arange(0, GW)[None, None, None, :]             # [NG, 1, 1, GW]
     w, sc, zp, idx, g_in = _int4_chunk(0, w_rows, s_rows, z_rows, row_ok, word, grp, F, G, NG, False)
-    while tl.load(ready_ptr, volatile=True) < n_ready:
+    # One thread polls (an acquire read, then a block barrier), so waiting programs add one request
+    # each per round trip to the counter's L2 line, not one per warp.
+    while tl.atomic_add(ready_ptr, 0, sem="acquire") < n_ready:
         pass
-    tl.atomic_add(ready_ptr, 0, sem="acquire")                          # orders the h loads below
     acc = _int4_group_dots(w, h_row, idx, j_ok & g_in, F8, sc, zp, one, 3)  # [KP, BN]
     _down_int4_store(acc, tok, db, tw_ptr, out_ptr, D, stride_o, TOP_K, KP, BLOCK_N)
 
@@ -71,12 +72,12 @@ def _moe_int4_single_kernel(xv_ptr, ids_ptr, slot_ptr, tw_ptr, h_ptr, out_ptr, s
     down_blocks = tl.cdiv(D, DOWN_N)
     n_down = T * down_blocks
     n_tiles = n_up + n_down
-    tile = tl.atomic_add(sync_ptr, 1)
+    tile = tl.atomic_add(sync_ptr, 1, sem="relaxed")
     while tile < n_tiles:
         if tile < n_up:
             _up_int4_tile(tile // up_blocks, tile % up_blocks, xv_ptr, ids_ptr, slot_ptr, h_ptr, w1_ptr, w1_s,
                           w1_n, s1_ptr, z1_ptr, s1_s, z1_s, s1_n, F, D, stride_x, one, TOP_K, V_KIND, V_KIND, G,
-                          UP_N, UP_K, UP_EVEN_K)
+                          UP_N, UP_K, UP_EVEN_K, False)
             tl.debug_barrier()                                          # every thread's h stores first
             tl.atomic_add(sync_ptr + 1, 1, sem="release")
         else:
@@ -84,12 +85,12 @@ def _moe_int4_single_kernel(xv_ptr, ids_ptr, slot_ptr, tw_ptr, h_ptr, out_ptr, s
             _down_int4_tile_after_up(d // down_blocks, d % down_blocks, sync_ptr + 1, n_up, h_ptr, ids_ptr,
                                      slot_ptr, tw_ptr, out_ptr, w2_ptr, w2_s, w2_n, s2_ptr, z2_ptr, s2_s, z2_s,
                                      s2_n, D, F, F8, stride_o, one, TOP_K, KP, G, DOWN_N, DOWN_K)
-            if tl.atomic_add(sync_ptr + 2, 1, sem="acq_rel") == n_down - 1:  # the last down tile
-                tl.atomic_xchg(sync_ptr + 1, 0)
-                tl.atomic_xchg(sync_ptr + 2, 0)
-        tile = tl.atomic_add(sync_ptr, 1)
+            if tl.atomic_add(sync_ptr + 2, 1, sem="relaxed") == n_down - 1:  # the last down tile
+                tl.atomic_xchg(sync_ptr + 1, 0, sem="relaxed")
+                tl.atomic_xchg(sync_ptr + 2, 0, sem="relaxed")
+        tile = tl.atomic_add(sync_ptr, 1, sem="relaxed")
     if tile == n_tiles + tl.num_programs(0) - 1:                        # the launch's last index
-        tl.atomic_xchg(sync_ptr, 0)
+        tl.atomic_xchg(sync_ptr, 0, sem="relaxed")
 
 
 _SYNC: dict[tuple, torch.Tensor] = {}

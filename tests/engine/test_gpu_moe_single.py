@@ -1,6 +1,7 @@
 """On a CUDA GPU: the single-launch int4 MoE decode against the reference, with bf16 activations.
 
-Skipped without a GPU (CI has none; the interpreter cases are in ``test_fused_moe.py``); the GPU
+Skipped without a GPU (CI has none; the interpreter cases are in ``tests/kernels/test_fused_moe.py``,
+whose folder always runs the interpreter); the GPU
 benchmark run executes this file. On real hardware programs run concurrently, so these cases cover
 what the interpreter's one-program-at-a-time run cannot: down tiles waiting for up tiles held by other
 programs, more programs than fit on the GPU at once (the queue must not deadlock), the counters
