@@ -121,7 +121,7 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     in ``topk_ids`` must have a valid slot; neither is checked on the device (that would sync).
     """
     from kernels.moe_align import moe_align
-    from kernels.moe_decode import moe_decode
+    from kernels.moe_decode import moe_decode, pdl_supported
     from kernels.moe_decode_single import moe_decode_single
     from kernels.moe_prefill import moe_prefill
     from kernels.moe_weights import format_code, pool_matrix
@@ -138,7 +138,7 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
                                  cfg.up, cfg.down, cfg.programs_per_sm)   # [T, D]
     if cfg.variant == "decode":
         return moe_decode(x, topk_ids, topk_weights, slot_of_expert, w13, w2, fmt, layout.group_size,
-                          cfg.up, cfg.down)                             # [T, D]
+                          cfg.up, cfg.down, cfg.pdl and pdl_supported(x.device))   # [T, D]
     align = moe_align(topk_ids, slot_of_expert, cfg.block_m)
     y = moe_prefill(x, topk_weights, align, w13, w2, fmt, layout.group_size, cfg.up, cfg.down)
     return y.view(t, k, -1).sum(dim=1).to(x.dtype)                     # [T*k, D] -> [T, D]

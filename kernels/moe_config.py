@@ -9,7 +9,8 @@ token count (else the largest). A setting::
      "up":   {"block_n": 16, "block_k": 256, "num_warps": 4, "num_stages": 3},
      "down": {"block_n": 16, "block_k": 256, "num_warps": 4, "num_stages": 3},
      "block_m": 16,          # prefill only: rows of the aligned blocks
-    "programs_per_sm": 2}   # single only
+    "programs_per_sm": 2,   # single only
+    "pdl": true}            # decode, int4: launches overlap (Hopper and later)
 
 ``decode`` runs one program per (token, expert) pair and N tile (a GEMV per pair); ``prefill`` aligns
 pairs into M-blocks per expert and runs tensor-core tiles; ``single`` (int4) runs the decode tiles in
@@ -41,6 +42,7 @@ class MoeLaunchConfig:
     down: TileConfig      # down GEMM (N = D, K = F)
     block_m: int = 16     # prefill block rows
     programs_per_sm: int = 1  # single-launch programs per SM
+    pdl: bool = False     # decode (int4): programmatic dependent launch where the GPU has it
 
 
 def config_file_name(device_name: str) -> str:
@@ -59,7 +61,8 @@ def _parse(entry: dict) -> MoeLaunchConfig:
     if variant not in ("decode", "single", "prefill"):
         raise ValueError(f"MoE launch config variant {variant!r} must be decode, single or prefill")
     return MoeLaunchConfig(variant, TileConfig(**entry["up"]), TileConfig(**entry["down"]),
-                           int(entry.get("block_m", 16)), int(entry.get("programs_per_sm", 1)))
+                           int(entry.get("block_m", 16)), int(entry.get("programs_per_sm", 1)),
+                           bool(entry.get("pdl", False)))
 
 
 def _pick(table: dict, fmt: str, tokens: int) -> dict | None:

@@ -45,20 +45,19 @@ DECODE_TILES = {
     "fp8": [((2, 2048, 4), (1, 512, 4)), ((4, 1024, 4), (2, 512, 2)), ((1, 2048, 4), (1, 512, 2)),
             ((2, 2048, 8), (1, 1024, 8)), ((1, 1024, 2), (1, 256, 2)), ((2, 1024, 2), (1, 256, 2)),
             ((1, 1024, 2, 4), (1, 256, 2, 4)), ((4, 512, 4), (1, 256, 2)), ((1, 2048, 2), (2, 256, 2))],
-    # int4 block_k counts elements; up tiles are [K/G groups, 2, BN, G/8 words], down [., k, BN, .].
-    # Settings that keep the vector and scale loads of a step below the thread count (up) or the
-    # h slice at least as wide as the threads' words (down, block_k >= 128 * num_warps) let every
-    # thread share its vector loads over its rows instead of moving tiles through shared memory.
-    "int4": [((8, 512, 4), (4, 256, 2)), ((8, 512, 4), (8, 256, 2)), ((16, 512, 8), (8, 512, 4)),
-             ((8, 256, 2), (4, 256, 2)), ((16, 256, 4), (16, 256, 2)), ((32, 256, 8), (8, 1024, 8)),
-             ((8, 1024, 8), (4, 512, 4)), ((16, 256, 4), (2, 256, 2)), ((8, 512, 4, 4), (4, 256, 2, 4)),
-             ((4, 256, 2), (2, 256, 1)),
+    # int4 block_k counts elements; up tiles are [2, BN, block_k/G groups, G/8 words], down [k, BN, .,
+    # .]. Chunks of one or two groups keep the vector, scale and tile loads in one register layout;
+    # wider chunks make Triton move the vectors through shared memory at every step.
+    "int4": [((8, 512, 4), (4, 256, 2)), ((16, 256, 4), (16, 256, 2)), ((16, 256, 4), (2, 256, 2)),
+             ((8, 256, 2), (4, 256, 2)), ((4, 256, 2), (2, 256, 1)), ((8, 512, 4), (2, 256, 2)),
+             # launches overlapping (programmatic dependent launch, Hopper and later)
+             ((8, 256, 2), (4, 256, 2), "pdl"), ((16, 256, 4), (2, 256, 2), "pdl"),
+             ((8, 256, 2), (2, 256, 2), "pdl"), ((4, 256, 2), (4, 256, 2), "pdl"),
+             ((8, 512, 4), (4, 256, 2), "pdl"), ((16, 256, 4), (4, 256, 2), "pdl"),
+             ((8, 256, 2), (8, 256, 4), "pdl"), ((8, 256, 2), (4, 512, 4), "pdl"),
              # single launch: (up, down, programs per SM); down tiles read all of F at once, and the
              # launch runs with the up setting's warps
-             ((16, 256, 4), (4, 1024), 2), ((16, 256, 4), (8, 1024), 2), ((8, 512, 4), (4, 1024), 2),
-             ((16, 256, 8), (8, 1024), 1), ((16, 256, 8), (8, 1024), 2), ((32, 256, 8), (16, 1024), 1),
-             ((16, 512, 8), (8, 1024), 1), ((8, 256, 4), (4, 1024), 4), ((16, 256, 4), (4, 1024), 4),
-             ((32, 512, 8), (8, 1024), 1), ((16, 256, 16), (16, 1024), 1)],
+             ((16, 256, 4), (4, 1024), 4), ((16, 256, 4), (2, 1024), 4), ((8, 256, 4), (4, 1024), 4)],
 }
 PREFILL_TILES = [(16, 64, 64, 4, 3), (32, 64, 128, 4, 3)]
 
@@ -158,6 +157,8 @@ def check_small_kernels() -> dict:
 
 
 def config_of(tile: tuple, tokens: int) -> MoeLaunchConfig:
+    if len(tile) == 3 and tile[2] == "pdl":  # decode, launches overlapping
+        return MoeLaunchConfig("decode", TileConfig(*tile[0]), TileConfig(*tile[1]), pdl=True)
     if len(tile) == 3:  # single launch
         return MoeLaunchConfig("single", TileConfig(*tile[0]), TileConfig(*tile[1]), programs_per_sm=tile[2])
     if len(tile) == 2:
@@ -206,7 +207,7 @@ def bench_format(fmt: str, layers: int, tokens: tuple[int, ...]) -> tuple[list[d
         if best:
             c = config_of(best[1], t)
             tuned[str(t)] = {"variant": c.variant, "block_m": c.block_m, "up": vars(c.up), "down": vars(c.down),
-                             "programs_per_sm": c.programs_per_sm}
+                             "programs_per_sm": c.programs_per_sm, "pdl": c.pdl}
         print(f"{fmt} T={t}: {row}", flush=True)
     return rows, tuned
 
