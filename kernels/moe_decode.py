@@ -149,29 +149,29 @@ def _group_mask(g, groups, NG: tl.constexpr, EVEN_K: tl.constexpr):
     # Whole groups are valid or not (K is a multiple of G), so the mask is constant along a group's
     # words and never splits a 16-byte load; a constant one when the tiles divide K.
     if EVEN_K:
-        return tl.full([1, 1, NG, 1], 1, tl.int1)
+        return tl.full([NG, 1, 1, 1], 1, tl.int1)
     return g < groups
 
 
 @jit
 def _int4_group_dots(w, v_ptr, idx, v_ok, quarter, sc, zp, one, V_KIND: tl.constexpr):
-    """``[A, B]`` float32: packed rows ``w [A, B, NG, G/8]`` (int32 words) dotted with the vector.
+    """``[A, B]`` float32: packed rows ``w [NG, A, B, G/8]`` (int32 words) dotted with the vector.
 
     Word ``i`` holds elements ``8i .. 8i + 7``, element ``8i + s`` in bits ``4s .. 4s + 3``. Each nibble
     position is one pass over the tile (shift, and-or, FMA per element) against the vector elements
     ``8 idx + s``. Per group ``sum_k (1 + q_k/16) x_k = sx + sqx/16`` with ``sx = sum_k x_k``, so
     ``sum_k (q_k - z) s x_k = s (16 sum_k v_k x_k - (16 + z) sx)``: scale and zero once per group.
     """
-    acc = tl.zeros(w.shape, dtype=tl.float32)                           # [A, B, NG, GW]
-    sx = tl.zeros(idx.shape, dtype=tl.float32)                          # [1 or A, 1, NG, GW]
+    acc = tl.zeros(w.shape, dtype=tl.float32)                           # [NG, A, B, GW]
+    sx = tl.zeros(idx.shape, dtype=tl.float32)                          # [NG, 1 or A, 1, GW]
     for p in tl.static_range(4):
         ve, vo = _pair_vectors(v_ptr, idx, p, v_ok, quarter, V_KIND)
         acc += _nibble_floats(w, 2 * p, one) * ve
         acc += _nibble_floats(w, 2 * p + 1, one) * vo
         sx += ve + vo
-    dot = tl.sum(acc, axis=3, keep_dims=True)                           # [A, B, NG, 1]
+    dot = tl.sum(acc, axis=3, keep_dims=True)                           # [NG, A, B, 1]
     sxg = tl.sum(sx, axis=3, keep_dims=True)
-    return tl.sum(tl.sum(sc * (16.0 * dot - (16.0 + zp) * sxg), axis=3), axis=2)  # [A, B]
+    return tl.sum(tl.sum(sc * (16.0 * dot - (16.0 + zp) * sxg), axis=3), axis=0)  # [A, B]
 
 
 @jit
@@ -184,16 +184,18 @@ def _up_int4_tile(pair, nb, xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n,
     ``PDL``: launched as a programmatic dependent (its launch overlaps the previous kernel), the tile
     waits for the previous kernel before reading anything: the routing ids and ``x`` may be its output.
 
-    Tile [2, BN, NG, GW]: the gate and up rows of BN outputs, NG groups of GW int32 words along K.
-    Rows outermost: Triton spreads threads over words, then groups, then rows, so a thread holds the
-    same words of several rows, which share its vector loads and conversions."""
+    Tile [NG, 2, BN, GW]: NG groups of GW int32 words along K of the gate and up rows of BN outputs.
+    Groups outermost: Triton spreads threads over the words of a group, then over rows, and warps
+    over gate/up and rows; a thread holds its words in every group of the chunk. (Rows outermost
+    would let a thread's vector loads serve several rows, but then Triton gives the vector, scale and
+    tile loads different layouts and moves them through shared memory: slower on the H200.)"""
     GW: tl.constexpr = G // 8
     NG: tl.constexpr = BLOCK_K // G
-    n = nb * BLOCK_N + tl.arange(0, BLOCK_N)[None, :, None, None]                 # [1, BN, 1, 1]
-    rows = n + tl.arange(0, 2)[:, None, None, None] * F                           # [2, BN, 1, 1]
+    n = nb * BLOCK_N + tl.arange(0, BLOCK_N)[None, None, :, None]                 # [1, 1, BN, 1]
+    rows = n + tl.arange(0, 2)[None, :, None, None] * F                           # [1, 2, BN, 1]
     row_ok = n < F
-    grp = tl.arange(0, NG)[None, None, :, None]                                    # [1, 1, NG, 1]
-    word = grp * GW + tl.arange(0, GW)[None, None, None, :]                        # [1, 1, NG, GW]
+    grp = tl.arange(0, NG)[:, None, None, None]                                    # [NG, 1, 1, 1]
+    word = grp * GW + tl.arange(0, GW)[None, None, None, :]                        # [NG, 1, 1, GW]
     if PDL:
         gdc_wait()
         gdc_launch_dependents()  # the down kernel may launch: every up program is past its wait
@@ -223,14 +225,13 @@ def _up_int4_tile(pair, nb, xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n,
 def _int4_chunk(k0, w_rows, s_rows, z_rows, row_ok, word, grp, K, G: tl.constexpr, NG: tl.constexpr,
                 EVEN_K: tl.constexpr):
     """Words, scales and zero points of the K chunk at ``k0`` of packed rows; and the word indices and
-    group mask the dot needs. Rows ``[A, B, 1, 1]`` broadcast against ``word [1, 1, NG, GW]`` and
-    ``grp [1, 1, NG, 1]``."""
-    idx = k0 // 8 + word                                                # [1, 1, NG, GW] word index
-    g = k0 // G + grp                                                   # [1, 1, NG, 1]
+    group mask the dot needs. Rows broadcast against ``word [NG, 1, 1, GW]`` and ``grp [NG, 1, 1, 1]``."""
+    idx = k0 // 8 + word                                                # [NG, 1, 1, GW] word index
+    g = k0 // G + grp                                                   # [NG, 1, 1, 1]
     g_in = _group_mask(g, K // G, NG, EVEN_K)
-    w = tl.load(w_rows + idx, mask=row_ok & g_in, other=0)              # [A, B, NG, GW]
+    w = tl.load(w_rows + idx, mask=row_ok & g_in, other=0)              # [NG, A, B, GW]
     g_ok = row_ok & (g < K // G)
-    sc = tl.load(s_rows + g, mask=g_ok, other=0.0).to(tl.float32)        # [A, B, NG, 1]
+    sc = tl.load(s_rows + g, mask=g_ok, other=0.0).to(tl.float32)        # [NG, A, B, 1]
     zp = tl.load(z_rows + g, mask=g_ok, other=0).to(tl.float32)
     return w, sc, zp, idx, g_in
 
@@ -239,13 +240,13 @@ def _int4_chunk(k0, w_rows, s_rows, z_rows, row_ok, word, grp, K, G: tl.constexp
 def _down_int4_rows(tok, db, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr, ss_s, sz_s, ss_n, D,
                     F, TOP_K: tl.constexpr, KP: tl.constexpr, BLOCK_N: tl.constexpr):
     """Row pointers of a down tile: ``BN`` rows (``db * BN ..``) of w2 of each of token ``tok``'s k
-    experts ``[KP, BN, 1, 1]``, the mask of real rows, and the token's ``h`` rows ``[KP, 1, 1, 1]``."""
-    j = tl.arange(0, KP)[:, None, None, None]                           # [KP, 1, 1, 1]
-    n = db * BLOCK_N + tl.arange(0, BLOCK_N)[None, :, None, None]       # [1, BN, 1, 1]
+    experts ``[1, KP, BN, 1]``, the mask of real rows, and the token's ``h`` rows ``[1, KP, 1, 1]``."""
+    j = tl.arange(0, KP)[None, :, None, None]                           # [1, KP, 1, 1]
+    n = db * BLOCK_N + tl.arange(0, BLOCK_N)[None, None, :, None]       # [1, 1, BN, 1]
     j_ok = j < TOP_K                                                    # KP pads k to a power of two
     pair = tok * TOP_K + j
     slot = tl.load(slot_ptr + tl.load(ids_ptr + pair, mask=j_ok, other=0), mask=j_ok, other=0).to(tl.int64)
-    row_ok = j_ok & (n < D)                                             # [KP, BN, 1, 1]
+    row_ok = j_ok & (n < D)                                             # [1, KP, BN, 1]
     return (w_ptr + slot * sw_s + n * sw_n, s_ptr + slot * ss_s + n * ss_n, z_ptr + slot * sz_s + n * ss_n,
             row_ok, j_ok, h_ptr + pair.to(tl.int64) * F)
 
@@ -275,17 +276,18 @@ def _down_int4_kernel(h_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, sw
                       ss_s, sz_s, ss_n, D, F, F8, stride_o, one, TOP_K: tl.constexpr, KP: tl.constexpr,
                       G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
                       PDL: tl.constexpr):
-    # Tile [KP, BN, NG, GW]: BN rows of w2 of each of the token's k experts, rows outermost as in the
-    # up kernel, so a thread's h values serve the BN rows of its expert it holds. F8 = F / 8 is an
-    # argument of its own so that Triton sees its divisibility and reads h in 16-byte loads.
+    # Tile [NG, KP, BN, GW]: BN rows of w2 of each of the token's k experts, groups outermost as in
+    # the up kernel. h [NG, KP, 1, GW] is as large as the tile's words spread over the threads when
+    # BLOCK_K >= 128 * num_warps, and then each thread's h values serve all its BN rows. F8 = F / 8 is
+    # an argument of its own so that Triton sees its divisibility and reads h in 16-byte loads.
     GW: tl.constexpr = G // 8
     NG: tl.constexpr = BLOCK_K // G
     tok, db = tl.program_id(0), tl.program_id(1)
     w_rows, s_rows, z_rows, row_ok, j_ok, h_row = _down_int4_rows(
         tok, db, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr, ss_s, sz_s, ss_n, D, F, TOP_K, KP,
         BLOCK_N)
-    grp = tl.arange(0, NG)[None, None, :, None]                         # [1, 1, NG, 1]
-    word = grp * GW + tl.arange(0, GW)[None, None, None, :]             # [1, 1, NG, GW]
+    grp = tl.arange(0, NG)[:, None, None, None]                         # [NG, 1, 1, 1]
+    word = grp * GW + tl.arange(0, GW)[None, None, None, :]             # [NG, 1, 1, GW]
     # PDL: launched once every up program has passed its own wait (so the routing ids and the slot
     # table are final), while the up kernel runs; the first chunk of w2 is requested, then the wait
     # for h.

@@ -49,8 +49,8 @@ def _down_int4_tile_after_up(tok, db, ready_ptr, n_ready, h_ptr, ids_ptr, slot_p
     w_rows, s_rows, z_rows, row_ok, j_ok, h_row = _down_int4_rows(
         tok, db, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr, ss_s, sz_s, ss_n, D, F, TOP_K, KP,
         BLOCK_N)
-    grp = tl.arange(0, NG)[None, None, :, None]                         # [1, 1, NG, 1]
-    word = grp * GW + tl.arange(0, GW)[None, None, None, :]             # [1, 1, NG, GW]
+    grp = tl.arange(0, NG)[:, None, None, None]                         # [NG, 1, 1, 1]
+    word = grp * GW + tl.arange(0, GW)[None, None, None, :]             # [NG, 1, 1, GW]
     w, sc, zp, idx, g_in = _int4_chunk(0, w_rows, s_rows, z_rows, row_ok, word, grp, F, G, NG, False)
     # One thread polls (an acquire read, then a block barrier), so waiting programs add one request
     # each per round trip to the counter's L2 line, not one per warp.

@@ -45,7 +45,7 @@ DECODE_TILES = {
     "fp8": [((2, 2048, 4), (1, 512, 4)), ((4, 1024, 4), (2, 512, 2)), ((1, 2048, 4), (1, 512, 2)),
             ((2, 2048, 8), (1, 1024, 8)), ((1, 1024, 2), (1, 256, 2)), ((2, 1024, 2), (1, 256, 2)),
             ((1, 1024, 2, 4), (1, 256, 2, 4)), ((4, 512, 4), (1, 256, 2)), ((1, 2048, 2), (2, 256, 2))],
-    # int4 block_k counts elements; up tiles are [2, BN, block_k/G groups, G/8 words], down [k, BN, .,
+    # int4 block_k counts elements; up tiles are [block_k/G groups, 2, BN, G/8 words], down [., k, BN,
     # .]. Chunks of one or two groups keep the vector, scale and tile loads in one register layout;
     # wider chunks make Triton move the vectors through shared memory at every step.
     "int4": [((8, 512, 4), (4, 256, 2)), ((16, 256, 4), (16, 256, 2)), ((16, 256, 4), (2, 256, 2)),
