@@ -1,11 +1,13 @@
-"""On a CUDA GPU: the single-launch int4 MoE decode against the reference, with bf16 activations.
+"""On a CUDA GPU: the int4 MoE decode launches (overlapping launches, single launch) against the
+reference, with bf16 activations.
 
 Skipped without a GPU (CI has none; the interpreter cases are in ``tests/kernels/test_fused_moe.py``,
 whose folder always runs the interpreter); the GPU
 benchmark run executes this file. On real hardware programs run concurrently, so these cases cover
-what the interpreter's one-program-at-a-time run cannot: down tiles waiting for up tiles held by other
-programs, more programs than fit on the GPU at once (the queue must not deadlock), the counters
-reset between launches and between CUDA graph replays.
+what the interpreter's one-program-at-a-time run cannot: kernels launched while the kernel that
+writes their routing is still running (programmatic dependent launch), down tiles waiting for up tiles
+held by other programs, more programs than fit on the GPU at once (the queue must not deadlock), the
+counters reset between launches and between CUDA graph replays.
 """
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ import torch
 
 from kernels.fused_moe import fused_moe, fused_moe_ref
 from kernels.moe_config import MoeLaunchConfig, TileConfig
+from kernels.moe_decode import pdl_supported
 from kernels.moe_decode_single import sync_words
+from kernels.router import route
 from tests.kernels.helpers import make_pool, make_routing
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -67,3 +71,34 @@ def test_single_launch_in_a_cuda_graph() -> None:
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, eager)
+
+
+def test_overlapping_launches_wait_for_the_router() -> None:
+    # Router then MoE with programmatic dependent launch, recorded in one CUDA graph and replayed
+    # with new logits each time: the up kernel starts while the router runs, so it must read the
+    # routing only after its wait, and the down kernel must see every h. A kernel that read too early
+    # would use the previous replay's experts.
+    if not pdl_supported(torch.device("cuda")):
+        pytest.skip("programmatic dependent launch needs a Hopper or later GPU and a Triton with it")
+    layout, views, slots, _, _, x = _pool(1)
+    cfg = MoeLaunchConfig("decode", TileConfig(8, 256, 2), TileConfig(4, 256, 2), pdl=True)
+    logits = torch.zeros(1, 16, device="cuda")
+
+    def step():
+        w, ids = route(logits, 8, "softmax", True)
+        return fused_moe(x, ids, w, slots, views, layout, cfg)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    for _ in range(20):
+        logits.copy_(torch.randn(1, 16, device="cuda", generator=gen) * 4)
+        graph.replay()
+        w, ids = route(logits, 8, "softmax", True)
+        ref = fused_moe_ref(x, ids, w, slots, views, layout)
+        assert _close(out, ref) < 1e-2
