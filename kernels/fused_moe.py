@@ -4,7 +4,7 @@ Weights are read through the slot table (expert -> pool slot) from the typed poo
 :class:`engine.experts.layout.ExpertLayout`; nothing is gathered.
 
 :func:`fused_moe` is the Triton path (CUDA, or the interpreter in tests): a decode variant for a few
-tokens (:mod:`kernels.moe_decode`; for int4 also in a single launch, :mod:`kernels.moe_decode_single`) and an aligned-block prefill variant (:mod:`kernels.moe_prefill`),
+tokens (:mod:`kernels.moe_decode`) and an aligned-block prefill variant (:mod:`kernels.moe_prefill`),
 chosen with their tile sizes by :mod:`kernels.moe_config`. The decode variant sums over k inside its
 down kernel; the prefill variant writes each pair's weighted output to a float32 buffer ``[T, k, D]``
 summed afterwards. Both are deterministic (no atomics) and free of host syncs, so the call can be
@@ -122,7 +122,6 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     """
     from kernels.moe_align import moe_align
     from kernels.moe_decode import moe_decode, pdl_supported
-    from kernels.moe_decode_single import moe_decode_single
     from kernels.moe_prefill import moe_prefill
     from kernels.moe_weights import format_code, pool_matrix
 
@@ -133,9 +132,6 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     w13, w2 = pool_matrix(views, "w13", layout), pool_matrix(views, "w2", layout)
     fmt = format_code(layout)
     cfg = config or moe_launch_config(_device_name(x.device), layout.fmt, t)
-    if cfg.variant == "single":
-        return moe_decode_single(x, topk_ids, topk_weights, slot_of_expert, w13, w2, fmt, layout.group_size,
-                                 cfg.up, cfg.down, cfg.programs_per_sm)   # [T, D]
     if cfg.variant == "decode":
         return moe_decode(x, topk_ids, topk_weights, slot_of_expert, w13, w2, fmt, layout.group_size,
                           cfg.up, cfg.down, cfg.pdl and pdl_supported(x.device))   # [T, D]

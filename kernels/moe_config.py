@@ -5,16 +5,14 @@ One file per GPU, named after ``torch.cuda.get_device_name`` with non-alphanumer
 maps ``format -> token bucket -> setting``; the bucket used is the smallest one at least the batch's
 token count (else the largest). A setting::
 
-    {"variant": "decode" | "single" | "prefill",
+    {"variant": "decode" | "prefill",
      "up":   {"block_n": 16, "block_k": 256, "num_warps": 4, "num_stages": 3},
      "down": {"block_n": 16, "block_k": 256, "num_warps": 4, "num_stages": 3},
      "block_m": 16,          # prefill only: rows of the aligned blocks
-    "programs_per_sm": 2,   # single only
     "pdl": true}            # decode, int4: launches overlap (Hopper and later)
 
 ``decode`` runs one program per (token, expert) pair and N tile (a GEMV per pair); ``prefill`` aligns
-pairs into M-blocks per expert and runs tensor-core tiles; ``single`` (int4) runs the decode tiles in
-one launch (:mod:`kernels.moe_decode_single`), ``up.num_warps`` / ``up.num_stages`` launching it.
+pairs into M-blocks per expert and runs tensor-core tiles.
 """
 from __future__ import annotations
 
@@ -37,11 +35,10 @@ class TileConfig:
 
 @dataclass(frozen=True)
 class MoeLaunchConfig:
-    variant: str          # "decode", "single" or "prefill"
+    variant: str          # "decode" or "prefill"
     up: TileConfig        # gate+up GEMM (N = F, K = D)
     down: TileConfig      # down GEMM (N = D, K = F)
     block_m: int = 16     # prefill block rows
-    programs_per_sm: int = 1  # single-launch programs per SM
     pdl: bool = False     # decode (int4): programmatic dependent launch where the GPU has it
 
 
@@ -58,11 +55,10 @@ def _load(name: str) -> dict:
 
 def _parse(entry: dict) -> MoeLaunchConfig:
     variant = entry.get("variant", "decode")
-    if variant not in ("decode", "single", "prefill"):
-        raise ValueError(f"MoE launch config variant {variant!r} must be decode, single or prefill")
+    if variant not in ("decode", "prefill"):
+        raise ValueError(f"MoE launch config variant {variant!r} must be decode or prefill")
     return MoeLaunchConfig(variant, TileConfig(**entry["up"]), TileConfig(**entry["down"]),
-                           int(entry.get("block_m", 16)), int(entry.get("programs_per_sm", 1)),
-                           bool(entry.get("pdl", False)))
+                           int(entry.get("block_m", 16)), bool(entry.get("pdl", False)))
 
 
 def _pick(table: dict, fmt: str, tokens: int) -> dict | None:

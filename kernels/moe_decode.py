@@ -10,16 +10,20 @@ at once, so registers hold one chunk rather than an accumulator tile:
   ``BN`` rows of every one of its token's k experts in the same chunk (``k * BN`` rows in flight) and
   sums over k in its epilogue in a fixed order: no buffer, no atomics, no third launch.
 
-int4 has its own pair of kernels, bound by instructions per weight rather than bytes. Programs read
-packed rows as int32 words in ``[.., NG, G/8]`` tiles (16-byte loads); word ``i`` holds elements
-``8i .. 8i+7``, element ``8i + s`` in bits ``4s .. 4s+3``. Each nibble position ``s`` is one pass over
-the tile: one shift and one and-or turn the nibble into the float ``1 + q/16`` (no conversion), and
-one FMA adds it times vector element ``8i + s`` to a per-element accumulator. The vector is read in
-the weights' layout: ``x`` strided (bf16/fp16 as int32 pairs, widened by bit moves), ``h`` stored
-nibble-major by the up kernel (element ``n`` at ``(n % 8) * F/8 + n // 8``) so the down kernel reads
-each nibble's slice contiguously; these loads are shared by all rows of a program. Scale and zero
-point apply once per row and group: ``sum_k (q_k - z) s x_k = s (16 sum_k (1 + q_k/16) x_k -
-(16 + z) sum_k x_k)``.
+int4 has its own kernels, bound by instructions per weight rather than bytes. Programs read packed
+rows as int32 words in ``[NG, .., G/8]`` tiles (16-byte loads); word ``i`` holds elements ``8i ..
+8i+7``, element ``8i + s`` in bits ``4s .. 4s+3``. Each nibble position ``s`` is one pass over the
+tile: one shift and one and-or turn the nibble into the float ``1 + q/16`` (no conversion), and one
+FMA adds it times vector element ``8i + s`` to a per-element accumulator. Both vectors are float32
+stored nibble-major (element ``n`` at ``(n % 8) * K/8 + n // 8``), so each nibble's slice is read
+contiguously: ``h`` as the up kernel stores it, ``x`` as a third, tiny kernel before it writes it,
+with the sums of ``x`` over each group (the up kernel would otherwise gather and add them in every
+program). Scale and zero point apply once per row and group: ``sum_k (q_k - z) s x_k = s (16 sum_k
+(1 + q_k/16) x_k - (16 + z) sum_k x_k)``.
+
+On Hopper and later the int4 launches can overlap (``pdl``, programmatic dependent launch): each
+kernel starts while its predecessor finishes and waits for it before reading what it wrote; the down
+kernel requests its first chunk of weights before that wait.
 
 Legend: T tokens, k experts per token, P = T*k pairs, R rows of a program, D hidden, F expert FFN,
 G int4 group size, NG groups of a tile, GW = G/8 int32 words of a group.
@@ -110,13 +114,16 @@ def _pair_vectors(v_ptr, idx, p: tl.constexpr, mask, quarter, V_KIND: tl.constex
 
     ``V_KIND`` 0: float32 elements, read strided; 1 / 2: bf16 / fp16 pairs read as one int32 word each
     (the even element in the low half), widened by bit moves; 3: float32 stored nibble-major, element
-    ``n`` at ``(n % 8) * quarter + n // 8`` (the intermediate ``h`` the up kernel writes), so each
-    nibble's vector is contiguous.
+    ``n`` at ``(n % 8) * quarter + n // 8`` (the intermediate ``h`` the up kernel writes, ``x`` as
+    :func:`_x_prep_kernel` writes it), so each nibble's vector is contiguous; 4: as 3, read from L2.
     """
     if V_KIND == 0:
         ve = tl.load(v_ptr + 8 * idx + 2 * p, mask=mask, other=0.0).to(tl.float32)
         vo = tl.load(v_ptr + 8 * idx + 2 * p + 1, mask=mask, other=0.0).to(tl.float32)
-    elif V_KIND == 3:  # from L2 (".cg"): other programs of the same launch may have just written it
+    elif V_KIND == 3:
+        ve = tl.load(v_ptr + (2 * p) * quarter + idx, mask=mask, other=0.0)
+        vo = tl.load(v_ptr + (2 * p + 1) * quarter + idx, mask=mask, other=0.0)
+    elif V_KIND == 4:  # as 3, from L2 (".cg"): other programs of the same launch may have just written it
         ve = tl.load(v_ptr + (2 * p) * quarter + idx, mask=mask, other=0.0, cache_modifier=".cg")
         vo = tl.load(v_ptr + (2 * p + 1) * quarter + idx, mask=mask, other=0.0, cache_modifier=".cg")
     else:
@@ -154,13 +161,15 @@ def _group_mask(g, groups, NG: tl.constexpr, EVEN_K: tl.constexpr):
 
 
 @jit
-def _int4_group_dots(w, v_ptr, idx, v_ok, quarter, sc, zp, one, V_KIND: tl.constexpr):
+def _int4_group_dots(w, v_ptr, idx, v_ok, quarter, sc, zp, one, V_KIND: tl.constexpr, sx_rows=None, g=None,
+                     g_ok=None, SX: tl.constexpr = False):
     """``[A, B]`` float32: packed rows ``w [NG, A, B, G/8]`` (int32 words) dotted with the vector.
 
     Word ``i`` holds elements ``8i .. 8i + 7``, element ``8i + s`` in bits ``4s .. 4s + 3``. Each nibble
     position is one pass over the tile (shift, and-or, FMA per element) against the vector elements
     ``8 idx + s``. Per group ``sum_k (1 + q_k/16) x_k = sx + sqx/16`` with ``sx = sum_k x_k``, so
     ``sum_k (q_k - z) s x_k = s (16 sum_k v_k x_k - (16 + z) sx)``: scale and zero once per group.
+    ``SX``: the group sums are read (``sx_rows + g``, groups ``g`` where ``g_ok``), not summed here.
     """
     acc = tl.zeros(w.shape, dtype=tl.float32)                           # [NG, A, B, GW]
     sx = tl.zeros(idx.shape, dtype=tl.float32)                          # [NG, 1 or A, 1, GW]
@@ -168,9 +177,13 @@ def _int4_group_dots(w, v_ptr, idx, v_ok, quarter, sc, zp, one, V_KIND: tl.const
         ve, vo = _pair_vectors(v_ptr, idx, p, v_ok, quarter, V_KIND)
         acc += _nibble_floats(w, 2 * p, one) * ve
         acc += _nibble_floats(w, 2 * p + 1, one) * vo
-        sx += ve + vo
+        if not SX:
+            sx += ve + vo
     dot = tl.sum(acc, axis=3, keep_dims=True)                           # [NG, A, B, 1]
-    sxg = tl.sum(sx, axis=3, keep_dims=True)
+    if SX:
+        sxg = tl.load(sx_rows + g, mask=g_ok, other=0.0)                # [NG, 1, 1, 1]
+    else:
+        sxg = tl.sum(sx, axis=3, keep_dims=True)
     return tl.sum(tl.sum(sc * (16.0 * dot - (16.0 + zp) * sxg), axis=3), axis=0)  # [A, B]
 
 
@@ -178,8 +191,12 @@ def _int4_group_dots(w, v_ptr, idx, v_ok, quarter, sc, zp, one, V_KIND: tl.const
 def _up_int4_tile(pair, nb, xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr, ss_s, sz_s,
                   ss_n, F, K, stride_x, one, TOP_K: tl.constexpr, V_KIND: tl.constexpr, ROUND: tl.constexpr,
                   G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                  PDL: tl.constexpr = False):
+                  PDL: tl.constexpr = False, sx_ptr=None, K8=None):
     """``h`` of pair ``pair``, outputs ``nb * BN ..``: the gate and up rows of one expert, SiLU·mul.
+
+    ``V_KIND`` 3: ``x`` was prepared by :func:`_x_prep_kernel` (float32 nibble-major rows of ``K``,
+    ``K8 = K / 8``, with its group sums at ``sx_ptr``), so its loads are contiguous and the group sums
+    are not redone by every program.
 
     ``PDL``: launched as a programmatic dependent (its launch overlaps the previous kernel), the tile
     waits for the previous kernel before reading anything: the routing ids and ``x`` may be its output.
@@ -207,7 +224,12 @@ def _up_int4_tile(pair, nb, xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n,
     acc = tl.zeros([2, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         w, sc, zp, idx, g_in = _int4_chunk(k0, w_rows, s_rows, z_rows, row_ok, word, grp, K, G, NG, EVEN_K)
-        acc += _int4_group_dots(w, x_row, idx, g_in, 0, sc, zp, one, V_KIND)  # [2, BN]
+        if V_KIND == 3:
+            g = k0 // G + grp
+            acc += _int4_group_dots(w, x_row, idx, g_in, K8, sc, zp, one, 3,
+                                    sx_ptr + (pair // TOP_K) * (K // G), g, g < K // G, True)  # [2, BN]
+        else:
+            acc += _int4_group_dots(w, x_row, idx, g_in, 0, sc, zp, one, V_KIND)  # [2, BN]
     half = tl.arange(0, 2)[:, None]
     gate = tl.sum(tl.where(half == 0, acc, 0.0), axis=0)                # [BN]
     up = tl.sum(tl.where(half == 1, acc, 0.0), axis=0)
@@ -262,13 +284,30 @@ def _down_int4_store(acc, tok, db, tw_ptr, out_ptr, D, stride_o, TOP_K: tl.const
 
 
 @jit
+def _x_prep_kernel(x_ptr, stride_x, xn_ptr, sx_ptr, K, K8, G: tl.constexpr, BLOCK: tl.constexpr,
+                   PDL: tl.constexpr):
+    """Row ``t`` of ``x`` as float32, nibble-major (element ``n`` at ``(n % 8) * K/8 + n // 8``), and its
+    sums over each group of ``G``: what every up program would otherwise gather and add up itself."""
+    t = tl.program_id(0).to(tl.int64)
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    n = tl.arange(0, BLOCK)
+    ok = n < K
+    x = tl.load(x_ptr + t * stride_x + n, mask=ok, other=0.0).to(tl.float32)
+    tl.store(xn_ptr + t * K + (n % 8) * K8 + n // 8, x, mask=ok)
+    gi = tl.arange(0, BLOCK // G)
+    tl.store(sx_ptr + t * (K // G) + gi, tl.sum(tl.reshape(x, (BLOCK // G, G)), axis=1), mask=gi < K // G)
+
+
+@jit
 def _up_int4_kernel(xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr, ss_s, sz_s, ss_n,
-                    F, K, stride_x, one, TOP_K: tl.constexpr, V_KIND: tl.constexpr, ROUND: tl.constexpr,
-                    G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                    PDL: tl.constexpr):
+                    F, K, stride_x, one, sx_ptr, K8, TOP_K: tl.constexpr, V_KIND: tl.constexpr,
+                    ROUND: tl.constexpr, G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    EVEN_K: tl.constexpr, PDL: tl.constexpr):
     _up_int4_tile(tl.program_id(0), tl.program_id(1), xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n,
                   s_ptr, z_ptr, ss_s, sz_s, ss_n, F, K, stride_x, one, TOP_K, V_KIND, ROUND, G, BLOCK_N,
-                  BLOCK_K, EVEN_K, PDL)
+                  BLOCK_K, EVEN_K, PDL, sx_ptr, K8)
 
 
 @jit
@@ -344,7 +383,7 @@ def pdl_supported(device: torch.device) -> bool:
 
 def _moe_decode_int4(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, slots: torch.Tensor,
                      w13: PoolMatrix, w2: PoolMatrix, group: int, up: TileConfig,
-                     down: TileConfig, pdl: bool = False) -> torch.Tensor:
+                     down: TileConfig, pdl: bool = False, prep: bool = True) -> torch.Tensor:
     t, d = x.shape
     k = ids.shape[1]
     f = w13.n // 2
@@ -352,11 +391,19 @@ def _moe_decode_int4(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, slots
     h = torch.empty(t * k, f, dtype=torch.float32, device=x.device)    # [P, F]: nibble-major
     out = torch.empty(t, d, dtype=x.dtype, device=x.device)            # [T, D]
     xv, stride_x, v_kind = _x_words(x)
+    round_h = v_kind
+    sx = xv                                                             # unused without the prep
+    if prep:  # x once as float32 nibble-major rows with group sums (a third, tiny launch)
+        xv = torch.empty(t, d, dtype=torch.float32, device=x.device)
+        sx = torch.empty(t, d // group, dtype=torch.float32, device=x.device)
+        _x_prep_kernel[(t,)](x, x.stride(0), xv, sx, d, d // 8, G=group, BLOCK=max(next_pow2(d), group),
+                             PDL=pdl, launch_pdl=pdl)
+        stride_x, v_kind = d, 3
     bk = _block_k(up, FMT_INT4, group, d)
     _up_int4_kernel[(t * k, cdiv(f, up.block_n))](
-        xv, ids, slots, h, w, sw_s, sw_n, *rest, f, d, stride_x, _ONE_BITS, TOP_K=k, V_KIND=v_kind,
-        ROUND=v_kind, G=group, BLOCK_N=up.block_n, BLOCK_K=bk, EVEN_K=d % bk == 0, PDL=pdl,
-        num_warps=up.num_warps, num_stages=up.num_stages, launch_pdl=pdl)
+        xv, ids, slots, h, w, sw_s, sw_n, *rest, f, d, stride_x, _ONE_BITS, sx, d // 8, TOP_K=k,
+        V_KIND=v_kind, ROUND=round_h, G=group, BLOCK_N=up.block_n, BLOCK_K=bk, EVEN_K=d % bk == 0,
+        PDL=pdl, num_warps=up.num_warps, num_stages=up.num_stages, launch_pdl=pdl)
     w, sw_s, sw_n, *rest = _int4_word_args(w2, "w2")
     bk = _block_k(down, FMT_INT4, group, f)
     _down_int4_kernel[(t, cdiv(d, down.block_n))](
@@ -368,7 +415,7 @@ def _moe_decode_int4(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, slots
 
 def moe_decode(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                slot_of_expert: torch.Tensor, w13: PoolMatrix, w2: PoolMatrix, fmt: int, group: int,
-               up: TileConfig, down: TileConfig, pdl: bool = False) -> torch.Tensor:
+               up: TileConfig, down: TileConfig, pdl: bool = False, prep: bool = True) -> torch.Tensor:
     """``out [T, D]`` in ``x.dtype``: the MoE output, summed over each token's k experts.
 
     ``pdl`` (int4; see :func:`pdl_supported`) launches both kernels as programmatic dependents: the
@@ -379,7 +426,7 @@ def moe_decode(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tens
     at least four int32 words (16 bytes), as the kernels' group tiles need."""
     ids, tw = topk_ids.contiguous(), topk_weights.contiguous()
     if fmt == FMT_INT4:
-        return _moe_decode_int4(x, ids, tw, slot_of_expert, w13, w2, group, up, down, pdl)
+        return _moe_decode_int4(x, ids, tw, slot_of_expert, w13, w2, group, up, down, pdl, prep)
     t, d = x.shape
     k = topk_ids.shape[1]
     f = w13.n // 2

@@ -48,16 +48,12 @@ DECODE_TILES = {
     # int4 block_k counts elements; up tiles are [block_k/G groups, 2, BN, G/8 words], down [., k, BN,
     # .]. Chunks of one or two groups keep the vector, scale and tile loads in one register layout;
     # wider chunks make Triton move the vectors through shared memory at every step.
-    "int4": [((8, 512, 4), (4, 256, 2)), ((16, 256, 4), (16, 256, 2)), ((16, 256, 4), (2, 256, 2)),
-             ((8, 256, 2), (4, 256, 2)), ((4, 256, 2), (2, 256, 1)), ((8, 512, 4), (2, 256, 2)),
+    "int4": [((8, 256, 2), (4, 256, 2)), ((16, 512, 4), (4, 256, 2)), ((4, 256, 2), (2, 256, 1)),
              # launches overlapping (programmatic dependent launch, Hopper and later)
-             ((8, 256, 2), (4, 256, 2), "pdl"), ((16, 256, 4), (2, 256, 2), "pdl"),
-             ((8, 256, 2), (2, 256, 2), "pdl"), ((4, 256, 2), (4, 256, 2), "pdl"),
-             ((8, 512, 4), (4, 256, 2), "pdl"), ((16, 256, 4), (4, 256, 2), "pdl"),
-             ((8, 256, 2), (8, 256, 4), "pdl"), ((8, 256, 2), (4, 512, 4), "pdl"),
-             # single launch: (up, down, programs per SM); down tiles read all of F at once, and the
-             # launch runs with the up setting's warps
-             ((16, 256, 4), (4, 1024), 4), ((16, 256, 4), (2, 1024), 4), ((8, 256, 4), (4, 1024), 4)],
+             ((8, 256, 2), (4, 256, 2), "pdl"), ((16, 256, 4), (4, 256, 2), "pdl"),
+             ((16, 512, 4), (4, 256, 2), "pdl"), ((16, 1024, 8), (4, 256, 2), "pdl"),
+             ((16, 1024, 8), (2, 256, 2), "pdl"), ((16, 1024, 8), (4, 512, 4), "pdl"),
+             ((8, 512, 4), (2, 256, 2), "pdl"), ((32, 512, 8), (4, 256, 2), "pdl")],
 }
 PREFILL_TILES = [(16, 64, 64, 4, 3), (32, 64, 128, 4, 3)]
 
@@ -159,8 +155,6 @@ def check_small_kernels() -> dict:
 def config_of(tile: tuple, tokens: int) -> MoeLaunchConfig:
     if len(tile) == 3 and tile[2] == "pdl":  # decode, launches overlapping
         return MoeLaunchConfig("decode", TileConfig(*tile[0]), TileConfig(*tile[1]), pdl=True)
-    if len(tile) == 3:  # single launch
-        return MoeLaunchConfig("single", TileConfig(*tile[0]), TileConfig(*tile[1]), programs_per_sm=tile[2])
     if len(tile) == 2:
         return MoeLaunchConfig("decode", TileConfig(*tile[0]), TileConfig(*tile[1]))
     m, n, k, w, s = tile
@@ -207,7 +201,7 @@ def bench_format(fmt: str, layers: int, tokens: tuple[int, ...]) -> tuple[list[d
         if best:
             c = config_of(best[1], t)
             tuned[str(t)] = {"variant": c.variant, "block_m": c.block_m, "up": vars(c.up), "down": vars(c.down),
-                             "programs_per_sm": c.programs_per_sm, "pdl": c.pdl}
+                             "pdl": c.pdl}
         print(f"{fmt} T={t}: {row}", flush=True)
     return rows, tuned
 

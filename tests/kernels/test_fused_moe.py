@@ -17,9 +17,6 @@ PREFILL = MoeLaunchConfig("prefill", TileConfig(16, 32), TileConfig(16, 32), blo
 SPLIT_GROUPS = MoeLaunchConfig("decode", TileConfig(16, 64), TileConfig(16, 64))  # int4: 2 groups a step
 ONE_SHOT = MoeLaunchConfig("decode", TileConfig(4, 1024), TileConfig(1, 1024))    # one chunk per row
 WIDE_TILES = MoeLaunchConfig("decode", TileConfig(64, 128), TileConfig(64, 128))  # int4: 4 groups a tile
-# int4 in one launch: 16-row up tiles of 2 groups a step, 8-row down tiles over all of F; 2 programs
-# per "SM" (4 in the interpreter) so that several programs take tiles from the queue.
-SINGLE = MoeLaunchConfig("single", TileConfig(16, 64), TileConfig(8, 64), programs_per_sm=2)
 
 
 def run_case(fmt, dtype, hidden, ffn, experts, tokens, top_k, cfg, group=32, used=None):
@@ -41,7 +38,7 @@ def test_dense_and_fp8_odd_tails(cfg, fmt, dtype):
     run_case(fmt, dtype, hidden=37, ffn=19, experts=6, tokens=3, top_k=2, cfg=cfg)
 
 
-@pytest.mark.parametrize("cfg", [DECODE, PREFILL, SINGLE], ids=["decode", "prefill", "single"])
+@pytest.mark.parametrize("cfg", [DECODE, PREFILL], ids=["decode", "prefill"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("group", [32, 64, 128])
 def test_int4_group_sizes(cfg, dtype, group):
@@ -58,13 +55,11 @@ def test_int4_several_groups_per_step_with_tail(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("cfg", [WIDE_TILES, SINGLE], ids=["decode", "single"])
-def test_int4_tiles_of_several_groups_with_n_and_k_tails(dtype, cfg):
+def test_int4_tiles_of_several_groups_with_n_and_k_tails(dtype):
     # K tiles of 4 groups (128 of G = 32): group boundaries inside every tile, K = 160 ends mid-tile
     # (the group mask and the pair mask), and 64-row tiles over F = 96 and D = 160 leave N tails in
-    # both kernels. Single launch: F = 96 read in one 128-wide down chunk (a masked lone group), 160
-    # rows in 8-row down tiles, 3 tokens' down tiles waiting on all 54 up tiles.
-    run_case("int4", dtype, hidden=160, ffn=96, experts=5, tokens=3, top_k=3, cfg=cfg)
+    # both kernels; x's group sums (5 of them) are read past the tile's last whole group.
+    run_case("int4", dtype, hidden=160, ffn=96, experts=5, tokens=3, top_k=3, cfg=WIDE_TILES)
 
 
 def test_int4_word_tiles_with_a_lone_tail_group():
@@ -86,14 +81,13 @@ def test_int4_rejects_weights_off_16_byte_rows():
         fused_moe(torch.randn(1, 64), ids, w, slots, views, layout, ONE_SHOT)
 
 
-@pytest.mark.parametrize("cfg", [WIDE_TILES, SINGLE], ids=["decode", "single"])
-def test_int4_bf16_activations(cfg):
+def test_int4_bf16_activations():
     # bf16 rows are read as int32 pairs and widened by bit moves (no bf16 arithmetic, so the
     # interpreter runs it); compared with float32 math on the same bf16 inputs.
     layout, _, views, slots = make_pool("int4", 160, 96, 5)
     ids, w = make_routing(3, 5, 3)
     x = torch.randn(3, 160, generator=torch.Generator().manual_seed(7)).bfloat16()
-    out = fused_moe(x, ids, w, slots, views, layout, cfg)
+    out = fused_moe(x, ids, w, slots, views, layout, WIDE_TILES)
     ref = fused_moe_ref(x.float(), ids, w, slots, views, layout)
     assert out.dtype == torch.bfloat16
     assert float((out.float() - ref).norm() / ref.norm()) < 1e-2
@@ -119,33 +113,27 @@ def test_one_chunk_wider_than_k(fmt, group):
              tokens=1, top_k=4, cfg=ONE_SHOT, group=group)
 
 
-@pytest.mark.parametrize("fmt, cfg", [("fp32", ONE_SHOT), ("int4", ONE_SHOT), ("int4", SINGLE)],
-                         ids=["fp32", "int4", "int4-single"])
-def test_top_k_not_a_power_of_two(fmt, cfg):
+@pytest.mark.parametrize("fmt", ["fp32", "int4"])
+def test_top_k_not_a_power_of_two(fmt):
     # The down kernel pads k (3) to 4 rows of experts: the padded expert must add nothing.
-    run_case(fmt, torch.float32, hidden=64, ffn=32, experts=5, tokens=2, top_k=3, cfg=cfg)
+    run_case(fmt, torch.float32, hidden=64, ffn=32, experts=5, tokens=2, top_k=3, cfg=ONE_SHOT)
 
 
-@pytest.mark.parametrize("programs_per_sm", [1, 64])
-def test_single_launch_queue_resets_and_any_grid(programs_per_sm):
-    # One token (the case the single launch exists for), with fewer programs than tiles (each takes
-    # several) and with more programs than tiles (most take none). The queue and done counters must
-    # be back to zero after each launch, or the next launch would skip tiles or never start its
-    # down tiles; a second launch must give the same bits.
-    from kernels.moe_decode_single import sync_words
-    cfg = MoeLaunchConfig("single", TileConfig(16, 64), TileConfig(16, 64), programs_per_sm=programs_per_sm)
-    first = run_case("int4", torch.float32, hidden=128, ffn=64, experts=6, tokens=1, top_k=4, cfg=cfg)
-    assert sync_words(first.device).tolist() == [0, 0, 0, 0]
-    again = run_case("int4", torch.float32, hidden=128, ffn=64, experts=6, tokens=1, top_k=4, cfg=cfg)
-    assert torch.equal(first, again)
-
-
-def test_single_launch_refuses_other_formats():
-    # The single-launch variant is written for int4 words; asked to read fp8 it says which to use.
-    layout, _, views, slots = make_pool("fp8", 32, 16, 4)
-    ids, w = make_routing(1, 4, 2)
-    with pytest.raises(ValueError, match="int4 experts only"):
-        fused_moe(torch.randn(1, 32), ids, w, slots, views, layout, SINGLE)
+def test_int4_x_prep_layout_and_group_sums():
+    # The up kernel reads x as the prep kernel writes it: float32, element n of a row at
+    # (n % 8) * K/8 + n // 8, and one sum per group of G. Checked against the same layout built in
+    # torch, on two fp16 rows of K = 192 (24 words, 3 groups of 64) with an odd row stride.
+    from kernels.moe_decode import _x_prep_kernel
+    big = torch.randn(2, 195, generator=torch.Generator().manual_seed(2)).half()
+    x = big[:, :192]
+    xn = torch.empty(2, 192)
+    sx = torch.empty(2, 3)
+    _x_prep_kernel[(2,)](x, x.stride(0), xn, sx, 192, 24, G=64, BLOCK=256, PDL=False)
+    n = torch.arange(192)
+    want = torch.empty(2, 192)
+    want[:, (n % 8) * 24 + n // 8] = x.float()
+    assert torch.equal(xn, want)
+    torch.testing.assert_close(sx, x.float().view(2, 3, 64).sum(-1))
 
 
 @pytest.mark.parametrize("cfg", [DECODE, PREFILL], ids=["decode", "prefill"])
