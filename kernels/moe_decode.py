@@ -108,32 +108,16 @@ def _down_decode_kernel(h_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, 
 
 
 @jit
-def _pair_vectors(v_ptr, idx, p: tl.constexpr, mask, quarter, V_KIND: tl.constexpr):
+def _pair_vectors(v_ptr, idx, p: tl.constexpr, mask, quarter):
     """Elements ``8 idx + 2p`` and ``8 idx + 2p + 1`` of a vector (for nibbles ``2p`` and ``2p + 1`` of
     weight words ``idx``) as two float32 tensors shaped like ``idx``.
 
-    ``V_KIND`` 0: float32 elements, read strided; 1 / 2: bf16 / fp16 pairs read as one int32 word each
-    (the even element in the low half), widened by bit moves; 3: float32 stored nibble-major, element
-    ``n`` at ``(n % 8) * quarter + n // 8`` (the intermediate ``h`` the up kernel writes, ``x`` as
-    :func:`_x_prep_kernel` writes it), so each nibble's vector is contiguous; 4: as 3, read from L2.
+    The vector is float32 stored nibble-major, element ``n`` at ``(n % 8) * quarter + n // 8`` (``x``
+    as :func:`_x_prep_kernel` writes it, ``h`` as the up kernel does), so each nibble's slice is
+    contiguous and read in 16-byte loads in the weights' own layout.
     """
-    if V_KIND == 0:
-        ve = tl.load(v_ptr + 8 * idx + 2 * p, mask=mask, other=0.0).to(tl.float32)
-        vo = tl.load(v_ptr + 8 * idx + 2 * p + 1, mask=mask, other=0.0).to(tl.float32)
-    elif V_KIND == 3:
-        ve = tl.load(v_ptr + (2 * p) * quarter + idx, mask=mask, other=0.0)
-        vo = tl.load(v_ptr + (2 * p + 1) * quarter + idx, mask=mask, other=0.0)
-    elif V_KIND == 4:  # as 3, from L2 (".cg"): other programs of the same launch may have just written it
-        ve = tl.load(v_ptr + (2 * p) * quarter + idx, mask=mask, other=0.0, cache_modifier=".cg")
-        vo = tl.load(v_ptr + (2 * p + 1) * quarter + idx, mask=mask, other=0.0, cache_modifier=".cg")
-    else:
-        wd = tl.load(v_ptr + 4 * idx + p, mask=mask, other=0)           # int32: odd << 16 | even
-        if V_KIND == 1:  # bf16 is the top half of a float32
-            ve = (wd << 16).to(tl.float32, bitcast=True)
-            vo = (wd & -65536).to(tl.float32, bitcast=True)
-        else:
-            ve = (wd & 65535).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-            vo = (wd >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    ve = tl.load(v_ptr + (2 * p) * quarter + idx, mask=mask, other=0.0)
+    vo = tl.load(v_ptr + (2 * p + 1) * quarter + idx, mask=mask, other=0.0)
     return ve, vo
 
 
@@ -161,8 +145,8 @@ def _group_mask(g, groups, NG: tl.constexpr, EVEN_K: tl.constexpr):
 
 
 @jit
-def _int4_group_dots(w, v_ptr, idx, v_ok, quarter, sc, zp, one, V_KIND: tl.constexpr, sx_rows=None, g=None,
-                     g_ok=None, SX: tl.constexpr = False):
+def _int4_group_dots(w, v_ptr, idx, v_ok, quarter, sc, zp, one, sx_rows=None, g=None, g_ok=None,
+                     SX: tl.constexpr = False):
     """``[A, B]`` float32: packed rows ``w [NG, A, B, G/8]`` (int32 words) dotted with the vector.
 
     Word ``i`` holds elements ``8i .. 8i + 7``, element ``8i + s`` in bits ``4s .. 4s + 3``. Each nibble
@@ -174,7 +158,7 @@ def _int4_group_dots(w, v_ptr, idx, v_ok, quarter, sc, zp, one, V_KIND: tl.const
     acc = tl.zeros(w.shape, dtype=tl.float32)                           # [NG, A, B, GW]
     sx = tl.zeros(idx.shape, dtype=tl.float32)                          # [NG, 1 or A, 1, GW]
     for p in tl.static_range(4):
-        ve, vo = _pair_vectors(v_ptr, idx, p, v_ok, quarter, V_KIND)
+        ve, vo = _pair_vectors(v_ptr, idx, p, v_ok, quarter)
         acc += _nibble_floats(w, 2 * p, one) * ve
         acc += _nibble_floats(w, 2 * p + 1, one) * vo
         if not SX:
@@ -189,14 +173,12 @@ def _int4_group_dots(w, v_ptr, idx, v_ok, quarter, sc, zp, one, V_KIND: tl.const
 
 @jit
 def _up_int4_tile(pair, nb, xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr, ss_s, sz_s,
-                  ss_n, F, K, stride_x, one, TOP_K: tl.constexpr, V_KIND: tl.constexpr, ROUND: tl.constexpr,
-                  G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                  PDL: tl.constexpr = False, sx_ptr=None, K8=None):
+                  ss_n, sx_ptr, F, K, K8, one, TOP_K: tl.constexpr, ROUND: tl.constexpr, G: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr):
     """``h`` of pair ``pair``, outputs ``nb * BN ..``: the gate and up rows of one expert, SiLU·mul.
 
-    ``V_KIND`` 3: ``x`` was prepared by :func:`_x_prep_kernel` (float32 nibble-major rows of ``K``,
-    ``K8 = K / 8``, with its group sums at ``sx_ptr``), so its loads are contiguous and the group sums
-    are not redone by every program.
+    ``x`` comes from :func:`_x_prep_kernel`: float32 nibble-major rows of ``K`` (``K8 = K / 8``) and
+    their group sums at ``sx_ptr``, so its loads are contiguous and no program redoes the sums.
 
     ``PDL``: launched as a programmatic dependent (its launch overlaps the previous kernel), the tile
     waits for the previous kernel before reading anything: the routing ids and ``x`` may be its output.
@@ -220,16 +202,14 @@ def _up_int4_tile(pair, nb, xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n,
     w_rows = w_ptr + slot * sw_s + rows * sw_n
     s_rows = s_ptr + slot * ss_s + rows * ss_n
     z_rows = z_ptr + slot * sz_s + rows * ss_n
-    x_row = xv_ptr + (pair // TOP_K).to(tl.int64) * stride_x
+    tok = (pair // TOP_K).to(tl.int64)
+    x_row = xv_ptr + tok * K
+    sx_row = sx_ptr + tok * (K // G)
     acc = tl.zeros([2, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         w, sc, zp, idx, g_in = _int4_chunk(k0, w_rows, s_rows, z_rows, row_ok, word, grp, K, G, NG, EVEN_K)
-        if V_KIND == 3:
-            g = k0 // G + grp
-            acc += _int4_group_dots(w, x_row, idx, g_in, K8, sc, zp, one, 3,
-                                    sx_ptr + (pair // TOP_K) * (K // G), g, g < K // G, True)  # [2, BN]
-        else:
-            acc += _int4_group_dots(w, x_row, idx, g_in, 0, sc, zp, one, V_KIND)  # [2, BN]
+        g = k0 // G + grp
+        acc += _int4_group_dots(w, x_row, idx, g_in, K8, sc, zp, one, sx_row, g, g < K // G, True)  # [2, BN]
     half = tl.arange(0, 2)[:, None]
     gate = tl.sum(tl.where(half == 0, acc, 0.0), axis=0)                # [BN]
     up = tl.sum(tl.where(half == 1, acc, 0.0), axis=0)
@@ -302,12 +282,11 @@ def _x_prep_kernel(x_ptr, stride_x, xn_ptr, sx_ptr, K, K8, G: tl.constexpr, BLOC
 
 @jit
 def _up_int4_kernel(xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr, ss_s, sz_s, ss_n,
-                    F, K, stride_x, one, sx_ptr, K8, TOP_K: tl.constexpr, V_KIND: tl.constexpr,
-                    ROUND: tl.constexpr, G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    EVEN_K: tl.constexpr, PDL: tl.constexpr):
+                    sx_ptr, F, K, K8, one, TOP_K: tl.constexpr, ROUND: tl.constexpr, G: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr):
     _up_int4_tile(tl.program_id(0), tl.program_id(1), xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n,
-                  s_ptr, z_ptr, ss_s, sz_s, ss_n, F, K, stride_x, one, TOP_K, V_KIND, ROUND, G, BLOCK_N,
-                  BLOCK_K, EVEN_K, PDL, sx_ptr, K8)
+                  s_ptr, z_ptr, ss_s, sz_s, ss_n, sx_ptr, F, K, K8, one, TOP_K, ROUND, G, BLOCK_N, BLOCK_K,
+                  EVEN_K, PDL)
 
 
 @jit
@@ -334,10 +313,10 @@ def _down_int4_kernel(h_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, sw
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
-    acc = _int4_group_dots(w, h_row, idx, j_ok & g_in, F8, sc, zp, one, 3)  # [KP, BN]
+    acc = _int4_group_dots(w, h_row, idx, j_ok & g_in, F8, sc, zp, one)  # [KP, BN]
     for k0 in range(BLOCK_K, F, BLOCK_K):
         w, sc, zp, idx, g_in = _int4_chunk(k0, w_rows, s_rows, z_rows, row_ok, word, grp, F, G, NG, EVEN_K)
-        acc += _int4_group_dots(w, h_row, idx, j_ok & g_in, F8, sc, zp, one, 3)  # [KP, BN]
+        acc += _int4_group_dots(w, h_row, idx, j_ok & g_in, F8, sc, zp, one)  # [KP, BN]
     _down_int4_store(acc, tok, db, tw_ptr, out_ptr, D, stride_o, TOP_K, KP, BLOCK_N)
 
 
@@ -348,17 +327,6 @@ def _block_k(tile: TileConfig, fmt: int, group: int, k: int) -> int:
     # No wider than K needs; int4 tiles hold whole groups. Triton needs powers of two.
     bk = min(tile.block_k, next_pow2(k))
     return max(bk, group) // group * group if fmt == FMT_INT4 else bk
-
-
-def _x_words(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
-    """``(x view, row stride, V_KIND)`` for the int4 up kernel: 16-bit rows as int32 pairs.
-
-    V_KIND also names the precision ``h`` is rounded to (0: none, 1: bf16, 2: fp16)."""
-    if x.dtype == torch.float32:
-        return x, x.stride(0), 0
-    if x.stride(0) % 2 or x.storage_offset() % 2:
-        x = x.contiguous()
-    return x.view(torch.int32), x.stride(0) // 2, 1 if x.dtype == torch.bfloat16 else 2
 
 
 def _int4_word_args(m: PoolMatrix, name: str) -> tuple:
@@ -383,27 +351,22 @@ def pdl_supported(device: torch.device) -> bool:
 
 def _moe_decode_int4(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, slots: torch.Tensor,
                      w13: PoolMatrix, w2: PoolMatrix, group: int, up: TileConfig,
-                     down: TileConfig, pdl: bool = False, prep: bool = True) -> torch.Tensor:
+                     down: TileConfig, pdl: bool = False) -> torch.Tensor:
     t, d = x.shape
     k = ids.shape[1]
     f = w13.n // 2
     w, sw_s, sw_n, *rest = _int4_word_args(w13, "w13")
+    xn = torch.empty(t, d, dtype=torch.float32, device=x.device)       # [T, D]: nibble-major
+    sx = torch.empty(t, d // group, dtype=torch.float32, device=x.device)
     h = torch.empty(t * k, f, dtype=torch.float32, device=x.device)    # [P, F]: nibble-major
     out = torch.empty(t, d, dtype=x.dtype, device=x.device)            # [T, D]
-    xv, stride_x, v_kind = _x_words(x)
-    round_h = v_kind
-    sx = xv                                                             # unused without the prep
-    if prep:  # x once as float32 nibble-major rows with group sums (a third, tiny launch)
-        xv = torch.empty(t, d, dtype=torch.float32, device=x.device)
-        sx = torch.empty(t, d // group, dtype=torch.float32, device=x.device)
-        _x_prep_kernel[(t,)](x, x.stride(0), xv, sx, d, d // 8, G=group, BLOCK=max(next_pow2(d), group),
-                             PDL=pdl, launch_pdl=pdl)
-        stride_x, v_kind = d, 3
+    _x_prep_kernel[(t,)](x, x.stride(0), xn, sx, d, d // 8, G=group, BLOCK=max(next_pow2(d), group), PDL=pdl,
+                         launch_pdl=pdl)
     bk = _block_k(up, FMT_INT4, group, d)
     _up_int4_kernel[(t * k, cdiv(f, up.block_n))](
-        xv, ids, slots, h, w, sw_s, sw_n, *rest, f, d, stride_x, _ONE_BITS, sx, d // 8, TOP_K=k,
-        V_KIND=v_kind, ROUND=round_h, G=group, BLOCK_N=up.block_n, BLOCK_K=bk, EVEN_K=d % bk == 0,
-        PDL=pdl, num_warps=up.num_warps, num_stages=up.num_stages, launch_pdl=pdl)
+        xn, ids, slots, h, w, sw_s, sw_n, *rest, sx, f, d, d // 8, _ONE_BITS, TOP_K=k,
+        ROUND={torch.bfloat16: 1, torch.float16: 2}.get(x.dtype, 0), G=group, BLOCK_N=up.block_n, BLOCK_K=bk,
+        EVEN_K=d % bk == 0, PDL=pdl, num_warps=up.num_warps, num_stages=up.num_stages, launch_pdl=pdl)
     w, sw_s, sw_n, *rest = _int4_word_args(w2, "w2")
     bk = _block_k(down, FMT_INT4, group, f)
     _down_int4_kernel[(t, cdiv(d, down.block_n))](
@@ -415,7 +378,7 @@ def _moe_decode_int4(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, slots
 
 def moe_decode(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                slot_of_expert: torch.Tensor, w13: PoolMatrix, w2: PoolMatrix, fmt: int, group: int,
-               up: TileConfig, down: TileConfig, pdl: bool = False, prep: bool = True) -> torch.Tensor:
+               up: TileConfig, down: TileConfig, pdl: bool = False) -> torch.Tensor:
     """``out [T, D]`` in ``x.dtype``: the MoE output, summed over each token's k experts.
 
     ``pdl`` (int4; see :func:`pdl_supported`) launches both kernels as programmatic dependents: the
@@ -426,7 +389,7 @@ def moe_decode(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tens
     at least four int32 words (16 bytes), as the kernels' group tiles need."""
     ids, tw = topk_ids.contiguous(), topk_weights.contiguous()
     if fmt == FMT_INT4:
-        return _moe_decode_int4(x, ids, tw, slot_of_expert, w13, w2, group, up, down, pdl, prep)
+        return _moe_decode_int4(x, ids, tw, slot_of_expert, w13, w2, group, up, down, pdl)
     t, d = x.shape
     k = topk_ids.shape[1]
     f = w13.n // 2
