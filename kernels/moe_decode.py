@@ -1,14 +1,15 @@
 """Decode MoE GEMMs (1-16 tokens): matrix-vector products bound by the bytes of the k experts.
 
-Two launches per MoE call. Both run many small programs (at one token thousands, several per SM), and
-each program reads whole weight strips in wide K chunks, reducing every chunk to one float32 per row
-at once, so registers hold one chunk rather than an accumulator tile:
+Two launches per MoE call (three for int4, whose activations are prepared first). Both run many
+small programs (at one token thousands, several per SM), and each program reads whole weight strips
+in wide K chunks, reducing every chunk to one float32 per row at once, so registers hold one chunk
+rather than an accumulator tile:
 
 * up, grid ``[P, F / BN]``: ``h[p, n] = silu(x[t] . gate[n]) * (x[t] . up[n])`` for pair ``p = t*k + j``;
   a program reads ``BN`` gate rows and the matching ``BN`` up rows of one expert.
 * down, grid ``[T, D / BN]``: ``out[t, n] = sum_j weight[p_j] * (h[p_j] . w2_j[n])``; a program reads
   ``BN`` rows of every one of its token's k experts in the same chunk (``k * BN`` rows in flight) and
-  sums over k in its epilogue in a fixed order: no buffer, no atomics, no third launch.
+  sums over k in its epilogue in a fixed order: no buffer, no atomics, no reduction launch.
 
 int4 has its own kernels, bound by instructions per weight rather than bytes. Programs read packed
 rows as int32 words in ``[NG, .., G/8]`` tiles (16-byte loads); word ``i`` holds elements ``8i ..
