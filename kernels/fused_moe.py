@@ -134,7 +134,7 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     cfg = config or moe_launch_config(_device_name(x.device), layout.fmt, t)
     if cfg.variant == "decode":
         return moe_decode(x, topk_ids, topk_weights, slot_of_expert, w13, w2, fmt, layout.group_size,
-                          cfg.up, cfg.down, cfg.pdl and pdl_supported(x.device), cfg.down_per_pair)   # [T, D]
+                          cfg.up, cfg.down, cfg.pdl and pdl_supported(x.device))   # [T, D]
     align = moe_align(topk_ids, slot_of_expert, cfg.block_m)
     y = moe_prefill(x, topk_weights, align, w13, w2, fmt, layout.group_size, cfg.up, cfg.down)
     return y.view(t, k, -1).sum(dim=1).to(x.dtype)                     # [T*k, D] -> [T, D]

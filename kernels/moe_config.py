@@ -9,8 +9,7 @@ token count (else the largest). A setting::
      "up":   {"block_n": 16, "block_k": 256, "num_warps": 4, "num_stages": 3},
      "down": {"block_n": 16, "block_k": 256, "num_warps": 4, "num_stages": 3},
      "block_m": 16,          # prefill only: rows of the aligned blocks
-    "pdl": true,            # decode, int4: launches overlap (Hopper and later)
-    "down_per_pair": true}  # decode, int4: down per (token, expert) pair, then a sum over k
+    "pdl": true}            # decode, int4: launches overlap (Hopper and later)
 
 ``decode`` runs one program per (token, expert) pair and N tile (a GEMV per pair); ``prefill`` aligns
 pairs into M-blocks per expert and runs tensor-core tiles.
@@ -41,7 +40,6 @@ class MoeLaunchConfig:
     down: TileConfig      # down GEMM (N = D, K = F)
     block_m: int = 16     # prefill block rows
     pdl: bool = False     # decode (int4): programmatic dependent launch where the GPU has it
-    down_per_pair: bool = False   # decode (int4): down per (token, expert) pair, then a sum over k
 
 
 def config_file_name(device_name: str) -> str:
@@ -60,8 +58,7 @@ def _parse(entry: dict) -> MoeLaunchConfig:
     if variant not in ("decode", "prefill"):
         raise ValueError(f"MoE launch config variant {variant!r} must be decode or prefill")
     return MoeLaunchConfig(variant, TileConfig(**entry["up"]), TileConfig(**entry["down"]),
-                           int(entry.get("block_m", 16)), bool(entry.get("pdl", False)),
-                           bool(entry.get("down_per_pair", False)))
+                           int(entry.get("block_m", 16)), bool(entry.get("pdl", False)))
 
 
 def _pick(table: dict, fmt: str, tokens: int) -> dict | None:

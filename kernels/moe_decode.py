@@ -173,73 +173,13 @@ def _int4_group_dots(w, v_ptr, idx, v_ok, quarter, sc, zp, one, sx_rows=None, g=
 
 
 @jit
-def _f16x2(lo, hi):
-    """Two float32 tensors as one int32 tensor of half pairs (``lo`` in the low 16 bits), rounded."""
-    lo16 = lo.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 65535
-    hi16 = hi.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
-    return lo16 | (hi16 << 16)
-
-
-@jit
-def _int4_f16_group_dots(w, p_ptr, idx, v_ok, quarter, sc, zp):
-    """:func:`_int4_group_dots` in packed half precision (CUDA only: inline PTX), ``[A, B]`` float32.
-
-    One and-or puts nibbles ``s`` and ``s + 4`` of a word into the mantissas of two halves of 1024
-    (``1024 + q``); one packed subtract of ``1024 + z`` leaves ``q - z`` exactly; one packed FMA
-    multiplies by the vector pair ``(v[8i + s], v[8i + s + 4])``. A word costs three shifts, four
-    and-ors, four subtracts, four FMAs and the sum of its two lanes in float32: about half the
-    instructions of the float32 path. The vector comes scaled below 256 (:func:`_x_prep_kernel`), so
-    a word's eight products (at most 15 * 256 each) stay far from the half range; the words of a
-    group and the groups add up in float32. The pairs come ready from :func:`_x_prep_kernel`: pair
-    ``s`` of word ``i`` at ``p_ptr + s * quarter + i``.
-    """
-    p0 = tl.load(p_ptr + idx, mask=v_ok, other=0)
-    p1 = tl.load(p_ptr + quarter + idx, mask=v_ok, other=0)
-    p2 = tl.load(p_ptr + 2 * quarter + idx, mask=v_ok, other=0)
-    p3 = tl.load(p_ptr + 3 * quarter + idx, mask=v_ok, other=0)
-    zz = _f16x2(zp + 1024.0, zp + 1024.0)                              # [NG, A, B, 1]
-    dw = tl.inline_asm_elementwise(
-        """{
-        .reg .b32 m, c, q, t, a;
-        .reg .b16 lo, hi;
-        .reg .f32 fl, fh;
-        mov.b32 m, 0x000F000F;
-        mov.b32 c, 0x64006400;
-        lop3.b32 q, $1, m, c, 0xEA;
-        sub.f16x2 q, q, $6;
-        mul.rn.f16x2 a, q, $2;
-        shr.b32 t, $1, 4;
-        lop3.b32 q, t, m, c, 0xEA;
-        sub.f16x2 q, q, $6;
-        fma.rn.f16x2 a, q, $3, a;
-        shr.b32 t, $1, 8;
-        lop3.b32 q, t, m, c, 0xEA;
-        sub.f16x2 q, q, $6;
-        fma.rn.f16x2 a, q, $4, a;
-        shr.b32 t, $1, 12;
-        lop3.b32 q, t, m, c, 0xEA;
-        sub.f16x2 q, q, $6;
-        fma.rn.f16x2 a, q, $5, a;
-        mov.b32 {lo, hi}, a;
-        cvt.f32.f16 fl, lo;
-        cvt.f32.f16 fh, hi;
-        add.f32 $0, fl, fh;
-        }""", "=f,r,r,r,r,r,r", [w, p0, p1, p2, p3, zz], dtype=tl.float32, is_pure=True, pack=1)
-    dot = tl.sum(dw, axis=3, keep_dims=True)                            # [NG, A, B, 1]
-    return tl.sum(tl.sum(sc * dot, axis=3), axis=0)                     # [A, B]
-
-
-@jit
 def _up_int4_tile(pair, nb, xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr, ss_s, sz_s,
-                  ss_n, sx_ptr, inv_ptr, xp_ptr, F, K, K8, one, TOP_K: tl.constexpr, ROUND: tl.constexpr,
-                  G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                  PDL: tl.constexpr, F16: tl.constexpr):
+                  ss_n, sx_ptr, F, K, K8, one, TOP_K: tl.constexpr, ROUND: tl.constexpr, G: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr):
     """``h`` of pair ``pair``, outputs ``nb * BN ..``: the gate and up rows of one expert, SiLU·mul.
 
-    ``x`` comes from :func:`_x_prep_kernel`: float32 nibble-major rows of ``K`` (``K8 = K / 8``),
-    scaled by ``1 / inv_ptr[t]``, and their group sums at ``sx_ptr``, so its loads are contiguous and
-    no program redoes the sums. ``F16``: the dot products in packed half precision over the pairs at
-    ``xp_ptr`` (:func:`_int4_f16_group_dots`, CUDA only).
+    ``x`` comes from :func:`_x_prep_kernel`: float32 nibble-major rows of ``K`` (``K8 = K / 8``) and
+    their group sums at ``sx_ptr``, so its loads are contiguous and no program redoes the sums.
 
     ``PDL``: launched as a programmatic dependent (its launch overlaps the previous kernel), the tile
     waits for the previous kernel before reading anything: the routing ids and ``x`` may be its output.
@@ -269,12 +209,8 @@ def _up_int4_tile(pair, nb, xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n,
     acc = tl.zeros([2, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         w, sc, zp, idx, g_in = _int4_chunk(k0, w_rows, s_rows, z_rows, row_ok, word, grp, K, G, NG, EVEN_K)
-        if F16:
-            acc += _int4_f16_group_dots(w, xp_ptr + tok * 4 * K8, idx, g_in, K8, sc, zp)   # [2, BN]
-        else:
-            g = k0 // G + grp
-            acc += _int4_group_dots(w, x_row, idx, g_in, K8, sc, zp, one, sx_row, g, g < K // G, True)
-    acc = acc * tl.load(inv_ptr + tok)                                  # undo x's power-of-two scale
+        g = k0 // G + grp
+        acc += _int4_group_dots(w, x_row, idx, g_in, K8, sc, zp, one, sx_row, g, g < K // G, True)  # [2, BN]
     half = tl.arange(0, 2)[:, None]
     gate = tl.sum(tl.where(half == 0, acc, 0.0), axis=0)                # [BN]
     up = tl.sum(tl.where(half == 1, acc, 0.0), axis=0)
@@ -329,15 +265,10 @@ def _down_int4_store(acc, tok, db, tw_ptr, out_ptr, D, stride_o, TOP_K: tl.const
 
 
 @jit
-def _x_prep_kernel(x_ptr, stride_x, xn_ptr, sx_ptr, inv_ptr, xp_ptr, K, K8, G: tl.constexpr, BLOCK: tl.constexpr,
-                   PDL: tl.constexpr, F16: tl.constexpr):
+def _x_prep_kernel(x_ptr, stride_x, xn_ptr, sx_ptr, K, K8, G: tl.constexpr, BLOCK: tl.constexpr,
+                   PDL: tl.constexpr):
     """Row ``t`` of ``x`` as float32, nibble-major (element ``n`` at ``(n % 8) * K/8 + n // 8``), and its
-    sums over each group of ``G``: what every up program would otherwise gather and add up itself.
-
-    The row is scaled by a power of two ``2^-e`` (exact) so that its largest magnitude is below 256,
-    and ``2^e`` is stored at ``inv_ptr[t]``: the half-precision dot products of the up kernel then
-    cannot overflow (eight products of at most 15 * 256). ``F16``: also the half pairs those dot
-    products read, ``(x[8i + s], x[8i + s + 4])`` as one int32 at ``xp_ptr + (t * 4 + s) * K/8 + i``."""
+    sums over each group of ``G``: what every up program would otherwise gather and add up itself."""
     t = tl.program_id(0).to(tl.int64)
     if PDL:
         gdc_wait()
@@ -345,27 +276,18 @@ def _x_prep_kernel(x_ptr, stride_x, xn_ptr, sx_ptr, inv_ptr, xp_ptr, K, K8, G: t
     n = tl.arange(0, BLOCK)
     ok = n < K
     x = tl.load(x_ptr + t * stride_x + n, mask=ok, other=0.0).to(tl.float32)
-    amax = tl.max(tl.abs(x), axis=0)
-    e = tl.maximum(((amax.to(tl.int32, bitcast=True) >> 23) & 255) - 134, 0)   # exponent - 127 - 7
-    x = x * ((127 - e) << 23).to(tl.float32, bitcast=True)
-    tl.store(inv_ptr + t, ((127 + e) << 23).to(tl.float32, bitcast=True))
     tl.store(xn_ptr + t * K + (n % 8) * K8 + n // 8, x, mask=ok)
     gi = tl.arange(0, BLOCK // G)
     tl.store(sx_ptr + t * (K // G) + gi, tl.sum(tl.reshape(x, (BLOCK // G, G)), axis=1), mask=gi < K // G)
-    if F16:
-        lo, hi = tl.split(tl.permute(tl.reshape(x, (BLOCK // 8, 2, 4)), (0, 2, 1)))   # [B/8, 4] each
-        i = tl.arange(0, BLOCK // 8)[:, None]
-        tl.store(xp_ptr + (t * 4 + tl.arange(0, 4)[None, :]) * K8 + i, _f16x2(lo, hi), mask=i < K8)
 
 
 @jit
 def _up_int4_kernel(xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr, ss_s, sz_s, ss_n,
-                    sx_ptr, inv_ptr, xp_ptr, F, K, K8, one, TOP_K: tl.constexpr, ROUND: tl.constexpr,
-                    G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                    PDL: tl.constexpr, F16: tl.constexpr):
+                    sx_ptr, F, K, K8, one, TOP_K: tl.constexpr, ROUND: tl.constexpr, G: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr):
     _up_int4_tile(tl.program_id(0), tl.program_id(1), xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n,
-                  s_ptr, z_ptr, ss_s, sz_s, ss_n, sx_ptr, inv_ptr, xp_ptr, F, K, K8, one, TOP_K, ROUND, G,
-                  BLOCK_N, BLOCK_K, EVEN_K, PDL, F16)
+                  s_ptr, z_ptr, ss_s, sz_s, ss_n, sx_ptr, F, K, K8, one, TOP_K, ROUND, G, BLOCK_N, BLOCK_K,
+                  EVEN_K, PDL)
 
 
 @jit
@@ -399,52 +321,6 @@ def _down_int4_kernel(h_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, sw
     _down_int4_store(acc, tok, db, tw_ptr, out_ptr, D, stride_o, TOP_K, KP, BLOCK_N)
 
 
-@jit
-def _down_int4_pair_kernel(h_ptr, ids_ptr, slot_ptr, tw_ptr, y_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr, ss_s, sz_s,
-                           ss_n, D, F, F8, one, G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                           EVEN_K: tl.constexpr, PDL: tl.constexpr):
-    # Per pair: tile [NG, 1, BN, GW], BN rows of w2 of pair p's expert, against p's h, which the
-    # program reads once per chunk for all its rows (the all-k down kernel reads every expert's h for
-    # a few rows of each: more bytes of h than of weights at one token).
-    # y[p, rows] = weight_p * (h_p . w2 rows), float32; _sum_pairs_kernel sums over k.
-    GW: tl.constexpr = G // 8
-    NG: tl.constexpr = BLOCK_K // G
-    pair, db = tl.program_id(0), tl.program_id(1)
-    n = db * BLOCK_N + tl.arange(0, BLOCK_N)[None, None, :, None]       # [1, 1, BN, 1]
-    row_ok = n < D
-    slot = tl.load(slot_ptr + tl.load(ids_ptr + pair)).to(tl.int64)
-    w_rows = w_ptr + slot * sw_s + n * sw_n
-    s_rows = s_ptr + slot * ss_s + n * ss_n
-    z_rows = z_ptr + slot * sz_s + n * ss_n
-    h_row = h_ptr + pair.to(tl.int64) * F
-    grp = tl.arange(0, NG)[:, None, None, None]                         # [NG, 1, 1, 1]
-    word = grp * GW + tl.arange(0, GW)[None, None, None, :]             # [NG, 1, 1, GW]
-    w, sc, zp, idx, g_in = _int4_chunk(0, w_rows, s_rows, z_rows, row_ok, word, grp, F, G, NG, EVEN_K)
-    if PDL:  # as in the all-k down kernel: the first chunk is requested before the wait for h
-        gdc_wait()
-        gdc_launch_dependents()
-    acc = _int4_group_dots(w, h_row, idx, g_in, F8, sc, zp, one)        # [1, BN]
-    for k0 in range(BLOCK_K, F, BLOCK_K):
-        w, sc, zp, idx, g_in = _int4_chunk(k0, w_rows, s_rows, z_rows, row_ok, word, grp, F, G, NG, EVEN_K)
-        acc += _int4_group_dots(w, h_row, idx, g_in, F8, sc, zp, one)
-    y = tl.sum(acc, axis=0) * tl.load(tw_ptr + pair).to(tl.float32)     # [BN]
-    cols = db * BLOCK_N + tl.arange(0, BLOCK_N)
-    tl.store(y_ptr + pair.to(tl.int64) * D + cols, y, mask=cols < D)
-
-
-@jit
-def _sum_pairs_kernel(y_ptr, out_ptr, D, stride_o, TOP_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    """``out[t] = sum_j y[t*k + j]`` over the k pairs of token ``t``, in a fixed order, cast to out's dtype."""
-    tok = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    if PDL:
-        gdc_wait()
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for j in tl.static_range(TOP_K):
-        acc += tl.load(y_ptr + (tok * TOP_K + j).to(tl.int64) * D + cols, mask=cols < D, other=0.0)
-    tl.store(out_ptr + tok.to(tl.int64) * stride_o + cols, acc.to(out_ptr.dtype.element_ty), mask=cols < D)
-
-
 _ONE_BITS = 0x3F800000  # float32 1.0; a kernel argument, not a literal (see _nibble_floats)
 
 
@@ -476,38 +352,24 @@ def pdl_supported(device: torch.device) -> bool:
 
 def _moe_decode_int4(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, slots: torch.Tensor,
                      w13: PoolMatrix, w2: PoolMatrix, group: int, up: TileConfig,
-                     down: TileConfig, pdl: bool = False, per_pair: bool = False,
-                     f16: bool | None = None) -> torch.Tensor:
+                     down: TileConfig, pdl: bool = False) -> torch.Tensor:
     t, d = x.shape
     k = ids.shape[1]
     f = w13.n // 2
     w, sw_s, sw_n, *rest = _int4_word_args(w13, "w13")
     xn = torch.empty(t, d, dtype=torch.float32, device=x.device)       # [T, D]: nibble-major
     sx = torch.empty(t, d // group, dtype=torch.float32, device=x.device)
-    inv = torch.empty(t, dtype=torch.float32, device=x.device)
-    f16 = x.is_cuda if f16 is None else f16
-    xp = torch.empty(t, 4, d // 8, dtype=torch.int32, device=x.device) if f16 else inv   # half pairs
     h = torch.empty(t * k, f, dtype=torch.float32, device=x.device)    # [P, F]: nibble-major
     out = torch.empty(t, d, dtype=x.dtype, device=x.device)            # [T, D]
-    _x_prep_kernel[(t,)](x, x.stride(0), xn, sx, inv, xp, d, d // 8, G=group, BLOCK=max(next_pow2(d), group),
-                         PDL=pdl, F16=f16, launch_pdl=pdl)
+    _x_prep_kernel[(t,)](x, x.stride(0), xn, sx, d, d // 8, G=group, BLOCK=max(next_pow2(d), group), PDL=pdl,
+                         launch_pdl=pdl)
     bk = _block_k(up, FMT_INT4, group, d)
     _up_int4_kernel[(t * k, cdiv(f, up.block_n))](
-        xn, ids, slots, h, w, sw_s, sw_n, *rest, sx, inv, xp, f, d, d // 8, _ONE_BITS, TOP_K=k,
+        xn, ids, slots, h, w, sw_s, sw_n, *rest, sx, f, d, d // 8, _ONE_BITS, TOP_K=k,
         ROUND={torch.bfloat16: 1, torch.float16: 2}.get(x.dtype, 0), G=group, BLOCK_N=up.block_n, BLOCK_K=bk,
-        EVEN_K=d % bk == 0, PDL=pdl, F16=f16, num_warps=up.num_warps, num_stages=up.num_stages,
-        launch_pdl=pdl)
+        EVEN_K=d % bk == 0, PDL=pdl, num_warps=up.num_warps, num_stages=up.num_stages, launch_pdl=pdl)
     w, sw_s, sw_n, *rest = _int4_word_args(w2, "w2")
     bk = _block_k(down, FMT_INT4, group, f)
-    if per_pair:  # one program per pair and row block, then a fixed-order sum over k
-        y = torch.empty(t * k, d, dtype=torch.float32, device=x.device)    # [P, D]
-        _down_int4_pair_kernel[(t * k, cdiv(d, down.block_n))](
-            h, ids, slots, tw, y, w, sw_s, sw_n, *rest, d, f, f // 8, _ONE_BITS, G=group, BLOCK_N=down.block_n,
-            BLOCK_K=bk, EVEN_K=f % bk == 0, PDL=pdl, num_warps=down.num_warps, num_stages=down.num_stages,
-            launch_pdl=pdl)
-        _sum_pairs_kernel[(t, cdiv(d, 1024))](y, out, d, out.stride(0), TOP_K=k, BLOCK=1024, PDL=pdl,
-                                               launch_pdl=pdl)
-        return out
     _down_int4_kernel[(t, cdiv(d, down.block_n))](
         h, ids, slots, tw, out, w, sw_s, sw_n, *rest, d, f, f // 8, out.stride(0), _ONE_BITS, TOP_K=k,
         KP=next_pow2(k), G=group, BLOCK_N=down.block_n, BLOCK_K=bk, EVEN_K=f % bk == 0, PDL=pdl,
@@ -517,8 +379,7 @@ def _moe_decode_int4(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, slots
 
 def moe_decode(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                slot_of_expert: torch.Tensor, w13: PoolMatrix, w2: PoolMatrix, fmt: int, group: int,
-               up: TileConfig, down: TileConfig, pdl: bool = False, per_pair: bool = False,
-               f16: bool | None = None) -> torch.Tensor:
+               up: TileConfig, down: TileConfig, pdl: bool = False) -> torch.Tensor:
     """``out [T, D]`` in ``x.dtype``: the MoE output, summed over each token's k experts.
 
     ``pdl`` (int4; see :func:`pdl_supported`) launches both kernels as programmatic dependents: the
@@ -529,7 +390,7 @@ def moe_decode(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tens
     at least four int32 words (16 bytes), as the kernels' group tiles need."""
     ids, tw = topk_ids.contiguous(), topk_weights.contiguous()
     if fmt == FMT_INT4:
-        return _moe_decode_int4(x, ids, tw, slot_of_expert, w13, w2, group, up, down, pdl, per_pair, f16)
+        return _moe_decode_int4(x, ids, tw, slot_of_expert, w13, w2, group, up, down, pdl)
     t, d = x.shape
     k = topk_ids.shape[1]
     f = w13.n // 2

@@ -17,8 +17,6 @@ PREFILL = MoeLaunchConfig("prefill", TileConfig(16, 32), TileConfig(16, 32), blo
 SPLIT_GROUPS = MoeLaunchConfig("decode", TileConfig(16, 64), TileConfig(16, 64))  # int4: 2 groups a step
 ONE_SHOT = MoeLaunchConfig("decode", TileConfig(4, 1024), TileConfig(1, 1024))    # one chunk per row
 WIDE_TILES = MoeLaunchConfig("decode", TileConfig(64, 128), TileConfig(64, 128))  # int4: 4 groups a tile
-# int4 down per (token, expert) pair, then a fixed-order sum over k (a fourth launch)
-PER_PAIR = MoeLaunchConfig("decode", TileConfig(16, 64), TileConfig(16, 64), down_per_pair=True)
 
 
 def run_case(fmt, dtype, hidden, ffn, experts, tokens, top_k, cfg, group=32, used=None):
@@ -40,7 +38,7 @@ def test_dense_and_fp8_odd_tails(cfg, fmt, dtype):
     run_case(fmt, dtype, hidden=37, ffn=19, experts=6, tokens=3, top_k=2, cfg=cfg)
 
 
-@pytest.mark.parametrize("cfg", [DECODE, PREFILL, PER_PAIR], ids=["decode", "prefill", "per-pair"])
+@pytest.mark.parametrize("cfg", [DECODE, PREFILL], ids=["decode", "prefill"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("group", [32, 64, 128])
 def test_int4_group_sizes(cfg, dtype, group):
@@ -121,41 +119,21 @@ def test_top_k_not_a_power_of_two(fmt):
     run_case(fmt, torch.float32, hidden=64, ffn=32, experts=5, tokens=2, top_k=3, cfg=ONE_SHOT)
 
 
-def test_int4_down_per_pair_with_tails_and_odd_k():
-    # Per-pair down: 3 tokens x 3 experts, D = 160 in 64-row blocks (a 32-row tail), F = 96 in
-    # 64-wide chunks (a lone tail group of 32), k = 3 summed in order; bitwise the same twice.
-    cfg = MoeLaunchConfig("decode", TileConfig(16, 64), TileConfig(64, 64), down_per_pair=True)
-    first = run_case("int4", torch.float16, hidden=160, ffn=96, experts=5, tokens=3, top_k=3, cfg=cfg)
-    assert torch.equal(first, run_case("int4", torch.float16, hidden=160, ffn=96, experts=5, tokens=3,
-                                       top_k=3, cfg=cfg))
-
-
 def test_int4_x_prep_layout_and_group_sums():
     # The up kernel reads x as the prep kernel writes it: float32, element n of a row at
-    # (n % 8) * K/8 + n // 8, scaled by a power of two below 256, and one sum per group of G.
-    # On CUDA it also writes the half pairs of the packed dot products. Checked against the same
-    # layouts built in torch, on two fp16 rows of K = 192 (24 words, 3 groups of 64) with an odd row
-    # stride, one of them large enough to be scaled.
+    # (n % 8) * K/8 + n // 8, and one sum per group of G. Checked against the same layout built in
+    # torch, on two fp16 rows of K = 192 (24 words, 3 groups of 64) with an odd row stride.
     from kernels.moe_decode import _x_prep_kernel
     big = torch.randn(2, 195, generator=torch.Generator().manual_seed(2)).half()
     x = big[:, :192]
-    x[1] *= 1000                                          # row 1 is scaled down below 256
     xn = torch.empty(2, 192)
     sx = torch.empty(2, 3)
-    inv = torch.empty(2)
-    xp = torch.empty(2, 4, 24, dtype=torch.int32)
-    _x_prep_kernel[(2,)](x, x.stride(0), xn, sx, inv, xp, 192, 24, G=64, BLOCK=256, PDL=False, F16=True)
-    amax = x.float().abs().amax(dim=1)
-    assert inv[0] == 1 and inv[1] == 2 ** (int(torch.frexp(amax[1]).exponent) - 8)
-    assert float((x.float()[1] / inv[1]).abs().max()) < 256
+    _x_prep_kernel[(2,)](x, x.stride(0), xn, sx, 192, 24, G=64, BLOCK=256, PDL=False)
     n = torch.arange(192)
     want = torch.empty(2, 192)
-    want[:, (n % 8) * 24 + n // 8] = x.float() / inv[:, None]
+    want[:, (n % 8) * 24 + n // 8] = x.float()
     assert torch.equal(xn, want)
-    torch.testing.assert_close(sx, (x.float() / inv[:, None]).view(2, 3, 64).sum(-1))
-    # the half pairs (x[8i + s], x[8i + s + 4]) the packed dot products read, as one int32 each
-    halves = (x.float() / inv[:, None]).half().view(2, 24, 8).view(torch.int16).to(torch.int32) & 0xFFFF
-    assert torch.equal(xp, (halves[:, :, :4] | (halves[:, :, 4:] << 16)).transpose(1, 2))
+    torch.testing.assert_close(sx, x.float().view(2, 3, 64).sum(-1))
 
 
 @pytest.mark.parametrize("cfg", [DECODE, PREFILL], ids=["decode", "prefill"])

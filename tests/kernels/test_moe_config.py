@@ -18,4 +18,3 @@ def test_tuned_h200_table_is_read_with_its_launch_overlap_flag():
         assert moe_launch_config("NVIDIA H200", fmt, 1).variant == "decode"
     assert moe_launch_config("NVIDIA H200", "int4", 1).pdl
     assert not moe_launch_config("NVIDIA H200", "bf16", 1).pdl
-    assert not moe_launch_config("NVIDIA H200", "bf16", 1).down_per_pair
