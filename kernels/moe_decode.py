@@ -356,24 +356,25 @@ def _moe_decode_int4(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, slots
     t, d = x.shape
     k = ids.shape[1]
     f = w13.n // 2
+    launch = {"launch_pdl": True} if pdl else {}    # only Triton versions with PDL know the option
     w, sw_s, sw_n, *rest = _int4_word_args(w13, "w13")
     xn = torch.empty(t, d, dtype=torch.float32, device=x.device)       # [T, D]: nibble-major
     sx = torch.empty(t, d // group, dtype=torch.float32, device=x.device)
     h = torch.empty(t * k, f, dtype=torch.float32, device=x.device)    # [P, F]: nibble-major
     out = torch.empty(t, d, dtype=x.dtype, device=x.device)            # [T, D]
     _x_prep_kernel[(t,)](x, x.stride(0), xn, sx, d, d // 8, G=group, BLOCK=max(next_pow2(d), group), PDL=pdl,
-                         launch_pdl=pdl)
+                         **launch)
     bk = _block_k(up, FMT_INT4, group, d)
     _up_int4_kernel[(t * k, cdiv(f, up.block_n))](
         xn, ids, slots, h, w, sw_s, sw_n, *rest, sx, f, d, d // 8, _ONE_BITS, TOP_K=k,
         ROUND={torch.bfloat16: 1, torch.float16: 2}.get(x.dtype, 0), G=group, BLOCK_N=up.block_n, BLOCK_K=bk,
-        EVEN_K=d % bk == 0, PDL=pdl, num_warps=up.num_warps, num_stages=up.num_stages, launch_pdl=pdl)
+        EVEN_K=d % bk == 0, PDL=pdl, num_warps=up.num_warps, num_stages=up.num_stages, **launch)
     w, sw_s, sw_n, *rest = _int4_word_args(w2, "w2")
     bk = _block_k(down, FMT_INT4, group, f)
     _down_int4_kernel[(t, cdiv(d, down.block_n))](
         h, ids, slots, tw, out, w, sw_s, sw_n, *rest, d, f, f // 8, out.stride(0), _ONE_BITS, TOP_K=k,
         KP=next_pow2(k), G=group, BLOCK_N=down.block_n, BLOCK_K=bk, EVEN_K=f % bk == 0, PDL=pdl,
-        num_warps=down.num_warps, num_stages=down.num_stages, launch_pdl=pdl)
+        num_warps=down.num_warps, num_stages=down.num_stages, **launch)
     return out
 
 
