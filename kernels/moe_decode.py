@@ -34,14 +34,15 @@ from __future__ import annotations
 import torch
 
 from kernels._triton import HAS_TRITON, cdiv, jit, next_pow2, tl
+from kernels.moe_config import TileConfig
+from kernels.moe_weights import FMT_INT4, PoolMatrix
 
+gdc_launch_dependents = gdc_wait = None
 if HAS_TRITON:
     try:  # grid dependency control (Hopper+): the next kernel launches while this one runs
         from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
     except ImportError:  # older Triton: launches stay serial
-        gdc_launch_dependents = gdc_wait = None
-from kernels.moe_config import TileConfig
-from kernels.moe_weights import FMT_INT4, PoolMatrix
+        pass
 
 @jit
 def _rows_dot(v_ptr, w_rows, s_rows, rows_ok, K, FMT: tl.constexpr, R: tl.constexpr,
@@ -173,16 +174,49 @@ def _int4_group_dots(w, v_ptr, idx, v_ok, quarter, sc, zp, one, sx_rows=None, g=
 
 
 @jit
-def _up_int4_tile(pair, nb, xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr, ss_s, sz_s,
-                  ss_n, sx_ptr, F, K, K8, one, TOP_K: tl.constexpr, ROUND: tl.constexpr, G: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr):
-    """``h`` of pair ``pair``, outputs ``nb * BN ..``: the gate and up rows of one expert, SiLU·mul.
+def _int4_chunk(k0, w_rows, s_rows, z_rows, row_ok, word, grp, K, G: tl.constexpr, NG: tl.constexpr,
+                EVEN_K: tl.constexpr):
+    """Words, scales and zero points of the K chunk at ``k0`` of packed rows; and the word indices and
+    group mask the dot needs. Rows broadcast against ``word [NG, 1, 1, GW]`` and ``grp [NG, 1, 1, 1]``."""
+    idx = k0 // 8 + word                                                # [NG, 1, 1, GW] word index
+    g = k0 // G + grp                                                   # [NG, 1, 1, 1]
+    g_in = _group_mask(g, K // G, NG, EVEN_K)
+    w = tl.load(w_rows + idx, mask=row_ok & g_in, other=0)              # [NG, A, B, GW]
+    g_ok = row_ok & (g < K // G)
+    sc = tl.load(s_rows + g, mask=g_ok, other=0.0).to(tl.float32)        # [NG, A, B, 1]
+    zp = tl.load(z_rows + g, mask=g_ok, other=0).to(tl.float32)
+    return w, sc, zp, idx, g_in
+
+
+@jit
+def _x_prep_kernel(x_ptr, stride_x, xn_ptr, sx_ptr, K, K8, G: tl.constexpr, BLOCK: tl.constexpr,
+                   PDL: tl.constexpr):
+    """Row ``t`` of ``x`` as float32, nibble-major (element ``n`` at ``(n % 8) * K/8 + n // 8``), and its
+    sums over each group of ``G``: what every up program would otherwise gather and add up itself."""
+    t = tl.program_id(0).to(tl.int64)
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    n = tl.arange(0, BLOCK)
+    ok = n < K
+    x = tl.load(x_ptr + t * stride_x + n, mask=ok, other=0.0).to(tl.float32)
+    tl.store(xn_ptr + t * K + (n % 8) * K8 + n // 8, x, mask=ok)
+    gi = tl.arange(0, BLOCK // G)
+    tl.store(sx_ptr + t * (K // G) + gi, tl.sum(tl.reshape(x, (BLOCK // G, G)), axis=1), mask=gi < K // G)
+
+
+@jit
+def _up_int4_kernel(xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr, ss_s, sz_s, ss_n,
+                    sx_ptr, F, K, K8, one, TOP_K: tl.constexpr, ROUND: tl.constexpr, G: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr):
+    """``h`` of pair ``program_id(0)``, outputs ``program_id(1) * BN ..``: the gate and up rows of one
+    expert, SiLU·mul.
 
     ``x`` comes from :func:`_x_prep_kernel`: float32 nibble-major rows of ``K`` (``K8 = K / 8``) and
     their group sums at ``sx_ptr``, so its loads are contiguous and no program redoes the sums.
 
-    ``PDL``: launched as a programmatic dependent (its launch overlaps the previous kernel), the tile
-    waits for the previous kernel before reading anything: the routing ids and ``x`` may be its output.
+    ``PDL``: launched as a programmatic dependent (its launch overlaps the previous kernel), it waits
+    for the previous kernel before reading anything: the routing ids and ``x`` may be its output.
 
     Tile [NG, 2, BN, GW]: NG groups of GW int32 words along K of the gate and up rows of BN outputs.
     Groups outermost: Triton spreads threads over the words of a group, then over rows, and warps
@@ -191,6 +225,7 @@ def _up_int4_tile(pair, nb, xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n,
     tile loads different layouts and moves them through shared memory: slower on the H200.)"""
     GW: tl.constexpr = G // 8
     NG: tl.constexpr = BLOCK_K // G
+    pair, nb = tl.program_id(0), tl.program_id(1)
     n = nb * BLOCK_N + tl.arange(0, BLOCK_N)[None, None, :, None]                 # [1, 1, BN, 1]
     rows = n + tl.arange(0, 2)[None, :, None, None] * F                           # [1, 2, BN, 1]
     row_ok = n < F
@@ -225,72 +260,6 @@ def _up_int4_tile(pair, nb, xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n,
 
 
 @jit
-def _int4_chunk(k0, w_rows, s_rows, z_rows, row_ok, word, grp, K, G: tl.constexpr, NG: tl.constexpr,
-                EVEN_K: tl.constexpr):
-    """Words, scales and zero points of the K chunk at ``k0`` of packed rows; and the word indices and
-    group mask the dot needs. Rows broadcast against ``word [NG, 1, 1, GW]`` and ``grp [NG, 1, 1, 1]``."""
-    idx = k0 // 8 + word                                                # [NG, 1, 1, GW] word index
-    g = k0 // G + grp                                                   # [NG, 1, 1, 1]
-    g_in = _group_mask(g, K // G, NG, EVEN_K)
-    w = tl.load(w_rows + idx, mask=row_ok & g_in, other=0)              # [NG, A, B, GW]
-    g_ok = row_ok & (g < K // G)
-    sc = tl.load(s_rows + g, mask=g_ok, other=0.0).to(tl.float32)        # [NG, A, B, 1]
-    zp = tl.load(z_rows + g, mask=g_ok, other=0).to(tl.float32)
-    return w, sc, zp, idx, g_in
-
-
-@jit
-def _down_int4_rows(tok, db, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr, ss_s, sz_s, ss_n, D,
-                    F, TOP_K: tl.constexpr, KP: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Row pointers of a down tile: ``BN`` rows (``db * BN ..``) of w2 of each of token ``tok``'s k
-    experts ``[1, KP, BN, 1]``, the mask of real rows, and the token's ``h`` rows ``[1, KP, 1, 1]``."""
-    j = tl.arange(0, KP)[None, :, None, None]                           # [1, KP, 1, 1]
-    n = db * BLOCK_N + tl.arange(0, BLOCK_N)[None, None, :, None]       # [1, 1, BN, 1]
-    j_ok = j < TOP_K                                                    # KP pads k to a power of two
-    pair = tok * TOP_K + j
-    slot = tl.load(slot_ptr + tl.load(ids_ptr + pair, mask=j_ok, other=0), mask=j_ok, other=0).to(tl.int64)
-    row_ok = j_ok & (n < D)                                             # [1, KP, BN, 1]
-    return (w_ptr + slot * sw_s + n * sw_n, s_ptr + slot * ss_s + n * ss_n, z_ptr + slot * sz_s + n * ss_n,
-            row_ok, j_ok, h_ptr + pair.to(tl.int64) * F)
-
-
-@jit
-def _down_int4_store(acc, tok, db, tw_ptr, out_ptr, D, stride_o, TOP_K: tl.constexpr, KP: tl.constexpr,
-                     BLOCK_N: tl.constexpr):
-    """``out[tok, db * BN ..] = sum_j weight_j * acc[j]``: routing weights, fixed-order sum over k."""
-    tw = tl.load(tw_ptr + tok * TOP_K + tl.arange(0, KP), mask=tl.arange(0, KP) < TOP_K, other=0.0)
-    y = tl.sum(acc * tw.to(tl.float32)[:, None], axis=0)                # [BN]
-    cols = db * BLOCK_N + tl.arange(0, BLOCK_N)
-    tl.store(out_ptr + tok.to(tl.int64) * stride_o + cols, y.to(out_ptr.dtype.element_ty), mask=cols < D)
-
-
-@jit
-def _x_prep_kernel(x_ptr, stride_x, xn_ptr, sx_ptr, K, K8, G: tl.constexpr, BLOCK: tl.constexpr,
-                   PDL: tl.constexpr):
-    """Row ``t`` of ``x`` as float32, nibble-major (element ``n`` at ``(n % 8) * K/8 + n // 8``), and its
-    sums over each group of ``G``: what every up program would otherwise gather and add up itself."""
-    t = tl.program_id(0).to(tl.int64)
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
-    n = tl.arange(0, BLOCK)
-    ok = n < K
-    x = tl.load(x_ptr + t * stride_x + n, mask=ok, other=0.0).to(tl.float32)
-    tl.store(xn_ptr + t * K + (n % 8) * K8 + n // 8, x, mask=ok)
-    gi = tl.arange(0, BLOCK // G)
-    tl.store(sx_ptr + t * (K // G) + gi, tl.sum(tl.reshape(x, (BLOCK // G, G)), axis=1), mask=gi < K // G)
-
-
-@jit
-def _up_int4_kernel(xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr, ss_s, sz_s, ss_n,
-                    sx_ptr, F, K, K8, one, TOP_K: tl.constexpr, ROUND: tl.constexpr, G: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr):
-    _up_int4_tile(tl.program_id(0), tl.program_id(1), xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n,
-                  s_ptr, z_ptr, ss_s, sz_s, ss_n, sx_ptr, F, K, K8, one, TOP_K, ROUND, G, BLOCK_N, BLOCK_K,
-                  EVEN_K, PDL)
-
-
-@jit
 def _down_int4_kernel(h_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr,
                       ss_s, sz_s, ss_n, D, F, F8, stride_o, one, TOP_K: tl.constexpr, KP: tl.constexpr,
                       G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
@@ -302,9 +271,16 @@ def _down_int4_kernel(h_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, sw
     GW: tl.constexpr = G // 8
     NG: tl.constexpr = BLOCK_K // G
     tok, db = tl.program_id(0), tl.program_id(1)
-    w_rows, s_rows, z_rows, row_ok, j_ok, h_row = _down_int4_rows(
-        tok, db, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr, ss_s, sz_s, ss_n, D, F, TOP_K, KP,
-        BLOCK_N)
+    j = tl.arange(0, KP)[None, :, None, None]                           # [1, KP, 1, 1]
+    n = db * BLOCK_N + tl.arange(0, BLOCK_N)[None, None, :, None]       # [1, 1, BN, 1]
+    j_ok = j < TOP_K                                                    # KP pads k to a power of two
+    pair = tok * TOP_K + j
+    slot = tl.load(slot_ptr + tl.load(ids_ptr + pair, mask=j_ok, other=0), mask=j_ok, other=0).to(tl.int64)
+    row_ok = j_ok & (n < D)                                             # [1, KP, BN, 1]
+    w_rows = w_ptr + slot * sw_s + n * sw_n
+    s_rows = s_ptr + slot * ss_s + n * ss_n
+    z_rows = z_ptr + slot * sz_s + n * ss_n
+    h_row = h_ptr + pair.to(tl.int64) * F                               # [1, KP, 1, 1]
     grp = tl.arange(0, NG)[:, None, None, None]                         # [NG, 1, 1, 1]
     word = grp * GW + tl.arange(0, GW)[None, None, None, :]             # [NG, 1, 1, GW]
     # PDL: launched once every up program has passed its own wait (so the routing ids and the slot
@@ -318,7 +294,10 @@ def _down_int4_kernel(h_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, sw
     for k0 in range(BLOCK_K, F, BLOCK_K):
         w, sc, zp, idx, g_in = _int4_chunk(k0, w_rows, s_rows, z_rows, row_ok, word, grp, F, G, NG, EVEN_K)
         acc += _int4_group_dots(w, h_row, idx, j_ok & g_in, F8, sc, zp, one)  # [KP, BN]
-    _down_int4_store(acc, tok, db, tw_ptr, out_ptr, D, stride_o, TOP_K, KP, BLOCK_N)
+    tw = tl.load(tw_ptr + tok * TOP_K + tl.arange(0, KP), mask=tl.arange(0, KP) < TOP_K, other=0.0)
+    y = tl.sum(acc * tw.to(tl.float32)[:, None], axis=0)                # [BN]: fixed-order sum over k
+    cols = db * BLOCK_N + tl.arange(0, BLOCK_N)
+    tl.store(out_ptr + tok.to(tl.int64) * stride_o + cols, y.to(out_ptr.dtype.element_ty), mask=cols < D)
 
 
 _ONE_BITS = 0x3F800000  # float32 1.0; a kernel argument, not a literal (see _nibble_floats)
