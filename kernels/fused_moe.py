@@ -22,11 +22,20 @@ import torch.nn.functional as F
 
 from engine.experts.layout import ExpertLayout
 from kernels.moe_config import MoeLaunchConfig, moe_launch_config
+from kernels.moe_weights import HostExperts
+
+DIRECT_MAX_TOKENS = 16   # the decode variant's range: the only one that reads experts from the host store
 
 
 def expert_weights_ref(views: dict[str, torch.Tensor], slot: int, layout: ExpertLayout,
-                       dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dense ``(w13 [2F, D], w2 [D, F])`` of the expert in ``slot``, in ``dtype``."""
+                       dtype: torch.dtype, host: HostExperts | None = None,
+                       expert: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense ``(w13 [2F, D], w2 [D, F])`` of the expert in ``slot``, in ``dtype``; with ``host`` and
+    slot -1, of store row ``host.row_base + expert`` (the direct read the kernels make)."""
+    if slot < 0:
+        if host is None:
+            raise ValueError(f"expert {expert} has no pool slot and no host store was given to read it from")
+        views, slot = host.views, host.row_base + expert
     if layout.fmt in ("bf16", "fp16", "fp32"):
         return views["w13"][slot].to(dtype), views["w2"][slot].to(dtype)
     from engine.quant import dequantize_expert_matrix  # int4 / fp8
@@ -36,17 +45,17 @@ def expert_weights_ref(views: dict[str, torch.Tensor], slot: int, layout: Expert
 
 def fused_moe_ref(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                   slot_of_expert: torch.Tensor, views: dict[str, torch.Tensor],
-                  layout: ExpertLayout) -> torch.Tensor:
+                  layout: ExpertLayout, host: HostExperts | None = None) -> torch.Tensor:
     """Plain-torch MoE over experts in a pool.
 
     x [T, D] (float), topk_ids [T, k] (int, expert ids), topk_weights [T, k] (float),
-    slot_of_expert [E] int32. Returns [T, D] in x.dtype; accumulates in float32.
+    slot_of_expert [E] int32 (-1: read from ``host``). Returns [T, D] in x.dtype; accumulates in float32.
     Experts are visited in ascending id order, so the result does not depend on slot placement.
     """
     T, D = x.shape
     out = torch.zeros(T, D, dtype=torch.float32, device=x.device)
     if T == 1:
-        return _one_token_ref(x, topk_ids, topk_weights, slot_of_expert, views, layout, out)
+        return _one_token_ref(x, topk_ids, topk_weights, slot_of_expert, views, layout, out, host)
     flat_ids = topk_ids.flatten()                                    # [T*k]
     order = torch.argsort(flat_ids, stable=True)                     # [T*k]
     counts = torch.bincount(flat_ids, minlength=slot_of_expert.numel()).tolist()
@@ -58,7 +67,7 @@ def fused_moe_ref(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
         if n == 0:
             continue
         toks = tok_of[start:start + n]                               # [n]
-        w13, w2 = expert_weights_ref(views, slots[e], layout, x.dtype)
+        w13, w2 = expert_weights_ref(views, slots[e], layout, x.dtype, host, e)
         h = x[toks] @ w13.t()                                        # [n, 2F]
         f = w13.shape[0] // 2
         h = F.silu(h[:, :f]) * h[:, f:]                              # [n, F]
@@ -70,13 +79,13 @@ def fused_moe_ref(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
 
 def _one_token_ref(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                    slot_of_expert: torch.Tensor, views: dict[str, torch.Tensor], layout: ExpertLayout,
-                   out: torch.Tensor) -> torch.Tensor:
+                   out: torch.Tensor, host: HostExperts | None) -> torch.Tensor:
     """The decode case without sorting or index tables: same arithmetic, same (ascending id) order."""
     ids = topk_ids[0].tolist()
     slots = slot_of_expert[topk_ids[0]].tolist()
     w = topk_weights[0].to(torch.float32)                            # [k]
     for j in sorted(range(len(ids)), key=ids.__getitem__):
-        w13, w2 = expert_weights_ref(views, slots[j], layout, x.dtype)
+        w13, w2 = expert_weights_ref(views, slots[j], layout, x.dtype, host, ids[j])
         h = x @ w13.t()                                              # [1, 2F]
         f = w13.shape[0] // 2
         h = F.silu(h[:, :f]) * h[:, f:]                              # [1, F]
@@ -113,9 +122,12 @@ def _check_inputs(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
 
 def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
               slot_of_expert: torch.Tensor, views: dict[str, torch.Tensor], layout: ExpertLayout,
-              config: MoeLaunchConfig | None = None) -> torch.Tensor:
+              config: MoeLaunchConfig | None = None, host: HostExperts | None = None) -> torch.Tensor:
     """Triton MoE, same contract as :func:`fused_moe_ref`; ``[T, D]`` in ``x.dtype``.
 
+    ``host``: experts whose slot is -1 are read straight from the (mapped) host store. Only the
+    decode variant can, so it runs whatever the token count (the engine reads directly only for
+    decode steps of at most :data:`DIRECT_MAX_TOKENS` tokens).
     Formats bf16/fp16/fp32, fp8 and int4 are read in their packed form from the pool views. ``config``
     overrides the tuned launch setting (benchmarks and tests use it to pick a variant). Every expert
     in ``topk_ids`` must have a valid slot; neither is checked on the device (that would sync).
@@ -123,7 +135,7 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     from kernels.moe_align import moe_align
     from kernels.moe_decode import moe_decode, pdl_supported
     from kernels.moe_prefill import moe_prefill
-    from kernels.moe_weights import format_code, pool_matrix
+    from kernels.moe_weights import format_code, host_matrices, pool_matrix
 
     _check_inputs(x, topk_ids, topk_weights, slot_of_expert, layout)
     t, k = topk_ids.shape
@@ -132,9 +144,10 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     w13, w2 = pool_matrix(views, "w13", layout), pool_matrix(views, "w2", layout)
     fmt = format_code(layout)
     cfg = config or moe_launch_config(_device_name(x.device), layout.fmt, t)
-    if cfg.variant == "decode":
+    if cfg.variant == "decode" or host is not None:
         return moe_decode(x, topk_ids, topk_weights, slot_of_expert, w13, w2, fmt, layout.group_size,
-                          cfg.up, cfg.down, cfg.pdl and pdl_supported(x.device))   # [T, D]
+                          cfg.up, cfg.down, cfg.pdl and pdl_supported(x.device),
+                          None if host is None else host_matrices(host, layout, w13, w2))   # [T, D]
     align = moe_align(topk_ids, slot_of_expert, cfg.block_m)
     y = moe_prefill(x, topk_weights, align, w13, w2, fmt, layout.group_size, cfg.up, cfg.down)
     return y.view(t, k, -1).sum(dim=1).to(x.dtype)                     # [T*k, D] -> [T, D]

@@ -37,12 +37,23 @@ from kernels._triton import HAS_TRITON, cdiv, jit, next_pow2, tl
 from kernels.moe_config import TileConfig
 from kernels.moe_weights import FMT_INT4, PoolMatrix
 
+HostMatrices = tuple[PoolMatrix, PoolMatrix, int]   # host store's (w13, w2) views, first row of the layer
+
 gdc_launch_dependents = gdc_wait = None
 if HAS_TRITON:
     try:  # grid dependency control (Hopper+): the next kernel launches while this one runs
         from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
     except ImportError:  # older Triton: launches stay serial
         pass
+
+@jit
+def _expert_ptr(ptr, host_ptr, slot, key, stride, HOST: tl.constexpr):
+    """Base of one expert's matrix (or scales): its pool slot, or with ``HOST`` and slot -1 its row
+    ``key`` of the mapped host store, whose views have the pool's strides (a direct read over the bus)."""
+    if HOST:
+        return tl.where(slot >= 0, ptr + slot * stride, host_ptr + key * stride)
+    return ptr + slot * stride
+
 
 @jit
 def _rows_dot(v_ptr, w_rows, s_rows, rows_ok, K, FMT: tl.constexpr, R: tl.constexpr,
@@ -71,16 +82,20 @@ def _rows_dot(v_ptr, w_rows, s_rows, rows_ok, K, FMT: tl.constexpr, R: tl.conste
 
 @jit
 def _up_decode_kernel(x_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, ss_s, ss_n, F, K, stride_x,
-                      TOP_K: tl.constexpr, FMT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                      hw_ptr, hs_ptr, row_base, TOP_K: tl.constexpr, FMT: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, HOST: tl.constexpr):
     pair = tl.program_id(0)
     # BLOCK_N gate rows then the matching up rows (F further on): both stream through one K loop.
     r = tl.arange(0, 2 * BLOCK_N)                                       # [2BN]
     n = tl.program_id(1) * BLOCK_N + r % BLOCK_N
     rows = n + (r // BLOCK_N) * F
-    slot = tl.load(slot_ptr + tl.load(ids_ptr + pair)).to(tl.int64)    # int64: pools exceed 2 GiB
+    e = tl.load(ids_ptr + pair)
+    slot = tl.load(slot_ptr + e).to(tl.int64)                           # int64: pools exceed 2 GiB
+    key = (row_base + e).to(tl.int64)
+    w_rows = _expert_ptr(w_ptr, hw_ptr, slot, key, sw_s, HOST) + rows * sw_n
+    s_rows = _expert_ptr(s_ptr, hs_ptr, slot, key, ss_s, HOST) + rows * ss_n
     x_row = x_ptr + (pair // TOP_K).to(tl.int64) * stride_x
-    gu = _rows_dot(x_row, w_ptr + slot * sw_s + rows * sw_n, s_ptr + slot * ss_s + rows * ss_n, n < F, K,
-                   FMT, 2 * BLOCK_N, BLOCK_K, False)
+    gu = _rows_dot(x_row, w_rows, s_rows, n < F, K, FMT, 2 * BLOCK_N, BLOCK_K, False)
     gu = tl.reshape(gu, (2, BLOCK_N))                                   # [2, BN]: gate row, up row
     half = tl.arange(0, 2)[:, None]
     gate = tl.sum(tl.where(half == 0, gu, 0.0), axis=0)                 # [BN]
@@ -92,17 +107,21 @@ def _up_decode_kernel(x_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr,
 
 @jit
 def _down_decode_kernel(h_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, sw_n, s_ptr, ss_s, ss_n, D, F,
-                        stride_o, TOP_K: tl.constexpr, KP: tl.constexpr, FMT: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                        stride_o, hw_ptr, hs_ptr, row_base, TOP_K: tl.constexpr, KP: tl.constexpr,
+                        FMT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HOST: tl.constexpr):
     tok = tl.program_id(0)
     r = tl.arange(0, KP * BLOCK_N)                                      # [R] row r: expert r // BN
     j = r // BLOCK_N
     n = tl.program_id(1) * BLOCK_N + r % BLOCK_N                        # [R] hidden row of w2
     j_ok = j < TOP_K                                                    # KP pads k to a power of two
     pair = tok * TOP_K + j
-    slot = tl.load(slot_ptr + tl.load(ids_ptr + pair, mask=j_ok, other=0), mask=j_ok, other=0).to(tl.int64)
-    y = _rows_dot(h_ptr + pair.to(tl.int64) * F, w_ptr + slot * sw_s + n * sw_n,
-                  s_ptr + slot * ss_s + n * ss_n, j_ok & (n < D), F, FMT, KP * BLOCK_N, BLOCK_K, True)  # [R]
+    e = tl.load(ids_ptr + pair, mask=j_ok, other=0)
+    slot = tl.load(slot_ptr + e, mask=j_ok, other=0).to(tl.int64)
+    key = (row_base + e).to(tl.int64)
+    w_rows = _expert_ptr(w_ptr, hw_ptr, slot, key, sw_s, HOST) + n * sw_n
+    s_rows = _expert_ptr(s_ptr, hs_ptr, slot, key, ss_s, HOST) + n * ss_n
+    y = _rows_dot(h_ptr + pair.to(tl.int64) * F, w_rows, s_rows, j_ok & (n < D), F, FMT, KP * BLOCK_N,
+                  BLOCK_K, True)  # [R]
     y = y * tl.load(tw_ptr + pair, mask=j_ok, other=0.0).to(tl.float32)  # routing weight
     acc = tl.sum(tl.reshape(y, (KP, BLOCK_N)), axis=0)                  # [BN]: fixed-order sum over k
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -207,8 +226,9 @@ def _x_prep_kernel(x_ptr, stride_x, xn_ptr, sx_ptr, K, K8, G: tl.constexpr, BLOC
 
 @jit
 def _up_int4_kernel(xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr, ss_s, sz_s, ss_n,
-                    sx_ptr, F, K, K8, one, TOP_K: tl.constexpr, ROUND: tl.constexpr, G: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr):
+                    sx_ptr, F, K, K8, one, hw_ptr, hs_ptr, hz_ptr, row_base, TOP_K: tl.constexpr,
+                    ROUND: tl.constexpr, G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    EVEN_K: tl.constexpr, PDL: tl.constexpr, HOST: tl.constexpr):
     """``h`` of pair ``program_id(0)``, outputs ``program_id(1) * BN ..``: the gate and up rows of one
     expert, SiLU·mul.
 
@@ -234,10 +254,12 @@ def _up_int4_kernel(xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, 
     if PDL:
         gdc_wait()
         gdc_launch_dependents()  # the down kernel may launch: every up program is past its wait
-    slot = tl.load(slot_ptr + tl.load(ids_ptr + pair)).to(tl.int64)    # int64: pools exceed 2 GiB
-    w_rows = w_ptr + slot * sw_s + rows * sw_n
-    s_rows = s_ptr + slot * ss_s + rows * ss_n
-    z_rows = z_ptr + slot * sz_s + rows * ss_n
+    e = tl.load(ids_ptr + pair)
+    slot = tl.load(slot_ptr + e).to(tl.int64)                           # int64: pools exceed 2 GiB
+    key = (row_base + e).to(tl.int64)
+    w_rows = _expert_ptr(w_ptr, hw_ptr, slot, key, sw_s, HOST) + rows * sw_n
+    s_rows = _expert_ptr(s_ptr, hs_ptr, slot, key, ss_s, HOST) + rows * ss_n
+    z_rows = _expert_ptr(z_ptr, hz_ptr, slot, key, sz_s, HOST) + rows * ss_n
     tok = (pair // TOP_K).to(tl.int64)
     x_row = xv_ptr + tok * K
     sx_row = sx_ptr + tok * (K // G)
@@ -261,9 +283,9 @@ def _up_int4_kernel(xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, 
 
 @jit
 def _down_int4_kernel(h_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr,
-                      ss_s, sz_s, ss_n, D, F, F8, stride_o, one, TOP_K: tl.constexpr, KP: tl.constexpr,
-                      G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                      PDL: tl.constexpr):
+                      ss_s, sz_s, ss_n, D, F, F8, stride_o, one, hw_ptr, hs_ptr, hz_ptr, row_base,
+                      TOP_K: tl.constexpr, KP: tl.constexpr, G: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr, HOST: tl.constexpr):
     # Tile [NG, KP, BN, GW]: BN rows of w2 of each of the token's k experts, groups outermost as in
     # the up kernel. h [NG, KP, 1, GW] is as large as the tile's words spread over the threads when
     # BLOCK_K >= 128 * num_warps, and then each thread's h values serve all its BN rows. F8 = F / 8 is
@@ -275,11 +297,13 @@ def _down_int4_kernel(h_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, sw
     n = db * BLOCK_N + tl.arange(0, BLOCK_N)[None, None, :, None]       # [1, 1, BN, 1]
     j_ok = j < TOP_K                                                    # KP pads k to a power of two
     pair = tok * TOP_K + j
-    slot = tl.load(slot_ptr + tl.load(ids_ptr + pair, mask=j_ok, other=0), mask=j_ok, other=0).to(tl.int64)
+    e = tl.load(ids_ptr + pair, mask=j_ok, other=0)
+    slot = tl.load(slot_ptr + e, mask=j_ok, other=0).to(tl.int64)
+    key = (row_base + e).to(tl.int64)
     row_ok = j_ok & (n < D)                                             # [1, KP, BN, 1]
-    w_rows = w_ptr + slot * sw_s + n * sw_n
-    s_rows = s_ptr + slot * ss_s + n * ss_n
-    z_rows = z_ptr + slot * sz_s + n * ss_n
+    w_rows = _expert_ptr(w_ptr, hw_ptr, slot, key, sw_s, HOST) + n * sw_n
+    s_rows = _expert_ptr(s_ptr, hs_ptr, slot, key, ss_s, HOST) + n * ss_n
+    z_rows = _expert_ptr(z_ptr, hz_ptr, slot, key, sz_s, HOST) + n * ss_n
     h_row = h_ptr + pair.to(tl.int64) * F                               # [1, KP, 1, 1]
     grp = tl.arange(0, NG)[:, None, None, None]                         # [NG, 1, 1, 1]
     word = grp * GW + tl.arange(0, GW)[None, None, None, :]             # [NG, 1, 1, GW]
@@ -329,9 +353,17 @@ def pdl_supported(device: torch.device) -> bool:
             and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
+def _host_args(host: HostMatrices | None, m: PoolMatrix, which: int, int4: bool) -> tuple:
+    """Pointer arguments of the host store's copy of matrix ``which`` (0: w13, 1: w2) and the layer's
+    first store row; without ``host`` the pool's own pointers stand in (never dereferenced)."""
+    h = m if host is None else host[which]
+    w = _int4_word_args(h, "host")[0] if int4 else h.w
+    return (w, h.scale, h.zero, 0 if host is None else host[2]) if int4 else (w, h.scale, 0 if host is None else host[2])
+
+
 def _moe_decode_int4(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, slots: torch.Tensor,
                      w13: PoolMatrix, w2: PoolMatrix, group: int, up: TileConfig,
-                     down: TileConfig, pdl: bool = False) -> torch.Tensor:
+                     down: TileConfig, pdl: bool = False, host: HostMatrices | None = None) -> torch.Tensor:
     t, d = x.shape
     k = ids.shape[1]
     f = w13.n // 2
@@ -345,22 +377,28 @@ def _moe_decode_int4(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, slots
                          **launch)
     bk = _block_k(up, FMT_INT4, group, d)
     _up_int4_kernel[(t * k, cdiv(f, up.block_n))](
-        xn, ids, slots, h, w, sw_s, sw_n, *rest, sx, f, d, d // 8, _ONE_BITS, TOP_K=k,
-        ROUND={torch.bfloat16: 1, torch.float16: 2}.get(x.dtype, 0), G=group, BLOCK_N=up.block_n, BLOCK_K=bk,
-        EVEN_K=d % bk == 0, PDL=pdl, num_warps=up.num_warps, num_stages=up.num_stages, **launch)
+        xn, ids, slots, h, w, sw_s, sw_n, *rest, sx, f, d, d // 8, _ONE_BITS, *_host_args(host, w13, 0, True),
+        TOP_K=k, ROUND={torch.bfloat16: 1, torch.float16: 2}.get(x.dtype, 0), G=group, BLOCK_N=up.block_n,
+        BLOCK_K=bk, EVEN_K=d % bk == 0, PDL=pdl, HOST=host is not None, num_warps=up.num_warps,
+        num_stages=up.num_stages, **launch)
     w, sw_s, sw_n, *rest = _int4_word_args(w2, "w2")
     bk = _block_k(down, FMT_INT4, group, f)
     _down_int4_kernel[(t, cdiv(d, down.block_n))](
-        h, ids, slots, tw, out, w, sw_s, sw_n, *rest, d, f, f // 8, out.stride(0), _ONE_BITS, TOP_K=k,
-        KP=next_pow2(k), G=group, BLOCK_N=down.block_n, BLOCK_K=bk, EVEN_K=f % bk == 0, PDL=pdl,
-        num_warps=down.num_warps, num_stages=down.num_stages, **launch)
+        h, ids, slots, tw, out, w, sw_s, sw_n, *rest, d, f, f // 8, out.stride(0), _ONE_BITS,
+        *_host_args(host, w2, 1, True), TOP_K=k, KP=next_pow2(k), G=group, BLOCK_N=down.block_n, BLOCK_K=bk,
+        EVEN_K=f % bk == 0, PDL=pdl, HOST=host is not None, num_warps=down.num_warps,
+        num_stages=down.num_stages, **launch)
     return out
 
 
 def moe_decode(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                slot_of_expert: torch.Tensor, w13: PoolMatrix, w2: PoolMatrix, fmt: int, group: int,
-               up: TileConfig, down: TileConfig, pdl: bool = False) -> torch.Tensor:
+               up: TileConfig, down: TileConfig, pdl: bool = False,
+               host: HostMatrices | None = None) -> torch.Tensor:
     """``out [T, D]`` in ``x.dtype``: the MoE output, summed over each token's k experts.
+
+    ``host`` (``(w13, w2, row_base)`` over the mapped host store): an expert whose slot is -1 is read
+    from store row ``row_base + expert`` instead of the pool (see :func:`_expert_ptr`).
 
     ``pdl`` (int4; see :func:`pdl_supported`) launches both kernels as programmatic dependents: the
     up kernel's launch overlaps the previous kernel, the down kernel's the up kernel, and the down
@@ -370,7 +408,7 @@ def moe_decode(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tens
     at least four int32 words (16 bytes), as the kernels' group tiles need."""
     ids, tw = topk_ids.contiguous(), topk_weights.contiguous()
     if fmt == FMT_INT4:
-        return _moe_decode_int4(x, ids, tw, slot_of_expert, w13, w2, group, up, down, pdl)
+        return _moe_decode_int4(x, ids, tw, slot_of_expert, w13, w2, group, up, down, pdl, host)
     t, d = x.shape
     k = topk_ids.shape[1]
     f = w13.n // 2
@@ -378,12 +416,13 @@ def moe_decode(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tens
     out = torch.empty(t, d, dtype=x.dtype, device=x.device)            # [T, D]
     w, sw_s, sw_n, s, _, ss_s, _, ss_n = w13.args()
     _up_decode_kernel[(t * k, cdiv(f, up.block_n))](
-        x, ids, slot_of_expert, h, w, sw_s, sw_n, s, ss_s, ss_n, f, d, x.stride(0), TOP_K=k, FMT=fmt,
-        BLOCK_N=up.block_n, BLOCK_K=_block_k(up, fmt, group, d), num_warps=up.num_warps,
-        num_stages=up.num_stages)
+        x, ids, slot_of_expert, h, w, sw_s, sw_n, s, ss_s, ss_n, f, d, x.stride(0), *_host_args(host, w13, 0, False),
+        TOP_K=k, FMT=fmt, BLOCK_N=up.block_n, BLOCK_K=_block_k(up, fmt, group, d), HOST=host is not None,
+        num_warps=up.num_warps, num_stages=up.num_stages)
     w, sw_s, sw_n, s, _, ss_s, _, ss_n = w2.args()
     _down_decode_kernel[(t, cdiv(d, down.block_n))](
-        h, ids, slot_of_expert, tw, out, w, sw_s, sw_n, s, ss_s, ss_n, d, f, out.stride(0), TOP_K=k,
-        KP=next_pow2(k), FMT=fmt, BLOCK_N=down.block_n, BLOCK_K=_block_k(down, fmt, group, f),
-        num_warps=down.num_warps, num_stages=down.num_stages)
+        h, ids, slot_of_expert, tw, out, w, sw_s, sw_n, s, ss_s, ss_n, d, f, out.stride(0),
+        *_host_args(host, w2, 1, False), TOP_K=k, KP=next_pow2(k), FMT=fmt, BLOCK_N=down.block_n,
+        BLOCK_K=_block_k(down, fmt, group, f), HOST=host is not None, num_warps=down.num_warps,
+        num_stages=down.num_stages)
     return out

@@ -55,3 +55,28 @@ def pool_matrix(views: dict[str, torch.Tensor], name: str, layout: ExpertLayout)
     if layout.fmt == "int4" and scale.stride()[1:] != zero.stride()[1:]:
         raise ValueError(f"{name}_scale and {name}_zero views must have the same row strides")
     return PoolMatrix(w, scale, zero, n, k)
+
+
+@dataclass(frozen=True)
+class HostExperts:
+    """Where a layer's experts without a pool slot (slot -1) are read from: typed views over the host
+    store's rows ``[L * E, ...]`` (mapped into the GPU's address space on CUDA) and the store row of
+    the layer's expert 0, ``layer * E``. The views have the pool views' strides, so one set of
+    strides addresses both."""
+
+    views: dict[str, torch.Tensor]
+    row_base: int
+
+
+def host_matrices(host: HostExperts, layout: ExpertLayout, w13: PoolMatrix,
+                  w2: PoolMatrix) -> tuple[PoolMatrix, PoolMatrix, int]:
+    """``(w13, w2, row_base)`` of the host store for a kernel launch, checked against the pool's strides."""
+    out = []
+    for name, pool in (("w13", w13), ("w2", w2)):
+        m = pool_matrix(host.views, name, layout)
+        for a, b in ((m.w, pool.w), (m.scale, pool.scale), (m.zero, pool.zero)):
+            if a.stride() != b.stride():
+                raise ValueError(f"host store view {name} has strides {a.stride()} but the pool's are "
+                                 f"{b.stride()}; both must come from the same ExpertLayout")
+        out.append(m)
+    return out[0], out[1], host.row_base

@@ -9,7 +9,10 @@ import torch
 
 triton = pytest.importorskip("triton")
 from kernels.fused_moe import fused_moe, fused_moe_ref  # noqa: E402
+from engine.experts.layout import ExpertLayout  # noqa: E402
+from engine.quant import quantize_expert  # noqa: E402
 from kernels.moe_config import MoeLaunchConfig, TileConfig  # noqa: E402
+from kernels.moe_weights import HostExperts  # noqa: E402
 from tests.kernels.helpers import TOLERANCES, make_pool, make_routing  # noqa: E402
 
 DECODE = MoeLaunchConfig("decode", TileConfig(16, 32), TileConfig(16, 32))
@@ -185,3 +188,49 @@ def test_rejects_mismatched_inputs():
         fused_moe(torch.randn(2, 32), ids, w[:, :1], slots, views, layout)
     with pytest.raises(ValueError, match="pool view w2"):
         fused_moe(torch.randn(2, 32), ids, w, slots, {**views, "w2": views["w2"].transpose(1, 2)}, layout)
+
+
+def _store_and_pool(fmt, hidden, ffn, experts, layers, group, resident):
+    """A host store of ``layers * experts`` random experts and a pool holding layer 1's ``resident``
+    experts at scrambled slots (the rest of its slot table -1, the spare slots garbage)."""
+    g = torch.Generator().manual_seed(3)
+    layout = ExpertLayout.make(fmt, hidden, ffn, group)
+    rows = torch.randint(0, 255, (layers * experts, layout.nbytes), dtype=torch.uint8, generator=g)
+    for r in range(layers * experts):
+        w13 = torch.randn(2 * ffn, hidden, generator=g) / hidden ** 0.5
+        w2 = torch.randn(hidden, ffn, generator=g) / ffn ** 0.5
+        layout.pack(quantize_expert(w13, w2, layout), rows[r])
+    buf = torch.randint(0, 255, (len(resident) + 2, layout.nbytes), dtype=torch.uint8, generator=g)
+    slots = torch.full((experts,), -1, dtype=torch.int32)
+    order = torch.randperm(buf.shape[0], generator=g).tolist()
+    for s, e in zip(order, resident):
+        buf[s].copy_(rows[experts + e])
+        slots[e] = s
+    return layout, rows, buf, slots
+
+
+@pytest.mark.parametrize("fmt, dtype", [("fp32", torch.float32), ("fp16", torch.float16), ("fp8", torch.float32),
+                                        ("int4", torch.float32), ("int4", torch.float16)])
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_direct_reads_of_experts_without_a_slot(fmt, dtype, tokens):
+    # Layer 1 of a two-layer store, half its experts in the pool: slot -1 must read store row
+    # E + expert (not row expert: that is layer 0's), with the pool's strides, in the up and the
+    # down kernel; the result equals the all-resident computation.
+    experts, hidden, ffn = 6, 64, 32
+    layout, rows, buf, slots = _store_and_pool(fmt, hidden, ffn, experts, 2, 32, resident=[1, 4, 5])
+    host = HostExperts(layout.views(rows), row_base=experts)
+    ids, w = make_routing(tokens, experts, 3)
+    x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(5)).to(dtype)
+    out = fused_moe(x, ids, w, slots, layout.views(buf), layout, DECODE, host=host)
+    every = torch.arange(experts, 2 * experts, dtype=torch.int32)        # all of layer 1, read as pool slots
+    want = fused_moe_ref(x, ids, w, every, layout.views(rows), layout)
+    assert (slots[ids.long()] < 0).any() and (slots[ids.long()] >= 0).any()   # both paths are taken
+    torch.testing.assert_close(fused_moe_ref(x, ids, w, slots, layout.views(buf), layout, host), want, rtol=0, atol=0)
+    torch.testing.assert_close(out, want, **TOLERANCES[dtype])
+
+
+def test_direct_reads_need_a_host_store():
+    layout, rows, buf, slots = _store_and_pool("fp32", 32, 16, 4, 2, 32, resident=[0])
+    ids, w = torch.tensor([[1]], dtype=torch.int32), torch.ones(1, 1)
+    with pytest.raises(ValueError, match="no pool slot"):
+        fused_moe_ref(torch.randn(1, 32), ids, w, slots, layout.views(buf), layout)
