@@ -198,7 +198,7 @@ def print_tables(result: dict) -> None:
         return
     print(f"pinned H2D {result['pinned_h2d_gbs']:.1f} GB/s; ms are per generated token; C = compute-only (100% pool), "
           "M = H2D bytes / pinned bandwidth; bus = H2D bytes / decode wall time")
-    print(f"{'routing':<13}{'pool':>5}{'d':>2}{'B':>3}{'tok/s':>9}{'ms':>8}{'C+M':>8}{'max':>8}{'hit%':>6}"
+    print(f"{'routing':<13}{'pool':>5}{'d':>2}{'rd':>3}{'B':>3}{'tok/s':>9}{'ms':>8}{'C+M':>8}{'max':>8}{'hit%':>6}"
           f"{'pf+':>6}{'pf-':>6}{'MB/tok':>8}{'busGB/s':>8}{'wait':>7}{'hostw':>7}{'x d0':>6}{'ideal':>6}{'peak/budget GB':>16}")
     for routing, block in result["offload"].items():
         if "error" in block:
@@ -207,7 +207,8 @@ def print_tables(result: dict) -> None:
         for r in block["rows"]:
             mem = f"{r['engine_peak_gb']:.1f}/{r['budget_gb']:.1f}" if "engine_peak_gb" in r else "-"
             f = lambda k, fmt: format(r[k], fmt) if r.get(k) is not None else "-"   # noqa: E731
-            print(f"{routing:<13}{100 * r['pool_fraction']:>4.0f}%{r['depth']:>2}{r['batch']:>3}{r['tok_s']:>9.1f}"
+            rd = "D" if r.get("direct_reads") else "C"       # misses read directly / copied in
+            print(f"{routing:<13}{100 * r['pool_fraction']:>4.0f}%{r['depth']:>2}{rd:>3}{r['batch']:>3}{r['tok_s']:>9.1f}"
                   f"{r['ms_per_token']:>8.2f}{f('serial_limit_ms', '8.2f'):>8}{f('overlap_limit_ms', '8.2f'):>8}"
                   f"{100 * r['hit_rate']:>6.1f}{r['prefetch_hits']:>6}{r['prefetch_wasted']:>6}"
                   f"{r['h2d_bytes_per_token'] / 1e6:>8.1f}{r['bus_gb_s']:>8.2f}{r['copy_wait_ms_per_token']:>7.2f}"
@@ -226,6 +227,8 @@ def print_tables(result: dict) -> None:
             ideal = s["pool50_ideal"]
             line += (f" pool 50% depth2/depth0 {s['pool50_depth2_over_depth0']:.2f}x (ideal overlap "
                      f"{ideal:.2f}x, target 1.5x);" if ideal else "")
+        if "pool50_depth2_copy_over_depth0" in s:
+            line += f" depth2 copying misses {s['pool50_depth2_copy_over_depth0']:.2f}x;"
         if "pool0_bus_gb_s" in s:
             line += (f" pool 0% vs pinned {s['pinned_gb_s']:.1f} GB/s (target 85%): bus {s['pool0_bus_gb_s']:.1f} GB/s "
                      f"({100 * s['pool0_bus_fraction_of_pinned']:.0f}%), depth-0 copies {s['pool0_serial_copy_gb_s']:.1f} "
@@ -245,6 +248,7 @@ def main() -> None:
     ap.add_argument("--offload", default="", help="expert format of an offload sweep (e.g. bf16); empty: none")
     ap.add_argument("--pools", default="0,0.25,0.5,1.0", help="pool shares of all experts; 1.0 gives C")
     ap.add_argument("--depths", default="0,1,2")
+    ap.add_argument("--reads", default="auto", help="expert_reads of depth > 0 rows, e.g. auto,copy")
     ap.add_argument("--routing", choices=("uniform", "trained-like", "both"), default="both")
     ap.add_argument("--budget", default="64G", help="gpu_memory_budget given to the offload engine")
     ap.add_argument("--repeat", type=int, default=1, help="offload: rounds over the grid (rows report medians)")
@@ -278,7 +282,8 @@ def main() -> None:
         sweep = Sweep(args.offload, tuple(float(p) for p in args.pools.split(",")),
                       tuple(int(d) for d in args.depths.split(",")), tuple(batches), args.tokens, args.warmup,
                       device, "float32" if args.smoke else "bfloat16", "64M" if args.smoke else "4G",
-                      None if args.smoke else parse_size(args.budget, "budget"), args.repeat)
+                      None if args.smoke else parse_size(args.budget, "budget"), args.repeat,
+                      tuple(args.reads.split(",")))
         result["pinned_h2d_gbs"] = pinned = h2d_bandwidth_gbs(device, 1 << (26 if args.smoke else 30))
         routings = ["uniform", "trained-like"] if args.routing == "both" else [args.routing]
         result["offload"] = offload_sweep(hf, cfg, sweep, routings, knobs, prompts, std)

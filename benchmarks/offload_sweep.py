@@ -42,6 +42,7 @@ class Sweep:
     kv_cache_size: str
     budget: int | None               # gpu_memory_budget passed to the engine (None on the CPU)
     repeat: int = 1                  # rounds over the grid; a row reports its median round
+    reads: tuple[str, ...] = ("auto",)   # expert_reads of the depth > 0 rows ("copy" rows: the ablation)
 
 
 def sampled_decode(engine: LLMEngine, prompts: list[list[int]], sweep: Sweep, seed: int):
@@ -74,14 +75,17 @@ def sampled_decode(engine: LLMEngine, prompts: list[list[int]], sweep: Sweep, se
     return sum(made.values()) - done, seconds, before, after, getattr(experts, "host_sync_ms", 0.0) - sync0
 
 
-def _row(routing: str, pool: float, depth: int, batch: int, timed, base_bytes: int, budget: int | None) -> dict:
+def _row(routing: str, pool: float, depth: int, reads: str, batch: int, timed, base_bytes: int,
+         budget: int | None, direct: bool) -> dict:
     n, secs, before, after, host_wait = timed
     d = lambda f: getattr(after, f) - getattr(before, f)   # noqa: E731
     looked = d("hits") + d("misses")
-    row = {"routing": routing, "pool_fraction": pool, "depth": depth, "batch": batch, "tokens": n,
+    row = {"routing": routing, "pool_fraction": pool, "depth": depth, "reads": reads, "direct_reads": direct,
+           "batch": batch, "tokens": n,
            "tok_s": n / secs, "ms_per_token": 1e3 * secs / n, "hit_rate": d("hits") / looked if looked else 1.0,
            "prefetch_hits": d("prefetch_hits"), "prefetch_wasted": d("prefetch_wasted"),
            "h2d_bytes_per_token": d("h2d_bytes") / n, "bus_gb_s": d("h2d_bytes") / secs / 1e9,
+           "direct_bytes_per_token": d("direct_bytes") / n,
            "copy_wait_ms_per_token": d("copy_wait_ms") / n,
            # wall time the host spent blocked on routing reads (GPU busy); the rest is host work
            "host_wait_ms_per_token": host_wait / n}
@@ -109,12 +113,15 @@ def offload_block(hf, cfg, sweep: Sweep, prompts: dict, routing: str) -> dict:
         for _ in range(sweep.repeat):      # rounds: a slow spell of the host hits every setting alike
             for pool in sweep.pools:
                 for depth in sweep.depths if pool < 1 else sweep.depths[:1]:   # a full pool never prefetches
-                    for b in sweep.batches:
-                        if cuda:
-                            torch.cuda.reset_peak_memory_stats()
-                        engine.reconfigure(expert_pool_size=int(total * pool), prefetch_depth=depth)
-                        timed = sampled_decode(engine, prompts[b], sweep, seed=1000 * len(rows))
-                        rows.append(_row(routing, pool, depth, b, timed, base, sweep.budget))
+                    for reads in sweep.reads if depth > 0 and pool < 1 else ("auto",):
+                        for b in sweep.batches:
+                            if cuda:
+                                torch.cuda.reset_peak_memory_stats()
+                            engine.reconfigure(expert_pool_size=int(total * pool), prefetch_depth=depth,
+                                               expert_reads=reads)
+                            timed = sampled_decode(engine, prompts[b], sweep, seed=1000 * len(rows))
+                            direct = bool(getattr(engine.loaded.experts, "direct_for", lambda t: False)(b))
+                            rows.append(_row(routing, pool, depth, reads, b, timed, base, sweep.budget, direct))
         rows = _medians(rows)
         acts = torch.tensor(engine.stats().experts.activations)                        # [L, E]
         plan_budget = engine.loaded.plan.budget_bytes
@@ -128,8 +135,9 @@ def _medians(rows: list[dict]) -> list[dict]:
     """One row per setting: its median round by time per token, with every round's tok/s; the
     memory peak is the largest of any round."""
     out = []
-    for key in dict.fromkeys((r["pool_fraction"], r["depth"], r["batch"]) for r in rows):
-        mine = sorted((r for r in rows if (r["pool_fraction"], r["depth"], r["batch"]) == key),
+    setting = lambda r: (r["pool_fraction"], r["depth"], r["reads"], r["batch"])   # noqa: E731
+    for key in dict.fromkeys(setting(r) for r in rows):
+        mine = sorted((r for r in rows if setting(r) == key),
                       key=lambda r: r["ms_per_token"])
         row = dict(mine[(len(mine) - 1) // 2])
         row["rounds_tok_s"] = [r["tok_s"] for r in mine]
@@ -168,12 +176,15 @@ def summarise(rows: list[dict], pinned_gbs: float) -> list[dict]:
     out = []
     for key in dict.fromkeys((r["routing"], r["batch"]) for r in rows):
         mine = [r for r in rows if (r["routing"], r["batch"]) == key]
-        pick = lambda pool, depth: next((r for r in mine if r["pool_fraction"] == pool and r["depth"] == depth), None)  # noqa: E731
+        pick = lambda pool, depth, reads="auto": next((r for r in mine if r["pool_fraction"] == pool  # noqa: E731
+                                                       and r["depth"] == depth and r["reads"] == reads), None)
         s: dict = {"routing": key[0], "batch": key[1], "pinned_gb_s": pinned_gbs}
-        d0, d2 = pick(0.5, 0), pick(0.5, 2)
+        d0, d2, d2c = pick(0.5, 0), pick(0.5, 2), pick(0.5, 2, "copy")
         if d0 and d2:
             s.update(pool50_depth2_over_depth0=d0["ms_per_token"] / d2["ms_per_token"],
-                     pool50_ideal=d2.get("ideal_speedup_vs_depth0"))
+                     pool50_depth2_direct_reads=d2["direct_reads"], pool50_ideal=d2.get("ideal_speedup_vs_depth0"))
+        if d0 and d2c:
+            s["pool50_depth2_copy_over_depth0"] = d0["ms_per_token"] / d2c["ms_per_token"]
         empty = [r for r in mine if r["pool_fraction"] == 0]
         if empty:
             s["pool0_bus_gb_s"] = max(r["bus_gb_s"] for r in empty)

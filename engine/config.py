@@ -16,11 +16,12 @@ WEIGHT_FORMATS = ("auto", "bf16", "int4", "fp8")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 KV_DTYPES = ("auto", "bf16", "int8", "fp8")
 EXPERT_POLICIES = ("lfu", "lru", "static")
+EXPERT_READS = ("auto", "copy", "direct")
 GROUP_SIZES = (32, 64, 128)
 
 #: Options that ``reconfigure`` applies between engine steps without a reload.
 LIVE_OPTIONS = frozenset({
-    "expert_pool_size", "prefetch_depth", "expert_policy", "max_batch", "max_batch_tokens",
+    "expert_pool_size", "prefetch_depth", "expert_policy", "expert_reads", "max_batch", "max_batch_tokens",
     "prefill_chunk", "kv_cache_dtype", "cuda_graphs",
 })
 
@@ -92,6 +93,9 @@ class EngineConfig:
     expert_pool_size: int | str | None = None  # bytes, "10G" or "50%" of the experts; None = as many as fit
     prefetch_depth: int = 2              # layers ahead to prefetch; 0 = synchronous offload
     expert_policy: str = "lfu"           # eviction policy of the pool
+    # Missing experts of small decode steps at prefetch depth >= 1: "auto" reads them straight from
+    # host memory where the kernels can (CUDA), "copy" always copies them in first, "direct" insists.
+    expert_reads: str = "auto"
     routing_profile: str | None = None   # JSON of per-layer expert counts for the static policy
     record_routing: str | None = None    # write such a JSON when the engine closes
     max_batch: int = 16                  # running requests decoded together
@@ -114,6 +118,7 @@ class EngineConfig:
         _choice("weight_format", self.weight_format, WEIGHT_FORMATS)
         _choice("kv_cache_dtype", self.kv_cache_dtype, KV_DTYPES)
         _choice("expert_policy", self.expert_policy, EXPERT_POLICIES)
+        _choice("expert_reads", self.expert_reads, EXPERT_READS)
         if self.group_size not in GROUP_SIZES:
             raise ConfigError(f"group_size={self.group_size} is not supported; choose 32, 64 or 128")
         _positive("prefetch_depth", self.prefetch_depth, 0)

@@ -14,6 +14,12 @@ piece and only then issues the prefetch copies, so that host work overlaps the G
 read the slot-table row and the pool views at fixed addresses, so one recording serves every step
 until the pool is resized or the look-ahead changes (``reset``). A step then costs one graph launch
 and one host wait per MoE layer instead of dozens of kernel launches.
+
+When the expert provider reads missing experts directly from host memory (``direct_for``: decode
+steps of a few tokens at prefetch depth >= 1), the step is again one graph: each MoE layer snapshots
+its slot-table row and publishes its ids, the slots they found and its predictions into pinned
+memory, and the host follows the running graph (``follow_published``), issuing prefetch copies
+without the GPU ever waiting for it.
 """
 from __future__ import annotations
 
@@ -47,6 +53,8 @@ class _Recording:
     graphs: list[torch.cuda.CUDAGraph]
     logits: torch.Tensor
     cuts: list[_Cut] = field(default_factory=list)
+    direct: bool = False            # one graph that publishes every layer (direct reads)
+    regions: torch.Tensor | None = None
 
 
 class DecodeGraphs:
@@ -91,7 +99,37 @@ class DecodeGraphs:
             self.pool = graph.pool()
             self.graphs[b] = _Recording([graph], logits)
             return
+        if experts.direct_for(b):
+            self.graphs[b] = self._capture_direct(b)
+            return
         self.graphs[b] = self._capture_pieces(b, side)
+
+    def _capture_direct(self, b: int) -> _Recording:
+        """Record one direct-read decode step as a single graph (see the module docstring)."""
+        experts = self.model.experts
+        k = self.model.spec.top_k
+        width = b * k * (2 + experts.prefetch_depth)            # ids, slots found, up to depth predicted layers
+        regions = pinned_ids(self.model.spec.num_moe_layers * width).view(-1, width)
+        rec = _Recording([], torch.empty(0), direct=True, regions=regions)
+
+        def publish(moe_index: int, topk_ids: torch.Tensor, predicted: Any) -> tuple:
+            # Padding rows take row 0's experts, so they add no reads of their own.
+            topk_ids.copy_(torch.where(self.pad[:b, None], topk_ids[:1], topk_ids))
+            region = regions[moe_index]
+            rec.cuts.append(_Cut(moe_index, (b, k), predicted, region))
+            return experts.publish_direct(moe_index, topk_ids, predicted, region)
+
+        experts.prepare_direct_capture()
+        experts.capturing = True
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, pool=self.pool):
+                rec.logits = self.model.forward(self._batch(b), self.cache, acquire=publish)
+        finally:
+            experts.capturing = False
+        self.pool = graph.pool()
+        rec.graphs.append(graph)
+        return rec
 
     def _capture_pieces(self, b: int, stream: torch.cuda.Stream) -> _Recording:
         """Record one decode step as a graph per MoE layer boundary (see the module docstring)."""
@@ -141,7 +179,16 @@ class DecodeGraphs:
             self._capture(n)
             self._load(batch, b, n)                # capture's warm-up ran on these buffers; reload them
         rec = self.graphs[n]
-        if not rec.cuts:
+        if rec.direct:
+            experts = self.model.experts
+            experts.begin_step()
+            try:
+                experts.start_direct_step(rec.regions)
+                rec.graphs[0].replay()
+                experts.follow_published(rec.cuts, b)
+            finally:
+                experts.end_step()
+        elif not rec.cuts:
             rec.graphs[0].replay()
         else:
             experts = self.model.experts

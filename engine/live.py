@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from engine.engine import LLMEngine
 
 _SCHEDULER = ("max_batch", "max_batch_tokens", "prefill_chunk")
-_EXPERTS = ("expert_pool_size", "prefetch_depth", "expert_policy")
+_EXPERTS = ("expert_pool_size", "prefetch_depth", "expert_policy", "expert_reads")
 
 
 class LiveSettings:
@@ -47,9 +47,10 @@ class LiveSettings:
         if exp:
             m = self.engine.loaded
             msg = m.experts.reconfigure(pool_bytes=m.pool_request(exp.get("expert_pool_size")),
-                                        prefetch_depth=exp.get("prefetch_depth"), policy=exp.get("expert_policy"))
+                                        prefetch_depth=exp.get("prefetch_depth"), policy=exp.get("expert_policy"),
+                                        reads=exp.get("expert_reads"))
             applied.update({k: str(msg or "applied") for k in exp})
-            if ("expert_pool_size" in exp or "prefetch_depth" in exp) and self.engine.runner.graphs is not None:
+            if exp.keys() - {"expert_policy"} and self.engine.runner.graphs is not None:
                 self.engine.runner.graphs.reset()   # recorded against the old pool views and look-ahead
         sched = self.engine.scheduler
         if any(k in options for k in _SCHEDULER):

@@ -51,6 +51,9 @@ class ModelInfo:
     completion_only: bool = False  # a base model: its chat template (if any) is not what it was trained on
 
 
+READS = {"auto": None, "copy": False, "direct": True}   # config.expert_reads -> OffloadedExperts(direct_reads=)
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -171,7 +174,8 @@ class LoadedModel:
                                           plan.pool_slots * plan.expert_bytes, self.config.prefetch_depth,
                                           self.config.expert_policy, routers, self._route,
                                           routing_profile=self.config.routing_profile,
-                                          budget_bytes=self._pool_budget())
+                                          budget_bytes=self._pool_budget(),
+                                          direct_reads=READS[self.config.expert_reads])
 
     def _route(self, logits: torch.Tensor):
         return self.model.route(logits)

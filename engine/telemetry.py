@@ -31,7 +31,8 @@ class ExpertStats:
     misses: int = 0
     prefetch_hits: int = 0           # needed experts that a prefetch brought in time
     prefetch_wasted: int = 0         # prefetched experts that were never used before eviction
-    h2d_bytes: int = 0
+    h2d_bytes: int = 0               # host -> GPU expert bytes: copies and direct reads
+    direct_bytes: int = 0            # of which read by the MoE kernels straight from host memory
     copy_wait_ms: float = 0.0        # time compute waited on copies
     pool_slots_used: int = 0
     pool_slots_total: int = 0

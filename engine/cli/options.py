@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from engine.config import DTYPES, EXPERT_POLICIES, KV_DTYPES, WEIGHT_FORMATS
+from engine.config import DTYPES, EXPERT_POLICIES, EXPERT_READS, KV_DTYPES, WEIGHT_FORMATS
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_MODEL = REPO / "resources" / "models" / "demo"
@@ -26,6 +26,8 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="GPU expert pool: bytes, e.g. 10G, or a share of the experts, e.g. 50%% (default: every expert that fits)")
     g.add_argument("--prefetch-depth", type=int, default=2, help="MoE layers to prefetch ahead (0 = off)")
     g.add_argument("--expert-policy", default="lfu", choices=EXPERT_POLICIES, help="pool eviction policy")
+    g.add_argument("--expert-reads", default="auto", choices=EXPERT_READS,
+                   help="missing experts of decode steps: read from host memory (direct) or copied in first")
     g.add_argument("--routing-profile", default=None, help="routing profile JSON for --expert-policy static")
     g.add_argument("--record-routing", default=None, help="write a routing profile JSON on exit")
     g.add_argument("--max-batch", type=int, default=16, help="requests decoded together")
@@ -45,6 +47,6 @@ def model_dir(args: argparse.Namespace) -> str:
 def engine_options(args: argparse.Namespace) -> dict:
     """EngineConfig keyword arguments from parsed flags (model excluded)."""
     keys = ("device", "dtype", "weight_format", "group_size", "expert_pool_size", "prefetch_depth", "expert_policy",
-            "routing_profile", "record_routing", "max_batch", "max_batch_tokens", "prefill_chunk", "max_model_len",
+            "expert_reads", "routing_profile", "record_routing", "max_batch", "max_batch_tokens", "prefill_chunk", "max_model_len",
             "kv_cache_dtype", "gpu_memory_budget", "cuda_graphs")
     return {k: getattr(args, k) for k in keys if hasattr(args, k)}

@@ -63,6 +63,28 @@ class CopyEngine:
         for slot, _ in pairs:
             self._pending[slot] = done
 
+    def done(self, slot: int) -> bool:
+        """Whether every copy into ``slot`` has landed (never blocks)."""
+        ev = self._pending.get(slot)
+        if ev is None or ev.query():
+            self._pending.pop(slot, None)
+            return True
+        return False
+
+    def busy_slots(self) -> list[int]:
+        """Slots with a copy still in flight."""
+        return [s for s in list(self._pending) if not self.done(s)]
+
+    @property
+    def stream(self) -> "torch.cuda.Stream | None":
+        """The prefetch stream (None on CPU): direct-read steps issue every copy and table write on it."""
+        return self._prefetch_stream
+
+    def after_compute(self) -> None:
+        """Make later copies wait for the compute stream's work so far (no host sync)."""
+        if self.cuda:
+            self._prefetch_stream.wait_stream(torch.cuda.current_stream(self.device))
+
     def wait_for(self, slots: Sequence[int]) -> None:
         """Make the compute stream wait for the copies that fill ``slots`` (no host sync)."""
         if not self.cuda:

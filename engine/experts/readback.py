@@ -28,6 +28,54 @@ def _kernel():
     return _store_ids_kernel
 
 
+def _publish_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _publish_direct_kernel(table_row, snap_row, ids, pred, region, E, N, NP, BLOCK_E: tl.constexpr,
+                               BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr):
+        # One program: snapshot the slot-table row, then publish the ids, the slot each id found in
+        # that snapshot (after a barrier: the snapshot is what the MoE kernels will read), and the
+        # predicted ids of later layers, into pinned host memory.
+        e = tl.arange(0, BLOCK_E)
+        tl.store(snap_row + e, tl.load(table_row + e, mask=e < E, other=-1), mask=e < E)
+        tl.debug_barrier()
+        i = tl.arange(0, BLOCK_N)
+        i_ok = i < N
+        idv = tl.load(ids + i, mask=i_ok, other=0)
+        tl.store(region + i, idv.to(tl.int64), mask=i_ok)
+        tl.store(region + N + i, tl.load(snap_row + idv, mask=i_ok, other=-1).to(tl.int64), mask=i_ok)
+        p = tl.arange(0, BLOCK_P)
+        tl.store(region + 2 * N + p, tl.load(pred + p, mask=p < NP, other=0).to(tl.int64), mask=p < NP)
+
+    return _publish_direct_kernel
+
+
+_PUBLISH = None
+
+
+def publish_direct(table_row: torch.Tensor, snap_row: torch.Tensor, ids: torch.Tensor,
+                   pred: torch.Tensor | None, region: torch.Tensor) -> None:
+    """Device work only (graph-capturable): ``snap_row <- table_row`` ([E] int32), then into the pinned
+    int64 ``region``: ``ids`` [N], the slot each found in the snapshot [N], and ``pred`` [NP] if given."""
+    global _PUBLISH
+    if _PUBLISH is None:
+        _PUBLISH = _publish_kernel()
+    import triton
+    e, n = table_row.numel(), ids.numel()
+    np_ = 0 if pred is None else pred.numel()
+    _PUBLISH[(1,)](table_row, snap_row, ids, ids if pred is None else pred, region, e, n, np_,
+                   BLOCK_E=triton.next_power_of_2(e), BLOCK_N=triton.next_power_of_2(max(n, 1)),
+                   BLOCK_P=triton.next_power_of_2(max(np_, 1)))
+
+
+def copy_kernel(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """``dst <- src`` (int64, 1-D) by a kernel: either side may be mapped host memory."""
+    n = src.numel()
+    _kernel()[(triton_cdiv(n, _BLOCK),)](src, dst, n, BLOCK=_BLOCK)
+
+
 class HostReader:
     """``read(t)``: an int64 device tensor ``[N]`` as a CPU tensor, synchronising the compute stream only.
 

@@ -33,6 +33,7 @@ class HostExpertStore:
         self.pin_seconds = pin_seconds
         self.numa = numa
         self._registered = registered
+        self._direct: bool | None = None
 
     @classmethod
     def allocate(cls, num_layers: int, num_experts: int, layout: ExpertLayout, pin: bool,
@@ -115,6 +116,13 @@ class HostExpertStore:
         how = (f"pinned in {self.pin_seconds:.2f} s" if self.pinned else "pageable")
         return f"host store: {self.num_layers} x {self.num_experts} experts, {gib:.2f} GiB {how}; {self.numa.describe()}"
 
+    def direct_readable(self, device: torch.device) -> bool:
+        """Whether kernels on ``device`` can read the rows in place (pinned, mapped memory that a
+        Triton kernel accepts and reads correctly). Probed once with a tiny copy kernel."""
+        if self._direct is None:
+            self._direct = device.type == "cuda" and self.pinned and _probe_direct(self.rows, device)
+        return self._direct
+
     def close(self) -> None:
         """Unregister page-locked memory (safe to call twice)."""
         if self._registered:
@@ -128,11 +136,30 @@ class HostExpertStore:
             pass
 
 
+_HOST_REGISTER_PORTABLE, _HOST_REGISTER_MAPPED = 1, 2
+
+
 def _register(rows: torch.Tensor) -> bool:
-    """Page-lock ``rows`` in place; False when the runtime refuses (caller falls back)."""
+    """Page-lock ``rows`` in place, mapped into the GPU's address space (so kernels can read experts
+    straight from it); False when the runtime refuses (caller falls back)."""
     try:
-        err = torch.cuda.cudart().cudaHostRegister(rows.data_ptr(), rows.numel(), 0)
+        err = torch.cuda.cudart().cudaHostRegister(rows.data_ptr(), rows.numel(),
+                                                   _HOST_REGISTER_PORTABLE | _HOST_REGISTER_MAPPED)
     except (AttributeError, RuntimeError):
         return False
     code = int(err.value) if hasattr(err, "value") else int(err)
     return code == 0
+
+
+def _probe_direct(rows: torch.Tensor, device: torch.device) -> bool:
+    """Copy the first bytes of ``rows`` with a Triton kernel that reads host memory; compare."""
+    try:
+        from engine.experts.readback import copy_kernel
+        n = min(rows.shape[1], 256) // 8 * 8
+        src = rows[0, :n].view(torch.int64)
+        out = torch.empty_like(src, device=device)
+        copy_kernel(src, out)
+        torch.cuda.synchronize(device)
+        return bool(torch.equal(out.cpu(), src))
+    except Exception:  # no Triton, or host memory not reachable from kernels: copies only
+        return False

@@ -22,7 +22,8 @@ from kernels.decode_ops import add_rms_norm, qk_norm_rope_write
 from kernels.paged_attention import attend_context_ref, context_rows
 from kernels.router import route as route_kernel
 
-Acquire = Callable[[int, torch.Tensor, Any], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+# (moe_index, topk_ids, prediction) -> (slot_of_expert, views) or (slot_of_expert, views, host experts)
+Acquire = Callable[[int, torch.Tensor, Any], tuple]
 
 
 @dataclass
@@ -169,8 +170,9 @@ class MoETransformer:
     def _moe(self, m: MoEWeights, x: torch.Tensor, pred: Any, acquire: Acquire) -> torch.Tensor:
         logits = x @ m.router.t()                                        # [T, E]
         w, ids = self.route(logits)                                      # [T, k] f32, [T, k]
-        slot_of_expert, views = acquire(m.moe_index, ids, pred)
-        out = self.moe_fn(x, ids, w, slot_of_expert, views, self.experts.layout)   # [T, D]
+        slot_of_expert, views, *host = acquire(m.moe_index, ids, pred)    # host: where slot -1 experts are read
+        extra = {"host": host[0]} if host else {}
+        out = self.moe_fn(x, ids, w, slot_of_expert, views, self.experts.layout, **extra)   # [T, D]
         if m.shared is not None:
             shared = mlp(x, m.shared.gate_up, m.shared.down)             # [T, D]
             out = out + torch.sigmoid(x @ m.shared_gate.t()) * shared

@@ -53,3 +53,31 @@ def test_live_resizes_mid_generation(model) -> None:
         out, steps = generate_with_resizes(llm, PROMPTS, GREEDY, sizes, nbytes)
         assert out == ref
         assert steps > len(sizes)
+
+
+# Missing experts read straight from the host store (on CPU both are RAM; the same bookkeeping as
+# on a GPU: snapshots, staging prefetches, admissions at each step's end).
+@pytest.mark.parametrize("frac", [0.0, "one", 0.5])
+@pytest.mark.parametrize("depth", [1, 2])
+def test_greedy_identical_with_direct_reads(model, frac, depth) -> None:
+    path, ref, keys, nbytes = model
+    slots = {"one": 1}.get(frac) if isinstance(frac, str) else int(frac * keys)
+    with _llm(path, expert_pool_size=slots * nbytes, prefetch_depth=depth, expert_reads="direct") as llm:
+        assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == ref
+        st = llm.stats().experts
+        assert st.direct_bytes > 0 and st.misses > 0
+
+
+def test_direct_reads_switched_live_mid_generation(model) -> None:
+    path, ref, keys, nbytes = model
+    with _llm(path, expert_pool_size=(keys // 2) * nbytes, prefetch_depth=2, expert_reads="direct") as llm:
+        eng = llm.engine
+        ids = {eng.add_request(None, p, GREEDY): i for i, p in enumerate(PROMPTS)}
+        out = {i: [] for i in ids.values()}
+        modes, step = ["copy", "direct", "auto"], 0
+        while eng.has_unfinished():
+            for o in eng.step():
+                out[ids[o.request_id]] += o.new_token_ids
+            llm.reconfigure(expert_reads=modes[step % 3])
+            step += 1
+        assert [out[i] for i in range(len(PROMPTS))] == ref

@@ -223,3 +223,69 @@ def test_lfu_victim_is_the_coldest_unpinned_resident_under_random_use() -> None:
         if got is not None and step % 2:
             lfu.remove(got)
             resident.discard(got)
+
+
+# Direct reads: misses are read from the host store by the MoE itself; the host follows, prefetches
+# into staging slots and admits misses into the pool at the step's end.
+@pytest.mark.parametrize("slots", [0, 1, L * E // 2, L * E - 1])
+@pytest.mark.parametrize("depth", [1, 2])
+@pytest.mark.parametrize("policy", ["lru", "lfu", "static"])
+def test_direct_reads_outputs_identical_to_resident(stack: Stack, slots: int, depth: int, policy: str) -> None:
+    ref = _reference(stack, tokens=3, steps=4)
+    profile = [[(l * 7 + e * 3) % 5 for e in range(E)] for l in range(L)]
+    prov = stack.offloaded(slots, depth, policy, routing_profile=profile, direct_reads=True)
+    assert prov.direct_reads and "read directly" in prov.describe()
+    _same(stack.run(prov, _x(3), 4), ref)
+    st = prov.stats()
+    assert st.misses + st.prefetch_hits > 0 and (st.direct_bytes > 0) == (st.misses > 0)
+    assert st.h2d_bytes >= st.direct_bytes
+    assert prov.host_syncs == 4 * L                 # one read per layer call (eager), none for copies
+    assert not prov.pool.lease                      # CPU copies land at once: staging is released each step
+
+
+def test_direct_reads_lru_two_slots_exact_counts(stack: Stack) -> None:
+    # The LRU sequence of test_lru_two_slots_exact_misses, admitted at each step's end instead of on
+    # demand: the same 3 hits and 5 misses; every miss is read once directly and copied in once.
+    prov = stack.offloaded(2, depth=1, policy="lru", direct_reads=True)
+    _Fixed(prov)([[0], [1], [0], [2], [1], [0], [1], [1]])
+    st = prov.stats()
+    nb = stack.layout.nbytes
+    assert (st.hits, st.misses) == (3, 5)
+    assert st.direct_bytes == 5 * nb and st.h2d_bytes == 10 * nb
+    assert st.pool_slots_used == 2 and sorted(prov.pool.resident_keys()) == [0, 1]
+
+
+def test_direct_reads_pair_bytes_and_admission_limit(stack: Stack) -> None:
+    # Two tokens on the same missing expert read it twice (each pair reads its expert); one step
+    # admits at most admit_per_step experts, hottest first.
+    prov = stack.offloaded(4, depth=1, policy="lfu", direct_reads=True)
+    prov.admit_per_step = 1
+    prov.begin_step()
+    prov.acquire(0, torch.tensor([[3], [3], [5]]))
+    prov.end_step()
+    st = prov.stats()
+    assert (st.hits, st.misses) == (0, 2) and st.direct_bytes == 3 * stack.layout.nbytes
+    assert prov.pool.resident_keys() == [3]          # expert 3 was used twice: hotter than 5
+
+
+def test_direct_prefetch_hits_and_mode_switches(stack: Stack) -> None:
+    # Prefetched guesses that the routing confirms are hits; switching between copying and direct
+    # reads between steps (live) keeps outputs identical.
+    ref = _reference(stack, tokens=2, steps=6)
+    prov = stack.offloaded(L * E // 4, depth=2, policy="lfu", direct_reads=True)
+    modes = iter(["copy", "direct", "auto", "direct", "copy", "direct"])
+
+    def switch(_: int) -> None:
+        prov.reconfigure(reads=next(modes))
+
+    _same(stack.run(prov, _x(2), 6, between=switch), ref)
+    assert prov.stats().prefetch_hits > 0
+    with pytest.raises(ReconfigureError, match="auto, copy or direct"):
+        prov.reconfigure(reads="sometimes")
+
+
+def test_direct_reads_off_at_depth_zero_and_for_large_steps(stack: Stack) -> None:
+    prov = stack.offloaded(4, depth=0, policy="lru", direct_reads=True)
+    assert not prov.direct_reads                     # depth 0 is the synchronous baseline
+    prov.reconfigure(prefetch_depth=1)
+    assert prov.direct_for(16) and not prov.direct_for(17)

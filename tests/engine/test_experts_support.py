@@ -52,8 +52,8 @@ class Stack:
             for l in range(self.layers):
                 provider.before_layer(l, x)
                 w, ids = route(x @ self.routers[l].t())
-                slot_of, views = provider.acquire(l, ids)
-                x = x + fused_moe_ref(x, ids, w, slot_of, views, self.layout)
+                slot_of, views, *host = provider.acquire(l, ids)       # host: direct reads of slot -1
+                x = x + fused_moe_ref(x, ids, w, slot_of, views, self.layout, *host)
         finally:
             provider.end_step()
         return x

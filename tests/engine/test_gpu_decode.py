@@ -36,20 +36,66 @@ def _graphs(llm: LLM):
 
 
 @pytest.mark.parametrize("frac", [0.0, 0.5, 1.0])
-@pytest.mark.parametrize("depth", [0, 2])
-def test_graph_replay_matches_eager(model, frac, depth) -> None:
+@pytest.mark.parametrize("depth, reads", [(0, "auto"), (2, "copy"), (2, "auto")])
+def test_graph_replay_matches_eager(model, frac, depth, reads) -> None:
     # Three prompts pad up to the bucket of 4: padding rows must neither change the real rows nor
-    # pull experts over the bus. frac 1.0 records a whole step as one graph, the others piecewise.
+    # pull experts over the bus. frac 1.0 records a whole step as one graph; an offloaded pool is
+    # recorded piecewise when experts are copied in (depth 0, or reads=copy) and as one graph that
+    # publishes every layer when missing experts are read directly (depth 2, auto).
     path, ref, keys, nbytes = model
     with LLM(str(path), device="cuda", dtype="float32", expert_pool_size=int(frac * keys) * nbytes,
-             prefetch_depth=depth) as llm:
+             prefetch_depth=depth, expert_reads=reads) as llm:
         assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == ref
         graphs = _graphs(llm)
         assert graphs.replays > 0
         rec = graphs.graphs[4]
-        assert (len(rec.cuts) == 0) == (frac == 1.0)
-        if frac < 1.0:
-            assert len(rec.graphs) == len(rec.cuts) + 1 == llm.engine.loaded.spec.num_moe_layers + 1
+        layers = llm.engine.loaded.spec.num_moe_layers
+        st = llm.stats().experts
+        if frac == 1.0:
+            assert not rec.cuts and not rec.direct
+        elif depth > 0 and reads == "auto":
+            assert rec.direct and len(rec.graphs) == 1 and len(rec.cuts) == layers
+            assert st.direct_bytes > 0 and st.misses > 0
+        else:
+            assert not rec.direct and len(rec.graphs) == len(rec.cuts) + 1 == layers + 1
+            assert st.direct_bytes == 0
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8", "int4"])
+@pytest.mark.parametrize("tokens", [1, 4])
+def test_kernels_read_missing_experts_from_pinned_host_memory(fmt, tokens) -> None:
+    # The MoE kernels read slot -1 experts from a page-locked, mapped host store (rows of layer 1)
+    # and the rest from the pool: the output equals the all-in-pool computation.
+    from engine.experts.layout import ExpertLayout
+    from engine.experts.store import HostExpertStore
+    from engine.quant import quantize_expert
+    from kernels.fused_moe import fused_moe
+    from kernels.moe_weights import HostExperts
+
+    E, D, F, k = 8, 256, 128, 4
+    g = torch.Generator().manual_seed(0)
+    layout = ExpertLayout.make(fmt, D, F, 64)
+    store = HostExpertStore.allocate(2, E, layout, pin=True, device="cuda")
+    assert store.direct_readable(torch.device("cuda"))
+    for r in range(2 * E):
+        w13, w2 = torch.randn(2 * F, D, generator=g) / D ** 0.5, torch.randn(D, F, generator=g) / F ** 0.5
+        if fmt == "bf16":
+            w13, w2 = w13.bfloat16(), w2.bfloat16()
+        store.write(r // E, r % E, layout.pack(quantize_expert(w13, w2, layout)))
+    full = store.rows[E:].cuda()                                         # layer 1, every expert
+    pool = torch.zeros(E, layout.nbytes, dtype=torch.uint8, device="cuda")
+    slots = torch.full((E,), -1, dtype=torch.int32)
+    for s, e in enumerate([6, 1, 3]):
+        pool[s].copy_(full[e])
+        slots[e] = s
+    ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(tokens)]).int().cuda()
+    w = torch.rand(tokens, k, generator=g).cuda()
+    x = torch.randn(tokens, D, generator=g).bfloat16().cuda()
+    host = HostExperts(layout.views(store.rows), E)
+    out = fused_moe(x, ids, w, slots.cuda(), layout.views(pool), layout, host=host)
+    want = fused_moe(x, ids, w, torch.arange(E, dtype=torch.int32, device="cuda"), layout.views(full), layout)
+    torch.testing.assert_close(out.float(), want.float(), rtol=0, atol=0)
+    store.close()
 
 
 def test_single_sequence_and_live_resize(model) -> None:
