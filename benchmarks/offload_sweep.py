@@ -102,8 +102,10 @@ def offload_block(hf, cfg, sweep: Sweep, prompts: dict, routing: str) -> dict:
     expert = ExpertLayout.make(sweep.fmt, spec.hidden, spec.moe_ffn, 128).nbytes
     total = expert * spec.num_moe_layers * spec.num_experts
     cuda = sweep.device.startswith("cuda")
-    # what is not the engine's: transformers' model, which shares the GPU during the sweep
-    base = sum(t.numel() * t.element_size() for t in [*hf.parameters(), *hf.buffers()]) if cuda else 0
+    # what is not the engine's: what was allocated before it (transformers' model shares the GPU)
+    if cuda:
+        torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated() if cuda else 0
     budget = {} if sweep.budget is None else {"gpu_memory_budget": sweep.budget}
     engine, load_s = strata_engine(hf, cfg, sweep.fmt, max(sweep.batches), sweep.dtype, sweep.device,
                                    sweep.kv_cache_size, expert_pool_size=int(total * sweep.pools[0]),

@@ -257,15 +257,26 @@ def test_direct_reads_lru_two_slots_exact_counts(stack: Stack) -> None:
 
 def test_direct_reads_pair_bytes_and_admission_limit(stack: Stack) -> None:
     # Two tokens on the same missing expert read it twice (each pair reads its expert); one step
-    # admits at most admit_per_step experts, hottest first.
+    # admits at most admit_per_step experts into free slots.
     prov = stack.offloaded(4, depth=1, policy="lfu", direct_reads=True)
     prov.admit_per_step = 1
-    prov.begin_step()
-    prov.acquire(0, torch.tensor([[3], [3], [5]]))
-    prov.end_step()
+    _Fixed(prov)([[3, 3, 5]])
     st = prov.stats()
     assert (st.hits, st.misses) == (0, 2) and st.direct_bytes == 3 * stack.layout.nbytes
-    assert prov.pool.resident_keys() == [3]          # expert 3 was used twice: hotter than 5
+    assert prov.pool.resident_keys() == [3]
+    assert st.h2d_bytes == 4 * stack.layout.nbytes
+
+
+def test_direct_reads_lfu_admits_what_comes_back(stack: Stack) -> None:
+    # A full pool of one slot: a miss replaces the resident only if it was used before this step more
+    # (decayed) than the resident was; a one-off stays on the host.
+    prov = stack.offloaded(1, depth=1, policy="lfu", direct_reads=True)
+    _Fixed(prov)([[3], [5]])
+    assert prov.pool.resident_keys() == [3]          # 5's earlier uses 0 < 3's 0.9
+    _Fixed(prov)([[5]])
+    assert prov.pool.resident_keys() == [5]          # 5's earlier uses 0.9 > 3's 0.81
+    st = prov.stats()
+    assert (st.hits, st.misses) == (0, 3) and st.h2d_bytes == 5 * stack.layout.nbytes
 
 
 def test_direct_prefetch_hits_and_mode_switches(stack: Stack) -> None:
