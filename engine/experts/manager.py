@@ -57,7 +57,6 @@ from kernels.moe_weights import HostExperts
 Prediction = tuple[int, list[int], torch.Tensor]   # (layer it was made at, layers predicted, ids [P, T, k])
 DIRECT_MAX_TOKENS = 16      # decode steps up to this many tokens read missing experts directly
 UNWRITTEN = -2              # fills a publish region until the GPU has written it
-DIRECT_GUESS_THRESHOLD = 0.2   # prefetch gate of direct-read steps: distances whose guesses hit this often
 
 
 class OffloadedExperts:
@@ -100,9 +99,7 @@ class OffloadedExperts:
         self._prefetched: dict[int, int] = {}      # key -> layer it was fetched for, pinned until then
         self._unused: set[int] = set()             # prefetched, not used yet
         self._distance: dict[int, int] = {}        # prefetched key -> look-ahead distance it was guessed at
-        # One gate per way of reading misses: when misses are read directly a wrong guess only takes bus
-        # time that no miss is waiting for, so guesses are worth issuing down to a lower hit share.
-        self._gates = {"sync": PrefetchGate(), "direct": PrefetchGate(threshold=DIRECT_GUESS_THRESHOLD)}
+        self.gate = PrefetchGate()
         self._current: set[int] = set()            # keys of the layer being computed
         self._predicted: Prediction | None = None
         self._last_layer = -1
@@ -157,8 +154,7 @@ class OffloadedExperts:
         self._predicted = None
         self.policy.tick()
         self._in_step = True
-        for gate in self._gates.values():
-            gate.tick()
+        self.gate.tick()
 
     @property
     def static(self) -> bool:
@@ -288,11 +284,6 @@ class OffloadedExperts:
     def host_syncs(self) -> int:
         """Device-to-host reads of routing ids so far (each one a sync on CUDA)."""
         return self.counters.host_syncs
-
-    @property
-    def gate(self) -> PrefetchGate:
-        """The prefetch gate of the current way of reading misses."""
-        return self._gates["direct" if self._mode == "direct" else "sync"]
 
     # ---- direct reads ------------------------------------------------------------------------
     @property
@@ -454,18 +445,14 @@ class OffloadedExperts:
         cands = [k for k in dict.fromkeys(self._step_misses) if pool.slot_of[k] < 0 and policy.admits(k)]
         lfu = isinstance(policy, LFUPolicy)
         if lfu:
-            # A miss was read once already; copying it in pays off only if it comes back. So LFU admits
-            # on its use count from before this step (each key is used once per step), against the
-            # victim's: a one-off cold expert stays on the host.
-            prior = {k: policy.hotness(k) - 1.0 for k in cands}
-            cands.sort(key=prior.__getitem__, reverse=True)
+            cands.sort(key=policy.hotness, reverse=True)
         busy = {pool.owner[s] for s in pool.copies.busy_slots()}
         admitted, evicted = [], []
         for key in cands[:self.admit_per_step]:
             slot = pool.take_free()
             if slot is None:
                 victim = policy.victim(busy)
-                if victim is None or (lfu and policy.hotness(victim) >= prior[key]):
+                if victim is None or (lfu and policy.hotness(victim) >= policy.hotness(key)):
                     break
                 slot = pool.slot_of[victim]
                 self._evict(victim)

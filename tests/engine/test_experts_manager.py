@@ -267,16 +267,16 @@ def test_direct_reads_pair_bytes_and_admission_limit(stack: Stack) -> None:
     assert st.h2d_bytes == 4 * stack.layout.nbytes
 
 
-def test_direct_reads_lfu_admits_what_comes_back(stack: Stack) -> None:
-    # A full pool of one slot: a miss replaces the resident only if it was used before this step more
-    # (decayed) than the resident was; a one-off stays on the host.
+def test_direct_reads_lfu_admits_only_over_a_colder_victim(stack: Stack) -> None:
+    # A full pool of one slot: a miss replaces the resident only if it is hotter (decayed use count,
+    # this step's use included) than the resident; a tie keeps the resident.
     prov = stack.offloaded(1, depth=1, policy="lfu", direct_reads=True)
-    _Fixed(prov)([[3], [5]])
-    assert prov.pool.resident_keys() == [3]          # 5's earlier uses 0 < 3's 0.9
-    _Fixed(prov)([[5]])
-    assert prov.pool.resident_keys() == [5]          # 5's earlier uses 0.9 > 3's 0.81
+    _Fixed(prov)([[3], [3], [5]])
+    assert prov.pool.resident_keys() == [3]          # 5: 1.0 against 3's 0.81 + 0.9 = 1.71
+    _Fixed(prov)([[5], [5]])                         # 5: 0.9 + 1 = 1.9 against 3's 1.54: admitted, then a hit
+    assert prov.pool.resident_keys() == [5]
     st = prov.stats()
-    assert (st.hits, st.misses) == (0, 3) and st.h2d_bytes == 5 * stack.layout.nbytes
+    assert (st.hits, st.misses) == (2, 3)
 
 
 def test_direct_prefetch_hits_and_mode_switches(stack: Stack) -> None:
