@@ -24,7 +24,9 @@ hits and misses, and copies predicted experts into free staging slots on the cop
 table entry written on that stream after its copy (so a snapshot sees a slot only once its bytes
 are there). No slot is reused within a step; at the step's end (ordered after its kernels) staging
 slots whose copies have landed are released and the step's hottest misses are admitted into the
-pool, evicting colder experts, with their copies overlapping the next step. A decode step replayed
+pool, evicting colder experts (at most ``admit_per_step``, and none while the previous step's
+admissions are still on the bus, so admissions take the bus time that is free), with their copies
+overlapping the next step. A decode step replayed
 from one CUDA graph publishes into pinned memory (``publish_direct``) and the host polls it
 (``follow_published``) while the GPU runs.
 
@@ -119,7 +121,7 @@ class OffloadedExperts:
         self._mode: str | None = None               # "sync" or "direct": how the last step resolved experts
         self._step_mode: str | None = None           # this step's ("captured" while recording a graph)
         self._step_misses: list[int] = []            # keys read directly this step: admission candidates
-        self.admit_per_step = max(1, num_experts // 8)
+        self.admit_per_step = max(1, num_experts // 2)
 
     @classmethod
     def from_rows(cls, layout: ExpertLayout, rows: torch.Tensor, num_experts: int, device: torch.device | str,
@@ -446,7 +448,10 @@ class OffloadedExperts:
         lfu = isinstance(policy, LFUPolicy)
         if lfu:
             cands.sort(key=policy.hotness, reverse=True)
-        busy = {pool.owner[s] for s in pool.copies.busy_slots()}
+        busy_slots = pool.copies.busy_slots()
+        if busy_slots and not self._admitting_idle(busy_slots):
+            return [], []                      # the last admissions are still on the bus: wait for them
+        busy = {pool.owner[s] for s in busy_slots}
         admitted, evicted = [], []
         for key in cands[:self.admit_per_step]:
             slot = pool.take_free()
@@ -462,6 +467,10 @@ class OffloadedExperts:
             busy.add(key)
             admitted.append((slot, key))
         return admitted, evicted
+
+    def _admitting_idle(self, busy_slots: list[int]) -> bool:
+        """True when none of the copies in flight is an admission (only prefetches into staging)."""
+        return all(s >= self.pool.slots for s in busy_slots)
 
     def _write_table(self, keys: list[int], values: list[int], stream: "torch.cuda.Stream | None") -> None:
         """Device slot-table entries ``keys`` <- ``values`` on ``stream`` (None: the current one)."""
