@@ -383,11 +383,12 @@ class OffloadedExperts:
         for k in keys:
             if k in self._unused:                      # a guess the routing confirmed
                 self._unused.discard(k)
-                self.gate.on_use(self._distance.pop(k, 0))
+                distance = self._distance.pop(k, 0)
                 if found[k] >= 0:
                     self.counters.prefetch_hits += 1
-                else:                                  # its copy was still on the bus
-                    self.counters.prefetch_wasted += 1
+                    self.gate.on_use(distance)
+                else:                                  # its copy was still on the bus: as useless as a
+                    self.counters.prefetch_wasted += 1  # wrong guess, and the gate counts it so
         self.policy.touch(keys)
         self._step_misses.extend(misses)
         if predicted is not None:
