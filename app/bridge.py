@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from engine.config import EXPERT_POLICIES, KV_DTYPES, LIVE_OPTIONS, EngineConfig
+from engine.config import EXPERT_POLICIES, EXPERT_READS, KV_DTYPES, LIVE_OPTIONS, EngineConfig
 from engine.errors import StrataError
 from engine.sampling import SamplingParams
 
@@ -37,7 +37,7 @@ GIL_SWITCH_S = 0.001
 ENGINE_NICE = 5              # the engine thread's niceness above the GUI's: the GUI wins a contended core
 
 EngineFactory = Callable[[str, dict], Any]
-_CHOICES = {"expert_policy": EXPERT_POLICIES, "kv_cache_dtype": KV_DTYPES}
+_CHOICES = {"expert_policy": EXPERT_POLICIES, "expert_reads": EXPERT_READS, "kv_cache_dtype": KV_DTYPES}
 
 
 DEMO_POOL = "50%"

@@ -17,6 +17,7 @@ LABELS = {
     "prefetch_depth": "Prefetch depth (layers)",
     "expert_pool_size": "Expert pool",
     "expert_policy": "Eviction policy",
+    "expert_reads": "Missing experts",
     "max_batch": "Max batch (requests)",
     "max_batch_tokens": "Max batch tokens",
     "prefill_chunk": "Prefill chunk (tokens)",
@@ -108,6 +109,9 @@ class KnobsPanel(QWidget):
         c["prefetch_depth"] = _spin(0, 8)
         c["expert_pool_size"] = PoolSlider()
         c["expert_policy"] = QComboBox()
+        c["expert_reads"] = QComboBox()
+        c["expert_reads"].setToolTip("auto: read straight from host memory where the GPU can (prefetch depth >= 1); "
+                                     "copy: always copy into the pool first; direct: always read from host memory")
         c["max_batch"] = _spin(1, 1024)
         c["max_batch_tokens"] = _spin(0, 1 << 20, "auto")
         c["prefill_chunk"] = _spin(1, 1 << 20)
@@ -116,7 +120,7 @@ class KnobsPanel(QWidget):
         for name in ("prefetch_depth", "max_batch", "max_batch_tokens", "prefill_chunk"):
             c[name].valueChanged.connect(lambda v, n=name: self._send(n, None if v == 0 and n == "max_batch_tokens" else v))
         c["expert_pool_size"].released.connect(lambda b: self._send("expert_pool_size", b))
-        for name in ("expert_policy", "kv_cache_dtype"):
+        for name in ("expert_policy", "expert_reads", "kv_cache_dtype"):
             c[name].textActivated.connect(lambda t, n=name: self._send(n, t))
         c["cuda_graphs"].toggled.connect(lambda on: self._send("cuda_graphs", on))
         for name in ORDER:

@@ -22,7 +22,7 @@ class TrafficPanel(Panel):
         self._prev: tuple[float, int, float] | None = None
         self._pcie_rx: float | None = None
         p1 = make_plot(self.graphics, "Host → device", "GB/s", 0)
-        self._h2d = curve(p1, "blue", "engine copies")
+        self._h2d = curve(p1, "blue", "engine (copies and direct reads)")
         self._pcie = curve(p1, "amber", "PCIe RX (NVML)", dash=True)
         p2 = make_plot(self.graphics, "Batch and queue", "requests", 1)
         self._batch = curve(p2, "green", "batch")
@@ -43,7 +43,9 @@ class TrafficPanel(Panel):
         self.bus.append(now, h2d, self._pcie_rx, wait)
         self.sched.append(now, s.batch_size, s.running, s.waiting)
         r = self.readouts
-        r["h2d"].set("—" if h2d is None else f"{h2d:.2f} GB/s", f"{e.h2d_bytes / GB:.2f} GB copied since load")
+        r["h2d"].set("—" if h2d is None else f"{h2d:.2f} GB/s",
+                     f"{e.h2d_bytes / GB:.2f} GB since load, {e.direct_bytes / GB:.2f} GB of it read directly "
+                     "from host memory by the MoE kernels")
         r["wait"].set("—" if wait is None else f"{wait:.0f} ms/s")
         r["batch"].set(str(s.batch_size))
         r["running"].set(str(s.running))

@@ -214,6 +214,7 @@ class OffloadedExperts:
         """
         if self.pool.full:
             raise RuntimeError("a pool holding every expert needs no published ids; record the step whole")
+        self._enter_mode("sync")
         self.counters.host_syncs += 1
         t0 = time.perf_counter()
         self._reader.wait()

@@ -25,6 +25,7 @@ def test_spin_and_combo_knobs_apply_live(window, qtbot):
         ("max_batch_tokens", lambda: c["max_batch_tokens"].setValue(64), 64),
         ("prefill_chunk", lambda: c["prefill_chunk"].setValue(256), 256),
         ("expert_policy", lambda: c["expert_policy"].textActivated.emit("lru"), "lru"),
+        ("expert_reads", lambda: c["expert_reads"].textActivated.emit("direct"), "direct"),
         ("kv_cache_dtype", lambda: c["kv_cache_dtype"].textActivated.emit("int8"), "int8"),
     ):
         result = _answer(qtbot, window, act)
