@@ -38,6 +38,6 @@ shift || true
 case "$cmd" in
   gui)  exec "$venv/bin/python" main.py "$@" ;;
   test) exec "$venv/bin/python" -m pytest "$@" ;;
-  run)  exec "$@" ;;
+  run)  export VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH"; exec "$@" ;;
   *) echo "usage: packaging/bootstrap.sh gui|test|run ..." >&2; exit 2 ;;
 esac
