@@ -24,8 +24,6 @@ from engine.experts.layout import ExpertLayout
 from kernels.moe_config import MoeLaunchConfig, moe_launch_config
 from kernels.moe_weights import HostExperts
 
-DIRECT_MAX_TOKENS = 16   # the decode variant's range: the only one that reads experts from the host store
-
 
 def expert_weights_ref(views: dict[str, torch.Tensor], slot: int, layout: ExpertLayout,
                        dtype: torch.dtype, host: HostExperts | None = None,
@@ -127,7 +125,7 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
 
     ``host``: experts whose slot is -1 are read straight from the (mapped) host store. Only the
     decode variant can, so it runs whatever the token count (the engine reads directly only for
-    decode steps of at most :data:`DIRECT_MAX_TOKENS` tokens).
+    decode steps of a few tokens: ``engine.experts.direct.DIRECT_MAX_TOKENS``).
     Formats bf16/fp16/fp32, fp8 and int4 are read in their packed form from the pool views. ``config``
     overrides the tuned launch setting (benchmarks and tests use it to pick a variant). Every expert
     in ``topk_ids`` must have a valid slot; neither is checked on the device (that would sync).

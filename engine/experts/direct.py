@@ -1,0 +1,256 @@
+"""Direct reads: decode steps whose missing experts the MoE kernels read straight from host memory.
+
+For decode steps of at most ``DIRECT_MAX_TOKENS`` tokens at prefetch depth >= 1, when the MoE kernels
+can read the mapped host store, the compute stream never waits for the host or for a copy. Each MoE
+layer snapshots its slot-table row on the device; the kernels read a resident expert from its slot
+and a missing one (-1) straight from its host-store row over the bus. The host follows the GPU: it
+reads each layer's ids, the slots they found and the predictions for later layers, counts hits and
+misses, and copies predicted experts into free staging slots on the copy stream, each table entry
+written on that stream after its copy (so a snapshot sees a slot only once its bytes are there). No
+slot is reused within a step; at the step's end (ordered after its kernels) staging slots whose copies
+have landed are released and the step's hottest misses are admitted into the pool, evicting colder
+experts (at most ``admit_per_step``, and none while the previous step's admissions are still on the
+bus, so admissions take the bus time that is free), with their copies overlapping the next step.
+
+A decode step replayed from one CUDA graph publishes into pinned memory (``publish_direct``) and the
+host polls it (``follow_published``) while the GPU runs; an eager step reads the same values in one
+sync per layer (``_acquire_direct``). Steps switch between this and copying misses in
+(``_enter_mode``) only after the other mode's copies have landed.
+
+:class:`DirectReads` is the part of :class:`engine.experts.manager.OffloadedExperts` that does this;
+it uses the manager's pool, policy, counters, prefetch gate and prefetch bookkeeping.
+"""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+from engine.experts.policy import LFUPolicy
+from engine.experts.readback import publish_direct
+from kernels.moe_weights import HostExperts
+
+if TYPE_CHECKING:
+    from engine.experts.manager import Prediction
+
+DIRECT_MAX_TOKENS = 16      # decode steps up to this many tokens read missing experts directly
+UNWRITTEN = -2              # fills a publish region until the GPU has written it
+
+
+class DirectReads:
+    """Direct-read steps of :class:`engine.experts.manager.OffloadedExperts` (see the module doc)."""
+
+    @property
+    def direct_reads(self) -> bool:
+        """Whether decode steps read missing experts straight from host memory (see the module doc)."""
+        if self.pool.full or self.prefetch_depth == 0 or self._direct_opt is False:
+            return False
+        if self.device.type != "cuda":
+            return bool(self._direct_opt)
+        return self.store.direct_readable(self.device)
+
+    def direct_for(self, tokens: int) -> bool:
+        """Whether a step of ``tokens`` tokens reads missing experts directly."""
+        return self.direct_reads and tokens <= DIRECT_MAX_TOKENS
+
+    def host_experts(self, moe_index: int) -> HostExperts:
+        """Where MoE layer ``moe_index``'s experts without a slot are read from."""
+        if self._host_views is None:
+            self._host_views = self.layout.views(self.store.rows)
+        return HostExperts(self._host_views, moe_index * self.num_experts)
+
+    def start_direct_step(self, regions: torch.Tensor) -> None:
+        """Before a recorded direct-read step is replayed: enter direct mode, blank the publish regions."""
+        self._enter_mode("direct")
+        regions.fill_(UNWRITTEN)
+
+    def prepare_direct_capture(self) -> None:
+        """Before a direct-read step is recorded: bring the device table up to date (outside the capture)."""
+        self._enter_mode("direct")
+        self._step_mode = None
+
+    def publish_direct(self, moe_index: int, topk_ids: torch.Tensor, predicted: Prediction | None,
+                       region: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor], HostExperts]:
+        """Device work only, recorded into a decode graph: snapshot the layer's slot-table row, and
+        publish the ids, the slots they found and the predicted ids into the pinned ``region``."""
+        self._step_mode = "captured"
+        pred = predicted[2].reshape(-1) if predicted is not None else None
+        publish_direct(self.pool.table[moe_index], self._snap[moe_index], topk_ids.reshape(-1), pred, region)
+        return self._snap[moe_index], self.pool.views, self.host_experts(moe_index)
+
+    def follow_published(self, cuts: Sequence, rows: int) -> None:
+        """After a direct-read step's graph was launched: follow it layer by layer (``cuts``: objects
+        with ``moe_index``, ``shape`` (T, k), ``predicted`` and ``region``); ``rows`` real tokens."""
+        done = torch.cuda.Event()
+        done.record()
+        for c in cuts:
+            t, k = c.shape
+            n = t * k
+            layers = c.predicted[1] if c.predicted is not None else []
+            data = c.region.numpy()[:n * (2 + len(layers))]
+            t0 = time.perf_counter()
+            while (data == UNWRITTEN).any():
+                if done.query() and (data == UNWRITTEN).any():
+                    raise RuntimeError(f"the decode graph finished without publishing MoE layer {c.moe_index}")
+                time.sleep(0)
+            self.counters.sync_ms += (time.perf_counter() - t0) * 1e3
+            pred = None
+            depth = self.gate.depth(self.prefetch_depth) if layers else 0
+            if depth > 0:
+                ids = torch.from_numpy(data[2 * n:].copy()).view(len(layers), t, k)[:depth, :rows]
+                pred = (layers[:depth], ids)
+            self._follow(c.moe_index, data[:rows * k].tolist(), data[n:n + rows * k].tolist(), pred)
+
+    def _acquire_direct(self, moe_index: int,
+                        topk_ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor], HostExperts]:
+        """Eager direct-read acquire: snapshot, read ids / slots / predictions (one sync), follow."""
+        self._enter_mode("direct")
+        snap = self._snap[moe_index]
+        snap.copy_(self.pool.table[moe_index])
+        flat = topk_ids.reshape(-1).to(torch.int64)                            # [T*k]
+        pred = self._predicted if self._predicted is not None and self._predicted[0] == moe_index else None
+        self._predicted = None
+        parts = [flat, snap[flat].to(torch.int64)] + ([pred[2].reshape(-1)] if pred is not None else [])
+        self.counters.host_syncs += 1
+        t0 = time.perf_counter()
+        host = self._reader.read(torch.cat(parts))
+        self.counters.sync_ms += (time.perf_counter() - t0) * 1e3
+        n = flat.numel()
+        p = None
+        depth = self.gate.depth(self.prefetch_depth) if pred is not None else 0
+        if depth > 0:
+            p = (pred[1][:depth], host[2 * n:].view(pred[2].shape)[:depth])
+        self._follow(moe_index, host[:n].tolist(), host[n:2 * n].tolist(), p)
+        return snap, self.pool.views, self.host_experts(moe_index)
+
+    def _follow(self, moe_index: int, ids: list[int], seen: list[int],
+                predicted: tuple[list[int], torch.Tensor] | None) -> None:
+        """Host side of one direct-read layer: ``ids`` of its T*k assignments and the slot each found."""
+        base = moe_index * self.num_experts
+        found = {base + e: s for e, s in zip(ids, seen)}
+        keys = sorted(found)
+        misses = [k for k in keys if found[k] < 0]
+        self.counters.record(moe_index, ids, len(keys) - len(misses), len(misses))
+        self.counters.direct_bytes += sum(1 for s in seen if s < 0) * self.layout.nbytes   # each pair reads its expert
+        for k in keys:
+            if k in self._unused:                      # a guess the routing confirmed
+                self._unused.discard(k)
+                distance = self._distance.pop(k, 0)
+                if found[k] >= 0:
+                    self.counters.prefetch_hits += 1
+                    self.gate.on_use(distance)
+                else:                                  # its copy was still on the bus: as useless as a
+                    self.counters.prefetch_wasted += 1  # wrong guess, and the gate counts it so
+        self.policy.touch(keys)
+        self._step_misses.extend(misses)
+        if predicted is not None:
+            self._prefetch_direct(*predicted)
+
+    def _prefetch_direct(self, layers: list[int], ids: torch.Tensor) -> None:
+        """Copy predicted experts (``ids [P, T, k]``) into free staging slots; never evicts."""
+        origin = layers[0] - 1
+        slot_of = self.pool.slot_of
+        pairs: list[tuple[int, int]] = []
+        for layer, layer_ids in zip(layers, ids):
+            base, cap, n = layer * self.num_experts, self.gate.quota(layer - origin), 0
+            for e in dict.fromkeys(layer_ids.t().reshape(-1).tolist()):   # every token's first choice first
+                key = base + e
+                if slot_of[key] >= 0:
+                    continue                               # resident, or its copy is on the way
+                if cap is not None and n >= cap:
+                    break
+                slot = self.pool.take_staging(-1)
+                if slot is None:
+                    break
+                self.pool.assign(key, slot)
+                pairs.append((slot, key))
+                self._unused.add(key)
+                self._distance[key] = layer - origin
+                n += 1
+            self.gate.on_issue(layer - origin, n)
+        if pairs:
+            self.pool.load(pairs, demand=False)
+            self._write_table([k for _, k in pairs], [s for s, _ in pairs], self.pool.copies.stream)
+
+    def _end_direct_step(self) -> None:
+        """Release landed staging slots, admit the step's hottest misses; all ordered after the step."""
+        copies, pool = self.pool.copies, self.pool
+        gone: list[int] = []
+        for slot in list(pool.lease):
+            if copies.done(slot):
+                key = pool.release_staging(slot)
+                if key >= 0:
+                    gone.append(key)
+                    if key in self._unused:
+                        self._unused.discard(key)
+                        self.counters.prefetch_wasted += 1
+        admitted, evicted = self._admit()
+        gone += evicted
+        self._write_table(gone, [-1] * len(gone), None)    # compute stream: after the step's kernels
+        if gone or admitted:
+            copies.after_compute()                          # no copy overwrites a slot before that
+        if admitted:
+            pool.load(admitted, demand=False)
+            self._write_table([k for _, k in admitted], [s for s, _ in admitted], copies.stream)
+        self._step_misses = []
+
+    def _admit(self) -> tuple[list[tuple[int, int]], list[int]]:
+        """Pool slots for the step's hottest direct reads: ``(slot, key)`` pairs to copy, evicted keys."""
+        pool, policy = self.pool, self.policy
+        cands = [k for k in dict.fromkeys(self._step_misses) if pool.slot_of[k] < 0 and policy.admits(k)]
+        lfu = isinstance(policy, LFUPolicy)
+        if lfu:
+            cands.sort(key=policy.hotness, reverse=True)
+        busy_slots = pool.copies.busy_slots()
+        if busy_slots and not self._admitting_idle(busy_slots):
+            return [], []                      # the last admissions are still on the bus: wait for them
+        busy = {pool.owner[s] for s in busy_slots}
+        admitted, evicted = [], []
+        for key in cands[:self.admit_per_step]:
+            slot = pool.take_free()
+            if slot is None:
+                victim = policy.victim(busy)
+                if victim is None or (lfu and policy.hotness(victim) >= policy.hotness(key)):
+                    break
+                slot = pool.slot_of[victim]
+                self._evict(victim)
+                evicted.append(victim)
+            policy.insert(key)
+            pool.assign(key, slot)
+            busy.add(key)
+            admitted.append((slot, key))
+        return admitted, evicted
+
+    def _admitting_idle(self, busy_slots: list[int]) -> bool:
+        """True when none of the copies in flight is an admission (only prefetches into staging)."""
+        return all(s >= self.pool.slots for s in busy_slots)
+
+    def _write_table(self, keys: list[int], values: list[int], stream: "torch.cuda.Stream | None") -> None:
+        """Device slot-table entries ``keys`` <- ``values`` on ``stream`` (None: the current one)."""
+        if not keys:
+            return
+        idx = torch.tensor(keys, dtype=torch.int64)
+        val = torch.tensor(values, dtype=torch.int32)
+        flat = self.pool.table.view(-1)
+        if self.device.type != "cuda":
+            flat[idx] = val
+            return
+        with torch.cuda.stream(stream or torch.cuda.current_stream(self.device)):
+            flat.index_copy_(0, idx.to(self.device, non_blocking=True), val.to(self.device, non_blocking=True))
+
+    def _enter_mode(self, mode: str) -> None:
+        """Start this step in ``mode``; switching from the other one first lets its copies land."""
+        if self._step_mode == mode:
+            return
+        self._step_mode = mode
+        prev, self._mode = self._mode, mode
+        if prev == mode:
+            return
+        if prev is not None:
+            self.pool.copies.synchronize()
+        if mode == "sync":
+            self._release_all()                    # leases a direct step carried over
+        else:
+            for layer in sorted(self.pool._stale):  # kernels read the device table as it is
+                self.pool.push_row(layer)
