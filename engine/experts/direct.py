@@ -170,8 +170,7 @@ class DirectReads:
                 n += 1
             self.gate.on_issue(layer - origin, n)
         if pairs:
-            self.pool.load(pairs, demand=False)
-            self._write_table([k for _, k in pairs], [s for s, _ in pairs], self.pool.copies.stream)
+            self._load_and_publish(pairs)
 
     def _end_direct_step(self) -> None:
         """Release landed staging slots, admit the step's hottest misses; all ordered after the step."""
@@ -191,8 +190,7 @@ class DirectReads:
         if gone or admitted:
             copies.after_compute()                          # no copy overwrites a slot before that
         if admitted:
-            pool.load(admitted, demand=False)
-            self._write_table([k for _, k in admitted], [s for s, _ in admitted], copies.stream)
+            self._load_and_publish(admitted)
         self._step_misses = []
 
     def _admit(self) -> tuple[list[tuple[int, int]], list[int]]:
@@ -221,6 +219,13 @@ class DirectReads:
             busy.add(key)
             admitted.append((slot, key))
         return admitted, evicted
+
+    def _load_and_publish(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy ``(slot, key)`` pairs in, then write their table entries on the copy stream; a slot
+        counts as busy until its entry is written (a release must not overtake that write)."""
+        self.pool.load(pairs, demand=False)
+        self._write_table([k for _, k in pairs], [s for s, _ in pairs], self.pool.copies.stream)
+        self.pool.copies.extend([s for s, _ in pairs])
 
     def _admitting_idle(self, busy_slots: list[int]) -> bool:
         """True when none of the copies in flight is an admission (only prefetches into staging)."""

@@ -80,6 +80,15 @@ class CopyEngine:
         """The prefetch stream (None on CPU): direct-read steps issue every copy and table write on it."""
         return self._prefetch_stream
 
+    def extend(self, slots: Sequence[int]) -> None:
+        """Count the prefetch stream's work so far (e.g. slot-table writes after the copies) as part of
+        the copies into ``slots``: :meth:`done` and :meth:`busy_slots` then wait for it too."""
+        if self.cuda and slots:
+            ev = torch.cuda.Event()
+            ev.record(self._prefetch_stream)
+            for s in slots:
+                self._pending[s] = ev
+
     def after_compute(self) -> None:
         """Make later copies wait for the compute stream's work so far (no host sync)."""
         if self.cuda:

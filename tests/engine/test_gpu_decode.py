@@ -108,3 +108,20 @@ def test_single_sequence_and_live_resize(model) -> None:
         out, _ = generate_with_resizes(llm, PROMPTS, GREEDY, [0, keys, 3, keys // 2], nbytes)
         assert out == ref
         assert _graphs(llm).replays > 0
+
+
+def test_direct_and_piecewise_steps_alternate(model) -> None:
+    # 20 requests of different lengths: the batch shrinks from the bucket of 24 (recorded piecewise,
+    # misses copied in) to buckets of 16 and fewer (one graph, misses read directly), and switching
+    # between the two must let each one's copies and slot-table writes land first.
+    path, _, keys, nbytes = model
+    prompts = [[1, 7 + i, 30 + 2 * i, 5] for i in range(20)]
+    params = [SamplingParams(max_tokens=4 + (i % 5) * 3, temperature=0.0, ignore_eos=True) for i in range(20)]
+    with LLM(str(path), device="cuda", dtype="float32", cuda_graphs=False, max_batch=24) as llm:
+        want = [o.token_ids for o in llm.generate(prompts, params)]
+    with LLM(str(path), device="cuda", dtype="float32", expert_pool_size=(keys // 2) * nbytes,
+             prefetch_depth=2, max_batch=24) as llm:
+        assert [o.token_ids for o in llm.generate(prompts, params)] == want
+        recs = _graphs(llm).graphs
+        assert recs[24].cuts and not recs[24].direct
+        assert any(r.direct for b, r in recs.items() if b <= 16)
