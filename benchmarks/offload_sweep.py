@@ -13,6 +13,7 @@ above what was allocated before the engine, against the gpu_memory_budget passed
 from __future__ import annotations
 
 import dataclasses
+import gc
 import time
 import traceback
 from pathlib import Path
@@ -104,6 +105,7 @@ def offload_block(hf, cfg, sweep: Sweep, prompts: dict, routing: str) -> dict:
     cuda = sweep.device.startswith("cuda")
     # what is not the engine's: what was allocated before it (transformers' model shares the GPU)
     if cuda:
+        gc.collect()                       # tensors left from building the routing are not the engine's
         torch.cuda.synchronize()
     base = torch.cuda.memory_allocated() if cuda else 0
     budget = {} if sweep.budget is None else {"gpu_memory_budget": sweep.budget}

@@ -60,6 +60,12 @@ def _budget_lines(spec, args, resident: int, per_expert: int, n_experts: int, wb
                        parse_pool_size(args.expert_pool_size, total), experts_per_layer=spec.num_experts,
                        active_experts_per_token=spec.num_moe_layers * spec.top_k)
     lines = ["", *plan.format(bus_gb_s=PCIE_GEN4_GB_S)]
+    if plan.pool_slots < plan.num_experts:
+        reads = getattr(args, "expert_reads", "auto")
+        lines.append("missing experts   : " + (
+            "copied into the pool before use" if reads == "copy" or getattr(args, "prefetch_depth", 2) == 0 else
+            "read by the MoE kernels straight from pinned host memory in decode steps of up to 16 tokens"
+            + (" (where the GPU can map it; else copied in)" if reads == "auto" else "")))
     for hit in (0.5, 0.8, 0.95):
         lines.append(f"  at {hit:.0%} hit rate: {format_size(int(plan.bus_bytes_per_token(hit)))} per token over the bus")
     return lines
