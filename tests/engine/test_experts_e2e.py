@@ -46,9 +46,12 @@ def test_greedy_identical_per_policy(model, policy) -> None:
         assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == ref
 
 
-def test_live_resizes_mid_generation(model) -> None:
+@pytest.mark.parametrize("reads", ["auto", "direct"])
+def test_live_resizes_mid_generation(model, reads) -> None:
+    # Pool sizes and depths (0-2) change between steps; with direct reads a step's carried staging
+    # slots and admissions must survive each resize and each switch to copying (depth 0).
     path, ref, keys, nbytes = model
-    with _llm(path, expert_pool_size=(keys // 2) * nbytes, prefetch_depth=2) as llm:
+    with _llm(path, expert_pool_size=(keys // 2) * nbytes, prefetch_depth=2, expert_reads=reads) as llm:
         sizes = [0, keys, 3, keys // 2, 1]
         out, steps = generate_with_resizes(llm, PROMPTS, GREEDY, sizes, nbytes)
         assert out == ref
