@@ -7,7 +7,7 @@
 #   STRATA_COMMIT=$(git rev-parse --short HEAD) OUT=/tmp/out benchmarks/gpu_suite.sh [tests|kernels|e2e|residency ...]
 #
 # With no arguments every part runs (about 10-12 minutes on an H200: tests and kernels 1-2, e2e 2,
-# residency 6-8, model builds included); where one command may run 10 minutes at most, run
+# residency 7, model builds included); where one command may run 10 minutes at most, run
 # `tests kernels e2e` and `residency` as two commands. Each part writes its log and JSON as soon as it ends, so a cut-short run keeps
 # what finished. STRATA_COMMIT names the commit where the tree has no .git.
 set -u -o pipefail
@@ -34,10 +34,15 @@ for part in "${parts[@]}"; do
         > "$OUT/e2e.log" 2>&1
       summary+=("e2e:" "$(grep -E '^(transformers|strata)' "$OUT/e2e.log")");;
     residency)
-      "$PY" benchmarks/bench_e2e.py --formats "" --offload bf16 --pools 0,0.5,1.0 --depths 0,1,2 --batches 1,8 \
-        --routing both --tokens 32 --warmup 4 --repeat 2 --budget 64G --out "$OUT/residency.json" \
-        > "$OUT/residency.log" 2>&1
-      summary+=("residency:" "$(grep -E '^(uniform|trained-like) batch' "$OUT/residency.log")");;
+      # one process per routing, so that each fits a 10-minute command; then one merged file
+      for r in uniform trained-like; do
+        "$PY" benchmarks/bench_e2e.py --formats "" --offload bf16 --pools 0,0.25,0.5,1.0 --depths 0,1,2 \
+          --batches 1,8 --routing "$r" --tokens 24 --warmup 4 --budget 64G --out "$OUT/residency_$r.json" \
+          > "$OUT/residency_$r.log" 2>&1
+      done
+      "$PY" benchmarks/merge_residency.py "$OUT/residency.json" "$OUT/residency_uniform.json" \
+        "$OUT/residency_trained-like.json"
+      summary+=("residency:" "$(grep -hE '^(uniform|trained-like) batch' "$OUT"/residency_*.log)");;
     *)
       echo "unknown part '$part': choose tests, kernels, e2e or residency" >&2
       exit 2;;
