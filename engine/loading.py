@@ -13,7 +13,7 @@ from engine.checkpoint.loader import check_complete, load_weights
 from engine.checkpoint.plan import params_by_category
 from engine.checkpoint.reader import SafetensorsReader, TensorSource, with_aliases
 from engine.checkpoint.spec import ModelSpec, read_spec
-from engine.config import EngineConfig, parse_pool_size
+from engine.config import DIRECT_READS, EngineConfig, parse_pool_size
 from engine.errors import ConfigError
 from engine.experts.layout import ExpertLayout
 from engine.experts.provider import ExpertProvider, ResidentExperts
@@ -49,9 +49,6 @@ class ModelInfo:
     is_demo: bool
     random_weights: bool
     completion_only: bool = False  # a base model: its chat template (if any) is not what it was trained on
-
-
-READS = {"auto": None, "copy": False, "direct": True}   # config.expert_reads -> OffloadedExperts(direct_reads=)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -175,7 +172,7 @@ class LoadedModel:
                                           self.config.expert_policy, routers, self._route,
                                           routing_profile=self.config.routing_profile,
                                           budget_bytes=self._pool_budget(),
-                                          direct_reads=READS[self.config.expert_reads])
+                                          direct_reads=DIRECT_READS[self.config.expert_reads])
 
     def _route(self, logits: torch.Tensor):
         return self.model.route(logits)

@@ -31,6 +31,7 @@ from typing import Sequence
 
 import torch
 
+from engine.config import DIRECT_READS
 from engine.errors import ConfigError, ReconfigureError
 from engine.experts.counters import ResidencyCounters
 from engine.experts.direct import DirectReads
@@ -130,10 +131,7 @@ class OffloadedExperts(DirectReads):
         Staging slots that a direct-read step left with copies in flight stay leased (see
         :meth:`_end_direct_step`)."""
         if self._mode == "direct":
-            self._pending_prefetch = None
-            self._prefetched.clear()
-            self._current = set()
-            self._last_layer = -1
+            self._forget_step()
         else:
             self._release_all()
         self._step_mode = None
@@ -424,9 +422,14 @@ class OffloadedExperts(DirectReads):
             self.gate.on_issue(layer - origin, len(pairs))
 
     def _release_all(self) -> None:
-        self._pending_prefetch = None
+        """Release every staging lease, then forget the step's pins."""
         for slot in list(self.pool.lease):
             self._drop_staging(slot)
+        self._forget_step()
+
+    def _forget_step(self) -> None:
+        """Forget the step's pending prefetch, prefetch pins and current layer (leases stay)."""
+        self._pending_prefetch = None
         self._prefetched.clear()
         self._current = set()
         self._last_layer = -1
@@ -466,13 +469,12 @@ class OffloadedExperts(DirectReads):
 
 def _check_reads(reads: str, store: HostExpertStore, device: torch.device) -> bool | None:
     """``expert_reads`` (auto / copy / direct) as the ``direct_reads`` option, checked."""
-    options = {"auto": None, "copy": False, "direct": True}
-    if reads not in options:
+    if reads not in DIRECT_READS:
         raise ReconfigureError(f"expert_reads={reads!r} is not supported; choose auto, copy or direct")
     if reads == "direct" and device.type == "cuda" and not store.direct_readable(device):
         raise ReconfigureError("expert_reads=direct needs a host store the GPU's kernels can read; it is not "
                                "mapped here (use auto or copy)")
-    return options[reads]
+    return DIRECT_READS[reads]
 
 
 def _check_depth(depth: int, error: type[ConfigError]) -> int:
