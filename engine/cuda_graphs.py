@@ -108,7 +108,7 @@ class DecodeGraphs:
         """Record one direct-read decode step as a single graph (see the module docstring)."""
         experts = self.model.experts
         k = self.model.spec.top_k
-        width = b * k * (2 + experts.prefetch_depth)            # ids, slots found, up to depth predicted layers
+        width = b * k * (3 + experts.prefetch_depth)            # ids, slots found, fill slots, predicted layers
         regions = pinned_ids(self.model.spec.num_moe_layers * width).view(-1, width)
         rec = _Recording([], torch.empty(0), direct=True, regions=regions)
 

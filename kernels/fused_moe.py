@@ -33,6 +33,10 @@ def expert_weights_ref(views: dict[str, torch.Tensor], slot: int, layout: Expert
     if slot < 0:
         if host is None:
             raise ValueError(f"expert {expert} has no pool slot and no host store was given to read it from")
+        fill = -1 if host.fill is None else int(host.fill[expert])
+        if fill >= 0:  # as the kernels do: the expert read is also written into its fill slot
+            for name, v in views.items():
+                v[fill].copy_(host.views[name][host.row_base + expert])
         views, slot = host.views, host.row_base + expert
     if layout.fmt in ("bf16", "fp16", "fp32"):
         return views["w13"][slot].to(dtype), views["w2"][slot].to(dtype)

@@ -37,7 +37,9 @@ from kernels._triton import HAS_TRITON, cdiv, jit, next_pow2, tl
 from kernels.moe_config import TileConfig
 from kernels.moe_weights import FMT_INT4, PoolMatrix
 
-HostMatrices = tuple[PoolMatrix, PoolMatrix, int]   # host store's (w13, w2) views, first row of the layer
+# The host store's (w13, w2) views, the store row of the layer's expert 0, and the layer's fill row
+# (``[E]`` int32: the pool slot a directly read expert is written into as it is read, or -1; or None).
+HostMatrices = tuple[PoolMatrix, PoolMatrix, int, "torch.Tensor | None"]
 
 gdc_launch_dependents = gdc_wait = None
 if HAS_TRITON:
@@ -56,12 +58,32 @@ def _expert_ptr(ptr, host_ptr, slot, key, stride, HOST: tl.constexpr):
 
 
 @jit
+def _fill_ptr(ptr, fill, stride, FILL: tl.constexpr):
+    """Base of one expert's matrix (or scales) in pool slot ``fill``: where a kernel that reads the
+    expert from the host store writes it as it reads it (``fill >= 0``), so the pool holds it for the
+    next step without a copy. Without ``FILL`` the pool's own base (never written)."""
+    if FILL:
+        return ptr + tl.maximum(fill, 0) * stride
+    return ptr
+
+
+@jit
+def _fill_of(fill_row, e, slot, FILL: tl.constexpr):
+    """The fill slot of expert ``e`` (``fill_row[e]``) when it has no pool slot, else -1."""
+    if FILL:
+        return tl.where(slot < 0, tl.load(fill_row + e), -1)
+    return slot * 0 - 1
+
+
+@jit
 def _rows_dot(v_ptr, w_rows, s_rows, rows_ok, K, FMT: tl.constexpr, R: tl.constexpr,
-              BLOCK_K: tl.constexpr, V_PER_ROW: tl.constexpr):
+              BLOCK_K: tl.constexpr, V_PER_ROW: tl.constexpr, f_rows=None, fs_rows=None, fill_ok=None,
+              FILL: tl.constexpr = False):
     """``[R]`` float32: each dense or fp8 weight row (pointers ``w_rows``) dotted with its vector.
 
     The vector is one for all rows (``v_ptr`` a pointer) or one per row (``V_PER_ROW``: ``[R]`` pointers).
-    ``s_rows`` points at each fp8 row's scale, applied once after the K loop.
+    ``s_rows`` points at each fp8 row's scale, applied once after the K loop. With ``FILL`` each row
+    that ``fill_ok`` marks is also stored as loaded at ``f_rows`` (scale at ``fs_rows``).
     """
     acc = tl.zeros([R], dtype=tl.float32)
     cols = tl.arange(0, BLOCK_K)
@@ -69,21 +91,27 @@ def _rows_dot(v_ptr, w_rows, s_rows, rows_ok, K, FMT: tl.constexpr, R: tl.conste
         kk = k0 + cols
         k_ok = kk < K
         ok = rows_ok[:, None] & k_ok[None, :]                           # [R, BK]
-        w = tl.load(w_rows[:, None] + kk[None, :], mask=ok, other=0.0).to(tl.float32)
+        raw = tl.load(w_rows[:, None] + kk[None, :], mask=ok, other=0.0)
+        if FILL:
+            tl.store(f_rows[:, None] + kk[None, :], raw, mask=ok & fill_ok[:, None])
+        w = raw.to(tl.float32)
         if V_PER_ROW:
             v = tl.load(v_ptr[:, None] + kk[None, :], mask=ok, other=0.0).to(tl.float32)
         else:
             v = tl.load(v_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
         acc += tl.sum(w * v, axis=1)
     if FMT == 1:  # fp8: one scale per output row
-        acc = acc * tl.load(s_rows, mask=rows_ok, other=0.0)
+        sc = tl.load(s_rows, mask=rows_ok, other=0.0)
+        if FILL:
+            tl.store(fs_rows, sc, mask=rows_ok & fill_ok)
+        acc = acc * sc
     return acc
 
 
 @jit
 def _up_decode_kernel(x_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, ss_s, ss_n, F, K, stride_x,
-                      hw_ptr, hs_ptr, row_base, TOP_K: tl.constexpr, FMT: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, HOST: tl.constexpr):
+                      hw_ptr, hs_ptr, row_base, fill_row, TOP_K: tl.constexpr, FMT: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HOST: tl.constexpr, FILL: tl.constexpr):
     pair = tl.program_id(0)
     # BLOCK_N gate rows then the matching up rows (F further on): both stream through one K loop.
     r = tl.arange(0, 2 * BLOCK_N)                                       # [2BN]
@@ -94,8 +122,12 @@ def _up_decode_kernel(x_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr,
     key = (row_base + e).to(tl.int64)
     w_rows = _expert_ptr(w_ptr, hw_ptr, slot, key, sw_s, HOST) + rows * sw_n
     s_rows = _expert_ptr(s_ptr, hs_ptr, slot, key, ss_s, HOST) + rows * ss_n
+    fill = _fill_of(fill_row, e, slot, FILL).to(tl.int64)
+    f_rows = _fill_ptr(w_ptr, fill, sw_s, FILL) + rows * sw_n
+    fs_rows = _fill_ptr(s_ptr, fill, ss_s, FILL) + rows * ss_n
     x_row = x_ptr + (pair // TOP_K).to(tl.int64) * stride_x
-    gu = _rows_dot(x_row, w_rows, s_rows, n < F, K, FMT, 2 * BLOCK_N, BLOCK_K, False)
+    gu = _rows_dot(x_row, w_rows, s_rows, n < F, K, FMT, 2 * BLOCK_N, BLOCK_K, False, f_rows, fs_rows,
+                   (fill + 0 * rows) >= 0, FILL)
     gu = tl.reshape(gu, (2, BLOCK_N))                                   # [2, BN]: gate row, up row
     half = tl.arange(0, 2)[:, None]
     gate = tl.sum(tl.where(half == 0, gu, 0.0), axis=0)                 # [BN]
@@ -107,8 +139,9 @@ def _up_decode_kernel(x_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr,
 
 @jit
 def _down_decode_kernel(h_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, sw_n, s_ptr, ss_s, ss_n, D, F,
-                        stride_o, hw_ptr, hs_ptr, row_base, TOP_K: tl.constexpr, KP: tl.constexpr,
-                        FMT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HOST: tl.constexpr):
+                        stride_o, hw_ptr, hs_ptr, row_base, fill_row, TOP_K: tl.constexpr, KP: tl.constexpr,
+                        FMT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HOST: tl.constexpr,
+                        FILL: tl.constexpr):
     tok = tl.program_id(0)
     r = tl.arange(0, KP * BLOCK_N)                                      # [R] row r: expert r // BN
     j = r // BLOCK_N
@@ -120,8 +153,10 @@ def _down_decode_kernel(h_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, 
     key = (row_base + e).to(tl.int64)
     w_rows = _expert_ptr(w_ptr, hw_ptr, slot, key, sw_s, HOST) + n * sw_n
     s_rows = _expert_ptr(s_ptr, hs_ptr, slot, key, ss_s, HOST) + n * ss_n
+    fill = _fill_of(fill_row, e, slot, FILL).to(tl.int64)
     y = _rows_dot(h_ptr + pair.to(tl.int64) * F, w_rows, s_rows, j_ok & (n < D), F, FMT, KP * BLOCK_N,
-                  BLOCK_K, True)  # [R]
+                  BLOCK_K, True, _fill_ptr(w_ptr, fill, sw_s, FILL) + n * sw_n,
+                  _fill_ptr(s_ptr, fill, ss_s, FILL) + n * ss_n, j_ok & (fill >= 0), FILL)  # [R]
     y = y * tl.load(tw_ptr + pair, mask=j_ok, other=0.0).to(tl.float32)  # routing weight
     acc = tl.sum(tl.reshape(y, (KP, BLOCK_N)), axis=0)                  # [BN]: fixed-order sum over k
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -194,17 +229,23 @@ def _int4_group_dots(w, v_ptr, idx, v_ok, quarter, sc, zp, one, sx_rows=None, g=
 
 @jit
 def _int4_chunk(k0, w_rows, s_rows, z_rows, row_ok, word, grp, K, G: tl.constexpr, NG: tl.constexpr,
-                EVEN_K: tl.constexpr):
+                EVEN_K: tl.constexpr, fills=None, fill_ok=None, FILL: tl.constexpr = False):
     """Words, scales and zero points of the K chunk at ``k0`` of packed rows; and the word indices and
-    group mask the dot needs. Rows broadcast against ``word [NG, 1, 1, GW]`` and ``grp [NG, 1, 1, 1]``."""
+    group mask the dot needs. Rows broadcast against ``word [NG, 1, 1, GW]`` and ``grp [NG, 1, 1, 1]``.
+    With ``FILL`` the rows ``fill_ok`` marks are also stored as loaded at ``fills`` (words, scale and
+    zero point row pointers)."""
     idx = k0 // 8 + word                                                # [NG, 1, 1, GW] word index
     g = k0 // G + grp                                                   # [NG, 1, 1, 1]
     g_in = _group_mask(g, K // G, NG, EVEN_K)
     w = tl.load(w_rows + idx, mask=row_ok & g_in, other=0)              # [NG, A, B, GW]
     g_ok = row_ok & (g < K // G)
-    sc = tl.load(s_rows + g, mask=g_ok, other=0.0).to(tl.float32)        # [NG, A, B, 1]
-    zp = tl.load(z_rows + g, mask=g_ok, other=0).to(tl.float32)
-    return w, sc, zp, idx, g_in
+    sc = tl.load(s_rows + g, mask=g_ok, other=0.0)                      # [NG, A, B, 1]
+    zp = tl.load(z_rows + g, mask=g_ok, other=0)
+    if FILL:
+        tl.store(fills[0] + idx, w, mask=row_ok & g_in & fill_ok)
+        tl.store(fills[1] + g, sc, mask=g_ok & fill_ok)
+        tl.store(fills[2] + g, zp, mask=g_ok & fill_ok)
+    return w, sc.to(tl.float32), zp.to(tl.float32), idx, g_in
 
 
 @jit
@@ -226,9 +267,9 @@ def _x_prep_kernel(x_ptr, stride_x, xn_ptr, sx_ptr, K, K8, G: tl.constexpr, BLOC
 
 @jit
 def _up_int4_kernel(xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr, ss_s, sz_s, ss_n,
-                    sx_ptr, F, K, K8, one, hw_ptr, hs_ptr, hz_ptr, row_base, TOP_K: tl.constexpr,
+                    sx_ptr, F, K, K8, one, hw_ptr, hs_ptr, hz_ptr, row_base, fill_row, TOP_K: tl.constexpr,
                     ROUND: tl.constexpr, G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    EVEN_K: tl.constexpr, PDL: tl.constexpr, HOST: tl.constexpr):
+                    EVEN_K: tl.constexpr, PDL: tl.constexpr, HOST: tl.constexpr, FILL: tl.constexpr):
     """``h`` of pair ``program_id(0)``, outputs ``program_id(1) * BN ..``: the gate and up rows of one
     expert, SiLU·mul.
 
@@ -260,12 +301,16 @@ def _up_int4_kernel(xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, 
     w_rows = _expert_ptr(w_ptr, hw_ptr, slot, key, sw_s, HOST) + rows * sw_n
     s_rows = _expert_ptr(s_ptr, hs_ptr, slot, key, ss_s, HOST) + rows * ss_n
     z_rows = _expert_ptr(z_ptr, hz_ptr, slot, key, sz_s, HOST) + rows * ss_n
+    fill = _fill_of(fill_row, e, slot, FILL).to(tl.int64)
+    fills = (_fill_ptr(w_ptr, fill, sw_s, FILL) + rows * sw_n, _fill_ptr(s_ptr, fill, ss_s, FILL) + rows * ss_n,
+             _fill_ptr(z_ptr, fill, sz_s, FILL) + rows * ss_n)
     tok = (pair // TOP_K).to(tl.int64)
     x_row = xv_ptr + tok * K
     sx_row = sx_ptr + tok * (K // G)
     acc = tl.zeros([2, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        w, sc, zp, idx, g_in = _int4_chunk(k0, w_rows, s_rows, z_rows, row_ok, word, grp, K, G, NG, EVEN_K)
+        w, sc, zp, idx, g_in = _int4_chunk(k0, w_rows, s_rows, z_rows, row_ok, word, grp, K, G, NG, EVEN_K,
+                                           fills, (fill + 0 * rows) >= 0, FILL)
         g = k0 // G + grp
         acc += _int4_group_dots(w, x_row, idx, g_in, K8, sc, zp, one, sx_row, g, g < K // G, True)  # [2, BN]
     half = tl.arange(0, 2)[:, None]
@@ -283,9 +328,10 @@ def _up_int4_kernel(xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, 
 
 @jit
 def _down_int4_kernel(h_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr,
-                      ss_s, sz_s, ss_n, D, F, F8, stride_o, one, hw_ptr, hs_ptr, hz_ptr, row_base,
+                      ss_s, sz_s, ss_n, D, F, F8, stride_o, one, hw_ptr, hs_ptr, hz_ptr, row_base, fill_row,
                       TOP_K: tl.constexpr, KP: tl.constexpr, G: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr, HOST: tl.constexpr):
+                      BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr, HOST: tl.constexpr,
+                      FILL: tl.constexpr):
     # Tile [NG, KP, BN, GW]: BN rows of w2 of each of the token's k experts, groups outermost as in
     # the up kernel. h [NG, KP, 1, GW] is as large as the tile's words spread over the threads when
     # BLOCK_K >= 128 * num_warps, and then each thread's h values serve all its BN rows. F8 = F / 8 is
@@ -304,19 +350,25 @@ def _down_int4_kernel(h_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, sw
     w_rows = _expert_ptr(w_ptr, hw_ptr, slot, key, sw_s, HOST) + n * sw_n
     s_rows = _expert_ptr(s_ptr, hs_ptr, slot, key, ss_s, HOST) + n * ss_n
     z_rows = _expert_ptr(z_ptr, hz_ptr, slot, key, sz_s, HOST) + n * ss_n
+    fill = _fill_of(fill_row, e, slot, FILL).to(tl.int64)               # [1, KP, 1, 1]
+    fills = (_fill_ptr(w_ptr, fill, sw_s, FILL) + n * sw_n, _fill_ptr(s_ptr, fill, ss_s, FILL) + n * ss_n,
+             _fill_ptr(z_ptr, fill, sz_s, FILL) + n * ss_n)
+    fill_ok = j_ok & (fill >= 0)
     h_row = h_ptr + pair.to(tl.int64) * F                               # [1, KP, 1, 1]
     grp = tl.arange(0, NG)[:, None, None, None]                         # [NG, 1, 1, 1]
     word = grp * GW + tl.arange(0, GW)[None, None, None, :]             # [NG, 1, 1, GW]
     # PDL: launched once every up program has passed its own wait (so the routing ids and the slot
     # table are final), while the up kernel runs; the first chunk of w2 is requested, then the wait
     # for h.
-    w, sc, zp, idx, g_in = _int4_chunk(0, w_rows, s_rows, z_rows, row_ok, word, grp, F, G, NG, EVEN_K)
+    w, sc, zp, idx, g_in = _int4_chunk(0, w_rows, s_rows, z_rows, row_ok, word, grp, F, G, NG, EVEN_K, fills,
+                                       fill_ok, FILL)
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
     acc = _int4_group_dots(w, h_row, idx, j_ok & g_in, F8, sc, zp, one)  # [KP, BN]
     for k0 in range(BLOCK_K, F, BLOCK_K):
-        w, sc, zp, idx, g_in = _int4_chunk(k0, w_rows, s_rows, z_rows, row_ok, word, grp, F, G, NG, EVEN_K)
+        w, sc, zp, idx, g_in = _int4_chunk(k0, w_rows, s_rows, z_rows, row_ok, word, grp, F, G, NG, EVEN_K,
+                                           fills, fill_ok, FILL)
         acc += _int4_group_dots(w, h_row, idx, j_ok & g_in, F8, sc, zp, one)  # [KP, BN]
     tw = tl.load(tw_ptr + tok * TOP_K + tl.arange(0, KP), mask=tl.arange(0, KP) < TOP_K, other=0.0)
     y = tl.sum(acc * tw.to(tl.float32)[:, None], axis=0)                # [BN]: fixed-order sum over k
@@ -354,11 +406,18 @@ def pdl_supported(device: torch.device) -> bool:
 
 
 def _host_args(host: HostMatrices | None, m: PoolMatrix, which: int, int4: bool) -> tuple:
-    """Pointer arguments of the host store's copy of matrix ``which`` (0: w13, 1: w2) and the layer's
-    first store row; without ``host`` the pool's own pointers stand in (never dereferenced)."""
+    """Pointer arguments of the host store's copy of matrix ``which`` (0: w13, 1: w2), the layer's
+    first store row and its fill row; without ``host`` (or fill row) the pool's own pointers stand in
+    (never dereferenced)."""
     h = m if host is None else host[which]
     w = _int4_word_args(h, "host")[0] if int4 else h.w
-    return (w, h.scale, h.zero, 0 if host is None else host[2]) if int4 else (w, h.scale, 0 if host is None else host[2])
+    base = 0 if host is None else host[2]
+    fill = m.w if host is None or host[3] is None else host[3]
+    return (w, h.scale, h.zero, base, fill) if int4 else (w, h.scale, base, fill)
+
+
+def _fills(host: HostMatrices | None) -> bool:
+    return host is not None and host[3] is not None
 
 
 def _moe_decode_int4(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, slots: torch.Tensor,
@@ -379,14 +438,14 @@ def _moe_decode_int4(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, slots
     _up_int4_kernel[(t * k, cdiv(f, up.block_n))](
         xn, ids, slots, h, w, sw_s, sw_n, *rest, sx, f, d, d // 8, _ONE_BITS, *_host_args(host, w13, 0, True),
         TOP_K=k, ROUND={torch.bfloat16: 1, torch.float16: 2}.get(x.dtype, 0), G=group, BLOCK_N=up.block_n,
-        BLOCK_K=bk, EVEN_K=d % bk == 0, PDL=pdl, HOST=host is not None, num_warps=up.num_warps,
+        BLOCK_K=bk, EVEN_K=d % bk == 0, PDL=pdl, HOST=host is not None, FILL=_fills(host), num_warps=up.num_warps,
         num_stages=up.num_stages, **launch)
     w, sw_s, sw_n, *rest = _int4_word_args(w2, "w2")
     bk = _block_k(down, FMT_INT4, group, f)
     _down_int4_kernel[(t, cdiv(d, down.block_n))](
         h, ids, slots, tw, out, w, sw_s, sw_n, *rest, d, f, f // 8, out.stride(0), _ONE_BITS,
         *_host_args(host, w2, 1, True), TOP_K=k, KP=next_pow2(k), G=group, BLOCK_N=down.block_n, BLOCK_K=bk,
-        EVEN_K=f % bk == 0, PDL=pdl, HOST=host is not None, num_warps=down.num_warps,
+        EVEN_K=f % bk == 0, PDL=pdl, HOST=host is not None, FILL=_fills(host), num_warps=down.num_warps,
         num_stages=down.num_stages, **launch)
     return out
 
@@ -418,11 +477,11 @@ def moe_decode(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tens
     _up_decode_kernel[(t * k, cdiv(f, up.block_n))](
         x, ids, slot_of_expert, h, w, sw_s, sw_n, s, ss_s, ss_n, f, d, x.stride(0), *_host_args(host, w13, 0, False),
         TOP_K=k, FMT=fmt, BLOCK_N=up.block_n, BLOCK_K=_block_k(up, fmt, group, d), HOST=host is not None,
-        num_warps=up.num_warps, num_stages=up.num_stages)
+        FILL=_fills(host), num_warps=up.num_warps, num_stages=up.num_stages)
     w, sw_s, sw_n, s, _, ss_s, _, ss_n = w2.args()
     _down_decode_kernel[(t, cdiv(d, down.block_n))](
         h, ids, slot_of_expert, tw, out, w, sw_s, sw_n, s, ss_s, ss_n, d, f, out.stride(0),
         *_host_args(host, w2, 1, False), TOP_K=k, KP=next_pow2(k), FMT=fmt, BLOCK_N=down.block_n,
-        BLOCK_K=_block_k(down, fmt, group, f), HOST=host is not None, num_warps=down.num_warps,
+        BLOCK_K=_block_k(down, fmt, group, f), HOST=host is not None, FILL=_fills(host), num_warps=down.num_warps,
         num_stages=down.num_stages)
     return out

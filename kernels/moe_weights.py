@@ -62,15 +62,19 @@ class HostExperts:
     """Where a layer's experts without a pool slot (slot -1) are read from: typed views over the host
     store's rows ``[L * E, ...]`` (mapped into the GPU's address space on CUDA) and the store row of
     the layer's expert 0, ``layer * E``. The views have the pool views' strides, so one set of
-    strides addresses both."""
+    strides addresses both. ``fill`` (optional): for each expert, the pool slot that the kernels
+    reading it from the store write it into as they read it (-1: none), so that it is resident for
+    the next step without a second trip over the bus."""
 
     views: dict[str, torch.Tensor]
     row_base: int
+    fill: torch.Tensor | None = None   # [E] int32 on the device: pool slot to write a read expert into, or -1
 
 
 def host_matrices(host: HostExperts, layout: ExpertLayout, w13: PoolMatrix,
-                  w2: PoolMatrix) -> tuple[PoolMatrix, PoolMatrix, int]:
-    """``(w13, w2, row_base)`` of the host store for a kernel launch, checked against the pool's strides."""
+                  w2: PoolMatrix) -> tuple[PoolMatrix, PoolMatrix, int, torch.Tensor | None]:
+    """``(w13, w2, row_base, fill)`` of the host store for a kernel launch, checked against the pool's
+    strides."""
     out = []
     for name, pool in (("w13", w13), ("w2", w2)):
         m = pool_matrix(host.views, name, layout)
@@ -79,4 +83,8 @@ def host_matrices(host: HostExperts, layout: ExpertLayout, w13: PoolMatrix,
                 raise ValueError(f"host store view {name} has strides {a.stride()} but the pool's are "
                                  f"{b.stride()}; both must come from the same ExpertLayout")
         out.append(m)
-    return out[0], out[1], host.row_base
+    if host.fill is not None and (host.fill.dtype != torch.int32 or host.fill.dim() != 1
+                                  or host.fill.device != w13.w.device):
+        raise ValueError(f"the fill row must be int32 [E] on {w13.w.device}, got {host.fill.dtype} "
+                         f"{tuple(host.fill.shape)} on {host.fill.device}")
+    return out[0], out[1], host.row_base, host.fill

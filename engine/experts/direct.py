@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from engine.experts.policy import LFUPolicy
+from engine.experts.policy import LFUPolicy, StaticPolicy
 from engine.experts.readback import publish_direct
 from kernels.moe_weights import HostExperts
 
@@ -55,20 +55,83 @@ class DirectReads:
         return self.direct_reads and tokens <= DIRECT_MAX_TOKENS
 
     def host_experts(self, moe_index: int) -> HostExperts:
-        """Where MoE layer ``moe_index``'s experts without a slot are read from."""
+        """Where MoE layer ``moe_index``'s experts without a slot are read from, and its fill row."""
         if self._host_views is None:
             self._host_views = self.layout.views(self.store.rows)
-        return HostExperts(self._host_views, moe_index * self.num_experts)
+        return HostExperts(self._host_views, moe_index * self.num_experts, self._fill[moe_index])
 
     def start_direct_step(self, regions: torch.Tensor) -> None:
-        """Before a recorded direct-read step is replayed: enter direct mode, blank the publish regions."""
+        """Before a recorded direct-read step is replayed: enter direct mode, choose its fill slots,
+        blank the publish regions."""
         self._enter_mode("direct")
+        self._begin_fills()
         regions.fill_(UNWRITTEN)
 
     def prepare_direct_capture(self) -> None:
         """Before a direct-read step is recorded: bring the device table up to date (outside the capture)."""
         self._enter_mode("direct")
         self._step_mode = None
+        self._fill_meta.zero_()                     # a warm-up run outside a step fills nothing
+
+    # ---- fills: admission without a copy ----------------------------------------------------------
+    def fill_capacity(self) -> int:
+        """Free pool slots kept for fills each direct-read step (0: misses are admitted by copying)."""
+        if isinstance(self.policy, StaticPolicy):
+            return 0
+        return min(self.admit_per_step, self.pool.slots // 8, self.num_experts)
+
+    def _begin_fills(self) -> None:
+        """Choose this step's fill slots: free pool slots, the coldest residents evicted to make up
+        ``fill_capacity`` (their table entries cleared on the compute stream, before the step)."""
+        pool, want = self.pool, self.fill_capacity()
+        self._fill_used, self._filled = 0, {}
+        evicted: list[int] = []
+        if want:
+            busy = {pool.owner[s] for s in pool.copies.busy_slots()}
+            while len(pool.free) < want:
+                victim = self.policy.victim(busy)
+                if victim is None:
+                    break
+                slot = pool.slot_of[victim]
+                self._evict(victim)
+                pool.free.append(slot)
+                evicted.append(victim)
+        self._write_table(evicted, [-1] * len(evicted), None)
+        self._fill_slots = pool.free[::-1][:want]       # the order take_free would hand them out
+        n = len(self._fill_slots)
+        if n:
+            self._fill_free[:n].copy_(torch.tensor(self._fill_slots, dtype=torch.int32), non_blocking=True)
+        self._fill_meta.copy_(torch.tensor([0, n], dtype=torch.int32), non_blocking=True)
+
+    def _fills_eager(self, moe_index: int, ids: list[int], seen: list[int]) -> list[int]:
+        """What the publish kernel does for a recorded step: the fill slot of each id (its first
+        missing occurrence takes the next free one); the layer's fill row written for the kernels."""
+        if self._fill_slots is None:
+            self._begin_fills()
+        row = [-1] * self.num_experts
+        for e, s in zip(ids, seen):
+            if s < 0 and row[e] < 0 and self._fill_used < len(self._fill_slots):
+                row[e] = self._fill_slots[self._fill_used]
+                self._fill_used += 1
+        self._fill[moe_index].copy_(torch.tensor(row, dtype=torch.int32), non_blocking=True)
+        return [row[e] for e in ids]
+
+    def _adopt_fills(self) -> list[tuple[int, int]]:
+        """The step's filled experts become residents of their slots: ``(key, slot)`` pairs. A key
+        that a prefetch copy took meanwhile (or that the policy does not admit) leaves its slot free."""
+        pool, adopted = self.pool, []
+        for key, slot in self._filled.items():
+            if pool.slot_of[key] >= 0 or pool.owner[slot] >= 0 or not self.policy.admits(key):
+                continue
+            pool.assign(key, slot)
+            self.policy.insert(key)
+            adopted.append((key, slot))
+        if adopted:
+            taken = {s for _, s in adopted}
+            pool.free = [s for s in pool.free if s not in taken]
+            self.counters.fills += len(adopted)
+        self._filled = {}
+        return adopted
 
     def publish_direct(self, moe_index: int, topk_ids: torch.Tensor, predicted: Prediction | None,
                        region: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor], HostExperts]:
@@ -76,7 +139,8 @@ class DirectReads:
         publish the ids, the slots they found and the predicted ids into the pinned ``region``."""
         self._step_mode = "captured"
         pred = predicted[2].reshape(-1) if predicted is not None else None
-        publish_direct(self.pool.table[moe_index], self._snap[moe_index], topk_ids.reshape(-1), pred, region)
+        publish_direct(self.pool.table[moe_index], self._snap[moe_index], topk_ids.reshape(-1), pred, region,
+                       self._fill[moe_index], self._fill_free, self._fill_meta)
         return self._snap[moe_index], self.pool.views, self.host_experts(moe_index)
 
     def follow_published(self, cuts: Sequence, rows: int) -> None:
@@ -88,7 +152,7 @@ class DirectReads:
             t, k = c.shape
             n = t * k
             layers = c.predicted[1] if c.predicted is not None else []
-            data = c.region.numpy()[:n * (2 + len(layers))]
+            data = c.region.numpy()[:n * (3 + len(layers))]     # ids, slots found, fill slots, predictions
             t0 = time.perf_counter()
             while (data == UNWRITTEN).any():
                 if done.query() and (data == UNWRITTEN).any():
@@ -98,9 +162,10 @@ class DirectReads:
             pred = None
             depth = self.gate.depth(self.prefetch_depth) if layers else 0
             if depth > 0:
-                ids = torch.from_numpy(data[2 * n:].copy()).view(len(layers), t, k)[:depth, :rows]
+                ids = torch.from_numpy(data[3 * n:].copy()).view(len(layers), t, k)[:depth, :rows]
                 pred = (layers[:depth], ids)
-            self._follow(c.moe_index, data[:rows * k].tolist(), data[n:n + rows * k].tolist(), pred)
+            self._follow(c.moe_index, data[:rows * k].tolist(), data[n:n + rows * k].tolist(), pred,
+                         data[2 * n:2 * n + rows * k].tolist())
 
     def _acquire_direct(self, moe_index: int,
                         topk_ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor], HostExperts]:
@@ -121,14 +186,19 @@ class DirectReads:
         depth = self.gate.depth(self.prefetch_depth) if pred is not None else 0
         if depth > 0:
             p = (pred[1][:depth], host[2 * n:].view(pred[2].shape)[:depth])
-        self._follow(moe_index, host[:n].tolist(), host[n:2 * n].tolist(), p)
+        ids, seen = host[:n].tolist(), host[n:2 * n].tolist()
+        self._follow(moe_index, ids, seen, p, self._fills_eager(moe_index, ids, seen))
         return snap, self.pool.views, self.host_experts(moe_index)
 
     def _follow(self, moe_index: int, ids: list[int], seen: list[int],
-                predicted: tuple[list[int], torch.Tensor] | None) -> None:
-        """Host side of one direct-read layer: ``ids`` of its T*k assignments and the slot each found."""
+                predicted: tuple[list[int], torch.Tensor] | None, fills: list[int]) -> None:
+        """Host side of one direct-read layer: ``ids`` of its T*k assignments, the slot each found and
+        the fill slot each missing one was written into (-1: none)."""
         base = moe_index * self.num_experts
         found = {base + e: s for e, s in zip(ids, seen)}
+        for e, f in zip(ids, fills):
+            if f >= 0:
+                self._filled[base + e] = f
         keys = sorted(found)
         misses = [k for k in keys if found[k] < 0]
         self.counters.record(moe_index, ids, len(keys) - len(misses), len(misses))
@@ -184,9 +254,14 @@ class DirectReads:
                     if key in self._unused:
                         self._unused.discard(key)
                         self.counters.prefetch_wasted += 1
-        admitted, evicted = self._admit()
-        gone += evicted
-        self._write_table(gone, [-1] * len(gone), None)    # compute stream: after the step's kernels
+        if self.fill_capacity():
+            filled, admitted, evicted = self._adopt_fills(), [], []
+        else:
+            filled, (admitted, evicted) = [], self._admit()
+        adopted = {k for k, _ in filled}
+        gone = [k for k in gone + evicted if k not in adopted]  # a released prefetch may have been filled
+        self._write_table(gone + [k for k, _ in filled], [-1] * len(gone) + [s for _, s in filled],
+                          None)                             # compute stream: after the step's kernels
         if gone or admitted:
             copies.after_compute()                          # no copy overwrites a slot before that
         if admitted:

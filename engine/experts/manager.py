@@ -108,6 +108,13 @@ class OffloadedExperts(DirectReads):
         self._step_mode: str | None = None           # this step's ("captured" while recording a graph)
         self._step_misses: list[int] = []            # keys read directly this step: admission candidates
         self.admit_per_step = max(1, num_experts // 2)
+        # fills: the kernels write a directly read expert into a free pool slot as they read it
+        self._fill = torch.full((self.num_layers, num_experts), -1, dtype=torch.int32, device=self.device)
+        self._fill_free = torch.zeros(num_experts, dtype=torch.int32, device=self.device)
+        self._fill_meta = torch.zeros(2, dtype=torch.int32, device=self.device)   # [next, count]
+        self._fill_slots: list[int] | None = None    # this step's fill slots (None: not chosen yet)
+        self._fill_used = 0                          # of which handed out (eager steps)
+        self._filled: dict[int, int] = {}            # key -> fill slot written this step
 
     @classmethod
     def from_rows(cls, layout: ExpertLayout, rows: torch.Tensor, num_experts: int, device: torch.device | str,
@@ -136,6 +143,7 @@ class OffloadedExperts(DirectReads):
             self._release_all()
         self._step_mode = None
         self._step_misses = []
+        self._fill_slots, self._filled = None, {}
         self._predicted = None
         self.policy.tick()
         self._in_step = True

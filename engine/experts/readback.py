@@ -33,21 +33,35 @@ def _publish_kernel():
     import triton.language as tl
 
     @triton.jit
-    def _publish_direct_kernel(table_row, snap_row, ids, pred, region, E, N, NP, BLOCK_E: tl.constexpr,
-                               BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr):
-        # One program: snapshot the slot-table row, then publish the ids, the slot each id found in
-        # that snapshot (after a barrier: the snapshot is what the MoE kernels will read), and the
-        # predicted ids of later layers, into pinned host memory.
+    def _publish_direct_kernel(table_row, snap_row, ids, pred, region, fill_row, fill_free, fill_meta, E, N, NP,
+                               BLOCK_E: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr):
+        # One program: snapshot the slot-table row (and clear the fill row), then publish the ids and
+        # the slot each id found in that snapshot (after a barrier: the snapshot is what the MoE
+        # kernels will read); give each missing expert, at its first occurrence, the next of the
+        # step's fill slots while any are left; publish each id's fill slot and the predicted ids.
         e = tl.arange(0, BLOCK_E)
         tl.store(snap_row + e, tl.load(table_row + e, mask=e < E, other=-1), mask=e < E)
+        tl.store(fill_row + e, tl.full([BLOCK_E], -1, tl.int32), mask=e < E)
         tl.debug_barrier()
         i = tl.arange(0, BLOCK_N)
         i_ok = i < N
         idv = tl.load(ids + i, mask=i_ok, other=0)
+        seen = tl.load(snap_row + idv, mask=i_ok, other=-1)
         tl.store(region + i, idv.to(tl.int64), mask=i_ok)
-        tl.store(region + N + i, tl.load(snap_row + idv, mask=i_ok, other=-1).to(tl.int64), mask=i_ok)
+        tl.store(region + N + i, seen.to(tl.int64), mask=i_ok)
+        j = tl.arange(0, BLOCK_N)
+        idj = tl.load(ids + j, mask=j < N, other=-1)
+        earlier = (idj[None, :] == idv[:, None]) & (j[None, :] < i[:, None])          # [N, N]
+        first = i_ok & (seen < 0) & (tl.sum(earlier.to(tl.int32), axis=1) == 0)
+        nfirst = first.to(tl.int32)
+        pos = tl.load(fill_meta) + tl.cumsum(nfirst, axis=0) - nfirst
+        got = first & (pos < tl.load(fill_meta + 1))
+        tl.store(fill_row + idv, tl.load(fill_free + pos, mask=got, other=-1), mask=got)
+        tl.store(fill_meta, tl.minimum(tl.load(fill_meta) + tl.sum(nfirst, axis=0), tl.load(fill_meta + 1)))
+        tl.debug_barrier()
+        tl.store(region + 2 * N + i, tl.load(fill_row + idv, mask=i_ok, other=-1).to(tl.int64), mask=i_ok)
         p = tl.arange(0, BLOCK_P)
-        tl.store(region + 2 * N + p, tl.load(pred + p, mask=p < NP, other=0).to(tl.int64), mask=p < NP)
+        tl.store(region + 3 * N + p, tl.load(pred + p, mask=p < NP, other=0).to(tl.int64), mask=p < NP)
 
     return _publish_direct_kernel
 
@@ -56,17 +70,21 @@ _PUBLISH = None
 
 
 def publish_direct(table_row: torch.Tensor, snap_row: torch.Tensor, ids: torch.Tensor,
-                   pred: torch.Tensor | None, region: torch.Tensor) -> None:
-    """Device work only (graph-capturable): ``snap_row <- table_row`` ([E] int32), then into the pinned
-    int64 ``region``: ``ids`` [N], the slot each found in the snapshot [N], and ``pred`` [NP] if given."""
+                   pred: torch.Tensor | None, region: torch.Tensor, fill_row: torch.Tensor,
+                   fill_free: torch.Tensor, fill_meta: torch.Tensor) -> None:
+    """Device work only (graph-capturable): ``snap_row <- table_row`` ([E] int32); ``fill_row`` [E]
+    int32 <- for each expert of ``ids`` missing from the snapshot, at its first occurrence, the next
+    slot of ``fill_free`` (from ``fill_meta = [next, count]``, advanced) or -1; then into the pinned
+    int64 ``region``: ``ids`` [N], the slot each found in the snapshot [N], the fill slot of each [N],
+    and ``pred`` [NP] if given."""
     global _PUBLISH
     if _PUBLISH is None:
         _PUBLISH = _publish_kernel()
     import triton
     e, n = table_row.numel(), ids.numel()
     np_ = 0 if pred is None else pred.numel()
-    _PUBLISH[(1,)](table_row, snap_row, ids, ids if pred is None else pred, region, e, n, np_,
-                   BLOCK_E=triton.next_power_of_2(e), BLOCK_N=triton.next_power_of_2(max(n, 1)),
+    _PUBLISH[(1,)](table_row, snap_row, ids, ids if pred is None else pred, region, fill_row, fill_free, fill_meta,
+                   e, n, np_, BLOCK_E=triton.next_power_of_2(e), BLOCK_N=triton.next_power_of_2(max(n, 1)),
                    BLOCK_P=triton.next_power_of_2(max(np_, 1)))
 
 

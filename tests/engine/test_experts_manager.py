@@ -239,6 +239,7 @@ def test_direct_reads_outputs_identical_to_resident(stack: Stack, slots: int, de
     st = prov.stats()
     assert st.misses + st.prefetch_hits > 0 and (st.direct_bytes > 0) == (st.misses > 0)
     assert st.h2d_bytes >= st.direct_bytes
+    assert (st.fills > 0) == (prov.fill_capacity() > 0)    # later steps compute from filled slots
     assert prov.host_syncs == 4 * L                 # one read per layer call (eager), none for copies
     assert not prov.pool.lease                      # CPU copies land at once: staging is released each step
 
@@ -265,6 +266,23 @@ def test_direct_reads_pair_bytes_and_admission_limit(stack: Stack) -> None:
     assert (st.hits, st.misses) == (0, 2) and st.direct_bytes == 3 * stack.layout.nbytes
     assert prov.pool.resident_keys() == [3]
     assert st.h2d_bytes == 4 * stack.layout.nbytes
+
+
+def test_direct_reads_fill_free_slots_without_copies(stack: Stack) -> None:
+    # A pool of 8 slots keeps admit_per_step = 1 of them free for fills: the kernels write each miss
+    # into the free slot as they read it, and it is resident from the next step on; nothing is copied.
+    # Steps 1-8 fill the empty pool with experts 0..7 (8 misses); step 9 first evicts the least
+    # recently used (0) to keep one slot free, then 7 hits; step 10: 0 misses and is filled again.
+    prov = stack.offloaded(8, depth=1, policy="lru", direct_reads=True)
+    prov.admit_per_step = 1
+    assert prov.fill_capacity() == 1
+    _Fixed(prov)([[e] for e in range(8)] + [[7], [0]])
+    st = prov.stats()
+    nb = stack.layout.nbytes
+    assert (st.hits, st.misses, st.fills) == (1, 9, 9)
+    assert st.direct_bytes == st.h2d_bytes == 9 * nb                 # one trip over the bus per miss
+    assert sorted(prov.pool.resident_keys()) == list(range(8)) and not prov.pool.free
+    assert prov.pool.table[0].tolist() == prov.pool.slot_of[:E]     # the device table follows
 
 
 def test_direct_reads_lfu_admits_only_over_a_colder_victim(stack: Stack) -> None:

@@ -229,6 +229,37 @@ def test_direct_reads_of_experts_without_a_slot(fmt, dtype, tokens):
     torch.testing.assert_close(out, want, **TOLERANCES[dtype])
 
 
+@pytest.mark.parametrize("fmt, dtype", [("fp32", torch.float32), ("fp8", torch.float32), ("int4", torch.float16)])
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_direct_reads_write_experts_into_their_fill_slots(fmt, dtype, tokens):
+    # Experts read from the store that have a fill slot are written into it as they are read, every
+    # matrix and scale whole (up rows, down rows, all K chunks), and no other slot is written: the
+    # next step finds them in the pool. Same on the reference path.
+    experts, hidden, ffn = 6, 64, 32
+    layout, rows, buf, slots = _store_and_pool(fmt, hidden, ffn, experts, 2, 32, resident=[1, 4])
+    free = [s for s in range(buf.shape[0]) if s not in slots.tolist()]            # 2 spare slots
+    ids, w = make_routing(tokens, experts, 3)
+    missing = sorted({int(e) for e in ids.flatten() if slots[int(e)] < 0})
+    fill = torch.full((experts,), -1, dtype=torch.int32)
+    for e, s in zip(missing, free):                                                # some misses get none
+        fill[e] = s
+    x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(5)).to(dtype)
+    want = fused_moe_ref(x, ids, w, slots, layout.views(buf.clone()), layout,
+                         HostExperts(layout.views(rows), experts))
+    for run in (fused_moe, fused_moe_ref):
+        pool = buf.clone()
+        args = (x, ids, w, slots, layout.views(pool), layout)
+        out = run(*args, DECODE, host=HostExperts(layout.views(rows), experts, fill)) if run is fused_moe else \
+            run(*args, HostExperts(layout.views(rows), experts, fill))
+        torch.testing.assert_close(out, want, **(TOLERANCES[dtype] if run is fused_moe else dict(rtol=0, atol=0)))
+        got, src = layout.views(pool), layout.views(rows)
+        for e, s in zip(missing, free):                 # every tensor (the layout's padding aside)
+            for name in got:
+                assert torch.equal(got[name][s], src[name][experts + e]), (run.__name__, e, name)
+        untouched = [s for s in range(buf.shape[0]) if s not in free[:len(missing)]]
+        assert torch.equal(pool[untouched], buf[untouched])
+
+
 def test_direct_reads_need_a_host_store():
     layout, rows, buf, slots = _store_and_pool("fp32", 32, 16, 4, 2, 32, resident=[0])
     ids, w = torch.tensor([[1]], dtype=torch.int32), torch.ones(1, 1)

@@ -1,0 +1,50 @@
+"""The publish kernel of direct-read decode steps (``engine.experts.readback.publish_direct``).
+
+It runs inside the step's CUDA graph, once per MoE layer, and is the only place where a recorded step
+decides which missing experts are written into which pool slots; here it runs in the interpreter.
+"""
+import pytest
+import torch
+
+pytest.importorskip("triton")
+from engine.experts.readback import publish_direct  # noqa: E402
+
+
+def _publish(table, ids, meta, free, pred=None):
+    snap = torch.full_like(table, 7)
+    fill = torch.full_like(table, 5)                     # stale values from an earlier layer call
+    n = ids.numel()
+    region = torch.full((3 * n + (0 if pred is None else pred.numel()),), -2, dtype=torch.int64)
+    publish_direct(table, snap, ids, pred, region, fill, free, meta)
+    return snap, fill, region
+
+
+def test_fill_slots_go_to_first_occurrences_of_missing_experts_in_order():
+    # Experts 1 and 4 are resident. Ids (two tokens, k = 3): 3 missing twice, 6 missing, 1 resident,
+    # 0 missing. Fill slots 20, 21 are left of the step's 3 (one went to an earlier layer): 3 and 6
+    # get them in order of first occurrence; 0 gets none; repeats of 3 report 3's slot.
+    table = torch.tensor([-1, 11, -1, -1, 14, -1, -1, -1], dtype=torch.int32)
+    ids = torch.tensor([3, 6, 1, 3, 0, 4], dtype=torch.int32)
+    meta = torch.tensor([1, 3], dtype=torch.int32)
+    free = torch.tensor([19, 20, 21, 0], dtype=torch.int32)
+    pred = torch.tensor([2, 5, 7], dtype=torch.int32)
+    snap, fill, region = _publish(table, ids, meta, free, pred)
+    assert torch.equal(snap, table)
+    assert fill.tolist() == [-1, -1, -1, 20, -1, -1, 21, -1]          # the whole row rewritten
+    n = ids.numel()
+    assert region[:n].tolist() == ids.tolist()
+    assert region[n:2 * n].tolist() == [-1, -1, 11, -1, -1, 14]
+    assert region[2 * n:3 * n].tolist() == [20, 21, -1, 20, -1, -1]
+    assert region[3 * n:].tolist() == [2, 5, 7]
+    assert meta.tolist() == [3, 3]                                    # used up, never past the count
+
+
+def test_no_fill_slots_left_or_none_missing():
+    table = torch.tensor([10, -1, 12, 13], dtype=torch.int32)
+    free = torch.tensor([30, 31], dtype=torch.int32)
+    meta = torch.tensor([0, 0], dtype=torch.int32)                    # a step without fill slots
+    _, fill, region = _publish(table, torch.tensor([1, 1, 0], dtype=torch.int32), meta, free)
+    assert fill.tolist() == [-1] * 4 and region[6:].tolist() == [-1, -1, -1] and meta.tolist() == [0, 0]
+    meta = torch.tensor([0, 2], dtype=torch.int32)                    # all resident: nothing taken
+    _, fill, region = _publish(table, torch.tensor([0, 2, 3], dtype=torch.int32), meta, free)
+    assert fill.tolist() == [-1] * 4 and meta.tolist() == [0, 2]
