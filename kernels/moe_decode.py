@@ -62,17 +62,19 @@ def _fill_ptr(ptr, fill, stride, FILL: tl.constexpr):
     """Base of one expert's matrix (or scales) in pool slot ``fill``: where a kernel that reads the
     expert from the host store writes it as it reads it (``fill >= 0``), so the pool holds it for the
     next step without a copy. Without ``FILL`` the pool's own base (never written)."""
+    base = ptr
     if FILL:
-        return ptr + tl.maximum(fill, 0) * stride
-    return ptr
+        base = ptr + tl.maximum(fill, 0) * stride
+    return base
 
 
 @jit
 def _fill_of(fill_row, e, slot, FILL: tl.constexpr):
     """The fill slot of expert ``e`` (``fill_row[e]``) when it has no pool slot, else -1."""
+    fill = slot * 0 - 1                                                 # int64, like the slot
     if FILL:
-        return tl.where(slot < 0, tl.load(fill_row + e), -1)
-    return slot * 0 - 1
+        fill = tl.where(slot < 0, tl.load(fill_row + e).to(tl.int64), fill)
+    return fill
 
 
 @jit
