@@ -86,7 +86,7 @@ def _row(routing: str, pool: float, depth: int, reads: str, batch: int, timed, b
            "tok_s": n / secs, "ms_per_token": 1e3 * secs / n, "hit_rate": d("hits") / looked if looked else 1.0,
            "prefetch_hits": d("prefetch_hits"), "prefetch_wasted": d("prefetch_wasted"),
            "h2d_bytes_per_token": d("h2d_bytes") / n, "bus_gb_s": d("h2d_bytes") / secs / 1e9,
-           "direct_bytes_per_token": d("direct_bytes") / n,
+           "direct_bytes_per_token": d("direct_bytes") / n, "fills": d("fills"),
            "copy_wait_ms_per_token": d("copy_wait_ms") / n,
            # wall time the host spent blocked on routing reads (GPU busy); the rest is host work
            "host_wait_ms_per_token": host_wait / n}
