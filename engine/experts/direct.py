@@ -106,8 +106,6 @@ class DirectReads:
     def _fills_eager(self, moe_index: int, ids: list[int], seen: list[int]) -> list[int]:
         """What the publish kernel does for a recorded step: the fill slot of each id (its first
         missing occurrence takes the next free one); the layer's fill row written for the kernels."""
-        if self._fill_slots is None:
-            self._begin_fills()
         row = [-1] * self.num_experts
         for e, s in zip(ids, seen):
             if s < 0 and row[e] < 0 and self._fill_used < len(self._fill_slots):
@@ -171,6 +169,8 @@ class DirectReads:
                         topk_ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor], HostExperts]:
         """Eager direct-read acquire: snapshot, read ids / slots / predictions (one sync), follow."""
         self._enter_mode("direct")
+        if self._fill_slots is None:
+            self._begin_fills()                     # evictions first: the snapshot must not see them
         snap = self._snap[moe_index]
         snap.copy_(self.pool.table[moe_index])
         flat = topk_ids.reshape(-1).to(torch.int64)                            # [T*k]

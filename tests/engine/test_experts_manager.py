@@ -285,6 +285,24 @@ def test_direct_reads_fill_free_slots_without_copies(stack: Stack) -> None:
     assert prov.pool.table[0].tolist() == prov.pool.slot_of[:E]     # the device table follows
 
 
+def test_direct_reads_never_fill_a_slot_the_step_reads(stack: Stack) -> None:
+    # A step's fill slots are free before its first layer looks at the table (the coldest residents
+    # are evicted first), so no kernel of the step reads a slot another one writes.
+    prov = stack.offloaded(8, depth=1, policy="lfu", direct_reads=True)
+    prov.admit_per_step = 2
+    g = torch.Generator().manual_seed(4)
+    for _ in range(12):
+        prov.begin_step()
+        for layer in range(L):
+            ids = torch.randint(0, E, (3, 2), generator=g)
+            table, _, host = prov.acquire(layer, ids)
+            fills = set(prov._fill_slots)
+            assert not fills & {s for s in table.tolist() if s >= 0}
+            assert {s for s in host.fill.tolist() if s >= 0} <= fills
+        prov.end_step()
+    assert prov.stats().fills > 0
+
+
 def test_direct_reads_lfu_admits_only_over_a_colder_victim(stack: Stack) -> None:
     # A full pool of one slot: a miss replaces the resident only if it is hotter (decayed use count,
     # this step's use included) than the resident; a tie keeps the resident.
