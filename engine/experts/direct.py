@@ -8,9 +8,17 @@ reads each layer's ids, the slots they found and the predictions for later layer
 misses, and copies predicted experts into free staging slots on the copy stream, each table entry
 written on that stream after its copy (so a snapshot sees a slot only once its bytes are there). No
 slot is reused within a step; at the step's end (ordered after its kernels) staging slots whose copies
-have landed are released and the step's hottest misses are admitted into the pool, evicting colder
-experts (at most ``admit_per_step``, and none while the previous step's admissions are still on the
-bus, so admissions take the bus time that is free), with their copies overlapping the next step.
+have landed are released.
+
+Fills admit misses without a second trip over the bus. Before a step, up to ``fill_capacity()`` pool
+slots are made free (the coldest residents evicted, their table entries cleared before the step's
+first snapshot); each layer's snapshot gives each of its missing experts, in order of first
+occurrence, the next of them (``publish_direct`` in a recorded step, :meth:`_fills_eager` otherwise),
+and the MoE kernels that read such an expert from host memory also write it into that slot. At the
+step's end those experts become residents of their slots. Where no slots are kept for fills (pools
+under 8 slots, a static placement) the step's hottest misses are instead copied in at its end,
+evicting colder experts (at most ``admit_per_step``, and none while the previous step's admissions are
+still on the bus), with their copies overlapping the next step.
 
 A decode step replayed from one CUDA graph publishes into pinned memory (``publish_direct``) and the
 host polls it (``follow_published``) while the GPU runs; an eager step reads the same values in one
