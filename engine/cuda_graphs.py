@@ -86,12 +86,22 @@ class DecodeGraphs:
         dev = self.model.device
         side = torch.cuda.Stream(dev)
         side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side):
-            for _ in range(2):                     # warm-up: Triton autotune/compile, allocator caches
-                self.model.forward(self._batch(b), self.cache)
+        experts = self.model.experts
+        offloaded = hasattr(experts, "capturing")
+        # Warm-up (Triton compiles, cuBLAS plans, allocator caches) with every shape the recording
+        # will use: predictions cover the full prefetch depth there, whatever the prefetch gate says
+        # now, so nothing is compiled or planned for the first time inside a capture.
+        if offloaded:
+            experts.capturing = True
+        try:
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self.model.forward(self._batch(b), self.cache)
+        finally:
+            if offloaded:
+                experts.capturing = False
         torch.cuda.current_stream(dev).wait_stream(side)
         torch.cuda.synchronize(dev)
-        experts = self.model.experts
         if getattr(experts, "static", True):
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
