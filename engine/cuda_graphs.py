@@ -23,6 +23,7 @@ without the GPU ever waiting for it.
 """
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,17 +103,29 @@ class DecodeGraphs:
                 experts.capturing = False
         torch.cuda.current_stream(dev).wait_stream(side)
         torch.cuda.synchronize(dev)
+        # No garbage collection while recording: collecting an unreachable CUDA graph (an engine
+        # dropped earlier, a re-recorded step) destroys it, which is not permitted while a stream is
+        # capturing and invalidates the recording. Collect now, then pause the collector.
+        collect = gc.isenabled()
+        gc.collect()
+        gc.disable()
+        try:
+            self.graphs[b] = self._record(b, side)
+        finally:
+            if collect:
+                gc.enable()
+
+    def _record(self, b: int, side: torch.cuda.Stream) -> _Recording:
+        experts = self.model.experts
         if getattr(experts, "static", True):
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
                 logits = self.model.forward(self._batch(b), self.cache)
             self.pool = graph.pool()
-            self.graphs[b] = _Recording([graph], logits)
-            return
+            return _Recording([graph], logits)
         if experts.direct_for(b):
-            self.graphs[b] = self._capture_direct(b)
-            return
-        self.graphs[b] = self._capture_pieces(b, side)
+            return self._capture_direct(b)
+        return self._capture_pieces(b, side)
 
     def _capture_direct(self, b: int) -> _Recording:
         """Record one direct-read decode step as a single graph (see the module docstring)."""
