@@ -10,15 +10,16 @@ written on that stream after its copy (so a snapshot sees a slot only once its b
 slot is reused within a step; at the step's end (ordered after its kernels) staging slots whose copies
 have landed are released.
 
-Fills admit misses without a second trip over the bus. Before a step, up to ``fill_capacity()`` pool
-slots are made free (the coldest residents evicted, their table entries cleared before the step's
-first snapshot); each layer's snapshot gives each of its missing experts, in order of first
-occurrence, the next of them (``publish_direct`` in a recorded step, :meth:`_fills_eager` otherwise),
-and the MoE kernels that read such an expert from host memory also write it into that slot. At the
-step's end those experts become residents of their slots. Where no slots are kept for fills (pools
-under 8 slots, a static placement) the step's hottest misses are instead copied in at its end,
-evicting colder experts (at most ``admit_per_step``, and none while the previous step's admissions are
-still on the bus), with their copies overlapping the next step.
+A missing expert crosses the bus once. Each step leases up to ``fill_capacity()`` free staging slots
+as fill slots; each layer's snapshot gives each of its missing experts, in order of first occurrence,
+the next of them (``publish_direct`` in a recorded step, :meth:`_fills_eager` otherwise), and the MoE
+kernels that read such an expert from host memory also write it into that slot. At the step's end the
+hottest filled experts are admitted into the pool by a device-to-device copy from their fill slot
+(ordered after the step's kernels), evicting colder experts (the policy decides, as for any admission:
+at most ``admit_per_step``; under LFU only over a colder victim). Without fill slots (a static
+placement, no free staging slot) the step's hottest misses are instead copied in from the host at its
+end (and none while the previous step's admissions are still on the bus), with their copies
+overlapping the next step.
 
 A decode step replayed from one CUDA graph publishes into pinned memory (``publish_direct``) and the
 host polls it (``follow_published``) while the GPU runs; an eager step reads the same values in one
@@ -83,29 +84,16 @@ class DirectReads:
 
     # ---- fills: admission without a copy ----------------------------------------------------------
     def fill_capacity(self) -> int:
-        """Free pool slots kept for fills each direct-read step (0: misses are admitted by copying)."""
-        if isinstance(self.policy, StaticPolicy):
+        """Fill slots a direct-read step can lease now (0: misses are admitted by copying them in)."""
+        if isinstance(self.policy, StaticPolicy) or self.pool.slots == 0:
             return 0
-        return min(self.admit_per_step, self.pool.slots // 8, self.num_experts)
+        return min(self.admit_per_step, len(self.pool.staging_free), self.num_experts)
 
     def _begin_fills(self) -> None:
-        """Choose this step's fill slots: free pool slots, the coldest residents evicted to make up
-        ``fill_capacity`` (their table entries cleared on the compute stream, before the step)."""
-        pool, want = self.pool, self.fill_capacity()
+        """Lease this step's fill slots (free staging slots; no table entry points at them)."""
+        pool = self.pool
         self._fill_used, self._filled = 0, {}
-        evicted: list[int] = []
-        if want:
-            busy = {pool.owner[s] for s in pool.copies.busy_slots()}
-            while len(pool.free) < want:
-                victim = self.policy.victim(busy)
-                if victim is None:
-                    break
-                slot = pool.slot_of[victim]
-                self._evict(victim)
-                pool.free.append(slot)
-                evicted.append(victim)
-        self._write_table(evicted, [-1] * len(evicted), None)
-        self._fill_slots = pool.free[::-1][:want]       # the order take_free would hand them out
+        self._fill_slots = [pool.take_staging(-1) for _ in range(self.fill_capacity())]
         n = len(self._fill_slots)
         if n:
             self._fill_free[:n].copy_(torch.tensor(self._fill_slots, dtype=torch.int32), non_blocking=True)
@@ -122,22 +110,13 @@ class DirectReads:
         self._fill[moe_index].copy_(torch.tensor(row, dtype=torch.int32), non_blocking=True)
         return [row[e] for e in ids]
 
-    def _adopt_fills(self) -> list[tuple[int, int]]:
-        """The step's filled experts become residents of their slots: ``(key, slot)`` pairs. A key
-        that a prefetch copy took meanwhile (or that the policy does not admit) leaves its slot free."""
-        pool, adopted = self.pool, []
-        for key, slot in self._filled.items():
-            if pool.slot_of[key] >= 0 or pool.owner[slot] >= 0 or not self.policy.admits(key):
-                continue
-            pool.assign(key, slot)
-            self.policy.insert(key)
-            adopted.append((key, slot))
-        if adopted:
-            taken = {s for _, s in adopted}
-            pool.free = [s for s in pool.free if s not in taken]
-            self.counters.fills += len(adopted)
-        self._filled = {}
-        return adopted
+    def _promote_fills(self, admitted: list[tuple[int, int]]) -> None:
+        """Copy each admitted ``(slot, key)`` from its fill slot into its pool slot on the compute
+        stream, after the step's kernels wrote it (device to device: nothing crosses the bus)."""
+        buf = self.pool.buffer
+        for slot, key in admitted:
+            buf[slot].copy_(buf[self._filled[key]])
+        self.counters.fills += len(admitted)
 
     def publish_direct(self, moe_index: int, topk_ids: torch.Tensor, predicted: Prediction | None,
                        region: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor], HostExperts]:
@@ -178,7 +157,7 @@ class DirectReads:
         """Eager direct-read acquire: snapshot, read ids / slots / predictions (one sync), follow."""
         self._enter_mode("direct")
         if self._fill_slots is None:
-            self._begin_fills()                     # evictions first: the snapshot must not see them
+            self._begin_fills()
         snap = self._snap[moe_index]
         snap.copy_(self.pool.table[moe_index])
         flat = topk_ids.reshape(-1).to(torch.int64)                            # [T*k]
@@ -262,24 +241,27 @@ class DirectReads:
                     if key in self._unused:
                         self._unused.discard(key)
                         self.counters.prefetch_wasted += 1
-        if self.fill_capacity():
-            filled, admitted, evicted = self._adopt_fills(), [], []
+        fills = bool(self._fill_slots)
+        admitted, evicted = self._admit(list(self._filled) if fills else self._step_misses)
+        gone += evicted
+        if fills:
+            self._promote_fills(admitted)                   # fill slots were released above: reused
+            placed = [(k, s) for s, k in admitted]          # only by later steps, after these copies
         else:
-            filled, (admitted, evicted) = [], self._admit()
-        adopted = {k for k, _ in filled}
-        gone = [k for k in gone + evicted if k not in adopted]  # a released prefetch may have been filled
-        self._write_table(gone + [k for k, _ in filled], [-1] * len(gone) + [s for _, s in filled],
+            placed = []
+        self._write_table(gone + [k for k, _ in placed], [-1] * len(gone) + [s for _, s in placed],
                           None)                             # compute stream: after the step's kernels
-        if gone or admitted:
+        if gone or admitted or fills:
             copies.after_compute()                          # no copy overwrites a slot before that
-        if admitted:
+        if admitted and not fills:
             self._load_and_publish(admitted)
-        self._step_misses = []
+        self._step_misses, self._filled, self._fill_slots = [], {}, None
 
-    def _admit(self) -> tuple[list[tuple[int, int]], list[int]]:
-        """Pool slots for the step's hottest direct reads: ``(slot, key)`` pairs to copy, evicted keys."""
+    def _admit(self, keys: list[int]) -> tuple[list[tuple[int, int]], list[int]]:
+        """Pool slots for the hottest of the step's directly read ``keys``: ``(slot, key)`` pairs to
+        fill, evicted keys."""
         pool, policy = self.pool, self.policy
-        cands = [k for k in dict.fromkeys(self._step_misses) if pool.slot_of[k] < 0 and policy.admits(k)]
+        cands = [k for k in dict.fromkeys(keys) if pool.slot_of[k] < 0 and policy.admits(k)]
         lfu = isinstance(policy, LFUPolicy)
         if lfu:
             cands.sort(key=policy.hotness, reverse=True)

@@ -430,9 +430,10 @@ class OffloadedExperts(DirectReads):
             self.gate.on_issue(layer - origin, len(pairs))
 
     def _release_all(self) -> None:
-        """Release every staging lease, then forget the step's pins."""
+        """Release every staging lease (fill slots included), then forget the step's pins."""
         for slot in list(self.pool.lease):
             self._drop_staging(slot)
+        self._fill_slots, self._filled = None, {}
         self._forget_step()
 
     def _forget_step(self) -> None:

@@ -246,14 +246,26 @@ def test_direct_reads_outputs_identical_to_resident(stack: Stack, slots: int, de
 
 def test_direct_reads_lru_two_slots_exact_counts(stack: Stack) -> None:
     # The LRU sequence of test_lru_two_slots_exact_misses, admitted at each step's end instead of on
-    # demand: the same 3 hits and 5 misses; every miss is read once directly and copied in once.
+    # demand: the same 3 hits and 5 misses; every miss crosses the bus once (read directly, kept in
+    # its fill slot, admitted by a device copy).
     prov = stack.offloaded(2, depth=1, policy="lru", direct_reads=True)
     _Fixed(prov)([[0], [1], [0], [2], [1], [0], [1], [1]])
     st = prov.stats()
     nb = stack.layout.nbytes
-    assert (st.hits, st.misses) == (3, 5)
-    assert st.direct_bytes == 5 * nb and st.h2d_bytes == 10 * nb
+    assert (st.hits, st.misses, st.fills) == (3, 5, 5)
+    assert st.direct_bytes == st.h2d_bytes == 5 * nb
     assert st.pool_slots_used == 2 and sorted(prov.pool.resident_keys()) == [0, 1]
+    assert prov.pool.table[0].tolist() == prov.pool.slot_of[:E]     # the device table follows
+    assert not prov.pool.lease                                       # fill slots go back each step
+
+
+def test_direct_reads_copy_misses_in_without_fill_slots(stack: Stack) -> None:
+    # A static placement leases no fill slots: admissions (here none) would be copied in.
+    profile = [[(l * 7 + e * 3) % 5 for e in range(E)] for l in range(L)]
+    prov = stack.offloaded(4, depth=1, policy="static", routing_profile=profile, direct_reads=True)
+    assert prov.fill_capacity() == 0
+    _Fixed(prov)([[0], [1], [2]])
+    assert prov.stats().fills == 0
 
 
 def test_direct_reads_pair_bytes_and_admission_limit(stack: Stack) -> None:
@@ -264,25 +276,26 @@ def test_direct_reads_pair_bytes_and_admission_limit(stack: Stack) -> None:
     _Fixed(prov)([[3, 3, 5]])
     st = prov.stats()
     assert (st.hits, st.misses) == (0, 2) and st.direct_bytes == 3 * stack.layout.nbytes
-    assert prov.pool.resident_keys() == [3]
-    assert st.h2d_bytes == 4 * stack.layout.nbytes
+    assert prov.pool.resident_keys() == [3] and st.fills == 1
+    assert st.h2d_bytes == 3 * stack.layout.nbytes
 
 
-def test_direct_reads_fill_free_slots_without_copies(stack: Stack) -> None:
-    # A pool of 8 slots keeps admit_per_step = 1 of them free for fills: the kernels write each miss
-    # into the free slot as they read it, and it is resident from the next step on; nothing is copied.
-    # Steps 1-8 fill the empty pool with experts 0..7 (8 misses); step 9 first evicts the least
-    # recently used (0) to keep one slot free, then 7 hits; step 10: 0 misses and is filled again.
+def test_direct_reads_fill_slots_admit_without_copies(stack: Stack) -> None:
+    # One fill slot a step (admit_per_step = 1): the kernels keep each miss in the step's fill slot as
+    # they read it, and the step's end admits it with a device copy; nothing is copied from the host.
+    # Steps 1-8 fill the empty pool of 8 with layer 0's experts 0..7 (8 misses); 7 and 0 then hit;
+    # layer 1's expert 0 (key 8) misses and replaces the least recently used, key 1.
     prov = stack.offloaded(8, depth=1, policy="lru", direct_reads=True)
     prov.admit_per_step = 1
     assert prov.fill_capacity() == 1
     _Fixed(prov)([[e] for e in range(8)] + [[7], [0]])
+    _Fixed(prov)([[0]], layer=1)
     st = prov.stats()
     nb = stack.layout.nbytes
-    assert (st.hits, st.misses, st.fills) == (1, 9, 9)
+    assert (st.hits, st.misses, st.fills) == (2, 9, 9)
     assert st.direct_bytes == st.h2d_bytes == 9 * nb                 # one trip over the bus per miss
-    assert sorted(prov.pool.resident_keys()) == list(range(8)) and not prov.pool.free
-    assert prov.pool.table[0].tolist() == prov.pool.slot_of[:E]     # the device table follows
+    assert sorted(prov.pool.resident_keys()) == [0, 2, 3, 4, 5, 6, 7, 8]
+    assert prov.pool.table.flatten().tolist() == prov.pool.slot_of  # the device table follows
 
 
 def test_direct_reads_never_fill_a_slot_the_step_reads(stack: Stack) -> None:
