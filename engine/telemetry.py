@@ -33,7 +33,7 @@ class ExpertStats:
     prefetch_wasted: int = 0         # prefetched experts that were never used before eviction
     h2d_bytes: int = 0               # host -> GPU expert bytes: copies and direct reads
     direct_bytes: int = 0            # of which read by the MoE kernels straight from host memory
-    fills: int = 0                   # directly read experts written into the pool as they were read (no copy)
+    fills: int = 0                   # directly read experts admitted from where the kernels kept them (no second bus trip)
     copy_wait_ms: float = 0.0        # time compute waited on copies
     pool_slots_used: int = 0
     pool_slots_total: int = 0

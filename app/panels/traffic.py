@@ -45,8 +45,8 @@ class TrafficPanel(Panel):
         r = self.readouts
         r["h2d"].set("—" if h2d is None else f"{h2d:.2f} GB/s",
                      f"{e.h2d_bytes / GB:.2f} GB since load, {e.direct_bytes / GB:.2f} GB of it read directly "
-                     f"from host memory by the MoE kernels; {e.fills} experts kept in the pool as they were "
-                     "read (no second copy)")
+                     f"from host memory by the MoE kernels; {e.fills} of the experts read so were kept and "
+                     "admitted into the pool without a second trip over the bus")
         r["wait"].set("—" if wait is None else f"{wait:.0f} ms/s")
         r["batch"].set(str(s.batch_size))
         r["running"].set(str(s.running))

@@ -65,7 +65,7 @@ class ResidencyCounters:
         self.host_syncs = 0
         self.sync_ms = 0.0
         self.direct_bytes = 0        # expert bytes the kernels read from host memory (direct reads)
-        self.fills = 0               # directly read experts the kernels also wrote into the pool
+        self.fills = 0               # directly read experts admitted from the kernels' fill slots
         self.layer_hits = [0] * num_layers
         self.layer_misses = [0] * num_layers
         self.acts = [[0] * num_experts for _ in range(num_layers)]            # [L][E] host-side counts
