@@ -108,7 +108,7 @@ class OffloadedExperts(DirectReads):
         self._step_mode: str | None = None           # this step's ("captured" while recording a graph)
         self._step_misses: list[int] = []            # keys read directly this step: admission candidates
         self.admit_per_step = max(1, num_experts // 2)
-        # fills: the kernels write a directly read expert into a free pool slot as they read it
+        # fills: the kernels keep a directly read expert in a leased staging slot as they read it
         self._fill = torch.full((self.num_layers, num_experts), -1, dtype=torch.int32, device=self.device)
         self._fill_free = torch.zeros(num_experts, dtype=torch.int32, device=self.device)
         self._fill_meta = torch.zeros(2, dtype=torch.int32, device=self.device)   # [next, count]
