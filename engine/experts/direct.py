@@ -244,11 +244,12 @@ class DirectReads:
         fills = bool(self._fill_slots)
         admitted, evicted = self._admit(list(self._filled) if fills else self._step_misses)
         gone += evicted
+        placed = []
         if fills:
             self._promote_fills(admitted)                   # fill slots were released above: reused
             placed = [(k, s) for s, k in admitted]          # only by later steps, after these copies
-        else:
-            placed = []
+            kept = {k for k, _ in placed}
+            gone = [k for k in gone if k not in kept]      # a prefetch that landed late, then admitted
         self._write_table(gone + [k for k, _ in placed], [-1] * len(gone) + [s for _, s in placed],
                           None)                             # compute stream: after the step's kernels
         if gone or admitted or fills:

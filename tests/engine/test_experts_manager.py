@@ -316,6 +316,29 @@ def test_direct_reads_never_fill_a_slot_the_step_reads(stack: Stack) -> None:
     assert prov.stats().fills > 0
 
 
+def test_direct_reads_late_prefetch_then_filled_ends_in_its_pool_slot(stack: Stack) -> None:
+    # A prefetch whose copy landed after its layer ran: the layer read the expert directly and kept
+    # it in a fill slot. At the step's end its staging slot is released and the fill admitted; the
+    # device table must end at the pool slot (not at the released staging slot, nor at -1).
+    prov = stack.offloaded(4, depth=1, policy="lru", direct_reads=True)
+    prov.begin_step()
+    prov._enter_mode("direct")
+    prov._begin_fills()
+    key, pool = 5, prov.pool
+    pool.assign(key, pool.take_staging(-1))                    # the late prefetch
+    fill = prov._fill_slots[0]
+    pool.buffer[fill].copy_(stack.store.rows[key])             # what the kernels wrote
+    prov._filled = {key: fill}
+    prov._step_mode = "direct"
+    writes, write = [], prov._write_table
+    prov._write_table = lambda keys, values, stream: (writes.append(list(keys)), write(keys, values, stream))
+    prov.end_step()
+    assert all(len(set(k)) == len(k) for k in writes)         # one value per entry (CUDA picks any)
+    slot = pool.slot_of[key]
+    assert 0 <= slot < pool.slots and pool.table.flatten()[key] == slot
+    assert torch.equal(pool.buffer[slot], stack.store.rows[key]) and not pool.lease
+
+
 def test_direct_reads_lfu_admits_only_over_a_colder_victim(stack: Stack) -> None:
     # A full pool of one slot: a miss replaces the resident only if it is hotter (decayed use count,
     # this step's use included) than the resident; a tie keeps the resident.
