@@ -124,7 +124,7 @@ def _up_decode_kernel(x_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr,
     key = (row_base + e).to(tl.int64)
     w_rows = _expert_ptr(w_ptr, hw_ptr, slot, key, sw_s, HOST) + rows * sw_n
     s_rows = _expert_ptr(s_ptr, hs_ptr, slot, key, ss_s, HOST) + rows * ss_n
-    fill = _fill_of(fill_row, e, slot, FILL).to(tl.int64)
+    fill = _fill_of(fill_row, e, slot, FILL)
     f_rows = _fill_ptr(w_ptr, fill, sw_s, FILL) + rows * sw_n
     fs_rows = _fill_ptr(s_ptr, fill, ss_s, FILL) + rows * ss_n
     x_row = x_ptr + (pair // TOP_K).to(tl.int64) * stride_x
@@ -155,7 +155,7 @@ def _down_decode_kernel(h_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, 
     key = (row_base + e).to(tl.int64)
     w_rows = _expert_ptr(w_ptr, hw_ptr, slot, key, sw_s, HOST) + n * sw_n
     s_rows = _expert_ptr(s_ptr, hs_ptr, slot, key, ss_s, HOST) + n * ss_n
-    fill = _fill_of(fill_row, e, slot, FILL).to(tl.int64)
+    fill = _fill_of(fill_row, e, slot, FILL)
     y = _rows_dot(h_ptr + pair.to(tl.int64) * F, w_rows, s_rows, j_ok & (n < D), F, FMT, KP * BLOCK_N,
                   BLOCK_K, True, _fill_ptr(w_ptr, fill, sw_s, FILL) + n * sw_n,
                   _fill_ptr(s_ptr, fill, ss_s, FILL) + n * ss_n, j_ok & (fill >= 0), FILL)  # [R]
@@ -303,7 +303,7 @@ def _up_int4_kernel(xv_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, 
     w_rows = _expert_ptr(w_ptr, hw_ptr, slot, key, sw_s, HOST) + rows * sw_n
     s_rows = _expert_ptr(s_ptr, hs_ptr, slot, key, ss_s, HOST) + rows * ss_n
     z_rows = _expert_ptr(z_ptr, hz_ptr, slot, key, sz_s, HOST) + rows * ss_n
-    fill = _fill_of(fill_row, e, slot, FILL).to(tl.int64)
+    fill = _fill_of(fill_row, e, slot, FILL)
     fills = (_fill_ptr(w_ptr, fill, sw_s, FILL) + rows * sw_n, _fill_ptr(s_ptr, fill, ss_s, FILL) + rows * ss_n,
              _fill_ptr(z_ptr, fill, sz_s, FILL) + rows * ss_n)
     tok = (pair // TOP_K).to(tl.int64)
@@ -352,7 +352,7 @@ def _down_int4_kernel(h_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, sw
     w_rows = _expert_ptr(w_ptr, hw_ptr, slot, key, sw_s, HOST) + n * sw_n
     s_rows = _expert_ptr(s_ptr, hs_ptr, slot, key, ss_s, HOST) + n * ss_n
     z_rows = _expert_ptr(z_ptr, hz_ptr, slot, key, sz_s, HOST) + n * ss_n
-    fill = _fill_of(fill_row, e, slot, FILL).to(tl.int64)               # [1, KP, 1, 1]
+    fill = _fill_of(fill_row, e, slot, FILL)                            # [1, KP, 1, 1]
     fills = (_fill_ptr(w_ptr, fill, sw_s, FILL) + n * sw_n, _fill_ptr(s_ptr, fill, ss_s, FILL) + n * ss_n,
              _fill_ptr(z_ptr, fill, sz_s, FILL) + n * ss_n)
     fill_ok = j_ok & (fill >= 0)
