@@ -87,6 +87,8 @@ def _row(routing: str, pool: float, depth: int, reads: str, batch: int, timed, b
            "prefetch_hits": d("prefetch_hits"), "prefetch_wasted": d("prefetch_wasted"),
            "h2d_bytes_per_token": d("h2d_bytes") / n, "bus_gb_s": d("h2d_bytes") / secs / 1e9,
            "direct_bytes_per_token": d("direct_bytes") / n, "fills": d("fills"),
+           # share of the misses that a prediction for their layer had named (what prefetch could hide)
+           "misses_predicted": d("misses_predicted") / d("misses") if d("misses") else None,
            "copy_wait_ms_per_token": d("copy_wait_ms") / n,
            # wall time the host spent blocked on routing reads (GPU busy); the rest is host work
            "host_wait_ms_per_token": host_wait / n}

@@ -66,6 +66,8 @@ class ResidencyCounters:
         self.sync_ms = 0.0
         self.direct_bytes = 0        # expert bytes the kernels read from host memory (direct reads)
         self.fills = 0               # directly read experts admitted from the kernels' fill slots
+        self.misses_predicted = 0    # misses a prediction for their layer had named
+        self.device_copy_bytes = 0   # expert bytes the GPU-side prefetch copied in
         self.layer_hits = [0] * num_layers
         self.layer_misses = [0] * num_layers
         self.acts = [[0] * num_experts for _ in range(num_layers)]            # [L][E] host-side counts
@@ -94,8 +96,8 @@ class ResidencyCounters:
         return ExpertStats(
             hits=self.hits + int(sum(dev_hits_l)), misses=self.misses,
             prefetch_hits=self.prefetch_hits, prefetch_wasted=self.prefetch_wasted,
-            h2d_bytes=pool.copies.bytes_copied + self.direct_bytes, direct_bytes=self.direct_bytes,
-            fills=self.fills,
+            h2d_bytes=pool.copies.bytes_copied + self.direct_bytes + self.device_copy_bytes, direct_bytes=self.direct_bytes,
+            fills=self.fills, misses_predicted=self.misses_predicted,
             copy_wait_ms=pool.copies.poll(),
             pool_slots_used=pool.slots_used(), pool_slots_total=pool.slots, pool_bytes=pool.bytes,
             per_layer_hit_rate=rates, activations=tuple(tuple(r) for r in acts))

@@ -70,10 +70,15 @@ class DirectReads:
         return HostExperts(self._host_views, moe_index * self.num_experts, self._fill[moe_index])
 
     def start_direct_step(self, regions: torch.Tensor) -> None:
-        """Before a recorded direct-read step is replayed: enter direct mode, choose its fill slots,
-        blank the publish regions."""
+        """Before a recorded direct-read step is replayed: enter direct mode, choose its fill slots
+        and prefetch slots, blank the publish regions."""
         self._enter_mode("direct")
         self._begin_fills()
+        self._named, self._seen = {}, {}
+        dp = self._dp
+        if dp is not None and dp.recorded_targets is not None:
+            self._begin_device_prefetch(regions.shape[1] // (3 + self.prefetch_depth))
+            self._dp_active, self._dp_replay = True, True
         regions.fill_(UNWRITTEN)
 
     def prepare_direct_capture(self) -> None:
@@ -81,6 +86,66 @@ class DirectReads:
         self._enter_mode("direct")
         self._step_mode = None
         self._fill_meta.zero_()                     # a warm-up run outside a step fills nothing
+        if self._dp is not None:
+            self._dp.disarm()                       # ... and claims nothing
+
+    # ---- GPU-side prefetch (engine/experts/device_prefetch.py) --------------------------------------
+    def _device_prefetch_for(self, tokens: int) -> bool:
+        """Whether this step's predictions are copied in by the GPU itself."""
+        return self._dp is not None and self._step_mode != "sync" and self.direct_for(tokens)
+
+    def _ensure_direct_step(self) -> None:
+        """An eager direct-read step: enter direct mode; on its first call lease fill and prefetch slots."""
+        self._enter_mode("direct")
+        if self._fill_slots is None:
+            self._begin_fills()
+            self._seen = {}
+
+    def _begin_device_prefetch(self, assignments: int) -> None:
+        """Lease the free staging slots for this step's GPU-side prefetch and set its per-layer quota:
+        a quarter of the layer's ``assignments`` (T*k) while the prefetch gate finds the farthest
+        distance's guesses mostly used, one on its probe steps, none otherwise."""
+        dp, pool, gate, d = self._dp, self.pool, self.gate, self.prefetch_depth
+        self._dp_slots = [pool.take_staging(-1) for _ in range(min(len(pool.staging_free), dp.free.numel()))]
+        if gate.quota(d) is None:
+            quota = self.prefetch_per_layer or max(1, assignments // 4)
+        else:
+            quota = gate.probe_quota if gate.depth(d) >= d else 0
+        dp.begin(self._dp_slots, quota)
+
+    def _launch_device_prefetch(self, moe_index: int, layers: list[int], ids: torch.Tensor) -> None:
+        """After ``moe_index`` predicted ``layers`` (``ids [P, T, k]``): let the GPU copy the farthest
+        layer's missing experts in (every predicted layer from the first MoE layer)."""
+        dp = self._dp
+        capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        if not capturing and not self._dp_active:
+            self._ensure_direct_step()
+            self._begin_device_prefetch(ids.shape[1] * ids.shape[2])
+            dp.targets = []
+        self._dp_active, self._dp_replay = True, False
+        far = moe_index + self.prefetch_depth
+        for j, t in enumerate(layers):
+            if moe_index == 0 or t == far:
+                dp.launch(t, ids[j], self.pool.table, self.store.rows, self.pool.buffer)
+
+    def _collect_device_prefetch(self) -> list[int]:
+        """Step end: count the GPU-side prefetches (a hit: its layer found it in its slot), offer the
+        used ones to the pool like fills; returns the keys whose table entries must be cleared."""
+        dp = self._dp
+        claims = dp.collect(dp.recorded_targets if self._dp_replay else dp.targets)
+        d = self.prefetch_depth
+        for key, slot in claims:
+            if self._seen.get(key) == slot:
+                self.counters.prefetch_hits += 1
+                self.gate.on_use(d)
+                self._filled.setdefault(key, slot)
+                self._dp_used.add(key)
+            else:
+                self.counters.prefetch_wasted += 1
+        self.gate.on_issue(d, len(claims))
+        self.counters.device_copy_bytes += len(claims) * self.layout.nbytes
+        self._dp_active = False
+        return [key for key, _ in claims]
 
     # ---- fills: admission without a copy ----------------------------------------------------------
     def fill_capacity(self) -> int:
@@ -116,7 +181,7 @@ class DirectReads:
         buf = self.pool.buffer
         for slot, key in admitted:
             buf[slot].copy_(buf[self._filled[key]])
-        self.counters.fills += len(admitted)
+        self.counters.fills += sum(1 for _, key in admitted if key not in self._dp_used)
 
     def publish_direct(self, moe_index: int, topk_ids: torch.Tensor, predicted: Prediction | None,
                        region: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor], HostExperts]:
@@ -125,7 +190,8 @@ class DirectReads:
         self._step_mode = "captured"
         pred = predicted[2].reshape(-1) if predicted is not None else None
         publish_direct(self.pool.table[moe_index], self._snap[moe_index], topk_ids.reshape(-1), pred, region,
-                       self._fill[moe_index], self._fill_free, self._fill_meta)
+                       self._fill[moe_index], self._fill_free, self._fill_meta,
+                       None if self._dp is None else self._dp.meta[3:4], moe_index)
         return self._snap[moe_index], self.pool.views, self.host_experts(moe_index)
 
     def follow_published(self, cuts: Sequence, rows: int) -> None:
@@ -145,21 +211,23 @@ class DirectReads:
                 time.sleep(0)
             self.counters.sync_ms += (time.perf_counter() - t0) * 1e3
             pred = None
-            depth = self.gate.depth(self.prefetch_depth) if layers else 0
-            if depth > 0:
-                ids = torch.from_numpy(data[3 * n:].copy()).view(len(layers), t, k)[:depth, :rows]
-                pred = (layers[:depth], ids)
+            if layers:                                  # every recorded distance, for misses_predicted
+                ids = torch.from_numpy(data[3 * n:].copy()).view(len(layers), t, k)[:, :rows]
+                self._note_predicted(layers, ids)
+                depth = self.gate.depth(self.prefetch_depth)
+                if depth > 0:
+                    pred = (layers[:depth], ids[:depth])
             self._follow(c.moe_index, data[:rows * k].tolist(), data[n:n + rows * k].tolist(), pred,
                          data[2 * n:2 * n + rows * k].tolist())
 
     def _acquire_direct(self, moe_index: int,
                         topk_ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor], HostExperts]:
         """Eager direct-read acquire: snapshot, read ids / slots / predictions (one sync), follow."""
-        self._enter_mode("direct")
-        if self._fill_slots is None:
-            self._begin_fills()
+        self._ensure_direct_step()
         snap = self._snap[moe_index]
         snap.copy_(self.pool.table[moe_index])
+        if self._dp_active:
+            self._dp.set_progress(moe_index)
         flat = topk_ids.reshape(-1).to(torch.int64)                            # [T*k]
         pred = self._predicted if self._predicted is not None and self._predicted[0] == moe_index else None
         self._predicted = None
@@ -173,6 +241,7 @@ class DirectReads:
         depth = self.gate.depth(self.prefetch_depth) if pred is not None else 0
         if depth > 0:
             p = (pred[1][:depth], host[2 * n:].view(pred[2].shape)[:depth])
+            self._note_predicted(*p)
         ids, seen = host[:n].tolist(), host[n:2 * n].tolist()
         self._follow(moe_index, ids, seen, p, self._fills_eager(moe_index, ids, seen))
         return snap, self.pool.views, self.host_experts(moe_index)
@@ -188,8 +257,10 @@ class DirectReads:
                 self._filled[base + e] = f
         keys = sorted(found)
         misses = [k for k in keys if found[k] < 0]
+        self._count_predicted(moe_index, misses)
         self.counters.record(moe_index, ids, len(keys) - len(misses), len(misses))
         self.counters.direct_bytes += sum(1 for s in seen if s < 0) * self.layout.nbytes   # each pair reads its expert
+        self._seen.update(found)
         for k in keys:
             if k in self._unused:                      # a guess the routing confirmed
                 self._unused.discard(k)
@@ -201,7 +272,7 @@ class DirectReads:
                     self.counters.prefetch_wasted += 1  # wrong guess, and the gate counts it so
         self.policy.touch(keys)
         self._step_misses.extend(misses)
-        if predicted is not None:
+        if predicted is not None and not self._dp_active:      # the GPU prefetches by itself
             self._prefetch_direct(*predicted)
 
     def _prefetch_direct(self, layers: list[int], ids: torch.Tensor) -> None:
@@ -241,7 +312,9 @@ class DirectReads:
                     if key in self._unused:
                         self._unused.discard(key)
                         self.counters.prefetch_wasted += 1
-        fills = bool(self._fill_slots)
+        if self._dp_active:
+            gone += self._collect_device_prefetch()
+        fills = bool(self._fill_slots) or bool(self._dp_used)
         admitted, evicted = self._admit(list(self._filled) if fills else self._step_misses)
         gone += evicted
         placed = []
@@ -257,6 +330,7 @@ class DirectReads:
         if admitted and not fills:
             self._load_and_publish(admitted)
         self._step_misses, self._filled, self._fill_slots = [], {}, None
+        self._dp_used, self._seen = set(), {}
 
     def _admit(self, keys: list[int]) -> tuple[list[tuple[int, int]], list[int]]:
         """Pool slots for the hottest of the step's directly read ``keys``: ``(slot, key)`` pairs to

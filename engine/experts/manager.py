@@ -38,6 +38,7 @@ from engine.experts.direct import DirectReads
 from engine.experts.layout import ExpertLayout
 from engine.experts.policy import DEFAULT_LFU_DECAY, EvictionPolicy, StaticPolicy, make_policy
 from engine.experts.pool import ExpertPool
+from engine.experts.device_prefetch import DevicePrefetcher
 from engine.experts.prefetch import PrefetchGate, RouteFn, predict_experts
 from engine.experts.readback import HostReader
 from engine.experts.profile import check_routing_profile, read_routing_profile
@@ -95,6 +96,7 @@ class OffloadedExperts(DirectReads):
         self._owns_store = False
         self.capturing = False     # set while decode steps are recorded into CUDA graphs (see before_layer)
         self._pending_prefetch: tuple[list[int], torch.Tensor] | None = None
+        self._named: dict[int, set[int]] = {}      # layer -> keys this step's predictions named for it
         # direct reads
         self._direct_opt = direct_reads
         if direct_reads and self.device.type == "cuda" and not store.direct_readable(self.device):
@@ -115,6 +117,15 @@ class OffloadedExperts(DirectReads):
         self._fill_slots: list[int] | None = None    # this step's fill slots (None: not chosen yet)
         self._fill_used = 0                          # of which handed out (eager steps)
         self._filled: dict[int, int] = {}            # key -> fill slot written this step
+        # GPU-side prefetch of direct-read steps (engine/experts/device_prefetch.py)
+        self._dp = (DevicePrefetcher(self.num_layers, num_experts, num_experts, self.device)
+                    if DevicePrefetcher.usable(self.device, layout.nbytes) else None)
+        self._dp_active = False                      # this step launched (or replays) GPU-side prefetches
+        self._dp_replay = False                      # ... from a recorded graph
+        self._seen: dict[int, int] = {}              # key -> slot its layer found this step (direct steps)
+        self._dp_slots: list[int] = []               # staging slots leased for it this step
+        self._dp_used: set[int] = set()              # keys it brought that their layer used
+        self.prefetch_per_layer: int | None = None   # claims per layer (None: a quarter of the layer's T*k)
 
     @classmethod
     def from_rows(cls, layout: ExpertLayout, rows: torch.Tensor, num_experts: int, device: torch.device | str,
@@ -145,6 +156,7 @@ class OffloadedExperts(DirectReads):
         self._step_misses = []
         self._fill_slots, self._filled = None, {}
         self._predicted = None
+        self._named = {}
         self.policy.tick()
         self._in_step = True
         self.gate.tick()
@@ -164,12 +176,16 @@ class OffloadedExperts(DirectReads):
         self._predicted = None
         if self.pool.full or self.prefetch_depth == 0:
             return None
-        depth = self.prefetch_depth if self.capturing else self.gate.depth(self.prefetch_depth)
+        device_side = self._device_prefetch_for(hidden.shape[0])
+        full = self.capturing or device_side
+        depth = self.prefetch_depth if full else self.gate.depth(self.prefetch_depth)
         layers = list(range(moe_index + 1, min(moe_index + depth, self.num_layers - 1) + 1))
         if not layers:
             return None
         ids = predict_experts(hidden, self.routers, layers[0], len(layers), self.route_fn)   # [P, T, k]
         self._predicted = (moe_index, layers, ids)
+        if device_side:
+            self._launch_device_prefetch(moe_index, layers, ids)
         return self._predicted
 
     def acquire(self, moe_index: int, topk_ids: torch.Tensor, predicted: Prediction | None = None,
@@ -236,6 +252,9 @@ class OffloadedExperts(DirectReads):
         self._current = set(keys)
         slot_of = self.pool.slot_of
         misses = [k for k in keys if slot_of[k] < 0]
+        self._count_predicted(moe_index, misses)
+        if predicted is not None:
+            self._note_predicted(*predicted)
         for k in keys:
             if slot_of[k] >= 0 and k in self._unused:
                 self._unused.discard(k)
@@ -257,6 +276,11 @@ class OffloadedExperts(DirectReads):
 
     def end_step(self) -> None:
         """The forward pass is over: staging leases and prefetch pins end with it."""
+        if self._dp is not None and self._dp_active and not self._dp_replay:
+            self._dp.join()                          # recorded too when the step is being captured
+            if self._step_mode == "captured":
+                self._dp.recorded_targets = list(self._dp.targets)
+                self._dp_active = False
         if self._step_mode == "direct":
             self._end_direct_step()
         elif self._step_mode == "sync" or (self._step_mode is None and self._mode != "direct"):
@@ -429,8 +453,25 @@ class OffloadedExperts(DirectReads):
             self.pool.load(pairs, demand=False)
             self.gate.on_issue(layer - origin, len(pairs))
 
+    def _note_predicted(self, layers: list[int], ids: torch.Tensor) -> None:
+        """Remember the keys a prediction (``ids [P, T, k]`` on the host for ``layers``) named."""
+        for layer, layer_ids in zip(layers, ids):
+            base = layer * self.num_experts
+            self._named.setdefault(layer, set()).update(base + e for e in layer_ids.reshape(-1).tolist())
+
+    def _count_predicted(self, layer: int, misses: list[int]) -> None:
+        """Count the misses of ``layer`` that an earlier layer's prediction had named."""
+        named = self._named.pop(layer, None)
+        if named:
+            self.counters.misses_predicted += sum(1 for k in misses if k in named)
+
     def _release_all(self) -> None:
-        """Release every staging lease (fill slots included), then forget the step's pins."""
+        """Release every staging lease (fill and prefetch slots included), then forget the step's pins."""
+        if self._dp_active:                          # a step cut short: undo its GPU-side prefetches
+            self._dp.join()
+            keys = self._collect_device_prefetch()
+            self._write_table(keys, [-1] * len(keys), None)
+            self._dp_used = set()
         for slot in list(self.pool.lease):
             self._drop_staging(slot)
         self._fill_slots, self._filled = None, {}

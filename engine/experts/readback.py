@@ -33,8 +33,9 @@ def _publish_kernel():
     import triton.language as tl
 
     @triton.jit
-    def _publish_direct_kernel(table_row, snap_row, ids, pred, region, fill_row, fill_free, fill_meta, E, N, NP,
-                               BLOCK_E: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr):
+    def _publish_direct_kernel(table_row, snap_row, ids, pred, region, fill_row, fill_free, fill_meta, progress,
+                               layer, E, N, NP, BLOCK_E: tl.constexpr, BLOCK_N: tl.constexpr,
+                               BLOCK_P: tl.constexpr, PROGRESS: tl.constexpr):
         # One program: snapshot the slot-table row (and clear the fill row), then publish the ids and
         # the slot each id found in that snapshot (after a barrier: the snapshot is what the MoE
         # kernels will read); give each missing expert, at its first occurrence, the next of the
@@ -62,6 +63,8 @@ def _publish_kernel():
         tl.store(region + 2 * N + i, tl.load(fill_row + idv, mask=i_ok, other=-1).to(tl.int64), mask=i_ok)
         p = tl.arange(0, BLOCK_P)
         tl.store(region + 3 * N + p, tl.load(pred + p, mask=p < NP, other=0).to(tl.int64), mask=p < NP)
+        if PROGRESS:   # for the GPU-side prefetch: this layer's snapshot is taken
+            tl.store(progress, layer)
 
     return _publish_direct_kernel
 
@@ -71,12 +74,13 @@ _PUBLISH = None
 
 def publish_direct(table_row: torch.Tensor, snap_row: torch.Tensor, ids: torch.Tensor,
                    pred: torch.Tensor | None, region: torch.Tensor, fill_row: torch.Tensor,
-                   fill_free: torch.Tensor, fill_meta: torch.Tensor) -> None:
+                   fill_free: torch.Tensor, fill_meta: torch.Tensor, progress: torch.Tensor | None = None,
+                   layer: int = 0) -> None:
     """Device work only (graph-capturable): ``snap_row <- table_row`` ([E] int32); ``fill_row`` [E]
     int32 <- for each expert of ``ids`` missing from the snapshot, at its first occurrence, the next
     slot of ``fill_free`` (from ``fill_meta = [next, count]``, advanced) or -1; then into the pinned
     int64 ``region``: ``ids`` [N], the slot each found in the snapshot [N], the fill slot of each [N],
-    and ``pred`` [NP] if given."""
+    and ``pred`` [NP] if given. ``progress`` (int32 [1], optional) <- ``layer`` once the snapshot is taken."""
     global _PUBLISH
     if _PUBLISH is None:
         _PUBLISH = _publish_kernel()
@@ -84,8 +88,9 @@ def publish_direct(table_row: torch.Tensor, snap_row: torch.Tensor, ids: torch.T
     e, n = table_row.numel(), ids.numel()
     np_ = 0 if pred is None else pred.numel()
     _PUBLISH[(1,)](table_row, snap_row, ids, ids if pred is None else pred, region, fill_row, fill_free, fill_meta,
-                   e, n, np_, BLOCK_E=triton.next_power_of_2(e), BLOCK_N=triton.next_power_of_2(max(n, 1)),
-                   BLOCK_P=triton.next_power_of_2(max(np_, 1)))
+                   fill_meta if progress is None else progress, layer, e, n, np_,
+                   BLOCK_E=triton.next_power_of_2(e), BLOCK_N=triton.next_power_of_2(max(n, 1)),
+                   BLOCK_P=triton.next_power_of_2(max(np_, 1)), PROGRESS=progress is not None)
 
 
 def copy_kernel(src: torch.Tensor, dst: torch.Tensor) -> None:

@@ -242,6 +242,13 @@ def test_direct_reads_outputs_identical_to_resident(stack: Stack, slots: int, de
     assert (st.fills > 0) == (prov.fill_capacity() > 0)    # later steps compute from filled slots
     assert prov.host_syncs == 4 * L                 # one read per layer call (eager), none for copies
     assert not prov.pool.lease                      # CPU copies land at once: staging is released each step
+    # The GPU-side prefetch (here its torch twin): every expert it copied is counted used or wasted,
+    # its bytes are bus bytes, and no claim outlives its step in the table.
+    dp_experts = prov.counters.device_copy_bytes // stack.layout.nbytes
+    assert st.prefetch_hits + st.prefetch_wasted == dp_experts
+    assert st.h2d_bytes == st.direct_bytes + prov.counters.device_copy_bytes + prov.pool.copies.bytes_copied
+    assert slots > 1 or st.prefetch_hits > 0
+    assert prov.pool.table.flatten().tolist() == prov.pool.slot_of
 
 
 def test_direct_reads_lru_two_slots_exact_counts(stack: Stack) -> None:

@@ -1,0 +1,224 @@
+"""Prefetch without the host: the GPU copies predicted experts into staging slots while it computes.
+
+In a direct-read decode step (engine/experts/direct.py) the host only follows the GPU: by the time it
+has read a layer's prediction and issued a copy, the layer it was for has often begun, and the copy
+is wasted. Here the prediction never leaves the device. Right after layer ``l`` predicts the experts
+of layer ``t = l + depth`` (the farthest it looks), two kernels on a stream of their own take over:
+
+* ``claim`` (one program) walks the predicted ids of ``t`` rank by rank (every token's first choice,
+  then every second choice, ...), keeps the first occurrence of each expert that has no slot in the
+  table, and gives at most ``quota`` of them the next of the step's leased staging slots. Each
+  claimed entry of the slot table is marked ``CLAIMED`` (still "missing" to every reader), and the
+  claims are listed for the copy kernel and, in pinned memory, for the host. It claims nothing once
+  the compute stream has published layer ``t - 1``: such a copy could not land in time.
+* ``copy`` (a few persistent programs) moves the claimed experts' bytes from the mapped host store
+  into their slots in 256 KiB chunks; the program that completes an expert's last chunk publishes
+  its slot in the table with release semantics, so a snapshot that sees the slot also sees its
+  bytes. A layer whose snapshot was taken before that reads the expert directly, as before.
+
+The stream forks from the compute stream at each launch and joins it at the end of the step, so a
+step recorded into one CUDA graph carries its prefetches with it. At the step's end the host reads
+the claims (``collect``), counts an expert whose layer found it in its slot as a prefetch hit,
+offers those to the pool like fills, and clears the table entries of the rest.
+
+On the CPU (and for eager steps there) :meth:`DevicePrefetcher.launch` does the same in torch,
+synchronously: every claimed expert lands before its layer.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from engine.experts.readback import pinned_ids
+from kernels._triton import HAS_TRITON, jit, tl
+
+CLAIMED = -3                 # a slot-table entry whose copy is under way (negative: "missing" to readers)
+UNWRITTEN = -2               # a claim region until its claim kernel has run
+CHUNK_WORDS = 1 << 16        # int32 words per copy chunk (256 KiB)
+COPY_PROGRAMS = 32           # persistent programs of the copy kernel
+COPY_BLOCK = 4096            # int32 words one program moves per iteration
+
+
+@jit
+def _claim_kernel(pred, table, free, meta, work, done, region, target, T, E, N, MAXC,
+                  K: tl.constexpr, BLOCK_N: tl.constexpr):
+    # pred: [T, K] ids of layer ``target``; meta: [next, count, quota, progress]; work: [N, 2]
+    # (slot, key); region: pinned [1 + 2 MAXC] (count, keys, slots).
+    i = tl.arange(0, BLOCK_N)
+    i_ok = i < N
+    src = (i % T) * K + i // T                                     # rank-major: first choices first
+    e = tl.load(pred + src, mask=i_ok, other=0).to(tl.int64)
+    j = tl.arange(0, BLOCK_N)
+    ej = tl.load(pred + (j % T) * K + j // T, mask=j < N, other=-1).to(tl.int64)
+    earlier = (ej[None, :] == e[:, None]) & (j[None, :] < i[:, None])              # [N, N]
+    key = target * E + e
+    state = tl.load(table + key, mask=i_ok, other=0)
+    cand = i_ok & (tl.sum(earlier.to(tl.int32), axis=1) == 0) & (state == -1)
+    nxt, count, quota, progress = tl.load(meta), tl.load(meta + 1), tl.load(meta + 2), tl.load(meta + 3)
+    quota = tl.where(progress < target - 1, quota, 0)             # too late to land: claim nothing
+    c = cand.to(tl.int32)
+    pos = tl.cumsum(c, axis=0) - c
+    take = cand & (pos < quota) & (nxt + pos < count)
+    slot = tl.load(free + nxt + pos, mask=take, other=-1)
+    tl.store(table + key, tl.full([BLOCK_N], -3, tl.int32), mask=take)
+    tl.store(work + 2 * pos, slot.to(tl.int64), mask=take)
+    tl.store(work + 2 * pos + 1, key, mask=take)
+    tl.store(done + pos, tl.zeros([BLOCK_N], tl.int32), mask=take)
+    n = tl.sum(take.to(tl.int32), axis=0)
+    tl.store(region + 1 + pos, key, mask=take)
+    tl.store(region + 1 + MAXC + pos, slot.to(tl.int64), mask=take)
+    tl.store(meta + 4, n)                                           # the copy kernel's item count
+    tl.store(meta, nxt + n)
+    tl.debug_barrier()
+    tl.store(region, n.to(tl.int64))
+
+
+@jit
+def _copy_kernel(rows, pool, work, done, meta, table, W, NCHUNK, NPROG,
+                 CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    # rows: host store as int32 [R, W]; pool: slots as int32 [S, W]; chunk c of item i is unit
+    # i * NCHUNK + c; units are dealt round-robin to the programs.
+    n = tl.load(meta + 4)
+    offs = tl.arange(0, BLOCK)
+    for u in range(tl.program_id(0), n * NCHUNK, NPROG):
+        item = u // NCHUNK
+        c = u % NCHUNK
+        slot = tl.load(work + 2 * item)
+        key = tl.load(work + 2 * item + 1)
+        src = rows + key * W
+        dst = pool + slot * W
+        for w0 in range(c * CHUNK, tl.minimum((c + 1) * CHUNK, W), BLOCK):
+            o = w0 + offs
+            ok = o < tl.minimum((c + 1) * CHUNK, W)
+            tl.store(dst + o, tl.load(src + o, mask=ok), mask=ok)
+        tl.debug_barrier()                                          # the program's stores, then its count
+        if tl.atomic_add(done + item, 1, sem="acq_rel") == NCHUNK - 1:
+            tl.atomic_xchg(table + key, slot.to(tl.int32), sem="release")
+
+
+class DevicePrefetcher:
+    """Device buffers, stream and host view of the GPU-side prefetch (see the module doc)."""
+
+    chunk_words, copy_block = CHUNK_WORDS, COPY_BLOCK
+
+    def __init__(self, num_layers: int, num_experts: int, max_claims: int, device: torch.device) -> None:
+        self.device, self.num_experts, self.max_claims = device, num_experts, max_claims
+        cuda = device.type == "cuda"
+        self.meta = torch.zeros(5, dtype=torch.int32, device=device)        # next, count, quota, progress, n
+        self.free = torch.zeros(max(1, 2 * num_experts), dtype=torch.int32, device=device)
+        self.work = torch.zeros(2 * max_claims, dtype=torch.int64, device=device)
+        self.done = torch.zeros(max_claims, dtype=torch.int32, device=device)
+        width = 1 + 2 * max_claims
+        self.regions = (pinned_ids(num_layers * width) if cuda else torch.zeros(num_layers * width,
+                                                                                dtype=torch.int64)).view(num_layers, width)
+        self.stream = torch.cuda.Stream(device) if cuda else None
+        self.targets: list[int] = []        # layers a claim was launched for this step (recorded or eager)
+        self.recorded_targets: list[int] | None = None
+        self._forked = False
+
+    @staticmethod
+    def usable(device: torch.device, row_bytes: int) -> bool:
+        """Whether this device and row size can use it (rows copied as int32 words)."""
+        return row_bytes % 4 == 0 and (device.type != "cuda" or HAS_TRITON)
+
+    def begin(self, slots: list[int], quota: int) -> None:
+        """Before a step: lease ``slots`` (staging slots nobody points at) and allow ``quota``
+        claims per layer; mark the claim regions of the recorded targets unwritten."""
+        n = len(slots)
+        if n:
+            self.free[:n].copy_(torch.tensor(slots, dtype=torch.int32), non_blocking=True)
+        self.meta.copy_(torch.tensor([0, n, quota if n else 0, -1, 0], dtype=torch.int32), non_blocking=True)
+        self.targets = []
+        for t in self.recorded_targets or []:
+            self.regions[t, 0] = UNWRITTEN
+
+    def disarm(self) -> None:
+        """Before a step is recorded: its claims are set up by each replay (``begin``), not now."""
+        self.meta.zero_()
+        self.targets = []
+
+    def launch(self, target: int, pred: torch.Tensor, table: torch.Tensor, rows: torch.Tensor,
+               pool: torch.Tensor) -> None:
+        """Claim and copy predicted experts of layer ``target`` (``pred [T, k]`` on the device).
+
+        ``table [L, E]`` int32 slot table; ``rows [L*E, nbytes]`` host store; ``pool [S, nbytes]``."""
+        self.targets.append(target)
+        T, k = pred.shape
+        n = min(T * k, self.max_claims)
+        if self.stream is None:
+            self._launch_ref(target, pred, table, rows, pool, n)
+            return
+        compute = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(compute)
+        self._forked = True
+        with torch.cuda.stream(self.stream):
+            self.run_kernels(target, pred, table, rows, pool, n)
+
+    def run_kernels(self, target: int, pred: torch.Tensor, table: torch.Tensor, rows: torch.Tensor,
+                    pool: torch.Tensor, n: int) -> None:
+        """The claim and copy kernels on the current stream (what :meth:`launch` forks off)."""
+        import triton
+        T, k = pred.shape
+        rows32, pool32 = rows.view(torch.int32), pool.view(torch.int32)
+        W = rows32.shape[1]
+        _claim_kernel[(1,)](pred, table, self.free, self.meta, self.work, self.done, self.regions[target], target,
+                            T, self.num_experts, n, self.max_claims, K=k, BLOCK_N=triton.next_power_of_2(n))
+        _copy_kernel[(COPY_PROGRAMS,)](rows32, pool32, self.work, self.done, self.meta, table, W,
+                                       triton.cdiv(W, self.chunk_words), COPY_PROGRAMS, CHUNK=self.chunk_words,
+                                       BLOCK=self.copy_block, num_warps=8)
+
+    def _launch_ref(self, target: int, pred: torch.Tensor, table: torch.Tensor, rows: torch.Tensor,
+                    pool: torch.Tensor, n: int) -> None:
+        """What the kernels do, in torch (CPU): claims land at once."""
+        T, k = pred.shape
+        nxt, count, quota, progress = self.meta[:4].tolist()
+        if progress >= target - 1:
+            quota = 0
+        flat = table.view(-1)
+        ranked = pred.t().reshape(-1)[:n].tolist()
+        taken: list[tuple[int, int]] = []
+        for e in dict.fromkeys(ranked):
+            key = target * self.num_experts + e
+            if int(flat[key]) != -1:
+                continue
+            if len(taken) >= quota or nxt + len(taken) >= count:
+                break
+            slot = int(self.free[nxt + len(taken)])
+            pool[slot].copy_(rows[key])
+            flat[key] = slot
+            taken.append((key, slot))
+        self.meta[0] = nxt + len(taken)
+        region = self.regions[target]
+        region[0] = len(taken)
+        for j, (key, slot) in enumerate(taken):
+            region[1 + j], region[1 + self.max_claims + j] = key, slot
+
+    def set_progress(self, layer: int) -> None:
+        """Eager steps: the compute stream has reached ``layer``'s experts (in a recorded step the
+        publish kernel writes it)."""
+        self.meta[3].fill_(layer)
+
+    def join(self) -> None:
+        """End of the step's device work: the compute stream waits for every prefetch."""
+        if self.stream is not None and self._forked:
+            torch.cuda.current_stream(self.device).wait_stream(self.stream)
+        self._forked = False
+
+    def collect(self, targets: list[int]) -> list[tuple[int, int]]:
+        """``(key, slot)`` of every claim of the step's ``targets`` (their claim kernels have run or
+        will shortly: the host waits for their regions)."""
+        out = []
+        for t in targets:
+            region = self.regions[t]
+            if self.stream is not None:
+                view, t0 = region.numpy(), time.perf_counter()
+                while view[0] == UNWRITTEN:
+                    if time.perf_counter() - t0 > 10.0:
+                        raise RuntimeError(f"the prefetch claim of MoE layer {t} never ran")
+                    time.sleep(0)
+            m = int(region[0])
+            keys = region[1:1 + m].tolist()
+            slots = region[1 + self.max_claims:1 + self.max_claims + m].tolist()
+            out.extend(zip(keys, slots))
+        return out
