@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
 DIRECT_MAX_TOKENS = 16      # decode steps up to this many tokens read missing experts directly
 UNWRITTEN = -2              # fills a publish region until the GPU has written it
+DEVICE_PREFETCH_THRESHOLD = 0.2   # share of GPU-side prefetches used below which they pause (probes go on)
 
 
 class DirectReads:
@@ -102,15 +103,22 @@ class DirectReads:
             self._seen = {}
 
     def _begin_device_prefetch(self, assignments: int) -> None:
-        """Lease the free staging slots for this step's GPU-side prefetch and set its per-layer quota:
-        a quarter of the layer's ``assignments`` (T*k) while the prefetch gate finds the farthest
-        distance's guesses mostly used, one on its probe steps, none otherwise."""
+        """Lease the free staging slots for this step's GPU-side prefetch and set its per-layer quota
+        (``prefetch_per_layer``, at most the layer's ``assignments`` T*k): the quota while at least
+        ``DEVICE_PREFETCH_THRESHOLD`` of its copies were used (or too few were made to tell), the
+        gate's probe quota on its probe steps, none otherwise.
+
+        Measured on the H200 (Qwen3-30B-A3B shape, bf16, 50% pool, depth 2): the first missing expert
+        of a layer's ranked prediction is used 28% (batch 1) to 65% (batch 8) of the time with
+        trained-like routing, further ranks far less; with near-uniform routing under 10%. At batch 1
+        the bus is mostly idle, so a 28% guess still pays; a 10% one costs more than it saves."""
         dp, pool, gate, d = self._dp, self.pool, self.gate, self.prefetch_depth
         self._dp_slots = [pool.take_staging(-1) for _ in range(min(len(pool.staging_free), dp.free.numel()))]
-        if gate.quota(d) is None:
-            quota = self.prefetch_per_layer or max(1, assignments // 4)
+        acc = gate.accuracy(d)
+        if acc is None or acc >= DEVICE_PREFETCH_THRESHOLD:
+            quota = min(self.prefetch_per_layer, assignments)
         else:
-            quota = gate.probe_quota if gate.depth(d) >= d else 0
+            quota = gate.probe_quota if gate.steps % gate.probe_every == 0 else 0
         dp.begin(self._dp_slots, quota)
 
     def _launch_device_prefetch(self, moe_index: int, layers: list[int], ids: torch.Tensor) -> None:

@@ -125,7 +125,7 @@ class OffloadedExperts(DirectReads):
         self._seen: dict[int, int] = {}              # key -> slot its layer found this step (direct steps)
         self._dp_slots: list[int] = []               # staging slots leased for it this step
         self._dp_used: set[int] = set()              # keys it brought that their layer used
-        self.prefetch_per_layer: int | None = None   # claims per layer (None: a quarter of the layer's T*k)
+        self.prefetch_per_layer = 1                  # GPU-side prefetch: claims per predicted layer
 
     @classmethod
     def from_rows(cls, layout: ExpertLayout, rows: torch.Tensor, num_experts: int, device: torch.device | str,
