@@ -65,15 +65,18 @@ def residency_table(d: dict) -> list[str]:
     out = [f"Expert residency, the whole engine on the same shape with bf16 experts (`{_file('residency_*.json')}`; "
            f"pinned host-to-device {d['pinned_h2d_gbs']:.1f} GB/s; ms per generated token; C = the 100%-pool time, "
            "M = bytes over the bus / pinned bandwidth; medians of the rounds where there were several):", "",
-           "| routing | pool | depth | misses | batch | tok/s | ms | C + M | max(C, M) | hit rate | MB/token over the bus |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| routing | pool | depth | misses | batch | tok/s | ms | C + M | max(C, M) | hit rate | prefetches used "
+           "| MB/token over the bus |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for routing, block in d["offload"].items():
         for r in block.get("rows", []):
             lim = (f"{r['serial_limit_ms']:.2f} | {r['overlap_limit_ms']:.2f}" if "serial_limit_ms" in r else "| ")
             misses = "read directly" if r.get("direct_reads") else "copied in"
+            made = r["prefetch_hits"] + r["prefetch_wasted"]
+            used = f"{r['prefetch_hits']} of {made}" if made else "-"
             out.append(f"| {routing} | {100 * r['pool_fraction']:.0f}% | {r['depth']} | {misses} | {r['batch']} | "
                        f"{r['tok_s']:.1f} | "
-                       f"{r['ms_per_token']:.2f} | {lim} | {100 * r['hit_rate']:.1f}% | "
+                       f"{r['ms_per_token']:.2f} | {lim} | {100 * r['hit_rate']:.1f}% | {used} | "
                        f"{r['h2d_bytes_per_token'] / 1e6:.0f} |")
     out.append("")
     for s in d.get("summary", []):

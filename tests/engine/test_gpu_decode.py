@@ -58,6 +58,13 @@ def test_graph_replay_matches_eager(model, frac, depth, reads) -> None:
             assert st.direct_bytes > 0 and st.misses > 0
             # with pool slots to spare, misses were written into the pool by the kernels that read them
             assert (st.fills > 0) == (llm.engine.loaded.experts.fill_capacity() > 0)
+            # the GPU-side prefetch: each expert it copied is counted used or wasted, and at rest the
+            # device slot table holds no claim of a finished step
+            prov = llm.engine.loaded.experts
+            assert prov._dp is not None and prov._dp.recorded_targets
+            assert st.prefetch_hits + st.prefetch_wasted == prov.counters.device_copy_bytes // nbytes
+            torch.cuda.synchronize()
+            assert prov.pool.table.flatten().tolist() == prov.pool.slot_of
         else:
             assert not rec.direct and len(rec.graphs) == len(rec.cuts) + 1 == layers + 1
             assert st.direct_bytes == 0
