@@ -379,3 +379,51 @@ def test_direct_reads_off_at_depth_zero_and_for_large_steps(stack: Stack) -> Non
     assert not prov.direct_reads                     # depth 0 is the synchronous baseline
     prov.reconfigure(prefetch_depth=1)
     assert prov.direct_for(16) and not prov.direct_for(17)
+
+
+def _predicted(stack: Stack, layer: int, x: torch.Tensor) -> torch.Tensor:
+    """The ids [T, k] that layer ``layer``'s router picks for ``x`` (what a prediction from x names)."""
+    return route(x @ stack.routers[layer].t())[1]
+
+
+def test_gpu_side_prefetch_claims_count_and_clean_up(stack: Stack) -> None:
+    # Its torch twin on the CPU, pool of 0 slots, depth 1, one claim per predicted layer. Layer 0
+    # predicts layer 1; each later layer predicts the next. Each claim is the first choice of the
+    # prediction (nothing is resident). Layers 1 and 3 route as predicted (hits), layer 2 elsewhere
+    # (its claim is wasted). At the end: no lease, no claim left in the table.
+    prov = stack.offloaded(0, depth=1, policy="lru", direct_reads=True)
+    assert prov.fill_capacity() == 0 and prov.prefetch_per_layer == 1
+    x = _x(1)
+    nb = stack.layout.nbytes
+    prov.begin_step()
+    try:
+        for layer in range(L):
+            prov.before_layer(layer, x)
+            if layer in (1, 3):
+                ids = _predicted(stack, layer, x)
+            else:                                   # anything but the prediction's first choice
+                first = int(_predicted(stack, layer, x)[0, 0])
+                ids = torch.tensor([[(first + 1) % E, (first + 2) % E]])
+            prov.acquire(layer, ids)
+    finally:
+        prov.end_step()
+    st = prov.stats()
+    assert (st.prefetch_hits, st.prefetch_wasted) == (2, 1)
+    assert (st.hits, st.misses) == (2, 2 * L - 2)
+    assert prov.counters.device_copy_bytes == 3 * nb and st.h2d_bytes == st.direct_bytes + 3 * nb
+    assert (prov.pool.table == -1).all() and not prov.pool.lease
+
+
+def test_gpu_side_prefetch_of_a_cut_short_step_leaves_nothing(stack: Stack) -> None:
+    prov = stack.offloaded(E, depth=2, policy="lfu", direct_reads=True)
+    x = _x(2)
+    with pytest.raises(RuntimeError, match="cut short"):
+        prov.begin_step()
+        try:
+            prov.before_layer(0, x)                 # claims layers 1 and 2
+            assert (prov.pool.table >= 0).any()
+            raise RuntimeError("cut short")
+        finally:
+            prov.end_step()
+    assert prov.pool.table.flatten().tolist() == prov.pool.slot_of and not prov.pool.lease
+    assert prov.stats().prefetch_wasted == 2 * 1    # one claim per predicted layer, none used
