@@ -11,7 +11,8 @@ from typing import Any
 ENGINE_FIELDS = ("decode_tok_s", "aggregate_tok_s", "prefill_tok_s", "ttft_ms", "step_ms", "running", "waiting",
                  "batch_size", "preemptions", "kv_blocks_used", "kv_blocks_total", "generated_tokens",
                  "prompt_tokens", "requests_finished", "host_syncs")
-EXPERT_FIELDS = ("hits", "misses", "prefetch_hits", "prefetch_wasted", "h2d_bytes", "direct_bytes", "fills", "copy_wait_ms",
+EXPERT_FIELDS = ("hits", "misses", "prefetch_hits", "prefetch_wasted", "h2d_bytes", "direct_bytes", "fills", "misses_predicted",
+                 "copy_wait_ms",
                  "pool_slots_used", "pool_slots_total", "pool_bytes")
 MEMORY_FIELDS = ("resident_bytes", "expert_pool_bytes", "kv_cache_bytes", "workspace_bytes", "budget_bytes")
 GPU_FIELDS = ("gpu_temp_c", "mem_temp_c", "power_w", "power_limit_w", "sm_clock_mhz", "mem_clock_mhz",

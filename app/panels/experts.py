@@ -56,7 +56,8 @@ class ExpertPanel(Panel):
         r["hit"].set(f"{100.0 * e.hit_rate:.1f}%" if total else "—", f"{e.hits} hits, {e.misses} misses")
         r["slots"].set(f"{e.pool_slots_used}/{e.pool_slots_total}" if e.pool_slots_total else "—")
         r["prefetch"].set(str(e.prefetch_hits), f"{e.prefetch_wasted} prefetched and never used")
-        r["misses"].set(str(e.misses))
+        r["misses"].set(str(e.misses), f"{e.misses_predicted} of them named by a prediction for their layer "
+                        "(the most that prefetching could have hidden)")
         self._layers = np.asarray(e.per_layer_hit_rate, dtype=float) * 100.0
         if e.activations:
             self._heat = np.asarray(e.activations, dtype=float)
