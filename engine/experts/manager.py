@@ -334,7 +334,9 @@ class OffloadedExperts(DirectReads):
 
     def describe(self) -> str:
         """One line: pool, policy, depth, how misses are read."""
-        reads = "missing experts read directly" if self.direct_reads else "missing experts copied in"
+        reads = "missing experts copied in"
+        if self.direct_reads:
+            reads = "missing experts read directly" + (", prefetched by the GPU" if self._dp is not None else "")
         return (f"{self.pool.describe()}, policy {self.policy.name}, prefetch depth {self.prefetch_depth}, "
                 f"{reads}")
 
