@@ -113,12 +113,13 @@ class DirectReads:
         trained-like routing, further ranks far less; with near-uniform routing under 10%. At batch 1
         the bus is mostly idle, so a 28% guess still pays; a 10% one costs more than it saves."""
         dp, pool, gate, d = self._dp, self.pool, self.gate, self.prefetch_depth
-        self._dp_slots = [pool.take_staging(-1) for _ in range(min(len(pool.staging_free), dp.free.numel()))]
         acc = gate.accuracy(d)
         if acc is None or acc >= DEVICE_PREFETCH_THRESHOLD:
             quota = min(self.prefetch_per_layer, assignments)
         else:
             quota = gate.probe_quota if gate.steps % gate.probe_every == 0 else 0
+        wanted = quota * (self.num_layers - 1)              # at most one claim batch per later layer
+        self._dp_slots = [pool.take_staging(-1) for _ in range(min(len(pool.staging_free), dp.free.numel(), wanted))]
         dp.begin(self._dp_slots, quota)
 
     def _launch_device_prefetch(self, moe_index: int, layers: list[int], ids: torch.Tensor) -> None:
