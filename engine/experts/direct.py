@@ -118,6 +118,9 @@ class DirectReads:
             quota = min(self.prefetch_per_layer, assignments)
         else:
             quota = gate.probe_quota if gate.steps % gate.probe_every == 0 else 0
+        if not self._admitting_idle(pool.copies.busy_slots()):
+            quota = 0          # an admission copied in from the host writes its table entry on the copy
+            # stream, which the claims do not wait for: they could claim that key and race its entry
         wanted = quota * (self.num_layers - 1)              # at most one claim batch per later layer
         self._dp_slots = [pool.take_staging(-1) for _ in range(min(len(pool.staging_free), dp.free.numel(), wanted))]
         dp.begin(self._dp_slots, quota)
