@@ -96,7 +96,8 @@ class ResidencyCounters:
         return ExpertStats(
             hits=self.hits + int(sum(dev_hits_l)), misses=self.misses,
             prefetch_hits=self.prefetch_hits, prefetch_wasted=self.prefetch_wasted,
-            h2d_bytes=pool.copies.bytes_copied + self.direct_bytes + self.device_copy_bytes, direct_bytes=self.direct_bytes,
+            h2d_bytes=pool.copies.bytes_copied + self.direct_bytes + self.device_copy_bytes,
+            direct_bytes=self.direct_bytes,
             fills=self.fills, misses_predicted=self.misses_predicted,
             copy_wait_ms=pool.copies.poll(),
             pool_slots_used=pool.slots_used(), pool_slots_total=pool.slots, pool_bytes=pool.bytes,

@@ -43,7 +43,7 @@ COPY_BLOCK = 4096            # int32 words one program moves per iteration
 @jit
 def _claim_kernel(pred, table, free, meta, work, done, region, target, T, E, N, MAXC,
                   K: tl.constexpr, BLOCK_N: tl.constexpr):
-    # pred: [T, K] ids of layer ``target``; meta: [next, count, quota, progress]; work: [N, 2]
+    # pred: [T, K] ids of layer ``target``; meta: [next, count, quota, progress, n]; work: [MAXC, 2]
     # (slot, key); region: pinned [1 + 2 MAXC] (count, keys, slots).
     i = tl.arange(0, BLOCK_N)
     i_ok = i < N
@@ -109,9 +109,8 @@ class DevicePrefetcher:
         self.free = torch.zeros(max(1, 2 * num_experts), dtype=torch.int32, device=device)
         self.work = torch.zeros(2 * max_claims, dtype=torch.int64, device=device)
         self.done = torch.zeros(max_claims, dtype=torch.int32, device=device)
-        width = 1 + 2 * max_claims
-        self.regions = (pinned_ids(num_layers * width) if cuda else torch.zeros(num_layers * width,
-                                                                                dtype=torch.int64)).view(num_layers, width)
+        n = num_layers * (1 + 2 * max_claims)           # per layer: count, keys, slots
+        self.regions = (pinned_ids(n) if cuda else torch.zeros(n, dtype=torch.int64)).view(num_layers, -1)
         self.stream = torch.cuda.Stream(device) if cuda else None
         self.targets: list[int] = []        # layers a claim was launched for this step (recorded or eager)
         self.recorded_targets: list[int] | None = None

@@ -122,8 +122,7 @@ class DirectReads:
             quota = 0          # an admission copied in from the host writes its table entry on the copy
             # stream, which the claims do not wait for: they could claim that key and race its entry
         wanted = quota * (self.num_layers - 1)              # at most one claim batch per later layer
-        self._dp_slots = [pool.take_staging(-1) for _ in range(min(len(pool.staging_free), dp.free.numel(), wanted))]
-        dp.begin(self._dp_slots, quota)
+        dp.begin([pool.take_staging(-1) for _ in range(min(len(pool.staging_free), dp.free.numel(), wanted))], quota)
 
     def _launch_device_prefetch(self, moe_index: int, layers: list[int], ids: torch.Tensor) -> None:
         """After ``moe_index`` predicted ``layers`` (``ids [P, T, k]``): let the GPU copy the farthest

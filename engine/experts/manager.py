@@ -34,11 +34,11 @@ import torch
 from engine.config import DIRECT_READS
 from engine.errors import ConfigError, ReconfigureError
 from engine.experts.counters import ResidencyCounters
+from engine.experts.device_prefetch import DevicePrefetcher
 from engine.experts.direct import DirectReads
 from engine.experts.layout import ExpertLayout
 from engine.experts.policy import DEFAULT_LFU_DECAY, EvictionPolicy, StaticPolicy, make_policy
 from engine.experts.pool import ExpertPool
-from engine.experts.device_prefetch import DevicePrefetcher
 from engine.experts.prefetch import PrefetchGate, RouteFn, predict_experts
 from engine.experts.readback import HostReader
 from engine.experts.profile import check_routing_profile, read_routing_profile
@@ -123,7 +123,6 @@ class OffloadedExperts(DirectReads):
         self._dp_active = False                      # this step launched (or replays) GPU-side prefetches
         self._dp_replay = False                      # ... from a recorded graph
         self._seen: dict[int, int] = {}              # key -> slot its layer found this step (direct steps)
-        self._dp_slots: list[int] = []               # staging slots leased for it this step
         self._dp_used: set[int] = set()              # keys it brought that their layer used
         self.prefetch_per_layer = 1                  # GPU-side prefetch: claims per predicted layer
 
@@ -458,8 +457,10 @@ class OffloadedExperts(DirectReads):
     def _note_predicted(self, layers: list[int], ids: torch.Tensor) -> None:
         """Remember the keys a prediction (``ids [P, T, k]`` on the host for ``layers``) named."""
         for layer, layer_ids in zip(layers, ids):
-            base = layer * self.num_experts
-            self._named.setdefault(layer, set()).update(base + e for e in layer_ids.reshape(-1).tolist())
+            base, flat = layer * self.num_experts, layer_ids.reshape(-1)
+            if flat.numel() > self.num_experts:          # a prefill step: many tokens, few experts
+                flat = flat.unique()
+            self._named.setdefault(layer, set()).update(base + e for e in flat.tolist())
 
     def _count_predicted(self, layer: int, misses: list[int]) -> None:
         """Count the misses of ``layer`` that an earlier layer's prediction had named."""
