@@ -132,7 +132,6 @@ class DirectReads:
         if not capturing and not self._dp_active:
             self._ensure_direct_step()
             self._begin_device_prefetch(ids.shape[1] * ids.shape[2])
-            dp.targets = []
         self._dp_active, self._dp_replay = True, False
         far = moe_index + self.prefetch_depth
         for j, t in enumerate(layers):
