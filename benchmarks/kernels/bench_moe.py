@@ -31,7 +31,7 @@ from engine.experts.layout import ExpertLayout  # noqa: E402
 from engine.quant import quantize_expert  # noqa: E402
 from kernels.fused_moe import fused_moe, fused_moe_ref  # noqa: E402
 from kernels.moe_align import moe_align, moe_align_ref  # noqa: E402
-from kernels.moe_config import MoeLaunchConfig, TileConfig, moe_launch_config  # noqa: E402
+from kernels.moe_config import MoeLaunchConfig, TileConfig  # noqa: E402
 from kernels.router import route, route_ref  # noqa: E402
 
 E, TOP_K, D, F, GROUP = 128, 8, 2048, 768, 128
@@ -46,14 +46,11 @@ DECODE_TILES = {
             ((2, 2048, 8), (1, 1024, 8)), ((1, 1024, 2), (1, 256, 2)), ((2, 1024, 2), (1, 256, 2)),
             ((1, 1024, 2, 4), (1, 256, 2, 4)), ((4, 512, 4), (1, 256, 2)), ((1, 2048, 2), (2, 256, 2))],
     # int4 block_k counts elements; up tiles are [block_k/G groups, 2, BN, G/8 words], down [., k, BN,
-    # .]. Chunks of one or two groups keep the vector, scale and tile loads in one register layout;
-    # wider chunks make Triton move the vectors through shared memory at every step.
-    "int4": [((8, 256, 2), (4, 256, 2)), ((16, 512, 4), (4, 256, 2)), ((4, 256, 2), (2, 256, 1)),
-             # launches overlapping (programmatic dependent launch, Hopper and later)
-             ((8, 256, 2), (4, 256, 2), "pdl"), ((16, 256, 4), (4, 256, 2), "pdl"),
-             ((16, 512, 4), (4, 256, 2), "pdl"), ((16, 1024, 8), (4, 256, 2), "pdl"),
-             ((16, 1024, 8), (2, 256, 2), "pdl"), ((16, 1024, 8), (4, 512, 4), "pdl"),
-             ((8, 512, 4), (2, 256, 2), "pdl"), ((32, 512, 8), (4, 256, 2), "pdl")],
+    # .]. "pdl": launches overlapping (programmatic dependent launch, Hopper and later).
+    "int4": [((16, 1024, 8), (2, 256, 2), "pdl"), ((16, 1024, 8), (4, 256, 2), "pdl"),
+             ((32, 512, 8), (4, 256, 2), "pdl"), ((16, 512, 4), (4, 256, 2), "pdl"),
+             ((8, 512, 4), (2, 512, 4), "pdl"), ((16, 1024, 8), (2, 512, 4), "pdl"),
+             ((16, 512, 4), (2, 256, 2), "pdl"), ((16, 1024, 8), (4, 256, 2))],
 }
 PREFILL_TILES = [(16, 64, 64, 4, 3), (32, 64, 128, 4, 3)]
 

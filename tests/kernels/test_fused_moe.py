@@ -13,7 +13,7 @@ from engine.experts.layout import ExpertLayout  # noqa: E402
 from engine.quant import quantize_expert  # noqa: E402
 from kernels.moe_config import MoeLaunchConfig, TileConfig  # noqa: E402
 from kernels.moe_weights import HostExperts  # noqa: E402
-from tests.kernels.helpers import TOLERANCES, make_pool, make_routing  # noqa: E402
+from tests.kernels.helpers import TOLERANCES, make_pool, make_routing, tolerance  # noqa: E402
 
 DECODE = MoeLaunchConfig("decode", TileConfig(16, 32), TileConfig(16, 32))
 PREFILL = MoeLaunchConfig("prefill", TileConfig(16, 32), TileConfig(16, 32), block_m=16)
@@ -29,7 +29,7 @@ def run_case(fmt, dtype, hidden, ffn, experts, tokens, top_k, cfg, group=32, use
     out = fused_moe(x, ids, weights, slots, views, layout, cfg)
     ref = fused_moe_ref(x, ids, weights, slots, views, layout)
     assert out.dtype == dtype and out.shape == (tokens, hidden)
-    torch.testing.assert_close(out, ref, **TOLERANCES[dtype])
+    torch.testing.assert_close(out, ref, **tolerance(fmt, dtype))
     return out
 
 
@@ -122,21 +122,28 @@ def test_top_k_not_a_power_of_two(fmt):
     run_case(fmt, torch.float32, hidden=64, ffn=32, experts=5, tokens=2, top_k=3, cfg=ONE_SHOT)
 
 
-def test_int4_x_prep_layout_and_group_sums():
-    # The up kernel reads x as the prep kernel writes it: float32, element n of a row at
-    # (n % 8) * K/8 + n // 8, and one sum per group of G. Checked against the same layout built in
-    # torch, on two fp16 rows of K = 192 (24 words, 3 groups of 64) with an odd row stride.
-    from kernels.moe_decode import _x_prep_kernel
+def test_int4_activations_as_16_bit_planes():
+    # The int4 kernels read activations as act16 writes them: per group of G, q = round(v / sv) with
+    # sv = max |v| / 32767, in four planes of int32 words whose halves pair with the bytes of
+    # w & 0x0F0F0F0F (elements 0, 2 | 4, 6 of a word) and (w >> 4) & 0x0F0F0F0F (1, 3 | 5, 7), plus
+    # each group's sum of q. Checked against the same layout built in torch on two fp16 rows of
+    # K = 192 (24 words, 3 groups of 64) with an odd row stride; a group of zeros stays zero.
+    from kernels.moe_decode_int4 import act16
     big = torch.randn(2, 195, generator=torch.Generator().manual_seed(2)).half()
+    big[1, 64:128] = 0
     x = big[:, :192]
-    xn = torch.empty(2, 192)
-    sx = torch.empty(2, 3)
-    _x_prep_kernel[(2,)](x, x.stride(0), xn, sx, 192, 24, G=64, BLOCK=256, PDL=False)
+    q, sq, sv = act16(x, 64)
+    want_sv = x.float().view(2, 3, 64).abs().amax(-1) / 32767
+    torch.testing.assert_close(sv, want_sv)
+    want_q = torch.where(want_sv[..., None] > 0, x.float().view(2, 3, 64) / want_sv.clamp_min(1e-30)[..., None],
+                         0).round().view(2, 192)
     n = torch.arange(192)
-    want = torch.empty(2, 192)
-    want[:, (n % 8) * 24 + n // 8] = x.float()
-    assert torch.equal(xn, want)
-    torch.testing.assert_close(sx, x.float().view(2, 3, 64).sum(-1))
+    s, i = n % 8, n // 8
+    got = q.view(torch.int16).view(2, 4, 24, 2)[:, 2 * (s & 1) + (s >> 2), i, (s >> 1) & 1]
+    assert (got.float() - want_q).abs().max() <= 1          # rounding ties may go either way
+    assert torch.equal(sq, got.view(2, 3, 64).sum(-1).int())
+    assert not got[1, 64:128].any() and sv[1, 1] == 0
+    assert (x.float() - got.float() * sv.repeat_interleave(64, 1)).abs().le(sv.repeat_interleave(64, 1) / 2 + 1e-9).all()
 
 
 @pytest.mark.parametrize("cfg", [DECODE, PREFILL], ids=["decode", "prefill"])
@@ -226,7 +233,7 @@ def test_direct_reads_of_experts_without_a_slot(fmt, dtype, tokens):
     want = fused_moe_ref(x, ids, w, every, layout.views(rows), layout)
     assert (slots[ids.long()] < 0).any() and (slots[ids.long()] >= 0).any()   # both paths are taken
     torch.testing.assert_close(fused_moe_ref(x, ids, w, slots, layout.views(buf), layout, host), want, rtol=0, atol=0)
-    torch.testing.assert_close(out, want, **TOLERANCES[dtype])
+    torch.testing.assert_close(out, want, **tolerance(fmt, dtype))
 
 
 @pytest.mark.parametrize("fmt, dtype", [("fp32", torch.float32), ("fp8", torch.float32), ("int4", torch.float16)])
@@ -251,7 +258,7 @@ def test_direct_reads_write_experts_into_their_fill_slots(fmt, dtype, tokens):
         args = (x, ids, w, slots, layout.views(pool), layout)
         out = run(*args, DECODE, host=HostExperts(layout.views(rows), experts, fill)) if run is fused_moe else \
             run(*args, HostExperts(layout.views(rows), experts, fill))
-        torch.testing.assert_close(out, want, **(TOLERANCES[dtype] if run is fused_moe else dict(rtol=0, atol=0)))
+        torch.testing.assert_close(out, want, **(tolerance(fmt, dtype) if run is fused_moe else dict(rtol=0, atol=0)))
         got, src = layout.views(pool), layout.views(rows)
         for e, s in zip(missing, free):                 # every tensor (the layout's padding aside)
             for name in got:

@@ -1,0 +1,91 @@
+"""What the decode MoE kernels share: where an expert's rows are (pool slot or mapped host store),
+where a directly read expert is written, chunk widths, and programmatic dependent launch."""
+from __future__ import annotations
+
+import torch
+
+from kernels._triton import HAS_TRITON, jit, next_pow2, tl
+from kernels.moe_weights import PoolMatrix
+
+# The host store's (w13, w2) views, the store row of the layer's expert 0, and the layer's fill row
+# (``[E]`` int32: the pool slot a directly read expert is written into as it is read, or -1; or None).
+HostMatrices = tuple[PoolMatrix, PoolMatrix, int, "torch.Tensor | None"]
+
+gdc_launch_dependents = gdc_wait = None
+if HAS_TRITON:
+    try:  # grid dependency control (Hopper+): the next kernel launches while this one runs
+        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    except ImportError:  # older Triton: launches stay serial
+        pass
+
+
+@jit
+def expert_ptr(ptr, host_ptr, slot, key, stride, HOST: tl.constexpr):
+    """Base of one expert's matrix (or scales): its pool slot, or with ``HOST`` and slot -1 its row
+    ``key`` of the mapped host store, whose views have the pool's strides (a direct read over the bus)."""
+    if HOST:
+        return tl.where(slot >= 0, ptr + slot * stride, host_ptr + key * stride)
+    return ptr + slot * stride
+
+
+@jit
+def fill_ptr(ptr, fill, stride, FILL: tl.constexpr):
+    """Base of one expert's matrix (or scales) in pool slot ``fill``: where a kernel that reads the
+    expert from the host store writes it as it reads it (``fill >= 0``), so the pool holds it for the
+    next step without a copy. Without ``FILL`` the pool's own base (never written)."""
+    base = ptr
+    if FILL:
+        base = ptr + tl.maximum(fill, 0) * stride
+    return base
+
+
+@jit
+def fill_of(fill_row, e, slot, FILL: tl.constexpr):
+    """The fill slot of expert ``e`` (``fill_row[e]``) when it has no pool slot, else -1."""
+    fill = slot * 0 - 1                                                 # int64, like the slot
+    if FILL:
+        fill = tl.where(slot < 0, tl.load(fill_row + e).to(tl.int64), fill)
+    return fill
+
+
+def block_k(want: int, k: int, group: int = 0) -> int:
+    """Chunk width: no wider than K needs (a power of two, as Triton needs); with ``group`` (int4)
+    whole groups."""
+    bk = min(want, next_pow2(k))
+    return max(bk, group) // group * group if group else bk
+
+
+def int4_word_args(m: PoolMatrix, name: str) -> tuple:
+    """``m.args()`` with the packed bytes as int32 words ``[S, N, K/8]`` (strides in words).
+
+    The expert layout starts every tensor and slot on 256 bytes and K is a multiple of the group size
+    (at least 32), so rows start on 16 bytes: whole-word and 16-byte loads."""
+    w = m.w
+    if m.k % 8 or w.data_ptr() % 16 or w.stride(0) % 16 or w.stride(1) % 16:
+        raise ValueError(f"int4 pool view {name} must have rows of a multiple of 8 elements starting on "
+                         f"16-byte boundaries (as ExpertLayout places them); got K = {m.k}, address "
+                         f"{w.data_ptr()} and byte strides {w.stride()[:2]}")
+    words = w.view(torch.int32)                                          # [S, N, K/8]
+    return (words, words.stride(0), words.stride(1), *m.args()[3:])
+
+
+def pdl_supported(device: torch.device) -> bool:
+    """Programmatic dependent launch: a Hopper-or-later GPU and a Triton that exposes it."""
+    return (device.type == "cuda" and gdc_wait is not None
+            and torch.cuda.get_device_capability(device)[0] >= 9)
+
+
+def host_args(host: HostMatrices | None, m: PoolMatrix, which: int, int4: bool) -> tuple:
+    """Pointer arguments of the host store's copy of matrix ``which`` (0: w13, 1: w2), the layer's
+    first store row and its fill row; without ``host`` (or fill row) the pool's own pointers stand in
+    (never dereferenced)."""
+    h = m if host is None else host[which]
+    w = int4_word_args(h, "host")[0] if int4 else h.w
+    base = 0 if host is None else host[2]
+    fill = m.w if host is None or host[3] is None else host[3]
+    return (w, h.scale, h.zero, base, fill) if int4 else (w, h.scale, base, fill)
+
+
+def fills_on(host: HostMatrices | None) -> bool:
+    """Whether the kernels write directly read experts into fill slots."""
+    return host is not None and host[3] is not None

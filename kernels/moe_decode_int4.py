@@ -1,0 +1,296 @@
+"""int4 decode MoE GEMMs (1-16 tokens): integer dot products of packed weights and 16-bit activations.
+
+A matrix-vector product over int4 weights is bound by instructions per weight, not by bytes, unless
+each weight costs about one instruction. Turning nibbles into floats costs a shift, an and-or and an
+FMA per weight (on Hopper the first two run at half rate). These kernels stay in integers instead:
+
+* each activation vector is written once, per group of ``G`` elements, as 16-bit fixed point
+  ``v = sv * q`` (``sv = max |v| / 32767`` of the group; every element at least 1/128 of the group's
+  largest keeps more bits than bf16 has, and no element is off by more than ``max |v| / 65534``),
+  with the group's sum of ``q``;
+* a weight word (eight nibbles) becomes two words of four bytes (one shift, two ands), and four
+  ``dp2a`` instructions multiply the bytes with pairs of 16-bit activations and accumulate in int32:
+  about one instruction per weight;
+* per row and group, ``sum_k (w_k - z) s v_k = s sv (sum_k w_k q_k - z sum_k q_k)``: the zero point
+  and both scales apply once, in float32.
+
+Word ``i`` of a packed row holds elements ``8i .. 8i+7``, element ``8i + s`` in bits ``4s .. 4s+3``.
+``w & 0x0F0F0F0F`` holds elements ``0, 2, 4, 6`` of the word in its bytes and ``(w >> 4) & 0x0F0F0F0F``
+elements ``1, 3, 5, 7``; the activations are stored as four planes of int32 words that match those
+bytes pairwise (plane ``p`` word ``i``: elements ``8i + (0, 2) / (4, 6) / (1, 3) / (5, 7)`` for
+``p = 0 / 1 / 2 / 3``, the first in the low half), so each plane's slice of a tile is one contiguous
+load.
+
+Four launches per MoE call: prepare ``x``; up (gate and up rows, SiLU·mul, ``h`` in float32); prepare
+``h``; down (each token's k experts, routing weights, fixed-order sum over k). On Hopper and later
+they overlap (``pdl``, programmatic dependent launch): each starts while its predecessor finishes and
+waits for it before reading what it wrote; the down kernel requests its first chunk of weights before
+that wait.
+
+Without a GPU (the Triton interpreter) the same integer arithmetic runs as plain Triton operations.
+
+Legend: T tokens, k experts per token, P = T*k pairs, D hidden, F expert FFN, G group size, NG groups
+of a tile, GW = G/8 int32 words of a group, BN output rows of a program.
+"""
+from __future__ import annotations
+
+import torch
+
+from kernels._triton import cdiv, jit, next_pow2, tl
+from kernels.moe_config import TileConfig
+from kernels.moe_decode_common import (HostMatrices, block_k, expert_ptr, fill_of, fill_ptr, fills_on,
+                                       gdc_launch_dependents, gdc_wait, host_args, int4_word_args)
+from kernels.moe_weights import PoolMatrix
+
+
+
+@jit
+def _act16_prep_kernel(v_ptr, stride_v, q_ptr, sq_ptr, sv_ptr, K, K8, G: tl.constexpr, BLOCK: tl.constexpr,
+                       PDL: tl.constexpr):
+    """Row ``program_id(0)`` of ``v`` as 16-bit fixed point per group of ``G`` (see the module notes):
+    ``q`` in four planes of ``K/8`` int32 words (``q_ptr`` is their int16 view), each group's sum of
+    ``q`` (int32) and scale (float32).
+
+    ``PDL``: waits for the previous kernel, then lets the next one launch."""
+    row = tl.program_id(0).to(tl.int64)
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    n = tl.arange(0, BLOCK)
+    ok = n < K
+    v = tl.reshape(tl.load(v_ptr + row * stride_v + n, mask=ok, other=0.0).to(tl.float32), (BLOCK // G, G))
+    amax = tl.max(tl.abs(v), axis=1)                                    # [BLOCK / G]
+    inv = 32767.0 / tl.where(amax > 0, amax, 1.0)                       # a group of zeros stays zero
+    q = tl.floor(v * inv[:, None] + 0.5)
+    q = tl.minimum(tl.maximum(q, -32767.0), 32767.0).to(tl.int32)       # rounding may touch 32767.5
+    gi = tl.arange(0, BLOCK // G)
+    g_ok = gi < K // G
+    tl.store(sq_ptr + row * (K // G) + gi, tl.sum(q, axis=1), mask=g_ok)
+    tl.store(sv_ptr + row * (K // G) + gi, amax / 32767.0, mask=g_ok)
+    s = n % 8
+    half = (s >> 1) & 1
+    plane = 2 * (s & 1) + (s >> 2)
+    tl.store(q_ptr + row * K + 2 * (plane * K8 + n // 8) + half, tl.reshape(q, (BLOCK,)).to(tl.int16), mask=ok)
+
+
+@jit
+def _dot8(w, xa, xb, xc, xd, ASM: tl.constexpr):
+    """int32: the eight nibbles of each word ``w`` times their activations (planes ``xa .. xd``)."""
+    if ASM:
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .b32 lo, hi;
+            and.b32 lo, $1, 0x0F0F0F0F;
+            shr.u32 hi, $1, 4;
+            and.b32 hi, hi, 0x0F0F0F0F;
+            dp2a.lo.s32.u32 $0, $2, lo, 0;
+            dp2a.hi.s32.u32 $0, $3, lo, $0;
+            dp2a.lo.s32.u32 $0, $4, hi, $0;
+            dp2a.hi.s32.u32 $0, $5, hi, $0;
+            }""",
+            "=r,r,r,r,r,r", [w, xa, xb, xc, xd], dtype=tl.int32, is_pure=True, pack=1)
+    lo = (w & 0x0F0F0F0F)
+    hi = (w >> 4) & 0x0F0F0F0F
+    acc = _pair(xa, lo, 0) + _pair(xb, lo, 16) + _pair(xc, hi, 0) + _pair(xd, hi, 16)
+    return acc
+
+
+@jit
+def _pair(x, b, S: tl.constexpr):
+    """``dp2a``: the two 16-bit halves of ``x`` times bytes ``S/8`` and ``S/8 + 1`` of ``b``."""
+    return ((x << 16) >> 16) * ((b >> S) & 255) + (x >> 16) * ((b >> (S + 8)) & 255)
+
+
+@jit
+def _int4_chunk(k0, w_rows, s_rows, z_rows, row_ok, word, grp, K, G: tl.constexpr, NG: tl.constexpr,
+                EVEN_K: tl.constexpr, fills=None, fill_ok=None, FILL: tl.constexpr = False):
+    """Words, scales (float32) and zero points (int32) of the K chunk at ``k0`` of packed rows, the
+    word indices, the groups and which groups are in K. Rows broadcast against ``word [NG, 1, 1, GW]`` and ``grp [NG, 1, 1,
+    1]``. With ``FILL`` the rows ``fill_ok`` marks are also stored as loaded at ``fills`` (words, scale
+    and zero point row pointers)."""
+    idx = k0 // 8 + word                                                # [NG, 1, 1, GW] word index
+    g = k0 // G + grp                                                   # [NG, 1, 1, 1]
+    if EVEN_K:  # a constant mask where the tiles divide K
+        g_in = tl.full([NG, 1, 1, 1], 1, tl.int1)
+    else:       # whole groups are valid or not: the mask never splits a 16-byte load
+        g_in = g < K // G
+    w = tl.load(w_rows + idx, mask=row_ok & g_in, other=0)              # [NG, A, B, GW]
+    g_ok = row_ok & g_in
+    sc = tl.load(s_rows + g, mask=g_ok, other=0.0)                      # [NG, A, B, 1]
+    zp = tl.load(z_rows + g, mask=g_ok, other=0)
+    if FILL:
+        tl.store(fills[0] + idx, w, mask=row_ok & g_in & fill_ok)
+        tl.store(fills[1] + g, sc, mask=g_ok & fill_ok)
+        tl.store(fills[2] + g, zp, mask=g_ok & fill_ok)
+    return w, sc.to(tl.float32), zp.to(tl.int32), idx, g, g_in
+
+
+@jit
+def _group_dots(w, sc, zp, q_row, idx, g, g_ok, K8, sq_row, sv_row, ASM: tl.constexpr):
+    """``[A, B]`` float32: packed rows ``w [NG, A, B, GW]`` (scales and zero points ``[NG, A, B, 1]``)
+    dotted with the 16-bit vector whose planes start at ``q_row`` (``[1, 1 or A, 1, 1]``), group sums
+    at ``sq_row`` and scales at ``sv_row``; groups ``g`` where ``g_ok`` (``[NG, 1 or A, 1, 1]``)."""
+    xa = tl.load(q_row + idx, mask=g_ok, other=0)                       # [NG, 1 or A, 1, GW] int32
+    xb = tl.load(q_row + K8 + idx, mask=g_ok, other=0)
+    xc = tl.load(q_row + 2 * K8 + idx, mask=g_ok, other=0)
+    xd = tl.load(q_row + 3 * K8 + idx, mask=g_ok, other=0)
+    dot = tl.sum(_dot8(w, xa, xb, xc, xd, ASM), axis=3, keep_dims=True)  # [NG, A, B, 1] int32
+    sq = tl.load(sq_row + g, mask=g_ok, other=0)
+    sv = tl.load(sv_row + g, mask=g_ok, other=0.0)
+    return tl.sum(tl.sum((dot - zp * sq).to(tl.float32) * (sc * sv), axis=3), axis=0)
+
+
+@jit
+def _up_kernel(xq_ptr, xsum_ptr, xscale_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr, ss_s, sz_s,
+               ss_n, F, K, K8, hw_ptr, hs_ptr, hz_ptr, row_base, fill_row, TOP_K: tl.constexpr,
+               ROUND: tl.constexpr, G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               EVEN_K: tl.constexpr, PDL: tl.constexpr, HOST: tl.constexpr, FILL: tl.constexpr,
+               ASM: tl.constexpr):
+    """``h`` of pair ``program_id(0)``, outputs ``program_id(1) * BN ..``: the gate and up rows of one
+    expert, SiLU·mul, float32 in natural order (the ``h`` prep kernel reads it).
+
+    Tile [NG, 2, BN, GW]: NG groups of GW words along K of the gate and up rows of BN outputs. Groups
+    outermost: Triton spreads threads over the words of a group, then over rows, and warps over
+    gate/up and rows, so the vector, scale and weight loads share one register layout.
+
+    ``PDL``: the routing ids, the slot table and the first chunk of weights are read before the wait
+    for the previous kernel (the prep of ``x``): it was launched once every program of that kernel
+    had finished waiting for its own predecessor, so everything before it is complete; then the next
+    kernel may launch."""
+    GW: tl.constexpr = G // 8
+    NG: tl.constexpr = BLOCK_K // G
+    pair, nb = tl.program_id(0), tl.program_id(1)
+    n = nb * BLOCK_N + tl.arange(0, BLOCK_N)[None, None, :, None]                 # [1, 1, BN, 1]
+    rows = n + tl.arange(0, 2)[None, :, None, None] * F                           # [1, 2, BN, 1]
+    row_ok = n < F
+    grp = tl.arange(0, NG)[:, None, None, None]                                    # [NG, 1, 1, 1]
+    word = grp * GW + tl.arange(0, GW)[None, None, None, :]                        # [NG, 1, 1, GW]
+    e = tl.load(ids_ptr + pair)
+    slot = tl.load(slot_ptr + e).to(tl.int64)                           # int64: pools exceed 2 GiB
+    key = (row_base + e).to(tl.int64)
+    w_rows = expert_ptr(w_ptr, hw_ptr, slot, key, sw_s, HOST) + rows * sw_n
+    s_rows = expert_ptr(s_ptr, hs_ptr, slot, key, ss_s, HOST) + rows * ss_n
+    z_rows = expert_ptr(z_ptr, hz_ptr, slot, key, sz_s, HOST) + rows * ss_n
+    fill = fill_of(fill_row, e, slot, FILL)
+    fills = (fill_ptr(w_ptr, fill, sw_s, FILL) + rows * sw_n, fill_ptr(s_ptr, fill, ss_s, FILL) + rows * ss_n,
+             fill_ptr(z_ptr, fill, sz_s, FILL) + rows * ss_n)
+    tok = (pair // TOP_K).to(tl.int64)
+    q_row = xq_ptr + tok * (4 * K8)
+    sq_row = xsum_ptr + tok * (K // G)
+    sv_row = xscale_ptr + tok * (K // G)
+    fill_ok = (fill + 0 * rows) >= 0
+    w, sc, zp, idx, g, g_in = _int4_chunk(0, w_rows, s_rows, z_rows, row_ok, word, grp, K, G, NG, EVEN_K, fills,
+                                          fill_ok, FILL)
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    acc = _group_dots(w, sc, zp, q_row, idx, g, g_in, K8, sq_row, sv_row, ASM)  # [2, BN]
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        w, sc, zp, idx, g, g_in = _int4_chunk(k0, w_rows, s_rows, z_rows, row_ok, word, grp, K, G, NG, EVEN_K,
+                                              fills, fill_ok, FILL)
+        acc += _group_dots(w, sc, zp, q_row, idx, g, g_in, K8, sq_row, sv_row, ASM)
+    half = tl.arange(0, 2)[:, None]
+    gate = tl.sum(tl.where(half == 0, acc, 0.0), axis=0)                # [BN]
+    up = tl.sum(tl.where(half == 1, acc, 0.0), axis=0)
+    h = gate / (1.0 + tl.exp(-gate)) * up
+    if ROUND == 1:  # the activations' precision, as the reference keeps h
+        h = h.to(tl.bfloat16).to(tl.float32)
+    elif ROUND == 2:
+        h = h.to(tl.float16).to(tl.float32)
+    cols = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    tl.store(h_ptr + pair.to(tl.int64) * F + cols, h, mask=cols < F)
+
+
+@jit
+def _down_kernel(hq_ptr, hsum_ptr, hscale_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr,
+                 ss_s, sz_s, ss_n, D, F, F8, stride_o, hw_ptr, hs_ptr, hz_ptr, row_base, fill_row,
+                 TOP_K: tl.constexpr, KP: tl.constexpr, G: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr, HOST: tl.constexpr,
+                 FILL: tl.constexpr, ASM: tl.constexpr):
+    """``out`` of token ``program_id(0)``, rows ``program_id(1) * BN ..``: BN rows of w2 of each of the
+    token's k experts (tile [NG, KP, BN, GW], groups outermost as in the up kernel), each expert's
+    rows times its routing weight, summed over k in a fixed order.
+
+    ``PDL``: launched while the ``h`` prep kernel runs; the first chunk of w2 is requested, then the
+    wait for ``h``. F8 = F / 8 is an argument of its own so that Triton sees its divisibility."""
+    GW: tl.constexpr = G // 8
+    NG: tl.constexpr = BLOCK_K // G
+    tok, db = tl.program_id(0), tl.program_id(1)
+    j = tl.arange(0, KP)[None, :, None, None]                           # [1, KP, 1, 1]
+    n = db * BLOCK_N + tl.arange(0, BLOCK_N)[None, None, :, None]       # [1, 1, BN, 1]
+    j_ok = j < TOP_K                                                    # KP pads k to a power of two
+    pair = tok * TOP_K + j
+    e = tl.load(ids_ptr + pair, mask=j_ok, other=0)
+    slot = tl.load(slot_ptr + e, mask=j_ok, other=0).to(tl.int64)
+    key = (row_base + e).to(tl.int64)
+    row_ok = j_ok & (n < D)                                             # [1, KP, BN, 1]
+    w_rows = expert_ptr(w_ptr, hw_ptr, slot, key, sw_s, HOST) + n * sw_n
+    s_rows = expert_ptr(s_ptr, hs_ptr, slot, key, ss_s, HOST) + n * ss_n
+    z_rows = expert_ptr(z_ptr, hz_ptr, slot, key, sz_s, HOST) + n * ss_n
+    fill = fill_of(fill_row, e, slot, FILL)                             # [1, KP, 1, 1]
+    fills = (fill_ptr(w_ptr, fill, sw_s, FILL) + n * sw_n, fill_ptr(s_ptr, fill, ss_s, FILL) + n * ss_n,
+             fill_ptr(z_ptr, fill, sz_s, FILL) + n * ss_n)
+    fill_ok = j_ok & (fill >= 0)
+    pair64 = pair.to(tl.int64)
+    q_row = hq_ptr + pair64 * (4 * F8)                                  # [1, KP, 1, 1]
+    sq_row = hsum_ptr + pair64 * (F // G)
+    sv_row = hscale_ptr + pair64 * (F // G)
+    grp = tl.arange(0, NG)[:, None, None, None]                         # [NG, 1, 1, 1]
+    word = grp * GW + tl.arange(0, GW)[None, None, None, :]             # [NG, 1, 1, GW]
+    w, sc, zp, idx, g, g_in = _int4_chunk(0, w_rows, s_rows, z_rows, row_ok, word, grp, F, G, NG, EVEN_K,
+                                          fills, fill_ok, FILL)
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    acc = _group_dots(w, sc, zp, q_row, idx, g, j_ok & g_in, F8, sq_row, sv_row, ASM)  # [KP, BN]
+    for k0 in range(BLOCK_K, F, BLOCK_K):
+        w, sc, zp, idx, g, g_in = _int4_chunk(k0, w_rows, s_rows, z_rows, row_ok, word, grp, F, G, NG, EVEN_K,
+                                              fills, fill_ok, FILL)
+        acc += _group_dots(w, sc, zp, q_row, idx, g, j_ok & g_in, F8, sq_row, sv_row, ASM)
+    tw = tl.load(tw_ptr + tok * TOP_K + tl.arange(0, KP), mask=tl.arange(0, KP) < TOP_K, other=0.0)
+    y = tl.sum(acc * tw.to(tl.float32)[:, None], axis=0)                # [BN]: fixed-order sum over k
+    cols = db * BLOCK_N + tl.arange(0, BLOCK_N)
+    tl.store(out_ptr + tok.to(tl.int64) * stride_o + cols, y.to(out_ptr.dtype.element_ty), mask=cols < D)
+
+
+def act16(v: torch.Tensor, group: int, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(q [R, K/2] int32 planes, group sums [R, K/G] int32, group scales [R, K/G] float32)`` of the
+    rows of ``v [R, K]`` (see the module notes); ``pdl`` as in :func:`_act16_prep_kernel`."""
+    r, k = v.shape
+    q = torch.empty(r, k // 2, dtype=torch.int32, device=v.device)
+    sq = torch.empty(r, k // group, dtype=torch.int32, device=v.device)
+    sv = torch.empty(r, k // group, dtype=torch.float32, device=v.device)
+    launch = {"launch_pdl": True} if pdl else {}    # only Triton versions with PDL know the option
+    _act16_prep_kernel[(r,)](v, v.stride(0), q.view(torch.int16), sq, sv, k, k // 8, G=group,
+                             BLOCK=max(next_pow2(k), group), PDL=pdl, **launch)
+    return q, sq, sv
+
+
+def moe_decode_int4(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, slots: torch.Tensor,
+                    w13: PoolMatrix, w2: PoolMatrix, group: int, up: TileConfig, down: TileConfig,
+                    pdl: bool = False, host: HostMatrices | None = None) -> torch.Tensor:
+    """``out [T, D]`` in ``x.dtype`` for int4 experts (see :func:`kernels.moe_decode.moe_decode`)."""
+    t, d = x.shape
+    k = ids.shape[1]
+    f = w13.n // 2
+    asm = x.device.type == "cuda"             # dp2a where there is a GPU; the interpreter has no PTX
+    launch = {"launch_pdl": True} if pdl else {}
+    h = torch.empty(t * k, f, dtype=torch.float32, device=x.device)    # [P, F]
+    out = torch.empty(t, d, dtype=x.dtype, device=x.device)            # [T, D]
+    xq, xs, xv = act16(x, group, pdl)
+    w, sw_s, sw_n, *rest = int4_word_args(w13, "w13")
+    bk = block_k(up.block_k, d, group)
+    _up_kernel[(t * k, cdiv(f, up.block_n))](
+        xq, xs, xv, ids, slots, h, w, sw_s, sw_n, *rest, f, d, d // 8, *host_args(host, w13, 0, True), TOP_K=k,
+        ROUND={torch.bfloat16: 1, torch.float16: 2}.get(x.dtype, 0), G=group, BLOCK_N=up.block_n, BLOCK_K=bk,
+        EVEN_K=d % bk == 0, PDL=pdl, HOST=host is not None, FILL=fills_on(host), ASM=asm, num_warps=up.num_warps,
+        num_stages=up.num_stages, **launch)
+    hq, hs, hv = act16(h, group, pdl)
+    w, sw_s, sw_n, *rest = int4_word_args(w2, "w2")
+    bk = block_k(down.block_k, f, group)
+    _down_kernel[(t, cdiv(d, down.block_n))](
+        hq, hs, hv, ids, slots, tw, out, w, sw_s, sw_n, *rest, d, f, f // 8, out.stride(0),
+        *host_args(host, w2, 1, True), TOP_K=k, KP=next_pow2(k), G=group, BLOCK_N=down.block_n, BLOCK_K=bk,
+        EVEN_K=f % bk == 0, PDL=pdl, HOST=host is not None, FILL=fills_on(host), ASM=asm,
+        num_warps=down.num_warps, num_stages=down.num_stages, **launch)
+    return out
