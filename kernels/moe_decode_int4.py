@@ -4,28 +4,34 @@ A matrix-vector product over int4 weights is bound by instructions per weight, n
 each weight costs about one instruction. Turning nibbles into floats costs a shift, an and-or and an
 FMA per weight (on Hopper the first two run at half rate). These kernels stay in integers instead:
 
-* each activation vector is written once, per group of ``G`` elements, as 16-bit fixed point
-  ``v = sv * q`` (``sv = max |v| / 32767`` of the group; every element at least 1/128 of the group's
-  largest keeps more bits than bf16 has, and no element is off by more than ``max |v| / 65534``),
-  with the group's sum of ``q``;
+* activations are taken as 16-bit fixed point ``v = sv * q`` with ``sv = max |v| / 32767`` over a
+  block (every element at least 1/128 of the block's largest keeps more bits than bf16 has, and none
+  is off by more than ``max |v| / 65534``);
 * a weight word (eight nibbles) becomes two words of four bytes (one shift, two ands), and four
   ``dp2a`` instructions multiply the bytes with pairs of 16-bit activations and accumulate in int32:
   about one instruction per weight;
-* per row and group, ``sum_k (w_k - z) s v_k = s sv (sum_k w_k q_k - z sum_k q_k)``: the zero point
+* per row and block, ``sum_k (w_k - z) s v_k = s sv (sum_k w_k q_k - z sum_k q_k)``: the zero point
   and both scales apply once, in float32.
 
 Word ``i`` of a packed row holds elements ``8i .. 8i+7``, element ``8i + s`` in bits ``4s .. 4s+3``.
 ``w & 0x0F0F0F0F`` holds elements ``0, 2, 4, 6`` of the word in its bytes and ``(w >> 4) & 0x0F0F0F0F``
-elements ``1, 3, 5, 7``; the activations are stored as four planes of int32 words that match those
-bytes pairwise (plane ``p`` word ``i``: elements ``8i + (0, 2) / (4, 6) / (1, 3) / (5, 7)`` for
-``p = 0 / 1 / 2 / 3``, the first in the low half), so each plane's slice of a tile is one contiguous
-load.
+elements ``1, 3, 5, 7``, so the activations of a word go into four int32 "planes" that match those
+bytes pairwise: plane ``p`` holds elements ``(0, 2) / (4, 6) / (1, 3) / (5, 7)`` for ``p = 0 / 1 / 2 /
+3``, the first in the low half.
 
-Four launches per MoE call: prepare ``x``; up (gate and up rows, SiLU·mul, ``h`` in float32); prepare
-``h``; down (each token's k experts, routing weights, fixed-order sum over k). On Hopper and later
-they overlap (``pdl``, programmatic dependent launch): each starts while its predecessor finishes and
-waits for it before reading what it wrote; the down kernel requests its first chunk of weights before
-that wait.
+Three launches per MoE call:
+
+* prep, grid ``[T]``: ``x`` as planes with one scale per weight group, and each group's sum of ``q``
+  (done once: every up program needs all of it);
+* up, grid ``[P, F / BN]``: ``BN`` gate and up rows of one expert, SiLU·mul, and the program's ``h``
+  values written as planes with one scale per word (eight values: a program's outputs are whole
+  words, so it waits for no other program);
+* down, grid ``[T, D / BN]``: ``BN`` rows of every one of a token's k experts, each word's dot scaled
+  by its ``h`` scale, the routing weights applied and the sum over k taken in a fixed order.
+
+On Hopper and later the launches overlap (``pdl``, programmatic dependent launch): each starts while
+its predecessor finishes; the up and down kernels read the routing ids, the slot table and their first
+chunk of weights, and wait for the predecessor only before they read the activations it wrote.
 
 Without a GPU (the Triton interpreter) the same integer arithmetic runs as plain Triton operations.
 
@@ -41,7 +47,6 @@ from kernels.moe_config import TileConfig
 from kernels.moe_decode_common import (HostMatrices, block_k, expert_ptr, fill_of, fill_ptr, fills_on,
                                        gdc_launch_dependents, gdc_wait, host_args, int4_word_args)
 from kernels.moe_weights import PoolMatrix
-
 
 
 @jit
@@ -141,13 +146,44 @@ def _group_dots(w, sc, zp, q_row, idx, g, g_ok, K8, sq_row, sv_row, ASM: tl.cons
 
 
 @jit
-def _up_kernel(xq_ptr, xsum_ptr, xscale_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr, ss_s, sz_s,
-               ss_n, F, K, K8, hw_ptr, hs_ptr, hz_ptr, row_base, fill_row, TOP_K: tl.constexpr,
+def _word_dots(w, sc, zp, q_row, idx, ok, K8, sv_row, ASM: tl.constexpr):
+    """As :func:`_group_dots` for a vector with one scale per word (eight elements) at ``sv_row``:
+    each word's sum of ``q`` comes from the same ``dp2a`` over a word of ones, and each word's dot is
+    scaled before the group's sum."""
+    xa = tl.load(q_row + idx, mask=ok, other=0)                         # [NG, 1 or A, 1, GW] int32
+    xb = tl.load(q_row + K8 + idx, mask=ok, other=0)
+    xc = tl.load(q_row + 2 * K8 + idx, mask=ok, other=0)
+    xd = tl.load(q_row + 3 * K8 + idx, mask=ok, other=0)
+    sv = tl.load(sv_row + idx, mask=ok, other=0.0)
+    sq = _dot8(xa * 0 + 0x11111111, xa, xb, xc, xd, ASM)                # each word's sum of q
+    val = (_dot8(w, xa, xb, xc, xd, ASM) - zp * sq).to(tl.float32) * sv  # [NG, A, B, GW]
+    return tl.sum(tl.sum(tl.sum(val, axis=3, keep_dims=True) * sc, axis=3), axis=0)
+
+
+@jit
+def _store_h_words(v, n0, q_row, sv_row, K, K8, N: tl.constexpr):
+    """Elements ``n0 .. n0 + N`` of a vector of ``K`` (``v [N]``; ``n0`` and ``N`` whole words) as
+    16-bit planes with one scale per word: ``q`` into the planes at ``q_row`` (an int16 view of rows
+    of ``K / 2`` int32 words), the scales at ``sv_row``."""
+    amax = tl.max(tl.abs(tl.reshape(v, (N // 8, 8))), axis=1)           # [N / 8]
+    inv = 32767.0 / tl.where(amax > 0, amax, 1.0)
+    q = tl.floor(tl.reshape(v, (N // 8, 8)) * inv[:, None] + 0.5)
+    q = tl.reshape(tl.minimum(tl.maximum(q, -32767.0), 32767.0).to(tl.int16), (N,))
+    wi = n0 // 8 + tl.arange(0, N // 8)
+    tl.store(sv_row + wi, amax / 32767.0, mask=wi < K8)
+    n = n0 + tl.arange(0, N)
+    s = n % 8
+    tl.store(q_row + 2 * ((2 * (s & 1) + (s >> 2)) * K8 + n // 8) + ((s >> 1) & 1), q, mask=n < K)
+
+
+@jit
+def _up_kernel(xq_ptr, xsum_ptr, xscale_ptr, ids_ptr, slot_ptr, hq_ptr, hv_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr,
+               ss_s, sz_s, ss_n, F, K, K8, hw_ptr, hs_ptr, hz_ptr, row_base, fill_row, TOP_K: tl.constexpr,
                ROUND: tl.constexpr, G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                EVEN_K: tl.constexpr, PDL: tl.constexpr, HOST: tl.constexpr, FILL: tl.constexpr,
                ASM: tl.constexpr):
     """``h`` of pair ``program_id(0)``, outputs ``program_id(1) * BN ..``: the gate and up rows of one
-    expert, SiLU·mul, float32 in natural order (the ``h`` prep kernel reads it).
+    expert, SiLU·mul, written as 16-bit planes with one scale per word (``BN`` is a multiple of 8).
 
     Tile [NG, 2, BN, GW]: NG groups of GW words along K of the gate and up rows of BN outputs. Groups
     outermost: Triton spreads threads over the words of a group, then over rows, and warps over
@@ -197,22 +233,22 @@ def _up_kernel(xq_ptr, xsum_ptr, xscale_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw
         h = h.to(tl.bfloat16).to(tl.float32)
     elif ROUND == 2:
         h = h.to(tl.float16).to(tl.float32)
-    cols = nb * BLOCK_N + tl.arange(0, BLOCK_N)
-    tl.store(h_ptr + pair.to(tl.int64) * F + cols, h, mask=cols < F)
+    pair64 = pair.to(tl.int64)
+    _store_h_words(h, nb * BLOCK_N, hq_ptr + pair64 * F, hv_ptr + pair64 * (F // 8), F, F // 8, BLOCK_N)
 
 
 @jit
-def _down_kernel(hq_ptr, hsum_ptr, hscale_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr,
-                 ss_s, sz_s, ss_n, D, F, F8, stride_o, hw_ptr, hs_ptr, hz_ptr, row_base, fill_row,
-                 TOP_K: tl.constexpr, KP: tl.constexpr, G: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr, HOST: tl.constexpr,
-                 FILL: tl.constexpr, ASM: tl.constexpr):
+def _down_kernel(hq_ptr, hv_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr, ss_s, sz_s,
+                 ss_n, D, F, F8, stride_o, hw_ptr, hs_ptr, hz_ptr, row_base, fill_row, TOP_K: tl.constexpr,
+                 KP: tl.constexpr, G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 EVEN_K: tl.constexpr, PDL: tl.constexpr, HOST: tl.constexpr, FILL: tl.constexpr,
+                 ASM: tl.constexpr):
     """``out`` of token ``program_id(0)``, rows ``program_id(1) * BN ..``: BN rows of w2 of each of the
     token's k experts (tile [NG, KP, BN, GW], groups outermost as in the up kernel), each expert's
     rows times its routing weight, summed over k in a fixed order.
 
-    ``PDL``: launched while the ``h`` prep kernel runs; the first chunk of w2 is requested, then the
-    wait for ``h``. F8 = F / 8 is an argument of its own so that Triton sees its divisibility."""
+    ``PDL``: launched while the up kernel runs; the first chunk of w2 is requested, then the wait for
+    ``h``. F8 = F / 8 is an argument of its own so that Triton sees its divisibility."""
     GW: tl.constexpr = G // 8
     NG: tl.constexpr = BLOCK_K // G
     tok, db = tl.program_id(0), tl.program_id(1)
@@ -233,8 +269,7 @@ def _down_kernel(hq_ptr, hsum_ptr, hscale_ptr, ids_ptr, slot_ptr, tw_ptr, out_pt
     fill_ok = j_ok & (fill >= 0)
     pair64 = pair.to(tl.int64)
     q_row = hq_ptr + pair64 * (4 * F8)                                  # [1, KP, 1, 1]
-    sq_row = hsum_ptr + pair64 * (F // G)
-    sv_row = hscale_ptr + pair64 * (F // G)
+    sv_row = hv_ptr + pair64 * F8
     grp = tl.arange(0, NG)[:, None, None, None]                         # [NG, 1, 1, 1]
     word = grp * GW + tl.arange(0, GW)[None, None, None, :]             # [NG, 1, 1, GW]
     w, sc, zp, idx, g, g_in = _int4_chunk(0, w_rows, s_rows, z_rows, row_ok, word, grp, F, G, NG, EVEN_K,
@@ -242,11 +277,11 @@ def _down_kernel(hq_ptr, hsum_ptr, hscale_ptr, ids_ptr, slot_ptr, tw_ptr, out_pt
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
-    acc = _group_dots(w, sc, zp, q_row, idx, g, j_ok & g_in, F8, sq_row, sv_row, ASM)  # [KP, BN]
+    acc = _word_dots(w, sc, zp, q_row, idx, j_ok & g_in, F8, sv_row, ASM)  # [KP, BN]
     for k0 in range(BLOCK_K, F, BLOCK_K):
         w, sc, zp, idx, g, g_in = _int4_chunk(k0, w_rows, s_rows, z_rows, row_ok, word, grp, F, G, NG, EVEN_K,
                                               fills, fill_ok, FILL)
-        acc += _group_dots(w, sc, zp, q_row, idx, g, j_ok & g_in, F8, sq_row, sv_row, ASM)
+        acc += _word_dots(w, sc, zp, q_row, idx, j_ok & g_in, F8, sv_row, ASM)
     tw = tl.load(tw_ptr + tok * TOP_K + tl.arange(0, KP), mask=tl.arange(0, KP) < TOP_K, other=0.0)
     y = tl.sum(acc * tw.to(tl.float32)[:, None], axis=0)                # [BN]: fixed-order sum over k
     cols = db * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -274,22 +309,23 @@ def moe_decode_int4(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, slots:
     k = ids.shape[1]
     f = w13.n // 2
     asm = x.device.type == "cuda"             # dp2a where there is a GPU; the interpreter has no PTX
-    launch = {"launch_pdl": True} if pdl else {}
-    h = torch.empty(t * k, f, dtype=torch.float32, device=x.device)    # [P, F]
-    out = torch.empty(t, d, dtype=x.dtype, device=x.device)            # [T, D]
+    launch = {"launch_pdl": True} if pdl else {}    # only Triton versions with PDL know the option
     xq, xs, xv = act16(x, group, pdl)
+    hq = torch.empty(t * k, f // 2, dtype=torch.int32, device=x.device)    # [P, F] as 16-bit planes
+    hv = torch.empty(t * k, f // 8, dtype=torch.float32, device=x.device)  # a scale per word
+    out = torch.empty(t, d, dtype=x.dtype, device=x.device)                # [T, D]
     w, sw_s, sw_n, *rest = int4_word_args(w13, "w13")
     bk = block_k(up.block_k, d, group)
-    _up_kernel[(t * k, cdiv(f, up.block_n))](
-        xq, xs, xv, ids, slots, h, w, sw_s, sw_n, *rest, f, d, d // 8, *host_args(host, w13, 0, True), TOP_K=k,
-        ROUND={torch.bfloat16: 1, torch.float16: 2}.get(x.dtype, 0), G=group, BLOCK_N=up.block_n, BLOCK_K=bk,
-        EVEN_K=d % bk == 0, PDL=pdl, HOST=host is not None, FILL=fills_on(host), ASM=asm, num_warps=up.num_warps,
-        num_stages=up.num_stages, **launch)
-    hq, hs, hv = act16(h, group, pdl)
+    bn = max(up.block_n, 8)                   # whole words of h: each gets its own scale
+    _up_kernel[(t * k, cdiv(f, bn))](
+        xq, xs, xv, ids, slots, hq.view(torch.int16), hv, w, sw_s, sw_n, *rest, f, d, d // 8,
+        *host_args(host, w13, 0, True), TOP_K=k, ROUND={torch.bfloat16: 1, torch.float16: 2}.get(x.dtype, 0),
+        G=group, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=d % bk == 0, PDL=pdl, HOST=host is not None, FILL=fills_on(host),
+        ASM=asm, num_warps=up.num_warps, num_stages=up.num_stages, **launch)
     w, sw_s, sw_n, *rest = int4_word_args(w2, "w2")
     bk = block_k(down.block_k, f, group)
     _down_kernel[(t, cdiv(d, down.block_n))](
-        hq, hs, hv, ids, slots, tw, out, w, sw_s, sw_n, *rest, d, f, f // 8, out.stride(0),
+        hq, hv, ids, slots, tw, out, w, sw_s, sw_n, *rest, d, f, f // 8, out.stride(0),
         *host_args(host, w2, 1, True), TOP_K=k, KP=next_pow2(k), G=group, BLOCK_N=down.block_n, BLOCK_K=bk,
         EVEN_K=f % bk == 0, PDL=pdl, HOST=host is not None, FILL=fills_on(host), ASM=asm,
         num_warps=down.num_warps, num_stages=down.num_stages, **launch)

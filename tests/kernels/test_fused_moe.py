@@ -13,6 +13,8 @@ from engine.experts.layout import ExpertLayout  # noqa: E402
 from engine.quant import quantize_expert  # noqa: E402
 from kernels.moe_config import MoeLaunchConfig, TileConfig  # noqa: E402
 from kernels.moe_weights import HostExperts  # noqa: E402
+from kernels._triton import jit, tl  # noqa: E402
+from kernels.moe_decode_int4 import _store_h_words, act16  # noqa: E402
 from tests.kernels.helpers import TOLERANCES, make_pool, make_routing, tolerance  # noqa: E402
 
 DECODE = MoeLaunchConfig("decode", TileConfig(16, 32), TileConfig(16, 32))
@@ -122,28 +124,48 @@ def test_top_k_not_a_power_of_two(fmt):
     run_case(fmt, torch.float32, hidden=64, ffn=32, experts=5, tokens=2, top_k=3, cfg=ONE_SHOT)
 
 
-def test_int4_activations_as_16_bit_planes():
-    # The int4 kernels read activations as act16 writes them: per group of G, q = round(v / sv) with
-    # sv = max |v| / 32767, in four planes of int32 words whose halves pair with the bytes of
-    # w & 0x0F0F0F0F (elements 0, 2 | 4, 6 of a word) and (w >> 4) & 0x0F0F0F0F (1, 3 | 5, 7), plus
-    # each group's sum of q. Checked against the same layout built in torch on two fp16 rows of
-    # K = 192 (24 words, 3 groups of 64) with an odd row stride; a group of zeros stays zero.
-    from kernels.moe_decode_int4 import act16
-    big = torch.randn(2, 195, generator=torch.Generator().manual_seed(2)).half()
-    big[1, 64:128] = 0
-    x = big[:, :192]
-    q, sq, sv = act16(x, 64)
-    want_sv = x.float().view(2, 3, 64).abs().amax(-1) / 32767
-    torch.testing.assert_close(sv, want_sv)
-    want_q = torch.where(want_sv[..., None] > 0, x.float().view(2, 3, 64) / want_sv.clamp_min(1e-30)[..., None],
-                         0).round().view(2, 192)
-    n = torch.arange(192)
-    s, i = n % 8, n // 8
-    got = q.view(torch.int16).view(2, 4, 24, 2)[:, 2 * (s & 1) + (s >> 2), i, (s >> 1) & 1]
-    assert (got.float() - want_q).abs().max() <= 1          # rounding ties may go either way
-    assert torch.equal(sq, got.view(2, 3, 64).sum(-1).int())
-    assert not got[1, 64:128].any() and sv[1, 1] == 0
-    assert (x.float() - got.float() * sv.repeat_interleave(64, 1)).abs().le(sv.repeat_interleave(64, 1) / 2 + 1e-9).all()
+def _planes_of(q):
+    """Torch version of the activation planes: ``q [R, K]`` int -> ``[R, 4, K/8, 2]`` (plane, word,
+    half), plane p holding elements (0, 2), (4, 6), (1, 3), (5, 7) of each word."""
+    r, k = q.shape
+    words = q.view(r, k // 8, 8)
+    return torch.stack([words[:, :, [0, 2]], words[:, :, [4, 6]], words[:, :, [1, 3]], words[:, :, [5, 7]]], 1)
+
+
+@jit
+def h_words_kernel(v_ptr, hq_ptr, hv_ptr, K: tl.constexpr):
+    # Row program_id(0) of v (stride 260) as the up kernel writes h: planes, one scale per word.
+    row = tl.program_id(0)
+    v = tl.load(v_ptr + row * 260 + tl.arange(0, K)).to(tl.float32)
+    _store_h_words(v, 0, hq_ptr + row * K, hv_ptr + row * (K // 8), K, K // 8, K)
+
+
+def test_int4_activation_planes_and_scales():
+    # Both producers of 16-bit activations on two fp16 rows of K = 192 (24 words) with an odd row
+    # stride: x as the prep kernel writes it (one scale per group of 64, with each group's sum of q)
+    # and h as the up kernel writes it (one scale per word). q = round(v / sv), sv = max |v| / 32767,
+    # in the plane layout the dp2a bytes expect; a block of zeros stays zero.
+    x = torch.randn(2, 260, generator=torch.Generator().manual_seed(2)).half()
+    x[1, 64:128] = 0
+    v = x[:, :192].float()
+    xq, xs, xv = act16(x[:, :192], 64)
+    hq, hv = torch.empty(2, 128, dtype=torch.int32), torch.empty(2, 32)
+    h_words_kernel[(2,)](x, hq.view(torch.int16), hv, K=256)
+    hq, hv = hq.view(torch.int16).view(2, 4, 32, 2)[:, :, :24].contiguous(), hv[:, :24]
+    for q, sv, block in ((xq.view(torch.int16).view(2, 4, 24, 2), xv, 64), (hq, hv, 8)):
+        want_sv = v.view(2, -1, block).abs().amax(-1) / 32767
+        torch.testing.assert_close(sv, want_sv)
+        want_q = (v.view(2, -1, block) / want_sv.clamp_min(1e-30)[..., None]).round().view(2, 192)
+        assert (q.float() - _planes_of(want_q)).abs().max() <= 1        # rounding ties may go either way
+        back = torch.zeros(2, 24, 8)
+        for p, cols in enumerate(([0, 2], [4, 6], [1, 3], [5, 7])):
+            back[:, :, cols] = q[:, p].float()
+        back = back.view(2, 192)
+        step = sv.repeat_interleave(block, 1)
+        assert ((back * step - v).abs() <= step / 2 + 1e-9).all()        # within half a step
+        assert not back[1, 64:128].any()
+    got_x = xq.view(torch.int16).view(2, 4, 3, 8, 2).float()            # plane, group, word, half
+    torch.testing.assert_close(xs.float(), got_x.sum((1, 3, 4)), rtol=0, atol=0)   # each group's sum of q
 
 
 @pytest.mark.parametrize("cfg", [DECODE, PREFILL], ids=["decode", "prefill"])
