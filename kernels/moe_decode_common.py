@@ -7,6 +7,9 @@ import torch
 from kernels._triton import HAS_TRITON, jit, next_pow2, tl
 from kernels.moe_weights import PoolMatrix
 
+__all__ = ["HostMatrices", "block_k", "expert_ptr", "fill_of", "fill_ptr", "fills_on", "gdc_launch_dependents",
+           "gdc_wait", "host_args", "int4_word_args", "pdl_supported"]
+
 # The host store's (w13, w2) views, the store row of the layer's expert 0, and the layer's fill row
 # (``[E]`` int32: the pool slot a directly read expert is written into as it is read, or -1; or None).
 HostMatrices = tuple[PoolMatrix, PoolMatrix, int, "torch.Tensor | None"]
