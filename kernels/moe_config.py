@@ -7,7 +7,7 @@ token count (else the largest). A setting::
 
     {"variant": "decode" | "prefill",
      "up":   {"block_n": 16, "block_k": 256, "num_warps": 4, "num_stages": 3},
-     "down": {"block_n": 16, "block_k": 256, "num_warps": 4, "num_stages": 3},
+     "down": {"block_n": 16, "block_k": 256, "num_warps": 4, "num_stages": 3, "preload": 1},
      "block_m": 16,          # prefill only: rows of the aligned blocks
     "pdl": true}            # decode, int4: launches overlap (Hopper and later)
 
@@ -31,6 +31,7 @@ class TileConfig:
     block_k: int
     num_warps: int = 4
     num_stages: int = 3
+    preload: int = 1      # int4 decode with pdl: K chunks of weights read before waiting for the predecessor
 
 
 @dataclass(frozen=True)

@@ -181,7 +181,7 @@ def _up_kernel(xq_ptr, xsum_ptr, xscale_ptr, ids_ptr, slot_ptr, hq_ptr, hv_ptr, 
                ss_s, sz_s, ss_n, F, K, K8, hw_ptr, hs_ptr, hz_ptr, row_base, fill_row, TOP_K: tl.constexpr,
                ROUND: tl.constexpr, G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                EVEN_K: tl.constexpr, PDL: tl.constexpr, HOST: tl.constexpr, FILL: tl.constexpr,
-               ASM: tl.constexpr):
+               ASM: tl.constexpr, PRE: tl.constexpr = 1):
     """``h`` of pair ``program_id(0)``, outputs ``program_id(1) * BN ..``: the gate and up rows of one
     expert, SiLU·mul, written as 16-bit planes with one scale per word (``BN`` is a multiple of 8).
 
@@ -189,10 +189,10 @@ def _up_kernel(xq_ptr, xsum_ptr, xscale_ptr, ids_ptr, slot_ptr, hq_ptr, hv_ptr, 
     outermost: Triton spreads threads over the words of a group, then over rows, and warps over
     gate/up and rows, so the vector, scale and weight loads share one register layout.
 
-    ``PDL``: the routing ids, the slot table and the first chunk of weights are read before the wait
-    for the previous kernel (the prep of ``x``): it was launched once every program of that kernel
-    had finished waiting for its own predecessor, so everything before it is complete; then the next
-    kernel may launch."""
+    ``PDL``: the routing ids, the slot table and the first ``PRE`` (1 or 2) chunks of weights are read
+    before the wait for the previous kernel (the prep of ``x``): it was launched once every program of
+    that kernel had finished waiting for its own predecessor, so everything before it is complete;
+    then the next kernel may launch."""
     GW: tl.constexpr = G // 8
     NG: tl.constexpr = BLOCK_K // G
     pair, nb = tl.program_id(0), tl.program_id(1)
@@ -217,11 +217,16 @@ def _up_kernel(xq_ptr, xsum_ptr, xscale_ptr, ids_ptr, slot_ptr, hq_ptr, hv_ptr, 
     fill_ok = (fill + 0 * rows) >= 0
     w, sc, zp, idx, g, g_in = _int4_chunk(0, w_rows, s_rows, z_rows, row_ok, word, grp, K, G, NG, EVEN_K, fills,
                                           fill_ok, FILL)
+    if PRE >= 2:  # a second chunk requested before the wait
+        w1, sc1, zp1, idx1, g1, g_in1 = _int4_chunk(BLOCK_K, w_rows, s_rows, z_rows, row_ok, word, grp, K, G, NG,
+                                                    EVEN_K, fills, fill_ok, FILL)
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
     acc = _group_dots(w, sc, zp, q_row, idx, g, g_in, K8, sq_row, sv_row, ASM)  # [2, BN]
-    for k0 in range(BLOCK_K, K, BLOCK_K):
+    if PRE >= 2:
+        acc += _group_dots(w1, sc1, zp1, q_row, idx1, g1, g_in1, K8, sq_row, sv_row, ASM)
+    for k0 in range(PRE * BLOCK_K, K, BLOCK_K):
         w, sc, zp, idx, g, g_in = _int4_chunk(k0, w_rows, s_rows, z_rows, row_ok, word, grp, K, G, NG, EVEN_K,
                                               fills, fill_ok, FILL)
         acc += _group_dots(w, sc, zp, q_row, idx, g, g_in, K8, sq_row, sv_row, ASM)
@@ -242,13 +247,13 @@ def _down_kernel(hq_ptr, hv_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s
                  ss_n, D, F, F8, stride_o, hw_ptr, hs_ptr, hz_ptr, row_base, fill_row, TOP_K: tl.constexpr,
                  KP: tl.constexpr, G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  EVEN_K: tl.constexpr, PDL: tl.constexpr, HOST: tl.constexpr, FILL: tl.constexpr,
-                 ASM: tl.constexpr):
+                 ASM: tl.constexpr, PRE: tl.constexpr = 1):
     """``out`` of token ``program_id(0)``, rows ``program_id(1) * BN ..``: BN rows of w2 of each of the
     token's k experts (tile [NG, KP, BN, GW], groups outermost as in the up kernel), each expert's
     rows times its routing weight, summed over k in a fixed order.
 
-    ``PDL``: launched while the up kernel runs; the first chunk of w2 is requested, then the wait for
-    ``h``. F8 = F / 8 is an argument of its own so that Triton sees its divisibility."""
+    ``PDL``: launched while the up kernel runs; the first ``PRE`` (1 to 3) chunks of w2 are requested,
+    then the wait for ``h``. F8 = F / 8 is an argument of its own so that Triton sees its divisibility."""
     GW: tl.constexpr = G // 8
     NG: tl.constexpr = BLOCK_K // G
     tok, db = tl.program_id(0), tl.program_id(1)
@@ -274,11 +279,21 @@ def _down_kernel(hq_ptr, hv_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s
     word = grp * GW + tl.arange(0, GW)[None, None, None, :]             # [NG, 1, 1, GW]
     w, sc, zp, idx, g, g_in = _int4_chunk(0, w_rows, s_rows, z_rows, row_ok, word, grp, F, G, NG, EVEN_K,
                                           fills, fill_ok, FILL)
+    if PRE >= 2:
+        w1, sc1, zp1, idx1, g1, g_in1 = _int4_chunk(BLOCK_K, w_rows, s_rows, z_rows, row_ok, word, grp, F, G, NG,
+                                                    EVEN_K, fills, fill_ok, FILL)
+    if PRE >= 3:
+        w2, sc2, zp2, idx2, g2, g_in2 = _int4_chunk(2 * BLOCK_K, w_rows, s_rows, z_rows, row_ok, word, grp, F, G,
+                                                    NG, EVEN_K, fills, fill_ok, FILL)
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
     acc = _word_dots(w, sc, zp, q_row, idx, j_ok & g_in, F8, sv_row, ASM)  # [KP, BN]
-    for k0 in range(BLOCK_K, F, BLOCK_K):
+    if PRE >= 2:
+        acc += _word_dots(w1, sc1, zp1, q_row, idx1, j_ok & g_in1, F8, sv_row, ASM)
+    if PRE >= 3:
+        acc += _word_dots(w2, sc2, zp2, q_row, idx2, j_ok & g_in2, F8, sv_row, ASM)
+    for k0 in range(PRE * BLOCK_K, F, BLOCK_K):
         w, sc, zp, idx, g, g_in = _int4_chunk(k0, w_rows, s_rows, z_rows, row_ok, word, grp, F, G, NG, EVEN_K,
                                               fills, fill_ok, FILL)
         acc += _word_dots(w, sc, zp, q_row, idx, j_ok & g_in, F8, sv_row, ASM)
@@ -321,12 +336,12 @@ def moe_decode_int4(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, slots:
         xq, xs, xv, ids, slots, hq.view(torch.int16), hv, w, sw_s, sw_n, *rest, f, d, d // 8,
         *host_args(host, w13, 0, True), TOP_K=k, ROUND={torch.bfloat16: 1, torch.float16: 2}.get(x.dtype, 0),
         G=group, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=d % bk == 0, PDL=pdl, HOST=host is not None, FILL=fills_on(host),
-        ASM=asm, num_warps=up.num_warps, num_stages=up.num_stages, **launch)
+        ASM=asm, PRE=max(1, min(up.preload, 2, cdiv(d, bk))), num_warps=up.num_warps, num_stages=up.num_stages, **launch)
     w, sw_s, sw_n, *rest = int4_word_args(w2, "w2")
     bk = block_k(down.block_k, f, group)
     _down_kernel[(t, cdiv(d, down.block_n))](
         hq, hv, ids, slots, tw, out, w, sw_s, sw_n, *rest, d, f, f // 8, out.stride(0),
         *host_args(host, w2, 1, True), TOP_K=k, KP=next_pow2(k), G=group, BLOCK_N=down.block_n, BLOCK_K=bk,
         EVEN_K=f % bk == 0, PDL=pdl, HOST=host is not None, FILL=fills_on(host), ASM=asm,
-        num_warps=down.num_warps, num_stages=down.num_stages, **launch)
+        PRE=max(1, min(down.preload, 3, cdiv(f, bk))), num_warps=down.num_warps, num_stages=down.num_stages, **launch)
     return out

@@ -47,7 +47,9 @@ DECODE_TILES = {
             ((1, 1024, 2, 4), (1, 256, 2, 4)), ((4, 512, 4), (1, 256, 2)), ((1, 2048, 2), (2, 256, 2))],
     # int4 block_k counts elements; up tiles are [block_k/G groups, 2, BN, G/8 words], down [., k, BN,
     # .]. "pdl": launches overlapping (programmatic dependent launch, Hopper and later).
-    "int4": [((16, 1024, 8), (2, 256, 2), "pdl"), ((16, 1024, 8), (4, 256, 2), "pdl"),
+    # A fifth number is the preload: chunks of weights read before the launch waits for its predecessor.
+    "int4": [((16, 1024, 8), (2, 256, 2, 3, 3), "pdl"), ((16, 1024, 8), (4, 512, 4, 3, 2), "pdl"),
+             ((16, 1024, 8), (2, 256, 2), "pdl"), ((16, 1024, 8), (4, 256, 2), "pdl"),
              ((32, 512, 8), (4, 256, 2), "pdl"), ((16, 512, 4), (4, 256, 2), "pdl"),
              ((8, 512, 4), (2, 512, 4), "pdl"), ((16, 1024, 8), (2, 512, 4), "pdl"),
              ((16, 512, 4), (2, 256, 2), "pdl"), ((16, 1024, 8), (4, 256, 2))],

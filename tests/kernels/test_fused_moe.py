@@ -74,6 +74,16 @@ def test_int4_word_tiles_with_a_lone_tail_group():
     run_case("int4", torch.float16, hidden=224, ffn=224, experts=4, tokens=1, top_k=2, cfg=cfg)
 
 
+@pytest.mark.parametrize("preload", [(2, 3), (2, 2), (3, 5)])
+def test_int4_chunks_read_before_the_wait(preload):
+    # Launch settings may read up to 2 (up) and 3 (down) K chunks before the kernels wait for their
+    # predecessor; 5 K chunks (hidden 160, ffn 160, chunks of 32) leave the rest to the K loop, and a
+    # setting asking for more than a kernel holds is clamped.
+    up, down = preload
+    cfg = MoeLaunchConfig("decode", TileConfig(16, 32, preload=up), TileConfig(16, 32, preload=down))
+    run_case("int4", torch.float32, hidden=160, ffn=160, experts=5, tokens=2, top_k=3, cfg=cfg)
+
+
 def test_int4_rejects_weights_off_16_byte_rows():
     # The int4 kernels read packed rows as int32 words in 16-byte loads; a pool view that does not
     # start on such a boundary (not placed by ExpertLayout) is refused with a sentence, not misread.
