@@ -50,6 +50,15 @@ def kernels_table(d: dict) -> list[str]:
     return out
 
 
+def int4_lines(d: dict) -> list[str]:
+    """The latest int4-only kernel run (launch settings tuned after the full run above)."""
+    rows = ", ".join(f"{r['tokens']} token{'s' * (r['tokens'] > 1)} {1000 * r['ms']:.1f} µs (again "
+                     f"{1000 * r['ms_again']:.1f}; {r['pct_ceiling']:.1f}%)" for r in d["results"]
+                     if r["format"] == "int4" and r["ms"])
+    return [f"int4 alone, later commit {d['commit']} (`{_file('kernels_int4_*.json')}`; ceiling "
+            f"{d['ceiling_gbs']:.0f} GB/s): {rows}."]
+
+
 def offload_table(d: dict) -> list[str]:
     out = [f"Expert offload, MoE path of the same shape, bf16 experts (`{_file('offload_*.json')}`; {d['routing']}; "
            f"limit: {d['roofline']}):", "", "| pool | batch | depth | tok/s | H2D GB/s | copy wait ms/step |",
@@ -119,7 +128,7 @@ def _file(pattern: str) -> str:
 
 def render() -> str:
     parts: list[list[str]] = []
-    for pattern, fn in (("e2e_*.json", e2e_table), ("kernels_moe_*.json", kernels_table),
+    for pattern, fn in (("e2e_*.json", e2e_table), ("kernels_moe_*.json", kernels_table), ("kernels_int4_*.json", int4_lines),
                         ("offload_*.json", offload_table), ("residency_*.json", residency_table),
                         ("cpu_decode_*.json", cpu_table)):
         d = _load(pattern)
