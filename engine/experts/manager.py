@@ -16,7 +16,8 @@ Per engine step and MoE layer ``l`` the model calls ``before_layer(l, hidden)`` 
 * With a pool that holds every expert the table is static and ``acquire`` never syncs.
 
 Direct reads (engine/experts/direct.py): decode steps of a few tokens at prefetch depth >= 1 read
-missing experts straight from the mapped host store and never wait for the host.
+missing experts straight from the mapped host store and never wait for the host. Host-side prefetch
+copies live in engine/experts/host_prefetch.py, ``reconfigure`` in engine/experts/live_changes.py.
 
 Pinned against eviction: the experts of the current layer and every prefetched expert until its
 layer has run. Keys are store rows, ``layer * E + expert``.
@@ -31,13 +32,14 @@ from typing import Sequence
 
 import torch
 
-from engine.config import DIRECT_READS
-from engine.errors import ConfigError, ReconfigureError
+from engine.errors import ConfigError
 from engine.experts.counters import ResidencyCounters
 from engine.experts.device_prefetch import DevicePrefetcher
 from engine.experts.direct import DirectReads
+from engine.experts.host_prefetch import HostPrefetch
 from engine.experts.layout import ExpertLayout
-from engine.experts.policy import DEFAULT_LFU_DECAY, EvictionPolicy, StaticPolicy, make_policy
+from engine.experts.live_changes import LiveChanges, check_depth
+from engine.experts.policy import DEFAULT_LFU_DECAY, StaticPolicy, make_policy
 from engine.experts.pool import ExpertPool
 from engine.experts.prefetch import PrefetchGate, RouteFn, predict_experts
 from engine.experts.readback import HostReader
@@ -48,7 +50,7 @@ from engine.telemetry import ExpertStats
 Prediction = tuple[int, list[int], torch.Tensor]   # (layer it was made at, layers predicted, ids [P, T, k])
 
 
-class OffloadedExperts(DirectReads):
+class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
     """Byte-budgeted device pool over a host store, with prefetch, policies and live resizing.
 
     ``pool_bytes`` buys ``pool_bytes // layout.nbytes`` pool slots (None: every expert); a pool
@@ -76,7 +78,7 @@ class OffloadedExperts(DirectReads):
         self.routers = torch.stack([r.detach() for r in routers])       # [L, E, D], one matmul predicts many layers
         self.route_fn = route_fn
         self._reader = HostReader(self.device)
-        self.prefetch_depth = _check_depth(prefetch_depth, ConfigError)
+        self.prefetch_depth = check_depth(prefetch_depth, ConfigError)
         self._lfu_decay = lfu_decay
         self._profile = self._load_profile(routing_profile)
         self.policy = make_policy(policy, self._profile, lfu_decay)
@@ -235,12 +237,6 @@ class OffloadedExperts(DirectReads):
                 pred = (predicted[1][:depth], host[t * k:].view(-1, t, k)[:depth, :rows])
         return self._acquire_host(moe_index, ids, pred, defer_prefetch=True)
 
-    def issue_prefetch(self) -> None:
-        """Issue the prefetch copies an ``acquire(..., defer_prefetch=True)`` left pending."""
-        pending, self._pending_prefetch = self._pending_prefetch, None
-        if pending is not None:
-            self._prefetch(*pending)
-
     def _acquire_host(self, moe_index: int, ids: torch.Tensor, predicted: tuple | None,
                       defer_prefetch: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Host half of acquire: ``ids`` int64 [T*k] and ``predicted`` (layers, ids [P, T, k]) on the host."""
@@ -302,35 +298,6 @@ class OffloadedExperts(DirectReads):
         """Device-to-host reads of routing ids so far (each one a sync on CUDA)."""
         return self.counters.host_syncs
 
-    # ---- live changes ------------------------------------------------------------------------
-    def reconfigure(self, pool_bytes: int | None = None, prefetch_depth: int | None = None,
-                    policy: str | None = None, reads: str | None = None) -> str:
-        """Apply new settings between steps; returns a short description of the result.
-
-        Raises ReconfigureError and changes nothing when a setting is invalid, the pool does not
-        fit the budget, or its allocation fails.
-        """
-        if self._in_step:
-            raise ReconfigureError("the expert pool can change only between engine steps; apply it after step() returns")
-        depth = self.prefetch_depth if prefetch_depth is None else _check_depth(prefetch_depth, ReconfigureError)
-        direct = self._direct_opt
-        if reads is not None:
-            direct = _check_reads(reads, self.store, self.device)
-        new_policy = self.policy
-        if policy is not None and policy != self.policy.name:
-            try:
-                new_policy = make_policy(policy, self._profile, self._lfu_decay)
-            except ConfigError as err:
-                raise ReconfigureError(str(err)) from None
-        slots = self.pool.slots if pool_bytes is None else self._slots_for(pool_bytes)
-        static = isinstance(new_policy, StaticPolicy)
-        if slots != self.pool.slots or (static and new_policy is not self.policy):
-            self._resize(slots, new_policy)
-        elif new_policy is not self.policy:
-            self._seed(new_policy, self.policy.rank(self.pool.resident_keys()))
-        self.policy, self.prefetch_depth, self._direct_opt = new_policy, depth, direct
-        return self.describe()
-
     def describe(self) -> str:
         """One line: pool, policy, depth, how misses are read."""
         reads = "missing experts copied in"
@@ -346,10 +313,6 @@ class OffloadedExperts(DirectReads):
             self.store.close()
 
     # ---- internals ---------------------------------------------------------------------------
-    def _slots_for(self, pool_bytes: int | None) -> int:
-        total = self.num_layers * self.num_experts
-        return total if pool_bytes is None else min(int(pool_bytes) // self.layout.nbytes, total)
-
     def _load_profile(self, profile: str | Path | Sequence[Sequence[int]] | None) -> list[list[int]] | None:
         if profile is None:
             return None
@@ -413,61 +376,6 @@ class OffloadedExperts(DirectReads):
             self._unused.discard(key)
             self.counters.prefetch_wasted += 1
 
-    def _drop_staging(self, slot: int) -> None:
-        key = self.pool.release_staging(slot)
-        self._prefetched.pop(key, None)
-        if key in self._unused:
-            self._unused.discard(key)
-            self.counters.prefetch_wasted += 1
-
-    def _reclaim_staging(self, layer: int) -> int:
-        """Take back the staging slot prefetched for the farthest later layer (a miss outranks a guess)."""
-        later = [(j, s) for s, j in self.pool.lease.items() if j > layer]
-        if not later:
-            raise RuntimeError(f"no staging slot left for layer {layer}: {len(self.pool.lease)} leased of "
-                               f"{self.pool.staging}; staging must hold one layer's experts")
-        _, slot = max(later)
-        self._drop_staging(slot)
-        return self.pool.take_staging(layer)
-
-    def _prefetch(self, layers: list[int], ids: torch.Tensor) -> None:
-        """Issue copies of the predicted experts (``ids [P, T, k]`` on the host), nearest layer first."""
-        pinned = self._current | self._prefetched.keys()
-        origin = layers[0] - 1                     # the layer whose input made the prediction
-        slot_of = self.pool.slot_of
-        for layer, layer_ids in zip(layers, ids):
-            base, pairs = layer * self.num_experts, []
-            cap = self.gate.quota(layer - origin)
-            for e in dict.fromkeys(layer_ids.t().reshape(-1).tolist()):   # every token's first choice first
-                key = base + e
-                if slot_of[key] < 0:
-                    if cap is not None and len(pairs) >= cap:
-                        continue
-                    slot = self._slot_for(key, layer, pinned, demand=False)
-                    if slot is None:
-                        break                      # no room left: later guesses would not fit either
-                    pairs.append((slot, key))
-                    self._unused.add(key)
-                    self._distance[key] = layer - origin
-                self._prefetched.setdefault(key, layer)
-                pinned.add(key)
-            self.pool.load(pairs, demand=False)
-            self.gate.on_issue(layer - origin, len(pairs))
-
-    def _note_predicted(self, layers: list[int], ids: torch.Tensor) -> None:
-        """Remember the keys a prediction (``ids [P, T, k]`` on the host for ``layers``) named."""
-        for layer, layer_ids in zip(layers, ids):
-            base, flat = layer * self.num_experts, layer_ids.reshape(-1)
-            if flat.numel() > self.num_experts:          # a prefill step: many tokens, few experts
-                flat = flat.unique()
-            self._named.setdefault(layer, set()).update(base + e for e in flat.tolist())
-
-    def _count_predicted(self, layer: int, misses: list[int]) -> None:
-        """Count the misses of ``layer`` that an earlier layer's prediction had named."""
-        named = self._named.pop(layer, None)
-        if named:
-            self.counters.misses_predicted += sum(1 for k in misses if k in named)
-
     def _release_all(self) -> None:
         """Release every staging lease (fill and prefetch slots included), then forget the step's pins."""
         if self._dp_active:                          # a step cut short: undo its GPU-side prefetches
@@ -487,51 +395,4 @@ class OffloadedExperts(DirectReads):
         self._current = set()
         self._last_layer = -1
 
-    def _resize(self, slots: int, policy: EvictionPolicy) -> None:
-        """Re-create the pool for ``policy``; on failure the old pool and placement stay."""
-        self._release_all()
-        self._mode = None                          # the table is rebuilt whole
-        old = self.pool.resident_keys()
-        if isinstance(policy, StaticPolicy):
-            keep = policy.place(slots)
-        else:
-            keep = self.policy.rank(old)
-        try:
-            self.pool.resize(slots, keep)
-        except ReconfigureError:
-            if isinstance(self.policy, StaticPolicy):
-                self.policy.place(self.pool.slots)
-            raise
-        now = set(self.pool.resident_keys())
-        for k in old:
-            if k not in now:
-                self.policy.remove(k)
-                if k in self._unused:
-                    self._unused.discard(k)
-                    self.counters.prefetch_wasted += 1
-        self._unused &= now
-        if policy is not self.policy:
-            self._seed(policy, self.policy.rank(list(now)))
-
-    @staticmethod
-    def _seed(policy: EvictionPolicy, ranked: list[int]) -> None:
-        """Tell a fresh policy what is resident, least valuable first (so it goes first)."""
-        for k in reversed(ranked):
-            policy.insert(k)
-
-
-def _check_reads(reads: str, store: HostExpertStore, device: torch.device) -> bool | None:
-    """``expert_reads`` (auto / copy / direct) as the ``direct_reads`` option, checked."""
-    if reads not in DIRECT_READS:
-        raise ReconfigureError(f"expert_reads={reads!r} is not supported; choose auto, copy or direct")
-    if reads == "direct" and device.type == "cuda" and not store.direct_readable(device):
-        raise ReconfigureError("expert_reads=direct needs a host store the GPU's kernels can read; it is not "
-                               "mapped here (use auto or copy)")
-    return DIRECT_READS[reads]
-
-
-def _check_depth(depth: int, error: type[ConfigError]) -> int:
-    if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
-        raise error(f"prefetch_depth must be an integer >= 0 (got {depth!r}); 0 disables prefetching")
-    return depth
 
