@@ -69,7 +69,7 @@ def test_int4_tiles_of_several_groups_with_n_and_k_tails(dtype):
 
 def test_int4_word_tiles_with_a_lone_tail_group():
     # K = 224 is 7 groups of 32 (28 int32 words a row): 64-element chunks end on one lone group in both
-    # kernels, and h is stored nibble-major with slices of 28 words, not a power of two.
+    # kernels, and h is stored as planes of 28 words each, not a power of two.
     cfg = MoeLaunchConfig("decode", TileConfig(32, 64), TileConfig(32, 64))
     run_case("int4", torch.float16, hidden=224, ffn=224, experts=4, tokens=1, top_k=2, cfg=cfg)
 
