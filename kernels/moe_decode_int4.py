@@ -65,17 +65,34 @@ def _act16_prep_kernel(v_ptr, stride_v, q_ptr, sq_ptr, sv_ptr, K, K8, G: tl.cons
     ok = n < K
     v = tl.reshape(tl.load(v_ptr + row * stride_v + n, mask=ok, other=0.0).to(tl.float32), (BLOCK // G, G))
     amax = tl.max(tl.abs(v), axis=1)                                    # [BLOCK / G]
-    inv = 32767.0 / tl.where(amax > 0, amax, 1.0)                       # a group of zeros stays zero
-    q = tl.floor(v * inv[:, None] + 0.5)
-    q = tl.minimum(tl.maximum(q, -32767.0), 32767.0).to(tl.int32)       # rounding may touch 32767.5
+    q = _round16(v, amax[:, None])
     gi = tl.arange(0, BLOCK // G)
     g_ok = gi < K // G
     tl.store(sq_ptr + row * (K // G) + gi, tl.sum(q, axis=1), mask=g_ok)
     tl.store(sv_ptr + row * (K // G) + gi, amax / 32767.0, mask=g_ok)
+    tl.store(q_ptr + row * K + _plane_offset(n, K8), tl.reshape(q, (BLOCK,)).to(tl.int16), mask=ok)
+
+
+@jit
+def _round16(v, amax):
+    """``round(v * 32767 / amax)`` as int32 in [-32767, 32767] (a block of zeros stays zero)."""
+    q = tl.floor(v * (32767.0 / tl.where(amax > 0, amax, 1.0)) + 0.5)
+    return tl.minimum(tl.maximum(q, -32767.0), 32767.0).to(tl.int32)   # rounding may touch 32767.5
+
+
+@jit
+def _plane_offset(n, K8):
+    """Where element ``n`` of a vector goes in its planes, in int16 units: plane ``2 (s & 1) + (s >> 2)``
+    of ``K8`` words, word ``n // 8``, half ``(s >> 1) & 1``, for ``s = n % 8``."""
     s = n % 8
-    half = (s >> 1) & 1
-    plane = 2 * (s & 1) + (s >> 2)
-    tl.store(q_ptr + row * K + 2 * (plane * K8 + n // 8) + half, tl.reshape(q, (BLOCK,)).to(tl.int16), mask=ok)
+    return 2 * ((2 * (s & 1) + (s >> 2)) * K8 + n // 8) + ((s >> 1) & 1)
+
+
+@jit
+def _planes(q_row, idx, ok, K8):
+    """The four plane words ``idx`` of the vector whose planes start at ``q_row`` (int32)."""
+    return (tl.load(q_row + idx, mask=ok, other=0), tl.load(q_row + K8 + idx, mask=ok, other=0),
+            tl.load(q_row + 2 * K8 + idx, mask=ok, other=0), tl.load(q_row + 3 * K8 + idx, mask=ok, other=0))
 
 
 @jit
@@ -94,10 +111,9 @@ def _dot8(w, xa, xb, xc, xd, ASM: tl.constexpr):
             dp2a.hi.s32.u32 $0, $5, hi, $0;
             }""",
             "=r,r,r,r,r,r", [w, xa, xb, xc, xd], dtype=tl.int32, is_pure=True, pack=1)
-    lo = (w & 0x0F0F0F0F)
+    lo = w & 0x0F0F0F0F
     hi = (w >> 4) & 0x0F0F0F0F
-    acc = _pair(xa, lo, 0) + _pair(xb, lo, 16) + _pair(xc, hi, 0) + _pair(xd, hi, 16)
-    return acc
+    return _pair(xa, lo, 0) + _pair(xb, lo, 16) + _pair(xc, hi, 0) + _pair(xd, hi, 16)
 
 
 @jit
@@ -110,9 +126,9 @@ def _pair(x, b, S: tl.constexpr):
 def _int4_chunk(k0, w_rows, s_rows, z_rows, row_ok, word, grp, K, G: tl.constexpr, NG: tl.constexpr,
                 EVEN_K: tl.constexpr, fills=None, fill_ok=None, FILL: tl.constexpr = False):
     """Words, scales (float32) and zero points (int32) of the K chunk at ``k0`` of packed rows, the
-    word indices, the groups and which groups are in K. Rows broadcast against ``word [NG, 1, 1, GW]`` and ``grp [NG, 1, 1,
-    1]``. With ``FILL`` the rows ``fill_ok`` marks are also stored as loaded at ``fills`` (words, scale
-    and zero point row pointers)."""
+    word indices, the groups and which groups are in K. Rows broadcast against ``word [NG, 1, 1, GW]``
+    and ``grp [NG, 1, 1, 1]``. With ``FILL`` the rows ``fill_ok`` marks are also stored as loaded at
+    ``fills`` (words, scale and zero point row pointers)."""
     idx = k0 // 8 + word                                                # [NG, 1, 1, GW] word index
     g = k0 // G + grp                                                   # [NG, 1, 1, 1]
     if EVEN_K:  # a constant mask where the tiles divide K
@@ -135,10 +151,7 @@ def _group_dots(w, sc, zp, q_row, idx, g, g_ok, K8, sq_row, sv_row, ASM: tl.cons
     """``[A, B]`` float32: packed rows ``w [NG, A, B, GW]`` (scales and zero points ``[NG, A, B, 1]``)
     dotted with the 16-bit vector whose planes start at ``q_row`` (``[1, 1 or A, 1, 1]``), group sums
     at ``sq_row`` and scales at ``sv_row``; groups ``g`` where ``g_ok`` (``[NG, 1 or A, 1, 1]``)."""
-    xa = tl.load(q_row + idx, mask=g_ok, other=0)                       # [NG, 1 or A, 1, GW] int32
-    xb = tl.load(q_row + K8 + idx, mask=g_ok, other=0)
-    xc = tl.load(q_row + 2 * K8 + idx, mask=g_ok, other=0)
-    xd = tl.load(q_row + 3 * K8 + idx, mask=g_ok, other=0)
+    xa, xb, xc, xd = _planes(q_row, idx, g_ok, K8)                      # [NG, 1 or A, 1, GW] int32
     dot = tl.sum(_dot8(w, xa, xb, xc, xd, ASM), axis=3, keep_dims=True)  # [NG, A, B, 1] int32
     sq = tl.load(sq_row + g, mask=g_ok, other=0)
     sv = tl.load(sv_row + g, mask=g_ok, other=0.0)
@@ -150,10 +163,7 @@ def _word_dots(w, sc, zp, q_row, idx, ok, K8, sv_row, ASM: tl.constexpr):
     """As :func:`_group_dots` for a vector with one scale per word (eight elements) at ``sv_row``:
     each word's sum of ``q`` comes from the same ``dp2a`` over a word of ones, and each word's dot is
     scaled before the group's sum."""
-    xa = tl.load(q_row + idx, mask=ok, other=0)                         # [NG, 1 or A, 1, GW] int32
-    xb = tl.load(q_row + K8 + idx, mask=ok, other=0)
-    xc = tl.load(q_row + 2 * K8 + idx, mask=ok, other=0)
-    xd = tl.load(q_row + 3 * K8 + idx, mask=ok, other=0)
+    xa, xb, xc, xd = _planes(q_row, idx, ok, K8)                        # [NG, 1 or A, 1, GW] int32
     sv = tl.load(sv_row + idx, mask=ok, other=0.0)
     sq = _dot8(xa * 0 + 0x11111111, xa, xb, xc, xd, ASM)                # each word's sum of q
     val = (_dot8(w, xa, xb, xc, xd, ASM) - zp * sq).to(tl.float32) * sv  # [NG, A, B, GW]
@@ -166,14 +176,11 @@ def _store_h_words(v, n0, q_row, sv_row, K, K8, N: tl.constexpr):
     16-bit planes with one scale per word: ``q`` into the planes at ``q_row`` (an int16 view of rows
     of ``K / 2`` int32 words), the scales at ``sv_row``."""
     amax = tl.max(tl.abs(tl.reshape(v, (N // 8, 8))), axis=1)           # [N / 8]
-    inv = 32767.0 / tl.where(amax > 0, amax, 1.0)
-    q = tl.floor(tl.reshape(v, (N // 8, 8)) * inv[:, None] + 0.5)
-    q = tl.reshape(tl.minimum(tl.maximum(q, -32767.0), 32767.0).to(tl.int16), (N,))
+    q = tl.reshape(_round16(tl.reshape(v, (N // 8, 8)), amax[:, None]).to(tl.int16), (N,))
     wi = n0 // 8 + tl.arange(0, N // 8)
     tl.store(sv_row + wi, amax / 32767.0, mask=wi < K8)
     n = n0 + tl.arange(0, N)
-    s = n % 8
-    tl.store(q_row + 2 * ((2 * (s & 1) + (s >> 2)) * K8 + n // 8) + ((s >> 1) & 1), q, mask=n < K)
+    tl.store(q_row + _plane_offset(n, K8), q, mask=n < K)
 
 
 @jit
