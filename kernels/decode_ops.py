@@ -8,6 +8,7 @@ rounds each product before the add (separate kernels), so a fused multiply-add w
 
 :func:`add_rms_norm`: ``summed = x + residual`` in x's dtype, then ``rms_norm(summed)``: the mean
 square and the scaling in float32, rounded to the input dtype, then times the weight in the input dtype.
+:func:`add_rms_norm_act16` also writes the result as the int4 MoE's 16-bit planes (kernels/act16.py).
 
 :func:`qk_norm_rope_write`: the fused qkv projection output ``+ bias`` (in the input dtype) is split
 into q, k, v heads; q and k get the per-head RMSNorm (optional), then the rotate-half rotary embedding
@@ -24,6 +25,7 @@ import torch
 
 from engine.models.layers import Rope, rms_norm
 from kernels._triton import jit, next_pow2, tl
+from kernels.act16 import Act16, act16_empty, store_act16_row
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MAX_N = 16384        # whole row in registers: 16 warps x 32 lanes x 32 floats
@@ -31,8 +33,8 @@ MAX_HEAD_DIM = 512
 
 
 @jit
-def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, stride_x, stride_r, N, eps,
-                         BLOCK_N: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, stride_x, stride_r, N, eps, q_ptr, sq_ptr, sv_ptr,
+                         BLOCK_N: tl.constexpr, HAS_RESIDUAL: tl.constexpr, G: tl.constexpr = 0):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)                                        # [BN]
     ok = cols < N
@@ -46,7 +48,10 @@ def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, stride_x, stride
     scale = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
     h = (x * scale).to(dt).to(tl.float32)                               # h.to(x.dtype)
     w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * N + cols, (w * h).to(dt), mask=ok)
+    y = (w * h).to(dt)
+    tl.store(out_ptr + row * N + cols, y, mask=ok)
+    if G > 0:  # the output also as 16-bit planes (zero past N: the weight loads as zero there)
+        store_act16_row(y.to(tl.float32), row, q_ptr, sq_ptr, sv_ptr, N, G, BLOCK_N)
 
 
 def _check_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None) -> None:
@@ -86,6 +91,21 @@ def add_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     x and residual may have a row stride but need a contiguous last dim; N <= ``MAX_N``. Returns new
     contiguous ``(normed [T, N], summed [T, N])`` in x's dtype (``summed`` is x when residual is None).
     """
+    normed, summed, _ = _add_rms_norm(x, weight, eps, residual, None)
+    return normed, summed
+
+
+def add_rms_norm_act16(x: torch.Tensor, weight: torch.Tensor, eps: float, group: int,
+                       residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, Act16]:
+    """:func:`add_rms_norm`, and ``normed`` also as 16-bit planes in groups of ``group``
+    (:mod:`kernels.act16`; equal to ``act16(normed, group)``), written by the same launch: the int4
+    decode MoE then needs no launch of its own to make them."""
+    normed, summed, planes = _add_rms_norm(x, weight, eps, residual, group)
+    return normed, summed, planes
+
+
+def _add_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
+                  group: int | None) -> tuple[torch.Tensor, torch.Tensor, Act16 | None]:
     _check_norm(x, weight, residual)
     t, n = x.shape
     if n > MAX_N:
@@ -95,17 +115,19 @@ def add_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
             raise ValueError(f"{name} must have a contiguous last dim (stride(-1) == 1)")
     if weight.stride(0) != 1:
         weight = weight.contiguous()
+    planes = None if group is None else act16_empty(t, n, group, x.device)
     normed = torch.empty(t, n, dtype=x.dtype, device=x.device)          # [T, N]
     summed = x if residual is None else torch.empty_like(normed)       # [T, N]
     if t == 0 or n == 0:
-        return normed, summed if residual is None else torch.add(x, residual, out=summed)
+        return normed, summed if residual is None else torch.add(x, residual, out=summed), planes
     block_n = next_pow2(n)
+    q = (planes.q.view(torch.int16), planes.sums, planes.scales) if planes is not None else (normed,) * 3
     _add_rms_norm_kernel[(t,)](
         x, residual if residual is not None else x, weight, normed, summed, x.stride(0),
-        residual.stride(0) if residual is not None else 0, n, eps,
-        BLOCK_N=block_n, HAS_RESIDUAL=residual is not None, num_warps=_norm_warps(block_n),
+        residual.stride(0) if residual is not None else 0, n, eps, *q,
+        BLOCK_N=block_n, HAS_RESIDUAL=residual is not None, G=group or 0, num_warps=_norm_warps(block_n),
         enable_fp_fusion=False)
-    return normed, summed
+    return normed, summed, planes
 
 
 @jit

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.experts.layout import ExpertLayout
+from kernels.act16 import Act16
 from kernels.moe_config import MoeLaunchConfig, moe_launch_config
 from kernels.moe_weights import HostExperts
 
@@ -124,7 +125,8 @@ def _check_inputs(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
 
 def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
               slot_of_expert: torch.Tensor, views: dict[str, torch.Tensor], layout: ExpertLayout,
-              config: MoeLaunchConfig | None = None, host: HostExperts | None = None) -> torch.Tensor:
+              config: MoeLaunchConfig | None = None, host: HostExperts | None = None,
+              x16: Act16 | None = None) -> torch.Tensor:
     """Triton MoE, same contract as :func:`fused_moe_ref`; ``[T, D]`` in ``x.dtype``.
 
     ``host``: experts whose slot is -1 are read straight from the (mapped) host store. Only the
@@ -133,11 +135,14 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     Formats bf16/fp16/fp32, fp8 and int4 are read in their packed form from the pool views. ``config``
     overrides the tuned launch setting (benchmarks and tests use it to pick a variant). Every expert
     in ``topk_ids`` must have a valid slot; neither is checked on the device (that would sync).
+    ``x16``: ``x`` as 16-bit planes (:mod:`kernels.act16`, groups of the experts' group size), which
+    the int4 decode kernels then use instead of making them; other formats and variants ignore it
+    (:func:`act16_group` says when it is used).
     """
     from kernels.moe_align import moe_align
     from kernels.moe_decode import moe_decode, pdl_supported
     from kernels.moe_prefill import moe_prefill
-    from kernels.moe_weights import format_code, host_matrices, pool_matrix
+    from kernels.moe_weights import FMT_INT4, format_code, host_matrices, pool_matrix
 
     _check_inputs(x, topk_ids, topk_weights, slot_of_expert, layout)
     t, k = topk_ids.shape
@@ -149,7 +154,19 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     if cfg.variant == "decode" or host is not None:
         return moe_decode(x, topk_ids, topk_weights, slot_of_expert, w13, w2, fmt, layout.group_size,
                           cfg.up, cfg.down, cfg.pdl and pdl_supported(x.device),
-                          None if host is None else host_matrices(host, layout, w13, w2))   # [T, D]
+                          None if host is None else host_matrices(host, layout, w13, w2),
+                          x16 if fmt == FMT_INT4 else None)                           # [T, D]
     align = moe_align(topk_ids, slot_of_expert, cfg.block_m)
     y = moe_prefill(x, topk_weights, align, w13, w2, fmt, layout.group_size, cfg.up, cfg.down)
     return y.view(t, k, -1).sum(dim=1).to(x.dtype)                     # [T*k, D] -> [T, D]
+
+
+def act16_group(layout: ExpertLayout, tokens: int, device: torch.device, direct: bool = False) -> int | None:
+    """The group size in which :func:`fused_moe` takes ``x16`` for a call of ``tokens`` tokens on
+    ``device`` (``direct``: with experts read from the host store), or None where it would not use it:
+    int4 experts on a GPU, run by the decode variant."""
+    if layout.fmt != "int4" or device.type != "cuda" or tokens == 0:
+        return None
+    if direct or moe_launch_config(_device_name(device), layout.fmt, tokens).variant == "decode":
+        return layout.group_size
+    return None

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from kernels._triton import cdiv, jit, next_pow2, tl
+from kernels.act16 import Act16
 from kernels.moe_config import TileConfig
 from kernels.moe_decode_common import (HostMatrices, block_k, expert_ptr, fill_of, fill_ptr, fills_on,
                                        host_args, pdl_supported)
@@ -120,7 +121,7 @@ def _down_decode_kernel(h_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, 
 def moe_decode(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                slot_of_expert: torch.Tensor, w13: PoolMatrix, w2: PoolMatrix, fmt: int, group: int,
                up: TileConfig, down: TileConfig, pdl: bool = False,
-               host: HostMatrices | None = None) -> torch.Tensor:
+               host: HostMatrices | None = None, x16: Act16 | None = None) -> torch.Tensor:
     """``out [T, D]`` in ``x.dtype``: the MoE output, summed over each token's k experts.
 
     ``host`` (``(w13, w2, row_base)`` over the mapped host store): an expert whose slot is -1 is read
@@ -131,10 +132,11 @@ def moe_decode(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tens
     kernel requests its first chunk of w2 before it waits for ``h``.
 
     int4 group sizes are 32, 64 or 128 (:func:`engine.quant.int4.check_group_size`): powers of two of
-    at least four int32 words (16 bytes), as the kernels' group tiles need."""
+    at least four int32 words (16 bytes), as the kernels' group tiles need. ``x16`` (int4 only): ``x``
+    already as 16-bit planes (:mod:`kernels.act16`), so the int4 kernels skip their prep launch."""
     ids, tw = topk_ids.contiguous(), topk_weights.contiguous()
     if fmt == FMT_INT4:
-        return moe_decode_int4(x, ids, tw, slot_of_expert, w13, w2, group, up, down, pdl, host)
+        return moe_decode_int4(x, ids, tw, slot_of_expert, w13, w2, group, up, down, pdl, host, x16)
     t, d = x.shape
     k = topk_ids.shape[1]
     f = w13.n // 2

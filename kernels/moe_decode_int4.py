@@ -4,9 +4,8 @@ A matrix-vector product over int4 weights is bound by instructions per weight, n
 each weight costs about one instruction. Turning nibbles into floats costs a shift, an and-or and an
 FMA per weight (on Hopper the first two run at half rate). These kernels stay in integers instead:
 
-* activations are taken as 16-bit fixed point ``v = sv * q`` with ``sv = max |v| / 32767`` over a
-  block (every element at least 1/128 of the block's largest keeps more bits than bf16 has, and none
-  is off by more than ``max |v| / 65534``);
+* activations are taken as 16-bit fixed point ``v = sv * q`` (kernels/act16.py: the format, the
+  plane layout that matches a packed word's bytes, and the producers);
 * a weight word (eight nibbles) becomes two words of four bytes (one shift, two ands), and four
   ``dp2a`` instructions multiply the bytes with pairs of 16-bit activations and accumulate in int32:
   about one instruction per weight;
@@ -14,15 +13,13 @@ FMA per weight (on Hopper the first two run at half rate). These kernels stay in
   and both scales apply once, in float32.
 
 Word ``i`` of a packed row holds elements ``8i .. 8i+7``, element ``8i + s`` in bits ``4s .. 4s+3``.
-``w & 0x0F0F0F0F`` holds elements ``0, 2, 4, 6`` of the word in its bytes and ``(w >> 4) & 0x0F0F0F0F``
-elements ``1, 3, 5, 7``, so the activations of a word go into four int32 "planes" that match those
-bytes pairwise: plane ``p`` holds elements ``(0, 2) / (4, 6) / (1, 3) / (5, 7)`` for ``p = 0 / 1 / 2 /
-3``, the first in the low half.
 
-Three launches per MoE call:
+Two or three launches per MoE call:
 
-* prep, grid ``[T]``: ``x`` as planes with one scale per weight group, and each group's sum of ``q``
-  (done once: every up program needs all of it);
+* prep, grid ``[T]`` (:func:`kernels.act16.act16`): ``x`` as planes with one scale per weight group,
+  and each group's sum of ``q`` (done once: every up program needs all of it). Skipped when the
+  caller passes them (``x16``): the engine has the add + RMSNorm that computes ``x`` write them
+  (:func:`kernels.decode_ops.add_rms_norm_act16`), which takes a launch off each MoE layer's chain;
 * up, grid ``[P, F / BN]``: ``BN`` gate and up rows of one expert, SiLU·mul, and the program's ``h``
   values written as planes with one scale per word (eight values: a program's outputs are whole
   words, so it waits for no other program);
@@ -43,49 +40,11 @@ from __future__ import annotations
 import torch
 
 from kernels._triton import cdiv, jit, next_pow2, tl
+from kernels.act16 import Act16, act16, check_act16, store_h_words
 from kernels.moe_config import TileConfig
 from kernels.moe_decode_common import (HostMatrices, block_k, expert_ptr, fill_of, fill_ptr, fills_on,
                                        gdc_launch_dependents, gdc_wait, host_args, int4_word_args)
 from kernels.moe_weights import PoolMatrix
-
-
-@jit
-def _act16_prep_kernel(v_ptr, stride_v, q_ptr, sq_ptr, sv_ptr, K, K8, G: tl.constexpr, BLOCK: tl.constexpr,
-                       PDL: tl.constexpr):
-    """Row ``program_id(0)`` of ``v`` as 16-bit fixed point per group of ``G`` (see the module notes):
-    ``q`` in four planes of ``K/8`` int32 words (``q_ptr`` is their int16 view), each group's sum of
-    ``q`` (int32) and scale (float32).
-
-    ``PDL``: waits for the previous kernel, then lets the next one launch."""
-    row = tl.program_id(0).to(tl.int64)
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
-    n = tl.arange(0, BLOCK)
-    ok = n < K
-    v = tl.reshape(tl.load(v_ptr + row * stride_v + n, mask=ok, other=0.0).to(tl.float32), (BLOCK // G, G))
-    amax = tl.max(tl.abs(v), axis=1)                                    # [BLOCK / G]
-    q = _round16(v, amax[:, None])
-    gi = tl.arange(0, BLOCK // G)
-    g_ok = gi < K // G
-    tl.store(sq_ptr + row * (K // G) + gi, tl.sum(q, axis=1), mask=g_ok)
-    tl.store(sv_ptr + row * (K // G) + gi, amax / 32767.0, mask=g_ok)
-    tl.store(q_ptr + row * K + _plane_offset(n, K8), tl.reshape(q, (BLOCK,)).to(tl.int16), mask=ok)
-
-
-@jit
-def _round16(v, amax):
-    """``round(v * 32767 / amax)`` as int32 in [-32767, 32767] (a block of zeros stays zero)."""
-    q = tl.floor(v * (32767.0 / tl.where(amax > 0, amax, 1.0)) + 0.5)
-    return tl.minimum(tl.maximum(q, -32767.0), 32767.0).to(tl.int32)   # rounding may touch 32767.5
-
-
-@jit
-def _plane_offset(n, K8):
-    """Where element ``n`` of a vector goes in its planes, in int16 units: plane ``2 (s & 1) + (s >> 2)``
-    of ``K8`` words, word ``n // 8``, half ``(s >> 1) & 1``, for ``s = n % 8``."""
-    s = n % 8
-    return 2 * ((2 * (s & 1) + (s >> 2)) * K8 + n // 8) + ((s >> 1) & 1)
 
 
 @jit
@@ -171,19 +130,6 @@ def _word_dots(w, sc, zp, q_row, idx, ok, K8, sv_row, ASM: tl.constexpr):
 
 
 @jit
-def _store_h_words(v, n0, q_row, sv_row, K, K8, N: tl.constexpr):
-    """Elements ``n0 .. n0 + N`` of a vector of ``K`` (``v [N]``; ``n0`` and ``N`` whole words) as
-    16-bit planes with one scale per word: ``q`` into the planes at ``q_row`` (an int16 view of rows
-    of ``K / 2`` int32 words), the scales at ``sv_row``."""
-    amax = tl.max(tl.abs(tl.reshape(v, (N // 8, 8))), axis=1)           # [N / 8]
-    q = tl.reshape(_round16(tl.reshape(v, (N // 8, 8)), amax[:, None]).to(tl.int16), (N,))
-    wi = n0 // 8 + tl.arange(0, N // 8)
-    tl.store(sv_row + wi, amax / 32767.0, mask=wi < K8)
-    n = n0 + tl.arange(0, N)
-    tl.store(q_row + _plane_offset(n, K8), q, mask=n < K)
-
-
-@jit
 def _up_kernel(xq_ptr, xsum_ptr, xscale_ptr, ids_ptr, slot_ptr, hq_ptr, hv_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr,
                ss_s, sz_s, ss_n, F, K, K8, hw_ptr, hs_ptr, hz_ptr, row_base, fill_row, TOP_K: tl.constexpr,
                ROUND: tl.constexpr, G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -246,7 +192,7 @@ def _up_kernel(xq_ptr, xsum_ptr, xscale_ptr, ids_ptr, slot_ptr, hq_ptr, hv_ptr, 
     elif ROUND == 2:
         h = h.to(tl.float16).to(tl.float32)
     pair64 = pair.to(tl.int64)
-    _store_h_words(h, nb * BLOCK_N, hq_ptr + pair64 * F, hv_ptr + pair64 * (F // 8), F, F // 8, BLOCK_N)
+    store_h_words(h, nb * BLOCK_N, hq_ptr + pair64 * F, hv_ptr + pair64 * (F // 8), F, F // 8, BLOCK_N)
 
 
 @jit
@@ -310,29 +256,23 @@ def _down_kernel(hq_ptr, hv_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s
     tl.store(out_ptr + tok.to(tl.int64) * stride_o + cols, y.to(out_ptr.dtype.element_ty), mask=cols < D)
 
 
-def act16(v: torch.Tensor, group: int, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(q [R, K/2] int32 planes, group sums [R, K/G] int32, group scales [R, K/G] float32)`` of the
-    rows of ``v [R, K]`` (see the module notes); ``pdl`` as in :func:`_act16_prep_kernel`."""
-    r, k = v.shape
-    q = torch.empty(r, k // 2, dtype=torch.int32, device=v.device)
-    sq = torch.empty(r, k // group, dtype=torch.int32, device=v.device)
-    sv = torch.empty(r, k // group, dtype=torch.float32, device=v.device)
-    launch = {"launch_pdl": True} if pdl else {}    # only Triton versions with PDL know the option
-    _act16_prep_kernel[(r,)](v, v.stride(0), q.view(torch.int16), sq, sv, k, k // 8, G=group,
-                             BLOCK=max(next_pow2(k), group), PDL=pdl, **launch)
-    return q, sq, sv
-
-
 def moe_decode_int4(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, slots: torch.Tensor,
                     w13: PoolMatrix, w2: PoolMatrix, group: int, up: TileConfig, down: TileConfig,
-                    pdl: bool = False, host: HostMatrices | None = None) -> torch.Tensor:
-    """``out [T, D]`` in ``x.dtype`` for int4 experts (see :func:`kernels.moe_decode.moe_decode`)."""
+                    pdl: bool = False, host: HostMatrices | None = None, x16: Act16 | None = None) -> torch.Tensor:
+    """``out [T, D]`` in ``x.dtype`` for int4 experts (see :func:`kernels.moe_decode.moe_decode`);
+    ``x16``: ``x`` as 16-bit planes in groups of ``group``, when the caller has them."""
     t, d = x.shape
     k = ids.shape[1]
     f = w13.n // 2
     asm = x.device.type == "cuda"             # dp2a where there is a GPU; the interpreter has no PTX
     launch = {"launch_pdl": True} if pdl else {}    # only Triton versions with PDL know the option
-    xq, xs, xv = act16(x, group, pdl)
+    if x16 is None:
+        x16 = act16(x, group, pdl)
+    elif x16.group != group:
+        raise ValueError(f"x16 has groups of {x16.group}, the experts groups of {group}; build it with group={group}")
+    else:
+        check_act16(x16, t, d, x.device)
+    xq, xs, xv = x16.q, x16.sums, x16.scales
     hq = torch.empty(t * k, f // 2, dtype=torch.int32, device=x.device)    # [P, F] as 16-bit planes
     hv = torch.empty(t * k, f // 8, dtype=torch.float32, device=x.device)  # a scale per word
     out = torch.empty(t, d, dtype=x.dtype, device=x.device)                # [T, D]

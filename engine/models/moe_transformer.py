@@ -18,7 +18,7 @@ from engine.kv.cache import KVCache
 from engine.models.layers import Rope, SeqSlice, mlp, paged_attention_ref, rms_norm
 from engine.models.weights import AttentionWeights, ModelWeights, MoEWeights
 from kernels._triton import HAS_TRITON
-from kernels.decode_ops import add_rms_norm, qk_norm_rope_write
+from kernels.decode_ops import add_rms_norm, add_rms_norm_act16, qk_norm_rope_write
 from kernels.paged_attention import attend_context_ref, context_rows
 from kernels.router import route as route_kernel
 
@@ -63,7 +63,7 @@ class MoETransformer:
         self.spec, self.w, self.experts = spec, weights, experts
         self.device, self.dtype = device, dtype
         self.rope = Rope(spec.head_dim, spec.rope_theta, max_position, device, dtype)
-        self.moe_fn = _select_moe_fn(device)
+        self.moe_fn, self._act16_group = _select_moe_fn(device)
         # One-launch norms, q/k norm + RoPE + KV write, and router on CUDA; torch everywhere else.
         self.fused = device.type == "cuda" and HAS_TRITON
         self.decode_attention = _select_decode_attention(device)
@@ -87,13 +87,18 @@ class MoETransformer:
         rope = self.rope.tables(batch.positions)                         # cos, sin [T, 1, hd]
         out = None                                                       # last block's output, not yet in x
         self.experts.begin_step()
+        group = self._x16_group(x.shape[0])
         try:
             for i, layer in enumerate(self.w.layers):
                 h, x = self._add_norm(x, out, layer.input_norm)
                 pred = self.experts.before_layer(layer.moe.moe_index, x) if layer.moe is not None else None
-                h, x = self._add_norm(x, self._attention(i, layer.attn, h, batch, cache, rope), layer.post_norm)
-                out = (self._moe(layer.moe, h, pred, acquire) if layer.moe is not None
-                       else mlp(h, layer.mlp.gate_up, layer.mlp.down))
+                attn = self._attention(i, layer.attn, h, batch, cache, rope)
+                if layer.moe is not None:
+                    h, x, h16 = self._add_norm16(x, attn, layer.post_norm, group)
+                    out = self._moe(layer.moe, h, pred, acquire, h16)
+                else:
+                    h, x = self._add_norm(x, attn, layer.post_norm)
+                    out = mlp(h, layer.mlp.gate_up, layer.mlp.down)
         finally:
             self.experts.end_step()
         if out is not None:
@@ -111,6 +116,22 @@ class MoETransformer:
         if delta is not None:
             x = x + delta
         return rms_norm(x, weight, self.spec.rms_norm_eps), x
+
+    def _x16_group(self, tokens: int) -> int | None:
+        """Group size of the 16-bit planes the MoE kernels take for a step of ``tokens`` (int4 decode
+        on a GPU; see :func:`kernels.fused_moe.act16_group`), or None."""
+        if self._act16_group is None or not self.fused:
+            return None
+        direct = getattr(self.experts, "direct_for", None)
+        return self._act16_group(self.experts.layout, tokens, self.device, bool(direct and direct(tokens)))
+
+    def _add_norm16(self, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
+                    group: int | None) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """:meth:`_add_norm`, and with ``group`` the normed rows also as the int4 MoE's 16-bit planes
+        (else None), from the same launch."""
+        if group is not None and weight.dtype == x.dtype:
+            return add_rms_norm_act16(x, weight, self.spec.rms_norm_eps, group, residual=delta)
+        return (*self._add_norm(x, delta, weight), None)
 
     def _attention(self, i: int, a: AttentionWeights, x: torch.Tensor, batch: ForwardBatch,
                    cache: KVCache, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -167,11 +188,13 @@ class MoETransformer:
         k, v = cache.gather(i, d.rows)          # [B, P, Hkv, hd]; padding reads row 0 of a zeroed cache: finite
         return attend_context_ref(q, k, v, d.valid)
 
-    def _moe(self, m: MoEWeights, x: torch.Tensor, pred: Any, acquire: Acquire) -> torch.Tensor:
+    def _moe(self, m: MoEWeights, x: torch.Tensor, pred: Any, acquire: Acquire, x16: Any = None) -> torch.Tensor:
         logits = x @ m.router.t()                                        # [T, E]
         w, ids = self.route(logits)                                      # [T, k] f32, [T, k]
         slot_of_expert, views, *host = acquire(m.moe_index, ids, pred)    # host: where slot -1 experts are read
         extra = {"host": host[0]} if host else {}
+        if x16 is not None:                                              # x as 16-bit planes, from the norm
+            extra["x16"] = x16
         out = self.moe_fn(x, ids, w, slot_of_expert, views, self.experts.layout, **extra)   # [T, D]
         if m.shared is not None:
             shared = mlp(x, m.shared.gate_up, m.shared.down)             # [T, D]
@@ -180,15 +203,13 @@ class MoETransformer:
 
 
 def _select_moe_fn(device: torch.device):
-    """The Triton grouped GEMM on CUDA when available, the torch reference elsewhere."""
+    """The Triton grouped GEMM on CUDA when available, the torch reference elsewhere; with the former
+    the function saying in which groups it takes ``x`` as 16-bit planes (else None)."""
     from kernels.fused_moe import fused_moe_ref
-    if device.type == "cuda":
-        try:
-            from kernels.fused_moe import fused_moe
-            return fused_moe
-        except ImportError:
-            pass
-    return fused_moe_ref
+    if device.type == "cuda" and HAS_TRITON:
+        from kernels.fused_moe import act16_group, fused_moe
+        return fused_moe, act16_group
+    return fused_moe_ref, None
 
 
 def _select_decode_attention(device: torch.device):

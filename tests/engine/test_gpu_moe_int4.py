@@ -1,5 +1,5 @@
-"""On a CUDA GPU: the int4 MoE decode (prep, up and down launches, overlapping or not) against the
-reference, with bf16 activations.
+"""On a CUDA GPU: the int4 MoE decode (prep, up and down launches, overlapping or not; or up and
+down only, taking x's planes from the add + RMSNorm) against the reference, with bf16 activations.
 
 Skipped without a GPU (CI has none; the interpreter cases are in ``tests/kernels/test_fused_moe.py``,
 whose folder always runs the interpreter); the GPU benchmark run executes this file. On real hardware
@@ -11,6 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels.act16 import act16
+from kernels.decode_ops import add_rms_norm_act16
 from kernels.fused_moe import fused_moe, fused_moe_ref
 from kernels.moe_config import MoeLaunchConfig, TileConfig
 from kernels.moe_decode import pdl_supported
@@ -73,3 +75,38 @@ def test_overlapping_launches_wait_for_the_router() -> None:
         graph.replay()
         w, ids = route(logits, 8, "softmax", True)
         assert _close(out, fused_moe_ref(xs, ids, w, slots, views, layout)) < 1e-2
+
+
+def test_planes_from_the_norm_as_the_engine_runs_them() -> None:
+    # The engine's decode: add + RMSNorm writing x and its 16-bit planes, the router, then only the up
+    # and down launches, recorded in one CUDA graph and replayed with new inputs. The planes must equal
+    # the prep kernel's for the same rows, and the up kernel must read them only after its wait.
+    layout, views, slots, _, _, x = _pool(1)
+    cfg = MoeLaunchConfig("decode", TileConfig(16, 1024, 8), TileConfig(2, 256, 2), pdl=pdl_supported(x.device))
+    logits = torch.zeros(1, 16, device="cuda")
+    xs, res = x.clone(), torch.zeros_like(x)
+    norm_w = (1 + 0.1 * torch.randn(2048, generator=torch.Generator().manual_seed(2))).bfloat16().cuda()
+
+    def step():
+        h, _, h16 = add_rms_norm_act16(xs, norm_w, 1e-6, 128, residual=res)
+        w, ids = route(logits, 8, "softmax", True)
+        return h, h16, fused_moe(h, ids, w, slots, views, layout, cfg, x16=h16)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        h, h16, out = step()
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    for _ in range(10):
+        logits.copy_(torch.randn(1, 16, device="cuda", generator=gen) * 4)
+        xs.copy_(torch.randn(1, 2048, device="cuda", generator=gen).bfloat16())
+        res.copy_(torch.randn(1, 2048, device="cuda", generator=gen).bfloat16())
+        graph.replay()
+        want = act16(h, 128)
+        assert all(torch.equal(a, b) for a, b in zip(h16[:3], want[:3]))
+        w, ids = route(logits, 8, "softmax", True)
+        assert torch.equal(out, fused_moe(h, ids, w, slots, views, layout, cfg))
+        assert _close(out, fused_moe_ref(h, ids, w, slots, views, layout)) < 1e-2

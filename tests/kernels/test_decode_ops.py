@@ -4,8 +4,9 @@ import torch
 
 triton = pytest.importorskip("triton")
 from engine.models.layers import Rope  # noqa: E402
-from kernels.decode_ops import (add_rms_norm, add_rms_norm_ref, qk_norm_rope_write,  # noqa: E402
-                                qk_norm_rope_write_ref)
+from kernels.act16 import act16_ref  # noqa: E402
+from kernels.decode_ops import (add_rms_norm, add_rms_norm_act16, add_rms_norm_ref,  # noqa: E402
+                                qk_norm_rope_write, qk_norm_rope_write_ref)
 
 # fp32: the kernels sum the squares in another order than torch's mean, so the scale may differ in the
 # last bit. fp16: that bit can flip one rounding to the half dtype, i.e. one fp16 ulp (~1e-3 relative).
@@ -161,3 +162,33 @@ def test_qk_norm_rope_write_rejects_bad_arguments():
     with pytest.raises(ValueError, match="head_dim=63 must be even"):
         qk_norm_rope_write(torch.randn(1, 4 * 63), positions[:1], cos[:, :63], sin[:, :63],
                            torch.zeros(4, 1, 63), torch.zeros(4, 1, 63), slots[:1], 2, 1, 63, EPS)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("with_residual", [False, True])
+@pytest.mark.parametrize("tokens, n, group", [
+    (1, 128, 32),   # the decode step of one request
+    (3, 192, 64),   # N not a power of two: the row block (256) has a masked whole group at its end
+    (2, 256, 128),  # the group size of the shipped int4 checkpoints
+])
+def test_add_rms_norm_act16_writes_the_planes_of_its_output(dtype, with_residual, tokens, n, group):
+    # The int4 MoE takes x as 16-bit planes; the norm that makes x writes them in the same launch.
+    # They must be exactly what the MoE's own prep would make of the normed rows, and the normed and
+    # summed rows must be those of the plain norm.
+    g = _gen(n + tokens)
+    x = (torch.randn(tokens, n, generator=g) * 3).to(dtype)
+    residual = torch.randn(tokens, n, generator=g).to(dtype) if with_residual else None
+    weight = (1 + 0.5 * torch.randn(n, generator=g)).to(dtype)
+    normed, summed, planes = add_rms_norm_act16(x, weight, EPS, group, residual)
+    plain, plain_sum = add_rms_norm(x, weight, EPS, residual)
+    assert torch.equal(normed, plain) and torch.equal(summed, plain_sum)
+    want = act16_ref(normed, group)
+    assert planes.group == group
+    for got, ref in zip(planes[:3], want[:3]):
+        assert got.dtype == ref.dtype and torch.equal(got, ref)
+
+
+def test_add_rms_norm_act16_rejects_a_group_that_does_not_divide_the_row():
+    x, w = torch.randn(1, 96), torch.ones(96)
+    with pytest.raises(ValueError, match="group 64 for rows of 96"):
+        add_rms_norm_act16(x, w, EPS, 64)

@@ -14,7 +14,7 @@ from engine.quant import quantize_expert  # noqa: E402
 from kernels.moe_config import MoeLaunchConfig, TileConfig  # noqa: E402
 from kernels.moe_weights import HostExperts  # noqa: E402
 from kernels._triton import jit, tl  # noqa: E402
-from kernels.moe_decode_int4 import _store_h_words, act16  # noqa: E402
+from kernels.act16 import act16, act16_ref, store_h_words  # noqa: E402
 from tests.kernels.helpers import TOLERANCES, make_pool, make_routing, tolerance  # noqa: E402
 
 DECODE = MoeLaunchConfig("decode", TileConfig(16, 32), TileConfig(16, 32))
@@ -147,7 +147,7 @@ def h_words_kernel(v_ptr, hq_ptr, hv_ptr, K: tl.constexpr):
     # Row program_id(0) of v (stride 260) as the up kernel writes h: planes, one scale per word.
     row = tl.program_id(0)
     v = tl.load(v_ptr + row * 260 + tl.arange(0, K)).to(tl.float32)
-    _store_h_words(v, 0, hq_ptr + row * K, hv_ptr + row * (K // 8), K, K // 8, K)
+    store_h_words(v, 0, hq_ptr + row * K, hv_ptr + row * (K // 8), K, K // 8, K)
 
 
 def test_int4_activation_planes_and_scales():
@@ -158,7 +158,7 @@ def test_int4_activation_planes_and_scales():
     x = torch.randn(2, 260, generator=torch.Generator().manual_seed(2)).half()
     x[1, 64:128] = 0
     v = x[:, :192].float()
-    xq, xs, xv = act16(x[:, :192], 64)
+    xq, xs, xv, _ = act16(x[:, :192], 64)
     hq, hv = torch.empty(2, 128, dtype=torch.int32), torch.empty(2, 32)
     h_words_kernel[(2,)](x, hq.view(torch.int16), hv, K=256)
     hq, hv = hq.view(torch.int16).view(2, 4, 32, 2)[:, :, :24].contiguous(), hv[:, :24]
@@ -176,6 +176,24 @@ def test_int4_activation_planes_and_scales():
         assert not back[1, 64:128].any()
     got_x = xq.view(torch.int16).view(2, 4, 3, 8, 2).float()            # plane, group, word, half
     torch.testing.assert_close(xs.float(), got_x.sum((1, 3, 4)), rtol=0, atol=0)   # each group's sum of q
+    ref = act16_ref(x[:, :192], 64)                                     # the torch version, bit for bit
+    assert all(torch.equal(a, b) for a, b in zip((xq, xs, xv), ref[:3]))
+
+
+@pytest.mark.parametrize("group", [32, 64])
+def test_int4_takes_x_as_planes(group):
+    # The engine's int4 decode passes x already as 16-bit planes (written by the add + RMSNorm before
+    # the router), and the kernels skip their prep launch: the same planes give the same output, bit
+    # for bit. Planes of another group size or of other rows are refused with the way to make them.
+    layout, _, views, slots = make_pool("int4", 128, 64, 5, group_size=group)
+    ids, w = make_routing(2, 5, 3)
+    x = torch.randn(2, 128, generator=torch.Generator().manual_seed(4))
+    out = fused_moe(x, ids, w, slots, views, layout, DECODE)
+    assert torch.equal(fused_moe(x, ids, w, slots, views, layout, DECODE, x16=act16(x, group)), out)
+    with pytest.raises(ValueError, match=f"build it with group={group}"):
+        fused_moe(x, ids, w, slots, views, layout, DECODE, x16=act16(x, 128 if group != 128 else 64))
+    with pytest.raises(ValueError, match="act16"):
+        fused_moe(x, ids, w, slots, views, layout, DECODE, x16=act16(x[:1], group))
 
 
 @pytest.mark.parametrize("cfg", [DECODE, PREFILL], ids=["decode", "prefill"])
