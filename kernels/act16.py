@@ -79,18 +79,46 @@ def plane_offset(n, K8):
 
 
 @jit
+def row_offsets(G: tl.constexpr, BLOCK: tl.constexpr):
+    """Element offsets ``[BLOCK / G, G / 8, 8]`` of a row as groups of words of eight: the layout in
+    which :func:`store_act16_row` takes the row (each thread's elements are whole words)."""
+    g = tl.arange(0, BLOCK // G)[:, None, None] * G
+    w = tl.arange(0, G // 8)[None, :, None] * 8
+    return g + w + tl.arange(0, 8)[None, None, :]
+
+
+@jit
 def store_act16_row(v, row, q_ptr, sq_ptr, sv_ptr, K, G: tl.constexpr, BLOCK: tl.constexpr):
-    """Row ``row`` of an :class:`Act16`: ``v [BLOCK]`` float32, zero past ``K`` (``BLOCK`` a multiple
-    of ``G``); ``q_ptr`` is the int16 view of the planes."""
-    vg = tl.reshape(v, (BLOCK // G, G))
-    amax = tl.max(tl.abs(vg), axis=1)                                   # [BLOCK / G]
-    q = round16(vg, amax[:, None])
-    gi = tl.arange(0, BLOCK // G)
-    g_ok = gi < K // G
-    tl.store(sq_ptr + row * (K // G) + gi, tl.sum(q, axis=1), mask=g_ok)
-    tl.store(sv_ptr + row * (K // G) + gi, amax / 32767.0, mask=g_ok)
-    n = tl.arange(0, BLOCK)
-    tl.store(q_ptr + row * K + plane_offset(n, K // 8), tl.reshape(q, (BLOCK,)).to(tl.int16), mask=n < K)
+    """Row ``row`` of an :class:`Act16`: ``v [BLOCK / G, G / 8, 8]`` float32 (:func:`row_offsets`),
+    zero past ``K``; ``q_ptr`` is the planes as int32. Each plane word is assembled from its two
+    elements in registers and stored whole."""
+    amax = tl.max(tl.max(tl.abs(v), axis=2), axis=1)                   # [BLOCK / G]
+    q = round16(v, amax[:, None, None])                                 # [NG, GW, 8] int32
+    sums = tl.sum(tl.sum(q, axis=2), axis=1)                            # [NG]
+    word = (tl.arange(0, BLOCK // G)[:, None] * (G // 8) + tl.arange(0, G // 8)[None, :])   # [NG, GW]
+    ok = word < K // 8
+    # a group's sum and scale are stored by the thread of its first word: in the plane words' layout,
+    # so that no value changes threads on the way to memory
+    first = ok & (word % (G // 8) == 0)
+    grp = word // (G // 8)
+    tl.store(sq_ptr + row * (K // G) + grp, sums[:, None] + 0 * word, mask=first)
+    tl.store(sv_ptr + row * (K // G) + grp, (amax / 32767.0)[:, None] + 0.0 * word, mask=first)
+    base = q_ptr + row * (K // 2) + word
+    K8 = K // 8
+    tl.store(base, _plane_word(q, 0), mask=ok)             # plane p: elements (0, 2), (4, 6), (1, 3),
+    tl.store(base + K8, _plane_word(q, 4), mask=ok)        # (5, 7) of each word
+    tl.store(base + 2 * K8, _plane_word(q, 1), mask=ok)
+    tl.store(base + 3 * K8, _plane_word(q, 5), mask=ok)
+
+
+@jit
+def _plane_word(q, LO: tl.constexpr):
+    """``[NG, GW]`` int32: elements ``LO`` (low half) and ``LO + 2`` (high half) of each word of ``q
+    [NG, GW, 8]`` (picked within each thread's registers)."""
+    s = tl.arange(0, 8)[None, None, :]
+    lo = tl.sum(tl.where(s == LO, q, 0), axis=2)
+    hi = tl.sum(tl.where(s == LO + 2, q, 0), axis=2)
+    return (lo & 0xFFFF) | (hi << 16)
 
 
 @jit
@@ -115,7 +143,7 @@ def _act16_kernel(v_ptr, stride_v, q_ptr, sq_ptr, sv_ptr, K, G: tl.constexpr, BL
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
-    n = tl.arange(0, BLOCK)
+    n = row_offsets(G, BLOCK)
     v = tl.load(v_ptr + row * stride_v + n, mask=n < K, other=0.0).to(tl.float32)
     store_act16_row(v, row, q_ptr, sq_ptr, sv_ptr, K, G, BLOCK)
 
@@ -130,7 +158,7 @@ def act16(v: torch.Tensor, group: int, pdl: bool = False) -> Act16:
     out = act16_empty(r, k, group, v.device)
     launch = {"launch_pdl": True} if pdl else {}    # only Triton versions with PDL know the option
     if r:
-        _act16_kernel[(r,)](v, v.stride(0), out.q.view(torch.int16), out.sums, out.scales, k, G=group,
+        _act16_kernel[(r,)](v, v.stride(0), out.q, out.sums, out.scales, k, G=group,
                             BLOCK=max(next_pow2(k), group), PDL=pdl, enable_fp_fusion=False, **launch)
     return out
 

@@ -173,15 +173,17 @@ def test_qk_norm_rope_write_rejects_bad_arguments():
 ])
 def test_add_rms_norm_act16_writes_the_planes_of_its_output(dtype, with_residual, tokens, n, group):
     # The int4 MoE takes x as 16-bit planes; the norm that makes x writes them in the same launch.
-    # They must be exactly what the MoE's own prep would make of the normed rows, and the normed and
-    # summed rows must be those of the plain norm.
+    # They must be exactly what the MoE's own prep would make of the normed rows; the normed rows are
+    # the plain norm's up to the order of the sum of squares (as against the reference), the summed
+    # rows are the same.
     g = _gen(n + tokens)
     x = (torch.randn(tokens, n, generator=g) * 3).to(dtype)
     residual = torch.randn(tokens, n, generator=g).to(dtype) if with_residual else None
     weight = (1 + 0.5 * torch.randn(n, generator=g)).to(dtype)
     normed, summed, planes = add_rms_norm_act16(x, weight, EPS, group, residual)
     plain, plain_sum = add_rms_norm(x, weight, EPS, residual)
-    assert torch.equal(normed, plain) and torch.equal(summed, plain_sum)
+    assert torch.equal(summed, plain_sum)
+    torch.testing.assert_close(normed, plain, **TOLERANCES[dtype])
     want = act16_ref(normed, group)
     assert planes.group == group
     for got, ref in zip(planes[:3], want[:3]):
