@@ -13,8 +13,8 @@ Two producers:
 
 * :class:`Act16` of ``x`` (the MoE input), one scale per weight group of ``G`` elements with each
   group's sum of ``q`` (the zero points need it): :func:`act16` (a launch of its own, one program per
-  row) or the add + RMSNorm that computes ``x`` (:func:`kernels.decode_ops.add_rms_norm_act16`), which
-  takes it off the MoE's chain of launches; both call :func:`store_act16_row`;
+  group) or the add + RMSNorm that computes ``x`` (:func:`kernels.decode_ops.add_rms_norm_act16`), which
+  takes it off the MoE's chain of launches; both call :func:`store_act16_group`;
 * ``h`` (the FFN activations), one scale per word of eight, written by the int4 up kernel as it
   produces them (:func:`store_h_words`).
 
@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 import torch
 
-from kernels._triton import jit, next_pow2, tl
+from kernels._triton import jit, tl
 from kernels.moe_decode_common import gdc_launch_dependents, gdc_wait
 
 
@@ -79,46 +79,15 @@ def plane_offset(n, K8):
 
 
 @jit
-def row_offsets(G: tl.constexpr, BLOCK: tl.constexpr):
-    """Element offsets ``[BLOCK / G, G / 8, 8]`` of a row as groups of words of eight: the layout in
-    which :func:`store_act16_row` takes the row (each thread's elements are whole words)."""
-    g = tl.arange(0, BLOCK // G)[:, None, None] * G
-    w = tl.arange(0, G // 8)[None, :, None] * 8
-    return g + w + tl.arange(0, 8)[None, None, :]
-
-
-@jit
-def store_act16_row(v, row, q_ptr, sq_ptr, sv_ptr, K, G: tl.constexpr, BLOCK: tl.constexpr):
-    """Row ``row`` of an :class:`Act16`: ``v [BLOCK / G, G / 8, 8]`` float32 (:func:`row_offsets`),
-    zero past ``K``; ``q_ptr`` is the planes as int32. Each plane word is assembled from its two
-    elements in registers and stored whole."""
-    amax = tl.max(tl.max(tl.abs(v), axis=2), axis=1)                   # [BLOCK / G]
-    q = round16(v, amax[:, None, None])                                 # [NG, GW, 8] int32
-    sums = tl.sum(tl.sum(q, axis=2), axis=1)                            # [NG]
-    word = (tl.arange(0, BLOCK // G)[:, None] * (G // 8) + tl.arange(0, G // 8)[None, :])   # [NG, GW]
-    ok = word < K // 8
-    # a group's sum and scale are stored by the thread of its first word: in the plane words' layout,
-    # so that no value changes threads on the way to memory
-    first = ok & (word % (G // 8) == 0)
-    grp = word // (G // 8)
-    tl.store(sq_ptr + row * (K // G) + grp, sums[:, None] + 0 * word, mask=first)
-    tl.store(sv_ptr + row * (K // G) + grp, (amax / 32767.0)[:, None] + 0.0 * word, mask=first)
-    base = q_ptr + row * (K // 2) + word
-    K8 = K // 8
-    tl.store(base, _plane_word(q, 0), mask=ok)             # plane p: elements (0, 2), (4, 6), (1, 3),
-    tl.store(base + K8, _plane_word(q, 4), mask=ok)        # (5, 7) of each word
-    tl.store(base + 2 * K8, _plane_word(q, 1), mask=ok)
-    tl.store(base + 3 * K8, _plane_word(q, 5), mask=ok)
-
-
-@jit
-def _plane_word(q, LO: tl.constexpr):
-    """``[NG, GW]`` int32: elements ``LO`` (low half) and ``LO + 2`` (high half) of each word of ``q
-    [NG, GW, 8]`` (picked within each thread's registers)."""
-    s = tl.arange(0, 8)[None, None, :]
-    lo = tl.sum(tl.where(s == LO, q, 0), axis=2)
-    hi = tl.sum(tl.where(s == LO + 2, q, 0), axis=2)
-    return (lo & 0xFFFF) | (hi << 16)
+def store_act16_group(v, row, grp, q_ptr, sq_ptr, sv_ptr, K, G: tl.constexpr):
+    """Group ``grp`` of row ``row`` of an :class:`Act16`: ``v [G]`` float32; ``q_ptr`` is the int16
+    view of the planes. Launched with one warp, nothing here crosses warps (no barrier)."""
+    amax = tl.max(tl.abs(v), axis=0)
+    q = round16(v, amax)                                                # [G] int32
+    tl.store(sq_ptr + row * (K // G) + grp, tl.sum(q, axis=0))
+    tl.store(sv_ptr + row * (K // G) + grp, amax / 32767.0)
+    n = grp * G + tl.arange(0, G)
+    tl.store(q_ptr + row * K + plane_offset(n, K // 8), q.to(tl.int16))
 
 
 @jit
@@ -135,17 +104,15 @@ def store_h_words(v, n0, q_row, sv_row, K, K8, N: tl.constexpr):
 
 
 @jit
-def _act16_kernel(v_ptr, stride_v, q_ptr, sq_ptr, sv_ptr, K, G: tl.constexpr, BLOCK: tl.constexpr,
-                  PDL: tl.constexpr):
-    """Row ``program_id(0)`` of ``v``. ``PDL``: waits for the previous kernel, then lets the next one
-    launch."""
-    row = tl.program_id(0).to(tl.int64)
+def _act16_kernel(v_ptr, stride_v, q_ptr, sq_ptr, sv_ptr, K, G: tl.constexpr, PDL: tl.constexpr):
+    """Group ``program_id(1)`` of row ``program_id(0)`` of ``v``. ``PDL``: waits for the previous
+    kernel, then lets the next one launch."""
+    row, grp = tl.program_id(0).to(tl.int64), tl.program_id(1)
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
-    n = row_offsets(G, BLOCK)
-    v = tl.load(v_ptr + row * stride_v + n, mask=n < K, other=0.0).to(tl.float32)
-    store_act16_row(v, row, q_ptr, sq_ptr, sv_ptr, K, G, BLOCK)
+    v = tl.load(v_ptr + row * stride_v + grp * G + tl.arange(0, G)).to(tl.float32)
+    store_act16_group(v, row, grp, q_ptr, sq_ptr, sv_ptr, K, G)
 
 
 def act16(v: torch.Tensor, group: int, pdl: bool = False) -> Act16:
@@ -158,8 +125,8 @@ def act16(v: torch.Tensor, group: int, pdl: bool = False) -> Act16:
     out = act16_empty(r, k, group, v.device)
     launch = {"launch_pdl": True} if pdl else {}    # only Triton versions with PDL know the option
     if r:
-        _act16_kernel[(r,)](v, v.stride(0), out.q, out.sums, out.scales, k, G=group,
-                            BLOCK=max(next_pow2(k), group), PDL=pdl, enable_fp_fusion=False, **launch)
+        _act16_kernel[(r, k // group)](v, v.stride(0), out.q.view(torch.int16), out.sums, out.scales, k, G=group, PDL=pdl,
+                                       num_warps=1, enable_fp_fusion=False, **launch)
     return out
 
 

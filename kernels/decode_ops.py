@@ -25,7 +25,7 @@ import torch
 
 from engine.models.layers import Rope, rms_norm
 from kernels._triton import jit, next_pow2, tl
-from kernels.act16 import Act16, act16_empty, row_offsets, store_act16_row
+from kernels.act16 import Act16, act16_empty, store_act16_group
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MAX_N = 16384        # whole row in registers: 16 warps x 32 lanes x 32 floats
@@ -33,40 +33,60 @@ MAX_HEAD_DIM = 512
 
 
 @jit
-def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, stride_x, stride_r, N, eps, q_ptr, sq_ptr, sv_ptr,
-                         BLOCK_N: tl.constexpr, HAS_RESIDUAL: tl.constexpr, G: tl.constexpr = 0):
-    """Row ``program_id(0)``. With ``G`` the row is laid out as groups of words (:func:`row_offsets`)
-    and its output also written as 16-bit planes; else as a plain vector."""
+def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, stride_x, stride_r, N, eps,
+                         BLOCK_N: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
-    if G > 0:
-        cols = row_offsets(G, BLOCK_N)                                  # [BN / G, G / 8, 8]
-    else:
-        cols = tl.arange(0, BLOCK_N)                                    # [BN]
+    cols = tl.arange(0, BLOCK_N)                                        # [BN]
     ok = cols < N
     dt = out_ptr.dtype.element_ty
+    x = _summed(x_ptr, r_ptr, sum_ptr, row, stride_x, stride_r, N, cols, ok, dt, HAS_RESIDUAL, True)
+    scale = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
+    _normed(x, scale, w_ptr, out_ptr, row, N, cols, ok, dt)
+
+
+@jit
+def _add_rms_norm_act16_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, stride_x, stride_r, N, eps, q_ptr, sq_ptr,
+                               sv_ptr, BLOCK_N: tl.constexpr, HAS_RESIDUAL: tl.constexpr, G: tl.constexpr):
+    """Group ``program_id(1)`` of row ``program_id(0)``, and that group also as 16-bit planes. Every
+    program sums the squares of the whole row, in the same order (so all agree on the scale); each
+    writes only its group: one group's work per program, in one warp (no barrier), keeps the launch
+    as short as the plain norm."""
+    row, grp = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    cols = tl.arange(0, BLOCK_N)                                        # [BN]
+    ok = cols < N
+    dt = out_ptr.dtype.element_ty
+    x = _summed(x_ptr, r_ptr, sum_ptr, row, stride_x, stride_r, N, cols, ok, dt, HAS_RESIDUAL, False)
+    scale = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
+    n = grp * G + tl.arange(0, G)                                       # [G]
+    g_ok = n < N                                                        # all true: G divides N
+    v = _summed(x_ptr, r_ptr, sum_ptr, row, stride_x, stride_r, N, n, g_ok, dt, HAS_RESIDUAL, True)
+    y = _normed(v, scale, w_ptr, out_ptr, row, N, n, g_ok, dt)
+    store_act16_group(y.to(tl.float32), row, grp, q_ptr, sq_ptr, sv_ptr, N, G)
+
+
+@jit
+def _summed(x_ptr, r_ptr, sum_ptr, row, stride_x, stride_r, N, cols, ok, dt: tl.constexpr,
+            HAS_RESIDUAL: tl.constexpr, STORE: tl.constexpr):
+    """``x + residual`` at ``cols`` of the row, rounded to ``dt`` as torch's add rounds it, as float32;
+    with ``STORE`` and a residual also written to ``sum_ptr``."""
     x = tl.load(x_ptr + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
         r = tl.load(r_ptr + row * stride_r + cols, mask=ok, other=0.0).to(tl.float32)
         x = (x + r).to(dt)                                              # torch's x + residual
-        tl.store(sum_ptr + row * N + cols, x, mask=ok)
+        if STORE:
+            tl.store(sum_ptr + row * N + cols, x, mask=ok)
         x = x.to(tl.float32)
-    scale = tl.rsqrt(_total(x * x, G) / N + eps)
+    return x
+
+
+@jit
+def _normed(x, scale, w_ptr, out_ptr, row, N, cols, ok, dt: tl.constexpr):
+    """``weight * (x * scale)`` at ``cols``, each product rounded to ``dt``; stored and returned."""
     h = (x * scale).to(dt).to(tl.float32)                               # h.to(x.dtype)
     w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
     y = (w * h).to(dt)
     tl.store(out_ptr + row * N + cols, y, mask=ok)
-    if G > 0:  # the output also as 16-bit planes (zero past N: the weight loads as zero there)
-        store_act16_row(y.to(tl.float32), row, q_ptr, sq_ptr, sv_ptr, N, G, BLOCK_N)
-
-
-@jit
-def _total(v, G: tl.constexpr):
-    """Sum of all elements of ``v``: ``[BN]``, or ``[BN / G, G / 8, 8]`` when ``G``."""
-    if G > 0:
-        total = tl.sum(tl.sum(tl.sum(v, axis=2), axis=1), axis=0)
-    else:
-        total = tl.sum(v, axis=0)
-    return total
+    return y
 
 
 def _check_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None) -> None:
@@ -136,12 +156,15 @@ def _add_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: t
     if t == 0 or n == 0:
         return normed, summed if residual is None else torch.add(x, residual, out=summed), planes
     block_n = next_pow2(n)
-    q = planes[:3] if planes is not None else (normed,) * 3
-    _add_rms_norm_kernel[(t,)](
-        x, residual if residual is not None else x, weight, normed, summed, x.stride(0),
-        residual.stride(0) if residual is not None else 0, n, eps, *q,
-        BLOCK_N=block_n, HAS_RESIDUAL=residual is not None, G=group or 0, num_warps=_norm_warps(block_n),
-        enable_fp_fusion=False)
+    args = (x, residual if residual is not None else x, weight, normed, summed, x.stride(0),
+            residual.stride(0) if residual is not None else 0, n, eps)
+    if planes is None:
+        _add_rms_norm_kernel[(t,)](*args, BLOCK_N=block_n, HAS_RESIDUAL=residual is not None,
+                                   num_warps=_norm_warps(block_n), enable_fp_fusion=False)
+    else:
+        _add_rms_norm_act16_kernel[(t, n // group)](*args, planes.q.view(torch.int16), *planes[1:3], BLOCK_N=block_n,
+                                                    HAS_RESIDUAL=residual is not None, G=group, num_warps=1,
+                                                    enable_fp_fusion=False)
     return normed, summed, planes
 
 
