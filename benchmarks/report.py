@@ -55,8 +55,28 @@ def int4_lines(d: dict) -> list[str]:
     rows = ", ".join(f"{r['tokens']} token{'s' * (r['tokens'] > 1)} {1000 * r['ms']:.1f} µs (again "
                      f"{1000 * r['ms_again']:.1f}; {r['pct_ceiling']:.1f}%)" for r in d["results"]
                      if r["format"] == "int4" and r["ms"])
-    return [f"int4 alone, later commit {d['commit']} (`{_file('kernels_int4_*.json')}`; ceiling "
-            f"{d['ceiling_gbs']:.0f} GB/s): {rows}."]
+    out = [f"int4 alone, later commit {d['commit']} (`{_file('kernels_int4_*.json')}`; ceiling "
+           f"{d['ceiling_gbs']:.0f} GB/s): {rows}."]
+    norm = [r for r in d["results"] if r["format"] == "int4" and r.get("ms_x_from_norm")]
+    if norm:
+        out += ["", "As the engine runs it, with x's 16-bit planes written by the add + RMSNorm before the router "
+                "(up and down launches only), and counting what that adds to the norm:", "",
+                "| tokens | MoE µs | of ceiling | norm µs, without → with planes | of ceiling, with the norm's extra |",
+                "|---|---|---|---|---|"]
+        out += [f"| {r['tokens']} | {1000 * r['ms_x_from_norm']:.1f} (again {1000 * r['ms_x_from_norm_again']:.1f}) | "
+                f"{r['pct_ceiling_x_from_norm']:.1f}% | {1000 * r['norm_ms']:.2f} → {1000 * r['norm_act16_ms']:.2f} | "
+                f"{r['pct_ceiling_x_from_norm_with_norm_cost']:.1f}% |" for r in norm]
+    return out
+
+
+def int4_e2e_lines(d: dict) -> list[str]:
+    """A later end-to-end run of int4 alone (x's planes from the norm)."""
+    rows = ", ".join(f"batch {r['batch']} {r['tok_s']:.1f} tok/s ({r['vs_transformers']:.2f}× transformers"
+                     + (f", {100 * r['fraction_of_roofline']:.1f}% of the {r['roofline_tok_s']:.0f} tok/s roofline"
+                        if r.get("fraction_of_roofline") else "") + ")"
+                     for r in d["results"] if "tok_s" in r and r["system"].startswith("strata"))
+    return [f"int4 end to end again, commit {d['environment']['commit'].split()[0]} "
+            f"(`{_file('int4_e2e_*.json')}`, transformers timed in the same run): {rows}."]
 
 
 def offload_table(d: dict) -> list[str]:
@@ -129,6 +149,7 @@ def _file(pattern: str) -> str:
 def render() -> str:
     parts: list[list[str]] = []
     for pattern, fn in (("e2e_*.json", e2e_table), ("kernels_moe_*.json", kernels_table), ("kernels_int4_*.json", int4_lines),
+                        ("int4_e2e_*.json", int4_e2e_lines),
                         ("offload_*.json", offload_table), ("residency_*.json", residency_table),
                         ("cpu_decode_*.json", cpu_table)):
         d = _load(pattern)
