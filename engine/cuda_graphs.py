@@ -19,7 +19,9 @@ When the expert provider reads missing experts directly from host memory (``dire
 steps of a few tokens at prefetch depth >= 1), the step is again one graph: each MoE layer snapshots
 its slot-table row and publishes its ids, the slots they found and its predictions into pinned
 memory, and the host follows the running graph (``follow_published``), issuing prefetch copies
-without the GPU ever waiting for it.
+without the GPU ever waiting for it. Such a step is recorded twice: with the predictions and the
+GPU-side prefetch, and ``quiet``, without them, which replays on the steps where the prefetch gate
+lets no prefetch through (``predicts``), so those steps do not pay for guesses nobody uses.
 """
 from __future__ import annotations
 
@@ -56,6 +58,7 @@ class _Recording:
     cuts: list[_Cut] = field(default_factory=list)
     direct: bool = False            # one graph that publishes every layer (direct reads)
     regions: torch.Tensor | None = None
+    quiet: "_Recording | None" = None   # direct reads: the same step recorded without predictions
 
 
 class DecodeGraphs:
@@ -110,7 +113,9 @@ class DecodeGraphs:
         gc.collect()
         gc.disable()
         try:
-            self.graphs[b] = self._record(b, side)
+            rec = self.graphs[b] = self._record(b, side)
+            if rec.direct and getattr(experts, "prefetch_depth", 0) > 0:
+                rec.quiet = self._capture_quiet(b)
         finally:
             if collect:
                 gc.enable()
@@ -153,6 +158,16 @@ class DecodeGraphs:
         self.pool = graph.pool()
         rec.graphs.append(graph)
         return rec
+
+    def _capture_quiet(self, b: int) -> _Recording:
+        """The direct-read step recorded again with the experts' predictions off (``quiet``), for the
+        steps where nothing would use them (``predicts``); same kernels, so no warm-up is needed."""
+        experts = self.model.experts
+        experts.quiet = True
+        try:
+            return self._capture_direct(b)
+        finally:
+            experts.quiet = False
 
     def _capture_pieces(self, b: int, stream: torch.cuda.Stream) -> _Recording:
         """Record one decode step as a graph per MoE layer boundary (see the module docstring)."""
@@ -206,7 +221,9 @@ class DecodeGraphs:
             experts = self.model.experts
             experts.begin_step()
             try:
-                experts.start_direct_step(rec.regions)
+                predicting = rec.quiet is None or experts.predicts(b)
+                rec = rec if predicting else rec.quiet
+                experts.start_direct_step(rec.regions, predicting)
                 rec.graphs[0].replay()
                 experts.follow_published(rec.cuts, b)
             finally:

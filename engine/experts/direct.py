@@ -70,14 +70,15 @@ class DirectReads:
             self._host_views = self.layout.views(self.store.rows)
         return HostExperts(self._host_views, moe_index * self.num_experts, self._fill[moe_index])
 
-    def start_direct_step(self, regions: torch.Tensor) -> None:
+    def start_direct_step(self, regions: torch.Tensor, predicting: bool = True) -> None:
         """Before a recorded direct-read step is replayed: enter direct mode, choose its fill slots
-        and prefetch slots, blank the publish regions."""
+        and prefetch slots (not for a ``quiet`` recording: ``predicting`` False), blank the publish
+        regions."""
         self._enter_mode("direct")
         self._begin_fills()
         self._named, self._seen = {}, {}
         dp = self._dp
-        if dp is not None and dp.recorded_targets is not None:
+        if predicting and dp is not None and dp.recorded_targets is not None:
             self._begin_device_prefetch(regions.shape[1] // (3 + self.prefetch_depth))
             self._dp_active, self._dp_replay = True, True
         regions.fill_(UNWRITTEN)
@@ -104,25 +105,43 @@ class DirectReads:
 
     def _begin_device_prefetch(self, assignments: int) -> None:
         """Lease the free staging slots for this step's GPU-side prefetch and set its per-layer quota
-        (``prefetch_per_layer``, at most the layer's ``assignments`` T*k): the quota while at least
-        ``DEVICE_PREFETCH_THRESHOLD`` of its copies were used (or too few were made to tell), the
-        gate's probe quota on its probe steps, none otherwise.
+        (:meth:`_device_quota`)."""
+        dp, pool = self._dp, self.pool
+        quota = self._device_quota(assignments)
+        wanted = quota * (self.num_layers - 1)              # at most one claim batch per later layer
+        dp.begin([pool.take_staging(-1) for _ in range(min(len(pool.staging_free), dp.free.numel(), wanted))], quota)
+
+    def _device_quota(self, assignments: int) -> int:
+        """Claims per predicted layer the GPU-side prefetch may make this step: ``prefetch_per_layer``
+        (at most the layer's ``assignments`` T*k) while at least ``DEVICE_PREFETCH_THRESHOLD`` of its
+        copies were used (or too few were made to tell), the gate's probe quota on its probe steps,
+        none otherwise.
 
         Measured on the H200 (Qwen3-30B-A3B shape, bf16, 50% pool, depth 2): the first missing expert
         of a layer's ranked prediction is used 28% (batch 1) to 65% (batch 8) of the time with
         trained-like routing, further ranks far less; with near-uniform routing under 10%. At batch 1
         the bus is mostly idle, so a 28% guess still pays; a 10% one costs more than it saves."""
-        dp, pool, gate, d = self._dp, self.pool, self.gate, self.prefetch_depth
-        acc = gate.accuracy(d)
+        gate = self.gate
+        acc = gate.accuracy(self.prefetch_depth)
         if acc is None or acc >= DEVICE_PREFETCH_THRESHOLD:
             quota = min(self.prefetch_per_layer, assignments)
         else:
             quota = gate.probe_quota if gate.steps % gate.probe_every == 0 else 0
-        if not self._admitting_idle(pool.copies.busy_slots()):
+        if not self._admitting_idle(self.pool.copies.busy_slots()):
             quota = 0          # an admission copied in from the host writes its table entry on the copy
             # stream, which the claims do not wait for: they could claim that key and race its entry
-        wanted = quota * (self.num_layers - 1)              # at most one claim batch per later layer
-        dp.begin([pool.take_staging(-1) for _ in range(min(len(pool.staging_free), dp.free.numel(), wanted))], quota)
+        return quota
+
+    def predicts(self, tokens: int) -> bool:
+        """Whether this direct-read step of ``tokens`` tokens should predict later layers' experts
+        (called after ``begin_step``). False when the GPU-side prefetch may claim nothing this step
+        (its guesses were mostly wrong and this is not a probe step): the predictions would feed
+        nothing but statistics, and a decode graph recorded without them (``quiet``: no router
+        GEMMs and routing for later layers, no claim or copy launches) replays instead. Measured
+        on the H200 (Qwen3-30B-A3B shape, bf16, batch 1) those launches take about 0.9 ms a step."""
+        if self._dp is None or not self.direct_for(tokens):
+            return True
+        return self._device_quota(tokens) > 0
 
     def _launch_device_prefetch(self, moe_index: int, layers: list[int], ids: torch.Tensor) -> None:
         """After ``moe_index`` predicted ``layers`` (``ids [P, T, k]``): let the GPU copy the farthest

@@ -127,6 +127,7 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
         self._seen: dict[int, int] = {}              # key -> slot its layer found this step (direct steps)
         self._dp_used: set[int] = set()              # keys it brought that their layer used
         self.prefetch_per_layer = 1                  # GPU-side prefetch: claims per predicted layer
+        self.quiet = False                           # True while a decode graph without predictions is recorded
 
     @classmethod
     def from_rows(cls, layout: ExpertLayout, rows: torch.Tensor, num_experts: int, device: torch.device | str,
@@ -175,7 +176,7 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
         only the distances the gate allows. Returns the prediction, also kept for ``acquire``.
         """
         self._predicted = None
-        if self.pool.full or self.prefetch_depth == 0:
+        if self.pool.full or self.prefetch_depth == 0 or self.quiet:
             return None
         device_side = self._device_prefetch_for(hidden.shape[0])
         full = self.capturing or device_side

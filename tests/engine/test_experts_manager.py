@@ -427,3 +427,27 @@ def test_gpu_side_prefetch_of_a_cut_short_step_leaves_nothing(stack: Stack) -> N
             prov.end_step()
     assert prov.pool.table.flatten().tolist() == prov.pool.slot_of and not prov.pool.lease
     assert prov.stats().prefetch_wasted == 2 * 1    # one claim per predicted layer, none used
+
+
+def test_direct_steps_stop_predicting_while_the_gpu_side_prefetch_is_closed(stack: Stack) -> None:
+    # A recorded direct-read step replays a "quiet" recording (no predictions, no claim or copy
+    # launches) when the GPU-side prefetch may claim nothing: after its guesses were mostly wrong,
+    # except on the gate's probe steps, which keep measuring. Until enough guesses were made to
+    # tell, it predicts; a step too large to read directly always does. A quiet provider makes no
+    # prediction at all.
+    prov = stack.offloaded(L * E // 4, depth=2, policy="lfu", direct_reads=True)
+    gate = prov.gate
+    assert prov.predicts(2)                                # no estimate yet
+    gate.issued[2], gate.used[2] = 100.0, 5.0             # 5% of distance-2 guesses used
+    gate.steps = 1
+    assert not prov.predicts(2) and prov.predicts(17)      # 17 tokens: not a direct-read step
+    gate.steps = gate.probe_every                          # a probe step predicts
+    assert prov.predicts(2)
+    gate.used[2] = 50.0                                    # mostly right again
+    gate.steps = 1
+    assert prov.predicts(2)
+    prov.quiet = True
+    assert prov.before_layer(0, _x(2)) is None
+    prov.quiet = False
+    assert prov.before_layer(0, _x(2)) is not None
+    prov.end_step()

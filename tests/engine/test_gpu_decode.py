@@ -144,3 +144,32 @@ def test_direct_and_piecewise_steps_alternate(model) -> None:
         recs = _graphs(llm).graphs
         assert recs[24].cuts and not recs[24].direct
         assert any(r.direct for b, r in recs.items() if b <= 16)
+
+
+def test_quiet_steps_when_the_gpu_side_prefetch_is_closed(model) -> None:
+    # With the prefetch gate closed (its guesses mostly wrong), direct-read steps replay the quiet
+    # recording (no predictions, no claims), except the gate's probe steps; greedy output is the
+    # eager engine's either way, and no claim is left in the slot table.
+    path, ref, keys, nbytes = model
+    with LLM(str(path), device="cuda", dtype="float32", expert_pool_size=(keys // 2) * nbytes,
+             prefetch_depth=2) as llm:
+        prov = llm.engine.loaded.experts
+        gate = prov.gate
+        gate.issued[2], gate.used[2], gate.decay = 1000.0, 0.0, 1.0    # closed, and it stays closed
+        gate.probe_every = 4                                    # a few probe steps in 12 tokens
+        graphs = _graphs(llm)
+        flags = []
+        start = prov.start_direct_step
+
+        def recording(regions, predicting=True):
+            flags.append(predicting)
+            return start(regions, predicting)
+        prov.start_direct_step = recording
+        assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == ref
+        assert False in flags and True in flags               # quiet steps, and probe steps
+        rec = graphs.graphs[4]
+        assert rec.direct and rec.quiet is not None and rec.quiet.direct
+        assert all(c.predicted is None for c in rec.quiet.cuts)
+        assert any(c.predicted is not None for c in rec.cuts)
+        torch.cuda.synchronize()
+        assert prov.pool.table.flatten().tolist() == prov.pool.slot_of
