@@ -135,6 +135,23 @@ def residency_table(d: dict) -> list[str]:
     return out
 
 
+def pool50_lines(_: dict) -> list[str]:
+    """The 50% pool in steady state (64 tokens after 16 warm-up), one line per run."""
+    out = ["The 50% pool in steady state (64 tokens per sequence after 16 warm-up; depth 2 over depth 0, the two "
+           "timed in the same process; ms per token):", ""]
+    for f in sorted(RESULTS.glob("residency50_*.json")):
+        d = json.loads(f.read_text())
+        rows = [r for b in d["offload"].values() for r in b.get("rows", [])]
+        pick = lambda rt, b, depth: next(r for r in rows if (r["routing"], r["batch"], r["depth"]) == (rt, b, depth)  # noqa: E731
+                                         and r["pool_fraction"] == 0.5)
+        cells = [f"{s['routing']} batch {s['batch']} {s['pool50_depth2_over_depth0']:.2f}× "
+                 f"({pick(s['routing'], s['batch'], 0)['ms_per_token']:.2f} → "
+                 f"{pick(s['routing'], s['batch'], 2)['ms_per_token']:.2f})" for s in d["summary"]]
+        out.append(f"- `benchmarks/results/{f.name}` (commit {d['environment']['commit'].split()[0]}): "
+                   + "; ".join(cells) + ".")
+    return out
+
+
 def cpu_table(d: dict) -> list[str]:
     return [f"CPU decode of the demo model, batch 1, float32 (`{_file('cpu_decode_*.json')}`): Strata "
             f"{d['strata_decode_tok_s']} tok/s, transformers {d['transformers_decode_tok_s']} tok/s, "
@@ -151,6 +168,7 @@ def render() -> str:
     for pattern, fn in (("e2e_*.json", e2e_table), ("kernels_moe_*.json", kernels_table), ("kernels_int4_*.json", int4_lines),
                         ("int4_e2e_*.json", int4_e2e_lines),
                         ("offload_*.json", offload_table), ("residency_*.json", residency_table),
+                        ("residency50_*.json", pool50_lines),
                         ("cpu_decode_*.json", cpu_table)):
         d = _load(pattern)
         if d is not None:
