@@ -7,8 +7,9 @@
 #   STRATA_COMMIT=$(git rev-parse --short HEAD) OUT=/tmp/out benchmarks/gpu_suite.sh [tests|kernels|e2e|residency ...]
 #
 # With no arguments every part runs (about 15 minutes on an H200: tests and kernels 1-2, e2e 2,
-# residency about 12 (an estimate at 64 timed tokens), model builds included); where one command may run 10 minutes at most, run
-# `tests kernels e2e` and `residency` as two commands. Each part writes its log and JSON as soon as it ends, so a cut-short run keeps
+# residency about 12 (an estimate at 64 timed tokens), model builds included); where one command may
+# run 10 minutes at most, run `tests kernels e2e`, `ROUTINGS=uniform ... residency` and
+# `ROUTINGS=trained-like ... residency` as three commands. Each part writes its log and JSON as soon as it ends, so a cut-short run keeps
 # what finished. STRATA_COMMIT names the commit where the tree has no .git.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -34,15 +35,18 @@ for part in "${parts[@]}"; do
         > "$OUT/e2e.log" 2>&1
       summary+=("e2e:" "$(grep -E '^(transformers|strata)' "$OUT/e2e.log")");;
     residency)
-      # one process per routing, so that each fits a 10-minute command; then one merged file. 64 tokens
+      # one process per routing (ROUTINGS picks: each takes about 6 minutes, so where one command may
+      # run 10 minutes at most, run them as two commands); the merged file once both exist. 64 tokens
       # after 16 warm-up: the prefetch gate learns over the first steps, and a short run measures that
-      for r in uniform trained-like; do
+      for r in ${ROUTINGS:-uniform trained-like}; do
         "$PY" benchmarks/bench_e2e.py --formats "" --offload bf16 --pools 0,0.25,0.5,1.0 --depths 0,1,2 \
           --batches 1,8 --routing "$r" --tokens 64 --warmup 16 --budget 64G --out "$OUT/residency_$r.json" \
           > "$OUT/residency_$r.log" 2>&1
       done
-      "$PY" benchmarks/merge_residency.py "$OUT/residency.json" "$OUT/residency_uniform.json" \
-        "$OUT/residency_trained-like.json"
+      if [ -f "$OUT/residency_uniform.json" ] && [ -f "$OUT/residency_trained-like.json" ]; then
+        "$PY" benchmarks/merge_residency.py "$OUT/residency.json" "$OUT/residency_uniform.json" \
+          "$OUT/residency_trained-like.json"
+      fi
       summary+=("residency:" "$(grep -hE '^(uniform|trained-like) batch' "$OUT"/residency_*.log)");;
     *)
       echo "unknown part '$part': choose tests, kernels, e2e or residency" >&2
