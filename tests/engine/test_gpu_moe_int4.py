@@ -31,6 +31,19 @@ def _pool(tokens: int, group: int = 128):
     return layout, views, slots.cuda(), ids.cuda(), w.cuda(), x
 
 
+def _record(step):
+    """``step`` run once on a side stream (compiles, allocator), then recorded: (graph, its outputs)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    return graph, out
+
+
 def _close(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.float() - ref.float()).norm() / ref.float().norm())
 
@@ -60,14 +73,7 @@ def test_overlapping_launches_wait_for_the_router() -> None:
     def step():
         w, ids = route(logits, 8, "softmax", True)
         return fused_moe(xs, ids, w, slots, views, layout, cfg)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
+    graph, out = _record(step)
     gen = torch.Generator(device="cuda").manual_seed(5)
     for _ in range(20):
         logits.copy_(torch.randn(1, 16, device="cuda", generator=gen) * 4)
@@ -91,14 +97,7 @@ def test_planes_from_the_norm_as_the_engine_runs_them() -> None:
         h, _, h16 = add_rms_norm_act16(xs, norm_w, 1e-6, 128, residual=res)
         w, ids = route(logits, 8, "softmax", True)
         return h, h16, fused_moe(h, ids, w, slots, views, layout, cfg, x16=h16)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        h, h16, out = step()
+    graph, (h, h16, out) = _record(step)
     gen = torch.Generator(device="cuda").manual_seed(6)
     for _ in range(10):
         logits.copy_(torch.randn(1, 16, device="cuda", generator=gen) * 4)
