@@ -198,7 +198,7 @@ def print_tables(result: dict) -> None:
         return
     print(f"pinned H2D {result['pinned_h2d_gbs']:.1f} GB/s; ms are per generated token; C = compute-only (100% pool), "
           "M = H2D bytes / pinned bandwidth; bus = H2D bytes / decode wall time")
-    print(f"{'routing':<13}{'pool':>5}{'d':>2}{'rd':>3}{'B':>3}{'tok/s':>9}{'ms':>8}{'C+M':>8}{'max':>8}{'hit%':>6}{'pred%':>6}"
+    print(f"{'routing':<13}{'pool':>5}{'d':>2}{'rd':>3}{'cl':>3}{'B':>3}{'tok/s':>9}{'ms':>8}{'C+M':>8}{'max':>8}{'hit%':>6}{'pred%':>6}"
           f"{'pf+':>6}{'pf-':>6}{'MB/tok':>8}{'busGB/s':>8}{'wait':>7}{'hostw':>7}{'x d0':>6}{'ideal':>6}{'peak/budget GB':>16}")
     for routing, block in result["offload"].items():
         if "error" in block:
@@ -208,7 +208,8 @@ def print_tables(result: dict) -> None:
             mem = f"{r['engine_peak_gb']:.1f}/{r['budget_gb']:.1f}" if "engine_peak_gb" in r else "-"
             f = lambda k, fmt: format(r[k], fmt) if r.get(k) is not None else "-"   # noqa: E731
             rd = "D" if r.get("direct_reads") else "C"       # misses read directly / copied in
-            print(f"{routing:<13}{100 * r['pool_fraction']:>4.0f}%{r['depth']:>2}{rd:>3}{r['batch']:>3}{r['tok_s']:>9.1f}"
+            cl = "-" if r.get("claims_per_layer") is None else str(r["claims_per_layer"])   # claims cap
+            print(f"{routing:<13}{100 * r['pool_fraction']:>4.0f}%{r['depth']:>2}{rd:>3}{cl:>3}{r['batch']:>3}{r['tok_s']:>9.1f}"
                   f"{r['ms_per_token']:>8.2f}{f('serial_limit_ms', '8.2f'):>8}{f('overlap_limit_ms', '8.2f'):>8}"
                   f"{100 * r['hit_rate']:>6.1f}{f('misses_predicted', '6.0%'):>6}{r['prefetch_hits']:>6}{r['prefetch_wasted']:>6}"
                   f"{r['h2d_bytes_per_token'] / 1e6:>8.1f}{r['bus_gb_s']:>8.2f}{r['copy_wait_ms_per_token']:>7.2f}"
@@ -227,6 +228,9 @@ def print_tables(result: dict) -> None:
             ideal = s["pool50_ideal"]
             line += (f" pool 50% depth2/depth0 {s['pool50_depth2_over_depth0']:.2f}x (ideal overlap "
                      f"{ideal:.2f}x, target 1.5x);" if ideal else "")
+        if "pool50_depth2_over_depth0_by_claims" in s:
+            line += " by claims per layer " + ", ".join(f"{c}: {x:.2f}x" for c, x in
+                                                         s["pool50_depth2_over_depth0_by_claims"].items()) + ";"
         if "pool50_depth2_copy_over_depth0" in s:
             line += f" depth2 copying misses {s['pool50_depth2_copy_over_depth0']:.2f}x;"
         if "pool0_bus_gb_s" in s:
@@ -249,6 +253,8 @@ def main() -> None:
     ap.add_argument("--pools", default="0,0.25,0.5,1.0", help="pool shares of all experts; 1.0 gives C")
     ap.add_argument("--depths", default="0,1,2")
     ap.add_argument("--reads", default="auto", help="expert_reads of depth > 0 rows, e.g. auto,copy")
+    ap.add_argument("--claims", default="", help="offload: most GPU-side prefetch claims per layer of depth > 0 "
+                    "rows, e.g. 1,4 (empty: the engine's)")
     ap.add_argument("--routing", choices=("uniform", "trained-like", "both"), default="both")
     ap.add_argument("--budget", default="64G", help="gpu_memory_budget given to the offload engine")
     ap.add_argument("--repeat", type=int, default=1, help="offload: rounds over the grid (rows report medians)")
@@ -283,7 +289,8 @@ def main() -> None:
                       tuple(int(d) for d in args.depths.split(",")), tuple(batches), args.tokens, args.warmup,
                       device, "float32" if args.smoke else "bfloat16", "64M" if args.smoke else "4G",
                       None if args.smoke else parse_size(args.budget, "budget"), args.repeat,
-                      tuple(args.reads.split(",")))
+                      tuple(args.reads.split(",")),
+                      tuple(int(c) for c in args.claims.split(",")) if args.claims else (None,))
         result["pinned_h2d_gbs"] = pinned = h2d_bandwidth_gbs(device, 1 << (26 if args.smoke else 30))
         routings = ["uniform", "trained-like"] if args.routing == "both" else [args.routing]
         result["offload"] = offload_sweep(hf, cfg, sweep, routings, knobs, prompts, std)

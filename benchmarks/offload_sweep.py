@@ -44,6 +44,7 @@ class Sweep:
     budget: int | None               # gpu_memory_budget passed to the engine (None on the CPU)
     repeat: int = 1                  # rounds over the grid; a row reports its median round
     reads: tuple[str, ...] = ("auto",)   # expert_reads of the depth > 0 rows ("copy" rows: the ablation)
+    claims: tuple[int | None, ...] = (None,)   # most GPU-side prefetch claims per layer (None: the engine's)
 
 
 def sampled_decode(engine: LLMEngine, prompts: list[list[int]], sweep: Sweep, seed: int):
@@ -77,7 +78,7 @@ def sampled_decode(engine: LLMEngine, prompts: list[list[int]], sweep: Sweep, se
 
 
 def _row(routing: str, pool: float, depth: int, reads: str, batch: int, timed, base_bytes: int,
-         budget: int | None, direct: bool) -> dict:
+         budget: int | None, direct: bool, claims: int | None, expert_bytes: int) -> dict:
     n, secs, before, after, host_wait = timed
     d = lambda f: getattr(after, f) - getattr(before, f)   # noqa: E731
     looked = d("hits") + d("misses")
@@ -87,6 +88,9 @@ def _row(routing: str, pool: float, depth: int, reads: str, batch: int, timed, b
            "prefetch_hits": d("prefetch_hits"), "prefetch_wasted": d("prefetch_wasted"),
            "h2d_bytes_per_token": d("h2d_bytes") / n, "bus_gb_s": d("h2d_bytes") / secs / 1e9,
            "direct_bytes_per_token": d("direct_bytes") / n, "fills": d("fills"),
+           # misses (each layer's distinct missing experts) against the (token, expert) pairs read directly
+           "misses_per_token": d("misses") / n, "direct_reads_per_token": d("direct_bytes") / expert_bytes / n,
+           "claims_per_layer": claims,
            # share of the misses that a prediction for their layer had named (what prefetch could hide)
            "misses_predicted": d("misses_predicted") / d("misses") if d("misses") else None,
            "copy_wait_ms_per_token": d("copy_wait_ms") / n,
@@ -120,14 +124,21 @@ def offload_block(hf, cfg, sweep: Sweep, prompts: dict, routing: str) -> dict:
             for pool in sweep.pools:
                 for depth in sweep.depths if pool < 1 else sweep.depths[:1]:   # a full pool never prefetches
                     for reads in sweep.reads if depth > 0 and pool < 1 else ("auto",):
-                        for b in sweep.batches:
-                            if cuda:
-                                torch.cuda.reset_peak_memory_stats()
-                            engine.reconfigure(expert_pool_size=int(total * pool), prefetch_depth=depth,
-                                               expert_reads=reads)
-                            timed = sampled_decode(engine, prompts[b], sweep, seed=1000 * len(rows))
-                            direct = bool(getattr(engine.loaded.experts, "direct_for", lambda t: False)(b))
-                            rows.append(_row(routing, pool, depth, reads, b, timed, base, sweep.budget, direct))
+                        for claims in sweep.claims if depth > 0 and pool < 1 else (None,):
+                            for b in sweep.batches:
+                                if cuda:
+                                    torch.cuda.reset_peak_memory_stats()
+                                engine.reconfigure(expert_pool_size=int(total * pool), prefetch_depth=depth,
+                                                   expert_reads=reads)
+                                experts = engine.loaded.experts
+                                if claims is not None:
+                                    experts.prefetch_per_layer = claims
+                                timed = sampled_decode(engine, prompts[b], sweep, seed=1000 * len(rows))
+                                direct = bool(getattr(experts, "direct_for", lambda t: False)(b))
+                                rows.append(_row(routing, pool, depth, reads, b, timed, base, sweep.budget, direct,
+                                                 claims, expert))
+                                if getattr(experts, "claims", None) is not None:
+                                    rows[-1]["claim_rank_use"] = experts.claims.snapshot()
         rows = _medians(rows)
         acts = torch.tensor(engine.stats().experts.activations)                        # [L, E]
         plan_budget = engine.loaded.plan.budget_bytes
@@ -141,7 +152,7 @@ def _medians(rows: list[dict]) -> list[dict]:
     """One row per setting: its median round by time per token, with every round's tok/s; the
     memory peak is the largest of any round."""
     out = []
-    setting = lambda r: (r["pool_fraction"], r["depth"], r["reads"], r["batch"])   # noqa: E731
+    setting = lambda r: (r["pool_fraction"], r["depth"], r["reads"], r["claims_per_layer"], r["batch"])   # noqa: E731
     for key in dict.fromkeys(setting(r) for r in rows):
         mine = sorted((r for r in rows if setting(r) == key),
                       key=lambda r: r["ms_per_token"])
@@ -189,6 +200,10 @@ def summarise(rows: list[dict], pinned_gbs: float) -> list[dict]:
         if d0 and d2:
             s.update(pool50_depth2_over_depth0=d0["ms_per_token"] / d2["ms_per_token"],
                      pool50_depth2_direct_reads=d2["direct_reads"], pool50_ideal=d2.get("ideal_speedup_vs_depth0"))
+            by_claims = {str(r["claims_per_layer"]): d0["ms_per_token"] / r["ms_per_token"] for r in mine
+                         if r["pool_fraction"] == 0.5 and r["depth"] == 2 and r["reads"] == "auto"}
+            if len(by_claims) > 1:
+                s["pool50_depth2_over_depth0_by_claims"] = by_claims
         if d0 and d2c:
             s["pool50_depth2_copy_over_depth0"] = d0["ms_per_token"] / d2c["ms_per_token"]
         empty = [r for r in mine if r["pool_fraction"] == 0]

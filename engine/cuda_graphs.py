@@ -223,7 +223,7 @@ class DecodeGraphs:
             try:
                 predicting = rec.quiet is None or experts.predicts(b)
                 rec = rec if predicting else rec.quiet
-                experts.start_direct_step(rec.regions, predicting)
+                experts.start_direct_step(rec.regions, b, predicting)
                 rec.graphs[0].replay()
                 experts.follow_published(rec.cuts, b)
             finally:

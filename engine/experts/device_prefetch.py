@@ -203,9 +203,10 @@ class DevicePrefetcher:
             torch.cuda.current_stream(self.device).wait_stream(self.stream)
         self._forked = False
 
-    def collect(self, targets: list[int]) -> list[tuple[int, int]]:
-        """``(key, slot)`` of every claim of the step's ``targets`` (their claim kernels have run or
-        will shortly: the host waits for their regions). Plain numpy: this is on the step's path."""
+    def collect(self, targets: list[int]) -> list[tuple[int, int, int]]:
+        """``(key, slot, rank)`` of every claim of the step's ``targets`` (their claim kernels have run
+        or will shortly: the host waits for their regions); ``rank`` is the claim's place among its
+        layer's claims, in the prediction's order. Plain numpy: this is on the step's path."""
         if not targets:
             return []
         arr = self.regions.numpy()
@@ -219,5 +220,5 @@ class DevicePrefetcher:
         m = self.max_claims
         for t, n in zip(targets, arr[targets, 0].tolist()):
             if n > 0:
-                out.extend(zip(arr[t, 1:1 + n].tolist(), arr[t, 1 + m:1 + m + n].tolist()))
+                out.extend(zip(arr[t, 1:1 + n].tolist(), arr[t, 1 + m:1 + m + n].tolist(), range(n)))
         return out

@@ -70,16 +70,16 @@ class DirectReads:
             self._host_views = self.layout.views(self.store.rows)
         return HostExperts(self._host_views, moe_index * self.num_experts, self._fill[moe_index])
 
-    def start_direct_step(self, regions: torch.Tensor, predicting: bool = True) -> None:
-        """Before a recorded direct-read step is replayed: enter direct mode, choose its fill slots
-        and prefetch slots (not for a ``quiet`` recording: ``predicting`` False), blank the publish
-        regions."""
+    def start_direct_step(self, regions: torch.Tensor, tokens: int, predicting: bool = True) -> None:
+        """Before a recorded direct-read step of ``tokens`` real tokens is replayed: enter direct
+        mode, choose its fill slots and prefetch slots (not for a ``quiet`` recording: ``predicting``
+        False), blank the publish regions."""
         self._enter_mode("direct")
         self._begin_fills()
         self._named, self._seen = {}, {}
         dp = self._dp
         if predicting and dp is not None and dp.recorded_targets is not None:
-            self._begin_device_prefetch(regions.shape[1] // (3 + self.prefetch_depth))
+            self._begin_device_prefetch(tokens)
             self._dp_active, self._dp_replay = True, True
         regions.fill_(UNWRITTEN)
 
@@ -103,30 +103,27 @@ class DirectReads:
             self._begin_fills()
             self._seen = {}
 
-    def _begin_device_prefetch(self, assignments: int) -> None:
+    def _begin_device_prefetch(self, tokens: int) -> None:
         """Lease the free staging slots for this step's GPU-side prefetch and set its per-layer quota
         (:meth:`_device_quota`)."""
         dp, pool = self._dp, self.pool
-        quota = self._device_quota(assignments)
+        quota = self._device_quota(tokens)
         wanted = quota * (self.num_layers - 1)              # at most one claim batch per later layer
         dp.begin([pool.take_staging(-1) for _ in range(min(len(pool.staging_free), dp.free.numel(), wanted))], quota)
+        self._dp_tokens = tokens
 
-    def _device_quota(self, assignments: int) -> int:
-        """Claims per predicted layer the GPU-side prefetch may make this step: ``prefetch_per_layer``
-        (at most the layer's ``assignments`` T*k) while at least ``DEVICE_PREFETCH_THRESHOLD`` of its
-        copies were used (or too few were made to tell), the gate's probe quota on its probe steps,
-        none otherwise.
+    def _device_quota(self, tokens: int) -> int:
+        """Claims per predicted layer the GPU-side prefetch may make in a step of ``tokens`` tokens:
+        the leading ranks of a layer's claims that are mostly used (:class:`ClaimGate`), at most
+        ``prefetch_per_layer``; one rank more on the gate's probe steps, so a closed rank (or a
+        prefetch closed altogether) is measured again.
 
         Measured on the H200 (Qwen3-30B-A3B shape, bf16, 50% pool, depth 2): the first missing expert
         of a layer's ranked prediction is used 28% (batch 1) to 65% (batch 8) of the time with
-        trained-like routing, further ranks far less; with near-uniform routing under 10%. At batch 1
+        trained-like routing, further ranks less; with near-uniform routing under 10%. At batch 1
         the bus is mostly idle, so a 28% guess still pays; a 10% one costs more than it saves."""
         gate = self.gate
-        acc = gate.accuracy(self.prefetch_depth)
-        if acc is None or acc >= DEVICE_PREFETCH_THRESHOLD:
-            quota = min(self.prefetch_per_layer, assignments)
-        else:
-            quota = gate.probe_quota if gate.steps % gate.probe_every == 0 else 0
+        quota = self.claims.quota(tokens, self.prefetch_per_layer, probe=gate.steps % gate.probe_every == 0)
         if not self._admitting_idle(self.pool.copies.busy_slots()):
             quota = 0          # an admission copied in from the host writes its table entry on the copy
             # stream, which the claims do not wait for: they could claim that key and race its entry
@@ -150,7 +147,7 @@ class DirectReads:
         capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
         if not capturing and not self._dp_active:
             self._ensure_direct_step()
-            self._begin_device_prefetch(ids.shape[1] * ids.shape[2])
+            self._begin_device_prefetch(ids.shape[1])
         self._dp_active, self._dp_replay = True, False
         far = moe_index + self.prefetch_depth
         for j, t in enumerate(layers):
@@ -163,8 +160,11 @@ class DirectReads:
         dp = self._dp
         claims = dp.collect(dp.recorded_targets if self._dp_replay else dp.targets)
         d = self.prefetch_depth
-        for key, slot in claims:
-            if self._seen.get(key) == slot:
+        ranked = []
+        for key, slot, rank in claims:
+            hit = self._seen.get(key) == slot
+            ranked.append((rank, hit))
+            if hit:
                 self.counters.prefetch_hits += 1
                 self.gate.on_use(d)
                 self._filled.setdefault(key, slot)
@@ -172,9 +172,10 @@ class DirectReads:
             else:
                 self.counters.prefetch_wasted += 1
         self.gate.on_issue(d, len(claims))
+        self.claims.record(self._dp_tokens, ranked)
         self.counters.device_copy_bytes += len(claims) * self.layout.nbytes
         self._dp_active = False
-        return [key for key, _ in claims]
+        return [key for key, _, _ in claims]
 
     # ---- fills: admission without a copy ----------------------------------------------------------
     def fill_capacity(self) -> int:

@@ -35,13 +35,13 @@ import torch
 from engine.errors import ConfigError
 from engine.experts.counters import ResidencyCounters
 from engine.experts.device_prefetch import DevicePrefetcher
-from engine.experts.direct import DirectReads
+from engine.experts.direct import DEVICE_PREFETCH_THRESHOLD, DirectReads
 from engine.experts.host_prefetch import HostPrefetch
 from engine.experts.layout import ExpertLayout
 from engine.experts.live_changes import LiveChanges, check_depth
 from engine.experts.policy import DEFAULT_LFU_DECAY, StaticPolicy, make_policy
 from engine.experts.pool import ExpertPool
-from engine.experts.prefetch import PrefetchGate, RouteFn, predict_experts
+from engine.experts.prefetch import ClaimGate, PrefetchGate, RouteFn, predict_experts
 from engine.experts.readback import HostReader
 from engine.experts.profile import check_routing_profile, read_routing_profile
 from engine.experts.store import HostExpertStore
@@ -126,7 +126,9 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
         self._dp_replay = False                      # ... from a recorded graph
         self._seen: dict[int, int] = {}              # key -> slot its layer found this step (direct steps)
         self._dp_used: set[int] = set()              # keys it brought that their layer used
-        self.prefetch_per_layer = 1                  # GPU-side prefetch: claims per predicted layer
+        self.prefetch_per_layer = 1                  # GPU-side prefetch: most claims per predicted layer
+        self.claims = ClaimGate(threshold=DEVICE_PREFETCH_THRESHOLD)   # ... of which it makes (by rank)
+        self._dp_tokens = 0                          # tokens of the step whose claims are out
         self.quiet = False                           # True while a decode graph without predictions is recorded
 
     @classmethod

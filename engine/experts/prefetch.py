@@ -214,3 +214,63 @@ class PrefetchGate:
         self.steps += 1
         self.issued = [x * self.decay for x in self.issued]
         self.used = [x * self.decay for x in self.used]
+
+
+class ClaimGate:
+    """How many experts per predicted layer the GPU-side prefetch claims: the leading ranks whose
+    copies are mostly used.
+
+    A layer's claims are ranked (its prediction's first missing expert is rank 0, the next rank 1,
+    ...). For each rank this keeps decayed counts of claims and of those their layer found in their
+    slot, per step size (1, 2-3, 4-7, 8-15, 16+ tokens: a larger step names more experts per layer
+    and gives copies more time to land). The quota of a step is the number of leading ranks, at
+    most ``cap``, none of which is known to be used less than ``threshold`` of the time; a probe step
+    allows one rank more, so a closed rank is measured again. A claim that landed after its layer
+    had looked counts as unused, so ranks the bus cannot carry in time close by themselves.
+    """
+
+    def __init__(self, threshold: float = 0.2, decay: float = 0.98, min_samples: float = 16.0,
+                 max_rank: int = 16) -> None:
+        self.threshold, self.decay, self.min_samples, self.max_rank = threshold, decay, min_samples, max_rank
+        self._issued: dict[int, list[float]] = {}
+        self._used: dict[int, list[float]] = {}
+
+    @staticmethod
+    def bucket(tokens: int) -> int:
+        return min(max(tokens, 1), 16).bit_length()
+
+    def accuracy(self, tokens: int, rank: int) -> float | None:
+        """Share of rank-``rank`` claims used in steps of ``tokens`` tokens (None until enough)."""
+        issued = self._issued.get(self.bucket(tokens))
+        if issued is None or rank >= len(issued) or issued[rank] < self.min_samples:
+            return None
+        return self._used[self.bucket(tokens)][rank] / issued[rank]
+
+    def quota(self, tokens: int, cap: int, probe: bool) -> int:
+        n = 0
+        while n < cap:
+            acc = self.accuracy(tokens, n)
+            if acc is not None and acc < self.threshold:
+                break
+            n += 1
+        return min(cap, n + 1) if probe else n
+
+    def record(self, tokens: int, claims: Sequence[tuple[int, bool]]) -> None:
+        """One step's claims as ``(rank, used)``; ages the counts of its step size first."""
+        b = self.bucket(tokens)
+        issued = self._issued.setdefault(b, [0.0] * self.max_rank)
+        used = self._used.setdefault(b, [0.0] * self.max_rank)
+        for r in range(self.max_rank):
+            issued[r] *= self.decay
+            used[r] *= self.decay
+        for rank, hit in claims:
+            if rank < self.max_rank:
+                issued[rank] += 1
+                used[rank] += hit
+
+    def snapshot(self) -> dict[int, list[float | None]]:
+        """Per step-size bucket, each rank's use share (None: too few claims to tell)."""
+        out = {}
+        for b, issued in self._issued.items():
+            out[b] = [round(u / i, 3) if i >= self.min_samples else None for u, i in zip(self._used[b], issued)]
+        return out

@@ -438,12 +438,13 @@ def test_direct_steps_stop_predicting_while_the_gpu_side_prefetch_is_closed(stac
     prov = stack.offloaded(L * E // 4, depth=2, policy="lfu", direct_reads=True)
     gate = prov.gate
     assert prov.predicts(2)                                # no estimate yet
-    gate.issued[2], gate.used[2] = 100.0, 5.0             # 5% of distance-2 guesses used
+    prov.claims.record(2, [(0, i < 5) for i in range(100)])   # 5% of first claims used
     gate.steps = 1
     assert not prov.predicts(2) and prov.predicts(17)      # 17 tokens: not a direct-read step
+    assert prov.predicts(1)                                # steps of another size are measured apart
     gate.steps = gate.probe_every                          # a probe step predicts
     assert prov.predicts(2)
-    gate.used[2] = 50.0                                    # mostly right again
+    prov.claims.record(2, [(0, i < 50) for i in range(100)])   # mostly right again
     gate.steps = 1
     assert prov.predicts(2)
     prov.quiet = True

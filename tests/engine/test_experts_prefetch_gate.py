@@ -1,7 +1,8 @@
-"""The prefetch gate: distances whose guesses mostly miss stop costing bus bytes, and are probed again."""
+"""The prefetch gates: distances (and claim ranks) whose guesses mostly miss stop costing bus bytes, and are
+probed again."""
 from __future__ import annotations
 
-from engine.experts.prefetch import PrefetchGate
+from engine.experts.prefetch import ClaimGate, PrefetchGate
 
 
 def test_gate_stays_open_while_guesses_are_used():
@@ -69,3 +70,28 @@ def test_a_probe_at_a_closed_distance_copies_only_its_quota():
         for _ in range(4):
             gate.on_use(2)
     assert gate.quota(1) == 2 and gate.quota(2) is None           # closed distance capped, open one not
+
+
+def test_claims_per_layer_are_the_leading_ranks_that_are_mostly_used():
+    gate = ClaimGate(threshold=0.2, decay=1.0, min_samples=8)
+    assert gate.quota(8, cap=4, probe=False) == 4                 # nothing measured yet: up to the cap
+    # batch 8: rank 0 used 60%, rank 1 30%, rank 2 10%, rank 3 50% (behind a closed rank: not reached)
+    share = [0.6, 0.3, 0.1, 0.5]
+    for i in range(20):
+        gate.record(8, [(r, i < 20 * s) for r, s in enumerate(share)])
+    assert [gate.accuracy(8, r) for r in range(4)] == share
+    assert gate.quota(8, cap=4, probe=False) == 2
+    assert gate.quota(8, cap=4, probe=True) == 3                  # a probe measures the first closed rank
+    assert gate.quota(8, cap=1, probe=True) == 1                  # never past the cap
+    assert gate.quota(9, cap=4, probe=False) == 2                 # 8-15 tokens share a bucket
+    assert gate.quota(1, cap=4, probe=False) == 4                 # a batch-1 step is measured apart
+
+
+def test_a_closed_first_rank_stops_claims_until_a_probe_and_the_counts_age():
+    gate = ClaimGate(threshold=0.2, decay=0.5, min_samples=4)
+    gate.record(1, [(0, False)] * 10)
+    assert gate.quota(1, cap=3, probe=False) == 0 and gate.quota(1, cap=3, probe=True) == 1
+    for _ in range(4):                                            # routing changed: its claims are used now
+        gate.record(1, [(0, True)] * 10)
+    assert gate.accuracy(1, 0) > 0.9 and gate.quota(1, cap=3, probe=False) == 3
+    assert gate.snapshot()[1][:2] == [round(gate.accuracy(1, 0), 3), None]

@@ -154,16 +154,17 @@ def test_quiet_steps_when_the_gpu_side_prefetch_is_closed(model) -> None:
     with LLM(str(path), device="cuda", dtype="float32", expert_pool_size=(keys // 2) * nbytes,
              prefetch_depth=2) as llm:
         prov = llm.engine.loaded.experts
-        gate = prov.gate
-        gate.issued[2], gate.used[2], gate.decay = 1000.0, 0.0, 1.0    # closed, and it stays closed
-        gate.probe_every = 4                                    # a few probe steps in 12 tokens
+        prov.claims.decay = 1.0                                 # closed at every step size, and it stays closed
+        for tokens in (1, 2, 4, 8, 16):
+            prov.claims.record(tokens, [(0, False)] * 1000)
+        prov.gate.probe_every = 4                               # a few probe steps in 12 tokens
         graphs = _graphs(llm)
         flags = []
         start = prov.start_direct_step
 
-        def recording(regions, predicting=True):
+        def recording(regions, tokens, predicting=True):
             flags.append(predicting)
-            return start(regions, predicting)
+            return start(regions, tokens, predicting)
         prov.start_direct_step = recording
         assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == ref
         assert False in flags and True in flags               # quiet steps, and probe steps
