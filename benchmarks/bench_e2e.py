@@ -209,6 +209,7 @@ def print_tables(result: dict) -> None:
             f = lambda k, fmt: format(r[k], fmt) if r.get(k) is not None else "-"   # noqa: E731
             rd = "D" if r.get("direct_reads") else "C"       # misses read directly / copied in
             cl = "-" if r.get("claims_per_layer") is None else str(r["claims_per_layer"])   # claims cap
+            cl += "t" if r.get("predict") == "torch" else ""
             print(f"{routing:<13}{100 * r['pool_fraction']:>4.0f}%{r['depth']:>2}{rd:>3}{cl:>3}{r['batch']:>3}{r['tok_s']:>9.1f}"
                   f"{r['ms_per_token']:>8.2f}{f('serial_limit_ms', '8.2f'):>8}{f('overlap_limit_ms', '8.2f'):>8}"
                   f"{100 * r['hit_rate']:>6.1f}{f('misses_predicted', '6.0%'):>6}{r['prefetch_hits']:>6}{r['prefetch_wasted']:>6}"
@@ -228,9 +229,9 @@ def print_tables(result: dict) -> None:
             ideal = s["pool50_ideal"]
             line += (f" pool 50% depth2/depth0 {s['pool50_depth2_over_depth0']:.2f}x (ideal overlap "
                      f"{ideal:.2f}x, target 1.5x);" if ideal else "")
-        if "pool50_depth2_over_depth0_by_claims" in s:
-            line += " by claims per layer " + ", ".join(f"{c}: {x:.2f}x" for c, x in
-                                                         s["pool50_depth2_over_depth0_by_claims"].items()) + ";"
+        if "pool50_depth2_over_depth0_by_variant" in s:
+            line += " by variant " + ", ".join(f"{c}: {x:.2f}x" for c, x in
+                                               s["pool50_depth2_over_depth0_by_variant"].items()) + ";"
         if "pool50_depth2_copy_over_depth0" in s:
             line += f" depth2 copying misses {s['pool50_depth2_copy_over_depth0']:.2f}x;"
         if "pool0_bus_gb_s" in s:
@@ -255,6 +256,8 @@ def main() -> None:
     ap.add_argument("--reads", default="auto", help="expert_reads of depth > 0 rows, e.g. auto,copy")
     ap.add_argument("--claims", default="", help="offload: most GPU-side prefetch claims per layer of depth > 0 "
                     "rows, e.g. 1,4 (empty: the engine's)")
+    ap.add_argument("--predict", default="kernel", help="offload: how depth > 0 decode steps predict, e.g. "
+                    "kernel,torch (one kernel; matmul + routing)")
     ap.add_argument("--routing", choices=("uniform", "trained-like", "both"), default="both")
     ap.add_argument("--budget", default="64G", help="gpu_memory_budget given to the offload engine")
     ap.add_argument("--repeat", type=int, default=1, help="offload: rounds over the grid (rows report medians)")
@@ -290,7 +293,8 @@ def main() -> None:
                       device, "float32" if args.smoke else "bfloat16", "64M" if args.smoke else "4G",
                       None if args.smoke else parse_size(args.budget, "budget"), args.repeat,
                       tuple(args.reads.split(",")),
-                      tuple(int(c) for c in args.claims.split(",")) if args.claims else (None,))
+                      tuple(int(c) for c in args.claims.split(",")) if args.claims else (None,),
+                      tuple(args.predict.split(",")))
         result["pinned_h2d_gbs"] = pinned = h2d_bandwidth_gbs(device, 1 << (26 if args.smoke else 30))
         routings = ["uniform", "trained-like"] if args.routing == "both" else [args.routing]
         result["offload"] = offload_sweep(hf, cfg, sweep, routings, knobs, prompts, std)

@@ -45,6 +45,7 @@ class Sweep:
     repeat: int = 1                  # rounds over the grid; a row reports its median round
     reads: tuple[str, ...] = ("auto",)   # expert_reads of the depth > 0 rows ("copy" rows: the ablation)
     claims: tuple[int | None, ...] = (None,)   # most GPU-side prefetch claims per layer (None: the engine's)
+    predict: tuple[str, ...] = ("kernel",)     # depth > 0 decode predictions: one kernel, or matmul + routing
 
 
 def sampled_decode(engine: LLMEngine, prompts: list[list[int]], sweep: Sweep, seed: int):
@@ -78,7 +79,7 @@ def sampled_decode(engine: LLMEngine, prompts: list[list[int]], sweep: Sweep, se
 
 
 def _row(routing: str, pool: float, depth: int, reads: str, batch: int, timed, base_bytes: int,
-         budget: int | None, direct: bool, claims: int | None, expert_bytes: int) -> dict:
+         budget: int | None, direct: bool, claims: int | None, expert_bytes: int, predict: str) -> dict:
     n, secs, before, after, host_wait = timed
     d = lambda f: getattr(after, f) - getattr(before, f)   # noqa: E731
     looked = d("hits") + d("misses")
@@ -90,7 +91,7 @@ def _row(routing: str, pool: float, depth: int, reads: str, batch: int, timed, b
            "direct_bytes_per_token": d("direct_bytes") / n, "fills": d("fills"),
            # misses (each layer's distinct missing experts) against the (token, expert) pairs read directly
            "misses_per_token": d("misses") / n, "direct_reads_per_token": d("direct_bytes") / expert_bytes / n,
-           "claims_per_layer": claims,
+           "claims_per_layer": claims, "predict": predict,
            # share of the misses that a prediction for their layer had named (what prefetch could hide)
            "misses_predicted": d("misses_predicted") / d("misses") if d("misses") else None,
            "copy_wait_ms_per_token": d("copy_wait_ms") / n,
@@ -125,20 +126,10 @@ def offload_block(hf, cfg, sweep: Sweep, prompts: dict, routing: str) -> dict:
                 for depth in sweep.depths if pool < 1 else sweep.depths[:1]:   # a full pool never prefetches
                     for reads in sweep.reads if depth > 0 and pool < 1 else ("auto",):
                         for claims in sweep.claims if depth > 0 and pool < 1 else (None,):
-                            for b in sweep.batches:
-                                if cuda:
-                                    torch.cuda.reset_peak_memory_stats()
-                                engine.reconfigure(expert_pool_size=int(total * pool), prefetch_depth=depth,
-                                                   expert_reads=reads)
-                                experts = engine.loaded.experts
-                                if claims is not None:
-                                    experts.prefetch_per_layer = claims
-                                timed = sampled_decode(engine, prompts[b], sweep, seed=1000 * len(rows))
-                                direct = bool(getattr(experts, "direct_for", lambda t: False)(b))
-                                rows.append(_row(routing, pool, depth, reads, b, timed, base, sweep.budget, direct,
-                                                 claims, expert))
-                                if getattr(experts, "claims", None) is not None:
-                                    rows[-1]["claim_rank_use"] = experts.claims.snapshot()
+                            for predict in sweep.predict if depth > 0 and pool < 1 else ("kernel",):
+                                for b in sweep.batches:
+                                    rows.append(_timed_row(engine, sweep, routing, pool, depth, reads, claims,
+                                                           predict, b, prompts[b], total, base, expert, len(rows)))
         rows = _medians(rows)
         acts = torch.tensor(engine.stats().experts.activations)                        # [L, E]
         plan_budget = engine.loaded.plan.budget_bytes
@@ -148,11 +139,32 @@ def offload_block(hf, cfg, sweep: Sweep, prompts: dict, routing: str) -> dict:
             "gpu_memory_budget": sweep.budget, "engine_plan_budget": plan_budget}
 
 
+def _timed_row(engine: LLMEngine, sweep: Sweep, routing: str, pool: float, depth: int, reads: str,
+               claims: int | None, predict: str, b: int, prompts: list[list[int]], total: int, base: int,
+               expert: int, seed: int) -> dict:
+    """Retune ``engine`` live to one setting and time a batch-``b`` decode."""
+    if sweep.device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    engine.reconfigure(expert_pool_size=int(total * pool), prefetch_depth=depth, expert_reads=reads)
+    experts = engine.loaded.experts                 # re-recorded graphs follow the settings below
+    if claims is not None:
+        experts.prefetch_per_layer = claims
+    if hasattr(experts, "predict_kernel"):
+        experts.predict_kernel = predict == "kernel"
+    timed = sampled_decode(engine, prompts, sweep, seed=1000 * seed)
+    direct = bool(getattr(experts, "direct_for", lambda t: False)(b))
+    row = _row(routing, pool, depth, reads, b, timed, base, sweep.budget, direct, claims, expert, predict)
+    if getattr(experts, "claims", None) is not None:
+        row["claim_rank_use"] = experts.claims.snapshot()
+    return row
+
+
 def _medians(rows: list[dict]) -> list[dict]:
     """One row per setting: its median round by time per token, with every round's tok/s; the
     memory peak is the largest of any round."""
     out = []
-    setting = lambda r: (r["pool_fraction"], r["depth"], r["reads"], r["claims_per_layer"], r["batch"])   # noqa: E731
+    setting = lambda r: (r["pool_fraction"], r["depth"], r["reads"], r["claims_per_layer"], r["predict"],  # noqa: E731
+                         r["batch"])
     for key in dict.fromkeys(setting(r) for r in rows):
         mine = sorted((r for r in rows if setting(r) == key),
                       key=lambda r: r["ms_per_token"])
@@ -200,10 +212,10 @@ def summarise(rows: list[dict], pinned_gbs: float) -> list[dict]:
         if d0 and d2:
             s.update(pool50_depth2_over_depth0=d0["ms_per_token"] / d2["ms_per_token"],
                      pool50_depth2_direct_reads=d2["direct_reads"], pool50_ideal=d2.get("ideal_speedup_vs_depth0"))
-            by_claims = {str(r["claims_per_layer"]): d0["ms_per_token"] / r["ms_per_token"] for r in mine
-                         if r["pool_fraction"] == 0.5 and r["depth"] == 2 and r["reads"] == "auto"}
-            if len(by_claims) > 1:
-                s["pool50_depth2_over_depth0_by_claims"] = by_claims
+            variants = {f"claims {r['claims_per_layer']}, predict {r['predict']}": d0["ms_per_token"] / r["ms_per_token"]
+                        for r in mine if r["pool_fraction"] == 0.5 and r["depth"] == 2 and r["reads"] == "auto"}
+            if len(variants) > 1:
+                s["pool50_depth2_over_depth0_by_variant"] = variants
         if d0 and d2c:
             s["pool50_depth2_copy_over_depth0"] = d0["ms_per_token"] / d2c["ms_per_token"]
         empty = [r for r in mine if r["pool_fraction"] == 0]

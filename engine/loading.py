@@ -172,7 +172,8 @@ class LoadedModel:
                                           self.config.expert_policy, routers, self._route,
                                           routing_profile=self.config.routing_profile,
                                           budget_bytes=self._pool_budget(),
-                                          direct_reads=DIRECT_READS[self.config.expert_reads])
+                                          direct_reads=DIRECT_READS[self.config.expert_reads],
+                                          top_k=self.spec.top_k)
 
     def _route(self, logits: torch.Tensor):
         return self.model.route(logits)

@@ -46,6 +46,11 @@ from engine.experts.readback import HostReader
 from engine.experts.profile import check_routing_profile, read_routing_profile
 from engine.experts.store import HostExpertStore
 from engine.telemetry import ExpertStats
+from kernels.predict import MAX_TOKENS as PREDICT_MAX_TOKENS
+from kernels.predict import PredictWorkspace, predict_topk
+from kernels.predict import available as predict_available
+
+PREDICT_MAX_LAYERS = 8           # predicted layers one launch of the prediction kernel covers
 
 Prediction = tuple[int, list[int], torch.Tensor]   # (layer it was made at, layers predicted, ids [P, T, k])
 
@@ -60,7 +65,8 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
     routing. ``routing_profile`` (a path or counts ``[L][E]``) is needed by the static policy.
     ``direct_reads``: None (default) reads missing experts directly where the kernels can (CUDA with
     a mapped host store); True forces it (also on CPU, where "host" and "device" are both RAM);
-    False never.
+    False never. ``top_k`` (the model's experts per token) lets decode steps on CUDA predict with
+    one kernel instead of a matmul and the routing kernel.
     """
 
     def __init__(self, layout: ExpertLayout, store: HostExpertStore, num_experts: int,
@@ -68,7 +74,7 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
                  routers: Sequence[torch.Tensor], route_fn: RouteFn, *,
                  routing_profile: str | Path | Sequence[Sequence[int]] | None = None,
                  budget_bytes: int | None = None, lfu_decay: float = DEFAULT_LFU_DECAY,
-                 direct_reads: bool | None = None) -> None:
+                 direct_reads: bool | None = None, top_k: int | None = None) -> None:
         if store.num_experts != num_experts or len(routers) != store.num_layers or store.layout != layout:
             raise ValueError(f"store is {store.num_layers} x {store.num_experts} ({store.layout.fmt}); got "
                              f"{len(routers)} routers, {num_experts} experts, layout {layout.fmt}")
@@ -77,6 +83,11 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
         self.device = torch.device(device)
         self.routers = torch.stack([r.detach() for r in routers])       # [L, E, D], one matmul predicts many layers
         self.route_fn = route_fn
+        # decode steps on CUDA predict in one launch (kernels/predict.py); it needs k and contiguous routers
+        self._predict_ws = (PredictWorkspace(PREDICT_MAX_LAYERS, num_experts, self.device)
+                            if top_k and predict_available(self.device) else None)
+        self.top_k = top_k
+        self.predict_kernel = self._predict_ws is not None   # False: matmul + routing (for comparison)
         self._reader = HostReader(self.device)
         self.prefetch_depth = check_depth(prefetch_depth, ConfigError)
         self._lfu_decay = lfu_decay
@@ -175,7 +186,9 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
 
         While ``capturing`` (a decode step being recorded into CUDA graphs) the prediction covers the
         full ``prefetch_depth``, since the gate's depth changes from step to step; ``acquire`` keeps
-        only the distances the gate allows. Returns the prediction, also kept for ``acquire``.
+        only the distances the gate allows. A step whose predictions the GPU copies in itself
+        predicts only what it claims: layer ``moe_index + depth`` (every layer up to it from the
+        first MoE layer). Returns the prediction, also kept for ``acquire``.
         """
         self._predicted = None
         if self.pool.full or self.prefetch_depth == 0 or self.quiet:
@@ -184,9 +197,15 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
         full = self.capturing or device_side
         depth = self.prefetch_depth if full else self.gate.depth(self.prefetch_depth)
         layers = list(range(moe_index + 1, min(moe_index + depth, self.num_layers - 1) + 1))
+        if device_side and moe_index > 0:        # the GPU claims only for the farthest layer
+            layers = [t for t in layers if t == moe_index + self.prefetch_depth]
         if not layers:
             return None
-        ids = predict_experts(hidden, self.routers, layers[0], len(layers), self.route_fn)   # [P, T, k]
+        ws = self._predict_ws
+        if self.predict_kernel and ws is not None and hidden.shape[0] <= PREDICT_MAX_TOKENS and len(layers) <= ws.max_layers:
+            ids = predict_topk(hidden, self.routers, layers[0], len(layers), self.top_k, ws)     # [P, T, k]
+        else:
+            ids = predict_experts(hidden, self.routers, layers[0], len(layers), self.route_fn)
         self._predicted = (moe_index, layers, ids)
         if device_side:
             self._launch_device_prefetch(moe_index, layers, ids)
