@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 DIRECT_MAX_TOKENS = 16      # decode steps up to this many tokens read missing experts directly
 UNWRITTEN = -2              # fills a publish region until the GPU has written it
-DEVICE_PREFETCH_THRESHOLD = 0.2   # share of GPU-side prefetches used below which they pause (probes go on)
+DEVICE_PREFETCH_THRESHOLD = 0.4   # share of GPU-side prefetches used below which they pause (probes go on)
 
 
 class DirectReads:
@@ -118,10 +118,14 @@ class DirectReads:
         ``prefetch_per_layer``; one rank more on the gate's probe steps, so a closed rank (or a
         prefetch closed altogether) is measured again.
 
-        Measured on the H200 (Qwen3-30B-A3B shape, bf16, 50% pool, depth 2): the first missing expert
-        of a layer's ranked prediction is used 28% (batch 1) to 65% (batch 8) of the time with
-        trained-like routing, further ranks less; with near-uniform routing under 10%. At batch 1
-        the bus is mostly idle, so a 28% guess still pays; a 10% one costs more than it saves."""
+        Measured on the H200 (Qwen3-30B-A3B shape, bf16, 50% pool, depth 2, one claim per layer
+        against none, same run): with trained-like routing the first claim of a layer is used 28% of
+        the time at batch 1, and claiming is slower than not predicting at all (9.4-10.1 against
+        8.3-8.9 ms per token): each wrong copy contends on the bus with the reads the step waits for.
+        At batch 8 it is used 61-63% of the time and claiming is faster (4.04 against 4.3-4.4 ms).
+        A second claim per layer is used 20% of the time at batch 8 and makes the step slower (4.5
+        against 4.0 ms), so ``prefetch_per_layer`` stays 1. With near-uniform routing claims are
+        used 10-16% of the time."""
         gate = self.gate
         quota = self.claims.quota(tokens, self.prefetch_per_layer, probe=gate.steps % gate.probe_every == 0)
         if not self._admitting_idle(self.pool.copies.busy_slots()):

@@ -229,7 +229,7 @@ class ClaimGate:
     had looked counts as unused, so ranks the bus cannot carry in time close by themselves.
     """
 
-    def __init__(self, threshold: float = 0.2, decay: float = 0.98, min_samples: float = 16.0,
+    def __init__(self, threshold: float = 0.4, decay: float = 0.98, min_samples: float = 16.0,
                  max_rank: int = 16) -> None:
         self.threshold, self.decay, self.min_samples, self.max_rank = threshold, decay, min_samples, max_rank
         self._issued: dict[int, list[float]] = {}
