@@ -68,6 +68,18 @@ def test_filters_match_transformers(top_k: int, top_p: float, min_p: float, temp
     torch.testing.assert_close(ours.softmax(-1), theirs.softmax(-1))
 
 
+def test_without_filters_the_logits_are_only_scaled_and_rows_with_filters_still_filter() -> None:
+    # No top-k, top-p or min-p (or a top-k of the whole vocabulary): nothing is sorted, and the
+    # result is what the sorting path gives, bit for bit.
+    logits = _logits(3, vocab=100, seed=2)
+    plain = [SamplingParams(temperature=t) for t in (0.7, 1.0)] + [SamplingParams(temperature=1.3, top_k=100)]
+    fast = warp_logits(logits, plain)
+    torch.testing.assert_close(fast, logits / torch.tensor([[0.7], [1.0], [1.3]]), rtol=0, atol=0)
+    sorted_path = warp_logits(torch.cat([logits, logits[:1]]), plain + [SamplingParams(top_p=0.5)])
+    assert torch.equal(sorted_path[:3], fast)
+    assert torch.isinf(sorted_path[3]).any() and torch.isfinite(fast).all()
+
+
 def test_repetition_penalty_matches_transformers() -> None:
     logits = _logits(3, vocab=50)
     histories = [[1, 5, 5, 7, 49], [], [0, 2, 3, 2]]
