@@ -41,6 +41,11 @@ class ExpertStats:
     pool_bytes: int = 0
     per_layer_hit_rate: tuple[float, ...] = ()
     activations: tuple[tuple[int, ...], ...] = ()   # [moe layers][experts] routed-token counts
+    # GPU-side prefetch of direct-read decode steps, per step size ("1", "2-3", "4-7", "8-15", "16"
+    # tokens): the share of a layer's first claims that were used (None: too few to tell) and the
+    # claims per layer it makes now (0: paused, probed now and then); claims pause below the threshold
+    claim_use: tuple[tuple[str, float | None, int], ...] = ()
+    claim_threshold: float = 0.0
 
     @property
     def hit_rate(self) -> float:

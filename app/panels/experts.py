@@ -15,7 +15,7 @@ class ExpertPanel(Panel):
 
     def __init__(self) -> None:
         super().__init__([("hit", "Hit rate"), ("slots", "Pool slots"), ("prefetch", "Prefetch hits"),
-                          ("misses", "Misses")])
+                          ("misses", "Misses"), ("gpu_prefetch", "GPU prefetch")])
         self.rate = Ring(1)
         self._layers: np.ndarray = np.zeros(0)
         self._heat: np.ndarray = np.zeros((0, 0))
@@ -58,6 +58,7 @@ class ExpertPanel(Panel):
         r["prefetch"].set(str(e.prefetch_hits), f"{e.prefetch_wasted} prefetched and never used")
         r["misses"].set(str(e.misses), f"{e.misses_predicted} of them named by a prediction for their layer "
                         "(the most that prefetching could have hidden)")
+        r["gpu_prefetch"].set(*claim_summary(e))
         self._layers = np.asarray(e.per_layer_hit_rate, dtype=float) * 100.0
         if e.activations:
             self._heat = np.asarray(e.activations, dtype=float)
@@ -76,3 +77,18 @@ class ExpertPanel(Panel):
             # normalise each layer so a quiet layer's favourite experts still stand out
             peak = self._heat.max(axis=1, keepdims=True)
             self._image.setImage(self._heat / np.where(peak > 0, peak, 1.0), levels=(0.0, 1.0), autoLevels=False)
+
+
+def claim_summary(e: Any) -> tuple[str, str]:
+    """The GPU-side prefetch of direct-read decode steps as a readout: text and tooltip."""
+    if not e.claim_use:
+        return "—", ("The GPU copies predicted experts in by itself in decode steps that read missing experts "
+                      "straight from host memory (CUDA, prefetch depth 1 or more, part of the experts offloaded)")
+    text = ", ".join(f"{label} tok {'on' if n else 'paused'}" for label, _, n in e.claim_use)
+    lines = []
+    for label, share, n in e.claim_use:
+        used = "too few claims yet to tell" if share is None else f"first claims used {100 * share:.0f}%"
+        state = (f"{n} claim{'s' * (n != 1)} per layer" if n else
+                 f"paused below {100 * e.claim_threshold:.0f}%, probed now and then")
+        lines.append(f"steps of {label} token{'s' * (label != '1')}: {used}; {state}")
+    return text, "\n".join(lines)

@@ -26,6 +26,7 @@ Legend: T tokens, k experts per token, E experts, L MoE layers, D hidden.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Sequence
@@ -308,7 +309,8 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
 
     def stats(self) -> ExpertStats:
         """Cumulative counters (no device sync; on CUDA device-side counts may lag one call)."""
-        return self.counters.snapshot(self.pool)
+        return dataclasses.replace(self.counters.snapshot(self.pool), claim_threshold=self.claims.threshold,
+                                   claim_use=self.claims.state(self.prefetch_per_layer))
 
     @property
     def host_sync_ms(self) -> float:

@@ -216,6 +216,9 @@ class PrefetchGate:
         self.used = [x * self.decay for x in self.used]
 
 
+BUCKET_LABELS = {1: "1", 2: "2-3", 3: "4-7", 4: "8-15", 5: "16"}   # ClaimGate.bucket -> tokens a step
+
+
 class ClaimGate:
     """How many experts per predicted layer the GPU-side prefetch claims: the leading ranks whose
     copies are mostly used.
@@ -267,6 +270,15 @@ class ClaimGate:
             if rank < self.max_rank:
                 issued[rank] += 1
                 used[rank] += hit
+
+    def state(self, cap: int) -> tuple[tuple[str, float | None, int], ...]:
+        """Per measured step size: its label, the first rank's use share, the claims per layer it
+        makes outside probe steps (at most ``cap``)."""
+        out = []
+        for b in sorted(self._issued):
+            tokens = 1 << (b - 1)
+            out.append((BUCKET_LABELS[b], self.accuracy(tokens, 0), self.quota(tokens, cap, probe=False)))
+        return tuple(out)
 
     def snapshot(self) -> dict[int, list[float | None]]:
         """Per step-size bucket, each rank's use share (None: too few claims to tell)."""

@@ -412,6 +412,11 @@ def test_gpu_side_prefetch_claims_count_and_clean_up(stack: Stack) -> None:
     assert (st.hits, st.misses) == (2, 2 * L - 2)
     assert prov.counters.device_copy_bytes == 3 * nb and st.h2d_bytes == st.direct_bytes + 3 * nb
     assert (prov.pool.table == -1).all() and not prov.pool.lease
+    assert st.claim_use == (("1", None, 1),)       # 3 claims: too few to tell, so it keeps claiming
+    for _ in range(20):
+        prov.claims.record(1, [(0, False)])
+    (label, share, claims), = prov.stats().claim_use  # 2 of 23 used (decayed): paused
+    assert label == "1" and share < 0.1 and claims == 0 and prov.stats().claim_threshold == 0.4
 
 
 def test_gpu_side_prefetch_of_a_cut_short_step_leaves_nothing(stack: Stack) -> None:
