@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import itertools
 import time
 import traceback
 from pathlib import Path
@@ -24,6 +25,7 @@ from benchmarks.synthetic_moe import (TrainedLike, make_trained_like, routing_pr
                                       top_share)
 from engine.checkpoint.spec import spec_from_config
 from engine.engine import LLMEngine
+from engine.experts.direct import PREFETCH_PER_LAYER
 from engine.experts.layout import ExpertLayout
 from engine.sampling import SamplingParams
 
@@ -122,14 +124,9 @@ def offload_block(hf, cfg, sweep: Sweep, prompts: dict, routing: str) -> dict:
     rows = []
     try:
         for _ in range(sweep.repeat):      # rounds: a slow spell of the host hits every setting alike
-            for pool in sweep.pools:
-                for depth in sweep.depths if pool < 1 else sweep.depths[:1]:   # a full pool never prefetches
-                    for reads in sweep.reads if depth > 0 and pool < 1 else ("auto",):
-                        for claims in sweep.claims if depth > 0 and pool < 1 else (None,):
-                            for predict in sweep.predict if depth > 0 and pool < 1 else ("kernel",):
-                                for b in sweep.batches:
-                                    rows.append(_timed_row(engine, sweep, routing, pool, depth, reads, claims,
-                                                           predict, b, prompts[b], total, base, expert, len(rows)))
+            for pool, depth, reads, claims, predict, b in _settings(sweep):
+                rows.append(_timed_row(engine, sweep, routing, pool, depth, reads, claims, predict, b, prompts[b],
+                                       total, base, expert, len(rows)))
         rows = _medians(rows)
         acts = torch.tensor(engine.stats().experts.activations)                        # [L, E]
         plan_budget = engine.loaded.plan.budget_bytes
@@ -137,6 +134,18 @@ def offload_block(hf, cfg, sweep: Sweep, prompts: dict, routing: str) -> dict:
         engine.close()
     return {"rows": rows, "engine_top10_share": top_share(acts), "load_s": load_s, "expert_bytes": expert,
             "gpu_memory_budget": sweep.budget, "engine_plan_budget": plan_budget}
+
+
+def _settings(sweep: Sweep) -> list[tuple]:
+    """(pool, depth, reads, claims, predict, batch) of every row of one round; a full pool never
+    prefetches, and the depth > 0 knobs apply only below it."""
+    out = []
+    for pool in sweep.pools:
+        for depth in sweep.depths if pool < 1 else sweep.depths[:1]:
+            knobs = itertools.product(sweep.reads, sweep.claims, sweep.predict) if depth > 0 and pool < 1 else \
+                [("auto", None, "kernel")]
+            out += [(pool, depth, *k, b) for k in knobs for b in sweep.batches]
+    return out
 
 
 def _timed_row(engine: LLMEngine, sweep: Sweep, routing: str, pool: float, depth: int, reads: str,
@@ -147,8 +156,8 @@ def _timed_row(engine: LLMEngine, sweep: Sweep, routing: str, pool: float, depth
         torch.cuda.reset_peak_memory_stats()
     engine.reconfigure(expert_pool_size=int(total * pool), prefetch_depth=depth, expert_reads=reads)
     experts = engine.loaded.experts                 # re-recorded graphs follow the settings below
-    if claims is not None:
-        experts.prefetch_per_layer = claims
+    if hasattr(experts, "prefetch_per_layer"):
+        experts.prefetch_per_layer = PREFETCH_PER_LAYER if claims is None else claims
     if hasattr(experts, "predict_kernel"):
         experts.predict_kernel = predict == "kernel"
     timed = sampled_decode(engine, prompts, sweep, seed=1000 * seed)

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 DIRECT_MAX_TOKENS = 16      # decode steps up to this many tokens read missing experts directly
 UNWRITTEN = -2              # fills a publish region until the GPU has written it
 DEVICE_PREFETCH_THRESHOLD = 0.4   # share of GPU-side prefetches used below which they pause (probes go on)
+PREFETCH_PER_LAYER = 1            # most GPU-side prefetch claims per predicted layer (see _device_quota)
 
 
 class DirectReads:

@@ -36,7 +36,7 @@ import torch
 from engine.errors import ConfigError
 from engine.experts.counters import ResidencyCounters
 from engine.experts.device_prefetch import DevicePrefetcher
-from engine.experts.direct import DEVICE_PREFETCH_THRESHOLD, DirectReads
+from engine.experts.direct import DEVICE_PREFETCH_THRESHOLD, PREFETCH_PER_LAYER, DirectReads
 from engine.experts.host_prefetch import HostPrefetch
 from engine.experts.layout import ExpertLayout
 from engine.experts.live_changes import LiveChanges, check_depth
@@ -138,7 +138,7 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
         self._dp_replay = False                      # ... from a recorded graph
         self._seen: dict[int, int] = {}              # key -> slot its layer found this step (direct steps)
         self._dp_used: set[int] = set()              # keys it brought that their layer used
-        self.prefetch_per_layer = 1                  # GPU-side prefetch: most claims per predicted layer
+        self.prefetch_per_layer = PREFETCH_PER_LAYER  # GPU-side prefetch: most claims per predicted layer
         self.claims = ClaimGate(threshold=DEVICE_PREFETCH_THRESHOLD)   # ... of which it makes (by rank)
         self._dp_tokens = 0                          # tokens of the step whose claims are out
         self.quiet = False                           # True while a decode graph without predictions is recorded
