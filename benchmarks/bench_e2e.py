@@ -199,7 +199,7 @@ def print_tables(result: dict) -> None:
     print(f"pinned H2D {result['pinned_h2d_gbs']:.1f} GB/s; ms are per generated token; C = compute-only (100% pool), "
           "M = H2D bytes / pinned bandwidth; bus = H2D bytes / decode wall time")
     print(f"{'routing':<13}{'pool':>5}{'d':>2}{'rd':>3}{'cl':>3}{'B':>3}{'tok/s':>9}{'ms':>8}{'C+M':>8}{'max':>8}{'hit%':>6}{'pred%':>6}"
-          f"{'pf+':>6}{'pf-':>6}{'MB/tok':>8}{'busGB/s':>8}{'wait':>7}{'hostw':>7}{'x d0':>6}{'ideal':>6}{'peak/budget GB':>16}")
+          f"{'pf+':>6}{'pf-':>6}{'MB/tok':>8}{'busGB/s':>8}{'wait':>7}{'hostw':>7}{'end':>6}{'x d0':>6}{'ideal':>6}{'peak/budget GB':>16}")
     for routing, block in result["offload"].items():
         if "error" in block:
             print(f"{routing}: ERROR {block['error'][-600:]}")
@@ -214,7 +214,7 @@ def print_tables(result: dict) -> None:
                   f"{r['ms_per_token']:>8.2f}{f('serial_limit_ms', '8.2f'):>8}{f('overlap_limit_ms', '8.2f'):>8}"
                   f"{100 * r['hit_rate']:>6.1f}{f('misses_predicted', '6.0%'):>6}{r['prefetch_hits']:>6}{r['prefetch_wasted']:>6}"
                   f"{r['h2d_bytes_per_token'] / 1e6:>8.1f}{r['bus_gb_s']:>8.2f}{r['copy_wait_ms_per_token']:>7.2f}"
-                  f"{r.get('host_wait_ms_per_token', 0.0):>7.2f}"
+                  f"{r.get('host_wait_ms_per_token', 0.0):>7.2f}{r.get('step_end_ms_per_token', 0.0):>6.2f}"
                   f"{f('speedup_vs_depth0', '6.2f'):>6}{f('ideal_speedup_vs_depth0', '6.2f'):>6}{mem:>16}")
     for routing, block in result["offload"].items():
         if "error" not in block:

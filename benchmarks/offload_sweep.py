@@ -53,7 +53,7 @@ class Sweep:
 def sampled_decode(engine: LLMEngine, prompts: list[list[int]], sweep: Sweep, seed: int):
     """Sample (temperature 1, seeded) ``warmup + tokens`` tokens per prompt; time only the last
     ``tokens`` steps. Returns (tokens timed, seconds, expert stats before, after, host ms blocked on
-    routing reads)."""
+    routing reads, host ms ending steps)."""
     ids = [engine.add_request(None, p, SamplingParams(max_tokens=sweep.warmup + sweep.tokens, temperature=1.0,
                                                       seed=seed + i, ignore_eos=True)) for i, p in enumerate(prompts)]
     made = dict.fromkeys(ids, 0)
@@ -71,18 +71,20 @@ def sampled_decode(engine: LLMEngine, prompts: list[list[int]], sweep: Sweep, se
     before, done = snapshot(), sum(made.values())
     experts = engine.loaded.experts
     sync0 = getattr(experts, "host_sync_ms", 0.0)
+    end0 = getattr(experts, "host_step_end_ms", 0.0)
     t0 = time.perf_counter()
     while engine.has_unfinished():
         step()
     sync(sweep.device)
     seconds = time.perf_counter() - t0
     after = snapshot()
-    return sum(made.values()) - done, seconds, before, after, getattr(experts, "host_sync_ms", 0.0) - sync0
+    return (sum(made.values()) - done, seconds, before, after, getattr(experts, "host_sync_ms", 0.0) - sync0,
+            getattr(experts, "host_step_end_ms", 0.0) - end0)
 
 
 def _row(routing: str, pool: float, depth: int, reads: str, batch: int, timed, base_bytes: int,
          budget: int | None, direct: bool, claims: int | None, expert_bytes: int, predict: str) -> dict:
-    n, secs, before, after, host_wait = timed
+    n, secs, before, after, host_wait, step_end = timed
     d = lambda f: getattr(after, f) - getattr(before, f)   # noqa: E731
     looked = d("hits") + d("misses")
     row = {"routing": routing, "pool_fraction": pool, "depth": depth, "reads": reads, "direct_reads": direct,
@@ -98,7 +100,9 @@ def _row(routing: str, pool: float, depth: int, reads: str, batch: int, timed, b
            "misses_predicted": d("misses_predicted") / d("misses") if d("misses") else None,
            "copy_wait_ms_per_token": d("copy_wait_ms") / n,
            # wall time the host spent blocked on routing reads (GPU busy); the rest is host work
-           "host_wait_ms_per_token": host_wait / n}
+           "host_wait_ms_per_token": host_wait / n,
+           # host time ending steps (counting, admissions), partly while the GPU samples
+           "step_end_ms_per_token": step_end / n}
     if torch.cuda.is_available() and budget is not None:
         peak = torch.cuda.max_memory_allocated()
         row.update(peak_allocated_gb=peak / 1e9, engine_peak_gb=(peak - base_bytes) / 1e9, budget_gb=budget / 1e9,

@@ -78,6 +78,7 @@ class DecodeGraphs:
         self.graphs: dict[int, _Recording] = {}
         self.pool = None
         self.replays = 0
+        self._open = None        # the expert provider whose step :meth:`finish` still has to end
 
     def bucket(self, b: int) -> int | None:
         return next((x for x in self.buckets if x >= b), None)
@@ -217,32 +218,38 @@ class DecodeGraphs:
             self._capture(n)
             self._load(batch, b, n)                # capture's warm-up ran on these buffers; reload them
         rec = self.graphs[n]
+        self.finish()
         if rec.direct:
             experts = self.model.experts
             experts.begin_step()
-            try:
-                predicting = rec.quiet is None or experts.predicts(b)
-                rec = rec if predicting else rec.quiet
-                experts.start_direct_step(rec.regions, b, predicting)
-                rec.graphs[0].replay()
-                experts.follow_published(rec.cuts, b)
-            finally:
-                experts.end_step()
-        elif not rec.cuts:
+            self._open = experts
+            predicting = rec.quiet is None or experts.predicts(b)
+            rec = rec if predicting else rec.quiet
+            experts.start_direct_step(rec.regions, b, predicting)
             rec.graphs[0].replay()
-        else:
+            experts.follow_published(rec.cuts, b)
+        elif rec.cuts:
             experts = self.model.experts
             experts.begin_step()
-            try:
-                rec.graphs[0].replay()
-                for c, graph in zip(rec.cuts, rec.graphs[1:]):
-                    experts.acquire_published(c.moe_index, c.region, c.shape, b, c.predicted)
-                    graph.replay()                 # the GPU computes while the host issues prefetches
-                    experts.issue_prefetch()
-            finally:
-                experts.end_step()
+            self._open = experts
+            rec.graphs[0].replay()
+            for c, graph in zip(rec.cuts, rec.graphs[1:]):
+                experts.acquire_published(c.moe_index, c.region, c.shape, b, c.predicted)
+                graph.replay()                     # the GPU computes while the host issues prefetches
+                experts.issue_prefetch()
+        else:
+            rec.graphs[0].replay()
         self.replays += 1
         return rec.logits[:b]
+
+    def finish(self) -> None:
+        """End the expert step of the last :meth:`run` (idempotent). The caller first enqueues what
+        it does with the logits (sampling), so the step end's host work (counting, admissions)
+        overlaps the GPU finishing the step instead of following it. Must run before the next step
+        and before its results are read back; :meth:`run` calls it first, and on any error."""
+        experts, self._open = self._open, None
+        if experts is not None:
+            experts.end_step()
 
     def _load(self, batch: ForwardBatch, b: int, n: int) -> None:
         d = batch.decode
@@ -263,5 +270,6 @@ class DecodeGraphs:
 
     def reset(self) -> None:
         """Drop every graph (after a change that invalidates them, e.g. a different expert pool)."""
+        self.finish()
         self.graphs.clear()
         self.pool = None

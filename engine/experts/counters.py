@@ -64,6 +64,7 @@ class ResidencyCounters:
         self.prefetch_wasted = 0
         self.host_syncs = 0
         self.sync_ms = 0.0
+        self.step_end_ms = 0.0       # host time in end_step
         self.direct_bytes = 0        # expert bytes the kernels read from host memory (direct reads)
         self.fills = 0               # directly read experts admitted from the kernels' fill slots
         self.misses_predicted = 0    # misses a prediction for their layer had named

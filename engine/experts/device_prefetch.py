@@ -5,9 +5,10 @@ has read a layer's prediction and issued a copy, the layer it was for has often 
 is wasted. Here the prediction never leaves the device. Right after layer ``l`` predicts the experts
 of layer ``t = l + depth`` (the farthest it looks), two kernels on a stream of their own take over:
 
-* ``claim`` (one program) walks the predicted ids of ``t`` rank by rank (every token's first choice,
-  then every second choice, ...), keeps the first occurrence of each expert that has no slot in the
-  table, and gives at most ``quota`` of them the next of the step's leased staging slots. Each
+* ``claim`` (one program) orders the experts predicted for ``t`` by how many tokens predict them,
+  ties by rank (every token's first choice, then every second choice, ...), keeps those that have no
+  slot in the table, and gives the first ``quota`` of them the next of the step's leased staging
+  slots (an expert several tokens of a batch will need is the likeliest to be used). Each
   claimed entry of the slot table is marked ``CLAIMED`` (still "missing" to every reader), and the
   claims are listed for the copy kernel and, in pinned memory, for the host. It claims nothing once
   the compute stream has published layer ``t - 1``: such a copy could not land in time.
@@ -48,17 +49,22 @@ def _claim_kernel(pred, table, free, meta, work, done, region, target, T, E, N, 
     i = tl.arange(0, BLOCK_N)
     i_ok = i < N
     src = (i % T) * K + i // T                                     # rank-major: first choices first
-    e = tl.load(pred + src, mask=i_ok, other=0).to(tl.int64)
+    e = tl.load(pred + src, mask=i_ok, other=-1).to(tl.int64)
     j = tl.arange(0, BLOCK_N)
     ej = tl.load(pred + (j % T) * K + j // T, mask=j < N, other=-1).to(tl.int64)
-    earlier = (ej[None, :] == e[:, None]) & (j[None, :] < i[:, None])              # [N, N]
+    same = (ej[None, :] == e[:, None]) & i_ok[:, None]                              # [N, N]
+    votes = tl.sum(same.to(tl.int32), axis=1)                      # tokens predicting e
+    earlier = same & (j[None, :] < i[:, None])
     key = target * E + e
     state = tl.load(table + key, mask=i_ok, other=0)
     cand = i_ok & (tl.sum(earlier.to(tl.int32), axis=1) == 0) & (state == -1)
     nxt, count, quota, progress = tl.load(meta), tl.load(meta + 1), tl.load(meta + 2), tl.load(meta + 3)
     quota = tl.where(progress < target - 1, quota, 0)             # too late to land: claim nothing
-    c = cand.to(tl.int32)
-    pos = tl.cumsum(c, axis=0) - c
+    # Candidates in order of votes, then of first occurrence: pos = candidates ahead of this one.
+    score = tl.where(cand, votes * BLOCK_N + (BLOCK_N - 1 - i), -1)
+    diag = i[:, None] == j[None, :]
+    score_j = tl.sum(tl.where(diag, score[:, None], 0), axis=0)   # the same scores along j
+    pos = tl.sum((score_j[None, :] > score[:, None]).to(tl.int32), axis=1)
     take = cand & (pos < quota) & (nxt + pos < count)
     slot = tl.load(free + nxt + pos, mask=take, other=-1)
     tl.store(table + key, tl.full([BLOCK_N], -3, tl.int32), mask=take)
@@ -175,8 +181,9 @@ class DevicePrefetcher:
             quota = 0
         flat = table.view(-1)
         ranked = pred.t().reshape(-1)[:n].tolist()
+        votes = {e: ranked.count(e) for e in ranked}
         taken: list[tuple[int, int]] = []
-        for e in dict.fromkeys(ranked):
+        for e in sorted(dict.fromkeys(ranked), key=lambda e: -votes[e]):     # stable: rank order on ties
             key = target * self.num_experts + e
             if int(flat[key]) != -1:
                 continue

@@ -213,9 +213,7 @@ class DirectReads:
     def _promote_fills(self, admitted: list[tuple[int, int]]) -> None:
         """Copy each admitted ``(slot, key)`` from its fill slot into its pool slot on the compute
         stream, after the step's kernels wrote it (device to device: nothing crosses the bus)."""
-        buf = self.pool.buffer
-        for slot, key in admitted:
-            buf[slot].copy_(buf[self._filled[key]])
+        self.pool.copy_slots([(slot, self._filled[key]) for slot, key in admitted])
         self.counters.fills += sum(1 for _, key in admitted if key not in self._dp_used)
 
     def publish_direct(self, moe_index: int, topk_ids: torch.Tensor, predicted: Prediction | None,
@@ -339,8 +337,9 @@ class DirectReads:
         """Release landed staging slots, admit the step's hottest misses; all ordered after the step."""
         copies, pool = self.pool.copies, self.pool
         gone: list[int] = []
+        busy = set(copies.busy_slots())
         for slot in list(pool.lease):
-            if copies.done(slot):
+            if slot not in busy:
                 key = pool.release_staging(slot)
                 if key >= 0:
                     gone.append(key)
@@ -379,11 +378,13 @@ class DirectReads:
         if busy_slots and not self._admitting_idle(busy_slots):
             return [], []                      # the last admissions are still on the bus: wait for them
         busy = {pool.owner[s] for s in busy_slots}
+        cands = cands[:self.admit_per_step]
+        victims = iter(policy.victims(len(cands) - len(pool.free), busy) if len(cands) > len(pool.free) else ())
         admitted, evicted = [], []
-        for key in cands[:self.admit_per_step]:
+        for key in cands:
             slot = pool.take_free()
             if slot is None:
-                victim = policy.victim(busy)
+                victim = next(victims, None)        # coldest first; admitted keys were not resident
                 if victim is None or (lfu and policy.hotness(victim) >= policy.hotness(key)):
                     break
                 slot = pool.slot_of[victim]

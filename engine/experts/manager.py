@@ -294,6 +294,13 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
 
     def end_step(self) -> None:
         """The forward pass is over: staging leases and prefetch pins end with it."""
+        t0 = time.perf_counter()
+        try:
+            self._end_step()
+        finally:
+            self.counters.step_end_ms += (time.perf_counter() - t0) * 1e3
+
+    def _end_step(self) -> None:
         if self._dp is not None and self._dp_active and not self._dp_replay:
             self._dp.join()                          # recorded too when the step is being captured
             if self._step_mode == "captured":
@@ -316,6 +323,11 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
     def host_sync_ms(self) -> float:
         """Host time spent waiting on those reads (includes the compute they waited for)."""
         return self.counters.sync_ms
+
+    @property
+    def host_step_end_ms(self) -> float:
+        """Host time spent ending steps (counting, admissions; the GPU may be idle meanwhile)."""
+        return self.counters.step_end_ms
 
     @property
     def host_syncs(self) -> int:

@@ -45,6 +45,10 @@ class EvictionPolicy(Protocol):
     def victim(self, pinned: set[int]) -> int | None:
         """The resident key to evict next, never one in ``pinned``; None if every resident is pinned."""
 
+    def victims(self, n: int, pinned: set[int]) -> list[int]:
+        """Up to ``n`` resident keys outside ``pinned``, the one to evict first first (what ``n``
+        calls of ``victim`` would give, evicting each)."""
+
     def rank(self, keys: Iterable[int]) -> list[int]:
         """``keys`` ordered most valuable first (what a shrink keeps)."""
 
@@ -76,10 +80,17 @@ class LRUPolicy:
         return True
 
     def victim(self, pinned: set[int]) -> int | None:
+        found = self.victims(1, pinned)
+        return found[0] if found else None
+
+    def victims(self, n: int, pinned: set[int]) -> list[int]:
+        found: list[int] = []
         for k in self._order:
+            if len(found) >= n:
+                break
             if k not in pinned:
-                return k
-        return None
+                found.append(k)
+        return found
 
     def rank(self, keys: Iterable[int]) -> list[int]:
         pos = {k: i for i, k in enumerate(self._order)}
@@ -145,26 +156,32 @@ class LFUPolicy:
         return self._score.get(key, 0.0) / self._weight
 
     def victim(self, pinned: set[int]) -> int | None:
+        found = self.victims(1, pinned)
+        return found[0] if found else None
+
+    def victims(self, n: int, pinned: set[int]) -> list[int]:
+        """The ``n`` coldest residents outside ``pinned`` in one pass over the heap (a step end
+        admits dozens of experts: one pass each would re-pop the same pinned and stale entries)."""
         if len(self._heap) > 4 * len(self._resident) + 1024:   # drop entries of evicted keys
             self._heap = [(self._score.get(k, 0.0), self._seq[k], k) for k in self._resident]
             heapq.heapify(self._heap)
-        skipped: list[tuple[float, int, int]] = []
-        found = None
-        while self._heap:
-            entry = heapq.heappop(self._heap)
-            score, seq, key = entry
+        heap, score, seq = self._heap, self._score, self._seq
+        kept: list[tuple[float, int, int]] = []
+        found: list[int] = []
+        while heap and len(found) < n:
+            entry = heapq.heappop(heap)
+            key = entry[2]
             if key not in self._resident:
                 continue                                 # evicted since
-            current = (self._score.get(key, 0.0), self._seq[key], key)
+            current = (score.get(key, 0.0), seq[key], key)
             if entry != current:
-                heapq.heappush(self._heap, current)      # used since: it may not be the coldest
+                heapq.heappush(heap, current)            # used since: it may not be the coldest
                 continue
-            skipped.append(entry)
-            if key not in pinned:
-                found = key
-                break
-        for entry in skipped:
-            heapq.heappush(self._heap, entry)
+            kept.append(entry)
+            if key not in pinned and key not in found:     # a key re-inserted has two equal entries
+                found.append(key)
+        for entry in kept:
+            heapq.heappush(heap, entry)
         return found
 
     def rank(self, keys: Iterable[int]) -> list[int]:
@@ -211,6 +228,9 @@ class StaticPolicy:
 
     def victim(self, pinned: set[int]) -> int | None:
         return None
+
+    def victims(self, n: int, pinned: set[int]) -> list[int]:
+        return []
 
     def rank(self, keys: Iterable[int]) -> list[int]:
         pos = {k: i for i, k in enumerate(self._order)}

@@ -108,6 +108,16 @@ class ExpertPool:
         """Copy experts into slots: ``(slot, key)`` pairs (keys are store rows)."""
         self.copies.copy(pairs, self.buffer, self.store.rows, demand)
 
+    def copy_slots(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """``buffer[dst] <- buffer[src]`` for each ``(dst, src)`` on the current stream, in one batched
+        copy (a step end promotes dozens of fill slots: one launch each would keep the GPU waiting
+        on the host). Slots are copied as the widest words their size allows."""
+        if not pairs:
+            return
+        words = next(w for w in (torch.int64, torch.int32, torch.uint8) if self.nbytes % w.itemsize == 0)
+        rows = self.buffer.view(words)
+        torch._foreach_copy_([rows[d] for d, _ in pairs], [rows[s] for _, s in pairs])
+
     def push_row(self, layer: int) -> torch.Tensor:
         """Send the host mirror of ``layer``'s row to the device table if it changed since it was last
         sent; returns ``table[layer]`` [E]."""

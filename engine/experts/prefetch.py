@@ -72,8 +72,19 @@ class CopyEngine:
         return False
 
     def busy_slots(self) -> list[int]:
-        """Slots with a copy still in flight."""
-        return [s for s in list(self._pending) if not self.done(s)]
+        """Slots with a copy still in flight. Many slots share one batch's event: each distinct
+        event is queried once (a query is a driver call, and a step end asks about every lease)."""
+        landed: dict[int, bool] = {}
+        busy = []
+        for slot, ev in list(self._pending.items()):
+            done = landed.get(id(ev))
+            if done is None:
+                done = landed[id(ev)] = ev.query()
+            if done:
+                del self._pending[slot]
+            else:
+                busy.append(slot)
+        return busy
 
     @property
     def stream(self) -> "torch.cuda.Stream | None":

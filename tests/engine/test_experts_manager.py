@@ -225,6 +225,78 @@ def test_lfu_victim_is_the_coldest_unpinned_resident_under_random_use() -> None:
             resident.discard(got)
 
 
+@pytest.mark.parametrize("name", ["lfu", "lru"])
+def test_victims_in_one_pass_equal_successive_victims(name: str) -> None:
+    # A step end asks for all its victims at once; they must be the keys that asking one at a time
+    # and evicting each would give, in that order, never a pinned one.
+    import random
+
+    from engine.experts.policy import make_policy
+    rng = random.Random(1)
+    one, batch = make_policy(name), make_policy(name)
+    for k in range(30):
+        for p in (one, batch):
+            p.insert(k)
+    for step in range(200):
+        used = rng.sample(range(30), 7)
+        for p in (one, batch):
+            p.tick()
+            p.touch(used)
+        pinned = set(rng.sample(range(30), 5))
+        n = rng.randrange(1, 12)
+        want = []
+        for _ in range(n):
+            v = one.victim(pinned | set(want))
+            if v is None:
+                break
+            want.append(v)
+        got = batch.victims(n, pinned)
+        assert got == want and not pinned & set(got), step
+        for p in (one, batch):          # evict and re-admit, as a step end does
+            for v in got:
+                p.remove(v)
+                p.insert(v)
+    assert make_policy("static", [[1, 2]]).victims(3, set()) == []
+
+
+def test_busy_slots_queries_each_copy_batch_once() -> None:
+    # Slots of one copy batch share its event; a step end asks about every lease, so each event is
+    # asked once, landed slots are forgotten and the rest stay busy.
+    from engine.experts.prefetch import CopyEngine
+
+    class Event:
+        def __init__(self, landed: bool) -> None:
+            self.landed, self.queries = landed, 0
+
+        def query(self) -> bool:
+            self.queries += 1
+            return self.landed
+
+    copies = CopyEngine(torch.device("cpu"))
+    done, flying = Event(True), Event(False)
+    copies._pending.update({s: done for s in range(10)} | {s: flying for s in range(10, 30)})
+    assert copies.busy_slots() == list(range(10, 30))
+    assert done.queries == 1 and flying.queries == 1
+    assert copies.done(3) and not copies.done(12)
+    assert sorted(copies._pending) == list(range(10, 30))
+
+
+@pytest.mark.parametrize("nbytes", [24, 20, 6])
+def test_pool_copies_slots_in_one_batch(nbytes: int) -> None:
+    # Promoting fill slots: buffer[dst] <- buffer[src] for every pair, whatever word size the slot
+    # size allows, other slots untouched.
+    from engine.experts.pool import ExpertPool
+
+    pool = ExpertPool.__new__(ExpertPool)
+    pool.nbytes = nbytes
+    pool.buffer = torch.randint(0, 256, (6, nbytes), dtype=torch.uint8)
+    before = pool.buffer.clone()
+    pool.copy_slots([(0, 4), (2, 5), (3, 1)])
+    assert torch.equal(pool.buffer[[0, 2, 3]], before[[4, 5, 1]])
+    assert torch.equal(pool.buffer[[1, 4, 5]], before[[1, 4, 5]])
+    pool.copy_slots([])
+
+
 # Direct reads: misses are read from the host store by the MoE itself; the host follows, prefetches
 # into staging slots and admits misses into the pool at the step's end.
 @pytest.mark.parametrize("slots", [0, 1, L * E // 2, L * E - 1])

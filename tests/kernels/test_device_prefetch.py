@@ -22,7 +22,7 @@ def _setup(quota, free_slots, progress=-1):
 
 
 # Two tokens, k = 3, for layer 2: ranked first choices 5, 6, then 1, 6, then 7, 0. Expert 5 and 1 are
-# resident; 6 repeats. Missing in rank order: 6, 7, 0.
+# resident; 6 repeats (two votes, first anyway). Missing, in claim order: 6, 7, 0.
 PRED = torch.tensor([[5, 1, 7], [6, 6, 0]], dtype=torch.int64)
 
 
@@ -67,4 +67,19 @@ def test_nothing_is_claimed_once_the_layer_before_the_target_has_run():
         assert dp.collect([2]) == []
         assert (table[2] < 0).sum() == 6 and int(dp.meta[0]) == 0
         run(3, PRED, table, rows, pool, PRED.numel())                   # layer 3 still can be
-        assert [k for k, _, _ in dp.collect([3])] == [3 * E + 5, 3 * E + 6, 3 * E + 1]
+        assert [k for k, _, _ in dp.collect([3])] == [3 * E + 6, 3 * E + 5, 3 * E + 1]   # 6: two votes
+
+
+def test_experts_more_tokens_predict_are_claimed_first():
+    # Three tokens, k = 2: expert 7 is everybody's second choice, so it goes before the first choices
+    # 2, 4, 6 (which keep their rank order); with a quota of 2 the claims are 7 then 2.
+    pred = torch.tensor([[2, 7], [4, 7], [6, 7]], dtype=torch.int64)
+    for how in ("kernels", "reference"):
+        for quota, want in ((2, [7, 2]), (8, [7, 2, 4, 6])):
+            dp, rows, pool, table = _setup(quota, [8, 9, 10, 11])
+            run = dp.run_kernels if how == "kernels" else dp._launch_ref
+            run(3, pred, table, rows, pool, pred.numel())
+            claims = dp.collect([3])
+            assert [k - 3 * E for k, _, _ in claims] == want, how
+            assert [s for _, s, _ in claims] == [8, 9, 10, 11][:len(want)]
+            assert all(torch.equal(pool[s], rows[k]) for k, s, _ in claims)
