@@ -209,8 +209,11 @@ class DecodeGraphs:
         torch.cuda.current_stream(self.model.device).wait_stream(stream)
         return rec
 
-    def run(self, batch: ForwardBatch) -> torch.Tensor:
-        """Logits [B, V] of a decode batch, replayed from the recording of its bucket."""
+    def run(self, batch: ForwardBatch, consume=None):
+        """Logits [B, V] of a decode batch, replayed from the recording of its bucket; with
+        ``consume``, what ``consume(logits)`` returns, called as soon as the step's kernels are
+        launched: its kernels (sampling) queue behind them while the host follows the step, so their
+        launches cost no GPU time. ``consume`` must not wait for the GPU."""
         b = batch.input_ids.shape[0]
         n = self.bucket(b)
         self._load(batch, b, n)
@@ -227,8 +230,11 @@ class DecodeGraphs:
             rec = rec if predicting else rec.quiet
             experts.start_direct_step(rec.regions, b, predicting)
             rec.graphs[0].replay()
+            out = consume(rec.logits[:b]) if consume is not None else rec.logits[:b]
             experts.follow_published(rec.cuts, b)
-        elif rec.cuts:
+            self.replays += 1
+            return out
+        if rec.cuts:
             experts = self.model.experts
             experts.begin_step()
             self._open = experts
@@ -240,7 +246,7 @@ class DecodeGraphs:
         else:
             rec.graphs[0].replay()
         self.replays += 1
-        return rec.logits[:b]
+        return consume(rec.logits[:b]) if consume is not None else rec.logits[:b]
 
     def finish(self) -> None:
         """End the expert step of the last :meth:`run` (idempotent). The caller first enqueues what

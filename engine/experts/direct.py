@@ -305,8 +305,25 @@ class DirectReads:
                     self.counters.prefetch_wasted += 1  # wrong guess, and the gate counts it so
         self.policy.touch(keys)
         self._step_misses.extend(misses)
-        if predicted is not None and not self._dp_active:      # the GPU prefetches by itself
+        if predicted is not None and not self._dp_active and not self._early[0]:   # else the GPU prefetches
             self._prefetch_direct(*predicted)
+            self._host_prefetched = True
+        if self._fill_slots and not self._host_prefetched and any(f >= 0 for f in fills):
+            self._admit_early(moe_index, [base + e for e, f in zip(ids, fills) if f >= 0])
+
+    def _admit_early(self, moe_index: int, keys: list[int]) -> None:
+        """Admit layer ``moe_index``'s filled experts while the GPU computes the layers after it (the
+        host would otherwise choose victims at the step's end with the GPU idle). Only the host's
+        books change now: the copies from the fill slots and the table entries are issued at the
+        step's end, after the step's kernels, so this step still reads every evicted expert where it
+        was. The step's admissions are spread evenly over its layers. Not in a step whose host issues
+        prefetch copies: those check the host's books and would race an evicted expert's entry."""
+        admitted, evicted = self._early
+        room = -(-self.admit_per_step * (moe_index + 1) // self.num_layers) - len(admitted)
+        if room > 0:
+            more, gone = self._admit(keys, room)
+            admitted += more
+            evicted += gone
 
     def _prefetch_direct(self, layers: list[int], ids: torch.Tensor) -> None:
         """Copy predicted experts (``ids [P, T, k]``) into free staging slots; never evicts."""
@@ -349,7 +366,10 @@ class DirectReads:
         if self._dp_active:
             gone += self._collect_device_prefetch()
         fills = bool(self._fill_slots) or bool(self._dp_used)
-        admitted, evicted = self._admit(list(self._filled) if fills else self._step_misses)
+        early, early_evicted = self._early
+        admitted, evicted = self._admit(list(self._filled) if fills else self._step_misses,
+                                        self.admit_per_step - len(early))
+        admitted, evicted = early + admitted, early_evicted + evicted
         gone += evicted
         placed = []
         if fills:
@@ -365,10 +385,11 @@ class DirectReads:
             self._load_and_publish(admitted)
         self._step_misses, self._filled, self._fill_slots = [], {}, None
         self._dp_used, self._seen = set(), {}
+        self._early, self._host_prefetched = ([], []), False
 
-    def _admit(self, keys: list[int]) -> tuple[list[tuple[int, int]], list[int]]:
-        """Pool slots for the hottest of the step's directly read ``keys``: ``(slot, key)`` pairs to
-        fill, evicted keys."""
+    def _admit(self, keys: list[int], limit: int) -> tuple[list[tuple[int, int]], list[int]]:
+        """Pool slots for the hottest (at most ``limit``) of the step's directly read ``keys``:
+        ``(slot, key)`` pairs to fill, evicted keys."""
         pool, policy = self.pool, self.policy
         cands = [k for k in dict.fromkeys(keys) if pool.slot_of[k] < 0 and policy.admits(k)]
         lfu = isinstance(policy, LFUPolicy)
@@ -377,8 +398,8 @@ class DirectReads:
         busy_slots = pool.copies.busy_slots()
         if busy_slots and not self._admitting_idle(busy_slots):
             return [], []                      # the last admissions are still on the bus: wait for them
-        busy = {pool.owner[s] for s in busy_slots}
-        cands = cands[:self.admit_per_step]
+        busy = {pool.owner[s] for s in busy_slots} | {k for _, k in self._early[0]}   # not yet copied in
+        cands = cands[:max(0, limit)]
         victims = iter(policy.victims(len(cands) - len(pool.free), busy) if len(cands) > len(pool.free) else ())
         admitted, evicted = [], []
         for key in cands:

@@ -131,6 +131,8 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
         self._fill_slots: list[int] | None = None    # this step's fill slots (None: not chosen yet)
         self._fill_used = 0                          # of which handed out (eager steps)
         self._filled: dict[int, int] = {}            # key -> fill slot written this step
+        self._early: tuple[list[tuple[int, int]], list[int]] = ([], [])   # admitted mid-step, evicted for them
+        self._host_prefetched = False                # this step's host issued prefetch copies
         # GPU-side prefetch of direct-read steps (engine/experts/device_prefetch.py)
         self._dp = (DevicePrefetcher(self.num_layers, num_experts, num_experts, self.device)
                     if DevicePrefetcher.usable(self.device, layout.nbytes) else None)

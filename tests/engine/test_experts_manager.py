@@ -225,6 +225,34 @@ def test_lfu_victim_is_the_coldest_unpinned_resident_under_random_use() -> None:
             resident.discard(got)
 
 
+def test_direct_step_admits_while_following_and_publishes_at_its_end(stack: Stack) -> None:
+    # A direct-read step admits each layer's filled experts as it follows the layer (the host's books
+    # change then); the device table and the pool bytes change only at the step's end, so the layers
+    # after it still read every evicted expert where it was; afterwards table and books agree.
+    from test_experts_support import fused_moe_ref
+    prov = stack.offloaded(L * E // 4, depth=1, policy="lfu", direct_reads=True)
+    x = _x(3)
+    stack.run(prov, x, 2)
+    prov.begin_step()
+    early_seen = False
+    for l in range(L):
+        prov.before_layer(l, x)
+        w, ids = route(x @ stack.routers[l].t())
+        slot_of, views, *host = prov.acquire(l, ids)
+        x = x + fused_moe_ref(x, ids, w, slot_of, views, stack.layout, *host)     # writes the fills
+        admitted, _ = prov._early
+        table = prov.pool.table.view(-1)
+        for slot, key in admitted:
+            early_seen = True
+            assert prov.pool.slot_of[key] == slot and int(table[key]) < 0
+    prov.end_step()
+    assert early_seen
+    assert prov.pool.table.view(-1).tolist() == prov.pool.slot_of
+    for key, slot in enumerate(prov.pool.slot_of):
+        if 0 <= slot < prov.pool.slots:
+            assert torch.equal(prov.pool.buffer[slot], stack.store.rows[key])
+
+
 @pytest.mark.parametrize("name", ["lfu", "lru"])
 def test_victims_in_one_pass_equal_successive_victims(name: str) -> None:
     # A step end asks for all its victims at once; they must be the keys that asking one at a time
