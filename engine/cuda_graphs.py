@@ -209,11 +209,9 @@ class DecodeGraphs:
         torch.cuda.current_stream(self.model.device).wait_stream(stream)
         return rec
 
-    def run(self, batch: ForwardBatch, consume=None):
-        """Logits [B, V] of a decode batch, replayed from the recording of its bucket; with
-        ``consume``, what ``consume(logits)`` returns, called as soon as the step's kernels are
-        launched: its kernels (sampling) queue behind them while the host follows the step, so their
-        launches cost no GPU time. ``consume`` must not wait for the GPU."""
+    def run(self, batch: ForwardBatch) -> torch.Tensor:
+        """Logits [B, V] of a decode batch, replayed from the recording of its bucket. A step with an
+        offloaded expert pool stays open until :meth:`finish`."""
         b = batch.input_ids.shape[0]
         n = self.bucket(b)
         self._load(batch, b, n)
@@ -230,11 +228,8 @@ class DecodeGraphs:
             rec = rec if predicting else rec.quiet
             experts.start_direct_step(rec.regions, b, predicting)
             rec.graphs[0].replay()
-            out = consume(rec.logits[:b]) if consume is not None else rec.logits[:b]
             experts.follow_published(rec.cuts, b)
-            self.replays += 1
-            return out
-        if rec.cuts:
+        elif rec.cuts:
             experts = self.model.experts
             experts.begin_step()
             self._open = experts
@@ -246,13 +241,13 @@ class DecodeGraphs:
         else:
             rec.graphs[0].replay()
         self.replays += 1
-        return consume(rec.logits[:b]) if consume is not None else rec.logits[:b]
+        return rec.logits[:b]
 
     def finish(self) -> None:
-        """End the expert step of the last :meth:`run` (idempotent). The caller first enqueues what
-        it does with the logits (sampling), so the step end's host work (counting, admissions)
-        overlaps the GPU finishing the step instead of following it. Must run before the next step
-        and before its results are read back; :meth:`run` calls it first, and on any error."""
+        """End the expert step of the last :meth:`run` (idempotent). The caller first queues what it
+        does with the logits (sampling), so those kernels do not wait behind the step end's pool
+        copies. Must run before the next step and before its results are read back; :meth:`run`
+        calls it first, and the caller on any error."""
         experts, self._open = self._open, None
         if experts is not None:
             experts.end_step()

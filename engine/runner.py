@@ -52,19 +52,17 @@ class ModelRunner:
     def run(self, sched: SchedulerOutput) -> list[int]:
         """Forward the scheduled tokens; sampled token ids for the sequences that sample, in order."""
         batch = self.build_batch(sched)
-        sampling = [s.request for s in sched.seqs if s.samples]
-
-        def pick(logits: torch.Tensor) -> torch.Tensor | None:
-            if not sampling:
-                return None
-            return sample(logits, [r.params for r in sampling], [r.generator for r in sampling],
-                          [r.all_ids for r in sampling])
         try:
             if batch.decode is not None and self.use_graphs and self.graphs.bucket(len(sched.seqs)) is not None:
-                tokens = self.graphs.run(batch, pick)     # sampling queued behind the step's kernels
+                logits = self.graphs.run(batch)                          # [B, V]
             else:
-                tokens = pick(self.model.forward(batch, self.cache))      # logits [B', V]
+                logits = self.model.forward(batch, self.cache)           # [B', V]
+            sampling = [s.request for s in sched.seqs if s.samples]
+            if not sampling:
+                return []
+            tokens = sample(logits, [r.params for r in sampling], [r.generator for r in sampling],
+                            [r.all_ids for r in sampling])
         finally:
             if self.graphs is not None:
-                self.graphs.finish()         # the expert step's end overlaps the sampling kernels
-        return [] if tokens is None else tokens.tolist()
+                self.graphs.finish()         # the step's end after the sampling kernels are queued
+        return tokens.tolist()
