@@ -391,6 +391,8 @@ class DirectReads:
         """Pool slots for the hottest (at most ``limit``) of the step's directly read ``keys``:
         ``(slot, key)`` pairs to fill, evicted keys."""
         pool, policy = self.pool, self.policy
+        if limit <= 0:
+            return [], []
         cands = [k for k in dict.fromkeys(keys) if pool.slot_of[k] < 0 and policy.admits(k)]
         lfu = isinstance(policy, LFUPolicy)
         if lfu:
