@@ -13,10 +13,12 @@ have landed are released.
 A missing expert crosses the bus once. Each step leases up to ``fill_capacity()`` free staging slots
 as fill slots; each layer's snapshot gives each of its missing experts, in order of first occurrence,
 the next of them (``publish_direct`` in a recorded step, :meth:`_fills_eager` otherwise), and the MoE
-kernels that read such an expert from host memory also write it into that slot. At the step's end the
-hottest filled experts are admitted into the pool by a device-to-device copy from their fill slot
-(ordered after the step's kernels), evicting colder experts (the policy decides, as for any admission:
-at most ``admit_per_step``; under LFU only over a colder victim). Without fill slots (a static
+kernels that read such an expert from host memory also write it into that slot. The hottest filled
+experts are admitted into the pool, evicting colder experts (the policy decides, as for any admission:
+at most ``admit_per_step``, spread over the step's layers; under LFU only over a colder victim). The
+host chooses them while it follows the running step, layer by layer (:meth:`_admit_early`); their
+device-to-device copies from the fill slots, one batched copy, and their table entries are issued at
+the step's end, after its kernels. Without fill slots (a static
 placement, no free staging slot) the step's hottest misses are instead copied in from the host at its
 end (and none while the previous step's admissions are still on the bus), with their copies
 overlapping the next step.
