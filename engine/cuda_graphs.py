@@ -78,7 +78,6 @@ class DecodeGraphs:
         self.graphs: dict[int, _Recording] = {}
         self.pool = None
         self.replays = 0
-        self._open = None        # the expert provider whose step :meth:`finish` still has to end
 
     def bucket(self, b: int) -> int | None:
         return next((x for x in self.buckets if x >= b), None)
@@ -210,8 +209,7 @@ class DecodeGraphs:
         return rec
 
     def run(self, batch: ForwardBatch) -> torch.Tensor:
-        """Logits [B, V] of a decode batch, replayed from the recording of its bucket. A step with an
-        offloaded expert pool stays open until :meth:`finish`."""
+        """Logits [B, V] of a decode batch, replayed from the recording of its bucket."""
         b = batch.input_ids.shape[0]
         n = self.bucket(b)
         self._load(batch, b, n)
@@ -219,38 +217,32 @@ class DecodeGraphs:
             self._capture(n)
             self._load(batch, b, n)                # capture's warm-up ran on these buffers; reload them
         rec = self.graphs[n]
-        self.finish()
         if rec.direct:
             experts = self.model.experts
             experts.begin_step()
-            self._open = experts
-            predicting = rec.quiet is None or experts.predicts(b)
-            rec = rec if predicting else rec.quiet
-            experts.start_direct_step(rec.regions, b, predicting)
+            try:
+                predicting = rec.quiet is None or experts.predicts(b)
+                rec = rec if predicting else rec.quiet
+                experts.start_direct_step(rec.regions, b, predicting)
+                rec.graphs[0].replay()
+                experts.follow_published(rec.cuts, b)
+            finally:
+                experts.end_step()
+        elif not rec.cuts:
             rec.graphs[0].replay()
-            experts.follow_published(rec.cuts, b)
-        elif rec.cuts:
+        else:
             experts = self.model.experts
             experts.begin_step()
-            self._open = experts
-            rec.graphs[0].replay()
-            for c, graph in zip(rec.cuts, rec.graphs[1:]):
-                experts.acquire_published(c.moe_index, c.region, c.shape, b, c.predicted)
-                graph.replay()                     # the GPU computes while the host issues prefetches
-                experts.issue_prefetch()
-        else:
-            rec.graphs[0].replay()
+            try:
+                rec.graphs[0].replay()
+                for c, graph in zip(rec.cuts, rec.graphs[1:]):
+                    experts.acquire_published(c.moe_index, c.region, c.shape, b, c.predicted)
+                    graph.replay()                 # the GPU computes while the host issues prefetches
+                    experts.issue_prefetch()
+            finally:
+                experts.end_step()
         self.replays += 1
         return rec.logits[:b]
-
-    def finish(self) -> None:
-        """End the expert step of the last :meth:`run` (idempotent). The caller first queues what it
-        does with the logits (sampling), so those kernels do not wait behind the step end's pool
-        copies. Must run before the next step and before its results are read back; :meth:`run`
-        calls it first, and the caller on any error."""
-        experts, self._open = self._open, None
-        if experts is not None:
-            experts.end_step()
 
     def _load(self, batch: ForwardBatch, b: int, n: int) -> None:
         d = batch.decode
@@ -271,6 +263,5 @@ class DecodeGraphs:
 
     def reset(self) -> None:
         """Drop every graph (after a change that invalidates them, e.g. a different expert pool)."""
-        self.finish()
         self.graphs.clear()
         self.pool = None

@@ -52,17 +52,13 @@ class ModelRunner:
     def run(self, sched: SchedulerOutput) -> list[int]:
         """Forward the scheduled tokens; sampled token ids for the sequences that sample, in order."""
         batch = self.build_batch(sched)
-        try:
-            if batch.decode is not None and self.use_graphs and self.graphs.bucket(len(sched.seqs)) is not None:
-                logits = self.graphs.run(batch)                          # [B, V]
-            else:
-                logits = self.model.forward(batch, self.cache)           # [B', V]
-            sampling = [s.request for s in sched.seqs if s.samples]
-            if not sampling:
-                return []
-            tokens = sample(logits, [r.params for r in sampling], [r.generator for r in sampling],
-                            [r.all_ids for r in sampling])
-        finally:
-            if self.graphs is not None:
-                self.graphs.finish()         # the step's end after the sampling kernels are queued
+        if batch.decode is not None and self.use_graphs and self.graphs.bucket(len(sched.seqs)) is not None:
+            logits = self.graphs.run(batch)                              # [B, V]
+        else:
+            logits = self.model.forward(batch, self.cache)               # [B', V]
+        sampling = [s.request for s in sched.seqs if s.samples]
+        if not sampling:
+            return []
+        tokens = sample(logits, [r.params for r in sampling], [r.generator for r in sampling],
+                        [r.all_ids for r in sampling])
         return tokens.tolist()

@@ -403,7 +403,7 @@ class DirectReads:
         if busy_slots and not self._admitting_idle(busy_slots):
             return [], []                      # the last admissions are still on the bus: wait for them
         busy = {pool.owner[s] for s in busy_slots} | {k for _, k in self._early[0]}   # not yet copied in
-        cands = cands[:max(0, limit)]
+        cands = cands[:limit]
         victims = iter(policy.victims(len(cands) - len(pool.free), busy) if len(cands) > len(pool.free) else ())
         admitted, evicted = [], []
         for key in cands:

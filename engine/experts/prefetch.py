@@ -63,14 +63,6 @@ class CopyEngine:
         for slot, _ in pairs:
             self._pending[slot] = done
 
-    def done(self, slot: int) -> bool:
-        """Whether every copy into ``slot`` has landed (never blocks)."""
-        ev = self._pending.get(slot)
-        if ev is None or ev.query():
-            self._pending.pop(slot, None)
-            return True
-        return False
-
     def busy_slots(self) -> list[int]:
         """Slots with a copy still in flight. Many slots share one batch's event: each distinct
         event is queried once (a query is a driver call, and a step end asks about every lease)."""
