@@ -26,6 +26,7 @@ lets no prefetch through (``predicts``), so those steps do not pay for guesses n
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,18 @@ from engine.kv.cache import KVCache
 from engine.models.moe_transformer import DecodeMeta, ForwardBatch, MoETransformer
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
+
+
+@dataclass
+class DecodeInputs:
+    """The host side of one decode step, a row per sequence: its new token, that token's position and
+    cache slot, the sequence's block table and its context length after the step."""
+
+    ids: list[int]
+    positions: list[int]
+    slots: list[int]
+    tables: list[list[int]]
+    lens: list[int]
 
 
 @dataclass
@@ -69,12 +82,24 @@ class DecodeGraphs:
         self.max_blocks, self.scratch_block = max_blocks, scratch_block
         self.scratch_slot = scratch_block * cache.block_size
         n, dev = self.buckets[-1], model.device
-        self.ids = torch.zeros(n, dtype=torch.int64, device=dev)
-        self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
-        self.slots = torch.full((n,), self.scratch_slot, dtype=torch.int64, device=dev)
-        self.tables = torch.full((n, max_blocks), scratch_block, dtype=torch.int32, device=dev)
-        self.lens = torch.ones(n, dtype=torch.int32, device=dev)
+        # The recorded inputs, at fixed addresses: ids, positions and slots in one int64 buffer, block
+        # tables and context lengths in one int32 buffer. A step's values cross from page-locked
+        # staging in a few asynchronous copies and no kernel (``_load``).
+        self._in64 = torch.zeros(3, n, dtype=torch.int64, device=dev)
+        self.ids, self.positions, self.slots = self._in64[0], self._in64[1], self._in64[2]
+        self.slots.fill_(self.scratch_slot)
+        self._in32 = torch.empty(n * (max_blocks + 1), dtype=torch.int32, device=dev)
+        self.tables = self._in32[:n * max_blocks].view(n, max_blocks)
+        self.lens = self._in32[n * max_blocks:]
+        self.tables.fill_(scratch_block)
+        self.lens.fill_(1)
         self.pad = torch.zeros(n, dtype=torch.bool, device=dev)          # rows past the real batch
+        pin = dev.type == "cuda"
+        self._h64 = torch.zeros(3, n, dtype=torch.int64, pin_memory=pin)
+        self._h_tables = torch.full((n, max_blocks), scratch_block, dtype=torch.int32, pin_memory=pin)
+        self._h_lens = torch.ones(n, dtype=torch.int32, pin_memory=pin)
+        self._h_pad = torch.zeros(n, dtype=torch.bool, pin_memory=pin)
+        self._h_width = 0                                               # widest table row staged so far
         self.graphs: dict[int, _Recording] = {}
         self.pool = None
         self.replays = 0
@@ -208,15 +233,18 @@ class DecodeGraphs:
         torch.cuda.current_stream(self.model.device).wait_stream(stream)
         return rec
 
-    def run(self, batch: ForwardBatch) -> torch.Tensor:
-        """Logits [B, V] of a decode batch, replayed from the recording of its bucket."""
-        b = batch.input_ids.shape[0]
+    def run(self, inputs: DecodeInputs, then: Callable[[torch.Tensor], Any] | None = None) -> torch.Tensor:
+        """Logits [B, V] of a decode step, replayed from the recording of its bucket. ``then(logits)``
+        is called as soon as the step is launched (to queue work on the logits, e.g. sampling), before
+        the host follows the step's experts and ends the step."""
+        b = len(inputs.ids)
         n = self.bucket(b)
-        self._load(batch, b, n)
+        self._load(inputs, b, n)
         if n not in self.graphs:
             self._capture(n)
-            self._load(batch, b, n)                # capture's warm-up ran on these buffers; reload them
+            self._load(inputs, b, n)               # capture's warm-up ran on these buffers; reload them
         rec = self.graphs[n]
+        launched = then or (lambda logits: None)
         if rec.direct:
             experts = self.model.experts
             experts.begin_step()
@@ -225,11 +253,13 @@ class DecodeGraphs:
                 rec = rec if predicting else rec.quiet
                 experts.start_direct_step(rec.regions, b, predicting)
                 rec.graphs[0].replay()
+                launched(rec.logits[:b])
                 experts.follow_published(rec.cuts, b)
             finally:
                 experts.end_step()
         elif not rec.cuts:
             rec.graphs[0].replay()
+            launched(rec.logits[:b])
         else:
             experts = self.model.experts
             experts.begin_step()
@@ -239,27 +269,35 @@ class DecodeGraphs:
                     experts.acquire_published(c.moe_index, c.region, c.shape, b, c.predicted)
                     graph.replay()                 # the GPU computes while the host issues prefetches
                     experts.issue_prefetch()
+                launched(rec.logits[:b])
             finally:
                 experts.end_step()
         self.replays += 1
         return rec.logits[:b]
 
-    def _load(self, batch: ForwardBatch, b: int, n: int) -> None:
-        d = batch.decode
-        self.ids[:b].copy_(batch.input_ids)
-        self.positions[:b].copy_(batch.positions)
-        self.slots[:b].copy_(batch.slot_mapping)
-        self.tables[:b].fill_(self.scratch_block)
-        self.tables[:b, :d.block_tables.shape[1]].copy_(d.block_tables)
-        self.lens[:b].copy_(d.context_lens)
-        self.pad[:b].fill_(False)
-        if n > b:                                  # padding rows: scratch block, one token of context
-            self.ids[b:n].zero_()
-            self.positions[b:n].zero_()
-            self.slots[b:n].fill_(self.scratch_slot)
-            self.tables[b:n].fill_(self.scratch_block)
-            self.lens[b:n].fill_(1)
-            self.pad[b:n].fill_(True)
+    def _load(self, inp: DecodeInputs, b: int, n: int) -> None:
+        """Stage ``inp`` (padded to bucket ``n``) and copy it into the recorded inputs. Padding rows
+        point at the scratch block and read one token of it. The staging is reused by the next step,
+        which starts after this one's tokens were read back, so after these copies."""
+        pad = n - b
+        self._h64[:, :n].copy_(torch.tensor([inp.ids + [0] * pad, inp.positions + [0] * pad,
+                                             inp.slots + [self.scratch_slot] * pad], dtype=torch.int64))
+        width = max(len(t) for t in inp.tables)
+        tables, scratch = self._h_tables, self.scratch_block
+        tables[:b, :width].copy_(torch.tensor([t + [scratch] * (width - len(t)) for t in inp.tables],
+                                              dtype=torch.int32))
+        if self._h_width > width:                  # columns a longer sequence staged earlier
+            tables[:b, width:self._h_width].fill_(scratch)
+        tables[b:n].fill_(scratch)
+        self._h_width = max(self._h_width, width)
+        self._h_lens[:b].copy_(torch.tensor(inp.lens, dtype=torch.int32))
+        self._h_lens[b:n].fill_(1)
+        self._h_pad[:b].fill_(False)
+        self._h_pad[b:n].fill_(True)
+        self._in64.copy_(self._h64, non_blocking=True)
+        self.tables[:n].copy_(tables[:n], non_blocking=True)
+        self.lens[:n].copy_(self._h_lens[:n], non_blocking=True)
+        self.pad[:n].copy_(self._h_pad[:n], non_blocking=True)
 
     def reset(self) -> None:
         """Drop every graph (after a change that invalidates them, e.g. a different expert pool)."""

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from engine.errors import ConfigError
+from engine.host_copy import host_to
 
 
 @dataclass(frozen=True)
@@ -76,10 +77,9 @@ def apply_repetition_penalty(logits: Tensor, penalties: Sequence[float],
     width = max(len(histories[i]) for i in rows)
     # Pad each history with its own first id: a repeated id scatters the same value twice.
     padded = [list(histories[i]) + [histories[i][0]] * (width - len(histories[i])) for i in rows]
-    ids = torch.tensor(padded, dtype=torch.int64, device=logits.device)               # [R, H]
-    row_idx = torch.tensor(rows, dtype=torch.int64, device=logits.device)             # [R]
-    penalty = torch.tensor([penalties[i] for i in rows], dtype=torch.float32,
-                           device=logits.device).unsqueeze(1)                         # [R, 1]
+    ids = host_to(padded, torch.int64, logits.device)                                 # [R, H]
+    row_idx = host_to(rows, torch.int64, logits.device)                               # [R]
+    penalty = host_to([penalties[i] for i in rows], torch.float32, logits.device).unsqueeze(1)   # [R, 1]
     seen = logits[row_idx].gather(1, ids)                                             # [R, H]
     seen = torch.where(seen > 0, seen / penalty, seen * penalty)
     logits = logits.clone()
@@ -92,15 +92,15 @@ def _filter_sorted(sorted_logits: Tensor, params: Sequence[SamplingParams]) -> T
     device = sorted_logits.device
     n_vocab = sorted_logits.shape[1]
     rank = torch.arange(n_vocab, device=device).unsqueeze(0)                          # [1, V]
-    top_k = torch.tensor([p.top_k if p.top_k > 0 else n_vocab for p in params], device=device)
+    top_k = host_to([p.top_k if p.top_k > 0 else n_vocab for p in params], torch.int64, device)
     masked = sorted_logits.masked_fill(rank >= top_k.unsqueeze(1), float("-inf"))      # [S, V]
     probs = masked.softmax(dim=-1)                                                     # [S, V]
-    top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device).unsqueeze(1)
+    top_p = host_to([p.top_p for p in params], torch.float32, device).unsqueeze(1)
     mass_before = probs.cumsum(dim=-1) - probs                                         # [S, V]
     # A token goes when the more likely tokens already hold top_p of the mass; the first always stays.
     drop = (mass_before >= top_p) & (top_p < 1.0) & (rank > 0)
     masked = masked.masked_fill(drop, float("-inf"))
-    min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32, device=device).unsqueeze(1)
+    min_p = host_to([p.min_p for p in params], torch.float32, device).unsqueeze(1)
     probs = masked.softmax(dim=-1)                                                     # [S, V]
     drop = probs < min_p * probs[:, :1]
     return masked.masked_fill(drop & (rank > 0), float("-inf"))
@@ -114,8 +114,11 @@ def _draw(probs: Tensor, generators: Sequence[torch.Generator | None]) -> Tensor
     """
     noise = torch.empty_like(probs)                                                    # [S, V]
     unseeded = [i for i, g in enumerate(generators) if g is None]
-    if unseeded:
-        noise[unseeded] = torch.empty_like(noise[unseeded]).exponential_()
+    if len(unseeded) == len(generators):
+        noise.exponential_()
+    elif unseeded:
+        idx = host_to(unseeded, torch.int64, probs.device)
+        noise.index_copy_(0, idx, probs.new_empty(len(unseeded), probs.shape[1]).exponential_())
     for i, g in enumerate(generators):
         if g is not None:
             noise[i].exponential_(generator=g)
@@ -143,12 +146,13 @@ def sample(logits: Tensor, params: Sequence[SamplingParams],
     greedy = [p.greedy for p in params]
     if all(greedy):
         return logits.argmax(dim=-1)                                                   # [B]
-    out = logits.argmax(dim=-1) if any(greedy) else torch.empty(
-        logits.shape[0], dtype=torch.int64, device=logits.device)                      # [B]
+    if not any(greedy):
+        return _draw(warp_logits(logits, params).softmax(dim=-1), generators)          # [B]
+    # Mixed: every row argmax, then the sampling rows drawn. Row indices cross as one async copy.
     rows = [i for i, g in enumerate(greedy) if not g]
-    probs = warp_logits(logits[rows], [params[i] for i in rows]).softmax(dim=-1)       # [S, V]
-    out[rows] = _draw(probs, [generators[i] for i in rows])
-    return out
+    idx = host_to(rows, torch.int64, logits.device)                                    # [S]
+    probs = warp_logits(logits.index_select(0, idx), [params[i] for i in rows]).softmax(dim=-1)   # [S, V]
+    return logits.argmax(dim=-1).index_copy(0, idx, _draw(probs, [generators[i] for i in rows]))
 
 
 def warp_logits(logits: Tensor, params: Sequence[SamplingParams]) -> Tensor:
@@ -156,8 +160,7 @@ def warp_logits(logits: Tensor, params: Sequence[SamplingParams]) -> Tensor:
 
     Every row must have temperature > 0.
     """
-    temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32,
-                               device=logits.device).unsqueeze(1)                     # [S, 1]
+    temperature = host_to([p.temperature for p in params], torch.float32, logits.device).unsqueeze(1)   # [S, 1]
     if not any(_filters(p, logits.shape[1]) for p in params):
         return logits / temperature            # nothing to remove: no sort (a vocabulary-wide sort, scan and
         # two softmaxes cost about 0.4 ms a step at batch 1 on an H200 with a 152k vocabulary)

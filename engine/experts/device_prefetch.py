@@ -32,6 +32,7 @@ import time
 import torch
 
 from engine.experts.readback import pinned_ids
+from engine.host_copy import host_to
 from kernels._triton import HAS_TRITON, jit, tl
 
 CLAIMED = -3                 # a slot-table entry whose copy is under way (negative: "missing" to readers)
@@ -132,8 +133,8 @@ class DevicePrefetcher:
         claims per layer; mark the claim regions of the recorded targets unwritten."""
         n = len(slots)
         if n:
-            self.free[:n].copy_(torch.tensor(slots, dtype=torch.int32), non_blocking=True)
-        self.meta.copy_(torch.tensor([0, n, quota if n else 0, -1, 0], dtype=torch.int32), non_blocking=True)
+            self.free[:n].copy_(host_to(slots, torch.int32, self.free.device))
+        self.meta.copy_(host_to([0, n, quota if n else 0, -1, 0], torch.int32, self.meta.device))
         self.targets = []
         self.regions[:, 0] = UNWRITTEN                  # one op: what collect() waits on
 

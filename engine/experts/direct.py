@@ -40,6 +40,7 @@ import torch
 
 from engine.experts.policy import LFUPolicy, StaticPolicy
 from engine.experts.readback import publish_direct
+from engine.host_copy import host_to
 from kernels.moe_weights import HostExperts
 
 if TYPE_CHECKING:
@@ -198,8 +199,8 @@ class DirectReads:
         self._fill_slots = [pool.take_staging(-1) for _ in range(self.fill_capacity())]
         n = len(self._fill_slots)
         if n:
-            self._fill_free[:n].copy_(torch.tensor(self._fill_slots, dtype=torch.int32), non_blocking=True)
-        self._fill_meta.copy_(torch.tensor([0, n], dtype=torch.int32), non_blocking=True)
+            self._fill_free[:n].copy_(host_to(self._fill_slots, torch.int32, self.device))
+        self._fill_meta.copy_(host_to([0, n], torch.int32, self.device))
 
     def _fills_eager(self, moe_index: int, ids: list[int], seen: list[int]) -> list[int]:
         """What the publish kernel does for a recorded step: the fill slot of each id (its first
@@ -209,7 +210,7 @@ class DirectReads:
             if s < 0 and row[e] < 0 and self._fill_used < len(self._fill_slots):
                 row[e] = self._fill_slots[self._fill_used]
                 self._fill_used += 1
-        self._fill[moe_index].copy_(torch.tensor(row, dtype=torch.int32), non_blocking=True)
+        self._fill[moe_index].copy_(host_to(row, torch.int32, self.device))
         return [row[e] for e in ids]
 
     def _promote_fills(self, admitted: list[tuple[int, int]]) -> None:
@@ -436,14 +437,12 @@ class DirectReads:
         """Device slot-table entries ``keys`` <- ``values`` on ``stream`` (None: the current one)."""
         if not keys:
             return
-        idx = torch.tensor(keys, dtype=torch.int64)
-        val = torch.tensor(values, dtype=torch.int32)
         flat = self.pool.table.view(-1)
         if self.device.type != "cuda":
-            flat[idx] = val
+            flat[torch.tensor(keys, dtype=torch.int64)] = torch.tensor(values, dtype=torch.int32)
             return
         with torch.cuda.stream(stream or torch.cuda.current_stream(self.device)):
-            flat.index_copy_(0, idx.to(self.device, non_blocking=True), val.to(self.device, non_blocking=True))
+            flat.index_copy_(0, host_to(keys, torch.int64, self.device), host_to(values, torch.int32, self.device))
 
     def _enter_mode(self, mode: str) -> None:
         """Start this step in ``mode``; switching from the other one first lets its copies land."""

@@ -24,6 +24,7 @@ from engine.config import format_size
 from engine.errors import ReconfigureError
 from engine.experts.prefetch import CopyEngine
 from engine.experts.store import HostExpertStore
+from engine.host_copy import host_to
 
 
 class ExpertPool:
@@ -124,8 +125,7 @@ class ExpertPool:
         if layer in self._stale:
             self._stale.discard(layer)
             lo = layer * self.num_experts
-            row = torch.tensor(self.slot_of[lo:lo + self.num_experts], dtype=torch.int32)
-            self.table[layer].copy_(row, non_blocking=True)   # pageable source: staged by the driver at once
+            self.table[layer].copy_(host_to(self.slot_of[lo:lo + self.num_experts], torch.int32, self.device))
         return self.table[layer]
 
 
