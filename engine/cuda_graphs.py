@@ -247,13 +247,14 @@ class DecodeGraphs:
         launched = then or (lambda logits: None)
         if rec.direct:
             experts = self.model.experts
-            experts.begin_step()
+            experts.begin_step(keep_ended=True)
             try:
                 predicting = rec.quiet is None or experts.predicts(b)
                 rec = rec if predicting else rec.quiet
                 experts.start_direct_step(rec.regions, b, predicting)
                 rec.graphs[0].replay()
                 launched(rec.logits[:b])
+                experts.finish_ended()             # the last step's end, while this one computes
                 experts.follow_published(rec.cuts, b)
             finally:
                 experts.end_step()

@@ -211,22 +211,37 @@ class DevicePrefetcher:
             torch.cuda.current_stream(self.device).wait_stream(self.stream)
         self._forked = False
 
-    def collect(self, targets: list[int]) -> list[tuple[int, int, int]]:
+    def snapshot(self, targets: list[int]):
+        """A copy of the claim records of ``targets`` (waiting for their claim kernels): a step whose
+        end is deferred keeps them, since the next step's claims overwrite the records."""
+        if not targets:
+            return None
+        self._wait(targets)
+        return self.regions.numpy()[targets].copy()
+
+    def collect(self, targets: list[int], records=None) -> list[tuple[int, int, int]]:
         """``(key, slot, rank)`` of every claim of the step's ``targets`` (their claim kernels have run
-        or will shortly: the host waits for their regions); ``rank`` is the claim's place among its
-        layer's claims, in the prediction's order. Plain numpy: this is on the step's path."""
+        or will shortly: the host waits for their regions), or of their ``records`` taken by
+        :meth:`snapshot`; ``rank`` is the claim's place among its layer's claims, in the prediction's
+        order. Plain numpy: this is on the step's path."""
         if not targets:
             return []
-        arr = self.regions.numpy()
-        if self.stream is not None:
-            t0 = time.perf_counter()
-            while (arr[targets, 0] == UNWRITTEN).any():
-                if time.perf_counter() - t0 > 10.0:
-                    raise RuntimeError("a prefetch claim of this step never ran")
-                time.sleep(0)
+        if records is None:
+            self._wait(targets)
+            records = self.regions.numpy()[targets]
         out = []
         m = self.max_claims
-        for t, n in zip(targets, arr[targets, 0].tolist()):
+        for row, n in zip(records, records[:, 0].tolist()):
             if n > 0:
-                out.extend(zip(arr[t, 1:1 + n].tolist(), arr[t, 1 + m:1 + m + n].tolist(), range(n)))
+                out.extend(zip(row[1:1 + n].tolist(), row[1 + m:1 + m + n].tolist(), range(n)))
         return out
+
+    def _wait(self, targets: list[int]) -> None:
+        if self.stream is None:
+            return
+        arr = self.regions.numpy()
+        t0 = time.perf_counter()
+        while (arr[targets, 0] == UNWRITTEN).any():
+            if time.perf_counter() - t0 > 10.0:
+                raise RuntimeError("a prefetch claim of this step never ran")
+            time.sleep(0)

@@ -51,6 +51,14 @@ UNWRITTEN = -2              # fills a publish region until the GPU has written i
 DEVICE_PREFETCH_THRESHOLD = 0.4   # share of GPU-side prefetches used below which they pause (probes go on)
 PREFETCH_PER_LAYER = 1            # most GPU-side prefetch claims per predicted layer (see _device_quota)
 
+# One direct-read step's books, with what a fresh step starts from: a step whose end is deferred
+# (:meth:`DirectReads.finish_ended`) keeps them aside while the next step keeps its own.
+STEP_BOOKS = {
+    "_step_misses": list, "_filled": dict, "_fill_slots": lambda: None, "_fill_used": int, "_dp_used": set,
+    "_seen": dict, "_early": lambda: ([], []), "_host_prefetched": bool, "_dp_active": bool,
+    "_dp_replay": bool, "_dp_tokens": int, "_dp_records": lambda: None,
+}
+
 
 class DirectReads:
     """Direct-read steps of :class:`engine.experts.manager.OffloadedExperts` (see the module doc)."""
@@ -79,6 +87,7 @@ class DirectReads:
         mode, choose its fill slots and prefetch slots (not for a ``quiet`` recording: ``predicting``
         False), blank the publish regions."""
         self._enter_mode("direct")
+        before = set(self.pool.lease)
         self._begin_fills()
         self._named, self._seen = {}, {}
         dp = self._dp
@@ -86,6 +95,8 @@ class DirectReads:
             self._begin_device_prefetch(tokens)
             self._dp_active, self._dp_replay = True, True
         regions.fill_(UNWRITTEN)
+        self._live_leases = frozenset(set(self.pool.lease) - before)
+        self._defer_end = True
 
     def prepare_direct_capture(self) -> None:
         """Before a direct-read step is recorded: bring the device table up to date (outside the capture)."""
@@ -166,7 +177,7 @@ class DirectReads:
         """Step end: count the GPU-side prefetches (a hit: its layer found it in its slot), offer the
         used ones to the pool like fills; returns the keys whose table entries must be cleared."""
         dp = self._dp
-        claims = dp.collect(dp.recorded_targets if self._dp_replay else dp.targets)
+        claims = dp.collect(dp.recorded_targets if self._dp_replay else dp.targets, self._dp_records)
         d = self.prefetch_depth
         ranked = []
         for key, slot, rank in claims:
@@ -353,13 +364,52 @@ class DirectReads:
         if pairs:
             self._load_and_publish(pairs)
 
-    def _end_direct_step(self) -> None:
-        """Release landed staging slots, admit the step's hottest misses; all ordered after the step."""
+    # ---- the step's end, deferred past the next step's launch ------------------------------------
+    def _close_direct_step(self) -> dict:
+        """A replayed step is over but its end is deferred: take its books out (the next step starts
+        from fresh ones) with a copy of its claim records, which the next step's claims overwrite."""
+        if self._dp_active:
+            dp = self._dp
+            self._dp_records = dp.snapshot(dp.recorded_targets if self._dp_replay else dp.targets)
+        books = {name: getattr(self, name) for name in STEP_BOOKS}
+        for name, fresh in STEP_BOOKS.items():
+            setattr(self, name, fresh())
+        return books
+
+    def finish_ended(self) -> None:
+        """End the replayed step whose end was deferred, if any. Called right after the next step is
+        launched, so the host counts, admits and evicts while the GPU computes; the copies from its
+        fill slots and its slot-table entries queue behind the step just launched, which reads the
+        table as it was (the evicted experts still in their slots, the fill slots not leased to it).
+        Also called before anything else touches the pool (another kind of step, statistics, a live
+        change)."""
+        books, self._ended = self._ended, None
+        if books is None:
+            return
+        t0 = time.perf_counter()
+        mine = {name: getattr(self, name) for name in STEP_BOOKS}
+        for name, value in books.items():
+            setattr(self, name, value)
+        try:
+            self._end_direct_step(keep=self._live_leases)
+        finally:
+            for name, value in mine.items():
+                setattr(self, name, value)
+            self.counters.step_end_ms += (time.perf_counter() - t0) * 1e3
+
+    def _resident_slot(self, key: int) -> int:
+        """The pool slot the host's books give ``key``, or -1 (not resident, or only in staging)."""
+        slot = self.pool.slot_of[key]
+        return slot if 0 <= slot < self.pool.slots else -1
+
+    def _end_direct_step(self, keep: frozenset[int] = frozenset()) -> None:
+        """Release landed staging slots (not those in ``keep``: the next step's), admit the step's
+        hottest misses; all ordered after the step's kernels."""
         copies, pool = self.pool.copies, self.pool
         gone: list[int] = []
         busy = set(copies.busy_slots())
         for slot in list(pool.lease):
-            if slot not in busy:
+            if slot not in busy and slot not in keep:
                 key = pool.release_staging(slot)
                 if key >= 0:
                     gone.append(key)
@@ -380,15 +430,19 @@ class DirectReads:
             placed = [(k, s) for s, k in admitted]          # only by later steps, after these copies
             kept = {k for k, _ in placed}
             gone = [k for k in gone if k not in kept]      # a prefetch that landed late, then admitted
-        self._write_table(gone + [k for k, _ in placed], [-1] * len(gone) + [s for _, s in placed],
+        # A gone key's entry becomes what the books say: -1, or the pool slot a deferred end of the step
+        # before gave it (its entry not yet written when this step's claim took the key); a key this
+        # end admits by a copy from the host gets its slot on the copy stream, after the copy.
+        copied = set() if fills else {k for _, k in admitted}
+        self._write_table(gone + [k for k, _ in placed],
+                          [-1 if k in copied else self._resident_slot(k) for k in gone] + [s for _, s in placed],
                           None)                             # compute stream: after the step's kernels
         if gone or admitted or fills:
             copies.after_compute()                          # no copy overwrites a slot before that
         if admitted and not fills:
             self._load_and_publish(admitted)
-        self._step_misses, self._filled, self._fill_slots = [], {}, None
-        self._dp_used, self._seen = set(), {}
-        self._early, self._host_prefetched = ([], []), False
+        for name, fresh in STEP_BOOKS.items():
+            setattr(self, name, fresh())
 
     def _admit(self, keys: list[int], limit: int) -> tuple[list[tuple[int, int]], list[int]]:
         """Pool slots for the hottest (at most ``limit``) of the step's directly read ``keys``:

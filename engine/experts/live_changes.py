@@ -22,6 +22,7 @@ class LiveChanges:
         """
         if self._in_step:
             raise ReconfigureError("the expert pool can change only between engine steps; apply it after step() returns")
+        self.finish_ended()
         depth = self.prefetch_depth if prefetch_depth is None else check_depth(prefetch_depth, ReconfigureError)
         direct = self._direct_opt
         if reads is not None:

@@ -144,6 +144,11 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
         self.claims = ClaimGate(threshold=DEVICE_PREFETCH_THRESHOLD)   # ... of which it makes (by rank)
         self._dp_tokens = 0                          # tokens of the step whose claims are out
         self.quiet = False                           # True while a decode graph without predictions is recorded
+        self._dp_records = None                      # claim records kept by a step whose end is deferred
+        # a replayed direct-read step's end is deferred until the next step is launched (finish_ended)
+        self._ended: dict | None = None              # the books of the step whose end is deferred
+        self._defer_end = False                      # this step's end may be deferred (set per replay)
+        self._live_leases: frozenset[int] = frozenset()   # staging slots the step in flight leased
 
     @classmethod
     def from_rows(cls, layout: ExpertLayout, rows: torch.Tensor, num_experts: int, device: torch.device | str,
@@ -161,11 +166,14 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
         return out
 
     # ---- ExpertProvider ----------------------------------------------------------------------
-    def begin_step(self) -> None:
+    def begin_step(self, keep_ended: bool = False) -> None:
         """A forward pass starts: forget the last step's leases and pins, age the policy.
 
         Staging slots that a direct-read step left with copies in flight stay leased (see
-        :meth:`_end_direct_step`)."""
+        :meth:`_end_direct_step`). A replayed direct-read step whose end was deferred is ended first,
+        unless ``keep_ended``: the replay of the next one ends it once launched (:meth:`finish_ended`)."""
+        if not keep_ended and not (self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            self.finish_ended()
         if self._mode == "direct":
             self._forget_step()
         else:
@@ -309,15 +317,23 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
                 self._dp.recorded_targets = list(self._dp.targets)
                 self._dp_active = False
         if self._step_mode == "direct":
-            self._end_direct_step()
+            if self._ended is not None:
+                self.finish_ended()
+            if self._defer_end and self._fill_slots and not self._host_prefetched:
+                self._ended = self._close_direct_step()
+            else:
+                self._end_direct_step()
         elif self._step_mode == "sync" or (self._step_mode is None and self._mode != "direct"):
             self._release_all()
         self._step_mode = None
         self._in_step = False
+        self._defer_end, self._live_leases = False, frozenset()
         self._distance = {k: d for k, d in self._distance.items() if k in self._unused}
 
     def stats(self) -> ExpertStats:
-        """Cumulative counters (no device sync; on CUDA device-side counts may lag one call)."""
+        """Cumulative counters (no device sync; on CUDA device-side counts may lag one call). A step
+        whose end was deferred is ended first, so its counts are in."""
+        self.finish_ended()
         return dataclasses.replace(self.counters.snapshot(self.pool), claim_threshold=self.claims.threshold,
                                    claim_use=self.claims.state(self.prefetch_per_layer))
 
@@ -416,6 +432,7 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
 
     def _release_all(self) -> None:
         """Release every staging lease (fill and prefetch slots included), then forget the step's pins."""
+        self.finish_ended()
         if self._dp_active:                          # a step cut short: undo its GPU-side prefetches
             self._dp.join()
             keys = self._collect_device_prefetch()

@@ -253,6 +253,105 @@ def test_direct_step_admits_while_following_and_publishes_at_its_end(stack: Stac
             assert torch.equal(prov.pool.buffer[slot], stack.store.rows[key])
 
 
+def _direct_layers(stack: Stack, prov, x: torch.Tensor) -> torch.Tensor:
+    """Every layer of one eager direct-read step (the kernels write the fill slots)."""
+    from test_experts_support import fused_moe_ref
+    for l in range(L):
+        prov.before_layer(l, x)
+        w, ids = route(x @ stack.routers[l].t())
+        slot_of, views, *host = prov.acquire(l, ids)
+        x = x + fused_moe_ref(x, ids, w, slot_of, views, stack.layout, *host)
+    return x
+
+
+def _start_replayed(prov, keep_ended: bool) -> frozenset[int]:
+    """What a replayed step does before its launch: begin, lease its slots, mark its end deferrable."""
+    prov.begin_step(keep_ended=keep_ended)
+    before = set(prov.pool.lease)
+    prov._ensure_direct_step()
+    prov._live_leases = frozenset(set(prov.pool.lease) - before)
+    prov._defer_end = True
+    return prov._live_leases
+
+
+def _books_match_pool(stack: Stack, prov) -> None:
+    table = prov.pool.table.view(-1).tolist()
+    for key, slot in enumerate(prov.pool.slot_of):
+        if 0 <= slot < prov.pool.slots:
+            assert table[key] == slot and torch.equal(prov.pool.buffer[slot], stack.store.rows[key])
+        else:
+            assert table[key] < 0 or table[key] >= prov.pool.slots
+
+
+def test_deferred_step_end_runs_behind_the_next_step(stack: Stack) -> None:
+    # A replayed step's end waits until the next step is launched: the next step leases its own fill
+    # slots while the ended step still holds its; finishing the ended step releases only its slots,
+    # promotes its admissions, and leaves table, books and pool bytes in agreement.
+    prov = stack.offloaded(L * E // 4, depth=1, policy="lfu", direct_reads=True)
+    x = _x(3)
+    stack.run(prov, x, 2)
+    first = _start_replayed(prov, keep_ended=False)
+    y = _direct_layers(stack, prov, x)
+    prov.end_step()
+    assert prov._ended is not None and first and first <= set(prov.pool.lease)
+    ended_admits = [k for _, k in prov._ended["_early"][0]]
+    second = _start_replayed(prov, keep_ended=True)
+    assert second and not (second & first)                   # the ended step's fill slots stay its own
+    prov.finish_ended()
+    assert prov._ended is None and set(prov.pool.lease) == set(second)
+    assert prov._fill_slots is not None and set(prov._fill_slots) <= second
+    assert all(prov.pool.slot_of[k] >= 0 for k in ended_admits)
+    _books_match_pool(stack, prov)
+    _direct_layers(stack, prov, y)
+    prov.end_step()
+    assert prov._ended is not None
+    st = prov.stats()                                        # ends the deferred step first
+    assert prov._ended is None and not prov.pool.lease and st.fills > 0
+    _books_match_pool(stack, prov)
+
+
+def test_deferred_end_outputs_identical(stack: Stack) -> None:
+    # Steps whose ends are deferred (finished when the next step starts) give the same outputs.
+    ref = _reference(stack, tokens=2, steps=5)
+    prov = stack.offloaded(L * E // 4, depth=2, policy="lfu", direct_reads=True)
+    ensure = prov._ensure_direct_step
+
+    def deferring() -> None:
+        ensure()
+        prov._defer_end = True
+
+    prov._ensure_direct_step = deferring
+    _same(stack.run(prov, _x(2), 5), ref)
+    assert prov._ended is not None
+    assert prov.stats().fills > 0 and prov._ended is None
+
+
+def test_claim_of_a_key_the_deferred_end_admitted_keeps_its_pool_slot(stack: Stack) -> None:
+    # The step before admitted key K into pool slot S, but its deferred table entry lands after this
+    # step's kernels, so this step's claim kernel saw K missing and claimed it into a staging slot X.
+    # This step's end clears its claims' entries: K's must become S (what the books say), not -1.
+    import numpy as np
+    prov = stack.offloaded(4, depth=1, policy="lru", direct_reads=True)
+    assert prov._dp is not None
+    pool, key, layer = prov.pool, 5, 0
+    prov.begin_step()
+    prov._enter_mode("direct")
+    prov._begin_fills()
+    slot = pool.take_free()
+    pool.assign(key, slot)                                   # admitted by the ended step (books)
+    pool.buffer[slot].copy_(stack.store.rows[key])
+    claim = pool.take_staging(-1)
+    pool.table.view(-1)[key] = claim                         # the claim kernel's entry
+    records = np.zeros((1, 1 + 2 * prov._dp.max_claims), dtype=np.int64)
+    records[0, 0], records[0, 1], records[0, 1 + prov._dp.max_claims] = 1, key, claim
+    prov._dp.targets = [layer]
+    prov._dp_active, prov._dp_replay, prov._dp_records, prov._dp_tokens = True, False, records, 1
+    prov._step_mode = "direct"
+    prov.end_step()
+    assert int(pool.table.view(-1)[key]) == slot == pool.slot_of[key]
+    assert prov.stats().prefetch_wasted == 1
+
+
 @pytest.mark.parametrize("name", ["lfu", "lru"])
 def test_victims_in_one_pass_equal_successive_victims(name: str) -> None:
     # A step end asks for all its victims at once; they must be the keys that asking one at a time
