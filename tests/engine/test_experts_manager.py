@@ -547,7 +547,7 @@ def test_direct_reads_late_prefetch_then_filled_ends_in_its_pool_slot(stack: Sta
 def test_direct_reads_lfu_admits_only_over_a_colder_victim(stack: Stack) -> None:
     # A full pool of one slot: a miss replaces the resident only if it is hotter (decayed use count,
     # this step's use included) than the resident; a tie keeps the resident.
-    prov = stack.offloaded(1, depth=1, policy="lfu", direct_reads=True)
+    prov = stack.offloaded(1, depth=1, policy="lfu", direct_reads=True, lfu_decay=0.9)
     _Fixed(prov)([[3], [3], [5]])
     assert prov.pool.resident_keys() == [3]          # 5: 1.0 against 3's 0.81 + 0.9 = 1.71
     _Fixed(prov)([[5], [5]])                         # 5: 0.9 + 1 = 1.9 against 3's 1.54: admitted, then a hit
