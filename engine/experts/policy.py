@@ -21,7 +21,7 @@ from typing import Iterable, Protocol, Sequence
 from engine.errors import ConfigError
 
 POLICIES = ("lfu", "lru", "static")
-DEFAULT_LFU_DECAY = 0.99  # per step: a use 69 steps old weighs half a fresh one (see LFUPolicy)
+DEFAULT_LFU_DECAY = 0.9   # per step: a use 7 steps old weighs half a fresh one (see LFUPolicy)
 
 
 class EvictionPolicy(Protocol):
@@ -109,11 +109,17 @@ class LFUPolicy:
     is then the coldest resident, and a use (once per expert per layer on the decode path) costs
     two dict writes.
 
-    The default decay keeps about 70 steps of memory. With trained-like routing (popularity skewed,
-    tokens otherwise independent) a longer memory estimates popularity better: on the CPU at 12
-    layers x 64 experts, top-8, half the experts in the pool, depth 2, going from 0.9 to 0.99 cut
-    the misses by 23% at batch 1 and 5% at batch 8 (``benchmarks/lfu_decay.py``,
-    ``benchmarks/results/lfu_decay_2026-11-29.json``).
+    The decay trades memory for tracking. With trained-like routing (popularity skewed, tokens
+    otherwise independent) a longer memory estimates popularity better: on the CPU at 12 layers x
+    64 experts, top-8, half the experts pooled, depth 2, going from 0.9 to 0.99 cut the misses by
+    23% at batch 1 and 5% at batch 8 (``benchmarks/lfu_decay.py``,
+    ``benchmarks/results/lfu_decay_2026-11-29.json``). On the H200 at the Qwen3-30B-A3B shape
+    (``benchmarks/results/lfu099_residency50_2026-11-29.json``) 0.99 helped only trained-like batch 8
+    (3.51 -> 3.14 ms per token at depth 2); with the random model's routing, which reuses recent
+    experts, the hit rate fell (99.5% -> 97.5% at batch 1, 98.9% -> 95.1% at batch 8) and steps got
+    slower; with trained-like routing at batch 1 the host time grew (the step end 0.31 -> 0.84 ms
+    per token at depth 2; depth 0 10.3 -> 13.7 ms per token with fewer bytes over the bus). So the
+    default stays 0.9.
     """
 
     name = "lfu"
