@@ -138,7 +138,7 @@ def residency_table(d: dict) -> list[str]:
 def pool50_lines(_: dict) -> list[str]:
     """The 50% pool in steady state (64 tokens after 16 warm-up), one line per run."""
     out = ["The 50% pool in steady state (64 tokens per sequence after 16 warm-up; depth 2 over depth 0, the two "
-           "timed in the same process; ms per token; in brackets the ideal overlap (C + M0) / max(C, M0), where C is "
+           "timed in the same process, each row the median round (of two: the faster); ms per token; in brackets the ideal overlap (C + M0) / max(C, M0), where C is "
            "the full pool's time and M0 depth 0's bus bytes over the pinned bandwidth):", ""]
     for f in sorted(RESULTS.glob("residency50_*.json")):
         d = json.loads(f.read_text())
@@ -149,7 +149,9 @@ def pool50_lines(_: dict) -> list[str]:
                  f"({pick(s['routing'], s['batch'], 0)['ms_per_token']:.2f} → "
                  f"{pick(s['routing'], s['batch'], 2)['ms_per_token']:.2f}"
                  + (f"; ideal {s['pool50_ideal']:.2f}×)" if s.get("pool50_ideal") else ")") for s in d["summary"]]
-        out.append(f"- `benchmarks/results/{f.name}` (commit {d['environment']['commit'].split()[0]}): "
+        n = len(rows[0].get("rounds_tok_s", [1])) if rows else 1
+        rounds = {1: "one round", 2: "the faster of 2 rounds"}.get(n, f"the median of {n} rounds")
+        out.append(f"- `benchmarks/results/{f.name}` (commit {d['environment']['commit'].split()[0]}; {rounds}): "
                    + "; ".join(cells) + ".")
     return out
 
