@@ -33,6 +33,7 @@ it uses the manager's pool, policy, counters, prefetch gate and prefetch bookkee
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import TYPE_CHECKING, Sequence
 
@@ -491,12 +492,10 @@ class DirectReads:
         """Device slot-table entries ``keys`` <- ``values`` on ``stream`` (None: the current one)."""
         if not keys:
             return
-        flat = self.pool.table.view(-1)
-        if self.device.type != "cuda":
-            flat[torch.tensor(keys, dtype=torch.int64)] = torch.tensor(values, dtype=torch.int32)
-            return
-        with torch.cuda.stream(stream or torch.cuda.current_stream(self.device)):
-            flat.index_copy_(0, host_to(keys, torch.int64, self.device), host_to(values, torch.int32, self.device))
+        cuda = self.device.type == "cuda"
+        with torch.cuda.stream(stream or torch.cuda.current_stream(self.device)) if cuda else contextlib.nullcontext():
+            self.pool.table.view(-1).index_copy_(0, host_to(keys, torch.int64, self.device),
+                                                 host_to(values, torch.int32, self.device))
 
     def _enter_mode(self, mode: str) -> None:
         """Start this step in ``mode``; switching from the other one first lets its copies land."""
