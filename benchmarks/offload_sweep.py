@@ -48,6 +48,7 @@ class Sweep:
     reads: tuple[str, ...] = ("auto",)   # expert_reads of the depth > 0 rows ("copy" rows: the ablation)
     claims: tuple[int | None, ...] = (None,)   # most GPU-side prefetch claims per layer (None: the engine's)
     predict: tuple[str, ...] = ("kernel",)     # depth > 0 decode predictions: one kernel, or matmul + routing
+    votes: tuple[str, ...] = ("auto",)         # GPU-side claims gated by votes ("auto") or not ("off")
 
 
 def sampled_decode(engine: LLMEngine, prompts: list[list[int]], sweep: Sweep, seed: int):
@@ -83,7 +84,8 @@ def sampled_decode(engine: LLMEngine, prompts: list[list[int]], sweep: Sweep, se
 
 
 def _row(routing: str, pool: float, depth: int, reads: str, batch: int, timed, base_bytes: int,
-         budget: int | None, direct: bool, claims: int | None, expert_bytes: int, predict: str) -> dict:
+         budget: int | None, direct: bool, claims: int | None, expert_bytes: int, predict: str,
+         votes: str = "auto") -> dict:
     n, secs, before, after, host_wait, step_end = timed
     d = lambda f: getattr(after, f) - getattr(before, f)   # noqa: E731
     looked = d("hits") + d("misses")
@@ -95,7 +97,7 @@ def _row(routing: str, pool: float, depth: int, reads: str, batch: int, timed, b
            "direct_bytes_per_token": d("direct_bytes") / n, "fills": d("fills"),
            # misses (each layer's distinct missing experts) against the (token, expert) pairs read directly
            "misses_per_token": d("misses") / n, "direct_reads_per_token": d("direct_bytes") / expert_bytes / n,
-           "claims_per_layer": claims, "predict": predict,
+           "claims_per_layer": claims, "predict": predict, "claim_votes": votes,
            # share of the misses that a prediction for their layer had named (what prefetch could hide)
            "misses_predicted": d("misses_predicted") / d("misses") if d("misses") else None,
            "copy_wait_ms_per_token": d("copy_wait_ms") / n,
@@ -128,9 +130,9 @@ def offload_block(hf, cfg, sweep: Sweep, prompts: dict, routing: str) -> dict:
     rows = []
     try:
         for _ in range(sweep.repeat):      # rounds: a slow spell of the host hits every setting alike
-            for pool, depth, reads, claims, predict, b in _settings(sweep):
-                rows.append(_timed_row(engine, sweep, routing, pool, depth, reads, claims, predict, b, prompts[b],
-                                       total, base, expert, len(rows)))
+            for pool, depth, reads, claims, predict, votes, b in _settings(sweep):
+                rows.append(_timed_row(engine, sweep, routing, pool, depth, reads, claims, predict, votes, b,
+                                       prompts[b], total, base, expert, len(rows)))
         rows = _medians(rows)
         acts = torch.tensor(engine.stats().experts.activations)                        # [L, E]
         plan_budget = engine.loaded.plan.budget_bytes
@@ -141,19 +143,19 @@ def offload_block(hf, cfg, sweep: Sweep, prompts: dict, routing: str) -> dict:
 
 
 def _settings(sweep: Sweep) -> list[tuple]:
-    """(pool, depth, reads, claims, predict, batch) of every row of one round; a full pool never
+    """(pool, depth, reads, claims, predict, votes, batch) of every row of one round; a full pool never
     prefetches, and the depth > 0 knobs apply only below it."""
     out = []
     for pool in sweep.pools:
         for depth in sweep.depths if pool < 1 else sweep.depths[:1]:
-            knobs = itertools.product(sweep.reads, sweep.claims, sweep.predict) if depth > 0 and pool < 1 else \
-                [("auto", None, "kernel")]
+            knobs = itertools.product(sweep.reads, sweep.claims, sweep.predict, sweep.votes) \
+                if depth > 0 and pool < 1 else [("auto", None, "kernel", "auto")]
             out += [(pool, depth, *k, b) for k in knobs for b in sweep.batches]
     return out
 
 
 def _timed_row(engine: LLMEngine, sweep: Sweep, routing: str, pool: float, depth: int, reads: str,
-               claims: int | None, predict: str, b: int, prompts: list[list[int]], total: int, base: int,
+               claims: int | None, predict: str, votes: str, b: int, prompts: list[list[int]], total: int, base: int,
                expert: int, seed: int) -> dict:
     """Retune ``engine`` live to one setting and time a batch-``b`` decode."""
     if sweep.device.startswith("cuda"):
@@ -164,11 +166,14 @@ def _timed_row(engine: LLMEngine, sweep: Sweep, routing: str, pool: float, depth
         experts.prefetch_per_layer = PREFETCH_PER_LAYER if claims is None else claims
     if hasattr(experts, "predict_kernel"):
         experts.predict_kernel = predict == "kernel"
+    if getattr(experts, "claims", None) is not None:
+        experts.claims.by_votes = votes == "auto"
     timed = sampled_decode(engine, prompts, sweep, seed=1000 * seed)
     direct = bool(getattr(experts, "direct_for", lambda t: False)(b))
-    row = _row(routing, pool, depth, reads, b, timed, base, sweep.budget, direct, claims, expert, predict)
+    row = _row(routing, pool, depth, reads, b, timed, base, sweep.budget, direct, claims, expert, predict, votes)
     if getattr(experts, "claims", None) is not None:
         row["claim_rank_use"] = experts.claims.snapshot()
+        row["claim_vote_use"] = experts.claims.vote_snapshot()   # by votes 1, 2, ... per step-size bucket
     return row
 
 
@@ -177,7 +182,7 @@ def _medians(rows: list[dict]) -> list[dict]:
     memory peak is the largest of any round."""
     out = []
     setting = lambda r: (r["pool_fraction"], r["depth"], r["reads"], r["claims_per_layer"], r["predict"],  # noqa: E731
-                         r["batch"])
+                         r.get("claim_votes"), r["batch"])
     for key in dict.fromkeys(setting(r) for r in rows):
         mine = sorted((r for r in rows if setting(r) == key),
                       key=lambda r: r["ms_per_token"])
@@ -225,7 +230,8 @@ def summarise(rows: list[dict], pinned_gbs: float) -> list[dict]:
         if d0 and d2:
             s.update(pool50_depth2_over_depth0=d0["ms_per_token"] / d2["ms_per_token"],
                      pool50_depth2_direct_reads=d2["direct_reads"], pool50_ideal=d2.get("ideal_speedup_vs_depth0"))
-            variants = {f"claims {r['claims_per_layer']}, predict {r['predict']}": d0["ms_per_token"] / r["ms_per_token"]
+            variants = {f"claims {r['claims_per_layer']}, predict {r['predict']}, votes {r.get('claim_votes')}":
+                        d0["ms_per_token"] / r["ms_per_token"]
                         for r in mine if r["pool_fraction"] == 0.5 and r["depth"] == 2 and r["reads"] == "auto"}
             if len(variants) > 1:
                 s["pool50_depth2_over_depth0_by_variant"] = variants

@@ -8,7 +8,9 @@ of layer ``t = l + depth`` (the farthest it looks), two kernels on a stream of t
 * ``claim`` (one program) orders the experts predicted for ``t`` by how many tokens predict them,
   ties by rank (every token's first choice, then every second choice, ...), keeps those that have no
   slot in the table, and gives the first ``quota`` of them the next of the step's leased staging
-  slots (an expert several tokens of a batch will need is the likeliest to be used). Each
+  slots (an expert several tokens of a batch will need is the likeliest to be used); an expert fewer
+  tokens predict than the step's ``min_votes`` is not claimed (:class:`ClaimGate` measures how often
+  claims with each number of votes are used). Each
   claimed entry of the slot table is marked ``CLAIMED`` (still "missing" to every reader), and the
   claims are listed for the copy kernel and, in pinned memory, for the host. It claims nothing once
   the compute stream has published layer ``t - 1``: such a copy could not land in time.
@@ -45,8 +47,8 @@ COPY_BLOCK = 4096            # int32 words one program moves per iteration
 @jit
 def _claim_kernel(pred, table, free, meta, work, done, region, target, T, E, N, MAXC,
                   K: tl.constexpr, BLOCK_N: tl.constexpr):
-    # pred: [T, K] ids of layer ``target``; meta: [next, count, quota, progress, n]; work: [MAXC, 2]
-    # (slot, key); region: pinned [1 + 2 MAXC] (count, keys, slots).
+    # pred: [T, K] ids of layer ``target``; meta: [next, count, quota, progress, n, min_votes];
+    # work: [MAXC, 2] (slot, key); region: pinned [1 + 3 MAXC] (count, keys, slots, votes).
     i = tl.arange(0, BLOCK_N)
     i_ok = i < N
     src = (i % T) * K + i // T                                     # rank-major: first choices first
@@ -58,7 +60,7 @@ def _claim_kernel(pred, table, free, meta, work, done, region, target, T, E, N, 
     earlier = same & (j[None, :] < i[:, None])
     key = target * E + e
     state = tl.load(table + key, mask=i_ok, other=0)
-    cand = i_ok & (tl.sum(earlier.to(tl.int32), axis=1) == 0) & (state == -1)
+    cand = i_ok & (tl.sum(earlier.to(tl.int32), axis=1) == 0) & (state == -1) & (votes >= tl.load(meta + 5))
     nxt, count, quota, progress = tl.load(meta), tl.load(meta + 1), tl.load(meta + 2), tl.load(meta + 3)
     quota = tl.where(progress < target - 1, quota, 0)             # too late to land: claim nothing
     # Candidates in order of votes, then of first occurrence: pos = candidates ahead of this one.
@@ -75,6 +77,7 @@ def _claim_kernel(pred, table, free, meta, work, done, region, target, T, E, N, 
     n = tl.sum(take.to(tl.int32), axis=0)
     tl.store(region + 1 + pos, key, mask=take)
     tl.store(region + 1 + MAXC + pos, slot.to(tl.int64), mask=take)
+    tl.store(region + 1 + 2 * MAXC + pos, votes.to(tl.int64), mask=take)
     tl.store(meta + 4, n)                                           # the copy kernel's item count
     tl.store(meta, nxt + n)
     tl.debug_barrier()
@@ -112,11 +115,11 @@ class DevicePrefetcher:
     def __init__(self, num_layers: int, num_experts: int, max_claims: int, device: torch.device) -> None:
         self.device, self.num_experts, self.max_claims = device, num_experts, max_claims
         cuda = device.type == "cuda"
-        self.meta = torch.zeros(5, dtype=torch.int32, device=device)        # next, count, quota, progress, n
+        self.meta = torch.zeros(6, dtype=torch.int32, device=device)   # next, count, quota, progress, n, min_votes
         self.free = torch.zeros(max(1, 2 * num_experts), dtype=torch.int32, device=device)
         self.work = torch.zeros(2 * max_claims, dtype=torch.int64, device=device)
         self.done = torch.zeros(max_claims, dtype=torch.int32, device=device)
-        n = num_layers * (1 + 2 * max_claims)           # per layer: count, keys, slots
+        n = num_layers * (1 + 3 * max_claims)           # per layer: count, keys, slots, votes
         self.regions = (pinned_ids(n) if cuda else torch.zeros(n, dtype=torch.int64)).view(num_layers, -1)
         self.stream = torch.cuda.Stream(device) if cuda else None
         self.targets: list[int] = []        # layers a claim was launched for this step (recorded or eager)
@@ -128,13 +131,14 @@ class DevicePrefetcher:
         """Whether this device and row size can use it (rows copied as int32 words)."""
         return row_bytes % 4 == 0 and (device.type != "cuda" or HAS_TRITON)
 
-    def begin(self, slots: list[int], quota: int) -> None:
+    def begin(self, slots: list[int], quota: int, min_votes: int = 1) -> None:
         """Before a step: lease ``slots`` (staging slots nobody points at) and allow ``quota``
-        claims per layer; mark the claim regions of the recorded targets unwritten."""
+        claims per layer, each of an expert at least ``min_votes`` tokens predict; mark the claim
+        regions of the recorded targets unwritten."""
         n = len(slots)
         if n:
             self.free[:n].copy_(host_to(slots, torch.int32, self.free.device))
-        self.meta.copy_(host_to([0, n, quota if n else 0, -1, 0], torch.int32, self.meta.device))
+        self.meta.copy_(host_to([0, n, quota if n else 0, -1, 0, min_votes], torch.int32, self.meta.device))
         self.targets = []
         self.regions[:, 0] = UNWRITTEN                  # one op: what collect() waits on
 
@@ -177,7 +181,7 @@ class DevicePrefetcher:
                     pool: torch.Tensor, n: int) -> None:
         """What the kernels do, in torch (CPU): claims land at once."""
         T, k = pred.shape
-        nxt, count, quota, progress = self.meta[:4].tolist()
+        nxt, count, quota, progress, _, min_votes = self.meta.tolist()
         if progress >= target - 1:
             quota = 0
         flat = table.view(-1)
@@ -186,7 +190,7 @@ class DevicePrefetcher:
         taken: list[tuple[int, int]] = []
         for e in sorted(dict.fromkeys(ranked), key=lambda e: -votes[e]):     # stable: rank order on ties
             key = target * self.num_experts + e
-            if int(flat[key]) != -1:
+            if int(flat[key]) != -1 or votes[e] < min_votes:
                 continue
             if len(taken) >= quota or nxt + len(taken) >= count:
                 break
@@ -197,8 +201,9 @@ class DevicePrefetcher:
         self.meta[0] = nxt + len(taken)
         region = self.regions[target]
         region[0] = len(taken)
+        m = self.max_claims
         for j, (key, slot) in enumerate(taken):
-            region[1 + j], region[1 + self.max_claims + j] = key, slot
+            region[1 + j], region[1 + m + j], region[1 + 2 * m + j] = key, slot, votes[key - target * self.num_experts]
 
     def set_progress(self, layer: int) -> None:
         """Eager steps: the compute stream has reached ``layer``'s experts (in a recorded step the
@@ -219,11 +224,11 @@ class DevicePrefetcher:
         self._wait(targets)
         return self.regions.numpy()[targets].copy()
 
-    def collect(self, targets: list[int], records=None) -> list[tuple[int, int, int]]:
-        """``(key, slot, rank)`` of every claim of the step's ``targets`` (their claim kernels have run
-        or will shortly: the host waits for their regions), or of their ``records`` taken by
-        :meth:`snapshot`; ``rank`` is the claim's place among its layer's claims, in the prediction's
-        order. Plain numpy: this is on the step's path."""
+    def collect(self, targets: list[int], records=None) -> list[tuple[int, int, int, int]]:
+        """``(key, slot, rank, votes)`` of every claim of the step's ``targets`` (their claim kernels
+        have run or will shortly: the host waits for their regions), or of their ``records`` taken by
+        :meth:`snapshot`; ``rank`` is the claim's place among its layer's claims, ``votes`` the tokens
+        that predicted it. Plain numpy: this is on the step's path."""
         if not targets:
             return []
         if records is None:
@@ -233,7 +238,8 @@ class DevicePrefetcher:
         m = self.max_claims
         for row, n in zip(records, records[:, 0].tolist()):
             if n > 0:
-                out.extend(zip(row[1:1 + n].tolist(), row[1 + m:1 + m + n].tolist(), range(n)))
+                out.extend(zip(row[1:1 + n].tolist(), row[1 + m:1 + m + n].tolist(), range(n),
+                               row[1 + 2 * m:1 + 2 * m + n].tolist()))
         return out
 
     def _wait(self, targets: list[int]) -> None:

@@ -122,10 +122,11 @@ class DirectReads:
     def _begin_device_prefetch(self, tokens: int) -> None:
         """Lease the free staging slots for this step's GPU-side prefetch and set its per-layer quota
         (:meth:`_device_quota`)."""
-        dp, pool = self._dp, self.pool
+        dp, pool, gate = self._dp, self.pool, self.gate
         quota = self._device_quota(tokens)
         wanted = quota * (self.num_layers - 1)              # at most one claim batch per later layer
-        dp.begin([pool.take_staging(-1) for _ in range(min(len(pool.staging_free), dp.free.numel(), wanted))], quota)
+        dp.begin([pool.take_staging(-1) for _ in range(min(len(pool.staging_free), dp.free.numel(), wanted))], quota,
+                 self.claims.min_votes(tokens, probe=gate.steps % gate.probe_every == 0))
         self._dp_tokens = tokens
 
     def _device_quota(self, tokens: int) -> int:
@@ -181,9 +182,9 @@ class DirectReads:
         claims = dp.collect(dp.recorded_targets if self._dp_replay else dp.targets, self._dp_records)
         d = self.prefetch_depth
         ranked = []
-        for key, slot, rank in claims:
+        for key, slot, rank, votes in claims:
             hit = self._seen.get(key) == slot
-            ranked.append((rank, hit))
+            ranked.append((rank, hit, votes))
             if hit:
                 self.counters.prefetch_hits += 1
                 self.gate.on_use(d)
@@ -195,7 +196,7 @@ class DirectReads:
         self.claims.record(self._dp_tokens, ranked)
         self.counters.device_copy_bytes += len(claims) * self.layout.nbytes
         self._dp_active = False
-        return [key for key, _, _ in claims]
+        return [claim[0] for claim in claims]
 
     # ---- fills: admission without a copy ----------------------------------------------------------
     def fill_capacity(self) -> int:

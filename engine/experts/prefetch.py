@@ -233,13 +233,22 @@ class ClaimGate:
     most ``cap``, none of which is known to be used less than ``threshold`` of the time; a probe step
     allows one rank more, so a closed rank is measured again. A claim that landed after its layer
     had looked counts as unused, so ranks the bus cannot carry in time close by themselves.
+
+    The same counts are kept per number of votes (how many tokens of the step predicted the claimed
+    expert). With ``by_votes`` the claims of a step need at least ``min_votes`` votes: the fewest
+    votes whose claims are not known to be used less than ``threshold`` of the time, counting up
+    from one (an expert more tokens predict is the likelier to be used); a probe step allows one
+    vote fewer. A step of one token always claims with one vote.
     """
 
     def __init__(self, threshold: float = 0.4, decay: float = 0.98, min_samples: float = 16.0,
-                 max_rank: int = 16) -> None:
+                 max_rank: int = 16, by_votes: bool = True) -> None:
         self.threshold, self.decay, self.min_samples, self.max_rank = threshold, decay, min_samples, max_rank
+        self.by_votes = by_votes
         self._issued: dict[int, list[float]] = {}
         self._used: dict[int, list[float]] = {}
+        self._v_issued: dict[int, list[float]] = {}     # bucket -> claims by votes (index = votes)
+        self._v_used: dict[int, list[float]] = {}
 
     @staticmethod
     def bucket(tokens: int) -> int:
@@ -261,18 +270,42 @@ class ClaimGate:
             n += 1
         return min(cap, n + 1) if probe else n
 
-    def record(self, tokens: int, claims: Sequence[tuple[int, bool]]) -> None:
-        """One step's claims as ``(rank, used)``; ages the counts of its step size first."""
+    def vote_accuracy(self, tokens: int, votes: int) -> float | None:
+        """Share of claims with ``votes`` votes used in steps of ``tokens`` tokens (None until enough)."""
+        issued = self._v_issued.get(self.bucket(tokens))
+        if issued is None or votes >= len(issued) or issued[votes] < self.min_samples:
+            return None
+        return self._v_used[self.bucket(tokens)][votes] / issued[votes]
+
+    def min_votes(self, tokens: int, probe: bool) -> int:
+        """Votes a claim of a step of ``tokens`` tokens needs (see the class doc)."""
+        if not self.by_votes:
+            return 1
+        v, top = 1, min(max(tokens, 1), 16)
+        while v < top:
+            acc = self.vote_accuracy(tokens, v)
+            if acc is None or acc >= self.threshold:
+                break
+            v += 1
+        return max(1, v - 1) if probe else v
+
+    def record(self, tokens: int, claims: Sequence[tuple[int, bool, int]]) -> None:
+        """One step's claims as ``(rank, used, votes)``; ages the counts of its step size first."""
         b = self.bucket(tokens)
         issued = self._issued.setdefault(b, [0.0] * self.max_rank)
         used = self._used.setdefault(b, [0.0] * self.max_rank)
-        for r in range(self.max_rank):
-            issued[r] *= self.decay
-            used[r] *= self.decay
-        for rank, hit in claims:
+        v_issued = self._v_issued.setdefault(b, [0.0] * 17)
+        v_used = self._v_used.setdefault(b, [0.0] * 17)
+        for counts in (issued, used, v_issued, v_used):
+            for i in range(len(counts)):
+                counts[i] *= self.decay
+        for rank, hit, votes in claims:
             if rank < self.max_rank:
                 issued[rank] += 1
                 used[rank] += hit
+            v = min(max(votes, 1), 16)
+            v_issued[v] += 1
+            v_used[v] += hit
 
     def state(self, cap: int) -> tuple[tuple[str, float | None, int], ...]:
         """Per measured step size: its label, the first rank's use share, the claims per layer it
@@ -285,7 +318,12 @@ class ClaimGate:
 
     def snapshot(self) -> dict[int, list[float | None]]:
         """Per step-size bucket, each rank's use share (None: too few claims to tell)."""
-        out = {}
-        for b, issued in self._issued.items():
-            out[b] = [round(u / i, 3) if i >= self.min_samples else None for u, i in zip(self._used[b], issued)]
-        return out
+        return self._shares(self._issued, self._used)
+
+    def vote_snapshot(self) -> dict[int, list[float | None]]:
+        """Per step-size bucket, the use share of claims with 1, 2, ... 16 votes (None: too few)."""
+        return {b: shares[1:] for b, shares in self._shares(self._v_issued, self._v_used).items()}
+
+    def _shares(self, issued: dict[int, list[float]], used: dict[int, list[float]]) -> dict[int, list[float | None]]:
+        return {b: [round(u / i, 3) if i >= self.min_samples else None for u, i in zip(used[b], counts)]
+                for b, counts in issued.items()}

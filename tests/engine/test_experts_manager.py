@@ -342,8 +342,9 @@ def test_claim_of_a_key_the_deferred_end_admitted_keeps_its_pool_slot(stack: Sta
     pool.buffer[slot].copy_(stack.store.rows[key])
     claim = pool.take_staging(-1)
     pool.table.view(-1)[key] = claim                         # the claim kernel's entry
-    records = np.zeros((1, 1 + 2 * prov._dp.max_claims), dtype=np.int64)
-    records[0, 0], records[0, 1], records[0, 1 + prov._dp.max_claims] = 1, key, claim
+    m = prov._dp.max_claims
+    records = np.zeros((1, 1 + 3 * m), dtype=np.int64)                     # count, keys, slots, votes
+    records[0, 0], records[0, 1], records[0, 1 + m], records[0, 1 + 2 * m] = 1, key, claim, 1
     prov._dp.targets = [layer]
     prov._dp_active, prov._dp_replay, prov._dp_records, prov._dp_tokens = True, False, records, 1
     prov._step_mode = "direct"
@@ -612,7 +613,7 @@ def test_gpu_side_prefetch_claims_count_and_clean_up(stack: Stack) -> None:
     assert (prov.pool.table == -1).all() and not prov.pool.lease
     assert st.claim_use == (("1", None, 1),)       # 3 claims: too few to tell, so it keeps claiming
     for _ in range(20):
-        prov.claims.record(1, [(0, False)])
+        prov.claims.record(1, [(0, False, 1)])
     (label, share, claims), = prov.stats().claim_use  # 2 of 23 used (decayed): paused
     assert label == "1" and share < 0.1 and claims == 0 and prov.stats().claim_threshold == 0.4
 
@@ -641,13 +642,13 @@ def test_direct_steps_stop_predicting_while_the_gpu_side_prefetch_is_closed(stac
     prov = stack.offloaded(L * E // 4, depth=2, policy="lfu", direct_reads=True)
     gate = prov.gate
     assert prov.predicts(2)                                # no estimate yet
-    prov.claims.record(2, [(0, i < 5) for i in range(100)])   # 5% of first claims used
+    prov.claims.record(2, [(0, i < 5, 1) for i in range(100)])   # 5% of first claims used
     gate.steps = 1
     assert not prov.predicts(2) and prov.predicts(17)      # 17 tokens: not a direct-read step
     assert prov.predicts(1)                                # steps of another size are measured apart
     gate.steps = gate.probe_every                          # a probe step predicts
     assert prov.predicts(2)
-    prov.claims.record(2, [(0, i < 90) for i in range(100)])   # mostly right again
+    prov.claims.record(2, [(0, i < 90, 1) for i in range(100)])   # mostly right again
     gate.steps = 1
     assert prov.predicts(2)
     prov.quiet = True

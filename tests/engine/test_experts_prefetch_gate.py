@@ -78,7 +78,7 @@ def test_claims_per_layer_are_the_leading_ranks_that_are_mostly_used():
     # batch 8: rank 0 used 60%, rank 1 30%, rank 2 10%, rank 3 50% (behind a closed rank: not reached)
     share = [0.6, 0.3, 0.1, 0.5]
     for i in range(20):
-        gate.record(8, [(r, i < 20 * s) for r, s in enumerate(share)])
+        gate.record(8, [(r, i < 20 * s, 2) for r, s in enumerate(share)])
     assert [gate.accuracy(8, r) for r in range(4)] == share
     assert gate.quota(8, cap=4, probe=False) == 2
     assert gate.quota(8, cap=4, probe=True) == 3                  # a probe measures the first closed rank
@@ -89,9 +89,26 @@ def test_claims_per_layer_are_the_leading_ranks_that_are_mostly_used():
 
 def test_a_closed_first_rank_stops_claims_until_a_probe_and_the_counts_age():
     gate = ClaimGate(threshold=0.2, decay=0.5, min_samples=4)
-    gate.record(1, [(0, False)] * 10)
+    gate.record(1, [(0, False, 1)] * 10)
     assert gate.quota(1, cap=3, probe=False) == 0 and gate.quota(1, cap=3, probe=True) == 1
     for _ in range(4):                                            # routing changed: its claims are used now
-        gate.record(1, [(0, True)] * 10)
+        gate.record(1, [(0, True, 1)] * 10)
     assert gate.accuracy(1, 0) > 0.9 and gate.quota(1, cap=3, probe=False) == 3
     assert gate.snapshot()[1][:2] == [round(gate.accuracy(1, 0), 3), None]
+
+
+def test_claims_need_the_fewest_votes_whose_claims_are_mostly_used():
+    gate = ClaimGate(threshold=0.4, decay=1.0, min_samples=8)
+    assert gate.min_votes(8, probe=False) == 1                    # nothing measured yet
+    # batch 8: claims one token predicted used 20%, two tokens 30%, three tokens 70%
+    for i in range(20):
+        gate.record(8, [(0, i < 4, 1), (0, i < 6, 2), (1, i < 14, 3)])
+    assert [gate.vote_accuracy(8, v) for v in (1, 2, 3, 4)] == [0.2, 0.3, 0.7, None]
+    assert gate.min_votes(8, probe=False) == 3
+    assert gate.min_votes(8, probe=True) == 2                     # a probe measures one vote fewer
+    assert gate.min_votes(1, probe=False) == 1                    # one token: one vote, measured apart
+    assert gate.vote_snapshot()[4][:4] == [0.2, 0.3, 0.7, None]
+    gate.record(2, [(0, False, 1)] * 20)
+    assert gate.min_votes(2, probe=False) == 2                    # never more votes than tokens
+    gate.by_votes = False
+    assert gate.min_votes(8, probe=False) == 1

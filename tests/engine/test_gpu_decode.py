@@ -156,7 +156,7 @@ def test_quiet_steps_when_the_gpu_side_prefetch_is_closed(model) -> None:
         prov = llm.engine.loaded.experts
         prov.claims.decay = 1.0                                 # closed at every step size, and it stays closed
         for tokens in (1, 2, 4, 8, 16):
-            prov.claims.record(tokens, [(0, False)] * 1000)
+            prov.claims.record(tokens, [(0, False, 1)] * 1000)
         prov.gate.probe_every = 4                               # a few probe steps in 12 tokens
         graphs = _graphs(llm)
         flags = []

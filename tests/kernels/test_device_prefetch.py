@@ -27,9 +27,9 @@ PRED = torch.tensor([[5, 1, 7], [6, 6, 0]], dtype=torch.int64)
 
 
 @pytest.mark.parametrize("quota,free,expect", [
-    (2, [9, 10, 11], [(2 * E + 6, 9, 0), (2 * E + 7, 10, 1)]),         # the quota stops it
-    (8, [9, 10], [(2 * E + 6, 9, 0), (2 * E + 7, 10, 1)]),             # the leased slots run out
-    (8, [9, 10, 11], [(2 * E + 6, 9, 0), (2 * E + 7, 10, 1), (2 * E + 0, 11, 2)]),
+    (2, [9, 10, 11], [(2 * E + 6, 9, 0, 2), (2 * E + 7, 10, 1, 1)]),      # the quota stops it
+    (8, [9, 10], [(2 * E + 6, 9, 0, 2), (2 * E + 7, 10, 1, 1)]),          # the leased slots run out
+    (8, [9, 10, 11], [(2 * E + 6, 9, 0, 2), (2 * E + 7, 10, 1, 1), (2 * E + 0, 11, 2, 1)]),
 ])
 def test_kernels_claim_missing_experts_rank_by_rank_and_copy_them(quota, free, expect):
     got = {}
@@ -41,7 +41,7 @@ def test_kernels_claim_missing_experts_rank_by_rank_and_copy_them(quota, free, e
             dp._launch_ref(2, PRED, table, rows, pool, PRED.numel())
         claims = dp.collect([2])
         assert claims == expect
-        for key, slot, _ in claims:
+        for key, slot, _, _ in claims:
             assert torch.equal(pool[slot], rows[key])                  # every chunk landed
             assert table.view(-1)[key] == slot                         # published after its bytes
         assert table[2, 1] == 3 and table[2, 5] == 4 and (table[[0, 1, 3]] == -1).all()
@@ -54,7 +54,7 @@ def test_a_second_claim_for_the_same_layer_skips_what_is_claimed_or_landed():
     dp, rows, pool, table = _setup(8, [9, 10, 11, 8])
     table[2, 0] = CLAIMED                                              # a copy under way
     dp.run_kernels(2, PRED, table, rows, pool, PRED.numel())
-    assert dp.collect([2]) == [(2 * E + 6, 9, 0), (2 * E + 7, 10, 1)]
+    assert dp.collect([2]) == [(2 * E + 6, 9, 0, 2), (2 * E + 7, 10, 1, 1)]
     dp.run_kernels(2, PRED, table, rows, pool, PRED.numel())           # everything has a slot now
     assert dp.collect([2]) == []
 
@@ -67,7 +67,7 @@ def test_nothing_is_claimed_once_the_layer_before_the_target_has_run():
         assert dp.collect([2]) == []
         assert (table[2] < 0).sum() == 6 and int(dp.meta[0]) == 0
         run(3, PRED, table, rows, pool, PRED.numel())                   # layer 3 still can be
-        assert [k for k, _, _ in dp.collect([3])] == [3 * E + 6, 3 * E + 5, 3 * E + 1]   # 6: two votes
+        assert [c[0] for c in dp.collect([3])] == [3 * E + 6, 3 * E + 5, 3 * E + 1]   # 6: two votes
 
 
 def test_experts_more_tokens_predict_are_claimed_first():
@@ -80,6 +80,21 @@ def test_experts_more_tokens_predict_are_claimed_first():
             run = dp.run_kernels if how == "kernels" else dp._launch_ref
             run(3, pred, table, rows, pool, pred.numel())
             claims = dp.collect([3])
-            assert [k - 3 * E for k, _, _ in claims] == want, how
-            assert [s for _, s, _ in claims] == [8, 9, 10, 11][:len(want)]
-            assert all(torch.equal(pool[s], rows[k]) for k, s, _ in claims)
+            assert [c[0] - 3 * E for c in claims] == want, how
+            assert [c[1] for c in claims] == [8, 9, 10, 11][:len(want)]
+            assert all(torch.equal(pool[c[1]], rows[c[0]]) for c in claims)
+
+
+def test_experts_fewer_tokens_predict_than_min_votes_are_not_claimed():
+    # Three tokens, k = 2: expert 7 has three votes, 2, 4 and 6 one each. With min_votes 2 only 7 is
+    # claimed, however large the quota; each claim records its votes.
+    pred = torch.tensor([[2, 7], [4, 7], [6, 7]], dtype=torch.int64)
+    for how in ("kernels", "reference"):
+        for min_votes, want in ((1, [(7, 3), (2, 1), (4, 1), (6, 1)]), (2, [(7, 3)]), (4, [])):
+            dp, rows, pool, table = _setup(8, [8, 9, 10, 11])
+            dp.begin([8, 9, 10, 11], 8, min_votes)
+            run = dp.run_kernels if how == "kernels" else dp._launch_ref
+            run(3, pred, table, rows, pool, pred.numel())
+            claims = dp.collect([3])
+            assert [(c[0] - 3 * E, c[3]) for c in claims] == want, (how, min_votes)
+            assert int((table[3] >= 0).sum()) == len(want)
