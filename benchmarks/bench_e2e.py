@@ -210,7 +210,7 @@ def print_tables(result: dict) -> None:
             rd = "D" if r.get("direct_reads") else "C"       # misses read directly / copied in
             cl = "-" if r.get("claims_per_layer") is None else str(r["claims_per_layer"])   # claims cap
             cl += "t" if r.get("predict") == "torch" else ""
-            cl += "o" if r.get("claim_votes") == "off" else ""       # claims not gated by votes
+            cl += "v" if r.get("claim_votes") == "gate" else ""      # claims gated by votes
             print(f"{routing:<13}{100 * r['pool_fraction']:>4.0f}%{r['depth']:>2}{rd:>3}{cl:>3}{r['batch']:>3}{r['tok_s']:>9.1f}"
                   f"{r['ms_per_token']:>8.2f}{f('serial_limit_ms', '8.2f'):>8}{f('overlap_limit_ms', '8.2f'):>8}"
                   f"{100 * r['hit_rate']:>6.1f}{f('misses_predicted', '6.0%'):>6}{r['prefetch_hits']:>6}{r['prefetch_wasted']:>6}"
@@ -259,8 +259,8 @@ def main() -> None:
                     "rows, e.g. 1,4 (empty: the engine's)")
     ap.add_argument("--predict", default="kernel", help="offload: how depth > 0 decode steps predict, e.g. "
                     "kernel,torch (one kernel; matmul + routing)")
-    ap.add_argument("--claim-votes", default="auto", help="offload: GPU-side claims gated by votes (auto) or "
-                    "not (off), e.g. auto,off")
+    ap.add_argument("--claim-votes", default="off", help="offload: GPU-side claims gated by votes (gate) or "
+                    "not (off, the engine's default), e.g. off,gate")
     ap.add_argument("--routing", choices=("uniform", "trained-like", "both"), default="both")
     ap.add_argument("--budget", default="64G", help="gpu_memory_budget given to the offload engine")
     ap.add_argument("--repeat", type=int, default=1, help="offload: rounds over the grid (rows report medians)")

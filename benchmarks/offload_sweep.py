@@ -48,7 +48,7 @@ class Sweep:
     reads: tuple[str, ...] = ("auto",)   # expert_reads of the depth > 0 rows ("copy" rows: the ablation)
     claims: tuple[int | None, ...] = (None,)   # most GPU-side prefetch claims per layer (None: the engine's)
     predict: tuple[str, ...] = ("kernel",)     # depth > 0 decode predictions: one kernel, or matmul + routing
-    votes: tuple[str, ...] = ("auto",)         # GPU-side claims gated by votes ("auto") or not ("off")
+    votes: tuple[str, ...] = ("off",)          # GPU-side claims gated by votes ("gate") or not ("off")
 
 
 def sampled_decode(engine: LLMEngine, prompts: list[list[int]], sweep: Sweep, seed: int):
@@ -85,7 +85,7 @@ def sampled_decode(engine: LLMEngine, prompts: list[list[int]], sweep: Sweep, se
 
 def _row(routing: str, pool: float, depth: int, reads: str, batch: int, timed, base_bytes: int,
          budget: int | None, direct: bool, claims: int | None, expert_bytes: int, predict: str,
-         votes: str = "auto") -> dict:
+         votes: str = "off") -> dict:
     n, secs, before, after, host_wait, step_end = timed
     d = lambda f: getattr(after, f) - getattr(before, f)   # noqa: E731
     looked = d("hits") + d("misses")
@@ -149,7 +149,7 @@ def _settings(sweep: Sweep) -> list[tuple]:
     for pool in sweep.pools:
         for depth in sweep.depths if pool < 1 else sweep.depths[:1]:
             knobs = itertools.product(sweep.reads, sweep.claims, sweep.predict, sweep.votes) \
-                if depth > 0 and pool < 1 else [("auto", None, "kernel", "auto")]
+                if depth > 0 and pool < 1 else [("auto", None, "kernel", "off")]
             out += [(pool, depth, *k, b) for k in knobs for b in sweep.batches]
     return out
 
@@ -167,7 +167,7 @@ def _timed_row(engine: LLMEngine, sweep: Sweep, routing: str, pool: float, depth
     if hasattr(experts, "predict_kernel"):
         experts.predict_kernel = predict == "kernel"
     if getattr(experts, "claims", None) is not None:
-        experts.claims.by_votes = votes == "auto"
+        experts.claims.by_votes = votes == "gate"
     timed = sampled_decode(engine, prompts, sweep, seed=1000 * seed)
     direct = bool(getattr(experts, "direct_for", lambda t: False)(b))
     row = _row(routing, pool, depth, reads, b, timed, base, sweep.budget, direct, claims, expert, predict, votes)

@@ -238,11 +238,12 @@ class ClaimGate:
     expert). With ``by_votes`` the claims of a step need at least ``min_votes`` votes: the fewest
     votes whose claims are not known to be used less than ``threshold`` of the time, counting up
     from one (an expert more tokens predict is the likelier to be used); a probe step allows one
-    vote fewer. A step of one token always claims with one vote.
+    vote fewer. A step of one token always claims with one vote. Off by default until measured on
+    a GPU (``benchmarks/bench_e2e.py --claim-votes off,gate`` compares the two).
     """
 
     def __init__(self, threshold: float = 0.4, decay: float = 0.98, min_samples: float = 16.0,
-                 max_rank: int = 16, by_votes: bool = True) -> None:
+                 max_rank: int = 16, by_votes: bool = False) -> None:
         self.threshold, self.decay, self.min_samples, self.max_rank = threshold, decay, min_samples, max_rank
         self.by_votes = by_votes
         self._issued: dict[int, list[float]] = {}

@@ -98,7 +98,7 @@ def test_a_closed_first_rank_stops_claims_until_a_probe_and_the_counts_age():
 
 
 def test_claims_need_the_fewest_votes_whose_claims_are_mostly_used():
-    gate = ClaimGate(threshold=0.4, decay=1.0, min_samples=8)
+    gate = ClaimGate(threshold=0.4, decay=1.0, min_samples=8, by_votes=True)
     assert gate.min_votes(8, probe=False) == 1                    # nothing measured yet
     # batch 8: claims one token predicted used 20%, two tokens 30%, three tokens 70%
     for i in range(20):
