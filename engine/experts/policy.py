@@ -117,9 +117,10 @@ class LFUPolicy:
     (``benchmarks/results/lfu099_residency50_2026-11-29.json``) 0.99 helped only trained-like batch 8
     (3.51 -> 3.14 ms per token at depth 2); with the random model's routing, which reuses recent
     experts, the hit rate fell (99.5% -> 97.5% at batch 1, 98.9% -> 95.1% at batch 8) and steps got
-    slower; with trained-like routing at batch 1 the host time grew (the step end 0.31 -> 0.84 ms
-    per token at depth 2; depth 0 10.3 -> 13.7 ms per token with fewer bytes over the bus). So the
-    default stays 0.9.
+    slower (depth 2 4.90 -> 6.70 and 1.79 -> 3.64 ms per token). So the default stays 0.9. (Trained-like
+    batch 1 was slower in that run too, but so was uniform depth 0 at an unchanged hit rate, 9.95
+    against 6.79-7.73 ms per token in the other runs: that run's host was slow, so those timings
+    say nothing about the decay.)
     """
 
     name = "lfu"
