@@ -22,7 +22,6 @@ class ModelRunner:
         self._tokens: torch.Tensor | None = None          # this step's sampled ids (host view on CUDA)
 
     def build_batch(self, sched: SchedulerOutput) -> ForwardBatch:
-        bs = self.cache.block_size
         decode = all(s.num_new == 1 and s.samples for s in sched.seqs)
         ids: list[int] = []
         positions: list[int] = []
@@ -37,7 +36,7 @@ class ModelRunner:
                                      torch.tensor(req.blocks, dtype=torch.int64, device=self.device)))
             ids += req.all_ids[start:start + s.num_new] if s.num_new > 1 else [req.token_at(start)]
             positions += pos
-            slots += [req.blocks[p // bs] * bs + p % bs for p in pos]
+            slots += [self._slot(req, p) for p in pos]
             if s.samples:
                 rows.append(len(ids) - 1)
         as_t = lambda xs: torch.tensor(xs, dtype=torch.int64, device=self.device)   # noqa: E731
@@ -51,15 +50,19 @@ class ModelRunner:
         return DecodeMeta(torch.tensor(tables, dtype=torch.int32, device=self.device),
                           torch.tensor(lens, dtype=torch.int32, device=self.device))
 
+    def _slot(self, req: Request, pos: int) -> int:
+        """The KV-cache slot of ``req``'s token at position ``pos``."""
+        bs = self.cache.block_size
+        return req.blocks[pos // bs] * bs + pos % bs
+
     def decode_inputs(self, sched: SchedulerOutput) -> DecodeInputs:
         """The host side of a decode step (one new token per sequence) for a recorded replay."""
-        bs = self.cache.block_size
         inp = DecodeInputs([], [], [], [], [])
         for s in sched.seqs:
             req, p = s.request, s.request.num_computed
             inp.ids.append(req.token_at(p))
             inp.positions.append(p)
-            inp.slots.append(req.blocks[p // bs] * bs + p % bs)
+            inp.slots.append(self._slot(req, p))
             inp.tables.append(req.blocks)
             inp.lens.append(p + 1)
         return inp

@@ -257,10 +257,14 @@ class ClaimGate:
 
     def accuracy(self, tokens: int, rank: int) -> float | None:
         """Share of rank-``rank`` claims used in steps of ``tokens`` tokens (None until enough)."""
-        issued = self._issued.get(self.bucket(tokens))
-        if issued is None or rank >= len(issued) or issued[rank] < self.min_samples:
+        return self._share(self._issued, self._used, tokens, rank)
+
+    def _share(self, issued: dict[int, list[float]], used: dict[int, list[float]], tokens: int,
+               i: int) -> float | None:
+        counts = issued.get(self.bucket(tokens))
+        if counts is None or i >= len(counts) or counts[i] < self.min_samples:
             return None
-        return self._used[self.bucket(tokens)][rank] / issued[rank]
+        return used[self.bucket(tokens)][i] / counts[i]
 
     def quota(self, tokens: int, cap: int, probe: bool) -> int:
         n = 0
@@ -273,10 +277,7 @@ class ClaimGate:
 
     def vote_accuracy(self, tokens: int, votes: int) -> float | None:
         """Share of claims with ``votes`` votes used in steps of ``tokens`` tokens (None until enough)."""
-        issued = self._v_issued.get(self.bucket(tokens))
-        if issued is None or votes >= len(issued) or issued[votes] < self.min_samples:
-            return None
-        return self._v_used[self.bucket(tokens)][votes] / issued[votes]
+        return self._share(self._v_issued, self._v_used, tokens, votes)
 
     def min_votes(self, tokens: int, probe: bool) -> int:
         """Votes a claim of a step of ``tokens`` tokens needs (see the class doc)."""
