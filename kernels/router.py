@@ -1,4 +1,5 @@
-"""Router: scores over all experts, top-k, optional renormalisation, per-expert activation counts.
+"""Router: scores over all experts, top-k, optional renormalisation, per-expert activation counts;
+and the one-launch tally of a layer call's experts (:func:`tally`).
 
 Semantics (Mixtral, Qwen-MoE, OLMoE): ``softmax`` is taken over all E logits in float32, then the k
 largest probabilities are kept; ``sigmoid`` scores each logit independently. ``renormalize`` divides
@@ -57,6 +58,48 @@ def _route_kernel(logits_ptr, w_ptr, ids_ptr, counts_ptr, T, E, stride_t,
     tl.store(ids_ptr + offs, ids, mask=out_mask)
     if COUNT:
         tl.atomic_add(counts_ptr + ids, tl.full([BLOCK_T, BLOCK_K], 1, tl.int64), mask=out_mask)
+
+
+@jit
+def _tally_kernel(ids_ptr, acts_ptr, hits_ptr, N, E, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr):
+    """One program: ``acts[e] += #(ids == e)``, ``hits[0] += #distinct ids``."""
+    cols = tl.arange(0, BLOCK_E)                                        # [BE]
+    counts = tl.zeros([BLOCK_E], dtype=tl.int32)
+    for start in range(0, N, BLOCK_N):
+        offs = start + tl.arange(0, BLOCK_N)                            # [BN]
+        ids = tl.load(ids_ptr + offs, mask=offs < N, other=-1)
+        counts += tl.sum((ids[:, None] == cols[None, :]).to(tl.int32), axis=0)
+    ok = cols < E
+    acts = tl.load(acts_ptr + cols, mask=ok, other=0)
+    tl.store(acts_ptr + cols, acts + counts.to(tl.int64), mask=ok)
+    distinct = tl.sum((counts > 0).to(tl.int64), axis=0)
+    tl.store(hits_ptr, tl.load(hits_ptr) + distinct)
+
+
+def tally(ids: torch.Tensor, acts: torch.Tensor, hits: torch.Tensor) -> None:
+    """Count one layer call in a single launch (no sync, graph-capturable): ``acts [E] int64`` gains
+    how many of ``ids`` (any shape, integer) chose each expert, ``hits [1] int64`` the number of
+    distinct experts among them. Same result as :func:`tally_ref`."""
+    _check_tally(ids, acts, hits)
+    n, e = ids.numel(), acts.shape[0]
+    block_e = next_pow2(e)
+    block_n = max(1, min(next_pow2(max(n, 1)), 8192 // block_e))
+    _tally_kernel[(1,)](ids.reshape(-1), acts, hits, n, e, BLOCK_N=block_n, BLOCK_E=block_e)
+
+
+def tally_ref(ids: torch.Tensor, acts: torch.Tensor, hits: torch.Tensor) -> None:
+    """Plain-torch :func:`tally`."""
+    _check_tally(ids, acts, hits)
+    delta = torch.bincount(ids.reshape(-1).to(torch.int64), minlength=acts.shape[0])   # [E]
+    acts += delta
+    hits += (delta > 0).sum()
+
+
+def _check_tally(ids: torch.Tensor, acts: torch.Tensor, hits: torch.Tensor) -> None:
+    if ids.is_floating_point() or acts.dim() != 1 or acts.dtype != torch.int64 or hits.shape != (1,) \
+            or hits.dtype != torch.int64 or not acts.is_contiguous() or len({ids.device, acts.device, hits.device}) != 1:
+        raise ValueError(f"tally takes integer ids and int64 acts [E] and hits [1] on one device, got ids "
+                         f"{ids.dtype}, acts {acts.dtype} {tuple(acts.shape)}, hits {hits.dtype} {tuple(hits.shape)}")
 
 
 def _check(logits: torch.Tensor, top_k: int, scoring: str, counts: torch.Tensor | None) -> None:

@@ -14,6 +14,8 @@ import torch
 
 from engine.experts.pool import ExpertPool
 from engine.telemetry import ExpertStats
+from kernels._triton import HAS_TRITON
+from kernels.router import tally, tally_ref
 
 
 class DeviceTally:
@@ -28,14 +30,12 @@ class DeviceTally:
         self._host = torch.zeros(n, dtype=torch.int64, pin_memory=pin)
         self._last = torch.zeros(n, dtype=torch.int64)
         self._event: torch.cuda.Event | None = None
+        self._tally = tally if device.type == "cuda" and HAS_TRITON else tally_ref
 
     def add(self, layer: int, topk_ids: torch.Tensor) -> None:
-        """Count one layer call (``topk_ids [T, k]`` on the device), asynchronously."""
-        flat = topk_ids.reshape(-1).to(torch.int64)                           # [T*k]
-        delta = torch.zeros_like(self.acts[layer])                            # [E]
-        delta.scatter_add_(0, flat, torch.ones_like(flat))
-        self.acts[layer] += delta
-        self.hits[layer] += (delta > 0).sum()
+        """Count one layer call (``topk_ids [T, k]`` on the device), asynchronously: one launch on
+        a GPU, where a decode step of a full pool runs it in every MoE layer."""
+        self._tally(topk_ids, self.acts[layer], self.hits[layer:layer + 1])
 
     def read(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Latest completed ``(acts [L, E], hits [L])`` on the host; never waits for the device."""

@@ -1,9 +1,9 @@
-"""Router kernel against its reference: scoring, top-k, renormalisation, ties, counts."""
+"""Router kernel against its reference: scoring, top-k, renormalisation, ties, counts; the tally."""
 import pytest
 import torch
 
 triton = pytest.importorskip("triton")
-from kernels.router import route, route_ref  # noqa: E402
+from kernels.router import route, route_ref, tally, tally_ref  # noqa: E402
 
 
 @pytest.mark.parametrize("scoring", ["softmax", "sigmoid"])
@@ -65,3 +65,27 @@ def test_route_rejects_bad_arguments():
         route(torch.randn(2, 4), 2, scoring="relu")
     with pytest.raises(ValueError, match="counts"):
         route(torch.randn(2, 4), 2, counts=torch.zeros(4, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("tokens, experts, top_k", [(1, 8, 2), (8, 128, 8), (300, 12, 3)])
+def test_tally_counts_choices_and_distinct_experts(tokens, experts, top_k):
+    # One layer call adds each expert's choices to its row and the distinct experts to the hits; a
+    # second call accumulates. 300 tokens x 3 span several id blocks; 12 experts pad the columns.
+    g = torch.Generator().manual_seed(tokens)
+    ids = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(tokens)]).to(torch.int32)
+    acts, hits = torch.full((experts,), 5, dtype=torch.int64), torch.tensor([7])
+    acts_ref, hits_ref = acts.clone(), hits.clone()
+    for _ in range(2):
+        tally(ids, acts, hits)
+        tally_ref(ids, acts_ref, hits_ref)
+    expected = 5 + 2 * torch.bincount(ids.flatten().long(), minlength=experts)
+    distinct = len(set(ids.flatten().tolist()))
+    assert torch.equal(acts, expected) and torch.equal(acts_ref, expected)
+    assert hits.item() == hits_ref.item() == 7 + 2 * distinct
+
+
+def test_tally_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="int64 acts"):
+        tally(torch.zeros(2, 2, dtype=torch.int32), torch.zeros(4, dtype=torch.int32), torch.zeros(1, dtype=torch.int64))
+    with pytest.raises(ValueError, match="hits"):
+        tally_ref(torch.zeros(2, 2, dtype=torch.int32), torch.zeros(4, dtype=torch.int64), torch.zeros(2, dtype=torch.int64))
