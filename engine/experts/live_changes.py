@@ -71,6 +71,10 @@ class LiveChanges:
         self._unused &= now
         if policy is not self.policy:
             self._seed(policy, self.policy.rank(list(now)))
+        else:
+            # Keys a grow placed took slots too: the policy must know them, or after a later shrink
+            # it could never pick them as victims and the pool would admit nothing again.
+            self._seed(policy, self.policy.rank(list(now.difference(old))))
 
     @staticmethod
     def _seed(policy: EvictionPolicy, ranked: list[int]) -> None:

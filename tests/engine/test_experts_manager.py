@@ -141,6 +141,24 @@ def test_shrink_and_grow_between_steps_preserve_results(stack: Stack) -> None:
     assert prov.stats().pool_slots_total == 1 and "1 slots" in msgs[-1]
 
 
+@pytest.mark.parametrize("policy", ["lru", "lfu"])
+def test_shrink_after_a_grow_keeps_every_resident_evictable(stack: Stack, policy: str) -> None:
+    # A pool grown to every expert before it ever missed, then shrunk: the experts the grow placed
+    # must be known to the policy, else none of them is ever a victim and the pool admits nothing.
+    nb = stack.layout.nbytes
+    prov = stack.offloaded(L * E // 2, depth=2, policy=policy)
+    prov.reconfigure(pool_bytes=L * E * nb, prefetch_depth=0)
+    stack.run(prov, _x(2), 1)
+    prov.reconfigure(pool_bytes=(L * E // 2) * nb, prefetch_depth=2)
+    resident = set(prov.pool.resident_keys())
+    assert len(resident) == L * E // 2
+    assert set(prov.policy.victims(len(resident), set())) == resident
+    before = prov.stats().misses
+    stack.run(prov, _x(3, 5), 3)
+    assert prov.stats().misses > before                      # the new input misses ...
+    assert set(prov.pool.resident_keys()) != resident        # ... and the pool takes some of it in
+
+
 def test_grow_over_budget_rolls_back(stack: Stack) -> None:
     nb = stack.layout.nbytes
     prov = stack.offloaded(4, depth=0, budget_bytes=(4 + 2 * E) * nb)
