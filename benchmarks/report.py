@@ -156,6 +156,18 @@ def pool50_lines(_: dict) -> list[str]:
     return out
 
 
+def pool0_lines(d: dict) -> list[str]:
+    """A later check of the miss-bound decode (0% pool, depth 0) against the 85% target."""
+    pinned = d["pinned_h2d_gbs"]
+    cells = [f"batch {s['batch']} moves {s['pool0_bus_gb_s']:.1f} GB/s over the wall time = "
+             f"{100 * s['pool0_bus_fraction_of_pinned']:.0f}% of pinned, copies at {s['pool0_serial_copy_gb_s']:.1f} GB/s "
+             f"= {100 * s['pool0_serial_copy_fraction_of_pinned']:.0f}% (bytes / (time − C))"
+             for s in d["summary"] if "pool0_bus_gb_s" in s]
+    return [f"Miss-bound decode rechecked at commit {d['environment']['commit'].split()[0]} "
+            f"(`{_file('pool0_recheck_*.json')}`; {d['summary'][0]['routing']} routing, pinned {pinned:.1f} GB/s, "
+            "target 85%): " + "; ".join(cells) + "."]
+
+
 def cpu_table(d: dict) -> list[str]:
     return [f"CPU decode of the demo model, batch 1, float32 (`{_file('cpu_decode_*.json')}`): Strata "
             f"{d['strata_decode_tok_s']} tok/s, transformers {d['transformers_decode_tok_s']} tok/s, "
@@ -172,7 +184,7 @@ def render() -> str:
     for pattern, fn in (("e2e_*.json", e2e_table), ("kernels_moe_*.json", kernels_table), ("kernels_int4_*.json", int4_lines),
                         ("int4_e2e_*.json", int4_e2e_lines),
                         ("offload_*.json", offload_table), ("residency_*.json", residency_table),
-                        ("residency50_*.json", pool50_lines),
+                        ("residency50_*.json", pool50_lines), ("pool0_recheck_*.json", pool0_lines),
                         ("cpu_decode_*.json", cpu_table)):
         d = _load(pattern)
         if d is not None:
