@@ -166,11 +166,10 @@ class DecodeGraphs:
         rec = _Recording([], torch.empty(0), direct=True, regions=regions)
 
         def publish(moe_index: int, topk_ids: torch.Tensor, predicted: Any) -> tuple:
-            # Padding rows take row 0's experts, so they add no reads of their own.
-            topk_ids.copy_(torch.where(self.pad[:b, None], topk_ids[:1], topk_ids))
+            # Padding rows take row 0's experts (in the publish kernel), so they add no reads of their own.
             region = regions[moe_index]
             rec.cuts.append(_Cut(moe_index, (b, k), predicted, region))
-            return experts.publish_direct(moe_index, topk_ids, predicted, region)
+            return experts.publish_direct(moe_index, topk_ids, predicted, region, self.pad[:b])
 
         experts.prepare_direct_capture()
         experts.capturing = True

@@ -233,14 +233,16 @@ class DirectReads:
         self.counters.fills += sum(1 for _, key in admitted if key not in self._dp_used)
 
     def publish_direct(self, moe_index: int, topk_ids: torch.Tensor, predicted: Prediction | None,
-                       region: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor], HostExperts]:
+                       region: torch.Tensor, pad: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, dict[str, torch.Tensor], HostExperts]:
         """Device work only, recorded into a decode graph: snapshot the layer's slot-table row, and
-        publish the ids, the slots they found and the predicted ids into the pinned ``region``."""
+        publish the ids, the slots they found and the predicted ids into the pinned ``region``.
+        ``pad`` (bool [T]): padding rows of ``topk_ids [T, k]`` take row 0's experts first, in place."""
         self._step_mode = "captured"
         pred = predicted[2].reshape(-1) if predicted is not None else None
-        publish_direct(self.pool.table[moe_index], self._snap[moe_index], topk_ids.reshape(-1), pred, region,
+        publish_direct(self.pool.table[moe_index], self._snap[moe_index], topk_ids.view(-1), pred, region,
                        self._fill[moe_index], self._fill_free, self._fill_meta,
-                       None if self._dp is None else self._dp.meta[3:4], moe_index)
+                       None if self._dp is None else self._dp.meta[3:4], moe_index, pad)
         return self._snap[moe_index], self.pool.views, self.host_experts(moe_index)
 
     def follow_published(self, cuts: Sequence, rows: int) -> None:

@@ -34,18 +34,22 @@ def _publish_kernel():
 
     @triton.jit
     def _publish_direct_kernel(table_row, snap_row, ids, pred, region, fill_row, fill_free, fill_meta, progress,
-                               layer, E, N, NP, BLOCK_E: tl.constexpr, BLOCK_N: tl.constexpr,
-                               BLOCK_P: tl.constexpr, PROGRESS: tl.constexpr):
+                               pad, layer, E, N, NP, K, BLOCK_E: tl.constexpr, BLOCK_N: tl.constexpr,
+                               BLOCK_P: tl.constexpr, PROGRESS: tl.constexpr, PAD: tl.constexpr):
         # One program: snapshot the slot-table row (and clear the fill row), then publish the ids and
         # the slot each id found in that snapshot (after a barrier: the snapshot is what the MoE
         # kernels will read); give each missing expert, at its first occurrence, the next of the
         # step's fill slots while any are left; publish each id's fill slot and the predicted ids.
+        # With PAD, the ids of a padding row (pad[row], K ids a row) become row 0's, in place.
+        i = tl.arange(0, BLOCK_N)
+        i_ok = i < N
+        if PAD:
+            padded = tl.load(pad + i // K, mask=i_ok, other=0) != 0
+            tl.store(ids + i, tl.load(ids + i % K, mask=i_ok, other=0), mask=i_ok & padded)
         e = tl.arange(0, BLOCK_E)
         tl.store(snap_row + e, tl.load(table_row + e, mask=e < E, other=-1), mask=e < E)
         tl.store(fill_row + e, tl.full([BLOCK_E], -1, tl.int32), mask=e < E)
         tl.debug_barrier()
-        i = tl.arange(0, BLOCK_N)
-        i_ok = i < N
         idv = tl.load(ids + i, mask=i_ok, other=0)
         seen = tl.load(snap_row + idv, mask=i_ok, other=-1)
         tl.store(region + i, idv.to(tl.int64), mask=i_ok)
@@ -75,22 +79,28 @@ _PUBLISH = None
 def publish_direct(table_row: torch.Tensor, snap_row: torch.Tensor, ids: torch.Tensor,
                    pred: torch.Tensor | None, region: torch.Tensor, fill_row: torch.Tensor,
                    fill_free: torch.Tensor, fill_meta: torch.Tensor, progress: torch.Tensor | None = None,
-                   layer: int = 0) -> None:
+                   layer: int = 0, pad: torch.Tensor | None = None) -> None:
     """Device work only (graph-capturable): ``snap_row <- table_row`` ([E] int32); ``fill_row`` [E]
     int32 <- for each expert of ``ids`` missing from the snapshot, at its first occurrence, the next
     slot of ``fill_free`` (from ``fill_meta = [next, count]``, advanced) or -1; then into the pinned
     int64 ``region``: ``ids`` [N], the slot each found in the snapshot [N], the fill slot of each [N],
-    and ``pred`` [NP] if given. ``progress`` (int32 [1], optional) <- ``layer`` once the snapshot is taken."""
+    and ``pred`` [NP] if given. ``progress`` (int32 [1], optional) <- ``layer`` once the snapshot is taken.
+
+    ``pad`` (bool [T], optional; ``ids`` is then [T, k] flattened): first, in place, the ids of each
+    padding row become row 0's, so padding adds no reads of its own (one launch instead of a
+    ``where`` and a copy per layer)."""
     global _PUBLISH
     if _PUBLISH is None:
         _PUBLISH = _publish_kernel()
     import triton
     e, n = table_row.numel(), ids.numel()
     np_ = 0 if pred is None else pred.numel()
+    k = n // pad.numel() if pad is not None and pad.numel() else 1
     _PUBLISH[(1,)](table_row, snap_row, ids, ids if pred is None else pred, region, fill_row, fill_free, fill_meta,
-                   fill_meta if progress is None else progress, layer, e, n, np_,
+                   fill_meta if progress is None else progress, ids if pad is None else pad, layer, e, n, np_, k,
                    BLOCK_E=triton.next_power_of_2(e), BLOCK_N=triton.next_power_of_2(max(n, 1)),
-                   BLOCK_P=triton.next_power_of_2(max(np_, 1)), PROGRESS=progress is not None)
+                   BLOCK_P=triton.next_power_of_2(max(np_, 1)), PROGRESS=progress is not None,
+                   PAD=pad is not None)
 
 
 def copy_kernel(src: torch.Tensor, dst: torch.Tensor) -> None:

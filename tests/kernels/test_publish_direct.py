@@ -48,3 +48,23 @@ def test_no_fill_slots_left_or_none_missing():
     meta = torch.tensor([0, 2], dtype=torch.int32)                    # all resident: nothing taken
     _, fill, region = _publish(table, torch.tensor([0, 2, 3], dtype=torch.int32), meta, free)
     assert fill.tolist() == [-1] * 4 and meta.tolist() == [0, 2]
+
+
+def test_padding_rows_take_row_zeros_experts_in_place():
+    # A step recorded for 3 rows runs 1 real one: the padding rows' ids become row 0's (in the ids
+    # the MoE kernels read next too), so they take no fill slot and add no reads of their own.
+    table = torch.tensor([-1, 11, -1, -1, -1, -1], dtype=torch.int32)
+    ids = torch.tensor([2, 1, 4, 5, 3, 0], dtype=torch.int32)          # rows [2, 1] [4, 5] [3, 0], k = 2
+    meta = torch.tensor([0, 4], dtype=torch.int32)
+    free = torch.tensor([40, 41, 42, 43], dtype=torch.int32)
+    snap, fill, region = torch.full_like(table, 7), torch.full_like(table, 5), torch.full((18,), -2, dtype=torch.int64)
+    publish_direct(table, snap, ids, None, region, fill, free, meta, pad=torch.tensor([False, True, True]))
+    assert ids.tolist() == [2, 1, 2, 1, 2, 1]
+    assert region[:6].tolist() == [2, 1, 2, 1, 2, 1]
+    assert region[6:12].tolist() == [-1, 11, -1, 11, -1, 11]
+    assert region[12:].tolist() == [40, -1, 40, -1, 40, -1]
+    assert fill.tolist() == [-1, -1, 40, -1, -1, -1] and meta.tolist() == [1, 4]
+    unpadded = torch.tensor([2, 1, 4, 5], dtype=torch.int32)
+    publish_direct(table, snap, unpadded, None, torch.full((12,), -2, dtype=torch.int64), fill, free,
+                   torch.tensor([0, 4], dtype=torch.int32), pad=torch.tensor([False, False]))
+    assert unpadded.tolist() == [2, 1, 4, 5]
