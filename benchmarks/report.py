@@ -152,7 +152,7 @@ def pool50_lines(_: dict) -> list[str]:
         n = len(rows[0].get("rounds_tok_s", [1])) if rows else 1
         rounds = {1: "one round", 2: "the faster of 2 rounds"}.get(n, f"the median of {n} rounds")
         out.append(f"- `benchmarks/results/{f.name}` (commit {d['environment']['commit'].split()[0]}; {rounds}): "
-                   + "; ".join(cells) + ".")
+                   + "; ".join(cells) + "." + (f" {d['caveat']}" if d.get("caveat") else ""))
     return out
 
 
