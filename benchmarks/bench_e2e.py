@@ -211,6 +211,7 @@ def print_tables(result: dict) -> None:
             cl = "-" if r.get("claims_per_layer") is None else str(r["claims_per_layer"])   # claims cap
             cl += "t" if r.get("predict") == "torch" else ""
             cl += "v" if r.get("claim_votes") == "gate" else ""      # claims gated by votes
+            cl += "a" if r.get("policy") == "adaptive" else ""       # the adaptive LFU policy
             print(f"{routing:<13}{100 * r['pool_fraction']:>4.0f}%{r['depth']:>2}{rd:>3}{cl:>3}{r['batch']:>3}{r['tok_s']:>9.1f}"
                   f"{r['ms_per_token']:>8.2f}{f('serial_limit_ms', '8.2f'):>8}{f('overlap_limit_ms', '8.2f'):>8}"
                   f"{100 * r['hit_rate']:>6.1f}{f('misses_predicted', '6.0%'):>6}{r['prefetch_hits']:>6}{r['prefetch_wasted']:>6}"
@@ -225,7 +226,7 @@ def print_tables(result: dict) -> None:
                   f" (chance {hf['chance_overlap']:.2f}), top-10% share {hf['top10_share']:.2f} (transformers), "
                   f"{block['engine_top10_share']:.2f} (engine, whole sweep)")
     for s in result["summary"]:
-        line = f"{s['routing']} batch {s['batch']}:"
+        line = f"{s['routing']} batch {s['batch']}" + (f", policy {s['policy']}" if s.get("policy") else "") + ":"
         if "pool50_depth2_over_depth0" in s:
             ideal = s["pool50_ideal"]
             line += (f" pool 50% depth2/depth0 {s['pool50_depth2_over_depth0']:.2f}x (ideal overlap "
@@ -261,6 +262,8 @@ def main() -> None:
                     "kernel,torch (one kernel; matmul + routing)")
     ap.add_argument("--claim-votes", default="off", help="offload: GPU-side claims gated by votes (gate) or "
                     "not (off, the engine's default), e.g. off,gate")
+    ap.add_argument("--policies", default="lfu", help="offload: eviction policies, each over the whole grid of a "
+                    "round, e.g. lfu,adaptive")
     ap.add_argument("--routing", choices=("uniform", "trained-like", "both"), default="both")
     ap.add_argument("--budget", default="64G", help="gpu_memory_budget given to the offload engine")
     ap.add_argument("--repeat", type=int, default=1, help="offload: rounds over the grid (rows report medians)")
@@ -297,7 +300,8 @@ def main() -> None:
                       None if args.smoke else parse_size(args.budget, "budget"), args.repeat,
                       tuple(args.reads.split(",")),
                       tuple(int(c) for c in args.claims.split(",")) if args.claims else (None,),
-                      tuple(args.predict.split(",")), tuple(args.claim_votes.split(",")))
+                      tuple(args.predict.split(",")), tuple(args.claim_votes.split(",")),
+                      tuple(args.policies.split(",")))
         result["pinned_h2d_gbs"] = pinned = h2d_bandwidth_gbs(device, 1 << (26 if args.smoke else 30))
         routings = ["uniform", "trained-like"] if args.routing == "both" else [args.routing]
         result["offload"] = offload_sweep(hf, cfg, sweep, routings, knobs, prompts, std)

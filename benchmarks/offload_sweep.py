@@ -49,6 +49,7 @@ class Sweep:
     claims: tuple[int | None, ...] = (None,)   # most GPU-side prefetch claims per layer (None: the engine's)
     predict: tuple[str, ...] = ("kernel",)     # depth > 0 decode predictions: one kernel, or matmul + routing
     votes: tuple[str, ...] = ("off",)          # GPU-side claims gated by votes ("gate") or not ("off")
+    policies: tuple[str, ...] = ("lfu",)       # eviction policies, each over the whole grid of a round
 
 
 def sampled_decode(engine: LLMEngine, prompts: list[list[int]], sweep: Sweep, seed: int):
@@ -130,7 +131,9 @@ def offload_block(hf, cfg, sweep: Sweep, prompts: dict, routing: str) -> dict:
     rows = []
     try:
         for _ in range(sweep.repeat):      # rounds: a slow spell of the host hits every setting alike
-            for pool, depth, reads, claims, predict, votes, b in _settings(sweep):
+            for policy, (pool, depth, reads, claims, predict, votes, b) in itertools.product(sweep.policies,
+                                                                                            _settings(sweep)):
+                engine.reconfigure(expert_policy=policy)
                 rows.append(_timed_row(engine, sweep, routing, pool, depth, reads, claims, predict, votes, b,
                                        prompts[b], total, base, expert, len(rows)))
         rows = _medians(rows)
@@ -171,6 +174,7 @@ def _timed_row(engine: LLMEngine, sweep: Sweep, routing: str, pool: float, depth
     timed = sampled_decode(engine, prompts, sweep, seed=1000 * seed)
     direct = bool(getattr(experts, "direct_for", lambda t: False)(b))
     row = _row(routing, pool, depth, reads, b, timed, base, sweep.budget, direct, claims, expert, predict, votes)
+    row["policy"] = getattr(getattr(experts, "policy", None), "name", None)
     if getattr(experts, "claims", None) is not None:
         row["claim_rank_use"] = experts.claims.snapshot()
         row["claim_vote_use"] = experts.claims.vote_snapshot()   # by votes 1, 2, ... per step-size bucket
@@ -182,7 +186,7 @@ def _medians(rows: list[dict]) -> list[dict]:
     memory peak is the largest of any round."""
     out = []
     setting = lambda r: (r["pool_fraction"], r["depth"], r["reads"], r["claims_per_layer"], r["predict"],  # noqa: E731
-                         r.get("claim_votes"), r["batch"])
+                         r.get("claim_votes"), r["batch"], r.get("policy"))
     for key in dict.fromkeys(setting(r) for r in rows):
         mine = sorted((r for r in rows if setting(r) == key),
                       key=lambda r: r["ms_per_token"])
@@ -198,7 +202,7 @@ def _medians(rows: list[dict]) -> list[dict]:
 def add_limits(rows: list[dict], pinned_gbs: float) -> None:
     """Each row against its physical limits (see the module docstring); ms are per generated token."""
     compute = {(r["routing"], r["batch"]): r["ms_per_token"] for r in rows if r["pool_fraction"] >= 1}
-    depth0 = {(r["routing"], r["pool_fraction"], r["batch"]): r for r in rows if r["depth"] == 0}
+    depth0 = {(r["routing"], r["pool_fraction"], r["batch"], r.get("policy")): r for r in rows if r["depth"] == 0}
     bus_ms = lambda r: r["h2d_bytes_per_token"] / pinned_gbs / 1e6   # noqa: E731
     for r in rows:
         r["bus_limit_ms"], r["bus_fraction_of_pinned"] = bus_ms(r), r["bus_gb_s"] / pinned_gbs
@@ -211,7 +215,7 @@ def add_limits(rows: list[dict], pinned_gbs: float) -> None:
         if r["depth"] == 0 and r["h2d_bytes_per_token"] and r["ms_per_token"] > c:
             # copies and compute do not overlap at depth 0: the time above C is the copies'
             r["serial_copy_gb_s"] = r["h2d_bytes_per_token"] / (r["ms_per_token"] - c) / 1e6
-        z = depth0.get((r["routing"], r["pool_fraction"], r["batch"]))
+        z = depth0.get((r["routing"], r["pool_fraction"], r["batch"], r.get("policy")))
         if r["depth"] > 0 and z is not None and r["pool_fraction"] < 1:
             m0 = bus_ms(z)
             r["speedup_vs_depth0"] = z["ms_per_token"] / r["ms_per_token"]
@@ -221,11 +225,13 @@ def add_limits(rows: list[dict], pinned_gbs: float) -> None:
 def summarise(rows: list[dict], pinned_gbs: float) -> list[dict]:
     """Per (routing, batch): the issue's three targets next to their limits."""
     out = []
-    for key in dict.fromkeys((r["routing"], r["batch"]) for r in rows):
-        mine = [r for r in rows if (r["routing"], r["batch"]) == key]
+    for key in dict.fromkeys((r["routing"], r["batch"], r.get("policy")) for r in rows):
+        mine = [r for r in rows if (r["routing"], r["batch"], r.get("policy")) == key]
         pick = lambda pool, depth, reads="auto": next((r for r in mine if r["pool_fraction"] == pool  # noqa: E731
                                                        and r["depth"] == depth and r["reads"] == reads), None)
         s: dict = {"routing": key[0], "batch": key[1], "pinned_gb_s": pinned_gbs}
+        if key[2] is not None:
+            s["policy"] = key[2]
         d0, d2, d2c = pick(0.5, 0), pick(0.5, 2), pick(0.5, 2, "copy")
         if d0 and d2:
             s.update(pool50_depth2_over_depth0=d0["ms_per_token"] / d2["ms_per_token"],

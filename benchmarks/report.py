@@ -143,11 +143,13 @@ def pool50_lines(_: dict) -> list[str]:
     for f in sorted(RESULTS.glob("residency50_*.json")):
         d = json.loads(f.read_text())
         rows = [r for b in d["offload"].values() for r in b.get("rows", [])]
-        pick = lambda rt, b, depth: next(r for r in rows if (r["routing"], r["batch"], r["depth"]) == (rt, b, depth)  # noqa: E731
-                                         and r["pool_fraction"] == 0.5)
-        cells = [f"{s['routing']} batch {s['batch']} {s['pool50_depth2_over_depth0']:.2f}× "
-                 f"({pick(s['routing'], s['batch'], 0)['ms_per_token']:.2f} → "
-                 f"{pick(s['routing'], s['batch'], 2)['ms_per_token']:.2f}"
+        pick = lambda s, depth: next(r for r in rows if (r["routing"], r["batch"], r["depth"]) == (s["routing"], s["batch"], depth)  # noqa: E731
+                                     and r["pool_fraction"] == 0.5 and r.get("policy") == s.get("policy", r.get("policy")))
+        policies = {s.get("policy") for s in d["summary"]}
+        label = lambda s: f"{s['routing']} batch {s['batch']}" + (f" {s['policy']}" if len(policies) > 1 else "")  # noqa: E731
+        cells = [f"{label(s)} {s['pool50_depth2_over_depth0']:.2f}× "
+                 f"({pick(s, 0)['ms_per_token']:.2f} → "
+                 f"{pick(s, 2)['ms_per_token']:.2f}"
                  + (f"; ideal {s['pool50_ideal']:.2f}×)" if s.get("pool50_ideal") else ")") for s in d["summary"]]
         n = len(rows[0].get("rounds_tok_s", [1])) if rows else 1
         rounds = {1: "one round", 2: "the faster of 2 rounds"}.get(n, f"the median of {n} rounds")

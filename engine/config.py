@@ -15,7 +15,7 @@ from engine.errors import ConfigError
 WEIGHT_FORMATS = ("auto", "bf16", "int4", "fp8")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 KV_DTYPES = ("auto", "bf16", "int8", "fp8")
-EXPERT_POLICIES = ("lfu", "lru", "static")
+EXPERT_POLICIES = ("lfu", "lru", "adaptive", "static")
 EXPERT_READS = ("auto", "copy", "direct")
 DIRECT_READS = {"auto": None, "copy": False, "direct": True}   # expert_reads -> OffloadedExperts(direct_reads=)
 GROUP_SIZES = (32, 64, 128)

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from engine.experts.policy import LFUPolicy, StaticPolicy
+from engine.experts.policy import AdaptiveLFUPolicy, LFUPolicy, StaticPolicy
 from engine.experts.readback import publish_direct
 from engine.host_copy import host_to
 from kernels.moe_weights import HostExperts
@@ -455,7 +455,7 @@ class DirectReads:
         if limit <= 0:
             return [], []
         cands = [k for k in dict.fromkeys(keys) if pool.slot_of[k] < 0 and policy.admits(k)]
-        lfu = isinstance(policy, LFUPolicy)
+        lfu = isinstance(policy, (LFUPolicy, AdaptiveLFUPolicy))
         if lfu:
             cands.sort(key=policy.hotness, reverse=True)
         busy_slots = pool.copies.busy_slots()

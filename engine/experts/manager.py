@@ -183,6 +183,8 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
         self._fill_slots, self._filled = None, {}
         self._predicted = None
         self._named = {}
+        if hasattr(self.policy, "admit_per_step"):     # its shadow pools admit as this pool does
+            self.policy.admit_per_step = self.admit_per_step if self._mode == "direct" else None
         self.policy.tick()
         self._in_step = True
         self.gate.tick()

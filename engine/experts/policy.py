@@ -8,6 +8,9 @@ and on a resize it keeps the best-``rank``ed residents.
 * ``lru``: least recently used goes first.
 * ``lfu`` (default): least "hot" goes first, where hotness is a use count that decays by
   ``decay`` per engine step, so yesterday's favourites fade. Ties go to the least recently used.
+* ``adaptive``: LFU with a short (0.9) and a long (0.99) memory kept side by side; the one whose
+  simulated pool would have hit more over the last ~50 steps picks the victims (see
+  :class:`AdaptiveLFUPolicy`).
 * ``static``: a fixed placement, the most-routed experts of a recorded routing profile; nothing
   placed is ever evicted, and experts outside the placement are only ever staged.
 """
@@ -20,7 +23,7 @@ from typing import Iterable, Protocol, Sequence
 
 from engine.errors import ConfigError
 
-POLICIES = ("lfu", "lru", "static")
+POLICIES = ("lfu", "lru", "adaptive", "static")
 DEFAULT_LFU_DECAY = 0.9   # per step: a use 7 steps old weighs half a fresh one (see LFUPolicy)
 
 
@@ -136,6 +139,7 @@ class LFUPolicy:
         self._resident: set[int] = set()
         self._heap: list[tuple[float, int, int]] = []   # (score, seq, key), stale entries skipped
         self._clock = itertools.count()
+        self.rescales = 0                        # times the scores were divided down (heap entries redone)
 
     def insert(self, key: int) -> None:
         self._resident.add(key)
@@ -157,6 +161,7 @@ class LFUPolicy:
             for k in self._score:
                 self._score[k] /= self._weight
             self._weight = 1.0
+            self.rescales += 1
             self._heap = []
             for k in self._resident:
                 self._push(k)
@@ -202,6 +207,175 @@ class LFUPolicy:
 
     def _push(self, key: int) -> None:
         heapq.heappush(self._heap, (self._score.get(key, 0.0), self._seq[key], key))
+
+
+class AdaptiveLFUPolicy:
+    """LFU whose memory follows the routing: victims by a short or a long memory, whichever would
+    have kept more of what was used.
+
+    How long an LFU remembers is a bet on the routing. Where a sequence keeps reusing its recent
+    experts (the random model's routing), a short memory (0.9 per step) follows it; where tokens
+    route independently over skewed popularity (trained-like), a long one (0.99) estimates the
+    popularity better. On the H200 (Qwen3-30B-A3B shape, 50% pool) 0.99 took trained-like batch 8
+    from 3.51 to 3.14 ms per token at depth 2, but cut the random model's hit rate from 98.9% to
+    95.1% at batch 8 (``benchmarks/results/lfu099_residency50_2026-11-29.json``).
+
+    So both memories are kept (two :class:`LFUPolicy` over the same residents and uses), and each
+    drives a shadow pool of as many keys as the real pool holds, admitting as the real pool does
+    (:class:`_ShadowPool`). Each use is scored as a hit or a miss in both shadows; hits decay by
+    ``window`` per step, and the memory whose shadow hit more (by ``margin``) picks the real pool's
+    victims. A use costs two LFU updates and two set lookups; a shadow admission a heap operation.
+    """
+
+    name = "adaptive"
+
+    def __init__(self, decays: Sequence[float] = (DEFAULT_LFU_DECAY, 0.99), window: float = 0.98,
+                 margin: float = 0.003) -> None:
+        self.memories = [LFUPolicy(d) for d in decays]
+        self.decays = tuple(decays)
+        self._shadows = [_ShadowPool(m) for m in self.memories]
+        self.shadow_hits = [0.0] * len(decays)
+        self.window, self.margin = window, margin
+        self.active = 0                                   # index of the memory that picks victims
+        # the pool's admissions per step when misses are read directly (admitted at the step's end);
+        # None: each miss is copied in at once. The shadows admit the same way.
+        self.admit_per_step: int | None = None
+        self._unsettled = False
+
+    @property
+    def decay(self) -> float:
+        """The decay of the memory picking victims now."""
+        return self.decays[self.active]
+
+    def insert(self, key: int) -> None:
+        for m in self.memories:
+            m.insert(key)
+
+    def remove(self, key: int) -> None:
+        for m in self.memories:
+            m.remove(key)
+
+    def touch(self, keys: Iterable[int]) -> None:
+        keys = list(keys)
+        self._settle()
+        for m in self.memories:
+            m.touch(keys)
+        capacity, deferred = len(self.memories[0]._resident), self.admit_per_step is not None
+        for i, shadow in enumerate(self._shadows):
+            self.shadow_hits[i] += shadow.use(keys, capacity, deferred)
+
+    def tick(self) -> None:
+        """A step passed. The shadows' step-end admissions wait for the next use (:meth:`_settle`),
+        which a replayed step makes while the GPU computes, not between two steps."""
+        for m in self.memories:
+            m.tick()
+        self._unsettled = True
+        hits = self.shadow_hits = [h * self.window for h in self.shadow_hits]
+        best = max(range(len(hits)), key=hits.__getitem__)
+        if hits[best] > hits[self.active] * (1.0 + self.margin):
+            self.active = best
+
+    def _settle(self) -> None:
+        """The last step's admissions into the shadow pools (misses read directly are admitted at
+        the step's end; the decay since then scales every score alike, so the order is the same)."""
+        if not self._unsettled:
+            return
+        self._unsettled = False
+        if self.admit_per_step is not None:
+            capacity = len(self.memories[0]._resident)
+            for shadow in self._shadows:
+                shadow.end_step(capacity, self.admit_per_step)
+
+    def admits(self, key: int) -> bool:
+        return True
+
+    def hotness(self, key: int) -> float:
+        return self.memories[self.active].hotness(key)
+
+    def victim(self, pinned: set[int]) -> int | None:
+        return self.memories[self.active].victim(pinned)
+
+    def victims(self, n: int, pinned: set[int]) -> list[int]:
+        return self.memories[self.active].victims(n, pinned)
+
+    def rank(self, keys: Iterable[int]) -> list[int]:
+        return self.memories[self.active].rank(keys)
+
+
+class _ShadowPool:
+    """A simulated pool of up to ``capacity`` keys under one LFU memory's scores (see
+    :class:`AdaptiveLFUPolicy`), admitting as the real pool does: a miss at once, over the coldest
+    key (copied-in misses), or with an admission cap at the step's end, the hottest of its misses
+    first, each only over a colder key (direct reads, :meth:`engine.experts.direct.DirectReads._admit`).
+    A lazy min-heap finds the coldest key as in :class:`LFUPolicy`."""
+
+    def __init__(self, scores: LFUPolicy) -> None:
+        self.scores = scores
+        self.keys: set[int] = set()
+        self._heap: list[tuple[float, int, int]] = []
+        self._rescales = scores.rescales
+        self._missed: dict[int, None] = {}             # this step's misses, when admitted at its end
+
+    def use(self, keys: list[int], capacity: int, deferred: bool) -> int:
+        """One layer call's distinct ``keys`` (already touched); returns how many were in the pool."""
+        self._check_heap()
+        held, hits = self.keys, 0
+        for k in keys:
+            if k in held:
+                hits += 1
+            elif deferred:
+                self._missed[k] = None
+            else:
+                if len(held) >= max(capacity, 1):
+                    cold = self._coldest()
+                    if cold is None:
+                        continue
+                    held.discard(cold)
+                self._add(k)
+        return hits
+
+    def end_step(self, capacity: int, cap: int) -> None:
+        """Admit at most ``cap`` of the step's misses, hottest first, each over a colder key."""
+        if not self._missed:
+            return
+        self._check_heap()
+        hot = self.scores.hotness
+        for k in sorted(self._missed, key=hot, reverse=True)[:cap]:
+            if len(self.keys) >= max(capacity, 1):
+                cold = self._coldest()
+                if cold is None or hot(cold) >= hot(k):
+                    break
+                self.keys.discard(cold)
+            self._add(k)
+        self._missed = {}
+
+    def _add(self, key: int) -> None:
+        self.keys.add(key)
+        heapq.heappush(self._heap, self._entry(key))
+
+    def _entry(self, key: int) -> tuple[float, int, int]:
+        return self.scores._score.get(key, 0.0), self.scores._seq.get(key, -1), key
+
+    def _coldest(self) -> int | None:
+        heap = self._heap
+        while heap:
+            entry = heap[0]
+            if entry[2] not in self.keys:
+                heapq.heappop(heap)
+                continue
+            current = self._entry(entry[2])
+            if entry != current:
+                heapq.heapreplace(heap, current)         # used since: it may not be the coldest
+                continue
+            return entry[2]
+        return None
+
+    def _check_heap(self) -> None:
+        """Redo the heap after the scores were divided down, or when stale entries pile up."""
+        if self._rescales != self.scores.rescales or len(self._heap) > 4 * len(self.keys) + 1024:
+            self._heap = [self._entry(k) for k in self.keys]
+            heapq.heapify(self._heap)
+            self._rescales = self.scores.rescales
 
 
 class StaticPolicy:
@@ -257,6 +431,8 @@ def make_policy(name: str, profile: Sequence[Sequence[int]] | None = None,
         return LRUPolicy()
     if name == "lfu":
         return LFUPolicy(lfu_decay)
+    if name == "adaptive":
+        return AdaptiveLFUPolicy()
     if name == "static":
         if profile is None:
             raise ConfigError("expert_policy=static needs a routing profile; record one with --record-routing FILE "

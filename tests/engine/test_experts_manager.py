@@ -30,7 +30,7 @@ def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> None:
 # pool sizes: 0 (all staged), 1 (below one layer's active set of 3 tokens x top-2), half, all
 @pytest.mark.parametrize("slots", [0, 1, L * E // 2, L * E])
 @pytest.mark.parametrize("depth", [0, 1, 2])
-@pytest.mark.parametrize("policy", ["lru", "lfu", "static"])
+@pytest.mark.parametrize("policy", ["lru", "lfu", "adaptive", "static"])
 def test_outputs_identical_to_resident(stack: Stack, slots: int, depth: int, policy: str) -> None:
     ref = _reference(stack, tokens=3, steps=3)
     profile = [[(l * 7 + e * 3) % 5 for e in range(E)] for l in range(L)]
@@ -371,7 +371,7 @@ def test_claim_of_a_key_the_deferred_end_admitted_keeps_its_pool_slot(stack: Sta
     assert prov.stats().prefetch_wasted == 1
 
 
-@pytest.mark.parametrize("name", ["lfu", "lru"])
+@pytest.mark.parametrize("name", ["lfu", "lru", "adaptive"])
 def test_victims_in_one_pass_equal_successive_victims(name: str) -> None:
     # A step end asks for all its victims at once; they must be the keys that asking one at a time
     # and evicting each would give, in that order, never a pinned one.
@@ -403,6 +403,71 @@ def test_victims_in_one_pass_equal_successive_victims(name: str) -> None:
                 p.remove(v)
                 p.insert(v)
     assert make_policy("static", [[1, 2]]).victims(3, set()) == []
+
+
+def _drive(policy, stream, capacity: int, admit_per_step: int | None) -> float:
+    """Run ``policy`` as the pool's would be over ``stream`` (one list of keys per step, one layer
+    call each); the real pool is an LFU pool of ``capacity`` keys under ``policy``'s victims.
+    Returns its hit rate."""
+    policy.admit_per_step = admit_per_step
+    resident: set[int] = set()
+    hits = uses = 0
+    for keys in stream:
+        policy.tick()
+        policy.touch(keys)
+        for k in keys:
+            uses += 1
+            if k in resident:
+                hits += 1
+            elif len(resident) < capacity:
+                resident.add(k)
+                policy.insert(k)
+            else:
+                v = policy.victim(set(keys))
+                if v is not None and policy.hotness(v) < policy.hotness(k):
+                    resident.discard(v)
+                    policy.remove(v)
+                    resident.add(k)
+                    policy.insert(k)
+    return hits / uses
+
+
+@pytest.mark.parametrize("admit_per_step", [None, 4])
+def test_adaptive_lfu_picks_the_memory_the_routing_rewards(admit_per_step) -> None:
+    # Independent draws over skewed popularity reward a long memory; a working set that drifts
+    # (each sequence's recent experts) a short one. The adaptive policy settles on each and hits as
+    # often as the better fixed decay does.
+    import random
+
+    from engine.experts.policy import AdaptiveLFUPolicy, LFUPolicy
+    rng = random.Random(3)
+    weights = [1.0 / (i + 1) ** 0.8 for i in range(200)]
+    skewed = [rng.choices(range(200), weights, k=8) for _ in range(1500)]
+    skewed = [list(dict.fromkeys(s)) for s in skewed]
+    drifting = [[(t // 3 + j) % 200 for j in range(8)] + [rng.randrange(200)] for t in range(1500)]
+    for stream, want in ((skewed, 0.99), (drifting, 0.9)):
+        rates = {d: _drive(LFUPolicy(d), stream, 40, admit_per_step) for d in (0.9, 0.99)}
+        assert max(rates, key=rates.get) == want                    # the streams do reward them
+        adaptive = AdaptiveLFUPolicy()
+        rate = _drive(adaptive, stream, 40, admit_per_step)
+        assert adaptive.decay == want
+        assert rate >= rates[want] - 0.01 and rate > rates[0.9 if want == 0.99 else 0.99]
+
+
+def test_adaptive_lfu_survives_score_rescaling() -> None:
+    # A short memory's scores are divided down every few hundred steps; the shadow pools redo their
+    # heaps then and keep finding their coldest keys.
+    import random
+
+    from engine.experts.policy import AdaptiveLFUPolicy
+    rng = random.Random(5)
+    adaptive = AdaptiveLFUPolicy(decays=(0.3, 0.9))
+    stream = [rng.sample(range(60), 6) for _ in range(1200)]
+    rate = _drive(adaptive, stream, 20, 3)
+    assert adaptive.memories[0].rescales >= 3
+    assert 0.0 < rate < 1.0
+    assert all(len(s.keys) <= 20 for s in adaptive._shadows)
+    assert set(adaptive.victims(20, set())) == set(adaptive.memories[0]._resident)
 
 
 def test_busy_slots_queries_each_copy_batch_once() -> None:
@@ -446,7 +511,7 @@ def test_pool_copies_slots_in_one_batch(nbytes: int) -> None:
 # into staging slots and admits misses into the pool at the step's end.
 @pytest.mark.parametrize("slots", [0, 1, L * E // 2, L * E - 1])
 @pytest.mark.parametrize("depth", [1, 2])
-@pytest.mark.parametrize("policy", ["lru", "lfu", "static"])
+@pytest.mark.parametrize("policy", ["lru", "lfu", "adaptive", "static"])
 def test_direct_reads_outputs_identical_to_resident(stack: Stack, slots: int, depth: int, policy: str) -> None:
     ref = _reference(stack, tokens=3, steps=4)
     profile = [[(l * 7 + e * 3) % 5 for e in range(E)] for l in range(L)]
