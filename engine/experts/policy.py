@@ -205,8 +205,17 @@ class LFUPolicy:
     def rank(self, keys: Iterable[int]) -> list[int]:
         return sorted(keys, key=lambda k: (-self._score.get(k, 0.0), -self._seq.get(k, -1)))
 
+    @property
+    def size(self) -> int:
+        """Resident keys."""
+        return len(self._resident)
+
+    def entry(self, key: int) -> tuple[float, int, int]:
+        """``key``'s heap entry as of now: (score, last use, key); the smallest is the coldest."""
+        return self._score.get(key, 0.0), self._seq.get(key, -1), key
+
     def _push(self, key: int) -> None:
-        heapq.heappush(self._heap, (self._score.get(key, 0.0), self._seq[key], key))
+        heapq.heappush(self._heap, self.entry(key))
 
 
 class AdaptiveLFUPolicy:
@@ -260,7 +269,7 @@ class AdaptiveLFUPolicy:
         self._settle()
         for m in self.memories:
             m.touch(keys)
-        capacity, deferred = len(self.memories[0]._resident), self.admit_per_step is not None
+        capacity, deferred = self.memories[0].size, self.admit_per_step is not None
         for i, shadow in enumerate(self._shadows):
             self.shadow_hits[i] += shadow.use(keys, capacity, deferred)
 
@@ -282,7 +291,7 @@ class AdaptiveLFUPolicy:
             return
         self._unsettled = False
         if self.admit_per_step is not None:
-            capacity = len(self.memories[0]._resident)
+            capacity = self.memories[0].size
             for shadow in self._shadows:
                 shadow.end_step(capacity, self.admit_per_step)
 
@@ -351,10 +360,7 @@ class _ShadowPool:
 
     def _add(self, key: int) -> None:
         self.keys.add(key)
-        heapq.heappush(self._heap, self._entry(key))
-
-    def _entry(self, key: int) -> tuple[float, int, int]:
-        return self.scores._score.get(key, 0.0), self.scores._seq.get(key, -1), key
+        heapq.heappush(self._heap, self.scores.entry(key))
 
     def _coldest(self) -> int | None:
         heap = self._heap
@@ -363,7 +369,7 @@ class _ShadowPool:
             if entry[2] not in self.keys:
                 heapq.heappop(heap)
                 continue
-            current = self._entry(entry[2])
+            current = self.scores.entry(entry[2])
             if entry != current:
                 heapq.heapreplace(heap, current)         # used since: it may not be the coldest
                 continue
@@ -373,7 +379,7 @@ class _ShadowPool:
     def _check_heap(self) -> None:
         """Redo the heap after the scores were divided down, or when stale entries pile up."""
         if self._rescales != self.scores.rescales or len(self._heap) > 4 * len(self.keys) + 1024:
-            self._heap = [self._entry(k) for k in self.keys]
+            self._heap = [self.scores.entry(k) for k in self.keys]
             heapq.heapify(self._heap)
             self._rescales = self.scores.rescales
 
