@@ -46,6 +46,7 @@ class ExpertStats:
     # claims per layer it makes now (0: paused, probed now and then); claims pause below the threshold
     claim_use: tuple[tuple[str, float | None, int], ...] = ()
     claim_threshold: float = 0.0
+    policy: str = ""                 # eviction policy; "adaptive 0.99": the adaptive one and the memory it uses now
 
     @property
     def hit_rate(self) -> float:

@@ -15,7 +15,7 @@ class ExpertPanel(Panel):
 
     def __init__(self) -> None:
         super().__init__([("hit", "Hit rate"), ("slots", "Pool slots"), ("prefetch", "Prefetch hits"),
-                          ("misses", "Misses"), ("gpu_prefetch", "GPU prefetch")])
+                          ("misses", "Misses"), ("gpu_prefetch", "GPU prefetch"), ("policy", "Eviction")])
         self.rate = Ring(1)
         self._layers: np.ndarray = np.zeros(0)
         self._heat: np.ndarray = np.zeros((0, 0))
@@ -59,6 +59,11 @@ class ExpertPanel(Panel):
         r["misses"].set(str(e.misses), f"{e.misses_predicted} of them named by a prediction for their layer "
                         "(the most that prefetching could have hidden)")
         r["gpu_prefetch"].set(*claim_summary(e))
+        name, _, memory = e.policy.partition(" ")          # "adaptive 0.99": the memory it uses now
+        caption = f"Eviction ({memory})" if memory else "Eviction"
+        if r["policy"].caption.text() != caption:
+            r["policy"].caption.setText(caption)
+        r["policy"].set(name or "—", POLICY_TIPS.get(name, "Every expert stays on the GPU"))
         self._layers = np.asarray(e.per_layer_hit_rate, dtype=float) * 100.0
         if e.activations:
             self._heat = np.asarray(e.activations, dtype=float)
@@ -77,6 +82,15 @@ class ExpertPanel(Panel):
             # normalise each layer so a quiet layer's favourite experts still stand out
             peak = self._heat.max(axis=1, keepdims=True)
             self._image.setImage(self._heat / np.where(peak > 0, peak, 1.0), levels=(0.0, 1.0), autoLevels=False)
+
+
+POLICY_TIPS = {
+    "lfu": "Least frequently used goes first; each use decays by 0.9 per step",
+    "lru": "Least recently used goes first",
+    "adaptive": ("LFU with a short (0.9) and a long (0.99) memory; the one in brackets picks the victims now: "
+                 "whichever would have kept more of the experts used lately"),
+    "static": "A fixed placement from a routing profile; nothing placed is evicted",
+}
 
 
 def claim_summary(e: Any) -> tuple[str, str]:

@@ -337,7 +337,8 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
         whose end was deferred is ended first, so its counts are in."""
         self.finish_ended()
         return dataclasses.replace(self.counters.snapshot(self.pool), claim_threshold=self.claims.threshold,
-                                   claim_use=self.claims.state(self.prefetch_per_layer))
+                                   claim_use=self.claims.state(self.prefetch_per_layer),
+                                   policy=getattr(self.policy, "label", self.policy.name))
 
     @property
     def host_sync_ms(self) -> float:

@@ -256,6 +256,11 @@ class AdaptiveLFUPolicy:
         """The decay of the memory picking victims now."""
         return self.decays[self.active]
 
+    @property
+    def label(self) -> str:
+        """``adaptive`` and the decay of the memory picking victims now, e.g. ``adaptive 0.99``."""
+        return f"{self.name} {self.decay:g}"
+
     def insert(self, key: int) -> None:
         for m in self.memories:
             m.insert(key)

@@ -39,6 +39,7 @@ def test_outputs_identical_to_resident(stack: Stack, slots: int, depth: int, pol
     st = prov.stats()
     assert st.pool_slots_total == slots
     assert st.hits + st.misses > 0
+    assert st.policy == ("adaptive 0.9" if policy == "adaptive" else policy)   # adaptive: the memory it uses
 
 
 def test_full_pool_all_hits_without_sync(stack: Stack) -> None:
