@@ -130,6 +130,32 @@ def _word_dots(w, sc, zp, q_row, idx, ok, K8, sv_row, ASM: tl.constexpr):
 
 
 @jit
+def _up_rest(acc, start, w_rows, s_rows, z_rows, row_ok, word, grp, K, K8, q_row, sq_row, sv_row, G: tl.constexpr,
+             NG: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, ASM: tl.constexpr, fills=None,
+             fill_ok=None, FILL: tl.constexpr = False):
+    """``acc`` plus the up kernel's chunks from ``start`` on. Kernels take the ``FILL`` loop only where
+    their rows fill: stores in a loop keep it from being pipelined, which slows every program even
+    with the stores masked off."""
+    for k0 in range(start, K, BLOCK_K):
+        w, sc, zp, idx, g, g_in = _int4_chunk(k0, w_rows, s_rows, z_rows, row_ok, word, grp, K, G, NG, EVEN_K,
+                                              fills, fill_ok, FILL)
+        acc += _group_dots(w, sc, zp, q_row, idx, g, g_in, K8, sq_row, sv_row, ASM)
+    return acc
+
+
+@jit
+def _down_rest(acc, start, w_rows, s_rows, z_rows, row_ok, j_ok, word, grp, F, F8, q_row, sv_row,
+               G: tl.constexpr, NG: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, ASM: tl.constexpr,
+               fills=None, fill_ok=None, FILL: tl.constexpr = False):
+    """``acc`` plus the down kernel's chunks from ``start`` on (see :func:`_up_rest`)."""
+    for k0 in range(start, F, BLOCK_K):
+        w, sc, zp, idx, g, g_in = _int4_chunk(k0, w_rows, s_rows, z_rows, row_ok, word, grp, F, G, NG, EVEN_K,
+                                              fills, fill_ok, FILL)
+        acc += _word_dots(w, sc, zp, q_row, idx, j_ok & g_in, F8, sv_row, ASM)
+    return acc
+
+
+@jit
 def _up_kernel(xq_ptr, xsum_ptr, xscale_ptr, ids_ptr, slot_ptr, hq_ptr, hv_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr,
                ss_s, sz_s, ss_n, F, K, K8, hw_ptr, hs_ptr, hz_ptr, row_base, fill_row, TOP_K: tl.constexpr,
                ROUND: tl.constexpr, G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -179,10 +205,16 @@ def _up_kernel(xq_ptr, xsum_ptr, xscale_ptr, ids_ptr, slot_ptr, hq_ptr, hv_ptr, 
     acc = _group_dots(w, sc, zp, q_row, idx, g, g_in, K8, sq_row, sv_row, ASM)  # [2, BN]
     if PRE >= 2:
         acc += _group_dots(w1, sc1, zp1, q_row, idx1, g1, g_in1, K8, sq_row, sv_row, ASM)
-    for k0 in range(PRE * BLOCK_K, K, BLOCK_K):
-        w, sc, zp, idx, g, g_in = _int4_chunk(k0, w_rows, s_rows, z_rows, row_ok, word, grp, K, G, NG, EVEN_K,
-                                              fills, fill_ok, FILL)
-        acc += _group_dots(w, sc, zp, q_row, idx, g, g_in, K8, sq_row, sv_row, ASM)
+    if FILL:    # the loop that stores runs only where the expert fills (see _up_rest)
+        if fill >= 0:
+            acc = _up_rest(acc, PRE * BLOCK_K, w_rows, s_rows, z_rows, row_ok, word, grp, K, K8, q_row, sq_row,
+                           sv_row, G, NG, BLOCK_K, EVEN_K, ASM, fills, fill_ok, True)
+        else:
+            acc = _up_rest(acc, PRE * BLOCK_K, w_rows, s_rows, z_rows, row_ok, word, grp, K, K8, q_row, sq_row,
+                           sv_row, G, NG, BLOCK_K, EVEN_K, ASM)
+    else:
+        acc = _up_rest(acc, PRE * BLOCK_K, w_rows, s_rows, z_rows, row_ok, word, grp, K, K8, q_row, sq_row,
+                       sv_row, G, NG, BLOCK_K, EVEN_K, ASM)
     half = tl.arange(0, 2)[:, None]
     gate = tl.sum(tl.where(half == 0, acc, 0.0), axis=0)                # [BN]
     up = tl.sum(tl.where(half == 1, acc, 0.0), axis=0)
@@ -246,10 +278,16 @@ def _down_kernel(hq_ptr, hv_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s
         acc += _word_dots(w1, sc1, zp1, q_row, idx1, j_ok & g_in1, F8, sv_row, ASM)
     if PRE >= 3:
         acc += _word_dots(w2, sc2, zp2, q_row, idx2, j_ok & g_in2, F8, sv_row, ASM)
-    for k0 in range(PRE * BLOCK_K, F, BLOCK_K):
-        w, sc, zp, idx, g, g_in = _int4_chunk(k0, w_rows, s_rows, z_rows, row_ok, word, grp, F, G, NG, EVEN_K,
-                                              fills, fill_ok, FILL)
-        acc += _word_dots(w, sc, zp, q_row, idx, j_ok & g_in, F8, sv_row, ASM)
+    if FILL:    # the loop that stores runs only where some of the k experts fill (see _up_rest)
+        if tl.max(tl.ravel(fill), axis=0) >= 0:
+            acc = _down_rest(acc, PRE * BLOCK_K, w_rows, s_rows, z_rows, row_ok, j_ok, word, grp, F, F8, q_row,
+                             sv_row, G, NG, BLOCK_K, EVEN_K, ASM, fills, fill_ok, True)
+        else:
+            acc = _down_rest(acc, PRE * BLOCK_K, w_rows, s_rows, z_rows, row_ok, j_ok, word, grp, F, F8, q_row,
+                             sv_row, G, NG, BLOCK_K, EVEN_K, ASM)
+    else:
+        acc = _down_rest(acc, PRE * BLOCK_K, w_rows, s_rows, z_rows, row_ok, j_ok, word, grp, F, F8, q_row,
+                         sv_row, G, NG, BLOCK_K, EVEN_K, ASM)
     tw = tl.load(tw_ptr + tok * TOP_K + tl.arange(0, KP), mask=tl.arange(0, KP) < TOP_K, other=0.0)
     y = tl.sum(acc * tw.to(tl.float32)[:, None], axis=0)                # [BN]: fixed-order sum over k
     cols = db * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -255,6 +255,7 @@ class DirectReads:
             n = t * k
             layers = c.predicted[1] if c.predicted is not None else []
             data = c.region.numpy()[:n * (3 + len(layers))]     # ids, slots found, fill slots, predictions
+            self.policy.catch_up()
             t0 = time.perf_counter()
             while (data == UNWRITTEN).any():
                 if done.query() and (data == UNWRITTEN).any():

@@ -258,6 +258,7 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
         if self.pool.full:
             raise RuntimeError("a pool holding every expert needs no published ids; record the step whole")
         self._enter_mode("sync")
+        self.policy.catch_up()                     # the GPU computes meanwhile
         self.counters.host_syncs += 1
         t0 = time.perf_counter()
         self._reader.wait()
@@ -386,6 +387,7 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
         if pred is not None:                       # only the distances the gate allows this step
             depth = self.gate.depth(self.prefetch_depth)
             pred = (pred[0], pred[1][:depth], pred[2][:depth]) if depth > 0 else None
+        self.policy.catch_up()                     # the GPU computes meanwhile
         self.counters.host_syncs += 1
         t0 = time.perf_counter()
         both = flat if pred is None else torch.cat([flat, pred[2].reshape(-1)])   # [T*k (+ P*T*k)]

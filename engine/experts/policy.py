@@ -42,6 +42,9 @@ class EvictionPolicy(Protocol):
     def tick(self) -> None:
         """One engine step passed."""
 
+    def catch_up(self) -> None:
+        """Do the bookkeeping ``touch`` deferred (the host calls this while it waits for the GPU)."""
+
     def admits(self, key: int) -> bool:
         """Whether ``key`` may take a pool slot at all (otherwise it is staged)."""
 
@@ -77,6 +80,9 @@ class LRUPolicy:
                 self._order.move_to_end(k)
 
     def tick(self) -> None:
+        pass
+
+    def catch_up(self) -> None:
         pass
 
     def admits(self, key: int) -> bool:
@@ -166,6 +172,9 @@ class LFUPolicy:
             for k in self._resident:
                 self._push(k)
 
+    def catch_up(self) -> None:
+        pass
+
     def admits(self, key: int) -> bool:
         return True
 
@@ -250,6 +259,7 @@ class AdaptiveLFUPolicy:
         # None: each miss is copied in at once. The shadows admit the same way.
         self.admit_per_step: int | None = None
         self._unsettled = False
+        self._pending: list[tuple[list[int], int]] = []   # uses the shadows have not scored yet
 
     @property
     def decay(self) -> float:
@@ -270,17 +280,32 @@ class AdaptiveLFUPolicy:
             m.remove(key)
 
     def touch(self, keys: Iterable[int]) -> None:
+        """Both memories count the use now (victims need it); the shadow pools score it in
+        :meth:`catch_up`, which the host calls while it waits for the GPU: at prefetch depth 0 the
+        GPU waits for the host at every layer, and this was 40% of a use's cost."""
         keys = list(keys)
-        self._settle()
+        if self._unsettled:
+            self._settle()
         for m in self.memories:
             m.touch(keys)
-        capacity, deferred = self.memories[0].size, self.admit_per_step is not None
+        self._pending.append((keys, self.memories[0].size))
+
+    def catch_up(self) -> None:
+        """Score the uses since the last call as hits or misses of both shadow pools."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        deferred = self.admit_per_step is not None
         for i, shadow in enumerate(self._shadows):
-            self.shadow_hits[i] += shadow.use(keys, capacity, deferred)
+            hits = 0
+            for keys, capacity in pending:
+                hits += shadow.use(keys, capacity, deferred)
+            self.shadow_hits[i] += hits
 
     def tick(self) -> None:
         """A step passed. The shadows' step-end admissions wait for the next use (:meth:`_settle`),
         which a replayed step makes while the GPU computes, not between two steps."""
+        self.catch_up()
         for m in self.memories:
             m.tick()
         self._unsettled = True
@@ -292,8 +317,6 @@ class AdaptiveLFUPolicy:
     def _settle(self) -> None:
         """The last step's admissions into the shadow pools (misses read directly are admitted at
         the step's end; the decay since then scales every score alike, so the order is the same)."""
-        if not self._unsettled:
-            return
         self._unsettled = False
         if self.admit_per_step is not None:
             capacity = self.memories[0].size
@@ -419,6 +442,9 @@ class StaticPolicy:
         pass
 
     def tick(self) -> None:
+        pass
+
+    def catch_up(self) -> None:
         pass
 
     def admits(self, key: int) -> bool:

@@ -104,6 +104,22 @@ def test_kernels_read_missing_experts_from_pinned_host_memory(fmt, tokens) -> No
     out = fused_moe(x, ids, w, slots.cuda(), layout.views(pool), layout, host=host)
     want = fused_moe(x, ids, w, torch.arange(E, dtype=torch.int32, device="cuda"), layout.views(full), layout)
     torch.testing.assert_close(out.float(), want.float(), rtol=0, atol=0)
+    # With a fill row the kernels also write the first two missing experts into free slots as they
+    # read them (only the programs whose expert fills take the storing loop); no other slot changes.
+    missing = sorted({int(e) for e in ids.flatten().tolist() if slots[int(e)] < 0})[:2]
+    fill = torch.full((E,), -1, dtype=torch.int32)
+    for s, e in zip((5, 7), missing):
+        fill[e] = s
+    before = pool.clone()
+    out = fused_moe(x, ids, w, slots.cuda(), layout.views(pool), layout,
+                    host=HostExperts(layout.views(store.rows), E, fill.cuda()))
+    torch.testing.assert_close(out.float(), want.float(), rtol=0, atol=0)
+    got, src = layout.views(pool), layout.views(full)
+    for s, e in zip((5, 7), missing):
+        for name in got:
+            assert torch.equal(got[name][s], src[name][e]), (e, name)
+    others = [s for s in range(E) if s not in (5, 7)[:len(missing)]]
+    assert torch.equal(pool[others], before[others])
     store.close()
 
 
