@@ -262,7 +262,7 @@ def main() -> None:
                     "kernel,torch (one kernel; matmul + routing)")
     ap.add_argument("--claim-votes", default="off", help="offload: GPU-side claims gated by votes (gate) or "
                     "not (off, the engine's default), e.g. off,gate")
-    ap.add_argument("--policies", default="lfu", help="offload: eviction policies, each over the whole grid of a "
+    ap.add_argument("--policies", default="adaptive", help="offload: eviction policies, each over the whole grid of a "
                     "round, e.g. lfu,adaptive")
     ap.add_argument("--routing", choices=("uniform", "trained-like", "both"), default="both")
     ap.add_argument("--budget", default="64G", help="gpu_memory_budget given to the offload engine")

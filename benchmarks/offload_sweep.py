@@ -49,7 +49,7 @@ class Sweep:
     claims: tuple[int | None, ...] = (None,)   # most GPU-side prefetch claims per layer (None: the engine's)
     predict: tuple[str, ...] = ("kernel",)     # depth > 0 decode predictions: one kernel, or matmul + routing
     votes: tuple[str, ...] = ("off",)          # GPU-side claims gated by votes ("gate") or not ("off")
-    policies: tuple[str, ...] = ("lfu",)       # eviction policies, each over the whole grid of a round
+    policies: tuple[str, ...] = ("adaptive",)     # eviction policies, each over the whole grid of a round
 
 
 def sampled_decode(engine: LLMEngine, prompts: list[list[int]], sweep: Sweep, seed: int):

@@ -93,7 +93,7 @@ class EngineConfig:
     group_size: int = 128                # int4 group along K when quantising at load
     expert_pool_size: int | str | None = None  # bytes, "10G" or "50%" of the experts; None = as many as fit
     prefetch_depth: int = 2              # layers ahead to prefetch; 0 = synchronous offload
-    expert_policy: str = "lfu"           # eviction policy of the pool
+    expert_policy: str = "adaptive"      # eviction policy of the pool (engine/experts/policy.py)
     # Missing experts of small decode steps at prefetch depth >= 1: "auto" reads them straight from
     # host memory where the kernels can (CUDA), "copy" always copies them in first, "direct" insists.
     expert_reads: str = "auto"

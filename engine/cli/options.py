@@ -25,7 +25,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--expert-pool-size", default=None,
                    help="GPU expert pool: bytes, e.g. 10G, or a share of the experts, e.g. 50%% (default: every expert that fits)")
     g.add_argument("--prefetch-depth", type=int, default=2, help="MoE layers to prefetch ahead (0 = off)")
-    g.add_argument("--expert-policy", default="lfu", choices=EXPERT_POLICIES, help="pool eviction policy")
+    g.add_argument("--expert-policy", default="adaptive", choices=EXPERT_POLICIES, help="pool eviction policy")
     g.add_argument("--expert-reads", default="auto", choices=EXPERT_READS,
                    help="missing experts of decode steps: read from host memory (direct) or copied in first")
     g.add_argument("--routing-profile", default=None, help="routing profile JSON for --expert-policy static")

@@ -211,9 +211,13 @@ class DirectReads:
         self._fill_used, self._filled = 0, {}
         self._fill_slots = [pool.take_staging(-1) for _ in range(self.fill_capacity())]
         n = len(self._fill_slots)
-        if n:
-            self._fill_free[:n].copy_(host_to(self._fill_slots, torch.int32, self.device))
-        self._fill_meta.copy_(host_to([0, n], torch.int32, self.device))
+        if self._fill_uploaded is not None:
+            self._fill_uploaded.synchronize()       # the last step's upload has run long since
+        info = self._h_fill_info.numpy()
+        info[:2 + n] = [0, n] + self._fill_slots
+        self._fill_info[:2 + n].copy_(self._h_fill_info[:2 + n], non_blocking=True)
+        if self._fill_uploaded is not None:
+            self._fill_uploaded.record()
 
     def _fills_eager(self, moe_index: int, ids: list[int], seen: list[int]) -> list[int]:
         """What the publish kernel does for a recorded step: the fill slot of each id (its first

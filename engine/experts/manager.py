@@ -126,8 +126,13 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
         self.admit_per_step = max(1, num_experts // 2)
         # fills: the kernels keep a directly read expert in a leased staging slot as they read it
         self._fill = torch.full((self.num_layers, num_experts), -1, dtype=torch.int32, device=self.device)
-        self._fill_free = torch.zeros(num_experts, dtype=torch.int32, device=self.device)
-        self._fill_meta = torch.zeros(2, dtype=torch.int32, device=self.device)   # [next, count]
+        # [next, count] then the step's fill slots, uploaded in one copy from page-locked staging that
+        # is reused once the last upload has run (a step later: steps start after the last one's tokens)
+        self._fill_info = torch.zeros(2 + num_experts, dtype=torch.int32, device=self.device)
+        self._fill_meta, self._fill_free = self._fill_info[:2], self._fill_info[2:]
+        cuda = self.device.type == "cuda"
+        self._h_fill_info = torch.zeros(2 + num_experts, dtype=torch.int32, pin_memory=cuda)
+        self._fill_uploaded = torch.cuda.Event() if cuda else None
         self._fill_slots: list[int] | None = None    # this step's fill slots (None: not chosen yet)
         self._fill_used = 0                          # of which handed out (eager steps)
         self._filled: dict[int, int] = {}            # key -> fill slot written this step
