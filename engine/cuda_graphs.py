@@ -37,6 +37,7 @@ from engine.kv.cache import KVCache
 from engine.models.moe_transformer import DecodeMeta, ForwardBatch, MoETransformer
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
+WHOLE_TABLES_MAX = 1 << 16   # int32s: block tables (every row) and lengths up to this go over in one copy
 
 
 @dataclass
@@ -96,8 +97,10 @@ class DecodeGraphs:
         self.pad = torch.zeros(n, dtype=torch.bool, device=dev)          # rows past the real batch
         pin = dev.type == "cuda"
         self._h64 = torch.zeros(3, n, dtype=torch.int64, pin_memory=pin)
-        self._h_tables = torch.full((n, max_blocks), scratch_block, dtype=torch.int32, pin_memory=pin)
-        self._h_lens = torch.ones(n, dtype=torch.int32, pin_memory=pin)
+        self._h32 = torch.full((n * (max_blocks + 1),), scratch_block, dtype=torch.int32, pin_memory=pin)
+        self._h_tables = self._h32[:n * max_blocks].view(n, max_blocks)   # as _in32: one copy for both
+        self._h_lens = self._h32[n * max_blocks:]
+        self._h_lens.fill_(1)
         self._h_pad = torch.zeros(n, dtype=torch.bool, pin_memory=pin)
         self._h_width = 0                                               # widest table row staged so far
         self.graphs: dict[int, _Recording] = {}
@@ -257,6 +260,7 @@ class DecodeGraphs:
                 experts.follow_published(rec.cuts, b)
             finally:
                 experts.end_step()
+            experts.arm_next_step()                # while the GPU finishes this step
         elif not rec.cuts:
             rec.graphs[0].replay()
             launched(rec.logits[:b])
@@ -278,25 +282,29 @@ class DecodeGraphs:
     def _load(self, inp: DecodeInputs, b: int, n: int) -> None:
         """Stage ``inp`` (padded to bucket ``n``) and copy it into the recorded inputs. Padding rows
         point at the scratch block and read one token of it. The staging is reused by the next step,
-        which starts after this one's tokens were read back, so after these copies."""
-        pad = n - b
-        self._h64[:, :n].copy_(torch.tensor([inp.ids + [0] * pad, inp.positions + [0] * pad,
-                                             inp.slots + [self.scratch_slot] * pad], dtype=torch.int64))
-        width = max(len(t) for t in inp.tables)
-        tables, scratch = self._h_tables, self.scratch_block
-        tables[:b, :width].copy_(torch.tensor([t + [scratch] * (width - len(t)) for t in inp.tables],
-                                              dtype=torch.int32))
-        if self._h_width > width:                  # columns a longer sequence staged earlier
-            tables[:b, width:self._h_width].fill_(scratch)
-        tables[b:n].fill_(scratch)
-        self._h_width = max(self._h_width, width)
-        self._h_lens[:b].copy_(torch.tensor(inp.lens, dtype=torch.int32))
-        self._h_lens[b:n].fill_(1)
-        self._h_pad[:b].fill_(False)
-        self._h_pad[b:n].fill_(True)
+        which starts after this one's tokens were read back, so after these copies. Written through
+        numpy views: building tensors from the lists cost as much as the copies."""
+        h64, tables = self._h64.numpy(), self._h_tables.numpy()
+        scratch = self.scratch_block
+        h64[0, :b], h64[1, :b], h64[2, :b] = inp.ids, inp.positions, inp.slots
+        h64[0:2, b:n] = 0
+        h64[2, b:n] = self.scratch_slot
+        # every column from _h_width (the widest row staged so far) on holds the scratch block
+        self._h_width = width = max(self._h_width, max(len(t) for t in inp.tables))
+        for row, t in zip(tables, inp.tables):
+            row[:len(t)] = t
+            row[len(t):width] = scratch
+        tables[b:n, :width] = scratch
+        lens = self._h_lens.numpy()
+        lens[:b], lens[b:n] = inp.lens, 1
+        pad = self._h_pad.numpy()
+        pad[:b], pad[b:n] = False, True
         self._in64.copy_(self._h64, non_blocking=True)
-        self.tables[:n].copy_(tables[:n], non_blocking=True)
-        self.lens[:n].copy_(self._h_lens[:n], non_blocking=True)
+        if self._h32.numel() <= WHOLE_TABLES_MAX:             # block tables and lengths in one copy
+            self._in32.copy_(self._h32, non_blocking=True)
+        else:
+            self.tables[:n].copy_(self._h_tables[:n], non_blocking=True)
+            self.lens[:n].copy_(self._h_lens[:n], non_blocking=True)
         self.pad[:n].copy_(self._h_pad[:n], non_blocking=True)
 
     def reset(self) -> None:

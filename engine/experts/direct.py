@@ -89,6 +89,7 @@ class DirectReads:
         False), blank the publish regions."""
         self._enter_mode("direct")
         before = set(self.pool.lease)
+        armed = self._armed or []
         self._begin_fills()
         self._named, self._seen = {}, {}
         dp = self._dp
@@ -96,11 +97,28 @@ class DirectReads:
             self._begin_device_prefetch(tokens)
             self._dp_active, self._dp_replay = True, True
         regions.fill_(UNWRITTEN)
-        self._live_leases = frozenset(set(self.pool.lease) - before)
+        self._live_leases = frozenset(set(self.pool.lease) - before) | frozenset(armed)
         self._defer_end = True
+
+    def arm_next_step(self) -> None:
+        """After a replayed direct-read step was followed: lease and upload the next step's fill slots
+        now, while the GPU finishes this step (LM head, sampling), rather than between the two steps
+        with the GPU idle. The next replay takes them (:meth:`_begin_fills`); anything else that
+        comes first gives them back (:meth:`_disarm`)."""
+        if self._armed is None and self._mode == "direct" and self.direct_reads:
+            self._begin_fills()
+            self._armed, self._fill_slots = self._fill_slots, None
+
+    def _disarm(self) -> None:
+        """Give back fill slots leased for a next step that did not come (nothing was written to them)."""
+        armed, self._armed = self._armed, None
+        for slot in armed or ():
+            if self.pool.lease.get(slot) == -1 and self.pool.owner[slot] < 0:
+                self.pool.release_staging(slot)
 
     def prepare_direct_capture(self) -> None:
         """Before a direct-read step is recorded: bring the device table up to date (outside the capture)."""
+        self._disarm()
         self._enter_mode("direct")
         self._step_mode = None
         self._fill_meta.zero_()                     # a warm-up run outside a step fills nothing
@@ -206,9 +224,13 @@ class DirectReads:
         return min(self.admit_per_step, len(self.pool.staging_free), self.num_experts)
 
     def _begin_fills(self) -> None:
-        """Lease this step's fill slots (free staging slots; no table entry points at them)."""
+        """Lease this step's fill slots (free staging slots; no table entry points at them), or take
+        those armed for it (:meth:`arm_next_step`), already on the device."""
         pool = self.pool
         self._fill_used, self._filled = 0, {}
+        if self._armed is not None:
+            self._fill_slots, self._armed = self._armed, None
+            return
         self._fill_slots = [pool.take_staging(-1) for _ in range(self.fill_capacity())]
         n = len(self._fill_slots)
         if self._fill_uploaded is not None:
@@ -392,6 +414,7 @@ class DirectReads:
         table as it was (the evicted experts still in their slots, the fill slots not leased to it).
         Also called before anything else touches the pool (another kind of step, statistics, a live
         change)."""
+        self._disarm()
         books, self._ended = self._ended, None
         if books is None:
             return
@@ -509,6 +532,8 @@ class DirectReads:
         """Start this step in ``mode``; switching from the other one first lets its copies land."""
         if self._step_mode == mode:
             return
+        if mode != "direct":
+            self._disarm()
         self._step_mode = mode
         prev, self._mode = self._mode, mode
         if prev == mode:

@@ -152,6 +152,7 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
         self._dp_records = None                      # claim records kept by a step whose end is deferred
         # a replayed direct-read step's end is deferred until the next step is launched (finish_ended)
         self._ended: dict | None = None              # the books of the step whose end is deferred
+        self._armed: list[int] | None = None         # fill slots leased and uploaded for the next step
         self._defer_end = False                      # this step's end may be deferred (set per replay)
         self._live_leases: frozenset[int] = frozenset()   # staging slots the step in flight leased
 

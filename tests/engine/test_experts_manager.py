@@ -329,6 +329,42 @@ def test_deferred_step_end_runs_behind_the_next_step(stack: Stack) -> None:
     _books_match_pool(stack, prov)
 
 
+def test_fill_slots_armed_for_the_next_step(stack: Stack) -> None:
+    # After a replayed step is followed, its host leases and uploads the next step's fill slots while
+    # the GPU finishes the step: the next replay takes them (the ended step's end leaves them leased)
+    # and computes what a step that leased its own would; a step of another kind gives them back.
+    def replayed_step(prov, x, arm: bool):
+        armed = list(prov._armed or [])
+        live = _start_replayed(prov, keep_ended=True) | frozenset(armed)
+        if armed:
+            assert prov._fill_slots == armed and prov._armed is None
+        prov._live_leases = live
+        prov.finish_ended()
+        assert set(prov.pool.lease) == set(live)
+        y = _direct_layers(stack, prov, x)
+        prov.end_step()
+        if arm:
+            prov.arm_next_step()
+        return y
+
+    outs = []
+    for arm in (False, True):
+        prov = stack.offloaded(L * E // 4, depth=1, policy="lfu", direct_reads=True)
+        x, ys = _x(3), []
+        stack.run(prov, x, 2)
+        for step in range(4):
+            ys.append(replayed_step(prov, x * (step + 1), arm))
+            if arm:
+                armed = prov._armed
+                assert armed and not (set(armed) & set(prov._ended["_fill_slots"] or []))
+                assert prov._fill_meta.tolist() == [0, len(armed)] and prov._fill_free[:len(armed)].tolist() == armed
+        outs.append(ys)
+        st = prov.stats()                   # not the next replay: the armed slots go back
+        assert prov._armed is None and not prov.pool.lease and st.fills > 0
+        _books_match_pool(stack, prov)
+    _same(outs[1], outs[0])
+
+
 def test_deferred_end_outputs_identical(stack: Stack) -> None:
     # Steps whose ends are deferred (finished when the next step starts) give the same outputs.
     ref = _reference(stack, tokens=2, steps=5)
