@@ -11,7 +11,7 @@ and on a resize it keeps the best-``rank``ed residents.
 * ``adaptive`` (default): LFU with a short (0.9) and a long (0.99) memory kept side by side; the
   one whose simulated pool would have hit more over the last ~50 steps picks the victims (see
   :class:`AdaptiveLFUPolicy`). On the H200 it was faster than ``lfu`` at depth 2 in every cell of
-  ``benchmarks/results/residency50_policies_2026-11-30.json``.
+  ``benchmarks/results/residency50_steady_2026-11-30a.json``.
 * ``static``: a fixed placement, the most-routed experts of a recorded routing profile; nothing
   placed is ever evicted, and experts outside the placement are only ever staged.
 """
