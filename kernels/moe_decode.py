@@ -82,7 +82,8 @@ def _up_decode_kernel(x_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr,
     fs_rows = fill_ptr(s_ptr, fill, ss_s, FILL) + rows * ss_n
     x_row = x_ptr + (pair // TOP_K).to(tl.int64) * stride_x
     # Only a program whose expert has a fill slot runs the K loop that stores: a loop with stores is
-    # not pipelined, which made every program 20% slower at one token when the stores were masked off.
+    # not pipelined: with the stores masked off in every program a call took 21% longer at one token
+    # (benchmarks/results/fill_loop_2026-11-30.json).
     if FILL:
         if fill >= 0:
             gu = _rows_dot(x_row, w_rows, s_rows, n < F, K, FMT, 2 * BLOCK_N, BLOCK_K, False, f_rows, fs_rows,

@@ -282,8 +282,8 @@ class AdaptiveLFUPolicy:
 
     def touch(self, keys: Iterable[int]) -> None:
         """Both memories count the use now (victims need it); the shadow pools score it in
-        :meth:`catch_up`, which the host calls while it waits for the GPU: at prefetch depth 0 the
-        GPU waits for the host at every layer, and this was 40% of a use's cost."""
+        :meth:`catch_up`, which the host calls while it waits for the GPU (at prefetch depth 0 the
+        GPU waits for the host at every layer, so work done in ``touch`` adds to every step)."""
         keys = list(keys)
         if self._unsettled:
             self._settle()
