@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class EvalResult:
@@ -27,9 +29,34 @@ def _nll(logits: torch.Tensor, ids: list[int]) -> tuple[float, int]:
     return float(-lp.gather(1, target[:, None]).sum()), len(ids) - 1
 
 
+def check_eval(engine, reference, window: int, max_tokens: int | None) -> None:
+    """Refuse settings that cannot score anything, or models that cannot be compared, before any work."""
+    if window < 2:
+        raise ConfigError(f"window {window} is too small; a window scores its tokens after the first, so give at least 2")
+    if max_tokens is not None and max_tokens < 2:
+        raise ConfigError(f"max_tokens {max_tokens} is too small; give at least 2, or None to score the whole text")
+    if reference is not None and reference.loaded.spec.vocab_size != engine.loaded.spec.vocab_size:
+        raise ConfigError(f"the reference {reference.model_info.name} has a vocabulary of "
+                          f"{reference.loaded.spec.vocab_size} tokens but {engine.model_info.name} has "
+                          f"{engine.loaded.spec.vocab_size}; compare with a reference of the same model "
+                          "(e.g. its unquantised source)")
+
+
+def _check_context(engine, reference, longest: int) -> None:
+    for e in (engine, reference) if reference is not None else (engine,):
+        context = e.loaded.max_model_len
+        if longest >= context:
+            raise ConfigError(f"a window of {longest} tokens does not fit the context of {e.model_info.name} "
+                              f"({context} tokens); choose a window (--window) of at most {context - 1}")
+
+
 def evaluate(engine, text: str, reference=None, window: int = 256, max_tokens: int | None = None) -> EvalResult:
     """``engine`` and ``reference`` are LLMEngine instances; the text is tokenised by ``engine``."""
-    ids = engine.tokenizer.encode(text)[: max_tokens or None]
+    check_eval(engine, reference, window, max_tokens)
+    if engine.tokenizer is None:
+        raise ConfigError("this model has no tokenizer, so a text cannot be scored; load a model folder with one")
+    ids = engine.tokenizer.encode(text)[:max_tokens]
+    _check_context(engine, reference, min(window, len(ids)))
     nll = ref_nll = agree = 0.0
     cos_sum, n, rows = 0.0, 0, 0
     for w in windows(ids, window):
@@ -43,7 +70,6 @@ def evaluate(engine, text: str, reference=None, window: int = 256, max_tokens: i
             cos_sum += float(torch.nn.functional.cosine_similarity(logits, ref, dim=-1).sum())
             rows += logits.shape[0]
     if n == 0:
-        from engine.errors import ConfigError
         raise ConfigError("the evaluation text has fewer than 2 tokens; give a longer text file")
     if reference is None:
         return EvalResult(n, math.exp(nll / n))

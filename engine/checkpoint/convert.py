@@ -1,34 +1,57 @@
 """``convert``: a Hugging Face MoE checkpoint -> Strata's converted format (see converted.py).
 
 Streams layer by layer (one layer's experts in memory at a time), so a checkpoint larger than RAM
-converts. Writes into a temporary folder beside the destination and renames it at the end, after
-every file has been re-read and checked against the hash recorded in the manifest.
+converts. Every path is checked before any work starts (see destination.py); every tensor is checked
+for its dtype and for NaN/Inf as it is read. The conversion is written into a temporary folder beside
+the destination and moved into place only after every file has been re-read and checked against the
+hash recorded in the manifest.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import shutil
-import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
-from engine.checkpoint.converted import (FORMAT_VERSION, FP8_SCALE, MANIFEST, RESIDENT_FILE, expert_file,
-                                         file_sha256, layout_doc, verify_files)
-from engine.checkpoint.loader import check_complete, pack_layer_experts
+from engine.checkpoint.checks import check_finite
+from engine.checkpoint.converted import (FORMAT_VERSION, FP8_SCALE, MANIFEST, RESIDENT_FILE, expert_file, layout_doc,
+                                         verify_files)
+from engine.checkpoint.destination import (PARTIAL_MARKER, Destination, check_source, discard, install,
+                                           make_staging, plan_destination)
+from engine.checkpoint.integrity import RECORD, file_sha256
+from engine.checkpoint.loader import check_complete, pack_layer_experts, where_of
 from engine.checkpoint.plan import tensor_plan
-from engine.checkpoint.reader import SafetensorsReader
-from engine.checkpoint.spec import read_spec
+from engine.checkpoint.reader import INDEX, SafetensorsReader
+from engine.checkpoint.spec import ModelSpec, read_spec
 from engine.config import GROUP_SIZES
 from engine.errors import ConfigError
 from engine.experts.layout import ExpertLayout
 
 EXPERT_FORMATS = {"int4": "int4", "fp8": "fp8", "bf16": "bf16"}
 RESIDENT_FORMATS = ("bf16", "fp8")
+# weights in other formats, which the conversion replaces: never copied across
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".onnx")
 Progress = Callable[[int, int, str], None]
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    weights: str = "int4"         # routed expert format
+    group_size: int = 128         # int4 group along K
+    resident: str = "bf16"        # storage of every other weight
+
+
+@dataclass(frozen=True)
+class ConvertResult:
+    path: Path                    # the converted folder, symbolic links resolved
+    manifest: dict
+    notes: tuple[str, ...] = ()   # one line each, for the user (an earlier conversion left behind)
 
 
 def source_fingerprint(src: Path, reader: SafetensorsReader) -> str:
@@ -41,26 +64,23 @@ def source_fingerprint(src: Path, reader: SafetensorsReader) -> str:
     return h.hexdigest()
 
 
-def _check_args(src: Path, dst: Path, weights: str, group_size: int, resident: str, force: bool) -> None:
-    if weights not in EXPERT_FORMATS:
-        raise ConfigError(f"--weights {weights!r} is not a known format; choose int4, fp8 or bf16")
-    if resident not in RESIDENT_FORMATS:
-        raise ConfigError(f"--resident-weights {resident!r} is not a known format; choose bf16 or fp8")
-    if group_size not in GROUP_SIZES:
-        raise ConfigError(f"--group-size {group_size} is not supported; choose 32, 64 or 128")
-    if dst.resolve() == src.resolve():
-        raise ConfigError("the destination is the source folder; choose another destination")
-    if dst.exists() and any(dst.iterdir()) and not force:
-        raise ConfigError(f"{dst} already exists; pass --force to overwrite it or choose another folder")
+def _check_options(opts: ConvertOptions) -> None:
+    if opts.weights not in EXPERT_FORMATS:
+        raise ConfigError(f"--weights {opts.weights!r} is not a known format; choose int4, fp8 or bf16")
+    if opts.resident not in RESIDENT_FORMATS:
+        raise ConfigError(f"--resident-weights {opts.resident!r} is not a known format; choose bf16 or fp8")
+    if opts.group_size not in GROUP_SIZES:
+        raise ConfigError(f"--group-size {opts.group_size} is not supported; choose 32, 64 or 128")
 
 
-def _resident_tensors(reader: SafetensorsReader, spec, resident: str) -> dict[str, torch.Tensor]:
+def _resident_tensors(reader: SafetensorsReader, spec: ModelSpec, resident: str) -> dict[str, torch.Tensor]:
     from engine.quant import quantize_fp8
     out: dict[str, torch.Tensor] = {}
     for t in tensor_plan(spec):
         if t.category == "routed_experts":
             continue
         w = reader.get(t.name)
+        check_finite(w, t.name, where_of(reader, t.name))
         if resident == "fp8" and w.dim() == 2 and t.category not in ("embeddings", "router"):
             q, scale = quantize_fp8(w.to(torch.float32))
             out[t.name], out[t.name + FP8_SCALE] = q, scale
@@ -70,52 +90,74 @@ def _resident_tensors(reader: SafetensorsReader, spec, resident: str) -> dict[st
 
 
 def convert(src: str | Path, dst: str | Path, weights: str = "int4", group_size: int = 128,
-            resident: str = "bf16", force: bool = False, progress: Progress | None = None) -> Path:
-    """Convert ``src`` into ``dst``; returns ``dst``. Raises StrataError subclasses on bad input."""
-    src, dst = Path(src), Path(dst)
-    _check_args(src, dst, weights, group_size, resident, force)
-    spec = read_spec(src)
+            resident: str = "bf16", force: bool = False, progress: Progress | None = None) -> ConvertResult:
+    """Convert ``src`` into ``dst``. Raises StrataError subclasses on bad input, leaving ``dst`` as it was.
+
+    ``force`` replaces ``dst`` only if it is an earlier conversion; nothing else is ever deleted.
+    """
+    opts = ConvertOptions(weights, group_size, resident)
+    _check_options(opts)
+    src_dir = check_source(Path(src))
+    dest = plan_destination(src_dir, Path(dst), force)
+    spec = read_spec(src_dir)
     layout = ExpertLayout.make(EXPERT_FORMATS[weights], spec.hidden, spec.moe_ffn, group_size)
-    reader = SafetensorsReader(src)
-    check_complete(spec, reader)
-    tmp = dst.with_name(dst.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    reader = SafetensorsReader(src_dir)
+    check_complete(spec, reader)          # names, shapes and dtypes, before anything is written
+    staging = make_staging(dest)
+    try:
+        manifest = _write(staging.folder, src_dir, spec, reader, layout, opts, progress)
+        verify_files(staging.folder, manifest["files"])
+        notes = install(staging, dest, src_dir)
+    except (OSError, SafetensorError) as e:
+        discard(staging)
+        raise ConfigError(_write_failed(dest, e)) from None
+    except BaseException:
+        discard(staging)
+        raise
+    return ConvertResult(dest.path, manifest, notes)
+
+
+def _write_failed(dest: Destination, e: Exception) -> str:
+    why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0]
+    where = f" ({e.filename})" if isinstance(e, OSError) and e.filename else ""
+    return (f"writing the conversion for {dest.given} failed: {why}{where}; free disk space or choose another "
+            f"destination — {dest.given} was left as it was")
+
+
+def _write(out: Path, src: Path, spec: ModelSpec, reader: SafetensorsReader, layout: ExpertLayout,
+           opts: ConvertOptions, progress: Progress | None) -> dict:
+    """Write every file of the conversion into ``out``; returns the manifest written."""
     files: dict[str, str] = {}
-    save_file(_resident_tensors(reader, spec, resident), tmp / RESIDENT_FILE)
-    files[RESIDENT_FILE] = file_sha256(tmp / RESIDENT_FILE)
+    save_file(_resident_tensors(reader, spec, opts.resident), out / RESIDENT_FILE)
+    files[RESIDENT_FILE] = file_sha256(out / RESIDENT_FILE)
     moe = [i for i in range(spec.num_layers) if spec.moe_layers[i]]
     for k, i in enumerate(moe):
         rows = torch.empty(spec.num_experts, layout.nbytes, dtype=torch.uint8)
         pack_layer_experts(reader, spec, i, layout, rows)
-        save_file({"experts": rows}, tmp / expert_file(k))
-        files[expert_file(k)] = file_sha256(tmp / expert_file(k))
+        save_file({"experts": rows}, out / expert_file(k))
+        files[expert_file(k)] = file_sha256(out / expert_file(k))
         if progress:
             progress(k + 1, len(moe), f"layer {i}")
-    for f in src.iterdir():
-        if f.is_file() and f.suffix != ".safetensors" and f.name != "model.safetensors.index.json":
-            shutil.copy2(f, tmp / f.name)
-    manifest = {"format_version": FORMAT_VERSION, "weights": weights, "group_size": group_size,
-                "resident_weights": resident, "num_moe_layers": len(moe), "num_experts": spec.num_experts,
-                "per_layer_precision": [weights if m else "dense-" + resident for m in spec.moe_layers],
+    copied = _copy_side_files(src, out)
+    manifest = {"format_version": FORMAT_VERSION, "weights": opts.weights, "group_size": opts.group_size,
+                "resident_weights": opts.resident, "num_moe_layers": len(moe), "num_experts": spec.num_experts,
+                "per_layer_precision": [opts.weights if m else "dense-" + opts.resident for m in spec.moe_layers],
                 "expert_nbytes": layout.nbytes, "layout": layout_doc(layout),
                 "quantisation": {"int4": "asymmetric round-to-nearest, per output row and group along K",
-                                 "fp8": "e4m3, one float32 scale per output row"}.get(weights, "none"),
-                "source": {"path": str(src.resolve()), "fingerprint_sha256": source_fingerprint(src, reader)},
-                "files": files}
-    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    verify_files(tmp, files)
-    if dst.exists():
-        shutil.rmtree(dst)
-    tmp.rename(dst)
-    return dst
+                                 "fp8": "e4m3, one float32 scale per output row"}.get(opts.weights, "none"),
+                "source": {"path": str(src), "fingerprint_sha256": source_fingerprint(src, reader)},
+                "files": files, "copied": copied}
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
 
 
-def bar(done: int, total: int, label: str) -> None:
-    """A one-line progress bar on stderr."""
-    width = 30
-    fill = width * done // max(total, 1)
-    sys.stderr.write(f"\rconverting [{'#' * fill}{'.' * (width - fill)}] {done}/{total} {label:<12}")
-    if done == total:
-        sys.stderr.write("\n")
-    sys.stderr.flush()
+def _copy_side_files(src: Path, out: Path) -> list[str]:
+    """Copy config, tokenizer and other small files of the source; returns their names."""
+    reserved = {MANIFEST, RECORD, PARTIAL_MARKER, INDEX}
+    copied = []
+    for f in sorted(src.iterdir()):
+        if f.is_file() and f.suffix not in WEIGHT_SUFFIXES and f.name not in reserved:
+            shutil.copy2(f, out / f.name)
+            copied.append(f.name)
+    return copied
+

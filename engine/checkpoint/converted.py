@@ -3,45 +3,84 @@
 A converted folder holds the source's ``config.json`` and tokenizer files, plus
 
 * ``strata.json`` — the manifest: format version, expert format, group size, per-layer precision,
-  expert count, the byte layout of one expert, the source's hash, and a SHA-256 of every file written;
+  expert count, the byte layout of one expert, the source's hash, a SHA-256 of every file written and
+  the names of the files copied from the source;
 * ``resident.safetensors`` — every non-routed tensor under its Hugging Face name;
 * ``experts-LLLL.safetensors`` — one tensor ``experts`` ``uint8 [E, nbytes]`` per MoE layer: row ``e``
   is expert ``e``'s byte range (see :mod:`engine.experts.layout`), so the host store reads each
-  expert as one contiguous copy.
+  expert as one contiguous copy;
+* ``strata-verified.json`` — written at the first load: which files were found to match their hashes
+  (see :mod:`engine.checkpoint.integrity`).
 """
 from __future__ import annotations
 
-import hashlib
 import json
+import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from engine.checkpoint.integrity import ChecksumReport, Progress, file_sha256, verify_checksums
 from engine.checkpoint.reader import SafetensorsReader, TensorSource
 from engine.errors import ModelLoadError
-from engine.experts.layout import ExpertLayout
+from engine.experts.layout import EXPERT_FORMATS, ExpertLayout
 
 MANIFEST = "strata.json"
 FORMAT_VERSION = 1
 RESIDENT_FILE = "resident.safetensors"
 FP8_SCALE = ".fp8_row_scale"   # suffix of the per-row scale of a resident matrix stored in fp8
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_FIX = "convert the model again with main.py convert"
 
 
 def expert_file(moe_index: int) -> str:
     return f"experts-{moe_index:04d}.safetensors"
 
 
-def file_sha256(path: Path, chunk: int = 16 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def layout_doc(layout: ExpertLayout) -> list[dict]:
     return [{"name": s.name, "dtype": str(s.dtype).replace("torch.", ""), "shape": list(s.shape), "offset": s.offset}
             for s in layout.tensors]
+
+
+def read_manifest(folder: Path) -> dict:
+    """The parsed ``strata.json`` of ``folder`` with a checked ``files`` table (any format version)."""
+    f = folder / MANIFEST
+    try:
+        doc = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelLoadError(f"{f} cannot be read ({e}); {_FIX}")
+    if not isinstance(doc, dict) or not isinstance(doc.get("format_version"), int):
+        raise ModelLoadError(f"{f} is not a Strata manifest (no integer 'format_version'); {_FIX}")
+    files = doc.get("files")
+    if not isinstance(files, dict) or not files:
+        raise ModelLoadError(f"{f}: 'files' must map each written file to its SHA-256; {_FIX}")
+    for name, digest in files.items():
+        if not _plain_name(name) or not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+            raise ModelLoadError(f"{f}: the entry {name!r}: {digest!r} of 'files' is not a file name inside the folder "
+                                 f"with a SHA-256; {_FIX}")
+    copied = doc.get("copied", [])
+    if not isinstance(copied, list) or not all(_plain_name(n) for n in copied):
+        raise ModelLoadError(f"{f}: 'copied' must list file names inside the folder; {_FIX}")
+    return doc
+
+
+def manifest_source(doc: dict) -> str:
+    """The folder a manifest says it was converted from, or '' when it does not say."""
+    src = doc.get("source")
+    return src["path"] if isinstance(src, dict) and isinstance(src.get("path"), str) else ""
+
+
+def _plain_name(name) -> bool:
+    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
+
+
+def _field(doc: dict, key: str, kind: type, f: Path):
+    v = doc.get(key)
+    if not isinstance(v, kind) or isinstance(v, bool) or (kind is int and v < 0):
+        expected = "a whole number of 0 or more" if kind is int else f"a {kind.__name__}"
+        raise ModelLoadError(f"{f}: field '{key}' is {v!r}, expected {expected}; {_FIX}")
+    return v
 
 
 @dataclass(frozen=True)
@@ -53,24 +92,35 @@ class Manifest:
     expert_nbytes: int
     layout: list
     files: dict
+    source: str = ""       # the folder it was converted from, for the advice to convert again
+    resident: str = "bf16"  # storage of the resident weights
 
     @staticmethod
     def read(folder: Path) -> "Manifest":
         f = folder / MANIFEST
-        try:
-            doc = json.loads(f.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ModelLoadError(f"{f} cannot be read ({e}); convert the model again with main.py convert")
-        if doc.get("format_version") != FORMAT_VERSION:
-            raise ModelLoadError(f"{f} has format version {doc.get('format_version')!r} but this Strata reads "
+        doc = read_manifest(folder)
+        if doc["format_version"] != FORMAT_VERSION:
+            raise ModelLoadError(f"{f} has format version {doc['format_version']!r} but this Strata reads "
                                  f"version {FORMAT_VERSION}; convert the model again with this version")
-        return Manifest(doc["weights"], int(doc["group_size"]), int(doc["num_moe_layers"]), int(doc["num_experts"]),
-                        int(doc["expert_nbytes"]), doc["layout"], doc.get("files", {}))
+        if doc.get("weights") not in EXPERT_FORMATS:
+            raise ModelLoadError(f"{f}: field 'weights' is {doc.get('weights')!r}, expected one of "
+                                 f"{', '.join(EXPERT_FORMATS)}; {_FIX}")
+        return Manifest(_field(doc, "weights", str, f), _field(doc, "group_size", int, f),
+                        _field(doc, "num_moe_layers", int, f), _field(doc, "num_experts", int, f),
+                        _field(doc, "expert_nbytes", int, f), _field(doc, "layout", list, f), doc["files"],
+                        manifest_source(doc), str(doc.get("resident_weights", "bf16")))
 
     def check_layout(self, layout: ExpertLayout, folder: Path) -> None:
         if layout.nbytes != self.expert_nbytes or layout_doc(layout) != self.layout:
             raise ModelLoadError(f"{folder / MANIFEST}: the expert byte layout differs from what this Strata expects "
                                  "for its config; convert the model again with main.py convert")
+
+    def reconvert(self, folder: Path) -> str:
+        """The command that writes ``folder`` again, as it was written."""
+        src = shlex.quote(self.source) if self.source else "SRC"
+        extra = f" --group-size {self.group_size}" if self.weights == "int4" and self.group_size != 128 else ""
+        extra += " --resident-weights fp8" if self.resident == "fp8" else ""
+        return f"main.py convert {src} {shlex.quote(str(folder))} --weights {self.weights}{extra} --force"
 
 
 def is_converted(folder: Path) -> bool:
@@ -78,24 +128,46 @@ def is_converted(folder: Path) -> bool:
 
 
 class ConvertedSource(TensorSource):
-    """Resident tensors by name, plus whole layers of packed experts."""
+    """Resident tensors by name, plus whole layers of packed experts.
 
-    def __init__(self, folder: Path) -> None:
+    Opening one checks every file against the manifest's SHA-256 first (see ``integrity``); ``verify``
+    hashes them all even when an earlier load found them good.
+    """
+
+    def __init__(self, folder: Path, verify: bool = False, progress: Progress | None = None) -> None:
         self.dir = folder
         self.manifest = Manifest.read(folder)
-        f = folder / RESIDENT_FILE
-        if not f.is_file():
-            raise ModelLoadError(f"{f} is missing; the converted folder is incomplete — convert the model again")
-        self._resident = SafetensorsReader(folder, [f])
+        self.checksums = self._verify(verify, progress)
+        self._resident = SafetensorsReader(folder, [folder / RESIDENT_FILE])
         names = self._resident.names()
         self._fp8 = {n[: -len(FP8_SCALE)] for n in names if n.endswith(FP8_SCALE)}
         self._names = names - {n + FP8_SCALE for n in self._fp8}
+
+    def _verify(self, force: bool, progress: Progress | None) -> ChecksumReport:
+        m, folder = self.manifest, self.dir
+        needed = [RESIDENT_FILE] + [expert_file(k) for k in range(m.num_moe_layers)]
+        unlisted = [n for n in needed if n not in m.files]
+        if unlisted:
+            raise ModelLoadError(f"{folder / MANIFEST} lists no SHA-256 for {unlisted[0]}, so it cannot be checked; "
+                                 f"convert again: {m.reconvert(folder)}")
+        report = verify_checksums(folder, m.files, force, progress)
+        if report.bad:
+            first = report.bad[0]
+            more = f" (and {len(report.bad) - 1} more)" if len(report.bad) > 1 else ""
+            what = ("is missing; the converted folder is incomplete" if first.reason == "missing" else
+                    f"does not match its SHA-256 in {MANIFEST}: the file was changed or damaged on disk")
+            raise ModelLoadError(f"{folder / first.name} {what}{more}; restore the folder from a copy or convert "
+                                 f"again: {m.reconvert(folder)}")
+        return report
 
     def names(self) -> set[str]:
         return set(self._names)
 
     def shape(self, name: str) -> tuple[int, ...]:
         return self._resident.shape(name)
+
+    def dtype(self, name: str) -> str:
+        return "float32" if name in self._fp8 else self._resident.dtype(name)
 
     def get(self, name: str) -> torch.Tensor:
         t = self._resident.get(name)
@@ -109,20 +181,23 @@ class ConvertedSource(TensorSource):
     def read_experts(self, moe_index: int, out: torch.Tensor) -> None:
         """Copy MoE layer ``moe_index``'s packed experts into ``out`` ``uint8 [E, nbytes]``."""
         f = self.dir / expert_file(moe_index)
-        if not f.is_file():
-            raise ModelLoadError(f"{f} is missing; the converted folder is incomplete — convert the model again")
-        t = SafetensorsReader(self.dir, [f]).get("experts")
-        if tuple(t.shape) != tuple(out.shape) or t.dtype != torch.uint8:
-            raise ModelLoadError(f"{f}: packed experts have shape {list(t.shape)}, expected {list(out.shape)}; "
-                                 "convert the model again")
-        out.copy_(t)
+        if f.name not in self.manifest.files:      # every listed file was found good when the folder was opened
+            raise ModelLoadError(f"{f} is not part of this conversion: {MANIFEST} lists {self.manifest.num_moe_layers} "
+                                 f"MoE layers but config.json has more; convert again: {self.manifest.reconvert(self.dir)}")
+        reader = SafetensorsReader(self.dir, [f])
+        if "experts" not in reader.names():
+            raise ModelLoadError(f"{f} holds no tensor 'experts'; {_FIX}")
+        shape, dtype = tuple(reader.shape("experts")), reader.dtype("experts")
+        if shape != tuple(out.shape) or dtype != "uint8":
+            raise ModelLoadError(f"{f}: packed experts are {dtype} {list(shape)}, expected uint8 {list(out.shape)}; "
+                                 f"convert again: {self.manifest.reconvert(self.dir)}")
+        out.copy_(reader.get("experts"))
 
 
 def verify_files(folder: Path, files: dict) -> None:
-    """Every file the manifest lists exists with its recorded SHA-256."""
+    """Every file of ``files`` exists in ``folder`` with its SHA-256 (read back after writing, nothing remembered)."""
     for name, digest in files.items():
         f = folder / name
         if not f.is_file() or file_sha256(f) != digest:
-            raise ModelLoadError(f"{f} does not match the hash in {MANIFEST}; the write was incomplete or the file "
-                                 "changed — convert again with --force")
-
+            raise ModelLoadError(f"{f} does not match the hash just recorded for it; the write was incomplete or the "
+                                 "disk is failing — check the disk and convert again")

@@ -6,6 +6,7 @@ from collections.abc import Callable
 import torch
 
 from engine.checkpoint import families as fn
+from engine.checkpoint.checks import check_cast, check_dtype, check_finite
 from engine.checkpoint.plan import TensorEntry, routed_expert_entries, tensor_plan
 from engine.checkpoint.reader import TensorSource
 from engine.checkpoint.spec import ModelSpec
@@ -17,15 +18,14 @@ RowAllocator = Callable[[int, int], torch.Tensor]   # (rows, nbytes) -> uint8 [r
 
 
 class _Fetch:
-    """Reads tensors by plan entry with shape checks, casting and placement."""
+    """Reads tensors by plan entry with shape checks, casting, a finiteness check and placement."""
 
     def __init__(self, source: TensorSource, device: torch.device, dtype: torch.dtype) -> None:
         self.source, self.device, self.dtype = source, device, dtype
         self.names = source.names()
 
-    def _where(self, name: str) -> str:
-        f = getattr(self.source, "file_of", None)
-        return str(f(name)) if f else "checkpoint"
+    def where(self, name: str) -> str:
+        return where_of(self.source, name)
 
     def raw(self, entry: TensorEntry) -> torch.Tensor:
         if entry.name not in self.names:
@@ -33,28 +33,42 @@ class _Fetch:
                                  "the weights do not match config.json — re-download the model")
         shape = tuple(self.source.shape(entry.name))
         if shape != entry.shape:
-            raise ModelLoadError(f"{self._where(entry.name)}: tensor '{entry.name}' has shape {list(shape)} but "
+            raise ModelLoadError(f"{self.where(entry.name)}: tensor '{entry.name}' has shape {list(shape)} but "
                                  f"config.json implies {list(entry.shape)}; the weights do not match the config")
         return self.source.get(entry.name)
 
     def __call__(self, entry: TensorEntry | None) -> torch.Tensor | None:
         if entry is None:
             return None
-        return self.raw(entry).to(device=self.device, dtype=self.dtype)
+        raw = self.raw(entry)
+        out = raw.to(device=self.device, dtype=self.dtype)
+        check_cast(raw, out, entry.name, self.where(entry.name))   # once per resident tensor, at load
+        return out
+
+
+def where_of(source: TensorSource, name: str) -> str:
+    f = source.file_of(name)
+    return str(f) if f is not None else "checkpoint"
 
 
 def _fused_experts(source: TensorSource, spec: ModelSpec, i: int) -> tuple[torch.Tensor, torch.Tensor] | None:
     p = spec.family.moe_prefix.format(i=i)
     gu, dn = spec.family.fused_gate_up.format(p=p), spec.family.fused_down.format(p=p)
     names = source.names()
-    if gu in names and dn in names:
-        return source.get(gu), source.get(dn)   # [E, 2F, D], [E, D, F]
-    return None
+    if gu not in names or dn not in names:
+        return None
+    fused = source.get(gu), source.get(dn)   # [E, 2F, D], [E, D, F]
+    for name, t in zip((gu, dn), fused):
+        check_finite(t, name, where_of(source, name))
+    return fused
 
 
 def pack_layer_experts(source: TensorSource, spec: ModelSpec, i: int, layout: ExpertLayout,
                        out: torch.Tensor) -> None:
-    """Pack every routed expert of layer ``i`` of a Hugging Face checkpoint into ``out`` ``uint8 [E, nbytes]``."""
+    """Pack every routed expert of layer ``i`` of a Hugging Face checkpoint into ``out`` ``uint8 [E, nbytes]``.
+
+    Each expert's weights are checked for NaN/Inf here, as they are read anyway to be packed.
+    """
     fetch = source if isinstance(source, _Fetch) else _Fetch(source, torch.device("cpu"), torch.float32)
     fused = _fused_experts(fetch.source, spec, i)
     entries = routed_expert_entries(spec, i)
@@ -62,7 +76,7 @@ def pack_layer_experts(source: TensorSource, spec: ModelSpec, i: int, layout: Ex
         if fused is not None:
             w13, w2 = fused[0][e], fused[1][e]
         else:
-            gate, up, down = (fetch.raw(t) for t in entries[3 * e:3 * e + 3])
+            gate, up, down = (_finite(fetch, t) for t in entries[3 * e:3 * e + 3])
             w13, w2 = torch.cat([gate, up], 0), down                    # [2F, D], [D, F]
         if layout.fmt in DENSE_DTYPES:
             packed = {"w13": w13.to(DENSE_DTYPES[layout.fmt]), "w2": w2.to(DENSE_DTYPES[layout.fmt])}
@@ -70,6 +84,12 @@ def pack_layer_experts(source: TensorSource, spec: ModelSpec, i: int, layout: Ex
             from engine.quant import quantize_expert   # int4 / fp8, quantised once
             packed = quantize_expert(w13.to(torch.float32), w2.to(torch.float32), layout)
         layout.pack(packed, out=out[e])
+
+
+def _finite(fetch: _Fetch, entry: TensorEntry) -> torch.Tensor:
+    t = fetch.raw(entry)
+    check_finite(t, entry.name, fetch.where(entry.name))
+    return t
 
 
 def load_weights(spec: ModelSpec, source: TensorSource, device: torch.device, dtype: torch.dtype,
@@ -113,7 +133,7 @@ def _mlp(get, prefix: str) -> MLPWeights:
 
 
 def check_complete(spec: ModelSpec, source: TensorSource) -> None:
-    """Fail fast, before any big allocation, if a tensor is missing or mis-shaped."""
+    """Fail fast, before any big allocation, if a tensor is missing, mis-shaped or not floating point."""
     names = source.names()
     packed = hasattr(source, "read_experts")
     fused_layers = {i for i in range(spec.num_layers) if spec.moe_layers[i] and (packed or _has_fused(names, spec, i))}
@@ -124,14 +144,31 @@ def check_complete(spec: ModelSpec, source: TensorSource) -> None:
             raise ModelLoadError(f"tensor '{t.name}' (shape {list(t.shape)}) is missing from the checkpoint in "
                                  f"{getattr(source, 'dir', 'memory')}; the weights do not match config.json — "
                                  "re-download the model")
-        shape = tuple(source.shape(t.name))
-        if shape != t.shape:
-            where = source.file_of(t.name) if hasattr(source, "file_of") else "checkpoint"
-            raise ModelLoadError(f"{where}: tensor '{t.name}' has shape {list(shape)} but config.json implies "
-                                 f"{list(t.shape)}; the weights do not match the config")
+        _check_header(spec, source, t.name, t.shape)
+    if not packed:
+        for i in sorted(fused_layers):
+            _check_fused(spec, source, i)
+
+
+def _check_header(spec: ModelSpec, source: TensorSource, name: str, expected: tuple[int, ...]) -> None:
+    shape = tuple(source.shape(name))
+    if shape != expected:
+        raise ModelLoadError(f"{where_of(source, name)}: tensor '{name}' has shape {list(shape)} but config.json "
+                             f"implies {list(expected)}; the weights do not match the config")
+    check_dtype(source.dtype(name), name, where_of(source, name), spec.architecture)
+
+
+def _check_fused(spec: ModelSpec, source: TensorSource, i: int) -> None:
+    p = spec.family.moe_prefix.format(i=i)
+    E, D, F = spec.num_experts, spec.hidden, spec.moe_ffn
+    gu, dn = spec.family.fused_gate_up.format(p=p), spec.family.fused_down.format(p=p)
+    if dn not in source.names():
+        raise ModelLoadError(f"tensor '{dn}' (shape {[E, D, F]}) is missing from the checkpoint in "
+                             f"{getattr(source, 'dir', 'memory')} though '{gu}' is there; re-download the model")
+    _check_header(spec, source, gu, (E, 2 * F, D))
+    _check_header(spec, source, dn, (E, D, F))
 
 
 def _has_fused(names: set[str], spec: ModelSpec, i: int) -> bool:
     p = spec.family.moe_prefix.format(i=i)
     return spec.family.fused_gate_up.format(p=p) in names
-

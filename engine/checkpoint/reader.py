@@ -2,12 +2,24 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import torch
 from safetensors import safe_open
 
 from engine.errors import ModelLoadError
+
+INDEX = "model.safetensors.index.json"
+# safetensors header dtypes by the name torch gives the same type (what error messages show)
+_DTYPE_NAMES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+                "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "I64": "int64", "I32": "int32",
+                "I16": "int16", "I8": "int8", "U64": "uint64", "U32": "uint32", "U16": "uint16", "U8": "uint8",
+                "BOOL": "bool"}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``: the spelling every source reports dtypes in."""
+    return str(dtype).removeprefix("torch.")
 
 
 class TensorSource:
@@ -16,6 +28,14 @@ class TensorSource:
     def names(self) -> set[str]: ...
     def shape(self, name: str) -> tuple[int, ...]: ...
     def get(self, name: str) -> torch.Tensor: ...
+
+    def dtype(self, name: str) -> str:
+        """The dtype ``get(name)`` returns, by name ("bfloat16"); sources on disk read it from the header."""
+        return dtype_name(self.get(name).dtype)
+
+    def file_of(self, name: str) -> Path | None:
+        """The file holding tensor ``name``, or None for a source in memory."""
+        return None
 
 
 class SafetensorsReader(TensorSource):
@@ -32,13 +52,9 @@ class SafetensorsReader(TensorSource):
                 self._file_of[name] = f
 
     def _shard_files(self) -> list[Path]:
-        index = self.dir / "model.safetensors.index.json"
+        index = self.dir / INDEX
         if index.is_file():
-            try:
-                weight_map = json.loads(index.read_text())["weight_map"]
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise ModelLoadError(f"{index} is not a valid safetensors index ({e}); restore it from the checkpoint")
-            files = sorted({self.dir / v for v in weight_map.values()})
+            files = sorted({shard_path(self.dir, v) for v in read_weight_map(index).values()})
             for f in files:
                 if not f.is_file():
                     raise ModelLoadError(f"shard {f.name} listed in {index.name} is missing from {self.dir}; "
@@ -65,6 +81,10 @@ class SafetensorsReader(TensorSource):
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._handles[self._file_of[name]].get_slice(name).get_shape())
 
+    def dtype(self, name: str) -> str:
+        raw = self._handles[self._file_of[name]].get_slice(name).get_dtype()
+        return _DTYPE_NAMES.get(raw, raw.lower())
+
     def get(self, name: str) -> torch.Tensor:
         f = self._file_of[name]
         try:
@@ -75,6 +95,44 @@ class SafetensorsReader(TensorSource):
 
     def file_of(self, name: str) -> Path:
         return self._file_of[name]
+
+
+def read_weight_map(index: Path) -> dict[str, str]:
+    """The ``weight_map`` of a safetensors index: tensor name -> shard file name, checked for shape."""
+    fix = "restore it from the original checkpoint"
+    try:
+        doc = json.loads(index.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelLoadError(f"{index} is not a valid safetensors index ({e}); {fix}")
+    weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+    if not isinstance(weight_map, dict):
+        found = "no 'weight_map'" if weight_map is None else f"a 'weight_map' that is a {type(weight_map).__name__}"
+        raise ModelLoadError(f"{index} has {found}, expected an object mapping tensor names to shard files; {fix}")
+    if not weight_map:
+        raise ModelLoadError(f"{index}: 'weight_map' lists no tensors; {fix}")
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str) or not shard:
+            raise ModelLoadError(f"{index}: tensor '{name}' maps to {shard!r}, expected a shard file name; {fix}")
+    return weight_map
+
+
+def shard_path(model_dir: Path, shard: str) -> Path:
+    """``model_dir / shard``, refused when the index points outside the model folder.
+
+    The shard file itself may be a symbolic link (the Hugging Face cache stores every file as one),
+    but its name may not climb out of the folder, be absolute, or pass through a linked folder that does.
+    """
+    index = model_dir / INDEX
+    parts = PurePosixPath(shard.replace("\\", "/"))
+    if parts.is_absolute() or ".." in parts.parts or Path(shard).is_absolute() or Path(shard).drive:
+        raise ModelLoadError(f"{index} names shard '{shard}', which is outside the model folder; shards must be "
+                             f"files inside {model_dir} — restore the index from the original checkpoint")
+    path = model_dir.joinpath(*parts.parts)
+    root = model_dir.resolve()
+    if path.parent.resolve() != root and root not in path.parent.resolve().parents:
+        raise ModelLoadError(f"{index} names shard '{shard}', whose folder links outside the model folder; "
+                             f"shards must be files inside {model_dir} — restore the index from the original checkpoint")
+    return path
 
 
 class AliasedSource(TensorSource):
@@ -96,8 +154,14 @@ class AliasedSource(TensorSource):
     def shape(self, name: str) -> tuple[int, ...]:
         return self.source.shape(self._orig[name])
 
+    def dtype(self, name: str) -> str:
+        return self.source.dtype(self._orig[name])
+
     def get(self, name: str) -> torch.Tensor:
         return self.source.get(self._orig[name])
+
+    def file_of(self, name: str) -> Path | None:
+        return self.source.file_of(self._orig[name])
 
 
 def with_aliases(source: TensorSource, aliases: tuple[tuple[str, str], ...]) -> TensorSource:

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from engine.cli.options import engine_options, model_dir
 from engine.config import EngineConfig
-from engine.errors import ConfigError
+from engine.errors import ConfigError, StrataError
 
 
 def add_convert_parser(sub) -> None:
@@ -17,7 +18,7 @@ def add_convert_parser(sub) -> None:
     p.add_argument("--weights", default="int4", help="routed expert format: int4 | fp8 | bf16 (default int4)")
     p.add_argument("--group-size", type=int, default=128, help="int4 group size along K: 32, 64 or 128")
     p.add_argument("--resident-weights", default="bf16", help="storage of the other weights: bf16 | fp8")
-    p.add_argument("--force", action="store_true", help="overwrite an existing destination")
+    p.add_argument("--force", action="store_true", help="replace DST if it holds an earlier conversion")
     p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
 
 
@@ -26,33 +27,99 @@ def add_eval_parser(sub, add_model_flag, add_engine_flags) -> None:
     add_model_flag(p)
     p.add_argument("--text", required=True, help="UTF-8 text file")
     p.add_argument("--reference", default=None, help="reference model folder (e.g. the unquantised source)")
-    p.add_argument("--window", type=int, default=256, help="tokens per scored window")
-    p.add_argument("--max-tokens", type=int, default=None, help="score at most this many tokens")
+    p.add_argument("--window", type=int, default=256, help="tokens per scored window (at least 2)")
+    p.add_argument("--max-tokens", type=int, default=None, help="score at most this many tokens (at least 2)")
     p.add_argument("--json", action="store_true")
     add_engine_flags(p)
 
 
+class ProgressBar:
+    """A one-line progress bar on stderr, drawn only on a terminal; ``clear`` wipes it before an error line."""
+
+    def __init__(self, verb: str, in_bytes: bool = False) -> None:
+        self.verb, self.in_bytes, self.drawn = verb, in_bytes, False
+
+    def __call__(self, done: int, total: int, label: str) -> None:
+        if not sys.stderr.isatty():
+            return
+        width = 30
+        fill = width * done // max(total, 1)
+        count = f"{done / 2**30:.1f}/{total / 2**30:.1f} GiB" if self.in_bytes else f"{done}/{total}"
+        sys.stderr.write(f"\r{self.verb} [{'#' * fill}{'.' * (width - fill)}] {count} {label:<24}")
+        self.drawn = done < total
+        if done == total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+    def clear(self) -> None:
+        if self.drawn:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+            self.drawn = False
+
+
 def cmd_convert(args: argparse.Namespace) -> int:
-    from engine.checkpoint.convert import bar, convert
-    dst = convert(args.src, args.dst, args.weights, args.group_size, args.resident_weights, args.force, bar)
-    manifest = json.loads((Path(dst) / "strata.json").read_text())
-    size = sum(f.stat().st_size for f in Path(dst).iterdir() if f.is_file())
-    print(f"wrote {dst}: {manifest['weights']} experts (group {manifest['group_size']}), "
-          f"{manifest['num_moe_layers']} MoE layers x {manifest['num_experts']} experts, {size / 2**20:.1f} MiB, verified")
+    from engine.checkpoint.convert import convert
+    progress = ProgressBar("converting")
+    try:
+        result = convert(args.src, args.dst, args.weights, args.group_size, args.resident_weights, args.force, progress)
+    except StrataError:
+        progress.clear()
+        raise
+    m = result.manifest
+    size = sum(f.stat().st_size for f in result.path.iterdir() if f.is_file())
+    for note in result.notes:
+        print(f"note: {note}", file=sys.stderr)
+    print(f"wrote {args.dst}: {m['weights']} experts (group {m['group_size']}), "
+          f"{m['num_moe_layers']} MoE layers x {m['num_experts']} experts, {size / 2**20:.1f} MiB, verified")
     return 0
+
+
+def _read_text(path: str) -> str:
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"--text {path} does not exist; give a UTF-8 text file")
+    if p.is_dir():
+        raise ConfigError(f"--text {path} is a folder; give a UTF-8 text file")
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"--text {path} is not UTF-8 text (byte {e.start} cannot be decoded); save it as UTF-8")
+    except OSError as e:
+        raise ConfigError(f"cannot read --text {path} ({e.strerror}); give a UTF-8 text file you can read")
+
+
+def _check_eval_args(args: argparse.Namespace) -> None:
+    """Everything that needs no model, checked before one is loaded."""
+    if args.window < 2:
+        raise ConfigError(f"--window {args.window} is too small; a window scores its tokens after the first, so give "
+                          "at least 2 (default 256)")
+    if args.max_tokens is not None and args.max_tokens < 2:
+        raise ConfigError(f"--max-tokens {args.max_tokens} is too small; give at least 2, or leave it out to score "
+                          "the whole text")
+    ref = args.reference
+    if ref is not None and not Path(ref).is_dir():
+        what = "is a file" if Path(ref).exists() else "does not exist"
+        raise ConfigError(f"--reference {ref} {what}; give the folder of the model to compare with (e.g. the "
+                          "unquantised source)")
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from engine.engine import LLMEngine
     from engine.evaluate import evaluate
-    try:
-        text = Path(args.text).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read --text {args.text} ({e}); give a UTF-8 text file")
+    _check_eval_args(args)
+    text = _read_text(args.text)
     opts = engine_options(args)
-    engine = LLMEngine(EngineConfig(model=model_dir(args), **opts))
-    ref = LLMEngine(EngineConfig(model=args.reference, **{**opts, "weight_format": "auto"})) if args.reference else None
-    r = evaluate(engine, text, ref, args.window, args.max_tokens)
+    engines = [LLMEngine(EngineConfig(model=model_dir(args), **opts),
+                         progress=ProgressBar("verifying checksums", in_bytes=True))]
+    try:
+        if args.reference:
+            engines.append(LLMEngine(EngineConfig(model=args.reference, **{**opts, "weight_format": "auto"})))
+        engine, ref = engines[0], (engines[1] if args.reference else None)
+        r = evaluate(engine, text, ref, args.window, args.max_tokens)
+    finally:
+        for e in engines:
+            e.close()
     if args.json:
         print(json.dumps(r.__dict__))
         return 0

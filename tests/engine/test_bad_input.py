@@ -116,3 +116,34 @@ def test_cli_prints_no_traceback_and_exits_2(tmp_path):
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [f"error: {tmp_path / 'config.json'} is missing; a model folder needs "
                                                 "the Hugging Face config.json beside its *.safetensors"]
+
+
+def test_index_whose_weight_map_is_a_list(capsys, model_copy):
+    """Once a traceback: an index whose weight_map is a list of pairs instead of an object."""
+    tensors = load_file(model_copy / "model.safetensors")
+    index = model_copy / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": [[k, "model.safetensors"] for k in sorted(tensors)]}))
+    code, err = run_cli(capsys, "generate", "--model", str(model_copy), "--prompt", "hi")
+    assert code == 2
+    assert err == (f"error: {index} has a 'weight_map' that is a list, expected an object mapping tensor names to "
+                   "shard files; restore it from the original checkpoint")
+
+
+def test_tensor_of_an_integer_dtype(capsys, model_copy):
+    """Once silent gibberish: an int32 tensor where a floating-point weight belongs."""
+    tensors = load_file(model_copy / "model.safetensors")
+    name = "model.embed_tokens.weight"
+    tensors[name] = tensors[name].to(torch.int32)
+    save_file(tensors, model_copy / "model.safetensors")
+    code, err = run_cli(capsys, "generate", "--model", str(model_copy), "--prompt", "hi")
+    assert code == 2 and f"tensor '{name}' is int32 but Qwen3MoeForCausalLM weights are floating point" in err
+
+
+@pytest.mark.parametrize("where", ["onto", "under"])
+def test_convert_onto_or_under_a_regular_file(capsys, good_model, tmp_path, where):
+    f = tmp_path / "weights.txt"
+    f.write_text("mine")
+    dst = f if where == "onto" else f / "out"
+    code, err = run_cli(capsys, "convert", str(good_model), str(dst), "--weights", "fp8", "--force")
+    assert code == 2 and err.count("\n") == 0 and "is a file" in err
+    assert f.read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == ["weights.txt"]

@@ -79,8 +79,10 @@ def test_convert_refuses_bad_input(src, tmp_path, capsys):
     out = tmp_path / "exists"
     out.mkdir()
     (out / "keep.txt").write_text("user data")
-    assert err("convert", str(src), str(out)) == \
-        f"error: {out} already exists; pass --force to overwrite it or choose another folder"
+    expected = (f"error: {out} already exists and holds other files (keep.txt); choose a new or empty folder "
+                "(--force replaces only an earlier Strata conversion)")
+    assert err("convert", str(src), str(out)) == expected
+    assert err("convert", str(src), str(out), "--force") == expected     # the advice holds with --force too
     assert (out / "keep.txt").read_text() == "user data"
 
 
