@@ -1,15 +1,20 @@
 #!/usr/bin/env python3
-"""Strata: the workbench by default; subcommands generate | chat | info.
+"""Strata: the workbench by default; subcommands generate | chat | info | convert | eval.
 
     python main.py [gui] [--model DIR] [--screenshot PNG [--prompt TEXT]]
     python main.py generate --prompt TEXT [--json]
-    python main.py chat | info
+    python main.py chat | info | convert SRC DST | eval --text FILE
+
+A usage mistake prints one line and exits with code 2; ``--help`` (also after a command) gives the full usage.
 """
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import sys
+from pathlib import Path
 
-from engine.cli.main import ENGINE_COMMANDS, build_parser, run_command
+from engine.cli.main import ENGINE_COMMANDS, build_parser, parse, run_command, unknown_command
 from engine.cli.options import add_engine_flags, add_model_flag, engine_options
 
 
@@ -22,18 +27,44 @@ def _add_gui_parser(sub) -> None:
     add_engine_flags(p)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def _parse(argv: list[str]) -> argparse.Namespace:
     parser, sub = build_parser(prog="main.py")
     _add_gui_parser(sub)
-    if not argv or (argv[0] not in ENGINE_COMMANDS + ("gui",) and argv[0] not in ("-h", "--help")):
-        argv = ["gui"] + argv
-    args = parser.parse_args(argv)
+    if argv and not argv[0].startswith("-") and argv[0] not in sub.choices:
+        unknown_command(parser, sub, argv[0])      # the workbench takes no words, so this is a mistyped command
+    if not argv or (argv[0] not in sub.choices and argv[0] not in ("-h", "--help")):
+        argv = ["gui"] + argv                      # flags alone open the workbench
+    return parse(parser, sub, argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = _parse(list(sys.argv[1:] if argv is None else argv))
+    except SystemExit as done:                     # a usage error (2) or --help (0), already printed
+        return int(done.code or 0)
     if args.command in ENGINE_COMMANDS:
         return run_command(args)
+    if _window_cannot_open(list(sys.argv[1:] if argv is None else argv)):
+        return 2
     from app.launch import run_gui
     return run_gui(args.model, engine_options(args), screenshot=args.screenshot, prompt=args.prompt,
                    debug=args.debug)
+
+
+def _window_cannot_open(argv: list[str]) -> bool:
+    """Check, before Qt starts, that its platform plugin finds its system libraries and a display.
+
+    Qt aborts the process when they are missing, with a hint that may name the wrong library; the check
+    (the bootstrap's own, packaging/system_check.py) prints one line with the install command instead.
+    """
+    script = Path(__file__).resolve().parent / "packaging" / "system_check.py"
+    spec = importlib.util.spec_from_file_location("strata_system_check", script)
+    if spec is None or spec.loader is None:
+        return False                       # an install without the packaging folder: Qt reports for itself
+    check = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = check         # its dataclasses look their module up while they are made
+    spec.loader.exec_module(check)
+    return check.main(["gui", *argv]) == 2
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ reload.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from dataclasses import dataclass, field
 
@@ -107,7 +108,9 @@ class EngineConfig:
     max_model_len: int | None = None     # None = from the checkpoint, capped by the KV budget
     kv_cache_size: int | None = None     # bytes of KV cache; None = what the budget leaves
     gpu_memory_budget: int | None = None  # bytes; None = free memory of the card
-    cuda_graphs: bool = True
+    cuda_graphs: bool | None = None      # None = where the device has them (CUDA); True on the CPU is noted and ignored
+    cpu_threads: int | None = None       # CPU math threads; None = chosen by model size (engine/cpu_threads.py)
+    verify: bool = False                 # check a converted folder's SHA-256 sums even if remembered as good
     seed: int = 0
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
@@ -134,6 +137,16 @@ class EngineConfig:
                     "raise max_batch_tokens or lower max_batch")
         if self.max_model_len is not None:
             _positive("max_model_len", self.max_model_len)
+        if self.cpu_threads is not None:
+            _positive("cpu_threads", self.cpu_threads)
+        if self.cuda_graphs not in (None, True, False):
+            raise ConfigError(f"cuda_graphs must be true or false (got {self.cuda_graphs!r})")
+        for name in ("routing_profile", "record_routing"):
+            value = getattr(self, name)
+            if isinstance(value, os.PathLike):
+                object.__setattr__(self, name, os.fspath(value))
+            elif not isinstance(value, (str, type(None))):
+                raise ConfigError(f"{name} must be a file path (got {value!r})")
         if not (self.device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", self.device)):
             raise ConfigError(f"device={self.device!r} is not supported; use auto, cpu, cuda or cuda:N")
         if self.expert_policy == "static" and not self.routing_profile:

@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING
 
 from engine.config import LIVE_OPTIONS
 from engine.errors import ConfigError, ReconfigureError
+from engine.settings_fit import depth_note, max_prefetch_depth
 
 if TYPE_CHECKING:
     from engine.engine import LLMEngine
@@ -29,6 +30,16 @@ class LiveSettings:
         out["cuda_graphs"] = m.graphs_possible
         return out
 
+    def _fit(self, options: dict) -> tuple[dict, dict[str, tuple[str, ...]]]:
+        """Live values past the model's limits clamped, as at load; the notes go into the result."""
+        depth = options.get("prefetch_depth")
+        if not isinstance(depth, int) or isinstance(depth, bool):
+            return options, {}             # absent, or refused by the config's own check
+        note = depth_note(depth, self.engine.loaded.spec)
+        if note is None:
+            return options, {}
+        return {**options, "prefetch_depth": max_prefetch_depth(self.engine.loaded.spec)}, {"prefetch_depth": (note,)}
+
     def reconfigure(self, options: dict) -> dict[str, str]:
         unknown = set(options) - LIVE_OPTIONS
         if unknown:
@@ -38,6 +49,7 @@ class LiveSettings:
         for k in options:
             if avail[k] is not None:
                 raise ReconfigureError(f"{k}: {avail[k]}")
+        options, notes = self._fit(options)
         try:
             new = self.engine.config.replace(**options)
         except ConfigError as e:
@@ -49,7 +61,7 @@ class LiveSettings:
             msg = m.experts.reconfigure(pool_bytes=m.pool_request(exp.get("expert_pool_size")),
                                         prefetch_depth=exp.get("prefetch_depth"), policy=exp.get("expert_policy"),
                                         reads=exp.get("expert_reads"))
-            applied.update({k: str(msg or "applied") for k in exp})
+            applied.update({k: "; ".join([str(msg or "applied"), *notes.get(k, ())]) for k in exp})
             if exp.keys() - {"expert_policy"} and self.engine.runner.graphs is not None:
                 self.engine.runner.graphs.reset()   # recorded against the old pool views and look-ahead
         sched = self.engine.scheduler

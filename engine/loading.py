@@ -9,16 +9,20 @@ from pathlib import Path
 import torch
 
 from engine.checkpoint.converted import ConvertedSource, is_converted
+from engine.checkpoint.integrity import Progress
 from engine.checkpoint.loader import check_complete, load_weights
-from engine.checkpoint.plan import params_by_category
+from engine.checkpoint.plan import active_params_per_token, params_by_category
 from engine.checkpoint.reader import SafetensorsReader, TensorSource, with_aliases
 from engine.checkpoint.spec import ModelSpec, read_spec
 from engine.config import DIRECT_READS, EngineConfig, parse_pool_size
 from engine.errors import ConfigError
 from engine.experts.layout import ExpertLayout
 from engine.experts.provider import ExpertProvider, ResidentExperts
+from engine.experts.profile import check_record_target, read_routing_profile, write_routing_profile
+from engine.cpu_threads import apply_cpu_threads
 from engine.kv.blocks import BlockAllocator
-from engine.memory import MemoryPlan, default_budget, plan_memory
+from engine.memory import BudgetAdvice, MemoryPlan, default_budget, plan_memory
+from engine.settings_fit import fit_to_device, fit_to_model, fit_to_pool
 from engine.kv.cache import KVCache
 from engine.models.layers import SeqSlice
 from engine.models.moe_transformer import ForwardBatch, MoETransformer
@@ -49,6 +53,7 @@ class ModelInfo:
     is_demo: bool
     random_weights: bool
     completion_only: bool = False  # a base model: its chat template (if any) is not what it was trained on
+    notes: tuple[str, ...] = ()    # one line each: a setting clamped or ignored at load, and why
 
 
 def resolve_device(name: str) -> torch.device:
@@ -83,16 +88,21 @@ class LoadedModel:
     """Everything the engine runs on, built once per model load."""
 
     def __init__(self, config: EngineConfig, spec: ModelSpec, source: TensorSource, tokenizer: Tokenizer | None,
-                 path: Path | None = None) -> None:
+                 path: Path | None = None, notes: tuple[str, ...] = ()) -> None:
         t0 = time.perf_counter()
         self.config, self.spec, self.tokenizer = config, spec, tokenizer
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        self.converted = isinstance(source, ConvertedSource)
         source = with_aliases(source, spec.family.aliases)
         check_complete(spec, source)
         self.layout = expert_layout(config, spec, self.dtype)
-        self.max_model_len = min(config.max_model_len or spec.max_position, spec.max_position)
+        self.config = config = self._fit(config)
+        self.max_model_len = config.max_model_len or spec.max_position
         self.plan = self._plan()      # fails fast, before any allocation, when the model cannot fit
+        pool = fit_to_pool(config, spec, self.experts_resident)
+        self.config = config = pool.config
+        self.notes += pool.notes + notes
         if isinstance(config.expert_pool_size, str):          # "50%" -> bytes, so the config reads plainly
             self.config = config = config.replace(expert_pool_size=self.pool_request(config.expert_pool_size))
         self.weights, rows = load_weights(spec, source, self.device, self.dtype, self.layout, self._allocate_rows)
@@ -111,8 +121,33 @@ class LoadedModel:
             expert_format=self.layout.fmt, expert_bytes=self.layout.nbytes,
             routed_expert_bytes=self.layout.nbytes * spec.num_moe_layers * spec.num_experts,
             is_demo=bool(marker.get("demo")),
-            random_weights=bool(marker.get("random_weights")), completion_only=bool(marker.get("completion_only")))
+            random_weights=bool(marker.get("random_weights")), completion_only=bool(marker.get("completion_only")),
+            notes=self.notes)
         self.load_seconds = time.perf_counter() - t0
+
+    def _fit(self, config: EngineConfig) -> EngineConfig:
+        """Settings fitted to the model and the device (``self.notes`` says what changed); on the CPU,
+        the math threads chosen by the bytes a token reads."""
+        model, device = fit_to_model(config, self.spec), fit_to_device(config, self.device)
+        self.notes: tuple[str, ...] = model.notes + device.notes
+        self.cpu_threads: int | None = None        # set on the CPU only
+        config = device.config.replace(max_model_len=model.config.max_model_len)
+        if self.device.type == "cpu":
+            self.cpu_threads, note = apply_cpu_threads(config.cpu_threads, self.active_bytes_per_token())
+            self.notes += (note,) if note else ()
+        return config
+
+    def active_bytes_per_token(self) -> int:
+        """Weight bytes one decoded token reads: the resident weights it uses and k experts per MoE layer."""
+        s = self.spec
+        routed = s.num_moe_layers * s.top_k
+        dense = active_params_per_token(s) - routed * 3 * s.hidden * s.moe_ffn
+        return dense * torch.empty((), dtype=self.dtype).element_size() + routed * self.layout.nbytes
+
+    @property
+    def experts_resident(self) -> bool:
+        """Every expert on the device, no pool to manage: no pool size asked for and all of them fit."""
+        return self.config.expert_pool_size is None and self.plan.pool_slots >= self.plan.num_experts
 
     def _allocate_rows(self, rows: int, nbytes: int) -> torch.Tensor:
         return torch.empty(rows, nbytes, dtype=torch.uint8)
@@ -140,7 +175,18 @@ class LoadedModel:
             budget = None     # no device memory to budget on the CPU
         return plan_memory(resident, self.layout.nbytes, s.num_moe_layers * s.num_experts, self._kv_bytes_per_token(),
                            budget, self.pool_request(c.expert_pool_size), experts_per_layer=s.num_experts,
-                           active_experts_per_token=s.num_moe_layers * s.top_k)
+                           active_experts_per_token=s.num_moe_layers * s.top_k, advice=self._budget_advice())
+
+    def _budget_advice(self) -> BudgetAdvice:
+        """The fixes open to this load when the plan does not fit the budget."""
+        if self.layout.fmt == "int4":
+            experts = ""
+        elif self.converted:
+            experts = "convert the source model with --weights int4"
+        else:
+            experts = "use --weight-format int4"
+        return BudgetAdvice(default_budget(self.device), experts,
+                            "use --dtype bfloat16" if self.dtype == torch.float32 else "")
 
     def _pool_budget(self) -> int | None:
         """Bytes the expert pool (with staging) may grow to: the budget less everything else."""
@@ -160,7 +206,7 @@ class LoadedModel:
 
     def _build_experts(self, rows: torch.Tensor) -> ExpertProvider:
         plan = self.plan
-        if self.config.expert_pool_size is None and plan.pool_slots >= plan.num_experts:
+        if self.experts_resident:
             return ResidentExperts(self.layout, rows.to(self.device), self.spec.num_experts)
         from engine.experts.manager import OffloadedExperts
         # Prediction routers: each MoE layer routes rms_norm(x) * post_norm; folding its norm weight into the
@@ -231,27 +277,49 @@ class LoadedModel:
         return ForwardBatch(as_t(ids), as_t(pos), as_t(slots), slices, None)
 
     def close(self) -> None:
-        if self.config.record_routing:
-            from engine.experts.profile import write_routing_profile
-            write_routing_profile(self.config.record_routing, self.experts.stats().activations)
-        close = getattr(self.experts, "close", None)
-        if close:
-            close()
+        try:
+            if self.config.record_routing:
+                write_routing_profile(self.config.record_routing, self.experts.stats().activations)
+        finally:
+            close = getattr(self.experts, "close", None)
+            if close:
+                close()
 
 
-def load_model(config: EngineConfig) -> LoadedModel:
-    """Read the model folder named by ``config.model`` (one-line errors for every way it can be wrong)."""
+def check_paths(config: EngineConfig, spec: ModelSpec) -> None:
+    """The routing profile to read fits the model; the one to record has a writable place."""
+    if config.record_routing:
+        check_record_target(config.record_routing)
+    if config.routing_profile:
+        read_routing_profile(config.routing_profile, spec.num_moe_layers, spec.num_experts)
+
+
+def load_model(config: EngineConfig, progress: Progress | None = None) -> LoadedModel:
+    """Read the model folder named by ``config.model`` (one-line errors for every way it can be wrong).
+
+    ``progress(done, total, label)`` follows the checksum check of a converted folder's first load.
+    """
     path = Path(config.model)
     spec = read_spec(path)
+    check_paths(config, spec)     # a bad profile path fails now, before the weights are read, not at exit
     tokenizer = Tokenizer.from_dir(path)
     if is_converted(path):
-        source = ConvertedSource(path)
+        source = ConvertedSource(path, verify=config.verify, progress=progress)
         fmt = source.manifest.weights
         if config.weight_format not in ("auto", fmt):
             raise ConfigError(f"{path} holds {fmt} experts, converted by main.py convert; drop --weight-format "
                               f"or convert the source again with --weights {config.weight_format}")
         config = config.replace(weight_format=fmt, group_size=source.manifest.group_size)
-        loaded = LoadedModel(config, spec, source, tokenizer, path)
+        loaded = LoadedModel(config, spec, source, tokenizer, path, _checksum_notes(path, source))
         source.manifest.check_layout(loaded.layout, path)
         return loaded
-    return LoadedModel(config, spec, SafetensorsReader(path), tokenizer, path)
+    notes = (("verify checks the checksums of a folder written by main.py convert; this is a Hugging Face "
+              "folder, which has none, so it was ignored"),) if config.verify else ()
+    return LoadedModel(config, spec, SafetensorsReader(path), tokenizer, path, notes)
+
+
+def _checksum_notes(path: Path, source: ConvertedSource) -> tuple[str, ...]:
+    if source.checksums.saved:
+        return ()
+    return (f"{path} cannot be written, so the good checksums were not remembered and every load checks them "
+            "again; make the folder writable to load it faster",)

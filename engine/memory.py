@@ -18,7 +18,34 @@ from engine.errors import ConfigError
 
 MIN_KV_TOKENS = 4096                     # KV reserve kept before an automatic pool takes the rest
 DEFAULT_WORKSPACE = 1 << 30              # activations, logits, kernel scratch
-_FIX = "raise --gpu-memory-budget, lower --expert-pool-size or use --weight-format int4"
+
+
+@dataclass(frozen=True)
+class BudgetAdvice:
+    """What the user can still change when a plan does not fit, so that the fix a message names works."""
+
+    card_free: int | None = None         # bytes free on the card; None: planning for a card not here
+    smaller_experts: str = "use --weight-format int4"   # "" when the experts are int4 already
+    smaller_resident: str = ""           # e.g. "use --dtype bfloat16" when the resident weights are fp32
+
+    def _raise_budget(self, budget: int) -> list[str]:
+        if self.card_free is None:
+            return ["raise --gpu-memory-budget"]
+        if budget < self.card_free:
+            return [f"raise --gpu-memory-budget (the card has {format_size(self.card_free)} free)"]
+        return []
+
+    def resident_fix(self, budget: int) -> str:
+        fixes = self._raise_budget(budget) + ([self.smaller_resident] if self.smaller_resident else [])
+        return _either(fixes or ["free memory on the GPU (other programs hold it) or use a GPU with more memory"])
+
+    def pool_fix(self, budget: int) -> str:
+        fixes = ["lower --expert-pool-size (or leave it out: the pool then takes what fits)"]
+        return _either(fixes + self._raise_budget(budget) + ([self.smaller_experts] if self.smaller_experts else []))
+
+
+def _either(fixes: list[str]) -> str:
+    return fixes[0] if len(fixes) == 1 else ", ".join(fixes[:-1]) + " or " + fixes[-1]
 
 
 @dataclass(frozen=True)
@@ -105,14 +132,15 @@ def default_budget(device: torch.device) -> int | None:
 def plan_memory(resident_bytes: int, expert_bytes: int, num_experts: int, kv_bytes_per_token: int,
                 budget_bytes: int | None, requested_pool: int | None = None,
                 workspace_bytes: int = DEFAULT_WORKSPACE, experts_per_layer: int = 0,
-                active_experts_per_token: int = 0, min_kv_tokens: int = MIN_KV_TOKENS) -> MemoryPlan:
+                active_experts_per_token: int = 0, min_kv_tokens: int = MIN_KV_TOKENS,
+                advice: BudgetAdvice = BudgetAdvice()) -> MemoryPlan:
     """Split ``budget_bytes`` between resident weights, expert pool (+ staging), KV cache, workspace.
 
     ``num_experts`` counts routed experts over all MoE layers; ``experts_per_layer`` sizes the
     staging slots (two layers' worth when the pool holds fewer than all experts).
     ``requested_pool`` (bytes) None means as many experts as fit after a KV reserve of
     ``min_kv_tokens`` tokens. Raises a one-line ConfigError when the resident part alone, or the
-    requested pool, does not fit.
+    requested pool, does not fit, naming the fixes ``advice`` says are open.
     """
     staging_for = lambda slots: 0 if slots >= num_experts else 2 * experts_per_layer   # noqa: E731
     want = num_experts if requested_pool is None else min(requested_pool // expert_bytes, num_experts)
@@ -124,7 +152,8 @@ def plan_memory(resident_bytes: int, expert_bytes: int, num_experts: int, kv_byt
     if fixed > budget_bytes:
         raise ConfigError(
             f"the resident weights ({format_size(resident_bytes)}) and workspace ({format_size(workspace_bytes)}) "
-            f"need {format_size(fixed)} but the GPU memory budget is {format_size(budget_bytes)}; {_FIX}")
+            f"need {format_size(fixed)} but the GPU memory budget is {format_size(budget_bytes)}; "
+            f"{advice.resident_fix(budget_bytes)}")
     left = budget_bytes - fixed
     if requested_pool is None:
         room = max(0, left - min_kv_tokens * kv_bytes_per_token)
@@ -138,6 +167,6 @@ def plan_memory(resident_bytes: int, expert_bytes: int, num_experts: int, kv_byt
         raise ConfigError(
             f"an expert pool of {format_size(slots * expert_bytes)} (+ {format_size(staging_for(slots) * expert_bytes)} "
             f"staging) does not fit the {format_size(left)} left after resident weights and workspace in the "
-            f"{format_size(budget_bytes)} budget; {_FIX}")
+            f"{format_size(budget_bytes)} budget; {advice.pool_fix(budget_bytes)}")
     return MemoryPlan(budget_bytes, resident_bytes, workspace_bytes, expert_bytes, num_experts, slots,
                       staging_for(slots), left - pool, kv_bytes_per_token, active_experts_per_token)

@@ -1,12 +1,24 @@
-"""``ModelSpec``: the model's shape and family quirks, read from a Hugging Face ``config.json``."""
+"""``ModelSpec``: the model's shape and family quirks, read from a Hugging Face ``config.json``.
+
+Every field the loader reads is checked for type and range here, before anything is built from it,
+so a bad value is one line naming the file, the field, what was found and what was expected.
+"""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from engine.checkpoint.families import FAMILIES, SUPPORTED, Family
 from engine.errors import ModelLoadError, UnsupportedModelError
+
+# the checkpoint's own dtype, as Hugging Face writes it (other spellings map to these)
+CHECKPOINT_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32", "float64": "float64",
+                     "bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
+ACTIVATIONS = ("silu", "swish")      # what every supported family's expert and dense MLPs use
+_REQUIRED = object()
+_FIX = "correct it or restore config.json from the original checkpoint"
 
 
 @dataclass(frozen=True)
@@ -44,61 +56,212 @@ class ModelSpec:
         return self.norm_topk_prob or self.family.always_renormalize
 
 
-def _need(cfg: dict, key: str, path: Path):
-    if key not in cfg:
-        raise ModelLoadError(f"{path}: field '{key}' is missing from config.json; the file is incomplete or not a "
-                             "Hugging Face causal-LM config")
-    return cfg[key]
+def _show(value: object) -> str:
+    """A value as it reads in the JSON file, cut short if long."""
+    text = json.dumps(value)
+    return text if len(text) <= 48 else text[:45] + "..."
 
 
-def _rope_theta(cfg: dict, path: Path) -> float:
-    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    kind = rope.get("rope_type") or rope.get("type") or "default"
-    if kind != "default":
-        raise UnsupportedModelError(
-            f"{path}: rope scaling type '{kind}' is not supported; supported: default (no scaling) — "
-            "remove rope_scaling from config.json to run without long-context scaling")
-    return float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+def _as_int(value: object) -> int | None:
+    """``value`` as an int when it is one (6 or 6.0), else None (bools, strings, 6.5 are not)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
 
 
-def _moe_layers(cfg: dict, fam: Family, n_layers: int, n_experts: int) -> tuple[bool, ...]:
-    if not fam.sparse_step_keys:
-        return tuple(True for _ in range(n_layers))
-    step = int(cfg.get("decoder_sparse_step", 1) or 1)
-    dense = set(cfg.get("mlp_only_layers") or [])
-    return tuple(i not in dense and n_experts > 0 and (i + 1) % step == 0 for i in range(n_layers))
+class ConfigFields:
+    """Typed reads of one parsed JSON object; ``null`` counts as "not given" (Hugging Face writes it so).
+
+    Each reader checks one kind of value and raises a one-line ModelLoadError on a bad one.
+    """
+
+    def __init__(self, cfg: dict, file: Path, prefix: str = "") -> None:
+        self.cfg, self.file, self.prefix = cfg, file, prefix
+
+    def given(self, key: str) -> bool:
+        return self.cfg.get(key) is not None
+
+    def first_given(self, *keys: str) -> str:
+        """The first of ``keys`` that is given (else the first), for fields with several spellings."""
+        return next((k for k in keys if self.given(k)), keys[0])
+
+    def bad(self, key: str, found: object, expected: str) -> ModelLoadError:
+        return ModelLoadError(f"{self.file}: field '{self.prefix}{key}' is {_show(found)} but must be {expected}; {_FIX}")
+
+    def _get(self, key: str, default: object) -> object:
+        if self.given(key):
+            return self.cfg[key]
+        if default is not _REQUIRED:
+            return default
+        if key in self.cfg:
+            return None          # null where a value is needed: the reader's type check names it
+        raise ModelLoadError(f"{self.file}: field '{self.prefix}{key}' is missing from config.json; the file is "
+                             "incomplete or not a Hugging Face causal-LM config")
+
+    def integer(self, key: str, default: object = _REQUIRED, minimum: int = 1, maximum: int | None = None,
+                why: str = "") -> int:
+        value = self._get(key, default)
+        n = _as_int(value)
+        if n is None or n < minimum or (maximum is not None and n > maximum):
+            if maximum is not None:
+                expected = f"an integer from {minimum} to {maximum}"
+            else:
+                expected = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+            raise self.bad(key, value, expected + (f" ({why})" if why else ""))
+        return n
+
+    def number(self, key: str, default: float | None) -> float | None:
+        """A finite number above zero (epsilons, rope theta, clip bounds)."""
+        value = self._get(key, default)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise self.bad(key, value, "a finite number above 0")
+        return float(value)
+
+    def flag(self, key: str, default: bool) -> bool:
+        value = self._get(key, default)
+        if value is True or value is False:
+            return value
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        raise self.bad(key, value, "true or false")
+
+    def text(self, key: str, default: str) -> str:
+        value = self._get(key, default)
+        if not isinstance(value, str):
+            raise self.bad(key, value, "a string")
+        return value
+
+    def choice(self, key: str, allowed: dict[str, str], default: str) -> str:
+        """A string among ``allowed``'s keys, returned in its canonical spelling (``allowed``'s value)."""
+        value = self._get(key, default)
+        if not isinstance(value, str) or value not in allowed:
+            raise self.bad(key, value, "one of " + ", ".join(sorted(set(allowed.values()))))
+        return allowed[value]
+
+    def int_list(self, key: str, minimum: int, maximum: int) -> tuple[int, ...]:
+        value = self._get(key, [])
+        items = [_as_int(v) for v in value] if isinstance(value, list) else [None]
+        if any(n is None or not minimum <= n <= maximum for n in items):
+            raise self.bad(key, value, f"a list of integers from {minimum} to {maximum}")
+        return tuple(n for n in items if n is not None)
+
+    def str_list(self, key: str, example: str) -> tuple[str, ...]:
+        value = self._get(key, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise self.bad(key, value, f'a list of strings such as ["{example}"]')
+        return tuple(value)
+
+    def nested(self, key: str, example: str) -> "ConfigFields | None":
+        """The JSON object at ``key`` (None when not given), read with the same checks."""
+        value = self._get(key, None)
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise self.bad(key, value, f"an object such as {example} (or null)")
+        return ConfigFields(value, self.file, f"{self.prefix}{key}.")
 
 
-def spec_from_config(cfg: dict, path: Path) -> ModelSpec:
-    """Validate a parsed config.json and turn it into a ModelSpec."""
-    archs = cfg.get("architectures") or []
-    arch = archs[0] if archs else f"model_type={cfg.get('model_type', '?')}"
+def _family(f: ConfigFields) -> tuple[str, Family]:
+    archs = f.str_list("architectures", "Qwen3MoeForCausalLM")
+    arch = archs[0] if archs else f"model_type={f.cfg.get('model_type', '?')}"
     fam = FAMILIES.get(arch)
     if fam is None:
         raise UnsupportedModelError(
-            f"{path}: architecture '{arch}' is not supported; Strata runs Mixture-of-Experts models of these "
+            f"{f.file.parent}: architecture '{arch}' is not supported; Strata runs Mixture-of-Experts models of these "
             f"architectures: {SUPPORTED}")
-    n_layers = int(_need(cfg, "num_hidden_layers", path))
-    hidden = int(_need(cfg, "hidden_size", path))
-    heads = int(_need(cfg, "num_attention_heads", path))
-    n_experts = int(cfg.get("num_local_experts", cfg.get("num_experts", 0)) or 0)
-    if n_experts <= 0:
-        raise UnsupportedModelError(f"{path}: config.json declares no routed experts; Strata runs MoE models only")
-    dense_ffn = int(_need(cfg, "intermediate_size", path))
-    head_dim = cfg.get("head_dim") or hidden // heads
+    act = f.text("hidden_act", "silu")
+    if act not in ACTIVATIONS:
+        raise UnsupportedModelError(f"{f.file}: hidden_act '{act}' is not supported; Strata runs {arch} with silu "
+                                    "experts, so this checkpoint is not a standard one of that architecture")
+    return arch, fam
+
+
+def _rope_theta(f: ConfigFields) -> float:
+    example = '{"rope_type": "default", "rope_theta": 10000.0}'
+    rope = f.nested("rope_parameters", example) or f.nested("rope_scaling", example)
+    theta = f.number("rope_theta", 10000.0)
+    if rope is None:
+        return theta
+    kind = rope.text(rope.first_given("rope_type", "type"), "default")
+    if kind != "default":
+        raise UnsupportedModelError(
+            f"{f.file.parent}: rope scaling type '{kind}' is not supported; supported: default (no scaling) — "
+            "remove rope_scaling from config.json to run without long-context scaling")
+    return rope.number("rope_theta", theta)
+
+
+def _head_dim(f: ConfigFields, hidden: int, heads: int) -> int:
+    if f.given("head_dim"):
+        head_dim = f.integer("head_dim")
+        if head_dim % 2:
+            raise f.bad("head_dim", head_dim, "an even number (rotary embeddings turn pairs of dimensions)")
+        return head_dim
+    if hidden % heads or (hidden // heads) % 2:
+        raise f.bad("hidden_size", hidden, f"a multiple of 2 x num_attention_heads ({2 * heads}) when head_dim is "
+                                           "not given (the head size, hidden_size / num_attention_heads, is even)")
+    return hidden // heads
+
+
+def _kv_heads(f: ConfigFields, heads: int) -> int:
+    kv = f.integer("num_key_value_heads", heads)
+    if heads % kv:
+        raise f.bad("num_key_value_heads", kv, f"a divisor of num_attention_heads ({heads})")
+    return kv
+
+
+def _num_experts(f: ConfigFields) -> int:
+    given = {k: f.integer(k, minimum=0) for k in ("num_local_experts", "num_experts") if f.given(k)}
+    if len(set(given.values())) > 1:
+        raise f.bad("num_experts", given["num_experts"],
+                    f"equal to num_local_experts ({given['num_local_experts']}), since both count the experts")
+    n = next(iter(given.values()), 0)
+    if n == 0:
+        raise UnsupportedModelError(f"{f.file}: config.json declares no routed experts (num_experts or "
+                                    "num_local_experts); Strata runs MoE models only")
+    return n
+
+
+def _moe_layers(f: ConfigFields, fam: Family, n_layers: int) -> tuple[bool, ...]:
+    if not fam.sparse_step_keys:
+        return tuple(True for _ in range(n_layers))
+    step = f.integer("decoder_sparse_step", 1)
+    dense = set(f.int_list("mlp_only_layers", 0, n_layers - 1))
+    layers = tuple(i not in dense and (i + 1) % step == 0 for i in range(n_layers))
+    if not any(layers):
+        raise UnsupportedModelError(
+            f"{f.file}: every one of the {n_layers} layers is a dense MLP (decoder_sparse_step {step}, mlp_only_layers "
+            f"{sorted(dense)}), so there are no experts to run; Strata runs MoE models only")
+    return layers
+
+
+def spec_from_config(cfg: dict, path: Path) -> ModelSpec:
+    """Validate a parsed config.json of the model folder ``path`` and turn it into a ModelSpec."""
+    f = ConfigFields(cfg, path / "config.json")
+    arch, fam = _family(f)
+    n_layers, hidden, heads = f.integer("num_hidden_layers"), f.integer("hidden_size"), f.integer("num_attention_heads")
+    n_experts = _num_experts(f)
+    dense_ffn = f.integer("intermediate_size")
+    bias_key = f.first_given("qkv_bias", "attention_bias")
     return ModelSpec(
-        architecture=arch, family=fam, vocab_size=int(_need(cfg, "vocab_size", path)), hidden=hidden,
-        num_layers=n_layers, num_heads=heads, num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-        head_dim=int(head_dim), num_experts=n_experts, top_k=int(_need(cfg, "num_experts_per_tok", path)),
-        moe_ffn=int(cfg.get("moe_intermediate_size") or dense_ffn), dense_ffn=dense_ffn,
-        shared_ffn=int(cfg.get("shared_expert_intermediate_size") or 0) if fam.has_shared_expert else 0,
-        norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
-        qkv_bias=bool(cfg.get("qkv_bias", cfg.get("attention_bias", fam.name == "qwen2_moe"))),
-        clip_qkv=cfg.get("clip_qkv"), rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        rope_theta=_rope_theta(cfg, path), max_position=int(cfg.get("max_position_embeddings", 4096)),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        moe_layers=_moe_layers(cfg, fam, n_layers, n_experts),
-        checkpoint_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"),
+        architecture=arch, family=fam, vocab_size=f.integer("vocab_size"), hidden=hidden,
+        num_layers=n_layers, num_heads=heads, num_kv_heads=_kv_heads(f, heads), head_dim=_head_dim(f, hidden, heads),
+        num_experts=n_experts,
+        top_k=f.integer("num_experts_per_tok", maximum=n_experts, why=f"the model has {n_experts} routed experts"),
+        moe_ffn=f.integer("moe_intermediate_size", dense_ffn), dense_ffn=dense_ffn,
+        shared_ffn=f.integer("shared_expert_intermediate_size", 0, minimum=0) if fam.has_shared_expert else 0,
+        norm_topk_prob=f.flag("norm_topk_prob", False),
+        qkv_bias=f.flag(bias_key, fam.name == "qwen2_moe"),
+        clip_qkv=f.number("clip_qkv", None), rms_norm_eps=f.number("rms_norm_eps", 1e-6),
+        rope_theta=_rope_theta(f), max_position=f.integer("max_position_embeddings", 4096),
+        tie_word_embeddings=f.flag("tie_word_embeddings", False),
+        moe_layers=_moe_layers(f, fam, n_layers),
+        checkpoint_dtype=f.choice(f.first_given("torch_dtype", "dtype"), CHECKPOINT_DTYPES, "bfloat16"),
         name=path.name,
     )
 
@@ -117,6 +280,8 @@ def read_spec(model_dir: str | Path) -> ModelSpec:
         cfg = json.loads(cfg_file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ModelLoadError(f"{cfg_file} is not valid JSON ({e}); restore the file from the original checkpoint")
+    except OSError as e:
+        raise ModelLoadError(f"{cfg_file} cannot be read ({e.strerror}); check its permissions")
     if not isinstance(cfg, dict):
         raise ModelLoadError(f"{cfg_file} must hold a JSON object; restore the file from the original checkpoint")
     return spec_from_config(cfg, path)

@@ -2,15 +2,17 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
 
 from engine.checkpoint.plan import CATEGORIES, active_params_per_token, params_by_category
 from engine.checkpoint.spec import ModelSpec, read_spec
-from engine.cli.options import model_dir
-from engine.config import format_size, parse_pool_size, parse_size
+from engine.cli.options import engine_options, model_dir
+from engine.config import EngineConfig, format_size, parse_pool_size, parse_size
 from engine.experts.layout import ExpertLayout
-from engine.memory import default_budget, plan_memory
+from engine.memory import BudgetAdvice, default_budget, plan_memory
+from engine.settings_fit import depth_note, fit_to_model
 
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 PCIE_GEN4_GB_S = 25.0         # pinned host->device on a PCIe 4.0 x16 card, for the copy-bound estimate
@@ -50,15 +52,18 @@ def plan_lines(spec: ModelSpec, args: argparse.Namespace) -> list[str]:
 def _budget_lines(spec, args, resident: int, per_expert: int, n_experts: int, wb: int) -> list[str]:
     """The engine's own memory plan for the budget given (or the card's free memory)."""
     budget = parse_size(args.gpu_memory_budget, "gpu_memory_budget")
-    if budget is None and torch.cuda.is_available():
-        budget = default_budget(torch.device("cuda"))
+    card_free = default_budget(torch.device("cuda")) if torch.cuda.is_available() else None
+    budget = card_free if budget is None else budget
     if budget is None:
         return ["", "GPU budget: none given and no CUDA GPU found; pass --gpu-memory-budget 24G to plan for a card"]
     kv_per_token = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * wb
     total = per_expert * n_experts
+    advice = BudgetAdvice(card_free if args.gpu_memory_budget is None else None,
+                          "" if args.weight_format == "int4" else "use --weight-format int4",
+                          "use --dtype bfloat16" if wb == 4 else "")
     plan = plan_memory(resident, per_expert, n_experts, kv_per_token, budget,
                        parse_pool_size(args.expert_pool_size, total), experts_per_layer=spec.num_experts,
-                       active_experts_per_token=spec.num_moe_layers * spec.top_k)
+                       active_experts_per_token=spec.num_moe_layers * spec.top_k, advice=advice)
     lines = ["", *plan.format(bus_gb_s=PCIE_GEN4_GB_S)]
     if plan.pool_slots < plan.num_experts:
         reads = getattr(args, "expert_reads", "auto")
@@ -71,7 +76,16 @@ def _budget_lines(spec, args, resident: int, per_expert: int, n_experts: int, wb
     return lines
 
 
+def load_notes(spec: ModelSpec, args: argparse.Namespace) -> tuple[str, ...]:
+    """What a load with these flags would clamp on this model (the options checked as a load checks them)."""
+    config = EngineConfig(model=model_dir(args), **engine_options(args))
+    note = depth_note(config.prefetch_depth, spec)
+    return fit_to_model(config, spec).notes + ((note,) if note else ())
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     spec = read_spec(model_dir(args))
+    for note in load_notes(spec, args):
+        print(f"note: {note}", file=sys.stderr)
     print("\n".join(plan_lines(spec, args)))
     return 0

@@ -1,8 +1,9 @@
-"""The ``strata`` command line: subcommands generate, chat, info, convert."""
+"""The ``strata`` command line: subcommands generate, chat, info, convert, eval."""
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import NoReturn
 
 from engine.cli.options import add_engine_flags, add_model_flag
 from engine.errors import StrataError
@@ -10,10 +11,17 @@ from engine.errors import StrataError
 ENGINE_COMMANDS = ("generate", "chat", "info", "convert", "eval")
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A usage mistake is one line naming it and where the full usage is, exit code 2 (``--help`` stays full)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
 def build_parser(prog: str = "strata") -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
     from engine.cli.run import add_sampling_flags
-    parser = argparse.ArgumentParser(prog=prog, description="Run Mixture-of-Experts models on one GPU, and watch them.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser = OneLineParser(prog=prog, description="Run Mixture-of-Experts models on one GPU, and watch them.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     p = sub.add_parser("generate", help="complete one prompt and print the text")
     add_model_flag(p)
     p.add_argument("--prompt", required=True, help="text to complete")
@@ -34,6 +42,19 @@ def build_parser(prog: str = "strata") -> tuple[argparse.ArgumentParser, argpars
     return parser, sub
 
 
+def parse(parser: argparse.ArgumentParser, sub: argparse._SubParsersAction, argv: list[str]) -> argparse.Namespace:
+    """Parse ``argv``; an unknown flag is reported by the subcommand it was given to, with its help."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        owner = sub.choices.get(args.command, parser)
+        owner.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+def unknown_command(parser: argparse.ArgumentParser, sub: argparse._SubParsersAction, word: str) -> NoReturn:
+    parser.error(f"unknown command '{word}'; choose one of {', '.join(sub.choices)}")
+
+
 def run_command(args: argparse.Namespace) -> int:
     """Dispatch an engine subcommand; user errors become one line on stderr and exit code 2."""
     from engine.cli import convert, info, run
@@ -51,8 +72,12 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser, _ = build_parser()
-    args = parser.parse_args(argv)
+    parser, sub = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = parse(parser, sub, argv)
+    except SystemExit as done:         # a usage error (2) or --help (0), already printed
+        return int(done.code or 0)
     if args.command is None:
         parser.print_help()
         return 0

@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from engine.config import DTYPES, EXPERT_POLICIES, EXPERT_READS, KV_DTYPES, WEIGHT_FORMATS
+from engine.cpu_threads import threads_from_env
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_MODEL = REPO / "resources" / "models" / "demo"
@@ -33,20 +36,33 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-batch", type=int, default=16, help="requests decoded together")
     g.add_argument("--max-batch-tokens", type=int, default=None, help="token budget per step")
     g.add_argument("--prefill-chunk", type=int, default=2048, help="longest prompt slice per step")
-    g.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    g.add_argument("--max-model-len", type=int, default=None,
+                   help="context length, at most the model's (default: the model's)")
     g.add_argument("--kv-cache-dtype", default="auto", choices=KV_DTYPES, help="KV cache storage")
+    g.add_argument("--kv-cache-size", default=None,
+                   help="KV cache bytes, e.g. 2G (default: what the GPU budget leaves; 256M on the CPU)")
     g.add_argument("--gpu-memory-budget", default=None, help="GPU bytes Strata may use, e.g. 24G (default: free)")
-    g.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
-                   help="capture decode steps in CUDA graphs")
+    g.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="capture decode steps in CUDA graphs (default: on a CUDA GPU)")
+    g.add_argument("--cpu-threads", type=int, default=None,
+                   help="threads of the CPU math (default: OMP_NUM_THREADS if set, else chosen by model size)")
+    g.add_argument("--verify", action="store_true",
+                   help="check a converted folder's checksums again, even if an earlier load verified them")
 
 
 def model_dir(args: argparse.Namespace) -> str:
     return str(args.model) if args.model else str(DEMO_MODEL)
 
 
-def engine_options(args: argparse.Namespace) -> dict:
-    """EngineConfig keyword arguments from parsed flags (model excluded)."""
+def engine_options(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> dict:
+    """EngineConfig keyword arguments from parsed flags (model excluded).
+
+    The CPU thread count a user set for OpenMP (``OMP_NUM_THREADS``) counts as ``--cpu-threads``.
+    """
     keys = ("device", "dtype", "weight_format", "group_size", "expert_pool_size", "prefetch_depth", "expert_policy",
             "expert_reads", "routing_profile", "record_routing", "max_batch", "max_batch_tokens", "prefill_chunk", "max_model_len",
-            "kv_cache_dtype", "gpu_memory_budget", "cuda_graphs")
-    return {k: getattr(args, k) for k in keys if hasattr(args, k)}
+            "kv_cache_dtype", "kv_cache_size", "gpu_memory_budget", "cuda_graphs", "cpu_threads", "verify")
+    options = {k: getattr(args, k) for k in keys if hasattr(args, k)}
+    if "cpu_threads" in options and options["cpu_threads"] is None:
+        options["cpu_threads"] = threads_from_env(environ)
+    return options

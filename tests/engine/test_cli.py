@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -55,3 +57,148 @@ def test_chat_on_a_base_model_continues_text(model, capsys, monkeypatch, tmp_pat
     monkeypatch.setattr("builtins.input", lambda prompt="": (_ for _ in ()).throw(EOFError))
     assert main(["chat", "--model", str(base)]) == 0
     assert "completion (a base model" in capsys.readouterr().out
+
+
+# ---- notes, flags whose advice must work, the thread count the user set ------------------------------
+def test_info_prints_what_a_load_would_clamp(model, capsys):
+    assert main(["info", "--model", str(model), "--max-model-len", "99999", "--prefetch-depth", "9",
+                 "--gpu-memory-budget", "4G"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["note: context length 99999 is above this model's limit of 512 tokens (max_position_embeddings "
+                   "in its config.json); using 512",
+                   "note: prefetch depth 9 is more than this model allows (2 MoE layers, so at most 1 ahead); using 1"]
+
+
+def test_info_checks_the_engine_options(model, capsys):
+    assert main(["info", "--model", str(model), "--max-batch", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "error: max_batch must be an integer >= 1 (got 0)"
+
+
+def test_kv_cache_size_named_by_a_message_is_a_flag(model, capsys):
+    """The scoring error says "raise --kv-cache-size": the flag exists and sizes the cache."""
+    from engine.cli.main import build_parser
+    from engine.cli.options import engine_options
+    parser, _ = build_parser()
+    args = parser.parse_args(["eval", "--text", "t.txt", "--kv-cache-size", "3M"])
+    assert engine_options(args, environ={})["kv_cache_size"] == "3M"
+    assert main(["generate", "--model", str(model), "--prompt", "Hi", "--max-tokens", "2", "--kv-cache-size", "1M",
+                 "--temperature", "0"]) == 0
+
+
+@pytest.mark.parametrize("argv,env,expected", [
+    ([], {}, None),                                        # chosen by model size at load
+    ([], {"OMP_NUM_THREADS": "3"}, 3),                     # the user's OpenMP setting counts
+    (["--cpu-threads", "2"], {"OMP_NUM_THREADS": "3"}, 2),  # the flag wins
+])
+def test_cpu_threads_from_flag_or_environment(argv, env, expected):
+    from engine.cli.main import build_parser
+    from engine.cli.options import engine_options
+    parser, _ = build_parser()
+    assert engine_options(parser.parse_args(["generate", "--prompt", "x", *argv]), environ=env)["cpu_threads"] == expected
+
+
+def test_gpu_only_flags_on_the_cpu_are_noted(model, capsys):
+    assert main(["generate", "--model", str(model), "--prompt", "Hi", "--max-tokens", "2", "--device", "cpu",
+                 "--gpu-memory-budget", "24G", "--cuda-graphs"]) == 0
+    err = capsys.readouterr().err
+    assert "means nothing on the CPU, which has no GPU memory to budget; ignored" in err
+    assert "CUDA graphs need a CUDA GPU and mean nothing on the CPU; ignored" in err
+
+
+# ---- --record-routing and --routing-profile are checked before the model loads -------------------------
+@pytest.fixture
+def broken_weights(model, tmp_path):
+    """A copy of the model whose weights cannot load: an error about a path proves it came first."""
+    import shutil
+    dst = tmp_path / "broken"
+    shutil.copytree(model, dst)
+    shard = dst / "model.safetensors"
+    shard.write_bytes(shard.read_bytes()[:100])
+    return dst
+
+
+def _generate(capsys, model, *flags) -> tuple[int, str]:
+    code = main(["generate", "--model", str(model), "--prompt", "Hi", "--max-tokens", "3", "--temperature", "0",
+                 *flags])
+    return code, capsys.readouterr().err.strip()
+
+
+def test_record_routing_into_a_missing_folder(broken_weights, tmp_path, capsys):
+    target = tmp_path / "nope" / "r.json"
+    code, err = _generate(capsys, broken_weights, "--record-routing", str(target))
+    assert code == 2 and err == (f"error: --record-routing {target}: the folder {target.parent} does not exist; "
+                                 "create it first or record to a file in an existing folder")
+
+
+def test_record_routing_onto_a_folder(broken_weights, tmp_path, capsys):
+    code, err = _generate(capsys, broken_weights, "--record-routing", str(tmp_path))
+    assert code == 2 and err == (f"error: --record-routing {tmp_path} is a folder; give a file path such as "
+                                 f"{tmp_path / 'routing.json'}")
+
+
+def test_record_routing_under_a_regular_file(broken_weights, tmp_path, capsys):
+    (tmp_path / "f.txt").write_text("mine")
+    code, err = _generate(capsys, broken_weights, "--record-routing", str(tmp_path / "f.txt" / "r.json"))
+    assert code == 2 and err.endswith(f"{tmp_path / 'f.txt'} is a file, not a folder; record to a file in a folder")
+    assert (tmp_path / "f.txt").read_text() == "mine"
+
+
+@pytest.mark.skipif(not Path("/sys/kernel").is_dir(), reason="needs Linux's read-only /sys")
+def test_record_routing_into_an_unwritable_place(broken_weights, capsys):
+    code, err = _generate(capsys, broken_weights, "--record-routing", "/sys/kernel/routing.json")
+    assert code == 2 and err.startswith("error: --record-routing /sys/kernel/routing.json: cannot write into "
+                                        "/sys/kernel (")
+    assert err.endswith("record to a folder you can write to") and "\n" not in err
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes through permissions")
+def test_record_routing_into_a_read_only_folder(broken_weights, tmp_path, capsys):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o500)
+    try:
+        code, err = _generate(capsys, broken_weights, "--record-routing", str(folder / "r.json"))
+    finally:
+        folder.chmod(0o700)
+    assert code == 2 and "cannot write into" in err
+
+
+def test_record_routing_writes_a_profile_that_reads_back(model, tmp_path, capsys):
+    from engine.experts.profile import read_routing_profile
+    target = tmp_path / "r.json"
+    target.write_text("an older profile")
+    code, _ = _generate(capsys, model, "--record-routing", str(target), "--device", "cpu")
+    assert code == 0
+    counts = read_routing_profile(target, num_layers=2, num_experts=6)     # 2 MoE layers x 6 experts
+    assert sum(map(sum, counts)) > 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]        # no probe or temporary file left
+
+
+def _profile(path, **doc):
+    path.write_text(json.dumps({"format": "strata-routing-profile", "version": 1, "num_layers": 2,
+                                "num_experts": 6, "counts": [[1] * 6, [2] * 6], **doc}))
+    return path
+
+
+@pytest.mark.parametrize("make,says", [
+    (lambda p: p, "cannot read --routing-profile {p} (No such file or directory); give an existing profile file"),
+    (lambda p: (p.write_text("{not json"), p)[1], "--routing-profile {p} is not valid JSON"),
+    (lambda p: (p.write_text("[1, 2]"), p)[1], "--routing-profile {p} is not a Strata routing profile"),
+    (lambda p: _profile(p, counts=[[1] * 6]), "--routing-profile {p} was recorded for 2 layers x 6 experts, but the "
+                                              "model has 2 x 6"),
+    (lambda p: _profile(p, counts=[[1] * 5, [1] * 5], num_experts=5), "was recorded for 2 layers x 5 experts"),
+    (lambda p: _profile(p, counts=[[True] * 6, [1] * 6]), "holds counts that are not non-negative integers"),
+    (lambda p: _profile(p, counts=[[-1] * 6, [1] * 6]), "holds counts that are not non-negative integers"),
+    (lambda p: _profile(p, version=2), "has format version 2, this Strata reads version 1"),
+], ids=["missing", "not-json", "a-list", "too-few-layers", "too-few-experts", "bools", "negative", "version"])
+def test_routing_profile_is_checked_before_the_model_loads(broken_weights, tmp_path, capsys, make, says):
+    path = make(tmp_path / "profile.json")
+    code, err = _generate(capsys, broken_weights, "--routing-profile", str(path), "--expert-policy", "static")
+    assert code == 2 and "\n" not in err and says.format(p=path) in err
+
+
+def test_a_good_routing_profile_loads(model, tmp_path, capsys):
+    path = _profile(tmp_path / "profile.json")
+    code, _ = _generate(capsys, model, "--routing-profile", str(path), "--expert-policy", "static",
+                        "--expert-pool-size", "50%", "--device", "cpu")
+    assert code == 0

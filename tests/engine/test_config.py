@@ -43,3 +43,167 @@ def test_engine_config_reads_pool_share_in_bytes(tmp_path):
     assert llm.stats().experts.pool_slots_total == 6
     llm.reconfigure(expert_pool_size="25%")
     assert llm.stats().experts.pool_slots_total == 3 and llm.engine.config.expert_pool_size == total // 4
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"cpu_threads": 0}, "cpu_threads must be an integer >= 1"),
+    ({"cpu_threads": "4"}, "cpu_threads must be an integer >= 1"),
+    ({"cuda_graphs": "yes"}, "cuda_graphs must be true or false"),
+    ({"record_routing": 5}, "record_routing must be a file path"),
+    ({"routing_profile": ["a"]}, "routing_profile must be a file path"),
+])
+def test_new_options_are_checked(options, message):
+    with pytest.raises(ConfigError, match=message):
+        EngineConfig(model="m", **options)
+
+
+def test_profile_paths_may_be_path_objects(tmp_path):
+    assert EngineConfig(model="m", record_routing=tmp_path / "r.json").record_routing == str(tmp_path / "r.json")
+
+
+# ---- settings that do not fit this model or device: clamped or ignored, with a note -------------------
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from tiny_models import build_tiny_model
+    return build_tiny_model(tmp_path_factory.mktemp("fit") / "m", "qwen3_moe")   # 3 MoE layers, context 512
+
+
+@pytest.fixture
+def threads():
+    """Tests that load on the CPU set torch's thread count; put it back afterwards."""
+    import torch
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def _llm(path, **options):
+    from engine import LLM
+    return LLM(str(path), device="cpu", **options)
+
+
+def test_context_above_the_models_limit_is_clamped_with_a_note(tiny, threads):
+    llm = _llm(tiny, max_model_len=100_000)
+    assert llm.engine.loaded.max_model_len == 512 and llm.engine.config.max_model_len == 512
+    assert llm.engine.model_info.notes == (
+        "context length 100000 is above this model's limit of 512 tokens (max_position_embeddings in its "
+        "config.json); using 512",)
+    assert _llm(tiny, max_model_len=128).engine.model_info.notes == ()
+
+
+def test_prefetch_depth_past_the_layers_is_clamped_at_load_and_live(tiny, threads):
+    llm = _llm(tiny, expert_pool_size="50%", prefetch_depth=99)
+    assert llm.engine.config.prefetch_depth == 2 and llm.engine.loaded.experts.prefetch_depth == 2
+    assert llm.engine.model_info.notes == (
+        "prefetch depth 99 is more than this model allows (3 MoE layers, so at most 2 ahead); using 2",)
+    applied = llm.reconfigure(prefetch_depth=1)
+    assert "using" not in applied["prefetch_depth"] and llm.engine.loaded.experts.prefetch_depth == 1
+    applied = llm.reconfigure(prefetch_depth=7)
+    assert applied["prefetch_depth"].endswith("prefetch depth 7 is more than this model allows (3 MoE layers, so at "
+                                              "most 2 ahead); using 2")
+    assert llm.engine.config.prefetch_depth == 2 and llm.engine.loaded.experts.prefetch_depth == 2
+    from engine import SamplingParams
+    assert llm.generate([1, 2, 3], SamplingParams(max_tokens=2, temperature=0))[0].token_ids   # and it still runs
+
+
+def test_gpu_only_settings_on_the_cpu_are_noted_and_ignored(tiny, threads):
+    llm = _llm(tiny, gpu_memory_budget="4G", cuda_graphs=True)
+    assert llm.engine.model_info.notes == (
+        "a GPU memory budget (4.00 GiB) means nothing on the CPU, which has no GPU memory to budget; ignored",
+        "CUDA graphs need a CUDA GPU and mean nothing on the CPU; ignored")
+    assert llm.engine.config.gpu_memory_budget is None and llm.engine.config.cuda_graphs is False
+    plain = _llm(tiny)
+    assert plain.engine.model_info.notes == () and plain.engine.config.cuda_graphs is False
+
+
+def test_pool_settings_with_every_expert_resident_are_noted(tiny, threads):
+    notes = _llm(tiny, expert_policy="lru", prefetch_depth=1).engine.model_info.notes
+    assert len(notes) == 1 and notes[0].startswith("prefetch depth 1, expert policy lru: every expert is resident")
+    assert "--expert-pool-size" in notes[0]
+
+
+# ---- CPU threads by model size ---------------------------------------------------------------------
+MiB = 1 << 20
+
+
+@pytest.mark.parametrize("active,cores,expected", [
+    (5 * MiB, 16, 1),          # the demo model: threading costs more than it gains
+    (5 * MiB, 1, 1),
+    (200 * MiB, 16, 3),
+    (64 * MiB, 16, 1),
+    (128 * MiB, 16, 2),
+    (8 << 30, 16, 15),         # a big model: every core but one
+    (8 << 30, 2, 1),
+    (8 << 30, 1, 1),
+])
+def test_cpu_threads_grow_with_the_bytes_a_token_reads(active, cores, expected):
+    from engine.cpu_threads import choose_cpu_threads
+    assert choose_cpu_threads(active, cores) == expected
+
+
+@pytest.mark.parametrize("env,expected", [
+    ({"OMP_NUM_THREADS": "3"}, 3), ({"OMP_NUM_THREADS": "4,2"}, 4), ({"OMP_NUM_THREADS": " 2 "}, 2),
+    ({"OMP_NUM_THREADS": "0"}, None), ({"OMP_NUM_THREADS": "many"}, None), ({}, None),
+])
+def test_thread_count_from_the_environment(env, expected):
+    from engine.cpu_threads import threads_from_env
+    assert threads_from_env(env) == expected
+
+
+def test_load_on_the_cpu_sets_threads_by_model_size(tiny, threads):
+    import torch
+    torch.set_num_threads(2)
+    llm = _llm(tiny)
+    assert torch.get_num_threads() == 1 == llm.engine.loaded.cpu_threads     # a tiny model: one thread
+
+
+def test_threads_asked_for_are_kept_and_clamped_to_the_cores(tiny, threads):
+    import torch
+    from engine.cpu_threads import available_cores
+    cores = available_cores()
+    _llm(tiny, cpu_threads=cores)
+    assert torch.get_num_threads() == cores
+    llm = _llm(tiny, cpu_threads=cores + 100)
+    assert torch.get_num_threads() == cores
+    assert llm.engine.model_info.notes == (
+        f"{cores + 100} CPU threads asked for but this process may use {cores} cores; using {cores}",)
+
+
+# ---- a plan that does not fit names only fixes that work --------------------------------------------
+GiB = 1 << 30
+
+
+def _plan_error(advice, resident=30 * GiB, pool=None, budget=24 * GiB) -> str:
+    from engine.memory import plan_memory
+    with pytest.raises(ConfigError) as err:
+        plan_memory(resident, 9 << 20, 6144, 96 << 10, budget, pool, experts_per_layer=128, advice=advice)
+    return str(err.value)
+
+
+def test_budget_at_the_cards_free_memory_is_not_advised_higher():
+    from engine.memory import BudgetAdvice
+    msg = _plan_error(BudgetAdvice(card_free=24 * GiB))          # the default budget: what the card has free
+    assert "raise --gpu-memory-budget" not in msg
+    assert msg.endswith("free memory on the GPU (other programs hold it) or use a GPU with more memory")
+
+
+def test_budget_below_the_card_is_advised_up_to_what_is_free():
+    from engine.memory import BudgetAdvice
+    msg = _plan_error(BudgetAdvice(card_free=80 * GiB))
+    assert msg.endswith("raise --gpu-memory-budget (the card has 80.00 GiB free)")
+    assert _plan_error(BudgetAdvice()).endswith("; raise --gpu-memory-budget")     # planning for a card not here
+
+
+def test_resident_weights_in_fp32_are_advised_bfloat16():
+    from engine.memory import BudgetAdvice
+    msg = _plan_error(BudgetAdvice(card_free=24 * GiB, smaller_resident="use --dtype bfloat16"))
+    assert msg.endswith("; use --dtype bfloat16") and "--weight-format" not in msg   # experts are not resident
+
+
+def test_pool_too_big_names_int4_only_when_the_experts_are_not_int4():
+    from engine.memory import BudgetAdvice
+    bf16 = _plan_error(BudgetAdvice(card_free=24 * GiB), resident=GiB, pool=40 * GiB)
+    assert bf16.endswith("lower --expert-pool-size (or leave it out: the pool then takes what fits) or use "
+                         "--weight-format int4")
+    int4 = _plan_error(BudgetAdvice(card_free=24 * GiB, smaller_experts=""), resident=GiB, pool=40 * GiB)
+    assert "int4" not in int4 and int4.endswith("lower --expert-pool-size (or leave it out: the pool then takes what fits)")

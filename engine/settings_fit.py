@@ -1,0 +1,88 @@
+"""Settings fitted to the model and the device at load: clamped or ignored with a note, never silently.
+
+The rule: a value that is wrong in itself (negative, the wrong type, a file that is not there) is
+refused by ``EngineConfig`` or the loader. A value that is fine in itself but goes beyond what this
+model or device offers is fitted, and one line in ``ModelInfo.notes`` says what was used instead:
+
+* above the model's limit (``max_model_len`` past ``max_position_embeddings``, ``prefetch_depth``
+  past the MoE layers there are): clamped to the limit, which is the most the model can do;
+* meaningless on this device (``gpu_memory_budget`` or ``cuda_graphs=True`` on the CPU) or with
+  every expert resident (pool settings): ignored.
+
+Fitting rather than refusing keeps one set of options usable across models and machines (the
+workbench remembers its settings; a script runs the same flags on a laptop and on a GPU server).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from engine.checkpoint.spec import ModelSpec
+from engine.config import EngineConfig, format_size
+
+
+@dataclass(frozen=True)
+class Fitted:
+    config: EngineConfig
+    notes: tuple[str, ...] = ()
+
+
+def max_prefetch_depth(spec: ModelSpec) -> int:
+    """The deepest useful look-ahead: from the first MoE layer, every later one."""
+    return max(0, spec.num_moe_layers - 1)
+
+
+def depth_note(depth: int, spec: ModelSpec) -> str | None:
+    """The note for a prefetch depth past the model's MoE layers (None when it fits)."""
+    most = max_prefetch_depth(spec)
+    if depth <= most:
+        return None
+    return (f"prefetch depth {depth} is more than this model allows ({spec.num_moe_layers} MoE layers, so at most "
+            f"{most} ahead); using {most}")
+
+
+def fit_to_model(config: EngineConfig, spec: ModelSpec) -> Fitted:
+    """Clamp the context length to the model's."""
+    if config.max_model_len is None or config.max_model_len <= spec.max_position:
+        return Fitted(config)
+    note = (f"context length {config.max_model_len} is above this model's limit of {spec.max_position} tokens "
+            f"(max_position_embeddings in its config.json); using {spec.max_position}")
+    return Fitted(config.replace(max_model_len=spec.max_position), (note,))
+
+
+def fit_to_device(config: EngineConfig, device: torch.device) -> Fitted:
+    """Drop the settings that only a CUDA device gives a meaning; resolve ``cuda_graphs=None``."""
+    on_gpu = device.type == "cuda"
+    changes: dict = {"cuda_graphs": on_gpu if config.cuda_graphs is None else config.cuda_graphs and on_gpu}
+    notes = []
+    if not on_gpu and config.gpu_memory_budget is not None:
+        changes["gpu_memory_budget"] = None
+        notes.append(f"a GPU memory budget ({format_size(config.gpu_memory_budget)}) means nothing on the CPU, which "
+                     "has no GPU memory to budget; ignored")
+    if not on_gpu and config.cuda_graphs:
+        notes.append("CUDA graphs need a CUDA GPU and mean nothing on the CPU; ignored")
+    return Fitted(config.replace(**changes), tuple(notes))
+
+
+# pool settings: they steer the offloaded expert pool, which does not exist while every expert is resident
+_POOL_OPTIONS = ("prefetch_depth", "expert_policy", "expert_reads", "routing_profile")
+
+
+def fit_to_pool(config: EngineConfig, spec: ModelSpec, resident: bool) -> Fitted:
+    """With an offloaded pool, clamp the prefetch depth; with every expert resident, note the pool
+    settings given away from their defaults, which then mean nothing."""
+    if not resident:
+        note = depth_note(config.prefetch_depth, spec)
+        if note is None:
+            return Fitted(config)
+        return Fitted(config.replace(prefetch_depth=max_prefetch_depth(spec)), (note,))
+    defaults = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
+    given = [f"{name.replace('_', ' ')} {getattr(config, name)}" for name in _POOL_OPTIONS
+             if getattr(config, name) != defaults[name]]
+    if not given:
+        return Fitted(config)
+    return Fitted(config, (f"{', '.join(given)}: every expert is resident on the device, so pool settings mean "
+                           "nothing and are ignored; give an expert pool size (--expert-pool-size) to offload "
+                           "experts and use them",))
