@@ -1,5 +1,6 @@
 """Strata engine: run Mixture-of-Experts models on a GPU smaller than the model."""
 from engine.config import EngineConfig
+from engine.context import ContextOverflowError
 from engine.errors import ConfigError, DeviceOutOfMemoryError, ModelLoadError, ReconfigureError, StrataError, UnsupportedModelError
 from engine.outputs import RequestDelta, RequestOutput
 from engine.sampling import SamplingParams
@@ -7,7 +8,7 @@ from engine.telemetry import EngineStats, ExpertStats, MemoryStats
 
 __all__ = ["LLM", "LLMEngine", "EngineConfig", "SamplingParams", "RequestOutput", "RequestDelta", "EngineStats",
            "ExpertStats", "MemoryStats", "StrataError", "DeviceOutOfMemoryError", "ModelLoadError", "UnsupportedModelError", "ConfigError",
-           "ReconfigureError"]
+           "ReconfigureError", "ContextOverflowError"]
 
 
 def __getattr__(name: str):

@@ -5,7 +5,9 @@ engine loop). A step is schedule -> run -> postprocess.
 """
 from __future__ import annotations
 
+import operator
 import time
+from collections.abc import Iterable, Sequence
 
 import torch
 
@@ -13,6 +15,7 @@ from engine.config import EngineConfig
 from engine.errors import ConfigError, DeviceOutOfMemoryError
 from engine import stats as stats_mod
 from engine.live import LiveSettings
+from engine.checkpoint.integrity import Progress
 from engine.loading import LoadedModel, load_model
 from engine.outputs import RequestDelta
 from engine.request import Request, Status
@@ -21,10 +24,24 @@ from engine.telemetry import EngineStats
 from engine.tokenizer import IncrementalDetokenizer
 
 
+def _token_id(t: object) -> int | None:
+    """``t`` as an int when it is a whole number (an int, a numpy or torch integer), else None."""
+    if isinstance(t, bool):
+        return None
+    try:
+        return operator.index(t)
+    except TypeError:
+        return None
+
+
 class LLMEngine:
-    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
-        """Load ``config.model``; or run an already built ``loaded`` model (e.g. one made in memory)."""
-        self.loaded: LoadedModel = loaded or load_model(config)
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None,
+                 progress: Progress | None = None) -> None:
+        """Load ``config.model``; or run an already built ``loaded`` model (e.g. one made in memory).
+
+        ``progress(done, total, label)`` follows the long parts of a load (a converted folder's checksums).
+        """
+        self.loaded: LoadedModel = loaded or load_model(config, progress)
         self.config = self.loaded.config          # as resolved at load (pool shares in bytes)
         self.tokenizer = self.loaded.tokenizer
         self.model_info = self.loaded.info
@@ -38,22 +55,54 @@ class LLMEngine:
         self._next_id = 0
 
     # ---- requests -----------------------------------------------------------------------------
-    def add_request(self, request_id: str | None, prompt: str | list[int], params: SamplingParams) -> str:
-        """Queue a request; ``prompt`` is text (encoded with special tokens) or token ids."""
+    @property
+    def context_tokens(self) -> int:
+        """The context as loaded (max_model_len): prompt and reply together never exceed it."""
+        return self.loaded.max_model_len
+
+    def add_request(self, request_id: str | None, prompt: str | Sequence[int], params: SamplingParams) -> str:
+        """Queue a request; ``prompt`` is text (encoded with special tokens) or token ids.
+
+        Raises a ConfigError (and queues nothing) when :meth:`validate_request` refuses it.
+        """
         if request_id is None:
             request_id, self._next_id = f"req-{self._next_id}", self._next_id + 1
         if request_id in self._requests:
             raise ConfigError(f"request id '{request_id}' is already in use; give each request its own id")
-        if isinstance(prompt, str) and self.tokenizer is None:
-            raise ConfigError("this model has no tokenizer; pass token ids instead of text")
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-        self._check_prompt(ids)
+        ids = self.validate_request(prompt, params)
         req = Request(request_id, ids, params, self.loaded.max_model_len,
                       make_generator(params.seed, self.loaded.device),
                       IncrementalDetokenizer(self.tokenizer) if self.tokenizer else None)
         self._requests[request_id] = req
         self.scheduler.add(req)
         return request_id
+
+    def validate_request(self, prompt: str | Sequence[int], params: SamplingParams) -> list[int]:
+        """The prompt's token ids, or a ConfigError saying why the request cannot run; changes nothing."""
+        if not isinstance(params, SamplingParams):
+            raise ConfigError(f"sampling parameters must be a SamplingParams (got {type(params).__name__})")
+        ids = self._prompt_ids(prompt)
+        self._check_prompt(ids)
+        vocab = self.loaded.spec.vocab_size
+        bad = next((t for t in params.stop_token_ids if t >= vocab), None)
+        if bad is not None:
+            raise ConfigError(f"stop token id {bad} is outside the vocabulary (0..{vocab - 1}); "
+                              "check stop_token_ids")
+        return ids
+
+    def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ConfigError("this model has no tokenizer; pass token ids instead of text")
+            return self.tokenizer.encode(prompt)
+        if isinstance(prompt, (bytes, bytearray, dict)) or not isinstance(prompt, Iterable):
+            raise ConfigError(f"a prompt is text or a list of token ids (got {type(prompt).__name__})")
+        given = list(prompt)
+        ids = [_token_id(t) for t in given]
+        if None in ids:
+            raise ConfigError(f"a prompt's token ids must be whole numbers (found {given[ids.index(None)]!r}); "
+                              "pass text or a list of ints")
+        return ids
 
     def _check_prompt(self, ids: list[int]) -> None:
         if not ids:
@@ -64,13 +113,19 @@ class LLMEngine:
             raise ConfigError(f"token id {bad} is outside the vocabulary (0..{vocab - 1}); check the prompt's token ids")
         limit = self.loaded.max_model_len
         if len(ids) >= limit:
-            raise ConfigError(f"the prompt has {len(ids)} tokens but the context holds {limit}; shorten the prompt "
-                              "or raise --max-model-len (and the KV cache with it)")
+            raise ConfigError(f"the prompt has {len(ids)} tokens but the context holds {limit}, prompt and reply "
+                              f"together; shorten the prompt to {limit - 1} tokens or fewer")
 
     def abort(self, request_id: str) -> None:
+        """Ask a request to stop: it ends with finish reason "abort" at the start of the next step."""
         req = self._requests.get(request_id)
         if req is not None:
             req.abort_requested = True
+
+    def abort_now(self, request_id: str) -> RequestDelta | None:
+        """End a request at once, between steps, and free its cache; returns its final delta (None if gone)."""
+        req = self._requests.get(request_id)
+        return None if req is None else self._finish(req, "abort")
 
     def has_unfinished(self) -> bool:
         return bool(self._requests)
@@ -149,9 +204,10 @@ class LLMEngine:
 
     def score_batch(self, seqs: list[list[int]]) -> list[torch.Tensor]:
         """Logits of several sequences of different lengths, computed in one batch."""
-        for ids in seqs:
-            self._check_prompt(list(ids))
-        return self.loaded.score([list(ids) for ids in seqs])
+        checked = [self._prompt_ids(ids) for ids in seqs]
+        for ids in checked:
+            self._check_prompt(ids)
+        return self.loaded.score(checked)
 
     def stats(self) -> EngineStats:
         return stats_mod.snapshot(self)

@@ -1,7 +1,9 @@
 """Sampling parameters and the batched sampler."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+import numbers
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -28,27 +30,74 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
-        else:
-            object.__setattr__(self, "stop", tuple(self.stop))
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
-        if self.max_tokens < 1:
-            raise ConfigError(f"max_tokens must be >= 1 (got {self.max_tokens})")
-        if self.temperature < 0:
-            raise ConfigError(f"temperature must be >= 0 (got {self.temperature})")
-        if self.top_k < 0:
-            raise ConfigError(f"top_k must be >= 0 (got {self.top_k}); 0 turns it off")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ConfigError(f"top_p must be in (0, 1] (got {self.top_p})")
-        if not 0.0 <= self.min_p < 1.0:
-            raise ConfigError(f"min_p must be in [0, 1) (got {self.min_p})")
-        if self.repetition_penalty <= 0:
-            raise ConfigError(f"repetition_penalty must be > 0 (got {self.repetition_penalty})")
+        # Every field is checked here, once per request, so the sampler never meets a value it cannot use.
+        put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
+        put("stop", _stop_strings(self.stop))
+        put("stop_token_ids", _token_ids(self.stop_token_ids))
+        put("max_tokens", _whole("max_tokens", self.max_tokens, 1, "a reply needs at least 1 token"))
+        put("top_k", _whole("top_k", self.top_k, 0, "0 turns it off"))
+        put("temperature", _number("temperature", self.temperature, lambda v: v >= 0, ">= 0", "0 is greedy"))
+        put("top_p", _number("top_p", self.top_p, lambda v: 0.0 < v <= 1.0, "in (0, 1]", "1 turns it off"))
+        put("min_p", _number("min_p", self.min_p, lambda v: 0.0 <= v < 1.0, "in [0, 1)", "0 turns it off"))
+        put("repetition_penalty", _number("repetition_penalty", self.repetition_penalty, lambda v: v > 0, "> 0",
+                                          "1 turns it off"))
+        put("seed", _seed(self.seed))
+        _flag("ignore_eos", self.ignore_eos)
+        _flag("include_stop_str_in_output", self.include_stop_str_in_output)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def _whole(name: str, value: object, minimum: int, hint: str) -> int:
+    """``value`` as an int (numpy integers included; bools are not numbers here), or a ConfigError."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ConfigError(f"{name} must be a whole number >= {minimum} (got {value!r}); {hint}")
+    return int(value)
+
+
+def _number(name: str, value: object, ok: Callable[[float], bool], expected: str, hint: str) -> float:
+    """``value`` as a finite float that passes ``ok``, or a ConfigError."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or not ok(value):
+        raise ConfigError(f"{name} must be a number {expected} (got {value!r}); {hint}")
+    return float(value)
+
+
+def _seed(value: object) -> int | None:
+    # torch generators take any 64-bit seed, signed or not
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not -2 ** 63 <= value < 2 ** 64:
+        raise ConfigError(f"seed must be a whole number that fits in 64 bits (got {value!r}); "
+                          "None draws a fresh random seed")
+    return int(value)
+
+
+def _flag(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} must be True or False (got {value!r})")
+
+
+def _stop_strings(stop: object) -> tuple[str, ...]:
+    """``stop`` as a tuple of non-empty strings (one string, a sequence of them, or None)."""
+    if stop is None:
+        return ()
+    strings = (stop,) if isinstance(stop, str) else tuple(stop) if isinstance(stop, (list, tuple)) else None
+    if strings is None or not all(isinstance(s, str) for s in strings):
+        raise ConfigError(f"stop must be a string or a list of strings (got {stop!r})")
+    if "" in strings:
+        raise ConfigError("stop strings must not be empty; remove the empty one")
+    return strings
+
+
+def _token_ids(ids: object) -> tuple[int, ...]:
+    if ids is None:
+        return ()
+    if not isinstance(ids, (list, tuple)) or any(
+            isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0 for t in ids):
+        raise ConfigError(f"stop_token_ids must be a list of token ids >= 0 (got {ids!r})")
+    return tuple(int(t) for t in ids)
 
 
 # Sampler. Legend: B rows (requests) in the batch, V vocabulary entries, S rows that sample

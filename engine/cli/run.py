@@ -2,12 +2,21 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
+from dataclasses import asdict, dataclass, field
 
 from engine.cli.options import engine_options, model_dir
 from engine.config import EngineConfig
+from engine.context import OVERFLOW_POLICIES, fit_text
+from engine.errors import StrataError
+from engine.outputs import RequestDelta
 from engine.sampling import SamplingParams
+
+# What each command does when the prompt and the reply's room outgrow the context (engine.context).
+GENERATE_OVERFLOW = "stop"
+CHAT_OVERFLOW = "drop-oldest"
 
 
 def add_sampling_flags(p: argparse.ArgumentParser, temperature: float) -> None:
@@ -20,6 +29,9 @@ def add_sampling_flags(p: argparse.ArgumentParser, temperature: float) -> None:
     g.add_argument("--repetition-penalty", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--context-overflow", choices=OVERFLOW_POLICIES, default=None,
+                   help="when the prompt and the reply outgrow the context: drop the oldest turns (or text), "
+                        f"or stop with an error (default: {CHAT_OVERFLOW} in chat, {GENERATE_OVERFLOW} in generate)")
 
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:
@@ -29,89 +41,108 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
 
 
 def open_engine(args: argparse.Namespace):
+    from engine.cli.convert import ProgressBar
     from engine.engine import LLMEngine
-    engine = LLMEngine(EngineConfig(model=model_dir(args), **engine_options(args)))
+    progress = ProgressBar("verifying checksums", in_bytes=True)
+    try:
+        engine = LLMEngine(EngineConfig(model=model_dir(args), **engine_options(args)), progress=progress)
+    finally:
+        progress.clear()
     info = engine.model_info
     if info.random_weights:
         print(f"note: {info.name} is a demo model with RANDOM weights — its output is gibberish; "
               "pass --model DIR to run a real model", file=sys.stderr)
+    for line in info.notes:
+        print(f"note: {line}", file=sys.stderr)
     return engine
 
 
-def stream(engine, prompt, params: SamplingParams, echo: bool = True) -> dict:
-    """Run one request, writing text as it arrives; returns a summary. Ctrl-C aborts the request."""
+@dataclass
+class Reply:
+    """What one streamed request produced; ``error`` is set when a step failed part-way."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    ttft_ms: float | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    error: StrataError | None = None
+
+    def add(self, d: RequestDelta, echo: bool) -> None:
+        self.text += d.new_text
+        self.token_ids += d.new_token_ids
+        self.ttft_ms = self.ttft_ms if d.ttft_ms is None else d.ttft_ms
+        if echo and d.new_text:
+            sys.stdout.write(d.new_text)
+            sys.stdout.flush()
+        if d.finished:
+            self.finish_reason = d.finish_reason
+            self.prompt_tokens, self.completion_tokens = d.prompt_tokens, d.completion_tokens
+
+    def summary(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if k != "error"}
+
+
+def stream(engine, prompt, params: SamplingParams, echo: bool = True) -> Reply:
+    """Run one request, writing text as it arrives.
+
+    Ctrl-C ends the reply (finish reason "abort") and keeps what it said; a step that fails with a
+    StrataError ends it too and comes back in ``Reply.error``. Either way the engine is left empty.
+    """
     rid = engine.add_request(None, prompt, params)
-    summary = {"text": "", "token_ids": [], "finish_reason": None, "ttft_ms": None}
+    reply = Reply()
     try:
-        while engine.has_unfinished():
+        while reply.finish_reason is None:
             for d in engine.step():
-                summary["text"] += d.new_text
-                summary["token_ids"] += d.new_token_ids
-                summary["ttft_ms"] = summary["ttft_ms"] if d.ttft_ms is None else d.ttft_ms
-                if echo and d.new_text:
-                    sys.stdout.write(d.new_text)
-                    sys.stdout.flush()
-                if d.finished:
-                    summary["finish_reason"] = d.finish_reason
-                    summary["prompt_tokens"], summary["completion_tokens"] = d.prompt_tokens, d.completion_tokens
+                if d.request_id == rid:
+                    reply.add(d, echo)
     except KeyboardInterrupt:
-        engine.abort(rid)
-        while engine.has_unfinished():
-            engine.step()
-        summary["finish_reason"] = "abort"
-    return summary
+        final = engine.abort_now(rid)
+        if final is not None:
+            reply.add(final, echo)
+    except StrataError as e:
+        engine.abort_now(rid)
+        reply.finish_reason, reply.error = "error", e
+    except BaseException:
+        engine.abort_now(rid)
+        raise
+    return reply
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    params = sampling_params(args)          # a bad setting is refused before the model loads
     engine = open_engine(args)
     try:
-        summary = stream(engine, args.prompt, sampling_params(args), echo=not args.json)
+        fitted = fit_text(engine.tokenizer, args.prompt, engine.context_tokens, params.max_tokens,
+                          args.context_overflow or GENERATE_OVERFLOW)
+        if fitted.note:
+            print(f"note: {fitted.note}", file=sys.stderr)
+        reply = stream(engine, fitted.token_ids, params, echo=not args.json)
         stats = engine.stats()
     finally:
         engine.close()
+    if not args.json:
+        print()
+    if reply.error is not None:
+        raise reply.error
     if args.json:
+        summary = reply.summary()
         summary["decode_tok_s"] = round(stats.decode_tok_s, 2)
         summary["model"] = engine.model_info.name
         print(json.dumps(summary, ensure_ascii=False))
-    else:
-        print()
     return 0
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    engine = open_engine(args)
-    tok = engine.tokenizer
-    use_template = tok.has_chat_template and not engine.model_info.completion_only
+    from engine.cli.chat import ChatSession
+    if isinstance(sys.stdin, io.TextIOWrapper):
+        # Bytes that are not text become one refused line instead of an exception that ends the chat.
+        sys.stdin.reconfigure(errors="surrogateescape")
     params = sampling_params(args)
-    messages: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
-    transcript = ""
-    mode = "chat" if use_template else "completion (a base model: your text is continued as written)"
-    print(f"Strata chat — {engine.model_info.name}, {mode}. /reset clears, /exit quits, Ctrl-C stops a reply.")
+    engine = open_engine(args)
     try:
-        while True:
-            try:
-                line = input("\n> ")
-            except EOFError:
-                return 0
-            if line.strip() in ("/exit", "/quit"):
-                return 0
-            if line.strip() == "/reset":
-                messages, transcript = messages[:1] if args.system else [], ""
-                print("(conversation cleared)")
-                continue
-            if use_template:
-                messages.append({"role": "user", "content": line})
-                prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-            else:
-                transcript += ("\n" if transcript else "") + line
-                prompt = transcript
-            reply = stream(engine, prompt, params)
-            print()
-            if reply["finish_reason"] == "abort":
-                print("(stopped)")
-            if use_template:
-                messages.append({"role": "assistant", "content": reply["text"]})
-            else:
-                transcript += reply["text"]
+        session = ChatSession(engine, params, args.system, args.context_overflow or CHAT_OVERFLOW)
+        return session.run()
     finally:
         engine.close()

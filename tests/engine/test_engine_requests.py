@@ -89,8 +89,10 @@ def test_streamed_deltas_add_up_to_the_final_text(model_dir):
 
 
 def test_prompt_longer_than_the_context_is_refused(llm):
+    # the context is the model's whole max_position_embeddings: only shortening the prompt can work
     from engine.errors import ConfigError
-    with pytest.raises(ConfigError, match="raise --max-model-len"):
+    with pytest.raises(ConfigError, match="^the prompt has 600 tokens but the context holds 512, prompt and reply "
+                                          "together; shorten the prompt to 511 tokens or fewer$"):
         llm.generate([[1] * 600], GREEDY)
 
 
@@ -114,3 +116,42 @@ def test_out_of_memory_in_a_step_keeps_every_request(model_dir, monkeypatch):
         for d in eng.step():
             ids += d.new_token_ids
     assert len(ids) == 6
+
+
+@pytest.mark.parametrize("prompt, match", [
+    ([1, "5"], r"a prompt's token ids must be whole numbers \(found '5'\)"),
+    ([1, 2.0], r"a prompt's token ids must be whole numbers \(found 2.0\)"),
+    ([1, None], r"a prompt's token ids must be whole numbers \(found None\)"),
+    (b"\x01\x05", r"a prompt is text or a list of token ids \(got bytes\)"),
+    (17, r"a prompt is text or a list of token ids \(got int\)"),
+    ({"prompt": "hi"}, r"a prompt is text or a list of token ids \(got dict\)"),
+])
+def test_prompts_of_the_wrong_kind_are_one_line_errors_and_queue_nothing(model_dir, prompt, match):
+    from engine.errors import ConfigError
+    eng = LLMEngine(EngineConfig(model=str(model_dir), device="cpu"))
+    with pytest.raises(ConfigError, match=match):
+        eng.add_request("x", prompt, GREEDY)
+    assert not eng.has_unfinished()
+    eng.add_request("x", [1, 5, 9], GREEDY)           # the id was not taken by the refused request
+
+
+def test_a_stop_token_outside_the_vocabulary_is_refused(llm):
+    from engine.errors import ConfigError
+    with pytest.raises(ConfigError, match=r"stop token id 512 is outside the vocabulary \(0..511\)"):
+        llm.generate([[1, 5, 9]], SamplingParams(max_tokens=4, stop_token_ids=(512,)))
+
+
+def test_abort_now_ends_a_request_between_steps_and_frees_its_blocks(model_dir):
+    eng = LLMEngine(EngineConfig(model=str(model_dir), device="cpu"))
+    eng.add_request("a", "The expert pool", SamplingParams(max_tokens=50, temperature=0.0, ignore_eos=True))
+    eng.add_request("b", [1, 7], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
+    ids = []
+    for _ in range(4):
+        ids += [t for d in eng.step() if d.request_id == "a" for t in d.new_token_ids]
+    final = eng.abort_now("a")
+    assert final.finished and final.finish_reason == "abort" and final.completion_tokens == len(ids) > 0
+    assert eng.abort_now("a") is None                  # already gone: nothing to do
+    while eng.has_unfinished():
+        assert all(d.request_id == "b" for d in eng.step())
+    assert eng.stats().kv_blocks_used == 0
+    assert eng.context_tokens == 512

@@ -153,3 +153,47 @@ def test_stop_holdback() -> None:
     assert stop_holdback("a<|i", ("<|im_end|>", "<")) == 3
     assert stop_holdback("abc<", ("<",)) == 0                            # a full match is check_stop's job
     assert stop_holdback("", ("world",)) == 0
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("max_tokens", 0, r"max_tokens must be a whole number >= 1 \(got 0\)"),
+    ("max_tokens", "5", r"max_tokens must be a whole number >= 1 \(got '5'\)"),
+    ("max_tokens", 2.5, r"max_tokens must be a whole number >= 1 \(got 2.5\)"),
+    ("max_tokens", None, r"max_tokens must be a whole number >= 1 \(got None\)"),
+    ("temperature", -0.1, r"temperature must be a number >= 0 \(got -0.1\); 0 is greedy"),
+    ("temperature", float("nan"), r"temperature must be a number >= 0 \(got nan\)"),
+    ("temperature", float("inf"), r"temperature must be a number >= 0 \(got inf\)"),
+    ("temperature", "hot", r"temperature must be a number >= 0 \(got 'hot'\)"),
+    ("top_p", 0.0, r"top_p must be a number in \(0, 1\] \(got 0.0\); 1 turns it off"),
+    ("top_p", 1.5, r"top_p must be a number in \(0, 1\]"),
+    ("top_k", -1, r"top_k must be a whole number >= 0 \(got -1\); 0 turns it off"),
+    ("top_k", True, r"top_k must be a whole number >= 0 \(got True\)"),
+    ("min_p", 1.0, r"min_p must be a number in \[0, 1\) \(got 1.0\)"),
+    ("repetition_penalty", 0, r"repetition_penalty must be a number > 0 \(got 0\)"),
+    ("repetition_penalty", float("nan"), r"repetition_penalty must be a number > 0 \(got nan\)"),
+    ("seed", "42", r"seed must be a whole number that fits in 64 bits \(got '42'\)"),
+    ("seed", 2 ** 64, r"seed must be a whole number that fits in 64 bits"),
+    ("stop", 5, r"stop must be a string or a list of strings \(got 5\)"),
+    ("stop", ["END", 3], r"stop must be a string or a list of strings"),
+    ("stop", ["END", ""], r"stop strings must not be empty"),
+    ("stop_token_ids", [-1], r"stop_token_ids must be a list of token ids >= 0 \(got \[-1\]\)"),
+    ("stop_token_ids", "12", r"stop_token_ids must be a list of token ids >= 0"),
+    ("stop_token_ids", [1.0], r"stop_token_ids must be a list of token ids >= 0"),
+    ("ignore_eos", "yes", r"ignore_eos must be True or False \(got 'yes'\)"),
+    ("include_stop_str_in_output", 1, r"include_stop_str_in_output must be True or False"),
+])
+def test_every_field_is_checked_with_a_one_line_config_error(field, value, match) -> None:
+    from engine.errors import ConfigError
+    with pytest.raises(ConfigError, match=match) as err:
+        SamplingParams(**{field: value})
+    assert "\n" not in str(err.value)
+
+
+def test_accepted_values_are_normalised() -> None:
+    import numpy as np
+    p = SamplingParams(max_tokens=np.int64(7), temperature=np.float32(0.5), top_k=np.int32(3), seed=-5,
+                       stop="END", stop_token_ids=[np.int64(2)])
+    assert (type(p.max_tokens), type(p.temperature), type(p.top_k)) == (int, float, int)
+    assert p.stop == ("END",) and p.stop_token_ids == (2,) and p.seed == -5
+    assert SamplingParams(stop=None, stop_token_ids=None).stop == ()
+    assert SamplingParams(temperature=0).greedy

@@ -1,0 +1,238 @@
+"""The terminal chat: only /exit, /quit, the end of input (Ctrl-D) or Ctrl-C twice at the prompt end it.
+
+Every turn is fitted to the context by the shared policy (``engine.context``); the whole conversation
+stays in memory and in ``/save``, whatever part of it the model was shown. A turn that fails prints one
+``error:`` line and leaves the conversation as it was before the turn.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from engine.cli.run import Reply, stream
+from engine.context import OVERFLOW_POLICIES, ContextOverflowError, FittedPrompt, fit_messages, fit_text
+from engine.errors import ConfigError, StrataError
+from engine.sampling import SamplingParams
+
+HELP = """commands:
+  /help                      this list
+  /reset                     start a new conversation (the system prompt stays)
+  /save FILE                 write the conversation to FILE: JSON if it ends in .json, else markdown;
+                             an existing FILE is kept unless you add ! (/save FILE!)
+  /context-overflow [POLICY] show or set what happens when the conversation outgrows the context:
+                             drop-oldest (drop the oldest turns) or stop (refuse the turn)
+  /exit, /quit               leave (so does Ctrl-D)
+Ctrl-C stops a reply; at the prompt, Ctrl-C twice leaves. Start a line with // to send text that begins with /."""
+QUIT_HINT = "(press Ctrl-C again or type /exit to quit; /save FILE keeps the conversation)"
+
+
+class ChatSession:
+    """One conversation in the terminal over an open engine."""
+
+    def __init__(self, engine, params: SamplingParams, system: str | None, policy: str) -> None:
+        self.engine, self.params, self.policy = engine, params, policy
+        self.name = engine.model_info.name
+        self.use_template = engine.tokenizer.has_chat_template and not engine.model_info.completion_only
+        self.system = [{"role": "system", "content": system}] if system else []
+        self.messages: list[dict] = list(self.system)    # the whole conversation, never cut to fit
+        self.dropped = 0                                  # what the previous prompt left out
+
+    def run(self) -> int:
+        self._banner()
+        interrupted = False
+        while True:
+            try:
+                line = input("\n> ")
+            except EOFError:
+                print()
+                return 0
+            except KeyboardInterrupt:
+                if interrupted:
+                    print()
+                    return 0
+                interrupted = True
+                print(f"\n{QUIT_HINT}")
+                continue
+            except UnicodeDecodeError:
+                _error("the line is not UTF-8 text; set the terminal to UTF-8 (e.g. LANG=C.UTF-8) and type it again")
+                continue
+            interrupted = False
+            if not self._handle(line):
+                return 0
+
+    def _banner(self) -> None:
+        mode = "chat" if self.use_template else "completion (a base model: your text is continued as written)"
+        print(f"Strata chat — {self.name}, {mode}. /help lists commands, /exit quits, Ctrl-C stops a reply.")
+        if self.system and not self.use_template:
+            _note("--system is not used: a base model continues your text and has no system prompt")
+
+    def _handle(self, line: str) -> bool:
+        """Act on one input line; False means leave."""
+        text = line.strip()
+        if not text:
+            return True
+        if not _is_text(line):
+            _error("the line is not UTF-8 text; set the terminal to UTF-8 (e.g. LANG=C.UTF-8) and type it again")
+            return True
+        if text.startswith("//"):
+            self._turn(text[1:])
+        elif text.startswith("/"):
+            return self._command(text)
+        else:
+            self._turn(line)
+        return True
+
+    def _command(self, text: str) -> bool:
+        name, _, arg = text.partition(" ")
+        arg = arg.strip()
+        if name in ("/exit", "/quit"):
+            return False
+        if name == "/help":
+            print(HELP)
+        elif name == "/reset":
+            self.messages, self.dropped = list(self.system), 0
+            print("(conversation cleared)")
+        elif name == "/save":
+            self._save(arg)
+        elif name == "/context-overflow":
+            self._set_policy(arg)
+        else:
+            _error(f"unknown command {name}; /help lists the commands (start a line with // to send text "
+                   "that begins with /)")
+        return True
+
+    # ---- a turn -----------------------------------------------------------------------------------
+    def _turn(self, text: str) -> None:
+        self.messages.append({"role": "user", "content": text})
+        try:
+            fitted = self._fit()
+            self._say_dropped(fitted)
+            reply = stream(self.engine, fitted.token_ids, self.params)
+        except StrataError as e:          # refused before anything was said: the turn never happened
+            self.messages.pop()
+            _error(e)
+            if isinstance(e, ContextOverflowError) and e.droppable:
+                _note("/reset starts a new chat; /context-overflow drop-oldest drops the oldest turns instead")
+            return
+        except KeyboardInterrupt:
+            self.messages.pop()
+            print("\n(stopped)")
+            return
+        print()
+        self._keep(reply)
+
+    def _fit(self) -> FittedPrompt:
+        tok, ctx, max_tokens = self.engine.tokenizer, self.engine.context_tokens, self.params.max_tokens
+        if self.use_template:
+            return fit_messages(tok, self.messages, ctx, max_tokens, self.policy)
+        return fit_text(tok, _continuation(self.messages), ctx, max_tokens, self.policy)
+
+    def _say_dropped(self, fitted: FittedPrompt) -> None:
+        dropped = fitted.dropped_messages or fitted.dropped_tokens
+        if dropped > self.dropped:
+            _note(fitted.note)
+        self.dropped = dropped
+
+    def _keep(self, reply: Reply) -> None:
+        """Add what the reply said to the conversation (a stopped reply keeps its part)."""
+        if reply.text or reply.error is None:
+            self.messages.append({"role": "assistant", "content": reply.text})
+        else:
+            self.messages.pop()           # failed before a word: as if the turn never happened
+        if reply.error is not None:
+            _error(reply.error)
+        elif reply.finish_reason == "abort":
+            print("(stopped)")
+        elif reply.finish_reason == "length" and reply.completion_tokens < self.params.max_tokens:
+            _note(f"the reply reached the end of the {self.engine.context_tokens}-token context")
+
+    # ---- commands -----------------------------------------------------------------------------------
+    def _set_policy(self, arg: str) -> None:
+        if arg and arg not in OVERFLOW_POLICIES:
+            _error(ConfigError(f"context-overflow policy must be one of {', '.join(OVERFLOW_POLICIES)} "
+                               f"(got {arg!r})"))
+            return
+        self.policy = arg or self.policy
+        print(f"(context-overflow: {self.policy})")
+
+    def _save(self, arg: str) -> None:
+        if not arg:
+            _error("/save needs a file name, e.g. /save chat.md (a name ending in .json writes JSON)")
+            return
+        replace = arg.endswith("!")
+        path = Path(arg[:-1] if replace else arg).expanduser()
+        problem = _save_problem(path, replace)
+        if problem:
+            _error(problem)
+            return
+        body = self._as_json() if path.suffix.lower() == ".json" else self._as_markdown()
+        try:
+            _write_atomically(path, body)
+        except OSError as e:
+            _error(f"cannot write {path} ({e.strerror or e}); choose another path")
+            return
+        print(f"(saved {len(self.messages)} messages to {path})")
+
+    def _as_json(self) -> str:
+        mode = "chat" if self.use_template else "completion"
+        doc = {"model": self.name, "mode": mode, "context_overflow": self.policy, "messages": self.messages}
+        return json.dumps(doc, ensure_ascii=False, indent=2) + "\n"
+
+    def _as_markdown(self) -> str:
+        parts = [f"# Strata chat — {self.name}"] + [f"### {m['role']}\n\n{m['content']}" for m in self.messages]
+        return "\n\n".join(parts) + "\n"
+
+
+def _continuation(messages: list[dict]) -> str:
+    """A base model's prompt: the user's lines and the model's continuations, as typed and said."""
+    text = ""
+    for m in messages:
+        if m["role"] == "user":
+            text += ("\n" if text else "") + m["content"]
+        elif m["role"] == "assistant":
+            text += m["content"]
+    return text
+
+
+def _is_text(line: str) -> bool:
+    # stdin decodes undecodable bytes to lone surrogates (see cmd_chat); they are not text
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _save_problem(path: Path, replace: bool) -> str | None:
+    """Why ``path`` cannot take the transcript, as one line (None when it can)."""
+    if path.is_dir():
+        return f"{path} is a folder; give a file name, e.g. /save {path / 'chat.md'}"
+    if path.exists() and not replace:
+        return f"{path} already exists and is kept; choose another name, or add ! to replace it (/save {path}!)"
+    if not path.parent.is_dir():
+        return f"the folder {path.parent} does not exist; create it or choose another path"
+    return None
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Write, flush to disk, then rename over ``path``: a crash leaves the old file or the new one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _error(e: StrataError | str) -> None:
+    print(f"error: {e}", file=sys.stderr)
+
+
+def _note(text: str) -> None:
+    dim = sys.stderr.isatty()
+    print(f"\x1b[2mnote: {text}\x1b[0m" if dim else f"note: {text}", file=sys.stderr)
