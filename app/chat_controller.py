@@ -1,86 +1,217 @@
 """Chat logic: the current conversation, its bubbles, saving, and the reply in flight.
 
 Turns the chat pane's intentions into bridge requests and the bridge's text and stats into bubbles.
-Every change to a conversation is saved at once (atomic JSON), so a crash loses nothing.
+Every change goes to the store's writer thread at once. A streaming reply is saved at most
+``STREAM_SAVE_MS`` behind the screen and marked interrupted until it ends, so a crash loses at most that
+much of what was on screen and the next start says the reply was cut short. Nothing the user saw is
+removed without asking: Regenerate keeps the earlier replies as versions to page through, Delete moves
+the file to the trash with an Undo, and a store that cannot be written is reported while the chat goes on.
 """
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable
 
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QObject, QSettings, QTimer, Signal
+from PySide6.QtWidgets import QMessageBox, QWidget
 
 from app.chat_pane import ChatPane
+from app.chat_settings import ChatPrefs
 from app.chat_view import MessageBubble
+from app.conversation_library import ConversationLibrary
 from app.conversation_list import ConversationList
-from app.conversations import Conversation, ConversationStore, StoredMessage
-from app.messages import ChatMessage, ModelDescription, ReplyRequest, ReplyStats, TextBatch
+from app.conversations import Conversation, ConversationStore, Reply, StoredMessage
+from app.messages import ChatMessage, ContextUsage, ModelDescription, ReplyRequest, ReplyStats, TextBatch
 
 TITLE_CHARS = 40
+STREAM_SAVE_MS = 1000     # a streaming reply on disk is at most this far behind the screen
+EDITS_SAVE_MS = 1000      # the unsent text and the system prompt are kept this soon after a keystroke
+INTERRUPTED_NOTE = "interrupted — the app closed before this reply finished"
+
+Confirm = Callable[[str, str], bool]     # (title, question) -> the user said yes
+
+
+def ask(parent: QWidget, title: str, question: str) -> bool:
+    """A Yes/Cancel question; Cancel is the default."""
+    yes, cancel = QMessageBox.StandardButton.Yes, QMessageBox.StandardButton.Cancel
+    return QMessageBox.question(parent, title, question, yes | cancel, cancel) == yes
+
+
+@dataclass
+class _Live:
+    """The reply that is streaming: which request, into which message and bubble."""
+
+    request_id: str
+    conversation: Conversation
+    message: StoredMessage
+    bubble: MessageBubble
+    max_tokens: int
 
 
 class ChatController(QObject):
     """Owns the conversations and the one chat reply that may be streaming."""
 
     reply_done = Signal(object)     # ReplyStats of a chat reply (for the status bar and tests)
+    store_error = Signal(str)       # one line when saving fails or a file was set aside; "" once saving works again
 
-    def __init__(self, pane: ChatPane, sidebar: ConversationList, store: ConversationStore, bridge) -> None:
+    def __init__(self, pane: ChatPane, sidebar: ConversationList, store: ConversationStore, bridge,
+                 settings: QSettings | None = None) -> None:
         super().__init__()
         self.pane, self.sidebar, self.store, self.bridge = pane, sidebar, store, bridge
-        self.conversations = store.load_all()
-        self.current = self.conversations[0] if self.conversations else Conversation()
+        self.prefs = ChatPrefs(settings)
+        self.confirm: Confirm = partial(ask, pane)
         self.model: ModelDescription | None = None
-        self.live_id: str | None = None
-        self.live_bubble: MessageBubble | None = None
-        self._bubbles: list[MessageBubble] = []
+        self.live: _Live | None = None
+        self._bubbles: list[MessageBubble] = []        # one per message of the current conversation
+        self._context_used: dict[str, int] = {}        # conversation id -> tokens of its last request
+        self._context_total = 0
+        self._system_edited = False
+        self.library = ConversationLibrary(store)
+        self.library.store_line.connect(self._on_store_line)
+        self.current = self.conversations[0] if self.conversations else Conversation()
+        self.stream_timer = self._timer(STREAM_SAVE_MS, self._save_live)
+        self.edits_timer = self._timer(EDITS_SAVE_MS, self._keep_edits)
+        self._restore_prefs()
+        self._connect()
+        self._show_current()
+        self._report_problems(self.library.problems)
+
+    def _timer(self, ms: int, slot: Callable[[], None]) -> QTimer:
+        timer = QTimer(self)
+        timer.setSingleShot(True)
+        timer.setInterval(ms)
+        timer.timeout.connect(slot)
+        return timer
+
+    def _restore_prefs(self) -> None:
+        self.pane.settings_box.set_settings(self.prefs.generation())
+        self.pane.set_enter_sends(self.prefs.enter_sends())
+        if not self.pane.input.toPlainText():
+            self.pane.input.setPlainText(self.prefs.draft())
+
+    def _connect(self) -> None:
+        pane, box = self.pane, self.pane.settings_box
         pane.send_requested.connect(self.send)
         pane.stop_requested.connect(self.stop)
         pane.regenerate_requested.connect(self.regenerate)
         pane.edit_requested.connect(self.edit_last)
-        sidebar.selected.connect(self.open)
-        sidebar.new_requested.connect(self.new_chat)
-        sidebar.delete_requested.connect(self.delete)
-        self._show_current()
+        pane.enter_sends_changed.connect(self.prefs.set_enter_sends)
+        box.changed.connect(lambda: self.prefs.set_generation(box.settings()))
+        box.system_prompt.textChanged.connect(self._system_prompt_edited)
+        pane.input.textChanged.connect(self.edits_timer.start)
+        self.sidebar.selected.connect(self.open)
+        self.sidebar.new_requested.connect(self.new_chat)
+        self.sidebar.delete_requested.connect(self.delete)
+        self.sidebar.undo_requested.connect(self.undo_delete)
+
+    @property
+    def conversations(self) -> list[Conversation]:
+        return self.library.conversations
+
+    @property
+    def live_id(self) -> str | None:
+        return self.live.request_id if self.live is not None else None
+
+    @property
+    def live_bubble(self) -> MessageBubble | None:
+        return self.live.bubble if self.live is not None else None
 
     # --- conversations -----------------------------------------------------------------------
     def _refresh_sidebar(self) -> None:
-        self.conversations.sort(key=lambda c: c.updated, reverse=True)
+        self.library.sort()
         self.sidebar.set_conversations(self.conversations, self.current.id)
 
     def _show_current(self) -> None:
         self.pane.view.clear()
-        self._bubbles = [self.pane.view.add(m.role, m.content, stats=m.stats) for m in self.current.messages]
+        self._bubbles = [self._add_bubble(m) for m in self.current.messages]
         self.pane.settings_box.system_prompt.setPlainText(self.current.system_prompt)
         self._refresh_sidebar()
         self._update_buttons()
+        self._show_context()
 
-    def _save(self) -> None:
-        self.current.system_prompt = self.pane.settings_box.system_prompt.toPlainText()
-        if self.current not in self.conversations:
-            self.conversations.append(self.current)
-        self.store.save(self.current)
+    def _add_bubble(self, msg: StoredMessage, streaming: bool = False) -> MessageBubble:
+        bubble = self.pane.view.add(msg.role, msg.content, streaming=streaming, stats=self._line(msg))
+        if msg.role == "assistant":
+            bubble.set_pager(msg.chosen, len(msg.replies()), enabled=not streaming)
+            bubble.page_requested.connect(partial(self.page, bubble))
+            bubble.delete_version_requested.connect(partial(self.delete_version, bubble))
+        return bubble
+
+    @staticmethod
+    def _line(msg: StoredMessage) -> str:
+        """The line under a message: its stats, or why it is incomplete."""
+        if msg.interrupted:
+            return " · ".join(p for p in (INTERRUPTED_NOTE, msg.stats) if p)
+        return msg.stats
+
+    def _save(self, conv: Conversation | None = None) -> None:
+        """Hand the conversation to the writer (returns at once) and show it in the sidebar."""
+        self.library.save(conv or self.current)
         self._refresh_sidebar()
 
     def open(self, conv_id: str) -> None:
         """Show a saved conversation (not while a reply streams)."""
-        if self.live_id is not None or conv_id == self.current.id:
+        if self.live is not None or conv_id == self.current.id:
             self._refresh_sidebar()
             return
-        self.current = next((c for c in self.conversations if c.id == conv_id), self.current)
+        self._keep_edits_now()
+        self.current = self.library.find(conv_id) or self.current
         self._show_current()
 
     def new_chat(self) -> None:
-        if self.live_id is None:
+        if self.live is None:
+            self._keep_edits_now()
             self.current = Conversation(system_prompt=self.pane.settings_box.system_prompt.toPlainText())
             self._show_current()
 
     def delete(self, conv_id: str) -> None:
-        if self.live_id is not None:
+        """Move a conversation to the trash folder; Undo in the sidebar brings it back."""
+        conv = self.library.find(conv_id)
+        if self.live is not None or conv is None:
             return
-        self.store.delete(conv_id)
-        self.conversations = [c for c in self.conversations if c.id != conv_id]
-        if conv_id == self.current.id:
+        self.library.delete(conv)
+        if conv is self.current:
             self.current = self.conversations[0] if self.conversations else Conversation()
-        self._show_current()
+            self._show_current()
+        else:
+            self._refresh_sidebar()
+        self._offer_undo()
+
+    def undo_delete(self) -> None:
+        """Bring back the conversation deleted last, and show it."""
+        conv = self.library.undo() if self.live is None else None
+        if conv is not None:
+            self.current = conv
+            self._show_current()
+            self._offer_undo()
+
+    def _offer_undo(self) -> None:
+        deleted = self.library.deleted
+        text = f"Deleted “{deleted[-1].title}”" if deleted else ""
+        self.sidebar.show_undo(text, str(self.store.trash_folder))
+
+    # --- edits that are not sent yet -----------------------------------------------------------
+    def _system_prompt_edited(self) -> None:
+        text = self.pane.settings_box.system_prompt.toPlainText()
+        if text != self.current.system_prompt:
+            self.current.system_prompt = text
+            self._system_edited = True
+            self.edits_timer.start()
+
+    def _keep_edits_now(self) -> None:
+        """Before another conversation is shown: a system prompt edit still waiting is saved to its own."""
+        if self.edits_timer.isActive():
+            self.edits_timer.stop()
+            self._keep_edits()
+
+    def _keep_edits(self) -> None:
+        """Remember the unsent text, and save a changed system prompt of a saved conversation."""
+        self.prefs.set_draft(self.pane.input.toPlainText())
+        if self._system_edited and self.current in self.conversations:
+            self._system_edited = False
+            self.library.save(self.current)
 
     # --- model ---------------------------------------------------------------------------------
     def set_model(self, model: ModelDescription | None) -> None:
@@ -93,91 +224,206 @@ class ChatController(QObject):
         else:
             self.pane.mode_label.setText("Completion mode: this model has no chat template, "
                                          "so your text is continued as written")
+        if model is not None:
+            self.pane.settings_box.set_system_prompt_shown(model.has_chat_template)
+            self._context_total = model.context_tokens
         self._update_buttons()
+        self._show_context()
 
     def _update_buttons(self) -> None:
-        self.pane.set_busy(self.live_id is not None, can_send=self.model is not None)
+        self.pane.set_busy(self.live is not None, can_send=self.model is not None)
+        self.sidebar.set_busy(self.live is not None)
+
+    def _show_context(self) -> None:
+        self.pane.set_context(self._context_used.get(self.current.id), self._context_total)
+
+    def on_context(self, usage: ContextUsage) -> None:
+        """How much of the context the request in flight takes, and what was dropped to fit it."""
+        if self.live is None or usage.request_id != self.live.request_id:
+            return
+        if usage.context_tokens:
+            self._context_total = usage.context_tokens
+        self._context_used[self.live.conversation.id] = usage.prompt_tokens
+        self._show_context()
+        if usage.dropped_messages and usage.note:
+            self.notice(usage.note)
 
     def notice(self, text: str) -> None:
         """A line from Strata in the transcript (thermal guard, errors); not saved."""
-        self.pane.view.add("notice", text)
+        self.pane.view.add("notice", text, before=self.live.bubble if self.live is not None else None)
 
     # --- replies -------------------------------------------------------------------------------
     def send(self, text: str) -> None:
         """Add the user's message and ask for a reply."""
-        if self.live_id is not None or self.model is None:
+        if self.live is not None or self.model is None:
             return
         if not self.current.messages:
             self.current.title = text.splitlines()[0][:TITLE_CHARS] or "Chat"
-        self.current.messages.append(StoredMessage("user", text))
-        self._bubbles.append(self.pane.view.add("user", text))
-        self._save()
-        self._start_reply()
+        user = StoredMessage("user", text)
+        self.current.messages.append(user)
+        self._bubbles.append(self._add_bubble(user))
+        self.prefs.set_draft("")
+        self._reply_to(list(self.current.messages))
 
-    def _request(self, request_id: str) -> ReplyRequest:
+    def _reply_to(self, history: list[StoredMessage]) -> None:
+        """A new assistant message after ``history``, saved (empty, interrupted) before the first token."""
+        msg = StoredMessage("assistant", "", interrupted=True)
+        self.current.messages.append(msg)
+        bubble = self._add_bubble(msg, streaming=True)
+        self._bubbles.append(bubble)
+        self._begin(history, msg, bubble)
+
+    def _request(self, request_id: str, history: list[StoredMessage]) -> ReplyRequest:
         settings = self.pane.settings_box.settings()
         if not self.model.has_chat_template:
-            last_user = next(m.content for m in reversed(self.current.messages) if m.role == "user")
+            last_user = next(m.content for m in reversed(history) if m.role == "user")
             return ReplyRequest(request_id, settings, prompt=last_user)
-        system = self.pane.settings_box.system_prompt.toPlainText().strip()
+        system = self.current.system_prompt.strip()
+        # an empty reply (an error, or a crash before the first token) tells the model nothing
         msgs = ([ChatMessage("system", system)] if system else []) + \
-            [ChatMessage(m.role, m.content) for m in self.current.messages]
+            [ChatMessage(m.role, m.content) for m in history if m.content or m.role == "user"]
         return ReplyRequest(request_id, settings, messages=tuple(msgs))
 
-    def _start_reply(self) -> None:
-        self.live_id = f"chat-{uuid.uuid4().hex[:10]}"
-        self.live_bubble = self.pane.view.add("assistant", streaming=True)
-        self.live_bubble.set_stats("waiting for the first token…")
-        self._update_buttons()
-        self.bridge.submit(self._request(self.live_id))
-
-    def on_text(self, batch: TextBatch) -> None:
-        """Coalesced text from the bridge."""
-        for chunk in batch.chunks:
-            if chunk.request_id == self.live_id and self.live_bubble is not None:
-                if self.live_bubble.stats.isVisible() and not self.live_bubble.text:
-                    self.live_bubble.set_stats("")
-                self.live_bubble.append(chunk.text)
-
-    def on_finished(self, stats: ReplyStats) -> None:
-        """A reply ended (stop, length, abort or error): keep its text and its stats line."""
-        if stats.request_id != self.live_id or self.live_bubble is None:
-            return
-        line = stats.summary() if stats.error is None else f"{stats.summary()} — {stats.error}"
-        self.live_bubble.finish(line)
-        self.current.messages.append(StoredMessage("assistant", self.live_bubble.text, line))
-        self._bubbles.append(self.live_bubble)
-        self.live_id, self.live_bubble = None, None
+    def _begin(self, history: list[StoredMessage], msg: StoredMessage, bubble: MessageBubble) -> None:
+        request = self._request(f"chat-{uuid.uuid4().hex[:10]}", history)
+        self.live = _Live(request.request_id, self.current, msg, bubble, request.settings.max_tokens)
+        bubble.set_stats("waiting for the first token…")
         self._save()
         self._update_buttons()
+        self.bridge.submit(request)
+
+    def on_text(self, batch: TextBatch) -> None:
+        """Coalesced text from the bridge: shown at once, saved within ``STREAM_SAVE_MS``."""
+        live = self.live
+        if live is None:
+            return
+        grew = False
+        for chunk in batch.chunks:
+            if chunk.request_id == live.request_id and chunk.text:
+                if not live.bubble.text:
+                    live.bubble.set_stats("")
+                live.bubble.append(chunk.text)
+                grew = True
+        if grew:
+            live.message.set_reply(live.bubble.text, "", interrupted=True)
+            if not self.stream_timer.isActive():
+                self.stream_timer.start()
+
+    def _save_live(self) -> None:
+        """The streaming reply as far as it is on screen, still marked interrupted."""
+        if self.live is not None:
+            self.library.save(self.live.conversation)
+
+    def on_finished(self, stats: ReplyStats) -> None:
+        """A reply ended (finished, max tokens, stopped, error): keep its text and its stats line."""
+        live = self.live
+        if live is None or stats.request_id != live.request_id:
+            return
+        self.stream_timer.stop()
+        line = stats.summary(live.max_tokens)
+        live.bubble.finish(line)
+        live.message.set_reply(live.bubble.text, line, interrupted=False)
+        live.bubble.set_pager(live.message.chosen, len(live.message.replies()))
+        if stats.prompt_tokens or stats.completion_tokens:
+            self._context_used[live.conversation.id] = stats.prompt_tokens + stats.completion_tokens
+        self.live = None
+        self._save(live.conversation)
+        self._update_buttons()
+        self._show_context()
         self.reply_done.emit(stats)
 
     def stop(self) -> None:
         """Stop the reply in flight; what it said so far is kept."""
-        if self.live_id is not None:
-            self.bridge.cancel(self.live_id)
-
-    def _drop_last(self) -> StoredMessage:
-        msg = self.current.messages.pop()
-        self.pane.view.remove(self._bubbles.pop())
-        return msg
+        if self.live is not None:
+            self.bridge.cancel(self.live.request_id)
 
     def regenerate(self) -> None:
-        """Replace the last reply with a new one."""
-        if self.live_id is not None or self.model is None or not self.current.messages:
+        """Ask again for the last reply; the earlier replies stay as versions of it."""
+        if self.live is not None or self.model is None or not self.current.messages:
             return
-        if self.current.messages[-1].role == "assistant":
-            self._drop_last()
-        if self.current.messages and self.current.messages[-1].role == "user":
-            self._save()
-            self._start_reply()
+        last = self.current.messages[-1]
+        if last.role == "user":
+            self._reply_to(list(self.current.messages))
+            return
+        history = self.current.messages[:-1]
+        if not any(m.role == "user" for m in history):
+            return
+        if last.content:
+            last.add_reply(Reply("", "", interrupted=True))
+        else:
+            last.set_reply("", "", interrupted=True)    # an empty reply holds nothing to keep
+        bubble = self._bubbles[-1]
+        bubble.show_text("", streaming=True)
+        bubble.set_pager(last.chosen, len(last.replies()), enabled=False)
+        self._begin(history, last, bubble)
+
+    def page(self, bubble: MessageBubble, step: int) -> None:
+        """Show the previous (-1) or next (+1) version of a reply; later turns see the one shown."""
+        if self.live is not None or bubble not in self._bubbles:
+            return
+        msg = self.current.messages[self._bubbles.index(bubble)]
+        msg.choose(msg.chosen + step)
+        bubble.show_text(msg.content, self._line(msg))
+        bubble.set_pager(msg.chosen, len(msg.replies()))
+        self._save()
+
+    def delete_version(self, bubble: MessageBubble) -> None:
+        """Delete the version of a reply that is shown (asks first; the other versions stay)."""
+        if self.live is not None or bubble not in self._bubbles:
+            return
+        msg = self.current.messages[self._bubbles.index(bubble)]
+        count = len(msg.replies())
+        if count < 2 or not self.confirm("Delete this version?", f"Version {msg.chosen + 1} of {count} of this "
+                                         "reply is deleted for good; the other versions stay."):
+            return
+        msg.delete_chosen()
+        bubble.show_text(msg.content, self._line(msg))
+        bubble.set_pager(msg.chosen, len(msg.replies()))
+        self._save()
 
     def edit_last(self) -> None:
-        """Take the last user message (and its reply) back into the input box."""
-        if self.live_id is not None or not any(m.role == "user" for m in self.current.messages):
+        """Take the last user message back into the input box, removing it and its reply (asks first when
+        a reply or unsent text would be lost)."""
+        if self.live is not None or not any(m.role == "user" for m in self.current.messages):
             return
-        while self.current.messages[-1].role != "user":
-            self._drop_last()
-        text = self._drop_last().content
+        at = max(i for i, m in enumerate(self.current.messages) if m.role == "user")
+        lost = sum(1 for m in self.current.messages[at + 1:] for r in m.replies() if r.content)
+        draft = self.pane.input.toPlainText().strip()
+        if lost or draft:
+            what = "its reply is" if lost == 1 else f"its {lost} replies are"
+            question = ("Your last message goes back into the box to be edited"
+                        + (f", and {what} removed from the chat for good." if lost else ".")
+                        + (" The text now in the box is replaced." if draft else ""))
+            if not self.confirm("Edit your last message?", question):
+                return
+        text = self.current.messages[at].content
+        del self.current.messages[at:]
+        for bubble in self._bubbles[at:]:
+            self.pane.view.remove(bubble)
+        del self._bubbles[at:]
         self.pane.input.setPlainText(text)
         self._save()
+
+    # --- the store's answers --------------------------------------------------------------------
+    def _report_problems(self, problems: list[str]) -> None:
+        """Files the store could not use at start: each in the transcript, the first in the banner."""
+        for line in problems:
+            self.notice(line)
+        if problems:
+            more = f" ({len(problems) - 1} more in the chat)" if len(problems) > 1 else ""
+            # queued: the window connects store_error after this constructor returns
+            QTimer.singleShot(0, self, lambda: self.store_error.emit(problems[0] + more))
+
+    def _on_store_line(self, line: str) -> None:
+        self.notice(line or f"Conversations are saved again in {self.store.folder}.")
+        self.store_error.emit(line)
+
+    def close(self) -> None:
+        """Write what is pending (the reply in flight stays marked interrupted) and stop the writer."""
+        self.stream_timer.stop()
+        self.edits_timer.stop()
+        self.prefs.set_draft(self.pane.input.toPlainText())
+        self.prefs.sync()
+        if self.live is not None:
+            self.library.save(self.live.conversation)
+        self.library.close()

@@ -1,27 +1,50 @@
-"""The chat pane: model line, transcript, prompt box with Send/Stop/Regenerate/Edit, and the
+"""The chat pane: model line, transcript, context meter, prompt box with Send/Stop/Regenerate/Edit, and the
 system prompt and sampling settings. It only emits intentions; the chat controller acts on them."""
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QKeySequence, QShortcut
-from PySide6.QtWidgets import (QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel, QPlainTextEdit,
-                               QPushButton, QSpinBox, QToolButton, QVBoxLayout, QWidget)
+from PySide6.QtGui import QKeyEvent
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGridLayout, QGroupBox, QHBoxLayout,
+                               QLabel, QPlainTextEdit, QProgressBar, QPushButton, QSpinBox, QToolButton, QVBoxLayout,
+                               QWidget)
 
 from app.chat_view import ChatView
-from app.messages import GenerationSettings
+from app.messages import CONTEXT_OVERFLOW_POLICIES, GenerationSettings
+
+OVERFLOW_NAMES = {"drop-oldest": "drop the oldest turns", "stop": "stop and say so"}
+_HINTS = {True: "Message the model — Enter to send, Shift+Enter for a new line",
+          False: "Message the model — Ctrl+Enter to send, Enter for a new line"}
 
 
 class SettingsBox(QGroupBox):
-    """System prompt and sampling settings (collapsible)."""
+    """System prompt and sampling settings (collapsible); ``changed`` when a sampling setting changes."""
+
+    changed = Signal()
 
     def __init__(self) -> None:
         super().__init__("System prompt and sampling")
         self.setCheckable(True)
         self.setChecked(False)
-        form = QFormLayout(self)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(6, 0, 6, 4)
+        self.contents = QWidget()
+        outer.addWidget(self.contents)
+        self.form = QFormLayout(self.contents)
+        self.form.setContentsMargins(0, 0, 0, 0)
         self.system_prompt = QPlainTextEdit()
         self.system_prompt.setPlaceholderText("Optional instructions for the assistant")
         self.system_prompt.setFixedHeight(54)
+        self._build_sampling()
+        self.form.addRow("System", self.system_prompt)
+        self.form.addRow(self._grid())
+        self.toggled.connect(self.contents.setVisible)
+        self.set_settings(GenerationSettings())
+        self.contents.setVisible(False)
+        for signal in (self.temperature.valueChanged, self.top_p.valueChanged, self.top_k.valueChanged,
+                       self.max_tokens.valueChanged, self.overflow.currentIndexChanged):
+            signal.connect(self.changed)
+
+    def _build_sampling(self) -> None:
         self.temperature = QDoubleSpinBox()
         self.temperature.setRange(0.0, 2.0)
         self.temperature.setSingleStep(0.05)
@@ -34,39 +57,102 @@ class SettingsBox(QGroupBox):
         self.top_k.setSpecialValueText("off")
         self.max_tokens = QSpinBox()
         self.max_tokens.setRange(1, 32768)
-        row = QHBoxLayout()
-        for label, w in (("Temperature", self.temperature), ("Top-p", self.top_p), ("Top-k", self.top_k),
-                         ("Max tokens", self.max_tokens)):
-            row.addWidget(QLabel(label))
-            row.addWidget(w)
-        form.addRow("System", self.system_prompt)
-        form.addRow(row)
-        self.toggled.connect(self._show_contents)
-        self.set_settings(GenerationSettings())
-        self._show_contents(False)
+        self.overflow = QComboBox()
+        for policy in CONTEXT_OVERFLOW_POLICIES:
+            self.overflow.addItem(OVERFLOW_NAMES.get(policy, policy), policy)
+        self.overflow.setToolTip("Drop the oldest turns (the system prompt stays) and say so in the chat, "
+                                 "or stop with a message saying the chat is too long")
 
-    def _show_contents(self, on: bool) -> None:
-        for child in self.findChildren(QWidget):
-            child.setVisible(on)
+    def _grid(self) -> QGridLayout:
+        """Two settings a row, so the box fits a narrow chat pane."""
+        grid = QGridLayout()
+        pairs = (("Temperature", self.temperature), ("Top-p", self.top_p), ("Top-k", self.top_k),
+                 ("Max tokens", self.max_tokens))
+        for i, (label, w) in enumerate(pairs):
+            grid.addWidget(QLabel(label), i // 2, (i % 2) * 2)
+            grid.addWidget(w, i // 2, (i % 2) * 2 + 1)
+        grid.addWidget(QLabel("Chat too long"), 2, 0)
+        grid.addWidget(self.overflow, 2, 1, 1, 3)
+        grid.setColumnStretch(4, 1)
+        return grid
 
     def settings(self) -> GenerationSettings:
         return GenerationSettings(temperature=self.temperature.value(), top_p=self.top_p.value(),
-                                  top_k=self.top_k.value(), max_tokens=self.max_tokens.value())
+                                  top_k=self.top_k.value(), max_tokens=self.max_tokens.value(),
+                                  context_overflow=self.overflow.currentData())
 
     def set_settings(self, s: GenerationSettings) -> None:
         self.temperature.setValue(s.temperature)
         self.top_p.setValue(s.top_p)
         self.top_k.setValue(s.top_k)
         self.max_tokens.setValue(s.max_tokens)
+        index = self.overflow.findData(s.context_overflow)
+        self.overflow.setCurrentIndex(max(index, 0))
+
+    def set_system_prompt_shown(self, shown: bool) -> None:
+        """Completion mode has no system prompt: its field is hidden (its text is kept for chat models)."""
+        self.form.setRowVisible(self.system_prompt, shown)
+        self.setTitle("System prompt and sampling" if shown else "Sampling")
+
+
+class PromptBox(QPlainTextEdit):
+    """The message box: Enter sends and Shift+Enter starts a new line (or, with ``enter_sends`` off,
+    Enter starts a new line); Ctrl+Enter always sends."""
+
+    submitted = Signal()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enter_sends = True
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:
+        if event.key() not in (Qt.Key.Key_Return, Qt.Key.Key_Enter):
+            super().keyPressEvent(event)
+            return
+        mods = event.modifiers()
+        if mods & Qt.KeyboardModifier.ControlModifier or (self.enter_sends and
+                                                           not mods & Qt.KeyboardModifier.ShiftModifier):
+            self.submitted.emit()
+        else:
+            self.insertPlainText("\n")      # a plain line break, whatever the modifier
+        event.accept()
+
+
+class ContextMeter(QWidget):
+    """"Context 312 / 512 tokens" and a small bar; "—" where nothing is known yet."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        lay = QHBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        self.label = QLabel("Context —")
+        self.label.setObjectName("replyStats")
+        self.bar = QProgressBar()
+        self.bar.setTextVisible(False)
+        self.bar.setFixedSize(80, 8)
+        self.bar.setRange(0, 1000)
+        lay.addWidget(self.label)
+        lay.addWidget(self.bar)
+        self.set_usage(None, 0)
+
+    def set_usage(self, used: int | None, total: int) -> None:
+        """``used`` tokens of a ``total``-token context (None: not known for this chat yet; 0: no model)."""
+        shown_used = "—" if used is None else str(used)
+        self.label.setText(f"Context {shown_used} / {total} tokens" if total > 0 else "Context —")
+        self.bar.setValue(0 if used is None or total <= 0 else min(1000, round(1000 * used / total)))
+        self.setToolTip("How much of the model's context this chat's last request took, with its reply"
+                        if total > 0 else "Load a model to see how much of its context this chat takes")
 
 
 class ChatPane(QWidget):
-    """Chat widgets; ``send_requested(text)``, ``stop_requested``, ``regenerate_requested``, ``edit_requested``."""
+    """Chat widgets; ``send_requested(text)``, ``stop_requested``, ``regenerate_requested``, ``edit_requested``,
+    ``enter_sends_changed(bool)``."""
 
     send_requested = Signal(str)
     stop_requested = Signal()
     regenerate_requested = Signal()
     edit_requested = Signal()
+    enter_sends_changed = Signal(bool)
 
     def __init__(self) -> None:
         super().__init__()
@@ -81,26 +167,41 @@ class ChatPane(QWidget):
         lay.addWidget(self.view, 1)
         self.settings_box = SettingsBox()
         lay.addWidget(self.settings_box)
-        self.input = QPlainTextEdit()
-        self.input.setPlaceholderText("Message the model — Ctrl+Enter to send")
+        self.mode_label = QLabel("")            # a row of its own: a narrow window wraps it across the pane
+        self.mode_label.setObjectName("replyStats")
+        self.mode_label.setWordWrap(True)
+        lay.addWidget(self.mode_label)
+        lay.addLayout(self._status_row())
+        self.input = PromptBox()
         self.input.setFixedHeight(84)
+        self.input.submitted.connect(self._send)
         lay.addWidget(self.input)
         lay.addLayout(self._buttons())
-        QShortcut(QKeySequence("Ctrl+Return"), self.input, activated=self._send)
+        self.set_enter_sends(True)
         self.set_busy(False)
+
+    def _status_row(self) -> QHBoxLayout:
+        row = QHBoxLayout()
+        self.context_meter = ContextMeter()
+        row.addWidget(self.context_meter)
+        row.addStretch(1)
+        self.enter_sends_box = QCheckBox("Enter sends")
+        self.enter_sends_box.setToolTip("On: Enter sends, Shift+Enter starts a new line. "
+                                        "Off: Enter starts a new line, Ctrl+Enter sends.")
+        self.enter_sends_box.toggled.connect(self._enter_sends_toggled)
+        row.addWidget(self.enter_sends_box)
+        return row
 
     def _buttons(self) -> QHBoxLayout:
         row = QHBoxLayout()
-        self.mode_label = QLabel("")
-        self.mode_label.setObjectName("replyStats")
-        row.addWidget(self.mode_label, 1)
+        row.addStretch(1)
         self.edit_button = QToolButton()
         self.edit_button.setText("Edit last")
         self.edit_button.setToolTip("Put your last message back in the box and remove it and its reply")
         self.edit_button.clicked.connect(self.edit_requested)
         self.regen_button = QToolButton()
         self.regen_button.setText("Regenerate")
-        self.regen_button.setToolTip("Ask again for the last reply")
+        self.regen_button.setToolTip("Ask again for the last reply; the earlier replies stay (‹ ›)")
         self.regen_button.clicked.connect(self.regenerate_requested)
         self.stop_button = QPushButton("Stop")
         self.stop_button.setObjectName("danger")
@@ -117,6 +218,22 @@ class ChatPane(QWidget):
         if text and self.send_button.isEnabled():
             self.input.clear()
             self.send_requested.emit(text)
+
+    def _enter_sends_toggled(self, on: bool) -> None:
+        self.input.enter_sends = on
+        self.input.setPlaceholderText(_HINTS[on])
+        self.enter_sends_changed.emit(on)
+
+    def set_enter_sends(self, on: bool) -> None:
+        """Set the Enter-sends preference without emitting ``enter_sends_changed``."""
+        self.enter_sends_box.blockSignals(True)
+        self.enter_sends_box.setChecked(on)
+        self.enter_sends_box.blockSignals(False)
+        self.input.enter_sends = on
+        self.input.setPlaceholderText(_HINTS[on])
+
+    def set_context(self, used: int | None, total: int) -> None:
+        self.context_meter.set_usage(used, total)
 
     def set_busy(self, busy: bool, can_send: bool = True) -> None:
         """A reply is streaming: only Stop works; otherwise Send/Regenerate/Edit do."""

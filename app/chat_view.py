@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from PySide6.QtCore import QSizeF, Qt, QTimer
+from PySide6.QtCore import QSizeF, Qt, QTimer, Signal
 from PySide6.QtGui import QFontDatabase, QGuiApplication, QTextCursor
 from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPushButton, QScrollArea, QSizePolicy, QTextEdit,
                                QVBoxLayout, QWidget)
@@ -24,6 +24,13 @@ def _label(text: str, fmt: Qt.TextFormat, name: str = "") -> QLabel:
         label.setObjectName(name)
     label.setText(text)
     return label
+
+
+def _flat_button(text: str, tip: str) -> QPushButton:
+    button = QPushButton(text)
+    button.setFlat(True)
+    button.setToolTip(tip)
+    return button
 
 
 def block_widget(block: Block) -> QLabel:
@@ -80,9 +87,12 @@ class StreamingTail(QTextEdit):
 
 
 class MessageBubble(QFrame):
-    """One message. Assistant bubbles stream: ``append`` then ``finish``."""
+    """One message. Assistant bubbles stream (``append`` then ``finish``) and page through the replies the
+    model gave to the turn: ``page_requested(-1 | +1)``, ``delete_version_requested``."""
 
     ROLE_NAMES = {"user": "You", "assistant": "Assistant", "notice": "Strata"}
+    page_requested = Signal(int)
+    delete_version_requested = Signal()
 
     def __init__(self, role: str, text: str = "", streaming: bool = False) -> None:
         super().__init__()
@@ -98,6 +108,7 @@ class MessageBubble(QFrame):
         name.setObjectName("role")
         head.addWidget(name)
         head.addStretch(1)
+        self._add_pager(head)
         self.copy_button = QPushButton("Copy")
         self.copy_button.setFlat(True)
         self.copy_button.setToolTip("Copy this message as Markdown")
@@ -121,6 +132,48 @@ class MessageBubble(QFrame):
             self.append(text)
         if not streaming:
             self.finish()
+
+    def _add_pager(self, head: QHBoxLayout) -> None:
+        """"‹ 2/3 ›" and Delete (this version): shown once a turn has more than one reply."""
+        self.prev_button = _flat_button("‹", "The previous version of this reply")
+        self.prev_button.clicked.connect(lambda: self.page_requested.emit(-1))
+        self.pager_label = QLabel("")
+        self.pager_label.setObjectName("role")
+        self.next_button = _flat_button("›", "The next version of this reply")
+        self.next_button.clicked.connect(lambda: self.page_requested.emit(1))
+        self.delete_version_button = _flat_button("Delete", "Delete this version of the reply; "
+                                                  "the other versions stay")
+        self.delete_version_button.clicked.connect(self.delete_version_requested)
+        for w in (self.prev_button, self.pager_label, self.next_button, self.delete_version_button):
+            head.addWidget(w)
+            w.hide()
+
+    def set_pager(self, index: int, count: int, enabled: bool = True) -> None:
+        """Show "‹ index+1/count ›" (hidden for a single reply); ``enabled`` False while a reply streams."""
+        many = count > 1
+        self.pager_label.setText(f"{index + 1}/{count}" if many else "")
+        for w in (self.prev_button, self.pager_label, self.next_button, self.delete_version_button):
+            w.setVisible(many)
+        self.prev_button.setEnabled(enabled and index > 0)
+        self.next_button.setEnabled(enabled and index < count - 1)
+        self.delete_version_button.setEnabled(enabled)
+
+    def show_text(self, text: str, stats_line: str = "", streaming: bool = False) -> None:
+        """Show another text in this bubble (another version of the reply, or a new one streaming in)."""
+        while self.body.count():
+            widget = self.body.takeAt(0).widget()
+            if widget is not None:
+                widget.hide()           # gone at once, not only when Qt gets round to deleting it
+                widget.deleteLater()
+        self.text, self._pending = "", ""
+        self.tail.set_text("")
+        self.streaming = streaming
+        if text:
+            self.append(text)
+        if streaming:
+            self.set_stats(stats_line)
+        else:
+            self.finish(stats_line)
 
     def append(self, text: str) -> None:
         """More streamed text: finished blocks are rendered once, the rest shows as plain text."""
@@ -172,15 +225,21 @@ class ChatView(QScrollArea):
 
     def _range_changed(self, _lo: int, hi: int) -> None:
         if self._follow:
-            QTimer.singleShot(0, lambda: self.verticalScrollBar().setValue(self.verticalScrollBar().maximum()))
+            # with ``self`` as context the call is dropped if the view is gone by then
+            QTimer.singleShot(0, self, lambda: self.verticalScrollBar().setValue(self.verticalScrollBar().maximum()))
 
-    def add(self, role: str, text: str = "", streaming: bool = False, stats: str = "") -> MessageBubble:
-        """Append a bubble and return it."""
+    def add(self, role: str, text: str = "", streaming: bool = False, stats: str = "",
+            before: MessageBubble | None = None) -> MessageBubble:
+        """Append a bubble (or put it just above ``before``) and return it."""
         bubble = MessageBubble(role, text, streaming)
         if stats:
             bubble.set_stats(stats)
-        self.column.insertWidget(self.column.count() - 1, bubble)
-        self.bubbles.append(bubble)
+        if before is not None and before in self.bubbles:
+            self.column.insertWidget(self.column.indexOf(before), bubble)
+            self.bubbles.insert(self.bubbles.index(before), bubble)
+        else:
+            self.column.insertWidget(self.column.count() - 1, bubble)
+            self.bubbles.append(bubble)
         self._follow = True
         return bubble
 

@@ -7,6 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+#: What a chat does when it outgrows the context: the engine's policy names (``engine.context``), copied
+#: here because widgets reach the engine only through the bridge (a test keeps the two the same).
+CONTEXT_OVERFLOW_POLICIES = ("drop-oldest", "stop")
+
 
 @dataclass(frozen=True)
 class GenerationSettings:
@@ -16,6 +20,7 @@ class GenerationSettings:
     top_p: float = 0.95
     top_k: int = 40
     max_tokens: int = 512
+    context_overflow: str = "drop-oldest"   # one of CONTEXT_OVERFLOW_POLICIES
 
 
 @dataclass(frozen=True)
@@ -67,17 +72,43 @@ class ReplyStats:
     finished: float = 0.0
     error: str | None = None
 
-    def summary(self) -> str:
-        """One line for under the reply: TTFT, speeds, tokens, stop reason, expert hits."""
+    def summary(self, max_tokens: int | None = None) -> str:
+        """One line for under the reply: TTFT, speeds, tokens, why it ended, expert hits.
+
+        ``max_tokens`` (the request's limit) tells "reached max tokens" from "context full".
+        """
         parts = [f"TTFT {self.ttft_ms:.0f} ms" if self.ttft_ms is not None else "TTFT —"]
         if self.prompt_tok_s is not None:
             parts.append(f"prompt {self.prompt_tok_s:.1f} tok/s")
         parts.append(f"decode {self.decode_tok_s:.1f} tok/s" if self.decode_tok_s is not None else "decode —")
         parts.append(f"{self.completion_tokens} tokens")
-        parts.append(f"stop: {self.finish_reason}")
+        parts.append(self.finish_words(max_tokens))
         if self.expert_hit_rate is not None:
             parts.append(f"expert hits {self.expert_hit_rate * 100:.1f}%")
         return " · ".join(parts)
+
+    def finish_words(self, max_tokens: int | None = None) -> str:
+        """Why the reply ended, as a user says it."""
+        if self.finish_reason == "error" or self.error:
+            return f"error: {self.error or 'the reply failed'}"
+        if self.finish_reason == "length" and max_tokens is not None and self.completion_tokens < max_tokens:
+            return "context full"      # the engine ends a reply that reaches the end of the context as "length"
+        return _FINISH_WORDS.get(self.finish_reason, self.finish_reason)
+
+
+_FINISH_WORDS = {"stop": "finished", "length": "reached max tokens", "abort": "stopped by you"}
+
+
+@dataclass(frozen=True)
+class ContextUsage:
+    """How much of the model's context a chat request takes, and what was dropped to fit it."""
+
+    request_id: str
+    prompt_tokens: int
+    context_tokens: int
+    reply_tokens: int              # kept free for the reply
+    dropped_messages: int = 0
+    note: str = ""                 # one line for the transcript when something was dropped
 
 
 @dataclass(frozen=True)
@@ -95,6 +126,8 @@ class ModelDescription:
     is_demo: bool
     random_weights: bool
     has_chat_template: bool
+    notes: tuple[str, ...] = ()    # settings the engine clamped or ignored at load (one line each)
+    context_tokens: int = 0        # the model's context as loaded (max_model_len)
 
 
 @dataclass(frozen=True)

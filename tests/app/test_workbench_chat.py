@@ -1,10 +1,17 @@
-"""Chat against the real engine on the demo model: streaming, stop, regenerate/edit, restart."""
+"""Chat against the real engine on the demo model (streaming, stop, regenerate/edit, restart, a crash while a
+reply streams), and the chat pane's keys and remembered settings (with a recording bridge)."""
 from __future__ import annotations
 
 import json
+import shutil
 
+from PySide6.QtCore import QSettings, Qt
+from PySide6.QtTest import QTest
+
+from app.chat_controller import INTERRUPTED_NOTE
 from app.messages import GenerationSettings, TextBatch
 from app.paths import default_model_dir, read_demo_marker
+from tests.app.chat_fakes import COMPLETION_MODEL, finish, make_chat, stream
 
 REPLY_MS = 120_000
 
@@ -54,21 +61,56 @@ def test_stop_mid_reply_keeps_the_partial_text(window, qtbot):
     assert 0 < stats.completion_tokens < 4000
     assert window.chat.current.messages[-1].role == "assistant"
     assert window.chat.current.messages[-1].content == bubble.text != ""
-    assert "stop: abort" in bubble.stats.text()
+    assert "stopped by you" in bubble.stats.text() and "stop:" not in bubble.stats.text()
 
 
-def test_regenerate_and_edit_last(window, qtbot):
+def test_regenerate_keeps_versions_and_edit_last_asks(window, qtbot):
     _settings(window, max_tokens=6)
     with qtbot.waitSignal(window.chat.reply_done, timeout=REPLY_MS):
         window.chat.send("Blessed are the meek")
+    first = window.chat.current.messages[-1].content
+    _settings(window, max_tokens=6, temperature=1.5)    # sampled: the second reply may differ from the first
     with qtbot.waitSignal(window.chat.reply_done, timeout=REPLY_MS):
         window.chat_pane.regen_button.click()
     roles = [m.role for m in window.chat.current.messages]
-    assert roles == ["user", "assistant"], "regenerate replaces the reply instead of adding one"
+    assert roles == ["user", "assistant"], "regenerate adds a version of the reply, not another message"
+    reply = window.chat.current.messages[-1]
+    assert [r.content for r in reply.replies()][0] == first and len(reply.replies()) == 2
+    bubble = window.chat_pane.view.bubbles[-1]
+    assert bubble.pager_label.text() == "2/2" and bubble.pager_label.isVisible()
+    bubble.prev_button.click()
+    assert bubble.text == first
+    asked: list[str] = []
+    window.chat.confirm = lambda _title, question: asked.append(question) is None
     window.chat_pane.edit_button.click()
+    assert "its 2 replies are removed from the chat for good" in asked[0]
     assert window.chat.current.messages == []
     assert window.chat_pane.input.toPlainText() == "Blessed are the meek"
     assert len(window.chat_pane.view.bubbles) == 0
+
+
+def test_a_crash_while_a_reply_streams_keeps_what_was_on_screen(window, qtbot, tmp_path):
+    """The store folder copied while the real engine streams is what a crash at that moment leaves."""
+    _settings(window, max_tokens=4000)
+    window.chat.send("And God said")
+    bubble = window.chat.live_bubble
+    saved = window.chat.store.path_of(window.chat.current.id)
+
+    def reply_on_disk() -> str:
+        if not saved.exists():          # the writer thread has not written the first save yet
+            return ""
+        return json.loads(saved.read_text(encoding="utf-8"))["messages"][1]["content"]
+
+    qtbot.waitUntil(lambda: len(reply_on_disk()) > 0, timeout=REPLY_MS)   # the save timer has fired once
+    crashed = tmp_path / "after-crash"
+    shutil.copytree(saved.parent, crashed)
+    on_screen = bubble.text
+    with qtbot.waitSignal(window.chat.reply_done, timeout=REPLY_MS):
+        window.chat_pane.stop_button.click()
+    restarted = make_chat(qtbot, crashed)
+    shown = restarted.pane.view.bubbles[-1]
+    assert shown.text and on_screen.startswith(shown.text), "what is on disk is what the screen showed"
+    assert INTERRUPTED_NOTE in shown.stats.text()
 
 
 def test_conversations_survive_a_restart(window_factory, qtbot, tmp_path):
@@ -78,6 +120,7 @@ def test_conversations_survive_a_restart(window_factory, qtbot, tmp_path):
         first.chat.send("The Lord is my shepherd")
     reply = first.chat.current.messages[-1].content
     conv_id = first.chat.current.id
+    first.chat.close()      # what closing the window does: pending saves are written
     first.close()
     saved = tmp_path / "data" / "strata" / "conversations" / f"{conv_id}.json"
     data = json.loads(saved.read_text(encoding="utf-8"))
@@ -91,3 +134,130 @@ def test_conversations_survive_a_restart(window_factory, qtbot, tmp_path):
     texts = [b.text for b in second.chat_pane.view.bubbles]
     assert texts == ["The Lord is my shepherd", reply]
     assert "TTFT" in second.chat_pane.view.bubbles[-1].stats.text()
+
+
+# --- the chat pane's keys and remembered settings (no engine needed) -------------------------------------------
+def test_enter_sends_and_shift_enter_starts_a_new_line(qtbot, tmp_path):
+    chat = make_chat(qtbot, tmp_path / "c")
+    box = chat.pane.input
+    assert chat.pane.enter_sends_box.isChecked() and "Enter to send" in box.placeholderText()
+    QTest.keyClicks(box, "first line")
+    QTest.keyClick(box, Qt.Key.Key_Return, Qt.KeyboardModifier.ShiftModifier)
+    QTest.keyClicks(box, "second line")
+    assert box.toPlainText() == "first line\nsecond line" and chat.bridge.requests == []
+    with qtbot.waitSignal(chat.pane.send_requested) as sent:
+        QTest.keyClick(box, Qt.Key.Key_Return)
+    assert sent.args[0] == "first line\nsecond line" and box.toPlainText() == ""
+    finish(chat)
+    QTest.keyClicks(box, "keypad")
+    with qtbot.waitSignal(chat.pane.send_requested):
+        QTest.keyClick(box, Qt.Key.Key_Enter, Qt.KeyboardModifier.KeypadModifier)
+    assert [r.messages[-1].content for r in chat.bridge.requests] == ["first line\nsecond line", "keypad"]
+
+
+def test_with_enter_sends_off_enter_is_a_new_line_and_ctrl_enter_sends(qtbot, tmp_path):
+    chat = make_chat(qtbot, tmp_path / "c")
+    chat.pane.enter_sends_box.click()
+    box = chat.pane.input
+    assert not chat.pane.enter_sends_box.isChecked() and "Ctrl+Enter to send" in box.placeholderText()
+    QTest.keyClicks(box, "one")
+    QTest.keyClick(box, Qt.Key.Key_Return)
+    QTest.keyClicks(box, "two")
+    assert box.toPlainText() == "one\ntwo" and chat.bridge.requests == []
+    with qtbot.waitSignal(chat.pane.send_requested) as sent:
+        QTest.keyClick(box, Qt.Key.Key_Return, Qt.KeyboardModifier.ControlModifier)
+    assert sent.args[0] == "one\ntwo"
+
+
+def test_enter_does_not_send_while_a_reply_streams(qtbot, tmp_path):
+    chat = make_chat(qtbot, tmp_path / "c")
+    chat.send("first")
+    QTest.keyClicks(chat.pane.input, "typed meanwhile")
+    QTest.keyClick(chat.pane.input, Qt.Key.Key_Return)
+    assert len(chat.bridge.requests) == 1 and chat.pane.input.toPlainText() == "typed meanwhile"
+
+
+def test_sampling_settings_and_enter_sends_are_remembered_across_restarts(qtbot, tmp_path):
+    ini = tmp_path / "strata.ini"
+    first = make_chat(qtbot, tmp_path / "c", settings_file=ini)
+    box = first.pane.settings_box
+    assert box.settings() == GenerationSettings()          # nothing stored yet: the defaults
+    box.temperature.setValue(0.25)
+    box.top_p.setValue(0.8)
+    box.top_k.setValue(7)
+    box.max_tokens.setValue(99)
+    box.overflow.setCurrentIndex(box.overflow.findData("stop"))
+    first.pane.enter_sends_box.click()
+    first.prefs.settings.sync()                             # the window syncs its settings when it closes
+    second = make_chat(qtbot, tmp_path / "c", settings_file=ini)
+    assert second.pane.settings_box.settings() == GenerationSettings(temperature=0.25, top_p=0.8, top_k=7,
+                                                                     max_tokens=99, context_overflow="stop")
+    assert not second.pane.enter_sends_box.isChecked() and not second.pane.input.enter_sends
+    second.send("hi")
+    assert second.bridge.requests[-1].settings.context_overflow == "stop"
+    assert second.bridge.requests[-1].settings.max_tokens == 99
+
+
+def test_settings_that_cannot_be_read_back_fall_back_to_the_defaults(qtbot, tmp_path):
+    ini = tmp_path / "strata.ini"
+    bad = QSettings(str(ini), QSettings.Format.IniFormat)
+    for key, value in (("temperature", "hot"), ("top_k", "nan"), ("max_tokens", "1e999"),
+                       ("context_overflow", "truncate"), ("enter_sends", "perhaps"), ("top_p", "0.5")):
+        bad.setValue(f"chat/{key}", value)
+    bad.sync()
+    chat = make_chat(qtbot, tmp_path / "c", settings_file=ini)
+    assert chat.pane.settings_box.settings() == GenerationSettings(top_p=0.5)
+    assert chat.pane.enter_sends_box.isChecked()
+
+
+def test_unsent_text_is_kept_across_a_restart(qtbot, tmp_path):
+    ini = tmp_path / "strata.ini"
+    first = make_chat(qtbot, tmp_path / "c", settings_file=ini)
+    QTest.keyClicks(first.pane.input, "a long prompt I have not sent yet")
+    assert first.edits_timer.isActive() and first.edits_timer.interval() <= 1000
+    first.edits_timer.timeout.emit()
+    first.prefs.settings.sync()
+    second = make_chat(qtbot, tmp_path / "c", settings_file=ini)
+    assert second.pane.input.toPlainText() == "a long prompt I have not sent yet"
+    second.pane.send_button.click()
+    second.prefs.settings.sync()
+    third = make_chat(qtbot, tmp_path / "c", settings_file=ini)
+    assert third.pane.input.toPlainText() == "", "a sent message is not offered again"
+    QTest.keyClicks(third.pane.input, "typed just before quitting")
+    third.close()                           # closing the window keeps it too, with no timer left to fire
+    fourth = make_chat(qtbot, tmp_path / "c", settings_file=ini)
+    assert fourth.pane.input.toPlainText() == "typed just before quitting"
+
+
+def test_the_system_prompt_is_hidden_and_ignored_in_completion_mode(qtbot, tmp_path):
+    chat = make_chat(qtbot, tmp_path / "c")
+    box = chat.pane.settings_box
+    box.setChecked(True)
+    box.system_prompt.setPlainText("Answer in French.")
+    assert box.form.isRowVisible(box.system_prompt) and box.system_prompt.isVisible()
+    chat.send("Hello")
+    assert [m.role for m in chat.bridge.requests[-1].messages] == ["system", "user"]
+    finish(chat)
+    chat.set_model(COMPLETION_MODEL)
+    assert not box.form.isRowVisible(box.system_prompt) and not box.system_prompt.isVisible()
+    assert box.title() == "Sampling" and "Completion mode" in chat.pane.mode_label.text()
+    chat.send("Once upon a time")
+    request = chat.bridge.requests[-1]
+    assert request.prompt == "Once upon a time" and request.messages == ()
+    assert chat.current.system_prompt == "Answer in French.", "the hidden text is kept for chat models"
+
+
+def test_finish_reasons_under_a_reply_are_in_words(qtbot, tmp_path):
+    chat = make_chat(qtbot, tmp_path / "c")
+    chat.pane.settings_box.max_tokens.setValue(64)
+    for reason, tokens, error, words in (("length", 64, None, "reached max tokens"),
+                                         ("length", 20, None, "context full"),
+                                         ("abort", 3, None, "stopped by you"),
+                                         ("stop", 9, None, "finished"),
+                                         ("error", 0, "out of memory", "error: out of memory")):
+        chat.send("Go")
+        stream(chat, "text")
+        finish(chat, reason, completion_tokens=tokens, error=error)
+        line = chat.pane.view.bubbles[-1].stats.text()
+        assert line.endswith(words) or f"· {words} ·" in line, line
+        assert "stop:" not in line

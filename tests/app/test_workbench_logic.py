@@ -6,6 +6,7 @@ import json
 from app.conversations import Conversation, ConversationStore, StoredMessage
 from app.gpu_poller import GpuSample
 from app.markdown_blocks import split_all, split_finished
+from app.messages import CONTEXT_OVERFLOW_POLICIES, GenerationSettings, ReplyStats
 from app.reply_tracker import ReplyTracker
 from app.thermal import AMBER, OK, RED, UNKNOWN, ThermalGuard, assess
 
@@ -29,8 +30,30 @@ def test_reply_tracker_measures_ttft_speeds_and_hit_rate():
     s = t.finish("r", "length", hits=190, misses=60, now=11.2)
     assert s.ttft_ms == 200.0 and s.prompt_tok_s == 200.0
     assert abs(s.decode_tok_s - 10.0) < 1e-9 and s.expert_hit_rate == 0.9
-    assert "stop: length" in s.summary() and "expert hits 90.0%" in s.summary()
+    assert "reached max tokens" in s.summary() and "expert hits 90.0%" in s.summary()
+    assert "stop:" not in s.summary()
     assert t.finish("r", "stop", 0, 0, 12.0) is None
+
+
+def test_finish_reasons_are_said_in_words():
+    def stats(reason: str, tokens: int = 5, error: str | None = None) -> ReplyStats:
+        return ReplyStats("r", "chat", reason, completion_tokens=tokens, error=error)
+
+    assert stats("stop").finish_words() == "finished"
+    assert stats("length", 64).finish_words(max_tokens=64) == "reached max tokens"
+    assert stats("length", 64).finish_words() == "reached max tokens"      # the limit not known: the usual cause
+    # the engine also ends a reply that fills the context as "length": fewer tokens than asked for says which
+    assert stats("length", 20).finish_words(max_tokens=64) == "context full"
+    assert stats("abort").finish_words() == "stopped by you"
+    assert stats("error", error="the model was closed").finish_words() == "error: the model was closed"
+    assert stats("error").finish_words() == "error: the reply failed"
+    line = stats("error", error="out of memory").summary(max_tokens=64)
+    assert line.endswith("5 tokens · error: out of memory") and "stop:" not in line
+
+
+def test_overflow_policy_names_match_the_engine():
+    from engine.context import OVERFLOW_POLICIES
+    assert CONTEXT_OVERFLOW_POLICIES == OVERFLOW_POLICIES and GenerationSettings().context_overflow in OVERFLOW_POLICIES
 
 
 def test_thermal_assessment_keeps_since_and_guard_has_hysteresis():
@@ -47,11 +70,12 @@ def test_thermal_assessment_keeps_since_and_guard_has_hysteresis():
     assert guard.update(base.with_changes(gpu_temp_c=69.0)).action == "resume"
 
 
-def test_store_round_trip_and_skips_unreadable_files(tmp_path):
+def test_store_round_trip(tmp_path):
     store = ConversationStore(tmp_path / "c")
     conv = Conversation(title="t", system_prompt="be brief", messages=[StoredMessage("user", "hi")])
     store.save(conv)
-    (tmp_path / "c" / "broken.json").write_text("{not json")
     loaded = store.load_all()
-    assert len(loaded) == 1 and loaded[0].messages[0].content == "hi" and loaded[0].system_prompt == "be brief"
-    assert json.loads(store.path_of(conv.id).read_text())["version"] == 1
+    assert loaded.problems == []
+    convs = loaded.conversations
+    assert len(convs) == 1 and convs[0].messages[0].content == "hi" and convs[0].system_prompt == "be brief"
+    assert json.loads(store.path_of(conv.id).read_text())["version"] == 2

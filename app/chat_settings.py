@@ -1,0 +1,80 @@
+"""The chat's choices remembered across restarts, in the window's QSettings.
+
+Sampling settings, the context-overflow policy, whether Enter sends, and the text not yet sent. A value
+that cannot be read back (an edited or older settings file) falls back to its default.
+"""
+from __future__ import annotations
+
+from PySide6.QtCore import QSettings
+
+from app.messages import CONTEXT_OVERFLOW_POLICIES, GenerationSettings
+
+_PREFIX = "chat/"
+
+
+def _number(raw: object, kind: type, default: float | int) -> float | int:
+    try:
+        value = kind(float(raw)) if kind is int else kind(raw)
+    except (TypeError, ValueError, OverflowError):
+        return default
+    return value if value == value else default     # NaN from a hand-edited file
+
+
+def _flag(raw: object, default: bool) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    return {"true": True, "1": True, "false": False, "0": False}.get(text, default)
+
+
+class ChatPrefs:
+    """Reads and writes the chat's settings; with no QSettings it remembers nothing (tests, embedding)."""
+
+    def __init__(self, settings: QSettings | None) -> None:
+        self.settings = settings
+
+    def _value(self, key: str) -> object:
+        return None if self.settings is None else self.settings.value(_PREFIX + key)
+
+    def _set(self, key: str, value: object) -> None:
+        if self.settings is not None:
+            self.settings.setValue(_PREFIX + key, value)
+
+    def _number(self, key: str, kind: type, default: float | int) -> float | int:
+        raw = self._value(key)
+        return default if raw is None else _number(raw, kind, default)
+
+    def generation(self) -> GenerationSettings:
+        """The sampling settings last used (defaults where none is stored)."""
+        d = GenerationSettings()
+        overflow = self._value("context_overflow")
+        return GenerationSettings(
+            temperature=self._number("temperature", float, d.temperature),
+            top_p=self._number("top_p", float, d.top_p),
+            top_k=self._number("top_k", int, d.top_k),
+            max_tokens=self._number("max_tokens", int, d.max_tokens),
+            context_overflow=overflow if overflow in CONTEXT_OVERFLOW_POLICIES else d.context_overflow)
+
+    def set_generation(self, s: GenerationSettings) -> None:
+        for key, value in (("temperature", s.temperature), ("top_p", s.top_p), ("top_k", s.top_k),
+                           ("max_tokens", s.max_tokens), ("context_overflow", s.context_overflow)):
+            self._set(key, value)
+
+    def enter_sends(self) -> bool:
+        raw = self._value("enter_sends")
+        return True if raw is None else _flag(raw, True)
+
+    def set_enter_sends(self, on: bool) -> None:
+        self._set("enter_sends", bool(on))
+
+    def sync(self) -> None:
+        """Write to disk now (Qt otherwise does it a little later, which a closing app may not live to see)."""
+        if self.settings is not None:
+            self.settings.sync()
+
+    def draft(self) -> str:
+        raw = self._value("draft")
+        return raw if isinstance(raw, str) else ""
+
+    def set_draft(self, text: str) -> None:
+        self._set("draft", text)

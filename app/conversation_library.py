@@ -1,0 +1,76 @@
+"""The conversations in memory and their files.
+
+One list, newest first, saved through the writer thread (the GUI never waits for the disk); a delete goes to
+the trash and Undo brings it back; every save that fails is told once, and so is the first that works again.
+"""
+from __future__ import annotations
+
+import time
+
+from PySide6.QtCore import QObject, Signal
+
+from app.conversations import Conversation, ConversationStore
+from app.store_writer import RestoreJob, SaveJob, StoreWriter, TrashJob, WriteResult
+
+
+class ConversationLibrary(QObject):
+    """The store's conversations and what happens to their files."""
+
+    store_line = Signal(str)        # a write failed (once per distinct failure), or "" once writing works again
+    _written = Signal(object)       # WriteResult, from the writer thread (queued to this thread)
+
+    def __init__(self, store: ConversationStore) -> None:
+        super().__init__()
+        self.store = store
+        loaded = store.load_all()
+        self.conversations: list[Conversation] = loaded.conversations
+        self.problems: list[str] = loaded.problems      # files set aside or unreadable at start, one line each
+        self.deleted: list[Conversation] = []          # newest last: what Undo brings back
+        self._failing, self._last_line = False, ""
+        self.writer = StoreWriter(store, self._written.emit)
+        self._written.connect(self._on_written)
+
+    def find(self, conv_id: str) -> Conversation | None:
+        return next((c for c in self.conversations if c.id == conv_id), None)
+
+    def sort(self) -> None:
+        self.conversations.sort(key=lambda c: c.updated, reverse=True)
+
+    def save(self, conv: Conversation) -> None:
+        """Add ``conv`` if it is new and hand a snapshot of it to the writer (returns at once)."""
+        if conv not in self.conversations:
+            self.conversations.append(conv)
+        conv.updated = time.time()
+        self.writer.put(SaveJob(conv.id, conv.to_json()))
+
+    def delete(self, conv: Conversation) -> None:
+        """Move ``conv`` to the trash folder (``undo`` brings it back)."""
+        self.conversations.remove(conv)
+        self.deleted.append(conv)
+        self.writer.put(TrashJob(conv.id))
+
+    def undo(self) -> Conversation | None:
+        """Bring back the conversation deleted last."""
+        if not self.deleted:
+            return None
+        conv = self.deleted.pop()
+        self.writer.put(RestoreJob(conv.id))
+        self.save(conv)         # also writes it where the file never reached the disk or the trash
+        return conv
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait for the writer to catch up (tests; the window's close)."""
+        return self.writer.flush(timeout_s)
+
+    def close(self) -> None:
+        self.writer.close()
+
+    def _on_written(self, result: WriteResult) -> None:
+        if result.error is not None:
+            self._failing = True
+            if result.error != self._last_line:
+                self._last_line = result.error
+                self.store_line.emit(result.error)
+        elif self._failing and isinstance(result.job, SaveJob):
+            self._failing, self._last_line = False, ""
+            self.store_line.emit("")
