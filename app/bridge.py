@@ -4,7 +4,15 @@ The GUI puts commands on a thread-safe queue (``submit``, ``cancel``, ``reconfig
 ``pause``/``resume``, ``shutdown``); the bridge loop steps the engine while it has work and blocks on
 the queue (briefly) when idle. Results leave as Qt signals carrying frozen dataclasses: text coalesced
 to at most ~30 batches a second, stats about 10 times a second. The engine is not thread-safe, so
-every engine call happens on the bridge thread.
+every call on the running engine happens on the bridge thread.
+
+Another model is built on a loader thread while the current one keeps running; the current one closes
+only once the new one is ready, so a folder that fails to load leaves the working model in place. When
+both cannot be held at once (:func:`app.model_loader.must_unload_first`) the current one closes first, and a failed load
+opens it again with the options it had.
+
+Every message that leaves the bridge is in the workbench's words (:func:`app.cli_wording.gui_wording`):
+a fix that names a CLI flag names the knob or the menu that does it here.
 """
 from __future__ import annotations
 
@@ -21,11 +29,15 @@ from typing import Any, Callable
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from engine.config import EXPERT_POLICIES, EXPERT_READS, KV_DTYPES, LIVE_OPTIONS, EngineConfig
+from engine.context import fit_messages, fit_text
+from engine.cpu_threads import apply_cpu_threads
 from engine.errors import StrataError
 from engine.sampling import SamplingParams
 
 from app.bridge_state import describe_model, knob_state, synthetic_prompt
-from app.messages import (BridgeError, KnobResult, PauseState, ReplyRequest, TextBatch, TextChunk)
+from app.cli_wording import gui_wording
+from app.model_loader import EngineFactory, Load, Loaded, Loader, must_unload_first
+from app.messages import BridgeError, ContextUsage, KnobResult, PauseState, ReplyRequest, TextBatch, TextChunk
 from app.reply_tracker import ReplyTracker
 
 log = logging.getLogger(__name__)
@@ -36,7 +48,6 @@ IDLE_WAIT_S = 0.05           # how long the idle loop blocks on the command queu
 GIL_SWITCH_S = 0.001
 ENGINE_NICE = 5              # the engine thread's niceness above the GUI's: the GUI wins a contended core
 
-EngineFactory = Callable[[str, dict], Any]
 _CHOICES = {"expert_policy": EXPERT_POLICIES, "expert_reads": EXPERT_READS, "kv_cache_dtype": KV_DTYPES}
 
 
@@ -46,12 +57,10 @@ DEMO_POOL = "50%"
 def open_engine(model: str, options: dict) -> Any:
     """Build the real engine for ``model`` with ``options`` (raises StrataError on a user error).
 
-    CPU math gets every core but one, so the GUI thread always has a core to paint on.
+    The engine chooses its CPU thread count by model size at load; the GUI thread keeps its core because
+    the engine thread is nicer than it (``ENGINE_NICE``) and lets go of the GIL between steps.
     """
-    import torch
-
     from engine.engine import LLMEngine
-    torch.set_num_threads(max(1, (os.cpu_count() or 2) - 1))
     if options.get("expert_pool_size") is None and (Path(model) / "STRATA_DEMO.json").is_file():
         # the demo shows the machinery: half its experts pooled, so every residency knob is live from the start
         options = {**options, "expert_pool_size": DEMO_POOL}
@@ -91,12 +100,6 @@ class _Reconfigure:
 
 
 @dataclass(frozen=True)
-class _Load:
-    model: str
-    options: tuple[tuple[str, object], ...]
-
-
-@dataclass(frozen=True)
 class _Pause:
     paused: bool
     reason: str
@@ -110,7 +113,7 @@ class _Shutdown:
 class EngineBridge(QObject):
     """Owns the engine on a private thread; talk to it only through its methods and signals."""
 
-    model_loading = Signal(str)          # model path
+    model_loading = Signal(str, bool)    # model path, whether the current model keeps running meanwhile
     model_loaded = Signal(object)        # ModelDescription
     knobs_changed = Signal(object)       # KnobState
     knob_result = Signal(object)         # KnobResult
@@ -119,13 +122,20 @@ class EngineBridge(QObject):
     stats = Signal(object)               # EngineStats (frozen, from the engine)
     error = Signal(object)               # BridgeError
     paused_changed = Signal(object)      # PauseState
+    context = Signal(object)             # ContextUsage of a chat or completion request, before it runs
     stopped = Signal()
 
-    def __init__(self, engine_factory: EngineFactory = open_engine) -> None:
+    def __init__(self, engine_factory: EngineFactory = open_engine,
+                 unload_first: Callable[[str, dict], bool] = must_unload_first) -> None:
         super().__init__()
-        self._factory = engine_factory
+        self._unload_first = unload_first
         self._commands: queue.Queue = queue.Queue()
         self._engine: Any = None
+        self._current: Load | None = None      # what the running engine was loaded from
+        self._loading: Load | None = None      # the load in flight on the loader thread
+        self._next: Load | None = None         # asked for while another load was in flight (the last one wins)
+        self._closed: Load | None = None       # closed to make room for the load in flight
+        self._loader = Loader(engine_factory, self._commands.put)
         self._defaults: dict[str, object] = {}
         self._tracker = ReplyTracker()
         self._pending: dict[str, list[str]] = {}
@@ -149,8 +159,8 @@ class EngineBridge(QObject):
         self._thread.start()
 
     def load_model(self, model: str, options: dict | None = None) -> None:
-        """Close the current engine (if any) and open ``model`` with engine ``options``."""
-        self._commands.put(_Load(model, tuple(sorted((options or {}).items()))))
+        """Open ``model`` with engine ``options``; the current engine runs until the new one is ready."""
+        self._commands.put(Load(model, tuple(sorted((options or {}).items()))))
 
     def submit(self, request: ReplyRequest) -> None:
         """Queue a generation; its text arrives through ``text`` and its end through ``reply_finished``."""
@@ -194,7 +204,8 @@ class EngineBridge(QObject):
                 self._guarded(self._step)
                 time.sleep(0)    # let go of the GIL between steps: a GUI thread waiting for it gets it now
             self._emit_periodic()
-        self._close_engine()
+        self._drop_unused_loads()
+        self._close_engine("the workbench was closed")
         self.stopped.emit()
 
     def _guarded(self, fn: Callable[[], Any]) -> Any:
@@ -202,7 +213,7 @@ class EngineBridge(QObject):
         try:
             return fn()
         except StrataError as exc:
-            self.error.emit(BridgeError(str(exc), "engine"))
+            self.error.emit(BridgeError(self._wording(str(exc)), "engine"))
         except Exception as exc:
             log.exception("internal error in the engine thread")
             self.error.emit(BridgeError(f"internal error: {exc}", "internal"))
@@ -217,31 +228,85 @@ class EngineBridge(QObject):
                 self._engine.abort(cmd.request_id)
         elif isinstance(cmd, _Reconfigure):
             self._apply(cmd.option, cmd.value)
-        elif isinstance(cmd, _Load):
-            self._load(cmd.model, dict(cmd.options))
+        elif isinstance(cmd, Load):
+            self._request_load(cmd)
+        elif isinstance(cmd, Loaded):
+            self._on_loaded(cmd)
         elif isinstance(cmd, _Pause):
             self._paused = cmd.paused
             self.paused_changed.emit(PauseState(cmd.paused, cmd.reason))
         elif isinstance(cmd, _Shutdown):
             self._running = False
 
-    def _load(self, model: str, options: dict) -> None:
-        self._close_engine()
-        self.model_loading.emit(model)
-        try:
-            self._engine = self._factory(model, options)
-        except StrataError as exc:
-            self.error.emit(BridgeError(str(exc), "load"))
+    # --- loading (bridge thread; the build itself runs on the loader thread) ----------------------
+    def _request_load(self, load: Load) -> None:
+        if self._loading is not None:
+            self._next = load
             return
+        self._loading = load
+        closing = self._engine is not None and self._unload_first(str(self._engine.loaded.device), dict(load.options))
+        if closing:
+            self._closed = self._current
+            self._close_engine(f"the model was closed to load {Path(load.model).name}")
+        self.model_loading.emit(load.model, self._engine is not None)
+        self._loader.start(load)
+
+    def _on_loaded(self, done: Loaded) -> None:
+        self._loader.join()
+        self._loading = None
+        if done.engine is not None:
+            self._switch_to(done)
+        else:
+            self._load_failed(done)
+        if self._next is not None and self._loading is None:
+            load, self._next = self._next, None
+            self._request_load(load)
+
+    def _switch_to(self, done: Loaded) -> None:
+        """The new engine is ready: close the old one and announce the new."""
+        self._close_engine(f"the model was changed to {Path(done.load.model).name}")
+        self._engine, self._current, self._closed = done.engine, done.load, None
+        if self._engine.loaded.cpu_threads is not None:
+            # the thread count chosen at load is set from the thread that runs the engine (as
+            # engine.cpu_threads asks); the load itself ran on the loader thread
+            apply_cpu_threads(self._engine.loaded.cpu_threads, 0)
         cfg = self._engine.config
         self._defaults = {name: getattr(cfg, name) for name in sorted(LIVE_OPTIONS)}
-        self.model_loaded.emit(describe_model(self._engine))
-        self.knobs_changed.emit(knob_state(self._engine, self._defaults, _CHOICES))
+        self.model_loaded.emit(describe_model(self._engine, _load_wording))
+        self._emit_knobs()
         self._emit_stats()
+        if done.load.failed:
+            self.error.emit(BridgeError(f"{done.load.failed}; {self._engine.model_info.name} was opened again", "load"))
+
+    def _load_failed(self, done: Loaded) -> None:
+        why = f"Could not open {done.load.model}: {_load_wording(done.error)}"
+        if done.load.failed:           # bringing the previous model back failed too
+            why = f"{done.load.failed}, and opening {done.load.model} again failed too: {_load_wording(done.error)}"
+        elif self._engine is not None:
+            why += f" ({self._engine.model_info.name} is still loaded)"
+        elif self._closed is not None:
+            previous, self._closed = self._closed, None
+            self._request_load(Load(previous.model, previous.options, failed=why))
+            return
+        self.error.emit(BridgeError(why, "load"))
+        if self._engine is not None:
+            self._emit_knobs()
+
+    def _drop_unused_loads(self) -> None:
+        """At shutdown: close an engine the loader built that will never run."""
+        self._loader.join()
+        while True:
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(cmd, Loaded) and cmd.engine is not None:
+                self._guarded(cmd.engine.close)
 
     def _add(self, req: ReplyRequest) -> None:
         if self._engine is None:
-            self.error.emit(BridgeError("No model is loaded; open a model folder with File › Open model…", "engine"))
+            self.error.emit(BridgeError("No model is loaded; open a model folder with File › Open model folder…",
+                                        "engine"))
             self._finish_untracked(req, "no model loaded")
             return
         experts = self._engine.stats().experts
@@ -255,14 +320,21 @@ class EngineBridge(QObject):
             self._end(req.request_id, "error", str(exc))
             raise
 
-    def _prompt_of(self, req: ReplyRequest) -> str | list[int]:
+    def _prompt_of(self, req: ReplyRequest) -> list[int]:
+        """The request's prompt as token ids; a chat or completion is fitted into the context first, and
+        what that cost goes out as ``context`` before the request runs."""
         tok = self._engine.tokenizer
         if req.synthetic_prompt_tokens:
             return synthetic_prompt(tok, req.synthetic_prompt_tokens)
+        s, limit = req.settings, self._engine.loaded.max_model_len
         if req.prompt is not None:
-            return req.prompt
-        msgs = [{"role": m.role, "content": m.content} for m in req.messages]
-        return list(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True))
+            fitted = fit_text(tok, req.prompt, limit, s.max_tokens, s.context_overflow)
+        else:
+            msgs = [{"role": m.role, "content": m.content} for m in req.messages]
+            fitted = fit_messages(tok, msgs, limit, s.max_tokens, s.context_overflow)
+        self.context.emit(ContextUsage(req.request_id, fitted.prompt_tokens, fitted.context_tokens,
+                                       fitted.reply_tokens, fitted.dropped_messages, self._wording(fitted.note)))
+        return fitted.token_ids
 
     def _finish_untracked(self, req: ReplyRequest, why: str) -> None:
         self._tracker.start(req.request_id, req.tag, 0, 0, time.perf_counter())
@@ -284,7 +356,8 @@ class EngineBridge(QObject):
         if self._engine is not None:
             experts = self._engine.stats().experts
             hits, misses = experts.hits, experts.misses
-        result = self._tracker.finish(request_id, reason, hits, misses, time.perf_counter(), error)
+        result = self._tracker.finish(request_id, reason, hits, misses, time.perf_counter(),
+                                      None if error is None else self._wording(error))
         if result is not None:
             self.reply_finished.emit(result)
 
@@ -305,10 +378,20 @@ class EngineBridge(QObject):
         try:
             applied = self._engine.reconfigure(**{option: value})
         except StrataError as exc:
-            self.knob_result.emit(KnobResult(option, value, False, str(exc)))
+            self.knob_result.emit(KnobResult(option, value, False, self._wording(str(exc))))
         else:
-            self.knob_result.emit(KnobResult(option, value, True, applied.get(option, "applied")))
-        self.knobs_changed.emit(knob_state(self._engine, self._defaults, _CHOICES))
+            self.knob_result.emit(KnobResult(option, value, True, self._wording(applied.get(option, "applied"))))
+        self._emit_knobs()
+
+    def _emit_knobs(self) -> None:
+        self.knobs_changed.emit(knob_state(self._engine, self._defaults, _CHOICES, self._wording))
+
+    def _wording(self, text: str) -> str:
+        """An engine message about the running model: flags whose knob works now become that knob."""
+        if "--" not in text:
+            return text
+        usable = () if self._engine is None else [k for k, why in self._engine.live_options().items() if why is None]
+        return gui_wording(text, usable)
 
     def _flush_text(self) -> None:
         if self._pending:
@@ -328,12 +411,17 @@ class EngineBridge(QObject):
         self._last_stats = time.perf_counter()
         self.stats.emit(self._engine.stats())
 
-    def _close_engine(self) -> None:
+    def _close_engine(self, why: str) -> None:
         if self._engine is None:
             return
-        self._fail_all("the model was closed")
+        self._fail_all(why)
         try:
             self._engine.close()
         except Exception:
             log.exception("closing the engine failed")
         self._engine = None
+
+
+def _load_wording(text: str) -> str:
+    """A message about a load (why it failed, what it clamped): its fixes take effect at the next start."""
+    return gui_wording(text, knobs=())

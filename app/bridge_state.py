@@ -4,27 +4,29 @@ Called on the bridge thread only, with the live engine object.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from app.messages import KnobState, ModelDescription
 from app.paths import read_demo_marker
+
+Wording = Callable[[str], str]      # an engine message in the words of the window that shows it
 
 _FILLER = ("The expert pool keeps hot experts on the GPU while cold ones stream over the bus. "
            "Every token is routed to a few experts in each layer. ")
 
 
-def describe_model(engine: Any) -> ModelDescription:
-    """The loaded model as the window shows it."""
+def describe_model(engine: Any, wording: Wording = str) -> ModelDescription:
+    """The loaded model as the window shows it; its load notes (settings the engine clamped or ignored)
+    in ``wording``."""
     info = engine.model_info
     marker = read_demo_marker(info.path)
-    is_demo = bool(getattr(info, "is_demo", False) or marker is not None)
-    random_weights = bool(getattr(info, "random_weights", False) or (marker or {}).get("random_weights", False))
     return ModelDescription(
-        name=str(info.name), path=str(info.path), family=str(getattr(info, "family", "")),
+        name=str(info.name), path=str(info.path), family=str(info.family),
         device=str(engine.stats().device), num_layers=int(info.num_layers),
-        num_experts=int(info.num_experts), top_k=int(info.top_k), params=int(getattr(info, "params", 0) or 0),
-        is_demo=is_demo, random_weights=random_weights,
-        has_chat_template=bool(engine.tokenizer.has_chat_template) and not (marker or {}).get("completion_only"))
+        num_experts=int(info.num_experts), top_k=int(info.top_k), params=int(info.params),
+        is_demo=info.is_demo or marker is not None, random_weights=info.random_weights,
+        has_chat_template=bool(engine.tokenizer.has_chat_template) and not info.completion_only,
+        notes=tuple(wording(note) for note in info.notes), context_tokens=int(engine.loaded.max_model_len))
 
 
 def all_expert_bytes(engine: Any) -> int:
@@ -41,14 +43,15 @@ def pool_bounds(engine: Any, stats: Any) -> tuple[int, int]:
     return max(all_expert_bytes(engine), mem.pinned_host_bytes, current), current
 
 
-def knob_state(engine: Any, defaults: dict[str, object], choices: dict[str, tuple[str, ...]]) -> KnobState:
-    """Current live values, the reasons some cannot change, and the pool bounds."""
+def knob_state(engine: Any, defaults: dict[str, object], choices: dict[str, tuple[str, ...]],
+               wording: Wording = str) -> KnobState:
+    """Current live values, the reasons (in ``wording``) some cannot change, and the pool bounds."""
     cfg = engine.config
     reasons = engine.live_options()
     max_bytes, current = pool_bounds(engine, engine.stats())
     return KnobState(
         values=tuple((name, getattr(cfg, name)) for name in sorted(defaults)),
-        unsupported=tuple((name, why) for name, why in sorted(reasons.items()) if why),
+        unsupported=tuple((name, wording(why)) for name, why in sorted(reasons.items()) if why),
         defaults=tuple(sorted(defaults.items())),
         pool_max_bytes=max_bytes, pool_bytes=current, choices=tuple(sorted(choices.items())))
 

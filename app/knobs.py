@@ -6,31 +6,67 @@ a change back. Options the engine cannot change now are disabled with its reason
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QPainter, QPaintEvent
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel,
-                               QPushButton, QSlider, QSpinBox, QVBoxLayout, QWidget)
+                               QPushButton, QSizePolicy, QSlider, QSpinBox, QVBoxLayout, QWidget)
 
 from app.messages import KnobResult, KnobState
 
 GIB = 1 << 30
 POOL_STEPS_PER_GIB = 20       # slider resolution: 1/20 GiB (51 MiB)
-LABELS = {
-    "prefetch_depth": "Prefetch depth (layers)",
+LABELS = {                       # short: the knobs dock must fit beside the panels on a laptop screen
+    "prefetch_depth": "Prefetch depth",
     "expert_pool_size": "Expert pool",
     "expert_policy": "Eviction policy",
     "expert_reads": "Missing experts",
-    "max_batch": "Max batch (requests)",
+    "max_batch": "Max batch",
     "max_batch_tokens": "Max batch tokens",
-    "prefill_chunk": "Prefill chunk (tokens)",
+    "prefill_chunk": "Prefill chunk",
     "kv_cache_dtype": "KV cache dtype",
     "cuda_graphs": "CUDA graphs",
 }
+SUFFIXES = {"prefetch_depth": " layers", "max_batch": " requests", "max_batch_tokens": " tokens",
+            "prefill_chunk": " tokens"}
 ORDER = tuple(LABELS)
+NOT_AVAILABLE = "not available (hover for why)"
 
 
-def _spin(lo: int, hi: int, special: str | None = None) -> QSpinBox:
+def knob_name(option: str) -> str | None:
+    """The knob's name in a sentence ("Prefetch depth"), or None when ``option`` has no knob."""
+    return LABELS.get(option)
+
+
+class StatusLine(QLabel):
+    """A knob's one-line status: cut to the width it is given (never wider), the whole text in its tooltip.
+
+    ``text()`` stays the whole text; only the painting is elided, so a long engine answer never widens
+    the dock (and with it the window).
+    """
+
+    def __init__(self) -> None:
+        super().__init__("")
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
+        self.reason = ""          # why the knob is disabled, shown as the tooltip while it is
+
+    def set_line(self, text: str) -> None:
+        self.setText(text)
+        self.setToolTip(self.reason or text)
+
+    def shown_text(self) -> str:
+        """What fits on screen now."""
+        return self.fontMetrics().elidedText(self.text(), Qt.TextElideMode.ElideRight, self.contentsRect().width())
+
+    def paintEvent(self, _event: QPaintEvent) -> None:
+        painter = QPainter(self)
+        self.style().drawItemText(painter, self.contentsRect(), int(self.alignment()), self.palette(),
+                                  self.isEnabled(), self.shown_text(), self.foregroundRole())
+
+
+def _spin(lo: int, hi: int, suffix: str, special: str | None = None) -> QSpinBox:
     box = QSpinBox()
     box.setRange(lo, hi)
     box.setKeyboardTracking(False)
+    box.setSuffix(suffix)
     if special:
         box.setSpecialValueText(special)
     return box
@@ -48,7 +84,7 @@ class PoolSlider(QWidget):
         self.slider = QSlider(Qt.Orientation.Horizontal)
         self.slider.setRange(0, 1)
         self.label = QLabel("—")
-        self.label.setMinimumWidth(96)
+        self.label.setMinimumWidth(self.label.fontMetrics().horizontalAdvance("888.88 GiB"))
         lay.addWidget(self.slider, 1)
         lay.addWidget(self.label)
         self._step_bytes = GIB // POOL_STEPS_PER_GIB
@@ -89,12 +125,14 @@ class KnobsPanel(QWidget):
     def __init__(self) -> None:
         super().__init__()
         self.state: KnobState | None = None
-        self.status: dict[str, QLabel] = {}
+        self.status: dict[str, StatusLine] = {}
         self.controls: dict[str, QWidget] = {}
         outer = QVBoxLayout(self)
         box = QGroupBox("Engine (applied live)")
         self.form = QFormLayout(box)
         self.form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
+        # a narrow dock puts each field under its label rather than cutting it off
+        self.form.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)
         self._build_controls()
         self.reset_button = QPushButton("Reset to defaults")
         self.reset_button.clicked.connect(self.reset_to_defaults)
@@ -106,15 +144,15 @@ class KnobsPanel(QWidget):
 
     def _build_controls(self) -> None:
         c = self.controls
-        c["prefetch_depth"] = _spin(0, 8)
+        c["prefetch_depth"] = _spin(0, 8, SUFFIXES["prefetch_depth"])
         c["expert_pool_size"] = PoolSlider()
         c["expert_policy"] = QComboBox()
         c["expert_reads"] = QComboBox()
         c["expert_reads"].setToolTip("auto: read straight from host memory where the GPU can (prefetch depth >= 1); "
                                      "copy: always copy into the pool first; direct: always read from host memory")
-        c["max_batch"] = _spin(1, 1024)
-        c["max_batch_tokens"] = _spin(0, 1 << 20, "auto")
-        c["prefill_chunk"] = _spin(1, 1 << 20)
+        c["max_batch"] = _spin(1, 1024, SUFFIXES["max_batch"])
+        c["max_batch_tokens"] = _spin(0, 1 << 20, SUFFIXES["max_batch_tokens"], "auto")
+        c["prefill_chunk"] = _spin(1, 1 << 20, SUFFIXES["prefill_chunk"])
         c["kv_cache_dtype"] = QComboBox()
         c["cuda_graphs"] = QCheckBox("enabled")
         for name in ("prefetch_depth", "max_batch", "max_batch_tokens", "prefill_chunk"):
@@ -124,8 +162,7 @@ class KnobsPanel(QWidget):
             c[name].textActivated.connect(lambda t, n=name: self._send(n, t))
         c["cuda_graphs"].toggled.connect(lambda on: self._send("cuda_graphs", on))
         for name in ORDER:
-            self.status[name] = QLabel("")
-            self.status[name].setWordWrap(True)
+            self.status[name] = StatusLine()
             cell = QWidget()
             lay = QVBoxLayout(cell)
             lay.setContentsMargins(0, 0, 0, 2)
@@ -137,6 +174,7 @@ class KnobsPanel(QWidget):
     def _build_guard(self) -> QGroupBox:
         box = QGroupBox("Thermal guard")
         form = QFormLayout(box)
+        form.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)
         self.guard_enabled = QCheckBox("pause generation when hot")
         self.guard_pause = QDoubleSpinBox()
         self.guard_pause.setRange(40, 110)
@@ -161,12 +199,23 @@ class KnobsPanel(QWidget):
         self._set_status(option, "off", "applying…")
         self.change_requested.emit(option, value)
 
+    def request(self, option: str, value: object) -> None:
+        """Ask the engine for ``value`` as if the user had set it (a value saved from an earlier session)."""
+        self._send(option, value)
+
     def _set_status(self, option: str, kind: str, text: str) -> None:
         label = self.status[option]
-        label.setObjectName(f"knobStatus_{kind}")
-        label.setText(text)
-        label.style().unpolish(label)
-        label.style().polish(label)
+        label.set_line(text)
+        if label.objectName() != f"knobStatus_{kind}":
+            label.setObjectName(f"knobStatus_{kind}")
+            label.style().unpolish(label)
+            label.style().polish(label)
+
+    def clear_status(self) -> None:
+        """Forget every status line (another model is loaded: they spoke of the previous one)."""
+        for name in ORDER:
+            self.status[name].reason = ""
+            self._set_status(name, "off", "")
 
     def apply_state(self, state: KnobState) -> None:
         """Show the engine's current values; disable what it cannot change now."""
@@ -182,10 +231,12 @@ class KnobsPanel(QWidget):
             reason = state.reason(name)
             w.setEnabled(reason is None)
             w.setToolTip(reason or "")
-            self.status[name].setToolTip(reason or "")
+            line = self.status[name]
+            line.reason = reason or ""
+            line.setToolTip(line.reason or line.text())
             if reason:
-                self._set_status(name, "off", "not available now (hover for why)")
-            elif self.status[name].text().startswith("not available"):
+                self._set_status(name, "off", NOT_AVAILABLE)
+            elif self.status[name].text() == NOT_AVAILABLE:
                 self._set_status(name, "off", "")
         self.reset_button.setEnabled(state.values != state.defaults)
 

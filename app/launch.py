@@ -72,8 +72,13 @@ def _wait_for(signal, timeout_ms: int) -> bool:
 
 
 def take_screenshot(window: MainWindow, path: str, prompt: str | None) -> int:
-    """Wait for the model (and the whole reply to ``prompt``), then save the window as a PNG."""
+    """Wait for the model (and the whole reply to ``prompt``), then save the window as a PNG.
+
+    The window is the default one at SCREENSHOT_SIZE (docks as a first start lays them out), captured
+    pixel for pixel: what the picture shows is what a user sees at that size.
+    """
     window.resize(SCREENSHOT_SIZE)
+    window.apply_default_layout(SCREENSHOT_SIZE)
     window.show()
     if window.model is None:
         loaded = _wait_for_any(window, SCREENSHOT_TIMEOUT_MS)
@@ -86,8 +91,9 @@ def take_screenshot(window: MainWindow, path: str, prompt: str | None) -> int:
     _wait_for(window.bridge.stats, 2000)   # let the plots take one more sample
     _settle(400)
     image = window.grab()
-    if image.size() != SCREENSHOT_SIZE:
-        image = image.scaled(SCREENSHOT_SIZE)
+    if image.size() != SCREENSHOT_SIZE * image.devicePixelRatio():
+        print(f"strata: the window is {image.width()}x{image.height()}, not {SCREENSHOT_SIZE.width()}x"
+              f"{SCREENSHOT_SIZE.height()}; the picture shows it as it is", file=sys.stderr)
     if not image.save(path, "PNG"):
         print(f"strata: could not write {path}; check the folder exists and is writable", file=sys.stderr)
         return 1

@@ -2,16 +2,19 @@
 
 Wires the bridge (engine thread) and the GPU poller (monitor thread) to the widgets; every slot here
 runs on the GUI thread. Plots redraw from a 10 Hz timer, never per sample.
+
+The window fits a laptop screen (1366 × 768) as well as a large one (see :mod:`app.window_layout`):
+plots, readouts and status lines shrink instead of widening it, and the knobs scroll.
 """
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
-from PySide6.QtCore import QSettings, Qt, QTimer, Signal
+from PySide6.QtCore import QRect, QSettings, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QIcon
-from PySide6.QtWidgets import (QDockWidget, QFileDialog, QLabel, QMainWindow, QMenu, QSplitter, QVBoxLayout,
-                               QWidget)
+from PySide6.QtWidgets import (QDockWidget, QFileDialog, QFrame, QLabel, QMainWindow, QMenu, QScrollArea,
+                               QSizePolicy, QSplitter, QTabWidget, QVBoxLayout, QWidget)
 
 from app.about import show_about
 from app.banner import BannerArea
@@ -21,9 +24,10 @@ from app.chat_pane import ChatPane
 from app.conversation_list import ConversationList
 from app.conversations import ConversationStore
 from app.gpu_poller import GpuPoller, GpuSample
-from app.knobs import KnobsPanel
+from app.knob_memory import KnobMemory
+from app.knobs import KnobsPanel, knob_name
 from app.load_test import LoadTestDialog
-from app.messages import BridgeError, ModelDescription, PauseState
+from app.messages import BridgeError, KnobResult, KnobState, ModelDescription, PauseState
 from app.panels.base import Panel
 from app.panels.experts import ExpertPanel
 from app.panels.gpu import GpuPanel
@@ -33,6 +37,8 @@ from app.panels.traffic import TrafficPanel
 from app.paths import conversations_dir, icon_path
 from app.recorder import SessionRecorder
 from app.thermal import AMBER, RED, ThermalGuard, ThermalState, assess
+from app.window_layout import (CHAT_MIN_WIDTH, DOCK_TITLES, KNOBS_MIN_WIDTH, LAYOUT_VERSION, arrange_docks,
+                               default_window_size, fit_window)
 
 REDRAW_MS = 33          # a tick every 33 ms redraws one of REDRAW_GROUPS groups: each panel ~10 Hz,
 REDRAW_GROUPS = 3       # and no single tick paints every plot at once (keeps each pause of the GUI short)
@@ -66,6 +72,8 @@ class MainWindow(QMainWindow):
         self.recorder = SessionRecorder()
         self.load_test: LoadTestDialog | None = None
         self.last_gpu: GpuSample | None = None
+        self.knob_memory = KnobMemory(settings)
+        self._note_keys: list[str] = []
         self._build_central(store or ConversationStore(conversations_dir()))
         self._build_docks()
         self._build_menus()
@@ -75,7 +83,7 @@ class MainWindow(QMainWindow):
         self.redraw_timer = QTimer(self)
         self.redraw_timer.timeout.connect(self.redraw)
         self.redraw_timer.start(REDRAW_MS)
-        self._restore_layout()
+        self.restore_layout(self.screen().availableGeometry())
 
     # --- construction --------------------------------------------------------------------------
     def _build_central(self, store: ConversationStore) -> None:
@@ -88,46 +96,44 @@ class MainWindow(QMainWindow):
         split = QSplitter(Qt.Orientation.Horizontal)
         self.sidebar = ConversationList()
         self.chat_pane = ChatPane()
+        # an explicit minimum: a long line in the pane is cut or wrapped there, it never widens the window
+        self.chat_pane.setMinimumWidth(CHAT_MIN_WIDTH)
         split.addWidget(self.sidebar)
         split.addWidget(self.chat_pane)
         split.setStretchFactor(1, 1)
         split.setSizes([200, 600])
         lay.addWidget(split, 1)
         self.setCentralWidget(central)
-        self.chat = ChatController(self.chat_pane, self.sidebar, store, self.bridge)
+        self.chat = ChatController(self.chat_pane, self.sidebar, store, self.bridge, settings=self.settings)
 
-    def _dock(self, name: str, title: str, widget: QWidget, area: Qt.DockWidgetArea) -> QDockWidget:
-        dock = QDockWidget(title, self)
-        dock.setObjectName(name)
+    def _dock(self, name: str, widget: QWidget) -> QDockWidget:
+        dock = QDockWidget(DOCK_TITLES[name], self)
+        dock.setObjectName(f"dock_{name}")
         dock.setWidget(widget)
         dock.setFeatures(QDockWidget.DockWidgetFeature.DockWidgetMovable |
                          QDockWidget.DockWidgetFeature.DockWidgetFloatable |
                          QDockWidget.DockWidgetFeature.DockWidgetClosable)
-        self.addDockWidget(area, dock)
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, dock)
         return dock
 
     def _build_docks(self) -> None:
-        right = Qt.DockWidgetArea.RightDockWidgetArea
         self.performance, self.gpu_panel, self.memory = PerformancePanel(), GpuPanel(), MemoryPanel()
         self.experts, self.traffic = ExpertPanel(), TrafficPanel()
         self.knobs = KnobsPanel()
         self.panels: list[Panel] = [self.performance, self.gpu_panel, self.memory, self.experts, self.traffic]
-        self.docks = {
-            "performance": self._dock("dock_performance", PerformancePanel.title, self.performance, right),
-            "gpu": self._dock("dock_gpu", GpuPanel.title, self.gpu_panel, right),
-            "knobs": self._dock("dock_knobs", KnobsPanel.title, self.knobs, right),
-        }
-        self.splitDockWidget(self.docks["performance"], self.docks["gpu"], Qt.Orientation.Horizontal)
-        self.splitDockWidget(self.docks["gpu"], self.docks["knobs"], Qt.Orientation.Horizontal)
-        self.docks["memory"] = self._dock("dock_memory", MemoryPanel.title, self.memory, right)
-        self.docks["experts"] = self._dock("dock_experts", ExpertPanel.title, self.experts, right)
-        self.docks["traffic"] = self._dock("dock_traffic", TrafficPanel.title, self.traffic, right)
-        self.splitDockWidget(self.docks["performance"], self.docks["memory"], Qt.Orientation.Vertical)
-        self.splitDockWidget(self.docks["gpu"], self.docks["experts"], Qt.Orientation.Vertical)
-        self.tabifyDockWidget(self.docks["experts"], self.docks["traffic"])
-        self.docks["experts"].raise_()
-        self.resizeDocks([self.docks["performance"], self.docks["gpu"], self.docks["knobs"]], [430, 430, 300],
-                         Qt.Orientation.Horizontal)
+        self.knobs_scroll = QScrollArea()
+        self.knobs_scroll.setWidget(self.knobs)
+        self.knobs_scroll.setWidgetResizable(True)
+        self.knobs_scroll.setFrameShape(QFrame.Shape.NoFrame)
+        self.knobs_scroll.setMinimumWidth(KNOBS_MIN_WIDTH)
+        self.setTabPosition(Qt.DockWidgetArea.RightDockWidgetArea, QTabWidget.TabPosition.North)
+        widgets = {"performance": self.performance, "gpu": self.gpu_panel, "memory": self.memory,
+                   "experts": self.experts, "traffic": self.traffic, "knobs": self.knobs_scroll}
+        self.docks = {name: self._dock(name, widget) for name, widget in widgets.items()}
+
+    def apply_default_layout(self, available: QSize) -> None:
+        """The docks as a first window on a screen of ``available`` size has them."""
+        arrange_docks(self, self.docks, available)
 
     def _build_menus(self) -> None:
         bar = self.menuBar()
@@ -143,6 +149,9 @@ class MainWindow(QMainWindow):
         view = bar.addMenu("&View")
         for dock in self.docks.values():
             view.addAction(dock.toggleViewAction())
+        view.addSeparator()
+        self._action(view, "&Reset window layout",
+                     lambda: self.apply_default_layout(self.screen().availableGeometry().size()))
         help_menu = bar.addMenu("&Help")
         self._action(help_menu, "&About Strata", self.show_about)
 
@@ -158,6 +167,9 @@ class MainWindow(QMainWindow):
         self.status_speed = QLabel("")
         self.status_speed.setMinimumWidth(420)   # a fixed slot: text changes at 10 Hz never re-lay out the bar
         self.status_gpu = QLabel("GPU: polling…")
+        # a long model path is cut, never widens the window (its tooltip has it whole)
+        self.status_model.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.status_gpu.setMaximumWidth(360)
         bar = self.statusBar()
         bar.addWidget(self.status_model, 1)
         bar.addPermanentWidget(self.status_speed)
@@ -168,7 +180,11 @@ class MainWindow(QMainWindow):
         b.model_loading.connect(self._on_loading)
         b.model_loaded.connect(self._on_model)
         b.knobs_changed.connect(self.knobs.apply_state)
+        b.knobs_changed.connect(self._on_knobs)
         b.knob_result.connect(self.knobs.show_result)
+        b.knob_result.connect(self._on_knob_result)
+        b.context.connect(self.chat.on_context)
+        self.chat.store_error.connect(lambda msg: self.banners.show_message("store", msg, "red"))
         b.text.connect(self.chat.on_text)
         b.reply_finished.connect(self.chat.on_finished)
         b.reply_finished.connect(self._on_reply_finished)
@@ -182,24 +198,64 @@ class MainWindow(QMainWindow):
         self.knobs.guard_changed.connect(self._on_guard_settings)
 
     # --- engine events -------------------------------------------------------------------------
-    def _on_loading(self, path: str) -> None:
-        self.status_model.setText(f"Loading {path}…")
-        self.chat_pane.model_line.setText(f"Loading <b>{Path(path).name}</b>…")
-        self.chat.set_model(None)
+    def _on_loading(self, path: str, keeps_running: bool) -> None:
+        name = Path(path).name
+        if keeps_running and self.model is not None:
+            text = f"Loading {name}… (the current model keeps running)"
+            self.banners.show_message("load", f"{text}: {self.model.name} answers until {name} is ready.", "info")
+        else:
+            text = f"Loading {name}…"
+            self.chat_pane.model_line.setText(f"Loading <b>{name}</b>…")
+            self._no_model()
+            self.banners.clear("load")
+        self._set_status_model(text)
 
     def _on_model(self, m: ModelDescription) -> None:
         self.model = m
         self.banners.clear("engine")
+        self.banners.clear("load")
+        self.banners.clear("knobs")
         self.settings.setValue("last_model", m.path)
+        self._show_notes(m.notes)
+        self.knobs.clear_status()            # they spoke of the previous model
+        self.knob_memory.expect_restore(m.path)
+        self._show_model_line(m)
+        self.chat.set_model(m)
+        self.model_ready.emit(m)
+
+    def _show_model_line(self, m: ModelDescription) -> None:
         params = f"{m.params / 1e6:.1f} M" if m.params < 1e9 else f"{m.params / 1e9:.1f} B"
         line = (f"<b>{m.name}</b> &nbsp;·&nbsp; {m.family} &nbsp;·&nbsp; {params} parameters &nbsp;·&nbsp; "
                 f"{m.num_layers} layers, {m.num_experts} experts (top-{m.top_k}) &nbsp;·&nbsp; on <b>{m.device}</b>")
         if m.is_demo:
             line += "<br><span style='color:#f0a030'>" + demo_notice(m) + "</span>"
         self.chat_pane.model_line.setText(line)
-        self.status_model.setText(f"{m.name} on {m.device}")
-        self.chat.set_model(m)
-        self.model_ready.emit(m)
+        self._set_status_model(f"{m.name} on {m.device}")
+
+    def _set_status_model(self, text: str) -> None:
+        self.status_model.setText(text)
+        self.status_model.setToolTip(text)
+
+    def _show_notes(self, notes: tuple[str, ...]) -> None:
+        """The load's notes (a setting the engine clamped or ignored), one amber banner each."""
+        for key in self._note_keys:
+            self.banners.clear(key)
+        self._note_keys = [f"note{i}" for i in range(len(notes))]
+        for key, note in zip(self._note_keys, notes):
+            self.banners.show_message(key, note, "amber")
+
+    # --- knob values across restarts ----------------------------------------------------------
+    def _on_knobs(self, state: KnobState) -> None:
+        """After a load, the knob values saved for this model go through the engine one by one."""
+        for option, value in self.knob_memory.to_restore(state):
+            self.knobs.request(option, value)
+
+    def _on_knob_result(self, result: KnobResult) -> None:
+        refused = self.knob_memory.on_result(result, self.knobs.state)
+        if refused:
+            name = knob_name(result.option) or result.option
+            self.banners.show_message("knobs", f"The saved {name} setting ({result.value}) was not applied: "
+                                      f"{result.message}. It is back to its value at load.", "amber")
 
     def on_stats(self, s) -> None:
         """One EngineStats snapshot (~10 Hz): into the rings and the recorder; plots redraw on the timer."""
@@ -213,11 +269,24 @@ class MainWindow(QMainWindow):
                                   f"· {s.running} running, {s.waiting} queued")
 
     def on_error(self, err: BridgeError) -> None:
-        """Engine errors: a red banner; the window lives on."""
-        self.banners.show_message("engine", err.message, "red")
-        if err.source == "load":
-            self.status_model.setText("No model loaded")
+        """Engine errors: a red banner; the window lives on (and after a failed load, so does the model)."""
+        if err.source != "load":
+            self.banners.show_message("engine", err.message, "red")
+            return
+        self.banners.show_message("load", err.message, "red")
+        if self.model is not None:
+            self._show_model_line(self.model)
+        else:
+            self._no_model()
+            self._set_status_model("No model loaded")
             self.chat_pane.model_line.setText(f"<span style='color:#e5484d'>{err.message}</span>")
+
+    def _no_model(self) -> None:
+        """No engine runs: nothing to send to, no knob to turn (and no status line of a closed model)."""
+        self.model = None
+        self.chat.set_model(None)
+        self.knobs.clear_status()
+        self.knobs.setEnabled(False)
 
     def _on_reply_finished(self, stats) -> None:
         if self.load_test is not None:
@@ -299,18 +368,31 @@ class MainWindow(QMainWindow):
         show_about(self, self.poller.status, model)
 
     # --- layout memory and shutdown -------------------------------------------------------------
-    def _restore_layout(self) -> None:
+    def restore_layout(self, available: QRect) -> None:
+        """The saved size, place and docks, fitted to ``available`` (the screen, less its panels); the
+        default ones where nothing (or an older window's layout) was saved."""
         geometry = self.settings.value("geometry")
+        if geometry is None or not self.restoreGeometry(geometry):
+            self.resize(default_window_size(available.size()))
         state = self.settings.value("window_state")
-        if geometry is not None:
-            self.restoreGeometry(geometry)
-        if state is not None:
-            self.restoreState(state)
+        if state is None or not self.restoreState(state, LAYOUT_VERSION):
+            self.apply_default_layout(available.size())
+        self.fit_to_screen(available)
+
+    def fit_to_screen(self, available: QRect) -> None:
+        """Keep the window and each floating dock inside ``available``: a layout saved on a larger
+        screen must not leave anything out of reach."""
+        if not (self.isMaximized() or self.isFullScreen()):
+            fit_window(self, available)
+        for dock in self.docks.values():
+            if dock.isFloating():
+                fit_window(dock, available)
 
     def closeEvent(self, event: QCloseEvent) -> None:
         self.settings.setValue("geometry", self.saveGeometry())
-        self.settings.setValue("window_state", self.saveState())
+        self.settings.setValue("window_state", self.saveState(LAYOUT_VERSION))
         self.settings.sync()
+        self.chat.close()
         self.redraw_timer.stop()
         self.poller.stop()
         self.bridge.shutdown()

@@ -10,6 +10,8 @@ from engine.telemetry import EngineStats, MemoryStats, RateWindow
 
 if TYPE_CHECKING:
     from engine.engine import LLMEngine
+    from engine.loading import LoadedModel
+    from engine.memory import MemoryPlan
     from engine.scheduler import SchedulerOutput
 
 
@@ -53,9 +55,21 @@ def _memory(engine: "LLMEngine") -> MemoryStats:
     pool = m.experts.stats().pool_bytes
     max_alloc = torch.cuda.max_memory_allocated(m.device) if m.device.type == "cuda" else 0
     return MemoryStats(resident_bytes=m.weights.resident_bytes(), expert_pool_bytes=pool,
-                       kv_cache_bytes=m.cache.nbytes, workspace_bytes=getattr(m, "workspace_bytes", 0),
-                       budget_bytes=m.plan.budget_bytes,
-                       pinned_host_bytes=getattr(m.experts, "pinned_bytes", 0), max_allocated_bytes=max_alloc)
+                       kv_cache_bytes=m.cache.nbytes, workspace_bytes=workspace_bytes(m.plan),
+                       budget_bytes=m.plan.budget_bytes, pinned_host_bytes=host_store_bytes(m),
+                       max_allocated_bytes=max_alloc)
+
+
+def workspace_bytes(plan: "MemoryPlan") -> int:
+    """The reserve the memory plan keeps for activations inside the GPU budget; without a budget (the
+    CPU) nothing is set aside, so nothing is reported."""
+    return plan.workspace_bytes if plan.budget_bytes is not None else 0
+
+
+def host_store_bytes(m: "LoadedModel") -> int:
+    """Bytes of the host store that holds every routed expert beside the pool: page-locked on CUDA,
+    ordinary memory on the CPU; 0 when every expert is resident (there is no host store)."""
+    return 0 if m.experts_resident else m.experts.store.nbytes     # the offloading pool's HostExpertStore
 
 
 def snapshot(engine: "LLMEngine") -> EngineStats:
@@ -70,4 +84,4 @@ def snapshot(engine: "LLMEngine") -> EngineStats:
         step_ms=c.step_ms, running=len(sched.running), waiting=len(sched.waiting), batch_size=c.batch_size,
         preemptions=sched.preemptions, kv_blocks_used=m.allocator.num_used, kv_blocks_total=m.allocator.num_blocks,
         kv_cache_dtype=m.cache.label, cuda_graphs_active=engine.runner.use_graphs and engine.runner.graphs is not None and engine.runner.graphs.replays > 0,
-        host_syncs=getattr(m.experts, "host_syncs", 0), experts=expert_stats, memory=_memory(engine))
+        host_syncs=0 if m.experts_resident else m.experts.host_syncs, experts=expert_stats, memory=_memory(engine))

@@ -7,6 +7,8 @@ import time
 import numpy as np
 import pyqtgraph as pg
 import pyqtgraph.exporters
+from PySide6.QtCore import QSize
+from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import QGridLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 
@@ -48,12 +50,23 @@ class Ring:
         return None if np.isnan(v) else float(v)
 
 
+SECONDS_AGO = "seconds ago"
+PLOT_MIN_SIZE = (160, 110)     # what a panel's plots need at least: docks may shrink to a laptop's screen
+
+
+class SecondsAgoAxis(pg.AxisItem):
+    """The time axis: samples sit at (t - now) <= 0 and the ticks read how long ago, "60 … 0"."""
+
+    def tickStrings(self, values: list[float], scale: float, spacing: float) -> list[str]:
+        return [s.removeprefix("-") for s in super().tickStrings(values, scale, spacing)]
+
+
 def make_plot(layout: pg.GraphicsLayoutWidget, title: str, unit: str, row: int) -> pg.PlotItem:
-    """A time plot (last WINDOW_S seconds) with a titled left axis; created once per panel."""
-    plot = layout.addPlot(row=row, col=0)
+    """A time plot (last WINDOW_S seconds, x axis in seconds ago) with a titled left axis; created once."""
+    plot = layout.addPlot(row=row, col=0, axisItems={"bottom": SecondsAgoAxis("bottom")})
     plot.setTitle(f"<span style='color:#c9d1d9;font-size:9pt'>{title}</span>")
     plot.setLabel("left", unit)
-    plot.setLabel("bottom", "seconds ago" if row == -1 else "")
+    plot.setLabel("bottom", SECONDS_AGO, **{"font-size": "8pt"})
     # fixed ranges, never auto-range: pyqtgraph's auto-range walks every item's bounds and regenerates the
     # axis ticks on each setData; fit_y moves the Y range only when the data outgrows it
     plot.disableAutoRange()
@@ -62,7 +75,7 @@ def make_plot(layout: pg.GraphicsLayoutWidget, title: str, unit: str, row: int) 
     plot.setMouseEnabled(x=False, y=False)
     plot.hideButtons()
     plot.setMenuEnabled(False)
-    plot.getAxis("bottom").setHeight(18)
+    plot.getAxis("bottom").setHeight(30)
     plot.addLegend(offset=(-4, 4), labelTextSize="8pt", brush=pg.mkBrush(21, 23, 26, 200))
     return plot
 
@@ -103,6 +116,7 @@ def set_series(item: pg.PlotDataItem, rows: np.ndarray, column: int, now: float)
 
 
 WIDEST_READOUT = "888.8 tok/s"   # the room every readout keeps, whatever it shows now
+READOUT_COLUMNS = (2, 4)         # fewest and most readouts side by side: a narrow dock stacks them
 
 
 class Readout(QWidget):
@@ -144,19 +158,51 @@ class Panel(QWidget):
         self._layout = QVBoxLayout(self)
         self._layout.setContentsMargins(4, 4, 4, 4)
         self._layout.setSpacing(2)
-        grid = QGridLayout()
-        grid.setSpacing(2)
-        self.readouts: dict[str, Readout] = {}
-        for i, (key, caption) in enumerate(readouts):
-            self.readouts[key] = Readout(caption)
-            grid.addWidget(self.readouts[key], i // 4, i % 4)
-        self._layout.addLayout(grid)
+        self._grid = QGridLayout()
+        self._grid.setSpacing(2)
+        self.readouts: dict[str, Readout] = {key: Readout(caption) for key, caption in readouts}
+        self._columns = 0
+        self._place_readouts(READOUT_COLUMNS[1])
+        self._layout.addLayout(self._grid)
         self.graphics = pg.GraphicsLayoutWidget()
         self.graphics.ci.setContentsMargins(0, 0, 0, 0)
+        self.graphics.setMinimumSize(*PLOT_MIN_SIZE)
         # repaint only what changed: a full-viewport repaint of every plot per frame stalls the GUI
         self.graphics.setViewportUpdateMode(self.graphics.ViewportUpdateMode.MinimalViewportUpdate)
         self._layout.addWidget(self.graphics, 1)
         self.dirty = False
+
+    def _place_readouts(self, columns: int) -> None:
+        """Lay the readouts out ``columns`` to a row (only when that number changes)."""
+        if columns == self._columns:
+            return
+        self._columns = columns
+        for i, readout in enumerate(self.readouts.values()):
+            self._grid.addWidget(readout, i // columns, i % columns)      # moves it if placed before
+        for c in range(READOUT_COLUMNS[1]):
+            self._grid.setColumnStretch(c, 1 if c < columns else 0)
+
+    def readout_columns(self) -> int:
+        return self._columns
+
+    def _cell_and_margins(self) -> tuple[int, int]:
+        """(width of one readout column, the panel's side margins together)."""
+        m = self._layout.contentsMargins()
+        cell = max(r.minimumSizeHint().width() for r in self.readouts.values()) + self._grid.spacing()
+        return max(cell, 1), m.left() + m.right()
+
+    def minimumSizeHint(self) -> QSize:
+        """As narrow as the fewest readout columns allow (they reflow on resize), whatever they hold now."""
+        hint = super().minimumSizeHint()
+        cell, margins = self._cell_and_margins()
+        narrow = max(READOUT_COLUMNS[0] * cell, PLOT_MIN_SIZE[0]) + margins
+        return QSize(min(hint.width(), narrow), hint.height())
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        cell, margins = self._cell_and_margins()
+        fits = (event.size().width() - margins) // cell
+        self._place_readouts(max(READOUT_COLUMNS[0], min(READOUT_COLUMNS[1], fits)))
+        super().resizeEvent(event)
 
     def redraw(self, now: float | None = None) -> None:
         """Push the ring buffers into the curves (only when something changed and the panel shows)."""

@@ -1,7 +1,14 @@
-"""Expert residency: hit rate over time, hit rate per layer, and a layer × expert activation heatmap."""
+"""Expert residency: hit rates over time, hit rate per layer, and a layer × expert activation heatmap.
+
+A needed expert is a hit when it is on the GPU as its layer runs: a *pool* hit when it was resident
+already, a *staging* hit when a prefetch copied it into a staging slot in time. Every readout says
+which it counts and since when, and shows "—" until the model has routed a token.
+"""
 from __future__ import annotations
 
 import time
+from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -10,21 +17,74 @@ import pyqtgraph as pg
 from app.panels.base import COLORS, Panel, Ring, curve, make_plot, set_series
 
 
+RECENT_S = 2.0       # the window of the "last 2 s" rates
+NONE_YET = "—"
+
+
+@dataclass(frozen=True)
+class HitCounts:
+    """Cumulative counts of needed experts, split by where they were found."""
+
+    pool: int = 0          # resident in the pool already
+    staging: int = 0       # brought into a staging slot by a prefetch in time
+    misses: int = 0
+
+    @classmethod
+    def of(cls, e: Any) -> "HitCounts":
+        return cls(max(e.hits - e.prefetch_hits, 0), e.prefetch_hits, e.misses)
+
+    @property
+    def needed(self) -> int:
+        return self.pool + self.staging + self.misses
+
+    def minus(self, earlier: "HitCounts") -> "HitCounts":
+        return HitCounts(self.pool - earlier.pool, self.staging - earlier.staging, self.misses - earlier.misses)
+
+    def share(self, part: int) -> float | None:
+        """``part`` in percent of the needed experts; None before any was needed."""
+        return 100.0 * part / self.needed if self.needed > 0 else None
+
+
+def pct(value: float | None) -> str:
+    return NONE_YET if value is None else f"{value:.1f}%"
+
+
+class RecentCounts:
+    """Counts over the last RECENT_S seconds, from the cumulative ones of each snapshot."""
+
+    def __init__(self) -> None:
+        self._seen: deque[tuple[float, HitCounts]] = deque()
+
+    def push(self, now: float, counts: HitCounts) -> HitCounts:
+        if not self._seen or counts.needed < self._seen[-1][1].needed:  # the first, or counting began again
+            self._seen.clear()
+            self._seen.append((now, HitCounts()))                       # what came before came since load
+        self._seen.append((now, counts))
+        while len(self._seen) > 2 and now - self._seen[1][0] >= RECENT_S:
+            self._seen.popleft()
+        return counts.minus(self._seen[0][1])
+
+
+
 class ExpertPanel(Panel):
     title = "Experts"
 
     def __init__(self) -> None:
-        super().__init__([("hit", "Hit rate"), ("slots", "Pool slots"), ("prefetch", "Prefetch hits"),
-                          ("misses", "Misses"), ("gpu_prefetch", "GPU prefetch"), ("policy", "Eviction")])
-        self.rate = Ring(1)
+        super().__init__([("hit", "Pool hits, since load"), ("recent", "Pool hits, last 2 s"),
+                          ("prefetch", "Staging hits, since load"), ("misses", "Misses, since load"),
+                          ("slots", "Pool slots"), ("gpu_prefetch", "GPU prefetch"), ("policy", "Eviction")])
+        self.rate = Ring(2)     # pool, pool + staging hits in % over the last 2 s
+        self.recent = RecentCounts()
         self._layers: np.ndarray = np.zeros(0)
+        self._num_layers = 0
         self._heat: np.ndarray = np.zeros((0, 0))
         self._shown_shape: tuple | None = None
-        p1 = make_plot(self.graphics, "Expert hit rate", "%", 0)
+        p1 = make_plot(self.graphics, "Experts found on the GPU, last 2 s", "%", 0)
         p1.setYRange(0, 100, padding=0.02)
-        self._rate = curve(p1, "green", "all layers")
+        self._rate = curve(p1, "green", "pool hits")
+        self._rate_all = curve(p1, "cyan", "pool + staging hits", width=1.0, dash=True)
         p2 = self.graphics.addPlot(row=1, col=0)
-        p2.setTitle("<span style='color:#c9d1d9;font-size:9pt'>Hit rate per MoE layer</span>")
+        p2.setTitle("<span style='color:#c9d1d9;font-size:9pt'>Hits per MoE layer, since load</span>")
         p2.setLabel("left", "%")
         p2.setLabel("bottom", "layer")
         p2.setYRange(0, 100, padding=0.02)
@@ -50,29 +110,46 @@ class ExpertPanel(Panel):
         """One EngineStats snapshot."""
         now = time.perf_counter() if now is None else now
         e = s.experts
-        total = e.hits + e.misses
-        self.rate.append(now, 100.0 * e.hit_rate if total else None)
+        counts, recent = HitCounts.of(e), self.recent.push(now, HitCounts.of(e))
+        self.rate.append(now, recent.share(recent.pool), recent.share(recent.pool + recent.staging))
+        self._set_hit_readouts(e, counts, recent)
         r = self.readouts
-        r["hit"].set(f"{100.0 * e.hit_rate:.1f}%" if total else "—", f"{e.hits} hits, {e.misses} misses")
-        r["slots"].set(f"{e.pool_slots_used}/{e.pool_slots_total}" if e.pool_slots_total else "—")
-        r["prefetch"].set(str(e.prefetch_hits), f"{e.prefetch_wasted} prefetched and never used")
-        r["misses"].set(str(e.misses), f"{e.misses_predicted} of them named by a prediction for their layer "
-                        "(the most that prefetching could have hidden)")
+        r["slots"].set(f"{e.pool_slots_used}/{e.pool_slots_total}" if e.pool_slots_total else NONE_YET)
         r["gpu_prefetch"].set(*claim_summary(e))
         name, _, memory = e.policy.partition(" ")          # "adaptive 0.99": the memory it uses now
         caption = f"Eviction ({memory})" if memory else "Eviction"
         if r["policy"].caption.text() != caption:
             r["policy"].caption.setText(caption)
         r["policy"].set(name or "—", POLICY_TIPS.get(name, "Every expert stays on the GPU"))
-        self._layers = np.asarray(e.per_layer_hit_rate, dtype=float) * 100.0
+        # before the first routed token the engine's per-layer rates are placeholders (1.0): no bars, same axis
+        self._num_layers = len(e.per_layer_hit_rate)
+        self._layers = np.asarray(e.per_layer_hit_rate if counts.needed else (), dtype=float) * 100.0
         if e.activations:
             self._heat = np.asarray(e.activations, dtype=float)
         self.dirty = True
 
+    def _set_hit_readouts(self, e: Any, counts: HitCounts, recent: HitCounts) -> None:
+        r = self.readouts
+        counted = (f"Of {counts.needed} experts the layers needed since the model loaded: {counts.pool} were in the "
+                   f"pool, {counts.staging} in a staging slot a prefetch filled in time, {counts.misses} missing")
+        if not counts.needed:
+            counted = ("Nothing counted yet: no token has been routed since the model loaded" if e.policy else
+                       "Every expert is on the GPU: nothing can miss, so nothing is counted")
+        r["hit"].set(pct(counts.share(counts.pool)), counted)
+        r["recent"].set(pct(recent.share(recent.pool)),
+                        f"In the last {RECENT_S:.0f} s: {recent.pool} pool hits, {recent.staging} staging hits, "
+                        f"{recent.misses} misses" if recent.needed else f"No expert needed in the last {RECENT_S:.0f} s")
+        r["prefetch"].set(pct(counts.share(counts.staging)), f"{counts.staging} needed experts a prefetch copied in "
+                          f"time; {e.prefetch_wasted} prefetched and never used")
+        r["misses"].set(str(counts.misses) if counts.needed else NONE_YET,
+                        f"{e.misses_predicted} of them named by a prediction for their layer "
+                        "(the most that prefetching could have hidden)")
+
     def _render(self, now: float) -> None:
         set_series(self._rate, self.rate.view(), 0, now)
-        n = len(self._layers)
-        self._bars.setOpts(x=np.arange(n), height=self._layers, width=0.7)
+        set_series(self._rate_all, self.rate.view(), 1, now)
+        self._bars.setOpts(x=np.arange(len(self._layers)), height=self._layers, width=0.7)
+        n = self._num_layers
         if self._shown_shape != (n, self._heat.shape):     # fixed ranges: no auto-range pass per redraw
             self._shown_shape = (n, self._heat.shape)
             self.plots[1].setXRange(-0.5, max(n, 1) - 0.5, padding=0.02)

@@ -1,4 +1,5 @@
-"""Device memory by category (resident, expert pool, KV, workspace) against the budget, and KV use."""
+"""Device memory by category (resident, expert pool, KV, workspace) against the budget, KV use, and the
+host store of the experts the pool does not hold."""
 from __future__ import annotations
 
 import time
@@ -21,13 +22,32 @@ def fmt_bytes(n: float | None) -> str:
     return f"{n / (1 << 20):.0f} MiB"
 
 
+def workspace_readout(workspace: int, budget: int | None) -> tuple[str, str]:
+    """The workspace readout: the plan's reserve for activations within the budget, if there is one."""
+    if budget is None:
+        return "none (CPU)", "Without a GPU budget nothing is set aside for activations: they take what they need"
+    return fmt_bytes(workspace), "Kept free in the budget for activations, logits and kernel scratch"
+
+
+def host_readout(host_bytes: int, device: str) -> tuple[str, str, str]:
+    """The host store readout (caption, value, tooltip): its size, and whether it is pinned (page-locked),
+    which only CUDA does."""
+    if not host_bytes:
+        return "Host store", "none", "Every expert is resident: there is no host store"
+    if device.startswith("cuda"):
+        return "Host store (pinned)", fmt_bytes(host_bytes), ("Every routed expert in page-locked host memory, "
+                                                              "so misses cross the bus as DMA at full speed")
+    return "Host store (unpinned)", fmt_bytes(host_bytes), ("Every routed expert in ordinary host memory: "
+                                                            "0 bytes pinned, as pinning needs CUDA")
+
+
 class MemoryPanel(Panel):
     title = "Memory"
 
     def __init__(self) -> None:
         super().__init__([("resident", "Resident"), ("pool", "Expert pool"), ("kv", "KV cache"),
-                          ("budget", "Budget"), ("kvuse", "KV blocks used"), ("vram", "VRAM (NVML)"),
-                          ("host", "Pinned host"), ("peak", "Peak allocated")])
+                          ("workspace", "Workspace"), ("budget", "Budget"), ("kvuse", "KV blocks used"),
+                          ("vram", "VRAM (NVML)"), ("host", "Host store"), ("peak", "Peak allocated")])
         self.mem = Ring(5)       # cumulative stack tops in GiB, budget
         self.kv = Ring(1)        # KV blocks used %
         p1 = make_plot(self.graphics, "Device memory by category (stacked)", "GiB", 0)
@@ -69,9 +89,13 @@ class MemoryPanel(Panel):
         r["resident"].set(fmt_bytes(m.resident_bytes))
         r["pool"].set(fmt_bytes(m.expert_pool_bytes))
         r["kv"].set(fmt_bytes(m.kv_cache_bytes), f"dtype {s.kv_cache_dtype}" if s.kv_cache_dtype else "")
+        r["workspace"].set(*workspace_readout(m.workspace_bytes, m.budget_bytes))
         r["budget"].set(fmt_bytes(m.budget_bytes) if m.budget_bytes else "none (CPU)")
         r["kvuse"].set("—" if kv_pct is None else f"{s.kv_blocks_used}/{s.kv_blocks_total} ({kv_pct:.0f}%)")
-        r["host"].set(fmt_bytes(m.pinned_host_bytes))
+        caption, value, tip = host_readout(m.pinned_host_bytes, s.device)
+        if r["host"].caption.text() != caption:
+            r["host"].caption.setText(caption)
+        r["host"].set(value, tip)
         r["peak"].set(fmt_bytes(m.max_allocated_bytes) if m.max_allocated_bytes else "—")
         self.dirty = True
 

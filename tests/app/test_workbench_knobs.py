@@ -76,3 +76,143 @@ def test_reset_to_defaults_restores_load_values(window, qtbot):
     qtbot.mouseClick(window.knobs.reset_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: window.knobs.state.value("prefill_chunk") == 2048, timeout=TIMEOUT)
     assert not window.knobs.reset_button.isEnabled()
+
+
+# --- knob values across restarts -----------------------------------------------------------------
+def test_knob_values_are_remembered_across_restarts(window_factory, qtbot):
+    first = window_factory()
+    c = first.knobs.controls
+    _answer(qtbot, first, lambda: c["max_batch"].setValue(4))
+    _answer(qtbot, first, lambda: c["prefill_chunk"].setValue(128))
+    _answer(qtbot, first, lambda: c["expert_policy"].textActivated.emit("lru"))
+    _answer(qtbot, first, lambda: c["prefill_chunk"].setValue(2048))      # back to its value at load: not kept
+    first.close()
+
+    second = window_factory()                      # the same settings file: a restart
+    qtbot.waitUntil(lambda: second.knobs.state.value("max_batch") == 4
+                    and second.knobs.state.value("expert_policy") == "lru", timeout=TIMEOUT)
+    qtbot.waitUntil(lambda: _status(second, "expert_policy").startswith("✓ applied"), timeout=TIMEOUT)
+    assert second.knobs.state.value("prefill_chunk") == 2048 and _status(second, "prefill_chunk") == ""
+    assert second.banners.text("knobs") == ""
+
+
+def test_a_saved_value_that_no_longer_fits_is_refused_with_its_reason(window_factory, qtbot, tmp_path):
+    import json
+
+    from PySide6.QtCore import QSettings
+
+    from app.knob_memory import settings_key
+    from app.paths import default_model_dir
+    settings = QSettings(str(tmp_path / "strata.ini"), QSettings.Format.IniFormat)
+    values = {"max_batch": 32, "max_batch_tokens": 8, "no_such_knob": 3}   # set in that order, last session
+    settings.setValue(settings_key(str(default_model_dir())), json.dumps({"values": values}))
+    settings.sync()
+    w = window_factory()
+    qtbot.waitUntil(lambda: w.banners.level("knobs") == "amber", timeout=TIMEOUT)
+    text = w.banners.text("knobs")
+    assert text.startswith("The saved Max batch tokens setting (8) was not applied: max_batch_tokens=8 is below")
+    assert w.knobs.state.value("max_batch") == 32 and w.knobs.state.value("max_batch_tokens") is None
+    assert _status(w, "max_batch_tokens").startswith("✗ rejected")
+    saved = json.loads(str(QSettings(str(tmp_path / "strata.ini"), QSettings.Format.IniFormat).value(
+        settings_key(w.model.path))))["values"]
+    assert saved == {"max_batch": 32, "no_such_knob": 3}       # the refused one is forgotten, nothing else
+
+
+def test_unreadable_saved_values_leave_the_defaults(window_factory, qtbot, tmp_path):
+    from PySide6.QtCore import QSettings
+
+    from app.knob_memory import settings_key
+    from app.paths import default_model_dir
+    settings = QSettings(str(tmp_path / "strata.ini"), QSettings.Format.IniFormat)
+    settings.setValue(settings_key(str(default_model_dir())), "{not json")
+    settings.sync()
+    w = window_factory()
+    assert w.knobs.state.values == w.knobs.state.defaults and w.banners.text("knobs") == ""
+    _answer(qtbot, w, lambda: w.knobs.controls["max_batch"].setValue(5))   # and saving works again
+    assert w.knob_memory.saved() == {"max_batch": 5}
+
+
+# --- engine advice in the workbench's words ---------------------------------------------------------
+def _engine_parser_flags() -> set[str]:
+    import argparse
+
+    from engine.cli.options import add_engine_flags, add_model_flag
+    p = argparse.ArgumentParser(add_help=False)
+    add_model_flag(p)
+    add_engine_flags(p)
+    return {s for action in p._actions for s in action.option_strings if s.startswith("--")}
+
+
+def test_every_engine_flag_has_workbench_words():
+    from app.cli_wording import FLAG_WORDS, FLAGS
+    from app.knobs import knob_name
+    flags = _engine_parser_flags()
+    assert {f for f in flags if not f.startswith("--no-")} == set(FLAGS)
+    for name, flag in FLAGS.items():
+        # a knob, or a name of its own: a flag added to the engine must be given one here
+        assert knob_name(flag.option) is not None or name in FLAG_WORDS, name
+        if flag.takes_value:
+            assert FLAG_WORDS[name][1], f"{name} needs a placeholder for 'start Strata with {name} …'"
+
+
+def test_no_engine_flag_survives_outside_a_start_hint():
+    import re
+
+    from app.cli_wording import FLAGS, gui_wording
+    from app.knobs import knob_name
+    for name, flag in FLAGS.items():
+        for knobs in (None, ()):
+            text = gui_wording(f"raise {name} or try again", knobs)
+            hint = re.search(r" \(start Strata with (.*)\)$", text)
+            body = text[:hint.start()] if hint else text
+            assert not re.search(r"--[a-z]", body), (name, text)
+            live = knobs is None and knob_name(flag.option) is not None
+            if live:
+                assert f"the {knob_name(flag.option)} knob" in text and hint is None
+            elif name != "--model":
+                assert hint is not None and hint.group(1).startswith(name), text
+                assert hint.group(1).split()[0] in _engine_parser_flags()      # main.py takes it
+
+
+def test_engine_messages_read_as_workbench_advice():
+    from app.cli_wording import gui_wording
+    cases = {
+        "the prompt has 900 tokens but the context holds 512; shorten the prompt or raise --max-model-len":
+            "the prompt has 900 tokens but the context holds 512; shorten the prompt or raise the context length "
+            "(start Strata with --max-model-len N)",
+        "lower --max-batch-tokens, --prefill-chunk or --expert-pool-size, then continue":
+            "lower the Max batch tokens knob, the Prefill chunk knob or the Expert pool knob, then continue",
+        "model folder 'x' does not exist; pass --model with a folder that holds config.json":
+            "model folder 'x' does not exist; use File › Open model folder… on a folder that holds config.json",
+        "every expert is resident (no --expert-pool-size was given); restart with --expert-pool-size to offload":
+            "every expert is resident (no --expert-pool-size was given); restart Strata with --expert-pool-size SIZE "
+            "to offload",
+        "x holds int4 experts; drop --weight-format or convert the source again with --weights int4":
+            "x holds int4 experts; start Strata without --weight-format or convert the source again with --weights int4",
+        "record one with --record-routing FILE":
+            "record one with a routing recording (start Strata with --record-routing FILE)",
+        "use --device cpu or auto": "use the device cpu or auto (start Strata with --device cpu)",
+        "give a pool size (--expert-pool-size) to offload": "give a pool size (the Expert pool knob) to offload",
+        "nothing to change here": "nothing to change here",
+    }
+    for message, expected in cases.items():
+        assert gui_wording(message) == expected
+    # a knob that cannot change now (every expert resident) is no fix: start Strata with the flag instead
+    assert gui_wording("give a pool size (--expert-pool-size) to offload", knobs=()) == \
+        "give a pool size (start Strata with --expert-pool-size SIZE) to offload"
+    assert gui_wording("lower --expert-pool-size", knobs={"max_batch"}) == \
+        "lower the expert pool size (start Strata with --expert-pool-size SIZE)"
+
+
+def test_real_engine_errors_in_the_workbench_name_working_fixes():
+    import pytest
+
+    from app.cli_wording import gui_wording
+    from engine.errors import StrataError
+    from engine.memory import plan_memory
+    with pytest.raises(StrataError) as err:
+        plan_memory(resident_bytes=8 << 30, expert_bytes=1 << 20, num_experts=64, kv_bytes_per_token=1024,
+                    budget_bytes=4 << 30)
+    text = gui_wording(str(err.value), knobs=())      # a load that failed: every fix is for the next start
+    assert "--gpu-memory-budget" in text.split("(start Strata with ")[-1]
+    assert "raise --" not in text and "lower --" not in text

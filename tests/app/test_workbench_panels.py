@@ -30,3 +30,127 @@ def test_expert_panel_names_the_eviction_policy_and_adaptive_memory(qapp):
     assert "long (0.99)" in readout.value.toolTip()
     panel.push_stats(EngineStats(experts=ExpertStats(policy="lfu")), now=3.0)
     assert readout.value.text() == "lfu" and readout.caption.text() == "Eviction"
+
+
+# --- hit rates: what they count and since when --------------------------------------------------
+def _rates(panel: ExpertPanel) -> dict[str, str]:
+    return {key: panel.readouts[key].value.text() for key in ("hit", "recent", "prefetch", "misses")}
+
+
+def test_hit_readouts_show_nothing_before_the_first_token(qapp):
+    panel = ExpertPanel()
+    panel.push_stats(EngineStats(experts=ExpertStats(pool_slots_used=4, pool_slots_total=8, policy="lfu",
+                                                     per_layer_hit_rate=(1.0, 1.0))), now=1.0)
+    assert set(_rates(panel).values()) == {"—"}
+    assert "no token has been routed" in panel.readouts["hit"].value.toolTip()
+    panel._render(1.0)
+    assert len(panel._layers) == 0                     # no per-layer bars made of placeholder 100 %s
+    lo, hi = panel.plots[1].getViewBox().viewRange()[0]
+    assert lo < 0 and hi > 1                           # yet the axis spans both layers
+
+
+def test_hit_readouts_say_what_they_count_and_since_when(qapp):
+    panel = ExpertPanel()
+    captions = {key: panel.readouts[key].caption.text() for key in ("hit", "recent", "prefetch", "misses")}
+    assert captions == {"hit": "Pool hits, since load", "recent": "Pool hits, last 2 s",
+                        "prefetch": "Staging hits, since load", "misses": "Misses, since load"}
+    # 100 needed: 70 found in the pool, 20 in staging slots a prefetch filled, 10 missing
+    panel.push_stats(EngineStats(experts=ExpertStats(hits=90, misses=10, prefetch_hits=20, policy="lfu")), now=10.0)
+    assert _rates(panel) == {"hit": "70.0%", "recent": "70.0%", "prefetch": "20.0%", "misses": "10"}
+    assert "70 were in the pool, 20 in a staging slot" in panel.readouts["hit"].value.toolTip()
+    # 1 s later, 100 more: all in the pool; the last 2 s then hold all 200
+    panel.push_stats(EngineStats(experts=ExpertStats(hits=190, misses=10, prefetch_hits=20, policy="lfu")), now=11.0)
+    assert _rates(panel)["recent"] == "85.0%" and _rates(panel)["hit"] == "85.0%"
+    # 2.5 s after that, 100 more, half of them missing: the window forgets what is over 2 s old
+    panel.push_stats(EngineStats(experts=ExpertStats(hits=240, misses=60, prefetch_hits=20, policy="lfu")), now=13.5)
+    assert _rates(panel)["recent"] == "50.0%"          # 50 of the 100 since 11.0
+    assert _rates(panel)["hit"] == f"{100 * 220 / 300:.1f}%"
+    # nothing routed for a while: the recent rate has nothing to say
+    panel.push_stats(EngineStats(experts=ExpertStats(hits=240, misses=60, prefetch_hits=20, policy="lfu")), now=16.0)
+    panel.push_stats(EngineStats(experts=ExpertStats(hits=240, misses=60, prefetch_hits=20, policy="lfu")), now=18.5)
+    assert _rates(panel)["recent"] == "—" and _rates(panel)["hit"] != "—"
+
+
+def test_recent_hits_start_again_after_a_new_model(qapp):
+    panel = ExpertPanel()
+    panel.push_stats(EngineStats(experts=ExpertStats(hits=900, misses=100, policy="lfu")), now=1.0)
+    panel.push_stats(EngineStats(experts=ExpertStats(hits=3, misses=1, policy="lfu")), now=1.5)   # counts restart
+    assert _rates(panel)["recent"] == "75.0%"
+
+
+def test_resident_experts_say_why_nothing_is_counted(qapp):
+    panel = ExpertPanel()
+    panel.push_stats(EngineStats(experts=ExpertStats(pool_slots_used=8, pool_slots_total=8)), now=1.0)
+    assert _rates(panel)["hit"] == "—"
+    assert "Every expert is on the GPU" in panel.readouts["hit"].value.toolTip()
+
+
+# --- time axes ------------------------------------------------------------------------------------
+def test_every_time_plot_counts_seconds_ago(qapp):
+    from app.panels.base import SECONDS_AGO, SecondsAgoAxis
+    from app.panels.gpu import GpuPanel
+    from app.panels.memory import MemoryPanel
+    from app.panels.performance import PerformancePanel
+    from app.panels.traffic import TrafficPanel
+    panels = [PerformancePanel(), GpuPanel(), MemoryPanel(), ExpertPanel(), TrafficPanel()]
+    time_plots = [p for panel in panels for p in panel.plots if isinstance(p.getAxis("bottom"), SecondsAgoAxis)]
+    assert len(time_plots) == 2 + 4 + 2 + 1 + 2
+    for plot in time_plots:
+        assert plot.getAxis("bottom").labelText == SECONDS_AGO
+    assert time_plots[0].getAxis("bottom").tickStrings([-60.0, -30.0, 0.0], 1.0, 30.0) == ["60", "30", "0"]
+
+
+# --- memory: the workspace and host-store rows from a real engine -----------------------------------
+def _memory_of(**options):
+    from engine.config import EngineConfig
+    from engine.engine import LLMEngine
+
+    from app.paths import default_model_dir
+    with LLMEngine(EngineConfig(model=str(default_model_dir()), device="cpu", **options)) as engine:
+        return engine.stats(), engine.model_info
+
+
+def test_memory_rows_of_a_cpu_engine_with_an_offloaded_pool(qapp):
+    from app.panels.memory import MemoryPanel, fmt_bytes
+    stats, info = _memory_of(expert_pool_size="8M")
+    m = stats.memory
+    assert m.pinned_host_bytes == info.routed_expert_bytes > 0        # the host store holds every routed expert
+    assert m.workspace_bytes == 0 and m.budget_bytes is None          # no budget: nothing set aside
+    panel = MemoryPanel()
+    panel.push_stats(stats, now=1.0)
+    host = panel.readouts["host"]
+    assert host.caption.text() == "Host store (unpinned)" and host.value.text() == fmt_bytes(m.pinned_host_bytes)
+    assert "0 bytes pinned" in host.value.toolTip()
+    assert panel.readouts["workspace"].value.text() == "none (CPU)"
+
+
+def test_memory_rows_of_a_cpu_engine_with_every_expert_resident(qapp):
+    from app.panels.memory import MemoryPanel
+    stats, _ = _memory_of()
+    assert stats.memory.pinned_host_bytes == 0                        # no host store at all
+    panel = MemoryPanel()
+    panel.push_stats(stats, now=1.0)
+    assert panel.readouts["host"].value.text() == "none"
+
+
+def test_workspace_is_the_plans_reserve_within_a_budget():
+    from engine.memory import plan_memory
+    from engine.stats import workspace_bytes
+    gib = 1 << 30
+    plan = plan_memory(resident_bytes=gib, expert_bytes=1 << 20, num_experts=64, kv_bytes_per_token=1024,
+                       budget_bytes=8 * gib, workspace_bytes=gib // 2)
+    assert workspace_bytes(plan) == gib // 2
+    no_budget = plan_memory(resident_bytes=gib, expert_bytes=1 << 20, num_experts=64, kv_bytes_per_token=1024,
+                            budget_bytes=None)
+    assert workspace_bytes(no_budget) == 0
+
+
+def test_host_store_on_a_gpu_is_labelled_pinned(qapp):
+    from app.panels.memory import MemoryPanel
+    from engine.telemetry import MemoryStats
+    panel = MemoryPanel()
+    panel.push_stats(EngineStats(device="cuda:0", memory=MemoryStats(pinned_host_bytes=3 << 30, budget_bytes=24 << 30,
+                                                                      workspace_bytes=1 << 30)), now=1.0)
+    assert panel.readouts["host"].caption.text() == "Host store (pinned)"
+    assert panel.readouts["host"].value.text() == "3.00 GiB"
+    assert panel.readouts["workspace"].value.text() == "1.00 GiB"

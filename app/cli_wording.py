@@ -1,0 +1,174 @@
+"""Engine messages in the workbench's words: a fix that names a CLI flag names what works in the window.
+
+The engine's one-line errors and notes name CLI flags ("lower --expert-pool-size"). In the window a
+flag that has a knob becomes the knob ("lower the Expert pool knob"), ``--model`` becomes the menu
+that opens a folder, and a flag that only takes effect at start-up keeps a plain name in the sentence
+and gets one closing hint that works (``main.py`` accepts every engine flag): "start Strata with
+--max-model-len N". Flags of other commands (``convert --weights``) are left as they are: that advice
+is for the command it names.
+
+The flags come from the engine's own parser definitions, so a flag added there is covered at once
+(with a name made from the flag until it gets its own line in ``FLAG_WORDS``).
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from engine.cli.options import add_engine_flags, add_model_flag
+
+from app.knobs import LABELS, knob_name
+
+OPEN_MODEL = "File › Open model folder…"
+#: Every flag: what it is called inside a sentence when it only takes effect at start-up (flags with a
+#: knob are called by the knob's name instead), and the placeholder written for its value.
+FLAG_WORDS: dict[str, tuple[str, str]] = {
+    "--model": ("the model folder", "PATH"),
+    "--debug": ("debug mode", ""),
+    "--device": ("the device", "cpu"),
+    "--dtype": ("the dtype", "float16"),
+    "--weight-format": ("the expert weight format", "int4"),
+    "--group-size": ("the int4 group size", "64"),
+    "--expert-pool-size": ("the expert pool size", "SIZE"),
+    "--prefetch-depth": ("the prefetch depth", "N"),
+    "--expert-policy": ("the eviction policy", "lru"),
+    "--expert-reads": ("how missing experts are read", "copy"),
+    "--routing-profile": ("a routing profile", "FILE"),
+    "--record-routing": ("a routing recording", "FILE"),
+    "--max-batch": ("the batch size", "N"),
+    "--max-batch-tokens": ("the token budget per step", "N"),
+    "--prefill-chunk": ("the prefill chunk", "N"),
+    "--max-model-len": ("the context length", "N"),
+    "--kv-cache-dtype": ("the KV cache dtype", "int8"),
+    "--kv-cache-size": ("the KV cache size", "SIZE"),
+    "--gpu-memory-budget": ("the GPU memory budget", "SIZE"),
+    "--cuda-graphs": ("CUDA graphs", ""),
+    "--verify": ("checksum verification", ""),
+    "--cpu-threads": ("the CPU thread count", "N"),
+}
+_FLAG = re.compile(r"(?<![\w-])--(?P<no>no-)?(?P<name>[a-z][a-z0-9]*(?:-[a-z0-9]+)*)")
+_VALUE = re.compile(r" (?P<value>[A-Z][A-Z_]*\b|\d[\w.%:]*|[a-z]+\d[\w:]*)")
+_AT_START = re.compile(r"\b(?:(?:re)?start(?: Strata)? with|no) $")   # the flag is about how Strata starts
+_DROP = re.compile(r"\b(?:drop|leave out|remove) $")
+_PASS_MODEL = re.compile(r"\b(?:pass|give|use) --model with\b")
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One flag the workbench's command line accepts."""
+
+    name: str                     # "--max-model-len"
+    takes_value: bool
+    choices: tuple[str, ...] = ()
+
+    @property
+    def option(self) -> str:
+        """The EngineConfig field it sets: "--max-model-len" -> "max_model_len"."""
+        return self.name.removeprefix("--").replace("-", "_")
+
+
+class _Recorder:
+    """Stands in for an argparse parser to list the flags ``add_engine_flags`` defines."""
+
+    def __init__(self) -> None:
+        self.flags: dict[str, Flag] = {}
+
+    def add_argument_group(self, *_args, **_kwargs) -> "_Recorder":
+        return self
+
+    def add_argument(self, *names: str, **kwargs) -> None:
+        action = kwargs.get("action")
+        takes_value = action is None or action in ("store", "append")
+        choices = tuple(str(c) for c in kwargs.get("choices") or ())
+        for name in names:
+            if name.startswith("--"):
+                self.flags[name] = Flag(name, takes_value, choices)
+
+
+def engine_flags() -> dict[str, Flag]:
+    """Every flag ``main.py`` takes for the workbench's engine: the model flags and the engine flags."""
+    rec = _Recorder()
+    add_model_flag(rec)
+    add_engine_flags(rec)
+    return rec.flags
+
+
+FLAGS = engine_flags()
+LIVE_KNOBS = frozenset(LABELS)       # the options the knobs panel changes on the running engine
+
+
+def words_of(flag: Flag) -> tuple[str, str]:
+    """(name inside a sentence, value placeholder); a flag without a line of its own gets a plain one."""
+    if flag.name in FLAG_WORDS:
+        return FLAG_WORDS[flag.name]
+    return f"the {flag.name.removeprefix('--').replace('-', ' ')} setting", ("VALUE" if flag.takes_value else "")
+
+
+def gui_wording(text: str, knobs: Collection[str] | None = None) -> str:
+    """``text`` with every engine flag it names replaced by what does that in the workbench.
+
+    ``knobs``: the live options whose knobs can make the change now (None: every knob). A message about
+    a load (a load that failed, a note on what a load clamped) passes none: its fixes take effect at
+    the next start, whatever the running model's knobs do.
+    """
+    if "--" not in text:
+        return text
+    text = _PASS_MODEL.sub(f"use {OPEN_MODEL} on", text)
+    usable = frozenset(LIVE_KNOBS if knobs is None else knobs)
+    out: list[str] = []
+    hints: list[str] = []
+    pos = 0
+    for m in _FLAG.finditer(text):
+        flag = FLAGS.get(f"--{m['name']}")
+        if flag is None:                      # another command's flag: its advice stands as written
+            continue
+        value, end = _value_after(text, m.end(), flag)
+        written = f"--no-{flag.name[2:]}" if m["no"] else flag.name
+        before, instead = _replace(text[pos:m.start()], flag, written, value, usable, hints,
+                                   aside=text[m.start() - 1:m.start()] == "(" and text[end:end + 1] == ")")
+        out += [before, instead]
+        pos = end
+    out.append(text[pos:])
+    result = "".join(out)
+    if hints:
+        result = result.rstrip(". ") + f" (start Strata with {' or '.join(dict.fromkeys(hints))})"
+    return result
+
+
+def _replace(before: str, flag: Flag, written: str, value: str, knobs: frozenset[str], hints: list[str],
+             aside: bool) -> tuple[str, str]:
+    """(the text before the flag, what stands for the flag); a start-up flag adds to ``hints``."""
+    at_start = _AT_START.search(before)
+    startup = f"{written} {value or words_of(flag)[1]}".rstrip()
+    if flag.name == "--model":
+        return before, OPEN_MODEL
+    if at_start is not None:
+        if at_start.group(0).startswith("no"):          # "no --x was given": how Strata was started
+            return before, written
+        # "restart with --x": already a start-up instruction; say it the way that works from here
+        return before[:at_start.start()] + "restart Strata with ", startup
+    drop = _DROP.search(before)
+    if drop is not None:
+        return before[:drop.start()], f"start Strata without {written}"
+    if flag.option in knobs:
+        shown = "off" if written.startswith("--no-") else value
+        return before, f"the {knob_name(flag.option)} knob" + (f" ({shown})" if shown and not shown.isupper() else "")
+    if aside:                                 # "(--x)": a reference, not part of the sentence
+        return before, f"start Strata with {startup}"
+    hints.append(startup)
+    name = words_of(flag)[0]
+    return before, name + (f" {value}" if value and not value.isupper() else "")   # a METAVAR says nothing here
+
+
+def _value_after(text: str, at: int, flag: Flag) -> tuple[str, int]:
+    """The value written right after a flag (a number, size, choice or METAVAR) and where it ends."""
+    if not flag.takes_value:
+        return "", at
+    m = _VALUE.match(text, at)
+    if m is not None:
+        return m["value"], m.end()
+    word = re.match(r" ([\w:.-]+?)(?=[\s,;)]|\.?$|\.\s)", text[at:])
+    if word is None or word.group(1) not in flag.choices:
+        return "", at
+    return word.group(1), at + word.end()

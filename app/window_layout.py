@@ -1,0 +1,74 @@
+"""How the workbench window lays itself out on a screen of any size, from a laptop's up.
+
+A first window's panels share one dock as tabs beside the knobs (on a large screen, two tab groups one
+over the other); everything shrinks to small minimums, so nothing needs more room than 1366 × 768 has.
+A layout saved on a bigger screen is fitted to the one at hand, and a layout saved by an older window
+(another version of the dock arrangement) is not restored at all.
+"""
+from __future__ import annotations
+
+from PySide6.QtCore import QRect, QSize, Qt
+from PySide6.QtWidgets import QDockWidget, QMainWindow, QWidget
+
+LAYOUT_VERSION = 2      # of saved dock layouts: one saved by an older window is not restored
+CHAT_MIN_WIDTH = 380    # the chat pane may shrink to this, whatever its rows would like
+KNOBS_MIN_WIDTH = 250   # the knobs scroll sideways below this
+KNOBS_WIDTH = 300
+LARGE_SCREEN = QSize(1800, 1000)   # from this size on, the panels open in two tab groups, one over the other
+DEFAULT_SIZE = QSize(1680, 1050)   # the first window: this, or the screen if that is smaller
+FRAME_ROOM = QSize(16, 40)         # what a window manager's frame and title bar take around the window
+DOCK_TITLES = {"performance": "Throughput", "gpu": "GPU", "memory": "Memory", "experts": "Experts",
+               "traffic": "Transfers", "knobs": "Knobs"}
+
+
+def fit_rect(rect: QRect, area: QRect, minimum: QSize) -> QRect:
+    """``rect`` moved (and shrunk, never below ``minimum``) so that it lies inside ``area``."""
+    w = max(min(rect.width(), area.width()), minimum.width())
+    h = max(min(rect.height(), area.height()), minimum.height())
+    x = max(area.left(), min(rect.left(), area.left() + area.width() - w))
+    y = max(area.top(), min(rect.top(), area.top() + area.height() - h))
+    return QRect(x, y, w, h)
+
+
+def fit_window(window: QWidget, available: QRect) -> None:
+    """Move (and shrink) a top-level widget so that it, with its frame, lies inside ``available``."""
+    frame, inner = window.frameGeometry(), window.geometry()      # the same before it is first shown
+    room = available.adjusted(inner.left() - frame.left(), inner.top() - frame.top(),
+                              inner.right() - frame.right(), inner.bottom() - frame.bottom())
+    window.setGeometry(fit_rect(inner, room, window.minimumSizeHint()))
+
+
+def default_window_size(available: QSize) -> QSize:
+    """The size of a first window: DEFAULT_SIZE, or what the screen offers less room for the frame."""
+    return QSize(min(DEFAULT_SIZE.width(), available.width() - FRAME_ROOM.width()),
+                 min(DEFAULT_SIZE.height(), available.height() - FRAME_ROOM.height()))
+
+
+def arrange_docks(window: QMainWindow, docks: dict[str, QDockWidget], available: QSize) -> None:
+    """The docks as a first window has them: the panels as tabs beside the knobs (on a screen of
+    LARGE_SCREEN or more, in two tab groups one over the other)."""
+    for dock in docks.values():
+        dock.setFloating(False)
+        window.removeDockWidget(dock)
+    right = Qt.DockWidgetArea.RightDockWidgetArea
+    window.addDockWidget(right, docks["performance"])
+    window.addDockWidget(right, docks["knobs"])
+    window.splitDockWidget(docks["performance"], docks["knobs"], Qt.Orientation.Horizontal)
+    large = available.width() >= LARGE_SCREEN.width() and available.height() >= LARGE_SCREEN.height()
+    groups = ((["performance", "gpu", "traffic"], ["memory", "experts"]) if large else
+              (["performance", "gpu", "memory", "experts", "traffic"],))
+    if large:
+        window.splitDockWidget(docks["performance"], docks["memory"], Qt.Orientation.Vertical)
+    for first, *rest in groups:
+        for name in rest:
+            window.tabifyDockWidget(docks[first], docks[name])
+    for dock in docks.values():
+        dock.show()
+    for first, *_ in groups:
+        docks[first].raise_()
+    central = max(CHAT_MIN_WIDTH + 230, int(available.width() * 0.45))     # the sidebar and the chat
+    panels = max(available.width() - central - KNOBS_WIDTH, 300)
+    window.resizeDocks([docks["performance"], docks["knobs"]], [panels, KNOBS_WIDTH], Qt.Orientation.Horizontal)
+    if large:
+        half = available.height() // 2
+        window.resizeDocks([docks["performance"], docks["memory"]], [half, half], Qt.Orientation.Vertical)

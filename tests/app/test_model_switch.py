@@ -1,0 +1,164 @@
+"""Opening another model folder: the working model runs until the new one is ready, and a folder that
+fails to load leaves it in place (or, when it had to close first, brings it back)."""
+from __future__ import annotations
+
+import pytest
+from PySide6.QtCore import QSettings
+
+from app.bridge import EngineBridge, open_engine
+from app.conversations import ConversationStore
+from app.gpu_poller import FakeMonitor, GpuPoller, GpuSample
+from app.main_window import MainWindow
+from app.messages import GenerationSettings
+from app.model_loader import must_unload_first
+from app.paths import default_model_dir
+from tests.app.conftest import ENGINE_OPTIONS, LOAD_TIMEOUT_MS, REPLY_TIMEOUT_MS
+
+TIMEOUT = 30_000
+DEMO = str(default_model_dir())
+
+
+def _broken_config(tmp_path):
+    folder = tmp_path / "broken"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "qwen3_moe", "num_hidden_layers": ')   # cut short
+    return folder
+
+
+def _fail_to_open(qtbot, w, folder) -> str:
+    """Open ``folder`` (which cannot load); returns the load banner once the failure is shown."""
+    with qtbot.waitSignal(w.bridge.model_loading, timeout=TIMEOUT) as loading:
+        with qtbot.waitSignal(w.bridge.error, timeout=LOAD_TIMEOUT_MS):
+            w.open_model(str(folder))
+    assert loading.args == [str(folder), True]           # the current model keeps running meanwhile
+    qtbot.waitUntil(lambda: w.banners.level("load") == "red", timeout=TIMEOUT)
+    return w.banners.text("load")
+
+
+def _still_serving(qtbot, w, knobs_before) -> None:
+    """The demo is the loaded model, Send works and a reply arrives, knobs show its state."""
+    assert w.model is not None and w.model.path == DEMO
+    assert w.status_model.text() == f"{w.model.name} on cpu"
+    assert w.chat_pane.send_button.isEnabled()
+    assert w.knobs.isEnabled() and w.knobs.state.values == knobs_before.values
+    w.chat_pane.settings_box.set_settings(GenerationSettings(max_tokens=6))
+    with qtbot.waitSignal(w.chat.reply_done, timeout=REPLY_TIMEOUT_MS) as done:
+        w.chat.send("And God said")
+    assert done.args[0].completion_tokens > 0 and done.args[0].error is None
+
+
+def test_a_folder_that_fails_to_load_leaves_the_working_model(window, qtbot, tmp_path):
+    w = window
+    c = w.knobs.controls
+    with qtbot.waitSignal(w.knobs.result_shown, timeout=TIMEOUT):
+        c["prefill_chunk"].setValue(128)                  # a live change the failed load must not undo
+    qtbot.waitUntil(lambda: w.knobs.state.value("prefill_chunk") == 128, timeout=TIMEOUT)
+    before = w.knobs.state
+
+    text = _fail_to_open(qtbot, w, tmp_path / "no-such-model")
+    assert "does not exist" in text and "is still loaded" in text
+    assert "--model" not in text and "File › Open model folder…" in text     # a fix that works in the window
+    _still_serving(qtbot, w, before)
+    assert w.knobs.controls["prefill_chunk"].value() == 128
+
+    text = _fail_to_open(qtbot, w, _broken_config(tmp_path))
+    assert "config.json" in text and "is still loaded" in text
+    _still_serving(qtbot, w, before)
+
+
+def test_while_loading_the_window_says_the_current_model_keeps_running(window, qtbot):
+    with qtbot.waitSignal(window.model_ready, timeout=LOAD_TIMEOUT_MS):
+        window.open_model(DEMO)
+        qtbot.waitUntil(lambda: window.banners.level("load") == "info", timeout=TIMEOUT)
+        assert "(the current model keeps running)" in window.status_model.text()
+        assert "Loading demo…" in window.banners.text("load")
+        assert window.chat_pane.send_button.isEnabled()
+    assert window.banners.text("load") == ""
+
+
+def test_a_new_model_clears_the_knob_status_lines(window, qtbot):
+    with qtbot.waitSignal(window.knobs.result_shown, timeout=TIMEOUT):
+        window.knobs.controls["max_batch_tokens"].setValue(8)          # below max_batch: refused
+    status = window.knobs.status["max_batch_tokens"]
+    assert status.text().startswith("✗ rejected")
+    with qtbot.waitSignal(window.model_ready, timeout=LOAD_TIMEOUT_MS):
+        window.open_model(DEMO)
+    assert status.text() == "" and status.toolTip() == ""              # it spoke of the previous model
+    qtbot.waitUntil(lambda: window.knobs.state is not None, timeout=TIMEOUT)
+    lines = [label.text() for label in window.knobs.status.values()]
+    assert not any(t.startswith(("✓", "✗", "applying")) for t in lines), lines
+
+
+def _window_unloading_first(qtbot, tmp_path) -> MainWindow:
+    """A window whose bridge closes the running model before every load (as one GPU has to)."""
+    settings = QSettings(str(tmp_path / "strata.ini"), QSettings.Format.IniFormat)
+    bridge = EngineBridge(open_engine, unload_first=lambda _device, _options: True)
+    poller = GpuPoller(FakeMonitor(GpuSample(timestamp=0.0, status="Fake GPU")), interval_ms=30)
+    w = MainWindow(bridge, poller, settings, ConversationStore(tmp_path / "conversations"),
+                   engine_options=ENGINE_OPTIONS)
+    qtbot.addWidget(w)
+    bridge.start()
+    poller.start()
+    w.show()
+    with qtbot.waitSignal(w.model_ready, timeout=LOAD_TIMEOUT_MS):
+        w.open_model(DEMO)
+    qtbot.waitUntil(lambda: w.knobs.state is not None, timeout=LOAD_TIMEOUT_MS)
+    return w
+
+
+def test_a_failed_load_after_unloading_brings_the_previous_model_back(qtbot, tmp_path, themed):
+    w = _window_unloading_first(qtbot, tmp_path)
+    try:
+        before = w.knobs.state
+        with qtbot.waitSignal(w.bridge.model_loading, timeout=TIMEOUT) as loading:
+            w.open_model(str(_broken_config(tmp_path)))
+        assert loading.args[1] is False                      # it had to close: Send waits meanwhile
+        with qtbot.waitSignal(w.model_ready, timeout=LOAD_TIMEOUT_MS):
+            pass                                             # the previous model, opened again
+        qtbot.waitUntil(lambda: w.banners.level("load") == "red", timeout=TIMEOUT)
+        text = w.banners.text("load")
+        assert "config.json" in text and text.endswith(f"{w.model.name} was opened again")
+        qtbot.waitUntil(lambda: w.knobs.state is not None and w.knobs.state.values == before.values, timeout=TIMEOUT)
+        _still_serving(qtbot, w, before)
+    finally:
+        w.close()
+
+
+def test_closing_while_a_model_loads_stops_cleanly(window, qtbot):
+    with qtbot.waitSignal(window.bridge.stopped, timeout=LOAD_TIMEOUT_MS):
+        window.open_model(DEMO)
+        window.close()                    # the loader thread is joined and the engine it built closed
+
+
+@pytest.mark.parametrize("running, options, closes_first", [
+    ("cpu", {"device": "auto"}, False),            # host memory: both are held for the moment of the switch
+    ("cpu", {"device": "cuda"}, False),
+    ("cuda", {"device": "auto"}, True),            # one card: the new plan needs what the old one holds
+    ("cuda:0", {}, True),
+    ("cuda", {"device": "cuda:0"}, True),
+    ("cuda:0", {"device": "cpu"}, False),          # the new model goes elsewhere
+    ("cuda:0", {"device": "cuda:1"}, False),
+])
+def test_which_loads_close_the_running_model_first(running, options, closes_first):
+    assert must_unload_first(running, options) is closes_first
+
+
+def test_load_notes_show_as_banners_in_the_workbench_words(window_factory):
+    w = window_factory(options={**ENGINE_OPTIONS, "gpu_memory_budget": "24G", "max_model_len": 1 << 20})
+    notes = w.model.notes
+    assert any("GPU memory budget" in n for n in notes) and any("context length" in n for n in notes)
+    shown = [w.banners.text(f"note{i}") for i in range(len(notes))]
+    assert shown == list(notes) and all(w.banners.level(f"note{i}") == "amber" for i in range(len(notes)))
+    assert w.model.context_tokens < 1 << 20           # clamped to the model's own context
+    assert not any("--" in n.split("(start Strata with")[0] for n in notes)
+
+
+def test_each_request_reports_its_share_of_the_context(window, qtbot):
+    window.chat_pane.settings_box.set_settings(GenerationSettings(max_tokens=4))
+    with qtbot.waitSignal(window.bridge.context, timeout=TIMEOUT) as got:
+        with qtbot.waitSignal(window.chat.reply_done, timeout=REPLY_TIMEOUT_MS):
+            window.chat.send("In the beginning")
+    usage = got.args[0]
+    assert usage.request_id.startswith("chat-") and usage.prompt_tokens > 0
+    assert usage.context_tokens == window.model.context_tokens > usage.prompt_tokens
+    assert usage.reply_tokens == 4 and usage.dropped_messages == 0 and usage.note == ""

@@ -1,0 +1,180 @@
+"""The window fits a laptop screen and a large one: every dock reachable, inside the window, none over
+another; a layout saved on a bigger screen is fitted to a smaller one."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from PySide6.QtCore import QRect, QSettings, QSize, Qt
+from PySide6.QtWidgets import QApplication
+
+from app.bridge import EngineBridge
+from app.conversations import ConversationStore
+from app.gpu_poller import FakeMonitor, GpuPoller, GpuSample
+from app.main_window import MainWindow
+from app.window_layout import LAYOUT_VERSION, fit_rect
+
+# what a desktop takes from a screen around the window: its frame and title bar, a task bar
+FRAME = QSize(16, 40)
+TASKBAR = 40
+SCREENS = (QSize(1366, 768), QSize(1920, 1080))
+
+
+def _client(screen: QSize) -> QSize:
+    """The window's inside on ``screen`` once frame and task bar are taken."""
+    return QSize(screen.width() - FRAME.width(), screen.height() - TASKBAR - FRAME.height())
+
+
+def _settle() -> None:
+    for _ in range(3):
+        QApplication.processEvents()
+
+
+def _on_window(w: MainWindow) -> dict[str, QRect]:
+    """The docked docks shown now (a dock in a tab group that is not in front lies outside the window)."""
+    inside = w.rect()
+    return {name: d.geometry() for name, d in w.docks.items()
+            if d.isVisible() and not d.isFloating() and inside.intersects(d.geometry())}
+
+
+def _check_docks(w: MainWindow) -> None:
+    shown = _on_window(w)
+    for name, geo in shown.items():
+        assert w.rect().contains(geo), f"{name} dock {geo} leaves the window {w.rect()}"
+        dock = w.docks[name]
+        assert geo.width() >= dock.minimumSizeHint().width() and geo.height() >= dock.minimumSizeHint().height()
+    for (a, ga), (b, gb) in itertools.combinations(shown.items(), 2):
+        assert not ga.intersects(gb), f"the {a} and {b} docks overlap: {ga} and {gb}"
+    central = w.centralWidget().geometry()
+    assert central.width() >= w.chat_pane.minimumWidth()
+    for name, geo in shown.items():
+        assert not geo.intersects(central), f"the {name} dock covers the chat"
+
+
+@pytest.mark.parametrize("screen", SCREENS, ids=lambda s: f"{s.width()}x{s.height()}")
+def test_every_dock_is_reachable_and_inside_the_window(window, screen):
+    w = window
+    client = _client(screen)
+    hint = w.minimumSizeHint()
+    assert hint.width() <= client.width() and hint.height() <= client.height(), (hint, client)
+    w.resize(client)
+    w.apply_default_layout(screen)
+    _settle()
+    assert w.size() == client
+    assert set(_on_window(w)) >= {"knobs", "performance"}
+    for name, dock in w.docks.items():                 # each tab brought to the front in turn
+        dock.raise_()
+        _settle()
+        assert name in _on_window(w), f"the {name} dock cannot be brought into the window"
+        _check_docks(w)
+    # the knobs scroll: the last of them can be brought into view
+    w.knobs_scroll.ensureWidgetVisible(w.knobs.guard_resume)
+    _settle()
+    viewport = w.knobs_scroll.viewport()
+    spot = w.knobs.guard_resume.mapTo(viewport, w.knobs.guard_resume.rect().center())
+    assert viewport.rect().contains(spot)
+    assert w.knobs.width() <= viewport.width()          # no knob is cut off at the side
+
+
+def test_a_large_screen_shows_two_panel_groups_beside_the_knobs(window):
+    w = window
+    w.resize(_client(SCREENS[1]))
+    w.apply_default_layout(SCREENS[1])
+    _settle()
+    shown = _on_window(w)
+    assert {"performance", "memory", "knobs"} <= set(shown)
+    assert shown["performance"].bottom() < shown["memory"].top()       # one over the other
+    assert shown["knobs"].left() > shown["performance"].right()
+
+
+def test_status_lines_and_status_bar_never_widen_the_window(window, qtbot):
+    w = window
+    before = w.minimumSizeHint().width()
+    long = "✗ rejected: " + "a very long reason from the engine " * 12
+    w.knobs._set_status("prefill_chunk", "bad", long)
+    w._set_status_model("Loading " + "/a/very/long/path" * 30 + "… (the current model keeps running)")
+    _settle()
+    assert w.minimumSizeHint().width() == before
+    line = w.knobs.status["prefill_chunk"]
+    assert line.text() == long and line.toolTip() == long               # the whole text on hover
+    assert line.shown_text().endswith("…") and len(line.shown_text()) < len(long)
+    assert w.status_model.toolTip().endswith("(the current model keeps running)")
+
+
+def test_panels_shrink_to_two_readout_columns(window):
+    w = window
+    w.resize(_client(SCREENS[0]))
+    w.apply_default_layout(SCREENS[0])
+    _settle()
+    assert w.performance.readout_columns() == 4
+    dock = w.docks["performance"]
+    w.resizeDocks([dock], [dock.minimumSizeHint().width()], Qt.Orientation.Horizontal)
+    _settle()
+    assert w.performance.width() < 300
+    assert w.performance.readout_columns() == 2          # the readouts stack instead of widening the dock
+    for panel in w.panels:
+        assert panel.minimumSizeHint().width() <= 260, type(panel).__name__
+
+
+def _bare_window(qtbot, tmp_path) -> MainWindow:
+    """A window that loads no model (the layout is all these tests need)."""
+    settings = QSettings(str(tmp_path / "strata.ini"), QSettings.Format.IniFormat)
+    poller = GpuPoller(FakeMonitor(GpuSample(timestamp=0.0, status="Fake GPU")), interval_ms=1000)
+    w = MainWindow(EngineBridge(), poller, settings, ConversationStore(tmp_path / "conversations"))
+    qtbot.addWidget(w)
+    return w
+
+
+def test_a_layout_saved_on_a_big_screen_fits_a_small_one(qtbot, tmp_path, themed):
+    big = _bare_window(qtbot, tmp_path)
+    big.setGeometry(1200, 700, 2500, 1400)
+    big.show()
+    knobs = big.docks["knobs"]
+    knobs.setFloating(True)
+    knobs.setGeometry(2300, 900, 420, 900)               # a floating dock far to the right
+    _settle()
+    big.close()                                          # saves geometry and dock layout
+
+    small = _bare_window(qtbot, tmp_path)
+    small.show()
+    # a screen smaller than the one it was saved on (and inside the test platform's own 800 x 800 one, which
+    # places floating windows itself)
+    screen = QRect(0, 0, 800, 600)
+    small.restore_layout(screen)
+    _settle()
+    assert small.docks["knobs"].isFloating()             # the saved layout was restored ...
+    assert screen.contains(small.docks["knobs"].geometry())            # ... and pulled onto the screen
+    geo, least = small.geometry(), small.minimumSizeHint()
+    assert screen.contains(geo.topLeft())
+    assert geo.width() <= max(screen.width(), least.width()) and geo.height() <= max(screen.height(), least.height())
+    _check_docks(small)
+    small.close()
+
+
+def test_a_layout_from_an_older_window_is_not_restored(qtbot, tmp_path, themed):
+    settings = QSettings(str(tmp_path / "strata.ini"), QSettings.Format.IniFormat)
+    old = _bare_window(qtbot, tmp_path)
+    old.docks["memory"].setFloating(True)
+    state = old.saveState()                             # as the window before LAYOUT_VERSION saved it
+    assert LAYOUT_VERSION != 0
+    old.close()
+    settings.setValue("window_state", state)
+    settings.sync()
+    w = _bare_window(qtbot, tmp_path)
+    assert not w.docks["memory"].isFloating()            # the default layout instead
+    assert w.tabifiedDockWidgets(w.docks["performance"])
+    w.close()
+
+
+@pytest.mark.parametrize("rect, expected", [
+    (QRect(1200, 700, 2500, 1400), QRect(0, 0, 1366, 768)),         # bigger than the screen: shrunk, moved on
+    (QRect(2000, 100, 400, 300), QRect(966, 100, 400, 300)),         # off to the right: moved back
+    (QRect(-500, -200, 400, 300), QRect(0, 0, 400, 300)),            # off to the top left
+    (QRect(100, 100, 400, 300), QRect(100, 100, 400, 300)),          # inside: left alone
+])
+def test_fit_rect_keeps_a_rect_on_the_screen(rect, expected):
+    assert fit_rect(rect, QRect(0, 0, 1366, 768), QSize(100, 100)) == expected
+
+
+def test_fit_rect_never_goes_below_the_minimum():
+    assert fit_rect(QRect(0, 0, 3000, 2000), QRect(0, 0, 800, 600), QSize(1000, 500)).size() == QSize(1000, 600)
