@@ -70,7 +70,7 @@ def _seed(value: object) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not -2 ** 63 <= value < 2 ** 64:
         raise ConfigError(f"seed must be a whole number that fits in 64 bits (got {value!r}); "
-                          "None draws a fresh random seed")
+                          "leave the seed out (None) to draw a fresh random seed")
     return int(value)
 
 

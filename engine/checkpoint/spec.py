@@ -13,6 +13,9 @@ from pathlib import Path
 from engine.checkpoint.families import FAMILIES, SUPPORTED, Family
 from engine.errors import ModelLoadError, UnsupportedModelError
 
+MAX_LAYERS = 4096       # sanity bounds: far above any released model, far below what hangs a loop
+MAX_EXPERTS = 65536
+
 # the checkpoint's own dtype, as Hugging Face writes it (other spellings map to these)
 CHECKPOINT_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32", "float64": "float64",
                      "bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
@@ -167,8 +170,20 @@ class ConfigFields:
         return ConfigFields(value, self.file, f"{self.prefix}{key}.")
 
 
+def _at_most(f: ConfigFields, key: str, n: int, limit: int) -> int:
+    """A count past any real model is a damaged config, refused before a loop over it runs for hours."""
+    if n > limit:
+        raise f.bad(key, n, f"at most {limit} (no released model has more)")
+    return n
+
+
 def _family(f: ConfigFields) -> tuple[str, Family]:
     archs = f.str_list("architectures", "Qwen3MoeForCausalLM")
+    if not archs:
+        named = next((a for a, fam in FAMILIES.items() if fam.name == f.cfg.get("model_type")), None)
+        if named is not None:     # a supported model whose config lost its architectures list
+            raise ModelLoadError(f"{f.file}: field 'architectures' is missing or empty; for model_type "
+                                 f"'{f.cfg.get('model_type')}' add \"architectures\": [\"{named}\"]")
     arch = archs[0] if archs else f"model_type={f.cfg.get('model_type', '?')}"
     fam = FAMILIES.get(arch)
     if fam is None:
@@ -184,7 +199,8 @@ def _family(f: ConfigFields) -> tuple[str, Family]:
 
 def _rope_theta(f: ConfigFields) -> float:
     example = '{"rope_type": "default", "rope_theta": 10000.0}'
-    rope = f.nested("rope_parameters", example) or f.nested("rope_scaling", example)
+    key = "rope_parameters" if f.given("rope_parameters") else "rope_scaling"
+    rope = f.nested(key, example)
     theta = f.number("rope_theta", 10000.0)
     if rope is None:
         return theta
@@ -192,7 +208,7 @@ def _rope_theta(f: ConfigFields) -> float:
     if kind != "default":
         raise UnsupportedModelError(
             f"{f.file.parent}: rope scaling type '{kind}' is not supported; supported: default (no scaling) — "
-            "remove rope_scaling from config.json to run without long-context scaling")
+            f"remove {key} from config.json to run without long-context scaling")
     return rope.number("rope_theta", theta)
 
 
@@ -216,7 +232,8 @@ def _kv_heads(f: ConfigFields, heads: int) -> int:
 
 
 def _num_experts(f: ConfigFields) -> int:
-    given = {k: f.integer(k, minimum=0) for k in ("num_local_experts", "num_experts") if f.given(k)}
+    given = {k: _at_most(f, k, f.integer(k, minimum=0), MAX_EXPERTS)
+             for k in ("num_local_experts", "num_experts") if f.given(k)}
     if len(set(given.values())) > 1:
         raise f.bad("num_experts", given["num_experts"],
                     f"equal to num_local_experts ({given['num_local_experts']}), since both count the experts")
@@ -244,7 +261,8 @@ def spec_from_config(cfg: dict, path: Path) -> ModelSpec:
     """Validate a parsed config.json of the model folder ``path`` and turn it into a ModelSpec."""
     f = ConfigFields(cfg, path / "config.json")
     arch, fam = _family(f)
-    n_layers, hidden, heads = f.integer("num_hidden_layers"), f.integer("hidden_size"), f.integer("num_attention_heads")
+    n_layers = _at_most(f, "num_hidden_layers", f.integer("num_hidden_layers"), MAX_LAYERS)
+    hidden, heads = f.integer("hidden_size"), f.integer("num_attention_heads")
     n_experts = _num_experts(f)
     dense_ffn = f.integer("intermediate_size")
     bias_key = f.first_given("qkv_bias", "attention_bias")
@@ -269,6 +287,9 @@ def spec_from_config(cfg: dict, path: Path) -> ModelSpec:
 def read_spec(model_dir: str | Path) -> ModelSpec:
     """Read ``config.json`` of a model folder; one-line errors for every way it can be wrong."""
     path = Path(model_dir)
+    if path.exists() and not path.is_dir():
+        raise ModelLoadError(f"'{path}' is a file, not a model folder; pass --model with the folder that holds "
+                             "config.json and *.safetensors")
     if not path.is_dir():
         raise ModelLoadError(f"model folder '{path}' does not exist; pass --model with a folder that holds "
                              "config.json and *.safetensors")

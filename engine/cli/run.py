@@ -126,6 +126,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print()
     if reply.error is not None:
         raise reply.error
+    if reply.finish_reason == "length" and reply.completion_tokens < params.max_tokens:
+        print(f"note: the reply stopped after {reply.completion_tokens} tokens, at the end of the "
+              f"{engine.context_tokens}-token context, before --max-tokens {params.max_tokens}", file=sys.stderr)
     if args.json:
         summary = reply.summary()
         summary["decode_tok_s"] = round(stats.decode_tok_s, 2)

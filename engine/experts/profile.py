@@ -37,12 +37,24 @@ def check_record_target(path: str | Path) -> None:
         raise ConfigError(f"--record-routing {path}: {folder} is a file, not a folder; record to a file in a folder")
     if p.exists() and not (p.is_file() and os.access(p, os.W_OK)):
         raise ConfigError(f"--record-routing {path} exists and cannot be overwritten; record to another file")
+    if p.exists() and not _is_profile(p):
+        raise ConfigError(f"--record-routing {path} exists and is not a routing profile, so it is kept; record to "
+                          "a new file (an earlier profile may be recorded over)")
     try:                       # a real write tells what permissions, ACLs and read-only mounts allow
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".strata-probe-"):
             pass
     except OSError as err:
         raise ConfigError(f"--record-routing {path}: cannot write into {folder} ({err.strerror}); record to a "
                           "folder you can write to") from None
+
+
+def _is_profile(p: Path) -> bool:
+    """Whether ``p`` holds a profile Strata wrote (the only kind of file a recording may replace)."""
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and doc.get("format") == FORMAT
 
 
 def write_routing_profile(path: str | Path, counts: Sequence[Sequence[int]]) -> None:

@@ -165,13 +165,22 @@ def test_record_routing_into_a_read_only_folder(broken_weights, tmp_path, capsys
 
 def test_record_routing_writes_a_profile_that_reads_back(model, tmp_path, capsys):
     from engine.experts.profile import read_routing_profile
-    target = tmp_path / "r.json"
-    target.write_text("an older profile")
+    target = _profile(tmp_path / "r.json")                                   # an earlier recording
     code, _ = _generate(capsys, model, "--record-routing", str(target), "--device", "cpu")
     assert code == 0
     counts = read_routing_profile(target, num_layers=2, num_experts=6)     # 2 MoE layers x 6 experts
     assert sum(map(sum, counts)) > 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]        # no probe or temporary file left
+
+
+@pytest.mark.parametrize("content", ['{"architectures": ["Qwen3MoeForCausalLM"]}', "my notes", ""])
+def test_record_routing_never_replaces_a_file_that_is_not_a_profile(model, tmp_path, capsys, content):
+    target = tmp_path / "config.json"
+    target.write_text(content)
+    code, err = _generate(capsys, model, "--record-routing", str(target), "--device", "cpu")
+    assert code == 2 and err == (f"error: --record-routing {target} exists and is not a routing profile, so it is "
+                                 "kept; record to a new file (an earlier profile may be recorded over)")
+    assert target.read_text() == content
 
 
 def _profile(path, **doc):

@@ -226,3 +226,13 @@ def test_generate_follows_the_policy_too(capsys):
     out, err = capsys.readouterr()
     assert json.loads(out)["completion_tokens"] == 4
     assert "tokens of the prompt to fit the 512-token context" in err
+
+
+def test_generate_says_when_the_context_ended_the_reply_before_max_tokens(capsys):
+    args = ["generate", "--device", "cpu", "--max-model-len", "8", "--max-tokens", "16", "--temperature", "0",
+            "--prompt", "Hello", "--json"]
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    made = json.loads(out)["completion_tokens"]
+    assert made < 16 and (f"note: the reply stopped after {made} tokens, at the end of the 8-token context, "
+                          "before --max-tokens 16") in err

@@ -14,6 +14,8 @@ from engine.errors import ModelLoadError, UnsupportedModelError
 from main import main
 from tiny_models import ROOT, build_tiny_model
 
+DEMO = ROOT / "resources" / "models" / "demo"
+
 DEMO_CONFIG = json.loads((ROOT / "resources" / "models" / "demo" / "config.json").read_text())
 HERE = Path("/models/demo")
 FILE = HERE / "config.json"
@@ -201,3 +203,36 @@ def test_cli_refuses_a_bad_config_with_exit_2(tiny, tmp_path, capsys, changes, f
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.count("\n") == 0
     assert err.startswith(f"error: {model / 'config.json'}: field '{field}' is ")
+
+
+@pytest.mark.parametrize("key", ["num_hidden_layers", "num_experts"])
+def test_counts_too_large_for_any_model_are_refused_before_any_loop(tmp_path, key):
+    cfg = json.loads((DEMO / "config.json").read_text())
+    cfg[key] = 10 ** 12
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match=f"field '{key}' is 1000000000000 but must be at most"):
+        read_spec(tmp_path)
+
+
+def test_a_lost_architectures_list_of_a_supported_model_says_what_to_add(tmp_path):
+    cfg = json.loads((DEMO / "config.json").read_text())
+    del cfg["architectures"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match=r"field 'architectures' is missing or empty; for model_type 'qwen3_moe' "
+                                             r'add "architectures": \["Qwen3MoeForCausalLM"\]'):
+        read_spec(tmp_path)
+
+
+def test_an_unsupported_rope_names_the_key_that_holds_it(tmp_path):
+    cfg = json.loads((DEMO / "config.json").read_text())
+    cfg.pop("rope_scaling", None)
+    cfg["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 10000, "factor": 4}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedModelError, match="remove rope_parameters from config.json"):
+        read_spec(tmp_path)
+
+
+def test_a_file_given_as_the_model_folder_is_called_a_file(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"x")
+    with pytest.raises(ModelLoadError, match="is a file, not a model folder"):
+        read_spec(tmp_path / "model.safetensors")
