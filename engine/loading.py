@@ -22,7 +22,7 @@ from engine.experts.profile import check_record_target, read_routing_profile, wr
 from engine.cpu_threads import apply_cpu_threads
 from engine.kv.blocks import BlockAllocator
 from engine.memory import BudgetAdvice, MemoryPlan, default_budget, plan_memory
-from engine.settings_fit import fit_to_device, fit_to_model, fit_to_pool
+from engine.settings_fit import fit_to_device, fit_to_model, fit_to_pool, unused_notes
 from engine.kv.cache import KVCache
 from engine.models.layers import SeqSlice
 from engine.models.moe_transformer import ForwardBatch, MoETransformer
@@ -98,6 +98,7 @@ class LoadedModel:
         check_complete(spec, source)
         self.layout = expert_layout(config, spec, self.dtype)
         self.config = config = self._fit(config)
+        self.notes += unused_notes(config, self.layout.fmt)
         self.max_model_len = config.max_model_len or spec.max_position
         self.plan = self._plan()      # fails fast, before any allocation, when the model cannot fit
         pool = fit_to_pool(config, spec, self.experts_resident)
@@ -309,8 +310,13 @@ def load_model(config: EngineConfig, progress: Progress | None = None) -> Loaded
         if config.weight_format not in ("auto", fmt):
             raise ConfigError(f"{path} holds {fmt} experts, converted by main.py convert; drop --weight-format "
                               f"or convert the source again with --weights {config.weight_format}")
-        config = config.replace(weight_format=fmt, group_size=source.manifest.group_size)
-        loaded = LoadedModel(config, spec, source, tokenizer, path, _checksum_notes(path, source))
+        group = source.manifest.group_size
+        notes = _checksum_notes(path, source)
+        if fmt == "int4" and config.group_size not in (group, EngineConfig.__dataclass_fields__["group_size"].default):
+            notes += (f"group size {config.group_size} is ignored: {path} was converted with int4 groups of {group}; "
+                      f"convert again with --group-size {config.group_size} for other groups",)
+        config = config.replace(weight_format=fmt, group_size=group if fmt == "int4" else config.group_size)
+        loaded = LoadedModel(config, spec, source, tokenizer, path, notes)
         source.manifest.check_layout(loaded.layout, path)
         return loaded
     notes = (("verify checks the checksums of a folder written by main.py convert; this is a Hugging Face "

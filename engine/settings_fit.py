@@ -86,3 +86,16 @@ def fit_to_pool(config: EngineConfig, spec: ModelSpec, resident: bool) -> Fitted
     return Fitted(config, (f"{', '.join(given)}: every expert is resident on the device, so pool settings mean "
                            "nothing and are ignored; give an expert pool size (--expert-pool-size) to offload "
                            "experts and use them",))
+
+
+def unused_notes(config: EngineConfig, expert_format: str) -> tuple[str, ...]:
+    """Notes for options that this load never reads (they are kept, and say so)."""
+    notes = []
+    default_group = EngineConfig.__dataclass_fields__["group_size"].default
+    if config.group_size != default_group and expert_format != "int4":
+        notes.append(f"group size {config.group_size} applies to int4 experts only; these experts are "
+                     f"{expert_format}, so it is ignored")
+    if config.routing_profile and config.expert_policy != "static":
+        notes.append(f"a routing profile is read by the static eviction policy only; the policy is "
+                     f"{config.expert_policy}, so {config.routing_profile} is not used")
+    return tuple(notes)

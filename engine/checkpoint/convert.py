@@ -97,6 +97,11 @@ def convert(src: str | Path, dst: str | Path, weights: str = "int4", group_size:
     """
     opts = ConvertOptions(weights, group_size, resident)
     _check_options(opts)
+    unused: tuple[str, ...] = ()
+    if weights != "int4" and group_size != 128:     # fp8 and bf16 experts have no groups
+        unused = (f"--group-size {group_size} applies to int4 experts only; {weights} experts have no groups, "
+                  "so it was ignored",)
+        group_size, opts = 128, ConvertOptions(weights, 128, resident)
     src_dir = check_source(Path(src))
     dest = plan_destination(src_dir, Path(dst), force)
     spec = read_spec(src_dir)
@@ -114,7 +119,7 @@ def convert(src: str | Path, dst: str | Path, weights: str = "int4", group_size:
     except BaseException:
         discard(staging)
         raise
-    return ConvertResult(dest.path, manifest, notes)
+    return ConvertResult(dest.path, manifest, unused + tuple(notes))
 
 
 def _write_failed(dest: Destination, e: Exception) -> str:

@@ -1,6 +1,8 @@
 """Engine options: sizes, shares of the experts, and one clear sentence for every bad value."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from engine.config import EngineConfig, parse_pool_size, parse_size
@@ -207,3 +209,12 @@ def test_pool_too_big_names_int4_only_when_the_experts_are_not_int4():
                          "--weight-format int4")
     int4 = _plan_error(BudgetAdvice(card_free=24 * GiB, smaller_experts=""), resident=GiB, pool=40 * GiB)
     assert "int4" not in int4 and int4.endswith("lower --expert-pool-size (or leave it out: the pool then takes what fits)")
+
+
+def test_options_this_load_never_reads_are_noted():
+    from engine import LLMEngine
+    demo = str(Path(__file__).resolve().parents[2] / "resources" / "models" / "demo")
+    notes = LLMEngine(EngineConfig(model=demo, device="cpu", group_size=64)).model_info.notes
+    assert "group size 64 applies to int4 experts only; these experts are fp32, so it is ignored" in notes
+    notes = LLMEngine(EngineConfig(model=demo, device="cpu", group_size=64, weight_format="int4")).model_info.notes
+    assert not any("group size" in n for n in notes)

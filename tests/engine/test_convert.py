@@ -91,3 +91,12 @@ def test_converted_folder_rejects_a_different_weight_format(src, tmp_path, capsy
     assert main(["convert", str(src), str(dst), "--weights", "fp8"]) == 0
     assert main(["generate", "--model", str(dst), "--prompt", "hi", "--weight-format", "int4"]) == 2
     assert "holds fp8 experts" in capsys.readouterr().err
+
+
+def test_a_group_size_for_experts_without_groups_is_noted_and_not_recorded(src, tmp_path, capsys):
+    from main import main
+    dst = tmp_path / "fp8"
+    assert main(["convert", str(src), str(dst), "--weights", "fp8", "--group-size", "64"]) == 0
+    err = capsys.readouterr().err
+    assert "note: --group-size 64 applies to int4 experts only; fp8 experts have no groups, so it was ignored" in err
+    assert json.loads((dst / "strata.json").read_text())["group_size"] == 128
