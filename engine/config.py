@@ -20,6 +20,7 @@ EXPERT_POLICIES = ("lfu", "lru", "adaptive", "static")
 EXPERT_READS = ("auto", "copy", "direct")
 DIRECT_READS = {"auto": None, "copy": False, "direct": True}   # expert_reads -> OffloadedExperts(direct_reads=)
 GROUP_SIZES = (32, 64, 128)
+DEFAULT_GROUP_SIZE = 128
 
 #: Options that ``reconfigure`` applies between engine steps without a reload.
 LIVE_OPTIONS = frozenset({
@@ -91,7 +92,7 @@ class EngineConfig:
     device: str = "auto"                 # "auto" (cuda if present), "cpu", "cuda", "cuda:1"
     dtype: str = "auto"                  # activations/resident weights; auto = bf16 on cuda, fp32 on cpu
     weight_format: str = "auto"          # routed experts: auto = as stored (bf16/dtype, or converted format)
-    group_size: int = 128                # int4 group along K when quantising at load
+    group_size: int = DEFAULT_GROUP_SIZE  # int4 group along K when quantising at load
     expert_pool_size: int | str | None = None  # bytes, "10G" or "50%" of the experts; None = as many as fit
     prefetch_depth: int = 2              # layers ahead to prefetch; 0 = synchronous offload
     expert_policy: str = "adaptive"      # eviction policy of the pool (engine/experts/policy.py)

@@ -14,7 +14,7 @@ from engine.checkpoint.loader import check_complete, load_weights
 from engine.checkpoint.plan import active_params_per_token, params_by_category
 from engine.checkpoint.reader import SafetensorsReader, TensorSource, with_aliases
 from engine.checkpoint.spec import ModelSpec, read_spec
-from engine.config import DIRECT_READS, EngineConfig, parse_pool_size
+from engine.config import DEFAULT_GROUP_SIZE, DIRECT_READS, EngineConfig, parse_pool_size
 from engine.errors import ConfigError
 from engine.experts.layout import ExpertLayout
 from engine.experts.provider import ExpertProvider, ResidentExperts
@@ -312,7 +312,7 @@ def load_model(config: EngineConfig, progress: Progress | None = None) -> Loaded
                               f"or convert the source again with --weights {config.weight_format}")
         group = source.manifest.group_size
         notes = _checksum_notes(path, source)
-        if fmt == "int4" and config.group_size not in (group, EngineConfig.__dataclass_fields__["group_size"].default):
+        if fmt == "int4" and config.group_size not in (group, DEFAULT_GROUP_SIZE):
             notes += (f"group size {config.group_size} is ignored: {path} was converted with int4 groups of {group}; "
                       f"convert again with --group-size {config.group_size} for other groups",)
         config = config.replace(weight_format=fmt, group_size=group if fmt == "int4" else config.group_size)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.checkpoint.spec import ModelSpec
-from engine.config import EngineConfig, format_size
+from engine.config import DEFAULT_GROUP_SIZE, EngineConfig, format_size
 
 
 @dataclass(frozen=True)
@@ -91,8 +91,7 @@ def fit_to_pool(config: EngineConfig, spec: ModelSpec, resident: bool) -> Fitted
 def unused_notes(config: EngineConfig, expert_format: str) -> tuple[str, ...]:
     """Notes for options that this load never reads (they are kept, and say so)."""
     notes = []
-    default_group = EngineConfig.__dataclass_fields__["group_size"].default
-    if config.group_size != default_group and expert_format != "int4":
+    if config.group_size != DEFAULT_GROUP_SIZE and expert_format != "int4":
         notes.append(f"group size {config.group_size} applies to int4 experts only; these experts are "
                      f"{expert_format}, so it is ignored")
     if config.routing_profile and config.expert_policy != "static":

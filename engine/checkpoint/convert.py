@@ -29,7 +29,7 @@ from engine.checkpoint.loader import check_complete, pack_layer_experts, where_o
 from engine.checkpoint.plan import tensor_plan
 from engine.checkpoint.reader import INDEX, SafetensorsReader
 from engine.checkpoint.spec import ModelSpec, read_spec
-from engine.config import GROUP_SIZES
+from engine.config import DEFAULT_GROUP_SIZE, GROUP_SIZES
 from engine.errors import ConfigError
 from engine.experts.layout import ExpertLayout
 
@@ -43,7 +43,7 @@ Progress = Callable[[int, int, str], None]
 @dataclass(frozen=True)
 class ConvertOptions:
     weights: str = "int4"         # routed expert format
-    group_size: int = 128         # int4 group along K
+    group_size: int = DEFAULT_GROUP_SIZE   # int4 group along K
     resident: str = "bf16"        # storage of every other weight
 
 
@@ -89,7 +89,7 @@ def _resident_tensors(reader: SafetensorsReader, spec: ModelSpec, resident: str)
     return out
 
 
-def convert(src: str | Path, dst: str | Path, weights: str = "int4", group_size: int = 128,
+def convert(src: str | Path, dst: str | Path, weights: str = "int4", group_size: int = DEFAULT_GROUP_SIZE,
             resident: str = "bf16", force: bool = False, progress: Progress | None = None) -> ConvertResult:
     """Convert ``src`` into ``dst``. Raises StrataError subclasses on bad input, leaving ``dst`` as it was.
 
@@ -98,10 +98,11 @@ def convert(src: str | Path, dst: str | Path, weights: str = "int4", group_size:
     opts = ConvertOptions(weights, group_size, resident)
     _check_options(opts)
     unused: tuple[str, ...] = ()
-    if weights != "int4" and group_size != 128:     # fp8 and bf16 experts have no groups
+    if weights != "int4" and group_size != DEFAULT_GROUP_SIZE:     # fp8 and bf16 experts have no groups
         unused = (f"--group-size {group_size} applies to int4 experts only; {weights} experts have no groups, "
                   "so it was ignored",)
-        group_size, opts = 128, ConvertOptions(weights, 128, resident)
+        group_size = DEFAULT_GROUP_SIZE
+        opts = ConvertOptions(weights, group_size, resident)
     src_dir = check_source(Path(src))
     dest = plan_destination(src_dir, Path(dst), force)
     spec = read_spec(src_dir)

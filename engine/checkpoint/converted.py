@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from engine.checkpoint.integrity import ChecksumReport, Progress, file_sha256, verify_checksums
 from engine.checkpoint.reader import SafetensorsReader, TensorSource
+from engine.config import DEFAULT_GROUP_SIZE
 from engine.errors import ModelLoadError
 from engine.experts.layout import EXPERT_FORMATS, ExpertLayout
 
@@ -118,7 +119,7 @@ class Manifest:
     def reconvert(self, folder: Path) -> str:
         """The command that writes ``folder`` again, as it was written."""
         src = shlex.quote(self.source) if self.source else "SRC"
-        extra = f" --group-size {self.group_size}" if self.weights == "int4" and self.group_size != 128 else ""
+        extra = f" --group-size {self.group_size}" if self.weights == "int4" and self.group_size != DEFAULT_GROUP_SIZE else ""
         extra += " --resident-weights fp8" if self.resident == "fp8" else ""
         return f"main.py convert {src} {shlex.quote(str(folder))} --weights {self.weights}{extra} --force"
 
