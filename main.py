@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Strata: the workbench by default; subcommands generate | chat | info | convert | eval.
+"""Strata: the workbench by default; subcommands generate | chat | info | convert | eval | serve | bench.
 
     python main.py [gui] [--model DIR] [--screenshot PNG [--prompt TEXT]]
     python main.py generate --prompt TEXT [--json]

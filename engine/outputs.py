@@ -5,6 +5,15 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """The log-probability of one chosen token under the model, and the likeliest tokens at its place."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()   # (token id, logprob), most likely first; as many as asked for
+
+
+@dataclass(frozen=True)
 class RequestDelta:
     """New output of one request in one engine step (what a streaming client shows)."""
 
@@ -17,6 +26,7 @@ class RequestDelta:
     completion_tokens: int = 0
     ttft_ms: float | None = None       # set on the delta that carries the first token
     error: str | None = None           # one line, when finish_reason == "error"
+    logprobs: tuple[TokenLogprob, ...] = ()   # one per new token id, when the request asked for logprobs
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from engine.errors import ConfigError
+from engine.guided import Guide
 from engine.host_copy import host_to
 
 
@@ -28,6 +29,8 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False        # keep going past the model's end-of-sequence tokens
     include_stop_str_in_output: bool = False
+    logprobs: int | None = None     # report each chosen token's logprob and this many likeliest alternatives
+    guide: "Guide | None" = None    # constrain the output to a grammar (engine/guided.py)
 
     def __post_init__(self) -> None:
         # Every field is checked here, once per request, so the sampler never meets a value it cannot use.

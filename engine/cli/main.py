@@ -1,4 +1,4 @@
-"""The ``strata`` command line: subcommands generate, chat, info, convert, eval."""
+"""The ``strata`` command line: subcommands generate, chat, info, convert, eval, serve, bench."""
 from __future__ import annotations
 
 import argparse
@@ -8,7 +8,7 @@ from typing import NoReturn
 from engine.cli.options import add_engine_flags, add_model_flag
 from engine.errors import StrataError
 
-ENGINE_COMMANDS = ("generate", "chat", "info", "convert", "eval")
+ENGINE_COMMANDS = ("generate", "chat", "info", "convert", "eval", "serve", "bench")
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -39,6 +39,10 @@ def build_parser(prog: str = "strata") -> tuple[argparse.ArgumentParser, argpars
     from engine.cli.convert import add_convert_parser, add_eval_parser
     add_convert_parser(sub)
     add_eval_parser(sub, add_model_flag, add_engine_flags)
+    from engine.cli.serve import add_serve_parser
+    add_serve_parser(sub, add_model_flag, add_engine_flags)
+    from engine.cli.bench import add_bench_parser
+    add_bench_parser(sub, add_model_flag, add_engine_flags)
     return parser, sub
 
 
@@ -57,9 +61,10 @@ def unknown_command(parser: argparse.ArgumentParser, sub: argparse._SubParsersAc
 
 def run_command(args: argparse.Namespace) -> int:
     """Dispatch an engine subcommand; user errors become one line on stderr and exit code 2."""
-    from engine.cli import convert, info, run
+    from engine.cli import bench, convert, info, run, serve
     handlers = {"generate": run.cmd_generate, "chat": run.cmd_chat, "info": info.cmd_info,
-                "convert": convert.cmd_convert, "eval": convert.cmd_eval}
+                "convert": convert.cmd_convert, "eval": convert.cmd_eval, "serve": serve.cmd_serve,
+                "bench": bench.cmd_bench}
     try:
         return handlers[args.command](args)
     except StrataError as e:
