@@ -1,12 +1,13 @@
 """Strata engine: run Mixture-of-Experts models on a GPU smaller than the model."""
 from engine.config import EngineConfig
 from engine.context import ContextOverflowError
+from engine.guided import Guide
 from engine.errors import ConfigError, DeviceOutOfMemoryError, ModelLoadError, ReconfigureError, StrataError, UnsupportedModelError
 from engine.outputs import RequestDelta, RequestOutput
 from engine.sampling import SamplingParams
 from engine.telemetry import EngineStats, ExpertStats, MemoryStats
 
-__all__ = ["LLM", "LLMEngine", "EngineConfig", "SamplingParams", "RequestOutput", "RequestDelta", "EngineStats",
+__all__ = ["LLM", "LLMEngine", "EngineConfig", "SamplingParams", "Guide", "RequestOutput", "RequestDelta", "EngineStats",
            "ExpertStats", "MemoryStats", "StrataError", "DeviceOutOfMemoryError", "ModelLoadError", "UnsupportedModelError", "ConfigError",
            "ReconfigureError", "ContextOverflowError"]
 

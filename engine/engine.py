@@ -8,6 +8,7 @@ from __future__ import annotations
 import operator
 import time
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 import torch
 
@@ -16,8 +17,9 @@ from engine.errors import ConfigError, DeviceOutOfMemoryError
 from engine import stats as stats_mod
 from engine.live import LiveSettings
 from engine.checkpoint.integrity import Progress
+from engine.guided import GuideCompiler
 from engine.loading import LoadedModel, load_model
-from engine.outputs import RequestDelta
+from engine.outputs import RequestDelta, TokenLogprob
 from engine.request import Request, Status
 from engine.sampling import SamplingParams, check_stop, make_generator, stop_holdback
 from engine.telemetry import EngineStats
@@ -53,6 +55,27 @@ class LLMEngine:
         # a model without a tokenizer (built in memory) takes and returns token ids only
         self.eos_ids = self.tokenizer.eos_token_ids if self.tokenizer else frozenset()
         self._next_id = 0
+        self.guides = self._guide_compiler()
+        self.runner.guides = self.guides
+
+    def _guide_compiler(self) -> GuideCompiler | None:
+        """Guides need the model's tokens as text; llguidance reads them from its tokenizer.json."""
+        if self.tokenizer is None:
+            return None
+        folder = self.model_info.path
+
+        def tokenizer_json() -> str:
+            if not folder:
+                raise ConfigError("this model was built in memory, without a folder holding its tokenizer.json, so "
+                                  "its output cannot follow a guide; load it from its model folder")
+            try:
+                return (Path(folder) / "tokenizer.json").read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ConfigError(f"a guide needs the model's tokenizer.json, which could not be read ({exc}); "
+                                  "restore it in the model folder") from None
+        n_vocab = max(self.loaded.spec.vocab_size, self.tokenizer.vocab_size)
+        special = self.tokenizer.special_tokens.as_template_vars().values()
+        return GuideCompiler(tokenizer_json, n_vocab, self.eos_ids, special)
 
     # ---- requests -----------------------------------------------------------------------------
     @property
@@ -72,7 +95,8 @@ class LLMEngine:
         ids = self.validate_request(prompt, params)
         req = Request(request_id, ids, params, self.loaded.max_model_len,
                       make_generator(params.seed, self.loaded.device),
-                      IncrementalDetokenizer(self.tokenizer) if self.tokenizer else None)
+                      IncrementalDetokenizer(self.tokenizer) if self.tokenizer else None,
+                      guide=self.guides.matcher(params.guide) if params.guide is not None else None)
         self._requests[request_id] = req
         self.scheduler.add(req)
         return request_id
@@ -88,6 +112,11 @@ class LLMEngine:
         if bad is not None:
             raise ConfigError(f"stop token id {bad} is outside the vocabulary (0..{vocab - 1}); "
                               "check stop_token_ids")
+        if params.guide is not None:
+            if self.guides is None:
+                raise ConfigError("this model has no tokenizer, so its output cannot follow a guide (a JSON schema, a "
+                                  "pattern or a grammar); load a model folder with a tokenizer.json, or drop the guide")
+            self.guides.check(params.guide)
         return ids
 
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
@@ -139,7 +168,7 @@ class LLMEngine:
             return deltas
         t0 = time.perf_counter()
         try:
-            tokens = self.runner.run(sched)
+            sampled = self.runner.run(sched)
         except torch.OutOfMemoryError:
             if self.loaded.device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -147,30 +176,47 @@ class LLMEngine:
                 f"the GPU ran out of memory running a step of {sched.num_tokens} tokens; every request is kept — "
                 "lower --max-batch-tokens, --prefill-chunk or --expert-pool-size, then continue") from None
         now = time.perf_counter()
-        sampled = iter(tokens)
         for s in sched.seqs:
             s.request.num_computed += s.num_new
+        row = 0
         for s in sched.seqs:
             if s.samples:
-                deltas.append(self._append(s.request, next(sampled), now))
-        self.counters.on_step(sched, len(tokens), now - t0, now)
+                failed = sampled.failed.get(row)
+                if failed is not None:
+                    deltas.append(self._finish(s.request, "error", error=failed))
+                else:
+                    logprob = sampled.logprobs[row] if sampled.logprobs else None
+                    deltas.append(self._append(s.request, sampled.tokens[row], now, logprob))
+                row += 1
+        self.counters.on_step(sched, len(sampled.tokens), now - t0, now)
         return [d for d in deltas if d is not None]
 
-    def _append(self, req: Request, token: int, now: float) -> RequestDelta | None:
+    def _append(self, req: Request, token: int, now: float, logprob: TokenLogprob | None = None) -> RequestDelta | None:
         if req.first_token_at is None:
             req.first_token_at = now
             self.counters.on_first_token(req.ttft_ms)
         req.output_ids.append(token)
+        if logprob is not None:
+            req.logprobs.append(logprob)
         p = req.params
-        eos = (not p.ignore_eos) and token in self.eos_ids
+        # Under a guide the grammar decides where the output ends: it allows an end-of-sequence token
+        # only once it is complete, and then that token ends the request even with ignore_eos.
+        eos = (not p.ignore_eos or req.guide is not None) and token in self.eos_ids
         if eos or token in p.stop_token_ids:
             return self._finish(req, "stop", drop_last=True)
+        if req.guide is not None:
+            failed = req.guide.consume(token)
+            if failed is not None:
+                return self._finish(req, "error", error=failed)
         prev = len(req.text)
         req.text += req.detokenizer.push([token]) if req.detokenizer else ""
         cut = check_stop(req.text[:prev], req.text[prev:], p.stop) if p.stop else None
         if cut is not None:
             stop_len = next((len(s) for s in p.stop if req.text.startswith(s, cut)), 0)
             req.text = req.text[:cut + (stop_len if p.include_stop_str_in_output else 0)]
+            return self._finish(req, "stop")
+        if req.guide is not None and req.guide.done:
+            req.text += req.detokenizer.flush() if req.detokenizer else ""
             return self._finish(req, "stop")
         if len(req.output_ids) >= p.max_tokens or req.num_tokens >= req.max_total_tokens:
             req.text += req.detokenizer.flush() if req.detokenizer else ""
@@ -184,13 +230,16 @@ class LLMEngine:
         if not final and not new_text and not new_ids:
             return None
         ttft = req.ttft_ms if req.sent_tokens == 0 and new_ids else None
+        # logprobs follow token_ids one for one (a stop token dropped from the text keeps its logprob)
+        logprobs = tuple(req.logprobs[req.sent_tokens:]) if req.params.logprobs is not None else ()
         req.sent_chars, req.sent_tokens = upto, len(req.output_ids)
         return RequestDelta(req.request_id, new_ids, new_text, final, reason, len(req.prompt_ids),
-                            len(req.output_ids), ttft)
+                            len(req.output_ids), ttft, req.error if final else None, logprobs)
 
-    def _finish(self, req: Request, reason: str, drop_last: bool = False) -> RequestDelta:
+    def _finish(self, req: Request, reason: str, drop_last: bool = False, error: str | None = None) -> RequestDelta:
         if drop_last and req.detokenizer:   # the stop token is reported in token_ids but never as text
             req.text += req.detokenizer.flush()
+        req.error = error
         req.status, req.finish_reason, req.finished_at = Status.FINISHED, reason, time.perf_counter()
         self.scheduler.remove(req)
         self._requests.pop(req.request_id, None)

@@ -30,10 +30,14 @@ class _Collected:
     text: list[str] = field(default_factory=list)
     ttft_ms: float | None = None
     reason: str | None = None
+    logprobs: list = field(default_factory=list)
+    error: str | None = None
 
     def add(self, d: RequestDelta) -> None:
         self.ids += d.new_token_ids
         self.text.append(d.new_text)
+        self.logprobs += d.logprobs
+        self.error = d.error or self.error
         self.ttft_ms = self.ttft_ms if d.ttft_ms is None else d.ttft_ms
         if d.finished:
             self.reason = d.finish_reason
@@ -71,7 +75,8 @@ class LLM:
             for rid in runs:
                 self.engine.abort_now(rid)
             raise
-        return [RequestOutput(rid, r.prompt_ids, r.ids, "".join(r.text), r.reason, r.ttft_ms)
+        return [RequestOutput(rid, r.prompt_ids, r.ids, "".join(r.text), r.reason, r.ttft_ms,
+                              logprobs=tuple(r.logprobs), error=r.error)
                 for rid, r in runs.items()]
 
     def _validate(self, i: int, n: int, prompt: Prompt, params: SamplingParams) -> list[int]:

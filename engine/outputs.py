@@ -41,3 +41,5 @@ class RequestOutput:
     ttft_ms: float | None = None
     decode_tok_s: float | None = None
     metrics: dict = field(default_factory=dict)
+    logprobs: tuple[TokenLogprob, ...] = ()   # one per token id, when the request asked for logprobs
+    error: str | None = None                  # one line, when finish_reason == "error"

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.guided import GuideMatcher
+from engine.outputs import TokenLogprob
 from engine.sampling import SamplingParams
 
 
@@ -25,6 +27,8 @@ class Request:
     generator: torch.Generator | None = None
     detokenizer: object | None = None             # IncrementalDetokenizer
     output_ids: list[int] = field(default_factory=list)
+    guide: GuideMatcher | None = None             # where the output stands in its grammar (params.guide)
+    logprobs: list[TokenLogprob] = field(default_factory=list)   # one per output id, when params.logprobs is set
     status: Status = Status.WAITING
     num_computed: int = 0                         # tokens whose K/V are in the cache
     blocks: list[int] = field(default_factory=list)
@@ -32,6 +36,7 @@ class Request:
     sent_chars: int = 0                           # characters of ``text`` already streamed
     sent_tokens: int = 0
     finish_reason: str | None = None
+    error: str | None = None                      # one line, when finish_reason == "error"
     arrival: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
     finished_at: float | None = None

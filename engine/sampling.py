@@ -13,6 +13,8 @@ from engine.errors import ConfigError
 from engine.guided import Guide
 from engine.host_copy import host_to
 
+MAX_LOGPROBS = 20          # likeliest alternatives a request may ask for at each position
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -30,7 +32,7 @@ class SamplingParams:
     ignore_eos: bool = False        # keep going past the model's end-of-sequence tokens
     include_stop_str_in_output: bool = False
     logprobs: int | None = None     # report each chosen token's logprob and this many likeliest alternatives
-    guide: "Guide | None" = None    # constrain the output to a grammar (engine/guided.py)
+    guide: Guide | None = None      # constrain the output to a grammar (engine/guided.py)
 
     def __post_init__(self) -> None:
         # Every field is checked here, once per request, so the sampler never meets a value it cannot use.
@@ -47,6 +49,10 @@ class SamplingParams:
         put("seed", _seed(self.seed))
         _flag("ignore_eos", self.ignore_eos)
         _flag("include_stop_str_in_output", self.include_stop_str_in_output)
+        put("logprobs", _logprobs(self.logprobs))
+        if self.guide is not None and not isinstance(self.guide, Guide):
+            raise ConfigError(f"guide must be a Guide from engine.guided or None (got {type(self.guide).__name__}); "
+                              "build one with Guide(kind, spec)")
 
     @property
     def greedy(self) -> bool:
@@ -77,6 +83,15 @@ def _seed(value: object) -> int | None:
     return int(value)
 
 
+def _logprobs(value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value <= MAX_LOGPROBS:
+        raise ConfigError(f"logprobs must be a whole number from 0 to {MAX_LOGPROBS} (got {value!r}); "
+                          "0 reports only the chosen tokens, None turns it off")
+    return int(value)
+
+
 def _flag(name: str, value: object) -> None:
     if not isinstance(value, bool):
         raise ConfigError(f"{name} must be True or False (got {value!r})")
@@ -104,7 +119,8 @@ def _token_ids(ids: object) -> tuple[int, ...]:
 
 
 # Sampler. Legend: B rows (requests) in the batch, V vocabulary entries, S rows that sample
-# (temperature > 0), H longest repetition-penalty history.
+# (temperature > 0), H longest repetition-penalty history, G rows with a guide, W bitmask words
+# (32 token ids each), L rows that asked for logprobs, N alternatives reported per row.
 
 
 def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator | None:
@@ -205,6 +221,39 @@ def sample(logits: Tensor, params: Sequence[SamplingParams],
     idx = host_to(rows, torch.int64, logits.device)                                    # [S]
     probs = warp_logits(logits.index_select(0, idx), [params[i] for i in rows]).softmax(dim=-1)   # [S, V]
     return logits.argmax(dim=-1).index_copy(0, idx, _draw(probs, [generators[i] for i in rows]))
+
+
+def mask_logits(logits: Tensor, bits: Tensor, rows: Sequence[int]) -> Tensor:
+    """``logits`` [B, V] as float32 with the tokens a guide forbids at -inf, in a new tensor.
+
+    ``bits`` int32 [G, W] on the logits' device: bit ``t % 32`` of word ``t // 32`` of row ``g`` is set
+    when token ``t`` is allowed in batch row ``rows[g]``; rows not in ``rows`` are left as they are.
+    """
+    n_vocab = logits.shape[1]
+    shifts = torch.arange(32, dtype=torch.int32, device=bits.device)                  # [32]
+    allowed = ((bits.unsqueeze(-1) >> shifts) & 1).flatten(1)[:, :n_vocab].bool()    # [G, V]
+    logits = logits.float()
+    if len(rows) == logits.shape[0]:
+        return logits.masked_fill(~allowed, float("-inf"))
+    idx = host_to(list(rows), torch.int64, logits.device)                             # [G]
+    return logits.index_copy(0, idx, logits.index_select(0, idx).masked_fill(~allowed, float("-inf")))
+
+
+def token_logprobs(logits: Tensor, tokens: Tensor, rows: Sequence[int], top_n: int) -> tuple[Tensor, Tensor]:
+    """Log-probabilities under the raw ``logits`` [B, V] of the chosen ``tokens`` [B] of ``rows``, and
+    their ``top_n`` likeliest tokens. Returns float32 [L, 1 + N] (the chosen token's logprob, then the
+    N likeliest logprobs in descending order) and int64 [L, N] (those tokens' ids)."""
+    if len(rows) == logits.shape[0]:
+        picked, chosen = logits, tokens
+    else:
+        idx = host_to(list(rows), torch.int64, logits.device)                         # [L]
+        picked, chosen = logits.index_select(0, idx), tokens.index_select(0, idx)
+    lp = picked.float().log_softmax(dim=-1)                                           # [L, V]
+    own = lp.gather(1, chosen.unsqueeze(1))                                           # [L, 1]
+    if top_n == 0:
+        return own, chosen.new_empty(len(rows), 0)
+    top = lp.topk(min(top_n, lp.shape[1]), dim=-1)                                    # [L, N]
+    return torch.cat([own, top.values], dim=1), top.indices
 
 
 def warp_logits(logits: Tensor, params: Sequence[SamplingParams]) -> Tensor:

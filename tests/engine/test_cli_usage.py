@@ -44,7 +44,7 @@ MISTAKES = [
      "main.py gui: error: argument --kv-cache-dtype: invalid choice: 'int2' (choose from 'auto', 'bf16', 'int8', "
      "'fp8') (see main.py gui --help)"),
     (["genrate", "--prompt", "hi"],
-     "main.py: error: unknown command 'genrate'; choose one of generate, chat, info, convert, eval, gui "
+     "main.py: error: unknown command 'genrate'; choose one of generate, chat, info, convert, eval, serve, bench, gui "
      "(see main.py --help)"),
 ]
 
@@ -64,9 +64,11 @@ def test_main_py_usage_mistake_is_one_line(argv, line, capsys):
      "'static') (see strata info --help)"),
     (["chat", "--top-k", "1.5"],
      "strata chat: error: argument --top-k: invalid int value: '1.5' (see strata chat --help)"),
-    (["serve"],
-     "strata: error: argument COMMAND: invalid choice: 'serve' (choose from 'generate', 'chat', 'info', 'convert', "
-     "'eval') (see strata --help)"),
+    (["serve", "--port", "http"],
+     "strata serve: error: argument --port: invalid int value: 'http' (see strata serve --help)"),
+    (["sreve"],
+     "strata: error: argument COMMAND: invalid choice: 'sreve' (choose from 'generate', 'chat', 'info', 'convert', "
+     "'eval', 'serve', 'bench') (see strata --help)"),
     (["--verbose"], "strata: error: unrecognized arguments: --verbose (see strata --help)"),
 ])
 def test_strata_usage_mistake_is_one_line(argv, line, capsys):
