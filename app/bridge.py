@@ -1,10 +1,14 @@
-"""The one place the workbench drives the engine: an ``EngineBridge`` living in its own QThread.
+"""The one place the workbench drives the engine: an ``EngineBridge`` running the shared engine loop in a
+QThread.
 
-The GUI puts commands on a thread-safe queue (``submit``, ``cancel``, ``reconfigure``, ``load_model``,
-``pause``/``resume``, ``shutdown``); the bridge loop steps the engine while it has work and blocks on
-the queue (briefly) when idle. Results leave as Qt signals carrying frozen dataclasses: text coalesced
-to at most ~30 batches a second, stats about 10 times a second. The engine is not thread-safe, so
-every call on the running engine happens on the bridge thread.
+The bridge's QThread runs :class:`engine.loop.EngineLoop` (the same loop the HTTP server drives), so the
+engine is stepped, cancelled and swapped in one place, and a local HTTP server started on
+``bridge.engine_loop`` serves the engine the panels show. The GUI's calls (``submit``, ``cancel``,
+``reconfigure``, ``load_model``, ``pause``/``resume``, ``shutdown``) only queue commands on that loop; the
+workbench's own commands are handled by :meth:`EngineBridge._handle` on the loop thread. Results leave as
+Qt signals carrying frozen dataclasses: text coalesced to at most ~30 batches a second, stats about 10
+times a second, both from a tick the loop runs after every step and idle wait. The engine is not
+thread-safe, so every call on the running engine happens on the loop thread.
 
 Another model is built on a loader thread while the current one keeps running; the current one closes
 only once the new one is ready, so a folder that fails to load leaves the working model in place. When
@@ -18,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import sys
 import threading
 import time
@@ -28,15 +31,17 @@ from typing import Any, Callable
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from engine.config import EXPERT_POLICIES, EXPERT_READS, KV_DTYPES, LIVE_OPTIONS, EngineConfig
+from engine.config import EXPERT_POLICIES, EXPERT_READS, KV_DTYPES, LIVE_OPTIONS
 from engine.context import fit_messages, fit_text
 from engine.cpu_threads import apply_cpu_threads
 from engine.errors import StrataError
+from engine.loop import EngineLoop, Job
+from engine.outputs import RequestDelta
 from engine.sampling import SamplingParams
 
 from app.bridge_state import describe_model, knob_state, synthetic_prompt
 from app.cli_wording import gui_wording
-from app.model_loader import EngineFactory, Load, Loaded, Loader, must_unload_first
+from app.model_loader import EngineFactory, Load, Loaded, Loader, must_unload_first, open_engine
 from app.messages import BridgeError, ContextUsage, KnobResult, PauseState, ReplyRequest, TextBatch, TextChunk
 from app.reply_tracker import ReplyTracker
 
@@ -50,21 +55,7 @@ ENGINE_NICE = 5              # the engine thread's niceness above the GUI's: the
 
 _CHOICES = {"expert_policy": EXPERT_POLICIES, "expert_reads": EXPERT_READS, "kv_cache_dtype": KV_DTYPES}
 
-
-DEMO_POOL = "50%"
-
-
-def open_engine(model: str, options: dict) -> Any:
-    """Build the real engine for ``model`` with ``options`` (raises StrataError on a user error).
-
-    The engine chooses its CPU thread count by model size at load; the GUI thread keeps its core because
-    the engine thread is nicer than it (``ENGINE_NICE``) and lets go of the GIL between steps.
-    """
-    from engine.engine import LLMEngine
-    if options.get("expert_pool_size") is None and (Path(model) / "STRATA_DEMO.json").is_file():
-        # the demo shows the machinery: half its experts pooled, so every residency knob is live from the start
-        options = {**options, "expert_pool_size": DEMO_POOL}
-    return LLMEngine(EngineConfig(model=model, **options))
+__all__ = ["EngineBridge", "open_engine"]
 
 
 def _lower_thread_priority(steps: int) -> None:
@@ -82,15 +73,10 @@ def _lower_thread_priority(steps: int) -> None:
         log.debug("could not lower the engine thread's priority", exc_info=True)
 
 
-# --- commands (GUI thread -> bridge thread) ---------------------------------------------------
+# --- the workbench's own loop commands (GUI thread -> loop thread, through EngineLoop.post) ---------
 @dataclass(frozen=True)
 class _Submit:
     request: ReplyRequest
-
-
-@dataclass(frozen=True)
-class _Cancel:
-    request_id: str
 
 
 @dataclass(frozen=True)
@@ -111,7 +97,11 @@ class _Shutdown:
 
 
 class EngineBridge(QObject):
-    """Owns the engine on a private thread; talk to it only through its methods and signals."""
+    """Owns the engine loop on a private thread; talk to it only through its methods and signals.
+
+    ``engine_loop`` is the loop itself, for front ends that submit their own jobs (the local HTTP server);
+    their requests share the engine, its stats and its panels with the window's.
+    """
 
     model_loading = Signal(str, bool)    # model path, whether the current model keeps running meanwhile
     model_loaded = Signal(object)        # ModelDescription
@@ -129,24 +119,28 @@ class EngineBridge(QObject):
                  unload_first: Callable[[str, dict], bool] = must_unload_first) -> None:
         super().__init__()
         self._unload_first = unload_first
-        self._commands: queue.Queue = queue.Queue()
-        self._engine: Any = None
+        self.engine_loop = EngineLoop(handler=self._handle, on_error=self._on_loop_error, idle_wait_s=IDLE_WAIT_S)
+        self.engine_loop.add_tick(self._emit_periodic)
         self._current: Load | None = None      # what the running engine was loaded from
         self._loading: Load | None = None      # the load in flight on the loader thread
         self._next: Load | None = None         # asked for while another load was in flight (the last one wins)
         self._closed: Load | None = None       # closed to make room for the load in flight
-        self._loader = Loader(engine_factory, self._commands.put)
+        self._closing = False                  # shutting down: nothing new starts, built engines are closed
+        self._loader = Loader(engine_factory, self.engine_loop.post)
         self._defaults: dict[str, object] = {}
         self._tracker = ReplyTracker()
         self._pending: dict[str, list[str]] = {}
+        self._ended: list[RequestDelta] = []   # final deltas of the window's requests, not yet reported
         self._last_text = 0.0
         self._last_stats = 0.0
-        self._paused = False
-        self._running = True
         self._thread = QThread()
         self._thread.setObjectName("strata-engine")
         self.moveToThread(self._thread)
-        self._thread.started.connect(self._loop)
+        self._thread.started.connect(self._run)
+
+    @property
+    def _engine(self) -> Any:
+        return self.engine_loop.engine
 
     # --- GUI-thread API: each call only enqueues ------------------------------------------------
     def start(self) -> None:
@@ -160,72 +154,73 @@ class EngineBridge(QObject):
 
     def load_model(self, model: str, options: dict | None = None) -> None:
         """Open ``model`` with engine ``options``; the current engine runs until the new one is ready."""
-        self._commands.put(Load(model, tuple(sorted((options or {}).items()))))
+        self.engine_loop.post(Load(model, tuple(sorted((options or {}).items()))))
 
     def submit(self, request: ReplyRequest) -> None:
         """Queue a generation; its text arrives through ``text`` and its end through ``reply_finished``."""
-        self._commands.put(_Submit(request))
+        self.engine_loop.post(_Submit(request))
 
     def cancel(self, request_id: str) -> None:
-        """Stop a request at the next step boundary (finish reason "abort")."""
-        self._commands.put(_Cancel(request_id))
+        """Stop a request before the next step (finish reason "abort")."""
+        self.engine_loop.cancel(request_id)
 
     def reconfigure(self, option: str, value: object) -> None:
         """Change one live option; the answer comes back through ``knob_result``."""
-        self._commands.put(_Reconfigure(option, value))
+        self.engine_loop.post(_Reconfigure(option, value))
 
     def pause(self, reason: str) -> None:
         """Stop stepping the engine (requests wait) until ``resume``."""
-        self._commands.put(_Pause(True, reason))
+        self.engine_loop.post(_Pause(True, reason))
 
     def resume(self, reason: str) -> None:
-        self._commands.put(_Pause(False, reason))
+        self.engine_loop.post(_Pause(False, reason))
+
+    def synthetic_prompt_ids(self, n_tokens: int, timeout_s: float = 60.0) -> list[int]:
+        """Exactly ``n_tokens`` token ids of ordinary text for the loaded model (the load test's prompt when
+        it goes through HTTP). Blocks until the loop answers: call it from a worker thread, never the GUI's.
+        """
+        return self.engine_loop.call(lambda engine: _synthetic_ids(engine, n_tokens)).result(timeout_s)
 
     def shutdown(self, timeout_ms: int = 10000) -> None:
         """Close the engine and join the thread."""
         if self._thread.isRunning():
-            self._commands.put(_Shutdown())
+            self.engine_loop.post(_Shutdown())
             self._thread.quit()
             self._thread.wait(timeout_ms)
 
-    # --- the loop (bridge thread) ---------------------------------------------------------------
+    # --- the loop thread ------------------------------------------------------------------------
     @Slot()
-    def _loop(self) -> None:
+    def _run(self) -> None:
         _lower_thread_priority(ENGINE_NICE)
-        while self._running:
-            busy = self._engine is not None and not self._paused and self._guarded(self._engine.has_unfinished)
-            try:
-                cmd = self._commands.get_nowait() if busy else self._commands.get(timeout=IDLE_WAIT_S)
-            except queue.Empty:
-                cmd = None
-            if cmd is not None:
-                self._guarded(lambda: self._handle(cmd))
-            elif busy:
-                self._guarded(self._step)
-                time.sleep(0)    # let go of the GIL between steps: a GUI thread waiting for it gets it now
-            self._emit_periodic()
-        self._drop_unused_loads()
-        self._close_engine("the workbench was closed")
+        self.engine_loop.run()
         self.stopped.emit()
 
-    def _guarded(self, fn: Callable[[], Any]) -> Any:
-        """Run ``fn``; engine errors become a banner and the loop lives on."""
-        try:
-            return fn()
-        except StrataError as exc:
+    def _on_loop_error(self, exc: Exception, internal: bool) -> None:
+        """A step or a command failed: a banner; after a bug the loop has ended every job already."""
+        if internal:
+            self.error.emit(BridgeError(f"internal error: {exc}", "internal"))
+            self._report_ended()
+            for rid in self._tracker.ids():      # a reply the bug cut off before it reached the engine
+                self._end(rid, "error", f"internal error: {exc}")
+        else:
             self.error.emit(BridgeError(self._wording(str(exc)), "engine"))
+
+    def _guarded(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` (outside the loop's own guard, e.g. in a tick) with the loop's error handling."""
+        try:
+            fn()
+        except StrataError as exc:
+            self._on_loop_error(exc, False)
         except Exception as exc:
             log.exception("internal error in the engine thread")
-            self.error.emit(BridgeError(f"internal error: {exc}", "internal"))
-            self._fail_all(f"internal error: {exc}")
-        return None
+            self.engine_loop.fail_all(f"internal error: {exc}")
+            self._on_loop_error(exc, True)
 
     def _handle(self, cmd: object) -> None:
-        if isinstance(cmd, _Submit):
+        if self._closing:
+            self._handle_closing(cmd)
+        elif isinstance(cmd, _Submit):
             self._add(cmd.request)
-        elif isinstance(cmd, _Cancel):
-            if self._engine is not None and cmd.request_id in self._tracker:
-                self._engine.abort(cmd.request_id)
         elif isinstance(cmd, _Reconfigure):
             self._apply(cmd.option, cmd.value)
         elif isinstance(cmd, Load):
@@ -233,12 +228,23 @@ class EngineBridge(QObject):
         elif isinstance(cmd, Loaded):
             self._on_loaded(cmd)
         elif isinstance(cmd, _Pause):
-            self._paused = cmd.paused
+            self.engine_loop.paused = cmd.paused
             self.paused_changed.emit(PauseState(cmd.paused, cmd.reason))
         elif isinstance(cmd, _Shutdown):
-            self._running = False
+            self._shut_down()
 
-    # --- loading (bridge thread; the build itself runs on the loader thread) ----------------------
+    def _shut_down(self) -> None:
+        """Close the engine, wait for a build in flight (its engine is closed when its answer comes), stop."""
+        self._closing = True
+        self._close_engine("the workbench was closed")
+        self._loader.join()          # its Loaded is queued now, ahead of the stop
+        self.engine_loop.stop()
+
+    def _handle_closing(self, cmd: object) -> None:
+        if isinstance(cmd, Loaded) and cmd.engine is not None:
+            self._guarded(cmd.engine.close)          # built for a window that is closing: never runs
+
+    # --- loading (loop thread; the build itself runs on the loader thread) ----------------------
     def _request_load(self, load: Load) -> None:
         if self._loading is not None:
             self._next = load
@@ -265,7 +271,8 @@ class EngineBridge(QObject):
     def _switch_to(self, done: Loaded) -> None:
         """The new engine is ready: close the old one and announce the new."""
         self._close_engine(f"the model was changed to {Path(done.load.model).name}")
-        self._engine, self._current, self._closed = done.engine, done.load, None
+        self.engine_loop.set_engine(done.engine)
+        self._current, self._closed = done.load, None
         if self._engine.loaded.cpu_threads is not None:
             # the thread count chosen at load is set from the thread that runs the engine (as
             # engine.cpu_threads asks); the load itself ran on the loader thread
@@ -292,17 +299,19 @@ class EngineBridge(QObject):
         if self._engine is not None:
             self._emit_knobs()
 
-    def _drop_unused_loads(self) -> None:
-        """At shutdown: close an engine the loader built that will never run."""
-        self._loader.join()
-        while True:
-            try:
-                cmd = self._commands.get_nowait()
-            except queue.Empty:
-                return
-            if isinstance(cmd, Loaded) and cmd.engine is not None:
-                self._guarded(cmd.engine.close)
+    def _close_engine(self, why: str) -> None:
+        """End every request (the window's and any other front end's) with ``why``; close the engine."""
+        if self._engine is None:
+            return
+        self.engine_loop.fail_all(why)
+        self._report_ended()              # with this engine's counters, before it goes
+        engine = self.engine_loop.drop_engine(why)
+        try:
+            engine.close()
+        except Exception:
+            log.exception("closing the engine failed")
 
+    # --- the window's requests ------------------------------------------------------------------
     def _add(self, req: ReplyRequest) -> None:
         if self._engine is None:
             self.error.emit(BridgeError("No model is loaded; open a model folder with File › Open model folder…",
@@ -315,9 +324,12 @@ class EngineBridge(QObject):
             s = req.settings
             params = SamplingParams(max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
                                     top_k=s.top_k, ignore_eos=req.ignore_eos)
-            self._engine.add_request(req.request_id, self._prompt_of(req), params)
+            self.engine_loop.add_now(Job(req.request_id, self._prompt_of(req), params, self._on_delta))
         except StrataError as exc:
             self._end(req.request_id, "error", str(exc))
+            raise
+        except Exception as exc:
+            self._end(req.request_id, "error", f"internal error: {exc}")   # no reply waits forever
             raise
 
     def _prompt_of(self, req: ReplyRequest) -> list[int]:
@@ -340,15 +352,21 @@ class EngineBridge(QObject):
         self._tracker.start(req.request_id, req.tag, 0, 0, time.perf_counter())
         self._end(req.request_id, "error", why)
 
-    def _step(self) -> None:
-        now = time.perf_counter()
-        for d in self._engine.step():
-            self._tracker.on_tokens(d.request_id, len(d.new_token_ids), d.prompt_tokens,
-                                    d.completion_tokens, d.ttft_ms, now)
-            if d.new_text:
-                self._pending.setdefault(d.request_id, []).append(d.new_text)
-            if d.finished:
-                self._end(d.request_id, d.finish_reason or "stop", d.error)
+    def _on_delta(self, d: RequestDelta) -> None:
+        """The sink of the window's jobs (loop thread): bookkeeping only, the engine is not touched here;
+        a finished reply is reported by the next tick."""
+        self._tracker.on_tokens(d.request_id, len(d.new_token_ids), d.prompt_tokens,
+                                d.completion_tokens, d.ttft_ms, time.perf_counter())
+        if d.new_text:
+            self._pending.setdefault(d.request_id, []).append(d.new_text)
+        if d.finished:
+            self._ended.append(d)
+
+    def _report_ended(self) -> None:
+        """Send ``reply_finished`` for every reply that ended since the last report."""
+        ended, self._ended = self._ended, []
+        for d in ended:
+            self._end(d.request_id, d.finish_reason or "stop", d.error)
 
     def _end(self, request_id: str, reason: str, error: str | None = None) -> None:
         self._flush_text()
@@ -361,16 +379,7 @@ class EngineBridge(QObject):
         if result is not None:
             self.reply_finished.emit(result)
 
-    def _fail_all(self, why: str) -> None:
-        """After an internal error, end every request in flight so no reply waits forever."""
-        for rid in self._tracker.ids():
-            try:
-                if self._engine is not None:
-                    self._engine.abort(rid)
-            except Exception:
-                log.exception("abort after an internal error failed")
-            self._end(rid, "error", why)
-
+    # --- knobs ----------------------------------------------------------------------------------
     def _apply(self, option: str, value: object) -> None:
         if self._engine is None:
             self.knob_result.emit(KnobResult(option, value, False, "no model is loaded"))
@@ -393,6 +402,7 @@ class EngineBridge(QObject):
         usable = () if self._engine is None else [k for k, why in self._engine.live_options().items() if why is None]
         return gui_wording(text, usable)
 
+    # --- the tick: coalesced text, finished replies, stats --------------------------------------
     def _flush_text(self) -> None:
         if self._pending:
             chunks = tuple(TextChunk(rid, "".join(parts)) for rid, parts in self._pending.items())
@@ -401,6 +411,8 @@ class EngineBridge(QObject):
         self._last_text = time.perf_counter()
 
     def _emit_periodic(self) -> None:
+        if self._ended:
+            self._guarded(self._report_ended)
         now = time.perf_counter()
         if self._pending and now - self._last_text >= TEXT_INTERVAL_S:
             self._flush_text()
@@ -411,15 +423,11 @@ class EngineBridge(QObject):
         self._last_stats = time.perf_counter()
         self.stats.emit(self._engine.stats())
 
-    def _close_engine(self, why: str) -> None:
-        if self._engine is None:
-            return
-        self._fail_all(why)
-        try:
-            self._engine.close()
-        except Exception:
-            log.exception("closing the engine failed")
-        self._engine = None
+
+def _synthetic_ids(engine: Any, n_tokens: int) -> list[int]:
+    if engine is None:
+        raise StrataError("no model is loaded; open a model folder with File › Open model folder…")
+    return synthetic_prompt(engine.tokenizer, n_tokens)
 
 
 def _load_wording(text: str) -> str:

@@ -1,4 +1,8 @@
-"""Load test: N concurrent synthetic requests; aggregate tok/s against per-stream tok/s."""
+"""Load test: N concurrent synthetic requests; aggregate tok/s against per-stream tok/s.
+
+The requests go to the engine directly (through the bridge) or, while the local server is on, through
+HTTP to it (:mod:`app.http_load`): the same table and summary, with the HTTP path's own overhead in it.
+"""
 from __future__ import annotations
 
 import uuid
@@ -6,12 +10,18 @@ from dataclasses import dataclass
 from typing import Callable
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import (QDialog, QFormLayout, QHBoxLayout, QHeaderView, QLabel, QPushButton, QSpinBox,
-                               QTableWidget, QTableWidgetItem, QVBoxLayout)
+from PySide6.QtWidgets import (QComboBox, QDialog, QFormLayout, QHBoxLayout, QHeaderView, QLabel, QPushButton,
+                               QSpinBox, QTableWidget, QTableWidgetItem, QVBoxLayout)
 
+from app.http_load import HttpLoad, HttpLoadRun, PromptIds
+from app.local_server import SWITCH_MENU
 from app.messages import GenerationSettings, ReplyRequest, ReplyStats
 
 COLUMNS = ("Stream", "Status", "Tokens", "TTFT (ms)", "Decode tok/s")
+ENGINE, HTTP = "Engine directly", "Local HTTP server"
+HTTP_OFF_TIP = f"Turn on {SWITCH_MENU} to send the load test through HTTP."
+TEMPERATURE = 0.8
+CLOSE_WAIT_S = 10.0          # what a closing window gives the HTTP streams to end
 
 
 @dataclass(frozen=True)
@@ -39,15 +49,23 @@ def summarise(results: list[ReplyStats]) -> LoadTestSummary:
 
 
 class LoadTestDialog(QDialog):
-    """Runs through ``submit``/``cancel`` (the bridge); feed it ``on_finished`` and ``on_stats``."""
+    """Runs through ``submit``/``cancel`` (the bridge); feed it ``on_finished`` and ``on_stats``.
+
+    ``prompt_ids(n)`` makes the HTTP path's prompt (n token ids; called on its worker thread);
+    ``set_server_url`` says where the local server listens (None: off, and the HTTP choice is disabled).
+    """
 
     finished_test = Signal(object)   # LoadTestSummary
 
-    def __init__(self, submit: Callable[[ReplyRequest], None], cancel: Callable[[str], None], parent=None) -> None:
+    def __init__(self, submit: Callable[[ReplyRequest], None], cancel: Callable[[str], None], parent=None,
+                 prompt_ids: PromptIds | None = None, server_url: str | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Load test")
         self.resize(620, 420)
-        self._submit, self._cancel = submit, cancel
+        self._submit, self._cancel, self._prompt_ids = submit, cancel, prompt_ids
+        self.server_url: str | None = None
+        self.http_run: HttpLoadRun | None = None    # the latest run through HTTP
+        self._via_http = False
         self.ids: list[str] = []
         self.results: dict[str, ReplyStats] = {}
         lay = QVBoxLayout(self)
@@ -66,6 +84,9 @@ class LoadTestDialog(QDialog):
         form.addRow("Concurrent requests", self.streams)
         form.addRow("Prompt length", self.prompt_len)
         form.addRow("Output length", self.output_len)
+        self.send_through = QComboBox()
+        self.send_through.addItems([ENGINE, HTTP])
+        form.addRow("Send through", self.send_through)
         lay.addLayout(form)
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels(COLUMNS)
@@ -88,13 +109,27 @@ class LoadTestDialog(QDialog):
         row.addWidget(self.stop_button)
         row.addWidget(self.start_button)
         lay.addLayout(row)
+        self.set_server_url(server_url)
 
     @property
     def running(self) -> bool:
         return bool(self.ids) and len(self.results) < len(self.ids)
 
+    @property
+    def through_http(self) -> bool:
+        return self.send_through.currentText() == HTTP
+
+    def set_server_url(self, url: str | None) -> None:
+        """The local server's API URL, or None while it is off (the test then goes to the engine)."""
+        self.server_url = url
+        usable = url is not None and self._prompt_ids is not None
+        if not usable:
+            self.send_through.setCurrentText(ENGINE)
+        self.send_through.setEnabled(usable and not self.running)
+        self.send_through.setToolTip(f"Requests go to {url}" if usable else HTTP_OFF_TIP)
+
     def start(self) -> None:
-        """Submit every stream at once (EOS ignored so each produces exactly the output length)."""
+        """Send every stream at once (EOS ignored so each produces exactly the output length)."""
         n = self.streams.value()
         tag = uuid.uuid4().hex[:6]
         self.ids = [f"load-{tag}-{i}" for i in range(n)]
@@ -102,18 +137,43 @@ class LoadTestDialog(QDialog):
         self.table.setRowCount(n)
         for i, rid in enumerate(self.ids):
             self._row(i, [str(i + 1), "running", "", "", ""])
-        settings = GenerationSettings(temperature=0.8, top_p=1.0, top_k=0, max_tokens=self.output_len.value())
+        self._via_http = self.through_http and self.server_url is not None and self._prompt_ids is not None
+        if self._via_http:
+            self._start_http(self.server_url, self._prompt_ids)
+            where = f" through {self.server_url}"
+        else:
+            self._start_engine()
+            where = ""
+        self.summary.setText(f"Running {n} streams{where}…")
+        self.start_button.setEnabled(False)
+        self.stop_button.setEnabled(True)
+        self.send_through.setEnabled(False)
+
+    def _start_engine(self) -> None:
+        settings = GenerationSettings(temperature=TEMPERATURE, top_p=1.0, top_k=0, max_tokens=self.output_len.value())
         for rid in self.ids:
             self._submit(ReplyRequest(rid, settings, synthetic_prompt_tokens=self.prompt_len.value(),
                                       ignore_eos=True, tag="loadtest"))
-        self.summary.setText(f"Running {n} streams…")
-        self.start_button.setEnabled(False)
-        self.stop_button.setEnabled(True)
+
+    def _start_http(self, url: str, prompt_ids: PromptIds) -> None:
+        load = HttpLoad(url, tuple(self.ids), self.prompt_len.value(), self.output_len.value(), TEMPERATURE)
+        self.http_run = HttpLoadRun(load, prompt_ids)
+        self.http_run.stream_finished.connect(self.on_finished)
+        self.http_run.start()
 
     def stop(self) -> None:
+        if self._via_http and self.http_run is not None:
+            self.http_run.stop()
+            return
         for rid in self.ids:
             if rid not in self.results:
                 self._cancel(rid)
+
+    def close_streams(self) -> None:
+        """End an HTTP run and wait for its thread (the window is closing, the server goes next)."""
+        if self.http_run is not None:
+            self.http_run.stop()
+            self.http_run.join(CLOSE_WAIT_S)
 
     def _row(self, i: int, cells: list[str]) -> None:
         for c, text in enumerate(cells):
@@ -138,4 +198,5 @@ class LoadTestDialog(QDialog):
             self.summary.setText(result.text())
             self.start_button.setEnabled(True)
             self.stop_button.setEnabled(False)
+            self.set_server_url(self.server_url)
             self.finished_test.emit(result)

@@ -27,6 +27,7 @@ from app.gpu_poller import GpuPoller, GpuSample
 from app.knob_memory import KnobMemory
 from app.knobs import KnobsPanel, knob_name
 from app.load_test import LoadTestDialog
+from app.local_server import ServerFactory, open_server
 from app.messages import BridgeError, KnobResult, KnobState, ModelDescription, PauseState
 from app.panels.base import Panel
 from app.panels.experts import ExpertPanel
@@ -36,6 +37,7 @@ from app.panels.performance import PerformancePanel
 from app.panels.traffic import TrafficPanel
 from app.paths import conversations_dir, icon_path
 from app.recorder import SessionRecorder
+from app.server_switch import ServerSwitch
 from app.thermal import AMBER, RED, ThermalGuard, ThermalState, assess
 from app.window_layout import (CHAT_MIN_WIDTH, DOCK_TITLES, KNOBS_MIN_WIDTH, LAYOUT_VERSION, arrange_docks,
                                default_window_size, fit_window)
@@ -55,12 +57,13 @@ def demo_notice(model: ModelDescription) -> str:
 
 
 class MainWindow(QMainWindow):
-    """The workbench window; owns the bridge and the poller and shuts both down on close."""
+    """The workbench window; owns the bridge, the poller and the local server, and shuts them down on close."""
 
     model_ready = Signal(object)      # ModelDescription, once the model is loaded
 
     def __init__(self, bridge: EngineBridge, poller: GpuPoller, settings: QSettings,
-                 store: ConversationStore | None = None, engine_options: dict | None = None) -> None:
+                 store: ConversationStore | None = None, engine_options: dict | None = None,
+                 server_factory: ServerFactory = open_server) -> None:
         super().__init__()
         self.setWindowTitle("Strata")
         self.setWindowIcon(QIcon(str(icon_path())))
@@ -75,6 +78,8 @@ class MainWindow(QMainWindow):
         self.knob_memory = KnobMemory(settings)
         self._note_keys: list[str] = []
         self._build_central(store or ConversationStore(conversations_dir()))
+        # HTTP on the bridge's own loop: a tool's requests run on the engine the panels show
+        self.server = ServerSwitch(bridge.engine_loop, settings, self.banners, self, server_factory)
         self._build_docks()
         self._build_menus()
         self._build_status_bar()
@@ -152,6 +157,7 @@ class MainWindow(QMainWindow):
         view.addSeparator()
         self._action(view, "&Reset window layout",
                      lambda: self.apply_default_layout(self.screen().availableGeometry().size()))
+        self.server.add_to(bar.addMenu("&Server"))
         help_menu = bar.addMenu("&Help")
         self._action(help_menu, "&About Strata", self.show_about)
 
@@ -172,6 +178,7 @@ class MainWindow(QMainWindow):
         self.status_gpu.setMaximumWidth(360)
         bar = self.statusBar()
         bar.addWidget(self.status_model, 1)
+        bar.addPermanentWidget(self.server.status)
         bar.addPermanentWidget(self.status_speed)
         bar.addPermanentWidget(self.status_gpu)
 
@@ -359,7 +366,9 @@ class MainWindow(QMainWindow):
 
     def open_load_test(self) -> None:
         if self.load_test is None:
-            self.load_test = LoadTestDialog(self.bridge.submit, self.bridge.cancel, self)
+            self.load_test = LoadTestDialog(self.bridge.submit, self.bridge.cancel, self,
+                                            prompt_ids=self.bridge.synthetic_prompt_ids, server_url=self.server.url)
+            self.server.url_changed.connect(self.load_test.set_server_url)
         self.load_test.show()
         self.load_test.raise_()
 
@@ -392,6 +401,9 @@ class MainWindow(QMainWindow):
         self.settings.setValue("geometry", self.saveGeometry())
         self.settings.setValue("window_state", self.saveState(LAYOUT_VERSION))
         self.settings.sync()
+        if self.load_test is not None:
+            self.load_test.close_streams()
+        self.server.close()                  # its port is free and no client waits before the engine goes
         self.chat.close()
         self.redraw_timer.stop()
         self.poller.stop()
