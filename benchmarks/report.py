@@ -181,13 +181,31 @@ def _file(pattern: str) -> str:
     return f"benchmarks/results/{files[-1].name}" if files else "?"
 
 
+def serve_table(d: dict) -> list[str]:
+    lim = d["limits"]
+    out = [f"Serving, the same shape with int4 experts on an H200 (`{_file('serve_*.json')}`; "
+           f"{d['rounds']} alternating rounds; every HTTP run beside the same workload in-process, through the "
+           f"same engine loop; copy ceiling {lim['hbm_gb_s']:.0f} GB/s, pinned bus {lim['bus_gb_s']:.1f} GB/s):", "",
+           "| config | workload | streams | tok/s in-process | tok/s HTTP | HTTP ÷ in-process | per stream in / HTTP "
+           "| TTFT p50 ms in / HTTP | TTFT added by HTTP, ms |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in d["summary"]:
+        out.append(f"| {r['config']} | {r['workload']} | {r['streams']} | {r['in_process_output_tok_s']:.1f} | "
+                   f"{r['http_output_tok_s']:.1f} | {r['http_over_in_process_tok_s']:.3f} | "
+                   f"{r['in_process_stream_tok_s']:.1f} / {r['http_stream_tok_s']:.1f} | "
+                   f"{r['in_process_ttft_p50_ms']:.0f} / {r['http_ttft_p50_ms']:.0f} | {r['ttft_added_by_http_ms']:.1f} |")
+    out += ["", "ttft-probe sends one request at a time to an idle engine: what HTTP itself adds to the first token. "
+            "In a burst, requests reach the engine over HTTP about a millisecond apart, so the first one's prefill "
+            "step starts alone and the others wait for it; in-process every request is queued before the first step."]
+    return out
+
+
 def render() -> str:
     parts: list[list[str]] = []
     for pattern, fn in (("e2e_*.json", e2e_table), ("kernels_moe_*.json", kernels_table), ("kernels_int4_*.json", int4_lines),
                         ("int4_e2e_*.json", int4_e2e_lines),
                         ("offload_*.json", offload_table), ("residency_*.json", residency_table),
                         ("residency50_*.json", pool50_lines), ("pool0_recheck_*.json", pool0_lines),
-                        ("cpu_decode_*.json", cpu_table)):
+                        ("cpu_decode_*.json", cpu_table), ("serve_*.json", serve_table)):
         d = _load(pattern)
         if d is not None:
             parts.append(fn(d))
