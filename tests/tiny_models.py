@@ -67,3 +67,65 @@ def _spread_init(model) -> None:
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
             else:
                 p.normal_(0.0, 0.08)
+
+
+# A Hermes-style tool template (the syntax Qwen3 templates teach): tools listed in the system
+# turn, calls as <tool_call> blocks, results as <tool_response> blocks in a user turn.
+TOOLS_CHAT_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}"
+    "{{- 'Functions you may call:\\n<tools>\\n' }}"
+    "{%- for tool in tools %}{{- (tool | tojson) + '\\n' }}{%- endfor %}"
+    "{{- '</tools>\\nCall one by answering <tool_call>\\n{\"name\": <its name>, \"arguments\": <a JSON object>}"
+    "\\n</tool_call><|im_end|>\\n' }}"
+    "{%- elif messages[0].role == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'assistant' %}"
+    "{{- '<|im_start|>assistant\\n' + message.content }}"
+    "{%- for call in message.tool_calls or [] %}"
+    "{%- if message.content or not loop.first %}{{- '\\n' }}{%- endif %}"
+    "{{- '<tool_call>\\n{\"name\": \"' + call.function.name + '\", \"arguments\": ' }}"
+    "{{- (call.function.arguments | tojson) + '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{{- '<|im_start|>user\\n<tool_response>\\n' + message.content + '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- elif message.role != 'system' %}"
+    "{{- raise_exception('Unknown role: ' + message.role) }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+TOOL_CALL_TOKENS = ("<tool_call>", "</tool_call>")
+
+
+def build_tiny_tools_model(path: Path, family: str = "qwen3_moe", seed: int = 0) -> Path:
+    """:func:`build_tiny_model` with a chat template that renders tools (:data:`TOOLS_CHAT_TEMPLATE`).
+
+    ``<tool_call>`` and ``</tool_call>`` are single ordinary (not special) tokens, as in Qwen's
+    tokenizers, so decoding keeps them in the reply text. The context is 2048 tokens: a prompt that
+    lists tools with their schemas is long in a byte-level vocabulary of 512.
+    """
+    import json
+
+    from tokenizers import AddedToken, Tokenizer
+
+    build_tiny_model(path, family, seed)
+    config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    config["max_position_embeddings"] = 2048         # rotary positions: nothing learned depends on it
+    (path / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_CALL_TOKENS])
+    if tok.get_vocab_size(with_added_tokens=True) > VOCAB:
+        raise ValueError(f"the tiny tokenizer outgrew the model's {VOCAB} embeddings")
+    tok.save(str(path / "tokenizer.json"))
+    cfg_path = path / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    cfg["chat_template"] = TOOLS_CHAT_TEMPLATE
+    cfg_path.write_text(json.dumps(cfg, indent=2), encoding="utf-8")
+    return path

@@ -1,0 +1,125 @@
+"""OpenAI chat messages as the dicts Hugging Face chat templates read.
+
+- ``content`` is a string, or a list of ``{"type": "text", "text": ...}`` parts joined with newlines;
+  an assistant message may leave it out (or null) when it carries ``tool_calls``;
+- role ``developer`` is rendered as ``system`` (templates know only the older name);
+- an assistant's ``tool_calls`` keep the OpenAI shape, with ``function.arguments`` decoded from its
+  JSON string into a dict (templates write it back with ``tojson``);
+- role ``tool`` carries the ``tool_call_id`` of the call it answers.
+"""
+from __future__ import annotations
+
+import json
+
+from engine.server.structured import FieldError, kind_of
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+_NOT_TEXT = ("image_url", "input_image", "image", "input_audio", "audio", "file", "video_url")
+
+
+def render_messages(messages: object) -> list[dict]:
+    """``messages`` checked and rewritten for a chat template; FieldError naming ``messages[i]....``."""
+    if not isinstance(messages, list) or not messages:
+        got = "an empty list" if messages == [] else kind_of(messages)
+        raise FieldError("messages", f"messages must be a non-empty list of {{\"role\": ..., \"content\": ...}} "
+                                     f"objects (got {got})")
+    return [_message(f"messages[{i}]", m) for i, m in enumerate(messages)]
+
+
+def _message(where: str, message: object) -> dict:
+    if not isinstance(message, dict):
+        raise FieldError(where, f"{where} must be an object with a role and content (got {kind_of(message)})")
+    role = message.get("role")
+    if role is None:
+        raise FieldError(f"{where}.role", f"{where}.role is missing; give each message a role: "
+                                          + ", ".join(ROLES))
+    if role not in ROLES:
+        raise FieldError(f"{where}.role", f"{where}.role must be one of {', '.join(ROLES)} (got {role!r})")
+    out: dict = {"role": "system" if role == "developer" else role}
+    may_omit = role == "assistant"       # an assistant turn may be only tool calls
+    out["content"] = _content(f"{where}.content", message.get("content"), may_omit)
+    name = message.get("name")
+    if name is not None:
+        if not isinstance(name, str):
+            raise FieldError(f"{where}.name", f"{where}.name must be a string (got {kind_of(name)})")
+        out["name"] = name
+    if role == "assistant" and message.get("tool_calls") is not None:
+        out["tool_calls"] = _tool_calls(f"{where}.tool_calls", message["tool_calls"])
+    if role == "tool":
+        call_id = message.get("tool_call_id")
+        if not isinstance(call_id, str) or not call_id:
+            raise FieldError(f"{where}.tool_call_id", f"{where}.tool_call_id must be the id of the call this "
+                             f"result answers (got {kind_of(call_id) if call_id != '' else 'an empty string'})")
+        out["tool_call_id"] = call_id
+    return out
+
+
+def _content(where: str, content: object, may_omit: bool) -> str:
+    if content is None:
+        if may_omit:
+            return ""
+        raise FieldError(where, f"{where} is missing; give the message's text as a string")
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise FieldError(where, f"{where} must be a string or a list of {{\"type\": \"text\", \"text\": ...}} "
+                                f"parts (got {kind_of(content)})")
+    return "\n".join(_text_part(f"{where}[{j}]", part) for j, part in enumerate(content))
+
+
+def _text_part(where: str, part: object) -> str:
+    if not isinstance(part, dict):
+        raise FieldError(where, f"{where} must be an object such as {{\"type\": \"text\", \"text\": ...}} "
+                                f"(got {kind_of(part)})")
+    kind = part.get("type")
+    if kind in _NOT_TEXT:
+        raise FieldError(f"{where}.type", f"{where} has type {kind!r}, but this model reads text only; "
+                                          "send text parts only")
+    if kind != "text":
+        raise FieldError(f"{where}.type", f"{where}.type must be \"text\" (got {kind!r})")
+    text = part.get("text")
+    if not isinstance(text, str):
+        raise FieldError(f"{where}.text", f"{where}.text must be a string (got {kind_of(text)})")
+    return text
+
+
+def _tool_calls(where: str, calls: object) -> list[dict]:
+    if not isinstance(calls, list):
+        raise FieldError(where, f"{where} must be a list of calls (got {kind_of(calls)})")
+    return [_tool_call(f"{where}[{j}]", call) for j, call in enumerate(calls)]
+
+
+def _tool_call(where: str, call: object) -> dict:
+    if not isinstance(call, dict):
+        raise FieldError(where, f"{where} must be an object with an id and a function (got {kind_of(call)})")
+    call_id = call.get("id")
+    if not isinstance(call_id, str):
+        raise FieldError(f"{where}.id", f"{where}.id must be the call's id as a string (got {kind_of(call_id)})")
+    if call.get("type", "function") != "function":
+        raise FieldError(f"{where}.type", f"{where}.type must be \"function\" (got {call.get('type')!r})")
+    function = call.get("function")
+    if not isinstance(function, dict):
+        raise FieldError(f"{where}.function", f"{where}.function must be an object with a name and arguments "
+                                              f"(got {kind_of(function)})")
+    name = function.get("name")
+    if not isinstance(name, str) or not name:
+        raise FieldError(f"{where}.function.name", f"{where}.function.name must be the called tool's name "
+                                                   f"(got {name!r})")
+    arguments = _arguments(f"{where}.function.arguments", function.get("arguments"))
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _arguments(where: str, arguments: object) -> dict:
+    if isinstance(arguments, dict):       # some clients send the object itself
+        return arguments
+    if not isinstance(arguments, str):
+        raise FieldError(where, f"{where} must be a JSON object encoded as a string (got {kind_of(arguments)})")
+    try:
+        value = json.loads(arguments)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        reason = f"{exc.msg} at character {exc.pos}" if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
+        raise FieldError(where, f"{where} is not valid JSON ({reason}); send the arguments as a JSON "
+                                "object encoded as a string, e.g. \"{\\\"city\\\": \\\"Paris\\\"}\"") from None
+    if not isinstance(value, dict):
+        raise FieldError(where, f"{where} must encode a JSON object (got {kind_of(value)})")
+    return value

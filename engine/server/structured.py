@@ -1,0 +1,93 @@
+"""Structured output: an OpenAI ``response_format`` as the grammar guide the engine enforces.
+
+``{"type": "text"}`` (or no response_format) leaves the output free; ``{"type": "json_object"}`` makes
+it any JSON object; ``{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`` makes it a
+JSON value that follows ``schema`` (without a schema: any JSON object). The schema is enforced whatever
+``strict`` says: masking the logits costs the same either way, and output that misses the schema helps
+no one.
+"""
+from __future__ import annotations
+
+import json
+
+import llguidance
+
+from engine.errors import ConfigError
+from engine.guided import Guide
+
+_TYPES = ("text", "json_object", "json_schema")
+
+
+class FieldError(ConfigError):
+    """A request field that is malformed; ``param`` is its path (``response_format.json_schema.schema``)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def kind_of(value: object) -> str:
+    """How a JSON value is named in messages: 'an object', 'a list', 'a string', 'null', ..."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    names = {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number"}
+    return names.get(type(value), type(value).__name__)
+
+
+def schema_problem(schema: dict) -> str | None:
+    """Why the grammar library cannot enforce ``schema`` (one line), or None when it can."""
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema)
+    except ValueError as exc:      # a value JSON cannot hold (NaN)
+        return " ".join(str(exc).split())
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    return " ".join(messages[0].split()) if is_error else None
+
+
+def guide_for(response_format: dict | None) -> Guide | None:
+    """The guide that enforces ``response_format``, or None when the output is free text.
+
+    Raises FieldError (a ConfigError) naming the field (``response_format.json_schema.schema``, ...)
+    for anything malformed, with the shape the field needs.
+    """
+    if response_format is None:
+        return None
+    if not isinstance(response_format, dict):
+        raise FieldError("response_format", "response_format must be an object such as {\"type\": "
+                         f"\"json_object\"}} (got {kind_of(response_format)})")
+    kind = response_format.get("type")
+    if kind not in _TYPES:
+        raise FieldError("response_format.type", "response_format.type must be \"text\", \"json_object\" or "
+                         f"\"json_schema\" (got {kind!r})")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return Guide("json", "", source="response_format")
+    return Guide("json", _schema_text(response_format.get("json_schema")), source="response_format.json_schema")
+
+
+def _schema_text(spec: object) -> str:
+    """The schema of a ``json_schema`` response_format, checked, as text ("" = any JSON object)."""
+    where = "response_format.json_schema"
+    if not isinstance(spec, dict):
+        raise FieldError(where, f"{where} must be an object such as {{\"name\": \"answer\", \"schema\": "
+                                f"{{\"type\": \"object\", ...}}}} (got {kind_of(spec)})")
+    for key in ("name", "description"):
+        if spec.get(key) is not None and not isinstance(spec[key], str):
+            raise FieldError(f"{where}.{key}", f"{where}.{key} must be a string (got {kind_of(spec[key])})")
+    if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
+        raise FieldError(f"{where}.strict", f"{where}.strict must be true or false "
+                                            f"(got {kind_of(spec['strict'])})")
+    schema = spec.get("schema")
+    if schema is None:
+        return ""
+    if not isinstance(schema, dict):
+        raise FieldError(f"{where}.schema", f"{where}.schema must be a JSON object (got {kind_of(schema)}); "
+                         "send the JSON schema itself, e.g. {\"type\": \"object\", \"properties\": {...}}")
+    problem = schema_problem(schema)
+    if problem is not None:
+        raise FieldError(f"{where}.schema", f"{where}.schema cannot be enforced ({problem}); fix or remove "
+                                            "that part of the schema")
+    return json.dumps(schema)
