@@ -1,0 +1,191 @@
+"""``POST /v1/chat/completions``: messages through the model's chat template, with structured output
+(``response_format``) and tool calls (``tools`` / ``tool_choice``) from engine/server/structured.py and
+engine/server/tools.py."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from engine.errors import ConfigError, StrataError
+from engine.guided import Guide
+from engine.outputs import RequestDelta
+from engine.sampling import MAX_LOGPROBS
+from engine.server import logprobs as lp
+from engine.server import structured, tools
+from engine.server.completions import SSE_HEADERS
+from engine.server.engine_client import ModelInfo
+from engine.server.errors import error_object
+from engine.server.fields import Fields, bad
+from engine.server.generation import DONE, Choice, Generation, quote, watch_disconnect
+from engine.server.protocol import Common, choice_params, fit, read_common
+from engine.server.state import created, json_body, new_id, record_of, state_of
+
+
+_RESERVED = frozenset({"messages", "add_generation_prompt", "tokenize", "tools"})   # set by the server
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    ids: list[int]
+    plan: tools.ToolPlan
+    guide: Guide | None
+
+
+def prepare(body: dict, info: ModelInfo) -> ChatPrompt:
+    """Messages, tools and response_format as the prompt's token ids and the reply's guide (runs the
+    chat template; call it off the event loop)."""
+    tok = info.tokenizer
+    if tok is None or not tok.has_chat_template:
+        raise bad("messages", "this model has no chat template; send a plain prompt to /v1/completions instead")
+    f = Fields(body)
+    try:
+        messages = tools.render_messages(body.get("messages"))
+        plan = tools.plan_tools(f.raw("tools"), body.get("tool_choice"), tok, f.raw("parallel_tool_calls", True))
+        guide = structured.guide_for(body.get("response_format"))
+    except structured.FieldError as exc:
+        raise bad(exc.param, str(exc)) from None
+    except ConfigError as exc:                       # refused without naming a field
+        raise bad(None, str(exc)) from None
+    if guide is not None and plan.guide is not None:
+        raise bad("response_format", "response_format and a forced tool_choice both constrain the reply; "
+                                     "send one of them")
+    extra = f.obj("chat_template_kwargs") or {}
+    taken = sorted(set(extra) & _RESERVED)
+    if taken:
+        raise bad("chat_template_kwargs", f"chat_template_kwargs may not set {', '.join(taken)}; the server sets it")
+    variables = {**extra, **plan.template_vars}
+    try:
+        ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **variables)
+    except StrataError as exc:
+        raise bad("messages", str(exc)) from None
+    return ChatPrompt(list(ids), plan, guide or plan.guide)
+
+
+async def create_chat_completion(request: Request) -> Response:
+    server = state_of(request)
+    body = await json_body(request)
+    info = await server.client.info()
+    f = Fields(body)
+    k = _logprobs(f)
+    common = read_common(f, info, ("max_completion_tokens", "max_tokens"), None, k)
+    prompt = await asyncio.to_thread(prepare, body, info)
+    params = fit(common, common.params, len(prompt.ids), info, "messages")
+    if prompt.guide is not None:
+        try:
+            params = dataclasses.replace(params, guide=prompt.guide)
+        except ConfigError as exc:
+            raise bad(prompt.guide.source, str(exc)) from None
+    choices = [choice_params(params, j) for j in range(common.n)]
+    server.client.admit(len(choices), info)
+    stream = await server.client.start([prompt.ids] * common.n, choices)
+    gen = Generation(stream, common.n, [len(prompt.ids)], record_of(request), server.metrics)
+    view = ChatView(info, common, k, prompt.plan)
+    if common.stream:
+        return StreamingResponse(view.events(gen, request.receive), media_type="text/event-stream",
+                                 headers=SSE_HEADERS)
+    await gen.collect(request.receive)
+    failure = await gen.failure()
+    if failure is not None:
+        return failure.response()
+    return JSONResponse(view.body(gen))
+
+
+def _logprobs(f: Fields) -> int | None:
+    """Alternatives per token when logprobs are asked for (chat: ``logprobs`` true, ``top_logprobs`` N)."""
+    wanted = f.flag("logprobs", False)
+    top = f.whole("top_logprobs", None, 0, MAX_LOGPROBS)
+    if top is not None and not wanted:
+        raise bad("top_logprobs", "top_logprobs needs logprobs: true")
+    return (top or 0) if wanted else None
+
+
+class ChatView:
+    """The response shapes of one chat request: the whole body, or its server-sent events."""
+
+    def __init__(self, info: ModelInfo, common: Common, k: int | None, plan: tools.ToolPlan) -> None:
+        self.info, self.common, self.k, self.plan = info, common, k, plan
+        self.id, self.created = new_id("chatcmpl"), created()
+        head = json.dumps({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                           "model": info.name})
+        self._head = "data: " + head[:-1] + ', "choices": ['
+
+    def _logprobs(self, ids: list[int] | tuple[int, ...], lps) -> dict | None:
+        if self.k is None:
+            return None
+        return {"content": lp.chat(ids, lp.pad(ids, lps), self.info), "refusal": None}
+
+    def _choice(self, c: Choice) -> dict:
+        text = c.joined
+        message: dict = {"role": "assistant", "content": text}
+        finish = c.finish_reason
+        if self.plan.parser is not None:
+            content, calls = tools.parse_tool_calls(text, self.plan)
+            message["content"] = content
+            if calls:
+                message["tool_calls"] = [call.to_openai() for call in calls]
+                finish = "tool_calls"
+        out = {"index": c.index, "message": message, "logprobs": self._logprobs(c.token_ids, c.logprobs),
+               "finish_reason": finish}
+        if self.common.return_token_ids:
+            out["token_ids"] = c.token_ids
+        return out
+
+    def body(self, gen: Generation) -> dict:
+        return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.info.name,
+                "choices": [self._choice(c) for c in gen.ordered], "usage": gen.usage()}
+
+    def _chunk(self, index: int, delta: dict, finish: str | None = None, logprobs: dict | None = None,
+               ids: list[int] | None = None) -> str:
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        if ids is not None:
+            choice["token_ids"] = ids
+        return f"{self._head}{json.dumps(choice, ensure_ascii=False)}]}}\n\n"
+
+    async def events(self, gen: Generation, receive: Callable) -> AsyncIterator[str]:
+        watch = watch_disconnect(receive, gen.stream)
+        parsers = {c.index: tools.ToolStreamParser(self.plan) for c in gen.ordered}
+        called: set[int] = set()
+        try:
+            yield "".join(self._chunk(c.index, {"role": "assistant", "content": ""}) for c in gen.ordered)
+            async for burst in gen.updates():
+                yield "".join(self._delta(c, d, parsers[c.index], called) for c, d in burst)
+            failure = await gen.failure()
+            if failure is not None:
+                yield f"data: {json.dumps(error_object(failure.status, failure.message, code=failure.code))}\n\n"
+            if self.common.include_usage:
+                yield f"{self._head}], \"usage\": {json.dumps(gen.usage())}}}\n\n"
+            yield DONE
+        finally:
+            watch.cancel()
+            gen.stream.cancel()
+            gen.close()
+
+    def _delta(self, c: Choice, d: RequestDelta, parser: tools.ToolStreamParser, called: set[int]) -> str:
+        events = parser.feed(d.new_text) if d.new_text else []
+        if d.finished:
+            events += parser.finish()
+        parts = []
+        logprobs = self._logprobs(d.new_token_ids, d.logprobs) if d.new_token_ids else None
+        ids = list(d.new_token_ids) if self.common.return_token_ids else None
+        for e in events:
+            if isinstance(e, tools.ToolCallDelta):
+                called.add(c.index)
+                parts.append(self._chunk(c.index, {"tool_calls": [e.to_openai()]}, None, logprobs, ids))
+            elif logprobs is None and ids is None:       # the usual chunk, from a template
+                parts.append(f'{self._head}{{"index": {c.index}, "delta": {{"content": {quote(e.text)}}}, '
+                             f'"logprobs": null, "finish_reason": null}}]}}\n\n')
+            else:
+                parts.append(self._chunk(c.index, {"content": e.text}, None, logprobs, ids))
+            logprobs, ids = None, None                   # the step's tokens go with its first chunk
+        if logprobs is not None or ids:
+            parts.append(self._chunk(c.index, {}, None, logprobs, ids))
+        if d.finished and d.finish_reason != "error":
+            finish = "tool_calls" if c.index in called else d.finish_reason
+            parts.append(self._chunk(c.index, {}, finish))
+        return "".join(parts)

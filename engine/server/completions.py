@@ -1,0 +1,220 @@
+"""``POST /v1/completions``: prompts as text or token ids, one choice per prompt and n."""
+from __future__ import annotations
+
+import asyncio
+import json
+import numbers
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from engine.errors import StrataError
+from engine.outputs import RequestDelta, TokenLogprob
+from engine.sampling import MAX_LOGPROBS
+from engine.server import logprobs as lp
+from engine.server.engine_client import ModelInfo
+from engine.server.errors import error_object
+from engine.server.fields import Fields, bad, show
+from engine.server.generation import DONE, Choice, Generation, quote, quote_or_null, watch_disconnect
+from engine.server.protocol import MAX_CHOICES, Common, choice_params, fit, read_common
+from engine.server.state import ServerState, created, json_body, new_id, record_of, state_of
+
+DEFAULT_MAX_TOKENS = 16            # as OpenAI's completions endpoint
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+_PROMPT_FORMS = "a string, a list of strings, a list of token ids, or a list of token-id lists"
+
+
+@dataclass(frozen=True)
+class Prompt:
+    ids: list[int]
+    text: str | None               # as sent; None when sent as token ids
+
+
+def read_prompts(value: object, info: ModelInfo) -> list[Prompt]:
+    """The ``prompt`` field as token ids (runs the tokenizer; call it off the event loop)."""
+    if value is None:
+        raise bad("prompt", f"prompt is required: {_PROMPT_FORMS}")
+    if isinstance(value, str):
+        items: list = [value]
+    elif isinstance(value, list) and value and all(_is_id(v) for v in value):
+        items = [value]
+    elif isinstance(value, list) and value and (all(isinstance(v, str) for v in value)
+                                                or all(isinstance(v, list) for v in value)):
+        items = value
+    elif isinstance(value, list) and not value:
+        raise bad("prompt", f"prompt is an empty list; give {_PROMPT_FORMS}")
+    else:
+        raise bad("prompt", f"prompt must be {_PROMPT_FORMS} (got {show(value)})")
+    if len(items) > MAX_CHOICES:
+        raise bad("prompt", f"prompt holds {len(items)} prompts; send at most {MAX_CHOICES} in one request")
+    return [_one(item, info, "prompt" if len(items) == 1 else f"prompt[{i}]") for i, item in enumerate(items)]
+
+
+def _is_id(v: object) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _one(item: str | list, info: ModelInfo, where: str) -> Prompt:
+    if isinstance(item, str):
+        if info.tokenizer is None:
+            raise bad(where, "this model has no tokenizer; send the prompt as token ids")
+        ids = info.tokenizer.encode(item)
+        if not ids:
+            raise bad(where, f"{where} is empty; give at least one token of text")
+        return Prompt(ids, item)
+    if not item or not all(_is_id(v) for v in item):
+        raise bad(where, f"{where} must be a non-empty list of token ids (got {show(item)})")
+    out = next((t for t in item if not 0 <= t < info.vocab_size), None)
+    if out is not None:
+        raise bad(where, f"token id {out} in {where} is outside the vocabulary (0..{info.vocab_size - 1})")
+    return Prompt([int(t) for t in item], None)
+
+
+async def create_completion(request: Request) -> Response:
+    server = state_of(request)
+    body = await json_body(request)
+    info = await server.client.info()
+    f = Fields(body)
+    k = f.whole("logprobs", None, 0, MAX_LOGPROBS)
+    echo = f.flag("echo", False)
+    score_only = echo and body.get("max_tokens") == 0 and _is_id(body.get("max_tokens"))
+    common = read_common(Fields({**body, "max_tokens": 1}) if score_only else f, info, ("max_tokens",),
+                         DEFAULT_MAX_TOKENS, k)
+    prompts = await asyncio.to_thread(read_prompts, body.get("prompt"), info)
+    if len(prompts) * common.n > MAX_CHOICES:
+        raise bad("n", f"{len(prompts)} prompts x n={common.n} asks for more than {MAX_CHOICES} choices")
+    params, ids = [], []
+    for i, p in enumerate(prompts):
+        base = fit(common, common.params, len(p.ids), info, "prompt" if len(prompts) == 1 else f"prompt[{i}]")
+        params += [choice_params(base, j) for j in range(common.n)]
+        ids += [p.ids] * common.n
+    if not score_only:
+        server.client.admit(len(params), info)
+    echoed = await _echoed(server, prompts, info, k) if echo else None
+    view = CompletionView(info, prompts, common, k, echoed)
+    record = record_of(request)
+    if score_only:
+        record.prompt_tokens = sum(len(p.ids) for p in prompts)
+        return JSONResponse(view.scored(common.n))
+    stream = await server.client.start(ids, params)
+    gen = Generation(stream, common.n, [len(p.ids) for p in prompts], record, server.metrics)
+    if common.stream:
+        return StreamingResponse(view.events(gen, request.receive), media_type="text/event-stream",
+                                 headers=SSE_HEADERS)
+    await gen.collect(request.receive)
+    failure = await gen.failure()
+    if failure is not None:
+        return failure.response()
+    return JSONResponse(view.body(gen))
+
+
+@dataclass(frozen=True)
+class Echoed:
+    """What echo puts before each prompt's choices: its text and (with logprobs) its tokens' own."""
+
+    texts: list[str]
+    logprobs: list[list[TokenLogprob | None]] | None
+
+
+async def _echoed(server: ServerState, prompts: list[Prompt], info: ModelInfo, k: int | None) -> Echoed:
+    tok = info.tokenizer
+    texts = [p.text if p.text is not None else (tok.decode(p.ids, skip_special_tokens=False) if tok else "")
+             for p in prompts]
+    if k is None:
+        return Echoed(texts, None)
+    seqs = [p.ids for p in prompts]
+    try:
+        logits = await server.client.call(lambda e: e.score_batch(seqs))
+    except StrataError as exc:
+        raise bad("prompt", str(exc)) from None
+    scored = await asyncio.to_thread(lambda: [lp.prompt_logprobs(x, s, k) for x, s in zip(logits, seqs)])
+    return Echoed(texts, scored)
+
+
+class CompletionView:
+    """The response shapes of one request: the whole body, or its server-sent events."""
+
+    def __init__(self, info: ModelInfo, prompts: list[Prompt], common: Common, k: int | None,
+                 echoed: Echoed | None) -> None:
+        self.info, self.prompts, self.common, self.k, self.echoed = info, prompts, common, k, echoed
+        self.id, self.created = new_id("cmpl"), created()
+        head = json.dumps({"id": self.id, "object": "text_completion", "created": self.created, "model": info.name})
+        self._head = "data: " + head[:-1] + ', "choices": ['
+
+    def _echo(self, prompt_index: int) -> tuple[str, dict | None, int]:
+        """(text, logprobs, next text offset) of what echo puts first."""
+        if self.echoed is None:
+            return "", None, 0
+        text = self.echoed.texts[prompt_index]
+        if self.echoed.logprobs is None:
+            return text, None, len(text)
+        obj, offset = lp.legacy(self.prompts[prompt_index].ids, self.echoed.logprobs[prompt_index], self.info, 0)
+        return text, obj, offset
+
+    def _choice(self, c: Choice) -> dict:
+        text, echo_lp, offset = self._echo(c.prompt_index)
+        logprobs = None
+        if self.k is not None:
+            own, _ = lp.legacy(c.token_ids, lp.pad(c.token_ids, c.logprobs), self.info, offset)
+            logprobs = lp.merge_legacy([echo_lp, own] if echo_lp is not None else [own])
+        out = {"index": c.index, "text": text + c.joined, "logprobs": logprobs, "finish_reason": c.finish_reason}
+        if self.common.return_token_ids:
+            out["token_ids"] = c.token_ids
+        return out
+
+    def body(self, gen: Generation) -> dict:
+        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.info.name,
+                "choices": [self._choice(c) for c in gen.ordered], "usage": gen.usage()}
+
+    def scored(self, n: int) -> dict:
+        """echo with max_tokens 0: the prompts and their logprobs, nothing generated."""
+        choices = [self._choice(Choice(i * n + j, i, finish_reason="length"))
+                   for i in range(len(self.prompts)) for j in range(n)]
+        used = sum(len(p.ids) for p in self.prompts)
+        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.info.name,
+                "choices": choices, "usage": {"prompt_tokens": used, "completion_tokens": 0, "total_tokens": used}}
+
+    def _chunk(self, choice: dict) -> str:
+        return f"{self._head}{json.dumps(choice, ensure_ascii=False)}]}}\n\n"
+
+    async def events(self, gen: Generation, receive: Callable) -> AsyncIterator[str]:
+        watch = watch_disconnect(receive, gen.stream)
+        offsets: dict[int, int] = {}
+        try:
+            first = []
+            for c in gen.ordered:
+                text, echo_lp, offsets[c.index] = self._echo(c.prompt_index)
+                if text:
+                    first.append(self._chunk({"index": c.index, "text": text, "logprobs": echo_lp,
+                                              "finish_reason": None}))
+            if first:
+                yield "".join(first)
+            async for burst in gen.updates():
+                yield "".join(self._delta(c, d, offsets) for c, d in burst)
+            failure = await gen.failure()
+            if failure is not None:
+                yield f"data: {json.dumps(error_object(failure.status, failure.message, code=failure.code))}\n\n"
+            if self.common.include_usage:
+                yield f"{self._head}], \"usage\": {json.dumps(gen.usage())}}}\n\n"
+            yield DONE
+        finally:
+            watch.cancel()
+            gen.stream.cancel()
+            gen.close()
+
+    def _delta(self, c: Choice, d: RequestDelta, offsets: dict[int, int]) -> str:
+        finish = d.finish_reason if d.finished and d.finish_reason != "error" else None
+        if not (d.new_text or d.new_token_ids or finish):
+            return ""
+        if self.k is None and not self.common.return_token_ids:     # the usual chunk, from a template
+            return (f'{self._head}{{"index": {c.index}, "text": {quote(d.new_text)}, "logprobs": null, '
+                    f'"finish_reason": {quote_or_null(finish)}}}]}}\n\n')
+        choice: dict = {"index": c.index, "text": d.new_text, "logprobs": None, "finish_reason": finish}
+        if self.k is not None and d.new_token_ids:
+            choice["logprobs"], offsets[c.index] = lp.legacy(d.new_token_ids, lp.pad(d.new_token_ids, d.logprobs),
+                                                             self.info, offsets[c.index])
+        if self.common.return_token_ids:
+            choice["token_ids"] = list(d.new_token_ids)
+        return self._chunk(choice)

@@ -1,0 +1,167 @@
+"""Request bodies: JSON parsed strictly, and fields read with one-line refusals that name the field.
+
+The endpoints read their bodies here rather than through pydantic models, so every refusal is one
+sentence in the engine's own wording (sampling fields go through ``SamplingParams``, whose checks
+name the field, the value and the fix).
+"""
+from __future__ import annotations
+
+import json
+import math
+import numbers
+from collections.abc import Mapping
+from typing import Any
+
+from engine.server.errors import APIError
+
+MAX_DEPTH = 64            # deeper bodies are refused before anything walks them recursively
+_JSON_TYPES = ("application/json", "text/plain", "application/x-www-form-urlencoded")
+
+
+def _no_constants(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_json_object(raw: bytes, content_type: str | None) -> dict:
+    """The body as a JSON object, or a 400/415 APIError saying what is wrong with it.
+
+    Accepts the media types clients send JSON with (``curl -d`` says form-urlencoded). Refuses NaN and
+    Infinity (not JSON), text that is not UTF-8, lone surrogates (which no tokenizer can encode), and
+    nesting deeper than MAX_DEPTH.
+    """
+    media = (content_type or "").split(";")[0].strip().lower()
+    if media and media not in _JSON_TYPES and not media.endswith("+json"):
+        raise APIError(415, f"the body is {media}; send JSON with Content-Type: application/json",
+                       code="unsupported_media_type")
+    if not raw.strip():
+        raise APIError(400, "the request body is empty; send a JSON object", code="invalid_json")
+    try:
+        body = json.loads(raw, parse_constant=_no_constants)
+    except UnicodeDecodeError:
+        raise APIError(400, "the request body is not UTF-8 text; send JSON encoded as UTF-8", code="invalid_json") from None
+    except RecursionError:
+        raise APIError(400, f"the request body nests deeper than {MAX_DEPTH} levels", code="invalid_json") from None
+    except ValueError as exc:
+        raise APIError(400, f"the request body is not valid JSON ({exc}); send a JSON object",
+                       code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise APIError(400, f"the request body must be a JSON object (got a JSON {_json_kind(body)})",
+                       code="invalid_json")
+    _check_tree(body)
+    return body
+
+
+def _check_tree(body: dict) -> None:
+    """Depth and string check without recursion (a deep body must not exhaust the stack)."""
+    stack: list[tuple[Any, int]] = [(body, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise APIError(400, f"the request body nests deeper than {MAX_DEPTH} levels", code="invalid_json")
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, value in items:
+            if isinstance(key, str):
+                _check_text(key)
+            if isinstance(value, str):
+                _check_text(value)
+            elif isinstance(value, (dict, list)):
+                stack.append((value, depth + 1))
+
+
+def _check_text(s: str) -> None:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        raise APIError(400, "the request body holds a lone UTF-16 surrogate escape (such as \\ud800), which is "
+                            "not text; send valid Unicode", code="invalid_json") from None
+
+
+def _json_kind(value: object) -> str:
+    return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(value), "number" if isinstance(value, (int, float)) else type(value).__name__)
+
+
+def show(value: object, limit: int = 60) -> str:
+    """A value for an error message, cut short."""
+    text = json.dumps(value, ensure_ascii=False) if isinstance(value, (dict, list, str)) else repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def bad(name: str | None, message: str, code: str | None = None) -> APIError:
+    """A 400 about the field ``name`` (None: the request as a whole)."""
+    return APIError(400, message, param=name, code=code)
+
+
+class Fields:
+    """Typed reads of one JSON object's fields; an absent field or JSON null gives the default."""
+
+    def __init__(self, body: Mapping[str, Any], prefix: str = "") -> None:
+        self.body = body
+        self.prefix = prefix
+
+    def name(self, key: str) -> str:
+        return f"{self.prefix}{key}"
+
+    def given(self, key: str) -> bool:
+        return self.body.get(key) is not None
+
+    def raw(self, key: str, default: Any = None) -> Any:
+        value = self.body.get(key)
+        return default if value is None else value
+
+    def whole(self, key: str, default: int | None, lo: int, hi: int | None = None, hint: str = "") -> int | None:
+        value = self.body.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < lo or (hi is not None and value > hi):
+            span = f"from {lo} to {hi}" if hi is not None else f">= {lo}"
+            raise bad(self.name(key), f"{self.name(key)} must be a whole number {span} (got {show(value)})"
+                      + (f"; {hint}" if hint else ""))
+        return int(value)
+
+    def number(self, key: str, default: float | None) -> float | None:
+        value = self.body.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            raise bad(self.name(key), f"{self.name(key)} must be a number (got {show(value)})")
+        return float(value)
+
+    def flag(self, key: str, default: bool) -> bool:
+        value = self.body.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise bad(self.name(key), f"{self.name(key)} must be true or false (got {show(value)})")
+        return value
+
+    def text(self, key: str, default: str | None = None) -> str | None:
+        value = self.body.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            raise bad(self.name(key), f"{self.name(key)} must be a string (got {show(value)})")
+        return value
+
+    def obj(self, key: str) -> dict | None:
+        value = self.body.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise bad(self.name(key), f"{self.name(key)} must be a JSON object (got {show(value)})")
+        return value
+
+    def array(self, key: str) -> list | None:
+        value = self.body.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, list):
+            raise bad(self.name(key), f"{self.name(key)} must be a list (got {show(value)})")
+        return value
+
+    def unsupported(self, key: str, neutral: tuple, hint: str) -> None:
+        """Refuse a field the engine does not implement unless it has its neutral value."""
+        value = self.body.get(key)
+        if value is not None and value not in neutral:
+            raise bad(key, f"{key} is not supported by this server (got {show(value)}); {hint}",
+                      code="unsupported_parameter")

@@ -1,0 +1,145 @@
+"""One HTTP request's choices as their deltas arrive, with the latencies the metrics and the access
+line report, and the watch that cancels them when the client goes away."""
+from __future__ import annotations
+
+import asyncio
+import json
+import json.encoder
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+
+from engine.outputs import RequestDelta, TokenLogprob
+from engine.server.asgi import AccessRecord
+from engine.server.engine_client import Stream
+from engine.server.errors import APIError
+from engine.server.metrics import ServerMetrics
+
+DONE = "data: [DONE]\n\n"
+quote = json.encoder.encode_basestring     # a str as a JSON string (what json.dumps does, without its overhead)
+
+
+def quote_or_null(text: str | None) -> str:
+    return "null" if text is None else quote(text)
+
+
+@dataclass
+class Choice:
+    """What one engine request has produced so far."""
+
+    index: int
+    prompt_index: int
+    text: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+    error: str | None = None
+    last_at: float | None = None
+
+    @property
+    def joined(self) -> str:
+        return "".join(self.text)
+
+
+class Generation:
+    """The choices of one request (prompt i's choice j is index i * n + j) fed from its :class:`Stream`."""
+
+    def __init__(self, stream: Stream, n: int, prompt_tokens: Sequence[int], record: AccessRecord,
+                 metrics: ServerMetrics) -> None:
+        self.stream = stream
+        self.choices = {rid: Choice(i, i // n) for i, rid in enumerate(stream.ids)}
+        self.ordered = list(self.choices.values())
+        self.prompt_tokens = sum(prompt_tokens)        # each prompt once, however many choices it has
+        self.record = record
+        self.metrics = metrics
+        record.prompt_tokens = self.prompt_tokens
+        self._closed = False
+
+    async def updates(self) -> AsyncIterator[list[tuple[Choice, RequestDelta]]]:
+        """Every burst of deltas, as it arrives, until every choice has finished."""
+        while not self.stream.done:
+            burst = await self.stream.batch()
+            now = time.perf_counter()
+            out = []
+            for d in burst:
+                c = self.choices[d.request_id]
+                self._add(c, d, now)
+                out.append((c, d))
+            yield out
+        self.close()
+
+    def _add(self, c: Choice, d: RequestDelta, now: float) -> None:
+        if d.new_token_ids:
+            k = len(d.new_token_ids)
+            if c.last_at is None:
+                ttft = now - self.record.start
+                self.metrics.ttft.observe(ttft)
+                if self.record.ttft_s is None:
+                    self.record.ttft_s = ttft
+            else:
+                gap = (now - c.last_at) / k
+                for _ in range(k):
+                    self.metrics.inter_token.observe(gap)
+            c.last_at = self.record.last_token_at = now
+            c.token_ids += d.new_token_ids
+            c.logprobs += d.logprobs
+        if d.new_text:
+            c.text.append(d.new_text)
+        if d.finished:
+            c.finish_reason, c.error = d.finish_reason, d.error
+
+    def close(self) -> None:
+        """Report the request's tokens and finish (once; also when the client left part-way)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.record.completion_tokens = self.completion_tokens
+        reasons = sorted({c.finish_reason or "-" for c in self.ordered})
+        self.record.finish = ",".join(reasons)
+        self.metrics.prompt_tokens.inc(self.prompt_tokens)
+        self.metrics.completion_tokens.inc(self.completion_tokens)
+        self.metrics.totals.add(self.prompt_tokens, self.completion_tokens, self.record.ttft_s)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(len(c.token_ids) for c in self.ordered)
+
+    def usage(self) -> dict:
+        done = self.completion_tokens
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": done,
+                "total_tokens": self.prompt_tokens + done}
+
+    async def failure(self) -> APIError | None:
+        """Why a choice ended in an error, as the status it deserves: 503 when the model was unloaded or
+        replaced meanwhile (retry), 500 when a step failed on a bug, else 400 (e.g. output that could not
+        follow its guide)."""
+        failed = next((c for c in self.ordered if c.finish_reason == "error"), None)
+        if failed is None:
+            return None
+        why = failed.error or "the engine ended this request"
+        if await self.stream.engine_gone():
+            return APIError(503, f"{why}; retry", code="model_not_loaded", headers={"Retry-After": "1"})
+        if why.startswith("internal error"):
+            return APIError(500, "the engine failed on a step (a bug; the server log has the details)",
+                            code="internal_error")
+        return APIError(400, why, code="generation_failed")
+
+    async def collect(self, receive: Callable) -> None:
+        """Wait for every choice to finish; a client that disconnects meanwhile cancels them."""
+        watch = watch_disconnect(receive, self.stream)
+        try:
+            async for _ in self.updates():
+                pass
+        finally:
+            watch.cancel()
+            self.close()
+
+
+def watch_disconnect(receive: Callable, stream: Stream) -> asyncio.Task:
+    """A task that cancels ``stream``'s requests as soon as the connection reports a disconnect (the body
+    has been read already, so the next message can only be that)."""
+    async def watch() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        stream.cancel()
+    return asyncio.get_running_loop().create_task(watch())

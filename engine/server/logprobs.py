@@ -1,0 +1,68 @@
+"""Log-probabilities in OpenAI's two shapes (legacy completions, chat), and a prompt's own from scoring."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from engine.outputs import TokenLogprob
+from engine.server.engine_client import ModelInfo
+
+FLOOR = -9999.0          # -inf is not JSON; a token the model rules out reads as this
+
+
+def _f(v: float) -> float:
+    return v if v > FLOOR else FLOOR
+
+
+def pad(ids: Sequence[int], lps: Sequence[TokenLogprob]) -> list[TokenLogprob | None]:
+    """One entry per token id (None where the engine reported none)."""
+    return list(lps[:len(ids)]) + [None] * (len(ids) - len(lps))
+
+
+def prompt_logprobs(logits: torch.Tensor, ids: Sequence[int], k: int) -> list[TokenLogprob | None]:
+    """Each prompt token's logprob given the tokens before it (the first has none) and the ``k``
+    likeliest tokens at its place, from the prompt's logits [T, V]."""
+    if len(ids) < 2:
+        return [None] * len(ids)
+    logp = torch.log_softmax(logits[:-1].float(), dim=-1)                            # [T-1, V]
+    nxt = torch.tensor(list(ids[1:]), dtype=torch.long)                              # [T-1]
+    chosen = logp.gather(1, nxt.unsqueeze(1)).squeeze(1).tolist()                    # [T-1]
+    if k > 0:
+        top_v, top_i = logp.topk(k, dim=-1)                                          # [T-1, k]
+        tops = [tuple(zip(i, v)) for i, v in zip(top_i.tolist(), top_v.tolist())]
+    else:
+        tops = [()] * len(chosen)
+    return [None] + [TokenLogprob(t, lp, top) for t, lp, top in zip(ids[1:], chosen, tops)]
+
+
+def legacy(ids: Sequence[int], lps: Sequence[TokenLogprob | None], info: ModelInfo, offset: int) -> tuple[dict, int]:
+    """The completions shape for ``ids``, text offsets counted from ``offset``; returns (object, next offset)."""
+    tokens, token_lps, tops, offsets = [], [], [], []
+    for tid, lp in zip(ids, lps):
+        s = info.token_text(tid)
+        tokens.append(s)
+        token_lps.append(None if lp is None else _f(lp.logprob))
+        tops.append(None if lp is None else {info.token_text(i): _f(v) for i, v in lp.top})
+        offsets.append(offset)
+        offset += len(s)
+    return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}, offset
+
+
+def merge_legacy(parts: Sequence[dict]) -> dict:
+    return {k: [x for p in parts for x in p[k]] for k in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
+
+
+def chat(ids: Sequence[int], lps: Sequence[TokenLogprob | None], info: ModelInfo) -> list[dict]:
+    """The chat shape's ``content`` entries for ``ids``."""
+    out = []
+    for tid, lp in zip(ids, lps):
+        s = info.token_text(tid)
+        top = [] if lp is None else [_entry(info.token_text(i), v) for i, v in lp.top]
+        out.append({**_entry(s, None if lp is None else lp.logprob), "top_logprobs": top})
+    return out
+
+
+def _entry(token: str, logprob: float | None) -> dict:
+    return {"token": token, "logprob": None if logprob is None else _f(logprob),
+            "bytes": list(token.encode("utf-8", "replace"))}

@@ -1,0 +1,81 @@
+"""The small endpoints: models, health, metrics, and Strata's own stats and live settings."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from engine.config import LIVE_OPTIONS
+from engine.errors import StrataError
+from engine.server.errors import APIError
+from engine.server.metrics import CONTENT_TYPE
+from engine.server.state import json_body, state_of
+
+
+async def list_models(request: Request) -> Response:
+    client = state_of(request).client
+    if not client.loaded():
+        return JSONResponse({"object": "list", "data": []})
+    info = await client.info()
+    return JSONResponse({"object": "list", "data": [{
+        "id": info.name, "object": "model", "created": info.created, "owned_by": "strata",
+        "root": info.path, "max_model_len": info.context_tokens}]})
+
+
+async def health(request: Request) -> Response:
+    if state_of(request).client.loaded():
+        return JSONResponse({"status": "ok"})
+    return APIError(503, "no model is loaded yet", code="model_not_loaded", headers={"Retry-After": "1"}).response()
+
+
+async def metrics(request: Request) -> Response:
+    server = state_of(request)
+    stats = await server.client.call(lambda e: None if e is None else e.stats()) if server.client.loaded() else None
+    server.metrics.update(stats)
+    if stats is not None:
+        await asyncio.to_thread(server.metrics.sample_gpu, stats.device)
+    return Response(server.metrics.render(), media_type=CONTENT_TYPE)
+
+
+async def strata_stats(request: Request) -> Response:
+    client = state_of(request).client
+    await client.info()                                  # 503 when no model is loaded
+    stats = await client.call(lambda e: e.stats())
+    return JSONResponse(dataclasses.asdict(stats))
+
+
+async def get_config(request: Request) -> Response:
+    """Every live option: its value now, and whether it can change now (and why not)."""
+    client = state_of(request).client
+    await client.info()
+    options = await client.call(_live_state)
+    return JSONResponse({"options": options})
+
+
+def _live_state(engine) -> dict:
+    usable = engine.live_options()
+    return {name: {"value": _jsonable(getattr(engine.config, name)), "usable": why is None, "reason": why}
+            for name, why in sorted(usable.items())}
+
+
+def _jsonable(value: object) -> object:
+    return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
+
+
+async def set_config(request: Request) -> Response:
+    """Apply live options as the workbench's knobs do; the engine's refusal comes back as a 400."""
+    server = state_of(request)
+    body = await json_body(request)
+    await server.client.info()
+    if not body:
+        raise APIError(400, f"send at least one live option; they are {', '.join(sorted(LIVE_OPTIONS))}")
+    try:
+        applied = await server.client.call(lambda e: e.reconfigure(**body))
+    except StrataError as exc:
+        param = next(iter(body)) if len(body) == 1 else None
+        raise APIError(400, str(exc), param=param, code="invalid_option") from None
+    if "max_batch" in body:
+        await server.client.refresh()                    # admission counts against the new batch
+    return JSONResponse({"applied": applied})

@@ -1,0 +1,36 @@
+"""Helpers of the HTTP tests (beside conftest.py's fixtures)."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from engine.loop import EngineLoop
+
+DEMO = Path(__file__).resolve().parents[2] / "resources" / "models" / "demo"
+KEY = "test-key"
+TIMEOUT = 60.0
+
+
+def engine_idle(loop: EngineLoop, timeout: float = 20.0) -> dict:
+    """Poll the loop until the engine runs and holds nothing (bounded, generous); the last reading."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = loop.call(lambda e: {"running": len(e.scheduler.running), "waiting": len(e.scheduler.waiting),
+                                     "kv_blocks_used": e.loaded.allocator.num_used,
+                                     "generated": e.stats().generated_tokens}).result(TIMEOUT)
+        if not (state["running"] or state["waiting"] or state["kv_blocks_used"]) or time.monotonic() > deadline:
+            return state
+        time.sleep(0.01)
+
+
+def sse_events(lines) -> list[dict]:
+    """The JSON events of a server-sent event stream's lines, up to [DONE]."""
+    out = []
+    for line in lines:
+        if not line.startswith("data: "):
+            continue
+        if line == "data: [DONE]":
+            break
+        out.append(json.loads(line[6:]))
+    return out

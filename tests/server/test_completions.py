@@ -1,0 +1,147 @@
+"""/v1/completions through the official openai client: text and token-id prompts, streaming, usage,
+stop strings, seeds, n, logprobs and echo."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+GREEDY = {"temperature": 0}
+IDS = {"return_token_ids": True}
+
+
+def test_models_lists_the_served_model(client, engine):
+    models = client.models.list().data
+    assert [m.id for m in models] == ["demo"]
+    assert models[0].model_extra["max_model_len"] == engine.context_tokens
+
+
+def test_a_completion_returns_text_tokens_and_usage_equal_to_them(client, engine):
+    r = client.completions.create(model="demo", prompt="Once upon a time", max_tokens=12,
+                                  extra_body={**IDS, "ignore_eos": True}, **GREEDY)
+    choice = r.choices[0]
+    ids = choice.model_extra["token_ids"]
+    assert len(ids) == 12 and choice.finish_reason == "length"
+    assert choice.text == engine.tokenizer.decode(ids)
+    assert r.usage.prompt_tokens == len(engine.tokenizer.encode("Once upon a time"))
+    assert r.usage.completion_tokens == len(ids) and r.usage.total_tokens == r.usage.prompt_tokens + len(ids)
+    assert r.model == "demo" and r.object == "text_completion"
+
+
+def test_the_model_folder_path_or_no_model_name_the_served_model(client, http, engine):
+    by_name = client.completions.create(model="demo", prompt="Hi", max_tokens=4, **GREEDY).choices[0].text
+    by_path = client.completions.create(model=str(engine.config.model), prompt="Hi", max_tokens=4, **GREEDY)
+    unnamed = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 4, **GREEDY}).json()
+    assert by_path.choices[0].text == unnamed["choices"][0]["text"] == by_name and by_path.model == "demo"
+
+
+def test_streaming_gives_the_same_text_and_tokens_as_a_whole_reply(client):
+    args = dict(model="demo", prompt="The king said", max_tokens=16, extra_body={**IDS, "ignore_eos": True}, **GREEDY)
+    whole = client.completions.create(**args)
+    chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True}, **args))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    ids = [t for c in chunks if c.choices for t in c.choices[0].model_extra.get("token_ids", [])]
+    assert text == whole.choices[0].text and ids == whole.choices[0].model_extra["token_ids"]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+    usage = chunks[-1]
+    assert usage.choices == [] and usage.usage.completion_tokens == len(ids) == 16
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_a_token_id_prompt_and_a_list_of_prompts(client, engine):
+    ids = engine.tokenizer.encode("Once upon a time")
+    by_ids = client.completions.create(model="demo", prompt=ids, max_tokens=6, **GREEDY)
+    by_text = client.completions.create(model="demo", prompt="Once upon a time", max_tokens=6, **GREEDY)
+    assert by_ids.choices[0].text == by_text.choices[0].text
+    both = client.completions.create(model="demo", prompt=["Once upon a time", "The sea"], max_tokens=6, **GREEDY)
+    assert [c.index for c in both.choices] == [0, 1]
+    assert both.choices[0].text == by_text.choices[0].text
+    assert both.usage.prompt_tokens == len(ids) + len(engine.tokenizer.encode("The sea"))
+
+
+def test_a_stop_string_ends_the_text_before_it(client):
+    free = client.completions.create(model="demo", prompt="Once upon a time", max_tokens=30,
+                                     extra_body={"ignore_eos": True}, **GREEDY).choices[0].text
+    word = free.split()[3]
+    cut = client.completions.create(model="demo", prompt="Once upon a time", max_tokens=30, stop=[word],
+                                    extra_body={"ignore_eos": True}, **GREEDY).choices[0]
+    assert cut.finish_reason == "stop" and word not in cut.text
+    assert free.startswith(cut.text) and len(cut.text) == free.index(word)
+
+
+def test_a_seed_reproduces_a_sampled_reply_and_n_gives_each_choice_its_own(client):
+    args = dict(model="demo", prompt="In the morning", max_tokens=8, temperature=1.0, extra_body={"ignore_eos": True})
+    a = client.completions.create(seed=7, **args).choices[0].text
+    b = client.completions.create(seed=7, **args).choices[0].text
+    c = client.completions.create(seed=8, **args).choices[0].text
+    assert a == b and a != c
+    three = client.completions.create(seed=7, n=3, **args).choices
+    assert [x.index for x in three] == [0, 1, 2]
+    assert [x.text for x in three] == [a, c, client.completions.create(seed=9, **args).choices[0].text]
+
+
+def test_logprobs_in_the_legacy_shape(client, engine):
+    r = client.completions.create(model="demo", prompt="Once upon a time", max_tokens=5, logprobs=3,
+                                  extra_body={**IDS, "ignore_eos": True}, **GREEDY)
+    c = r.choices[0]
+    lp = c.logprobs
+    ids = c.model_extra["token_ids"]
+    assert lp.tokens == [engine.tokenizer.decode([t], skip_special_tokens=False) for t in ids]
+    assert len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == r.usage.completion_tokens == 5
+    for chosen, top in zip(lp.token_logprobs, lp.top_logprobs):
+        assert chosen <= 0 and len(top) == 3
+        assert math.isclose(max(top.values()), chosen, abs_tol=1e-4)     # greedy picks the likeliest
+    assert lp.text_offset[0] == 0 and lp.text_offset[1] == len(lp.tokens[0])
+
+
+def test_echo_puts_the_prompt_first_and_scores_its_tokens(client, engine):
+    prompt = "Once upon a time"
+    n_prompt = len(engine.tokenizer.encode(prompt))
+    r = client.completions.create(model="demo", prompt=prompt, max_tokens=4, echo=True, logprobs=1, **GREEDY)
+    c = r.choices[0]
+    assert c.text.startswith(prompt) and len(c.text) > len(prompt)
+    assert len(c.logprobs.tokens) == n_prompt + 4
+    assert c.logprobs.token_logprobs[0] is None and c.logprobs.top_logprobs[0] is None
+    assert all(v <= 0 for v in c.logprobs.token_logprobs[1:])
+    assert c.logprobs.text_offset[n_prompt] == len(prompt)
+
+
+def test_echo_with_max_tokens_zero_only_scores_the_prompt(client, engine, loop):
+    prompt = "Once upon a time"
+    ids = engine.tokenizer.encode(prompt)
+    r = client.completions.create(model="demo", prompt=prompt, max_tokens=0, echo=True, logprobs=0)
+    c = r.choices[0]
+    assert c.text == prompt and r.usage.completion_tokens == 0 and r.usage.prompt_tokens == len(ids)
+    logits = loop.call(lambda e: e.score(ids)).result(30)                     # [T, V]
+    expected = torch.log_softmax(logits[:-1].float(), dim=-1).gather(1, torch.tensor(ids[1:]).unsqueeze(1))
+    assert c.logprobs.token_logprobs[0] is None
+    assert c.logprobs.token_logprobs[1:] == pytest.approx(expected.squeeze(1).tolist(), abs=1e-5)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_n_choices_each_get_their_own_index_and_tokens(client, stream):
+    args = dict(model="demo", prompt="The sea", max_tokens=5, n=2, seed=1, temperature=1.0,
+                extra_body={**IDS, "ignore_eos": True})
+    if stream:
+        chunks = list(client.completions.create(stream=True, **args))
+        ids = {0: [], 1: []}
+        for ch in chunks:
+            for c in ch.choices:
+                ids[c.index] += c.model_extra.get("token_ids", [])
+    else:
+        ids = {c.index: c.model_extra["token_ids"] for c in client.completions.create(**args).choices}
+    assert sorted(ids) == [0, 1] and all(len(v) == 5 for v in ids.values())
+
+
+def test_a_streamed_echo_starts_with_the_prompt_and_chunks_carry_their_tokens_logprobs(client):
+    chunks = list(client.completions.create(model="demo", prompt="The sea", max_tokens=6, echo=True, logprobs=1,
+                                            stream=True, temperature=0, extra_body={**IDS, "ignore_eos": True}))
+    first = chunks[0].choices[0]
+    assert first.text == "The sea" and first.logprobs.token_logprobs[0] is None
+    later = [c.choices[0] for c in chunks[1:] if c.choices and c.choices[0].model_extra.get("token_ids")]
+    assert sum(len(c.model_extra["token_ids"]) for c in later) == 6
+    for c in later:
+        assert len(c.logprobs.tokens) == len(c.logprobs.token_logprobs) == len(c.model_extra["token_ids"])
+    offsets = [o for c in later for o in c.logprobs.text_offset]
+    assert offsets[0] == len("The sea") and offsets == sorted(offsets)

@@ -1,0 +1,187 @@
+"""Malformed and hostile requests: each gets a 4xx OpenAI error object naming what is wrong, and the
+server answers a good request right after; a full queue is a 503 with Retry-After."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+
+from engine.server import BackgroundServer, ServerSettings
+from http_helpers import KEY, engine_idle
+
+AUTH = {"Authorization": f"Bearer {KEY}"}
+JSON = {**AUTH, "Content-Type": "application/json"}
+CHAT = "/v1/chat/completions"
+COMPLETE = "/v1/completions"
+HI = [{"role": "user", "content": "Hi"}]
+
+
+def _json(**fields) -> bytes:
+    return json.dumps({"model": "demo", **fields}).encode()
+
+
+def _deep(levels: int) -> bytes:
+    return b'{"prompt": ' + b"[" * levels + b"]" * levels + b"}"
+
+
+# (id, method, path, headers, body, status, param or None, words the message must hold)
+HOSTILE = [
+    ("invalid-json", "POST", COMPLETE, JSON, b'{"prompt": "Hi", ', 400, None, "not valid JSON"),
+    ("body-not-an-object", "POST", COMPLETE, JSON, b'["Hi"]', 400, None, "must be a JSON object"),
+    ("empty-body", "POST", COMPLETE, JSON, b"", 400, None, "body is empty"),
+    ("max-tokens-wrong-type", "POST", COMPLETE, JSON, _json(prompt="Hi", max_tokens="ten"), 400, "max_tokens",
+     "max_tokens must be a whole number"),
+    ("max-tokens-negative", "POST", COMPLETE, JSON, _json(prompt="Hi", max_tokens=-5), 400, "max_tokens",
+     "max_tokens must be a whole number >= 1 (got -5)"),
+    ("max-tokens-huge", "POST", COMPLETE, JSON, _json(prompt="Hi", max_tokens=10**12), 400, "max_tokens",
+     "at most the 512-token context"),
+    ("temperature-negative", "POST", COMPLETE, JSON, _json(prompt="Hi", temperature=-1), 400, "temperature",
+     "temperature must be a number >= 0 (got -1)"),
+    ("top-p-zero", "POST", CHAT, JSON, _json(messages=HI, top_p=0), 400, "top_p", "top_p must be a number in (0, 1]"),
+    ("seed-a-string", "POST", COMPLETE, JSON, _json(prompt="Hi", seed="lucky"), 400, "seed", "seed must be"),
+    ("unknown-model", "POST", COMPLETE, JSON, _json(prompt="Hi") .replace(b'"demo"', b'"gpt-4"'), 404, "model",
+     "model \"gpt-4\" is not served here"),
+    ("message-without-role", "POST", CHAT, JSON, _json(messages=[{"content": "Hi"}]), 400, "messages[0].role",
+     "messages[0].role is missing"),
+    ("messages-not-a-list", "POST", CHAT, JSON, _json(messages="Hi"), 400, "messages", "messages must be"),
+    ("empty-prompt", "POST", COMPLETE, JSON, _json(prompt=""), 400, "prompt", "prompt is empty"),
+    ("prompt-beyond-context", "POST", COMPLETE, JSON, _json(prompt="the sea " * 400, max_tokens=16), 400, "prompt",
+     "tokens over the 512-token context"),
+    ("chat-beyond-context", "POST", CHAT, JSON, _json(messages=[{"role": "user", "content": "the sea " * 400}]),
+     400, "messages", "tokens over the 512-token context"),
+    ("n-zero", "POST", COMPLETE, JSON, _json(prompt="Hi", n=0), 400, "n", "n must be a whole number from 1 to 128"),
+    ("n-thousand", "POST", COMPLETE, JSON, _json(prompt="Hi", n=1000), 400, "n", "(got 1000)"),
+    ("logprobs-99", "POST", COMPLETE, JSON, _json(prompt="Hi", logprobs=99), 400, "logprobs",
+     "logprobs must be a whole number from 0 to 20 (got 99)"),
+    ("top-logprobs-without-logprobs", "POST", CHAT, JSON, _json(messages=HI, top_logprobs=3), 400, "top_logprobs",
+     "needs logprobs: true"),
+    ("stop-100-strings", "POST", COMPLETE, JSON, _json(prompt="Hi", stop=[f"s{i}" for i in range(100)]), 400,
+     "stop", "at most 16 strings"),
+    ("stop-empty-string", "POST", COMPLETE, JSON, _json(prompt="Hi", stop=[""]), 400, "stop", "must not be empty"),
+    ("bad-response-format", "POST", CHAT, JSON, _json(messages=HI, response_format={"type": "xml"}), 400,
+     "response_format.type", "response_format.type must be"),
+    ("schema-not-an-object", "POST", CHAT, JSON,
+     _json(messages=HI, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": [1]}}), 400,
+     "response_format.json_schema.schema", "must be a JSON object"),
+    ("tools-wrong-shape", "POST", CHAT, JSON, _json(messages=HI, tools="search"), 400, "tools", "tools must be a list"),
+    ("prompt-mixed-types", "POST", COMPLETE, JSON, _json(prompt=[1, "a", [2]]), 400, "prompt", "prompt must be"),
+    ("token-id-out-of-vocab", "POST", COMPLETE, JSON, _json(prompt=[5, 999999]), 400, "prompt",
+     "token id 999999 in prompt is outside the vocabulary (0..4095)"),
+    ("stream-not-a-bool", "POST", COMPLETE, JSON, _json(prompt="Hi", stream="yes"), 400, "stream",
+     "stream must be true or false"),
+    ("stream-options-without-stream", "POST", COMPLETE, JSON,
+     _json(prompt="Hi", stream_options={"include_usage": True}), 400, "stream_options", "only allowed with stream"),
+    ("nan-in-json", "POST", COMPLETE, JSON, b'{"prompt": "Hi", "temperature": NaN}', 400, None,
+     "NaN is not a JSON number"),
+    ("infinity-in-json", "POST", COMPLETE, JSON, b'{"prompt": "Hi", "top_p": -Infinity}', 400, None,
+     "Infinity is not a JSON number"),
+    ("deeply-nested-json", "POST", COMPLETE, JSON, _deep(100_000), 400, None, "nests deeper than"),
+    ("moderately-nested-json", "POST", COMPLETE, JSON, _deep(200), 400, None, "nests deeper than 64 levels"),
+    ("invalid-utf8", "POST", COMPLETE, JSON, b'{"prompt": "\xff\xfe\xfa"}', 400, None, "not UTF-8"),
+    ("lone-surrogate", "POST", COMPLETE, JSON, b'{"prompt": "a\\ud800b"}', 400, None, "surrogate"),
+    ("unicode-garbage-prompt", "POST", COMPLETE, JSON,
+     _json(prompt="\u202e\u0000\U0010ffff\ufffe\U0001f600" * 20, max_tokens=1), 200, None, ""),
+    ("image-part", "POST", CHAT, JSON,
+     _json(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]), 400,
+     "messages[0].content[0].type", "reads text only"),
+    ("template-kwargs-override", "POST", CHAT, JSON, _json(messages=HI, chat_template_kwargs={"messages": []}), 400,
+     "chat_template_kwargs", "may not set messages"),
+    ("suffix", "POST", COMPLETE, JSON, _json(prompt="Hi", suffix="end"), 400, "suffix", "not supported"),
+    ("presence-penalty", "POST", COMPLETE, JSON, _json(prompt="Hi", presence_penalty=0.5), 400, "presence_penalty",
+     "use repetition_penalty"),
+    ("form-upload", "POST", COMPLETE, {**AUTH, "Content-Type": "multipart/form-data; boundary=x"}, b"--x--", 415,
+     None, "send JSON"),
+    ("ten-megabyte-body", "POST", COMPLETE, JSON, _json(prompt="a" * (10 * 2**20)), 413, None, "over 8388608 bytes"),
+    ("wrong-key", "POST", COMPLETE, {"Authorization": "Bearer nope", "Content-Type": "application/json"},
+     _json(prompt="Hi"), 401, None, "API key is wrong"),
+    ("missing-key", "POST", COMPLETE, {"Content-Type": "application/json"}, _json(prompt="Hi"), 401, None,
+     "needs an API key"),
+    ("unknown-route", "GET", "/v1/engines", AUTH, b"", 404, None, "no route /v1/engines"),
+    ("route-with-a-newline", "GET", "/v1/a%0Ab", AUTH, b"", 404, None, "no route /v1/a\\nb"),
+    ("wrong-method", "GET", COMPLETE, AUTH, b"", 405, None, "GET is not allowed on /v1/completions"),
+    ("unknown-live-option", "POST", "/v1/strata/config", JSON, b'{"nope": 1}', 400, "nope",
+     "cannot change while running"),
+    ("live-option-wrong-type", "POST", "/v1/strata/config", JSON, b'{"max_batch": {"a": 1}}', 400, "max_batch",
+     "max_batch must be an integer"),
+]
+
+
+@pytest.mark.parametrize("name,method,path,headers,body,status,param,words", HOSTILE, ids=[h[0] for h in HOSTILE])
+def test_a_hostile_request_gets_an_error_object_and_the_server_lives_on(http, url, name, method, path, headers,
+                                                                        body, status, param, words):
+    r = httpx.request(method, url + path, headers=headers, content=body, timeout=60)
+    assert r.status_code == status, r.text[:300]
+    if status != 200:
+        error = r.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        assert words in error["message"] and "\n" not in error["message"]
+        assert error["param"] == param
+    good = http.post(COMPLETE, json={"model": "demo", "prompt": "Hi", "max_tokens": 2})
+    assert good.status_code == 200 and good.json()["usage"]["completion_tokens"] >= 1
+
+
+def test_the_key_may_also_come_as_x_api_key_and_health_needs_none(url):
+    ok = httpx.post(url + COMPLETE, headers={"x-api-key": KEY}, json={"prompt": "Hi", "max_tokens": 1}, timeout=30)
+    assert ok.status_code == 200
+    assert httpx.get(url + "/health", timeout=30).json() == {"status": "ok"}
+
+
+def test_the_openai_client_raises_its_typed_errors(client):
+    with pytest.raises(openai.NotFoundError) as err:
+        client.completions.create(model="nope", prompt="Hi")
+    assert err.value.body["code"] == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="demo", messages=HI, temperature=-1)
+    assert err.value.body["message"].startswith("temperature must be a number >= 0 (got -1)")
+    bad = openai.OpenAI(base_url=str(client.base_url), api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+
+
+@pytest.fixture
+def strict(loop):
+    """A second server on the same loop that lets nothing wait beyond the running batch."""
+    srv = BackgroundServer(loop, ServerSettings(port=0, max_queued=0))
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+def test_a_full_queue_is_a_503_with_retry_after(strict, loop, engine):
+    batch = engine.config.max_batch
+    body = {"prompt": "Once upon a time", "max_tokens": 300, "ignore_eos": True, "n": batch, "stream": True}
+    with httpx.Client(base_url=strict.url, timeout=60) as c:
+        with c.stream("POST", COMPLETE, json=body) as r:
+            lines = r.iter_lines()                       # kept: dropping it would close the connection
+            next(line for line in lines if line.startswith("data: {"))            # the batch is running
+            busy = c.post(COMPLETE, json={"prompt": "Hi", "max_tokens": 2})
+            assert busy.status_code == 503 and busy.headers["Retry-After"] == "1"
+            assert busy.json()["error"]["code"] == "server_busy"
+            too_many = c.post(COMPLETE, json={"prompt": "Hi", "max_tokens": 2, "n": batch + 1})
+            assert too_many.status_code == 400 and "at most 16 at once" in too_many.json()["error"]["message"]
+    engine_idle(loop)
+    with httpx.Client(base_url=strict.url, timeout=60) as c:
+        assert c.post(COMPLETE, json={"prompt": "Hi", "max_tokens": 2}).status_code == 200
+
+
+def test_a_body_streamed_without_a_length_is_counted_and_refused_past_the_limit(url):
+    def chunks():
+        for _ in range(9):
+            yield b" " * 2**20                             # 9 MiB of JSON whitespace, no Content-Length
+    r = httpx.post(url + COMPLETE, headers=JSON, content=chunks(), timeout=60)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+
+def test_a_bug_behind_a_route_is_a_logged_500_error_object_and_the_server_lives_on(http, monkeypatch, caplog):
+    from engine.server import routes
+
+    def broken(engine):
+        raise RuntimeError("a bug")
+    monkeypatch.setattr(routes, "_live_state", broken)
+    r = http.get("/v1/strata/config")
+    assert r.status_code == 500 and r.json()["error"]["code"] == "internal_error"
+    assert any("unexpected error answering GET /v1/strata/config" in rec.getMessage() and rec.exc_info
+               for rec in caplog.records)
+    assert http.post(COMPLETE, json={"prompt": "Hi", "max_tokens": 1}).status_code == 200

@@ -1,0 +1,206 @@
+"""Running the server: /health, /metrics, /v1/strata/stats and /config, the log lines, model switches,
+a graceful stop, and the bind rules."""
+from __future__ import annotations
+
+import logging
+import re
+import socket
+import threading
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine.config import EngineConfig
+from engine.engine import LLMEngine
+from engine.errors import ConfigError
+from engine.gpu_monitor import FakeMonitor, GpuSample
+from engine.loop import EngineLoop
+from engine.server import BackgroundServer, ServerSettings, check_bind
+from engine.server.logs import StatsLog
+from engine.server.metrics import Latency, ServerMetrics
+from http_helpers import DEMO, engine_idle, sse_events
+
+ASK = {"model": "demo", "prompt": "Once upon a time", "max_tokens": 5, "ignore_eos": True}
+
+
+def _metrics(http) -> dict[tuple[str, tuple], float]:
+    text = http.get("/metrics").text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_metrics_parse_and_count_requests_and_tokens(http):
+    before = _metrics(http)
+    key = ("strata_http_requests_total", (("endpoint", "/v1/completions"), ("status", "200")))
+    r = http.post("/v1/completions", json=ASK).json()
+    http.post("/v1/completions", json={**ASK, "temperature": -1})
+    after = _metrics(http)
+    assert after[key] - before.get(key, 0) == 1
+    bad = ("strata_http_requests_total", (("endpoint", "/v1/completions"), ("status", "400")))
+    assert after[bad] - before.get(bad, 0) == 1
+    done = ("strata_completion_tokens_total", ())
+    assert after[done] - before.get(done, 0) == r["usage"]["completion_tokens"] == 5
+    ttft = ("strata_time_to_first_token_seconds_count", ())
+    assert after[ttft] - before.get(ttft, 0) == 1
+    gaps = ("strata_inter_token_latency_seconds_count", ())
+    assert after[gaps] - before.get(gaps, 0) == 4                     # between 5 tokens
+    for name in ("strata_requests_running", "strata_requests_queued", "strata_batch_size",
+                 "strata_kv_blocks_used_ratio", "strata_expert_hit_rate", "strata_host_to_device_bytes_total"):
+        assert (name, ()) in after, name
+    assert not any(name.startswith("strata_gpu_") for name, _ in after)      # the CPU has no GPU to read
+
+
+def test_stats_are_the_engine_stats_as_json(http):
+    before = http.get("/v1/strata/stats").json()
+    http.post("/v1/completions", json=ASK)
+    after = http.get("/v1/strata/stats").json()
+    assert after["generated_tokens"] - before["generated_tokens"] == 5
+    assert after["model_name"] == "demo" and "hit_rate" not in after["experts"] and "hits" in after["experts"]
+    assert after["kv_blocks_total"] > 0 and "memory" in after
+
+
+def test_config_lists_live_options_applies_a_valid_change_and_refuses_with_the_engines_words(http, loop):
+    options = http.get("/v1/strata/config").json()["options"]
+    assert options["prefill_chunk"]["usable"] and options["prefill_chunk"]["value"] == 2048
+    assert not options["expert_pool_size"]["usable"] and "every expert is resident" in options["expert_pool_size"]["reason"]
+    try:
+        r = http.post("/v1/strata/config", json={"prefill_chunk": 64})
+        assert r.status_code == 200 and r.json() == {"applied": {"prefill_chunk": "prefill_chunk = 64"}}
+        assert loop.call(lambda e: e.scheduler.prefill_chunk).result(10) == 64
+        assert http.post("/v1/completions", json=ASK).status_code == 200
+    finally:
+        http.post("/v1/strata/config", json={"prefill_chunk": 2048})
+    refused = http.post("/v1/strata/config", json={"max_batch": 0})
+    assert refused.status_code == 400
+    assert refused.json()["error"] == {"message": "max_batch must be an integer >= 1 (got 0)",
+                                       "type": "invalid_request_error", "param": "max_batch", "code": "invalid_option"}
+    pool = http.post("/v1/strata/config", json={"expert_pool_size": "1G"}).json()["error"]
+    assert pool["message"].startswith("expert_pool_size: every expert is resident")
+    assert http.post("/v1/strata/config", json={}).status_code == 400
+
+
+def test_access_lines_and_stats_lines_are_logged(http, loop, caplog):
+    caplog.set_level(logging.INFO, logger="strata.server")
+    stats = StatsLog(loop, every=3)
+    loop.add_tick(stats.tick)
+    try:
+        http.post("/v1/completions", json={**ASK, "max_tokens": 12})
+    finally:
+        loop.remove_tick(stats.tick)
+    lines = [r.getMessage() for r in caplog.records if r.name == "strata.server"]
+    access = r"POST /v1/completions 200 in=\d+ out=12 ttft=\d+\.\dms \d+\.\d tok/s finish=length"
+    assert any(re.fullmatch(access, line) for line in lines), lines
+    stat = r"\[Stats\] step=\d+ throughput=\d+\.\d\d tok/s running=[01] queued=0 hit_rate=(\d\.\d{3}|-) bus=\d+\.\d\d GB/s"
+    assert any(re.fullmatch(stat, line) for line in lines), lines
+    assert len(stats.step_ms) >= 12
+
+
+def test_a_stop_ends_streams_in_flight_frees_the_port_and_logs_a_summary(loop, caplog):
+    caplog.set_level(logging.INFO, logger="strata.server")
+    srv = BackgroundServer(loop, ServerSettings(port=0))
+    url = srv.start()
+    port = int(url.rsplit(":", 1)[1])
+    with httpx.Client(base_url=url, timeout=60) as c:
+        with c.stream("POST", "/v1/completions", json={**ASK, "max_tokens": 400, "stream": True}) as r:
+            lines = r.iter_lines()
+            first = next(line for line in lines if line.startswith("data: {"))
+            assert srv.in_flight == 1
+            stopper = threading.Thread(target=srv.stop, kwargs={"grace_s": 0.2})
+            stopper.start()
+            rest = sse_events(lines)
+    stopper.join(30)
+    assert first and rest[-1]["choices"][0]["finish_reason"] == "abort"      # ended properly, then [DONE]
+    engine_idle(loop)
+    with socket.socket() as s:                  # nothing listens there any more (a closed connection may linger)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+        s.listen()
+    summary = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[Summary]")]
+    assert summary and re.fullmatch(r"\[Summary\] requests=1 total_tokens=\d+ \(prompt=\d+ completion=\d+\) "
+                                    r"avg_ttft=\d+\.\dms p50_step=(\d+\.\d\dms|-)", summary[-1]), summary
+
+
+def test_without_a_model_health_is_503_and_a_loaded_model_is_served_then_dropped():
+    lp = EngineLoop(None, idle_wait_s=0.01)
+    lp.start_thread("switch-engine")
+    srv = BackgroundServer(lp, ServerSettings(port=0, served_model_name="served"))
+    url = srv.start()
+    try:
+        with httpx.Client(base_url=url, timeout=60) as c:
+            assert c.get("/health").status_code == 503
+            assert c.get("/v1/models").json()["data"] == []
+            r = c.post("/v1/completions", json={"prompt": "Hi"})
+            assert r.status_code == 503 and r.json()["error"]["code"] == "model_not_loaded"
+            eng = LLMEngine(EngineConfig(model=str(DEMO), device="cpu"))
+            lp.call(lambda _: lp.set_engine(eng)).result(10)
+            assert c.get("/health").json() == {"status": "ok"}
+            assert [m["id"] for m in c.get("/v1/models").json()["data"]] == ["served"]
+            assert c.post("/v1/completions", json={"model": "served", "prompt": "Hi", "max_tokens": 2}).status_code == 200
+            with c.stream("POST", "/v1/completions", json={**ASK, "model": "served", "max_tokens": 400,
+                                                            "stream": True}) as r:
+                lines = r.iter_lines()
+                next(line for line in lines if line.startswith("data: {"))
+                lp.call(lambda _: lp.drop_engine("the model was unloaded")).result(10).close()
+                error = sse_events(lines)[-1]["error"]
+            assert error["message"] == "the model was unloaded; retry" and error["code"] == "model_not_loaded"
+            assert c.get("/health").status_code == 503
+    finally:
+        srv.stop()
+        lp.stop()
+        lp.join(10)
+
+
+def test_default_bind_is_loopback_and_an_open_bind_needs_a_key():
+    assert ServerSettings().host == "127.0.0.1"
+    for host in ("127.0.0.1", "localhost", "::1", "127.0.0.5"):
+        check_bind(host, None, False)
+    with pytest.raises(ConfigError) as err:
+        check_bind("0.0.0.0", None, False)
+    assert str(err.value) == ("refusing to serve on 0.0.0.0 without an API key; give --api-key KEY (or STRATA_API_KEY), "
+                              "or --no-api-key to serve it open")
+    with pytest.raises(ConfigError):
+        check_bind("my-host.example", None, False)
+    check_bind("0.0.0.0", "secret", False)
+    check_bind("0.0.0.0", None, True)
+
+
+def test_background_server_refuses_an_open_bind_without_a_key(loop):
+    with pytest.raises(ConfigError, match="refusing to serve on 0.0.0.0"):
+        BackgroundServer(loop, ServerSettings(host="0.0.0.0", port=0)).start()
+
+
+@pytest.mark.parametrize("settings,words", [({"port": 70000}, "port must be a whole number from 0 to 65535"),
+                                            ({"api_key": " "}, "the API key is empty"),
+                                            ({"max_queued": -1}, "max_queued must be a whole number >= 0")])
+def test_bad_settings_are_refused_with_one_line(settings, words):
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        ServerSettings(**settings)
+
+
+def _samples(metrics: ServerMetrics) -> dict[str, float]:
+    return {s.name: s.value for family in text_string_to_metric_families(metrics.render().decode())
+            for s in family.samples}
+
+
+def test_gpu_series_come_from_nvml_readings_and_a_missing_reading_is_absent_not_zero():
+    reading = GpuSample(timestamp=0.0, name="Fake GPU", gpu_temp_c=61.0, mem_temp_c=None, power_w=250.5)
+    metrics = ServerMetrics(monitor_factory=lambda: FakeMonitor(reading))
+    metrics.sample_gpu("cuda:0")
+    got = _samples(metrics)
+    assert got["strata_gpu_temperature_celsius"] == 61.0 and got["strata_gpu_power_watts"] == 250.5
+    assert "strata_gpu_memory_temperature_celsius" not in got
+    metrics.sample_gpu("cpu")
+    assert not any(name.startswith("strata_gpu_") for name in _samples(metrics))
+    absent = ServerMetrics(monitor_factory=lambda: FakeMonitor(GpuSample(timestamp=0.0, available=False)))
+    absent.sample_gpu("cuda:0")
+    assert not any(name.startswith("strata_gpu_") for name in _samples(absent))
+
+
+def test_latency_buckets_count_each_value_under_every_bound_it_does_not_exceed():
+    h = Latency("t_seconds", "t", (0.01, 0.1, 1.0))
+    for v in (0.005, 0.01, 0.05, 2.0):
+        h.observe(v)
+    buckets = {s.labels["le"]: s.value for s in h.family().samples if s.name == "t_seconds_bucket"}
+    assert buckets == {"0.01": 2, "0.1": 3, "1.0": 3, "+Inf": 4}
+    assert next(s.value for s in h.family().samples if s.name == "t_seconds_sum") == pytest.approx(2.065)
