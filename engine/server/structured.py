@@ -46,6 +46,36 @@ def schema_problem(schema: dict) -> str | None:
     return " ".join(messages[0].split()) if is_error else None
 
 
+_SUBSCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+_SUBSCHEMA_ONE = ("items", "additionalItems", "not", "if", "then", "else", "contains")
+
+
+def closed_objects(schema: object) -> object:
+    """``schema`` with ``additionalProperties: false`` on every object with properties that does not say otherwise.
+
+    A schema that leaves extra keys open lets a model go on writing made-up keys until max_tokens; what
+    a client that sends a schema wants back is its keys (as OpenAI's strict mode and other engines read
+    it). An object that names ``additionalProperties`` keeps its own rule. Returns a new schema.
+    """
+    if isinstance(schema, list):
+        return [closed_objects(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key in _SUBSCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: closed_objects(sub) for name, sub in value.items()}
+        elif key in _SUBSCHEMA_LISTS or key in _SUBSCHEMA_ONE or key == "additionalProperties":
+            out[key] = closed_objects(value)
+        else:
+            out[key] = value
+    # an object that lists no properties ({"type": "object"}) means any object, and stays open
+    if "properties" in out and "additionalProperties" not in out and "patternProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
 def guide_for(response_format: dict | None) -> Guide | None:
     """The guide that enforces ``response_format``, or None when the output is free text.
 
@@ -86,6 +116,7 @@ def _schema_text(spec: object) -> str:
     if not isinstance(schema, dict):
         raise FieldError(f"{where}.schema", f"{where}.schema must be a JSON object (got {kind_of(schema)}); "
                          "send the JSON schema itself, e.g. {\"type\": \"object\", \"properties\": {...}}")
+    schema = closed_objects(schema)
     problem = schema_problem(schema)
     if problem is not None:
         raise FieldError(f"{where}.schema", f"{where}.schema cannot be enforced ({problem}); fix or remove "

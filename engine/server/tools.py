@@ -29,7 +29,7 @@ import jinja2
 
 from engine.guided import Guide
 from engine.server.chat_messages import render_messages
-from engine.server.structured import FieldError, kind_of, schema_problem
+from engine.server.structured import FieldError, closed_objects, kind_of, schema_problem
 from engine.server.tool_parse import (HERMES, MISTRAL, ContentDelta, ToolCall, ToolCallDelta, ToolCallFormat,
                                        ToolStreamParser, ToolSyntax, parse_tool_calls)
 
@@ -271,6 +271,7 @@ def _check_enforceable(functions: Sequence[FunctionTool], forced: Sequence[Funct
 def _arguments_schema(function: FunctionTool) -> dict:
     schema = dict(function.parameters) if function.parameters is not None else {}
     schema.setdefault("type", "object")
+    schema = closed_objects(schema)
     schema["x-guidance"] = _COMPACT
     return schema
 

@@ -10,7 +10,7 @@ import pytest
 from engine import LLM, SamplingParams
 from engine.errors import ConfigError
 from engine.guided import Guide
-from engine.server.structured import FieldError, guide_for
+from engine.server.structured import FieldError, closed_objects, guide_for
 
 DEMO = Path(__file__).resolve().parents[2] / "resources" / "models" / "demo"
 # bounded fields: a model writes into an unbounded string until max_tokens
@@ -101,3 +101,19 @@ def test_the_engine_output_under_a_json_schema_parses_and_follows_it(llm):
         out = llm.generate(prompt, SamplingParams(guide=guide, temperature=0, max_tokens=80))[0]
         assert out.finish_reason == "stop", out.text
         assert follows_verse(json.loads(out.text)), out.text
+
+
+def test_objects_with_properties_take_no_extra_keys_unless_the_schema_says_so():
+    schema = {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": "integer"}}},
+                                               "c": {"type": "array", "items": {"properties": {"d": {}}}},
+                                               "open": {"type": "object"}},
+              "$defs": {"x": {"properties": {"y": {}}, "additionalProperties": True}}}
+    closed = closed_objects(schema)
+    assert closed["additionalProperties"] is False
+    assert closed["properties"]["a"]["additionalProperties"] is False
+    assert closed["properties"]["c"]["items"]["additionalProperties"] is False
+    assert "additionalProperties" not in closed["properties"]["open"]      # any object stays any object
+    assert closed["$defs"]["x"]["additionalProperties"] is True            # the schema's own rule is kept
+    assert "additionalProperties" not in schema                            # the client's schema is not changed
+    guide = guide_for({"type": "json_schema", "json_schema": {"name": "p", "schema": schema}})
+    assert json.loads(guide.spec)["additionalProperties"] is False
