@@ -20,9 +20,8 @@ from engine.server import logprobs as lp
 from engine.server import structured, tools
 from engine.server.completions import SSE_HEADERS
 from engine.server.engine_client import ModelInfo
-from engine.server.errors import error_object
 from engine.server.fields import Fields, bad
-from engine.server.generation import DONE, Choice, Generation, quote, watch_disconnect
+from engine.server.generation import Choice, close_stream, stream_end, Generation, quote, watch_disconnect
 from engine.server.protocol import Common, choice_params, fit, read_common
 from engine.server.state import created, json_body, new_id, record_of, state_of
 
@@ -155,16 +154,10 @@ class ChatView:
             yield "".join(self._chunk(c.index, {"role": "assistant", "content": ""}) for c in gen.ordered)
             async for burst in gen.updates():
                 yield "".join(self._delta(c, d, parsers[c.index], called) for c, d in burst)
-            failure = await gen.failure()
-            if failure is not None:
-                yield f"data: {json.dumps(error_object(failure.status, failure.message, code=failure.code))}\n\n"
-            if self.common.include_usage:
-                yield f"{self._head}], \"usage\": {json.dumps(gen.usage())}}}\n\n"
-            yield DONE
+            async for event in stream_end(gen, self._head, self.common.include_usage):
+                yield event
         finally:
-            watch.cancel()
-            gen.stream.cancel()
-            gen.close()
+            close_stream(watch, gen)
 
     def _delta(self, c: Choice, d: RequestDelta, parser: tools.ToolStreamParser, called: set[int]) -> str:
         events = parser.feed(d.new_text) if d.new_text else []

@@ -15,9 +15,8 @@ from engine.outputs import RequestDelta, TokenLogprob
 from engine.sampling import MAX_LOGPROBS
 from engine.server import logprobs as lp
 from engine.server.engine_client import ModelInfo
-from engine.server.errors import error_object
 from engine.server.fields import Fields, bad, show
-from engine.server.generation import DONE, Choice, Generation, quote, quote_or_null, watch_disconnect
+from engine.server.generation import Choice, close_stream, stream_end, Generation, quote, quote_or_null, watch_disconnect
 from engine.server.protocol import MAX_CHOICES, Common, choice_params, fit, read_common
 from engine.server.state import ServerState, created, json_body, new_id, record_of, state_of
 
@@ -193,16 +192,10 @@ class CompletionView:
                 yield "".join(first)
             async for burst in gen.updates():
                 yield "".join(self._delta(c, d, offsets) for c, d in burst)
-            failure = await gen.failure()
-            if failure is not None:
-                yield f"data: {json.dumps(error_object(failure.status, failure.message, code=failure.code))}\n\n"
-            if self.common.include_usage:
-                yield f"{self._head}], \"usage\": {json.dumps(gen.usage())}}}\n\n"
-            yield DONE
+            async for event in stream_end(gen, self._head, self.common.include_usage):
+                yield event
         finally:
-            watch.cancel()
-            gen.stream.cancel()
-            gen.close()
+            close_stream(watch, gen)
 
     def _delta(self, c: Choice, d: RequestDelta, offsets: dict[int, int]) -> str:
         finish = d.finish_reason if d.finished and d.finish_reason != "error" else None

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from engine.outputs import RequestDelta, TokenLogprob
 from engine.server.asgi import AccessRecord
 from engine.server.engine_client import Stream
-from engine.server.errors import APIError
+from engine.server.errors import APIError, error_object
 from engine.server.metrics import ServerMetrics
 
 DONE = "data: [DONE]\n\n"
@@ -143,3 +143,21 @@ def watch_disconnect(receive: Callable, stream: Stream) -> asyncio.Task:
             pass
         stream.cancel()
     return asyncio.get_running_loop().create_task(watch())
+
+
+async def stream_end(gen: Generation, head: str, include_usage: bool) -> AsyncIterator[str]:
+    """The last events of a stream: an error event if the generation failed, the usage chunk when asked
+    for (``head`` is the chunk's opening up to its choices list), then ``[DONE]``."""
+    failure = await gen.failure()
+    if failure is not None:
+        yield f"data: {json.dumps(error_object(failure.status, failure.message, code=failure.code))}\n\n"
+    if include_usage:
+        yield f"{head}], \"usage\": {json.dumps(gen.usage())}}}\n\n"
+    yield DONE
+
+
+def close_stream(watch: asyncio.Task, gen: Generation) -> None:
+    """After a stream, however it ended: stop watching the connection and end what still runs."""
+    watch.cancel()
+    gen.stream.cancel()
+    gen.close()
