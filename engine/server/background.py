@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import logging
 import socket
+import sys
 import threading
 import time
 
@@ -53,6 +54,9 @@ def url_of(host: str, port: int) -> str:
     return f"http://[{host.strip('[]')}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+GIL_SWITCH_S = 0.001     # as the workbench's engine thread uses
+
+
 class BackgroundServer:
     """``start()`` -> base URL; ``stop()`` returns once the port is free. ``sock``: an already bound socket
     (see :func:`bind_socket`), e.g. bound before a long model load."""
@@ -81,6 +85,9 @@ class BackgroundServer:
             return self.url
         check_bind(self.settings.host, self.settings.api_key, self.settings.allow_no_key)
         sock, self._sock = self._sock or bind_socket(self.settings.host, self.settings.port), None
+        # The engine thread and the server's thread share the interpreter; with the default 5 ms switch
+        # interval a step that needs it back while the server thread runs Python can wait up to 5 ms.
+        sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_S))
         config = uvicorn.Config(self.app, log_config=None, access_log=False, lifespan="on", http="auto",
                                 ws="none", loop="auto", timeout_graceful_shutdown=GRACE_S + 10)
         server = self._server = uvicorn.Server(config)
