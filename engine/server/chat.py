@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response
 
 from engine.errors import ConfigError, StrataError
 from engine.guided import Guide
@@ -18,7 +18,7 @@ from engine.outputs import RequestDelta
 from engine.sampling import MAX_LOGPROBS
 from engine.server import logprobs as lp
 from engine.server import structured, tools
-from engine.server.completions import SSE_HEADERS
+from engine.server.completions import respond
 from engine.server.engine_client import ModelInfo
 from engine.server.fields import Fields, bad
 from engine.server.generation import Choice, close_stream, stream_end, Generation, quote, watch_disconnect
@@ -85,14 +85,7 @@ async def create_chat_completion(request: Request) -> Response:
     stream = await server.client.start([prompt.ids] * common.n, choices)
     gen = Generation(stream, common.n, [len(prompt.ids)], record_of(request), server.metrics)
     view = ChatView(info, common, k, prompt.plan)
-    if common.stream:
-        return StreamingResponse(view.events(gen, request.receive), media_type="text/event-stream",
-                                 headers=SSE_HEADERS)
-    await gen.collect(request.receive)
-    failure = await gen.failure()
-    if failure is not None:
-        return failure.response()
-    return JSONResponse(view.body(gen))
+    return await respond(view, gen, common.stream, request.receive)
 
 
 def _logprobs(f: Fields) -> int | None:

@@ -99,10 +99,16 @@ async def create_completion(request: Request) -> Response:
         return JSONResponse(view.scored(common.n))
     stream = await server.client.start(ids, params)
     gen = Generation(stream, common.n, [len(p.ids) for p in prompts], record, server.metrics)
-    if common.stream:
-        return StreamingResponse(view.events(gen, request.receive), media_type="text/event-stream",
-                                 headers=SSE_HEADERS)
-    await gen.collect(request.receive)
+    return await respond(view, gen, common.stream, request.receive)
+
+
+async def respond(view, gen: Generation, stream: bool, receive: Callable) -> Response:
+    """The answer to a generation: its event stream, or (once it has finished) its body or its error.
+
+    ``view`` renders the endpoint's format: ``events(gen, receive)`` and ``body(gen)``."""
+    if stream:
+        return StreamingResponse(view.events(gen, receive), media_type="text/event-stream", headers=SSE_HEADERS)
+    await gen.collect(receive)
     failure = await gen.failure()
     if failure is not None:
         return failure.response()
