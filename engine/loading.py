@@ -16,7 +16,7 @@ from engine.checkpoint.reader import SafetensorsReader, TensorSource, with_alias
 from engine.checkpoint.spec import ModelSpec, read_spec
 from engine.config import DEFAULT_GROUP_SIZE, DIRECT_READS, EngineConfig, parse_pool_size
 from engine.errors import ConfigError
-from engine.experts.layout import ExpertLayout
+from engine.experts.layout import ExpertAct, ExpertLayout
 from engine.experts.provider import ExpertProvider, ResidentExperts
 from engine.experts.profile import check_record_target, read_routing_profile, write_routing_profile
 from engine.cpu_threads import apply_cpu_threads
@@ -79,9 +79,19 @@ def _demo_marker(path: Path) -> dict:
         return {}
 
 
+def expert_act(spec: ModelSpec) -> ExpertAct:
+    """The experts' activation as the spec's family and config define it."""
+    return ExpertAct(spec.family.expert_act, spec.swiglu_alpha, spec.swiglu_limit)
+
+
 def expert_layout(config: EngineConfig, spec: ModelSpec, dtype: torch.dtype) -> ExpertLayout:
-    fmt = _FMT_OF_DTYPE[dtype] if config.weight_format == "auto" else config.weight_format
-    return ExpertLayout.make(fmt, spec.hidden, spec.moe_ffn, config.group_size)
+    """Experts as stored unless ``weight_format`` asks otherwise: an MXFP4 checkpoint stays MXFP4."""
+    if config.weight_format != "auto":
+        fmt = config.weight_format
+    else:
+        fmt = "mxfp4" if spec.expert_storage == "mxfp4" else _FMT_OF_DTYPE[dtype]
+    return ExpertLayout.make(fmt, spec.hidden, spec.moe_ffn, config.group_size, bias=spec.family.expert_bias,
+                             act=expert_act(spec))
 
 
 class LoadedModel:

@@ -152,7 +152,8 @@ def context_rows(block_tables: torch.Tensor, context_lens: torch.Tensor,
 
 
 def attend_rows_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: torch.Tensor,
-                    valid: torch.Tensor, scale: float | None = None, finite_padding: bool = False) -> torch.Tensor:
+                    valid: torch.Tensor, scale: float | None = None, finite_padding: bool = False,
+                    sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of q [B, H, hd] over the cache rows ``rows [B, P]`` (``valid`` masks padding); float32 inside.
 
     ``finite_padding``: the row padded positions read (row 0) holds finite numbers (a zero-initialised
@@ -163,25 +164,59 @@ def attend_rows_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if not finite_padding:
         keep = valid[:, :, None, None]
         k, v = k.masked_fill(~keep, 0.0), v.masked_fill(~keep, 0.0)
-    return attend_context_ref(q, k, v, valid, scale)
+    return attend_context_ref(q, k, v, valid, scale, sinks)
 
 
 def attend_context_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor,
-                       scale: float | None = None) -> torch.Tensor:
-    """q [B, H, hd] over gathered context k / v [B, P, Hkv, hd] (``valid [B, P]``) -> [B, H, hd], float32 inside."""
+                       scale: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """q [B, H, hd] over gathered context k / v [B, P, Hkv, hd] (``valid [B, P]``) -> [B, H, hd], float32 inside.
+
+    ``sinks`` [H] (optional): a learned logit per query head that joins the softmax's denominator and
+    attends to nothing, so a head can put weight nowhere (gpt-oss). A sliding window is a ``valid``
+    that marks only the last positions (:func:`window_valid`)."""
     scale = 1.0 / math.sqrt(q.shape[2]) if scale is None else scale
+    if sinks is not None:
+        return _attend_with_sinks(q, k, v, valid[:, None, None, :], scale, sinks)[:, :, 0]
     # SDPA with grouped KV heads: one fused op on the CPU (the engine's batched decode path there)
     return F.scaled_dot_product_attention(q.float()[:, :, None, :], k.float().transpose(1, 2),
                                           v.float().transpose(1, 2), attn_mask=valid[:, None, None, :],
                                           scale=scale, enable_gqa=True)[:, :, 0].to(q.dtype)   # [B, H, hd]
 
 
+def _attend_with_sinks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
+                       sinks: torch.Tensor) -> torch.Tensor:
+    """Attention with a sink logit per head: q [B, H, Q, hd] or [B, H, hd] (Q = 1), k / v [B, P, Hkv, hd],
+    ``mask`` broadcastable to [B, H, Q, P] -> [B, H, Q, hd] in q.dtype, float32 inside."""
+    qf = q.float() if q.dim() == 4 else q.float()[:, :, None, :]          # [B, H, Q, hd]
+    b, h = qf.shape[:2]
+    rep = h // k.shape[2]
+    kf = k.float().transpose(1, 2).repeat_interleave(rep, 1)            # [B, H, P, hd]
+    vf = v.float().transpose(1, 2).repeat_interleave(rep, 1)
+    scores = (qf @ kf.transpose(-1, -2)) * scale                        # [B, H, Q, P]
+    scores = scores.masked_fill(~mask, float("-inf"))
+    sink = sinks.float().view(1, h, 1, 1).expand(b, h, qf.shape[2], 1)
+    probs = torch.softmax(torch.cat([scores, sink], -1), -1)[..., :-1]   # the sink's share is dropped
+    return (probs @ vf).to(q.dtype)
+
+
+def window_valid(valid: torch.Tensor, context_lens: torch.Tensor, window: int) -> torch.Tensor:
+    """``valid [B, P]`` of a decode step cut to each sequence's last ``window`` positions (0: unchanged)."""
+    if window <= 0:
+        return valid
+    pos = torch.arange(valid.shape[1], device=valid.device)
+    return valid & (pos[None, :] >= context_lens.long()[:, None] - window)
+
+
 def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int,
                                scale: float | None = None, out: torch.Tensor | None = None, *,
                                k_scale: torch.Tensor | None = None,
-                               v_scale: torch.Tensor | None = None) -> torch.Tensor:
+                               v_scale: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
+                               window: int = 0) -> torch.Tensor:
     """Plain-torch paged decode attention, vectorised over the batch.
+
+    ``sinks`` [H] float32: a sink logit per query head (see :func:`attend_context_ref`); ``window``
+    > 0: each sequence attends only to its last ``window`` positions (a sliding-window layer).
 
     q [B, H, hd], k_cache / v_cache [num_blocks * block_size, Hkv, hd] (q's dtype; or int8 / fp8 e4m3
     with ``k_scale`` / ``v_scale`` [num_blocks * block_size, Hkv] float32, one scale per token and KV
@@ -193,7 +228,8 @@ def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     if k_scale is not None:
         k_cache = k_cache.float() * k_scale[..., None]
         v_cache = v_cache.float() * v_scale[..., None]
-    res = attend_rows_ref(q, k_cache, v_cache, *context_rows(block_tables, context_lens, block_size), scale)
+    rows, valid = context_rows(block_tables, context_lens, block_size)
+    res = attend_rows_ref(q, k_cache, v_cache, rows, window_valid(valid, context_lens, window), scale, sinks=sinks)
     if out is None:
         return res
     return out.copy_(res)

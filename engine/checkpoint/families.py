@@ -24,6 +24,16 @@ class Family:
     sparse_step_keys: bool = False     # honours decoder_sparse_step / mlp_only_layers
     # other spellings of the same tensors (newer transformers name Mixtral's MoE block "mlp" in memory)
     aliases: tuple[tuple[str, str], ...] = ()
+    # gpt-oss: biases on the router, on o_proj (q/k/v biases follow ModelSpec.qkv_bias) and on the
+    # experts; a learned sink logit per head ("{a}.sinks" [H]); sliding-window layers (layer_types);
+    # the clamped SwiGLU; fused experts stored [E, K, N] (x @ W) with gate and up rows interleaved.
+    router_bias: bool = False
+    o_bias: bool = False
+    attn_sinks: bool = False
+    expert_bias: bool = False
+    expert_act: str = "silu"           # engine.experts.layout.ExpertAct kind
+    fused_kn: bool = False             # fused gate_up [E, D, 2F] and down [E, F, D]
+    interleaved_gate_up: bool = False  # fused gate/up outputs alternate gate, up, gate, up, ...
 
 
 _LLAMA_EXPERT = ("{p}.experts.{e}.gate_proj.weight", "{p}.experts.{e}.up_proj.weight",
@@ -45,6 +55,13 @@ FAMILIES: dict[str, Family] = {
     "OlmoeForCausalLM": Family(
         "olmoe", "model.layers.{i}.mlp", "{p}.gate.weight", *_LLAMA_EXPERT,
         "{p}.experts.gate_up_proj", "{p}.experts.down_proj", "full"),
+    # experts only fused (bf16 "{p}.experts.gate_up_proj", or as shipped in MXFP4: the same names with
+    # _blocks / _scales); the per-expert names below never occur and are not looked for
+    "GptOssForCausalLM": Family(
+        "gpt_oss", "model.layers.{i}.mlp", "{p}.router.weight", *_LLAMA_EXPERT,
+        "{p}.experts.gate_up_proj", "{p}.experts.down_proj", None, always_renormalize=True,
+        router_bias=True, o_bias=True, attn_sinks=True, expert_bias=True, expert_act="swiglu_oai",
+        fused_kn=True, interleaved_gate_up=True),
 }
 
 SUPPORTED = ", ".join(sorted(FAMILIES))

@@ -25,6 +25,19 @@ _FIX = "correct it or restore config.json from the original checkpoint"
 
 
 @dataclass(frozen=True)
+class RopeScaling:
+    """Long-context RoPE scaling (``rope_scaling`` / ``rope_parameters``); only ``yarn`` so far."""
+
+    kind: str                        # "yarn"
+    factor: float
+    original_max_position: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    attention_factor: float | None = None   # None: 0.1 * ln(factor) + 1
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     architecture: str
     family: Family
@@ -49,6 +62,15 @@ class ModelSpec:
     moe_layers: tuple[bool, ...]    # per layer: routed experts (True) or a dense MLP
     checkpoint_dtype: str = "bfloat16"
     name: str = ""
+    layer_windows: tuple[int, ...] = ()      # per layer: sliding window in tokens, 0 = full attention; () = all full
+    rope_scaling: RopeScaling | None = None
+    swiglu_alpha: float = 1.702              # gpt-oss clamped SwiGLU (family.expert_act == "swiglu_oai")
+    swiglu_limit: float = 7.0
+    expert_storage: str = "dense"            # "mxfp4": the checkpoint ships its experts as *_blocks / *_scales
+
+    def window(self, layer: int) -> int:
+        """Sliding window of ``layer`` in tokens (0: full attention)."""
+        return self.layer_windows[layer] if self.layer_windows else 0
 
     @property
     def num_moe_layers(self) -> int:

@@ -18,6 +18,13 @@ Formats:
   byte ``j`` of a row holds element ``k = 2j`` in its low nibble and ``k = 2j + 1`` in its high nibble.
   ``w13_scale`` is float16 ``[2F, D/G]``, ``w13_zero`` uint8 ``[2F, D/G]`` (0..15);
   ``w = (q - zero) * scale``. Likewise ``w2 [D, F/2]``, ``w2_scale/w2_zero [D, F/G]``.
+* ``mxfp4``: e2m1 values with the int4 nibble order, ``w13`` ``uint8 [2F, D/2]``, and one e8m0 scale
+  byte per 32 values, ``w13_scale`` ``uint8 [2F, D/32]``; ``w = fp4 * 2 ** (scale - 127)``
+  (:mod:`engine.quant.mxfp4`). Likewise ``w2 [D, F/2]``, ``w2_scale [D, F/32]``. As gpt-oss ships it.
+
+With ``bias`` (gpt-oss) every format adds ``w13_bias`` float32 ``[2F]`` (gate rows then up rows) and
+``w2_bias`` float32 ``[D]``, added to each projection's output. ``act`` says how gate and up combine
+(:class:`ExpertAct`); it is part of the layout so everything that runs an expert reads it from one place.
 """
 from __future__ import annotations
 
@@ -30,7 +37,9 @@ from engine.errors import ConfigError
 ALIGN = 256  # bytes; every tensor and every slot starts on this boundary (16-byte loads, cache lines)
 
 DENSE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-EXPERT_FORMATS = ("bf16", "fp16", "fp32", "fp8", "int4")
+EXPERT_FORMATS = ("bf16", "fp16", "fp32", "fp8", "int4", "mxfp4")
+MXFP4_GROUP = 32
+ACTIVATIONS = ("silu", "swiglu_oai")
 
 
 def _align(n: int) -> int:
@@ -53,6 +62,20 @@ class TensorSlice:
 
 
 @dataclass(frozen=True)
+class ExpertAct:
+    """How an expert combines its gate and up rows into ``h`` (fed to the down projection).
+
+    * ``silu``: ``h = silu(gate) * up`` (Mixtral, Qwen, OLMoE);
+    * ``swiglu_oai`` (gpt-oss): ``g = min(gate, limit)``, ``u = clamp(up, -limit, limit)``,
+      ``h = (u + 1) * g * sigmoid(alpha * g)``.
+    """
+
+    kind: str = "silu"
+    alpha: float = 1.702
+    limit: float = 7.0
+
+
+@dataclass(frozen=True)
 class ExpertLayout:
     """Where each tensor of one expert lives inside its byte range."""
 
@@ -62,17 +85,31 @@ class ExpertLayout:
     group_size: int = 128
     tensors: tuple[TensorSlice, ...] = ()
     nbytes: int = 0
+    bias: bool = False
+    act: ExpertAct = ExpertAct()
 
     @staticmethod
-    def make(fmt: str, hidden: int, ffn: int, group_size: int = 128) -> "ExpertLayout":
+    def make(fmt: str, hidden: int, ffn: int, group_size: int = 128, bias: bool = False,
+             act: ExpertAct | None = None) -> "ExpertLayout":
+        """``group_size``: int4 only (mxfp4 groups are always 32)."""
         if fmt not in EXPERT_FORMATS:
             raise ConfigError(f"expert format {fmt!r} is not supported; choose one of {', '.join(EXPERT_FORMATS)}")
+        act = act or ExpertAct()
+        if act.kind not in ACTIVATIONS:
+            raise ConfigError(f"expert activation {act.kind!r} is not supported; choose one of {', '.join(ACTIVATIONS)}")
+        if fmt == "mxfp4":
+            group_size = MXFP4_GROUP
         specs: list[tuple[str, torch.dtype, tuple[int, ...]]] = []
         for name, n, k in (("w13", 2 * ffn, hidden), ("w2", hidden, ffn)):
             if fmt in DENSE_DTYPES:
                 specs.append((name, DENSE_DTYPES[fmt], (n, k)))
             elif fmt == "fp8":
                 specs += [(name, torch.float8_e4m3fn, (n, k)), (f"{name}_scale", torch.float32, (n,))]
+            elif fmt == "mxfp4":
+                if k % MXFP4_GROUP:
+                    raise ConfigError(f"mxfp4 experts need a reduction dim that is a multiple of {MXFP4_GROUP}; "
+                                      f"{name} has {k}")
+                specs += [(name, torch.uint8, (n, k // 2)), (f"{name}_scale", torch.uint8, (n, k // MXFP4_GROUP))]
             else:  # int4
                 if k % group_size or k % 2:
                     raise ConfigError(
@@ -81,12 +118,14 @@ class ExpertLayout:
                 specs += [(name, torch.uint8, (n, k // 2)),
                           (f"{name}_scale", torch.float16, (n, k // group_size)),
                           (f"{name}_zero", torch.uint8, (n, k // group_size))]
+        if bias:
+            specs += [("w13_bias", torch.float32, (2 * ffn,)), ("w2_bias", torch.float32, (hidden,))]
         offset, slices = 0, []
         for name, dtype, shape in specs:
             s = TensorSlice(name, dtype, shape, offset)
             slices.append(s)
             offset = _align(offset + s.nbytes)
-        return ExpertLayout(fmt, hidden, ffn, group_size, tuple(slices), offset)
+        return ExpertLayout(fmt, hidden, ffn, group_size, tuple(slices), offset, bias, act)
 
     def slice(self, name: str) -> TensorSlice:
         for s in self.tensors:

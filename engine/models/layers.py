@@ -56,12 +56,16 @@ class SeqSlice:
     block_table: torch.Tensor    # [n_blocks] int64 (on the device)
 
 
-def paged_attention_ref(q: torch.Tensor, gather: Gather, seqs: list[SeqSlice], block_size: int) -> torch.Tensor:
+def paged_attention_ref(q: torch.Tensor, gather: Gather, seqs: list[SeqSlice], block_size: int,
+                        sinks: torch.Tensor | None = None, window: int = 0) -> torch.Tensor:
     """Causal attention of each sequence's new queries over its cached context.
 
     q [T, H, hd]; ``gather(rows [C])`` returns the cached K and V ``[C, Hkv, hd]`` in the compute dtype
-    (the cache already holds the new keys). Returns [T, H * hd].
+    (the cache already holds the new keys). Returns [T, H * hd]. ``sinks`` [H]: a sink logit per head
+    (gpt-oss); ``window`` > 0: a query at position p sees positions p - window + 1 .. p only.
     """
+    if sinks is not None or window > 0:
+        return _paged_attention_masked(q, gather, seqs, block_size, sinks, window)
     T, H, hd = q.shape
     out = torch.empty(T, H, hd, dtype=q.dtype, device=q.device)
     offsets = torch.arange(block_size, device=q.device)
@@ -79,6 +83,30 @@ def paged_attention_ref(q: torch.Tensor, gather: Gather, seqs: list[SeqSlice], b
         o = F.scaled_dot_product_attention(qs, k.to(qs.dtype), v.to(qs.dtype), attn_mask=mask,
                                            is_causal=s.q_len == s.ctx_len and s.q_len > 1)
         out[s.q_start:s.q_start + s.q_len] = o.transpose(0, 1)
+    return out.reshape(T, H * hd)
+
+
+def _paged_attention_masked(q: torch.Tensor, gather: Gather, seqs: list[SeqSlice], block_size: int,
+                            sinks: torch.Tensor | None, window: int) -> torch.Tensor:
+    """:func:`paged_attention_ref` with sinks or a sliding window: explicit scores, float32 inside."""
+    from kernels.paged_attention import _attend_with_sinks
+    T, H, hd = q.shape
+    out = torch.empty(T, H, hd, dtype=q.dtype, device=q.device)
+    offsets = torch.arange(block_size, device=q.device)
+    zero_sinks = None if sinks is not None else torch.full((H,), float("-inf"), device=q.device)
+    for s in seqs:
+        first = max(0, s.ctx_len - s.q_len - window + 1) if window > 0 else 0   # oldest key any query sees
+        slots = (s.block_table[:, None] * block_size + offsets).flatten()[first:s.ctx_len]   # [C']
+        k, v = gather(slots)                                             # [C', Hkv, hd]
+        qpos = torch.arange(s.ctx_len - s.q_len, s.ctx_len, device=q.device)
+        kpos = torch.arange(first, s.ctx_len, device=q.device)
+        mask = kpos[None, :] <= qpos[:, None]                            # [q_len, C']
+        if window > 0:
+            mask &= kpos[None, :] > qpos[:, None] - window
+        qs = q[s.q_start:s.q_start + s.q_len].transpose(0, 1)[None]      # [1, H, q_len, hd]
+        o = _attend_with_sinks(qs, k[None], v[None], mask[None, None], 1.0 / hd ** 0.5,
+                               sinks if sinks is not None else zero_sinks)   # [1, H, q_len, hd]
+        out[s.q_start:s.q_start + s.q_len] = o[0].transpose(0, 1)
     return out.reshape(T, H * hd)
 
 

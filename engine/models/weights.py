@@ -17,6 +17,9 @@ class AttentionWeights:
     qkv_bias: torch.Tensor | None = None  # [(H + 2 Hkv) * hd]
     q_norm: torch.Tensor | None = None   # [hd] (per head) or [H * hd] (whole projection)
     k_norm: torch.Tensor | None = None
+    o_bias: torch.Tensor | None = None   # [D]
+    sinks: torch.Tensor | None = None    # [H] float32: a sink logit per query head (gpt-oss)
+    window: int = 0                      # sliding window in tokens (0: full attention)
 
 
 @dataclass
@@ -31,6 +34,7 @@ class MoEWeights:
     router: torch.Tensor                 # [E, D]
     shared: MLPWeights | None = None
     shared_gate: torch.Tensor | None = None  # [1, D], sigmoid gate of the shared expert
+    router_bias: torch.Tensor | None = None  # [E]
 
 
 @dataclass
@@ -64,7 +68,8 @@ class ModelWeights:
             add(t)
         for layer in self.layers:
             a = layer.attn
-            for t in (layer.input_norm, layer.post_norm, a.qkv, a.o, a.qkv_bias, a.q_norm, a.k_norm):
+            for t in (layer.input_norm, layer.post_norm, a.qkv, a.o, a.qkv_bias, a.q_norm, a.k_norm, a.o_bias,
+                      a.sinks):
                 add(t)
             for m in (layer.mlp, layer.moe.shared if layer.moe else None):
                 if m is not None:
@@ -72,5 +77,6 @@ class ModelWeights:
                     add(m.down)
             if layer.moe is not None:
                 add(layer.moe.router)
+                add(layer.moe.router_bias)
                 add(layer.moe.shared_gate)
         return total
