@@ -20,7 +20,7 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-from engine.experts.layout import ExpertLayout
+from engine.experts.layout import ExpertAct, ExpertLayout
 from kernels.act16 import Act16
 from kernels.moe_config import MoeLaunchConfig, moe_launch_config
 from kernels.moe_weights import HostExperts
@@ -30,7 +30,17 @@ def expert_weights_ref(views: dict[str, torch.Tensor], slot: int, layout: Expert
                        dtype: torch.dtype, host: HostExperts | None = None,
                        expert: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Dense ``(w13 [2F, D], w2 [D, F])`` of the expert in ``slot``, in ``dtype``; with ``host`` and
-    slot -1, of store row ``host.row_base + expert`` (the direct read the kernels make)."""
+    slot -1, of store row ``host.row_base + expert`` (the direct read the kernels make).
+    :func:`expert_ref` also gives the biases."""
+    w13, w2, _ = expert_ref(views, slot, layout, dtype, host, expert)
+    return w13, w2
+
+
+def expert_ref(views: dict[str, torch.Tensor], slot: int, layout: ExpertLayout, dtype: torch.dtype,
+               host: HostExperts | None = None, expert: int = 0
+               ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+    """``(w13, w2, biases)`` of one expert as :func:`expert_weights_ref` reads it; ``biases`` is
+    ``(b13 [2F], b2 [D])`` float32 when ``layout.bias``, else None."""
     if slot < 0:
         if host is None:
             raise ValueError(f"expert {expert} has no pool slot and no host store was given to read it from")
@@ -39,11 +49,35 @@ def expert_weights_ref(views: dict[str, torch.Tensor], slot: int, layout: Expert
             for name, v in views.items():
                 v[fill].copy_(host.views[name][host.row_base + expert])
         views, slot = host.views, host.row_base + expert
+    biases = (views["w13_bias"][slot], views["w2_bias"][slot]) if layout.bias else None
     if layout.fmt in ("bf16", "fp16", "fp32"):
-        return views["w13"][slot].to(dtype), views["w2"][slot].to(dtype)
-    from engine.quant import dequantize_expert_matrix  # int4 / fp8
+        return views["w13"][slot].to(dtype), views["w2"][slot].to(dtype), biases
+    from engine.quant import dequantize_expert_matrix  # int4 / fp8 / mxfp4
     return (dequantize_expert_matrix(views, "w13", slot, layout, dtype),
-            dequantize_expert_matrix(views, "w2", slot, layout, dtype))
+            dequantize_expert_matrix(views, "w2", slot, layout, dtype), biases)
+
+
+def expert_act_ref(h: torch.Tensor, act: ExpertAct) -> torch.Tensor:
+    """``h [n, 2F]`` (gate columns, then up) -> ``[n, F]`` as ``act`` combines them."""
+    f = h.shape[1] // 2
+    gate, up = h[:, :f], h[:, f:]
+    if act.kind == "silu":
+        return F.silu(gate) * up
+    gate = gate.clamp(max=act.limit)
+    up = up.clamp(-act.limit, act.limit)
+    return (up + 1) * gate * torch.sigmoid(gate * act.alpha)
+
+
+def _expert_out(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                biases: tuple[torch.Tensor, torch.Tensor] | None, act: ExpertAct) -> torch.Tensor:
+    """One expert on rows ``x [n, D]`` -> ``[n, D]`` float32."""
+    h = x @ w13.t()                                                  # [n, 2F]
+    if biases is not None:
+        h = h + biases[0].to(h.dtype)
+    y = expert_act_ref(h, act) @ w2.t()                              # [n, D]
+    if biases is not None:
+        y = y + biases[1].to(y.dtype)
+    return y.to(torch.float32)
 
 
 def fused_moe_ref(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
@@ -70,11 +104,8 @@ def fused_moe_ref(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
         if n == 0:
             continue
         toks = tok_of[start:start + n]                               # [n]
-        w13, w2 = expert_weights_ref(views, slots[e], layout, x.dtype, host, e)
-        h = x[toks] @ w13.t()                                        # [n, 2F]
-        f = w13.shape[0] // 2
-        h = F.silu(h[:, :f]) * h[:, f:]                              # [n, F]
-        y = (h @ w2.t()).to(torch.float32)                           # [n, D]
+        w13, w2, biases = expert_ref(views, slots[e], layout, x.dtype, host, e)
+        y = _expert_out(x[toks], w13, w2, biases, layout.act)        # [n, D]
         out.index_add_(0, toks, y * w_sorted[start:start + n, None])
         start += n
     return out.to(x.dtype)
@@ -88,11 +119,8 @@ def _one_token_ref(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.
     slots = slot_of_expert[topk_ids[0]].tolist()
     w = topk_weights[0].to(torch.float32)                            # [k]
     for j in sorted(range(len(ids)), key=ids.__getitem__):
-        w13, w2 = expert_weights_ref(views, slots[j], layout, x.dtype, host, ids[j])
-        h = x @ w13.t()                                              # [1, 2F]
-        f = w13.shape[0] // 2
-        h = F.silu(h[:, :f]) * h[:, f:]                              # [1, F]
-        out += (h @ w2.t()).to(torch.float32) * w[j]
+        w13, w2, biases = expert_ref(views, slots[j], layout, x.dtype, host, ids[j])
+        out += _expert_out(x, w13, w2, biases, layout.act) * w[j]
     return out.to(x.dtype)
 
 
