@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from engine.errors import ConfigError
 
-WEIGHT_FORMATS = ("auto", "bf16", "int4", "fp8")
+WEIGHT_FORMATS = ("auto", "bf16", "int4", "fp8", "mxfp4")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 KV_DTYPES = ("auto", "bf16", "int8", "fp8")
 EXPERT_POLICIES = ("lfu", "lru", "adaptive", "static")
@@ -91,7 +91,9 @@ class EngineConfig:
     model: str
     device: str = "auto"                 # "auto" (cuda if present), "cpu", "cuda", "cuda:1"
     dtype: str = "auto"                  # activations/resident weights; auto = bf16 on cuda, fp32 on cpu
-    weight_format: str = "auto"          # routed experts: auto = as stored (bf16/dtype, or converted format)
+    # routed experts: auto = as stored (the dtype for dense experts, mxfp4 as shipped, a converted folder's
+    # format); int4 / fp8 / mxfp4 / bf16 quantise (or dequantise) at load
+    weight_format: str = "auto"
     group_size: int = DEFAULT_GROUP_SIZE  # int4 group along K when quantising at load
     expert_pool_size: int | str | None = None  # bytes, "10G" or "50%" of the experts; None = as many as fit
     prefetch_depth: int = 2              # layers ahead to prefetch; 0 = synchronous offload

@@ -2,7 +2,9 @@
 
 One recording per batch-size bucket, captured lazily on first use into one memory pool. A step pads
 its batch up to the bucket: padding rows write their K/V into a scratch block that no request owns
-and read one token of it, so they never touch a real sequence.
+and read one token of it, so they never touch a real sequence. A cache with a window group (its
+sliding-window layers in a pool of their own) has a second set of recorded slots and block tables,
+padded with that pool's scratch block, which is also what the freed entries of window tables hold.
 
 When every expert is resident the slot tables never change and a whole step is one graph. With an
 offloaded expert pool each MoE layer needs the host between its routing and its expert GEMMs (read
@@ -30,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from engine.experts.readback import pinned_ids
@@ -50,6 +53,8 @@ class DecodeInputs:
     slots: list[int]
     tables: list[list[int]]
     lens: list[int]
+    window_slots: list[int] = field(default_factory=list)          # the window group's, when the cache has one
+    window_tables: list[list[int]] = field(default_factory=list)
 
 
 @dataclass
@@ -77,42 +82,58 @@ class _Recording:
 
 class DecodeGraphs:
     def __init__(self, model: MoETransformer, cache: KVCache, max_batch: int, max_blocks: int,
-                 scratch_block: int) -> None:
+                 scratch_block: int, window_scratch: int | None = None) -> None:
         self.model, self.cache = model, cache
         self.buckets = [b for b in BUCKETS if b < max_batch] + [max_batch]
-        self.max_blocks, self.scratch_block = max_blocks, scratch_block
-        self.scratch_slot = scratch_block * cache.block_size
+        self.max_blocks, self.scratch_block, self.window_scratch = max_blocks, scratch_block, window_scratch
+        groups = 1 if window_scratch is None else 2                       # block groups: full, window
+        self.scratch_slots = [scratch_block * cache.block_size] + \
+            ([] if window_scratch is None else [window_scratch * cache.block_size])
+        self.scratch_slot = self.scratch_slots[0]
         n, dev = self.buckets[-1], model.device
-        # The recorded inputs, at fixed addresses: ids, positions and slots in one int64 buffer, block
-        # tables and context lengths in one int32 buffer. A step's values cross from page-locked
-        # staging in a few asynchronous copies and no kernel (``_load``).
-        self._in64 = torch.zeros(3, n, dtype=torch.int64, device=dev)
+        # The recorded inputs, at fixed addresses: ids, positions and each group's slots in one int64
+        # buffer; block tables (each group's) and context lengths in one int32 buffer. A step's values
+        # cross from page-locked staging in a few asynchronous copies and no kernel (``_load``).
+        self._in64 = torch.zeros(2 + groups, n, dtype=torch.int64, device=dev)
         self.ids, self.positions, self.slots = self._in64[0], self._in64[1], self._in64[2]
-        self.slots.fill_(self.scratch_slot)
-        self._in32 = torch.empty(n * (max_blocks + 1), dtype=torch.int32, device=dev)
-        self.tables = self._in32[:n * max_blocks].view(n, max_blocks)
-        self.lens = self._in32[n * max_blocks:]
+        self.window_slots = self._in64[3] if groups == 2 else None
+        for g, slot in enumerate(self.scratch_slots):
+            self._in64[2 + g].fill_(slot)
+        self._in32 = torch.empty(n * (groups * max_blocks + 1), dtype=torch.int32, device=dev)
+        self.tables, self.lens, self.window_tables = self._split32(self._in32, n)
         self.tables.fill_(scratch_block)
         self.lens.fill_(1)
+        if self.window_tables is not None:
+            self.window_tables.fill_(window_scratch)
         self.pad = torch.zeros(n, dtype=torch.bool, device=dev)          # rows past the real batch
         pin = dev.type == "cuda"
-        self._h64 = torch.zeros(3, n, dtype=torch.int64, pin_memory=pin)
-        self._h32 = torch.full((n * (max_blocks + 1),), scratch_block, dtype=torch.int32, pin_memory=pin)
-        self._h_tables = self._h32[:n * max_blocks].view(n, max_blocks)   # as _in32: one copy for both
-        self._h_lens = self._h32[n * max_blocks:]
+        self._h64 = torch.zeros(2 + groups, n, dtype=torch.int64, pin_memory=pin)
+        self._h32 = torch.full((n * (groups * max_blocks + 1),), scratch_block, dtype=torch.int32, pin_memory=pin)
+        self._h_tables, self._h_lens, self._h_window_tables = self._split32(self._h32, n)   # one copy for all
         self._h_lens.fill_(1)
+        if self._h_window_tables is not None:
+            self._h_window_tables.fill_(window_scratch)
         self._h_pad = torch.zeros(n, dtype=torch.bool, pin_memory=pin)
-        self._h_width = 0                                               # widest table row staged so far
+        self._h_width = [0] * groups                                    # widest table row staged so far, per group
         self.graphs: dict[int, _Recording] = {}
         self.pool = None
         self.replays = 0
+
+    def _split32(self, buf: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The int32 buffer's views: block tables [n, max_blocks], lengths [n], window tables (or None)."""
+        m = n * self.max_blocks
+        window = None if self.window_scratch is None else buf[m + n:].view(n, self.max_blocks)
+        return buf[:m].view(n, self.max_blocks), buf[m:m + n], window
 
     def bucket(self, b: int) -> int | None:
         return next((x for x in self.buckets if x >= b), None)
 
     def _batch(self, b: int) -> ForwardBatch:
+        window = None if self.window_scratch is None else \
+            ForwardBatch(self.ids[:b], self.positions[:b], self.window_slots[:b], [], None,
+                         DecodeMeta(self.window_tables[:b], self.lens[:b]))
         return ForwardBatch(self.ids[:b], self.positions[:b], self.slots[:b], [], None,
-                            DecodeMeta(self.tables[:b], self.lens[:b]))
+                            DecodeMeta(self.tables[:b], self.lens[:b]), window=window)
 
     def _capture(self, b: int) -> None:
         dev = self.model.device
@@ -281,20 +302,19 @@ class DecodeGraphs:
 
     def _load(self, inp: DecodeInputs, b: int, n: int) -> None:
         """Stage ``inp`` (padded to bucket ``n``) and copy it into the recorded inputs. Padding rows
-        point at the scratch block and read one token of it. The staging is reused by the next step,
-        which starts after this one's tokens were read back, so after these copies. Written through
-        numpy views: building tensors from the lists cost as much as the copies."""
-        h64, tables = self._h64.numpy(), self._h_tables.numpy()
-        scratch = self.scratch_block
+        point at the scratch block (each group's) and read one token of it. The staging is reused by
+        the next step, which starts after this one's tokens were read back, so after these copies.
+        Written through numpy views: building tensors from the lists cost as much as the copies."""
+        h64 = self._h64.numpy()
         h64[0, :b], h64[1, :b], h64[2, :b] = inp.ids, inp.positions, inp.slots
         h64[0:2, b:n] = 0
-        h64[2, b:n] = self.scratch_slot
-        # every column from _h_width (the widest row staged so far) on holds the scratch block
-        self._h_width = width = max(self._h_width, max(len(t) for t in inp.tables))
-        for row, t in zip(tables, inp.tables):
-            row[:len(t)] = t
-            row[len(t):width] = scratch
-        tables[b:n, :width] = scratch
+        groups = [(inp.tables, self._h_tables, self.scratch_block)]
+        if self.window_scratch is not None:
+            h64[3, :b] = inp.window_slots
+            groups.append((inp.window_tables, self._h_window_tables, self.window_scratch))
+        for g, (tables, staged, scratch) in enumerate(groups):
+            h64[2 + g, b:n] = self.scratch_slots[g]
+            self._h_width[g] = _stage_tables(staged.numpy(), tables, n, scratch, self._h_width[g])
         lens = self._h_lens.numpy()
         lens[:b], lens[b:n] = inp.lens, 1
         pad = self._h_pad.numpy()
@@ -305,9 +325,23 @@ class DecodeGraphs:
         else:
             self.tables[:n].copy_(self._h_tables[:n], non_blocking=True)
             self.lens[:n].copy_(self._h_lens[:n], non_blocking=True)
+            if self.window_tables is not None:
+                self.window_tables[:n].copy_(self._h_window_tables[:n], non_blocking=True)
         self.pad[:n].copy_(self._h_pad[:n], non_blocking=True)
 
     def reset(self) -> None:
         """Drop every graph (after a change that invalidates them, e.g. a different expert pool)."""
         self.graphs.clear()
         self.pool = None
+
+
+def _stage_tables(staged: np.ndarray, tables: list[list[int]], n: int, scratch: int, width: int) -> int:
+    """Write ``tables`` (one per real row) into ``staged`` [N, max_blocks], rows past them up to ``n``
+    and columns past each table up to the widest staged so far holding ``scratch``; every column
+    from the returned width on holds ``scratch`` already. Returns the new widest width."""
+    width = max(width, max(len(t) for t in tables))
+    for row, t in zip(staged, tables):
+        row[:len(t)] = t
+        row[len(t):width] = scratch
+    staged[len(tables):n, :width] = scratch
+    return width

@@ -1,11 +1,20 @@
-"""Perplexity of a model on a text, and top-1 agreement with a reference model (quantisation quality)."""
+"""Perplexity of a model on a text, and top-1 agreement with a reference model (quantisation quality).
+
+The reference runs its experts in a dense format: its own dtype, or — for a checkpoint that ships MXFP4
+experts, which have no unquantised original — their values dequantised to bf16 (exact). So an MXFP4
+checkpoint compared with itself measures the MXFP4 kernels, and an int4 conversion of it measures what
+the int4 quantisation lost against the weights as shipped.
+"""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from engine.checkpoint.converted import is_converted
+from engine.checkpoint.spec import read_spec
 from engine.errors import ConfigError
 
 
@@ -16,6 +25,19 @@ class EvalResult:
     reference_perplexity: float | None = None
     top1_agreement: float | None = None      # share of positions where both models rank the same token first
     mean_cosine: float | None = None         # mean cosine similarity of the logit vectors
+    expert_format: str = ""                  # the experts as run: bf16, int4, fp8, mxfp4, ...
+    reference_format: str | None = None      # the reference's experts as run
+
+
+def reference_weight_format(model: str) -> str:
+    """``weight_format`` to load a reference model with: as stored, but MXFP4 experts dequantised to bf16.
+
+    A converted folder holds one format only, so it loads as stored.
+    """
+    folder = Path(model)
+    if is_converted(folder) or read_spec(folder).expert_storage != "mxfp4":
+        return "auto"
+    return "bf16"
 
 
 def windows(ids: list[int], window: int) -> list[list[int]]:
@@ -71,6 +93,8 @@ def evaluate(engine, text: str, reference=None, window: int = 256, max_tokens: i
             rows += logits.shape[0]
     if n == 0:
         raise ConfigError("the evaluation text has fewer than 2 tokens; give a longer text file")
+    fmt = engine.model_info.expert_format
     if reference is None:
-        return EvalResult(n, math.exp(nll / n))
-    return EvalResult(n, math.exp(nll / n), math.exp(ref_nll / n), agree / rows, cos_sum / rows)
+        return EvalResult(n, math.exp(nll / n), expert_format=fmt)
+    return EvalResult(n, math.exp(nll / n), math.exp(ref_nll / n), agree / rows, cos_sum / rows, fmt,
+                      reference.model_info.expert_format)

@@ -11,7 +11,7 @@ import torch
 from engine.checkpoint.converted import ConvertedSource, is_converted
 from engine.checkpoint.integrity import Progress
 from engine.checkpoint.loader import check_complete, load_weights
-from engine.checkpoint.plan import active_params_per_token, params_by_category
+from engine.checkpoint.plan import active_params_per_token, params_by_category, routed_params_per_expert
 from engine.checkpoint.reader import SafetensorsReader, TensorSource, with_aliases
 from engine.checkpoint.spec import ModelSpec, read_spec
 from engine.config import DEFAULT_GROUP_SIZE, DIRECT_READS, EngineConfig, parse_pool_size
@@ -24,10 +24,11 @@ from engine.kv.blocks import BlockAllocator
 from engine.memory import BudgetAdvice, MemoryPlan, default_budget, plan_memory
 from engine.settings_fit import fit_to_device, fit_to_model, fit_to_pool, unused_notes
 from engine.kv.cache import KVCache
-from engine.models.layers import SeqSlice
+from engine.kv.sizing import KVSizing, kv_sizing
+from engine.kv.windows import WindowBlocks
 from engine.models.moe_transformer import ForwardBatch, MoETransformer
 from engine.cuda_graphs import DecodeGraphs
-from engine.runner import ModelRunner
+from engine.runner import ModelRunner, group_inputs
 from engine.scheduler import Scheduler
 from engine.tokenizer import Tokenizer
 
@@ -119,10 +120,15 @@ class LoadedModel:
         self.weights, rows = load_weights(spec, source, self.device, self.dtype, self.layout, self._allocate_rows)
         self.experts: ExpertProvider = self._build_experts(rows)
         self.model = MoETransformer(spec, self.weights, self.experts, self.device, self.dtype, self.max_model_len)
+        z = self.kv_sizing
+        # sliding-window layers' blocks, freed as they fall out of reach (None: one pool for every layer)
+        self.windows = WindowBlocks(z.window, config.max_batch, config.token_budget, z.block_size) if z.windowed \
+            else None
         self.cache = self._build_cache()
         # the last block is scratch space for the padding rows of graph-captured decode batches
         self.allocator = BlockAllocator(self.cache.num_blocks - 1, self.cache.block_size)
-        self.scheduler = Scheduler(self.allocator, config.max_batch, config.token_budget, config.prefill_chunk)
+        self.scheduler = Scheduler(self.allocator, config.max_batch, config.token_budget, config.prefill_chunk,
+                                   self.windows)
         self.runner = ModelRunner(self.model, self.cache, self.make_graphs() if config.cuda_graphs else None)
         marker = _demo_marker(path) if path else {}
         self.info = ModelInfo(
@@ -152,7 +158,7 @@ class LoadedModel:
         """Weight bytes one decoded token reads: the resident weights it uses and k experts per MoE layer."""
         s = self.spec
         routed = s.num_moe_layers * s.top_k
-        dense = active_params_per_token(s) - routed * 3 * s.hidden * s.moe_ffn
+        dense = active_params_per_token(s) - routed * routed_params_per_expert(s)
         return dense * torch.empty((), dtype=self.dtype).element_size() + routed * self.layout.nbytes
 
     @property
@@ -175,7 +181,7 @@ class LoadedModel:
             return None
         bs = self.cache.block_size
         return DecodeGraphs(self.model, self.cache, self.config.max_batch, -(-self.max_model_len // bs),
-                            self.cache.num_blocks - 1)
+                            self.cache.num_blocks - 1, self.windows.placeholder if self.windows else None)
 
     def _plan(self) -> MemoryPlan:
         s, c = self.spec, self.config
@@ -186,7 +192,8 @@ class LoadedModel:
             budget = None     # no device memory to budget on the CPU
         return plan_memory(resident, self.layout.nbytes, s.num_moe_layers * s.num_experts, self._kv_bytes_per_token(),
                            budget, self.pool_request(c.expert_pool_size), experts_per_layer=s.num_experts,
-                           active_experts_per_token=s.num_moe_layers * s.top_k, advice=self._budget_advice())
+                           active_experts_per_token=s.num_moe_layers * s.top_k, advice=self._budget_advice(),
+                           window_kv_bytes=self.kv_sizing.window_pool_bytes)
 
     def _budget_advice(self) -> BudgetAdvice:
         """The fixes open to this load when the plan does not fit the budget."""
@@ -211,9 +218,16 @@ class LoadedModel:
         total = self.layout.nbytes * self.spec.num_moe_layers * self.spec.num_experts
         return parse_pool_size(value, total)
 
+    @property
+    def kv_sizing(self) -> KVSizing:
+        """The KV cache's split between the full-attention pool and the sliding-window layers' pool."""
+        c = self.config
+        return kv_sizing(self.spec, self.dtype, c.kv_cache_dtype, self.max_model_len, c.max_batch, c.token_budget,
+                         c.kv_block_size)
+
     def _kv_bytes_per_token(self) -> int:
-        s = self.spec
-        return KVCache.bytes_per_token(s.num_layers, s.num_kv_heads, s.head_dim, self.dtype, self.config.kv_cache_dtype)
+        """KV bytes each token of context adds (the full-attention layers')."""
+        return self.kv_sizing.bytes_per_token
 
     def _build_experts(self, rows: torch.Tensor) -> ExpertProvider:
         plan = self.plan
@@ -236,19 +250,22 @@ class LoadedModel:
         return self.model.route(logits)
 
     def _kv_cache_bytes(self) -> int:
-        """KV bytes to allocate: the size asked for, else what the plan leaves, at most a full batch at full context."""
+        """Bytes of the full-attention pool: the KV size asked for less the window pool, else what the plan
+        leaves, at most a full batch at full context."""
         c = self.config
         full = self._kv_bytes_per_token() * self.max_model_len * c.max_batch
         if c.kv_cache_size:
-            return c.kv_cache_size
+            return max(0, c.kv_cache_size - self.kv_sizing.window_pool_bytes)
         return min(self.plan.kv_bytes, full) if self.plan.budget_bytes else min(CPU_KV_CAP, full)
 
     def _build_cache(self) -> KVCache:
         s, c = self.spec, self.config
-        bpt = self._kv_bytes_per_token()
+        bpt = max(1, self._kv_bytes_per_token())           # 0 when every layer is a window layer
         blocks = max(self._kv_cache_bytes() // (bpt * c.kv_block_size), -(-self.max_model_len // c.kv_block_size))
+        window = self.windows.num_blocks if self.windows else 0
         return KVCache(s.num_layers, int(blocks) + 1, c.kv_block_size, s.num_kv_heads, s.head_dim, self.dtype,
-                       self.device, c.kv_cache_dtype)   # + 1: the scratch block of graph-captured decode batches
+                       self.device, c.kv_cache_dtype,   # + 1: the scratch block of graph-captured decode batches
+                       window_layers=self.kv_sizing.windowed, window_blocks=window)
 
     def score(self, seqs: list[list[int]], chunk: int | None = None) -> list[torch.Tensor]:
         """Logits [T_i, V] for every position of each sequence, on KV blocks of their own.
@@ -259,33 +276,44 @@ class LoadedModel:
         if not self.allocator.can_allocate(need):
             raise ConfigError(f"scoring needs {need} free KV blocks but {self.allocator.num_free} are free; "
                               "wait for running requests or raise --kv-cache-size")
-        tables = [self.allocator.allocate(self.allocator.blocks_needed(len(ids), 0)) for ids in seqs]
         chunk = chunk or self.config.prefill_chunk
+        w = self.windows
+        if w is not None and not w.allocator.can_allocate(len(seqs) * w.blocks_for(chunk)):
+            raise ConfigError(f"scoring needs {len(seqs) * w.blocks_for(chunk)} free sliding-window KV blocks but "
+                              f"{w.allocator.num_free} are free; wait for running requests or lower --prefill-chunk")
+        tables = [self.allocator.allocate(self.allocator.blocks_needed(len(ids), 0)) for ids in seqs]
+        windows: list[list[int]] = [[] for _ in seqs]
         outs: list[list[torch.Tensor]] = [[] for _ in seqs]
         try:
             for start in range(0, max(len(ids) for ids in seqs), chunk):
                 live = [i for i, ids in enumerate(seqs) if len(ids) > start]
-                batch = self._score_batch([seqs[i] for i in live], [tables[i] for i in live], start, chunk)
+                for i in live if w is not None else ():
+                    w.advance(windows[i], start, min(len(seqs[i]), start + chunk))
+                batch = self._score_batch([seqs[i] for i in live], [tables[i] for i in live],
+                                          [windows[i] for i in live], start, chunk)
                 logits = self.model.forward(batch, self.cache).cpu()
                 for i, s in zip(live, batch.seqs):
                     outs[i].append(logits[s.q_start:s.q_start + s.q_len])
             return [torch.cat(o, 0) for o in outs]
         finally:
-            for t in tables:
+            for t, wt in zip(tables, windows):
                 self.allocator.free(t)
+                if w is not None:
+                    w.free(wt)
 
-    def _score_batch(self, seqs: list[list[int]], tables: list[list[int]], start: int, chunk: int) -> ForwardBatch:
-        bs, ids, pos, slots, slices = self.cache.block_size, [], [], [], []
-        for seq, blocks in zip(seqs, tables):
-            part = seq[start:start + chunk]
-            p = list(range(start, start + len(part)))
-            slices.append(SeqSlice(len(ids), len(part), start + len(part),
-                                   torch.tensor(blocks, dtype=torch.int64, device=self.device)))
-            ids += part
-            pos += p
-            slots += [blocks[q // bs] * bs + q % bs for q in p]
+    def _score_batch(self, seqs: list[list[int]], tables: list[list[int]], windows: list[list[int]], start: int,
+                     chunk: int) -> ForwardBatch:
+        parts = [seq[start:start + chunk] for seq in seqs]
+        ids = [t for part in parts for t in part]
+        pos = [p for part in parts for p in range(start, start + len(part))]
+        starts, lens = [start] * len(parts), [len(part) for part in parts]
         as_t = lambda xs: torch.tensor(xs, dtype=torch.int64, device=self.device)   # noqa: E731
-        return ForwardBatch(as_t(ids), as_t(pos), as_t(slots), slices, None)
+
+        def group(group_tables: list[list[int]], window: ForwardBatch | None = None) -> ForwardBatch:
+            slots, slices = group_inputs(group_tables, starts, lens, self.cache.block_size, self.device)
+            return ForwardBatch(as_t(ids), as_t(pos), slots, slices, None, window=window)
+
+        return group(tables, group(windows) if self.windows is not None else None)
 
     def close(self) -> None:
         try:

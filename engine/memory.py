@@ -6,6 +6,10 @@ its staging slots), the KV cache and a workspace reserve for activations. On the
 budget: every expert stays in the "pool" and the plan only reports sizes.
 
 ``plan_memory`` is pure arithmetic so that ``main.py info`` can print it before anything loads.
+
+Sliding-window layers (gpt-oss) keep their KV in a pool of fixed size (:mod:`engine.kv.sizing`): the
+plan takes it off the budget first (``window_kv_bytes``) and sizes the rest of the KV cache in tokens of
+the full-attention layers (``kv_bytes_per_token`` then counts those layers only).
 """
 from __future__ import annotations
 
@@ -62,6 +66,7 @@ class MemoryPlan:
     kv_bytes: int
     kv_bytes_per_token: int
     active_experts_per_token: int        # routed experts one token reads (MoE layers x top-k)
+    window_kv_bytes: int = 0             # the sliding-window layers' KV pool (engine.kv.sizing), fixed size
 
     @property
     def pool_bytes(self) -> int:
@@ -89,7 +94,8 @@ class MemoryPlan:
     @property
     def total_bytes(self) -> int:
         """Device bytes the plan uses."""
-        return self.resident_bytes + self.pool_bytes + self.staging_bytes + self.kv_bytes + self.workspace_bytes
+        return (self.resident_bytes + self.pool_bytes + self.staging_bytes + self.kv_bytes + self.window_kv_bytes
+                + self.workspace_bytes)
 
     def bus_bytes_per_token(self, hit_rate: float | None = None) -> float:
         """Expected host-to-device bytes per decoded token (one sequence) at ``hit_rate``.
@@ -110,7 +116,9 @@ class MemoryPlan:
             f"expert pool       : {format_size(self.pool_bytes)} = {self.pool_slots}/{self.num_experts} experts "
             f"({self.pool_fraction:.0%}) of {format_size(self.expert_bytes)}"
             + (f", + {self.staging_slots} staging slots ({format_size(self.staging_bytes)})" if self.staging_slots else ""),
-            f"KV cache          : {format_size(self.kv_bytes)} = {self.kv_tokens} tokens",
+            f"KV cache          : {format_size(self.kv_bytes)} = {self.kv_tokens} tokens"
+            + (f" (full-attention layers), + {format_size(self.window_kv_bytes)} for the sliding-window layers"
+               if self.window_kv_bytes else ""),
             f"workspace         : {format_size(self.workspace_bytes)}",
             f"device total      : {format_size(self.total_bytes)}",
             f"host store        : {format_size(self.host_bytes)} (pinned on CUDA)",
@@ -133,25 +141,28 @@ def plan_memory(resident_bytes: int, expert_bytes: int, num_experts: int, kv_byt
                 budget_bytes: int | None, requested_pool: int | None = None,
                 workspace_bytes: int = DEFAULT_WORKSPACE, experts_per_layer: int = 0,
                 active_experts_per_token: int = 0, min_kv_tokens: int = MIN_KV_TOKENS,
-                advice: BudgetAdvice = BudgetAdvice()) -> MemoryPlan:
+                advice: BudgetAdvice = BudgetAdvice(), window_kv_bytes: int = 0) -> MemoryPlan:
     """Split ``budget_bytes`` between resident weights, expert pool (+ staging), KV cache, workspace.
 
     ``num_experts`` counts routed experts over all MoE layers; ``experts_per_layer`` sizes the
     staging slots (two layers' worth when the pool holds fewer than all experts).
     ``requested_pool`` (bytes) None means as many experts as fit after a KV reserve of
     ``min_kv_tokens`` tokens. Raises a one-line ConfigError when the resident part alone, or the
-    requested pool, does not fit, naming the fixes ``advice`` says are open.
+    requested pool, does not fit, naming the fixes ``advice`` says are open. ``window_kv_bytes``: the
+    sliding-window layers' KV, which does not grow with the context (``kv_bytes_per_token`` then counts
+    the full-attention layers only).
     """
     staging_for = lambda slots: 0 if slots >= num_experts else 2 * experts_per_layer   # noqa: E731
     want = num_experts if requested_pool is None else min(requested_pool // expert_bytes, num_experts)
     if budget_bytes is None:
         slots = want
         return MemoryPlan(None, resident_bytes, workspace_bytes, expert_bytes, num_experts, slots,
-                          staging_for(slots), 0, kv_bytes_per_token, active_experts_per_token)
-    fixed = resident_bytes + workspace_bytes
+                          staging_for(slots), 0, kv_bytes_per_token, active_experts_per_token, window_kv_bytes)
+    fixed = resident_bytes + workspace_bytes + window_kv_bytes
     if fixed > budget_bytes:
+        window = f", sliding-window KV ({format_size(window_kv_bytes)})" if window_kv_bytes else ""
         raise ConfigError(
-            f"the resident weights ({format_size(resident_bytes)}) and workspace ({format_size(workspace_bytes)}) "
+            f"the resident weights ({format_size(resident_bytes)}){window} and workspace ({format_size(workspace_bytes)}) "
             f"need {format_size(fixed)} but the GPU memory budget is {format_size(budget_bytes)}; "
             f"{advice.resident_fix(budget_bytes)}")
     left = budget_bytes - fixed
@@ -169,4 +180,4 @@ def plan_memory(resident_bytes: int, expert_bytes: int, num_experts: int, kv_byt
             f"staging) does not fit the {format_size(left)} left after resident weights and workspace in the "
             f"{format_size(budget_bytes)} budget; {advice.pool_fix(budget_bytes)}")
     return MemoryPlan(budget_bytes, resident_bytes, workspace_bytes, expert_bytes, num_experts, slots,
-                      staging_for(slots), left - pool, kv_bytes_per_token, active_experts_per_token)
+                      staging_for(slots), left - pool, kv_bytes_per_token, active_experts_per_token, window_kv_bytes)

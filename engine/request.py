@@ -31,7 +31,8 @@ class Request:
     logprobs: list[TokenLogprob] = field(default_factory=list)   # one per output id, when params.logprobs is set
     status: Status = Status.WAITING
     num_computed: int = 0                         # tokens whose K/V are in the cache
-    blocks: list[int] = field(default_factory=list)
+    blocks: list[int] = field(default_factory=list)            # KV block table of the full-attention layers
+    window_blocks: list[int] = field(default_factory=list)     # of the window layers, when the cache has them
     text: str = ""                                # detokenised output so far (stop strings cut)
     sent_chars: int = 0                           # characters of ``text`` already streamed
     sent_tokens: int = 0

@@ -49,49 +49,50 @@ class ModelRunner:
         self._bits: torch.Tensor | None = None            # int32 [G, W] guide bitmasks (page-locked on CUDA)
 
     def build_batch(self, sched: SchedulerOutput) -> ForwardBatch:
+        """The step's inputs; with a window group in the cache, its own slots and tables as ``window``."""
         decode = all(s.num_new == 1 and s.samples for s in sched.seqs)
         ids: list[int] = []
         positions: list[int] = []
-        slots: list[int] = []
-        seqs: list[SeqSlice] = []
         rows: list[int] = []
         for s in sched.seqs:
             req, start = s.request, s.request.num_computed
-            pos = range(start, start + s.num_new)
-            if not decode:                    # a decode batch reads its blocks from DecodeMeta
-                seqs.append(SeqSlice(len(ids), s.num_new, start + s.num_new,
-                                     torch.tensor(req.blocks, dtype=torch.int64, device=self.device)))
             ids += req.all_ids[start:start + s.num_new] if s.num_new > 1 else [req.token_at(start)]
-            positions += pos
-            slots += [self._slot(req, p) for p in pos]
+            positions += range(start, start + s.num_new)
             if s.samples:
                 rows.append(len(ids) - 1)
         as_t = lambda xs: torch.tensor(xs, dtype=torch.int64, device=self.device)   # noqa: E731
-        meta = self._decode_meta(sched) if decode else None
-        return ForwardBatch(as_t(ids), as_t(positions), as_t(slots), seqs, None if decode else as_t(rows), meta)
+        ids_t, pos_t, rows_t = as_t(ids), as_t(positions), None if decode else as_t(rows)
+        starts, lens = [s.request.num_computed for s in sched.seqs], [s.num_new for s in sched.seqs]
 
-    def _decode_meta(self, sched: SchedulerOutput) -> DecodeMeta:
-        width = max(len(s.request.blocks) for s in sched.seqs)
-        tables = [s.request.blocks + [0] * (width - len(s.request.blocks)) for s in sched.seqs]
-        lens = [s.request.num_computed + 1 for s in sched.seqs]
-        return DecodeMeta(torch.tensor(tables, dtype=torch.int32, device=self.device),
-                          torch.tensor(lens, dtype=torch.int32, device=self.device))
+        def group(tables: list[list[int]], window: ForwardBatch | None = None) -> ForwardBatch:
+            slots, seqs = group_inputs(tables, starts, lens, self.cache.block_size, self.device, slices=not decode)
+            meta = self._decode_meta(tables, starts) if decode else None
+            return ForwardBatch(ids_t, pos_t, slots, seqs, rows_t, meta, window=window)
 
-    def _slot(self, req: Request, pos: int) -> int:
-        """The KV-cache slot of ``req``'s token at position ``pos``."""
-        bs = self.cache.block_size
-        return req.blocks[pos // bs] * bs + pos % bs
+        window = group([s.request.window_blocks for s in sched.seqs]) if self.cache.window_blocks else None
+        return group([s.request.blocks for s in sched.seqs], window)
+
+    def _decode_meta(self, tables: list[list[int]], starts: list[int]) -> DecodeMeta:
+        """Block tables (padded with block 0) and context lengths of a decode step in one block group."""
+        width = max(len(t) for t in tables)
+        padded = [t + [0] * (width - len(t)) for t in tables]
+        return DecodeMeta(torch.tensor(padded, dtype=torch.int32, device=self.device),
+                          torch.tensor([p + 1 for p in starts], dtype=torch.int32, device=self.device))
 
     def decode_inputs(self, sched: SchedulerOutput) -> DecodeInputs:
         """The host side of a decode step (one new token per sequence) for a recorded replay."""
         inp = DecodeInputs([], [], [], [], [])
+        bs, windowed = self.cache.block_size, bool(self.cache.window_blocks)
         for s in sched.seqs:
             req, p = s.request, s.request.num_computed
             inp.ids.append(req.token_at(p))
             inp.positions.append(p)
-            inp.slots.append(self._slot(req, p))
+            inp.slots.append(slot_of(req.blocks, p, bs))
             inp.tables.append(req.blocks)
             inp.lens.append(p + 1)
+            if windowed:
+                inp.window_slots.append(slot_of(req.window_blocks, p, bs))
+                inp.window_tables.append(req.window_blocks)
         return inp
 
     def run(self, sched: SchedulerOutput) -> Sampled:
@@ -181,3 +182,22 @@ class ModelRunner:
             n = q.reqs[row].params.logprobs
             logprobs[row] = TokenLogprob(tokens[row], values[0], tuple(zip(ids[:n], values[1:n + 1])))
         return Sampled(tokens, logprobs, q.failed)
+
+
+def slot_of(table: list[int], pos: int, block_size: int) -> int:
+    """The cache row of position ``pos`` of a sequence whose block table is ``table``."""
+    return table[pos // block_size] * block_size + pos % block_size
+
+
+def group_inputs(tables: list[list[int]], starts: list[int], lens: list[int], block_size: int,
+                 device: torch.device, slices: bool = True) -> tuple[torch.Tensor, list[SeqSlice]]:
+    """One block group's share of a batch whose sequence ``i`` adds ``lens[i]`` tokens from position
+    ``starts[i]`` on: the cache row of every new token (slot mapping [T] int64) and, with ``slices``,
+    the sequences' slices over their block ``tables`` in that group (a decode step needs none)."""
+    slots: list[int] = []
+    seqs: list[SeqSlice] = []
+    for table, start, n in zip(tables, starts, lens):
+        if slices:
+            seqs.append(SeqSlice(len(slots), n, start + n, torch.tensor(table, dtype=torch.int64, device=device)))
+        slots += [slot_of(table, p, block_size) for p in range(start, start + n)]
+    return torch.tensor(slots, dtype=torch.int64, device=device), seqs

@@ -5,6 +5,11 @@ yet cached (a prompt chunk, or the one token sampled last step), and a step give
 many of them as the budget allows — decodes first, so a long prompt never stalls running streams.
 When the KV cache runs out of blocks the youngest running request is preempted (its blocks freed)
 and recomputed later from its prompt and the tokens it had generated; no request is dropped.
+
+A cache with sliding-window layers keeps their KV in a second block group (``windows``): a step
+first frees every running request's window blocks that no query can see any more, then each
+scheduled request takes the ones its new tokens need. That pool is sized for ``max_batch`` requests
+and a step of ``token_budget`` tokens, so it never runs out and only the full pool preempts.
 """
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from engine.kv.blocks import BlockAllocator
+from engine.kv.windows import WindowBlocks
 from engine.request import Request, Status
 
 
@@ -33,8 +39,9 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, allocator: BlockAllocator, max_batch: int, token_budget: int, prefill_chunk: int) -> None:
-        self.allocator = allocator
+    def __init__(self, allocator: BlockAllocator, max_batch: int, token_budget: int, prefill_chunk: int,
+                 windows: WindowBlocks | None = None) -> None:
+        self.allocator, self.windows = allocator, windows
         self.max_batch, self.token_budget, self.prefill_chunk = max_batch, token_budget, prefill_chunk
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -52,13 +59,15 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
-        self.allocator.free(req.blocks)
-        req.blocks = []
+        self._free(req)
 
     def schedule(self) -> SchedulerOutput:
-        budget = self.token_budget
+        budget, max_batch = self._limits()
         seqs: list[ScheduledSeq] = []
         preempted: list[Request] = []
+        if self.windows is not None:                   # before any request takes new window blocks
+            for req in self.running:
+                self.windows.release(req.window_blocks, req.num_computed)
         for req in list(self.running):
             if req not in self.running or budget == 0:
                 continue
@@ -67,7 +76,7 @@ class Scheduler:
                 continue
             seqs.append(ScheduledSeq(req, n, req.num_computed + n == req.num_tokens))
             budget -= n
-        while self.waiting and budget > 0 and len(self.running) < self.max_batch and not preempted:
+        while self.waiting and budget > 0 and len(self.running) < max_batch and not preempted:
             req = self.waiting[0]
             n = min(req.remaining, budget, self.prefill_chunk)
             need = self.allocator.blocks_needed(req.num_computed + n, len(req.blocks))
@@ -75,11 +84,18 @@ class Scheduler:
                 break
             self.waiting.popleft()
             req.blocks += self.allocator.allocate(need)
+            self._advance_window(req, n)
             req.status = Status.RUNNING
             self.running.append(req)
             seqs.append(ScheduledSeq(req, n, req.num_computed + n == req.num_tokens))
             budget -= n
         return SchedulerOutput(seqs, preempted)
+
+    def _limits(self) -> tuple[int, int]:
+        """(tokens of a step, most running requests): the settings', within what the window pool is sized for."""
+        if self.windows is None:
+            return self.token_budget, self.max_batch
+        return min(self.token_budget, self.windows.token_budget), min(self.max_batch, self.windows.max_batch)
 
     def _reserve(self, req: Request, n: int, preempted: list[Request]) -> bool:
         """Blocks for ``n`` more tokens of ``req``, preempting the youngest requests if needed."""
@@ -91,11 +107,23 @@ class Scheduler:
             if victim is req:
                 return False
         req.blocks += self.allocator.allocate(need)
+        self._advance_window(req, n)
         return True
+
+    def _advance_window(self, req: Request, n: int) -> None:
+        """The window table of ``req`` ready for ``n`` more tokens (out-of-reach blocks freed first)."""
+        if self.windows is not None:
+            self.windows.advance(req.window_blocks, req.num_computed, req.num_computed + n)
+
+    def _free(self, req: Request) -> None:
+        self.allocator.free(req.blocks)
+        req.blocks = []
+        if self.windows is not None:
+            self.windows.free(req.window_blocks)
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
-        self.allocator.free(req.blocks)
-        req.blocks, req.num_computed, req.status = [], 0, Status.WAITING
+        self._free(req)
+        req.num_computed, req.status = 0, Status.WAITING
         self.waiting.appendleft(req)
         self.preemptions += 1

@@ -55,7 +55,8 @@ def _memory(engine: "LLMEngine") -> MemoryStats:
     pool = m.experts.stats().pool_bytes
     max_alloc = torch.cuda.max_memory_allocated(m.device) if m.device.type == "cuda" else 0
     return MemoryStats(resident_bytes=m.weights.resident_bytes(), expert_pool_bytes=pool,
-                       kv_cache_bytes=m.cache.nbytes, workspace_bytes=workspace_bytes(m.plan),
+                       kv_cache_bytes=m.cache.nbytes, kv_window_bytes=m.cache.window_nbytes,
+                       workspace_bytes=workspace_bytes(m.plan),
                        budget_bytes=m.plan.budget_bytes, pinned_host_bytes=host_store_bytes(m),
                        max_allocated_bytes=max_alloc)
 

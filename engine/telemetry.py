@@ -17,6 +17,7 @@ class MemoryStats:
     resident_bytes: int = 0          # embeddings, attention, norms, routers, shared experts, LM head
     expert_pool_bytes: int = 0       # GPU expert pool slots (incl. staging)
     kv_cache_bytes: int = 0
+    kv_window_bytes: int = 0         # of kv_cache_bytes: the sliding-window layers' fixed pool (0: none)
     workspace_bytes: int = 0
     budget_bytes: int | None = None  # None: no budget (CPU)
     pinned_host_bytes: int = 0       # host store of routed experts

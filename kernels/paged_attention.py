@@ -15,6 +15,13 @@ matrix products run on tensor cores as TF32, which is exact for bf16/fp16 K, V a
 mantissas fit in TF32's), and as IEEE fp32 for an fp32 cache. An int8 / fp8 (e4m3) cache carries one
 float32 scale per token and KV head: its stored values are exact in TF32 too, so the kernel multiplies
 the raw rows and applies each token's key scale to its scores and its value scale to its probability.
+
+gpt-oss layers add two things, each behind a compile-time flag so other models run the same code as
+before. Sinks (a logit per query head that attends to nothing) join the final normalisation's
+denominator. A sliding window of W: sequence b reads only positions ``>= context_lens[b] - W``; the
+splits then tile the at most ``ceil((W - 1) / block_size) + 1`` blocks the window touches, starting at
+the block that holds its first position, so no block before it is read and the split count follows from W
+rather than from the table width.
 :func:`paged_decode_attention_ref` is the vectorised plain-torch path (CPU decode) and the truth.
 
 Legend: B sequences, H query heads, Hkv KV heads, G = H // Hkv heads per group, hd head dim,
@@ -48,18 +55,25 @@ class DecodeAttentionLaunch:
 
 
 @jit
-def _paged_decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
-                               acc_ptr, stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_st,
-                               stride_btb, stride_ob, stride_oh, qk_scale, split_tokens, H, S,
+def _paged_decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, lens_ptr, sinks_ptr, out_ptr, m_ptr,
+                               l_ptr, acc_ptr, stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                               stride_st, stride_btb, stride_ob, stride_oh, qk_scale, split_tokens, window, H, S,
                                G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                                BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                               DIRECT: tl.constexpr, DOT_PREC: tl.constexpr, QUANT: tl.constexpr):
+                               DIRECT: tl.constexpr, DOT_PREC: tl.constexpr, QUANT: tl.constexpr,
+                               WINDOWED: tl.constexpr, SINKS: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     s = tl.program_id(2)
     ctx = tl.load(lens_ptr + b)
-    start = s * split_tokens
-    end = tl.minimum(start + split_tokens, ctx)                         # start >= end: empty split
+    if WINDOWED:  # the splits tile whole blocks from the one holding the window's first position
+        first = tl.maximum(ctx - window, 0)
+        split0 = (first // BLOCK_SIZE) * BLOCK_SIZE + s * split_tokens
+        start = tl.maximum(split0, first)
+    else:
+        split0 = s * split_tokens
+        start = split0
+    end = tl.minimum(split0 + split_tokens, ctx)                        # start >= end: empty split
     offs_g = tl.arange(0, BLOCK_G)                                      # [BG]
     offs_n = tl.arange(0, BLOCK_N)                                      # [BN]
     offs_d = tl.arange(0, BLOCK_D)                                      # [BD]
@@ -99,7 +113,11 @@ def _paged_decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, lens
         acc = acc * alpha[:, None] + tl.dot(pv, v, input_precision=DOT_PREC)
         m_i = m_new
     if DIRECT:  # one split: normalise and write the output here, no reduce launch
-        o = acc / l_i[:, None]
+        if SINKS:  # the sink's exp joins the denominator (inf for a huge sink: the output goes to 0)
+            sink = tl.load(sinks_ptr + heads, mask=g_ok, other=0.0) * 1.4426950408889634   # [BG] log2 units
+            o = acc / (l_i + tl.exp2(sink - m_i))[:, None]
+        else:
+            o = acc / l_i[:, None]
         tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
                  o.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
     else:
@@ -111,8 +129,9 @@ def _paged_decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, lens
 
 
 @jit
-def _paged_decode_reduce_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, stride_ob, stride_oh, H, S,
-                                HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+def _paged_decode_reduce_kernel(m_ptr, l_ptr, acc_ptr, sinks_ptr, out_ptr, stride_ob, stride_oh, H, S,
+                                HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+                                SINKS: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     base = (b * H + h) * S
@@ -134,7 +153,10 @@ def _paged_decode_reduce_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, stride_ob, strid
         a = tl.load(acc_ptr + (base + s0 + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
                     mask=s_ok[:, None] & d_ok[None, :], other=0.0)      # [BS, BD]
         o += tl.sum(w[:, None] * a, axis=0)
-    o = o / tl.sum(total, axis=0)
+    denom = tl.sum(total, axis=0)
+    if SINKS:  # the sink's exp joins the denominator (inf for a huge sink: the output goes to 0)
+        denom += tl.exp2(tl.load(sinks_ptr + h) * 1.4426950408889634 - m_all)
+    o = o / denom
     tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty), mask=d_ok)
 
 
@@ -238,9 +260,29 @@ def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
 def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
            context_lens: torch.Tensor, block_size: int, out: torch.Tensor | None,
            k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> None:
+    check_q_cache(q, k_cache, v_cache, block_size, k_scale, v_scale, "[B, H, hd]")
+    b = q.shape[0]
+    if block_tables.dim() != 2 or block_tables.shape[0] != b or block_tables.dtype != torch.int32:
+        raise ValueError(f"block_tables must be int32 [{b}, max_blocks], got {block_tables.dtype} "
+                         f"{tuple(block_tables.shape)}")
+    if context_lens.shape != (b,) or context_lens.dtype != torch.int32:
+        raise ValueError(f"context_lens must be int32 [{b}], got {context_lens.dtype} "
+                         f"{tuple(context_lens.shape)}")
+    if out is not None and (out.shape != q.shape or out.dtype != q.dtype):
+        raise ValueError(f"out must be {q.dtype} {tuple(q.shape)}, got {out.dtype} {tuple(out.shape)}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables),
+                    ("context_lens", context_lens), ("out", out)):
+        if t is not None and t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; move both to one device")
+
+
+def check_q_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_size: int,
+                  k_scale: torch.Tensor | None, v_scale: torch.Tensor | None, q_dims: str) -> None:
+    """One-sentence errors for q (``q_dims`` names its dims) and a paged cache in q's dtype, or int8 / fp8
+    with float32 scales [rows, Hkv] (both or neither)."""
     if q.dim() != 3 or q.dtype not in DTYPES:
-        raise ValueError(f"q must be bf16/fp16/fp32 [B, H, hd], got {q.dtype} {tuple(q.shape)}")
-    b, h, hd = q.shape
+        raise ValueError(f"q must be bf16/fp16/fp32 {q_dims}, got {q.dtype} {tuple(q.shape)}")
+    h, hd = q.shape[1:]
     if (k_scale is None) != (v_scale is None):
         raise ValueError("k_scale and v_scale go together: give both for an int8/fp8 cache, or neither")
     want = QUANT_DTYPES if k_scale is not None else (q.dtype,)
@@ -265,18 +307,6 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_
     if block_size < 1 or k_cache.shape[0] % block_size != 0:
         raise ValueError(f"cache rows ({k_cache.shape[0]}) must be a whole number of blocks of "
                          f"block_size={block_size}")
-    if block_tables.dim() != 2 or block_tables.shape[0] != b or block_tables.dtype != torch.int32:
-        raise ValueError(f"block_tables must be int32 [{b}, max_blocks], got {block_tables.dtype} "
-                         f"{tuple(block_tables.shape)}")
-    if context_lens.shape != (b,) or context_lens.dtype != torch.int32:
-        raise ValueError(f"context_lens must be int32 [{b}], got {context_lens.dtype} "
-                         f"{tuple(context_lens.shape)}")
-    if out is not None and (out.shape != q.shape or out.dtype != q.dtype):
-        raise ValueError(f"out must be {q.dtype} {tuple(q.shape)}, got {out.dtype} {tuple(out.shape)}")
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables),
-                    ("context_lens", context_lens), ("out", out)):
-        if t is not None and t.device != q.device:
-            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; move both to one device")
 
 
 @lru_cache(maxsize=None)
@@ -296,10 +326,28 @@ def num_splits(batch: int, kv_heads: int, max_blocks: int, block_size: int, devi
     return max(1, min(wanted, most, max_blocks))
 
 
+def window_blocks(max_blocks: int, block_size: int, window: int) -> int:
+    """Blocks a decode step of a ``window`` layer can touch (0: no window, the whole table)."""
+    if window <= 0:
+        return max_blocks
+    return min(max_blocks, cdiv(window - 1, block_size) + 1)
+
+
+def check_sinks_window(sinks: torch.Tensor | None, window: int, heads: int, device: torch.device) -> None:
+    """One-sentence errors for the gpt-oss extras: ``sinks`` float32 [heads] on ``device``, ``window`` >= 0."""
+    if sinks is not None and (sinks.shape != (heads,) or sinks.dtype != torch.float32 or sinks.device != device
+                              or sinks.stride(0) != 1):
+        raise ValueError(f"sinks must be contiguous float32 [{heads}] on {device} (one logit per query head), "
+                         f"got {sinks.dtype} {tuple(sinks.shape)} on {sinks.device}")
+    if not isinstance(window, int) or window < 0:
+        raise ValueError(f"window must be an int >= 0 (0: full attention), got {window!r}")
+
+
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int,
                            scale: float | None = None, out: torch.Tensor | None = None, *,
                            k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+                           sinks: torch.Tensor | None = None, window: int = 0,
                            launch: DecodeAttentionLaunch | None = None) -> torch.Tensor:
     """Triton paged decode attention, same contract as :func:`paged_decode_attention_ref`.
 
@@ -307,9 +355,11 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     checked on the device (that would sync): each must lie in ``[1, max_blocks * block_size]`` and each
     used block id must be a valid block. ``launch`` overrides the default launch settings. An int8 /
     fp8 cache is read as stored (its values are exact in TF32) and its scales are applied to the
-    scores and to the probabilities, one multiply per token instead of one per element.
+    scores and to the probabilities, one multiply per token instead of one per element. ``window``
+    is a per-layer constant (the split count follows from it), so a captured graph stays valid.
     """
     _check(q, k_cache, v_cache, block_tables, context_lens, block_size, out, k_scale, v_scale)
+    check_sinks_window(sinks, window, q.shape[1], q.device)
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out)):
         if t is not None and t.stride(-1) != 1:
             raise ValueError(f"{name} must have a contiguous last dim (stride(-1) == 1)")
@@ -317,35 +367,46 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if launch.block_n < 16 or launch.block_n & (launch.block_n - 1):
         raise ValueError(f"launch.block_n={launch.block_n} must be a power of two >= 16")
     b, h, hd = q.shape
-    hkv = k_cache.shape[1]
-    g = h // hkv
-    scale = 1.0 / math.sqrt(hd) if scale is None else scale
     out = torch.empty_like(q) if out is None else out
     if b == 0:
         return out
-    max_blocks = block_tables.shape[1]
-    splits = num_splits(b, hkv, max_blocks, block_size, q.device, launch)
-    split_tokens = cdiv(max_blocks, splits) * block_size               # whole blocks per split
-    splits = cdiv(max_blocks * block_size, split_tokens)                # no split left always empty
-    direct = splits == 1
-    if direct:
-        m = l = acc = out                                               # unused by the kernel
-    else:
-        m = torch.empty(b, h, splits, dtype=torch.float32, device=q.device)          # [B, H, S]
-        l = torch.empty_like(m)                                                       # [B, H, S]
-        acc = torch.empty(b, h, splits, hd, dtype=torch.float32, device=q.device)    # [B, H, S, hd]
-    block_d = max(16, next_pow2(hd))
-    quant = k_scale is not None
-    _paged_decode_split_kernel[(b, hkv, splits)](
+    window = window if window < block_tables.shape[1] * block_size else 0   # a window past the table cuts nothing
+    splits, split_tokens = split_plan(b, k_cache.shape[1], block_tables.shape[1], block_size, window, q.device,
+                                      launch)
+    m, l, acc = _partials(out, splits)
+    block_d, quant, g = max(16, next_pow2(hd)), k_scale is not None, h // k_cache.shape[1]
+    _paged_decode_split_kernel[(b, k_cache.shape[1], splits)](
         q, k_cache, v_cache, k_scale if quant else q, v_scale if quant else q, block_tables, context_lens,
-        out, m, l, acc, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0),
-        v_cache.stride(1), k_scale.stride(0) if quant else 0, block_tables.stride(0), out.stride(0),
-        out.stride(1), scale * LOG2E, split_tokens, h, splits,
+        q if sinks is None else sinks, out, m, l, acc, q.stride(0), q.stride(1), k_cache.stride(0),
+        k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), k_scale.stride(0) if quant else 0,
+        block_tables.stride(0), out.stride(0), out.stride(1),
+        (1.0 / math.sqrt(hd) if scale is None else scale) * LOG2E, split_tokens, window, h, splits,
         G=g, HEAD_DIM=hd, BLOCK_SIZE=block_size, BLOCK_G=max(16, next_pow2(g)), BLOCK_N=launch.block_n,
-        BLOCK_D=block_d, DIRECT=direct, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", QUANT=quant,
-        num_warps=launch.num_warps, num_stages=launch.num_stages)
-    if not direct:
-        _paged_decode_reduce_kernel[(b, h)](m, l, acc, out, out.stride(0), out.stride(1), h, splits,
-                                            HEAD_DIM=hd, BLOCK_S=min(16, next_pow2(splits)),
-                                            BLOCK_D=block_d, num_warps=4)
+        BLOCK_D=block_d, DIRECT=splits == 1, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        QUANT=quant, WINDOWED=window > 0, SINKS=sinks is not None, num_warps=launch.num_warps,
+        num_stages=launch.num_stages)
+    if splits > 1:
+        _paged_decode_reduce_kernel[(b, h)](m, l, acc, q if sinks is None else sinks, out, out.stride(0),
+                                            out.stride(1), h, splits, HEAD_DIM=hd,
+                                            BLOCK_S=min(16, next_pow2(splits)), BLOCK_D=block_d,
+                                            SINKS=sinks is not None, num_warps=4)
     return out
+
+
+def split_plan(batch: int, kv_heads: int, max_blocks: int, block_size: int, window: int, device: torch.device,
+               launch: DecodeAttentionLaunch) -> tuple[int, int]:
+    """(splits, tokens per split) over the blocks a step can read: the table, or the window's blocks."""
+    blocks = window_blocks(max_blocks, block_size, window)
+    splits = num_splits(batch, kv_heads, blocks, block_size, device, launch)
+    split_tokens = cdiv(blocks, splits) * block_size                   # whole blocks per split
+    return cdiv(blocks * block_size, split_tokens), split_tokens        # no split left always empty
+
+
+def _partials(out: torch.Tensor, splits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-split running (max, sum, acc) buffers: m, l [B, H, S] and acc [B, H, S, hd] float32; with one
+    split the kernel writes ``out`` directly and the three are unused stand-ins."""
+    if splits == 1:
+        return out, out, out
+    b, h, hd = out.shape
+    m = torch.empty(b, h, splits, dtype=torch.float32, device=out.device)            # [B, H, S]
+    return m, torch.empty_like(m), torch.empty(b, h, splits, hd, dtype=torch.float32, device=out.device)

@@ -1,7 +1,8 @@
 """Tiny random MoE checkpoints of every supported family, saved with transformers' save_pretrained.
 
 Each family gets a config that exercises its quirks: GQA, q/k norm, qkv bias, a shared expert,
-dense layers between sparse ones, top-k renormalisation, tied embeddings.
+dense layers between sparse ones, top-k renormalisation, tied embeddings, and gpt-oss's sinks,
+sliding windows, YaRN and biased experts.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def _common(**over) -> dict:
 
 def family_configs() -> dict:
     """name -> transformers config of a tiny model of that family."""
-    from transformers import MixtralConfig, OlmoeConfig, Qwen2MoeConfig, Qwen3MoeConfig
+    from transformers import GptOssConfig, MixtralConfig, OlmoeConfig, Qwen2MoeConfig, Qwen3MoeConfig
     return {
         "mixtral": MixtralConfig(**_common(num_local_experts=4, num_experts_per_tok=2, rope_theta=1e6)),
         # shared expert + sigmoid gate, qkv bias, a dense layer between sparse ones (step 2 + mlp_only)
@@ -37,18 +38,30 @@ def family_configs() -> dict:
                                               head_dim=24, norm_topk_prob=True, tie_word_embeddings=True)),
         # q/k norm over the whole projection; top-k = 1
         "olmoe": OlmoeConfig(**_common(intermediate_size=32, num_experts=4, num_experts_per_tok=1)),
+        # q/k/v/o biases, sinks, sliding (window 8) and full layers, YaRN, router bias, clamped SwiGLU
+        # experts with biases, fused and interleaved; explicit head_dim; YaRN as gpt-oss ships it (not
+        # truncated) over a context of 64 x 8 = max_position_embeddings, so dimension 1 is blended
+        "gpt_oss": GptOssConfig(**_common(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+                                          head_dim=16, sliding_window=8, rms_norm_eps=1e-5,
+                                          layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                                          rope_parameters={"rope_type": "yarn", "factor": 8.0, "beta_fast": 32.0,
+                                                           "beta_slow": 1.0, "truncate": False, "rope_theta": 150000.0,
+                                                           "original_max_position_embeddings": 64})),
     }
 
 
 def build_tiny_model(path: Path, family: str = "qwen3_moe", seed: int = 0, dtype=torch.float32,
-                     wide: bool = False) -> Path:
+                     wide: bool = False, **changes) -> Path:
     """Write a random tiny model of ``family`` with a tokenizer into ``path``; returns ``path``.
 
-    ``wide``: hidden size and expert FFN of 128, so every int4 group size divides them.
+    ``wide``: hidden size and expert FFN of 128, so every int4 group size divides them. ``changes``:
+    config fields to set (e.g. ``rope_parameters``), given to the config's constructor.
     """
     from transformers import AutoModelForCausalLM
     torch.manual_seed(seed)
     cfg = family_configs()[family]
+    if changes:
+        cfg = type(cfg).from_dict({**cfg.to_dict(), **changes})
     if wide:
         cfg.hidden_size, cfg.moe_intermediate_size, cfg.intermediate_size = 128, 128, 128
     model = AutoModelForCausalLM.from_config(cfg).to(dtype)
@@ -60,11 +73,14 @@ def build_tiny_model(path: Path, family: str = "qwen3_moe", seed: int = 0, dtype
 
 
 def _spread_init(model) -> None:
-    """Larger random weights than the default init, so routing and logits actually vary."""
+    """Larger random weights than the default init, so routing and logits actually vary (attention
+    sinks of about one logit, so a head's weight on nothing is large enough to matter)."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            elif name.endswith("sinks"):
+                p.normal_(0.0, 1.0)
             else:
                 p.normal_(0.0, 0.08)
 

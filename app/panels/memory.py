@@ -88,7 +88,10 @@ class MemoryPanel(Panel):
         r = self.readouts
         r["resident"].set(fmt_bytes(m.resident_bytes))
         r["pool"].set(fmt_bytes(m.expert_pool_bytes))
-        r["kv"].set(fmt_bytes(m.kv_cache_bytes), f"dtype {s.kv_cache_dtype}" if s.kv_cache_dtype else "")
+        tip = f"dtype {s.kv_cache_dtype}" if s.kv_cache_dtype else ""
+        if m.kv_window_bytes:
+            tip += f"; {fmt_bytes(m.kv_window_bytes)} of it hold the sliding-window layers (a fixed pool)"
+        r["kv"].set(fmt_bytes(m.kv_cache_bytes), tip)
         r["workspace"].set(*workspace_readout(m.workspace_bytes, m.budget_bytes))
         r["budget"].set(fmt_bytes(m.budget_bytes) if m.budget_bytes else "none (CPU)")
         r["kvuse"].set("—" if kv_pct is None else f"{s.kv_blocks_used}/{s.kv_blocks_total} ({kv_pct:.0f}%)")

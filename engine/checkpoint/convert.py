@@ -5,6 +5,9 @@ converts. Every path is checked before any work starts (see destination.py); eve
 for its dtype and for NaN/Inf as it is read. The conversion is written into a temporary folder beside
 the destination and moved into place only after every file has been re-read and checked against the
 hash recorded in the manifest.
+
+A checkpoint that ships MXFP4 experts (gpt-oss) keeps them as shipped unless another format is asked for
+(``weights="auto"``); int4 / fp8 / bf16 are made from its dequantised values one expert at a time.
 """
 from __future__ import annotations
 
@@ -19,9 +22,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_file
 
+from engine.checkpoint import families as fn
 from engine.checkpoint.checks import check_finite
-from engine.checkpoint.converted import (FORMAT_VERSION, FP8_SCALE, MANIFEST, RESIDENT_FILE, expert_file, layout_doc,
-                                         verify_files)
+from engine.checkpoint.converted import (FORMAT_VERSION, FP8_SCALE, MANIFEST, RESIDENT_FILE, expert_doc, expert_file,
+                                         layout_doc, verify_files)
 from engine.checkpoint.destination import (PARTIAL_MARKER, Destination, check_source, discard, install,
                                            make_staging, plan_destination)
 from engine.checkpoint.integrity import RECORD, file_sha256
@@ -32,8 +36,10 @@ from engine.checkpoint.spec import ModelSpec, read_spec
 from engine.config import DEFAULT_GROUP_SIZE, GROUP_SIZES
 from engine.errors import ConfigError
 from engine.experts.layout import ExpertLayout
+from engine.loading import expert_act
+from engine.quant.mxfp4 import MXFP4_GROUP
 
-EXPERT_FORMATS = {"int4": "int4", "fp8": "fp8", "bf16": "bf16"}
+EXPERT_FORMATS = ("int4", "fp8", "bf16", "mxfp4")
 RESIDENT_FORMATS = ("bf16", "fp8")
 # weights in other formats, which the conversion replaces: never copied across
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".onnx")
@@ -42,7 +48,7 @@ Progress = Callable[[int, int, str], None]
 
 @dataclass(frozen=True)
 class ConvertOptions:
-    weights: str = "int4"         # routed expert format
+    weights: str = "auto"         # routed expert format; auto: mxfp4 for an MXFP4 source, else int4
     group_size: int = DEFAULT_GROUP_SIZE   # int4 group along K
     resident: str = "bf16"        # storage of every other weight
 
@@ -65,8 +71,8 @@ def source_fingerprint(src: Path, reader: SafetensorsReader) -> str:
 
 
 def _check_options(opts: ConvertOptions) -> None:
-    if opts.weights not in EXPERT_FORMATS:
-        raise ConfigError(f"--weights {opts.weights!r} is not a known format; choose int4, fp8 or bf16")
+    if opts.weights != "auto" and opts.weights not in EXPERT_FORMATS:
+        raise ConfigError(f"--weights {opts.weights!r} is not a known format; choose int4, fp8, bf16 or mxfp4")
     if opts.resident not in RESIDENT_FORMATS:
         raise ConfigError(f"--resident-weights {opts.resident!r} is not a known format; choose bf16 or fp8")
     if opts.group_size not in GROUP_SIZES:
@@ -76,12 +82,16 @@ def _check_options(opts: ConvertOptions) -> None:
 def _resident_tensors(reader: SafetensorsReader, spec: ModelSpec, resident: str) -> dict[str, torch.Tensor]:
     from engine.quant import quantize_fp8
     out: dict[str, torch.Tensor] = {}
+    # attention sinks are read in float32 at load (they join the softmax denominator): kept so
+    sinks = {f"{fn.ATTN.format(i=i)}.sinks" for i in range(spec.num_layers)} if spec.family.attn_sinks else set()
     for t in tensor_plan(spec):
         if t.category == "routed_experts":
             continue
         w = reader.get(t.name)
         check_finite(w, t.name, where_of(reader, t.name))
-        if resident == "fp8" and w.dim() == 2 and t.category not in ("embeddings", "router"):
+        if t.name in sinks:
+            out[t.name] = w.to(torch.float32).contiguous()
+        elif resident == "fp8" and w.dim() == 2 and t.category not in ("embeddings", "router"):
             q, scale = quantize_fp8(w.to(torch.float32))
             out[t.name], out[t.name + FP8_SCALE] = q, scale
         else:
@@ -89,24 +99,24 @@ def _resident_tensors(reader: SafetensorsReader, spec: ModelSpec, resident: str)
     return out
 
 
-def convert(src: str | Path, dst: str | Path, weights: str = "int4", group_size: int = DEFAULT_GROUP_SIZE,
+def convert(src: str | Path, dst: str | Path, weights: str = "auto", group_size: int = DEFAULT_GROUP_SIZE,
             resident: str = "bf16", force: bool = False, progress: Progress | None = None) -> ConvertResult:
     """Convert ``src`` into ``dst``. Raises StrataError subclasses on bad input, leaving ``dst`` as it was.
 
-    ``force`` replaces ``dst`` only if it is an earlier conversion; nothing else is ever deleted.
+    ``weights`` "auto" keeps MXFP4 experts as shipped and makes int4 of dense ones. ``force`` replaces
+    ``dst`` only if it is an earlier conversion; nothing else is ever deleted.
     """
-    opts = ConvertOptions(weights, group_size, resident)
-    _check_options(opts)
-    unused: tuple[str, ...] = ()
-    if weights != "int4" and group_size != DEFAULT_GROUP_SIZE:     # fp8 and bf16 experts have no groups
-        unused = (f"--group-size {group_size} applies to int4 experts only; {weights} experts have no groups, "
-                  "so it was ignored",)
-        group_size = DEFAULT_GROUP_SIZE
-        opts = ConvertOptions(weights, group_size, resident)
+    _check_options(ConvertOptions(weights, group_size, resident))
     src_dir = check_source(Path(src))
     dest = plan_destination(src_dir, Path(dst), force)
     spec = read_spec(src_dir)
-    layout = ExpertLayout.make(EXPERT_FORMATS[weights], spec.hidden, spec.moe_ffn, group_size)
+    weights = weights if weights != "auto" else ("mxfp4" if spec.expert_storage == "mxfp4" else "int4")
+    unused = _unused_group(weights, group_size)
+    group_size = group_size if weights == "int4" else DEFAULT_GROUP_SIZE
+    opts = ConvertOptions(weights, group_size, resident)
+    _check_groups(spec, opts)
+    layout = ExpertLayout.make(weights, spec.hidden, spec.moe_ffn, group_size, bias=spec.family.expert_bias,
+                               act=expert_act(spec))
     reader = SafetensorsReader(src_dir)
     check_complete(spec, reader)          # names, shapes and dtypes, before anything is written
     staging = make_staging(dest)
@@ -121,6 +131,29 @@ def convert(src: str | Path, dst: str | Path, weights: str = "int4", group_size:
         discard(staging)
         raise
     return ConvertResult(dest.path, manifest, unused + tuple(notes))
+
+
+def _unused_group(weights: str, group_size: int) -> tuple[str, ...]:
+    if weights == "int4" or group_size == DEFAULT_GROUP_SIZE:
+        return ()
+    groups = "fixed groups of 32 values" if weights == "mxfp4" else "no groups"
+    return (f"--group-size {group_size} applies to int4 experts only; {weights} experts have {groups}, so it was "
+            "ignored",)
+
+
+def _check_groups(spec: ModelSpec, opts: ConvertOptions) -> None:
+    """The expert format can group this model's reduction dims (hidden for gate/up, expert FFN for down)."""
+    D, F = spec.hidden, spec.moe_ffn
+    if opts.weights == "mxfp4" and (D % MXFP4_GROUP or F % MXFP4_GROUP):
+        raise ConfigError(f"mxfp4 experts need a hidden size and expert FFN that are multiples of {MXFP4_GROUP} "
+                          f"(this model has {D} and {F}); convert with --weights int4, fp8 or bf16")
+    if opts.weights != "int4" or (D % opts.group_size == 0 and F % opts.group_size == 0):
+        return
+    fits = [str(g) for g in sorted(GROUP_SIZES, reverse=True) if D % g == 0 and F % g == 0]
+    fix = f"choose --group-size {' or '.join(fits)}" if fits else "convert with --weights fp8 or bf16"
+    dim = D if D % opts.group_size else F
+    raise ConfigError(f"int4 group size {opts.group_size} does not divide the reduction dim {dim} of this model's "
+                      f"experts (hidden {D}, expert FFN {F}); {fix}")
 
 
 def _write_failed(dest: Destination, e: Exception) -> str:
@@ -138,7 +171,7 @@ def _write(out: Path, src: Path, spec: ModelSpec, reader: SafetensorsReader, lay
     files[RESIDENT_FILE] = file_sha256(out / RESIDENT_FILE)
     moe = [i for i in range(spec.num_layers) if spec.moe_layers[i]]
     for k, i in enumerate(moe):
-        rows = torch.empty(spec.num_experts, layout.nbytes, dtype=torch.uint8)
+        rows = torch.zeros(spec.num_experts, layout.nbytes, dtype=torch.uint8)   # zero padding: files reproducible
         pack_layer_experts(reader, spec, i, layout, rows)
         save_file({"experts": rows}, out / expert_file(k))
         files[expert_file(k)] = file_sha256(out / expert_file(k))
@@ -148,13 +181,29 @@ def _write(out: Path, src: Path, spec: ModelSpec, reader: SafetensorsReader, lay
     manifest = {"format_version": FORMAT_VERSION, "weights": opts.weights, "group_size": opts.group_size,
                 "resident_weights": opts.resident, "num_moe_layers": len(moe), "num_experts": spec.num_experts,
                 "per_layer_precision": [opts.weights if m else "dense-" + opts.resident for m in spec.moe_layers],
-                "expert_nbytes": layout.nbytes, "layout": layout_doc(layout),
-                "quantisation": {"int4": "asymmetric round-to-nearest, per output row and group along K",
-                                 "fp8": "e4m3, one float32 scale per output row"}.get(opts.weights, "none"),
+                "expert_nbytes": layout.nbytes, "layout": layout_doc(layout), **expert_doc(layout),
+                "source_experts": spec.expert_storage, "quantisation": _quantisation(opts.weights, spec.expert_storage),
                 "source": {"path": str(src), "fingerprint_sha256": source_fingerprint(src, reader)},
                 "files": files, "copied": copied}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+_QUANTISATION = {"int4": "asymmetric round-to-nearest, per output row and group along K",
+                 "fp8": "e4m3, one float32 scale per output row",
+                 "mxfp4": "e2m1 round-to-nearest, one power-of-two (e8m0) scale per 32 values along K",
+                 "bf16": "none"}
+
+
+def _quantisation(weights: str, source_experts: str) -> str:
+    """How the experts were made, for a reader of the manifest."""
+    if source_experts != "mxfp4":
+        return _QUANTISATION[weights]
+    if weights == "mxfp4":
+        return "as shipped: the source's MXFP4 bytes unchanged (gate and up rows de-interleaved)"
+    if weights == "bf16":
+        return "none: the source's dequantised MXFP4 values (exact in bf16)"
+    return _QUANTISATION[weights] + ", of the source's dequantised MXFP4 values"
 
 
 def _copy_side_files(src: Path, out: Path) -> list[str]:

@@ -3,7 +3,8 @@
 A converted folder holds the source's ``config.json`` and tokenizer files, plus
 
 * ``strata.json`` — the manifest: format version, expert format, group size, per-layer precision,
-  expert count, the byte layout of one expert, the source's hash, a SHA-256 of every file written and
+  expert count, the byte layout of one expert (with its biases, if any, and the activation that combines
+  gate and up: ``expert_bias``, ``expert_act``), the source's hash, a SHA-256 of every file written and
   the names of the files copied from the source;
 * ``resident.safetensors`` — every non-routed tensor under its Hugging Face name;
 * ``experts-LLLL.safetensors`` — one tensor ``experts`` ``uint8 [E, nbytes]`` per MoE layer: row ``e``
@@ -25,7 +26,7 @@ from engine.checkpoint.integrity import ChecksumReport, Progress, file_sha256, v
 from engine.checkpoint.reader import SafetensorsReader, TensorSource
 from engine.config import DEFAULT_GROUP_SIZE
 from engine.errors import ModelLoadError
-from engine.experts.layout import EXPERT_FORMATS, ExpertLayout
+from engine.experts.layout import ACTIVATIONS, EXPERT_FORMATS, ExpertAct, ExpertLayout
 
 MANIFEST = "strata.json"
 FORMAT_VERSION = 1
@@ -42,6 +43,24 @@ def expert_file(moe_index: int) -> str:
 def layout_doc(layout: ExpertLayout) -> list[dict]:
     return [{"name": s.name, "dtype": str(s.dtype).replace("torch.", ""), "shape": list(s.shape), "offset": s.offset}
             for s in layout.tensors]
+
+
+def expert_doc(layout: ExpertLayout) -> dict:
+    """The manifest fields saying whether experts carry biases and how gate and up combine."""
+    act = layout.act
+    return {"expert_bias": layout.bias, "expert_act": {"kind": act.kind, "alpha": act.alpha, "limit": act.limit}}
+
+
+def _act(doc: dict, f: Path) -> ExpertAct:
+    """``expert_act`` of a manifest (one written before experts had other activations: silu)."""
+    v = doc.get("expert_act", {"kind": "silu"})
+    default = ExpertAct()
+    ok = isinstance(v, dict) and v.get("kind") in ACTIVATIONS and all(
+        isinstance(v.get(k, 0.0), (int, float)) and not isinstance(v.get(k), bool) for k in ("alpha", "limit"))
+    if not ok:
+        raise ModelLoadError(f"{f}: field 'expert_act' is {v!r}, expected {{\"kind\": one of {', '.join(ACTIVATIONS)}, "
+                             f"\"alpha\": a number, \"limit\": a number}}; {_FIX}")
+    return ExpertAct(v["kind"], float(v.get("alpha", default.alpha)), float(v.get("limit", default.limit)))
 
 
 def read_manifest(folder: Path) -> dict:
@@ -95,6 +114,8 @@ class Manifest:
     files: dict
     source: str = ""       # the folder it was converted from, for the advice to convert again
     resident: str = "bf16"  # storage of the resident weights
+    bias: bool = False      # experts carry w13_bias / w2_bias
+    act: ExpertAct = ExpertAct()
 
     @staticmethod
     def read(folder: Path) -> "Manifest":
@@ -106,15 +127,24 @@ class Manifest:
         if doc.get("weights") not in EXPERT_FORMATS:
             raise ModelLoadError(f"{f}: field 'weights' is {doc.get('weights')!r}, expected one of "
                                  f"{', '.join(EXPERT_FORMATS)}; {_FIX}")
+        bias = doc.get("expert_bias", False)
+        if not isinstance(bias, bool):
+            raise ModelLoadError(f"{f}: field 'expert_bias' is {bias!r}, expected true or false; {_FIX}")
         return Manifest(_field(doc, "weights", str, f), _field(doc, "group_size", int, f),
                         _field(doc, "num_moe_layers", int, f), _field(doc, "num_experts", int, f),
                         _field(doc, "expert_nbytes", int, f), _field(doc, "layout", list, f), doc["files"],
-                        manifest_source(doc), str(doc.get("resident_weights", "bf16")))
+                        manifest_source(doc), str(doc.get("resident_weights", "bf16")), bias, _act(doc, f))
 
     def check_layout(self, layout: ExpertLayout, folder: Path) -> None:
-        if layout.nbytes != self.expert_nbytes or layout_doc(layout) != self.layout:
+        """The experts were written for ``layout`` (bytes, biases and activation), which config.json implies."""
+        if layout.nbytes != self.expert_nbytes or layout_doc(layout) != self.layout or layout.bias != self.bias:
             raise ModelLoadError(f"{folder / MANIFEST}: the expert byte layout differs from what this Strata expects "
-                                 "for its config; convert the model again with main.py convert")
+                                 f"for its config; convert again: {self.reconvert(folder)}")
+        if layout.act != self.act:
+            a, b = self.act, layout.act
+            raise ModelLoadError(f"{folder / MANIFEST}: the experts were converted for the activation {a.kind} (alpha "
+                                 f"{a.alpha:g}, limit {a.limit:g}) but config.json implies {b.kind} (alpha {b.alpha:g}, "
+                                 f"limit {b.limit:g}); restore config.json or convert again: {self.reconvert(folder)}")
 
     def reconvert(self, folder: Path) -> str:
         """The command that writes ``folder`` again, as it was written."""

@@ -22,6 +22,7 @@ class Family:
     always_renormalize: bool = False   # Mixtral renormalises top-k weights regardless of config
     has_shared_expert: bool = False
     sparse_step_keys: bool = False     # honours decoder_sparse_step / mlp_only_layers
+    default_qkv_bias: bool = False     # q/k/v biases when config.json says nothing (qkv_bias / attention_bias)
     # other spellings of the same tensors (newer transformers name Mixtral's MoE block "mlp" in memory)
     aliases: tuple[tuple[str, str], ...] = ()
     # gpt-oss: biases on the router, on o_proj (q/k/v biases follow ModelSpec.qkv_bias) and on the
@@ -48,7 +49,7 @@ FAMILIES: dict[str, Family] = {
     "Qwen2MoeForCausalLM": Family(
         "qwen2_moe", "model.layers.{i}.mlp", "{p}.gate.weight", *_LLAMA_EXPERT,
         "{p}.experts.gate_up_proj", "{p}.experts.down_proj", None,
-        has_shared_expert=True, sparse_step_keys=True),
+        has_shared_expert=True, sparse_step_keys=True, default_qkv_bias=True),
     "Qwen3MoeForCausalLM": Family(
         "qwen3_moe", "model.layers.{i}.mlp", "{p}.gate.weight", *_LLAMA_EXPERT,
         "{p}.experts.gate_up_proj", "{p}.experts.down_proj", "head", sparse_step_keys=True),
@@ -59,7 +60,7 @@ FAMILIES: dict[str, Family] = {
     # _blocks / _scales); the per-expert names below never occur and are not looked for
     "GptOssForCausalLM": Family(
         "gpt_oss", "model.layers.{i}.mlp", "{p}.router.weight", *_LLAMA_EXPERT,
-        "{p}.experts.gate_up_proj", "{p}.experts.down_proj", None, always_renormalize=True,
+        "{p}.experts.gate_up_proj", "{p}.experts.down_proj", None, always_renormalize=True, default_qkv_bias=True,
         router_bias=True, o_bias=True, attn_sinks=True, expert_bias=True, expert_act="swiglu_oai",
         fused_kn=True, interleaved_gate_up=True),
 }

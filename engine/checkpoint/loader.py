@@ -1,17 +1,18 @@
 """Load a checkpoint into resident weights (on the device) and packed routed experts (host rows)."""
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
 from engine.checkpoint import families as fn
 from engine.checkpoint.checks import check_cast, check_dtype, check_finite
-from engine.checkpoint.plan import TensorEntry, routed_expert_entries, tensor_plan
+from engine.checkpoint.mxfp4 import check_mxfp4_layer, has_mxfp4, pack_mxfp4_layer
+from engine.checkpoint.plan import TensorEntry, routed_expert_entries, router_bias_name, tensor_plan
 from engine.checkpoint.reader import TensorSource
 from engine.checkpoint.spec import ModelSpec
 from engine.errors import ModelLoadError
-from engine.experts.layout import DENSE_DTYPES, ExpertLayout
+from engine.experts.layout import ExpertLayout
 from engine.models.weights import AttentionWeights, LayerWeights, MLPWeights, ModelWeights, MoEWeights
 
 RowAllocator = Callable[[int, int], torch.Tensor]   # (rows, nbytes) -> uint8 [rows, nbytes]
@@ -37,11 +38,12 @@ class _Fetch:
                                  f"config.json implies {list(entry.shape)}; the weights do not match the config")
         return self.source.get(entry.name)
 
-    def __call__(self, entry: TensorEntry | None) -> torch.Tensor | None:
+    def __call__(self, entry: TensorEntry | None, dtype: torch.dtype | None = None) -> torch.Tensor | None:
+        """The tensor of ``entry`` on the device in ``dtype`` (default: the compute dtype); None for None."""
         if entry is None:
             return None
         raw = self.raw(entry)
-        out = raw.to(device=self.device, dtype=self.dtype)
+        out = raw.to(device=self.device, dtype=dtype or self.dtype)
         check_cast(raw, out, entry.name, self.where(entry.name))   # once per resident tensor, at load
         return out
 
@@ -63,27 +65,50 @@ def _fused_experts(source: TensorSource, spec: ModelSpec, i: int) -> tuple[torch
     return fused
 
 
-def pack_layer_experts(source: TensorSource, spec: ModelSpec, i: int, layout: ExpertLayout,
-                       out: torch.Tensor) -> None:
-    """Pack every routed expert of layer ``i`` of a Hugging Face checkpoint into ``out`` ``uint8 [E, nbytes]``.
+# one expert as the layout packs it: w13 [2F, D] (gate rows, then up rows), w2 [D, F], biases [2F] / [D] or None
+Expert = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]
 
-    Each expert's weights are checked for NaN/Inf here, as they are read anyway to be packed.
-    """
-    fetch = source if isinstance(source, _Fetch) else _Fetch(source, torch.device("cpu"), torch.float32)
+
+def _layer_experts(fetch: _Fetch, spec: ModelSpec, i: int) -> Iterator[Expert]:
+    """Each routed expert of layer ``i`` in the layout's orientation, checked for NaN/Inf."""
+    if spec.family.fused_kn:
+        yield from _fused_kn_experts(fetch, spec, i)
+        return
     fused = _fused_experts(fetch.source, spec, i)
     entries = routed_expert_entries(spec, i)
     for e in range(spec.num_experts):
         if fused is not None:
-            w13, w2 = fused[0][e], fused[1][e]
+            yield fused[0][e], fused[1][e], None, None
         else:
             gate, up, down = (_finite(fetch, t) for t in entries[3 * e:3 * e + 3])
-            w13, w2 = torch.cat([gate, up], 0), down                    # [2F, D], [D, F]
-        if layout.fmt in DENSE_DTYPES:
-            packed = {"w13": w13.to(DENSE_DTYPES[layout.fmt]), "w2": w2.to(DENSE_DTYPES[layout.fmt])}
-        else:
-            from engine.quant import quantize_expert   # int4 / fp8, quantised once
-            packed = quantize_expert(w13.to(torch.float32), w2.to(torch.float32), layout)
-        layout.pack(packed, out=out[e])
+            yield torch.cat([gate, up], 0), down, None, None                  # [2F, D], [D, F]
+
+
+def _fused_kn_experts(fetch: _Fetch, spec: ModelSpec, i: int) -> Iterator[Expert]:
+    """gpt-oss's fused experts (x @ W: gate_up [E, D, 2F], down [E, F, D]) turned to [N, K] per expert,
+    with interleaved gate/up outputs (even: gate, odd: up) sorted into gate rows then up rows."""
+    gate_up, down, *bias = (_finite(fetch, t) for t in routed_expert_entries(spec, i))
+    n = 2 * spec.moe_ffn
+    rows = torch.arange(n).view(-1, 2).t().flatten() if spec.family.interleaved_gate_up else torch.arange(n)
+    for e in range(spec.num_experts):
+        b13, b2 = (bias[0][e][rows], bias[1][e]) if bias else (None, None)
+        yield gate_up[e].t()[rows], down[e].t(), b13, b2
+
+
+def pack_layer_experts(source: TensorSource, spec: ModelSpec, i: int, layout: ExpertLayout,
+                       out: torch.Tensor) -> None:
+    """Pack every routed expert of layer ``i`` of a Hugging Face checkpoint into ``out`` ``uint8 [E, nbytes]``.
+
+    Each expert's weights are checked for NaN/Inf here, as they are read anyway to be packed. MXFP4
+    experts (``*_blocks`` / ``*_scales``) go through :func:`engine.checkpoint.mxfp4.pack_mxfp4_layer`.
+    """
+    fetch = source if isinstance(source, _Fetch) else _Fetch(source, torch.device("cpu"), torch.float32)
+    if _is_mxfp4(fetch.names, spec, i):
+        pack_mxfp4_layer(fetch.source, spec, i, layout, out)
+        return
+    from engine.quant import quantize_expert   # int4 / fp8 quantised once; dense formats cast
+    for e, (w13, w2, b13, b2) in enumerate(_layer_experts(fetch, spec, i)):
+        layout.pack(quantize_expert(w13.to(torch.float32), w2.to(torch.float32), layout, b13, b2), out=out[e])
 
 
 def _finite(fetch: _Fetch, entry: TensorEntry) -> torch.Tensor:
@@ -97,23 +122,19 @@ def load_weights(spec: ModelSpec, source: TensorSource, device: torch.device, dt
     """Resident weights on ``device`` and routed experts packed into host rows ``[L_moe * E, nbytes]``."""
     fetch = _Fetch(source, device, dtype)
     by_name = {t.name: t for t in tensor_plan(spec) if t.category != "routed_experts"}
-    get = lambda name: fetch(by_name.get(name))                            # noqa: E731
+    get = lambda name, dt=None: fetch(by_name.get(name), dt)                 # noqa: E731
     rows = allocate_rows(spec.num_moe_layers * spec.num_experts, layout.nbytes)
     layers, moe_index = [], 0
     for i in range(spec.num_layers):
-        a = fn.ATTN.format(i=i)
-        qkv = torch.cat([get(f"{a}.{n}_proj.weight") for n in "qkv"], 0)
-        bias = torch.cat([get(f"{a}.{n}_proj.bias") for n in "qkv"], 0) if spec.qkv_bias else None
-        attn = AttentionWeights(qkv, get(f"{a}.o_proj.weight"), bias, get(f"{a}.q_norm.weight"),
-                                get(f"{a}.k_norm.weight"))
-        layer = LayerWeights(get(fn.INPUT_NORM.format(i=i)), get(fn.POST_NORM.format(i=i)), attn)
+        layer = LayerWeights(get(fn.INPUT_NORM.format(i=i)), get(fn.POST_NORM.format(i=i)), _attention(get, spec, i))
         if not spec.moe_layers[i]:
             layer.mlp = _mlp(get, fn.DENSE_MLP.format(i=i))
         else:
             p = spec.family.moe_prefix.format(i=i)
             shared = _mlp(get, f"{p}.shared_expert") if spec.shared_ffn else None
             layer.moe = MoEWeights(moe_index, get(spec.family.router.format(p=p)), shared,
-                                   get(f"{p}.shared_expert_gate.weight") if spec.shared_ffn else None)
+                                   get(f"{p}.shared_expert_gate.weight") if spec.shared_ffn else None,
+                                   get(router_bias_name(spec, i)))
             layer_rows = rows[moe_index * spec.num_experts:(moe_index + 1) * spec.num_experts]
             read_experts = getattr(source, "read_experts", None)     # a converted folder: packed already
             if read_experts is not None:
@@ -127,18 +148,30 @@ def load_weights(spec: ModelSpec, source: TensorSource, device: torch.device, dt
     return ModelWeights(embed, get(fn.FINAL_NORM), lm_head, layers), rows
 
 
+def _attention(get, spec: ModelSpec, i: int) -> AttentionWeights:
+    """Layer ``i``'s attention; a tensor the family lacks is None (its plan has no such entry)."""
+    a = fn.ATTN.format(i=i)
+    qkv = torch.cat([get(f"{a}.{n}_proj.weight") for n in "qkv"], 0)
+    bias = torch.cat([get(f"{a}.{n}_proj.bias") for n in "qkv"], 0) if spec.qkv_bias else None
+    return AttentionWeights(qkv, get(f"{a}.o_proj.weight"), bias, get(f"{a}.q_norm.weight"), get(f"{a}.k_norm.weight"),
+                            o_bias=get(f"{a}.o_proj.bias"), sinks=get(f"{a}.sinks", torch.float32),
+                            window=spec.window(i))
+
+
 def _mlp(get, prefix: str) -> MLPWeights:
     gate_up = torch.cat([get(f"{prefix}.gate_proj.weight"), get(f"{prefix}.up_proj.weight")], 0)
     return MLPWeights(gate_up, get(f"{prefix}.down_proj.weight"))
 
 
 def check_complete(spec: ModelSpec, source: TensorSource) -> None:
-    """Fail fast, before any big allocation, if a tensor is missing, mis-shaped or not floating point."""
+    """Fail fast, before any big allocation, if a tensor is missing, mis-shaped or of the wrong dtype."""
     names = source.names()
     packed = hasattr(source, "read_experts")
-    fused_layers = {i for i in range(spec.num_layers) if spec.moe_layers[i] and (packed or _has_fused(names, spec, i))}
+    moe = [i for i in range(spec.num_layers) if spec.moe_layers[i]]
+    fused = {i for i in moe if packed or _has_fused(names, spec, i)}   # [E, 2F, D] fused, or packed already
+    mxfp4 = {i for i in moe if not packed and _is_mxfp4(names, spec, i)}
     for t in tensor_plan(spec):
-        if t.category == "routed_experts" and t.layer in fused_layers:
+        if t.category == "routed_experts" and (t.layer in fused or t.layer in mxfp4):
             continue
         if t.name not in names:
             raise ModelLoadError(f"tensor '{t.name}' (shape {list(t.shape)}) is missing from the checkpoint in "
@@ -146,8 +179,10 @@ def check_complete(spec: ModelSpec, source: TensorSource) -> None:
                                  "re-download the model")
         _check_header(spec, source, t.name, t.shape)
     if not packed:
-        for i in sorted(fused_layers):
+        for i in sorted(fused):
             _check_fused(spec, source, i)
+    for i in sorted(mxfp4):
+        check_mxfp4_layer(source, spec, i)
 
 
 def _check_header(spec: ModelSpec, source: TensorSource, name: str, expected: tuple[int, ...]) -> None:
@@ -170,5 +205,12 @@ def _check_fused(spec: ModelSpec, source: TensorSource, i: int) -> None:
 
 
 def _has_fused(names: set[str], spec: ModelSpec, i: int) -> bool:
+    """Experts fused as [E, 2F, D] where the family names them per expert (families storing them only
+    fused, gpt-oss, list the fused tensors in their plan)."""
     p = spec.family.moe_prefix.format(i=i)
-    return spec.family.fused_gate_up.format(p=p) in names
+    return not spec.family.fused_kn and spec.family.fused_gate_up.format(p=p) in names
+
+
+def _is_mxfp4(names: set[str], spec: ModelSpec, i: int) -> bool:
+    """Layer ``i``'s experts ship as MXFP4 ``*_blocks`` / ``*_scales`` (no dense fused tensor)."""
+    return spec.family.fused_kn and has_mxfp4(names, spec, i)

@@ -20,7 +20,7 @@ class TensorEntry:
     category: str
     layer: int = -1
     expert: int = -1
-    part: str = ""            # for routed experts: gate | up | down
+    part: str = ""            # routed experts: gate | up | down (per expert); gate_up | down | gate_up_bias | down_bias
 
 
 def _attention(spec: ModelSpec, i: int) -> list[TensorEntry]:
@@ -33,6 +33,10 @@ def _attention(spec: ModelSpec, i: int) -> list[TensorEntry]:
     if spec.qkv_bias:
         out += [TensorEntry(f"{p}.{n}_proj.bias", (h * hd,), "attention", i)
                 for n, h in (("q", H), ("k", Hkv), ("v", Hkv))]
+    if spec.o_bias:
+        out.append(TensorEntry(f"{p}.o_proj.bias", (D,), "attention", i))
+    if spec.family.attn_sinks:
+        out.append(TensorEntry(f"{p}.sinks", (H,), "attention", i))
     if spec.family.qk_norm == "head":
         out += [TensorEntry(f"{p}.q_norm.weight", (hd,), "norms", i), TensorEntry(f"{p}.k_norm.weight", (hd,), "norms", i)]
     elif spec.family.qk_norm == "full":
@@ -48,18 +52,35 @@ def _mlp(prefix: str, D: int, F: int, category: str, i: int) -> list[TensorEntry
 
 
 def routed_expert_entries(spec: ModelSpec, i: int) -> list[TensorEntry]:
-    fam, D, F = spec.family, spec.hidden, spec.moe_ffn
+    """Layer ``i``'s routed experts as the checkpoint stores them: per expert, or fused (gpt-oss) with
+    gate_up ``[E, D, 2F]``, down ``[E, F, D]`` and with expert biases ``[E, 2F]`` / ``[E, D]``."""
+    fam, D, F, E = spec.family, spec.hidden, spec.moe_ffn, spec.num_experts
     p = fam.moe_prefix.format(i=i)
+    if fam.fused_kn:
+        gu, dn = fam.fused_gate_up.format(p=p), fam.fused_down.format(p=p)
+        out = [TensorEntry(gu, (E, D, 2 * F), "routed_experts", i, part="gate_up"),
+               TensorEntry(dn, (E, F, D), "routed_experts", i, part="down")]
+        if fam.expert_bias:
+            out += [TensorEntry(gu + "_bias", (E, 2 * F), "routed_experts", i, part="gate_up_bias"),
+                    TensorEntry(dn + "_bias", (E, D), "routed_experts", i, part="down_bias")]
+        return out
     out = []
-    for e in range(spec.num_experts):
+    for e in range(E):
         for part, tmpl, shape in (("gate", fam.expert_gate, (F, D)), ("up", fam.expert_up, (F, D)),
                                   ("down", fam.expert_down, (D, F))):
             out.append(TensorEntry(tmpl.format(p=p, e=e), shape, "routed_experts", i, e, part))
     return out
 
 
+def router_bias_name(spec: ModelSpec, i: int) -> str:
+    """The router's bias beside its weight (``{p}.router.weight`` -> ``{p}.router.bias``)."""
+    return spec.family.router.format(p=spec.family.moe_prefix.format(i=i)).removesuffix(".weight") + ".bias"
+
+
 def tensor_plan(spec: ModelSpec) -> list[TensorEntry]:
-    """All tensors of the model in the checkpoint's (unfused) naming."""
+    """All tensors of the model in the checkpoint's naming (experts unfused, or fused where the family
+    stores them only so); MXFP4 experts are counted by their dense shapes
+    (engine/checkpoint/mxfp4.py checks their ``*_blocks`` / ``*_scales``)."""
     D, V = spec.hidden, spec.vocab_size
     out = [TensorEntry(fn.EMBED, (V, D), "embeddings"), TensorEntry(fn.FINAL_NORM, (D,), "norms")]
     if not spec.tie_word_embeddings:
@@ -73,6 +94,8 @@ def tensor_plan(spec: ModelSpec) -> list[TensorEntry]:
             continue
         p = spec.family.moe_prefix.format(i=i)
         out.append(TensorEntry(spec.family.router.format(p=p), (spec.num_experts, D), "router", i))
+        if spec.family.router_bias:
+            out.append(TensorEntry(router_bias_name(spec, i), (spec.num_experts,), "router", i))
         if spec.shared_ffn:
             out += _mlp(f"{p}.shared_expert", D, spec.shared_ffn, "shared_experts", i)
             out.append(TensorEntry(f"{p}.shared_expert_gate.weight", (1, D), "shared_experts", i))
@@ -91,12 +114,17 @@ def params_by_category(spec: ModelSpec) -> dict[str, int]:
     return counts
 
 
+def routed_params_per_expert(spec: ModelSpec) -> int:
+    """Weights (and expert biases) of one routed expert."""
+    bias = 2 * spec.moe_ffn + spec.hidden if spec.family.expert_bias else 0
+    return 3 * spec.hidden * spec.moe_ffn + bias
+
+
 def active_params_per_token(spec: ModelSpec) -> int:
     """Parameters read to generate one token: everything but the routed experts, plus k of them per MoE layer."""
     c = params_by_category(spec)
-    per_expert = 3 * spec.hidden * spec.moe_ffn
     lm_head_rows = 0 if spec.tie_word_embeddings else spec.vocab_size * spec.hidden
     # of the embedding table only one row is read; the LM head is read whole
     embed_read = spec.hidden + (spec.vocab_size * spec.hidden if spec.tie_word_embeddings else lm_head_rows)
     return (c["attention"] + c["norms"] + c["router"] + c["dense_mlp"] + c["shared_experts"]
-            + spec.num_moe_layers * spec.top_k * per_expert + embed_read)
+            + spec.num_moe_layers * spec.top_k * routed_params_per_expert(spec) + embed_read)

@@ -34,7 +34,18 @@ class RopeScaling:
     beta_fast: float = 32.0
     beta_slow: float = 1.0
     truncate: bool = True
-    attention_factor: float | None = None   # None: 0.1 * ln(factor) + 1
+    attention_factor: float | None = None   # None: 0.1 * ln(factor) + 1 (1 when factor <= 1)
+
+    @property
+    def mscale(self) -> float:
+        """The factor YaRN multiplies the cos and sin tables by."""
+        if self.attention_factor is not None:
+            return self.attention_factor
+        return _yarn_mscale(self.factor, 1.0)
+
+
+def _yarn_mscale(factor: float, mscale: float) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
 @dataclass(frozen=True)
@@ -71,6 +82,11 @@ class ModelSpec:
     def window(self, layer: int) -> int:
         """Sliding window of ``layer`` in tokens (0: full attention)."""
         return self.layer_windows[layer] if self.layer_windows else 0
+
+    @property
+    def o_bias(self) -> bool:
+        """o_proj has a bias (gpt-oss: attention_bias covers all four projections)."""
+        return self.family.o_bias and self.qkv_bias
 
     @property
     def num_moe_layers(self) -> int:
@@ -219,19 +235,66 @@ def _family(f: ConfigFields) -> tuple[str, Family]:
     return arch, fam
 
 
-def _rope_theta(f: ConfigFields) -> float:
+ROPE_TYPES = ("default", "yarn")
+LAYER_TYPES = ("sliding_attention", "full_attention")
+
+
+def _rope(f: ConfigFields, max_position: int) -> tuple[float, RopeScaling | None]:
+    """``rope_theta`` and the RoPE scaling, from ``rope_parameters`` (newer) or ``rope_scaling`` (older)."""
     example = '{"rope_type": "default", "rope_theta": 10000.0}'
     key = "rope_parameters" if f.given("rope_parameters") else "rope_scaling"
     rope = f.nested(key, example)
     theta = f.number("rope_theta", 10000.0)
     if rope is None:
-        return theta
+        return theta, None
     kind = rope.text(rope.first_given("rope_type", "type"), "default")
-    if kind != "default":
+    if kind not in ROPE_TYPES:
         raise UnsupportedModelError(
-            f"{f.file.parent}: rope scaling type '{kind}' is not supported; supported: default (no scaling) — "
+            f"{f.file.parent}: rope scaling type '{kind}' is not supported; supported: default (no scaling), yarn — "
             f"remove {key} from config.json to run without long-context scaling")
-    return rope.number("rope_theta", theta)
+    theta = rope.number("rope_theta", theta)
+    return theta, (_yarn(f, rope, max_position) if kind == "yarn" else None)
+
+
+def _yarn(f: ConfigFields, rope: ConfigFields, max_position: int) -> RopeScaling:
+    """YaRN's fields with Hugging Face's defaults (a top-level original_max_position_embeddings wins)."""
+    top = f.given("original_max_position_embeddings")
+    original = (f if top else rope).integer("original_max_position_embeddings", max_position)
+    factor = rope.number("factor", max_position / original)
+    attention = rope.number("attention_factor", None)
+    if attention is None and rope.given("mscale") and rope.given("mscale_all_dim"):
+        attention = (_yarn_mscale(factor, rope.number("mscale", None))
+                     / _yarn_mscale(factor, rope.number("mscale_all_dim", None)))
+    return RopeScaling("yarn", factor, original, rope.number("beta_fast", 32.0), rope.number("beta_slow", 1.0),
+                       rope.flag("truncate", True), attention)
+
+
+def _layer_windows(f: ConfigFields, n_layers: int) -> tuple[int, ...]:
+    """Per layer, its sliding window (0: full attention), from ``layer_types``; () when every layer is full."""
+    if not f.given("layer_types"):
+        return ()
+    kinds = f.str_list("layer_types", LAYER_TYPES[0])
+    if len(kinds) != n_layers or any(k not in LAYER_TYPES for k in kinds):
+        raise f.bad("layer_types", f.cfg["layer_types"], f"a list of {n_layers} entries (num_hidden_layers), each "
+                                                          '"sliding_attention" or "full_attention"')
+    if LAYER_TYPES[0] not in kinds:
+        return ()
+    window = f.integer("sliding_window", why="layer_types has sliding_attention layers")
+    return tuple(window if k == LAYER_TYPES[0] else 0 for k in kinds)
+
+
+def _expert_storage(f: ConfigFields) -> str:
+    """"mxfp4" for a checkpoint whose experts ship quantised so (gpt-oss), else "dense"."""
+    quant = f.nested("quantization_config", '{"quant_method": "mxfp4"}')
+    if quant is None:
+        return "dense"
+    method = quant.text("quant_method", "none")
+    if method != "mxfp4":
+        raise UnsupportedModelError(
+            f"{f.file}: quantization_config.quant_method '{method}' is not supported; Strata reads unquantised "
+            "(bfloat16, float16, float32) checkpoints and MXFP4 experts — use the model's unquantised release "
+            "(main.py convert then makes Strata's own int4 or fp8)")
+    return "mxfp4"
 
 
 def _head_dim(f: ConfigFields, hidden: int, heads: int) -> int:
@@ -288,6 +351,8 @@ def spec_from_config(cfg: dict, path: Path) -> ModelSpec:
     n_experts = _num_experts(f)
     dense_ffn = f.integer("intermediate_size")
     bias_key = f.first_given("qkv_bias", "attention_bias")
+    max_position = f.integer("max_position_embeddings", 4096)
+    rope_theta, rope_scaling = _rope(f, max_position)
     return ModelSpec(
         architecture=arch, family=fam, vocab_size=f.integer("vocab_size"), hidden=hidden,
         num_layers=n_layers, num_heads=heads, num_kv_heads=_kv_heads(f, heads), head_dim=_head_dim(f, hidden, heads),
@@ -296,13 +361,15 @@ def spec_from_config(cfg: dict, path: Path) -> ModelSpec:
         moe_ffn=f.integer("moe_intermediate_size", dense_ffn), dense_ffn=dense_ffn,
         shared_ffn=f.integer("shared_expert_intermediate_size", 0, minimum=0) if fam.has_shared_expert else 0,
         norm_topk_prob=f.flag("norm_topk_prob", False),
-        qkv_bias=f.flag(bias_key, fam.name == "qwen2_moe"),
+        qkv_bias=f.flag(bias_key, fam.default_qkv_bias),
         clip_qkv=f.number("clip_qkv", None), rms_norm_eps=f.number("rms_norm_eps", 1e-6),
-        rope_theta=_rope_theta(f), max_position=f.integer("max_position_embeddings", 4096),
+        rope_theta=rope_theta, max_position=max_position,
         tie_word_embeddings=f.flag("tie_word_embeddings", False),
         moe_layers=_moe_layers(f, fam, n_layers),
         checkpoint_dtype=f.choice(f.first_given("torch_dtype", "dtype"), CHECKPOINT_DTYPES, "bfloat16"),
-        name=path.name,
+        name=path.name, layer_windows=_layer_windows(f, n_layers), rope_scaling=rope_scaling,
+        swiglu_alpha=f.number("swiglu_alpha", 1.702), swiglu_limit=f.number("swiglu_limit", 7.0),
+        expert_storage=_expert_storage(f),
     )
 
 

@@ -12,10 +12,12 @@ from engine.errors import ConfigError, StrataError
 
 
 def add_convert_parser(sub) -> None:
-    p = sub.add_parser("convert", help="write a model with int4/fp8/bf16 experts laid out expert-contiguous")
+    p = sub.add_parser("convert", help="write a model with int4/fp8/bf16/mxfp4 experts laid out expert-contiguous")
     p.add_argument("src", help="Hugging Face model folder")
     p.add_argument("dst", help="folder to write")
-    p.add_argument("--weights", default="int4", help="routed expert format: int4 | fp8 | bf16 (default int4)")
+    p.add_argument("--weights", default="auto",
+                   help="routed expert format: int4 | fp8 | bf16 | mxfp4 (default: mxfp4 as shipped for a checkpoint "
+                        "with MXFP4 experts, else int4)")
     p.add_argument("--group-size", type=int, default=128, help="int4 group size along K: 32, 64 or 128")
     p.add_argument("--resident-weights", default="bf16", help="storage of the other weights: bf16 | fp8")
     p.add_argument("--force", action="store_true", help="replace DST if it holds an earlier conversion")
@@ -70,7 +72,9 @@ def cmd_convert(args: argparse.Namespace) -> int:
     size = sum(f.stat().st_size for f in result.path.iterdir() if f.is_file())
     for note in result.notes:
         print(f"note: {note}", file=sys.stderr)
-    print(f"wrote {args.dst}: {m['weights']} experts (group {m['group_size']}), "
+    group = f" (group {m['group_size']})" if m["weights"] == "int4" else ""
+    kept = ", as shipped" if m["weights"] == m["source_experts"] else ""
+    print(f"wrote {args.dst}: {m['weights']} experts{group}{kept}, "
           f"{m['num_moe_layers']} MoE layers x {m['num_experts']} experts, {size / 2**20:.1f} MiB, verified")
     return 0
 
@@ -106,7 +110,7 @@ def _check_eval_args(args: argparse.Namespace) -> None:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from engine.engine import LLMEngine
-    from engine.evaluate import evaluate
+    from engine.evaluate import evaluate, reference_weight_format
     _check_eval_args(args)
     text = _read_text(args.text)
     opts = engine_options(args)
@@ -114,7 +118,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
                          progress=ProgressBar("verifying checksums", in_bytes=True))]
     try:
         if args.reference:
-            engines.append(LLMEngine(EngineConfig(model=args.reference, **{**opts, "weight_format": "auto"})))
+            ref_format = reference_weight_format(args.reference)
+            engines.append(LLMEngine(EngineConfig(model=args.reference, **{**opts, "weight_format": ref_format})))
         engine, ref = engines[0], (engines[1] if args.reference else None)
         r = evaluate(engine, text, ref, args.window, args.max_tokens)
     finally:
@@ -123,8 +128,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(r.__dict__))
         return 0
-    print(f"tokens {r.tokens}  perplexity {r.perplexity:.3f}")
+    print(f"tokens {r.tokens}  perplexity {r.perplexity:.3f}  ({r.expert_format} experts)")
     if ref is not None:
-        print(f"reference perplexity {r.reference_perplexity:.3f} ({100 * (r.perplexity / r.reference_perplexity - 1):+.2f}%)"
-              f"  top-1 agreement {100 * r.top1_agreement:.2f}%  logit cosine {r.mean_cosine:.4f}")
+        print(f"reference perplexity {r.reference_perplexity:.3f} ({100 * (r.perplexity / r.reference_perplexity - 1):+.2f}%, "
+              f"{r.reference_format} experts)  top-1 agreement {100 * r.top1_agreement:.2f}%  "
+              f"logit cosine {r.mean_cosine:.4f}")
     return 0

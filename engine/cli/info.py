@@ -1,32 +1,78 @@
-"""``info``: what a model is made of, what one token costs, and how it fits a GPU budget."""
+"""``info``: what a model is made of, what one token costs, and how it fits a GPU budget.
+
+Needs only ``config.json`` (no weights): expert bytes come from the expert layout the load would use
+(MXFP4 as shipped for a checkpoint that says so in its ``quantization_config``, biases included), KV
+bytes count sliding-window layers at their real size, as the KV cache allocates them
+(:mod:`engine.kv.sizing`): a full-attention layer keeps every token of a sequence, a window layer of
+window ``W`` at most ``W`` of them to attend to, in a fixed pool: ``ceil((W - 1) / block) + 2`` blocks
+per sequence (its last ``W - 1`` keys, which may straddle one block more, and its next token's block)
+and ``ceil(token_budget / block)`` for what one step's prefill chunks add, plus a scratch block:
+
+    KV bytes = tokens of context x full_layers x per_layer_token
+             + window_layers x per_layer_token x block_size
+               x (max_batch x window_blocks_per_seq + window_step_blocks + 1)
+"""
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import torch
 
+from engine.checkpoint.converted import Manifest, is_converted
 from engine.checkpoint.plan import CATEGORIES, active_params_per_token, params_by_category
 from engine.checkpoint.spec import ModelSpec, read_spec
 from engine.cli.options import engine_options, model_dir
 from engine.config import EngineConfig, format_size, parse_pool_size, parse_size
+from engine.errors import ConfigError
 from engine.experts.layout import ExpertLayout
-from engine.memory import BudgetAdvice, default_budget, plan_memory
+from engine.loading import expert_act
+from engine.kv.sizing import KVSizing, kv_sizing
+from engine.memory import BudgetAdvice, MemoryPlan, default_budget, plan_memory
 from engine.settings_fit import depth_note, fit_to_model
 
-_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-PCIE_GEN4_GB_S = 25.0         # pinned host->device on a PCIe 4.0 x16 card, for the copy-bound estimate
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+BUSES = (("PCIe 4", 25.0), ("PCIe 5", 55.0))   # pinned host->device GB/s of an x16 card, for the bus-bound limit
+HIT_RATES = (0.5, 0.8, 0.95)
+
+
+def add_info_parser(sub, add_model_flag, add_engine_flags) -> None:
+    p = sub.add_parser("info", help="parameters and bytes by category, and the GPU memory plan")
+    add_model_flag(p)
+    p.add_argument("--hit-rate", type=float, default=None,
+                   help="expert pool hit rate (0..1) to price the bus at, besides 50/80/95%% and the pool's share")
+    add_engine_flags(p)
+
+
+def expert_layout(spec: ModelSpec, fmt: str, group: int) -> ExpertLayout:
+    """The layout a load would pack experts in (biases and activation as the family has them)."""
+    return ExpertLayout.make(fmt, spec.hidden, spec.moe_ffn, group, bias=spec.family.expert_bias,
+                             act=expert_act(spec))
 
 
 def expert_bytes(spec: ModelSpec, fmt: str, group: int) -> int:
-    return ExpertLayout.make(fmt, spec.hidden, spec.moe_ffn, group).nbytes
+    return expert_layout(spec, fmt, group).nbytes
+
+
+def _expert_format(spec: ModelSpec, args: argparse.Namespace, dtype: str) -> tuple[str, int]:
+    """(format, group) of the experts as a load with these flags would hold them."""
+    folder = Path(model_dir(args))
+    if is_converted(folder):
+        m = Manifest.read(folder)
+        return m.weights, m.group_size
+    if args.weight_format != "auto":
+        return args.weight_format, args.group_size
+    if spec.expert_storage == "mxfp4":
+        return "mxfp4", args.group_size
+    return ("bf16" if _DTYPES[dtype].itemsize == 2 else "fp32"), args.group_size
 
 
 def plan_lines(spec: ModelSpec, args: argparse.Namespace) -> list[str]:
     dtype = "bfloat16" if args.dtype == "auto" else args.dtype
-    wb = _BYTES[dtype]
-    fmt = {"auto": "bf16" if wb == 2 else "fp32"}.get(args.weight_format, args.weight_format)
-    per_expert = expert_bytes(spec, fmt, args.group_size)
+    wb = _DTYPES[dtype].itemsize
+    fmt, group = _expert_format(spec, args, dtype)
+    per_expert = expert_bytes(spec, fmt, group)
     n_experts = spec.num_moe_layers * spec.num_experts
     counts = params_by_category(spec)
     lines = [f"model        {spec.name}  ({spec.architecture}, family {spec.family.name})",
@@ -44,35 +90,75 @@ def plan_lines(spec: ModelSpec, args: argparse.Namespace) -> list[str]:
     routed_active = spec.num_moe_layers * spec.top_k * per_expert
     active_bytes = (active - spec.num_moe_layers * spec.top_k * 3 * spec.hidden * spec.moe_ffn) * wb + routed_active
     lines += ["", f"active per token: {active:,} parameters, {format_size(active_bytes)} "
-                  f"(routed experts {format_size(routed_active)} in {fmt})"]
-    lines += _budget_lines(spec, args, resident, per_expert, n_experts, wb)
+                  f"(routed experts {format_size(routed_active)} in {fmt}, {format_size(per_expert)} each)"]
+    c = EngineConfig(model=model_dir(args), **engine_options(args))
+    context = min(c.max_model_len or spec.max_position, spec.max_position)
+    kv = kv_sizing(spec, _DTYPES[dtype], c.kv_cache_dtype, context, c.max_batch, c.token_budget, c.kv_block_size)
+    lines += _kv_lines(spec, kv, context)
+    lines += _budget_lines(spec, args, resident, per_expert, n_experts, wb, kv.bytes_per_token, kv.window_pool_bytes)
     return lines
 
 
-def _budget_lines(spec, args, resident: int, per_expert: int, n_experts: int, wb: int) -> list[str]:
-    """The engine's own memory plan for the budget given (or the card's free memory)."""
+def _kv_lines(spec: ModelSpec, kv: KVSizing, context: int) -> list[str]:
+    """KV per token of context, window layers at their real size (formula in the module docstring)."""
+    lines = ["", f"KV per token      : {format_size(kv.bytes_per_token)} in {kv.full_layers} full-attention layers "
+                 f"({format_size(kv.layer_bytes_per_token)} per layer)"]
+    if kv.window_layers:
+        lines.append(f"window layers     : {kv.window_layers} layers of a {kv.window}-token window hold at most "
+                     f"{kv.window} tokens of a sequence each, however long its context: "
+                     f"{format_size(kv.window_bytes_per_seq)} per sequence ({kv.window_blocks_per_seq} blocks of "
+                     f"{kv.block_size}), {format_size(kv.window_pool_bytes)} for {kv.max_batch} sequences and "
+                     f"the {kv.window_step_blocks} blocks one step's prefill chunks add")
+    elif any(spec.window(i) for i in range(spec.num_layers)):
+        lines.append("window layers     : their window reaches the whole context, so they are counted as full layers")
+    seq = kv.bytes_per_token * context + kv.window_bytes_per_seq
+    lines.append(f"KV of one sequence: {format_size(seq)} at {context} tokens of context "
+                 f"({format_size(seq // context)} per token)")
+    return lines
+
+
+def _budget_lines(spec, args, resident: int, per_expert: int, n_experts: int, wb: int, kv_per_token: int,
+                  window_kv: int) -> list[str]:
+    """The engine's own memory plan for the budget given (or the card's free memory); ``window_kv``: the
+    sliding-window layers' KV of a full batch, ``kv_per_token``: the full-attention layers'."""
     budget = parse_size(args.gpu_memory_budget, "gpu_memory_budget")
     card_free = default_budget(torch.device("cuda")) if torch.cuda.is_available() else None
     budget = card_free if budget is None else budget
     if budget is None:
         return ["", "GPU budget: none given and no CUDA GPU found; pass --gpu-memory-budget 24G to plan for a card"]
-    kv_per_token = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * wb
     total = per_expert * n_experts
     advice = BudgetAdvice(card_free if args.gpu_memory_budget is None else None,
                           "" if args.weight_format == "int4" else "use --weight-format int4",
                           "use --dtype bfloat16" if wb == 4 else "")
     plan = plan_memory(resident, per_expert, n_experts, kv_per_token, budget,
                        parse_pool_size(args.expert_pool_size, total), experts_per_layer=spec.num_experts,
-                       active_experts_per_token=spec.num_moe_layers * spec.top_k, advice=advice)
-    lines = ["", *plan.format(bus_gb_s=PCIE_GEN4_GB_S)]
+                       active_experts_per_token=spec.num_moe_layers * spec.top_k, advice=advice,
+                       window_kv_bytes=window_kv)
+    lines = ["", *plan.format()]
     if plan.pool_slots < plan.num_experts:
         reads = getattr(args, "expert_reads", "auto")
         lines.append("missing experts   : " + (
             "copied into the pool before use" if reads == "copy" or getattr(args, "prefetch_depth", 2) == 0 else
             "read by the MoE kernels straight from pinned host memory in decode steps of up to 16 tokens"
             + (" (where the GPU can map it; else copied in)" if reads == "auto" else "")))
-    for hit in (0.5, 0.8, 0.95):
-        lines.append(f"  at {hit:.0%} hit rate: {format_size(int(plan.bus_bytes_per_token(hit)))} per token over the bus")
+    return lines + _bus_lines(plan, getattr(args, "hit_rate", None))
+
+
+def _bus_lines(plan: MemoryPlan, hit_rate: float | None) -> list[str]:
+    """Bus bytes per decoded token (one sequence) and the speed the bus alone allows, per hit rate."""
+    if hit_rate is not None and not 0.0 <= hit_rate <= 1.0:
+        raise ConfigError(f"--hit-rate {hit_rate:g} is not a hit rate; give a share from 0 to 1, e.g. 0.8")
+    share = round(plan.pool_fraction, 4)
+    tags = {r: "" for r in HIT_RATES} | {share: " (the pool's share: near-uniform routing)"}
+    if hit_rate is not None:
+        tags[hit_rate] = " (--hit-rate)"
+    lines = ["bus per decoded token (one sequence) by expert hit rate, and the speed the bus alone allows:"]
+    for rate in sorted(tags):
+        bus = plan.bus_bytes_per_token(rate)
+        limits = ", ".join(f"{gb * 1e9 / bus:.1f} tok/s on {name} ({gb:g} GB/s)" for name, gb in BUSES) if bus else \
+            "no bus traffic"
+        lines.append(f"  at {rate:.1%} hit rate{tags[rate]}: {format_size(int(bus))} per token over the bus; "
+                     f"bus-bound at {limits}")
     return lines
 
 

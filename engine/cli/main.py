@@ -33,9 +33,8 @@ def build_parser(prog: str = "strata") -> tuple[argparse.ArgumentParser, argpars
     p.add_argument("--system", default=None, help="system prompt")
     add_sampling_flags(p, temperature=0.7)
     add_engine_flags(p)
-    p = sub.add_parser("info", help="parameters and bytes by category, and the GPU memory plan")
-    add_model_flag(p)
-    add_engine_flags(p)
+    from engine.cli.info import add_info_parser
+    add_info_parser(sub, add_model_flag, add_engine_flags)
     from engine.cli.convert import add_convert_parser, add_eval_parser
     add_convert_parser(sub)
     add_eval_parser(sub, add_model_flag, add_engine_flags)

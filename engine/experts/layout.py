@@ -112,9 +112,10 @@ class ExpertLayout:
                 specs += [(name, torch.uint8, (n, k // 2)), (f"{name}_scale", torch.uint8, (n, k // MXFP4_GROUP))]
             else:  # int4
                 if k % group_size or k % 2:
-                    raise ConfigError(
-                        f"int4 group size {group_size} does not divide the reduction dim {k} of {name}; "
-                        "choose a group size of 32, 64 or 128 that divides it")
+                    fits = [str(g) for g in (128, 64, 32) if hidden % g == 0 and ffn % g == 0]
+                    fix = f"choose group size {' or '.join(fits)}" if fits else "use fp8 or bf16 experts"
+                    raise ConfigError(f"int4 group size {group_size} does not divide the reduction dim {k} of "
+                                      f"{name}; {fix}")
                 specs += [(name, torch.uint8, (n, k // 2)),
                           (f"{name}_scale", torch.float16, (n, k // group_size)),
                           (f"{name}_zero", torch.uint8, (n, k // group_size))]

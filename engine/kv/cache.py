@@ -1,5 +1,10 @@
 """Per-layer paged K/V storage: rows ``[num_blocks * block_size, Hkv, hd]`` per layer.
 
+Block groups: a cache built with ``window_layers`` keeps those sliding-window layers' rows in a
+second pool of ``window_blocks`` blocks (``[window_blocks * block_size, Hkv, hd]`` per such layer),
+indexed by each sequence's window block table (engine/kv/windows.py); :meth:`KVCache.windowed` says
+which group a layer reads. Without window layers there is one pool, as there always was.
+
 Storage formats (``kv_dtype``):
 
 * ``auto`` / ``bf16``: the compute dtype / bfloat16, as written;
@@ -29,20 +34,33 @@ def _storage_dtype(kv_dtype: str, compute: torch.dtype) -> torch.dtype:
 
 class KVCache:
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
-                 head_dim: int, dtype: torch.dtype, device: torch.device, kv_dtype: str = "auto") -> None:
+                 head_dim: int, dtype: torch.dtype, device: torch.device, kv_dtype: str = "auto", *,
+                 window_layers: tuple[int, ...] = (), window_blocks: int = 0) -> None:
         self.num_blocks, self.block_size, self.dtype = num_blocks, block_size, dtype
         self.num_layers, self.device = num_layers, device
+        self.window_blocks = window_blocks if window_layers else 0      # 0: no window group
+        self._windowed = frozenset(window_layers) if self.window_blocks else frozenset()
         self.shape = (num_blocks * block_size, num_kv_heads, head_dim)
+        self.window_shape = (self.window_blocks * block_size, num_kv_heads, head_dim)
         self._allocate(kv_dtype)
+
+    def windowed(self, layer: int) -> bool:
+        """Whether ``layer``'s rows live in the window pool (read through the window block tables)."""
+        return layer in self._windowed
+
+    def layer_shape(self, layer: int) -> tuple[int, int, int]:
+        """``[rows, Hkv, hd]`` of ``layer``'s K (and V) storage."""
+        return self.window_shape if layer in self._windowed else self.shape
 
     def _allocate(self, kv_dtype: str) -> None:
         self.kv_dtype = kv_dtype
         self.storage_dtype = _storage_dtype(kv_dtype, self.dtype)
-        z = lambda: torch.zeros(self.shape, dtype=self.storage_dtype, device=self.device)   # noqa: E731
-        self.k, self.v = [z() for _ in range(self.num_layers)], [z() for _ in range(self.num_layers)]
+        shapes = [self.layer_shape(i) for i in range(self.num_layers)]
+        z = lambda shape: torch.zeros(shape, dtype=self.storage_dtype, device=self.device)   # noqa: E731
+        self.k, self.v = [z(sh) for sh in shapes], [z(sh) for sh in shapes]
         if self.quantised:
-            s = lambda: torch.zeros(self.shape[:2], dtype=torch.float32, device=self.device)   # noqa: E731
-            self.k_scale, self.v_scale = [s() for _ in range(self.num_layers)], [s() for _ in range(self.num_layers)]
+            s = lambda shape: torch.zeros(shape[:2], dtype=torch.float32, device=self.device)   # noqa: E731
+            self.k_scale, self.v_scale = [s(sh) for sh in shapes], [s(sh) for sh in shapes]
         else:
             self.k_scale = self.v_scale = None
 
@@ -62,6 +80,14 @@ class KVCache:
     @property
     def nbytes(self) -> int:
         tensors = self.k + self.v + (self.k_scale + self.v_scale if self.quantised else [])
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    @property
+    def window_nbytes(self) -> int:
+        """Bytes of :attr:`nbytes` in the window pool (0 without a window group)."""
+        layers = [i for i in range(self.num_layers) if i in self._windowed]
+        tensors = [t[i] for t in (self.k, self.v) + ((self.k_scale, self.v_scale) if self.quantised else ())
+                   for i in layers]
         return sum(t.numel() * t.element_size() for t in tensors)
 
     @property
@@ -108,13 +134,13 @@ class KVCache:
             raise ReconfigureError(f"kv_cache_dtype={kv_dtype!r} is not supported; choose one of {', '.join(KV_FORMATS)}")
         if kv_dtype == self.kv_dtype:
             return
-        rows = torch.arange(self.shape[0], device=self.device)
+        rows = [torch.arange(self.layer_shape(i)[0], device=self.device) for i in range(self.num_layers)]
         old = {name: getattr(self, name) for name in ("k", "v", "k_scale", "v_scale", "kv_dtype", "storage_dtype")}
         try:
-            values = [self.gather(layer, rows) for layer in range(self.num_layers)]    # compute dtype
+            values = [self.gather(layer, rows[layer]) for layer in range(self.num_layers)]    # compute dtype
             self._allocate(kv_dtype)
             for layer, (k, v) in enumerate(values):
-                self.write(layer, rows, k, v)
+                self.write(layer, rows[layer], k, v)
         except torch.OutOfMemoryError:
             for name, value in old.items():
                 setattr(self, name, value)

@@ -1,14 +1,17 @@
-"""Building blocks of the reference forward: RMSNorm, RoPE, paged attention, MLP.
+"""Building blocks of the reference forward: RMSNorm, RoPE (plain and YaRN), paged attention, MLP.
 
 Legend: T tokens in the step, H query heads, Hkv KV heads, hd head dim, D hidden, C context length.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from engine.checkpoint.spec import RopeScaling
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -20,18 +23,51 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * h.to(x.dtype)
 
 
+def _wavelengths(head_dim: int, theta: float) -> torch.Tensor:
+    """theta^(2j/hd) ``[hd/2]`` float32 (a dimension pair's wavelength over 2 pi)."""
+    return theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+
+
+def default_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
+    """RoPE's inverse frequencies ``[hd/2]`` float32: theta^(-2j/hd)."""
+    return 1.0 / _wavelengths(head_dim, theta)
+
+
+def yarn_inv_freq(head_dim: int, theta: float, y: RopeScaling) -> torch.Tensor:
+    """YaRN's inverse frequencies ``[hd/2]`` float32: the original frequencies for dimensions that turn
+    more than ``beta_fast`` times over the original context, those divided by ``factor`` for dimensions
+    that turn fewer than ``beta_slow`` times, and a linear blend between."""
+    def dim_of(turns: float) -> float:           # the dimension whose wavelength fits ``turns`` times
+        return head_dim * math.log(y.original_max_position / (turns * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dim_of(y.beta_fast), dim_of(y.beta_slow)
+    if y.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001                            # a ramp of width zero would divide by zero
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)   # [hd/2]
+    keep = 1 - ramp                              # 1: extrapolate (original frequency), 0: interpolate
+    wave = _wavelengths(head_dim, theta)
+    return 1.0 / (y.factor * wave) * (1 - keep) + 1.0 / wave * keep
+
+
 class Rope:
-    """Rotary embedding tables (rotate-half convention), computed once."""
+    """Rotary embedding tables (rotate-half convention), computed once; YaRN when ``scaling`` says so
+    (its attention factor scales both tables)."""
 
     def __init__(self, head_dim: int, theta: float, max_position: int, device: torch.device,
-                 dtype: torch.dtype) -> None:
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float().to(device) / head_dim))
+                 dtype: torch.dtype, scaling: RopeScaling | None = None) -> None:
+        if scaling is None:
+            inv_freq, mscale = default_inv_freq(head_dim, theta), 1.0
+        else:
+            inv_freq, mscale = yarn_inv_freq(head_dim, theta, scaling), scaling.mscale
         pos = torch.arange(max_position, device=device, dtype=torch.float32)
-        freqs = torch.outer(pos, inv_freq)                               # [P, hd/2]
+        freqs = torch.outer(pos, inv_freq.to(device))                    # [P, hd/2]
         emb = torch.cat([freqs, freqs], -1)                              # [P, hd]
-        self.cos = emb.cos().to(dtype)
+        self.cos = (emb.cos() * mscale).to(dtype)
         # rotate-half is cat(-x2, x1) * sin = roll(x, hd/2) * cat(-sin1, sin2): the sign lives in the table
-        self.sin = torch.cat([-freqs.sin(), freqs.sin()], -1).to(dtype)
+        self.sin = (torch.cat([-freqs.sin(), freqs.sin()], -1) * mscale).to(dtype)
 
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, 1, hd] for ``positions`` [T] (gathered once per forward, used by every layer)."""

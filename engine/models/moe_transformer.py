@@ -1,7 +1,9 @@
-"""The generic MoE transformer: one forward for Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE.
+"""The generic MoE transformer: one forward for Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE and gpt-oss.
 
 Family differences are data (ModelSpec, families.py): q/k norm per head or over the projection,
-qkv bias, shared expert with a sigmoid gate, dense layers between sparse ones, top-k renormalisation.
+qkv and o biases, attention sinks, sliding-window layers, YaRN RoPE, shared expert with a sigmoid
+gate, dense layers between sparse ones, router bias, top-k renormalisation (the experts' biases and
+activation live in the expert layout).
 
 Legend: T tokens in the step, B sequences, D hidden, H / Hkv heads, hd head dim, E experts, k top-k.
 """
@@ -19,7 +21,7 @@ from engine.models.layers import Rope, SeqSlice, mlp, paged_attention_ref, rms_n
 from engine.models.weights import AttentionWeights, ModelWeights, MoEWeights
 from kernels._triton import HAS_TRITON
 from kernels.decode_ops import add_rms_norm, add_rms_norm_act16, qk_norm_rope_write
-from kernels.paged_attention import attend_context_ref, context_rows
+from kernels.paged_attention import attend_context_ref, context_rows, window_valid
 from kernels.router import route as route_kernel
 
 # (moe_index, topk_ids, prediction) -> (slot_of_expert, views) or (slot_of_expert, views, host experts)
@@ -46,6 +48,30 @@ class ForwardBatch:
     seqs: list[SeqSlice]             # B sequences, in row order (unused when ``decode`` is set)
     logits_rows: torch.Tensor | None  # [B'] rows whose logits are needed; None = every row
     decode: DecodeMeta | None = None  # set when every sequence adds exactly one token
+    # the same step over the window layers' own block tables (slot mapping, seqs, decode meta), for a
+    # cache that keeps its sliding-window layers in a pool of their own; None: every layer uses this one
+    window: ForwardBatch | None = None
+    prefill: PrefillMeta | None = None  # built on first use by a layer that runs the prefill kernel
+
+
+@dataclass
+class PrefillMeta:
+    """A step's sequences as the CUDA prefill attention kernel takes them."""
+
+    block_tables: torch.Tensor       # [B, nb] int32
+    q_starts: torch.Tensor           # [B] int32
+    q_lens: torch.Tensor             # [B] int32
+    ctx_lens: torch.Tensor           # [B] int32
+    max_q_len: int
+    max_ctx_len: int
+
+    @staticmethod
+    def of(seqs: list[SeqSlice], device: torch.device) -> PrefillMeta:
+        tables = torch.nn.utils.rnn.pad_sequence([s.block_table for s in seqs], batch_first=True)   # [B, nb]
+        ints = torch.tensor([[s.q_start for s in seqs], [s.q_len for s in seqs], [s.ctx_len for s in seqs]],
+                            dtype=torch.int32, device=device)                  # [3, B], rows contiguous
+        return PrefillMeta(tables.to(device, torch.int32), ints[0], ints[1], ints[2], max(s.q_len for s in seqs),
+                           max(s.ctx_len for s in seqs))
 
 
 def route_ref(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,11 +88,24 @@ class MoETransformer:
                  device: torch.device, dtype: torch.dtype, max_position: int) -> None:
         self.spec, self.w, self.experts = spec, weights, experts
         self.device, self.dtype = device, dtype
-        self.rope = Rope(spec.head_dim, spec.rope_theta, max_position, device, dtype)
+        self.rope = Rope(spec.head_dim, spec.rope_theta, max_position, device, dtype, spec.rope_scaling)
         self.moe_fn, self._act16_group = _select_moe_fn(device)
         # One-launch norms, q/k norm + RoPE + KV write, and router on CUDA; torch everywhere else.
         self.fused = device.type == "cuda" and HAS_TRITON
         self.decode_attention = _select_decode_attention(device)
+        self.prefill_attention = _select_prefill_attention(device)   # for layers with sinks or a window
+
+    def use_moe_kernels(self, triton: bool) -> None:
+        """The Triton MoE (where the device has it, as chosen at load) or the torch reference path
+        (the benchmarks' unfused baseline; it syncs per layer, so it is never graph-captured)."""
+        from kernels.fused_moe import fused_moe_ref
+        self.moe_fn, self._act16_group = _select_moe_fn(self.device) if triton else (fused_moe_ref, None)
+
+    @property
+    def moe_kernels(self) -> bool:
+        """Whether the MoE runs on the Triton kernels (see :meth:`use_moe_kernels`)."""
+        from kernels.fused_moe import fused_moe_ref
+        return self.moe_fn is not fused_moe_ref
 
     def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Router scores -> (weights [T, k] f32, ids [T, k]); also used by the prefetcher."""
@@ -136,6 +175,8 @@ class MoETransformer:
     def _attention(self, i: int, a: AttentionWeights, x: torch.Tensor, batch: ForwardBatch,
                    cache: KVCache, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         s, T = self.spec, x.shape[0]
+        if batch.window is not None and cache.windowed(i):               # this layer's rows: the window pool
+            batch = batch.window
         qkv = x @ a.qkv.t()                                              # [T, (H + 2Hkv) hd]
         if self.fused and self._fused_qkv_ok(a, cache):                   # norm, RoPE, KV write: one kernel
             q = qk_norm_rope_write(qkv, batch.positions, self.rope.cos, self.rope.sin, cache.k[i], cache.v[i],
@@ -144,10 +185,29 @@ class MoETransformer:
         else:
             q = self._qkv_ref(i, a, qkv, batch, cache, rope)
         if batch.decode is not None:
-            o = self._decode_attention(q, cache, i, batch.decode).reshape(T, -1)   # [B, H hd]
+            o = self._decode_attention(q, cache, i, batch.decode, a).reshape(T, -1)   # [B, H hd]
         else:
-            o = paged_attention_ref(q, lambda rows: cache.gather(i, rows), batch.seqs, cache.block_size)   # [T, H hd]
-        return o @ a.o.t()                                               # [T, D]
+            o = self._prefill_attention(q, cache, i, batch, a)           # [T, H hd]
+        o = o @ a.o.t()                                                  # [T, D]
+        return o if a.o_bias is None else o + a.o_bias
+
+    def _prefill_attention(self, q: torch.Tensor, cache: KVCache, i: int, batch: ForwardBatch,
+                           a: AttentionWeights) -> torch.Tensor:
+        """q [T, H, hd] of a prefill (or mixed) step over each sequence's cached context -> [T, H hd].
+        Layers with sinks or a window run the Triton kernel on CUDA (cache in q's dtype, or int8 / fp8
+        with its scales)."""
+        kernel = self.prefill_attention is not None and (a.sinks is not None or a.window > 0)
+        if kernel and (cache.quantised or cache.storage_dtype == q.dtype):
+            if batch.prefill is None:                                    # once per step, not per layer
+                batch.prefill = PrefillMeta.of(batch.seqs, q.device)
+            p = batch.prefill
+            scales = {"k_scale": cache.k_scale[i], "v_scale": cache.v_scale[i]} if cache.quantised else {}
+            o = self.prefill_attention(q, cache.k[i], cache.v[i], p.block_tables, p.q_starts, p.q_lens, p.ctx_lens,
+                                       cache.block_size, p.max_q_len, p.max_ctx_len, sinks=a.sinks, window=a.window,
+                                       **scales)
+            return o.reshape(q.shape[0], -1)
+        return paged_attention_ref(q, lambda rows: cache.gather(i, rows), batch.seqs, cache.block_size,
+                                   sinks=a.sinks, window=a.window)
 
     def _fused_qkv_ok(self, a: AttentionWeights, cache: KVCache) -> bool:
         """The fused kernel covers per-head q/k norm (or none), an optional bias, an unquantised cache."""
@@ -176,20 +236,26 @@ class MoETransformer:
         cache.write(i, batch.slot_mapping, k, v)
         return q
 
-    def _decode_attention(self, q: torch.Tensor, cache: KVCache, i: int, d: DecodeMeta) -> torch.Tensor:
-        """q [B, H, hd] over each sequence's cached context -> [B, H, hd]."""
+    def _decode_attention(self, q: torch.Tensor, cache: KVCache, i: int, d: DecodeMeta,
+                          a: AttentionWeights) -> torch.Tensor:
+        """q [B, H, hd] over each sequence's cached context (its last ``a.window`` positions in a
+        window layer) -> [B, H, hd]."""
+        extra = {"sinks": a.sinks, "window": a.window} if a.sinks is not None or a.window else {}
         if self.decode_attention is not None and cache.quantised:          # Triton, int8 / fp8 rows + scales
             return self.decode_attention(q, cache.k[i], cache.v[i], d.block_tables, d.context_lens, cache.block_size,
-                                         k_scale=cache.k_scale[i], v_scale=cache.v_scale[i])
+                                         k_scale=cache.k_scale[i], v_scale=cache.v_scale[i], **extra)
         if self.decode_attention is not None and cache.storage_dtype == q.dtype:   # Triton split-KV kernel
-            return self.decode_attention(q, cache.k[i], cache.v[i], d.block_tables, d.context_lens, cache.block_size)
+            return self.decode_attention(q, cache.k[i], cache.v[i], d.block_tables, d.context_lens, cache.block_size,
+                                         **extra)
         if d.rows is None:                                               # once per step, not per layer
             d.rows, d.valid = context_rows(d.block_tables, d.context_lens, cache.block_size)
         k, v = cache.gather(i, d.rows)          # [B, P, Hkv, hd]; padding reads row 0 of a zeroed cache: finite
-        return attend_context_ref(q, k, v, d.valid)
+        return attend_context_ref(q, k, v, window_valid(d.valid, d.context_lens, a.window), sinks=a.sinks)
 
     def _moe(self, m: MoEWeights, x: torch.Tensor, pred: Any, acquire: Acquire, x16: Any = None) -> torch.Tensor:
         logits = x @ m.router.t()                                        # [T, E]
+        if m.router_bias is not None:
+            logits = logits + m.router_bias
         w, ids = self.route(logits)                                      # [T, k] f32, [T, k]
         slot_of_expert, views, *host = acquire(m.moe_index, ids, pred)    # host: where slot -1 experts are read
         extra = {"host": host[0]} if host else {}
@@ -220,4 +286,12 @@ def _select_decode_attention(device: torch.device):
             return paged_decode_attention
         except ImportError:
             pass
+    return None
+
+
+def _select_prefill_attention(device: torch.device):
+    """The Triton paged prefill kernel on CUDA (layers with sinks or a window); None: the reference."""
+    if device.type == "cuda" and HAS_TRITON:
+        from kernels.prefill_attention import prefill_attention
+        return prefill_attention
     return None

@@ -37,7 +37,7 @@ def quantize_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if w.dim() != 2 or w.shape[1] % MXFP4_GROUP:
         raise ValueError(f"quantize_mxfp4 expects [N, K] with K a multiple of {MXFP4_GROUP}, got {tuple(w.shape)}")
     n, k = w.shape
-    wg = w.float().reshape(n, k // MXFP4_GROUP, MXFP4_GROUP)             # [N, NG, 32]
+    wg = w.float().contiguous().reshape(n, k // MXFP4_GROUP, MXFP4_GROUP)   # [N, NG, 32]
     amax = wg.abs().amax(-1)                                             # [N, NG]
     exp = torch.where(amax > 0, torch.ceil(torch.log2(amax / 6.0)), torch.full_like(amax, -127.0))
     exp = exp.clamp(-127, 127)

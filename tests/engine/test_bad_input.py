@@ -59,9 +59,9 @@ def test_unsupported_architecture_names_supported_ones(capsys, model_copy):
 
 
 def test_unsupported_rope_scaling(capsys, model_copy):
-    _edit_config(model_copy, rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0})
+    _edit_config(model_copy, rope_parameters={"rope_type": "longrope", "factor": 4.0, "rope_theta": 10000.0})
     code, err = run_cli(capsys, "generate", "--model", str(model_copy), "--prompt", "hi")
-    assert code == 2 and "rope scaling type 'yarn' is not supported" in err and "default" in err
+    assert code == 2 and "rope scaling type 'longrope' is not supported" in err and "default" in err
 
 
 def test_truncated_shard(capsys, model_copy):

@@ -143,7 +143,7 @@ def test_family_fields_of_qwen2_moe_are_checked(field, value, expected):
     (DEMO_CONFIG, {"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported"),
     (DEMO_CONFIG, {"mlp_only_layers": [0, 1, 2, 3, 4, 5]}, "every one of the 6 layers is a dense MLP"),
     (QWEN2, {"decoder_sparse_step": 5}, "every one of the 4 layers is a dense MLP"),
-    (DEMO_CONFIG, {"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope scaling type 'yarn'"),
+    (DEMO_CONFIG, {"rope_parameters": {"rope_type": "longrope", "factor": 4.0}}, "rope scaling type 'longrope'"),
     (DEMO_CONFIG, {"architectures": [], "model_type": "llama"}, "architecture 'model_type=llama' is not supported"),
 ])
 def test_unsupported_models_are_one_line(base, changes, says):
@@ -226,7 +226,7 @@ def test_a_lost_architectures_list_of_a_supported_model_says_what_to_add(tmp_pat
 def test_an_unsupported_rope_names_the_key_that_holds_it(tmp_path):
     cfg = json.loads((DEMO / "config.json").read_text())
     cfg.pop("rope_scaling", None)
-    cfg["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 10000, "factor": 4}
+    cfg["rope_parameters"] = {"rope_type": "longrope", "rope_theta": 10000, "factor": 4}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(UnsupportedModelError, match="remove rope_parameters from config.json"):
         read_spec(tmp_path)

@@ -58,3 +58,24 @@ def test_live_conversion_keeps_running_requests_going(model_dir):
     assert sum(a == b for a, b in zip(ids, want)) >= 16        # int8 rows: the same text, give or take a flip
     eng.reconfigure(kv_cache_dtype="auto")
     assert eng.stats().kv_cache_dtype == "float32"
+
+
+def test_a_model_without_window_layers_keeps_one_pool(model_dir):
+    """No sliding-window layer: one pool, every layer at full size, no window tables anywhere."""
+    eng = LLMEngine(EngineConfig(model=str(model_dir), device="cpu"))
+    m = eng.loaded
+    s, cache = m.spec, m.cache
+    assert cache.window_blocks == 0 and not any(cache.windowed(i) for i in range(s.num_layers))
+    assert all(k.shape == cache.shape for k in cache.k + cache.v)
+    per_token = KVCache.bytes_per_token(s.num_layers, s.num_kv_heads, s.head_dim, m.dtype)
+    assert cache.nbytes == cache.num_blocks * cache.block_size * per_token
+    assert eng.scheduler.windows is None
+    eng.add_request("r", [1, 5, 9], SamplingParams(max_tokens=2, temperature=0.0))
+    sched = eng.scheduler.schedule()
+    assert m.runner.build_batch(sched).window is None and sched.seqs[0].request.window_blocks == []
+
+
+def test_window_layers_without_a_window_pool_stay_in_the_shared_pool():
+    cache = KVCache(3, 4, 4, 2, 8, torch.float32, torch.device("cpu"), window_layers=(0, 2), window_blocks=0)
+    assert cache.window_blocks == 0 and not cache.windowed(0)
+    assert all(k.shape == (16, 2, 8) for k in cache.k)

@@ -212,3 +212,131 @@ def test_quantised_cache_needs_both_scales_of_the_right_shape():
         paged_decode_attention(q, kq, vq, tables, lens, bs)
     with pytest.raises(ValueError, match="k_scale must be float32"):
         paged_decode_attention(q, kq, vq, tables, lens, bs, k_scale=ks[:, :1], v_scale=vs)
+
+
+# gpt-oss: sinks (a logit per query head in the softmax denominator) and sliding windows.
+
+def make_sinks(heads, seed=1, spread=1.0):
+    return (torch.randn(heads, generator=torch.Generator().manual_seed(seed)) * spread).float()
+
+
+def test_ref_sinks_and_window_match_explicit_softmax():
+    # The reference's extras against the definition written out per sequence: scores of the last
+    # `window` positions and the head's sink in one softmax, the sink's share dropped.
+    q, k, v, tables, lens, bs = make_case([3, 11], heads=4, kv_heads=2, block_size=4)
+    sinks, window = make_sinks(4), 5
+    got = paged_decode_attention_ref(q, k, v, tables, lens, bs, sinks=sinks, window=window)
+    for b, n in enumerate(lens.tolist()):
+        pos = torch.arange(max(0, n - window), n)
+        rows = tables[b, pos // bs].long() * bs + pos % bs
+        kb = k[rows].repeat_interleave(2, dim=1).transpose(0, 1)            # [H, n', hd]
+        vb = v[rows].repeat_interleave(2, dim=1).transpose(0, 1)
+        scores = (q[b][:, None] @ kb.transpose(1, 2))[:, 0] / math.sqrt(64)   # [H, n']
+        probs = torch.softmax(torch.cat([scores, sinks[:, None]], 1), 1)[:, :-1]
+        torch.testing.assert_close(got[b], (probs[:, None] @ vb)[:, 0], **TOLERANCES[torch.float32])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("splits", [1, 4])
+def test_sinks(dtype, splits):
+    # Sinks join the denominator in the one-split epilogue and in the reduce; GQA so head h's sink
+    # must be its own, not its KV head's.
+    case = make_case([45, 6, 17], heads=8, kv_heads=2, block_size=4, dtype=dtype)
+    out = check(case, DecodeAttentionLaunch(block_n=16, num_splits=splits), sinks=make_sinks(8))
+    assert not torch.allclose(out.float(), paged_decode_attention_ref(*case).float(), atol=1e-2)  # sinks matter
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp2")   # the interpreter's numpy says so
+@pytest.mark.parametrize("splits", [1, 3])
+def test_sinks_far_above_the_scores(splits):
+    # A sink far above every score takes nearly all the weight (its exp overflows float32: the output
+    # must go to 0, not NaN); a sink far below changes nothing.
+    case = make_case([30, 9], block_size=4)
+    sinks = torch.tensor([100.0, -100.0, 0.0, 120.0])
+    out = check(case, DecodeAttentionLaunch(block_n=16, num_splits=splits), sinks=sinks)
+    assert out[:, [0, 3]].abs().max() < 1e-6 and out[:, 1].abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("window", [1, 3, 4, 9, 16, 44, 45, 200])
+def test_window(dtype, window):
+    # Windows of one token, within a block, one block exactly, spanning blocks, as long as the longest
+    # context minus one, equal to it, and past the whole table; contexts shorter and longer than it.
+    case = make_case([45, 2, 17, 4], block_size=4, dtype=dtype)
+    out = check(case, DecodeAttentionLaunch(block_n=16), window=window)
+    if window < 45:
+        assert not torch.allclose(out[0].float(), paged_decode_attention_ref(*case)[0].float(), atol=1e-2)
+
+
+@pytest.mark.parametrize("splits", [1, 2, 5])
+@pytest.mark.parametrize("window", [5, 13])
+def test_window_split_counts(window, splits):
+    # The splits tile the window's blocks from the block of its first position: one split, several,
+    # more splits than the window has blocks (forced), and an odd block size.
+    check(make_case([50, 23, 7], block_size=6), DecodeAttentionLaunch(block_n=16, num_splits=splits), window=window)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_window_and_sinks(dtype):
+    # A gpt-oss sliding layer: both at once, with the default launch.
+    case = make_case([60, 3, 33], heads=8, kv_heads=2, block_size=4, dtype=dtype)
+    check(case, sinks=make_sinks(8), window=8)
+
+
+@pytest.mark.parametrize("quantised", [False, True])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_window_reads_no_block_before_it(splits, quantised):
+    # Every cache row a sequence owns before its window becomes NaN (an int8 cache: its scales): one
+    # read of any of them (a whole block skipped wrongly, or the window's first block read from its
+    # start) poisons the output.
+    q, k, v, tables, lens, bs = make_case([45, 21, 3], block_size=4)
+    window, launch = 10, DecodeAttentionLaunch(block_n=16, num_splits=splits)
+    (k, ks), (v, vs) = (quantise(k, torch.int8), quantise(v, torch.int8)) if quantised else ((k, None), (v, None))
+    clean = paged_decode_attention(q, k, v, tables, lens, bs, launch=launch, window=window, k_scale=ks, v_scale=vs)
+    poison = [t.clone() for t in ((ks, vs) if quantised else (k, v))]
+    for b, n in enumerate(lens.tolist()):
+        pos = torch.arange(max(0, n - window))
+        rows = tables[b, pos // bs].long() * bs + pos % bs
+        for t in poison:
+            t[rows] = float("nan")
+    if quantised:
+        ks, vs = poison
+    else:
+        k, v = poison
+    poisoned = paged_decode_attention(q, k, v, tables, lens, bs, launch=launch, window=window, k_scale=ks,
+                                      v_scale=vs)
+    assert torch.isfinite(poisoned).all()
+    assert torch.equal(poisoned, clean)
+
+
+def test_window_sizes_the_splits_from_the_window():
+    # A window layer's split count follows from the window's blocks, not from the table width.
+    from kernels.paged_attention import split_plan
+    launch = DecodeAttentionLaunch()
+    full = split_plan(1, 8, 2048, 16, 0, torch.device("cpu"), launch)
+    windowed = split_plan(1, 8, 2048, 16, 128, torch.device("cpu"), launch)
+    assert windowed[0] * windowed[1] >= 128 + 15 and windowed[0] * windowed[1] < full[0] * full[1] // 8
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.int8, torch.float8_e4m3fn])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_quantised_cache_with_sinks_and_window(kv_dtype, splits):
+    # The int8 / fp8 variant takes the same window bounds and sink epilogue; unowned rows are NaN.
+    q, k, v, tables, lens, bs = make_case([7, 26, 40], heads=4, kv_heads=2, block_size=4)
+    kq, ks = quantise(k, kv_dtype)
+    vq, vs = quantise(v, kv_dtype)
+    case = (q.to(torch.float16), kq, vq, tables, lens, bs)
+    for window in (0, 6):
+        check(case, DecodeAttentionLaunch(block_n=16, num_splits=splits), k_scale=ks, v_scale=vs,
+              sinks=make_sinks(4), window=window)
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(sinks=torch.zeros(3)), "sinks must be contiguous float32 \\[4\\]"),
+    (dict(sinks=torch.zeros(4, dtype=torch.float16)), "sinks must be"),
+    (dict(window=-1), "window must be an int >= 0"),
+])
+def test_launcher_rejects_bad_sinks_and_window(change, message):
+    case = make_case([5, 8], heads=4, kv_heads=2, block_size=4)
+    with pytest.raises(ValueError, match=message):
+        paged_decode_attention(*case, **change)

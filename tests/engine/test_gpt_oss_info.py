@@ -1,0 +1,99 @@
+"""``main.py info`` on a gpt-oss-120b config alone (no weights): the plan for a 24 GB card.
+
+The config is the real model's numbers: 36 layers alternating sliding (window 128) and full attention,
+128 experts of top-4, hidden and expert FFN 2880, 64 query / 8 KV heads of 64, vocab 201088, MXFP4 experts.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+
+import pytest
+
+from engine.checkpoint.spec import read_spec
+from engine.cli.info import add_info_parser, plan_lines
+from engine.cli.options import add_engine_flags, add_model_flag
+from engine.config import format_size
+from engine.errors import ConfigError
+from engine.experts.layout import ExpertLayout
+from main import main
+
+V, D, L, E, K, H, HKV, HD = 201088, 2880, 36, 128, 4, 64, 8, 64
+GIB = 1 << 30
+# one MXFP4 expert by hand: w13 u8 [2F, D/2], w13_scale u8 [2F, D/32], w2 u8 [D, F/2], w2_scale u8 [D, F/32],
+# w13_bias f32 [2F], w2_bias f32 [D]; each starts on a 256-byte boundary
+EXPERT = sum(-(-n // 256) * 256 for n in (5760 * 1440, 5760 * 90, 2880 * 1440, 2880 * 90, 5760 * 4, 2880 * 4))
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_120b(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("info") / "gpt-oss-120b"
+    folder.mkdir()
+    config = {
+        "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "num_hidden_layers": L,
+        "num_local_experts": E, "num_experts_per_tok": K, "hidden_size": D, "intermediate_size": D,
+        "num_attention_heads": H, "num_key_value_heads": HKV, "head_dim": HD, "vocab_size": V,
+        "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * (L // 2),
+        "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                         "original_max_position_embeddings": 4096},
+        "rope_theta": 150000, "max_position_embeddings": 131072, "attention_bias": True, "swiglu_limit": 7.0,
+        "rms_norm_eps": 1e-05, "tie_word_embeddings": False, "hidden_act": "silu", "torch_dtype": "bfloat16",
+        "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": [
+            "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]},
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def _resident_bytes() -> int:
+    """bf16 bytes of everything but the routed experts, counted from the architecture."""
+    q, kv = H * HD, HKV * HD
+    attention = (q + 2 * kv) * D + (q + 2 * kv) + D * q + D + H      # q/k/v/o weights and biases, sinks
+    per_layer = attention + 2 * D + E * D + E                        # two norms, router weight and bias
+    return 2 * (2 * V * D + L * per_layer + D)
+
+
+def _line(out: str, head: str) -> str:
+    return next(line for line in out.splitlines() if line.startswith(head))
+
+
+def test_the_120b_plan_for_a_24g_card(gpt_oss_120b, capsys):
+    assert ExpertLayout.make("mxfp4", D, D, bias=True).nbytes == EXPERT
+    assert main(["info", "--model", str(gpt_oss_120b), "--gpu-memory-budget", "24G"]) == 0
+    out = capsys.readouterr().out
+    assert f"routed experts {format_size(L * K * EXPERT)} in mxfp4, {format_size(EXPERT)} each" in out
+    assert re.search(rf"^routed_experts\s+[\d,]+\s+{re.escape(format_size(L * E * EXPERT))}$", out, re.M)
+    assert _line(out, "resident weights  :") == f"resident weights  : {format_size(_resident_bytes())}"
+    # the pool takes what the budget leaves; everything together stays inside 24 GiB
+    slots = int(re.search(r"= (\d+)/4608 experts", _line(out, "expert pool")).group(1))
+    assert 1000 < slots < 1400 and slots * EXPERT < 24 * GIB - _resident_bytes()
+    assert float(_line(out, "device total").split(":")[1].split()[0]) <= 24.0
+    # KV: 18 full layers of 2 x 8 x 64 bf16 per token; the 18 window layers at most 128 tokens each
+    assert _line(out, "KV per token") == "KV per token      : 36.00 KiB in 18 full-attention layers (2.00 KiB per layer)"
+    assert "18 layers of a 128-token window hold at most 128 tokens of a sequence each, however long its context" in out
+    # bus bytes per token: the misses of 36 layers x top-4 experts
+    bus = format_size(int(0.2 * L * K * EXPERT))
+    assert f"at 80.0% hit rate: {bus} per token over the bus; bus-bound at " in out
+    assert f"{55e9 / (0.2 * L * K * EXPERT):.1f} tok/s on PCIe 5 (55 GB/s)" in out
+
+
+def _info(folder, *flags: str) -> list[str]:
+    parser = argparse.ArgumentParser()
+    add_info_parser(parser.add_subparsers(dest="command"), add_model_flag, add_engine_flags)
+    return plan_lines(read_spec(folder), parser.parse_args(["info", "--model", str(folder), *flags]))
+
+
+def test_bus_bytes_at_the_hit_rate_asked_for(gpt_oss_120b):
+    lines = _info(gpt_oss_120b, "--gpu-memory-budget", "24G", "--hit-rate", "0.9")
+    line = next(x for x in lines if "(--hit-rate)" in x)
+    assert line.startswith(f"  at 90.0% hit rate (--hit-rate): {format_size(int(0.1 * L * K * EXPERT))} per token")
+    with pytest.raises(ConfigError, match=r"^--hit-rate 1.5 is not a hit rate; give a share from 0 to 1, e.g. 0.8$"):
+        _info(gpt_oss_120b, "--gpu-memory-budget", "24G", "--hit-rate", "1.5")
+
+
+def test_int4_experts_need_a_group_that_divides_2880(gpt_oss_120b):
+    lines = _info(gpt_oss_120b, "--gpu-memory-budget", "24G", "--weight-format", "int4", "--group-size", "64")
+    # int4 groups of 64: 4 bits + an fp16 scale and a uint8 zero per 64 values, larger than MXFP4's 4.25 bits
+    int4 = ExpertLayout.make("int4", D, D, 64, bias=True).nbytes
+    assert int4 > EXPERT and any(f"in int4, {format_size(int4)} each" in x for x in lines)
