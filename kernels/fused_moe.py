@@ -1,4 +1,6 @@
-"""Routed-expert MoE: out[t] = sum_j w[t, j] * down(silu(gate(x[t])) * up(x[t])) over the top-k experts.
+"""Routed-expert MoE: out[t] = sum_j w[t, j] * down(act(gate(x[t]), up(x[t]))) over the top-k experts
+(act: silu(gate) * up, or gpt-oss's clamped SwiGLU; each projection plus its bias where the layout
+has them).
 
 Weights are read through the slot table (expert -> pool slot) from the typed pool views of
 :class:`engine.experts.layout.ExpertLayout`; nothing is gathered.
@@ -160,7 +162,8 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     ``host``: experts whose slot is -1 are read straight from the (mapped) host store. Only the
     decode variant can, so it runs whatever the token count (the engine reads directly only for
     decode steps of a few tokens: ``engine.experts.direct.DIRECT_MAX_TOKENS``).
-    Formats bf16/fp16/fp32, fp8 and int4 are read in their packed form from the pool views. ``config``
+    Formats bf16/fp16/fp32, fp8, int4 and mxfp4 are read in their packed form from the pool views;
+    biases and the activation come from ``layout`` (:class:`kernels.moe_weights.MoeConsts`). ``config``
     overrides the tuned launch setting (benchmarks and tests use it to pick a variant). Every expert
     in ``topk_ids`` must have a valid slot; neither is checked on the device (that would sync).
     ``x16``: ``x`` as 16-bit planes (:mod:`kernels.act16`, groups of the experts' group size), which
@@ -170,22 +173,22 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     from kernels.moe_align import moe_align
     from kernels.moe_decode import moe_decode, pdl_supported
     from kernels.moe_prefill import moe_prefill
-    from kernels.moe_weights import FMT_INT4, format_code, host_matrices, pool_matrix
+    from kernels.moe_weights import FMT_INT4, host_matrices, moe_consts, pool_matrix
 
     _check_inputs(x, topk_ids, topk_weights, slot_of_expert, layout)
     t, k = topk_ids.shape
     if t == 0:
         return torch.empty_like(x)
     w13, w2 = pool_matrix(views, "w13", layout), pool_matrix(views, "w2", layout)
-    fmt = format_code(layout)
+    consts = moe_consts(layout)
     cfg = config or moe_launch_config(_device_name(x.device), layout.fmt, t)
     if cfg.variant == "decode" or host is not None:
-        return moe_decode(x, topk_ids, topk_weights, slot_of_expert, w13, w2, fmt, layout.group_size,
-                          cfg.up, cfg.down, cfg.pdl and pdl_supported(x.device),
+        return moe_decode(x, topk_ids, topk_weights, slot_of_expert, w13, w2, consts, cfg.up, cfg.down,
+                          cfg.pdl and pdl_supported(x.device),
                           None if host is None else host_matrices(host, layout, w13, w2),
-                          x16 if fmt == FMT_INT4 else None)                           # [T, D]
+                          x16 if consts.fmt == FMT_INT4 else None)                    # [T, D]
     align = moe_align(topk_ids, slot_of_expert, cfg.block_m)
-    y = moe_prefill(x, topk_weights, align, w13, w2, fmt, layout.group_size, cfg.up, cfg.down)
+    y = moe_prefill(x, topk_weights, align, w13, w2, consts, cfg.up, cfg.down)
     return y.view(t, k, -1).sum(dim=1).to(x.dtype)                     # [T*k, D] -> [T, D]
 
 

@@ -12,7 +12,9 @@ token count (else the largest). A setting::
     "pdl": true}            # decode, int4: launches overlap (Hopper and later)
 
 ``decode`` runs one program per (token, expert) pair and N tile (a GEMV per pair); ``prefill`` aligns
-pairs into M-blocks per expert and runs tensor-core tiles.
+pairs into M-blocks per expert and runs tensor-core tiles. Formats are the expert layout's
+(``bf16`` ... ``int4``, ``mxfp4``); ``block_k`` counts elements, rounded up to whole groups where the
+format has them (int4 decode: its group size; mxfp4: 32, and at least 32 in prefill tiles).
 """
 from __future__ import annotations
 

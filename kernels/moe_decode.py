@@ -4,11 +4,15 @@ Two launches per MoE call. Both run many small programs (at one token thousands,
 and each program reads whole weight strips in wide K chunks, reducing every chunk to one float32 per
 row at once, so registers hold one chunk rather than an accumulator tile:
 
-* up, grid ``[P, F / BN]``: ``h[p, n] = silu(x[t] . gate[n]) * (x[t] . up[n])`` for pair ``p = t*k + j``;
+* up, grid ``[P, F / BN]``: ``h[p, n] = act(x[t] . gate[n] + b[n], x[t] . up[n] + b[F + n])`` for pair
+  ``p = t*k + j`` (silu(gate) * up, or gpt-oss's clamped SwiGLU; biases where the layout has them);
   a program reads ``BN`` gate rows and the matching ``BN`` up rows of one expert.
-* down, grid ``[T, D / BN]``: ``out[t, n] = sum_j weight[p_j] * (h[p_j] . w2_j[n])``; a program reads
-  ``BN`` rows of every one of its token's k experts in the same chunk (``k * BN`` rows in flight) and
-  sums over k in its epilogue in a fixed order: no buffer, no atomics, no reduction launch.
+* down, grid ``[T, D / BN]``: ``out[t, n] = sum_j weight[p_j] * (h[p_j] . w2_j[n] + b2_j[n])``; a program
+  reads ``BN`` rows of every one of its token's k experts in the same chunk (``k * BN`` rows in flight)
+  and sums over k in its epilogue in a fixed order: no buffer, no atomics, no reduction launch.
+
+Dense and fp8 rows are read as they are (fp8 scaled per row after the K loop); mxfp4 rows in groups of
+32 elements (16 bytes), each group's products scaled by its e8m0 byte.
 
 int4 has kernels of its own (:mod:`kernels.moe_decode_int4`), bound by instructions per weight rather
 than bytes.
@@ -22,10 +26,10 @@ import torch
 from kernels._triton import cdiv, jit, next_pow2, tl
 from kernels.act16 import Act16
 from kernels.moe_config import TileConfig
-from kernels.moe_decode_common import (HostMatrices, block_k, expert_ptr, fill_of, fill_ptr, fills_on,
-                                       host_args, pdl_supported)
+from kernels.moe_decode_common import (HostMatrices, add_bias, block_k, e8m0, expert_act, expert_ptr, fill_of,
+                                       fill_ptr, fills_on, fp4_pair, host_args, pdl_supported)
 from kernels.moe_decode_int4 import moe_decode_int4
-from kernels.moe_weights import FMT_INT4, PoolMatrix
+from kernels.moe_weights import FMT_INT4, FMT_MXFP4, MoeConsts, PoolMatrix
 
 __all__ = ["moe_decode", "pdl_supported"]
 
@@ -34,39 +38,79 @@ __all__ = ["moe_decode", "pdl_supported"]
 def _rows_dot(v_ptr, w_rows, s_rows, rows_ok, K, FMT: tl.constexpr, R: tl.constexpr,
               BLOCK_K: tl.constexpr, V_PER_ROW: tl.constexpr, f_rows=None, fs_rows=None, fill_ok=None,
               FILL: tl.constexpr = False):
-    """``[R]`` float32: each dense or fp8 weight row (pointers ``w_rows``) dotted with its vector.
+    """``[R]`` float32: each dense, fp8 or mxfp4 weight row (pointers ``w_rows``) dotted with its vector.
 
     The vector is one for all rows (``v_ptr`` a pointer) or one per row (``V_PER_ROW``: ``[R]`` pointers).
-    ``s_rows`` points at each fp8 row's scale, applied once after the K loop. With ``FILL`` each row
-    that ``fill_ok`` marks is also stored as loaded at ``f_rows`` (scale at ``fs_rows``).
+    ``s_rows`` points at each fp8 row's scale, applied once after the K loop, or at each mxfp4 row's
+    scale bytes. With ``FILL`` each row that ``fill_ok`` marks is also stored as loaded at ``f_rows``
+    (scales at ``fs_rows``).
     """
-    acc = tl.zeros([R], dtype=tl.float32)
-    cols = tl.arange(0, BLOCK_K)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + cols
-        k_ok = kk < K
-        ok = rows_ok[:, None] & k_ok[None, :]                           # [R, BK]
-        raw = tl.load(w_rows[:, None] + kk[None, :], mask=ok, other=0.0)
-        if FILL:
-            tl.store(f_rows[:, None] + kk[None, :], raw, mask=ok & fill_ok[:, None])
-        w = raw.to(tl.float32)
-        if V_PER_ROW:
-            v = tl.load(v_ptr[:, None] + kk[None, :], mask=ok, other=0.0).to(tl.float32)
-        else:
-            v = tl.load(v_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
-        acc += tl.sum(w * v, axis=1)
-    if FMT == 1:  # fp8: one scale per output row
-        sc = tl.load(s_rows, mask=rows_ok, other=0.0)
-        if FILL:
-            tl.store(fs_rows, sc, mask=rows_ok & fill_ok)
-        acc = acc * sc
+    if FMT == 3:
+        acc = _fp4_rows_dot(v_ptr, w_rows, s_rows, rows_ok, K, R, BLOCK_K, V_PER_ROW, f_rows, fs_rows, fill_ok,
+                            FILL)
+    else:
+        acc = tl.zeros([R], dtype=tl.float32)
+        cols = tl.arange(0, BLOCK_K)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + cols
+            k_ok = kk < K
+            ok = rows_ok[:, None] & k_ok[None, :]                       # [R, BK]
+            raw = tl.load(w_rows[:, None] + kk[None, :], mask=ok, other=0.0)
+            if FILL:
+                tl.store(f_rows[:, None] + kk[None, :], raw, mask=ok & fill_ok[:, None])
+            w = raw.to(tl.float32)
+            if V_PER_ROW:
+                v = tl.load(v_ptr[:, None] + kk[None, :], mask=ok, other=0.0).to(tl.float32)
+            else:
+                v = tl.load(v_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+            acc += tl.sum(w * v, axis=1)
+        if FMT == 1:  # fp8: one scale per output row
+            sc = tl.load(s_rows, mask=rows_ok, other=0.0)
+            if FILL:
+                tl.store(fs_rows, sc, mask=rows_ok & fill_ok)
+            acc = acc * sc
     return acc
 
 
 @jit
-def _up_decode_kernel(x_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, ss_s, ss_n, F, K, stride_x,
-                      hw_ptr, hs_ptr, row_base, fill_row, TOP_K: tl.constexpr, FMT: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HOST: tl.constexpr, FILL: tl.constexpr):
+def _fp4_rows_dot(v_ptr, w_rows, s_rows, rows_ok, K, R: tl.constexpr, BLOCK_K: tl.constexpr,
+                  V_PER_ROW: tl.constexpr, f_rows, fs_rows, fill_ok, FILL: tl.constexpr):
+    """:func:`_rows_dot` of mxfp4 rows: chunks of ``BLOCK_K / 32`` groups of 16 bytes, each group's
+    products summed, then scaled by its e8m0 byte; even elements are the low nibbles."""
+    NG: tl.constexpr = BLOCK_K // 32
+    grp = tl.arange(0, NG)[None, :, None]                               # [1, NG, 1]
+    byt = tl.arange(0, 16)[None, None, :]                               # [1, 1, 16]
+    rows3, ok3 = w_rows[:, None, None], rows_ok[:, None, None]          # [R, 1, 1]
+    acc = tl.zeros([R], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        g = k0 // 32 + grp                                              # [1, NG, 1] group
+        ok = ok3 & (g < K // 32)                                        # [R, NG, 1]
+        kb = g * 16 + byt                                               # [1, NG, 16] byte of the row
+        raw = tl.load(rows3 + kb, mask=ok, other=0)                     # [R, NG, 16] uint8
+        sc = tl.load(s_rows[:, None, None] + g, mask=ok, other=0)       # [R, NG, 1] uint8
+        if FILL:
+            tl.store(f_rows[:, None, None] + kb, raw, mask=ok & fill_ok[:, None, None])
+            tl.store(fs_rows[:, None, None] + g, sc, mask=ok & fill_ok[:, None, None])
+        lo, hi = fp4_pair(raw)
+        if V_PER_ROW:
+            ve = tl.load(v_ptr[:, None, None] + 2 * kb, mask=ok, other=0.0).to(tl.float32)
+            vo = tl.load(v_ptr[:, None, None] + 2 * kb + 1, mask=ok, other=0.0).to(tl.float32)
+        else:
+            ve = tl.load(v_ptr + 2 * kb, mask=g < K // 32, other=0.0).to(tl.float32)   # [1, NG, 16]
+            vo = tl.load(v_ptr + 2 * kb + 1, mask=g < K // 32, other=0.0).to(tl.float32)
+        part = tl.sum(lo * ve + hi * vo, axis=2, keep_dims=True)        # [R, NG, 1]
+        acc += tl.sum(tl.sum(part * e8m0(sc), axis=2), axis=1)
+    return acc * 16384.0                                                # fp4_pair's 2 ** -14
+
+
+@jit
+def _up_decode_kernel(x_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, ss_s, ss_n, bias, F, K, stride_x,
+                      host, TOP_K: tl.constexpr, FMT: tl.constexpr, EPI: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, HOST: tl.constexpr, FILL: tl.constexpr):
+    """``h`` of pair ``program_id(0)``, outputs ``program_id(1) * BN ..``. ``host``: the store's
+    ``(w, scale, bias, row_base, fill_row)``; ``bias``: the pool's ``(bias, slot stride)``; ``EPI``:
+    see :class:`kernels.moe_weights.MoeConsts`."""
+    hw_ptr, hs_ptr, hb_ptr, row_base, fill_row = host
     pair = tl.program_id(0)
     # BLOCK_N gate rows then the matching up rows (F further on): both stream through one K loop.
     r = tl.arange(0, 2 * BLOCK_N)                                       # [2BN]
@@ -92,20 +136,24 @@ def _up_decode_kernel(x_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr,
             gu = _rows_dot(x_row, w_rows, s_rows, n < F, K, FMT, 2 * BLOCK_N, BLOCK_K, False)
     else:
         gu = _rows_dot(x_row, w_rows, s_rows, n < F, K, FMT, 2 * BLOCK_N, BLOCK_K, False)
+    if EPI[3]:
+        gu = add_bias(gu, bias, hb_ptr, slot, key, fill, rows, n < F, HOST, FILL)
     gu = tl.reshape(gu, (2, BLOCK_N))                                   # [2, BN]: gate row, up row
     half = tl.arange(0, 2)[:, None]
     gate = tl.sum(tl.where(half == 0, gu, 0.0), axis=0)                 # [BN]
     up = tl.sum(tl.where(half == 1, gu, 0.0), axis=0)
-    h = gate / (1.0 + tl.exp(-gate)) * up
+    h = expert_act(gate, up, EPI)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     tl.store(h_ptr + pair.to(tl.int64) * F + cols, h.to(h_ptr.dtype.element_ty), mask=cols < F)
 
 
 @jit
-def _down_decode_kernel(h_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, sw_n, s_ptr, ss_s, ss_n, D, F,
-                        stride_o, hw_ptr, hs_ptr, row_base, fill_row, TOP_K: tl.constexpr, KP: tl.constexpr,
-                        FMT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HOST: tl.constexpr,
+def _down_decode_kernel(h_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, sw_n, s_ptr, ss_s, ss_n, bias, D, F,
+                        stride_o, host, TOP_K: tl.constexpr, KP: tl.constexpr, FMT: tl.constexpr,
+                        EPI: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HOST: tl.constexpr,
                         FILL: tl.constexpr):
+    """``out`` of token ``program_id(0)``, rows ``program_id(1) * BN ..`` (arguments as the up kernel's)."""
+    hw_ptr, hs_ptr, hb_ptr, row_base, fill_row = host
     tok = tl.program_id(0)
     r = tl.arange(0, KP * BLOCK_N)                                      # [R] row r: expert r // BN
     j = r // BLOCK_N
@@ -129,6 +177,8 @@ def _down_decode_kernel(h_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, 
             y = _rows_dot(h_rows, w_rows, s_rows, rows_ok, F, FMT, KP * BLOCK_N, BLOCK_K, True)
     else:
         y = _rows_dot(h_rows, w_rows, s_rows, rows_ok, F, FMT, KP * BLOCK_N, BLOCK_K, True)
+    if EPI[3]:
+        y = add_bias(y, bias, hb_ptr, slot, key, fill, n, rows_ok, HOST, FILL)
     y = y * tl.load(tw_ptr + pair, mask=j_ok, other=0.0).to(tl.float32)  # routing weight
     acc = tl.sum(tl.reshape(y, (KP, BLOCK_N)), axis=0)                  # [BN]: fixed-order sum over k
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -136,13 +186,13 @@ def _down_decode_kernel(h_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, 
 
 
 def moe_decode(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-               slot_of_expert: torch.Tensor, w13: PoolMatrix, w2: PoolMatrix, fmt: int, group: int,
+               slot_of_expert: torch.Tensor, w13: PoolMatrix, w2: PoolMatrix, consts: MoeConsts,
                up: TileConfig, down: TileConfig, pdl: bool = False,
                host: HostMatrices | None = None, x16: Act16 | None = None) -> torch.Tensor:
     """``out [T, D]`` in ``x.dtype``: the MoE output, summed over each token's k experts.
 
-    ``host`` (``(w13, w2, row_base)`` over the mapped host store): an expert whose slot is -1 is read
-    from store row ``row_base + expert`` instead of the pool (see :func:`_expert_ptr`).
+    ``host`` (``(w13, w2, row_base, fill)`` over the mapped host store): an expert whose slot is -1 is
+    read from store row ``row_base + expert`` instead of the pool (see :func:`expert_ptr`).
 
     ``pdl`` (int4; see :func:`pdl_supported`) launches both kernels as programmatic dependents: the
     up kernel's launch overlaps the previous kernel, the down kernel's the up kernel, and the down
@@ -152,22 +202,23 @@ def moe_decode(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tens
     at least four int32 words (16 bytes), as the kernels' group tiles need. ``x16`` (int4 only): ``x``
     already as 16-bit planes (:mod:`kernels.act16`), so the int4 kernels skip their prep launch."""
     ids, tw = topk_ids.contiguous(), topk_weights.contiguous()
-    if fmt == FMT_INT4:
-        return moe_decode_int4(x, ids, tw, slot_of_expert, w13, w2, group, up, down, pdl, host, x16)
+    if consts.fmt == FMT_INT4:
+        return moe_decode_int4(x, ids, tw, slot_of_expert, w13, w2, consts, up, down, pdl, host, x16)
     t, d = x.shape
     k = topk_ids.shape[1]
     f = w13.n // 2
+    group = consts.group if consts.fmt == FMT_MXFP4 else 0              # mxfp4: chunks of whole groups
     h = torch.empty(t * k, f, dtype=x.dtype, device=x.device)          # [P, F]
     out = torch.empty(t, d, dtype=x.dtype, device=x.device)            # [T, D]
+    common = dict(FMT=consts.fmt, EPI=consts.epi, HOST=host is not None, FILL=fills_on(host))
     w, sw_s, sw_n, s, _, ss_s, _, ss_n = w13.args()
     _up_decode_kernel[(t * k, cdiv(f, up.block_n))](
-        x, ids, slot_of_expert, h, w, sw_s, sw_n, s, ss_s, ss_n, f, d, x.stride(0), *host_args(host, w13, 0, False),
-        TOP_K=k, FMT=fmt, BLOCK_N=up.block_n, BLOCK_K=block_k(up.block_k, d), HOST=host is not None,
-        FILL=fills_on(host), num_warps=up.num_warps, num_stages=up.num_stages)
+        x, ids, slot_of_expert, h, w, sw_s, sw_n, s, ss_s, ss_n, w13.bias_args(), f, d, x.stride(0),
+        host_args(host, w13, 0, False), TOP_K=k, BLOCK_N=up.block_n, BLOCK_K=block_k(up.block_k, d, group),
+        num_warps=up.num_warps, num_stages=up.num_stages, **common)
     w, sw_s, sw_n, s, _, ss_s, _, ss_n = w2.args()
     _down_decode_kernel[(t, cdiv(d, down.block_n))](
-        h, ids, slot_of_expert, tw, out, w, sw_s, sw_n, s, ss_s, ss_n, d, f, out.stride(0),
-        *host_args(host, w2, 1, False), TOP_K=k, KP=next_pow2(k), FMT=fmt, BLOCK_N=down.block_n,
-        BLOCK_K=block_k(down.block_k, f), HOST=host is not None, FILL=fills_on(host), num_warps=down.num_warps,
-        num_stages=down.num_stages)
+        h, ids, slot_of_expert, tw, out, w, sw_s, sw_n, s, ss_s, ss_n, w2.bias_args(), d, f, out.stride(0),
+        host_args(host, w2, 1, False), TOP_K=k, KP=next_pow2(k), BLOCK_N=down.block_n,
+        BLOCK_K=block_k(down.block_k, f, group), num_warps=down.num_warps, num_stages=down.num_stages, **common)
     return out

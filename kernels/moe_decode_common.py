@@ -1,5 +1,6 @@
-"""What the decode MoE kernels share: where an expert's rows are (pool slot or mapped host store),
-where a directly read expert is written, chunk widths, and programmatic dependent launch."""
+"""What the MoE kernels share: where an expert's rows are (pool slot or mapped host store), where a
+directly read expert is written, chunk widths, programmatic dependent launch, MXFP4 values and the
+activations that combine gate and up."""
 from __future__ import annotations
 
 import torch
@@ -7,8 +8,8 @@ import torch
 from kernels._triton import HAS_TRITON, jit, next_pow2, tl
 from kernels.moe_weights import PoolMatrix
 
-__all__ = ["HostMatrices", "block_k", "expert_ptr", "fill_of", "fill_ptr", "fills_on", "gdc_launch_dependents",
-           "gdc_wait", "host_args", "int4_word_args", "pdl_supported"]
+__all__ = ["HostMatrices", "add_bias", "block_k", "e8m0", "expert_act", "expert_ptr", "fill_of", "fill_ptr", "fills_on",
+           "fp4_pair", "gdc_launch_dependents", "gdc_wait", "host_args", "int4_word_args", "pdl_supported"]
 
 # The host store's (w13, w2) views, the store row of the layer's expert 0, and the layer's fill row
 # (``[E]`` int32: the pool slot a directly read expert is written into as it is read, or -1; or None).
@@ -51,6 +52,51 @@ def fill_of(fill_row, e, slot, FILL: tl.constexpr):
     return fill
 
 
+@jit
+def fp4_pair(b):
+    """float32 e2m1 values of the low and high nibbles of bytes ``b``, each divided by 2 ** 14 (exact).
+
+    A nibble ``s e e m`` placed as fp16 bits ``s 00000 0 ee m 000000000`` (sign to bit 15, the rest
+    to bits 11-9) is the fp16 value ``e2m1 * 2 ** -14``, subnormal 0.5 included: no table."""
+    w = b.to(tl.uint16)
+    lo = (((w & 8) << 12) | ((w & 7) << 9)).to(tl.float16, bitcast=True).to(tl.float32)
+    hi = (((w & 0x80) << 8) | ((w & 0x70) << 5)).to(tl.float16, bitcast=True).to(tl.float32)
+    return lo, hi
+
+
+@jit
+def e8m0(s):
+    """float32 ``2 ** (s - 127)`` of scale bytes ``s`` (1..254; 0 gives 0, 255 inf): the byte as the
+    exponent field of a float32."""
+    return (s.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+
+
+@jit
+def expert_act(gate, up, EPI: tl.constexpr):
+    """``h`` from float32 ``gate`` and ``up`` as ``EPI = (act, alpha, limit, bias)`` says: silu(gate) * up,
+    or gpt-oss's clamped SwiGLU ``(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha g)``, ``g = min(gate,
+    limit)``."""
+    if EPI[0] == 1:
+        g = tl.minimum(gate, EPI[2])
+        u = tl.minimum(tl.maximum(up, -EPI[2]), EPI[2])
+        h = (u + 1.0) * g / (1.0 + tl.exp(-EPI[1] * g))
+    else:
+        h = gate / (1.0 + tl.exp(-gate)) * up
+    return h
+
+
+@jit
+def add_bias(y, bias, hb_ptr, slot, key, fill, idx, ok, HOST: tl.constexpr, FILL: tl.constexpr):
+    """``y`` plus biases ``idx`` of the expert in ``slot`` (``bias``: the pool's ``(bias, slot stride)``;
+    with ``HOST`` and slot -1 store row ``key`` at ``hb_ptr``, as its weights); a directly read expert
+    with a fill slot also stores them there."""
+    b_ptr, sb_s = bias
+    b = tl.load(expert_ptr(b_ptr, hb_ptr, slot, key, sb_s, HOST) + idx, mask=ok, other=0.0)
+    if FILL:
+        tl.store(fill_ptr(b_ptr, fill, sb_s, FILL) + idx, b, mask=ok & ((fill + 0 * idx) >= 0))  # fill: scalar or not
+    return y + b
+
+
 def block_k(want: int, k: int, group: int = 0) -> int:
     """Chunk width: no wider than K needs (a power of two, as Triton needs); with ``group`` (int4)
     whole groups."""
@@ -79,14 +125,16 @@ def pdl_supported(device: torch.device) -> bool:
 
 
 def host_args(host: HostMatrices | None, m: PoolMatrix, which: int, int4: bool) -> tuple:
-    """Pointer arguments of the host store's copy of matrix ``which`` (0: w13, 1: w2), the layer's
-    first store row and its fill row; without ``host`` (or fill row) the pool's own pointers stand in
-    (never dereferenced)."""
+    """The kernels' ``host`` argument for matrix ``which`` (0: w13, 1: w2): the host store's weights,
+    scales, (int4) zero points and biases, the layer's first store row and its fill row,
+    ``(w, scale, [zero,] bias, row_base, fill)``; without ``host`` (or fill row) the pool's own
+    pointers stand in (never dereferenced)."""
     h = m if host is None else host[which]
     w = int4_word_args(h, "host")[0] if int4 else h.w
+    bias = h.bias_args()[0]
     base = 0 if host is None else host[2]
     fill = m.w if host is None or host[3] is None else host[3]
-    return (w, h.scale, h.zero, base, fill) if int4 else (w, h.scale, base, fill)
+    return (w, h.scale, h.zero, bias, base, fill) if int4 else (w, h.scale, bias, base, fill)
 
 
 def fills_on(host: HostMatrices | None) -> bool:

@@ -20,11 +20,12 @@ Two or three launches per MoE call:
   and each group's sum of ``q`` (done once: every up program needs all of it). Skipped when the
   caller passes them (``x16``): the engine has the add + RMSNorm that computes ``x`` write them
   (:func:`kernels.decode_ops.add_rms_norm_act16`), which takes a launch off each MoE layer's chain;
-* up, grid ``[P, F / BN]``: ``BN`` gate and up rows of one expert, SiLU·mul, and the program's ``h``
-  values written as planes with one scale per word (eight values: a program's outputs are whole
-  words, so it waits for no other program);
+* up, grid ``[P, F / BN]``: ``BN`` gate and up rows of one expert, their biases if any, the activation
+  (SiLU·mul or gpt-oss's clamped SwiGLU), and the program's ``h`` values written as planes with one
+  scale per word (eight values: a program's outputs are whole words, so it waits for no other program);
 * down, grid ``[T, D / BN]``: ``BN`` rows of every one of a token's k experts, each word's dot scaled
-  by its ``h`` scale, the routing weights applied and the sum over k taken in a fixed order.
+  by its ``h`` scale, the experts' biases if any added, the routing weights applied and the sum over k
+  taken in a fixed order.
 
 On Hopper and later the launches overlap (``pdl``, programmatic dependent launch): each starts while
 its predecessor finishes; the up and down kernels read the routing ids, the slot table and their first
@@ -42,9 +43,9 @@ import torch
 from kernels._triton import cdiv, jit, next_pow2, tl
 from kernels.act16 import Act16, act16, check_act16, store_h_words
 from kernels.moe_config import TileConfig
-from kernels.moe_decode_common import (HostMatrices, block_k, expert_ptr, fill_of, fill_ptr, fills_on,
-                                       gdc_launch_dependents, gdc_wait, host_args, int4_word_args)
-from kernels.moe_weights import PoolMatrix
+from kernels.moe_decode_common import (HostMatrices, add_bias, block_k, expert_act, expert_ptr, fill_of, fill_ptr,
+                                       fills_on, gdc_launch_dependents, gdc_wait, host_args, int4_word_args)
+from kernels.moe_weights import MoeConsts, PoolMatrix
 
 
 @jit
@@ -157,12 +158,14 @@ def _down_rest(acc, start, w_rows, s_rows, z_rows, row_ok, j_ok, word, grp, F, F
 
 @jit
 def _up_kernel(xq_ptr, xsum_ptr, xscale_ptr, ids_ptr, slot_ptr, hq_ptr, hv_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr,
-               ss_s, sz_s, ss_n, F, K, K8, hw_ptr, hs_ptr, hz_ptr, row_base, fill_row, TOP_K: tl.constexpr,
-               ROUND: tl.constexpr, G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               EVEN_K: tl.constexpr, PDL: tl.constexpr, HOST: tl.constexpr, FILL: tl.constexpr,
-               ASM: tl.constexpr, PRE: tl.constexpr = 1):
+               ss_s, sz_s, ss_n, bias, F, K, K8, host, TOP_K: tl.constexpr, ROUND: tl.constexpr, G: tl.constexpr,
+               EPI: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+               PDL: tl.constexpr, HOST: tl.constexpr, FILL: tl.constexpr, ASM: tl.constexpr, PRE: tl.constexpr = 1):
     """``h`` of pair ``program_id(0)``, outputs ``program_id(1) * BN ..``: the gate and up rows of one
-    expert, SiLU·mul, written as 16-bit planes with one scale per word (``BN`` is a multiple of 8).
+    expert, plus their biases (``EPI[3]``), combined by the activation (``EPI``, see
+    :class:`kernels.moe_weights.MoeConsts`), written as 16-bit planes with one scale per word (``BN``
+    is a multiple of 8). ``host``: the store's ``(w, scale, zero, bias, row_base, fill_row)``;
+    ``bias``: the pool's ``(bias, slot stride)``.
 
     Tile [NG, 2, BN, GW]: NG groups of GW words along K of the gate and up rows of BN outputs. Groups
     outermost: Triton spreads threads over the words of a group, then over rows, and warps over
@@ -174,6 +177,7 @@ def _up_kernel(xq_ptr, xsum_ptr, xscale_ptr, ids_ptr, slot_ptr, hq_ptr, hv_ptr, 
     then the next kernel may launch."""
     GW: tl.constexpr = G // 8
     NG: tl.constexpr = BLOCK_K // G
+    hw_ptr, hs_ptr, hz_ptr, hb_ptr, row_base, fill_row = host
     pair, nb = tl.program_id(0), tl.program_id(1)
     n = nb * BLOCK_N + tl.arange(0, BLOCK_N)[None, None, :, None]                 # [1, 1, BN, 1]
     rows = n + tl.arange(0, 2)[None, :, None, None] * F                           # [1, 2, BN, 1]
@@ -216,9 +220,12 @@ def _up_kernel(xq_ptr, xsum_ptr, xscale_ptr, ids_ptr, slot_ptr, hq_ptr, hv_ptr, 
         acc = _up_rest(acc, PRE * BLOCK_K, w_rows, s_rows, z_rows, row_ok, word, grp, K, K8, q_row, sq_row,
                        sv_row, G, NG, BLOCK_K, EVEN_K, ASM)
     half = tl.arange(0, 2)[:, None]
+    if EPI[3]:
+        n2 = nb * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]              # [1, BN]
+        acc = add_bias(acc, bias, hb_ptr, slot, key, fill, n2 + half * F, n2 < F, HOST, FILL)
     gate = tl.sum(tl.where(half == 0, acc, 0.0), axis=0)                # [BN]
     up = tl.sum(tl.where(half == 1, acc, 0.0), axis=0)
-    h = gate / (1.0 + tl.exp(-gate)) * up
+    h = expert_act(gate, up, EPI)
     if ROUND == 1:  # the activations' precision, as the reference keeps h
         h = h.to(tl.bfloat16).to(tl.float32)
     elif ROUND == 2:
@@ -229,18 +236,18 @@ def _up_kernel(xq_ptr, xsum_ptr, xscale_ptr, ids_ptr, slot_ptr, hq_ptr, hv_ptr, 
 
 @jit
 def _down_kernel(hq_ptr, hv_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr, ss_s, sz_s,
-                 ss_n, D, F, F8, stride_o, hw_ptr, hs_ptr, hz_ptr, row_base, fill_row, TOP_K: tl.constexpr,
-                 KP: tl.constexpr, G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 EVEN_K: tl.constexpr, PDL: tl.constexpr, HOST: tl.constexpr, FILL: tl.constexpr,
-                 ASM: tl.constexpr, PRE: tl.constexpr = 1):
+                 ss_n, bias, D, F, F8, stride_o, host, TOP_K: tl.constexpr, KP: tl.constexpr, G: tl.constexpr,
+                 EPI: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                 PDL: tl.constexpr, HOST: tl.constexpr, FILL: tl.constexpr, ASM: tl.constexpr, PRE: tl.constexpr = 1):
     """``out`` of token ``program_id(0)``, rows ``program_id(1) * BN ..``: BN rows of w2 of each of the
-    token's k experts (tile [NG, KP, BN, GW], groups outermost as in the up kernel), each expert's
-    rows times its routing weight, summed over k in a fixed order.
+    token's k experts (tile [NG, KP, BN, GW], groups outermost as in the up kernel), plus the expert's
+    biases (``EPI[3]``), each expert's rows times its routing weight, summed over k in a fixed order.
 
     ``PDL``: launched while the up kernel runs; the first ``PRE`` (1 to 3) chunks of w2 are requested,
     then the wait for ``h``. F8 = F / 8 is an argument of its own so that Triton sees its divisibility."""
     GW: tl.constexpr = G // 8
     NG: tl.constexpr = BLOCK_K // G
+    hw_ptr, hs_ptr, hz_ptr, hb_ptr, row_base, fill_row = host
     tok, db = tl.program_id(0), tl.program_id(1)
     j = tl.arange(0, KP)[None, :, None, None]                           # [1, KP, 1, 1]
     n = db * BLOCK_N + tl.arange(0, BLOCK_N)[None, None, :, None]       # [1, 1, BN, 1]
@@ -288,6 +295,9 @@ def _down_kernel(hq_ptr, hv_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s
     else:
         acc = _down_rest(acc, PRE * BLOCK_K, w_rows, s_rows, z_rows, row_ok, j_ok, word, grp, F, F8, q_row,
                          sv_row, G, NG, BLOCK_K, EVEN_K, ASM)
+    if EPI[3]:  # [1, KP, BN, 1] biases, as [KP, BN]
+        b = add_bias(tl.zeros([1, KP, BLOCK_N, 1], tl.float32), bias, hb_ptr, slot, key, fill, n, row_ok, HOST, FILL)
+        acc += tl.sum(tl.sum(b, axis=3), axis=0)
     tw = tl.load(tw_ptr + tok * TOP_K + tl.arange(0, KP), mask=tl.arange(0, KP) < TOP_K, other=0.0)
     y = tl.sum(acc * tw.to(tl.float32)[:, None], axis=0)                # [BN]: fixed-order sum over k
     cols = db * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -295,15 +305,17 @@ def _down_kernel(hq_ptr, hv_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s
 
 
 def moe_decode_int4(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, slots: torch.Tensor,
-                    w13: PoolMatrix, w2: PoolMatrix, group: int, up: TileConfig, down: TileConfig,
+                    w13: PoolMatrix, w2: PoolMatrix, consts: MoeConsts, up: TileConfig, down: TileConfig,
                     pdl: bool = False, host: HostMatrices | None = None, x16: Act16 | None = None) -> torch.Tensor:
     """``out [T, D]`` in ``x.dtype`` for int4 experts (see :func:`kernels.moe_decode.moe_decode`);
-    ``x16``: ``x`` as 16-bit planes in groups of ``group``, when the caller has them."""
+    ``x16``: ``x`` as 16-bit planes in groups of ``consts.group``, when the caller has them."""
+    group = consts.group
     t, d = x.shape
     k = ids.shape[1]
     f = w13.n // 2
     asm = x.device.type == "cuda"             # dp2a where there is a GPU; the interpreter has no PTX
     launch = {"launch_pdl": True} if pdl else {}    # only Triton versions with PDL know the option
+    common = dict(G=group, EPI=consts.epi, PDL=pdl, HOST=host is not None, FILL=fills_on(host), ASM=asm)
     if x16 is None:
         x16 = act16(x, group, pdl)
     elif x16.group != group:
@@ -318,15 +330,15 @@ def moe_decode_int4(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, slots:
     bk = block_k(up.block_k, d, group)
     bn = max(up.block_n, 8)                   # whole words of h: each gets its own scale
     _up_kernel[(t * k, cdiv(f, bn))](
-        xq, xs, xv, ids, slots, hq.view(torch.int16), hv, w, sw_s, sw_n, *rest, f, d, d // 8,
-        *host_args(host, w13, 0, True), TOP_K=k, ROUND={torch.bfloat16: 1, torch.float16: 2}.get(x.dtype, 0),
-        G=group, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=d % bk == 0, PDL=pdl, HOST=host is not None, FILL=fills_on(host),
-        ASM=asm, PRE=max(1, min(up.preload, 2, cdiv(d, bk))), num_warps=up.num_warps, num_stages=up.num_stages, **launch)
+        xq, xs, xv, ids, slots, hq.view(torch.int16), hv, w, sw_s, sw_n, *rest, w13.bias_args(), f, d, d // 8,
+        host_args(host, w13, 0, True), TOP_K=k, ROUND={torch.bfloat16: 1, torch.float16: 2}.get(x.dtype, 0),
+        BLOCK_N=bn, BLOCK_K=bk, EVEN_K=d % bk == 0, PRE=max(1, min(up.preload, 2, cdiv(d, bk))),
+        num_warps=up.num_warps, num_stages=up.num_stages, **common, **launch)
     w, sw_s, sw_n, *rest = int4_word_args(w2, "w2")
     bk = block_k(down.block_k, f, group)
     _down_kernel[(t, cdiv(d, down.block_n))](
-        hq, hv, ids, slots, tw, out, w, sw_s, sw_n, *rest, d, f, f // 8, out.stride(0),
-        *host_args(host, w2, 1, True), TOP_K=k, KP=next_pow2(k), G=group, BLOCK_N=down.block_n, BLOCK_K=bk,
-        EVEN_K=f % bk == 0, PDL=pdl, HOST=host is not None, FILL=fills_on(host), ASM=asm,
-        PRE=max(1, min(down.preload, 3, cdiv(f, bk))), num_warps=down.num_warps, num_stages=down.num_stages, **launch)
+        hq, hv, ids, slots, tw, out, w, sw_s, sw_n, *rest, w2.bias_args(), d, f, f // 8, out.stride(0),
+        host_args(host, w2, 1, True), TOP_K=k, KP=next_pow2(k), BLOCK_N=down.block_n, BLOCK_K=bk,
+        EVEN_K=f % bk == 0, PRE=max(1, min(down.preload, 3, cdiv(f, bk))), num_warps=down.num_warps,
+        num_stages=down.num_stages, **common, **launch)
     return out

@@ -2,16 +2,18 @@
 
 :func:`kernels.moe_align.moe_align` sorts the (token, expert) pairs by expert and pads each group to
 M rows, so program (b, n) multiplies M pairs' activations by one ``[K, BLOCK_N]`` tile column of the
-block's expert, read from its pool slot; fp8 and int4 tiles are dequantised in registers inside the K
-loop. Blocks past the used length exit at once, so the grid is sized without a host sync.
+block's expert, read from its pool slot; fp8, int4 and mxfp4 tiles are dequantised in registers inside
+the K loop. Blocks past the used length exit at once, so the grid is sized without a host sync.
 
-* up: ``h[p] = silu(x[t] @ gate.T) * (x[t] @ up.T)`` for the pairs ``p`` of a block (``t = p // k``);
-* down: ``y[p] = weight[p] * (h[p] @ w2.T)`` in float32; the caller sums y over the k pairs.
+* up: ``h[p] = act(x[t] @ gate.T + b_gate, x[t] @ up.T + b_up)`` for the pairs ``p`` of a block
+  (``t = p // k``; silu(gate) * up or gpt-oss's clamped SwiGLU; biases where the layout has them);
+* down: ``y[p] = weight[p] * (h[p] @ w2.T + b2)`` in float32; the caller sums y over the k pairs.
 
-int4 tiles split K into even and odd halves (low and high nibbles) and run two dots, so no nibble
-interleave is needed; their ``BLOCK_K`` divides the group size so one scale per row covers a tile.
+int4 and mxfp4 tiles split K into even and odd halves (low and high nibbles) and run two dots, so no
+nibble interleave is needed; int4's ``BLOCK_K`` divides the group size so one scale per row covers a
+tile, mxfp4 reads a scale byte per weight byte's group (groups of 32 are narrower than good tiles).
 
-Legend: P = T*k pairs, M block rows, D hidden, F expert FFN, G int4 group size.
+Legend: P = T*k pairs, M block rows, D hidden, F expert FFN, G int4 group size, HK = BLOCK_K / 2 bytes.
 """
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ import torch
 from kernels._triton import cdiv, jit, tl
 from kernels.moe_align import MoeAlignment
 from kernels.moe_config import TileConfig
-from kernels.moe_weights import FMT_INT4, PoolMatrix
+from kernels.moe_decode_common import e8m0, expert_act, fp4_pair
+from kernels.moe_weights import FMT_INT4, FMT_MXFP4, MoeConsts, PoolMatrix
 
 
 @jit
@@ -30,7 +33,7 @@ def _tile_gemm(a_ptr, a_rows, a_ok, stride_a, w_ptr, s_ptr, z_ptr, cols, cols_ok
     """``[BLOCK_M, BLOCK_N]`` float32 = A rows ``a_rows`` times weight rows ``cols`` transposed."""
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     a_row = a_ptr + a_rows.to(tl.int64)[:, None] * stride_a             # [BM, 1]
-    if FMT == 2:
+    if FMT >= 2:  # int4 or mxfp4 nibbles: K as its even (low nibble) and odd (high nibble) halves
         HK: tl.constexpr = BLOCK_K // 2
         kh = tl.arange(0, HK)
         for k0 in range(0, K // 2, HK):                                 # k0 counts bytes
@@ -40,13 +43,19 @@ def _tile_gemm(a_ptr, a_rows, a_ok, stride_a, w_ptr, s_ptr, z_ptr, cols, cols_ok
             ao = tl.load(a_row + 2 * kb[None, :] + 1, mask=a_ok[:, None] & k_ok[None, :], other=0.0)
             wm = k_ok[:, None] & cols_ok[None, :]
             b = tl.load(w_ptr + cols[None, :] * sw_n + kb[:, None], mask=wm, other=0)  # [HK, BN]
-            grp = (2 * k0) // G
-            sc = tl.load(s_ptr + cols * ss_n + grp, mask=cols_ok, other=0.0).to(tl.float32)  # [BN]
-            zp = tl.load(z_ptr + cols * ss_n + grp, mask=cols_ok, other=0).to(tl.float32)
-            lo = (((b & 15).to(tl.float32) - zp[None, :]) * sc[None, :]).to(ae.dtype)
-            hi = (((b >> 4).to(tl.float32) - zp[None, :]) * sc[None, :]).to(ae.dtype)
-            acc = tl.dot(ae, lo, acc)
-            acc = tl.dot(ao, hi, acc)
+            if FMT == 2:  # the tile sits in one group: one scale and zero point per column
+                grp = (2 * k0) // G
+                sc = tl.load(s_ptr + cols * ss_n + grp, mask=cols_ok, other=0.0).to(tl.float32)  # [BN]
+                zp = tl.load(z_ptr + cols * ss_n + grp, mask=cols_ok, other=0).to(tl.float32)
+                lo = ((b & 15).to(tl.float32) - zp[None, :]) * sc[None, :]
+                hi = ((b >> 4).to(tl.float32) - zp[None, :]) * sc[None, :]
+            else:         # mxfp4: a scale byte per column and group of 32 (16 bytes), as a [HK, BN] tile
+                sb = tl.load(s_ptr + cols[None, :] * ss_n + kb[:, None] // 16, mask=wm, other=0)
+                sc = e8m0(sb) * 16384.0                                 # fp4_pair's 2 ** -14 folded in
+                lo, hi = fp4_pair(b)
+                lo, hi = lo * sc, hi * sc
+            acc = tl.dot(ae, lo.to(ae.dtype), acc)
+            acc = tl.dot(ao, hi.to(ae.dtype), acc)
     else:
         kc = tl.arange(0, BLOCK_K)
         for k0 in range(0, K, BLOCK_K):
@@ -63,8 +72,11 @@ def _tile_gemm(a_ptr, a_rows, a_ok, stride_a, w_ptr, s_ptr, z_ptr, cols, cols_ok
 
 @jit
 def _up_prefill_kernel(x_ptr, sorted_ptr, bslot_ptr, npad_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr,
-                       ss_s, sz_s, ss_n, P, F, K, stride_x, TOP_K: tl.constexpr, FMT: tl.constexpr,
-                       G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                       ss_s, sz_s, ss_n, bias, P, F, K, stride_x, TOP_K: tl.constexpr, FMT: tl.constexpr,
+                       G: tl.constexpr, EPI: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr):
+    """``h`` of block ``program_id(0)``'s pairs, outputs ``program_id(1) * BN ..``; ``bias``: the pool's
+    ``(bias, slot stride)``, added where ``EPI[3]``; ``EPI``: see :class:`kernels.moe_weights.MoeConsts`."""
     blk = tl.program_id(0)
     if blk * BLOCK_M >= tl.load(npad_ptr):
         return
@@ -78,15 +90,20 @@ def _up_prefill_kernel(x_ptr, sorted_ptr, bslot_ptr, npad_ptr, h_ptr, w_ptr, sw_
                       sw_n, ss_n, FMT, G, BLOCK_M, BLOCK_N, BLOCK_K)
     up = _tile_gemm(x_ptr, pairs // TOP_K, p_ok, stride_x, w_base, s_base, z_base, cols + F, c_ok, K,
                     sw_n, ss_n, FMT, G, BLOCK_M, BLOCK_N, BLOCK_K)
-    h = gate / (1.0 + tl.exp(-gate)) * up                               # [BM, BN]
+    if EPI[3]:
+        b_ptr, sb_s = bias
+        gate += tl.load(b_ptr + slot * sb_s + cols, mask=c_ok, other=0.0)[None, :]
+        up += tl.load(b_ptr + slot * sb_s + F + cols, mask=c_ok, other=0.0)[None, :]
+    h = expert_act(gate, up, EPI)                                       # [BM, BN]
     tl.store(h_ptr + pairs.to(tl.int64)[:, None] * F + cols[None, :], h.to(h_ptr.dtype.element_ty),
              mask=p_ok[:, None] & c_ok[None, :])
 
 
 @jit
 def _down_prefill_kernel(h_ptr, sorted_ptr, bslot_ptr, npad_ptr, tw_ptr, y_ptr, w_ptr, sw_s, sw_n, s_ptr,
-                         z_ptr, ss_s, sz_s, ss_n, P, D, F, FMT: tl.constexpr, G: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                         z_ptr, ss_s, sz_s, ss_n, bias, P, D, F, FMT: tl.constexpr, G: tl.constexpr,
+                         EPI: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``y`` of block ``program_id(0)``'s pairs, rows ``program_id(1) * BN ..`` (arguments as the up kernel's)."""
     blk = tl.program_id(0)
     if blk * BLOCK_M >= tl.load(npad_ptr):
         return
@@ -97,18 +114,25 @@ def _down_prefill_kernel(h_ptr, sorted_ptr, bslot_ptr, npad_ptr, tw_ptr, y_ptr, 
     c_ok = cols < D
     y = _tile_gemm(h_ptr, pairs, p_ok, F, w_ptr + slot * sw_s, s_ptr + slot * ss_s, z_ptr + slot * sz_s,
                    cols, c_ok, F, sw_n, ss_n, FMT, G, BLOCK_M, BLOCK_N, BLOCK_K)
+    if EPI[3]:
+        b_ptr, sb_s = bias
+        y += tl.load(b_ptr + slot * sb_s + cols, mask=c_ok, other=0.0)[None, :]
     y = y * tl.load(tw_ptr + pairs, mask=p_ok, other=0.0).to(tl.float32)[:, None]
     tl.store(y_ptr + pairs.to(tl.int64)[:, None] * D + cols[None, :], y, mask=p_ok[:, None] & c_ok[None, :])
 
 
 def _block_k(tile: TileConfig, fmt: int, group: int) -> int:
-    # An int4 tile must sit inside one group (one scale per row) and give dots of >= 16 along K.
-    return max(32, min(tile.block_k, group)) if fmt == FMT_INT4 else max(16, tile.block_k)
+    # An int4 tile must sit inside one group (one scale per row); int4 and mxfp4 tiles must give dots
+    # of >= 16 along each half of K.
+    if fmt == FMT_INT4:
+        return max(32, min(tile.block_k, group))
+    return max(32 if fmt == FMT_MXFP4 else 16, tile.block_k)
 
 
 def moe_prefill(x: torch.Tensor, topk_weights: torch.Tensor, align: MoeAlignment, w13: PoolMatrix,
-                w2: PoolMatrix, fmt: int, group: int, up: TileConfig, down: TileConfig) -> torch.Tensor:
+                w2: PoolMatrix, consts: MoeConsts, up: TileConfig, down: TileConfig) -> torch.Tensor:
     """``y [T*k, D]`` float32: each pair's routed, weighted expert output (sum over k is the caller's)."""
+    fmt, group = consts.fmt, consts.group
     t, d = x.shape
     k = topk_weights.shape[1]
     p, f, m, nb = t * k, w13.n // 2, align.block_m, align.max_blocks
@@ -117,11 +141,12 @@ def moe_prefill(x: torch.Tensor, topk_weights: torch.Tensor, align: MoeAlignment
     w, sw_s, sw_n, s, z, ss_s, sz_s, ss_n = w13.args()
     _up_prefill_kernel[(nb, cdiv(f, up.block_n))](
         x, align.sorted_pairs, align.block_slot, align.num_padded, h, w, sw_s, sw_n, s, z, ss_s, sz_s, ss_n,
-        p, f, d, x.stride(0), TOP_K=k, FMT=fmt, G=group, BLOCK_M=m, BLOCK_N=up.block_n,
+        w13.bias_args(), p, f, d, x.stride(0), TOP_K=k, FMT=fmt, G=group, EPI=consts.epi, BLOCK_M=m, BLOCK_N=up.block_n,
         BLOCK_K=_block_k(up, fmt, group), num_warps=up.num_warps, num_stages=up.num_stages)
     w, sw_s, sw_n, s, z, ss_s, sz_s, ss_n = w2.args()
     _down_prefill_kernel[(nb, cdiv(d, down.block_n))](
         h, align.sorted_pairs, align.block_slot, align.num_padded, topk_weights.contiguous(), y, w,
-        sw_s, sw_n, s, z, ss_s, sz_s, ss_n, p, d, f, FMT=fmt, G=group, BLOCK_M=m, BLOCK_N=down.block_n,
+        sw_s, sw_n, s, z, ss_s, sz_s, ss_n, w2.bias_args(), p, d, f, FMT=fmt, G=group, EPI=consts.epi, BLOCK_M=m,
+        BLOCK_N=down.block_n,
         BLOCK_K=_block_k(down, fmt, group), num_warps=down.num_warps, num_stages=down.num_stages)
     return y

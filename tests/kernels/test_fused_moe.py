@@ -247,16 +247,18 @@ def test_rejects_mismatched_inputs():
         fused_moe(torch.randn(2, 32), ids, w, slots, {**views, "w2": views["w2"].transpose(1, 2)}, layout)
 
 
-def _store_and_pool(fmt, hidden, ffn, experts, layers, group, resident):
+def _store_and_pool(fmt, hidden, ffn, experts, layers, group, resident, bias=False, act=None):
     """A host store of ``layers * experts`` random experts and a pool holding layer 1's ``resident``
-    experts at scrambled slots (the rest of its slot table -1, the spare slots garbage)."""
+    experts at scrambled slots (the rest of its slot table -1, the spare slots garbage); with ``bias``
+    the experts carry random biases, ``act`` is the layout's activation."""
     g = torch.Generator().manual_seed(3)
-    layout = ExpertLayout.make(fmt, hidden, ffn, group)
+    layout = ExpertLayout.make(fmt, hidden, ffn, group, bias=bias, act=act)
     rows = torch.randint(0, 255, (layers * experts, layout.nbytes), dtype=torch.uint8, generator=g)
     for r in range(layers * experts):
         w13 = torch.randn(2 * ffn, hidden, generator=g) / hidden ** 0.5
         w2 = torch.randn(hidden, ffn, generator=g) / ffn ** 0.5
-        layout.pack(quantize_expert(w13, w2, layout), rows[r])
+        b13, b2 = (torch.randn(2 * ffn, generator=g), torch.randn(hidden, generator=g) / 2) if bias else (None, None)
+        layout.pack(quantize_expert(w13, w2, layout, b13, b2), rows[r])
     buf = torch.randint(0, 255, (len(resident) + 2, layout.nbytes), dtype=torch.uint8, generator=g)
     slots = torch.full((experts,), -1, dtype=torch.int32)
     order = torch.randperm(buf.shape[0], generator=g).tolist()
