@@ -42,7 +42,8 @@ from engine.sampling import SamplingParams
 from app.bridge_state import describe_model, knob_state, synthetic_prompt
 from app.cli_wording import gui_wording
 from app.model_loader import EngineFactory, Load, Loaded, Loader, must_unload_first, open_engine
-from app.messages import BridgeError, ContextUsage, KnobResult, PauseState, ReplyRequest, TextBatch, TextChunk
+from app.messages import BridgeError, ContextUsage, KnobResult, PauseState, ReplyRequest
+from app.reply_text import ReplyText
 from app.reply_tracker import ReplyTracker
 
 log = logging.getLogger(__name__)
@@ -129,7 +130,7 @@ class EngineBridge(QObject):
         self._loader = Loader(engine_factory, self.engine_loop.post)
         self._defaults: dict[str, object] = {}
         self._tracker = ReplyTracker()
-        self._pending: dict[str, list[str]] = {}
+        self._pending = ReplyText()            # text (and reasoning) not yet sent to the GUI
         self._ended: list[RequestDelta] = []   # final deltas of the window's requests, not yet reported
         self._last_text = 0.0
         self._last_stats = 0.0
@@ -324,7 +325,11 @@ class EngineBridge(QObject):
             s = req.settings
             params = SamplingParams(max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
                                     top_k=s.top_k, ignore_eos=req.ignore_eos)
-            self.engine_loop.add_now(Job(req.request_id, self._prompt_of(req), params, self._on_delta))
+            prompt = self._prompt_of(req)
+            chat = self._engine.tokenizer.harmony if req.messages else None
+            if chat is not None:
+                self._pending.read_as_harmony(req.request_id, chat.reader())
+            self.engine_loop.add_now(Job(req.request_id, prompt, params, self._on_delta))
         except StrataError as exc:
             self._end(req.request_id, "error", str(exc))
             raise
@@ -343,7 +348,8 @@ class EngineBridge(QObject):
             fitted = fit_text(tok, req.prompt, limit, s.max_tokens, s.context_overflow)
         else:
             msgs = [{"role": m.role, "content": m.content} for m in req.messages]
-            fitted = fit_messages(tok, msgs, limit, s.max_tokens, s.context_overflow)
+            renderer = tok if tok.harmony is None else tok.harmony.prompter(s.reasoning_effort)
+            fitted = fit_messages(renderer, msgs, limit, s.max_tokens, s.context_overflow)
         self.context.emit(ContextUsage(req.request_id, fitted.prompt_tokens, fitted.context_tokens,
                                        fitted.reply_tokens, fitted.dropped_messages, self._wording(fitted.note)))
         return fitted.token_ids
@@ -357,8 +363,7 @@ class EngineBridge(QObject):
         a finished reply is reported by the next tick."""
         self._tracker.on_tokens(d.request_id, len(d.new_token_ids), d.prompt_tokens,
                                 d.completion_tokens, d.ttft_ms, time.perf_counter())
-        if d.new_text:
-            self._pending.setdefault(d.request_id, []).append(d.new_text)
+        self._pending.add(d)
         if d.finished:
             self._ended.append(d)
 
@@ -370,6 +375,7 @@ class EngineBridge(QObject):
 
     def _end(self, request_id: str, reason: str, error: str | None = None) -> None:
         self._flush_text()
+        self._pending.forget(request_id)
         hits = misses = 0
         if self._engine is not None:
             experts = self._engine.stats().experts
@@ -404,10 +410,9 @@ class EngineBridge(QObject):
 
     # --- the tick: coalesced text, finished replies, stats --------------------------------------
     def _flush_text(self) -> None:
-        if self._pending:
-            chunks = tuple(TextChunk(rid, "".join(parts)) for rid, parts in self._pending.items())
-            self._pending = {}
-            self.text.emit(TextBatch(chunks))
+        batch = self._pending.take()
+        if batch is not None:
+            self.text.emit(batch)
         self._last_text = time.perf_counter()
 
     def _emit_periodic(self) -> None:

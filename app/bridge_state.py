@@ -26,7 +26,8 @@ def describe_model(engine: Any, wording: Wording = str) -> ModelDescription:
         num_experts=int(info.num_experts), top_k=int(info.top_k), params=int(info.params),
         is_demo=info.is_demo or marker is not None, random_weights=info.random_weights,
         has_chat_template=bool(engine.tokenizer.has_chat_template) and not info.completion_only,
-        notes=tuple(wording(note) for note in info.notes), context_tokens=int(engine.loaded.max_model_len))
+        notes=tuple(wording(note) for note in info.notes), context_tokens=int(engine.loaded.max_model_len),
+        reasons=engine.tokenizer.harmony is not None and not info.completion_only)
 
 
 def all_expert_bytes(engine: Any) -> int:

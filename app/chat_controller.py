@@ -132,7 +132,8 @@ class ChatController(QObject):
         self._show_context()
 
     def _add_bubble(self, msg: StoredMessage, streaming: bool = False) -> MessageBubble:
-        bubble = self.pane.view.add(msg.role, msg.content, streaming=streaming, stats=self._line(msg))
+        bubble = self.pane.view.add(msg.role, msg.content, streaming=streaming, stats=self._line(msg),
+                                    reasoning=msg.reasoning)
         if msg.role == "assistant":
             bubble.set_pager(msg.chosen, len(msg.replies()), enabled=not streaming)
             bubble.page_requested.connect(partial(self.page, bubble))
@@ -226,6 +227,7 @@ class ChatController(QObject):
                                          "so your text is continued as written")
         if model is not None:
             self.pane.settings_box.set_system_prompt_shown(model.has_chat_template)
+            self.pane.settings_box.set_reasoning_shown(model.reasons)
             self._context_total = model.context_tokens
         self._update_buttons()
         self._show_context()
@@ -299,13 +301,16 @@ class ChatController(QObject):
             return
         grew = False
         for chunk in batch.chunks:
-            if chunk.request_id == live.request_id and chunk.text:
-                if not live.bubble.text:
+            if chunk.request_id == live.request_id and (chunk.text or chunk.reasoning):
+                if not live.bubble.text and not live.bubble.reasoning.text:
                     live.bubble.set_stats("")
-                live.bubble.append(chunk.text)
+                if chunk.reasoning:
+                    live.bubble.reasoning.append(chunk.reasoning)
+                if chunk.text:
+                    live.bubble.append(chunk.text)
                 grew = True
         if grew:
-            live.message.set_reply(live.bubble.text, "", interrupted=True)
+            live.message.set_reply(live.bubble.text, "", True, live.bubble.reasoning.text)
             if not self.stream_timer.isActive():
                 self.stream_timer.start()
 
@@ -322,7 +327,7 @@ class ChatController(QObject):
         self.stream_timer.stop()
         line = stats.summary(live.max_tokens)
         live.bubble.finish(line)
-        live.message.set_reply(live.bubble.text, line, interrupted=False)
+        live.message.set_reply(live.bubble.text, line, False, live.bubble.reasoning.text)
         live.bubble.set_pager(live.message.chosen, len(live.message.replies()))
         if stats.prompt_tokens or stats.completion_tokens:
             self._context_used[live.conversation.id] = stats.prompt_tokens + stats.completion_tokens
@@ -348,7 +353,7 @@ class ChatController(QObject):
         history = self.current.messages[:-1]
         if not any(m.role == "user" for m in history):
             return
-        if last.content:
+        if last.content or last.reasoning:
             last.add_reply(Reply("", "", interrupted=True))
         else:
             last.set_reply("", "", interrupted=True)    # an empty reply holds nothing to keep
@@ -363,7 +368,7 @@ class ChatController(QObject):
             return
         msg = self.current.messages[self._bubbles.index(bubble)]
         msg.choose(msg.chosen + step)
-        bubble.show_text(msg.content, self._line(msg))
+        bubble.show_text(msg.content, self._line(msg), reasoning=msg.reasoning)
         bubble.set_pager(msg.chosen, len(msg.replies()))
         self._save()
 
@@ -377,7 +382,7 @@ class ChatController(QObject):
                                          "reply is deleted for good; the other versions stay."):
             return
         msg.delete_chosen()
-        bubble.show_text(msg.content, self._line(msg))
+        bubble.show_text(msg.content, self._line(msg), reasoning=msg.reasoning)
         bubble.set_pager(msg.chosen, len(msg.replies()))
         self._save()
 
@@ -387,7 +392,7 @@ class ChatController(QObject):
         if self.live is not None or not any(m.role == "user" for m in self.current.messages):
             return
         at = max(i for i, m in enumerate(self.current.messages) if m.role == "user")
-        lost = sum(1 for m in self.current.messages[at + 1:] for r in m.replies() if r.content)
+        lost = sum(1 for m in self.current.messages[at + 1:] for r in m.replies() if r.content or r.reasoning)
         draft = self.pane.input.toPlainText().strip()
         if lost or draft:
             what = "its reply is" if lost == 1 else f"its {lost} replies are"

@@ -9,7 +9,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout
                                QWidget)
 
 from app.chat_view import ChatView
-from app.messages import CONTEXT_OVERFLOW_POLICIES, GenerationSettings
+from app.messages import CONTEXT_OVERFLOW_POLICIES, REASONING_EFFORTS, GenerationSettings
 
 OVERFLOW_NAMES = {"drop-oldest": "drop the oldest turns", "stop": "stop and say so"}
 _HINTS = {True: "Message the model — Enter to send, Shift+Enter for a new line",
@@ -40,8 +40,10 @@ class SettingsBox(QGroupBox):
         self.toggled.connect(self.contents.setVisible)
         self.set_settings(GenerationSettings())
         self.contents.setVisible(False)
+        self.set_reasoning_shown(False)
         for signal in (self.temperature.valueChanged, self.top_p.valueChanged, self.top_k.valueChanged,
-                       self.max_tokens.valueChanged, self.overflow.currentIndexChanged):
+                       self.max_tokens.valueChanged, self.overflow.currentIndexChanged,
+                       self.effort.currentIndexChanged):
             signal.connect(self.changed)
 
     def _build_sampling(self) -> None:
@@ -62,6 +64,12 @@ class SettingsBox(QGroupBox):
             self.overflow.addItem(OVERFLOW_NAMES.get(policy, policy), policy)
         self.overflow.setToolTip("Drop the oldest turns (the system prompt stays) and say so in the chat, "
                                  "or stop with a message saying the chat is too long")
+        self.effort = QComboBox()
+        for effort in REASONING_EFFORTS:
+            self.effort.addItem(effort, effort)
+        self.effort.setToolTip("How hard a reasoning model thinks before it answers (written into its system "
+                               "message); higher takes more tokens")
+        self.effort_label = QLabel("Reasoning")
 
     def _grid(self) -> QGridLayout:
         """Two settings a row, so the box fits a narrow chat pane."""
@@ -73,13 +81,16 @@ class SettingsBox(QGroupBox):
             grid.addWidget(w, i // 2, (i % 2) * 2 + 1)
         grid.addWidget(QLabel("Chat too long"), 2, 0)
         grid.addWidget(self.overflow, 2, 1, 1, 3)
+        grid.addWidget(self.effort_label, 3, 0)
+        grid.addWidget(self.effort, 3, 1)
         grid.setColumnStretch(4, 1)
         return grid
 
     def settings(self) -> GenerationSettings:
         return GenerationSettings(temperature=self.temperature.value(), top_p=self.top_p.value(),
                                   top_k=self.top_k.value(), max_tokens=self.max_tokens.value(),
-                                  context_overflow=self.overflow.currentData())
+                                  context_overflow=self.overflow.currentData(),
+                                  reasoning_effort=self.effort.currentData())
 
     def set_settings(self, s: GenerationSettings) -> None:
         self.temperature.setValue(s.temperature)
@@ -88,6 +99,12 @@ class SettingsBox(QGroupBox):
         self.max_tokens.setValue(s.max_tokens)
         index = self.overflow.findData(s.context_overflow)
         self.overflow.setCurrentIndex(max(index, 0))
+        self.effort.setCurrentIndex(max(self.effort.findData(s.reasoning_effort), 0))
+
+    def set_reasoning_shown(self, shown: bool) -> None:
+        """The reasoning effort applies to reasoning models only; for others it is hidden (and kept)."""
+        self.effort.setVisible(shown)
+        self.effort_label.setVisible(shown)
 
     def set_system_prompt_shown(self, shown: bool) -> None:
         """Completion mode has no system prompt: its field is hidden (its text is kept for chat models)."""

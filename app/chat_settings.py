@@ -7,7 +7,11 @@ from __future__ import annotations
 
 from PySide6.QtCore import QSettings
 
-from app.messages import CONTEXT_OVERFLOW_POLICIES, GenerationSettings
+from app.messages import (
+    CONTEXT_OVERFLOW_POLICIES,
+    REASONING_EFFORTS,
+    GenerationSettings,
+)
 
 _PREFIX = "chat/"
 
@@ -48,16 +52,19 @@ class ChatPrefs:
         """The sampling settings last used (defaults where none is stored)."""
         d = GenerationSettings()
         overflow = self._value("context_overflow")
+        effort = self._value("reasoning_effort")
         return GenerationSettings(
             temperature=self._number("temperature", float, d.temperature),
             top_p=self._number("top_p", float, d.top_p),
             top_k=self._number("top_k", int, d.top_k),
             max_tokens=self._number("max_tokens", int, d.max_tokens),
-            context_overflow=overflow if overflow in CONTEXT_OVERFLOW_POLICIES else d.context_overflow)
+            context_overflow=overflow if overflow in CONTEXT_OVERFLOW_POLICIES else d.context_overflow,
+            reasoning_effort=effort if effort in REASONING_EFFORTS else d.reasoning_effort)
 
     def set_generation(self, s: GenerationSettings) -> None:
         for key, value in (("temperature", s.temperature), ("top_p", s.top_p), ("top_k", s.top_k),
-                           ("max_tokens", s.max_tokens), ("context_overflow", s.context_overflow)):
+                           ("max_tokens", s.max_tokens), ("context_overflow", s.context_overflow),
+                           ("reasoning_effort", s.reasoning_effort)):
             self._set(key, value)
 
     def enter_sends(self) -> bool:

@@ -7,7 +7,7 @@ import math
 from PySide6.QtCore import QSizeF, Qt, QTimer, Signal
 from PySide6.QtGui import QFontDatabase, QGuiApplication, QTextCursor
 from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPushButton, QScrollArea, QSizePolicy, QTextEdit,
-                               QVBoxLayout, QWidget)
+                               QToolButton, QVBoxLayout, QWidget)
 
 from app.markdown_blocks import Block, split_all, split_finished
 
@@ -86,6 +86,47 @@ class StreamingTail(QTextEdit):
             self.setFixedHeight(height)
 
 
+class ReasoningBlock(QWidget):
+    """A reasoning model's thinking above its answer: a "Reasoning" toggle (collapsed by default) over the
+    text, dimmed; hidden while there is none."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.setSpacing(2)
+        self.toggle = QToolButton()
+        self.toggle.setObjectName("reasoningToggle")
+        self.toggle.setCheckable(True)
+        self.toggle.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.toggle.setAutoRaise(True)
+        self.toggle.toggled.connect(self._expand)
+        lay.addWidget(self.toggle)
+        self.label = _label("", Qt.TextFormat.PlainText, "reasoningText")
+        self.label.setStyleSheet("QLabel#reasoningText { color: palette(placeholder-text); }")
+        lay.addWidget(self.label)
+        self.text = ""
+        self.set_text("")
+
+    def _expand(self, on: bool) -> None:
+        self.toggle.setArrowType(Qt.ArrowType.DownArrow if on else Qt.ArrowType.RightArrow)
+        self.label.setVisible(on)
+
+    @property
+    def expanded(self) -> bool:
+        return self.toggle.isChecked()
+
+    def set_text(self, text: str) -> None:
+        self.text = text
+        self.label.setText(text)
+        self.toggle.setText(f"Reasoning ({len(text.split())} words)")
+        self.setVisible(bool(text))
+        self._expand(self.toggle.isChecked())
+
+    def append(self, text: str) -> None:
+        self.set_text(self.text + text)
+
+
 class MessageBubble(QFrame):
     """One message. Assistant bubbles stream (``append`` then ``finish``) and page through the replies the
     model gave to the turn: ``page_requested(-1 | +1)``, ``delete_version_requested``."""
@@ -115,6 +156,8 @@ class MessageBubble(QFrame):
         self.copy_button.clicked.connect(self.copy)
         head.addWidget(self.copy_button)
         lay.addLayout(head)
+        self.reasoning = ReasoningBlock()
+        lay.addWidget(self.reasoning)
         self.body = QVBoxLayout()
         self.body.setSpacing(6)
         lay.addLayout(self.body)
@@ -158,8 +201,9 @@ class MessageBubble(QFrame):
         self.next_button.setEnabled(enabled and index < count - 1)
         self.delete_version_button.setEnabled(enabled)
 
-    def show_text(self, text: str, stats_line: str = "", streaming: bool = False) -> None:
+    def show_text(self, text: str, stats_line: str = "", streaming: bool = False, reasoning: str = "") -> None:
         """Show another text in this bubble (another version of the reply, or a new one streaming in)."""
+        self.reasoning.set_text(reasoning)
         while self.body.count():
             widget = self.body.takeAt(0).widget()
             if widget is not None:
@@ -229,9 +273,10 @@ class ChatView(QScrollArea):
             QTimer.singleShot(0, self, lambda: self.verticalScrollBar().setValue(self.verticalScrollBar().maximum()))
 
     def add(self, role: str, text: str = "", streaming: bool = False, stats: str = "",
-            before: MessageBubble | None = None) -> MessageBubble:
+            before: MessageBubble | None = None, reasoning: str = "") -> MessageBubble:
         """Append a bubble (or put it just above ``before``) and return it."""
         bubble = MessageBubble(role, text, streaming)
+        bubble.reasoning.set_text(reasoning)
         if stats:
             bubble.set_stats(stats)
         if before is not None and before in self.bubbles:

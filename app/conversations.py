@@ -35,6 +35,7 @@ class Reply:
     content: str
     stats: str = ""                # the summary line shown under it
     interrupted: bool = False      # still streaming when last saved: the app closed before it finished
+    reasoning: str = ""            # what a reasoning model thought before answering
 
 
 @dataclass
@@ -51,15 +52,18 @@ class StoredMessage:
     interrupted: bool = False
     alternatives: list[Reply] = field(default_factory=list)
     chosen: int = 0                # index into alternatives
+    reasoning: str = ""            # the chosen reply's reasoning
 
     def replies(self) -> list[Reply]:
-        return list(self.alternatives) if self.alternatives else [Reply(self.content, self.stats, self.interrupted)]
-
-    def set_reply(self, content: str, stats: str = "", interrupted: bool = False) -> None:
-        """Change the chosen reply (a streaming reply grows through this)."""
-        self.content, self.stats, self.interrupted = content, stats, interrupted
         if self.alternatives:
-            self.alternatives[self.chosen] = Reply(content, stats, interrupted)
+            return list(self.alternatives)
+        return [Reply(self.content, self.stats, self.interrupted, self.reasoning)]
+
+    def set_reply(self, content: str, stats: str = "", interrupted: bool = False, reasoning: str = "") -> None:
+        """Change the chosen reply (a streaming reply grows through this)."""
+        self.content, self.stats, self.interrupted, self.reasoning = content, stats, interrupted, reasoning
+        if self.alternatives:
+            self.alternatives[self.chosen] = Reply(content, stats, interrupted, reasoning)
 
     def add_reply(self, reply: Reply) -> None:
         """Keep the replies so far and make ``reply`` the chosen one."""
@@ -71,6 +75,7 @@ class StoredMessage:
         self.chosen = max(0, min(index, len(replies) - 1))
         chosen = replies[self.chosen]
         self.content, self.stats, self.interrupted = chosen.content, chosen.stats, chosen.interrupted
+        self.reasoning = chosen.reasoning
 
     def delete_chosen(self) -> None:
         """Drop the chosen reply (only when another one is left); its neighbour becomes the chosen one."""
@@ -131,7 +136,8 @@ def _reply(data: object, where: str) -> Reply:
     if not isinstance(data, dict):
         raise CorruptConversation(f"{where} is {_kind(data)}, expected an object")
     return Reply(_get(data, "content", str, "", f"{where}.content"), _get(data, "stats", str, "", f"{where}.stats"),
-                 _get(data, "interrupted", bool, False, f"{where}.interrupted"))
+                 _get(data, "interrupted", bool, False, f"{where}.interrupted"),
+                 _get(data, "reasoning", str, "", f"{where}.reasoning"))
 
 
 def _message(data: object, where: str) -> StoredMessage:
@@ -141,7 +147,7 @@ def _message(data: object, where: str) -> StoredMessage:
     if role not in ROLES:
         raise CorruptConversation(f"{where}.role is {role!r}, expected one of {', '.join(ROLES)}")
     first = _reply(data, where)
-    msg = StoredMessage(role, first.content, first.stats, first.interrupted)
+    msg = StoredMessage(role, first.content, first.stats, first.interrupted, reasoning=first.reasoning)
     alternatives = _get(data, "alternatives", list, [], f"{where}.alternatives")
     if len(alternatives) > 1:
         msg.alternatives = [_reply(a, f"{where}.alternatives[{i}]") for i, a in enumerate(alternatives)]

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 #: What a chat does when it outgrows the context: the engine's policy names (``engine.context``), copied
 #: here because widgets reach the engine only through the bridge (a test keeps the two the same).
 CONTEXT_OVERFLOW_POLICIES = ("drop-oldest", "stop")
+#: How hard a reasoning model (harmony: gpt-oss) thinks: ``engine.chat_format.harmony.EFFORTS``, copied likewise.
+REASONING_EFFORTS = ("low", "medium", "high")
 
 
 @dataclass(frozen=True)
@@ -21,6 +23,7 @@ class GenerationSettings:
     top_k: int = 40
     max_tokens: int = 512
     context_overflow: str = "drop-oldest"   # one of CONTEXT_OVERFLOW_POLICIES
+    reasoning_effort: str = "medium"        # one of REASONING_EFFORTS (reasoning models only)
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class ReplyRequest:
 class TextChunk:
     request_id: str
     text: str
+    reasoning: str = ""       # a reasoning model's thinking (shown apart from the answer)
 
 
 @dataclass(frozen=True)
@@ -128,6 +132,7 @@ class ModelDescription:
     has_chat_template: bool
     notes: tuple[str, ...] = ()    # settings the engine clamped or ignored at load (one line each)
     context_tokens: int = 0        # the model's context as loaded (max_model_len)
+    reasons: bool = False          # it writes its reasoning apart (harmony) and takes a reasoning effort
 
 
 @dataclass(frozen=True)

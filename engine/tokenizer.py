@@ -12,12 +12,13 @@ The model folder is read the way Hugging Face checkpoints lay it out:
 """
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 import jinja2.ext
@@ -28,6 +29,9 @@ from tokenizers import AddedToken, processors
 from tokenizers import Tokenizer as _Backend
 
 from engine.errors import ModelLoadError, StrataError
+
+if TYPE_CHECKING:
+    from engine.chat_format.harmony import HarmonyChat
 
 _REPLACEMENT_CHAR = "\ufffd"
 _SPECIAL_NAMES = ("bos_token", "eos_token", "pad_token", "unk_token")
@@ -196,6 +200,16 @@ class Tokenizer:
     @property
     def has_chat_template(self) -> bool:
         return self._template is not None
+
+    def vocab_token(self, token_id: int) -> str | None:
+        """The vocabulary entry of one id as tokenizer.json spells it (byte-level text), or None."""
+        return self._backend.id_to_token(token_id)
+
+    @functools.cached_property
+    def harmony(self) -> HarmonyChat | None:
+        """The harmony chat format (gpt-oss) when the vocabulary has its special tokens, else None."""
+        from engine.chat_format.harmony import HarmonyChat
+        return HarmonyChat.of(self)
 
     def token_to_id(self, token: str) -> int | None:
         """The id of one vocabulary entry, or None when it is not in the vocabulary."""

@@ -11,6 +11,7 @@ import os
 import sys
 from pathlib import Path
 
+from engine.chat_format.harmony import DEFAULT_EFFORT, EFFORTS, HarmonyDelta, ReplyReader
 from engine.cli.run import Reply, stream
 from engine.context import OVERFLOW_POLICIES, ContextOverflowError, FittedPrompt, fit_messages, fit_text
 from engine.errors import ConfigError, StrataError
@@ -23,6 +24,7 @@ HELP = """commands:
                              an existing FILE is kept unless you add ! (/save FILE!)
   /context-overflow [POLICY] show or set what happens when the conversation outgrows the context:
                              drop-oldest (drop the oldest turns) or stop (refuse the turn)
+  /reasoning [EFFORT]        show or set how hard a reasoning model thinks: low, medium or high
   /exit, /quit               leave (so does Ctrl-D)
 Ctrl-C stops a reply; at the prompt, Ctrl-C twice leaves. Start a line with // to send text that begins with /."""
 QUIT_HINT = "(press Ctrl-C again or type /exit to quit; /save FILE keeps the conversation)"
@@ -31,10 +33,13 @@ QUIT_HINT = "(press Ctrl-C again or type /exit to quit; /save FILE keeps the con
 class ChatSession:
     """One conversation in the terminal over an open engine."""
 
-    def __init__(self, engine, params: SamplingParams, system: str | None, policy: str) -> None:
+    def __init__(self, engine, params: SamplingParams, system: str | None, policy: str,
+                 effort: str = DEFAULT_EFFORT) -> None:
         self.engine, self.params, self.policy = engine, params, policy
         self.name = engine.model_info.name
         self.use_template = engine.tokenizer.has_chat_template and not engine.model_info.completion_only
+        self.harmony = engine.tokenizer.harmony if self.use_template else None   # reasoning shown apart
+        self.effort = effort
         self.system = [{"role": "system", "content": system}] if system else []
         self.messages: list[dict] = list(self.system)    # the whole conversation, never cut to fit
         self.dropped = 0                                  # what the previous prompt left out
@@ -65,6 +70,9 @@ class ChatSession:
     def _banner(self) -> None:
         mode = "chat" if self.use_template else "completion (a base model: your text is continued as written)"
         print(f"Strata chat — {self.name}, {mode}. /help lists commands, /exit quits, Ctrl-C stops a reply.")
+        if self.harmony is not None:
+            print(f"A reasoning model: its thinking shows first{' (dimmed)' if sys.stdout.isatty() else ''}; "
+                  f"/reasoning sets how hard it thinks (now {self.effort}).")
         if self.system and not self.use_template:
             _note("--system is not used: a base model continues your text and has no system prompt")
 
@@ -98,6 +106,8 @@ class ChatSession:
             self._save(arg)
         elif name == "/context-overflow":
             self._set_policy(arg)
+        elif name == "/reasoning":
+            self._set_effort(arg)
         else:
             _error(f"unknown command {name}; /help lists the commands (start a line with // to send text "
                    "that begins with /)")
@@ -109,7 +119,11 @@ class ChatSession:
         try:
             fitted = self._fit()
             self._say_dropped(fitted)
-            reply = stream(self.engine, fitted.token_ids, self.params)
+            if self.harmony is not None:
+                shown = _Shown(self.engine, self.harmony.reader())
+                reply = stream(shown, fitted.token_ids, self.params, echo=False)
+            else:
+                reply = stream(self.engine, fitted.token_ids, self.params)
         except StrataError as e:          # refused before anything was said: the turn never happened
             self.messages.pop()
             _error(e)
@@ -125,6 +139,8 @@ class ChatSession:
 
     def _fit(self) -> FittedPrompt:
         tok, ctx, max_tokens = self.engine.tokenizer, self.engine.context_tokens, self.params.max_tokens
+        if self.harmony is not None:
+            return fit_messages(self.harmony.prompter(self.effort), self.messages, ctx, max_tokens, self.policy)
         if self.use_template:
             return fit_messages(tok, self.messages, ctx, max_tokens, self.policy)
         return fit_text(tok, _continuation(self.messages), ctx, max_tokens, self.policy)
@@ -137,7 +153,11 @@ class ChatSession:
 
     def _keep(self, reply: Reply) -> None:
         """Add what the reply said to the conversation (a stopped reply keeps its part)."""
-        if reply.text or reply.error is None:
+        if self.harmony is not None and (reply.token_ids or reply.error is None):
+            said = self.harmony.parse(reply.token_ids)
+            message = {"role": "assistant", "content": said.content}
+            self.messages.append({**message, "reasoning_content": said.reasoning} if said.reasoning else message)
+        elif reply.text or reply.error is None:
             self.messages.append({"role": "assistant", "content": reply.text})
         else:
             self.messages.pop()           # failed before a word: as if the turn never happened
@@ -156,6 +176,16 @@ class ChatSession:
             return
         self.policy = arg or self.policy
         print(f"(context-overflow: {self.policy})")
+
+    def _set_effort(self, arg: str) -> None:
+        if self.harmony is None:
+            _note("this model has no reasoning effort setting; /reasoning applies to reasoning models (gpt-oss)")
+            return
+        if arg and arg not in EFFORTS:
+            _error(ConfigError(f"reasoning effort must be one of {', '.join(EFFORTS)} (got {arg!r})"))
+            return
+        self.effort = arg or self.effort
+        print(f"(reasoning: {self.effort})")
 
     def _save(self, arg: str) -> None:
         if not arg:
@@ -183,6 +213,47 @@ class ChatSession:
     def _as_markdown(self) -> str:
         parts = [f"# Strata chat — {self.name}"] + [f"### {m['role']}\n\n{m['content']}" for m in self.messages]
         return "\n\n".join(parts) + "\n"
+
+
+class _Shown:
+    """The engine as ``stream`` drives it, with one request's harmony reply printed as it passes: the
+    reasoning dimmed (plain text when stdout is not a terminal), then the answer."""
+
+    def __init__(self, engine, reader: ReplyReader) -> None:
+        self.engine, self.reader = engine, reader
+        self.request_id: str | None = None
+        self.reasoned = False          # reasoning has been printed and the answer has not begun
+
+    def add_request(self, request_id, prompt, params: SamplingParams):
+        self.request_id = self.engine.add_request(request_id, prompt, params)
+        return self.request_id
+
+    def step(self):
+        deltas = self.engine.step()
+        for d in deltas:
+            if d.request_id == self.request_id:
+                self._show(self.reader.feed(d.new_token_ids), d.finished)
+        return deltas
+
+    def abort_now(self, request_id):
+        final = self.engine.abort_now(request_id)
+        if final is not None:
+            self._show(self.reader.feed(final.new_token_ids), True)
+        return final
+
+    def _show(self, delta: HarmonyDelta, finished: bool) -> None:
+        if finished:
+            delta += self.reader.finish()
+        dim = sys.stdout.isatty()
+        if delta.reasoning:
+            sys.stdout.write(("\x1b[2m" if dim and not self.reasoned else "") + delta.reasoning)
+            self.reasoned = True
+        answer = delta.content + "".join(f"(calls {c.name} {c.arguments})" for c in delta.calls)
+        if self.reasoned and (answer or finished):
+            sys.stdout.write(("\x1b[0m" if dim else "") + ("\n\n" if answer else ""))
+            self.reasoned = False
+        sys.stdout.write(answer)
+        sys.stdout.flush()
 
 
 def _continuation(messages: list[dict]) -> str:

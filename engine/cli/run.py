@@ -145,7 +145,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
     params = sampling_params(args)
     engine = open_engine(args)
     try:
-        session = ChatSession(engine, params, args.system, args.context_overflow or CHAT_OVERFLOW)
+        session = ChatSession(engine, params, args.system, args.context_overflow or CHAT_OVERFLOW,
+                              args.reasoning_effort)
         return session.run()
     finally:
         engine.close()

@@ -18,6 +18,7 @@ from engine.outputs import RequestDelta
 from engine.sampling import MAX_LOGPROBS
 from engine.server import logprobs as lp
 from engine.server import structured, tools
+from engine.server.chat_harmony import HarmonyReply, prepare_harmony
 from engine.server.completions import respond
 from engine.server.engine_client import ModelInfo
 from engine.server.fields import Fields, bad
@@ -34,6 +35,7 @@ class ChatPrompt:
     ids: list[int]
     plan: tools.ToolPlan
     guide: Guide | None
+    harmony: HarmonyReply | None = None     # a harmony model's reply is read from its tokens
 
 
 def prepare(body: dict, info: ModelInfo) -> ChatPrompt:
@@ -43,6 +45,8 @@ def prepare(body: dict, info: ModelInfo) -> ChatPrompt:
     if tok is None or not tok.has_chat_template:
         raise bad("messages", "this model has no chat template; send a plain prompt to /v1/completions instead")
     f = Fields(body)
+    if tok.harmony is not None:
+        return _prepare_harmony(body, tok.harmony)
     try:
         messages = tools.render_messages(body.get("messages"))
         plan = tools.plan_tools(f.raw("tools"), body.get("tool_choice"), tok, f.raw("parallel_tool_calls", True))
@@ -66,6 +70,18 @@ def prepare(body: dict, info: ModelInfo) -> ChatPrompt:
     return ChatPrompt(list(ids), plan, guide or plan.guide)
 
 
+def _prepare_harmony(body: dict, chat) -> ChatPrompt:
+    try:
+        ids, plan, reply = prepare_harmony(body, chat)
+    except structured.FieldError as exc:
+        raise bad(exc.param, str(exc)) from None
+    except ConfigError as exc:
+        raise bad(None, str(exc)) from None
+    except StrataError as exc:                       # the chat template refused the conversation
+        raise bad("messages", str(exc)) from None
+    return ChatPrompt(ids, plan, None, reply)
+
+
 async def create_chat_completion(request: Request) -> Response:
     server = state_of(request)
     body = await json_body(request)
@@ -84,7 +100,7 @@ async def create_chat_completion(request: Request) -> Response:
     server.client.admit(len(choices), info)
     stream = await server.client.start([prompt.ids] * common.n, choices)
     gen = Generation(stream, common.n, [len(prompt.ids)], record_of(request), server.metrics)
-    view = ChatView(info, common, k, prompt.plan)
+    view = ChatView(info, common, k, prompt.plan, prompt.harmony)
     return await respond(view, gen, common.stream, request.receive)
 
 
@@ -100,8 +116,9 @@ def _logprobs(f: Fields) -> int | None:
 class ChatView:
     """The response shapes of one chat request: the whole body, or its server-sent events."""
 
-    def __init__(self, info: ModelInfo, common: Common, k: int | None, plan: tools.ToolPlan) -> None:
-        self.info, self.common, self.k, self.plan = info, common, k, plan
+    def __init__(self, info: ModelInfo, common: Common, k: int | None, plan: tools.ToolPlan,
+                 harmony: HarmonyReply | None = None) -> None:
+        self.info, self.common, self.k, self.plan, self.harmony = info, common, k, plan, harmony
         self.id, self.created = new_id("chatcmpl"), created()
         head = json.dumps({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
                            "model": info.name})
@@ -116,7 +133,10 @@ class ChatView:
         text = c.joined
         message: dict = {"role": "assistant", "content": text}
         finish = c.finish_reason
-        if self.plan.parser is not None:
+        if self.harmony is not None:
+            message, called = self.harmony.message(c.token_ids)
+            finish = "tool_calls" if called else finish
+        elif self.plan.parser is not None:
             content, calls = tools.parse_tool_calls(text, self.plan)
             message["content"] = content
             if calls:
@@ -145,12 +165,32 @@ class ChatView:
         called: set[int] = set()
         try:
             yield "".join(self._chunk(c.index, {"role": "assistant", "content": ""}) for c in gen.ordered)
-            async for burst in gen.updates():
-                yield "".join(self._delta(c, d, parsers[c.index], called) for c, d in burst)
+            if self.harmony is not None:
+                readers = {c.index: self.harmony.reader() for c in gen.ordered}
+                calls = {c.index: 0 for c in gen.ordered}
+                async for burst in gen.updates():
+                    yield "".join(self._harmony_delta(c, d, readers[c.index], calls) for c, d in burst)
+            else:
+                async for burst in gen.updates():
+                    yield "".join(self._delta(c, d, parsers[c.index], called) for c, d in burst)
             async for event in stream_end(gen, self._head, self.common.include_usage):
                 yield event
         finally:
             close_stream(watch, gen)
+
+    def _harmony_delta(self, c: Choice, d: RequestDelta, reader, calls: dict[int, int]) -> str:
+        """One step of a harmony reply: reasoning, content and calls as their own delta chunks."""
+        deltas = self.harmony.deltas(reader, d.new_token_ids, d.finished, calls[c.index])
+        calls[c.index] += sum(len(x.get("tool_calls", ())) for x in deltas)
+        logprobs = self._logprobs(d.new_token_ids, d.logprobs) if d.new_token_ids else None
+        ids = list(d.new_token_ids) if self.common.return_token_ids else None
+        parts = []
+        for delta in deltas or ([{}] if logprobs is not None or ids else []):
+            parts.append(self._chunk(c.index, delta, None, logprobs, ids))
+            logprobs, ids = None, None                   # the step's tokens go with its first chunk
+        if d.finished and d.finish_reason != "error":
+            parts.append(self._chunk(c.index, {}, "tool_calls" if calls[c.index] else d.finish_reason))
+        return "".join(parts)
 
     def _delta(self, c: Choice, d: RequestDelta, parser: tools.ToolStreamParser, called: set[int]) -> str:
         events = parser.feed(d.new_text) if d.new_text else []

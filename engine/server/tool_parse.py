@@ -45,6 +45,11 @@ MISTRAL = ToolSyntax(marker="[TOOL_CALLS]", close="", opening=" [", closing="", 
                      id_prefix="", id_digits=9)
 
 
+def new_call_id() -> str:
+    """An id for a call read from a format that names none (harmony): ``call_`` and 24 hex digits."""
+    return "call_" + secrets.token_hex(12)
+
+
 @dataclass(frozen=True)
 class ToolCall:
     """One call read out of a reply; ``arguments_json`` is a JSON object as text."""

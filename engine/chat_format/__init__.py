@@ -1,0 +1,1 @@
+"""Chat formats that are more than a chat template: harmony (gpt-oss), with its channels."""

@@ -1,0 +1,145 @@
+"""A harmony model (gpt-oss's chat format) over HTTP with the official ``openai`` client: the analysis channel
+comes back as ``reasoning_content`` (whole and in streamed deltas), harmony tool calls as ``tool_calls``, and
+``reasoning_effort`` reaches the prompt. A tiny random model is made to write a scripted harmony reply by a
+grammar put on the request (a random model writes no harmony of its own)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import openai
+import pytest
+from harmony_model import build_tiny_harmony_model
+from http_helpers import KEY, TIMEOUT
+
+import engine.server.chat as chat_mod
+from engine.config import EngineConfig
+from engine.engine import LLMEngine
+from engine.guided import Guide
+from engine.loop import EngineLoop
+from engine.server import BackgroundServer, ServerSettings
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+
+
+@pytest.fixture(scope="module")
+def harmony_server(tmp_path_factory):
+    folder = build_tiny_harmony_model(tmp_path_factory.mktemp("harmony") / "m")
+    eng = LLMEngine(EngineConfig(model=str(folder), device="cpu"))
+    loop = EngineLoop(eng, idle_wait_s=0.01)
+    loop.start_thread("harmony-engine")
+    srv = BackgroundServer(loop, ServerSettings(port=0, api_key=KEY))
+    srv.start()
+    yield srv, eng.tokenizer
+    srv.stop()
+    loop.stop()
+    loop.join(30)
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def client(harmony_server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=harmony_server[0].url + "/v1", api_key=KEY, max_retries=0, timeout=TIMEOUT)
+
+
+@pytest.fixture
+def scripted(monkeypatch, harmony_server):
+    """Make the next replies follow ``script``: harmony text whose special tokens are forced as tokens."""
+    tok = harmony_server[1]
+    seen = {}
+
+    def use(script: list[str]) -> dict:
+        parts = [f"<[{tok.token_to_id(p)}]>" if p.startswith("<|") else json.dumps(p) for p in script]
+        grammar = "start: " + " ".join(parts) + "\n"
+        real = chat_mod._prepare_harmony
+
+        def forced(body, chat):
+            prompt = real(body, chat)
+            seen["prompt"] = tok.decode(prompt.ids, skip_special_tokens=False)
+            return dataclasses.replace(prompt, guide=Guide("lark", grammar, source="test"))
+        monkeypatch.setattr(chat_mod, "_prepare_harmony", forced)
+        return seen
+    return use
+
+
+ANSWER = ["<|channel|>", "analysis", "<|message|>", "Think it over.", "<|end|>", "<|start|>", "assistant",
+          "<|channel|>", "final", "<|message|>", "Hello there!", "<|return|>"]
+CALL = ["<|channel|>", "analysis", "<|message|>", "Need the weather.", "<|end|>", "<|start|>", "assistant",
+        "<|channel|>", "commentary to=functions.get_weather ", "<|constrain|>", "json", "<|message|>",
+        '{"city": "Paris"}', "<|call|>"]
+
+
+def reasoning_of(obj) -> str | None:
+    return (obj.model_extra or {}).get("reasoning_content")
+
+
+def test_the_analysis_channel_is_reasoning_content_and_the_final_one_content(client, scripted):
+    seen = scripted(ANSWER)
+    r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=200,
+                                       extra_body={"reasoning_effort": "high"})
+    message = r.choices[0].message
+    assert message.content == "Hello there!"
+    assert reasoning_of(message) == "Think it over."
+    assert r.choices[0].finish_reason == "stop"
+    assert "Reasoning: high\n" in seen["prompt"] and seen["prompt"].endswith("<|start|>assistant")
+
+
+def test_streamed_deltas_carry_reasoning_then_content(client, scripted):
+    scripted(ANSWER)
+    stream = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
+                                            max_tokens=200, stream=True)
+    chunks = [c for c in stream]
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    reasoning = "".join(reasoning_of(d) or "" for d in deltas)
+    content = "".join(d.content or "" for d in deltas)
+    assert (reasoning, content) == ("Think it over.", "Hello there!")
+    kinds = [("r" if reasoning_of(d) else "c") for d in deltas if reasoning_of(d) or d.content]
+    assert kinds == sorted(kinds, reverse=True) and len(kinds) > 2    # every reasoning delta comes first
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_a_harmony_call_is_a_tool_call(client, scripted):
+    scripted(CALL)
+    r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "weather?"}],
+                                       tools=TOOLS, max_tokens=200)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None and reasoning_of(choice.message) == "Need the weather."
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+    assert call.id.startswith("call_")
+
+
+def test_a_streamed_call_arrives_whole_and_the_result_renders_back(client, scripted):
+    seen = scripted(CALL)
+    stream = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "weather?"}],
+                                            tools=TOOLS, max_tokens=200, stream=True)
+    chunks = [c for c in stream]
+    calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert [(tc.index, tc.function.name) for tc in calls] == [(0, "get_weather")]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert "type get_weather = " in seen["prompt"]
+    history = [{"role": "user", "content": "weather?"},
+               {"role": "assistant", "content": None, "reasoning_content": "Need the weather.",
+                "tool_calls": [{"id": calls[0].id, "type": "function",
+                                "function": {"name": "get_weather", "arguments": calls[0].function.arguments}}]},
+               {"role": "tool", "tool_call_id": calls[0].id, "content": "20 C"}]
+    scripted(ANSWER)
+    client.chat.completions.create(model="m", messages=history, tools=TOOLS, max_tokens=200)
+    assert seen["prompt"].endswith("<|start|>functions.get_weather to=assistant<|channel|>commentary"
+                                   "<|message|>20 C<|end|><|start|>assistant")
+    assert "<|channel|>analysis<|message|>Need the weather.<|end|>" in seen["prompt"]
+
+
+@pytest.mark.parametrize("body, param", [({"reasoning_effort": "max"}, "reasoning_effort"),
+                                         ({"tool_choice": "required", "tools": TOOLS}, "tool_choice"),
+                                         ({"response_format": {"type": "json_object"}}, "response_format"),
+                                         ({"messages": [{"role": "user", "content": "hi"},
+                                                        {"role": "assistant", "content": "x", "reasoning_content": 3}]},
+                                          "messages[1].reasoning_content")])
+def test_bad_harmony_fields_are_refused_naming_the_field(client, body, param):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                       extra_body=body)      # extra_body's fields win, messages too
+    assert info.value.body["param"] == param
