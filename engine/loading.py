@@ -237,14 +237,18 @@ class LoadedModel:
         # Prediction routers: each MoE layer routes rms_norm(x) * post_norm; folding its norm weight into the
         # router leaves only a positive per-token scale, which top-k ignores, so the predictor can apply it
         # to the raw residual stream of an earlier layer.
-        routers = [layer.moe.router * layer.post_norm for layer in self.weights.layers if layer.moe is not None]
+        # A router bias (gpt-oss) breaks that scale-freedom: predictions add it scaled by the token's RMS.
+        moe = [layer for layer in self.weights.layers if layer.moe is not None]
+        routers = [layer.moe.router * layer.post_norm for layer in moe]
+        bias = [layer.moe.router_bias for layer in moe] if self.spec.family.router_bias else None
         return OffloadedExperts.from_rows(self.layout, rows, self.spec.num_experts, self.device,
                                           plan.pool_slots * plan.expert_bytes, self.config.prefetch_depth,
                                           self.config.expert_policy, routers, self._route,
                                           routing_profile=self.config.routing_profile,
                                           budget_bytes=self._pool_budget(),
                                           direct_reads=DIRECT_READS[self.config.expert_reads],
-                                          top_k=self.spec.top_k)
+                                          top_k=self.spec.top_k, router_bias=bias,
+                                          norm_eps=self.spec.rms_norm_eps)
 
     def _route(self, logits: torch.Tensor):
         return self.model.route(logits)

@@ -75,7 +75,8 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
                  routers: Sequence[torch.Tensor], route_fn: RouteFn, *,
                  routing_profile: str | Path | Sequence[Sequence[int]] | None = None,
                  budget_bytes: int | None = None, lfu_decay: float = DEFAULT_LFU_DECAY,
-                 direct_reads: bool | None = None, top_k: int | None = None) -> None:
+                 direct_reads: bool | None = None, top_k: int | None = None,
+                 router_bias: Sequence[torch.Tensor] | None = None, norm_eps: float = 1e-6) -> None:
         if store.num_experts != num_experts or len(routers) != store.num_layers or store.layout != layout:
             raise ValueError(f"store is {store.num_layers} x {store.num_experts} ({store.layout.fmt}); got "
                              f"{len(routers)} routers, {num_experts} experts, layout {layout.fmt}")
@@ -83,6 +84,9 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
         self.num_layers, self.num_experts = store.num_layers, num_experts
         self.device = torch.device(device)
         self.routers = torch.stack([r.detach() for r in routers])       # [L, E, D], one matmul predicts many layers
+        # [L, E] float32 or None: routers' biases (gpt-oss), which predictions add scaled by the token's RMS
+        self.router_bias = None if router_bias is None else torch.stack([b.detach().float() for b in router_bias])
+        self.norm_eps = norm_eps
         self.route_fn = route_fn
         # decode steps on CUDA predict in one launch (kernels/predict.py); it needs k and contiguous routers
         self._predict_ws = (PredictWorkspace(PREDICT_MAX_LAYERS, num_experts, self.device)
@@ -222,9 +226,11 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
             return None
         ws = self._predict_ws
         if self.predict_kernel and ws is not None and hidden.shape[0] <= PREDICT_MAX_TOKENS and len(layers) <= ws.max_layers:
-            ids = predict_topk(hidden, self.routers, layers[0], len(layers), self.top_k, ws)     # [P, T, k]
+            ids = predict_topk(hidden, self.routers, layers[0], len(layers), self.top_k, ws,
+                               self.router_bias, self.norm_eps)                               # [P, T, k]
         else:
-            ids = predict_experts(hidden, self.routers, layers[0], len(layers), self.route_fn)
+            ids = predict_experts(hidden, self.routers, layers[0], len(layers), self.route_fn, self.router_bias,
+                                  self.norm_eps)
         self._predicted = (moe_index, layers, ids)
         if device_side:
             self._launch_device_prefetch(moe_index, layers, ids)

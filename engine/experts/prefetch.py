@@ -22,6 +22,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from kernels.predict import rms
+
 RouteFn = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -143,18 +145,21 @@ class CopyEngine:
 
 
 def predict_experts(hidden: torch.Tensor, routers: torch.Tensor, first: int, count: int,
-                    route_fn: RouteFn) -> torch.Tensor:
+                    route_fn: RouteFn, bias: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
     """Experts that layers ``first .. first+count-1`` would pick for ``hidden [T, D]``.
 
     ``routers`` is ``[L, E, D]``; one matmul and one routing call cover every predicted layer.
     Returns int64 ``[P, T, k]`` on hidden's device. Later layers see a hidden state that has
     drifted only a little (the residual stream changes slowly), so their routers applied to the
-    current one are a good guess.
+    current one are a good guess. ``bias`` float32 ``[L, E]``: the routers' biases, which enter
+    scaled by each token's RMS (see :mod:`kernels.predict`).
     """
     P, E, D = count, routers.shape[1], routers.shape[2]
     T = hidden.shape[0]
     w = routers[first:first + P].reshape(P * E, D)                    # [P*E, D]
     logits = (hidden.to(w.dtype) @ w.t()).view(T, P, E)               # [T, P, E]
+    if bias is not None:
+        logits = logits + (rms(hidden, eps)[:, None, None] * bias[first:first + P][None]).to(logits.dtype)
     _, ids = route_fn(logits.transpose(0, 1).reshape(P * T, E))       # [P*T, k]
     return ids.to(torch.int64).view(P, T, -1)                         # [P, T, k]
 

@@ -35,3 +35,30 @@ def test_ties_go_to_the_lower_id_and_oversized_calls_are_refused():
     with pytest.raises(ValueError, match="at most 16 tokens"):
         predict_topk(torch.ones(17, 64), routers, 0, 1, 2, ws)
 
+
+
+@pytest.mark.parametrize("T", [1, 6])
+def test_a_router_bias_predicts_what_the_biased_router_picks(T):
+    # gpt-oss routes W (norm_w * h / rms(h)) + b: with norm_w folded into the router rows, the
+    # prediction must add b scaled by each token's RMS to give the router's own top-k
+    from engine.experts.prefetch import predict_experts
+    from engine.models.layers import rms_norm
+    from engine.models.moe_transformer import route_ref
+    g = torch.Generator().manual_seed(T)
+    L, E, D, k = 3, 32, 128, 4
+    router = torch.randn(L, E, D, generator=g) / D ** 0.5
+    norm_w = 0.5 + torch.rand(D, generator=g)
+    bias = torch.randn(L, E, generator=g)
+    hidden = torch.randn(T, D, generator=g) * 3.0                   # an RMS far from 1: the scale matters
+    truth = [torch.sort(route_ref(rms_norm(hidden, norm_w, 1e-5) @ router[l].t() + bias[l], k, True)[1],
+                        dim=-1).values for l in range(L)]
+    folded = (router * norm_w).contiguous()
+    ws = PredictWorkspace(4, E, torch.device("cpu"))
+    got = predict_topk(hidden, folded, 0, L, k, ws, bias, 1e-5)
+    assert torch.equal(got, predict_topk_ref(hidden, folded, 0, L, k, bias, 1e-5))
+    by_matmul = predict_experts(hidden, folded, 0, L, lambda x: route_ref(x, k, True), bias, 1e-5)
+    for l in range(L):
+        assert torch.equal(torch.sort(got[l], -1).values, truth[l])
+        assert torch.equal(torch.sort(by_matmul[l], -1).values, truth[l])
+    unbiased = predict_topk(hidden, folded, 0, L, k, ws)
+    assert not all(torch.equal(torch.sort(unbiased[l], -1).values, truth[l]) for l in range(L))
