@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import logging
 import statistics
@@ -273,7 +274,10 @@ def main() -> None:
     result: dict = {"benchmark": "serve_qwen3_30b_a3b_shape" + ("_smoke" if args.smoke else ""), "model": shape,
                     "expert_format": "int4", "rounds": args.rounds, "build_s": time.perf_counter() - t0,
                     "workloads": {k: w.describe() for k, w in workloads(args.smoke).items()},
-                    "limits": dataclasses.asdict(limits), "configs": {}}
+                    "limits": dataclasses.asdict(limits), "configs": {},
+                    # uvicorn uses these when installed (http="auto", loop="auto"); they cut the server's Python
+                    "http_stack": {name: importlib.util.find_spec(name) is not None
+                                   for name in ("httptools", "uvloop")}}
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = word_tokenizer(cfg.vocab_size, Path(tmp))
         for name, options in configs.items():

@@ -3,6 +3,7 @@
 Pure ASGI (not Starlette's BaseHTTPMiddleware) so streamed responses pass through untouched and a
 client that disconnects is still seen by the endpoint. Order, outermost first: :class:`AccessLog`
 (which also turns a bug anywhere below into a logged 500), :class:`RequireKey`, :class:`ReadBody`.
+:class:`KeepServerSend` goes around the whole app, outside the framework's own middleware.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ Send = Callable[[dict], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 RECORD = "strata.access"            # scope key of the request's AccessRecord
+SERVER_SEND = "strata.server_send"  # scope key of the server's own send (see KeepServerSend)
 DRAIN_FACTOR = 4                    # an oversized body is read (and dropped) up to this many limits, so the
 # client gets to read the 413 instead of a reset connection; past that the connection is simply closed
 
@@ -55,6 +57,18 @@ async def send_error(send: Send, err: APIError, close: bool = False) -> None:
         headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": err.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+class KeepServerSend:
+    """Around the whole app: keeps the server's own ``send`` in the scope, so an event stream can send its
+    body chunks without passing each through every middleware's wrapper (engine/server/sse.py)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope[SERVER_SEND] = send
+        await self.app(scope, receive, send)
 
 
 class AccessLog:

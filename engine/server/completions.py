@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from engine.errors import StrataError
 from engine.outputs import RequestDelta, TokenLogprob
@@ -18,10 +18,10 @@ from engine.server.engine_client import ModelInfo
 from engine.server.fields import Fields, bad, show
 from engine.server.generation import Choice, close_stream, stream_end, Generation, quote, quote_or_null, watch_disconnect
 from engine.server.protocol import MAX_CHOICES, Common, choice_params, fit, read_common
+from engine.server.sse import EventStream
 from engine.server.state import ServerState, created, json_body, new_id, record_of, state_of
 
 DEFAULT_MAX_TOKENS = 16            # as OpenAI's completions endpoint
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _PROMPT_FORMS = "a string, a list of strings, a list of token ids, or a list of token-id lists"
 
 
@@ -107,7 +107,7 @@ async def respond(view, gen: Generation, stream: bool, receive: Callable) -> Res
 
     ``view`` renders the endpoint's format: ``events(gen, receive)`` and ``body(gen)``."""
     if stream:
-        return StreamingResponse(view.events(gen, receive), media_type="text/event-stream", headers=SSE_HEADERS)
+        return EventStream(view.events(gen, receive))
     await gen.collect(receive)
     failure = await gen.failure()
     if failure is not None:
@@ -147,6 +147,7 @@ class CompletionView:
         self.id, self.created = new_id("cmpl"), created()
         head = json.dumps({"id": self.id, "object": "text_completion", "created": self.created, "model": info.name})
         self._head = "data: " + head[:-1] + ', "choices": ['
+        self._plain = k is None and not common.return_token_ids     # every chunk from the template
 
     def _echo(self, prompt_index: int) -> tuple[str, dict | None, int]:
         """(text, logprobs, next text offset) of what echo puts first."""
@@ -207,7 +208,7 @@ class CompletionView:
         finish = d.finish_reason if d.finished and d.finish_reason != "error" else None
         if not (d.new_text or d.new_token_ids or finish):
             return ""
-        if self.k is None and not self.common.return_token_ids:     # the usual chunk, from a template
+        if self._plain:                                   # the usual chunk, from a template
             return (f'{self._head}{{"index": {c.index}, "text": {quote(d.new_text)}, "logprobs": null, '
                     f'"finish_reason": {quote_or_null(finish)}}}]}}\n\n')
         choice: dict = {"index": c.index, "text": d.new_text, "logprobs": None, "finish_reason": finish}

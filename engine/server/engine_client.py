@@ -78,6 +78,7 @@ class Stream:
         self.ids = ids
         self.engine_ref = engine_ref                   # weak reference to the engine that took the requests
         self.open = set(ids)
+        self.gone = False                              # the client went away: nothing more is read
         self._arrived: list[RequestDelta] = []
         self._waiter: asyncio.Future | None = None
 
@@ -86,13 +87,16 @@ class Stream:
             self.open.discard(delta.request_id)
             self.client.active.pop(delta.request_id, None)
         self._arrived.append(delta)
+        self._wake()
+
+    def _wake(self) -> None:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
     async def batch(self) -> list[RequestDelta]:
-        """The deltas that arrived since the last call (waits for at least one)."""
-        while not self._arrived:
+        """The deltas that arrived since the last call (waits for at least one, unless the client went away)."""
+        while not self._arrived and not self.gone:
             self._waiter = asyncio.get_running_loop().create_future()
             try:
                 await self._waiter
@@ -103,7 +107,7 @@ class Stream:
 
     @property
     def done(self) -> bool:
-        return not self.open and not self._arrived
+        return self.gone or (not self.open and not self._arrived)
 
     async def engine_gone(self) -> bool:
         """The loop no longer runs the engine these requests went to (unloaded or replaced). Asked on the
@@ -115,6 +119,13 @@ class Stream:
         """End every unfinished request (the client went away, or the server is stopping)."""
         for rid in list(self.open):
             self.client.loop.cancel(rid)
+
+    def hang_up(self) -> None:
+        """The client went away: end its requests, and stop waiting for their output now (whoever reads
+        this stream gets what arrived so far, then ``done``)."""
+        self.cancel()
+        self.gone = True
+        self._wake()
 
 
 class EngineClient:

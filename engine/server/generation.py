@@ -57,32 +57,30 @@ class Generation:
 
     async def updates(self) -> AsyncIterator[list[tuple[Choice, RequestDelta]]]:
         """Every burst of deltas, as it arrives, until every choice has finished."""
+        choices, add = self.choices, self._add
         while not self.stream.done:
             burst = await self.stream.batch()
             now = time.perf_counter()
-            out = []
-            for d in burst:
-                c = self.choices[d.request_id]
-                self._add(c, d, now)
-                out.append((c, d))
+            out = [(choices[d.request_id], d) for d in burst]
+            for c, d in out:
+                add(c, d, now)
             yield out
         self.close()
 
     def _add(self, c: Choice, d: RequestDelta, now: float) -> None:
-        if d.new_token_ids:
-            k = len(d.new_token_ids)
+        ids = d.new_token_ids
+        if ids:
             if c.last_at is None:
                 ttft = now - self.record.start
                 self.metrics.ttft.observe(ttft)
                 if self.record.ttft_s is None:
                     self.record.ttft_s = ttft
             else:
-                gap = (now - c.last_at) / k
-                for _ in range(k):
-                    self.metrics.inter_token.observe(gap)
+                self.metrics.inter_token.observe((now - c.last_at) / len(ids), len(ids))
             c.last_at = self.record.last_token_at = now
-            c.token_ids += d.new_token_ids
-            c.logprobs += d.logprobs
+            c.token_ids += ids
+            if d.logprobs:
+                c.logprobs += d.logprobs
         if d.new_text:
             c.text.append(d.new_text)
         if d.finished:
@@ -141,7 +139,7 @@ def watch_disconnect(receive: Callable, stream: Stream) -> asyncio.Task:
     async def watch() -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
-        stream.cancel()
+        stream.hang_up()
     return asyncio.get_running_loop().create_task(watch())
 
 

@@ -40,9 +40,10 @@ class Latency:
         self.counts = [0] * (len(self.bounds) + 1)       # the last one is +Inf
         self.sum = 0.0
 
-    def observe(self, seconds: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, seconds)] += 1
-        self.sum += seconds
+    def observe(self, seconds: float, times: int = 1) -> None:
+        """Note ``times`` observations of ``seconds`` each."""
+        self.counts[bisect.bisect_left(self.bounds, seconds)] += times
+        self.sum += seconds * times
 
     def family(self) -> HistogramMetricFamily:
         cumulative = list(itertools.accumulate(self.counts))
