@@ -8,8 +8,9 @@ import torch
 from kernels._triton import HAS_TRITON, jit, next_pow2, tl
 from kernels.moe_weights import PoolMatrix
 
-__all__ = ["HostMatrices", "add_bias", "block_k", "e8m0", "expert_act", "expert_ptr", "fill_of", "fill_ptr", "fills_on",
-           "fp4_pair", "gdc_launch_dependents", "gdc_wait", "host_args", "int4_word_args", "pdl_supported"]
+__all__ = ["HostMatrices", "add_bias", "block_k", "check_word_rows", "e8m0", "expert_act", "expert_ptr", "fill_of",
+           "fill_ptr", "fills_on", "fp4_pair", "gdc_launch_dependents", "gdc_wait", "host_args", "int4_word_args",
+           "pdl_supported"]
 
 # The host store's (w13, w2) views, the store row of the layer's expert 0, and the layer's fill row
 # (``[E]`` int32: the pool slot a directly read expert is written into as it is read, or -1; or None).
@@ -109,13 +110,19 @@ def int4_word_args(m: PoolMatrix, name: str) -> tuple:
 
     The expert layout starts every tensor and slot on 256 bytes and K is a multiple of the group size
     (at least 32), so rows start on 16 bytes: whole-word and 16-byte loads."""
+    check_word_rows(m, f"int4 pool view {name}")
+    words = m.w.view(torch.int32)                                        # [S, N, K/8]
+    return (words, words.stride(0), words.stride(1), *m.args()[3:])
+
+
+def check_word_rows(m: PoolMatrix, what: str) -> None:
+    """Packed 4-bit rows that kernels read as int32 words and 16-byte vectors: a multiple of 8 elements,
+    starting on 16 bytes."""
     w = m.w
     if m.k % 8 or w.data_ptr() % 16 or w.stride(0) % 16 or w.stride(1) % 16:
-        raise ValueError(f"int4 pool view {name} must have rows of a multiple of 8 elements starting on "
-                         f"16-byte boundaries (as ExpertLayout places them); got K = {m.k}, address "
-                         f"{w.data_ptr()} and byte strides {w.stride()[:2]}")
-    words = w.view(torch.int32)                                          # [S, N, K/8]
-    return (words, words.stride(0), words.stride(1), *m.args()[3:])
+        raise ValueError(f"{what} must have rows of a multiple of 8 elements starting on 16-byte boundaries "
+                         f"(as ExpertLayout places them); got K = {m.k}, address {w.data_ptr()} and byte "
+                         f"strides {w.stride()[:2]}")
 
 
 def pdl_supported(device: torch.device) -> bool:

@@ -16,6 +16,7 @@ from engine.quant.mxfp4 import dequantize_mxfp4  # noqa: E402
 from kernels._triton import jit, tl  # noqa: E402
 from kernels.fused_moe import fused_moe, fused_moe_ref  # noqa: E402
 from kernels.moe_config import MoeLaunchConfig, TileConfig  # noqa: E402
+from kernels.moe_decode import _FP4_WORD_ASM  # noqa: E402
 from kernels.moe_decode_common import e8m0, fp4_pair  # noqa: E402
 from kernels.moe_weights import FMT_MXFP4, HostExperts, moe_consts, pool_matrix  # noqa: E402
 from tests.kernels.helpers import make_routing, tolerance  # noqa: E402
@@ -25,6 +26,7 @@ GPT_OSS = ExpertAct("swiglu_oai", alpha=1.702, limit=0.75)
 WIDE_DECODE = MoeLaunchConfig("decode", TileConfig(16, 64), TileConfig(16, 64))        # 2 groups a chunk
 WIDE_PREFILL = MoeLaunchConfig("prefill", TileConfig(16, 64), TileConfig(16, 64), block_m=16)
 ONE_CHUNK = MoeLaunchConfig("decode", TileConfig(16, 256), TileConfig(16, 256))        # wider than K
+RAGGED = MoeLaunchConfig("decode", TileConfig(64, 64), TileConfig(64, 64))             # tiles past F and D
 EXPERTS = 6
 
 
@@ -70,6 +72,43 @@ def test_e2m1_and_e8m0_bits_decode_every_nibble_and_scale_exactly():
     assert torch.equal(want[:, 2], torch.ldexp(torch.full((55,), 0.5), scales[:, 0].int() - 127))  # byte 1: 0.5
 
 
+def _run_word_ptx(word: int) -> list[float]:
+    """The decode kernels' PTX for one int32 word of nibbles (run only on a GPU), evaluated here: its
+    straight-line shl/shr/and/or on b32, the split into b16 halves and cvt.f32.f16; ``$0 .. $7``."""
+    regs, mask = {"$8": word}, 0xFFFFFFFF
+
+    def val(a: str) -> int:
+        return regs[a] if a in regs else int(a, 0)
+
+    for ins in _FP4_WORD_ASM.value.strip("{} ").split(";"):
+        op, _, rest = ins.strip().partition(" ")
+        if op.startswith(".reg") or not op:
+            continue
+        if op == "mov.b32":                                                       # {l, h}, a
+            halves, src = rest.rsplit(",", 1)
+            lo, hi = (r.strip(" {}") for r in halves.split(","))
+            regs[lo], regs[hi] = val(src.strip()) & 0xFFFF, val(src.strip()) >> 16
+            continue
+        d, a, *b = (r.strip() for r in rest.split(","))
+        regs[d] = {"shl.b32": lambda: (val(a) << val(b[0])) & mask, "shr.b32": lambda: val(a) >> val(b[0]),
+                   "and.b32": lambda: val(a) & val(b[0]), "or.b32": lambda: val(a) | val(b[0]),
+                   "cvt.f32.f16": lambda: float(torch.tensor(val(a), dtype=torch.int32).to(torch.int16)
+                                                .view(torch.float16))}[op]()
+    return [regs[f"${i}"] for i in range(8)]
+
+
+def test_mxfp4_word_ptx_decodes_every_nibble_at_every_position():
+    # The GPU decodes eight nibbles of a word at once in PTX, which the interpreter cannot run: the
+    # same instructions evaluated on words of every nibble at every position (and a few mixed words)
+    # give dequantize_mxfp4's values times 2 ** -14, signs of zero included.
+    words = [v * 0x11111111 for v in range(16)] + [0x76543210, 0xFEDCBA98, 0x8F1E2D3C, 0x01234567]
+    for word in words:
+        got = torch.tensor(_run_word_ptx(word))
+        blocks = torch.tensor(list(word.to_bytes(4, "little")) + [0] * 12, dtype=torch.uint8)[None]   # a group
+        want = dequantize_mxfp4(blocks, torch.tensor([[127]], dtype=torch.uint8))[0, :8] * 2.0 ** -14
+        assert torch.equal(got, want) and torch.equal(got.signbit(), want.signbit()), hex(word)
+
+
 def test_mxfp4_pool_views_and_constants():
     # The launch wraps the scale bytes [S, N, K/32] (no zero point) and the biases, and compiles for
     # the layout's activation.
@@ -88,6 +127,13 @@ def test_mxfp4_decode(tokens, cfg, dtype):
     # hidden and ffn 96: chunks of 64 end on half a chunk (a masked group) in both kernels; one chunk
     # wider than K reads each row in one go.
     _check("mxfp4", dtype, hidden=96, ffn=96, tokens=tokens, top_k=2, cfg=cfg)
+
+
+def test_mxfp4_decode_tiles_past_the_rows_and_k_not_a_power_of_two():
+    # 96 rows in tiles of 64 (rows past F in the up kernel, past D in the down kernel) and top-3
+    # padded to 4 experts a token: the unmasked whole chunks read those rows clamped to real ones,
+    # whose results must not reach h or the output.
+    _check("mxfp4", torch.float16, hidden=96, ffn=96, tokens=2, top_k=3, cfg=RAGGED, bias=True, act=GPT_OSS)
 
 
 @pytest.mark.parametrize("cfg, dtype", [(PREFILL, torch.float16), (WIDE_PREFILL, torch.float32)], ids=["k32", "k64"])
