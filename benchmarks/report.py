@@ -181,21 +181,63 @@ def _file(pattern: str) -> str:
     return f"benchmarks/results/{files[-1].name}" if files else "?"
 
 
-def serve_table(d: dict) -> list[str]:
-    lim = d["limits"]
-    out = [f"Serving, the same shape with int4 experts on an H200 (`{_file('serve_*.json')}`; "
-           f"{d['rounds']} alternating rounds; every HTTP run beside the same workload in-process, through the "
-           f"same engine loop; copy ceiling {lim['hbm_gb_s']:.0f} GB/s, pinned bus {lim['bus_gb_s']:.1f} GB/s):", "",
+def _newest_per_key(pattern: str, rows_of, key) -> list[tuple[str, dict]]:
+    """``(file, row)`` for each key, from the newest file matching ``pattern`` that has a row with it."""
+    seen: dict = {}
+    for f in sorted(RESULTS.glob(pattern), reverse=True):
+        for row in rows_of(json.loads(f.read_text())):
+            seen.setdefault(key(row), (f"benchmarks/results/{f.name}", row))
+    return list(seen.values())
+
+
+def serve_table(_: dict) -> list[str]:
+    rows = _newest_per_key("serve_*.json", lambda d: [{**r, "rounds": d["rounds"], "limits": d["limits"]}
+                                                       for r in d["summary"]],
+                           lambda r: (r["config"], r["workload"]))
+    rows.sort(key=lambda fr: (fr[1]["config"] != "resident", fr[1]["config"], fr[1]["workload"]))
+    lim = rows[0][1]["limits"]
+    out = [f"Serving, the same shape with int4 experts on an H200 (each configuration's newest run; every HTTP run "
+           f"beside the same workload in-process, through the same engine loop, alternating rounds; copy ceiling "
+           f"{lim['hbm_gb_s']:.0f} GB/s, pinned bus {lim['bus_gb_s']:.1f} GB/s):", "",
            "| config | workload | streams | tok/s in-process | tok/s HTTP | HTTP ÷ in-process | per stream in / HTTP "
-           "| TTFT p50 ms in / HTTP | TTFT added by HTTP, ms |", "|---|---|---|---|---|---|---|---|---|"]
-    for r in d["summary"]:
+           "| TTFT p50 ms in / HTTP | TTFT added by HTTP, ms | file |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for f, r in rows:
         out.append(f"| {r['config']} | {r['workload']} | {r['streams']} | {r['in_process_output_tok_s']:.1f} | "
                    f"{r['http_output_tok_s']:.1f} | {r['http_over_in_process_tok_s']:.3f} | "
                    f"{r['in_process_stream_tok_s']:.1f} / {r['http_stream_tok_s']:.1f} | "
-                   f"{r['in_process_ttft_p50_ms']:.0f} / {r['http_ttft_p50_ms']:.0f} | {r['ttft_added_by_http_ms']:.1f} |")
+                   f"{r['in_process_ttft_p50_ms']:.0f} / {r['http_ttft_p50_ms']:.0f} | {r['ttft_added_by_http_ms']:.1f} | "
+                   f"`{f.rsplit('/', 1)[-1]}` |")
     out += ["", "ttft-probe sends one request at a time to an idle engine: what HTTP itself adds to the first token. "
             "In a burst, requests reach the engine over HTTP about a millisecond apart, so the first one's prefill "
             "step starts alone and the others wait for it; in-process every request is queued before the first step."]
+    return out
+
+
+def _gpt_oss_rows(d: dict) -> list[dict]:
+    rows = [r for r in d.get("a", []) if "tok_s" in r]
+    for block in d.get("120b", {}).values():
+        rows += [r for r in block.get("rows", []) + block.get("ladder", []) if "tok_s" in r]
+    return rows
+
+
+def gpt_oss_table(_: dict) -> list[str]:
+    rows = []
+    for cell in ("a", "b", "c"):                 # each cell's rows from the newest run that measured it
+        newest = _newest_per_key("gpt_oss_*.json", lambda d, c=cell: [{"rows": _gpt_oss_rows(d)}]
+                                 if any(r["cell"] == c for r in _gpt_oss_rows(d)) else [], lambda _: cell)
+        rows += [(f, r) for f, got in newest for r in got["rows"] if r["cell"] == cell]
+    rows.sort(key=lambda fr: (fr[1]["cell"], fr[1].get("rung", 0), fr[1]["routing"], fr[1].get("batch", 1)))
+    out = ["gpt-oss shapes on an H200, MXFP4 experts, random weights (a: 20b, every expert resident, against the HBM "
+           "roofline; b: 120b under `--gpu-memory-budget 24G`, against the bus-bound limit = pinned H2D GB/s ÷ bytes "
+           "crossing per token; c: the first article's ladder on 120b at 24 GB, batch 16; each cell's newest run):", "",
+           "| cell | routing | batch | config | tok/s | hit rate | bus GB/s | limit tok/s | of limit | peak GB | file |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for f, r in rows:
+        limit = r.get("roofline_tok_s") or r.get("bus_limit_tok_s")
+        share = r.get("fraction_of_roofline") or r.get("fraction_of_bus_limit")
+        out.append(f"| {r['cell']} | {r['routing']} | {r.get('batch', 1)} | {r.get('config', '')} | {r['tok_s']:.1f} | "
+                   f"{r.get('hit_rate', 1.0):.0%} | {r.get('bus_gb_s', 0.0):.1f} | {limit:.0f} | {share:.0%} | "
+                   f"{r.get('peak_gb', 0.0):.1f} | `{f.rsplit('/', 1)[-1]}` |")
     return out
 
 
@@ -205,7 +247,8 @@ def render() -> str:
                         ("int4_e2e_*.json", int4_e2e_lines),
                         ("offload_*.json", offload_table), ("residency_*.json", residency_table),
                         ("residency50_*.json", pool50_lines), ("pool0_recheck_*.json", pool0_lines),
-                        ("cpu_decode_*.json", cpu_table), ("serve_*.json", serve_table)):
+                        ("cpu_decode_*.json", cpu_table), ("serve_*.json", serve_table),
+                        ("gpt_oss_*.json", gpt_oss_table)):
         d = _load(pattern)
         if d is not None:
             parts.append(fn(d))
