@@ -49,7 +49,7 @@ from engine.checkpoint.plan import params_by_category  # noqa: E402
 from engine.checkpoint.spec import spec_from_config  # noqa: E402
 from engine.config import parse_size  # noqa: E402
 from engine.engine import LLMEngine  # noqa: E402
-from engine.experts.layout import ExpertLayout  # noqa: E402
+from kernels.expert_layout import ExpertLayout  # noqa: E402
 from engine.sampling import SamplingParams  # noqa: E402
 
 

@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.experts.layout import ExpertLayout          # noqa: E402
+from kernels.expert_layout import ExpertLayout          # noqa: E402
 from engine.experts.manager import OffloadedExperts     # noqa: E402
 from engine.experts.store import HostExpertStore        # noqa: E402
 

@@ -44,10 +44,10 @@ from engine.checkpoint import families as fn
 from engine.checkpoint.plan import router_bias_name, tensor_plan
 from engine.checkpoint.reader import TensorSource, dtype_name
 from engine.checkpoint.spec import ModelSpec, spec_from_config
-from engine.experts.layout import ExpertLayout
+from kernels.expert_layout import ExpertLayout
 from engine.experts.store import HostExpertStore
 from engine.loading import LoadedModel
-from engine.quant.mxfp4 import FP4_VALUES
+from kernels.quant.mxfp4 import FP4_VALUES
 from kernels.fused_moe import fused_moe_ref
 
 _WIDTHS = {"hidden_size": 2880, "intermediate_size": 2880, "num_attention_heads": 64, "num_key_value_heads": 8,

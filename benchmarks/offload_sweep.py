@@ -26,7 +26,7 @@ from benchmarks.synthetic_moe import (TrainedLike, make_trained_like, routing_pr
 from engine.checkpoint.spec import spec_from_config
 from engine.engine import LLMEngine
 from engine.experts.direct import PREFETCH_PER_LAYER
-from engine.experts.layout import ExpertLayout
+from kernels.expert_layout import ExpertLayout
 from engine.sampling import SamplingParams
 
 

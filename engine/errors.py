@@ -1,13 +1,15 @@
 """Errors a user can cause, each carrying one sentence that names the cause and the fix.
 
 The CLI prints ``str(error)`` and exits with code 2; the GUI shows it in a banner; the HTTP
-server returns it as the error message. Anything that is not a ``StrataError`` is a bug.
+server returns it as the error message. Anything that is not a ``StrataError`` is a bug. The base
+class and ``ConfigError`` are defined with the kernels (:mod:`kernels.errors`), which raise them too.
 """
 from __future__ import annotations
 
+from kernels.errors import ConfigError, StrataError
 
-class StrataError(Exception):
-    """Base class of user-facing errors: ``str(err)`` is one line, ready to show."""
+__all__ = ["ConfigError", "DeviceOutOfMemoryError", "ModelLoadError", "ReconfigureError", "StrataError",
+           "UnsupportedModelError"]
 
 
 class ModelLoadError(StrataError):
@@ -16,10 +18,6 @@ class ModelLoadError(StrataError):
 
 class UnsupportedModelError(StrataError):
     """The checkpoint is readable but its architecture or a feature of it is not supported."""
-
-
-class ConfigError(StrataError):
-    """An engine option has an invalid value or a value that does not fit the machine."""
 
 
 class ReconfigureError(ConfigError):

@@ -16,7 +16,7 @@ from engine.checkpoint.reader import SafetensorsReader, TensorSource, with_alias
 from engine.checkpoint.spec import ModelSpec, read_spec
 from engine.config import DEFAULT_GROUP_SIZE, DIRECT_READS, EngineConfig, parse_pool_size
 from engine.errors import ConfigError
-from engine.experts.layout import ExpertAct, ExpertLayout
+from kernels.expert_layout import ExpertAct, ExpertLayout
 from engine.experts.provider import ExpertProvider, ResidentExperts
 from engine.experts.profile import check_record_target, read_routing_profile, write_routing_profile
 from engine.cpu_threads import apply_cpu_threads

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from engine.errors import ConfigError
+from kernels.errors import ConfigError
 
 try:
     import triton

@@ -12,7 +12,7 @@ square and the scaling in float32, rounded to the input dtype, then times the we
 
 :func:`qk_norm_rope_write`: the fused qkv projection output ``+ bias`` (in the input dtype) is split
 into q, k, v heads; q and k get the per-head RMSNorm (optional), then the rotate-half rotary embedding
-``x * cos[pos] + roll(x, hd / 2) * sin[pos]`` with the sign in the sine table (``Rope``), each product
+``x * cos[pos] + roll(x, hd / 2) * sin[pos]`` with the sign in the sine table, each product
 and the sum rounded to the input dtype as torch's elementwise ops round them. Rotated k and raw v go to
 the cache rows ``slot_mapping``; the rotated q is returned.
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.models.layers import Rope, rms_norm
+from kernels.norm_rope import rms_norm, rotate
 from kernels._triton import jit, next_pow2, tl
 from kernels.act16 import Act16, act16_empty, store_act16_group
 
@@ -270,7 +270,7 @@ def qk_norm_rope_write_ref(qkv: torch.Tensor, positions: torch.Tensor, cos: torc
                            bias: torch.Tensor | None = None) -> torch.Tensor:
     """Plain-torch bias, per-head q/k RMSNorm, rotary embedding and KV-cache write.
 
-    qkv [T, (H + 2Hkv) * hd] (bf16/fp16/fp32), positions [T] int64 into cos / sin [P, hd] (``Rope``'s
+    qkv [T, (H + 2Hkv) * hd] (bf16/fp16/fp32), positions [T] int64 into cos / sin [P, hd] (the rotary
     tables: the sine carries the rotate-half sign), k_cache / v_cache [R, Hkv, hd] written at rows
     slot_mapping [T] int64; q_norm / k_norm [hd] and bias [(H + 2Hkv) * hd] optional; all one dtype.
     Returns the rotated q [T, H, hd].
@@ -287,7 +287,7 @@ def qk_norm_rope_write_ref(qkv: torch.Tensor, positions: torch.Tensor, cos: torc
     if q_norm is not None:
         q, k = rms_norm(q, q_norm, eps), rms_norm(k, k_norm, eps)
     rope = cos[positions][:, None, :], sin[positions][:, None, :]       # [T, 1, hd] each
-    q, k = Rope.apply(torch.cat([q, k], 1), *rope).split([num_heads, num_kv_heads], 1)
+    q, k = rotate(torch.cat([q, k], 1), *rope).split([num_heads, num_kv_heads], 1)
     k_cache.index_copy_(0, slot_mapping, k)
     v_cache.index_copy_(0, slot_mapping, v)
     return q.contiguous()

@@ -3,7 +3,7 @@
 has them).
 
 Weights are read through the slot table (expert -> pool slot) from the typed pool views of
-:class:`engine.experts.layout.ExpertLayout`; nothing is gathered.
+:class:`kernels.expert_layout.ExpertLayout`; nothing is gathered.
 
 :func:`fused_moe` is the Triton path (CUDA, or the interpreter in tests): a decode variant for a few
 tokens (:mod:`kernels.moe_decode`) and an aligned-block prefill variant (:mod:`kernels.moe_prefill`),
@@ -22,7 +22,7 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-from engine.experts.layout import ExpertAct, ExpertLayout
+from kernels.expert_layout import ExpertAct, ExpertLayout
 from kernels.act16 import Act16
 from kernels.moe_config import MoeLaunchConfig, moe_launch_config
 from kernels.moe_weights import HostExperts
@@ -54,7 +54,7 @@ def expert_ref(views: dict[str, torch.Tensor], slot: int, layout: ExpertLayout, 
     biases = (views["w13_bias"][slot], views["w2_bias"][slot]) if layout.bias else None
     if layout.fmt in ("bf16", "fp16", "fp32"):
         return views["w13"][slot].to(dtype), views["w2"][slot].to(dtype), biases
-    from engine.quant import dequantize_expert_matrix  # int4 / fp8 / mxfp4
+    from kernels.quant import dequantize_expert_matrix  # int4 / fp8 / mxfp4
     return (dequantize_expert_matrix(views, "w13", slot, layout, dtype),
             dequantize_expert_matrix(views, "w2", slot, layout, dtype), biases)
 

@@ -319,7 +319,7 @@ def moe_decode(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tens
     up kernel's launch overlaps the previous kernel, the down kernel's the up kernel, and the down
     kernel requests its first chunk of w2 before it waits for ``h``.
 
-    int4 group sizes are 32, 64 or 128 (:func:`engine.quant.int4.check_group_size`): powers of two of
+    int4 group sizes are 32, 64 or 128 (:func:`kernels.quant.int4.check_group_size`): powers of two of
     at least four int32 words (16 bytes), as the kernels' group tiles need. ``x16`` (int4 only): ``x``
     already as 16-bit planes (:mod:`kernels.act16`), so the int4 kernels skip their prep launch."""
     ids, tw = topk_ids.contiguous(), topk_weights.contiguous()

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.experts.layout import DENSE_DTYPES, ExpertAct, ExpertLayout
+from kernels.expert_layout import DENSE_DTYPES, ExpertAct, ExpertLayout
 
 FMT_DENSE, FMT_FP8, FMT_INT4, FMT_MXFP4 = 0, 1, 2, 3
 ACT_SILU, ACT_SWIGLU_OAI = 0, 1

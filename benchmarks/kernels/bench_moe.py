@@ -33,8 +33,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from engine.experts.layout import ExpertLayout  # noqa: E402
-from engine.quant import quantize_expert  # noqa: E402
+from kernels.expert_layout import ExpertLayout  # noqa: E402
+from kernels.quant import quantize_expert  # noqa: E402
 from kernels.act16 import act16  # noqa: E402
 from kernels.decode_ops import add_rms_norm, add_rms_norm_act16  # noqa: E402
 from kernels.fused_moe import fused_moe, fused_moe_ref  # noqa: E402

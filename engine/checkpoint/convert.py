@@ -35,9 +35,9 @@ from engine.checkpoint.reader import INDEX, SafetensorsReader
 from engine.checkpoint.spec import ModelSpec, read_spec
 from engine.config import DEFAULT_GROUP_SIZE, GROUP_SIZES
 from engine.errors import ConfigError
-from engine.experts.layout import ExpertLayout
+from kernels.expert_layout import ExpertLayout
 from engine.loading import expert_act
-from engine.quant.mxfp4 import MXFP4_GROUP
+from kernels.quant.mxfp4 import MXFP4_GROUP
 
 EXPERT_FORMATS = ("int4", "fp8", "bf16", "mxfp4")
 RESIDENT_FORMATS = ("bf16", "fp8")
@@ -80,7 +80,7 @@ def _check_options(opts: ConvertOptions) -> None:
 
 
 def _resident_tensors(reader: SafetensorsReader, spec: ModelSpec, resident: str) -> dict[str, torch.Tensor]:
-    from engine.quant import quantize_fp8
+    from kernels.quant import quantize_fp8
     out: dict[str, torch.Tensor] = {}
     # attention sinks are read in float32 at load (they join the softmax denominator): kept so
     sinks = {f"{fn.ATTN.format(i=i)}.sinks" for i in range(spec.num_layers)} if spec.family.attn_sinks else set()

@@ -8,7 +8,7 @@ A converted folder holds the source's ``config.json`` and tokenizer files, plus
   the names of the files copied from the source;
 * ``resident.safetensors`` — every non-routed tensor under its Hugging Face name;
 * ``experts-LLLL.safetensors`` — one tensor ``experts`` ``uint8 [E, nbytes]`` per MoE layer: row ``e``
-  is expert ``e``'s byte range (see :mod:`engine.experts.layout`), so the host store reads each
+  is expert ``e``'s byte range (see :mod:`kernels.expert_layout`), so the host store reads each
   expert as one contiguous copy;
 * ``strata-verified.json`` — written at the first load: which files were found to match their hashes
   (see :mod:`engine.checkpoint.integrity`).
@@ -26,7 +26,7 @@ from engine.checkpoint.integrity import ChecksumReport, Progress, file_sha256, v
 from engine.checkpoint.reader import SafetensorsReader, TensorSource
 from engine.config import DEFAULT_GROUP_SIZE
 from engine.errors import ModelLoadError
-from engine.experts.layout import ACTIVATIONS, EXPERT_FORMATS, ExpertAct, ExpertLayout
+from kernels.expert_layout import ACTIVATIONS, EXPERT_FORMATS, ExpertAct, ExpertLayout
 
 MANIFEST = "strata.json"
 FORMAT_VERSION = 1

@@ -32,7 +32,7 @@ class Family:
     o_bias: bool = False
     attn_sinks: bool = False
     expert_bias: bool = False
-    expert_act: str = "silu"           # engine.experts.layout.ExpertAct kind
+    expert_act: str = "silu"           # kernels.expert_layout.ExpertAct kind
     fused_kn: bool = False             # fused gate_up [E, D, 2F] and down [E, F, D]
     interleaved_gate_up: bool = False  # fused gate/up outputs alternate gate, up, gate, up, ...
 

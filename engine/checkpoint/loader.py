@@ -12,7 +12,7 @@ from engine.checkpoint.plan import TensorEntry, routed_expert_entries, router_bi
 from engine.checkpoint.reader import TensorSource
 from engine.checkpoint.spec import ModelSpec
 from engine.errors import ModelLoadError
-from engine.experts.layout import ExpertLayout
+from kernels.expert_layout import ExpertLayout
 from engine.models.weights import AttentionWeights, LayerWeights, MLPWeights, ModelWeights, MoEWeights
 
 RowAllocator = Callable[[int, int], torch.Tensor]   # (rows, nbytes) -> uint8 [rows, nbytes]
@@ -106,7 +106,7 @@ def pack_layer_experts(source: TensorSource, spec: ModelSpec, i: int, layout: Ex
     if _is_mxfp4(fetch.names, spec, i):
         pack_mxfp4_layer(fetch.source, spec, i, layout, out)
         return
-    from engine.quant import quantize_expert   # int4 / fp8 quantised once; dense formats cast
+    from kernels.quant import quantize_expert   # int4 / fp8 quantised once; dense formats cast
     for e, (w13, w2, b13, b2) in enumerate(_layer_experts(fetch, spec, i)):
         layout.pack(quantize_expert(w13.to(torch.float32), w2.to(torch.float32), layout, b13, b2), out=out[e])
 

@@ -9,7 +9,7 @@ A layer stores, under the family's fused names (``{p}.experts.gate_up_proj`` and
 * ``gate_up_proj_bias`` ``[E, 2F]`` and ``down_proj_bias`` ``[E, D]`` (floating point).
 
 Rows are output features (``[N, K]``); a row's 16-byte blocks flattened are the ``[K/2]`` bytes of
-:mod:`engine.quant.mxfp4` (low nibble = even k). gate_up rows alternate gate, up, gate, up: row ``2j`` is
+:mod:`kernels.quant.mxfp4` (low nibble = even k). gate_up rows alternate gate, up, gate, up: row ``2j`` is
 gate ``j`` and row ``2j + 1`` up ``j``. Strata's layout wants gate rows ``0..F-1`` then up rows ``F..2F-1``,
 so the rows of blocks, scales and bias are permuted — the bytes themselves are kept.
 
@@ -28,9 +28,9 @@ from engine.checkpoint.checks import check_dtype, check_finite
 from engine.checkpoint.reader import TensorSource
 from engine.checkpoint.spec import ModelSpec
 from engine.errors import ModelLoadError
-from engine.experts.layout import ExpertLayout
-from engine.quant.expert import quantize_expert
-from engine.quant.mxfp4 import MXFP4_GROUP, dequantize_mxfp4
+from kernels.expert_layout import ExpertLayout
+from kernels.quant.expert import quantize_expert
+from kernels.quant.mxfp4 import MXFP4_GROUP, dequantize_mxfp4
 
 NAN_SCALE = 255        # e8m0 has no sign and no zero: 255 is its only NaN
 _REFETCH = "the weights are damaged — fetch the checkpoint again"
@@ -168,7 +168,7 @@ def pack_mxfp4_layer(source: TensorSource, spec: ModelSpec, i: int, layout: Expe
 
     An mxfp4 ``layout`` gets the shipped bytes; any other (int4 / fp8 / dense, asked for with
     ``--weight-format`` or by ``convert``) gets each expert dequantised and quantised with
-    :func:`engine.quant.quantize_expert`. Scale bytes 255 (NaN) and non-finite biases are refused.
+    :func:`kernels.quant.quantize_expert`. Scale bytes 255 (NaN) and non-finite biases are refused.
     """
     if out.shape != (spec.num_experts, layout.nbytes) or out.dtype != torch.uint8:
         raise ValueError(f"expected out uint8 [{spec.num_experts}, {layout.nbytes}], got {out.dtype} {tuple(out.shape)}")

@@ -26,7 +26,7 @@ from engine.checkpoint.spec import ModelSpec, read_spec
 from engine.cli.options import engine_options, model_dir
 from engine.config import EngineConfig, format_size, parse_pool_size, parse_size
 from engine.errors import ConfigError
-from engine.experts.layout import ExpertLayout
+from kernels.expert_layout import ExpertLayout
 from engine.loading import expert_act
 from engine.kv.sizing import KVSizing, kv_sizing
 from engine.memory import BudgetAdvice, MemoryPlan, default_budget, plan_memory

@@ -38,7 +38,7 @@ from engine.experts.counters import ResidencyCounters
 from engine.experts.device_prefetch import DevicePrefetcher
 from engine.experts.direct import DEVICE_PREFETCH_THRESHOLD, PREFETCH_PER_LAYER, DirectReads
 from engine.experts.host_prefetch import HostPrefetch
-from engine.experts.layout import ExpertLayout
+from kernels.expert_layout import ExpertLayout
 from engine.experts.live_changes import LiveChanges, check_depth
 from engine.experts.policy import DEFAULT_LFU_DECAY, StaticPolicy, make_policy
 from engine.experts.pool import ExpertPool

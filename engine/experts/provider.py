@@ -2,7 +2,7 @@
 
 The model asks the provider, layer by layer, for the experts its tokens were routed to; the
 provider answers with a slot table ``[E] int32`` (expert -> slot, every needed expert valid) and
-typed views ``[S, ...]`` of the buffer those slots index (see :mod:`engine.experts.layout`). The MoE
+typed views ``[S, ...]`` of the buffer those slots index (see :mod:`kernels.expert_layout`). The MoE
 kernels read weights through that pair and never gather a copy.
 
 Implementations: :class:`ResidentExperts` (every expert in one device buffer) and the offloading
@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import torch
 
-from engine.experts.layout import ExpertLayout
+from kernels.expert_layout import ExpertLayout
 from engine.telemetry import ExpertStats
 
 

@@ -1,7 +1,7 @@
 """Host store: every routed expert of every MoE layer, one contiguous row each.
 
 ``rows`` is ``uint8 [L * E, nbytes]`` with expert ``e`` of MoE layer ``l`` at row ``l * E + e``
-(layout: :class:`engine.experts.layout.ExpertLayout`), so a miss is one copy of one row.
+(layout: :class:`kernels.expert_layout.ExpertLayout`), so a miss is one copy of one row.
 
 When the compute device is CUDA the rows are page-locked so that copies run as asynchronous DMA
 at full bus speed. We allocate ordinary memory and register it (``cudaHostRegister``) rather than
@@ -16,7 +16,7 @@ import time
 import torch
 
 from engine.errors import ConfigError
-from engine.experts.layout import ExpertLayout
+from kernels.expert_layout import ExpertLayout
 from engine.experts.numa import NumaPlacement, place_near
 
 

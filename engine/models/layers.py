@@ -12,15 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from engine.checkpoint.spec import RopeScaling
+from kernels.norm_rope import rms_norm, rotate
 
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm computed in float32, scaled in the input dtype. x [..., N], weight [N]."""
-    if x.dtype == torch.float32 and weight.dtype == torch.float32:
-        return F.rms_norm(x, weight.shape, weight, eps)              # one fused op, same arithmetic
-    h = x.to(torch.float32)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
+__all__ = ["Rope", "SeqSlice", "mlp", "paged_attention_ref", "rms_norm"]
 
 
 def _wavelengths(head_dim: int, theta: float) -> torch.Tensor:
@@ -73,10 +67,7 @@ class Rope:
         """cos, sin [T, 1, hd] for ``positions`` [T] (gathered once per forward, used by every layer)."""
         return self.cos[positions][:, None, :], self.sin[positions][:, None, :]
 
-    @staticmethod
-    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x [T, heads, hd] rotated by the gathered tables (``sin`` carries the rotate-half sign)."""
-        return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
+    apply = staticmethod(rotate)     # x [T, heads, hd] rotated by the gathered tables
 
 
 Gather = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]

@@ -10,7 +10,7 @@ import torch
 
 from benchmarks import bench_gpt_oss as bench
 from benchmarks.gpt_oss_shapes import HostRows, RandomGptOss, make_routing
-from engine.quant.mxfp4 import dequantize_mxfp4
+from kernels.quant.mxfp4 import dequantize_mxfp4
 
 
 def test_tiny_run_measures_cells_a_and_b_and_keeps_an_existing_result(tmp_path):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.experts.layout import ExpertLayout
+from kernels.expert_layout import ExpertLayout
 from engine.experts.manager import OffloadedExperts
 from engine.experts.provider import ResidentExperts
 from engine.experts.store import HostExpertStore

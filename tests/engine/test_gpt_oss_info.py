@@ -16,7 +16,7 @@ from engine.cli.info import add_info_parser, plan_lines
 from engine.cli.options import add_engine_flags, add_model_flag
 from engine.config import format_size
 from engine.errors import ConfigError
-from engine.experts.layout import ExpertLayout
+from kernels.expert_layout import ExpertLayout
 from main import main
 
 V, D, L, E, K, H, HKV, HD = 201088, 2880, 36, 128, 4, 64, 8, 64

@@ -24,8 +24,8 @@ from engine.checkpoint import mxfp4 as mx
 from engine.checkpoint.reader import SafetensorsReader
 from engine.checkpoint.spec import read_spec
 from engine.errors import ModelLoadError
-from engine.experts.layout import ExpertAct, ExpertLayout
-from engine.quant.mxfp4 import quantize_mxfp4
+from kernels.expert_layout import ExpertAct, ExpertLayout
+from kernels.quant.mxfp4 import quantize_mxfp4
 from main import main
 from tiny_models import build_tiny_model
 

@@ -75,9 +75,9 @@ def test_graph_replay_matches_eager(model, frac, depth, reads) -> None:
 def test_kernels_read_missing_experts_from_pinned_host_memory(fmt, tokens) -> None:
     # The MoE kernels read slot -1 experts from a page-locked, mapped host store (rows of layer 1)
     # and the rest from the pool: the output equals the all-in-pool computation.
-    from engine.experts.layout import ExpertLayout
+    from kernels.expert_layout import ExpertLayout
     from engine.experts.store import HostExpertStore
-    from engine.quant import quantize_expert
+    from kernels.quant import quantize_expert
     from kernels.fused_moe import fused_moe
     from kernels.moe_weights import HostExperts
 

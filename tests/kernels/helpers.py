@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.experts.layout import ExpertLayout
-from engine.quant import quantize_expert
+from kernels.expert_layout import ExpertLayout
+from kernels.quant import quantize_expert
 
 # Per activation dtype: kernels and reference round the intermediate h to this dtype at different
 # points, so fp16 carries its rounding error (~1e-3 relative) into the result.

@@ -9,8 +9,8 @@ import torch
 
 triton = pytest.importorskip("triton")
 from kernels.fused_moe import fused_moe, fused_moe_ref  # noqa: E402
-from engine.experts.layout import ExpertLayout  # noqa: E402
-from engine.quant import quantize_expert  # noqa: E402
+from kernels.expert_layout import ExpertLayout  # noqa: E402
+from kernels.quant import quantize_expert  # noqa: E402
 from kernels.moe_config import MoeLaunchConfig, TileConfig  # noqa: E402
 from kernels.moe_weights import HostExperts  # noqa: E402
 from kernels._triton import jit, tl  # noqa: E402

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 triton = pytest.importorskip("triton")
-from engine.experts.layout import ExpertAct  # noqa: E402
-from engine.quant.mxfp4 import dequantize_mxfp4  # noqa: E402
+from kernels.expert_layout import ExpertAct  # noqa: E402
+from kernels.quant.mxfp4 import dequantize_mxfp4  # noqa: E402
 from kernels._triton import jit, tl  # noqa: E402
 from kernels.fused_moe import fused_moe, fused_moe_ref  # noqa: E402
 from kernels.moe_config import MoeLaunchConfig, TileConfig  # noqa: E402

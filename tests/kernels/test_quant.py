@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from engine.errors import ConfigError
-from engine.experts.layout import ExpertLayout
-from engine.quant import (dequantize_expert_matrix, dequantize_fp8, dequantize_int4, pack_nibbles,
+from kernels.expert_layout import ExpertLayout
+from kernels.quant import (dequantize_expert_matrix, dequantize_fp8, dequantize_int4, pack_nibbles,
                           quantize_expert, quantize_fp8, quantize_int4, quantize_int4_calibrated,
                           unpack_nibbles)
 

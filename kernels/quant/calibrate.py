@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.quant.int4 import check_group_size, dequantize_int4, quantize_int4_with_range
+from kernels.quant.int4 import check_group_size, dequantize_int4, quantize_int4_with_range
 
 
 def quantize_int4_calibrated(w: torch.Tensor, x: torch.Tensor, group_size: int = 128,

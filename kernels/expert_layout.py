@@ -20,7 +20,7 @@ Formats:
   ``w = (q - zero) * scale``. Likewise ``w2 [D, F/2]``, ``w2_scale/w2_zero [D, F/G]``.
 * ``mxfp4``: e2m1 values with the int4 nibble order, ``w13`` ``uint8 [2F, D/2]``, and one e8m0 scale
   byte per 32 values, ``w13_scale`` ``uint8 [2F, D/32]``; ``w = fp4 * 2 ** (scale - 127)``
-  (:mod:`engine.quant.mxfp4`). Likewise ``w2 [D, F/2]``, ``w2_scale [D, F/32]``. As gpt-oss ships it.
+  (:mod:`kernels.quant.mxfp4`). Likewise ``w2 [D, F/2]``, ``w2_scale [D, F/32]``. As gpt-oss ships it.
 
 With ``bias`` (gpt-oss) every format adds ``w13_bias`` float32 ``[2F]`` (gate rows then up rows) and
 ``w2_bias`` float32 ``[D]``, added to each projection's output. ``act`` says how gate and up combine
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.errors import ConfigError
+from kernels.errors import ConfigError
 
 ALIGN = 256  # bytes; every tensor and every slot starts on this boundary (16-byte loads, cache lines)
 

@@ -1,7 +1,7 @@
 """MXFP4 (OCP microscaling FP4): e2m1 values, two per byte, with one e8m0 scale per 32 values.
 
 This is how gpt-oss ships its experts (``*_blocks`` / ``*_scales``). Byte layout, the same nibble
-order as int4 (:mod:`engine.experts.layout`): byte ``j`` of a row holds element ``k = 2j`` in its low
+order as int4 (:mod:`kernels.expert_layout`): byte ``j`` of a row holds element ``k = 2j`` in its low
 nibble and ``k = 2j + 1`` in its high nibble. A nibble is sign (bit 3), exponent (bits 2-1) and
 mantissa (bit 0): magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6. Scale byte ``s`` means ``2 ** (s - 127)``;
 ``w = value * 2 ** (s - 127)``.

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import torch
 
-from engine.experts.layout import DENSE_DTYPES, ExpertLayout
-from engine.quant.fp8 import dequantize_fp8, quantize_fp8
-from engine.quant.int4 import dequantize_int4, quantize_int4
-from engine.quant.mxfp4 import dequantize_mxfp4, quantize_mxfp4
+from kernels.expert_layout import DENSE_DTYPES, ExpertLayout
+from kernels.quant.fp8 import dequantize_fp8, quantize_fp8
+from kernels.quant.int4 import dequantize_int4, quantize_int4
+from kernels.quant.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 
 
 def quantize_matrix(w: torch.Tensor, name: str, layout: ExpertLayout) -> dict[str, torch.Tensor]:

@@ -1,6 +1,6 @@
 """Asymmetric 4-bit weights: per output row, per group of ``G`` along K, two values per byte.
 
-Byte layout (the contract of :mod:`engine.experts.layout`): byte ``j`` of a row holds element
+Byte layout (the contract of :mod:`kernels.expert_layout`): byte ``j`` of a row holds element
 ``k = 2j`` in its low nibble and ``k = 2j + 1`` in its high nibble. Each group has a float16 scale
 and a uint8 zero point in 0..15; ``w = (q - zero) * scale``.
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.errors import ConfigError
+from kernels.errors import ConfigError
 
 INT4_GROUP_SIZES = (32, 64, 128)
 _QMAX = 15

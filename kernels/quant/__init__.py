@@ -1,12 +1,12 @@
 """Weight quantisation of routed experts: int4 (asymmetric, grouped) and fp8 (e4m3, per row).
 
-The byte layouts are those of :mod:`engine.experts.layout`; the MoE kernels dequantise inside
+The byte layouts are those of :mod:`kernels.expert_layout`; the MoE kernels dequantise inside
 their K loop, these functions are for conversion, loading and the reference path.
 """
-from engine.quant.calibrate import quantize_int4_calibrated
-from engine.quant.expert import dequantize_expert_matrix, quantize_expert, quantize_matrix
-from engine.quant.fp8 import FP8_MAX, dequantize_fp8, quantize_fp8
-from engine.quant.int4 import (INT4_GROUP_SIZES, check_group_size, dequantize_int4, pack_nibbles,
+from kernels.quant.calibrate import quantize_int4_calibrated
+from kernels.quant.expert import dequantize_expert_matrix, quantize_expert, quantize_matrix
+from kernels.quant.fp8 import FP8_MAX, dequantize_fp8, quantize_fp8
+from kernels.quant.int4 import (INT4_GROUP_SIZES, check_group_size, dequantize_int4, pack_nibbles,
                                quantize_int4, unpack_nibbles)
 
 __all__ = [
