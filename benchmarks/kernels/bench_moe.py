@@ -43,7 +43,7 @@ from kernels.moe_config import MoeLaunchConfig, TileConfig  # noqa: E402
 from kernels.router import route, route_ref  # noqa: E402
 
 E, TOP_K, D, F, GROUP = 128, 8, 2048, 768, 128
-FORMATS = ("bf16", "fp8", "int4")
+FORMATS = ("bf16", "fp8", "int4", "mxfp4")
 TOKENS = (1, 4, 16, 64)
 # Decode candidates per format: (up, down) as (block_n, block_k, num_warps[, num_stages]). Up programs
 # read 2*block_n rows of one expert; down programs read block_n rows of each of a token's k experts.
@@ -61,6 +61,10 @@ DECODE_TILES = {
              ((32, 512, 8), (4, 256, 2), "pdl"), ((16, 512, 4), (4, 256, 2), "pdl"),
              ((8, 512, 4), (2, 512, 4), "pdl"), ((16, 1024, 8), (2, 512, 4), "pdl"),
              ((16, 512, 4), (2, 256, 2), "pdl"), ((16, 1024, 8), (4, 256, 2))],
+    # mxfp4 block_k counts elements, whole 32-value groups; the first pair is the shipped setting
+    "mxfp4": [((8, 1024, 4), (4, 256, 4)), ((4, 1024, 4), (4, 256, 4)), ((16, 1024, 8), (4, 256, 4)),
+              ((8, 512, 4), (4, 512, 4)), ((8, 1024, 4), (2, 256, 4)), ((8, 1024, 8), (8, 256, 4)),
+              ((4, 512, 4), (2, 512, 4))],
 }
 PREFILL_TILES = [(16, 64, 64, 4, 3), (32, 64, 128, 4, 3)]
 
