@@ -31,14 +31,8 @@ from typing import Any, Callable
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from engine.config import EXPERT_POLICIES, EXPERT_READS, KV_DTYPES, LIVE_OPTIONS
-from engine.context import fit_messages, fit_text
-from engine.cpu_threads import apply_cpu_threads
-from engine.errors import StrataError
-from engine.loop import EngineLoop, Job
-from engine.outputs import RequestDelta
-from engine.sampling import SamplingParams
-
+from app.bridge_api import (LIVE_NAMES, LIVE_OPTIONS, EngineLoop, Job, RequestDelta, SamplingParams, StrataError,
+                            apply_cpu_threads, fit_messages, fit_text)
 from app.bridge_state import describe_model, knob_state, synthetic_prompt
 from app.cli_wording import gui_wording
 from app.model_loader import EngineFactory, Load, Loaded, Loader, must_unload_first, open_engine
@@ -54,7 +48,7 @@ IDLE_WAIT_S = 0.05           # how long the idle loop blocks on the command queu
 GIL_SWITCH_S = 0.001
 ENGINE_NICE = 5              # the engine thread's niceness above the GUI's: the GUI wins a contended core
 
-_CHOICES = {"expert_policy": EXPERT_POLICIES, "expert_reads": EXPERT_READS, "kv_cache_dtype": KV_DTYPES}
+_CHOICES = {o.name: o.choices for o in LIVE_OPTIONS if o.kind == "choice"}
 
 __all__ = ["EngineBridge", "open_engine"]
 
@@ -279,7 +273,7 @@ class EngineBridge(QObject):
             # engine.cpu_threads asks); the load itself ran on the loader thread
             apply_cpu_threads(self._engine.loaded.cpu_threads, 0)
         cfg = self._engine.config
-        self._defaults = {name: getattr(cfg, name) for name in sorted(LIVE_OPTIONS)}
+        self._defaults = {name: getattr(cfg, name) for name in sorted(LIVE_NAMES)}
         self.model_loaded.emit(describe_model(self._engine, _load_wording))
         self._emit_knobs()
         self._emit_stats()

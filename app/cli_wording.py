@@ -16,8 +16,7 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from engine.cli.options import add_engine_flags, add_model_flag
-
+from app.bridge_api import add_engine_flags, add_model_flag
 from app.knobs import LABELS, knob_name
 
 OPEN_MODEL = "File › Open model folder…"

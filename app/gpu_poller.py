@@ -1,7 +1,7 @@
 """Polls a GPU monitor about once a second on its own thread and emits each ``GpuSample``.
 
-This and :mod:`app.bridge` are the only modules that import the engine package; the monitor's data
-types are re-exported from here for the widgets.
+The monitor's data types (from the engine, through :mod:`app.bridge_api`) are re-exported from here for
+the widgets.
 """
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import logging
 
 from PySide6.QtCore import QMetaObject, QObject, Qt, QThread, QTimer, Signal, Slot
 
-from engine.gpu_monitor import (NO_GPU_STATUS, POWER_REASONS, THERMAL_REASONS, THROTTLE_REASONS, FakeMonitor,
-                                GpuMonitor, GpuSample, NvmlMonitor)
+from app.bridge_api import (NO_GPU_STATUS, POWER_REASONS, THERMAL_REASONS, THROTTLE_REASONS, FakeMonitor, GpuMonitor,
+                            GpuSample, NvmlMonitor)
 
 __all__ = ["GpuPoller", "GpuSample", "FakeMonitor", "NvmlMonitor", "NO_GPU_STATUS", "POWER_REASONS",
            "THERMAL_REASONS", "THROTTLE_REASONS"]

@@ -10,23 +10,15 @@ from PySide6.QtGui import QPainter, QPaintEvent
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel,
                                QPushButton, QSizePolicy, QSlider, QSpinBox, QVBoxLayout, QWidget)
 
+from app.bridge_api import LIVE_OPTIONS, LiveOption
 from app.messages import KnobResult, KnobState
 
 GIB = 1 << 30
 POOL_STEPS_PER_GIB = 20       # slider resolution: 1/20 GiB (51 MiB)
-LABELS = {                       # short: the knobs dock must fit beside the panels on a laptop screen
-    "prefetch_depth": "Prefetch depth",
-    "expert_pool_size": "Expert pool",
-    "expert_policy": "Eviction policy",
-    "expert_reads": "Missing experts",
-    "max_batch": "Max batch",
-    "max_batch_tokens": "Max batch tokens",
-    "prefill_chunk": "Prefill chunk",
-    "kv_cache_dtype": "KV cache dtype",
-    "cuda_graphs": "CUDA graphs",
-}
-SUFFIXES = {"prefetch_depth": " layers", "max_batch": " requests", "max_batch_tokens": " tokens",
-            "prefill_chunk": " tokens"}
+#: The knobs, in the engine's order of its live options; labels are short: the dock must fit beside the panels
+LABELS = {o.name: o.label for o in LIVE_OPTIONS}
+SUFFIXES = {o.name: f" {o.unit}" for o in LIVE_OPTIONS if o.unit}
+HELP = {o.name: o.help for o in LIVE_OPTIONS}
 ORDER = tuple(LABELS)
 NOT_AVAILABLE = "not available (hover for why)"
 
@@ -143,33 +135,36 @@ class KnobsPanel(QWidget):
         self.setEnabled(False)
 
     def _build_controls(self) -> None:
-        c = self.controls
-        c["prefetch_depth"] = _spin(0, 8, SUFFIXES["prefetch_depth"])
-        c["expert_pool_size"] = PoolSlider()
-        c["expert_policy"] = QComboBox()
-        c["expert_reads"] = QComboBox()
-        c["expert_reads"].setToolTip("auto: read straight from host memory where the GPU can (prefetch depth >= 1); "
-                                     "copy: always copy into the pool first; direct: always read from host memory")
-        c["max_batch"] = _spin(1, 1024, SUFFIXES["max_batch"])
-        c["max_batch_tokens"] = _spin(0, 1 << 20, SUFFIXES["max_batch_tokens"], "auto")
-        c["prefill_chunk"] = _spin(1, 1 << 20, SUFFIXES["prefill_chunk"])
-        c["kv_cache_dtype"] = QComboBox()
-        c["cuda_graphs"] = QCheckBox("enabled")
-        for name in ("prefetch_depth", "max_batch", "max_batch_tokens", "prefill_chunk"):
-            c[name].valueChanged.connect(lambda v, n=name: self._send(n, None if v == 0 and n == "max_batch_tokens" else v))
-        c["expert_pool_size"].released.connect(lambda b: self._send("expert_pool_size", b))
-        for name in ("expert_policy", "expert_reads", "kv_cache_dtype"):
-            c[name].textActivated.connect(lambda t, n=name: self._send(n, t))
-        c["cuda_graphs"].toggled.connect(lambda on: self._send("cuda_graphs", on))
-        for name in ORDER:
-            self.status[name] = StatusLine()
+        for o in LIVE_OPTIONS:
+            self.controls[o.name] = self._control(o)
+            self.controls[o.name].setToolTip(o.help)
+            self.status[o.name] = StatusLine()
             cell = QWidget()
             lay = QVBoxLayout(cell)
             lay.setContentsMargins(0, 0, 0, 2)
             lay.setSpacing(0)
-            lay.addWidget(c[name])
-            lay.addWidget(self.status[name])
-            self.form.addRow(LABELS[name], cell)
+            lay.addWidget(self.controls[o.name])
+            lay.addWidget(self.status[o.name])
+            self.form.addRow(o.label, cell)
+
+    def _control(self, o: LiveOption) -> QWidget:
+        """The widget of one live option, wired to send its changes; its kind decides which."""
+        if o.kind == "size":
+            slider = PoolSlider()
+            slider.released.connect(lambda b: self._send(o.name, b))
+            return slider
+        if o.kind == "choice":
+            box = QComboBox()
+            box.textActivated.connect(lambda t: self._send(o.name, t))
+            return box
+        if o.kind == "bool":
+            check = QCheckBox("enabled")
+            check.toggled.connect(lambda on: self._send(o.name, on))
+            return check
+        # an automatic int shows its automatic value (None) as the spin box's lowest step, 0: "auto"
+        spin = _spin(0 if o.automatic else o.low, o.knob_max, SUFFIXES.get(o.name, ""), "auto" if o.automatic else None)
+        spin.valueChanged.connect(lambda v: self._send(o.name, None if o.automatic and v == 0 else v))
+        return spin
 
     def _build_guard(self) -> QGroupBox:
         box = QGroupBox("Thermal guard")
@@ -230,7 +225,7 @@ class KnobsPanel(QWidget):
                 w.blockSignals(False)
             reason = state.reason(name)
             w.setEnabled(reason is None)
-            w.setToolTip(reason or "")
+            w.setToolTip(reason or HELP[name])
             line = self.status[name]
             line.reason = reason or ""
             line.setToolTip(line.reason or line.text())

@@ -14,8 +14,7 @@ from typing import Callable, Protocol
 
 from PySide6.QtCore import QObject, QSettings, Signal, Slot
 
-from engine.errors import StrataError
-from engine.loop import EngineLoop
+from app.bridge_api import EngineLoop, StrataError, build_server
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +43,7 @@ ServerFactory = Callable[[EngineLoop, int], ServerHandle]
 
 def open_server(loop: EngineLoop, port: int) -> ServerHandle:
     """The real server on 127.0.0.1:``port``, not started yet."""
-    # imported here: the HTTP libraries load the first time the switch is turned on, not at every start
-    from engine.server import BackgroundServer, ServerSettings
-    return BackgroundServer(loop, ServerSettings(port=port))
+    return build_server(loop, port)      # the HTTP libraries load the first time the switch is turned on
 
 
 def api_url(base: str) -> str:

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from engine.config import EngineConfig
-from engine.errors import StrataError
+from app.bridge_api import EngineConfig, StrataError, build_engine
 
 log = logging.getLogger(__name__)
 
@@ -27,11 +26,10 @@ def open_engine(model: str, options: dict) -> Any:
     The engine chooses its CPU thread count by model size at load; the GUI thread keeps its core because
     the engine thread is nicer than it (``app.bridge.ENGINE_NICE``) and lets go of the GIL between steps.
     """
-    from engine.engine import LLMEngine
     if options.get("expert_pool_size") is None and (Path(model) / "STRATA_DEMO.json").is_file():
         # the demo shows the machinery: half its experts pooled, so every residency knob is live from the start
         options = {**options, "expert_pool_size": DEMO_POOL}
-    return LLMEngine(EngineConfig(model=model, **options))
+    return build_engine(EngineConfig(model=model, **options))
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,8 @@
 model (harmony) — the reply's tokens read into its reasoning and its answer. Runs on the bridge thread."""
 from __future__ import annotations
 
+from app.bridge_api import ReplyReader, RequestDelta
 from app.messages import TextBatch, TextChunk
-from engine.chat_format.harmony import ReplyReader
-from engine.outputs import RequestDelta
 
 
 class ReplyText:

@@ -13,8 +13,8 @@ from PySide6.QtGui import QAction, QGuiApplication
 from PySide6.QtWidgets import QHBoxLayout, QInputDialog, QLabel, QMenu, QToolButton, QWidget
 
 from app.banner import BannerArea
+from app.bridge_api import EngineLoop
 from app.local_server import MAX_PORT, MIN_PORT, LocalServer, ServerFactory, ServerPrefs, open_server
-from engine.loop import EngineLoop
 
 IN_FLIGHT_MS = 1000        # the in-flight count is read once a second
 BANNER = "server"

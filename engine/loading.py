@@ -14,7 +14,8 @@ from engine.checkpoint.loader import check_complete, load_weights
 from engine.checkpoint.plan import active_params_per_token, params_by_category, routed_params_per_expert
 from engine.checkpoint.reader import SafetensorsReader, TensorSource, with_aliases
 from engine.checkpoint.spec import ModelSpec, read_spec
-from engine.config import DEFAULT_GROUP_SIZE, DIRECT_READS, EngineConfig, parse_pool_size
+from engine.config import DEFAULT_GROUP_SIZE, DIRECT_READS, EngineConfig
+from engine.options import PoolShare, PoolSize, parse_live, pool_bytes
 from engine.errors import ConfigError
 from kernels.expert_layout import ExpertAct, ExpertLayout
 from engine.experts.provider import ExpertProvider, ResidentExperts
@@ -28,7 +29,7 @@ from engine.kv.sizing import KVSizing, kv_sizing
 from engine.kv.windows import WindowBlocks
 from engine.models.moe_transformer import ForwardBatch, MoETransformer
 from engine.cuda_graphs import DecodeGraphs
-from engine.runner import ModelRunner, group_inputs
+from engine.runner import ModelRunner, SeqPart, build_batch
 from engine.scheduler import Scheduler
 from engine.tokenizer import Tokenizer
 
@@ -115,8 +116,8 @@ class LoadedModel:
         pool = fit_to_pool(config, spec, self.experts_resident)
         self.config = config = pool.config
         self.notes += pool.notes + notes
-        if isinstance(config.expert_pool_size, str):          # "50%" -> bytes, so the config reads plainly
-            self.config = config = config.replace(expert_pool_size=self.pool_request(config.expert_pool_size))
+        if isinstance(config.expert_pool_size, PoolShare):    # "50%" -> bytes, so the config reads plainly
+            self.config = config = config.replace(expert_pool_size=self.pool_bytes(config.expert_pool_size))
         self.weights, rows = load_weights(spec, source, self.device, self.dtype, self.layout, self._allocate_rows)
         self.experts: ExpertProvider = self._build_experts(rows)
         self.model = MoETransformer(spec, self.weights, self.experts, self.device, self.dtype, self.max_model_len)
@@ -191,7 +192,7 @@ class LoadedModel:
         if self.device.type != "cuda":
             budget = None     # no device memory to budget on the CPU
         return plan_memory(resident, self.layout.nbytes, s.num_moe_layers * s.num_experts, self._kv_bytes_per_token(),
-                           budget, self.pool_request(c.expert_pool_size), experts_per_layer=s.num_experts,
+                           budget, self.pool_bytes(c.expert_pool_size), experts_per_layer=s.num_experts,
                            active_experts_per_token=s.num_moe_layers * s.top_k, advice=self._budget_advice(),
                            window_kv_bytes=self.kv_sizing.window_pool_bytes)
 
@@ -213,10 +214,13 @@ class LoadedModel:
             return None
         return p.budget_bytes - p.resident_bytes - p.workspace_bytes - self._kv_cache_bytes()
 
-    def pool_request(self, value: int | str | None) -> int | None:
-        """Pool bytes asked for: a share ("50%") of all routed experts resolved against their bytes."""
-        total = self.layout.nbytes * self.spec.num_moe_layers * self.spec.num_experts
-        return parse_pool_size(value, total)
+    def pool_bytes(self, size: PoolSize) -> int | None:
+        """Pool bytes of a parsed pool size: a share ("50%") of all routed experts resolved against their bytes."""
+        return pool_bytes(size, self.layout.nbytes * self.spec.num_moe_layers * self.spec.num_experts)
+
+    def pool_request(self, value: object) -> int | None:
+        """Pool bytes of a pool size as given (bytes, "10G", "50%" or None), checked by ``parse_live``."""
+        return self.pool_bytes(parse_live("expert_pool_size", value))
 
     @property
     def kv_sizing(self) -> KVSizing:
@@ -307,17 +311,10 @@ class LoadedModel:
 
     def _score_batch(self, seqs: list[list[int]], tables: list[list[int]], windows: list[list[int]], start: int,
                      chunk: int) -> ForwardBatch:
-        parts = [seq[start:start + chunk] for seq in seqs]
-        ids = [t for part in parts for t in part]
-        pos = [p for part in parts for p in range(start, start + len(part))]
-        starts, lens = [start] * len(parts), [len(part) for part in parts]
-        as_t = lambda xs: torch.tensor(xs, dtype=torch.int64, device=self.device)   # noqa: E731
-
-        def group(group_tables: list[list[int]], window: ForwardBatch | None = None) -> ForwardBatch:
-            slots, slices = group_inputs(group_tables, starts, lens, self.cache.block_size, self.device)
-            return ForwardBatch(as_t(ids), as_t(pos), slots, slices, None, window=window)
-
-        return group(tables, group(windows) if self.windows is not None else None)
+        """One chunk of scoring: tokens ``start .. start + chunk`` of each sequence, logits of every one."""
+        parts = [SeqPart(seq[start:start + chunk], start, table, window)
+                 for seq, table, window in zip(seqs, tables, windows)]
+        return build_batch(parts, self.cache.block_size, self.device, self.windows is not None, every_row=True)
 
     def close(self) -> None:
         try:

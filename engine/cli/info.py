@@ -24,12 +24,13 @@ from engine.checkpoint.converted import Manifest, is_converted
 from engine.checkpoint.plan import CATEGORIES, active_params_per_token, params_by_category
 from engine.checkpoint.spec import ModelSpec, read_spec
 from engine.cli.options import engine_options, model_dir
-from engine.config import EngineConfig, format_size, parse_pool_size, parse_size
+from engine.config import EngineConfig, format_size, parse_size
 from engine.errors import ConfigError
 from kernels.expert_layout import ExpertLayout
 from engine.loading import expert_act
 from engine.kv.sizing import KVSizing, kv_sizing
 from engine.memory import BudgetAdvice, MemoryPlan, default_budget, plan_memory
+from engine.options import parse_live, pool_bytes
 from engine.settings_fit import depth_note, fit_to_model
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -131,7 +132,7 @@ def _budget_lines(spec, args, resident: int, per_expert: int, n_experts: int, wb
                           "" if args.weight_format == "int4" else "use --weight-format int4",
                           "use --dtype bfloat16" if wb == 4 else "")
     plan = plan_memory(resident, per_expert, n_experts, kv_per_token, budget,
-                       parse_pool_size(args.expert_pool_size, total), experts_per_layer=spec.num_experts,
+                       pool_bytes(parse_live("expert_pool_size", args.expert_pool_size), total), experts_per_layer=spec.num_experts,
                        active_experts_per_token=spec.num_moe_layers * spec.top_k, advice=advice,
                        window_kv_bytes=window_kv)
     lines = ["", *plan.format()]

@@ -109,12 +109,16 @@ def _window_unloading_first(qtbot, tmp_path) -> MainWindow:
 def test_a_failed_load_after_unloading_brings_the_previous_model_back(qtbot, tmp_path, themed):
     w = _window_unloading_first(qtbot, tmp_path)
     try:
-        before = w.knobs.state
+        before, previous = w.knobs.state, w.model
+        # recorded from before the load: the reopened model can be ready in the same pass of the event loop
+        # that delivers model_loading, before a wait started after it would listen
+        ready: list = []
+        w.model_ready.connect(ready.append)
         with qtbot.waitSignal(w.bridge.model_loading, timeout=TIMEOUT) as loading:
             w.open_model(str(_broken_config(tmp_path)))
         assert loading.args[1] is False                      # it had to close: Send waits meanwhile
-        with qtbot.waitSignal(w.model_ready, timeout=LOAD_TIMEOUT_MS):
-            pass                                             # the previous model, opened again
+        qtbot.waitUntil(lambda: len(ready) == 1, timeout=LOAD_TIMEOUT_MS)
+        assert ready[0].path == previous.path                # the previous model, opened again
         qtbot.waitUntil(lambda: w.banners.level("load") == "red", timeout=TIMEOUT)
         text = w.banners.text("load")
         assert "config.json" in text and text.endswith(f"{w.model.name} was opened again")

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import EngineConfig, parse_pool_size, parse_size
+from engine.config import EngineConfig, parse_size
+from engine.options import PoolShare, parse_live, pool_bytes
 from engine.errors import ConfigError
 
 
@@ -17,9 +18,11 @@ def test_sizes_parse_like_a_user_writes_them():
 
 
 def test_pool_share_resolves_against_all_experts():
-    assert parse_pool_size("50%") == "50%"                  # kept until the expert bytes are known
-    assert parse_pool_size("25%", total_bytes=1000) == 250
-    assert parse_pool_size("2M") == 2 << 20
+    share = parse_live("expert_pool_size", "50%")
+    assert share == PoolShare(50.0) and str(share) == "50%"   # kept until the expert bytes are known
+    assert EngineConfig(model="m", expert_pool_size="50%").expert_pool_size == share
+    assert pool_bytes(parse_live("expert_pool_size", "25%"), total_bytes=1000) == 250
+    assert parse_live("expert_pool_size", "2M") == 2 << 20 and pool_bytes(2 << 20, total_bytes=1000) == 2 << 20
 
 
 @pytest.mark.parametrize("options,message", [
