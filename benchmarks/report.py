@@ -1,18 +1,26 @@
-"""Regenerate the README's results section from benchmarks/results/*.json.
+"""Write docs/results.md and the README's headline table from benchmarks/results/*.json.
 
-    python benchmarks/report.py          # rewrites the block between the RESULTS markers in README.md
+    python benchmarks/report.py           # rewrites the generated blocks of docs/results.md and README.md
+    python benchmarks/report.py --check   # exit 1, naming the file, when either is out of date
 
-Each figure appears with the limit it is measured against, as the result files record it.
+Each generated block sits between its markers; the text around it (docs/results.md's notes, the rest
+of the README) is kept as written. Each figure appears with the limit it is measured against, as the
+result files record it. tests/test_docs.py fails when a generated block is stale.
 """
 from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
+README = ROOT / "README.md"
+RESULTS_DOC = ROOT / "docs" / "results.md"
 BEGIN, END = "<!-- RESULTS:BEGIN -->", "<!-- RESULTS:END -->"
+INDEX_BEGIN, INDEX_END = "<!-- FILES:BEGIN -->", "<!-- FILES:END -->"
+HEADLINE_BEGIN, HEADLINE_END = "<!-- HEADLINE:BEGIN -->", "<!-- HEADLINE:END -->"
 
 
 def _load(name: str) -> dict | None:
@@ -241,30 +249,166 @@ def gpt_oss_table(_: dict) -> list[str]:
     return out
 
 
-def render() -> str:
-    parts: list[list[str]] = []
-    for pattern, fn in (("e2e_*.json", e2e_table), ("kernels_moe_*.json", kernels_table), ("kernels_int4_*.json", int4_lines),
-                        ("int4_e2e_*.json", int4_e2e_lines),
-                        ("offload_*.json", offload_table), ("residency_*.json", residency_table),
-                        ("residency50_*.json", pool50_lines), ("pool0_recheck_*.json", pool0_lines),
-                        ("cpu_decode_*.json", cpu_table), ("serve_*.json", serve_table),
-                        ("gpt_oss_*.json", gpt_oss_table)):
-        d = _load(pattern)
-        if d is not None:
-            parts.append(fn(d))
+
+SECTIONS = (("e2e_*.json", e2e_table), ("kernels_moe_*.json", kernels_table), ("kernels_int4_*.json", int4_lines),
+            ("int4_e2e_*.json", int4_e2e_lines), ("offload_*.json", offload_table),
+            ("residency_*.json", residency_table), ("residency50_*.json", pool50_lines),
+            ("pool0_recheck_*.json", pool0_lines), ("cpu_decode_*.json", cpu_table), ("serve_*.json", serve_table),
+            ("gpt_oss_*.json", gpt_oss_table))
+
+
+def results_block() -> str:
+    """docs/results.md's tables: the newest run of each benchmark, each figure beside its limit."""
+    parts = [fn(d) for pattern, fn in SECTIONS if (d := _load(pattern)) is not None]
     return "\n\n".join("\n".join(p) for p in parts)
 
 
-def main() -> None:
-    readme = ROOT / "README.md"
-    text = readme.read_text()
-    block = f"{BEGIN}\n{render()}\n{END}"
-    if BEGIN in text:
-        text = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: block, text, flags=re.S)
-    else:
-        text = text.rstrip() + "\n\n## Results\n\n" + block + "\n"
-    readme.write_text(text)
+# What a family of result files measures, for files that do not say it themselves (by name prefix).
+PRODUCERS = {
+    "attention_": "paged decode attention against the HBM ceiling (benchmarks/kernels/bench_attention.py)",
+    "cpu_decode_": "CPU decode of the demo model against transformers (benchmarks/bench_cpu_decode.py)",
+    "cpu_threads_": "CPU math threads against decode speed (benchmarks/cpu_threads.py)",
+    "e2e_": "end to end against transformers, Qwen3-30B-A3B shape (benchmarks/bench_e2e.py)",
+    "gpt_oss_": "gpt-oss shapes, MXFP4 experts (benchmarks/bench_gpt_oss.py)",
+    "gui_stall_": "the workbench's event loop while a model loads (benchmarks/gui_stall.py)",
+    "int4_e2e_": "int4 end to end against transformers (benchmarks/bench_e2e.py)",
+    "kernels_": "MoE layer kernels per format against the HBM ceiling (benchmarks/kernels/bench_moe.py)",
+    "lfu_decay_": "pool hit rate per LFU decay (benchmarks/lfu_decay.py)",
+    "offload_": "expert offload, the MoE path alone (benchmarks/bench_offload.py)",
+    "profile_gpt_oss_": "kernel time of a gpt-oss decode step (benchmarks/profile_gpt_oss.py)",
+    "residency50_": "the 50% pool in steady state, depth 2 against depth 0 (benchmarks/bench_e2e.py --offload)",
+    "residency_2": "the residency grid: pools, depths, batches, routings (benchmarks/bench_e2e.py --offload)",
+    "serve_": "serving over HTTP beside the same workload in-process (benchmarks/bench_serve.py)",
+    "server_overhead_": "the HTTP server's own cost per streamed token (benchmarks/server_overhead.py)",
+}
+
+
+def _describe(name: str, d: dict) -> str:
+    """A result file's one-line account of what it measured: its own words where it has them."""
+    producer = next((v for k, v in PRODUCERS.items() if name.startswith(k)), "")
+    own = re.sub(r"\s*\([^()]*\)", "", str(d.get("what") or d.get("note") or ""))   # asides stay in the file
+    text = (str(d.get("what") or "") and own) or producer or own
+    text = text.replace("|", "/").replace("\n", " ")
+    first = re.split(r"(?<=\.)\s", text, maxsplit=1)[0]
+    return first if len(first) <= 200 else first[:first.rindex(" ", 0, 199)] + " …"
+
+
+def file_index() -> str:
+    """Every result file, newest first: date, commit, what it measured."""
+    out = ["| file | date | commit | what |", "|---|---|---|---|"]
+    for f in sorted(RESULTS.glob("*.json"), key=lambda f: (_date(f), f.name), reverse=True):
+        d = json.loads(f.read_text())
+        env = d.get("environment") if isinstance(d.get("environment"), dict) else {}
+        commit = str(env.get("commit") or d.get("commit") or "").split(" ")[0][:12]
+        out.append(f"| [{f.name}](../benchmarks/results/{f.name}) | {_date(f)} | {commit} | {_describe(f.name, d)} |")
+    return "\n".join(out)
+
+
+def _date(f: Path) -> str:
+    found = re.search(r"\d{4}-\d{2}-\d{2}", f.name)
+    return found.group(0) if found else ""
+
+
+def _newest(pattern: str, rows_of, match) -> dict:
+    """The first row that ``match`` accepts, from the newest file matching ``pattern`` that has one."""
+    for f in sorted(RESULTS.glob(pattern), reverse=True):
+        for row in rows_of(json.loads(f.read_text())):
+            if match(row):
+                return row
+    raise LookupError(f"no row in benchmarks/results/{pattern} for the README's headline: add that run or drop its row")
+
+
+def _residency_rows(d: dict) -> list[dict]:
+    return [r for block in d["offload"].values() for r in block.get("rows", [])]
+
+
+def _headline_rows() -> list[tuple[str, str, float, str]]:
+    """``(model, setting, decode tok/s, against what)`` for the README."""
+    e2e = lambda b: _newest("e2e_*.json", lambda d: d["results"],
+                            lambda r: r.get("system") == "strata int4" and r["batch"] == b and "tok_s" in r)
+    one, eight = e2e(1), e2e(8)
+    pool = lambda frac: _newest("residency_*.json", _residency_rows,
+                                lambda r: (r["routing"], r["pool_fraction"], r["depth"], r["batch"])
+                                == ("trained-like", frac, 2 if frac < 1 else 0, 8))
+    half, full = pool(0.5), pool(1.0)
+    serve = _newest("serve_*.json", lambda d: d["summary"],
+                    lambda r: (r["config"], r["workload"]) == ("resident", "four-streams"))
+    oss = lambda cell, batch: _newest("gpt_oss_*.json", _gpt_oss_rows,
+                                      lambda r: r["cell"] == cell and r.get("batch", 1) == batch
+                                      and r["routing"] == ("uniform" if cell == "a" else "trained-like"))
+    small, big = oss("a", 1), oss("b", 16)
+    cpu = _load("cpu_decode_*.json") or {}
+    rows = [("Qwen3-30B-A3B, int4", "every expert on the GPU, batch 1", one["tok_s"],
+             f"{one['vs_transformers']:.1f}× transformers, {one['fraction_of_roofline']:.0%} of the HBM roofline"),
+            ("Qwen3-30B-A3B, int4", "every expert on the GPU, batch 8", eight["tok_s"],
+             f"{eight['vs_transformers']:.1f}× transformers"),
+            ("Qwen3-30B-A3B, bf16", "half the experts on the GPU, depth 2, batch 8", half["tok_s"],
+             f"hit rate {half['hit_rate']:.0%}; {full['tok_s']:.0f} with every expert on the GPU"),
+            ("Qwen3-30B-A3B, int4", "`serve`, 4 streams over HTTP", serve["http_output_tok_s"],
+             f"{serve['http_over_in_process_tok_s']:.3f}× in-process"),
+            ("gpt-oss-20b, MXFP4", "every expert on the GPU, batch 1", small["tok_s"],
+             f"{small['fraction_of_roofline']:.0%} of the HBM roofline"),
+            ("gpt-oss-120b, MXFP4", "`--gpu-memory-budget 24G`, batch 16", big["tok_s"],
+             f"{big['fraction_of_bus_limit']:.0%} of the bus limit")]
+    if cpu:
+        rows.append(("demo model, CPU", "float32, batch 1", cpu["strata_decode_tok_s"],
+                     f"{cpu['ratio']}× transformers"))
+    return rows
+
+
+def headline() -> str:
+    """The README's table: a few rows of the newest runs (H200; random weights, trained-like routing)."""
+    out = ["| model | setting | tok/s | against |", "|---|---|---|---|"]
+    out += [f"| {m} | {s} | {t:.0f} | {a} |" for m, s, t, a in _headline_rows()]
+    return "\n".join(out)
+
+
+RESULTS_TEMPLATE = f"# Results\n\n{BEGIN}\n{END}\n\n## Every result file\n\n{INDEX_BEGIN}\n{INDEX_END}\n"
+
+
+def replace_block(text: str, begin: str, end: str, body: str, name: str) -> str:
+    """``text`` with what lies between ``begin`` and ``end`` replaced by ``body``."""
+    if text.count(begin) != 1 or text.count(end) != 1:
+        raise ValueError(f"{name} needs the markers {begin} and {end} once each: put them back where the "
+                         "generated text goes")
+    head, rest = text.split(begin)
+    return f"{head}{begin}\n{body}\n{end}{rest.split(end, 1)[1]}"
+
+
+def updated_results(text: str) -> str:
+    """docs/results.md's ``text`` with its tables and its file index generated again."""
+    text = replace_block(text, BEGIN, END, results_block(), "docs/results.md")
+    return replace_block(text, INDEX_BEGIN, INDEX_END, file_index(), "docs/results.md")
+
+
+def updated_readme(text: str) -> str:
+    """README.md's ``text`` with its headline table generated again."""
+    return replace_block(text, HEADLINE_BEGIN, HEADLINE_END, headline(), "README.md")
+
+
+def main(argv: list[str]) -> int:
+    check = argv == ["--check"]
+    if argv and not check:
+        print("usage: python benchmarks/report.py [--check]", file=sys.stderr)
+        return 2
+    targets = ((RESULTS_DOC, updated_results), (README, updated_readme))
+    stale = []
+    for path, update in targets:
+        text = path.read_text() if path.exists() else RESULTS_TEMPLATE
+        try:
+            new = update(text)
+        except (ValueError, LookupError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        if new != text:
+            stale.append(path.relative_to(ROOT).as_posix())
+            if not check:
+                path.write_text(new)
+    if check and stale:
+        print(f"error: {', '.join(stale)} out of date: run python benchmarks/report.py", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(sys.argv[1:]))
