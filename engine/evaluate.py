@@ -27,6 +27,7 @@ class EvalResult:
     mean_cosine: float | None = None         # mean cosine similarity of the logit vectors
     expert_format: str = ""                  # the experts as run: bf16, int4, fp8, mxfp4, ...
     reference_format: str | None = None      # the reference's experts as run
+    resident_format: str = "bf16"            # the resident matrices as run: bf16 (the dtype), fp8, int8
 
 
 def reference_weight_format(model: str) -> str:
@@ -93,8 +94,8 @@ def evaluate(engine, text: str, reference=None, window: int = 256, max_tokens: i
             rows += logits.shape[0]
     if n == 0:
         raise ConfigError("the evaluation text has fewer than 2 tokens; give a longer text file")
-    fmt = engine.model_info.expert_format
+    fmt, res = engine.model_info.expert_format, engine.model_info.resident_format
     if reference is None:
-        return EvalResult(n, math.exp(nll / n), expert_format=fmt)
+        return EvalResult(n, math.exp(nll / n), expert_format=fmt, resident_format=res)
     return EvalResult(n, math.exp(nll / n), math.exp(ref_nll / n), agree / rows, cos_sum / rows, fmt,
-                      reference.model_info.expert_format)
+                      reference.model_info.expert_format, res)

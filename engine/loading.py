@@ -11,7 +11,7 @@ import torch
 from engine.checkpoint.converted import ConvertedSource, is_converted
 from engine.checkpoint.integrity import Progress
 from engine.checkpoint.loader import check_complete, load_weights
-from engine.checkpoint.plan import active_params_per_token, params_by_category, routed_params_per_expert
+from engine.checkpoint.plan import params_by_category, resident_bytes
 from engine.checkpoint.reader import SafetensorsReader, TensorSource, with_aliases
 from engine.checkpoint.spec import ModelSpec, read_spec
 from engine.config import DEFAULT_GROUP_SIZE, DIRECT_READS, EngineConfig
@@ -55,6 +55,7 @@ class ModelInfo:
     is_demo: bool
     random_weights: bool
     completion_only: bool = False  # a base model: its chat template (if any) is not what it was trained on
+    resident_format: str = "bf16"  # attention, dense MLPs and LM head on the device: bf16 (the dtype), fp8, int8
     notes: tuple[str, ...] = ()    # one line each: a setting clamped or ignored at load, and why
 
 
@@ -106,6 +107,9 @@ class LoadedModel:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.converted = isinstance(source, ConvertedSource)
+        # how attention, dense MLPs and the LM head sit on the device: bf16 (the dtype), fp8 or int8
+        self.resident_format = (config.resident_weights if config.resident_weights != "auto" else
+                                source.manifest.resident if self.converted else "bf16")
         source = with_aliases(source, spec.family.aliases)
         check_complete(spec, source)
         self.layout = expert_layout(config, spec, self.dtype)
@@ -118,7 +122,8 @@ class LoadedModel:
         self.notes += pool.notes + notes
         if isinstance(config.expert_pool_size, PoolShare):    # "50%" -> bytes, so the config reads plainly
             self.config = config = config.replace(expert_pool_size=self.pool_bytes(config.expert_pool_size))
-        self.weights, rows = load_weights(spec, source, self.device, self.dtype, self.layout, self._allocate_rows)
+        self.weights, rows = load_weights(spec, source, self.device, self.dtype, self.layout, self._allocate_rows,
+                                          self.resident_format)
         self.experts: ExpertProvider = self._build_experts(rows)
         self.model = MoETransformer(spec, self.weights, self.experts, self.device, self.dtype, self.max_model_len)
         z = self.kv_sizing
@@ -140,7 +145,7 @@ class LoadedModel:
             routed_expert_bytes=self.layout.nbytes * spec.num_moe_layers * spec.num_experts,
             is_demo=bool(marker.get("demo")),
             random_weights=bool(marker.get("random_weights")), completion_only=bool(marker.get("completion_only")),
-            notes=self.notes)
+            resident_format=self.resident_format, notes=self.notes)
         self.load_seconds = time.perf_counter() - t0
 
     def _fit(self, config: EngineConfig) -> EngineConfig:
@@ -158,9 +163,9 @@ class LoadedModel:
     def active_bytes_per_token(self) -> int:
         """Weight bytes one decoded token reads: the resident weights it uses and k experts per MoE layer."""
         s = self.spec
-        routed = s.num_moe_layers * s.top_k
-        dense = active_params_per_token(s) - routed * routed_params_per_expert(s)
-        return dense * torch.empty((), dtype=self.dtype).element_size() + routed * self.layout.nbytes
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        dense = resident_bytes(s, elem, self.resident_format, active=True)
+        return dense + s.num_moe_layers * s.top_k * self.layout.nbytes
 
     @property
     def experts_resident(self) -> bool:
@@ -186,8 +191,7 @@ class LoadedModel:
 
     def _plan(self) -> MemoryPlan:
         s, c = self.spec, self.config
-        counts = params_by_category(s)
-        resident = (sum(counts.values()) - counts["routed_experts"]) * torch.empty((), dtype=self.dtype).element_size()
+        resident = resident_bytes(s, torch.empty((), dtype=self.dtype).element_size(), self.resident_format)
         budget = c.gpu_memory_budget if c.gpu_memory_budget is not None else default_budget(self.device)
         if self.device.type != "cuda":
             budget = None     # no device memory to budget on the CPU

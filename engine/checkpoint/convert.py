@@ -24,13 +24,13 @@ from safetensors.torch import save_file
 
 from engine.checkpoint import families as fn
 from engine.checkpoint.checks import check_finite
-from engine.checkpoint.converted import (FORMAT_VERSION, FP8_SCALE, MANIFEST, RESIDENT_FILE, expert_doc, expert_file,
+from engine.checkpoint.converted import (FORMAT_VERSION, MANIFEST, RESIDENT_FILE, ROW_SCALES, expert_doc, expert_file,
                                          layout_doc, verify_files)
 from engine.checkpoint.destination import (PARTIAL_MARKER, Destination, check_source, discard, install,
                                            make_staging, plan_destination)
 from engine.checkpoint.integrity import RECORD, file_sha256
 from engine.checkpoint.loader import check_complete, pack_layer_experts, where_of
-from engine.checkpoint.plan import tensor_plan
+from engine.checkpoint.plan import quantisable, tensor_plan
 from engine.checkpoint.reader import INDEX, SafetensorsReader
 from engine.checkpoint.spec import ModelSpec, read_spec
 from engine.config import DEFAULT_GROUP_SIZE, GROUP_SIZES
@@ -40,7 +40,7 @@ from engine.loading import expert_act
 from kernels.quant.mxfp4 import MXFP4_GROUP
 
 EXPERT_FORMATS = ("int4", "fp8", "bf16", "mxfp4")
-RESIDENT_FORMATS = ("bf16", "fp8")
+RESIDENT_FORMATS = ("bf16", "fp8", "int8")
 # weights in other formats, which the conversion replaces: never copied across
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".onnx")
 Progress = Callable[[int, int, str], None]
@@ -74,13 +74,13 @@ def _check_options(opts: ConvertOptions) -> None:
     if opts.weights != "auto" and opts.weights not in EXPERT_FORMATS:
         raise ConfigError(f"--weights {opts.weights!r} is not a known format; choose int4, fp8, bf16 or mxfp4")
     if opts.resident not in RESIDENT_FORMATS:
-        raise ConfigError(f"--resident-weights {opts.resident!r} is not a known format; choose bf16 or fp8")
+        raise ConfigError(f"--resident-weights {opts.resident!r} is not a known format; choose bf16, fp8 or int8")
     if opts.group_size not in GROUP_SIZES:
         raise ConfigError(f"--group-size {opts.group_size} is not supported; choose 32, 64 or 128")
 
 
 def _resident_tensors(reader: SafetensorsReader, spec: ModelSpec, resident: str) -> dict[str, torch.Tensor]:
-    from kernels.quant import quantize_fp8
+    from kernels.qlinear import quantize_rows
     out: dict[str, torch.Tensor] = {}
     # attention sinks are read in float32 at load (they join the softmax denominator): kept so
     sinks = {f"{fn.ATTN.format(i=i)}.sinks" for i in range(spec.num_layers)} if spec.family.attn_sinks else set()
@@ -91,9 +91,9 @@ def _resident_tensors(reader: SafetensorsReader, spec: ModelSpec, resident: str)
         check_finite(w, t.name, where_of(reader, t.name))
         if t.name in sinks:
             out[t.name] = w.to(torch.float32).contiguous()
-        elif resident == "fp8" and w.dim() == 2 and t.category not in ("embeddings", "router"):
-            q, scale = quantize_fp8(w.to(torch.float32))
-            out[t.name], out[t.name + FP8_SCALE] = q, scale
+        elif resident != "bf16" and quantisable(t):
+            qw = quantize_rows(w, resident)
+            out[t.name], out[t.name + ROW_SCALES[resident]] = qw.q, qw.scale
         else:
             out[t.name] = w.to(torch.bfloat16).contiguous()
     return out

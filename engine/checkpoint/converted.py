@@ -27,11 +27,14 @@ from engine.checkpoint.reader import SafetensorsReader, TensorSource
 from engine.config import DEFAULT_GROUP_SIZE
 from engine.errors import ModelLoadError
 from kernels.expert_layout import ACTIVATIONS, EXPERT_FORMATS, ExpertAct, ExpertLayout
+from kernels.qlinear import QuantWeight
 
 MANIFEST = "strata.json"
 FORMAT_VERSION = 1
 RESIDENT_FILE = "resident.safetensors"
 FP8_SCALE = ".fp8_row_scale"   # suffix of the per-row scale of a resident matrix stored in fp8
+INT8_SCALE = ".int8_row_scale"  # ... stored in int8
+ROW_SCALES = {"fp8": FP8_SCALE, "int8": INT8_SCALE}
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _FIX = "convert the model again with main.py convert"
 
@@ -150,7 +153,7 @@ class Manifest:
         """The command that writes ``folder`` again, as it was written."""
         src = shlex.quote(self.source) if self.source else "SRC"
         extra = f" --group-size {self.group_size}" if self.weights == "int4" and self.group_size != DEFAULT_GROUP_SIZE else ""
-        extra += " --resident-weights fp8" if self.resident == "fp8" else ""
+        extra += f" --resident-weights {self.resident}" if self.resident != "bf16" else ""
         return f"main.py convert {src} {shlex.quote(str(folder))} --weights {self.weights}{extra} --force"
 
 
@@ -171,8 +174,10 @@ class ConvertedSource(TensorSource):
         self.checksums = self._verify(verify, progress)
         self._resident = SafetensorsReader(folder, [folder / RESIDENT_FILE])
         names = self._resident.names()
-        self._fp8 = {n[: -len(FP8_SCALE)] for n in names if n.endswith(FP8_SCALE)}
-        self._names = names - {n + FP8_SCALE for n in self._fp8}
+        # matrix name -> the 8-bit format it is stored in (its row scale beside it)
+        self._quant = {n[: -len(suffix)]: fmt for fmt, suffix in ROW_SCALES.items() for n in names
+                       if n.endswith(suffix)}
+        self._names = names - {n + ROW_SCALES[fmt] for n, fmt in self._quant.items()}
 
     def _verify(self, force: bool, progress: Progress | None) -> ChecksumReport:
         m, folder = self.manifest, self.dir
@@ -198,13 +203,19 @@ class ConvertedSource(TensorSource):
         return self._resident.shape(name)
 
     def dtype(self, name: str) -> str:
-        return "float32" if name in self._fp8 else self._resident.dtype(name)
+        return "float32" if name in self._quant else self._resident.dtype(name)
 
     def get(self, name: str) -> torch.Tensor:
         t = self._resident.get(name)
-        if name in self._fp8:   # fp8 storage of a resident matrix: widened at load, saves disk not VRAM
-            t = t.to(torch.float32) * self._resident.get(name + FP8_SCALE)[:, None]
+        fmt = self._quant.get(name)
+        if fmt is not None:     # an 8-bit matrix asked for widened (a load that keeps resident weights in the dtype)
+            t = t.to(torch.float32) * self._resident.get(name + ROW_SCALES[fmt])[:, None]
         return t
+
+    def stored_quant(self, name: str, fmt: str) -> QuantWeight | None:
+        if self._quant.get(name) != fmt:
+            return None
+        return QuantWeight(self._resident.get(name), self._resident.get(name + ROW_SCALES[fmt]).float(), fmt)
 
     def file_of(self, name: str) -> Path:
         return self._resident.file_of(name)

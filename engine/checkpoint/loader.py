@@ -8,11 +8,12 @@ import torch
 from engine.checkpoint import families as fn
 from engine.checkpoint.checks import check_cast, check_dtype, check_finite
 from engine.checkpoint.mxfp4 import check_mxfp4_layer, has_mxfp4, pack_mxfp4_layer
-from engine.checkpoint.plan import TensorEntry, routed_expert_entries, router_bias_name, tensor_plan
+from engine.checkpoint.plan import TensorEntry, quantisable, routed_expert_entries, router_bias_name, tensor_plan
 from engine.checkpoint.reader import TensorSource
 from engine.checkpoint.spec import ModelSpec
 from engine.errors import ModelLoadError
 from kernels.expert_layout import ExpertLayout
+from kernels.qlinear import QuantWeight, quantize_rows
 from engine.models.weights import AttentionWeights, LayerWeights, MLPWeights, ModelWeights, MoEWeights
 
 RowAllocator = Callable[[int, int], torch.Tensor]   # (rows, nbytes) -> uint8 [rows, nbytes]
@@ -21,8 +22,9 @@ RowAllocator = Callable[[int, int], torch.Tensor]   # (rows, nbytes) -> uint8 [r
 class _Fetch:
     """Reads tensors by plan entry with shape checks, casting, a finiteness check and placement."""
 
-    def __init__(self, source: TensorSource, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, source: TensorSource, device: torch.device, dtype: torch.dtype, resident: str = "bf16") -> None:
         self.source, self.device, self.dtype = source, device, dtype
+        self.resident = resident       # bf16 (the dtype) | fp8 | int8: how quantisable matrices are kept
         self.names = source.names()
 
     def where(self, name: str) -> str:
@@ -46,6 +48,27 @@ class _Fetch:
         out = raw.to(device=self.device, dtype=dtype or self.dtype)
         check_cast(raw, out, entry.name, self.where(entry.name))   # once per resident tensor, at load
         return out
+
+    def matrix(self, entries: list[TensorEntry | None]) -> torch.Tensor | QuantWeight | None:
+        """The row-wise concatenation of ``entries`` (q, k and v; gate and up), in 8 bits when they are
+        quantisable and the load keeps resident weights so: taken as stored when the folder holds them in
+        that format, else quantised on the device one matrix at a time. None when the first is None."""
+        if entries[0] is None:
+            return None
+        if self.resident == "bf16" or not quantisable(entries[0]):
+            parts = [self(e) for e in entries]
+            return parts[0] if len(parts) == 1 else torch.cat(parts, 0)
+        parts = []
+        for e in entries:
+            stored = self.source.stored_quant(e.name, self.resident)
+            if stored is not None:
+                self.raw(e)                                            # the name and shape checks
+                parts.append(QuantWeight(stored.q.to(self.device), stored.scale.to(self.device), stored.fmt))
+            else:
+                parts.append(quantize_rows(self(e), self.resident))
+        if len(parts) == 1:
+            return parts[0]
+        return QuantWeight(torch.cat([p.q for p in parts], 0), torch.cat([p.scale for p in parts], 0), self.resident)
 
 
 def where_of(source: TensorSource, name: str) -> str:
@@ -118,11 +141,15 @@ def _finite(fetch: _Fetch, entry: TensorEntry) -> torch.Tensor:
 
 
 def load_weights(spec: ModelSpec, source: TensorSource, device: torch.device, dtype: torch.dtype,
-                 layout: ExpertLayout, allocate_rows: RowAllocator) -> tuple[ModelWeights, torch.Tensor]:
-    """Resident weights on ``device`` and routed experts packed into host rows ``[L_moe * E, nbytes]``."""
-    fetch = _Fetch(source, device, dtype)
+                 layout: ExpertLayout, allocate_rows: RowAllocator,
+                 resident: str = "bf16") -> tuple[ModelWeights, torch.Tensor]:
+    """Resident weights on ``device`` and routed experts packed into host rows ``[L_moe * E, nbytes]``.
+
+    ``resident`` fp8 / int8 keeps the quantisable matrices (:func:`quantisable`) in 8 bits."""
+    fetch = _Fetch(source, device, dtype, resident)
     by_name = {t.name: t for t in tensor_plan(spec) if t.category != "routed_experts"}
     get = lambda name, dt=None: fetch(by_name.get(name), dt)                 # noqa: E731
+    get.matrix = lambda *names: fetch.matrix([by_name.get(n) for n in names])   # type: ignore[attr-defined]
     rows = allocate_rows(spec.num_moe_layers * spec.num_experts, layout.nbytes)
     layers, moe_index = [], 0
     for i in range(spec.num_layers):
@@ -144,23 +171,23 @@ def load_weights(spec: ModelSpec, source: TensorSource, device: torch.device, dt
             moe_index += 1
         layers.append(layer)
     embed = get(fn.EMBED)
-    lm_head = embed if spec.tie_word_embeddings else get(fn.LM_HEAD)
+    lm_head = embed if spec.tie_word_embeddings else get.matrix(fn.LM_HEAD)
     return ModelWeights(embed, get(fn.FINAL_NORM), lm_head, layers), rows
 
 
 def _attention(get, spec: ModelSpec, i: int) -> AttentionWeights:
     """Layer ``i``'s attention; a tensor the family lacks is None (its plan has no such entry)."""
     a = fn.ATTN.format(i=i)
-    qkv = torch.cat([get(f"{a}.{n}_proj.weight") for n in "qkv"], 0)
+    qkv = get.matrix(*(f"{a}.{n}_proj.weight" for n in "qkv"))
     bias = torch.cat([get(f"{a}.{n}_proj.bias") for n in "qkv"], 0) if spec.qkv_bias else None
-    return AttentionWeights(qkv, get(f"{a}.o_proj.weight"), bias, get(f"{a}.q_norm.weight"), get(f"{a}.k_norm.weight"),
+    return AttentionWeights(qkv, get.matrix(f"{a}.o_proj.weight"), bias, get(f"{a}.q_norm.weight"), get(f"{a}.k_norm.weight"),
                             o_bias=get(f"{a}.o_proj.bias"), sinks=get(f"{a}.sinks", torch.float32),
                             window=spec.window(i))
 
 
 def _mlp(get, prefix: str) -> MLPWeights:
-    gate_up = torch.cat([get(f"{prefix}.gate_proj.weight"), get(f"{prefix}.up_proj.weight")], 0)
-    return MLPWeights(gate_up, get(f"{prefix}.down_proj.weight"))
+    return MLPWeights(get.matrix(f"{prefix}.gate_proj.weight", f"{prefix}.up_proj.weight"),
+                      get.matrix(f"{prefix}.down_proj.weight"))
 
 
 def check_complete(spec: ModelSpec, source: TensorSource) -> None:

@@ -114,6 +114,40 @@ def params_by_category(spec: ModelSpec) -> dict[str, int]:
     return counts
 
 
+_QUANTISABLE = ("attention", "dense_mlp", "shared_experts")
+
+
+def quantisable(entry: TensorEntry) -> bool:
+    """Whether ``--resident-weights fp8 / int8`` stores this resident tensor in 8 bits: the matrices of
+    attention, dense and shared-expert MLPs and an untied LM head. Embeddings (one row read per token),
+    routers (the prefetcher's predictions read them too), norms, biases and gates keep the dtype."""
+    if entry.name == fn.LM_HEAD:
+        return True
+    return entry.category in _QUANTISABLE and len(entry.shape) == 2 and entry.shape[0] > 1
+
+
+def resident_bytes_by_category(spec: ModelSpec, elem: int, fmt: str = "bf16", active: bool = False) -> dict[str, int]:
+    """Device bytes of the non-routed tensors per category, ``elem`` bytes per value, the quantisable
+    ones (:func:`quantisable`) at 1 byte plus a float32 scale per row when ``fmt`` is fp8 or int8. With
+    ``active``: the bytes one decoded token reads (one embedding row, not the table, unless it is tied)."""
+    out = {c: 0 for c in CATEGORIES if c != "routed_experts"}
+    for t in tensor_plan(spec):
+        if t.category == "routed_experts":
+            continue
+        n = 1
+        for s in t.shape:
+            n *= s
+        if active and t.name == fn.EMBED and not spec.tie_word_embeddings:
+            n = spec.hidden
+        out[t.category] += n + 4 * t.shape[0] if fmt in ("fp8", "int8") and quantisable(t) else n * elem
+    return out
+
+
+def resident_bytes(spec: ModelSpec, elem: int, fmt: str = "bf16", active: bool = False) -> int:
+    """The sum of :func:`resident_bytes_by_category`."""
+    return sum(resident_bytes_by_category(spec, elem, fmt, active).values())
+
+
 def routed_params_per_expert(spec: ModelSpec) -> int:
     """Weights (and expert biases) of one routed expert."""
     bias = 2 * spec.moe_ffn + spec.hidden if spec.family.expert_bias else 0

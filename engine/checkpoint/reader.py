@@ -3,11 +3,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
 
 from engine.errors import ModelLoadError
+
+if TYPE_CHECKING:
+    from kernels.qlinear import QuantWeight
 
 INDEX = "model.safetensors.index.json"
 # safetensors header dtypes by the name torch gives the same type (what error messages show)
@@ -35,6 +39,11 @@ class TensorSource:
 
     def file_of(self, name: str) -> Path | None:
         """The file holding tensor ``name``, or None for a source in memory."""
+        return None
+
+    def stored_quant(self, name: str, fmt: str) -> "QuantWeight | None":
+        """Matrix ``name`` as stored in 8 bits (``fmt``: fp8 | int8) with its row scales, on the host,
+        when the source keeps it so (a converted folder); None: ``get`` is all there is."""
         return None
 
 
@@ -162,6 +171,9 @@ class AliasedSource(TensorSource):
 
     def file_of(self, name: str) -> Path | None:
         return self.source.file_of(self._orig[name])
+
+    def stored_quant(self, name: str, fmt: str) -> "QuantWeight | None":
+        return self.source.stored_quant(self._orig[name], fmt)
 
 
 def with_aliases(source: TensorSource, aliases: tuple[tuple[str, str], ...]) -> TensorSource:

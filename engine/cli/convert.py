@@ -19,7 +19,7 @@ def add_convert_parser(sub) -> None:
                    help="routed expert format: int4 | fp8 | bf16 | mxfp4 (default: mxfp4 as shipped for a checkpoint "
                         "with MXFP4 experts, else int4)")
     p.add_argument("--group-size", type=int, default=128, help="int4 group size along K: 32, 64 or 128")
-    p.add_argument("--resident-weights", default="bf16", help="storage of the other weights: bf16 | fp8")
+    p.add_argument("--resident-weights", default="bf16", help="storage of the other weights: bf16 | fp8 | int8 (8 bits stay 8 bits on the GPU)")
     p.add_argument("--force", action="store_true", help="replace DST if it holds an earlier conversion")
     p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
 
@@ -119,7 +119,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     try:
         if args.reference:
             ref_format = reference_weight_format(args.reference)
-            engines.append(LLMEngine(EngineConfig(model=args.reference, **{**opts, "weight_format": ref_format})))
+            # the reference as stored: the flags' quantisation applies to the model under test only
+            engines.append(LLMEngine(EngineConfig(model=args.reference, **{**opts, "weight_format": ref_format,
+                                                                            "resident_weights": "auto"})))
         engine, ref = engines[0], (engines[1] if args.reference else None)
         r = evaluate(engine, text, ref, args.window, args.max_tokens)
     finally:
@@ -128,7 +130,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(r.__dict__))
         return 0
-    print(f"tokens {r.tokens}  perplexity {r.perplexity:.3f}  ({r.expert_format} experts)")
+    resident = f", {r.resident_format} resident weights" if r.resident_format != "bf16" else ""
+    print(f"tokens {r.tokens}  perplexity {r.perplexity:.3f}  ({r.expert_format} experts{resident})")
     if ref is not None:
         print(f"reference perplexity {r.reference_perplexity:.3f} ({100 * (r.perplexity / r.reference_perplexity - 1):+.2f}%, "
               f"{r.reference_format} experts)  top-1 agreement {100 * r.top1_agreement:.2f}%  "

@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 from engine.checkpoint.converted import Manifest, is_converted
-from engine.checkpoint.plan import CATEGORIES, active_params_per_token, params_by_category
+from engine.checkpoint.plan import (CATEGORIES, active_params_per_token, params_by_category, resident_bytes,
+                                    resident_bytes_by_category)
 from engine.checkpoint.spec import ModelSpec, read_spec
 from engine.cli.options import engine_options, model_dir
 from engine.config import EngineConfig, format_size, parse_size
@@ -69,6 +70,15 @@ def _expert_format(spec: ModelSpec, args: argparse.Namespace, dtype: str) -> tup
     return ("bf16" if _DTYPES[dtype].itemsize == 2 else "fp32"), args.group_size
 
 
+def _resident_format(args: argparse.Namespace) -> str:
+    """How a load with these flags keeps the resident matrices: bf16 (the dtype), fp8 or int8."""
+    chosen = getattr(args, "resident_weights", "auto")
+    if chosen != "auto":
+        return chosen
+    folder = Path(model_dir(args))
+    return Manifest.read(folder).resident if is_converted(folder) else "bf16"
+
+
 def plan_lines(spec: ModelSpec, args: argparse.Namespace) -> list[str]:
     dtype = "bfloat16" if args.dtype == "auto" else args.dtype
     wb = _DTYPES[dtype].itemsize
@@ -76,22 +86,25 @@ def plan_lines(spec: ModelSpec, args: argparse.Namespace) -> list[str]:
     per_expert = expert_bytes(spec, fmt, group)
     n_experts = spec.num_moe_layers * spec.num_experts
     counts = params_by_category(spec)
+    res_fmt = _resident_format(args)
+    by_cat = resident_bytes_by_category(spec, wb, res_fmt)
     lines = [f"model        {spec.name}  ({spec.architecture}, family {spec.family.name})",
              f"layers       {spec.num_layers} ({spec.num_moe_layers} MoE), {spec.num_experts} experts, top-{spec.top_k}, "
              f"hidden {spec.hidden}, expert FFN {spec.moe_ffn}",
              "", f"{'category':<16}{'parameters':>16}{'bytes':>14}"]
     resident = 0
     for cat in CATEGORIES:
-        nbytes = n_experts * per_expert if cat == "routed_experts" else counts[cat] * wb
+        nbytes = n_experts * per_expert if cat == "routed_experts" else by_cat[cat]
         resident += 0 if cat == "routed_experts" else nbytes
         lines.append(f"{cat:<16}{counts[cat]:>16,}{format_size(nbytes):>14}")
     total_params = sum(counts.values())
     lines.append(f"{'total':<16}{total_params:>16,}{format_size(resident + n_experts * per_expert):>14}")
     active = active_params_per_token(spec)
     routed_active = spec.num_moe_layers * spec.top_k * per_expert
-    active_bytes = (active - spec.num_moe_layers * spec.top_k * 3 * spec.hidden * spec.moe_ffn) * wb + routed_active
+    active_bytes = resident_bytes(spec, wb, res_fmt, active=True) + routed_active
     lines += ["", f"active per token: {active:,} parameters, {format_size(active_bytes)} "
-                  f"(routed experts {format_size(routed_active)} in {fmt}, {format_size(per_expert)} each)"]
+                  f"(routed experts {format_size(routed_active)} in {fmt}, {format_size(per_expert)} each; "
+                  f"resident matrices in {res_fmt if res_fmt != 'bf16' else dtype})"]
     c = EngineConfig(model=model_dir(args), **engine_options(args))
     context = min(c.max_model_len or spec.max_position, spec.max_position)
     kv = kv_sizing(spec, _DTYPES[dtype], c.kv_cache_dtype, context, c.max_batch, c.token_budget, c.kv_block_size)

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from engine.checkpoint.spec import RopeScaling
 from kernels.norm_rope import rms_norm, rotate
+from kernels.qlinear import QuantWeight, linear
 
 __all__ = ["Rope", "SeqSlice", "mlp", "paged_attention_ref", "rms_norm"]
 
@@ -137,8 +138,9 @@ def _paged_attention_masked(q: torch.Tensor, gather: Gather, seqs: list[SeqSlice
     return out.reshape(T, H * hd)
 
 
-def mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    """SwiGLU MLP. x [T, D], gate_up [2F, D], down [D, F] -> [T, D]."""
-    h = x @ gate_up.t()                                                  # [T, 2F]
+def mlp(x: torch.Tensor, gate_up: torch.Tensor | QuantWeight, down: torch.Tensor | QuantWeight, kernel: bool = False) -> torch.Tensor:
+    """SwiGLU MLP. x [T, D], gate_up [2F, D], down [D, F] -> [T, D]; ``kernel``: 8-bit matrices
+    through the Triton kernel (CUDA), else the reference (:func:`kernels.qlinear.linear`)."""
+    h = linear(x, gate_up, kernel=kernel)                                # [T, 2F]
     f = gate_up.shape[0] // 2
-    return (F.silu(h[:, :f]) * h[:, f:]) @ down.t()
+    return linear(F.silu(h[:, :f]) * h[:, f:], down, kernel=kernel)

@@ -22,6 +22,7 @@ from engine.models.weights import AttentionWeights, ModelWeights, MoEWeights
 from kernels._triton import HAS_TRITON
 from kernels.decode_ops import add_rms_norm, add_rms_norm_act16, qk_norm_rope_write
 from kernels.paged_attention import attend_context_ref, context_rows, window_valid
+from kernels.qlinear import linear
 from kernels.router import route as route_kernel
 
 # (moe_index, topk_ids, prediction) -> (slot_of_expert, views) or (slot_of_expert, views, host experts)
@@ -137,7 +138,7 @@ class MoETransformer:
                     out = self._moe(layer.moe, h, pred, acquire, h16)
                 else:
                     h, x = self._add_norm(x, attn, layer.post_norm)
-                    out = mlp(h, layer.mlp.gate_up, layer.mlp.down)
+                    out = mlp(h, layer.mlp.gate_up, layer.mlp.down, self.fused)
         finally:
             self.experts.end_step()
         if out is not None:
@@ -145,7 +146,7 @@ class MoETransformer:
         if batch.logits_rows is not None:
             x = x[batch.logits_rows]                                     # [B', D]
         x, _ = self._add_norm(x, None, self.w.final_norm)
-        return (x @ self.w.lm_head.t()).float()                          # [B', V]
+        return linear(x, self.w.lm_head, kernel=self.fused).float()      # [B', V]
 
     def _add_norm(self, x: torch.Tensor, delta: torch.Tensor | None,
                   weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -177,7 +178,7 @@ class MoETransformer:
         s, T = self.spec, x.shape[0]
         if batch.window is not None and cache.windowed(i):               # this layer's rows: the window pool
             batch = batch.window
-        qkv = x @ a.qkv.t()                                              # [T, (H + 2Hkv) hd]
+        qkv = linear(x, a.qkv, kernel=self.fused)                        # [T, (H + 2Hkv) hd]
         if self.fused and self._fused_qkv_ok(a, cache):                   # norm, RoPE, KV write: one kernel
             q = qk_norm_rope_write(qkv, batch.positions, self.rope.cos, self.rope.sin, cache.k[i], cache.v[i],
                                    batch.slot_mapping, s.num_heads, s.num_kv_heads, s.head_dim, s.rms_norm_eps,
@@ -188,8 +189,7 @@ class MoETransformer:
             o = self._decode_attention(q, cache, i, batch.decode, a).reshape(T, -1)   # [B, H hd]
         else:
             o = self._prefill_attention(q, cache, i, batch, a)           # [T, H hd]
-        o = o @ a.o.t()                                                  # [T, D]
-        return o if a.o_bias is None else o + a.o_bias
+        return linear(o, a.o, a.o_bias, kernel=self.fused)               # [T, D]
 
     def _prefill_attention(self, q: torch.Tensor, cache: KVCache, i: int, batch: ForwardBatch,
                            a: AttentionWeights) -> torch.Tensor:
@@ -263,7 +263,7 @@ class MoETransformer:
             extra["x16"] = x16
         out = self.moe_fn(x, ids, w, slot_of_expert, views, self.experts.layout, **extra)   # [T, D]
         if m.shared is not None:
-            shared = mlp(x, m.shared.gate_up, m.shared.down)             # [T, D]
+            shared = mlp(x, m.shared.gate_up, m.shared.down, self.fused)  # [T, D]
             out = out + torch.sigmoid(x @ m.shared_gate.t()) * shared
         return out
 

@@ -9,11 +9,15 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kernels.qlinear import QuantWeight
+
+Matrix = torch.Tensor | QuantWeight      # a resident matrix: in the dtype, or 8 bits with row scales
+
 
 @dataclass
 class AttentionWeights:
-    qkv: torch.Tensor                    # [(H + 2 Hkv) * hd, D]  q, k and v projections stacked
-    o: torch.Tensor                      # [D, H * hd]
+    qkv: Matrix                          # [(H + 2 Hkv) * hd, D]  q, k and v projections stacked
+    o: Matrix                            # [D, H * hd]
     qkv_bias: torch.Tensor | None = None  # [(H + 2 Hkv) * hd]
     q_norm: torch.Tensor | None = None   # [hd] (per head) or [H * hd] (whole projection)
     k_norm: torch.Tensor | None = None
@@ -24,8 +28,8 @@ class AttentionWeights:
 
 @dataclass
 class MLPWeights:
-    gate_up: torch.Tensor                # [2F, D] gate rows then up rows
-    down: torch.Tensor                   # [D, F]
+    gate_up: Matrix                      # [2F, D] gate rows then up rows
+    down: Matrix                         # [D, F]
 
 
 @dataclass
@@ -50,7 +54,7 @@ class LayerWeights:
 class ModelWeights:
     embed: torch.Tensor                  # [V, D]
     final_norm: torch.Tensor             # [D]
-    lm_head: torch.Tensor                # [V, D] (the embedding itself when tied)
+    lm_head: Matrix                      # [V, D] (the embedding itself when tied)
     layers: list[LayerWeights] = field(default_factory=list)
 
     def resident_bytes(self) -> int:
@@ -58,9 +62,12 @@ class ModelWeights:
         seen: set[int] = set()
         total = 0
 
-        def add(t: torch.Tensor | None) -> None:
+        def add(t: Matrix | None) -> None:
             nonlocal total
-            if t is not None and t.data_ptr() not in seen:
+            if isinstance(t, QuantWeight):
+                add(t.q)
+                add(t.scale)
+            elif t is not None and t.data_ptr() not in seen:
                 seen.add(t.data_ptr())
                 total += t.numel() * t.element_size()
 

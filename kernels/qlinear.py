@@ -1,0 +1,159 @@
+"""Linear layers over 8-bit resident weights: ``y = (x @ q.T) * scale + bias``, dequantised in the K loop.
+
+The resident matrices (attention, dense and shared-expert MLPs, the LM head) can live on the GPU as
+fp8 (e4m3) or int8 with one float32 scale per output row (:class:`QuantWeight`), which halves the
+bytes each decoded token reads from them. The kernel loads a ``[BLOCK_N, BLOCK_K]`` tile of 8-bit
+weights, widens it to the activations' dtype in registers and feeds the tensor cores; the row scale
+and the bias are applied once, to the fp32 accumulator. No widened copy of a matrix is ever written.
+
+Decode steps (a few tokens) are bound by the weight bytes: the launcher then takes narrow ``BLOCK_N``
+tiles so that the grid covers every SM several times over, and pads the tokens to the 16 rows the
+tensor cores take. Prefill steps use square-ish tiles.
+
+Legend: T tokens, K reduction dim (in features), N output rows (out features).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels._triton import HAS_TRITON, cdiv, jit, tl
+
+RESIDENT_QUANT = ("fp8", "int8")
+INT8_MAX = 127.0
+_FP8_MAX = 448.0
+_QUANT_CHUNK_ROWS = 8192       # rows quantised at a time: bounds the float32 temporary of a huge LM head
+
+
+@dataclass(frozen=True)
+class QuantWeight:
+    """An ``[N, K]`` matrix stored in 8 bits: ``w[n, k] = q[n, k] * scale[n]``."""
+
+    q: torch.Tensor                  # [N, K] float8_e4m3fn or int8
+    scale: torch.Tensor              # [N] float32
+    fmt: str                         # "fp8" | "int8"
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.q.shape
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.numel() * self.q.element_size() + self.scale.numel() * self.scale.element_size()
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """``[N, K]`` in ``dtype`` (for references and tests; the kernels never build it)."""
+        return (self.q.to(torch.float32) * self.scale[:, None]).to(dtype)
+
+
+def quantize_rows(w: torch.Tensor, fmt: str) -> QuantWeight:
+    """``w [N, K]`` (any float dtype, any device) -> :class:`QuantWeight`, symmetric per output row.
+
+    Each row's largest magnitude maps to the format's largest value (448 for e4m3, 127 for int8);
+    an all-zero row gets scale 1. Rows are quantised in chunks so the float32 temporary stays small.
+    """
+    if fmt not in RESIDENT_QUANT:
+        raise ValueError(f"resident weight format {fmt!r} is not one of {RESIDENT_QUANT}")
+    if w.dim() != 2:
+        raise ValueError(f"quantize_rows expects a matrix [N, K], got shape {tuple(w.shape)}")
+    top = _FP8_MAX if fmt == "fp8" else INT8_MAX
+    q = torch.empty(w.shape, dtype=torch.float8_e4m3fn if fmt == "fp8" else torch.int8, device=w.device)
+    scale = torch.empty(w.shape[0], dtype=torch.float32, device=w.device)
+    for r in range(0, w.shape[0], _QUANT_CHUNK_ROWS):
+        wf = w[r:r + _QUANT_CHUNK_ROWS].float()                       # [n, K]
+        amax = wf.abs().amax(dim=1)                                    # [n]
+        s = torch.where(amax > 0, amax / top, torch.ones_like(amax))
+        v = (wf / s[:, None]).clamp_(-top, top)
+        q[r:r + _QUANT_CHUNK_ROWS] = v if fmt == "fp8" else v.round_()
+        scale[r:r + _QUANT_CHUNK_ROWS] = s
+    return QuantWeight(q, scale, fmt)
+
+
+@jit
+def _qlinear_kernel(x_ptr, q_ptr, s_ptr, b_ptr, y_ptr, T, N, K, stride_xt, stride_qn, stride_yt,
+                    HAS_BIAS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    pid_n, pid_t = tl.program_id(0), tl.program_id(1)
+    rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)                     # [BT] tokens
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)                     # [BN] output rows
+    ks = tl.arange(0, BLOCK_K)                                         # [BK]
+    t_ok, n_ok = rows < T, cols < N
+    x_ptrs = x_ptr + rows[:, None] * stride_xt + ks[None, :]           # [BT, BK]
+    q_ptrs = q_ptr + cols[:, None] * stride_qn + ks[None, :]           # [BN, BK]
+    acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        if EVEN_K:
+            x = tl.load(x_ptrs, mask=t_ok[:, None], other=0.0)
+            w = tl.load(q_ptrs, mask=n_ok[:, None], other=0.0)
+        else:
+            k_ok = (k + ks) < K
+            x = tl.load(x_ptrs, mask=t_ok[:, None] & k_ok[None, :], other=0.0)
+            w = tl.load(q_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        # widen in registers (through fp32: exact for e4m3 and int8, and what the interpreter handles)
+        acc = tl.dot(x, tl.trans(w.to(tl.float32).to(x.dtype)), acc)
+        x_ptrs += BLOCK_K
+        q_ptrs += BLOCK_K
+    acc = acc * tl.load(s_ptr + cols, mask=n_ok, other=0.0)[None, :]
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + cols, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    y_ptrs = y_ptr + rows[:, None] * stride_yt + cols[None, :]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=t_ok[:, None] & n_ok[None, :])
+
+
+def _tiles(T: int, N: int, device: torch.device) -> tuple[int, int, int, int]:
+    """(BLOCK_T, BLOCK_N, BLOCK_K, num_warps). Decode: 16 token rows and the widest ``BLOCK_N`` that
+    still gives every SM at least two programs (the step is bound by the weight bytes). Prefill:
+    64 x 128 tiles (bound by the math)."""
+    if T > 32:
+        return 64, 128, 64, 4
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+    block_n = 64
+    while block_n > 16 and cdiv(N, block_n) < 2 * sms:
+        block_n //= 2
+    return (16 if T <= 16 else 32), block_n, 256, 4
+
+
+def qlinear(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x [T, K]`` (bf16 / fp16 / fp32) times ``w`` ``[N, K]`` (8-bit, row scales) -> ``[T, N]`` in
+    ``x.dtype``, plus ``bias [N]`` when given. One launch; graph-capturable (no sync, no allocation
+    but the output)."""
+    if x.dim() != 2 or x.shape[1] != w.q.shape[1]:
+        raise ValueError(f"qlinear: x {tuple(x.shape)} does not match the weight {tuple(w.q.shape)}")
+    x = x if x.stride(1) == 1 else x.contiguous()
+    T, K = x.shape
+    N = w.q.shape[0]
+    y = torch.empty(T, N, dtype=x.dtype, device=x.device)
+    if T == 0:
+        return y
+    bt, bn, bk, warps = _tiles(T, N, x.device)
+    bk = min(bk, max(16, 1 << (K - 1).bit_length()))
+    grid = (cdiv(N, bn), cdiv(T, bt))
+    _qlinear_kernel[grid](x, w.q, w.scale, bias if bias is not None else w.scale, y, T, N, K,
+                          x.stride(0), w.q.stride(0), y.stride(0), HAS_BIAS=bias is not None, BLOCK_T=bt,
+                          BLOCK_N=bn, BLOCK_K=bk, EVEN_K=K % bk == 0, num_warps=warps, num_stages=4)
+    return y
+
+
+def qlinear_ref(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Torch reference of :func:`qlinear`: float32 math over the dequantised matrix, in row chunks so a
+    huge LM head never exists widened whole."""
+    xf = x.float()
+    out = torch.empty(x.shape[0], w.q.shape[0], dtype=torch.float32, device=x.device)
+    for r in range(0, w.q.shape[0], _QUANT_CHUNK_ROWS):
+        part = slice(r, r + _QUANT_CHUNK_ROWS)
+        out[:, part] = (xf @ w.q[part].to(torch.float32).t()) * w.scale[part]
+    if bias is not None:
+        out += bias.float()
+    return out.to(x.dtype)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor | QuantWeight, bias: torch.Tensor | None = None,
+           kernel: bool = False) -> torch.Tensor:
+    """``x @ w.T (+ bias)`` for a plain matrix or a :class:`QuantWeight`; ``kernel``: the Triton kernel
+    (CUDA) for the latter, else the reference."""
+    if isinstance(w, QuantWeight):
+        if kernel and HAS_TRITON:
+            return qlinear(x, w, bias)
+        return qlinear_ref(x, w, bias)
+    return torch.nn.functional.linear(x, w, bias)        # the bias in the GEMM's epilogue where cuBLAS can

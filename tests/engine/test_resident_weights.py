@@ -1,0 +1,92 @@
+"""--resident-weights fp8 / int8: attention, dense and shared-expert MLPs and the LM head stay 8-bit on the
+device, computed through the 8-bit linear path, counted at their real size, kept as stored by a converted
+folder, and named in eval's report."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.checkpoint.plan import resident_bytes
+from engine.config import EngineConfig
+from engine.errors import ConfigError
+from kernels.qlinear import QuantWeight
+from main import main
+from tiny_models import build_tiny_model
+
+PROMPT = [1, 5, 77, 300, 12, 9, 400, 33, 41, 7, 250, 18]
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory):
+    # Qwen2-MoE: qkv bias, a shared expert with its gate, a dense layer between sparse ones, an untied LM head
+    return build_tiny_model(tmp_path_factory.mktemp("res") / "src", "qwen2_moe")
+
+
+def _matrices(llm: LLM) -> list:
+    w = llm.engine.loaded.weights
+    out = [w.lm_head]
+    for layer in w.layers:
+        out += [layer.attn.qkv, layer.attn.o]
+        mlp = layer.mlp or (layer.moe.shared if layer.moe else None)
+        if mlp is not None:
+            out += [mlp.gate_up, mlp.down]
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "int8"])
+def test_quantised_at_load_and_counted_at_their_size(src, fmt):
+    full, small = LLM(str(src), device="cpu"), LLM(str(src), device="cpu", resident_weights=fmt)
+    mats = _matrices(small)
+    assert all(isinstance(m, QuantWeight) and m.fmt == fmt for m in mats)
+    assert not any(isinstance(m, QuantWeight) for m in _matrices(full))
+    spec = small.engine.loaded.spec
+    # the plan (what info and the budget count) equals what was allocated
+    assert small.engine.loaded.weights.resident_bytes() == resident_bytes(spec, 4, fmt)
+    assert full.engine.loaded.weights.resident_bytes() == resident_bytes(spec, 4, "bf16")
+    assert resident_bytes(spec, 4, fmt) < resident_bytes(spec, 4, "bf16") / 2
+    assert small.engine.model_info.resident_format == fmt
+    a, b = full.score(PROMPT), small.score(PROMPT)
+    assert float(torch.nn.functional.cosine_similarity(a, b, dim=-1).mean()) > 0.97
+    out = small.generate([PROMPT], SamplingParams(max_tokens=6, temperature=0))[0]
+    assert len(out.token_ids) == 6
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "int8"])
+def test_a_converted_folder_keeps_them_as_stored(src, tmp_path, fmt):
+    dst = tmp_path / fmt
+    assert main(["convert", str(src), str(dst), "--weights", "bf16", "--resident-weights", fmt]) == 0
+    assert json.loads((dst / "strata.json").read_text())["resident_weights"] == fmt
+    kept = LLM(str(dst), device="cpu")                                   # auto: as stored
+    assert all(isinstance(m, QuantWeight) and m.fmt == fmt for m in _matrices(kept))
+    widened = LLM(str(dst), device="cpu", resident_weights="bf16")       # the same values in float32
+    assert not any(isinstance(m, QuantWeight) for m in _matrices(widened))
+    torch.testing.assert_close(kept.score(PROMPT), widened.score(PROMPT), atol=1e-4, rtol=1e-4)
+
+
+def test_info_plans_with_the_8bit_bytes(src, capsys):
+    assert main(["info", "--model", str(src)]) == 0
+    full = capsys.readouterr().out
+    assert main(["info", "--model", str(src), "--resident-weights", "int8"]) == 0
+    small = capsys.readouterr().out
+    assert "resident matrices in int8" in small and "resident matrices in float32" not in small
+    assert full != small
+
+
+def test_eval_names_the_format_and_loads_the_reference_as_stored(src, tmp_path, capsys):
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog " * 8)
+    assert main(["eval", "--model", str(src), "--reference", str(src), "--text", str(text), "--device", "cpu",
+                 "--resident-weights", "fp8", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert r["resident_format"] == "fp8" and 0.5 < r["top1_agreement"] <= 1.0
+    assert r["perplexity"] != r["reference_perplexity"]      # the reference ran unquantised
+
+
+def test_an_unknown_format_is_one_line_naming_the_choices(src, capsys):
+    with pytest.raises(ConfigError, match="fp8, int8"):
+        EngineConfig(model=str(src), resident_weights="int4")
+    assert main(["convert", str(src), str(src) + "-x", "--resident-weights", "int4"]) == 2
+    assert "choose bf16, fp8 or int8" in capsys.readouterr().err

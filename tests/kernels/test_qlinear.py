@@ -1,0 +1,66 @@
+"""8-bit resident linear layers: the Triton kernel (run by the interpreter here) against its reference,
+and the row quantiser against the matrix it quantises."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.qlinear import QuantWeight, linear, qlinear, qlinear_ref, quantize_rows
+
+TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.float16: dict(atol=2e-2, rtol=2e-2)}
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "int8"])
+@pytest.mark.parametrize("T,N,K,dtype,bias", [
+    (1, 40, 64, torch.float32, True),      # one decode token; N not a multiple of the tile
+    (3, 70, 100, torch.float16, True),     # K not a multiple of BLOCK_K: the masked tail of the K loop
+    (20, 33, 48, torch.float32, False),    # more tokens than one 16-row tile: a second tile along T
+    (40, 130, 64, torch.float32, True),    # a prefill-sized step: the prefill tiles
+])
+def test_kernel_matches_reference(fmt, T, N, K, dtype, bias):
+    g = torch.Generator().manual_seed(T * 1000 + N)
+    w = quantize_rows(torch.randn(N, K, generator=g), fmt)
+    x = torch.randn(T, K, generator=g).to(dtype)
+    b = torch.randn(N, generator=g) if bias else None
+    torch.testing.assert_close(qlinear(x, w, b).float(), qlinear_ref(x, w, b).float(), **TOL[dtype])
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "int8"])
+def test_reference_is_the_dequantised_matrix(fmt):
+    g = torch.Generator().manual_seed(1)
+    w = quantize_rows(torch.randn(24, 32, generator=g), fmt)
+    x, b = torch.randn(5, 32, generator=g), torch.randn(24, generator=g)
+    torch.testing.assert_close(qlinear_ref(x, w, b), x @ w.dequantize().t() + b, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(linear(x, w, b), qlinear_ref(x, w, b))
+
+
+def test_quantisation_error_is_bounded_per_row():
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(16, 256, generator=g) * torch.logspace(-3, 2, 16)[:, None]   # rows of very different scale
+    w[3] = 0.0                                                                   # an all-zero row
+    i8 = quantize_rows(w, "int8")
+    assert i8.q.dtype == torch.int8 and i8.scale.shape == (16,)
+    assert torch.all((i8.dequantize() - w).abs() <= i8.scale[:, None] / 2 + 1e-6)     # round to nearest
+    f8 = quantize_rows(w, "fp8")
+    assert f8.q.dtype == torch.float8_e4m3fn
+    amax = w.abs().amax(1, keepdim=True)
+    assert torch.all((f8.dequantize() - w).abs() <= amax / 16 + 1e-9)   # 3 mantissa bits below the row's top
+    assert i8.scale[3] == 1.0 and f8.scale[3] == 1.0 and not i8.q[3].any()
+
+
+def test_quantiser_works_in_chunks_like_whole(monkeypatch):
+    import kernels.qlinear as ql
+    w = torch.randn(50, 16, generator=torch.Generator().manual_seed(3))
+    whole = quantize_rows(w, "int8")
+    monkeypatch.setattr(ql, "_QUANT_CHUNK_ROWS", 7)
+    parts = quantize_rows(w, "int8")
+    assert torch.equal(whole.q, parts.q) and torch.equal(whole.scale, parts.scale)
+    torch.testing.assert_close(qlinear_ref(w[:3], parts), qlinear_ref(w[:3], whole))
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="int4"):
+        quantize_rows(torch.ones(2, 2), "int4")
+    w = QuantWeight(torch.zeros(4, 8, dtype=torch.int8), torch.ones(4), "int8")
+    with pytest.raises(ValueError, match="does not match"):
+        qlinear(torch.ones(1, 6), w)
