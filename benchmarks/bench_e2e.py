@@ -45,7 +45,7 @@ from benchmarks.common import h2d_bandwidth_gbs, write_result  # noqa: E402
 from benchmarks.offload_sweep import Sweep, add_limits, offload_sweep, summarise  # noqa: E402
 from benchmarks.synthetic_moe import (QWEN3_30B, SMOKE, TINY, TrainedLike, base_std, build_hf,  # noqa: E402
                                       strata_engine)
-from engine.checkpoint.plan import params_by_category  # noqa: E402
+from engine.checkpoint.plan import resident_bytes  # noqa: E402
 from engine.checkpoint.spec import spec_from_config  # noqa: E402
 from engine.config import parse_size  # noqa: E402
 from engine.engine import LLMEngine  # noqa: E402
@@ -96,12 +96,11 @@ def hf_sample(hf, prompts: list[list[int]], n: int) -> float:
         return len(prompts) * (n - 1) / (run(n) - run(1))
 
 
-def bytes_per_token(spec, fmt: str) -> int:
-    c = params_by_category(spec)
-    resident = (c["attention"] + c["norms"] + c["router"] + c["dense_mlp"] + c["shared_experts"]) * 2
-    lm_head = spec.vocab_size * spec.hidden * 2
+def bytes_per_token(spec, fmt: str, resident: str = "bf16") -> int:
+    """Weight bytes one decoded token reads: the resident weights it uses (bf16, or 8-bit matrices with
+    ``resident`` fp8 / int8) and k experts per MoE layer in ``fmt``."""
     expert = ExpertLayout.make(fmt, spec.hidden, spec.moe_ffn, 128).nbytes
-    return resident + lm_head + spec.hidden * 2 + spec.num_moe_layers * spec.top_k * expert
+    return resident_bytes(spec, 2, resident, active=True) + spec.num_moe_layers * spec.top_k * expert
 
 
 def _greedy(engine: LLMEngine, prompts: list[list[int]], n: int = 24) -> dict[str, list[int]]:
@@ -150,9 +149,11 @@ def resident_rows(hf, cfg, formats: list[str], batches: list[int], prompts: dict
     spec = spec_from_config({**cfg.to_dict(), "architectures": ["Qwen3MoeForCausalLM"]}, Path("in-memory"))
     systems: dict[str, object] = {"transformers grouped_mm bf16": hf}
     rows, loads = [], {}
-    for fmt in formats:
+    for fmt in formats:            # "int4", or "int4/fp8": int4 experts, resident matrices in fp8
+        experts, _, res = fmt.partition("/")
         try:
-            systems[f"strata {fmt}"], loads[fmt] = strata_engine(hf, cfg, fmt, max(batches), "bfloat16")
+            systems[f"strata {fmt}"], loads[fmt] = strata_engine(hf, cfg, experts, max(batches), "bfloat16",
+                                                                 resident_weights=res or "auto")
         except Exception as e:
             rows.append({"system": f"strata {fmt}", "error": "".join(traceback.format_exception(e))[-3000:]})
     for b in batches:
@@ -170,8 +171,10 @@ def resident_rows(hf, cfg, formats: list[str], batches: list[int], prompts: dict
             row = {"system": name, "batch": b, "tok_s": statistics.median(got), "samples": got}
             if name.startswith("strata"):
                 fmt = name.split()[1]
-                roof = ceiling * 1e9 / bytes_per_token(spec, fmt)
-                row.update(load_s=loads[fmt], bytes_per_token=bytes_per_token(spec, fmt), roofline_tok_s=roof,
+                experts, _, res = fmt.partition("/")
+                nbytes = bytes_per_token(spec, experts, res or "bf16")
+                roof = ceiling * 1e9 / nbytes
+                row.update(load_s=loads[fmt], bytes_per_token=nbytes, roofline_tok_s=roof,
                            fraction_of_roofline=row["tok_s"] / roof if b == 1 else None,
                            cuda_graphs_active=systems[name].stats().cuda_graphs_active)
             rows.append(row)
@@ -247,7 +250,8 @@ def print_tables(result: dict) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--formats", default="int4,fp8", help="resident Strata formats against transformers; empty: none")
+    ap.add_argument("--formats", default="int4,fp8", help="resident Strata formats against transformers, e.g. int4,int4/fp8 (experts/resident "
+                    "matrices); empty: none")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--tokens", type=int, default=None, help="decode tokens per sequence timed (64; --smoke 8)")
     ap.add_argument("--warmup", type=int, default=4, help="offload: sampled tokens per sequence before timing")

@@ -118,7 +118,8 @@ def build(shape: str, routing_name: str, args, run: Run, max_batch: int, residen
     if not resident and not run.cuda:          # no budget on the CPU: a pool share stands in for it
         options["expert_pool_size"] = args.cpu_pool
     config = EngineConfig(model=f"gpt-oss-{shape}-shape", device=run.device, dtype=args.dtype, max_batch=max_batch,
-                          max_model_len=args.max_model_len, seed=args.seed, **options)
+                          max_model_len=args.max_model_len, seed=args.seed, resident_weights=args.resident_weights,
+                          **options)
     dev = torch.device(run.device)
     dtype = resolve_dtype(config.dtype, dev)
     layout = expert_layout(config, spec, dtype)
@@ -132,7 +133,7 @@ def build(shape: str, routing_name: str, args, run: Run, max_batch: int, residen
         torch.cuda.synchronize()
     m = engine.loaded
     facts = {"model": shape, "load_s": time.perf_counter() - t0, "routing": routing.describe(),
-             "expert_format": m.layout.fmt, "expert_bytes": m.layout.nbytes, "params": m.info.params,
+             "expert_format": m.layout.fmt, "resident_format": m.resident_format, "expert_bytes": m.layout.nbytes, "params": m.info.params,
              "routed_expert_bytes": m.info.routed_expert_bytes, "experts_resident": m.experts_resident,
              "host_store": run.host.store.describe(),
              "load_peak_gb": torch.cuda.max_memory_allocated() / 1e9 if run.cuda else None,
@@ -385,6 +386,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         ap.add_argument(f"--{name.replace('_', '-')}", type=type(full), default=None,
                         help=f"{what} ({full}; --tiny {small})")
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--resident-weights", default="auto", help="attention, MLPs and LM head: bf16 | fp8 | int8")
     ap.add_argument("--cpu-pool", default="50%", help="expert pool of the 120b engines on the CPU (no budget there)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU in float32 (a check of the pipeline)")
