@@ -13,7 +13,11 @@ Tricks that keep the inner loops to a few vector instructions:
 * mxfp4 e2m1 shifted left 9 is a half worth ``value / 2**14``, likewise;
 * int4 groups are summed as ``scale * (sum(q * x) - zero * sum(x))``, with ``sum(x)`` per group
   precomputed once per token (``xg``), and the packed nibbles meet ``x``'s even and odd elements
-  split into two arrays (``xe``, ``xo``) so every load is contiguous.
+  split into two halves (``x2``) so every load is contiguous.
+
+Inner loops index 2-D arrays (store row ``r``, token ``t``) with unsigned integers and take no array
+slices: numba checks signed indices for wrap-around (which turns vector loads into gathers), and every
+slice takes a reference on its array, an atomic add on one cache line that all threads share.
 
 Legend: K reduction dim, G group size, NG = K / G groups, KH = K / 2 packed bytes per row.
 """
@@ -22,7 +26,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from kernels.cpu.bits import f32_from_bits, f32_from_f16_bits
+from kernels.cpu.bits import (f32_from_bits, f32_from_e2m1_pair_div16384, f32_from_e4m3_div256, f32_from_f16_bits,
+                              f32_from_u4_pair)
 
 # Format codes the compiled kernels branch on (one branch per row, not per element).
 BF16, FP16, FP32, FP8, INT4, MXFP4 = range(6)
@@ -33,96 +38,115 @@ _FP8_UNIT = np.float32(256.0)          # e4m3 << 7 read as a half is value / 2**
 _FP4_UNIT = np.float32(16384.0)        # e2m1 << 9 read as a half is value / 2**14
 
 
+U = np.uint64
+
+
 @njit(fastmath=True, cache=True)
-def _dot_bf16(w, x):
+def _dot_bf16(h, r, o, x, t, k):
     acc = np.float32(0.0)
-    for k in range(x.size):
-        acc += f32_from_bits(np.uint32(w[k]) << 16) * x[k]
+    for j in range(k):
+        acc += f32_from_bits(np.uint32(h[r, o + U(j)]) << 16) * x[t, U(j)]
     return acc
 
 
 @njit(fastmath=True, cache=True)
-def _dot_fp16(w, x):
+def _dot_fp16(h, r, o, x, t, k):
     acc = np.float32(0.0)
-    for k in range(x.size):
-        acc += f32_from_f16_bits(w[k]) * x[k]
+    for j in range(k):
+        acc += f32_from_f16_bits(h[r, o + U(j)]) * x[t, U(j)]
     return acc
 
 
 @njit(fastmath=True, cache=True)
-def _dot_fp32(w, x):
+def _dot_fp32(f, r, o, x, t, k):
     acc = np.float32(0.0)
-    for k in range(x.size):
-        acc += w[k] * x[k]
+    for j in range(k):
+        acc += f[r, o + U(j)] * x[t, U(j)]
     return acc
 
 
 @njit(fastmath=True, cache=True)
-def _dot_fp8(w, x):
+def _dot_fp8(b, r, o, x, t, k):
     acc = np.float32(0.0)
-    for k in range(x.size):
-        v = np.int32(w[k])
-        acc += f32_from_f16_bits(((v & 0x80) << 8) | ((v & 0x7F) << 7)) * x[k]
+    for j in range(k):
+        acc += f32_from_e4m3_div256(b[r, o + U(j)]) * x[t, U(j)]
     return acc
 
 
 @njit(fastmath=True, cache=True)
-def _dot_int4(q, scale16, zero, group, xe, xo, xg):
-    gh = group // 2
+def _dot_int4(b, h, r, o, osc, oz, group, x2, xg, t, k):
+    half = U(k // 2)
+    gh = U(group // 2)
     tot = np.float32(0.0)
-    for g in range(xg.size):
-        qs = q[g * gh:(g + 1) * gh]
-        es = xe[g * gh:(g + 1) * gh]
-        od = xo[g * gh:(g + 1) * gh]
+    for g in range(k // group):
+        og = U(g) * gh
         acc = np.float32(0.0)
-        for j in range(gh):
-            v = qs[j]
-            acc += np.float32(np.int32(v & 15)) * es[j] + np.float32(np.int32(v >> 4)) * od[j]
-        tot += f32_from_f16_bits(scale16[g]) * (acc - np.float32(zero[g]) * xg[g])
+        for j in range(group // 2):
+            i = og + U(j)
+            lo, hi = f32_from_u4_pair(b[r, o + i])
+            acc += lo * x2[t, i] + hi * x2[t, i + half]
+        gg = U(g)
+        tot += f32_from_f16_bits(h[r, osc + gg]) * (acc - np.float32(b[r, oz + gg]) * xg[t, gg])
     return tot
 
 
 @njit(fastmath=True, cache=True)
-def _dot_mxfp4(q, scale8, xe, xo):
-    tot = np.float32(0.0)
-    for g in range(scale8.size):
-        qs = q[g * 16:(g + 1) * 16]
-        es = xe[g * 16:(g + 1) * 16]
-        od = xo[g * 16:(g + 1) * 16]
-        acc = np.float32(0.0)
-        for j in range(16):
-            v = np.int32(qs[j])
-            lo = ((v & 0x08) << 12) | ((v & 0x07) << 9)
-            hi = ((v & 0x80) << 8) | ((v & 0x70) << 5)
-            acc += f32_from_f16_bits(lo) * es[j] + f32_from_f16_bits(hi) * od[j]
-        tot += acc * f32_from_bits(np.uint32(scale8[g]) << 23)   # 2 ** (e - 127); e = 0 reads as 0
-    return tot * _FP4_UNIT
+def _mxfp4_group(b, r, o, x2, t, og, half):
+    """``sum(w * x)`` of the 32 values in bytes ``og:og+16`` of the row, in units of the group's scale."""
+    acc = np.float32(0.0)
+    for j in range(16):
+        i = og + U(j)
+        lo, hi = f32_from_e2m1_pair_div16384(b[r, o + i])
+        acc += lo * x2[t, i] + hi * x2[t, i + half]
+    return acc
 
 
 @njit(fastmath=True, cache=True)
-def row_dot(fmt, b, h, f, ow, osc, oz, n, k, group, x, xe, xo, xg):
-    """Row ``n`` of the matrix at byte ``ow`` of one expert (``b``/``h``/``f``: its bytes as uint8,
-    uint16 and float32; ``osc``/``oz``: its scale and zero offsets) dotted with ``x [K]`` float32
-    (``xe``/``xo [K/2]`` even/odd elements and ``xg [K/G]`` group sums for the nibble formats)."""
+def _dot_mxfp4(b, r, o, osc, x2, t, k):
+    # Four groups in flight: a single 16-byte group is too short for the vectoriser's own
+    # interleaving, and one running sum would chain every group's adds behind the last.
+    ng = U(k // 32)
+    half = U(k // 2)
+    t0 = np.float32(0.0)
+    t1 = np.float32(0.0)
+    t2 = np.float32(0.0)
+    t3 = np.float32(0.0)
+    g = U(0)
+    while g + U(4) <= ng:
+        og = g * U(16)
+        t0 += _mxfp4_group(b, r, o, x2, t, og, half) * _e8m0(b[r, osc + g])
+        t1 += _mxfp4_group(b, r, o, x2, t, og + U(16), half) * _e8m0(b[r, osc + g + U(1)])
+        t2 += _mxfp4_group(b, r, o, x2, t, og + U(32), half) * _e8m0(b[r, osc + g + U(2)])
+        t3 += _mxfp4_group(b, r, o, x2, t, og + U(48), half) * _e8m0(b[r, osc + g + U(3)])
+        g += U(4)
+    while g < ng:
+        t0 += _mxfp4_group(b, r, o, x2, t, g * U(16), half) * _e8m0(b[r, osc + g])
+        g += U(1)
+    return ((t0 + t1) + (t2 + t3)) * _FP4_UNIT
+
+
+@njit(fastmath=True, cache=True)
+def _e8m0(e):
+    return f32_from_bits(np.uint32(e) << 23)   # 2 ** (e - 127); e = 0 reads as 0
+
+
+@njit(fastmath=True, cache=True)
+def row_dot(fmt, b, h, f, r, ow, osc, oz, n, k, group, x, x2, xg, t):
+    """Row ``n`` of the matrix at byte ``ow`` of store row ``r`` (``b``/``h``/``f``: the store as
+    uint8, uint16 and float32; ``osc``/``oz``: the matrix's scale and zero offsets) dotted with
+    ``x[t] [K]`` float32 (``x2[t] [K]``: its even elements, then its odd ones, and ``xg[t] [K/G]``: its
+    group sums, for the nibble formats). All indices are non-negative."""
+    r, t, n = U(r), U(t), U(n)
     if fmt == BF16:
-        o = (ow >> 1) + n * k
-        return _dot_bf16(h[o:o + k], x)
+        return _dot_bf16(h, r, U(ow >> 1) + n * U(k), x, t, k)
     if fmt == FP16:
-        o = (ow >> 1) + n * k
-        return _dot_fp16(h[o:o + k], x)
+        return _dot_fp16(h, r, U(ow >> 1) + n * U(k), x, t, k)
     if fmt == FP32:
-        o = (ow >> 2) + n * k
-        return _dot_fp32(f[o:o + k], x)
+        return _dot_fp32(f, r, U(ow >> 2) + n * U(k), x, t, k)
     if fmt == FP8:
-        o = ow + n * k
-        return _dot_fp8(b[o:o + k], x) * (f[(osc >> 2) + n] * _FP8_UNIT)
-    kh = k // 2
-    o = ow + n * kh
+        return _dot_fp8(b, r, U(ow) + n * U(k), x, t, k) * (f[r, U(osc >> 2) + n] * _FP8_UNIT)
+    o = U(ow) + n * U(k // 2)
     if fmt == INT4:
-        ng = k // group
-        s = (osc >> 1) + n * ng
-        z = oz + n * ng
-        return _dot_int4(b[o:o + kh], h[s:s + ng], b[z:z + ng], group, xe, xo, xg)
-    ng = k // 32
-    s = osc + n * ng
-    return _dot_mxfp4(b[o:o + kh], b[s:s + ng], xe, xo)
+        ng = U(k // group)
+        return _dot_int4(b, h, r, o, U(osc >> 1) + n * ng, U(oz) + n * ng, group, x2, xg, t, k)
+    return _dot_mxfp4(b, r, o, U(osc) + n * U(k // 32), x2, t, k)

@@ -3,7 +3,7 @@ experts' rows.
 
 1. gate/up: work items are (expert, block of ``ROWS`` gate rows); an item reads gate row ``n`` and up
    row ``F + n`` for each of the expert's tokens and writes the activation straight into ``a [P, F]``
-   (and its even/odd halves), so ``h [2F]`` never exists.
+   (and in its even-then-odd order), so ``h [2F]`` never exists.
 2. down: work items are blocks of ``ROWS`` output columns ``d``; an item visits every expert and
    token pair in order and accumulates ``w * (w2[d] . a[p] + b2[d])`` into ``out[t, d]``. Each output
    element has one writer and a fixed order, so the result is deterministic and needs no atomics.
@@ -35,10 +35,11 @@ def _act(gate, up, kind, alpha, limit):
 
 
 @njit(fastmath=True, cache=True)
-def _split(v, ve, vo):
-    for j in range(ve.size):
-        ve[j] = v[2 * j]
-        vo[j] = v[2 * j + 1]
+def _split(v, v2):
+    half = v.size // 2
+    for j in range(half):
+        v2[j] = v[2 * j]
+        v2[half + j] = v[2 * j + 1]
 
 
 @njit(fastmath=True, cache=True)
@@ -55,40 +56,32 @@ def expert_forward(b, h, f, meta, alpha, limit, rows, starts, toks, wts, x, out)
     t_ = x.shape[0]
     p_ = toks.size
     # Activations in the form each format reads: x, its even/odd halves, its group sums.
-    xe = np.zeros((t_, d_ // 2 if nib else 1), np.float32)
-    xo = np.zeros_like(xe)
+    x2 = np.zeros((t_, d_ if nib else 1), np.float32)                        # [T, D] even, then odd
     xg = np.zeros((t_, d_ // grp if fmt == INT4 else 1), np.float32)
     a = np.zeros((p_, f_), np.float32)                                       # [P, F]
-    ae = np.zeros((p_, f_ // 2 if nib else 1), np.float32)
-    ao = np.zeros_like(ae)
+    a2 = np.zeros((p_, f_ if nib else 1), np.float32)                        # [P, F] even, then odd
     ag = np.zeros((p_, f_ // grp if fmt == INT4 else 1), np.float32)
     for t in range(t_):
         if nib:
-            _split(x[t], xe[t], xo[t])
+            _split(x[t], x2[t])
         if fmt == INT4:
             _group_sums(x[t], grp, xg[t])
     nb1 = (f_ + ROWS - 1) // ROWS
     for item in prange(rows.size * nb1):
         i = item // nb1
         r = rows[i]
-        br, hr, fr = b[r], h[r], f[r]
         for n in range(item % nb1 * ROWS, min(f_, item % nb1 * ROWS + ROWS)):
             for p in range(starts[i], starts[i + 1]):
                 t = toks[p]
-                gv = row_dot(fmt, br, hr, fr, meta[M_W13], meta[M_S13], meta[M_Z13], n, d_, grp,
-                             x[t], xe[t], xo[t], xg[t])
-                uv = row_dot(fmt, br, hr, fr, meta[M_W13], meta[M_S13], meta[M_Z13], f_ + n, d_, grp,
-                             x[t], xe[t], xo[t], xg[t])
+                gv = row_dot(fmt, b, h, f, r, meta[M_W13], meta[M_S13], meta[M_Z13], n, d_, grp, x, x2, xg, t)
+                uv = row_dot(fmt, b, h, f, r, meta[M_W13], meta[M_S13], meta[M_Z13], f_ + n, d_, grp, x, x2, xg, t)
                 if meta[M_B13] >= 0:
-                    gv += fr[(meta[M_B13] >> 2) + n]
-                    uv += fr[(meta[M_B13] >> 2) + f_ + n]
+                    gv += f[r, (meta[M_B13] >> 2) + n]
+                    uv += f[r, (meta[M_B13] >> 2) + f_ + n]
                 v = _act(gv, uv, meta[M_ACT], alpha, limit)
                 a[p, n] = v
                 if nib:
-                    if n % 2 == 0:
-                        ae[p, n // 2] = v
-                    else:
-                        ao[p, n // 2] = v
+                    a2[p, n // 2 + (n % 2) * (f_ // 2)] = v
     if fmt == INT4:
         for p in range(p_):
             _group_sums(a[p], grp, ag[p])
@@ -96,11 +89,9 @@ def expert_forward(b, h, f, meta, alpha, limit, rows, starts, toks, wts, x, out)
     for item in prange(nb2):
         for i in range(rows.size):
             r = rows[i]
-            br, hr, fr = b[r], h[r], f[r]
             for dd in range(item * ROWS, min(d_, item * ROWS + ROWS)):
                 for p in range(starts[i], starts[i + 1]):
-                    y = row_dot(fmt, br, hr, fr, meta[M_W2], meta[M_S2], meta[M_Z2], dd, f_, grp,
-                                a[p], ae[p], ao[p], ag[p])
+                    y = row_dot(fmt, b, h, f, r, meta[M_W2], meta[M_S2], meta[M_Z2], dd, f_, grp, a, a2, ag, p)
                     if meta[M_B2] >= 0:
-                        y += fr[(meta[M_B2] >> 2) + dd]
+                        y += f[r, (meta[M_B2] >> 2) + dd]
                     out[toks[p], dd] += wts[p] * y
