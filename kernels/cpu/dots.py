@@ -41,7 +41,7 @@ _FP4_UNIT = np.float32(16384.0)        # e2m1 << 9 read as a half is value / 2**
 U = np.uint64
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, cache=True, inline="always")
 def _dot_bf16(h, r, o, x, t, k):
     acc = np.float32(0.0)
     for j in range(k):
@@ -49,7 +49,7 @@ def _dot_bf16(h, r, o, x, t, k):
     return acc
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, cache=True, inline="always")
 def _dot_fp16(h, r, o, x, t, k):
     acc = np.float32(0.0)
     for j in range(k):
@@ -57,7 +57,7 @@ def _dot_fp16(h, r, o, x, t, k):
     return acc
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, cache=True, inline="always")
 def _dot_fp32(f, r, o, x, t, k):
     acc = np.float32(0.0)
     for j in range(k):
@@ -65,7 +65,7 @@ def _dot_fp32(f, r, o, x, t, k):
     return acc
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, cache=True, inline="always")
 def _dot_fp8(b, r, o, x, t, k):
     acc = np.float32(0.0)
     for j in range(k):
@@ -73,7 +73,7 @@ def _dot_fp8(b, r, o, x, t, k):
     return acc
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, cache=True, inline="always")
 def _dot_int4(b, h, r, o, osc, oz, group, x2, xg, t, k):
     half = U(k // 2)
     gh = U(group // 2)
@@ -90,7 +90,7 @@ def _dot_int4(b, h, r, o, osc, oz, group, x2, xg, t, k):
     return tot
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, cache=True, inline="always")
 def _mxfp4_group(b, r, o, x2, t, og, half):
     """``sum(w * x)`` of the 32 values in bytes ``og:og+16`` of the row, in units of the group's scale."""
     acc = np.float32(0.0)
@@ -101,7 +101,7 @@ def _mxfp4_group(b, r, o, x2, t, og, half):
     return acc
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, cache=True, inline="always")
 def _dot_mxfp4(b, r, o, osc, x2, t, k):
     # Four groups in flight: a single 16-byte group is too short for the vectoriser's own
     # interleaving, and one running sum would chain every group's adds behind the last.
@@ -125,12 +125,12 @@ def _dot_mxfp4(b, r, o, osc, x2, t, k):
     return ((t0 + t1) + (t2 + t3)) * _FP4_UNIT
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, cache=True, inline="always")
 def _e8m0(e):
     return f32_from_bits(np.uint32(e) << 23)   # 2 ** (e - 127); e = 0 reads as 0
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, cache=True, inline="always")
 def row_dot(fmt, b, h, f, r, ow, osc, oz, n, k, group, x, x2, xg, t):
     """Row ``n`` of the matrix at byte ``ow`` of store row ``r`` (``b``/``h``/``f``: the store as
     uint8, uint16 and float32; ``osc``/``oz``: the matrix's scale and zero offsets) dotted with

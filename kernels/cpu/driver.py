@@ -73,11 +73,17 @@ def expert_forward(b, h, f, meta, alpha, limit, rows, starts, toks, wts, x, out)
         for n in range(item % nb1 * ROWS, min(f_, item % nb1 * ROWS + ROWS)):
             for p in range(starts[i], starts[i + 1]):
                 t = toks[p]
-                gv = row_dot(fmt, b, h, f, r, meta[M_W13], meta[M_S13], meta[M_Z13], n, d_, grp, x, x2, xg, t)
-                uv = row_dot(fmt, b, h, f, r, meta[M_W13], meta[M_S13], meta[M_Z13], f_ + n, d_, grp, x, x2, xg, t)
-                if meta[M_B13] >= 0:
-                    gv += f[r, (meta[M_B13] >> 2) + n]
-                    uv += f[r, (meta[M_B13] >> 2) + f_ + n]
+                gv = np.float32(0.0)
+                uv = np.float32(0.0)
+                for half in range(2):   # one call site: the dot code is inlined, and compiled, once
+                    v = row_dot(fmt, b, h, f, r, meta[M_W13], meta[M_S13], meta[M_Z13], half * f_ + n, d_, grp,
+                                x, x2, xg, t)
+                    if meta[M_B13] >= 0:
+                        v += f[r, (meta[M_B13] >> 2) + half * f_ + n]
+                    if half == 0:
+                        gv = v
+                    else:
+                        uv = v
                 v = _act(gv, uv, meta[M_ACT], alpha, limit)
                 a[p, n] = v
                 if nib:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numba
 import numpy as np
@@ -59,8 +60,10 @@ class CpuExpertWork:
         return int(self.rows.size)
 
 
+@lru_cache(maxsize=64)
 def _meta(layout: ExpertLayout) -> np.ndarray:
-    """The layout as the int64 vector the compiled kernel reads (order: kernels.cpu.driver.M_*)."""
+    """The layout as the int64 vector the compiled kernel reads (order: kernels.cpu.driver.M_*);
+    built once per layout (the kernel never writes it)."""
     def off(name: str) -> int:
         try:
             return layout.slice(name).offset
@@ -110,7 +113,7 @@ def cpu_expert_forward(store: torch.Tensor, layout: ExpertLayout, work: CpuExper
     if threads is not None:
         numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
     b = store.numpy()                                          # [R, nbytes] uint8, no copy
-    xf = x.to(torch.float32).contiguous().numpy()              # [T, D]
+    xf = (x if x.dtype == torch.float32 and x.is_contiguous() else x.to(torch.float32).contiguous()).numpy()  # [T, D]
     act = layout.act
     expert_forward(b, b.view(np.uint16), b.view(np.float32), _meta(layout), np.float32(act.alpha),
                    np.float32(act.limit), work.rows, work.starts, work.tokens, work.weights, xf, out.numpy())
