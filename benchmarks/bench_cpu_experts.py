@@ -1,7 +1,7 @@
 """Cold experts on the CPU: GB/s of expert bytes the CPU kernels stream, against the host's memory
 bandwidth measured in the same run.
 
-    python benchmarks/bench_cpu_experts.py [--out FILE] [--store-mib 512] [--cell-s 0.15]
+    python benchmarks/bench_cpu_experts.py [--out FILE] [--threads N] [--store-mib 512] [--cell-s 0.15]
 
 Shapes: Qwen3-30B-A3B's expert (D=2048, F=768, top-8) and gpt-oss's (D=2880, F=2880, top-4, biases,
 clamped SwiGLU). Formats bf16, fp8, int4 (g128; g64 for gpt-oss, whose 2880 has no 128) and mxfp4; T in {1, 2, 4, 8} tokens, every token
@@ -103,9 +103,10 @@ def main() -> None:
     ap.add_argument("--cell-s", type=float, default=0.15, help="seconds of timed calls per cell")
     ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--threads", type=int, help="the many-thread count (default: every core this process may use)")
     args = ap.parse_args()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    thread_counts = sorted({1, min(cores, numba.config.NUMBA_NUM_THREADS)})
+    thread_counts = sorted({1, min(args.threads or cores, numba.config.NUMBA_NUM_THREADS)})
     buf = np.ones((1 << 30) // 8, dtype=np.int64)
     bandwidth = {}
     for th in thread_counts:

@@ -8,6 +8,12 @@ float32, with each expert's format, biases and activation as its :class:`ExpertL
 The kernel reads each expert's row of the store in place: nothing is dequantised into memory, the
 store is only read (so it may be pinned, mapped, or shared with copies to the GPU in flight).
 
+Threads: each call runs two parallel passes, each ending at a barrier, so a call is as slow as its
+slowest thread. A thread that shares its core with other work (the thread feeding the GPU, another
+process) stalls the barrier by a scheduler time slice: measured on 2 shared cores, 2 threads took
+7 ms where 1 took 0.9 ms. Use at most the cores the engine leaves free, and where the process sets its
+environment at start, ``OMP_WAIT_POLICY=passive`` keeps idle workers from spinning on a busy host.
+
 Legend: T tokens, D hidden, F expert FFN, R store rows (layers * experts), P (expert, token) pairs.
 """
 from __future__ import annotations
