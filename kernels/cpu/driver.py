@@ -3,7 +3,9 @@ experts' rows.
 
 1. gate/up: work items are (expert, block of ``ROWS`` gate rows); an item reads gate row ``n`` and up
    row ``F + n`` for each of the expert's tokens and writes the activation straight into ``a [P, F]``
-   (and in its even-then-odd order), so ``h [2F]`` never exists.
+   (and in its even-then-odd order), so ``h [2F]`` never exists. An expert with one token dequantises
+   in registers inside the dot; one with several dequantises each row once into a row buffer that
+   stays in L1 and dots it with every token.
 2. down: work items are blocks of ``ROWS`` output columns ``d``; an item visits every expert and
    token pair in order and accumulates ``w * (w2[d] . a[p] + b2[d])`` into ``out[t, d]``. Each output
    element has one writer and a fixed order, so the result is deterministic and needs no atomics.
@@ -17,7 +19,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from kernels.cpu.dots import INT4, MXFP4, row_dot
+from kernels.cpu.dots import INT4, MXFP4, buf_dot, decode_row, row_dot
 
 ROWS = 16   # rows per work item: enough work to amortise the scheduling, enough items to balance 16+ threads
 
@@ -70,14 +72,22 @@ def expert_forward(b, h, f, meta, alpha, limit, rows, starts, toks, wts, x, out)
     for item in prange(rows.size * nb1):
         i = item // nb1
         r = rows[i]
+        shared = starts[i + 1] - starts[i] > 1
+        buf = np.empty(2 * d_ if shared else 1, np.float32)   # gate and up row, dequantised
         for n in range(item % nb1 * ROWS, min(f_, item % nb1 * ROWS + ROWS)):
+            if shared:
+                decode_row(fmt, b, h, f, r, meta[M_W13], meta[M_S13], meta[M_Z13], n, d_, grp, buf[:d_])
+                decode_row(fmt, b, h, f, r, meta[M_W13], meta[M_S13], meta[M_Z13], f_ + n, d_, grp, buf[d_:])
             for p in range(starts[i], starts[i + 1]):
                 t = toks[p]
                 gv = np.float32(0.0)
                 uv = np.float32(0.0)
                 for half in range(2):   # one call site: the dot code is inlined, and compiled, once
-                    v = row_dot(fmt, b, h, f, r, meta[M_W13], meta[M_S13], meta[M_Z13], half * f_ + n, d_, grp,
-                                x, x2, xg, t)
+                    if shared:
+                        v = buf_dot(buf[half * d_:], x, t, d_)
+                    else:
+                        v = row_dot(fmt, b, h, f, r, meta[M_W13], meta[M_S13], meta[M_Z13], half * f_ + n, d_,
+                                    grp, x, x2, xg, t)
                     if meta[M_B13] >= 0:
                         v += f[r, (meta[M_B13] >> 2) + half * f_ + n]
                     if half == 0:
@@ -93,11 +103,18 @@ def expert_forward(b, h, f, meta, alpha, limit, rows, starts, toks, wts, x, out)
             _group_sums(a[p], grp, ag[p])
     nb2 = (d_ + ROWS - 1) // ROWS
     for item in prange(nb2):
+        buf = np.empty(f_, np.float32)                                       # one down row, dequantised
         for i in range(rows.size):
             r = rows[i]
+            shared = starts[i + 1] - starts[i] > 1
             for dd in range(item * ROWS, min(d_, item * ROWS + ROWS)):
+                if shared:
+                    decode_row(fmt, b, h, f, r, meta[M_W2], meta[M_S2], meta[M_Z2], dd, f_, grp, buf)
                 for p in range(starts[i], starts[i + 1]):
-                    y = row_dot(fmt, b, h, f, r, meta[M_W2], meta[M_S2], meta[M_Z2], dd, f_, grp, a, a2, ag, p)
+                    if shared:
+                        y = buf_dot(buf, a, p, f_)
+                    else:
+                        y = row_dot(fmt, b, h, f, r, meta[M_W2], meta[M_S2], meta[M_Z2], dd, f_, grp, a, a2, ag, p)
                     if meta[M_B2] >= 0:
                         y += f[r, (meta[M_B2] >> 2) + dd]
                     out[toks[p], dd] += wts[p] * y
