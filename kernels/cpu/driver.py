@@ -50,24 +50,39 @@ def _group_sums(v, group, out):
         out[g] = v[g * group:(g + 1) * group].sum()
 
 
-@njit(fastmath=True, parallel=True, cache=True)
+@njit(fastmath=True, cache=True)
 def expert_forward(b, h, f, meta, alpha, limit, rows, starts, toks, wts, x, out):
-    """``out [T, D]`` float32 (zeroed by the caller) += the routed experts of ``rows`` on ``x [T, D]``."""
+    """``out [T, D]`` float32 (zeroed by the caller) += the routed experts of ``rows`` on ``x [T, D]``.
+
+    ``b``/``h``/``f``: the store ``[R, nbytes]`` as uint8, uint16 and float32; ``meta``: the layout
+    (``M_*``); expert ``i`` is row ``rows[i]`` for pairs ``starts[i]:starts[i+1]`` of ``toks``/``wts``."""
     fmt, d_, f_, grp = meta[M_FMT], meta[M_D], meta[M_F], meta[M_G]
     nib = fmt == INT4 or fmt == MXFP4
     t_ = x.shape[0]
     p_ = toks.size
     # Activations in the form each format reads: x, its even/odd halves, its group sums.
     x2 = np.zeros((t_, d_ if nib else 1), np.float32)                        # [T, D] even, then odd
-    xg = np.zeros((t_, d_ // grp if fmt == INT4 else 1), np.float32)
+    xg = np.zeros((t_, d_ // grp if fmt == INT4 else 1), np.float32)        # [T, D/G]
     a = np.zeros((p_, f_), np.float32)                                       # [P, F]
     a2 = np.zeros((p_, f_ if nib else 1), np.float32)                        # [P, F] even, then odd
-    ag = np.zeros((p_, f_ // grp if fmt == INT4 else 1), np.float32)
+    ag = np.zeros((p_, f_ // grp if fmt == INT4 else 1), np.float32)        # [P, F/G]
     for t in range(t_):
         if nib:
             _split(x[t], x2[t])
         if fmt == INT4:
             _group_sums(x[t], grp, xg[t])
+    _gate_up(b, h, f, meta, alpha, limit, rows, starts, toks, x, x2, xg, a, a2)
+    if fmt == INT4:
+        for p in range(p_):
+            _group_sums(a[p], grp, ag[p])
+    _down(b, h, f, meta, rows, starts, toks, wts, a, a2, ag, out)
+
+
+@njit(fastmath=True, parallel=True, cache=True)
+def _gate_up(b, h, f, meta, alpha, limit, rows, starts, toks, x, x2, xg, a, a2):
+    """Pass 1: ``a [P, F]`` (and ``a2``, even then odd) = act(gate, up) of every pair."""
+    fmt, d_, f_, grp = meta[M_FMT], meta[M_D], meta[M_F], meta[M_G]
+    nib = fmt == INT4 or fmt == MXFP4
     nb1 = (f_ + ROWS - 1) // ROWS
     for item in prange(rows.size * nb1):
         i = item // nb1
@@ -98,9 +113,12 @@ def expert_forward(b, h, f, meta, alpha, limit, rows, starts, toks, wts, x, out)
                 a[p, n] = v
                 if nib:
                     a2[p, n // 2 + (n % 2) * (f_ // 2)] = v
-    if fmt == INT4:
-        for p in range(p_):
-            _group_sums(a[p], grp, ag[p])
+
+
+@njit(fastmath=True, parallel=True, cache=True)
+def _down(b, h, f, meta, rows, starts, toks, wts, a, a2, ag, out):
+    """Pass 2: ``out[t, d] += w * (w2[d] . a[p] + b2[d])`` over every pair, one writer per ``d``."""
+    fmt, d_, f_, grp = meta[M_FMT], meta[M_D], meta[M_F], meta[M_G]
     nb2 = (d_ + ROWS - 1) // ROWS
     for item in prange(nb2):
         buf = np.empty(f_, np.float32)                                       # one down row, dequantised
