@@ -10,6 +10,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numba
 import torch
 
 from kernels.cpu.forward import CpuExpertWork, cpu_expert_forward
@@ -66,5 +67,4 @@ def calibrate(store: torch.Tensor, layout: ExpertLayout, rows: Sequence[int], to
             cpu_expert_forward(store, layout, work, x[:t], out[:t], threads)
             best = min(best, time.perf_counter() - t0)
         seconds.append(best / len(rows))
-    import numba
     return CpuExpertCost(layout.fmt, layout.nbytes, numba.get_num_threads(), tokens, tuple(seconds), len(rows))

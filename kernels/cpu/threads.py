@@ -32,7 +32,8 @@ def _pin_all(mask_addr, nbytes, slots, status):
 
 def set_cpu_expert_threads(threads: int, cpus: Sequence[int] | None = None) -> int:
     """Use ``threads`` worker threads (capped at numba's pool size) from the calling thread on; with
-    ``cpus``, pin every worker thread and the calling one to that CPU set. Returns the thread count."""
+    ``cpus``, pin the worker threads in use and the calling one to that CPU set (call again after
+    raising the count, so that the added threads are pinned too). Returns the thread count."""
     if threads < 1:
         raise ConfigError(f"CPU expert threads must be at least 1, got {threads}")
     n = min(int(threads), numba.config.NUMBA_NUM_THREADS)
@@ -40,9 +41,8 @@ def set_cpu_expert_threads(threads: int, cpus: Sequence[int] | None = None) -> i
     if cpus is None:
         return n
     cpus = sorted(set(int(c) for c in cpus))
-    allowed = os.sched_getaffinity(0) | set(cpus) if hasattr(os, "sched_getaffinity") else set(cpus)
-    if not cpus or cpus[0] < 0 or cpus[-1] >= 64 * _MASK_WORDS or not set(cpus) <= allowed:
-        raise ConfigError(f"cannot pin CPU expert threads to CPUs {cpus}; pass CPUs this process may use")
+    if not cpus or cpus[0] < 0 or cpus[-1] >= min(64 * _MASK_WORDS, os.cpu_count() or 1):
+        raise ConfigError(f"cannot pin CPU expert threads to CPUs {cpus}; pass CPU numbers this machine has")
     mask = np.zeros(_MASK_WORDS, np.uint64)
     for c in cpus:
         mask[c // 64] |= np.uint64(1) << np.uint64(c % 64)

@@ -130,6 +130,8 @@ def test_threads_pin_to_the_cpu_set_given():
         run_both(layout, store, CpuExpertWork.from_pairs([(1, [0], [1.0])]), torch.randn(1, 64))
         with pytest.raises(ConfigError, match="at least 1"):
             set_cpu_expert_threads(0)
+        with pytest.raises(ConfigError, match="CPU numbers this machine has"):
+            set_cpu_expert_threads(1, cpus=[os.cpu_count()])
     finally:
         set_cpu_expert_threads(len(before), cpus=before)
     assert sorted(os.sched_getaffinity(0)) == before
