@@ -1,0 +1,138 @@
+"""The compiled body of :func:`kernels.cpu.forward.cpu_expert_forward`: two parallel passes over the
+experts' rows.
+
+1. gate/up: work items are (expert, block of ``ROWS`` gate rows); an item reads gate row ``n`` and up
+   row ``F + n`` for each of the expert's tokens and writes the activation straight into ``a [P, F]``
+   (and in its even-then-odd order), so ``h [2F]`` never exists. An expert with one token dequantises
+   in registers inside the dot; one with several dequantises each row once into a row buffer that
+   stays in L1 and dots it with every token.
+2. down: work items are blocks of ``ROWS`` output columns ``d``; an item visits every expert and
+   token pair in order and accumulates ``w * (w2[d] . a[p] + b2[d])`` into ``out[t, d]``. Each output
+   element has one writer and a fixed order, so the result is deterministic and needs no atomics.
+
+Legend: T tokens, P (expert, token) pairs, D hidden, F expert FFN, G int4 group size.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from kernels.cpu.dots import INT4, MXFP4, buf_dot, decode_row, row_dot
+
+ROWS = 16   # rows per work item: enough work to amortise the scheduling, enough items to balance 16+ threads
+
+# Indices into the int64 ``meta`` vector (see kernels.cpu.forward._meta).
+(M_FMT, M_D, M_F, M_G, M_W13, M_S13, M_Z13, M_W2, M_S2, M_Z2, M_B13, M_B2, M_ACT) = range(13)
+
+
+@njit(fastmath=True, cache=True)
+def _act(gate, up, kind, alpha, limit):
+    if kind == 0:
+        return gate / (np.float32(1.0) + math.exp(-gate)) * up
+    gate = min(gate, limit)
+    up = min(max(up, -limit), limit)
+    return (up + np.float32(1.0)) * gate / (np.float32(1.0) + math.exp(-alpha * gate))
+
+
+@njit(fastmath=True, cache=True)
+def _split(v, v2):
+    half = v.size // 2
+    for j in range(half):
+        v2[j] = v[2 * j]
+        v2[half + j] = v[2 * j + 1]
+
+
+@njit(fastmath=True, cache=True)
+def _group_sums(v, group, out):
+    for g in range(out.size):
+        out[g] = v[g * group:(g + 1) * group].sum()
+
+
+@njit(fastmath=True, cache=True)
+def expert_forward(b, h, f, meta, alpha, limit, rows, starts, toks, wts, x, out):
+    """``out [T, D]`` float32 (zeroed by the caller) += the routed experts of ``rows`` on ``x [T, D]``.
+
+    ``b``/``h``/``f``: the store ``[R, nbytes]`` as uint8, uint16 and float32; ``meta``: the layout
+    (``M_*``); expert ``i`` is row ``rows[i]`` for pairs ``starts[i]:starts[i+1]`` of ``toks``/``wts``."""
+    fmt, d_, f_, grp = meta[M_FMT], meta[M_D], meta[M_F], meta[M_G]
+    nib = fmt == INT4 or fmt == MXFP4
+    t_ = x.shape[0]
+    p_ = toks.size
+    # Activations in the form each format reads: x, its even/odd halves, its group sums.
+    x2 = np.zeros((t_, d_ if nib else 1), np.float32)                        # [T, D] even, then odd
+    xg = np.zeros((t_, d_ // grp if fmt == INT4 else 1), np.float32)        # [T, D/G]
+    a = np.zeros((p_, f_), np.float32)                                       # [P, F]
+    a2 = np.zeros((p_, f_ if nib else 1), np.float32)                        # [P, F] even, then odd
+    ag = np.zeros((p_, f_ // grp if fmt == INT4 else 1), np.float32)        # [P, F/G]
+    for t in range(t_):
+        if nib:
+            _split(x[t], x2[t])
+        if fmt == INT4:
+            _group_sums(x[t], grp, xg[t])
+    _gate_up(b, h, f, meta, alpha, limit, rows, starts, toks, x, x2, xg, a, a2)
+    if fmt == INT4:
+        for p in range(p_):
+            _group_sums(a[p], grp, ag[p])
+    _down(b, h, f, meta, rows, starts, toks, wts, a, a2, ag, out)
+
+
+@njit(fastmath=True, parallel=True, cache=True)
+def _gate_up(b, h, f, meta, alpha, limit, rows, starts, toks, x, x2, xg, a, a2):
+    """Pass 1: ``a [P, F]`` (and ``a2``, even then odd) = act(gate, up) of every pair."""
+    fmt, d_, f_, grp = meta[M_FMT], meta[M_D], meta[M_F], meta[M_G]
+    nib = fmt == INT4 or fmt == MXFP4
+    nb1 = (f_ + ROWS - 1) // ROWS
+    for item in prange(rows.size * nb1):
+        i = item // nb1
+        r = rows[i]
+        shared = starts[i + 1] - starts[i] > 1
+        buf = np.empty(2 * d_ if shared else 1, np.float32)   # gate and up row, dequantised
+        for n in range(item % nb1 * ROWS, min(f_, item % nb1 * ROWS + ROWS)):
+            if shared:
+                decode_row(fmt, b, h, f, r, meta[M_W13], meta[M_S13], meta[M_Z13], n, d_, grp, buf[:d_])
+                decode_row(fmt, b, h, f, r, meta[M_W13], meta[M_S13], meta[M_Z13], f_ + n, d_, grp, buf[d_:])
+            for p in range(starts[i], starts[i + 1]):
+                t = toks[p]
+                gv = np.float32(0.0)
+                uv = np.float32(0.0)
+                for half in range(2):   # one call site: the dot code is inlined, and compiled, once
+                    if shared:
+                        v = buf_dot(buf[half * d_:], x, t, d_)
+                    else:
+                        v = row_dot(fmt, b, h, f, r, meta[M_W13], meta[M_S13], meta[M_Z13], half * f_ + n, d_,
+                                    grp, x, x2, xg, t)
+                    if meta[M_B13] >= 0:
+                        v += f[r, (meta[M_B13] >> 2) + half * f_ + n]
+                    if half == 0:
+                        gv = v
+                    else:
+                        uv = v
+                v = _act(gv, uv, meta[M_ACT], alpha, limit)
+                a[p, n] = v
+                if nib:
+                    a2[p, n // 2 + (n % 2) * (f_ // 2)] = v
+
+
+@njit(fastmath=True, parallel=True, cache=True)
+def _down(b, h, f, meta, rows, starts, toks, wts, a, a2, ag, out):
+    """Pass 2: ``out[t, d] += w * (w2[d] . a[p] + b2[d])`` over every pair, one writer per ``d``."""
+    fmt, d_, f_, grp = meta[M_FMT], meta[M_D], meta[M_F], meta[M_G]
+    nb2 = (d_ + ROWS - 1) // ROWS
+    for item in prange(nb2):
+        buf = np.empty(f_, np.float32)                                       # one down row, dequantised
+        for i in range(rows.size):
+            r = rows[i]
+            shared = starts[i + 1] - starts[i] > 1
+            for dd in range(item * ROWS, min(d_, item * ROWS + ROWS)):
+                if shared:
+                    decode_row(fmt, b, h, f, r, meta[M_W2], meta[M_S2], meta[M_Z2], dd, f_, grp, buf)
+                for p in range(starts[i], starts[i + 1]):
+                    if shared:
+                        y = buf_dot(buf, a, p, f_)
+                    else:
+                        y = row_dot(fmt, b, h, f, r, meta[M_W2], meta[M_S2], meta[M_Z2], dd, f_, grp, a, a2, ag, p)
+                    if meta[M_B2] >= 0:
+                        y += f[r, (meta[M_B2] >> 2) + dd]
+                    out[toks[p], dd] += wts[p] * y

@@ -1,0 +1,54 @@
+"""How many threads the CPU expert kernels use, and on which CPUs they run.
+
+Numba's worker threads are created once and reused; this pins each of them (and the calling thread,
+which does a share of every parallel pass) to a CPU set by running a parallel pass in which every
+thread calls ``sched_setaffinity`` on itself. The CPU set to pass is the GPU's NUMA node
+(``engine.experts.numa`` finds it), so the threads read the host store from local memory.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Sequence
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from kernels.errors import ConfigError
+
+_MASK_WORDS = 16                       # 1024 CPUs, as glibc's cpu_set_t
+_libc = ctypes.CDLL(None, use_errno=True)
+_setaffinity = _libc.sched_setaffinity
+_setaffinity.argtypes = (ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p)
+_setaffinity.restype = ctypes.c_int
+
+
+@njit(parallel=True)
+def _pin_all(mask_addr, nbytes, slots, status):
+    for i in prange(slots.size):
+        status[i] = _setaffinity(0, nbytes, mask_addr)   # pid 0: the calling thread
+
+
+def set_cpu_expert_threads(threads: int, cpus: Sequence[int] | None = None) -> int:
+    """Use ``threads`` worker threads (capped at numba's pool size) from the calling thread on; with
+    ``cpus``, pin the worker threads in use and the calling one to that CPU set (call again after
+    raising the count, so that the added threads are pinned too). Returns the thread count."""
+    if threads < 1:
+        raise ConfigError(f"CPU expert threads must be at least 1, got {threads}")
+    n = min(int(threads), numba.config.NUMBA_NUM_THREADS)
+    numba.set_num_threads(n)
+    if cpus is None:
+        return n
+    cpus = sorted(set(int(c) for c in cpus))
+    if not cpus or cpus[0] < 0 or cpus[-1] >= min(64 * _MASK_WORDS, os.cpu_count() or 1):
+        raise ConfigError(f"cannot pin CPU expert threads to CPUs {cpus}; pass CPU numbers this machine has")
+    mask = np.zeros(_MASK_WORDS, np.uint64)
+    for c in cpus:
+        mask[c // 64] |= np.uint64(1) << np.uint64(c % 64)
+    status = np.zeros(n * 8, np.int32)                 # several slots per thread: every thread gets one
+    _pin_all(mask.ctypes.data, mask.nbytes, np.zeros(n * 8, np.int64), status)
+    if status.any():
+        raise ConfigError(f"pinning CPU expert threads to CPUs {cpus} failed "
+                          f"(errno {ctypes.get_errno()}); pass CPUs this process may use")
+    return n

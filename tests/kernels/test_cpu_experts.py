@@ -1,0 +1,146 @@
+"""CPU expert kernels (kernels/cpu) against the plain-torch reference built from kernels/quant's
+dequantisers, every format of the expert layout."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from kernels.cpu import (CpuExpertCost, CpuExpertWork, calibrate, cpu_expert_forward, cpu_expert_forward_ref,
+                         set_cpu_expert_threads)
+from kernels.errors import ConfigError
+from kernels.expert_layout import ExpertAct, ExpertLayout
+from kernels.quant import quantize_expert
+
+FORMATS = ("bf16", "fp16", "fp32", "fp8", "int4", "mxfp4")
+# Both paths compute in float32 from the same dequantised values; only the order of the sums differs.
+TOLERANCE = dict(atol=2e-4, rtol=2e-4)
+
+
+def make_store(fmt: str, hidden: int, ffn: int, rows: int = 5, bias: bool = False, act: ExpertAct | None = None,
+               group_size: int = 32, seed: int = 0) -> tuple[ExpertLayout, torch.Tensor]:
+    """A store of ``rows`` random experts; row 0 is left as random bytes, so a kernel that reads the
+    wrong row fails loudly."""
+    g = torch.Generator().manual_seed(seed)
+    layout = ExpertLayout.make(fmt, hidden, ffn, group_size, bias=bias, act=act)
+    store = torch.randint(0, 255, (rows, layout.nbytes), dtype=torch.uint8, generator=g)
+    for r in range(1, rows):
+        w13 = torch.randn(2 * ffn, hidden, generator=g) / hidden ** 0.5
+        w2 = torch.randn(ffn, hidden, generator=g).t().contiguous() / ffn ** 0.5
+        b13 = torch.randn(2 * ffn, generator=g) if bias else None
+        b2 = torch.randn(hidden, generator=g) if bias else None
+        layout.pack(quantize_expert(w13, w2, layout, b13, b2), store[r])
+    return layout, store
+
+
+def run_both(layout, store, work, x, **kw):
+    got = cpu_expert_forward(store, layout, work, x, **kw)
+    want = cpu_expert_forward_ref(store, layout, work, x)
+    torch.testing.assert_close(got, want, **TOLERANCE)
+    return got
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_one_token_decode(fmt):
+    layout, store = make_store(fmt, 64, 96)
+    x = torch.randn(1, 64)
+    work = CpuExpertWork.from_pairs([(3, [0], [0.6]), (1, [0], [0.4])])
+    out = run_both(layout, store, work, x)
+    assert out.abs().max() > 0.05
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_tokens_that_share_an_expert(fmt):
+    layout, store = make_store(fmt, 64, 96)
+    x = torch.randn(4, 64)
+    work = CpuExpertWork.from_pairs([(2, [0, 1, 3], [0.5, 0.2, 0.9]), (4, [1, 3], [0.8, 0.1]), (1, [0], [0.5])])
+    out = run_both(layout, store, work, x)
+    assert torch.all(out[2] == 0), "a token no expert serves gets zeros"
+
+
+@pytest.mark.parametrize("fmt", ("bf16", "fp16", "fp32", "fp8"))
+def test_dims_that_are_no_multiple_of_the_row_block_or_the_vector_width(fmt):
+    layout, store = make_store(fmt, 72, 40)   # 40 gate rows, 72 down rows: ragged 16-row items, 8-lane tails
+    run_both(layout, store, CpuExpertWork.from_pairs([(1, [0, 1], [1.0, 0.5])]), torch.randn(2, 72))
+
+
+@pytest.mark.parametrize("group_size", (32, 64, 128))
+def test_int4_groups_other_than_one_per_row(group_size):
+    layout, store = make_store("int4", 256, 128, group_size=group_size)
+    run_both(layout, store, CpuExpertWork.from_pairs([(2, [0], [1.0]), (3, [0, 1], [0.3, 0.7])]),
+             torch.randn(2, 256))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_biases_with_silu(fmt):
+    layout, store = make_store(fmt, 64, 64, bias=True)
+    run_both(layout, store, CpuExpertWork.from_pairs([(1, [0, 1], [0.5, 1.0])]), torch.randn(2, 64))
+
+
+@pytest.mark.parametrize("fmt", ("bf16", "fp8", "int4", "mxfp4"))
+def test_gpt_oss_swiglu_with_biases_and_clamping(fmt):
+    layout, store = make_store(fmt, 64, 64, bias=True, act=ExpertAct("swiglu_oai"))
+    x = torch.randn(3, 64) * 8      # large enough that the clamp at 7 decides some values
+    run_both(layout, store, CpuExpertWork.from_pairs([(2, [0, 2], [0.7, 0.3]), (4, [1, 2], [1.0, 0.5])]), x)
+
+
+def test_bf16_activations_are_read_as_float32():
+    layout, store = make_store("int4", 64, 64)
+    x = torch.randn(2, 64).to(torch.bfloat16)
+    run_both(layout, store, CpuExpertWork.from_pairs([(1, [0, 1], [1.0, 1.0])]), x)
+
+
+def test_thread_count_does_not_change_a_bit():
+    layout, store = make_store("mxfp4", 64, 96)
+    x = torch.randn(3, 64)
+    work = CpuExpertWork.from_pairs([(1, [0, 1, 2], [0.2, 0.3, 0.4]), (2, [0, 2], [0.5, 0.6])])
+    one = cpu_expert_forward(store, layout, work, x, threads=1)
+    assert torch.equal(one, cpu_expert_forward(store, layout, work, x, threads=os.cpu_count()))
+
+
+def test_out_is_overwritten_and_no_work_gives_zeros():
+    layout, store = make_store("bf16", 64, 32)
+    out = torch.full((2, 64), 5.0)
+    cpu_expert_forward(store, layout, CpuExpertWork.from_pairs([]), torch.randn(2, 64), out=out)
+    assert torch.all(out == 0)
+    run_both(layout, store, CpuExpertWork.from_pairs([(1, [1], [1.0])]), torch.randn(2, 64), out=out)
+
+
+def test_bad_arguments_are_one_sentence_errors():
+    layout, store = make_store("bf16", 64, 32)
+    x = torch.randn(2, 64)
+    with pytest.raises(ValueError, match="store row"):
+        cpu_expert_forward(store, layout, CpuExpertWork.from_pairs([(9, [0], [1.0])]), x)
+    with pytest.raises(ValueError, match="token index"):
+        cpu_expert_forward(store, layout, CpuExpertWork.from_pairs([(1, [2], [1.0])]), x)
+    with pytest.raises(ValueError, match="host store"):
+        cpu_expert_forward(store[:, :16], layout, CpuExpertWork.from_pairs([(1, [0], [1.0])]), x)
+    with pytest.raises(ValueError, match="one weight per token"):
+        CpuExpertWork.from_pairs([(1, [0, 1], [1.0])])
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="CPU affinity is Linux-only")
+def test_threads_pin_to_the_cpu_set_given():
+    before = sorted(os.sched_getaffinity(0))
+    try:
+        assert set_cpu_expert_threads(1, cpus=before[:1]) == 1
+        assert os.sched_getaffinity(0) == set(before[:1])   # the calling thread does a share of the work
+        layout, store = make_store("fp8", 64, 32)
+        run_both(layout, store, CpuExpertWork.from_pairs([(1, [0], [1.0])]), torch.randn(1, 64))
+        with pytest.raises(ConfigError, match="at least 1"):
+            set_cpu_expert_threads(0)
+        with pytest.raises(ConfigError, match="CPU numbers this machine has"):
+            set_cpu_expert_threads(1, cpus=[os.cpu_count()])
+    finally:
+        set_cpu_expert_threads(len(before), cpus=before)
+    assert sorted(os.sched_getaffinity(0)) == before
+
+
+def test_calibrate_times_each_token_count_and_interpolates():
+    layout, store = make_store("int4", 64, 64)
+    cost = calibrate(store, layout, rows=[1, 2, 3], tokens=(1, 4), repeats=1)
+    assert cost.tokens == (1, 4) and all(s > 0 for s in cost.seconds) and cost.experts_per_call == 3
+    fixed = CpuExpertCost("int4", 1000, 1, (1, 2, 4), (1.0, 1.5, 2.5), 1)
+    assert fixed.seconds_for(1) == 1.0 and fixed.seconds_for(3) == 2.0 and fixed.seconds_for(6) == 3.5
+    assert fixed.gbps(2) == pytest.approx(1000 / 1.5 / 1e9)
