@@ -64,3 +64,16 @@ def test_bad_arguments_are_named():
     w = QuantWeight(torch.zeros(4, 8, dtype=torch.int8), torch.ones(4), "int8")
     with pytest.raises(ValueError, match="does not match"):
         qlinear(torch.ones(1, 6), w)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("fmt", ["fp8", "int8"])
+@pytest.mark.parametrize("T", [1, 8, 16, 17, 300])   # decode tiles, one past them, the prefill tiles
+def test_kernel_on_the_gpu_at_model_shapes(fmt, T):
+    """bf16 activations at gpt-oss's qkv shape (N 5120, K 2880: K not a multiple of 256) on the GPU."""
+    g = torch.Generator(device="cuda").manual_seed(T)
+    w = quantize_rows(torch.randn(5120, 2880, device="cuda", generator=g) * 0.02, fmt)
+    x = torch.randn(T, 2880, device="cuda", generator=g).to(torch.bfloat16)
+    b = torch.randn(5120, device="cuda", generator=g).to(torch.bfloat16)
+    want = (x.float() @ w.dequantize().t() + b.float())
+    torch.testing.assert_close(qlinear(x, w, b).float(), want, atol=3e-2, rtol=2e-2)
