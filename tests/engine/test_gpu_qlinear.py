@@ -1,0 +1,24 @@
+"""The 8-bit linear kernels on the GPU (tests/kernels runs them in the interpreter): bf16 activations at
+gpt-oss's shapes, every path the engine takes (one token, a few, a prefill's widened chunks)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.qlinear import linear, qlinear, quantize_rows
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "int8"])
+@pytest.mark.parametrize("T", [1, 8, 16, 17, 300])   # the GEMV, decode tiles, one past them, a prefill
+@pytest.mark.parametrize("N,K", [(5120, 2880), (2880, 4096)])    # qkv (K not a multiple of 256), o
+def test_linear_on_the_gpu_at_model_shapes(fmt, T, N, K):
+    g = torch.Generator(device="cuda").manual_seed(T)
+    w = quantize_rows(torch.randn(N, K, device="cuda", generator=g) * 0.02, fmt)
+    x = torch.randn(T, K, device="cuda", generator=g).to(torch.bfloat16)
+    b = torch.randn(N, device="cuda", generator=g).to(torch.bfloat16)
+    want = x.float() @ w.dequantize().t() + b.float()
+    torch.testing.assert_close(linear(x, w, b, kernel=True).float(), want, atol=3e-2, rtol=2e-2)
+    if T <= 16:
+        torch.testing.assert_close(qlinear(x, w, b).float(), want, atol=3e-2, rtol=2e-2)
