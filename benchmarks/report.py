@@ -267,6 +267,7 @@ def results_block() -> str:
 PRODUCERS = {
     "attention_": "paged decode attention against the HBM ceiling (benchmarks/kernels/bench_attention.py)",
     "cpu_decode_": "CPU decode of the demo model against transformers (benchmarks/bench_cpu_decode.py)",
+    "cpu_experts_": "cold experts computed on the host CPU against its measured bandwidth (benchmarks/bench_cpu_experts.py)",
     "cpu_threads_": "CPU math threads against decode speed (benchmarks/cpu_threads.py)",
     "e2e_": "end to end against transformers, Qwen3-30B-A3B shape (benchmarks/bench_e2e.py)",
     "gpt_oss_": "gpt-oss shapes, MXFP4 experts (benchmarks/bench_gpt_oss.py)",
@@ -275,6 +276,7 @@ PRODUCERS = {
     "kernels_": "MoE layer kernels per format against the HBM ceiling (benchmarks/kernels/bench_moe.py)",
     "lfu_decay_": "pool hit rate per LFU decay (benchmarks/lfu_decay.py)",
     "offload_": "expert offload, the MoE path alone (benchmarks/bench_offload.py)",
+    "qlinear_": "8-bit resident linear kernels against cuBLAS bf16 at model shapes (benchmarks/kernels/bench_qlinear.py)",
     "profile_gpt_oss_": "kernel time of a gpt-oss decode step (benchmarks/profile_gpt_oss.py)",
     "residency50_": "the 50% pool in steady state, depth 2 against depth 0 (benchmarks/bench_e2e.py --offload)",
     "residency_2": "the residency grid: pools, depths, batches, routings (benchmarks/bench_e2e.py --offload)",
