@@ -1,6 +1,6 @@
 """Direct reads: decode steps whose missing experts the MoE kernels read straight from host memory.
 
-For decode steps of at most ``DIRECT_MAX_TOKENS`` tokens at prefetch depth >= 1, when the MoE kernels
+For decode steps of at most ``tuning.direct_max_tokens`` tokens at prefetch depth >= 1, when the MoE kernels
 can read the mapped host store, the compute stream never waits for the host or for a copy. Each MoE
 layer snapshots its slot-table row on the device; the kernels read a resident expert from its slot
 and a missing one (-1) straight from its host-store row over the bus. The host follows the GPU: it
@@ -47,10 +47,7 @@ from kernels.moe_weights import HostExperts
 if TYPE_CHECKING:
     from engine.experts.manager import Prediction
 
-DIRECT_MAX_TOKENS = 16      # decode steps up to this many tokens read missing experts directly
 UNWRITTEN = -2              # fills a publish region until the GPU has written it
-DEVICE_PREFETCH_THRESHOLD = 0.4   # share of GPU-side prefetches used below which they pause (probes go on)
-PREFETCH_PER_LAYER = 1            # most GPU-side prefetch claims per predicted layer (see _device_quota)
 
 # One direct-read step's books, with what a fresh step starts from: a step whose end is deferred
 # (:meth:`DirectReads.finish_ended`) keeps them aside while the next step keeps its own.
@@ -75,7 +72,7 @@ class DirectReads:
 
     def direct_for(self, tokens: int) -> bool:
         """Whether a step of ``tokens`` tokens reads missing experts directly."""
-        return self.direct_reads and tokens <= DIRECT_MAX_TOKENS
+        return self.direct_reads and tokens <= self.tuning.direct_max_tokens
 
     def host_experts(self, moe_index: int) -> HostExperts:
         """Where MoE layer ``moe_index``'s experts without a slot are read from, and its fill row."""
@@ -150,7 +147,7 @@ class DirectReads:
     def _device_quota(self, tokens: int) -> int:
         """Claims per predicted layer the GPU-side prefetch may make in a step of ``tokens`` tokens:
         the leading ranks of a layer's claims that are mostly used (:class:`ClaimGate`), at most
-        ``prefetch_per_layer``; one rank more on the gate's probe steps, so a closed rank (or a
+        ``tuning.prefetch_per_layer``; one rank more on the gate's probe steps, so a closed rank (or a
         prefetch closed altogether) is measured again.
 
         Measured on the H200 (Qwen3-30B-A3B shape, bf16, 50% pool, depth 2, one claim per layer
@@ -159,10 +156,10 @@ class DirectReads:
         8.3-8.9 ms per token): each wrong copy contends on the bus with the reads the step waits for.
         At batch 8 it is used 61-63% of the time and claiming is faster (4.04 against 4.3-4.4 ms).
         A second claim per layer is used 20% of the time at batch 8 and makes the step slower (4.5
-        against 4.0 ms), so ``prefetch_per_layer`` stays 1. With near-uniform routing claims are
+        against 4.0 ms), so ``tuning.prefetch_per_layer`` stays 1. With near-uniform routing claims are
         used 10-16% of the time."""
         gate = self.gate
-        quota = self.claims.quota(tokens, self.prefetch_per_layer, probe=gate.steps % gate.probe_every == 0)
+        quota = self.claims.quota(tokens, self.tuning.prefetch_per_layer, probe=gate.steps % gate.probe_every == 0)
         if not self._admitting_idle(self.pool.copies.busy_slots()):
             quota = 0          # an admission copied in from the host writes its table entry on the copy
             # stream, which the claims do not wait for: they could claim that key and race its entry

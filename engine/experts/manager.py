@@ -26,17 +26,18 @@ Legend: T tokens, k experts per token, E experts, L MoE layers, D hidden.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 
 from engine.errors import ConfigError
 from engine.experts.counters import ResidencyCounters
 from engine.experts.device_prefetch import DevicePrefetcher
-from engine.experts.direct import DEVICE_PREFETCH_THRESHOLD, PREFETCH_PER_LAYER, DirectReads
+from engine.experts.direct import DirectReads
 from engine.experts.host_prefetch import HostPrefetch
 from kernels.expert_layout import ExpertLayout
 from engine.experts.live_changes import LiveChanges, check_depth
@@ -46,12 +47,11 @@ from engine.experts.prefetch import ClaimGate, PrefetchGate, RouteFn, predict_ex
 from engine.experts.readback import HostReader
 from engine.experts.profile import check_routing_profile, read_routing_profile
 from engine.experts.store import HostExpertStore
+from engine.experts.tuning import ResidencyTuning
 from engine.telemetry import ExpertStats
 from kernels.predict import MAX_TOKENS as PREDICT_MAX_TOKENS
 from kernels.predict import PredictWorkspace, predict_topk
 from kernels.predict import available as predict_available
-
-PREDICT_MAX_LAYERS = 8           # predicted layers one launch of the prediction kernel covers
 
 Prediction = tuple[int, list[int], torch.Tensor]   # (layer it was made at, layers predicted, ids [P, T, k])
 
@@ -67,7 +67,8 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
     ``direct_reads``: None (default) reads missing experts directly where the kernels can (CUDA with
     a mapped host store); True forces it (also on CPU, where "host" and "device" are both RAM);
     False never. ``top_k`` (the model's experts per token) lets decode steps on CUDA predict with
-    one kernel instead of a matmul and the routing kernel.
+    one kernel instead of a matmul and the routing kernel. ``tuning`` holds the measured thresholds
+    (:class:`engine.experts.tuning.ResidencyTuning`); a caller may replace it between steps.
     """
 
     def __init__(self, layout: ExpertLayout, store: HostExpertStore, num_experts: int,
@@ -76,7 +77,8 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
                  routing_profile: str | Path | Sequence[Sequence[int]] | None = None,
                  budget_bytes: int | None = None, lfu_decay: float = DEFAULT_LFU_DECAY,
                  direct_reads: bool | None = None, top_k: int | None = None,
-                 router_bias: Sequence[torch.Tensor] | None = None, norm_eps: float = 1e-6) -> None:
+                 router_bias: Sequence[torch.Tensor] | None = None, norm_eps: float = 1e-6,
+                 tuning: ResidencyTuning | None = None) -> None:
         if store.num_experts != num_experts or len(routers) != store.num_layers or store.layout != layout:
             raise ValueError(f"store is {store.num_layers} x {store.num_experts} ({store.layout.fmt}); got "
                              f"{len(routers)} routers, {num_experts} experts, layout {layout.fmt}")
@@ -88,8 +90,9 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
         self.router_bias = None if router_bias is None else torch.stack([b.detach().float() for b in router_bias])
         self.norm_eps = norm_eps
         self.route_fn = route_fn
+        self.tuning = tuning or ResidencyTuning()
         # decode steps on CUDA predict in one launch (kernels/predict.py); it needs k and contiguous routers
-        self._predict_ws = (PredictWorkspace(PREDICT_MAX_LAYERS, num_experts, self.device)
+        self._predict_ws = (PredictWorkspace(self.tuning.predict_max_layers, num_experts, self.device)
                             if top_k and predict_available(self.device) else None)
         self.top_k = top_k
         self.predict_kernel = self._predict_ws is not None   # False: matmul + routing (for comparison)
@@ -112,7 +115,7 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
         self._last_layer = -1
         self._in_step = False
         self._owns_store = False
-        self.capturing = False     # set while decode steps are recorded into CUDA graphs (see before_layer)
+        self._capturing = False    # while decode steps are recorded into CUDA graphs (see recording)
         self._pending_prefetch: tuple[list[int], torch.Tensor] | None = None
         self._named: dict[int, set[int]] = {}      # layer -> keys this step's predictions named for it
         # direct reads
@@ -149,10 +152,9 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
         self._dp_replay = False                      # ... from a recorded graph
         self._seen: dict[int, int] = {}              # key -> slot its layer found this step (direct steps)
         self._dp_used: set[int] = set()              # keys it brought that their layer used
-        self.prefetch_per_layer = PREFETCH_PER_LAYER  # GPU-side prefetch: most claims per predicted layer
-        self.claims = ClaimGate(threshold=DEVICE_PREFETCH_THRESHOLD)   # ... of which it makes (by rank)
+        self.claims = ClaimGate(threshold=self.tuning.device_prefetch_threshold)   # GPU-side claims it makes (by rank)
         self._dp_tokens = 0                          # tokens of the step whose claims are out
-        self.quiet = False                           # True while a decode graph without predictions is recorded
+        self._quiet = False                          # True while a decode graph without predictions is recorded
         self._dp_records = None                      # claim records kept by a step whose end is deferred
         # a replayed direct-read step's end is deferred until the next step is launched (finish_ended)
         self._ended: dict | None = None              # the books of the step whose end is deferred
@@ -193,11 +195,31 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
         self._fill_slots, self._filled = None, {}
         self._predicted = None
         self._named = {}
-        if hasattr(self.policy, "admit_per_step"):     # its shadow pools admit as this pool does
-            self.policy.admit_per_step = self.admit_per_step if self._mode == "direct" else None
+        # the adaptive policy's shadow pools admit as this pool does
+        self.policy.admit_per_step = self.admit_per_step if self._mode == "direct" else None
         self.policy.tick()
         self._in_step = True
         self.gate.tick()
+
+    @property
+    def replay_hooks(self) -> "OffloadedExperts | None":
+        """What DecodeGraphs drives (:class:`engine.experts.replay.ReplayHooks`); None while every
+        expert has a slot, since such a step is recorded whole."""
+        return None if self.pool.full else self
+
+    @contextlib.contextmanager
+    def recording(self, quiet: bool = False) -> Iterator[None]:
+        """While decode steps are warmed up or recorded into CUDA graphs: predictions cover the full
+        depth; ``quiet`` records a step with no predictions (see ``predicts``)."""
+        self._capturing, self._quiet = True, quiet
+        try:
+            yield
+        finally:
+            self._capturing, self._quiet = False, False
+
+    def slot_table(self, moe_index: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The device slot-table row ``[E] int32`` of MoE layer ``moe_index`` and the pool's views."""
+        return self.pool.table[moe_index], self.pool.views
 
     @property
     def static(self) -> bool:
@@ -207,17 +229,17 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
     def before_layer(self, moe_index: int, hidden: torch.Tensor) -> Prediction | None:
         """Predict layers ``moe_index+1 .. +depth`` from ``hidden [T, D]`` (device work, no sync).
 
-        While ``capturing`` (a decode step being recorded into CUDA graphs) the prediction covers the
+        While :meth:`recording` (a decode step being recorded into CUDA graphs) the prediction covers the
         full ``prefetch_depth``, since the gate's depth changes from step to step; ``acquire`` keeps
         only the distances the gate allows. A step whose predictions the GPU copies in itself
         predicts only what it claims: layer ``moe_index + depth`` (every layer up to it from the
         first MoE layer). Returns the prediction, also kept for ``acquire``.
         """
         self._predicted = None
-        if self.pool.full or self.prefetch_depth == 0 or self.quiet:
+        if self.pool.full or self.prefetch_depth == 0 or self._quiet:
             return None
         device_side = self._device_prefetch_for(hidden.shape[0])
-        full = self.capturing or device_side
+        full = self._capturing or device_side
         depth = self.prefetch_depth if full else self.gate.depth(self.prefetch_depth)
         layers = list(range(moe_index + 1, min(moe_index + depth, self.num_layers - 1) + 1))
         if device_side and moe_index > 0:        # the GPU claims only for the farthest layer
@@ -350,8 +372,8 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
         whose end was deferred is ended first, so its counts are in."""
         self.finish_ended()
         return dataclasses.replace(self.counters.snapshot(self.pool), claim_threshold=self.claims.threshold,
-                                   claim_use=self.claims.state(self.prefetch_per_layer),
-                                   policy=getattr(self.policy, "label", self.policy.name))
+                                   claim_use=self.claims.state(self.tuning.prefetch_per_layer),
+                                   policy=self.policy.label)
 
     @property
     def host_sync_ms(self) -> float:

@@ -30,6 +30,13 @@ DEFAULT_LFU_DECAY = 0.9   # per step: a use 7 steps old weighs half a fresh one 
 
 class EvictionPolicy(Protocol):
     name: str
+    # the pool's admissions per step when misses are read directly (None: each miss is copied in at
+    # once); only the adaptive policy's shadow pools use it, to admit as the pool does
+    admit_per_step: int | None
+
+    @property
+    def label(self) -> str:
+        """The policy as the stats show it (the adaptive one adds the decay it picks victims by)."""
 
     def insert(self, key: int) -> None:
         """``key`` took a pool slot."""
@@ -64,6 +71,11 @@ class LRUPolicy:
     """Least recently used."""
 
     name = "lru"
+    admit_per_step: int | None = None    # only the adaptive policy's shadow pools admit per step
+
+    @property
+    def label(self) -> str:
+        return self.name
 
     def __init__(self) -> None:
         self._order: OrderedDict[int, None] = OrderedDict()   # oldest first
@@ -134,6 +146,11 @@ class LFUPolicy:
     """
 
     name = "lfu"
+    admit_per_step: int | None = None    # only the adaptive policy's shadow pools admit per step
+
+    @property
+    def label(self) -> str:
+        return self.name
     _RESCALE_AT = 1e150
 
     def __init__(self, decay: float = DEFAULT_LFU_DECAY) -> None:
@@ -417,6 +434,11 @@ class StaticPolicy:
     """A fixed placement from a routing profile: the most-routed (layer, expert) pairs overall."""
 
     name = "static"
+    admit_per_step: int | None = None    # only the adaptive policy's shadow pools admit per step
+
+    @property
+    def label(self) -> str:
+        return self.name
 
     def __init__(self, counts: Sequence[Sequence[int]]) -> None:
         num_experts = len(counts[0]) if counts else 0

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import torch
 
 from kernels.expert_layout import ExpertLayout
+from engine.experts.replay import ReplayHooks
 from engine.telemetry import ExpertStats
 
 
@@ -39,6 +40,13 @@ class ExpertProvider(Protocol):
     def end_step(self) -> None:
         """The forward pass is over (counters, eviction bookkeeping)."""
 
+    def direct_for(self, tokens: int) -> bool:
+        """Whether a step of ``tokens`` tokens reads missing experts straight from host memory."""
+
+    @property
+    def replay_hooks(self) -> ReplayHooks | None:
+        """What the decode-step CUDA graphs drive between pieces of a step; None: record it whole."""
+
     def stats(self) -> ExpertStats:
         """Cumulative counters, without a device sync."""
 
@@ -59,6 +67,10 @@ class ResidentExperts:
         self._ones = torch.ones(1024, dtype=torch.int64, device=experts.device)
 
     static = True
+    replay_hooks = None        # its tables never change: a decode step is recorded whole
+
+    def direct_for(self, tokens: int) -> bool:
+        return False             # nothing is missing
 
     def begin_step(self) -> None:
         pass

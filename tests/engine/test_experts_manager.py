@@ -711,7 +711,7 @@ def test_gpu_side_prefetch_claims_count_and_clean_up(stack: Stack) -> None:
     # prediction (nothing is resident). Layers 1 and 3 route as predicted (hits), layer 2 elsewhere
     # (its claim is wasted). At the end: no lease, no claim left in the table.
     prov = stack.offloaded(0, depth=1, policy="lru", direct_reads=True)
-    assert prov.fill_capacity() == 0 and prov.prefetch_per_layer == 1
+    assert prov.fill_capacity() == 0 and prov.tuning.prefetch_per_layer == 1
     x = _x(1)
     nb = stack.layout.nbytes
     prov.begin_step()
@@ -771,8 +771,7 @@ def test_direct_steps_stop_predicting_while_the_gpu_side_prefetch_is_closed(stac
     prov.claims.record(2, [(0, i < 90, 1) for i in range(100)])   # mostly right again
     gate.steps = 1
     assert prov.predicts(2)
-    prov.quiet = True
-    assert prov.before_layer(0, _x(2)) is None
-    prov.quiet = False
+    with prov.recording(quiet=True):
+        assert prov.before_layer(0, _x(2)) is None
     assert prov.before_layer(0, _x(2)) is not None
     prov.end_step()
