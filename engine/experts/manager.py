@@ -367,10 +367,14 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
         self._defer_end, self._live_leases = False, frozenset()
         self._distance = {k: d for k, d in self._distance.items() if k in self._unused}
 
-    def stats(self) -> ExpertStats:
-        """Cumulative counters (no device sync; on CUDA device-side counts may lag one call). A step
-        whose end was deferred is ended first, so its counts are in."""
+    def settle(self) -> None:
+        """End the step whose end was deferred, if any, and give back fill slots armed for a next
+        step (the engine calls this once it has no more work; a test before it reads the counts)."""
         self.finish_ended()
+
+    def stats(self) -> ExpertStats:
+        """Cumulative counters (no device sync; on CUDA device-side counts may lag one call). Reading
+        them changes nothing: a step whose end is deferred is counted once it ends (``settle``)."""
         return dataclasses.replace(self.counters.snapshot(self.pool), claim_threshold=self.claims.threshold,
                                    claim_use=self.claims.state(self.tuning.prefetch_per_layer),
                                    policy=self.policy.label)

@@ -47,8 +47,15 @@ class ExpertProvider(Protocol):
     def replay_hooks(self) -> ReplayHooks | None:
         """What the decode-step CUDA graphs drive between pieces of a step; None: record it whole."""
 
+    def settle(self) -> None:
+        """End a step whose end was deferred (a replayed direct-read step), so its counts are in; the
+        engine calls it when it runs out of work. Never needed for correctness."""
+
     def stats(self) -> ExpertStats:
-        """Cumulative counters, without a device sync."""
+        """Cumulative counters, without a device sync and without side effects."""
+
+    def close(self) -> None:
+        """Free what the provider holds on the device (and the host store it owns)."""
 
 
 class ResidentExperts:
@@ -89,6 +96,12 @@ class ResidentExperts:
 
     def end_step(self) -> None:
         pass
+
+    def settle(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass                     # the buffer belongs to the loaded model
 
     def stats(self) -> ExpertStats:
         n = self.buffer.shape[0]

@@ -324,7 +324,8 @@ def test_deferred_step_end_runs_behind_the_next_step(stack: Stack) -> None:
     _direct_layers(stack, prov, y)
     prov.end_step()
     assert prov._ended is not None
-    st = prov.stats()                                        # ends the deferred step first
+    prov.settle()                                            # ends the deferred step
+    st = prov.stats()
     assert prov._ended is None and not prov.pool.lease and st.fills > 0
     _books_match_pool(stack, prov)
 
@@ -359,7 +360,8 @@ def test_fill_slots_armed_for_the_next_step(stack: Stack) -> None:
                 assert armed and not (set(armed) & set(prov._ended["_fill_slots"] or []))
                 assert prov._fill_meta.tolist() == [0, len(armed)] and prov._fill_free[:len(armed)].tolist() == armed
         outs.append(ys)
-        st = prov.stats()                   # not the next replay: the armed slots go back
+        prov.settle()                       # not the next replay: the armed slots go back
+        st = prov.stats()
         assert prov._armed is None and not prov.pool.lease and st.fills > 0
         _books_match_pool(stack, prov)
     _same(outs[1], outs[0])
@@ -378,7 +380,27 @@ def test_deferred_end_outputs_identical(stack: Stack) -> None:
     prov._ensure_direct_step = deferring
     _same(stack.run(prov, _x(2), 5), ref)
     assert prov._ended is not None
+    prov.settle()
     assert prov.stats().fills > 0 and prov._ended is None
+
+
+def test_reading_stats_changes_nothing(stack: Stack) -> None:
+    # The workbench polls stats at 10 Hz: a poll must not end a deferred step or give slots back.
+    prov = stack.offloaded(L * E // 4, depth=2, policy="lfu", direct_reads=True)
+    ensure = prov._ensure_direct_step
+
+    def deferring() -> None:
+        ensure()
+        prov._defer_end = True
+
+    prov._ensure_direct_step = deferring
+    stack.run(prov, _x(2), 3)
+    leases = dict(prov.pool.lease)
+    assert leases                                            # the deferred step still holds its slots
+    first = prov.stats()
+    assert prov.stats() == first and prov.pool.lease == leases
+    prov.settle()
+    assert not prov.pool.lease and prov.stats().fills >= first.fills
 
 
 def test_claim_of_a_key_the_deferred_end_admitted_keeps_its_pool_slot(stack: Stack) -> None:

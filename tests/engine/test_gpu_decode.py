@@ -188,7 +188,7 @@ def test_quiet_steps_when_the_gpu_side_prefetch_is_closed(model) -> None:
         assert rec.direct and rec.quiet is not None and rec.quiet.direct
         assert all(c.predicted is None for c in rec.quiet.cuts)
         assert any(c.predicted is not None for c in rec.cuts)
-        llm.stats()                  # ends the last step (a replayed step's end waits for the next step)
+        llm.stats()                  # changes nothing: the engine ended the last step once it ran out of work
         assert prov._ended is None
         torch.cuda.synchronize()
         assert prov.pool.table.flatten().tolist() == prov.pool.slot_of
