@@ -46,6 +46,7 @@ from engine.experts.pool import ExpertPool
 from engine.experts.prefetch import ClaimGate, PrefetchGate, RouteFn, predict_experts
 from engine.experts.readback import HostReader
 from engine.experts.profile import check_routing_profile, read_routing_profile
+from engine.experts.step_books import StepBooks
 from engine.experts.store import HostExpertStore
 from engine.experts.tuning import ResidencyTuning
 from engine.telemetry import ExpertStats
@@ -129,7 +130,7 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
         self._host_views: dict[str, torch.Tensor] | None = None
         self._mode: str | None = None               # "sync" or "direct": how the last step resolved experts
         self._step_mode: str | None = None           # this step's ("captured" while recording a graph)
-        self._step_misses: list[int] = []            # keys read directly this step: admission candidates
+        self.books = StepBooks()                     # the running step's books (engine/experts/step_books.py)
         self.admit_per_step = max(1, num_experts // 2)
         # fills: the kernels keep a directly read expert in a leased staging slot as they read it
         self._fill = torch.full((self.num_layers, num_experts), -1, dtype=torch.int32, device=self.device)
@@ -140,24 +141,13 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
         cuda = self.device.type == "cuda"
         self._h_fill_info = torch.zeros(2 + num_experts, dtype=torch.int32, pin_memory=cuda)
         self._fill_uploaded = torch.cuda.Event() if cuda else None
-        self._fill_slots: list[int] | None = None    # this step's fill slots (None: not chosen yet)
-        self._fill_used = 0                          # of which handed out (eager steps)
-        self._filled: dict[int, int] = {}            # key -> fill slot written this step
-        self._early: tuple[list[tuple[int, int]], list[int]] = ([], [])   # admitted mid-step, evicted for them
-        self._host_prefetched = False                # this step's host issued prefetch copies
         # GPU-side prefetch of direct-read steps (engine/experts/device_prefetch.py)
         self._dp = (DevicePrefetcher(self.num_layers, num_experts, num_experts, self.device)
                     if DevicePrefetcher.usable(self.device, layout.nbytes) else None)
-        self._dp_active = False                      # this step launched (or replays) GPU-side prefetches
-        self._dp_replay = False                      # ... from a recorded graph
-        self._seen: dict[int, int] = {}              # key -> slot its layer found this step (direct steps)
-        self._dp_used: set[int] = set()              # keys it brought that their layer used
         self.claims = ClaimGate(threshold=self.tuning.device_prefetch_threshold)   # GPU-side claims it makes (by rank)
-        self._dp_tokens = 0                          # tokens of the step whose claims are out
         self._quiet = False                          # True while a decode graph without predictions is recorded
-        self._dp_records = None                      # claim records kept by a step whose end is deferred
         # a replayed direct-read step's end is deferred until the next step is launched (finish_ended)
-        self._ended: dict | None = None              # the books of the step whose end is deferred
+        self._ended: StepBooks | None = None         # the books of the step whose end is deferred
         self._armed: list[int] | None = None         # fill slots leased and uploaded for the next step
         self._defer_end = False                      # this step's end may be deferred (set per replay)
         self._live_leases: frozenset[int] = frozenset()   # staging slots the step in flight leased
@@ -191,8 +181,8 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
         else:
             self._release_all()
         self._step_mode = None
-        self._step_misses = []
-        self._fill_slots, self._filled = None, {}
+        self.books.misses = []
+        self.books.fill_slots, self.books.filled = None, {}
         self._predicted = None
         self._named = {}
         # the adaptive policy's shadow pools admit as this pool does
@@ -348,15 +338,15 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
             self.counters.step_end_ms += (time.perf_counter() - t0) * 1e3
 
     def _end_step(self) -> None:
-        if self._dp is not None and self._dp_active and not self._dp_replay:
+        if self._dp is not None and self.books.dp_active and not self.books.dp_replay:
             self._dp.join()                          # recorded too when the step is being captured
             if self._step_mode == "captured":
                 self._dp.recorded_targets = list(self._dp.targets)
-                self._dp_active = False
+                self.books.dp_active = False
         if self._step_mode == "direct":
             if self._ended is not None:
                 self.finish_ended()
-            if self._defer_end and self._fill_slots and not self._host_prefetched:
+            if self._defer_end and self.books.fill_slots and not self.books.host_prefetched:
                 self._ended = self._close_direct_step()
             else:
                 self._end_direct_step()
@@ -476,14 +466,14 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
     def _release_all(self) -> None:
         """Release every staging lease (fill and prefetch slots included), then forget the step's pins."""
         self.finish_ended()
-        if self._dp_active:                          # a step cut short: undo its GPU-side prefetches
+        if self.books.dp_active:                          # a step cut short: undo its GPU-side prefetches
             self._dp.join()
             keys = self._collect_device_prefetch()
             self._write_table(keys, [-1] * len(keys), None)
-            self._dp_used = set()
+            self.books.dp_used = set()
         for slot in list(self.pool.lease):
             self._drop_staging(slot)
-        self._fill_slots, self._filled = None, {}
+        self.books.fill_slots, self.books.filled = None, {}
         self._forget_step()
 
     def _forget_step(self) -> None:

@@ -259,7 +259,7 @@ def test_direct_step_admits_while_following_and_publishes_at_its_end(stack: Stac
         w, ids = route(x @ stack.routers[l].t())
         slot_of, views, *host = prov.acquire(l, ids)
         x = x + fused_moe_ref(x, ids, w, slot_of, views, stack.layout, *host)     # writes the fills
-        admitted, _ = prov._early
+        admitted, _ = prov.books.early
         table = prov.pool.table.view(-1)
         for slot, key in admitted:
             early_seen = True
@@ -313,12 +313,12 @@ def test_deferred_step_end_runs_behind_the_next_step(stack: Stack) -> None:
     y = _direct_layers(stack, prov, x)
     prov.end_step()
     assert prov._ended is not None and first and first <= set(prov.pool.lease)
-    ended_admits = [k for _, k in prov._ended["_early"][0]]
+    ended_admits = [k for _, k in prov._ended.early[0]]
     second = _start_replayed(prov, keep_ended=True)
     assert second and not (second & first)                   # the ended step's fill slots stay its own
     prov.finish_ended()
     assert prov._ended is None and set(prov.pool.lease) == set(second)
-    assert prov._fill_slots is not None and set(prov._fill_slots) <= second
+    assert prov.books.fill_slots is not None and set(prov.books.fill_slots) <= second
     assert all(prov.pool.slot_of[k] >= 0 for k in ended_admits)
     _books_match_pool(stack, prov)
     _direct_layers(stack, prov, y)
@@ -338,7 +338,7 @@ def test_fill_slots_armed_for_the_next_step(stack: Stack) -> None:
         armed = list(prov._armed or [])
         live = _start_replayed(prov, keep_ended=True) | frozenset(armed)
         if armed:
-            assert prov._fill_slots == armed and prov._armed is None
+            assert prov.books.fill_slots == armed and prov._armed is None
         prov._live_leases = live
         prov.finish_ended()
         assert set(prov.pool.lease) == set(live)
@@ -357,7 +357,7 @@ def test_fill_slots_armed_for_the_next_step(stack: Stack) -> None:
             ys.append(replayed_step(prov, x * (step + 1), arm))
             if arm:
                 armed = prov._armed
-                assert armed and not (set(armed) & set(prov._ended["_fill_slots"] or []))
+                assert armed and not (set(armed) & set(prov._ended.fill_slots or []))
                 assert prov._fill_meta.tolist() == [0, len(armed)] and prov._fill_free[:len(armed)].tolist() == armed
         outs.append(ys)
         prov.settle()                       # not the next replay: the armed slots go back
@@ -423,7 +423,7 @@ def test_claim_of_a_key_the_deferred_end_admitted_keeps_its_pool_slot(stack: Sta
     records = np.zeros((1, 1 + 3 * m), dtype=np.int64)                     # count, keys, slots, votes
     records[0, 0], records[0, 1], records[0, 1 + m], records[0, 1 + 2 * m] = 1, key, claim, 1
     prov._dp.targets = [layer]
-    prov._dp_active, prov._dp_replay, prov._dp_records, prov._dp_tokens = True, False, records, 1
+    prov.books.dp_active, prov.books.dp_replay, prov.books.dp_records, prov.books.dp_tokens = True, False, records, 1
     prov._step_mode = "direct"
     prov.end_step()
     assert int(pool.table.view(-1)[key]) == slot == pool.slot_of[key]
@@ -657,7 +657,7 @@ def test_direct_reads_never_fill_a_slot_the_step_reads(stack: Stack) -> None:
         for layer in range(L):
             ids = torch.randint(0, E, (3, 2), generator=g)
             table, _, host = prov.acquire(layer, ids)
-            fills = set(prov._fill_slots)
+            fills = set(prov.books.fill_slots)
             assert not fills & {s for s in table.tolist() if s >= 0}
             assert {s for s in host.fill.tolist() if s >= 0} <= fills
         prov.end_step()
@@ -674,9 +674,9 @@ def test_direct_reads_late_prefetch_then_filled_ends_in_its_pool_slot(stack: Sta
     prov._begin_fills()
     key, pool = 5, prov.pool
     pool.assign(key, pool.take_staging(-1))                    # the late prefetch
-    fill = prov._fill_slots[0]
+    fill = prov.books.fill_slots[0]
     pool.buffer[fill].copy_(stack.store.rows[key])             # what the kernels wrote
-    prov._filled = {key: fill}
+    prov.books.filled = {key: fill}
     prov._step_mode = "direct"
     writes, write = [], prov._write_table
     prov._write_table = lambda keys, values, stream: (writes.append(list(keys)), write(keys, values, stream))
