@@ -35,18 +35,16 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import torch
 
 from engine.experts.policy import AdaptiveLFUPolicy, LFUPolicy, StaticPolicy
-from engine.experts.readback import publish_direct
+from engine.experts.prefetch import Prediction
 from engine.experts.step_books import StepBooks
 from engine.host_copy import host_to
 from kernels.moe_weights import HostExperts
-
-if TYPE_CHECKING:
-    from engine.experts.manager import Prediction
+from kernels.publish_ids import publish_direct
 
 UNWRITTEN = -2              # fills a publish region until the GPU has written it
 

@@ -43,7 +43,7 @@ from kernels.expert_layout import ExpertLayout
 from engine.experts.live_changes import LiveChanges, check_depth
 from engine.experts.policy import DEFAULT_LFU_DECAY, StaticPolicy, make_policy
 from engine.experts.pool import ExpertPool
-from engine.experts.prefetch import ClaimGate, PrefetchGate, RouteFn, predict_experts
+from engine.experts.prefetch import ClaimGate, Prediction, PrefetchGate, RouteFn, predict_experts
 from engine.experts.readback import HostReader
 from engine.experts.profile import check_routing_profile, read_routing_profile
 from engine.experts.step_books import StepBooks
@@ -54,7 +54,6 @@ from kernels.predict import MAX_TOKENS as PREDICT_MAX_TOKENS
 from kernels.predict import PredictWorkspace, predict_topk
 from kernels.predict import available as predict_available
 
-Prediction = tuple[int, list[int], torch.Tensor]   # (layer it was made at, layers predicted, ids [P, T, k])
 
 
 class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
