@@ -190,13 +190,11 @@ class DirectReads:
         for key, slot, rank, votes in claims:
             hit = self.books.seen.get(key) == slot
             ranked.append((rank, hit, votes))
+            self.prefetches.count(hit)
             if hit:
-                self.counters.prefetch_hits += 1
                 self.gate.on_use(d)
                 self.books.filled.setdefault(key, slot)
                 self.books.dp_used.add(key)
-            else:
-                self.counters.prefetch_wasted += 1
         self.gate.on_issue(d, len(claims))
         self.claims.record(self.books.dp_tokens, ranked)
         self.counters.device_copy_bytes += len(claims) * self.layout.nbytes
@@ -327,14 +325,11 @@ class DirectReads:
         self.counters.direct_bytes += sum(1 for s in seen if s < 0) * self.layout.nbytes   # each pair reads its expert
         self.books.seen.update(found)
         for k in keys:
-            if k in self._unused:                      # a guess the routing confirmed
-                self._unused.discard(k)
-                distance = self._distance.pop(k, 0)
-                if found[k] >= 0:
-                    self.counters.prefetch_hits += 1
+            distance = self.prefetches.take(k)
+            if distance is not None:                   # a guess the routing confirmed; if its copy was
+                self.prefetches.count(found[k] >= 0)   # still on the bus, as useless as a wrong guess
+                if found[k] >= 0:                      # (and the gate counts it so)
                     self.gate.on_use(distance)
-                else:                                  # its copy was still on the bus: as useless as a
-                    self.counters.prefetch_wasted += 1  # wrong guess, and the gate counts it so
         self.policy.touch(keys)
         self.books.misses.extend(misses)
         if predicted is not None and not self.books.dp_active and not self.books.early[0]:   # else the GPU prefetches
@@ -375,8 +370,7 @@ class DirectReads:
                     break
                 self.pool.assign(key, slot)
                 pairs.append((slot, key))
-                self._unused.add(key)
-                self._distance[key] = layer - origin
+                self.prefetches.issued(key, layer - origin)
                 n += 1
             self.gate.on_issue(layer - origin, n)
         if pairs:
@@ -427,9 +421,7 @@ class DirectReads:
                 key = pool.release_staging(slot)
                 if key >= 0:
                     gone.append(key)
-                    if key in self._unused:
-                        self._unused.discard(key)
-                        self.counters.prefetch_wasted += 1
+                    self.prefetches.waste(key)
         if self.books.dp_active:
             gone += self._collect_device_prefetch()
         fills = bool(self.books.fill_slots) or bool(self.books.dp_used)

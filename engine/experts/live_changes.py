@@ -65,10 +65,7 @@ class LiveChanges:
         for k in old:
             if k not in now:
                 self.policy.remove(k)
-                if k in self._unused:
-                    self._unused.discard(k)
-                    self.counters.prefetch_wasted += 1
-        self._unused &= now
+        self.prefetches.waste_all_but(old, now)
         if policy is not self.policy:
             self._seed(policy, self.policy.rank(list(now)))
         else:

@@ -35,6 +35,7 @@ from typing import Iterator, Sequence
 import torch
 
 from engine.errors import ConfigError
+from engine.experts.books import PrefetchLedger
 from engine.experts.counters import ResidencyCounters
 from engine.experts.device_prefetch import DevicePrefetcher
 from engine.experts.direct import DirectReads
@@ -106,9 +107,8 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
         self.pool = ExpertPool(store, self.device, slots, keep, budget_bytes)
         self._seed(self.policy, self.pool.resident_keys())
         self.counters = ResidencyCounters(self.num_layers, num_experts, self.device)
+        self.prefetches = PrefetchLedger(self.counters)   # unused prefetches; counts hits and waste
         self._prefetched: dict[int, int] = {}      # key -> layer it was fetched for, pinned until then
-        self._unused: set[int] = set()             # prefetched, not used yet
-        self._distance: dict[int, int] = {}        # prefetched key -> look-ahead distance it was guessed at
         self.gate = PrefetchGate()
         self._current: set[int] = set()            # keys of the layer being computed
         self._predicted: Prediction | None = None
@@ -310,10 +310,10 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
         if predicted is not None:
             self._note_predicted(*predicted)
         for k in keys:
-            if slot_of[k] >= 0 and k in self._unused:
-                self._unused.discard(k)
-                self.counters.prefetch_hits += 1
-                self.gate.on_use(self._distance.pop(k, 0))
+            distance = self.prefetches.take(k) if slot_of[k] >= 0 else None
+            if distance is not None:
+                self.prefetches.count(hit=True)
+                self.gate.on_use(distance)
         pinned = self._current | self._prefetched.keys()
         pairs = [(self._slot_for(k, moe_index, pinned, demand=True), k) for k in misses]
         self.pool.load(pairs, demand=True)
@@ -354,7 +354,7 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
         self._step_mode = None
         self._in_step = False
         self._defer_end, self._live_leases = False, frozenset()
-        self._distance = {k: d for k, d in self._distance.items() if k in self._unused}
+        self.prefetches.end_step()
 
     def settle(self) -> None:
         """End the step whose end was deferred, if any, and give back fill slots armed for a next
@@ -458,9 +458,7 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
     def _evict(self, key: int) -> None:
         self.pool.unassign(self.pool.slot_of[key])
         self.policy.remove(key)
-        if key in self._unused:
-            self._unused.discard(key)
-            self.counters.prefetch_wasted += 1
+        self.prefetches.waste(key)
 
     def _release_all(self) -> None:
         """Release every staging lease (fill and prefetch slots included), then forget the step's pins."""
