@@ -39,7 +39,8 @@ from typing import Sequence
 
 import torch
 
-from engine.experts.policy import AdaptiveLFUPolicy, LFUPolicy, StaticPolicy
+from engine.experts.adaptive_policy import AdaptiveLFUPolicy
+from engine.experts.policy import LFUPolicy, StaticPolicy
 from engine.experts.prefetch import Prediction
 from engine.experts.step_books import StepBooks
 from engine.host_copy import host_to

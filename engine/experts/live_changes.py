@@ -6,7 +6,8 @@ import torch
 
 from engine.config import DIRECT_READS
 from engine.errors import ConfigError, ReconfigureError
-from engine.experts.policy import EvictionPolicy, StaticPolicy, make_policy
+from engine.experts.policies import make_policy
+from engine.experts.policy import EvictionPolicy, StaticPolicy
 from engine.experts.store import HostExpertStore
 
 

@@ -42,7 +42,8 @@ from engine.experts.direct import DirectReads
 from engine.experts.host_prefetch import HostPrefetch
 from kernels.expert_layout import ExpertLayout
 from engine.experts.live_changes import LiveChanges, check_depth
-from engine.experts.policy import DEFAULT_LFU_DECAY, StaticPolicy, make_policy
+from engine.experts.policies import make_policy
+from engine.experts.policy import DEFAULT_LFU_DECAY, StaticPolicy
 from engine.experts.pool import ExpertPool
 from engine.experts.prefetch import ClaimGate, Prediction, PrefetchGate, RouteFn, predict_experts
 from engine.experts.readback import HostReader

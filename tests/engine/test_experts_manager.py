@@ -436,7 +436,7 @@ def test_victims_in_one_pass_equal_successive_victims(name: str) -> None:
     # and evicting each would give, in that order, never a pinned one.
     import random
 
-    from engine.experts.policy import make_policy
+    from engine.experts.policies import make_policy
     rng = random.Random(1)
     one, batch = make_policy(name), make_policy(name)
     for k in range(30):
@@ -498,7 +498,8 @@ def test_adaptive_lfu_picks_the_memory_the_routing_rewards(admit_per_step) -> No
     # often as the better fixed decay does.
     import random
 
-    from engine.experts.policy import AdaptiveLFUPolicy, LFUPolicy
+    from engine.experts.adaptive_policy import AdaptiveLFUPolicy
+    from engine.experts.policy import LFUPolicy
     rng = random.Random(3)
     weights = [1.0 / (i + 1) ** 0.8 for i in range(200)]
     skewed = [rng.choices(range(200), weights, k=8) for _ in range(1500)]
@@ -518,7 +519,7 @@ def test_adaptive_lfu_survives_score_rescaling() -> None:
     # heaps then and keep finding their coldest keys.
     import random
 
-    from engine.experts.policy import AdaptiveLFUPolicy
+    from engine.experts.adaptive_policy import AdaptiveLFUPolicy
     rng = random.Random(5)
     adaptive = AdaptiveLFUPolicy(decays=(0.3, 0.9))
     stream = [rng.sample(range(60), 6) for _ in range(1200)]
