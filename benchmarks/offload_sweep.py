@@ -168,8 +168,8 @@ def _timed_row(engine: LLMEngine, sweep: Sweep, routing: str, pool: float, depth
     if hasattr(experts, "tuning"):
         default = ResidencyTuning().prefetch_per_layer
         experts.tuning = dataclasses.replace(experts.tuning, prefetch_per_layer=default if claims is None else claims)
-    if hasattr(experts, "predict_kernel"):
-        experts.predict_kernel = predict == "kernel"
+    if hasattr(experts, "predictor"):
+        experts.predictor.use_kernel = predict == "kernel"
     if getattr(experts, "claims", None) is not None:
         experts.claims.by_votes = votes == "gate"
     timed = sampled_decode(engine, prompts, sweep, seed=1000 * seed)

@@ -45,16 +45,14 @@ from engine.experts.live_changes import LiveChanges, check_depth
 from engine.experts.policies import make_policy
 from engine.experts.policy import DEFAULT_LFU_DECAY, StaticPolicy
 from engine.experts.pool import ExpertPool
-from engine.experts.prefetch import ClaimGate, Prediction, PrefetchGate, RouteFn, predict_experts
+from engine.experts.predictor import ExpertPredictor
+from engine.experts.prefetch import ClaimGate, Prediction, PrefetchGate, RouteFn
 from engine.experts.readback import HostReader
 from engine.experts.profile import check_routing_profile, read_routing_profile
 from engine.experts.step_books import StepBooks
 from engine.experts.store import HostExpertStore
 from engine.experts.tuning import ResidencyTuning
 from engine.telemetry import ExpertStats
-from kernels.predict import MAX_TOKENS as PREDICT_MAX_TOKENS
-from kernels.predict import PredictWorkspace, predict_topk
-from kernels.predict import available as predict_available
 
 
 
@@ -87,17 +85,9 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
         self.layout, self.store = layout, store
         self.num_layers, self.num_experts = store.num_layers, num_experts
         self.device = torch.device(device)
-        self.routers = torch.stack([r.detach() for r in routers])       # [L, E, D], one matmul predicts many layers
-        # [L, E] float32 or None: routers' biases (gpt-oss), which predictions add scaled by the token's RMS
-        self.router_bias = None if router_bias is None else torch.stack([b.detach().float() for b in router_bias])
-        self.norm_eps = norm_eps
-        self.route_fn = route_fn
         self.tuning = tuning or ResidencyTuning()
-        # decode steps on CUDA predict in one launch (kernels/predict.py); it needs k and contiguous routers
-        self._predict_ws = (PredictWorkspace(self.tuning.predict_max_layers, num_experts, self.device)
-                            if top_k and predict_available(self.device) else None)
-        self.top_k = top_k
-        self.predict_kernel = self._predict_ws is not None   # False: matmul + routing (for comparison)
+        self.predictor = ExpertPredictor(routers, route_fn, self.device, top_k, router_bias, norm_eps,
+                                         self.tuning.predict_max_layers)
         self._reader = HostReader(self.device)
         self.prefetch_depth = check_depth(prefetch_depth, ConfigError)
         self._lfu_decay = lfu_decay
@@ -236,13 +226,7 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
             layers = [t for t in layers if t == moe_index + self.prefetch_depth]
         if not layers:
             return None
-        ws = self._predict_ws
-        if self.predict_kernel and ws is not None and hidden.shape[0] <= PREDICT_MAX_TOKENS and len(layers) <= ws.max_layers:
-            ids = predict_topk(hidden, self.routers, layers[0], len(layers), self.top_k, ws,
-                               self.router_bias, self.norm_eps)                               # [P, T, k]
-        else:
-            ids = predict_experts(hidden, self.routers, layers[0], len(layers), self.route_fn, self.router_bias,
-                                  self.norm_eps)
+        ids = self.predictor.predict(hidden, layers[0], len(layers))                    # [P, T, k]
         self._predicted = (moe_index, layers, ids)
         if device_side:
             self._launch_device_prefetch(moe_index, layers, ids)
