@@ -109,38 +109,7 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
         self._capturing = False    # while decode steps are recorded into CUDA graphs (see recording)
         self._pending_prefetch: tuple[list[int], torch.Tensor] | None = None
         self._named: dict[int, set[int]] = {}      # layer -> keys this step's predictions named for it
-        # direct reads
-        self._direct_opt = direct_reads
-        if direct_reads and self.device.type == "cuda" and not store.direct_readable(self.device):
-            raise ConfigError("direct expert reads need pinned host memory mapped for the GPU and Triton; "
-                              "this host store is not readable from kernels (leave direct_reads unset)")
-        if direct_reads is None and self.device.type == "cuda":
-            store.direct_readable(self.device)         # probe now, outside any graph capture
-        self._snap = torch.full((self.num_layers, num_experts), -1, dtype=torch.int32, device=self.device)
-        self._host_views: dict[str, torch.Tensor] | None = None
-        self._mode: str | None = None               # "sync" or "direct": how the last step resolved experts
-        self._step_mode: str | None = None           # this step's ("captured" while recording a graph)
-        self.books = StepBooks()                     # the running step's books (engine/experts/step_books.py)
-        self.admit_per_step = max(1, num_experts // 2)
-        # fills: the kernels keep a directly read expert in a leased staging slot as they read it
-        self._fill = torch.full((self.num_layers, num_experts), -1, dtype=torch.int32, device=self.device)
-        # [next, count] then the step's fill slots, uploaded in one copy from page-locked staging that
-        # is reused once the last upload has run (a step later: steps start after the last one's tokens)
-        self._fill_info = torch.zeros(2 + num_experts, dtype=torch.int32, device=self.device)
-        self._fill_meta, self._fill_free = self._fill_info[:2], self._fill_info[2:]
-        cuda = self.device.type == "cuda"
-        self._h_fill_info = torch.zeros(2 + num_experts, dtype=torch.int32, pin_memory=cuda)
-        self._fill_uploaded = torch.cuda.Event() if cuda else None
-        # GPU-side prefetch of direct-read steps (engine/experts/device_prefetch.py)
-        self._dp = (DevicePrefetcher(self.num_layers, num_experts, num_experts, self.device)
-                    if DevicePrefetcher.usable(self.device, layout.nbytes) else None)
-        self.claims = ClaimGate(threshold=self.tuning.device_prefetch_threshold)   # GPU-side claims it makes (by rank)
-        self._quiet = False                          # True while a decode graph without predictions is recorded
-        # a replayed direct-read step's end is deferred until the next step is launched (finish_ended)
-        self._ended: StepBooks | None = None         # the books of the step whose end is deferred
-        self._armed: list[int] | None = None         # fill slots leased and uploaded for the next step
-        self._defer_end = False                      # this step's end may be deferred (set per replay)
-        self._live_leases: frozenset[int] = frozenset()   # staging slots the step in flight leased
+        self._init_direct_reads(direct_reads)
 
     @classmethod
     def from_rows(cls, layout: ExpertLayout, rows: torch.Tensor, num_experts: int, device: torch.device | str,
@@ -156,6 +125,41 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
         out = cls(layout, store, num_experts, dev, pool_bytes, prefetch_depth, policy, routers, route_fn, **options)
         out._owns_store = True
         return out
+
+    def _init_direct_reads(self, direct_reads: bool | None) -> None:
+        """The state of direct-read steps: snapshots, fill slots, GPU-side prefetch, deferred ends."""
+        E = self.num_experts
+        self._direct_opt = direct_reads
+        if direct_reads and self.device.type == "cuda" and not self.store.direct_readable(self.device):
+            raise ConfigError("direct expert reads need pinned host memory mapped for the GPU and Triton; "
+                              "this host store is not readable from kernels (leave direct_reads unset)")
+        if direct_reads is None and self.device.type == "cuda":
+            self.store.direct_readable(self.device)         # probe now, outside any graph capture
+        self._snap = torch.full((self.num_layers, E), -1, dtype=torch.int32, device=self.device)
+        self._host_views: dict[str, torch.Tensor] | None = None
+        self._mode: str | None = None               # "sync" or "direct": how the last step resolved experts
+        self._step_mode: str | None = None           # this step's ("captured" while recording a graph)
+        self.books = StepBooks()                     # the running step's books (engine/experts/step_books.py)
+        self.admit_per_step = max(1, E // 2)
+        # fills: the kernels keep a directly read expert in a leased staging slot as they read it
+        self._fill = torch.full((self.num_layers, E), -1, dtype=torch.int32, device=self.device)
+        # [next, count] then the step's fill slots, uploaded in one copy from page-locked staging that
+        # is reused once the last upload has run (a step later: steps start after the last one's tokens)
+        self._fill_info = torch.zeros(2 + E, dtype=torch.int32, device=self.device)
+        self._fill_meta, self._fill_free = self._fill_info[:2], self._fill_info[2:]
+        cuda = self.device.type == "cuda"
+        self._h_fill_info = torch.zeros(2 + E, dtype=torch.int32, pin_memory=cuda)
+        self._fill_uploaded = torch.cuda.Event() if cuda else None
+        # GPU-side prefetch of direct-read steps (engine/experts/device_prefetch.py)
+        self._dp = (DevicePrefetcher(self.num_layers, E, E, self.device)
+                    if DevicePrefetcher.usable(self.device, self.layout.nbytes) else None)
+        self.claims = ClaimGate(threshold=self.tuning.device_prefetch_threshold)   # GPU-side claims it makes (by rank)
+        self._quiet = False                          # True while a decode graph without predictions is recorded
+        # a replayed direct-read step's end is deferred until the next step is launched (finish_ended)
+        self._ended: StepBooks | None = None         # the books of the step whose end is deferred
+        self._armed: list[int] | None = None         # fill slots leased and uploaded for the next step
+        self._defer_end = False                      # this step's end may be deferred (set per replay)
+        self._live_leases: frozenset[int] = frozenset()   # staging slots the step in flight leased
 
     # ---- ExpertProvider ----------------------------------------------------------------------
     def begin_step(self, keep_ended: bool = False) -> None:
