@@ -121,6 +121,8 @@ class DirectReads:
     def _ensure_direct_step(self) -> None:
         """An eager direct-read step: enter direct mode; on its first call lease fill and prefetch slots."""
         self._enter_mode("direct")
+        if self.defer_eager_ends:
+            self._defer_end = True
         if self.books.fill_slots is None:
             self._begin_fills()
             self.books.seen = {}

@@ -160,6 +160,9 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
         self._armed: list[int] | None = None         # fill slots leased and uploaded for the next step
         self._defer_end = False                      # this step's end may be deferred (set per replay)
         self._live_leases: frozenset[int] = frozenset()   # staging slots the step in flight leased
+        # eager direct-read steps defer their ends as replayed ones do: how the CPU tests drive the
+        # deferred end, which on CUDA only a graph replay uses
+        self.defer_eager_ends = False
 
     # ---- ExpertProvider ----------------------------------------------------------------------
     def begin_step(self, keep_ended: bool = False) -> None:
@@ -356,6 +359,35 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
         return dataclasses.replace(self.counters.snapshot(self.pool), claim_threshold=self.claims.threshold,
                                    claim_use=self.claims.state(self.tuning.prefetch_per_layer),
                                    policy=self.policy.label)
+
+    @property
+    def deferred(self) -> StepBooks | None:
+        """The books of the step whose end is deferred (None: no step's end is pending)."""
+        return self._ended
+
+    @property
+    def armed(self) -> list[int] | None:
+        """Fill slots leased and uploaded for the next replayed step (None: none are)."""
+        return self._armed
+
+    @property
+    def prefetched(self) -> dict[int, int]:
+        """Prefetched keys -> the layer each was fetched for; pinned against eviction until it has run."""
+        return self._prefetched
+
+    @property
+    def pins(self) -> set[int]:
+        """Keys no eviction may take now: the current layer's experts and every prefetched one."""
+        return self._current | self._prefetched.keys()
+
+    @property
+    def device_prefetcher(self) -> DevicePrefetcher | None:
+        """The GPU-side prefetch of direct-read steps (None where it cannot run)."""
+        return self._dp
+
+    def fill_upload(self) -> tuple[list[int], list[int]]:
+        """The fill slots as uploaded for the GPU: ``[next, count]`` and the slots (a device read)."""
+        return self._fill_meta.tolist(), self._fill_free.tolist()
 
     @property
     def host_sync_ms(self) -> float:

@@ -121,9 +121,9 @@ def test_prefetch_pins_survive_demand(stack: Stack) -> None:
     prov.begin_step()
     prov.before_layer(0, x)
     prov.acquire(0, route(x @ stack.routers[0].t())[1])
-    predicted = {k for k, j in prov._prefetched.items() if j == 1}
+    predicted = {k for k, j in prov.prefetched.items() if j == 1}
     assert predicted and all(prov.pool.slot_of[k] >= 0 for k in predicted)
-    assert prov.policy.victim(prov._current | prov._prefetched.keys()) not in predicted
+    assert prov.policy.victim(prov.pins) not in predicted
     _, ids = route(x @ stack.routers[1].t())
     prov.acquire(1, ids)
     prov.end_step()
@@ -312,21 +312,21 @@ def test_deferred_step_end_runs_behind_the_next_step(stack: Stack) -> None:
     first = _start_replayed(prov, keep_ended=False)
     y = _direct_layers(stack, prov, x)
     prov.end_step()
-    assert prov._ended is not None and first and first <= set(prov.pool.lease)
-    ended_admits = [k for _, k in prov._ended.early[0]]
+    assert prov.deferred is not None and first and first <= set(prov.pool.lease)
+    ended_admits = [k for _, k in prov.deferred.early[0]]
     second = _start_replayed(prov, keep_ended=True)
     assert second and not (second & first)                   # the ended step's fill slots stay its own
     prov.finish_ended()
-    assert prov._ended is None and set(prov.pool.lease) == set(second)
+    assert prov.deferred is None and set(prov.pool.lease) == set(second)
     assert prov.books.fill_slots is not None and set(prov.books.fill_slots) <= second
     assert all(prov.pool.slot_of[k] >= 0 for k in ended_admits)
     _books_match_pool(stack, prov)
     _direct_layers(stack, prov, y)
     prov.end_step()
-    assert prov._ended is not None
+    assert prov.deferred is not None
     prov.settle()                                            # ends the deferred step
     st = prov.stats()
-    assert prov._ended is None and not prov.pool.lease and st.fills > 0
+    assert prov.deferred is None and not prov.pool.lease and st.fills > 0
     _books_match_pool(stack, prov)
 
 
@@ -335,10 +335,10 @@ def test_fill_slots_armed_for_the_next_step(stack: Stack) -> None:
     # the GPU finishes the step: the next replay takes them (the ended step's end leaves them leased)
     # and computes what a step that leased its own would; a step of another kind gives them back.
     def replayed_step(prov, x, arm: bool):
-        armed = list(prov._armed or [])
+        armed = list(prov.armed or [])
         live = _start_replayed(prov, keep_ended=True) | frozenset(armed)
         if armed:
-            assert prov.books.fill_slots == armed and prov._armed is None
+            assert prov.books.fill_slots == armed and prov.armed is None
         prov._live_leases = live
         prov.finish_ended()
         assert set(prov.pool.lease) == set(live)
@@ -356,13 +356,14 @@ def test_fill_slots_armed_for_the_next_step(stack: Stack) -> None:
         for step in range(4):
             ys.append(replayed_step(prov, x * (step + 1), arm))
             if arm:
-                armed = prov._armed
-                assert armed and not (set(armed) & set(prov._ended.fill_slots or []))
-                assert prov._fill_meta.tolist() == [0, len(armed)] and prov._fill_free[:len(armed)].tolist() == armed
+                armed = prov.armed
+                assert armed and not (set(armed) & set(prov.deferred.fill_slots or []))
+                meta, free = prov.fill_upload()
+                assert meta == [0, len(armed)] and free[:len(armed)] == armed
         outs.append(ys)
         prov.settle()                       # not the next replay: the armed slots go back
         st = prov.stats()
-        assert prov._armed is None and not prov.pool.lease and st.fills > 0
+        assert prov.armed is None and not prov.pool.lease and st.fills > 0
         _books_match_pool(stack, prov)
     _same(outs[1], outs[0])
 
@@ -371,29 +372,17 @@ def test_deferred_end_outputs_identical(stack: Stack) -> None:
     # Steps whose ends are deferred (finished when the next step starts) give the same outputs.
     ref = _reference(stack, tokens=2, steps=5)
     prov = stack.offloaded(L * E // 4, depth=2, policy="lfu", direct_reads=True)
-    ensure = prov._ensure_direct_step
-
-    def deferring() -> None:
-        ensure()
-        prov._defer_end = True
-
-    prov._ensure_direct_step = deferring
+    prov.defer_eager_ends = True
     _same(stack.run(prov, _x(2), 5), ref)
-    assert prov._ended is not None
+    assert prov.deferred is not None
     prov.settle()
-    assert prov.stats().fills > 0 and prov._ended is None
+    assert prov.stats().fills > 0 and prov.deferred is None
 
 
 def test_reading_stats_changes_nothing(stack: Stack) -> None:
     # The workbench polls stats at 10 Hz: a poll must not end a deferred step or give slots back.
     prov = stack.offloaded(L * E // 4, depth=2, policy="lfu", direct_reads=True)
-    ensure = prov._ensure_direct_step
-
-    def deferring() -> None:
-        ensure()
-        prov._defer_end = True
-
-    prov._ensure_direct_step = deferring
+    prov.defer_eager_ends = True
     stack.run(prov, _x(2), 3)
     leases = dict(prov.pool.lease)
     assert leases                                            # the deferred step still holds its slots
@@ -409,7 +398,7 @@ def test_claim_of_a_key_the_deferred_end_admitted_keeps_its_pool_slot(stack: Sta
     # This step's end clears its claims' entries: K's must become S (what the books say), not -1.
     import numpy as np
     prov = stack.offloaded(4, depth=1, policy="lru", direct_reads=True)
-    assert prov._dp is not None
+    assert prov.device_prefetcher is not None
     pool, key, layer = prov.pool, 5, 0
     prov.begin_step()
     prov._enter_mode("direct")
@@ -419,10 +408,10 @@ def test_claim_of_a_key_the_deferred_end_admitted_keeps_its_pool_slot(stack: Sta
     pool.buffer[slot].copy_(stack.store.rows[key])
     claim = pool.take_staging(-1)
     pool.table.view(-1)[key] = claim                         # the claim kernel's entry
-    m = prov._dp.max_claims
+    m = prov.device_prefetcher.max_claims
     records = np.zeros((1, 1 + 3 * m), dtype=np.int64)                     # count, keys, slots, votes
     records[0, 0], records[0, 1], records[0, 1 + m], records[0, 1 + 2 * m] = 1, key, claim, 1
-    prov._dp.targets = [layer]
+    prov.device_prefetcher.targets = [layer]
     prov.books.dp_active, prov.books.dp_replay, prov.books.dp_records, prov.books.dp_tokens = True, False, records, 1
     prov._step_mode = "direct"
     prov.end_step()
