@@ -284,13 +284,12 @@ def _direct_layers(stack: Stack, prov, x: torch.Tensor) -> torch.Tensor:
 
 
 def _start_replayed(prov, keep_ended: bool) -> frozenset[int]:
-    """What a replayed step does before its launch: begin, lease its slots, mark its end deferrable."""
+    """What a replayed step does before its launch: begin, lease its slots, mark its end deferrable;
+    returns the staging slots it leased."""
     prov.begin_step(keep_ended=keep_ended)
     before = set(prov.pool.lease)
-    prov._ensure_direct_step()
-    prov._live_leases = frozenset(set(prov.pool.lease) - before)
-    prov._defer_end = True
-    return prov._live_leases
+    prov.start_direct_step(torch.empty(L, 64, dtype=torch.int64), tokens=3)
+    return frozenset(set(prov.pool.lease) - before)
 
 
 def _books_match_pool(stack: Stack, prov) -> None:
@@ -339,7 +338,6 @@ def test_fill_slots_armed_for_the_next_step(stack: Stack) -> None:
         live = _start_replayed(prov, keep_ended=True) | frozenset(armed)
         if armed:
             assert prov.books.fill_slots == armed and prov.armed is None
-        prov._live_leases = live
         prov.finish_ended()
         assert set(prov.pool.lease) == set(live)
         y = _direct_layers(stack, prov, x)
