@@ -25,7 +25,7 @@ from benchmarks.synthetic_moe import (TrainedLike, make_trained_like, routing_pr
                                       top_share)
 from engine.checkpoint.spec import spec_from_config
 from engine.engine import LLMEngine
-from engine.experts.direct import PREFETCH_PER_LAYER
+from engine.experts.tuning import ResidencyTuning
 from kernels.expert_layout import ExpertLayout
 from engine.sampling import SamplingParams
 
@@ -165,10 +165,11 @@ def _timed_row(engine: LLMEngine, sweep: Sweep, routing: str, pool: float, depth
         torch.cuda.reset_peak_memory_stats()
     engine.reconfigure(expert_pool_size=int(total * pool), prefetch_depth=depth, expert_reads=reads)
     experts = engine.loaded.experts                 # re-recorded graphs follow the settings below
-    if hasattr(experts, "prefetch_per_layer"):
-        experts.prefetch_per_layer = PREFETCH_PER_LAYER if claims is None else claims
-    if hasattr(experts, "predict_kernel"):
-        experts.predict_kernel = predict == "kernel"
+    if hasattr(experts, "tuning"):
+        default = ResidencyTuning().prefetch_per_layer
+        experts.tuning = dataclasses.replace(experts.tuning, prefetch_per_layer=default if claims is None else claims)
+    if hasattr(experts, "predictor"):
+        experts.predictor.use_kernel = predict == "kernel"
     if getattr(experts, "claims", None) is not None:
         experts.claims.by_votes = votes == "gate"
     timed = sampled_decode(engine, prompts, sweep, seed=1000 * seed)

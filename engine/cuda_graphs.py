@@ -27,6 +27,7 @@ lets no prefetch through (``predicts``), so those steps do not pay for guesses n
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ import numpy as np
 import torch
 
 from engine.experts.readback import pinned_ids
+from engine.experts.replay import ReplayHooks
 from engine.kv.cache import KVCache
 from engine.models.moe_transformer import DecodeMeta, ForwardBatch, MoETransformer
 
@@ -139,20 +141,14 @@ class DecodeGraphs:
         dev = self.model.device
         side = torch.cuda.Stream(dev)
         side.wait_stream(torch.cuda.current_stream(dev))
-        experts = self.model.experts
-        offloaded = hasattr(experts, "capturing")
+        hooks = self.model.experts.replay_hooks
         # Warm-up (Triton compiles, cuBLAS plans, allocator caches) with every shape the recording
         # will use: predictions cover the full prefetch depth there, whatever the prefetch gate says
         # now, so nothing is compiled or planned for the first time inside a capture.
-        if offloaded:
-            experts.capturing = True
-        try:
+        with hooks.recording() if hooks is not None else contextlib.nullcontext():
             with torch.cuda.stream(side):
                 for _ in range(2):
                     self.model.forward(self._batch(b), self.cache)
-        finally:
-            if offloaded:
-                experts.capturing = False
         torch.cuda.current_stream(dev).wait_stream(side)
         torch.cuda.synchronize(dev)
         # No garbage collection while recording: collecting an unreachable CUDA graph (an engine
@@ -163,27 +159,26 @@ class DecodeGraphs:
         gc.disable()
         try:
             rec = self.graphs[b] = self._record(b, side)
-            if rec.direct and getattr(experts, "prefetch_depth", 0) > 0:
-                rec.quiet = self._capture_quiet(b)
+            if rec.direct and hooks is not None and hooks.prefetch_depth > 0:
+                rec.quiet = self._capture_quiet(b, hooks)
         finally:
             if collect:
                 gc.enable()
 
     def _record(self, b: int, side: torch.cuda.Stream) -> _Recording:
-        experts = self.model.experts
-        if getattr(experts, "static", True):
+        hooks = self.model.experts.replay_hooks
+        if hooks is None or hooks.static:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
                 logits = self.model.forward(self._batch(b), self.cache)
             self.pool = graph.pool()
             return _Recording([graph], logits)
-        if experts.direct_for(b):
-            return self._capture_direct(b)
-        return self._capture_pieces(b, side)
+        if hooks.direct_for(b):
+            return self._capture_direct(b, hooks)
+        return self._capture_pieces(b, side, hooks)
 
-    def _capture_direct(self, b: int) -> _Recording:
+    def _capture_direct(self, b: int, experts: ReplayHooks, quiet: bool = False) -> _Recording:
         """Record one direct-read decode step as a single graph (see the module docstring)."""
-        experts = self.model.experts
         k = self.model.spec.top_k
         width = b * k * (3 + experts.prefetch_depth)            # ids, slots found, fill slots, predicted layers
         regions = pinned_ids(self.model.spec.num_moe_layers * width).view(-1, width)
@@ -196,30 +191,21 @@ class DecodeGraphs:
             return experts.publish_direct(moe_index, topk_ids, predicted, region, self.pad[:b])
 
         experts.prepare_direct_capture()
-        experts.capturing = True
         graph = torch.cuda.CUDAGraph()
-        try:
+        with experts.recording(quiet):
             with torch.cuda.graph(graph, pool=self.pool):
                 rec.logits = self.model.forward(self._batch(b), self.cache, acquire=publish)
-        finally:
-            experts.capturing = False
         self.pool = graph.pool()
         rec.graphs.append(graph)
         return rec
 
-    def _capture_quiet(self, b: int) -> _Recording:
+    def _capture_quiet(self, b: int, experts: ReplayHooks) -> _Recording:
         """The direct-read step recorded again with the experts' predictions off (``quiet``), for the
         steps where nothing would use them (``predicts``); same kernels, so no warm-up is needed."""
-        experts = self.model.experts
-        experts.quiet = True
-        try:
-            return self._capture_direct(b)
-        finally:
-            experts.quiet = False
+        return self._capture_direct(b, experts, quiet=True)
 
-    def _capture_pieces(self, b: int, stream: torch.cuda.Stream) -> _Recording:
+    def _capture_pieces(self, b: int, stream: torch.cuda.Stream, experts: ReplayHooks) -> _Recording:
         """Record one decode step as a graph per MoE layer boundary (see the module docstring)."""
-        experts = self.model.experts
         rec = _Recording([], torch.empty(0))
         graph = torch.cuda.CUDAGraph()
         k = self.model.spec.top_k
@@ -239,10 +225,9 @@ class DecodeGraphs:
             rec.cuts.append(_Cut(moe_index, (b, k), predicted, region))
             graph = torch.cuda.CUDAGraph()
             graph.capture_begin(pool=self.pool)
-            return experts.pool.table[moe_index], experts.pool.views
+            return experts.slot_table(moe_index)
 
-        experts.capturing = True
-        try:
+        with experts.recording():
             with torch.cuda.stream(stream):
                 graph.capture_begin(pool=self.pool)
                 try:
@@ -251,8 +236,6 @@ class DecodeGraphs:
                     graph.capture_end()
             self.pool = graph.pool()
             rec.graphs.append(graph)
-        finally:
-            experts.capturing = False
         torch.cuda.current_stream(self.model.device).wait_stream(stream)
         return rec
 
@@ -268,8 +251,8 @@ class DecodeGraphs:
             self._load(inputs, b, n)               # capture's warm-up ran on these buffers; reload them
         rec = self.graphs[n]
         launched = then or (lambda logits: None)
-        if rec.direct:
-            experts = self.model.experts
+        experts = self.model.experts.replay_hooks
+        if rec.direct and experts is not None:
             experts.begin_step(keep_ended=True)
             try:
                 predicting = rec.quiet is None or experts.predicts(b)
@@ -282,11 +265,10 @@ class DecodeGraphs:
             finally:
                 experts.end_step()
             experts.arm_next_step()                # while the GPU finishes this step
-        elif not rec.cuts:
+        elif not rec.cuts or experts is None:
             rec.graphs[0].replay()
             launched(rec.logits[:b])
         else:
-            experts = self.model.experts
             experts.begin_step()
             try:
                 rec.graphs[0].replay()

@@ -165,6 +165,7 @@ class LLMEngine:
         deltas = [self._finish(r, "abort") for r in list(self._requests.values()) if r.abort_requested]
         sched = self.scheduler.schedule()
         if not sched.seqs:
+            self.loaded.experts.settle()           # idle: the last replayed step's end, so its counts are in
             return deltas
         t0 = time.perf_counter()
         try:
@@ -189,6 +190,8 @@ class LLMEngine:
                     deltas.append(self._append(s.request, sampled.tokens[row], now, logprob))
                 row += 1
         self.counters.on_step(sched, len(sampled.tokens), now - t0, now)
+        if not self._requests:
+            self.loaded.experts.settle()           # out of work: the last replayed step's end, so its counts are in
         return [d for d in deltas if d is not None]
 
     def _append(self, req: Request, token: int, now: float, logprob: TokenLogprob | None = None) -> RequestDelta | None:

@@ -323,11 +323,10 @@ class LoadedModel:
     def close(self) -> None:
         try:
             if self.config.record_routing:
+                self.experts.settle()
                 write_routing_profile(self.config.record_routing, self.experts.stats().activations)
         finally:
-            close = getattr(self.experts, "close", None)
-            if close:
-                close()
+            self.experts.close()
 
 
 def check_paths(config: EngineConfig, spec: ModelSpec) -> None:

@@ -161,7 +161,7 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
 
     ``host``: experts whose slot is -1 are read straight from the (mapped) host store. Only the
     decode variant can, so it runs whatever the token count (the engine reads directly only for
-    decode steps of a few tokens: ``engine.experts.direct.DIRECT_MAX_TOKENS``).
+    decode steps of a few tokens: ``ResidencyTuning.direct_max_tokens`` in engine/experts/tuning.py).
     Formats bf16/fp16/fp32, fp8, int4 and mxfp4 are read in their packed form from the pool views;
     biases and the activation come from ``layout`` (:class:`kernels.moe_weights.MoeConsts`). ``config``
     overrides the tuned launch setting (benchmarks and tests use it to pick a variant). Every expert

@@ -35,76 +35,12 @@ import torch
 
 from engine.experts.readback import pinned_ids
 from engine.host_copy import host_to
-from kernels._triton import HAS_TRITON, jit, tl
+from kernels._triton import HAS_TRITON
+from kernels.expert_claim import CHUNK_WORDS, CLAIMED, COPY_BLOCK, ClaimBuffers, claim_and_copy, claim_and_copy_ref
 
-CLAIMED = -3                 # a slot-table entry whose copy is under way (negative: "missing" to readers)
+__all__ = ["CLAIMED", "DevicePrefetcher"]
+
 UNWRITTEN = -2               # a claim region until its claim kernel has run
-CHUNK_WORDS = 1 << 16        # int32 words per copy chunk (256 KiB)
-COPY_PROGRAMS = 32           # persistent programs of the copy kernel
-COPY_BLOCK = 4096            # int32 words one program moves per iteration
-
-
-@jit
-def _claim_kernel(pred, table, free, meta, work, done, region, target, T, E, N, MAXC,
-                  K: tl.constexpr, BLOCK_N: tl.constexpr):
-    # pred: [T, K] ids of layer ``target``; meta: [next, count, quota, progress, n, min_votes];
-    # work: [MAXC, 2] (slot, key); region: pinned [1 + 3 MAXC] (count, keys, slots, votes).
-    i = tl.arange(0, BLOCK_N)
-    i_ok = i < N
-    src = (i % T) * K + i // T                                     # rank-major: first choices first
-    e = tl.load(pred + src, mask=i_ok, other=-1).to(tl.int64)
-    j = tl.arange(0, BLOCK_N)
-    ej = tl.load(pred + (j % T) * K + j // T, mask=j < N, other=-1).to(tl.int64)
-    same = (ej[None, :] == e[:, None]) & i_ok[:, None]                              # [N, N]
-    votes = tl.sum(same.to(tl.int32), axis=1)                      # tokens predicting e
-    earlier = same & (j[None, :] < i[:, None])
-    key = target * E + e
-    state = tl.load(table + key, mask=i_ok, other=0)
-    cand = i_ok & (tl.sum(earlier.to(tl.int32), axis=1) == 0) & (state == -1) & (votes >= tl.load(meta + 5))
-    nxt, count, quota, progress = tl.load(meta), tl.load(meta + 1), tl.load(meta + 2), tl.load(meta + 3)
-    quota = tl.where(progress < target - 1, quota, 0)             # too late to land: claim nothing
-    # Candidates in order of votes, then of first occurrence: pos = candidates ahead of this one.
-    score = tl.where(cand, votes * BLOCK_N + (BLOCK_N - 1 - i), -1)
-    diag = i[:, None] == j[None, :]
-    score_j = tl.sum(tl.where(diag, score[:, None], 0), axis=0)   # the same scores along j
-    pos = tl.sum((score_j[None, :] > score[:, None]).to(tl.int32), axis=1)
-    take = cand & (pos < quota) & (nxt + pos < count)
-    slot = tl.load(free + nxt + pos, mask=take, other=-1)
-    tl.store(table + key, tl.full([BLOCK_N], -3, tl.int32), mask=take)
-    tl.store(work + 2 * pos, slot.to(tl.int64), mask=take)
-    tl.store(work + 2 * pos + 1, key, mask=take)
-    tl.store(done + pos, tl.zeros([BLOCK_N], tl.int32), mask=take)
-    n = tl.sum(take.to(tl.int32), axis=0)
-    tl.store(region + 1 + pos, key, mask=take)
-    tl.store(region + 1 + MAXC + pos, slot.to(tl.int64), mask=take)
-    tl.store(region + 1 + 2 * MAXC + pos, votes.to(tl.int64), mask=take)
-    tl.store(meta + 4, n)                                           # the copy kernel's item count
-    tl.store(meta, nxt + n)
-    tl.debug_barrier()
-    tl.store(region, n.to(tl.int64))
-
-
-@jit
-def _copy_kernel(rows, pool, work, done, meta, table, W, NCHUNK, NPROG,
-                 CHUNK: tl.constexpr, BLOCK: tl.constexpr):
-    # rows: host store as int32 [R, W]; pool: slots as int32 [S, W]; chunk c of item i is unit
-    # i * NCHUNK + c; units are dealt round-robin to the programs.
-    n = tl.load(meta + 4)
-    offs = tl.arange(0, BLOCK)
-    for u in range(tl.program_id(0), n * NCHUNK, NPROG):
-        item = u // NCHUNK
-        c = u % NCHUNK
-        slot = tl.load(work + 2 * item)
-        key = tl.load(work + 2 * item + 1)
-        src = rows + key * W
-        dst = pool + slot * W
-        for w0 in range(c * CHUNK, tl.minimum((c + 1) * CHUNK, W), BLOCK):
-            o = w0 + offs
-            ok = o < tl.minimum((c + 1) * CHUNK, W)
-            tl.store(dst + o, tl.load(src + o, mask=ok), mask=ok)
-        tl.debug_barrier()                                          # the program's stores, then its count
-        if tl.atomic_add(done + item, 1, sem="acq_rel") == NCHUNK - 1:
-            tl.atomic_xchg(table + key, slot.to(tl.int32), sem="release")
 
 
 class DevicePrefetcher:
@@ -122,6 +58,7 @@ class DevicePrefetcher:
         n = num_layers * (1 + 3 * max_claims)           # per layer: count, keys, slots, votes
         self.regions = (pinned_ids(n) if cuda else torch.zeros(n, dtype=torch.int64)).view(num_layers, -1)
         self.stream = torch.cuda.Stream(device) if cuda else None
+        self.buffers = ClaimBuffers(self.free, self.meta, self.work, self.done, self.regions, num_experts, max_claims)
         self.targets: list[int] = []        # layers a claim was launched for this step (recorded or eager)
         self.recorded_targets: list[int] | None = None
         self._forked = False
@@ -167,43 +104,12 @@ class DevicePrefetcher:
     def run_kernels(self, target: int, pred: torch.Tensor, table: torch.Tensor, rows: torch.Tensor,
                     pool: torch.Tensor, n: int) -> None:
         """The claim and copy kernels on the current stream (what :meth:`launch` forks off)."""
-        import triton
-        T, k = pred.shape
-        rows32, pool32 = rows.view(torch.int32), pool.view(torch.int32)
-        W = rows32.shape[1]
-        _claim_kernel[(1,)](pred, table, self.free, self.meta, self.work, self.done, self.regions[target], target,
-                            T, self.num_experts, n, self.max_claims, K=k, BLOCK_N=triton.next_power_of_2(n))
-        _copy_kernel[(COPY_PROGRAMS,)](rows32, pool32, self.work, self.done, self.meta, table, W,
-                                       triton.cdiv(W, self.chunk_words), COPY_PROGRAMS, CHUNK=self.chunk_words,
-                                       BLOCK=self.copy_block, num_warps=8)
+        claim_and_copy(self.buffers, target, pred, table, rows, pool, n, self.chunk_words, self.copy_block)
 
     def _launch_ref(self, target: int, pred: torch.Tensor, table: torch.Tensor, rows: torch.Tensor,
                     pool: torch.Tensor, n: int) -> None:
         """What the kernels do, in torch (CPU): claims land at once."""
-        T, k = pred.shape
-        nxt, count, quota, progress, _, min_votes = self.meta.tolist()
-        if progress >= target - 1:
-            quota = 0
-        flat = table.view(-1)
-        ranked = pred.t().reshape(-1)[:n].tolist()
-        votes = {e: ranked.count(e) for e in ranked}
-        taken: list[tuple[int, int]] = []
-        for e in sorted(dict.fromkeys(ranked), key=lambda e: -votes[e]):     # stable: rank order on ties
-            key = target * self.num_experts + e
-            if int(flat[key]) != -1 or votes[e] < min_votes:
-                continue
-            if len(taken) >= quota or nxt + len(taken) >= count:
-                break
-            slot = int(self.free[nxt + len(taken)])
-            pool[slot].copy_(rows[key])
-            flat[key] = slot
-            taken.append((key, slot))
-        self.meta[0] = nxt + len(taken)
-        region = self.regions[target]
-        region[0] = len(taken)
-        m = self.max_claims
-        for j, (key, slot) in enumerate(taken):
-            region[1 + j], region[1 + m + j], region[1 + 2 * m + j] = key, slot, votes[key - target * self.num_experts]
+        claim_and_copy_ref(self.buffers, target, pred, table, rows, pool, n)
 
     def set_progress(self, layer: int) -> None:
         """Eager steps: the compute stream has reached ``layer``'s experts (in a recorded step the

@@ -1,6 +1,6 @@
 """Direct reads: decode steps whose missing experts the MoE kernels read straight from host memory.
 
-For decode steps of at most ``DIRECT_MAX_TOKENS`` tokens at prefetch depth >= 1, when the MoE kernels
+For decode steps of at most ``tuning.direct_max_tokens`` tokens at prefetch depth >= 1, when the MoE kernels
 can read the mapped host store, the compute stream never waits for the host or for a copy. Each MoE
 layer snapshots its slot-table row on the device; the kernels read a resident expert from its slot
 and a missing one (-1) straight from its host-store row over the bus. The host follows the GPU: it
@@ -35,31 +35,19 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import torch
 
-from engine.experts.policy import AdaptiveLFUPolicy, LFUPolicy, StaticPolicy
-from engine.experts.readback import publish_direct
+from engine.experts.adaptive_policy import AdaptiveLFUPolicy
+from engine.experts.policy import LFUPolicy, StaticPolicy
+from engine.experts.prefetch import Prediction
+from engine.experts.step_books import StepBooks
 from engine.host_copy import host_to
 from kernels.moe_weights import HostExperts
+from kernels.publish_ids import publish_direct
 
-if TYPE_CHECKING:
-    from engine.experts.manager import Prediction
-
-DIRECT_MAX_TOKENS = 16      # decode steps up to this many tokens read missing experts directly
 UNWRITTEN = -2              # fills a publish region until the GPU has written it
-DEVICE_PREFETCH_THRESHOLD = 0.4   # share of GPU-side prefetches used below which they pause (probes go on)
-PREFETCH_PER_LAYER = 1            # most GPU-side prefetch claims per predicted layer (see _device_quota)
-
-# One direct-read step's books, with what a fresh step starts from: a step whose end is deferred
-# (:meth:`DirectReads.finish_ended`) keeps them aside while the next step keeps its own.
-STEP_BOOKS = {
-    "_step_misses": list, "_filled": dict, "_fill_slots": lambda: None, "_fill_used": int, "_dp_used": set,
-    "_seen": dict, "_early": lambda: ([], []), "_host_prefetched": bool, "_dp_active": bool,
-    "_dp_replay": bool, "_dp_tokens": int, "_dp_records": lambda: None,
-}
-
 
 class DirectReads:
     """Direct-read steps of :class:`engine.experts.manager.OffloadedExperts` (see the module doc)."""
@@ -75,7 +63,7 @@ class DirectReads:
 
     def direct_for(self, tokens: int) -> bool:
         """Whether a step of ``tokens`` tokens reads missing experts directly."""
-        return self.direct_reads and tokens <= DIRECT_MAX_TOKENS
+        return self.direct_reads and tokens <= self.tuning.direct_max_tokens
 
     def host_experts(self, moe_index: int) -> HostExperts:
         """Where MoE layer ``moe_index``'s experts without a slot are read from, and its fill row."""
@@ -91,11 +79,11 @@ class DirectReads:
         before = set(self.pool.lease)
         armed = self._armed or []
         self._begin_fills()
-        self._named, self._seen = {}, {}
+        self._named, self.books.seen = {}, {}
         dp = self._dp
         if predicting and dp is not None and dp.recorded_targets is not None:
             self._begin_device_prefetch(tokens)
-            self._dp_active, self._dp_replay = True, True
+            self.books.dp_active, self.books.dp_replay = True, True
         regions.fill_(UNWRITTEN)
         self._live_leases = frozenset(set(self.pool.lease) - before) | frozenset(armed)
         self._defer_end = True
@@ -107,7 +95,7 @@ class DirectReads:
         comes first gives them back (:meth:`_disarm`)."""
         if self._armed is None and self._mode == "direct" and self.direct_reads:
             self._begin_fills()
-            self._armed, self._fill_slots = self._fill_slots, None
+            self._armed, self.books.fill_slots = self.books.fill_slots, None
 
     def _disarm(self) -> None:
         """Give back fill slots leased for a next step that did not come (nothing was written to them)."""
@@ -133,9 +121,11 @@ class DirectReads:
     def _ensure_direct_step(self) -> None:
         """An eager direct-read step: enter direct mode; on its first call lease fill and prefetch slots."""
         self._enter_mode("direct")
-        if self._fill_slots is None:
+        if self.defer_eager_ends:
+            self._defer_end = True
+        if self.books.fill_slots is None:
             self._begin_fills()
-            self._seen = {}
+            self.books.seen = {}
 
     def _begin_device_prefetch(self, tokens: int) -> None:
         """Lease the free staging slots for this step's GPU-side prefetch and set its per-layer quota
@@ -145,12 +135,12 @@ class DirectReads:
         wanted = quota * (self.num_layers - 1)              # at most one claim batch per later layer
         dp.begin([pool.take_staging(-1) for _ in range(min(len(pool.staging_free), dp.free.numel(), wanted))], quota,
                  self.claims.min_votes(tokens, probe=gate.steps % gate.probe_every == 0))
-        self._dp_tokens = tokens
+        self.books.dp_tokens = tokens
 
     def _device_quota(self, tokens: int) -> int:
         """Claims per predicted layer the GPU-side prefetch may make in a step of ``tokens`` tokens:
         the leading ranks of a layer's claims that are mostly used (:class:`ClaimGate`), at most
-        ``prefetch_per_layer``; one rank more on the gate's probe steps, so a closed rank (or a
+        ``tuning.prefetch_per_layer``; one rank more on the gate's probe steps, so a closed rank (or a
         prefetch closed altogether) is measured again.
 
         Measured on the H200 (Qwen3-30B-A3B shape, bf16, 50% pool, depth 2, one claim per layer
@@ -159,10 +149,10 @@ class DirectReads:
         8.3-8.9 ms per token): each wrong copy contends on the bus with the reads the step waits for.
         At batch 8 it is used 61-63% of the time and claiming is faster (4.04 against 4.3-4.4 ms).
         A second claim per layer is used 20% of the time at batch 8 and makes the step slower (4.5
-        against 4.0 ms), so ``prefetch_per_layer`` stays 1. With near-uniform routing claims are
+        against 4.0 ms), so ``tuning.prefetch_per_layer`` stays 1. With near-uniform routing claims are
         used 10-16% of the time."""
         gate = self.gate
-        quota = self.claims.quota(tokens, self.prefetch_per_layer, probe=gate.steps % gate.probe_every == 0)
+        quota = self.claims.quota(tokens, self.tuning.prefetch_per_layer, probe=gate.steps % gate.probe_every == 0)
         if not self._admitting_idle(self.pool.copies.busy_slots()):
             quota = 0          # an admission copied in from the host writes its table entry on the copy
             # stream, which the claims do not wait for: they could claim that key and race its entry
@@ -184,10 +174,10 @@ class DirectReads:
         layer's missing experts in (every predicted layer from the first MoE layer)."""
         dp = self._dp
         capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-        if not capturing and not self._dp_active:
+        if not capturing and not self.books.dp_active:
             self._ensure_direct_step()
             self._begin_device_prefetch(ids.shape[1])
-        self._dp_active, self._dp_replay = True, False
+        self.books.dp_active, self.books.dp_replay = True, False
         far = moe_index + self.prefetch_depth
         for j, t in enumerate(layers):
             if moe_index == 0 or t == far:
@@ -197,23 +187,21 @@ class DirectReads:
         """Step end: count the GPU-side prefetches (a hit: its layer found it in its slot), offer the
         used ones to the pool like fills; returns the keys whose table entries must be cleared."""
         dp = self._dp
-        claims = dp.collect(dp.recorded_targets if self._dp_replay else dp.targets, self._dp_records)
+        claims = dp.collect(dp.recorded_targets if self.books.dp_replay else dp.targets, self.books.dp_records)
         d = self.prefetch_depth
         ranked = []
         for key, slot, rank, votes in claims:
-            hit = self._seen.get(key) == slot
+            hit = self.books.seen.get(key) == slot
             ranked.append((rank, hit, votes))
+            self.prefetches.count(hit)
             if hit:
-                self.counters.prefetch_hits += 1
                 self.gate.on_use(d)
-                self._filled.setdefault(key, slot)
-                self._dp_used.add(key)
-            else:
-                self.counters.prefetch_wasted += 1
+                self.books.filled.setdefault(key, slot)
+                self.books.dp_used.add(key)
         self.gate.on_issue(d, len(claims))
-        self.claims.record(self._dp_tokens, ranked)
+        self.claims.record(self.books.dp_tokens, ranked)
         self.counters.device_copy_bytes += len(claims) * self.layout.nbytes
-        self._dp_active = False
+        self.books.dp_active = False
         return [claim[0] for claim in claims]
 
     # ---- fills: admission without a copy ----------------------------------------------------------
@@ -227,16 +215,16 @@ class DirectReads:
         """Lease this step's fill slots (free staging slots; no table entry points at them), or take
         those armed for it (:meth:`arm_next_step`), already on the device."""
         pool = self.pool
-        self._fill_used, self._filled = 0, {}
+        self.books.fill_used, self.books.filled = 0, {}
         if self._armed is not None:
-            self._fill_slots, self._armed = self._armed, None
+            self.books.fill_slots, self._armed = self._armed, None
             return
-        self._fill_slots = [pool.take_staging(-1) for _ in range(self.fill_capacity())]
-        n = len(self._fill_slots)
+        self.books.fill_slots = [pool.take_staging(-1) for _ in range(self.fill_capacity())]
+        n = len(self.books.fill_slots)
         if self._fill_uploaded is not None:
             self._fill_uploaded.synchronize()       # the last step's upload has run long since
         info = self._h_fill_info.numpy()
-        info[:2 + n] = [0, n] + self._fill_slots
+        info[:2 + n] = [0, n] + self.books.fill_slots
         self._fill_info[:2 + n].copy_(self._h_fill_info[:2 + n], non_blocking=True)
         if self._fill_uploaded is not None:
             self._fill_uploaded.record()
@@ -246,17 +234,17 @@ class DirectReads:
         missing occurrence takes the next free one); the layer's fill row written for the kernels."""
         row = [-1] * self.num_experts
         for e, s in zip(ids, seen):
-            if s < 0 and row[e] < 0 and self._fill_used < len(self._fill_slots):
-                row[e] = self._fill_slots[self._fill_used]
-                self._fill_used += 1
+            if s < 0 and row[e] < 0 and self.books.fill_used < len(self.books.fill_slots):
+                row[e] = self.books.fill_slots[self.books.fill_used]
+                self.books.fill_used += 1
         self._fill[moe_index].copy_(host_to(row, torch.int32, self.device))
         return [row[e] for e in ids]
 
     def _promote_fills(self, admitted: list[tuple[int, int]]) -> None:
         """Copy each admitted ``(slot, key)`` from its fill slot into its pool slot on the compute
         stream, after the step's kernels wrote it (device to device: nothing crosses the bus)."""
-        self.pool.copy_slots([(slot, self._filled[key]) for slot, key in admitted])
-        self.counters.fills += sum(1 for _, key in admitted if key not in self._dp_used)
+        self.pool.copy_slots([(slot, self.books.filled[key]) for slot, key in admitted])
+        self.counters.fills += sum(1 for _, key in admitted if key not in self.books.dp_used)
 
     def publish_direct(self, moe_index: int, topk_ids: torch.Tensor, predicted: Prediction | None,
                        region: torch.Tensor, pad: torch.Tensor | None = None
@@ -304,7 +292,7 @@ class DirectReads:
         self._ensure_direct_step()
         snap = self._snap[moe_index]
         snap.copy_(self.pool.table[moe_index])
-        if self._dp_active:
+        if self.books.dp_active:
             self._dp.set_progress(moe_index)
         flat = topk_ids.reshape(-1).to(torch.int64)                            # [T*k]
         pred = self._predicted if self._predicted is not None and self._predicted[0] == moe_index else None
@@ -332,28 +320,25 @@ class DirectReads:
         found = {base + e: s for e, s in zip(ids, seen)}
         for e, f in zip(ids, fills):
             if f >= 0:
-                self._filled[base + e] = f
+                self.books.filled[base + e] = f
         keys = sorted(found)
         misses = [k for k in keys if found[k] < 0]
         self._count_predicted(moe_index, misses)
         self.counters.record(moe_index, ids, len(keys) - len(misses), len(misses))
         self.counters.direct_bytes += sum(1 for s in seen if s < 0) * self.layout.nbytes   # each pair reads its expert
-        self._seen.update(found)
+        self.books.seen.update(found)
         for k in keys:
-            if k in self._unused:                      # a guess the routing confirmed
-                self._unused.discard(k)
-                distance = self._distance.pop(k, 0)
-                if found[k] >= 0:
-                    self.counters.prefetch_hits += 1
+            distance = self.prefetches.take(k)
+            if distance is not None:                   # a guess the routing confirmed; if its copy was
+                self.prefetches.count(found[k] >= 0)   # still on the bus, as useless as a wrong guess
+                if found[k] >= 0:                      # (and the gate counts it so)
                     self.gate.on_use(distance)
-                else:                                  # its copy was still on the bus: as useless as a
-                    self.counters.prefetch_wasted += 1  # wrong guess, and the gate counts it so
         self.policy.touch(keys)
-        self._step_misses.extend(misses)
-        if predicted is not None and not self._dp_active and not self._early[0]:   # else the GPU prefetches
+        self.books.misses.extend(misses)
+        if predicted is not None and not self.books.dp_active and not self.books.early[0]:   # else the GPU prefetches
             self._prefetch_direct(*predicted)
-            self._host_prefetched = True
-        if self._fill_slots and not self._host_prefetched and any(f >= 0 for f in fills):
+            self.books.host_prefetched = True
+        if self.books.fill_slots and not self.books.host_prefetched and any(f >= 0 for f in fills):
             self._admit_early(moe_index, [base + e for e, f in zip(ids, fills) if f >= 0])
 
     def _admit_early(self, moe_index: int, keys: list[int]) -> None:
@@ -363,7 +348,7 @@ class DirectReads:
         step's end, after the step's kernels, so this step still reads every evicted expert where it
         was. The step's admissions are spread evenly over its layers. Not in a step whose host issues
         prefetch copies: those check the host's books and would race an evicted expert's entry."""
-        admitted, evicted = self._early
+        admitted, evicted = self.books.early
         room = -(-self.admit_per_step * (moe_index + 1) // self.num_layers) - len(admitted)
         if room > 0:
             more, gone = self._admit(keys, room)
@@ -388,23 +373,20 @@ class DirectReads:
                     break
                 self.pool.assign(key, slot)
                 pairs.append((slot, key))
-                self._unused.add(key)
-                self._distance[key] = layer - origin
+                self.prefetches.issued(key, layer - origin)
                 n += 1
             self.gate.on_issue(layer - origin, n)
         if pairs:
             self._load_and_publish(pairs)
 
     # ---- the step's end, deferred past the next step's launch ------------------------------------
-    def _close_direct_step(self) -> dict:
+    def _close_direct_step(self) -> StepBooks:
         """A replayed step is over but its end is deferred: take its books out (the next step starts
         from fresh ones) with a copy of its claim records, which the next step's claims overwrite."""
-        if self._dp_active:
+        if self.books.dp_active:
             dp = self._dp
-            self._dp_records = dp.snapshot(dp.recorded_targets if self._dp_replay else dp.targets)
-        books = {name: getattr(self, name) for name in STEP_BOOKS}
-        for name, fresh in STEP_BOOKS.items():
-            setattr(self, name, fresh())
+            self.books.dp_records = dp.snapshot(dp.recorded_targets if self.books.dp_replay else dp.targets)
+        books, self.books = self.books, StepBooks()
         return books
 
     def finish_ended(self) -> None:
@@ -419,14 +401,11 @@ class DirectReads:
         if books is None:
             return
         t0 = time.perf_counter()
-        mine = {name: getattr(self, name) for name in STEP_BOOKS}
-        for name, value in books.items():
-            setattr(self, name, value)
+        mine, self.books = self.books, books
         try:
             self._end_direct_step(keep=self._live_leases)
         finally:
-            for name, value in mine.items():
-                setattr(self, name, value)
+            self.books = mine
             self.counters.step_end_ms += (time.perf_counter() - t0) * 1e3
 
     def _resident_slot(self, key: int) -> int:
@@ -445,14 +424,12 @@ class DirectReads:
                 key = pool.release_staging(slot)
                 if key >= 0:
                     gone.append(key)
-                    if key in self._unused:
-                        self._unused.discard(key)
-                        self.counters.prefetch_wasted += 1
-        if self._dp_active:
+                    self.prefetches.waste(key)
+        if self.books.dp_active:
             gone += self._collect_device_prefetch()
-        fills = bool(self._fill_slots) or bool(self._dp_used)
-        early, early_evicted = self._early
-        admitted, evicted = self._admit(list(self._filled) if fills else self._step_misses,
+        fills = bool(self.books.fill_slots) or bool(self.books.dp_used)
+        early, early_evicted = self.books.early
+        admitted, evicted = self._admit(list(self.books.filled) if fills else self.books.misses,
                                         self.admit_per_step - len(early))
         admitted, evicted = early + admitted, early_evicted + evicted
         gone += evicted
@@ -473,8 +450,7 @@ class DirectReads:
             copies.after_compute()                          # no copy overwrites a slot before that
         if admitted and not fills:
             self._load_and_publish(admitted)
-        for name, fresh in STEP_BOOKS.items():
-            setattr(self, name, fresh())
+        self.books = StepBooks()
 
     def _admit(self, keys: list[int], limit: int) -> tuple[list[tuple[int, int]], list[int]]:
         """Pool slots for the hottest (at most ``limit``) of the step's directly read ``keys``:
@@ -489,7 +465,7 @@ class DirectReads:
         busy_slots = pool.copies.busy_slots()
         if busy_slots and not self._admitting_idle(busy_slots):
             return [], []                      # the last admissions are still on the bus: wait for them
-        busy = {pool.owner[s] for s in busy_slots} | {k for _, k in self._early[0]}   # not yet copied in
+        busy = {pool.owner[s] for s in busy_slots} | {k for _, k in self.books.early[0]}   # not yet copied in
         cands = cands[:limit]
         victims = iter(policy.victims(len(cands) - len(pool.free), busy) if len(cands) > len(pool.free) else ())
         admitted, evicted = [], []

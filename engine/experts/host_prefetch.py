@@ -18,9 +18,7 @@ class HostPrefetch:
     def _drop_staging(self, slot: int) -> None:
         key = self.pool.release_staging(slot)
         self._prefetched.pop(key, None)
-        if key in self._unused:
-            self._unused.discard(key)
-            self.counters.prefetch_wasted += 1
+        self.prefetches.waste(key)
 
     def _reclaim_staging(self, layer: int) -> int:
         """Take back the staging slot prefetched for the farthest later layer (a miss outranks a guess)."""
@@ -49,8 +47,7 @@ class HostPrefetch:
                     if slot is None:
                         break                      # no room left: later guesses would not fit either
                     pairs.append((slot, key))
-                    self._unused.add(key)
-                    self._distance[key] = layer - origin
+                    self.prefetches.issued(key, layer - origin)
                 self._prefetched.setdefault(key, layer)
                 pinned.add(key)
             self.pool.load(pairs, demand=False)

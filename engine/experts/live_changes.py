@@ -6,7 +6,8 @@ import torch
 
 from engine.config import DIRECT_READS
 from engine.errors import ConfigError, ReconfigureError
-from engine.experts.policy import EvictionPolicy, StaticPolicy, make_policy
+from engine.experts.policies import make_policy
+from engine.experts.policy import EvictionPolicy, StaticPolicy
 from engine.experts.store import HostExpertStore
 
 
@@ -65,10 +66,7 @@ class LiveChanges:
         for k in old:
             if k not in now:
                 self.policy.remove(k)
-                if k in self._unused:
-                    self._unused.discard(k)
-                    self.counters.prefetch_wasted += 1
-        self._unused &= now
+        self.prefetches.waste_all_but(old, now)
         if policy is not self.policy:
             self._seed(policy, self.policy.rank(list(now)))
         else:

@@ -26,34 +26,34 @@ Legend: T tokens, k experts per token, E experts, L MoE layers, D hidden.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 
 from engine.errors import ConfigError
+from engine.experts.books import PrefetchLedger
 from engine.experts.counters import ResidencyCounters
 from engine.experts.device_prefetch import DevicePrefetcher
-from engine.experts.direct import DEVICE_PREFETCH_THRESHOLD, PREFETCH_PER_LAYER, DirectReads
+from engine.experts.direct import DirectReads
 from engine.experts.host_prefetch import HostPrefetch
 from kernels.expert_layout import ExpertLayout
 from engine.experts.live_changes import LiveChanges, check_depth
-from engine.experts.policy import DEFAULT_LFU_DECAY, StaticPolicy, make_policy
+from engine.experts.policies import make_policy
+from engine.experts.policy import DEFAULT_LFU_DECAY, StaticPolicy
 from engine.experts.pool import ExpertPool
-from engine.experts.prefetch import ClaimGate, PrefetchGate, RouteFn, predict_experts
+from engine.experts.predictor import ExpertPredictor
+from engine.experts.prefetch import ClaimGate, Prediction, PrefetchGate, RouteFn
 from engine.experts.readback import HostReader
 from engine.experts.profile import check_routing_profile, read_routing_profile
+from engine.experts.step_books import StepBooks
 from engine.experts.store import HostExpertStore
+from engine.experts.tuning import ResidencyTuning
 from engine.telemetry import ExpertStats
-from kernels.predict import MAX_TOKENS as PREDICT_MAX_TOKENS
-from kernels.predict import PredictWorkspace, predict_topk
-from kernels.predict import available as predict_available
 
-PREDICT_MAX_LAYERS = 8           # predicted layers one launch of the prediction kernel covers
-
-Prediction = tuple[int, list[int], torch.Tensor]   # (layer it was made at, layers predicted, ids [P, T, k])
 
 
 class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
@@ -67,7 +67,8 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
     ``direct_reads``: None (default) reads missing experts directly where the kernels can (CUDA with
     a mapped host store); True forces it (also on CPU, where "host" and "device" are both RAM);
     False never. ``top_k`` (the model's experts per token) lets decode steps on CUDA predict with
-    one kernel instead of a matmul and the routing kernel.
+    one kernel instead of a matmul and the routing kernel. ``tuning`` holds the measured thresholds
+    (:class:`engine.experts.tuning.ResidencyTuning`); a caller may replace it between steps.
     """
 
     def __init__(self, layout: ExpertLayout, store: HostExpertStore, num_experts: int,
@@ -76,23 +77,17 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
                  routing_profile: str | Path | Sequence[Sequence[int]] | None = None,
                  budget_bytes: int | None = None, lfu_decay: float = DEFAULT_LFU_DECAY,
                  direct_reads: bool | None = None, top_k: int | None = None,
-                 router_bias: Sequence[torch.Tensor] | None = None, norm_eps: float = 1e-6) -> None:
+                 router_bias: Sequence[torch.Tensor] | None = None, norm_eps: float = 1e-6,
+                 tuning: ResidencyTuning | None = None) -> None:
         if store.num_experts != num_experts or len(routers) != store.num_layers or store.layout != layout:
             raise ValueError(f"store is {store.num_layers} x {store.num_experts} ({store.layout.fmt}); got "
                              f"{len(routers)} routers, {num_experts} experts, layout {layout.fmt}")
         self.layout, self.store = layout, store
         self.num_layers, self.num_experts = store.num_layers, num_experts
         self.device = torch.device(device)
-        self.routers = torch.stack([r.detach() for r in routers])       # [L, E, D], one matmul predicts many layers
-        # [L, E] float32 or None: routers' biases (gpt-oss), which predictions add scaled by the token's RMS
-        self.router_bias = None if router_bias is None else torch.stack([b.detach().float() for b in router_bias])
-        self.norm_eps = norm_eps
-        self.route_fn = route_fn
-        # decode steps on CUDA predict in one launch (kernels/predict.py); it needs k and contiguous routers
-        self._predict_ws = (PredictWorkspace(PREDICT_MAX_LAYERS, num_experts, self.device)
-                            if top_k and predict_available(self.device) else None)
-        self.top_k = top_k
-        self.predict_kernel = self._predict_ws is not None   # False: matmul + routing (for comparison)
+        self.tuning = tuning or ResidencyTuning()
+        self.predictor = ExpertPredictor(routers, route_fn, self.device, top_k, router_bias, norm_eps,
+                                         self.tuning.predict_max_layers)
         self._reader = HostReader(self.device)
         self.prefetch_depth = check_depth(prefetch_depth, ConfigError)
         self._lfu_decay = lfu_decay
@@ -103,62 +98,18 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
         self.pool = ExpertPool(store, self.device, slots, keep, budget_bytes)
         self._seed(self.policy, self.pool.resident_keys())
         self.counters = ResidencyCounters(self.num_layers, num_experts, self.device)
+        self.prefetches = PrefetchLedger(self.counters)   # unused prefetches; counts hits and waste
         self._prefetched: dict[int, int] = {}      # key -> layer it was fetched for, pinned until then
-        self._unused: set[int] = set()             # prefetched, not used yet
-        self._distance: dict[int, int] = {}        # prefetched key -> look-ahead distance it was guessed at
         self.gate = PrefetchGate()
         self._current: set[int] = set()            # keys of the layer being computed
         self._predicted: Prediction | None = None
         self._last_layer = -1
         self._in_step = False
         self._owns_store = False
-        self.capturing = False     # set while decode steps are recorded into CUDA graphs (see before_layer)
+        self._capturing = False    # while decode steps are recorded into CUDA graphs (see recording)
         self._pending_prefetch: tuple[list[int], torch.Tensor] | None = None
         self._named: dict[int, set[int]] = {}      # layer -> keys this step's predictions named for it
-        # direct reads
-        self._direct_opt = direct_reads
-        if direct_reads and self.device.type == "cuda" and not store.direct_readable(self.device):
-            raise ConfigError("direct expert reads need pinned host memory mapped for the GPU and Triton; "
-                              "this host store is not readable from kernels (leave direct_reads unset)")
-        if direct_reads is None and self.device.type == "cuda":
-            store.direct_readable(self.device)         # probe now, outside any graph capture
-        self._snap = torch.full((self.num_layers, num_experts), -1, dtype=torch.int32, device=self.device)
-        self._host_views: dict[str, torch.Tensor] | None = None
-        self._mode: str | None = None               # "sync" or "direct": how the last step resolved experts
-        self._step_mode: str | None = None           # this step's ("captured" while recording a graph)
-        self._step_misses: list[int] = []            # keys read directly this step: admission candidates
-        self.admit_per_step = max(1, num_experts // 2)
-        # fills: the kernels keep a directly read expert in a leased staging slot as they read it
-        self._fill = torch.full((self.num_layers, num_experts), -1, dtype=torch.int32, device=self.device)
-        # [next, count] then the step's fill slots, uploaded in one copy from page-locked staging that
-        # is reused once the last upload has run (a step later: steps start after the last one's tokens)
-        self._fill_info = torch.zeros(2 + num_experts, dtype=torch.int32, device=self.device)
-        self._fill_meta, self._fill_free = self._fill_info[:2], self._fill_info[2:]
-        cuda = self.device.type == "cuda"
-        self._h_fill_info = torch.zeros(2 + num_experts, dtype=torch.int32, pin_memory=cuda)
-        self._fill_uploaded = torch.cuda.Event() if cuda else None
-        self._fill_slots: list[int] | None = None    # this step's fill slots (None: not chosen yet)
-        self._fill_used = 0                          # of which handed out (eager steps)
-        self._filled: dict[int, int] = {}            # key -> fill slot written this step
-        self._early: tuple[list[tuple[int, int]], list[int]] = ([], [])   # admitted mid-step, evicted for them
-        self._host_prefetched = False                # this step's host issued prefetch copies
-        # GPU-side prefetch of direct-read steps (engine/experts/device_prefetch.py)
-        self._dp = (DevicePrefetcher(self.num_layers, num_experts, num_experts, self.device)
-                    if DevicePrefetcher.usable(self.device, layout.nbytes) else None)
-        self._dp_active = False                      # this step launched (or replays) GPU-side prefetches
-        self._dp_replay = False                      # ... from a recorded graph
-        self._seen: dict[int, int] = {}              # key -> slot its layer found this step (direct steps)
-        self._dp_used: set[int] = set()              # keys it brought that their layer used
-        self.prefetch_per_layer = PREFETCH_PER_LAYER  # GPU-side prefetch: most claims per predicted layer
-        self.claims = ClaimGate(threshold=DEVICE_PREFETCH_THRESHOLD)   # ... of which it makes (by rank)
-        self._dp_tokens = 0                          # tokens of the step whose claims are out
-        self.quiet = False                           # True while a decode graph without predictions is recorded
-        self._dp_records = None                      # claim records kept by a step whose end is deferred
-        # a replayed direct-read step's end is deferred until the next step is launched (finish_ended)
-        self._ended: dict | None = None              # the books of the step whose end is deferred
-        self._armed: list[int] | None = None         # fill slots leased and uploaded for the next step
-        self._defer_end = False                      # this step's end may be deferred (set per replay)
-        self._live_leases: frozenset[int] = frozenset()   # staging slots the step in flight leased
+        self._init_direct_reads(direct_reads)
 
     @classmethod
     def from_rows(cls, layout: ExpertLayout, rows: torch.Tensor, num_experts: int, device: torch.device | str,
@@ -175,6 +126,44 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
         out._owns_store = True
         return out
 
+    def _init_direct_reads(self, direct_reads: bool | None) -> None:
+        """The state of direct-read steps: snapshots, fill slots, GPU-side prefetch, deferred ends."""
+        E = self.num_experts
+        self._direct_opt = direct_reads
+        if direct_reads and self.device.type == "cuda" and not self.store.direct_readable(self.device):
+            raise ConfigError("direct expert reads need pinned host memory mapped for the GPU and Triton; "
+                              "this host store is not readable from kernels (leave direct_reads unset)")
+        if direct_reads is None and self.device.type == "cuda":
+            self.store.direct_readable(self.device)         # probe now, outside any graph capture
+        self._snap = torch.full((self.num_layers, E), -1, dtype=torch.int32, device=self.device)
+        self._host_views: dict[str, torch.Tensor] | None = None
+        self._mode: str | None = None               # "sync" or "direct": how the last step resolved experts
+        self._step_mode: str | None = None           # this step's ("captured" while recording a graph)
+        self.books = StepBooks()                     # the running step's books (engine/experts/step_books.py)
+        self.admit_per_step = max(1, E // 2)
+        # fills: the kernels keep a directly read expert in a leased staging slot as they read it
+        self._fill = torch.full((self.num_layers, E), -1, dtype=torch.int32, device=self.device)
+        # [next, count] then the step's fill slots, uploaded in one copy from page-locked staging that
+        # is reused once the last upload has run (a step later: steps start after the last one's tokens)
+        self._fill_info = torch.zeros(2 + E, dtype=torch.int32, device=self.device)
+        self._fill_meta, self._fill_free = self._fill_info[:2], self._fill_info[2:]
+        cuda = self.device.type == "cuda"
+        self._h_fill_info = torch.zeros(2 + E, dtype=torch.int32, pin_memory=cuda)
+        self._fill_uploaded = torch.cuda.Event() if cuda else None
+        # GPU-side prefetch of direct-read steps (engine/experts/device_prefetch.py)
+        self._dp = (DevicePrefetcher(self.num_layers, E, E, self.device)
+                    if DevicePrefetcher.usable(self.device, self.layout.nbytes) else None)
+        self.claims = ClaimGate(threshold=self.tuning.device_prefetch_threshold)   # GPU-side claims it makes (by rank)
+        self._quiet = False                          # True while a decode graph without predictions is recorded
+        # a replayed direct-read step's end is deferred until the next step is launched (finish_ended)
+        self._ended: StepBooks | None = None         # the books of the step whose end is deferred
+        self._armed: list[int] | None = None         # fill slots leased and uploaded for the next step
+        self._defer_end = False                      # this step's end may be deferred (set per replay)
+        self._live_leases: frozenset[int] = frozenset()   # staging slots the step in flight leased
+        # eager direct-read steps defer their ends as replayed ones do: how the CPU tests drive the
+        # deferred end, which on CUDA only a graph replay uses
+        self.defer_eager_ends = False
+
     # ---- ExpertProvider ----------------------------------------------------------------------
     def begin_step(self, keep_ended: bool = False) -> None:
         """A forward pass starts: forget the last step's leases and pins, age the policy.
@@ -189,15 +178,35 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
         else:
             self._release_all()
         self._step_mode = None
-        self._step_misses = []
-        self._fill_slots, self._filled = None, {}
+        self.books.misses = []
+        self.books.fill_slots, self.books.filled = None, {}
         self._predicted = None
         self._named = {}
-        if hasattr(self.policy, "admit_per_step"):     # its shadow pools admit as this pool does
-            self.policy.admit_per_step = self.admit_per_step if self._mode == "direct" else None
+        # the adaptive policy's shadow pools admit as this pool does
+        self.policy.admit_per_step = self.admit_per_step if self._mode == "direct" else None
         self.policy.tick()
         self._in_step = True
         self.gate.tick()
+
+    @property
+    def replay_hooks(self) -> "OffloadedExperts | None":
+        """What DecodeGraphs drives (:class:`engine.experts.replay.ReplayHooks`); None while every
+        expert has a slot, since such a step is recorded whole."""
+        return None if self.pool.full else self
+
+    @contextlib.contextmanager
+    def recording(self, quiet: bool = False) -> Iterator[None]:
+        """While decode steps are warmed up or recorded into CUDA graphs: predictions cover the full
+        depth; ``quiet`` records a step with no predictions (see ``predicts``)."""
+        self._capturing, self._quiet = True, quiet
+        try:
+            yield
+        finally:
+            self._capturing, self._quiet = False, False
+
+    def slot_table(self, moe_index: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The device slot-table row ``[E] int32`` of MoE layer ``moe_index`` and the pool's views."""
+        return self.pool.table[moe_index], self.pool.views
 
     @property
     def static(self) -> bool:
@@ -207,30 +216,24 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
     def before_layer(self, moe_index: int, hidden: torch.Tensor) -> Prediction | None:
         """Predict layers ``moe_index+1 .. +depth`` from ``hidden [T, D]`` (device work, no sync).
 
-        While ``capturing`` (a decode step being recorded into CUDA graphs) the prediction covers the
+        While :meth:`recording` (a decode step being recorded into CUDA graphs) the prediction covers the
         full ``prefetch_depth``, since the gate's depth changes from step to step; ``acquire`` keeps
         only the distances the gate allows. A step whose predictions the GPU copies in itself
         predicts only what it claims: layer ``moe_index + depth`` (every layer up to it from the
         first MoE layer). Returns the prediction, also kept for ``acquire``.
         """
         self._predicted = None
-        if self.pool.full or self.prefetch_depth == 0 or self.quiet:
+        if self.pool.full or self.prefetch_depth == 0 or self._quiet:
             return None
         device_side = self._device_prefetch_for(hidden.shape[0])
-        full = self.capturing or device_side
+        full = self._capturing or device_side
         depth = self.prefetch_depth if full else self.gate.depth(self.prefetch_depth)
         layers = list(range(moe_index + 1, min(moe_index + depth, self.num_layers - 1) + 1))
         if device_side and moe_index > 0:        # the GPU claims only for the farthest layer
             layers = [t for t in layers if t == moe_index + self.prefetch_depth]
         if not layers:
             return None
-        ws = self._predict_ws
-        if self.predict_kernel and ws is not None and hidden.shape[0] <= PREDICT_MAX_TOKENS and len(layers) <= ws.max_layers:
-            ids = predict_topk(hidden, self.routers, layers[0], len(layers), self.top_k, ws,
-                               self.router_bias, self.norm_eps)                               # [P, T, k]
-        else:
-            ids = predict_experts(hidden, self.routers, layers[0], len(layers), self.route_fn, self.router_bias,
-                                  self.norm_eps)
+        ids = self.predictor.predict(hidden, layers[0], len(layers))                    # [P, T, k]
         self._predicted = (moe_index, layers, ids)
         if device_side:
             self._launch_device_prefetch(moe_index, layers, ids)
@@ -299,10 +302,10 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
         if predicted is not None:
             self._note_predicted(*predicted)
         for k in keys:
-            if slot_of[k] >= 0 and k in self._unused:
-                self._unused.discard(k)
-                self.counters.prefetch_hits += 1
-                self.gate.on_use(self._distance.pop(k, 0))
+            distance = self.prefetches.take(k) if slot_of[k] >= 0 else None
+            if distance is not None:
+                self.prefetches.count(hit=True)
+                self.gate.on_use(distance)
         pinned = self._current | self._prefetched.keys()
         pairs = [(self._slot_for(k, moe_index, pinned, demand=True), k) for k in misses]
         self.pool.load(pairs, demand=True)
@@ -326,15 +329,15 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
             self.counters.step_end_ms += (time.perf_counter() - t0) * 1e3
 
     def _end_step(self) -> None:
-        if self._dp is not None and self._dp_active and not self._dp_replay:
+        if self._dp is not None and self.books.dp_active and not self.books.dp_replay:
             self._dp.join()                          # recorded too when the step is being captured
             if self._step_mode == "captured":
                 self._dp.recorded_targets = list(self._dp.targets)
-                self._dp_active = False
+                self.books.dp_active = False
         if self._step_mode == "direct":
             if self._ended is not None:
                 self.finish_ended()
-            if self._defer_end and self._fill_slots and not self._host_prefetched:
+            if self._defer_end and self.books.fill_slots and not self.books.host_prefetched:
                 self._ended = self._close_direct_step()
             else:
                 self._end_direct_step()
@@ -343,15 +346,48 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
         self._step_mode = None
         self._in_step = False
         self._defer_end, self._live_leases = False, frozenset()
-        self._distance = {k: d for k, d in self._distance.items() if k in self._unused}
+        self.prefetches.end_step()
+
+    def settle(self) -> None:
+        """End the step whose end was deferred, if any, and give back fill slots armed for a next
+        step (the engine calls this once it has no more work; a test before it reads the counts)."""
+        self.finish_ended()
 
     def stats(self) -> ExpertStats:
-        """Cumulative counters (no device sync; on CUDA device-side counts may lag one call). A step
-        whose end was deferred is ended first, so its counts are in."""
-        self.finish_ended()
+        """Cumulative counters (no device sync; on CUDA device-side counts may lag one call). Reading
+        them changes nothing: a step whose end is deferred is counted once it ends (``settle``)."""
         return dataclasses.replace(self.counters.snapshot(self.pool), claim_threshold=self.claims.threshold,
-                                   claim_use=self.claims.state(self.prefetch_per_layer),
-                                   policy=getattr(self.policy, "label", self.policy.name))
+                                   claim_use=self.claims.state(self.tuning.prefetch_per_layer),
+                                   policy=self.policy.label)
+
+    @property
+    def deferred(self) -> StepBooks | None:
+        """The books of the step whose end is deferred (None: no step's end is pending)."""
+        return self._ended
+
+    @property
+    def armed(self) -> list[int] | None:
+        """Fill slots leased and uploaded for the next replayed step (None: none are)."""
+        return self._armed
+
+    @property
+    def prefetched(self) -> dict[int, int]:
+        """Prefetched keys -> the layer each was fetched for; pinned against eviction until it has run."""
+        return self._prefetched
+
+    @property
+    def pins(self) -> set[int]:
+        """Keys no eviction may take now: the current layer's experts and every prefetched one."""
+        return self._current | self._prefetched.keys()
+
+    @property
+    def device_prefetcher(self) -> DevicePrefetcher | None:
+        """The GPU-side prefetch of direct-read steps (None where it cannot run)."""
+        return self._dp
+
+    def fill_upload(self) -> tuple[list[int], list[int]]:
+        """The fill slots as uploaded for the GPU: ``[next, count]`` and the slots (a device read)."""
+        return self._fill_meta.tolist(), self._fill_free.tolist()
 
     @property
     def host_sync_ms(self) -> float:
@@ -443,21 +479,19 @@ class OffloadedExperts(DirectReads, HostPrefetch, LiveChanges):
     def _evict(self, key: int) -> None:
         self.pool.unassign(self.pool.slot_of[key])
         self.policy.remove(key)
-        if key in self._unused:
-            self._unused.discard(key)
-            self.counters.prefetch_wasted += 1
+        self.prefetches.waste(key)
 
     def _release_all(self) -> None:
         """Release every staging lease (fill and prefetch slots included), then forget the step's pins."""
         self.finish_ended()
-        if self._dp_active:                          # a step cut short: undo its GPU-side prefetches
+        if self.books.dp_active:                          # a step cut short: undo its GPU-side prefetches
             self._dp.join()
             keys = self._collect_device_prefetch()
             self._write_table(keys, [-1] * len(keys), None)
-            self._dp_used = set()
+            self.books.dp_used = set()
         for slot in list(self.pool.lease):
             self._drop_staging(slot)
-        self._fill_slots, self._filled = None, {}
+        self.books.fill_slots, self.books.filled = None, {}
         self._forget_step()
 
     def _forget_step(self) -> None:

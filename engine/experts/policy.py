@@ -10,10 +10,12 @@ and on a resize it keeps the best-``rank``ed residents.
   ``decay`` per engine step, so yesterday's favourites fade. Ties go to the least recently used.
 * ``adaptive`` (default): LFU with a short (0.9) and a long (0.99) memory kept side by side; the
   one whose simulated pool would have hit more over the last ~50 steps picks the victims (see
-  :class:`AdaptiveLFUPolicy`). On the H200 it was faster than ``lfu`` at depth 2 in every cell of
+  :class:`engine.experts.adaptive_policy.AdaptiveLFUPolicy`). On the H200 it was faster than ``lfu`` at depth 2 in every cell of
   ``benchmarks/results/residency50_steady_2026-11-30a.json``.
 * ``static``: a fixed placement, the most-routed experts of a recorded routing profile; nothing
   placed is ever evicted, and experts outside the placement are only ever staged.
+
+``make_policy`` (engine/experts/policies.py) builds one by name.
 """
 from __future__ import annotations
 
@@ -30,6 +32,13 @@ DEFAULT_LFU_DECAY = 0.9   # per step: a use 7 steps old weighs half a fresh one 
 
 class EvictionPolicy(Protocol):
     name: str
+    # the pool's admissions per step when misses are read directly (None: each miss is copied in at
+    # once); only the adaptive policy's shadow pools use it, to admit as the pool does
+    admit_per_step: int | None
+
+    @property
+    def label(self) -> str:
+        """The policy as the stats show it (the adaptive one adds the decay it picks victims by)."""
 
     def insert(self, key: int) -> None:
         """``key`` took a pool slot."""
@@ -64,6 +73,11 @@ class LRUPolicy:
     """Least recently used."""
 
     name = "lru"
+    admit_per_step: int | None = None    # only the adaptive policy's shadow pools admit per step
+
+    @property
+    def label(self) -> str:
+        return self.name
 
     def __init__(self) -> None:
         self._order: OrderedDict[int, None] = OrderedDict()   # oldest first
@@ -134,6 +148,11 @@ class LFUPolicy:
     """
 
     name = "lfu"
+    admit_per_step: int | None = None    # only the adaptive policy's shadow pools admit per step
+
+    @property
+    def label(self) -> str:
+        return self.name
     _RESCALE_AT = 1e150
 
     def __init__(self, decay: float = DEFAULT_LFU_DECAY) -> None:
@@ -228,195 +247,15 @@ class LFUPolicy:
         heapq.heappush(self._heap, self.entry(key))
 
 
-class AdaptiveLFUPolicy:
-    """LFU whose memory follows the routing: victims by a short or a long memory, whichever would
-    have kept more of what was used.
-
-    How long an LFU remembers is a bet on the routing. Where a sequence keeps reusing its recent
-    experts (the random model's routing), a short memory (0.9 per step) follows it; where tokens
-    route independently over skewed popularity (trained-like), a long one (0.99) estimates the
-    popularity better. On the H200 (Qwen3-30B-A3B shape, 50% pool) 0.99 took trained-like batch 8
-    from 3.51 to 3.14 ms per token at depth 2, but cut the random model's hit rate from 98.9% to
-    95.1% at batch 8 (``benchmarks/results/lfu099_residency50_2026-11-29.json``).
-
-    So both memories are kept (two :class:`LFUPolicy` over the same residents and uses), and each
-    drives a shadow pool of as many keys as the real pool holds, admitting as the real pool does
-    (:class:`_ShadowPool`). Each use is scored as a hit or a miss in both shadows; hits decay by
-    ``window`` per step, and the memory whose shadow hit more (by ``margin``) picks the real pool's
-    victims. A use costs two LFU updates and two set lookups; a shadow admission a heap operation.
-    """
-
-    name = "adaptive"
-
-    def __init__(self, decays: Sequence[float] = (DEFAULT_LFU_DECAY, 0.99), window: float = 0.98,
-                 margin: float = 0.003) -> None:
-        self.memories = [LFUPolicy(d) for d in decays]
-        self.decays = tuple(decays)
-        self._shadows = [_ShadowPool(m) for m in self.memories]
-        self.shadow_hits = [0.0] * len(decays)
-        self.window, self.margin = window, margin
-        self.active = 0                                   # index of the memory that picks victims
-        # the pool's admissions per step when misses are read directly (admitted at the step's end);
-        # None: each miss is copied in at once. The shadows admit the same way.
-        self.admit_per_step: int | None = None
-        self._unsettled = False
-        self._pending: list[tuple[list[int], int]] = []   # uses the shadows have not scored yet
-
-    @property
-    def decay(self) -> float:
-        """The decay of the memory picking victims now."""
-        return self.decays[self.active]
-
-    @property
-    def label(self) -> str:
-        """``adaptive`` and the decay of the memory picking victims now, e.g. ``adaptive 0.99``."""
-        return f"{self.name} {self.decay:g}"
-
-    def insert(self, key: int) -> None:
-        for m in self.memories:
-            m.insert(key)
-
-    def remove(self, key: int) -> None:
-        for m in self.memories:
-            m.remove(key)
-
-    def touch(self, keys: Iterable[int]) -> None:
-        """Both memories count the use now (victims need it); the shadow pools score it in
-        :meth:`catch_up`, which the host calls while it waits for the GPU (at prefetch depth 0 the
-        GPU waits for the host at every layer, so work done in ``touch`` adds to every step)."""
-        keys = list(keys)
-        if self._unsettled:
-            self._settle()
-        for m in self.memories:
-            m.touch(keys)
-        self._pending.append((keys, self.memories[0].size))
-
-    def catch_up(self) -> None:
-        """Score the uses since the last call as hits or misses of both shadow pools."""
-        if not self._pending:
-            return
-        pending, self._pending = self._pending, []
-        deferred = self.admit_per_step is not None
-        for i, shadow in enumerate(self._shadows):
-            hits = 0
-            for keys, capacity in pending:
-                hits += shadow.use(keys, capacity, deferred)
-            self.shadow_hits[i] += hits
-
-    def tick(self) -> None:
-        """A step passed. The shadows' step-end admissions wait for the next use (:meth:`_settle`),
-        which a replayed step makes while the GPU computes, not between two steps."""
-        self.catch_up()
-        for m in self.memories:
-            m.tick()
-        self._unsettled = True
-        hits = self.shadow_hits = [h * self.window for h in self.shadow_hits]
-        best = max(range(len(hits)), key=hits.__getitem__)
-        if hits[best] > hits[self.active] * (1.0 + self.margin):
-            self.active = best
-
-    def _settle(self) -> None:
-        """The last step's admissions into the shadow pools (misses read directly are admitted at
-        the step's end; the decay since then scales every score alike, so the order is the same)."""
-        self._unsettled = False
-        if self.admit_per_step is not None:
-            capacity = self.memories[0].size
-            for shadow in self._shadows:
-                shadow.end_step(capacity, self.admit_per_step)
-
-    def admits(self, key: int) -> bool:
-        return True
-
-    def hotness(self, key: int) -> float:
-        return self.memories[self.active].hotness(key)
-
-    def victim(self, pinned: set[int]) -> int | None:
-        return self.memories[self.active].victim(pinned)
-
-    def victims(self, n: int, pinned: set[int]) -> list[int]:
-        return self.memories[self.active].victims(n, pinned)
-
-    def rank(self, keys: Iterable[int]) -> list[int]:
-        return self.memories[self.active].rank(keys)
-
-
-class _ShadowPool:
-    """A simulated pool of up to ``capacity`` keys under one LFU memory's scores (see
-    :class:`AdaptiveLFUPolicy`), admitting as the real pool does: a miss at once, over the coldest
-    key (copied-in misses), or with an admission cap at the step's end, the hottest of its misses
-    first, each only over a colder key (direct reads, :meth:`engine.experts.direct.DirectReads._admit`).
-    A lazy min-heap finds the coldest key as in :class:`LFUPolicy`."""
-
-    def __init__(self, scores: LFUPolicy) -> None:
-        self.scores = scores
-        self.keys: set[int] = set()
-        self._heap: list[tuple[float, int, int]] = []
-        self._rescales = scores.rescales
-        self._missed: dict[int, None] = {}             # this step's misses, when admitted at its end
-
-    def use(self, keys: list[int], capacity: int, deferred: bool) -> int:
-        """One layer call's distinct ``keys`` (already touched); returns how many were in the pool."""
-        self._check_heap()
-        held, hits = self.keys, 0
-        for k in keys:
-            if k in held:
-                hits += 1
-            elif deferred:
-                self._missed[k] = None
-            else:
-                if len(held) >= max(capacity, 1):
-                    cold = self._coldest()
-                    if cold is None:
-                        continue
-                    held.discard(cold)
-                self._add(k)
-        return hits
-
-    def end_step(self, capacity: int, cap: int) -> None:
-        """Admit at most ``cap`` of the step's misses, hottest first, each over a colder key."""
-        if not self._missed:
-            return
-        self._check_heap()
-        hot = self.scores.hotness
-        for k in sorted(self._missed, key=hot, reverse=True)[:cap]:
-            if len(self.keys) >= max(capacity, 1):
-                cold = self._coldest()
-                if cold is None or hot(cold) >= hot(k):
-                    break
-                self.keys.discard(cold)
-            self._add(k)
-        self._missed = {}
-
-    def _add(self, key: int) -> None:
-        self.keys.add(key)
-        heapq.heappush(self._heap, self.scores.entry(key))
-
-    def _coldest(self) -> int | None:
-        heap = self._heap
-        while heap:
-            entry = heap[0]
-            if entry[2] not in self.keys:
-                heapq.heappop(heap)
-                continue
-            current = self.scores.entry(entry[2])
-            if entry != current:
-                heapq.heapreplace(heap, current)         # used since: it may not be the coldest
-                continue
-            return entry[2]
-        return None
-
-    def _check_heap(self) -> None:
-        """Redo the heap after the scores were divided down, or when stale entries pile up."""
-        if self._rescales != self.scores.rescales or len(self._heap) > 4 * len(self.keys) + 1024:
-            self._heap = [self.scores.entry(k) for k in self.keys]
-            heapq.heapify(self._heap)
-            self._rescales = self.scores.rescales
-
-
 class StaticPolicy:
     """A fixed placement from a routing profile: the most-routed (layer, expert) pairs overall."""
 
     name = "static"
+    admit_per_step: int | None = None    # only the adaptive policy's shadow pools admit per step
+
+    @property
+    def label(self) -> str:
+        return self.name
 
     def __init__(self, counts: Sequence[Sequence[int]]) -> None:
         num_experts = len(counts[0]) if counts else 0
@@ -460,20 +299,3 @@ class StaticPolicy:
     def rank(self, keys: Iterable[int]) -> list[int]:
         pos = {k: i for i, k in enumerate(self._order)}
         return sorted(keys, key=lambda k: pos[k])
-
-
-def make_policy(name: str, profile: Sequence[Sequence[int]] | None = None,
-                lfu_decay: float = DEFAULT_LFU_DECAY) -> EvictionPolicy:
-    """Build the policy called ``name``; ``static`` needs the profile's counts ``[L][E]``."""
-    if name == "lru":
-        return LRUPolicy()
-    if name == "lfu":
-        return LFUPolicy(lfu_decay)
-    if name == "adaptive":
-        return AdaptiveLFUPolicy()
-    if name == "static":
-        if profile is None:
-            raise ConfigError("expert_policy=static needs a routing profile; record one with --record-routing FILE "
-                              "and pass it with --routing-profile FILE")
-        return StaticPolicy(profile)
-    raise ConfigError(f"expert policy {name!r} is not supported; choose one of {', '.join(POLICIES)}")

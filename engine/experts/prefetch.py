@@ -25,6 +25,7 @@ import torch
 from kernels.predict import rms
 
 RouteFn = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+Prediction = tuple[int, list[int], torch.Tensor]   # (layer it was made at, layers predicted, ids [P, T, k])
 
 
 class CopyEngine:

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import torch
 
 from kernels.expert_layout import ExpertLayout
+from engine.experts.replay import ReplayHooks
 from engine.telemetry import ExpertStats
 
 
@@ -39,8 +40,22 @@ class ExpertProvider(Protocol):
     def end_step(self) -> None:
         """The forward pass is over (counters, eviction bookkeeping)."""
 
+    def direct_for(self, tokens: int) -> bool:
+        """Whether a step of ``tokens`` tokens reads missing experts straight from host memory."""
+
+    @property
+    def replay_hooks(self) -> ReplayHooks | None:
+        """What the decode-step CUDA graphs drive between pieces of a step; None: record it whole."""
+
+    def settle(self) -> None:
+        """End a step whose end was deferred (a replayed direct-read step), so its counts are in; the
+        engine calls it when it runs out of work. Never needed for correctness."""
+
     def stats(self) -> ExpertStats:
-        """Cumulative counters, without a device sync."""
+        """Cumulative counters, without a device sync and without side effects."""
+
+    def close(self) -> None:
+        """Free what the provider holds on the device (and the host store it owns)."""
 
 
 class ResidentExperts:
@@ -59,6 +74,10 @@ class ResidentExperts:
         self._ones = torch.ones(1024, dtype=torch.int64, device=experts.device)
 
     static = True
+    replay_hooks = None        # its tables never change: a decode step is recorded whole
+
+    def direct_for(self, tokens: int) -> bool:
+        return False             # nothing is missing
 
     def begin_step(self) -> None:
         pass
@@ -77,6 +96,12 @@ class ResidentExperts:
 
     def end_step(self) -> None:
         pass
+
+    def settle(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass                     # the buffer belongs to the loaded model
 
     def stats(self) -> ExpertStats:
         n = self.buffer.shape[0]

@@ -154,11 +154,11 @@ def _register(rows: torch.Tensor) -> bool:
 def _probe_direct(rows: torch.Tensor, device: torch.device) -> bool:
     """Copy the first bytes of ``rows`` with a Triton kernel that reads host memory; compare."""
     try:
-        from engine.experts.readback import copy_kernel
+        from kernels.publish_ids import store_ids
         n = min(rows.shape[1], 256) // 8 * 8
         src = rows[0, :n].view(torch.int64)
         out = torch.empty_like(src, device=device)
-        copy_kernel(src, out)
+        store_ids(src, out)
         torch.cuda.synchronize(device)
         return bool(torch.equal(out.cpu(), src))
     except Exception:  # no Triton, or host memory not reachable from kernels: copies only

@@ -162,8 +162,7 @@ class MoETransformer:
         on a GPU; see :func:`kernels.fused_moe.act16_group`), or None."""
         if self._act16_group is None or not self.fused:
             return None
-        direct = getattr(self.experts, "direct_for", None)
-        return self._act16_group(self.experts.layout, tokens, self.device, bool(direct and direct(tokens)))
+        return self._act16_group(self.experts.layout, tokens, self.device, self.experts.direct_for(tokens))
 
     def _add_norm16(self, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
                     group: int | None) -> tuple[torch.Tensor, torch.Tensor, Any]:

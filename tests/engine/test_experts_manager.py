@@ -121,9 +121,9 @@ def test_prefetch_pins_survive_demand(stack: Stack) -> None:
     prov.begin_step()
     prov.before_layer(0, x)
     prov.acquire(0, route(x @ stack.routers[0].t())[1])
-    predicted = {k for k, j in prov._prefetched.items() if j == 1}
+    predicted = {k for k, j in prov.prefetched.items() if j == 1}
     assert predicted and all(prov.pool.slot_of[k] >= 0 for k in predicted)
-    assert prov.policy.victim(prov._current | prov._prefetched.keys()) not in predicted
+    assert prov.policy.victim(prov.pins) not in predicted
     _, ids = route(x @ stack.routers[1].t())
     prov.acquire(1, ids)
     prov.end_step()
@@ -259,7 +259,7 @@ def test_direct_step_admits_while_following_and_publishes_at_its_end(stack: Stac
         w, ids = route(x @ stack.routers[l].t())
         slot_of, views, *host = prov.acquire(l, ids)
         x = x + fused_moe_ref(x, ids, w, slot_of, views, stack.layout, *host)     # writes the fills
-        admitted, _ = prov._early
+        admitted, _ = prov.books.early
         table = prov.pool.table.view(-1)
         for slot, key in admitted:
             early_seen = True
@@ -284,13 +284,12 @@ def _direct_layers(stack: Stack, prov, x: torch.Tensor) -> torch.Tensor:
 
 
 def _start_replayed(prov, keep_ended: bool) -> frozenset[int]:
-    """What a replayed step does before its launch: begin, lease its slots, mark its end deferrable."""
+    """What a replayed step does before its launch: begin, lease its slots, mark its end deferrable;
+    returns the staging slots it leased."""
     prov.begin_step(keep_ended=keep_ended)
     before = set(prov.pool.lease)
-    prov._ensure_direct_step()
-    prov._live_leases = frozenset(set(prov.pool.lease) - before)
-    prov._defer_end = True
-    return prov._live_leases
+    prov.start_direct_step(torch.empty(L, 64, dtype=torch.int64), tokens=3)
+    return frozenset(set(prov.pool.lease) - before)
 
 
 def _books_match_pool(stack: Stack, prov) -> None:
@@ -312,20 +311,21 @@ def test_deferred_step_end_runs_behind_the_next_step(stack: Stack) -> None:
     first = _start_replayed(prov, keep_ended=False)
     y = _direct_layers(stack, prov, x)
     prov.end_step()
-    assert prov._ended is not None and first and first <= set(prov.pool.lease)
-    ended_admits = [k for _, k in prov._ended["_early"][0]]
+    assert prov.deferred is not None and first and first <= set(prov.pool.lease)
+    ended_admits = [k for _, k in prov.deferred.early[0]]
     second = _start_replayed(prov, keep_ended=True)
     assert second and not (second & first)                   # the ended step's fill slots stay its own
     prov.finish_ended()
-    assert prov._ended is None and set(prov.pool.lease) == set(second)
-    assert prov._fill_slots is not None and set(prov._fill_slots) <= second
+    assert prov.deferred is None and set(prov.pool.lease) == set(second)
+    assert prov.books.fill_slots is not None and set(prov.books.fill_slots) <= second
     assert all(prov.pool.slot_of[k] >= 0 for k in ended_admits)
     _books_match_pool(stack, prov)
     _direct_layers(stack, prov, y)
     prov.end_step()
-    assert prov._ended is not None
-    st = prov.stats()                                        # ends the deferred step first
-    assert prov._ended is None and not prov.pool.lease and st.fills > 0
+    assert prov.deferred is not None
+    prov.settle()                                            # ends the deferred step
+    st = prov.stats()
+    assert prov.deferred is None and not prov.pool.lease and st.fills > 0
     _books_match_pool(stack, prov)
 
 
@@ -334,11 +334,10 @@ def test_fill_slots_armed_for_the_next_step(stack: Stack) -> None:
     # the GPU finishes the step: the next replay takes them (the ended step's end leaves them leased)
     # and computes what a step that leased its own would; a step of another kind gives them back.
     def replayed_step(prov, x, arm: bool):
-        armed = list(prov._armed or [])
+        armed = list(prov.armed or [])
         live = _start_replayed(prov, keep_ended=True) | frozenset(armed)
         if armed:
-            assert prov._fill_slots == armed and prov._armed is None
-        prov._live_leases = live
+            assert prov.books.fill_slots == armed and prov.armed is None
         prov.finish_ended()
         assert set(prov.pool.lease) == set(live)
         y = _direct_layers(stack, prov, x)
@@ -355,12 +354,14 @@ def test_fill_slots_armed_for_the_next_step(stack: Stack) -> None:
         for step in range(4):
             ys.append(replayed_step(prov, x * (step + 1), arm))
             if arm:
-                armed = prov._armed
-                assert armed and not (set(armed) & set(prov._ended["_fill_slots"] or []))
-                assert prov._fill_meta.tolist() == [0, len(armed)] and prov._fill_free[:len(armed)].tolist() == armed
+                armed = prov.armed
+                assert armed and not (set(armed) & set(prov.deferred.fill_slots or []))
+                meta, free = prov.fill_upload()
+                assert meta == [0, len(armed)] and free[:len(armed)] == armed
         outs.append(ys)
-        st = prov.stats()                   # not the next replay: the armed slots go back
-        assert prov._armed is None and not prov.pool.lease and st.fills > 0
+        prov.settle()                       # not the next replay: the armed slots go back
+        st = prov.stats()
+        assert prov.armed is None and not prov.pool.lease and st.fills > 0
         _books_match_pool(stack, prov)
     _same(outs[1], outs[0])
 
@@ -369,16 +370,24 @@ def test_deferred_end_outputs_identical(stack: Stack) -> None:
     # Steps whose ends are deferred (finished when the next step starts) give the same outputs.
     ref = _reference(stack, tokens=2, steps=5)
     prov = stack.offloaded(L * E // 4, depth=2, policy="lfu", direct_reads=True)
-    ensure = prov._ensure_direct_step
-
-    def deferring() -> None:
-        ensure()
-        prov._defer_end = True
-
-    prov._ensure_direct_step = deferring
+    prov.defer_eager_ends = True
     _same(stack.run(prov, _x(2), 5), ref)
-    assert prov._ended is not None
-    assert prov.stats().fills > 0 and prov._ended is None
+    assert prov.deferred is not None
+    prov.settle()
+    assert prov.stats().fills > 0 and prov.deferred is None
+
+
+def test_reading_stats_changes_nothing(stack: Stack) -> None:
+    # The workbench polls stats at 10 Hz: a poll must not end a deferred step or give slots back.
+    prov = stack.offloaded(L * E // 4, depth=2, policy="lfu", direct_reads=True)
+    prov.defer_eager_ends = True
+    stack.run(prov, _x(2), 3)
+    leases = dict(prov.pool.lease)
+    assert leases                                            # the deferred step still holds its slots
+    first = prov.stats()
+    assert prov.stats() == first and prov.pool.lease == leases
+    prov.settle()
+    assert not prov.pool.lease and prov.stats().fills >= first.fills
 
 
 def test_claim_of_a_key_the_deferred_end_admitted_keeps_its_pool_slot(stack: Stack) -> None:
@@ -387,7 +396,7 @@ def test_claim_of_a_key_the_deferred_end_admitted_keeps_its_pool_slot(stack: Sta
     # This step's end clears its claims' entries: K's must become S (what the books say), not -1.
     import numpy as np
     prov = stack.offloaded(4, depth=1, policy="lru", direct_reads=True)
-    assert prov._dp is not None
+    assert prov.device_prefetcher is not None
     pool, key, layer = prov.pool, 5, 0
     prov.begin_step()
     prov._enter_mode("direct")
@@ -397,11 +406,11 @@ def test_claim_of_a_key_the_deferred_end_admitted_keeps_its_pool_slot(stack: Sta
     pool.buffer[slot].copy_(stack.store.rows[key])
     claim = pool.take_staging(-1)
     pool.table.view(-1)[key] = claim                         # the claim kernel's entry
-    m = prov._dp.max_claims
+    m = prov.device_prefetcher.max_claims
     records = np.zeros((1, 1 + 3 * m), dtype=np.int64)                     # count, keys, slots, votes
     records[0, 0], records[0, 1], records[0, 1 + m], records[0, 1 + 2 * m] = 1, key, claim, 1
-    prov._dp.targets = [layer]
-    prov._dp_active, prov._dp_replay, prov._dp_records, prov._dp_tokens = True, False, records, 1
+    prov.device_prefetcher.targets = [layer]
+    prov.books.dp_active, prov.books.dp_replay, prov.books.dp_records, prov.books.dp_tokens = True, False, records, 1
     prov._step_mode = "direct"
     prov.end_step()
     assert int(pool.table.view(-1)[key]) == slot == pool.slot_of[key]
@@ -414,7 +423,7 @@ def test_victims_in_one_pass_equal_successive_victims(name: str) -> None:
     # and evicting each would give, in that order, never a pinned one.
     import random
 
-    from engine.experts.policy import make_policy
+    from engine.experts.policies import make_policy
     rng = random.Random(1)
     one, batch = make_policy(name), make_policy(name)
     for k in range(30):
@@ -476,7 +485,8 @@ def test_adaptive_lfu_picks_the_memory_the_routing_rewards(admit_per_step) -> No
     # often as the better fixed decay does.
     import random
 
-    from engine.experts.policy import AdaptiveLFUPolicy, LFUPolicy
+    from engine.experts.adaptive_policy import AdaptiveLFUPolicy
+    from engine.experts.policy import LFUPolicy
     rng = random.Random(3)
     weights = [1.0 / (i + 1) ** 0.8 for i in range(200)]
     skewed = [rng.choices(range(200), weights, k=8) for _ in range(1500)]
@@ -496,7 +506,7 @@ def test_adaptive_lfu_survives_score_rescaling() -> None:
     # heaps then and keep finding their coldest keys.
     import random
 
-    from engine.experts.policy import AdaptiveLFUPolicy
+    from engine.experts.adaptive_policy import AdaptiveLFUPolicy
     rng = random.Random(5)
     adaptive = AdaptiveLFUPolicy(decays=(0.3, 0.9))
     stream = [rng.sample(range(60), 6) for _ in range(1200)]
@@ -635,7 +645,7 @@ def test_direct_reads_never_fill_a_slot_the_step_reads(stack: Stack) -> None:
         for layer in range(L):
             ids = torch.randint(0, E, (3, 2), generator=g)
             table, _, host = prov.acquire(layer, ids)
-            fills = set(prov._fill_slots)
+            fills = set(prov.books.fill_slots)
             assert not fills & {s for s in table.tolist() if s >= 0}
             assert {s for s in host.fill.tolist() if s >= 0} <= fills
         prov.end_step()
@@ -652,9 +662,9 @@ def test_direct_reads_late_prefetch_then_filled_ends_in_its_pool_slot(stack: Sta
     prov._begin_fills()
     key, pool = 5, prov.pool
     pool.assign(key, pool.take_staging(-1))                    # the late prefetch
-    fill = prov._fill_slots[0]
+    fill = prov.books.fill_slots[0]
     pool.buffer[fill].copy_(stack.store.rows[key])             # what the kernels wrote
-    prov._filled = {key: fill}
+    prov.books.filled = {key: fill}
     prov._step_mode = "direct"
     writes, write = [], prov._write_table
     prov._write_table = lambda keys, values, stream: (writes.append(list(keys)), write(keys, values, stream))
@@ -711,7 +721,7 @@ def test_gpu_side_prefetch_claims_count_and_clean_up(stack: Stack) -> None:
     # prediction (nothing is resident). Layers 1 and 3 route as predicted (hits), layer 2 elsewhere
     # (its claim is wasted). At the end: no lease, no claim left in the table.
     prov = stack.offloaded(0, depth=1, policy="lru", direct_reads=True)
-    assert prov.fill_capacity() == 0 and prov.prefetch_per_layer == 1
+    assert prov.fill_capacity() == 0 and prov.tuning.prefetch_per_layer == 1
     x = _x(1)
     nb = stack.layout.nbytes
     prov.begin_step()
@@ -771,8 +781,7 @@ def test_direct_steps_stop_predicting_while_the_gpu_side_prefetch_is_closed(stac
     prov.claims.record(2, [(0, i < 90, 1) for i in range(100)])   # mostly right again
     gate.steps = 1
     assert prov.predicts(2)
-    prov.quiet = True
-    assert prov.before_layer(0, _x(2)) is None
-    prov.quiet = False
+    with prov.recording(quiet=True):
+        assert prov.before_layer(0, _x(2)) is None
     assert prov.before_layer(0, _x(2)) is not None
     prov.end_step()

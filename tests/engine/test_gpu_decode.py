@@ -61,7 +61,7 @@ def test_graph_replay_matches_eager(model, frac, depth, reads) -> None:
             # the GPU-side prefetch: each expert it copied is counted used or wasted, and at rest the
             # device slot table holds no claim of a finished step
             prov = llm.engine.loaded.experts
-            assert prov._dp is not None and prov._dp.recorded_targets
+            assert prov.device_prefetcher is not None and prov.device_prefetcher.recorded_targets
             assert st.prefetch_hits + st.prefetch_wasted == prov.counters.device_copy_bytes // nbytes
             torch.cuda.synchronize()
             assert prov.pool.table.flatten().tolist() == prov.pool.slot_of
@@ -188,7 +188,7 @@ def test_quiet_steps_when_the_gpu_side_prefetch_is_closed(model) -> None:
         assert rec.direct and rec.quiet is not None and rec.quiet.direct
         assert all(c.predicted is None for c in rec.quiet.cuts)
         assert any(c.predicted is not None for c in rec.cuts)
-        llm.stats()                  # ends the last step (a replayed step's end waits for the next step)
-        assert prov._ended is None
+        llm.stats()                  # changes nothing: the engine ended the last step once it ran out of work
+        assert prov.deferred is None
         torch.cuda.synchronize()
         assert prov.pool.table.flatten().tolist() == prov.pool.slot_of

@@ -39,6 +39,7 @@ def _x(tokens: int, seed: int) -> torch.Tensor:
 
 
 def _counts(stack: Stack, prov) -> Counts:
+    prov.settle()                              # a deferred step's end, as the engine does once idle
     st, nb = prov.stats(), stack.layout.nbytes
     assert st.h2d_bytes % nb == 0 and st.direct_bytes % nb == 0
     return (st.hits, st.misses, st.fills, st.prefetch_hits, st.prefetch_wasted, st.h2d_bytes // nb,
@@ -123,7 +124,7 @@ def test_replayed_counts(stack: Stack, pool: str, depth: int, policy: str) -> No
     prov = _provider(stack, pool, depth, policy, "direct")
     _same(_replayed(stack, prov), _reference(stack, STEPS[1:]))
     assert _counts(stack, prov) == REPLAYED[pool, depth, policy]
-    assert not prov.pool.lease                 # stats() ended the deferred step and gave armed slots back
+    assert not prov.pool.lease                 # settle() ended the deferred step and gave armed slots back
 
 
 LIVE = [dict(prefetch_depth=2), dict(pool_bytes=0), dict(reads="direct"), dict(policy="lfu"),

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
-from engine.experts.device_prefetch import CLAIMED, DevicePrefetcher  # noqa: E402
+from engine.experts.device_prefetch import DevicePrefetcher  # noqa: E402
+from kernels.expert_claim import CLAIMED  # noqa: E402
 
 L, E, W = 4, 8, 40          # layers, experts, int32 words per expert row
 

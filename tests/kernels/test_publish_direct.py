@@ -1,4 +1,4 @@
-"""The publish kernel of direct-read decode steps (``engine.experts.readback.publish_direct``).
+"""The publish kernel of direct-read decode steps (``kernels.publish_ids.publish_direct``), against its reference.
 
 It runs inside the step's CUDA graph, once per MoE layer, and is the only place where a recorded step
 decides which missing experts are written into which pool slots; here it runs in the interpreter.
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
-from engine.experts.readback import publish_direct  # noqa: E402
+from kernels.publish_ids import publish_direct, publish_direct_ref, store_ids, store_ids_ref  # noqa: E402
 
 
 def _publish(table, ids, meta, free, pred=None):
@@ -68,3 +68,39 @@ def test_padding_rows_take_row_zeros_experts_in_place():
     publish_direct(table, snap, unpadded, None, torch.full((12,), -2, dtype=torch.int64), fill, free,
                    torch.tensor([0, 4], dtype=torch.int32), pad=torch.tensor([False, False]))
     assert unpadded.tolist() == [2, 1, 4, 5]
+
+
+@pytest.mark.parametrize("case", ["predictions", "padding", "one id", "fills run out", "more ids than experts"])
+def test_kernel_matches_reference(case):
+    # The reference is what the CPU's eager steps would need if the kernel could not run; each case
+    # names the branch it covers: predictions appended, padding rows rewritten in place, a single
+    # token's single id, fewer fill slots than missing experts, N past E (masking on both sides).
+    g = torch.Generator().manual_seed(len(case))
+    E = 8 if case != "more ids than experts" else 5
+    table = torch.randint(-1, 3, (E,), generator=g, dtype=torch.int32)
+    table[table >= 0] += 10
+    n = {"one id": 1, "more ids than experts": 12}.get(case, 6)
+    ids = torch.randint(0, E, (n,), generator=g, dtype=torch.int32)
+    pred = torch.randint(0, E, (4,), generator=g, dtype=torch.int32) if case == "predictions" else None
+    pad = torch.tensor([False, True, True]) if case == "padding" else None
+    meta = torch.tensor([0, 1 if case == "fills run out" else 4], dtype=torch.int32)
+    free = torch.tensor([30, 31, 32, 33], dtype=torch.int32)
+    outs = []
+    for fn in (publish_direct, publish_direct_ref):
+        args = [table.clone(), torch.full_like(table, 7), ids.clone(), pred,
+                torch.full((3 * n + (0 if pred is None else 4),), -2, dtype=torch.int64), torch.full_like(table, 5),
+                free.clone(), meta.clone(), torch.zeros(1, dtype=torch.int32)]
+        fn(*args, layer=3, pad=pad)
+        outs.append(args)
+    for a, b in zip(*outs):
+        if a is not None:
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("n", [1, 1023, 1025])   # one id; one block less one; a second, masked block
+def test_store_ids_matches_reference(n):
+    src = torch.arange(n, dtype=torch.int64) * 3 - 7
+    a, b = torch.full((n + 2,), -2, dtype=torch.int64), torch.full((n + 2,), -2, dtype=torch.int64)
+    store_ids(src, a)
+    store_ids_ref(src, b)
+    assert torch.equal(a, b)

@@ -1,0 +1,84 @@
+"""``ReplayHooks``: everything the decode-step CUDA graphs (engine/cuda_graphs.py) may call on the experts.
+
+A provider whose slot tables change from step to step (the offloading manager with a pool smaller
+than every expert) hands :class:`engine.cuda_graphs.DecodeGraphs` this contract through
+``ExpertProvider.replay_hooks``; a provider whose tables never change returns None and its decode
+step is recorded whole. DecodeGraphs uses nothing of the provider beyond this list.
+
+Two recorded kinds of step use it (see engine/cuda_graphs.py's module docstring):
+
+* pieces: one graph per MoE layer boundary; each piece ``publish``es its ids into pinned memory,
+  the host ``acquire_published``es them between pieces and then ``issue_prefetch``es.
+* direct: one graph for a direct-read step; the graph ``publish_direct``s each layer's ids, slots
+  and fills, the host ``follow_published``s them while the GPU runs, and the step's end is deferred
+  until the next step is launched (``begin_step(keep_ended=True)`` ... ``finish_ended``).
+
+Legend: T tokens, k experts per token, P predicted layers, E experts.
+"""
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any, Protocol, Sequence
+
+import torch
+
+
+class ReplayHooks(Protocol):
+    @property
+    def static(self) -> bool:
+        """True while the slot tables cannot change: the step is recorded as one graph, no hooks."""
+
+    @property
+    def prefetch_depth(self) -> int:
+        """Layers predicted ahead (sizes the publish regions: ids plus up to this many predictions)."""
+
+    def direct_for(self, tokens: int) -> bool:
+        """Whether a step of ``tokens`` tokens reads missing experts directly (records one graph)."""
+
+    def recording(self, quiet: bool = False) -> AbstractContextManager[None]:
+        """While decode steps are warmed up or recorded: predictions cover the full depth (the gate's
+        depth changes from step to step); ``quiet`` records a step with no predictions at all."""
+
+    def slot_table(self, moe_index: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The device slot-table row ``[E] int32`` of a layer and the pool's views (a piece's output)."""
+
+    # ---- pieces: one graph per MoE layer boundary ----------------------------------------------
+    def publish(self, topk_ids: torch.Tensor, predicted: Any, region: torch.Tensor) -> None:
+        """Device work: ``topk_ids [T, k]`` and the predictions ``[P, T, k]`` into pinned ``region``."""
+
+    def acquire_published(self, moe_index: int, region: torch.Tensor, shape: tuple[int, int], rows: int,
+                          predicted: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Host work between pieces: resolve the published ids of ``rows`` real rows."""
+
+    def issue_prefetch(self) -> None:
+        """Issue the prefetch copies the last ``acquire_published`` deferred (the next piece runs)."""
+
+    # ---- direct: one graph per step ------------------------------------------------------------
+    def prepare_direct_capture(self) -> None:
+        """Before a direct-read step is recorded: bring the device table up to date."""
+
+    def publish_direct(self, moe_index: int, topk_ids: torch.Tensor, predicted: Any, region: torch.Tensor,
+                       pad: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor], Any]:
+        """Device work inside the graph: snapshot the layer's slots, give fills, publish for the host."""
+
+    def predicts(self, tokens: int) -> bool:
+        """Whether this replayed step should predict (else its ``quiet`` recording replays)."""
+
+    def start_direct_step(self, regions: torch.Tensor, tokens: int, predicting: bool = True) -> None:
+        """Before the replay: choose fill and prefetch slots, blank the publish regions."""
+
+    def follow_published(self, cuts: Sequence[Any], rows: int) -> None:
+        """While the replay runs: follow each layer's published values (counts, prefetches, admissions)."""
+
+    def finish_ended(self) -> None:
+        """End the step whose end was deferred (the previous replay), while this one computes."""
+
+    def arm_next_step(self) -> None:
+        """After a followed replay: lease and upload the next step's fill slots while the GPU finishes."""
+
+    # ---- every replayed step -------------------------------------------------------------------
+    def begin_step(self, keep_ended: bool = False) -> None:
+        """A step starts; ``keep_ended`` leaves a deferred end for ``finish_ended``."""
+
+    def end_step(self) -> None:
+        """The step is over (or deferred, for a replayed direct-read step)."""

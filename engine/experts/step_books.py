@@ -1,0 +1,39 @@
+"""``StepBooks``: one direct-read step's books, so a step whose end is deferred can keep its own.
+
+A replayed direct-read step's end runs only after the next step is launched
+(:meth:`engine.experts.direct.DirectReads.finish_ended`); meanwhile the next step keeps books of its
+own. The manager holds the running step's books in ``books``; a deferred step's books wait in
+``_ended`` until its end runs on them. Keys are store rows ``layer * E + expert``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass
+class StepBooks:
+    # keys read directly this step, in order of first use: the admission candidates without fills
+    misses: list[int] = dataclasses.field(default_factory=list)
+    # key -> fill slot the MoE kernels wrote it into this step
+    filled: dict[int, int] = dataclasses.field(default_factory=dict)
+    # this step's leased fill slots (None: not chosen yet)
+    fill_slots: list[int] | None = None
+    # of which handed out so far (eager steps; a recorded step's publish kernel hands them out)
+    fill_used: int = 0
+    # keys the GPU-side prefetch brought that their layer used
+    dp_used: set[int] = dataclasses.field(default_factory=set)
+    # key -> slot its layer found it in this step
+    seen: dict[int, int] = dataclasses.field(default_factory=dict)
+    # admitted mid-step (key, slot) pairs, and the keys evicted for them
+    early: tuple[list[tuple[int, int]], list[int]] = dataclasses.field(default_factory=lambda: ([], []))
+    # this step's host issued prefetch copies (its end then cannot be deferred)
+    host_prefetched: bool = False
+    # this step launched (or replays) GPU-side prefetches ...
+    dp_active: bool = False
+    # ... from a recorded graph
+    dp_replay: bool = False
+    # tokens of the step whose claims are out
+    dp_tokens: int = 0
+    # claim records kept by a step whose end is deferred (the next step's claims overwrite the live ones)
+    dp_records: Any = None

@@ -1,0 +1,39 @@
+"""``ResidencyTuning``: the residency's measured launch and policy settings, passed in as one object.
+
+Nothing here is a setting a user chooses (those are live options in ``engine/config.py``); these are
+thresholds that were measured once and are kept with their reasons, so a benchmark or a test can try
+another value without patching a module global.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from engine.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class ResidencyTuning:
+    # Decode steps of at most this many tokens read missing experts straight from the mapped host
+    # store (direct reads); larger steps copy them into the pool first. The MoE kernels' decode tiles
+    # (kernels/fused_moe.py) are tuned for steps this small; past it each expert is read once per
+    # token that uses it, and copying once per step moves fewer bytes.
+    direct_max_tokens: int = 16
+    # Share of GPU-side prefetch claims that must be used for claiming to go on; below it claims
+    # pause (probe steps still measure). Measured on the H200 (Qwen3-30B-A3B shape, bf16, 50% pool,
+    # depth 2): claims used 28% of the time at batch 1 make the step slower than no claims at all
+    # (9.4-10.1 against 8.3-8.9 ms per token), at 61-63% (batch 8) faster (4.04 against 4.3-4.4 ms).
+    device_prefetch_threshold: float = 0.4
+    # Most GPU-side prefetch claims per predicted layer: a second claim is used 20% of the time at
+    # batch 8 and makes the step slower (4.5 against 4.0 ms), so it stays 1.
+    prefetch_per_layer: int = 1
+    # Predicted layers one launch of the prediction kernel (kernels/predict.py) covers; its
+    # workspace is sized for this many.
+    predict_max_layers: int = 8
+
+    def __post_init__(self) -> None:
+        if self.direct_max_tokens < 0 or self.prefetch_per_layer < 0 or self.predict_max_layers < 1:
+            raise ConfigError(f"residency tuning out of range: {self}; token, claim and layer counts are "
+                              "non-negative (at least one predicted layer)")
+        if not 0.0 <= self.device_prefetch_threshold <= 1.0:
+            raise ConfigError(f"device prefetch threshold {self.device_prefetch_threshold} is a share; "
+                              "give a value from 0 to 1")
