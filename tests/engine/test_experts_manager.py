@@ -6,7 +6,7 @@ import torch
 
 from engine.errors import ConfigError, ReconfigureError
 from engine.experts import pool as pool_module
-from test_experts_support import D, E, L, Stack, route
+from test_experts_support import D, E, L, Stack, route, run_layers
 
 
 @pytest.fixture(scope="module")
@@ -274,13 +274,7 @@ def test_direct_step_admits_while_following_and_publishes_at_its_end(stack: Stac
 
 def _direct_layers(stack: Stack, prov, x: torch.Tensor) -> torch.Tensor:
     """Every layer of one eager direct-read step (the kernels write the fill slots)."""
-    from test_experts_support import fused_moe_ref
-    for l in range(L):
-        prov.before_layer(l, x)
-        w, ids = route(x @ stack.routers[l].t())
-        slot_of, views, *host = prov.acquire(l, ids)
-        x = x + fused_moe_ref(x, ids, w, slot_of, views, stack.layout, *host)
-    return x
+    return run_layers(stack, prov, x)
 
 
 def _start_replayed(prov, keep_ended: bool) -> frozenset[int]:

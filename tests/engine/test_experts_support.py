@@ -83,3 +83,15 @@ def generate_with_resizes(llm, prompts: list[list[int]], params, pool_slots: lis
         llm.reconfigure(expert_pool_size=pool_slots[step % len(pool_slots)] * nbytes, prefetch_depth=step % 3)
         step += 1
     return [out[i] for i in range(len(prompts))], step
+
+
+def run_layers(stack: "Stack", prov, x: torch.Tensor) -> torch.Tensor:
+    """Every MoE layer of one step through ``prov`` as the model drives it: predict, route, acquire,
+    then the reference MoE over the slots (and host rows) it answered with."""
+    for l in range(L):
+        prov.before_layer(l, x)
+        w, ids = route(x @ stack.routers[l].t())
+        slot_of, views, *host = prov.acquire(l, ids)
+        x = x + fused_moe_ref(x, ids, w, slot_of, views, stack.layout, *host)
+    return x
+

@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from test_experts_support import D, E, L, Stack, route
+from test_experts_support import D, E, L, Stack, run_layers
 
 POOLS = {"0": 0, "25%": L * E // 4, "50%": L * E // 2, "100%": L * E}
 PROFILE = [[(l * 7 + e * 3) % 5 for e in range(E)] for l in range(L)]
@@ -46,25 +46,20 @@ def _counts(stack: Stack, prov) -> Counts:
             st.direct_bytes // nb, prov.host_syncs, st.misses_predicted)
 
 
-def _layers(stack: Stack, prov, x: torch.Tensor) -> torch.Tensor:
-    from test_experts_support import fused_moe_ref
-    for l in range(L):
-        prov.before_layer(l, x)
-        w, ids = route(x @ stack.routers[l].t())
-        slot_of, views, *host = prov.acquire(l, ids)
-        x = x + fused_moe_ref(x, ids, w, slot_of, views, stack.layout, *host)
-    return x
+_layers = run_layers
+
+
+def _step(stack: Stack, prov, tokens: int, seed: int) -> torch.Tensor:
+    """One eager engine step of ``tokens`` tokens."""
+    prov.begin_step()
+    try:
+        return _layers(stack, prov, _x(tokens, seed))
+    finally:
+        prov.end_step()
 
 
 def _eager(stack: Stack, prov) -> list[torch.Tensor]:
-    outs = []
-    for i, tokens in enumerate(STEPS):
-        prov.begin_step()
-        try:
-            outs.append(_layers(stack, prov, _x(tokens, i)))
-        finally:
-            prov.end_step()
-    return outs
+    return [_step(stack, prov, tokens, i) for i, tokens in enumerate(STEPS)]
 
 
 def _replayed(stack: Stack, prov) -> list[torch.Tensor]:
@@ -136,11 +131,7 @@ def test_live_change_counts(stack: Stack, policy: str) -> None:
     prov = _provider(stack, "25%", 1, policy, "copy")
     nb, outs = stack.layout.nbytes, []
     for i, tokens in enumerate(STEPS):
-        prov.begin_step()
-        try:
-            outs.append(_layers(stack, prov, _x(tokens, i)))
-        finally:
-            prov.end_step()
+        outs.append(_step(stack, prov, tokens, i))
         change = dict(LIVE[i])
         if "pool_bytes" in change:
             change["pool_bytes"] *= nb
