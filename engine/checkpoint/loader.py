@@ -149,16 +149,16 @@ def load_weights(spec: ModelSpec, source: TensorSource, device: torch.device, dt
     fetch = _Fetch(source, device, dtype, resident)
     by_name = {t.name: t for t in tensor_plan(spec) if t.category != "routed_experts"}
     get = lambda name, dt=None: fetch(by_name.get(name), dt)                 # noqa: E731
-    get.matrix = lambda *names: fetch.matrix([by_name.get(n) for n in names])   # type: ignore[attr-defined]
+    matrix = lambda *names: fetch.matrix([by_name.get(n) for n in names])   # noqa: E731  rows concatenated
     rows = allocate_rows(spec.num_moe_layers * spec.num_experts, layout.nbytes)
     layers, moe_index = [], 0
     for i in range(spec.num_layers):
-        layer = LayerWeights(get(fn.INPUT_NORM.format(i=i)), get(fn.POST_NORM.format(i=i)), _attention(get, spec, i))
+        layer = LayerWeights(get(fn.INPUT_NORM.format(i=i)), get(fn.POST_NORM.format(i=i)), _attention(get, matrix, spec, i))
         if not spec.moe_layers[i]:
-            layer.mlp = _mlp(get, fn.DENSE_MLP.format(i=i))
+            layer.mlp = _mlp(matrix, fn.DENSE_MLP.format(i=i))
         else:
             p = spec.family.moe_prefix.format(i=i)
-            shared = _mlp(get, f"{p}.shared_expert") if spec.shared_ffn else None
+            shared = _mlp(matrix, f"{p}.shared_expert") if spec.shared_ffn else None
             layer.moe = MoEWeights(moe_index, get(spec.family.router.format(p=p)), shared,
                                    get(f"{p}.shared_expert_gate.weight") if spec.shared_ffn else None,
                                    get(router_bias_name(spec, i)))
@@ -171,23 +171,22 @@ def load_weights(spec: ModelSpec, source: TensorSource, device: torch.device, dt
             moe_index += 1
         layers.append(layer)
     embed = get(fn.EMBED)
-    lm_head = embed if spec.tie_word_embeddings else get.matrix(fn.LM_HEAD)
+    lm_head = embed if spec.tie_word_embeddings else matrix(fn.LM_HEAD)
     return ModelWeights(embed, get(fn.FINAL_NORM), lm_head, layers), rows
 
 
-def _attention(get, spec: ModelSpec, i: int) -> AttentionWeights:
+def _attention(get, matrix, spec: ModelSpec, i: int) -> AttentionWeights:
     """Layer ``i``'s attention; a tensor the family lacks is None (its plan has no such entry)."""
     a = fn.ATTN.format(i=i)
-    qkv = get.matrix(*(f"{a}.{n}_proj.weight" for n in "qkv"))
+    qkv = matrix(*(f"{a}.{n}_proj.weight" for n in "qkv"))
     bias = torch.cat([get(f"{a}.{n}_proj.bias") for n in "qkv"], 0) if spec.qkv_bias else None
-    return AttentionWeights(qkv, get.matrix(f"{a}.o_proj.weight"), bias, get(f"{a}.q_norm.weight"), get(f"{a}.k_norm.weight"),
+    return AttentionWeights(qkv, matrix(f"{a}.o_proj.weight"), bias, get(f"{a}.q_norm.weight"), get(f"{a}.k_norm.weight"),
                             o_bias=get(f"{a}.o_proj.bias"), sinks=get(f"{a}.sinks", torch.float32),
                             window=spec.window(i))
 
 
-def _mlp(get, prefix: str) -> MLPWeights:
-    return MLPWeights(get.matrix(f"{prefix}.gate_proj.weight", f"{prefix}.up_proj.weight"),
-                      get.matrix(f"{prefix}.down_proj.weight"))
+def _mlp(matrix, prefix: str) -> MLPWeights:
+    return MLPWeights(matrix(f"{prefix}.gate_proj.weight", f"{prefix}.up_proj.weight"), matrix(f"{prefix}.down_proj.weight"))
 
 
 def check_complete(spec: ModelSpec, source: TensorSource) -> None:
