@@ -15,3 +15,14 @@ def test_the_import_contracts_hold():
     done = subprocess.run([str(script), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "3 kept, 0 broken" in done.stdout
+
+
+def test_no_import_loops_between_engine_modules():
+    # Type-only imports (under TYPE_CHECKING) do not run and may point back; every other import,
+    # a function-level one included, must not close a loop.
+    import grimp
+    graph = grimp.build_graph("engine", exclude_type_checking_imports=True)
+    loops = sorted({tuple(sorted((m, dep))) for m in graph.modules
+                    for dep in graph.find_modules_directly_imported_by(m)
+                    if graph.find_shortest_chain(importer=dep, imported=m)})
+    assert not loops, f"engine modules that import each other: {loops}"

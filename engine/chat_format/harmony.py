@@ -24,11 +24,14 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.chat_format import harmony_render, o200k
 from engine.chat_format.harmony_render import DEFAULT_EFFORT, EFFORTS, check_effort
-from engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from engine.detokenizer import IncrementalDetokenizer
+
+if TYPE_CHECKING:
+    from engine.tokenizer import Tokenizer
 
 __all__ = [
     "DEFAULT_EFFORT",

@@ -6,13 +6,15 @@ stays in memory and in ``/save``, whatever part of it the model was shown. A tur
 """
 from __future__ import annotations
 
+import argparse
+import io
 import json
 import os
 import sys
 from pathlib import Path
 
 from engine.chat_format.harmony import DEFAULT_EFFORT, EFFORTS, HarmonyDelta, ReplyReader
-from engine.cli.run import Reply, stream
+from engine.cli.run import CHAT_OVERFLOW, Reply, open_engine, sampling_params, stream
 from engine.context import OVERFLOW_POLICIES, ContextOverflowError, FittedPrompt, fit_messages, fit_text
 from engine.errors import ConfigError, StrataError
 from engine.sampling import SamplingParams
@@ -307,3 +309,17 @@ def _error(e: StrataError | str) -> None:
 def _note(text: str) -> None:
     dim = sys.stderr.isatty()
     print(f"\x1b[2mnote: {text}\x1b[0m" if dim else f"note: {text}", file=sys.stderr)
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    if isinstance(sys.stdin, io.TextIOWrapper):
+        # Bytes that are not text become one refused line instead of an exception that ends the chat.
+        sys.stdin.reconfigure(errors="surrogateescape")
+    params = sampling_params(args)
+    engine = open_engine(args)
+    try:
+        session = ChatSession(engine, params, args.system, args.context_overflow or CHAT_OVERFLOW,
+                              args.reasoning_effort)
+        return session.run()
+    finally:
+        engine.close()

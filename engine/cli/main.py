@@ -62,8 +62,8 @@ def unknown_command(parser: argparse.ArgumentParser, sub: argparse._SubParsersAc
 
 def run_command(args: argparse.Namespace) -> int:
     """Dispatch an engine subcommand; user errors become one line on stderr and exit code 2."""
-    from engine.cli import bench, convert, info, run, serve
-    handlers = {"generate": run.cmd_generate, "chat": run.cmd_chat, "info": info.cmd_info,
+    from engine.cli import bench, chat, convert, info, run, serve
+    handlers = {"generate": run.cmd_generate, "chat": chat.cmd_chat, "info": info.cmd_info,
                 "convert": convert.cmd_convert, "eval": convert.cmd_eval, "serve": serve.cmd_serve,
                 "bench": bench.cmd_bench}
     try:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import sys
 from dataclasses import asdict, dataclass, field
@@ -135,18 +134,3 @@ def cmd_generate(args: argparse.Namespace) -> int:
         summary["model"] = engine.model_info.name
         print(json.dumps(summary, ensure_ascii=False))
     return 0
-
-
-def cmd_chat(args: argparse.Namespace) -> int:
-    from engine.cli.chat import ChatSession
-    if isinstance(sys.stdin, io.TextIOWrapper):
-        # Bytes that are not text become one refused line instead of an exception that ends the chat.
-        sys.stdin.reconfigure(errors="surrogateescape")
-    params = sampling_params(args)
-    engine = open_engine(args)
-    try:
-        session = ChatSession(engine, params, args.system, args.context_overflow or CHAT_OVERFLOW,
-                              args.reasoning_effort)
-        return session.run()
-    finally:
-        engine.close()
