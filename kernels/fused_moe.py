@@ -163,7 +163,7 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     decode variant can, so it runs whatever the token count (the engine reads directly only for
     decode steps of a few tokens: ``ResidencyTuning.direct_max_tokens`` in engine/experts/tuning.py).
     Formats bf16/fp16/fp32, fp8, int4 and mxfp4 are read in their packed form from the pool views;
-    biases and the activation come from ``layout`` (:class:`kernels.moe_weights.MoeConsts`). ``config``
+    biases and the activation come from ``layout`` (:class:`kernels.moe_weights.ExpertFormat`). ``config``
     overrides the tuned launch setting (benchmarks and tests use it to pick a variant). Every expert
     in ``topk_ids`` must have a valid slot; neither is checked on the device (that would sync).
     ``x16``: ``x`` as 16-bit planes (:mod:`kernels.act16`, groups of the experts' group size), which
@@ -173,14 +173,14 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     from kernels.moe_align import moe_align
     from kernels.moe_decode import moe_decode, pdl_supported
     from kernels.moe_prefill import moe_prefill
-    from kernels.moe_weights import FMT_INT4, host_matrices, moe_consts, pool_matrix
+    from kernels.moe_weights import FMT_INT4, host_matrices, expert_format, pool_matrix
 
     _check_inputs(x, topk_ids, topk_weights, slot_of_expert, layout)
     t, k = topk_ids.shape
     if t == 0:
         return torch.empty_like(x)
     w13, w2 = pool_matrix(views, "w13", layout), pool_matrix(views, "w2", layout)
-    consts = moe_consts(layout)
+    consts = expert_format(layout)
     cfg = config or moe_launch_config(_device_name(x.device), layout.fmt, t)
     if cfg.variant == "decode" or host is not None:
         return moe_decode(x, topk_ids, topk_weights, slot_of_expert, w13, w2, consts, cfg.up, cfg.down,

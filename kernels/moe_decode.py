@@ -31,7 +31,7 @@ from kernels.moe_config import TileConfig
 from kernels.moe_decode_common import (HostMatrices, add_bias, block_k, check_word_rows, e8m0, expert_act,
                                        expert_ptr, fill_of, fill_ptr, fills_on, host_args, pdl_supported)
 from kernels.moe_decode_int4 import moe_decode_int4
-from kernels.moe_weights import FMT_INT4, FMT_MXFP4, MoeConsts, PoolMatrix
+from kernels.moe_weights import FMT_INT4, FMT_MXFP4, ExpertFormat, PoolMatrix
 
 __all__ = ["moe_decode", "pdl_supported"]
 
@@ -214,7 +214,7 @@ def _up_decode_kernel(x_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr,
                       ASM: tl.constexpr = False):
     """``h`` of pair ``program_id(0)``, outputs ``program_id(1) * BN ..``. ``host``: the store's
     ``(w, scale, bias, row_base, fill_row)``; ``bias``: the pool's ``(bias, slot stride)``; ``EPI``:
-    see :class:`kernels.moe_weights.MoeConsts`."""
+    see :class:`kernels.moe_weights.ExpertFormat`."""
     hw_ptr, hs_ptr, hb_ptr, row_base, fill_row = host
     pair = tl.program_id(0)
     # BLOCK_N gate rows then the matching up rows (F further on): both stream through one K loop.
@@ -307,7 +307,7 @@ def _check_mxfp4_rows(w13: PoolMatrix, w2: PoolMatrix, host: HostMatrices | None
 
 
 def moe_decode(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-               slot_of_expert: torch.Tensor, w13: PoolMatrix, w2: PoolMatrix, consts: MoeConsts,
+               slot_of_expert: torch.Tensor, w13: PoolMatrix, w2: PoolMatrix, consts: ExpertFormat,
                up: TileConfig, down: TileConfig, pdl: bool = False,
                host: HostMatrices | None = None, x16: Act16 | None = None) -> torch.Tensor:
     """``out [T, D]`` in ``x.dtype``: the MoE output, summed over each token's k experts.

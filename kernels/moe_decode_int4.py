@@ -45,7 +45,7 @@ from kernels.act16 import Act16, act16, check_act16, store_h_words
 from kernels.moe_config import TileConfig
 from kernels.moe_decode_common import (HostMatrices, add_bias, block_k, expert_act, expert_ptr, fill_of, fill_ptr,
                                        fills_on, gdc_launch_dependents, gdc_wait, host_args, int4_word_args)
-from kernels.moe_weights import MoeConsts, PoolMatrix
+from kernels.moe_weights import ExpertFormat, PoolMatrix
 
 
 @jit
@@ -156,6 +156,8 @@ def _down_rest(acc, start, w_rows, s_rows, z_rows, row_ok, j_ok, word, grp, F, F
     return acc
 
 
+# Over 60 lines: a Triton program is one function (its helpers are inlined @triton.jit calls),
+# and splitting its main loop further would only move loads away from the math they feed.
 @jit
 def _up_kernel(xq_ptr, xsum_ptr, xscale_ptr, ids_ptr, slot_ptr, hq_ptr, hv_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr,
                ss_s, sz_s, ss_n, bias, F, K, K8, host, TOP_K: tl.constexpr, ROUND: tl.constexpr, G: tl.constexpr,
@@ -163,7 +165,7 @@ def _up_kernel(xq_ptr, xsum_ptr, xscale_ptr, ids_ptr, slot_ptr, hq_ptr, hv_ptr, 
                PDL: tl.constexpr, HOST: tl.constexpr, FILL: tl.constexpr, ASM: tl.constexpr, PRE: tl.constexpr = 1):
     """``h`` of pair ``program_id(0)``, outputs ``program_id(1) * BN ..``: the gate and up rows of one
     expert, plus their biases (``EPI[3]``), combined by the activation (``EPI``, see
-    :class:`kernels.moe_weights.MoeConsts`), written as 16-bit planes with one scale per word (``BN``
+    :class:`kernels.moe_weights.ExpertFormat`), written as 16-bit planes with one scale per word (``BN``
     is a multiple of 8). ``host``: the store's ``(w, scale, zero, bias, row_base, fill_row)``;
     ``bias``: the pool's ``(bias, slot stride)``.
 
@@ -234,6 +236,8 @@ def _up_kernel(xq_ptr, xsum_ptr, xscale_ptr, ids_ptr, slot_ptr, hq_ptr, hv_ptr, 
     store_h_words(h, nb * BLOCK_N, hq_ptr + pair64 * F, hv_ptr + pair64 * (F // 8), F, F // 8, BLOCK_N)
 
 
+# Over 60 lines: a Triton program is one function (its helpers are inlined @triton.jit calls),
+# and splitting its main loop further would only move loads away from the math they feed.
 @jit
 def _down_kernel(hq_ptr, hv_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr, ss_s, sz_s,
                  ss_n, bias, D, F, F8, stride_o, host, TOP_K: tl.constexpr, KP: tl.constexpr, G: tl.constexpr,
@@ -305,7 +309,7 @@ def _down_kernel(hq_ptr, hv_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s
 
 
 def moe_decode_int4(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, slots: torch.Tensor,
-                    w13: PoolMatrix, w2: PoolMatrix, consts: MoeConsts, up: TileConfig, down: TileConfig,
+                    w13: PoolMatrix, w2: PoolMatrix, consts: ExpertFormat, up: TileConfig, down: TileConfig,
                     pdl: bool = False, host: HostMatrices | None = None, x16: Act16 | None = None) -> torch.Tensor:
     """``out [T, D]`` in ``x.dtype`` for int4 experts (see :func:`kernels.moe_decode.moe_decode`);
     ``x16``: ``x`` as 16-bit planes in groups of ``consts.group``, when the caller has them."""

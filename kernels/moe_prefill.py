@@ -23,7 +23,7 @@ from kernels._triton import cdiv, jit, tl
 from kernels.moe_align import MoeAlignment
 from kernels.moe_config import TileConfig
 from kernels.moe_decode_common import e8m0, expert_act, fp4_pair
-from kernels.moe_weights import FMT_INT4, FMT_MXFP4, MoeConsts, PoolMatrix
+from kernels.moe_weights import FMT_INT4, FMT_MXFP4, ExpertFormat, PoolMatrix
 
 
 @jit
@@ -76,7 +76,7 @@ def _up_prefill_kernel(x_ptr, sorted_ptr, bslot_ptr, npad_ptr, h_ptr, w_ptr, sw_
                        G: tl.constexpr, EPI: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr):
     """``h`` of block ``program_id(0)``'s pairs, outputs ``program_id(1) * BN ..``; ``bias``: the pool's
-    ``(bias, slot stride)``, added where ``EPI[3]``; ``EPI``: see :class:`kernels.moe_weights.MoeConsts`."""
+    ``(bias, slot stride)``, added where ``EPI[3]``; ``EPI``: see :class:`kernels.moe_weights.ExpertFormat`."""
     blk = tl.program_id(0)
     if blk * BLOCK_M >= tl.load(npad_ptr):
         return
@@ -130,7 +130,7 @@ def _block_k(tile: TileConfig, fmt: int, group: int) -> int:
 
 
 def moe_prefill(x: torch.Tensor, topk_weights: torch.Tensor, align: MoeAlignment, w13: PoolMatrix,
-                w2: PoolMatrix, consts: MoeConsts, up: TileConfig, down: TileConfig) -> torch.Tensor:
+                w2: PoolMatrix, consts: ExpertFormat, up: TileConfig, down: TileConfig) -> torch.Tensor:
     """``y [T*k, D]`` float32: each pair's routed, weighted expert output (sum over k is the caller's)."""
     fmt, group = consts.fmt, consts.group
     t, d = x.shape

@@ -18,7 +18,7 @@ _FORMATS = {"fp8": FMT_FP8, "int4": FMT_INT4, "mxfp4": FMT_MXFP4}
 
 
 @dataclass(frozen=True)
-class MoeConsts:
+class ExpertFormat:
     """What every MoE kernel of one call is compiled for, read from the expert layout: the weight
     format (``FMT_*``), its group size along K (int4, mxfp4), the activation (``ACT_*``, with
     swiglu_oai's ``alpha`` and ``limit``) and whether the experts carry biases."""
@@ -36,10 +36,10 @@ class MoeConsts:
         return (self.act, self.alpha, self.limit, self.bias)
 
 
-def moe_consts(layout: ExpertLayout) -> MoeConsts:
-    """:class:`MoeConsts` of ``layout``; silu layouts share one (alpha and limit do not apply)."""
+def expert_format(layout: ExpertLayout) -> ExpertFormat:
+    """:class:`ExpertFormat` of ``layout``; silu layouts share one (alpha and limit do not apply)."""
     act = layout.act if layout.act.kind == "swiglu_oai" else ExpertAct()
-    return MoeConsts(format_code(layout), layout.group_size, ACT_SWIGLU_OAI if act.kind == "swiglu_oai" else ACT_SILU,
+    return ExpertFormat(format_code(layout), layout.group_size, ACT_SWIGLU_OAI if act.kind == "swiglu_oai" else ACT_SILU,
                      float(act.alpha), float(act.limit), layout.bias)
 
 

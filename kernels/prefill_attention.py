@@ -40,6 +40,8 @@ class PrefillAttentionLaunch:
     num_stages: int = 2
 
 
+# Over 60 lines: a Triton program is one function (its helpers are inlined @triton.jit calls),
+# and splitting its main loop further would only move loads away from the math they feed.
 @jit
 def _prefill_attention_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, starts_ptr, qlens_ptr, ctx_ptr,
                               sinks_ptr, out_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,

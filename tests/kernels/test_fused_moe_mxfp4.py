@@ -18,7 +18,7 @@ from kernels.fused_moe import fused_moe, fused_moe_ref  # noqa: E402
 from kernels.moe_config import MoeLaunchConfig, TileConfig  # noqa: E402
 from kernels.moe_decode import _FP4_WORD_ASM  # noqa: E402
 from kernels.moe_decode_common import e8m0, fp4_pair  # noqa: E402
-from kernels.moe_weights import FMT_MXFP4, HostExperts, moe_consts, pool_matrix  # noqa: E402
+from kernels.moe_weights import FMT_MXFP4, HostExperts, expert_format, pool_matrix  # noqa: E402
 from tests.kernels.helpers import make_routing, tolerance  # noqa: E402
 from tests.kernels.test_fused_moe import DECODE, PREFILL, _store_and_pool  # noqa: E402
 
@@ -117,7 +117,7 @@ def test_mxfp4_pool_views_and_constants():
     m = pool_matrix(views, "w13", layout)
     assert m.scale.dtype == torch.uint8 and tuple(m.scale.shape) == (buf.shape[0], 64, 2) and m.zero is m.w
     assert m.bias is views["w13_bias"] and m.bias_args() == (views["w13_bias"], views["w13_bias"].stride(0))
-    c = moe_consts(layout)
+    c = expert_format(layout)
     assert (c.fmt, c.group, c.epi) == (FMT_MXFP4, 32, (1, 1.702, 0.75, True))
 
 
