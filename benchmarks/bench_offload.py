@@ -2,7 +2,7 @@
 
 The model is the MoE path of a Qwen3-30B-A3B-shaped network (48 MoE layers, 128 experts, top-8,
 hidden 2048, expert FFN 768, bf16) with random weights made in memory: per layer a router, the
-provider (``OffloadedExperts``) and the Triton fused MoE, with a residual. Attention, norms, the
+provider (``ExpertManager``) and the Triton fused MoE, with a residual. Attention, norms, the
 embedding and the LM head are left out: they are resident and cost the same in every
 configuration, so leaving them out isolates what residency changes (and is stated in the JSON).
 
@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels.expert_layout import ExpertLayout          # noqa: E402
-from engine.experts.manager import OffloadedExperts     # noqa: E402
+from engine.experts.manager import ExpertManager     # noqa: E402
 from engine.experts.store import HostExpertStore        # noqa: E402
 
 BUS_GBS = 55.0   # pinned host->device, measured on the H200 test machine (DESIGN.md §1)
@@ -106,7 +106,7 @@ def decode(prov, routers, layout, top_k, batch, tokens, moe, emb, step0):
 def measure(prov, args, routers, layout, moe, emb, batch, depth, step0) -> dict:
     prov.reconfigure(prefetch_depth=depth)
     decode(prov, routers, layout, args.top_k, batch, args.warmup, moe, emb, step0)
-    s0, syncs0, sync_ms0 = prov.stats(), prov.host_syncs, prov.host_sync_ms
+    s0, syncs0, sync_ms0 = prov.stats(), prov.host_syncs, prov.counters.sync_ms
     tokens = args.tokens if batch == 1 else max(2, args.tokens // 2)
     sec = decode(prov, routers, layout, args.top_k, batch, tokens, moe, emb, step0 + args.warmup)
     s1 = prov.stats()
@@ -123,7 +123,7 @@ def measure(prov, args, routers, layout, moe, emb, batch, depth, step0) -> dict:
         "prefetch_hits_per_step": (s1.prefetch_hits - s0.prefetch_hits) / tokens,
         "prefetch_wasted_per_step": (s1.prefetch_wasted - s0.prefetch_wasted) / tokens,
         "host_syncs_per_step": (prov.host_syncs - syncs0) / tokens,
-        "host_sync_ms_per_step": (prov.host_sync_ms - sync_ms0) / tokens,
+        "host_sync_ms_per_step": (prov.counters.sync_ms - sync_ms0) / tokens,
         "zero_copy_readback": prov._reader.zero_copy,
         "roofline_step_ms": 1e3 * bus_per_tok / (args.bus_gbs * 1e9),
     }
@@ -133,7 +133,7 @@ def run_pool(frac, args, store, routers, layout, moe, emb, budget, dev) -> list[
     total = args.layers * args.experts
     slots = round(frac * total)
     torch.cuda.reset_peak_memory_stats(dev)
-    prov = OffloadedExperts(layout, store, args.experts, dev, slots * layout.nbytes, 0, "lfu", routers,
+    prov = ExpertManager(layout, store, args.experts, dev, slots * layout.nbytes, 0, "lfu", routers,
                             route(args.top_k), budget_bytes=budget)
     decode(prov, routers, layout, args.top_k, 8, args.fill, moe, emb, 10_000)   # warm the pool
     rows = []

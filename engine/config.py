@@ -23,7 +23,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 # resident weights on the device: auto = as stored (a converted folder's fp8 / int8 stays so, else the dtype);
 # bf16 = the activations' dtype (float32 on the CPU); fp8 / int8 = 8 bits with a scale per output row
 RESIDENT_WEIGHTS = ("auto", "bf16", "fp8", "int8")
-DIRECT_READS = {"auto": None, "copy": False, "direct": True}   # expert_reads -> OffloadedExperts(direct_reads=)
+DIRECT_READS = {"auto": None, "copy": False, "direct": True}   # expert_reads -> ExpertManager(direct_reads=)
 GROUP_SIZES = (32, 64, 128)
 DEFAULT_GROUP_SIZE = 128
 

@@ -22,11 +22,6 @@ class LiveSettings:
         """Every live option -> None when it can change now, else the reason it cannot."""
         m = self.engine.loaded
         out: dict[str, str | None] = dict.fromkeys(sorted(LIVE_OPTIONS))
-        if m.experts_resident:
-            why = ("every expert is resident (no --expert-pool-size was given); restart with "
-                   "--expert-pool-size to offload and tune the pool")
-            for k in _EXPERTS:
-                out[k] = why
         out["cuda_graphs"] = m.graphs_possible
         return out
 

@@ -18,7 +18,7 @@ from engine.config import DEFAULT_GROUP_SIZE, DIRECT_READS, EngineConfig
 from engine.options import PoolShare, PoolSize, parse_live, pool_bytes
 from engine.errors import ConfigError
 from kernels.expert_layout import ExpertAct, ExpertLayout
-from engine.experts.provider import ExpertProvider, ResidentExperts
+from engine.experts.provider import ExpertProvider
 from engine.experts.profile import check_record_target, read_routing_profile, write_routing_profile
 from engine.cpu_threads import apply_cpu_threads
 from engine.kv.blocks import BlockAllocator
@@ -238,10 +238,8 @@ class LoadedModel:
         return self.kv_sizing.bytes_per_token
 
     def _build_experts(self, rows: torch.Tensor) -> ExpertProvider:
-        plan = self.plan
-        if self.experts_resident:
-            return ResidentExperts(self.layout, rows.to(self.device), self.spec.num_experts)
-        from engine.experts.manager import OffloadedExperts
+        from engine.experts.manager import ExpertManager
+        plan, c = self.plan, self.config
         # Prediction routers: each MoE layer routes rms_norm(x) * post_norm; folding its norm weight into the
         # router leaves only a positive per-token scale, which top-k ignores, so the predictor can apply it
         # to the raw residual stream of an earlier layer.
@@ -249,14 +247,15 @@ class LoadedModel:
         moe = [layer for layer in self.weights.layers if layer.moe is not None]
         routers = [layer.moe.router * layer.post_norm for layer in moe]
         bias = [layer.moe.router_bias for layer in moe] if self.spec.family.router_bias else None
-        return OffloadedExperts.from_rows(self.layout, rows, self.spec.num_experts, self.device,
-                                          plan.pool_slots * plan.expert_bytes, self.config.prefetch_depth,
-                                          self.config.expert_policy, routers, self._route,
-                                          routing_profile=self.config.routing_profile,
-                                          budget_bytes=self._pool_budget(),
-                                          direct_reads=DIRECT_READS[self.config.expert_reads],
-                                          top_k=self.spec.top_k, router_bias=bias,
-                                          norm_eps=self.spec.rms_norm_eps)
+        options = dict(routing_profile=c.routing_profile, budget_bytes=self._pool_budget(),
+                       direct_reads=DIRECT_READS[c.expert_reads], top_k=self.spec.top_k, router_bias=bias,
+                       norm_eps=self.spec.rms_norm_eps)
+        if self.experts_resident:      # a full pool over the experts' device buffer; the knobs stay live
+            return ExpertManager.resident(self.layout, rows.to(self.device), self.spec.num_experts,
+                                          c.prefetch_depth, c.expert_policy, routers, self._route, **options)
+        return ExpertManager.from_rows(self.layout, rows, self.spec.num_experts, self.device,
+                                       plan.pool_slots * plan.expert_bytes, c.prefetch_depth, c.expert_policy,
+                                       routers, self._route, **options)
 
     def _route(self, logits: torch.Tensor):
         return self.model.route(logits)

@@ -66,26 +66,26 @@ def fit_to_device(config: EngineConfig, device: torch.device) -> Fitted:
     return Fitted(config.replace(**changes), tuple(notes))
 
 
-# pool settings: they steer the offloaded expert pool, which does not exist while every expert is resident
+# pool settings: they steer the expert pool once it is smaller than every expert
 _POOL_OPTIONS = ("prefetch_depth", "expert_policy", "expert_reads", "routing_profile")
 
 
 def fit_to_pool(config: EngineConfig, spec: ModelSpec, resident: bool) -> Fitted:
-    """With an offloaded pool, clamp the prefetch depth; with every expert resident, note the pool
-    settings given away from their defaults, which then mean nothing."""
+    """Clamp the prefetch depth to the model; with every expert resident, also note the pool settings
+    given away from their defaults: they wait until the pool is made smaller (a live change)."""
+    notes: tuple[str, ...] = ()
+    note = depth_note(config.prefetch_depth, spec)
+    if note is not None:
+        config, notes = config.replace(prefetch_depth=max_prefetch_depth(spec)), (note,)
     if not resident:
-        note = depth_note(config.prefetch_depth, spec)
-        if note is None:
-            return Fitted(config)
-        return Fitted(config.replace(prefetch_depth=max_prefetch_depth(spec)), (note,))
+        return Fitted(config, notes)
     defaults = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
     given = [f"{name.replace('_', ' ')} {getattr(config, name)}" for name in _POOL_OPTIONS
              if getattr(config, name) != defaults[name]]
-    if not given:
-        return Fitted(config)
-    return Fitted(config, (f"{', '.join(given)}: every expert is resident on the device, so pool settings mean "
-                           "nothing and are ignored; give an expert pool size (--expert-pool-size) to offload "
-                           "experts and use them",))
+    if given:
+        notes += (f"{', '.join(given)}: every expert is resident on the device, so these apply only once the "
+                  "expert pool is made smaller than every expert (--expert-pool-size, or live)",)
+    return Fitted(config, notes)
 
 
 def unused_notes(config: EngineConfig, expert_format: str) -> tuple[str, ...]:

@@ -69,8 +69,9 @@ def workspace_bytes(plan: "MemoryPlan") -> int:
 
 def host_store_bytes(m: "LoadedModel") -> int:
     """Bytes of the host store that holds every routed expert beside the pool: page-locked on CUDA,
-    ordinary memory on the CPU; 0 when every expert is resident (there is no host store)."""
-    return 0 if m.experts_resident else m.experts.store.nbytes     # the offloading pool's HostExpertStore
+    ordinary memory on the CPU; 0 while every expert is resident and none was offloaded (there is none)."""
+    store = m.experts.store
+    return 0 if store is None else store.nbytes
 
 
 def snapshot(engine: "LLMEngine") -> EngineStats:
@@ -85,4 +86,4 @@ def snapshot(engine: "LLMEngine") -> EngineStats:
         step_ms=c.step_ms, running=len(sched.running), waiting=len(sched.waiting), batch_size=c.batch_size,
         preemptions=sched.preemptions, kv_blocks_used=m.allocator.num_used, kv_blocks_total=m.allocator.num_blocks,
         kv_cache_dtype=m.cache.label, cuda_graphs_active=engine.runner.use_graphs and engine.runner.graphs is not None and engine.runner.graphs.replays > 0,
-        host_syncs=0 if m.experts_resident else m.experts.host_syncs, experts=expert_stats, memory=_memory(engine))
+        host_syncs=m.experts.host_syncs, experts=expert_stats, memory=_memory(engine))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import heapq
 from typing import Iterable, Sequence
 
+from engine.experts.admission import admit
 from engine.experts.policy import DEFAULT_LFU_DECAY, LFUPolicy
 
 
@@ -29,6 +30,7 @@ class AdaptiveLFUPolicy:
     """
 
     name = "adaptive"
+    scored = True
 
     def __init__(self, decays: Sequence[float] = (DEFAULT_LFU_DECAY, 0.99), window: float = 0.98,
                  margin: float = 0.003) -> None:
@@ -126,7 +128,7 @@ class _ShadowPool:
     """A simulated pool of up to ``capacity`` keys under one LFU memory's scores (see
     :class:`AdaptiveLFUPolicy`), admitting as the real pool does: a miss at once, over the coldest
     key (copied-in misses), or with an admission cap at the step's end, the hottest of its misses
-    first, each only over a colder key (direct reads, :meth:`engine.experts.direct.DirectReads._admit`).
+    first, each only over a colder key (direct reads) — by the pool's own rule, engine/experts/admission.py.
     A lazy min-heap finds the coldest key as in :class:`LFUPolicy`."""
 
     def __init__(self, scores: LFUPolicy) -> None:
@@ -145,13 +147,8 @@ class _ShadowPool:
                 hits += 1
             elif deferred:
                 self._missed[k] = None
-            else:
-                if len(held) >= max(capacity, 1):
-                    cold = self._coldest()
-                    if cold is None:
-                        continue
-                    held.discard(cold)
-                self._add(k)
+            else:                                        # a miss at once, over the coldest key
+                admit([k], 1, max(capacity, 1) - len(held), self._coldest, None, self._place)
         return hits
 
     def end_step(self, capacity: int, cap: int) -> None:
@@ -160,14 +157,14 @@ class _ShadowPool:
             return
         self._check_heap()
         hot = self.scores.hotness
-        for k in sorted(self._missed, key=hot, reverse=True)[:cap]:
-            if len(self.keys) >= max(capacity, 1):
-                cold = self._coldest()
-                if cold is None or hot(cold) >= hot(k):
-                    break
-                self.keys.discard(cold)
-            self._add(k)
+        admit(sorted(self._missed, key=hot, reverse=True), cap, max(capacity, 1) - len(self.keys), self._coldest,
+              hot, self._place)
         self._missed = {}
+
+    def _place(self, key: int, victim: int | None) -> None:
+        if victim is not None:
+            self.keys.discard(victim)
+        self._add(key)
 
     def _add(self, key: int) -> None:
         self.keys.add(key)

@@ -56,3 +56,29 @@ class PrefetchLedger:
     def end_step(self) -> None:
         """Forget the distances of prefetches no longer pending."""
         self.distance = {k: d for k, d in self.distance.items() if k in self.unused}
+
+
+class MissForecast:
+    """Which misses an earlier layer's prediction had named (``misses_predicted`` in the stats): what
+    a perfect prefetch could have saved. Pure Python; keys are store rows."""
+
+    def __init__(self, counters: ResidencyCounters, num_experts: int) -> None:
+        self.counters, self.num_experts = counters, num_experts
+        self.named: dict[int, set[int]] = {}      # layer -> keys this step's predictions named for it
+
+    def note(self, layers: list[int], ids) -> None:
+        """Remember the keys a prediction (``ids [P, T, k]`` on the host for ``layers``) named."""
+        for layer, layer_ids in zip(layers, ids):
+            base, flat = layer * self.num_experts, layer_ids.reshape(-1)
+            if flat.numel() > self.num_experts:          # a prefill step: many tokens, few experts
+                flat = flat.unique()
+            self.named.setdefault(layer, set()).update(base + e for e in flat.tolist())
+
+    def count(self, layer: int, misses: list[int]) -> None:
+        """Count the misses of ``layer`` that an earlier layer's prediction had named."""
+        named = self.named.pop(layer, None)
+        if named:
+            self.counters.misses_predicted += sum(1 for k in misses if k in named)
+
+    def forget(self) -> None:
+        self.named = {}

@@ -54,7 +54,7 @@ class DeviceTally:
 
 
 class ResidencyCounters:
-    """Everything ``OffloadedExperts.stats()`` reports, cumulative since construction."""
+    """Everything ``ExpertManager.stats()`` reports, cumulative since construction."""
 
     def __init__(self, num_layers: int, num_experts: int, device: torch.device) -> None:
         self.num_experts = num_experts
@@ -101,5 +101,5 @@ class ResidencyCounters:
             direct_bytes=self.direct_bytes,
             fills=self.fills, misses_predicted=self.misses_predicted,
             copy_wait_ms=pool.copies.poll(),
-            pool_slots_used=pool.slots_used(), pool_slots_total=pool.slots, pool_bytes=pool.bytes,
+            pool_slots_used=pool.books.slots_used(), pool_slots_total=pool.slots, pool_bytes=pool.bytes,
             per_layer_hit_rate=rates, activations=tuple(tuple(r) for r in acts))

@@ -35,6 +35,8 @@ class EvictionPolicy(Protocol):
     # the pool's admissions per step when misses are read directly (None: each miss is copied in at
     # once); only the adaptive policy's shadow pools use it, to admit as the pool does
     admit_per_step: int | None
+    # keys have scores (``hotness``): an admission then needs a victim colder than the newcomer
+    scored: bool
 
     @property
     def label(self) -> str:
@@ -73,6 +75,7 @@ class LRUPolicy:
     """Least recently used."""
 
     name = "lru"
+    scored = False
     admit_per_step: int | None = None    # only the adaptive policy's shadow pools admit per step
 
     @property
@@ -148,6 +151,7 @@ class LFUPolicy:
     """
 
     name = "lfu"
+    scored = True
     admit_per_step: int | None = None    # only the adaptive policy's shadow pools admit per step
 
     @property
@@ -251,6 +255,7 @@ class StaticPolicy:
     """A fixed placement from a routing profile: the most-routed (layer, expert) pairs overall."""
 
     name = "static"
+    scored = False
     admit_per_step: int | None = None    # only the adaptive policy's shadow pools admit per step
 
     @property

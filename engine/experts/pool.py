@@ -6,9 +6,9 @@ a static placement that excludes it) is copied into one, leased to the layer tha
 released once that layer is past. ``R = 2 E`` (two layers' worth: the current layer's misses plus
 prefetches for the next ones), and 0 when the pool holds every expert.
 
-The slot table maps (layer, expert) -> slot or -1. The host mirror (``slot_of``, indexed by key
-``layer * E + expert``) is what the policy and the manager read; row ``l`` of the device table is
-pushed when layer ``l`` acquires its experts, which is the only time a kernel reads it.
+The slot table maps (layer, expert) -> slot or -1. Its host mirror, and what every slot holds, are the
+pool's ``books`` (engine/experts/residency_books.py); row ``l`` of the device table is pushed when
+layer ``l`` acquires its experts, which is the only time a kernel reads it.
 
 Resizing frees the old buffer before allocating the new one and then copies the kept experts
 back from the host store: the transient peak is max(old, new) rather than old + new, so a grow
@@ -16,6 +16,7 @@ never needs more than its own size of free memory. A failed allocation re-create
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Iterable, Sequence
 
 import torch
@@ -23,88 +24,83 @@ import torch
 from engine.config import format_size
 from engine.errors import ReconfigureError
 from engine.experts.prefetch import CopyEngine
+from engine.experts.residency_books import ResidencyBooks
 from engine.experts.store import HostExpertStore
 from engine.host_copy import host_to
+from kernels.expert_layout import ExpertLayout
 
 
 class ExpertPool:
-    """Slots on the compute device, their owners, and the slot table."""
+    """Slots on the compute device and the slot table; what each slot holds is in ``books``
+    (:class:`engine.experts.residency_books.ResidencyBooks`)."""
 
     def __init__(self, store: HostExpertStore, device: torch.device, slots: int,
                  keep: Iterable[int] = (), budget_bytes: int | None = None) -> None:
-        self.store = store
+        self._setup(store, device, store.layout, store.num_layers, store.num_experts, budget_bytes)
+        self.resize(slots, keep)
+
+    @classmethod
+    def adopting(cls, buffer: torch.Tensor, layout: ExpertLayout, num_experts: int,
+                 budget_bytes: int | None = None) -> "ExpertPool":
+        """A full pool whose buffer is ``buffer`` (``uint8 [L * E, layout.nbytes]`` on its device, key k
+        in slot k), taken over without a copy: a model whose experts all fit. It has no host store
+        until :meth:`give_store`, and cannot shrink before."""
+        pool = cls.__new__(cls)
+        pool._setup(None, buffer.device, layout, buffer.shape[0] // num_experts, num_experts, budget_bytes)
+        n = pool.num_keys
+        pool.buffer, pool.views = buffer, layout.views(buffer)
+        pool.books.reset(n, n, [(k, k) for k in range(n)])
+        pool.table.copy_(torch.arange(n, dtype=torch.int32).view(pool.num_layers, num_experts))
+        pool.books.stale.clear()
+        return pool
+
+    def _setup(self, store: HostExpertStore | None, device: torch.device, layout: ExpertLayout, num_layers: int,
+               num_experts: int, budget_bytes: int | None) -> None:
+        self.store, self.layout = store, layout
         self.device = device
-        self.num_layers, self.num_experts = store.num_layers, store.num_experts
-        self.num_keys = self.num_layers * self.num_experts
-        self.nbytes = store.layout.nbytes
+        self.num_layers, self.num_experts = num_layers, num_experts
+        self.num_keys = num_layers * num_experts
+        self.nbytes = layout.nbytes
         self.budget_bytes = budget_bytes
         self.copies = CopyEngine(device)
-        self.table = torch.full((self.num_layers, self.num_experts), -1, dtype=torch.int32, device=device)
-        self.slot_of = [-1] * self.num_keys          # host mirror of the table, by key
-        self.slots, self.staging = 0, 0
+        self.table = torch.full((num_layers, num_experts), -1, dtype=torch.int32, device=device)
+        self.books = ResidencyBooks(num_layers, num_experts)
         self.buffer: torch.Tensor | None = None
         self.views: dict[str, torch.Tensor] | None = None
-        self.owner: list[int] = []                    # slot -> key or -1
-        self.free: list[int] = []                     # free pool slots, lowest last (popped first)
-        self.staging_free: list[int] = []
-        self.lease: dict[int, int] = {}               # staging slot -> layer it was taken for
-        self._stale: set[int] = set()                 # layers whose device row differs from the mirror
-        self.resize(slots, keep)
+
+    def give_store(self, store: HostExpertStore) -> None:
+        """The host store that holds every expert from now on (an adopted pool's, before it may shrink)."""
+        if store.layout != self.layout or store.rows.shape[0] != self.num_keys:
+            raise ValueError(f"a store of {store.rows.shape[0]} {store.layout.fmt} rows does not match this pool "
+                             f"of {self.num_keys} {self.layout.fmt} experts")
+        self.store = store
 
     # ---- sizes -------------------------------------------------------------------------------
     @property
+    def slots(self) -> int:
+        """Pool slots (staging excluded)."""
+        return self.books.slots
+
+    @property
+    def staging(self) -> int:
+        """Staging slots."""
+        return self.books.staging
+
+    @property
     def full(self) -> bool:
         """Every expert of every layer has a pool slot (static table, no misses possible)."""
-        return self.slots >= self.num_keys
+        return self.books.full
 
     @property
     def bytes(self) -> int:
         """Device bytes of the whole buffer, staging included."""
         return 0 if self.buffer is None else self.buffer.numel()
 
-    def slots_used(self) -> int:
-        """Pool slots holding an expert."""
-        return self.slots - len(self.free)
-
-    def resident_keys(self) -> list[int]:
-        """Keys holding a pool slot (staging excluded)."""
-        return [k for k in self.owner[:self.slots] if k >= 0]
-
     def staging_for(self, slots: int) -> int:
         """Staging slots that go with a pool of ``slots`` slots."""
         return 0 if slots >= self.num_keys else 2 * self.num_experts
 
-    # ---- slot bookkeeping --------------------------------------------------------------------
-    def assign(self, key: int, slot: int) -> None:
-        self.slot_of[key] = slot
-        self.owner[slot] = key
-        self._stale.add(key // self.num_experts)
-
-    def unassign(self, slot: int) -> int:
-        """Empty ``slot``; returns the key it held."""
-        key = self.owner[slot]
-        self.owner[slot] = -1
-        if key >= 0:
-            self.slot_of[key] = -1
-            self._stale.add(key // self.num_experts)
-        return key
-
-    def take_free(self) -> int | None:
-        return self.free.pop() if self.free else None
-
-    def take_staging(self, layer: int) -> int | None:
-        if not self.staging_free:
-            return None
-        slot = self.staging_free.pop()
-        self.lease[slot] = layer
-        return slot
-
-    def release_staging(self, slot: int) -> int:
-        """Return a staging slot to the free list; returns the key it held."""
-        del self.lease[slot]
-        self.staging_free.append(slot)
-        return self.unassign(slot)
-
+    # ---- device work -------------------------------------------------------------------------
     def load(self, pairs: Sequence[tuple[int, int]], demand: bool) -> None:
         """Copy experts into slots: ``(slot, key)`` pairs (keys are store rows)."""
         self.copies.copy(pairs, self.buffer, self.store.rows, demand)
@@ -122,12 +118,27 @@ class ExpertPool:
     def push_row(self, layer: int) -> torch.Tensor:
         """Send the host mirror of ``layer``'s row to the device table if it changed since it was last
         sent; returns ``table[layer]`` [E]."""
-        if layer in self._stale:
-            self._stale.discard(layer)
+        books = self.books
+        if layer in books.stale:
+            books.stale.discard(layer)
             lo = layer * self.num_experts
-            self.table[layer].copy_(host_to(self.slot_of[lo:lo + self.num_experts], torch.int32, self.device))
+            self.table[layer].copy_(host_to(books.slot_of[lo:lo + self.num_experts], torch.int32, self.device))
         return self.table[layer]
 
+    def push_stale(self) -> None:
+        """Send every changed row (before kernels that read the device table as it is)."""
+        for layer in sorted(self.books.stale):
+            self.push_row(layer)
+
+    def write_table(self, keys: list[int], values: list[int], stream: "torch.cuda.Stream | None") -> None:
+        """Device slot-table entries ``keys`` <- ``values`` on ``stream`` (None: the current one); the
+        books are the caller's."""
+        if not keys:
+            return
+        cuda = self.device.type == "cuda"
+        with torch.cuda.stream(stream or torch.cuda.current_stream(self.device)) if cuda else contextlib.nullcontext():
+            self.table.view(-1).index_copy_(0, host_to(keys, torch.int64, self.device),
+                                            host_to(values, torch.int32, self.device))
 
     # ---- resize ------------------------------------------------------------------------------
     def resize(self, slots: int, keep: Iterable[int]) -> None:
@@ -138,13 +149,15 @@ class ExpertPool:
         allocation fails. Must be called between steps (no staging lease outstanding).
         """
         slots = max(0, min(int(slots), self.num_keys))
+        if self.store is None:
+            raise ReconfigureError("this expert pool has no host store to offload to; it cannot be resized")
         total = slots + self.staging_for(slots)
         if self.budget_bytes is not None and total * self.nbytes > self.budget_bytes:
             raise ReconfigureError(
                 f"an expert pool of {slots} slots plus {total - slots} staging slots needs "
                 f"{format_size(total * self.nbytes)} but the GPU memory budget leaves "
                 f"{format_size(self.budget_bytes)} for it; lower expert_pool_size or raise gpu_memory_budget")
-        old_owner, old_slots = list(self.owner), self.slots
+        old_owner, old_slots = list(self.books.owner), self.books.slots
         self.copies.synchronize()                          # nothing may still write the old buffer
         self.buffer = self.views = None                      # drop the old buffer before allocating
         try:
@@ -157,20 +170,13 @@ class ExpertPool:
         self._rebuild(buffer, slots, list(enumerate(kept)))
 
     def _rebuild(self, buffer: torch.Tensor, slots: int, placed: list[tuple[int, int]]) -> None:
-        self.buffer, self.slots, self.staging = buffer, slots, buffer.shape[0] - slots
-        self.views = self.store.layout.views(buffer)        # typed per-slot views, rebuilt with the buffer
-        self.owner = [-1] * buffer.shape[0]
-        self.slot_of = [-1] * self.num_keys
-        for slot, key in placed:
-            self.assign(key, slot)
-        used = {s for s, _ in placed}
-        self.free = [s for s in range(slots - 1, -1, -1) if s not in used]
-        self.staging_free = list(range(buffer.shape[0] - 1, slots - 1, -1))
-        self.lease = {}
+        self.buffer = buffer
+        self.views = self.layout.views(buffer)        # typed per-slot views, rebuilt with the buffer
+        self.books.reset(slots, buffer.shape[0], placed)
         self.load(placed, demand=False)
         self.copies.join()
-        self.table.copy_(torch.tensor(self.slot_of, dtype=torch.int32).view(self.num_layers, self.num_experts))
-        self._stale.clear()
+        self.table.copy_(torch.tensor(self.books.slot_of, dtype=torch.int32).view(self.num_layers, self.num_experts))
+        self.books.stale.clear()
 
     def close(self) -> None:
         """Free the device buffer once every copy into it is done."""
@@ -179,7 +185,7 @@ class ExpertPool:
 
     def describe(self) -> str:
         """One line: slots used/total and bytes."""
-        return (f"expert pool: {self.slots_used()}/{self.slots} slots + {self.staging} staging, "
+        return (f"expert pool: {self.books.slots_used()}/{self.slots} slots + {self.staging} staging, "
                 f"{format_size(self.bytes)}")
 
 

@@ -1,8 +1,8 @@
 """``ReplayHooks``: everything the decode-step CUDA graphs (engine/cuda_graphs.py) may call on the experts.
 
-A provider whose slot tables change from step to step (the offloading manager with a pool smaller
+A provider whose slot tables change from step to step (the expert manager with a pool smaller
 than every expert) hands :class:`engine.cuda_graphs.DecodeGraphs` this contract through
-``ExpertProvider.replay_hooks``; a provider whose tables never change returns None and its decode
+``ExpertProvider.replay_hooks`` (:class:`ManagerReplay`); a provider whose tables never change returns None and its decode
 step is recorded whole. DecodeGraphs uses nothing of the provider beyond this list.
 
 Two recorded kinds of step use it (see engine/cuda_graphs.py's module docstring):
@@ -18,9 +18,14 @@ Legend: T tokens, k experts per token, P predicted layers, E experts.
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from typing import Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 import torch
+
+from engine.experts.step_plan import StepPlan
+
+if TYPE_CHECKING:
+    from engine.experts.manager import ExpertManager
 
 
 class ReplayHooks(Protocol):
@@ -82,3 +87,84 @@ class ReplayHooks(Protocol):
 
     def end_step(self) -> None:
         """The step is over (or deferred, for a replayed direct-read step)."""
+
+
+class ManagerReplay:
+    """:class:`ReplayHooks` of an :class:`engine.experts.manager.ExpertManager`: pieces go through
+    its copy path, one-graph steps through its direct path; each step is planned by the manager."""
+
+    def __init__(self, manager: "ExpertManager") -> None:
+        self.m = manager
+
+    @property
+    def static(self) -> bool:
+        return self.m.static
+
+    @property
+    def prefetch_depth(self) -> int:
+        return self.m.prefetch_depth
+
+    def direct_for(self, tokens: int) -> bool:
+        return self.m.direct_for(tokens)
+
+    def recording(self, quiet: bool = False) -> AbstractContextManager[None]:
+        return self.m.recording(quiet)
+
+    def slot_table(self, moe_index: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return self.m.slot_table(moe_index)
+
+    def begin_step(self, keep_ended: bool = False) -> None:
+        self.m.begin_step(keep_ended)
+
+    def end_step(self) -> None:
+        self.m.end_step()
+
+    # ---- pieces --------------------------------------------------------------------------------
+    def publish(self, topk_ids: torch.Tensor, predicted: Any, region: torch.Tensor) -> None:
+        flat = topk_ids.reshape(-1).to(torch.int64)
+        self.m.r.reader.publish(flat if predicted is None else torch.cat([flat, predicted[2].reshape(-1)]), region)
+
+    def acquire_published(self, moe_index: int, region: torch.Tensor, shape: tuple[int, int], rows: int,
+                          predicted: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        m = self.m
+        if m.pool.full:
+            raise RuntimeError("a pool holding every expert needs no published ids; record the step whole")
+        m.plan_step("copy", rows)
+        ids, pred = m.copy.read_published(region, shape, rows, predicted)
+        return m.copy.acquire(moe_index, ids, pred, defer_prefetch=True)
+
+    def issue_prefetch(self) -> None:
+        self.m.copy.issue_prefetch()
+
+    # ---- direct --------------------------------------------------------------------------------
+    def prepare_direct_capture(self) -> None:
+        m = self.m
+        m.direct.fills.disarm()
+        m.plan_step("direct")
+        m.plan = None
+        m.direct.prepare_capture()
+
+    def publish_direct(self, moe_index: int, topk_ids: torch.Tensor, predicted: Any, region: torch.Tensor,
+                       pad: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor], Any]:
+        m = self.m
+        if m.plan is None or m.plan.kind != "captured":
+            m.plan = StepPlan("captured", topk_ids.shape[0])
+        return m.direct.publish(moe_index, topk_ids, predicted, region, pad)
+
+    def predicts(self, tokens: int) -> bool:
+        return self.m.direct.predicts(tokens)
+
+    def start_direct_step(self, regions: torch.Tensor, tokens: int, predicting: bool = True) -> None:
+        m = self.m
+        m.plan = m.plan_step("direct", tokens).with_deferred_end()
+        m.direct.start_replay(regions, tokens, predicting)
+
+    def follow_published(self, cuts: Sequence[Any], rows: int) -> None:
+        self.m.direct.follow_published(cuts, rows)
+
+    def finish_ended(self) -> None:
+        self.m.direct.finish_ended()
+
+    def arm_next_step(self) -> None:
+        if self.m.last_kind == "direct":
+            self.m.direct.arm_next_step()

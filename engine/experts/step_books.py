@@ -1,9 +1,9 @@
 """``StepBooks``: one direct-read step's books, so a step whose end is deferred can keep its own.
 
 A replayed direct-read step's end runs only after the next step is launched
-(:meth:`engine.experts.direct.DirectReads.finish_ended`); meanwhile the next step keeps books of its
-own. The manager holds the running step's books in ``books``; a deferred step's books wait in
-``_ended`` until its end runs on them. Keys are store rows ``layer * E + expert``.
+(:meth:`engine.experts.direct.DirectPath.finish_ended`); meanwhile the next step keeps books of its
+own. The direct path holds the running step's books in ``step``; a deferred step's books wait in
+``ended`` until its end runs on them. Keys are store rows ``layer * E + expert``.
 """
 from __future__ import annotations
 

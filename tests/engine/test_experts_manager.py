@@ -1,4 +1,4 @@
-"""OffloadedExperts on the CPU: results equal the fully resident provider, counters equal hand counts."""
+"""ExpertManager on the CPU: results equal the fully resident provider, counters equal hand counts."""
 from __future__ import annotations
 
 import pytest
@@ -51,7 +51,7 @@ def test_full_pool_all_hits_without_sync(stack: Stack) -> None:
     # hand count: distinct experts per layer call over the same two steps on the resident provider
     res = stack.resident()
     stack.run(res, x, 2)
-    acts = res.stats().activations
+    acts = res.activations()
     assert st.activations == acts
     assert st.h2d_bytes == L * E * stack.layout.nbytes       # the initial fill only
     assert st.pool_slots_used == st.pool_slots_total == L * E
@@ -101,7 +101,7 @@ def test_static_placement_never_evicts(stack: Stack) -> None:
     st = prov.stats()
     assert (st.hits, st.misses) == (3, 2)                      # 1 is staged every time
     assert st.h2d_bytes - fill == 2 * stack.layout.nbytes
-    assert prov.pool.slot_of[5] >= 0 and prov.pool.slot_of[6] >= 0
+    assert prov.pool.books.slot_of[5] >= 0 and prov.pool.books.slot_of[6] >= 0
 
 
 def test_current_layer_pinned_and_staged_beyond_pool(stack: Stack) -> None:
@@ -121,9 +121,9 @@ def test_prefetch_pins_survive_demand(stack: Stack) -> None:
     prov.begin_step()
     prov.before_layer(0, x)
     prov.acquire(0, route(x @ stack.routers[0].t())[1])
-    predicted = {k for k, j in prov.prefetched.items() if j == 1}
-    assert predicted and all(prov.pool.slot_of[k] >= 0 for k in predicted)
-    assert prov.policy.victim(prov.pins) not in predicted
+    predicted = {k for k, j in prov.books.prefetched.items() if j == 1}
+    assert predicted and all(prov.pool.books.slot_of[k] >= 0 for k in predicted)
+    assert prov.policy.victim(prov.books.pins) not in predicted
     _, ids = route(x @ stack.routers[1].t())
     prov.acquire(1, ids)
     prov.end_step()
@@ -151,13 +151,13 @@ def test_shrink_after_a_grow_keeps_every_resident_evictable(stack: Stack, policy
     prov.reconfigure(pool_bytes=L * E * nb, prefetch_depth=0)
     stack.run(prov, _x(2), 1)
     prov.reconfigure(pool_bytes=(L * E // 2) * nb, prefetch_depth=2)
-    resident = set(prov.pool.resident_keys())
+    resident = set(prov.pool.books.resident_keys())
     assert len(resident) == L * E // 2
     assert set(prov.policy.victims(len(resident), set())) == resident
     before = prov.stats().misses
     stack.run(prov, _x(3, 5), 3)
     assert prov.stats().misses > before                      # the new input misses ...
-    assert set(prov.pool.resident_keys()) != resident        # ... and the pool takes some of it in
+    assert set(prov.pool.books.resident_keys()) != resident        # ... and the pool takes some of it in
 
 
 def test_grow_over_budget_rolls_back(stack: Stack) -> None:
@@ -176,7 +176,7 @@ def test_failed_allocation_rolls_back(stack: Stack, monkeypatch: pytest.MonkeyPa
     ref = _reference(stack, tokens=2, steps=2)
     prov = stack.offloaded(6, depth=1)
     stack.run(prov, _x(2), 1)
-    kept = sorted(prov.pool.resident_keys())
+    kept = sorted(prov.pool.books.resident_keys())
     real = pool_module._allocate
 
     def refuse_big(rows: int, nbytes: int, device: torch.device) -> torch.Tensor:
@@ -188,7 +188,7 @@ def test_failed_allocation_rolls_back(stack: Stack, monkeypatch: pytest.MonkeyPa
     with pytest.raises(ReconfigureError, match="out of memory"):
         prov.reconfigure(pool_bytes=20 * stack.layout.nbytes, prefetch_depth=0)
     assert prov.prefetch_depth == 1 and prov.pool.slots == 6
-    assert sorted(prov.pool.resident_keys()) == kept
+    assert sorted(prov.pool.books.resident_keys()) == kept
     _same(stack.run(prov, _x(2), 2), ref)
 
 
@@ -259,15 +259,15 @@ def test_direct_step_admits_while_following_and_publishes_at_its_end(stack: Stac
         w, ids = route(x @ stack.routers[l].t())
         slot_of, views, *host = prov.acquire(l, ids)
         x = x + fused_moe_ref(x, ids, w, slot_of, views, stack.layout, *host)     # writes the fills
-        admitted, _ = prov.books.early
+        admitted, _ = prov.direct.step.early
         table = prov.pool.table.view(-1)
         for slot, key in admitted:
             early_seen = True
-            assert prov.pool.slot_of[key] == slot and int(table[key]) < 0
+            assert prov.pool.books.slot_of[key] == slot and int(table[key]) < 0
     prov.end_step()
     assert early_seen
-    assert prov.pool.table.view(-1).tolist() == prov.pool.slot_of
-    for key, slot in enumerate(prov.pool.slot_of):
+    assert prov.pool.table.view(-1).tolist() == prov.pool.books.slot_of
+    for key, slot in enumerate(prov.pool.books.slot_of):
         if 0 <= slot < prov.pool.slots:
             assert torch.equal(prov.pool.buffer[slot], stack.store.rows[key])
 
@@ -281,14 +281,14 @@ def _start_replayed(prov, keep_ended: bool) -> frozenset[int]:
     """What a replayed step does before its launch: begin, lease its slots, mark its end deferrable;
     returns the staging slots it leased."""
     prov.begin_step(keep_ended=keep_ended)
-    before = set(prov.pool.lease)
-    prov.start_direct_step(torch.empty(L, 64, dtype=torch.int64), tokens=3)
-    return frozenset(set(prov.pool.lease) - before)
+    before = set(prov.pool.books.lease)
+    prov.replay_hooks.start_direct_step(torch.empty(L, 64, dtype=torch.int64), tokens=3)
+    return frozenset(set(prov.pool.books.lease) - before)
 
 
 def _books_match_pool(stack: Stack, prov) -> None:
     table = prov.pool.table.view(-1).tolist()
-    for key, slot in enumerate(prov.pool.slot_of):
+    for key, slot in enumerate(prov.pool.books.slot_of):
         if 0 <= slot < prov.pool.slots:
             assert table[key] == slot and torch.equal(prov.pool.buffer[slot], stack.store.rows[key])
         else:
@@ -305,21 +305,21 @@ def test_deferred_step_end_runs_behind_the_next_step(stack: Stack) -> None:
     first = _start_replayed(prov, keep_ended=False)
     y = _direct_layers(stack, prov, x)
     prov.end_step()
-    assert prov.deferred is not None and first and first <= set(prov.pool.lease)
-    ended_admits = [k for _, k in prov.deferred.early[0]]
+    assert prov.direct.ended is not None and first and first <= set(prov.pool.books.lease)
+    ended_admits = [k for _, k in prov.direct.ended.early[0]]
     second = _start_replayed(prov, keep_ended=True)
     assert second and not (second & first)                   # the ended step's fill slots stay its own
-    prov.finish_ended()
-    assert prov.deferred is None and set(prov.pool.lease) == set(second)
-    assert prov.books.fill_slots is not None and set(prov.books.fill_slots) <= second
-    assert all(prov.pool.slot_of[k] >= 0 for k in ended_admits)
+    prov.replay_hooks.finish_ended()
+    assert prov.direct.ended is None and set(prov.pool.books.lease) == set(second)
+    assert prov.direct.step.fill_slots is not None and set(prov.direct.step.fill_slots) <= second
+    assert all(prov.pool.books.slot_of[k] >= 0 for k in ended_admits)
     _books_match_pool(stack, prov)
     _direct_layers(stack, prov, y)
     prov.end_step()
-    assert prov.deferred is not None
+    assert prov.direct.ended is not None
     prov.settle()                                            # ends the deferred step
     st = prov.stats()
-    assert prov.deferred is None and not prov.pool.lease and st.fills > 0
+    assert prov.direct.ended is None and not prov.pool.books.lease and st.fills > 0
     _books_match_pool(stack, prov)
 
 
@@ -328,16 +328,16 @@ def test_fill_slots_armed_for_the_next_step(stack: Stack) -> None:
     # the GPU finishes the step: the next replay takes them (the ended step's end leaves them leased)
     # and computes what a step that leased its own would; a step of another kind gives them back.
     def replayed_step(prov, x, arm: bool):
-        armed = list(prov.armed or [])
+        armed = list(prov.direct.fills.armed or [])
         live = _start_replayed(prov, keep_ended=True) | frozenset(armed)
         if armed:
-            assert prov.books.fill_slots == armed and prov.armed is None
-        prov.finish_ended()
-        assert set(prov.pool.lease) == set(live)
+            assert prov.direct.step.fill_slots == armed and prov.direct.fills.armed is None
+        prov.replay_hooks.finish_ended()
+        assert set(prov.pool.books.lease) == set(live)
         y = _direct_layers(stack, prov, x)
         prov.end_step()
         if arm:
-            prov.arm_next_step()
+            prov.replay_hooks.arm_next_step()
         return y
 
     outs = []
@@ -348,14 +348,14 @@ def test_fill_slots_armed_for_the_next_step(stack: Stack) -> None:
         for step in range(4):
             ys.append(replayed_step(prov, x * (step + 1), arm))
             if arm:
-                armed = prov.armed
-                assert armed and not (set(armed) & set(prov.deferred.fill_slots or []))
-                meta, free = prov.fill_upload()
+                armed = prov.direct.fills.armed
+                assert armed and not (set(armed) & set(prov.direct.ended.fill_slots or []))
+                meta, free = prov.direct.fills.uploaded()
                 assert meta == [0, len(armed)] and free[:len(armed)] == armed
         outs.append(ys)
         prov.settle()                       # not the next replay: the armed slots go back
         st = prov.stats()
-        assert prov.armed is None and not prov.pool.lease and st.fills > 0
+        assert prov.direct.fills.armed is None and not prov.pool.books.lease and st.fills > 0
         _books_match_pool(stack, prov)
     _same(outs[1], outs[0])
 
@@ -364,24 +364,24 @@ def test_deferred_end_outputs_identical(stack: Stack) -> None:
     # Steps whose ends are deferred (finished when the next step starts) give the same outputs.
     ref = _reference(stack, tokens=2, steps=5)
     prov = stack.offloaded(L * E // 4, depth=2, policy="lfu", direct_reads=True)
-    prov.defer_eager_ends = True
+    prov.direct.defer_eager_ends = True
     _same(stack.run(prov, _x(2), 5), ref)
-    assert prov.deferred is not None
+    assert prov.direct.ended is not None
     prov.settle()
-    assert prov.stats().fills > 0 and prov.deferred is None
+    assert prov.stats().fills > 0 and prov.direct.ended is None
 
 
 def test_reading_stats_changes_nothing(stack: Stack) -> None:
     # The workbench polls stats at 10 Hz: a poll must not end a deferred step or give slots back.
     prov = stack.offloaded(L * E // 4, depth=2, policy="lfu", direct_reads=True)
-    prov.defer_eager_ends = True
+    prov.direct.defer_eager_ends = True
     stack.run(prov, _x(2), 3)
-    leases = dict(prov.pool.lease)
+    leases = dict(prov.pool.books.lease)
     assert leases                                            # the deferred step still holds its slots
     first = prov.stats()
-    assert prov.stats() == first and prov.pool.lease == leases
+    assert prov.stats() == first and prov.pool.books.lease == leases
     prov.settle()
-    assert not prov.pool.lease and prov.stats().fills >= first.fills
+    assert not prov.pool.books.lease and prov.stats().fills >= first.fills
 
 
 def test_claim_of_a_key_the_deferred_end_admitted_keeps_its_pool_slot(stack: Stack) -> None:
@@ -393,21 +393,20 @@ def test_claim_of_a_key_the_deferred_end_admitted_keeps_its_pool_slot(stack: Sta
     assert prov.device_prefetcher is not None
     pool, key, layer = prov.pool, 5, 0
     prov.begin_step()
-    prov._enter_mode("direct")
-    prov._begin_fills()
-    slot = pool.take_free()
-    pool.assign(key, slot)                                   # admitted by the ended step (books)
+    prov.plan_step("direct")
+    prov.direct.ensure_step()
+    slot = pool.books.take_free()
+    pool.books.assign(key, slot)                                   # admitted by the ended step (books)
     pool.buffer[slot].copy_(stack.store.rows[key])
-    claim = pool.take_staging(-1)
+    claim = pool.books.take_staging(-1)
     pool.table.view(-1)[key] = claim                         # the claim kernel's entry
     m = prov.device_prefetcher.max_claims
     records = np.zeros((1, 1 + 3 * m), dtype=np.int64)                     # count, keys, slots, votes
     records[0, 0], records[0, 1], records[0, 1 + m], records[0, 1 + 2 * m] = 1, key, claim, 1
     prov.device_prefetcher.targets = [layer]
-    prov.books.dp_active, prov.books.dp_replay, prov.books.dp_records, prov.books.dp_tokens = True, False, records, 1
-    prov._step_mode = "direct"
+    prov.direct.step.dp_active, prov.direct.step.dp_replay, prov.direct.step.dp_records, prov.direct.step.dp_tokens = True, False, records, 1
     prov.end_step()
-    assert int(pool.table.view(-1)[key]) == slot == pool.slot_of[key]
+    assert int(pool.table.view(-1)[key]) == slot == pool.books.slot_of[key]
     assert prov.stats().prefetch_wasted == 1
 
 
@@ -564,14 +563,14 @@ def test_direct_reads_outputs_identical_to_resident(stack: Stack, slots: int, de
     assert st.h2d_bytes >= st.direct_bytes
     assert (st.fills > 0) == (prov.fill_capacity() > 0)    # later steps compute from filled slots
     assert prov.host_syncs == 4 * L                 # one read per layer call (eager), none for copies
-    assert not prov.pool.lease                      # CPU copies land at once: staging is released each step
+    assert not prov.pool.books.lease                      # CPU copies land at once: staging is released each step
     # The GPU-side prefetch (here its torch twin): every expert it copied is counted used or wasted,
     # its bytes are bus bytes, and no claim outlives its step in the table.
     dp_experts = prov.counters.device_copy_bytes // stack.layout.nbytes
     assert st.prefetch_hits + st.prefetch_wasted == dp_experts
     assert st.h2d_bytes == st.direct_bytes + prov.counters.device_copy_bytes + prov.pool.copies.bytes_copied
     assert slots > 1 or st.prefetch_hits > 0
-    assert prov.pool.table.flatten().tolist() == prov.pool.slot_of
+    assert prov.pool.table.flatten().tolist() == prov.pool.books.slot_of
 
 
 def test_direct_reads_lru_two_slots_exact_counts(stack: Stack) -> None:
@@ -584,9 +583,9 @@ def test_direct_reads_lru_two_slots_exact_counts(stack: Stack) -> None:
     nb = stack.layout.nbytes
     assert (st.hits, st.misses, st.fills) == (3, 5, 5)
     assert st.direct_bytes == st.h2d_bytes == 5 * nb
-    assert st.pool_slots_used == 2 and sorted(prov.pool.resident_keys()) == [0, 1]
-    assert prov.pool.table[0].tolist() == prov.pool.slot_of[:E]     # the device table follows
-    assert not prov.pool.lease                                       # fill slots go back each step
+    assert st.pool_slots_used == 2 and sorted(prov.pool.books.resident_keys()) == [0, 1]
+    assert prov.pool.table[0].tolist() == prov.pool.books.slot_of[:E]     # the device table follows
+    assert not prov.pool.books.lease                                       # fill slots go back each step
 
 
 def test_direct_reads_copy_misses_in_without_fill_slots(stack: Stack) -> None:
@@ -606,7 +605,7 @@ def test_direct_reads_pair_bytes_and_admission_limit(stack: Stack) -> None:
     _Fixed(prov)([[3, 3, 5]])
     st = prov.stats()
     assert (st.hits, st.misses) == (0, 2) and st.direct_bytes == 3 * stack.layout.nbytes
-    assert prov.pool.resident_keys() == [3] and st.fills == 1
+    assert prov.pool.books.resident_keys() == [3] and st.fills == 1
     assert st.h2d_bytes == 3 * stack.layout.nbytes
 
 
@@ -624,8 +623,8 @@ def test_direct_reads_fill_slots_admit_without_copies(stack: Stack) -> None:
     nb = stack.layout.nbytes
     assert (st.hits, st.misses, st.fills) == (2, 9, 9)
     assert st.direct_bytes == st.h2d_bytes == 9 * nb                 # one trip over the bus per miss
-    assert sorted(prov.pool.resident_keys()) == [0, 2, 3, 4, 5, 6, 7, 8]
-    assert prov.pool.table.flatten().tolist() == prov.pool.slot_of  # the device table follows
+    assert sorted(prov.pool.books.resident_keys()) == [0, 2, 3, 4, 5, 6, 7, 8]
+    assert prov.pool.table.flatten().tolist() == prov.pool.books.slot_of  # the device table follows
 
 
 def test_direct_reads_never_fill_a_slot_the_step_reads(stack: Stack) -> None:
@@ -639,7 +638,7 @@ def test_direct_reads_never_fill_a_slot_the_step_reads(stack: Stack) -> None:
         for layer in range(L):
             ids = torch.randint(0, E, (3, 2), generator=g)
             table, _, host = prov.acquire(layer, ids)
-            fills = set(prov.books.fill_slots)
+            fills = set(prov.direct.step.fill_slots)
             assert not fills & {s for s in table.tolist() if s >= 0}
             assert {s for s in host.fill.tolist() if s >= 0} <= fills
         prov.end_step()
@@ -652,21 +651,20 @@ def test_direct_reads_late_prefetch_then_filled_ends_in_its_pool_slot(stack: Sta
     # device table must end at the pool slot (not at the released staging slot, nor at -1).
     prov = stack.offloaded(4, depth=1, policy="lru", direct_reads=True)
     prov.begin_step()
-    prov._enter_mode("direct")
-    prov._begin_fills()
+    prov.plan_step("direct")
+    prov.direct.ensure_step()
     key, pool = 5, prov.pool
-    pool.assign(key, pool.take_staging(-1))                    # the late prefetch
-    fill = prov.books.fill_slots[0]
+    pool.books.assign(key, pool.books.take_staging(-1))                    # the late prefetch
+    fill = prov.direct.step.fill_slots[0]
     pool.buffer[fill].copy_(stack.store.rows[key])             # what the kernels wrote
-    prov.books.filled = {key: fill}
-    prov._step_mode = "direct"
-    writes, write = [], prov._write_table
-    prov._write_table = lambda keys, values, stream: (writes.append(list(keys)), write(keys, values, stream))
+    prov.direct.step.filled = {key: fill}
+    writes, write = [], pool.write_table
+    pool.write_table = lambda keys, values, stream: (writes.append(list(keys)), write(keys, values, stream))
     prov.end_step()
     assert all(len(set(k)) == len(k) for k in writes)         # one value per entry (CUDA picks any)
-    slot = pool.slot_of[key]
+    slot = pool.books.slot_of[key]
     assert 0 <= slot < pool.slots and pool.table.flatten()[key] == slot
-    assert torch.equal(pool.buffer[slot], stack.store.rows[key]) and not pool.lease
+    assert torch.equal(pool.buffer[slot], stack.store.rows[key]) and not pool.books.lease
 
 
 def test_direct_reads_lfu_admits_only_over_a_colder_victim(stack: Stack) -> None:
@@ -674,9 +672,9 @@ def test_direct_reads_lfu_admits_only_over_a_colder_victim(stack: Stack) -> None
     # this step's use included) than the resident; a tie keeps the resident.
     prov = stack.offloaded(1, depth=1, policy="lfu", direct_reads=True, lfu_decay=0.9)
     _Fixed(prov)([[3], [3], [5]])
-    assert prov.pool.resident_keys() == [3]          # 5: 1.0 against 3's 0.81 + 0.9 = 1.71
+    assert prov.pool.books.resident_keys() == [3]          # 5: 1.0 against 3's 0.81 + 0.9 = 1.71
     _Fixed(prov)([[5], [5]])                         # 5: 0.9 + 1 = 1.9 against 3's 1.54: admitted, then a hit
-    assert prov.pool.resident_keys() == [5]
+    assert prov.pool.books.resident_keys() == [5]
     st = prov.stats()
     assert (st.hits, st.misses) == (2, 3)
 
@@ -734,7 +732,7 @@ def test_gpu_side_prefetch_claims_count_and_clean_up(stack: Stack) -> None:
     assert (st.prefetch_hits, st.prefetch_wasted) == (2, 1)
     assert (st.hits, st.misses) == (2, 2 * L - 2)
     assert prov.counters.device_copy_bytes == 3 * nb and st.h2d_bytes == st.direct_bytes + 3 * nb
-    assert (prov.pool.table == -1).all() and not prov.pool.lease
+    assert (prov.pool.table == -1).all() and not prov.pool.books.lease
     assert st.claim_use == (("1", None, 1),)       # 3 claims: too few to tell, so it keeps claiming
     for _ in range(20):
         prov.claims.record(1, [(0, False, 1)])
@@ -753,7 +751,7 @@ def test_gpu_side_prefetch_of_a_cut_short_step_leaves_nothing(stack: Stack) -> N
             raise RuntimeError("cut short")
         finally:
             prov.end_step()
-    assert prov.pool.table.flatten().tolist() == prov.pool.slot_of and not prov.pool.lease
+    assert prov.pool.table.flatten().tolist() == prov.pool.books.slot_of and not prov.pool.books.lease
     assert prov.stats().prefetch_wasted == 2 * 1    # one claim per predicted layer, none used
 
 
@@ -765,17 +763,55 @@ def test_direct_steps_stop_predicting_while_the_gpu_side_prefetch_is_closed(stac
     # prediction at all.
     prov = stack.offloaded(L * E // 4, depth=2, policy="lfu", direct_reads=True)
     gate = prov.gate
-    assert prov.predicts(2)                                # no estimate yet
+    assert prov.replay_hooks.predicts(2)                                # no estimate yet
     prov.claims.record(2, [(0, i < 5, 1) for i in range(100)])   # 5% of first claims used
     gate.steps = 1
-    assert not prov.predicts(2) and prov.predicts(17)      # 17 tokens: not a direct-read step
-    assert prov.predicts(1)                                # steps of another size are measured apart
+    assert not prov.replay_hooks.predicts(2) and prov.replay_hooks.predicts(17)      # 17 tokens: not a direct-read step
+    assert prov.replay_hooks.predicts(1)                                # steps of another size are measured apart
     gate.steps = gate.probe_every                          # a probe step predicts
-    assert prov.predicts(2)
+    assert prov.replay_hooks.predicts(2)
     prov.claims.record(2, [(0, i < 90, 1) for i in range(100)])   # mostly right again
     gate.steps = 1
-    assert prov.predicts(2)
+    assert prov.replay_hooks.predicts(2)
     with prov.recording(quiet=True):
         assert prov.before_layer(0, _x(2)) is None
     assert prov.before_layer(0, _x(2)) is not None
     prov.end_step()
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_a_model_whose_experts_all_fit_keeps_its_pool_knobs_live(stack: Stack, direct: bool) -> None:
+    # Loaded resident, the manager adopts the experts' buffer as a full pool: no host store, no copy,
+    # a static table. Made smaller live, it first copies every expert into a host store, then runs as
+    # any offloaded pool; made full again it is static again. Outputs never change.
+    ref = _reference(stack, tokens=3, steps=6)
+    prov = stack.adopted(depth=1, policy="lfu", direct_reads=direct)
+    assert prov.store is None and prov.static and prov.replay_hooks is None
+    outs = stack.run(prov, _x(3), 2)
+    st = prov.stats()
+    assert st.h2d_bytes == 0 and st.misses == 0 and prov.host_syncs == 0
+    assert "expert pool:" in prov.reconfigure(pool_bytes=L * E // 2 * stack.layout.nbytes)
+    assert prov.store is not None and torch.equal(prov.store.rows, stack.store.rows)
+    assert not prov.static and prov.replay_hooks is not None and prov.direct_reads == direct
+    x = torch.tanh(outs[-1])
+    outs += stack.run(prov, x, 2)
+    assert prov.stats().misses > 0
+    prov.reconfigure(pool_bytes=L * E * stack.layout.nbytes)
+    assert prov.static
+    outs += stack.run(prov, torch.tanh(outs[-1]), 2)
+    _same(outs, ref)
+
+
+def test_an_adopted_pool_that_cannot_get_a_host_copy_stays_as_it_was(stack: Stack, monkeypatch) -> None:
+    from engine.errors import ReconfigureError
+    from engine.experts import live_changes
+    from engine.experts.store import HostExpertStore
+
+    def refuse(*args, **kwargs):
+        raise live_changes.ConfigError("could not allocate 1.0 GiB of host memory for the experts")
+    prov = stack.adopted(depth=1)
+    monkeypatch.setattr(HostExpertStore, "allocate", refuse)
+    with pytest.raises(ReconfigureError, match="host memory"):
+        prov.reconfigure(pool_bytes=0, prefetch_depth=2)
+    assert prov.static and prov.store is None and prov.prefetch_depth == 1
+    _same(stack.run(prov, _x(3), 2), _reference(stack, tokens=3, steps=2))

@@ -8,8 +8,7 @@ from __future__ import annotations
 import torch
 
 from kernels.expert_layout import ExpertLayout
-from engine.experts.manager import OffloadedExperts
-from engine.experts.provider import ResidentExperts
+from engine.experts.manager import ExpertManager
 from engine.experts.store import HostExpertStore
 from kernels.fused_moe import fused_moe_ref
 
@@ -20,6 +19,34 @@ def route(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax top-K, renormalised: logits [T, E] -> (weights [T, K], ids [T, K])."""
     w, ids = torch.topk(torch.softmax(logits.float(), -1), K, dim=-1)
     return w / w.sum(-1, keepdim=True), ids
+
+
+class ReferenceExperts:
+    """An ExpertProvider with nothing to manage, for the residency tests to compare against."""
+
+    static = True
+    replay_hooks = None
+
+    def __init__(self, rows: torch.Tensor, layers: int, experts: int, layout: ExpertLayout) -> None:
+        self.views = layout.views(rows)
+        self.tables = [torch.arange(experts, dtype=torch.int32) + l * experts for l in range(layers)]
+        self.counts = torch.zeros(layers, experts, dtype=torch.int64)
+
+    def begin_step(self) -> None:
+        pass
+
+    def before_layer(self, moe_index: int, hidden: torch.Tensor) -> None:
+        return None
+
+    def acquire(self, moe_index: int, topk_ids: torch.Tensor, predicted=None):
+        self.counts[moe_index] += torch.bincount(topk_ids.flatten(), minlength=self.counts.shape[1])
+        return self.tables[moe_index], self.views
+
+    def end_step(self) -> None:
+        pass
+
+    def activations(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(tuple(r) for r in self.counts.tolist())
 
 
 class Stack:
@@ -37,13 +64,19 @@ class Stack:
                 self.store.write(l, e, self.layout.pack({"w13": w13, "w2": w2}))
         self.routers = [torch.randn(experts, D, generator=g) for _ in range(layers)]
 
-    def offloaded(self, slots: int | None, depth: int = 0, policy: str = "lru", **kw) -> OffloadedExperts:
+    def offloaded(self, slots: int | None, depth: int = 0, policy: str = "lru", **kw) -> ExpertManager:
         pool = None if slots is None else slots * self.layout.nbytes
-        return OffloadedExperts(self.layout, self.store, self.experts, "cpu", pool, depth, policy,
+        return ExpertManager(self.layout, self.store, self.experts, "cpu", pool, depth, policy,
                                 self.routers, route, **kw)
 
-    def resident(self) -> ResidentExperts:
-        return ResidentExperts(self.layout, self.store.rows.clone(), self.experts)
+    def resident(self) -> "ReferenceExperts":
+        """The oracle: every expert in one buffer, slot k holding store row k, uses counted on the host."""
+        return ReferenceExperts(self.store.rows.clone(), self.layers, self.experts, self.layout)
+
+    def adopted(self, depth: int = 0, policy: str = "lru", **kw) -> ExpertManager:
+        """The manager as a model whose experts all fit loads it: a full pool over a device buffer."""
+        return ExpertManager.resident(self.layout, self.store.rows.clone(), self.experts, depth, policy,
+                                      self.routers, route, **kw)
 
     def step(self, provider, x: torch.Tensor) -> torch.Tensor:
         """One forward over every layer: x [T, D] -> [T, D]."""

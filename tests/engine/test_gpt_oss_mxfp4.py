@@ -77,7 +77,7 @@ def _layout(folder: Path, fmt: str = "mxfp4", group: int = 128) -> ExpertLayout:
 
 
 def _host_rows(llm: LLM) -> torch.Tensor:
-    return llm.engine.loaded.experts.buffer                            # uint8 [L * E, nbytes], all resident on the CPU
+    return llm.engine.loaded.experts.pool.buffer                       # uint8 [L * E, nbytes], all resident on the CPU
 
 
 def _same_experts(a: LLM, b: LLM) -> bool:

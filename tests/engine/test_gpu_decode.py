@@ -64,7 +64,7 @@ def test_graph_replay_matches_eager(model, frac, depth, reads) -> None:
             assert prov.device_prefetcher is not None and prov.device_prefetcher.recorded_targets
             assert st.prefetch_hits + st.prefetch_wasted == prov.counters.device_copy_bytes // nbytes
             torch.cuda.synchronize()
-            assert prov.pool.table.flatten().tolist() == prov.pool.slot_of
+            assert prov.pool.table.flatten().tolist() == prov.pool.books.slot_of
         else:
             assert not rec.direct and len(rec.graphs) == len(rec.cuts) + 1 == layers + 1
             assert st.direct_bytes == 0
@@ -189,6 +189,6 @@ def test_quiet_steps_when_the_gpu_side_prefetch_is_closed(model) -> None:
         assert all(c.predicted is None for c in rec.quiet.cuts)
         assert any(c.predicted is not None for c in rec.cuts)
         llm.stats()                  # changes nothing: the engine ended the last step once it ran out of work
-        assert prov.deferred is None
+        assert prov.direct.ended is None
         torch.cuda.synchronize()
-        assert prov.pool.table.flatten().tolist() == prov.pool.slot_of
+        assert prov.pool.table.flatten().tolist() == prov.pool.books.slot_of

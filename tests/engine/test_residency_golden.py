@@ -71,13 +71,13 @@ def _replayed(stack: Stack, prov) -> list[torch.Tensor]:
             pytest.skip("not a direct-read configuration")
         prov.begin_step(keep_ended=True)
         try:
-            predicting = prov.predicts(tokens)
-            prov.start_direct_step(torch.empty(L, 64, dtype=torch.int64), tokens, predicting)
-            prov.finish_ended()                    # the last step's end, once this one is launched
+            predicting = prov.replay_hooks.predicts(tokens)
+            prov.replay_hooks.start_direct_step(torch.empty(L, 64, dtype=torch.int64), tokens, predicting)
+            prov.replay_hooks.finish_ended()                    # the last step's end, once this one is launched
             outs.append(_layers(stack, prov, x))
         finally:
             prov.end_step()
-        prov.arm_next_step()
+        prov.replay_hooks.arm_next_step()
     return outs
 
 
@@ -119,7 +119,7 @@ def test_replayed_counts(stack: Stack, pool: str, depth: int, policy: str) -> No
     prov = _provider(stack, pool, depth, policy, "direct")
     _same(_replayed(stack, prov), _reference(stack, STEPS[1:]))
     assert _counts(stack, prov) == REPLAYED[pool, depth, policy]
-    assert not prov.pool.lease                 # settle() ended the deferred step and gave armed slots back
+    assert not prov.pool.books.lease                 # settle() ended the deferred step and gave armed slots back
 
 
 LIVE = [dict(prefetch_depth=2), dict(pool_bytes=0), dict(reads="direct"), dict(policy="lfu"),

@@ -63,7 +63,7 @@ def test_stats_are_the_engine_stats_as_json(http):
 def test_config_lists_live_options_applies_a_valid_change_and_refuses_with_the_engines_words(http, loop):
     options = http.get("/v1/strata/config").json()["options"]
     assert options["prefill_chunk"]["usable"] and options["prefill_chunk"]["value"] == 2048
-    assert not options["expert_pool_size"]["usable"] and "every expert is resident" in options["expert_pool_size"]["reason"]
+    assert options["expert_pool_size"]["usable"]                # every expert resident, and the pool still live
     try:
         r = http.post("/v1/strata/config", json={"prefill_chunk": 64})
         assert r.status_code == 200 and r.json() == {"applied": {"prefill_chunk": "prefill_chunk = 64"}}
@@ -75,8 +75,13 @@ def test_config_lists_live_options_applies_a_valid_change_and_refuses_with_the_e
     assert refused.status_code == 400
     assert refused.json()["error"] == {"message": "max_batch must be an integer >= 1 (got 0)",
                                        "type": "invalid_request_error", "param": "max_batch", "code": "invalid_option"}
-    pool = http.post("/v1/strata/config", json={"expert_pool_size": "1G"}).json()["error"]
-    assert pool["message"].startswith("expert_pool_size: every expert is resident")
+    try:
+        half = http.post("/v1/strata/config", json={"expert_pool_size": "50%"})
+        assert half.status_code == 200 and "expert pool:" in half.json()["applied"]["expert_pool_size"]
+        assert http.post("/v1/completions", json=ASK).status_code == 200
+        assert http.get("/v1/strata/stats").json()["experts"]["misses"] > 0
+    finally:
+        http.post("/v1/strata/config", json={"expert_pool_size": "100%"})
     assert http.post("/v1/strata/config", json={}).status_code == 400
 
 

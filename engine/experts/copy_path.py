@@ -1,0 +1,177 @@
+"""``CopyPath``: steps whose missing experts are copied into device slots before their layer computes.
+
+Per MoE layer the host reads the layer's routing ids and the predictions for later layers in one
+counted sync (``acquire``), or takes them from what a recorded graph piece published
+(``acquire_published``); copies the missing experts on demand (counted misses) into a free pool slot,
+a policy victim's slot or a staging slot; makes the compute stream wait for exactly the copies the
+layer uses; pushes the layer's row of the slot table; and then issues the prefetch copies of the
+predicted experts (``issue_prefetch``, deferred by a caller that launches the layer's compute first),
+so they run while the layer computes. Misses are copied before prefetches and on their own stream.
+
+Pinned against eviction: the experts of the current layer and every prefetched expert until its
+layer has run (the pool's books). Keys are store rows, ``layer * E + expert``.
+
+Legend: T tokens, k experts per token, P predicted layers, E experts.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+from engine.experts.admission import admit
+from engine.experts.residency import Residency
+
+
+class CopyPath:
+    def __init__(self, r: Residency, restart: Callable[[], None]) -> None:
+        self.r = r
+        self._restart = restart              # the manager's release of every lease (a step began anew)
+        self.pending: tuple[list[int], torch.Tensor] | None = None   # prefetches left for issue_prefetch
+        self.last_layer = -1
+
+    # ---- reading the ids ---------------------------------------------------------------------
+    def read_ids(self, topk_ids: torch.Tensor, pred: tuple | None) -> tuple[torch.Tensor, tuple | None]:
+        """Layer ids ``[T*k]`` and the gated predictions ``(layers, ids [P, T, k])`` on the host, in
+        one read (one sync). ``pred`` is the layer's prediction ``(layer, layers, ids)`` or None."""
+        r = self.r
+        flat = topk_ids.reshape(-1).to(torch.int64)                    # [T*k]
+        if pred is not None:                       # only the distances the gate allows this step
+            depth = r.gated_depth()
+            pred = (pred[1][:depth], pred[2][:depth]) if depth > 0 else None
+        both = flat if pred is None else torch.cat([flat, pred[1].reshape(-1)])   # [T*k (+ P*T*k)]
+        both = r.read(both)
+        if pred is None:
+            return both, None
+        n = flat.numel()
+        return both[:n], (pred[0], both[n:].view(pred[1].shape))
+
+    def read_published(self, region: torch.Tensor, shape: tuple[int, int], rows: int,
+                       predicted: tuple | None) -> tuple[torch.Tensor, tuple | None]:
+        """What a recorded piece published into ``region``: ids of ``rows`` real rows and the gated
+        predictions."""
+        r = self.r
+        r.policy.catch_up()                        # the GPU computes meanwhile
+        r.counters.host_syncs += 1
+        t0 = time.perf_counter()
+        r.reader.wait()
+        t, k = shape
+        host = region[:t * k * (1 + (len(predicted[1]) if predicted is not None else 0))].clone()
+        r.counters.sync_ms += (time.perf_counter() - t0) * 1e3
+        ids = host[:t * k].view(t, k)[:rows].reshape(-1)
+        pred = None
+        if predicted is not None:
+            depth = r.gated_depth()
+            if depth > 0:
+                pred = (predicted[1][:depth], host[t * k:].view(-1, t, k)[:depth, :rows])
+        return ids, pred
+
+    # ---- one layer ---------------------------------------------------------------------------
+    def acquire(self, moe_index: int, ids: torch.Tensor, predicted: tuple | None,
+                defer_prefetch: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``ids`` int64 [T*k] and ``predicted`` (layers, ids [P, T, k]) on the host: copy the misses
+        in, push the layer's table row; prefetch (now, or at :meth:`issue_prefetch`)."""
+        r, books = self.r, self.r.books
+        self._enter_layer(moe_index)
+        base = moe_index * r.num_experts
+        id_list = ids.tolist()
+        keys = [base + e for e in sorted(set(id_list))]
+        books.current = set(keys)
+        slot_of = books.slot_of
+        misses = [k for k in keys if slot_of[k] < 0]
+        r.forecast.count(moe_index, misses)
+        if predicted is not None:
+            r.forecast.note(*predicted)
+        r.count_uses(moe_index, keys, None)
+        pinned = books.pins
+        pairs = [(self._slot_for(k, moe_index, pinned, demand=True), k) for k in misses]
+        r.pool.load(pairs, demand=True)
+        r.policy.touch(keys)
+        r.counters.record(moe_index, id_list, len(keys) - len(misses), len(misses))
+        books.layer_ran(moe_index)
+        r.pool.copies.wait_for([slot_of[k] for k in keys])
+        row = r.pool.push_row(moe_index)
+        self.pending = predicted
+        if not defer_prefetch:
+            self.issue_prefetch()
+        return row, r.pool.views
+
+    def issue_prefetch(self) -> None:
+        """Issue the prefetch copies an ``acquire(..., defer_prefetch=True)`` left pending."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            self._prefetch(*pending)
+
+    def _prefetch(self, layers: list[int], ids: torch.Tensor) -> None:
+        """Issue copies of the predicted experts (``ids [P, T, k]`` on the host), nearest layer first."""
+        r, books = self.r, self.r.books
+        pinned = books.pins
+        origin = layers[0] - 1                     # the layer whose input made the prediction
+        slot_of = books.slot_of
+        for layer, layer_ids in zip(layers, ids):
+            base, pairs = layer * r.num_experts, []
+            cap = r.gate.quota(layer - origin)
+            for e in dict.fromkeys(layer_ids.t().reshape(-1).tolist()):   # every token's first choice first
+                key = base + e
+                if slot_of[key] < 0:
+                    if cap is not None and len(pairs) >= cap:
+                        continue
+                    slot = self._slot_for(key, layer, pinned, demand=False)
+                    if slot is None:
+                        break                      # no room left: later guesses would not fit either
+                    pairs.append((slot, key))
+                    r.ledger.issued(key, layer - origin)
+                books.prefetched.setdefault(key, layer)
+                pinned.add(key)
+            r.pool.load(pairs, demand=False)
+            r.gate.on_issue(layer - origin, len(pairs))
+
+    def _slot_for(self, key: int, layer: int, pinned: set[int], demand: bool) -> int | None:
+        """A slot for ``key``: free pool slot, else a policy victim's (the admission rule), else
+        staging; assigns it and pins ``key``."""
+        r, books = self.r, self.r.books
+        got: list[int] = []
+
+        def place(k: int, victim: int | None) -> None:
+            if victim is None:
+                got.append(books.take_free())
+            else:
+                got.append(books.slot_of[victim])
+                r.evict(victim)
+            r.policy.insert(k)
+
+        if r.policy.admits(key):
+            admit([key], 1, len(books.free), lambda: r.policy.victim(pinned), None, place)
+        slot = got[0] if got else books.take_staging(layer)
+        if slot is None and demand:
+            slot = self._reclaim_staging(layer)
+        if slot is not None:
+            books.assign(key, slot)
+            pinned.add(key)
+        return slot
+
+    def _reclaim_staging(self, layer: int) -> int:
+        """Take back the staging slot prefetched for the farthest later layer (a miss outranks a guess)."""
+        books = self.r.books
+        later = [(j, s) for s, j in books.lease.items() if j > layer]
+        if not later:
+            raise RuntimeError(f"no staging slot left for layer {layer}: {len(books.lease)} leased of "
+                               f"{books.staging}; staging must hold one layer's experts")
+        _, slot = max(later)
+        self.r.drop_staging(slot)
+        return books.take_staging(layer)
+
+    def _enter_layer(self, layer: int) -> None:
+        """Release staging leased to layers already computed (or to the last step, if one began)."""
+        if layer <= self.last_layer:
+            self._restart()
+        self.last_layer = layer
+        for slot in self.r.books.leased_before(layer):
+            self.r.drop_staging(slot)
+
+    def forget_step(self) -> None:
+        """Forget the step's pending prefetch, prefetch pins and current layer (leases stay)."""
+        self.pending = None
+        self.r.books.forget_pins()
+        self.last_layer = -1
