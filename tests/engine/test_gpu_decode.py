@@ -176,12 +176,13 @@ def test_quiet_steps_when_the_gpu_side_prefetch_is_closed(model) -> None:
         prov.gate.probe_every = 4                               # a few probe steps in 12 tokens
         graphs = _graphs(llm)
         flags = []
-        start = prov.start_direct_step
+        hooks = prov.replay_hooks                               # what the graphs drive, one object
+        start = hooks.start_direct_step
 
         def recording(regions, tokens, predicting=True):
             flags.append(predicting)
             return start(regions, tokens, predicting)
-        prov.start_direct_step = recording
+        hooks.start_direct_step = recording
         assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == ref
         assert False in flags and True in flags               # quiet steps, and probe steps
         rec = graphs.graphs[4]
