@@ -71,17 +71,16 @@ def sampled_decode(engine: LLMEngine, prompts: list[list[int]], sweep: Sweep, se
     while min(made.values()) < sweep.warmup:
         step()
     before, done = snapshot(), sum(made.values())
-    experts = engine.loaded.experts
-    sync0 = getattr(experts, "host_sync_ms", 0.0)
-    end0 = getattr(experts, "host_step_end_ms", 0.0)
+    counters = engine.loaded.experts.counters          # host milliseconds waiting for ids, ending steps
+    sync0, end0 = counters.sync_ms, counters.step_end_ms
     t0 = time.perf_counter()
     while engine.has_unfinished():
         step()
     sync(sweep.device)
     seconds = time.perf_counter() - t0
     after = snapshot()
-    return (sum(made.values()) - done, seconds, before, after, getattr(experts, "host_sync_ms", 0.0) - sync0,
-            getattr(experts, "host_step_end_ms", 0.0) - end0)
+    return (sum(made.values()) - done, seconds, before, after, counters.sync_ms - sync0,
+            counters.step_end_ms - end0)
 
 
 def _row(routing: str, pool: float, depth: int, reads: str, batch: int, timed, base_bytes: int,
