@@ -164,20 +164,16 @@ def _timed_row(engine: LLMEngine, sweep: Sweep, routing: str, pool: float, depth
         torch.cuda.reset_peak_memory_stats()
     engine.reconfigure(expert_pool_size=int(total * pool), prefetch_depth=depth, expert_reads=reads)
     experts = engine.loaded.experts                 # re-recorded graphs follow the settings below
-    if hasattr(experts, "tuning"):
-        default = ResidencyTuning().prefetch_per_layer
-        experts.tuning = dataclasses.replace(experts.tuning, prefetch_per_layer=default if claims is None else claims)
-    if hasattr(experts, "predictor"):
-        experts.predictor.use_kernel = predict == "kernel"
-    if getattr(experts, "claims", None) is not None:
-        experts.claims.by_votes = votes == "gate"
+    default = ResidencyTuning().prefetch_per_layer
+    experts.tuning = dataclasses.replace(experts.tuning, prefetch_per_layer=default if claims is None else claims)
+    experts.predictor.use_kernel = predict == "kernel"
+    experts.claims.by_votes = votes == "gate"
     timed = sampled_decode(engine, prompts, sweep, seed=1000 * seed)
-    direct = bool(getattr(experts, "direct_for", lambda t: False)(b))
-    row = _row(routing, pool, depth, reads, b, timed, base, sweep.budget, direct, claims, expert, predict, votes)
-    row["policy"] = getattr(getattr(experts, "policy", None), "name", None)
-    if getattr(experts, "claims", None) is not None:
-        row["claim_rank_use"] = experts.claims.snapshot()
-        row["claim_vote_use"] = experts.claims.vote_snapshot()   # by votes 1, 2, ... per step-size bucket
+    row = _row(routing, pool, depth, reads, b, timed, base, sweep.budget, experts.direct_for(b), claims, expert,
+               predict, votes)
+    row["policy"] = experts.policy.name
+    row["claim_rank_use"] = experts.claims.snapshot()
+    row["claim_vote_use"] = experts.claims.vote_snapshot()   # by votes 1, 2, ... per step-size bucket
     return row
 
 
