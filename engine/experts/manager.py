@@ -208,11 +208,11 @@ class ExpertManager:
         prev, self.last_kind = self.last_kind, kind
         if prev != kind:
             if prev is not None:
-                self.pool.copies.synchronize()
+                self.r.pool.copies.synchronize()
             if kind == "copy":
                 self._release_all()                # leases a direct step carried over
             else:
-                self.pool.push_stale()             # kernels read the device table as it is
+                self.r.pool.push_stale()             # kernels read the device table as it is
         return self.plan
 
     def _kind_for(self, tokens: int) -> Kind:
@@ -239,16 +239,16 @@ class ExpertManager:
         self._predicted = None
         self.r.forecast.forget()
         # the adaptive policy's shadow pools admit as this pool does
-        self.policy.admit_per_step = self.admit_per_step if self.last_kind == "direct" else None
-        self.policy.tick()
+        self.r.policy.admit_per_step = self.admit_per_step if self.last_kind == "direct" else None
+        self.r.policy.tick()
         self._in_step = True
-        self.gate.tick()
+        self.r.gate.tick()
 
     @property
     def replay_hooks(self) -> ReplayHooks | None:
         """What DecodeGraphs drives (:class:`engine.experts.replay.ReplayHooks`, and nothing else);
         None while every expert has a slot, since such a step is recorded whole."""
-        return None if self.pool.full else self._replay
+        return None if self.r.pool.full else self._replay
 
     @contextlib.contextmanager
     def recording(self, quiet: bool = False) -> Iterator[None]:
@@ -262,12 +262,12 @@ class ExpertManager:
 
     def slot_table(self, moe_index: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The device slot-table row ``[E] int32`` of MoE layer ``moe_index`` and the pool's views."""
-        return self.pool.table[moe_index], self.pool.views
+        return self.r.pool.table[moe_index], self.r.pool.views
 
     @property
     def static(self) -> bool:
         """True while the slot table cannot change (every expert has a pool slot): no host work per layer."""
-        return self.pool.full
+        return self.r.pool.full
 
     def before_layer(self, moe_index: int, hidden: torch.Tensor) -> Prediction | None:
         """Predict layers ``moe_index+1 .. +depth`` from ``hidden [T, D]`` (device work, no sync).
@@ -279,8 +279,8 @@ class ExpertManager:
         prediction, also kept for ``acquire``.
         """
         self._predicted = None
-        depth_setting = self.prefetch_depth
-        if self.pool.full or depth_setting == 0 or self._quiet:
+        depth_setting = self.r.prefetch_depth
+        if self.r.pool.full or depth_setting == 0 or self._quiet:
             return None
         tokens = hidden.shape[0]
         device_side = (self.direct.claims is not None and self._kind_for(tokens) != "copy"
@@ -314,13 +314,16 @@ class ExpertManager:
         With ``defer_prefetch`` the prefetch copies wait for :meth:`issue_prefetch`, so a caller can
         launch the layer's compute first and let the host's prefetch work overlap it.
         """
-        if self.pool.full:
-            self.counters.device_tally.add(moe_index, topk_ids)
-            return self.pool.table[moe_index], self.pool.views
+        pool = self.r.pool
+        if pool.books.full:
+            self.r.counters.device_tally.add(moe_index, topk_ids)
+            return pool.table[moe_index], pool.views
         if predicted is not None:
             self._predicted = predicted
-        kind = self._kind_for(topk_ids.shape[0])
-        plan = self._start("direct" if kind == "direct" else "copy", topk_ids.shape[0])
+        plan = self.plan
+        if plan is None or plan.kind == "captured":       # the step's first layer (or a warm-up's)
+            tokens = topk_ids.shape[0]
+            plan = self._start("direct" if plan is None and self.direct_for(tokens) else "copy", tokens)
         if plan.kind == "direct":
             return self.direct.acquire(moe_index, topk_ids, self._take_prediction(moe_index))
         ids, pred = self.copy.read_ids(topk_ids, self._take_prediction(moe_index))
@@ -344,7 +347,7 @@ class ExpertManager:
             self._in_step = False
             self.r.ledger.end_step()
         finally:
-            self.counters.step_end_ms += (time.perf_counter() - t0) * 1e3
+            self.r.counters.step_end_ms += (time.perf_counter() - t0) * 1e3
 
     def settle(self) -> None:
         """End the step whose end was deferred, if any, and give back fill slots armed for a next
@@ -357,7 +360,7 @@ class ExpertManager:
         direct.finish_ended()
         if direct.step.dp_active:                     # a step cut short: undo its GPU-side prefetches
             direct.claims.undo(direct.step)
-        for slot in list(self.books.lease):
+        for slot in list(self.r.books.lease):
             self.r.drop_staging(slot)
         direct.step.fill_slots, direct.step.filled = None, {}
         self.copy.forget_step()
@@ -374,7 +377,7 @@ class ExpertManager:
             raise ReconfigureError("the expert pool can change only between engine steps; apply it after step() returns")
         self.direct.finish_ended()
         if self.r.store is None and pool_bytes is not None and \
-                live_changes.slots_for(pool_bytes, self.layout, self.books.num_keys) < self.books.num_keys:
+                live_changes.slots_for(pool_bytes, self.layout, self.r.books.num_keys) < self.r.books.num_keys:
             self._give_store()
         change = live_changes.check(self.r, self.direct.option, self._profile, self._lfu_decay, pool_bytes,
                                     prefetch_depth, policy, reads)
@@ -394,32 +397,32 @@ class ExpertManager:
             store.close()
             raise
         self.r.store = store
-        self.pool.give_store(store)
+        self.r.pool.give_store(store)
         self._owns_store = True
 
     def stats(self) -> ExpertStats:
         """Cumulative counters (no device sync; on CUDA device-side counts may lag one call). Reading
         them changes nothing: a step whose end is deferred is counted once it ends (``settle``)."""
         gate = self.direct.claim_gate
-        return dataclasses.replace(self.counters.snapshot(self.pool), claim_threshold=gate.threshold,
-                                   claim_use=gate.state(self.tuning.prefetch_per_layer), policy=self.policy.label)
+        return dataclasses.replace(self.r.counters.snapshot(self.r.pool), claim_threshold=gate.threshold,
+                                   claim_use=gate.state(self.tuning.prefetch_per_layer), policy=self.r.policy.label)
 
     @property
     def host_syncs(self) -> int:
         """Device-to-host reads of routing ids so far (each one a sync on CUDA)."""
-        return self.counters.host_syncs
+        return self.r.counters.host_syncs
 
     def describe(self) -> str:
         """One line: pool, policy, depth, how misses are read."""
         reads = "missing experts copied in"
         if self.direct_reads:
             reads = "missing experts read directly" + (", prefetched by the GPU" if self.direct.claims else "")
-        return (f"{self.pool.describe()}, policy {self.policy.name}, prefetch depth {self.prefetch_depth}, "
+        return (f"{self.r.pool.describe()}, policy {self.r.policy.name}, prefetch depth {self.r.prefetch_depth}, "
                 f"{reads}")
 
     def close(self) -> None:
         """Wait for copies in flight and free the device pool (and the host store it made or was given rows for)."""
-        self.pool.close()
+        self.r.pool.close()
         if self._owns_store:
             self.store.close()
 

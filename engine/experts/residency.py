@@ -37,22 +37,17 @@ class Residency:
     tuning: ResidencyTuning          # a caller may replace it between steps
     reader: HostReader               # device -> host reads of routing ids
     prefetch_depth: int              # the live setting (the gate may use less in a step)
+    # the pool's, fixed for its life (a resize rebuilds the same books in place); plain attributes,
+    # since the host reads them for every layer of every step
+    books: ResidencyBooks = dataclasses.field(init=False)
+    device: torch.device = dataclasses.field(init=False)
+    num_layers: int = dataclasses.field(init=False)
+    num_experts: int = dataclasses.field(init=False)
 
-    @property
-    def books(self) -> ResidencyBooks:
-        return self.pool.books
-
-    @property
-    def device(self) -> torch.device:
-        return self.pool.device
-
-    @property
-    def num_layers(self) -> int:
-        return self.pool.num_layers
-
-    @property
-    def num_experts(self) -> int:
-        return self.pool.num_experts
+    def __post_init__(self) -> None:
+        pool = self.pool
+        self.books, self.device = pool.books, pool.device
+        self.num_layers, self.num_experts = pool.num_layers, pool.num_experts
 
     def gated_depth(self) -> int:
         """The look-ahead the gate allows now (at most the setting)."""
@@ -83,13 +78,14 @@ class Residency:
         """The prefetches among a layer's ``keys`` are settled: used from their slot (a hit, credited to
         the distance they were guessed at) or not. ``found``: the slot each key's layer found it in
         (direct reads, where a copy still on the bus counts as unused); None: the books' slots (copies)."""
+        unused = self.ledger.unused
+        if not unused:
+            return
         slot_of = self.books.slot_of
         for k in keys:
-            if found is None and slot_of[k] < 0:
+            if k not in unused or (found is None and slot_of[k] < 0):
                 continue
             distance = self.ledger.take(k)
-            if distance is None:
-                continue
             hit = found is None or found[k] >= 0
             self.ledger.count(hit)
             if hit:

@@ -23,6 +23,7 @@ class ResidencyBooks:
         self.num_layers, self.num_experts = num_layers, num_experts
         self.num_keys = num_layers * num_experts
         self.slots, self.staging = 0, 0
+        self.full = False                         # every key has a pool slot (a static table)
         self.slot_of = [-1] * self.num_keys
         self.owner: list[int] = []
         self.free: list[int] = []                 # free pool slots, lowest last (popped first)
@@ -36,6 +37,7 @@ class ResidencyBooks:
         """Start over with ``slots`` pool slots of ``total`` and ``(slot, key)`` already placed; every
         layer's row is stale, no lease or pin is held."""
         self.slots, self.staging = slots, total - slots
+        self.full = slots >= self.num_keys
         self.owner = [-1] * total
         self.slot_of = [-1] * self.num_keys
         used = set()
@@ -48,11 +50,6 @@ class ResidencyBooks:
         self.current, self.prefetched = set(), {}
 
     # ---- what is where -----------------------------------------------------------------------
-    @property
-    def full(self) -> bool:
-        """Every expert of every layer has a pool slot (static table, no misses possible)."""
-        return self.slots >= self.num_keys
-
     def slots_used(self) -> int:
         """Pool slots holding an expert."""
         return self.slots - len(self.free)
