@@ -53,7 +53,11 @@ class LiveSettings:
         exp = {k: options[k] for k in _EXPERTS if k in options}
         if exp:
             m = self.engine.loaded
-            msg = m.experts.reconfigure(pool_bytes=m.pool_request(exp.get("expert_pool_size")),
+            pool = None                              # unchanged
+            if "expert_pool_size" in exp:            # None (automatic): every expert that fits, as at load
+                pool = m.pool_request(exp["expert_pool_size"])
+                pool = m.plan.pool_slots * m.plan.expert_bytes if pool is None else pool
+            msg = m.experts.reconfigure(pool_bytes=pool,
                                         prefetch_depth=exp.get("prefetch_depth"), policy=exp.get("expert_policy"),
                                         reads=exp.get("expert_reads"))
             applied.update({k: "; ".join([str(msg or "applied"), *notes.get(k, ())]) for k in exp})

@@ -221,3 +221,23 @@ def test_options_this_load_never_reads_are_noted():
     assert "group size 64 applies to int4 experts only; these experts are fp32, so it is ignored" in notes
     notes = LLMEngine(EngineConfig(model=demo, device="cpu", group_size=64, weight_format="int4")).model_info.notes
     assert not any("group size" in n for n in notes)
+
+
+def test_a_resident_model_offloads_live_and_comes_back(tiny, threads):
+    # Every expert fits: the pool knobs are live anyway. A smaller pool copies the experts into a host
+    # store first; "automatic" (None) brings back every expert that fits; greedy output never changes.
+    from engine import SamplingParams
+    llm = _llm(tiny)
+    greedy = SamplingParams(max_tokens=6, temperature=0)
+    ref = llm.generate([1, 2, 3], greedy)[0].token_ids
+    avail = llm.engine.live.availability()
+    assert all(avail[k] is None for k in ("expert_pool_size", "prefetch_depth", "expert_policy", "expert_reads"))
+    assert llm.stats().memory.pinned_host_bytes == 0
+    applied = llm.reconfigure(expert_pool_size="25%", prefetch_depth=1)
+    assert "expert pool: " in applied["expert_pool_size"]
+    st = llm.stats()
+    assert st.experts.pool_slots_total == 6 and st.memory.pinned_host_bytes > 0          # 3 layers x 8 experts
+    assert llm.generate([1, 2, 3], greedy)[0].token_ids == ref and llm.stats().experts.misses > 0
+    llm.reconfigure(expert_pool_size=None)
+    assert llm.engine.loaded.experts.static and llm.stats().experts.pool_slots_total == 24
+    assert llm.generate([1, 2, 3], greedy)[0].token_ids == ref
