@@ -47,6 +47,11 @@ class AdaptiveLFUPolicy:
         self._pending: list[tuple[list[int], int]] = []   # uses the shadows have not scored yet
 
     @property
+    def shadow_sizes(self) -> list[int]:
+        """Keys each memory's shadow pool holds."""
+        return [len(s.keys) for s in self._shadows]
+
+    @property
     def decay(self) -> float:
         """The decay of the memory picking victims now."""
         return self.decays[self.active]

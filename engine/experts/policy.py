@@ -243,6 +243,11 @@ class LFUPolicy:
         """Resident keys."""
         return len(self._resident)
 
+    @property
+    def resident(self) -> frozenset[int]:
+        """The keys it holds as resident."""
+        return frozenset(self._resident)
+
     def entry(self, key: int) -> tuple[float, int, int]:
         """``key``'s heap entry as of now: (score, last use, key); the smallest is the coldest."""
         return self._score.get(key, 0.0), self._seq.get(key, -1), key

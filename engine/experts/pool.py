@@ -161,9 +161,9 @@ class ExpertPool:
         self.copies.synchronize()                          # nothing may still write the old buffer
         self.buffer = self.views = None                      # drop the old buffer before allocating
         try:
-            buffer = _allocate(total, self.nbytes, self.device)
+            buffer = allocate_slots(total, self.nbytes, self.device)
         except ReconfigureError:
-            self._rebuild(_allocate(len(old_owner), self.nbytes, self.device), old_slots,
+            self._rebuild(allocate_slots(len(old_owner), self.nbytes, self.device), old_slots,
                           [(s, k) for s, k in enumerate(old_owner[:old_slots]) if k >= 0])
             raise
         kept = list(range(self.num_keys)) if slots >= self.num_keys else list(keep)[:slots]
@@ -189,7 +189,7 @@ class ExpertPool:
                 f"{format_size(self.bytes)}")
 
 
-def _allocate(rows: int, nbytes: int, device: torch.device) -> torch.Tensor:
+def allocate_slots(rows: int, nbytes: int, device: torch.device) -> torch.Tensor:
     """``uint8 [rows, nbytes]`` on ``device``; an allocation failure becomes a ReconfigureError."""
     try:
         return torch.empty(rows, nbytes, dtype=torch.uint8, device=device)

@@ -92,8 +92,17 @@ class CopyEngine:
         if self.cuda and slots:
             ev = torch.cuda.Event()
             ev.record(self._prefetch_stream)
-            for s in slots:
-                self._pending[s] = ev
+            self.track(slots, ev)
+
+    def track(self, slots: Sequence[int], event) -> None:
+        """``slots`` are busy until ``event`` (anything with ``query()``) has completed."""
+        for s in slots:
+            self._pending[s] = event
+
+    @property
+    def tracked(self) -> list[int]:
+        """Slots whose copy was not yet seen to land (as of the last query)."""
+        return sorted(self._pending)
 
     def after_compute(self) -> None:
         """Make later copies wait for the compute stream's work so far (no host sync)."""

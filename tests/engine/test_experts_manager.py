@@ -177,14 +177,14 @@ def test_failed_allocation_rolls_back(stack: Stack, monkeypatch: pytest.MonkeyPa
     prov = stack.offloaded(6, depth=1)
     stack.run(prov, _x(2), 1)
     kept = sorted(prov.pool.books.resident_keys())
-    real = pool_module._allocate
+    real = pool_module.allocate_slots
 
     def refuse_big(rows: int, nbytes: int, device: torch.device) -> torch.Tensor:
         if rows > 6 + 2 * E:
             raise ReconfigureError("allocating the expert pool failed (out of memory); lower expert_pool_size")
         return real(rows, nbytes, device)
 
-    monkeypatch.setattr(pool_module, "_allocate", refuse_big)
+    monkeypatch.setattr(pool_module, "allocate_slots", refuse_big)
     with pytest.raises(ReconfigureError, match="out of memory"):
         prov.reconfigure(pool_bytes=20 * stack.layout.nbytes, prefetch_depth=0)
     assert prov.prefetch_depth == 1 and prov.pool.slots == 6
@@ -236,7 +236,7 @@ def test_lfu_victim_is_the_coldest_unpinned_resident_under_random_use() -> None:
         lfu.touch(rng.sample(range(40), 6))
         pinned = set(rng.sample(sorted(resident), min(4, len(resident))))
         want = min((k for k in resident if k not in pinned),
-                   key=lambda k: (lfu._score.get(k, 0.0), lfu._seq[k]), default=None)
+                   key=lambda k: lfu.entry(k)[:2], default=None)
         got = lfu.victim(pinned)
         assert got == want, step
         if got is not None and step % 2:
@@ -506,8 +506,8 @@ def test_adaptive_lfu_survives_score_rescaling() -> None:
     rate = _drive(adaptive, stream, 20, 3)
     assert adaptive.memories[0].rescales >= 3
     assert 0.0 < rate < 1.0
-    assert all(len(s.keys) <= 20 for s in adaptive._shadows)
-    assert set(adaptive.victims(20, set())) == set(adaptive.memories[0]._resident) and adaptive.memories[0].size <= 20
+    assert all(n <= 20 for n in adaptive.shadow_sizes)
+    assert set(adaptive.victims(20, set())) == set(adaptive.memories[0].resident) and adaptive.memories[0].size <= 20
 
 
 def test_busy_slots_queries_each_copy_batch_once() -> None:
@@ -525,10 +525,11 @@ def test_busy_slots_queries_each_copy_batch_once() -> None:
 
     copies = CopyEngine(torch.device("cpu"))
     done, flying = Event(True), Event(False)
-    copies._pending.update({s: done for s in range(10)} | {s: flying for s in range(10, 30)})
+    copies.track(range(10), done)
+    copies.track(range(10, 30), flying)
     assert copies.busy_slots() == list(range(10, 30))
     assert done.queries == 1 and flying.queries == 1
-    assert sorted(copies._pending) == list(range(10, 30))
+    assert copies.tracked == list(range(10, 30))
 
 
 @pytest.mark.parametrize("nbytes", [24, 20, 6])
