@@ -11,6 +11,7 @@ import torch
 
 from engine.config import DIRECT_READS
 from engine.errors import ConfigError, ReconfigureError
+from engine.options import parse_live
 from engine.experts.policies import make_policy
 from engine.experts.policy import EvictionPolicy, StaticPolicy
 from engine.experts.profile import check_routing_profile, read_routing_profile
@@ -137,7 +138,8 @@ def home_store(r: Residency) -> HostExpertStore:
 
 
 def check_depth(depth: int, error: type[ConfigError]) -> int:
-    """``prefetch_depth`` checked: an integer >= 0, else ``error``."""
-    if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
-        raise error(f"prefetch_depth must be an integer >= 0 (got {depth!r}); 0 disables prefetching")
-    return depth
+    """``prefetch_depth`` checked by the live option's own rule (engine/options.py), else ``error``."""
+    try:
+        return parse_live("prefetch_depth", depth)
+    except ConfigError as err:
+        raise error(str(err)) from None
