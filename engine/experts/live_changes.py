@@ -123,6 +123,19 @@ def probe_reads(store: HostExpertStore, device: torch.device, direct_reads: bool
         store.direct_readable(device)
 
 
+def give_store(r: Residency, direct_reads: bool | None) -> HostExpertStore:
+    """Before a pool that adopted the model's experts first shrinks: a host store of them, which the
+    pool takes (:func:`home_store`); checked for direct reads as a store loaded offloaded is."""
+    store = home_store(r)
+    try:
+        probe_reads(store, r.device, direct_reads, ReconfigureError)
+    except ReconfigureError:
+        store.close()
+        raise
+    r.pool.give_store(store)
+    return store
+
+
 def home_store(r: Residency) -> HostExpertStore:
     """A host store holding a copy of every expert of a pool that adopted the model's buffer (all
     resident), so that the pool can shrink: page-locked and mapped on CUDA, as if loaded offloaded."""

@@ -164,15 +164,6 @@ class ExpertManager:
         self.r.tuning = value          # between steps; the claim gate keeps its threshold
 
     @property
-    def admit_per_step(self) -> int:
-        """Most pool admissions of one direct-read step."""
-        return self.direct.fills.admit_per_step
-
-    @admit_per_step.setter
-    def admit_per_step(self, n: int) -> None:
-        self.direct.fills.admit_per_step = n
-
-    @property
     def device_prefetcher(self) -> DevicePrefetcher | None:
         """The GPU-side prefetch of direct-read steps (None where it cannot run)."""
         return None if self.direct.claims is None else self.direct.claims.dp
@@ -185,10 +176,6 @@ class ExpertManager:
     def direct_for(self, tokens: int) -> bool:
         """Whether a step of ``tokens`` tokens reads missing experts directly."""
         return self.direct.direct_for(tokens)
-
-    def fill_capacity(self) -> int:
-        """Fill slots a direct-read step can lease now (0: misses are admitted by copying them in)."""
-        return self.direct.fills.capacity()
 
     # ---- planning --------------------------------------------------------------------------------
     def plan_step(self, kind: Kind, tokens: int = 0) -> StepPlan:
@@ -215,11 +202,6 @@ class ExpertManager:
                 self.r.pool.push_stale()             # kernels read the device table as it is
         return self.plan
 
-    def _kind_for(self, tokens: int) -> Kind:
-        if self.plan is not None:
-            return self.plan.kind
-        return "direct" if self.direct_for(tokens) else "copy"
-
     # ---- ExpertProvider --------------------------------------------------------------------------
     def begin_step(self, keep_ended: bool = False) -> None:
         """A forward pass starts: forget the last step's leases and pins, age the policy.
@@ -239,7 +221,7 @@ class ExpertManager:
         self._predicted = None
         self.r.forecast.forget()
         # the adaptive policy's shadow pools admit as this pool does
-        self.r.policy.admit_per_step = self.admit_per_step if self.last_kind == "direct" else None
+        self.r.policy.admit_per_step = self.direct.fills.admit_per_step if self.last_kind == "direct" else None
         self.r.policy.tick()
         self._in_step = True
         self.r.gate.tick()
@@ -283,7 +265,8 @@ class ExpertManager:
         if self.r.pool.full or depth_setting == 0 or self._quiet:
             return None
         tokens = hidden.shape[0]
-        device_side = (self.direct.claims is not None and self._kind_for(tokens) != "copy"
+        plan = self.plan              # GPU-side claims: a step not planned as copy, of a direct-read size
+        device_side = (self.direct.claims is not None and (plan is None or plan.kind != "copy")
                        and self.direct_for(tokens))
         full = self._capturing or device_side
         depth = depth_setting if full else self.r.gated_depth()
@@ -378,7 +361,8 @@ class ExpertManager:
         self.direct.finish_ended()
         if self.r.store is None and pool_bytes is not None and \
                 live_changes.slots_for(pool_bytes, self.layout, self.r.books.num_keys) < self.r.books.num_keys:
-            self._give_store()
+            self.r.store = live_changes.give_store(self.r, self.direct.option)
+            self._owns_store = True
         change = live_changes.check(self.r, self.direct.option, self._profile, self._lfu_decay, pool_bytes,
                                     prefetch_depth, policy, reads)
         if change.resize:
@@ -387,18 +371,6 @@ class ExpertManager:
         live_changes.apply(self.r, change)
         self.direct.option = change.direct
         return self.describe()
-
-    def _give_store(self) -> None:
-        """Before a pool that adopted the model's experts first shrinks: copy them into a host store."""
-        store = live_changes.home_store(self.r)
-        try:
-            live_changes.probe_reads(store, self.device, self.direct.option, ReconfigureError)
-        except ReconfigureError:
-            store.close()
-            raise
-        self.r.store = store
-        self.r.pool.give_store(store)
-        self._owns_store = True
 
     def stats(self) -> ExpertStats:
         """Cumulative counters (no device sync; on CUDA device-side counts may lag one call). Reading

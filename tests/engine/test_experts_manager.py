@@ -562,7 +562,7 @@ def test_direct_reads_outputs_identical_to_resident(stack: Stack, slots: int, de
     st = prov.stats()
     assert st.misses + st.prefetch_hits > 0 and (st.direct_bytes > 0) == (st.misses > 0)
     assert st.h2d_bytes >= st.direct_bytes
-    assert (st.fills > 0) == (prov.fill_capacity() > 0)    # later steps compute from filled slots
+    assert (st.fills > 0) == (prov.direct.fills.capacity() > 0)    # later steps compute from filled slots
     assert prov.host_syncs == 4 * L                 # one read per layer call (eager), none for copies
     assert not prov.pool.books.lease                      # CPU copies land at once: staging is released each step
     # The GPU-side prefetch (here its torch twin): every expert it copied is counted used or wasted,
@@ -593,7 +593,7 @@ def test_direct_reads_copy_misses_in_without_fill_slots(stack: Stack) -> None:
     # A static placement leases no fill slots: admissions (here none) would be copied in.
     profile = [[(l * 7 + e * 3) % 5 for e in range(E)] for l in range(L)]
     prov = stack.offloaded(4, depth=1, policy="static", routing_profile=profile, direct_reads=True)
-    assert prov.fill_capacity() == 0
+    assert prov.direct.fills.capacity() == 0
     _Fixed(prov)([[0], [1], [2]])
     assert prov.stats().fills == 0
 
@@ -602,7 +602,7 @@ def test_direct_reads_pair_bytes_and_admission_limit(stack: Stack) -> None:
     # Two tokens on the same missing expert read it twice (each pair reads its expert); one step
     # admits at most admit_per_step experts into free slots.
     prov = stack.offloaded(4, depth=1, policy="lfu", direct_reads=True)
-    prov.admit_per_step = 1
+    prov.direct.fills.admit_per_step = 1
     _Fixed(prov)([[3, 3, 5]])
     st = prov.stats()
     assert (st.hits, st.misses) == (0, 2) and st.direct_bytes == 3 * stack.layout.nbytes
@@ -616,8 +616,8 @@ def test_direct_reads_fill_slots_admit_without_copies(stack: Stack) -> None:
     # Steps 1-8 fill the empty pool of 8 with layer 0's experts 0..7 (8 misses); 7 and 0 then hit;
     # layer 1's expert 0 (key 8) misses and replaces the least recently used, key 1.
     prov = stack.offloaded(8, depth=1, policy="lru", direct_reads=True)
-    prov.admit_per_step = 1
-    assert prov.fill_capacity() == 1
+    prov.direct.fills.admit_per_step = 1
+    assert prov.direct.fills.capacity() == 1
     _Fixed(prov)([[e] for e in range(8)] + [[7], [0]])
     _Fixed(prov)([[0]], layer=1)
     st = prov.stats()
@@ -632,7 +632,7 @@ def test_direct_reads_never_fill_a_slot_the_step_reads(stack: Stack) -> None:
     # A step's fill slots are free before its first layer looks at the table (the coldest residents
     # are evicted first), so no kernel of the step reads a slot another one writes.
     prov = stack.offloaded(8, depth=1, policy="lfu", direct_reads=True)
-    prov.admit_per_step = 2
+    prov.direct.fills.admit_per_step = 2
     g = torch.Generator().manual_seed(4)
     for _ in range(12):
         prov.begin_step()
@@ -714,7 +714,7 @@ def test_gpu_side_prefetch_claims_count_and_clean_up(stack: Stack) -> None:
     # prediction (nothing is resident). Layers 1 and 3 route as predicted (hits), layer 2 elsewhere
     # (its claim is wasted). At the end: no lease, no claim left in the table.
     prov = stack.offloaded(0, depth=1, policy="lru", direct_reads=True)
-    assert prov.fill_capacity() == 0 and prov.tuning.prefetch_per_layer == 1
+    assert prov.direct.fills.capacity() == 0 and prov.tuning.prefetch_per_layer == 1
     x = _x(1)
     nb = stack.layout.nbytes
     prov.begin_step()
