@@ -15,7 +15,6 @@ Legend: T tokens, k experts per token, P predicted layers, E experts.
 """
 from __future__ import annotations
 
-import time
 from typing import Callable
 
 import torch
@@ -52,13 +51,9 @@ class CopyPath:
         """What a recorded piece published into ``region``: ids of ``rows`` real rows and the gated
         predictions."""
         r = self.r
-        r.policy.catch_up()                        # the GPU computes meanwhile
-        r.counters.host_syncs += 1
-        t0 = time.perf_counter()
-        r.reader.wait()
         t, k = shape
-        host = region[:t * k * (1 + (len(predicted[1]) if predicted is not None else 0))].clone()
-        r.counters.sync_ms += (time.perf_counter() - t0) * 1e3
+        n = t * k * (1 + (len(predicted[1]) if predicted is not None else 0))
+        host = r.waited(lambda: (r.reader.wait(), region[:n].clone())[1])
         ids = host[:t * k].view(t, k)[:rows].reshape(-1)
         pred = None
         if predicted is not None:

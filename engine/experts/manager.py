@@ -190,8 +190,7 @@ class ExpertManager:
             return self.plan
         if kind != "direct":
             self.direct.fills.disarm()
-        device_side = kind != "copy" and self.direct.claims is not None and self.direct_for(tokens)
-        self.plan = StepPlan(kind, tokens, device_side, kind == "direct" and self.direct.defer_eager_ends)
+        self.plan = StepPlan(kind, tokens, defer_end=kind == "direct" and self.direct.defer_eager_ends)
         prev, self.last_kind = self.last_kind, kind
         if prev != kind:
             if prev is not None:

@@ -67,10 +67,15 @@ class Residency:
 
     def read(self, t: torch.Tensor) -> torch.Tensor:
         """``t`` (int64 [N] on the device) on the host: one counted sync, the policy catching up meanwhile."""
-        self.policy.catch_up()                     # the GPU computes meanwhile
+        return self.waited(lambda: self.reader.read(t))
+
+    def waited(self, wait):
+        """``wait()``'s result, counted as one host sync and its time, the policy catching up first
+        (the GPU computes meanwhile)."""
+        self.policy.catch_up()
         self.counters.host_syncs += 1
         t0 = time.perf_counter()
-        out = self.reader.read(t)
+        out = wait()
         self.counters.sync_ms += (time.perf_counter() - t0) * 1e3
         return out
 

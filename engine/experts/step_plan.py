@@ -24,8 +24,6 @@ class StepPlan:
     kind: Kind
     # Tokens of the step (rows of the layers' routing ids); 0 when not known (a recorded step).
     tokens: int = 0
-    # The GPU itself copies this step's predicted experts in (direct reads with the device prefetcher).
-    device_prefetch: bool = False
     # The step's end may wait until the next step is launched (a replayed direct-read step, or an
     # eager one when ``defer_eager_ends`` is set), so the host's step-end work overlaps the GPU's.
     defer_end: bool = False
