@@ -71,6 +71,9 @@ class EngineConfig:
     # Missing experts of small decode steps at prefetch depth >= 1: "auto" reads them straight from
     # host memory where the kernels can (CUDA), "copy" always copies them in first, "direct" insists.
     expert_reads: str = "auto"
+    # Missing experts over the bus or computed by the host CPU (engine/experts/cold.py): "auto" by the
+    # cost model (on a CUDA GPU; the bus alone on the CPU, which has none), "bus", "cpu".
+    cold_experts: str = "auto"
     routing_profile: str | None = None   # JSON of per-layer expert counts for the static policy
     record_routing: str | None = None    # write such a JSON when the engine closes
     max_batch: int = 16                  # running requests decoded together

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from engine.engine import LLMEngine
 
 _SCHEDULER = ("max_batch", "max_batch_tokens", "prefill_chunk")
-_EXPERTS = ("expert_pool_size", "prefetch_depth", "expert_policy", "expert_reads")
+_EXPERTS = ("expert_pool_size", "prefetch_depth", "expert_policy", "expert_reads", "cold_experts")
 
 
 class LiveSettings:
@@ -59,7 +59,7 @@ class LiveSettings:
                 pool = m.plan.pool_slots * m.plan.expert_bytes if pool is None else pool
             msg = m.experts.reconfigure(pool_bytes=pool,
                                         prefetch_depth=exp.get("prefetch_depth"), policy=exp.get("expert_policy"),
-                                        reads=exp.get("expert_reads"))
+                                        reads=exp.get("expert_reads"), cold=exp.get("cold_experts"))
             applied.update({k: "; ".join([str(msg or "applied"), *notes.get(k, ())]) for k in exp})
             if exp.keys() - {"expert_policy"} and self.engine.runner.graphs is not None:
                 self.engine.runner.graphs.reset()   # recorded against the old pool views and look-ahead

@@ -249,7 +249,7 @@ class LoadedModel:
         bias = [layer.moe.router_bias for layer in moe] if self.spec.family.router_bias else None
         options = dict(routing_profile=c.routing_profile, budget_bytes=self._pool_budget(),
                        direct_reads=DIRECT_READS[c.expert_reads], top_k=self.spec.top_k, router_bias=bias,
-                       norm_eps=self.spec.rms_norm_eps)
+                       norm_eps=self.spec.rms_norm_eps, cold_experts=c.cold_experts)
         if self.experts_resident:      # a full pool over the experts' device buffer; the knobs stay live
             return ExpertManager.resident(self.layout, rows.to(self.device), self.spec.num_experts,
                                           c.prefetch_depth, c.expert_policy, routers, self._route, **options)

@@ -18,6 +18,7 @@ from engine.errors import ConfigError
 
 EXPERT_POLICIES = ("lfu", "lru", "adaptive", "static")
 EXPERT_READS = ("auto", "copy", "direct")
+COLD_EXPERTS = ("auto", "bus", "cpu")
 KV_DTYPES = ("auto", "bf16", "int8", "fp8")
 KINDS = ("int", "size", "choice", "bool")
 
@@ -54,6 +55,9 @@ LIVE_OPTIONS: tuple[LiveOption, ...] = (
     LiveOption("expert_reads", "Missing experts", "choice",
                "missing experts of decode steps: read from host memory (direct) or copied in first",
                choices=EXPERT_READS),
+    LiveOption("cold_experts", "Cold experts", "choice",
+               "missing experts: over the bus or computed by the host CPU, chosen per expert by measured rates "
+               "(auto), or always the bus or the CPU", choices=COLD_EXPERTS),
     LiveOption("max_batch", "Max batch", "int", "requests decoded together", unit="requests", low=1, knob_max=1024),
     LiveOption("max_batch_tokens", "Max batch tokens", "int", "token budget per step", unit="tokens", low=1,
                automatic=True),

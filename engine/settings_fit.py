@@ -67,7 +67,7 @@ def fit_to_device(config: EngineConfig, device: torch.device) -> Fitted:
 
 
 # pool settings: they steer the expert pool once it is smaller than every expert
-_POOL_OPTIONS = ("prefetch_depth", "expert_policy", "expert_reads", "routing_profile")
+_POOL_OPTIONS = ("prefetch_depth", "expert_policy", "expert_reads", "cold_experts", "routing_profile")
 
 
 def fit_to_pool(config: EngineConfig, spec: ModelSpec, resident: bool) -> Fitted:

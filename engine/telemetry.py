@@ -48,6 +48,15 @@ class ExpertStats:
     claim_use: tuple[tuple[str, float | None, int], ...] = ()
     claim_threshold: float = 0.0
     policy: str = ""                 # eviction policy; "adaptive 0.99": the adaptive one and the memory it uses now
+    # cold experts (engine/experts/cold.py): where missing experts ran, cumulative
+    cold_mode: str = ""              # auto / bus / cpu; "" where there is no host store
+    cpu_experts: int = 0             # missing experts computed by the host CPU
+    bus_experts: int = 0             # missing experts brought over the bus (copied or read directly)
+    cpu_ms: float = 0.0              # time in the CPU expert kernels
+    cold_predicted_ms: float = 0.0   # the cost model's time for the layers with a CPU share
+    cold_measured_ms: float = 0.0    # the same layers as measured (decision to the CPU's result)
+    steps_ms: float = 0.0            # time inside steps with experts (begin to end): the CPU busy share's base
+    last_step_experts: tuple[int, int] = (0, 0)   # (CPU, bus) missing experts of the last step
 
     @property
     def hit_rate(self) -> float:

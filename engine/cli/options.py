@@ -47,7 +47,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--resident-weights", default="auto", choices=RESIDENT_WEIGHTS,
                    help="attention, dense MLPs and LM head on the GPU: fp8 / int8 halve the bytes a token reads "
                         "(default: as stored)")
-    for name in ("expert_pool_size", "prefetch_depth", "expert_policy", "expert_reads"):
+    for name in ("expert_pool_size", "prefetch_depth", "expert_policy", "expert_reads", "cold_experts"):
         _live_flag(g, name)
     g.add_argument("--routing-profile", default=None, help="routing profile JSON for --expert-policy static")
     g.add_argument("--record-routing", default=None, help="write a routing profile JSON on exit")
@@ -76,7 +76,7 @@ def engine_options(args: argparse.Namespace, environ: Mapping[str, str] = os.env
     The CPU thread count a user set for OpenMP (``OMP_NUM_THREADS``) counts as ``--cpu-threads``.
     """
     keys = ("device", "dtype", "weight_format", "group_size", "resident_weights", "expert_pool_size", "prefetch_depth", "expert_policy",
-            "expert_reads", "routing_profile", "record_routing", "max_batch", "max_batch_tokens", "prefill_chunk", "max_model_len",
+            "expert_reads", "cold_experts", "routing_profile", "record_routing", "max_batch", "max_batch_tokens", "prefill_chunk", "max_model_len",
             "kv_cache_dtype", "kv_cache_size", "gpu_memory_budget", "cuda_graphs", "cpu_threads", "verify")
     options = {k: getattr(args, k) for k in keys if hasattr(args, k)}
     if "cpu_threads" in options and options["cpu_threads"] is None:

@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 
 from engine.experts.admission import admit
+from engine.experts.cold import ColdShare
 from engine.experts.residency import Residency
 
 
@@ -63,10 +64,13 @@ class CopyPath:
         return ids, pred
 
     # ---- one layer ---------------------------------------------------------------------------
-    def acquire(self, moe_index: int, ids: torch.Tensor, predicted: tuple | None,
-                defer_prefetch: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def acquire(self, moe_index: int, ids: torch.Tensor, predicted: tuple | None, defer_prefetch: bool,
+                per_token: int = 0, act: bool = True) -> tuple:
         """``ids`` int64 [T*k] and ``predicted`` (layers, ids [P, T, k]) on the host: copy the misses
-        in, push the layer's table row; prefetch (now, or at :meth:`issue_prefetch`)."""
+        in, push the layer's table row; prefetch (now, or at :meth:`issue_prefetch`). Returns
+        ``(row, views)``, or with ``per_token`` (k) given and a share of the misses computed by the
+        host CPU instead of copied, ``(row, views, None, ColdShare)``; ``act`` False (a recorded
+        piece, whose kernels are fixed): that share is only counted."""
         r, books = self.r, self.r.books
         self._enter_layer(moe_index)
         base = moe_index * r.num_experts
@@ -79,18 +83,22 @@ class CopyPath:
         if predicted is not None:
             r.forecast.note(*predicted)
         r.count_uses(moe_index, keys, None)
+        cold = None
+        if misses and per_token:
+            cold = r.cold_share(moe_index, id_list, [slot_of[base + e] < 0 for e in id_list], per_token, False, act)
+        on_cpu = cold.keys if cold is not None else frozenset()
         pinned = books.pins
-        pairs = [(self._slot_for(k, moe_index, pinned, demand=True), k) for k in misses]
+        pairs = [(self._slot_for(k, moe_index, pinned, demand=True), k) for k in misses if k not in on_cpu]
         r.pool.load(pairs, demand=True)
         r.policy.touch(keys)
         r.counters.record(moe_index, id_list, len(keys) - len(misses), len(misses))
         books.layer_ran(moe_index)
-        r.pool.copies.wait_for([slot_of[k] for k in keys])
+        r.pool.copies.wait_for([slot_of[k] for k in keys if k not in on_cpu])
         row = r.pool.push_row(moe_index)
         self.pending = predicted
         if not defer_prefetch:
             self.issue_prefetch()
-        return row, r.pool.views
+        return (row, r.pool.views) if cold is None else (row, r.pool.views, None, cold)
 
     def issue_prefetch(self) -> None:
         """Issue the prefetch copies an ``acquire(..., defer_prefetch=True)`` left pending."""

@@ -176,12 +176,15 @@ class DirectPath:
                 depth = r.gated_depth()
                 if depth > 0:
                     pred = (layers[:depth], ids[:depth])
-            self._follow(c.moe_index, data[:rows * k].tolist(), data[n:n + rows * k].tolist(), pred,
-                         data[2 * n:2 * n + rows * k].tolist())
+            ids, seen = data[:rows * k].tolist(), data[n:n + rows * k].tolist()
+            if -1 in seen:                       # what the host CPU would have saved (for cold_experts auto)
+                r.cold_share(c.moe_index, ids, [s < 0 for s in seen], k, True, act=False)
+            self._follow(c.moe_index, ids, seen, pred, data[2 * n:2 * n + rows * k].tolist())
 
-    def acquire(self, moe_index: int, topk_ids: torch.Tensor,
-                pred: Prediction | None) -> tuple[torch.Tensor, dict, HostExperts]:
-        """Eager direct-read layer: snapshot, read ids / slots / predictions (one sync), follow."""
+    def acquire(self, moe_index: int, topk_ids: torch.Tensor, pred: Prediction | None) -> tuple:
+        """Eager direct-read layer: snapshot, read ids / slots / predictions (one sync), follow.
+        Returns ``(snapshot, views, HostExperts)``, and a :class:`ColdShare` fourth when the host CPU
+        computes some of the missing experts (the kernels then neither read nor fill those)."""
         r = self.r
         self.ensure_step()
         snap = self.snap[moe_index]
@@ -198,13 +201,21 @@ class DirectPath:
             p = (pred[1][:depth], host[2 * n:].view(pred[2].shape)[:depth])
             r.forecast.note(*p)
         ids, seen = host[:n].tolist(), host[n:2 * n].tolist()
-        self._follow(moe_index, ids, seen, p, self.fills.eager(self.step, moe_index, ids, seen))
-        return snap, r.pool.views, self.host_experts(moe_index)
+        cold = r.cold_share(moe_index, ids, [s < 0 for s in seen], topk_ids.shape[1], True) if -1 in seen else None
+        kernel_seen = seen
+        if cold is not None:                 # the CPU's experts: no fill slot, no direct read
+            base = moe_index * r.num_experts
+            kernel_seen = [0 if base + e in cold.keys else s for e, s in zip(ids, seen)]
+        self._follow(moe_index, ids, seen, p, self.fills.eager(self.step, moe_index, ids, kernel_seen), kernel_seen)
+        out = (snap, r.pool.views, self.host_experts(moe_index))
+        return out if cold is None else out + (cold,)
 
     def _follow(self, moe_index: int, ids: list[int], seen: list[int],
-                predicted: tuple[list[int], torch.Tensor] | None, fills: list[int]) -> None:
+                predicted: tuple[list[int], torch.Tensor] | None, fills: list[int],
+                read: list[int] | None = None) -> None:
         """Host side of one direct-read layer: ``ids`` of its T*k assignments, the slot each found and
-        the fill slot each missing one was written into (-1: none)."""
+        the fill slot each missing one was written into (-1: none); ``read``: the slots as the kernels
+        use them (-1: read from host memory), where the host CPU computes some missing experts."""
         r, step = self.r, self.step
         base = moe_index * r.num_experts
         found = {base + e: s for e, s in zip(ids, seen)}
@@ -215,7 +226,7 @@ class DirectPath:
         misses = [k for k in keys if found[k] < 0]
         r.forecast.count(moe_index, misses)
         r.counters.record(moe_index, ids, len(keys) - len(misses), len(misses))
-        r.counters.direct_bytes += sum(1 for s in seen if s < 0) * r.layout.nbytes   # each pair reads its expert
+        r.counters.direct_bytes += sum(1 for s in (read or seen) if s < 0) * r.layout.nbytes   # per pair
         step.seen.update(found)
         r.count_uses(moe_index, keys, found)   # a guess whose copy was still on the bus counts as wrong
         r.policy.touch(keys)

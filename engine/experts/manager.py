@@ -31,6 +31,7 @@ import torch
 from engine.errors import ConfigError, ReconfigureError
 from engine.experts import live_changes
 from engine.experts.books import MissForecast, PrefetchLedger
+from engine.experts.cold import ColdExperts, check_mode
 from engine.experts.copy_path import CopyPath
 from engine.experts.counters import ResidencyCounters
 from engine.experts.device_prefetch import DevicePrefetcher
@@ -65,6 +66,8 @@ class ExpertManager:
     False never. ``top_k`` (the model's experts per token) lets decode steps on CUDA predict with
     one kernel instead of a matmul and the routing kernel. ``tuning`` holds the measured thresholds
     (:class:`engine.experts.tuning.ResidencyTuning`); a caller may replace it between steps.
+    ``cold_experts`` (auto / bus / cpu) says which missing experts the host CPU computes, on
+    ``cpu_threads`` threads (default: the cores near the GPU but one); see engine/experts/cold.py.
     """
 
     def __init__(self, layout: ExpertLayout, store: HostExpertStore | None, num_experts: int,
@@ -74,7 +77,8 @@ class ExpertManager:
                  budget_bytes: int | None = None, lfu_decay: float = DEFAULT_LFU_DECAY,
                  direct_reads: bool | None = None, top_k: int | None = None,
                  router_bias: Sequence[torch.Tensor] | None = None, norm_eps: float = 1e-6,
-                 tuning: ResidencyTuning | None = None, experts: torch.Tensor | None = None) -> None:
+                 tuning: ResidencyTuning | None = None, experts: torch.Tensor | None = None,
+                 cold_experts: str = "auto", cpu_threads: int | None = None) -> None:
         adopted = experts is not None
         if adopted == (store is not None) or (adopted and pool_bytes is not None):
             raise ValueError("give the experts as a host store, or (every expert resident) as a device buffer")
@@ -105,9 +109,12 @@ class ExpertManager:
             pool = ExpertPool(store, self.device, slots, keep, budget_bytes)
         live_changes.seed(policy_obj, pool.books.resident_keys())
         counters = ResidencyCounters(self.num_layers, num_experts, self.device)
+        numa = store.numa if store is not None else None
+        cold = ColdExperts(layout, check_mode(cold_experts, ConfigError), cpu_threads,
+                           numa.cpus if numa is not None and numa.cpus else None)
         self.r = Residency(layout, store, pool, policy_obj, counters, PrefetchLedger(counters),
                            MissForecast(counters, num_experts), PrefetchGate(), tuning, HostReader(self.device),
-                           depth)
+                           depth, cold)
         if store is not None:
             live_changes.probe_reads(store, self.device, direct_reads, ConfigError)
         self.copy = CopyPath(self.r, self._release_all)
@@ -120,6 +127,7 @@ class ExpertManager:
         self._capturing = False    # while decode steps are recorded into CUDA graphs (see recording)
         self._quiet = False        # ... a decode graph without predictions
         self._replay = ManagerReplay(self)
+        self._step_ms, self._step_t0 = 0.0, None    # time inside steps, for the CPU busy share
 
     @classmethod
     def from_rows(cls, layout: ExpertLayout, rows: torch.Tensor, num_experts: int, device: torch.device | str,
@@ -177,6 +185,19 @@ class ExpertManager:
         """Whether a step of ``tokens`` tokens reads missing experts directly."""
         return self.direct.direct_for(tokens)
 
+    @property
+    def cpu_experts(self) -> bool:
+        """Whether decode steps should run eagerly so that the host CPU can compute missing experts
+        (engine/experts/cold.py: always under ``cpu``; under ``auto`` while it saves more than a
+        replayed graph would); the host decides per layer."""
+        r = self.r
+        return r.store is not None and not r.pool.full and r.cold.enabled_on(self.device) and r.cold.eager
+
+    @property
+    def cold(self) -> ColdExperts:
+        """The cold-expert setting, its measured rates and counts."""
+        return self.r.cold
+
     # ---- planning --------------------------------------------------------------------------------
     def plan_step(self, kind: Kind, tokens: int = 0) -> StepPlan:
         """Plan the running step now as ``kind`` rather than at its first layer (what ``acquire`` does
@@ -223,6 +244,7 @@ class ExpertManager:
         self.r.policy.admit_per_step = self.direct.fills.admit_per_step if self.last_kind == "direct" else None
         self.r.policy.tick()
         self._in_step = True
+        self._step_t0 = time.perf_counter()
         self.r.gate.tick()
 
     @property
@@ -309,7 +331,7 @@ class ExpertManager:
         if plan.kind == "direct":
             return self.direct.acquire(moe_index, topk_ids, self._take_prediction(moe_index))
         ids, pred = self.copy.read_ids(topk_ids, self._take_prediction(moe_index))
-        return self.copy.acquire(moe_index, ids, pred, defer_prefetch)
+        return self.copy.acquire(moe_index, ids, pred, defer_prefetch, topk_ids.shape[1])
 
     def issue_prefetch(self) -> None:
         """Issue the prefetch copies an ``acquire(..., defer_prefetch=True)`` left pending."""
@@ -328,6 +350,10 @@ class ExpertManager:
             self.plan = None
             self._in_step = False
             self.r.ledger.end_step()
+            self.r.cold.end_step()
+            if self._step_t0 is not None:
+                self._step_ms += (time.perf_counter() - self._step_t0) * 1e3
+                self._step_t0 = None
         finally:
             self.r.counters.step_end_ms += (time.perf_counter() - t0) * 1e3
 
@@ -349,7 +375,7 @@ class ExpertManager:
 
     # ---- settings and reports --------------------------------------------------------------------
     def reconfigure(self, pool_bytes: int | None = None, prefetch_depth: int | None = None,
-                    policy: str | None = None, reads: str | None = None) -> str:
+                    policy: str | None = None, reads: str | None = None, cold: str | None = None) -> str:
         """Apply new settings between steps; returns a short description of the result.
 
         Raises ReconfigureError and changes nothing when a setting is invalid, the pool does not
@@ -364,19 +390,26 @@ class ExpertManager:
             self._owns_store = True
         change = live_changes.check(self.r, self.direct.option, self._profile, self._lfu_decay, pool_bytes,
                                     prefetch_depth, policy, reads)
+        cold_mode = check_mode(cold, ReconfigureError) if cold is not None else self.r.cold.mode
         if change.resize:
             self._release_all()
             self.last_kind = None                  # the table is rebuilt whole
         live_changes.apply(self.r, change)
         self.direct.option = change.direct
+        self.r.cold.mode = cold_mode
         return self.describe()
 
     def stats(self) -> ExpertStats:
         """Cumulative counters (no device sync; on CUDA device-side counts may lag one call). Reading
         them changes nothing: a step whose end is deferred is counted once it ends (``settle``)."""
-        gate = self.direct.claim_gate
+        gate, cold = self.direct.claim_gate, self.r.cold
         return dataclasses.replace(self.r.counters.snapshot(self.r.pool), claim_threshold=gate.threshold,
-                                   claim_use=gate.state(self.tuning.prefetch_per_layer), policy=self.r.policy.label)
+                                   claim_use=gate.state(self.tuning.prefetch_per_layer), policy=self.r.policy.label,
+                                   cold_mode=cold.mode if self.r.store is not None else "",
+                                   cpu_experts=cold.cpu_experts, bus_experts=self.r.counters.misses - cold.cpu_experts,
+                                   cpu_ms=cold.cpu_ms,
+                                   cold_predicted_ms=cold.predicted_ms, cold_measured_ms=cold.measured_ms,
+                                   steps_ms=self._step_ms, last_step_experts=cold.last_step)
 
     @property
     def host_syncs(self) -> int:
@@ -388,6 +421,8 @@ class ExpertManager:
         reads = "missing experts copied in"
         if self.direct_reads:
             reads = "missing experts read directly" + (", prefetched by the GPU" if self.direct.claims else "")
+        if self.cpu_experts:
+            reads += f", or computed on {self.r.cold.threads} CPU threads ({self.r.cold.mode})"
         return (f"{self.r.pool.describe()}, policy {self.r.policy.name}, prefetch depth {self.r.prefetch_depth}, "
                 f"{reads}")
 

@@ -41,6 +41,11 @@ class ExpertProvider(Protocol):
     def end_step(self) -> None:
         """The forward pass is over (counters, eviction bookkeeping)."""
 
+    @property
+    def cpu_experts(self) -> bool:
+        """Whether the host CPU may compute missing experts now: decode steps then run eagerly (the
+        host decides per layer), not replayed from CUDA graphs."""
+
     def direct_for(self, tokens: int) -> bool:
         """Whether a step of ``tokens`` tokens reads missing experts straight from host memory."""
 

@@ -13,6 +13,7 @@ import time
 import torch
 
 from engine.experts.books import MissForecast, PrefetchLedger
+from engine.experts.cold import ColdExperts, ColdShare
 from engine.experts.counters import ResidencyCounters
 from engine.experts.policy import EvictionPolicy
 from engine.experts.pool import ExpertPool
@@ -37,6 +38,7 @@ class Residency:
     tuning: ResidencyTuning          # a caller may replace it between steps
     reader: HostReader               # device -> host reads of routing ids
     prefetch_depth: int              # the live setting (the gate may use less in a step)
+    cold: ColdExperts                # which missing experts the host CPU computes (the cost model)
     # the pool's, fixed for its life (a resize rebuilds the same books in place); plain attributes,
     # since the host reads them for every layer of every step
     books: ResidencyBooks = dataclasses.field(init=False)
@@ -52,6 +54,17 @@ class Residency:
     def gated_depth(self) -> int:
         """The look-ahead the gate allows now (at most the setting)."""
         return self.gate.depth(self.prefetch_depth)
+
+    def cold_share(self, moe_index: int, ids: list[int], missing: list[bool], k: int,
+                   direct: bool, act: bool = True) -> ColdShare | None:
+        """The host CPU's share of layer ``moe_index`` (None: none, or the setting keeps every expert
+        on the bus): ``ids`` its T*k expert ids, ``missing`` per pair whether that expert has no slot
+        the kernels will find; ``direct``: the rest is read directly (once per token). ``act`` False:
+        a replayed step, only counted (see ColdExperts.eager)."""
+        if self.store is None or not self.cold.enabled_on(self.device):
+            return None
+        return self.cold.split(self.store.rows, self.device, moe_index, self.num_experts, ids, missing, k, direct,
+                               act)
 
     def evict(self, key: int) -> None:
         """Take ``key`` out of its pool slot (the policy forgets it; an unused prefetch is waste)."""

@@ -256,15 +256,34 @@ class MoETransformer:
         if m.router_bias is not None:
             logits = logits + m.router_bias
         w, ids = self.route(logits)                                      # [T, k] f32, [T, k]
-        slot_of_expert, views, *host = acquire(m.moe_index, ids, pred)    # host: where slot -1 experts are read
-        extra = {"host": host[0]} if host else {}
-        if x16 is not None:                                              # x as 16-bit planes, from the norm
-            extra["x16"] = x16
-        out = self.moe_fn(x, ids, w, slot_of_expert, views, self.experts.layout, **extra)   # [T, D]
+        # rest: where slot -1 experts are read (direct reads), then the host CPU's share (cold experts)
+        slot_of_expert, views, *rest = acquire(m.moe_index, ids, pred)
+        host, cold = (rest + [None, None])[:2]
+        extra = {"host": host} if host is not None else {}
+        if cold is not None:
+            out = self._moe_split(x, ids, w, slot_of_expert, views, cold, extra)
+        else:
+            if x16 is not None:                                          # x as 16-bit planes, from the norm
+                extra["x16"] = x16
+            out = self.moe_fn(x, ids, w, slot_of_expert, views, self.experts.layout, **extra)   # [T, D]
         if m.shared is not None:
             shared = mlp(x, m.shared.gate_up, m.shared.down, self.fused)  # [T, D]
             out = out + torch.sigmoid(x @ m.shared_gate.t()) * shared
+        if cold is not None:
+            out = out + cold.finish()                                    # the CPU's sum, computed meanwhile
         return out
+
+    def _moe_split(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, slot_of_expert: torch.Tensor,
+                   views: dict, cold: Any, extra: dict) -> torch.Tensor:
+        """The GPU's share of a layer whose other pairs the host CPU computes (engine/experts/cold.py):
+        the inputs go to the host first, then the GPU's pairs are launched as one-expert tokens."""
+        cold.start(x, w)
+        part = cold.gpu_inputs(x, ids, w)
+        if part is None:
+            return cold.scatter(None, None)
+        xs, ids_s, w_s, pairs = part
+        y = self.moe_fn(xs, ids_s, w_s, slot_of_expert, views, self.experts.layout, **extra)   # [P', D]
+        return cold.scatter(y, pairs)
 
 
 def _select_moe_fn(device: torch.device):

@@ -80,7 +80,7 @@ class ModelRunner:
         host follows the step's experts and ends it, so the tokens are ready when the host is."""
         sampling = [s.request for s in sched.seqs if s.samples]
         replay = (self.use_graphs and all(s.num_new == 1 and s.samples for s in sched.seqs)
-                  and self.graphs.bucket(len(sched.seqs)) is not None)
+                  and self.graphs.bucket(len(sched.seqs)) is not None and not self.model.experts.cpu_experts)
         if replay:
             self.graphs.run(self.decode_inputs(sched), then=lambda logits: self._queue_sample(logits, sampling))
         else:

@@ -1,0 +1,112 @@
+"""Cold experts over the bus against the bus and the host CPU together (``cold_experts`` bus / auto / cpu).
+
+A Qwen3-30B-A3B-shaped random model (``--layers`` layers, default 12 as in the llama.cpp kit) with a
+small pool, decode tok/s per setting, each row after a warm-up, all in one process:
+
+    python benchmarks/cold_experts.py --formats bf16,int4 --pools 0 --depths 0,2 --batches 1,8 \
+        --modes bus,auto,cpu --out cold.json
+
+Each row also reports where the missing experts ran (CPU / bus per token), the CPU's busy share of
+the step time, the cost model's predicted time for the layers with a CPU share against the measured
+one, the bus bytes per token, and the rates the cost model measured (bus GB/s, CPU GB/s at 1 token).
+The combined limit of a row is (bus GB/s + CPU GB/s) for the bytes of the missing experts.
+``--smoke`` runs a tiny shape on the CPU (what the CI's test of this script does).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import write_result  # noqa: E402
+from benchmarks.offload_sweep import Sweep, sampled_decode  # noqa: E402
+from benchmarks.synthetic_moe import QWEN3_30B, SMOKE, base_std, build_hf, strata_engine  # noqa: E402
+
+
+def row(engine, sweep: Sweep, fmt: str, pool: float, depth: int, mode: str, batch: int, prompts) -> dict:
+    experts = engine.loaded.experts
+    total = engine.loaded.plan.expert_bytes * engine.loaded.spec.num_moe_layers * engine.loaded.spec.num_experts
+    engine.reconfigure(expert_pool_size=int(total * pool), prefetch_depth=depth, cold_experts=mode)
+    n, secs, before, after, host_wait, _ = sampled_decode(engine, prompts, sweep, seed=17)
+    d = lambda f: getattr(after, f) - getattr(before, f)   # noqa: E731
+    rates = experts.cold.rates
+    out = {"format": fmt, "pool_fraction": pool, "depth": depth, "cold_experts": mode, "batch": batch,
+           "tokens": n, "tok_s": n / secs, "ms_per_token": 1e3 * secs / n,
+           "cpu_experts_per_token": d("cpu_experts") / n, "bus_experts_per_token": d("bus_experts") / n,
+           "misses_per_token": d("misses") / n, "h2d_bytes_per_token": d("h2d_bytes") / n,
+           "cpu_busy_share": d("cpu_ms") / d("steps_ms") if d("steps_ms") else 0.0,
+           "cold_predicted_ms_per_token": d("cold_predicted_ms") / n,
+           "cold_measured_ms_per_token": d("cold_measured_ms") / n,
+           "host_wait_ms_per_token": host_wait / n, "eager": experts.cpu_experts,
+           "expert_bytes": experts.layout.nbytes}
+    if rates is not None:
+        out.update(bus_gb_s=rates.bus_bytes_per_s / 1e9, cpu_gb_s_1tok=experts.layout.nbytes / rates.cpu_s(1) / 1e9,
+                   cpu_call_us=rates.cpu_call_s * 1e6, cpu_threads=rates.threads)
+        miss_bytes = d("misses") * experts.layout.nbytes / n
+        limit = miss_bytes / (rates.bus_bytes_per_s + experts.layout.nbytes / rates.cpu_s(1))
+        out["cold_limit_ms_per_token"] = limit * 1e3   # missing bytes at bus + CPU rates (resident work excluded)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--formats", default="bf16,int4")
+    ap.add_argument("--pools", default="0")
+    ap.add_argument("--depths", default="0,2")
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--modes", default="bus,auto,cpu")
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--warmup", type=int, default=8)
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--smoke", action="store_true", help="tiny shape on the CPU")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    shape = dict(SMOKE) if args.smoke else dict(QWEN3_30B, num_hidden_layers=args.layers)
+    device = "cpu" if args.smoke else "cuda"
+    hf, cfg = build_hf(shape, torch.float32 if args.smoke else torch.bfloat16, base_std(shape), device)
+    gen = torch.Generator().manual_seed(1)
+    batches = [int(b) for b in args.batches.split(",")]
+    result: dict = {"benchmark": "cold_experts" + ("_smoke" if args.smoke else ""), "model": shape,
+                    "tokens": args.tokens, "warmup": args.warmup, "rows": [], "errors": []}
+    for fmt in args.formats.split(","):
+        sweep = Sweep(fmt, (), (), tuple(batches), args.tokens, args.warmup, device,
+                      "float32" if args.smoke else "bfloat16", "1G" if args.smoke else "4G", None)
+        try:
+            engine, load_s = strata_engine(hf, cfg, fmt, max(batches), sweep.dtype, device, sweep.kv_cache_size,
+                                           expert_pool_size="0%", prefetch_depth=0)
+        except Exception as e:
+            result["errors"].append({"format": fmt, "stage": "load", "error": "".join(traceback.format_exception(e))[-1500:]})
+            continue
+        for pool in (float(p) for p in args.pools.split(",")):
+            for depth in (int(x) for x in args.depths.split(",")):
+                for mode in args.modes.split(","):
+                    for b in batches:
+                        prompts = torch.randint(10, cfg.vocab_size, (b, args.prompt_len), generator=gen).tolist()
+                        t0 = time.perf_counter()
+                        try:
+                            r = row(engine, sweep, fmt, pool, depth, mode, b, prompts)
+                        except Exception as e:
+                            result["errors"].append({"format": fmt, "pool": pool, "depth": depth, "mode": mode,
+                                                     "batch": b, "error": "".join(traceback.format_exception(e))[-1500:]})
+                            continue
+                        r["row_s"] = time.perf_counter() - t0
+                        result["rows"].append(r)
+                        print(f"{fmt:5} pool {pool:.2f} depth {depth} {mode:4} b{b}: {r['tok_s']:8.1f} tok/s  "
+                              f"cpu {r['cpu_experts_per_token']:5.1f} bus {r['bus_experts_per_token']:5.1f} /tok  "
+                              f"busy {r['cpu_busy_share']:.2f}  pred/meas {r['cold_predicted_ms_per_token']:.2f}/"
+                              f"{r['cold_measured_ms_per_token']:.2f} ms", flush=True)
+        engine.close()
+        del engine
+        torch.cuda.empty_cache() if device == "cuda" else None
+    if args.out:
+        write_result(args.out, result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,310 @@
+"""Cold experts: each missing expert of a layer goes over the bus or is computed on the host CPU.
+
+An expert without a device slot can reach the GPU's kernels over the bus (a copy into a slot: its
+bytes once; or a direct read: its bytes once per token that uses it), or be computed by the host CPU
+straight from the host store (kernels/cpu), while the GPU computes the layer's resident experts.
+Host memory is read by the CPU about as fast as the bus carries it, so the two together move about
+twice what either does alone. For each layer :func:`split_layer` decides, per missing expert, from
+measured rates (:class:`ColdRates`: bus bytes per second, CPU seconds per expert by token count) and
+how many of the layer's tokens use it, so that the bus and the CPU finish together:
+
+* every missing expert starts on the bus;
+* the expert whose CPU time is smallest against the bus time it frees moves to the CPU, and so on,
+  while each move shortens the layer (the slower of the two);
+* a step of many tokens per expert (prefill) finds the CPU slower than one copy, and copies.
+
+``cold_experts`` (a live option) is ``auto`` (the cost model), ``bus`` (never the CPU) or ``cpu``
+(every missing expert on the CPU). On a CPU device there is no bus: ``auto`` means ``bus`` there.
+
+:class:`ColdShare` is one layer's CPU share as the model computes it: the layer's (token, expert)
+pairs split into those the GPU's kernels compute and those the CPU does; the CPU's sum is added to
+the GPU's on the device. A decode step with a CPU share runs eagerly (not replayed from a CUDA graph):
+the host decides per layer once it has read the layer's ids.
+
+Legend: T tokens, k experts per token, D hidden, P (token, expert) pairs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import Counter
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from engine.errors import ConfigError
+from kernels.expert_layout import ExpertLayout
+
+COLD_MODES = ("auto", "bus", "cpu")
+# What one MoE layer with a CPU share costs in an eager step against a replayed graph (the launches
+# of its kernels from Python, and the host's wait for its ids): an estimate of the H200 host's, for
+# auto's choice of eager steps; benchmarks/cold_experts.py measures both kinds of step.
+EAGER_LAYER_S = 60e-6
+
+
+@dataclasses.dataclass(frozen=True)
+class ColdRates:
+    """What the cost model weighs: measured once per store and thread count."""
+
+    bus_bytes_per_s: float                      # host -> device, pinned
+    cpu_tokens: tuple[int, ...]                 # token counts the CPU was timed at, ascending
+    cpu_seconds: tuple[float, ...]              # seconds per expert at each count
+    cpu_call_s: float = 0.0                     # fixed cost of one CPU call (start, barrier, result copy)
+    threads: int = 1
+
+    def bus_s(self, nbytes: int, reads: int = 1) -> float:
+        return nbytes * reads / self.bus_bytes_per_s
+
+    def cpu_s(self, tokens: int) -> float:
+        """Seconds per expert at ``tokens`` tokens: linear between measured counts, and beyond the
+        largest along the slope of the last two."""
+        ts, ss = self.cpu_tokens, self.cpu_seconds
+        if tokens <= ts[0] or len(ts) == 1:
+            return ss[0] if tokens <= ts[0] else ss[0] * tokens / ts[0]
+        for i in range(1, len(ts)):
+            if tokens <= ts[i]:
+                f = (tokens - ts[i - 1]) / (ts[i] - ts[i - 1])
+                return ss[i - 1] + f * (ss[i] - ss[i - 1])
+        return ss[-1] + (ss[-1] - ss[-2]) / (ts[-1] - ts[-2]) * (tokens - ts[-1])
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerSplit:
+    """One layer's decision: the missing experts the CPU computes, and the predicted seconds of the
+    bus (the rest) and of the CPU."""
+
+    cpu: frozenset[int]
+    bus_s: float
+    cpu_s: float
+
+    @property
+    def predicted_s(self) -> float:
+        return max(self.bus_s, self.cpu_s)
+
+
+def split_layer(uses: dict[int, int], nbytes: int, rates: ColdRates | None, mode: str, direct: bool) -> LayerSplit:
+    """``uses``: missing expert -> tokens of the layer routed to it. ``direct``: bus reads are direct
+    (one per token) rather than copies (one per expert)."""
+    reads = (lambda n: n) if direct else (lambda n: 1)  # noqa: E731
+    if mode == "bus" or rates is None or not uses:
+        return LayerSplit(frozenset(), sum(rates.bus_s(nbytes, reads(n)) for n in uses.values()) if rates else 0.0, 0.0)
+    if mode == "cpu":
+        return LayerSplit(frozenset(uses), 0.0, rates.cpu_call_s + sum(rates.cpu_s(n) for n in uses.values()))
+    cost = {key: (rates.cpu_s(n), rates.bus_s(nbytes, reads(n))) for key, n in uses.items()}
+    order = sorted(uses, key=lambda key: (cost[key][0] / cost[key][1], key))    # CPU-cheapest first
+    bus, cpu, chosen = sum(b for _, b in cost.values()), 0.0, []
+    for key in order:
+        c, b = cost[key]
+        moved_cpu = cpu + c + (0.0 if chosen else rates.cpu_call_s)
+        if max(moved_cpu, bus - b) >= max(cpu, bus):
+            break
+        bus, cpu = bus - b, moved_cpu
+        chosen.append(key)
+    return LayerSplit(frozenset(chosen), bus, cpu)
+
+
+class ColdShare:
+    """One layer's pairs split between the GPU's kernels and the CPU (``keys``: the CPU's experts,
+    store rows). Used by the model as: ``start(x, w)`` (before the GPU's launches: the layer's inputs
+    to the host), the GPU's part on ``gpu_inputs``, then ``finish()`` adds the CPU's sum."""
+
+    def __init__(self, cold: "ColdExperts", store_rows: torch.Tensor, base: int, ids: Sequence[int], k: int,
+                 split: LayerSplit) -> None:
+        self.cold, self.rows, self.split = cold, store_rows, split
+        self.keys = split.cpu
+        self.k = k
+        self.tokens = len(ids) // k
+        by_key: dict[int, list[int]] = {}
+        gpu: list[int] = []
+        for p, e in enumerate(ids):
+            if base + e in self.keys:
+                by_key.setdefault(base + e, []).append(p)
+            else:
+                gpu.append(p)
+        self.by_key, self.gpu = by_key, gpu
+        self._host: torch.Tensor | None = None
+        self._ready: torch.cuda.Event | None = None
+        self._t0 = time.perf_counter()
+
+    def start(self, x: torch.Tensor, w: torch.Tensor) -> None:
+        """Queue the layer's ``x [T, D]`` and routing weights ``w [T, k]`` to the host (no wait)."""
+        flat = torch.cat([x.float().reshape(-1), w.float().reshape(-1)])
+        if x.device.type == "cuda":
+            self._host = torch.empty(flat.shape, dtype=torch.float32, pin_memory=True)
+            self._host.copy_(flat, non_blocking=True)
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+        else:
+            self._host = flat
+        self._device, self._dtype, self._dim = x.device, x.dtype, x.shape[1]
+
+    def gpu_inputs(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """The GPU's pairs as tokens of one expert each: ``(x [P', D], ids [P', 1], w [P', 1], pairs [P'])``;
+        None when the CPU computes every pair."""
+        if not self.gpu:
+            return None
+        pairs = torch.tensor(self.gpu, dtype=torch.int64).to(x.device, non_blocking=True)
+        return x[pairs // self.k], ids.reshape(-1)[pairs].view(-1, 1), w.reshape(-1)[pairs].view(-1, 1), pairs
+
+    def scatter(self, y: torch.Tensor | None, pairs: torch.Tensor | None) -> torch.Tensor:
+        """The GPU's per-pair outputs ``y [P', D]`` summed per token: ``[T, D]`` (zeros without pairs)."""
+        t, k = self.tokens, self.k
+        if y is None:
+            return torch.zeros(t, self._dim, dtype=self._dtype, device=self._device)
+        buf = torch.zeros(t * k, y.shape[1], dtype=y.dtype, device=y.device)
+        buf[pairs] = y
+        return buf.view(t, k, -1).sum(dim=1)
+
+    def finish(self) -> torch.Tensor:
+        """The CPU's sum ``[T, D]`` on the device, in the model's dtype (computed now, by this thread,
+        while the GPU computes its part)."""
+        from kernels.cpu import CpuExpertWork, cpu_expert_forward
+        if self._ready is not None:
+            self._ready.synchronize()              # the inputs only, not the GPU's part queued after them
+        t, d, k = self.tokens, self._dim, self.k
+        host = self._host
+        x, w = host[:t * d].view(t, d), host[t * d:].numpy()
+        rows = np.fromiter(self.by_key, dtype=np.int64, count=len(self.by_key))
+        pairs = [self.by_key[int(r)] for r in rows]
+        starts = np.cumsum([0] + [len(p) for p in pairs], dtype=np.int64)
+        flat = np.fromiter((p for ps in pairs for p in ps), dtype=np.int64, count=int(starts[-1]))
+        work = CpuExpertWork(rows, starts, flat // k, w[flat].astype(np.float32))
+        cuda = self._device.type == "cuda"
+        out = torch.empty(t, d, dtype=torch.float32, pin_memory=cuda)
+        t0 = time.perf_counter()
+        cpu_expert_forward(self.rows, self.cold.layout, work, x, out, self.cold.threads)
+        done = time.perf_counter()
+        self.cold.note(self, (done - t0) * 1e3, (done - self._t0) * 1e3)
+        return out.to(self._device, non_blocking=cuda).to(self._dtype)
+
+
+class ColdExperts:
+    """The ``cold_experts`` setting, the measured rates and the counts of what ran where."""
+
+    def __init__(self, layout: ExpertLayout, mode: str = "auto", threads: int | None = None,
+                 cpus: Sequence[int] | None = None) -> None:
+        self.layout = layout
+        self.mode = check_mode(mode, ConfigError)
+        self.threads = threads or _default_threads(cpus)
+        self.cpus = tuple(cpus) if cpus else None
+        self.rates: ColdRates | None = None
+        self._pinned = False
+        # cumulative counts
+        self.cpu_experts = 0              # missing experts computed on the CPU
+        self.cpu_ms = 0.0                 # time in the CPU kernels
+        self.predicted_ms = 0.0           # what the cost model predicted for those layers
+        self.measured_ms = 0.0            # from the decision to the CPU's result, for those layers
+        self.layers = 0                   # layers with a CPU share
+        self.last_step: tuple[int, int] = (0, 0)   # (CPU, bus) experts of the last step
+        self._step = [0, 0]
+        # auto: eager steps while the CPU would save more than they cost (see eager)
+        self.eager_layer_s = EAGER_LAYER_S
+        self.saving_s = self.eager_penalty_s = 0.0      # of the last step
+        self._saving, self._layers_seen = 0.0, 0
+
+    def enabled_on(self, device: torch.device) -> bool:
+        return self.mode == "cpu" or (self.mode == "auto" and device.type == "cuda")
+
+    def measure(self, store_rows: torch.Tensor, device: torch.device) -> ColdRates:
+        """Time the bus and the CPU kernels on this store (once; a few hundred milliseconds after the
+        kernels are compiled, which happens once per machine and is then cached on disk)."""
+        from kernels.cpu import calibrate, set_cpu_expert_threads
+        if not self._pinned:
+            self.threads = set_cpu_expert_threads(self.threads, self.cpus)
+            self._pinned = True
+        n = store_rows.shape[0]
+        sample = list(range(0, n, max(1, n // 16)))[:16]
+        cost = calibrate(store_rows, self.layout, sample, tokens=(1, 2, 4, 8), threads=self.threads, repeats=3)
+        bus = _bus_rate(store_rows, device)
+        call = _call_cost(store_rows, self.layout, cost.seconds[0], self.threads)
+        self.rates = ColdRates(bus, cost.tokens, cost.seconds, call, self.threads)
+        return self.rates
+
+    @property
+    def eager(self) -> bool:
+        """Whether decode steps should run eagerly, so that the host can give the CPU its share: always
+        under ``cpu``; under ``auto`` while the last step's predicted saving (bus alone against bus and
+        CPU together, over its layers) outweighs what an eager step costs against a replayed one."""
+        return self.mode == "cpu" or (self.mode == "auto" and self.saving_s > self.eager_penalty_s)
+
+    def split(self, store_rows: torch.Tensor, device: torch.device, moe_index: int, num_experts: int,
+              ids: Sequence[int], missing: Sequence[bool], k: int, direct: bool,
+              act: bool = True) -> ColdShare | None:
+        """Layer ``moe_index``'s CPU share (None: none): ``ids`` its T*k expert ids, ``missing`` per
+        pair whether the expert has no device slot. Without ``act`` (a replayed step, whose GPU work
+        is fixed) only the saving the split would have made is counted, for :attr:`eager`."""
+        base = moe_index * num_experts
+        uses = Counter(base + e for e, m in zip(ids, missing) if m)
+        if not uses:
+            return None
+        if self.rates is None:
+            self.measure(store_rows, device)
+        split = split_layer(dict(uses), self.layout.nbytes, self.rates, self.mode, direct)
+        if split.cpu:
+            alone = split_layer(dict(uses), self.layout.nbytes, self.rates, "bus", direct).bus_s
+            self._saving += alone - split.predicted_s
+            self._layers_seen += 1
+        if not act:
+            return None
+        self._step[0] += len(split.cpu)
+        self._step[1] += len(uses) - len(split.cpu)
+        if not split.cpu:
+            return None
+        self.cpu_experts += len(split.cpu)
+        return ColdShare(self, store_rows, base, ids, k, split)
+
+    def note(self, share: ColdShare, cpu_ms: float, measured_ms: float) -> None:
+        self.layers += 1
+        self.cpu_ms += cpu_ms
+        self.measured_ms += measured_ms
+        self.predicted_ms += share.split.predicted_s * 1e3
+
+    def end_step(self) -> None:
+        self.last_step, self._step = (self._step[0], self._step[1]), [0, 0]
+        self.eager_penalty_s = self._layers_seen * self.eager_layer_s
+        self.saving_s, self._saving, self._layers_seen = self._saving, 0.0, 0
+
+
+def check_mode(mode: object, error: type[Exception]) -> str:
+    if mode not in COLD_MODES:
+        raise error(f"cold_experts={mode!r} is not supported; choose {', '.join(COLD_MODES)}")
+    return str(mode)
+
+
+def _default_threads(cpus: Sequence[int] | None) -> int:
+    """Every core the process may use (of the GPU's node when given) but one, left to the thread
+    that feeds the GPU and the rest of the machine."""
+    from engine.cpu_threads import available_cores
+    n = len(cpus) if cpus else available_cores()
+    return max(1, n - 1)
+
+
+def _bus_rate(store_rows: torch.Tensor, device: torch.device) -> float:
+    """Bytes per second of one copy of up to 8 contiguous store rows to ``device`` (best of 3)."""
+    rows = store_rows[:min(8, store_rows.shape[0])]
+    dst = torch.empty(rows.shape, dtype=torch.uint8, device=device)
+    best = float("inf")
+    for _ in range(3):
+        if device.type == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            dst.copy_(rows, non_blocking=True)
+            b.record()
+            b.synchronize()
+            best = min(best, a.elapsed_time(b) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            dst.copy_(rows)
+            best = min(best, time.perf_counter() - t0)
+    del dst
+    return rows.numel() / max(best, 1e-9)
+
+
+def _call_cost(store_rows: torch.Tensor, layout: ExpertLayout, per_expert_s: float, threads: int) -> float:
+    """Fixed seconds of one CPU call: a call of one expert at one token, less one expert's share of a
+    call of many (``per_expert_s``)."""
+    from kernels.cpu import calibrate
+    one = calibrate(store_rows, layout, [store_rows.shape[0] - 1], tokens=(1,), threads=threads, repeats=5)
+    return max(0.0, one.seconds[0] - per_expert_s)
