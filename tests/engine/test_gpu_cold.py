@@ -1,0 +1,56 @@
+"""On a CUDA GPU: missing experts computed by the host CPU (cold_experts cpu / auto) generate what
+the bus alone does. Skipped without a GPU; the GPU benchmark run executes this file."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from tiny_models import build_tiny_model
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+PROMPTS = [[1, 5, 77, 300, 12, 9, 400, 33], [1, 99, 4], [1, 250, 251, 252, 17]]
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    path = build_tiny_model(tmp_path_factory.mktemp("qwen3_moe_cold"), "qwen3_moe")
+    with LLM(str(path), device="cuda", dtype="float32", cuda_graphs=False) as llm:
+        ref = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+        info = llm.engine.loaded
+        keys = info.spec.num_moe_layers * info.spec.num_experts
+        nbytes = info.layout.nbytes
+    return path, ref, keys, nbytes
+
+
+@pytest.mark.parametrize("frac", [0.0, 0.5])
+@pytest.mark.parametrize("depth", [0, 2])
+@pytest.mark.parametrize("mode", ["cpu", "auto"])
+def test_cpu_experts_match_the_bus(model, frac, depth, mode) -> None:
+    path, ref, keys, nbytes = model
+    with LLM(str(path), device="cuda", dtype="float32", expert_pool_size=int(frac * keys) * nbytes,
+             prefetch_depth=depth, cold_experts=mode) as llm:
+        assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == ref
+        st = llm.stats().experts
+        assert st.misses > 0
+        if mode == "cpu":
+            assert st.cpu_experts == st.misses and st.direct_bytes == 0 and st.cpu_ms > 0
+
+
+def test_cold_experts_switch_live(model) -> None:
+    path, ref, keys, nbytes = model
+    with LLM(str(path), device="cuda", dtype="float32", expert_pool_size=0, prefetch_depth=2,
+             cold_experts="bus") as llm:
+        eng = llm.engine
+        ids = {eng.add_request(None, p, GREEDY): i for i, p in enumerate(PROMPTS)}
+        out = {i: [] for i in ids.values()}
+        modes, step = ["cpu", "bus", "auto"], 0
+        while eng.has_unfinished():
+            for d in eng.step():
+                out[ids[d.request_id]] += d.new_token_ids
+            eng.reconfigure(cold_experts=modes[step % 3])
+            step += 1
+        assert [out[i] for i in range(len(PROMPTS))] == ref
+        assert llm.stats().experts.cpu_experts > 0
