@@ -45,6 +45,11 @@ def row(engine, sweep: Sweep, fmt: str, pool: float, depth: int, mode: str, batc
            "host_wait_ms_per_token": host_wait / n, "eager": experts.cpu_experts,
            "expert_bytes": experts.layout.nbytes}
     if rates is not None:
+        import numba
+        try:
+            out["numba_threading_layer"] = numba.threading_layer()
+        except ValueError:
+            out["numba_threading_layer"] = None
         out.update(bus_gb_s=rates.bus_bytes_per_s / 1e9, cpu_gb_s_1tok=experts.layout.nbytes / rates.cpu_s(1) / 1e9,
                    cpu_call_us=rates.cpu_call_s * 1e6, cpu_threads=rates.threads)
         miss_bytes = d("misses") * experts.layout.nbytes / n
