@@ -42,7 +42,7 @@ def row(engine, sweep: Sweep, fmt: str, pool: float, depth: int, mode: str, batc
            "cpu_busy_share": d("cpu_ms") / d("steps_ms") if d("steps_ms") else 0.0,
            "cold_predicted_ms_per_token": d("cold_predicted_ms") / n,
            "cold_measured_ms_per_token": d("cold_measured_ms") / n,
-           "host_wait_ms_per_token": host_wait / n, "eager": experts.cpu_experts,
+           "host_wait_ms_per_token": host_wait / n, "arms_s": {str(t): v for t, v in experts.cold.arms.state().items()},
            "expert_bytes": experts.layout.nbytes}
     if rates is not None:
         import numba

@@ -37,10 +37,6 @@ from engine.errors import ConfigError
 from kernels.expert_layout import ExpertLayout
 
 COLD_MODES = ("auto", "bus", "cpu")
-# What one MoE layer with a CPU share costs in an eager step against a replayed graph (the launches
-# of its kernels from Python, and the host's wait for its ids): an estimate of the H200 host's, for
-# auto's choice of eager steps; benchmarks/cold_experts.py measures both kinds of step.
-EAGER_LAYER_S = 60e-6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,6 +176,51 @@ class ColdShare:
         return out.to(self._device, non_blocking=cuda).to(self._dtype)
 
 
+class StepArms:
+    """``auto``'s choice per decode step size: eager steps (the host splits each layer between the bus
+    and the CPU) or replayed CUDA graphs (the bus alone, no host work per layer). Which is faster
+    depends on what the cost model cannot see (an eager step's launches and waits per layer: measured
+    on the H200 host about 1-2 ms a layer more than a replay), so both are measured: each size tries
+    each arm for ``trials`` steps (the first step of an arm not counted: it may record a graph or
+    compile), then takes the faster by a moving average, trying the other again every ``probe_every``
+    steps, since routing and the pool change."""
+
+    def __init__(self, trials: int = 3, probe_every: int = 64, alpha: float = 0.25) -> None:
+        self.trials, self.probe_every, self.alpha = trials, probe_every, alpha
+        self._avg: dict[tuple[int, bool], float] = {}
+        self._seen: dict[tuple[int, bool], int] = {}
+        self._steps: dict[int, int] = {}
+
+    def choose(self, tokens: int) -> bool:
+        for arm in (False, True):
+            if self._seen.get((tokens, arm), 0) <= self.trials:
+                return arm
+        eager = self._avg[(tokens, True)] < self._avg[(tokens, False)]
+        if self._steps.get(tokens, 0) % self.probe_every == self.probe_every - 1:
+            return not eager
+        return eager
+
+    def observe(self, tokens: int, eager: bool, seconds: float) -> None:
+        key = (tokens, eager)
+        n = self._seen.get(key, 0)
+        self._seen[key] = n + 1
+        self._steps[tokens] = self._steps.get(tokens, 0) + 1
+        if n == 0:
+            return                        # an arm's first step records a graph or compiles
+        old = self._avg.get(key)
+        self._avg[key] = seconds if old is None else old + self.alpha * (seconds - old)
+
+    def state(self) -> dict[int, tuple[float | None, float | None]]:
+        """Step size -> (average seconds replayed, eager)."""
+        sizes = sorted({t for t, _ in self._seen})
+        return {t: (self._avg.get((t, False)), self._avg.get((t, True))) for t in sizes}
+
+    def reset(self) -> None:
+        self._avg.clear()
+        self._seen.clear()
+        self._steps.clear()
+
+
 class ColdExperts:
     """The ``cold_experts`` setting, the measured rates and the counts of what ran where."""
 
@@ -199,10 +240,7 @@ class ColdExperts:
         self.layers = 0                   # layers with a CPU share
         self.last_step: tuple[int, int] = (0, 0)   # (CPU, bus) experts of the last step
         self._step = [0, 0]
-        # auto: eager steps while the CPU would save more than they cost (see eager)
-        self.eager_layer_s = EAGER_LAYER_S
-        self.saving_s = self.eager_penalty_s = 0.0      # of the last step
-        self._saving, self._layers_seen = 0.0, 0
+        self.arms = StepArms()          # auto: eager steps with a CPU share, or replayed ones without
 
     def enabled_on(self, device: torch.device) -> bool:
         return self.mode == "cpu" or (self.mode == "auto" and device.type == "cuda")
@@ -222,19 +260,23 @@ class ColdExperts:
         self.rates = ColdRates(bus, cost.tokens, cost.seconds, call, self.threads)
         return self.rates
 
-    @property
-    def eager(self) -> bool:
-        """Whether decode steps should run eagerly, so that the host can give the CPU its share: always
-        under ``cpu``; under ``auto`` while the last step's predicted saving (bus alone against bus and
-        CPU together, over its layers) outweighs what an eager step costs against a replayed one."""
-        return self.mode == "cpu" or (self.mode == "auto" and self.saving_s > self.eager_penalty_s)
+    def eager_for(self, tokens: int) -> bool:
+        """Whether a decode step of ``tokens`` tokens should run eagerly, so that the host can give the
+        CPU its share: always under ``cpu``, never under ``bus``; under ``auto`` the arm
+        (:class:`StepArms`) whose recent steps of that size were faster."""
+        if self.mode != "auto":
+            return self.mode == "cpu"
+        return self.arms.choose(tokens)
+
+    def observe(self, tokens: int, eager: bool, seconds: float) -> None:
+        """A decode step of ``tokens`` tokens took ``seconds`` (launch to sampled tokens on the host)."""
+        if self.mode == "auto":
+            self.arms.observe(tokens, eager, seconds)
 
     def split(self, store_rows: torch.Tensor, device: torch.device, moe_index: int, num_experts: int,
-              ids: Sequence[int], missing: Sequence[bool], k: int, direct: bool,
-              act: bool = True) -> ColdShare | None:
+              ids: Sequence[int], missing: Sequence[bool], k: int, direct: bool) -> ColdShare | None:
         """Layer ``moe_index``'s CPU share (None: none): ``ids`` its T*k expert ids, ``missing`` per
-        pair whether the expert has no device slot. Without ``act`` (a replayed step, whose GPU work
-        is fixed) only the saving the split would have made is counted, for :attr:`eager`."""
+        pair whether the expert has no device slot."""
         base = moe_index * num_experts
         uses = Counter(base + e for e, m in zip(ids, missing) if m)
         if not uses:
@@ -242,12 +284,6 @@ class ColdExperts:
         if self.rates is None:
             self.measure(store_rows, device)
         split = split_layer(dict(uses), self.layout.nbytes, self.rates, self.mode, direct)
-        if split.cpu:
-            alone = split_layer(dict(uses), self.layout.nbytes, self.rates, "bus", direct).bus_s
-            self._saving += alone - split.predicted_s
-            self._layers_seen += 1
-        if not act:
-            return None
         self._step[0] += len(split.cpu)
         self._step[1] += len(uses) - len(split.cpu)
         if not split.cpu:
@@ -263,8 +299,6 @@ class ColdExperts:
 
     def end_step(self) -> None:
         self.last_step, self._step = (self._step[0], self._step[1]), [0, 0]
-        self.eager_penalty_s = self._layers_seen * self.eager_layer_s
-        self.saving_s, self._saving, self._layers_seen = self._saving, 0.0, 0
 
 
 def check_mode(mode: object, error: type[Exception]) -> str:

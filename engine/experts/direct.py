@@ -176,10 +176,8 @@ class DirectPath:
                 depth = r.gated_depth()
                 if depth > 0:
                     pred = (layers[:depth], ids[:depth])
-            ids, seen = data[:rows * k].tolist(), data[n:n + rows * k].tolist()
-            if -1 in seen:                       # what the host CPU would have saved (for cold_experts auto)
-                r.cold_share(c.moe_index, ids, [s < 0 for s in seen], k, True, act=False)
-            self._follow(c.moe_index, ids, seen, pred, data[2 * n:2 * n + rows * k].tolist())
+            self._follow(c.moe_index, data[:rows * k].tolist(), data[n:n + rows * k].tolist(), pred,
+                         data[2 * n:2 * n + rows * k].tolist())
 
     def acquire(self, moe_index: int, topk_ids: torch.Tensor, pred: Prediction | None) -> tuple:
         """Eager direct-read layer: snapshot, read ids / slots / predictions (one sync), follow.

@@ -185,13 +185,17 @@ class ExpertManager:
         """Whether a step of ``tokens`` tokens reads missing experts directly."""
         return self.direct.direct_for(tokens)
 
-    @property
-    def cpu_experts(self) -> bool:
-        """Whether decode steps should run eagerly so that the host CPU can compute missing experts
-        (engine/experts/cold.py: always under ``cpu``; under ``auto`` while it saves more than a
-        replayed graph would); the host decides per layer."""
+    def eager_for(self, tokens: int) -> bool:
+        """Whether a decode step of ``tokens`` tokens should run eagerly so that the host CPU can
+        compute missing experts (engine/experts/cold.py: always under ``cpu``; under ``auto`` while
+        such steps are measured faster than replayed ones); the host then decides per layer."""
         r = self.r
-        return r.store is not None and not r.pool.full and r.cold.enabled_on(self.device) and r.cold.eager
+        return r.store is not None and not r.pool.full and r.cold.enabled_on(self.device) and r.cold.eager_for(tokens)
+
+    def observe_step(self, tokens: int, eager: bool, seconds: float) -> None:
+        """A decode step of ``tokens`` tokens ran (eagerly or replayed) in ``seconds``, for ``auto``."""
+        if self.r.store is not None and not self.r.pool.full:
+            self.r.cold.observe(tokens, eager, seconds)
 
     @property
     def cold(self) -> ColdExperts:
@@ -397,6 +401,7 @@ class ExpertManager:
         live_changes.apply(self.r, change)
         self.direct.option = change.direct
         self.r.cold.mode = cold_mode
+        self.r.cold.arms.reset()                   # the last setting's step times say nothing of this one
         return self.describe()
 
     def stats(self) -> ExpertStats:
@@ -421,7 +426,7 @@ class ExpertManager:
         reads = "missing experts copied in"
         if self.direct_reads:
             reads = "missing experts read directly" + (", prefetched by the GPU" if self.direct.claims else "")
-        if self.cpu_experts:
+        if self.r.store is not None and not self.r.pool.full and self.r.cold.enabled_on(self.device):
             reads += f", or computed on {self.r.cold.threads} CPU threads ({self.r.cold.mode})"
         return (f"{self.r.pool.describe()}, policy {self.r.policy.name}, prefetch depth {self.r.prefetch_depth}, "
                 f"{reads}")

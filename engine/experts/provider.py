@@ -41,10 +41,12 @@ class ExpertProvider(Protocol):
     def end_step(self) -> None:
         """The forward pass is over (counters, eviction bookkeeping)."""
 
-    @property
-    def cpu_experts(self) -> bool:
-        """Whether the host CPU may compute missing experts now: decode steps then run eagerly (the
-        host decides per layer), not replayed from CUDA graphs."""
+    def eager_for(self, tokens: int) -> bool:
+        """Whether a decode step of ``tokens`` tokens should run eagerly, not replayed from a CUDA
+        graph, so that the host can give missing experts to the CPU (the host decides per layer)."""
+
+    def observe_step(self, tokens: int, eager: bool, seconds: float) -> None:
+        """A decode step of ``tokens`` tokens took ``seconds`` (launch to sampled tokens on the host)."""
 
     def direct_for(self, tokens: int) -> bool:
         """Whether a step of ``tokens`` tokens reads missing experts straight from host memory."""

@@ -131,7 +131,7 @@ class ManagerReplay:
             raise RuntimeError("a pool holding every expert needs no published ids; record the step whole")
         m.plan_step("copy", rows)
         ids, pred = m.copy.read_published(region, shape, rows, predicted)
-        return m.copy.acquire(moe_index, ids, pred, defer_prefetch=True, per_token=shape[1], act=False)
+        return m.copy.acquire(moe_index, ids, pred, defer_prefetch=True)
 
     def issue_prefetch(self) -> None:
         self.m.copy.issue_prefetch()

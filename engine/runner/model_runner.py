@@ -5,6 +5,8 @@ each, ``G`` guided rows, ``W`` words of a guide's bitmask.
 """
 from __future__ import annotations
 
+import time
+
 from dataclasses import dataclass, field
 
 import torch
@@ -79,14 +81,21 @@ class ModelRunner:
         A replayed decode step has its sampling queued as soon as the step is launched, before the
         host follows the step's experts and ends it, so the tokens are ready when the host is."""
         sampling = [s.request for s in sched.seqs if s.samples]
-        replay = (self.use_graphs and all(s.num_new == 1 and s.samples for s in sched.seqs)
-                  and self.graphs.bucket(len(sched.seqs)) is not None and not self.model.experts.cpu_experts)
-        if replay:
+        b = len(sched.seqs)
+        graphable = (self.use_graphs and all(s.num_new == 1 and s.samples for s in sched.seqs)
+                     and self.graphs.bucket(b) is not None)
+        # eager instead, where the host may give missing experts to the CPU (engine/experts/cold.py)
+        eager = graphable and self.model.experts.eager_for(b)
+        t0 = time.perf_counter()
+        if graphable and not eager:
             self.graphs.run(self.decode_inputs(sched), then=lambda logits: self._queue_sample(logits, sampling))
         else:
             logits = self.model.forward(self.build_batch(sched), self.cache)         # [B', V]
             self._queue_sample(logits, sampling)
-        return self.take()
+        out = self.take()
+        if graphable:
+            self.model.experts.observe_step(b, eager, time.perf_counter() - t0)
+        return out
 
     def _queue_sample(self, logits: torch.Tensor, reqs: list[Request]) -> None:
         """Queue the sampling of ``logits`` [B, V] and the copy of its results to the host.
