@@ -34,6 +34,7 @@ FLAG_WORDS: dict[str, tuple[str, str]] = {
     "--prefetch-depth": ("the prefetch depth", "N"),
     "--expert-policy": ("the eviction policy", "lru"),
     "--expert-reads": ("how missing experts are read", "copy"),
+    "--cold-experts": ("where missing experts are computed", "cpu"),
     "--routing-profile": ("a routing profile", "FILE"),
     "--record-routing": ("a routing recording", "FILE"),
     "--max-batch": ("the batch size", "N"),

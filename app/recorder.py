@@ -12,8 +12,8 @@ ENGINE_FIELDS = ("decode_tok_s", "aggregate_tok_s", "prefill_tok_s", "ttft_ms", 
                  "batch_size", "preemptions", "kv_blocks_used", "kv_blocks_total", "generated_tokens",
                  "prompt_tokens", "requests_finished", "host_syncs")
 EXPERT_FIELDS = ("hits", "misses", "prefetch_hits", "prefetch_wasted", "h2d_bytes", "direct_bytes", "fills", "misses_predicted",
-                 "copy_wait_ms",
-                 "pool_slots_used", "pool_slots_total", "pool_bytes")
+                 "copy_wait_ms", "cpu_experts", "bus_experts", "cpu_ms", "cold_predicted_ms", "cold_measured_ms",
+                 "steps_ms", "pool_slots_used", "pool_slots_total", "pool_bytes")
 MEMORY_FIELDS = ("resident_bytes", "expert_pool_bytes", "kv_cache_bytes", "workspace_bytes", "budget_bytes")
 GPU_FIELDS = ("gpu_temp_c", "mem_temp_c", "power_w", "power_limit_w", "sm_clock_mhz", "mem_clock_mhz",
               "gpu_util_pct", "vram_used_bytes", "pcie_rx_bytes_s", "pcie_tx_bytes_s")

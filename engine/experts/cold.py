@@ -185,7 +185,7 @@ class StepArms:
     compile), then takes the faster by a moving average, trying the other again every ``probe_every``
     steps, since routing and the pool change."""
 
-    def __init__(self, trials: int = 3, probe_every: int = 64, alpha: float = 0.25) -> None:
+    def __init__(self, trials: int = 3, probe_every: int = 256, alpha: float = 0.25) -> None:
         self.trials, self.probe_every, self.alpha = trials, probe_every, alpha
         self._avg: dict[tuple[int, bool], float] = {}
         self._seen: dict[tuple[int, bool], int] = {}
