@@ -28,13 +28,16 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import Counter
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
 
 from engine.errors import ConfigError
 from kernels.expert_layout import ExpertLayout
+
+if TYPE_CHECKING:
+    from kernels.cpu import CpuExpertCost
 
 COLD_MODES = ("auto", "bus", "cpu")
 
@@ -44,8 +47,7 @@ class ColdRates:
     """What the cost model weighs: measured once per store and thread count."""
 
     bus_bytes_per_s: float                      # host -> device, pinned
-    cpu_tokens: tuple[int, ...]                 # token counts the CPU was timed at, ascending
-    cpu_seconds: tuple[float, ...]              # seconds per expert at each count
+    cpu: "CpuExpertCost"                        # CPU seconds per expert by token count
     cpu_call_s: float = 0.0                     # fixed cost of one CPU call (start, barrier, result copy)
     threads: int = 1
 
@@ -53,16 +55,7 @@ class ColdRates:
         return nbytes * reads / self.bus_bytes_per_s
 
     def cpu_s(self, tokens: int) -> float:
-        """Seconds per expert at ``tokens`` tokens: linear between measured counts, and beyond the
-        largest along the slope of the last two."""
-        ts, ss = self.cpu_tokens, self.cpu_seconds
-        if tokens <= ts[0] or len(ts) == 1:
-            return ss[0] if tokens <= ts[0] else ss[0] * tokens / ts[0]
-        for i in range(1, len(ts)):
-            if tokens <= ts[i]:
-                f = (tokens - ts[i - 1]) / (ts[i] - ts[i - 1])
-                return ss[i - 1] + f * (ss[i] - ss[i - 1])
-        return ss[-1] + (ss[-1] - ss[-2]) / (ts[-1] - ts[-2]) * (tokens - ts[-1])
+        return self.cpu.seconds_for(tokens)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,7 +250,7 @@ class ColdExperts:
         cost = calibrate(store_rows, self.layout, sample, tokens=(1, 2, 4, 8), threads=self.threads, repeats=3)
         bus = _bus_rate(store_rows, device)
         call = _call_cost(store_rows, self.layout, cost.seconds[0], self.threads)
-        self.rates = ColdRates(bus, cost.tokens, cost.seconds, call, self.threads)
+        self.rates = ColdRates(bus, cost, call, self.threads)
         return self.rates
 
     def eager_for(self, tokens: int) -> bool:

@@ -7,11 +7,12 @@ import pytest
 from engine import LLM, SamplingParams
 from engine.errors import ConfigError, ReconfigureError
 from engine.experts.cold import ColdRates, StepArms, split_layer
+from kernels.cpu import CpuExpertCost
 from tiny_models import build_tiny_model
 
 MB = 1 << 20
 # bus 50 GB/s; the CPU 2 ms per 100 MB expert at one token, +0.5 ms per extra token
-RATES = ColdRates(50e9, (1, 2, 4, 8), (2e-3, 2.5e-3, 3.5e-3, 5.5e-3), cpu_call_s=0.0)
+RATES = ColdRates(50e9, CpuExpertCost("bf16", 100 * MB, 1, (1, 2, 4, 8), (2e-3, 2.5e-3, 3.5e-3, 5.5e-3), 16))
 
 
 def test_split_keeps_every_expert_on_the_bus_or_the_cpu_as_told() -> None:
