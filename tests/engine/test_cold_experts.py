@@ -8,6 +8,7 @@ from engine import LLM, SamplingParams
 from engine.errors import ConfigError, ReconfigureError
 from engine.experts.cold import ColdRates, StepArms, split_layer
 from kernels.cpu import CpuExpertCost
+from test_experts_support import generate_with_changes
 from tiny_models import build_tiny_model
 
 MB = 1 << 20
@@ -93,15 +94,9 @@ def test_cold_experts_change_live_and_refuse_bad_values(model) -> None:
     with LLM(str(path), device="cpu", dtype="float32", expert_pool_size=(keys // 4) * nbytes,
              cold_experts="bus") as llm:
         eng = llm.engine
-        ids = {eng.add_request(None, p, GREEDY): i for i, p in enumerate(PROMPTS)}
-        out = {i: [] for i in ids.values()}
-        modes, step = ["cpu", "bus", "auto"], 0
-        while eng.has_unfinished():
-            for d in eng.step():
-                out[ids[d.request_id]] += d.new_token_ids
-            eng.reconfigure(cold_experts=modes[step % 3])
-            step += 1
-        assert [out[i] for i in range(len(PROMPTS))] == ref
+        modes = ["cpu", "bus", "auto"]
+        out, step = generate_with_changes(llm, PROMPTS, GREEDY, lambda s: {"cold_experts": modes[s % 3]})
+        assert out == ref
         assert llm.stats().experts.cpu_experts > 0
         with pytest.raises(ReconfigureError, match="cold_experts"):
             eng.reconfigure(cold_experts="gpu")

@@ -103,9 +103,9 @@ class Stack:
         return outs
 
 
-def generate_with_resizes(llm, prompts: list[list[int]], params, pool_slots: list[int], nbytes: int):
-    """Generate ``prompts`` step by step, resizing the pool (``pool_slots[i % n]`` slots of ``nbytes``)
-    and cycling the prefetch depth 0-2 after every step. Returns (token ids per prompt, steps)."""
+def generate_with_changes(llm, prompts: list[list[int]], params, change):
+    """Generate ``prompts`` step by step, applying the live options ``change(step)`` after every step.
+    Returns (token ids per prompt, steps)."""
     eng = llm.engine
     ids = {eng.add_request(None, p, params): i for i, p in enumerate(prompts)}
     out = {i: [] for i in ids.values()}
@@ -113,9 +113,16 @@ def generate_with_resizes(llm, prompts: list[list[int]], params, pool_slots: lis
     while eng.has_unfinished():
         for d in eng.step():
             out[ids[d.request_id]] += d.new_token_ids
-        llm.reconfigure(expert_pool_size=pool_slots[step % len(pool_slots)] * nbytes, prefetch_depth=step % 3)
+        llm.reconfigure(**change(step))
         step += 1
     return [out[i] for i in range(len(prompts))], step
+
+
+def generate_with_resizes(llm, prompts: list[list[int]], params, pool_slots: list[int], nbytes: int):
+    """Generate ``prompts`` step by step, resizing the pool (``pool_slots[i % n]`` slots of ``nbytes``)
+    and cycling the prefetch depth 0-2 after every step. Returns (token ids per prompt, steps)."""
+    return generate_with_changes(llm, prompts, params, lambda step: dict(
+        expert_pool_size=pool_slots[step % len(pool_slots)] * nbytes, prefetch_depth=step % 3))
 
 
 def run_layers(stack: "Stack", prov, x: torch.Tensor) -> torch.Tensor:

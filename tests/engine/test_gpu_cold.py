@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
+from test_experts_support import generate_with_changes
 from tiny_models import build_tiny_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -43,14 +44,7 @@ def test_cold_experts_switch_live(model) -> None:
     path, ref, keys, nbytes = model
     with LLM(str(path), device="cuda", dtype="float32", expert_pool_size=0, prefetch_depth=2,
              cold_experts="bus") as llm:
-        eng = llm.engine
-        ids = {eng.add_request(None, p, GREEDY): i for i, p in enumerate(PROMPTS)}
-        out = {i: [] for i in ids.values()}
-        modes, step = ["cpu", "bus", "auto"], 0
-        while eng.has_unfinished():
-            for d in eng.step():
-                out[ids[d.request_id]] += d.new_token_ids
-            eng.reconfigure(cold_experts=modes[step % 3])
-            step += 1
-        assert [out[i] for i in range(len(PROMPTS))] == ref
+        modes = ["cpu", "bus", "auto"]
+        out, _ = generate_with_changes(llm, PROMPTS, GREEDY, lambda s: {"cold_experts": modes[s % 3]})
+        assert out == ref
         assert llm.stats().experts.cpu_experts > 0
