@@ -1,7 +1,7 @@
 """Where an eager decode step with a CPU share spends its host time (cProfile), against an eager step
 on the bus alone and a replayed one, on the 12-layer Qwen3-30B-A3B shape (CUDA):
 
-    python benchmarks/cold_profile.py --format int4 --batch 1 --out prof.txt
+    python benchmarks/cold_profile.py --format int4 --batch 1 --out prof.json
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import write_result  # noqa: E402
 from benchmarks.synthetic_moe import QWEN3_30B, base_std, build_hf, strata_engine  # noqa: E402
 from engine.sampling import SamplingParams  # noqa: E402
 
@@ -45,13 +46,14 @@ def main() -> None:
     params = SamplingParams(max_tokens=4000, temperature=1.0, seed=1, ignore_eos=True)
     for i in range(args.batch):
         engine.add_request(None, list(range(10 + i, 42 + i)), params)
-    report = []
+    report, rows = [], {}
     for label, opts in [("replayed, bus", dict(cold_experts="bus", cuda_graphs=True)),
                         ("eager, bus", dict(cold_experts="bus", cuda_graphs=False)),
                         ("eager, cpu", dict(cold_experts="cpu", cuda_graphs=True))]:
         engine.reconfigure(**opts)
         steps(engine, 8)
-        report.append(f"{label}: {1e3 * steps(engine, 24):.2f} ms per step")
+        rows[label] = 1e3 * steps(engine, 24)
+        report.append(f"{label}: {rows[label]:.2f} ms per step")
         print(report[-1], flush=True)
     prof = cProfile.Profile()
     prof.enable()
@@ -59,7 +61,9 @@ def main() -> None:
     prof.disable()
     s = io.StringIO()
     pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(30)
-    Path(args.out).write_text("\n".join(report) + "\n\n" + s.getvalue())
+    write_result(args.out, {"benchmark": "cold_profile", "model": shape, "format": args.format, "batch": args.batch,
+                            "depth": args.depth, "pool": "0%", "ms_per_step": rows,
+                            "profile_16_eager_cpu_steps": s.getvalue()})
     print(s.getvalue()[:6000])
 
 

@@ -278,6 +278,7 @@ PRODUCERS = {
     "offload_": "expert offload, the MoE path alone (benchmarks/bench_offload.py)",
     "qlinear_": "8-bit resident linear kernels against cuBLAS bf16 at model shapes (benchmarks/kernels/bench_qlinear.py)",
     "profile_gpt_oss_": "kernel time of a gpt-oss decode step (benchmarks/profile_gpt_oss.py)",
+    "cold_profile_": "where an eager step with a CPU share spends its host time (benchmarks/cold_profile.py)",
     "cold_experts_": "cold experts over the bus against the bus and the host CPU (benchmarks/cold_experts.py)",
     "rebuild24_": "the residency rebuild against its baseline commit (benchmarks/bench_e2e.py)",
     "residency50_": "the 50% pool in steady state, depth 2 against depth 0 (benchmarks/bench_e2e.py --offload)",
