@@ -72,7 +72,9 @@ class ExpertPanel(Panel):
     def __init__(self) -> None:
         super().__init__([("hit", "Pool hits, since load"), ("recent", "Pool hits, last 2 s"),
                           ("prefetch", "Staging hits, since load"), ("misses", "Misses, since load"),
-                          ("slots", "Pool slots"), ("gpu_prefetch", "GPU prefetch"), ("policy", "Eviction")])
+                          ("slots", "Pool slots"), ("gpu_prefetch", "GPU prefetch"), ("cold", "Cold experts"),
+                          ("policy", "Eviction")])
+        self._cold_before: Any = None      # the expert stats at the last push (the CPU's busy share since)
         self.rate = Ring(2)     # pool, pool + staging hits in % over the last 2 s
         self.recent = RecentCounts()
         self._layers: np.ndarray = np.zeros(0)
@@ -116,6 +118,8 @@ class ExpertPanel(Panel):
         r = self.readouts
         r["slots"].set(f"{e.pool_slots_used}/{e.pool_slots_total}" if e.pool_slots_total else NONE_YET)
         r["gpu_prefetch"].set(*claim_summary(e))
+        r["cold"].set(*cold_summary(e, self._cold_before))
+        self._cold_before = e
         name, _, memory = e.policy.partition(" ")          # "adaptive 0.99": the memory it uses now
         caption = f"Eviction ({memory})" if memory else "Eviction"
         if r["policy"].caption.text() != caption:
@@ -183,3 +187,24 @@ def claim_summary(e: Any) -> tuple[str, str]:
                  f"paused below {100 * e.claim_threshold:.0f}%, probed now and then")
         lines.append(f"steps of {label} token{'s' * (label != '1')}: {used}; {state}")
     return text, "\n".join(lines)
+
+
+def cold_summary(e: Any, before: Any = None) -> tuple[str, str]:
+    """Where the last step's missing experts ran (host CPU or bus), as a readout: text and tooltip;
+    ``before``: the stats of the last update, for the CPU's busy share since."""
+    if not e.cold_mode:
+        return "—", "Every expert is on the GPU: none is missing, so none runs on the CPU or crosses the bus"
+    cpu, bus = e.last_step_experts
+    text = f"CPU {cpu} · bus {bus}" if cpu or bus else f"{e.cold_mode}, none yet"
+    lines = [f"Setting: {e.cold_mode} (auto: per expert by measured rates, eager steps where they are faster; "
+             "bus; cpu)",
+             f"Last step: {cpu} missing experts computed on the CPU, {bus} brought over the bus",
+             f"Since load: {e.cpu_experts} on the CPU, {e.bus_experts} over the bus"]
+    if before is not None and e.steps_ms > before.steps_ms:
+        busy = (e.cpu_ms - before.cpu_ms) / (e.steps_ms - before.steps_ms)
+        lines.append(f"CPU busy {100 * busy:.0f}% of the step time since the last update")
+    if e.cold_measured_ms:
+        lines.append(f"Layers with a CPU share: the cost model predicted {e.cold_predicted_ms:.0f} ms, "
+                     f"they took {e.cold_measured_ms:.0f} ms (CPU kernels {e.cpu_ms:.0f} ms)")
+    return text, "\n".join(lines)
+

@@ -32,6 +32,24 @@ def test_expert_panel_names_the_eviction_policy_and_adaptive_memory(qapp):
     assert readout.value.text() == "lfu" and readout.caption.text() == "Eviction"
 
 
+def test_expert_panel_says_where_missing_experts_ran(qapp):
+    panel = ExpertPanel()
+    panel.push_stats(EngineStats(experts=ExpertStats()), now=1.0)
+    assert panel.readouts["cold"].value.text() == "—"                    # every expert resident
+    first = ExpertStats(cold_mode="auto", cpu_experts=10, bus_experts=30, cpu_ms=20.0, steps_ms=100.0,
+                        last_step_experts=(2, 6), cold_predicted_ms=15.0, cold_measured_ms=25.0)
+    panel.push_stats(EngineStats(experts=first), now=2.0)
+    then = ExpertStats(cold_mode="auto", cpu_experts=14, bus_experts=34, cpu_ms=50.0, steps_ms=200.0,
+                       last_step_experts=(4, 4), cold_predicted_ms=30.0, cold_measured_ms=45.0)
+    panel.push_stats(EngineStats(experts=then), now=3.0)
+    readout = panel.readouts["cold"].value
+    assert readout.text() == "CPU 4 · bus 4"
+    tip = readout.toolTip()
+    assert "Since load: 14 on the CPU, 34 over the bus" in tip
+    assert "CPU busy 30% of the step time" in tip                         # 30 ms of the last 100 ms
+    assert "predicted 30 ms, they took 45 ms" in tip
+
+
 # --- hit rates: what they count and since when --------------------------------------------------
 def _rates(panel: ExpertPanel) -> dict[str, str]:
     return {key: panel.readouts[key].value.text() for key in ("hit", "recent", "prefetch", "misses")}
