@@ -195,7 +195,7 @@ def cold_summary(e: Any, before: Any = None) -> tuple[str, str]:
     if not e.cold_mode:
         return "—", "Every expert is on the GPU: none is missing, so none runs on the CPU or crosses the bus"
     cpu, bus = e.last_step_experts
-    text = f"CPU {cpu} · bus {bus}" if cpu or bus else f"{e.cold_mode}, none yet"
+    text = f"CPU {cpu} · bus {bus}" if cpu or bus else f"{e.cold_mode.split()[0]}, none yet"
     lines = [f"Setting: {e.cold_mode} (auto: per expert by measured rates, eager steps where they are faster; "
              "bus; cpu)",
              f"Last step: {cpu} missing experts computed on the CPU, {bus} brought over the bus",

@@ -232,7 +232,7 @@ class ColdExperts:
         self.measured_ms = 0.0            # from the decision to the CPU's result, for those layers
         self.layers = 0                   # layers with a CPU share
         self.last_step: tuple[int, int] = (0, 0)   # (CPU, bus) experts of the last step
-        self._step = [0, 0]
+        self._step_cpu = 0
         self.arms = StepArms()          # auto: eager steps with a CPU share, or replayed ones without
 
     def enabled_on(self, device: torch.device) -> bool:
@@ -277,8 +277,7 @@ class ColdExperts:
         if self.rates is None:
             self.measure(store_rows, device)
         split = split_layer(dict(uses), self.layout.nbytes, self.rates, self.mode, direct)
-        self._step[0] += len(split.cpu)
-        self._step[1] += len(uses) - len(split.cpu)
+        self._step_cpu += len(split.cpu)
         if not split.cpu:
             return None
         self.cpu_experts += len(split.cpu)
@@ -290,8 +289,9 @@ class ColdExperts:
         self.measured_ms += measured_ms
         self.predicted_ms += share.split.predicted_s * 1e3
 
-    def end_step(self) -> None:
-        self.last_step, self._step = (self._step[0], self._step[1]), [0, 0]
+    def end_step(self, misses: int) -> None:
+        """The step is over; it had ``misses`` missing experts (distinct per layer) in all."""
+        self.last_step, self._step_cpu = (self._step_cpu, max(0, misses - self._step_cpu)), 0
 
 
 def check_mode(mode: object, error: type[Exception]) -> str:

@@ -128,6 +128,7 @@ class ExpertManager:
         self._quiet = False        # ... a decode graph without predictions
         self._replay = ManagerReplay(self)
         self._step_ms, self._step_t0 = 0.0, None    # time inside steps, for the CPU busy share
+        self._step_misses0 = 0
 
     @classmethod
     def from_rows(cls, layout: ExpertLayout, rows: torch.Tensor, num_experts: int, device: torch.device | str,
@@ -249,6 +250,7 @@ class ExpertManager:
         self.r.policy.tick()
         self._in_step = True
         self._step_t0 = time.perf_counter()
+        self._step_misses0 = self.r.counters.misses
         self.r.gate.tick()
 
     @property
@@ -354,7 +356,7 @@ class ExpertManager:
             self.plan = None
             self._in_step = False
             self.r.ledger.end_step()
-            self.r.cold.end_step()
+            self.r.cold.end_step(self.r.counters.misses - self._step_misses0)
             if self._step_t0 is not None:
                 self._step_ms += (time.perf_counter() - self._step_t0) * 1e3
                 self._step_t0 = None
@@ -410,11 +412,18 @@ class ExpertManager:
         gate, cold = self.direct.claim_gate, self.r.cold
         return dataclasses.replace(self.r.counters.snapshot(self.r.pool), claim_threshold=gate.threshold,
                                    claim_use=gate.state(self.tuning.prefetch_per_layer), policy=self.r.policy.label,
-                                   cold_mode=cold.mode if self.r.store is not None else "",
+                                   cold_mode=self._cold_mode(),
                                    cpu_experts=cold.cpu_experts, bus_experts=self.r.counters.misses - cold.cpu_experts,
                                    cpu_ms=cold.cpu_ms,
                                    cold_predicted_ms=cold.predicted_ms, cold_measured_ms=cold.measured_ms,
                                    steps_ms=self._step_ms, last_step_experts=cold.last_step)
+
+    def _cold_mode(self) -> str:
+        """The cold-expert setting as it acts here: "" with every expert resident and no host store."""
+        cold = self.r.cold
+        if self.r.store is None:
+            return ""
+        return cold.mode if cold.enabled_on(self.device) or cold.mode == "bus" else "bus (auto, on a CPU device)"
 
     @property
     def host_syncs(self) -> int:
