@@ -186,17 +186,17 @@ class ExpertManager:
         """Whether a step of ``tokens`` tokens reads missing experts directly."""
         return self.direct.direct_for(tokens)
 
-    def eager_for(self, tokens: int) -> bool:
-        """Whether a decode step of ``tokens`` tokens should run eagerly so that the host CPU can
-        compute missing experts (engine/experts/cold.py: always under ``cpu``; under ``auto`` while
-        such steps are measured faster than replayed ones); the host then decides per layer."""
+    def cold_step_for(self, tokens: int) -> bool:
+        """Whether a decode step of ``tokens`` tokens should be one in which the host CPU may compute
+        missing experts (engine/experts/cold.py: always under ``cpu``; under ``auto`` while such steps
+        are measured faster than the bus alone); the host then decides per layer."""
         r = self.r
-        return r.store is not None and not r.pool.full and r.cold.enabled_on(self.device) and r.cold.eager_for(tokens)
+        return r.store is not None and not r.pool.full and r.cold.enabled_on(self.device) and r.cold.cold_step_for(tokens)
 
-    def observe_step(self, tokens: int, eager: bool, seconds: float) -> None:
-        """A decode step of ``tokens`` tokens ran (eagerly or replayed) in ``seconds``, for ``auto``."""
+    def observe_step(self, tokens: int, cold: bool, seconds: float) -> None:
+        """A decode step of ``tokens`` tokens ran (with CPU shares or the bus alone) in ``seconds``."""
         if self.r.store is not None and not self.r.pool.full:
-            self.r.cold.observe(tokens, eager, seconds)
+            self.r.cold.observe(tokens, cold, seconds)
 
     @property
     def cold(self) -> ColdExperts:

@@ -52,8 +52,13 @@ class ReplayHooks(Protocol):
         """Device work: ``topk_ids [T, k]`` and the predictions ``[P, T, k]`` into pinned ``region``."""
 
     def acquire_published(self, moe_index: int, region: torch.Tensor, shape: tuple[int, int], rows: int,
-                          predicted: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Host work between pieces: resolve the published ids of ``rows`` real rows."""
+                          predicted: Any, cold: bool = False) -> tuple:
+        """Host work between pieces: resolve the published ids of ``rows`` real rows; with ``cold``
+        (a cold-pieces recording) a :class:`engine.experts.cold.ColdShare` of the layer may come
+        fourth (its experts are not copied in)."""
+
+    def warm_acquire(self, moe_index: int, topk_ids: torch.Tensor, predicted: Any) -> tuple:
+        """Before a cold-pieces recording: a copy-path acquire that copies every missing expert in."""
 
     def issue_prefetch(self) -> None:
         """Issue the prefetch copies the last ``acquire_published`` deferred (the next piece runs)."""
@@ -125,13 +130,21 @@ class ManagerReplay:
         self.m.r.reader.publish(flat if predicted is None else torch.cat([flat, predicted[2].reshape(-1)]), region)
 
     def acquire_published(self, moe_index: int, region: torch.Tensor, shape: tuple[int, int], rows: int,
-                          predicted: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                          predicted: Any, cold: bool = False) -> tuple:
         m = self.m
         if m.pool.full:
             raise RuntimeError("a pool holding every expert needs no published ids; record the step whole")
         m.plan_step("copy", rows)
         ids, pred = m.copy.read_published(region, shape, rows, predicted)
-        return m.copy.acquire(moe_index, ids, pred, defer_prefetch=True)
+        return m.copy.acquire(moe_index, ids, pred, defer_prefetch=True, per_token=shape[1] if cold else 0,
+                              keep_one=True)
+
+    def warm_acquire(self, moe_index: int, topk_ids: torch.Tensor, predicted: Any) -> tuple:
+        m = self.m
+        m.plan_step("copy", topk_ids.shape[0])
+        ids, pred = m.copy.read_ids(topk_ids, predicted if predicted is not None and predicted[0] == moe_index
+                                    else None)
+        return m.copy.acquire(moe_index, ids, pred, defer_prefetch=False)
 
     def issue_prefetch(self) -> None:
         self.m.copy.issue_prefetch()
