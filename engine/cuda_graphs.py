@@ -310,6 +310,7 @@ class DecodeGraphs:
                 gc.enable()
         return rec
 
+    @torch.inference_mode()          # the recorded tensors it writes between pieces are inference tensors
     def _run_cold(self, rec: _Recording, b: int, experts: ReplayHooks, launched: Callable) -> None:
         """Replay a cold-pieces recording: per MoE layer, resolve its ids (the host decides which
         missing experts the CPU computes), replay its MoE, compute the CPU's share meanwhile, then
