@@ -261,7 +261,7 @@ class DecodeGraphs:
             row, views = experts.warm_acquire(moe_index, topk_ids, predicted)[:2]
             return row, views, None, RecordedShare(None, outs[moe_index])
 
-        with experts.recording():                  # every kernel of the recording, compiled and planned
+        with experts.recording(copy=True):         # every kernel of the recording, compiled and planned
             with torch.cuda.stream(stream):
                 for _ in range(2):
                     self.model.forward(self._batch(b), self.cache, acquire=warm)
@@ -295,7 +295,7 @@ class DecodeGraphs:
         gc.collect()
         gc.disable()
         try:
-            with experts.recording():
+            with experts.recording(copy=True):
                 with torch.cuda.stream(stream):
                     graph.capture_begin(pool=self.pool)
                     try:

@@ -40,9 +40,10 @@ class ReplayHooks(Protocol):
     def direct_for(self, tokens: int) -> bool:
         """Whether a step of ``tokens`` tokens reads missing experts directly (records one graph)."""
 
-    def recording(self, quiet: bool = False) -> AbstractContextManager[None]:
+    def recording(self, quiet: bool = False, copy: bool = False) -> AbstractContextManager[None]:
         """While decode steps are warmed up or recorded: predictions cover the full depth (the gate's
-        depth changes from step to step); ``quiet`` records a step with no predictions at all."""
+        depth changes from step to step); ``quiet`` records a step with no predictions at all; ``copy``
+        one whose experts are copied in (no GPU-side claims)."""
 
     def slot_table(self, moe_index: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The device slot-table row ``[E] int32`` of a layer and the pool's views (a piece's output)."""
@@ -112,8 +113,8 @@ class ManagerReplay:
     def direct_for(self, tokens: int) -> bool:
         return self.m.direct_for(tokens)
 
-    def recording(self, quiet: bool = False) -> AbstractContextManager[None]:
-        return self.m.recording(quiet)
+    def recording(self, quiet: bool = False, copy: bool = False) -> AbstractContextManager[None]:
+        return self.m.recording(quiet, copy)
 
     def slot_table(self, moe_index: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         return self.m.slot_table(moe_index)
