@@ -98,7 +98,10 @@ def main() -> None:
                             r = row(engine, sweep, fmt, pool, depth, mode, b, prompts)
                         except Exception as e:
                             result["errors"].append({"format": fmt, "pool": pool, "depth": depth, "mode": mode,
-                                                     "batch": b, "error": "".join(traceback.format_exception(e))[-1500:]})
+                                                     "batch": b, "error": "".join(traceback.format_exception(e))[-6000:]})
+                            print(f"{fmt} pool {pool} depth {depth} {mode} b{b}: failed: {e!r}"[:300], flush=True)
+                            for req in list(engine.scheduler.running) + list(engine.scheduler.waiting):
+                                engine.abort_now(req.request_id)   # the next row starts clean
                             continue
                         r["row_s"] = time.perf_counter() - t0
                         result["rows"].append(r)
