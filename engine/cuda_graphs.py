@@ -80,10 +80,6 @@ class _Recording:
     direct: bool = False            # one graph that publishes every layer (direct reads)
     regions: torch.Tensor | None = None
     quiet: "_Recording | None" = None   # direct reads: the same step recorded without predictions
-    # cold pieces: per cut, the layer's recorded CPU share (its MoE is a piece of its own, then the
-    # piece that adds the CPU's sum); whether its ``out`` holds a CPU sum the next replay must clear
-    shares: list = field(default_factory=list)
-    dirty: list[bool] = field(default_factory=list)
 
 
 class DecodeGraphs:
@@ -122,7 +118,6 @@ class DecodeGraphs:
         self._h_pad = torch.zeros(n, dtype=torch.bool, pin_memory=pin)
         self._h_width = [0] * groups                                    # widest table row staged so far, per group
         self.graphs: dict[int, _Recording] = {}
-        self.cold_graphs: dict[int, _Recording] = {}     # cold pieces (host CPU shares), per bucket
         self.pool = None
         self.replays = 0
 
@@ -142,14 +137,11 @@ class DecodeGraphs:
         return ForwardBatch(self.ids[:b], self.positions[:b], self.slots[:b], [], None,
                             DecodeMeta(self.tables[:b], self.lens[:b]), window=window)
 
-    def _capture(self, b: int, cold: bool = False) -> None:
+    def _capture(self, b: int) -> None:
         dev = self.model.device
         side = torch.cuda.Stream(dev)
         side.wait_stream(torch.cuda.current_stream(dev))
         hooks = self.model.experts.replay_hooks
-        if cold:
-            self.cold_graphs[b] = self._capture_cold(b, side, hooks)
-            return
         # Warm-up (Triton compiles, cuBLAS plans, allocator caches) with every shape the recording
         # will use: predictions cover the full prefetch depth there, whatever the prefetch gate says
         # now, so nothing is compiled or planned for the first time inside a capture.
@@ -247,114 +239,20 @@ class DecodeGraphs:
         torch.cuda.current_stream(self.model.device).wait_stream(stream)
         return rec
 
-    def _capture_cold(self, b: int, stream: torch.cuda.Stream, experts: ReplayHooks) -> _Recording:
-        """Record one decode step as pieces in which the host may give each MoE layer's missing experts
-        to the CPU (engine/experts/cold.py): as :meth:`_capture_pieces`, but each layer's MoE is a
-        piece of its own, and the piece after it starts by adding the CPU's sum from a fixed buffer
-        (``RecordedShare``), which the host fills while the MoE's piece runs."""
-        from engine.experts.cold import RecordedShare
-        k, d = self.model.spec.top_k, self.model.spec.hidden
-        layers = self.model.spec.num_moe_layers
-        outs = [torch.zeros(b, d, dtype=self.model.dtype, device=self.model.device) for _ in range(layers)]
-
-        def warm(moe_index: int, topk_ids: torch.Tensor, predicted: Any) -> tuple:
-            row, views = experts.warm_acquire(moe_index, topk_ids, predicted)[:2]
-            return row, views, None, RecordedShare(None, outs[moe_index])
-
-        with experts.recording(copy=True):         # every kernel of the recording, compiled and planned
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    self.model.forward(self._batch(b), self.cache, acquire=warm)
-        torch.cuda.current_stream(self.model.device).wait_stream(stream)
-        torch.cuda.synchronize(self.model.device)
-        rec = _Recording([], torch.empty(0))
-        width = b * k * (1 + experts.prefetch_depth)
-        regions = pinned_ids(layers * width).view(-1, width)
-        graph = torch.cuda.CUDAGraph()
-
-        def end_piece() -> None:
-            nonlocal graph
-            graph.capture_end()
-            self.pool = graph.pool()
-            rec.graphs.append(graph)
-            graph = torch.cuda.CUDAGraph()
-            graph.capture_begin(pool=self.pool)
-
-        def cut(moe_index: int, topk_ids: torch.Tensor, predicted: Any) -> tuple:
-            topk_ids.copy_(torch.where(self.pad[:b, None], topk_ids[:1], topk_ids))
-            region = regions[len(rec.cuts)]
-            experts.publish(topk_ids, predicted, region)
-            end_piece()
-            rec.cuts.append(_Cut(moe_index, (b, k), predicted, region))
-            share = RecordedShare(end_piece, outs[moe_index])
-            rec.shares.append(share)
-            rec.dirty.append(False)
-            return (*experts.slot_table(moe_index), None, share)
-
-        collect = gc.isenabled()
-        gc.collect()
-        gc.disable()
-        try:
-            with experts.recording(copy=True):
-                with torch.cuda.stream(stream):
-                    graph.capture_begin(pool=self.pool)
-                    try:
-                        rec.logits = self.model.forward(self._batch(b), self.cache, acquire=cut)
-                    finally:
-                        graph.capture_end()
-                self.pool = graph.pool()
-                rec.graphs.append(graph)
-            torch.cuda.current_stream(self.model.device).wait_stream(stream)
-        finally:
-            if collect:
-                gc.enable()
-        return rec
-
-    @torch.inference_mode()          # the recorded tensors it writes between pieces are inference tensors
-    def _run_cold(self, rec: _Recording, b: int, experts: ReplayHooks, launched: Callable) -> None:
-        """Replay a cold-pieces recording: per MoE layer, resolve its ids (the host decides which
-        missing experts the CPU computes), replay its MoE, compute the CPU's share meanwhile, then
-        replay the piece that adds it and runs on to the next layer's routing."""
-        experts.begin_step()
-        try:
-            rec.graphs[0].replay()
-            for i, c in enumerate(rec.cuts):
-                got = experts.acquire_published(c.moe_index, c.region, c.shape, b, c.predicted, cold=True)
-                share, recorded = (got[3] if len(got) > 3 else None), rec.shares[i]
-                if share is not None:
-                    share.redirect(recorded, b)
-                rec.graphs[1 + 2 * i].replay()          # the layer's MoE, on the GPU's share
-                experts.issue_prefetch()
-                if share is not None:
-                    recorded.out[:b].copy_(share.finish())
-                    rec.dirty[i] = True
-                elif rec.dirty[i]:
-                    recorded.out.zero_()
-                    rec.dirty[i] = False
-                rec.graphs[2 + 2 * i].replay()          # + the CPU's sum, on to the next routing
-            launched(rec.logits[:b])
-        finally:
-            experts.end_step()
-
-    def run(self, inputs: DecodeInputs, then: Callable[[torch.Tensor], Any] | None = None,
-            cold: bool = False) -> torch.Tensor:
+    def run(self, inputs: DecodeInputs, then: Callable[[torch.Tensor], Any] | None = None) -> torch.Tensor:
         """Logits [B, V] of a decode step, replayed from the recording of its bucket. ``then(logits)``
         is called as soon as the step is launched (to queue work on the logits, e.g. sampling), before
-        the host follows the step's experts and ends the step. ``cold``: the cold-pieces recording,
-        in which the host may give each layer's missing experts to the CPU."""
+        the host follows the step's experts and ends the step."""
         b = len(inputs.ids)
         n = self.bucket(b)
         self._load(inputs, b, n)
-        graphs = self.cold_graphs if cold else self.graphs
-        if n not in graphs:
-            self._capture(n, cold)
+        if n not in self.graphs:
+            self._capture(n)
             self._load(inputs, b, n)               # capture's warm-up ran on these buffers; reload them
-        rec = graphs[n]
+        rec = self.graphs[n]
         launched = then or (lambda logits: None)
         experts = self.model.experts.replay_hooks
-        if cold:
-            self._run_cold(rec, b, experts, launched)
-        elif rec.direct and experts is not None:
+        if rec.direct and experts is not None:
             experts.begin_step(keep_ended=True)
             try:
                 predicting = rec.quiet is None or experts.predicts(b)
@@ -416,7 +314,6 @@ class DecodeGraphs:
     def reset(self) -> None:
         """Drop every graph (after a change that invalidates them, e.g. a different expert pool)."""
         self.graphs.clear()
-        self.cold_graphs.clear()
         self.pool = None
 
 

@@ -18,9 +18,8 @@ how many of the layer's tokens use it, so that the bus and the CPU finish togeth
 
 :class:`ColdShare` is one layer's CPU share as the model computes it: the layer's (token, expert)
 pairs split into those the GPU's kernels compute and those the CPU does; the CPU's sum is added to
-the GPU's on the device. A decode step with CPU shares replays the cold-pieces recording (engine/cuda_graphs.py: a piece
-per layer boundary and one per MoE, the host deciding between them once it has read the layer's
-ids; the GPU's MoE piece runs while the CPU computes), or runs eagerly where graphs are off.
+the GPU's on the device. A decode step with a CPU share runs eagerly (not replayed from a CUDA graph):
+the host decides per layer once it has read the layer's ids.
 
 Legend: T tokens, k experts per token, D hidden, P (token, expert) pairs.
 """
@@ -113,7 +112,6 @@ class ColdShare:
             else:
                 gpu.append(p)
         self.by_key, self.gpu = by_key, gpu
-        self.donor = ids[gpu[0]] if gpu else -1     # an expert of the layer the GPU has (see redirect)
         self._host: torch.Tensor | None = None
         self._ready: torch.cuda.Event | None = None
         self._t0 = time.perf_counter()
@@ -138,20 +136,6 @@ class ColdShare:
             return None
         pairs = torch.tensor(self.gpu, dtype=torch.int64).to(x.device, non_blocking=True)
         return x[pairs // self.k], ids.reshape(-1)[pairs].view(-1, 1), w.reshape(-1)[pairs].view(-1, 1), pairs
-
-    def redirect(self, rec: "RecordedShare", rows: int) -> None:
-        """A recorded layer (cold pieces, engine/cuda_graphs.py) is about to replay its MoE: queue its
-        ``x`` and weights of the ``rows`` real rows to the host, then point the CPU's pairs (and the
-        padding rows' copies of row 0's) at an expert the GPU has, with weight 0, in the recorded
-        tensors."""
-        self.start(rec.x[:rows], rec.w[:rows])
-        ids = rec.ids.view(-1)
-        k, total = self.k, rec.ids.shape[0]
-        first = [p for ps in self.by_key.values() for p in ps if p < k]           # row 0's CPU pairs
-        pairs = [p for ps in self.by_key.values() for p in ps] + [r * k + p for r in range(rows, total) for p in first]
-        idx = torch.tensor(pairs, dtype=torch.int64).to(ids.device, non_blocking=True)
-        ids.index_fill_(0, idx, self.donor)
-        rec.w.view(-1).index_fill_(0, idx, 0.0)
 
     def scatter(self, y: torch.Tensor | None, pairs: torch.Tensor | None) -> torch.Tensor:
         """The GPU's per-pair outputs ``y [P', D]`` summed per token: ``[T, D]`` (zeros without pairs)."""
@@ -185,42 +169,14 @@ class ColdShare:
         return out.to(self._device, non_blocking=cuda).to(self._dtype)
 
 
-class RecordedShare:
-    """A layer's CPU share as a recorded decode step sees it (cold pieces, engine/cuda_graphs.py): the
-    MoE kernels take every pair as routed (the host points the CPU's pairs at an expert the GPU has,
-    with weight 0, before the piece replays: :meth:`ColdShare.redirect`), and the CPU's sum is added
-    from the fixed buffer ``out``, which the host writes between the MoE's piece and the next one
-    (``finish`` ends the piece while recording). Keeps the recorded ``x``, ``ids`` and ``w``."""
-
-    def __init__(self, cut, out: torch.Tensor) -> None:
-        self._cut, self.out = cut, out
-        self.x = self.w = self.ids = None
-
-    def start(self, x: torch.Tensor, w: torch.Tensor) -> None:
-        self.x, self.w = x, w
-
-    def gpu_inputs(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor):
-        self.ids = ids
-        return x, ids, w, None
-
-    def scatter(self, y: torch.Tensor | None, pairs: torch.Tensor | None) -> torch.Tensor:
-        return y
-
-    def finish(self) -> torch.Tensor:
-        if self._cut is not None:
-            self._cut()
-        return self.out
-
-
 class StepArms:
-    """``auto``'s choice per decode step size: steps in which the host splits each layer between the
-    bus and the CPU (replayed from the cold-pieces recording: a graph launch and a host wait per MoE
-    layer, or eager where graphs are off) or the bus alone (a direct-read step replays as one graph,
-    the host following it). Which is faster depends on what the cost model cannot see (the host's
-    waits and launches per layer), so both are measured: each size tries each arm for ``trials``
-    steps (the first step of an arm not counted: it records a graph or compiles), then takes the
-    faster by a moving average, trying the other again every ``probe_every`` steps, since routing and
-    the pool change."""
+    """``auto``'s choice per decode step size: eager steps (the host splits each layer between the bus
+    and the CPU) or replayed CUDA graphs (the bus alone, no host work per layer). Which is faster
+    depends on what the cost model cannot see (an eager step's launches and waits per layer: measured
+    on the H200 host about 1-2 ms a layer more than a replay), so both are measured: each size tries
+    each arm for ``trials`` steps (the first step of an arm not counted: it may record a graph or
+    compile), then takes the faster by a moving average, trying the other again every ``probe_every``
+    steps, since routing and the pool change."""
 
     def __init__(self, trials: int = 3, probe_every: int = 256, alpha: float = 0.25) -> None:
         self.trials, self.probe_every, self.alpha = trials, probe_every, alpha
@@ -232,13 +188,13 @@ class StepArms:
         for arm in (False, True):
             if self._seen.get((tokens, arm), 0) <= self.trials:
                 return arm
-        cold = self._avg[(tokens, True)] < self._avg[(tokens, False)]
+        eager = self._avg[(tokens, True)] < self._avg[(tokens, False)]
         if self._steps.get(tokens, 0) % self.probe_every == self.probe_every - 1:
-            return not cold
-        return cold
+            return not eager
+        return eager
 
-    def observe(self, tokens: int, cold: bool, seconds: float) -> None:
-        key = (tokens, cold)
+    def observe(self, tokens: int, eager: bool, seconds: float) -> None:
+        key = (tokens, eager)
         n = self._seen.get(key, 0)
         self._seen[key] = n + 1
         self._steps[tokens] = self._steps.get(tokens, 0) + 1
@@ -248,7 +204,7 @@ class StepArms:
         self._avg[key] = seconds if old is None else old + self.alpha * (seconds - old)
 
     def state(self) -> dict[int, tuple[float | None, float | None]]:
-        """Step size -> (average seconds on the bus alone, with CPU shares)."""
+        """Step size -> (average seconds replayed, eager)."""
         sizes = sorted({t for t, _ in self._seen})
         return {t: (self._avg.get((t, False)), self._avg.get((t, True))) for t in sizes}
 
@@ -277,7 +233,7 @@ class ColdExperts:
         self.layers = 0                   # layers with a CPU share
         self.last_step: tuple[int, int] = (0, 0)   # (CPU, bus) experts of the last step
         self._step_cpu = 0
-        self.arms = StepArms()          # auto: steps with CPU shares, or on the bus alone
+        self.arms = StepArms()          # auto: eager steps with a CPU share, or replayed ones without
 
     def enabled_on(self, device: torch.device) -> bool:
         return self.mode == "cpu" or (self.mode == "auto" and device.type == "cuda")
@@ -297,25 +253,23 @@ class ColdExperts:
         self.rates = ColdRates(bus, cost, call, self.threads)
         return self.rates
 
-    def cold_step_for(self, tokens: int) -> bool:
-        """Whether a decode step of ``tokens`` tokens should be one in which the host can give the CPU
-        its share: always under ``cpu``, never under ``bus``; under ``auto`` the arm
+    def eager_for(self, tokens: int) -> bool:
+        """Whether a decode step of ``tokens`` tokens should run eagerly, so that the host can give the
+        CPU its share: always under ``cpu``, never under ``bus``; under ``auto`` the arm
         (:class:`StepArms`) whose recent steps of that size were faster."""
         if self.mode != "auto":
             return self.mode == "cpu"
         return self.arms.choose(tokens)
 
-    def observe(self, tokens: int, cold: bool, seconds: float) -> None:
+    def observe(self, tokens: int, eager: bool, seconds: float) -> None:
         """A decode step of ``tokens`` tokens took ``seconds`` (launch to sampled tokens on the host)."""
         if self.mode == "auto":
-            self.arms.observe(tokens, cold, seconds)
+            self.arms.observe(tokens, eager, seconds)
 
     def split(self, store_rows: torch.Tensor, device: torch.device, moe_index: int, num_experts: int,
-              ids: Sequence[int], missing: Sequence[bool], k: int, direct: bool,
-              keep_one: bool = False) -> ColdShare | None:
+              ids: Sequence[int], missing: Sequence[bool], k: int, direct: bool) -> ColdShare | None:
         """Layer ``moe_index``'s CPU share (None: none): ``ids`` its T*k expert ids, ``missing`` per
-        pair whether the expert has no device slot. ``keep_one``: leave at least one of the layer's
-        experts to the GPU (a recorded step points the CPU's pairs at it)."""
+        pair whether the expert has no device slot."""
         base = moe_index * num_experts
         uses = Counter(base + e for e, m in zip(ids, missing) if m)
         if not uses:
@@ -323,10 +277,6 @@ class ColdExperts:
         if self.rates is None:
             self.measure(store_rows, device)
         split = split_layer(dict(uses), self.layout.nbytes, self.rates, self.mode, direct)
-        if keep_one and split.cpu and all(base + e in split.cpu for e in ids):
-            back = max(split.cpu, key=lambda key: (uses[key], key))          # the CPU's dearest
-            split = dataclasses.replace(split, cpu=split.cpu - {back},
-                                        bus_s=split.bus_s + self.rates.bus_s(self.layout.nbytes, 1))
         self._step_cpu += len(split.cpu)
         if not split.cpu:
             return None

@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 
 from engine.experts.admission import admit
+from engine.experts.cold import ColdShare
 from engine.experts.residency import Residency
 
 
@@ -64,7 +65,7 @@ class CopyPath:
 
     # ---- one layer ---------------------------------------------------------------------------
     def acquire(self, moe_index: int, ids: torch.Tensor, predicted: tuple | None, defer_prefetch: bool,
-                per_token: int = 0, keep_one: bool = False) -> tuple:
+                per_token: int = 0) -> tuple:
         """``ids`` int64 [T*k] and ``predicted`` (layers, ids [P, T, k]) on the host: copy the misses
         in, push the layer's table row; prefetch (now, or at :meth:`issue_prefetch`). Returns
         ``(row, views)``, or with ``per_token`` (k) given and a share of the misses computed by the
@@ -83,8 +84,7 @@ class CopyPath:
         r.count_uses(moe_index, keys, None)
         cold = None
         if misses and per_token:
-            cold = r.cold_share(moe_index, id_list, [slot_of[base + e] < 0 for e in id_list], per_token, False,
-                                keep_one)
+            cold = r.cold_share(moe_index, id_list, [slot_of[base + e] < 0 for e in id_list], per_token, False)
         on_cpu = cold.keys if cold is not None else frozenset()
         pinned = books.pins
         pairs = [(self._slot_for(k, moe_index, pinned, demand=True), k) for k in misses if k not in on_cpu]

@@ -126,7 +126,6 @@ class ExpertManager:
         self._owns_store = False
         self._capturing = False    # while decode steps are recorded into CUDA graphs (see recording)
         self._quiet = False        # ... a decode graph without predictions
-        self._copy_recording = False   # ... a decode graph whose experts are copied in (cold pieces)
         self._replay = ManagerReplay(self)
         self._step_ms, self._step_t0 = 0.0, None    # time inside steps, for the CPU busy share
         self._step_misses0 = 0
@@ -187,17 +186,17 @@ class ExpertManager:
         """Whether a step of ``tokens`` tokens reads missing experts directly."""
         return self.direct.direct_for(tokens)
 
-    def cold_step_for(self, tokens: int) -> bool:
-        """Whether a decode step of ``tokens`` tokens should be one in which the host CPU may compute
-        missing experts (engine/experts/cold.py: always under ``cpu``; under ``auto`` while such steps
-        are measured faster than the bus alone); the host then decides per layer."""
+    def eager_for(self, tokens: int) -> bool:
+        """Whether a decode step of ``tokens`` tokens should run eagerly so that the host CPU can
+        compute missing experts (engine/experts/cold.py: always under ``cpu``; under ``auto`` while
+        such steps are measured faster than replayed ones); the host then decides per layer."""
         r = self.r
-        return r.store is not None and not r.pool.full and r.cold.enabled_on(self.device) and r.cold.cold_step_for(tokens)
+        return r.store is not None and not r.pool.full and r.cold.enabled_on(self.device) and r.cold.eager_for(tokens)
 
-    def observe_step(self, tokens: int, cold: bool, seconds: float) -> None:
-        """A decode step of ``tokens`` tokens ran (with CPU shares or the bus alone) in ``seconds``."""
+    def observe_step(self, tokens: int, eager: bool, seconds: float) -> None:
+        """A decode step of ``tokens`` tokens ran (eagerly or replayed) in ``seconds``, for ``auto``."""
         if self.r.store is not None and not self.r.pool.full:
-            self.r.cold.observe(tokens, cold, seconds)
+            self.r.cold.observe(tokens, eager, seconds)
 
     @property
     def cold(self) -> ColdExperts:
@@ -261,15 +260,14 @@ class ExpertManager:
         return None if self.r.pool.full else self._replay
 
     @contextlib.contextmanager
-    def recording(self, quiet: bool = False, copy: bool = False) -> Iterator[None]:
+    def recording(self, quiet: bool = False) -> Iterator[None]:
         """While decode steps are warmed up or recorded into CUDA graphs: predictions cover the full
-        depth; ``quiet`` records a step with no predictions (see ``predicts``); ``copy`` a step whose
-        experts are copied in (cold pieces), so the GPU claims none itself."""
-        self._capturing, self._quiet, self._copy_recording = True, quiet, copy
+        depth; ``quiet`` records a step with no predictions (see ``predicts``)."""
+        self._capturing, self._quiet = True, quiet
         try:
             yield
         finally:
-            self._capturing, self._quiet, self._copy_recording = False, False, False
+            self._capturing, self._quiet = False, False
 
     def slot_table(self, moe_index: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The device slot-table row ``[E] int32`` of MoE layer ``moe_index`` and the pool's views."""
@@ -296,7 +294,7 @@ class ExpertManager:
         tokens = hidden.shape[0]
         plan = self.plan              # GPU-side claims: a step not planned as copy, of a direct-read size
         device_side = (self.direct.claims is not None and (plan is None or plan.kind != "copy")
-                       and self.direct_for(tokens) and not self._copy_recording)
+                       and self.direct_for(tokens))
         full = self._capturing or device_side
         depth = depth_setting if full else self.r.gated_depth()
         layers = list(range(moe_index + 1, min(moe_index + depth, self.num_layers - 1) + 1))

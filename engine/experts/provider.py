@@ -41,12 +41,11 @@ class ExpertProvider(Protocol):
     def end_step(self) -> None:
         """The forward pass is over (counters, eviction bookkeeping)."""
 
-    def cold_step_for(self, tokens: int) -> bool:
-        """Whether a decode step of ``tokens`` tokens should replay the recording in which the host may
-        give each layer's missing experts to the CPU (engine/cuda_graphs.py's cold pieces), or run so
-        when not replayed; else the bus alone."""
+    def eager_for(self, tokens: int) -> bool:
+        """Whether a decode step of ``tokens`` tokens should run eagerly, not replayed from a CUDA
+        graph, so that the host can give missing experts to the CPU (the host decides per layer)."""
 
-    def observe_step(self, tokens: int, cold: bool, seconds: float) -> None:
+    def observe_step(self, tokens: int, eager: bool, seconds: float) -> None:
         """A decode step of ``tokens`` tokens took ``seconds`` (launch to sampled tokens on the host)."""
 
     def direct_for(self, tokens: int) -> bool:

@@ -40,10 +40,9 @@ class ReplayHooks(Protocol):
     def direct_for(self, tokens: int) -> bool:
         """Whether a step of ``tokens`` tokens reads missing experts directly (records one graph)."""
 
-    def recording(self, quiet: bool = False, copy: bool = False) -> AbstractContextManager[None]:
+    def recording(self, quiet: bool = False) -> AbstractContextManager[None]:
         """While decode steps are warmed up or recorded: predictions cover the full depth (the gate's
-        depth changes from step to step); ``quiet`` records a step with no predictions at all; ``copy``
-        one whose experts are copied in (no GPU-side claims)."""
+        depth changes from step to step); ``quiet`` records a step with no predictions at all."""
 
     def slot_table(self, moe_index: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The device slot-table row ``[E] int32`` of a layer and the pool's views (a piece's output)."""
@@ -53,13 +52,8 @@ class ReplayHooks(Protocol):
         """Device work: ``topk_ids [T, k]`` and the predictions ``[P, T, k]`` into pinned ``region``."""
 
     def acquire_published(self, moe_index: int, region: torch.Tensor, shape: tuple[int, int], rows: int,
-                          predicted: Any, cold: bool = False) -> tuple:
-        """Host work between pieces: resolve the published ids of ``rows`` real rows; with ``cold``
-        (a cold-pieces recording) a :class:`engine.experts.cold.ColdShare` of the layer may come
-        fourth (its experts are not copied in)."""
-
-    def warm_acquire(self, moe_index: int, topk_ids: torch.Tensor, predicted: Any) -> tuple:
-        """Before a cold-pieces recording: a copy-path acquire that copies every missing expert in."""
+                          predicted: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Host work between pieces: resolve the published ids of ``rows`` real rows."""
 
     def issue_prefetch(self) -> None:
         """Issue the prefetch copies the last ``acquire_published`` deferred (the next piece runs)."""
@@ -113,8 +107,8 @@ class ManagerReplay:
     def direct_for(self, tokens: int) -> bool:
         return self.m.direct_for(tokens)
 
-    def recording(self, quiet: bool = False, copy: bool = False) -> AbstractContextManager[None]:
-        return self.m.recording(quiet, copy)
+    def recording(self, quiet: bool = False) -> AbstractContextManager[None]:
+        return self.m.recording(quiet)
 
     def slot_table(self, moe_index: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         return self.m.slot_table(moe_index)
@@ -131,21 +125,13 @@ class ManagerReplay:
         self.m.r.reader.publish(flat if predicted is None else torch.cat([flat, predicted[2].reshape(-1)]), region)
 
     def acquire_published(self, moe_index: int, region: torch.Tensor, shape: tuple[int, int], rows: int,
-                          predicted: Any, cold: bool = False) -> tuple:
+                          predicted: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         m = self.m
         if m.pool.full:
             raise RuntimeError("a pool holding every expert needs no published ids; record the step whole")
         m.plan_step("copy", rows)
         ids, pred = m.copy.read_published(region, shape, rows, predicted)
-        return m.copy.acquire(moe_index, ids, pred, defer_prefetch=True, per_token=shape[1] if cold else 0,
-                              keep_one=True)
-
-    def warm_acquire(self, moe_index: int, topk_ids: torch.Tensor, predicted: Any) -> tuple:
-        m = self.m
-        m.plan_step("copy", topk_ids.shape[0])
-        ids, pred = m.copy.read_ids(topk_ids, predicted if predicted is not None and predicted[0] == moe_index
-                                    else None)
-        return m.copy.acquire(moe_index, ids, pred, defer_prefetch=False)
+        return m.copy.acquire(moe_index, ids, pred, defer_prefetch=True)
 
     def issue_prefetch(self) -> None:
         self.m.copy.issue_prefetch()

@@ -84,18 +84,17 @@ class ModelRunner:
         b = len(sched.seqs)
         graphable = (self.use_graphs and all(s.num_new == 1 and s.samples for s in sched.seqs)
                      and self.graphs.bucket(b) is not None)
-        # the recording in which the host may give missing experts to the CPU (engine/experts/cold.py)
-        cold = graphable and self.model.experts.cold_step_for(b)
+        # eager instead, where the host may give missing experts to the CPU (engine/experts/cold.py)
+        eager = graphable and self.model.experts.eager_for(b)
         t0 = time.perf_counter()
-        if graphable:
-            self.graphs.run(self.decode_inputs(sched), then=lambda logits: self._queue_sample(logits, sampling),
-                            cold=cold)
+        if graphable and not eager:
+            self.graphs.run(self.decode_inputs(sched), then=lambda logits: self._queue_sample(logits, sampling))
         else:
             logits = self.model.forward(self.build_batch(sched), self.cache)         # [B', V]
             self._queue_sample(logits, sampling)
         out = self.take()
         if graphable:
-            self.model.experts.observe_step(b, cold, time.perf_counter() - t0)
+            self.model.experts.observe_step(b, eager, time.perf_counter() - t0)
         return out
 
     def _queue_sample(self, logits: torch.Tensor, reqs: list[Request]) -> None:
