@@ -51,6 +51,19 @@ def _positive(name: str, value: int, minimum: int = 1) -> None:
         raise ConfigError(f"{name} must be an integer >= {minimum} (got {value!r})")
 
 
+def _budget(value: object, cards: int) -> int | tuple[int, ...] | None:
+    """A budget in bytes, or one per card ("24G,20G", a list or tuple) of a pipeline over ``cards`` GPUs."""
+    if isinstance(value, str) and "," in value:
+        value = [v for v in value.split(",")]
+    if not isinstance(value, (list, tuple)):
+        return parse_size(value, "gpu_memory_budget")
+    sizes = tuple(parse_size(v, "gpu_memory_budget") for v in value)
+    if None in sizes or len(sizes) != cards:
+        raise ConfigError(f"gpu_memory_budget lists {len(sizes)} sizes but pipeline_parallel is {cards}; give one "
+                          f"size per GPU (e.g. {','.join(['24G'] * cards)}) or one size for all of them")
+    return sizes[0] if cards == 1 else sizes
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine needs to load and run a model."""
@@ -83,16 +96,20 @@ class EngineConfig:
     kv_block_size: int = 16
     max_model_len: int | None = None     # None = from the checkpoint, capped by the KV budget
     kv_cache_size: int | None = None     # bytes of KV cache; None = what the budget leaves
-    gpu_memory_budget: int | None = None  # bytes; None = free memory of the card
+    # bytes; None = free memory of the card. With pipeline_parallel N: the cards' total, split evenly,
+    # or one value per card ("24G,20G", a list or tuple)
+    gpu_memory_budget: int | tuple[int, ...] | None = None
     cuda_graphs: bool | None = None      # None = where the device has them (CUDA); True on the CPU is noted and ignored
     cpu_threads: int | None = None       # CPU math threads; None = chosen by model size (engine/cpu_threads.py)
     verify: bool = False                 # check a converted folder's SHA-256 sums even if remembered as good
+    pipeline_parallel: int = 1           # GPUs of this host the layers are split over, one process each
     seed: int = 0
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
-        for name in ("gpu_memory_budget", "kv_cache_size"):
-            object.__setattr__(self, name, parse_size(getattr(self, name), name))
+        object.__setattr__(self, "kv_cache_size", parse_size(self.kv_cache_size, "kv_cache_size"))
+        _positive("pipeline_parallel", self.pipeline_parallel)
+        object.__setattr__(self, "gpu_memory_budget", _budget(self.gpu_memory_budget, self.pipeline_parallel))
         for name in (f.name for f in dataclasses.fields(self) if f.name in LIVE_NAMES):
             object.__setattr__(self, name, parse_live(name, getattr(self, name)))
         _choice("dtype", self.dtype, DTYPES)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from kernels.errors import ConfigError, StrataError
 
-__all__ = ["ConfigError", "DeviceOutOfMemoryError", "ModelLoadError", "ReconfigureError", "StrataError",
+__all__ = ["ConfigError", "DeviceOutOfMemoryError", "ModelLoadError", "PipelineError", "ReconfigureError", "StrataError",
            "UnsupportedModelError"]
 
 
@@ -26,3 +26,7 @@ class ReconfigureError(ConfigError):
 
 class DeviceOutOfMemoryError(StrataError):
     """The device ran out of memory during a step; queued and running requests are kept."""
+
+
+class PipelineError(StrataError):
+    """A pipeline stage's process failed or ended; the engine stopped every stage and must be loaded again."""

@@ -9,6 +9,7 @@ from engine.settings_fit import depth_note, max_prefetch_depth
 
 if TYPE_CHECKING:
     from engine.engine import LLMEngine
+    from engine.loading import LoadedModel
 
 _SCHEDULER = ("max_batch", "max_batch_tokens", "prefill_chunk")
 _EXPERTS = ("expert_pool_size", "prefetch_depth", "expert_policy", "expert_reads", "cold_experts")
@@ -49,30 +50,16 @@ class LiveSettings:
             new = self.engine.config.replace(**options)
         except ConfigError as e:
             raise ReconfigureError(str(e)) from None
-        applied: dict[str, str] = {}
-        exp = {k: options[k] for k in _EXPERTS if k in options}
-        if exp:
-            m = self.engine.loaded
-            pool = None                              # unchanged
-            if "expert_pool_size" in exp:            # None (automatic): every expert that fits, as at load
-                pool = m.pool_request(exp["expert_pool_size"])
-                pool = m.plan.pool_slots * m.plan.expert_bytes if pool is None else pool
-            msg = m.experts.reconfigure(pool_bytes=pool,
-                                        prefetch_depth=exp.get("prefetch_depth"), policy=exp.get("expert_policy"),
-                                        reads=exp.get("expert_reads"), cold=exp.get("cold_experts"))
-            applied.update({k: "; ".join([str(msg or "applied"), *notes.get(k, ())]) for k in exp})
-            if exp.keys() - {"expert_policy"} and self.engine.runner.graphs is not None:
-                self.engine.runner.graphs.reset()   # recorded against the old pool views and look-ahead
+        m = self.engine.loaded
+        applied = apply_to_stage(m, options, notes)
+        if m.pipeline is not None:
+            m.pipeline.reconfigure(options, notes, applied)   # the other stages, each on its own card
+        if self.engine.runner.graphs is not None and (options.keys() & {*_EXPERTS, "kv_cache_dtype"}) - {"expert_policy"}:
+            self.engine.runner.graphs.reset()   # recorded against the old pool views, look-ahead or KV storage
         sched = self.engine.scheduler
         if any(k in options for k in _SCHEDULER):
             sched.max_batch, sched.prefill_chunk, sched.token_budget = new.max_batch, new.prefill_chunk, new.token_budget
             applied.update({k: f"{k} = {options[k]}" for k in _SCHEDULER if k in options})
-        if "kv_cache_dtype" in options:
-            m = self.engine.loaded
-            m.cache.convert(options["kv_cache_dtype"])           # in place: running requests keep their context
-            if self.engine.runner.graphs is not None:
-                self.engine.runner.graphs.reset()               # captured against the old storage
-            applied["kv_cache_dtype"] = f"KV cache now {m.cache.label} ({m.cache.nbytes / 2**20:.1f} MiB)"
         if "cuda_graphs" in options:
             runner = self.engine.runner
             if options["cuda_graphs"] and runner.graphs is None:
@@ -83,3 +70,24 @@ class LiveSettings:
             new = new.replace(expert_pool_size=self.engine.loaded.pool_request(new.expert_pool_size))
         self.engine.config = new
         return applied
+
+
+def apply_to_stage(m: "LoadedModel", options: dict, notes: dict[str, tuple[str, ...]] | None = None) -> dict[str, str]:
+    """The live options that concern one model's own card (its expert pool and prefetch, its KV
+    cache) applied to ``m``; what each became. A pipeline applies them so to every stage."""
+    notes = notes or {}
+    applied: dict[str, str] = {}
+    exp = {k: options[k] for k in _EXPERTS if k in options}
+    if exp:
+        pool = None                              # unchanged
+        if "expert_pool_size" in exp:            # None (automatic): every expert that fits, as at load
+            pool = m.pool_request(exp["expert_pool_size"])
+            pool = m.plan.pool_slots * m.plan.expert_bytes if pool is None else pool
+        msg = m.experts.reconfigure(pool_bytes=pool,
+                                    prefetch_depth=exp.get("prefetch_depth"), policy=exp.get("expert_policy"),
+                                    reads=exp.get("expert_reads"), cold=exp.get("cold_experts"))
+        applied.update({k: "; ".join([str(msg or "applied"), *notes.get(k, ())]) for k in exp})
+    if "kv_cache_dtype" in options:
+        m.cache.convert(options["kv_cache_dtype"])           # in place: running requests keep their context
+        applied["kv_cache_dtype"] = f"KV cache now {m.cache.label} ({m.cache.nbytes / 2**20:.1f} MiB)"
+    return applied

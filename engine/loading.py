@@ -5,6 +5,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -32,6 +33,9 @@ from engine.cuda_graphs import DecodeGraphs
 from engine.runner import ModelRunner, SeqPart, build_batch
 from engine.scheduler import Scheduler
 from engine.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from engine.parallel.stages import StageContext
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _FMT_OF_DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -101,12 +105,16 @@ class LoadedModel:
     """Everything the engine runs on, built once per model load."""
 
     def __init__(self, config: EngineConfig, spec: ModelSpec, source: TensorSource, tokenizer: Tokenizer | None,
-                 path: Path | None = None, notes: tuple[str, ...] = ()) -> None:
+                 path: Path | None = None, notes: tuple[str, ...] = (), stage: "StageContext | None" = None) -> None:
+        """``stage``: this model is one stage of a pipeline (engine/parallel), ``spec`` its slice."""
         t0 = time.perf_counter()
         self.config, self.spec, self.tokenizer = config, spec, tokenizer
+        self.stage = stage
+        self.full_spec = stage.full_spec if stage is not None else spec     # the whole model, as reported
+        self.pipeline = None          # the first stage of a pipeline: the other stages (engine/parallel/pipeline.py)
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
-        self.converted = isinstance(source, ConvertedSource)
+        self.converted = isinstance(source, ConvertedSource) or getattr(source, "manifest", None) is not None
         # how attention, dense MLPs and the LM head sit on the device: bf16 (the dtype), fp8 or int8
         self.resident_format = (config.resident_weights if config.resident_weights != "auto" else
                                 source.manifest.resident if self.converted else "bf16")
@@ -128,7 +136,8 @@ class LoadedModel:
         self.model = MoETransformer(spec, self.weights, self.experts, self.device, self.dtype, self.max_model_len)
         z = self.kv_sizing
         # sliding-window layers' blocks, freed as they fall out of reach (None: one pool for every layer)
-        self.windows = WindowBlocks(z.window, config.max_batch, config.token_budget, z.block_size) if z.windowed \
+        zw = self._sizing(self.full_spec)    # the whole model's: a pipeline's stages share the block tables
+        self.windows = WindowBlocks(zw.window, config.max_batch, config.token_budget, z.block_size) if zw.windowed \
             else None
         self.cache = self._build_cache()
         # the last block is scratch space for the padding rows of graph-captured decode batches
@@ -137,12 +146,13 @@ class LoadedModel:
                                    self.windows)
         self.runner = ModelRunner(self.model, self.cache, self.make_graphs() if config.cuda_graphs else None)
         marker = _demo_marker(path) if path else {}
+        full = self.full_spec
         self.info = ModelInfo(
             name=spec.name or "model", family=spec.family.name, architecture=spec.architecture,
-            path=str(path or ""), num_layers=spec.num_layers, num_moe_layers=spec.num_moe_layers,
-            num_experts=spec.num_experts, top_k=spec.top_k, params=sum(params_by_category(spec).values()),
+            path=str(path or ""), num_layers=full.num_layers, num_moe_layers=full.num_moe_layers,
+            num_experts=spec.num_experts, top_k=spec.top_k, params=sum(params_by_category(full).values()),
             expert_format=self.layout.fmt, expert_bytes=self.layout.nbytes,
-            routed_expert_bytes=self.layout.nbytes * spec.num_moe_layers * spec.num_experts,
+            routed_expert_bytes=self.layout.nbytes * full.num_moe_layers * spec.num_experts,
             is_demo=bool(marker.get("demo")),
             random_weights=bool(marker.get("random_weights")), completion_only=bool(marker.get("completion_only")),
             resident_format=self.resident_format, notes=self.notes)
@@ -180,6 +190,8 @@ class LoadedModel:
         """None when decode steps can be graph-captured, else why not."""
         if self.device.type != "cuda":
             return "CUDA graphs need a CUDA GPU"
+        if self.stage is not None:
+            return "the stages of a pipeline run their decode steps eagerly"
         return None
 
     def make_graphs(self) -> DecodeGraphs | None:
@@ -219,7 +231,12 @@ class LoadedModel:
         return p.budget_bytes - p.resident_bytes - p.workspace_bytes - self._kv_cache_bytes()
 
     def pool_bytes(self, size: PoolSize) -> int | None:
-        """Pool bytes of a parsed pool size: a share ("50%") of all routed experts resolved against their bytes."""
+        """Pool bytes of a parsed pool size: a share ("50%") of all routed experts resolved against their bytes.
+
+        A pipeline stage takes a size in bytes as the pool of the whole pipeline and keeps its own
+        share of it (its routed experts' share of the model's)."""
+        if isinstance(size, int) and self.stage is not None:
+            size = int(size * self.stage.plan.pool_fraction(self.stage.rank))
         return pool_bytes(size, self.layout.nbytes * self.spec.num_moe_layers * self.spec.num_experts)
 
     def pool_request(self, value: object) -> int | None:
@@ -229,8 +246,11 @@ class LoadedModel:
     @property
     def kv_sizing(self) -> KVSizing:
         """The KV cache's split between the full-attention pool and the sliding-window layers' pool."""
+        return self._sizing(self.spec)
+
+    def _sizing(self, spec: ModelSpec) -> KVSizing:
         c = self.config
-        return kv_sizing(self.spec, self.dtype, c.kv_cache_dtype, self.max_model_len, c.max_batch, c.token_budget,
+        return kv_sizing(spec, self.dtype, c.kv_cache_dtype, self.max_model_len, c.max_batch, c.token_budget,
                          c.kv_block_size)
 
     def _kv_bytes_per_token(self) -> int:
@@ -273,6 +293,8 @@ class LoadedModel:
         s, c = self.spec, self.config
         bpt = max(1, self._kv_bytes_per_token())           # 0 when every layer is a window layer
         blocks = max(self._kv_cache_bytes() // (bpt * c.kv_block_size), -(-self.max_model_len // c.kv_block_size))
+        if self.stage is not None:          # every stage holds the same blocks: the scheduler's tables span them all
+            blocks = self.stage.agree_blocks(int(blocks))
         window = self.windows.num_blocks if self.windows else 0
         return KVCache(s.num_layers, int(blocks) + 1, c.kv_block_size, s.num_kv_heads, s.head_dim, self.dtype,
                        self.device, c.kv_cache_dtype,   # + 1: the scratch block of graph-captured decode batches
@@ -325,7 +347,11 @@ class LoadedModel:
                 self.experts.settle()
                 write_routing_profile(self.config.record_routing, self.experts.stats().activations)
         finally:
-            self.experts.close()
+            try:
+                self.experts.close()
+            finally:
+                if self.pipeline is not None:
+                    self.pipeline.close()
 
 
 def check_paths(config: EngineConfig, spec: ModelSpec) -> None:
@@ -357,12 +383,22 @@ def load_model(config: EngineConfig, progress: Progress | None = None) -> Loaded
             notes += (f"group size {config.group_size} is ignored: {path} was converted with int4 groups of {group}; "
                       f"convert again with --group-size {config.group_size} for other groups",)
         config = config.replace(weight_format=fmt, group_size=group if fmt == "int4" else config.group_size)
+        if config.pipeline_parallel > 1:
+            return _pipelined(config, spec, source, tokenizer, path, notes)
         loaded = LoadedModel(config, spec, source, tokenizer, path, notes)
         source.manifest.check_layout(loaded.layout, path)
         return loaded
     notes = (("verify checks the checksums of a folder written by main.py convert; this is a Hugging Face "
               "folder, which has none, so it was ignored"),) if config.verify else ()
+    if config.pipeline_parallel > 1:
+        return _pipelined(config, spec, SafetensorsReader(path), tokenizer, path, notes)
     return LoadedModel(config, spec, SafetensorsReader(path), tokenizer, path, notes)
+
+
+def _pipelined(config: EngineConfig, spec: ModelSpec, source: TensorSource, tokenizer: Tokenizer | None, path: Path,
+               notes: tuple[str, ...]) -> LoadedModel:
+    from engine.parallel.pipeline import load_pipeline
+    return load_pipeline(config, spec, source, tokenizer, path, notes)
 
 
 def _checksum_notes(path: Path, source: ConvertedSource) -> tuple[str, ...]:

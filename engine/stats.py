@@ -1,12 +1,13 @@
 """Host-side counters of the engine and the ``EngineStats`` snapshot built from them."""
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import TYPE_CHECKING
 
 import torch
 
-from engine.telemetry import EngineStats, MemoryStats, RateWindow
+from engine.telemetry import EngineStats, ExpertStats, MemoryStats, RateWindow, StageStats
 
 if TYPE_CHECKING:
     from engine.engine import LLMEngine
@@ -51,7 +52,11 @@ class Counters:
 
 
 def _memory(engine: "LLMEngine") -> MemoryStats:
-    m = engine.loaded
+    return memory_of(engine.loaded)
+
+
+def memory_of(m: "LoadedModel") -> MemoryStats:
+    """The memory of one loaded model (one stage of a pipeline: its own card's)."""
     pool = m.experts.stats().pool_bytes
     max_alloc = torch.cuda.max_memory_allocated(m.device) if m.device.type == "cuda" else 0
     return MemoryStats(resident_bytes=m.weights.resident_bytes(), expert_pool_bytes=pool,
@@ -74,10 +79,52 @@ def host_store_bytes(m: "LoadedModel") -> int:
     return 0 if store is None else store.nbytes
 
 
+_PER_LAYER = ("per_layer_hit_rate", "activations")
+
+
+def merge_experts(parts: list[ExpertStats]) -> ExpertStats:
+    """The experts of several pipeline stages as one model's: counters summed, per-layer rows in
+    layer order, the settings (policy, cold mode, claims) as the first stage has them."""
+    first = parts[0]
+    out = {}
+    for f in dataclasses.fields(ExpertStats):
+        values = [getattr(p, f.name) for p in parts]
+        if f.name in _PER_LAYER:
+            out[f.name] = tuple(row for v in values for row in v)
+        elif f.name == "last_step_experts":
+            out[f.name] = tuple(sum(v[i] for v in values) for i in range(2))
+        elif isinstance(values[0], (int, float)) and not isinstance(values[0], bool):
+            out[f.name] = sum(values)
+        else:
+            out[f.name] = getattr(first, f.name)
+    return ExpertStats(**out)
+
+
+def merge_memory(parts: list[MemoryStats]) -> MemoryStats:
+    """Several cards' memory added up (no budget when any card has none)."""
+    out = {}
+    for f in dataclasses.fields(MemoryStats):
+        values = [getattr(p, f.name) for p in parts]
+        out[f.name] = None if any(v is None for v in values) else sum(values)
+    return MemoryStats(**out)
+
+
+def _stages(engine: "LLMEngine") -> tuple[StageStats, ...]:
+    m = engine.loaded
+    if m.pipeline is None:
+        return ()
+    s = m.stage.stage
+    own = StageStats(0, str(m.device), s.start, s.end, m.experts.stats(), memory_of(m), m.experts.host_syncs)
+    return (own, *m.pipeline.stage_stats())
+
+
 def snapshot(engine: "LLMEngine") -> EngineStats:
     c, m, now = engine.counters, engine.loaded, time.perf_counter()
     sched = engine.scheduler
-    expert_stats = m.experts.stats()
+    stages = _stages(engine)
+    expert_stats = merge_experts([s.experts for s in stages]) if len(stages) > 1 else m.experts.stats()
+    memory = merge_memory([s.memory for s in stages]) if len(stages) > 1 else _memory(engine)
+    syncs = sum(s.host_syncs for s in stages) if len(stages) > 1 else m.experts.host_syncs
     return EngineStats(
         timestamp=time.time(), device=str(m.device), model_name=m.info.name,
         prompt_tokens=c.prompt_tokens, generated_tokens=c.generated_tokens,
@@ -86,4 +133,4 @@ def snapshot(engine: "LLMEngine") -> EngineStats:
         step_ms=c.step_ms, running=len(sched.running), waiting=len(sched.waiting), batch_size=c.batch_size,
         preemptions=sched.preemptions, kv_blocks_used=m.allocator.num_used, kv_blocks_total=m.allocator.num_blocks,
         kv_cache_dtype=m.cache.label, cuda_graphs_active=engine.runner.use_graphs and engine.runner.graphs is not None and engine.runner.graphs.replays > 0,
-        host_syncs=m.experts.host_syncs, experts=expert_stats, memory=_memory(engine))
+        host_syncs=syncs, experts=expert_stats, memory=memory, stages=stages)

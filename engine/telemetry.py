@@ -65,6 +65,19 @@ class ExpertStats:
 
 
 @dataclass(frozen=True)
+class StageStats:
+    """One pipeline stage (one GPU): its layers, expert counters and memory."""
+
+    rank: int = 0
+    device: str = "cpu"
+    first_layer: int = 0
+    end_layer: int = 0               # one past its last layer
+    experts: ExpertStats = field(default_factory=ExpertStats)
+    memory: MemoryStats = field(default_factory=MemoryStats)
+    host_syncs: int = 0
+
+
+@dataclass(frozen=True)
 class EngineStats:
     """One snapshot of the engine, cheap to make, safe to send across threads."""
 
@@ -92,6 +105,8 @@ class EngineStats:
     host_syncs: int = 0
     experts: ExpertStats = field(default_factory=ExpertStats)
     memory: MemoryStats = field(default_factory=MemoryStats)
+    # a pipeline over several GPUs: each stage's own (experts and memory above are their sum); () on one
+    stages: tuple[StageStats, ...] = ()
 
     # flat aliases used by benchmarks and the HTTP stats endpoint
     @property

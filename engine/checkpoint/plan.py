@@ -82,8 +82,8 @@ def tensor_plan(spec: ModelSpec) -> list[TensorEntry]:
     stores them only so); MXFP4 experts are counted by their dense shapes
     (engine/checkpoint/mxfp4.py checks their ``*_blocks`` / ``*_scales``)."""
     D, V = spec.hidden, spec.vocab_size
-    out = [TensorEntry(fn.EMBED, (V, D), "embeddings"), TensorEntry(fn.FINAL_NORM, (D,), "norms")]
-    if not spec.tie_word_embeddings:
+    out = [TensorEntry(fn.EMBED, (V, D), "embeddings"), TensorEntry(fn.FINAL_NORM, (D,), "norms")] if spec.head else []
+    if spec.head and not spec.tie_word_embeddings:
         out.append(TensorEntry(fn.LM_HEAD, (V, D), "embeddings"))
     for i in range(spec.num_layers):
         out += [TensorEntry(fn.INPUT_NORM.format(i=i), (D,), "norms", i),

@@ -78,6 +78,9 @@ class ModelSpec:
     swiglu_alpha: float = 1.702              # gpt-oss clamped SwiGLU (family.expert_act == "swiglu_oai")
     swiglu_limit: float = 7.0
     expert_storage: str = "dense"            # "mxfp4": the checkpoint ships its experts as *_blocks / *_scales
+    # the embedding, final norm and LM head belong to this model (False: a pipeline stage past the first,
+    # engine/parallel/stages.py, which holds layers only)
+    head: bool = True
 
     def window(self, layer: int) -> int:
         """Sliding window of ``layer`` in tokens (0: full attention)."""

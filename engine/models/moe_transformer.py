@@ -53,6 +53,9 @@ class ForwardBatch:
     # cache that keeps its sliding-window layers in a pool of their own; None: every layer uses this one
     window: ForwardBatch | None = None
     prefill: PrefillMeta | None = None  # built on first use by a layer that runs the prefill kernel
+    # the host-side description it was built from (engine/runner/batch.py BatchParts), which a
+    # pipeline sends its other stages so that they build the same batch on their own devices
+    parts: Any = None
 
 
 @dataclass
@@ -95,6 +98,8 @@ class MoETransformer:
         self.fused = device.type == "cuda" and HAS_TRITON
         self.decode_attention = _select_decode_attention(device)
         self.prefill_attention = _select_prefill_attention(device)   # for layers with sinks or a window
+        # (x, out, batch) -> (x, out) after the later stages' layers: set on a pipeline's first stage
+        self.downstream: Callable[[torch.Tensor, torch.Tensor | None, ForwardBatch], tuple] | None = None
 
     def use_moe_kernels(self, triton: bool) -> None:
         """The Triton MoE (where the device has it, as chosen at load) or the torch reference path
@@ -120,12 +125,22 @@ class MoETransformer:
 
         ``acquire(moe_index, topk_ids, prediction) -> (slot_of_expert, views)`` resolves each MoE
         layer's experts; by default the expert provider's. A decode step recorded into CUDA graphs
-        piece by piece passes one that ends a graph there (engine/cuda_graphs.py).
+        piece by piece passes one that ends a graph there (engine/cuda_graphs.py). With
+        ``downstream`` set (the first stage of a pipeline, engine/parallel) the later layers run in
+        the other stages between this model's layers and its head.
         """
+        x, out = self.layers(self.w.embed[batch.input_ids], None, batch, cache, acquire)     # [T, D]
+        if self.downstream is not None:
+            x, out = self.downstream(x, out, batch)
+        return self.head(x, out, batch)
+
+    @torch.inference_mode()
+    def layers(self, x: torch.Tensor, out: torch.Tensor | None, batch: ForwardBatch, cache: KVCache,
+               acquire: Acquire | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """This model's layers over the residual stream ``x`` [T, D] and the last block's output ``out``
+        not yet added to it (None before the first layer); returns the two after its last layer."""
         acquire = acquire or self.experts.acquire
-        x = self.w.embed[batch.input_ids]                                # [T, D]
         rope = self.rope.tables(batch.positions)                         # cos, sin [T, 1, hd]
-        out = None                                                       # last block's output, not yet in x
         self.experts.begin_step()
         group = self._x16_group(x.shape[0])
         try:
@@ -141,6 +156,10 @@ class MoETransformer:
                     out = mlp(h, layer.mlp.gate_up, layer.mlp.down, self.fused)
         finally:
             self.experts.end_step()
+        return x, out
+
+    def head(self, x: torch.Tensor, out: torch.Tensor | None, batch: ForwardBatch) -> torch.Tensor:
+        """The last block's output added, the rows whose logits are needed, final norm, LM head."""
         if out is not None:
             x = x + out
         if batch.logits_rows is not None:

@@ -31,6 +31,22 @@ class SeqPart:
     samples: bool = False          # its last token's logits are needed (a step that samples it)
 
 
+@dataclass(frozen=True)
+class BatchParts:
+    """What :func:`build_batch` was given besides the device: enough to build the batch again elsewhere."""
+
+    parts: tuple[SeqPart, ...]
+    decode: bool = False
+    every_row: bool = False
+
+    def build(self, block_size: int, device: torch.device, windowed: bool) -> ForwardBatch:
+        return build_batch(list(self.parts), block_size, device, windowed, self.decode, self.every_row)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(p.ids) for p in self.parts)
+
+
 def slot_of(table: list[int], pos: int, block_size: int) -> int:
     """The cache row of position ``pos`` of a sequence whose block table is ``table``."""
     return table[pos // block_size] * block_size + pos % block_size
@@ -82,7 +98,9 @@ def build_batch(parts: list[SeqPart], block_size: int, device: torch.device, win
         return ForwardBatch(ids_t, pos_t, slots, seqs, rows_t, meta, window=window)
 
     window = group([p.window_blocks for p in parts]) if windowed else None
-    return group([p.blocks for p in parts], window)
+    batch = group([p.blocks for p in parts], window)
+    batch.parts = BatchParts(tuple(parts), decode, every_row)
+    return batch
 
 
 def decode_inputs(parts: list[SeqPart], block_size: int, windowed: bool) -> DecodeInputs:
