@@ -109,7 +109,47 @@ def plan_lines(spec: ModelSpec, args: argparse.Namespace) -> list[str]:
     context = min(c.max_model_len or spec.max_position, spec.max_position)
     kv = kv_sizing(spec, _DTYPES[dtype], c.kv_cache_dtype, context, c.max_batch, c.token_budget, c.kv_block_size)
     lines += _kv_lines(spec, kv, context)
+    if c.pipeline_parallel > 1:
+        return lines + _pipeline_lines(spec, args, c, per_expert, wb, res_fmt, context)
     lines += _budget_lines(spec, args, resident, per_expert, n_experts, wb, kv.bytes_per_token, kv.window_pool_bytes)
+    return lines
+
+
+def _pipeline_lines(spec: ModelSpec, args: argparse.Namespace, c: EngineConfig, per_expert: int, wb: int,
+                    res_fmt: str, context: int) -> list[str]:
+    """The split over ``--pipeline-parallel`` GPUs and each card's own memory plan and bus traffic."""
+    from engine.parallel.pipeline import card_budgets
+    from engine.parallel.plan import plan_pipeline
+    from engine.parallel.stages import stage_spec
+    budgets = card_budgets(c)
+    if all(b is None for b in budgets) and torch.cuda.is_available():
+        budgets = tuple(default_budget(torch.device(f"cuda:{i}")) if i < torch.cuda.device_count() else None
+                        for i in range(c.pipeline_parallel))
+    pp = plan_pipeline(spec, c.pipeline_parallel, wb, res_fmt, per_expert, budgets)
+    lines = ["", f"pipeline over {pp.size} GPUs (one process each; layers balanced by the bytes each card holds):",
+             *(f"  {line}" for line in pp.lines())]
+    dtype = _DTYPES["bfloat16" if args.dtype == "auto" else args.dtype]
+    tokens: list[int] = []
+    for stage, budget in zip(pp.stages, budgets):
+        if budget is None:
+            lines.append(f"  GPU {stage.rank}: no budget given and no such CUDA GPU found; pass --gpu-memory-budget "
+                         "24G (or one size per GPU: 24G,24G) to plan for the cards")
+            continue
+        sub = stage_spec(spec, stage)
+        kv = kv_sizing(sub, dtype, c.kv_cache_dtype, context, c.max_batch, c.token_budget, c.kv_block_size)
+        n = sub.num_moe_layers * sub.num_experts
+        pool = pool_bytes(c.expert_pool_size, pp.expert_bytes)
+        pool = None if pool is None else int(pool * pp.pool_fraction(stage.rank))
+        plan = plan_memory(stage.resident_bytes, per_expert, n, kv.bytes_per_token, budget, pool,
+                           experts_per_layer=sub.num_experts, active_experts_per_token=sub.num_moe_layers * sub.top_k,
+                           advice=BudgetAdvice(None, "", ""), window_kv_bytes=kv.window_pool_bytes)
+        lines += ["", f"GPU {stage.rank} (layers {stage.layers}, budget {format_size(budget)}):",
+                  *(f"  {line}" for line in plan.format())]
+        if kv.bytes_per_token:
+            tokens.append((plan.kv_bytes - kv.window_pool_bytes) // kv.bytes_per_token)
+    if tokens:
+        lines += ["", f"KV context        : every card keeps the same blocks, so the pipeline holds {min(tokens):,} "
+                      "tokens of context (the card with the least room for them)"]
     return lines
 
 

@@ -57,9 +57,13 @@ class PipelinePlan:
 
     def lines(self) -> list[str]:
         """One line per stage, as ``info`` and the load log print them."""
-        return [f"stage {s.rank} (GPU {s.rank}): layers {s.layers} ({s.end - s.start} layers, {s.moe_layers} MoE), "
+        return [f"stage {s.rank} (GPU {s.rank}): layers {s.layers} ({_count(s.end - s.start, 'layer')}, {s.moe_layers} MoE), "
                 f"resident {format_size(s.resident_bytes)}{' with embedding and LM head' if s.head else ''}, "
                 f"routed experts {format_size(s.expert_bytes)}" for s in self.stages]
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def _entry_bytes(t: TensorEntry, elem: int, resident: str) -> int:

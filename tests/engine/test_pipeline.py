@@ -1,0 +1,199 @@
+"""Pipeline parallel on the CPU: two and three gloo processes give the logits and greedy outputs of one
+process for every family, live options reach every stage, and a stage that dies or fails to load ends
+the pipeline with one clear error and leaves no process behind."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.checkpoint.spec import read_spec
+from engine.errors import ConfigError, ModelLoadError, PipelineError
+from engine.parallel.plan import plan_pipeline
+from tiny_models import build_tiny_model, family_configs
+
+FAMILIES = list(family_configs())
+PROMPTS = [[1, 5, 77, 300, 12, 9, 400, 33, 41, 7, 8, 260, 14, 15], [1, 99, 4], [1, 250, 251, 252, 253, 17, 6]]
+# chunked prefill (chunks of 5, 8 tokens a step) and one CPU thread per process, as in the one-process run
+OPTIONS = dict(device="cpu", dtype="float32", prefill_chunk=5, max_batch_tokens=8, max_batch=4, cpu_threads=1)
+GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    return {f: build_tiny_model(tmp_path_factory.mktemp(f"pp-{f}"), f) for f in FAMILIES}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _gone(pids: list[int], timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not any(_alive(p) for p in pids)
+
+
+def _same_as_one_process(folder, stages: int) -> None:
+    one = LLM(str(folder), **OPTIONS)
+    many = LLM(str(folder), pipeline_parallel=stages, **OPTIONS)
+    try:
+        pids = many.engine.loaded.pipeline.pids
+        assert len(pids) == stages - 1 and all(_alive(p) for p in pids)
+        for a, b in zip(one.engine.score_batch(PROMPTS), many.engine.score_batch(PROMPTS)):
+            assert torch.equal(a, b)
+        # batched greedy decoding with chunked prefill, through the scheduler of the first stage
+        assert [o.token_ids for o in many.generate(PROMPTS, GREEDY)] == [o.token_ids for o in one.generate(PROMPTS, GREEDY)]
+        st = many.stats()
+        assert [s.rank for s in st.stages] == list(range(stages))
+        assert st.stages[0].first_layer == 0 and st.stages[-1].end_layer == read_spec(folder).num_layers
+        assert all(a.end_layer == b.first_layer for a, b in zip(st.stages, st.stages[1:]))
+        # the model's counters are the stages' together, layer by layer
+        assert st.experts.hits + st.experts.misses == sum(s.experts.hits + s.experts.misses for s in st.stages) > 0
+        assert len(st.experts.per_layer_hit_rate) == read_spec(folder).num_moe_layers
+        assert st.memory.kv_cache_bytes == sum(s.memory.kv_cache_bytes for s in st.stages)
+    finally:
+        many.engine.close()
+        one.engine.close()
+    assert _gone(pids)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_two_stages_match_one_process(folders, family):
+    _same_as_one_process(folders[family], 2)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "gpt_oss"])
+def test_three_stages_match_one_process(folders, family):
+    """gpt-oss's window layers land in stages 0 and 2 only: the block tables of its window pool reach them."""
+    _same_as_one_process(folders[family], 3)
+
+
+def test_more_stages_than_moe_layers_is_refused(folders):
+    # qwen2_moe's tiny model has a dense layer between its two sparse ones
+    with pytest.raises(ConfigError, match=r"^pipeline_parallel=3 needs at least one MoE layer per stage but the "
+                                          r"model has 2; use --pipeline-parallel 2 or fewer$"):
+        LLM(str(folders["qwen2_moe"]), pipeline_parallel=3, **OPTIONS)
+
+
+def test_live_options_reach_every_stage(folders):
+    one = LLM(str(folders["qwen3_moe"]), **OPTIONS)
+    many = LLM(str(folders["qwen3_moe"]), pipeline_parallel=2, **OPTIONS)
+    try:
+        before = [s.experts.pool_slots_total for s in many.stats().stages]
+        change = dict(expert_pool_size="50%", prefetch_depth=0, kv_cache_dtype="int8")
+        applied = many.reconfigure(**change)
+        one.reconfigure(**change)
+        assert "stage 1: expert pool" in applied["expert_pool_size"]
+        st = many.stats()
+        assert [s.experts.pool_slots_total for s in st.stages] == [n // 2 for n in before]
+        assert all(s.experts.pool_slots_total > 0 for s in st.stages)
+        assert st.kv_cache_dtype == "int8"
+        # both run the changed settings alike: quantised KV on every stage, half the experts pooled
+        for a, b in zip(one.engine.score_batch(PROMPTS), many.engine.score_batch(PROMPTS)):
+            assert torch.equal(a, b)
+        assert [o.token_ids for o in many.generate(PROMPTS, GREEDY)] == [o.token_ids for o in one.generate(PROMPTS, GREEDY)]
+    finally:
+        many.engine.close()
+        one.engine.close()
+
+
+def test_a_killed_stage_ends_the_pipeline_with_one_error(folders):
+    llm = LLM(str(folders["mixtral"]), pipeline_parallel=3, **OPTIONS)
+    pids = llm.engine.loaded.pipeline.pids
+    try:
+        os.kill(pids[0], signal.SIGKILL)
+        with pytest.raises(PipelineError) as err:
+            llm.generate(PROMPTS, GREEDY)
+        text = str(err.value)
+        assert "\n" not in text
+        assert text.startswith(f"pipeline stage 1 of 3 (layers 1) (process {pids[0]}) ended unexpectedly "
+                               "(killed by SIGKILL)"), text
+        assert text.endswith("every stage was stopped — load the model again")
+        assert _gone(pids)                       # the stage after it was stopped too, not left waiting
+        with pytest.raises(PipelineError, match="ended unexpectedly"):   # and the engine says so from then on
+            llm.generate([[1, 2, 3]], GREEDY)
+    finally:
+        llm.engine.close()
+    assert _gone(pids)
+
+
+def test_a_stage_that_cannot_load_gives_its_error_and_stops_the_others(folders, tmp_path):
+    """A tensor of a later stage's layer missing: that stage's one-line load error, and nothing left running."""
+    from safetensors.torch import load_file, save_file
+    src = folders["olmoe"]
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for f in src.iterdir():
+        if f.suffix != ".safetensors":
+            (bad / f.name).write_bytes(f.read_bytes())
+    tensors = load_file(src / "model.safetensors")
+    del tensors["model.layers.2.self_attn.o_proj.weight"]
+    save_file(tensors, bad / "model.safetensors", metadata={"format": "pt"})
+    before = _children()
+    with pytest.raises(ModelLoadError, match=r"^pipeline stage 1 of 2 \(layers 1-2\): tensor "
+                                             r"'model.layers.1.self_attn.o_proj.weight'"):
+        LLM(str(bad), pipeline_parallel=2, **OPTIONS)
+    assert _gone(list(_children() - before))
+
+
+def _children() -> set[int]:
+    me = str(os.getpid())
+    out = set()
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[1] == me:
+                        out.add(int(d))
+            except OSError:
+                pass
+    return out
+
+
+def test_plan_balances_the_bytes_each_card_holds(folders):
+    spec = dataclasses.replace(read_spec(folders["mixtral"]), num_layers=12, moe_layers=(True,) * 12)
+    plan = plan_pipeline(spec, 2, 2, "bf16", 1 << 20)
+    a, b = plan.stages
+    assert (a.start, a.end, b.start, b.end) == (0, a.end, a.end, 12)
+    layer = b.resident_bytes // (b.end - b.start) + spec.num_experts * (1 << 20)     # one layer's bytes
+    # the first stage also holds the embedding and the LM head; the split evens out the bytes to a layer
+    assert abs((a.resident_bytes + a.expert_bytes) - (b.resident_bytes + b.expert_bytes)) <= layer
+    assert a.moe_start == 0 and b.moe_start == a.moe_layers and a.moe_layers + b.moe_layers == 12
+    # a card with twice the budget takes about twice the layers
+    lopsided = plan_pipeline(spec, 2, 2, "bf16", 1 << 20, (1 << 30, 2 << 30))
+    assert lopsided.stages[1].end - lopsided.stages[1].start == 8
+    assert plan.pool_fraction(0) + plan.pool_fraction(1) == pytest.approx(1.0)
+
+
+def test_info_prints_the_plan_per_card(folders, capsys):
+    from main import main
+    assert main(["info", "--model", str(folders["qwen3_moe"]), "--pipeline-parallel", "2",
+                 "--gpu-memory-budget", "1.5G,1.25G"]) == 0
+    out = capsys.readouterr().out
+    assert "pipeline over 2 GPUs" in out
+    assert "stage 0 (GPU 0): layers 0 (1 layer, 1 MoE), resident " in out and "with embedding and LM head" in out
+    assert "stage 1 (GPU 1): layers 1-2 (2 layers, 2 MoE)" in out
+    assert "GPU 0 (layers 0, budget 1.50 GiB):" in out and "GPU 1 (layers 1-2, budget 1.25 GiB):" in out
+    assert "every card keeps the same blocks" in out
+
+
+def test_budget_per_card_is_checked():
+    from engine.config import EngineConfig
+    c = EngineConfig(model="m", pipeline_parallel=2, gpu_memory_budget="24G,20G")
+    assert c.gpu_memory_budget == (24 << 30, 20 << 30)
+    with pytest.raises(ConfigError, match=r"^gpu_memory_budget lists 3 sizes but pipeline_parallel is 2; give one "
+                                          r"size per GPU \(e.g. 24G,24G\) or one size for all of them$"):
+        EngineConfig(model="m", pipeline_parallel=2, gpu_memory_budget="1G,2G,3G")
+    with pytest.raises(ConfigError, match="pipeline_parallel must be an integer >= 1"):
+        EngineConfig(model="m", pipeline_parallel=0)
