@@ -81,6 +81,8 @@ class _EngineCollector(Collector):
                            s.experts.h2d_bytes)
             yield _counter("strata_engine_generated_tokens", "tokens the engine sampled since load",
                            s.generated_tokens)
+            if s.stages:                       # a pipeline over several GPUs: each card's own
+                yield from _card_series(s)
         g = self.gpu
         if g is not None and g.available:
             if g.gpu_temp_c is not None:
@@ -89,6 +91,23 @@ class _EngineCollector(Collector):
                 yield _gauge("strata_gpu_memory_temperature_celsius", "GPU memory temperature", g.mem_temp_c)
             if g.power_w is not None:
                 yield _gauge("strata_gpu_power_watts", "GPU power draw", g.power_w)
+
+
+def _card_series(s: EngineStats) -> Iterator:
+    hit = GaugeMetricFamily("strata_card_expert_hit_rate", "share of routed experts found on the card since load",
+                            labels=["card", "layers"])
+    bus = CounterMetricFamily("strata_card_host_to_device_bytes", "expert bytes moved host to this card since load",
+                              labels=["card", "layers"])
+    mem = GaugeMetricFamily("strata_card_memory_bytes", "the card's memory by use", labels=["card", "layers", "use"])
+    for st in s.stages:
+        card, layers = str(st.rank), f"{st.first_layer}-{st.end_layer - 1}"
+        hit.add_metric([card, layers], st.experts.hit_rate)
+        bus.add_metric([card, layers], float(st.experts.h2d_bytes))
+        m = st.memory
+        for use, value in (("resident", m.resident_bytes), ("expert_pool", m.expert_pool_bytes),
+                           ("kv_cache", m.kv_cache_bytes), ("workspace", m.workspace_bytes)):
+            mem.add_metric([card, layers, use], float(value))
+    yield from (hit, bus, mem)
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

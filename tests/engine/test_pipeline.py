@@ -15,7 +15,7 @@ from engine import LLM, SamplingParams
 from engine.checkpoint.spec import read_spec
 from engine.errors import ConfigError, ModelLoadError, PipelineError
 from engine.parallel.plan import plan_pipeline
-from tiny_models import build_tiny_model, family_configs
+from tiny_models import ROOT, build_tiny_model, family_configs
 
 FAMILIES = list(family_configs())
 PROMPTS = [[1, 5, 77, 300, 12, 9, 400, 33, 41, 7, 8, 260, 14, 15], [1, 99, 4], [1, 250, 251, 252, 253, 17, 6]]
@@ -197,3 +197,30 @@ def test_budget_per_card_is_checked():
         EngineConfig(model="m", pipeline_parallel=2, gpu_memory_budget="1G,2G,3G")
     with pytest.raises(ConfigError, match="pipeline_parallel must be an integer >= 1"):
         EngineConfig(model="m", pipeline_parallel=0)
+
+
+def test_ctrl_c_shuts_every_stage_down(folders, tmp_path):
+    """Ctrl-C reaches the whole process group: the stages ignore it, the engine's process stops them."""
+    import subprocess
+    import sys
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import sys, time\n"
+        "from engine import LLM\n"
+        f"llm = LLM({str(folders['qwen3_moe'])!r}, pipeline_parallel=3, device='cpu', dtype='float32')\n"
+        "print(*llm.engine.loaded.pipeline.pids, flush=True)\n"
+        "while True:\n"
+        "    time.sleep(0.1)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=env, start_new_session=True, text=True)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2, proc.stderr.read()
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(60)
+        assert "KeyboardInterrupt" in proc.stderr.read()
+        assert _gone(pids + [proc.pid])
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)

@@ -212,3 +212,22 @@ def test_latency_buckets_count_each_value_under_every_bound_it_does_not_exceed()
     buckets = {s.labels["le"]: s.value for s in h.family().samples if s.name == "t_seconds_bucket"}
     assert buckets == {"0.01": 2, "0.1": 3, "1.0": 3, "+Inf": 4}
     assert next(s.value for s in h.family().samples if s.name == "t_seconds_sum") == pytest.approx(2.065)
+
+
+def test_metrics_of_a_pipeline_have_a_series_per_card():
+    from engine.telemetry import EngineStats, ExpertStats, MemoryStats, StageStats
+    stages = (StageStats(0, "cuda:0", 0, 12, ExpertStats(hits=90, misses=10, h2d_bytes=1000),
+                         MemoryStats(resident_bytes=5, expert_pool_bytes=6, kv_cache_bytes=7, workspace_bytes=8)),
+              StageStats(1, "cuda:1", 12, 24, ExpertStats(hits=60, misses=40, h2d_bytes=4000), MemoryStats()))
+    m = ServerMetrics(monitor_factory=FakeMonitor)
+    m.update(EngineStats(stages=stages, experts=ExpertStats(hits=150, misses=50, h2d_bytes=5000)))
+    got = {(s.name, tuple(sorted(s.labels.items()))): s.value
+           for family in text_string_to_metric_families(m.render().decode()) for s in family.samples}
+    assert got[("strata_card_expert_hit_rate", (("card", "0"), ("layers", "0-11")))] == 0.9
+    assert got[("strata_card_expert_hit_rate", (("card", "1"), ("layers", "12-23")))] == 0.6
+    assert got[("strata_card_host_to_device_bytes_total", (("card", "1"), ("layers", "12-23")))] == 4000
+    assert got[("strata_card_memory_bytes", (("card", "0"), ("layers", "0-11"), ("use", "kv_cache")))] == 7
+    assert got[("strata_expert_hit_rate", ())] == 0.75
+    one = ServerMetrics(monitor_factory=FakeMonitor)
+    one.update(EngineStats())
+    assert b"strata_card_" not in one.render()
