@@ -103,12 +103,17 @@ class EngineConfig:
     cpu_threads: int | None = None       # CPU math threads; None = chosen by model size (engine/cpu_threads.py)
     verify: bool = False                 # check a converted folder's SHA-256 sums even if remembered as good
     pipeline_parallel: int = 1           # GPUs of this host the layers are split over, one process each
+    # a pipeline's steps in groups of sequences that follow each other down the stages; None = auto
+    # (one per stage for decode steps on GPUs, 1 on the CPU)
+    pipeline_microbatches: int | None = None
     seed: int = 0
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kv_cache_size", parse_size(self.kv_cache_size, "kv_cache_size"))
         _positive("pipeline_parallel", self.pipeline_parallel)
+        if self.pipeline_microbatches is not None:
+            _positive("pipeline_microbatches", self.pipeline_microbatches)
         object.__setattr__(self, "gpu_memory_budget", _budget(self.gpu_memory_budget, self.pipeline_parallel))
         for name in (f.name for f in dataclasses.fields(self) if f.name in LIVE_NAMES):
             object.__setattr__(self, name, parse_live(name, getattr(self, name)))

@@ -98,8 +98,7 @@ class MoETransformer:
         self.fused = device.type == "cuda" and HAS_TRITON
         self.decode_attention = _select_decode_attention(device)
         self.prefill_attention = _select_prefill_attention(device)   # for layers with sinks or a window
-        # (x, out, batch) -> (x, out) after the later stages' layers: set on a pipeline's first stage
-        self.downstream: Callable[[torch.Tensor, torch.Tensor | None, ForwardBatch], tuple] | None = None
+        self.pipeline: Any = None          # the first stage of a pipeline: its Pipeline (engine/parallel)
 
     def use_moe_kernels(self, triton: bool) -> None:
         """The Triton MoE (where the device has it, as chosen at load) or the torch reference path
@@ -125,14 +124,17 @@ class MoETransformer:
 
         ``acquire(moe_index, topk_ids, prediction) -> (slot_of_expert, views)`` resolves each MoE
         layer's experts; by default the expert provider's. A decode step recorded into CUDA graphs
-        piece by piece passes one that ends a graph there (engine/cuda_graphs.py). With
-        ``downstream`` set (the first stage of a pipeline, engine/parallel) the later layers run in
-        the other stages between this model's layers and its head.
+        piece by piece passes one that ends a graph there (engine/cuda_graphs.py). On the first
+        stage of a pipeline (``pipeline`` set, engine/parallel) the pipeline runs the step: this
+        model's layers, the other stages' in their processes, then this model's head.
         """
-        x, out = self.layers(self.w.embed[batch.input_ids], None, batch, cache, acquire)     # [T, D]
-        if self.downstream is not None:
-            x, out = self.downstream(x, out, batch)
+        if self.pipeline is not None:
+            return self.pipeline.forward(self, batch, cache, acquire)
+        x, out = self.layers(self.embed(batch), None, batch, cache, acquire)       # [T, D]
         return self.head(x, out, batch)
+
+    def embed(self, batch: ForwardBatch) -> torch.Tensor:
+        return self.w.embed[batch.input_ids]                             # [T, D]
 
     @torch.inference_mode()
     def layers(self, x: torch.Tensor, out: torch.Tensor | None, batch: ForwardBatch, cache: KVCache,

@@ -39,6 +39,7 @@ from engine.config import EngineConfig
 from engine.errors import ConfigError, PipelineError, ReconfigureError, StrataError
 from engine.parallel.plan import PipelinePlan, plan_pipeline
 from engine.parallel.stages import StageContext, StageSource, stage_spec
+from engine.runner.batch import BatchParts
 from engine.telemetry import StageStats
 from engine.tokenizer import Tokenizer
 
@@ -126,6 +127,7 @@ class Pipeline:
     def __init__(self, config: EngineConfig, plan: PipelinePlan, stage_cfgs: list[EngineConfig], path: Path,
                  device: torch.device, spec: ModelSpec) -> None:
         self.plan, self.device, self.spec = plan, device, spec
+        self.microbatches: int | None = config.pipeline_microbatches     # None: auto (microbatches_for)
         self.backend = "nccl" if device.type == "cuda" else "gloo"
         self.failed: str | None = None
         self.workers: list[_Worker] = []
@@ -251,16 +253,60 @@ class Pipeline:
             self._expect(w, "loaded")
 
     # ---- steps ---------------------------------------------------------------------------------------
-    def forward(self, x: torch.Tensor, out: torch.Tensor | None, batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """The later stages' layers over this stage's result (the model's ``downstream``)."""
+    def forward(self, model, batch, cache, acquire=None) -> torch.Tensor:
+        """One step of the whole model from the first stage (its ``forward``): logits [B', V].
+
+        With micro-batches the step's sequences go down the stages in groups, so that a later stage
+        works on one group while an earlier one works on the next; each group is the same step for
+        its sequences, so the logits are those of the whole batch, in its order."""
         self._check()
-        for w in self.workers:
-            self._send(w, ("step", batch.parts))
-        act = torch.stack([x, out if out is not None else torch.zeros_like(x)]).contiguous()   # [2, T, D]
-        self._wait(dist.isend(act, dst=1))
-        back = torch.empty_like(act)
-        self._wait(dist.irecv(back, src=self.plan.size - 1))
-        return back[0], back[1]
+        groups = self._split(batch, cache)
+        backs = []
+        for tag, g in enumerate(groups):          # posted first: the last stage never waits on rank 0
+            back = torch.empty(2, g.parts.num_tokens, model.spec.hidden, dtype=model.dtype, device=model.device)
+            backs.append((back, dist.irecv(back, src=self.plan.size - 1, tag=tag)))
+        sends = []
+        for tag, g in enumerate(groups):
+            for w in self.workers:
+                self._send(w, ("step", g.parts, tag))
+            x, out = model.layers(model.embed(g), None, g, cache, acquire)
+            act = torch.stack([x, out if out is not None else torch.zeros_like(x)]).contiguous()   # [2, T, D]
+            sends.append((act, dist.isend(act, dst=1, tag=tag)))
+        for _, work in sends:
+            self._wait(work)
+        logits = []
+        for g, (back, work) in zip(groups, backs):
+            self._wait(work)
+            logits.append(model.head(back[0], back[1], g))
+        return logits[0] if len(logits) == 1 else torch.cat(logits, 0)
+
+    def _split(self, batch, cache) -> list:
+        """The step as micro-batches: ``microbatches`` groups of whole sequences, even in tokens."""
+        parts = batch.parts
+        n = min(self.microbatches_for(batch), len(parts.parts))
+        if n <= 1:
+            return [batch]
+        total = parts.num_tokens
+        groups: list[list] = [[]]
+        done = 0
+        for p in parts.parts:
+            if groups[-1] and done >= total * len(groups) / n and len(groups) < n:
+                groups.append([])
+            groups[-1].append(p)
+            done += len(p.ids)
+        windowed = bool(cache.window_blocks)
+        return [BatchParts(tuple(g), parts.decode, parts.every_row).build(cache.block_size, self.device, windowed)
+                for g in groups]
+
+    def microbatches_for(self, batch) -> int:
+        """Micro-batches of a step: as set, or (auto) one per stage for a decode step on GPUs, whose
+        cards (and their links to host memory) then work at once; one on the CPU, whose stages share
+        its cores."""
+        if batch.parts is None:
+            return 1
+        if self.microbatches is not None:
+            return self.microbatches
+        return self.plan.size if self.device.type == "cuda" and batch.parts.decode else 1
 
     def reconfigure(self, options: dict, notes: dict, applied: dict[str, str]) -> None:
         """Apply the live options of the stages' own cards on every other stage; their answers join
@@ -373,7 +419,7 @@ def load_pipeline(config: EngineConfig, spec: ModelSpec, source: TensorSource, t
         pipeline.close()
         raise
     loaded.pipeline = pipeline
-    loaded.model.downstream = pipeline.forward
+    loaded.model.pipeline = pipeline
     if manifest is not None:
         manifest.check_layout(loaded.layout, path)
     return loaded

@@ -70,13 +70,13 @@ def _serve(m, conn, rank: int, world: int) -> None:
         except (EOFError, OSError):
             return                                    # the engine's process is gone
         kind = msg[0]
-        if kind == "step":
-            parts = msg[1]
+        if kind == "step":                            # one micro-batch of a step, in the order they come
+            _, parts, tag = msg
             batch = parts.build(m.cache.block_size, device, windowed)
             act = torch.empty(2, parts.num_tokens, D, dtype=dtype, device=device)      # [2, T, D]
-            dist.recv(act, src=rank - 1)
+            dist.recv(act, src=rank - 1, tag=tag)
             x, out = m.model.layers(act[0], act[1], batch, m.cache)
-            dist.send(torch.stack([x, out]).contiguous(), dst=(rank + 1) % world)
+            dist.send(torch.stack([x, out]).contiguous(), dst=(rank + 1) % world, tag=tag)
         elif kind == "reconfigure":
             try:
                 conn.send(("reconfigured", None, apply_to_stage(m, msg[1], msg[2])))

@@ -224,3 +224,21 @@ def test_ctrl_c_shuts_every_stage_down(folders, tmp_path):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("family,stages,groups", [("qwen3_moe", 2, 2), ("gpt_oss", 3, 3)])
+def test_micro_batches_give_the_same_outputs(folders, family, stages, groups):
+    """A step's sequences sent down the stages in groups: the same greedy outputs as one process."""
+    one = LLM(str(folders[family]), **OPTIONS)
+    many = LLM(str(folders[family]), pipeline_parallel=stages, pipeline_microbatches=groups, **OPTIONS)
+    pipeline = many.engine.loaded.pipeline
+    split, sizes = pipeline._split, []
+    pipeline._split = lambda batch, cache: sizes.append(len(out := split(batch, cache))) or out
+    try:
+        for a, b in zip(one.engine.score_batch(PROMPTS), many.engine.score_batch(PROMPTS)):
+            assert (a - b).abs().max().item() <= 1e-5
+        assert [o.token_ids for o in many.generate(PROMPTS, GREEDY)] == [o.token_ids for o in one.generate(PROMPTS, GREEDY)]
+        assert max(sizes) == groups               # the steps with enough sequences went down in groups
+    finally:
+        many.engine.close()
+        one.engine.close()
