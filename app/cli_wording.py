@@ -47,7 +47,11 @@ FLAG_WORDS: dict[str, tuple[str, str]] = {
     "--cuda-graphs": ("CUDA graphs", ""),
     "--verify": ("checksum verification", ""),
     "--cpu-threads": ("the CPU thread count", "N"),
+    "--pipeline-parallel": ("the pipeline's GPU count", "N"),
+    "--pipeline-microbatches": ("the pipeline's micro-batch count", "M"),
 }
+#: The values a flag without a list of choices takes in a sentence ("use --device cuda:1").
+FLAG_VALUES: dict[str, re.Pattern[str]] = {"--device": re.compile(r"auto|cpu|cuda(?::\d+)?")}
 _FLAG = re.compile(r"(?<![\w-])--(?P<no>no-)?(?P<name>[a-z][a-z0-9]*(?:-[a-z0-9]+)*)")
 _VALUE = re.compile(r" (?P<value>[A-Z][A-Z_]*\b|\d[\w.%:]*|[a-z]+\d[\w:]*)")
 _AT_START = re.compile(r"\b(?:(?:re)?start(?: Strata)? with|no) $")   # the flag is about how Strata starts
@@ -170,6 +174,7 @@ def _value_after(text: str, at: int, flag: Flag) -> tuple[str, int]:
     if m is not None:
         return m["value"], m.end()
     word = re.match(r" ([\w:.-]+?)(?=[\s,;)]|\.?$|\.\s)", text[at:])
-    if word is None or word.group(1) not in flag.choices:
+    known = FLAG_VALUES.get(flag.name)
+    if word is None or not (word.group(1) in flag.choices or (known is not None and known.fullmatch(word.group(1)))):
         return "", at
     return word.group(1), at + word.end()

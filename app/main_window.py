@@ -30,6 +30,7 @@ from app.load_test import LoadTestDialog
 from app.local_server import ServerFactory, open_server
 from app.messages import BridgeError, KnobResult, KnobState, ModelDescription, PauseState
 from app.panels.base import Panel
+from app.panels.cards import pipeline_cards
 from app.panels.experts import ExpertPanel
 from app.panels.gpu import GpuPanel
 from app.panels.memory import MemoryPanel
@@ -75,6 +76,7 @@ class MainWindow(QMainWindow):
         self.recorder = SessionRecorder()
         self.load_test: LoadTestDialog | None = None
         self.last_gpu: GpuSample | None = None
+        self.watched_cards: tuple[int, ...] = ()     # the pipeline's GPUs the poller reads besides its own
         self.knob_memory = KnobMemory(settings)
         self._note_keys: list[str] = []
         self._build_central(store or ConversationStore(conversations_dir()))
@@ -199,6 +201,7 @@ class MainWindow(QMainWindow):
         b.error.connect(self.on_error)
         b.paused_changed.connect(self._on_paused)
         self.poller.sampled.connect(self.on_gpu_sample)
+        self.poller.cards_sampled.connect(self.gpu_panel.push_cards)
         # a lambda, not the bound method: the bridge lives in its own thread and takes commands by queue,
         # whereas a connection to its method would be queued to a thread that runs no event loop
         self.knobs.change_requested.connect(lambda option, value: self.bridge.reconfigure(option, value))
@@ -267,8 +270,12 @@ class MainWindow(QMainWindow):
     def on_stats(self, s) -> None:
         """One EngineStats snapshot (~10 Hz): into the rings and the recorder; plots redraw on the timer."""
         now = time.perf_counter()
-        for panel in (self.performance, self.memory, self.experts, self.traffic):
+        for panel in (self.performance, self.gpu_panel, self.memory, self.experts, self.traffic):
             panel.push_stats(s, now)
+        cards = pipeline_cards(s)
+        if cards != self.watched_cards:      # a pipeline loaded (or gone): read each of its cards
+            self.watched_cards = cards
+            self.poller.watch(cards)
         self.recorder.on_stats(s)
         if self.load_test is not None:
             self.load_test.on_stats(s)

@@ -1,5 +1,8 @@
 """GPU thermal and power: temperatures against the slowdown limit, power against its cap, clocks,
-and clock-event (throttle) reasons as flags with a timeline. Colours itself amber or red."""
+and clock-event (throttle) reasons as flags with a timeline. Colours itself amber or red.
+
+With a pipeline over several cards, a table above the readouts has one row per card (``app.panels.cards``).
+"""
 from __future__ import annotations
 
 import time
@@ -10,7 +13,9 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QStackedWidget, QVBoxLayout, QWidget
 
+from app.gpu_poller import CardReadings
 from app.panels.base import COLORS, Panel, Ring, curve, fit_y, make_plot, set_series
+from app.panels.cards import CardsTable
 from app.thermal import AMBER, OK, RED, UNKNOWN, ThermalState
 
 NOT_SUPPORTED = "not supported"
@@ -43,6 +48,8 @@ class GpuPanel(Panel):
         self.flags_label = QLabel("Throttle reasons: —")
         self.flags_label.setWordWrap(True)
         self._layout.insertWidget(1, self.flags_label)
+        self.cards = CardsTable()          # hidden until the engine reports a pipeline's stages
+        self._layout.insertWidget(0, self.cards)
 
     def _build_plots(self) -> None:
         g = self.graphics
@@ -82,6 +89,14 @@ class GpuPanel(Panel):
         self.stack.addWidget(page)
         self.stack.addWidget(self.graphics)
         self._layout.insertWidget(idx, self.stack, 1)
+
+    def push_stats(self, s: Any, now: float | None = None) -> None:
+        """One EngineStats snapshot: the per-card rows of a pipeline (the plots are NVML's alone)."""
+        self.cards.push_stats(s, time.perf_counter() if now is None else now)
+
+    def push_cards(self, readings: CardReadings) -> None:
+        """One poll of the pipeline's cards: their temperatures and throttle reasons in their rows."""
+        self.cards.push_cards(readings)
 
     def push_gpu(self, s: Any, state: ThermalState, now: float | None = None) -> None:
         """One GpuSample and the thermal state assessed from it."""
