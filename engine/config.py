@@ -59,8 +59,8 @@ def _budget(value: object, cards: int) -> int | tuple[int, ...] | None:
         return parse_size(value, "gpu_memory_budget")
     sizes = tuple(parse_size(v, "gpu_memory_budget") for v in value)
     if None in sizes or len(sizes) != cards:
-        raise ConfigError(f"gpu_memory_budget lists {len(sizes)} sizes but pipeline_parallel is {cards}; give one "
-                          f"size per GPU (e.g. {','.join(['24G'] * cards)}) or one size for all of them")
+        raise ConfigError(f"gpu_memory_budget lists {len(sizes)} sizes for {cards} GPU{'s' if cards > 1 else ''}; give "
+                          f"one size per GPU (e.g. {','.join(['24G'] * cards)}) or one size for all of them")
     return sizes[0] if cards == 1 else sizes
 
 
@@ -106,15 +106,20 @@ class EngineConfig:
     # a pipeline's steps in groups of sequences that follow each other down the stages; None = auto
     # (one per stage for decode steps on GPUs, 1 on the CPU)
     pipeline_microbatches: int | None = None
+    expert_parallel: int = 1             # GPUs of this host each MoE layer's experts are spread over
     seed: int = 0
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kv_cache_size", parse_size(self.kv_cache_size, "kv_cache_size"))
         _positive("pipeline_parallel", self.pipeline_parallel)
+        _positive("expert_parallel", self.expert_parallel)
+        if self.expert_parallel > 1 and self.pipeline_parallel > 1:
+            raise ConfigError(f"pipeline_parallel={self.pipeline_parallel} and expert_parallel={self.expert_parallel} "
+                              "cannot be combined yet; choose one of them")
         if self.pipeline_microbatches is not None:
             _positive("pipeline_microbatches", self.pipeline_microbatches)
-        object.__setattr__(self, "gpu_memory_budget", _budget(self.gpu_memory_budget, self.pipeline_parallel))
+        object.__setattr__(self, "gpu_memory_budget", _budget(self.gpu_memory_budget, self.cards))
         for name in (f.name for f in dataclasses.fields(self) if f.name in LIVE_NAMES):
             object.__setattr__(self, name, parse_live(name, getattr(self, name)))
         _choice("dtype", self.dtype, DTYPES)
@@ -140,6 +145,11 @@ class EngineConfig:
             raise ConfigError(f"device={self.device!r} is not supported; use auto, cpu, cuda or cuda:N")
         if self.expert_policy == "static" and not self.routing_profile:
             raise ConfigError("expert_policy=static needs routing_profile=FILE (record one with --record-routing)")
+
+    @property
+    def cards(self) -> int:
+        """GPUs the model is spread over (pipeline or expert parallel; 1 for one)."""
+        return max(self.pipeline_parallel, self.expert_parallel)
 
     @property
     def token_budget(self) -> int:

@@ -35,6 +35,7 @@ from engine.scheduler import Scheduler
 from engine.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
+    from engine.parallel.experts import ExpertShard
     from engine.parallel.stages import StageContext
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -105,11 +106,13 @@ class LoadedModel:
     """Everything the engine runs on, built once per model load."""
 
     def __init__(self, config: EngineConfig, spec: ModelSpec, source: TensorSource, tokenizer: Tokenizer | None,
-                 path: Path | None = None, notes: tuple[str, ...] = (), stage: "StageContext | None" = None) -> None:
-        """``stage``: this model is one stage of a pipeline (engine/parallel), ``spec`` its slice."""
+                 path: Path | None = None, notes: tuple[str, ...] = (), stage: "StageContext | None" = None,
+                 shard: "ExpertShard | None" = None) -> None:
+        """``stage``: this model is one stage of a pipeline (engine/parallel), ``spec`` its slice.
+        ``shard``: card 0 of expert parallel, which holds only its own share of every layer's experts."""
         t0 = time.perf_counter()
         self.config, self.spec, self.tokenizer = config, spec, tokenizer
-        self.stage = stage
+        self.stage, self.shard = stage, shard
         self.full_spec = stage.full_spec if stage is not None else spec     # the whole model, as reported
         self.pipeline = None          # the first stage of a pipeline: the other stages (engine/parallel/pipeline.py)
         self.device = resolve_device(config.device)
@@ -192,6 +195,8 @@ class LoadedModel:
             return "CUDA graphs need a CUDA GPU"
         if self.stage is not None:
             return "the stages of a pipeline run their decode steps eagerly"
+        if self.shard is not None:
+            return "expert parallel runs its decode steps eagerly"
         return None
 
     def make_graphs(self) -> DecodeGraphs | None:
@@ -207,8 +212,9 @@ class LoadedModel:
         budget = c.gpu_memory_budget if c.gpu_memory_budget is not None else default_budget(self.device)
         if self.device.type != "cuda":
             budget = None     # no device memory to budget on the CPU
-        return plan_memory(resident, self.layout.nbytes, s.num_moe_layers * s.num_experts, self._kv_bytes_per_token(),
-                           budget, self.pool_bytes(c.expert_pool_size), experts_per_layer=s.num_experts,
+        per_layer = self.local_experts
+        return plan_memory(resident, self.layout.nbytes, s.num_moe_layers * per_layer, self._kv_bytes_per_token(),
+                           budget, self.pool_bytes(c.expert_pool_size), experts_per_layer=per_layer,
                            active_experts_per_token=s.num_moe_layers * s.top_k, advice=self._budget_advice(),
                            window_kv_bytes=self.kv_sizing.window_pool_bytes)
 
@@ -237,7 +243,14 @@ class LoadedModel:
         share of it (its routed experts' share of the model's)."""
         if isinstance(size, int) and self.stage is not None:
             size = int(size * self.stage.plan.pool_fraction(self.stage.rank))
-        return pool_bytes(size, self.layout.nbytes * self.spec.num_moe_layers * self.spec.num_experts)
+        if isinstance(size, int) and self.shard is not None:
+            size = int(size * self.local_experts / self.spec.num_experts)
+        return pool_bytes(size, self.layout.nbytes * self.spec.num_moe_layers * self.local_experts)
+
+    @property
+    def local_experts(self) -> int:
+        """Experts per MoE layer this model's pool and host store hold (all, or an expert shard's share)."""
+        return self.shard.local_experts if self.shard is not None else self.spec.num_experts
 
     def pool_request(self, value: object) -> int | None:
         """Pool bytes of a pool size as given (bytes, "10G", "50%" or None), checked by ``parse_live``."""
@@ -267,18 +280,32 @@ class LoadedModel:
         moe = [layer for layer in self.weights.layers if layer.moe is not None]
         routers = [layer.moe.router * layer.post_norm for layer in moe]
         bias = [layer.moe.router_bias for layer in moe] if self.spec.family.router_bias else None
+        top_k, per_layer = self.spec.top_k, self.local_experts
+        if self.shard is not None:             # only this card's experts: their rows, router rows and biases
+            from engine.parallel.experts import shard_rows
+            own = self.shard.experts
+            rows = shard_rows(rows, self.spec.num_experts, own)
+            routers = [r[own] for r in routers]
+            bias = [b[own] for b in bias] if bias is not None else None
+            top_k = min(top_k, per_layer)
         options = dict(routing_profile=c.routing_profile, budget_bytes=self._pool_budget(),
-                       direct_reads=DIRECT_READS[c.expert_reads], top_k=self.spec.top_k, router_bias=bias,
+                       direct_reads=DIRECT_READS[c.expert_reads], top_k=top_k, router_bias=bias,
                        norm_eps=self.spec.rms_norm_eps, cold_experts=c.cold_experts)
+        route = self._route if self.shard is None else self._shard_route(top_k)
         if self.experts_resident:      # a full pool over the experts' device buffer; the knobs stay live
-            return ExpertManager.resident(self.layout, rows.to(self.device), self.spec.num_experts,
-                                          c.prefetch_depth, c.expert_policy, routers, self._route, **options)
-        return ExpertManager.from_rows(self.layout, rows, self.spec.num_experts, self.device,
+            return ExpertManager.resident(self.layout, rows.to(self.device), per_layer,
+                                          c.prefetch_depth, c.expert_policy, routers, route, **options)
+        return ExpertManager.from_rows(self.layout, rows, per_layer, self.device,
                                        plan.pool_slots * plan.expert_bytes, c.prefetch_depth, c.expert_policy,
-                                       routers, self._route, **options)
+                                       routers, route, **options)
 
     def _route(self, logits: torch.Tensor):
         return self.model.route(logits)
+
+    def _shard_route(self, top_k: int):
+        """The predictions' routing over an expert shard's own experts (its top ``top_k`` of them)."""
+        from engine.models.moe_transformer import route_ref
+        return lambda logits: route_ref(logits, top_k, self.spec.renormalize)
 
     def _kv_cache_bytes(self) -> int:
         """Bytes of the full-attention pool: the KV size asked for less the window pool, else what the plan
@@ -383,22 +410,23 @@ def load_model(config: EngineConfig, progress: Progress | None = None) -> Loaded
             notes += (f"group size {config.group_size} is ignored: {path} was converted with int4 groups of {group}; "
                       f"convert again with --group-size {config.group_size} for other groups",)
         config = config.replace(weight_format=fmt, group_size=group if fmt == "int4" else config.group_size)
-        if config.pipeline_parallel > 1:
+        if config.pipeline_parallel > 1 or config.expert_parallel > 1:
             return _pipelined(config, spec, source, tokenizer, path, notes)
         loaded = LoadedModel(config, spec, source, tokenizer, path, notes)
         source.manifest.check_layout(loaded.layout, path)
         return loaded
     notes = (("verify checks the checksums of a folder written by main.py convert; this is a Hugging Face "
               "folder, which has none, so it was ignored"),) if config.verify else ()
-    if config.pipeline_parallel > 1:
+    if config.pipeline_parallel > 1 or config.expert_parallel > 1:
         return _pipelined(config, spec, SafetensorsReader(path), tokenizer, path, notes)
     return LoadedModel(config, spec, SafetensorsReader(path), tokenizer, path, notes)
 
 
 def _pipelined(config: EngineConfig, spec: ModelSpec, source: TensorSource, tokenizer: Tokenizer | None, path: Path,
                notes: tuple[str, ...]) -> LoadedModel:
-    from engine.parallel.pipeline import load_pipeline
-    return load_pipeline(config, spec, source, tokenizer, path, notes)
+    from engine.parallel.pipeline import load_expert_parallel, load_pipeline
+    load = load_pipeline if config.pipeline_parallel > 1 else load_expert_parallel
+    return load(config, spec, source, tokenizer, path, notes)
 
 
 def _checksum_notes(path: Path, source: ConvertedSource) -> tuple[str, ...]:

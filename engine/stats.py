@@ -113,16 +113,32 @@ def _stages(engine: "LLMEngine") -> tuple[StageStats, ...]:
     m = engine.loaded
     if m.pipeline is None:
         return ()
-    s = m.stage.stage
-    own = StageStats(0, str(m.device), s.start, s.end, m.experts.stats(), memory_of(m), m.experts.host_syncs)
+    first, end = (m.stage.stage.start, m.stage.stage.end) if m.stage is not None else (0, m.spec.num_layers)
+    own = StageStats(0, str(m.device), first, end, m.experts.stats(), memory_of(m), m.experts.host_syncs)
     return (own, *m.pipeline.stage_stats())
+
+
+def merge_shards(parts: list[ExpertStats]) -> ExpertStats:
+    """The experts of expert-parallel cards as one model's: card ``r`` of ``N`` holds experts ``r, r + N, ...``
+    of every layer, so the activation rows interleave; a layer's hit rate is the cards' mean."""
+    merged = merge_experts(parts)
+    n = len(parts)
+    layers = len(parts[0].activations)
+    acts = []
+    for layer in range(layers):
+        rows = [p.activations[layer] for p in parts]
+        width = sum(len(r) for r in rows)
+        acts.append(tuple(rows[e % n][e // n] for e in range(width)))
+    rates = tuple(sum(p.per_layer_hit_rate[i] for p in parts) / n for i in range(len(parts[0].per_layer_hit_rate)))
+    return dataclasses.replace(merged, activations=tuple(acts), per_layer_hit_rate=rates)
 
 
 def snapshot(engine: "LLMEngine") -> EngineStats:
     c, m, now = engine.counters, engine.loaded, time.perf_counter()
     sched = engine.scheduler
     stages = _stages(engine)
-    expert_stats = merge_experts([s.experts for s in stages]) if len(stages) > 1 else m.experts.stats()
+    merge = merge_shards if m.shard is not None else merge_experts
+    expert_stats = merge([s.experts for s in stages]) if len(stages) > 1 else m.experts.stats()
     memory = merge_memory([s.memory for s in stages]) if len(stages) > 1 else _memory(engine)
     syncs = sum(s.host_syncs for s in stages) if len(stages) > 1 else m.experts.host_syncs
     return EngineStats(

@@ -30,7 +30,7 @@ from engine.errors import ConfigError
 from kernels.expert_layout import ExpertLayout
 from engine.loading import expert_act
 from engine.kv.sizing import KVSizing, kv_sizing
-from engine.memory import BudgetAdvice, MemoryPlan, default_budget, plan_memory
+from engine.memory import MIN_KV_TOKENS, BudgetAdvice, MemoryPlan, default_budget, plan_memory
 from engine.options import parse_live, pool_bytes
 from engine.settings_fit import depth_note, fit_to_model
 
@@ -111,7 +111,34 @@ def plan_lines(spec: ModelSpec, args: argparse.Namespace) -> list[str]:
     lines += _kv_lines(spec, kv, context)
     if c.pipeline_parallel > 1:
         return lines + _pipeline_lines(spec, args, c, per_expert, wb, res_fmt, context)
+    if c.expert_parallel > 1:
+        return lines + _expert_parallel_lines(spec, c, per_expert, resident, kv)
     lines += _budget_lines(spec, args, resident, per_expert, n_experts, wb, kv.bytes_per_token, kv.window_pool_bytes)
+    return lines
+
+
+def _expert_parallel_lines(spec: ModelSpec, c: EngineConfig, per_expert: int, resident: int, kv: KVSizing) -> list[str]:
+    """Each card's share of the experts under ``--expert-parallel`` and the pool its budget fits."""
+    from engine.parallel.experts import ExpertShard, check_shards
+    from engine.parallel.pipeline import card_budgets
+    n = c.expert_parallel
+    check_shards(spec.num_experts, spec.top_k, n)
+    budgets = card_budgets(c)
+    lines = ["", f"expert parallel over {n} GPUs: every MoE layer's experts interleaved over the cards, each card "
+                 "fetching its own misses over its own link; GPU 0 also holds everything else:"]
+    for r, budget in enumerate(budgets):
+        shard = ExpertShard(r, n, spec.num_experts)
+        mine = spec.num_moe_layers * shard.local_experts
+        res = resident if r == 0 else spec.num_moe_layers * shard.local_experts * spec.hidden * 2   # routers' rows
+        text = (f"  GPU {r}: experts {r}, {r + n}, ... ({shard.local_experts} of {spec.num_experts} per layer, "
+                f"{format_size(mine * per_expert)}), resident {format_size(res)}")
+        if budget is not None:
+            plan = plan_memory(res, per_expert, mine, kv.bytes_per_token if r == 0 else 0, budget,
+                               experts_per_layer=shard.local_experts, advice=BudgetAdvice(None, "", ""),
+                               window_kv_bytes=kv.window_pool_bytes if r == 0 else 0, min_kv_tokens=0 if r else MIN_KV_TOKENS)
+            text += (f"; budget {format_size(budget)}: pool {plan.pool_slots}/{mine} experts "
+                     f"({plan.pool_slots / mine:.0%})")
+        lines.append(text)
     return lines
 
 

@@ -68,6 +68,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pipeline-microbatches", type=int, default=None, metavar="M",
                    help="send a pipeline's steps down the stages in M groups of sequences, so that the cards work "
                         "at once (default: one per stage for decode steps on GPUs, 1 on the CPU)")
+    g.add_argument("--expert-parallel", type=int, default=1, metavar="N",
+                   help="spread every MoE layer's experts over N GPUs of this host, each with its own pool and link "
+                        "to host memory; the first GPU holds the rest of the model (default: 1)")
     g.add_argument("--verify", action="store_true",
                    help="check a converted folder's checksums again, even if an earlier load verified them")
 
@@ -84,7 +87,7 @@ def engine_options(args: argparse.Namespace, environ: Mapping[str, str] = os.env
     keys = ("device", "dtype", "weight_format", "group_size", "resident_weights", "expert_pool_size", "prefetch_depth", "expert_policy",
             "expert_reads", "cold_experts", "routing_profile", "record_routing", "max_batch", "max_batch_tokens", "prefill_chunk", "max_model_len",
             "kv_cache_dtype", "kv_cache_size", "gpu_memory_budget", "cuda_graphs", "cpu_threads", "verify",
-            "pipeline_parallel", "pipeline_microbatches")
+            "pipeline_parallel", "pipeline_microbatches", "expert_parallel")
     options = {k: getattr(args, k) for k in keys if hasattr(args, k)}
     if "cpu_threads" in options and options["cpu_threads"] is None:
         options["cpu_threads"] = threads_from_env(environ)

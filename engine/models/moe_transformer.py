@@ -99,6 +99,7 @@ class MoETransformer:
         self.decode_attention = _select_decode_attention(device)
         self.prefill_attention = _select_prefill_attention(device)   # for layers with sinks or a window
         self.pipeline: Any = None          # the first stage of a pipeline: its Pipeline (engine/parallel)
+        self.expert_parallel: Any = None   # card 0 of expert parallel: its ExpertsOnCards (engine/parallel/experts.py)
 
     def use_moe_kernels(self, triton: bool) -> None:
         """The Triton MoE (where the device has it, as chosen at load) or the torch reference path
@@ -130,6 +131,8 @@ class MoETransformer:
         """
         if self.pipeline is not None:
             return self.pipeline.forward(self, batch, cache, acquire)
+        if self.expert_parallel is not None:
+            self.expert_parallel.begin_step(batch.input_ids.shape[0])
         x, out = self.layers(self.embed(batch), None, batch, cache, acquire)       # [T, D]
         return self.head(x, out, batch)
 
@@ -152,7 +155,7 @@ class MoETransformer:
                 attn = self._attention(i, layer.attn, h, batch, cache, rope)
                 if layer.moe is not None:
                     h, x, h16 = self._add_norm16(x, attn, layer.post_norm, group)
-                    out = self._moe(layer.moe, h, pred, acquire, h16)
+                    out = self._moe(layer.moe, h, pred, acquire, h16, x)
                 else:
                     h, x = self._add_norm(x, attn, layer.post_norm)
                     out = mlp(h, layer.mlp.gate_up, layer.mlp.down, self.fused)
@@ -181,7 +184,7 @@ class MoETransformer:
     def _x16_group(self, tokens: int) -> int | None:
         """Group size of the 16-bit planes the MoE kernels take for a step of ``tokens`` (int4 decode
         on a GPU; see :func:`kernels.fused_moe.act16_group`), or None."""
-        if self._act16_group is None or not self.fused:
+        if self._act16_group is None or not self.fused or self.expert_parallel is not None:
             return None
         return self._act16_group(self.experts.layout, tokens, self.device, self.experts.direct_for(tokens))
 
@@ -272,7 +275,11 @@ class MoETransformer:
         k, v = cache.gather(i, d.rows)          # [B, P, Hkv, hd]; padding reads row 0 of a zeroed cache: finite
         return attend_context_ref(q, k, v, window_valid(d.valid, d.context_lens, a.window), sinks=a.sinks)
 
-    def _moe(self, m: MoEWeights, x: torch.Tensor, pred: Any, acquire: Acquire, x16: Any = None) -> torch.Tensor:
+    def _moe(self, m: MoEWeights, x: torch.Tensor, pred: Any, acquire: Acquire, x16: Any = None,
+             residual: torch.Tensor | None = None) -> torch.Tensor:
+        if self.expert_parallel is not None:                             # the routed experts on every card
+            out = self.expert_parallel.moe(self, m, x, residual, pred)
+            return out if m.shared is None else out + self._shared(m, x)
         logits = x @ m.router.t()                                        # [T, E]
         if m.router_bias is not None:
             logits = logits + m.router_bias
@@ -288,11 +295,15 @@ class MoETransformer:
                 extra["x16"] = x16
             out = self.moe_fn(x, ids, w, slot_of_expert, views, self.experts.layout, **extra)   # [T, D]
         if m.shared is not None:
-            shared = mlp(x, m.shared.gate_up, m.shared.down, self.fused)  # [T, D]
-            out = out + torch.sigmoid(x @ m.shared_gate.t()) * shared
+            out = out + self._shared(m, x)
         if cold is not None:
             out = out + cold.finish()                                    # the CPU's sum, computed meanwhile
         return out
+
+    def _shared(self, m: MoEWeights, x: torch.Tensor) -> torch.Tensor:
+        """The shared expert, scaled by its sigmoid gate: [T, D]."""
+        shared = mlp(x, m.shared.gate_up, m.shared.down, self.fused)      # [T, D]
+        return torch.sigmoid(x @ m.shared_gate.t()) * shared
 
     def _moe_split(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, slot_of_expert: torch.Tensor,
                    views: dict, cold: Any, extra: dict) -> torch.Tensor:

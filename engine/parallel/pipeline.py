@@ -77,7 +77,7 @@ def stage_configs(config: EngineConfig, plan: PipelinePlan, device: torch.device
 
 
 def card_budgets(config: EngineConfig) -> tuple[int | None, ...]:
-    n, b = config.pipeline_parallel, config.gpu_memory_budget
+    n, b = config.cards, config.gpu_memory_budget
     return tuple(b) if isinstance(b, tuple) else (None if b is None else b // n,) * n
 
 
@@ -124,9 +124,12 @@ class _Worker:
 class Pipeline:
     """Rank 0's handle on the other stages; ``forward`` is the first stage model's ``downstream``."""
 
-    def __init__(self, config: EngineConfig, plan: PipelinePlan, stage_cfgs: list[EngineConfig], path: Path,
-                 device: torch.device, spec: ModelSpec) -> None:
-        self.plan, self.device, self.spec = plan, device, spec
+    def __init__(self, config: EngineConfig, plan: PipelinePlan | None, stage_cfgs: list[EngineConfig], path: Path,
+                 device: torch.device, spec: ModelSpec, mode: str = "layers") -> None:
+        """``mode`` "layers": a pipeline of ``plan``'s stages; "experts": expert parallel over
+        ``len(stage_cfgs)`` cards (engine/parallel/experts.py)."""
+        self.plan, self.device, self.spec, self.mode = plan, device, spec, mode
+        self.size = len(stage_cfgs)
         self.microbatches: int | None = config.pipeline_microbatches     # None: auto (microbatches_for)
         self.backend = "nccl" if device.type == "cuda" else "gloo"
         self.failed: str | None = None
@@ -136,14 +139,14 @@ class Pipeline:
         init = f"tcp://127.0.0.1:{_free_port()}"
         try:
             atexit.register(self.close)
-            for rank in range(1, plan.size):
+            for rank in range(1, self.size):
                 w = _Worker(rank, _Process(rank))
                 self.workers.append(w)
-                self._send(w, dict(rank=rank, world=plan.size, init=init, backend=self.backend,
+                self._send(w, dict(rank=rank, world=self.size, init=init, backend=self.backend, mode=mode,
                                    config=stage_cfgs[rank], path=str(path), plan=plan, parent=os.getpid()))
             for w in self.workers:
                 self._expect(w, "hello")              # the process runs and imported the engine
-            dist.init_process_group(self.backend, init_method=init, rank=0, world_size=plan.size,
+            dist.init_process_group(self.backend, init_method=init, rank=0, world_size=self.size,
                                     timeout=timedelta(seconds=JOIN_TIMEOUT_S))
             self._ctrl = dist.new_group(backend="gloo") if self.backend != "gloo" else None
         except BaseException:
@@ -152,6 +155,9 @@ class Pipeline:
 
     # ---- waiting on the workers --------------------------------------------------------------------
     def _where(self, rank: int) -> str:
+        if self.mode == "experts":
+            from engine.parallel.experts import ExpertShard
+            return ExpertShard(rank, self.size, self.spec.num_experts).describe()
         s = self.plan.stages[rank]
         return f"pipeline stage {rank} of {self.plan.size} (layers {s.layers})"
 
@@ -379,25 +385,65 @@ _STAGE_OPTIONS = ("expert_pool_size", "prefetch_depth", "expert_policy", "expert
                   "kv_cache_dtype")
 
 
+def load_expert_parallel(config: EngineConfig, spec: ModelSpec, source: TensorSource, tokenizer: Tokenizer | None,
+                         path: Path, notes: tuple[str, ...]):
+    """Card 0 of expert parallel over ``config.expert_parallel`` GPUs (CPU processes on the CPU), with
+    the other cards' processes started and loaded beside it (engine/parallel/experts.py)."""
+    from engine.loading import LoadedModel
+    from engine.parallel.experts import ExpertShard, ExpertsOnCards, check_shards
+    n = config.expert_parallel
+    device = _devices(config, n, "expert_parallel")
+    check_shards(spec.num_experts, spec.top_k, n)
+    budgets = card_budgets(config)
+    notes = list(notes)
+    if config.cold_experts != "bus":
+        notes.append("cold_experts is bus with expert parallel: each card brings its missing experts over its own link")
+    cfgs = [config.replace(device="cpu" if device.type == "cpu" else f"cuda:{r}", gpu_memory_budget=budgets[r],
+                           cuda_graphs=False, cold_experts="bus") for r in range(n)]
+    group = Pipeline(config, None, cfgs, path, device, spec, mode="experts")
+    try:
+        graphs = ("CUDA graphs are off: expert parallel runs its decode steps eagerly",) \
+            if device.type == "cuda" and config.cuda_graphs is not False else ()
+        loaded = LoadedModel(cfgs[0], spec, source, tokenizer, path, tuple(notes) + graphs,
+                             shard=ExpertShard(0, n, spec.num_experts))
+        group.wait_loaded()
+    except BaseException:
+        group.close()
+        raise
+    loaded.pipeline = group
+    loaded.model.expert_parallel = ExpertsOnCards(group)
+    manifest = getattr(source, "manifest", None)
+    if manifest is not None:
+        manifest.check_layout(loaded.layout, path)
+    return loaded
+
+
+def _devices(config: EngineConfig, n: int, name: str) -> torch.device:
+    """The device type of the cards (checked to be there) and the checks the parallel modes share."""
+    from engine.loading import resolve_device
+    device = resolve_device(config.device)
+    if device.type == "cuda":
+        if config.device not in ("auto", "cuda"):
+            raise ConfigError(f"device={config.device} names one GPU but {name}={n} uses GPUs 0..{n - 1}; "
+                              "use --device cuda")
+        if torch.cuda.device_count() < n:
+            raise ConfigError(f"{name}={n} needs {n} GPUs but {torch.cuda.device_count()} "
+                              f"{'is' if torch.cuda.device_count() == 1 else 'are'} visible; lower "
+                              f"--{name.replace('_', '-')} or make more GPUs visible (CUDA_VISIBLE_DEVICES)")
+    for option in ("routing_profile", "record_routing"):
+        if getattr(config, option):
+            raise ConfigError(f"{option} does not work with {name} yet; drop --{option.replace('_', '-')} "
+                              f"or load with --{name.replace('_', '-')} 1")
+    return device
+
+
 def load_pipeline(config: EngineConfig, spec: ModelSpec, source: TensorSource, tokenizer: Tokenizer | None,
                   path: Path, notes: tuple[str, ...]):
     """The first stage of a pipeline over ``config.pipeline_parallel`` GPUs (CPU processes on the
     CPU), with the other stages started and loaded beside it."""
-    from engine.loading import LoadedModel, expert_layout, resolve_device, resolve_dtype
+    from engine.loading import LoadedModel, expert_layout, resolve_dtype
     n = config.pipeline_parallel
-    device = resolve_device(config.device)
-    if device.type == "cuda":
-        if config.device not in ("auto", "cuda"):
-            raise ConfigError(f"device={config.device} names one GPU but pipeline_parallel={n} uses GPUs 0..{n - 1}; "
-                              "use --device cuda")
-        if torch.cuda.device_count() < n:
-            raise ConfigError(f"pipeline_parallel={n} needs {n} GPUs but {torch.cuda.device_count()} "
-                              f"{'is' if torch.cuda.device_count() == 1 else 'are'} visible; lower --pipeline-parallel "
-                              "or make more GPUs visible (CUDA_VISIBLE_DEVICES)")
-    for name in ("routing_profile", "record_routing"):
-        if getattr(config, name):
-            raise ConfigError(f"{name} does not work with pipeline_parallel yet; drop --{name.replace('_', '-')} "
-                              "or load with --pipeline-parallel 1")
+    device = _devices(config, n, "pipeline_parallel")
     dtype = resolve_dtype(config.dtype, device)
     layout = expert_layout(config, spec, dtype)
     manifest = getattr(source, "manifest", None)

@@ -55,22 +55,140 @@ def _stats(m, rank: int):
     from engine.stats import memory_of
     from engine.telemetry import StageStats
     m.experts.settle()
+    if isinstance(m, ShardModel):
+        return StageStats(rank, str(m.device), 0, m.spec.num_layers, m.experts.stats(), m.memory(),
+                          m.experts.host_syncs)
     s = m.stage.stage
     return StageStats(rank, str(m.device), s.start, s.end, m.experts.stats(), memory_of(m), m.experts.host_syncs)
+
+
+class ShardModel:
+    """An expert-parallel card past the first: its share of every MoE layer's experts (and the routers
+    its predictions need), nothing else (engine/parallel/experts.py)."""
+
+    def __init__(self, config, path: str, rank: int, world: int) -> None:
+        from engine.checkpoint import families as fn
+        from engine.checkpoint.converted import ConvertedSource, is_converted
+        from engine.checkpoint.loader import _Fetch, pack_layer_experts
+        from engine.checkpoint.plan import router_bias_name
+        from engine.checkpoint.reader import SafetensorsReader, with_aliases
+        from engine.checkpoint.spec import read_spec
+        from engine.config import DIRECT_READS
+        from engine.experts.manager import ExpertManager
+        from engine.loading import expert_layout, resolve_device, resolve_dtype
+        from engine.memory import default_budget, plan_memory
+        from engine.models.moe_transformer import route_ref
+        from engine.options import pool_bytes
+        from engine.parallel.experts import ExpertShard, shard_rows
+        folder = Path(path)
+        self._pool_bytes = pool_bytes
+        self.config = config
+        self.spec = spec = read_spec(folder)
+        source = ConvertedSource(folder, verify=False) if is_converted(folder) else SafetensorsReader(folder)
+        source = with_aliases(source, spec.family.aliases)
+        self.device = device = resolve_device(config.device)
+        self.dtype = dtype = resolve_dtype(config.dtype, device)
+        self.layout = layout = expert_layout(config, spec, dtype)
+        self.shard = ExpertShard(rank, world, spec.num_experts)
+        own, E = self.shard.experts, spec.num_experts
+        fetch = _Fetch(source, device, dtype)
+        full = torch.empty(E, layout.nbytes, dtype=torch.uint8)
+        layers, routers, biases = [], [], []
+        moe_index = 0
+        for i in range(spec.num_layers):
+            if not spec.moe_layers[i]:
+                continue
+            if hasattr(source, "read_experts"):
+                source.read_experts(moe_index, full)
+            else:
+                pack_layer_experts(fetch, spec, i, layout, full)
+            layers.append(shard_rows(full, E, own))
+            p = spec.family.moe_prefix.format(i=i)
+            get = lambda name: source.get(name).to(device=device, dtype=dtype)     # noqa: E731
+            routers.append(get(spec.family.router.format(p=p))[own] * get(fn.POST_NORM.format(i=i)))
+            if spec.family.router_bias:
+                biases.append(get(router_bias_name(spec, i))[own])
+            moe_index += 1
+        rows = torch.cat(layers, 0)
+        del full, layers
+        self.resident_bytes = sum(r.numel() * r.element_size() for r in routers + biases)
+        per_layer = len(own)
+        budget = None if device.type != "cuda" else \
+            (config.gpu_memory_budget if config.gpu_memory_budget is not None else default_budget(device))
+        self.plan = plan_memory(self.resident_bytes, layout.nbytes, spec.num_moe_layers * per_layer, 0, budget,
+                                self.pool_bytes(config.expert_pool_size), experts_per_layer=per_layer,
+                                active_experts_per_token=spec.num_moe_layers * spec.top_k, min_kv_tokens=0)
+        top_k = min(spec.top_k, per_layer)
+        room = None if budget is None else budget - self.resident_bytes - self.plan.workspace_bytes
+        self.experts = ExpertManager.from_rows(
+            layout, rows, per_layer, device, self.plan.pool_slots * layout.nbytes, config.prefetch_depth,
+            config.expert_policy, routers, lambda logits: route_ref(logits, top_k, spec.renormalize),
+            budget_bytes=room, direct_reads=DIRECT_READS[config.expert_reads], top_k=top_k,
+            router_bias=biases or None, norm_eps=spec.rms_norm_eps, cold_experts="bus")
+        from kernels.fused_moe import fused_moe_ref
+        self.moe_fn = fused_moe_ref
+        if device.type == "cuda":
+            from kernels._triton import HAS_TRITON
+            if HAS_TRITON:
+                from kernels.fused_moe import fused_moe
+                self.moe_fn = fused_moe
+
+    def pool_bytes(self, size) -> int | None:
+        """A pool size as this card takes it: a share of its experts, or its share of a size in bytes."""
+        if isinstance(size, int):
+            size = int(size * self.shard.local_experts / self.spec.num_experts)
+        return self._pool_bytes(size, self.layout.nbytes * self.spec.num_moe_layers * self.shard.local_experts)
+
+    def pool_request(self, value: object) -> int | None:
+        from engine.options import parse_live
+        return self.pool_bytes(parse_live("expert_pool_size", value))
+
+    def memory(self):
+        from engine.telemetry import MemoryStats
+        store = self.experts.store
+        cuda = self.device.type == "cuda"
+        return MemoryStats(resident_bytes=self.resident_bytes, expert_pool_bytes=self.experts.stats().pool_bytes,
+                           workspace_bytes=self.plan.workspace_bytes if self.plan.budget_bytes is not None else 0,
+                           budget_bytes=self.plan.budget_bytes, pinned_host_bytes=0 if store is None else store.nbytes,
+                           max_allocated_bytes=torch.cuda.max_memory_allocated(self.device) if cuda else 0)
+
+    def close(self) -> None:
+        self.experts.close()
+
+
+@torch.inference_mode()
+def _expert_step(m: ShardModel, tokens: int, rank: int, world: int) -> None:
+    """One step's MoE layers on this card: its share of each, summed into card 0's."""
+    from engine.parallel.experts import shard_share, unpack_tokens
+    s = m.spec
+    D, k = s.hidden, s.top_k
+    m.experts.begin_step()
+    try:
+        for moe_index in range(s.num_moe_layers):
+            msg = torch.empty(tokens, 2 * D + 2 * k, dtype=torch.float32, device=m.device)
+            dist.broadcast(msg, src=0)
+            h, x, ids, w = unpack_tokens(msg, D, k, m.dtype)
+            pred = m.experts.before_layer(moe_index, x)
+            share = shard_share(m.experts, m.moe_fn, m.layout, moe_index, h, ids, w, pred, world, rank)
+            dist.reduce(share, dst=0)
+    finally:
+        m.experts.end_step()
 
 
 def _serve(m, conn, rank: int, world: int) -> None:
     from engine.live import apply_to_stage
     from engine.errors import ReconfigureError
     D, dtype, device = m.spec.hidden, m.dtype, m.device
-    windowed = bool(m.cache.window_blocks)
+    windowed = bool(m.cache.window_blocks) if not isinstance(m, ShardModel) else False
     while True:
         try:
             msg = conn.recv()
         except (EOFError, OSError):
             return                                    # the engine's process is gone
         kind = msg[0]
-        if kind == "step":                            # one micro-batch of a step, in the order they come
+        if kind == "experts_step":                    # expert parallel: this card's share of every MoE layer
+            _expert_step(m, msg[1], rank, world)
+        elif kind == "step":                          # one micro-batch of a step, in the order they come
             _, parts, tag = msg
             batch = parts.build(m.cache.block_size, device, windowed)
             act = torch.empty(2, parts.num_tokens, D, dtype=dtype, device=device)      # [2, T, D]
@@ -79,7 +197,9 @@ def _serve(m, conn, rank: int, world: int) -> None:
             dist.send(torch.stack([x, out]).contiguous(), dst=(rank + 1) % world, tag=tag)
         elif kind == "reconfigure":
             try:
-                conn.send(("reconfigured", None, apply_to_stage(m, msg[1], msg[2])))
+                options = msg[1] if not isinstance(m, ShardModel) else \
+                    {k: v for k, v in msg[1].items() if k != "kv_cache_dtype"}       # a shard keeps no KV cache
+                conn.send(("reconfigured", None, apply_to_stage(m, options, msg[2])))
             except ReconfigureError as e:
                 conn.send(("reconfigured", str(e), {}))
         elif kind == "stats":
@@ -103,7 +223,7 @@ def main(conn) -> None:
         dist.init_process_group(backend, init_method=init, rank=rank, world_size=world,
                                 timeout=timedelta(seconds=600))
         ctrl = dist.new_group(backend="gloo") if backend != "gloo" else None
-        m = _load(config, path, plan, rank, ctrl)
+        m = ShardModel(config, path, rank, world) if start["mode"] == "experts" else _load(config, path, plan, rank, ctrl)
         conn.send(("loaded",))
         _serve(m, conn, rank, world)
     except BaseException as e:        # reported to the engine's process, which stops the pipeline

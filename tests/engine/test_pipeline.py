@@ -192,7 +192,7 @@ def test_budget_per_card_is_checked():
     from engine.config import EngineConfig
     c = EngineConfig(model="m", pipeline_parallel=2, gpu_memory_budget="24G,20G")
     assert c.gpu_memory_budget == (24 << 30, 20 << 30)
-    with pytest.raises(ConfigError, match=r"^gpu_memory_budget lists 3 sizes but pipeline_parallel is 2; give one "
+    with pytest.raises(ConfigError, match=r"^gpu_memory_budget lists 3 sizes for 2 GPUs; give one "
                                           r"size per GPU \(e.g. 24G,24G\) or one size for all of them$"):
         EngineConfig(model="m", pipeline_parallel=2, gpu_memory_budget="1G,2G,3G")
     with pytest.raises(ConfigError, match="pipeline_parallel must be an integer >= 1"):
