@@ -49,6 +49,7 @@ FLAG_WORDS: dict[str, tuple[str, str]] = {
     "--cpu-threads": ("the CPU thread count", "N"),
     "--pipeline-parallel": ("the pipeline's GPU count", "N"),
     "--pipeline-microbatches": ("the pipeline's micro-batch count", "M"),
+    "--expert-parallel": ("the expert-parallel GPU count", "N"),
 }
 #: The values a flag without a list of choices takes in a sentence ("use --device cuda:1").
 FLAG_VALUES: dict[str, re.Pattern[str]] = {"--device": re.compile(r"auto|cpu|cuda(?::\d+)?")}

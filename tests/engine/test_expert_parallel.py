@@ -101,3 +101,22 @@ def test_info_prints_each_cards_share(folders, capsys):
     assert "expert parallel over 3 GPUs" in out
     assert "  GPU 0: experts 0, 3, ... (3 of 8 per layer, " in out
     assert "  GPU 2: experts 2, 5, ... (2 of 8 per layer, " in out and "budget 1.50 GiB: pool 6/6 experts (100%)" in out
+
+
+def test_the_parallel_benchmark_runs_its_settings(tmp_path):
+    """benchmarks/bench_parallel.py --smoke: one card, a pipeline and expert parallel on CPU processes."""
+    import json
+    import subprocess
+    import sys
+    from tiny_models import ROOT
+    out = tmp_path / "parallel.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_parallel.py"), "--smoke", "--dir",
+                    str(tmp_path / "model"), "--batches", "2", "--tokens", "3", "--warmup", "1", "--prompt-len", "8",
+                    "--out", str(out)], check=True, timeout=600, capture_output=True)
+    result = json.loads(out.read_text())
+    assert not result["errors"]
+    rows = {r["mode"]: r for r in result["rows"]}
+    assert set(rows) == {"one", "pipeline", "experts"}
+    assert rows["one"]["tokens"] == rows["pipeline"]["tokens"] == rows["experts"]["tokens"] == 6
+    assert [len(rows[m]["per_card"]) for m in ("one", "pipeline", "experts")] == [1, 2, 2]
+    assert rows["pipeline"]["speedup_vs_one_card"] > 0
