@@ -18,7 +18,6 @@ from engine.checkpoint.spec import ModelSpec, read_spec
 from engine.config import DEFAULT_GROUP_SIZE, DIRECT_READS, EngineConfig
 from engine.options import PoolShare, PoolSize, parse_live, pool_bytes
 from engine.errors import ConfigError
-from kernels.expert_layout import ExpertAct, ExpertLayout
 from engine.experts.provider import ExpertProvider
 from engine.experts.profile import check_record_target, read_routing_profile, write_routing_profile
 from engine.cpu_threads import apply_cpu_threads
@@ -33,13 +32,15 @@ from engine.cuda_graphs import DecodeGraphs
 from engine.runner import ModelRunner, SeqPart, build_batch
 from engine.scheduler import Scheduler
 from engine.tokenizer import Tokenizer
+from engine.placement import expert_act, expert_layout, resolve_device, resolve_dtype
+
+__all__ = ["CPU_KV_CAP", "LoadedModel", "ModelInfo", "check_paths", "expert_act", "expert_layout", "load_model",
+           "resolve_device", "resolve_dtype"]
 
 if TYPE_CHECKING:
     from engine.parallel.experts import ExpertShard
     from engine.parallel.stages import StageContext
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_FMT_OF_DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 CPU_KV_CAP = 256 << 20     # bytes of KV cache on the CPU when no size is given
 
 
@@ -64,42 +65,12 @@ class ModelInfo:
     notes: tuple[str, ...] = ()    # one line each: a setting clamped or ignored at load, and why
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device={name} was asked for but no CUDA GPU is available; use --device cpu or auto")
-    return dev
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return _DTYPES[name]
-
-
 def _demo_marker(path: Path) -> dict:
     f = path / "STRATA_DEMO.json"
     try:
         return json.loads(f.read_text()) if f.is_file() else {}
     except (OSError, json.JSONDecodeError):
         return {}
-
-
-def expert_act(spec: ModelSpec) -> ExpertAct:
-    """The experts' activation as the spec's family and config define it."""
-    return ExpertAct(spec.family.expert_act, spec.swiglu_alpha, spec.swiglu_limit)
-
-
-def expert_layout(config: EngineConfig, spec: ModelSpec, dtype: torch.dtype) -> ExpertLayout:
-    """Experts as stored unless ``weight_format`` asks otherwise: an MXFP4 checkpoint stays MXFP4."""
-    if config.weight_format != "auto":
-        fmt = config.weight_format
-    else:
-        fmt = "mxfp4" if spec.expert_storage == "mxfp4" else _FMT_OF_DTYPE[dtype]
-    return ExpertLayout.make(fmt, spec.hidden, spec.moe_ffn, config.group_size, bias=spec.family.expert_bias,
-                             act=expert_act(spec))
 
 
 class LoadedModel:
@@ -426,7 +397,7 @@ def _pipelined(config: EngineConfig, spec: ModelSpec, source: TensorSource, toke
                notes: tuple[str, ...]) -> LoadedModel:
     from engine.parallel.pipeline import load_expert_parallel, load_pipeline
     load = load_pipeline if config.pipeline_parallel > 1 else load_expert_parallel
-    return load(config, spec, source, tokenizer, path, notes)
+    return load(config, spec, source, tokenizer, path, notes, LoadedModel)
 
 
 def _checksum_notes(path: Path, source: ConvertedSource) -> tuple[str, ...]:

@@ -101,6 +101,11 @@ class ExpertsOnCards:
             self.group._send(w, ("experts_step", tokens))
 
     def moe(self, model, m, h: torch.Tensor, x: torch.Tensor, pred) -> torch.Tensor:
+        self.group._check()
+        with self.group.step_guard():
+            return self._moe(model, m, h, x, pred)
+
+    def _moe(self, model, m, h: torch.Tensor, x: torch.Tensor, pred) -> torch.Tensor:
         logits = h @ m.router.t()                                            # [T, E]
         if m.router_bias is not None:
             logits = logits + m.router_bias

@@ -18,6 +18,7 @@ process is left behind. Workers watch their parent the same way (engine/parallel
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import socket
@@ -266,6 +267,28 @@ class Pipeline:
         works on one group while an earlier one works on the next; each group is the same step for
         its sequences, so the logits are those of the whole batch, in its order."""
         self._check()
+        with self.step_guard():
+            return self._forward(model, batch, cache, acquire)
+
+    @contextlib.contextmanager
+    def step_guard(self):
+        """A step that fails on this card after the others were told to run it leaves them waiting
+        for what will not come: the pipeline stops, and the failure says so in one line."""
+        try:
+            yield
+        except (PipelineError, StrataError):
+            raise
+        except BaseException as e:
+            if self.failed is None:
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                self.failed = (f"the engine's own card failed during a step ({type(e).__name__}: {first}); every stage "
+                               "was stopped — load the model again")
+                self._stop_workers(kill=True)
+            if isinstance(e, Exception):
+                raise PipelineError(self.failed) from None
+            raise
+
+    def _forward(self, model, batch, cache, acquire) -> torch.Tensor:
         groups = self._split(batch, cache)
         backs = []
         for tag, g in enumerate(groups):          # posted first: the last stage never waits on rank 0
@@ -386,10 +409,10 @@ _STAGE_OPTIONS = ("expert_pool_size", "prefetch_depth", "expert_policy", "expert
 
 
 def load_expert_parallel(config: EngineConfig, spec: ModelSpec, source: TensorSource, tokenizer: Tokenizer | None,
-                         path: Path, notes: tuple[str, ...]):
+                         path: Path, notes: tuple[str, ...], model_cls):
     """Card 0 of expert parallel over ``config.expert_parallel`` GPUs (CPU processes on the CPU), with
-    the other cards' processes started and loaded beside it (engine/parallel/experts.py)."""
-    from engine.loading import LoadedModel
+    the other cards' processes started and loaded beside it (engine/parallel/experts.py); ``model_cls``
+    as for :func:`load_pipeline`."""
     from engine.parallel.experts import ExpertShard, ExpertsOnCards, check_shards
     n = config.expert_parallel
     device = _devices(config, n, "expert_parallel")
@@ -404,7 +427,7 @@ def load_expert_parallel(config: EngineConfig, spec: ModelSpec, source: TensorSo
     try:
         graphs = ("CUDA graphs are off: expert parallel runs its decode steps eagerly",) \
             if device.type == "cuda" and config.cuda_graphs is not False else ()
-        loaded = LoadedModel(cfgs[0], spec, source, tokenizer, path, tuple(notes) + graphs,
+        loaded = model_cls(cfgs[0], spec, source, tokenizer, path, tuple(notes) + graphs,
                              shard=ExpertShard(0, n, spec.num_experts))
         group.wait_loaded()
     except BaseException:
@@ -420,7 +443,7 @@ def load_expert_parallel(config: EngineConfig, spec: ModelSpec, source: TensorSo
 
 def _devices(config: EngineConfig, n: int, name: str) -> torch.device:
     """The device type of the cards (checked to be there) and the checks the parallel modes share."""
-    from engine.loading import resolve_device
+    from engine.placement import resolve_device
     device = resolve_device(config.device)
     if device.type == "cuda":
         if config.device not in ("auto", "cuda"):
@@ -438,10 +461,11 @@ def _devices(config: EngineConfig, n: int, name: str) -> torch.device:
 
 
 def load_pipeline(config: EngineConfig, spec: ModelSpec, source: TensorSource, tokenizer: Tokenizer | None,
-                  path: Path, notes: tuple[str, ...]):
+                  path: Path, notes: tuple[str, ...], model_cls):
     """The first stage of a pipeline over ``config.pipeline_parallel`` GPUs (CPU processes on the
-    CPU), with the other stages started and loaded beside it."""
-    from engine.loading import LoadedModel, expert_layout, resolve_dtype
+    CPU), with the other stages started and loaded beside it; ``model_cls`` is the LoadedModel class
+    (given by engine.loading, which this module does not import)."""
+    from engine.placement import expert_layout, resolve_dtype
     n = config.pipeline_parallel
     device = _devices(config, n, "pipeline_parallel")
     dtype = resolve_dtype(config.dtype, device)
@@ -458,7 +482,7 @@ def load_pipeline(config: EngineConfig, spec: ModelSpec, source: TensorSource, t
         first = plan.stages[0]
         graphs = ("CUDA graphs are off: the stages of a pipeline run their decode steps eagerly",) \
             if device.type == "cuda" and config.cuda_graphs is not False else ()
-        loaded = LoadedModel(cfgs[0], stage_spec(spec, first), StageSource(source, first), tokenizer, path,
+        loaded = model_cls(cfgs[0], stage_spec(spec, first), StageSource(source, first), tokenizer, path,
                              notes + graphs, stage=ctx)
         pipeline.wait_loaded()
     except BaseException:

@@ -242,3 +242,21 @@ def test_micro_batches_give_the_same_outputs(folders, family, stages, groups):
     finally:
         many.engine.close()
         one.engine.close()
+
+
+def test_a_step_that_fails_on_the_first_stage_stops_the_pipeline(folders, monkeypatch):
+    """The other stages were told to run the step: they are stopped, not left waiting, and the error is one line."""
+    llm = LLM(str(folders["qwen3_moe"]), pipeline_parallel=2, **OPTIONS)
+    pids = llm.engine.loaded.pipeline.pids
+    model = llm.engine.loaded.model
+    try:
+        def broken(*args, **kwargs):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
+        monkeypatch.setattr(model, "layers", broken)
+        with pytest.raises(PipelineError, match=r"^the engine's own card failed during a step \(OutOfMemoryError: CUDA "
+                                                r"out of memory. Tried to allocate 2.00 GiB\); every stage was stopped — "
+                                                r"load the model again$"):
+            llm.generate([[1, 2, 3]], GREEDY)
+        assert _gone(pids)
+    finally:
+        llm.engine.close()
