@@ -173,7 +173,7 @@ def _pipeline_lines(spec: ModelSpec, args: argparse.Namespace, c: EngineConfig, 
         lines += ["", f"GPU {stage.rank} (layers {stage.layers}, budget {format_size(budget)}):",
                   *(f"  {line}" for line in plan.format())]
         if kv.bytes_per_token:
-            tokens.append((plan.kv_bytes - kv.window_pool_bytes) // kv.bytes_per_token)
+            tokens.append(plan.kv_bytes // kv.bytes_per_token)
     if tokens:
         lines += ["", f"KV context        : every card keeps the same blocks, so the pipeline holds {min(tokens):,} "
                       "tokens of context (the card with the least room for them)"]

@@ -97,3 +97,16 @@ def test_int4_experts_need_a_group_that_divides_2880(gpt_oss_120b):
     # int4 groups of 64: 4 bits + an fp16 scale and a uint8 zero per 64 values, larger than MXFP4's 4.25 bits
     int4 = ExpertLayout.make("int4", D, D, 64, bias=True).nbytes
     assert int4 > EXPERT and any(f"in int4, {format_size(int4)} each" in x for x in lines)
+
+
+def test_the_120b_over_two_24g_cards(gpt_oss_120b, capsys):
+    """--pipeline-parallel 2: the first card, with the embedding and LM head, takes fewer layers; both
+    keep about the same share of their experts; the KV context is the smaller card's."""
+    assert main(["info", "--model", str(gpt_oss_120b), "--pipeline-parallel", "2", "--gpu-memory-budget", "24G,24G"]) == 0
+    out = capsys.readouterr().out
+    first = re.search(r"stage 0 \(GPU 0\): layers 0-(\d+) \((\d+) layers", out)
+    assert first and int(first.group(2)) < L // 2
+    shares = [int(s) for s in re.findall(r"expert pool       : [\d.]+ GiB = \d+/\d+ experts \((\d+)%\)", out)]
+    assert len(shares) == 2 and abs(shares[0] - shares[1]) <= 3
+    tokens = [int(t) for t in re.findall(r"KV cache          : [\d.]+ MiB = (\d+) tokens", out)]
+    assert f"the pipeline holds {min(tokens):,} tokens of context" in out
