@@ -5,36 +5,18 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import pytest
 
-from engine import LLM, SamplingParams
+from engine import LLM
 from engine.errors import ConfigError, PipelineError
+from parallel_helpers import GREEDY, OPTIONS, PROMPTS, gone
 from tiny_models import build_tiny_model, family_configs
 
 FAMILIES = list(family_configs())
-PROMPTS = [[1, 5, 77, 300, 12, 9, 400, 33, 41, 7, 8, 260, 14, 15], [1, 99, 4], [1, 250, 251, 252, 253, 17, 6]]
-OPTIONS = dict(device="cpu", dtype="float32", prefill_chunk=5, max_batch_tokens=8, max_batch=4, cpu_threads=1)
-GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
-
-
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     return {f: build_tiny_model(tmp_path_factory.mktemp(f"ep-{f}"), f) for f in FAMILIES}
-
-
-def _gone(pids: list[int], timeout: float = 20.0) -> bool:
-    def alive(pid: int) -> bool:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
-    deadline = time.monotonic() + timeout
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not any(alive(p) for p in pids)
 
 
 @pytest.mark.parametrize("family,cards", [(f, 2) for f in FAMILIES] + [("qwen2_moe", 3), ("gpt_oss", 3)])
@@ -57,7 +39,7 @@ def test_cards_match_one_process(folders, family, cards):
     finally:
         many.engine.close()
         one.engine.close()
-    assert _gone(pids)
+    assert gone(pids)
 
 
 def test_live_options_reach_every_card(folders):
@@ -82,7 +64,7 @@ def test_a_killed_card_ends_the_engine_with_one_error(folders):
             llm.generate(PROMPTS, GREEDY)
     finally:
         llm.engine.close()
-    assert _gone(pids)
+    assert gone(pids)
 
 
 def test_settings_that_do_not_fit_are_refused(folders):

@@ -6,42 +6,21 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
-import time
 
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
+from engine import LLM
 from engine.checkpoint.spec import read_spec
 from engine.errors import ConfigError, ModelLoadError, PipelineError
 from engine.parallel.plan import plan_pipeline
+from parallel_helpers import GREEDY, OPTIONS, PROMPTS, alive, gone
 from tiny_models import ROOT, build_tiny_model, family_configs
 
 FAMILIES = list(family_configs())
-PROMPTS = [[1, 5, 77, 300, 12, 9, 400, 33, 41, 7, 8, 260, 14, 15], [1, 99, 4], [1, 250, 251, 252, 253, 17, 6]]
-# chunked prefill (chunks of 5, 8 tokens a step) and one CPU thread per process, as in the one-process run
-OPTIONS = dict(device="cpu", dtype="float32", prefill_chunk=5, max_batch_tokens=8, max_batch=4, cpu_threads=1)
-GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
-
-
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     return {f: build_tiny_model(tmp_path_factory.mktemp(f"pp-{f}"), f) for f in FAMILIES}
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _gone(pids: list[int], timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not any(_alive(p) for p in pids)
 
 
 def _same_as_one_process(folder, stages: int) -> None:
@@ -49,7 +28,7 @@ def _same_as_one_process(folder, stages: int) -> None:
     many = LLM(str(folder), pipeline_parallel=stages, **OPTIONS)
     try:
         pids = many.engine.loaded.pipeline.pids
-        assert len(pids) == stages - 1 and all(_alive(p) for p in pids)
+        assert len(pids) == stages - 1 and all(alive(p) for p in pids)
         for a, b in zip(one.engine.score_batch(PROMPTS), many.engine.score_batch(PROMPTS)):
             assert torch.equal(a, b)
         # batched greedy decoding with chunked prefill, through the scheduler of the first stage
@@ -65,7 +44,7 @@ def _same_as_one_process(folder, stages: int) -> None:
     finally:
         many.engine.close()
         one.engine.close()
-    assert _gone(pids)
+    assert gone(pids)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -120,12 +99,12 @@ def test_a_killed_stage_ends_the_pipeline_with_one_error(folders):
         assert text.startswith(f"pipeline stage 1 of 3 (layers 1) (process {pids[0]}) ended unexpectedly "
                                "(killed by SIGKILL)"), text
         assert text.endswith("every stage was stopped — load the model again")
-        assert _gone(pids)                       # the stage after it was stopped too, not left waiting
+        assert gone(pids)                       # the stage after it was stopped too, not left waiting
         with pytest.raises(PipelineError, match="ended unexpectedly"):   # and the engine says so from then on
             llm.generate([[1, 2, 3]], GREEDY)
     finally:
         llm.engine.close()
-    assert _gone(pids)
+    assert gone(pids)
 
 
 def test_a_stage_that_cannot_load_gives_its_error_and_stops_the_others(folders, tmp_path):
@@ -144,7 +123,7 @@ def test_a_stage_that_cannot_load_gives_its_error_and_stops_the_others(folders, 
     with pytest.raises(ModelLoadError, match=r"^pipeline stage 1 of 2 \(layers 1-2\): tensor "
                                              r"'model.layers.1.self_attn.o_proj.weight'"):
         LLM(str(bad), pipeline_parallel=2, **OPTIONS)
-    assert _gone(list(_children() - before))
+    assert gone(list(_children() - before))
 
 
 def _children() -> set[int]:
@@ -220,7 +199,7 @@ def test_ctrl_c_shuts_every_stage_down(folders, tmp_path):
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(60)
         assert "KeyboardInterrupt" in proc.stderr.read()
-        assert _gone(pids + [proc.pid])
+        assert gone(pids + [proc.pid])
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -257,6 +236,6 @@ def test_a_step_that_fails_on_the_first_stage_stops_the_pipeline(folders, monkey
                                                 r"out of memory. Tried to allocate 2.00 GiB\); every stage was stopped — "
                                                 r"load the model again$"):
             llm.generate([[1, 2, 3]], GREEDY)
-        assert _gone(pids)
+        assert gone(pids)
     finally:
         llm.engine.close()
