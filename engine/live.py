@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING
 
 from engine.config import LIVE_OPTIONS
 from engine.errors import ConfigError, ReconfigureError
+from engine.options import parse_live
 from engine.settings_fit import depth_note, max_prefetch_depth
 
 if TYPE_CHECKING:
@@ -67,7 +68,10 @@ class LiveSettings:
             runner.use_graphs = bool(options["cuda_graphs"]) and runner.graphs is not None
             applied["cuda_graphs"] = "decode steps replay CUDA graphs" if runner.use_graphs else "CUDA graphs off"
         if "expert_pool_size" in options:
-            new = new.replace(expert_pool_size=self.engine.loaded.pool_request(new.expert_pool_size))
+            m = self.engine.loaded
+            # a pipeline's config keeps the whole model's size: each stage takes its own share of it again
+            new = new.replace(expert_pool_size=(parse_live("expert_pool_size", new.expert_pool_size)
+                                                if m.pipeline is not None else m.pool_request(new.expert_pool_size)))
         self.engine.config = new
         return applied
 

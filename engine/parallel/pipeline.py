@@ -137,6 +137,10 @@ class Pipeline:
         self.workers: list[_Worker] = []
         self._closed = False
         self._ctrl = None
+        if dist.is_initialized():
+            raise ConfigError("another model spread over several GPUs is loaded in this process; close it before "
+                              "loading this one")
+        self._owns_group = False
         init = f"tcp://127.0.0.1:{_free_port()}"
         try:
             atexit.register(self.close)
@@ -149,6 +153,7 @@ class Pipeline:
                 self._expect(w, "hello")              # the process runs and imported the engine
             dist.init_process_group(self.backend, init_method=init, rank=0, world_size=self.size,
                                     timeout=timedelta(seconds=JOIN_TIMEOUT_S))
+            self._owns_group = True
             self._ctrl = dist.new_group(backend="gloo") if self.backend != "gloo" else None
         except BaseException:
             self.close()
@@ -276,7 +281,7 @@ class Pipeline:
         for what will not come: the pipeline stops, and the failure says so in one line."""
         try:
             yield
-        except (PipelineError, StrataError):
+        except PipelineError:
             raise
         except BaseException as e:
             if self.failed is None:
@@ -284,7 +289,7 @@ class Pipeline:
                 self.failed = (f"the engine's own card failed during a step ({type(e).__name__}: {first}); every stage "
                                "was stopped — load the model again")
                 self._stop_workers(kill=True)
-            if isinstance(e, Exception):
+            if isinstance(e, Exception) and not isinstance(e, StrataError):
                 raise PipelineError(self.failed) from None
             raise
 
@@ -384,7 +389,8 @@ class Pipeline:
                 w.proc.join(5.0)
             w.conn.close()
         self.workers = []
-        if dist.is_initialized():
+        if self._owns_group and dist.is_initialized():
+            self._owns_group = False
             try:
                 dist.destroy_process_group()
             except Exception:          # a group whose peers are gone: nothing left to release
@@ -437,7 +443,11 @@ def load_expert_parallel(config: EngineConfig, spec: ModelSpec, source: TensorSo
     loaded.model.expert_parallel = ExpertsOnCards(group)
     manifest = getattr(source, "manifest", None)
     if manifest is not None:
-        manifest.check_layout(loaded.layout, path)
+        try:
+            manifest.check_layout(loaded.layout, path)
+        except BaseException:
+            loaded.close()
+            raise
     return loaded
 
 
@@ -491,6 +501,10 @@ def load_pipeline(config: EngineConfig, spec: ModelSpec, source: TensorSource, t
     loaded.pipeline = pipeline
     loaded.model.pipeline = pipeline
     if manifest is not None:
-        manifest.check_layout(loaded.layout, path)
+        try:
+            manifest.check_layout(loaded.layout, path)
+        except BaseException:
+            loaded.close()
+            raise
     return loaded
 

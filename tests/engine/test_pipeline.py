@@ -239,3 +239,19 @@ def test_a_step_that_fails_on_the_first_stage_stops_the_pipeline(folders, monkey
         assert gone(pids)
     finally:
         llm.engine.close()
+
+
+def test_pool_size_in_bytes_applied_again_keeps_every_stages_share(folders):
+    """The config keeps the whole model's size, so applying it again (a knob reset) changes nothing."""
+    llm = LLM(str(folders["qwen3_moe"]), pipeline_parallel=2, **OPTIONS)
+    try:
+        first = [s.experts.pool_slots_total for s in llm.stats().stages]
+        llm.reconfigure(expert_pool_size=llm.engine.config.expert_pool_size)
+        llm.reconfigure(expert_pool_size=llm.engine.config.expert_pool_size)
+        assert [s.experts.pool_slots_total for s in llm.stats().stages] == first
+        # a second model over several GPUs in the same process is refused, and the first keeps running
+        with pytest.raises(ConfigError, match="another model spread over several GPUs is loaded in this process"):
+            LLM(str(folders["mixtral"]), pipeline_parallel=2, **OPTIONS)
+        assert len(llm.generate([[1, 2, 3]], GREEDY)[0].token_ids) == 16
+    finally:
+        llm.engine.close()
