@@ -441,6 +441,11 @@ def load_expert_parallel(config: EngineConfig, spec: ModelSpec, source: TensorSo
         raise
     loaded.pipeline = group
     loaded.model.expert_parallel = ExpertsOnCards(group)
+    return _checked(loaded, source, path)
+
+
+def _checked(loaded, source: TensorSource, path: Path):
+    """``loaded``, once a converted folder's expert layout is checked against it (closed if it fails)."""
     manifest = getattr(source, "manifest", None)
     if manifest is not None:
         try:
@@ -500,11 +505,5 @@ def load_pipeline(config: EngineConfig, spec: ModelSpec, source: TensorSource, t
         raise
     loaded.pipeline = pipeline
     loaded.model.pipeline = pipeline
-    if manifest is not None:
-        try:
-            manifest.check_layout(loaded.layout, path)
-        except BaseException:
-            loaded.close()
-            raise
-    return loaded
+    return _checked(loaded, source, path)
 
