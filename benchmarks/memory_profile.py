@@ -113,9 +113,11 @@ def main() -> None:
         phases.append(row)
         print(name, {k: (f"{v / 2**20:.0f} MiB" if isinstance(v, int) else v) for k, v in row.items()}, flush=True)
 
+    kv = kit_kv(shape, scenarios, args.gen, cuda)
     engine, _ = strata_engine(hf, cfg, args.format, max(b for b, _ in scenarios), "bfloat16" if cuda else "float32",
-                              device, expert_pool_size=f"{args.pool:g}%", prefetch_depth=args.depth,
-                              resident_weights=args.resident_weights, **kit_kv(shape, scenarios, args.gen, cuda))
+                              device, kv_cache_size=kv["kv_cache_size"], max_model_len=kv["max_model_len"],
+                              expert_pool_size=f"{args.pool:g}%", prefetch_depth=args.depth,
+                              resident_weights=args.resident_weights)
     mark("load")
     for batch, plen in scenarios:
         run(engine, batch, plen, args.gen, seed=batch)

@@ -201,10 +201,10 @@ def make_trained_like(hf, std: float, knobs: TrainedLike, ids: torch.Tensor) -> 
 
 # ---- the same weights in Strata ----------------------------------------------------------------
 def strata_engine(hf, cfg, fmt: str, max_batch: int, dtype: str, device: str = "cuda", kv_cache_size: str = "4G",
-                  **options) -> tuple[LLMEngine, float]:
+                  max_model_len: int = 1024, **options) -> tuple[LLMEngine, float]:
     spec = spec_from_config({**cfg.to_dict(), "architectures": ["Qwen3MoeForCausalLM"]}, Path("in-memory"))
     config = EngineConfig(model="in-memory", device=device, dtype=dtype, weight_format=fmt, max_batch=max_batch,
-                          max_model_len=1024, kv_cache_size=kv_cache_size, **options)
+                          max_model_len=max_model_len, kv_cache_size=kv_cache_size, **options)
     t0 = time.perf_counter()
     engine = LLMEngine(config, LoadedModel(config, spec, DictSource(hf.state_dict()), None))
     sync(device)

@@ -81,6 +81,11 @@ if needs_install; then
   # keep the extras an earlier install put in: a gui install after a test install leaves the tests working
   want=$( (stamp_extras | tr ',' '\n'; echo "$extras") | grep -v '^$' | sort -u | paste -sd, - || true)
   "${pip[@]}" install -e ".${want:+[$want]}"
+  # an environment made by an earlier install may hold the Hub package `kernels` (transformers 5.25 pulls
+  # it in), whose import name is this project's kernels/: it would hide them
+  if "$venv/bin/python" -c 'import importlib.metadata as m; m.distribution("kernels")' 2>/dev/null; then
+    "${pip[@]}" uninstall -y kernels
+  fi
   echo "extras=$want" > "$stamp.new" && mv "$stamp.new" "$stamp"
 fi
 
