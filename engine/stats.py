@@ -74,22 +74,36 @@ def workspace_bytes(plan: "MemoryPlan") -> int:
 
 def host_store_bytes(m: "LoadedModel") -> int:
     """Bytes of the host store that holds every routed expert beside the pool: page-locked on CUDA,
-    ordinary memory on the CPU; 0 while every expert is resident and none was offloaded (there is none)."""
+    ordinary memory on the CPU; 0 while every expert is resident and none was offloaded (there is none).
+    An embedding table kept in host memory is page-locked too and counts here."""
     store = m.experts.store
-    return 0 if store is None else store.nbytes
+    table = m.weights.embed.numel() * m.weights.embed.element_size() if m.weights.embed_on_host else 0
+    return (0 if store is None else store.nbytes) + table
 
 
 _PER_LAYER = ("per_layer_hit_rate", "activations")
+# settings, not counts: as the first stage (rank 0, the engine's own card) has them
+_SETTINGS = ("claim_threshold",)
+# A step's time is the wall time of the step as rank 0 sees it, not the sum of the cards' times: the
+# cards of expert parallel each take part in the whole step at once, and a pipeline's stages run
+# their layers within the same step (overlapping ones across micro-batches), so a sum would count one
+# step's time once per card. The longest card's time is the merged one.
+_WALL_TIMES = ("steps_ms",)
 
 
 def merge_experts(parts: list[ExpertStats]) -> ExpertStats:
     """The experts of several pipeline stages as one model's: counters summed, per-layer rows in
-    layer order, the settings (policy, cold mode, claims) as the first stage has them."""
+    layer order, step times the longest card's, the settings (policy, cold mode, claims and their
+    threshold) as the first stage has them."""
     first = parts[0]
     out = {}
     for f in dataclasses.fields(ExpertStats):
         values = [getattr(p, f.name) for p in parts]
-        if f.name in _PER_LAYER:
+        if f.name in _SETTINGS:
+            out[f.name] = getattr(first, f.name)
+        elif f.name in _WALL_TIMES:
+            out[f.name] = max(values)
+        elif f.name in _PER_LAYER:
             out[f.name] = tuple(row for v in values for row in v)
         elif f.name == "last_step_experts":
             out[f.name] = tuple(sum(v[i] for v in values) for i in range(2))
