@@ -50,13 +50,23 @@ class Loaded:
     error: str = ""
 
 
-def must_unload_first(running_device: str, options: dict) -> bool:
-    """Whether the running engine (on ``running_device``) must close before a load with ``options`` starts.
+def spread_over_cards(options: dict) -> bool:
+    """Whether engine ``options`` load a model over several GPUs (pipeline or expert parallel)."""
+    return any(int(options.get(name) or 1) > 1 for name in ("pipeline_parallel", "expert_parallel"))
 
-    On one GPU both engines would hold the same memory, and the new one plans its budget from the
-    memory the card has free (all but what the running one holds), so the running one closes first.
-    On the CPU, or when the new model goes to another device, both are held for the moment of the switch.
+
+def must_unload_first(running_device: str, options: dict, running_options: dict | None = None) -> bool:
+    """Whether the running engine (on ``running_device``, loaded with ``running_options`` when known)
+    must close before a load with ``options`` starts.
+
+    A model over several GPUs holds this process's one process group (a second one is refused) and
+    GPUs 0..N-1: when either model is one, the running one closes first. On one GPU both engines
+    would hold the same memory, and the new one plans its budget from the memory the card has free
+    (all but what the running one holds), so the running one closes first. On the CPU, or when the
+    new model goes to another device, both are held for the moment of the switch.
     """
+    if spread_over_cards(options) or spread_over_cards(running_options or {}):
+        return True
     wanted = str(options.get("device") or "auto")
     if not running_device.startswith("cuda") or wanted == "cpu":
         return False

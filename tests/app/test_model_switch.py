@@ -2,6 +2,8 @@
 fails to load leaves it in place (or, when it had to close first, brings it back)."""
 from __future__ import annotations
 
+import os
+
 import pytest
 from PySide6.QtCore import QSettings
 
@@ -145,6 +147,54 @@ def test_closing_while_a_model_loads_stops_cleanly(window, qtbot):
 ])
 def test_which_loads_close_the_running_model_first(running, options, closes_first):
     assert must_unload_first(running, options) is closes_first
+
+
+@pytest.mark.parametrize("running, options, running_options", [
+    # a model over several GPUs holds the process's one process group and GPUs 0..N-1
+    ("cpu", {"device": "cpu", "pipeline_parallel": 2}, None),
+    ("cpu", {"device": "cpu", "expert_parallel": 3}, {}),
+    ("cpu", {"device": "cpu"}, {"pipeline_parallel": 2}),
+    ("cuda:0", {"device": "cuda:1"}, {"device": "cuda", "expert_parallel": 2}),
+])
+def test_a_model_over_several_gpus_is_closed_before_the_next_load(running, options, running_options):
+    assert must_unload_first(running, options, running_options) is True
+    assert must_unload_first(running, {**options, "pipeline_parallel": 1, "expert_parallel": 1}, {}) is False
+
+
+def _stage_processes() -> set[int]:
+    """This process's children that run a pipeline stage."""
+    out = set()
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                parent = f.read().rsplit(")", 1)[1].split()[1]
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if parent == str(os.getpid()) and b"engine.parallel.worker" in cmd:
+            out.add(int(d))
+    return out
+
+
+def test_switching_between_pipelines_closes_the_running_one_first(window_factory, qtbot):
+    """Two pipelines cannot share the process: the second load waits for the first to close, then runs."""
+    w = window_factory(options={**ENGINE_OPTIONS, "pipeline_parallel": 2})
+    first = _stage_processes()
+    assert len(first) == 1
+    errors: list = []
+    w.bridge.error.connect(errors.append)
+    with qtbot.waitSignal(w.bridge.model_loading, timeout=TIMEOUT) as loading:
+        with qtbot.waitSignal(w.model_ready, timeout=LOAD_TIMEOUT_MS):
+            w.open_model(DEMO)
+    assert loading.args == [DEMO, False]                 # closed first: Send waits meanwhile
+    assert errors == []
+    now = _stage_processes()
+    assert len(now) == 1 and not (now & first)
+    w.chat_pane.settings_box.set_settings(GenerationSettings(max_tokens=6))
+    with qtbot.waitSignal(w.chat.reply_done, timeout=REPLY_TIMEOUT_MS) as done:
+        w.chat.send("And God said")                      # the new pipeline serves
+    assert done.args[0].completion_tokens > 0 and done.args[0].error is None
 
 
 def test_load_notes_show_as_banners_in_the_workbench_words(window_factory):
