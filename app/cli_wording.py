@@ -30,6 +30,7 @@ FLAG_WORDS: dict[str, tuple[str, str]] = {
     "--weight-format": ("the expert weight format", "int4"),
     "--group-size": ("the int4 group size", "64"),
     "--resident-weights": ("the resident weights' format", "fp8"),
+    "--embeddings": ("where the token embedding table is kept", "host"),
     "--expert-pool-size": ("the expert pool size", "SIZE"),
     "--prefetch-depth": ("the prefetch depth", "N"),
     "--expert-policy": ("the eviction policy", "lru"),

@@ -23,6 +23,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 # resident weights on the device: auto = as stored (a converted folder's fp8 / int8 stays so, else the dtype);
 # bf16 = the activations' dtype (float32 on the CPU); fp8 / int8 = 8 bits with a scale per output row
 RESIDENT_WEIGHTS = ("auto", "bf16", "fp8", "int8")
+EMBEDDINGS = ("auto", "device", "host")
 DIRECT_READS = {"auto": None, "copy": False, "direct": True}   # expert_reads -> ExpertManager(direct_reads=)
 GROUP_SIZES = (32, 64, 128)
 DEFAULT_GROUP_SIZE = 128
@@ -77,6 +78,10 @@ class EngineConfig:
     group_size: int = DEFAULT_GROUP_SIZE  # int4 group along K when quantising at load
     # attention, dense and shared-expert MLPs and the LM head on the device (RESIDENT_WEIGHTS above)
     resident_weights: str = "auto"
+    # the token embedding table (read one row per token): "host" keeps it in page-locked host memory the
+    # GPU reads rows from; "auto" does so on a CUDA GPU when experts are offloaded (not when it is tied to
+    # the LM head, which reads all of it)
+    embeddings: str = "auto"
     # bytes ("10G" is read as bytes), a PoolShare ("50%" of the experts, bytes once loaded); None = as many as fit
     expert_pool_size: PoolSize | str = None
     prefetch_depth: int = 2              # layers ahead to prefetch; 0 = synchronous offload
@@ -125,6 +130,7 @@ class EngineConfig:
         _choice("dtype", self.dtype, DTYPES)
         _choice("weight_format", self.weight_format, WEIGHT_FORMATS)
         _choice("resident_weights", self.resident_weights, RESIDENT_WEIGHTS)
+        _choice("embeddings", self.embeddings, EMBEDDINGS)
         if self.group_size not in GROUP_SIZES:
             raise ConfigError(f"group_size={self.group_size} is not supported; choose 32, 64 or 128")
         _positive("kv_block_size", self.kv_block_size)

@@ -12,7 +12,7 @@ import torch
 from engine.checkpoint.converted import ConvertedSource, is_converted
 from engine.checkpoint.integrity import Progress
 from engine.checkpoint.loader import check_complete, load_weights
-from engine.checkpoint.plan import params_by_category, resident_bytes
+from engine.checkpoint.plan import embedding_bytes, params_by_category, resident_bytes
 from engine.checkpoint.reader import SafetensorsReader, TensorSource, with_aliases
 from engine.checkpoint.spec import ModelSpec, read_spec
 from engine.config import DEFAULT_GROUP_SIZE, DIRECT_READS, EngineConfig
@@ -23,6 +23,7 @@ from engine.experts.profile import check_record_target, read_routing_profile, wr
 from engine.cpu_threads import apply_cpu_threads
 from engine.kv.blocks import BlockAllocator
 from engine.memory import BudgetAdvice, MemoryPlan, default_budget, plan_memory
+from kernels.host_rows import host_rows_readable
 from engine.settings_fit import fit_to_device, fit_to_model, fit_to_pool, unused_notes
 from engine.kv.cache import KVCache
 from engine.kv.sizing import KVSizing, kv_sizing
@@ -98,14 +99,22 @@ class LoadedModel:
         self.config = config = self._fit(config)
         self.notes += unused_notes(config, self.layout.fmt)
         self.max_model_len = config.max_model_len or spec.max_position
+        self.embed_on_host = False
         self.plan = self._plan()      # fails fast, before any allocation, when the model cannot fit
+        if self._embedding_to_host():
+            self.embed_on_host = True
+            self.plan = self._plan()  # the pool (or the KV cache) takes the table's room
         pool = fit_to_pool(config, spec, self.experts_resident)
         self.config = config = pool.config
         self.notes += pool.notes + notes
         if isinstance(config.expert_pool_size, PoolShare):    # "50%" -> bytes, so the config reads plainly
             self.config = config = config.replace(expert_pool_size=self.pool_bytes(config.expert_pool_size))
         self.weights, rows = load_weights(spec, source, self.device, self.dtype, self.layout, self._allocate_rows,
-                                          self.resident_format)
+                                          self.resident_format, self.embed_on_host)
+        if self.embed_on_host and not host_rows_readable(self.weights.embed, self.device):
+            self.weights.embed = self.weights.embed.to(self.device)
+            self.weights.embed_on_host = False
+            self.notes += ("the embedding table is on the GPU: its kernels cannot read host memory here",)
         self.experts: ExpertProvider = self._build_experts(rows)
         self.model = MoETransformer(spec, self.weights, self.experts, self.device, self.dtype, self.max_model_len)
         z = self.kv_sizing
@@ -131,6 +140,20 @@ class LoadedModel:
             random_weights=bool(marker.get("random_weights")), completion_only=bool(marker.get("completion_only")),
             resident_format=self.resident_format, notes=self.notes)
         self.load_seconds = time.perf_counter() - t0
+
+    def _embedding_to_host(self) -> bool:
+        """Whether the embedding table goes to host memory (``config.embeddings``; auto: on a CUDA GPU
+        when the pool holds fewer than all experts). Notes a "host" that cannot be honoured."""
+        want = self.config.embeddings
+        if want == "device" or self.device.type != "cuda":
+            return False                  # on the CPU the table is in host memory already
+        if self.spec.tie_word_embeddings or self.stage is not None or self.shard is not None:
+            if want == "host":
+                why = ("it is the LM head's too, which reads all of it" if self.spec.tie_word_embeddings
+                       else "the stages of several GPUs keep it on their card")
+                self.notes += (f"embeddings=host is ignored: the embedding table stays on the GPU ({why})",)
+            return False
+        return want == "host" or self.plan.pool_slots < self.plan.num_experts
 
     def _fit(self, config: EngineConfig) -> EngineConfig:
         """Settings fitted to the model and the device (``self.notes`` says what changed); on the CPU,
@@ -179,7 +202,8 @@ class LoadedModel:
 
     def _plan(self) -> MemoryPlan:
         s, c = self.spec, self.config
-        resident = resident_bytes(s, torch.empty((), dtype=self.dtype).element_size(), self.resident_format)
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        resident = resident_bytes(s, elem, self.resident_format, embed_on_host=self.embed_on_host)
         budget = c.gpu_memory_budget if c.gpu_memory_budget is not None else default_budget(self.device)
         if self.device.type != "cuda":
             budget = None     # no device memory to budget on the CPU
@@ -187,7 +211,8 @@ class LoadedModel:
         return plan_memory(resident, self.layout.nbytes, s.num_moe_layers * per_layer, self._kv_bytes_per_token(),
                            budget, self.pool_bytes(c.expert_pool_size), experts_per_layer=per_layer,
                            active_experts_per_token=s.num_moe_layers * s.top_k, advice=self._budget_advice(),
-                           window_kv_bytes=self.kv_sizing.window_pool_bytes)
+                           window_kv_bytes=self.kv_sizing.window_pool_bytes,
+                           host_resident_bytes=embedding_bytes(s, elem) if self.embed_on_host else 0)
 
     def _budget_advice(self) -> BudgetAdvice:
         """The fixes open to this load when the plan does not fit the budget."""

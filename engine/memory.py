@@ -67,6 +67,7 @@ class MemoryPlan:
     kv_bytes_per_token: int
     active_experts_per_token: int        # routed experts one token reads (MoE layers x top-k)
     window_kv_bytes: int = 0             # the sliding-window layers' KV pool (engine.kv.sizing), fixed size
+    host_resident_bytes: int = 0         # resident tensors kept in host memory (the embedding table)
 
     @property
     def pool_bytes(self) -> int:
@@ -121,7 +122,8 @@ class MemoryPlan:
                if self.window_kv_bytes else ""),
             f"workspace         : {format_size(self.workspace_bytes)}",
             f"device total      : {format_size(self.total_bytes)}",
-            f"host store        : {format_size(self.host_bytes)} (pinned on CUDA)",
+            f"host store        : {format_size(self.host_bytes)} (pinned on CUDA)"
+            + (f", + the embedding table ({format_size(self.host_resident_bytes)})" if self.host_resident_bytes else ""),
             f"bus per token     : {format_size(int(bus))} at a {rate:.0%} hit rate",
         ]
         if bus_gb_s and bus > 0:
@@ -141,7 +143,8 @@ def plan_memory(resident_bytes: int, expert_bytes: int, num_experts: int, kv_byt
                 budget_bytes: int | None, requested_pool: int | None = None,
                 workspace_bytes: int = DEFAULT_WORKSPACE, experts_per_layer: int = 0,
                 active_experts_per_token: int = 0, min_kv_tokens: int = MIN_KV_TOKENS,
-                advice: BudgetAdvice = BudgetAdvice(), window_kv_bytes: int = 0) -> MemoryPlan:
+                advice: BudgetAdvice = BudgetAdvice(), window_kv_bytes: int = 0,
+                host_resident_bytes: int = 0) -> MemoryPlan:
     """Split ``budget_bytes`` between resident weights, expert pool (+ staging), KV cache, workspace.
 
     ``num_experts`` counts routed experts over all MoE layers; ``experts_per_layer`` sizes the
@@ -150,14 +153,15 @@ def plan_memory(resident_bytes: int, expert_bytes: int, num_experts: int, kv_byt
     ``min_kv_tokens`` tokens. Raises a one-line ConfigError when the resident part alone, or the
     requested pool, does not fit, naming the fixes ``advice`` says are open. ``window_kv_bytes``: the
     sliding-window layers' KV, which does not grow with the context (``kv_bytes_per_token`` then counts
-    the full-attention layers only).
+    the full-attention layers only). ``host_resident_bytes``: resident tensors in host memory (reported).
     """
     staging_for = lambda slots: 0 if slots >= num_experts else 2 * experts_per_layer   # noqa: E731
     want = num_experts if requested_pool is None else min(requested_pool // expert_bytes, num_experts)
     if budget_bytes is None:
         slots = want
         return MemoryPlan(None, resident_bytes, workspace_bytes, expert_bytes, num_experts, slots,
-                          staging_for(slots), 0, kv_bytes_per_token, active_experts_per_token, window_kv_bytes)
+                          staging_for(slots), 0, kv_bytes_per_token, active_experts_per_token, window_kv_bytes,
+                          host_resident_bytes)
     fixed = resident_bytes + workspace_bytes + window_kv_bytes
     if fixed > budget_bytes:
         window = f", sliding-window KV ({format_size(window_kv_bytes)})" if window_kv_bytes else ""
@@ -180,4 +184,5 @@ def plan_memory(resident_bytes: int, expert_bytes: int, num_experts: int, kv_byt
             f"staging) does not fit the {format_size(left)} left after resident weights and workspace in the "
             f"{format_size(budget_bytes)} budget; {advice.pool_fix(budget_bytes)}")
     return MemoryPlan(budget_bytes, resident_bytes, workspace_bytes, expert_bytes, num_experts, slots,
-                      staging_for(slots), left - pool, kv_bytes_per_token, active_experts_per_token, window_kv_bytes)
+                      staging_for(slots), left - pool, kv_bytes_per_token, active_experts_per_token, window_kv_bytes,
+                      host_resident_bytes)

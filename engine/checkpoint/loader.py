@@ -49,6 +49,14 @@ class _Fetch:
         check_cast(raw, out, entry.name, self.where(entry.name))   # once per resident tensor, at load
         return out
 
+    def on_host(self, entry: TensorEntry) -> torch.Tensor:
+        """The tensor of ``entry`` in the compute dtype in host memory: page-locked (and so mapped into
+        the GPU's address space) when the device is a CUDA GPU."""
+        raw = self.raw(entry)
+        out = raw.to(device="cpu", dtype=self.dtype)
+        check_cast(raw, out, entry.name, self.where(entry.name))
+        return out.pin_memory() if self.device.type == "cuda" else out.contiguous()
+
     def matrix(self, entries: list[TensorEntry | None]) -> torch.Tensor | QuantWeight | None:
         """The row-wise concatenation of ``entries`` (q, k and v; gate and up), in 8 bits when they are
         quantisable and the load keeps resident weights so: taken as stored when the folder holds them in
@@ -142,10 +150,11 @@ def _finite(fetch: _Fetch, entry: TensorEntry) -> torch.Tensor:
 
 def load_weights(spec: ModelSpec, source: TensorSource, device: torch.device, dtype: torch.dtype,
                  layout: ExpertLayout, allocate_rows: RowAllocator,
-                 resident: str = "bf16") -> tuple[ModelWeights, torch.Tensor]:
+                 resident: str = "bf16", embed_on_host: bool = False) -> tuple[ModelWeights, torch.Tensor]:
     """Resident weights on ``device`` and routed experts packed into host rows ``[L_moe * E, nbytes]``.
 
-    ``resident`` fp8 / int8 keeps the quantisable matrices (:func:`quantisable`) in 8 bits."""
+    ``resident`` fp8 / int8 keeps the quantisable matrices (:func:`quantisable`) in 8 bits.
+    ``embed_on_host``: the (untied) embedding table stays in page-locked host memory."""
     fetch = _Fetch(source, device, dtype, resident)
     by_name = {t.name: t for t in tensor_plan(spec) if t.category != "routed_experts"}
     get = lambda name, dt=None: fetch(by_name.get(name), dt)                 # noqa: E731
@@ -170,9 +179,10 @@ def load_weights(spec: ModelSpec, source: TensorSource, device: torch.device, dt
                 pack_layer_experts(fetch, spec, i, layout, layer_rows)
             moe_index += 1
         layers.append(layer)
-    embed = get(fn.EMBED)
+    host = embed_on_host and not spec.tie_word_embeddings
+    embed = fetch.on_host(by_name[fn.EMBED]) if host else get(fn.EMBED)
     lm_head = embed if spec.tie_word_embeddings else matrix(fn.LM_HEAD)
-    return ModelWeights(embed, get(fn.FINAL_NORM), lm_head, layers), rows
+    return ModelWeights(embed, get(fn.FINAL_NORM), lm_head, layers, embed_on_host=host), rows
 
 
 def _attention(get, matrix, spec: ModelSpec, i: int) -> AttentionWeights:

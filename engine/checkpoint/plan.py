@@ -126,13 +126,15 @@ def quantisable(entry: TensorEntry) -> bool:
     return entry.category in _QUANTISABLE and len(entry.shape) == 2 and entry.shape[0] > 1
 
 
-def resident_bytes_by_category(spec: ModelSpec, elem: int, fmt: str = "bf16", active: bool = False) -> dict[str, int]:
+def resident_bytes_by_category(spec: ModelSpec, elem: int, fmt: str = "bf16", active: bool = False,
+                               embed_on_host: bool = False) -> dict[str, int]:
     """Device bytes of the non-routed tensors per category, ``elem`` bytes per value, the quantisable
     ones (:func:`quantisable`) at 1 byte plus a float32 scale per row when ``fmt`` is fp8 or int8. With
-    ``active``: the bytes one decoded token reads (one embedding row, not the table, unless it is tied)."""
+    ``active``: the bytes one decoded token reads (one embedding row, not the table, unless it is tied).
+    ``embed_on_host``: the (untied) embedding table is in host memory and counts nothing here."""
     out = {c: 0 for c in CATEGORIES if c != "routed_experts"}
     for t in tensor_plan(spec):
-        if t.category == "routed_experts":
+        if t.category == "routed_experts" or (embed_on_host and t.name == fn.EMBED and not spec.tie_word_embeddings):
             continue
         n = 1
         for s in t.shape:
@@ -143,9 +145,15 @@ def resident_bytes_by_category(spec: ModelSpec, elem: int, fmt: str = "bf16", ac
     return out
 
 
-def resident_bytes(spec: ModelSpec, elem: int, fmt: str = "bf16", active: bool = False) -> int:
+def resident_bytes(spec: ModelSpec, elem: int, fmt: str = "bf16", active: bool = False,
+                   embed_on_host: bool = False) -> int:
     """The sum of :func:`resident_bytes_by_category`."""
-    return sum(resident_bytes_by_category(spec, elem, fmt, active).values())
+    return sum(resident_bytes_by_category(spec, elem, fmt, active, embed_on_host).values())
+
+
+def embedding_bytes(spec: ModelSpec, elem: int) -> int:
+    """Bytes of the token embedding table at ``elem`` bytes per value."""
+    return spec.vocab_size * spec.hidden * elem
 
 
 def routed_params_per_expert(spec: ModelSpec) -> int:

@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from engine.checkpoint.converted import Manifest, is_converted
-from engine.checkpoint.plan import (CATEGORIES, active_params_per_token, params_by_category, resident_bytes,
-                                    resident_bytes_by_category)
+from engine.checkpoint.plan import (CATEGORIES, active_params_per_token, embedding_bytes, params_by_category,
+                                    resident_bytes, resident_bytes_by_category)
 from engine.checkpoint.spec import ModelSpec, read_spec
 from engine.cli.options import engine_options, model_dir
 from engine.config import EngineConfig, format_size, parse_size
@@ -211,10 +211,17 @@ def _budget_lines(spec, args, resident: int, per_expert: int, n_experts: int, wb
     advice = BudgetAdvice(card_free if args.gpu_memory_budget is None else None,
                           "" if args.weight_format == "int4" else "use --weight-format int4",
                           "use --dtype bfloat16" if wb == 4 else "")
-    plan = plan_memory(resident, per_expert, n_experts, kv_per_token, budget,
-                       pool_bytes(parse_live("expert_pool_size", args.expert_pool_size), total), experts_per_layer=spec.num_experts,
-                       active_experts_per_token=spec.num_moe_layers * spec.top_k, advice=advice,
-                       window_kv_bytes=window_kv)
+    def plan_for(table_on_host: bool) -> MemoryPlan:
+        table = embedding_bytes(spec, wb) if table_on_host else 0
+        return plan_memory(resident - table, per_expert, n_experts, kv_per_token, budget,
+                           pool_bytes(parse_live("expert_pool_size", args.expert_pool_size), total),
+                           experts_per_layer=spec.num_experts, active_experts_per_token=spec.num_moe_layers * spec.top_k,
+                           advice=advice, window_kv_bytes=window_kv, host_resident_bytes=table)
+    plan = plan_for(False)
+    # the engine's rule (engine.loading): an untied table goes to host memory when asked, or when experts are offloaded
+    wants = getattr(args, "embeddings", "auto")
+    if not spec.tie_word_embeddings and (wants == "host" or (wants == "auto" and plan.pool_slots < plan.num_experts)):
+        plan = plan_for(True)
     lines = ["", *plan.format()]
     if plan.pool_slots < plan.num_experts:
         reads = getattr(args, "expert_reads", "auto")

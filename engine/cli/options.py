@@ -7,7 +7,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from engine.config import DTYPES, RESIDENT_WEIGHTS, WEIGHT_FORMATS, EngineConfig
+from engine.config import DTYPES, EMBEDDINGS, RESIDENT_WEIGHTS, WEIGHT_FORMATS, EngineConfig
 from engine.cpu_threads import threads_from_env
 from engine.options import option
 
@@ -47,6 +47,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--resident-weights", default="auto", choices=RESIDENT_WEIGHTS,
                    help="attention, dense MLPs and LM head on the GPU: fp8 / int8 halve the bytes a token reads "
                         "(default: as stored)")
+    g.add_argument("--embeddings", default="auto", choices=EMBEDDINGS,
+                   help="token embedding table: host keeps it off the GPU, which reads one row per token "
+                        "(default: host on a GPU when experts are offloaded)")
     for name in ("expert_pool_size", "prefetch_depth", "expert_policy", "expert_reads", "cold_experts"):
         _live_flag(g, name)
     g.add_argument("--routing-profile", default=None, help="routing profile JSON for --expert-policy static")
@@ -84,7 +87,7 @@ def engine_options(args: argparse.Namespace, environ: Mapping[str, str] = os.env
 
     The CPU thread count a user set for OpenMP (``OMP_NUM_THREADS``) counts as ``--cpu-threads``.
     """
-    keys = ("device", "dtype", "weight_format", "group_size", "resident_weights", "expert_pool_size", "prefetch_depth", "expert_policy",
+    keys = ("device", "dtype", "weight_format", "group_size", "resident_weights", "embeddings", "expert_pool_size", "prefetch_depth", "expert_policy",
             "expert_reads", "cold_experts", "routing_profile", "record_routing", "max_batch", "max_batch_tokens", "prefill_chunk", "max_model_len",
             "kv_cache_dtype", "kv_cache_size", "gpu_memory_budget", "cuda_graphs", "cpu_threads", "verify",
             "pipeline_parallel", "pipeline_microbatches", "expert_parallel")

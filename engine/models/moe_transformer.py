@@ -21,6 +21,7 @@ from engine.models.layers import Rope, SeqSlice, mlp, paged_attention_ref, rms_n
 from engine.models.weights import AttentionWeights, ModelWeights, MoEWeights
 from kernels._triton import HAS_TRITON
 from kernels.decode_ops import add_rms_norm, add_rms_norm_act16, qk_norm_rope_write
+from kernels.host_rows import gather_rows
 from kernels.paged_attention import attend_context_ref, context_rows, window_valid
 from kernels.qlinear import linear
 from kernels.router import route as route_kernel
@@ -140,6 +141,8 @@ class MoETransformer:
         return self.head(x, out, batch)
 
     def embed(self, batch: ForwardBatch) -> torch.Tensor:
+        if self.w.embed_on_host:      # the table in mapped host memory: the GPU gathers the rows it needs
+            return gather_rows(self.w.embed, batch.input_ids)
         return self.w.embed[batch.input_ids]                             # [T, D]
 
     @torch.inference_mode()

@@ -1,6 +1,6 @@
 """Weights of the generic MoE transformer, grouped as the forward uses them.
 
-Everything here is resident on the compute device. Routed experts are not here: they live in an
+Everything here is resident on the compute device, but for an embedding table kept in host memory. Routed experts are not here: they live in an
 expert provider (engine/experts), addressed by MoE layer index.
 """
 from __future__ import annotations
@@ -56,9 +56,12 @@ class ModelWeights:
     final_norm: torch.Tensor             # [D]
     lm_head: Matrix                      # [V, D] (the embedding itself when tied)
     layers: list[LayerWeights] = field(default_factory=list)
+    # the embedding table is in page-locked host memory, mapped for the GPU, which gathers its rows
+    embed_on_host: bool = False
 
     def resident_bytes(self) -> int:
-        """Bytes of all resident tensors (tied embeddings counted once)."""
+        """Bytes of all resident tensors on the device (tied embeddings counted once; a table in host
+        memory not at all)."""
         seen: set[int] = set()
         total = 0
 
@@ -71,7 +74,7 @@ class ModelWeights:
                 seen.add(t.data_ptr())
                 total += t.numel() * t.element_size()
 
-        for t in (self.embed, self.final_norm, self.lm_head):
+        for t in (None if self.embed_on_host else self.embed, self.final_norm, self.lm_head):
             add(t)
         for layer in self.layers:
             a = layer.attn
