@@ -112,7 +112,8 @@ class ExpertsOnCards:
         w, ids = model.route(logits)                                         # [T, k] f32, [T, k]
         world = self.group.size
         msg = pack_tokens(h, x, ids, w)
-        self.group._wait(dist.broadcast(msg, src=0, async_op=True))
+        links = self.group.links
+        self.group._wait(dist.broadcast(msg, src=0, group=links, async_op=True))
         share = shard_share(model.experts, model.moe_fn, model.experts.layout, m.moe_index, h, ids, w, pred, world, 0)
-        self.group._wait(dist.reduce(share, dst=0, async_op=True))
+        self.group._wait(dist.reduce(share, dst=0, group=links, async_op=True))
         return share.to(h.dtype)

@@ -3,30 +3,37 @@ activations down the stages over torch.distributed, and stops them all when one 
 
 Wiring (N stages, rank 0 is the engine's own process):
 
-* control: one ``multiprocessing`` pipe per worker, carrying pickled messages (a step's batch
-  description, live options, stats requests, close) and their replies (or a worker's error);
-* activations: ``torch.distributed`` point to point, NCCL between GPUs (gloo on the CPU): rank 0
-  sends the residual stream and the last block's output ``[2, T, D]`` after its layers to rank 1,
-  each rank to the next, and the last back to rank 0, which adds them and runs the LM head;
-* agreement at load: every stage's KV cache holds the same number of blocks (the smallest any
-  card affords), reduced over a gloo group.
+* control: one pipe per worker (engine/parallel/processes.py), carrying pickled messages (a step's
+  batch description, live options, stats requests, close, the KV block agreement at load) and their
+  replies (or a worker's error);
+* rendezvous: rank 0 holds the TCP store; each worker marks itself there just before it joins the
+  process group, and rank 0 joins only once all have, watching their processes meanwhile, so a stage
+  that dies before it connects fails the load at once, named, with its exit code and last stderr line.
+  The default group (only the rendezvous) waits ``rendezvous_timeout_s`` at most; the links below
+  wait as long as a step may take (``link_timeout_s``);
+* activations: ``torch.distributed`` point to point, NCCL between GPUs (gloo on the CPU), on two
+  groups of their own: ``links`` carries rank 0 -> 1 -> ... -> N-1 (the residual stream and the last
+  block's output ``[2, T, D]`` after each stage's layers), ``back`` (ranks 0 and N-1 only) carries
+  the last stage's result back to rank 0, which adds them and runs the LM head. Rank 0 posts its
+  receive on ``back`` before it sends on ``links``: on separate communicators, that receive cannot
+  hold up the send (NCCL runs one communicator's operations in order, even with two stages);
+* warm-up at load: NCCL builds a pair's communicator on the pair's first operation, both ends
+  blocking; a step's first receive posted on rank 0 before its first send would make the pairs wait
+  on each other in a cycle. Before any step each edge carries one value in an order without a cycle
+  (0 -> 1, 1 -> 2, ..., N-2 -> N-1 on ``links``, then N-1 -> 0 on ``back``): every communicator exists
+  before a step posts anything.
 
 Every wait of rank 0 polls its workers: a worker that reports an error or whose process ended
 stops the pipeline with one :class:`PipelineError` (or the worker's own error, at load), and no
-process is left behind. Workers watch their parent the same way (engine/parallel/worker.py).
+process is left behind, also when the engine is collected without a close or the interpreter ends.
+Workers watch their parent the same way (engine/parallel/worker.py).
 """
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
-import signal
-import socket
-import subprocess
-import sys
 import time
-from collections import deque
-from multiprocessing.connection import Connection
+import weakref
 from datetime import timedelta
 from pathlib import Path
 
@@ -39,27 +46,15 @@ from engine.checkpoint.spec import ModelSpec
 from engine.config import EngineConfig
 from engine.errors import ConfigError, PipelineError, ReconfigureError, StrataError
 from engine.parallel.plan import PipelinePlan, plan_pipeline
-from engine.parallel.stages import StageContext, StageSource, stage_spec
+from engine.parallel.processes import WORKER_ARGV, Crew, StageProcess, Worker
+from engine.parallel.stages import StageContext, StageSource, agreed_blocks, kv_claim, stage_spec
 from engine.runner.batch import BatchParts
 from engine.telemetry import StageStats
 from engine.tokenizer import Tokenizer
 
-_ROOT = Path(__file__).resolve().parents[2]       # the folder holding the engine package
-JOIN_TIMEOUT_S = 60.0 * 10          # the longest a collective of the pipeline may wait (a slow load included)
+LINK_TIMEOUT_S = 60.0 * 10          # the longest a link between stages may wait (a slow step)
+RENDEZVOUS_TIMEOUT_S = 60.0         # the longest joining the process group may take once every stage is there
 _SPIN = 2000                        # polls without sleeping before a wait starts to sleep between polls
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _signal_name(code: int) -> str:
-    try:
-        return f"killed by {signal.Signals(-code).name}"
-    except ValueError:
-        return f"killed by signal {-code}"
 
 
 def stage_configs(config: EngineConfig, plan: PipelinePlan, device: torch.device) -> list[EngineConfig]:
@@ -82,82 +77,83 @@ def card_budgets(config: EngineConfig) -> tuple[int | None, ...]:
     return tuple(b) if isinstance(b, tuple) else (None if b is None else b // n,) * n
 
 
-class _Process:
-    """A stage's process, started as ``python -m engine.parallel.worker`` (so that nothing of the
-    caller's main module runs again in it), with a socket of its own as its control pipe."""
-
-    def __init__(self, rank: int) -> None:
-        here, there = socket.socketpair()
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(_ROOT), *filter(None, [env.get("PYTHONPATH")])])
-        self.popen = subprocess.Popen([sys.executable, "-m", "engine.parallel.worker", str(there.fileno())],
-                                      pass_fds=(there.fileno(),), env=env, stdin=subprocess.DEVNULL)
-        there.close()
-        self.conn = Connection(here.detach())
-        self.pid = self.popen.pid
-
-    def is_alive(self) -> bool:
-        return self.popen.poll() is None
-
-    @property
-    def exitcode(self) -> int | None:
-        return self.popen.poll()
-
-    def join(self, timeout: float) -> None:
-        try:
-            self.popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            pass
-
-    def terminate(self) -> None:
-        self.popen.terminate()
-
-    def kill(self) -> None:
-        self.popen.kill()
-
-
-class _Worker:
-    def __init__(self, rank: int, proc: _Process) -> None:
-        self.rank, self.proc, self.conn = rank, proc, proc.conn
-        self.inbox: deque[tuple] = deque()
+def _forget_failed_join() -> None:
+    """A join that failed still advanced torch's count of groups made, which names the next default
+    group: a group of this process alone, made and destroyed at once, sets it back, so that the next
+    pipeline's group is named as its new stages name theirs."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    dist.destroy_process_group()
 
 
 class Pipeline:
     """Rank 0's handle on the other stages; ``forward`` is the first stage model's ``downstream``."""
 
     def __init__(self, config: EngineConfig, plan: PipelinePlan | None, stage_cfgs: list[EngineConfig], path: Path,
-                 device: torch.device, spec: ModelSpec, mode: str = "layers") -> None:
+                 device: torch.device, spec: ModelSpec, mode: str = "layers", *,
+                 rendezvous_timeout_s: float = RENDEZVOUS_TIMEOUT_S, link_timeout_s: float = LINK_TIMEOUT_S,
+                 worker_argv: tuple[str, ...] = WORKER_ARGV) -> None:
         """``mode`` "layers": a pipeline of ``plan``'s stages; "experts": expert parallel over
-        ``len(stage_cfgs)`` cards (engine/parallel/experts.py)."""
+        ``len(stage_cfgs)`` cards (engine/parallel/experts.py). ``worker_argv``: what each stage's
+        process runs (the worker module; tests start others)."""
         self.plan, self.device, self.spec, self.mode = plan, device, spec, mode
         self.size = len(stage_cfgs)
         self.microbatches: int | None = config.pipeline_microbatches     # None: auto (microbatches_for)
         self.backend = "nccl" if device.type == "cuda" else "gloo"
         self.failed: str | None = None
-        self.workers: list[_Worker] = []
-        self._closed = False
-        self._ctrl = None
+        self.first = None             # the first stage's LoadedModel, once loaded (live options undo through it)
+        self.warmed_edges: tuple[tuple[int, int], ...] = ()    # (from, to) in the order the warm-up used them
+        # the stages' live options as they stand, to put back when a change is refused somewhere
+        self._live = {k: getattr(stage_cfgs[0], k) for k in _STAGE_OPTIONS}
+        self._own_claim = lambda blocks: blocks if plan is None else kv_claim(spec, plan.stages[0], stage_cfgs[0],
+                                                                              blocks)
+        self.links = self.back = None
+        self._joined = False
         if dist.is_initialized():
             raise ConfigError("another model spread over several GPUs is loaded in this process; close it before "
                               "loading this one")
-        self._owns_group = False
-        init = f"tcp://127.0.0.1:{_free_port()}"
+        self._crew = Crew()
+        # stops the stages when this object is collected without close(), and at the interpreter's exit
+        self._finalizer = weakref.finalize(self, self._crew.stop)
         try:
-            atexit.register(self.close)
-            for rank in range(1, self.size):
-                w = _Worker(rank, _Process(rank))
-                self.workers.append(w)
-                self._send(w, dict(rank=rank, world=self.size, init=init, backend=self.backend, mode=mode,
-                                   config=stage_cfgs[rank], path=str(path), plan=plan, parent=os.getpid()))
-            for w in self.workers:
-                self._expect(w, "hello")              # the process runs and imported the engine
-            dist.init_process_group(self.backend, init_method=init, rank=0, world_size=self.size,
-                                    timeout=timedelta(seconds=JOIN_TIMEOUT_S))
-            self._owns_group = True
-            self._ctrl = dist.new_group(backend="gloo") if self.backend != "gloo" else None
+            self._start(stage_cfgs, path, rendezvous_timeout_s, link_timeout_s, worker_argv)
         except BaseException:
             self.close()
             raise
+
+    @property
+    def workers(self) -> list[Worker]:
+        return self._crew.workers
+
+    def _start(self, stage_cfgs: list[EngineConfig], path: Path, rendezvous_s: float, link_s: float,
+               argv: tuple[str, ...]) -> None:
+        store = dist.TCPStore("127.0.0.1", 0, self.size, is_master=True, wait_for_workers=False,
+                              timeout=timedelta(seconds=link_s))
+        for rank in range(1, self.size):
+            w = Worker(rank, StageProcess(argv))
+            self.workers.append(w)
+            self._send(w, dict(rank=rank, world=self.size, store=store.port, backend=self.backend, mode=self.mode,
+                               config=stage_cfgs[rank], path=str(path), plan=self.plan, parent=os.getpid(),
+                               rendezvous_s=rendezvous_s, link_s=link_s))
+        joined = [f"joined/{r}" for r in range(1, self.size)]
+        n, deadline = 0, time.monotonic() + link_s
+        while not store.check(joined):            # every worker runs, imported the engine, and is joining
+            self._check()
+            if time.monotonic() > deadline:
+                late = [w.rank for w in self.workers if not store.check([f"joined/{w.rank}"])]
+                self._fail(f"{self._where(late[0])} did not start within {link_s:g} s; every stage was stopped — "
+                           "load the model again")
+            n += 1
+            time.sleep(0.0005 if n < _SPIN else 0.01)
+        try:
+            dist.init_process_group(self.backend, store=store, rank=0, world_size=self.size,
+                                    timeout=timedelta(seconds=rendezvous_s))
+        except RuntimeError as e:                 # a stage ended (or hung) while joining
+            _forget_failed_join()
+            self._broken(e, f"the stages did not join the process group within {rendezvous_s:g} s")
+        self._crew.owns_group = True
+        self._joined = True
+        self.links = dist.new_group(timeout=timedelta(seconds=link_s))
+        self.back = dist.new_group(ranks=[0, self.size - 1], timeout=timedelta(seconds=link_s))
 
     # ---- waiting on the workers --------------------------------------------------------------------
     def _where(self, rank: int) -> str:
@@ -167,21 +163,17 @@ class Pipeline:
         s = self.plan.stages[rank]
         return f"pipeline stage {rank} of {self.plan.size} (layers {s.layers})"
 
-    def _drain(self, w: _Worker) -> None:
-        """Move what worker ``w`` sent into its inbox; an error it reports stops the pipeline."""
-        while w.conn.poll():
+    def _drain(self, w: Worker) -> None:
+        """Move what worker ``w`` sent into its inbox, up to an error it reports (kept in ``w.error``)."""
+        while w.error is None and w.conn.poll():
             try:
                 msg = w.conn.recv()
             except (EOFError, OSError):
                 return
             if msg[0] == "error":
-                _, kind, text = msg
-                cls = getattr(errors, kind, None)
-                text = f"{self._where(w.rank)}: {text}"
-                if isinstance(cls, type) and issubclass(cls, StrataError) and not issubclass(cls, PipelineError):
-                    self._fail(text, cls)
-                self._fail(f"{text}; every stage was stopped — load the model again")
-            w.inbox.append(msg)
+                w.error = msg[1:]
+            else:
+                w.inbox.append(msg)
 
     def _check(self) -> None:
         """Raise (and stop every stage) when a worker reported an error or its process ended."""
@@ -189,16 +181,27 @@ class Pipeline:
             raise PipelineError(self.failed)
         for w in self.workers:
             self._drain(w)
-            if not w.proc.is_alive():
+        for w in self.workers:
+            if w.error is None and not w.proc.is_alive():
                 self._drain(w)                    # its last words, if it had time to say why
-                code = w.proc.exitcode
-                how = _signal_name(code) if code is not None and code < 0 else f"exit code {code}"
-                self._fail(f"{self._where(w.rank)} (process {w.proc.pid}) ended unexpectedly ({how}); every stage "
-                           "was stopped — load the model again")
+            if w.error is not None:
+                kind, text = w.error
+                cls = getattr(errors, kind, None)
+                text = f"{self._where(w.rank)}: {text}"
+                if isinstance(cls, type) and issubclass(cls, StrataError) and not issubclass(cls, PipelineError):
+                    self._fail(text, cls)
+                self._fail(f"{text}; every stage was stopped — load the model again")
+            if not w.proc.is_alive():
+                self._ended(w)
+
+    def _ended(self, w: Worker) -> None:
+        what = "ended unexpectedly" if self._joined else "ended before it joined the pipeline"
+        self._fail(f"{self._where(w.rank)} (process {w.proc.pid}) {what} ({w.proc.how_it_ended()}); every stage "
+                   "was stopped — load the model again")
 
     def _fail(self, message: str, cls: type[StrataError] = PipelineError) -> None:
         self.failed = message
-        self._stop_workers(kill=True)
+        self._crew.stop(kill=True)
         raise cls(message)
 
     def _wait(self, work) -> None:
@@ -221,17 +224,30 @@ class Pipeline:
                 time.sleep(0.0005)
         work.wait()
 
-    def _broken(self, error: Exception) -> None:
-        """A link to another stage failed: name the stage that ended (given a moment to be seen)."""
+    def _broken(self, error: Exception, what: str | None = None) -> None:
+        """A link to another stage failed: name the stage that ended (given a moment to be seen).
+
+        The stages still running report that their link broke too; a stage whose process ended
+        without a word is the cause, named before them."""
         deadline = time.monotonic() + 5.0
         while time.monotonic() < deadline:
-            self._check()
+            if self.failed is not None:
+                raise PipelineError(self.failed)
+            for w in self.workers:
+                self._drain(w)
+                if w.error is None and not w.proc.is_alive():
+                    self._drain(w)
+                    if w.error is None:
+                        self._ended(w)
+            if all(w.error is not None for w in self.workers):
+                break
             time.sleep(0.01)
+        self._check()
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        self._fail(f"the pipeline's link to another stage failed ({first}); every stage was stopped — load the "
-                   "model again")
+        what = what or "the pipeline's link to another stage failed"
+        self._fail(f"{what} ({first}); every stage was stopped — load the model again")
 
-    def _expect(self, w: _Worker, kind: str) -> tuple:
+    def _expect(self, w: Worker, kind: str) -> tuple:
         """The next message of worker ``w``, which must be a ``kind`` reply (its error raises)."""
         n = 0
         while not w.inbox:
@@ -245,7 +261,7 @@ class Pipeline:
                        "stopped — load the model again")
         return got
 
-    def _send(self, w: _Worker, msg: tuple) -> None:
+    def _send(self, w: Worker, msg: tuple) -> None:
         try:
             w.conn.send(msg)
         except (BrokenPipeError, ConnectionError, EOFError, OSError):
@@ -255,14 +271,29 @@ class Pipeline:
 
     # ---- load ----------------------------------------------------------------------------------------
     def agree_blocks(self, blocks: int) -> int:
-        """The KV blocks every stage allocates: the fewest any stage can hold."""
-        t = torch.tensor([blocks], dtype=torch.int64)
-        self._wait(dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self._ctrl, async_op=True))
-        return int(t.item())
+        """The KV blocks every stage allocates: the fewest a stage holding full-attention layers can
+        hold (a stage of sliding-window layers only claims no limit, stages.kv_claim). The workers
+        send theirs over their pipes, so the wait watches their processes (a slow load included)."""
+        got = [self._expect(w, "blocks") for w in self.workers]
+        agreed = agreed_blocks([self._own_claim(blocks), *(g[1] for g in got)], [blocks, *(g[2] for g in got)])
+        for w in self.workers:
+            self._send(w, ("agreed", agreed))
+        return agreed
 
     def wait_loaded(self) -> None:
         for w in self.workers:
             self._expect(w, "loaded")
+
+    def warm_up(self) -> None:
+        """Build every link's communicator before the first step, one edge after the other in an
+        order without a cycle (see the module docstring); ``warmed_edges`` lists them."""
+        for w in self.workers:
+            self._send(w, ("warm_up",))
+        token = torch.zeros(1, device=self.device)
+        self._wait(dist.isend(token, dst=1, group=self.links))
+        self._wait(dist.irecv(token, src=self.size - 1, group=self.back))
+        edges = [(0, 1)] + [tuple(self._expect(w, "warmed")[1]) for w in self.workers]
+        self.warmed_edges = tuple(edges)
 
     # ---- steps ---------------------------------------------------------------------------------------
     def forward(self, model, batch, cache, acquire=None) -> torch.Tensor:
@@ -288,7 +319,7 @@ class Pipeline:
                 first = (str(e).strip().splitlines() or [type(e).__name__])[0]
                 self.failed = (f"the engine's own card failed during a step ({type(e).__name__}: {first}); every stage "
                                "was stopped — load the model again")
-                self._stop_workers(kill=True)
+                self._crew.stop(kill=True)
             if isinstance(e, Exception) and not isinstance(e, StrataError):
                 raise PipelineError(self.failed) from None
             raise
@@ -296,16 +327,16 @@ class Pipeline:
     def _forward(self, model, batch, cache, acquire) -> torch.Tensor:
         groups = self._split(batch, cache)
         backs = []
-        for tag, g in enumerate(groups):          # posted first: the last stage never waits on rank 0
+        for tag, g in enumerate(groups):          # posted first, on ``back``: the last stage never waits on rank 0
             back = torch.empty(2, g.parts.num_tokens, model.spec.hidden, dtype=model.dtype, device=model.device)
-            backs.append((back, dist.irecv(back, src=self.plan.size - 1, tag=tag)))
+            backs.append((back, dist.irecv(back, src=self.plan.size - 1, tag=tag, group=self.back)))
         sends = []
         for tag, g in enumerate(groups):
             for w in self.workers:
                 self._send(w, ("step", g.parts, tag))
             x, out = model.layers(model.embed(g), None, g, cache, acquire)
             act = torch.stack([x, out if out is not None else torch.zeros_like(x)]).contiguous()   # [2, T, D]
-            sends.append((act, dist.isend(act, dst=1, tag=tag)))
+            sends.append((act, dist.isend(act, dst=1, tag=tag, group=self.links)))
         for _, work in sends:
             self._wait(work)
         logits = []
@@ -343,66 +374,56 @@ class Pipeline:
         return self.plan.size if self.device.type == "cuda" and batch.parts.decode else 1
 
     def reconfigure(self, options: dict, notes: dict, applied: dict[str, str]) -> None:
-        """Apply the live options of the stages' own cards on every other stage; their answers join
-        ``applied`` where they differ from the first stage's."""
+        """Apply the live options of the stages' own cards on every other stage (the first stage
+        applied them already); their answers join ``applied`` where they differ from the first's.
+
+        All or none: when a stage refuses, every stage (the first too) is given its previous values
+        back and one ReconfigureError names the stages that refused. A stopped pipeline raises its
+        PipelineError."""
+        self._check()
         stage_options = {k: v for k, v in options.items() if k in _STAGE_OPTIONS}
         if not stage_options:
             return
-        for w in self.workers:
-            self._send(w, ("reconfigure", stage_options, notes))
-        refused = []
-        for w in self.workers:
-            got = self._expect(w, "reconfigured")
-            if got[1] is not None:
-                refused.append(f"stage {w.rank}: {got[1]}")
-                continue
+        answers = self._ask_all(("reconfigure", stage_options, notes), "reconfigured")
+        refused = [f"stage {w.rank}: {got[1]}" for w, got in zip(self.workers, answers) if got[1] is not None]
+        if refused:
+            self._undo(list(stage_options))
+            raise ReconfigureError(f"{'; '.join(refused)}; no stage changed")
+        self._live.update(stage_options)
+        for w, got in zip(self.workers, answers):
             for k, text in got[2].items():
                 if applied.get(k) != text:
                     applied[k] = f"{applied.get(k, '')}; stage {w.rank}: {text}".lstrip("; ")
-        if refused:
-            raise ReconfigureError("; ".join(refused))
+
+    def _ask_all(self, msg: tuple, kind: str) -> list[tuple]:
+        for w in self.workers:
+            self._send(w, msg)
+        return [self._expect(w, kind) for w in self.workers]
+
+    def _undo(self, names: list[str]) -> None:
+        """Put the live options ``names`` back to their values before the refused change, on every stage."""
+        from engine.live import apply_to_stage
+        before = {k: self._live[k] for k in names}
+        answers = self._ask_all(("reconfigure", before, {}), "reconfigured")
+        failed = [f"stage {w.rank}: {got[1]}" for w, got in zip(self.workers, answers) if got[1] is not None]
+        try:
+            apply_to_stage(self.first, before)
+        except StrataError as e:
+            failed.insert(0, f"stage 0: {e}")
+        if failed:
+            self._fail(f"a refused live change could not be undone ({'; '.join(failed)}); every stage was stopped "
+                       "— load the model again")
 
     def stage_stats(self) -> list[StageStats]:
         """Every other stage's counters and memory, in stage order."""
         if self.failed is not None:
             return []
-        for w in self.workers:
-            self._send(w, ("stats",))
-        return [self._expect(w, "stats")[1] for w in self.workers]
+        return [got[1] for got in self._ask_all(("stats",), "stats")]
 
     # ---- shutdown ------------------------------------------------------------------------------------
-    def _stop_workers(self, kill: bool = False) -> None:
-        for w in self.workers:
-            if not kill and w.proc.is_alive():
-                try:
-                    w.conn.send(("close",))
-                except (BrokenPipeError, ConnectionError, EOFError, OSError):
-                    pass
-        deadline = time.monotonic() + (0.0 if kill else 20.0)
-        for w in self.workers:
-            w.proc.join(max(0.0, deadline - time.monotonic()))
-            if w.proc.is_alive():
-                w.proc.terminate()
-                w.proc.join(5.0)
-            if w.proc.is_alive():
-                w.proc.kill()
-                w.proc.join(5.0)
-            w.conn.close()
-        self.workers = []
-        if self._owns_group and dist.is_initialized():
-            self._owns_group = False
-            try:
-                dist.destroy_process_group()
-            except Exception:          # a group whose peers are gone: nothing left to release
-                pass
-
     def close(self) -> None:
         """Stop every other stage (idempotent)."""
-        if self._closed:
-            return
-        self._closed = True
-        atexit.unregister(self.close)
-        self._stop_workers()
+        self._finalizer()
 
     @property
     def pids(self) -> list[int]:
@@ -439,6 +460,7 @@ def load_expert_parallel(config: EngineConfig, spec: ModelSpec, source: TensorSo
     except BaseException:
         group.close()
         raise
+    group.first = loaded
     loaded.pipeline = group
     loaded.model.expert_parallel = ExpertsOnCards(group)
     return _checked(loaded, source, path)
@@ -500,9 +522,11 @@ def load_pipeline(config: EngineConfig, spec: ModelSpec, source: TensorSource, t
         loaded = model_cls(cfgs[0], stage_spec(spec, first), StageSource(source, first), tokenizer, path,
                              notes + graphs, stage=ctx)
         pipeline.wait_loaded()
+        pipeline.warm_up()
     except BaseException:
         pipeline.close()
         raise
+    pipeline.first = loaded
     loaded.pipeline = pipeline
     loaded.model.pipeline = pipeline
     return _checked(loaded, source, path)

@@ -16,9 +16,12 @@ import torch
 
 from engine.checkpoint.reader import TensorSource
 from engine.checkpoint.spec import ModelSpec
+from engine.config import EngineConfig
+from engine.kv.sizing import window_group
 from engine.parallel.plan import PipelinePlan, Stage
 
 _LAYER = re.compile(r"^(model\.layers\.)(\d+)(\..*)$")
+NO_LIMIT = 2**63 - 1      # int64 max: the full-attention blocks a stage without such layers can hold
 
 
 def stage_spec(spec: ModelSpec, stage: Stage) -> ModelSpec:
@@ -27,6 +30,23 @@ def stage_spec(spec: ModelSpec, stage: Stage) -> ModelSpec:
     return dataclasses.replace(spec, num_layers=b - a, moe_layers=spec.moe_layers[a:b],
                                layer_windows=spec.layer_windows[a:b] if spec.layer_windows else (),
                                head=stage.head)
+
+
+def kv_claim(spec: ModelSpec, stage: Stage, config: EngineConfig, blocks: int) -> int:
+    """What stage ``stage`` of ``spec`` (loaded with ``config``) says it can hold of the full-attention
+    blocks every stage allocates: ``blocks``, or :data:`NO_LIMIT` when each of its layers keeps its KV
+    in the sliding-window pool (gpt-oss alternates window and full layers), whose full-attention pool
+    then has no layer and costs nothing however many blocks the tables span."""
+    context = min(config.max_model_len or spec.max_position, spec.max_position)
+    windowed, _ = window_group(spec, context, config.kv_block_size)
+    return NO_LIMIT if set(range(stage.start, stage.end)) <= set(windowed) else blocks
+
+
+def agreed_blocks(claims: list[int], blocks: list[int]) -> int:
+    """The full-attention blocks every stage allocates: the fewest a stage with such layers can hold
+    (``claims``, one per stage), or, when no stage has one, the fewest any stage computed (``blocks``)."""
+    fewest = min(claims)
+    return min(blocks) if fewest == NO_LIMIT else fewest
 
 
 class StageSource(TensorSource):

@@ -30,17 +30,21 @@ def _watch_parent(parent: int) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def _load(config, path: str, plan, rank: int, ctrl):
+def _load(config, path: str, plan, rank: int, conn):
     from engine.checkpoint.converted import ConvertedSource, is_converted
     from engine.checkpoint.reader import SafetensorsReader
     from engine.checkpoint.spec import read_spec
+    from engine.errors import PipelineError
     from engine.loading import LoadedModel
-    from engine.parallel.stages import StageContext, StageSource, stage_spec
+    from engine.parallel.stages import StageContext, StageSource, kv_claim, stage_spec
 
     def agree(blocks: int) -> int:
-        t = torch.tensor([blocks], dtype=torch.int64)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=ctrl)
-        return int(t.item())
+        """The first stage decides the blocks every stage allocates from what each can hold."""
+        conn.send(("blocks", kv_claim(spec, stage, config, blocks), blocks))
+        msg = conn.recv()
+        if msg[0] != "agreed":
+            raise PipelineError(f"the engine's process sent {msg[0]!r} while the stages agreed on their KV blocks")
+        return msg[1]
 
     folder = Path(path)
     spec = read_spec(folder)
@@ -156,8 +160,30 @@ class ShardModel:
         self.experts.close()
 
 
+class Links:
+    """This stage's groups: ``links`` (every rank: the steps' way down, expert parallel's collectives)
+    and ``back`` (ranks 0 and world - 1: the last stage's way back to the first)."""
+
+    def __init__(self, rank: int, world: int, link_s: float) -> None:
+        self.rank, self.world = rank, world
+        # created in the order rank 0 creates them (engine/parallel/pipeline.py Pipeline._start)
+        self.links = dist.new_group(timeout=timedelta(seconds=link_s))
+        self.back = dist.new_group(ranks=[0, world - 1], timeout=timedelta(seconds=link_s))
+
+    def recv(self, t: torch.Tensor, tag: int = 0) -> None:
+        dist.recv(t, src=self.rank - 1, tag=tag, group=self.links)
+
+    def send_on(self, t: torch.Tensor, tag: int = 0) -> tuple[int, int]:
+        """Send ``t`` to the next stage (the last stage: back to the first); the edge it took."""
+        if self.rank + 1 < self.world:
+            dist.send(t, dst=self.rank + 1, tag=tag, group=self.links)
+            return self.rank, self.rank + 1
+        dist.send(t, dst=0, tag=tag, group=self.back)
+        return self.rank, 0
+
+
 @torch.inference_mode()
-def _expert_step(m: ShardModel, tokens: int, rank: int, world: int) -> None:
+def _expert_step(m: ShardModel, tokens: int, rank: int, world: int, links: Links) -> None:
     """One step's MoE layers on this card: its share of each, summed into card 0's."""
     from engine.parallel.experts import shard_share, unpack_tokens
     s = m.spec
@@ -166,18 +192,17 @@ def _expert_step(m: ShardModel, tokens: int, rank: int, world: int) -> None:
     try:
         for moe_index in range(s.num_moe_layers):
             msg = torch.empty(tokens, 2 * D + 2 * k, dtype=torch.float32, device=m.device)
-            dist.broadcast(msg, src=0)
+            dist.broadcast(msg, src=0, group=links.links)
             h, x, ids, w = unpack_tokens(msg, D, k, m.dtype)
             pred = m.experts.before_layer(moe_index, x)
             share = shard_share(m.experts, m.moe_fn, m.layout, moe_index, h, ids, w, pred, world, rank)
-            dist.reduce(share, dst=0)
+            dist.reduce(share, dst=0, group=links.links)
     finally:
         m.experts.end_step()
 
 
-def _serve(m, conn, rank: int, world: int) -> None:
+def _serve(m, conn, rank: int, world: int, links: Links) -> None:
     from engine.live import apply_to_stage
-    from engine.errors import ReconfigureError
     D, dtype, device = m.spec.hidden, m.dtype, m.device
     windowed = bool(m.cache.window_blocks) if not isinstance(m, ShardModel) else False
     while True:
@@ -187,20 +212,24 @@ def _serve(m, conn, rank: int, world: int) -> None:
             return                                    # the engine's process is gone
         kind = msg[0]
         if kind == "experts_step":                    # expert parallel: this card's share of every MoE layer
-            _expert_step(m, msg[1], rank, world)
+            _expert_step(m, msg[1], rank, world, links)
         elif kind == "step":                          # one micro-batch of a step, in the order they come
             _, parts, tag = msg
             batch = parts.build(m.cache.block_size, device, windowed)
             act = torch.empty(2, parts.num_tokens, D, dtype=dtype, device=device)      # [2, T, D]
-            dist.recv(act, src=rank - 1, tag=tag)
+            links.recv(act, tag)
             x, out = m.model.layers(act[0], act[1], batch, m.cache)
-            dist.send(torch.stack([x, out]).contiguous(), dst=(rank + 1) % world, tag=tag)
+            links.send_on(torch.stack([x, out]).contiguous(), tag)
+        elif kind == "warm_up":                       # every link's communicator built before the first step
+            token = torch.zeros(1, device=device)
+            links.recv(token)
+            conn.send(("warmed", links.send_on(token)))
         elif kind == "reconfigure":
             try:
                 options = msg[1] if not isinstance(m, ShardModel) else \
                     {k: v for k, v in msg[1].items() if k != "kv_cache_dtype"}       # a shard keeps no KV cache
                 conn.send(("reconfigured", None, apply_to_stage(m, options, msg[2])))
-            except ReconfigureError as e:
+            except StrataError as e:                  # refused (a bad value, or its card cannot hold it)
                 conn.send(("reconfigured", str(e), {}))
         elif kind == "stats":
             conn.send(("stats", _stats(m, rank)))
@@ -208,24 +237,41 @@ def _serve(m, conn, rank: int, world: int) -> None:
             return
 
 
+def _join(start: dict) -> Links:
+    """Join the process group: marked in the first stage's store just before, so that the first
+    stage joins only once every stage is there (and sees at once one that ended before)."""
+    rank, world, backend = start["rank"], start["world"], start["backend"]
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    store = dist.TCPStore("127.0.0.1", start["store"], world, is_master=False,
+                          timeout=timedelta(seconds=start["rendezvous_s"]))
+    store.set(f"joined/{rank}", "1")
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=start["rendezvous_s"]))
+    return Links(rank, world, start["link_s"])
+
+
 def main(conn) -> None:
+    """Serve one stage over ``conn``: its start message first (engine/parallel/pipeline.py)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        start = conn.recv()
+    except (EOFError, OSError):
+        os._exit(1)
+    run(conn, start)
+
+
+def run(conn, start: dict) -> None:
     m = None
     code = 0
     try:
-        start = conn.recv()
-        rank, world, init, backend = start["rank"], start["world"], start["init"], start["backend"]
+        rank, world = start["rank"], start["world"]
         config, path, plan = start["config"], start["path"], start["plan"]
         _watch_parent(start["parent"])
-        conn.send(("hello",))
-        if backend == "nccl":
-            torch.cuda.set_device(rank)
-        dist.init_process_group(backend, init_method=init, rank=rank, world_size=world,
-                                timeout=timedelta(seconds=600))
-        ctrl = dist.new_group(backend="gloo") if backend != "gloo" else None
-        m = ShardModel(config, path, rank, world) if start["mode"] == "experts" else _load(config, path, plan, rank, ctrl)
+        links = _join(start)
+        m = ShardModel(config, path, rank, world) if start["mode"] == "experts" else _load(config, path, plan, rank, conn)
         conn.send(("loaded",))
-        _serve(m, conn, rank, world)
+        _serve(m, conn, rank, world, links)
     except BaseException as e:        # reported to the engine's process, which stops the pipeline
         code = 1
         kind = type(e).__name__ if isinstance(e, StrataError) else "PipelineError"

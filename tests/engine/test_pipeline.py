@@ -41,6 +41,10 @@ def _same_as_one_process(folder, stages: int) -> None:
         assert st.experts.hits + st.experts.misses == sum(s.experts.hits + s.experts.misses for s in st.stages) > 0
         assert len(st.experts.per_layer_hit_rate) == read_spec(folder).num_moe_layers
         assert st.memory.kv_cache_bytes == sum(s.memory.kv_cache_bytes for s in st.stages)
+        # as much context as one process: a stage of window layers only puts no limit on the blocks
+        assert st.kv_blocks_total == one.stats().kv_blocks_total
+        # every link was used once at load, down the stages and back, before the first step
+        assert many.engine.loaded.pipeline.warmed_edges == (*((r, r + 1) for r in range(stages - 1)), (stages - 1, 0))
     finally:
         many.engine.close()
         one.engine.close()
@@ -54,8 +58,23 @@ def test_two_stages_match_one_process(folders, family):
 
 @pytest.mark.parametrize("family", ["mixtral", "gpt_oss"])
 def test_three_stages_match_one_process(folders, family):
-    """gpt-oss's window layers land in stages 0 and 2 only: the block tables of its window pool reach them."""
+    """gpt-oss's window layers land in stages 0 and 2 only: the block tables of its window pool reach
+    them, and its full-attention blocks are as many as stage 1 (its full layer) can hold."""
     _same_as_one_process(folders[family], 3)
+
+
+def test_a_stage_of_window_layers_only_claims_no_limit_on_the_kv_blocks(folders):
+    from engine.config import EngineConfig
+    from engine.parallel.stages import NO_LIMIT, agreed_blocks, kv_claim
+    spec = read_spec(folders["gpt_oss"])                  # layers: window 8, full, window 8
+    plan = plan_pipeline(spec, 3, 4, "bf16", 1 << 10)
+    config = EngineConfig(model=str(folders["gpt_oss"]), **OPTIONS)
+    assert [kv_claim(spec, s, config, 64) for s in plan.stages] == [NO_LIMIT, 64, NO_LIMIT]
+    assert agreed_blocks([NO_LIMIT, 64, NO_LIMIT], [4, 64, 4]) == 64
+    assert agreed_blocks([NO_LIMIT, NO_LIMIT], [9, 7]) == 7          # no full layer anywhere: the fewest computed
+    # windows as long as the context are kept in the full pool: that stage's blocks are a real limit
+    long_windows = config.replace(max_model_len=8)
+    assert [kv_claim(spec, s, long_windows, 64) for s in plan.stages] == [64, 64, 64]
 
 
 def test_more_stages_than_moe_layers_is_refused(folders):

@@ -1,0 +1,164 @@
+"""A pipeline's stages from start to end: a stage process that ends before it joins fails the load at
+once with one line, an engine collected without close() stops its stages, and a live change either
+reaches every stage or none (a stopped pipeline refuses it)."""
+from __future__ import annotations
+
+import gc
+import os
+import signal
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from engine import LLM
+from engine.checkpoint.spec import read_spec
+from engine.config import EngineConfig
+from engine.errors import PipelineError, ReconfigureError
+from engine.parallel.pipeline import Pipeline, stage_configs
+from engine.parallel.plan import plan_pipeline
+from parallel_helpers import GREEDY, OPTIONS, PROMPTS, alive, gone
+from tiny_models import build_tiny_model
+
+# a stage process that runs the real worker, except on ``rank``, which says why on stderr and exits
+# (before joining, or once it marked itself in the store: while the others join the process group)
+FAKE_WORKER = """
+import sys
+from datetime import timedelta
+from multiprocessing.connection import Connection
+
+import torch.distributed as dist
+
+from engine.parallel import worker
+
+conn = Connection(int(sys.argv[1]))
+start = conn.recv()
+if start["rank"] == {rank}:
+    if {joins}:
+        store = dist.TCPStore("127.0.0.1", start["store"], start["world"], is_master=False,
+                              timeout=timedelta(seconds=60))
+        store.set("joined/{rank}", "1")
+    print("CUDA error: no CUDA-capable device is detected", file=sys.stderr, flush=True)
+    sys.exit(3)
+worker.run(conn, start)
+"""
+
+
+@pytest.fixture(scope="module")
+def mixtral(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("pp-life-mixtral"), "mixtral")
+
+
+def _children() -> set[int]:
+    me = str(os.getpid())
+    out = set()
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[1] == me:
+                        out.add(int(d))
+            except OSError:
+                pass
+    return out
+
+
+def _pipeline(folder, stages: int, **kwargs) -> Pipeline:
+    spec = read_spec(folder)
+    config = EngineConfig(model=str(folder), pipeline_parallel=stages, **OPTIONS)
+    plan = plan_pipeline(spec, stages, 4, "bf16", 1 << 10)
+    cpu = torch.device("cpu")
+    return Pipeline(config, plan, stage_configs(config, plan, cpu), folder, cpu, spec, **kwargs)
+
+
+@pytest.mark.parametrize("joins", [False, True], ids=["before-joining", "while-joining"])
+def test_a_stage_that_exits_at_start_fails_the_load_at_once_in_one_line(mixtral, tmp_path, joins):
+    """No wait for the links' timeout: the process is watched while the stages join. Joining the
+    process group waits 1 s at most here, which only the case of a stage already marked in the store
+    reaches; either way the stage, its exit code and its last stderr line are named."""
+    script = tmp_path / "fake_worker.py"
+    script.write_text(FAKE_WORKER.format(rank=2, joins=joins))
+    before = _children()
+    with pytest.raises(PipelineError) as err:
+        _pipeline(mixtral, 3, worker_argv=(str(script),), rendezvous_timeout_s=1.0)
+    text = str(err.value)
+    assert text.startswith("pipeline stage 2 of 3 (layers "), text
+    assert "ended before it joined the pipeline (exit code 3: CUDA error: no CUDA-capable device is detected); " \
+           "every stage was stopped — load the model again" in text, text
+    assert "\n" not in text
+    assert gone(list(_children() - before))      # the real stage 1, waiting to join, was stopped too
+    assert not dist.is_initialized()
+    # the failed join leaves nothing behind: a pipeline loads and runs next, in this process
+    llm = LLM(str(mixtral), pipeline_parallel=2, **OPTIONS)
+    try:
+        assert len(llm.generate([[1, 2, 3]], GREEDY)[0].token_ids) == 16
+    finally:
+        llm.engine.close()
+
+
+def test_an_engine_collected_without_close_stops_its_stages(mixtral):
+    llm = LLM(str(mixtral), pipeline_parallel=3, **OPTIONS)
+    pids = llm.engine.loaded.pipeline.pids
+    assert len(pids) == 2 and all(alive(p) for p in pids)
+    del llm
+    gc.collect()
+    assert gone(pids)
+    assert not dist.is_initialized()             # the process group was left too: another pipeline may load
+    again = LLM(str(mixtral), pipeline_parallel=2, **OPTIONS)
+    again.engine.close()
+
+
+def test_the_warm_up_builds_every_link_in_an_order_without_a_cycle(mixtral):
+    llm = LLM(str(mixtral), pipeline_parallel=3, **OPTIONS)
+    try:
+        # each worker reports the edge it sent on: down the stages, then the last one back to the first
+        assert llm.engine.loaded.pipeline.warmed_edges == ((0, 1), (1, 2), (2, 0))
+    finally:
+        llm.engine.close()
+
+
+def test_a_live_change_one_stage_refuses_is_undone_on_every_stage(mixtral, monkeypatch):
+    llm = LLM(str(mixtral), pipeline_parallel=3, **OPTIONS)
+    pipeline = llm.engine.loaded.pipeline
+    try:
+        before, pool = [s.experts.pool_slots_total for s in llm.stats().stages], llm.engine.config.expert_pool_size
+        outputs = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+        # stage 2's card refuses the change (as a card whose budget cannot hold the pool does), after
+        # stages 0 and 1 applied it; stage 2's answer is replaced, so its process applied it too
+        expect, refused = pipeline._expect, []
+
+        def stage_2_refuses(w, kind):
+            got = expect(w, kind)
+            if kind == "reconfigured" and w.rank == 2 and not refused:
+                refused.append(got)
+                return ("reconfigured", "an expert pool of 2 slots does not fit this card's budget", {})
+            return got
+
+        monkeypatch.setattr(pipeline, "_expect", stage_2_refuses)
+        with pytest.raises(ReconfigureError, match=r"^stage 2: an expert pool of 2 slots does not fit this card's "
+                                                   r"budget; no stage changed$"):
+            llm.reconfigure(expert_pool_size="50%", prefetch_depth=0)
+        assert refused[0][1] is None                 # it had applied the change, and was given it back
+        assert [s.experts.pool_slots_total for s in llm.stats().stages] == before
+        assert llm.engine.config.expert_pool_size == pool
+        assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == outputs
+        # a change every stage takes goes through, and is what a later refusal puts back
+        llm.reconfigure(expert_pool_size="50%")
+        assert [s.experts.pool_slots_total for s in llm.stats().stages] == [n // 2 for n in before]
+    finally:
+        llm.engine.close()
+
+
+def test_a_stopped_pipeline_refuses_live_changes(mixtral):
+    llm = LLM(str(mixtral), pipeline_parallel=2, **OPTIONS)
+    pids = llm.engine.loaded.pipeline.pids
+    try:
+        os.kill(pids[0], signal.SIGKILL)
+        with pytest.raises(PipelineError):
+            llm.generate([[1, 2, 3]], GREEDY)
+        for change in (dict(prefetch_depth=0), dict(max_batch=2)):
+            with pytest.raises(PipelineError, match=r"^pipeline stage 1 of 2 .* ended unexpectedly \(killed by "
+                                                    r"SIGKILL\); every stage was stopped — load the model again$"):
+                llm.reconfigure(**change)
+    finally:
+        llm.engine.close()
