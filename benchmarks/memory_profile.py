@@ -129,8 +129,12 @@ def main() -> None:
         peak, groups = live_at_peak(torch.cuda.memory._snapshot())
         torch.cuda.memory._record_memory_history(enabled=None)
         result["peak_live_bytes"] = peak
+        counted = sum(memory[k] for k in ("resident_bytes", "expert_pool_bytes", "kv_cache_bytes", "kv_window_bytes",
+                                          "workspace_bytes"))
+        result["counted_bytes"] = counted
+        result["peak_within_plan"] = max(r.get("peak", 0) for r in phases) <= counted
         result["peak_by_owner"] = [{"owner": who, "bytes": size} for who, size in groups]
-        print(f"\npeak {peak / 2**20:.0f} MiB; accounted: " + ", ".join(
+        print(f"\npeak {peak / 2**20:.0f} MiB, the plan counts {counted / 2**20:.0f} MiB; accounted: " + ", ".join(
             f"{k} {v / 2**20:.0f}" for k, v in memory.items() if k.endswith("_bytes") and isinstance(v, int)))
         for who, size in groups:
             print(f"{size / 2**20:9.1f} MiB  {who}")

@@ -22,7 +22,7 @@ from engine.experts.provider import ExpertProvider
 from engine.experts.profile import check_record_target, read_routing_profile, write_routing_profile
 from engine.cpu_threads import apply_cpu_threads
 from engine.kv.blocks import BlockAllocator
-from engine.memory import BudgetAdvice, MemoryPlan, default_budget, plan_memory
+from engine.memory import BudgetAdvice, MemoryPlan, default_budget, plan_memory, staging_slots, step_sizing
 from kernels.host_rows import host_rows_readable
 from engine.settings_fit import fit_to_device, fit_to_model, fit_to_pool, unused_notes
 from engine.kv.cache import KVCache
@@ -212,7 +212,8 @@ class LoadedModel:
                            budget, self.pool_bytes(c.expert_pool_size), experts_per_layer=per_layer,
                            active_experts_per_token=s.num_moe_layers * s.top_k, advice=self._budget_advice(),
                            window_kv_bytes=self.kv_sizing.window_pool_bytes,
-                           host_resident_bytes=embedding_bytes(s, elem) if self.embed_on_host else 0)
+                           host_resident_bytes=embedding_bytes(s, elem) if self.embed_on_host else 0,
+                           **step_sizing(s, c, elem))
 
     def _budget_advice(self) -> BudgetAdvice:
         """The fixes open to this load when the plan does not fit the budget."""
@@ -286,7 +287,8 @@ class LoadedModel:
             top_k = min(top_k, per_layer)
         options = dict(routing_profile=c.routing_profile, budget_bytes=self._pool_budget(),
                        direct_reads=DIRECT_READS[c.expert_reads], top_k=top_k, router_bias=bias,
-                       norm_eps=self.spec.rms_norm_eps, cold_experts=c.cold_experts)
+                       norm_eps=self.spec.rms_norm_eps, cold_experts=c.cold_experts,
+                       staging_slots=staging_slots(per_layer, step_sizing(self.spec, c)["decode_experts"]))
         route = self._route if self.shard is None else self._shard_route(top_k)
         if self.experts_resident:      # a full pool over the experts' device buffer; the knobs stay live
             return ExpertManager.resident(self.layout, rows.to(self.device), per_layer,

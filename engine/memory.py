@@ -14,11 +14,16 @@ the full-attention layers (``kv_bytes_per_token`` then counts those layers only)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.config import format_size
 from engine.errors import ConfigError
+
+if TYPE_CHECKING:
+    from engine.checkpoint.spec import ModelSpec
+    from engine.config import EngineConfig
 
 MIN_KV_TOKENS = 4096                     # KV reserve kept before an automatic pool takes the rest
 DEFAULT_WORKSPACE = 1 << 30              # activations, logits, kernel scratch
@@ -131,6 +136,45 @@ class MemoryPlan:
         return lines
 
 
+def staging_slots(experts_per_layer: int, decode_experts: int | None = None) -> int:
+    """Staging slots of a pool that holds fewer than all experts: one layer's experts (a prefill chunk
+    may miss every one of them) plus room for the prefetches of decode steps, ``decode_experts`` (the
+    distinct experts the layers ahead of a decode step can need: depth x batch x top-k), at most
+    another layer's worth; None: two layers' worth."""
+    extra = experts_per_layer if decode_experts is None else min(experts_per_layer, max(0, decode_experts))
+    return experts_per_layer + extra
+
+
+def step_workspace_bytes(spec: "ModelSpec", token_budget: int, max_batch: int, elem: int = 2) -> int:
+    """Device bytes a step of ``token_budget`` tokens allocates besides the weights, the pool and the KV
+    cache (activations, the MoE kernels' per-pair rows, router and prediction logits, the sampled rows'
+    logits), with a quarter on top and 64 MiB for kernel scratch and the recorded decode graphs.
+
+    Per token: the MoE's float32 pair outputs and gathered inputs (k x D x (4 + elem)), its gate/up and
+    activation rows (2 x k x F x elem), a dozen residual-stream rows, the attention's projections, and
+    float32 router and prediction logits; per sequence: float32 logits over the vocabulary, thrice. A
+    dense or shared-expert MLP wider than the routed experts' rows counts instead of them.
+    Measured on a Qwen3-30B-A3B-shaped model (benchmarks/memory_profile.py) a step allocated about
+    0.9 of the unpadded per-token figure.
+    """
+    d, k = spec.hidden, max(spec.top_k, 1)
+    heads, kv_heads, hd = spec.num_heads, spec.num_kv_heads, spec.head_dim
+    ffn = max(2 * k * spec.moe_ffn, 3 * spec.dense_ffn, 3 * spec.shared_ffn)        # the widest MLP's rows
+    per_token = (k * d * (4 + elem) + ffn * elem + 12 * d * elem
+                 + (heads + 2 * kv_heads) * hd * elem + 2 * heads * hd * elem + 4 * spec.num_experts * 4)
+    per_sequence = 3 * spec.vocab_size * 4
+    return int(1.25 * (token_budget * per_token + max_batch * per_sequence)) + (64 << 20)
+
+
+def step_sizing(spec: "ModelSpec", config: "EngineConfig", elem: int = 2) -> dict[str, int]:
+    """``plan_memory``'s workspace and staging arguments for ``config``'s steps on ``spec``: what its
+    largest step allocates (:func:`step_workspace_bytes` at the token budget) and the experts the
+    prefetches of its decode steps can need (depth x batch x top-k, one layer's worth at least)."""
+    decode = max(1, config.prefetch_depth) * config.max_batch * spec.top_k
+    return {"workspace_bytes": step_workspace_bytes(spec, config.token_budget, config.max_batch, elem),
+            "decode_experts": decode}
+
+
 def default_budget(device: torch.device) -> int | None:
     """Free memory of the card (None on the CPU)."""
     if device.type != "cuda":
@@ -144,18 +188,20 @@ def plan_memory(resident_bytes: int, expert_bytes: int, num_experts: int, kv_byt
                 workspace_bytes: int = DEFAULT_WORKSPACE, experts_per_layer: int = 0,
                 active_experts_per_token: int = 0, min_kv_tokens: int = MIN_KV_TOKENS,
                 advice: BudgetAdvice = BudgetAdvice(), window_kv_bytes: int = 0,
-                host_resident_bytes: int = 0) -> MemoryPlan:
+                host_resident_bytes: int = 0, decode_experts: int | None = None) -> MemoryPlan:
     """Split ``budget_bytes`` between resident weights, expert pool (+ staging), KV cache, workspace.
 
     ``num_experts`` counts routed experts over all MoE layers; ``experts_per_layer`` sizes the
-    staging slots (two layers' worth when the pool holds fewer than all experts).
+    staging slots (one layer's worth and more when the pool holds fewer than all experts).
     ``requested_pool`` (bytes) None means as many experts as fit after a KV reserve of
     ``min_kv_tokens`` tokens. Raises a one-line ConfigError when the resident part alone, or the
     requested pool, does not fit, naming the fixes ``advice`` says are open. ``window_kv_bytes``: the
     sliding-window layers' KV, which does not grow with the context (``kv_bytes_per_token`` then counts
     the full-attention layers only). ``host_resident_bytes``: resident tensors in host memory (reported).
+    ``decode_experts`` sizes the staging slots beyond one layer's (:func:`staging_slots`).
     """
-    staging_for = lambda slots: 0 if slots >= num_experts else 2 * experts_per_layer   # noqa: E731
+    staging = staging_slots(experts_per_layer, decode_experts)
+    staging_for = lambda slots: 0 if slots >= num_experts else staging   # noqa: E731
     want = num_experts if requested_pool is None else min(requested_pool // expert_bytes, num_experts)
     if budget_bytes is None:
         slots = want
@@ -174,7 +220,7 @@ def plan_memory(resident_bytes: int, expert_bytes: int, num_experts: int, kv_byt
         room = max(0, left - min_kv_tokens * kv_bytes_per_token)
         slots = min(num_experts, room // expert_bytes)
         if slots < num_experts:                 # staging comes out of the same room
-            slots = max(0, min(slots, (room - 2 * experts_per_layer * expert_bytes) // expert_bytes))
+            slots = max(0, min(slots, (room - staging * expert_bytes) // expert_bytes))
     else:
         slots = want
     pool = (slots + staging_for(slots)) * expert_bytes

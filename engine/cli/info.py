@@ -30,7 +30,7 @@ from engine.errors import ConfigError
 from kernels.expert_layout import ExpertLayout
 from engine.loading import expert_act
 from engine.kv.sizing import KVSizing, kv_sizing
-from engine.memory import MIN_KV_TOKENS, BudgetAdvice, MemoryPlan, default_budget, plan_memory
+from engine.memory import MIN_KV_TOKENS, BudgetAdvice, MemoryPlan, default_budget, plan_memory, step_sizing
 from engine.options import parse_live, pool_bytes
 from engine.settings_fit import depth_note, fit_to_model
 
@@ -113,7 +113,7 @@ def plan_lines(spec: ModelSpec, args: argparse.Namespace) -> list[str]:
         return lines + _pipeline_lines(spec, args, c, per_expert, wb, res_fmt, context)
     if c.expert_parallel > 1:
         return lines + _expert_parallel_lines(spec, c, per_expert, resident, kv)
-    lines += _budget_lines(spec, args, resident, per_expert, n_experts, wb, kv.bytes_per_token, kv.window_pool_bytes)
+    lines += _budget_lines(spec, args, c, resident, per_expert, n_experts, wb, kv.bytes_per_token, kv.window_pool_bytes)
     return lines
 
 
@@ -135,7 +135,8 @@ def _expert_parallel_lines(spec: ModelSpec, c: EngineConfig, per_expert: int, re
         if budget is not None:
             plan = plan_memory(res, per_expert, mine, kv.bytes_per_token if r == 0 else 0, budget,
                                experts_per_layer=shard.local_experts, advice=BudgetAdvice(None, "", ""),
-                               window_kv_bytes=kv.window_pool_bytes if r == 0 else 0, min_kv_tokens=0 if r else MIN_KV_TOKENS)
+                               window_kv_bytes=kv.window_pool_bytes if r == 0 else 0, min_kv_tokens=0 if r else MIN_KV_TOKENS,
+                               **step_sizing(spec, c, 2))
             text += (f"; budget {format_size(budget)}: pool {plan.pool_slots}/{mine} experts "
                      f"({plan.pool_slots / mine:.0%})")
         lines.append(text)
@@ -169,7 +170,8 @@ def _pipeline_lines(spec: ModelSpec, args: argparse.Namespace, c: EngineConfig, 
         pool = None if pool is None else int(pool * pp.pool_fraction(stage.rank))
         plan = plan_memory(stage.resident_bytes, per_expert, n, kv.bytes_per_token, budget, pool,
                            experts_per_layer=sub.num_experts, active_experts_per_token=sub.num_moe_layers * sub.top_k,
-                           advice=BudgetAdvice(None, "", ""), window_kv_bytes=kv.window_pool_bytes)
+                           advice=BudgetAdvice(None, "", ""), window_kv_bytes=kv.window_pool_bytes,
+                           **step_sizing(sub, c, wb))
         lines += ["", f"GPU {stage.rank} (layers {stage.layers}, budget {format_size(budget)}):",
                   *(f"  {line}" for line in plan.format())]
         if kv.bytes_per_token:
@@ -198,7 +200,7 @@ def _kv_lines(spec: ModelSpec, kv: KVSizing, context: int) -> list[str]:
     return lines
 
 
-def _budget_lines(spec, args, resident: int, per_expert: int, n_experts: int, wb: int, kv_per_token: int,
+def _budget_lines(spec, args, c: EngineConfig, resident: int, per_expert: int, n_experts: int, wb: int, kv_per_token: int,
                   window_kv: int) -> list[str]:
     """The engine's own memory plan for the budget given (or the card's free memory); ``window_kv``: the
     sliding-window layers' KV of a full batch, ``kv_per_token``: the full-attention layers'."""
@@ -216,7 +218,8 @@ def _budget_lines(spec, args, resident: int, per_expert: int, n_experts: int, wb
         return plan_memory(resident - table, per_expert, n_experts, kv_per_token, budget,
                            pool_bytes(parse_live("expert_pool_size", args.expert_pool_size), total),
                            experts_per_layer=spec.num_experts, active_experts_per_token=spec.num_moe_layers * spec.top_k,
-                           advice=advice, window_kv_bytes=window_kv, host_resident_bytes=table)
+                           advice=advice, window_kv_bytes=window_kv, host_resident_bytes=table,
+                           **step_sizing(spec, c, wb))
     plan = plan_for(False)
     # the engine's rule (engine.loading): an untied table goes to host memory when asked, or when experts are offloaded
     wants = getattr(args, "embeddings", "auto")

@@ -57,7 +57,7 @@ class ExpertManager:
     """Byte-budgeted device pool over a host store, with prefetch, policies and live resizing.
 
     ``pool_bytes`` buys ``pool_bytes // layout.nbytes`` pool slots (None: every expert); a pool
-    smaller than all experts also takes ``2 E`` staging slots. ``budget_bytes`` caps the device
+    smaller than all experts also takes ``staging_slots`` staging slots. ``budget_bytes`` caps the device
     bytes of slots and staging together. ``routers`` are the ``[E, D]`` router weights of every
     MoE layer in order, ``route_fn(logits [T, E]) -> (weights [T, k], ids [T, k])`` the model's
     routing. ``routing_profile`` (a path or counts ``[L][E]``) is needed by the static policy.
@@ -68,6 +68,7 @@ class ExpertManager:
     (:class:`engine.experts.tuning.ResidencyTuning`); a caller may replace it between steps.
     ``cold_experts`` (auto / bus / cpu) says which missing experts the host CPU computes, on
     ``cpu_threads`` threads (default: the cores near the GPU but one); see engine/experts/cold.py.
+    ``staging_slots``: the staging of a pool smaller than all experts (default ``2 E``; at least ``E``).
     """
 
     def __init__(self, layout: ExpertLayout, store: HostExpertStore | None, num_experts: int,
@@ -78,7 +79,8 @@ class ExpertManager:
                  direct_reads: bool | None = None, top_k: int | None = None,
                  router_bias: Sequence[torch.Tensor] | None = None, norm_eps: float = 1e-6,
                  tuning: ResidencyTuning | None = None, experts: torch.Tensor | None = None,
-                 cold_experts: str = "auto", cpu_threads: int | None = None) -> None:
+                 cold_experts: str = "auto", cpu_threads: int | None = None,
+                 staging_slots: int | None = None) -> None:
         adopted = experts is not None
         if adopted == (store is not None) or (adopted and pool_bytes is not None):
             raise ValueError("give the experts as a host store, or (every expert resident) as a device buffer")
@@ -102,11 +104,11 @@ class ExpertManager:
         self._profile = live_changes.load_profile(routing_profile, self.num_layers, num_experts)
         policy_obj = make_policy(policy, self._profile, lfu_decay)
         if adopted:
-            pool = ExpertPool.adopting(experts, layout, num_experts, budget_bytes)
+            pool = ExpertPool.adopting(experts, layout, num_experts, budget_bytes, staging_slots)
         else:
             slots = live_changes.slots_for(pool_bytes, layout, self.num_layers * num_experts)
             keep = policy_obj.place(slots) if isinstance(policy_obj, StaticPolicy) else []
-            pool = ExpertPool(store, self.device, slots, keep, budget_bytes)
+            pool = ExpertPool(store, self.device, slots, keep, budget_bytes, staging_slots)
         live_changes.seed(policy_obj, pool.books.resident_keys())
         counters = ResidencyCounters(self.num_layers, num_experts, self.device)
         numa = store.numa if store is not None else None

@@ -3,8 +3,9 @@
 Slots ``0..S-1`` are the pool proper, owned by the eviction policy. Slots ``S..S+R-1`` are
 staging slots: an expert that gets no pool slot (a pool of 0 slots, or every pool slot pinned, or
 a static placement that excludes it) is copied into one, leased to the layer that needs it, and
-released once that layer is past. ``R = 2 E`` (two layers' worth: the current layer's misses plus
-prefetches for the next ones), and 0 when the pool holds every expert.
+released once that layer is past. ``R`` is ``staging`` (default ``2 E``: the current layer's misses
+plus prefetches for the next ones; at least ``E``, as a prefill chunk may miss every expert of a layer),
+and 0 when the pool holds every expert.
 
 The slot table maps (layer, expert) -> slot or -1. Its host mirror, and what every slot holds, are the
 pool's ``books`` (engine/experts/residency_books.py); row ``l`` of the device table is pushed when
@@ -35,18 +36,18 @@ class ExpertPool:
     (:class:`engine.experts.residency_books.ResidencyBooks`)."""
 
     def __init__(self, store: HostExpertStore, device: torch.device, slots: int,
-                 keep: Iterable[int] = (), budget_bytes: int | None = None) -> None:
-        self._setup(store, device, store.layout, store.num_layers, store.num_experts, budget_bytes)
+                 keep: Iterable[int] = (), budget_bytes: int | None = None, staging: int | None = None) -> None:
+        self._setup(store, device, store.layout, store.num_layers, store.num_experts, budget_bytes, staging)
         self.resize(slots, keep)
 
     @classmethod
     def adopting(cls, buffer: torch.Tensor, layout: ExpertLayout, num_experts: int,
-                 budget_bytes: int | None = None) -> "ExpertPool":
+                 budget_bytes: int | None = None, staging: int | None = None) -> "ExpertPool":
         """A full pool whose buffer is ``buffer`` (``uint8 [L * E, layout.nbytes]`` on its device, key k
         in slot k), taken over without a copy: a model whose experts all fit. It has no host store
         until :meth:`give_store`, and cannot shrink before."""
         pool = cls.__new__(cls)
-        pool._setup(None, buffer.device, layout, buffer.shape[0] // num_experts, num_experts, budget_bytes)
+        pool._setup(None, buffer.device, layout, buffer.shape[0] // num_experts, num_experts, budget_bytes, staging)
         n = pool.num_keys
         pool.buffer, pool.views = buffer, layout.views(buffer)
         pool.books.reset(n, n, [(k, k) for k in range(n)])
@@ -55,8 +56,11 @@ class ExpertPool:
         return pool
 
     def _setup(self, store: HostExpertStore | None, device: torch.device, layout: ExpertLayout, num_layers: int,
-               num_experts: int, budget_bytes: int | None) -> None:
+               num_experts: int, budget_bytes: int | None, staging: int | None = None) -> None:
+        if staging is not None and staging < num_experts:
+            raise ValueError(f"{staging} staging slots cannot hold one layer's {num_experts} experts")
         self.store, self.layout = store, layout
+        self.staging_size = 2 * num_experts if staging is None else staging
         self.device = device
         self.num_layers, self.num_experts = num_layers, num_experts
         self.num_keys = num_layers * num_experts
@@ -98,7 +102,7 @@ class ExpertPool:
 
     def staging_for(self, slots: int) -> int:
         """Staging slots that go with a pool of ``slots`` slots."""
-        return 0 if slots >= self.num_keys else 2 * self.num_experts
+        return 0 if slots >= self.num_keys else self.staging_size
 
     # ---- device work -------------------------------------------------------------------------
     def load(self, pairs: Sequence[tuple[int, int]], demand: bool) -> None:

@@ -80,7 +80,7 @@ class ShardModel:
         from engine.config import DIRECT_READS
         from engine.experts.manager import ExpertManager
         from engine.loading import expert_layout, resolve_device, resolve_dtype
-        from engine.memory import default_budget, plan_memory
+        from engine.memory import default_budget, plan_memory, staging_slots, step_sizing
         from engine.models.moe_transformer import route_ref
         from engine.options import pool_bytes
         from engine.parallel.experts import ExpertShard, shard_rows
@@ -121,13 +121,15 @@ class ShardModel:
             (config.gpu_memory_budget if config.gpu_memory_budget is not None else default_budget(device))
         self.plan = plan_memory(self.resident_bytes, layout.nbytes, spec.num_moe_layers * per_layer, 0, budget,
                                 self.pool_bytes(config.expert_pool_size), experts_per_layer=per_layer,
-                                active_experts_per_token=spec.num_moe_layers * spec.top_k, min_kv_tokens=0)
+                                active_experts_per_token=spec.num_moe_layers * spec.top_k, min_kv_tokens=0,
+                                **step_sizing(spec, config, torch.empty((), dtype=self.dtype).element_size()))
         top_k = min(spec.top_k, per_layer)
         room = None if budget is None else budget - self.resident_bytes - self.plan.workspace_bytes
         self.experts = ExpertManager.from_rows(
             layout, rows, per_layer, device, self.plan.pool_slots * layout.nbytes, config.prefetch_depth,
             config.expert_policy, routers, lambda logits: route_ref(logits, top_k, spec.renormalize),
             budget_bytes=room, direct_reads=DIRECT_READS[config.expert_reads], top_k=top_k,
+            staging_slots=staging_slots(per_layer, step_sizing(spec, config)["decode_experts"]),
             router_bias=biases or None, norm_eps=spec.rms_norm_eps, cold_experts="bus")
         from kernels.fused_moe import fused_moe_ref
         self.moe_fn = fused_moe_ref

@@ -1,6 +1,8 @@
 """The GPU memory plan: what fits where, and one-line errors with the numbers when it does not."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from engine.errors import ConfigError
@@ -59,3 +61,46 @@ def test_cpu_has_no_budget() -> None:
     p = _plan(budget_bytes=None, requested_pool=None)
     assert p.budget_bytes is None and p.pool_slots == KEYS and p.kv_bytes == 0
     assert "none (CPU)" in p.format()[0]
+
+
+def test_staging_holds_one_layer_and_the_prefetches_decode_steps_can_use() -> None:
+    from engine.memory import staging_slots
+    assert staging_slots(128) == 256                           # unsized: two layers' worth
+    assert staging_slots(128, 2 * 1 * 8) == 128 + 16           # depth 2, one sequence, top-8
+    assert staging_slots(128, 2 * 16 * 8) == 256               # at most another layer's worth
+    p = _plan(decode_experts=16)
+    q = _plan()
+    assert p.staging_slots == 144 and q.staging_slots == 256
+    assert p.pool_slots == q.pool_slots + 112                  # the pool gets what staging does not take
+
+
+def test_the_pool_refuses_staging_smaller_than_a_layer() -> None:
+    import torch
+
+    from engine.experts.pool import ExpertPool
+    from engine.experts.store import HostExpertStore
+    from kernels.expert_layout import ExpertLayout
+    layout = ExpertLayout.make("bf16", 8, 4)
+    store = HostExpertStore.from_rows(torch.zeros(2 * 4, layout.nbytes, dtype=torch.uint8), 4, layout, pin=False)
+    assert ExpertPool(store, torch.device("cpu"), 2, staging=5).staging == 5
+    with pytest.raises(ValueError, match="cannot hold one layer's 4 experts"):
+        ExpertPool(store, torch.device("cpu"), 2, staging=3)
+
+
+def test_the_workspace_is_what_the_largest_step_allocates() -> None:
+    from engine.checkpoint.spec import spec_from_config
+    from engine.config import EngineConfig
+    from engine.memory import step_sizing, step_workspace_bytes
+    qwen3 = {"architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 151936, "hidden_size": 2048,
+             "intermediate_size": 6144, "moe_intermediate_size": 768, "num_hidden_layers": 12,
+             "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128,
+             "num_experts_per_tok": 8, "max_position_embeddings": 4096}
+    spec = spec_from_config(qwen3, Path("in-memory"))
+    # a 1024-token step measured on the H200 allocated 180 MiB (benchmarks/memory_profile.py): the
+    # estimate covers it with room, and grows with the token budget
+    one = step_workspace_bytes(spec, 1024, 8)
+    assert 180 * MiB < one < 400 * MiB
+    assert step_workspace_bytes(spec, 2048, 8) > 1.8 * (one - 64 * MiB)
+    sizing = step_sizing(spec, EngineConfig(model="m", max_batch=4, prefetch_depth=2))
+    assert sizing["decode_experts"] == 2 * 4 * 8
+    assert sizing["workspace_bytes"] == step_workspace_bytes(spec, 2048, 4)

@@ -1,0 +1,56 @@
+"""On a CUDA GPU: every byte a run allocates is one the memory plan counted, and the embedding table in
+host memory (read by a kernel, inside the decode graphs too) generates what the table on the card does.
+Skipped without a GPU; the GPU benchmark run executes this file."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from tiny_models import build_tiny_model
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+SHAPE = dict(vocab_size=32000, hidden_size=512, moe_intermediate_size=256, num_experts=32, num_experts_per_tok=4,
+             num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, head_dim=64, tie_word_embeddings=False)
+GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("gpu_memory"), "qwen3_moe", dtype=torch.bfloat16, **SHAPE)
+
+
+def _prompts(n: int, length: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(n * 1000 + length)
+    return [torch.randint(1, 30000, (length,), generator=g).tolist() for _ in range(n)]
+
+
+def test_the_table_in_host_memory_generates_what_the_table_on_the_card_does(path) -> None:
+    prompts = _prompts(3, 40)
+    with LLM(str(path), device="cuda", expert_pool_size="0%", embeddings="device") as llm:
+        assert not llm.engine.loaded.weights.embed_on_host
+        want = [o.token_ids for o in llm.generate(prompts, GREEDY)]
+    with LLM(str(path), device="cuda", expert_pool_size="0%") as llm:      # auto: offloaded, so on the host
+        w = llm.engine.loaded.weights
+        assert w.embed_on_host and w.embed.device.type == "cpu" and w.embed.is_pinned()
+        assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == want
+        m = llm.stats().memory
+        assert m.resident_bytes == w.resident_bytes() and m.pinned_host_bytes >= w.embed.numel() * 2
+
+
+@pytest.mark.parametrize("pool", ["0%", "50%"])
+def test_a_run_allocates_no_more_than_the_plan_counts(path, pool) -> None:
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    with LLM(str(path), device="cuda", expert_pool_size=pool, max_batch=8, prefill_chunk=1024,
+             kv_cache_size="256M", gpu_memory_budget="8G") as llm:
+        llm.generate(_prompts(1, 1000), GREEDY)         # one long prefill chunk
+        llm.generate(_prompts(8, 100), GREEDY)          # a batch of prefills, then decode steps
+        m = llm.stats().memory
+        counted = m.resident_bytes + m.expert_pool_bytes + m.kv_cache_bytes + m.kv_window_bytes + m.workspace_bytes
+        peak = torch.cuda.max_memory_allocated() - base
+        assert peak <= counted, (f"allocated {peak / 2**20:.0f} MiB, the plan counts {counted / 2**20:.0f} MiB "
+                                 f"({m})")
+        assert m.workspace_bytes < (1 << 30)            # sized to the steps, not a fixed gigabyte
