@@ -12,7 +12,8 @@ from tiny_models import build_tiny_model
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 SHAPE = dict(vocab_size=32000, hidden_size=512, moe_intermediate_size=256, num_experts=32, num_experts_per_tok=4,
-             num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, head_dim=64, tie_word_embeddings=False)
+             num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, head_dim=64, tie_word_embeddings=False,
+             max_position_embeddings=2048)
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
 
 
@@ -28,10 +29,11 @@ def _prompts(n: int, length: int) -> list[list[int]]:
 
 def test_the_table_in_host_memory_generates_what_the_table_on_the_card_does(path) -> None:
     prompts = _prompts(3, 40)
-    with LLM(str(path), device="cuda", expert_pool_size="0%", embeddings="device") as llm:
+    # the bus alone: the CPU's share (cold_experts auto) follows measured timings, which differ run to run
+    with LLM(str(path), device="cuda", expert_pool_size="0%", embeddings="device", cold_experts="bus") as llm:
         assert not llm.engine.loaded.weights.embed_on_host
         want = [o.token_ids for o in llm.generate(prompts, GREEDY)]
-    with LLM(str(path), device="cuda", expert_pool_size="0%") as llm:      # auto: offloaded, so on the host
+    with LLM(str(path), device="cuda", expert_pool_size="0%", cold_experts="bus") as llm:   # auto: on the host
         w = llm.engine.loaded.weights
         assert w.embed_on_host and w.embed.device.type == "cpu" and w.embed.is_pinned()
         assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == want
