@@ -104,3 +104,18 @@ def test_the_workspace_is_what_the_largest_step_allocates() -> None:
     sizing = step_sizing(spec, EngineConfig(model="m", max_batch=4, prefetch_depth=2))
     assert sizing["decode_experts"] == 2 * 4 * 8
     assert sizing["workspace_bytes"] == step_workspace_bytes(spec, 2048, 4)
+
+
+def test_the_memory_profile_runs_its_scenarios(tmp_path) -> None:
+    """benchmarks/memory_profile.py --smoke: the kit's two scenarios on a tiny shape on the CPU."""
+    import json
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "mem.json"
+    subprocess.run([sys.executable, str(root / "benchmarks" / "memory_profile.py"), "--smoke", "--gen", "4",
+                    "--out", str(out)], check=True, cwd=root, capture_output=True, timeout=600)
+    d = json.loads(out.read_text())
+    assert [p["phase"] for p in d["phases"]] == ["load", "batch 1 after 64-token prompts",
+                                                 "batch 8 after 16-token prompts"]
+    assert d["memory"]["resident_bytes"] > 0 and d["memory"]["pinned_host_bytes"] > 0
