@@ -63,7 +63,7 @@ def memory_of(m: "LoadedModel") -> MemoryStats:
                        kv_cache_bytes=m.cache.nbytes, kv_window_bytes=m.cache.window_nbytes,
                        workspace_bytes=workspace_bytes(m.plan),
                        budget_bytes=m.plan.budget_bytes, pinned_host_bytes=host_store_bytes(m),
-                       max_allocated_bytes=max_alloc)
+                       max_allocated_bytes=max_alloc, staging_bytes=_staging_bytes(m), host_table_bytes=_table_bytes(m))
 
 
 def workspace_bytes(plan: "MemoryPlan") -> int:
@@ -77,8 +77,21 @@ def host_store_bytes(m: "LoadedModel") -> int:
     ordinary memory on the CPU; 0 while every expert is resident and none was offloaded (there is none).
     An embedding table kept in host memory is page-locked too and counts here."""
     store = m.experts.store
-    table = m.weights.embed.numel() * m.weights.embed.element_size() if m.weights.embed_on_host else 0
-    return (0 if store is None else store.nbytes) + table
+    return (0 if store is None else store.nbytes) + _table_bytes(m)
+
+
+def _staging_bytes(m: "LoadedModel") -> int:
+    """Bytes of the pool's staging slots (0 while the pool holds every expert and has none)."""
+    pool = getattr(m.experts, "pool", None)
+    if pool is None or pool.buffer is None or pool.full:
+        return 0
+    return pool.staging * pool.nbytes
+
+
+def _table_bytes(m: "LoadedModel") -> int:
+    """Bytes of the embedding table when it is kept in host memory, else 0."""
+    w = m.weights
+    return w.embed.numel() * w.embed.element_size() if w.embed_on_host else 0
 
 
 _PER_LAYER = ("per_layer_hit_rate", "activations")

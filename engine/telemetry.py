@@ -20,8 +20,10 @@ class MemoryStats:
     kv_window_bytes: int = 0         # of kv_cache_bytes: the sliding-window layers' fixed pool (0: none)
     workspace_bytes: int = 0
     budget_bytes: int | None = None  # None: no budget (CPU)
-    pinned_host_bytes: int = 0       # host store of routed experts
+    pinned_host_bytes: int = 0       # host store of routed experts (and the embedding table when it is there)
     max_allocated_bytes: int = 0     # torch.cuda.max_memory_allocated, 0 on CPU
+    staging_bytes: int = 0           # of expert_pool_bytes: the staging slots of a pool smaller than all experts
+    host_table_bytes: int = 0        # of pinned_host_bytes: the embedding table kept in host memory (0: on the device)
 
 
 @dataclass(frozen=True)

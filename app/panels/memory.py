@@ -29,6 +29,14 @@ def workspace_readout(workspace: int, budget: int | None) -> tuple[str, str]:
     return fmt_bytes(workspace), "Kept free in the budget for activations, logits and kernel scratch"
 
 
+def pool_tip(pool_bytes: int, staging_bytes: int) -> str:
+    """The expert pool's tooltip: how much of it is staging (the slots misses and prefetches pass through)."""
+    if not staging_bytes:
+        return "Device slots of routed experts" if pool_bytes else ""
+    return (f"{fmt_bytes(pool_bytes - staging_bytes)} of pool slots + {fmt_bytes(staging_bytes)} of staging: one "
+            "layer's experts and the prefetches of decode steps pass through it")
+
+
 def host_readout(host_bytes: int, device: str) -> tuple[str, str, str]:
     """The host store readout (caption, value, tooltip): its size, and whether it is pinned (page-locked),
     which only CUDA does."""
@@ -87,7 +95,7 @@ class MemoryPanel(Panel):
         self.kv.append(now, kv_pct)
         r = self.readouts
         r["resident"].set(fmt_bytes(m.resident_bytes))
-        r["pool"].set(fmt_bytes(m.expert_pool_bytes))
+        r["pool"].set(fmt_bytes(m.expert_pool_bytes), pool_tip(m.expert_pool_bytes, m.staging_bytes))
         tip = f"dtype {s.kv_cache_dtype}" if s.kv_cache_dtype else ""
         if m.kv_window_bytes:
             tip += f"; {fmt_bytes(m.kv_window_bytes)} of it hold the sliding-window layers (a fixed pool)"
@@ -98,8 +106,13 @@ class MemoryPanel(Panel):
         caption, value, tip = host_readout(m.pinned_host_bytes, s.device)
         if r["host"].caption.text() != caption:
             r["host"].caption.setText(caption)
+        if m.host_table_bytes:
+            tip += f"; {fmt_bytes(m.host_table_bytes)} of it is the token embedding table, read one row per token"
         r["host"].set(value, tip)
-        r["peak"].set(fmt_bytes(m.max_allocated_bytes) if m.max_allocated_bytes else "—")
+        counted = m.resident_bytes + m.expert_pool_bytes + m.kv_cache_bytes + m.workspace_bytes
+        r["peak"].set(fmt_bytes(m.max_allocated_bytes) if m.max_allocated_bytes else "—",
+                      f"The most torch has held on the card since load; the plan counts {fmt_bytes(counted)}"
+                      if m.max_allocated_bytes and m.budget_bytes else "")
         self.dirty = True
 
     def push_gpu(self, sample: Any) -> None:

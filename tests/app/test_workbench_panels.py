@@ -140,6 +140,24 @@ def test_memory_rows_of_a_cpu_engine_with_an_offloaded_pool(qapp):
     assert host.caption.text() == "Host store (unpinned)" and host.value.text() == fmt_bytes(m.pinned_host_bytes)
     assert "0 bytes pinned" in host.value.toolTip()
     assert panel.readouts["workspace"].value.text() == "none (CPU)"
+    # staging: one layer's experts and room for decode prefetches, named in the pool's tooltip
+    assert 0 < m.staging_bytes < m.expert_pool_bytes
+    assert f"{fmt_bytes(m.staging_bytes)} of staging" in panel.readouts["pool"].value.toolTip()
+
+
+def test_memory_rows_name_an_embedding_table_in_host_memory_and_the_plan_against_the_peak(qapp):
+    import dataclasses
+
+    from app.panels.memory import MemoryPanel, fmt_bytes
+    stats, _ = _memory_of(expert_pool_size="8M")
+    m = dataclasses.replace(stats.memory, host_table_bytes=64 << 20, pinned_host_bytes=stats.memory.pinned_host_bytes
+                            + (64 << 20), budget_bytes=8 << 30, workspace_bytes=256 << 20, max_allocated_bytes=1 << 30)
+    panel = MemoryPanel()
+    panel.push_stats(dataclasses.replace(stats, memory=m, device="cuda:0"), now=1.0)
+    assert "64 MiB of it is the token embedding table" in panel.readouts["host"].value.toolTip()
+    counted = m.resident_bytes + m.expert_pool_bytes + m.kv_cache_bytes + m.workspace_bytes
+    assert panel.readouts["peak"].value.text() == "1.00 GiB"
+    assert f"the plan counts {fmt_bytes(counted)}" in panel.readouts["peak"].value.toolTip()
 
 
 def test_memory_rows_of_a_cpu_engine_with_every_expert_resident(qapp):
