@@ -26,3 +26,18 @@ def test_no_import_loops_between_engine_modules():
                     for dep in graph.find_modules_directly_imported_by(m)
                     if graph.find_shortest_chain(importer=dep, imported=m)})
     assert not loops, f"engine modules that import each other: {loops}"
+
+
+def test_a_foreign_kernels_package_is_named_in_one_line(tmp_path):
+    """The Hub package also called ``kernels`` (transformers 5.25+ installs it), ahead on the path, would
+    hide Strata's kernels: importing the engine says so and how to fix it."""
+    import os
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "__init__.py").write_text("")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{root}"}
+    r = subprocess.run([sys.executable, "-c", "import engine"], cwd=tmp_path.parent, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode != 0
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: the package 'kernels' resolves to") and "pip uninstall kernels" in last
