@@ -111,7 +111,7 @@ class EngineBridge(QObject):
     stopped = Signal()
 
     def __init__(self, engine_factory: EngineFactory = open_engine,
-                 unload_first: Callable[[str, dict], bool] = must_unload_first) -> None:
+                 unload_first: Callable[[str, dict, dict | None], bool] = must_unload_first) -> None:
         super().__init__()
         self._unload_first = unload_first
         self.engine_loop = EngineLoop(handler=self._handle, on_error=self._on_loop_error, idle_wait_s=IDLE_WAIT_S)
@@ -245,7 +245,9 @@ class EngineBridge(QObject):
             self._next = load
             return
         self._loading = load
-        closing = self._engine is not None and self._unload_first(str(self._engine.loaded.device), dict(load.options))
+        running = dict(self._current.options) if self._current is not None else None
+        closing = self._engine is not None and self._unload_first(str(self._engine.loaded.device), dict(load.options),
+                                                                  running)
         if closing:
             self._closed = self._current
             self._close_engine(f"the model was closed to load {Path(load.model).name}")

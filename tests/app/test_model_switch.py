@@ -94,7 +94,7 @@ def test_a_new_model_clears_the_knob_status_lines(window, qtbot):
 def _window_unloading_first(qtbot, tmp_path) -> MainWindow:
     """A window whose bridge closes the running model before every load (as one GPU has to)."""
     settings = QSettings(str(tmp_path / "strata.ini"), QSettings.Format.IniFormat)
-    bridge = EngineBridge(open_engine, unload_first=lambda _device, _options: True)
+    bridge = EngineBridge(open_engine, unload_first=lambda _device, _options, _running: True)
     poller = GpuPoller(FakeMonitor(GpuSample(timestamp=0.0, status="Fake GPU")), interval_ms=30)
     w = MainWindow(bridge, poller, settings, ConversationStore(tmp_path / "conversations"),
                    engine_options=ENGINE_OPTIONS)
@@ -194,6 +194,23 @@ def test_switching_between_pipelines_closes_the_running_one_first(window_factory
     w.chat_pane.settings_box.set_settings(GenerationSettings(max_tokens=6))
     with qtbot.waitSignal(w.chat.reply_done, timeout=REPLY_TIMEOUT_MS) as done:
         w.chat.send("And God said")                      # the new pipeline serves
+    assert done.args[0].completion_tokens > 0 and done.args[0].error is None
+
+
+def test_a_single_device_load_after_a_pipeline_closes_the_pipeline_first(window_factory, qtbot):
+    """The running model's own options count: a pipeline closes before a load on one device starts."""
+    w = window_factory(options={**ENGINE_OPTIONS, "pipeline_parallel": 2})
+    first = _stage_processes()
+    assert len(first) == 1
+    w.engine_options = dict(ENGINE_OPTIONS)               # the next load: one device, no pipeline
+    with qtbot.waitSignal(w.bridge.model_loading, timeout=TIMEOUT) as loading:
+        with qtbot.waitSignal(w.model_ready, timeout=LOAD_TIMEOUT_MS):
+            w.open_model(DEMO)
+    assert loading.args == [DEMO, False]                 # closed first: Send waits meanwhile
+    assert _stage_processes() == set()                   # the pipeline's stage is gone
+    w.chat_pane.settings_box.set_settings(GenerationSettings(max_tokens=6))
+    with qtbot.waitSignal(w.chat.reply_done, timeout=REPLY_TIMEOUT_MS) as done:
+        w.chat.send("And God said")
     assert done.args[0].completion_tokens > 0 and done.args[0].error is None
 
 
