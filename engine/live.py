@@ -52,9 +52,8 @@ class LiveSettings:
         except ConfigError as e:
             raise ReconfigureError(str(e)) from None
         m = self.engine.loaded
-        applied = apply_to_stage(m, options, notes)
-        if m.pipeline is not None:
-            m.pipeline.reconfigure(options, notes, applied)   # the other stages, each on its own card
+        # a pipeline asks its other stages before this card, so that a refusal there leaves this card as it was
+        applied = apply_to_stage(m, options, notes) if m.pipeline is None else m.pipeline.reconfigure(options, notes)
         if self.engine.runner.graphs is not None and (options.keys() & {*_EXPERTS, "kv_cache_dtype"}) - {"expert_policy"}:
             self.engine.runner.graphs.reset()   # recorded against the old pool views, look-ahead or KV storage
         sched = self.engine.scheduler

@@ -100,7 +100,7 @@ class Pipeline:
         self.microbatches: int | None = config.pipeline_microbatches     # None: auto (microbatches_for)
         self.backend = "nccl" if device.type == "cuda" else "gloo"
         self.failed: str | None = None
-        self.first = None             # the first stage's LoadedModel, once loaded (live options undo through it)
+        self.first = None             # the first stage's LoadedModel, once loaded (live options apply to it last)
         self.warmed_edges: tuple[tuple[int, int], ...] = ()    # (from, to) in the order the warm-up used them
         # the stages' live options as they stand, to put back when a change is refused somewhere
         self._live = {k: getattr(stage_cfgs[0], k) for k in _STAGE_OPTIONS}
@@ -373,27 +373,36 @@ class Pipeline:
             return self.microbatches
         return self.plan.size if self.device.type == "cuda" and batch.parts.decode else 1
 
-    def reconfigure(self, options: dict, notes: dict, applied: dict[str, str]) -> None:
-        """Apply the live options of the stages' own cards on every other stage (the first stage
-        applied them already); their answers join ``applied`` where they differ from the first's.
+    def reconfigure(self, options: dict, notes: dict) -> dict[str, str]:
+        """Apply the live options of the stages' own cards on every stage: the other stages first,
+        then the first stage's card; what each became (the other stages' answers join where they
+        differ from the first's).
 
-        All or none: when a stage refuses, every stage (the first too) is given its previous values
-        back and one ReconfigureError names the stages that refused. A stopped pipeline raises its
-        PipelineError."""
+        All or none: a refusal by another stage leaves the first stage untouched (the others that
+        applied it get their previous values back); a refusal by the first stage gives the others
+        theirs back. One ReconfigureError names the stages that refused. A stopped pipeline raises
+        its PipelineError."""
+        from engine.live import apply_to_stage
         self._check()
         stage_options = {k: v for k, v in options.items() if k in _STAGE_OPTIONS}
         if not stage_options:
-            return
+            return {}
         answers = self._ask_all(("reconfigure", stage_options, notes), "reconfigured")
         refused = [f"stage {w.rank}: {got[1]}" for w, got in zip(self.workers, answers) if got[1] is not None]
         if refused:
             self._undo(list(stage_options))
             raise ReconfigureError(f"{'; '.join(refused)}; no stage changed")
+        try:
+            applied = apply_to_stage(self.first, stage_options, notes)
+        except StrataError as e:
+            self._undo(list(stage_options))
+            raise ReconfigureError(f"stage 0: {e}; no stage changed") from None
         self._live.update(stage_options)
         for w, got in zip(self.workers, answers):
             for k, text in got[2].items():
                 if applied.get(k) != text:
                     applied[k] = f"{applied.get(k, '')}; stage {w.rank}: {text}".lstrip("; ")
+        return applied
 
     def _ask_all(self, msg: tuple, kind: str) -> list[tuple]:
         for w in self.workers:
@@ -401,15 +410,11 @@ class Pipeline:
         return [self._expect(w, kind) for w in self.workers]
 
     def _undo(self, names: list[str]) -> None:
-        """Put the live options ``names`` back to their values before the refused change, on every stage."""
-        from engine.live import apply_to_stage
+        """Put the live options ``names`` back to their values before the refused change, on every
+        other stage (the first stage has not applied it)."""
         before = {k: self._live[k] for k in names}
         answers = self._ask_all(("reconfigure", before, {}), "reconfigured")
         failed = [f"stage {w.rank}: {got[1]}" for w, got in zip(self.workers, answers) if got[1] is not None]
-        try:
-            apply_to_stage(self.first, before)
-        except StrataError as e:
-            failed.insert(0, f"stage 0: {e}")
         if failed:
             self._fail(f"a refused live change could not be undone ({'; '.join(failed)}); every stage was stopped "
                        "— load the model again")

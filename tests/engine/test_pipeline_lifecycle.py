@@ -124,7 +124,7 @@ def test_a_live_change_one_stage_refuses_is_undone_on_every_stage(mixtral, monke
         before, pool = [s.experts.pool_slots_total for s in llm.stats().stages], llm.engine.config.expert_pool_size
         outputs = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
         # stage 2's card refuses the change (as a card whose budget cannot hold the pool does), after
-        # stages 0 and 1 applied it; stage 2's answer is replaced, so its process applied it too
+        # stage 1 applied it; stage 2's answer is replaced, so its process applied it too
         expect, refused = pipeline._expect, []
 
         def stage_2_refuses(w, kind):
@@ -135,16 +135,46 @@ def test_a_live_change_one_stage_refuses_is_undone_on_every_stage(mixtral, monke
             return got
 
         monkeypatch.setattr(pipeline, "_expect", stage_2_refuses)
+        copied = [s.experts.h2d_bytes for s in llm.stats().stages]
         with pytest.raises(ReconfigureError, match=r"^stage 2: an expert pool of 2 slots does not fit this card's "
                                                    r"budget; no stage changed$"):
             llm.reconfigure(expert_pool_size="50%", prefetch_depth=0)
         assert refused[0][1] is None                 # it had applied the change, and was given it back
+        now = [s.experts.h2d_bytes for s in llm.stats().stages]
+        # the other stages are asked first: stage 0 never changed its pool, while stage 1, which applied
+        # the change before it was undone, brought the experts the half-size pool dropped back over the bus
+        assert now[0] == copied[0] and now[1] > copied[1]
         assert [s.experts.pool_slots_total for s in llm.stats().stages] == before
         assert llm.engine.config.expert_pool_size == pool
         assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == outputs
         # a change every stage takes goes through, and is what a later refusal puts back
         llm.reconfigure(expert_pool_size="50%")
         assert [s.experts.pool_slots_total for s in llm.stats().stages] == [n // 2 for n in before]
+    finally:
+        llm.engine.close()
+
+
+def test_a_live_change_the_first_stage_refuses_is_undone_on_the_others(mixtral, monkeypatch):
+    llm = LLM(str(mixtral), pipeline_parallel=2, **OPTIONS)
+    first = llm.engine.loaded
+    try:
+        before, pool = [s.experts.pool_slots_total for s in llm.stats().stages], llm.engine.config.expert_pool_size
+        outputs = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+
+        def refuses(**_change):               # the engine's own card cannot hold the pool
+            raise ReconfigureError("an expert pool of 2 slots does not fit this card's budget")
+
+        monkeypatch.setattr(first.experts, "reconfigure", refuses)
+        copied = llm.stats().stages[1].experts.h2d_bytes
+        with pytest.raises(ReconfigureError, match=r"^stage 0: an expert pool of 2 slots does not fit this card's "
+                                                   r"budget; no stage changed$"):
+            llm.reconfigure(expert_pool_size="50%")
+        monkeypatch.undo()
+        # stage 1 had applied it (its pool shrank and refilled over the bus) and was given it back
+        assert llm.stats().stages[1].experts.h2d_bytes > copied
+        assert [s.experts.pool_slots_total for s in llm.stats().stages] == before
+        assert llm.engine.config.expert_pool_size == pool
+        assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == outputs
     finally:
         llm.engine.close()
 
