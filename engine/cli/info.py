@@ -146,9 +146,9 @@ def _expert_parallel_lines(spec: ModelSpec, c: EngineConfig, per_expert: int, re
 def _pipeline_lines(spec: ModelSpec, args: argparse.Namespace, c: EngineConfig, per_expert: int, wb: int,
                     res_fmt: str, context: int) -> list[str]:
     """The split over ``--pipeline-parallel`` GPUs and each card's own memory plan and bus traffic."""
-    from engine.parallel.pipeline import card_budgets
+    from engine.parallel.pipeline import card_budgets, stage_configs
     from engine.parallel.plan import plan_pipeline
-    from engine.parallel.stages import stage_spec
+    from engine.parallel.stages import NO_LIMIT, agreed_blocks, kv_claim, stage_spec
     budgets = card_budgets(c)
     if all(b is None for b in budgets) and torch.cuda.is_available():
         budgets = tuple(default_budget(torch.device(f"cuda:{i}")) if i < torch.cuda.device_count() else None
@@ -157,7 +157,9 @@ def _pipeline_lines(spec: ModelSpec, args: argparse.Namespace, c: EngineConfig, 
     lines = ["", f"pipeline over {pp.size} GPUs (one process each; layers balanced by the bytes each card holds):",
              *(f"  {line}" for line in pp.lines())]
     dtype = _DTYPES["bfloat16" if args.dtype == "auto" else args.dtype]
-    tokens: list[int] = []
+    kv_shares = [cfg.kv_cache_size for cfg in stage_configs(c, pp, torch.device("cpu"))]
+    claims: list[int] = []
+    blocks: list[int] = []
     for stage, budget in zip(pp.stages, budgets):
         if budget is None:
             lines.append(f"  GPU {stage.rank}: no budget given and no such CUDA GPU found; pass --gpu-memory-budget "
@@ -174,12 +176,28 @@ def _pipeline_lines(spec: ModelSpec, args: argparse.Namespace, c: EngineConfig, 
                            **step_sizing(sub, c, wb))
         lines += ["", f"GPU {stage.rank} (layers {stage.layers}, budget {format_size(budget)}):",
                   *(f"  {line}" for line in plan.format())]
-        if kv.bytes_per_token:
-            tokens.append(plan.kv_bytes // kv.bytes_per_token)
-    if tokens:
-        lines += ["", f"KV context        : every card keeps the same blocks, so the pipeline holds {min(tokens):,} "
-                      "tokens of context (the card with the least room for them)"]
+        blocks.append(_stage_kv_blocks(plan, kv, context, c, kv_shares[stage.rank]))
+        claims.append(kv_claim(spec, stage, c, blocks[-1]))
+    if len(blocks) == pp.size:
+        agreed = agreed_blocks(claims, blocks)
+        free = [f"GPU {r}" for r, claim in enumerate(claims) if claim == NO_LIMIT]
+        lines += ["", f"KV context        : every card keeps the same {agreed:,} blocks of {c.kv_block_size}, so the "
+                      f"pipeline holds {agreed * c.kv_block_size:,} tokens of context (the fewest a card holding "
+                      "full-attention layers allocates)"]
+        if free and len(free) < pp.size:
+            lines.append(f"                    {' and '.join(free)} hold only sliding-window layers, which keep their KV "
+                         "in the window pool: no limit on that number")
     return lines
+
+
+def _stage_kv_blocks(plan: MemoryPlan, kv: KVSizing, context: int, c: EngineConfig, kv_share: int | None) -> int:
+    """The full-attention KV blocks one stage's card can hold, sized as the engine sizes its cache
+    (engine.loading): the KV size asked for (the stage's share) less the window pool, else what the
+    plan leaves, at most a full batch at full context, and at least one sequence at full context."""
+    full = kv.bytes_per_token * context * c.max_batch
+    room = max(0, kv_share - kv.window_pool_bytes) if kv_share else min(plan.kv_bytes, full)
+    per_block = max(1, kv.bytes_per_token) * c.kv_block_size        # bytes_per_token is 0 with window layers only
+    return max(room // per_block, -(-context // c.kv_block_size))
 
 
 def _kv_lines(spec: ModelSpec, kv: KVSizing, context: int) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import signal
 
 import pytest
@@ -183,7 +184,33 @@ def test_info_prints_the_plan_per_card(folders, capsys):
     assert "stage 0 (GPU 0): layers 0 (1 layer, 1 MoE), resident " in out and "with embedding and LM head" in out
     assert "stage 1 (GPU 1): layers 1-2 (2 layers, 2 MoE)" in out
     assert "GPU 0 (layers 0, budget 1.50 GiB):" in out and "GPU 1 (layers 1-2, budget 1.25 GiB):" in out
-    assert "every card keeps the same blocks" in out
+    assert re.search(r"KV context        : every card keeps the same [0-9,]+ blocks of 16", out)
+
+
+def test_info_prints_the_kv_context_the_stages_agree_on(folders, capsys):
+    """gpt-oss's tiny model over 3 cards: layers 0 and 2 are sliding-window layers, layer 1 a full one."""
+    from main import main
+    oss = str(folders["gpt_oss"])
+    # GPU 1's budget leaves room for few tokens; GPU 0's and GPU 2's hold no full-attention layer to limit them
+    assert main(["info", "--model", oss, "--pipeline-parallel", "3", "--gpu-memory-budget", "80M,72M,80M"]) == 0
+    out = capsys.readouterr().out
+    gpu_1 = out.split("GPU 1 (layers 1, ")[1]
+    room = int(re.search(r"KV cache\s+: .* = (\d+) tokens\n", gpu_1).group(1))
+    blocks = room // 16                          # whole blocks of 16 tokens
+    assert 32 < blocks < 512                     # more than one sequence's, less than a full batch's
+    assert (f"KV context        : every card keeps the same {blocks:,} blocks of 16, so the pipeline holds "
+            f"{blocks * 16:,} tokens of context") in out
+    assert "GPU 0 and GPU 2 hold only sliding-window layers" in out
+    # room for more than a full batch at full context: the blocks the engine's own stages agree on
+    assert main(["info", "--model", oss, "--pipeline-parallel", "3", "--gpu-memory-budget", "3G",
+                 "--dtype", "float32"]) == 0
+    out = capsys.readouterr().out
+    llm = LLM(oss, pipeline_parallel=3, device="cpu", dtype="float32")
+    try:
+        agreed = llm.engine.loaded.cache.num_blocks - 1          # less the scratch block
+    finally:
+        llm.engine.close()
+    assert f"every card keeps the same {agreed:,} blocks of 16, so the pipeline holds {agreed * 16:,} tokens" in out
 
 
 def test_budget_per_card_is_checked():
