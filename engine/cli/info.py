@@ -148,7 +148,7 @@ def _pipeline_lines(spec: ModelSpec, args: argparse.Namespace, c: EngineConfig, 
     """The split over ``--pipeline-parallel`` GPUs and each card's own memory plan and bus traffic."""
     from engine.parallel.pipeline import card_budgets, stage_configs
     from engine.parallel.plan import plan_pipeline
-    from engine.parallel.stages import NO_LIMIT, agreed_blocks, kv_claim, stage_spec
+    from engine.parallel.stages import stage_spec
     budgets = card_budgets(c)
     if all(b is None for b in budgets) and torch.cuda.is_available():
         budgets = tuple(default_budget(torch.device(f"cuda:{i}")) if i < torch.cuda.device_count() else None
@@ -158,8 +158,7 @@ def _pipeline_lines(spec: ModelSpec, args: argparse.Namespace, c: EngineConfig, 
              *(f"  {line}" for line in pp.lines())]
     dtype = _DTYPES["bfloat16" if args.dtype == "auto" else args.dtype]
     kv_shares = [cfg.kv_cache_size for cfg in stage_configs(c, pp, torch.device("cpu"))]
-    claims: list[int] = []
-    blocks: list[int] = []
+    rooms: list[int] = []
     for stage, budget in zip(pp.stages, budgets):
         if budget is None:
             lines.append(f"  GPU {stage.rank}: no budget given and no such CUDA GPU found; pass --gpu-memory-budget "
@@ -176,28 +175,44 @@ def _pipeline_lines(spec: ModelSpec, args: argparse.Namespace, c: EngineConfig, 
                            **step_sizing(sub, c, wb))
         lines += ["", f"GPU {stage.rank} (layers {stage.layers}, budget {format_size(budget)}):",
                   *(f"  {line}" for line in plan.format())]
-        blocks.append(_stage_kv_blocks(plan, kv, context, c, kv_shares[stage.rank]))
-        claims.append(kv_claim(spec, stage, c, blocks[-1]))
-    if len(blocks) == pp.size:
-        agreed = agreed_blocks(claims, blocks)
-        free = [f"GPU {r}" for r, claim in enumerate(claims) if claim == NO_LIMIT]
-        lines += ["", f"KV context        : every card keeps the same {agreed:,} blocks of {c.kv_block_size}, so the "
-                      f"pipeline holds {agreed * c.kv_block_size:,} tokens of context (the fewest a card holding "
-                      "full-attention layers allocates)"]
-        if free and len(free) < pp.size:
-            lines.append(f"                    {' and '.join(free)} hold only sliding-window layers, which keep their KV "
-                         "in the window pool: no limit on that number")
+        rooms.append(_stage_kv_room(plan, kv, context, c, kv_shares[stage.rank]))
+    if len(rooms) == pp.size:
+        lines += _kv_context_lines(spec, pp, c, context, rooms)
     return lines
 
 
-def _stage_kv_blocks(plan: MemoryPlan, kv: KVSizing, context: int, c: EngineConfig, kv_share: int | None) -> int:
-    """The full-attention KV blocks one stage's card can hold, sized as the engine sizes its cache
+def _stage_kv_room(plan: MemoryPlan, kv: KVSizing, context: int, c: EngineConfig, kv_share: int | None) -> int:
+    """The full-attention KV blocks one stage's card has room for, as the engine sizes its cache
     (engine.loading): the KV size asked for (the stage's share) less the window pool, else what the
-    plan leaves, at most a full batch at full context, and at least one sequence at full context."""
+    plan leaves, at most a full batch at full context."""
     full = kv.bytes_per_token * context * c.max_batch
     room = max(0, kv_share - kv.window_pool_bytes) if kv_share else min(plan.kv_bytes, full)
-    per_block = max(1, kv.bytes_per_token) * c.kv_block_size        # bytes_per_token is 0 with window layers only
-    return max(room // per_block, -(-context // c.kv_block_size))
+    return room // (max(1, kv.bytes_per_token) * c.kv_block_size)    # bytes_per_token is 0 with window layers only
+
+
+def _kv_context_lines(spec: ModelSpec, pp, c: EngineConfig, context: int, rooms: list[int]) -> list[str]:
+    """The KV blocks every stage allocates, agreed as the stages agree them (engine.parallel.stages):
+    each allocates at least one sequence at the full context, and a stage of sliding-window layers
+    only puts no limit on the number."""
+    from engine.parallel.stages import NO_LIMIT, agreed_blocks, kv_claim
+    bs = c.kv_block_size
+    one_seq = -(-context // bs)
+    blocks = [max(room, one_seq) for room in rooms]
+    claims = [kv_claim(spec, stage, c, n) for stage, n in zip(pp.stages, blocks)]
+    agreed = agreed_blocks(claims, blocks)
+    lines = ["", f"KV context        : every card keeps the same {agreed:,} blocks of {bs}, so the pipeline holds "
+                 f"{agreed * bs:,} tokens of context (the fewest a card holding full-attention layers allocates)"]
+    free = [f"GPU {r}" for r, claim in enumerate(claims) if claim == NO_LIMIT]
+    if free and len(free) < pp.size:
+        lines.append(f"                    {' and '.join(free)} hold only sliding-window layers, which keep their "
+                     "KV in the window pool: no limit on that number")
+    short = [(room, r) for r, (room, claim) in enumerate(zip(rooms, claims)) if claim != NO_LIMIT and room < one_seq]
+    if short:
+        room, r = min(short)
+        lines.append(f"                    GPU {r} has room for {room:,} blocks ({room * bs:,} tokens) only, yet "
+                     "every card allocates one sequence at the full context, past its budget: lower --max-model-len "
+                     f"to {room * bs:,} or raise --gpu-memory-budget")
+    return lines
 
 
 def _kv_lines(spec: ModelSpec, kv: KVSizing, context: int) -> list[str]:

@@ -104,7 +104,8 @@ def test_int4_experts_need_a_group_that_divides_2880(gpt_oss_120b):
 
 def test_the_120b_over_two_24g_cards(gpt_oss_120b, capsys):
     """--pipeline-parallel 2: the first card, with the embedding and LM head, takes fewer layers; both
-    keep about the same share of their experts; the KV context is the smaller card's."""
+    keep about the same share of their experts; the cards' KV room is less than one sequence at the
+    full context, which each allocates all the same (as the engine sizes its cache): info says so."""
     assert main(["info", "--model", str(gpt_oss_120b), "--pipeline-parallel", "2", "--gpu-memory-budget", "24G,24G"]) == 0
     out = capsys.readouterr().out
     first = re.search(r"stage 0 \(GPU 0\): layers 0-(\d+) \((\d+) layers", out)
@@ -112,4 +113,8 @@ def test_the_120b_over_two_24g_cards(gpt_oss_120b, capsys):
     shares = [int(s) for s in re.findall(r"expert pool       : [\d.]+ GiB = \d+/\d+ experts \((\d+)%\)", out)]
     assert len(shares) == 2 and abs(shares[0] - shares[1]) <= 3
     tokens = [int(t) for t in re.findall(r"KV cache          : [\d.]+ MiB = (\d+) tokens", out)]
-    assert f"the pipeline holds {min(tokens):,} tokens of context" in out
+    room = min(tokens) // 16                              # whole blocks of 16 tokens
+    assert room * 16 < 131072
+    assert "every card keeps the same 8,192 blocks of 16, so the pipeline holds 131,072 tokens of context" in out
+    assert (f"has room for {room:,} blocks ({room * 16:,} tokens) only, yet every card allocates one sequence at the "
+            f"full context, past its budget: lower --max-model-len to {room * 16:,} or raise --gpu-memory-budget") in out
