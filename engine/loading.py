@@ -422,7 +422,7 @@ def load_model(config: EngineConfig, progress: Progress | None = None) -> Loaded
 
 def _pipelined(config: EngineConfig, spec: ModelSpec, source: TensorSource, tokenizer: Tokenizer | None, path: Path,
                notes: tuple[str, ...]) -> LoadedModel:
-    from engine.parallel.pipeline import load_expert_parallel, load_pipeline
+    from engine.parallel.load import load_expert_parallel, load_pipeline
     load = load_pipeline if config.pipeline_parallel > 1 else load_expert_parallel
     return load(config, spec, source, tokenizer, path, notes, LoadedModel)
 

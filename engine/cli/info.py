@@ -120,7 +120,7 @@ def plan_lines(spec: ModelSpec, args: argparse.Namespace) -> list[str]:
 def _expert_parallel_lines(spec: ModelSpec, c: EngineConfig, per_expert: int, resident: int, kv: KVSizing) -> list[str]:
     """Each card's share of the experts under ``--expert-parallel`` and the pool its budget fits."""
     from engine.parallel.experts import ExpertShard, check_shards
-    from engine.parallel.pipeline import card_budgets
+    from engine.parallel.load import card_budgets
     n = c.expert_parallel
     check_shards(spec.num_experts, spec.top_k, n)
     budgets = card_budgets(c)
@@ -146,7 +146,7 @@ def _expert_parallel_lines(spec: ModelSpec, c: EngineConfig, per_expert: int, re
 def _pipeline_lines(spec: ModelSpec, args: argparse.Namespace, c: EngineConfig, per_expert: int, wb: int,
                     res_fmt: str, context: int) -> list[str]:
     """The split over ``--pipeline-parallel`` GPUs and each card's own memory plan and bus traffic."""
-    from engine.parallel.pipeline import card_budgets, stage_configs
+    from engine.parallel.load import card_budgets, stage_configs
     from engine.parallel.plan import plan_pipeline
     from engine.parallel.stages import stage_spec
     budgets = card_budgets(c)

@@ -15,7 +15,8 @@ from engine import LLM
 from engine.checkpoint.spec import read_spec
 from engine.config import EngineConfig
 from engine.errors import PipelineError, ReconfigureError
-from engine.parallel.pipeline import Pipeline, stage_configs
+from engine.parallel.load import stage_configs
+from engine.parallel.pipeline import Pipeline
 from engine.parallel.plan import plan_pipeline
 from parallel_helpers import GREEDY, OPTIONS, PROMPTS, alive, gone
 from tiny_models import build_tiny_model
