@@ -26,3 +26,18 @@ def gone(pids: list[int], timeout: float = 20.0) -> bool:
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     return not any(alive(p) for p in pids)
+
+
+def children() -> set[int]:
+    """Pids of this process's live child processes (from /proc)."""
+    me = str(os.getpid())
+    out = set()
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[1] == me:
+                        out.add(int(d))
+            except OSError:
+                pass
+    return out

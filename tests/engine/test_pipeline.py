@@ -15,7 +15,7 @@ from engine import LLM
 from engine.checkpoint.spec import read_spec
 from engine.errors import ConfigError, ModelLoadError, PipelineError
 from engine.parallel.plan import plan_pipeline
-from parallel_helpers import GREEDY, OPTIONS, PROMPTS, alive, gone
+from parallel_helpers import GREEDY, OPTIONS, PROMPTS, alive, children, gone
 from tiny_models import ROOT, build_tiny_model, family_configs
 
 FAMILIES = list(family_configs())
@@ -139,25 +139,11 @@ def test_a_stage_that_cannot_load_gives_its_error_and_stops_the_others(folders, 
     tensors = load_file(src / "model.safetensors")
     del tensors["model.layers.2.self_attn.o_proj.weight"]
     save_file(tensors, bad / "model.safetensors", metadata={"format": "pt"})
-    before = _children()
+    before = children()
     with pytest.raises(ModelLoadError, match=r"^pipeline stage 1 of 2 \(layers 1-2\): tensor "
                                              r"'model.layers.1.self_attn.o_proj.weight'"):
         LLM(str(bad), pipeline_parallel=2, **OPTIONS)
-    assert gone(list(_children() - before))
-
-
-def _children() -> set[int]:
-    me = str(os.getpid())
-    out = set()
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    if f.read().rsplit(")", 1)[1].split()[1] == me:
-                        out.add(int(d))
-            except OSError:
-                pass
-    return out
+    assert gone(list(children() - before))
 
 
 def test_plan_balances_the_bytes_each_card_holds(folders):

@@ -18,7 +18,7 @@ from engine.errors import PipelineError, ReconfigureError
 from engine.parallel.load import stage_configs
 from engine.parallel.pipeline import Pipeline
 from engine.parallel.plan import plan_pipeline
-from parallel_helpers import GREEDY, OPTIONS, PROMPTS, alive, gone
+from parallel_helpers import GREEDY, OPTIONS, PROMPTS, alive, children, gone
 from tiny_models import build_tiny_model
 
 # a stage process that runs the real worker, except on ``rank``, which says why on stderr and exits
@@ -50,20 +50,6 @@ def mixtral(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("pp-life-mixtral"), "mixtral")
 
 
-def _children() -> set[int]:
-    me = str(os.getpid())
-    out = set()
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    if f.read().rsplit(")", 1)[1].split()[1] == me:
-                        out.add(int(d))
-            except OSError:
-                pass
-    return out
-
-
 def _pipeline(folder, stages: int, **kwargs) -> Pipeline:
     spec = read_spec(folder)
     config = EngineConfig(model=str(folder), pipeline_parallel=stages, **OPTIONS)
@@ -79,7 +65,7 @@ def test_a_stage_that_exits_at_start_fails_the_load_at_once_in_one_line(mixtral,
     reaches; either way the stage, its exit code and its last stderr line are named."""
     script = tmp_path / "fake_worker.py"
     script.write_text(FAKE_WORKER.format(rank=2, joins=joins))
-    before = _children()
+    before = children()
     with pytest.raises(PipelineError) as err:
         _pipeline(mixtral, 3, worker_argv=(str(script),), rendezvous_timeout_s=1.0)
     text = str(err.value)
@@ -87,7 +73,7 @@ def test_a_stage_that_exits_at_start_fails_the_load_at_once_in_one_line(mixtral,
     assert "ended before it joined the pipeline (exit code 3: CUDA error: no CUDA-capable device is detected); " \
            "every stage was stopped — load the model again" in text, text
     assert "\n" not in text
-    assert gone(list(_children() - before))      # the real stage 1, waiting to join, was stopped too
+    assert gone(list(children() - before))      # the real stage 1, waiting to join, was stopped too
     assert not dist.is_initialized()
     # the failed join leaves nothing behind: a pipeline loads and runs next, in this process
     llm = LLM(str(mixtral), pipeline_parallel=2, **OPTIONS)
