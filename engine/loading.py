@@ -22,7 +22,8 @@ from engine.experts.provider import ExpertProvider
 from engine.experts.profile import check_record_target, read_routing_profile, write_routing_profile
 from engine.cpu_threads import apply_cpu_threads
 from engine.kv.blocks import BlockAllocator
-from engine.memory import BudgetAdvice, MemoryPlan, default_budget, plan_memory, staging_slots, step_sizing
+from engine.memory import (BudgetAdvice, MemoryPlan, default_budget, fit_context, plan_memory, staging_slots,
+                           step_sizing)
 from kernels.host_rows import host_rows_readable
 from engine.settings_fit import fit_to_device, fit_to_model, fit_to_pool, unused_notes
 from engine.kv.cache import KVCache
@@ -107,6 +108,7 @@ class LoadedModel:
         pool = fit_to_pool(config, spec, self.experts_resident)
         self.config = config = pool.config
         self.notes += pool.notes + notes
+        self._fit_context()
         if isinstance(config.expert_pool_size, PoolShare):    # "50%" -> bytes, so the config reads plainly
             self.config = config = config.replace(expert_pool_size=self.pool_bytes(config.expert_pool_size))
         self.weights, rows = load_weights(spec, source, self.device, self.dtype, self.layout, self._allocate_rows,
@@ -140,6 +142,17 @@ class LoadedModel:
             random_weights=bool(marker.get("random_weights")), completion_only=bool(marker.get("completion_only")),
             resident_format=self.resident_format, notes=self.notes)
         self.load_seconds = time.perf_counter() - t0
+
+    def _fit_context(self) -> None:
+        """On a GPU budget, a context no longer than the KV cache the plan leaves holds for one sequence
+        (the cache holds at least one sequence at full context, so a longer one would go past the budget).
+        A KV size given outright and the stages of several GPUs (which agree on their blocks) keep theirs."""
+        c = self.config
+        if self.plan.budget_bytes is None or c.kv_cache_size or self.stage is not None:
+            return
+        self.max_model_len, note = fit_context(self.max_model_len, c.max_model_len is not None, self._kv_cache_bytes(),
+                                               self._kv_bytes_per_token(), c.kv_block_size, self.plan.budget_bytes)
+        self.notes += (note,) if note else ()
 
     def _embedding_to_host(self) -> bool:
         """Whether the embedding table goes to host memory (``config.embeddings``; auto: on a CUDA GPU

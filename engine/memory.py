@@ -175,6 +175,23 @@ def step_sizing(spec: "ModelSpec", config: "EngineConfig", elem: int = 2) -> dic
             "decode_experts": decode}
 
 
+def fit_context(context: int, explicit: bool, kv_bytes: int, kv_bytes_per_token: int, block: int,
+                budget_bytes: int) -> tuple[int, str | None]:
+    """The context length a KV cache of ``kv_bytes`` (what the budget leaves it) holds for one sequence:
+    ``context`` when it fits; else, for a context the user did not set, the whole blocks that fit, with a
+    note; a context the user set that does not fit is a one-line ConfigError naming the fixes."""
+    if kv_bytes_per_token <= 0 or kv_bytes >= context * kv_bytes_per_token:
+        return context, None
+    tokens = kv_bytes // kv_bytes_per_token // block * block
+    more = "lower --expert-pool-size or raise --gpu-memory-budget"
+    if explicit or tokens < block:
+        fix = f"lower --max-model-len to {tokens} or {more}" if tokens >= block else more
+        raise ConfigError(f"a context of {context} tokens needs {format_size(context * kv_bytes_per_token)} of KV cache "
+                          f"but the {format_size(budget_bytes)} GPU memory budget leaves it {format_size(kv_bytes)}; {fix}")
+    return tokens, (f"context length {tokens} tokens (the model allows {context}): that is what the KV cache the "
+                    f"{format_size(budget_bytes)} budget leaves holds; {more} for a longer one")
+
+
 def default_budget(device: torch.device) -> int | None:
     """Free memory of the card (None on the CPU)."""
     if device.type != "cuda":

@@ -30,7 +30,8 @@ from engine.errors import ConfigError
 from kernels.expert_layout import ExpertLayout
 from engine.loading import expert_act
 from engine.kv.sizing import KVSizing, kv_sizing
-from engine.memory import MIN_KV_TOKENS, BudgetAdvice, MemoryPlan, default_budget, plan_memory, step_sizing
+from engine.memory import (MIN_KV_TOKENS, BudgetAdvice, MemoryPlan, default_budget, fit_context, plan_memory,
+                           step_sizing)
 from engine.options import parse_live, pool_bytes
 from engine.settings_fit import depth_note, fit_to_model
 
@@ -113,7 +114,8 @@ def plan_lines(spec: ModelSpec, args: argparse.Namespace) -> list[str]:
         return lines + _pipeline_lines(spec, args, c, per_expert, wb, res_fmt, context)
     if c.expert_parallel > 1:
         return lines + _expert_parallel_lines(spec, c, per_expert, resident, kv)
-    lines += _budget_lines(spec, args, c, resident, per_expert, n_experts, wb, kv.bytes_per_token, kv.window_pool_bytes)
+    lines += _budget_lines(spec, args, c, resident, per_expert, n_experts, wb, kv.bytes_per_token, kv.window_pool_bytes,
+                           context)
     return lines
 
 
@@ -234,7 +236,7 @@ def _kv_lines(spec: ModelSpec, kv: KVSizing, context: int) -> list[str]:
 
 
 def _budget_lines(spec, args, c: EngineConfig, resident: int, per_expert: int, n_experts: int, wb: int, kv_per_token: int,
-                  window_kv: int) -> list[str]:
+                  window_kv: int, context: int) -> list[str]:
     """The engine's own memory plan for the budget given (or the card's free memory); ``window_kv``: the
     sliding-window layers' KV of a full batch, ``kv_per_token``: the full-attention layers'."""
     budget = parse_size(args.gpu_memory_budget, "gpu_memory_budget")
@@ -259,6 +261,11 @@ def _budget_lines(spec, args, c: EngineConfig, resident: int, per_expert: int, n
     if not spec.tie_word_embeddings and (wants == "host" or (wants == "auto" and plan.pool_slots < plan.num_experts)):
         plan = plan_for(True)
     lines = ["", *plan.format()]
+    if not c.kv_cache_size:      # the engine's rule (engine.loading): one sequence's context fits the KV cache
+        fitted, note = fit_context(context, c.max_model_len is not None, min(plan.kv_bytes, kv_per_token * context *
+                                   c.max_batch), kv_per_token, c.kv_block_size, budget)
+        if note:
+            lines.append(f"context           : {fitted} tokens ({note.split(': ', 1)[1]})")
     if plan.pool_slots < plan.num_experts:
         reads = getattr(args, "expert_reads", "auto")
         lines.append("missing experts   : " + (

@@ -72,6 +72,11 @@ def test_the_120b_plan_for_a_24g_card(gpt_oss_120b, capsys):
     slots = int(re.search(r"= (\d+)/4608 experts", _line(out, "expert pool")).group(1))
     assert 1000 < slots < 1400 and slots * EXPERT < 24 * GIB - on_card
     assert float(_line(out, "device total").split(":")[1].split()[0]) <= 24.0
+    # one sequence of the model's 131072 tokens would not fit the KV cache the budget leaves: the engine's context
+    kv_tokens = int(re.search(r"= (\d+) tokens", _line(out, "KV cache")).group(1))
+    context = int(re.search(r"^context\s+: (\d+) tokens \(that is what the KV cache", _line(out, "context  "))
+                  .group(1))
+    assert context == kv_tokens // 16 * 16 and context < 131072
     # KV: 18 full layers of 2 x 8 x 64 bf16 per token; the 18 window layers at most 128 tokens each
     assert _line(out, "KV per token") == "KV per token      : 36.00 KiB in 18 full-attention layers (2.00 KiB per layer)"
     assert "18 layers of a 128-token window hold at most 128 tokens of a sequence each, however long its context" in out

@@ -119,3 +119,21 @@ def test_the_memory_profile_runs_its_scenarios(tmp_path) -> None:
     assert [p["phase"] for p in d["phases"]] == ["load", "batch 1 after 64-token prompts",
                                                  "batch 8 after 16-token prompts"]
     assert d["memory"]["resident_bytes"] > 0 and d["memory"]["pinned_host_bytes"] > 0
+
+
+def test_the_context_is_what_the_kv_cache_the_budget_leaves_holds() -> None:
+    from engine.memory import fit_context
+    per_token = 36 * 1024                                  # gpt-oss-120b: 18 full-attention layers
+    # fits: unchanged, no note
+    assert fit_context(8192, False, 8192 * per_token, per_token, 16, 24 * GiB) == (8192, None)
+    # the model's 131072 tokens do not fit the 4200 tokens left: whole blocks of what fits, and a note saying so
+    tokens, note = fit_context(131072, False, 4200 * per_token, per_token, 16, 24 * GiB)
+    assert tokens == 4192 and "context length 4192 tokens (the model allows 131072)" in note
+    assert "lower --expert-pool-size or raise --gpu-memory-budget" in note
+    # a context the user asked for is not shortened behind their back
+    with pytest.raises(ConfigError, match=r"a context of 131072 tokens needs 4.50 GiB of KV cache but the 24.00 GiB "
+                                          r"GPU memory budget leaves it .*; lower --max-model-len to 4192 or lower "
+                                          r"--expert-pool-size or raise --gpu-memory-budget"):
+        fit_context(131072, True, 4200 * per_token, per_token, 16, 24 * GiB)
+    with pytest.raises(ConfigError, match="leaves it .*; lower --expert-pool-size or raise --gpu-memory-budget$"):
+        fit_context(4096, False, 10 * per_token, per_token, 16, 24 * GiB)     # not even one block
