@@ -22,12 +22,12 @@ from engine.experts.provider import ExpertProvider
 from engine.experts.profile import check_record_target, read_routing_profile, write_routing_profile
 from engine.cpu_threads import apply_cpu_threads
 from engine.kv.blocks import BlockAllocator
-from engine.memory import (BudgetAdvice, MemoryPlan, default_budget, fit_context, plan_memory, staging_slots,
-                           step_sizing)
-from kernels.host_rows import host_rows_readable
+from engine.memory import (BudgetAdvice, MemoryPlan, decode_experts, default_budget, fit_context, plan_memory,
+                           staging_slots, step_sizing, table_on_host)
 from engine.settings_fit import fit_to_device, fit_to_model, fit_to_pool, unused_notes
 from engine.kv.cache import KVCache
 from engine.kv.sizing import KVSizing, kv_sizing
+from kernels.host_rows import host_rows_readable
 from engine.kv.windows import WindowBlocks
 from engine.models.moe_transformer import ForwardBatch, MoETransformer
 from engine.cuda_graphs import DecodeGraphs
@@ -115,7 +115,8 @@ class LoadedModel:
                                           self.resident_format, self.embed_on_host)
         if self.embed_on_host and not host_rows_readable(self.weights.embed, self.device):
             self.weights.embed = self.weights.embed.to(self.device)
-            self.weights.embed_on_host = False
+            self.weights.embed_on_host = self.embed_on_host = False
+            self.plan = self._plan()      # the table is the card's again: the pool gives its room back
             self.notes += ("the embedding table is on the GPU: its kernels cannot read host memory here",)
         self.experts: ExpertProvider = self._build_experts(rows)
         self.model = MoETransformer(spec, self.weights, self.experts, self.device, self.dtype, self.max_model_len)
@@ -166,7 +167,7 @@ class LoadedModel:
                        else "the stages of several GPUs keep it on their card")
                 self.notes += (f"embeddings=host is ignored: the embedding table stays on the GPU ({why})",)
             return False
-        return want == "host" or self.plan.pool_slots < self.plan.num_experts
+        return table_on_host(want, False, self.plan.pool_slots < self.plan.num_experts)
 
     def _fit(self, config: EngineConfig) -> EngineConfig:
         """Settings fitted to the model and the device (``self.notes`` says what changed); on the CPU,
@@ -301,7 +302,7 @@ class LoadedModel:
         options = dict(routing_profile=c.routing_profile, budget_bytes=self._pool_budget(),
                        direct_reads=DIRECT_READS[c.expert_reads], top_k=top_k, router_bias=bias,
                        norm_eps=self.spec.rms_norm_eps, cold_experts=c.cold_experts,
-                       staging_slots=staging_slots(per_layer, step_sizing(self.spec, c)["decode_experts"]))
+                       staging_slots=staging_slots(per_layer, decode_experts(self.spec, c)))
         route = self._route if self.shard is None else self._shard_route(top_k)
         if self.experts_resident:      # a full pool over the experts' device buffer; the knobs stay live
             return ExpertManager.resident(self.layout, rows.to(self.device), per_layer,

@@ -166,13 +166,22 @@ def step_workspace_bytes(spec: "ModelSpec", token_budget: int, max_batch: int, e
     return int(1.25 * (token_budget * per_token + max_batch * per_sequence)) + (64 << 20)
 
 
+def decode_experts(spec: "ModelSpec", config: "EngineConfig") -> int:
+    """The experts the prefetches of ``config``'s decode steps can need: depth (at least 1) x batch x top-k."""
+    return max(1, config.prefetch_depth) * config.max_batch * spec.top_k
+
+
 def step_sizing(spec: "ModelSpec", config: "EngineConfig", elem: int = 2) -> dict[str, int]:
     """``plan_memory``'s workspace and staging arguments for ``config``'s steps on ``spec``: what its
-    largest step allocates (:func:`step_workspace_bytes` at the token budget) and the experts the
-    prefetches of its decode steps can need (depth x batch x top-k, one layer's worth at least)."""
-    decode = max(1, config.prefetch_depth) * config.max_batch * spec.top_k
+    largest step allocates (:func:`step_workspace_bytes` at the token budget) and :func:`decode_experts`."""
     return {"workspace_bytes": step_workspace_bytes(spec, config.token_budget, config.max_batch, elem),
-            "decode_experts": decode}
+            "decode_experts": decode_experts(spec, config)}
+
+
+def table_on_host(wanted: str, tied: bool, offloaded: bool) -> bool:
+    """Whether the embedding table goes to host memory on a GPU: ``wanted`` (``config.embeddings``) host,
+    or auto while the pool holds fewer than all experts; never a table tied to the LM head."""
+    return not tied and (wanted == "host" or (wanted == "auto" and offloaded))
 
 
 def fit_context(context: int, explicit: bool, kv_bytes: int, kv_bytes_per_token: int, block: int,

@@ -31,7 +31,7 @@ from kernels.expert_layout import ExpertLayout
 from engine.loading import expert_act
 from engine.kv.sizing import KVSizing, kv_sizing
 from engine.memory import (MIN_KV_TOKENS, BudgetAdvice, MemoryPlan, default_budget, fit_context, plan_memory,
-                           step_sizing)
+                           step_sizing, table_on_host)
 from engine.options import parse_live, pool_bytes
 from engine.settings_fit import depth_note, fit_to_model
 
@@ -256,9 +256,7 @@ def _budget_lines(spec, args, c: EngineConfig, resident: int, per_expert: int, n
                            advice=advice, window_kv_bytes=window_kv, host_resident_bytes=table,
                            **step_sizing(spec, c, wb))
     plan = plan_for(False)
-    # the engine's rule (engine.loading): an untied table goes to host memory when asked, or when experts are offloaded
-    wants = getattr(args, "embeddings", "auto")
-    if not spec.tie_word_embeddings and (wants == "host" or (wants == "auto" and plan.pool_slots < plan.num_experts)):
+    if table_on_host(getattr(args, "embeddings", "auto"), spec.tie_word_embeddings, plan.pool_slots < plan.num_experts):
         plan = plan_for(True)
     lines = ["", *plan.format()]
     if not c.kv_cache_size:      # the engine's rule (engine.loading): one sequence's context fits the KV cache

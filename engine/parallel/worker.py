@@ -80,7 +80,7 @@ class ShardModel:
         from engine.config import DIRECT_READS
         from engine.experts.manager import ExpertManager
         from engine.loading import expert_layout, resolve_device, resolve_dtype
-        from engine.memory import default_budget, plan_memory, staging_slots, step_sizing
+        from engine.memory import decode_experts, default_budget, plan_memory, staging_slots, step_sizing
         from engine.models.moe_transformer import route_ref
         from engine.options import pool_bytes
         from engine.parallel.experts import ExpertShard, shard_rows
@@ -129,7 +129,7 @@ class ShardModel:
             layout, rows, per_layer, device, self.plan.pool_slots * layout.nbytes, config.prefetch_depth,
             config.expert_policy, routers, lambda logits: route_ref(logits, top_k, spec.renormalize),
             budget_bytes=room, direct_reads=DIRECT_READS[config.expert_reads], top_k=top_k,
-            staging_slots=staging_slots(per_layer, step_sizing(spec, config)["decode_experts"]),
+            staging_slots=staging_slots(per_layer, decode_experts(spec, config)),
             router_bias=biases or None, norm_eps=spec.rms_norm_eps, cold_experts="bus")
         from kernels.fused_moe import fused_moe_ref
         self.moe_fn = fused_moe_ref
