@@ -1,7 +1,8 @@
-"""GPU microbenchmark of the fused MoE kernels on Qwen3-30B-A3B-shaped layers.
+"""GPU microbenchmark of the fused MoE kernels on layers of a real model's shape.
 
-128 experts, top-8, hidden 2048, expert FFN 768; 1, 4, 16 and 64 tokens; bf16, fp8 and int4 experts
-(``--tokens`` and ``--formats`` pick fewer).
+``--shape``: Qwen3-30B-A3B (default: 128 experts, top-8, hidden 2048, expert FFN 768), gpt-oss-20b (32
+experts, top-4, hidden and FFN 2880) or gpt-oss-120b (128 experts); 1, 4, 16 and 64 tokens; bf16, fp8,
+int4 and mxfp4 experts (``--tokens`` and ``--formats`` pick fewer).
 For each case: median time per layer (CUDA-graph replay of ``--layers`` layers with their own pools
 and routings, so L2 never holds the weights of the next layer), bytes = packed bytes of the distinct
 experts touched, read once, plus activations in and out; GB/s against the device-copy ceiling measured
@@ -18,7 +19,7 @@ measured in the same run (``norm_ms`` against ``norm_act16_ms``) and reported be
 (``pct_ceiling_x_from_norm_with_norm_cost``).
 
 Run: ``python benchmarks/kernels/bench_moe.py --out results.json [--configs-out NVIDIA_H200.json]
-[--formats int4,fp8] [--tokens 1,4,16]``.
+[--formats int4,fp8] [--tokens 1,4,16] [--shape gpt-oss-20b]``.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import platform
 import statistics
 import subprocess
 import sys
+from dataclasses import asdict, astuple, dataclass
 from pathlib import Path
 
 import torch
@@ -42,7 +44,21 @@ from kernels.moe_align import moe_align, moe_align_ref  # noqa: E402
 from kernels.moe_config import MoeLaunchConfig, TileConfig  # noqa: E402
 from kernels.router import route, route_ref  # noqa: E402
 
-E, TOP_K, D, F, GROUP = 128, 8, 2048, 768, 128
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One MoE layer: experts, experts per token, hidden, expert FFN, int4 group size."""
+    experts: int
+    top_k: int
+    hidden: int
+    ffn: int
+    group: int
+
+
+SHAPES = {"qwen3-30b-a3b": Shape(128, 8, 2048, 768, 128),
+          "gpt-oss-20b": Shape(32, 4, 2880, 2880, 64),       # int4 groups of 64: 128 does not divide 2880
+          "gpt-oss-120b": Shape(128, 4, 2880, 2880, 64)}
 FORMATS = ("bf16", "fp8", "int4", "mxfp4")
 TOKENS = (1, 4, 16, 64)
 # Decode candidates per format: (up, down) as (block_n, block_k, num_warps[, num_stages]). Up programs
@@ -115,8 +131,9 @@ def copy_ceiling_gbs() -> float:
     return 2 * (2 << 30) / ms / 1e6
 
 
-def build_layers(fmt: str, layers: int) -> tuple[ExpertLayout, list[dict], list[torch.Tensor]]:
+def build_layers(shape: Shape, fmt: str, layers: int) -> tuple[ExpertLayout, list[dict], list[torch.Tensor]]:
     """``layers`` pools of all E experts (one quantised layer, copied), with a scrambled slot table."""
+    E, TOP_K, D, F, GROUP = astuple(shape)
     layout = ExpertLayout.make(fmt, D, F, GROUP)
     g = torch.Generator(device="cuda").manual_seed(0)
     buf = torch.empty(E, layout.nbytes, dtype=torch.uint8, device="cuda")
@@ -135,7 +152,8 @@ def expert_bytes(layout: ExpertLayout) -> int:
     return sum(s.nbytes for s in layout.tensors)
 
 
-def routing(tokens: int, layers: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def routing(shape: Shape, tokens: int, layers: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    E, TOP_K, D, F, GROUP = astuple(shape)
     out = []
     for i in range(layers):
         logits = torch.randn(tokens, E, device="cuda", generator=torch.Generator(device="cuda").manual_seed(i))
@@ -147,8 +165,9 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
 
 
-def check_small_kernels() -> dict:
+def check_small_kernels(shape: Shape) -> dict:
     """Router and alignment on the GPU against their references, and torch.topk's tie order on CUDA."""
+    E, TOP_K, D, F, GROUP = astuple(shape)
     logits = torch.randn(64, E, device="cuda")
     w, ids = route(logits, TOP_K, "softmax", True)
     w_r, ids_r = route_ref(logits, TOP_K, "softmax", True)
@@ -172,13 +191,14 @@ def config_of(tile: tuple, tokens: int) -> MoeLaunchConfig:
     return MoeLaunchConfig("prefill", TileConfig(n, k, w, s), TileConfig(n, k, w, s), m)
 
 
-def bench_format(fmt: str, layers: int, tokens: tuple[int, ...]) -> tuple[list[dict], dict]:
+def bench_format(shape: Shape, fmt: str, layers: int, tokens: tuple[int, ...]) -> tuple[list[dict], dict]:
     """Correctness, sweep and timings of one format; returns rows and the tuned table entries."""
-    layout, views, slots = build_layers(fmt, layers)
+    E, TOP_K, D, F, GROUP = astuple(shape)
+    layout, views, slots = build_layers(shape, fmt, layers)
     x = [torch.randn(64, D, device="cuda", dtype=torch.bfloat16) for _ in range(layers)]
     rows, tuned = [], {}
     for t in tokens:
-        routes = routing(t, layers)
+        routes = routing(shape, t, layers)
         touched = [int(torch.unique(ids).numel()) for _, ids in routes]
         nbytes = statistics.mean(touched) * expert_bytes(layout) + 2 * t * D * 2
         ref = fused_moe_ref(x[0][:t], routes[0][1], routes[0][0], slots[0], views[0], layout)
@@ -218,7 +238,7 @@ def bench_format(fmt: str, layers: int, tokens: tuple[int, ...]) -> tuple[list[d
                "rel_err_vs_ref": best[2] if best else None, "torch_ref_ms": ref_ms, "sweep": sweep}
         if best16:  # timed again, and the norm that writes the planes timed with and without them
             cfg = config_of(best16[1], t)
-            row.update(ms_x_from_norm=best16[0], tile_x_from_norm=best16[1], **norm_cost(x, t, layers),
+            row.update(ms_x_from_norm=best16[0], tile_x_from_norm=best16[1], **norm_cost(shape, x, t, layers),
                        ms_x_from_norm_again=time_graph(lambda: [fused_moe(
                            x[i][:t], routes[i][1], routes[i][0], slots[i], views[i], layout, cfg, x16=x16[i])
                            for i in range(layers)]) / layers)
@@ -231,9 +251,10 @@ def bench_format(fmt: str, layers: int, tokens: tuple[int, ...]) -> tuple[list[d
     return rows, tuned
 
 
-def norm_cost(x: list[torch.Tensor], t: int, layers: int) -> dict:
+def norm_cost(shape: Shape, x: list[torch.Tensor], t: int, layers: int) -> dict:
     """Milliseconds of the add + RMSNorm before the router (bf16, ``layers`` of them in a graph, per
     layer) without and with writing x's 16-bit planes: what moving the planes there costs."""
+    D, GROUP = shape.hidden, shape.group
     g = torch.Generator(device="cuda").manual_seed(1)
     w = (1 + 0.1 * torch.randn(D, device="cuda", generator=g)).bfloat16()
     r = [torch.randn(t, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(layers)]
@@ -243,15 +264,16 @@ def norm_cost(x: list[torch.Tensor], t: int, layers: int) -> dict:
     return {"norm_ms": plain, "norm_act16_ms": planes}
 
 
-def grouped_mm_bf16(layers: int, tokens: tuple[int, ...]) -> dict:
+def grouped_mm_bf16(shape: Shape, layers: int, tokens: tuple[int, ...]) -> dict:
     """``torch._grouped_mm`` bf16 MoE (dense per-expert weights [E, K, N]) timed like the kernels."""
+    E, TOP_K, D, F, GROUP = astuple(shape)
     if not hasattr(torch, "_grouped_mm"):
         return {}
     w13 = [torch.randn(E, D, 2 * F, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(layers)]
     w2 = [torch.randn(E, F, D, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(layers)]
     res = {}
     for t in tokens:
-        routes = routing(t, layers)
+        routes = routing(shape, t, layers)
         x = torch.randn(t, D, device="cuda", dtype=torch.bfloat16)
 
         def layer(i):
@@ -274,13 +296,13 @@ def grouped_mm_bf16(layers: int, tokens: tuple[int, ...]) -> dict:
     return res
 
 
-def environment(commit: str) -> dict:
+def environment(commit: str, shape_name: str) -> dict:
     import triton
     drv = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                          capture_output=True, text=True).stdout.strip()
     return {"commit": commit, "gpu": torch.cuda.get_device_name(), "driver": drv, "torch": torch.__version__,
             "triton": triton.__version__, "python": platform.python_version(),
-            "shape": {"experts": E, "top_k": TOP_K, "hidden": D, "ffn": F, "group_size": GROUP}}
+            "shape": {"name": shape_name, **asdict(SHAPES[shape_name])}}
 
 
 def parse_args() -> tuple[argparse.Namespace, tuple[str, ...], tuple[int, ...]]:
@@ -294,6 +316,7 @@ def parse_args() -> tuple[argparse.Namespace, tuple[str, ...], tuple[int, ...]]:
                     help="also time torch._grouped_mm (bf16), as transformers' grouped_mm experts run")
     ap.add_argument("--formats", default=",".join(FORMATS), help=f"comma list of {', '.join(FORMATS)}")
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="comma list of token counts")
+    ap.add_argument("--shape", default="qwen3-30b-a3b", choices=sorted(SHAPES), help="the layers' shape")
     args = ap.parse_args()
     formats = tuple(f for f in args.formats.split(",") if f)
     if not formats or set(formats) - set(FORMATS):
@@ -309,16 +332,17 @@ def parse_args() -> tuple[argparse.Namespace, tuple[str, ...], tuple[int, ...]]:
 
 def main() -> None:
     args, formats, tokens = parse_args()
-    result = {**environment(args.commit), "ceiling_gbs": copy_ceiling_gbs()}
-    result["small_kernels"] = check_small_kernels()
+    shape = SHAPES[args.shape]
+    result = {**environment(args.commit, args.shape), "ceiling_gbs": copy_ceiling_gbs()}
+    result["small_kernels"] = check_small_kernels(shape)
     print(result, flush=True)
     rows, tuned = [], {}
     for fmt in formats:
-        r, tuned[fmt] = bench_format(fmt, args.layers, tokens)
+        r, tuned[fmt] = bench_format(shape, fmt, args.layers, tokens)
         rows += r
         torch.cuda.empty_cache()
         Path(args.out).write_text(json.dumps({**result, "results": rows}, indent=1))  # partial, if cut short
-    result["grouped_mm_bf16_ms"] = grouped_mm_bf16(args.layers, tokens) if args.grouped_mm else {}
+    result["grouped_mm_bf16_ms"] = grouped_mm_bf16(shape, args.layers, tokens) if args.grouped_mm else {}
     for r in rows:
         r["gbs"] = r["bytes"] / r["ms"] / 1e6 if r["ms"] else None
         r["pct_ceiling"] = 100 * r["gbs"] / result["ceiling_gbs"] if r["gbs"] else None
