@@ -167,13 +167,13 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     overrides the tuned launch setting (benchmarks and tests use it to pick a variant). Every expert
     in ``topk_ids`` must have a valid slot; neither is checked on the device (that would sync).
     ``x16``: ``x`` as 16-bit planes (:mod:`kernels.act16`, groups of the experts' group size), which
-    the int4 decode kernels then use instead of making them; other formats and variants ignore it
+    the int4 and mxfp4 decode kernels then use instead of making them; other formats and variants ignore it
     (:func:`act16_group` says when it is used).
     """
     from kernels.moe_align import moe_align
     from kernels.moe_decode import moe_decode, pdl_supported
     from kernels.moe_prefill import moe_prefill
-    from kernels.moe_weights import FMT_INT4, host_matrices, expert_format, pool_matrix
+    from kernels.moe_weights import FMT_INT4, FMT_MXFP4, host_matrices, expert_format, pool_matrix
 
     _check_inputs(x, topk_ids, topk_weights, slot_of_expert, layout)
     t, k = topk_ids.shape
@@ -186,7 +186,7 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
         return moe_decode(x, topk_ids, topk_weights, slot_of_expert, w13, w2, consts, cfg.up, cfg.down,
                           cfg.pdl and pdl_supported(x.device),
                           None if host is None else host_matrices(host, layout, w13, w2),
-                          x16 if consts.fmt == FMT_INT4 else None)                    # [T, D]
+                          x16 if consts.fmt in (FMT_INT4, FMT_MXFP4) else None)       # [T, D]
     align = moe_align(topk_ids, slot_of_expert, cfg.block_m)
     y = moe_prefill(x, topk_weights, align, w13, w2, consts, cfg.up, cfg.down)
     return y.view(t, k, -1).sum(dim=1).to(x.dtype)                     # [T*k, D] -> [T, D]
@@ -195,8 +195,8 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
 def act16_group(layout: ExpertLayout, tokens: int, device: torch.device, direct: bool = False) -> int | None:
     """The group size in which :func:`fused_moe` takes ``x16`` for a call of ``tokens`` tokens on
     ``device`` (``direct``: with experts read from the host store), or None where it would not use it:
-    int4 experts on a GPU, run by the decode variant."""
-    if layout.fmt != "int4" or device.type != "cuda" or tokens == 0:
+    int4 or mxfp4 experts on a GPU, run by the decode variant."""
+    if layout.fmt not in ("int4", "mxfp4") or device.type != "cuda" or tokens == 0:
         return None
     if direct or moe_launch_config(_device_name(device), layout.fmt, tokens).variant == "decode":
         return layout.group_size

@@ -110,7 +110,7 @@ def int4_word_args(m: PoolMatrix, name: str) -> tuple:
 
     The expert layout starts every tensor and slot on 256 bytes and K is a multiple of the group size
     (at least 32), so rows start on 16 bytes: whole-word and 16-byte loads."""
-    check_word_rows(m, f"int4 pool view {name}")
+    check_word_rows(m, f"4-bit pool view {name}")
     words = m.w.view(torch.int32)                                        # [S, N, K/8]
     return (words, words.stride(0), words.stride(1), *m.args()[3:])
 

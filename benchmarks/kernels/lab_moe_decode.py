@@ -2,11 +2,14 @@
 of each kernel with the other fixed, the compiled programs' registers and spills, and the read
 ceiling of the same work split (a kernel that only reads the rows each program reads).
 
-    python benchmarks/kernels/lab_moe_decode.py --shape gpt-oss-20b --format mxfp4 --out $OUT/lab.json
+    python benchmarks/kernels/lab_moe_decode.py --shape gpt-oss-20b --format mxfp4 --out $OUT/lab.json \
+        [--configs-out NVIDIA_H200.json]
 
 Times are CUDA-graph replays of ``--layers`` layers (own pools and routings, so L2 never holds the
 next layer's weights), per layer; per-kernel times come from the profiler over eager calls. The
-bytes are the packed bytes of the distinct experts a layer touches.
+bytes are the packed bytes of the distinct experts a layer touches. ``--configs-out`` writes the
+shipped launch table with this format's decode entries replaced by the best pair found (each
+kernel's best setting, timed together).
 """
 from __future__ import annotations
 
@@ -27,10 +30,15 @@ from kernels._triton import jit, tl  # noqa: E402
 from kernels.fused_moe import fused_moe, fused_moe_ref  # noqa: E402
 from kernels.moe_config import MoeLaunchConfig, TileConfig, moe_launch_config  # noqa: E402
 
+# (block_n, block_k, num_warps[, num_stages, preload]); dense and fp8 kernels, then the 4-bit ones
 UP = [(2, 1024, 2), (4, 1024, 2), (4, 1024, 4), (8, 1024, 4), (16, 1024, 4), (4, 2048, 4), (8, 2048, 8),
       (4, 512, 2), (8, 512, 4), (2, 2048, 4), (4, 4096, 8), (8, 256, 2), (1, 4096, 4)]
 DOWN = [(1, 1024, 4), (2, 512, 4), (2, 1024, 4), (4, 256, 4), (4, 512, 4), (1, 2048, 4), (2, 256, 2),
         (8, 256, 8), (4, 1024, 8), (1, 512, 2), (2, 2048, 8)]
+UP4 = [(16, 512, 4), (16, 1024, 8), (8, 512, 4), (32, 512, 8), (8, 1024, 4), (16, 256, 4), (8, 256, 2),
+       (16, 512, 8), (32, 256, 4), (16, 512, 4, 3, 2), (8, 512, 2)]
+DOWN4 = [(2, 256, 2), (4, 256, 2), (2, 512, 4), (4, 512, 4), (1, 256, 2), (2, 256, 2, 3, 3), (4, 256, 4),
+         (8, 256, 4), (2, 1024, 4), (4, 256, 2, 3, 2), (1, 512, 2)]
 
 
 @jit
@@ -99,9 +107,10 @@ def kernel_times(fn, calls: int) -> dict[str, float]:
 
 def compiled_stats() -> list[dict]:
     """Registers and spills of every compiled variant of the decode kernels."""
-    from kernels import moe_decode
+    from kernels import moe_decode, moe_decode_4bit
     out = []
-    for fn in (moe_decode._up_decode_kernel, moe_decode._down_decode_kernel):
+    for fn in (moe_decode._up_decode_kernel, moe_decode._down_decode_kernel, moe_decode_4bit._up_kernel,
+               moe_decode_4bit._down_kernel):
         for cache in getattr(fn, "device_caches", {}).values():
             for key, k in cache[0].items():
                 md = k.metadata
@@ -109,6 +118,21 @@ def compiled_stats() -> list[dict]:
                             "spills": getattr(k, "n_spills", None), "warps": md.num_warps,
                             "shared": getattr(md, "shared", None), "key": str(key)[-160:]})
     return out
+
+
+def write_table(path: str, fmt: str, cases: list[dict]) -> None:
+    """The shipped launch table (kernels/configs/) with ``fmt``'s decode entries set to each case's best."""
+    from kernels.moe_config import config_file_name
+    src = Path(__file__).resolve().parents[2] / "kernels" / "configs" / config_file_name(torch.cuda.get_device_name())
+    table = json.loads(src.read_text())
+    for c in cases:
+        if c.get("best"):
+            b = c["best"]
+            entry = {"variant": "decode", "block_m": 16, "pdl": b["pdl"]}
+            for which in ("up", "down"):
+                entry[which] = {k: v for k, v in vars(TileConfig(*b[which])).items()}
+            table.setdefault(fmt, {})[str(c["tokens"])] = entry
+    Path(path).write_text(json.dumps(table, indent=1))
 
 
 def main() -> None:
@@ -119,6 +143,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--configs-out", default=None, help="the launch table with this format's best decode pairs")
     a = ap.parse_args()
     shape = SHAPES[a.shape]
     res = {**environment(a.commit, a.shape), "format": a.format, "ceiling_gbs": copy_ceiling_gbs(), "cases": []}
@@ -139,11 +164,13 @@ def main() -> None:
         case["shipped"] = {"up": vars(base.up), "down": vars(base.down), "pdl": base.pdl}
         case["kernel_us"] = kernel_times(lambda: run(base), 10)
         case["kernel_us"] = {k: v / a.layers for k, v in case["kernel_us"].items()}
-        for which, tiles in (("up", UP), ("down", DOWN)):
+        four_bit = a.format in ("int4", "mxfp4")
+        pdl = four_bit and torch.cuda.get_device_capability()[0] >= 9
+        for which, tiles in (("up", UP4 if four_bit else UP), ("down", DOWN4 if four_bit else DOWN)):
             for tile in tiles:
                 up = TileConfig(*tile) if which == "up" else base.up
                 down = TileConfig(*tile) if which == "down" else base.down
-                cfg = MoeLaunchConfig("decode", up, down, pdl=base.pdl)
+                cfg = MoeLaunchConfig("decode", up, down, pdl=pdl)
                 try:
                     err = rel_err(run(cfg)[0], ref)
                     us = 1000 * time_graph(lambda: run(cfg)) / a.layers
@@ -152,13 +179,29 @@ def main() -> None:
                     continue
                 case["sweep"].append({"vary": which, "tile": tile, "us": us, "err": err,
                                       "pct": 100 * nbytes / us / 1e3 / res["ceiling_gbs"]})
+        best = {w: min((s for s in case["sweep"] if s["vary"] == w and "us" in s and s["err"] < 2e-2),
+                       key=lambda s: s["us"], default=None) for w in ("up", "down")}
+        if best["up"] and best["down"]:
+            cfg = MoeLaunchConfig("decode", TileConfig(*best["up"]["tile"]), TileConfig(*best["down"]["tile"]), pdl=pdl)
+            case["best"] = {"up": best["up"]["tile"], "down": best["down"]["tile"], "pdl": pdl,
+                            "us": 1000 * time_graph(lambda: run(cfg)) / a.layers, "err": rel_err(run(cfg)[0], ref),
+                            "shipped_us": 1000 * time_graph(lambda: run(base)) / a.layers}
+            case["best"]["pct"] = 100 * nbytes / case["best"]["us"] / 1e3 / res["ceiling_gbs"]
+            case["kernel_us_best"] = {k: v / a.layers for k, v in kernel_times(lambda: run(cfg), 10).items()}
         case["read_ceiling"] = read_ceiling(views, slots, routes, shape, a.layers, t)
         res["cases"].append(case)
         Path(a.out).write_text(json.dumps(res, indent=1))
     res["compiled"] = compiled_stats()
     Path(a.out).write_text(json.dumps(res, indent=1))
+    if a.configs_out:
+        write_table(a.configs_out, a.format, res["cases"])
     print(f"ceiling {res['ceiling_gbs']:.0f} GB/s, shipped t=1 {shipped}")
     for c in res["cases"]:
+        if c.get("best"):
+            b = c["best"]
+            print(f"T={c['tokens']} best {b['up']} / {b['down']} pdl={b['pdl']}: {b['us']:.1f} us ({b['pct']:.0f}% of "
+                  f"the copy ceiling, err {b['err']:.1e}) against {b['shipped_us']:.1f} us shipped; kernels "
+                  + ", ".join(f"{k} {v:.1f}" for k, v in sorted(c["kernel_us_best"].items(), key=lambda kv: -kv[1])[:3]))
         print(f"T={c['tokens']} {c['bytes'] / 1e6:.1f} MB/layer; kernels (us/layer): "
               + ", ".join(f"{k} {v:.1f}" for k, v in sorted(c["kernel_us"].items(), key=lambda kv: -kv[1])[:4]))
         for which in ("up", "down"):

@@ -15,7 +15,7 @@ def tolerance(fmt: str, dtype: torch.dtype) -> dict:
     """``assert_close`` bounds for a MoE output: the int4 decode kernels take their activations as
     16-bit fixed point per group (off by up to 1/65534 of the group's largest), which float32 inputs
     notice."""
-    if fmt == "int4" and dtype == torch.float32:
+    if fmt in ("int4", "mxfp4") and dtype == torch.float32:
         return dict(atol=5e-4, rtol=5e-4)
     return TOLERANCES[dtype]
 

@@ -16,7 +16,7 @@ from kernels.quant.mxfp4 import dequantize_mxfp4  # noqa: E402
 from kernels._triton import jit, tl  # noqa: E402
 from kernels.fused_moe import fused_moe, fused_moe_ref  # noqa: E402
 from kernels.moe_config import MoeLaunchConfig, TileConfig  # noqa: E402
-from kernels.moe_decode import _FP4_WORD_ASM  # noqa: E402
+from kernels.moe_decode_4bit import _FP4_DOT8_ASM, _dot8  # noqa: E402
 from kernels.moe_decode_common import e8m0, fp4_pair  # noqa: E402
 from kernels.moe_weights import FMT_MXFP4, HostExperts, expert_format, pool_matrix  # noqa: E402
 from tests.kernels.helpers import make_routing, tolerance  # noqa: E402
@@ -72,41 +72,76 @@ def test_e2m1_and_e8m0_bits_decode_every_nibble_and_scale_exactly():
     assert torch.equal(want[:, 2], torch.ldexp(torch.full((55,), 0.5), scales[:, 0].int() - 127))  # byte 1: 0.5
 
 
-def _run_word_ptx(word: int) -> list[float]:
-    """The decode kernels' PTX for one int32 word of nibbles (run only on a GPU), evaluated here: its
-    straight-line shl/shr/and/or on b32, the split into b16 halves and cvt.f32.f16; ``$0 .. $7``."""
-    regs, mask = {"$8": word}, 0xFFFFFFFF
+def _run_dot8_ptx(w: int, planes: list[int]) -> int:
+    """The 4-bit decode kernels' MXFP4 PTX (run only on a GPU) evaluated here: its straight-line
+    mov/and/shr/or/prmt and dp2a on b32 for one weight word ``w`` and activation planes ``$2 .. $5``."""
+    mask = 0xFFFFFFFF
+    regs = {"$1": w, **{f"${i + 2}": p & mask for i, p in enumerate(planes)}}
 
     def val(a: str) -> int:
-        return regs[a] if a in regs else int(a, 0)
+        return regs[a] if a in regs else int(a, 0) & mask
 
-    for ins in _FP4_WORD_ASM.value.strip("{} ").split(";"):
+    def prmt(a: int, b: int, c: int) -> int:                    # generic mode: bit 3 of a selector replicates a sign
+        src = (b << 32 | a).to_bytes(8, "little")
+        out = 0
+        for j in range(4):
+            sel = (c >> 4 * j) & 15
+            byte = src[sel & 7]
+            out |= ((0xFF if byte & 0x80 else 0) if sel & 8 else byte) << 8 * j
+        return out
+
+    def s16(v: int) -> int:
+        return v - (1 << 16) if v & 0x8000 else v
+
+    def s8(v: int) -> int:
+        return v - (1 << 8) if v & 0x80 else v
+
+    def dp2a(a: int, b: int, c: int, hi: bool) -> int:
+        b0, b1 = (b >> (16 if hi else 0)) & 255, (b >> (24 if hi else 8)) & 255
+        return (s16(a & 0xFFFF) * s8(b0) + s16(a >> 16) * s8(b1) + (c - (1 << 32) if c & 1 << 31 else c)) & mask
+
+    for ins in _FP4_DOT8_ASM.value.strip("{} ").split(";"):
         op, _, rest = ins.strip().partition(" ")
         if op.startswith(".reg") or not op:
             continue
-        if op == "mov.b32":                                                       # {l, h}, a
-            halves, src = rest.rsplit(",", 1)
-            lo, hi = (r.strip(" {}") for r in halves.split(","))
-            regs[lo], regs[hi] = val(src.strip()) & 0xFFFF, val(src.strip()) >> 16
-            continue
-        d, a, *b = (r.strip() for r in rest.split(","))
-        regs[d] = {"shl.b32": lambda: (val(a) << val(b[0])) & mask, "shr.b32": lambda: val(a) >> val(b[0]),
-                   "and.b32": lambda: val(a) & val(b[0]), "or.b32": lambda: val(a) | val(b[0]),
-                   "cvt.f32.f16": lambda: float(torch.tensor(val(a), dtype=torch.int32).to(torch.int16)
-                                                .view(torch.float16))}[op]()
-    return [regs[f"${i}"] for i in range(8)]
+        d, *a = (r.strip() for r in rest.split(","))
+        regs[d] = {"mov.b32": lambda: val(a[0]), "and.b32": lambda: val(a[0]) & val(a[1]),
+                   "or.b32": lambda: val(a[0]) | val(a[1]), "shr.u32": lambda: val(a[0]) >> val(a[1]),
+                   "prmt.b32": lambda: prmt(val(a[0]), val(a[1]), val(a[2])),
+                   "dp2a.lo.s32.s32": lambda: dp2a(val(a[0]), val(a[1]), val(a[2]), False),
+                   "dp2a.hi.s32.s32": lambda: dp2a(val(a[0]), val(a[1]), val(a[2]), True)}[op]()
+    return regs["$0"] - (1 << 32) if regs["$0"] & 1 << 31 else regs["$0"]
 
 
-def test_mxfp4_word_ptx_decodes_every_nibble_at_every_position():
-    # The GPU decodes eight nibbles of a word at once in PTX, which the interpreter cannot run: the
-    # same instructions evaluated on words of every nibble at every position (and a few mixed words)
-    # give dequantize_mxfp4's values times 2 ** -14, signs of zero included.
+def test_mxfp4_dot8_ptx_takes_every_nibble_at_every_position_as_twice_its_value():
+    # The GPU looks e2m1 nibbles up with byte permutes and multiplies them with 16-bit activations
+    # by dp2a, in PTX the interpreter cannot run: the same instructions evaluated on words of every
+    # nibble at every position (and mixed ones), against activations at the int16 extremes, give
+    # twice dequantize_mxfp4's values dotted with them, as do the kernels' plain operations.
+    g = torch.Generator().manual_seed(3)
     words = [v * 0x11111111 for v in range(16)] + [0x76543210, 0xFEDCBA98, 0x8F1E2D3C, 0x01234567]
     for word in words:
-        got = torch.tensor(_run_word_ptx(word))
         blocks = torch.tensor(list(word.to_bytes(4, "little")) + [0] * 12, dtype=torch.uint8)[None]   # a group
-        want = dequantize_mxfp4(blocks, torch.tensor([[127]], dtype=torch.uint8))[0, :8] * 2.0 ** -14
-        assert torch.equal(got, want) and torch.equal(got.signbit(), want.signbit()), hex(word)
+        vals = (2 * dequantize_mxfp4(blocks, torch.tensor([[127]], dtype=torch.uint8))[0, :8]).long()
+        for q in ([32767] * 8, [-32767] * 8, torch.randint(-32767, 32768, (8,), generator=g).tolist()):
+            planes = [(q[i] & 0xFFFF) | (q[j] & 0xFFFF) << 16 for i, j in ((0, 2), (4, 6), (1, 3), (5, 7))]
+            want = int((vals * torch.tensor(q)).sum())
+            assert _run_dot8_ptx(word, planes) == want, hex(word)
+            as_i32 = [p - (1 << 32) if p & 1 << 31 else p for p in planes]
+            assert _plain_dot8(word - (1 << 32) if word & 1 << 31 else word, as_i32) == want, hex(word)
+
+
+@jit
+def _plain_dot8_kernel(w_ptr, x_ptr, out_ptr):
+    w = tl.load(w_ptr + tl.arange(0, 1))
+    xa, xb, xc, xd = (tl.load(x_ptr + i + tl.arange(0, 1)) for i in range(4))
+    tl.store(out_ptr + tl.arange(0, 1), _dot8(w, xa, xb, xc, xd, (False, True)))
+
+
+def _plain_dot8(word: int, planes: list[int]) -> int:
+    out = torch.zeros(1, dtype=torch.int32)
+    _plain_dot8_kernel[(1,)](torch.tensor([word], dtype=torch.int32), torch.tensor(planes, dtype=torch.int32), out)
+    return int(out[0])
 
 
 def test_mxfp4_pool_views_and_constants():

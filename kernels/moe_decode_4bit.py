@@ -1,18 +1,24 @@
-"""int4 decode MoE GEMMs (1-16 tokens): integer dot products of packed weights and 16-bit activations.
+"""4-bit decode MoE GEMMs (1-16 tokens): integer dot products of packed int4 or MXFP4 weights and
+16-bit activations.
 
-A matrix-vector product over int4 weights is bound by instructions per weight, not by bytes, unless
-each weight costs about one instruction. Turning nibbles into floats costs a shift, an and-or and an
-FMA per weight (on Hopper the first two run at half rate). These kernels stay in integers instead:
+A matrix-vector product over 4-bit weights is bound by instructions per weight, not by bytes, unless
+each weight costs a few instructions at most. Turning nibbles into floats costs a shift, an and-or and
+an FMA per weight (on Hopper the first two run at half rate), and MXFP4's float nibbles more. These
+kernels stay in integers instead:
 
 * activations are taken as 16-bit fixed point ``v = sv * q`` (kernels/act16.py: the format, the
   plane layout that matches a packed word's bytes, and the producers);
-* a weight word (eight nibbles) becomes two words of four bytes (one shift, two ands), and four
+* an int4 word (eight nibbles) becomes two words of four bytes (one shift, two ands), and four
   ``dp2a`` instructions multiply the bytes with pairs of 16-bit activations and accumulate in int32:
   about one instruction per weight;
+* an MXFP4 word (eight e2m1 nibbles) becomes the same two words of signed bytes, each byte twice its
+  e2m1 value (``0, ±1, ±2, ±3, ±4, ±6, ±8, ±12``: integers), looked up by ``prmt`` byte permutes
+  (:func:`_fp4_bytes`), then the same four ``dp2a``: about three instructions per weight;
 * per row and block, ``sum_k (w_k - z) s v_k = s sv (sum_k w_k q_k - z sum_k q_k)``: the zero point
-  and both scales apply once, in float32.
+  and both scales apply once, in float32 (MXFP4: no zero point, the scale ``2 ** (e - 127) / 2``).
 
-Word ``i`` of a packed row holds elements ``8i .. 8i+7``, element ``8i + s`` in bits ``4s .. 4s+3``.
+Word ``i`` of a packed row holds elements ``8i .. 8i+7``, element ``8i + s`` in bits ``4s .. 4s+3``
+(int4 as :mod:`kernels.quant` packs it, MXFP4 as checkpoints ship it).
 
 Two or three launches per MoE call:
 
@@ -34,7 +40,8 @@ chunk of weights, and wait for the predecessor only before they read the activat
 Without a GPU (the Triton interpreter) the same integer arithmetic runs as plain Triton operations.
 
 Legend: T tokens, k experts per token, P = T*k pairs, D hidden, F expert FFN, G group size, NG groups
-of a tile, GW = G/8 int32 words of a group, BN output rows of a program.
+of a tile, GW = G/8 int32 words of a group, BN output rows of a program. ``FP4``: the weights are
+MXFP4 (G = 32, one e8m0 scale byte per group, no zero point); otherwise int4.
 """
 from __future__ import annotations
 
@@ -43,9 +50,9 @@ import torch
 from kernels._triton import cdiv, jit, next_pow2, tl
 from kernels.act16 import Act16, act16, check_act16, store_h_words
 from kernels.moe_config import TileConfig
-from kernels.moe_decode_common import (HostMatrices, add_bias, block_k, expert_act, expert_ptr, fill_of, fill_ptr,
-                                       fills_on, gdc_launch_dependents, gdc_wait, host_args, int4_word_args)
-from kernels.moe_weights import ExpertFormat, PoolMatrix
+from kernels.moe_decode_common import (HostMatrices, add_bias, block_k, e8m0, expert_act, expert_ptr, fill_of,
+                                       fill_ptr, fills_on, gdc_launch_dependents, gdc_wait, host_args, int4_word_args)
+from kernels.moe_weights import FMT_MXFP4, ExpertFormat, PoolMatrix
 
 
 @jit
@@ -55,10 +62,42 @@ def _planes(q_row, idx, ok, K8):
             tl.load(q_row + 2 * K8 + idx, mask=ok, other=0), tl.load(q_row + 3 * K8 + idx, mask=ok, other=0))
 
 
+# PTX of _fp4_bytes for the nibbles of elements 0, 2, 4, 6 (``lo`` bytes) or 1, 3, 5, 7 (``hi``):
+# the four nibbles packed into one selector (shift, or, byte permute), their magnitudes looked up in
+# the positive and the negative table (two permutes), and each byte picked from one of the two by its
+# sign bit (shift, and, or, permute). Tables: bytes 2 * e2m1 of magnitudes 0..7, and their negations.
+_FP4_HALF_ASM = """shr.u32 t, {src}, 4; or.b32 t, t, {src}; prmt.b32 t, t, t, g;
+            and.b32 m, t, 0x7777; prmt.b32 p, pa, pb, m; prmt.b32 n, na, nb, m;
+            shr.u32 t, t, 1; and.b32 t, t, 0x4444; or.b32 t, t, 0x3210; prmt.b32 {dst}, p, n, t;"""
+_FP4_DOT8_ASM = tl.constexpr("""{
+            .reg .b32 lo, hi, t, m, p, n, pa, pb, na, nb, g;
+            mov.b32 pa, 0x03020100; mov.b32 pb, 0x0C080604; mov.b32 na, 0xFDFEFF00; mov.b32 nb, 0xF4F8FAFC;
+            mov.b32 g, 0x0020;
+            and.b32 lo, $1, 0x0F0F0F0F;
+            shr.u32 hi, $1, 4;
+            and.b32 hi, hi, 0x0F0F0F0F;
+            """ + _FP4_HALF_ASM.format(src="lo", dst="lo") + """
+            """ + _FP4_HALF_ASM.format(src="hi", dst="hi") + """
+            dp2a.lo.s32.s32 $0, $2, lo, 0;
+            dp2a.hi.s32.s32 $0, $3, lo, $0;
+            dp2a.lo.s32.s32 $0, $4, hi, $0;
+            dp2a.hi.s32.s32 $0, $5, hi, $0;
+            }""")
+
+
 @jit
-def _dot8(w, xa, xb, xc, xd, ASM: tl.constexpr):
-    """int32: the eight nibbles of each word ``w`` times their activations (planes ``xa .. xd``)."""
-    if ASM:
+def _dot8(w, xa, xb, xc, xd, OPS: tl.constexpr):
+    """int32: the eight nibbles of each word ``w`` times their activations (planes ``xa .. xd``).
+    ``OPS = (asm, fp4)``: PTX (a GPU) or plain operations (the interpreter); e2m1 nibbles, each
+    counted twice its value (see :func:`_fp4_bytes`), or int4."""
+    if OPS[1]:
+        if OPS[0]:
+            return tl.inline_asm_elementwise(_FP4_DOT8_ASM, "=r,r,r,r,r,r", [w, xa, xb, xc, xd], dtype=tl.int32,
+                                             is_pure=True, pack=1)
+        lo = _fp4_bytes(w & 0x0F0F0F0F)
+        hi = _fp4_bytes((w >> 4) & 0x0F0F0F0F)
+        return _spair(xa, lo, 0) + _spair(xb, lo, 16) + _spair(xc, hi, 0) + _spair(xd, hi, 16)
+    if OPS[0]:
         return tl.inline_asm_elementwise(
             """{
             .reg .b32 lo, hi;
@@ -83,12 +122,33 @@ def _pair(x, b, S: tl.constexpr):
 
 
 @jit
+def _spair(x, b, S: tl.constexpr):
+    """:func:`_pair` with signed bytes (``dp2a.s32.s32``)."""
+    return ((x << 16) >> 16) * ((b << (24 - S)) >> 24) + (x >> 16) * ((b << (16 - S)) >> 24)
+
+
+@jit
+def _fp4_bytes(n):
+    """int32 of four signed bytes: twice the e2m1 value of the nibble in each byte of ``n`` (0..15 a
+    byte; sign in bit 3), the integers ``0, ±1, ±2, ±3, ±4, ±6, ±8, ±12``: magnitude ``m`` is ``m``
+    below 2, else ``(2 + (m & 1)) << ((m >> 1) - 1)``. What the PTX of :func:`_dot8` looks up."""
+    out = n * 0
+    for j in tl.static_range(4):
+        nib = (n >> (8 * j)) & 15
+        m = nib & 7
+        v = tl.where(m < 2, m, (2 + (m & 1)) << tl.maximum((m >> 1) - 1, 0))
+        out |= (tl.where(nib >= 8, -v, v) & 255) << (8 * j)
+    return out
+
+
+@jit
 def _int4_chunk(k0, w_rows, s_rows, z_rows, row_ok, word, grp, K, G: tl.constexpr, NG: tl.constexpr,
-                EVEN_K: tl.constexpr, fills=None, fill_ok=None, FILL: tl.constexpr = False):
+                EVEN_K: tl.constexpr, OPS: tl.constexpr, fills=None, fill_ok=None, FILL: tl.constexpr = False):
     """Words, scales (float32) and zero points (int32) of the K chunk at ``k0`` of packed rows, the
     word indices, the groups and which groups are in K. Rows broadcast against ``word [NG, 1, 1, GW]``
     and ``grp [NG, 1, 1, 1]``. With ``FILL`` the rows ``fill_ok`` marks are also stored as loaded at
-    ``fills`` (words, scale and zero point row pointers)."""
+    ``fills`` (words, scale and zero point row pointers). MXFP4 (``OPS[1]``): the e8m0 scale halved
+    (the weights are doubled), zero point 0 (``z_rows`` is never read)."""
     idx = k0 // 8 + word                                                # [NG, 1, 1, GW] word index
     g = k0 // G + grp                                                   # [NG, 1, 1, 1]
     if EVEN_K:  # a constant mask where the tiles divide K
@@ -97,62 +157,68 @@ def _int4_chunk(k0, w_rows, s_rows, z_rows, row_ok, word, grp, K, G: tl.constexp
         g_in = g < K // G
     w = tl.load(w_rows + idx, mask=row_ok & g_in, other=0)              # [NG, A, B, GW]
     g_ok = row_ok & g_in
-    sc = tl.load(s_rows + g, mask=g_ok, other=0.0)                      # [NG, A, B, 1]
-    zp = tl.load(z_rows + g, mask=g_ok, other=0)
+    sc = tl.load(s_rows + g, mask=g_ok, other=0)                        # [NG, A, B, 1]
     if FILL:
         tl.store(fills[0] + idx, w, mask=row_ok & g_in & fill_ok)
         tl.store(fills[1] + g, sc, mask=g_ok & fill_ok)
+    if OPS[1]:
+        return w, e8m0(sc) * 0.5, 0, idx, g, g_in
+    zp = tl.load(z_rows + g, mask=g_ok, other=0)
+    if FILL:
         tl.store(fills[2] + g, zp, mask=g_ok & fill_ok)
     return w, sc.to(tl.float32), zp.to(tl.int32), idx, g, g_in
 
 
 @jit
-def _group_dots(w, sc, zp, q_row, idx, g, g_ok, K8, sq_row, sv_row, ASM: tl.constexpr):
+def _group_dots(w, sc, zp, q_row, idx, g, g_ok, K8, sq_row, sv_row, OPS: tl.constexpr):
     """``[A, B]`` float32: packed rows ``w [NG, A, B, GW]`` (scales and zero points ``[NG, A, B, 1]``)
     dotted with the 16-bit vector whose planes start at ``q_row`` (``[1, 1 or A, 1, 1]``), group sums
     at ``sq_row`` and scales at ``sv_row``; groups ``g`` where ``g_ok`` (``[NG, 1 or A, 1, 1]``)."""
     xa, xb, xc, xd = _planes(q_row, idx, g_ok, K8)                      # [NG, 1 or A, 1, GW] int32
-    dot = tl.sum(_dot8(w, xa, xb, xc, xd, ASM), axis=3, keep_dims=True)  # [NG, A, B, 1] int32
-    sq = tl.load(sq_row + g, mask=g_ok, other=0)
+    dot = tl.sum(_dot8(w, xa, xb, xc, xd, OPS), axis=3, keep_dims=True)  # [NG, A, B, 1] int32
     sv = tl.load(sv_row + g, mask=g_ok, other=0.0)
-    return tl.sum(tl.sum((dot - zp * sq).to(tl.float32) * (sc * sv), axis=3), axis=0)
+    if not OPS[1]:                                                      # int4: the zero point's share
+        dot -= zp * tl.load(sq_row + g, mask=g_ok, other=0)
+    return tl.sum(tl.sum(dot.to(tl.float32) * (sc * sv), axis=3), axis=0)
 
 
 @jit
-def _word_dots(w, sc, zp, q_row, idx, ok, K8, sv_row, ASM: tl.constexpr):
+def _word_dots(w, sc, zp, q_row, idx, ok, K8, sv_row, OPS: tl.constexpr):
     """As :func:`_group_dots` for a vector with one scale per word (eight elements) at ``sv_row``:
     each word's sum of ``q`` comes from the same ``dp2a`` over a word of ones, and each word's dot is
     scaled before the group's sum."""
     xa, xb, xc, xd = _planes(q_row, idx, ok, K8)                        # [NG, 1 or A, 1, GW] int32
     sv = tl.load(sv_row + idx, mask=ok, other=0.0)
-    sq = _dot8(xa * 0 + 0x11111111, xa, xb, xc, xd, ASM)                # each word's sum of q
-    val = (_dot8(w, xa, xb, xc, xd, ASM) - zp * sq).to(tl.float32) * sv  # [NG, A, B, GW]
+    dot = _dot8(w, xa, xb, xc, xd, OPS)                                 # [NG, A, B, GW]
+    if not OPS[1]:                                                      # int4: each word's sum of q
+        dot -= zp * _dot8(xa * 0 + 0x11111111, xa, xb, xc, xd, OPS)
+    val = dot.to(tl.float32) * sv
     return tl.sum(tl.sum(tl.sum(val, axis=3, keep_dims=True) * sc, axis=3), axis=0)
 
 
 @jit
 def _up_rest(acc, start, w_rows, s_rows, z_rows, row_ok, word, grp, K, K8, q_row, sq_row, sv_row, G: tl.constexpr,
-             NG: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, ASM: tl.constexpr, fills=None,
+             NG: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, OPS: tl.constexpr, fills=None,
              fill_ok=None, FILL: tl.constexpr = False):
     """``acc`` plus the up kernel's chunks from ``start`` on. Kernels take the ``FILL`` loop only where
     their rows fill: stores in a loop keep it from being pipelined, which slows every program even
     with the stores masked off."""
     for k0 in range(start, K, BLOCK_K):
         w, sc, zp, idx, g, g_in = _int4_chunk(k0, w_rows, s_rows, z_rows, row_ok, word, grp, K, G, NG, EVEN_K,
-                                              fills, fill_ok, FILL)
-        acc += _group_dots(w, sc, zp, q_row, idx, g, g_in, K8, sq_row, sv_row, ASM)
+                                              OPS, fills, fill_ok, FILL)
+        acc += _group_dots(w, sc, zp, q_row, idx, g, g_in, K8, sq_row, sv_row, OPS)
     return acc
 
 
 @jit
 def _down_rest(acc, start, w_rows, s_rows, z_rows, row_ok, j_ok, word, grp, F, F8, q_row, sv_row,
-               G: tl.constexpr, NG: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, ASM: tl.constexpr,
+               G: tl.constexpr, NG: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, OPS: tl.constexpr,
                fills=None, fill_ok=None, FILL: tl.constexpr = False):
     """``acc`` plus the down kernel's chunks from ``start`` on (see :func:`_up_rest`)."""
     for k0 in range(start, F, BLOCK_K):
         w, sc, zp, idx, g, g_in = _int4_chunk(k0, w_rows, s_rows, z_rows, row_ok, word, grp, F, G, NG, EVEN_K,
-                                              fills, fill_ok, FILL)
-        acc += _word_dots(w, sc, zp, q_row, idx, j_ok & g_in, F8, sv_row, ASM)
+                                              OPS, fills, fill_ok, FILL)
+        acc += _word_dots(w, sc, zp, q_row, idx, j_ok & g_in, F8, sv_row, OPS)
     return acc
 
 
@@ -162,7 +228,7 @@ def _down_rest(acc, start, w_rows, s_rows, z_rows, row_ok, j_ok, word, grp, F, F
 def _up_kernel(xq_ptr, xsum_ptr, xscale_ptr, ids_ptr, slot_ptr, hq_ptr, hv_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr,
                ss_s, sz_s, ss_n, bias, F, K, K8, host, TOP_K: tl.constexpr, ROUND: tl.constexpr, G: tl.constexpr,
                EPI: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-               PDL: tl.constexpr, HOST: tl.constexpr, FILL: tl.constexpr, ASM: tl.constexpr, PRE: tl.constexpr = 1):
+               PDL: tl.constexpr, HOST: tl.constexpr, FILL: tl.constexpr, OPS: tl.constexpr, PRE: tl.constexpr = 1):
     """``h`` of pair ``program_id(0)``, outputs ``program_id(1) * BN ..``: the gate and up rows of one
     expert, plus their biases (``EPI[3]``), combined by the activation (``EPI``, see
     :class:`kernels.moe_weights.ExpertFormat`), written as 16-bit planes with one scale per word (``BN``
@@ -200,27 +266,27 @@ def _up_kernel(xq_ptr, xsum_ptr, xscale_ptr, ids_ptr, slot_ptr, hq_ptr, hv_ptr, 
     sq_row = xsum_ptr + tok * (K // G)
     sv_row = xscale_ptr + tok * (K // G)
     fill_ok = (fill + 0 * rows) >= 0
-    w, sc, zp, idx, g, g_in = _int4_chunk(0, w_rows, s_rows, z_rows, row_ok, word, grp, K, G, NG, EVEN_K, fills,
-                                          fill_ok, FILL)
+    w, sc, zp, idx, g, g_in = _int4_chunk(0, w_rows, s_rows, z_rows, row_ok, word, grp, K, G, NG, EVEN_K, OPS,
+                                          fills, fill_ok, FILL)
     if PRE >= 2:  # a second chunk requested before the wait
         w1, sc1, zp1, idx1, g1, g_in1 = _int4_chunk(BLOCK_K, w_rows, s_rows, z_rows, row_ok, word, grp, K, G, NG,
-                                                    EVEN_K, fills, fill_ok, FILL)
+                                                    EVEN_K, OPS, fills, fill_ok, FILL)
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
-    acc = _group_dots(w, sc, zp, q_row, idx, g, g_in, K8, sq_row, sv_row, ASM)  # [2, BN]
+    acc = _group_dots(w, sc, zp, q_row, idx, g, g_in, K8, sq_row, sv_row, OPS)  # [2, BN]
     if PRE >= 2:
-        acc += _group_dots(w1, sc1, zp1, q_row, idx1, g1, g_in1, K8, sq_row, sv_row, ASM)
+        acc += _group_dots(w1, sc1, zp1, q_row, idx1, g1, g_in1, K8, sq_row, sv_row, OPS)
     if FILL:    # the loop that stores runs only where the expert fills (see _up_rest)
         if fill >= 0:
             acc = _up_rest(acc, PRE * BLOCK_K, w_rows, s_rows, z_rows, row_ok, word, grp, K, K8, q_row, sq_row,
-                           sv_row, G, NG, BLOCK_K, EVEN_K, ASM, fills, fill_ok, True)
+                           sv_row, G, NG, BLOCK_K, EVEN_K, OPS, fills, fill_ok, True)
         else:
             acc = _up_rest(acc, PRE * BLOCK_K, w_rows, s_rows, z_rows, row_ok, word, grp, K, K8, q_row, sq_row,
-                           sv_row, G, NG, BLOCK_K, EVEN_K, ASM)
+                           sv_row, G, NG, BLOCK_K, EVEN_K, OPS)
     else:
         acc = _up_rest(acc, PRE * BLOCK_K, w_rows, s_rows, z_rows, row_ok, word, grp, K, K8, q_row, sq_row,
-                       sv_row, G, NG, BLOCK_K, EVEN_K, ASM)
+                       sv_row, G, NG, BLOCK_K, EVEN_K, OPS)
     half = tl.arange(0, 2)[:, None]
     if EPI[3]:
         n2 = nb * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]              # [1, BN]
@@ -242,7 +308,7 @@ def _up_kernel(xq_ptr, xsum_ptr, xscale_ptr, ids_ptr, slot_ptr, hq_ptr, hv_ptr, 
 def _down_kernel(hq_ptr, hv_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr, ss_s, sz_s,
                  ss_n, bias, D, F, F8, stride_o, host, TOP_K: tl.constexpr, KP: tl.constexpr, G: tl.constexpr,
                  EPI: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                 PDL: tl.constexpr, HOST: tl.constexpr, FILL: tl.constexpr, ASM: tl.constexpr, PRE: tl.constexpr = 1):
+                 PDL: tl.constexpr, HOST: tl.constexpr, FILL: tl.constexpr, OPS: tl.constexpr, PRE: tl.constexpr = 1):
     """``out`` of token ``program_id(0)``, rows ``program_id(1) * BN ..``: BN rows of w2 of each of the
     token's k experts (tile [NG, KP, BN, GW], groups outermost as in the up kernel), plus the expert's
     biases (``EPI[3]``), each expert's rows times its routing weight, summed over k in a fixed order.
@@ -274,31 +340,31 @@ def _down_kernel(hq_ptr, hv_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s
     grp = tl.arange(0, NG)[:, None, None, None]                         # [NG, 1, 1, 1]
     word = grp * GW + tl.arange(0, GW)[None, None, None, :]             # [NG, 1, 1, GW]
     w, sc, zp, idx, g, g_in = _int4_chunk(0, w_rows, s_rows, z_rows, row_ok, word, grp, F, G, NG, EVEN_K,
-                                          fills, fill_ok, FILL)
+                                          OPS, fills, fill_ok, FILL)
     if PRE >= 2:
         w1, sc1, zp1, idx1, g1, g_in1 = _int4_chunk(BLOCK_K, w_rows, s_rows, z_rows, row_ok, word, grp, F, G, NG,
-                                                    EVEN_K, fills, fill_ok, FILL)
+                                                    EVEN_K, OPS, fills, fill_ok, FILL)
     if PRE >= 3:
         w2, sc2, zp2, idx2, g2, g_in2 = _int4_chunk(2 * BLOCK_K, w_rows, s_rows, z_rows, row_ok, word, grp, F, G,
-                                                    NG, EVEN_K, fills, fill_ok, FILL)
+                                                    NG, EVEN_K, OPS, fills, fill_ok, FILL)
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
-    acc = _word_dots(w, sc, zp, q_row, idx, j_ok & g_in, F8, sv_row, ASM)  # [KP, BN]
+    acc = _word_dots(w, sc, zp, q_row, idx, j_ok & g_in, F8, sv_row, OPS)  # [KP, BN]
     if PRE >= 2:
-        acc += _word_dots(w1, sc1, zp1, q_row, idx1, j_ok & g_in1, F8, sv_row, ASM)
+        acc += _word_dots(w1, sc1, zp1, q_row, idx1, j_ok & g_in1, F8, sv_row, OPS)
     if PRE >= 3:
-        acc += _word_dots(w2, sc2, zp2, q_row, idx2, j_ok & g_in2, F8, sv_row, ASM)
+        acc += _word_dots(w2, sc2, zp2, q_row, idx2, j_ok & g_in2, F8, sv_row, OPS)
     if FILL:    # the loop that stores runs only where some of the k experts fill (see _up_rest)
         if tl.max(tl.ravel(fill), axis=0) >= 0:
             acc = _down_rest(acc, PRE * BLOCK_K, w_rows, s_rows, z_rows, row_ok, j_ok, word, grp, F, F8, q_row,
-                             sv_row, G, NG, BLOCK_K, EVEN_K, ASM, fills, fill_ok, True)
+                             sv_row, G, NG, BLOCK_K, EVEN_K, OPS, fills, fill_ok, True)
         else:
             acc = _down_rest(acc, PRE * BLOCK_K, w_rows, s_rows, z_rows, row_ok, j_ok, word, grp, F, F8, q_row,
-                             sv_row, G, NG, BLOCK_K, EVEN_K, ASM)
+                             sv_row, G, NG, BLOCK_K, EVEN_K, OPS)
     else:
         acc = _down_rest(acc, PRE * BLOCK_K, w_rows, s_rows, z_rows, row_ok, j_ok, word, grp, F, F8, q_row,
-                         sv_row, G, NG, BLOCK_K, EVEN_K, ASM)
+                         sv_row, G, NG, BLOCK_K, EVEN_K, OPS)
     if EPI[3]:  # [1, KP, BN, 1] biases, as [KP, BN]
         b = add_bias(tl.zeros([1, KP, BLOCK_N, 1], tl.float32), bias, hb_ptr, slot, key, fill, n, row_ok, HOST, FILL)
         acc += tl.sum(tl.sum(b, axis=3), axis=0)
@@ -308,10 +374,10 @@ def _down_kernel(hq_ptr, hv_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s
     tl.store(out_ptr + tok.to(tl.int64) * stride_o + cols, y.to(out_ptr.dtype.element_ty), mask=cols < D)
 
 
-def moe_decode_int4(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, slots: torch.Tensor,
+def moe_decode_4bit(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, slots: torch.Tensor,
                     w13: PoolMatrix, w2: PoolMatrix, consts: ExpertFormat, up: TileConfig, down: TileConfig,
                     pdl: bool = False, host: HostMatrices | None = None, x16: Act16 | None = None) -> torch.Tensor:
-    """``out [T, D]`` in ``x.dtype`` for int4 experts (see :func:`kernels.moe_decode.moe_decode`);
+    """``out [T, D]`` in ``x.dtype`` for int4 or MXFP4 experts (see :func:`kernels.moe_decode.moe_decode`);
     ``x16``: ``x`` as 16-bit planes in groups of ``consts.group``, when the caller has them."""
     group = consts.group
     t, d = x.shape
@@ -319,7 +385,8 @@ def moe_decode_int4(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, slots:
     f = w13.n // 2
     asm = x.device.type == "cuda"             # dp2a where there is a GPU; the interpreter has no PTX
     launch = {"launch_pdl": True} if pdl else {}    # only Triton versions with PDL know the option
-    common = dict(G=group, EPI=consts.epi, PDL=pdl, HOST=host is not None, FILL=fills_on(host), ASM=asm)
+    common = dict(G=group, EPI=consts.epi, PDL=pdl, HOST=host is not None, FILL=fills_on(host),
+                  OPS=(asm, consts.fmt == FMT_MXFP4))
     if x16 is None:
         x16 = act16(x, group, pdl)
     elif x16.group != group:
