@@ -162,11 +162,15 @@ def _int4_chunk(k0, w_rows, s_rows, z_rows, row_ok, word, grp, K, G: tl.constexp
         tl.store(fills[0] + idx, w, mask=row_ok & g_in & fill_ok)
         tl.store(fills[1] + g, sc, mask=g_ok & fill_ok)
     if OPS[1]:
-        return w, e8m0(sc) * 0.5, 0, idx, g, g_in
-    zp = tl.load(z_rows + g, mask=g_ok, other=0)
-    if FILL:
-        tl.store(fills[2] + g, zp, mask=g_ok & fill_ok)
-    return w, sc.to(tl.float32), zp.to(tl.int32), idx, g, g_in
+        zp = sc.to(tl.int32) * 0                                        # no zero point
+        scf = e8m0(sc) * 0.5
+    else:
+        z = tl.load(z_rows + g, mask=g_ok, other=0)
+        if FILL:
+            tl.store(fills[2] + g, z, mask=g_ok & fill_ok)
+        zp = z.to(tl.int32)
+        scf = sc.to(tl.float32)
+    return w, scf, zp, idx, g, g_in
 
 
 @jit
