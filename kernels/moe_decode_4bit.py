@@ -229,8 +229,8 @@ def _down_rest(acc, start, w_rows, s_rows, z_rows, row_ok, j_ok, word, grp, F, F
 # Over 60 lines: a Triton program is one function (its helpers are inlined @triton.jit calls),
 # and splitting its main loop further would only move loads away from the math they feed.
 @jit
-def _up_kernel(xq_ptr, xsum_ptr, xscale_ptr, ids_ptr, slot_ptr, hq_ptr, hv_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr,
-               ss_s, sz_s, ss_n, bias, F, K, K8, host, TOP_K: tl.constexpr, ROUND: tl.constexpr, G: tl.constexpr,
+def _up_kernel(xq_ptr, xsum_ptr, xscale_ptr, ids_ptr, slot_ptr, hq_ptr, hv_ptr, w_ptr, sw_s, sw_n4, s_ptr, z_ptr,
+               ss_s, sz_s, ss_n, bias, F, K, K32, host, TOP_K: tl.constexpr, ROUND: tl.constexpr, G: tl.constexpr,
                EPI: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
                PDL: tl.constexpr, HOST: tl.constexpr, FILL: tl.constexpr, OPS: tl.constexpr, PRE: tl.constexpr = 1):
     """``h`` of pair ``program_id(0)``, outputs ``program_id(1) * BN ..``: the gate and up rows of one
@@ -246,9 +246,16 @@ def _up_kernel(xq_ptr, xsum_ptr, xscale_ptr, ids_ptr, slot_ptr, hq_ptr, hv_ptr, 
     ``PDL``: the routing ids, the slot table and the first ``PRE`` (1 or 2) chunks of weights are read
     before the wait for the previous kernel (the prep of ``x``): it was launched once every program of
     that kernel had finished waiting for its own predecessor, so everything before it is complete;
-    then the next kernel may launch."""
+    then the next kernel may launch.
+
+    The row stride in words comes as ``sw_n4 = sw_n / 4`` and ``K8 = K / 8`` as ``K32 = K / 32``: rows
+    and planes start on 16 bytes, and multiplying by 4 here tells the compiler so, which it then
+    reads 16 bytes at a time (it infers alignment only from arguments divisible by 16: gpt-oss's
+    rows of 2880 are 360 words)."""
     GW: tl.constexpr = G // 8
     NG: tl.constexpr = BLOCK_K // G
+    sw_n = sw_n4 * 4
+    K8 = K32 * 4
     hw_ptr, hs_ptr, hz_ptr, hb_ptr, row_base, fill_row = host
     pair, nb = tl.program_id(0), tl.program_id(1)
     n = nb * BLOCK_N + tl.arange(0, BLOCK_N)[None, None, :, None]                 # [1, 1, BN, 1]
@@ -309,8 +316,8 @@ def _up_kernel(xq_ptr, xsum_ptr, xscale_ptr, ids_ptr, slot_ptr, hq_ptr, hv_ptr, 
 # Over 60 lines: a Triton program is one function (its helpers are inlined @triton.jit calls),
 # and splitting its main loop further would only move loads away from the math they feed.
 @jit
-def _down_kernel(hq_ptr, hv_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr, ss_s, sz_s,
-                 ss_n, bias, D, F, F8, stride_o, host, TOP_K: tl.constexpr, KP: tl.constexpr, G: tl.constexpr,
+def _down_kernel(hq_ptr, hv_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, sw_n4, s_ptr, z_ptr, ss_s, sz_s,
+                 ss_n, bias, D, F, F32, stride_o, host, TOP_K: tl.constexpr, KP: tl.constexpr, G: tl.constexpr,
                  EPI: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
                  PDL: tl.constexpr, HOST: tl.constexpr, FILL: tl.constexpr, OPS: tl.constexpr, PRE: tl.constexpr = 1):
     """``out`` of token ``program_id(0)``, rows ``program_id(1) * BN ..``: BN rows of w2 of each of the
@@ -318,9 +325,11 @@ def _down_kernel(hq_ptr, hv_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s
     biases (``EPI[3]``), each expert's rows times its routing weight, summed over k in a fixed order.
 
     ``PDL``: launched while the up kernel runs; the first ``PRE`` (1 to 3) chunks of w2 are requested,
-    then the wait for ``h``. F8 = F / 8 is an argument of its own so that Triton sees its divisibility."""
+    then the wait for ``h``. Arguments ``sw_n4``, ``F32``: row strides over 4 and F / 32 (see the up kernel)."""
     GW: tl.constexpr = G // 8
     NG: tl.constexpr = BLOCK_K // G
+    sw_n = sw_n4 * 4
+    F8 = F32 * 4
     hw_ptr, hs_ptr, hz_ptr, hb_ptr, row_base, fill_row = host
     tok, db = tl.program_id(0), tl.program_id(1)
     j = tl.arange(0, KP)[None, :, None, None]                           # [1, KP, 1, 1]
@@ -405,14 +414,14 @@ def moe_decode_4bit(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, slots:
     bk = block_k(up.block_k, d, group)
     bn = max(up.block_n, 8)                   # whole words of h: each gets its own scale
     _up_kernel[(t * k, cdiv(f, bn))](
-        xq, xs, xv, ids, slots, hq.view(torch.int16), hv, w, sw_s, sw_n, *rest, w13.bias_args(), f, d, d // 8,
+        xq, xs, xv, ids, slots, hq.view(torch.int16), hv, w, sw_s, sw_n // 4, *rest, w13.bias_args(), f, d, d // 32,
         host_args(host, w13, 0, True), TOP_K=k, ROUND={torch.bfloat16: 1, torch.float16: 2}.get(x.dtype, 0),
         BLOCK_N=bn, BLOCK_K=bk, EVEN_K=d % bk == 0, PRE=max(1, min(up.preload, 2, cdiv(d, bk))),
         num_warps=up.num_warps, num_stages=up.num_stages, **common, **launch)
     w, sw_s, sw_n, *rest = int4_word_args(w2, "w2")
     bk = block_k(down.block_k, f, group)
     _down_kernel[(t, cdiv(d, down.block_n))](
-        hq, hv, ids, slots, tw, out, w, sw_s, sw_n, *rest, w2.bias_args(), d, f, f // 8, out.stride(0),
+        hq, hv, ids, slots, tw, out, w, sw_s, sw_n // 4, *rest, w2.bias_args(), d, f, f // 32, out.stride(0),
         host_args(host, w2, 1, True), TOP_K=k, KP=next_pow2(k), BLOCK_N=down.block_n, BLOCK_K=bk,
         EVEN_K=f % bk == 0, PRE=max(1, min(down.preload, 3, cdiv(f, bk))), num_warps=down.num_warps,
         num_stages=down.num_stages, **common, **launch)
