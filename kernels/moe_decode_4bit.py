@@ -62,24 +62,22 @@ def _planes(q_row, idx, ok, K8):
             tl.load(q_row + 2 * K8 + idx, mask=ok, other=0), tl.load(q_row + 3 * K8 + idx, mask=ok, other=0))
 
 
-# PTX of _fp4_bytes for the nibbles of elements 0, 2, 4, 6 (``lo`` bytes) or 1, 3, 5, 7 (``hi``):
-# the four nibbles packed into one selector (shift, or, byte permute), their magnitudes looked up in
-# the positive and the negative table (two permutes), and each byte picked from one of the two by its
-# sign bit (shift, and, or, permute). Tables: bytes 2 * e2m1 of magnitudes 0..7, and their negations.
-_FP4_HALF_ASM = """shr.u32 t, {src}, 4; or.b32 t, t, {src}; prmt.b32 t, t, t, g;
-            and.b32 m, t, 0x7777; prmt.b32 p, pa, pb, m; prmt.b32 n, na, nb, m;
-            shr.u32 t, t, 1; and.b32 t, t, 0x4444; or.b32 t, t, 0x3210; prmt.b32 {dst}, p, n, t;"""
+# PTX of _fp4_bytes: nibbles 0-3 of the word (its low half) and 4-7 (its high half) are each four
+# selectors: their magnitudes (bit 3 cleared) index the positive and the negative table (two byte
+# permutes), and each byte is picked from one of the two by its sign bit moved to the selector's bit 2
+# (shift, and-or, permute); two more permutes interleave the halves' bytes into elements 0, 2, 4, 6
+# and 1, 3, 5, 7, the order of the activation planes. Tables: 2 * e2m1 of magnitudes 0..7, negated.
+_FP4_HALF_ASM = """and.b32 m, {src}, 0x7777; prmt.b32 p, 0x03020100, 0x0C080604, m; prmt.b32 n, 0xFDFEFF00, 0xF4F8FAFC, m;
+            shr.u32 t, {src}, 1; and.b32 t, t, 0x4444; or.b32 t, t, 0x3210; prmt.b32 {dst}, p, n, t;"""
 _FP4_DOT8_ASM = tl.constexpr("""{
-            .reg .b32 lo, hi, t, m, p, n, pa, pb, na, nb, g;
-            mov.b32 pa, 0x03020100; mov.b32 pb, 0x0C080604; mov.b32 na, 0xFDFEFF00; mov.b32 nb, 0xF4F8FAFC;
-            mov.b32 g, 0x0020;
-            and.b32 lo, $1, 0x0F0F0F0F;
-            shr.u32 hi, $1, 4;
-            and.b32 hi, hi, 0x0F0F0F0F;
-            """ + _FP4_HALF_ASM.format(src="lo", dst="lo") + """
+            .reg .b32 lo, hi, t, m, p, n;
+            shr.u32 hi, $1, 16;
+            """ + _FP4_HALF_ASM.format(src="$1", dst="lo") + """
             """ + _FP4_HALF_ASM.format(src="hi", dst="hi") + """
-            dp2a.lo.s32.s32 $0, $2, lo, 0;
-            dp2a.hi.s32.s32 $0, $3, lo, $0;
+            prmt.b32 t, lo, hi, 0x6420;
+            prmt.b32 hi, lo, hi, 0x7531;
+            dp2a.lo.s32.s32 $0, $2, t, 0;
+            dp2a.hi.s32.s32 $0, $3, t, $0;
             dp2a.lo.s32.s32 $0, $4, hi, $0;
             dp2a.hi.s32.s32 $0, $5, hi, $0;
             }""")
@@ -175,15 +173,17 @@ def _int4_chunk(k0, w_rows, s_rows, z_rows, row_ok, word, grp, K, G: tl.constexp
 
 @jit
 def _group_dots(w, sc, zp, q_row, idx, g, g_ok, K8, sq_row, sv_row, OPS: tl.constexpr):
-    """``[A, B]`` float32: packed rows ``w [NG, A, B, GW]`` (scales and zero points ``[NG, A, B, 1]``)
-    dotted with the 16-bit vector whose planes start at ``q_row`` (``[1, 1 or A, 1, 1]``), group sums
-    at ``sq_row`` and scales at ``sv_row``; groups ``g`` where ``g_ok`` (``[NG, 1 or A, 1, 1]``)."""
+    """``[NG, A, B]`` float32, each group's share: packed rows ``w [NG, A, B, GW]`` (scales and zero
+    points ``[NG, A, B, 1]``) dotted with the 16-bit vector whose planes start at ``q_row`` (``[1, 1 or
+    A, 1, 1]``), group sums at ``sq_row`` and scales at ``sv_row``; groups ``g`` where ``g_ok`` (``[NG,
+    1 or A, 1, 1]``). The kernels sum over the groups once, after the K loop: the groups of a chunk
+    lie in different warps, so a sum per chunk would cross warps (shared memory and barriers)."""
     xa, xb, xc, xd = _planes(q_row, idx, g_ok, K8)                      # [NG, 1 or A, 1, GW] int32
     dot = tl.sum(_dot8(w, xa, xb, xc, xd, OPS), axis=3, keep_dims=True)  # [NG, A, B, 1] int32
     sv = tl.load(sv_row + g, mask=g_ok, other=0.0)
     if not OPS[1]:                                                      # int4: the zero point's share
         dot -= zp * tl.load(sq_row + g, mask=g_ok, other=0)
-    return tl.sum(tl.sum(dot.to(tl.float32) * (sc * sv), axis=3), axis=0)
+    return tl.sum(dot.to(tl.float32) * (sc * sv), axis=3)
 
 
 @jit
@@ -197,7 +197,7 @@ def _word_dots(w, sc, zp, q_row, idx, ok, K8, sv_row, OPS: tl.constexpr):
     if not OPS[1]:                                                      # int4: each word's sum of q
         dot -= zp * _dot8(xa * 0 + 0x11111111, xa, xb, xc, xd, OPS)
     val = dot.to(tl.float32) * sv
-    return tl.sum(tl.sum(tl.sum(val, axis=3, keep_dims=True) * sc, axis=3), axis=0)
+    return tl.sum(tl.sum(val, axis=3, keep_dims=True) * sc, axis=3)
 
 
 @jit
@@ -285,7 +285,7 @@ def _up_kernel(xq_ptr, xsum_ptr, xscale_ptr, ids_ptr, slot_ptr, hq_ptr, hv_ptr, 
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
-    acc = _group_dots(w, sc, zp, q_row, idx, g, g_in, K8, sq_row, sv_row, OPS)  # [2, BN]
+    acc = _group_dots(w, sc, zp, q_row, idx, g, g_in, K8, sq_row, sv_row, OPS)  # [NG, 2, BN]
     if PRE >= 2:
         acc += _group_dots(w1, sc1, zp1, q_row, idx1, g1, g_in1, K8, sq_row, sv_row, OPS)
     if FILL:    # the loop that stores runs only where the expert fills (see _up_rest)
@@ -298,6 +298,7 @@ def _up_kernel(xq_ptr, xsum_ptr, xscale_ptr, ids_ptr, slot_ptr, hq_ptr, hv_ptr, 
     else:
         acc = _up_rest(acc, PRE * BLOCK_K, w_rows, s_rows, z_rows, row_ok, word, grp, K, K8, q_row, sq_row,
                        sv_row, G, NG, BLOCK_K, EVEN_K, OPS)
+    acc = tl.sum(acc, axis=0)                                           # [2, BN]
     half = tl.arange(0, 2)[:, None]
     if EPI[3]:
         n2 = nb * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]              # [1, BN]
@@ -363,7 +364,7 @@ def _down_kernel(hq_ptr, hv_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
-    acc = _word_dots(w, sc, zp, q_row, idx, j_ok & g_in, F8, sv_row, OPS)  # [KP, BN]
+    acc = _word_dots(w, sc, zp, q_row, idx, j_ok & g_in, F8, sv_row, OPS)  # [NG, KP, BN]
     if PRE >= 2:
         acc += _word_dots(w1, sc1, zp1, q_row, idx1, j_ok & g_in1, F8, sv_row, OPS)
     if PRE >= 3:
@@ -378,6 +379,7 @@ def _down_kernel(hq_ptr, hv_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s
     else:
         acc = _down_rest(acc, PRE * BLOCK_K, w_rows, s_rows, z_rows, row_ok, j_ok, word, grp, F, F8, q_row,
                          sv_row, G, NG, BLOCK_K, EVEN_K, OPS)
+    acc = tl.sum(acc, axis=0)                                           # [KP, BN]
     if EPI[3]:  # [1, KP, BN, 1] biases, as [KP, BN]
         b = add_bias(tl.zeros([1, KP, BLOCK_N, 1], tl.float32), bias, hb_ptr, slot, key, fill, n, row_ok, HOST, FILL)
         acc += tl.sum(tl.sum(b, axis=3), axis=0)
