@@ -274,6 +274,7 @@ PRODUCERS = {
     "gui_stall_": "the workbench's event loop while a model loads (benchmarks/gui_stall.py)",
     "int4_e2e_": "int4 end to end against transformers (benchmarks/bench_e2e.py)",
     "kernels_": "MoE layer kernels per format against the HBM ceiling (benchmarks/kernels/bench_moe.py)",
+    "lab_moe_decode_": "each decode MoE kernel's time, launch sweeps and the read ceiling of its split (benchmarks/kernels/lab_moe_decode.py)",
     "memory_": "GPU memory of an offloaded model: torch's peak against the memory plan (benchmarks/memory_profile.py)",
     "llamacpp_kit_": "Strata against llama.cpp on the same weights in one run (the llama.cpp comparison kit)",
     "lfu_decay_": "pool hit rate per LFU decay (benchmarks/lfu_decay.py)",

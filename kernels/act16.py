@@ -1,4 +1,4 @@
-"""16-bit fixed-point activations for the int4 decode MoE (kernels/moe_decode_int4.py).
+"""16-bit fixed-point activations for the 4-bit (int4 and MXFP4) decode MoE (kernels/moe_decode_4bit.py).
 
 A vector ``v`` is stored as ``v = sv * q`` with ``q`` an int16 and ``sv = max |v| / 32767`` over a
 block (every element at least 1/128 of the block's largest keeps more bits than bf16 has, and none is
