@@ -118,7 +118,7 @@ def load_pipeline(config: EngineConfig, spec: ModelSpec, source: TensorSource, t
     cfgs = stage_configs(config, plan, device)
     pipeline = Pipeline(config, plan, cfgs, path, device, spec)
     try:
-        ctx = StageContext(spec, plan, 0, pipeline.agree_blocks)
+        ctx = StageContext(spec, plan, 0, pipeline.share_claims)
         first = plan.stages[0]
         graphs = ("CUDA graphs are off: the stages of a pipeline run their decode steps eagerly",) \
             if device.type == "cuda" and config.cuda_graphs is not False else ()

@@ -4,7 +4,7 @@ activations down the stages over torch.distributed, and stops them all when one 
 Wiring (N stages, rank 0 is the engine's own process):
 
 * control: one pipe per worker (engine/parallel/processes.py), carrying pickled messages (a step's
-  batch description, live options, stats requests, close, the KV block agreement at load) and their
+  batch description, live options, stats requests, close, the stages' KV claims at load) and their
   replies (or a worker's error);
 * rendezvous: rank 0 holds the TCP store; each worker marks itself there just before it joins the
   process group, and rank 0 joins only once all have, watching their processes meanwhile, so a stage
@@ -46,7 +46,7 @@ from engine.config import EngineConfig
 from engine.errors import ConfigError, PipelineError, ReconfigureError, StrataError
 from engine.parallel.plan import PipelinePlan
 from engine.parallel.processes import WORKER_ARGV, Crew, StageProcess, Worker
-from engine.parallel.stages import agreed_blocks, kv_claim
+from engine.parallel.stages import KVClaim
 from engine.runner.batch import BatchParts
 from engine.telemetry import StageStats
 
@@ -82,8 +82,6 @@ class Pipeline:
         self.warmed_edges: tuple[tuple[int, int], ...] = ()    # (from, to) in the order the warm-up used them
         # the stages' live options as they stand, to put back when a change is refused somewhere
         self._live = {k: getattr(stage_cfgs[0], k) for k in _STAGE_OPTIONS}
-        self._own_claim = lambda blocks: blocks if plan is None else kv_claim(spec, plan.stages[0], stage_cfgs[0],
-                                                                              blocks)
         self.links = self.back = None
         self._joined = False
         if dist.is_initialized():
@@ -248,15 +246,14 @@ class Pipeline:
                        "load the model again")
 
     # ---- load ----------------------------------------------------------------------------------------
-    def agree_blocks(self, blocks: int) -> int:
-        """The KV blocks every stage allocates: the fewest a stage holding full-attention layers can
-        hold (a stage of sliding-window layers only claims no limit, stages.kv_claim). The workers
-        send theirs over their pipes, so the wait watches their processes (a slow load included)."""
-        got = [self._expect(w, "blocks") for w in self.workers]
-        agreed = agreed_blocks([self._own_claim(blocks), *(g[1] for g in got)], [blocks, *(g[2] for g in got)])
+    def share_claims(self, own: KVClaim) -> list[KVClaim]:
+        """Every stage's KV claim, in stage order, handed to every stage (each then decides the blocks
+        and the context alike, stages.agree_kv). The workers send theirs over their pipes, so the wait
+        watches their processes (a slow load included)."""
+        claims = [own, *(self._expect(w, "kv_claim")[1] for w in self.workers)]
         for w in self.workers:
-            self._send(w, ("agreed", agreed))
-        return agreed
+            self._send(w, ("kv_claims", claims))
+        return claims
 
     def wait_loaded(self) -> None:
         for w in self.workers:

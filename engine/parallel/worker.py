@@ -36,13 +36,13 @@ def _load(config, path: str, plan, rank: int, conn):
     from engine.checkpoint.spec import read_spec
     from engine.errors import PipelineError
     from engine.loading import LoadedModel
-    from engine.parallel.stages import StageContext, StageSource, kv_claim, stage_spec
+    from engine.parallel.stages import StageContext, StageSource, stage_spec
 
-    def agree(blocks: int) -> int:
-        """The first stage decides the blocks every stage allocates from what each can hold."""
-        conn.send(("blocks", kv_claim(spec, stage, config, blocks), blocks))
+    def share(claim):
+        """The first stage hands every stage's KV claim back (engine/parallel/pipeline.py share_claims)."""
+        conn.send(("kv_claim", claim))
         msg = conn.recv()
-        if msg[0] != "agreed":
+        if msg[0] != "kv_claims":
             raise PipelineError(f"the engine's process sent {msg[0]!r} while the stages agreed on their KV blocks")
         return msg[1]
 
@@ -52,7 +52,7 @@ def _load(config, path: str, plan, rank: int, conn):
     source = ConvertedSource(folder, verify=False) if is_converted(folder) else SafetensorsReader(folder)
     stage = plan.stages[rank]
     return LoadedModel(config, stage_spec(spec, stage), StageSource(source, stage), None, folder, (),
-                       stage=StageContext(spec, plan, rank, agree))
+                       stage=StageContext(spec, plan, rank, share))
 
 
 def _stats(m, rank: int):
