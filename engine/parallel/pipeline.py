@@ -43,7 +43,8 @@ import torch.distributed as dist
 from engine import errors
 from engine.checkpoint.spec import ModelSpec
 from engine.config import EngineConfig
-from engine.errors import ConfigError, PipelineError, ReconfigureError, StrataError
+from engine.errors import ConfigError, PipelineError, StrataError
+from engine.parallel.changes import StageChanges
 from engine.parallel.plan import PipelinePlan
 from engine.parallel.processes import WORKER_ARGV, Crew, StageProcess, Worker
 from engine.parallel.stages import KVClaim
@@ -80,8 +81,7 @@ class Pipeline:
         self.failed: str | None = None
         self.first = None             # the first stage's LoadedModel, once loaded (live options apply to it last)
         self.warmed_edges: tuple[tuple[int, int], ...] = ()    # (from, to) in the order the warm-up used them
-        # the stages' live options as they stand, to put back when a change is refused somewhere
-        self._live = {k: getattr(stage_cfgs[0], k) for k in _STAGE_OPTIONS}
+        self.changes = StageChanges(stage_cfgs[0])     # the stages' live options
         self.links = self.back = None
         self._joined = False
         if dist.is_initialized():
@@ -349,50 +349,15 @@ class Pipeline:
         return self.plan.size if self.device.type == "cuda" and batch.parts.decode else 1
 
     def reconfigure(self, options: dict, notes: dict) -> dict[str, str]:
-        """Apply the live options of the stages' own cards on every stage: the other stages first,
-        then the first stage's card; what each became (the other stages' answers join where they
-        differ from the first's).
-
-        All or none: a refusal by another stage leaves the first stage untouched (the others that
-        applied it get their previous values back); a refusal by the first stage gives the others
-        theirs back. One ReconfigureError names the stages that refused. A stopped pipeline raises
-        its PipelineError."""
-        from engine.live import apply_to_stage
+        """Apply the live options of the stages' own cards on every stage, or on none
+        (engine/parallel/changes.py); a stopped pipeline raises its PipelineError."""
         self._check()
-        stage_options = {k: v for k, v in options.items() if k in _STAGE_OPTIONS}
-        if not stage_options:
-            return {}
-        answers = self._ask_all(("reconfigure", stage_options, notes), "reconfigured")
-        refused = [f"stage {w.rank}: {got[1]}" for w, got in zip(self.workers, answers) if got[1] is not None]
-        if refused:
-            self._undo(list(stage_options))
-            raise ReconfigureError(f"{'; '.join(refused)}; no stage changed")
-        try:
-            applied = apply_to_stage(self.first, stage_options, notes)
-        except StrataError as e:
-            self._undo(list(stage_options))
-            raise ReconfigureError(f"stage 0: {e}; no stage changed") from None
-        self._live.update(stage_options)
-        for w, got in zip(self.workers, answers):
-            for k, text in got[2].items():
-                if applied.get(k) != text:
-                    applied[k] = f"{applied.get(k, '')}; stage {w.rank}: {text}".lstrip("; ")
-        return applied
+        return self.changes.apply(self, options, notes)
 
     def _ask_all(self, msg: tuple, kind: str) -> list[tuple]:
         for w in self.workers:
             self._send(w, msg)
         return [self._expect(w, kind) for w in self.workers]
-
-    def _undo(self, names: list[str]) -> None:
-        """Put the live options ``names`` back to their values before the refused change, on every
-        other stage (the first stage has not applied it)."""
-        before = {k: self._live[k] for k in names}
-        answers = self._ask_all(("reconfigure", before, {}), "reconfigured")
-        failed = [f"stage {w.rank}: {got[1]}" for w, got in zip(self.workers, answers) if got[1] is not None]
-        if failed:
-            self._fail(f"a refused live change could not be undone ({'; '.join(failed)}); every stage was stopped "
-                       "— load the model again")
 
     def stage_stats(self) -> list[StageStats]:
         """Every other stage's counters and memory, in stage order."""
@@ -408,8 +373,3 @@ class Pipeline:
     @property
     def pids(self) -> list[int]:
         return [w.proc.pid for w in self.workers]
-
-
-# the live options each stage applies to its own card (engine/live.py apply_to_stage)
-_STAGE_OPTIONS = ("expert_pool_size", "prefetch_depth", "expert_policy", "expert_reads", "cold_experts",
-                  "kv_cache_dtype")

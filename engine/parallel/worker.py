@@ -203,8 +203,13 @@ def _expert_step(m: ShardModel, tokens: int, rank: int, world: int, links: Links
         m.experts.end_step()
 
 
+def _own_options(m, options: dict) -> dict:
+    """The live options that concern this process's card (a shard keeps no KV cache)."""
+    return {k: v for k, v in options.items() if not (isinstance(m, ShardModel) and k == "kv_cache_dtype")}
+
+
 def _serve(m, conn, rank: int, world: int, links: Links) -> None:
-    from engine.live import apply_to_stage
+    from engine.live import apply_to_stage, check_stage
     D, dtype, device = m.spec.hidden, m.dtype, m.device
     windowed = bool(m.cache.window_blocks) if not isinstance(m, ShardModel) else False
     while True:
@@ -226,12 +231,16 @@ def _serve(m, conn, rank: int, world: int, links: Links) -> None:
             token = torch.zeros(1, device=device)
             links.recv(token)
             conn.send(("warmed", links.send_on(token)))
+        elif kind == "check":                         # a live change, checked before any stage applies it
+            try:
+                check_stage(m, _own_options(m, msg[1]))
+                conn.send(("checked", None))
+            except StrataError as e:                  # refused (a bad value, or its card cannot hold it)
+                conn.send(("checked", str(e)))
         elif kind == "reconfigure":
             try:
-                options = msg[1] if not isinstance(m, ShardModel) else \
-                    {k: v for k, v in msg[1].items() if k != "kv_cache_dtype"}       # a shard keeps no KV cache
-                conn.send(("reconfigured", None, apply_to_stage(m, options, msg[2])))
-            except StrataError as e:                  # refused (a bad value, or its card cannot hold it)
+                conn.send(("reconfigured", None, apply_to_stage(m, _own_options(m, msg[1]), msg[2])))
+            except StrataError as e:                  # accepted, yet failed (an allocation)
                 conn.send(("reconfigured", str(e), {}))
         elif kind == "stats":
             conn.send(("stats", _stats(m, rank)))

@@ -104,64 +104,78 @@ def test_the_warm_up_builds_every_link_in_an_order_without_a_cycle(mixtral):
         llm.engine.close()
 
 
-def test_a_live_change_one_stage_refuses_is_undone_on_every_stage(mixtral, monkeypatch):
-    llm = LLM(str(mixtral), pipeline_parallel=3, **OPTIONS)
-    pipeline = llm.engine.loaded.pipeline
-    try:
-        before, pool = [s.experts.pool_slots_total for s in llm.stats().stages], llm.engine.config.expert_pool_size
-        outputs = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
-        # stage 2's card refuses the change (as a card whose budget cannot hold the pool does), after
-        # stage 1 applied it; stage 2's answer is replaced, so its process applied it too
-        expect, refused = pipeline._expect, []
-
-        def stage_2_refuses(w, kind):
-            got = expect(w, kind)
-            if kind == "reconfigured" and w.rank == 2 and not refused:
-                refused.append(got)
-                return ("reconfigured", "an expert pool of 2 slots does not fit this card's budget", {})
-            return got
-
-        monkeypatch.setattr(pipeline, "_expect", stage_2_refuses)
-        copied = [s.experts.h2d_bytes for s in llm.stats().stages]
-        with pytest.raises(ReconfigureError, match=r"^stage 2: an expert pool of 2 slots does not fit this card's "
-                                                   r"budget; no stage changed$"):
-            llm.reconfigure(expert_pool_size="50%", prefetch_depth=0)
-        assert refused[0][1] is None                 # it had applied the change, and was given it back
-        now = [s.experts.h2d_bytes for s in llm.stats().stages]
-        # the other stages are asked first: stage 0 never changed its pool, while stage 1, which applied
-        # the change before it was undone, brought the experts the half-size pool dropped back over the bus
-        assert now[0] == copied[0] and now[1] > copied[1]
-        assert [s.experts.pool_slots_total for s in llm.stats().stages] == before
-        assert llm.engine.config.expert_pool_size == pool
-        assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == outputs
-        # a change every stage takes goes through, and is what a later refusal puts back
-        llm.reconfigure(expert_pool_size="50%")
-        assert [s.experts.pool_slots_total for s in llm.stats().stages] == [n // 2 for n in before]
-    finally:
-        llm.engine.close()
-
-
-def test_a_live_change_the_first_stage_refuses_is_undone_on_the_others(mixtral, monkeypatch):
+def test_a_live_change_the_first_stage_refuses_reaches_no_stage(mixtral):
+    """Every stage checks a change before any applies it: the first stage's card refusing it (its
+    budget cannot hold the pool) leaves the other stage as it was, not changed and changed back."""
     llm = LLM(str(mixtral), pipeline_parallel=2, **OPTIONS)
     first = llm.engine.loaded
     try:
         before, pool = [s.experts.pool_slots_total for s in llm.stats().stages], llm.engine.config.expert_pool_size
         outputs = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+        copied = [s.experts.h2d_bytes for s in llm.stats().stages]
+        first.experts.r.pool.budget_bytes = 1                # the engine's own card has room for no pool
+        with pytest.raises(ReconfigureError, match=r"^stage 0: an expert pool of \d+ slots plus \d+ staging slots "
+                                                   r"needs .* but the GPU memory budget leaves 1 B for it; lower "
+                                                   r"expert_pool_size or raise gpu_memory_budget; no stage changed$"):
+            llm.reconfigure(expert_pool_size="50%", prefetch_depth=0)
+        first.experts.r.pool.budget_bytes = None
+        st = llm.stats()
+        assert [s.experts.h2d_bytes for s in st.stages] == copied       # stage 1's pool never shrank and refilled
+        assert [s.experts.pool_slots_total for s in st.stages] == before
+        assert llm.engine.config.expert_pool_size == pool
+        assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == outputs
+    finally:
+        llm.engine.close()
 
-        def refuses(**_change):               # the engine's own card cannot hold the pool
-            raise ReconfigureError("an expert pool of 2 slots does not fit this card's budget")
 
-        monkeypatch.setattr(first.experts, "reconfigure", refuses)
-        copied = llm.stats().stages[1].experts.h2d_bytes
-        with pytest.raises(ReconfigureError, match=r"^stage 0: an expert pool of 2 slots does not fit this card's "
+def test_a_live_change_is_checked_everywhere_before_it_is_applied_anywhere(mixtral, monkeypatch):
+    """Stages 1 and 2 refuse at the check: no stage applies it, and the refusal names them once. A
+    change every card accepted but one fails to apply (an allocation) is given back on every stage."""
+    llm = LLM(str(mixtral), pipeline_parallel=3, **OPTIONS)
+    pipeline = llm.engine.loaded.pipeline
+    try:
+        before, pool = [s.experts.pool_slots_total for s in llm.stats().stages], llm.engine.config.expert_pool_size
+        outputs = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+        expect = pipeline._expect
+
+        def refuse(kind_refused: str, ranks: set[int], replaced: list):
+            """The first ``kind_refused`` answer of each stage of ``ranks`` replaced by a refusal."""
+            def answer(w, kind):
+                got = expect(w, kind)
+                if kind == kind_refused and w.rank in ranks:
+                    ranks.discard(w.rank)
+                    replaced.append(got)
+                    return (kind, "an expert pool of 2 slots does not fit this card's budget", {})[:len(got)]
+                return got
+            return answer
+
+        checked: list = []
+        monkeypatch.setattr(pipeline, "_expect", refuse("checked", {1, 2}, checked))
+        copied = [s.experts.h2d_bytes for s in llm.stats().stages]
+        with pytest.raises(ReconfigureError, match=r"^stages 1 and 2: an expert pool of 2 slots does not fit this "
+                                                   r"card's budget; no stage changed$"):
+            llm.reconfigure(expert_pool_size="50%", prefetch_depth=0)
+        assert checked == [("checked", None)] * 2              # both had accepted it, and were told nothing more
+        assert [s.experts.h2d_bytes for s in llm.stats().stages] == copied     # no stage touched its pool
+        assert [s.experts.pool_slots_total for s in llm.stats().stages] == before
+        # stage 2 accepted, yet failed to apply it (its answer replaced: its process did apply it)
+        applied: list = []
+        monkeypatch.setattr(pipeline, "_expect", refuse("reconfigured", {2}, applied))
+        with pytest.raises(ReconfigureError, match=r"^stage 2: an expert pool of 2 slots does not fit this card's "
                                                    r"budget; no stage changed$"):
-            llm.reconfigure(expert_pool_size="50%")
-        monkeypatch.undo()
-        # stage 1 had applied it (its pool shrank and refilled over the bus) and was given it back
-        assert llm.stats().stages[1].experts.h2d_bytes > copied
+            llm.reconfigure(expert_pool_size="50%", prefetch_depth=0)
+        assert applied[0][1] is None                           # it had applied the change, and was given it back
+        now = [s.experts.h2d_bytes for s in llm.stats().stages]
+        # the first stage applies last: it never changed its pool, while stage 1, which applied the change
+        # before it was undone, brought the experts the half-size pool dropped back over the bus
+        assert now[0] == copied[0] and now[1] > copied[1]
         assert [s.experts.pool_slots_total for s in llm.stats().stages] == before
         assert llm.engine.config.expert_pool_size == pool
         assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == outputs
+        # a change every stage takes goes through, and is what a later refusal puts back
+        monkeypatch.undo()
+        llm.reconfigure(expert_pool_size="50%")
+        assert [s.experts.pool_slots_total for s in llm.stats().stages] == [n // 2 for n in before]
     finally:
         llm.engine.close()
 
