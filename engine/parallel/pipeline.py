@@ -21,7 +21,9 @@ Wiring (N stages, rank 0 is the engine's own process):
   blocking; a step's first receive posted on rank 0 before its first send would make the pairs wait
   on each other in a cycle. Before any step each edge carries one value in an order without a cycle
   (0 -> 1, 1 -> 2, ..., N-2 -> N-1 on ``links``, then N-1 -> 0 on ``back``): every communicator exists
-  before a step posts anything.
+  before a step posts anything. Expert parallel builds its one communicator with a broadcast. Rank 0
+  does its share on a thread of its own, so that it watches its workers meanwhile (a communicator
+  waits for a peer that died without a limit), and gives it ``rendezvous_timeout_s``.
 
 Every wait of rank 0 polls its workers: a worker that reports an error or whose process ended
 stops the pipeline with one :class:`PipelineError` (or the worker's own error, at load), and no
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 import weakref
 from datetime import timedelta
@@ -84,6 +87,7 @@ class Pipeline:
         self.changes = StageChanges(stage_cfgs[0])     # the stages' live options
         self.links = self.back = None
         self._joined = False
+        self._rendezvous_s = rendezvous_timeout_s
         if dist.is_initialized():
             raise ConfigError("another model spread over several GPUs is loaded in this process; close it before "
                               "loading this one")
@@ -260,15 +264,41 @@ class Pipeline:
             self._expect(w, "loaded")
 
     def warm_up(self) -> None:
-        """Build every link's communicator before the first step, one edge after the other in an
-        order without a cycle (see the module docstring); ``warmed_edges`` lists them."""
+        """Build every link's communicator before the first step: down the stages one edge after the
+        other in an order without a cycle (see the module docstring; ``warmed_edges`` lists them), or,
+        for expert parallel, one broadcast over every card. Rank 0's side runs on a thread of its own
+        while this one watches the workers: a stage whose process ends fails the load at once (an NCCL
+        communicator waits for its peers without a limit), and the whole takes ``rendezvous_s`` at most."""
         for w in self.workers:
             self._send(w, ("warm_up",))
-        token = torch.zeros(1, device=self.device)
-        self._wait(dist.isend(token, dst=1, group=self.links))
-        self._wait(dist.irecv(token, src=self.size - 1, group=self.back))
-        edges = [(0, 1)] + [tuple(self._expect(w, "warmed")[1]) for w in self.workers]
-        self.warmed_edges = tuple(edges)
+        failure: list[BaseException] = []
+        thread = threading.Thread(target=self._first_uses, args=(failure,), name="pipeline-warm-up", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + self._rendezvous_s
+        while thread.is_alive():
+            self._check()
+            if time.monotonic() > deadline:
+                late = next((w for w in self.workers if not any(m[0] == "warmed" for m in w.inbox)), self.workers[-1])
+                self._fail(f"{self._where(late.rank)} (process {late.proc.pid}) did not build its links within "
+                           f"{self._rendezvous_s:g} s; every stage was stopped — load the model again")
+            thread.join(0.005)
+        if failure:
+            self._broken(failure[0])
+        edges = [self._expect(w, "warmed")[1] for w in self.workers]
+        self.warmed_edges = ((0, 1), *map(tuple, edges)) if self.mode == "layers" else ()
+
+    def _first_uses(self, failure: list[BaseException]) -> None:
+        """Rank 0's share of the warm-up (on the warm-up thread); an error goes to ``failure``."""
+        try:
+            token = torch.zeros(1, device=self.device)
+            if self.mode == "experts":
+                dist.broadcast(token, src=0, group=self.links)
+            else:
+                dist.send(token, dst=1, group=self.links)
+                dist.recv(token, src=self.size - 1, group=self.back)
+            token.cpu()                           # NCCL's operations are done once the stream is
+        except BaseException as e:                # handed to the thread that watches the workers
+            failure.append(e)
 
     # ---- steps ---------------------------------------------------------------------------------------
     def forward(self, model, batch, cache, acquire=None) -> torch.Tensor:

@@ -172,6 +172,15 @@ class Links:
         self.links = dist.new_group(timeout=timedelta(seconds=link_s))
         self.back = dist.new_group(ranks=[0, world - 1], timeout=timedelta(seconds=link_s))
 
+    def warm_up(self, token: torch.Tensor, experts: bool) -> tuple[int, int] | None:
+        """This stage's share of the warm-up at load (engine/parallel/pipeline.py Pipeline.warm_up): the
+        edge it sent on, or None for expert parallel's one broadcast over every card."""
+        if experts:
+            dist.broadcast(token, src=0, group=self.links)
+            return None
+        self.recv(token)
+        return self.send_on(token)
+
     def recv(self, t: torch.Tensor, tag: int = 0) -> None:
         dist.recv(t, src=self.rank - 1, tag=tag, group=self.links)
 
@@ -228,9 +237,7 @@ def _serve(m, conn, rank: int, world: int, links: Links) -> None:
             x, out = m.model.layers(act[0], act[1], batch, m.cache)
             links.send_on(torch.stack([x, out]).contiguous(), tag)
         elif kind == "warm_up":                       # every link's communicator built before the first step
-            token = torch.zeros(1, device=device)
-            links.recv(token)
-            conn.send(("warmed", links.send_on(token)))
+            conn.send(("warmed", links.warm_up(torch.zeros(1, device=device), isinstance(m, ShardModel))))
         elif kind == "check":                         # a live change, checked before any stage applies it
             try:
                 check_stage(m, _own_options(m, msg[1]))

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import signal
+import threading
+import time
 
 import pytest
 import torch
@@ -45,6 +48,34 @@ worker.run(conn, start)
 """
 
 
+# a stage process that runs the real worker, except that on ``rank`` it sends itself ``signal`` when it
+# is told to warm up its links (SIGKILL: it dies there; SIGSTOP: it hangs there)
+WARM_UP_WORKER = """
+import os
+import signal
+import sys
+from multiprocessing.connection import Connection
+
+from engine.parallel import worker
+
+
+class StageConn(Connection):
+    signalled = False
+
+    def recv(self):
+        msg = super().recv()
+        if self.signalled and msg[0] == "warm_up":
+            os.kill(os.getpid(), signal.{signal})
+        return msg
+
+
+conn = StageConn(int(sys.argv[1]))
+start = conn.recv()
+conn.signalled = start["rank"] == {rank}
+worker.run(conn, start)
+"""
+
+
 @pytest.fixture(scope="module")
 def mixtral(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("pp-life-mixtral"), "mixtral")
@@ -62,12 +93,14 @@ def _pipeline(folder, stages: int, **kwargs) -> Pipeline:
 def test_a_stage_that_exits_at_start_fails_the_load_at_once_in_one_line(mixtral, tmp_path, joins):
     """No wait for the links' timeout: the process is watched while the stages join. Joining the
     process group waits 1 s at most here, which only the case of a stage already marked in the store
-    reaches; either way the stage, its exit code and its last stderr line are named."""
+    reaches; either way the stage, its exit code and its last stderr line are named. Before joining,
+    the real stage 1 waits in the join for 10 s, so that its own timeout cannot come before stage 2's
+    exit on a busy machine (the load fails at stage 2's exit, not after those 10 s)."""
     script = tmp_path / "fake_worker.py"
     script.write_text(FAKE_WORKER.format(rank=2, joins=joins))
     before = children()
     with pytest.raises(PipelineError) as err:
-        _pipeline(mixtral, 3, worker_argv=(str(script),), rendezvous_timeout_s=1.0)
+        _pipeline(mixtral, 3, worker_argv=(str(script),), rendezvous_timeout_s=1.0 if joins else 10.0)
     text = str(err.value)
     assert text.startswith("pipeline stage 2 of 3 (layers "), text
     assert "ended before it joined the pipeline (exit code 3: CUDA error: no CUDA-capable device is detected); " \
@@ -81,6 +114,49 @@ def test_a_stage_that_exits_at_start_fails_the_load_at_once_in_one_line(mixtral,
         assert len(llm.generate([[1, 2, 3]], GREEDY)[0].token_ids) == 16
     finally:
         llm.engine.close()
+
+
+def _load_with_worker(folder, script, monkeypatch, pids: list[int], **pipeline_options):
+    """``LLM(folder, pipeline_parallel=3)`` whose stage processes run ``script`` (their pids go to ``pids``)."""
+    from engine.parallel import load
+
+    def started(*args, **kwargs) -> Pipeline:
+        pipeline = Pipeline(*args, worker_argv=(str(script),), **pipeline_options, **kwargs)
+        pids.extend(pipeline.pids)
+        return pipeline
+
+    monkeypatch.setattr(load, "Pipeline", started)
+    return LLM(str(folder), pipeline_parallel=3, **OPTIONS)
+
+
+def _warm_up_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "pipeline-warm-up"]
+
+
+@pytest.mark.parametrize("signal_name,why", [
+    ("SIGKILL", r"\(process (\d+)\) ended unexpectedly \(killed by SIGKILL\)"),
+    ("SIGSTOP", r"\(process (\d+)\) did not build its links within 2 s")], ids=["dies", "hangs"])
+def test_a_stage_that_dies_or_hangs_while_the_links_warm_up_fails_the_load(mixtral, tmp_path, monkeypatch,
+                                                                           signal_name, why):
+    """Stage 1 is killed (or stopped) as the links are first used at load: the first stage, watching
+    the processes meanwhile, fails the load at once (a hung stage once the join's time is up) with one
+    line naming the stage and its process, and stops every stage; the process group is left."""
+    script = tmp_path / "warm_up_worker.py"
+    script.write_text(WARM_UP_WORKER.format(rank=1, signal=signal_name))
+    pids: list[int] = []
+    with pytest.raises(PipelineError) as err:
+        _load_with_worker(mixtral, script, monkeypatch, pids, rendezvous_timeout_s=2.0)
+    text = str(err.value)
+    match = re.fullmatch(rf"pipeline stage 1 of 3 \(layers 1\) {why}; every stage was stopped — load the model again",
+                         text)
+    assert match, text
+    assert int(match.group(1)) == pids[0]
+    assert gone(pids)                            # the stage after it, waiting on it, was stopped too
+    assert not dist.is_initialized()
+    deadline = time.monotonic() + 10
+    while _warm_up_threads() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _warm_up_threads()                # nothing of the warm-up is left waiting in this process
 
 
 def test_an_engine_collected_without_close_stops_its_stages(mixtral):
