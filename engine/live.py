@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING
 
 from engine.config import LIVE_OPTIONS
 from engine.errors import ConfigError, ReconfigureError
+from engine.kv.cache import check_kv_format
 from engine.options import parse_live
 from engine.settings_fit import depth_note, max_prefetch_depth
 
@@ -52,7 +53,7 @@ class LiveSettings:
         except ConfigError as e:
             raise ReconfigureError(str(e)) from None
         m = self.engine.loaded
-        # a pipeline asks its other stages before this card, so that a refusal there leaves this card as it was
+        # a pipeline has every stage check the change before any applies it, so that a refusal leaves all as they were
         applied = apply_to_stage(m, options, notes) if m.pipeline is None else m.pipeline.reconfigure(options, notes)
         if self.engine.runner.graphs is not None and (options.keys() & {*_EXPERTS, "kv_cache_dtype"}) - {"expert_policy"}:
             self.engine.runner.graphs.reset()   # recorded against the old pool views, look-ahead or KV storage
@@ -75,6 +76,17 @@ class LiveSettings:
         return applied
 
 
+def check_stage(m: "LoadedModel", options: dict) -> None:
+    """Raise ReconfigureError when one model's card would refuse the live ``options`` that concern it
+    (a bad value, a pool over its budget); changes nothing. A pipeline checks every stage so before it
+    applies a change to any."""
+    exp = {k: options[k] for k in _EXPERTS if k in options}
+    if exp:
+        m.experts.check_reconfigure(**_expert_settings(m, exp))
+    if "kv_cache_dtype" in options:
+        check_kv_format(options["kv_cache_dtype"])
+
+
 def apply_to_stage(m: "LoadedModel", options: dict, notes: dict[str, tuple[str, ...]] | None = None) -> dict[str, str]:
     """The live options that concern one model's own card (its expert pool and prefetch, its KV
     cache) applied to ``m``; what each became. A pipeline applies them so to every stage."""
@@ -82,15 +94,19 @@ def apply_to_stage(m: "LoadedModel", options: dict, notes: dict[str, tuple[str, 
     applied: dict[str, str] = {}
     exp = {k: options[k] for k in _EXPERTS if k in options}
     if exp:
-        pool = None                              # unchanged
-        if "expert_pool_size" in exp:            # None (automatic): every expert that fits, as at load
-            pool = m.pool_request(exp["expert_pool_size"])
-            pool = m.plan.pool_slots * m.plan.expert_bytes if pool is None else pool
-        msg = m.experts.reconfigure(pool_bytes=pool,
-                                    prefetch_depth=exp.get("prefetch_depth"), policy=exp.get("expert_policy"),
-                                    reads=exp.get("expert_reads"), cold=exp.get("cold_experts"))
+        msg = m.experts.reconfigure(**_expert_settings(m, exp))
         applied.update({k: "; ".join([str(msg or "applied"), *notes.get(k, ())]) for k in exp})
     if "kv_cache_dtype" in options:
         m.cache.convert(options["kv_cache_dtype"])           # in place: running requests keep their context
         applied["kv_cache_dtype"] = f"KV cache now {m.cache.label} ({m.cache.nbytes / 2**20:.1f} MiB)"
     return applied
+
+
+def _expert_settings(m: "LoadedModel", exp: dict) -> dict:
+    """The expert options ``exp`` as ``ExpertManager.reconfigure`` takes them (a pool size in bytes)."""
+    pool = None                                  # unchanged
+    if "expert_pool_size" in exp:                # None (automatic): every expert that fits, as at load
+        pool = m.pool_request(exp["expert_pool_size"])
+        pool = m.plan.pool_slots * m.plan.expert_bytes if pool is None else pool
+    return dict(pool_bytes=pool, prefetch_depth=exp.get("prefetch_depth"), policy=exp.get("expert_policy"),
+                reads=exp.get("expert_reads"), cold=exp.get("cold_experts"))

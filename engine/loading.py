@@ -22,8 +22,8 @@ from engine.experts.provider import ExpertProvider
 from engine.experts.profile import check_record_target, read_routing_profile, write_routing_profile
 from engine.cpu_threads import apply_cpu_threads
 from engine.kv.blocks import BlockAllocator
-from engine.memory import (BudgetAdvice, MemoryPlan, decode_experts, default_budget, fit_context, plan_memory,
-                           staging_slots, step_sizing, table_on_host)
+from engine.memory import (CPU_KV_CAP, BudgetAdvice, MemoryPlan, decode_experts, default_budget, fit_context,
+                           kv_pool_bytes, plan_memory, staging_slots, step_sizing, table_on_host)
 from engine.settings_fit import fit_to_device, fit_to_model, fit_to_pool, unused_notes
 from engine.kv.cache import KVCache
 from engine.kv.sizing import KVSizing, kv_sizing
@@ -42,8 +42,6 @@ __all__ = ["CPU_KV_CAP", "LoadedModel", "ModelInfo", "check_paths", "expert_act"
 if TYPE_CHECKING:
     from engine.parallel.experts import ExpertShard
     from engine.parallel.stages import StageContext
-
-CPU_KV_CAP = 256 << 20     # bytes of KV cache on the CPU when no size is given
 
 
 @dataclass(frozen=True)
@@ -100,6 +98,7 @@ class LoadedModel:
         self.config = config = self._fit(config)
         self.notes += unused_notes(config, self.layout.fmt)
         self.max_model_len = config.max_model_len or spec.max_position
+        self.kv_blocks: int | None = None     # a pipeline stage's full-attention blocks, as the stages agreed
         self.embed_on_host = False
         self.plan = self._plan()      # fails fast, before any allocation, when the model cannot fit
         if self._embedding_to_host():
@@ -146,13 +145,23 @@ class LoadedModel:
 
     def _fit_context(self) -> None:
         """On a GPU budget, a context no longer than the KV cache the plan leaves holds for one sequence
-        (the cache holds at least one sequence at full context, so a longer one would go past the budget).
-        A KV size given outright and the stages of several GPUs (which agree on their blocks) keep theirs."""
+        (the cache holds at least one sequence at full context, so a longer one would go past the budget);
+        a KV size given outright keeps it. The stages of several GPUs agree on their blocks, and so on
+        the context, by the same rule applied to the card with the least room (stages.agree_kv)."""
         c = self.config
-        if self.plan.budget_bytes is None or c.kv_cache_size or self.stage is not None:
+        if self.stage is not None:
+            from engine.parallel.stages import agree_kv, stage_claim
+            claim = stage_claim(self.plan, self.max_model_len, c.max_batch, c.kv_block_size, c.kv_cache_size)
+            agreed = agree_kv(self.stage.share_claims(claim), self.max_model_len, c.max_model_len is not None,
+                              c.kv_block_size)
+            self.max_model_len, self.kv_blocks = agreed.context, agreed.blocks
+            self.notes += (agreed.note,) if agreed.note else ()
             return
+        if self.plan.budget_bytes is None or c.kv_cache_size:
+            return
+        card = "GPU 0" if self.shard is not None else ""      # expert parallel: the KV cache is on the first card
         self.max_model_len, note = fit_context(self.max_model_len, c.max_model_len is not None, self._kv_cache_bytes(),
-                                               self._kv_bytes_per_token(), c.kv_block_size, self.plan.budget_bytes)
+                                               self._kv_bytes_per_token(), c.kv_block_size, self.plan.budget_bytes, card)
         self.notes += (note,) if note else ()
 
     def _embedding_to_host(self) -> bool:
@@ -320,20 +329,17 @@ class LoadedModel:
         return lambda logits: route_ref(logits, top_k, self.spec.renormalize)
 
     def _kv_cache_bytes(self) -> int:
-        """Bytes of the full-attention pool: the KV size asked for less the window pool, else what the plan
-        leaves, at most a full batch at full context."""
+        """Bytes of the full-attention pool (engine.memory.kv_pool_bytes)."""
         c = self.config
-        full = self._kv_bytes_per_token() * self.max_model_len * c.max_batch
-        if c.kv_cache_size:
-            return max(0, c.kv_cache_size - self.kv_sizing.window_pool_bytes)
-        return min(self.plan.kv_bytes, full) if self.plan.budget_bytes else min(CPU_KV_CAP, full)
+        return kv_pool_bytes(self.plan, self.max_model_len, c.max_batch, c.kv_cache_size)
 
     def _build_cache(self) -> KVCache:
         s, c = self.spec, self.config
-        bpt = max(1, self._kv_bytes_per_token())           # 0 when every layer is a window layer
-        blocks = max(self._kv_cache_bytes() // (bpt * c.kv_block_size), -(-self.max_model_len // c.kv_block_size))
         if self.stage is not None:          # every stage holds the same blocks: the scheduler's tables span them all
-            blocks = self.stage.agree_blocks(int(blocks))
+            blocks = self.kv_blocks
+        else:
+            bpt = max(1, self._kv_bytes_per_token())           # 0 when every layer is a window layer
+            blocks = max(self._kv_cache_bytes() // (bpt * c.kv_block_size), -(-self.max_model_len // c.kv_block_size))
         window = self.windows.num_blocks if self.windows else 0
         return KVCache(s.num_layers, int(blocks) + 1, c.kv_block_size, s.num_kv_heads, s.head_dim, self.dtype,
                        self.device, c.kv_cache_dtype,   # + 1: the scratch block of graph-captured decode batches

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from engine.config import EngineConfig
 
 MIN_KV_TOKENS = 4096                     # KV reserve kept before an automatic pool takes the rest
+CPU_KV_CAP = 256 << 20                   # bytes of KV cache on the CPU when no size is given
 DEFAULT_WORKSPACE = 1 << 30              # activations, logits, kernel scratch
 
 
@@ -184,21 +185,33 @@ def table_on_host(wanted: str, tied: bool, offloaded: bool) -> bool:
     return not tied and (wanted == "host" or (wanted == "auto" and offloaded))
 
 
+def kv_pool_bytes(plan: MemoryPlan, context: int, max_batch: int, asked: int | None = None) -> int:
+    """Bytes of the full-attention KV pool: the KV size ``asked`` for (``--kv-cache-size``) less the
+    window pool, else what ``plan`` leaves (on the CPU, :data:`CPU_KV_CAP`), at most a full batch of
+    ``max_batch`` sequences at ``context`` tokens."""
+    if asked:
+        return max(0, asked - plan.window_kv_bytes)
+    full = plan.kv_bytes_per_token * context * max_batch
+    return min(plan.kv_bytes if plan.budget_bytes is not None else CPU_KV_CAP, full)
+
+
 def fit_context(context: int, explicit: bool, kv_bytes: int, kv_bytes_per_token: int, block: int,
-                budget_bytes: int) -> tuple[int, str | None]:
+                budget_bytes: int, card: str = "") -> tuple[int, str | None]:
     """The context length a KV cache of ``kv_bytes`` (what the budget leaves it) holds for one sequence:
     ``context`` when it fits; else, for a context the user did not set, the whole blocks that fit, with a
-    note; a context the user set that does not fit is a one-line ConfigError naming the fixes."""
+    note; a context the user set that does not fit is a one-line ConfigError naming the fixes. ``card``
+    ("GPU 1") names the card whose budget it is, where there are several."""
     if kv_bytes_per_token <= 0 or kv_bytes >= context * kv_bytes_per_token:
         return context, None
     tokens = kv_bytes // kv_bytes_per_token // block * block
     more = "lower --expert-pool-size or raise --gpu-memory-budget"
+    budget, of = format_size(budget_bytes), f" of {card}" if card else ""
     if explicit or tokens < block:
         fix = f"lower --max-model-len to {tokens} or {more}" if tokens >= block else more
         raise ConfigError(f"a context of {context} tokens needs {format_size(context * kv_bytes_per_token)} of KV cache "
-                          f"but the {format_size(budget_bytes)} GPU memory budget leaves it {format_size(kv_bytes)}; {fix}")
+                          f"but the {budget} GPU memory budget{of} leaves it {format_size(kv_bytes)}; {fix}")
     return tokens, (f"context length {tokens} tokens (the model allows {context}): that is what the KV cache the "
-                    f"{format_size(budget_bytes)} budget leaves holds; {more} for a longer one")
+                    f"{budget} budget{of} leaves holds; {more} for a longer one")
 
 
 def default_budget(device: torch.device) -> int | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -30,10 +31,13 @@ from engine.errors import ConfigError
 from kernels.expert_layout import ExpertLayout
 from engine.loading import expert_act
 from engine.kv.sizing import KVSizing, kv_sizing
-from engine.memory import (MIN_KV_TOKENS, BudgetAdvice, MemoryPlan, default_budget, fit_context, plan_memory,
-                           step_sizing, table_on_host)
+from engine.memory import (MIN_KV_TOKENS, BudgetAdvice, MemoryPlan, default_budget, fit_context, kv_pool_bytes,
+                           plan_memory, step_sizing, table_on_host)
 from engine.options import parse_live, pool_bytes
 from engine.settings_fit import depth_note, fit_to_model
+
+if TYPE_CHECKING:
+    from engine.parallel.stages import KVClaim
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 BUSES = (("PCIe 4", 25.0), ("PCIe 5", 55.0))   # pinned host->device GB/s of an x16 card, for the bus-bound limit
@@ -113,14 +117,16 @@ def plan_lines(spec: ModelSpec, args: argparse.Namespace) -> list[str]:
     if c.pipeline_parallel > 1:
         return lines + _pipeline_lines(spec, args, c, per_expert, wb, res_fmt, context)
     if c.expert_parallel > 1:
-        return lines + _expert_parallel_lines(spec, c, per_expert, resident, kv)
+        return lines + _expert_parallel_lines(spec, c, per_expert, resident, kv, context)
     lines += _budget_lines(spec, args, c, resident, per_expert, n_experts, wb, kv.bytes_per_token, kv.window_pool_bytes,
                            context)
     return lines
 
 
-def _expert_parallel_lines(spec: ModelSpec, c: EngineConfig, per_expert: int, resident: int, kv: KVSizing) -> list[str]:
-    """Each card's share of the experts under ``--expert-parallel`` and the pool its budget fits."""
+def _expert_parallel_lines(spec: ModelSpec, c: EngineConfig, per_expert: int, resident: int, kv: KVSizing,
+                           context: int) -> list[str]:
+    """Each card's share of the experts under ``--expert-parallel``, the pool its budget fits, and the
+    context GPU 0's KV cache holds (the engine's rule, engine.loading)."""
     from engine.parallel.experts import ExpertShard, check_shards
     from engine.parallel.load import card_budgets
     n = c.expert_parallel
@@ -128,6 +134,7 @@ def _expert_parallel_lines(spec: ModelSpec, c: EngineConfig, per_expert: int, re
     budgets = card_budgets(c)
     lines = ["", f"expert parallel over {n} GPUs: every MoE layer's experts interleaved over the cards, each card "
                  "fetching its own misses over its own link; GPU 0 also holds everything else:"]
+    fitted: list[str] = []
     for r, budget in enumerate(budgets):
         shard = ExpertShard(r, n, spec.num_experts)
         mine = spec.num_moe_layers * shard.local_experts
@@ -135,14 +142,20 @@ def _expert_parallel_lines(spec: ModelSpec, c: EngineConfig, per_expert: int, re
         text = (f"  GPU {r}: experts {r}, {r + n}, ... ({shard.local_experts} of {spec.num_experts} per layer, "
                 f"{format_size(mine * per_expert)}), resident {format_size(res)}")
         if budget is not None:
+            size = c.expert_pool_size        # bytes are the cards' total: each takes its experts' share
+            size = int(size * shard.local_experts / spec.num_experts) if isinstance(size, int) else size
             plan = plan_memory(res, per_expert, mine, kv.bytes_per_token if r == 0 else 0, budget,
-                               experts_per_layer=shard.local_experts, advice=BudgetAdvice(None, "", ""),
-                               window_kv_bytes=kv.window_pool_bytes if r == 0 else 0, min_kv_tokens=0 if r else MIN_KV_TOKENS,
-                               **step_sizing(spec, c, 2))
+                               pool_bytes(size, mine * per_expert), experts_per_layer=shard.local_experts,
+                               advice=BudgetAdvice(None, "", ""), window_kv_bytes=kv.window_pool_bytes if r == 0 else 0,
+                               min_kv_tokens=0 if r else MIN_KV_TOKENS, **step_sizing(spec, c, 2))
             text += (f"; budget {format_size(budget)}: pool {plan.pool_slots}/{mine} experts "
                      f"({plan.pool_slots / mine:.0%})")
+            if r == 0 and not c.kv_cache_size:
+                fitted = _context_line(*fit_context(context, c.max_model_len is not None,
+                                                    kv_pool_bytes(plan, context, c.max_batch), kv.bytes_per_token,
+                                                    c.kv_block_size, budget, "GPU 0"))
         lines.append(text)
-    return lines
+    return lines + fitted
 
 
 def _pipeline_lines(spec: ModelSpec, args: argparse.Namespace, c: EngineConfig, per_expert: int, wb: int,
@@ -150,7 +163,7 @@ def _pipeline_lines(spec: ModelSpec, args: argparse.Namespace, c: EngineConfig, 
     """The split over ``--pipeline-parallel`` GPUs and each card's own memory plan and bus traffic."""
     from engine.parallel.load import card_budgets, stage_configs
     from engine.parallel.plan import plan_pipeline
-    from engine.parallel.stages import stage_spec
+    from engine.parallel.stages import stage_claim, stage_spec
     budgets = card_budgets(c)
     if all(b is None for b in budgets) and torch.cuda.is_available():
         budgets = tuple(default_budget(torch.device(f"cuda:{i}")) if i < torch.cuda.device_count() else None
@@ -160,7 +173,7 @@ def _pipeline_lines(spec: ModelSpec, args: argparse.Namespace, c: EngineConfig, 
              *(f"  {line}" for line in pp.lines())]
     dtype = _DTYPES["bfloat16" if args.dtype == "auto" else args.dtype]
     kv_shares = [cfg.kv_cache_size for cfg in stage_configs(c, pp, torch.device("cpu"))]
-    rooms: list[int] = []
+    claims: list[KVClaim] = []
     for stage, budget in zip(pp.stages, budgets):
         if budget is None:
             lines.append(f"  GPU {stage.rank}: no budget given and no such CUDA GPU found; pass --gpu-memory-budget "
@@ -177,44 +190,32 @@ def _pipeline_lines(spec: ModelSpec, args: argparse.Namespace, c: EngineConfig, 
                            **step_sizing(sub, c, wb))
         lines += ["", f"GPU {stage.rank} (layers {stage.layers}, budget {format_size(budget)}):",
                   *(f"  {line}" for line in plan.format())]
-        rooms.append(_stage_kv_room(plan, kv, context, c, kv_shares[stage.rank]))
-    if len(rooms) == pp.size:
-        lines += _kv_context_lines(spec, pp, c, context, rooms)
+        claims.append(stage_claim(plan, context, c.max_batch, c.kv_block_size, kv_shares[stage.rank]))
+    if len(claims) == pp.size:
+        lines += _kv_context_lines(c, context, claims)
     return lines
 
 
-def _stage_kv_room(plan: MemoryPlan, kv: KVSizing, context: int, c: EngineConfig, kv_share: int | None) -> int:
-    """The full-attention KV blocks one stage's card has room for, as the engine sizes its cache
-    (engine.loading): the KV size asked for (the stage's share) less the window pool, else what the
-    plan leaves, at most a full batch at full context."""
-    full = kv.bytes_per_token * context * c.max_batch
-    room = max(0, kv_share - kv.window_pool_bytes) if kv_share else min(plan.kv_bytes, full)
-    return room // (max(1, kv.bytes_per_token) * c.kv_block_size)    # bytes_per_token is 0 with window layers only
-
-
-def _kv_context_lines(spec: ModelSpec, pp, c: EngineConfig, context: int, rooms: list[int]) -> list[str]:
-    """The KV blocks every stage allocates, agreed as the stages agree them (engine.parallel.stages):
-    each allocates at least one sequence at the full context, and a stage of sliding-window layers
-    only puts no limit on the number."""
-    from engine.parallel.stages import NO_LIMIT, agreed_blocks, kv_claim
+def _kv_context_lines(c: EngineConfig, context: int, claims: list[KVClaim]) -> list[str]:
+    """The KV blocks every stage allocates and the context they hold, agreed as the engine's stages
+    agree them (engine.parallel.stages.agree_kv): a context that does not fit the card with the least
+    room is capped, or refused when set, naming that card."""
+    from engine.parallel.stages import NO_LIMIT, agree_kv
     bs = c.kv_block_size
-    one_seq = -(-context // bs)
-    blocks = [max(room, one_seq) for room in rooms]
-    claims = [kv_claim(spec, stage, c, n) for stage, n in zip(pp.stages, blocks)]
-    agreed = agreed_blocks(claims, blocks)
-    lines = ["", f"KV context        : every card keeps the same {agreed:,} blocks of {bs}, so the pipeline holds "
-                 f"{agreed * bs:,} tokens of context (the fewest a card holding full-attention layers allocates)"]
-    free = [f"GPU {r}" for r, claim in enumerate(claims) if claim == NO_LIMIT]
-    if free and len(free) < pp.size:
+    agreed = agree_kv(claims, context, c.max_model_len is not None, bs)
+    lines = ["", f"KV context        : every card keeps the same {agreed.blocks:,} blocks of {bs}, so the pipeline "
+                 f"holds {agreed.blocks * bs:,} tokens of context (the fewest a card holding full-attention layers "
+                 "allocates)"]
+    free = [f"GPU {r}" for r, claim in enumerate(claims) if claim.blocks == NO_LIMIT]
+    if free and len(free) < len(claims):
         lines.append(f"                    {' and '.join(free)} hold only sliding-window layers, which keep their "
                      "KV in the window pool: no limit on that number")
-    short = [(room, r) for r, (room, claim) in enumerate(zip(rooms, claims)) if claim != NO_LIMIT and room < one_seq]
-    if short:
-        room, r = min(short)
-        lines.append(f"                    GPU {r} has room for {room:,} blocks ({room * bs:,} tokens) only, yet "
-                     "every card allocates one sequence at the full context, past its budget: lower --max-model-len "
-                     f"to {room * bs:,} or raise --gpu-memory-budget")
-    return lines
+    return lines + _context_line(agreed.context, agreed.note)
+
+
+def _context_line(context: int, note: str | None) -> list[str]:
+    """The context the engine would load with, where a note says it is shorter than the model's."""
+    return [f"context           : {context} tokens ({note.split(': ', 1)[1]})"] if note else []
 
 
 def _kv_lines(spec: ModelSpec, kv: KVSizing, context: int) -> list[str]:
@@ -260,10 +261,9 @@ def _budget_lines(spec, args, c: EngineConfig, resident: int, per_expert: int, n
         plan = plan_for(True)
     lines = ["", *plan.format()]
     if not c.kv_cache_size:      # the engine's rule (engine.loading): one sequence's context fits the KV cache
-        fitted, note = fit_context(context, c.max_model_len is not None, min(plan.kv_bytes, kv_per_token * context *
-                                   c.max_batch), kv_per_token, c.kv_block_size, budget)
-        if note:
-            lines.append(f"context           : {fitted} tokens ({note.split(': ', 1)[1]})")
+        lines += _context_line(*fit_context(context, c.max_model_len is not None,
+                                            kv_pool_bytes(plan, context, c.max_batch), kv_per_token, c.kv_block_size,
+                                            budget))
     if plan.pool_slots < plan.num_experts:
         reads = getattr(args, "expert_reads", "auto")
         lines.append("missing experts   : " + (

@@ -382,23 +382,34 @@ class ExpertManager:
         self.copy.forget_step()
 
     # ---- settings and reports --------------------------------------------------------------------
+    def check_reconfigure(self, pool_bytes: int | None = None, prefetch_depth: int | None = None,
+                          policy: str | None = None, reads: str | None = None, cold: str | None = None) -> str:
+        """The cold-expert mode these settings give; raises ReconfigureError when :meth:`reconfigure`
+        would refuse them (during a step, a bad value, a pool over the budget). Changes nothing."""
+        if self._in_step:
+            raise ReconfigureError("the expert pool can change only between engine steps; apply it after step() returns")
+        change = live_changes.check(self.r, self.direct.option, self._profile, self._lfu_decay, pool_bytes,
+                                    prefetch_depth, policy, reads)
+        if change.resize:
+            self.r.pool.check_size(change.slots)
+        return check_mode(cold, ReconfigureError) if cold is not None else self.r.cold.mode
+
     def reconfigure(self, pool_bytes: int | None = None, prefetch_depth: int | None = None,
                     policy: str | None = None, reads: str | None = None, cold: str | None = None) -> str:
         """Apply new settings between steps; returns a short description of the result.
 
         Raises ReconfigureError and changes nothing when a setting is invalid, the pool does not
-        fit the budget, or its allocation fails.
+        fit the budget (:meth:`check_reconfigure`), or its allocation fails.
         """
-        if self._in_step:
-            raise ReconfigureError("the expert pool can change only between engine steps; apply it after step() returns")
+        cold_mode = self.check_reconfigure(pool_bytes, prefetch_depth, policy, reads, cold)
         self.direct.finish_ended()
         if self.r.store is None and pool_bytes is not None and \
                 live_changes.slots_for(pool_bytes, self.layout, self.r.books.num_keys) < self.r.books.num_keys:
             self.r.store = live_changes.give_store(self.r, self.direct.option)
             self._owns_store = True
+        # checked again: a host store given just now is checked for direct reads
         change = live_changes.check(self.r, self.direct.option, self._profile, self._lfu_decay, pool_bytes,
                                     prefetch_depth, policy, reads)
-        cold_mode = check_mode(cold, ReconfigureError) if cold is not None else self.r.cold.mode
         if change.resize:
             self._release_all()
             self.last_kind = None                  # the table is rebuilt whole

@@ -155,12 +155,8 @@ class ExpertPool:
         slots = max(0, min(int(slots), self.num_keys))
         if self.store is None:
             raise ReconfigureError("this expert pool has no host store to offload to; it cannot be resized")
+        self.check_size(slots)
         total = slots + self.staging_for(slots)
-        if self.budget_bytes is not None and total * self.nbytes > self.budget_bytes:
-            raise ReconfigureError(
-                f"an expert pool of {slots} slots plus {total - slots} staging slots needs "
-                f"{format_size(total * self.nbytes)} but the GPU memory budget leaves "
-                f"{format_size(self.budget_bytes)} for it; lower expert_pool_size or raise gpu_memory_budget")
         old_owner, old_slots = list(self.books.owner), self.books.slots
         self.copies.synchronize()                          # nothing may still write the old buffer
         self.buffer = self.views = None                      # drop the old buffer before allocating
@@ -172,6 +168,16 @@ class ExpertPool:
             raise
         kept = list(range(self.num_keys)) if slots >= self.num_keys else list(keep)[:slots]
         self._rebuild(buffer, slots, list(enumerate(kept)))
+
+    def check_size(self, slots: int) -> None:
+        """Raise ReconfigureError when a pool of ``slots`` slots and its staging is over the budget."""
+        slots = max(0, min(int(slots), self.num_keys))
+        total = slots + self.staging_for(slots)
+        if self.budget_bytes is not None and total * self.nbytes > self.budget_bytes:
+            raise ReconfigureError(
+                f"an expert pool of {slots} slots plus {total - slots} staging slots needs "
+                f"{format_size(total * self.nbytes)} but the GPU memory budget leaves "
+                f"{format_size(self.budget_bytes)} for it; lower expert_pool_size or raise gpu_memory_budget")
 
     def _rebuild(self, buffer: torch.Tensor, slots: int, placed: list[tuple[int, int]]) -> None:
         self.buffer = buffer

@@ -62,5 +62,13 @@ class ExpertProvider(Protocol):
     def stats(self) -> ExpertStats:
         """Cumulative counters, without a device sync and without side effects."""
 
+    def check_reconfigure(self, pool_bytes: int | None = None, prefetch_depth: int | None = None,
+                          policy: str | None = None, reads: str | None = None, cold: str | None = None) -> str:
+        """Raise ReconfigureError when ``reconfigure`` would refuse these settings; changes nothing."""
+
+    def reconfigure(self, pool_bytes: int | None = None, prefetch_depth: int | None = None,
+                    policy: str | None = None, reads: str | None = None, cold: str | None = None) -> str:
+        """Apply live settings between steps (None: unchanged); a short description of the result."""
+
     def close(self) -> None:
         """Free what the provider holds on the device (and the host store it owns)."""

@@ -26,6 +26,12 @@ QUANTISED = {"int8": (torch.int8, 127.0), "fp8": (torch.float8_e4m3fn, 448.0)}
 KV_FORMATS = ("auto", "bf16", "int8", "fp8")
 
 
+def check_kv_format(kv_dtype: str) -> None:
+    """Raise ReconfigureError unless ``kv_dtype`` is a KV storage a cache converts to."""
+    if kv_dtype not in KV_FORMATS:
+        raise ReconfigureError(f"kv_cache_dtype={kv_dtype!r} is not supported; choose one of {', '.join(KV_FORMATS)}")
+
+
 def _storage_dtype(kv_dtype: str, compute: torch.dtype) -> torch.dtype:
     if kv_dtype in QUANTISED:
         return QUANTISED[kv_dtype][0]
@@ -130,8 +136,7 @@ class KVCache:
 
     def convert(self, kv_dtype: str) -> None:
         """Re-store every row in ``kv_dtype`` (between steps); on out-of-memory nothing changes."""
-        if kv_dtype not in KV_FORMATS:
-            raise ReconfigureError(f"kv_cache_dtype={kv_dtype!r} is not supported; choose one of {', '.join(KV_FORMATS)}")
+        check_kv_format(kv_dtype)
         if kv_dtype == self.kv_dtype:
             return
         rows = [torch.arange(self.layer_shape(i)[0], device=self.device) for i in range(self.num_layers)]

@@ -4,5 +4,6 @@
 one stage (a slice of the model with its own expert pool, KV cache and budget),
 :mod:`engine.parallel.load` loads the first stage with the others beside it,
 :mod:`engine.parallel.pipeline` starts and drives the other stages' processes from the engine's
-own process (the first stage), and :mod:`engine.parallel.worker` is what those processes run.
+own process (the first stage), :mod:`engine.parallel.changes` takes live options to every stage or to
+none, and :mod:`engine.parallel.worker` is what those processes run.
 """

@@ -3,7 +3,9 @@ with the other stages' processes started and loaded beside it (engine/parallel/p
 them), and the per-card settings both modes derive from the engine's config."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -54,23 +56,31 @@ def load_expert_parallel(config: EngineConfig, spec: ModelSpec, source: TensorSo
     cfgs = [config.replace(device="cpu" if device.type == "cpu" else f"cuda:{r}", gpu_memory_budget=budgets[r],
                            cuda_graphs=False, cold_experts="bus") for r in range(n)]
     group = Pipeline(config, None, cfgs, path, device, spec, mode="experts")
+    notes = tuple(notes) + _eager(device, config, "expert parallel runs its decode steps eagerly")
+    loaded = _first_beside(group, lambda: model_cls(cfgs[0], spec, source, tokenizer, path, notes,
+                                                    shard=ExpertShard(0, n, spec.num_experts)), source, path)
+    loaded.model.expert_parallel = ExpertsOnCards(group)
+    return loaded
+
+
+def _eager(device: torch.device, config: EngineConfig, why: str) -> tuple[str, ...]:
+    """The note that CUDA graphs are off (``why``), where they would have been on."""
+    return (f"CUDA graphs are off: {why}",) if device.type == "cuda" and config.cuda_graphs is not False else ()
+
+
+def _first_beside(group: Pipeline, load: Callable[[], Any], source: TensorSource, path: Path):
+    """The first card's model, made by ``load`` while the other processes of ``group`` load theirs,
+    once they have and the links between them are built (``group`` is closed if any of it fails),
+    and a converted folder's expert layout is checked against it (the model is closed if it fails)."""
     try:
-        graphs = ("CUDA graphs are off: expert parallel runs its decode steps eagerly",) \
-            if device.type == "cuda" and config.cuda_graphs is not False else ()
-        loaded = model_cls(cfgs[0], spec, source, tokenizer, path, tuple(notes) + graphs,
-                             shard=ExpertShard(0, n, spec.num_experts))
+        loaded = load()
         group.wait_loaded()
+        group.warm_up()
     except BaseException:
         group.close()
         raise
     group.first = loaded
     loaded.pipeline = group
-    loaded.model.expert_parallel = ExpertsOnCards(group)
-    return _checked(loaded, source, path)
-
-
-def _checked(loaded, source: TensorSource, path: Path):
-    """``loaded``, once a converted folder's expert layout is checked against it (closed if it fails)."""
     manifest = getattr(source, "manifest", None)
     if manifest is not None:
         try:
@@ -117,20 +127,12 @@ def load_pipeline(config: EngineConfig, spec: ModelSpec, source: TensorSource, t
     plan = plan_pipeline(spec, n, elem, resident, layout.nbytes, card_budgets(config))
     cfgs = stage_configs(config, plan, device)
     pipeline = Pipeline(config, plan, cfgs, path, device, spec)
-    try:
-        ctx = StageContext(spec, plan, 0, pipeline.agree_blocks)
-        first = plan.stages[0]
-        graphs = ("CUDA graphs are off: the stages of a pipeline run their decode steps eagerly",) \
-            if device.type == "cuda" and config.cuda_graphs is not False else ()
-        loaded = model_cls(cfgs[0], stage_spec(spec, first), StageSource(source, first), tokenizer, path,
-                             notes + graphs, stage=ctx)
-        pipeline.wait_loaded()
-        pipeline.warm_up()
-    except BaseException:
-        pipeline.close()
-        raise
-    pipeline.first = loaded
-    loaded.pipeline = pipeline
+    first = plan.stages[0]
+    notes = notes + _eager(device, config, "the stages of a pipeline run their decode steps eagerly")
+    loaded = _first_beside(pipeline, lambda: model_cls(cfgs[0], stage_spec(spec, first), StageSource(source, first),
+                                                       tokenizer, path, notes,
+                                                       stage=StageContext(spec, plan, 0, pipeline.share_claims)),
+                           source, path)
     loaded.model.pipeline = pipeline
-    return _checked(loaded, source, path)
+    return loaded
 

@@ -4,7 +4,7 @@ activations down the stages over torch.distributed, and stops them all when one 
 Wiring (N stages, rank 0 is the engine's own process):
 
 * control: one pipe per worker (engine/parallel/processes.py), carrying pickled messages (a step's
-  batch description, live options, stats requests, close, the KV block agreement at load) and their
+  batch description, live options, stats requests, close, the stages' KV claims at load) and their
   replies (or a worker's error);
 * rendezvous: rank 0 holds the TCP store; each worker marks itself there just before it joins the
   process group, and rank 0 joins only once all have, watching their processes meanwhile, so a stage
@@ -21,7 +21,9 @@ Wiring (N stages, rank 0 is the engine's own process):
   blocking; a step's first receive posted on rank 0 before its first send would make the pairs wait
   on each other in a cycle. Before any step each edge carries one value in an order without a cycle
   (0 -> 1, 1 -> 2, ..., N-2 -> N-1 on ``links``, then N-1 -> 0 on ``back``): every communicator exists
-  before a step posts anything.
+  before a step posts anything. Expert parallel builds its one communicator with a broadcast. Rank 0
+  does its share on a thread of its own, so that it watches its workers meanwhile (a communicator
+  waits for a peer that died without a limit), and gives it ``rendezvous_timeout_s``.
 
 Every wait of rank 0 polls its workers: a worker that reports an error or whose process ended
 stops the pipeline with one :class:`PipelineError` (or the worker's own error, at load), and no
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 import weakref
 from datetime import timedelta
@@ -43,10 +46,11 @@ import torch.distributed as dist
 from engine import errors
 from engine.checkpoint.spec import ModelSpec
 from engine.config import EngineConfig
-from engine.errors import ConfigError, PipelineError, ReconfigureError, StrataError
+from engine.errors import ConfigError, PipelineError, StrataError
+from engine.parallel.changes import StageChanges
 from engine.parallel.plan import PipelinePlan
 from engine.parallel.processes import WORKER_ARGV, Crew, StageProcess, Worker
-from engine.parallel.stages import agreed_blocks, kv_claim
+from engine.parallel.stages import KVClaim
 from engine.runner.batch import BatchParts
 from engine.telemetry import StageStats
 
@@ -80,12 +84,10 @@ class Pipeline:
         self.failed: str | None = None
         self.first = None             # the first stage's LoadedModel, once loaded (live options apply to it last)
         self.warmed_edges: tuple[tuple[int, int], ...] = ()    # (from, to) in the order the warm-up used them
-        # the stages' live options as they stand, to put back when a change is refused somewhere
-        self._live = {k: getattr(stage_cfgs[0], k) for k in _STAGE_OPTIONS}
-        self._own_claim = lambda blocks: blocks if plan is None else kv_claim(spec, plan.stages[0], stage_cfgs[0],
-                                                                              blocks)
+        self.changes = StageChanges(stage_cfgs[0])     # the stages' live options
         self.links = self.back = None
         self._joined = False
+        self._rendezvous_s = rendezvous_timeout_s
         if dist.is_initialized():
             raise ConfigError("another model spread over several GPUs is loaded in this process; close it before "
                               "loading this one")
@@ -248,30 +250,55 @@ class Pipeline:
                        "load the model again")
 
     # ---- load ----------------------------------------------------------------------------------------
-    def agree_blocks(self, blocks: int) -> int:
-        """The KV blocks every stage allocates: the fewest a stage holding full-attention layers can
-        hold (a stage of sliding-window layers only claims no limit, stages.kv_claim). The workers
-        send theirs over their pipes, so the wait watches their processes (a slow load included)."""
-        got = [self._expect(w, "blocks") for w in self.workers]
-        agreed = agreed_blocks([self._own_claim(blocks), *(g[1] for g in got)], [blocks, *(g[2] for g in got)])
+    def share_claims(self, own: KVClaim) -> list[KVClaim]:
+        """Every stage's KV claim, in stage order, handed to every stage (each then decides the blocks
+        and the context alike, stages.agree_kv). The workers send theirs over their pipes, so the wait
+        watches their processes (a slow load included)."""
+        claims = [own, *(self._expect(w, "kv_claim")[1] for w in self.workers)]
         for w in self.workers:
-            self._send(w, ("agreed", agreed))
-        return agreed
+            self._send(w, ("kv_claims", claims))
+        return claims
 
     def wait_loaded(self) -> None:
         for w in self.workers:
             self._expect(w, "loaded")
 
     def warm_up(self) -> None:
-        """Build every link's communicator before the first step, one edge after the other in an
-        order without a cycle (see the module docstring); ``warmed_edges`` lists them."""
+        """Build every link's communicator before the first step: down the stages one edge after the
+        other in an order without a cycle (see the module docstring; ``warmed_edges`` lists them), or,
+        for expert parallel, one broadcast over every card. Rank 0's side runs on a thread of its own
+        while this one watches the workers: a stage whose process ends fails the load at once (an NCCL
+        communicator waits for its peers without a limit), and the whole takes ``rendezvous_s`` at most."""
         for w in self.workers:
             self._send(w, ("warm_up",))
-        token = torch.zeros(1, device=self.device)
-        self._wait(dist.isend(token, dst=1, group=self.links))
-        self._wait(dist.irecv(token, src=self.size - 1, group=self.back))
-        edges = [(0, 1)] + [tuple(self._expect(w, "warmed")[1]) for w in self.workers]
-        self.warmed_edges = tuple(edges)
+        failure: list[BaseException] = []
+        thread = threading.Thread(target=self._first_uses, args=(failure,), name="pipeline-warm-up", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + self._rendezvous_s
+        while thread.is_alive():
+            self._check()
+            if time.monotonic() > deadline:
+                late = next((w for w in self.workers if not any(m[0] == "warmed" for m in w.inbox)), self.workers[-1])
+                self._fail(f"{self._where(late.rank)} (process {late.proc.pid}) did not build its links within "
+                           f"{self._rendezvous_s:g} s; every stage was stopped — load the model again")
+            thread.join(0.005)
+        if failure:
+            self._broken(failure[0])
+        edges = [self._expect(w, "warmed")[1] for w in self.workers]
+        self.warmed_edges = ((0, 1), *map(tuple, edges)) if self.mode == "layers" else ()
+
+    def _first_uses(self, failure: list[BaseException]) -> None:
+        """Rank 0's share of the warm-up (on the warm-up thread); an error goes to ``failure``."""
+        try:
+            token = torch.zeros(1, device=self.device)
+            if self.mode == "experts":
+                dist.broadcast(token, src=0, group=self.links)
+            else:
+                dist.send(token, dst=1, group=self.links)
+                dist.recv(token, src=self.size - 1, group=self.back)
+            token.cpu()                           # NCCL's operations are done once the stream is
+        except BaseException as e:                # handed to the thread that watches the workers
+            failure.append(e)
 
     # ---- steps ---------------------------------------------------------------------------------------
     def forward(self, model, batch, cache, acquire=None) -> torch.Tensor:
@@ -352,50 +379,15 @@ class Pipeline:
         return self.plan.size if self.device.type == "cuda" and batch.parts.decode else 1
 
     def reconfigure(self, options: dict, notes: dict) -> dict[str, str]:
-        """Apply the live options of the stages' own cards on every stage: the other stages first,
-        then the first stage's card; what each became (the other stages' answers join where they
-        differ from the first's).
-
-        All or none: a refusal by another stage leaves the first stage untouched (the others that
-        applied it get their previous values back); a refusal by the first stage gives the others
-        theirs back. One ReconfigureError names the stages that refused. A stopped pipeline raises
-        its PipelineError."""
-        from engine.live import apply_to_stage
+        """Apply the live options of the stages' own cards on every stage, or on none
+        (engine/parallel/changes.py); a stopped pipeline raises its PipelineError."""
         self._check()
-        stage_options = {k: v for k, v in options.items() if k in _STAGE_OPTIONS}
-        if not stage_options:
-            return {}
-        answers = self._ask_all(("reconfigure", stage_options, notes), "reconfigured")
-        refused = [f"stage {w.rank}: {got[1]}" for w, got in zip(self.workers, answers) if got[1] is not None]
-        if refused:
-            self._undo(list(stage_options))
-            raise ReconfigureError(f"{'; '.join(refused)}; no stage changed")
-        try:
-            applied = apply_to_stage(self.first, stage_options, notes)
-        except StrataError as e:
-            self._undo(list(stage_options))
-            raise ReconfigureError(f"stage 0: {e}; no stage changed") from None
-        self._live.update(stage_options)
-        for w, got in zip(self.workers, answers):
-            for k, text in got[2].items():
-                if applied.get(k) != text:
-                    applied[k] = f"{applied.get(k, '')}; stage {w.rank}: {text}".lstrip("; ")
-        return applied
+        return self.changes.apply(self, options, notes)
 
     def _ask_all(self, msg: tuple, kind: str) -> list[tuple]:
         for w in self.workers:
             self._send(w, msg)
         return [self._expect(w, kind) for w in self.workers]
-
-    def _undo(self, names: list[str]) -> None:
-        """Put the live options ``names`` back to their values before the refused change, on every
-        other stage (the first stage has not applied it)."""
-        before = {k: self._live[k] for k in names}
-        answers = self._ask_all(("reconfigure", before, {}), "reconfigured")
-        failed = [f"stage {w.rank}: {got[1]}" for w, got in zip(self.workers, answers) if got[1] is not None]
-        if failed:
-            self._fail(f"a refused live change could not be undone ({'; '.join(failed)}); every stage was stopped "
-                       "— load the model again")
 
     def stage_stats(self) -> list[StageStats]:
         """Every other stage's counters and memory, in stage order."""
@@ -411,8 +403,3 @@ class Pipeline:
     @property
     def pids(self) -> list[int]:
         return [w.proc.pid for w in self.workers]
-
-
-# the live options each stage applies to its own card (engine/live.py apply_to_stage)
-_STAGE_OPTIONS = ("expert_pool_size", "prefetch_depth", "expert_policy", "expert_reads", "cold_experts",
-                  "kv_cache_dtype")

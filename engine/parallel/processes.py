@@ -112,7 +112,8 @@ class Crew:
         self.owns_group = False
 
     def stop(self, kill: bool = False) -> None:
-        """Stop every stage (asked to close first unless ``kill``) and leave the process group."""
+        """Stop every stage (asked to close first unless ``kill``: killed at once, a stopped or hung
+        process too) and leave the process group."""
         for w in self.workers:
             if not kill and w.proc.is_alive():
                 try:
@@ -122,7 +123,7 @@ class Crew:
         deadline = time.monotonic() + (0.0 if kill else 20.0)
         for w in self.workers:
             w.proc.join(max(0.0, deadline - time.monotonic()))
-            if w.proc.is_alive():
+            if w.proc.is_alive() and not kill:
                 w.proc.terminate()
                 w.proc.join(5.0)
             if w.proc.is_alive():

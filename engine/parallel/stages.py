@@ -16,8 +16,7 @@ import torch
 
 from engine.checkpoint.reader import TensorSource
 from engine.checkpoint.spec import ModelSpec
-from engine.config import EngineConfig
-from engine.kv.sizing import window_group
+from engine.memory import MemoryPlan, fit_context, kv_pool_bytes
 from engine.parallel.plan import PipelinePlan, Stage
 
 _LAYER = re.compile(r"^(model\.layers\.)(\d+)(\..*)$")
@@ -32,21 +31,55 @@ def stage_spec(spec: ModelSpec, stage: Stage) -> ModelSpec:
                                head=stage.head)
 
 
-def kv_claim(spec: ModelSpec, stage: Stage, config: EngineConfig, blocks: int) -> int:
-    """What stage ``stage`` of ``spec`` (loaded with ``config``) says it can hold of the full-attention
-    blocks every stage allocates: ``blocks``, or :data:`NO_LIMIT` when each of its layers keeps its KV
-    in the sliding-window pool (gpt-oss alternates window and full layers), whose full-attention pool
-    then has no layer and costs nothing however many blocks the tables span."""
-    context = min(config.max_model_len or spec.max_position, spec.max_position)
-    windowed, _ = window_group(spec, context, config.kv_block_size)
-    return NO_LIMIT if set(range(stage.start, stage.end)) <= set(windowed) else blocks
+@dataclass(frozen=True)
+class KVClaim:
+    """What one stage's card says of the full-attention KV blocks every stage allocates (they agree on
+    one number: the scheduler's block tables span every stage)."""
+
+    blocks: int                  # blocks it holds; NO_LIMIT: it has no full-attention layer (they cost it nothing)
+    kv_bytes: int                # bytes its full-attention pool may take (engine.memory.kv_pool_bytes)
+    bytes_per_token: int         # what a token of context adds in its full-attention layers
+    budget_bytes: int | None     # its card's budget; None: none to fit the context in (the CPU, a KV size given)
 
 
-def agreed_blocks(claims: list[int], blocks: list[int]) -> int:
-    """The full-attention blocks every stage allocates: the fewest a stage with such layers can hold
-    (``claims``, one per stage), or, when no stage has one, the fewest any stage computed (``blocks``)."""
-    fewest = min(claims)
-    return min(blocks) if fewest == NO_LIMIT else fewest
+@dataclass(frozen=True)
+class KVAgreement:
+    """The blocks every stage allocates and the context one sequence has in them."""
+
+    blocks: int
+    context: int                 # tokens
+    note: str | None = None      # why the context is shorter than the model's (naming the card), or None
+
+
+def stage_claim(plan: MemoryPlan, context: int, max_batch: int, block: int, asked: int | None) -> KVClaim:
+    """The claim of a stage planned as ``plan`` (``asked``: its share of ``--kv-cache-size``). On a
+    budget, the blocks its KV room holds; with no budget or a KV size given, at least one sequence at
+    the full ``context``, as on one card."""
+    kv, per_token = kv_pool_bytes(plan, context, max_batch, asked), plan.kv_bytes_per_token
+    if not per_token:
+        return KVClaim(NO_LIMIT, kv, 0, None)
+    blocks = kv // (per_token * block)
+    if plan.budget_bytes is None or asked:
+        return KVClaim(max(blocks, -(-context // block)), kv, per_token, None)
+    return KVClaim(blocks, kv, per_token, plan.budget_bytes)
+
+
+def agree_kv(claims: list[KVClaim], context: int, explicit: bool, block: int) -> KVAgreement:
+    """What the stages of ``claims`` (in stage order) allocate: the fewest blocks a card holding
+    full-attention layers claims (one sequence at the full context when no card holds any). A context
+    longer than those blocks hold on that card's budget is capped to them when the user left it unset
+    (``explicit`` False), with a note, and else refused, naming the card (engine.memory.fit_context)."""
+    limits = [(c.blocks, rank) for rank, c in enumerate(claims) if c.blocks != NO_LIMIT]
+    if not limits:
+        return KVAgreement(-(-context // block), context)
+    blocks, rank = min(limits)
+    least = claims[rank]
+    if least.budget_bytes is None:
+        return KVAgreement(blocks, context)
+    fitted, note = fit_context(context, explicit, least.kv_bytes, least.bytes_per_token, block, least.budget_bytes,
+                               f"GPU {rank}")
+    # a context that fits in bytes but not in whole blocks takes one block more, as on one card
+    return KVAgreement(max(blocks, -(-fitted // block)), fitted, note)
 
 
 class StageSource(TensorSource):
@@ -95,7 +128,7 @@ class StageContext:
     full_spec: ModelSpec                 # the whole model (for what the engine reports)
     plan: PipelinePlan
     rank: int
-    agree_blocks: Callable[[int], int]   # KV blocks this stage can hold -> the number every stage allocates
+    share_claims: Callable[[KVClaim], list[KVClaim]]   # this stage's KV claim -> every stage's, in stage order
 
     @property
     def stage(self) -> Stage:

@@ -36,13 +36,13 @@ def _load(config, path: str, plan, rank: int, conn):
     from engine.checkpoint.spec import read_spec
     from engine.errors import PipelineError
     from engine.loading import LoadedModel
-    from engine.parallel.stages import StageContext, StageSource, kv_claim, stage_spec
+    from engine.parallel.stages import StageContext, StageSource, stage_spec
 
-    def agree(blocks: int) -> int:
-        """The first stage decides the blocks every stage allocates from what each can hold."""
-        conn.send(("blocks", kv_claim(spec, stage, config, blocks), blocks))
+    def share(claim):
+        """The first stage hands every stage's KV claim back (engine/parallel/pipeline.py share_claims)."""
+        conn.send(("kv_claim", claim))
         msg = conn.recv()
-        if msg[0] != "agreed":
+        if msg[0] != "kv_claims":
             raise PipelineError(f"the engine's process sent {msg[0]!r} while the stages agreed on their KV blocks")
         return msg[1]
 
@@ -52,7 +52,7 @@ def _load(config, path: str, plan, rank: int, conn):
     source = ConvertedSource(folder, verify=False) if is_converted(folder) else SafetensorsReader(folder)
     stage = plan.stages[rank]
     return LoadedModel(config, stage_spec(spec, stage), StageSource(source, stage), None, folder, (),
-                       stage=StageContext(spec, plan, rank, agree))
+                       stage=StageContext(spec, plan, rank, share))
 
 
 def _stats(m, rank: int):
@@ -172,6 +172,15 @@ class Links:
         self.links = dist.new_group(timeout=timedelta(seconds=link_s))
         self.back = dist.new_group(ranks=[0, world - 1], timeout=timedelta(seconds=link_s))
 
+    def warm_up(self, token: torch.Tensor, experts: bool) -> tuple[int, int] | None:
+        """This stage's share of the warm-up at load (engine/parallel/pipeline.py Pipeline.warm_up): the
+        edge it sent on, or None for expert parallel's one broadcast over every card."""
+        if experts:
+            dist.broadcast(token, src=0, group=self.links)
+            return None
+        self.recv(token)
+        return self.send_on(token)
+
     def recv(self, t: torch.Tensor, tag: int = 0) -> None:
         dist.recv(t, src=self.rank - 1, tag=tag, group=self.links)
 
@@ -203,8 +212,13 @@ def _expert_step(m: ShardModel, tokens: int, rank: int, world: int, links: Links
         m.experts.end_step()
 
 
+def _own_options(m, options: dict) -> dict:
+    """The live options that concern this process's card (a shard keeps no KV cache)."""
+    return {k: v for k, v in options.items() if not (isinstance(m, ShardModel) and k == "kv_cache_dtype")}
+
+
 def _serve(m, conn, rank: int, world: int, links: Links) -> None:
-    from engine.live import apply_to_stage
+    from engine.live import apply_to_stage, check_stage
     D, dtype, device = m.spec.hidden, m.dtype, m.device
     windowed = bool(m.cache.window_blocks) if not isinstance(m, ShardModel) else False
     while True:
@@ -223,15 +237,17 @@ def _serve(m, conn, rank: int, world: int, links: Links) -> None:
             x, out = m.model.layers(act[0], act[1], batch, m.cache)
             links.send_on(torch.stack([x, out]).contiguous(), tag)
         elif kind == "warm_up":                       # every link's communicator built before the first step
-            token = torch.zeros(1, device=device)
-            links.recv(token)
-            conn.send(("warmed", links.send_on(token)))
+            conn.send(("warmed", links.warm_up(torch.zeros(1, device=device), isinstance(m, ShardModel))))
+        elif kind == "check":                         # a live change, checked before any stage applies it
+            try:
+                check_stage(m, _own_options(m, msg[1]))
+                conn.send(("checked", None))
+            except StrataError as e:                  # refused (a bad value, or its card cannot hold it)
+                conn.send(("checked", str(e)))
         elif kind == "reconfigure":
             try:
-                options = msg[1] if not isinstance(m, ShardModel) else \
-                    {k: v for k, v in msg[1].items() if k != "kv_cache_dtype"}       # a shard keeps no KV cache
-                conn.send(("reconfigured", None, apply_to_stage(m, options, msg[2])))
-            except StrataError as e:                  # refused (a bad value, or its card cannot hold it)
+                conn.send(("reconfigured", None, apply_to_stage(m, _own_options(m, msg[1]), msg[2])))
+            except StrataError as e:                  # accepted, yet failed (an allocation)
                 conn.send(("reconfigured", str(e), {}))
         elif kind == "stats":
             conn.send(("stats", _stats(m, rank)))

@@ -110,16 +110,39 @@ def test_int4_experts_need_a_group_that_divides_2880(gpt_oss_120b):
 def test_the_120b_over_two_24g_cards(gpt_oss_120b, capsys):
     """--pipeline-parallel 2: the first card, with the embedding and LM head, takes fewer layers; both
     keep about the same share of their experts; the cards' KV room is less than one sequence at the
-    full context, which each allocates all the same (as the engine sizes its cache): info says so."""
-    assert main(["info", "--model", str(gpt_oss_120b), "--pipeline-parallel", "2", "--gpu-memory-budget", "24G,24G"]) == 0
+    full context, so the context is what the card with the least room holds, as the engine's stages
+    agree it (engine.parallel.stages.agree_kv), and a context set longer is refused, naming that card."""
+    args = ["info", "--model", str(gpt_oss_120b), "--pipeline-parallel", "2", "--gpu-memory-budget", "24G,24G"]
+    assert main(args) == 0
     out = capsys.readouterr().out
     first = re.search(r"stage 0 \(GPU 0\): layers 0-(\d+) \((\d+) layers", out)
     assert first and int(first.group(2)) < L // 2
     shares = [int(s) for s in re.findall(r"expert pool       : [\d.]+ GiB = \d+/\d+ experts \((\d+)%\)", out)]
     assert len(shares) == 2 and abs(shares[0] - shares[1]) <= 3
     tokens = [int(t) for t in re.findall(r"KV cache          : [\d.]+ MiB = (\d+) tokens", out)]
-    room = min(tokens) // 16                              # whole blocks of 16 tokens
+    room, card = min((t // 16, r) for r, t in enumerate(tokens))      # whole blocks of 16 tokens
     assert room * 16 < 131072
-    assert "every card keeps the same 8,192 blocks of 16, so the pipeline holds 131,072 tokens of context" in out
-    assert (f"has room for {room:,} blocks ({room * 16:,} tokens) only, yet every card allocates one sequence at the "
-            f"full context, past its budget: lower --max-model-len to {room * 16:,} or raise --gpu-memory-budget") in out
+    assert (f"every card keeps the same {room:,} blocks of 16, so the pipeline holds {room * 16:,} tokens of "
+            "context") in out
+    assert _line(out, "context  ") == (f"context           : {room * 16} tokens (that is what the KV cache the 24.00 "
+                                       f"GiB budget of GPU {card} leaves holds; lower --expert-pool-size or raise "
+                                       "--gpu-memory-budget for a longer one)")
+    assert main(args + ["--max-model-len", "131072"]) == 2
+    assert re.fullmatch(rf"error: a context of 131072 tokens needs .* of KV cache but the 24.00 GiB GPU memory budget "
+                        rf"of GPU {card} leaves it .*; lower --max-model-len to {room * 16} or lower "
+                        rf"--expert-pool-size or raise --gpu-memory-budget\n", capsys.readouterr().err)
+
+
+def test_the_120b_over_two_24g_cards_with_expert_parallel(gpt_oss_120b, capsys):
+    """--expert-parallel 2: the KV cache is GPU 0's alone; the context is what it holds there for one
+    sequence (the rule of one card), and a context set longer is refused, naming GPU 0."""
+    args = ["info", "--model", str(gpt_oss_120b), "--expert-parallel", "2", "--gpu-memory-budget", "24G,24G"]
+    assert main(args) == 0
+    found = re.fullmatch(r"context           : (\d+) tokens \(that is what the KV cache the 24.00 GiB budget of GPU 0 "
+                         r"leaves holds; lower --expert-pool-size or raise --gpu-memory-budget for a longer one\)",
+                         _line(capsys.readouterr().out, "context  "))
+    assert found and 0 < int(found.group(1)) < 131072 and int(found.group(1)) % 16 == 0
+    assert main(args + ["--max-model-len", "131072"]) == 2
+    assert re.fullmatch(r"error: a context of 131072 tokens needs .* budget of GPU 0 leaves it .*; lower --max-model-len "
+                        rf"to {found.group(1)} or lower --expert-pool-size or raise --gpu-memory-budget\n",
+                        capsys.readouterr().err)

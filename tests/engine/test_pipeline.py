@@ -64,18 +64,98 @@ def test_three_stages_match_one_process(folders, family):
     _same_as_one_process(folders[family], 3)
 
 
+def _stage_claims(folder, config, budget):
+    """Each stage's KV claim for the tiny model in ``folder`` split over 3 stages, planned on ``budget``."""
+    from engine.kv.sizing import kv_sizing
+    from engine.memory import plan_memory
+    from engine.parallel.stages import stage_claim, stage_spec
+    spec = read_spec(folder)
+    context = config.max_model_len or spec.max_position
+    claims = []
+    for s in plan_pipeline(spec, 3, 4, "bf16", 1 << 10).stages:
+        kv = kv_sizing(stage_spec(spec, s), torch.float32, "auto", context, config.max_batch, config.token_budget, 16)
+        plan = plan_memory(0, 1 << 10, 4, kv.bytes_per_token, budget, workspace_bytes=0, min_kv_tokens=0,
+                           window_kv_bytes=kv.window_pool_bytes)
+        claims.append(stage_claim(plan, context, config.max_batch, 16, None))
+    return claims
+
+
 def test_a_stage_of_window_layers_only_claims_no_limit_on_the_kv_blocks(folders):
     from engine.config import EngineConfig
-    from engine.parallel.stages import NO_LIMIT, agreed_blocks, kv_claim
-    spec = read_spec(folders["gpt_oss"])                  # layers: window 8, full, window 8
-    plan = plan_pipeline(spec, 3, 4, "bf16", 1 << 10)
+    from engine.parallel.stages import NO_LIMIT, agree_kv
+    config = EngineConfig(model=str(folders["gpt_oss"]), **OPTIONS)        # layers: window 8, full, window 8
+    claims = _stage_claims(folders["gpt_oss"], config, None)
+    assert [c.blocks == NO_LIMIT for c in claims] == [True, False, True]
+    # on the CPU (no budget) the full-attention stage holds a full batch at the full context
+    assert claims[1].blocks == 4 * 512 // 16
+    assert agree_kv(claims, 512, False, 16).blocks == claims[1].blocks
+    assert agree_kv([claims[0], claims[2]], 512, False, 16).blocks == 32     # no full layer anywhere: one sequence
+    # windows as long as the context are kept in the full pool: every stage's blocks are a real limit
+    assert all(c.blocks != NO_LIMIT for c in _stage_claims(folders["gpt_oss"], config.replace(max_model_len=8), None))
+
+
+def test_the_card_with_the_least_kv_room_sets_the_context(folders):
+    """On a budget the stages agree on the fewest blocks a card holds, and the context follows the rule
+    of one card (engine.memory.fit_context) on that card: capped when unset, refused when set, named."""
+    from engine.config import EngineConfig
+    from engine.memory import plan_memory
+    from engine.parallel.stages import NO_LIMIT, KVClaim, agree_kv, stage_claim
+    per_token = 1024
+    room = lambda blocks: KVClaim(blocks, blocks * 16 * per_token, per_token, 1 << 30)   # noqa: E731 — a 1G card
+    free = KVClaim(NO_LIMIT, 0, 0, None)
+    agreed = agree_kv([room(100), room(40), free], 2048, False, 16)
+    assert (agreed.blocks, agreed.context) == (40, 640)
+    assert agreed.note == ("context length 640 tokens (the model allows 2048): that is what the KV cache the 1.00 GiB "
+                           "budget of GPU 1 leaves holds; lower --expert-pool-size or raise --gpu-memory-budget for a "
+                           "longer one")
+    with pytest.raises(ConfigError, match=r"^a context of 2048 tokens needs 2.00 MiB of KV cache but the 1.00 GiB GPU "
+                                          r"memory budget of GPU 1 leaves it 640.00 KiB; lower --max-model-len to 640 "
+                                          r"or lower --expert-pool-size or raise --gpu-memory-budget$"):
+        agree_kv([room(100), room(40), free], 2048, True, 16)
+    with pytest.raises(ConfigError, match="budget of GPU 2 leaves it 0 B; lower --expert-pool-size or raise"):
+        agree_kv([room(100), free, room(0)], 2048, False, 16)          # not one block: no context fits
+    # room for the whole context: unchanged, no note
+    assert agree_kv([room(200), room(128)], 2048, True, 16) == agree_kv([room(128)], 2048, True, 16)
+    assert agree_kv([room(128)], 2048, True, 16).context == 2048
+    # the room a plan leaves, as the engine's stages and info claim it: a full batch at full context at most
     config = EngineConfig(model=str(folders["gpt_oss"]), **OPTIONS)
-    assert [kv_claim(spec, s, config, 64) for s in plan.stages] == [NO_LIMIT, 64, NO_LIMIT]
-    assert agreed_blocks([NO_LIMIT, 64, NO_LIMIT], [4, 64, 4]) == 64
-    assert agreed_blocks([NO_LIMIT, NO_LIMIT], [9, 7]) == 7          # no full layer anywhere: the fewest computed
-    # windows as long as the context are kept in the full pool: that stage's blocks are a real limit
-    long_windows = config.replace(max_model_len=8)
-    assert [kv_claim(spec, s, long_windows, 64) for s in plan.stages] == [64, 64, 64]
+    plan = plan_memory(0, 1 << 10, 4, per_token, 64 << 20, workspace_bytes=0, min_kv_tokens=0)
+    assert stage_claim(plan, 512, config.max_batch, 16, None) == KVClaim(128, 4 * 512 * per_token, per_token, 64 << 20)
+    tight = plan_memory(0, 1 << 10, 4, per_token, 4 * (1 << 10) + 100 * per_token, workspace_bytes=0, min_kv_tokens=0)
+    assert stage_claim(tight, 512, 4, 16, None).blocks == 6                 # 100 tokens: 6 whole blocks
+    assert stage_claim(tight, 512, 4, 16, 8 * per_token).blocks == 32       # a KV size given: one sequence at least
+
+
+def test_a_stage_loads_with_the_context_the_stages_agreed_on(folders):
+    """The first stage of a CPU pipeline, loaded beside a card whose budget holds 3 blocks: its context
+    and its cache are the agreed ones, and a context set longer than that is refused, naming the card."""
+    from engine.checkpoint.reader import SafetensorsReader
+    from engine.config import EngineConfig
+    from engine.loading import LoadedModel
+    from engine.parallel.stages import KVClaim, StageContext, StageSource, stage_spec
+    folder = folders["qwen3_moe"]
+    spec = read_spec(folder)
+    plan = plan_pipeline(spec, 2, 4, "bf16", 1 << 10)
+    first = plan.stages[0]
+    peer = KVClaim(3, 3 * 16 * 4096, 4096, 1 << 30)
+
+    def load(**options):
+        config = EngineConfig(model=str(folder), **{**OPTIONS, **options})
+        ctx = StageContext(spec, plan, 0, lambda own: [own, peer])
+        return LoadedModel(config, stage_spec(spec, first), StageSource(SafetensorsReader(folder), first), None,
+                           folder, (), stage=ctx)
+
+    loaded = load()
+    try:
+        assert loaded.max_model_len == 48 and loaded.cache.num_blocks == 3 + 1     # + the scratch block
+        assert any(n.startswith("context length 48 tokens (the model allows 512): that is what the KV cache the "
+                                "1.00 GiB budget of GPU 1 leaves holds") for n in loaded.info.notes)
+    finally:
+        loaded.close()
+    with pytest.raises(ConfigError, match=r"^a context of 100 tokens needs .* budget of GPU 1 leaves it .*; lower "
+                                          r"--max-model-len to 48 or lower --expert-pool-size or raise "
+                                          r"--gpu-memory-budget$"):
+        load(max_model_len=100)
 
 
 def test_more_stages_than_moe_layers_is_refused(folders):
