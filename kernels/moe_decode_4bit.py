@@ -67,7 +67,8 @@ def _planes(q_row, idx, ok, K8):
 # permutes), and each byte is picked from one of the two by its sign bit moved to the selector's bit 2
 # (shift, and-or, permute); two more permutes interleave the halves' bytes into elements 0, 2, 4, 6
 # and 1, 3, 5, 7, the order of the activation planes. Tables: 2 * e2m1 of magnitudes 0..7, negated.
-_FP4_HALF_ASM = """and.b32 m, {src}, 0x7777; prmt.b32 p, 0x03020100, 0x0C080604, m; prmt.b32 n, 0xFDFEFF00, 0xF4F8FAFC, m;
+_FP4_HALF_ASM = """and.b32 m, {src}, 0x7777;
+            prmt.b32 p, 0x03020100, 0x0C080604, m; prmt.b32 n, 0xFDFEFF00, 0xF4F8FAFC, m;
             shr.u32 t, {src}, 1; and.b32 t, t, 0x4444; or.b32 t, t, 0x3210; prmt.b32 {dst}, p, n, t;"""
 _FP4_DOT8_ASM = tl.constexpr("""{
             .reg .b32 lo, hi, t, m, p, n;

@@ -199,9 +199,10 @@ def main() -> None:
     for c in res["cases"]:
         if c.get("best"):
             b = c["best"]
+            top = sorted(c["kernel_us_best"].items(), key=lambda kv: -kv[1])[:3]
             print(f"T={c['tokens']} best {b['up']} / {b['down']} pdl={b['pdl']}: {b['us']:.1f} us ({b['pct']:.0f}% of "
                   f"the copy ceiling, err {b['err']:.1e}) against {b['shipped_us']:.1f} us shipped; kernels "
-                  + ", ".join(f"{k} {v:.1f}" for k, v in sorted(c["kernel_us_best"].items(), key=lambda kv: -kv[1])[:3]))
+                  + ", ".join(f"{k} {v:.1f}" for k, v in top))
         print(f"T={c['tokens']} {c['bytes'] / 1e6:.1f} MB/layer; kernels (us/layer): "
               + ", ".join(f"{k} {v:.1f}" for k, v in sorted(c["kernel_us"].items(), key=lambda kv: -kv[1])[:4]))
         for which in ("up", "down"):
