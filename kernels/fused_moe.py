@@ -26,6 +26,7 @@ from kernels.expert_layout import ExpertAct, ExpertLayout
 from kernels.act16 import Act16
 from kernels.moe_config import MoeLaunchConfig, moe_launch_config
 from kernels.moe_weights import HostExperts
+from kernels.moe_decode_common import SLOT_CPU
 
 
 def expert_weights_ref(views: dict[str, torch.Tensor], slot: int, layout: ExpertLayout,
@@ -88,8 +89,9 @@ def fused_moe_ref(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
     """Plain-torch MoE over experts in a pool.
 
     x [T, D] (float), topk_ids [T, k] (int, expert ids), topk_weights [T, k] (float),
-    slot_of_expert [E] int32 (-1: read from ``host``). Returns [T, D] in x.dtype; accumulates in float32.
-    Experts are visited in ascending id order, so the result does not depend on slot placement.
+    slot_of_expert [E] int32 (-1: read from ``host``; ``SLOT_CPU``: the host CPU computes that expert's
+    pairs, which add nothing here). Returns [T, D] in x.dtype; accumulates in float32. Experts are
+    visited in ascending id order, so the result does not depend on slot placement.
     """
     T, D = x.shape
     out = torch.zeros(T, D, dtype=torch.float32, device=x.device)
@@ -104,6 +106,9 @@ def fused_moe_ref(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
     start = 0
     for e, n in enumerate(counts):
         if n == 0:
+            continue
+        if slots[e] == SLOT_CPU:
+            start += n
             continue
         toks = tok_of[start:start + n]                               # [n]
         w13, w2, biases = expert_ref(views, slots[e], layout, x.dtype, host, e)
@@ -121,6 +126,8 @@ def _one_token_ref(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.
     slots = slot_of_expert[topk_ids[0]].tolist()
     w = topk_weights[0].to(torch.float32)                            # [k]
     for j in sorted(range(len(ids)), key=ids.__getitem__):
+        if slots[j] == SLOT_CPU:
+            continue
         w13, w2, biases = expert_ref(views, slots[j], layout, x.dtype, host, ids[j])
         out += _expert_out(x, w13, w2, biases, layout.act) * w[j]
     return out.to(x.dtype)

@@ -26,7 +26,7 @@ from kernels._triton import cdiv, jit, next_pow2, tl
 from kernels.act16 import Act16
 from kernels.moe_config import TileConfig
 from kernels.moe_decode_common import (HostMatrices, add_bias, block_k, expert_act, expert_ptr, fill_of, fill_ptr,
-                                       fills_on, host_args, pdl_supported)
+                                       fills_on, host_args, on_gpu, pdl_supported)
 from kernels.moe_decode_4bit import moe_decode_4bit
 from kernels.moe_weights import FMT_INT4, FMT_MXFP4, ExpertFormat, PoolMatrix
 
@@ -88,19 +88,20 @@ def _up_decode_kernel(x_ptr, ids_ptr, slot_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr,
     f_rows = fill_ptr(w_ptr, fill, sw_s, FILL) + rows * sw_n
     fs_rows = fill_ptr(s_ptr, fill, ss_s, FILL) + rows * ss_n
     x_row = x_ptr + (pair // TOP_K).to(tl.int64) * stride_x
+    n_ok = on_gpu(n < F, slot, HOST)                 # a pair the host CPU computes reads nothing
     # Only a program whose expert has a fill slot runs the K loop that stores: a loop with stores is
     # not pipelined: with the stores masked off in every program a call took 21% longer at one token
     # (benchmarks/results/fill_loop_2026-11-30.json).
     if FILL:
         if fill >= 0:
-            gu = _rows_dot(x_row, w_rows, s_rows, n < F, K, FMT, 2 * BLOCK_N, BLOCK_K, False, f_rows, fs_rows,
+            gu = _rows_dot(x_row, w_rows, s_rows, n_ok, K, FMT, 2 * BLOCK_N, BLOCK_K, False, f_rows, fs_rows,
                            rows >= 0, True)
         else:
-            gu = _rows_dot(x_row, w_rows, s_rows, n < F, K, FMT, 2 * BLOCK_N, BLOCK_K, False)
+            gu = _rows_dot(x_row, w_rows, s_rows, n_ok, K, FMT, 2 * BLOCK_N, BLOCK_K, False)
     else:
-        gu = _rows_dot(x_row, w_rows, s_rows, n < F, K, FMT, 2 * BLOCK_N, BLOCK_K, False)
+        gu = _rows_dot(x_row, w_rows, s_rows, n_ok, K, FMT, 2 * BLOCK_N, BLOCK_K, False)
     if EPI[3]:
-        gu = add_bias(gu, bias, hb_ptr, slot, key, fill, rows, n < F, HOST, FILL)
+        gu = add_bias(gu, bias, hb_ptr, slot, key, fill, rows, n_ok, HOST, FILL)
     gu = tl.reshape(gu, (2, BLOCK_N))                                   # [2, BN]: gate row, up row
     half = tl.arange(0, 2)[:, None]
     gate = tl.sum(tl.where(half == 0, gu, 0.0), axis=0)                 # [BN]
@@ -121,10 +122,11 @@ def _down_decode_kernel(h_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s, 
     r = tl.arange(0, KP * BLOCK_N)                                      # [R] row r: expert r // BN
     j = r // BLOCK_N
     n = tl.program_id(1) * BLOCK_N + r % BLOCK_N                        # [R] hidden row of w2
-    j_ok = j < TOP_K                                                    # KP pads k to a power of two
+    j_in = j < TOP_K                                                    # KP pads k to a power of two
     pair = tok * TOP_K + j
-    e = tl.load(ids_ptr + pair, mask=j_ok, other=0)
-    slot = tl.load(slot_ptr + e, mask=j_ok, other=0).to(tl.int64)
+    e = tl.load(ids_ptr + pair, mask=j_in, other=0)
+    slot = tl.load(slot_ptr + e, mask=j_in, other=0).to(tl.int64)
+    j_ok = on_gpu(j_in, slot, HOST)                                    # not the host CPU's pairs
     key = (row_base + e).to(tl.int64)
     w_rows = expert_ptr(w_ptr, hw_ptr, slot, key, sw_s, HOST) + n * sw_n
     s_rows = expert_ptr(s_ptr, hs_ptr, slot, key, ss_s, HOST) + n * ss_n

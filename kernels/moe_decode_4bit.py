@@ -51,7 +51,8 @@ from kernels._triton import cdiv, jit, next_pow2, tl
 from kernels.act16 import Act16, act16, check_act16, store_h_words
 from kernels.moe_config import TileConfig
 from kernels.moe_decode_common import (HostMatrices, add_bias, block_k, e8m0, expert_act, expert_ptr, fill_of,
-                                       fill_ptr, fills_on, gdc_launch_dependents, gdc_wait, host_args, int4_word_args)
+                                       fill_ptr, fills_on, gdc_launch_dependents, gdc_wait, host_args, int4_word_args,
+                                       on_gpu)
 from kernels.moe_weights import FMT_MXFP4, ExpertFormat, PoolMatrix
 
 
@@ -261,11 +262,11 @@ def _up_kernel(xq_ptr, xsum_ptr, xscale_ptr, ids_ptr, slot_ptr, hq_ptr, hv_ptr, 
     pair, nb = tl.program_id(0), tl.program_id(1)
     n = nb * BLOCK_N + tl.arange(0, BLOCK_N)[None, None, :, None]                 # [1, 1, BN, 1]
     rows = n + tl.arange(0, 2)[None, :, None, None] * F                           # [1, 2, BN, 1]
-    row_ok = n < F
     grp = tl.arange(0, NG)[:, None, None, None]                                    # [NG, 1, 1, 1]
     word = grp * GW + tl.arange(0, GW)[None, None, None, :]                        # [NG, 1, 1, GW]
     e = tl.load(ids_ptr + pair)
     slot = tl.load(slot_ptr + e).to(tl.int64)                           # int64: pools exceed 2 GiB
+    row_ok = on_gpu(n < F, slot, HOST)               # a pair the host CPU computes reads nothing
     key = (row_base + e).to(tl.int64)
     w_rows = expert_ptr(w_ptr, hw_ptr, slot, key, sw_s, HOST) + rows * sw_n
     s_rows = expert_ptr(s_ptr, hs_ptr, slot, key, ss_s, HOST) + rows * ss_n
@@ -336,10 +337,11 @@ def _down_kernel(hq_ptr, hv_ptr, ids_ptr, slot_ptr, tw_ptr, out_ptr, w_ptr, sw_s
     tok, db = tl.program_id(0), tl.program_id(1)
     j = tl.arange(0, KP)[None, :, None, None]                           # [1, KP, 1, 1]
     n = db * BLOCK_N + tl.arange(0, BLOCK_N)[None, None, :, None]       # [1, 1, BN, 1]
-    j_ok = j < TOP_K                                                    # KP pads k to a power of two
+    j_in = j < TOP_K                                                    # KP pads k to a power of two
     pair = tok * TOP_K + j
-    e = tl.load(ids_ptr + pair, mask=j_ok, other=0)
-    slot = tl.load(slot_ptr + e, mask=j_ok, other=0).to(tl.int64)
+    e = tl.load(ids_ptr + pair, mask=j_in, other=0)
+    slot = tl.load(slot_ptr + e, mask=j_in, other=0).to(tl.int64)
+    j_ok = on_gpu(j_in, slot, HOST)                                    # not the host CPU's pairs
     key = (row_base + e).to(tl.int64)
     row_ok = j_ok & (n < D)                                             # [1, KP, BN, 1]
     w_rows = expert_ptr(w_ptr, hw_ptr, slot, key, sw_s, HOST) + n * sw_n

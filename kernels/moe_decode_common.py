@@ -8,13 +8,17 @@ import torch
 from kernels._triton import HAS_TRITON, jit, next_pow2, tl
 from kernels.moe_weights import PoolMatrix
 
-__all__ = ["HostMatrices", "add_bias", "block_k", "check_word_rows", "e8m0", "expert_act", "expert_ptr", "fill_of",
+__all__ = ["SLOT_CPU", "HostMatrices", "add_bias", "block_k", "check_word_rows", "e8m0", "expert_act", "expert_ptr", "fill_of",
            "fill_ptr", "fills_on", "fp4_pair", "gdc_launch_dependents", "gdc_wait", "host_args", "int4_word_args",
-           "pdl_supported"]
+           "on_gpu", "pdl_supported"]
 
 # The host store's (w13, w2) views, the store row of the layer's expert 0, and the layer's fill row
 # (``[E]`` int32: the pool slot a directly read expert is written into as it is read, or -1; or None).
 HostMatrices = tuple[PoolMatrix, PoolMatrix, int, "torch.Tensor | None"]
+
+# A slot-table snapshot entry for an expert the host CPU computes in this step (engine/experts/cold.py):
+# the decode kernels neither read it nor compute its pairs; their share comes from the host.
+SLOT_CPU = -3
 
 gdc_launch_dependents = gdc_wait = None
 if HAS_TRITON:
@@ -31,6 +35,15 @@ def expert_ptr(ptr, host_ptr, slot, key, stride, HOST: tl.constexpr):
     if HOST:
         return tl.where(slot >= 0, ptr + slot * stride, host_ptr + key * stride)
     return ptr + slot * stride
+
+
+@jit
+def on_gpu(ok, slot, HOST: tl.constexpr):
+    """``ok`` where the kernels compute the pairs of the expert in ``slot``: not where the snapshot
+    gives it to the host CPU (``SLOT_CPU``, only with ``HOST``: direct-read steps)."""
+    if HOST:   # the slot spread to ok's shape first: the interpreter mistypes bool & scalar bool
+        return ok & ((slot + ok.to(tl.int64) * 0) != -3)                # SLOT_CPU
+    return ok
 
 
 @jit

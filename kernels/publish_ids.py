@@ -11,11 +11,29 @@ Legend: E experts, N = T * k ids of the layer, NP predicted ids.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from kernels._triton import cdiv, jit, next_pow2, tl
 
 _BLOCK = 1024
+SLOT_CPU = -3           # kernels/moe_decode_common.py: an expert the host CPU computes this step
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuShareArgs:
+    """What :func:`publish_direct` needs to hand a share of a layer's missing experts to the host CPU:
+    the layer's input ``x [T, D]`` and routing weights ``tw`` (``[T * k]``) on the device; ``inputs``
+    (float32, mapped host memory, at least ``T * D + T * k``) and ``flag`` (int32 [1], mapped; the host
+    sets it to 0 before the step) that receive them; ``frac`` (float32 [1], mapped or on the device):
+    the share of the missing experts the host CPU takes."""
+
+    x: torch.Tensor
+    tw: torch.Tensor
+    inputs: torch.Tensor
+    flag: torch.Tensor
+    frac: torch.Tensor
 
 
 @jit
@@ -40,13 +58,19 @@ def store_ids_ref(src: torch.Tensor, dst: torch.Tensor) -> None:
 
 @jit
 def _publish_direct_kernel(table_row, snap_row, ids, pred, region, fill_row, fill_free, fill_meta, progress,
-                           pad, layer, E, N, NP, K, BLOCK_E: tl.constexpr, BLOCK_N: tl.constexpr,
-                           BLOCK_P: tl.constexpr, PROGRESS: tl.constexpr, PAD: tl.constexpr):
+                           pad, x, tw, cpu_in, cpu_flag, cpu_frac, layer, E, N, NP, K, T, D, stride_x,
+                           BLOCK_E: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr,
+                           BLOCK_D: tl.constexpr, PROGRESS: tl.constexpr, PAD: tl.constexpr, CPU: tl.constexpr,
+                           SYS: tl.constexpr):
     # One program: snapshot the slot-table row (and clear the fill row), then publish the ids and
     # the slot each id found in that snapshot (after a barrier: the snapshot is what the MoE
     # kernels will read); give each missing expert, at its first occurrence, the next of the
     # step's fill slots while any are left; publish each id's fill slot and the predicted ids.
     # With PAD, the ids of a padding row (pad[row], K ids a row) become row 0's, in place.
+    # With CPU, the host CPU takes round(cpu_frac * missing experts) of them, those most tokens
+    # use first (each token re-reads a directly read expert), then by first occurrence: their
+    # snapshot entry becomes SLOT_CPU (no fill slot, no read by the kernels), and x [T, D] and the
+    # routing weights tw [T, K] (float32) go to cpu_in, then 1 to cpu_flag (after a system fence).
     i = tl.arange(0, BLOCK_N)
     i_ok = i < N
     if PAD:
@@ -59,20 +83,48 @@ def _publish_direct_kernel(table_row, snap_row, ids, pred, region, fill_row, fil
     idv = tl.load(ids + i, mask=i_ok, other=0)
     seen = tl.load(snap_row + idv, mask=i_ok, other=-1)
     tl.store(region + i, idv.to(tl.int64), mask=i_ok)
-    tl.store(region + N + i, seen.to(tl.int64), mask=i_ok)
     j = tl.arange(0, BLOCK_N)
-    idj = tl.load(ids + j, mask=j < N, other=-1)
-    earlier = (idj[None, :] == idv[:, None]) & (j[None, :] < i[:, None])          # [N, N]
+    j_ok = j < N
+    idj = tl.load(ids + j, mask=j_ok, other=-1)
+    same = (idj[None, :] == idv[:, None]) & i_ok[:, None] & j_ok[None, :]         # [N, N], symmetric
+    earlier = same & (j[None, :] < i[:, None])
     first = i_ok & (seen < 0) & (tl.sum(earlier.to(tl.int32), axis=1) == 0)
+    if CPU:
+        uses = tl.sum(same.to(tl.int32), axis=1)                                  # [N] along i
+        uses_j = tl.sum(same.to(tl.int32), axis=0)                                # [N] along j
+        seen_j = tl.load(snap_row + tl.where(j_ok, idj, 0), mask=j_ok, other=0)
+        first_j = j_ok & (seen_j < 0) & (tl.sum((same & (i[:, None] < j[None, :])).to(tl.int32), axis=0) == 0)
+        ahead = first_j[None, :] & ((uses_j[None, :] > uses[:, None]) |
+                                    ((uses_j[None, :] == uses[:, None]) & (j[None, :] < i[:, None])))
+        rank = tl.sum(ahead.to(tl.int32), axis=1)                                 # among the missing
+        missing = tl.sum(first.to(tl.int32), axis=0)
+        quota = (tl.load(cpu_frac, volatile=True) * missing.to(tl.float32) + 0.5).to(tl.int32)
+        mine = first & (rank < quota)
+        tl.store(snap_row + idv, tl.full([BLOCK_N], -3, tl.int32), mask=mine)     # SLOT_CPU
+        first = first & (rank >= quota)
     nfirst = first.to(tl.int32)
     pos = tl.load(fill_meta) + tl.cumsum(nfirst, axis=0) - nfirst
     got = first & (pos < tl.load(fill_meta + 1))
     tl.store(fill_row + idv, tl.load(fill_free + pos, mask=got, other=-1), mask=got)
     tl.store(fill_meta, tl.minimum(tl.load(fill_meta) + tl.sum(nfirst, axis=0), tl.load(fill_meta + 1)))
     tl.debug_barrier()
+    tl.store(region + N + i, tl.load(snap_row + idv, mask=i_ok, other=-1).to(tl.int64), mask=i_ok)
     tl.store(region + 2 * N + i, tl.load(fill_row + idv, mask=i_ok, other=-1).to(tl.int64), mask=i_ok)
     p = tl.arange(0, BLOCK_P)
     tl.store(region + 3 * N + p, tl.load(pred + p, mask=p < NP, other=0).to(tl.int64), mask=p < NP)
+    if CPU:
+        if quota > 0:  # the host CPU's inputs, then the flag it waits for
+            d = tl.arange(0, BLOCK_D)
+            for t in range(T):
+                for d0 in range(0, D, BLOCK_D):
+                    v = tl.load(x + t * stride_x + d0 + d, mask=d0 + d < D, other=0.0)
+                    tl.store(cpu_in + t * D + d0 + d, v.to(tl.float32), mask=d0 + d < D)
+            tl.store(cpu_in + T * D + i, tl.load(tw + i, mask=i_ok, other=0.0).to(tl.float32), mask=i_ok)
+            tl.debug_barrier()
+            if SYS:  # the inputs reach host memory before the flag does
+                tl.inline_asm_elementwise("fence.sc.sys;\n mov.b32 $0, $1;", "=r,r", [quota], dtype=tl.int32,
+                                          is_pure=False, pack=1)
+            tl.store(cpu_flag, 1)
     if PROGRESS:   # for the GPU-side prefetch: this layer's snapshot is taken
         tl.store(progress, layer)
 
@@ -80,7 +132,7 @@ def _publish_direct_kernel(table_row, snap_row, ids, pred, region, fill_row, fil
 def publish_direct(table_row: torch.Tensor, snap_row: torch.Tensor, ids: torch.Tensor,
                    pred: torch.Tensor | None, region: torch.Tensor, fill_row: torch.Tensor,
                    fill_free: torch.Tensor, fill_meta: torch.Tensor, progress: torch.Tensor | None = None,
-                   layer: int = 0, pad: torch.Tensor | None = None) -> None:
+                   layer: int = 0, pad: torch.Tensor | None = None, cpu: CpuShareArgs | None = None) -> None:
     """Device work only (graph-capturable): ``snap_row <- table_row`` ([E] int32); ``fill_row`` [E]
     int32 <- for each expert of ``ids`` missing from the snapshot, at its first occurrence, the next
     slot of ``fill_free`` (from ``fill_meta = [next, count]``, advanced) or -1; then into the pinned
@@ -89,22 +141,40 @@ def publish_direct(table_row: torch.Tensor, snap_row: torch.Tensor, ids: torch.T
 
     ``pad`` (bool [T], optional; ``ids`` is then [T, k] flattened): first, in place, the ids of each
     padding row become row 0's, so padding adds no reads of its own (one launch instead of a
-    ``where`` and a copy per layer)."""
+    ``where`` and a copy per layer).
+
+    ``cpu`` (optional): the host CPU takes ``round(frac * m)`` of the layer's ``m`` missing experts,
+    those the most tokens use first: their snapshot entry (and so their published slot) becomes
+    ``SLOT_CPU``, they get no fill slot, and when there is any, ``x`` and the routing weights go to
+    ``cpu.inputs`` (float32 ``[T * D + T * k]``) and then 1 to ``cpu.flag`` (see :class:`CpuShareArgs`)."""
     e, n = table_row.numel(), ids.numel()
     np_ = 0 if pred is None else pred.numel()
     if region.numel() < 3 * n + np_:
         raise ValueError(f"the publish region holds {region.numel()} ids; this layer publishes {3 * n + np_}")
     k = n // pad.numel() if pad is not None and pad.numel() else 1
+    if cpu is not None:
+        t, d = cpu.x.shape
+        k = n // t
+        if cpu.inputs.numel() < t * d + n or cpu.tw.numel() != n:
+            raise ValueError(f"the CPU share's inputs hold {cpu.inputs.numel()} floats; x [{t}, {d}] and "
+                             f"{n} routing weights need {t * d + n}")
+        x, tw, inputs, flag, frac, sx = cpu.x, cpu.tw, cpu.inputs, cpu.flag, cpu.frac, cpu.x.stride(0)
+    else:
+        t = d = sx = 0
+        x = tw = inputs = flag = frac = fill_meta
     _publish_direct_kernel[(1,)](table_row, snap_row, ids, ids if pred is None else pred, region, fill_row, fill_free,
                                  fill_meta, fill_meta if progress is None else progress, ids if pad is None else pad,
-                                 layer, e, n, np_, k, BLOCK_E=next_pow2(e), BLOCK_N=next_pow2(max(n, 1)),
-                                 BLOCK_P=next_pow2(max(np_, 1)), PROGRESS=progress is not None, PAD=pad is not None)
+                                 x, tw, inputs, flag, frac, layer, e, n, np_, k, t, d, sx,
+                                 BLOCK_E=next_pow2(e), BLOCK_N=next_pow2(max(n, 1)),
+                                 BLOCK_P=next_pow2(max(np_, 1)), BLOCK_D=min(1024, next_pow2(max(d, 1))),
+                                 PROGRESS=progress is not None, PAD=pad is not None, CPU=cpu is not None,
+                                 SYS=cpu is not None and ids.device.type == "cuda")
 
 
 def publish_direct_ref(table_row: torch.Tensor, snap_row: torch.Tensor, ids: torch.Tensor,
                        pred: torch.Tensor | None, region: torch.Tensor, fill_row: torch.Tensor,
                        fill_free: torch.Tensor, fill_meta: torch.Tensor, progress: torch.Tensor | None = None,
-                       layer: int = 0, pad: torch.Tensor | None = None) -> None:
+                       layer: int = 0, pad: torch.Tensor | None = None, cpu: CpuShareArgs | None = None) -> None:
     """:func:`publish_direct` in plain torch and Python (the same arguments, the same writes)."""
     flat = ids.view(-1)
     if pad is not None and pad.numel():
@@ -114,21 +184,32 @@ def publish_direct_ref(table_row: torch.Tensor, snap_row: torch.Tensor, ids: tor
     snap_row.copy_(table_row)
     fill_row.fill_(-1)
     id_list = flat.tolist()
-    seen = snap_row[flat.long()]                                                    # [N]
+    seen = snap_row[flat.long()].tolist()                                           # [N]
     nxt, count = fill_meta.tolist()
-    first: list[int] = []
-    for i, x in enumerate(id_list):
-        if seen[i] < 0 and x not in id_list[:i]:
-            first.append(x)
+    first = [x for i, x in enumerate(id_list) if seen[i] < 0 and x not in id_list[:i]]
+    mine: list[int] = []
+    if cpu is not None and first:
+        uses = {x: id_list.count(x) for x in first}
+        order = sorted(first, key=lambda x: (-uses[x], id_list.index(x)))
+        quota = int(float(cpu.frac.view(-1)[0]) * len(first) + 0.5)
+        mine = order[:quota]
+        for x in mine:
+            snap_row[x] = SLOT_CPU
+        first = [x for x in first if x not in mine]
     for j, x in enumerate(first):
         if nxt + j < count:
             fill_row[x] = fill_free[nxt + j]
     fill_meta[0] = min(nxt + len(first), count)
     n = len(id_list)
     region[:n] = flat.to(torch.int64)
-    region[n:2 * n] = seen.to(torch.int64)
+    region[n:2 * n] = snap_row[flat.long()].to(torch.int64)
     region[2 * n:3 * n] = fill_row[flat.long()].to(torch.int64)
     if pred is not None:
         region[3 * n:3 * n + pred.numel()] = pred.view(-1).to(torch.int64)
+    if mine:
+        t, d = cpu.x.shape
+        cpu.inputs[:t * d] = cpu.x.reshape(-1).float().to(cpu.inputs.device)
+        cpu.inputs[t * d:t * d + n] = cpu.tw.reshape(-1).float().to(cpu.inputs.device)
+        cpu.flag.fill_(1)
     if progress is not None:
         progress.fill_(layer)

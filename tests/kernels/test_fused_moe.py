@@ -13,6 +13,7 @@ from kernels.expert_layout import ExpertLayout  # noqa: E402
 from kernels.quant import quantize_expert  # noqa: E402
 from kernels.moe_config import MoeLaunchConfig, TileConfig  # noqa: E402
 from kernels.moe_weights import HostExperts  # noqa: E402
+from kernels.moe_decode_common import SLOT_CPU  # noqa: E402
 from kernels._triton import jit, tl  # noqa: E402
 from kernels.act16 import act16, act16_ref, store_h_words  # noqa: E402
 from tests.kernels.helpers import TOLERANCES, make_pool, make_routing, tolerance  # noqa: E402
@@ -324,3 +325,28 @@ def test_direct_reads_need_a_host_store():
     ids, w = torch.tensor([[1]], dtype=torch.int32), torch.ones(1, 1)
     with pytest.raises(ValueError, match="no pool slot"):
         fused_moe_ref(torch.randn(1, 32), ids, w, slots, layout.views(buf), layout)
+
+
+@pytest.mark.parametrize("fmt, dtype", [("fp32", torch.float32), ("fp8", torch.float32), ("int4", torch.float16),
+                                        ("mxfp4", torch.float32)])
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_pairs_the_host_cpu_computes_are_skipped(fmt, dtype, tokens):
+    # Experts marked SLOT_CPU in the snapshot are the host CPU's this step: the decode kernels add
+    # nothing for their pairs (and the reference agrees), so the layer's output is the sum over the
+    # other pairs; the host's sum is added later (kernels/cpu_share.py).
+    experts, hidden, ffn = 6, 64, 32
+    group = 32
+    layout, rows, buf, slots = _store_and_pool(fmt, hidden, ffn, experts, 2, group, resident=[1, 4])
+    host = HostExperts(layout.views(rows), row_base=experts)
+    ids, w = make_routing(tokens, experts, 3)
+    missing = sorted({int(e) for e in ids.flatten() if slots[int(e)] < 0})
+    cpu = missing[:max(1, len(missing) // 2)]
+    marked = slots.clone()
+    marked[cpu] = SLOT_CPU
+    x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(5)).to(dtype)
+    keep = torch.tensor([[int(e) not in cpu for e in row] for row in ids.tolist()])
+    want = fused_moe_ref(x, ids, w * keep, slots, layout.views(buf), layout, host)     # CPU pairs weigh 0
+    ref = fused_moe_ref(x, ids, w, marked, layout.views(buf), layout, host)
+    torch.testing.assert_close(ref, want, rtol=0, atol=0)
+    out = fused_moe(x, ids, w, marked, layout.views(buf), layout, DECODE, host=host)
+    torch.testing.assert_close(out, want, **tolerance(fmt, dtype))

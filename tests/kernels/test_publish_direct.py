@@ -7,7 +7,8 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
-from kernels.publish_ids import publish_direct, publish_direct_ref, store_ids, store_ids_ref  # noqa: E402
+from kernels.publish_ids import (SLOT_CPU, CpuShareArgs, publish_direct, publish_direct_ref, store_ids,  # noqa: E402
+                                store_ids_ref)
 
 
 def _publish(table, ids, meta, free, pred=None):
@@ -104,3 +105,57 @@ def test_store_ids_matches_reference(n):
     store_ids(src, a)
     store_ids_ref(src, b)
     assert torch.equal(a, b)
+
+
+def _cpu_args(t, d, k, frac, g):
+    return CpuShareArgs(torch.randn(t, d, generator=g), torch.rand(t * k, generator=g),
+                        torch.full((t * d + t * k,), -5.0), torch.zeros(1, dtype=torch.int32),
+                        torch.tensor([frac], dtype=torch.float32))
+
+
+def test_the_host_cpu_takes_the_most_used_missing_experts():
+    # Two tokens, k = 3: 3 is missing and used twice, 6 and 0 missing once, 1 and 4 resident. Half of
+    # the three missing experts, rounded, is 2: 3 (two uses) then 6 (first of the single uses). Their
+    # snapshot entries become SLOT_CPU and they take no fill slot; 0 takes the first one. The inputs
+    # and the routing weights reach the host, then the flag.
+    table = torch.tensor([-1, 11, -1, -1, 14, -1, -1, -1], dtype=torch.int32)
+    ids = torch.tensor([6, 3, 1, 3, 0, 4], dtype=torch.int32)
+    g = torch.Generator().manual_seed(0)
+    for fn in (publish_direct, publish_direct_ref):
+        cpu = _cpu_args(2, 16, 3, 0.5, g)
+        snap, fill = torch.full_like(table, 7), torch.full_like(table, 5)
+        region = torch.full((18,), -2, dtype=torch.int64)
+        meta = torch.tensor([0, 4], dtype=torch.int32)
+        fn(table, snap, ids.clone(), None, region, fill, torch.tensor([20, 21, 22, 23], dtype=torch.int32), meta,
+           cpu=cpu)
+        assert snap.tolist() == [-1, 11, -1, SLOT_CPU, 14, -1, SLOT_CPU, -1], fn.__name__
+        assert region[6:12].tolist() == [SLOT_CPU, SLOT_CPU, 11, SLOT_CPU, -1, 14]
+        assert region[12:].tolist() == [-1, -1, -1, -1, 20, -1] and meta.tolist() == [1, 4]
+        assert torch.equal(cpu.inputs[:32], cpu.x.reshape(-1)) and torch.equal(cpu.inputs[32:], cpu.tw)
+        assert cpu.flag.item() == 1
+
+
+@pytest.mark.parametrize("frac", [0.0, 0.3, 1.0])
+def test_cpu_share_kernel_matches_reference(frac):
+    # Share 0: nothing changes and the host is not called (flag, inputs untouched); 1: every missing
+    # expert is the host's and none takes a fill slot; in between, with padding rows.
+    g = torch.Generator().manual_seed(int(frac * 10))
+    E, t, k, d = 16, 3, 4, 24
+    table = torch.randint(-1, 2, (E,), generator=g, dtype=torch.int32)
+    ids = torch.randint(0, E, (t * k,), generator=g, dtype=torch.int32)
+    pad = torch.tensor([False, False, True])
+    outs = []
+    for fn in (publish_direct, publish_direct_ref):
+        cpu = _cpu_args(t, d, k, frac, torch.Generator().manual_seed(1))
+        args = [table.clone(), torch.full_like(table, 7), ids.clone(), None, torch.full((3 * t * k,), -2, dtype=torch.int64),
+                torch.full_like(table, 5), torch.tensor([30, 31, 32], dtype=torch.int32),
+                torch.tensor([0, 3], dtype=torch.int32)]
+        fn(*args, pad=pad, cpu=cpu)
+        outs.append(args + [cpu.inputs, cpu.flag])
+    for a, b in zip(*outs):
+        if a is not None:
+            assert torch.equal(a, b)
+    snap, flag = outs[0][1], outs[0][-1]
+    assert ((snap == SLOT_CPU).any().item() and flag.item() == 1) == (frac > 0 and bool((table[ids.long()] < 0).any()))
+    if frac == 0:
+        assert flag.item() == 0 and (outs[0][-2] == -5).all()
