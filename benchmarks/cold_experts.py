@@ -43,6 +43,9 @@ def row(engine, sweep: Sweep, fmt: str, pool: float, depth: int, mode: str, batc
            "cold_predicted_ms_per_token": d("cold_predicted_ms") / n,
            "cold_measured_ms_per_token": d("cold_measured_ms") / n,
            "host_wait_ms_per_token": host_wait / n, "arms_s": {str(t): v for t, v in experts.cold.arms.state().items()},
+           "graph_shares": ({str(t): {"share": sh, "step_s_by_share": {str(k): v for k, v in tried.items()}}
+                             for t, (sh, tried) in experts.direct.shares.tuner.state().items()}
+                            if experts.direct.shares is not None else None),
            "expert_bytes": experts.layout.nbytes}
     if rates is not None:
         import numba

@@ -146,6 +146,12 @@ class ColdShare:
         buf[pairs] = y
         return buf.view(t, k, -1).sum(dim=1)
 
+    in_graph = False            # the eager kind (engine/experts/cold_graph.py has the replayed one)
+
+    def add_to(self, out: torch.Tensor) -> torch.Tensor:
+        """``out`` plus the CPU's sum (see :meth:`finish`)."""
+        return out + self.finish()
+
     def finish(self) -> torch.Tensor:
         """The CPU's sum ``[T, D]`` on the device, in the model's dtype (computed now, by this thread,
         while the GPU computes its part)."""
@@ -282,6 +288,16 @@ class ColdExperts:
             return None
         self.cpu_experts += len(split.cpu)
         return ColdShare(self, store_rows, base, ids, k, split)
+
+    def note_graph(self, experts: int, cpu_ms: float, measured_ms: float, predicted_ms: float) -> None:
+        """A replayed step's layer had ``experts`` missing experts computed on the host CPU
+        (engine/experts/cold_graph.py)."""
+        self.cpu_experts += experts
+        self._step_cpu += experts
+        self.layers += 1
+        self.cpu_ms += cpu_ms
+        self.measured_ms += measured_ms
+        self.predicted_ms += predicted_ms
 
     def note(self, share: ColdShare, cpu_ms: float, measured_ms: float) -> None:
         self.layers += 1

@@ -30,11 +30,12 @@ launched (:meth:`finish_ended`), so the host counts, admits and evicts while the
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from engine.experts.admission import admit
+from engine.experts.cold_graph import GraphCpuShares
 from engine.experts.claims import DeviceClaims, admissions_landed
 from engine.experts.fills import FillSlots
 from engine.experts.prefetch import ClaimGate, Prediction
@@ -42,7 +43,7 @@ from engine.experts.residency import Residency
 from engine.experts.step_books import StepBooks
 from engine.experts.device_prefetch import DevicePrefetcher
 from kernels.moe_weights import HostExperts
-from kernels.publish_ids import publish_direct
+from kernels.publish_ids import SLOT_CPU, publish_direct, publish_direct_ref
 
 UNWRITTEN = -2              # fills a publish region until the GPU has written it
 
@@ -64,6 +65,7 @@ class DirectPath:
         # eager direct-read steps defer their ends as replayed ones do: how the CPU tests drive the
         # deferred end, which on CUDA only a graph replay uses
         self.defer_eager_ends = False
+        self.shares: GraphCpuShares | None = None    # the host CPU's share in replayed steps, once recorded
 
     # ---- when ------------------------------------------------------------------------------------
     @property
@@ -78,6 +80,13 @@ class DirectPath:
 
     def direct_for(self, tokens: int) -> bool:
         return self.enabled and tokens <= self.r.tuning.direct_max_tokens
+
+    @property
+    def cpu_share_on(self) -> bool:
+        """Whether a recorded step gives the host CPU a share of each layer's missing experts
+        (engine/experts/cold_graph.py): with a host store, under ``cold_experts`` auto (on a GPU) or cpu."""
+        r = self.r
+        return r.store is not None and r.cold.enabled_on(r.device)
 
     def host_experts(self, moe_index: int) -> HostExperts:
         """Where MoE layer ``moe_index``'s experts without a slot are read from, and its fill row."""
@@ -100,6 +109,8 @@ class DirectPath:
             claims.begin(self.step, tokens)
             self.step.dp_active, self.step.dp_replay = True, True
         regions.fill_(UNWRITTEN)
+        if self.shares is not None:
+            self.shares.begin(tokens)
         self.live_leases = frozenset(set(books.lease) - before) | frozenset(armed)
 
     def ensure_step(self) -> None:
@@ -146,38 +157,62 @@ class DirectPath:
         ``pad`` (bool [T]): padding rows of ``topk_ids [T, k]`` take row 0's experts first, in place."""
         r, fills = self.r, self.fills
         pred = predicted[2].reshape(-1) if predicted is not None else None
-        publish_direct(r.pool.table[moe_index], self.snap[moe_index], topk_ids.view(-1), pred, region,
-                       fills.rows[moe_index], fills.free, fills.meta,
-                       None if self.claims is None else self.claims.dp.meta[3:4], moe_index, pad)
-        return self.snap[moe_index], r.pool.views, self.host_experts(moe_index)
+        args = (r.pool.table[moe_index], self.snap[moe_index], topk_ids.view(-1), pred, region,
+                fills.rows[moe_index], fills.free, fills.meta, None if self.claims is None else self.claims.dp.meta[3:4],
+                moe_index, pad)
+        run = publish_direct if r.device.type == "cuda" else publish_direct_ref
+        out = (self.snap[moe_index], r.pool.views, self.host_experts(moe_index))
+        if not self.cpu_share_on:
+            run(*args)
+            return out
+        if self.shares is None:
+            self.shares = GraphCpuShares(r, r.layout.hidden)
+        # the model launches the publish (with x and the routing weights) and later the join
+        return out + (self.shares.layer(moe_index, topk_ids, self.snap[moe_index], lambda cpu: run(*args, cpu=cpu)),)
 
-    def follow_published(self, cuts: Sequence, rows: int) -> None:
+    def follow_published(self, cuts: Sequence, rows: int, finished: Callable[[], bool] | None = None) -> None:
         """After a step's graph was launched: follow it layer by layer (``cuts``: objects with
-        ``moe_index``, ``shape`` (T, k), ``predicted`` and ``region``); ``rows`` real tokens."""
+        ``moe_index``, ``shape`` (T, k), ``predicted`` and ``region``); ``rows`` real tokens. A layer
+        that gave the host CPU experts has them computed first (engine/experts/cold_graph.py).
+        ``finished``: whether the step is over (default: an event recorded now, on CUDA)."""
+        if finished is None:
+            done = torch.cuda.Event()
+            done.record()
+            finished = done.query
+        try:
+            for c in cuts:
+                self._follow_cut(c, rows, finished)
+        except BaseException:
+            if self.shares is not None:
+                self.shares.release()                   # no join waits on a host that stopped
+            raise
+
+    def _follow_cut(self, c, rows: int, finished: Callable[[], bool]) -> None:
         r = self.r
-        done = torch.cuda.Event()
-        done.record()
-        for c in cuts:
-            t, k = c.shape
-            n = t * k
-            layers = c.predicted[1] if c.predicted is not None else []
-            data = c.region.numpy()[:n * (3 + len(layers))]     # ids, slots found, fill slots, predictions
-            r.policy.catch_up()
-            t0 = time.perf_counter()
-            while (data == UNWRITTEN).any():
-                if done.query() and (data == UNWRITTEN).any():
-                    raise RuntimeError(f"the decode graph finished without publishing MoE layer {c.moe_index}")
-                time.sleep(0)
-            r.counters.sync_ms += (time.perf_counter() - t0) * 1e3
-            pred = None
-            if layers:                                  # every recorded distance, for misses_predicted
-                ids = torch.from_numpy(data[3 * n:].copy()).view(len(layers), t, k)[:, :rows]
-                r.forecast.note(layers, ids)
-                depth = r.gated_depth()
-                if depth > 0:
-                    pred = (layers[:depth], ids[:depth])
-            self._follow(c.moe_index, data[:rows * k].tolist(), data[n:n + rows * k].tolist(), pred,
-                         data[2 * n:2 * n + rows * k].tolist())
+        t, k = c.shape
+        n = t * k
+        layers = c.predicted[1] if c.predicted is not None else []
+        data = c.region.numpy()[:n * (3 + len(layers))]     # ids, slots found, fill slots, predictions
+        r.policy.catch_up()
+        t0 = time.perf_counter()
+        while (data == UNWRITTEN).any():
+            if finished() and (data == UNWRITTEN).any():
+                raise RuntimeError(f"the decode graph finished without publishing MoE layer {c.moe_index}")
+            time.sleep(0)
+        r.counters.sync_ms += (time.perf_counter() - t0) * 1e3
+        ids, seen = data[:rows * k].tolist(), data[n:n + rows * k].tolist()
+        read = None
+        if self.shares is not None and SLOT_CPU in seen:      # the host CPU's experts, then the books
+            self.shares.compute(c.moe_index, t, k, rows, ids, seen, finished)
+            read = [0 if s == SLOT_CPU else s for s in seen]
+        pred = None
+        if layers:                                  # every recorded distance, for misses_predicted
+            pids = torch.from_numpy(data[3 * n:].copy()).view(len(layers), t, k)[:, :rows]
+            r.forecast.note(layers, pids)
+            depth = r.gated_depth()
+            if depth > 0:
+                pred = (layers[:depth], pids[:depth])
+        self._follow(c.moe_index, ids, seen, pred, data[2 * n:2 * n + rows * k].tolist(), read)
 
     def acquire(self, moe_index: int, topk_ids: torch.Tensor, pred: Prediction | None) -> tuple:
         """Eager direct-read layer: snapshot, read ids / slots / predictions (one sync), follow.

@@ -193,12 +193,23 @@ class ExpertManager:
         compute missing experts (engine/experts/cold.py: always under ``cpu``; under ``auto`` while
         such steps are measured faster than replayed ones); the host then decides per layer."""
         r = self.r
+        if self.graph_cpu_share(tokens):
+            return False                  # the replayed step gives the CPU its share itself
         return r.store is not None and not r.pool.full and r.cold.enabled_on(self.device) and r.cold.eager_for(tokens)
+
+    def graph_cpu_share(self, tokens: int) -> bool:
+        """Whether a replayed decode step of ``tokens`` tokens gives the host CPU a share of each layer's
+        missing experts (engine/experts/cold_graph.py): direct-read steps on a GPU, cold experts on."""
+        return self.device.type == "cuda" and not self.r.pool.full and self.direct.direct_for(tokens) \
+            and self.direct.cpu_share_on
 
     def observe_step(self, tokens: int, eager: bool, seconds: float) -> None:
         """A decode step of ``tokens`` tokens ran (eagerly or replayed) in ``seconds``, for ``auto``."""
         if self.r.store is not None and not self.r.pool.full:
-            self.r.cold.observe(tokens, eager, seconds)
+            if not eager and self.direct.shares is not None and self.graph_cpu_share(tokens):
+                self.direct.shares.observe(tokens, seconds)
+            else:
+                self.r.cold.observe(tokens, eager, seconds)
 
     @property
     def cold(self) -> ColdExperts:
@@ -417,6 +428,8 @@ class ExpertManager:
         self.direct.option = change.direct
         self.r.cold.mode = cold_mode
         self.r.cold.arms.reset()                   # the last setting's step times say nothing of this one
+        if self.direct.shares is not None:
+            self.direct.shares.tuner.reset()
         return self.describe()
 
     def stats(self) -> ExpertStats:

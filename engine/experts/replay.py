@@ -18,7 +18,7 @@ Legend: T tokens, k experts per token, P predicted layers, E experts.
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 import torch
 
@@ -72,8 +72,9 @@ class ReplayHooks(Protocol):
     def start_direct_step(self, regions: torch.Tensor, tokens: int, predicting: bool = True) -> None:
         """Before the replay: choose fill and prefetch slots, blank the publish regions."""
 
-    def follow_published(self, cuts: Sequence[Any], rows: int) -> None:
-        """While the replay runs: follow each layer's published values (counts, prefetches, admissions)."""
+    def follow_published(self, cuts: Sequence[Any], rows: int, finished: Callable[[], bool] | None = None) -> None:
+        """While the replay runs: follow each layer's published values (counts, prefetches, admissions,
+        the host CPU's share); ``finished``: whether the replay is over (default: CUDA's word)."""
 
     def finish_ended(self) -> None:
         """End the step whose end was deferred (the previous replay), while this one computes."""
@@ -159,8 +160,8 @@ class ManagerReplay:
         m.plan = m.plan_step("direct", tokens).with_deferred_end()
         m.direct.start_replay(regions, tokens, predicting)
 
-    def follow_published(self, cuts: Sequence[Any], rows: int) -> None:
-        self.m.direct.follow_published(cuts, rows)
+    def follow_published(self, cuts: Sequence[Any], rows: int, finished: Callable[[], bool] | None = None) -> None:
+        self.m.direct.follow_published(cuts, rows, finished)
 
     def finish_ended(self) -> None:
         self.m.direct.finish_ended()

@@ -294,16 +294,18 @@ class MoETransformer:
         slot_of_expert, views, *rest = acquire(m.moe_index, ids, pred)
         host, cold = (rest + [None, None])[:2]
         extra = {"host": host} if host is not None else {}
-        if cold is not None:
+        if cold is not None and not cold.in_graph:                       # eager: the GPU's pairs apart
             out = self._moe_split(x, ids, w, slot_of_expert, views, cold, extra)
         else:
+            if cold is not None:       # replayed: publish with the CPU's share; the kernels skip its pairs
+                cold.start(x, w)
             if x16 is not None:                                          # x as 16-bit planes, from the norm
                 extra["x16"] = x16
             out = self.moe_fn(x, ids, w, slot_of_expert, views, self.experts.layout, **extra)   # [T, D]
         if m.shared is not None:
             out = out + self._shared(m, x)
         if cold is not None:
-            out = out + cold.finish()                                    # the CPU's sum, computed meanwhile
+            out = cold.add_to(out)                                       # the CPU's sum, computed meanwhile
         return out
 
     def _shared(self, m: MoEWeights, x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,239 @@
+"""The host CPU's share of missing experts inside a replayed direct-read decode step.
+
+A direct-read decode step is one CUDA graph (engine/cuda_graphs.py); the host follows it layer by
+layer from what each layer publishes into pinned memory (engine/experts/direct.py). With a host
+store and ``cold_experts`` auto or cpu, each MoE layer of such a recording also splits its missing
+experts between the bus and the host CPU, with no host decision in the GPU's path and nothing
+recorded again from step to step:
+
+1. the layer's publish kernel gives the host CPU ``round(share * m)`` of its ``m`` missing experts,
+   those the most tokens use first (a direct read crosses the bus once per token that uses the
+   expert; the CPU reads it once), marks them ``SLOT_CPU`` in the slot-table snapshot, and writes the
+   layer's ``x`` and routing weights into this layer's pinned ``inputs``, then its ``ready`` flag;
+2. the MoE kernels skip those experts' pairs and read the other missing experts over the bus;
+3. the host, following the step, sees the marks, waits for ``ready``, computes the marked experts
+   with the CPU kernels (kernels/cpu) into the layer's pinned ``out`` and sets its ``done`` flag;
+4. a join kernel after the layer's MoE (kernels/cpu_share.py) waits for ``done`` and adds ``out``.
+
+The share is a number in pinned memory that the publish kernels read, set before each replay:
+``cpu`` 1, ``bus`` 0, ``auto`` what :class:`ShareTuner` finds fastest for that step size. The host
+always sets every ``done`` flag of a step it cannot finish, so the GPU never waits on a host that
+failed; the join kernel's own time limit covers a host that stopped.
+
+Legend: L MoE layers, T tokens of a recording, k experts per token, D hidden.
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+import torch
+
+from kernels.publish_ids import SLOT_CPU, CpuShareArgs
+
+if TYPE_CHECKING:
+    from engine.experts.residency import Residency
+
+SHARES = tuple(i / 8 for i in range(9))        # the shares auto chooses among
+JOIN_LIMIT_S = 10.0                            # the join kernel's wait for the host, at most
+
+
+class ShareTuner:
+    """``auto``'s share of missing experts for the host CPU, per step size: the share that the
+    measured steps say is fastest. It starts where the cost model balances the bus and the CPU
+    (``start``), runs it, then tries a neighbouring share for ``trials`` steps every ``probe_every``
+    steps and moves there when that was faster by ``margin``; after a move it tries the next share in
+    the same direction soon. Routing, the pool and the machine's load all move the best share."""
+
+    def __init__(self, trials: int = 4, probe_every: int = 48, alpha: float = 0.3, margin: float = 0.01) -> None:
+        self.trials, self.probe_every, self.alpha, self.margin = trials, probe_every, alpha, margin
+        self._s: dict[int, dict] = {}
+
+    def _state(self, tokens: int, start: float) -> dict:
+        st = self._s.get(tokens)
+        if st is None:
+            i = min(range(len(SHARES)), key=lambda j: abs(SHARES[j] - start))
+            st = self._s[tokens] = {"cur": i, "arm": i, "left": self.trials, "avg": {}, "dir": 1, "skip": True}
+        return st
+
+    def choose(self, tokens: int, start: float = 0.5) -> float:
+        return SHARES[self._state(tokens, start)["arm"]]
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        st = self._s.get(tokens)
+        if st is None:
+            return
+        if st["skip"]:                 # the size's first step records its graph
+            st["skip"] = False
+            return
+        arm, avg = st["arm"], st["avg"]
+        avg[arm] = seconds if arm not in avg else avg[arm] + self.alpha * (seconds - avg[arm])
+        st["left"] -= 1
+        if st["left"] > 0:
+            return
+        if arm != st["cur"]:           # a probe ended: keep the faster
+            moved = avg[arm] < avg[st["cur"]] * (1 - self.margin)
+            if moved:
+                st["cur"] = arm
+            else:
+                st["dir"] = -st["dir"]
+            st["arm"], st["left"] = st["cur"], self.trials if moved else self.probe_every
+            return
+        nxt = st["cur"] + st["dir"]
+        if not 0 <= nxt < len(SHARES):
+            st["dir"] = -st["dir"]
+            nxt = st["cur"] + st["dir"]
+        st["arm"], st["left"] = nxt, self.trials
+
+    def state(self) -> dict[int, tuple[float, dict[float, float]]]:
+        """Step size -> (share in force, average step seconds by share tried)."""
+        return {t: (SHARES[st["cur"]], {SHARES[i]: v for i, v in sorted(st["avg"].items())})
+                for t, st in sorted(self._s.items())}
+
+    def reset(self) -> None:
+        self._s.clear()
+
+
+class _Buffers:
+    """One recording's pinned buffers: per MoE layer the inputs ``[T * D + T * k]``, the host's sum
+    ``[T * D]`` and the flags ``(ready, done)``; all mapped into the GPU's address space."""
+
+    def __init__(self, layers: int, t: int, k: int, d: int, pin: bool) -> None:
+        self.t, self.k, self.d = t, k, d
+        self.inputs = torch.zeros(layers, t * d + t * k, dtype=torch.float32, pin_memory=pin)
+        self.out = torch.zeros(layers, t * d, dtype=torch.float32, pin_memory=pin)
+        self.flags = torch.zeros(layers, 2, dtype=torch.int32, pin_memory=pin)
+
+
+class GraphCpuLayer:
+    """What a recorded MoE layer does around its kernels (see the module docstring): ``start(x, w)``
+    launches the layer's publish with the host CPU's share, ``add_to(out)`` the join."""
+
+    in_graph = True
+
+    def __init__(self, shares: "GraphCpuShares", buffers: _Buffers, moe_index: int, ids: torch.Tensor,
+                 snap: torch.Tensor, publish: Callable[[CpuShareArgs], None]) -> None:
+        self.shares, self.buffers, self.moe_index = shares, buffers, moe_index
+        self.ids, self.snap, self._publish = ids, snap, publish
+
+    def start(self, x: torch.Tensor, w: torch.Tensor) -> None:
+        b, i = self.buffers, self.moe_index
+        self._publish(CpuShareArgs(x, w.reshape(-1), b.inputs[i], b.flags[i, 0:1], self.shares.frac))
+
+    def add_to(self, out: torch.Tensor) -> torch.Tensor:
+        from kernels.cpu_share import cpu_share_join, cpu_share_join_ref
+        b, i = self.buffers, self.moe_index
+        join = cpu_share_join if out.device.type == "cuda" else cpu_share_join_ref
+        return join(out, self.ids, self.snap, b.flags[i, 1:2], b.out[i], self.shares.err, JOIN_LIMIT_S)
+
+
+class GraphCpuShares:
+    """The host side: the recordings' buffers, the share in force and the host CPU's work per layer."""
+
+    def __init__(self, r: "Residency", hidden: int) -> None:
+        self.r, self.hidden = r, hidden
+        pin = r.device.type == "cuda"
+        self.frac = torch.zeros(1, dtype=torch.float32, pin_memory=pin)   # read by the publish kernels
+        self.err = torch.zeros(1, dtype=torch.int32, pin_memory=pin)      # set by a join that gave up
+        self.tuner = ShareTuner()
+        self._bufs: dict[tuple[int, int], _Buffers] = {}
+        self.tokens = 0                  # the running step's real tokens
+
+    def layer(self, moe_index: int, ids: torch.Tensor, snap: torch.Tensor,
+              publish: Callable[[CpuShareArgs], None]) -> GraphCpuLayer:
+        t, k = ids.shape
+        key = (t, k)
+        if key not in self._bufs:
+            self._bufs[key] = _Buffers(self.r.num_layers, t, k, self.hidden, self.r.device.type == "cuda")
+        return GraphCpuLayer(self, self._bufs[key], moe_index, ids, snap, publish)
+
+    # ---- each replay -------------------------------------------------------------------------------
+    def share_for(self, tokens: int) -> float:
+        cold = self.r.cold
+        if cold.mode != "auto":
+            return 1.0 if cold.mode == "cpu" else 0.0
+        return self.tuner.choose(tokens, self.balanced())
+
+    def balanced(self) -> float:
+        """The share at which the bus and the CPU take equally long for one token's missing experts,
+        from the measured rates (one expert: its bytes over the bus against the CPU's time)."""
+        rates = self.r.cold.rates
+        if rates is None:
+            return 0.5
+        bus, cpu = rates.bus_s(self.r.layout.nbytes), rates.cpu_s(1)
+        return bus / (bus + cpu)
+
+    def begin(self, tokens: int) -> None:
+        """Before a replay of ``tokens`` real tokens: the flags cleared, the share set."""
+        if int(self.err[0]) != 0:
+            self.err.zero_()
+            raise RuntimeError(f"the host CPU's share of a MoE layer did not arrive within {JOIN_LIMIT_S:.0f} s in "
+                               "an earlier decode step, whose output is not valid; if the machine is overloaded, "
+                               "set cold_experts to bus")
+        cold = self.r.cold
+        if cold.mode != "bus" and cold.rates is None and self.r.store is not None:
+            cold.measure(self.r.store.rows, self.r.device)
+        for b in self._bufs.values():
+            b.flags.zero_()
+        self.tokens = tokens
+        self.frac[0] = self.share_for(tokens)
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        if self.r.cold.mode == "auto":
+            self.tuner.observe(tokens, seconds)
+
+    def release(self) -> None:
+        """Let every join of the running step pass (the host cannot finish its share)."""
+        for b in self._bufs.values():
+            b.flags[:, 1] = 1
+
+    # ---- following the step ----------------------------------------------------------------------
+    def compute(self, moe_index: int, t: int, k: int, rows: int, ids: list[int], seen: list[int],
+                finished: Callable[[], bool]) -> int:
+        """Layer ``moe_index``'s marked experts (``seen`` ``SLOT_CPU``, of its ``rows`` real tokens) on
+        the host CPU, into the layer's ``out``; then its ``done`` flag. Returns how many experts."""
+        from kernels.cpu import CpuExpertWork, cpu_expert_forward
+        r, cold = self.r, self.r.cold
+        b = self._bufs[(t, k)]
+        t0 = time.perf_counter()
+        flags = b.flags[moe_index].numpy()
+        while flags[0] == 0:                          # the inputs are written after the ids
+            if finished() and flags[0] == 0:
+                raise RuntimeError(f"the decode graph finished without handing MoE layer {moe_index}'s "
+                                   "inputs to the host CPU")
+            time.sleep(0)
+        base = moe_index * r.num_experts
+        by_row: dict[int, list[int]] = {}
+        for p, (e, s) in enumerate(zip(ids, seen)):
+            if s == SLOT_CPU:
+                by_row.setdefault(base + e, []).append(p)
+        d = self.hidden
+        inputs = b.inputs[moe_index]
+        x = inputs[:t * d].view(t, d)[:rows]
+        w = inputs[t * d:t * d + t * k].numpy()
+        keys = list(by_row)
+        pairs = [p for key in keys for p in by_row[key]]
+        starts = np.cumsum([0] + [len(by_row[key]) for key in keys], dtype=np.int64)
+        flat = np.asarray(pairs, dtype=np.int64)
+        work = CpuExpertWork(np.asarray(keys, dtype=np.int64), starts, flat // k, w[flat].astype(np.float32))
+        c0 = time.perf_counter()
+        cpu_expert_forward(r.store.rows, r.layout, work, x, b.out[moe_index, :rows * d].view(rows, d), cold.threads)
+        done = time.perf_counter()
+        flags[1] = 1
+        uses = Counter(base + e for e, s in zip(ids, seen) if s < 0)
+        cold.note_graph(len(keys), (done - c0) * 1e3, (done - t0) * 1e3,
+                        self._predicted_ms({key: uses[key] for key in keys},
+                                           {key: n for key, n in uses.items() if key not in by_row}))
+        return len(keys)
+
+    def _predicted_ms(self, cpu: dict[int, int], bus: dict[int, int]) -> float:
+        """What the rates predict for the layer: the slower of the CPU's experts and the bus's direct
+        reads (one per token)."""
+        rates = self.r.cold.rates
+        if rates is None:
+            return 0.0
+        bus_s = sum(rates.bus_s(self.r.layout.nbytes, n) for n in bus.values())
+        cpu_s = rates.cpu_call_s + sum(rates.cpu_s(n) for n in cpu.values())
+        return max(bus_s, cpu_s) * 1e3

@@ -1,0 +1,161 @@
+"""The host CPU's share of missing experts inside a replayed direct-read step (engine/experts/cold_graph.py).
+
+On the CPU a replay is emulated the way a CUDA graph runs it: the step's device work (route, publish,
+the MoE, the join) runs on its own thread over buffers fixed at "capture", while this thread follows
+the published layers exactly as ``DecodeGraphs.run`` does, computing the CPU's share as it goes.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from engine.experts.cold_graph import SHARES, ShareTuner
+from kernels.fused_moe import fused_moe_ref
+from kernels.publish_ids import SLOT_CPU
+from test_experts_support import E, K, L, Stack, route
+
+
+@pytest.fixture(scope="module")
+def stack() -> Stack:
+    return Stack(seed=4)
+
+
+@dataclass
+class _Cut:
+    moe_index: int
+    shape: tuple[int, int]
+    predicted: object
+    region: torch.Tensor
+
+
+class _Replay:
+    """One recorded direct-read step of ``t`` tokens through ``prov``'s replay hooks."""
+
+    def __init__(self, stack: Stack, prov, t: int) -> None:
+        self.stack, self.prov, self.t = stack, prov, t
+        hooks = prov.replay_hooks
+        hooks.prepare_direct_capture()
+        self.regions = torch.full((L, 3 * t * K), -2, dtype=torch.int64)
+        self.cuts = [_Cut(l, (t, K), None, self.regions[l]) for l in range(L)]
+        self.layers = []
+        for l in range(L):                                   # "capture": fixed buffers, handles
+            ids = torch.zeros(t, K, dtype=torch.int64)
+            self.layers.append((ids, *hooks.publish_direct(l, ids, None, self.regions[l], None)))
+
+    def step(self, x: torch.Tensor, between=None) -> torch.Tensor:
+        prov, hooks, out = self.prov, self.prov.replay_hooks, {}
+        prov.begin_step(keep_ended=True)
+        hooks.start_direct_step(self.regions, self.t)
+
+        def device() -> None:
+            h = x
+            for l, (ids, snap, views, host, *cold) in enumerate(self.layers):
+                w, routed = route(h @ self.stack.routers[l].t())
+                ids.copy_(routed)
+                if cold:
+                    cold[0].start(h, w)
+                y = fused_moe_ref(h, ids, w, snap, views, self.stack.layout, host)
+                h = h + (cold[0].add_to(y) if cold else y)
+            out["x"] = h
+
+        th = threading.Thread(target=device)
+        th.start()
+        try:
+            hooks.finish_ended()
+            if between is not None:
+                between()
+            hooks.follow_published(self.cuts, self.t, finished=lambda: not th.is_alive())
+        finally:
+            th.join(timeout=60)
+            prov.end_step()
+        assert not th.is_alive()
+        return out["x"]
+
+
+def _x(t: int) -> torch.Tensor:
+    return torch.randn(t, 16, generator=torch.Generator().manual_seed(t))
+
+
+@pytest.mark.parametrize("share", [1.0, 0.0])
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_replayed_steps_with_a_cpu_share_equal_the_resident_model(stack: Stack, share: float, tokens: int) -> None:
+    # No pool: every expert is missing. With a share of 1 (cpu) the host computes every one of them
+    # inside the replay; with 0 (what auto may choose) none, and the joins pass through; the step's
+    # output equals the fully resident model's, step after step.
+    prov = stack.offloaded(0, depth=1, direct_reads=True, cold_experts="cpu")
+    rep = _Replay(stack, prov, tokens)
+    prov.direct.shares.share_for = lambda tokens: share
+    mode = "cpu" if share else "bus"
+    want = stack.run(stack.resident(), _x(tokens), 3)
+    x = _x(tokens)
+    for i in range(3):
+        x = rep.step(x)
+        torch.testing.assert_close(x, want[i], rtol=1e-5, atol=1e-5)
+        x = torch.tanh(x)
+    cold = prov.cold
+    if mode == "cpu":
+        assert cold.cpu_experts > 0 and cold.layers == 3 * L and prov.r.counters.direct_bytes == 0
+        assert cold.last_step[0] > 0
+    else:
+        assert cold.cpu_experts == 0 and prov.r.counters.direct_bytes > 0
+    prov.close()
+
+
+def test_a_partial_share_splits_each_layer(stack: Stack) -> None:
+    # Under auto with a share of one half, each layer's missing experts split between the host CPU
+    # and the direct reads, the most used first to the CPU; the output still equals the resident one.
+    prov = stack.offloaded(L * E // 4, depth=1, direct_reads=True, cold_experts="cpu")
+    rep = _Replay(stack, prov, 4)
+    shares = prov.direct.shares
+    shares.share_for = lambda tokens: 0.5
+    want = stack.run(stack.resident(), _x(4), 2)
+    x = rep.step(_x(4))
+    torch.testing.assert_close(x, want[0], rtol=1e-5, atol=1e-5)
+    marked = [int(v) for v in rep.regions[:, 4 * K:8 * K].reshape(-1)]
+    assert SLOT_CPU in marked and -1 in marked            # both kinds of missing expert in the step
+    x = rep.step(torch.tanh(x))
+    torch.testing.assert_close(x, want[1], rtol=1e-5, atol=1e-5)
+    prov.close()
+
+
+def test_a_host_that_fails_lets_the_step_finish_and_says_why(stack: Stack, monkeypatch) -> None:
+    # The host's share raises: every join of the step is released (the device side finishes, no
+    # hang), the error reaches the caller, and the next step runs normally.
+    prov = stack.offloaded(0, depth=1, direct_reads=True, cold_experts="cpu")
+    rep = _Replay(stack, prov, 2)
+    shares = prov.direct.shares
+    real = shares.compute
+
+    def broken(*a, **kw):
+        raise MemoryError("no room for the CPU's share")
+
+    monkeypatch.setattr(shares, "compute", broken)
+    with pytest.raises(MemoryError, match="no room"):
+        rep.step(_x(2))
+    monkeypatch.setattr(shares, "compute", real)
+    want = stack.run(stack.resident(), _x(2), 1)
+    torch.testing.assert_close(rep.step(_x(2)), want[0], rtol=1e-5, atol=1e-5)
+    prov.close()
+
+
+def test_the_tuner_finds_the_fastest_share_and_follows_it() -> None:
+    # Step time is lowest at a share of 5/8: starting from 1/8 the tuner climbs there and stays,
+    # then follows when the best share moves to 2/8 (e.g. the machine got busy).
+    tuner = ShareTuner(trials=2, probe_every=6)
+    best = [5 / 8]
+
+    def seconds(share: float) -> float:
+        return 1.0 + abs(share - best[0])
+
+    for _ in range(200):
+        tuner.observe(1, seconds(tuner.choose(1, start=1 / 8)))
+    assert tuner.state()[1][0] == 5 / 8
+    used = [tuner.choose(1) for _ in range(1)]
+    assert used[0] in SHARES
+    best[0] = 2 / 8
+    for _ in range(300):
+        tuner.observe(1, seconds(tuner.choose(1)))
+    assert tuner.state()[1][0] == 2 / 8
