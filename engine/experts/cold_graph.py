@@ -102,9 +102,10 @@ class _Buffers:
 
     def __init__(self, layers: int, t: int, k: int, d: int, pin: bool) -> None:
         self.t, self.k, self.d = t, k, d
-        self.inputs = torch.zeros(layers, t * d + t * k, dtype=torch.float32, pin_memory=pin)
-        self.out = torch.zeros(layers, t * d, dtype=torch.float32, pin_memory=pin)
-        self.flags = torch.zeros(layers, 2, dtype=torch.int32, pin_memory=pin)
+        with torch.inference_mode(False):      # made while a step is recorded; the host writes them later
+            self.inputs = torch.zeros(layers, t * d + t * k, dtype=torch.float32, pin_memory=pin)
+            self.out = torch.zeros(layers, t * d, dtype=torch.float32, pin_memory=pin)
+            self.flags = torch.zeros(layers, 2, dtype=torch.int32, pin_memory=pin)
 
 
 class GraphCpuLayer:
@@ -135,8 +136,9 @@ class GraphCpuShares:
     def __init__(self, r: "Residency", hidden: int) -> None:
         self.r, self.hidden = r, hidden
         pin = r.device.type == "cuda"
-        self.frac = torch.zeros(1, dtype=torch.float32, pin_memory=pin)   # read by the publish kernels
-        self.err = torch.zeros(1, dtype=torch.int32, pin_memory=pin)      # set by a join that gave up
+        with torch.inference_mode(False):      # made while a step is recorded; the host writes them later
+            self.frac = torch.zeros(1, dtype=torch.float32, pin_memory=pin)   # read by the publish kernels
+            self.err = torch.zeros(1, dtype=torch.int32, pin_memory=pin)      # set by a join that gave up
         self.tuner = ShareTuner()
         self._bufs: dict[tuple[int, int], _Buffers] = {}
         self.tokens = 0                  # the running step's real tokens
@@ -167,8 +169,9 @@ class GraphCpuShares:
 
     def begin(self, tokens: int) -> None:
         """Before a replay of ``tokens`` real tokens: the flags cleared, the share set."""
-        if int(self.err[0]) != 0:
-            self.err.zero_()
+        err = self.err.numpy()
+        if err[0] != 0:
+            err[0] = 0
             raise RuntimeError(f"the host CPU's share of a MoE layer did not arrive within {JOIN_LIMIT_S:.0f} s in "
                                "an earlier decode step, whose output is not valid; if the machine is overloaded, "
                                "set cold_experts to bus")
@@ -176,9 +179,9 @@ class GraphCpuShares:
         if cold.mode != "bus" and cold.rates is None and self.r.store is not None:
             cold.measure(self.r.store.rows, self.r.device)
         for b in self._bufs.values():
-            b.flags.zero_()
+            b.flags.numpy()[:] = 0
         self.tokens = tokens
-        self.frac[0] = self.share_for(tokens)
+        self.frac.numpy()[0] = self.share_for(tokens)
 
     def observe(self, tokens: int, seconds: float) -> None:
         if self.r.cold.mode == "auto":
@@ -187,7 +190,7 @@ class GraphCpuShares:
     def release(self) -> None:
         """Let every join of the running step pass (the host cannot finish its share)."""
         for b in self._bufs.values():
-            b.flags[:, 1] = 1
+            b.flags.numpy()[:, 1] = 1
 
     # ---- following the step ----------------------------------------------------------------------
     def compute(self, moe_index: int, t: int, k: int, rows: int, ids: list[int], seen: list[int],

@@ -99,6 +99,8 @@ class DirectPath:
     def start_replay(self, regions: torch.Tensor, tokens: int, predicting: bool) -> None:
         """Before a recorded step of ``tokens`` real tokens is replayed: its fill slots and claim slots
         (none for a ``quiet`` recording: ``predicting`` False), the publish regions blanked."""
+        if self.shares is not None:          # first: a refusal here leaves nothing begun
+            self.shares.begin(tokens)
         books = self.r.books
         before = set(books.lease)
         armed = self.fills.armed or []
@@ -109,8 +111,6 @@ class DirectPath:
             claims.begin(self.step, tokens)
             self.step.dp_active, self.step.dp_replay = True, True
         regions.fill_(UNWRITTEN)
-        if self.shares is not None:
-            self.shares.begin(tokens)
         self.live_leases = frozenset(set(books.lease) - before) | frozenset(armed)
 
     def ensure_step(self) -> None:

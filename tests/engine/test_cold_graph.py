@@ -41,15 +41,17 @@ class _Replay:
         self.regions = torch.full((L, 3 * t * K), -2, dtype=torch.int64)
         self.cuts = [_Cut(l, (t, K), None, self.regions[l]) for l in range(L)]
         self.layers = []
-        for l in range(L):                                   # "capture": fixed buffers, handles
-            ids = torch.zeros(t, K, dtype=torch.int64)
-            self.layers.append((ids, *hooks.publish_direct(l, ids, None, self.regions[l], None)))
+        with torch.inference_mode():                         # as the engine records its steps
+            for l in range(L):                               # "capture": fixed buffers, handles
+                ids = torch.zeros(t, K, dtype=torch.int64)
+                self.layers.append((ids, *hooks.publish_direct(l, ids, None, self.regions[l], None)))
 
     def step(self, x: torch.Tensor, between=None) -> torch.Tensor:
         prov, hooks, out = self.prov, self.prov.replay_hooks, {}
         prov.begin_step(keep_ended=True)
         hooks.start_direct_step(self.regions, self.t)
 
+        @torch.inference_mode()                              # what the recorded kernels do, in torch
         def device() -> None:
             h = x
             for l, (ids, snap, views, host, *cold) in enumerate(self.layers):
