@@ -42,12 +42,13 @@ JOIN_LIMIT_S = 10.0                            # the join kernel's wait for the 
 
 class ShareTuner:
     """``auto``'s share of missing experts for the host CPU, per step size: the share that the
-    measured steps say is fastest. It starts where the cost model balances the bus and the CPU
-    (``start``), runs it, then tries a neighbouring share for ``trials`` steps every ``probe_every``
-    steps and moves there when that was faster by ``margin``; after a move it tries the next share in
-    the same direction soon. Routing, the pool and the machine's load all move the best share."""
+    measured steps say is fastest. It runs the share where the cost model balances the bus and the
+    CPU (``start``) and then none (the bus alone) for ``trials`` steps each, keeps the faster, then
+    every ``probe_every`` steps tries a neighbouring share for ``trials`` steps and moves there when
+    that was faster by ``margin``; after a move it tries the next share in the same direction at once.
+    Routing, the pool and the machine's load all move the best share."""
 
-    def __init__(self, trials: int = 4, probe_every: int = 48, alpha: float = 0.3, margin: float = 0.01) -> None:
+    def __init__(self, trials: int = 3, probe_every: int = 24, alpha: float = 0.3, margin: float = 0.01) -> None:
         self.trials, self.probe_every, self.alpha, self.margin = trials, probe_every, alpha, margin
         self._s: dict[int, dict] = {}
 
@@ -55,7 +56,8 @@ class ShareTuner:
         st = self._s.get(tokens)
         if st is None:
             i = min(range(len(SHARES)), key=lambda j: abs(SHARES[j] - start))
-            st = self._s[tokens] = {"cur": i, "arm": i, "left": self.trials, "avg": {}, "dir": 1, "skip": True}
+            st = self._s[tokens] = {"cur": i, "arm": i, "left": self.trials, "avg": {}, "dir": 1 if i == 0 else -1,
+                                    "skip": True, "first": i != 0}
         return st
 
     def choose(self, tokens: int, start: float = 0.5) -> float:
@@ -73,13 +75,17 @@ class ShareTuner:
         st["left"] -= 1
         if st["left"] > 0:
             return
+        if st.pop("first", False):     # the balanced share ran: now the bus alone
+            st["arm"], st["left"] = 0, self.trials
+            return
         if arm != st["cur"]:           # a probe ended: keep the faster
             moved = avg[arm] < avg[st["cur"]] * (1 - self.margin)
             if moved:
+                st["dir"] = 1 if arm > st["cur"] else -1
                 st["cur"] = arm
             else:
                 st["dir"] = -st["dir"]
-            st["arm"], st["left"] = st["cur"], self.trials if moved else self.probe_every
+            st["arm"], st["left"] = st["cur"], 1 if moved else self.probe_every
             return
         nxt = st["cur"] + st["dir"]
         if not 0 <= nxt < len(SHARES):
