@@ -59,6 +59,9 @@ class ExpertStats:
     cold_measured_ms: float = 0.0    # the same layers as measured (decision to the CPU's result)
     steps_ms: float = 0.0            # time inside steps with experts (begin to end): the CPU busy share's base
     last_step_experts: tuple[int, int] = (0, 0)   # (CPU, bus) missing experts of the last step
+    # replayed decode steps (engine/experts/cold_graph.py): (tokens, share of each layer's missing
+    # experts the host CPU takes) per step size seen; auto's measured choice, or 1 / 0 under cpu / bus
+    cpu_shares: tuple[tuple[int, float], ...] = ()
 
     @property
     def hit_rate(self) -> float:

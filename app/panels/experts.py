@@ -196,13 +196,16 @@ def cold_summary(e: Any, before: Any = None) -> tuple[str, str]:
         return "—", "Every expert is on the GPU: none is missing, so none runs on the CPU or crosses the bus"
     cpu, bus = e.last_step_experts
     text = f"CPU {cpu} · bus {bus}" if cpu or bus else f"{e.cold_mode.split()[0]}, none yet"
-    lines = [f"Setting: {e.cold_mode} (auto: per expert by measured rates, eager steps where they are faster; "
-             "bus; cpu)",
+    lines = [f"Setting: {e.cold_mode} (auto: the CPU's share by measured step times; bus; cpu)",
              f"Last step: {cpu} missing experts computed on the CPU, {bus} brought over the bus",
              f"Since load: {e.cpu_experts} on the CPU, {e.bus_experts} over the bus"]
     if before is not None and e.steps_ms > before.steps_ms:
         busy = (e.cpu_ms - before.cpu_ms) / (e.steps_ms - before.steps_ms)
         lines.append(f"CPU busy {100 * busy:.0f}% of the step time since the last update")
+    shares = getattr(e, "cpu_shares", ())
+    if shares:
+        per = ", ".join(f"{round(8 * share)}/8 at {t} token{'s' * (t != 1)}" for t, share in shares)
+        lines.append(f"Replayed steps: the CPU takes {per} of each layer's missing experts, the most used first")
     if e.cold_measured_ms:
         lines.append(f"Layers with a CPU share: the cost model predicted {e.cold_predicted_ms:.0f} ms, "
                      f"they took {e.cold_measured_ms:.0f} ms (CPU kernels {e.cpu_ms:.0f} ms)")

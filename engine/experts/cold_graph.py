@@ -25,7 +25,6 @@ Legend: L MoE layers, T tokens of a recording, k experts per token, D hidden.
 from __future__ import annotations
 
 import time
-from collections import Counter
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
@@ -147,6 +146,7 @@ class GraphCpuShares:
             self.err = torch.zeros(1, dtype=torch.int32, pin_memory=pin)      # set by a join that gave up
         self.tuner = ShareTuner()
         self._bufs: dict[tuple[int, int], _Buffers] = {}
+        self._run = None                 # the CPU kernels' runner, made at the first share
         self.tokens = 0                  # the running step's real tokens
 
     def layer(self, moe_index: int, ids: torch.Tensor, snap: torch.Tensor,
@@ -189,6 +189,12 @@ class GraphCpuShares:
         self.tokens = tokens
         self.frac.numpy()[0] = self.share_for(tokens)
 
+    def in_force(self) -> tuple[tuple[int, float], ...]:
+        """(tokens, share) for every step size replayed so far (auto's current choice)."""
+        sizes = sorted(set(self.tuner.state()) | ({self.tokens} if self.tokens else set()))
+        return tuple((t, self.share_for(t) if self.r.cold.mode != "auto" else self.tuner.state().get(t, (0.0,))[0])
+                     for t in sizes)
+
     def observe(self, tokens: int, seconds: float) -> None:
         if self.r.cold.mode == "auto":
             self.tuner.observe(tokens, seconds)
@@ -202,47 +208,52 @@ class GraphCpuShares:
     def compute(self, moe_index: int, t: int, k: int, rows: int, ids: list[int], seen: list[int],
                 finished: Callable[[], bool]) -> int:
         """Layer ``moe_index``'s marked experts (``seen`` ``SLOT_CPU``, of its ``rows`` real tokens) on
-        the host CPU, into the layer's ``out``; then its ``done`` flag. Returns how many experts."""
-        from kernels.cpu import CpuExpertWork, cpu_expert_forward
+        the host CPU, into the layer's ``out``; then its ``done`` flag. Returns how many experts.
+        Plain numpy: every layer of the step waits for this."""
+        from kernels.cpu import CpuExpertWork
         r, cold = self.r, self.r.cold
         b = self._bufs[(t, k)]
         t0 = time.perf_counter()
-        flags = b.flags[moe_index].numpy()
+        flags = b.flags.numpy()[moe_index]
         while flags[0] == 0:                          # the inputs are written after the ids
             if finished() and flags[0] == 0:
                 raise RuntimeError(f"the decode graph finished without handing MoE layer {moe_index}'s "
                                    "inputs to the host CPU")
             time.sleep(0)
         base = moe_index * r.num_experts
-        by_row: dict[int, list[int]] = {}
-        for p, (e, s) in enumerate(zip(ids, seen)):
-            if s == SLOT_CPU:
-                by_row.setdefault(base + e, []).append(p)
+        e = np.asarray(ids, dtype=np.int64)
+        s = np.asarray(seen, dtype=np.int64)
+        pairs = np.flatnonzero(s == SLOT_CPU)
+        order = pairs[np.argsort(e[pairs], kind="stable")]                 # grouped by expert
+        experts, starts = np.unique(e[order], return_index=True)
         d = self.hidden
-        inputs = b.inputs[moe_index]
-        x = inputs[:t * d].view(t, d)[:rows]
-        w = inputs[t * d:t * d + t * k].numpy()
-        keys = list(by_row)
-        pairs = [p for key in keys for p in by_row[key]]
-        starts = np.cumsum([0] + [len(by_row[key]) for key in keys], dtype=np.int64)
-        flat = np.asarray(pairs, dtype=np.int64)
-        work = CpuExpertWork(np.asarray(keys, dtype=np.int64), starts, flat // k, w[flat].astype(np.float32))
+        inputs = b.inputs.numpy()[moe_index]
+        work = CpuExpertWork(experts + base, np.append(starts, order.size).astype(np.int64), order // k,
+                             inputs[t * d:t * d + t * k][order])
         c0 = time.perf_counter()
-        cpu_expert_forward(r.store.rows, r.layout, work, x, b.out[moe_index, :rows * d].view(rows, d), cold.threads)
+        self._runner().run(work, inputs[:rows * d].reshape(rows, d), b.out.numpy()[moe_index, :rows * d].reshape(rows, d))
         done = time.perf_counter()
         flags[1] = 1
-        uses = Counter(base + e for e, s in zip(ids, seen) if s < 0)
-        cold.note_graph(len(keys), (done - c0) * 1e3, (done - t0) * 1e3,
-                        self._predicted_ms({key: uses[key] for key in keys},
-                                           {key: n for key, n in uses.items() if key not in by_row}))
-        return len(keys)
+        missing, uses = np.unique(e[s < 0], return_counts=True)              # both sorted
+        at = np.minimum(np.searchsorted(experts, missing), experts.size - 1)
+        mine = experts[at] == missing
+        cold.note_graph(int(experts.size), (done - c0) * 1e3, (done - t0) * 1e3,
+                        self._predicted_ms(uses[mine].tolist(), uses[~mine].tolist()))
+        return int(experts.size)
 
-    def _predicted_ms(self, cpu: dict[int, int], bus: dict[int, int]) -> float:
+    def _runner(self):
+        from kernels.cpu import CpuExpertRunner
+        threads = self.r.cold.threads
+        if self._run is None or self._run.threads != threads:
+            self._run = CpuExpertRunner(self.r.store.rows, self.r.layout, threads)
+        return self._run
+
+    def _predicted_ms(self, cpu: list[int], bus: list[int]) -> float:
         """What the rates predict for the layer: the slower of the CPU's experts and the bus's direct
-        reads (one per token)."""
+        reads (one per token); each list: tokens per expert."""
         rates = self.r.cold.rates
         if rates is None:
             return 0.0
-        bus_s = sum(rates.bus_s(self.r.layout.nbytes, n) for n in bus.values())
-        cpu_s = rates.cpu_call_s + sum(rates.cpu_s(n) for n in cpu.values())
+        bus_s = sum(rates.bus_s(self.r.layout.nbytes, n) for n in bus)
+        cpu_s = rates.cpu_call_s + sum(rates.cpu_s(n) for n in cpu)
         return max(bus_s, cpu_s) * 1e3

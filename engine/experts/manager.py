@@ -442,7 +442,8 @@ class ExpertManager:
                                    cpu_experts=cold.cpu_experts, bus_experts=self.r.counters.misses - cold.cpu_experts,
                                    cpu_ms=cold.cpu_ms,
                                    cold_predicted_ms=cold.predicted_ms, cold_measured_ms=cold.measured_ms,
-                                   steps_ms=self._step_ms, last_step_experts=cold.last_step)
+                                   steps_ms=self._step_ms, last_step_experts=cold.last_step,
+                                   cpu_shares=self.direct.shares.in_force() if self.direct.shares is not None else ())
 
     def _cold_mode(self) -> str:
         """The cold-expert setting as it acts here: "" with every expert resident and no host store."""

@@ -126,6 +126,30 @@ def cpu_expert_forward(store: torch.Tensor, layout: ExpertLayout, work: CpuExper
     return out
 
 
+class CpuExpertRunner:
+    """:func:`cpu_expert_forward` for one store, layout and thread count, checked once: what a caller
+    on the decode step's path uses, where every layer calls it (the checks, views and thread setting
+    cost tens of microseconds a call). ``run(work, x, out)`` with float32 numpy ``x [T, D]`` and
+    ``out [T, D]`` (overwritten); ``work``'s rows and tokens are the caller's to keep in range."""
+
+    def __init__(self, store: torch.Tensor, layout: ExpertLayout, threads: int) -> None:
+        _check(store, layout, CpuExpertWork.from_pairs([]), torch.zeros(1, layout.hidden))
+        self.store, self.layout = store, layout        # the tensor keeps the memory the views read
+        b = store.numpy()
+        self._views = (b, b.view(np.uint16), b.view(np.float32), _meta(layout),
+                       np.float32(layout.act.alpha), np.float32(layout.act.limit))
+        self.threads = max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS))
+
+    def run(self, work: CpuExpertWork, x: np.ndarray, out: np.ndarray) -> np.ndarray:
+        out[:] = 0.0
+        if work.experts == 0:
+            return out
+        if numba.get_num_threads() != self.threads:      # a per-thread setting: the caller's thread
+            numba.set_num_threads(self.threads)
+        expert_forward(*self._views, work.rows, work.starts, work.tokens, work.weights, x, out)
+        return out
+
+
 def _act_ref(h: torch.Tensor, layout: ExpertLayout) -> torch.Tensor:
     """``h [n, 2F]`` (gate, then up) -> ``[n, F]``; the formula of :class:`ExpertAct`."""
     gate, up = h[:, :layout.ffn], h[:, layout.ffn:]

@@ -40,7 +40,8 @@ def test_expert_panel_says_where_missing_experts_ran(qapp):
                         last_step_experts=(2, 6), cold_predicted_ms=15.0, cold_measured_ms=25.0)
     panel.push_stats(EngineStats(experts=first), now=2.0)
     then = ExpertStats(cold_mode="auto", cpu_experts=14, bus_experts=34, cpu_ms=50.0, steps_ms=200.0,
-                       last_step_experts=(4, 4), cold_predicted_ms=30.0, cold_measured_ms=45.0)
+                       last_step_experts=(4, 4), cold_predicted_ms=30.0, cold_measured_ms=45.0,
+                       cpu_shares=((1, 0.375), (8, 0.25)))
     panel.push_stats(EngineStats(experts=then), now=3.0)
     readout = panel.readouts["cold"].value
     assert readout.text() == "CPU 4 · bus 4"
@@ -48,6 +49,7 @@ def test_expert_panel_says_where_missing_experts_ran(qapp):
     assert "Since load: 14 on the CPU, 34 over the bus" in tip
     assert "CPU busy 30% of the step time" in tip                         # 30 ms of the last 100 ms
     assert "predicted 30 ms, they took 45 ms" in tip
+    assert "the CPU takes 3/8 at 1 token, 2/8 at 8 tokens of each layer's missing experts" in tip
 
 
 # --- hit rates: what they count and since when --------------------------------------------------

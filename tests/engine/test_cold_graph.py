@@ -98,6 +98,7 @@ def test_replayed_steps_with_a_cpu_share_equal_the_resident_model(stack: Stack, 
         torch.testing.assert_close(x, want[i], rtol=1e-5, atol=1e-5)
         x = torch.tanh(x)
     cold = prov.cold
+    assert prov.stats().cpu_shares == ((tokens, share),)
     if mode == "cpu":
         assert cold.cpu_experts > 0 and cold.layers == 3 * L and prov.r.counters.direct_bytes == 0
         assert cold.last_step[0] > 0
