@@ -45,10 +45,14 @@ class ShareTuner:
     CPU (``start``) and then none (the bus alone) for ``trials`` steps each, keeps the faster, then
     every ``probe_every`` steps tries a neighbouring share for ``trials`` steps and moves there when
     that was faster by ``margin``; after a move it tries the next share in the same direction at once.
-    Routing, the pool and the machine's load all move the best share."""
+    A probe step slower than the share in force by ``abandon`` ends its probe at once, and each
+    probe that fails doubles the wait before the next (up to 8 times): on a host whose CPU is busy
+    the shares it tries cost little. Routing, the pool and the machine's load all move the best share."""
 
-    def __init__(self, trials: int = 3, probe_every: int = 24, alpha: float = 0.3, margin: float = 0.01) -> None:
+    def __init__(self, trials: int = 3, probe_every: int = 24, alpha: float = 0.3, margin: float = 0.01,
+                 abandon: float = 0.5) -> None:
         self.trials, self.probe_every, self.alpha, self.margin = trials, probe_every, alpha, margin
+        self.abandon = abandon
         self._s: dict[int, dict] = {}
 
     def _state(self, tokens: int, start: float) -> dict:
@@ -69,22 +73,25 @@ class ShareTuner:
         if st["skip"]:                 # the size's first step records its graph
             st["skip"] = False
             return
-        arm, avg = st["arm"], st["avg"]
+        arm, avg, cur = st["arm"], st["avg"], st["cur"]
         avg[arm] = seconds if arm not in avg else avg[arm] + self.alpha * (seconds - avg[arm])
         st["left"] -= 1
+        if arm != cur and cur in avg and seconds > avg[cur] * (1 + self.abandon):
+            st["left"] = 0             # a probe far slower than the share in force ends at once
         if st["left"] > 0:
             return
         if st.pop("first", False):     # the balanced share ran: now the bus alone
             st["arm"], st["left"] = 0, self.trials
             return
-        if arm != st["cur"]:           # a probe ended: keep the faster
-            moved = avg[arm] < avg[st["cur"]] * (1 - self.margin)
+        if arm != cur:                 # a probe ended: keep the faster
+            moved = avg[arm] < avg[cur] * (1 - self.margin)
             if moved:
-                st["dir"] = 1 if arm > st["cur"] else -1
-                st["cur"] = arm
-            else:
+                st["dir"] = 1 if arm > cur else -1
+                st["cur"], st["every"] = arm, self.probe_every
+            else:                      # probe the other side next, and less often while probes fail
                 st["dir"] = -st["dir"]
-            st["arm"], st["left"] = st["cur"], 1 if moved else self.probe_every
+                st["every"] = min(8 * self.probe_every, 2 * st.get("every", self.probe_every))
+            st["arm"], st["left"] = st["cur"], 1 if moved else st["every"]
             return
         nxt = st["cur"] + st["dir"]
         if not 0 <= nxt < len(SHARES):

@@ -162,3 +162,17 @@ def test_the_tuner_finds_the_fastest_share_and_follows_it() -> None:
     for _ in range(300):
         tuner.observe(1, seconds(tuner.choose(1)))
     assert tuner.state()[1][0] == 2 / 8
+
+
+def test_the_tuner_spends_few_steps_on_shares_that_are_far_slower() -> None:
+    # The host CPU is busy: any share above 0 makes a step five times slower. After the first trials
+    # the tuner stays on the bus alone, and its probes end after one step and come less and less
+    # often, so nearly every step runs the bus alone.
+    tuner = ShareTuner(trials=3, probe_every=6)
+    shares = []
+    for _ in range(300):
+        share = tuner.choose(8, start=0.5)
+        shares.append(share)
+        tuner.observe(8, 1.0 if share == 0 else 5.0)
+    assert tuner.state()[8][0] == 0.0
+    assert sum(s > 0 for s in shares[50:]) <= 10
