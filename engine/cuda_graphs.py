@@ -259,9 +259,13 @@ class DecodeGraphs:
                 rec = rec if predicting else rec.quiet
                 experts.start_direct_step(rec.regions, b, predicting)
                 rec.graphs[0].replay()
-                launched(rec.logits[:b])
-                experts.finish_ended()             # the last step's end, while this one computes
-                experts.follow_published(rec.cuts, b)
+                try:
+                    launched(rec.logits[:b])
+                    experts.finish_ended()         # the last step's end, while this one computes
+                    experts.follow_published(rec.cuts, b)
+                except BaseException:
+                    experts.abort_replay()         # no join of the CPU's share waits for a host that stopped
+                    raise
             finally:
                 experts.end_step()
             experts.arm_next_step()                # while the GPU finishes this step

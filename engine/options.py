@@ -56,8 +56,8 @@ LIVE_OPTIONS: tuple[LiveOption, ...] = (
                "missing experts of decode steps: read from host memory (direct) or copied in first",
                choices=EXPERT_READS),
     LiveOption("cold_experts", "Cold experts", "choice",
-               "missing experts: over the bus or computed by the host CPU, chosen per expert by measured rates "
-               "(auto), or always the bus or the CPU", choices=COLD_EXPERTS),
+               "missing experts: over the bus or computed by the host CPU, the CPU's share chosen by measured "
+               "step times (auto), or always the bus or the CPU", choices=COLD_EXPERTS),
     LiveOption("max_batch", "Max batch", "int", "requests decoded together", unit="requests", low=1, knob_max=1024),
     LiveOption("max_batch_tokens", "Max batch tokens", "int", "token budget per step", unit="tokens", low=1,
                automatic=True),

@@ -8,7 +8,8 @@ and sets a flag; :func:`cpu_share_join`, recorded after the layer's MoE kernels,
 and adds the sum to the layer's output. A layer without such experts passes straight through.
 
 The wait is bounded: past ``limit_s`` the kernel gives up, sets ``err`` and adds nothing, so a host
-that failed without setting the flag cannot hang the GPU (the host then reports the step as failed).
+that failed without setting the flag cannot hang the GPU (the host then reports the step as failed);
+once ``err`` is set the step's later joins pass without waiting.
 
 Legend: T tokens (the recording's), k experts per token, D hidden, N = T * k pairs.
 """
@@ -40,7 +41,8 @@ def _join_kernel(out, ids, snap_row, flag, cpu_out, err, N, T, D, stride_o, limi
     # ``limit``: nanoseconds on a GPU, polls under the interpreter.
     i = tl.arange(0, BLOCK_N)
     slots = tl.load(snap_row + tl.load(ids + i, mask=i < N, other=0), mask=i < N, other=0)
-    if tl.sum((slots == -3).to(tl.int32), axis=0) > 0:                # SLOT_CPU
+    # SLOT_CPU; after one join of the step gave up, the rest pass at once (the step has failed)
+    if (tl.sum((slots == -3).to(tl.int32), axis=0) > 0) & (tl.load(err, volatile=True) == 0):
         v = tl.load(flag, volatile=True)
         t0 = _clock(v, GPU)
         polls = t0 * 0
@@ -86,7 +88,7 @@ def cpu_share_join(out: torch.Tensor, ids: torch.Tensor, snap_row: torch.Tensor,
 def cpu_share_join_ref(out: torch.Tensor, ids: torch.Tensor, snap_row: torch.Tensor, flag: torch.Tensor,
                        cpu_out: torch.Tensor, err: torch.Tensor, limit_s: float = 10.0) -> torch.Tensor:
     """:func:`cpu_share_join` in plain torch (the host's thread waits, polling)."""
-    if not bool((snap_row[ids.reshape(-1).long()] == SLOT_CPU).any()):
+    if not bool((snap_row[ids.reshape(-1).long()] == SLOT_CPU).any()) or int(err.view(-1)[0]) != 0:
         return out
     deadline = time.monotonic() + limit_s
     while int(flag.view(-1)[0]) == 0:

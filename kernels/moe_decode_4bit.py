@@ -304,7 +304,7 @@ def _up_kernel(xq_ptr, xsum_ptr, xscale_ptr, ids_ptr, slot_ptr, hq_ptr, hv_ptr, 
     half = tl.arange(0, 2)[:, None]
     if EPI[3]:
         n2 = nb * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]              # [1, BN]
-        acc = add_bias(acc, bias, hb_ptr, slot, key, fill, n2 + half * F, n2 < F, HOST, FILL)
+        acc = add_bias(acc, bias, hb_ptr, slot, key, fill, n2 + half * F, on_gpu(n2 < F, slot, HOST), HOST, FILL)
     gate = tl.sum(tl.where(half == 0, acc, 0.0), axis=0)                # [BN]
     up = tl.sum(tl.where(half == 1, acc, 0.0), axis=0)
     h = expert_act(gate, up, EPI)

@@ -73,9 +73,15 @@ def _publish_direct_kernel(table_row, snap_row, ids, pred, region, fill_row, fil
     # routing weights tw [T, K] (float32) go to cpu_in, then 1 to cpu_flag (after a system fence).
     i = tl.arange(0, BLOCK_N)
     i_ok = i < N
+    j = tl.arange(0, BLOCK_N)
+    j_ok = j < N
+    real_i = i_ok                                   # pairs of real rows (padding repeats row 0)
+    real_j = j_ok
     if PAD:
         padded = tl.load(pad + i // K, mask=i_ok, other=0) != 0
         tl.store(ids + i, tl.load(ids + i % K, mask=i_ok, other=0), mask=i_ok & padded)
+        real_i = i_ok & (tl.load(pad + i // K, mask=i_ok, other=1) == 0)
+        real_j = j_ok & (tl.load(pad + j // K, mask=j_ok, other=1) == 0)
     e = tl.arange(0, BLOCK_E)
     tl.store(snap_row + e, tl.load(table_row + e, mask=e < E, other=-1), mask=e < E)
     tl.store(fill_row + e, tl.full([BLOCK_E], -1, tl.int32), mask=e < E)
@@ -83,15 +89,13 @@ def _publish_direct_kernel(table_row, snap_row, ids, pred, region, fill_row, fil
     idv = tl.load(ids + i, mask=i_ok, other=0)
     seen = tl.load(snap_row + idv, mask=i_ok, other=-1)
     tl.store(region + i, idv.to(tl.int64), mask=i_ok)
-    j = tl.arange(0, BLOCK_N)
-    j_ok = j < N
     idj = tl.load(ids + j, mask=j_ok, other=-1)
     same = (idj[None, :] == idv[:, None]) & i_ok[:, None] & j_ok[None, :]         # [N, N], symmetric
     earlier = same & (j[None, :] < i[:, None])
     first = i_ok & (seen < 0) & (tl.sum(earlier.to(tl.int32), axis=1) == 0)
-    if CPU:
-        uses = tl.sum(same.to(tl.int32), axis=1)                                  # [N] along i
-        uses_j = tl.sum(same.to(tl.int32), axis=0)                                # [N] along j
+    if CPU:   # tokens of real rows that use each pair's expert, along i and along j
+        uses = tl.sum((same & real_j[None, :]).to(tl.int32), axis=1)
+        uses_j = tl.sum((same & real_i[:, None]).to(tl.int32), axis=0)
         seen_j = tl.load(snap_row + tl.where(j_ok, idj, 0), mask=j_ok, other=0)
         first_j = j_ok & (seen_j < 0) & (tl.sum((same & (i[:, None] < j[None, :])).to(tl.int32), axis=0) == 0)
         ahead = first_j[None, :] & ((uses_j[None, :] > uses[:, None]) |
@@ -189,7 +193,9 @@ def publish_direct_ref(table_row: torch.Tensor, snap_row: torch.Tensor, ids: tor
     first = [x for i, x in enumerate(id_list) if seen[i] < 0 and x not in id_list[:i]]
     mine: list[int] = []
     if cpu is not None and first:
-        uses = {x: id_list.count(x) for x in first}
+        k = flat.numel() // (pad.numel() if pad is not None and pad.numel() else cpu.x.shape[0])
+        real = [x for i, x in enumerate(id_list) if pad is None or not pad.numel() or not bool(pad[i // k])]
+        uses = {x: real.count(x) for x in first}
         order = sorted(first, key=lambda x: (-uses[x], id_list.index(x)))
         quota = int(float(cpu.frac.view(-1)[0]) * len(first) + 0.5)
         mine = order[:quota]

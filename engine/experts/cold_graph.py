@@ -104,6 +104,12 @@ class ShareTuner:
         return {t: (SHARES[st["cur"]], {SHARES[i]: v for i, v in sorted(st["avg"].items())})
                 for t, st in sorted(self._s.items())}
 
+    def recorded(self) -> None:
+        """A step was recorded (again): the next step of each size may record or run after a recording,
+        so its time is not a measure."""
+        for st in self._s.values():
+            st["skip"] = True
+
     def reset(self) -> None:
         self._s.clear()
 
@@ -162,6 +168,7 @@ class GraphCpuShares:
         key = (t, k)
         if key not in self._bufs:
             self._bufs[key] = _Buffers(self.r.num_layers, t, k, self.hidden, self.r.device.type == "cuda")
+        self.tuner.recorded()                # the next steps record: not a measure
         return GraphCpuLayer(self, self._bufs[key], moe_index, ids, snap, publish)
 
     # ---- each replay -------------------------------------------------------------------------------
@@ -180,14 +187,18 @@ class GraphCpuShares:
         bus, cpu = rates.bus_s(self.r.layout.nbytes), rates.cpu_s(1)
         return bus / (bus + cpu)
 
-    def begin(self, tokens: int) -> None:
-        """Before a replay of ``tokens`` real tokens: the flags cleared, the share set."""
+    def check(self) -> None:
+        """Raise if a join of the last replay gave up waiting for the host (its output is not valid)."""
         err = self.err.numpy()
         if err[0] != 0:
             err[0] = 0
-            raise RuntimeError(f"the host CPU's share of a MoE layer did not arrive within {JOIN_LIMIT_S:.0f} s in "
-                               "an earlier decode step, whose output is not valid; if the machine is overloaded, "
-                               "set cold_experts to bus")
+            raise RuntimeError(f"the host CPU's share of a MoE layer did not arrive within {JOIN_LIMIT_S:.0f} s, so "
+                               "this decode step's output is not valid; if the machine is overloaded, set "
+                               "cold_experts to bus")
+
+    def begin(self, tokens: int) -> None:
+        """Before a replay of ``tokens`` real tokens: the flags cleared, the share set."""
+        self.check()
         cold = self.r.cold
         if cold.mode != "bus" and cold.rates is None and self.r.store is not None:
             cold.measure(self.r.store.rows, self.r.device)
@@ -238,7 +249,9 @@ class GraphCpuShares:
         work = CpuExpertWork(experts + base, np.append(starts, order.size).astype(np.int64), order // k,
                              inputs[t * d:t * d + t * k][order])
         c0 = time.perf_counter()
-        self._runner().run(work, inputs[:rows * d].reshape(rows, d), b.out.numpy()[moe_index, :rows * d].reshape(rows, d))
+        out = b.out.numpy()[moe_index]
+        self._runner().run(work, inputs[:rows * d].reshape(rows, d), out[:rows * d].reshape(rows, d))
+        out[rows * d:] = 0.0                                                 # padding rows add nothing
         done = time.perf_counter()
         flags[1] = 1
         missing, uses = np.unique(e[s < 0], return_counts=True)              # both sorted

@@ -183,9 +183,23 @@ class DirectPath:
             for c in cuts:
                 self._follow_cut(c, rows, finished)
         except BaseException:
-            if self.shares is not None:
-                self.shares.release()                   # no join waits on a host that stopped
+            self.abort_replay(finished)
             raise
+
+    def abort_replay(self, finished: Callable[[], bool] | None = None, limit_s: float = 30.0) -> None:
+        """The host cannot follow the running replay to its end: let every join of the CPU's share
+        pass, then wait (at most ``limit_s``) for the replay to finish, so that the next step does
+        not clear flags a join of this one still reads."""
+        if self.shares is None:
+            return
+        self.shares.release()
+        if finished is None:
+            if self.r.device.type == "cuda":
+                torch.cuda.current_stream(self.r.device).synchronize()
+            return
+        t0 = time.perf_counter()
+        while not finished() and time.perf_counter() - t0 < limit_s:
+            time.sleep(0.001)
 
     def _follow_cut(self, c, rows: int, finished: Callable[[], bool]) -> None:
         r = self.r
@@ -205,6 +219,8 @@ class DirectPath:
         if self.shares is not None and SLOT_CPU in seen:      # the host CPU's experts, then the books
             self.shares.compute(c.moe_index, t, k, rows, ids, seen, finished)
             read = [0 if s == SLOT_CPU else s for s in seen]
+            base = c.moe_index * r.num_experts
+            self.step.cpu_keys.extend(dict.fromkeys(base + e for e, s in zip(ids, seen) if s == SLOT_CPU))
         pred = None
         if layers:                                  # every recorded distance, for misses_predicted
             pids = torch.from_numpy(data[3 * n:].copy()).view(len(layers), t, k)[:, :rows]
@@ -239,6 +255,7 @@ class DirectPath:
         if cold is not None:                 # the CPU's experts: no fill slot, no direct read
             base = moe_index * r.num_experts
             kernel_seen = [0 if base + e in cold.keys else s for e, s in zip(ids, seen)]
+            self.step.cpu_keys.extend(sorted(cold.keys))
         self._follow(moe_index, ids, seen, p, self.fills.eager(self.step, moe_index, ids, kernel_seen), kernel_seen)
         out = (snap, r.pool.views, self.host_experts(moe_index))
         return out if cold is None else out + (cold,)
@@ -371,27 +388,33 @@ class DirectPath:
             gone += self.claims.collect(step)
         fills = bool(step.fill_slots) or bool(step.dp_used)
         early, early_evicted = step.early
-        admitted, evicted = self._admit(list(step.filled) if fills else step.misses,
-                                        self.fills.admit_per_step - len(early))
+        budget = self.fills.admit_per_step - len(early)
+        admitted, evicted = self._admit(list(step.filled) if fills else step.misses, budget)
+        loaded: list[tuple[int, int]] = []
+        if fills and step.cpu_keys:          # the host CPU's experts have no fill slot: copies
+            loaded, more = self._admit(step.cpu_keys, budget - len(admitted))
+            evicted += more
         admitted, evicted = early + admitted, early_evicted + evicted
         gone += evicted
         placed = []
         if fills:
             self.fills.promote(step, admitted)              # fill slots were released above: reused
             placed = [(k, s) for s, k in admitted]          # only by later steps, after these copies
-            kept = {k for k, _ in placed}
+            kept = {k for k, _ in placed} | {k for _, k in loaded}
             gone = [k for k in gone if k not in kept]      # a prefetch that landed late, then admitted
+        else:
+            loaded = admitted
         # A gone key's entry becomes what the books say: -1, or the pool slot a deferred end of the step
         # before gave it (its entry not yet written when this step's claim took the key); a key this
         # end admits by a copy from the host gets its slot on the copy stream, after the copy.
-        copied = set() if fills else {k for _, k in admitted}
+        copied = {k for _, k in loaded}
         r.pool.write_table(gone + [k for k, _ in placed],
                            [-1 if k in copied else books.resident_slot(k) for k in gone] + [s for _, s in placed],
                            None)                            # compute stream: after the step's kernels
-        if gone or admitted or fills:
+        if gone or admitted or loaded or fills:
             copies.after_compute()                          # no copy overwrites a slot before that
-        if admitted and not fills:
-            self._load_and_publish(admitted)
+        if loaded:
+            self._load_and_publish(loaded)
         self.step = StepBooks()
 
     def _admit(self, keys: list[int], limit: int) -> tuple[list[tuple[int, int]], list[int]]:

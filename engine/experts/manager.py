@@ -188,12 +188,12 @@ class ExpertManager:
         """Whether a step of ``tokens`` tokens reads missing experts directly."""
         return self.direct.direct_for(tokens)
 
-    def eager_for(self, tokens: int) -> bool:
+    def eager_for(self, tokens: int, recorded: int | None = None) -> bool:
         """Whether a decode step of ``tokens`` tokens should run eagerly so that the host CPU can
         compute missing experts (engine/experts/cold.py: always under ``cpu``; under ``auto`` while
         such steps are measured faster than replayed ones); the host then decides per layer."""
         r = self.r
-        if self.graph_cpu_share(tokens):
+        if self.graph_cpu_share(tokens if recorded is None else recorded):
             return False                  # the replayed step gives the CPU its share itself
         return r.store is not None and not r.pool.full and r.cold.enabled_on(self.device) and r.cold.eager_for(tokens)
 
@@ -205,6 +205,8 @@ class ExpertManager:
 
     def observe_step(self, tokens: int, eager: bool, seconds: float) -> None:
         """A decode step of ``tokens`` tokens ran (eagerly or replayed) in ``seconds``, for ``auto``."""
+        if self.direct.shares is not None:
+            self.direct.shares.check()        # a join that gave up: this step's output is not valid
         if self.r.store is not None and not self.r.pool.full:
             if not eager and self.direct.shares is not None and self.graph_cpu_share(tokens):
                 self.direct.shares.observe(tokens, seconds)

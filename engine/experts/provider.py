@@ -41,9 +41,10 @@ class ExpertProvider(Protocol):
     def end_step(self) -> None:
         """The forward pass is over (counters, eviction bookkeeping)."""
 
-    def eager_for(self, tokens: int) -> bool:
+    def eager_for(self, tokens: int, recorded: int | None = None) -> bool:
         """Whether a decode step of ``tokens`` tokens should run eagerly, not replayed from a CUDA
-        graph, so that the host can give missing experts to the CPU (the host decides per layer)."""
+        graph (recorded for ``recorded`` tokens, default ``tokens``), so that the host can give
+        missing experts to the CPU (the host decides per layer)."""
 
     def observe_step(self, tokens: int, eager: bool, seconds: float) -> None:
         """A decode step of ``tokens`` tokens took ``seconds`` (launch to sampled tokens on the host)."""

@@ -76,6 +76,9 @@ class ReplayHooks(Protocol):
         """While the replay runs: follow each layer's published values (counts, prefetches, admissions,
         the host CPU's share); ``finished``: whether the replay is over (default: CUDA's word)."""
 
+    def abort_replay(self) -> None:
+        """The host stops following the replay (an error): release what the replay may wait for."""
+
     def finish_ended(self) -> None:
         """End the step whose end was deferred (the previous replay), while this one computes."""
 
@@ -165,6 +168,9 @@ class ManagerReplay:
 
     def finish_ended(self) -> None:
         self.m.direct.finish_ended()
+
+    def abort_replay(self) -> None:
+        self.m.direct.abort_replay()
 
     def arm_next_step(self) -> None:
         if self.m.last_kind == "direct":

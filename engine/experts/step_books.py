@@ -17,6 +17,8 @@ class StepBooks:
     misses: list[int] = dataclasses.field(default_factory=list)
     # key -> fill slot the MoE kernels wrote it into this step
     filled: dict[int, int] = dataclasses.field(default_factory=dict)
+    # keys the host CPU computed in a replayed step (no fill slot: admitted by a copy from the host)
+    cpu_keys: list[int] = dataclasses.field(default_factory=list)
     # this step's leased fill slots (None: not chosen yet)
     fill_slots: list[int] | None = None
     # of which handed out so far (eager steps; a recorded step's publish kernel hands them out)

@@ -37,7 +37,7 @@ class StageChanges:
         if not stage_options:
             return {}
         _check_all(group, stage_options)
-        answers = group._ask_all(("reconfigure", stage_options, notes), "reconfigured")
+        answers = group.ask_all(("reconfigure", stage_options, notes), "reconfigured")
         failed = [(w.rank, got[1]) for w, got in zip(group.workers, answers) if got[1] is not None]
         if failed:
             self._undo(group, list(stage_options))
@@ -58,10 +58,10 @@ class StageChanges:
         """Put the live options ``names`` back to their values before a change a card failed to apply,
         on every other stage (the first stage has not applied it)."""
         before = {k: self.live[k] for k in names}
-        answers = group._ask_all(("reconfigure", before, {}), "reconfigured")
+        answers = group.ask_all(("reconfigure", before, {}), "reconfigured")
         failed = [f"stage {w.rank}: {got[1]}" for w, got in zip(group.workers, answers) if got[1] is not None]
         if failed:
-            group._fail(f"a refused live change could not be undone ({'; '.join(failed)}); every stage was stopped "
+            group.fail(f"a refused live change could not be undone ({'; '.join(failed)}); every stage was stopped "
                         "— load the model again")
 
 
@@ -69,13 +69,13 @@ def _check_all(group: "Pipeline", stage_options: dict) -> None:
     """Every stage checks the change; one ReconfigureError names those that refused (nothing changed)."""
     from engine.live import check_stage
     for w in group.workers:
-        group._send(w, ("check", stage_options))
+        group.send(w, ("check", stage_options))
     refused = []
     try:
         check_stage(group.first, stage_options)
     except StrataError as e:
         refused.append((0, str(e)))
-    answers = [group._expect(w, "checked") for w in group.workers]
+    answers = [group.expect(w, "checked") for w in group.workers]
     refused += [(w.rank, got[1]) for w, got in zip(group.workers, answers) if got[1] is not None]
     if refused:
         raise ReconfigureError(f"{_by_reason(refused)}; no stage changed")

@@ -98,7 +98,7 @@ class ExpertsOnCards:
 
     def begin_step(self, tokens: int) -> None:
         for w in self.group.workers:
-            self.group._send(w, ("experts_step", tokens))
+            self.group.send(w, ("experts_step", tokens))
 
     def moe(self, model, m, h: torch.Tensor, x: torch.Tensor, pred) -> torch.Tensor:
         self.group._check()

@@ -111,7 +111,7 @@ class Pipeline:
         for rank in range(1, self.size):
             w = Worker(rank, StageProcess(argv))
             self.workers.append(w)
-            self._send(w, dict(rank=rank, world=self.size, store=store.port, backend=self.backend, mode=self.mode,
+            self.send(w, dict(rank=rank, world=self.size, store=store.port, backend=self.backend, mode=self.mode,
                                config=stage_cfgs[rank], path=str(path), plan=self.plan, parent=os.getpid(),
                                rendezvous_s=rendezvous_s, link_s=link_s))
         joined = [f"joined/{r}" for r in range(1, self.size)]
@@ -120,7 +120,7 @@ class Pipeline:
             self._check()
             if time.monotonic() > deadline:
                 late = [w.rank for w in self.workers if not store.check([f"joined/{w.rank}"])]
-                self._fail(f"{self._where(late[0])} did not start within {link_s:g} s; every stage was stopped — "
+                self.fail(f"{self._where(late[0])} did not start within {link_s:g} s; every stage was stopped — "
                            "load the model again")
             n += 1
             time.sleep(0.0005 if n < _SPIN else 0.01)
@@ -169,17 +169,18 @@ class Pipeline:
                 cls = getattr(errors, kind, None)
                 text = f"{self._where(w.rank)}: {text}"
                 if isinstance(cls, type) and issubclass(cls, StrataError) and not issubclass(cls, PipelineError):
-                    self._fail(text, cls)
-                self._fail(f"{text}; every stage was stopped — load the model again")
+                    self.fail(text, cls)
+                self.fail(f"{text}; every stage was stopped — load the model again")
             if not w.proc.is_alive():
                 self._ended(w)
 
     def _ended(self, w: Worker) -> None:
         what = "ended unexpectedly" if self._joined else "ended before it joined the pipeline"
-        self._fail(f"{self._where(w.rank)} (process {w.proc.pid}) {what} ({w.proc.how_it_ended()}); every stage "
+        self.fail(f"{self._where(w.rank)} (process {w.proc.pid}) {what} ({w.proc.how_it_ended()}); every stage "
                    "was stopped — load the model again")
 
-    def _fail(self, message: str, cls: type[StrataError] = PipelineError) -> None:
+    def fail(self, message: str, cls: type[StrataError] = PipelineError) -> None:
+        """Stop every stage and raise ``cls(message)``: the pipeline cannot go on."""
         self.failed = message
         self._crew.stop(kill=True)
         raise cls(message)
@@ -225,9 +226,9 @@ class Pipeline:
         self._check()
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         what = what or "the pipeline's link to another stage failed"
-        self._fail(f"{what} ({first}); every stage was stopped — load the model again")
+        self.fail(f"{what} ({first}); every stage was stopped — load the model again")
 
-    def _expect(self, w: Worker, kind: str) -> tuple:
+    def expect(self, w: Worker, kind: str) -> tuple:
         """The next message of worker ``w``, which must be a ``kind`` reply (its error raises)."""
         n = 0
         while not w.inbox:
@@ -237,16 +238,17 @@ class Pipeline:
                 time.sleep(0.0005)
         got = w.inbox.popleft()
         if got[0] != kind:
-            self._fail(f"{self._where(w.rank)} answered {got[0]!r} where {kind!r} was due; every stage was "
+            self.fail(f"{self._where(w.rank)} answered {got[0]!r} where {kind!r} was due; every stage was "
                        "stopped — load the model again")
         return got
 
-    def _send(self, w: Worker, msg: tuple) -> None:
+    def send(self, w: Worker, msg: tuple) -> None:
+        """Send ``msg`` to worker ``w``; a worker that stopped answering fails the pipeline."""
         try:
             w.conn.send(msg)
         except (BrokenPipeError, ConnectionError, EOFError, OSError):
             self._check()
-            self._fail(f"{self._where(w.rank)} (process {w.proc.pid}) stopped answering; every stage was stopped — "
+            self.fail(f"{self._where(w.rank)} (process {w.proc.pid}) stopped answering; every stage was stopped — "
                        "load the model again")
 
     # ---- load ----------------------------------------------------------------------------------------
@@ -254,14 +256,14 @@ class Pipeline:
         """Every stage's KV claim, in stage order, handed to every stage (each then decides the blocks
         and the context alike, stages.agree_kv). The workers send theirs over their pipes, so the wait
         watches their processes (a slow load included)."""
-        claims = [own, *(self._expect(w, "kv_claim")[1] for w in self.workers)]
+        claims = [own, *(self.expect(w, "kv_claim")[1] for w in self.workers)]
         for w in self.workers:
-            self._send(w, ("kv_claims", claims))
+            self.send(w, ("kv_claims", claims))
         return claims
 
     def wait_loaded(self) -> None:
         for w in self.workers:
-            self._expect(w, "loaded")
+            self.expect(w, "loaded")
 
     def warm_up(self) -> None:
         """Build every link's communicator before the first step: down the stages one edge after the
@@ -270,7 +272,7 @@ class Pipeline:
         while this one watches the workers: a stage whose process ends fails the load at once (an NCCL
         communicator waits for its peers without a limit), and the whole takes ``rendezvous_s`` at most."""
         for w in self.workers:
-            self._send(w, ("warm_up",))
+            self.send(w, ("warm_up",))
         failure: list[BaseException] = []
         thread = threading.Thread(target=self._first_uses, args=(failure,), name="pipeline-warm-up", daemon=True)
         thread.start()
@@ -279,12 +281,12 @@ class Pipeline:
             self._check()
             if time.monotonic() > deadline:
                 late = next((w for w in self.workers if not any(m[0] == "warmed" for m in w.inbox)), self.workers[-1])
-                self._fail(f"{self._where(late.rank)} (process {late.proc.pid}) did not build its links within "
+                self.fail(f"{self._where(late.rank)} (process {late.proc.pid}) did not build its links within "
                            f"{self._rendezvous_s:g} s; every stage was stopped — load the model again")
             thread.join(0.005)
         if failure:
             self._broken(failure[0])
-        edges = [self._expect(w, "warmed")[1] for w in self.workers]
+        edges = [self.expect(w, "warmed")[1] for w in self.workers]
         self.warmed_edges = ((0, 1), *map(tuple, edges)) if self.mode == "layers" else ()
 
     def _first_uses(self, failure: list[BaseException]) -> None:
@@ -338,7 +340,7 @@ class Pipeline:
         sends = []
         for tag, g in enumerate(groups):
             for w in self.workers:
-                self._send(w, ("step", g.parts, tag))
+                self.send(w, ("step", g.parts, tag))
             x, out = model.layers(model.embed(g), None, g, cache, acquire)
             act = torch.stack([x, out if out is not None else torch.zeros_like(x)]).contiguous()   # [2, T, D]
             sends.append((act, dist.isend(act, dst=1, tag=tag, group=self.links)))
@@ -384,16 +386,17 @@ class Pipeline:
         self._check()
         return self.changes.apply(self, options, notes)
 
-    def _ask_all(self, msg: tuple, kind: str) -> list[tuple]:
+    def ask_all(self, msg: tuple, kind: str) -> list[tuple]:
+        """Send ``msg`` to every worker, then each one's ``kind`` reply, in rank order."""
         for w in self.workers:
-            self._send(w, msg)
-        return [self._expect(w, kind) for w in self.workers]
+            self.send(w, msg)
+        return [self.expect(w, kind) for w in self.workers]
 
     def stage_stats(self) -> list[StageStats]:
         """Every other stage's counters and memory, in stage order."""
         if self.failed is not None:
             return []
-        return [got[1] for got in self._ask_all(("stats",), "stats")]
+        return [got[1] for got in self.ask_all(("stats",), "stats")]
 
     # ---- shutdown ------------------------------------------------------------------------------------
     def close(self) -> None:

@@ -84,8 +84,9 @@ class ModelRunner:
         b = len(sched.seqs)
         graphable = (self.use_graphs and all(s.num_new == 1 and s.samples for s in sched.seqs)
                      and self.graphs.bucket(b) is not None)
-        # eager instead, where the host may give missing experts to the CPU (engine/experts/cold.py)
-        eager = graphable and self.model.experts.eager_for(b)
+        # eager instead, where the host may give missing experts to the CPU (engine/experts/cold.py);
+        # the recording the step would replay is its bucket's
+        eager = graphable and self.model.experts.eager_for(b, self.graphs.bucket(b))
         t0 = time.perf_counter()
         if graphable and not eager:
             self.graphs.run(self.decode_inputs(sched), then=lambda logits: self._queue_sample(logits, sampling))

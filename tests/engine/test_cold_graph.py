@@ -40,16 +40,20 @@ class _Replay:
         hooks.prepare_direct_capture()
         self.regions = torch.full((L, 3 * t * K), -2, dtype=torch.int64)
         self.cuts = [_Cut(l, (t, K), None, self.regions[l]) for l in range(L)]
+        self.pad = torch.zeros(t, dtype=torch.bool)          # rows past a step's real ones
         self.layers = []
         with torch.inference_mode():                         # as the engine records its steps
             for l in range(L):                               # "capture": fixed buffers, handles
                 ids = torch.zeros(t, K, dtype=torch.int64)
-                self.layers.append((ids, *hooks.publish_direct(l, ids, None, self.regions[l], None)))
+                self.layers.append((ids, *hooks.publish_direct(l, ids, None, self.regions[l], self.pad)))
 
-    def step(self, x: torch.Tensor, between=None) -> torch.Tensor:
+    def step(self, x: torch.Tensor, between=None, rows: int | None = None) -> torch.Tensor:
+        """One replay over ``x [t, D]`` of which the first ``rows`` are real (default all)."""
         prov, hooks, out = self.prov, self.prov.replay_hooks, {}
+        rows = self.t if rows is None else rows
+        self.pad[:] = torch.arange(self.t) >= rows
         prov.begin_step(keep_ended=True)
-        hooks.start_direct_step(self.regions, self.t)
+        hooks.start_direct_step(self.regions, rows)
 
         @torch.inference_mode()                              # what the recorded kernels do, in torch
         def device() -> None:
@@ -69,7 +73,7 @@ class _Replay:
             hooks.finish_ended()
             if between is not None:
                 between()
-            hooks.follow_published(self.cuts, self.t, finished=lambda: not th.is_alive())
+            hooks.follow_published(self.cuts, rows, finished=lambda: not th.is_alive())
         finally:
             th.join(timeout=60)
             prov.end_step()
@@ -176,3 +180,41 @@ def test_the_tuner_spends_few_steps_on_shares_that_are_far_slower() -> None:
         tuner.observe(8, 1.0 if share == 0 else 5.0)
     assert tuner.state()[8][0] == 0.0
     assert sum(s > 0 for s in shares[50:]) <= 10
+
+
+def test_padding_rows_of_a_recording_change_nothing(stack: Stack) -> None:
+    # A recording of 4 rows replays a step of 3: the padding row takes row 0's experts (so it adds
+    # no expert of its own and does not sway the CPU's pick), the host computes only the real rows,
+    # and the real rows equal the resident model's.
+    prov = stack.offloaded(0, depth=1, direct_reads=True, cold_experts="cpu")
+    rep = _Replay(stack, prov, 4)
+    prov.direct.shares.share_for = lambda tokens: 0.5
+    want = stack.run(stack.resident(), _x(3), 2)
+    x = torch.cat([_x(3), torch.randn(1, 16)])
+    for i in range(2):
+        y = rep.step(x, rows=3)
+        torch.testing.assert_close(y[:3], want[i], rtol=1e-5, atol=1e-5)
+        x = torch.cat([torch.tanh(y[:3]), torch.randn(1, 16)])
+    for l in range(L):
+        ids = rep.layers[l][0]
+        assert torch.equal(ids[3], ids[0])
+    prov.close()
+
+
+def test_experts_the_cpu_computed_are_admitted_into_the_pool(stack: Stack) -> None:
+    # With fill slots the pool admits the experts the kernels filled; those the host CPU computed
+    # have none and are copied in from the host instead, so a pool fills under cpu as under bus.
+    prov = stack.offloaded(L * E // 4, depth=1, direct_reads=True, cold_experts="cpu")
+    rep = _Replay(stack, prov, 2)
+    x = _x(2)
+    for _ in range(4):
+        x = torch.tanh(rep.step(x))
+    prov.replay_hooks.finish_ended()
+    st = prov.stats()
+    assert st.cpu_experts > 0 and st.fills == 0
+    assert st.pool_slots_used > 0
+    want = stack.run(stack.resident(), _x(2), 1)
+    prov2 = stack.offloaded(L * E // 4, depth=1, direct_reads=True, cold_experts="cpu")
+    torch.testing.assert_close(_Replay(stack, prov2, 2).step(_x(2)), want[0], rtol=1e-5, atol=1e-5)
+    prov.close()
+    prov2.close()

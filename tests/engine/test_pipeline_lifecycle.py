@@ -212,7 +212,7 @@ def test_a_live_change_is_checked_everywhere_before_it_is_applied_anywhere(mixtr
     try:
         before, pool = [s.experts.pool_slots_total for s in llm.stats().stages], llm.engine.config.expert_pool_size
         outputs = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
-        expect = pipeline._expect
+        expect = pipeline.expect
 
         def refuse(kind_refused: str, ranks: set[int], replaced: list):
             """The first ``kind_refused`` answer of each stage of ``ranks`` replaced by a refusal."""
@@ -226,7 +226,7 @@ def test_a_live_change_is_checked_everywhere_before_it_is_applied_anywhere(mixtr
             return answer
 
         checked: list = []
-        monkeypatch.setattr(pipeline, "_expect", refuse("checked", {1, 2}, checked))
+        monkeypatch.setattr(pipeline, "expect", refuse("checked", {1, 2}, checked))
         copied = [s.experts.h2d_bytes for s in llm.stats().stages]
         with pytest.raises(ReconfigureError, match=r"^stages 1 and 2: an expert pool of 2 slots does not fit this "
                                                    r"card's budget; no stage changed$"):
@@ -236,7 +236,7 @@ def test_a_live_change_is_checked_everywhere_before_it_is_applied_anywhere(mixtr
         assert [s.experts.pool_slots_total for s in llm.stats().stages] == before
         # stage 2 accepted, yet failed to apply it (its answer replaced: its process did apply it)
         applied: list = []
-        monkeypatch.setattr(pipeline, "_expect", refuse("reconfigured", {2}, applied))
+        monkeypatch.setattr(pipeline, "expect", refuse("reconfigured", {2}, applied))
         with pytest.raises(ReconfigureError, match=r"^stage 2: an expert pool of 2 slots does not fit this card's "
                                                    r"budget; no stage changed$"):
             llm.reconfigure(expert_pool_size="50%", prefetch_depth=0)

@@ -65,3 +65,12 @@ def test_a_host_that_never_answers_sets_the_error_and_changes_nothing(fn):
     err = torch.zeros(1, dtype=torch.int32)
     fn(out, ids, snap, torch.zeros(1, dtype=torch.int32), cpu, err, limit_s=0.01)
     assert err.item() == 1 and torch.equal(out, before)
+
+
+@pytest.mark.parametrize("fn", [cpu_share_join, cpu_share_join_ref])
+def test_after_one_join_gave_up_the_rest_of_the_step_passes_at_once(fn):
+    out, ids, snap, cpu = _case(True)
+    before = out.clone()
+    err = torch.ones(1, dtype=torch.int32)                              # an earlier layer timed out
+    fn(out, ids, snap, torch.zeros(1, dtype=torch.int32), cpu, err, limit_s=3600.0)
+    assert torch.equal(out, before) and err.item() == 1
