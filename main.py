@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Strata: the workbench by default; subcommands generate | chat | info | convert | eval | serve | bench.
 
-    python main.py [gui] [--model DIR] [--screenshot PNG [--prompt TEXT]]
+    python main.py [gui] [--model DIR] [--screenshot PNG [--prompt TEXT] [--screenshot-size WxH]]
     python main.py generate --prompt TEXT [--json]
     python main.py chat | info | convert SRC DST | eval --text FILE
 
@@ -24,7 +24,19 @@ def _add_gui_parser(sub) -> None:
     p.add_argument("--screenshot", default=None, metavar="PNG",
                    help="open the window, wait for --prompt's reply if given, save a PNG and exit")
     p.add_argument("--prompt", default=None, help="with --screenshot: a prompt to send first")
+    p.add_argument("--screenshot-size", default="1600x1000", type=_window_size, metavar="WxH",
+                   help="with --screenshot: the window's size in pixels, e.g. 1366x768 (default 1600x1000)")
     add_engine_flags(p)
+
+
+def _window_size(text: str) -> tuple[int, int]:
+    """``WxH`` -> (W, H): whole pixels, at least 640x480 (the smallest the workbench lays out)."""
+    w, x, h = text.lower().partition("x")
+    if not x or not w.isdigit() or not h.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size; write WIDTHxHEIGHT in pixels, e.g. 1366x768")
+    if int(w) < 640 or int(h) < 480:
+        raise argparse.ArgumentTypeError(f"{text} is smaller than the workbench lays out; use at least 640x480")
+    return int(w), int(h)
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -48,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from app.launch import run_gui
     return run_gui(args.model, engine_options(args), screenshot=args.screenshot, prompt=args.prompt,
-                   debug=args.debug)
+                   debug=args.debug, screenshot_size=args.screenshot_size)
 
 
 def _window_cannot_open(argv: list[str]) -> bool:

@@ -20,7 +20,7 @@ LABELS = {o.name: o.label for o in LIVE_OPTIONS}
 SUFFIXES = {o.name: f" {o.unit}" for o in LIVE_OPTIONS if o.unit}
 HELP = {o.name: o.help for o in LIVE_OPTIONS}
 ORDER = tuple(LABELS)
-NOT_AVAILABLE = "not available (hover for why)"
+NOT_AVAILABLE = "not available"            # the line's tooltip says why
 
 
 def knob_name(option: str) -> str | None:

@@ -71,14 +71,14 @@ def _wait_for(signal, timeout_ms: int) -> bool:
     return bool(fired)
 
 
-def take_screenshot(window: MainWindow, path: str, prompt: str | None) -> int:
+def take_screenshot(window: MainWindow, path: str, prompt: str | None, size: QSize = SCREENSHOT_SIZE) -> int:
     """Wait for the model (and the whole reply to ``prompt``), then save the window as a PNG.
 
-    The window is the default one at SCREENSHOT_SIZE (docks as a first start lays them out), captured
-    pixel for pixel: what the picture shows is what a user sees at that size.
+    The window is the default one at ``size`` (docks as a first start lays them out), captured pixel
+    for pixel: what the picture shows is what a user sees at that size.
     """
-    window.resize(SCREENSHOT_SIZE)
-    window.apply_default_layout(SCREENSHOT_SIZE)
+    window.resize(size)
+    window.apply_default_layout(size)
     window.show()
     if window.model is None:
         loaded = _wait_for_any(window, SCREENSHOT_TIMEOUT_MS)
@@ -91,9 +91,9 @@ def take_screenshot(window: MainWindow, path: str, prompt: str | None) -> int:
     _wait_for(window.bridge.stats, 2000)   # let the plots take one more sample
     _settle(400)
     image = window.grab()
-    if image.size() != SCREENSHOT_SIZE * image.devicePixelRatio():
-        print(f"strata: the window is {image.width()}x{image.height()}, not {SCREENSHOT_SIZE.width()}x"
-              f"{SCREENSHOT_SIZE.height()}; the picture shows it as it is", file=sys.stderr)
+    if image.size() != size * image.devicePixelRatio():
+        print(f"strata: the window is {image.width()}x{image.height()}, not {size.width()}x"
+              f"{size.height()}; the picture shows it as it is", file=sys.stderr)
     if not image.save(path, "PNG"):
         print(f"strata: could not write {path}; check the folder exists and is writable", file=sys.stderr)
         return 1
@@ -116,7 +116,7 @@ def _settle(ms: int) -> None:
 
 
 def run_gui(model: str | None, engine_options: dict, screenshot: str | None = None, prompt: str | None = None,
-            debug: bool = False) -> int:
+            debug: bool = False, screenshot_size: tuple[int, int] | None = None) -> int:
     """Open the workbench on ``model`` (None: the last model, else the bundled demo); returns the exit code.
 
     With ``screenshot``, the window opens, answers ``prompt`` if given, saves a PNG there and exits.
@@ -129,7 +129,8 @@ def run_gui(model: str | None, engine_options: dict, screenshot: str | None = No
     app = make_app()
     window = build_window(model, engine_options)
     if screenshot:
-        code = take_screenshot(window, screenshot, prompt)
+        size = QSize(*screenshot_size) if screenshot_size else SCREENSHOT_SIZE
+        code = take_screenshot(window, screenshot, prompt, size)
         window.close()
         return code
     window.show()

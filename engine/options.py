@@ -52,8 +52,9 @@ LIVE_OPTIONS: tuple[LiveOption, ...] = (
                "GPU expert pool: bytes, e.g. 10G, or a share of the experts, e.g. 50% (default: every expert that "
                "fits)", automatic=True),
     LiveOption("expert_policy", "Eviction policy", "choice", "pool eviction policy", choices=EXPERT_POLICIES),
-    LiveOption("expert_reads", "Missing experts", "choice",
-               "missing experts of decode steps: read from host memory (direct) or copied in first",
+    LiveOption("expert_reads", "Expert reads", "choice",
+               "how decode steps bring missing experts over the bus: read from host memory by the kernels (direct) "
+               "or copied into the pool first",
                choices=EXPERT_READS),
     LiveOption("cold_experts", "Cold experts", "choice",
                "missing experts: over the bus or computed by the host CPU, the CPU's share chosen by measured "
@@ -73,7 +74,12 @@ _BY_NAME = {o.name: o for o in LIVE_OPTIONS}
 def option(name: str) -> LiveOption:
     """The live option called ``name``; ConfigError when there is none."""
     if name not in _BY_NAME:
-        raise ConfigError(f"{name} cannot change while running; live options are {', '.join(sorted(LIVE_NAMES))} "
+        import dataclasses
+        from engine.config import EngineConfig
+        live = ", ".join(sorted(LIVE_NAMES))
+        if name not in {f.name for f in dataclasses.fields(EngineConfig)}:
+            raise ConfigError(f"{name}: no such option; live options are {live}")
+        raise ConfigError(f"{name} cannot change while running; live options are {live} "
                           "— restart the engine to change the others")
     return _BY_NAME[name]
 

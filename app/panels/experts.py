@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pyqtgraph as pg
+from PySide6.QtCore import QRectF
 
 from app.panels.base import COLORS, Panel, Ring, curve, make_plot, set_series
 
@@ -158,11 +159,14 @@ class ExpertPanel(Panel):
             self._shown_shape = (n, self._heat.shape)
             self.plots[1].setXRange(-0.5, max(n, 1) - 0.5, padding=0.02)
             rows, cols = self._heat.shape if self._heat.size else (1, 1)
-            self.plots[2].setRange(xRange=(0, cols), yRange=(0, rows), padding=0)
+            # cell (layer l, expert e) is centred on (e, l), as the bars above centre layer l on l
+            self.plots[2].setRange(xRange=(-0.5, cols - 0.5), yRange=(-0.5, rows - 0.5), padding=0)
         if self._heat.size:
             # normalise each layer so a quiet layer's favourite experts still stand out
             peak = self._heat.max(axis=1, keepdims=True)
             self._image.setImage(self._heat / np.where(peak > 0, peak, 1.0), levels=(0.0, 1.0), autoLevels=False)
+            rows, cols = self._heat.shape
+            self._image.setRect(QRectF(-0.5, -0.5, cols, rows))
 
 
 POLICY_TIPS = {
@@ -195,8 +199,14 @@ def cold_summary(e: Any, before: Any = None) -> tuple[str, str]:
     if not e.cold_mode:
         return "—", "Every expert is on the GPU: none is missing, so none runs on the CPU or crosses the bus"
     cpu, bus = e.last_step_experts
-    text = f"CPU {cpu} · bus {bus}" if cpu or bus else f"{e.cold_mode.split()[0]}, none yet"
-    lines = [f"Setting: {e.cold_mode} (auto: the CPU's share by measured step times; bus; cpu)",
+    text = f"CPU {cpu} · bus {bus}" if e.cpu_experts or e.bus_experts else f"{e.cold_mode.split()[0]}, none missed yet"
+    modes = {"auto": "the host CPU takes the share of missing experts that measures fastest",
+             "bus": "every missing expert crosses the bus", "cpu": "the host CPU computes every missing expert"}
+    mode = e.cold_mode.split()[0]
+    setting = f"Setting: {mode}: {modes.get(mode, mode)}"
+    if "CPU device" in e.cold_mode:
+        setting = "Setting: auto, which is bus on a CPU device (there is no bus to relieve)"
+    lines = [setting,
              f"Last step: {cpu} missing experts computed on the CPU, {bus} brought over the bus",
              f"Since load: {e.cpu_experts} on the CPU, {e.bus_experts} over the bus"]
     if before is not None and e.steps_ms > before.steps_ms:

@@ -50,6 +50,26 @@ def test_expert_panel_says_where_missing_experts_ran(qapp):
     assert "CPU busy 30% of the step time" in tip                         # 30 ms of the last 100 ms
     assert "predicted 30 ms, they took 45 ms" in tip
     assert "the CPU takes 3/8 at 1 token, 2/8 at 8 tokens of each layer's missing experts" in tip
+    assert tip.splitlines()[0] == "Setting: auto: the host CPU takes the share of missing experts that measures fastest"
+    # nothing missed the last step, some before: the counts, not "none yet"
+    quiet = ExpertStats(cold_mode="bus (auto, on a CPU device)", bus_experts=186, last_step_experts=(0, 0))
+    panel.push_stats(EngineStats(experts=quiet), now=4.0)
+    assert readout.text() == "CPU 0 · bus 0"
+    assert readout.toolTip().splitlines()[0] == "Setting: auto, which is bus on a CPU device (there is no bus to relieve)"
+
+
+def test_heatmap_cells_sit_on_their_layer_and_expert_numbers(qapp):
+    # 6 layers x 16 experts: cell (layer l, expert e) is centred on (e, l), so the axis ticks name cells
+    # (0..5 down, 0..15 across), as the bars above centre layer l on l
+    panel = ExpertPanel()
+    heat = tuple(tuple(range(16)) for _ in range(6))
+    panel.push_stats(EngineStats(experts=ExpertStats(policy="lfu", activations=heat,
+                                                     per_layer_hit_rate=(0.5,) * 6, hits=5, misses=5)), now=1.0)
+    panel._render(1.0)
+    rect = panel._image.mapRectToParent(panel._image.boundingRect())
+    assert (rect.left(), rect.top(), rect.width(), rect.height()) == (-0.5, -0.5, 16, 6)
+    (x0, x1), (y0, y1) = panel.plots[2].getViewBox().viewRange()
+    assert (x0, x1, y0, y1) == (-0.5, 15.5, -0.5, 5.5)
 
 
 # --- hit rates: what they count and since when --------------------------------------------------

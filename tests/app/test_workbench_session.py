@@ -177,3 +177,20 @@ def test_screenshot_mode_writes_a_png_of_the_window(qapp, tmp_path):
     image = QImage(str(out))
     assert out.stat().st_size > 10_000
     assert (image.width(), image.height()) == (SCREENSHOT_SIZE.width(), SCREENSHOT_SIZE.height())
+
+
+def test_screenshot_at_a_laptop_size(qapp, tmp_path):
+    # --screenshot-size: the window at 1366x768, what a laptop user sees
+    out = tmp_path / "laptop.png"
+    assert run_gui(str(default_model_dir()), {"device": "cpu"}, screenshot=str(out), screenshot_size=(1366, 768)) == 0
+    image = QImage(str(out))
+    assert (image.width(), image.height()) == (1366, 768)
+
+
+def test_a_wrong_screenshot_size_is_one_line(capsys):
+    import main
+    assert main.main(["gui", "--screenshot", "x.png", "--screenshot-size", "big"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "WIDTHxHEIGHT" in err[0] and "1366x768" in err[0]
+    assert main.main(["gui", "--screenshot", "x.png", "--screenshot-size", "300x200"]) == 2
+    assert "at least 640x480" in capsys.readouterr().err

@@ -101,8 +101,9 @@ HOSTILE = [
     ("unknown-route", "GET", "/v1/engines", AUTH, b"", 404, None, "no route /v1/engines"),
     ("route-with-a-newline", "GET", "/v1/a%0Ab", AUTH, b"", 404, None, "no route /v1/a\\nb"),
     ("wrong-method", "GET", COMPLETE, AUTH, b"", 405, None, "GET is not allowed on /v1/completions"),
-    ("unknown-live-option", "POST", "/v1/strata/config", JSON, b'{"nope": 1}', 400, "nope",
-     "cannot change while running"),
+    ("unknown-live-option", "POST", "/v1/strata/config", JSON, b'{"nope": 1}', 400, "nope", "nope: no such option"),
+    ("option-that-needs-a-restart", "POST", "/v1/strata/config", JSON, b'{"dtype": "float32"}', 400, "dtype",
+     "dtype cannot change while running"),
     ("live-option-wrong-type", "POST", "/v1/strata/config", JSON, b'{"max_batch": {"a": 1}}', 400, "max_batch",
      "max_batch must be an integer"),
 ]
