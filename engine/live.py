@@ -1,13 +1,12 @@
 """Options that change while the engine runs (``LLMEngine.reconfigure``), applied between steps."""
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING
 
-from engine.config import LIVE_OPTIONS, EngineConfig
+from engine.config import LIVE_OPTIONS
 from engine.errors import ConfigError, ReconfigureError
 from engine.kv.cache import check_kv_format
-from engine.options import parse_live
+from engine.options import not_live, parse_live
 from engine.settings_fit import depth_note, max_prefetch_depth
 
 if TYPE_CHECKING:
@@ -42,7 +41,7 @@ class LiveSettings:
     def reconfigure(self, options: dict) -> dict[str, str]:
         unknown = set(options) - LIVE_OPTIONS
         if unknown:
-            raise ReconfigureError(_not_live(sorted(unknown)))
+            raise ReconfigureError(not_live(sorted(unknown)))
         avail = self.availability()
         for k in options:
             if avail[k] is not None:
@@ -111,13 +110,3 @@ def _expert_settings(m: "LoadedModel", exp: dict) -> dict:
     return dict(pool_bytes=pool, prefetch_depth=exp.get("prefetch_depth"), policy=exp.get("expert_policy"),
                 reads=exp.get("expert_reads"), cold=exp.get("cold_experts"))
 
-
-def _not_live(names: list[str]) -> str:
-    """One line for options that cannot change now: engine options that need a restart, or no option."""
-    known = {f.name for f in dataclasses.fields(EngineConfig)}
-    restart = [n for n in names if n in known]
-    none = [n for n in names if n not in known]
-    live = ", ".join(sorted(LIVE_OPTIONS))
-    if none:
-        return f"{', '.join(none)}: no such option; live options are {live}"
-    return f"{', '.join(restart)} cannot change while running; live options are {live} — restart the engine to change the others"

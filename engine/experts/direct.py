@@ -196,10 +196,11 @@ class DirectPath:
         if finished is None:
             if self.r.device.type == "cuda":
                 torch.cuda.current_stream(self.r.device).synchronize()
-            return
-        t0 = time.perf_counter()
-        while not finished() and time.perf_counter() - t0 < limit_s:
-            time.sleep(0.001)
+        else:
+            t0 = time.perf_counter()
+            while not finished() and time.perf_counter() - t0 < limit_s:
+                time.sleep(0.001)
+        self.shares.err.numpy()[0] = 0      # the step failed already: not the next one's to report
 
     def _follow_cut(self, c, rows: int, finished: Callable[[], bool]) -> None:
         r = self.r
@@ -388,22 +389,23 @@ class DirectPath:
             gone += self.claims.collect(step)
         fills = bool(step.fill_slots) or bool(step.dp_used)
         early, early_evicted = step.early
-        budget = self.fills.admit_per_step - len(early)
-        admitted, evicted = self._admit(list(step.filled) if fills else step.misses, budget)
-        loaded: list[tuple[int, int]] = []
-        if fills and step.cpu_keys:          # the host CPU's experts have no fill slot: copies
-            loaded, more = self._admit(step.cpu_keys, budget - len(admitted))
-            evicted += more
-        admitted, evicted = early + admitted, early_evicted + evicted
+        # one pass over every candidate, so that no admission evicts another of this end's: the
+        # filled experts and those the host CPU computed (no fill slot: they are copied in)
+        cands = list(step.filled) + step.cpu_keys if fills else step.misses
+        chosen, evicted = self._admit(cands, self.fills.admit_per_step - len(early))
+        if fills:
+            admitted = early + [(s, k) for s, k in chosen if k in step.filled]
+            loaded = [(s, k) for s, k in chosen if k not in step.filled]
+        else:
+            admitted, loaded = chosen, chosen
+        evicted = early_evicted + evicted
         gone += evicted
         placed = []
         if fills:
             self.fills.promote(step, admitted)              # fill slots were released above: reused
             placed = [(k, s) for s, k in admitted]          # only by later steps, after these copies
-            kept = {k for k, _ in placed} | {k for _, k in loaded}
+            kept = {k for k, _ in placed}
             gone = [k for k in gone if k not in kept]      # a prefetch that landed late, then admitted
-        else:
-            loaded = admitted
         # A gone key's entry becomes what the books say: -1, or the pool slot a deferred end of the step
         # before gave it (its entry not yet written when this step's claim took the key); a key this
         # end admits by a copy from the host gets its slot on the copy stream, after the copy.

@@ -203,12 +203,14 @@ class ExpertManager:
         return self.device.type == "cuda" and not self.r.pool.full and self.direct.direct_for(tokens) \
             and self.direct.cpu_share_on
 
-    def observe_step(self, tokens: int, eager: bool, seconds: float) -> None:
-        """A decode step of ``tokens`` tokens ran (eagerly or replayed) in ``seconds``, for ``auto``."""
+    def observe_step(self, tokens: int, eager: bool, seconds: float, recorded: int | None = None) -> None:
+        """A decode step of ``tokens`` tokens ran (eagerly or replayed from the recording of
+        ``recorded`` tokens) in ``seconds``, for ``auto``."""
         if self.direct.shares is not None:
             self.direct.shares.check()        # a join that gave up: this step's output is not valid
         if self.r.store is not None and not self.r.pool.full:
-            if not eager and self.direct.shares is not None and self.graph_cpu_share(tokens):
+            shared = self.graph_cpu_share(tokens if recorded is None else recorded)
+            if not eager and self.direct.shares is not None and shared:
                 self.direct.shares.observe(tokens, seconds)
             else:
                 self.r.cold.observe(tokens, eager, seconds)

@@ -46,8 +46,9 @@ class ExpertProvider(Protocol):
         graph (recorded for ``recorded`` tokens, default ``tokens``), so that the host can give
         missing experts to the CPU (the host decides per layer)."""
 
-    def observe_step(self, tokens: int, eager: bool, seconds: float) -> None:
-        """A decode step of ``tokens`` tokens took ``seconds`` (launch to sampled tokens on the host)."""
+    def observe_step(self, tokens: int, eager: bool, seconds: float, recorded: int | None = None) -> None:
+        """A decode step of ``tokens`` tokens took ``seconds`` (launch to sampled tokens on the host);
+        ``recorded``: the size of the recording it replayed."""
 
     def direct_for(self, tokens: int) -> bool:
         """Whether a step of ``tokens`` tokens reads missing experts straight from host memory."""

@@ -95,7 +95,7 @@ class ModelRunner:
             self._queue_sample(logits, sampling)
         out = self.take()
         if graphable:
-            self.model.experts.observe_step(b, eager, time.perf_counter() - t0)
+            self.model.experts.observe_step(b, eager, time.perf_counter() - t0, self.graphs.bucket(b))
         return out
 
     def _queue_sample(self, logits: torch.Tensor, reqs: list[Request]) -> None:
