@@ -1,12 +1,13 @@
 """Options that change while the engine runs (``LLMEngine.reconfigure``), applied between steps."""
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
-from engine.config import LIVE_OPTIONS
+from engine.config import LIVE_OPTIONS, EngineConfig
 from engine.errors import ConfigError, ReconfigureError
 from engine.kv.cache import check_kv_format
-from engine.options import not_live, parse_live
+from engine.options import parse_live
 from engine.settings_fit import depth_note, max_prefetch_depth
 
 if TYPE_CHECKING:
@@ -110,3 +111,13 @@ def _expert_settings(m: "LoadedModel", exp: dict) -> dict:
     return dict(pool_bytes=pool, prefetch_depth=exp.get("prefetch_depth"), policy=exp.get("expert_policy"),
                 reads=exp.get("expert_reads"), cold=exp.get("cold_experts"))
 
+
+def not_live(names: list[str]) -> str:
+    """One line for ``names`` that cannot change while the engine runs: options that need a restart,
+    and names that are no option at all."""
+    known = {f.name for f in dataclasses.fields(EngineConfig)}
+    restart, none = [n for n in names if n in known], [n for n in names if n not in known]
+    parts = ([f"{', '.join(none)}: no such option"] if none else []) + \
+        ([f"{', '.join(restart)} cannot change while running"] if restart else [])
+    tail = " — restart the engine to change the others" if restart else ""
+    return f"{'; '.join(parts)}; live options are {', '.join(sorted(LIVE_OPTIONS))}{tail}"

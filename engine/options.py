@@ -74,21 +74,9 @@ _BY_NAME = {o.name: o for o in LIVE_OPTIONS}
 def option(name: str) -> LiveOption:
     """The live option called ``name``; ConfigError when there is none."""
     if name not in _BY_NAME:
-        raise ConfigError(not_live([name]))
+        raise ConfigError(f"{name} cannot change while running; live options are {', '.join(sorted(LIVE_NAMES))} "
+                          "— restart the engine to change the others")
     return _BY_NAME[name]
-
-
-def not_live(names: list[str]) -> str:
-    """One line for ``names`` that cannot change while the engine runs: options that need a restart,
-    and names that are no option at all."""
-    import dataclasses
-    from engine.config import EngineConfig          # engine.config imports this module
-    known = {f.name for f in dataclasses.fields(EngineConfig)}
-    restart, none = [n for n in names if n in known], [n for n in names if n not in known]
-    parts = ([f"{', '.join(none)}: no such option"] if none else []) + \
-        ([f"{', '.join(restart)} cannot change while running"] if restart else [])
-    tail = " — restart the engine to change the others" if restart else ""
-    return f"{'; '.join(parts)}; live options are {', '.join(sorted(LIVE_NAMES))}{tail}"
 
 
 @dataclass(frozen=True)
