@@ -209,9 +209,11 @@ class GraphCpuShares:
 
     def in_force(self) -> tuple[tuple[int, float], ...]:
         """(tokens, share) for every step size replayed so far (auto's current choice)."""
-        sizes = sorted(set(self.tuner.state()) | ({self.tokens} if self.tokens else set()))
-        return tuple((t, self.share_for(t) if self.r.cold.mode != "auto" else self.tuner.state().get(t, (0.0,))[0])
-                     for t in sizes)
+        tuned = self.tuner.state()
+        sizes = sorted(set(tuned) | ({self.tokens} if self.tokens else set()))
+        if self.r.cold.mode != "auto":
+            return tuple((t, self.share_for(t)) for t in sizes)
+        return tuple((t, tuned.get(t, (0.0,))[0]) for t in sizes)
 
     def observe(self, tokens: int, seconds: float) -> None:
         if self.r.cold.mode == "auto":
