@@ -75,19 +75,49 @@ def _dot_fp8(b, r, o, x, t, k):
 
 @njit(fastmath=True, cache=True, inline="always")
 def _dot_int4(b, h, r, o, osc, oz, group, x2, xg, t, k):
+    # Four groups in one loop: each group's sum is its own chain of adds, and one group alone is a
+    # chain too short to hide the adds' latency (a single chain ran at a third of this speed).
     half = U(k // 2)
     gh = U(group // 2)
+    ng = U(k // group)
     tot = np.float32(0.0)
-    for g in range(k // group):
-        og = U(g) * gh
+    g = U(0)
+    while g + U(4) <= ng:
+        o0 = g * gh
+        o1 = o0 + gh
+        o2 = o1 + gh
+        o3 = o2 + gh
+        a0 = np.float32(0.0)
+        a1 = np.float32(0.0)
+        a2 = np.float32(0.0)
+        a3 = np.float32(0.0)
+        for j in range(gh):
+            lo, hi = f32_from_u4_pair(b[r, o + o0 + U(j)])
+            a0 += lo * x2[t, o0 + U(j)] + hi * x2[t, o0 + U(j) + half]
+            lo, hi = f32_from_u4_pair(b[r, o + o1 + U(j)])
+            a1 += lo * x2[t, o1 + U(j)] + hi * x2[t, o1 + U(j) + half]
+            lo, hi = f32_from_u4_pair(b[r, o + o2 + U(j)])
+            a2 += lo * x2[t, o2 + U(j)] + hi * x2[t, o2 + U(j) + half]
+            lo, hi = f32_from_u4_pair(b[r, o + o3 + U(j)])
+            a3 += lo * x2[t, o3 + U(j)] + hi * x2[t, o3 + U(j) + half]
+        tot += (_u4_scaled(b, h, r, osc, oz, g, a0, xg, t) + _u4_scaled(b, h, r, osc, oz, g + U(1), a1, xg, t)) \
+            + (_u4_scaled(b, h, r, osc, oz, g + U(2), a2, xg, t) + _u4_scaled(b, h, r, osc, oz, g + U(3), a3, xg, t))
+        g += U(4)
+    while g < ng:
+        og = g * gh
         acc = np.float32(0.0)
-        for j in range(group // 2):
-            i = og + U(j)
-            lo, hi = f32_from_u4_pair(b[r, o + i])
-            acc += lo * x2[t, i] + hi * x2[t, i + half]
-        gg = U(g)
-        tot += f32_from_f16_bits(h[r, osc + gg]) * (acc - np.float32(b[r, oz + gg]) * xg[t, gg])
+        for j in range(gh):
+            lo, hi = f32_from_u4_pair(b[r, o + og + U(j)])
+            acc += lo * x2[t, og + U(j)] + hi * x2[t, og + U(j) + half]
+        tot += _u4_scaled(b, h, r, osc, oz, g, acc, xg, t)
+        g += U(1)
     return tot
+
+
+@njit(fastmath=True, cache=True, inline="always")
+def _u4_scaled(b, h, r, osc, oz, g, acc, xg, t):
+    """Group ``g``'s ``sum(q * x)`` (``acc``) as ``scale * (sum(q * x) - zero * sum(x))``."""
+    return f32_from_f16_bits(h[r, osc + g]) * (acc - np.float32(b[r, oz + g]) * xg[t, g])
 
 
 @njit(fastmath=True, cache=True, inline="always")
