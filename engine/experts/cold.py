@@ -26,6 +26,7 @@ Legend: T tokens, k experts per token, D hidden, P (token, expert) pairs.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections import Counter
 from typing import TYPE_CHECKING, Sequence
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from kernels.cpu import CpuExpertCost
 
 COLD_MODES = ("auto", "bus", "cpu")
+CPU_LEARN_ALPHA = 0.1            # weight of each CPU measurement in the learnt factor, once 10 are in
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,12 +52,13 @@ class ColdRates:
     cpu: "CpuExpertCost"                        # CPU seconds per expert by token count
     cpu_call_s: float = 0.0                     # fixed cost of one CPU call (start, barrier, result copy)
     threads: int = 1
+    cpu_factor: float = 1.0                     # measured CPU time over the calibration's, learnt as it runs
 
     def bus_s(self, nbytes: int, reads: int = 1) -> float:
         return nbytes * reads / self.bus_bytes_per_s
 
     def cpu_s(self, tokens: int) -> float:
-        return self.cpu.seconds_for(tokens)
+        return self.cpu.seconds_for(tokens) * self.cpu_factor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,6 +175,7 @@ class ColdShare:
         cpu_expert_forward(self.rows, self.cold.layout, work, x, out, self.cold.threads)
         done = time.perf_counter()
         self.cold.note(self, (done - t0) * 1e3, (done - self._t0) * 1e3)
+        self.cold.learn_cpu(done - t0, [len(p) for p in pairs])
         return out.to(self._device, non_blocking=cuda).to(self._dtype)
 
 
@@ -240,6 +244,24 @@ class ColdExperts:
         self.last_step: tuple[int, int] = (0, 0)   # (CPU, bus) experts of the last step
         self._step_cpu = 0
         self.arms = StepArms()          # auto: eager steps with a CPU share, or replayed ones without
+        self._cpu_samples = 0
+
+    def learn_cpu(self, seconds: float, uses: Sequence[int]) -> None:
+        """The CPU kernels took ``seconds`` for experts of ``uses`` tokens each: move the rates' CPU
+        factor toward what that says (a moving average of the ratio's logarithm). The calibration at
+        load takes a fraction of a second and can meet a host that is busy for that moment (it read
+        int4 8x slow on the H200 host once); the steps themselves say what the kernels take."""
+        rates = self.rates
+        if rates is None or not uses or seconds <= 0:
+            return
+        base = rates.cpu_call_s + sum(rates.cpu.seconds_for(n) for n in uses)
+        if base <= 0:
+            return
+        ratio = min(max(seconds / base, 1 / 64), 64.0)
+        self._cpu_samples += 1
+        alpha = max(CPU_LEARN_ALPHA, 1 / self._cpu_samples)        # the first samples weigh more
+        factor = math.exp(math.log(rates.cpu_factor) + alpha * (math.log(ratio) - math.log(rates.cpu_factor)))
+        self.rates = dataclasses.replace(rates, cpu_factor=factor)
 
     def enabled_on(self, device: torch.device) -> bool:
         return self.mode == "cpu" or (self.mode == "auto" and device.type == "cuda")
@@ -257,6 +279,7 @@ class ColdExperts:
         bus = _bus_rate(store_rows, device)
         call = _call_cost(store_rows, self.layout, cost.seconds[0], self.threads)
         self.rates = ColdRates(bus, cost, call, self.threads)
+        self._cpu_samples = 0
         return self.rates
 
     def eager_for(self, tokens: int) -> bool:

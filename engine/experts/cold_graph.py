@@ -66,6 +66,18 @@ class ShareTuner:
     def choose(self, tokens: int, start: float = 0.5) -> float:
         return SHARES[self._state(tokens, start)["arm"]]
 
+    def suggest(self, tokens: int, start: float) -> None:
+        """The cost model's balanced share is now ``start`` (its CPU rate was learnt from the steps):
+        where that is two or more shares from the one in force, and no probe runs, try it next, once
+        per balanced share suggested."""
+        st = self._s.get(tokens)
+        if st is None or st["skip"] or st.get("first") or st["arm"] != st["cur"]:
+            return
+        i = min(range(len(SHARES)), key=lambda j: abs(SHARES[j] - start))
+        if abs(i - st["cur"]) < 2 or st.get("tried") == i:
+            return
+        st["tried"], st["arm"], st["left"] = i, i, self.trials
+
     def observe(self, tokens: int, seconds: float) -> None:
         st = self._s.get(tokens)
         if st is None:
@@ -176,7 +188,9 @@ class GraphCpuShares:
         cold = self.r.cold
         if cold.mode != "auto":
             return 1.0 if cold.mode == "cpu" else 0.0
-        return self.tuner.choose(tokens, self.balanced())
+        balanced = self.balanced()
+        self.tuner.suggest(tokens, balanced)
+        return self.tuner.choose(tokens, balanced)
 
     def balanced(self) -> float:
         """The share at which the bus and the CPU take equally long for one token's missing experts,
@@ -261,6 +275,7 @@ class GraphCpuShares:
         mine = experts[at] == missing
         cold.note_graph(int(experts.size), (done - c0) * 1e3, (done - t0) * 1e3,
                         self._predicted_ms(uses[mine].tolist(), uses[~mine].tolist()))
+        cold.learn_cpu(done - c0, uses[mine].tolist())
         return int(experts.size)
 
     def _runner(self):

@@ -182,6 +182,32 @@ def test_the_tuner_spends_few_steps_on_shares_that_are_far_slower() -> None:
     assert sum(s > 0 for s in shares[50:]) <= 10
 
 
+def test_the_tuner_tries_the_balanced_share_once_the_rates_move_it() -> None:
+    # The tuner settled on the bus alone from a calibration that found the CPU slow; the rates learnt
+    # since put the balance at 4/8. It tries that share next, keeps it when it is faster, and does not
+    # try the same suggestion again once it has lost.
+    tuner = ShareTuner(trials=2, probe_every=1000)
+    for _ in range(10):
+        tuner.observe(1, 1.0 if tuner.choose(1, start=0.0) == 0 else 2.0)
+    assert tuner.state()[1][0] == 0.0
+    tuner.suggest(1, 0.5)
+    assert tuner.choose(1) == 0.5
+    for _ in range(8):                     # its trials, then the next share up, which loses
+        share = tuner.choose(1)
+        tuner.observe(1, 0.5 if share == 0.5 else 2.0)
+    assert tuner.state()[1][0] == 0.5
+    # slower now: a suggestion of 1/8 (3 shares away) is tried once, lost, and not tried again
+    tuner.suggest(1, 1 / 8)
+    for _ in range(8):
+        share = tuner.choose(1)
+        tuner.observe(1, 3.0 if share == 1 / 8 else 0.5)
+    assert tuner.state()[1][0] == 0.5
+    tuner.suggest(1, 1 / 8)
+    assert tuner.choose(1) == 0.5
+    tuner.suggest(1, 5 / 8)                # one share away: the regular probes cover it
+    assert tuner.choose(1) == 0.5
+
+
 def test_padding_rows_of_a_recording_change_nothing(stack: Stack) -> None:
     # A recording of 4 rows replays a step of 3: the padding row takes row 0's experts (so it adds
     # no expert of its own and does not sway the CPU's pick), the host computes only the real rows,
