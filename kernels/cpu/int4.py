@@ -146,62 +146,86 @@ def _pair_act(f, r, ob, n, f_, kind, alpha, limit, g, u, a, p):
     a[p, n] = _act(g + _bias(f, r, ob, n), u + _bias(f, r, ob, f_ + n), kind, alpha, limit)
 
 
+@njit(fastmath=True, cache=True, inline="always")
+def _gate_up_rows(b, h, f, d_, f_, grp, ow, osc, oz, ob, kind, alpha, limit, r, lo, hi, n0, n1, toks, q, s, sums, a):
+    """Gate and up rows ``n0:n1`` of store row ``r`` for pairs ``lo:hi``."""
+    for n in range(n0, n1):
+        p = lo
+        while p + 4 <= hi:
+            g0, g1, g2, g3 = row4(b, h, r, ow, osc, oz, n, d_, grp, q, s, sums,
+                                  toks[p], toks[p + 1], toks[p + 2], toks[p + 3])
+            u0, u1, u2, u3 = row4(b, h, r, ow, osc, oz, f_ + n, d_, grp, q, s, sums,
+                                  toks[p], toks[p + 1], toks[p + 2], toks[p + 3])
+            _pair_act(f, r, ob, n, f_, kind, alpha, limit, g0, u0, a, p)
+            _pair_act(f, r, ob, n, f_, kind, alpha, limit, g1, u1, a, p + 1)
+            _pair_act(f, r, ob, n, f_, kind, alpha, limit, g2, u2, a, p + 2)
+            _pair_act(f, r, ob, n, f_, kind, alpha, limit, g3, u3, a, p + 3)
+            p += 4
+        if p + 2 <= hi:
+            g0, g1 = row2(b, h, r, ow, osc, oz, n, d_, grp, q, s, sums, toks[p], toks[p + 1])
+            u0, u1 = row2(b, h, r, ow, osc, oz, f_ + n, d_, grp, q, s, sums, toks[p], toks[p + 1])
+            _pair_act(f, r, ob, n, f_, kind, alpha, limit, g0, u0, a, p)
+            _pair_act(f, r, ob, n, f_, kind, alpha, limit, g1, u1, a, p + 1)
+            p += 2
+        if p < hi:
+            g0 = row1(b, h, r, ow, osc, oz, n, d_, grp, q, s, sums, toks[p])
+            u0 = row1(b, h, r, ow, osc, oz, f_ + n, d_, grp, q, s, sums, toks[p])
+            _pair_act(f, r, ob, n, f_, kind, alpha, limit, g0, u0, a, p)
+
+
 @njit(fastmath=True, parallel=True, cache=True)
 def gate_up(b, h, f, d_, f_, grp, ow, osc, oz, ob, kind, alpha, limit, rows, starts, toks, q, s, sums, a):
-    """Pass 1: ``a [P, F]`` = act(gate, up) of every pair, from the quantised tokens ``q``/``s``/``sums``."""
+    """Pass 1: ``a [P, F]`` = act(gate, up) of every pair, from the quantised tokens ``q``/``s``/``sums``.
+    The common group sizes are spelt out as constants, so that each group's loop compiles to
+    straight-line code."""
     nb1 = (f_ + ROWS - 1) // ROWS
     for item in prange(rows.size * nb1):
         i = item // nb1
         r = rows[i]
-        lo, hi = starts[i], starts[i + 1]
-        for n in range(item % nb1 * ROWS, min(f_, item % nb1 * ROWS + ROWS)):
-            p = lo
-            while p + 4 <= hi:
-                g0, g1, g2, g3 = row4(b, h, r, ow, osc, oz, n, d_, grp, q, s, sums,
-                                      toks[p], toks[p + 1], toks[p + 2], toks[p + 3])
-                u0, u1, u2, u3 = row4(b, h, r, ow, osc, oz, f_ + n, d_, grp, q, s, sums,
-                                      toks[p], toks[p + 1], toks[p + 2], toks[p + 3])
-                _pair_act(f, r, ob, n, f_, kind, alpha, limit, g0, u0, a, p)
-                _pair_act(f, r, ob, n, f_, kind, alpha, limit, g1, u1, a, p + 1)
-                _pair_act(f, r, ob, n, f_, kind, alpha, limit, g2, u2, a, p + 2)
-                _pair_act(f, r, ob, n, f_, kind, alpha, limit, g3, u3, a, p + 3)
-                p += 4
-            if p + 2 <= hi:
-                g0, g1 = row2(b, h, r, ow, osc, oz, n, d_, grp, q, s, sums, toks[p], toks[p + 1])
-                u0, u1 = row2(b, h, r, ow, osc, oz, f_ + n, d_, grp, q, s, sums, toks[p], toks[p + 1])
-                _pair_act(f, r, ob, n, f_, kind, alpha, limit, g0, u0, a, p)
-                _pair_act(f, r, ob, n, f_, kind, alpha, limit, g1, u1, a, p + 1)
-                p += 2
-            if p < hi:
-                g0 = row1(b, h, r, ow, osc, oz, n, d_, grp, q, s, sums, toks[p])
-                u0 = row1(b, h, r, ow, osc, oz, f_ + n, d_, grp, q, s, sums, toks[p])
-                _pair_act(f, r, ob, n, f_, kind, alpha, limit, g0, u0, a, p)
+        n0 = item % nb1 * ROWS
+        n1 = min(f_, n0 + ROWS)
+        if grp == 128:
+            _gate_up_rows(b, h, f, d_, f_, 128, ow, osc, oz, ob, kind, alpha, limit, r, starts[i], starts[i + 1],
+                          n0, n1, toks, q, s, sums, a)
+        else:
+            _gate_up_rows(b, h, f, d_, f_, grp, ow, osc, oz, ob, kind, alpha, limit, r, starts[i], starts[i + 1],
+                          n0, n1, toks, q, s, sums, a)
+
+
+@njit(fastmath=True, cache=True, inline="always")
+def _down_rows(b, h, f, d_, f_, grp, ow, osc, oz, ob, r, lo, hi, d0, d1, toks, wts, q, s, sums, out):
+    """Down rows ``d0:d1`` of store row ``r`` for pairs ``lo:hi``, added into ``out``."""
+    for dd in range(d0, d1):
+        bias = _bias(f, r, ob, dd)
+        p = lo
+        while p + 4 <= hi:
+            y0, y1, y2, y3 = row4(b, h, r, ow, osc, oz, dd, f_, grp, q, s, sums, p, p + 1, p + 2, p + 3)
+            out[toks[p], dd] += wts[p] * (y0 + bias)
+            out[toks[p + 1], dd] += wts[p + 1] * (y1 + bias)
+            out[toks[p + 2], dd] += wts[p + 2] * (y2 + bias)
+            out[toks[p + 3], dd] += wts[p + 3] * (y3 + bias)
+            p += 4
+        if p + 2 <= hi:
+            y0, y1 = row2(b, h, r, ow, osc, oz, dd, f_, grp, q, s, sums, p, p + 1)
+            out[toks[p], dd] += wts[p] * (y0 + bias)
+            out[toks[p + 1], dd] += wts[p + 1] * (y1 + bias)
+            p += 2
+        if p < hi:
+            y0 = row1(b, h, r, ow, osc, oz, dd, f_, grp, q, s, sums, p)
+            out[toks[p], dd] += wts[p] * (y0 + bias)
 
 
 @njit(fastmath=True, parallel=True, cache=True)
 def down(b, h, f, d_, f_, grp, ow, osc, oz, ob, rows, starts, toks, wts, q, s, sums, out):
     """Pass 2: ``out[t, d] += w * (w2[d] . a[p] + b2[d])`` over every pair (``q``/``s``/``sums``: ``a``
-    quantised, one row per pair), one writer per ``d``."""
+    quantised, one row per pair), one writer per ``d``; group sizes as in :func:`gate_up`."""
     nb2 = (d_ + ROWS - 1) // ROWS
     for item in prange(nb2):
+        d0 = item * ROWS
+        d1 = min(d_, d0 + ROWS)
         for i in range(rows.size):
-            r = rows[i]
-            lo, hi = starts[i], starts[i + 1]
-            for dd in range(item * ROWS, min(d_, item * ROWS + ROWS)):
-                bias = _bias(f, r, ob, dd)
-                p = lo
-                while p + 4 <= hi:
-                    y0, y1, y2, y3 = row4(b, h, r, ow, osc, oz, dd, f_, grp, q, s, sums, p, p + 1, p + 2, p + 3)
-                    out[toks[p], dd] += wts[p] * (y0 + bias)
-                    out[toks[p + 1], dd] += wts[p + 1] * (y1 + bias)
-                    out[toks[p + 2], dd] += wts[p + 2] * (y2 + bias)
-                    out[toks[p + 3], dd] += wts[p + 3] * (y3 + bias)
-                    p += 4
-                if p + 2 <= hi:
-                    y0, y1 = row2(b, h, r, ow, osc, oz, dd, f_, grp, q, s, sums, p, p + 1)
-                    out[toks[p], dd] += wts[p] * (y0 + bias)
-                    out[toks[p + 1], dd] += wts[p + 1] * (y1 + bias)
-                    p += 2
-                if p < hi:
-                    y0 = row1(b, h, r, ow, osc, oz, dd, f_, grp, q, s, sums, p)
-                    out[toks[p], dd] += wts[p] * (y0 + bias)
+            r, lo, hi = rows[i], starts[i], starts[i + 1]
+            if grp == 128:
+                _down_rows(b, h, f, d_, f_, 128, ow, osc, oz, ob, r, lo, hi, d0, d1, toks, wts, q, s, sums, out)
+            else:
+                _down_rows(b, h, f, d_, f_, grp, ow, osc, oz, ob, r, lo, hi, d0, d1, toks, wts, q, s, sums, out)
