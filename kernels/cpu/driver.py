@@ -19,7 +19,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from kernels.cpu import int4
+from kernels.cpu import packed
 from kernels.cpu.dots import INT4, MXFP4, buf_dot, decode_row, row_dot
 
 ROWS = 16   # rows per work item: enough work to amortise the scheduling, enough items to balance 16+ threads
@@ -60,9 +60,6 @@ def expert_forward(b, h, f, meta, alpha, limit, rows, starts, toks, wts, x, out)
     fmt, d_, f_, grp = meta[M_FMT], meta[M_D], meta[M_F], meta[M_G]
     t_ = x.shape[0]
     p_ = toks.size
-    if fmt == INT4 and int4.supports(grp, meta[M_W13], meta[M_S13], meta[M_W2], meta[M_S2]):
-        _int4_forward(b, h, f, meta, alpha, limit, rows, starts, toks, wts, x, out)
-        return
     nib = fmt == INT4 or fmt == MXFP4
     # Activations in the form each format reads: x, its even/odd halves, its group sums.
     x2 = np.zeros((t_, d_ if nib else 1), np.float32)                        # [T, D] even, then odd
@@ -83,24 +80,24 @@ def expert_forward(b, h, f, meta, alpha, limit, rows, starts, toks, wts, x, out)
 
 
 @njit(fastmath=True, cache=True)
-def _int4_forward(b, h, f, meta, alpha, limit, rows, starts, toks, wts, x, out):
-    """int4 in integer arithmetic (:mod:`kernels.cpu.int4`): tokens, then each pair's activation,
-    quantised to 16 bits per group before the pass that reads them."""
-    d_, f_, grp = meta[M_D], meta[M_F], meta[M_G]
+def packed_forward(b, h, f, meta, alpha, limit, rows, starts, toks, wts, x, out):
+    """:func:`expert_forward` for int4 and mxfp4 in integer arithmetic (:mod:`kernels.cpu.packed`):
+    tokens, then each pair's activation, quantised to 16 bits per group before the pass that reads
+    them. A separate entry point, so that a store of another format never compiles it."""
+    fmt, d_, f_ = meta[M_FMT], meta[M_D], meta[M_F]
+    grp = 32 if fmt == MXFP4 else meta[M_G]
     t_, p_ = x.shape[0], toks.size
     q = np.empty((t_, d_), np.int16)
     s = np.empty((t_, d_ // grp), np.float32)
-    sums = np.empty((t_, d_ // grp), np.int64)
-    int4.quantize_rows(x, grp, q, s, sums)
+    packed.quantize_rows(x, grp, q, s)
     a = np.empty((p_, f_), np.float32)
-    int4.gate_up(b, h, f, d_, f_, grp, meta[M_W13], meta[M_S13], meta[M_Z13], meta[M_B13], meta[M_ACT], alpha,
-                 limit, rows, starts, toks, q, s, sums, a)
+    packed.gate_up(fmt, b, h, f, d_, f_, grp, meta[M_W13], meta[M_S13], meta[M_Z13], meta[M_B13], meta[M_ACT],
+                   alpha, limit, rows, starts, toks, q, s, a)
     qa = np.empty((p_, f_), np.int16)
     sa = np.empty((p_, f_ // grp), np.float32)
-    suma = np.empty((p_, f_ // grp), np.int64)
-    int4.quantize_rows(a, grp, qa, sa, suma)
-    int4.down(b, h, f, d_, f_, grp, meta[M_W2], meta[M_S2], meta[M_Z2], meta[M_B2], rows, starts, toks, wts,
-              qa, sa, suma, out)
+    packed.quantize_rows(a, grp, qa, sa)
+    packed.down(fmt, b, h, f, d_, f_, grp, meta[M_W2], meta[M_S2], meta[M_Z2], meta[M_B2], rows, starts, toks, wts,
+                qa, sa, out)
 
 
 @njit(fastmath=True, parallel=True, cache=True)

@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 from kernels.cpu.dots import FORMAT_CODES
-from kernels.cpu.driver import expert_forward
+from kernels.cpu import packed
+from kernels.cpu.driver import M_FMT, M_G, M_W2, M_W13, expert_forward, packed_forward
 from kernels.expert_layout import DENSE_DTYPES, ExpertLayout
 from kernels.quant import dequantize_expert_matrix
 
@@ -64,6 +65,14 @@ class CpuExpertWork:
     @property
     def experts(self) -> int:
         return int(self.rows.size)
+
+
+def _kernel(meta: np.ndarray):
+    """The compiled entry point for a layout: the integer one for int4 and mxfp4 where it reads the
+    layout, else the float one (each compiles on its first call only)."""
+    if packed.supports(int(meta[M_FMT]), int(meta[M_G]), int(meta[M_W13]), int(meta[M_W2])):
+        return packed_forward
+    return expert_forward
 
 
 @lru_cache(maxsize=64)
@@ -120,9 +129,9 @@ def cpu_expert_forward(store: torch.Tensor, layout: ExpertLayout, work: CpuExper
         numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
     b = store.numpy()                                          # [R, nbytes] uint8, no copy
     xf = (x if x.dtype == torch.float32 and x.is_contiguous() else x.to(torch.float32).contiguous()).numpy()  # [T, D]
-    act = layout.act
-    expert_forward(b, b.view(np.uint16), b.view(np.float32), _meta(layout), np.float32(act.alpha),
-                   np.float32(act.limit), work.rows, work.starts, work.tokens, work.weights, xf, out.numpy())
+    act, meta = layout.act, _meta(layout)
+    _kernel(meta)(b, b.view(np.uint16), b.view(np.float32), meta, np.float32(act.alpha), np.float32(act.limit),
+                  work.rows, work.starts, work.tokens, work.weights, xf, out.numpy())
     return out
 
 
@@ -139,6 +148,7 @@ class CpuExpertRunner:
         self._views = (b, b.view(np.uint16), b.view(np.float32), _meta(layout),
                        np.float32(layout.act.alpha), np.float32(layout.act.limit))
         self.threads = max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS))
+        self._fn = _kernel(self._views[3])
 
     def run(self, work: CpuExpertWork, x: np.ndarray, out: np.ndarray) -> np.ndarray:
         out[:] = 0.0
@@ -146,7 +156,7 @@ class CpuExpertRunner:
             return out
         if numba.get_num_threads() != self.threads:      # a per-thread setting: the caller's thread
             numba.set_num_threads(self.threads)
-        expert_forward(*self._views, work.rows, work.starts, work.tokens, work.weights, x, out)
+        self._fn(*self._views, work.rows, work.starts, work.tokens, work.weights, x, out)
         return out
 
 

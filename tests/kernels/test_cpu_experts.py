@@ -38,9 +38,9 @@ def run_both(layout, store, work, x, **kw):
     got = cpu_expert_forward(store, layout, work, x, **kw)
     want = cpu_expert_forward_ref(store, layout, work, x)
     tol = dict(TOLERANCE)
-    if layout.fmt == "int4":
-        # int4 runs in integers on activations rounded to 16 bits per group (as the GPU's 4-bit
-        # kernels): about 5e-5 of the largest output, measured
+    if layout.fmt in ("int4", "mxfp4"):
+        # 4-bit formats run in integers on activations rounded to 16 bits per group (as the GPU's
+        # 4-bit kernels): about 5e-5 of the largest output, measured
         tol["atol"] = max(tol["atol"], 1e-4 * float(want.abs().max()))
     torch.testing.assert_close(got, want, **tol)
     return got
@@ -157,31 +157,52 @@ def _four_phase(x):
     return x.reshape(t, k // 4, 4).transpose(0, 2, 1).reshape(t, k).copy()
 
 
+E2M1 = [0, .5, 1, 1.5, 2, 3, 4, 6, 0, -.5, -1, -1.5, -2, -3, -4, -6]
+
+
 @pytest.mark.parametrize("generic", (False, True), ids=("this-cpu", "plain-ir"))
-def test_integer_dot_of_packed_codes_is_exact(monkeypatch, generic):
-    """The int4 path's integer sums equal numpy's for every step width the loops take (8, 16, 24,
-    ... words) and for 1, 2 and 4 tokens, with the CPU's own multiply-add instructions and with the
-    plain IR other targets get."""
+@pytest.mark.parametrize("kind,group", (("u4g32", 32), ("u4g64", 64), ("u4g128", 128), ("e2m1", 32)))
+def test_integer_rows_equal_numpy(monkeypatch, generic, kind, group):
+    """The integer row kernels against numpy in float64 on the same 16-bit activations, for 1 and 2
+    tokens, at row lengths that are whole 128-value steps and ones with groups left over, with this
+    CPU's own instructions and with the plain IR other targets get."""
     import numpy as np
     from numba import njit
 
     from kernels.cpu import idot
     if generic:
         monkeypatch.setattr(idot, "_PMADD", {})
+        monkeypatch.setattr(idot, "_PSHUFB", {})
+    row1, row2 = getattr(idot, f"{kind}_row1"), getattr(idot, f"{kind}_row2")
 
     @njit
-    def dots(h, r, o, x4, xo, k4, nw):   # compiled now, with the setting above
-        return (idot.u4_dot1(h, r, o, x4, 2, xo, k4, nw), idot.u4_dot2(h, r, o, x4, 0, 3, xo, k4, nw),
-                idot.u4_dot4(h, r, o, x4, 0, 1, 2, 3, xo, k4, nw))
+    def rows(h, b, r, o, osc, oz, x4, sx, k4, ng):   # compiled now, with the setting above
+        return row1(h, b, r, o, osc, oz, x4, sx, 1, k4, ng), row2(h, b, r, o, osc, oz, x4, sx, 0, 2, k4, ng)
 
     rng = np.random.default_rng(0)
-    k = 1024
-    h = rng.integers(0, 1 << 16, size=(3, 600), dtype=np.uint16)
-    x = rng.integers(-32767, 32768, size=(4, k), dtype=np.int16)
-    x4 = _four_phase(x)
-    for nw in (8, 16, 24, 32, 40, 56, 96, 120):
-        for o, xo in ((0, 0), (5, 7), (300, 100)):
-            codes = (h[1, o:o + nw, None].astype(np.int64) >> (4 * np.arange(4))) & 15   # [nw, 4]: weight 4m + p
-            want = [int((codes.reshape(-1) * x[t, 4 * xo:4 * (xo + nw)].astype(np.int64)).sum()) for t in range(4)]
-            one, two, four = dots(h, 1, o, x4, xo, k // 4, nw)
-            assert (one, two, four) == (want[2], (want[0], want[3]), tuple(want)), (nw, o, xo)
+    mx = kind == "e2m1"
+    for k in sorted({group, 3 * group, 5 * group, 128, 640}):
+        if k % group:
+            continue
+        ng = k // group
+        b = rng.integers(0, 256, size=(3, 6000), dtype=np.uint8)
+        h = b.view(np.uint16)
+        if mx:
+            b[:, 3000:3100] = rng.integers(120, 134, size=(3, 100))          # exponents: 2**-7 .. 2**6
+        else:
+            h[:, 1500:1600] = (rng.random((3, 100)) + 0.5).astype(np.float16).view(np.uint16)
+            b[:, 5000:5100] = rng.integers(0, 16, size=(3, 100))             # zero points
+        x = rng.integers(-32767, 32768, size=(3, k), dtype=np.int16)
+        sx = rng.random((3, ng)).astype(np.float32)
+        for o, shift in ((0, 0), (24, 7)):
+            osc, oz = (3000 + shift, 0) if mx else (1500 + shift, 5000 + shift)
+            codes = ((h[1, o:o + k // 4, None].astype(np.int64) >> (4 * np.arange(4))) & 15).reshape(-1)
+            if mx:
+                w = np.array(E2M1)[codes] * np.repeat(2.0 ** (b[1, osc:osc + ng].astype(np.float64) - 127), group)
+            else:
+                w = (codes - np.repeat(b[1, oz:oz + ng], group)) * np.repeat(h[1, osc:osc + ng].view(np.float16), group)
+            want = [float((w * x[t] * np.repeat(sx[t], group)).sum()) for t in range(3)]
+            one, (t0, t2) = rows(h, b, 1, o, osc, oz, _four_phase(x), sx, k // 4, ng)
+            scale = float(np.abs(w * x[0]).sum())
+            for got, ref in ((one, want[1]), (t0, want[0]), (t2, want[2])):
+                assert abs(got - ref) <= 1e-5 * scale, (k, o, got, ref)

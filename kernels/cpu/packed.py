@@ -1,0 +1,177 @@
+"""4-bit experts (int4, mxfp4) on the CPU in integer arithmetic: the weights' codes against 16-bit
+activations.
+
+The float path (:mod:`kernels.cpu.dots`) widens every code to float32 and multiplies it into a float
+accumulator: four vector instructions per eight weights on ports the multiply-adds also need, which
+kept int4 at a quarter of one core's memory bandwidth and mxfp4 at a sixth. Here each activation
+vector is quantised once per call to 16-bit fixed point with one scale per group (as the GPU's 4-bit
+decode kernels do), and :mod:`kernels.cpu.idot`'s loops take 16-bit words of packed codes apart and
+multiply them with ``pmaddwd``-style instructions. A group's integer sum is exact; it becomes float once:
+
+    int4:  sum over the group of w * x = s_w * s_x * sum((code - zero) * q)
+    mxfp4: sum over the group of w * x = 2**(e - 127) / 2 * s_x * sum(2v * q)
+
+(``s_w``, ``zero``: the row's group scale and zero point; ``e``: mxfp4's group exponent and ``2v`` its
+code's value doubled, an integer; ``s_x``, ``q``: the activations' group scale and 16-bit values).
+:mod:`kernels.cpu.idot` computes a whole row per call; two tokens that use one expert share each
+unpacking of its weights.
+
+The passes mirror :mod:`kernels.cpu.driver` (gate/up into ``a [P, F]``, then down with one writer per
+output column); only the dot products differ.
+
+Legend: T tokens, P (expert, token) pairs, D hidden, F expert FFN, G group size, K reduction dim.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from kernels.cpu.dots import INT4, MXFP4
+from kernels.cpu.idot import (e2m1_row1, e2m1_row2, u4g32_row1, u4g32_row2, u4g64_row1, u4g64_row2, u4g128_row1,
+                              u4g128_row2)
+
+ROWS = 16                      # rows per work item, as kernels.cpu.driver
+Q_MAX = np.float32(32767.0)    # activations: symmetric 16-bit fixed point per group
+GROUPS = (32, 64, 128)         # the int4 group sizes the integer path reads
+U = np.uint64
+
+
+def supports(fmt: int, group: int, ow13: int, ow2: int) -> bool:
+    """Whether the integer path reads this layout: mxfp4, or int4 in groups of 32, 64 or 128, with
+    the weight matrices at even byte offsets (int4's fp16 scales are always even)."""
+    return (fmt == MXFP4 or (fmt == INT4 and group in GROUPS)) and (ow13 | ow2) % 2 == 0
+
+
+@njit(fastmath=True, cache=True)
+def quantize_rows(v, group, q, s):
+    """Each row of ``v [N, K]`` float32 as 16-bit fixed point with one scale per group of ``group``:
+    ``q [N, K]`` int16 in four phases (``q[i, p * K/4 + m]`` is element ``4m + p``) and ``s [N, K/G]``
+    float32 scales."""
+    k = v.shape[1]
+    k4 = k // 4
+    for i in range(v.shape[0]):
+        for g in range(k // group):
+            m = np.float32(0.0)
+            for j in range(g * group, (g + 1) * group):
+                m = max(m, abs(v[i, j]))
+            sc = m / Q_MAX if m > 0 else np.float32(1.0)
+            inv = np.float32(1.0) / sc
+            for j in range(g * group, (g + 1) * group):
+                qv = min(max(math.floor(v[i, j] * inv + np.float32(0.5)), -Q_MAX), Q_MAX)
+                q[i, (j % 4) * k4 + j // 4] = np.int16(qv)
+            s[i, g] = sc
+
+
+@njit(fastmath=True, cache=True, inline="always")
+def _args(fmt, ow, osc, oz, n, k, group):
+    """Row ``n`` of the matrix at byte ``ow``: its first word, its first scale (int4: in halves;
+    mxfp4: in bytes), its first zero point (bytes), the phase stride and the group count."""
+    ng = U(k // group)
+    sc = U(osc) + U(n) * ng if fmt == MXFP4 else U(osc >> 1) + U(n) * ng
+    return U(ow >> 1) + U(n) * U(k // 4), sc, U(oz) + U(n) * ng, U(k // 4), ng
+
+
+@njit(fastmath=True, cache=True, inline="always")
+def row1(fmt, b, h, r, ow, osc, oz, n, k, group, q, s, t):
+    """Row ``n`` of a 4-bit matrix dotted with token row ``t`` of the quantised activations."""
+    o, sc, z, k4, ng = _args(fmt, ow, osc, oz, n, k, group)
+    r, t = U(r), U(t)
+    if fmt == MXFP4:
+        return e2m1_row1(h, b, r, o, sc, z, q, s, t, k4, ng)
+    if group == 128:
+        return u4g128_row1(h, b, r, o, sc, z, q, s, t, k4, ng)
+    if group == 64:
+        return u4g64_row1(h, b, r, o, sc, z, q, s, t, k4, ng)
+    return u4g32_row1(h, b, r, o, sc, z, q, s, t, k4, ng)
+
+
+@njit(fastmath=True, cache=True, inline="always")
+def row2(fmt, b, h, r, ow, osc, oz, n, k, group, q, s, t0, t1):
+    """:func:`row1` for two token rows, one unpacking of the weights."""
+    o, sc, z, k4, ng = _args(fmt, ow, osc, oz, n, k, group)
+    r, t0, t1 = U(r), U(t0), U(t1)
+    if fmt == MXFP4:
+        return e2m1_row2(h, b, r, o, sc, z, q, s, t0, t1, k4, ng)
+    if group == 128:
+        return u4g128_row2(h, b, r, o, sc, z, q, s, t0, t1, k4, ng)
+    if group == 64:
+        return u4g64_row2(h, b, r, o, sc, z, q, s, t0, t1, k4, ng)
+    return u4g32_row2(h, b, r, o, sc, z, q, s, t0, t1, k4, ng)
+
+
+@njit(fastmath=True, cache=True)
+def _act(gate, up, kind, alpha, limit):
+    if kind == 0:
+        return gate / (np.float32(1.0) + math.exp(-gate)) * up
+    gate = min(gate, limit)
+    up = min(max(up, -limit), limit)
+    return (up + np.float32(1.0)) * gate / (np.float32(1.0) + math.exp(-alpha * gate))
+
+
+@njit(fastmath=True, cache=True, inline="always")
+def _bias(f, r, ob, i):
+    return f[r, (ob >> 2) + i] if ob >= 0 else np.float32(0.0)
+
+
+@njit(fastmath=True, cache=True, inline="always")
+def _pair_act(f, r, ob, n, f_, kind, alpha, limit, g, u, a, p):
+    a[p, n] = _act(g + _bias(f, r, ob, n), u + _bias(f, r, ob, f_ + n), kind, alpha, limit)
+
+
+@njit(fastmath=True, cache=True)
+def _gate_up_item(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, kind, alpha, limit, r, lo, hi, n0, n1, toks, q, s, a):
+    """Gate and up rows ``n0:n1`` of store row ``r`` for pairs ``lo:hi``: one work item of :func:`gate_up`."""
+    for n in range(n0, n1):
+        p = lo
+        while p + 2 <= hi:
+            g0, g1 = row2(fmt, b, h, r, ow, osc, oz, n, d_, grp, q, s, toks[p], toks[p + 1])
+            u0, u1 = row2(fmt, b, h, r, ow, osc, oz, f_ + n, d_, grp, q, s, toks[p], toks[p + 1])
+            _pair_act(f, r, ob, n, f_, kind, alpha, limit, g0, u0, a, p)
+            _pair_act(f, r, ob, n, f_, kind, alpha, limit, g1, u1, a, p + 1)
+            p += 2
+        if p < hi:
+            g0 = row1(fmt, b, h, r, ow, osc, oz, n, d_, grp, q, s, toks[p])
+            u0 = row1(fmt, b, h, r, ow, osc, oz, f_ + n, d_, grp, q, s, toks[p])
+            _pair_act(f, r, ob, n, f_, kind, alpha, limit, g0, u0, a, p)
+
+
+@njit(fastmath=True, parallel=True, cache=True)
+def gate_up(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, kind, alpha, limit, rows, starts, toks, q, s, a):
+    """Pass 1: ``a [P, F]`` = act(gate, up) of every pair, from the quantised tokens ``q``/``s``."""
+    nb1 = (f_ + ROWS - 1) // ROWS
+    for item in prange(rows.size * nb1):
+        i = item // nb1
+        n0 = item % nb1 * ROWS
+        _gate_up_item(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, kind, alpha, limit, rows[i], starts[i],
+                      starts[i + 1], n0, min(f_, n0 + ROWS), toks, q, s, a)
+
+
+@njit(fastmath=True, cache=True)
+def _down_item(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, rows, starts, d0, d1, toks, wts, q, s, out):
+    """Down rows ``d0:d1`` of every expert, added into ``out``: one work item of :func:`down`."""
+    for i in range(rows.size):
+        r, lo, hi = rows[i], starts[i], starts[i + 1]
+        for dd in range(d0, d1):
+            bias = _bias(f, r, ob, dd)
+            p = lo
+            while p + 2 <= hi:
+                y0, y1 = row2(fmt, b, h, r, ow, osc, oz, dd, f_, grp, q, s, p, p + 1)
+                out[toks[p], dd] += wts[p] * (y0 + bias)
+                out[toks[p + 1], dd] += wts[p + 1] * (y1 + bias)
+                p += 2
+            if p < hi:
+                y0 = row1(fmt, b, h, r, ow, osc, oz, dd, f_, grp, q, s, p)
+                out[toks[p], dd] += wts[p] * (y0 + bias)
+
+
+@njit(fastmath=True, parallel=True, cache=True)
+def down(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, rows, starts, toks, wts, q, s, out):
+    """Pass 2: ``out[t, d] += w * (w2[d] . a[p] + b2[d])`` over every pair (``q``/``s``: ``a``
+    quantised, one row per pair), one writer per ``d``."""
+    nb2 = (d_ + ROWS - 1) // ROWS
+    for item in prange(nb2):
+        d0 = item * ROWS
+        _down_item(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, rows, starts, d0, min(d_, d0 + ROWS), toks, wts,
+                   q, s, out)
