@@ -60,6 +60,15 @@ def unknown_command(parser: argparse.ArgumentParser, sub: argparse._SubParsersAc
     parser.error(f"unknown command '{word}'; choose one of {', '.join(sub.choices)}")
 
 
+def as_flags(message: str, args: argparse.Namespace) -> str:
+    """A message that names a setting by its Python name ("max_tokens must be ...") names the flag
+    the user typed instead ("--max-tokens must be ..."), where the command has that flag."""
+    name, _, rest = message.partition(" ")
+    if rest.startswith("must ") and "_" in name and name in vars(args):
+        return "--" + name.replace("_", "-") + " " + rest
+    return message
+
+
 def run_command(args: argparse.Namespace) -> int:
     """Dispatch an engine subcommand; user errors become one line on stderr and exit code 2."""
     from engine.cli import bench, chat, convert, info, run, serve
@@ -71,7 +80,7 @@ def run_command(args: argparse.Namespace) -> int:
     except StrataError as e:
         if getattr(args, "debug", False):
             raise
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {as_flags(str(e), args)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -71,7 +71,16 @@ def test_info_prints_what_a_load_would_clamp(model, capsys):
 
 def test_info_checks_the_engine_options(model, capsys):
     assert main(["info", "--model", str(model), "--max-batch", "0"]) == 2
-    assert capsys.readouterr().err.strip() == "error: max_batch must be an integer >= 1 (got 0)"
+    assert capsys.readouterr().err.strip() == "error: --max-batch must be an integer >= 1 (got 0)"
+
+
+@pytest.mark.parametrize("argv,line", [
+    (["--max-tokens", "-5"], "error: --max-tokens must be a whole number >= 1 (got -5); a reply needs at least 1 token"),
+    (["--top-p", "7"], "error: --top-p must be a number in (0, 1] (got 7.0); 1 turns it off"),
+])
+def test_a_refused_value_is_named_by_its_flag(model, capsys, argv, line):
+    assert main(["generate", "--model", str(model), "--prompt", "Hi", *argv]) == 2
+    assert capsys.readouterr().err.strip() == line
 
 
 def test_kv_cache_size_named_by_a_message_is_a_flag(model, capsys):
