@@ -293,7 +293,9 @@ class MainWindow(QMainWindow):
         else:
             self._no_model()
             self._set_status_model("No model loaded")
-            self.chat_pane.model_line.setText(f"<span style='color:#e5484d'>{err.message}</span>")
+            # the banner above says why; the line only says what state the window is in
+            self.chat_pane.model_line.setText("No model loaded: the last load failed (the reason is in the red "
+                                              "banner). Open a model folder with File › Open model folder…")
 
     def _no_model(self) -> None:
         """No engine runs: nothing to send to, no knob to turn (and no status line of a closed model)."""

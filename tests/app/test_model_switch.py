@@ -27,12 +27,13 @@ def _broken_config(tmp_path):
     return folder
 
 
-def _fail_to_open(qtbot, w, folder) -> str:
-    """Open ``folder`` (which cannot load); returns the load banner once the failure is shown."""
+def _fail_to_open(qtbot, w, folder, running: bool = True) -> str:
+    """Open ``folder`` (which cannot load); returns the load banner once the failure is shown.
+    ``running``: a model runs, and keeps running meanwhile."""
     with qtbot.waitSignal(w.bridge.model_loading, timeout=TIMEOUT) as loading:
         with qtbot.waitSignal(w.bridge.error, timeout=LOAD_TIMEOUT_MS):
             w.open_model(str(folder))
-    assert loading.args == [str(folder), True]           # the current model keeps running meanwhile
+    assert loading.args == [str(folder), running]        # the current model keeps running meanwhile
     qtbot.waitUntil(lambda: w.banners.level("load") == "red", timeout=TIMEOUT)
     return w.banners.text("load")
 
@@ -91,8 +92,9 @@ def test_a_new_model_clears_the_knob_status_lines(window, qtbot):
     assert not any(t.startswith(("✓", "✗", "applying")) for t in lines), lines
 
 
-def _window_unloading_first(qtbot, tmp_path) -> MainWindow:
-    """A window whose bridge closes the running model before every load (as one GPU has to)."""
+def _window_unloading_first(qtbot, tmp_path, load: bool = True) -> MainWindow:
+    """A window whose bridge closes the running model before every load (as one GPU has to), with
+    the demo loaded unless ``load`` is false."""
     settings = QSettings(str(tmp_path / "strata.ini"), QSettings.Format.IniFormat)
     bridge = EngineBridge(open_engine, unload_first=lambda _device, _options, _running: True)
     poller = GpuPoller(FakeMonitor(GpuSample(timestamp=0.0, status="Fake GPU")), interval_ms=30)
@@ -102,6 +104,8 @@ def _window_unloading_first(qtbot, tmp_path) -> MainWindow:
     bridge.start()
     poller.start()
     w.show()
+    if not load:
+        return w
     with qtbot.waitSignal(w.model_ready, timeout=LOAD_TIMEOUT_MS):
         w.open_model(DEMO)
     qtbot.waitUntil(lambda: w.knobs.state is not None, timeout=LOAD_TIMEOUT_MS)
@@ -126,6 +130,20 @@ def test_a_failed_load_after_unloading_brings_the_previous_model_back(qtbot, tmp
         assert "config.json" in text and text.endswith(f"{w.model.name} was opened again")
         qtbot.waitUntil(lambda: w.knobs.state is not None and w.knobs.state.values == before.values, timeout=TIMEOUT)
         _still_serving(qtbot, w, before)
+    finally:
+        w.close()
+
+
+def test_a_failed_load_with_no_model_says_why_once(qtbot, tmp_path, themed):
+    # the reason is in the red banner; the chat's model line says what state the window is in and
+    # what to do, without repeating the reason
+    w = _window_unloading_first(qtbot, tmp_path, load=False)
+    try:
+        text = _fail_to_open(qtbot, w, _broken_config(tmp_path), running=False)
+        assert "config.json" in text
+        line = w.chat_pane.model_line.text()
+        assert line.startswith("No model loaded") and "config.json" not in line and "Open model folder" in line
+        assert w.status_model.text() == "No model loaded" and not w.chat_pane.send_button.isEnabled()
     finally:
         w.close()
 
