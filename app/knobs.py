@@ -120,7 +120,12 @@ class KnobsPanel(QWidget):
         self.status: dict[str, StatusLine] = {}
         self.controls: dict[str, QWidget] = {}
         outer = QVBoxLayout(self)
-        box = QGroupBox("Engine (applied live)")
+        # with no model there are no values to show: a line says so instead of placeholder numbers
+        self.no_model = QLabel("No model loaded. Its engine settings show here once a model is open, "
+                               "and change while it runs.")
+        self.no_model.setWordWrap(True)
+        outer.addWidget(self.no_model)
+        self.engine_box = box = QGroupBox("Engine (applied live)")
         self.form = QFormLayout(box)
         self.form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
         # a narrow dock puts each field under its label rather than cutting it off
@@ -132,6 +137,13 @@ class KnobsPanel(QWidget):
         outer.addWidget(box)
         outer.addWidget(self._build_guard())
         outer.addStretch(1)
+        self.show_no_model()
+
+    def show_no_model(self) -> None:
+        """No engine runs: the engine's knobs give way to a line that says so."""
+        self.state = None
+        self.engine_box.setVisible(False)
+        self.no_model.setVisible(True)
         self.setEnabled(False)
 
     def _build_controls(self) -> None:
@@ -215,6 +227,8 @@ class KnobsPanel(QWidget):
     def apply_state(self, state: KnobState) -> None:
         """Show the engine's current values; disable what it cannot change now."""
         self.state = state
+        self.no_model.setVisible(False)
+        self.engine_box.setVisible(True)
         self.setEnabled(True)
         for name in ORDER:
             w = self.controls[name]

@@ -302,7 +302,7 @@ class MainWindow(QMainWindow):
         self.model = None
         self.chat.set_model(None)
         self.knobs.clear_status()
-        self.knobs.setEnabled(False)
+        self.knobs.show_no_model()
 
     def _on_reply_finished(self, stats) -> None:
         if self.load_test is not None:

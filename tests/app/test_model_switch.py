@@ -144,6 +144,12 @@ def test_a_failed_load_with_no_model_says_why_once(qtbot, tmp_path, themed):
         line = w.chat_pane.model_line.text()
         assert line.startswith("No model loaded") and "config.json" not in line and "Open model folder" in line
         assert w.status_model.text() == "No model loaded" and not w.chat_pane.send_button.isEnabled()
+        # no placeholder values in the knobs: a line says a model's settings show once one is open
+        assert w.knobs.no_model.isVisibleTo(w.knobs) and not w.knobs.engine_box.isVisibleTo(w.knobs)
+        with qtbot.waitSignal(w.model_ready, timeout=LOAD_TIMEOUT_MS):
+            w.open_model(DEMO)
+        qtbot.waitUntil(lambda: w.knobs.state is not None, timeout=TIMEOUT)
+        assert w.knobs.engine_box.isVisibleTo(w.knobs) and not w.knobs.no_model.isVisibleTo(w.knobs)
     finally:
         w.close()
 
