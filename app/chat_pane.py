@@ -29,6 +29,11 @@ class SettingsBox(QGroupBox):
         outer.setContentsMargins(6, 0, 6, 4)
         self.contents = QWidget()
         outer.addWidget(self.contents)
+        # collapsed, the box shows what is in force in one line, so it does not read as an empty field
+        self.summary = QLabel()
+        self.summary.setObjectName("settingsSummary")
+        self.summary.setWordWrap(True)
+        outer.addWidget(self.summary)
         self.form = QFormLayout(self.contents)
         self.form.setContentsMargins(0, 0, 0, 0)
         self.system_prompt = QPlainTextEdit()
@@ -38,6 +43,7 @@ class SettingsBox(QGroupBox):
         self.form.addRow("System", self.system_prompt)
         self.form.addRow(self._grid())
         self.toggled.connect(self.contents.setVisible)
+        self.toggled.connect(lambda shown: self.summary.setVisible(not shown))
         self.set_settings(GenerationSettings())
         self.contents.setVisible(False)
         self.set_reasoning_shown(False)
@@ -45,6 +51,23 @@ class SettingsBox(QGroupBox):
                        self.max_tokens.valueChanged, self.overflow.currentIndexChanged,
                        self.effort.currentIndexChanged):
             signal.connect(self.changed)
+        self.changed.connect(self._summarise)
+        self.system_prompt.textChanged.connect(self._summarise)
+        self._summarise()
+
+    def _summarise(self) -> None:
+        s = self.settings()
+        parts = ["greedy" if s.temperature == 0 else f"temperature {s.temperature:g}"]
+        if s.top_p < 1:
+            parts.append(f"top-p {s.top_p:g}")
+        if s.top_k:
+            parts.append(f"top-k {s.top_k}")
+        parts.append(f"at most {s.max_tokens} tokens")
+        if getattr(self, "_reasoning", False):
+            parts.append(f"reasoning {s.reasoning_effort}")
+        if self.system_prompt.toPlainText().strip() and self.form.isRowVisible(self.system_prompt):
+            parts.append("system prompt set")
+        self.summary.setText(" · ".join(parts) + " (tick to change)")
 
     def _build_sampling(self) -> None:
         self.temperature = QDoubleSpinBox()
@@ -105,11 +128,14 @@ class SettingsBox(QGroupBox):
         """The reasoning effort applies to reasoning models only; for others it is hidden (and kept)."""
         self.effort.setVisible(shown)
         self.effort_label.setVisible(shown)
+        self._reasoning = shown
+        self._summarise()
 
     def set_system_prompt_shown(self, shown: bool) -> None:
         """Completion mode has no system prompt: its field is hidden (its text is kept for chat models)."""
         self.form.setRowVisible(self.system_prompt, shown)
         self.setTitle("System prompt and sampling" if shown else "Sampling")
+        self._summarise()
 
 
 class PromptBox(QPlainTextEdit):

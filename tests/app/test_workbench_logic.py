@@ -79,3 +79,19 @@ def test_store_round_trip(tmp_path):
     convs = loaded.conversations
     assert len(convs) == 1 and convs[0].messages[0].content == "hi" and convs[0].system_prompt == "be brief"
     assert json.loads(store.path_of(conv.id).read_text())["version"] == 2
+
+
+def test_collapsed_sampling_box_says_what_is_in_force(qtbot):
+    from app.chat_pane import SettingsBox
+    box = SettingsBox()
+    qtbot.addWidget(box)
+    assert not box.isChecked() and box.summary.isVisibleTo(box) and not box.contents.isVisibleTo(box)
+    box.set_settings(GenerationSettings(temperature=0.0, top_p=0.9, top_k=40, max_tokens=64))
+    assert box.summary.text() == "greedy · top-p 0.9 · top-k 40 · at most 64 tokens (tick to change)"
+    box.set_reasoning_shown(True)
+    box.system_prompt.setPlainText("Be brief.")
+    assert "reasoning medium" in box.summary.text() and "system prompt set" in box.summary.text()
+    box.set_system_prompt_shown(False)            # completion mode: no system prompt to speak of
+    assert "system prompt" not in box.summary.text()
+    box.setChecked(True)
+    assert box.contents.isVisibleTo(box) and not box.summary.isVisibleTo(box)
