@@ -183,63 +183,60 @@ def row_dot(fmt, b, h, f, r, ow, osc, oz, n, k, group, x, x2, xg, t):
 
 
 @njit(fastmath=True, cache=True, inline="always")
-def _u4_row(b, r, o, osc, oz, group, k, h, buf):
-    for g in range(k // group):
-        s = f32_from_f16_bits(h[r, osc + U(g)])
-        c = -s * np.float32(b[r, oz + U(g)])
-        og = U(g) * U(group // 2)
-        for j in range(group // 2):
-            lo, hi = f32_from_u4_pair(b[r, o + og + U(j)])
-            buf[(og + U(j)) * U(2)] = lo * s + c
-            buf[(og + U(j)) * U(2) + U(1)] = hi * s + c
-
-
-@njit(fastmath=True, cache=True, inline="always")
-def _fp4_row(b, r, o, osc, k, buf):
-    for g in range(k // 32):
-        s = _e8m0(b[r, osc + U(g)]) * _FP4_UNIT
-        og = U(g) * U(16)
-        for j in range(16):
-            lo, hi = f32_from_e2m1_pair_div16384(b[r, o + og + U(j)])
-            buf[(og + U(j)) * U(2)] = lo * s
-            buf[(og + U(j)) * U(2) + U(1)] = hi * s
-
-
-@njit(fastmath=True, cache=True, inline="always")
-def decode_row(fmt, b, h, f, r, ow, osc, oz, n, k, group, buf):
-    """Row ``n`` (as :func:`row_dot` reads it) dequantised into ``buf[:K]`` float32: for an expert
-    that several tokens use, one decode per row then a plain float32 dot per token (the row stays in
-    L1), instead of one decode per token."""
-    r, n = U(r), U(n)
-    if fmt == BF16:
-        o = U(ow >> 1) + n * U(k)
-        for j in range(k):
-            buf[j] = f32_from_bits(np.uint32(h[r, o + U(j)]) << 16)
-    elif fmt == FP16:
-        o = U(ow >> 1) + n * U(k)
-        for j in range(k):
-            buf[j] = f32_from_f16_bits(h[r, o + U(j)])
-    elif fmt == FP32:
-        o = U(ow >> 2) + n * U(k)
-        for j in range(k):
-            buf[j] = f[r, o + U(j)]
-    elif fmt == FP8:
-        o = U(ow) + n * U(k)
-        s = f[r, U(osc >> 2) + n] * _FP8_UNIT
-        for j in range(k):
-            buf[j] = f32_from_e4m3_div256(b[r, o + U(j)]) * s
-    elif fmt == INT4:
-        ng = U(k // group)
-        _u4_row(b, r, U(ow) + n * U(k // 2), U(osc >> 1) + n * ng, U(oz) + n * ng, group, k, h, buf)
-    else:
-        _fp4_row(b, r, U(ow) + n * U(k // 2), U(osc) + n * U(k // 32), k, buf)
-
-
-@njit(fastmath=True, cache=True, inline="always")
-def buf_dot(buf, x, t, k):
-    """``buf[:K] . x[t]`` in float32."""
-    t = U(t)
-    acc = np.float32(0.0)
+def _dot2_bf16(h, r, o, x, t0, t1, k):
+    a0 = np.float32(0.0)
+    a1 = np.float32(0.0)
     for j in range(k):
-        acc += buf[j] * x[t, U(j)]
-    return acc
+        w = f32_from_bits(np.uint32(h[r, o + U(j)]) << 16)
+        a0 += w * x[t0, U(j)]
+        a1 += w * x[t1, U(j)]
+    return a0, a1
+
+
+@njit(fastmath=True, cache=True, inline="always")
+def _dot2_fp16(h, r, o, x, t0, t1, k):
+    a0 = np.float32(0.0)
+    a1 = np.float32(0.0)
+    for j in range(k):
+        w = f32_from_f16_bits(h[r, o + U(j)])
+        a0 += w * x[t0, U(j)]
+        a1 += w * x[t1, U(j)]
+    return a0, a1
+
+
+@njit(fastmath=True, cache=True, inline="always")
+def _dot2_fp32(f, r, o, x, t0, t1, k):
+    a0 = np.float32(0.0)
+    a1 = np.float32(0.0)
+    for j in range(k):
+        w = f[r, o + U(j)]
+        a0 += w * x[t0, U(j)]
+        a1 += w * x[t1, U(j)]
+    return a0, a1
+
+
+@njit(fastmath=True, cache=True, inline="always")
+def _dot2_fp8(b, r, o, x, t0, t1, k):
+    a0 = np.float32(0.0)
+    a1 = np.float32(0.0)
+    for j in range(k):
+        w = f32_from_e4m3_div256(b[r, o + U(j)])
+        a0 += w * x[t0, U(j)]
+        a1 += w * x[t1, U(j)]
+    return a0, a1
+
+
+@njit(fastmath=True, cache=True, inline="always")
+def row_dot2(fmt, b, h, f, r, ow, osc, n, k, x, t0, t1):
+    """:func:`row_dot` of a float format (bf16, fp16, fp32, fp8) for two token rows of ``x``: each
+    weight is loaded and widened once for both."""
+    r, t0, t1, n = U(r), U(t0), U(t1), U(n)
+    if fmt == BF16:
+        return _dot2_bf16(h, r, U(ow >> 1) + n * U(k), x, t0, t1, k)
+    if fmt == FP16:
+        return _dot2_fp16(h, r, U(ow >> 1) + n * U(k), x, t0, t1, k)
+    if fmt == FP32:
+        return _dot2_fp32(f, r, U(ow >> 2) + n * U(k), x, t0, t1, k)
+    a0, a1 = _dot2_fp8(b, r, U(ow) + n * U(k), x, t0, t1, k)
+    s = f[r, U(osc >> 2) + n] * _FP8_UNIT
+    return a0 * s, a1 * s

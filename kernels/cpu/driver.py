@@ -3,9 +3,10 @@ experts' rows.
 
 1. gate/up: work items are (expert, block of ``ROWS`` gate rows); an item reads gate row ``n`` and up
    row ``F + n`` for each of the expert's tokens and writes the activation straight into ``a [P, F]``
-   (and in its even-then-odd order), so ``h [2F]`` never exists. An expert with one token dequantises
-   in registers inside the dot; one with several dequantises each row once into a row buffer that
-   stays in L1 and dots it with every token.
+   (and in its even-then-odd order), so ``h [2F]`` never exists. Weights are widened in registers
+   inside the dot; the float formats take an expert's tokens two at a time, each weight widened once
+   for both. (int4 and mxfp4 normally take the integer path, :mod:`kernels.cpu.packed`; this one
+   reads int4 groups that path does not.)
 2. down: work items are blocks of ``ROWS`` output columns ``d``; an item visits every expert and
    token pair in order and accumulates ``w * (w2[d] . a[p] + b2[d])`` into ``out[t, d]``. Each output
    element has one writer and a fixed order, so the result is deterministic and needs no atomics.
@@ -20,7 +21,7 @@ import numpy as np
 from numba import njit, prange
 
 from kernels.cpu import packed
-from kernels.cpu.dots import INT4, MXFP4, buf_dot, decode_row, row_dot
+from kernels.cpu.dots import INT4, MXFP4, row_dot, row_dot2
 
 ROWS = 16   # rows per work item: enough work to amortise the scheduling, enough items to balance 16+ threads
 
@@ -102,59 +103,64 @@ def packed_forward(b, h, f, meta, alpha, limit, rows, starts, toks, wts, x, out)
 
 @njit(fastmath=True, parallel=True, cache=True)
 def _gate_up(b, h, f, meta, alpha, limit, rows, starts, toks, x, x2, xg, a, a2):
-    """Pass 1: ``a [P, F]`` (and ``a2``, even then odd) = act(gate, up) of every pair."""
+    """Pass 1: ``a [P, F]`` (and ``a2``, even then odd) = act(gate, up) of every pair; the float
+    formats take an expert's tokens two at a time, each weight widened once for both."""
     fmt, d_, f_, grp = meta[M_FMT], meta[M_D], meta[M_F], meta[M_G]
     nib = fmt == INT4 or fmt == MXFP4
     nb1 = (f_ + ROWS - 1) // ROWS
     for item in prange(rows.size * nb1):
         i = item // nb1
         r = rows[i]
-        shared = starts[i + 1] - starts[i] > 1
-        buf = np.empty(2 * d_ if shared else 1, np.float32)   # gate and up row, dequantised
+        hi = starts[i + 1]
         for n in range(item % nb1 * ROWS, min(f_, item % nb1 * ROWS + ROWS)):
-            if shared:
-                decode_row(fmt, b, h, f, r, meta[M_W13], meta[M_S13], meta[M_Z13], n, d_, grp, buf[:d_])
-                decode_row(fmt, b, h, f, r, meta[M_W13], meta[M_S13], meta[M_Z13], f_ + n, d_, grp, buf[d_:])
-            for p in range(starts[i], starts[i + 1]):
-                t = toks[p]
-                gv = np.float32(0.0)
-                uv = np.float32(0.0)
-                for half in range(2):   # one call site: the dot code is inlined, and compiled, once
-                    if shared:
-                        v = buf_dot(buf[half * d_:], x, t, d_)
+            p = starts[i]
+            while p < hi:
+                two = not nib and p + 1 < hi
+                g0 = g1 = u0 = u1 = np.float32(0.0)
+                for half in range(2):   # one call site each: the dot code is inlined, and compiled, once
+                    if two:
+                        v0, v1 = row_dot2(fmt, b, h, f, r, meta[M_W13], meta[M_S13], half * f_ + n, d_, x, toks[p],
+                                          toks[p + 1])
                     else:
-                        v = row_dot(fmt, b, h, f, r, meta[M_W13], meta[M_S13], meta[M_Z13], half * f_ + n, d_,
-                                    grp, x, x2, xg, t)
+                        v0 = row_dot(fmt, b, h, f, r, meta[M_W13], meta[M_S13], meta[M_Z13], half * f_ + n, d_,
+                                     grp, x, x2, xg, toks[p])
+                        v1 = np.float32(0.0)
                     if meta[M_B13] >= 0:
-                        v += f[r, (meta[M_B13] >> 2) + half * f_ + n]
+                        v0 += f[r, (meta[M_B13] >> 2) + half * f_ + n]
+                        v1 += f[r, (meta[M_B13] >> 2) + half * f_ + n]
                     if half == 0:
-                        gv = v
+                        g0, g1 = v0, v1
                     else:
-                        uv = v
-                v = _act(gv, uv, meta[M_ACT], alpha, limit)
-                a[p, n] = v
-                if nib:
-                    a2[p, n // 2 + (n % 2) * (f_ // 2)] = v
+                        u0, u1 = v0, v1
+                for j in range(2 if two else 1):
+                    v = _act(g0 if j == 0 else g1, u0 if j == 0 else u1, meta[M_ACT], alpha, limit)
+                    a[p + j, n] = v
+                    if nib:
+                        a2[p + j, n // 2 + (n % 2) * (f_ // 2)] = v
+                p += 2 if two else 1
 
 
 @njit(fastmath=True, parallel=True, cache=True)
 def _down(b, h, f, meta, rows, starts, toks, wts, a, a2, ag, out):
-    """Pass 2: ``out[t, d] += w * (w2[d] . a[p] + b2[d])`` over every pair, one writer per ``d``."""
+    """Pass 2: ``out[t, d] += w * (w2[d] . a[p] + b2[d])`` over every pair, one writer per ``d``;
+    float formats two pairs at a time, as in :func:`_gate_up`."""
     fmt, d_, f_, grp = meta[M_FMT], meta[M_D], meta[M_F], meta[M_G]
+    nib = fmt == INT4 or fmt == MXFP4
     nb2 = (d_ + ROWS - 1) // ROWS
     for item in prange(nb2):
-        buf = np.empty(f_, np.float32)                                       # one down row, dequantised
         for i in range(rows.size):
             r = rows[i]
-            shared = starts[i + 1] - starts[i] > 1
+            hi = starts[i + 1]
             for dd in range(item * ROWS, min(d_, item * ROWS + ROWS)):
-                if shared:
-                    decode_row(fmt, b, h, f, r, meta[M_W2], meta[M_S2], meta[M_Z2], dd, f_, grp, buf)
-                for p in range(starts[i], starts[i + 1]):
-                    if shared:
-                        y = buf_dot(buf, a, p, f_)
+                bias = f[r, (meta[M_B2] >> 2) + dd] if meta[M_B2] >= 0 else np.float32(0.0)
+                p = starts[i]
+                while p < hi:
+                    if not nib and p + 1 < hi:
+                        y0, y1 = row_dot2(fmt, b, h, f, r, meta[M_W2], meta[M_S2], dd, f_, a, p, p + 1)
+                        out[toks[p], dd] += wts[p] * (y0 + bias)
+                        out[toks[p + 1], dd] += wts[p + 1] * (y1 + bias)
+                        p += 2
                     else:
                         y = row_dot(fmt, b, h, f, r, meta[M_W2], meta[M_S2], meta[M_Z2], dd, f_, grp, a, a2, ag, p)
-                    if meta[M_B2] >= 0:
-                        y += f[r, (meta[M_B2] >> 2) + dd]
-                    out[toks[p], dd] += wts[p] * y
+                        out[toks[p], dd] += wts[p] * (y + bias)
+                        p += 1
