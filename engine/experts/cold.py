@@ -41,7 +41,8 @@ if TYPE_CHECKING:
     from kernels.cpu import CpuExpertCost
 
 COLD_MODES = ("auto", "bus", "cpu")
-CPU_LEARN_ALPHA = 0.1            # weight of each CPU measurement in the learnt factor, once 10 are in
+CPU_LEARN_ALPHA = 0.05           # weight of each CPU measurement in the learnt factor, once 20 are in
+CPU_LEARN_CLIP = math.log(2.0)   # one measurement moves the factor's logarithm by at most alpha * this
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,20 +249,22 @@ class ColdExperts:
 
     def learn_cpu(self, seconds: float, uses: Sequence[int]) -> None:
         """The CPU kernels took ``seconds`` for experts of ``uses`` tokens each: move the rates' CPU
-        factor toward what that says (a moving average of the ratio's logarithm). The calibration at
-        load takes a fraction of a second and can meet a host that is busy for that moment (it read
-        int4 8x slow on the H200 host once); the steps themselves say what the kernels take."""
+        factor toward what that says (a moving average of the ratio's logarithm, less the fixed call
+        cost, which the factor does not scale). The calibration at load takes a fraction of a second
+        and can meet a host that is busy for that moment (it read int4 8x slow on the H200 host
+        once); the steps themselves say what the kernels take. One measurement moves the factor by at
+        most ``alpha`` times a factor of 2, so a layer hit by a scheduler's time slice barely counts."""
         rates = self.rates
         if rates is None or not uses or seconds <= 0:
             return
-        base = rates.cpu_call_s + sum(rates.cpu.seconds_for(n) for n in uses)
+        base = sum(rates.cpu.seconds_for(n) for n in uses)     # what the factor scales (not the call)
         if base <= 0:
             return
-        ratio = min(max(seconds / base, 1 / 64), 64.0)
+        ratio = max(seconds - rates.cpu_call_s, 0.05 * seconds) / base
         self._cpu_samples += 1
-        alpha = max(CPU_LEARN_ALPHA, 1 / self._cpu_samples)        # the first samples weigh more
-        factor = math.exp(math.log(rates.cpu_factor) + alpha * (math.log(ratio) - math.log(rates.cpu_factor)))
-        self.rates = dataclasses.replace(rates, cpu_factor=factor)
+        alpha = max(CPU_LEARN_ALPHA, 1 / (self._cpu_samples + 1))  # the calibration counts as one sample
+        step = min(max(math.log(ratio) - math.log(rates.cpu_factor), -CPU_LEARN_CLIP), CPU_LEARN_CLIP)
+        self.rates = dataclasses.replace(rates, cpu_factor=math.exp(math.log(rates.cpu_factor) + alpha * step))
 
     def enabled_on(self, device: torch.device) -> bool:
         return self.mode == "cpu" or (self.mode == "auto" and device.type == "cuda")

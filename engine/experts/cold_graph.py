@@ -68,15 +68,18 @@ class ShareTuner:
 
     def suggest(self, tokens: int, start: float) -> None:
         """The cost model's balanced share is now ``start`` (its CPU rate was learnt from the steps):
-        where that is two or more shares from the one in force, and no probe runs, try it next, once
-        per balanced share suggested."""
+        where that is two or more shares from the one in force, and no probe runs, try it next. Each
+        share is suggested once until the share in force moves; a suggestion that loses leaves the
+        regular probes' side and period as they were."""
         st = self._s.get(tokens)
         if st is None or st["skip"] or st.get("first") or st["arm"] != st["cur"]:
             return
         i = min(range(len(SHARES)), key=lambda j: abs(SHARES[j] - start))
-        if abs(i - st["cur"]) < 2 or st.get("tried") == i:
+        tried = st.setdefault("tried", set())       # cleared when the share in force moves
+        if abs(i - st["cur"]) < 2 or i in tried:
             return
-        st["tried"], st["arm"], st["left"] = i, i, self.trials
+        tried.add(i)
+        st["arm"], st["left"], st["suggested"] = i, self.trials, True
 
     def observe(self, tokens: int, seconds: float) -> None:
         st = self._s.get(tokens)
@@ -97,13 +100,15 @@ class ShareTuner:
             return
         if arm != cur:                 # a probe ended: keep the faster
             moved = avg[arm] < avg[cur] * (1 - self.margin)
+            suggested = st.pop("suggested", False)
             if moved:
                 st["dir"] = 1 if arm > cur else -1
                 st["cur"], st["every"] = arm, self.probe_every
-            else:                      # probe the other side next, and less often while probes fail
+                st.get("tried", set()).clear()
+            elif not suggested:        # probe the other side next, and less often while probes fail
                 st["dir"] = -st["dir"]
                 st["every"] = min(8 * self.probe_every, 2 * st.get("every", self.probe_every))
-            st["arm"], st["left"] = st["cur"], 1 if moved else st["every"]
+            st["arm"], st["left"] = st["cur"], 1 if moved else st.get("every", self.probe_every)
             return
         nxt = st["cur"] + st["dir"]
         if not 0 <= nxt < len(SHARES):

@@ -7,9 +7,13 @@
 * :func:`calibrate` / :class:`CpuExpertCost`: measured seconds per expert and token count, for the
   scheduler's choice between the CPU and the bus.
 """
+from kernels.cpu import cache as _cache
 from kernels.cpu.calibrate import CpuExpertCost, calibrate
+from kernels.cpu.driver import expert_forward as _example
 from kernels.cpu.forward import CpuExpertRunner, CpuExpertWork, cpu_expert_forward, cpu_expert_forward_ref
 from kernels.cpu.threads import set_cpu_expert_threads
+
+_cache.sync(_example)            # cached kernels compiled from other sources than these are removed
 
 __all__ = ["CpuExpertCost", "CpuExpertRunner", "CpuExpertWork", "calibrate", "cpu_expert_forward", "cpu_expert_forward_ref",
            "set_cpu_expert_threads"]

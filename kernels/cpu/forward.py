@@ -26,8 +26,8 @@ import numba
 import numpy as np
 import torch
 
-from kernels.cpu.dots import FORMAT_CODES
 from kernels.cpu import packed
+from kernels.cpu.dots import FORMAT_CODES, INT4, MXFP4
 from kernels.cpu.driver import M_FMT, M_G, M_W2, M_W13, expert_forward, packed_forward
 from kernels.expert_layout import DENSE_DTYPES, ExpertLayout
 from kernels.quant import dequantize_expert_matrix
@@ -68,11 +68,15 @@ class CpuExpertWork:
 
 
 def _kernel(meta: np.ndarray):
-    """The compiled entry point for a layout: the integer one for int4 and mxfp4 where it reads the
-    layout, else the float one (each compiles on its first call only)."""
-    if packed.supports(int(meta[M_FMT]), int(meta[M_G]), int(meta[M_W13]), int(meta[M_W2])):
-        return packed_forward
-    return expert_forward
+    """The compiled entry point for a layout: the integer one for int4 and mxfp4, the float one for
+    the rest (each compiles on its first call only)."""
+    fmt = int(meta[M_FMT])
+    if fmt not in (INT4, MXFP4):
+        return expert_forward
+    why = packed.supports(fmt, int(meta[M_G]), int(meta[M_W13]), int(meta[M_W2]))
+    if why is not None:
+        raise ValueError(f"the CPU expert kernels cannot read {why}; use cold_experts=bus")
+    return packed_forward
 
 
 @lru_cache(maxsize=64)

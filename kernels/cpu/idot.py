@@ -30,6 +30,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from kernels.cpu.bits import half_to_f32, target
+
 _I16, _I32, _I64 = ir.IntType(16), ir.IntType(32), ir.IntType(64)
 
 
@@ -52,21 +54,22 @@ def _load(builder, base, offset, n):
     return builder.load(ptr, align=2)
 
 
-def _x86_pmadd() -> dict[int, str]:
-    """The x86 multiply-add intrinsics this process's code may use, by width in 16-bit lanes."""
-    import llvmlite.binding as llvm
-    if not llvm.get_process_triple().startswith(("x86_64", "i686", "i386")):
+def _x86_pmadd(context) -> dict[int, str]:
+    """The x86 multiply-add intrinsics the code numba compiles may use, by width in 16-bit lanes."""
+    if _PMADD is not None:
+        return _PMADD
+    x86, feats = target(context)
+    if not x86:
         return {}
-    feats = llvm.get_host_cpu_features()
-    out = {8: "llvm.x86.sse2.pmadd.wd"}
-    if feats.get("avx2"):
+    out = {8: "llvm.x86.sse2.pmadd.wd"}             # part of x86-64 itself
+    if "avx2" in feats:
         out[16] = "llvm.x86.avx2.pmadd.wd"
-    if feats.get("avx512bw"):
+    if "avx512bw" in feats:
         out[32] = "llvm.x86.avx512.pmaddw.d.512"
     return out
 
 
-_PMADD = _x86_pmadd()
+_PMADD: dict[int, str] | None = None     # tests set {} for the plain IR
 
 
 def _concat(builder, parts):
@@ -77,14 +80,15 @@ def _concat(builder, parts):
     return parts[0]
 
 
-def _pmadd(builder, a, b, n):
+def _pmadd(builder, a, b, n, pmadd):
     """``a[2i] * b[2i] + a[2i+1] * b[2i+1]`` of two ``<n x i16>`` as ``<n/2 x i32>``: the x86
-    instruction, in the widest form this CPU has, or the same sum in plain IR elsewhere."""
-    widths = [w for w in sorted(_PMADD, reverse=True) if w <= n]
+    instruction (``pmadd``: by width, from :func:`_x86_pmadd`) in the widest form the target has, or
+    the same sum in plain IR elsewhere."""
+    widths = [w for w in sorted(pmadd, reverse=True) if w <= n]
     if widths:
         w = widths[0]
         fnty = ir.FunctionType(ir.VectorType(_I32, w // 2), [ir.VectorType(_I16, w)] * 2)
-        fn = cgutils.get_or_insert_function(builder.module, fnty, _PMADD[w])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, pmadd[w])
         parts = []
         for c in range(n // w):
             lanes = ir.Constant(ir.VectorType(_I32, w), list(range(c * w, (c + 1) * w)))
@@ -113,30 +117,31 @@ _E2M1_X2 = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12]
 _I8, _F32 = ir.IntType(8), ir.FloatType()
 
 
-def _x86_pshufb() -> dict[int, str]:
-    """The x86 byte-lookup intrinsics this process's code may use, by width in bytes."""
-    import llvmlite.binding as llvm
-    if not llvm.get_process_triple().startswith(("x86_64", "i686", "i386")):
+def _x86_pshufb(context) -> dict[int, str]:
+    """The x86 byte-lookup intrinsics the code numba compiles may use, by width in bytes."""
+    if _PSHUFB is not None:
+        return _PSHUFB
+    x86, feats = target(context)
+    if not x86:
         return {}
-    feats = llvm.get_host_cpu_features()
-    out = {16: "llvm.x86.ssse3.pshuf.b.128"} if feats.get("ssse3") else {}
-    if feats.get("avx2"):
+    out = {16: "llvm.x86.ssse3.pshuf.b.128"} if "ssse3" in feats else {}
+    if "avx2" in feats:
         out[32] = "llvm.x86.avx2.pshuf.b"
-    if feats.get("avx512bw"):
+    if "avx512bw" in feats:
         out[64] = "llvm.x86.avx512.pshuf.b.512"
     return out
 
 
-_PSHUFB = _x86_pshufb()
+_PSHUFB: dict[int, str] | None = None    # tests set {} for the plain IR
 
 
-def _lookup_bytes(builder, v16, n):
+def _lookup_bytes(builder, v16, n, pshufb):
     """Each byte (a code 0-15) of ``<n x i16>`` replaced by its signed ``_E2M1_X2`` value."""
     nbytes = 2 * n
-    w = max(k for k in _PSHUFB if k <= nbytes)
+    w = max(k for k in pshufb if k <= nbytes)
     vb = builder.bitcast(v16, ir.VectorType(_I8, nbytes))
     fnty = ir.FunctionType(ir.VectorType(_I8, w), [ir.VectorType(_I8, w)] * 2)
-    fn = cgutils.get_or_insert_function(builder.module, fnty, _PSHUFB[w])
+    fn = cgutils.get_or_insert_function(builder.module, fnty, pshufb[w])
     table = ir.Constant(ir.VectorType(_I8, w), [v & 0xFF for v in _E2M1_X2] * (w // 16))
     parts = []
     for c in range(nbytes // w):
@@ -145,12 +150,12 @@ def _lookup_bytes(builder, v16, n):
     return builder.bitcast(_concat(builder, parts), ir.VectorType(_I16, n))
 
 
-def _e2m1_phases(builder, words, n):
+def _e2m1_phases(builder, words, n, pshufb):
     """The four codes of each word of ``<n x i16>`` as signed twice-values, one vector per phase."""
-    if _PSHUFB and min(_PSHUFB) <= 2 * n:
+    if pshufb and min(pshufb) <= 2 * n:
         m = _splat(_I16, 0x0F0F, n)
-        lo = _lookup_bytes(builder, builder.and_(words, m), n)                           # codes 0, 2
-        hi = _lookup_bytes(builder, builder.and_(builder.lshr(words, _splat(_I16, 4, n)), m), n)   # 1, 3
+        lo = _lookup_bytes(builder, builder.and_(words, m), n, pshufb)                   # codes 0, 2
+        hi = _lookup_bytes(builder, builder.and_(builder.lshr(words, _splat(_I16, 4, n)), m), n, pshufb)
         eight = _splat(_I16, 8, n)
         low = lambda v: builder.ashr(builder.shl(v, eight), eight)   # noqa: E731  (the low byte, signed)
         return [low(lo), low(hi), builder.ashr(lo, eight), builder.ashr(hi, eight)]
@@ -169,12 +174,12 @@ def _e2m1_phases(builder, words, n):
     return out
 
 
-def _products(builder, phases, x_base, k4, off, n):
+def _products(builder, phases, x_base, k4, off, n, pmadd):
     """``sum over phases of pmadd(phase, x)``: ``<n/2 x i32>``, lane ``i`` from words ``2i, 2i+1``."""
     acc = None
     for p in range(4):
         xo = builder.add(off, builder.mul(k4, ir.Constant(_I64, p))) if p else off
-        prod = _pmadd(builder, phases[p], _load(builder, x_base, xo, n), n)
+        prod = _pmadd(builder, phases[p], _load(builder, x_base, xo, n), n, pmadd)
         acc = prod if acc is None else builder.add(acc, prod)
     return acc
 
@@ -194,11 +199,11 @@ class _Format:
     def __init__(self, kind: str, gw: int) -> None:
         self.kind, self.gw = kind, gw
 
-    def values(self, builder, words, n, zeros):
+    def values(self, builder, words, n, zeros, pshufb):
         """The four phases of ``<n x i16>`` words as signed values; ``zeros``: ``<n x i16>`` zero
         points (int4) or None."""
         if self.kind == "e2m1":
-            return _e2m1_phases(builder, words, n)
+            return _e2m1_phases(builder, words, n, pshufb)
         mask = _splat(_I16, 15, n)
         out = []
         for p in range(4):
@@ -213,7 +218,7 @@ class _Format:
         ptr = builder.bitcast(builder.gep(z_base, [g]), ir.VectorType(_I8, k).as_pointer())
         return builder.zext(builder.load(ptr, align=1), ir.VectorType(_I16, k))
 
-    def scales(self, builder, s_base, g, k):
+    def scales(self, context, builder, s_base, g, k):
         """``<k x float>`` scales of groups ``g:g + k``: int4's fp16 scales, mxfp4's ``2**(e-127) / 2``
         (its values are doubled)."""
         if self.kind == "e2m1":
@@ -221,8 +226,8 @@ class _Format:
             e = builder.zext(builder.load(ptr, align=1), ir.VectorType(_I32, k))
             sc = builder.bitcast(builder.shl(e, _splat(_I32, 23, k)), ir.VectorType(_F32, k))
             return builder.fmul(sc, ir.Constant(ir.VectorType(_F32, k), [0.5] * k), flags=_FAST)
-        ptr = builder.bitcast(builder.gep(s_base, [g]), ir.VectorType(ir.HalfType(), k).as_pointer())
-        return builder.fpext(builder.load(ptr, align=2), ir.VectorType(_F32, k))
+        ptr = builder.bitcast(builder.gep(s_base, [g]), ir.VectorType(_I16, k).as_pointer())
+        return half_to_f32(context, builder, builder.load(ptr, align=2))
 
 
 _FAST = ("fast",)
@@ -239,6 +244,7 @@ def _row_codegen(fmt: _Format, nt: int):
     lanes = STEP // 2
 
     def codegen(context, builder, sig, args):
+        pmadd, pshufb = _x86_pmadd(context), _x86_pshufb(context)
         hty, bty, xty, sty = sig.args[0], sig.args[1], sig.args[6], sig.args[7]
         h = context.make_array(hty)(context, builder, args[0])
         b = context.make_array(bty)(context, builder, args[1])
@@ -275,11 +281,12 @@ def _row_codegen(fmt: _Format, nt: int):
         off = builder.mul(j, ir.Constant(_I64, STEP))
         g = builder.mul(j, ir.Constant(_I64, gps))
         z = fmt.zeros(builder, z_base, g, gps)
-        values = fmt.values(builder, _load(builder, w_base, off, STEP), STEP, None if z is None else _expand(builder, z, gw))
-        sc = fmt.scales(builder, s_base, g, gps)
+        values = fmt.values(builder, _load(builder, w_base, off, STEP), STEP,
+                            None if z is None else _expand(builder, z, gw), pshufb)
+        sc = fmt.scales(context, builder, s_base, g, gps)
         accs = []
         for x_base, sx_base, phi in zip(x_bases, sx_bases, phis):
-            sums = _products(builder, values, x_base, k4, off, STEP)                  # <16 x i32>
+            sums = _products(builder, values, x_base, k4, off, STEP, pmadd)           # <16 x i32>
             sxp = builder.bitcast(builder.gep(sx_base, [g]), ir.VectorType(_F32, gps).as_pointer())
             scale = _expand(builder, builder.fmul(sc, builder.load(sxp, align=4), flags=_FAST), lanes // gps)
             accs.append(builder.fadd(phi, builder.fmul(builder.sitofp(sums, fl), scale, flags=_FAST), flags=_FAST))
@@ -321,11 +328,12 @@ def _row_codegen(fmt: _Format, nt: int):
                 tphis.append(phi)
             off = builder.mul(g, ir.Constant(_I64, gw))
             z = fmt.zeros(builder, z_base, g, 1)
-            values = fmt.values(builder, _load(builder, w_base, off, gw), gw, None if z is None else _expand(builder, z, gw))
-            sc = builder.extract_element(fmt.scales(builder, s_base, g, 1), ir.Constant(_I32, 0))
+            values = fmt.values(builder, _load(builder, w_base, off, gw), gw,
+                                None if z is None else _expand(builder, z, gw), pshufb)
+            sc = builder.extract_element(fmt.scales(context, builder, s_base, g, 1), ir.Constant(_I32, 0))
             new = []
             for x_base, sx_base, phi in zip(x_bases, sx_bases, tphis):
-                total = _reduce(builder, _products(builder, values, x_base, k4, off, gw), gw // 2)
+                total = _reduce(builder, _products(builder, values, x_base, k4, off, gw, pmadd), gw // 2)
                 scale = builder.fmul(sc, builder.load(builder.gep(sx_base, [g])), flags=_FAST)
                 new.append(builder.fadd(phi, builder.fmul(builder.sitofp(total, _F32), scale, flags=_FAST),
                                         flags=_FAST))

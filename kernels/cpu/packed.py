@@ -24,38 +24,57 @@ Legend: T tokens, P (expert, token) pairs, D hidden, F expert FFN, G group size,
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 from numba import njit, prange
 
-from kernels.cpu.dots import INT4, MXFP4
+from kernels.cpu.dots import INT4, MXFP4, ROWS, act
 from kernels.cpu.idot import (e2m1_row1, e2m1_row2, u4g32_row1, u4g32_row2, u4g64_row1, u4g64_row2, u4g128_row1,
                               u4g128_row2)
 
-ROWS = 16                      # rows per work item, as kernels.cpu.driver
 Q_MAX = np.float32(32767.0)    # activations: symmetric 16-bit fixed point per group
 GROUPS = (32, 64, 128)         # the int4 group sizes the integer path reads
 U = np.uint64
 
 
-def supports(fmt: int, group: int, ow13: int, ow2: int) -> bool:
-    """Whether the integer path reads this layout: mxfp4, or int4 in groups of 32, 64 or 128, with
-    the weight matrices at even byte offsets (int4's fp16 scales are always even)."""
-    return (fmt == MXFP4 or (fmt == INT4 and group in GROUPS)) and (ow13 | ow2) % 2 == 0
+def supports(fmt: int, group: int, ow13: int, ow2: int) -> str | None:
+    """Why the integer path cannot read this layout, or None when it can: it reads mxfp4 and int4 in
+    groups of 32, 64 or 128 (every group size int4 has), with the weight matrices at even byte
+    offsets (every layout's, aligned to 256), on a little-endian host (the words' nibble order)."""
+    if fmt == INT4 and group not in GROUPS:
+        return f"int4 groups of {group} (the CPU kernels read groups of {', '.join(map(str, GROUPS))})"
+    if (ow13 | ow2) % 2:
+        return "weights at an odd byte offset"
+    if sys.byteorder != "little":
+        return "a big-endian host"
+    return None
 
 
-@njit(fastmath=True, cache=True)
-def quantize_rows(v, group, q, s):
+@njit(fastmath=True, error_model="numpy", cache=True)
+def quantize_rows(v, group, q, s, bad):
     """Each row of ``v [N, K]`` float32 as 16-bit fixed point with one scale per group of ``group``:
     ``q [N, K]`` int16 in four phases (``q[i, p * K/4 + m]`` is element ``4m + p``) and ``s [N, K/G]``
-    float32 scales."""
+    float32 scales. ``bad [N]`` is set where a row holds a NaN or an infinity (its group is zeroed:
+    the caller makes what the row feeds NaN, as float arithmetic would)."""
     k = v.shape[1]
     k4 = k // 4
+    bits = v.view(np.uint32)            # NaN and infinity tested on the bits: fastmath may assume neither
     for i in range(v.shape[0]):
+        bad[i] = False
         for g in range(k // group):
             m = np.float32(0.0)
+            finite = True
             for j in range(g * group, (g + 1) * group):
                 m = max(m, abs(v[i, j]))
+                if bits[i, j] & np.uint32(0x7F800000) == np.uint32(0x7F800000):
+                    finite = False
+            if not finite:
+                bad[i] = True
+                s[i, g] = np.float32(0.0)
+                for j in range(g * group, (g + 1) * group):
+                    q[i, (j % 4) * k4 + j // 4] = 0
+                continue
             sc = m / Q_MAX if m > 0 else np.float32(1.0)
             inv = np.float32(1.0) / sc
             for j in range(g * group, (g + 1) * group):
@@ -64,7 +83,7 @@ def quantize_rows(v, group, q, s):
             s[i, g] = sc
 
 
-@njit(fastmath=True, cache=True, inline="always")
+@njit(fastmath=True, error_model="numpy", cache=True, inline="always")
 def _args(fmt, ow, osc, oz, n, k, group):
     """Row ``n`` of the matrix at byte ``ow``: its first word, its first scale (int4: in halves;
     mxfp4: in bytes), its first zero point (bytes), the phase stride and the group count."""
@@ -73,7 +92,7 @@ def _args(fmt, ow, osc, oz, n, k, group):
     return U(ow >> 1) + U(n) * U(k // 4), sc, U(oz) + U(n) * ng, U(k // 4), ng
 
 
-@njit(fastmath=True, cache=True, inline="always")
+@njit(fastmath=True, error_model="numpy", cache=True, inline="always")
 def row1(fmt, b, h, r, ow, osc, oz, n, k, group, q, s, t):
     """Row ``n`` of a 4-bit matrix dotted with token row ``t`` of the quantised activations."""
     o, sc, z, k4, ng = _args(fmt, ow, osc, oz, n, k, group)
@@ -87,7 +106,7 @@ def row1(fmt, b, h, r, ow, osc, oz, n, k, group, q, s, t):
     return u4g32_row1(h, b, r, o, sc, z, q, s, t, k4, ng)
 
 
-@njit(fastmath=True, cache=True, inline="always")
+@njit(fastmath=True, error_model="numpy", cache=True, inline="always")
 def row2(fmt, b, h, r, ow, osc, oz, n, k, group, q, s, t0, t1):
     """:func:`row1` for two token rows, one unpacking of the weights."""
     o, sc, z, k4, ng = _args(fmt, ow, osc, oz, n, k, group)
@@ -101,26 +120,17 @@ def row2(fmt, b, h, r, ow, osc, oz, n, k, group, q, s, t0, t1):
     return u4g32_row2(h, b, r, o, sc, z, q, s, t0, t1, k4, ng)
 
 
-@njit(fastmath=True, cache=True)
-def _act(gate, up, kind, alpha, limit):
-    if kind == 0:
-        return gate / (np.float32(1.0) + math.exp(-gate)) * up
-    gate = min(gate, limit)
-    up = min(max(up, -limit), limit)
-    return (up + np.float32(1.0)) * gate / (np.float32(1.0) + math.exp(-alpha * gate))
-
-
-@njit(fastmath=True, cache=True, inline="always")
+@njit(fastmath=True, error_model="numpy", cache=True, inline="always")
 def _bias(f, r, ob, i):
     return f[r, (ob >> 2) + i] if ob >= 0 else np.float32(0.0)
 
 
-@njit(fastmath=True, cache=True, inline="always")
+@njit(fastmath=True, error_model="numpy", cache=True, inline="always")
 def _pair_act(f, r, ob, n, f_, kind, alpha, limit, g, u, a, p):
-    a[p, n] = _act(g + _bias(f, r, ob, n), u + _bias(f, r, ob, f_ + n), kind, alpha, limit)
+    a[p, n] = act(g + _bias(f, r, ob, n), u + _bias(f, r, ob, f_ + n), kind, alpha, limit)
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, error_model="numpy", cache=True)
 def _gate_up_item(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, kind, alpha, limit, r, lo, hi, n0, n1, toks, q, s, a):
     """Gate and up rows ``n0:n1`` of store row ``r`` for pairs ``lo:hi``: one work item of :func:`gate_up`."""
     for n in range(n0, n1):
@@ -137,7 +147,7 @@ def _gate_up_item(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, kind, alpha, limit
             _pair_act(f, r, ob, n, f_, kind, alpha, limit, g0, u0, a, p)
 
 
-@njit(fastmath=True, parallel=True, cache=True)
+@njit(fastmath=True, error_model="numpy", parallel=True, cache=True)
 def gate_up(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, kind, alpha, limit, rows, starts, toks, q, s, a):
     """Pass 1: ``a [P, F]`` = act(gate, up) of every pair, from the quantised tokens ``q``/``s``."""
     nb1 = (f_ + ROWS - 1) // ROWS
@@ -148,7 +158,7 @@ def gate_up(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, kind, alpha, limit, rows
                       starts[i + 1], n0, min(f_, n0 + ROWS), toks, q, s, a)
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, error_model="numpy", cache=True)
 def _down_item(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, rows, starts, d0, d1, toks, wts, q, s, out):
     """Down rows ``d0:d1`` of every expert, added into ``out``: one work item of :func:`down`."""
     for i in range(rows.size):
@@ -166,7 +176,7 @@ def _down_item(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, rows, starts, d0, d1,
                 out[toks[p], dd] += wts[p] * (y0 + bias)
 
 
-@njit(fastmath=True, parallel=True, cache=True)
+@njit(fastmath=True, error_model="numpy", parallel=True, cache=True)
 def down(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, rows, starts, toks, wts, q, s, out):
     """Pass 2: ``out[t, d] += w * (w2[d] . a[p] + b2[d])`` over every pair (``q``/``s``: ``a``
     quantised, one row per pair), one writer per ``d``."""

@@ -206,6 +206,14 @@ def test_the_tuner_tries_the_balanced_share_once_the_rates_move_it() -> None:
     assert tuner.choose(1) == 0.5
     tuner.suggest(1, 5 / 8)                # one share away: the regular probes cover it
     assert tuner.choose(1) == 0.5
+    # a balanced share that swings between two losing shares costs one probe each, not one per swing
+    probes = 0
+    for step in range(60):
+        tuner.suggest(1, 1 / 8 if step % 2 else 2 / 8)
+        share = tuner.choose(1)
+        probes += share in (1 / 8, 2 / 8)
+        tuner.observe(1, 3.0 if share != 0.5 else 0.5)
+    assert tuner.state()[1][0] == 0.5 and probes <= 2 * 2    # 2/8 once (1/8 was tried), trials of 2
 
 
 def test_padding_rows_of_a_recording_change_nothing(stack: Stack) -> None:

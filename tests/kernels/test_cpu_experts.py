@@ -173,6 +173,8 @@ def test_integer_rows_equal_numpy(monkeypatch, generic, kind, group):
     if generic:
         monkeypatch.setattr(idot, "_PMADD", {})
         monkeypatch.setattr(idot, "_PSHUFB", {})
+    else:
+        assert idot._PMADD is None and idot._PSHUFB is None        # chosen for numba's target
     row1, row2 = getattr(idot, f"{kind}_row1"), getattr(idot, f"{kind}_row2")
 
     @njit
@@ -206,3 +208,49 @@ def test_integer_rows_equal_numpy(monkeypatch, generic, kind, group):
             scale = float(np.abs(w * x[0]).sum())
             for got, ref in ((one, want[1]), (t0, want[0]), (t2, want[2])):
                 assert abs(got - ref) <= 1e-5 * scale, (k, o, got, ref)
+
+
+def test_cached_kernels_of_other_sources_are_removed(monkeypatch, tmp_path):
+    """numba checks only the file of a cached function, not the files inlined into it: the package
+    removes its own cache files once its sources differ from those they were compiled from, and
+    nothing else."""
+    from kernels.cpu import cache
+    from kernels.cpu.driver import expert_forward
+    monkeypatch.setattr(cache, "cache_dir", lambda _example: tmp_path)
+    ours = [tmp_path / "driver.expert_forward-40.py311.nbi", tmp_path / "packed.gate_up-90.py311.1.nbc"]
+    theirs = [tmp_path / "other.f-1.py311.nbi", tmp_path / "driver.cpython-311.pyc"]
+    for p in ours + theirs:
+        p.write_bytes(b"x")
+    assert cache.sync(expert_forward) is True
+    assert not any(p.exists() for p in ours) and all(p.exists() for p in theirs)
+    for p in ours:
+        p.write_bytes(b"x")                       # compiled again from these sources: kept
+    assert cache.sync(expert_forward) is False and all(p.exists() for p in ours)
+    monkeypatch.setattr(cache, "digest", lambda: "an edit to idot.py")
+    assert cache.sync(expert_forward) is True and not any(p.exists() for p in ours)
+
+
+def test_the_integer_path_serves_int4_and_mxfp4():
+    from kernels.cpu.driver import expert_forward, packed_forward
+    from kernels.cpu.forward import _kernel, _meta
+    for fmt, fn in (("int4", packed_forward), ("mxfp4", packed_forward), ("fp8", expert_forward),
+                    ("bf16", expert_forward)):
+        assert _kernel(_meta(ExpertLayout.make(fmt, 64, 32, 32))) is fn, fmt
+
+
+@pytest.mark.parametrize("fmt", ("int4", "mxfp4"))
+def test_4bit_rows_of_whole_steps_and_leftover_groups(fmt):
+    # hidden 160: one 128-value step and a leftover group of 32 per row (gpt-oss's 2880 is 22 steps
+    # and two groups); three tokens on one expert: a pair and a single
+    layout, store = make_store(fmt, 160, 96, group_size=32)
+    run_both(layout, store, CpuExpertWork.from_pairs([(2, [0, 1, 2], [0.5, 0.3, 0.2]), (1, [1], [1.0])]),
+             torch.randn(3, 160))
+
+
+@pytest.mark.parametrize("fmt", ("bf16", "int4", "mxfp4"))
+def test_a_nan_in_the_activations_comes_out_nan(fmt):
+    layout, store = make_store(fmt, 64, 32)
+    x = torch.randn(2, 64)
+    x[1, 5] = float("nan")
+    out = cpu_expert_forward(store, layout, CpuExpertWork.from_pairs([(1, [0, 1], [1.0, 1.0])]), x)
+    assert torch.isfinite(out[0]).all() and torch.isnan(out[1]).any()
