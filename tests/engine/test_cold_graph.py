@@ -111,6 +111,22 @@ def test_replayed_steps_with_a_cpu_share_equal_the_resident_model(stack: Stack, 
     prov.close()
 
 
+def test_the_host_learns_its_cpu_rate_from_the_replayed_layers(stack: Stack) -> None:
+    # a calibration that found the CPU 1000x slower than it is: the layers the host computes inside
+    # the replays move the rates' factor down
+    from engine.experts.cold import ColdRates
+    from kernels.cpu import CpuExpertCost
+    prov = stack.offloaded(0, depth=1, direct_reads=True, cold_experts="cpu")
+    rep = _Replay(stack, prov, 2)
+    prov.direct.shares.share_for = lambda tokens: 1.0
+    prov.cold.rates = ColdRates(50e9, CpuExpertCost("fp32", stack.layout.nbytes, 1, (1, 2), (1.0, 1.5), 1))
+    x = _x(2)
+    for _ in range(2):
+        x = torch.tanh(rep.step(x))
+    assert prov.cold.cpu_experts > 0 and prov.cold.rates.cpu_factor < 0.5
+    prov.close()
+
+
 def test_a_partial_share_splits_each_layer(stack: Stack) -> None:
     # Under auto with a share of one half, each layer's missing experts split between the host CPU
     # and the direct reads, the most used first to the CPU; the output still equals the resident one.
