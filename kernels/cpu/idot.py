@@ -193,8 +193,8 @@ def _expand(builder, vec, reps: int):
 
 class _Format:
     """What differs between the 4-bit formats inside a row: how a word's codes become signed 16-bit
-    values, and each group's float scale. ``gw``: words per group (eight 4-bit values per word
-    pair: a group of G values is G/4 words)."""
+    values, and each group's float scale. ``gw``: words per group (four 4-bit values a word: a
+    group of G values is G/4 words)."""
 
     def __init__(self, kind: str, gw: int) -> None:
         self.kind, self.gw = kind, gw
