@@ -38,109 +38,71 @@ U = np.uint64
 
 
 @njit(fastmath=True, error_model="numpy", cache=True, inline="always")
-def _dot_bf16(h, r, o, x, t, k):
+def _widen(fmt, b, h, f, r, i):
+    """Element ``i`` of store row ``r`` in format ``fmt`` (a constant where this is inlined, so the
+    branch folds away) as float32; fp8 without its row scale."""
+    if fmt == BF16:
+        return f32_from_bits(np.uint32(h[r, i]) << 16)
+    if fmt == FP16:
+        return f32_from_f16_bits(h[r, i])
+    if fmt == FP32:
+        return f[r, i]
+    return f32_from_e4m3_div256(b[r, i])
+
+
+@njit(fastmath=True, error_model="numpy", cache=True, inline="always")
+def _dot(fmt, b, h, f, r, o, x, t, k):
     acc = np.float32(0.0)
     for j in range(k):
-        acc += f32_from_bits(np.uint32(h[r, o + U(j)]) << 16) * x[t, U(j)]
+        acc += _widen(fmt, b, h, f, r, o + U(j)) * x[t, U(j)]
     return acc
 
 
 @njit(fastmath=True, error_model="numpy", cache=True, inline="always")
-def _dot_fp16(h, r, o, x, t, k):
-    acc = np.float32(0.0)
+def _dot2(fmt, b, h, f, r, o, x, t0, t1, k):
+    a0 = np.float32(0.0)
+    a1 = np.float32(0.0)
     for j in range(k):
-        acc += f32_from_f16_bits(h[r, o + U(j)]) * x[t, U(j)]
-    return acc
+        w = _widen(fmt, b, h, f, r, o + U(j))
+        a0 += w * x[t0, U(j)]
+        a1 += w * x[t1, U(j)]
+    return a0, a1
 
 
 @njit(fastmath=True, error_model="numpy", cache=True, inline="always")
-def _dot_fp32(f, r, o, x, t, k):
-    acc = np.float32(0.0)
-    for j in range(k):
-        acc += f[r, o + U(j)] * x[t, U(j)]
-    return acc
-
-
-@njit(fastmath=True, error_model="numpy", cache=True, inline="always")
-def _dot_fp8(b, r, o, x, t, k):
-    acc = np.float32(0.0)
-    for j in range(k):
-        acc += f32_from_e4m3_div256(b[r, o + U(j)]) * x[t, U(j)]
-    return acc
+def _first(fmt, ow, n, k):
+    """Index of row ``n``'s first element in the view its format reads (uint16, float32 or uint8)."""
+    shift = 1 if fmt == BF16 or fmt == FP16 else (2 if fmt == FP32 else 0)
+    return U(ow >> shift) + U(n) * U(k)
 
 
 @njit(fastmath=True, error_model="numpy", cache=True, inline="always")
 def row_dot(fmt, b, h, f, r, ow, osc, n, k, x, t):
     """Row ``n`` of the matrix at byte ``ow`` of store row ``r`` (``b``/``h``/``f``: the store as
     uint8, uint16 and float32; ``osc``: fp8's per-row scales) dotted with ``x[t] [K]`` float32. All
-    indices are non-negative."""
-    r, t, n = U(r), U(t), U(n)
+    indices are non-negative. Each format's loop is spelt with its code as a constant."""
+    r, t = U(r), U(t)
     if fmt == BF16:
-        return _dot_bf16(h, r, U(ow >> 1) + n * U(k), x, t, k)
+        return _dot(BF16, b, h, f, r, _first(BF16, ow, n, k), x, t, k)
     if fmt == FP16:
-        return _dot_fp16(h, r, U(ow >> 1) + n * U(k), x, t, k)
+        return _dot(FP16, b, h, f, r, _first(FP16, ow, n, k), x, t, k)
     if fmt == FP32:
-        return _dot_fp32(f, r, U(ow >> 2) + n * U(k), x, t, k)
-    return _dot_fp8(b, r, U(ow) + n * U(k), x, t, k) * (f[r, U(osc >> 2) + n] * _FP8_UNIT)
-
-
-@njit(fastmath=True, error_model="numpy", cache=True, inline="always")
-def _dot2_bf16(h, r, o, x, t0, t1, k):
-    a0 = np.float32(0.0)
-    a1 = np.float32(0.0)
-    for j in range(k):
-        w = f32_from_bits(np.uint32(h[r, o + U(j)]) << 16)
-        a0 += w * x[t0, U(j)]
-        a1 += w * x[t1, U(j)]
-    return a0, a1
-
-
-@njit(fastmath=True, error_model="numpy", cache=True, inline="always")
-def _dot2_fp16(h, r, o, x, t0, t1, k):
-    a0 = np.float32(0.0)
-    a1 = np.float32(0.0)
-    for j in range(k):
-        w = f32_from_f16_bits(h[r, o + U(j)])
-        a0 += w * x[t0, U(j)]
-        a1 += w * x[t1, U(j)]
-    return a0, a1
-
-
-@njit(fastmath=True, error_model="numpy", cache=True, inline="always")
-def _dot2_fp32(f, r, o, x, t0, t1, k):
-    a0 = np.float32(0.0)
-    a1 = np.float32(0.0)
-    for j in range(k):
-        w = f[r, o + U(j)]
-        a0 += w * x[t0, U(j)]
-        a1 += w * x[t1, U(j)]
-    return a0, a1
-
-
-@njit(fastmath=True, error_model="numpy", cache=True, inline="always")
-def _dot2_fp8(b, r, o, x, t0, t1, k):
-    a0 = np.float32(0.0)
-    a1 = np.float32(0.0)
-    for j in range(k):
-        w = f32_from_e4m3_div256(b[r, o + U(j)])
-        a0 += w * x[t0, U(j)]
-        a1 += w * x[t1, U(j)]
-    return a0, a1
+        return _dot(FP32, b, h, f, r, _first(FP32, ow, n, k), x, t, k)
+    return _dot(FP8, b, h, f, r, _first(FP8, ow, n, k), x, t, k) * (f[r, U(osc >> 2) + U(n)] * _FP8_UNIT)
 
 
 @njit(fastmath=True, error_model="numpy", cache=True, inline="always")
 def row_dot2(fmt, b, h, f, r, ow, osc, n, k, x, t0, t1):
-    """:func:`row_dot` of a float format (bf16, fp16, fp32, fp8) for two token rows of ``x``: each
-    weight is loaded and widened once for both."""
-    r, t0, t1, n = U(r), U(t0), U(t1), U(n)
+    """:func:`row_dot` for two token rows of ``x``: each weight is loaded and widened once for both."""
+    r, t0, t1 = U(r), U(t0), U(t1)
     if fmt == BF16:
-        return _dot2_bf16(h, r, U(ow >> 1) + n * U(k), x, t0, t1, k)
+        return _dot2(BF16, b, h, f, r, _first(BF16, ow, n, k), x, t0, t1, k)
     if fmt == FP16:
-        return _dot2_fp16(h, r, U(ow >> 1) + n * U(k), x, t0, t1, k)
+        return _dot2(FP16, b, h, f, r, _first(FP16, ow, n, k), x, t0, t1, k)
     if fmt == FP32:
-        return _dot2_fp32(f, r, U(ow >> 2) + n * U(k), x, t0, t1, k)
-    a0, a1 = _dot2_fp8(b, r, U(ow) + n * U(k), x, t0, t1, k)
-    s = f[r, U(osc >> 2) + n] * _FP8_UNIT
+        return _dot2(FP32, b, h, f, r, _first(FP32, ow, n, k), x, t0, t1, k)
+    a0, a1 = _dot2(FP8, b, h, f, r, _first(FP8, ow, n, k), x, t0, t1, k)
+    s = f[r, U(osc >> 2) + U(n)] * _FP8_UNIT
     return a0 * s, a1 * s
 
 
