@@ -261,8 +261,7 @@ class DecodeGraphs:
                 rec.graphs[0].replay()
                 try:
                     launched(rec.logits[:b])
-                    experts.finish_ended()         # the last step's end, while this one computes
-                    experts.follow_published(rec.cuts, b)
+                    experts.follow_published(rec.cuts, b)   # and the last step's end, while this one computes
                 except BaseException:
                     experts.abort_replay()         # no join of the CPU's share waits for a host that stopped
                     raise

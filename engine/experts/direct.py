@@ -171,17 +171,22 @@ class DirectPath:
         return out + (self.shares.layer(moe_index, topk_ids, self.snap[moe_index], lambda cpu: run(*args, cpu=cpu)),)
 
     def follow_published(self, cuts: Sequence, rows: int, finished: Callable[[], bool] | None = None) -> None:
-        """After a step's graph was launched: follow it layer by layer (``cuts``: objects with
-        ``moe_index``, ``shape`` (T, k), ``predicted`` and ``region``); ``rows`` real tokens. A layer
-        that gave the host CPU experts has them computed first (engine/experts/cold_graph.py).
-        ``finished``: whether the step is over (default: an event recorded now, on CUDA)."""
+        """After a step's graph was launched: end the previous step (its end was deferred) and follow
+        this one layer by layer (``cuts``: objects with ``moe_index``, ``shape`` (T, k), ``predicted``
+        and ``region``); ``rows`` real tokens. A layer that gave the host CPU experts has them computed
+        first (engine/experts/cold_graph.py). While the step gives the CPU a share, the first layer's
+        join waits for the host: the previous step's end then comes after that layer's CPU experts, not
+        before them. ``finished``: whether the step is over (default: an event recorded now, on CUDA)."""
         if finished is None:
             done = torch.cuda.Event()
             done.record()
             finished = done.query
+        cpu_first = self.shares is not None and self.shares.frac.numpy()[0] > 0
+        if not cpu_first:
+            self.finish_ended()
         try:
-            for c in cuts:
-                self._follow_cut(c, rows, finished)
+            for i, c in enumerate(cuts):
+                self._follow_cut(c, rows, finished, self.finish_ended if cpu_first and i == 0 else None)
         except BaseException:
             self.abort_replay(finished)
             raise
@@ -202,13 +207,17 @@ class DirectPath:
                 time.sleep(0.001)
         self.shares.err.numpy()[0] = 0      # the step failed already: not the next one's to report
 
-    def _follow_cut(self, c, rows: int, finished: Callable[[], bool]) -> None:
+    def _follow_cut(self, c, rows: int, finished: Callable[[], bool],
+                    after_cpu: Callable[[], None] | None = None) -> None:
+        """One layer of a replayed step; ``after_cpu`` runs once its CPU experts are handed back,
+        before its books (the previous step's end, on the first layer)."""
         r = self.r
         t, k = c.shape
         n = t * k
         layers = c.predicted[1] if c.predicted is not None else []
         data = c.region.numpy()[:n * (3 + len(layers))]     # ids, slots found, fill slots, predictions
-        r.policy.catch_up()
+        if after_cpu is None:
+            r.policy.catch_up()
         t0 = time.perf_counter()
         while (data == UNWRITTEN).any():
             if finished() and (data == UNWRITTEN).any():
@@ -222,6 +231,9 @@ class DirectPath:
             read = [0 if s == SLOT_CPU else s for s in seen]
             base = c.moe_index * r.num_experts
             self.step.cpu_keys.extend(dict.fromkeys(base + e for e, s in zip(ids, seen) if s == SLOT_CPU))
+        if after_cpu is not None:
+            after_cpu()
+            r.policy.catch_up()
         pred = None
         if layers:                                  # every recorded distance, for misses_predicted
             pids = torch.from_numpy(data[3 * n:].copy()).view(len(layers), t, k)[:, :rows]

@@ -11,7 +11,8 @@ Two recorded kinds of step use it (see engine/cuda_graphs.py's module docstring)
   the host ``acquire_published``es them between pieces and then ``issue_prefetch``es.
 * direct: one graph for a direct-read step; the graph ``publish_direct``s each layer's ids, slots
   and fills, the host ``follow_published``s them while the GPU runs, and the step's end is deferred
-  until the next step is launched (``begin_step(keep_ended=True)`` ... ``finish_ended``).
+  until the next step is launched (``begin_step(keep_ended=True)`` ... ``follow_published``, which
+  calls ``finish_ended``).
 
 Legend: T tokens, k experts per token, P predicted layers, E experts.
 """
@@ -73,8 +74,10 @@ class ReplayHooks(Protocol):
         """Before the replay: choose fill and prefetch slots, blank the publish regions."""
 
     def follow_published(self, cuts: Sequence[Any], rows: int, finished: Callable[[], bool] | None = None) -> None:
-        """While the replay runs: follow each layer's published values (counts, prefetches, admissions,
-        the host CPU's share); ``finished``: whether the replay is over (default: CUDA's word)."""
+        """While the replay runs: end the previous step (``finish_ended``; after the first layer's CPU
+        share when the step gives the CPU one, whose join would otherwise wait for that end) and follow
+        each layer's published values (counts, prefetches, admissions, the host CPU's share);
+        ``finished``: whether the replay is over (default: CUDA's word)."""
 
     def abort_replay(self) -> None:
         """The host stops following the replay (an error): release what the replay may wait for."""

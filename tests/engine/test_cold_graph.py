@@ -47,7 +47,7 @@ class _Replay:
                 ids = torch.zeros(t, K, dtype=torch.int64)
                 self.layers.append((ids, *hooks.publish_direct(l, ids, None, self.regions[l], self.pad)))
 
-    def step(self, x: torch.Tensor, between=None, rows: int | None = None) -> torch.Tensor:
+    def step(self, x: torch.Tensor, rows: int | None = None) -> torch.Tensor:
         """One replay over ``x [t, D]`` of which the first ``rows`` are real (default all)."""
         prov, hooks, out = self.prov, self.prov.replay_hooks, {}
         rows = self.t if rows is None else rows
@@ -68,17 +68,42 @@ class _Replay:
             out["x"] = h
 
         th = threading.Thread(target=device)
+        direct, queued = prov.direct, []
+        direct.finish_ended = _after_the_step(prov, direct.finish_ended, queued)
         th.start()
         try:
-            hooks.finish_ended()
-            if between is not None:
-                between()
-            hooks.follow_published(self.cuts, rows, finished=lambda: not th.is_alive())
+            hooks.follow_published(self.cuts, rows, finished=lambda: not th.is_alive())   # ends the last step too
         finally:
             th.join(timeout=60)
+            del direct.finish_ended
+            for write in queued:
+                write()
             prov.end_step()
         assert not th.is_alive()
         return out["x"]
+
+
+def _after_the_step(prov, end, queued: list):
+    """``end`` (the last step's end) as the GPU runs it once the next step is launched: its writes to
+    the pool and the slot table are queued on streams behind that step, so they land after it (here:
+    appended to ``queued``, which the caller runs once the emulated step is over)."""
+    pool = prov.r.pool
+
+    def later(name: str, owner):
+        def call(*args, **kwargs) -> None:
+            queued.append(lambda: getattr(owner, name)(*args, **kwargs))
+        return call
+
+    def ended() -> None:
+        patched = {(pool, "copy_slots"), (pool, "write_table"), (pool.copies, "copy")}
+        for owner, name in patched:
+            setattr(owner, name, later(name, owner))
+        try:
+            end()
+        finally:
+            for owner, name in patched:
+                delattr(owner, name)
+    return ended
 
 
 def _x(t: int) -> torch.Tensor:
@@ -295,4 +320,41 @@ def test_a_pool_fills_when_the_cpu_computes_every_missing_expert(stack: Stack) -
     st = prov.stats()
     assert st.cpu_experts > 0 and st.fills == 0 and st.pool_slots_used > 0
     _table_agrees_with_books(prov)
+    prov.close()
+
+
+@pytest.mark.parametrize("share", [0.5, 0.0])
+def test_the_first_layers_cpu_share_comes_before_the_last_steps_end(share: float, monkeypatch) -> None:
+    # The first layer's join waits for the host. With a CPU share the host computes that layer's
+    # experts, then ends the previous step (admissions, releases), then follows the books; with none
+    # it ends the previous step first, as nothing on the GPU waits for it. Outputs are unchanged.
+    stack = Stack(seed=5)
+    prov = stack.offloaded(8, depth=1, policy="lru", direct_reads=True, cold_experts="cpu")
+    rep = _Replay(stack, prov, 4)
+    shares, direct = prov.direct.shares, prov.direct
+    shares.share_for = lambda tokens: share
+    flags = shares._bufs[(4, K)].flags.numpy()
+    seen: list[tuple[bool, int, int]] = []              # (an end was deferred, layer 0's ready and done flags)
+    plain = type(direct).finish_ended
+
+    def spy(self) -> None:
+        seen.append((self.ended is not None, int(flags[0, 0]), int(flags[0, 1])))
+        plain(self)
+
+    monkeypatch.setattr(type(direct), "finish_ended", spy)
+    ref, x = stack.resident(), _x(4)
+    for _ in range(6):
+        y = rep.step(x)
+        want = stack.step(ref, x)
+        torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-4)
+        x = torch.tanh(want)
+    direct.finish_ended()
+    _table_agrees_with_books(prov)
+    deferred = [(ready, done) for ended, ready, done in seen if ended]
+    assert deferred, "no step's end was deferred to the next one"
+    if share > 0:
+        assert all(done == 1 for _, done in deferred), seen
+    else:
+        assert all(done == 0 for _, done in deferred), seen
+    assert prov.stats().cpu_experts > 0 if share > 0 else prov.stats().cpu_experts == 0
     prov.close()
