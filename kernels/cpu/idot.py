@@ -231,6 +231,40 @@ class _Format:
 
 
 _FAST = ("fast",)
+
+
+def _loop(builder, start, stop, inits, body, name: str) -> list:
+    """``for i in range(start, stop): carried = body(i, carried)`` in IR, ``carried`` starting as
+    ``inits``; returns the carried values after the loop (``inits`` when the range is empty)."""
+    pre = builder.basic_block
+    loop = builder.append_basic_block(name)
+    after = builder.append_basic_block(name + ".after")
+    builder.cbranch(builder.icmp_signed("<", start, stop), loop, after)
+    builder.position_at_end(loop)
+    i = builder.phi(start.type)
+    i.add_incoming(start, pre)
+    phis = []
+    for v in inits:
+        phi = builder.phi(v.type)
+        phi.add_incoming(v, pre)
+        phis.append(phi)
+    outs = body(i, phis)
+    last = builder.basic_block
+    nxt = builder.add(i, ir.Constant(start.type, 1))
+    i.add_incoming(nxt, last)
+    for phi, v in zip(phis, outs):
+        phi.add_incoming(v, last)
+    builder.cbranch(builder.icmp_signed("<", nxt, stop), loop, after)
+    builder.position_at_end(after)
+    done = []
+    for v0, v in zip(inits, outs):
+        phi = builder.phi(v0.type)
+        phi.add_incoming(v0, pre)
+        phi.add_incoming(v, last)
+        done.append(phi)
+    return done
+
+
 STEP = 32                 # words per step of the block loop: 128 values, 16 lanes of sums
 
 
@@ -266,89 +300,49 @@ def _row_codegen(fmt: _Format, nt: int):
         fzero = ir.Constant(fl, [0.0] * lanes)
 
         nb = builder.udiv(ng, ir.Constant(_I64, gps))
-        pre = builder.basic_block
-        loop = builder.append_basic_block("row.steps")
-        after = builder.append_basic_block("row.after")
-        builder.cbranch(builder.icmp_signed(">", nb, zero), loop, after)
-        builder.position_at_end(loop)
-        j = builder.phi(_I64)
-        j.add_incoming(zero, pre)
-        phis = []
-        for _ in range(nt):
-            phi = builder.phi(fl)
-            phi.add_incoming(fzero, pre)
-            phis.append(phi)
-        off = builder.mul(j, ir.Constant(_I64, STEP))
-        g = builder.mul(j, ir.Constant(_I64, gps))
-        z = fmt.zeros(builder, z_base, g, gps)
-        values = fmt.values(builder, _load(builder, w_base, off, STEP), STEP,
-                            None if z is None else _expand(builder, z, gw), pshufb)
-        sc = fmt.scales(context, builder, s_base, g, gps)
-        accs = []
-        for x_base, sx_base, phi in zip(x_bases, sx_bases, phis):
-            sums = _products(builder, values, x_base, k4, off, STEP, pmadd)           # <16 x i32>
-            sxp = builder.bitcast(builder.gep(sx_base, [g]), ir.VectorType(_F32, gps).as_pointer())
-            scale = _expand(builder, builder.fmul(sc, builder.load(sxp, align=4), flags=_FAST), lanes // gps)
-            accs.append(builder.fadd(phi, builder.fmul(builder.sitofp(sums, fl), scale, flags=_FAST), flags=_FAST))
-        jn = builder.add(j, ir.Constant(_I64, 1))
-        j.add_incoming(jn, loop)
-        for phi, acc in zip(phis, accs):
-            phi.add_incoming(acc, loop)
-        builder.cbranch(builder.icmp_signed("<", jn, nb), loop, after)
-        builder.position_at_end(after)
-        vecs = []
-        for acc in accs:
-            v = builder.phi(fl)
-            v.add_incoming(fzero, pre)
-            v.add_incoming(acc, loop)
-            vecs.append(v)
+
+        def whole_step(j, phis):
+            off = builder.mul(j, ir.Constant(_I64, STEP))
+            g = builder.mul(j, ir.Constant(_I64, gps))
+            z = fmt.zeros(builder, z_base, g, gps)
+            values = fmt.values(builder, _load(builder, w_base, off, STEP), STEP,
+                                None if z is None else _expand(builder, z, gw), pshufb)
+            sc = fmt.scales(context, builder, s_base, g, gps)
+            accs = []
+            for x_base, sx_base, phi in zip(x_bases, sx_bases, phis):
+                sums = _products(builder, values, x_base, k4, off, STEP, pmadd)           # <16 x i32>
+                sxp = builder.bitcast(builder.gep(sx_base, [g]), ir.VectorType(_F32, gps).as_pointer())
+                scale = _expand(builder, builder.fmul(sc, builder.load(sxp, align=4), flags=_FAST), lanes // gps)
+                accs.append(builder.fadd(phi, builder.fmul(builder.sitofp(sums, fl), scale, flags=_FAST),
+                                         flags=_FAST))
+            return accs
+
         tots = []
-        for v in vecs:
+        for v in _loop(builder, zero, nb, [fzero] * nt, whole_step, "row.steps"):
             while v.type.count > 1:       # halves added: a tree, in the order fast-math allows
                 n = v.type.count // 2
                 lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, n), list(range(n))))
                 hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, n), list(range(n, 2 * n))))
                 v = builder.fadd(lo, hi, flags=_FAST)
             tots.append(builder.extract_element(v, ir.Constant(_I32, 0)))
-        if gps == 1:
-            outs = tots
-        else:                             # the groups after the last whole step, one at a time
-            g0 = builder.mul(nb, ir.Constant(_I64, gps))
-            pre = builder.basic_block
-            tail = builder.append_basic_block("row.tail")
-            done = builder.append_basic_block("row.done")
-            builder.cbranch(builder.icmp_signed("<", g0, ng), tail, done)
-            builder.position_at_end(tail)
-            g = builder.phi(_I64)
-            g.add_incoming(g0, pre)
-            tphis = []
-            for tot in tots:
-                phi = builder.phi(_F32)
-                phi.add_incoming(tot, pre)
-                tphis.append(phi)
+
+        def one_group(g, phis):
             off = builder.mul(g, ir.Constant(_I64, gw))
             z = fmt.zeros(builder, z_base, g, 1)
             values = fmt.values(builder, _load(builder, w_base, off, gw), gw,
                                 None if z is None else _expand(builder, z, gw), pshufb)
             sc = builder.extract_element(fmt.scales(context, builder, s_base, g, 1), ir.Constant(_I32, 0))
             new = []
-            for x_base, sx_base, phi in zip(x_bases, sx_bases, tphis):
+            for x_base, sx_base, phi in zip(x_bases, sx_bases, phis):
                 total = _reduce(builder, _products(builder, values, x_base, k4, off, gw, pmadd), gw // 2)
                 scale = builder.fmul(sc, builder.load(builder.gep(sx_base, [g])), flags=_FAST)
                 new.append(builder.fadd(phi, builder.fmul(builder.sitofp(total, _F32), scale, flags=_FAST),
                                         flags=_FAST))
-            gn = builder.add(g, ir.Constant(_I64, 1))
-            g.add_incoming(gn, tail)
-            for phi, v in zip(tphis, new):
-                phi.add_incoming(v, tail)
-            builder.cbranch(builder.icmp_signed("<", gn, ng), tail, done)
-            builder.position_at_end(done)
-            outs = []
-            for tot, v in zip(tots, new):
-                phi = builder.phi(_F32)
-                phi.add_incoming(tot, pre)
-                phi.add_incoming(v, tail)
-                outs.append(phi)
+            return new
+
+        # the groups after the last whole step, one at a time
+        outs = tots if gps == 1 else _loop(builder, builder.mul(nb, ir.Constant(_I64, gps)), ng, tots,
+                                           one_group, "row.tail")
         if nt == 1:
             return outs[0]
         return context.make_tuple(builder, sig.return_type, outs)
