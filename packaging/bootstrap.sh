@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs Strata and what it needs into ./.venv, then runs one of:
 #   packaging/bootstrap.sh gui  [main.py options]   the workbench on the bundled demo model (runtime only)
-#   packaging/bootstrap.sh test [pytest options]    the test suite (runtime and the test extras)
+#   packaging/bootstrap.sh test [pytest options]    the test suite (runtime and the test extras), a worker
+#                                                   process a core (at most 4; STRATA_TEST_WORKERS=N)
 #   packaging/bootstrap.sh run  COMMAND...          any command inside the environment (runtime only)
 # A machine with an NVIDIA GPU gets a CUDA build of PyTorch; one without gets a CPU build. What would fail
 # later (an old Python, no venv module, a system library Qt's window needs) is one line naming the fix,
@@ -23,6 +24,11 @@ case "$mode" in
   test) extras="test" ;;
   *) fail "unknown mode '$mode': use packaging/bootstrap.sh gui|test|run ..." ;;
 esac
+if [ "$mode" = test ]; then
+  case "${STRATA_TEST_WORKERS:-0}" in
+    *[!0-9]*) fail "STRATA_TEST_WORKERS must be a whole number of worker processes (0: none), not '$STRATA_TEST_WORKERS'" ;;
+  esac
+fi
 if [ "$mode" = run ] && [ $# -eq 0 ]; then
   fail "run needs a command: packaging/bootstrap.sh run python main.py info"
 fi
@@ -95,6 +101,20 @@ case "$mode" in
     exec "$venv/bin/python" main.py "$@" ;;
   test)
     "$venv/bin/python" "$check" tests || { rc=$?; [ "$rc" -ne 2 ] || exit 2; }
+    # one worker process a core this process may use, at most 4 (STRATA_TEST_WORKERS=N chooses; 0 or 1:
+    # everything in this process); a worker's torch keeps to one thread, so that the workers' thread
+    # pools do not take turns on the same cores
+    workers=${STRATA_TEST_WORKERS:-}
+    if [ -z "$workers" ]; then
+      workers=$("$venv/bin/python" -c 'import os
+print(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)')
+      case "$workers" in ''|*[!0-9]*) workers=1 ;; esac
+      [ "$workers" -le 4 ] || workers=4
+    fi
+    if [ "$workers" -gt 1 ]; then
+      export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+      exec "$venv/bin/python" -m pytest -n "$workers" "$@"
+    fi
     exec "$venv/bin/python" -m pytest "$@" ;;
   run)
     export VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH"

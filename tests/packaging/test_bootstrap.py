@@ -35,6 +35,8 @@ case "$*" in
   *"install --no-index"*) [ "${FAKE_LOCAL_TORCH:-1}" = 1 ] && touch "$venv/torch" ;;
   *"install torch"*) touch "$venv/torch" ;;
   *system_check.py*) exit "${FAKE_QT_CHECK:-0}" ;;
+  *sched_getaffinity*) echo "${FAKE_CORES:-1}" ;;                          # the cores it may use
+  *"-m pytest"*) echo "OMP_NUM_THREADS=${OMP_NUM_THREADS:-unset}" >&2 ;;
   *) exit 0 ;;
 esac
 """
@@ -60,7 +62,7 @@ class Checkout:
         self.python3 = _script(bin_dir / "python3", SYSTEM_PYTHON)
         _script(bin_dir / "nvidia-smi", f"#!/bin/sh\nexit {0 if gpu else 1}\n")
         self.log = tmp_path / "calls.log"
-        self.env = {**{k: v for k, v in os.environ.items() if not k.startswith(("FAKE_", "PYTHON"))},
+        self.env = {**{k: v for k, v in os.environ.items() if not k.startswith(("FAKE_", "PYTHON", "OMP_NUM_THREADS", "STRATA_TEST_WORKERS"))},
                     "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_LOG": str(self.log),
                     "FAKE_VENV_PYTHON": str(_script(tmp_path / "venv_python", VENV_PYTHON))}
 
@@ -105,6 +107,29 @@ def test_test_after_gui_adds_the_test_extras_and_a_later_gui_installs_nothing(ch
     assert checkout.stamp == "extras=test\n"
     rc, _, log = checkout.run("gui")
     assert rc == 0 and installs(log) == [] and checkout.stamp == "extras=test\n"
+
+
+@pytest.mark.parametrize("cores, workers", [("1", None), ("2", "2"), ("16", "4")])
+def test_the_suite_runs_in_a_worker_process_a_core_with_one_torch_thread_each(checkout, cores, workers):
+    rc, err, log = checkout.run("test", "-x", FAKE_CORES=cores)
+    assert rc == 0
+    if workers is None:
+        assert log[-1] == "venv -m pytest -x" and "OMP_NUM_THREADS=unset" in err
+    else:
+        assert log[-1] == f"venv -m pytest -n {workers} -x" and "OMP_NUM_THREADS=1" in err
+
+
+@pytest.mark.parametrize("value, command", [("0", "venv -m pytest -x"), ("3", "venv -m pytest -n 3 -x")])
+def test_the_number_of_test_workers_can_be_chosen(checkout, value, command):
+    rc, _, log = checkout.run("test", "-x", FAKE_CORES="8", STRATA_TEST_WORKERS=value)
+    assert rc == 0 and log[-1] == command
+
+
+def test_a_number_of_test_workers_that_is_not_one_is_refused_in_one_line(checkout):
+    rc, err, log = checkout.run("test", STRATA_TEST_WORKERS="two")
+    assert rc == 2 and err.strip().splitlines() == [
+        "error: STRATA_TEST_WORKERS must be a whole number of worker processes (0: none), not 'two'"]
+    assert not any("-m pytest" in line for line in log)
 
 
 def test_an_edited_pyproject_reinstalls_with_the_extras_already_there(checkout):
