@@ -1,7 +1,8 @@
 """``DirectPath``: decode steps whose missing experts the MoE kernels read straight from host memory.
 
-For decode steps of at most ``tuning.direct_max_tokens`` tokens at prefetch depth >= 1, when the MoE
-kernels can read the mapped host store, the compute stream never waits for the host or for a copy.
+For decode steps of at most ``tuning.direct_max_tokens`` tokens at prefetch depth >= 1 (at depth 0:
+steps of one token), when the MoE kernels can read the mapped host store, the compute stream never
+waits for the host or for a copy.
 Each MoE layer snapshots its slot-table row on the device; the kernels read a resident expert from
 its slot and a missing one (-1) straight from its host-store row over the bus. The host follows the
 GPU: it reads each layer's ids, the slots they found and the predictions for later layers, counts
@@ -70,16 +71,23 @@ class DirectPath:
     # ---- when ------------------------------------------------------------------------------------
     @property
     def enabled(self) -> bool:
-        """Whether decode steps read missing experts straight from host memory."""
+        """Whether decode steps read missing experts straight from host memory (at prefetch depth 0:
+        those of one token, see :meth:`direct_for`)."""
         r = self.r
-        if r.pool.full or r.prefetch_depth == 0 or self.option is False:
+        if r.pool.full or self.option is False:
             return False
         if r.device.type != "cuda":
             return bool(self.option)
         return r.store.direct_readable(r.device)
 
     def direct_for(self, tokens: int) -> bool:
-        return self.enabled and tokens <= self.r.tuning.direct_max_tokens
+        """Whether a decode step of ``tokens`` tokens reads its missing experts directly. At prefetch
+        depth 0 only a step of one token does: it reads each missing expert once, as a copy would,
+        and no layer waits for the host; a step of more tokens reads an expert once per token that
+        uses it, where a copy crosses the bus once, so it copies."""
+        if not self.enabled or tokens > self.r.tuning.direct_max_tokens:
+            return False
+        return self.r.prefetch_depth > 0 or tokens == 1
 
     @property
     def cpu_share_on(self) -> bool:

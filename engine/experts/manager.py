@@ -464,7 +464,9 @@ class ExpertManager:
     def describe(self) -> str:
         """One line: pool, policy, depth, how misses are read."""
         reads = "missing experts copied in"
-        if self.direct_reads:
+        if self.direct_reads and self.r.prefetch_depth == 0:
+            reads = "missing experts read directly in steps of one token, copied in otherwise"
+        elif self.direct_reads:
             reads = "missing experts read directly" + (", prefetched by the GPU" if self.direct.claims else "")
         if self.r.store is not None and not self.r.pool.full and self.r.cold.enabled_on(self.device):
             reads += f", or computed on {self.r.cold.threads} CPU threads ({self.r.cold.mode})"

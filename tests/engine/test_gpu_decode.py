@@ -40,8 +40,8 @@ def _graphs(llm: LLM):
 def test_graph_replay_matches_eager(model, frac, depth, reads) -> None:
     # Three prompts pad up to the bucket of 4: padding rows must neither change the real rows nor
     # pull experts over the bus. frac 1.0 records a whole step as one graph; an offloaded pool is
-    # recorded piecewise when experts are copied in (depth 0, or reads=copy) and as one graph that
-    # publishes every layer when missing experts are read directly (depth 2, auto).
+    # recorded piecewise when experts are copied in (depth 0 beyond one token, or reads=copy) and as
+    # one graph that publishes every layer when missing experts are read directly (depth 2, auto).
     path, ref, keys, nbytes = model
     with LLM(str(path), device="cuda", dtype="float32", expert_pool_size=int(frac * keys) * nbytes,
              prefetch_depth=depth, expert_reads=reads) as llm:
@@ -68,6 +68,22 @@ def test_graph_replay_matches_eager(model, frac, depth, reads) -> None:
         else:
             assert not rec.direct and len(rec.graphs) == len(rec.cuts) + 1 == layers + 1
             assert st.direct_bytes == 0
+
+
+@pytest.mark.parametrize("frac", [0.0, 0.5])
+def test_one_token_steps_at_depth_0_read_directly_and_larger_ones_copy(model, frac) -> None:
+    # At depth 0 a one-token step reads each missing expert once either way: it is recorded as one
+    # graph reading them directly (no host wait per layer); a step of three copies them piece by piece.
+    path, ref, keys, nbytes = model
+    with LLM(str(path), device="cuda", dtype="float32", expert_pool_size=int(frac * keys) * nbytes,
+             prefetch_depth=0) as llm:
+        one = llm.generate([PROMPTS[0]], GREEDY)[0].token_ids
+        assert one == ref[0]
+        graphs = _graphs(llm)
+        assert graphs.graphs[1].direct and len(graphs.graphs[1].graphs) == 1
+        assert llm.stats().experts.direct_bytes > 0
+        assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == ref
+        assert not graphs.graphs[4].direct
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8", "int4"])
