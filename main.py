@@ -22,7 +22,9 @@ def _add_gui_parser(sub) -> None:
     p = sub.add_parser("gui", help="the desktop workbench (the default)")
     add_model_flag(p)
     p.add_argument("--screenshot", default=None, metavar="PNG",
-                   help="open the window, wait for --prompt's reply if given, save a PNG and exit")
+                   help="open the window in a scratch workspace (your chats and settings untouched), wait for "
+                        "--prompt's reply if given, save a PNG and exit; an existing file is kept unless the "
+                        "name ends in ! (shot.png!)")
     p.add_argument("--prompt", default=None, help="with --screenshot: a prompt to send first")
     p.add_argument("--screenshot-size", default="1600x1000", type=_window_size, metavar="WxH",
                    help="with --screenshot: the window's size in pixels, e.g. 1366x768 (default 1600x1000)")
@@ -56,11 +58,33 @@ def main(argv: list[str] | None = None) -> int:
         return int(done.code or 0)
     if args.command in ENGINE_COMMANDS:
         return run_command(args)
+    screenshot = _screenshot_path(args.screenshot) if args.screenshot is not None else None
+    if screenshot == "":
+        return 2
     if _window_cannot_open(list(sys.argv[1:] if argv is None else argv)):
         return 2
     from app.launch import run_gui
-    return run_gui(args.model, engine_options(args), screenshot=args.screenshot, prompt=args.prompt,
+    return run_gui(args.model, engine_options(args), screenshot=screenshot, prompt=args.prompt,
                    debug=args.debug, screenshot_size=args.screenshot_size)
+
+
+def _screenshot_path(text: str) -> str:
+    """Where ``--screenshot`` writes: a file that does not exist yet in a folder that does, or any file
+    with ``!`` after its name (replaced). "" after printing one line when it may not be written."""
+    replace = text.endswith("!")
+    path = Path(text[:-1] if replace else text)
+    if not path.name:
+        print(f"error: --screenshot {text} names no file; give a PNG file name, e.g. shot.png", file=sys.stderr)
+        return ""
+    if not path.parent.is_dir():
+        print(f"error: --screenshot {path}: the folder {path.parent} does not exist; create it or choose another",
+              file=sys.stderr)
+        return ""
+    if path.exists() and not replace:
+        print(f"error: --screenshot {path} exists and is kept; give another name, or {path}! to replace it",
+              file=sys.stderr)
+        return ""
+    return str(path)
 
 
 def _window_cannot_open(argv: list[str]) -> bool:

@@ -4,13 +4,15 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import tempfile
 from pathlib import Path
 
-from PySide6.QtCore import QEventLoop, QSettings, QSize, Qt, QTimer
+from PySide6.QtCore import QEventLoop, QSettings, QSize, Qt, QtMsgType, QTimer, qInstallMessageHandler
 from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication
 
 from app.bridge import EngineBridge
+from app.conversations import ConversationStore
 from app.gpu_poller import GpuPoller
 from app.main_window import MainWindow
 from app.paths import default_model_dir, icon_path
@@ -45,12 +47,12 @@ def choose_model(model: str | None, settings: QSettings) -> str:
 
 
 def build_window(model: str | None, engine_options: dict, settings: QSettings | None = None,
-                 poller: GpuPoller | None = None) -> MainWindow:
+                 poller: GpuPoller | None = None, store: ConversationStore | None = None) -> MainWindow:
     """A window wired to a fresh engine thread and GPU poller, loading ``model``."""
     settings = settings if settings is not None else QSettings()
     bridge = EngineBridge()
     poller = poller if poller is not None else GpuPoller()
-    window = MainWindow(bridge, poller, settings, engine_options=engine_options)
+    window = MainWindow(bridge, poller, settings, store=store, engine_options=engine_options)
     bridge.start()
     poller.start()
     window.open_model(choose_model(model, settings))
@@ -100,6 +102,29 @@ def take_screenshot(window: MainWindow, path: str, prompt: str | None, size: QSi
     return 0 if window.model is not None else 1
 
 
+def _quiet_offscreen(kind: QtMsgType, context, message: str) -> None:
+    """Qt's messages, less the offscreen platform's note that windows have no size hints (it has no
+    window manager to give them to): nothing a user can act on."""
+    if "propagateSizeHints" not in message:
+        print(message, file=sys.stderr)
+
+
+def _screenshot_run(model: str | None, engine_options: dict, path: str, prompt: str | None, size: QSize) -> int:
+    """A screenshot in a scratch workspace: settings and conversations in a temporary folder, removed
+    afterwards, so the prompt's exchange and the window's state touch none of the user's saved chats
+    or settings (the model is the one a plain start would open)."""
+    model = choose_model(model, QSettings())
+    with tempfile.TemporaryDirectory(prefix="strata-screenshot-", ignore_cleanup_errors=True) as scratch:
+        settings = QSettings(str(Path(scratch) / "settings.ini"), QSettings.Format.IniFormat)
+        window = build_window(model, engine_options, settings, store=ConversationStore(Path(scratch) / "chats"))
+        try:
+            return take_screenshot(window, path, prompt, size)
+        finally:
+            window.close()
+            window.deleteLater()
+            _settle(0)                 # the window lets go of the scratch folder's files before it goes
+
+
 def _wait_for_any(window: MainWindow, timeout_ms: int) -> bool:
     loop = QEventLoop()
     window.model_ready.connect(loop.quit)
@@ -119,20 +144,21 @@ def run_gui(model: str | None, engine_options: dict, screenshot: str | None = No
             debug: bool = False, screenshot_size: tuple[int, int] | None = None) -> int:
     """Open the workbench on ``model`` (None: the last model, else the bundled demo); returns the exit code.
 
-    With ``screenshot``, the window opens, answers ``prompt`` if given, saves a PNG there and exits.
+    With ``screenshot``, the window opens in a scratch workspace, answers ``prompt`` if given, saves
+    a PNG there and exits.
     """
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if screenshot and "QT_QPA_PLATFORM" not in os.environ and not os.environ.get("DISPLAY") \
             and not os.environ.get("WAYLAND_DISPLAY"):
         os.environ["QT_QPA_PLATFORM"] = "offscreen"
+    if os.environ.get("QT_QPA_PLATFORM") == "offscreen":
+        qInstallMessageHandler(_quiet_offscreen)
     app = make_app()
-    window = build_window(model, engine_options)
     if screenshot:
         size = QSize(*screenshot_size) if screenshot_size else SCREENSHOT_SIZE
-        code = take_screenshot(window, screenshot, prompt, size)
-        window.close()
-        return code
+        return _screenshot_run(model, engine_options, screenshot, prompt, size)
+    window = build_window(model, engine_options)
     window.show()
     if prompt:
         window.model_ready.connect(lambda _m: window.chat.send(prompt), Qt.ConnectionType.SingleShotConnection)

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,17 +165,37 @@ def _write_failed(dest: Destination, e: Exception) -> str:
             f"destination — {dest.given} was left as it was")
 
 
+def _umask() -> int:
+    """This process's file-mode creation mask (read where the system shows it, else set and put back)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _save(tensors: dict, path: Path) -> None:
+    """``save_file``, with the file's permissions those of any new file (safetensors makes its files
+    readable by their owner only; a converted model is shared like the checkpoint it came from)."""
+    save_file(tensors, path)
+    os.chmod(path, 0o666 & ~_umask())
+
+
 def _write(out: Path, src: Path, spec: ModelSpec, reader: SafetensorsReader, layout: ExpertLayout,
            opts: ConvertOptions, progress: Progress | None) -> dict:
     """Write every file of the conversion into ``out``; returns the manifest written."""
     files: dict[str, str] = {}
-    save_file(_resident_tensors(reader, spec, opts.resident), out / RESIDENT_FILE)
+    _save(_resident_tensors(reader, spec, opts.resident), out / RESIDENT_FILE)
     files[RESIDENT_FILE] = file_sha256(out / RESIDENT_FILE)
     moe = [i for i in range(spec.num_layers) if spec.moe_layers[i]]
     for k, i in enumerate(moe):
         rows = torch.zeros(spec.num_experts, layout.nbytes, dtype=torch.uint8)   # zero padding: files reproducible
         pack_layer_experts(reader, spec, i, layout, rows)
-        save_file({"experts": rows}, out / expert_file(k))
+        _save({"experts": rows}, out / expert_file(k))
         files[expert_file(k)] = file_sha256(out / expert_file(k))
         if progress:
             progress(k + 1, len(moe), f"layer {i}")
@@ -213,6 +235,7 @@ def _copy_side_files(src: Path, out: Path) -> list[str]:
     for f in sorted(src.iterdir()):
         if f.is_file() and f.suffix not in WEIGHT_SUFFIXES and f.name not in reserved:
             shutil.copy2(f, out / f.name)
+            os.chmod(out / f.name, stat.S_IMODE(f.stat().st_mode) & ~_umask())   # as cp does: the umask applies
             copied.append(f.name)
     return copied
 

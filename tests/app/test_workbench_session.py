@@ -4,9 +4,10 @@ from __future__ import annotations
 import csv
 import gc
 import time
+from pathlib import Path
 
 import numpy as np
-from PySide6.QtCore import QObject, Qt, Slot
+from PySide6.QtCore import QObject, QSettings, Qt, Slot
 from PySide6.QtGui import QImage
 
 from app.bridge import TEXT_INTERVAL_S
@@ -170,13 +171,40 @@ def test_load_test_reports_aggregate_against_per_stream(window, qtbot):
     assert [dialog.table.item(i, 2).text() for i in range(3)] == ["12", "12", "12"]
 
 
-def test_screenshot_mode_writes_a_png_of_the_window(qapp, tmp_path):
+def test_screenshot_mode_writes_a_png_of_the_window_and_leaves_the_users_chats_and_settings_alone(qapp, tmp_path):
+    # The user's saved chat and settings exist before; the screenshot's exchange happens in a scratch
+    # workspace, so both are byte for byte as they were.
+    chats = tmp_path / "data" / "strata" / "conversations"
+    chats.mkdir(parents=True)
+    saved = chats / "c0ffee.json"
+    saved.write_text('{"id": "c0ffee", "title": "Mine", "messages": []}', encoding="utf-8")
+    QSettings().setValue("chat/temperature", 0.3)
+    QSettings().sync()
+    settings_file = Path(QSettings().fileName())
+    before = (saved.read_bytes(), settings_file.read_bytes(), sorted(p.name for p in chats.iterdir()))
     out = tmp_path / "shot.png"
     code = run_gui(str(default_model_dir()), {"device": "cpu"}, screenshot=str(out), prompt="And the earth")
     assert code == 0
     image = QImage(str(out))
     assert out.stat().st_size > 10_000
     assert (image.width(), image.height()) == (SCREENSHOT_SIZE.width(), SCREENSHOT_SIZE.height())
+    assert (saved.read_bytes(), settings_file.read_bytes(), sorted(p.name for p in chats.iterdir())) == before
+
+
+def test_a_screenshot_never_replaces_a_file_unless_asked(tmp_path, capsys, monkeypatch):
+    import main
+    mine = tmp_path / "mine.png"
+    mine.write_bytes(b"precious")
+    assert main.main(["gui", "--screenshot", str(mine)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: --screenshot {mine} exists and is kept; give another name, or {mine}! to replace it"]
+    assert mine.read_bytes() == b"precious"
+    assert main.main(["gui", "--screenshot", str(tmp_path / "nowhere" / "x.png")]) == 2
+    assert "does not exist; create it" in capsys.readouterr().err
+    taken: list[str] = []
+    monkeypatch.setattr("main._window_cannot_open", lambda argv: False)
+    monkeypatch.setattr("app.launch.run_gui", lambda model, options, screenshot=None, **kw: taken.append(screenshot) or 0)
+    assert main.main(["gui", "--screenshot", f"{mine}!"]) == 0 and taken == [str(mine)]
 
 
 def test_screenshot_at_a_laptop_size(qapp, tmp_path):

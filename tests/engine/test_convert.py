@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 
 import pytest
 import torch
@@ -65,6 +67,21 @@ def test_fp8_resident_weights(src, reference, tmp_path):
     dst = tmp_path / "fp8res"
     assert main(["convert", str(src), str(dst), "--weights", "int4", "--resident-weights", "fp8"]) == 0
     assert _cosine(LLM(str(dst), device="cpu").engine.score_batch(PROMPTS), reference) >= 0.97
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077])
+def test_converted_files_get_the_permissions_of_any_new_file(src, tmp_path, mask):
+    # Under umask 022 a converted model is readable by every user like the checkpoint it came from;
+    # under 077 by its owner only: every file follows the umask, the weight files included.
+    dst = tmp_path / "shared"
+    old = os.umask(mask)
+    try:
+        assert main(["convert", str(src), str(dst), "--weights", "int4"]) == 0
+    finally:
+        os.umask(old)
+    modes = {f.name: stat.S_IMODE(f.stat().st_mode) for f in dst.iterdir()}
+    assert modes["resident.safetensors"] == modes["experts-0000.safetensors"] == 0o666 & ~mask, modes
+    assert set(modes.values()) == {0o666 & ~mask}, modes
 
 
 def test_convert_refuses_bad_input(src, tmp_path, capsys):
