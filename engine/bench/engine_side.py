@@ -47,6 +47,7 @@ class EngineFacts:
     max_batch: int
     hbm_bytes_per_token: int         # weight bytes one decoded token reads
     config: dict = field(default_factory=dict)   # the EngineConfig as resolved at load
+    model_max_tokens: int = 0        # the longest context the model allows (0: not known)
 
 
 def engine_facts(engine: LLMEngine) -> EngineFacts:
@@ -59,7 +60,7 @@ def engine_facts(engine: LLMEngine) -> EngineFacts:
         special |= {i for i in (tok.bos_token_id, tok.pad_token_id) if i is not None}
     return EngineFacts(engine.model_info.name, str(engine.loaded.device), vocab, frozenset(special), tok is not None,
                        engine.context_tokens, engine.config.max_batch, engine.loaded.active_bytes_per_token(),
-                       dataclasses.asdict(engine.config))
+                       dataclasses.asdict(engine.config), engine.loaded.spec.max_position)
 
 
 @dataclass(frozen=True)

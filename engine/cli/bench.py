@@ -97,8 +97,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _run_local(args: argparse.Namespace, workload: Workload, warmup: Workload | None):
-    from engine.bench.engine_side import measure_limits
-    from engine.bench.inprocess import run_in_process
+    from engine.bench.engine_side import engine_facts, measure_limits
+    from engine.bench.inprocess import fit_preset_output, run_in_process
     from engine.cli.run import open_engine
     from engine.loop import EngineLoop
     if args.vocab_size is not None:
@@ -107,6 +107,10 @@ def _run_local(args: argparse.Namespace, workload: Workload, warmup: Workload | 
     loop = EngineLoop(engine)
     loop.start_thread("strata-bench")
     try:
+        if args.preset and args.output_len is None:          # the preset's replies, not the user's
+            workload, note = fit_preset_output(workload, loop.call(engine_facts).result())
+            if note:
+                print(f"note: {note}", file=sys.stderr)
         limits = loop.call(lambda e: measure_limits(e.loaded.device)).result()
         if warmup is not None:
             _warm_up(_with_progress("warm-up", warmup, lambda p: run_in_process(loop, warmup, p, limits)))

@@ -233,9 +233,31 @@ def test_the_progress_line_is_drawn_on_a_terminal_only():
 
 
 def test_a_workload_longer_than_the_context_is_refused_before_it_runs(demo_loop):
+    # the demo allows no longer context than it runs with: the fix offers only what can work
     from engine.bench.inprocess import run_in_process
-    with pytest.raises(ConfigError, match="needs 600 tokens .* context holds 512; lower --prompt-len"):
+    with pytest.raises(ConfigError, match="needs 600 tokens .* context holds 512; lower --prompt-len or "
+                                          "--output-len$"):
         run_in_process(demo_loop, Workload(num_requests=1, prompt_len=Fixed(100), output_len=Fixed(500)))
+
+
+def test_a_preset_whose_replies_pass_the_context_gets_shorter_replies_with_a_note(capsys):
+    # The README's four-streams (prompts up to 52 tokens, replies of 800) on the demo's 512-token
+    # context: replies of 460, said once; replies the user chose are never changed (refused instead).
+    from engine.bench.engine_side import EngineFacts
+    from engine.bench.inprocess import fit_preset_output
+    facts = EngineFacts("demo", "cpu", 4096, frozenset(), True, 512, 8, 1, {}, 512)
+    fitted, note = fit_preset_output(PRESETS["four-streams"], facts)
+    assert fitted.output_len == Fixed(460) and fitted.prompt_len == PRESETS["four-streams"].prompt_len
+    assert note == ("four-streams: replies of 460 tokens instead of 800, to fit the 512-token context of demo; "
+                    "give --output-len to choose")
+    assert fit_preset_output(PRESETS["offload-batch"], facts) == (PRESETS["offload-batch"], None)   # 128+48+256 fits
+    assert main(["bench", "--model", str(DEMO), "--device", "cpu", "--preset", "four-streams", "--requests", "1",
+                 "--warmup", "0"]) == 0
+    out, err = capsys.readouterr()
+    assert "note: four-streams: replies of 460 tokens instead of 800" in err and "output tok/s" in out
+    assert main(["bench", "--model", str(DEMO), "--device", "cpu", "--preset", "four-streams", "--output-len", "800",
+                 "--requests", "1", "--warmup", "0"]) == 2
+    assert "context holds 512; lower --prompt-len or --output-len" in capsys.readouterr().err
 
 
 def test_the_cli_writes_config_commit_versions_and_results(tmp_path, capsys):
