@@ -117,6 +117,9 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kv_cache_size", parse_size(self.kv_cache_size, "kv_cache_size"))
+        if self.kv_cache_size == 0:
+            raise ConfigError("kv_cache_size must be more than 0; leave it out for what the memory budget leaves, "
+                              "or give a size such as 2G")
         _positive("pipeline_parallel", self.pipeline_parallel)
         _positive("expert_parallel", self.expert_parallel)
         if self.expert_parallel > 1 and self.pipeline_parallel > 1:

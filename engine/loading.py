@@ -23,7 +23,8 @@ from engine.experts.profile import check_record_target, read_routing_profile, wr
 from engine.cpu_threads import apply_cpu_threads
 from engine.kv.blocks import BlockAllocator
 from engine.memory import (CPU_KV_CAP, BudgetAdvice, MemoryPlan, decode_experts, default_budget, fit_context,
-                           kv_pool_bytes, plan_memory, staging_slots, step_sizing, table_on_host)
+                           fit_context_to_kv_size, kv_pool_bytes, plan_memory, staging_slots, step_sizing,
+                           table_on_host)
 from engine.settings_fit import fit_to_device, fit_to_model, fit_to_pool, unused_notes
 from engine.kv.cache import KVCache
 from engine.kv.sizing import KVSizing, kv_sizing
@@ -157,7 +158,13 @@ class LoadedModel:
             self.max_model_len, self.kv_blocks = agreed.context, agreed.blocks
             self.notes += (agreed.note,) if agreed.note else ()
             return
-        if self.plan.budget_bytes is None or c.kv_cache_size:
+        if c.kv_cache_size:
+            self.max_model_len, note = fit_context_to_kv_size(
+                self.max_model_len, c.max_model_len is not None, self._kv_cache_bytes(), c.kv_cache_size,
+                self._kv_bytes_per_token(), c.kv_block_size)
+            self.notes += (note,) if note else ()
+            return
+        if self.plan.budget_bytes is None:
             return
         card = "GPU 0" if self.shard is not None else ""      # expert parallel: the KV cache is on the first card
         self.max_model_len, note = fit_context(self.max_model_len, c.max_model_len is not None, self._kv_cache_bytes(),

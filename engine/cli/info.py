@@ -31,8 +31,8 @@ from engine.errors import ConfigError
 from kernels.expert_layout import ExpertLayout
 from engine.loading import expert_act
 from engine.kv.sizing import KVSizing, kv_sizing
-from engine.memory import (MIN_KV_TOKENS, BudgetAdvice, MemoryPlan, default_budget, fit_context, kv_pool_bytes,
-                           plan_memory, step_sizing, table_on_host)
+from engine.memory import (MIN_KV_TOKENS, BudgetAdvice, MemoryPlan, default_budget, fit_context,
+                           fit_context_to_kv_size, kv_pool_bytes, plan_memory, step_sizing, table_on_host)
 from engine.options import parse_live, pool_bytes
 from engine.settings_fit import depth_note, fit_to_model
 
@@ -260,16 +260,22 @@ def _budget_lines(spec, args, c: EngineConfig, resident: int, per_expert: int, n
     if table_on_host(getattr(args, "embeddings", "auto"), spec.tie_word_embeddings, plan.pool_slots < plan.num_experts):
         plan = plan_for(True)
     lines = ["", *plan.format()]
-    if not c.kv_cache_size:      # the engine's rule (engine.loading): one sequence's context fits the KV cache
+    # the engine's rule (engine.loading): one sequence's context fits the KV cache
+    if c.kv_cache_size:
+        lines += _context_line(*fit_context_to_kv_size(context, c.max_model_len is not None,
+                                                       kv_pool_bytes(plan, context, c.max_batch, c.kv_cache_size),
+                                                       c.kv_cache_size, kv_per_token, c.kv_block_size))
+    else:
         lines += _context_line(*fit_context(context, c.max_model_len is not None,
                                             kv_pool_bytes(plan, context, c.max_batch), kv_per_token, c.kv_block_size,
                                             budget))
     if plan.pool_slots < plan.num_experts:
         reads = getattr(args, "expert_reads", "auto")
+        steps = "of one token" if getattr(args, "prefetch_depth", 2) == 0 else "of up to 16 tokens"
         lines.append("missing experts   : " + (
-            "copied into the pool before use" if reads == "copy" or getattr(args, "prefetch_depth", 2) == 0 else
-            "read by the MoE kernels straight from pinned host memory in decode steps of up to 16 tokens"
-            + (" (where the GPU can map it; else copied in)" if reads == "auto" else "")))
+            "copied into the pool before use" if reads == "copy" else
+            f"read by the MoE kernels straight from pinned host memory in decode steps {steps}, else copied in"
+            + (" (where the GPU can map it)" if reads == "auto" else "")))
     return lines + _bus_lines(plan, getattr(args, "hit_rate", None))
 
 

@@ -121,6 +121,25 @@ def test_the_memory_profile_runs_its_scenarios(tmp_path) -> None:
     assert d["memory"]["resident_bytes"] > 0 and d["memory"]["pinned_host_bytes"] > 0
 
 
+def test_a_kv_cache_size_smaller_than_the_context_shortens_it_with_a_note_or_is_refused(capsys) -> None:
+    # --kv-cache-size is honoured: a context left unset shrinks to what it holds (a note), one the user
+    # set or a size that holds not even one block is one line naming the size that fits; 0 is refused
+    from engine import LLM
+    from main import main
+    demo = Path(__file__).resolve().parents[2] / "resources" / "models" / "demo"
+    with LLM(str(demo), device="cpu", kv_cache_size="100K") as llm:
+        per_token = llm.engine.loaded._kv_bytes_per_token()
+        assert llm.engine.context_tokens == 100 * 1024 // per_token // 16 * 16 < 512
+        assert any("(the model allows 512)" in n and "--kv-cache-size" in n for n in llm.engine.loaded.notes)
+    for argv, says in ((["--kv-cache-size", "1K"], "but --kv-cache-size gives 1.00 KiB (room for 0 tokens); raise "
+                                                   "--kv-cache-size to "),
+                       (["--kv-cache-size", "100K", "--max-model-len", "512"], "or lower --max-model-len to "),
+                       (["--kv-cache-size", "0"], "--kv-cache-size must be more than 0; leave it out")):
+        assert main(["generate", "--model", str(demo), "--device", "cpu", "--prompt", "hi", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and says in err[0], err
+
+
 def test_the_context_is_what_the_kv_cache_the_budget_leaves_holds() -> None:
     from engine.memory import fit_context
     per_token = 36 * 1024                                  # gpt-oss-120b: 18 full-attention layers
