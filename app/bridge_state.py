@@ -27,7 +27,8 @@ def describe_model(engine: Any, wording: Wording = str) -> ModelDescription:
         is_demo=info.is_demo or marker is not None, random_weights=info.random_weights,
         has_chat_template=bool(engine.tokenizer.has_chat_template) and not info.completion_only,
         notes=tuple(wording(note) for note in info.notes), context_tokens=int(engine.loaded.max_model_len),
-        reasons=engine.tokenizer.harmony is not None and not info.completion_only)
+        reasons=engine.tokenizer.harmony is not None and not info.completion_only,
+        completion_only=bool(info.completion_only))
 
 
 def all_expert_bytes(engine: Any) -> int:

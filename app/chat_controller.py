@@ -222,6 +222,9 @@ class ChatController(QObject):
             self.pane.mode_label.setText("No model loaded")
         elif model.has_chat_template:
             self.pane.mode_label.setText("Chat mode (the model's chat template)")
+        elif model.completion_only:
+            self.pane.mode_label.setText("Completion mode: this is a base model, trained on plain text rather "
+                                         "than chats, so your text is continued as written")
         else:
             self.pane.mode_label.setText("Completion mode: this model has no chat template, "
                                          "so your text is continued as written")

@@ -133,6 +133,7 @@ class ModelDescription:
     notes: tuple[str, ...] = ()    # settings the engine clamped or ignored at load (one line each)
     context_tokens: int = 0        # the model's context as loaded (max_model_len)
     reasons: bool = False          # it writes its reasoning apart (harmony) and takes a reasoning effort
+    completion_only: bool = False  # a base model: whatever chat template it ships was not what it learnt
 
 
 @dataclass(frozen=True)
