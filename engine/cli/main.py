@@ -64,7 +64,7 @@ def as_flags(message: str, args: argparse.Namespace) -> str:
     """A message that names a setting by its Python name ("max_tokens must be ...") names the flag
     the user typed instead ("--max-tokens must be ..."), where the command has that flag."""
     name, _, rest = message.partition(" ")
-    if rest.startswith("must ") and "_" in name and name in vars(args):
+    if rest.startswith("must ") and name.isidentifier() and name in vars(args):
         return "--" + name.replace("_", "-") + " " + rest
     return message
 

@@ -77,6 +77,7 @@ def test_info_checks_the_engine_options(model, capsys):
 @pytest.mark.parametrize("argv,line", [
     (["--max-tokens", "-5"], "error: --max-tokens must be a whole number >= 1 (got -5); a reply needs at least 1 token"),
     (["--top-p", "7"], "error: --top-p must be a number in (0, 1] (got 7.0); 1 turns it off"),
+    (["--temperature", "-1"], "error: --temperature must be a number >= 0 (got -1.0); 0 is greedy"),
 ])
 def test_a_refused_value_is_named_by_its_flag(model, capsys, argv, line):
     assert main(["generate", "--model", str(model), "--prompt", "Hi", *argv]) == 2
