@@ -1,8 +1,9 @@
 """What to do when a conversation outgrows the model's context: one policy for every front end.
 
-The engine, the workbench, the CLI chat and the HTTP server all fit a conversation into the context
-through :func:`fit_messages` (chat) or :func:`fit_text` (completion), so each says the same thing when
-a conversation is too long:
+The engine, the workbench and the CLI chat fit a conversation into the context through
+:func:`fit_messages` (chat) or :func:`fit_text` (completion), so each says the same thing when a
+conversation is too long (the HTTP server follows the OpenAI rule instead, prompt plus ``max_tokens``
+within the context: engine/server/protocol.py):
 
 * ``"stop"``: refuse the turn with a :class:`ContextOverflowError` that names the sizes and the fix;
 * ``"drop-oldest"``: drop the oldest turns (never the system prompt, never the newest user message)

@@ -45,6 +45,7 @@ def create_app(loop: EngineLoop, settings: ServerSettings) -> FastAPI:
     app = FastAPI(title="Strata", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.strata = state
     app.add_api_route("/v1/models", routes.list_models, methods=["GET"])
+    app.add_api_route("/v1/models/{model_id:path}", routes.retrieve_model, methods=["GET"])
     app.add_api_route("/v1/completions", create_completion, methods=["POST"])
     app.add_api_route("/v1/chat/completions", create_chat_completion, methods=["POST"])
     app.add_api_route("/health", routes.health, methods=["GET"])

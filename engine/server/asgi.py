@@ -26,6 +26,8 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 RECORD = "strata.access"            # scope key of the request's AccessRecord
 SERVER_SEND = "strata.server_send"  # scope key of the server's own send (see KeepServerSend)
+CLIENT_CLOSED = 499                 # the status logged for a client that left before its answer was complete
+# (nginx's "client closed request"): a stream that had started as 200 is counted as this, not as a success
 DRAIN_FACTOR = 4                    # an oversized body is read (and dropped) up to this many limits, so the
 # client gets to read the 413 instead of a reset connection; past that the connection is simply closed
 
@@ -40,6 +42,7 @@ class AccessRecord:
     ttft_s: float | None = None
     last_token_at: float | None = None
     finish: str = "-"
+    client_gone: bool = False                 # the client disconnected before its answer was complete
 
 
 @dataclass
@@ -103,8 +106,10 @@ class AccessLog:
 
     def _record(self, scope: Scope, record: AccessRecord, status: int) -> None:
         end = time.perf_counter()
-        self.metrics.requests.labels(endpoint_label(scope["path"]), str(status or 499)).inc()
-        line = f"{scope['method']} {printable(scope['path'])} {status or 499}"
+        if record.client_gone or not status:
+            status = CLIENT_CLOSED
+        self.metrics.requests.labels(endpoint_label(scope["path"]), str(status)).inc()
+        line = f"{scope['method']} {printable(scope['path'])} {status}"
         if record.prompt_tokens is None:
             log.info("%s %.1fms", line, (end - record.start) * 1e3)
             return

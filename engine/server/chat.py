@@ -4,7 +4,6 @@ engine/server/tools.py."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -17,13 +16,13 @@ from engine.guided import Guide
 from engine.outputs import RequestDelta
 from engine.sampling import MAX_LOGPROBS
 from engine.server import logprobs as lp
-from engine.server import structured, tools
+from engine.server import refused, structured, tools
 from engine.server.chat_harmony import HarmonyReply, prepare_harmony
 from engine.server.completions import respond
 from engine.server.engine_client import ModelInfo
 from engine.server.fields import Fields, bad
 from engine.server.generation import Choice, close_stream, stream_end, Generation, quote, watch_disconnect
-from engine.server.protocol import Common, choice_params, fit, read_common
+from engine.server.protocol import Common, choice_params, fit, guided, read_common
 from engine.server.state import created, json_body, new_id, record_of, state_of
 
 
@@ -47,6 +46,10 @@ def prepare(body: dict, info: ModelInfo) -> ChatPrompt:
     f = Fields(body)
     if tok.harmony is not None:
         return _prepare_harmony(body, tok.harmony)
+    if f.given("reasoning_effort"):
+        raise bad("reasoning_effort", "reasoning_effort is only for models whose prompt takes it (gpt-oss); leave "
+                                      "it out, or switch thinking with chat_template_kwargs such as "
+                                      "{\"enable_thinking\": false}", code="unsupported_parameter")
     try:
         messages = tools.render_messages(body.get("messages"))
         plan = tools.plan_tools(f.raw("tools"), body.get("tool_choice"), tok, f.raw("parallel_tool_calls", True))
@@ -89,13 +92,9 @@ async def create_chat_completion(request: Request) -> Response:
     f = Fields(body)
     k = _logprobs(f)
     common = read_common(f, info, ("max_completion_tokens", "max_tokens"), None, k)
+    refused.refuse(f, refused.CHAT)
     prompt = await asyncio.to_thread(prepare, body, info)
-    params = fit(common, common.params, len(prompt.ids), info, "messages")
-    if prompt.guide is not None:
-        try:
-            params = dataclasses.replace(params, guide=prompt.guide)
-        except ConfigError as exc:
-            raise bad(prompt.guide.source, str(exc)) from None
+    params = guided(fit(common, common.params, len(prompt.ids), info, "messages"), prompt.guide)
     choices = [choice_params(params, j) for j in range(common.n)]
     server.client.admit(len(choices), info)
     stream = await server.client.start([prompt.ids] * common.n, choices)

@@ -19,7 +19,7 @@ from engine.chat_format.harmony import (
     ReplyReader,
 )
 from engine.server import structured, tools
-from engine.server.fields import Fields, bad
+from engine.server.fields import Fields, bad, show
 from engine.server.tool_parse import ToolCall, ToolCallDelta, new_call_id
 
 
@@ -75,7 +75,7 @@ def prepare_harmony(body: dict, chat: HarmonyChat) -> tuple[list[int], tools.Too
     if effort is None:
         effort = DEFAULT_EFFORT
     if effort not in EFFORTS:
-        raise bad("reasoning_effort", f"reasoning_effort must be one of {', '.join(EFFORTS)} (got {effort!r})")
+        raise bad("reasoning_effort", f"reasoning_effort must be one of {', '.join(EFFORTS)} (got {show(effort)})")
     if structured.guide_for(body.get("response_format")) is not None:
         raise bad("response_format", "this model writes its reply in harmony channels, which a JSON format "
                                      "would break; leave response_format out and ask for JSON in the message")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+from engine.server.fields import show
 from engine.server.structured import FieldError, kind_of
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -46,7 +47,7 @@ def _message(where: str, message: object) -> dict:
         raise FieldError(f"{where}.role", f"{where}.role is missing; give each message a role: "
                                           + ", ".join(ROLES))
     if role not in ROLES:
-        raise FieldError(f"{where}.role", f"{where}.role must be one of {', '.join(ROLES)} (got {role!r})")
+        raise FieldError(f"{where}.role", f"{where}.role must be one of {', '.join(ROLES)} (got {show(role)})")
     out: dict = {"role": "system" if role == "developer" else role}
     may_omit = role == "assistant"       # an assistant turn may be only tool calls
     out["content"] = _content(f"{where}.content", message.get("content"), may_omit)
@@ -85,10 +86,10 @@ def _text_part(where: str, part: object) -> str:
                                 f"(got {kind_of(part)})")
     kind = part.get("type")
     if kind in _NOT_TEXT:
-        raise FieldError(f"{where}.type", f"{where} has type {kind!r}, but this model reads text only; "
+        raise FieldError(f"{where}.type", f"{where} has type {show(kind)}, but this model reads text only; "
                                           "send text parts only")
     if kind != "text":
-        raise FieldError(f"{where}.type", f"{where}.type must be \"text\" (got {kind!r})")
+        raise FieldError(f"{where}.type", f"{where}.type must be \"text\" (got {show(kind)})")
     text = part.get("text")
     if not isinstance(text, str):
         raise FieldError(f"{where}.text", f"{where}.text must be a string (got {kind_of(text)})")
@@ -108,7 +109,7 @@ def _tool_call(where: str, call: object) -> dict:
     if not isinstance(call_id, str):
         raise FieldError(f"{where}.id", f"{where}.id must be the call's id as a string (got {kind_of(call_id)})")
     if call.get("type", "function") != "function":
-        raise FieldError(f"{where}.type", f"{where}.type must be \"function\" (got {call.get('type')!r})")
+        raise FieldError(f"{where}.type", f"{where}.type must be \"function\" (got {show(call.get('type'))})")
     function = call.get("function")
     if not isinstance(function, dict):
         raise FieldError(f"{where}.function", f"{where}.function must be an object with a name and arguments "
@@ -116,7 +117,7 @@ def _tool_call(where: str, call: object) -> dict:
     name = function.get("name")
     if not isinstance(name, str) or not name:
         raise FieldError(f"{where}.function.name", f"{where}.function.name must be the called tool's name "
-                                                   f"(got {name!r})")
+                                                   f"(got {show(name)})")
     arguments = _arguments(f"{where}.function.arguments", function.get("arguments"))
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 

@@ -1,4 +1,5 @@
-"""``POST /v1/completions``: prompts as text or token ids, one choice per prompt and n."""
+"""``POST /v1/completions``: prompts as text or token ids, one choice per prompt and n; ``response_format``
+as on chat (engine/server/structured.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -14,10 +15,11 @@ from engine.errors import StrataError
 from engine.outputs import RequestDelta, TokenLogprob
 from engine.sampling import MAX_LOGPROBS
 from engine.server import logprobs as lp
+from engine.server import refused, structured
 from engine.server.engine_client import ModelInfo
 from engine.server.fields import Fields, bad, show
 from engine.server.generation import Choice, close_stream, stream_end, Generation, quote, quote_or_null, watch_disconnect
-from engine.server.protocol import MAX_CHOICES, Common, choice_params, fit, read_common
+from engine.server.protocol import MAX_CHOICES, Common, choice_params, fit, guided, read_common
 from engine.server.sse import EventStream
 from engine.server.state import ServerState, created, json_body, new_id, record_of, state_of
 
@@ -81,12 +83,15 @@ async def create_completion(request: Request) -> Response:
     score_only = echo and body.get("max_tokens") == 0 and _is_id(body.get("max_tokens"))
     common = read_common(Fields({**body, "max_tokens": 1}) if score_only else f, info, ("max_tokens",),
                          DEFAULT_MAX_TOKENS, k)
+    refused.refuse(f, refused.COMPLETIONS)
+    guide = structured.read_guide(body.get("response_format"))
     prompts = await asyncio.to_thread(read_prompts, body.get("prompt"), info)
     if len(prompts) * common.n > MAX_CHOICES:
         raise bad("n", f"{len(prompts)} prompts x n={common.n} asks for more than {MAX_CHOICES} choices")
     params, ids = [], []
     for i, p in enumerate(prompts):
         base = fit(common, common.params, len(p.ids), info, "prompt" if len(prompts) == 1 else f"prompt[{i}]")
+        base = guided(base, guide)
         params += [choice_params(base, j) for j in range(common.n)]
         ids += [p.ids] * common.n
     if not score_only:

@@ -12,7 +12,7 @@ import numbers
 from collections.abc import Mapping
 from typing import Any
 
-from engine.server.errors import APIError
+from engine.server.errors import APIError, printable
 
 MAX_DEPTH = 64            # deeper bodies are refused before anything walks them recursively
 _JSON_TYPES = ("application/json", "text/plain", "application/x-www-form-urlencoded")
@@ -22,13 +22,17 @@ def _no_constants(name: str) -> None:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def parse_json_object(raw: bytes, content_type: str | None) -> dict:
+def parse_json_object(raw: bytes, content_type: str | None, content_encoding: str | None = None) -> dict:
     """The body as a JSON object, or a 400/415 APIError saying what is wrong with it.
 
-    Accepts the media types clients send JSON with (``curl -d`` says form-urlencoded). Refuses NaN and
-    Infinity (not JSON), text that is not UTF-8, lone surrogates (which no tokenizer can encode), and
-    nesting deeper than MAX_DEPTH.
+    Accepts the media types clients send JSON with (``curl -d`` says form-urlencoded). Refuses a
+    compressed body (415, not a confusing "not UTF-8"), NaN and Infinity (not JSON), text that is not
+    UTF-8, lone surrogates (which no tokenizer can encode), and nesting deeper than MAX_DEPTH.
     """
+    encoding = (content_encoding or "").strip().lower()
+    if encoding not in ("", "identity"):
+        raise APIError(415, f"unsupported Content-Encoding {printable(encoding)}; send the body uncompressed",
+                       code="unsupported_media_type")
     media = (content_type or "").split(";")[0].strip().lower()
     if media and media not in _JSON_TYPES and not media.endswith("+json"):
         raise APIError(415, f"the body is {media}; send JSON with Content-Type: application/json",
@@ -82,8 +86,11 @@ def _json_kind(value: object) -> str:
 
 
 def show(value: object, limit: int = 60) -> str:
-    """A value for an error message, cut short."""
-    text = json.dumps(value, ensure_ascii=False) if isinstance(value, (dict, list, str)) else repr(value)
+    """A request's value for an error message, spelt as JSON spells it (true, null, "5"), cut short."""
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):          # not a JSON value (a caller's own object)
+        text = repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
@@ -123,8 +130,11 @@ class Fields:
         value = self.body.get(key)
         if value is None:
             return default
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise bad(self.name(key), f"{self.name(key)} must be a number (got {show(value)})")
+        if not math.isfinite(value):             # JSON has no Infinity, but 1e999 parses as one
+            raise bad(self.name(key), f"{self.name(key)} must be a finite number (got one beyond the "
+                                      "largest a double holds)")
         return float(value)
 
     def flag(self, key: str, default: bool) -> bool:

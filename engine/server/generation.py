@@ -91,8 +91,9 @@ class Generation:
         if self._closed:
             return
         self._closed = True
+        gone = self.record.client_gone = self.stream.gone
         self.record.completion_tokens = self.completion_tokens
-        reasons = sorted({c.finish_reason or "-" for c in self.ordered})
+        reasons = sorted({c.finish_reason or ("cancelled" if gone else "-") for c in self.ordered})
         self.record.finish = ",".join(reasons)
         self.metrics.prompt_tokens.inc(self.prompt_tokens)
         self.metrics.completion_tokens.inc(self.completion_tokens)

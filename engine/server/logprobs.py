@@ -43,10 +43,19 @@ def legacy(ids: Sequence[int], lps: Sequence[TokenLogprob | None], info: ModelIn
         s = info.token_text(tid)
         tokens.append(s)
         token_lps.append(None if lp is None else _f(lp.logprob))
-        tops.append(None if lp is None else {info.token_text(i): _f(v) for i, v in lp.top})
+        tops.append(None if lp is None else _legacy_top(lp, info))
         offsets.append(offset)
         offset += len(s)
     return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}, offset
+
+
+def _legacy_top(lp: TokenLogprob, info: ModelInfo) -> dict[str, float]:
+    """The likeliest tokens, and the chosen one when it is not among them (k + 1 entries at most, as OpenAI
+    and vLLM give them; chat lists exactly k, since its entry names the chosen token itself)."""
+    top = {info.token_text(i): _f(v) for i, v in lp.top}
+    if all(i != lp.token_id for i, _ in lp.top):
+        top.setdefault(info.token_text(lp.token_id), _f(lp.logprob))
+    return top
 
 
 def merge_legacy(parts: Sequence[dict]) -> dict:

@@ -26,7 +26,9 @@ _TOKEN_GAP = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2
 
 
 def endpoint_label(path: str) -> str:
-    """A bounded label: known routes by name, anything else as "other"."""
+    """A bounded label: known routes by name, a model by its route's pattern, anything else as "other"."""
+    if path.startswith("/v1/models/"):
+        return "/v1/models/{id}"
     return path if path in ENDPOINTS else "other"
 
 

@@ -1,17 +1,21 @@
 """The fields completions and chat share: model, n, stream, and the sampling settings.
 
 Sampling fields are checked by ``SamplingParams`` itself, so a refusal reads as the engine's own
-("temperature must be a number >= 0 (got -1); 0 is greedy"); the server adds only the limits of
-an open endpoint (how many choices, stop strings and alternatives one request may ask for).
+("temperature must be a number >= 0 (got -1); 0 is greedy"); the server checks their JSON types
+first (so a message spells values as JSON does), refuses what it does not implement
+(engine/server/refused.py), and adds the limits of an open endpoint (how many choices, stop strings
+and alternatives one request may ask for) and the rule that prompt and reply fit the context.
 """
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from dataclasses import dataclass
 
-from engine.context import reply_room
 from engine.errors import ConfigError
+from engine.guided import Guide
 from engine.sampling import SamplingParams
+from engine.server import refused
 from engine.server.engine_client import ModelInfo
 from engine.server.errors import APIError
 from engine.server.fields import Fields, bad, show
@@ -32,8 +36,9 @@ class Common:
     include_usage: bool
     return_token_ids: bool           # add each choice's token ids (a vLLM extension)
     params: SamplingParams           # for choice 0; max_tokens still to be fitted to the prompt
-    max_tokens: int | None           # as the client gave it (None: up to the context, or the default)
+    max_tokens: int | None           # as the client gave it (None: left out)
     max_tokens_key: str              # the field it came from, for messages
+    default_max_tokens: int | None   # the reply's cap when left out (None: whatever room the prompt leaves)
 
 
 def read_common(f: Fields, info: ModelInfo, max_tokens_keys: tuple[str, ...], default_max_tokens: int | None,
@@ -47,22 +52,47 @@ def read_common(f: Fields, info: ModelInfo, max_tokens_keys: tuple[str, ...], de
         raise bad("stream_options", "stream_options is only allowed with stream: true")
     include_usage = Fields(options or {}, "stream_options.").flag("include_usage", False)
     key = next((k for k in max_tokens_keys if f.given(k)), max_tokens_keys[-1])
-    max_tokens = f.raw(key)
-    if max_tokens is not None and isinstance(max_tokens, int) and not isinstance(max_tokens, bool) \
-            and max_tokens > info.context_tokens:
+    max_tokens = f.whole(key, None, 1, hint="a reply needs at least 1 token")
+    if max_tokens is not None and max_tokens > info.context_tokens:
         raise bad(key, f"{key} must be at most the {info.context_tokens}-token context (got {max_tokens}); "
                        "prompt and reply share the context", code="context_length_exceeded")
-    _refuse_unsupported(f, n)
+    refused.refuse(f, refused.BOTH)
+    f.unsupported("best_of", (1, n), "use n for several choices")
+    _check_sampling_types(f)
     stop = f.raw("stop")
     if isinstance(stop, list) and len(stop) > MAX_STOP:
         raise bad("stop", f"stop takes at most {MAX_STOP} strings (got {len(stop)})")
     if any(isinstance(s, str) and len(s) > MAX_STOP_CHARS for s in (stop if isinstance(stop, list) else [stop])):
         raise bad("stop", f"each stop string may have at most {MAX_STOP_CHARS} characters")
     kwargs = {k: f.body[k] for k in _SAMPLING_KEYS if f.body.get(k) is not None}
-    wanted = max_tokens if max_tokens is not None else default_max_tokens
-    params = sampling(kwargs, 1 if wanted is None else wanted, logprobs, key)
-    return Common(n, stream, include_usage, f.flag("return_token_ids", False), params,
-                  max_tokens if max_tokens is not None else default_max_tokens, key)
+    params = sampling(kwargs, max_tokens or default_max_tokens or 1, logprobs)
+    return Common(n, stream, include_usage, f.flag("return_token_ids", False), params, max_tokens, key,
+                  default_max_tokens)
+
+
+def _check_sampling_types(f: Fields) -> None:
+    """Each sampling field has a JSON type SamplingParams takes, so its own range checks (which name the
+    field and the fix) are the only refusals left, and no message shows a Python spelling."""
+    for key in ("temperature", "top_p", "min_p", "repetition_penalty"):
+        f.number(key, None)
+    for key in ("ignore_eos", "include_stop_str_in_output"):
+        f.flag(key, False)
+    f.whole("top_k", None, 0, hint="0 turns it off")
+    seed = f.raw("seed")
+    if seed is not None and not (_is_whole(seed) and -2 ** 63 <= seed < 2 ** 64):
+        raise bad("seed", f"seed must be a whole number that fits in 64 bits (got {show(seed)}); leave it out "
+                          "(or null) to draw a fresh random seed")
+    stop = f.raw("stop")
+    if stop is not None and not (isinstance(stop, str) or isinstance(stop, list)
+                                 and all(isinstance(s, str) for s in stop)):
+        raise bad("stop", f"stop must be a string or a list of strings (got {show(stop)})")
+    ids = f.raw("stop_token_ids")
+    if ids is not None and not (isinstance(ids, list) and all(_is_whole(t) and t >= 0 for t in ids)):
+        raise bad("stop_token_ids", f"stop_token_ids must be a list of token ids >= 0 (got {show(ids)})")
+
+
+def _is_whole(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def check_model(f: Fields, info: ModelInfo) -> None:
@@ -77,16 +107,15 @@ def check_model(f: Fields, info: ModelInfo) -> None:
                             "(GET /v1/models lists it)", param="model", code="model_not_found")
 
 
-def sampling(kwargs: dict, max_tokens: int, logprobs: int | None, max_tokens_key: str = "max_tokens") -> SamplingParams:
-    """SamplingParams from request fields; its ConfigError becomes a 400 naming the field."""
+def sampling(kwargs: dict, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    """SamplingParams from request fields (their types checked already); its ConfigError becomes a 400
+    naming the field."""
     try:
         return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, **kwargs)
     except ConfigError as exc:
         message = str(exc)
         field = message.split(" ", 1)[0]
-        if field == "max_tokens" and max_tokens_key != "max_tokens":
-            message, field = max_tokens_key + message[len("max_tokens"):], max_tokens_key
-        elif field not in (*_SAMPLING_KEYS, "max_tokens"):
+        if field not in _SAMPLING_KEYS:
             field = next((k for k in _SAMPLING_KEYS if k in message.split(" ", 2)[:2]), None)
         raise bad(field, message) from None
 
@@ -95,31 +124,42 @@ def choice_params(base: SamplingParams, j: int) -> SamplingParams:
     """Choice ``j`` of a prompt: its own seed (seed + j), so each choice is reproducible on its own."""
     if j == 0 or base.seed is None:
         return base
-    try:
-        return dataclasses.replace(base, seed=base.seed + j)
-    except ConfigError as exc:
-        raise bad("seed", str(exc)) from None
+    if base.seed + j >= 2 ** 64:
+        raise bad("seed", f"seed {base.seed} leaves no room for the seeds of the other choices (seed + j must fit "
+                          "in 64 bits); use a smaller seed")
+    return dataclasses.replace(base, seed=base.seed + j)
 
 
 def fit(common: Common, params: SamplingParams, prompt_tokens: int, info: ModelInfo, where: str) -> SamplingParams:
-    """Check that the prompt and the reply's room fit the context (the "stop" overflow policy: a prompt
-    is never cut); returns ``params`` with max_tokens set when the client left it out."""
+    """The prompt and max_tokens must fit the context together (vLLM's rule): a prompt is never cut, and
+    a reply never ends early for want of room. Left out, max_tokens becomes the room the prompt leaves
+    (at most ``default_max_tokens``). Returns ``params`` with that max_tokens; 400 naming the numbers."""
     ctx = info.context_tokens
-    room = 1 if common.max_tokens is None else reply_room(ctx, common.max_tokens)
-    over = prompt_tokens + room - ctx
-    if over > 0:
-        raise bad(where, f"{where} is {over} tokens over the {ctx}-token context: it has {prompt_tokens} tokens "
-                         f"and the reply needs room for {room}; shorten it or lower {common.max_tokens_key}",
-                  code="context_length_exceeded")
+    room = ctx - prompt_tokens                       # what the prompt leaves for the reply
+    if room < 1:
+        over = _tokens(1 - room)
+        raise bad(where, f"{where} is {over} over the {ctx}-token context: it has {prompt_tokens} tokens "
+                         f"and the reply needs at least 1; shorten it by {over}", code="context_length_exceeded")
     if common.max_tokens is None:
-        return dataclasses.replace(params, max_tokens=ctx - prompt_tokens)
+        cap = room if common.default_max_tokens is None else min(room, common.default_max_tokens)
+        return dataclasses.replace(params, max_tokens=cap)
+    if common.max_tokens > room:
+        key, over = common.max_tokens_key, _tokens(common.max_tokens - room)
+        raise bad(key, f"{key} {common.max_tokens} does not fit: {where} has {prompt_tokens} tokens, which leaves "
+                       f"{room} of the {ctx}-token context for the reply; lower {key} to at most {room} or "
+                       f"shorten {where} by {over}", code="context_length_exceeded")
     return params
 
 
-def _refuse_unsupported(f: Fields, n: int) -> None:
-    hint = "use repetition_penalty (above 1 discourages repeats)"
-    f.unsupported("presence_penalty", (0, 0.0), hint)
-    f.unsupported("frequency_penalty", (0, 0.0), hint)
-    f.unsupported("logit_bias", ({},), "leave it out")
-    f.unsupported("suffix", ("",), "leave it out")
-    f.unsupported("best_of", (1, n), "use n for several choices")
+def _tokens(n: int) -> str:
+    return "1 token" if n == 1 else f"{n} tokens"
+
+
+def guided(params: SamplingParams, guide: Guide | None) -> SamplingParams:
+    """``params`` with the reply constrained by ``guide`` (None: unchanged); a refusal names its field."""
+    if guide is None:
+        return params
+    try:
+        return dataclasses.replace(params, guide=guide)
+    except ConfigError as exc:
+        raise bad(guide.source, str(exc)) from None

@@ -9,19 +9,32 @@ from starlette.responses import JSONResponse, Response
 
 from engine.config import LIVE_OPTIONS
 from engine.errors import StrataError
+from engine.server.engine_client import ModelInfo
 from engine.server.errors import APIError
+from engine.server.fields import Fields
 from engine.server.metrics import CONTENT_TYPE
+from engine.server.protocol import check_model
 from engine.server.state import json_body, state_of
+
+
+def _model(info: ModelInfo) -> dict:
+    return {"id": info.name, "object": "model", "created": info.created, "owned_by": "strata",
+            "root": info.path, "max_model_len": info.context_tokens}
 
 
 async def list_models(request: Request) -> Response:
     client = state_of(request).client
     if not client.loaded():
         return JSONResponse({"object": "list", "data": []})
-    info = await client.info()
-    return JSONResponse({"object": "list", "data": [{
-        "id": info.name, "object": "model", "created": info.created, "owned_by": "strata",
-        "root": info.path, "max_model_len": info.context_tokens}]})
+    return JSONResponse({"object": "list", "data": [_model(await client.info())]})
+
+
+async def retrieve_model(request: Request) -> Response:
+    """``GET /v1/models/{id}``: the object /v1/models lists for that id (its name or its folder, as
+    ``model`` takes them); another id is a 404 naming the served one."""
+    info = await state_of(request).client.info()
+    check_model(Fields({"model": request.path_params["model_id"]}), info)
+    return JSONResponse(_model(info))
 
 
 async def health(request: Request) -> Response:

@@ -34,7 +34,8 @@ def record_of(request: Request) -> AccessRecord:
 
 
 async def json_body(request: Request) -> dict:
-    return parse_json_object(await request.body(), request.headers.get("content-type"))
+    return parse_json_object(await request.body(), request.headers.get("content-type"),
+                             request.headers.get("content-encoding"))
 
 
 def new_id(prefix: str) -> str:

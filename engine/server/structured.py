@@ -14,6 +14,7 @@ import llguidance
 
 from engine.errors import ConfigError
 from engine.guided import Guide
+from engine.server.fields import bad, show
 
 _TYPES = ("text", "json_object", "json_schema")
 
@@ -76,7 +77,7 @@ def closed_objects(schema: object) -> object:
     return out
 
 
-def guide_for(response_format: dict | None) -> Guide | None:
+def guide_for(response_format: object) -> Guide | None:
     """The guide that enforces ``response_format``, or None when the output is free text.
 
     Raises FieldError (a ConfigError) naming the field (``response_format.json_schema.schema``, ...)
@@ -90,12 +91,20 @@ def guide_for(response_format: dict | None) -> Guide | None:
     kind = response_format.get("type")
     if kind not in _TYPES:
         raise FieldError("response_format.type", "response_format.type must be \"text\", \"json_object\" or "
-                         f"\"json_schema\" (got {kind!r})")
+                         f"\"json_schema\" (got {show(kind)})")
     if kind == "text":
         return None
     if kind == "json_object":
         return Guide("json", "", source="response_format")
     return Guide("json", _schema_text(response_format.get("json_schema")), source="response_format.json_schema")
+
+
+def read_guide(response_format: object) -> Guide | None:
+    """:func:`guide_for` on a request's field: a malformed one is a 400 naming its part."""
+    try:
+        return guide_for(response_format)
+    except FieldError as exc:
+        raise bad(exc.param, str(exc)) from None
 
 
 def _schema_text(spec: object) -> str:

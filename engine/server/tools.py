@@ -29,6 +29,7 @@ import jinja2
 
 from engine.guided import Guide
 from engine.server.chat_messages import render_messages
+from engine.server.fields import show
 from engine.server.structured import FieldError, closed_objects, kind_of, schema_problem
 from engine.server.tool_parse import (HERMES, MISTRAL, ContentDelta, ToolCall, ToolCallDelta, ToolCallFormat,
                                        ToolStreamParser, ToolSyntax, parse_tool_calls)
@@ -122,7 +123,7 @@ def _functions(tools: object) -> tuple[FunctionTool, ...]:
         function = _function(f"tools[{i}]", tool)
         for j, earlier in enumerate(functions):
             if earlier.name == function.name:
-                raise FieldError(f"tools[{i}].function.name", f"tools[{i}].function.name {function.name!r} is "
+                raise FieldError(f"tools[{i}].function.name", f"tools[{i}].function.name {show(function.name)} is "
                                  f"also the name of tools[{j}]; give each tool its own name")
         functions.append(function)
     return tuple(functions)
@@ -133,7 +134,7 @@ def _function(where: str, tool: object) -> FunctionTool:
         raise FieldError(where, f"{where} must be an object such as {{\"type\": \"function\", \"function\": "
                                 f"{{\"name\": ...}}}} (got {kind_of(tool)})")
     if tool.get("type") != "function":
-        raise FieldError(f"{where}.type", f"{where}.type must be \"function\" (got {tool.get('type')!r}); "
+        raise FieldError(f"{where}.type", f"{where}.type must be \"function\" (got {show(tool.get('type'))}); "
                                           "function tools are the only kind")
     spec = tool.get("function")
     if not isinstance(spec, dict):
@@ -142,7 +143,7 @@ def _function(where: str, tool: object) -> FunctionTool:
     name = spec.get("name")
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise FieldError(f"{where}.function.name", f"{where}.function.name must be 1 to 64 letters, digits, "
-                                                   f"'_', '-' or '.' (got {name!r})")
+                                                   f"'_', '-' or '.' (got {show(name)})")
     description = spec.get("description")
     if description is not None and not isinstance(description, str):
         raise FieldError(f"{where}.function.description", f"{where}.function.description must be a string "
@@ -157,7 +158,7 @@ def _parameters(where: str, schema: object) -> dict | None:
         raise FieldError(where, f"{where} must be a JSON schema object such as {{\"type\": \"object\", "
                                 f"\"properties\": {{...}}}} (got {kind_of(schema)})")
     if schema.get("type", "object") != "object":
-        raise FieldError(where, f"{where} must describe an object (its type is {schema.get('type')!r}); "
+        raise FieldError(where, f"{where} must describe an object (its type is {show(schema.get('type'))}); "
                                 "arguments are always a JSON object, so put the values in its properties")
     return schema
 

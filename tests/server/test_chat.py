@@ -42,6 +42,24 @@ def test_a_streamed_chat_reply_matches_the_whole_one(client):
     assert chunks[-1].usage.completion_tokens == 12 and chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
 
 
+def test_without_max_tokens_a_chat_reply_may_run_to_the_end_of_the_context(client, engine):
+    ctx = engine.context_tokens
+    words = 1
+    while True:                          # a conversation that leaves a few tokens of the context
+        messages = [{"role": "user", "content": "the sea " * words}]
+        used = len(engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+        if used >= ctx - 8:
+            break
+        words += max(1, (ctx - 8 - used) // 3)
+    room = ctx - used
+    r = client.chat.completions.create(model="demo", messages=messages, temperature=0, extra_body={"ignore_eos": True})
+    assert r.usage.prompt_tokens == used and r.usage.completion_tokens == room and r.choices[0].finish_reason == "length"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="demo", messages=messages, max_completion_tokens=room + 1)
+    assert err.value.body["param"] == "max_completion_tokens"
+    assert f"lower max_completion_tokens to at most {room} or shorten messages by 1 token" in err.value.body["message"]
+
+
 def test_max_completion_tokens_wins_over_max_tokens(client):
     r = client.chat.completions.create(model="demo", messages=HI, max_tokens=20, max_completion_tokens=3,
                                        temperature=0, extra_body=IGNORE_EOS)
@@ -57,6 +75,15 @@ def test_chat_logprobs_with_alternatives(client):
         assert entry.logprob <= 0 and len(entry.top_logprobs) == 2
         assert entry.bytes == list(entry.token.encode())
         assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob, abs=1e-4)   # greedy: the likeliest
+
+
+def test_chat_top_logprobs_list_exactly_k_alternatives_as_openai_does(client):
+    r = client.chat.completions.create(model="demo", messages=HI, max_tokens=40, temperature=2.0, seed=3,
+                                       logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})
+    content = r.choices[0].logprobs.content
+    assert all(len(entry.top_logprobs) == 2 for entry in content)
+    # the sampled token is the entry's own token; when sampling went outside the top 2 it is not listed there
+    assert any(entry.token not in [t.token for t in entry.top_logprobs] for entry in content)
 
 
 ANSWER = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}, "count": {"type": "integer"}},

@@ -2,8 +2,10 @@
 stop strings, seeds, n, logprobs and echo."""
 from __future__ import annotations
 
+import json
 import math
 
+import openai
 import pytest
 import torch
 
@@ -15,6 +17,20 @@ def test_models_lists_the_served_model(client, engine):
     models = client.models.list().data
     assert [m.id for m in models] == ["demo"]
     assert models[0].model_extra["max_model_len"] == engine.context_tokens
+
+
+def test_a_model_is_retrieved_by_its_id_as_listed_and_another_id_is_a_404_naming_it(client, http):
+    listed = http.get("/v1/models").json()["data"][0]
+    assert http.get("/v1/models/demo").json() == listed
+    assert client.models.retrieve("demo").model_dump() == client.models.list().data[0].model_dump()
+    with pytest.raises(openai.NotFoundError) as err:
+        client.models.retrieve("gpt-4")
+    assert err.value.body == {"message": "model \"gpt-4\" is not served here; this server serves \"demo\" "
+                                         "(GET /v1/models lists it)", "type": "not_found_error", "param": "model",
+                              "code": "model_not_found"}
+    counted = [line for line in http.get("/metrics").text.splitlines()
+               if line.startswith('strata_http_requests_total{endpoint="/v1/models/{id}",status="404"}')]
+    assert counted and float(counted[0].split()[-1]) >= 1
 
 
 def test_a_completion_returns_text_tokens_and_usage_equal_to_them(client, engine):
@@ -145,3 +161,63 @@ def test_a_streamed_echo_starts_with_the_prompt_and_chunks_carry_their_tokens_lo
         assert len(c.logprobs.tokens) == len(c.logprobs.token_logprobs) == len(c.model_extra["token_ids"])
     offsets = [o for c in later for o in c.logprobs.text_offset]
     assert offsets[0] == len("The sea") and offsets == sorted(offsets)
+
+
+def _ids(engine, n: int) -> list[int]:
+    """A prompt of exactly ``n`` token ids."""
+    ids = engine.tokenizer.encode("the sea and the king " * n)
+    assert len(ids) >= n
+    return ids[:n]
+
+
+def test_prompt_and_max_tokens_must_fit_the_context_and_the_refusal_names_what_fits(client, engine):
+    ctx = engine.context_tokens
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="demo", prompt=_ids(engine, ctx - 132), max_tokens=200)
+    assert err.value.body["param"] == "max_tokens" and err.value.body["code"] == "context_length_exceeded"
+    assert err.value.body["message"] == (f"max_tokens 200 does not fit: prompt has {ctx - 132} tokens, which leaves "
+                                         f"132 of the {ctx}-token context for the reply; lower max_tokens to at most "
+                                         "132 or shorten prompt by 68 tokens")
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="demo", prompt=_ids(engine, ctx - 112), max_tokens=113)
+    assert "lower max_tokens to at most 112 or shorten prompt by 1 token" in err.value.body["message"]
+    full = client.completions.create(model="demo", prompt=_ids(engine, ctx - 112), max_tokens=112,
+                                     extra_body={"ignore_eos": True})
+    assert full.usage.completion_tokens == 112 and full.choices[0].finish_reason == "length"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="demo", prompt=_ids(engine, ctx), max_tokens=1)
+    assert err.value.body["param"] == "prompt" and "shorten it by 1 token" in err.value.body["message"]
+
+
+def test_without_max_tokens_a_reply_takes_the_room_left_up_to_the_default(client, engine):
+    ctx = engine.context_tokens
+    roomy = client.completions.create(model="demo", prompt=_ids(engine, 20), extra_body={"ignore_eos": True})
+    assert roomy.usage.completion_tokens == 16                         # OpenAI's default for completions
+    tight = client.completions.create(model="demo", prompt=_ids(engine, ctx - 5), extra_body={"ignore_eos": True})
+    assert tight.usage.completion_tokens == 5 and tight.choices[0].finish_reason == "length"
+
+
+def test_response_format_constrains_a_completion_as_on_chat(client):
+    schema = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+    r = client.completions.create(model="demo", prompt="Is the sea deep?", max_tokens=40, temperature=0,
+                                  extra_body={"response_format": fmt, "ignore_eos": True})
+    assert r.choices[0].finish_reason == "stop"
+    assert json.loads(r.choices[0].text)["answer"] in ("yes", "no")
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="demo", prompt="Hi", extra_body={"response_format": {"type": "xml"}})
+    assert err.value.body["param"] == "response_format.type"
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_legacy_top_logprobs_hold_the_sampled_token_beside_the_top_k(client, k):
+    r = client.completions.create(model="demo", prompt="Once upon a time", max_tokens=40, logprobs=k, temperature=2.0,
+                                  seed=3, extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    sizes = []
+    for token, chosen, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert token in top and top[token] == pytest.approx(chosen)
+        sizes.append(len(top))
+    assert set(sizes) <= {k, k + 1} and k + 1 in sizes             # the sampled token outside the top k is added
+    if k:
+        assert k in sizes                                           # and not repeated when it is among them

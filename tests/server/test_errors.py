@@ -2,6 +2,7 @@
 server answers a good request right after; a full queue is a 503 with Retry-After."""
 from __future__ import annotations
 
+import gzip
 import json
 
 import httpx
@@ -40,7 +41,12 @@ HOSTILE = [
     ("temperature-negative", "POST", COMPLETE, JSON, _json(prompt="Hi", temperature=-1), 400, "temperature",
      "temperature must be a number >= 0 (got -1)"),
     ("top-p-zero", "POST", CHAT, JSON, _json(messages=HI, top_p=0), 400, "top_p", "top_p must be a number in (0, 1]"),
-    ("seed-a-string", "POST", COMPLETE, JSON, _json(prompt="Hi", seed="lucky"), 400, "seed", "seed must be"),
+    ("seed-a-string", "POST", COMPLETE, JSON, _json(prompt="Hi", seed="lucky"), 400, "seed",
+     "seed must be a whole number that fits in 64 bits (got \"lucky\"); leave it out (or null) to draw"),
+    ("seed-without-room-for-n", "POST", COMPLETE, JSON, _json(prompt="Hi", seed=2**64 - 1, n=2), 400, "seed",
+     "use a smaller seed"),
+    ("temperature-overflows", "POST", COMPLETE, JSON, b'{"prompt": "Hi", "temperature": 1e999}', 400, "temperature",
+     "temperature must be a finite number"),
     ("unknown-model", "POST", COMPLETE, JSON, _json(prompt="Hi") .replace(b'"demo"', b'"gpt-4"'), 404, "model",
      "model \"gpt-4\" is not served here"),
     ("message-without-role", "POST", CHAT, JSON, _json(messages=[{"content": "Hi"}]), 400, "messages[0].role",
@@ -91,6 +97,23 @@ HOSTILE = [
     ("suffix", "POST", COMPLETE, JSON, _json(prompt="Hi", suffix="end"), 400, "suffix", "not supported"),
     ("presence-penalty", "POST", COMPLETE, JSON, _json(prompt="Hi", presence_penalty=0.5), 400, "presence_penalty",
      "use repetition_penalty"),
+    ("legacy-functions", "POST", CHAT, JSON, _json(messages=HI, functions=[{"name": "f", "parameters": {}}]), 400,
+     "functions", "use tools instead of functions"),
+    ("legacy-function-call", "POST", CHAT, JSON, _json(messages=HI, function_call={"name": "f"}), 400,
+     "function_call", "use tool_choice instead of function_call"),
+    ("audio-modality", "POST", CHAT, JSON, _json(messages=HI, modalities=["text", "audio"]), 400, "modalities",
+     "text only"),
+    ("audio-output", "POST", CHAT, JSON, _json(messages=HI, audio={"voice": "alloy", "format": "wav"}), 400, "audio",
+     "text only"),
+    ("reasoning-effort-on-a-plain-template", "POST", CHAT, JSON, _json(messages=HI, reasoning_effort="low"), 400,
+     "reasoning_effort", "chat_template_kwargs"),
+    ("vllm-guided-json", "POST", COMPLETE, JSON, _json(prompt="Hi", guided_json={"type": "object"}), 400,
+     "guided_json", "use response_format"),
+    ("min-tokens", "POST", CHAT, JSON, _json(messages=HI, min_tokens=5), 400, "min_tokens", "not supported"),
+    ("beam-search", "POST", COMPLETE, JSON, _json(prompt="Hi", use_beam_search=True), 400, "use_beam_search",
+     "does not search beams"),
+    ("gzip-body", "POST", COMPLETE, {**JSON, "Content-Encoding": "gzip"}, gzip.compress(_json(prompt="Hi")), 415,
+     None, "unsupported Content-Encoding gzip; send the body uncompressed"),
     ("form-upload", "POST", COMPLETE, {**AUTH, "Content-Type": "multipart/form-data; boundary=x"}, b"--x--", 415,
      None, "send JSON"),
     ("ten-megabyte-body", "POST", COMPLETE, JSON, _json(prompt="a" * (10 * 2**20)), 413, None, "over 8388608 bytes"),
@@ -99,6 +122,8 @@ HOSTILE = [
     ("missing-key", "POST", COMPLETE, {"Content-Type": "application/json"}, _json(prompt="Hi"), 401, None,
      "needs an API key"),
     ("unknown-route", "GET", "/v1/engines", AUTH, b"", 404, None, "no route /v1/engines"),
+    ("unknown-model-retrieved", "GET", "/v1/models/gpt-4", AUTH, b"", 404, "model",
+     "model \"gpt-4\" is not served here; this server serves \"demo\""),
     ("route-with-a-newline", "GET", "/v1/a%0Ab", AUTH, b"", 404, None, "no route /v1/a\\nb"),
     ("wrong-method", "GET", COMPLETE, AUTH, b"", 405, None, "GET is not allowed on /v1/completions"),
     ("unknown-live-option", "POST", "/v1/strata/config", JSON, b'{"nope": 1}', 400, "nope", "nope: no such option"),
@@ -121,6 +146,30 @@ def test_a_hostile_request_gets_an_error_object_and_the_server_lives_on(http, ur
         assert error["param"] == param
     good = http.post(COMPLETE, json={"model": "demo", "prompt": "Hi", "max_tokens": 2})
     assert good.status_code == 200 and good.json()["usage"]["completion_tokens"] >= 1
+
+
+# (field, a value of the wrong JSON type, how the message must spell it)
+WRONG_TYPES = [("temperature", True, "true"), ("top_p", "0.5", '"0.5"'), ("top_k", "5", '"5"'), ("min_p", [0.1], "[0.1]"),
+               ("repetition_penalty", False, "false"), ("seed", 1.5, "1.5"), ("max_tokens", True, "true"),
+               ("n", "2", '"2"'), ("logprobs", True, "true"), ("ignore_eos", "yes", '"yes"'),
+               ("include_stop_str_in_output", 1, "1"), ("stop", [None], "[null]"), ("stop_token_ids", ["1"], '["1"]'),
+               ("stream", "yes", '"yes"'), ("echo", 0, "0")]
+
+
+@pytest.mark.parametrize("field,value,spelt", WRONG_TYPES, ids=[w[0] for w in WRONG_TYPES])
+def test_a_refused_value_is_spelt_as_json_spells_it(http, field, value, spelt):
+    r = http.post(COMPLETE, json={"prompt": "Hi", "max_tokens": 2, field: value})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == field and f"(got {spelt})" in error["message"], error["message"]
+
+
+def test_the_neutral_value_of_an_unsupported_field_is_accepted(client):
+    r = client.chat.completions.create(model="demo", messages=HI, max_tokens=2, modalities=["text"], functions=[],
+                                       presence_penalty=0, logit_bias={}, extra_body={"min_tokens": 0, "echo": False})
+    assert r.usage.completion_tokens >= 1
+    c = client.completions.create(model="demo", prompt="Hi", max_tokens=2, best_of=1, suffix="", frequency_penalty=0)
+    assert c.usage.completion_tokens >= 1
 
 
 def test_the_key_may_also_come_as_x_api_key_and_health_needs_none(url):

@@ -6,6 +6,7 @@ import logging
 import re
 import socket
 import threading
+import time
 
 import httpx
 import pytest
@@ -96,8 +97,17 @@ def test_access_lines_and_stats_lines_are_logged(http, loop, caplog):
         loop.call(lambda engine: None).result(timeout=60)
     finally:
         loop.remove_tick(stats.tick)
-    lines = [r.getMessage() for r in caplog.records if r.name == "strata.server"]
     access = r"POST /v1/completions 200 in=\d+ out=12 ttft=\d+\.\dms \d+\.\d tok/s finish=length"
+
+    def logged() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "strata.server"]
+
+    # the access line is written once the server has sent the last byte, which the client may read first
+    for _ in range(400):
+        if any(re.fullmatch(access, line) for line in logged()):
+            break
+        time.sleep(0.05)
+    lines = logged()
     assert any(re.fullmatch(access, line) for line in lines), lines
     stat = r"\[Stats\] step=\d+ throughput=\d+\.\d\d tok/s running=[01] queued=0 hit_rate=(\d\.\d{3}|-) bus=\d+\.\d\d GB/s"
     assert any(re.fullmatch(stat, line) for line in lines), lines

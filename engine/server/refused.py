@@ -1,0 +1,65 @@
+"""Request fields this server does not implement: each is refused with one line naming the field and
+what to send instead, so no reply silently ignores what its request asked for.
+
+A field given its neutral value (the one that asks for nothing: ``presence_penalty: 0``,
+``modalities: ["text"]``) is accepted. Fields that change nothing in a reply (``user``, ``metadata``,
+``store``, ``service_tier``, ``prediction``, ``prompt_cache_key``, ``safety_identifier``) are accepted
+and have no effect.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.server.fields import Fields
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """A field this server refuses unless it has one of its neutral values."""
+
+    key: str
+    neutral: tuple            # values that ask for nothing, accepted
+    fix: str                  # what to do instead
+
+
+_PENALTY = "use repetition_penalty (above 1 discourages repeats)"
+_GUIDE = "use response_format {\"type\": \"json_schema\", ...} (an enum for a choice) instead"
+_TEXT_ONLY = "this server reads and writes text only"
+
+# Sampling and decoding fields of OpenAI and vLLM, on both routes.
+BOTH = (
+    Unsupported("presence_penalty", (0,), _PENALTY),
+    Unsupported("frequency_penalty", (0,), _PENALTY),
+    Unsupported("logit_bias", ({},), "leave it out"),
+    Unsupported("min_tokens", (0,), "leave it out (ignore_eos keeps a reply going to max_tokens)"),
+    Unsupported("allowed_token_ids", (), "leave it out"),
+    Unsupported("bad_words", ([],), "leave it out"),
+    Unsupported("use_beam_search", (False,), "leave it out; this server samples, it does not search beams"),
+    Unsupported("truncate_prompt_tokens", (), "shorten the prompt yourself; this server never cuts one"),
+    Unsupported("prompt_logprobs", (), "score a prompt with /v1/completions, echo: true and logprobs"),
+    Unsupported("guided_json", (), _GUIDE),
+    Unsupported("guided_regex", (), _GUIDE),
+    Unsupported("guided_choice", (), _GUIDE),
+    Unsupported("guided_grammar", (), _GUIDE),
+    Unsupported("structured_outputs", (), _GUIDE),
+)
+
+CHAT = (
+    Unsupported("functions", ([],), "use tools instead of functions"),
+    Unsupported("function_call", ("none", "auto"), "use tool_choice instead of function_call"),
+    Unsupported("modalities", (["text"],), f"leave it out or send [\"text\"]; {_TEXT_ONLY}"),
+    Unsupported("audio", (), f"leave it out; {_TEXT_ONLY}"),
+    Unsupported("web_search_options", (), "leave it out; this server cannot search the web"),
+    Unsupported("verbosity", ("medium",), "leave it out and ask for a shorter or longer reply in the message"),
+    Unsupported("echo", (False,), "leave it out; the messages you sent are the prompt"),
+)
+
+COMPLETIONS = (
+    Unsupported("suffix", ("",), "leave it out"),
+)
+
+
+def refuse(f: Fields, fields: tuple[Unsupported, ...]) -> None:
+    """A 400 naming the first of ``fields`` that the request gives a value other than its neutral one."""
+    for u in fields:
+        f.unsupported(u.key, u.neutral, u.fix)
