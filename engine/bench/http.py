@@ -37,7 +37,8 @@ class Target:
     url: str
     api_key: str | None = None
     model: str | None = None           # None: the first model GET /v1/models lists
-    vocab_size: int = ID_HIGH          # prompt ids stay below it (and below 32000)
+    vocab_size: int | None = None      # prompt ids stay below it (and below 32000); None: the vocab_size
+    # GET /v1/models gives the model (a Strata server lists it), else 32000
 
 
 def base_url(url: str) -> str:
@@ -62,16 +63,41 @@ async def _run(target: Target, workload: Workload, progress: Progress) -> BenchR
     async with httpx.AsyncClient(headers=headers, trust_env=False,
                                  timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
                                  limits=httpx.Limits(max_connections=None, max_keepalive_connections=None)) as client:
-        model = target.model or await _first_model(client, base)
-        requests = workload.requests(target.vocab_size)
+        model, listed = await _model_of(client, base, target.model)
+        vocab = target.vocab_size or listed or ID_HIGH
+        requests = workload.requests(vocab)
         url = f"{base}/v1/completions"
         records, wall = await drive(workload, requests,
-                                    lambda r: _send(client, url, model, workload, r, target.vocab_size, progress),
+                                    lambda r: _send(client, url, model, workload, r, vocab, progress),
                                     progress)
     return BenchRun(base, model, workload, summarise(records, wall), tuple(records))
 
 
-async def _first_model(client: httpx.AsyncClient, base: str) -> str:
+async def _model_of(client: httpx.AsyncClient, base: str, wanted: str | None) -> tuple[str, int | None]:
+    """The model to send to (``wanted``, else the first GET /v1/models lists) and the vocabulary size the
+    listing gives it (None where it gives none, or where the listing cannot be read for a named model)."""
+    if wanted is not None:
+        try:
+            resp = await client.get(f"{base}/v1/models")
+            data = resp.json().get("data") if resp.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            data = None
+        return wanted, _vocab_of(data, wanted)
+    data = await _listing(client, base)
+    name = data[0]["id"]
+    return name, _vocab_of(data, name)
+
+
+def _vocab_of(data: object, name: str) -> int | None:
+    for m in data if isinstance(data, list) else ():
+        if isinstance(m, dict) and name in (m.get("id"), m.get("root")):
+            v = m.get("vocab_size")
+            return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+    return None
+
+
+async def _listing(client: httpx.AsyncClient, base: str) -> list[dict]:
+    """GET /v1/models' entries that name a model; a ServerError naming the fix when there are none."""
     url = f"{base}/v1/models"
     try:
         resp = await client.get(url)
@@ -86,13 +112,12 @@ async def _first_model(client: httpx.AsyncClient, base: str) -> str:
     if resp.status_code != 200:
         raise ServerError(f"{url} answered {resp.status_code} ({_message(resp)}); check the server's log")
     try:
-        data = resp.json().get("data") or []
-        names = [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
-    except (ValueError, AttributeError):
-        names = []
-    if not names:
+        data = [m for m in resp.json().get("data") or [] if isinstance(m, dict) and isinstance(m.get("id"), str)]
+    except (ValueError, AttributeError, TypeError):
+        data = []
+    if not data:
         raise ServerError(f"{url} lists no model; name the one to use with --model NAME")
-    return names[0]
+    return data
 
 
 def _why(e: httpx.HTTPError) -> str:

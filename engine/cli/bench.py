@@ -41,7 +41,8 @@ def add_bench_parser(sub, add_model_flag, add_engine_flags) -> None:
     s.add_argument("--url", default=None, help="an OpenAI-compatible server's base address, e.g. http://127.0.0.1:8000")
     s.add_argument("--api-key", default=None, help="the server's API key (default: STRATA_API_KEY)")
     s.add_argument("--vocab-size", type=int, default=None,
-                   help="with --url: the model's vocabulary, when smaller than 32000 (prompt ids stay below it)")
+                   help="with --url: the model's vocabulary, when smaller than 32000 and the server does not "
+                        "list it (a Strata server does); prompt ids stay below it")
     p.add_argument("--json", default=None, metavar="FILE",
                    help="write config, commit, GPU, versions and results; never replaces a file (FILE! does)")
     add_engine_flags(p)
@@ -122,7 +123,7 @@ def _run_local(args: argparse.Namespace, workload: Workload, warmup: Workload | 
 
 
 def _run_url(args: argparse.Namespace, workload: Workload, warmup: Workload | None):
-    from engine.bench.http import ID_HIGH, Target, run_http
+    from engine.bench.http import Target, run_http
     from engine.cli.options import engine_options
     given = [f"--{k.replace('_', '-')}" for k, v in engine_options(args, environ={}).items()
              if v != args.bench_parser.get_default(k)]
@@ -132,7 +133,7 @@ def _run_url(args: argparse.Namespace, workload: Workload, warmup: Workload | No
     if args.vocab_size is not None and args.vocab_size < 1:
         raise ConfigError(f"--vocab-size must be a whole number >= 1 (got {args.vocab_size})")
     target = Target(args.url, args.api_key or os.environ.get("STRATA_API_KEY") or None, args.model,
-                    args.vocab_size or ID_HIGH)
+                    args.vocab_size)
     if warmup is not None:
         _warm_up(_with_progress("warm-up", warmup, lambda p: run_http(target, warmup, p)))
     return _with_progress("bench", workload, lambda p: run_http(target, workload, p))

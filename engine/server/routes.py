@@ -19,7 +19,7 @@ from engine.server.state import json_body, state_of
 
 def _model(info: ModelInfo) -> dict:
     return {"id": info.name, "object": "model", "created": info.created, "owned_by": "strata",
-            "root": info.path, "max_model_len": info.context_tokens}
+            "root": info.path, "max_model_len": info.context_tokens, "vocab_size": info.vocab_size}
 
 
 async def list_models(request: Request) -> Response:

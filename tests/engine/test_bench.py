@@ -378,8 +378,16 @@ def strata_server(demo_loop):
     server.stop()
 
 
+def test_a_strata_server_gives_its_vocabulary_so_the_prompts_fit_it(strata_server, capsys):
+    # GET /v1/models lists the model's vocab_size: token-id prompts stay below it with no flag
+    assert main(["bench", "--url", strata_server, "--requests", "2", "--output-len", "2", "--warmup", "1"]) == 0
+    assert "output tok/s" in capsys.readouterr().out
+
+
 def test_prompt_ids_a_server_refuses_end_the_run_at_the_warm_up_with_the_fix(strata_server, capsys):
-    assert main(["bench", "--url", strata_server, "--requests", "2", "--output-len", "2", "--warmup", "1"]) == 2
+    # a --vocab-size larger than the model's: the server refuses the ids, and the run ends with the fix
+    assert main(["bench", "--url", strata_server, "--vocab-size", "32000", "--requests", "2", "--output-len", "2",
+                 "--warmup", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: 1 of 1 warm-up requests failed; the first: ")
     assert "answered 400" in err and "give --vocab-size with the model's vocabulary, or send --text-prompts" in err

@@ -17,6 +17,7 @@ def test_models_lists_the_served_model(client, engine):
     models = client.models.list().data
     assert [m.id for m in models] == ["demo"]
     assert models[0].model_extra["max_model_len"] == engine.context_tokens
+    assert models[0].model_extra["vocab_size"] == engine.loaded.spec.vocab_size     # what prompt ids may use
 
 
 def test_a_model_is_retrieved_by_its_id_as_listed_and_another_id_is_a_404_naming_it(client, http):
