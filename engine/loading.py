@@ -160,7 +160,7 @@ class LoadedModel:
             return
         if c.kv_cache_size:
             self.max_model_len, note = fit_context_to_kv_size(
-                self.max_model_len, c.max_model_len is not None, self._kv_cache_bytes(), c.kv_cache_size,
+                self.max_model_len, c.max_model_len is not None, c.kv_cache_size, self.plan.window_kv_bytes,
                 self._kv_bytes_per_token(), c.kv_block_size)
             self.notes += (note,) if note else ()
             return

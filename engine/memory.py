@@ -214,21 +214,28 @@ def fit_context(context: int, explicit: bool, kv_bytes: int, kv_bytes_per_token:
                     f"{budget} budget{of} leaves holds; {more} for a longer one")
 
 
-def fit_context_to_kv_size(context: int, explicit: bool, kv_bytes: int, asked: int, kv_bytes_per_token: int,
+def fit_context_to_kv_size(context: int, explicit: bool, asked: int, window_bytes: int, kv_bytes_per_token: int,
                            block: int) -> tuple[int, str | None]:
-    """:func:`fit_context` for a KV cache whose size the user gave (``asked``, ``--kv-cache-size``;
-    ``kv_bytes``: what of it the full-attention layers get): the context it holds for one sequence,
-    with a note when the context was not set, else a one-line ConfigError naming the size that fits."""
+    """:func:`fit_context` for a KV cache whose size the user gave (``asked``, ``--kv-cache-size``, of
+    which the window layers' pool takes ``window_bytes`` first): the context it holds for one sequence,
+    with a note when the context was not set, else a one-line ConfigError naming a size that fits."""
+    kv_bytes = max(0, asked - window_bytes)
     if kv_bytes_per_token <= 0 or kv_bytes >= context * kv_bytes_per_token:
         return context, None
     tokens = kv_bytes // kv_bytes_per_token // block * block
-    need = format_size(asked - kv_bytes + context * kv_bytes_per_token)
+    need = format_size(_round_up(window_bytes + context * kv_bytes_per_token))
     if explicit or tokens < block:
         fix = (f"raise --kv-cache-size to {need}" + (f" or lower --max-model-len to {tokens}" if tokens >= block else ""))
         raise ConfigError(f"a context of {context} tokens needs {need} of KV cache but --kv-cache-size gives "
                           f"{format_size(asked)} (room for {tokens} tokens); {fix}")
     return tokens, (f"context length {tokens} tokens (the model allows {context}): what the {format_size(asked)} "
                     f"KV cache --kv-cache-size gives holds; raise it to {need} for the whole context")
+
+
+def _round_up(n: int) -> int:
+    """``n`` bytes rounded up to whole MiB (whole KiB below one MiB), so that the size printed fits."""
+    unit = 1 << 20 if n >= 1 << 20 else 1 << 10
+    return -(-n // unit) * unit
 
 
 def default_budget(device: torch.device) -> int | None:

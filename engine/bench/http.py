@@ -58,13 +58,9 @@ def run_http(target: Target, workload: Workload, progress: Progress | None = Non
 
 async def _run(target: Target, workload: Workload, progress: Progress) -> BenchRun:
     base = base_url(target.url)
-    headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
-    # trust_env off: a benchmark measures the server, never a proxy the environment names
-    async with httpx.AsyncClient(headers=headers, trust_env=False,
-                                 timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
-                                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=None)) as client:
-        model, listed = await _model_of(client, base, target.model)
-        vocab = target.vocab_size or listed or ID_HIGH
+    async with _client(target) as client:
+        served = await _model_of(client, base, target.model)
+        model, vocab = served.model, target.vocab_size or served.vocab_size or ID_HIGH
         requests = workload.requests(vocab)
         url = f"{base}/v1/completions"
         records, wall = await drive(workload, requests,
@@ -73,27 +69,53 @@ async def _run(target: Target, workload: Workload, progress: Progress) -> BenchR
     return BenchRun(base, model, workload, summarise(records, wall), tuple(records))
 
 
-async def _model_of(client: httpx.AsyncClient, base: str, wanted: str | None) -> tuple[str, int | None]:
-    """The model to send to (``wanted``, else the first GET /v1/models lists) and the vocabulary size the
-    listing gives it (None where it gives none, or where the listing cannot be read for a named model)."""
+@dataclass(frozen=True)
+class Served:
+    """What GET /v1/models says of the model a run sends to (None: not listed)."""
+
+    model: str
+    vocab_size: int | None = None
+    context_tokens: int | None = None   # max_model_len
+
+
+def served_model(target: Target) -> Served:
+    """:class:`Served` for ``target`` (one GET /v1/models); a ServerError naming the fix when the server
+    cannot be used."""
+    async def ask() -> Served:
+        async with _client(target) as client:
+            return await _model_of(client, base_url(target.url), target.model)
+    return asyncio.run(ask())
+
+
+def _client(target: Target) -> httpx.AsyncClient:
+    headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
+    # trust_env off: a benchmark measures the server, never a proxy the environment names
+    return httpx.AsyncClient(headers=headers, trust_env=False,
+                             timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
+                             limits=httpx.Limits(max_connections=None, max_keepalive_connections=None))
+
+
+async def _model_of(client: httpx.AsyncClient, base: str, wanted: str | None) -> Served:
+    """The model to send to (``wanted``, else the first GET /v1/models lists), with what the listing
+    says of it (nothing where it says nothing, or where the listing cannot be read for a named model)."""
     if wanted is not None:
         try:
             resp = await client.get(f"{base}/v1/models")
             data = resp.json().get("data") if resp.status_code == 200 else None
         except (httpx.HTTPError, ValueError, AttributeError):
             data = None
-        return wanted, _vocab_of(data, wanted)
+        return _served(data, wanted)
     data = await _listing(client, base)
-    name = data[0]["id"]
-    return name, _vocab_of(data, name)
+    return _served(data, data[0]["id"])
 
 
-def _vocab_of(data: object, name: str) -> int | None:
+def _served(data: object, name: str) -> Served:
+    def count(v: object) -> int | None:
+        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
     for m in data if isinstance(data, list) else ():
         if isinstance(m, dict) and name in (m.get("id"), m.get("root")):
-            v = m.get("vocab_size")
-            return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
-    return None
+            return Served(name, count(m.get("vocab_size")), count(m.get("max_model_len")))
+    return Served(name)
 
 
 async def _listing(client: httpx.AsyncClient, base: str) -> list[dict]:
@@ -224,7 +246,16 @@ def _refusal(url: str, resp: httpx.Response, workload: Workload, vocab_size: int
     line = f"{url} answered {resp.status_code}: {_message(resp)}"
     if resp.status_code in (401, 403):
         return line + "; give the server's API key with --api-key KEY"
-    if resp.status_code == 400 and not workload.text_prompts:
+    if resp.status_code == 400 and not workload.text_prompts and _code(resp) != "context_length_exceeded":
         return (line + f"; the prompts are token ids below {min(vocab_size, ID_HIGH)}: give --vocab-size with "
                 "the model's vocabulary, or send --text-prompts")
     return line
+
+
+def _code(resp: httpx.Response) -> str | None:
+    """The ``code`` of an OpenAI error answer, if it has one."""
+    try:
+        err = resp.json().get("error")
+    except (ValueError, AttributeError):
+        return None
+    return err.get("code") if isinstance(err, dict) else None

@@ -30,15 +30,15 @@ def check_workload(workload: Workload, facts: EngineFacts) -> None:
                           f"context holds {facts.context_tokens}; lower --prompt-len or --output-len{more}")
 
 
-def fit_preset_output(workload: Workload, facts: EngineFacts) -> tuple[Workload, str | None]:
-    """A preset whose replies would run past the context, with replies shortened to fit it (the
+def fit_preset_output(workload: Workload, context_tokens: int, model: str) -> tuple[Workload, str | None]:
+    """A preset whose replies would run past ``model``'s context, with replies shortened to fit it (the
     prompts as they are) and a note saying so; any other workload as it is, with None."""
-    room = facts.context_tokens - workload.prompt_len.largest
-    if workload.longest <= facts.context_tokens or room < 1 or not isinstance(workload.output_len, Fixed):
+    room = context_tokens - workload.prompt_len.largest
+    if workload.longest <= context_tokens or room < 1 or not isinstance(workload.output_len, Fixed):
         return workload, None
     preset = workload.name.removesuffix(" (changed)")
     note = (f"{preset}: replies of {room} tokens instead of {workload.output_len.n}, to fit the "
-            f"{facts.context_tokens}-token context of {facts.model}; give --output-len to choose")
+            f"{context_tokens}-token context of {model}; give --output-len to choose")
     return workload.replace(output_len=Fixed(room), name=f"{preset} (changed)"), note
 
 

@@ -99,7 +99,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def _run_local(args: argparse.Namespace, workload: Workload, warmup: Workload | None):
     from engine.bench.engine_side import engine_facts, measure_limits
-    from engine.bench.inprocess import fit_preset_output, run_in_process
+    from engine.bench.inprocess import run_in_process
     from engine.cli.run import open_engine
     from engine.loop import EngineLoop
     if args.vocab_size is not None:
@@ -109,9 +109,8 @@ def _run_local(args: argparse.Namespace, workload: Workload, warmup: Workload | 
     loop.start_thread("strata-bench")
     try:
         if args.preset and args.output_len is None:          # the preset's replies, not the user's
-            workload, note = fit_preset_output(workload, loop.call(engine_facts).result())
-            if note:
-                print(f"note: {note}", file=sys.stderr)
+            facts = loop.call(engine_facts).result()
+            workload = _fitted(workload, facts.context_tokens, facts.model)
         limits = loop.call(lambda e: measure_limits(e.loaded.device)).result()
         if warmup is not None:
             _warm_up(_with_progress("warm-up", warmup, lambda p: run_in_process(loop, warmup, p, limits)))
@@ -123,7 +122,7 @@ def _run_local(args: argparse.Namespace, workload: Workload, warmup: Workload | 
 
 
 def _run_url(args: argparse.Namespace, workload: Workload, warmup: Workload | None):
-    from engine.bench.http import Target, run_http
+    from engine.bench.http import Target, run_http, served_model
     from engine.cli.options import engine_options
     given = [f"--{k.replace('_', '-')}" for k, v in engine_options(args, environ={}).items()
              if v != args.bench_parser.get_default(k)]
@@ -134,9 +133,22 @@ def _run_url(args: argparse.Namespace, workload: Workload, warmup: Workload | No
         raise ConfigError(f"--vocab-size must be a whole number >= 1 (got {args.vocab_size})")
     target = Target(args.url, args.api_key or os.environ.get("STRATA_API_KEY") or None, args.model,
                     args.vocab_size)
+    if args.preset and args.output_len is None:              # the preset's replies, not the user's
+        served = served_model(target)
+        if served.context_tokens:
+            workload = _fitted(workload, served.context_tokens, served.model)
     if warmup is not None:
         _warm_up(_with_progress("warm-up", warmup, lambda p: run_http(target, warmup, p)))
     return _with_progress("bench", workload, lambda p: run_http(target, workload, p))
+
+
+def _fitted(workload: Workload, context_tokens: int, model: str) -> Workload:
+    """``workload`` with a preset's replies fitted to the context (engine.bench.inprocess), noted."""
+    from engine.bench.inprocess import fit_preset_output
+    workload, note = fit_preset_output(workload, context_tokens, model)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
+    return workload
 
 
 def _warm_up(run) -> None:

@@ -262,9 +262,8 @@ def _budget_lines(spec, args, c: EngineConfig, resident: int, per_expert: int, n
     lines = ["", *plan.format()]
     # the engine's rule (engine.loading): one sequence's context fits the KV cache
     if c.kv_cache_size:
-        lines += _context_line(*fit_context_to_kv_size(context, c.max_model_len is not None,
-                                                       kv_pool_bytes(plan, context, c.max_batch, c.kv_cache_size),
-                                                       c.kv_cache_size, kv_per_token, c.kv_block_size))
+        lines += _context_line(*fit_context_to_kv_size(context, c.max_model_len is not None, c.kv_cache_size,
+                                                       plan.window_kv_bytes, kv_per_token, c.kv_block_size))
     else:
         lines += _context_line(*fit_context(context, c.max_model_len is not None,
                                             kv_pool_bytes(plan, context, c.max_batch), kv_per_token, c.kv_block_size,

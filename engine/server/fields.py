@@ -132,10 +132,14 @@ class Fields:
             return default
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise bad(self.name(key), f"{self.name(key)} must be a number (got {show(value)})")
-        if not math.isfinite(value):             # JSON has no Infinity, but 1e999 parses as one
+        try:
+            number = float(value)                # an integer of 400 digits does not fit a double
+        except OverflowError:
+            number = math.inf
+        if not math.isfinite(number):            # JSON has no Infinity, but 1e999 parses as one
             raise bad(self.name(key), f"{self.name(key)} must be a finite number (got one beyond the "
                                       "largest a double holds)")
-        return float(value)
+        return number
 
     def flag(self, key: str, default: bool) -> bool:
         value = self.body.get(key)
@@ -172,6 +176,8 @@ class Fields:
     def unsupported(self, key: str, neutral: tuple, hint: str) -> None:
         """Refuse a field the engine does not implement unless it has its neutral value."""
         value = self.body.get(key)
-        if value is not None and value not in neutral:
+        # a neutral value of the same JSON type only: false is not 0, nor true 1
+        if value is not None and not any(value == n and isinstance(value, bool) == isinstance(n, bool)
+                                         for n in neutral):
             raise bad(key, f"{key} is not supported by this server (got {show(value)}); {hint}",
                       code="unsupported_parameter")

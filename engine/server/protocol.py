@@ -53,9 +53,10 @@ def read_common(f: Fields, info: ModelInfo, max_tokens_keys: tuple[str, ...], de
     include_usage = Fields(options or {}, "stream_options.").flag("include_usage", False)
     key = next((k for k in max_tokens_keys if f.given(k)), max_tokens_keys[-1])
     max_tokens = f.whole(key, None, 1, hint="a reply needs at least 1 token")
-    if max_tokens is not None and max_tokens > info.context_tokens:
-        raise bad(key, f"{key} must be at most the {info.context_tokens}-token context (got {max_tokens}); "
-                       "prompt and reply share the context", code="context_length_exceeded")
+    if max_tokens is not None and max_tokens >= info.context_tokens:
+        raise bad(key, f"{key} must be at most {info.context_tokens - 1} (got {max_tokens}): prompt and reply share "
+                       f"the {info.context_tokens}-token context, and a prompt has at least 1 token",
+                  code="context_length_exceeded")
     refused.refuse(f, refused.BOTH)
     f.unsupported("best_of", (1, n), "use n for several choices")
     _check_sampling_types(f)
@@ -145,9 +146,10 @@ def fit(common: Common, params: SamplingParams, prompt_tokens: int, info: ModelI
         return dataclasses.replace(params, max_tokens=cap)
     if common.max_tokens > room:
         key, over = common.max_tokens_key, _tokens(common.max_tokens - room)
+        shorten = f" or shorten {where} by {over}" if common.max_tokens - room < prompt_tokens else ""
         raise bad(key, f"{key} {common.max_tokens} does not fit: {where} has {prompt_tokens} tokens, which leaves "
-                       f"{room} of the {ctx}-token context for the reply; lower {key} to at most {room} or "
-                       f"shorten {where} by {over}", code="context_length_exceeded")
+                       f"{room} of the {ctx}-token context for the reply; lower {key} to at most {room}{shorten}",
+                  code="context_length_exceeded")
     return params
 
 

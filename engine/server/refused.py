@@ -52,6 +52,7 @@ CHAT = (
     Unsupported("web_search_options", (), "leave it out; this server cannot search the web"),
     Unsupported("verbosity", ("medium",), "leave it out and ask for a shorter or longer reply in the message"),
     Unsupported("echo", (False,), "leave it out; the messages you sent are the prompt"),
+    Unsupported("suffix", ("",), "leave it out; a chat reply has no text after it"),
 )
 
 COMPLETIONS = (

@@ -243,14 +243,12 @@ def test_a_workload_longer_than_the_context_is_refused_before_it_runs(demo_loop)
 def test_a_preset_whose_replies_pass_the_context_gets_shorter_replies_with_a_note(capsys):
     # The README's four-streams (prompts up to 52 tokens, replies of 800) on the demo's 512-token
     # context: replies of 460, said once; replies the user chose are never changed (refused instead).
-    from engine.bench.engine_side import EngineFacts
     from engine.bench.inprocess import fit_preset_output
-    facts = EngineFacts("demo", "cpu", 4096, frozenset(), True, 512, 8, 1, {}, 512)
-    fitted, note = fit_preset_output(PRESETS["four-streams"], facts)
+    fitted, note = fit_preset_output(PRESETS["four-streams"], 512, "demo")
     assert fitted.output_len == Fixed(460) and fitted.prompt_len == PRESETS["four-streams"].prompt_len
     assert note == ("four-streams: replies of 460 tokens instead of 800, to fit the 512-token context of demo; "
                     "give --output-len to choose")
-    assert fit_preset_output(PRESETS["offload-batch"], facts) == (PRESETS["offload-batch"], None)   # 128+48+256 fits
+    assert fit_preset_output(PRESETS["offload-batch"], 512, "demo") == (PRESETS["offload-batch"], None)  # 432 fits
     assert main(["bench", "--model", str(DEMO), "--device", "cpu", "--preset", "four-streams", "--requests", "1",
                  "--warmup", "0"]) == 0
     out, err = capsys.readouterr()
@@ -378,10 +376,14 @@ def strata_server(demo_loop):
     server.stop()
 
 
-def test_a_strata_server_gives_its_vocabulary_so_the_prompts_fit_it(strata_server, capsys):
-    # GET /v1/models lists the model's vocab_size: token-id prompts stay below it with no flag
+def test_a_strata_server_gives_its_vocabulary_and_context_so_the_requests_fit_them(strata_server, capsys):
+    # GET /v1/models lists the model's vocab_size and max_model_len: token-id prompts stay below the one,
+    # and the README's preset gets replies that fit the other, as in process
     assert main(["bench", "--url", strata_server, "--requests", "2", "--output-len", "2", "--warmup", "1"]) == 0
     assert "output tok/s" in capsys.readouterr().out
+    assert main(["bench", "--url", strata_server, "--preset", "four-streams", "--requests", "1", "--warmup", "0"]) == 0
+    out, err = capsys.readouterr()
+    assert "note: four-streams: replies of 460 tokens instead of 800" in err and "output tok/s" in out
 
 
 def test_prompt_ids_a_server_refuses_end_the_run_at_the_warm_up_with_the_fix(strata_server, capsys):
