@@ -118,11 +118,15 @@ def test_a_failed_load_after_unloading_brings_the_previous_model_back(qtbot, tmp
         before, previous = w.knobs.state, w.model
         # recorded from before the load: the reopened model can be ready in the same pass of the event loop
         # that delivers model_loading, before a wait started after it would listen
+        # (both recorded by plain slots and awaited by polling: a wait on the signal itself was seen to
+        # outlast its own timeout under a loaded machine)
         ready: list = []
+        loading: list = []
         w.model_ready.connect(ready.append)
-        with qtbot.waitSignal(w.bridge.model_loading, timeout=TIMEOUT) as loading:
-            w.open_model(str(_broken_config(tmp_path)))
-        assert loading.args[1] is False                      # it had to close: Send waits meanwhile
+        w.bridge.model_loading.connect(lambda *args: loading.append(args))
+        w.open_model(str(_broken_config(tmp_path)))
+        qtbot.waitUntil(lambda: len(loading) >= 1, timeout=TIMEOUT)
+        assert loading[0][1] is False                        # it had to close: Send waits meanwhile
         qtbot.waitUntil(lambda: len(ready) == 1, timeout=LOAD_TIMEOUT_MS)
         assert ready[0].path == previous.path                # the previous model, opened again
         qtbot.waitUntil(lambda: w.banners.level("load") == "red", timeout=TIMEOUT)
