@@ -54,19 +54,21 @@ def _load(builder, base, offset, n):
     return builder.load(ptr, align=2)
 
 
+def _x86_intrinsics(context, table: tuple[tuple[str | None, int, str], ...]) -> dict[int, str]:
+    """Of ``table``'s (CPU feature, None for x86-64 itself; width; intrinsic), those the code numba
+    compiles may use, by width: none on other targets."""
+    x86, feats = target(context)
+    if not x86:
+        return {}
+    return {width: name for feat, width, name in table if feat is None or feat in feats}
+
+
 def _x86_pmadd(context) -> dict[int, str]:
     """The x86 multiply-add intrinsics the code numba compiles may use, by width in 16-bit lanes."""
     if _PMADD is not None:
         return _PMADD
-    x86, feats = target(context)
-    if not x86:
-        return {}
-    out = {8: "llvm.x86.sse2.pmadd.wd"}             # part of x86-64 itself
-    if "avx2" in feats:
-        out[16] = "llvm.x86.avx2.pmadd.wd"
-    if "avx512bw" in feats:
-        out[32] = "llvm.x86.avx512.pmaddw.d.512"
-    return out
+    return _x86_intrinsics(context, ((None, 8, "llvm.x86.sse2.pmadd.wd"), ("avx2", 16, "llvm.x86.avx2.pmadd.wd"),
+                                     ("avx512bw", 32, "llvm.x86.avx512.pmaddw.d.512")))
 
 
 _PMADD: dict[int, str] | None = None     # tests set {} for the plain IR
@@ -121,15 +123,8 @@ def _x86_pshufb(context) -> dict[int, str]:
     """The x86 byte-lookup intrinsics the code numba compiles may use, by width in bytes."""
     if _PSHUFB is not None:
         return _PSHUFB
-    x86, feats = target(context)
-    if not x86:
-        return {}
-    out = {16: "llvm.x86.ssse3.pshuf.b.128"} if "ssse3" in feats else {}
-    if "avx2" in feats:
-        out[32] = "llvm.x86.avx2.pshuf.b"
-    if "avx512bw" in feats:
-        out[64] = "llvm.x86.avx512.pshuf.b.512"
-    return out
+    return _x86_intrinsics(context, (("ssse3", 16, "llvm.x86.ssse3.pshuf.b.128"), ("avx2", 32, "llvm.x86.avx2.pshuf.b"),
+                                     ("avx512bw", 64, "llvm.x86.avx512.pshuf.b.512")))
 
 
 _PSHUFB: dict[int, str] | None = None    # tests set {} for the plain IR
