@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import numbers
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -17,7 +16,7 @@ from engine.sampling import MAX_LOGPROBS
 from engine.server import logprobs as lp
 from engine.server import refused, structured
 from engine.server.engine_client import ModelInfo
-from engine.server.fields import Fields, bad, show
+from engine.server.fields import Fields, bad, is_whole, show
 from engine.server.generation import Choice, close_stream, stream_end, Generation, quote, quote_or_null, watch_disconnect
 from engine.server.protocol import MAX_CHOICES, Common, choice_params, fit, guided, read_common
 from engine.server.sse import EventStream
@@ -39,7 +38,7 @@ def read_prompts(value: object, info: ModelInfo) -> list[Prompt]:
         raise bad("prompt", f"prompt is required: {_PROMPT_FORMS}")
     if isinstance(value, str):
         items: list = [value]
-    elif isinstance(value, list) and value and all(_is_id(v) for v in value):
+    elif isinstance(value, list) and value and all(is_whole(v) for v in value):
         items = [value]
     elif isinstance(value, list) and value and (all(isinstance(v, str) for v in value)
                                                 or all(isinstance(v, list) for v in value)):
@@ -53,10 +52,6 @@ def read_prompts(value: object, info: ModelInfo) -> list[Prompt]:
     return [_one(item, info, "prompt" if len(items) == 1 else f"prompt[{i}]") for i, item in enumerate(items)]
 
 
-def _is_id(v: object) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-
 def _one(item: str | list, info: ModelInfo, where: str) -> Prompt:
     if isinstance(item, str):
         if info.tokenizer is None:
@@ -65,7 +60,7 @@ def _one(item: str | list, info: ModelInfo, where: str) -> Prompt:
         if not ids:
             raise bad(where, f"{where} is empty; give at least one token of text")
         return Prompt(ids, item)
-    if not item or not all(_is_id(v) for v in item):
+    if not item or not all(is_whole(v) for v in item):
         raise bad(where, f"{where} must be a non-empty list of token ids (got {show(item)})")
     out = next((t for t in item if not 0 <= t < info.vocab_size), None)
     if out is not None:
@@ -80,7 +75,7 @@ async def create_completion(request: Request) -> Response:
     f = Fields(body)
     k = f.whole("logprobs", None, 0, MAX_LOGPROBS)
     echo = f.flag("echo", False)
-    score_only = echo and body.get("max_tokens") == 0 and _is_id(body.get("max_tokens"))
+    score_only = echo and body.get("max_tokens") == 0 and is_whole(body.get("max_tokens"))
     common = read_common(Fields({**body, "max_tokens": 1}) if score_only else f, info, ("max_tokens",),
                          DEFAULT_MAX_TOKENS, k)
     refused.refuse(f, refused.COMPLETIONS)

@@ -99,6 +99,11 @@ def bad(name: str | None, message: str, code: str | None = None) -> APIError:
     return APIError(400, message, param=name, code=code)
 
 
+def is_whole(value: object) -> bool:
+    """A JSON integer (not true or false, which Python counts as integers)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 class Fields:
     """Typed reads of one JSON object's fields; an absent field or JSON null gives the default."""
 

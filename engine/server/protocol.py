@@ -9,7 +9,6 @@ and alternatives one request may ask for) and the rule that prompt and reply fit
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from dataclasses import dataclass
 
 from engine.errors import ConfigError
@@ -18,7 +17,7 @@ from engine.sampling import SamplingParams
 from engine.server import refused
 from engine.server.engine_client import ModelInfo
 from engine.server.errors import APIError
-from engine.server.fields import Fields, bad, show
+from engine.server.fields import Fields, bad, is_whole, show
 
 MAX_CHOICES = 128         # prompts x n in one request
 MAX_STOP = 16             # stop strings per request (each is checked against every new token)
@@ -80,7 +79,7 @@ def _check_sampling_types(f: Fields) -> None:
         f.flag(key, False)
     f.whole("top_k", None, 0, hint="0 turns it off")
     seed = f.raw("seed")
-    if seed is not None and not (_is_whole(seed) and -2 ** 63 <= seed < 2 ** 64):
+    if seed is not None and not (is_whole(seed) and -2 ** 63 <= seed < 2 ** 64):
         raise bad("seed", f"seed must be a whole number that fits in 64 bits (got {show(seed)}); leave it out "
                           "(or null) to draw a fresh random seed")
     stop = f.raw("stop")
@@ -88,12 +87,9 @@ def _check_sampling_types(f: Fields) -> None:
                                  and all(isinstance(s, str) for s in stop)):
         raise bad("stop", f"stop must be a string or a list of strings (got {show(stop)})")
     ids = f.raw("stop_token_ids")
-    if ids is not None and not (isinstance(ids, list) and all(_is_whole(t) and t >= 0 for t in ids)):
+    if ids is not None and not (isinstance(ids, list) and all(is_whole(t) and t >= 0 for t in ids)):
         raise bad("stop_token_ids", f"stop_token_ids must be a list of token ids >= 0 (got {show(ids)})")
 
-
-def _is_whole(value: object) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def check_model(f: Fields, info: ModelInfo) -> None:
