@@ -11,7 +11,7 @@ from engine.bench.engine_side import (EngineFacts, EngineProbe, Limits, engine_f
                                       measure_limits)
 from engine.bench.metrics import RequestRecord, summarise
 from engine.bench.result import BenchRun
-from engine.bench.workload import BenchRequest, Fixed, Workload, request_seed
+from engine.bench.workload import BenchRequest, Workload, request_seed
 from engine.errors import ConfigError, StrataError
 from engine.loop import EngineLoop, Job
 from engine.sampling import SamplingParams
@@ -28,18 +28,6 @@ def check_workload(workload: Workload, facts: EngineFacts) -> None:
         raise ConfigError(f"the workload's longest request needs {workload.longest} tokens (prompt up to "
                           f"{workload.prompt_len.largest}, output up to {workload.output_len.largest}) but the "
                           f"context holds {facts.context_tokens}; lower --prompt-len or --output-len{more}")
-
-
-def fit_preset_output(workload: Workload, context_tokens: int, model: str) -> tuple[Workload, str | None]:
-    """A preset whose replies would run past ``model``'s context, with replies shortened to fit it (the
-    prompts as they are) and a note saying so; any other workload as it is, with None."""
-    room = context_tokens - workload.prompt_len.largest
-    if workload.longest <= context_tokens or room < 1 or not isinstance(workload.output_len, Fixed):
-        return workload, None
-    preset = workload.name.removesuffix(" (changed)")
-    note = (f"{preset}: replies of {room} tokens instead of {workload.output_len.n}, to fit the "
-            f"{context_tokens}-token context of {model}; give --output-len to choose")
-    return workload.replace(output_len=Fixed(room), name=f"{preset} (changed)"), note
 
 
 def run_in_process(loop: EngineLoop, workload: Workload, progress: Progress | None = None,

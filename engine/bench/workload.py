@@ -222,6 +222,18 @@ def _plain(token: int, avoid: frozenset[int], high: int) -> int:
     return token
 
 
+def fit_preset_output(workload: Workload, context_tokens: int, model: str) -> tuple[Workload, str | None]:
+    """A preset whose replies would run past ``model``'s context, with replies shortened to fit it (the
+    prompts as they are) and a note saying so; any other workload as it is, with None."""
+    room = context_tokens - workload.prompt_len.largest
+    if workload.longest <= context_tokens or room < 1 or not isinstance(workload.output_len, Fixed):
+        return workload, None
+    preset = workload.name.removesuffix(" (changed)")
+    note = (f"{preset}: replies of {room} tokens instead of {workload.output_len.n}, to fit the "
+            f"{context_tokens}-token context of {model}; give --output-len to choose")
+    return workload.replace(output_len=Fixed(room), name=f"{preset} (changed)"), note
+
+
 # The source articles' workloads. offload-batch: many requests of similar length at max batch 16;
 # four-streams: four concurrent streams of ~600-word answers (about 800 tokens) to short prompts.
 PRESETS: dict[str, Workload] = {

@@ -144,7 +144,7 @@ def _run_url(args: argparse.Namespace, workload: Workload, warmup: Workload | No
 
 def _fitted(workload: Workload, context_tokens: int, model: str) -> Workload:
     """``workload`` with a preset's replies fitted to the context (engine.bench.inprocess), noted."""
-    from engine.bench.inprocess import fit_preset_output
+    from engine.bench.workload import fit_preset_output
     workload, note = fit_preset_output(workload, context_tokens, model)
     if note:
         print(f"note: {note}", file=sys.stderr)

@@ -243,7 +243,7 @@ def test_a_workload_longer_than_the_context_is_refused_before_it_runs(demo_loop)
 def test_a_preset_whose_replies_pass_the_context_gets_shorter_replies_with_a_note(capsys):
     # The README's four-streams (prompts up to 52 tokens, replies of 800) on the demo's 512-token
     # context: replies of 460, said once; replies the user chose are never changed (refused instead).
-    from engine.bench.inprocess import fit_preset_output
+    from engine.bench.workload import fit_preset_output
     fitted, note = fit_preset_output(PRESETS["four-streams"], 512, "demo")
     assert fitted.output_len == Fixed(460) and fitted.prompt_len == PRESETS["four-streams"].prompt_len
     assert note == ("four-streams: replies of 460 tokens instead of 800, to fit the 512-token context of demo; "
