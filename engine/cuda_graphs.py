@@ -80,6 +80,7 @@ class _Recording:
     direct: bool = False            # one graph that publishes every layer (direct reads)
     regions: torch.Tensor | None = None
     quiet: "_Recording | None" = None   # direct reads: the same step recorded without predictions
+    claims: tuple[int, ...] = ()    # direct reads: the layers its GPU-side prefetch claims for
 
 
 class DecodeGraphs:
@@ -197,6 +198,7 @@ class DecodeGraphs:
                 rec.logits = self.model.forward(self._batch(b), self.cache, acquire=publish)
         self.pool = graph.pool()
         rec.graphs.append(graph)
+        rec.claims = experts.recorded_claims()
         return rec
 
     def _capture_quiet(self, b: int, experts: ReplayHooks) -> _Recording:
@@ -257,7 +259,7 @@ class DecodeGraphs:
             try:
                 predicting = rec.quiet is None or experts.predicts(b)
                 rec = rec if predicting else rec.quiet
-                experts.start_direct_step(rec.regions, b, predicting)
+                experts.start_direct_step(rec.regions, b, predicting, rec.claims)
                 rec.graphs[0].replay()
                 try:
                     launched(rec.logits[:b])

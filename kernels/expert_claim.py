@@ -22,8 +22,8 @@ import dataclasses
 import torch
 
 from kernels._triton import cdiv, jit, next_pow2, tl
+from kernels.moe_decode_common import CLAIMED  # a table entry whose copy is under way (-4)
 
-CLAIMED = -3                 # a slot-table entry whose copy is under way (negative: "missing" to readers)
 CHUNK_WORDS = 1 << 16        # int32 words per copy chunk (256 KiB)
 COPY_PROGRAMS = 32           # persistent programs of the copy kernel
 COPY_BLOCK = 4096            # int32 words one program moves per iteration
@@ -67,7 +67,7 @@ def _claim_kernel(pred, table, free, meta, work, done, region, target, T, E, N, 
     pos = tl.sum((score_j[None, :] > score[:, None]).to(tl.int32), axis=1)
     take = cand & (pos < quota) & (nxt + pos < count)
     slot = tl.load(free + nxt + pos, mask=take, other=-1)
-    tl.store(table + key, tl.full([BLOCK_N], -3, tl.int32), mask=take)
+    tl.store(table + key, tl.full([BLOCK_N], -4, tl.int32), mask=take)       # CLAIMED
     tl.store(work + 2 * pos, slot.to(tl.int64), mask=take)
     tl.store(work + 2 * pos + 1, key, mask=take)
     tl.store(done + pos, tl.zeros([BLOCK_N], tl.int32), mask=take)

@@ -8,7 +8,7 @@ import torch
 from kernels._triton import HAS_TRITON, jit, next_pow2, tl
 from kernels.moe_weights import PoolMatrix
 
-__all__ = ["SLOT_CPU", "HostMatrices", "add_bias", "block_k", "check_word_rows", "e8m0", "expert_act", "expert_ptr", "fill_of",
+__all__ = ["CLAIMED", "SLOT_CPU", "HostMatrices", "add_bias", "block_k", "check_word_rows", "e8m0", "expert_act", "expert_ptr", "fill_of",
            "fill_ptr", "fills_on", "fp4_pair", "gdc_launch_dependents", "gdc_wait", "host_args", "int4_word_args",
            "on_gpu", "pdl_supported"]
 
@@ -16,9 +16,17 @@ __all__ = ["SLOT_CPU", "HostMatrices", "add_bias", "block_k", "check_word_rows",
 # (``[E]`` int32: the pool slot a directly read expert is written into as it is read, or -1; or None).
 HostMatrices = tuple[PoolMatrix, PoolMatrix, int, "torch.Tensor | None"]
 
-# A slot-table snapshot entry for an expert the host CPU computes in this step (engine/experts/cold.py):
-# the decode kernels neither read it nor compute its pairs; their share comes from the host.
+# What a slot-table entry (and the per-layer snapshot the decode kernels read) holds: a pool or staging
+# slot (>= 0), -1 for an expert with none, or one of these codes, each negative ("missing" to readers
+# that only ask whether an expert has a slot) and each distinct, since the kernels act on them:
+# SLOT_CPU (snapshot only): the host CPU computes the expert in this step (engine/experts/cold_graph.py);
+#   the decode kernels neither read it nor compute its pairs, and the layer's join waits for the host.
+# CLAIMED (table and snapshot): the GPU-side prefetch is copying the expert into a staging slot
+#   (kernels/expert_claim.py); until its slot is published a reader reads it from host memory.
+# The Triton kernels spell them as literals (-3 in on_gpu, publish_direct and the join; -4 in the claim
+# kernel): tests/kernels/test_slot_codes.py checks that each kernel acts on the code it names.
 SLOT_CPU = -3
+CLAIMED = -4
 
 gdc_launch_dependents = gdc_wait = None
 if HAS_TRITON:

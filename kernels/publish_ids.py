@@ -16,9 +16,9 @@ import dataclasses
 import torch
 
 from kernels._triton import cdiv, jit, next_pow2, tl
+from kernels.moe_decode_common import SLOT_CPU  # an expert the host CPU computes this step (-3)
 
 _BLOCK = 1024
-SLOT_CPU = -3           # kernels/moe_decode_common.py: an expert the host CPU computes this step
 
 
 @dataclasses.dataclass(frozen=True)

@@ -67,7 +67,7 @@ class DeviceClaims:
         """Step end: count the claims (a hit: its layer found it in its slot), offer the used ones to
         the pool like fills; returns the keys whose table entries must be cleared."""
         r, dp = self.r, self.dp
-        claims = dp.collect(dp.recorded_targets if step.dp_replay else dp.targets, step.dp_records)
+        claims = dp.collect(step.dp_targets if step.dp_replay else dp.targets, step.dp_records)
         d = r.prefetch_depth
         ranked = []
         for key, slot, rank, votes in claims:

@@ -60,7 +60,6 @@ class DevicePrefetcher:
         self.stream = torch.cuda.Stream(device) if cuda else None
         self.buffers = ClaimBuffers(self.free, self.meta, self.work, self.done, self.regions, num_experts, max_claims)
         self.targets: list[int] = []        # layers a claim was launched for this step (recorded or eager)
-        self.recorded_targets: list[int] | None = None
         self._forked = False
 
     @staticmethod

@@ -104,9 +104,10 @@ class DirectPath:
         return HostExperts(self._host_views, moe_index * r.num_experts, self.fills.rows[moe_index])
 
     # ---- starting a step -------------------------------------------------------------------------
-    def start_replay(self, regions: torch.Tensor, tokens: int, predicting: bool) -> None:
+    def start_replay(self, regions: torch.Tensor, tokens: int, predicting: bool, targets: Sequence[int] = ()) -> None:
         """Before a recorded step of ``tokens`` real tokens is replayed: its fill slots and claim slots
-        (none for a ``quiet`` recording: ``predicting`` False), the publish regions blanked."""
+        (none for a ``quiet`` recording, ``predicting`` False, or one that claims for no layer:
+        ``targets``, the layers the recording's claim kernels write), the publish regions blanked."""
         if self.shares is not None:          # first: a refusal here leaves nothing begun
             self.shares.begin(tokens)
         books = self.r.books
@@ -115,9 +116,9 @@ class DirectPath:
         self.fills.begin(self.step)
         self.step.seen = {}
         claims = self.claims
-        if predicting and claims is not None and claims.dp.recorded_targets is not None:
+        if predicting and claims is not None and targets:
             claims.begin(self.step, tokens)
-            self.step.dp_active, self.step.dp_replay = True, True
+            self.step.dp_active, self.step.dp_replay, self.step.dp_targets = True, True, list(targets)
         regions.fill_(UNWRITTEN)
         self.live_leases = frozenset(set(books.lease) - before) | frozenset(armed)
 
@@ -353,8 +354,7 @@ class DirectPath:
         step, claims = self.step, self.claims
         if claims is not None and step.dp_active and not step.dp_replay:
             claims.dp.join()                          # recorded too when the step is being captured
-            if kind == "captured":
-                claims.dp.recorded_targets = list(claims.dp.targets)
+            if kind == "captured":                    # the recording keeps its targets (recorded_claims)
                 step.dp_active = False
         if kind == "direct":
             if self.ended is not None:
@@ -370,7 +370,7 @@ class DirectPath:
         from fresh ones) with a copy of its claim records, which the next step's claims overwrite."""
         if self.step.dp_active:
             dp = self.claims.dp
-            self.step.dp_records = dp.snapshot(dp.recorded_targets if self.step.dp_replay else dp.targets)
+            self.step.dp_records = dp.snapshot(self.step.dp_targets if self.step.dp_replay else dp.targets)
         books, self.step = self.step, StepBooks()
         return books
 

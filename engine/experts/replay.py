@@ -70,8 +70,15 @@ class ReplayHooks(Protocol):
     def predicts(self, tokens: int) -> bool:
         """Whether this replayed step should predict (else its ``quiet`` recording replays)."""
 
-    def start_direct_step(self, regions: torch.Tensor, tokens: int, predicting: bool = True) -> None:
-        """Before the replay: choose fill and prefetch slots, blank the publish regions."""
+    def recorded_claims(self) -> tuple[int, ...]:
+        """Right after a direct-read step was recorded: the layers its GPU-side prefetch claims for
+        (none at prefetch depth 0, in a ``quiet`` recording or without the GPU-side prefetch). Each
+        recording keeps its own: a replay waits for the claims of exactly those layers."""
+
+    def start_direct_step(self, regions: torch.Tensor, tokens: int, predicting: bool = True,
+                          claims: Sequence[int] = ()) -> None:
+        """Before the replay: choose fill and prefetch slots, blank the publish regions; ``claims``:
+        what ``recorded_claims`` said of the recording being replayed."""
 
     def follow_published(self, cuts: Sequence[Any], rows: int, finished: Callable[[], bool] | None = None) -> None:
         """While the replay runs: end the previous step (``finish_ended``; after the first layer's CPU
@@ -161,10 +168,15 @@ class ManagerReplay:
     def predicts(self, tokens: int) -> bool:
         return self.m.direct.predicts(tokens)
 
-    def start_direct_step(self, regions: torch.Tensor, tokens: int, predicting: bool = True) -> None:
+    def recorded_claims(self) -> tuple[int, ...]:
+        claims = self.m.direct.claims
+        return () if claims is None else tuple(claims.dp.targets)
+
+    def start_direct_step(self, regions: torch.Tensor, tokens: int, predicting: bool = True,
+                          claims: Sequence[int] = ()) -> None:
         m = self.m
         m.plan = m.plan_step("direct", tokens).with_deferred_end()
-        m.direct.start_replay(regions, tokens, predicting)
+        m.direct.start_replay(regions, tokens, predicting, claims)
 
     def follow_published(self, cuts: Sequence[Any], rows: int, finished: Callable[[], bool] | None = None) -> None:
         self.m.direct.follow_published(cuts, rows, finished)

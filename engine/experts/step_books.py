@@ -33,8 +33,9 @@ class StepBooks:
     host_prefetched: bool = False
     # this step launched (or replays) GPU-side prefetches ...
     dp_active: bool = False
-    # ... from a recorded graph
+    # ... from a recorded graph, whose claim kernels write these layers' records
     dp_replay: bool = False
+    dp_targets: list[int] = dataclasses.field(default_factory=list)
     # tokens of the step whose claims are out
     dp_tokens: int = 0
     # claim records kept by a step whose end is deferred (the next step's claims overwrite the live ones)

@@ -756,6 +756,24 @@ def test_gpu_side_prefetch_claims_count_and_clean_up(stack: Stack) -> None:
     assert label == "1" and share < 0.1 and claims == 0 and prov.stats().claim_threshold == 0.4
 
 
+def test_a_replay_waits_only_for_the_claims_its_recording_makes(stack: Stack) -> None:
+    # A replay begins the GPU-side prefetch (leases claim slots, and at its end waits for the claim
+    # records of the layers named) only for the layers its own recording claims for: none at depth 0
+    # or in a quiet recording, whatever an earlier recording (another depth) claimed.
+    prov = stack.offloaded(L * E // 4, depth=2, policy="lfu", direct_reads=True)
+    hooks = prov.replay_hooks
+    for claims, active in (((), False), ((2, 3), True)):
+        prov.begin_step(keep_ended=False)
+        try:
+            hooks.start_direct_step(torch.full((L, 64), -2, dtype=torch.int64), 1, True, claims)
+            step = prov.direct.step
+            assert step.dp_active is active and step.dp_targets == list(claims)
+        finally:
+            prov.end_step()
+        prov.settle()
+        assert not prov.pool.books.lease and (prov.pool.table.view(-1).tolist() == prov.pool.books.slot_of)
+
+
 def test_gpu_side_prefetch_of_a_cut_short_step_leaves_nothing(stack: Stack) -> None:
     prov = stack.offloaded(E, depth=2, policy="lfu", direct_reads=True)
     x = _x(2)

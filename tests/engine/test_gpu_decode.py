@@ -61,7 +61,7 @@ def test_graph_replay_matches_eager(model, frac, depth, reads) -> None:
             # the GPU-side prefetch: each expert it copied is counted used or wasted, and at rest the
             # device slot table holds no claim of a finished step
             prov = llm.engine.loaded.experts
-            assert prov.device_prefetcher is not None and prov.device_prefetcher.recorded_targets
+            assert prov.device_prefetcher is not None and rec.claims
             assert st.prefetch_hits + st.prefetch_wasted == prov.counters.device_copy_bytes // nbytes
             torch.cuda.synchronize()
             assert prov.pool.table.flatten().tolist() == prov.pool.books.slot_of
@@ -84,6 +84,23 @@ def test_one_token_steps_at_depth_0_read_directly_and_larger_ones_copy(model, fr
         assert llm.stats().experts.direct_bytes > 0
         assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == ref
         assert not graphs.graphs[4].direct
+
+
+@pytest.mark.parametrize("cold", ["bus", "auto"])
+def test_a_live_change_to_depth_0_replays_without_the_claims_of_depth_2(model, cold) -> None:
+    # Each recording keeps the layers its GPU-side prefetch claims for. After a live change from
+    # depth 2 to depth 0 the one-token steps are recorded again, with no claims, and their replays
+    # wait for none (they once waited for depth 2's, which the new recording never writes).
+    path, ref, keys, nbytes = model
+    with LLM(str(path), device="cuda", dtype="float32", expert_pool_size=(keys // 4) * nbytes,
+             prefetch_depth=2, cold_experts=cold) as llm:
+        assert llm.generate([PROMPTS[0]], GREEDY)[0].token_ids == ref[0]
+        assert _graphs(llm).graphs[1].claims
+        llm.reconfigure(prefetch_depth=0)
+        assert llm.generate([PROMPTS[0]], GREEDY)[0].token_ids == ref[0]
+        rec = _graphs(llm).graphs[1]
+        assert rec.direct and rec.claims == ()
+        assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == ref
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8", "int4"])
