@@ -122,8 +122,11 @@ def claim_and_copy(buf: ClaimBuffers, target: int, pred: torch.Tensor, table: to
 
 
 def claim_and_copy_ref(buf: ClaimBuffers, target: int, pred: torch.Tensor, table: torch.Tensor, rows: torch.Tensor,
-                       pool: torch.Tensor, n: int) -> None:
-    """:func:`claim_and_copy` in torch, synchronously: every claimed expert lands at once."""
+                       pool: torch.Tensor, n: int, in_flight: list | None = None) -> None:
+    """:func:`claim_and_copy` in torch, synchronously: every claimed expert lands at once; with
+    ``in_flight`` (a list) its table entry is marked ``CLAIMED`` instead and ``(table, key, slot, rows,
+    pool)`` appended for :func:`land_claims`, as when a copy is still under way (the kernels' case
+    whenever a layer reads the table before the copy finished)."""
     E, m = buf.num_experts, buf.max_claims
     nxt, count, quota, progress, _, min_votes = buf.meta.tolist()
     if progress >= target - 1:
@@ -139,11 +142,23 @@ def claim_and_copy_ref(buf: ClaimBuffers, target: int, pred: torch.Tensor, table
         if len(taken) >= quota or nxt + len(taken) >= count:
             break
         slot = int(buf.free[nxt + len(taken)])
-        pool[slot].copy_(rows[key])
-        flat[key] = slot
+        if in_flight is None:
+            pool[slot].copy_(rows[key])
+            flat[key] = slot
+        else:
+            flat[key] = CLAIMED
+            in_flight.append((flat, key, slot, rows, pool))
         taken.append((key, slot))
     buf.meta[0] = nxt + len(taken)
     region = buf.regions[target]
     region[0] = len(taken)
     for j, (key, slot) in enumerate(taken):
         region[1 + j], region[1 + m + j], region[1 + 2 * m + j] = key, slot, votes[key - target * E]
+
+
+def land_claims(in_flight: list) -> None:
+    """The copies :func:`claim_and_copy_ref` left under way land: bytes, then the table entry."""
+    for flat, key, slot, rows, pool in in_flight:
+        pool[slot].copy_(rows[key])
+        flat[key] = slot
+    in_flight.clear()

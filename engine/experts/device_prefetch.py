@@ -36,7 +36,8 @@ import torch
 from engine.experts.readback import pinned_ids
 from engine.host_copy import host_to
 from kernels._triton import HAS_TRITON
-from kernels.expert_claim import CHUNK_WORDS, CLAIMED, COPY_BLOCK, ClaimBuffers, claim_and_copy, claim_and_copy_ref
+from kernels.expert_claim import (CHUNK_WORDS, CLAIMED, COPY_BLOCK, ClaimBuffers, claim_and_copy, claim_and_copy_ref,
+                                  land_claims)
 
 __all__ = ["CLAIMED", "DevicePrefetcher"]
 
@@ -60,6 +61,9 @@ class DevicePrefetcher:
         self.stream = torch.cuda.Stream(device) if cuda else None
         self.buffers = ClaimBuffers(self.free, self.meta, self.work, self.done, self.regions, num_experts, max_claims)
         self.targets: list[int] = []        # layers a claim was launched for this step (recorded or eager)
+        # On the CPU: None lands every claim at once; a list keeps them under way (CLAIMED in the
+        # table) until the step's join, as on the GPU when a layer reads the table before a copy ends.
+        self.ref_in_flight: list | None = None
         self._forked = False
 
     @staticmethod
@@ -107,8 +111,8 @@ class DevicePrefetcher:
 
     def _launch_ref(self, target: int, pred: torch.Tensor, table: torch.Tensor, rows: torch.Tensor,
                     pool: torch.Tensor, n: int) -> None:
-        """What the kernels do, in torch (CPU): claims land at once."""
-        claim_and_copy_ref(self.buffers, target, pred, table, rows, pool, n)
+        """What the kernels do, in torch (CPU): claims land at once, or at the join (``ref_in_flight``)."""
+        claim_and_copy_ref(self.buffers, target, pred, table, rows, pool, n, self.ref_in_flight)
 
     def set_progress(self, layer: int) -> None:
         """Eager steps: the compute stream has reached ``layer``'s experts (in a recorded step the
@@ -117,6 +121,8 @@ class DevicePrefetcher:
 
     def join(self) -> None:
         """End of the step's device work: the compute stream waits for every prefetch."""
+        if self.ref_in_flight:
+            land_claims(self.ref_in_flight)
         if self.stream is not None and self._forked:
             torch.cuda.current_stream(self.device).wait_stream(self.stream)
         self._forked = False

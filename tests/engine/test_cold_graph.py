@@ -136,6 +136,30 @@ def test_replayed_steps_with_a_cpu_share_equal_the_resident_model(stack: Stack, 
     prov.close()
 
 
+@pytest.mark.parametrize("share", [0.0, 0.5, 1.0])
+def test_a_replayed_step_that_meets_claims_in_flight_equals_the_resident_model(stack: Stack, share: float) -> None:
+    # The GPU-side prefetch marks an expert it is still copying CLAIMED in the slot table. A replayed
+    # layer that snapshots such an entry reads the expert from host memory (or gives it to the host
+    # CPU, as any missing one): it neither skips it nor waits for a host share that does not exist.
+    from kernels.expert_claim import CLAIMED
+    prov = stack.offloaded(0, depth=1, direct_reads=True, cold_experts="cpu")
+    rep = _Replay(stack, prov, 3)
+    prov.direct.shares.share_for = lambda tokens: share
+    want = stack.run(stack.resident(), _x(3), 2)
+    table = prov.pool.table
+    x = _x(3)
+    for i in range(2):
+        table[:, ::2] = CLAIMED                       # copies under way for half of every layer's experts
+        try:
+            x = rep.step(x)
+        finally:
+            table[:, ::2] = -1                        # their claims were cut short: nothing landed
+        torch.testing.assert_close(x, want[i], rtol=1e-5, atol=1e-5)
+        x = torch.tanh(x)
+    assert (prov.cold.cpu_experts > 0) == (share > 0)
+    prov.close()
+
+
 def test_the_host_learns_its_cpu_rate_from_the_replayed_layers(stack: Stack) -> None:
     # a calibration that found the CPU 1000x slower than it is: the layers the host computes inside
     # the replays move the rates' factor down

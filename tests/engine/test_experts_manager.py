@@ -774,6 +774,24 @@ def test_a_replay_waits_only_for_the_claims_its_recording_makes(stack: Stack) ->
         assert not prov.pool.books.lease and (prov.pool.table.view(-1).tolist() == prov.pool.books.slot_of)
 
 
+@pytest.mark.parametrize("slots", [0, L * E // 4])
+def test_claims_still_in_flight_when_their_layer_runs_change_no_output(stack: Stack, slots: int) -> None:
+    # On the GPU a claim's copy may still be under way when its layer snapshots the table (CLAIMED):
+    # that layer reads the expert from host memory. Here every claim lands only at the step's join,
+    # so each is met in flight: the outputs equal the resident model's, each claim counts as wasted,
+    # and at rest no claim is left in the table.
+    prov = stack.offloaded(slots, depth=2, policy="lfu", direct_reads=True)
+    prov.device_prefetcher.ref_in_flight = []
+    x = _x(3)
+    want = stack.run(stack.resident(), x, 4)
+    got = stack.run(prov, x, 4)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    st = prov.stats()
+    assert st.prefetch_wasted > 0 and st.prefetch_hits == 0
+    assert prov.pool.table.flatten().tolist() == prov.pool.books.slot_of and not prov.pool.books.lease
+
+
 def test_gpu_side_prefetch_of_a_cut_short_step_leaves_nothing(stack: Stack) -> None:
     prov = stack.offloaded(E, depth=2, policy="lfu", direct_reads=True)
     x = _x(2)
