@@ -82,23 +82,32 @@ def _claim_kernel(pred, table, free, meta, work, done, region, target, T, E, N, 
 
 
 @jit
+def copy_row_chunk(rows, pool, work, u, W, NCHUNK, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    # Unit u of a copy list: chunk u % NCHUNK of item u // NCHUNK, whose (slot, key) are work[2i],
+    # work[2i + 1] (int64): host store row ``key`` -> pool slot ``slot``, both int32 words [*, W].
+    # Returns (item, slot, key).
+    item = u // NCHUNK
+    c = u % NCHUNK
+    slot = tl.load(work + 2 * item)
+    key = tl.load(work + 2 * item + 1)
+    src = rows + key * W
+    dst = pool + slot * W
+    offs = tl.arange(0, BLOCK)
+    for w0 in range(c * CHUNK, tl.minimum((c + 1) * CHUNK, W), BLOCK):
+        o = w0 + offs
+        ok = o < tl.minimum((c + 1) * CHUNK, W)
+        tl.store(dst + o, tl.load(src + o, mask=ok), mask=ok)
+    return item, slot, key
+
+
+@jit
 def _copy_kernel(rows, pool, work, done, meta, table, W, NCHUNK, NPROG,
                  CHUNK: tl.constexpr, BLOCK: tl.constexpr):
     # rows: host store as int32 [R, W]; pool: slots as int32 [S, W]; chunk c of item i is unit
     # i * NCHUNK + c; units are dealt round-robin to the programs.
     n = tl.load(meta + 4)
-    offs = tl.arange(0, BLOCK)
     for u in range(tl.program_id(0), n * NCHUNK, NPROG):
-        item = u // NCHUNK
-        c = u % NCHUNK
-        slot = tl.load(work + 2 * item)
-        key = tl.load(work + 2 * item + 1)
-        src = rows + key * W
-        dst = pool + slot * W
-        for w0 in range(c * CHUNK, tl.minimum((c + 1) * CHUNK, W), BLOCK):
-            o = w0 + offs
-            ok = o < tl.minimum((c + 1) * CHUNK, W)
-            tl.store(dst + o, tl.load(src + o, mask=ok), mask=ok)
+        item, slot, key = copy_row_chunk(rows, pool, work, u, W, NCHUNK, CHUNK, BLOCK)
         tl.debug_barrier()                                          # the program's stores, then its count
         if tl.atomic_add(done + item, 1, sem="acq_rel") == NCHUNK - 1:
             tl.atomic_xchg(table + key, slot.to(tl.int32), sem="release")

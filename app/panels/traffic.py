@@ -46,7 +46,8 @@ class TrafficPanel(Panel):
         r["h2d"].set("—" if h2d is None else f"{h2d:.2f} GB/s",
                      f"{e.h2d_bytes / GB:.2f} GB since load, {e.direct_bytes / GB:.2f} GB of it read directly "
                      f"from host memory by the MoE kernels; {e.fills} of the experts read so were kept and "
-                     "admitted into the pool without a second trip over the bus")
+                     "admitted into the pool without a second trip over the bus; "
+                     f"{e.gathered} that several tokens of a step used were copied in once for all of them")
         r["wait"].set("—" if wait is None else f"{wait:.0f} ms/s")
         r["batch"].set(str(s.batch_size))
         r["running"].set(str(s.running))

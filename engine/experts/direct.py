@@ -39,6 +39,7 @@ from engine.experts.admission import admit
 from engine.experts.cold_graph import GraphCpuShares
 from engine.experts.claims import DeviceClaims, admissions_landed
 from engine.experts.fills import FillSlots
+from engine.experts.gather import GatherSlots
 from engine.experts.prefetch import ClaimGate, Prediction
 from engine.experts.residency import Residency
 from engine.experts.step_books import StepBooks
@@ -57,6 +58,8 @@ class DirectPath:
         self.snap = torch.full((L, E), -1, dtype=torch.int32, device=dev)   # each layer's table as it ran
         self._host_views: dict[str, torch.Tensor] | None = None
         self.fills = FillSlots(r)
+        self.gather = GatherSlots(r)
+        self.top_k = 0                               # experts per token, from the first layer published
         self.claim_gate = ClaimGate(threshold=r.tuning.device_prefetch_threshold)
         dp = DevicePrefetcher(L, E, E, dev) if DevicePrefetcher.usable(dev, r.layout.nbytes) else None
         self.claims = DeviceClaims(r, dp, self.claim_gate) if dp is not None else None
@@ -114,6 +117,7 @@ class DirectPath:
         before = set(books.lease)
         armed = self.fills.armed or []
         self.fills.begin(self.step)
+        self.gather.begin(self.step, tokens, self.top_k)
         self.step.seen = {}
         claims = self.claims
         if predicting and claims is not None and targets:
@@ -122,10 +126,12 @@ class DirectPath:
         regions.fill_(UNWRITTEN)
         self.live_leases = frozenset(set(books.lease) - before) | frozenset(armed)
 
-    def ensure_step(self) -> None:
-        """An eager step's first direct-read layer (or claim): lease its fill slots."""
+    def ensure_step(self, tokens: int, k: int) -> None:
+        """An eager step's first direct-read layer (or claim) of ``tokens`` tokens, ``k`` experts each:
+        lease its fill and gather slots."""
         if self.step.fill_slots is None:
             self.fills.begin(self.step)
+            self.gather.begin(self.step, tokens, k)
             self.step.seen = {}
 
     def prepare_capture(self) -> None:
@@ -142,7 +148,7 @@ class DirectPath:
         """Claims for what ``moe_index`` predicted (``ids [P, T, k]``); an eager step's first one also
         leases the step's claim slots."""
         if not capturing and not self.step.dp_active:
-            self.ensure_step()
+            self.ensure_step(ids.shape[1], ids.shape[2])
             self.claims.begin(self.step, ids.shape[1])
         self.step.dp_active, self.step.dp_replay = True, False
         self.claims.launch(moe_index, layers, ids)
@@ -165,19 +171,27 @@ class DirectPath:
         publish the ids, the slots they found and the predicted ids into the pinned ``region``.
         ``pad`` (bool [T]): padding rows of ``topk_ids [T, k]`` take row 0's experts first, in place."""
         r, fills = self.r, self.fills
+        t, self.top_k = topk_ids.shape
         pred = predicted[2].reshape(-1) if predicted is not None else None
         args = (r.pool.table[moe_index], self.snap[moe_index], topk_ids.view(-1), pred, region,
                 fills.rows[moe_index], fills.free, fills.meta, None if self.claims is None else self.claims.dp.meta[3:4],
                 moe_index, pad)
         run = publish_direct if r.device.type == "cuda" else publish_direct_ref
+        gather = self.gather.args(moe_index) if self.gather.on(t) else None
+
+        def launch(cpu=None) -> None:
+            run(*args, cpu=cpu, gather=gather)
+            if gather is not None:
+                self.gather.copy()
+
         out = (self.snap[moe_index], r.pool.views, self.host_experts(moe_index))
         if not self.cpu_share_on:
-            run(*args)
+            launch()
             return out
         if self.shares is None:
             self.shares = GraphCpuShares(r, r.layout.hidden)
         # the model launches the publish (with x and the routing weights) and later the join
-        return out + (self.shares.layer(moe_index, topk_ids, self.snap[moe_index], lambda cpu: run(*args, cpu=cpu)),)
+        return out + (self.shares.layer(moe_index, topk_ids, self.snap[moe_index], launch),)
 
     def follow_published(self, cuts: Sequence, rows: int, finished: Callable[[], bool] | None = None) -> None:
         """After a step's graph was launched: end the previous step (its end was deferred) and follow
@@ -234,12 +248,14 @@ class DirectPath:
             time.sleep(0)
         r.counters.sync_ms += (time.perf_counter() - t0) * 1e3
         ids, seen = data[:rows * k].tolist(), data[n:n + rows * k].tolist()
+        fills = data[2 * n:2 * n + rows * k].tolist()
         read = None
         if self.shares is not None and SLOT_CPU in seen:      # the host CPU's experts, then the books
             self.shares.compute(c.moe_index, t, k, rows, ids, seen, finished)
             read = [0 if s == SLOT_CPU else s for s in seen]
             base = c.moe_index * r.num_experts
             self.step.cpu_keys.extend(dict.fromkeys(base + e for e, s in zip(ids, seen) if s == SLOT_CPU))
+        gathered = self.gather.gathered(ids, seen, fills) if self.gather.on(t) else {}
         if after_cpu is not None:
             after_cpu()
             r.policy.catch_up()
@@ -250,14 +266,14 @@ class DirectPath:
             depth = r.gated_depth()
             if depth > 0:
                 pred = (layers[:depth], pids[:depth])
-        self._follow(c.moe_index, ids, seen, pred, data[2 * n:2 * n + rows * k].tolist(), read)
+        self._follow(c.moe_index, ids, seen, pred, fills, read, gathered)
 
     def acquire(self, moe_index: int, topk_ids: torch.Tensor, pred: Prediction | None) -> tuple:
         """Eager direct-read layer: snapshot, read ids / slots / predictions (one sync), follow.
         Returns ``(snapshot, views, HostExperts)``, and a :class:`ColdShare` fourth when the host CPU
         computes some of the missing experts (the kernels then neither read nor fill those)."""
         r = self.r
-        self.ensure_step()
+        self.ensure_step(*topk_ids.shape)
         snap = self.snap[moe_index]
         snap.copy_(r.pool.table[moe_index])
         if self.step.dp_active:
@@ -278,19 +294,30 @@ class DirectPath:
             base = moe_index * r.num_experts
             kernel_seen = [0 if base + e in cold.keys else s for e, s in zip(ids, seen)]
             self.step.cpu_keys.extend(sorted(cold.keys))
-        self._follow(moe_index, ids, seen, p, self.fills.eager(self.step, moe_index, ids, kernel_seen), kernel_seen)
+        fills = self.fills.eager(self.step, moe_index, ids, kernel_seen)
+        gathered = {}
+        if self.gather.on(topk_ids.shape[0]):
+            gathered = self.gather.eager(self.step, moe_index, snap, ids, kernel_seen, fills)
+        self._follow(moe_index, ids, seen, p, fills, kernel_seen, gathered)
         out = (snap, r.pool.views, self.host_experts(moe_index))
         return out if cold is None else out + (cold,)
 
     def _follow(self, moe_index: int, ids: list[int], seen: list[int],
                 predicted: tuple[list[int], torch.Tensor] | None, fills: list[int],
-                read: list[int] | None = None) -> None:
+                read: list[int] | None = None, gathered: dict[int, int] | None = None) -> None:
         """Host side of one direct-read layer: ``ids`` of its T*k assignments, the slot each found and
         the fill slot each missing one was written into (-1: none); ``read``: the slots as the kernels
-        use them (-1: read from host memory), where the host CPU computes some missing experts."""
+        use them (-1: read from host memory), where the host CPU computes some missing experts;
+        ``gathered``: expert -> slot of those copied in once before the kernels (in a gather slot, not
+        a fill slot, an expert is no candidate for admission)."""
         r, step = self.r, self.step
         base = moe_index * r.num_experts
         found = {base + e: s for e, s in zip(ids, seen)}
+        if gathered:
+            spare = set(step.gather_slots or ())
+            fills = [-1 if f in spare else f for f in fills]
+            read = [gathered.get(e, s) for e, s in zip(ids, read or seen)]
+            r.counters.gathered += len(gathered)
         for e, f in zip(ids, fills):
             if f >= 0:
                 step.filled[base + e] = f
@@ -298,7 +325,8 @@ class DirectPath:
         misses = [k for k in keys if found[k] < 0]
         r.forecast.count(moe_index, misses)
         r.counters.record(moe_index, ids, len(keys) - len(misses), len(misses))
-        r.counters.direct_bytes += sum(1 for s in (read or seen) if s < 0) * r.layout.nbytes   # per pair
+        crossings = sum(1 for s in (read or seen) if s < 0) + len(gathered or ())    # per pair; once if gathered
+        r.counters.direct_bytes += crossings * r.layout.nbytes
         step.seen.update(found)
         r.count_uses(moe_index, keys, found)   # a guess whose copy was still on the bus counts as wrong
         r.policy.touch(keys)

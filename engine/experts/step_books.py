@@ -33,6 +33,8 @@ class StepBooks:
     host_prefetched: bool = False
     # this step launched (or replays) GPU-side prefetches ...
     dp_active: bool = False
+    # staging slots leased as the step's gather slots (engine/experts/gather.py); None: not leased yet
+    gather_slots: list[int] | None = None
     # ... from a recorded graph, whose claim kernels write these layers' records
     dp_replay: bool = False
     dp_targets: list[int] = dataclasses.field(default_factory=list)

@@ -160,6 +160,29 @@ def test_a_replayed_step_that_meets_claims_in_flight_equals_the_resident_model(s
     prov.close()
 
 
+@pytest.mark.parametrize("share", [0.0, 0.5])
+def test_replayed_steps_copy_each_shared_missing_expert_once(stack: Stack, share: float) -> None:
+    # No pool, three tokens: each layer's missing experts that two or more tokens use are copied in
+    # once (into the step's gather slots) before its kernels, which read them from device memory; the
+    # rest are read directly, once per token, or computed by the host. Outputs equal the resident
+    # model's; with no host share every missing expert crosses the bus exactly once.
+    prov = stack.offloaded(0, depth=1, direct_reads=True, cold_experts="cpu")
+    rep = _Replay(stack, prov, 3)
+    prov.direct.shares.share_for = lambda tokens: share
+    want = stack.run(stack.resident(), _x(3), 3)
+    x = _x(3)
+    for i in range(3):
+        x = rep.step(x)
+        torch.testing.assert_close(x, want[i], rtol=1e-5, atol=1e-5)
+        x = torch.tanh(x)
+    prov.settle()
+    st, nb = prov.stats(), stack.layout.nbytes
+    assert st.gathered > 0 and not prov.pool.books.lease
+    if share == 0:
+        assert st.direct_bytes == st.misses * nb
+    prov.close()
+
+
 def test_the_host_learns_its_cpu_rate_from_the_replayed_layers(stack: Stack) -> None:
     # a calibration that found the CPU 1000x slower than it is: the layers the host computes inside
     # the replays move the rates' factor down

@@ -394,7 +394,7 @@ def test_claim_of_a_key_the_deferred_end_admitted_keeps_its_pool_slot(stack: Sta
     pool, key, layer = prov.pool, 5, 0
     prov.begin_step()
     prov.plan_step("direct")
-    prov.direct.ensure_step()
+    prov.direct.ensure_step(1, 2)
     slot = pool.books.take_free()
     pool.books.assign(key, slot)                                   # admitted by the ended step (books)
     pool.buffer[slot].copy_(stack.store.rows[key])
@@ -613,16 +613,20 @@ def test_direct_reads_copy_misses_in_without_fill_slots(stack: Stack) -> None:
     assert prov.stats().fills == 0
 
 
-def test_direct_reads_pair_bytes_and_admission_limit(stack: Stack) -> None:
-    # Two tokens on the same missing expert read it twice (each pair reads its expert); one step
-    # admits at most admit_per_step experts into free slots.
-    prov = stack.offloaded(4, depth=1, policy="lfu", direct_reads=True)
+@pytest.mark.parametrize("gather", [True, False])
+def test_direct_reads_pair_bytes_and_admission_limit(stack: Stack, gather: bool) -> None:
+    # Two tokens on the same missing expert: gathered, it crosses the bus once (copied into its fill
+    # slot before the layer's kernels); without the gather each pair reads it. One step admits at most
+    # admit_per_step experts into free slots.
+    from engine.experts.tuning import ResidencyTuning
+    prov = stack.offloaded(4, depth=1, policy="lfu", direct_reads=True, tuning=ResidencyTuning(gather_shared=gather))
     prov.direct.fills.admit_per_step = 1
     _Fixed(prov)([[3, 3, 5]])
     st = prov.stats()
-    assert (st.hits, st.misses) == (0, 2) and st.direct_bytes == 3 * stack.layout.nbytes
-    assert prov.pool.books.resident_keys() == [3] and st.fills == 1
-    assert st.h2d_bytes == 3 * stack.layout.nbytes
+    crossings = 2 if gather else 3
+    assert (st.hits, st.misses) == (0, 2) and st.direct_bytes == crossings * stack.layout.nbytes
+    assert prov.pool.books.resident_keys() == [3] and st.fills == 1 and st.gathered == (1 if gather else 0)
+    assert st.h2d_bytes == crossings * stack.layout.nbytes
 
 
 def test_direct_reads_fill_slots_admit_without_copies(stack: Stack) -> None:
@@ -645,7 +649,9 @@ def test_direct_reads_fill_slots_admit_without_copies(stack: Stack) -> None:
 
 def test_direct_reads_never_fill_a_slot_the_step_reads(stack: Stack) -> None:
     # A step's fill slots are free before its first layer looks at the table (the coldest residents
-    # are evicted first), so no kernel of the step reads a slot another one writes.
+    # are evicted first), so no kernel of the step reads a slot another one writes. A layer reads a
+    # fill slot only where it gathered a shared expert into it itself, before its kernels.
+    from collections import Counter
     prov = stack.offloaded(8, depth=1, policy="lfu", direct_reads=True)
     prov.direct.fills.admit_per_step = 2
     g = torch.Generator().manual_seed(4)
@@ -655,7 +661,8 @@ def test_direct_reads_never_fill_a_slot_the_step_reads(stack: Stack) -> None:
             ids = torch.randint(0, E, (3, 2), generator=g)
             table, _, host = prov.acquire(layer, ids)
             fills = set(prov.direct.step.fill_slots)
-            assert not fills & {s for s in table.tolist() if s >= 0}
+            shared = {e for e, n in Counter(ids.flatten().tolist()).items() if n >= 2}
+            assert all(e in shared for e, s in enumerate(table.tolist()) if s in fills)
             assert {s for s in host.fill.tolist() if s >= 0} <= fills
         prov.end_step()
     assert prov.stats().fills > 0
@@ -668,7 +675,7 @@ def test_direct_reads_late_prefetch_then_filled_ends_in_its_pool_slot(stack: Sta
     prov = stack.offloaded(4, depth=1, policy="lru", direct_reads=True)
     prov.begin_step()
     prov.plan_step("direct")
-    prov.direct.ensure_step()
+    prov.direct.ensure_step(1, 2)
     key, pool = 5, prov.pool
     pool.books.assign(key, pool.books.take_staging(-1))                    # the late prefetch
     fill = prov.direct.step.fill_slots[0]

@@ -56,6 +56,7 @@ def test_graph_replay_matches_eager(model, frac, depth, reads) -> None:
         elif depth > 0 and reads == "auto":
             assert rec.direct and len(rec.graphs) == 1 and len(rec.cuts) == layers
             assert st.direct_bytes > 0 and st.misses > 0
+            assert st.gathered > 0      # three sequences share experts: each copied in once a step
             # with pool slots to spare, misses were written into the pool by the kernels that read them
             assert (st.fills > 0) == (llm.engine.loaded.experts.direct.fills.capacity() > 0)
             # the GPU-side prefetch: each expert it copied is counted used or wasted, and at rest the

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
-from kernels.publish_ids import (SLOT_CPU, CpuShareArgs, publish_direct, publish_direct_ref, store_ids,  # noqa: E402
-                                store_ids_ref)
+from kernels.publish_ids import (SLOT_CPU, CpuShareArgs, GatherArgs, gather_copy, gather_copy_ref,  # noqa: E402
+                                publish_direct, publish_direct_ref, store_ids, store_ids_ref)
 
 
 def _publish(table, ids, meta, free, pred=None):
@@ -163,3 +163,69 @@ def test_cpu_share_kernel_matches_reference(frac):
     assert int((snap == SLOT_CPU).sum()) == quota and flag.item() == (1 if quota else 0)
     if frac == 0:
         assert flag.item() == 0 and (outs[0][-2] == -5).all()
+
+
+def _gather_args(slots, n, base=0):
+    return GatherArgs(torch.tensor([len(slots)] + slots + [0] * (8 - len(slots)), dtype=torch.int32),
+                      torch.full((1 + 2 * n,), -7, dtype=torch.int64), base)
+
+
+def test_missing_experts_several_tokens_use_are_gathered_once():
+    # Three tokens, k = 2, expert 1 resident. 3 is missing and used by every token, 6 by two, 0 and 5
+    # by one. One fill slot (20) is left: 3 takes it (first occurrence). Gather slots 40, 41: 6 takes
+    # 40. 3 and 6 are listed for the copy (into 20 and 40, store rows base + e); the region shows them
+    # missing (-1) with those slots in the fill column, and their snapshot entries become the slots.
+    # 0 and 5 (one token each) stay direct reads: 0 gets no fill slot (none left), 5 neither.
+    table = torch.tensor([-1, 11, -1, -1, -1, -1, -1, -1], dtype=torch.int32)
+    ids = torch.tensor([3, 6, 3, 1, 6, 3, 0, 5][:6], dtype=torch.int32)     # [[3, 6], [3, 1], [6, 3]]
+    for fn in (publish_direct, publish_direct_ref):
+        g = _gather_args([40, 41], ids.numel(), base=16)
+        snap, fill = torch.full_like(table, 7), torch.full_like(table, 5)
+        region = torch.full((18,), -2, dtype=torch.int64)
+        meta = torch.tensor([2, 3], dtype=torch.int32)
+        fn(table, snap, ids.clone(), None, region, fill, torch.tensor([18, 19, 20], dtype=torch.int32), meta,
+           pad=torch.zeros(3, dtype=torch.bool), gather=g)
+        assert region[6:12].tolist() == [-1, -1, -1, 11, -1, -1], fn.__name__
+        assert region[12:].tolist() == [20, 40, 20, -1, 40, 20]
+        assert snap.tolist() == [-1, 11, -1, 20, -1, -1, 40, -1]
+        assert g.work[:5].tolist() == [2, 20, 16 + 3, 40, 16 + 6]
+        assert meta.tolist() == [3, 3]
+
+
+@pytest.mark.parametrize("frac", [None, 0.0, 0.5])
+@pytest.mark.parametrize("gather_slots", [[], [30, 31], [30, 31, 32, 33, 34, 35]])
+def test_gather_kernel_matches_reference(frac, gather_slots):
+    # Random tables and ids, padding rows, with and without the host CPU's share, few or many gather
+    # slots: kernel and reference make the same writes, and no expert the host CPU takes is gathered.
+    g = torch.Generator().manual_seed(len(gather_slots) + (0 if frac is None else int(frac * 10) + 1))
+    E, t, k, d = 16, 4, 4, 8
+    table = torch.randint(-1, 2, (E,), generator=g, dtype=torch.int32)
+    ids = torch.randint(0, 6, (t * k,), generator=g, dtype=torch.int32)       # few experts: shared often
+    pad = torch.tensor([False, False, False, True])
+    outs = []
+    for fn in (publish_direct, publish_direct_ref):
+        cpu = None if frac is None else _cpu_args(t, d, k, frac, torch.Generator().manual_seed(1))
+        ga = _gather_args(gather_slots, t * k, base=32)
+        args = [table.clone(), torch.full_like(table, 7), ids.clone(), None, torch.full((3 * t * k,), -2, dtype=torch.int64),
+                torch.full_like(table, 5), torch.tensor([30 - 8, 30 - 7], dtype=torch.int32),
+                torch.tensor([0, 2], dtype=torch.int32)]
+        fn(*args, pad=pad, cpu=cpu, gather=ga)
+        n = int(ga.work[0])
+        outs.append(args + [ga.work[:1 + 2 * n]] + ([] if cpu is None else [cpu.flag]))
+    for a, b in zip(*outs):
+        if a is not None:
+            assert torch.equal(a, b)
+    snap, work = outs[0][1], outs[0][8]
+    gathered = work[1::2].tolist()
+    assert all(int(snap[e - 32]) == s for s, e in zip(gathered, work[2::2].tolist()))
+    assert SLOT_CPU not in [int(snap[e - 32]) for e in work[2::2].tolist()]
+
+
+def test_the_gather_copy_moves_each_listed_row_once():
+    rows = torch.arange(6 * 40, dtype=torch.int32).view(6, 40).view(torch.uint8)
+    for fn, kw in ((gather_copy, {"chunk_words": 16, "copy_block": 8, "programs": 3}), (gather_copy_ref, {})):
+        pool = torch.zeros(4, 160, dtype=torch.uint8)
+        work = torch.tensor([2, 3, 5, 0, 1, -9, -9], dtype=torch.int64)
+        fn(work, rows, pool, **kw)
+        assert torch.equal(pool[3], rows[5]) and torch.equal(pool[0], rows[1])
+        assert not pool[1].any() and not pool[2].any()

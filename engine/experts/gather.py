@@ -1,0 +1,98 @@
+"""``GatherSlots``: in a direct-read step of several tokens, a missing expert crosses the bus once.
+
+The MoE decode kernels read a missing expert from host memory once per token that uses it. In a
+direct-read step of two or more tokens, each layer's missing experts (not the host CPU's) that two
+or more of its real tokens use are instead copied once over the bus, right after the layer's publish
+and before its MoE kernels, into the expert's fill slot (so the step may still admit it) or else
+into one of the step's gather slots; the layer's snapshot then names that slot, and the kernels read
+the expert from device memory (kernels/publish_ids.py: ``publish_direct(gather=...)`` and
+``gather_copy``). Gather slots are staging slots leased for the whole step and reused layer after
+layer: a layer's copy runs after the previous layer's kernels on the same stream.
+
+The host follows: a missing expert that several real tokens use and whose published fill column
+names a slot was gathered; it counts once in the bytes read from host memory, and only an expert
+in a fill slot (not a gather slot) is a candidate for admission.
+
+Measured: not yet on a GPU. At batch 8 with no pool, the direct reads of the Qwen3-30B-A3B shape moved
+904 MB per token where copying each missing expert once moved 738 (bf16).
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+
+from engine.experts.residency import Residency
+from engine.experts.step_books import StepBooks
+from engine.host_copy import host_to
+from kernels.publish_ids import SLOT_CPU, GatherArgs, gather_copy, gather_copy_ref
+
+
+class GatherSlots:
+    def __init__(self, r: Residency) -> None:
+        self.r = r
+        E, dev = r.num_experts, r.device
+        cuda = dev.type == "cuda"
+        self.info = torch.zeros(1 + E, dtype=torch.int32, device=dev)          # [count, slots...]
+        self.work = torch.zeros(1 + 2 * E, dtype=torch.int64, device=dev)      # [n, (slot, row) ...]
+        self._h_info = torch.zeros(1 + E, dtype=torch.int32, pin_memory=cuda)
+        self._uploaded = torch.cuda.Event() if cuda else None
+        # read once: a recorded step's kernels gather or not, and the host's books must agree with
+        # every recording (a change of the tuning after construction does not apply)
+        self.enabled = r.tuning.gather_shared and r.layout.nbytes % 4 == 0
+
+    def on(self, tokens: int) -> bool:
+        """Whether a direct-read step of ``tokens`` tokens gathers its shared missing experts."""
+        return self.enabled and tokens >= 2
+
+    def begin(self, step: StepBooks, tokens: int, k: int) -> None:
+        """Lease ``step``'s gather slots (at most one per two of its ``tokens * k`` pairs) and upload them."""
+        books = self.r.books
+        want = min(tokens * k // 2, self.r.num_experts, len(books.staging_free)) if self.on(tokens) else 0
+        step.gather_slots = [books.take_staging(-1) for _ in range(want)]
+        if self._uploaded is not None:
+            self._uploaded.synchronize()       # the last step's upload has run long since
+        info = self._h_info.numpy()
+        info[:1 + want] = [want] + step.gather_slots
+        self.info[:1 + want].copy_(self._h_info[:1 + want], non_blocking=True)
+        if self._uploaded is not None:
+            self._uploaded.record()
+
+    def args(self, moe_index: int) -> GatherArgs:
+        return GatherArgs(self.info, self.work, moe_index * self.r.num_experts)
+
+    def copy(self) -> None:
+        """Device work (recorded with the step): the layer's gathered experts, host -> their slots."""
+        r = self.r
+        run = gather_copy if r.device.type == "cuda" else gather_copy_ref
+        run(self.work, r.store.rows, r.pool.buffer)
+
+    # ---- the host's side -------------------------------------------------------------------------
+    @staticmethod
+    def gathered(ids: list[int], seen: list[int], fills: list[int]) -> dict[int, int]:
+        """Expert -> slot of each expert a layer gathered, from what it published for its real rows:
+        missing (not the host CPU's), used by two or more of them, and a slot in the fill column."""
+        uses = Counter(ids)
+        return {e: f for e, s, f in zip(ids, seen, fills) if s < 0 and s != SLOT_CPU and uses[e] >= 2 and f >= 0}
+
+    def eager(self, step: StepBooks, moe_index: int, snap: torch.Tensor, ids: list[int], seen: list[int],
+              fills: list[int]) -> dict[int, int]:
+        """What the publish kernel and the gather copy do for a recorded step, for an eager one:
+        ``seen`` as the kernels would read it (the host CPU's experts not missing), ``fills`` the fill
+        slot of each id. Copies each gathered expert in, points ``snap`` at it; returns expert -> slot."""
+        r = self.r
+        uses = Counter(ids)
+        spare = iter(step.gather_slots or ())
+        out: dict[int, int] = {}
+        for e, s, f in zip(ids, seen, fills):
+            if s >= 0 or uses[e] < 2 or e in out:
+                continue
+            slot = f if f >= 0 else next(spare, -1)
+            if slot >= 0:
+                out[e] = slot
+        if out:
+            base = moe_index * r.num_experts
+            pairs = sorted(out.items())
+            r.pool.buffer[[s for _, s in pairs]] = r.store.rows[[base + e for e, _ in pairs]].to(r.device, non_blocking=True)
+            snap[[e for e, _ in pairs]] = host_to([s for _, s in pairs], torch.int32, r.device)
+        return out
