@@ -18,7 +18,7 @@ until the pool is resized or the look-ahead changes (``reset``). A step then cos
 and one host wait per MoE layer instead of dozens of kernel launches.
 
 When the expert provider reads missing experts directly from host memory (``direct_for``: decode
-steps of a few tokens at prefetch depth >= 1), the step is again one graph: each MoE layer snapshots
+steps of a few tokens), the step is again one graph: each MoE layer snapshots
 its slot-table row and publishes its ids, the slots they found and its predictions into pinned
 memory, and the host follows the running graph (``follow_published``), issuing prefetch copies
 without the GPU ever waiting for it. Such a step is recorded twice: with the predictions and the

@@ -270,10 +270,10 @@ def _budget_lines(spec, args, c: EngineConfig, resident: int, per_expert: int, n
                                             budget))
     if plan.pool_slots < plan.num_experts:
         reads = getattr(args, "expert_reads", "auto")
-        steps = "of one token" if getattr(args, "prefetch_depth", 2) == 0 else "of up to 16 tokens"
         lines.append("missing experts   : " + (
             "copied into the pool before use" if reads == "copy" else
-            f"read by the MoE kernels straight from pinned host memory in decode steps {steps}, else copied in"
+            "read by the MoE kernels straight from pinned host memory in decode steps of up to 16 tokens (those "
+            "several tokens use copied in once a step), else copied in"
             + (" (where the GPU can map it)" if reads == "auto" else "")))
     return lines + _bus_lines(plan, getattr(args, "hit_rate", None))
 

@@ -1,8 +1,8 @@
 """``DirectPath``: decode steps whose missing experts the MoE kernels read straight from host memory.
 
-For decode steps of at most ``tuning.direct_max_tokens`` tokens at prefetch depth >= 1 (at depth 0:
-steps of one token), when the MoE kernels can read the mapped host store, the compute stream never
-waits for the host or for a copy.
+For decode steps of at most ``tuning.direct_max_tokens`` tokens (at prefetch depth 0 without the
+gather of shared experts: steps of one token), when the MoE kernels can read the mapped host store,
+the compute stream never waits for the host or for a copy.
 Each MoE layer snapshots its slot-table row on the device; the kernels read a resident expert from
 its slot and a missing one (-1) straight from its host-store row over the bus. The host follows the
 GPU: it reads each layer's ids, the slots they found and the predictions for later layers, counts
@@ -85,12 +85,13 @@ class DirectPath:
 
     def direct_for(self, tokens: int) -> bool:
         """Whether a decode step of ``tokens`` tokens reads its missing experts directly. At prefetch
-        depth 0 only a step of one token does: it reads each missing expert once, as a copy would,
-        and no layer waits for the host; a step of more tokens reads an expert once per token that
-        uses it, where a copy crosses the bus once, so it copies."""
+        depth 0 such a step is worth it only where it moves no more bytes than copies, which cross
+        the bus once per expert: a step of one token, or one whose experts that several tokens use are
+        gathered (engine/experts/gather.py); without the gather a step of more tokens would read an
+        expert once per token that uses it, so it copies. Either way no layer waits for the host."""
         if not self.enabled or tokens > self.r.tuning.direct_max_tokens:
             return False
-        return self.r.prefetch_depth > 0 or tokens == 1
+        return self.r.prefetch_depth > 0 or tokens == 1 or self.gather.on(tokens)
 
     @property
     def cpu_share_on(self) -> bool:

@@ -464,10 +464,12 @@ class ExpertManager:
     def describe(self) -> str:
         """One line: pool, policy, depth, how misses are read."""
         reads = "missing experts copied in"
-        if self.direct_reads and self.r.prefetch_depth == 0:
+        depth, gather = self.r.prefetch_depth, self.direct.gather.enabled
+        if self.direct_reads and depth == 0 and not gather:
             reads = "missing experts read directly in steps of one token, copied in otherwise"
         elif self.direct_reads:
-            reads = "missing experts read directly" + (", prefetched by the GPU" if self.direct.claims else "")
+            reads = ("missing experts read directly" + (" (those several tokens use: copied in once)" if gather else "")
+                     + (", prefetched by the GPU" if self.direct.claims and depth > 0 else ""))
         if self.r.store is not None and not self.r.pool.full and self.r.cold.enabled_on(self.device):
             reads += f", or computed on {self.r.cold.threads} CPU threads ({self.r.cold.mode})"
         return (f"{self.r.pool.describe()}, policy {self.r.policy.name}, prefetch depth {self.r.prefetch_depth}, "

@@ -550,17 +550,25 @@ def test_pool_copies_slots_in_one_batch(nbytes: int) -> None:
 
 # Direct reads: misses are read from the host store by the MoE itself; the host follows, prefetches
 # into staging slots and admits misses into the pool at the step's end.
-def test_at_depth_0_steps_of_one_token_read_directly_and_larger_ones_copy(stack: Stack) -> None:
-    # One token reads each missing expert once either way, so no layer waits on the host for a copy;
-    # three tokens would read an expert once per token that uses it, where a copy moves it once.
+@pytest.mark.parametrize("gather", [True, False])
+def test_at_depth_0_direct_steps_cross_the_bus_once_per_missing_expert(stack: Stack, gather: bool) -> None:
+    # One token reads each missing expert once, as a copy would, so no layer waits on the host. Three
+    # tokens read directly too when the experts several of them use are gathered (each crosses once);
+    # without the gather they would read such an expert once per token, so they copy.
+    from engine.experts.tuning import ResidencyTuning
     ref1, ref3 = _reference(stack, tokens=1, steps=3), _reference(stack, tokens=3, steps=3)
-    prov = stack.offloaded(L * E // 4, 0, "lru", direct_reads=True)
-    assert "read directly in steps of one token, copied in otherwise" in prov.describe()
+    prov = stack.offloaded(L * E // 4, 0, "lru", direct_reads=True, tuning=ResidencyTuning(gather_shared=gather))
+    assert ("read directly in steps of one token, copied in otherwise" in prov.describe()) != gather
     _same(stack.run(prov, _x(1), 3), ref1)
     st = prov.stats()
     assert st.misses > 0 and st.direct_bytes == st.misses * stack.layout.nbytes    # each miss read once
     _same(stack.run(prov, _x(3), 3), ref3)
-    assert prov.stats().direct_bytes == st.direct_bytes                          # the 3-token steps copied
+    after = prov.stats()
+    assert prov.direct_for(3) == gather
+    if gather:                                                    # every miss of the 3-token steps crossed once
+        assert after.gathered > 0 and after.direct_bytes == after.misses * stack.layout.nbytes
+    else:
+        assert after.direct_bytes == st.direct_bytes             # the 3-token steps copied
     prov.reconfigure(prefetch_depth=1)
     assert prov.direct_for(3) and "read directly in steps of one token" not in prov.describe()
 
@@ -718,9 +726,12 @@ def test_direct_prefetch_hits_and_mode_switches(stack: Stack) -> None:
         prov.reconfigure(reads="sometimes")
 
 
-def test_direct_reads_at_depth_zero_for_one_token_and_never_for_large_steps(stack: Stack) -> None:
+def test_direct_reads_at_depth_zero_for_decode_steps_and_never_for_large_steps(stack: Stack) -> None:
+    from engine.experts.tuning import ResidencyTuning
     prov = stack.offloaded(4, depth=0, policy="lru", direct_reads=True)
-    assert prov.direct_for(1) and not prov.direct_for(2)       # depth 0 copies steps of two tokens and more
+    assert prov.direct_for(1) and prov.direct_for(16) and not prov.direct_for(17)
+    prov = stack.offloaded(4, depth=0, policy="lru", direct_reads=True, tuning=ResidencyTuning(gather_shared=False))
+    assert prov.direct_for(1) and not prov.direct_for(2)       # no gather: depth 0 copies steps of two tokens and more
     prov.reconfigure(prefetch_depth=1)
     assert prov.direct_for(16) and not prov.direct_for(17)
 

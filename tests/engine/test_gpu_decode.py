@@ -40,8 +40,8 @@ def _graphs(llm: LLM):
 def test_graph_replay_matches_eager(model, frac, depth, reads) -> None:
     # Three prompts pad up to the bucket of 4: padding rows must neither change the real rows nor
     # pull experts over the bus. frac 1.0 records a whole step as one graph; an offloaded pool is
-    # recorded piecewise when experts are copied in (depth 0 beyond one token, or reads=copy) and as
-    # one graph that publishes every layer when missing experts are read directly (depth 2, auto).
+    # recorded piecewise when experts are copied in (reads=copy) and as one graph that publishes every
+    # layer when missing experts are read directly (auto, at depth 0 too: shared experts are gathered).
     path, ref, keys, nbytes = model
     with LLM(str(path), device="cuda", dtype="float32", expert_pool_size=int(frac * keys) * nbytes,
              prefetch_depth=depth, expert_reads=reads) as llm:
@@ -53,7 +53,7 @@ def test_graph_replay_matches_eager(model, frac, depth, reads) -> None:
         st = llm.stats().experts
         if frac == 1.0:
             assert not rec.cuts and not rec.direct
-        elif depth > 0 and reads == "auto":
+        elif reads == "auto":
             assert rec.direct and len(rec.graphs) == 1 and len(rec.cuts) == layers
             assert st.direct_bytes > 0 and st.misses > 0
             assert st.gathered > 0      # three sequences share experts: each copied in once a step
@@ -62,7 +62,7 @@ def test_graph_replay_matches_eager(model, frac, depth, reads) -> None:
             # the GPU-side prefetch: each expert it copied is counted used or wasted, and at rest the
             # device slot table holds no claim of a finished step
             prov = llm.engine.loaded.experts
-            assert prov.device_prefetcher is not None and rec.claims
+            assert prov.device_prefetcher is not None and bool(rec.claims) == (depth > 0)
             assert st.prefetch_hits + st.prefetch_wasted == prov.counters.device_copy_bytes // nbytes
             torch.cuda.synchronize()
             assert prov.pool.table.flatten().tolist() == prov.pool.books.slot_of
@@ -72,9 +72,10 @@ def test_graph_replay_matches_eager(model, frac, depth, reads) -> None:
 
 
 @pytest.mark.parametrize("frac", [0.0, 0.5])
-def test_one_token_steps_at_depth_0_read_directly_and_larger_ones_copy(model, frac) -> None:
-    # At depth 0 a one-token step reads each missing expert once either way: it is recorded as one
-    # graph reading them directly (no host wait per layer); a step of three copies them piece by piece.
+def test_depth_0_steps_read_directly_and_cross_once_per_missing_expert(model, frac) -> None:
+    # At depth 0 a one-token step reads each missing expert once, as a copy would: it is recorded as
+    # one graph reading them directly (no host wait per layer). A step of three does too: the experts
+    # several of its tokens use are gathered (copied in once each), so every miss crosses once.
     path, ref, keys, nbytes = model
     with LLM(str(path), device="cuda", dtype="float32", expert_pool_size=int(frac * keys) * nbytes,
              prefetch_depth=0) as llm:
@@ -84,7 +85,8 @@ def test_one_token_steps_at_depth_0_read_directly_and_larger_ones_copy(model, fr
         assert graphs.graphs[1].direct and len(graphs.graphs[1].graphs) == 1
         assert llm.stats().experts.direct_bytes > 0
         assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == ref
-        assert not graphs.graphs[4].direct
+        assert graphs.graphs[4].direct and graphs.graphs[4].claims == ()
+        assert llm.stats().experts.gathered > 0
 
 
 @pytest.mark.parametrize("cold", ["bus", "auto"])
