@@ -402,6 +402,11 @@ def moe_decode_4bit(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, slots:
     k = ids.shape[1]
     f = w13.n // 2
     asm = x.device.type == "cuda"             # dp2a where there is a GPU; the interpreter has no PTX
+    if host is not None and x16 is not None:
+        # The up kernel reads the slot snapshot and its first weights before its wait, trusting that
+        # its predecessor (the prep of x) waited for everything before it. Given x16, its predecessor
+        # is a direct step's publish or gather copy, which neither waits nor triggers: launch plainly.
+        pdl = False
     launch = {"launch_pdl": True} if pdl else {}    # only Triton versions with PDL know the option
     common = dict(G=group, EPI=consts.epi, PDL=pdl, HOST=host is not None, FILL=fills_on(host),
                   OPS=(asm, consts.fmt == FMT_MXFP4))

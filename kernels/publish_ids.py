@@ -83,7 +83,8 @@ def _publish_direct_kernel(table_row, snap_row, ids, pred, region, fill_row, fil
     # step's fill slots while any are left; publish each id's fill slot and the predicted ids.
     # With PAD, the ids of a padding row (pad[row], K ids a row) become row 0's, in place.
     # With CPU, the host CPU takes round(cpu_frac * missing experts) of them, those most tokens
-    # use first (each token re-reads a directly read expert), then by first occurrence: their
+    # use first (each token re-reads a directly read expert; with GATHER, where each crosses the bus
+    # once, those fewest tokens use: less work for the host), then by first occurrence: their
     # snapshot entry becomes SLOT_CPU (no fill slot, no read by the kernels), and x [T, D] and the
     # routing weights tw [T, K] (float32) go to cpu_in, then 1 to cpu_flag (after a system fence).
     # With GATHER, each missing expert (not the host CPU's) that two or more real tokens use is copied
@@ -117,8 +118,12 @@ def _publish_direct_kernel(table_row, snap_row, ids, pred, region, fill_row, fil
         uses_j = tl.sum((same & real_i[:, None]).to(tl.int32), axis=0)
         seen_j = tl.load(snap_row + tl.where(j_ok, idj, 0), mask=j_ok, other=0)
         first_j = j_ok & (seen_j < 0) & (tl.sum((same & (i[:, None] < j[None, :])).to(tl.int32), axis=0) == 0)
-        ahead = first_j[None, :] & ((uses_j[None, :] > uses[:, None]) |
-                                    ((uses_j[None, :] == uses[:, None]) & (j[None, :] < i[:, None])))
+        if GATHER:   # every missing expert crosses the bus once: the CPU takes those fewest tokens use
+            ahead = first_j[None, :] & ((uses_j[None, :] < uses[:, None]) |
+                                        ((uses_j[None, :] == uses[:, None]) & (j[None, :] < i[:, None])))
+        else:
+            ahead = first_j[None, :] & ((uses_j[None, :] > uses[:, None]) |
+                                        ((uses_j[None, :] == uses[:, None]) & (j[None, :] < i[:, None])))
         rank = tl.sum(ahead.to(tl.int32), axis=1)                                 # among the missing
         missing = tl.sum(first.to(tl.int32), axis=0)
         quota = (tl.load(cpu_frac, volatile=True) * missing.to(tl.float32) + 0.5).to(tl.int32)
@@ -212,8 +217,9 @@ def publish_direct(table_row: torch.Tensor, snap_row: torch.Tensor, ids: torch.T
         t = d = sx = 0
         x = tw = inputs = flag = frac = fill_meta
     if gather is not None:
-        if gather.work.numel() < 1 + 2 * n:
-            raise ValueError(f"the gather list holds {gather.work.numel()} values; this layer may need {1 + 2 * n}")
+        most = min(e, n // 2)          # each expert gathered takes two of the layer's pairs
+        if gather.work.numel() < 1 + 2 * most:
+            raise ValueError(f"the gather list holds {gather.work.numel()} values; this layer may need {1 + 2 * most}")
         g_slots, g_work, g_base = gather.slots, gather.work, gather.base
     else:
         g_slots, g_work, g_base = fill_meta, region, 0
@@ -252,7 +258,8 @@ def publish_direct_ref(table_row: torch.Tensor, snap_row: torch.Tensor, ids: tor
     real = [x for i, x in enumerate(id_list) if pad is None or not pad.numel() or not bool(pad[i // k])]
     uses = {x: real.count(x) for x in first}
     if cpu is not None and first:
-        order = sorted(first, key=lambda x: (-uses[x], id_list.index(x)))
+        sign = 1 if gather is not None else -1          # gathered: fewest uses first (see the kernel)
+        order = sorted(first, key=lambda x: (sign * uses[x], id_list.index(x)))
         quota = int(float(cpu.frac.view(-1)[0]) * len(first) + 0.5)
         mine = order[:quota]
         for x in mine:

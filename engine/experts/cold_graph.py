@@ -8,7 +8,8 @@ recorded again from step to step:
 
 1. the layer's publish kernel gives the host CPU ``round(share * m)`` of its ``m`` missing experts,
    those the most tokens use first (a direct read crosses the bus once per token that uses the
-   expert; the CPU reads it once), marks them ``SLOT_CPU`` in the slot-table snapshot, and writes the
+   expert; the CPU reads it once; where the step gathers its shared experts, each crossing once, the
+   fewest first), marks them ``SLOT_CPU`` in the slot-table snapshot, and writes the
    layer's ``x`` and routing weights into this layer's pinned ``inputs``, then its ``ready`` flag;
 2. the MoE kernels skip those experts' pairs and read the other missing experts over the bus;
 3. the host, following the step, sees the marks, waits for ``ready``, computes the marked experts
@@ -168,8 +169,9 @@ class GraphCpuLayer:
 class GraphCpuShares:
     """The host side: the recordings' buffers, the share in force and the host CPU's work per layer."""
 
-    def __init__(self, r: "Residency", hidden: int) -> None:
+    def __init__(self, r: "Residency", hidden: int, gathers: Callable[[int], bool] = lambda tokens: False) -> None:
         self.r, self.hidden = r, hidden
+        self.gathers = gathers           # whether a step of that many tokens copies its shared experts once
         pin = r.device.type == "cuda"
         with torch.inference_mode(False):      # made while a step is recorded; the host writes them later
             self.frac = torch.zeros(1, dtype=torch.float32, pin_memory=pin)   # read by the publish kernels
@@ -278,8 +280,11 @@ class GraphCpuShares:
         missing, uses = np.unique(e[s < 0], return_counts=True)              # both sorted
         at = np.minimum(np.searchsorted(experts, missing), experts.size - 1)
         mine = experts[at] == missing
+        bus_uses = uses[~mine].tolist()
+        if self.gathers(t):              # the bus's shared experts crossed once
+            bus_uses = [1] * len(bus_uses)
         cold.note_graph(int(experts.size), (done - c0) * 1e3, (done - t0) * 1e3,
-                        self._predicted_ms(uses[mine].tolist(), uses[~mine].tolist()))
+                        self._predicted_ms(uses[mine].tolist(), bus_uses))
         cold.learn_cpu(done - c0, uses[mine].tolist())
         return int(experts.size)
 

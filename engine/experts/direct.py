@@ -118,12 +118,12 @@ class DirectPath:
         before = set(books.lease)
         armed = self.fills.armed or []
         self.fills.begin(self.step)
-        self.gather.begin(self.step, tokens, self.top_k)
         self.step.seen = {}
         claims = self.claims
         if predicting and claims is not None and targets:
             claims.begin(self.step, tokens)
             self.step.dp_active, self.step.dp_replay, self.step.dp_targets = True, True, list(targets)
+        self.gather.begin(self.step, tokens, self.top_k)       # after the claims: what staging is left
         regions.fill_(UNWRITTEN)
         self.live_leases = frozenset(set(books.lease) - before) | frozenset(armed)
 
@@ -190,7 +190,7 @@ class DirectPath:
             launch()
             return out
         if self.shares is None:
-            self.shares = GraphCpuShares(r, r.layout.hidden)
+            self.shares = GraphCpuShares(r, r.layout.hidden, self.gather.on)
         # the model launches the publish (with x and the routing weights) and later the join
         return out + (self.shares.layer(moe_index, topk_ids, self.snap[moe_index], launch),)
 
@@ -289,7 +289,8 @@ class DirectPath:
             p = (pred[1][:depth], host[2 * n:].view(pred[2].shape)[:depth])
             r.forecast.note(*p)
         ids, seen = host[:n].tolist(), host[n:2 * n].tolist()
-        cold = r.cold_share(moe_index, ids, [s < 0 for s in seen], topk_ids.shape[1], True) if -1 in seen else None
+        direct = not self.gather.on(topk_ids.shape[0])    # read once per token that uses it, unless gathered
+        cold = r.cold_share(moe_index, ids, [s < 0 for s in seen], topk_ids.shape[1], direct) if -1 in seen else None
         kernel_seen = seen
         if cold is not None:                 # the CPU's experts: no fill slot, no direct read
             base = moe_index * r.num_experts
@@ -314,9 +315,10 @@ class DirectPath:
         r, step = self.r, self.step
         base = moe_index * r.num_experts
         found = {base + e: s for e, s in zip(ids, seen)}
-        if gathered:
-            spare = set(step.gather_slots or ())
+        if step.gather_slots:               # a gather slot is the next layer's: never a fill to admit
+            spare = set(step.gather_slots)
             fills = [-1 if f in spare else f for f in fills]
+        if gathered:
             read = [gathered.get(e, s) for e, s in zip(ids, read or seen)]
             r.counters.gathered += len(gathered)
         for e, f in zip(ids, fills):
@@ -400,6 +402,7 @@ class DirectPath:
         if self.step.dp_active:
             dp = self.claims.dp
             self.step.dp_records = dp.snapshot(self.step.dp_targets if self.step.dp_replay else dp.targets)
+        self.gather.release(self.step)      # only its own kernels read them: free for the next step now
         books, self.step = self.step, StepBooks()
         return books
 

@@ -58,6 +58,15 @@ class GatherSlots:
         if self._uploaded is not None:
             self._uploaded.record()
 
+    def release(self, step: StepBooks) -> None:
+        """Give back ``step``'s gather slots once its kernels are launched for good (its deferred end):
+        a later step's use of them is ordered after those kernels on the compute stream."""
+        books = self.r.books
+        for slot in step.gather_slots or ():
+            if books.lease.get(slot) == -1 and books.owner[slot] < 0:
+                books.release_staging(slot)
+        step.gather_slots = []
+
     def args(self, moe_index: int) -> GatherArgs:
         return GatherArgs(self.info, self.work, moe_index * self.r.num_experts)
 
@@ -93,6 +102,7 @@ class GatherSlots:
         if out:
             base = moe_index * r.num_experts
             pairs = sorted(out.items())
-            r.pool.buffer[[s for _, s in pairs]] = r.store.rows[[base + e for e, _ in pairs]].to(r.device, non_blocking=True)
+            for e, s in pairs:           # on the compute stream, from the page-locked store: before the kernels
+                r.pool.buffer[s].copy_(r.store.rows[base + e], non_blocking=True)
             snap[[e for e, _ in pairs]] = host_to([s for _, s in pairs], torch.int32, r.device)
         return out

@@ -6,7 +6,7 @@ import torch
 
 from engine.errors import ConfigError, ReconfigureError
 from engine.experts import pool as pool_module
-from test_experts_support import D, E, L, Stack, route, run_layers
+from test_experts_support import D, E, K, L, Stack, route, run_layers
 
 
 @pytest.fixture(scope="module")
@@ -321,6 +321,24 @@ def test_deferred_step_end_runs_behind_the_next_step(stack: Stack) -> None:
     st = prov.stats()
     assert prov.direct.ended is None and not prov.pool.books.lease and st.fills > 0
     _books_match_pool(stack, prov)
+
+
+def test_a_deferred_step_gives_its_gather_slots_back_at_once(stack: Stack) -> None:
+    # A replayed step of several tokens leases gather slots; only its own kernels use them, so when its
+    # end is deferred they go back at once (the next step may gather into them), while its fill slots
+    # stay leased until its end.
+    prov = stack.offloaded(L * E // 4, depth=1, policy="lru", direct_reads=True)
+    prov.direct.top_k = K                     # as recording the step would have told it
+    x = _x(3)
+    stack.run(prov, x, 1)
+    _start_replayed(prov, keep_ended=False)
+    leased = list(prov.direct.step.gather_slots)
+    assert len(leased) == 3 * K // 2 and set(leased) <= set(prov.pool.books.lease)
+    _direct_layers(stack, prov, x)
+    prov.end_step()
+    assert prov.direct.ended is not None and not set(leased) & set(prov.pool.books.lease)
+    prov.settle()
+    assert not prov.pool.books.lease
 
 
 def test_fill_slots_armed_for_the_next_step(stack: Stack) -> None:

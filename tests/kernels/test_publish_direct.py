@@ -171,13 +171,12 @@ def _gather_args(slots, n, base=0):
 
 
 def test_missing_experts_several_tokens_use_are_gathered_once():
-    # Three tokens, k = 2, expert 1 resident. 3 is missing and used by every token, 6 by two, 0 and 5
-    # by one. One fill slot (20) is left: 3 takes it (first occurrence). Gather slots 40, 41: 6 takes
-    # 40. 3 and 6 are listed for the copy (into 20 and 40, store rows base + e); the region shows them
-    # missing (-1) with those slots in the fill column, and their snapshot entries become the slots.
-    # 0 and 5 (one token each) stay direct reads: 0 gets no fill slot (none left), 5 neither.
+    # Three tokens, k = 2, expert 1 resident. 3 is missing and used by every token, 6 by two. One fill
+    # slot (20) is left: 3 takes it (first occurrence). Gather slots 40, 41: 6 takes 40. 3 and 6 are
+    # listed for the copy (into 20 and 40, store rows base + e); the region shows them missing (-1)
+    # with those slots in the fill column, and their snapshot entries become the slots.
     table = torch.tensor([-1, 11, -1, -1, -1, -1, -1, -1], dtype=torch.int32)
-    ids = torch.tensor([3, 6, 3, 1, 6, 3, 0, 5][:6], dtype=torch.int32)     # [[3, 6], [3, 1], [6, 3]]
+    ids = torch.tensor([3, 6, 3, 1, 6, 3], dtype=torch.int32)               # [[3, 6], [3, 1], [6, 3]]
     for fn in (publish_direct, publish_direct_ref):
         g = _gather_args([40, 41], ids.numel(), base=16)
         snap, fill = torch.full_like(table, 7), torch.full_like(table, 5)
@@ -229,3 +228,36 @@ def test_the_gather_copy_moves_each_listed_row_once():
         fn(work, rows, pool, **kw)
         assert torch.equal(pool[3], rows[5]) and torch.equal(pool[0], rows[1])
         assert not pool[1].any() and not pool[2].any()
+
+
+def test_a_gather_list_of_one_entry_per_expert_holds_any_layer():
+    # Four tokens, k = 2, four experts: more pairs (8) than experts. A layer gathers at most one
+    # entry per expert, so a list of 1 + 2E holds it.
+    table = torch.tensor([-1, -1, 11, -1], dtype=torch.int32)
+    ids = torch.tensor([0, 1, 0, 1, 3, 0, 2, 3], dtype=torch.int32)
+    for fn in (publish_direct, publish_direct_ref):
+        g = GatherArgs(torch.tensor([3, 40, 41, 42, 0], dtype=torch.int32), torch.full((1 + 2 * 4,), -7, dtype=torch.int64), 0)
+        snap = torch.full_like(table, 7)
+        fn(table, snap, ids.clone(), None, torch.full((24,), -2, dtype=torch.int64), torch.full_like(table, 5),
+           torch.tensor([0], dtype=torch.int32), torch.tensor([0, 0], dtype=torch.int32),
+           pad=torch.zeros(4, dtype=torch.bool), gather=g)
+        assert g.work[:7].tolist() == [3, 40, 0, 41, 1, 42, 3], fn.__name__
+        assert snap.tolist() == [40, 41, 11, 42]
+
+
+def test_with_the_gather_the_host_cpu_takes_the_experts_fewest_tokens_use():
+    # Every missing expert crosses the bus once when shared ones are gathered, so the host CPU's
+    # share goes to those fewest tokens use (less work for it): of 3 (three uses), 6 (one) and 0
+    # (one), a share of 2 takes 6 and 0; 3 is gathered into the gather slot.
+    table = torch.tensor([-1, 11, -1, -1, 14, -1, -1, -1], dtype=torch.int32)
+    ids = torch.tensor([6, 3, 1, 3, 0, 3], dtype=torch.int32)
+    for fn in (publish_direct, publish_direct_ref):
+        cpu = _cpu_args(3, 16, 2, 2 / 3, torch.Generator().manual_seed(0))
+        g = _gather_args([40], ids.numel())
+        snap = torch.full_like(table, 7)
+        region = torch.full((18,), -2, dtype=torch.int64)
+        fn(table, snap, ids.clone(), None, region, torch.full_like(table, 5), torch.tensor([0], dtype=torch.int32),
+           torch.tensor([0, 0], dtype=torch.int32), pad=torch.zeros(3, dtype=torch.bool), cpu=cpu, gather=g)
+        assert region[6:12].tolist() == [SLOT_CPU, -1, 11, -1, SLOT_CPU, -1], fn.__name__
+        assert snap.tolist() == [SLOT_CPU, 11, -1, 40, 14, -1, SLOT_CPU, -1]
+        assert g.work[:3].tolist() == [1, 40, 3] and cpu.flag.item() == 1
