@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The GPU evidence of one device session, in calls of at most 10 minutes each, one after the other on
+# the same warm machine (each phase returns within PHASE_S seconds; a background job runs on between
+# them). Nothing that measures runs beside anything else: the GPU tests first and alone, then the
+# llama.cpp comparison kit alone, then the gpt-oss cells, each from a fresh process.
+#
+#   on this machine, once per commit to be measured:  bash ../shared/anchors/llamacpp/prepare.sh .bench
+#   device call 1:  bash benchmarks/h200_session.sh tests-and-kit     (carry .bench)
+#   device call 2:  bash benchmarks/h200_session.sh kit-then-gpt-oss  (carry .bench)
+#   device call 3:  bash benchmarks/h200_session.sh gpt-oss           (repeat until it says done)
+#
+# KIT_ARGS picks the kit's options (default: shares 50,25,0, no Q4_0); GO_ARGS those of
+# bench_gpt_oss.py (default: cells b then c, both routings). Results go to $OUT (the device tool's),
+# else to /tmp/h200-out. STRATA_COMMIT names the commit where the tree has no .git (default: the one
+# prepare.sh packed).
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/h200-out}
+PHASE_S=${PHASE_S:-560}
+KIT_ARGS=${KIT_ARGS:---shares 50,25,0 --no-q4-0}
+GO_ARGS=${GO_ARGS:---cells b,c --deadline 900}
+GO=$HOME/h200-gpt-oss
+export PYTHONUNBUFFERED=1
+export STRATA_COMMIT=${STRATA_COMMIT:-$(sed -n 's/^strata_commit=//p' .bench/versions.txt 2>/dev/null)}
+mkdir -p "$OUT"
+left() { echo $((PHASE_S - SECONDS)); }
+
+kit_done() { grep -q ' run-done$' "$(readlink -f "$HOME/llamacpp-anchor/latest")/marks.txt" 2>/dev/null; }
+
+start_gpt_oss() {
+  # The kit's model files are its own, made by this session's run: remove them for the host memory
+  # the 120b store needs (57 GiB pinned).
+  kit_done && rm -rf /dev/shm/llamacpp-anchor
+  mkdir -p "$GO" && rm -rf "$GO/src" && cp -r . "$GO/src"
+  (cd "$GO/src" && setsid nohup python3 benchmarks/bench_gpt_oss.py $GO_ARGS --out "$GO/gpt_oss.json" \
+     > "$GO/log" 2>&1 < /dev/null & echo $! > "$GO/pid")
+  echo "gpt-oss cells started (log $GO/log)"
+}
+
+follow_gpt_oss() {
+  local pid; pid=$(cat "$GO/pid" 2>/dev/null) || { echo "no gpt-oss run started"; return 1; }
+  while kill -0 "$pid" 2>/dev/null && [ "$(left)" -gt 5 ]; do sleep 5; done
+  cp "$GO/gpt_oss.json" "$GO/log" "$OUT/" 2>/dev/null
+  if kill -0 "$pid" 2>/dev/null; then echo "gpt-oss: still running"; else echo "gpt-oss: done"; fi
+  tail -n 25 "$GO/log"
+}
+
+case ${1:-} in
+  tests-and-kit)
+    nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
+    mkdir -p "$OUT/suite"
+    OUT="$OUT/suite" PYTHON=python3 timeout -k 10 330 bash benchmarks/gpu_suite.sh tests
+    pkill -f "pytest tests/engine/test_gpu" 2>/dev/null   # nothing of the tests may run beside the kit
+    bash .bench/kit/run.sh --background $KIT_ARGS || exit 1
+    bash .bench/kit/poll.sh "$(left)" | tail -n 12;;
+  kit-then-gpt-oss)
+    bash .bench/kit/poll.sh "$(( $(left) - 60 ))" | tail -n 70
+    if kit_done; then start_gpt_oss; follow_gpt_oss; else echo "the kit is still running: call this phase again"; fi;;
+  gpt-oss)
+    [ -f "$GO/pid" ] || start_gpt_oss
+    follow_gpt_oss;;
+  *)
+    echo "usage: h200_session.sh tests-and-kit | kit-then-gpt-oss | gpt-oss" >&2
+    exit 2;;
+esac
