@@ -90,6 +90,7 @@ async def create_chat_completion(request: Request) -> Response:
     body = await json_body(request)
     info = await server.client.info()
     f = Fields(body)
+    refused.refuse_unknown(body, refused.CHAT_FIELDS, "/v1/chat/completions")
     k = _logprobs(f)
     common = read_common(f, info, ("max_completion_tokens", "max_tokens"), None, k)
     refused.refuse(f, refused.CHAT)

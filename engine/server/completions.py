@@ -73,6 +73,7 @@ async def create_completion(request: Request) -> Response:
     body = await json_body(request)
     info = await server.client.info()
     f = Fields(body)
+    refused.refuse_unknown(body, refused.COMPLETIONS_FIELDS, "/v1/completions")
     k = f.whole("logprobs", None, 0, MAX_LOGPROBS)
     echo = f.flag("echo", False)
     score_only = echo and body.get("max_tokens") == 0 and is_whole(body.get("max_tokens"))

@@ -3,14 +3,18 @@ what to send instead, so no reply silently ignores what its request asked for.
 
 A field given its neutral value (the one that asks for nothing: ``presence_penalty: 0``,
 ``modalities: ["text"]``) is accepted. Fields that change nothing in a reply (``user``, ``metadata``,
-``store``, ``service_tier``, ``prediction``, ``prompt_cache_key``, ``safety_identifier``) are accepted
-and have no effect.
+``store``, ``service_tier``, ``prediction``, ``prompt_cache_key``, ``prompt_cache_options``,
+``prompt_cache_retention``, ``safety_identifier``, ``moderation``) are accepted and have no effect.
+
+A field of no name a route knows (a misspelling, or another server's extension) is refused with the
+closest known name, as OpenAI's API does: ignoring it would answer a different request from the one sent.
 """
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 
-from engine.server.fields import Fields
+from engine.server.fields import Fields, bad, printable
 
 
 @dataclass(frozen=True)
@@ -64,3 +68,27 @@ def refuse(f: Fields, fields: tuple[Unsupported, ...]) -> None:
     """A 400 naming the first of ``fields`` that the request gives a value other than its neutral one."""
     for u in fields:
         f.unsupported(u.key, u.neutral, u.fix)
+
+
+NO_EFFECT = ("user", "metadata", "store", "service_tier", "prediction", "prompt_cache_key", "prompt_cache_options",
+             "prompt_cache_retention", "safety_identifier", "moderation")
+# What both routes read (engine/server/protocol.py: read_common and its sampling fields).
+_READ_BOTH = ("model", "n", "stream", "stream_options", "max_tokens", "best_of", "logprobs", "response_format",
+              "return_token_ids", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "stop",
+              "stop_token_ids", "ignore_eos", "include_stop_str_in_output")
+CHAT_FIELDS = frozenset(_READ_BOTH + NO_EFFECT + tuple(u.key for u in BOTH + CHAT) + (
+    "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
+    "reasoning_effort", "chat_template_kwargs"))
+COMPLETIONS_FIELDS = frozenset(_READ_BOTH + NO_EFFECT + tuple(u.key for u in BOTH + COMPLETIONS) + ("prompt", "echo"))
+
+
+def refuse_unknown(body: dict, known: frozenset[str], route: str) -> None:
+    """A 400 naming the first field of ``body`` that ``route`` does not know, with the closest known name."""
+    for key in body:
+        if key in known:
+            continue
+        near = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75)
+        fix = f"did you mean {near[0]}?" if near else "leave it out"
+        raise bad(key, f"{printable(key)} is not a field of {route} on this server; {fix} (docs/server.md lists "
+                       "the fields it reads)", code="unknown_parameter")
+

@@ -243,3 +243,46 @@ def test_a_bug_behind_a_route_is_a_logged_500_error_object_and_the_server_lives_
     assert any("unexpected error answering GET /v1/strata/config" in rec.getMessage() and rec.exc_info
                for rec in caplog.records)
     assert http.post(COMPLETE, json={"prompt": "Hi", "max_tokens": 1}).status_code == 200
+
+
+# What the official client's create() takes (openai 3.60), each sent only when the caller gives it.
+OFFICIAL_CHAT = ("audio", "frequency_penalty", "function_call", "functions", "logit_bias", "logprobs",
+                 "max_completion_tokens", "max_tokens", "messages", "metadata", "modalities", "model", "moderation", "n",
+                 "parallel_tool_calls", "prediction", "presence_penalty", "prompt_cache_key", "prompt_cache_options",
+                 "prompt_cache_retention", "reasoning_effort", "response_format", "safety_identifier", "seed",
+                 "service_tier", "stop", "store", "stream", "stream_options", "temperature", "tool_choice", "tools",
+                 "top_logprobs", "top_p", "user", "verbosity", "web_search_options")
+OFFICIAL_COMPLETIONS = ("best_of", "echo", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "model", "n",
+                        "presence_penalty", "prompt", "seed", "stop", "stream", "stream_options", "suffix", "temperature",
+                        "top_p", "user")
+
+
+def test_every_field_of_the_official_client_is_a_known_one():
+    from engine.server import refused
+    assert set(OFFICIAL_CHAT) <= refused.CHAT_FIELDS and set(OFFICIAL_COMPLETIONS) <= refused.COMPLETIONS_FIELDS
+
+
+@pytest.mark.parametrize("path,field,hint", [
+    (CHAT, "max_token", "did you mean max_tokens?"),
+    (CHAT, "temprature", "did you mean temperature?"),
+    (COMPLETE, "stop_sequences", "leave it out"),
+    (COMPLETE, "top-p", "did you mean top_p?"),
+    (CHAT, "tool_choise", "did you mean tool_choice?"),
+])
+def test_a_field_no_route_knows_is_refused_with_the_nearest_name(http, path, field, hint):
+    body = {"messages": HI} if path == CHAT else {"prompt": "Hi"}
+    r = http.post(path, json={**body, "max_tokens": 2, field: 1})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == field and error["code"] == "unknown_parameter"
+    assert error["message"].startswith(f"{field} is not a field of {path} on this server; {hint}"), error["message"]
+
+
+def test_the_openai_client_gets_its_typed_error_for_a_misspelt_extra(client):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="demo", messages=HI, max_tokens=2, extra_body={"top_kk": 5})
+    assert "did you mean top_k?" in err.value.body["message"]
+    r = client.chat.completions.create(model="demo", messages=HI, max_tokens=2, user="u1", store=False,
+                                       prompt_cache_key="k", extra_body={"top_k": 5})
+    assert r.usage.completion_tokens >= 1
+
