@@ -37,6 +37,7 @@ class GatherSlots:
         self.work = torch.zeros(1 + 2 * E, dtype=torch.int64, device=dev)      # [n, (slot, row) ...]
         self._h_info = torch.zeros(1 + E, dtype=torch.int32, pin_memory=cuda)
         self._uploaded = torch.cuda.Event() if cuda else None
+        self._sent = 0                  # the gather slot count the device holds
         # read once: a recorded step's kernels gather or not, and the host's books must agree with
         # every recording (a change of the tuning after construction does not apply)
         self.enabled = r.tuning.gather_shared and r.layout.nbytes % 4 == 0
@@ -50,6 +51,9 @@ class GatherSlots:
         books = self.r.books
         want = min(tokens * k // 2, self.r.num_experts, len(books.staging_free)) if self.on(tokens) else 0
         step.gather_slots = [books.take_staging(-1) for _ in range(want)]
+        if want == 0 and self._sent == 0:    # the device already holds "no gather slots" (steps of one token)
+            return
+        self._sent = want
         if self._uploaded is not None:
             self._uploaded.synchronize()       # the last step's upload has run long since
         info = self._h_info.numpy()
