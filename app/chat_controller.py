@@ -27,7 +27,7 @@ from app.messages import ChatMessage, ContextUsage, ModelDescription, ReplyReque
 
 TITLE_CHARS = 40
 STREAM_SAVE_MS = 1000     # a streaming reply on disk is at most this far behind the screen
-EDITS_SAVE_MS = 1000      # the unsent text and the system prompt are kept this soon after a keystroke
+EDITS_SAVE_MS = 1000      # the unsent text and the system prompt are kept this soon after the first unkept keystroke
 INTERRUPTED_NOTE = "interrupted — the app closed before this reply finished"
 
 Confirm = Callable[[str, str], bool]     # (title, question) -> the user said yes
@@ -100,7 +100,7 @@ class ChatController(QObject):
         pane.enter_sends_changed.connect(self.prefs.set_enter_sends)
         box.changed.connect(lambda: self.prefs.set_generation(box.settings()))
         box.system_prompt.textChanged.connect(self._system_prompt_edited)
-        pane.input.textChanged.connect(self.edits_timer.start)
+        pane.input.textChanged.connect(self._edited)
         self.sidebar.selected.connect(self.open)
         self.sidebar.new_requested.connect(self.new_chat)
         self.sidebar.delete_requested.connect(self.delete)
@@ -199,6 +199,12 @@ class ChatController(QObject):
         if text != self.current.system_prompt:
             self.current.system_prompt = text
             self._system_edited = True
+            self._edited()
+
+    def _edited(self) -> None:
+        """A keystroke: keep the edits within EDITS_SAVE_MS of the first one not yet kept (a restart on
+        every keystroke would keep nothing while someone types without pausing)."""
+        if not self.edits_timer.isActive():
             self.edits_timer.start()
 
     def _keep_edits_now(self) -> None:
@@ -405,6 +411,8 @@ class ChatController(QObject):
             if not self.confirm("Edit your last message?", question):
                 return
         text = self.current.messages[at].content
+        self.prefs.set_draft(text)          # on disk in the box's keeping before it leaves the chat's
+        self.prefs.sync()
         del self.current.messages[at:]
         for bubble in self._bubbles[at:]:
             self.pane.view.remove(bubble)

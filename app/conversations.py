@@ -21,6 +21,7 @@ from pathlib import Path
 FORMAT_VERSION = 2
 TRASH = "trash"
 CORRUPT_TAG = ".corrupt-"
+STALE_TMP_S = 600          # a temporary copy this old is a killed process's leftover, not a write in progress
 ROLES = ("user", "assistant")
 
 
@@ -263,6 +264,7 @@ class ConversationStore:
             return Loaded([], [write_error_line(self.folder, exc)])
         out: list[Conversation] = []
         problems: list[str] = []
+        self._sweep_temporaries()
         try:
             paths = sorted(p for p in self.folder.glob("*.json") if CORRUPT_TAG not in p.name)
         except OSError as exc:
@@ -277,6 +279,18 @@ class ConversationStore:
             except (ValueError, CorruptConversation) as exc:
                 problems.append(self._set_aside(path, str(exc)))
         return Loaded(sorted(out, key=lambda c: c.updated, reverse=True), problems)
+
+    def _sweep_temporaries(self) -> None:
+        """Remove this store's own temporary copies (``write``'s ``.<id>.*.tmp``) that a killed process
+        left behind; the conversation file each was to replace is whole. Only those older than
+        STALE_TMP_S: a younger one may be another running window's write in progress."""
+        now = time.time()
+        try:
+            for tmp in self.folder.glob(".*.tmp"):
+                if tmp.is_file() and now - tmp.stat().st_mtime > STALE_TMP_S:
+                    tmp.unlink(missing_ok=True)
+        except OSError:
+            pass                        # left for the next start: nothing depends on their removal
 
     def _read(self, path: Path) -> Conversation:
         try:

@@ -336,3 +336,47 @@ def test_the_context_meter_follows_the_current_chat(qtbot, tmp_path):
     assert meter.label.text() == "Context — / 512 tokens"
     chat.open(chat.conversations[0].id)
     assert meter.label.text() == "Context 352 / 512 tokens"
+
+
+def test_an_edited_message_is_in_the_kept_box_text_before_it_leaves_the_chat(qtbot, tmp_path):
+    # Edit puts the last message back into the box and removes it from the saved chat; a kill right
+    # after must not lose it: the box text is written first, at once, not a second later.
+    chat = make_chat(qtbot, tmp_path / "c")
+    _reply(chat, "An answer.")
+    chat.confirm = lambda _t, _q: True
+    kept: list[str] = []
+    chat.prefs.set_draft = kept.append                 # what reaches the settings, in order
+    saved_then = []
+    chat.prefs.sync = lambda: saved_then.append(list(m.content for m in chat.current.messages))
+    chat.edit_last()
+    assert kept and kept[0] == "Tell me"
+    assert saved_then[0] == ["Tell me", "An answer."]  # written while the chat still held the message
+    assert on_disk(chat)["messages"] == []
+
+
+def test_the_unsent_text_is_kept_while_someone_types_without_pausing(qtbot, tmp_path):
+    # The save is due EDITS_SAVE_MS after the first keystroke not yet kept: later keystrokes do not
+    # push it back, so steady typing is kept every second rather than never.
+    chat = make_chat(qtbot, tmp_path / "c")
+    chat.pane.input.setPlainText("a")
+    assert chat.edits_timer.isActive()
+    first = chat.edits_timer.remainingTime()
+    qtbot.wait(30)
+    chat.pane.input.setPlainText("ab")
+    assert chat.edits_timer.isActive() and chat.edits_timer.remainingTime() <= first
+
+
+def test_a_killed_writes_leftover_temporary_copy_is_removed_at_start(tmp_path):
+    import os
+    import time
+    from app.conversations import STALE_TMP_S, ConversationStore
+    folder = tmp_path / "c"
+    folder.mkdir()
+    old, fresh, mine = folder / ".abc.x1.tmp", folder / ".abc.x2.tmp", folder / "notes.tmp"
+    for p in (old, fresh, mine):
+        p.write_text("{")
+    past = time.time() - STALE_TMP_S - 60
+    os.utime(old, (past, past))
+    os.utime(mine, (past, past))
+    ConversationStore(folder).load_all()
+    assert not old.exists() and fresh.exists() and mine.exists()   # only the store's own, and only stale
