@@ -18,7 +18,7 @@ import torch
 from engine.experts.policy import StaticPolicy
 from engine.experts.residency import Residency
 from engine.experts.step_books import StepBooks
-from engine.host_copy import host_to
+from engine.host_copy import StagedInts, host_to
 
 
 class FillSlots:
@@ -26,11 +26,9 @@ class FillSlots:
         self.r = r
         L, E, dev = r.num_layers, r.num_experts, r.device
         self.rows = torch.full((L, E), -1, dtype=torch.int32, device=dev)   # layer -> expert -> fill slot
-        self.info = torch.zeros(2 + E, dtype=torch.int32, device=dev)
+        self._staged = StagedInts(2 + E, dev)
+        self.info = self._staged.tensor
         self.meta, self.free = self.info[:2], self.info[2:]
-        cuda = dev.type == "cuda"
-        self._h_info = torch.zeros(2 + E, dtype=torch.int32, pin_memory=cuda)
-        self._uploaded = torch.cuda.Event() if cuda else None
         self.armed: list[int] | None = None       # leased and uploaded for the next replayed step
         self.admit_per_step = max(1, E // 2)
 
@@ -49,14 +47,7 @@ class FillSlots:
             return
         books = self.r.books
         step.fill_slots = [books.take_staging(-1) for _ in range(self.capacity())]
-        n = len(step.fill_slots)
-        if self._uploaded is not None:
-            self._uploaded.synchronize()       # the last step's upload has run long since
-        info = self._h_info.numpy()
-        info[:2 + n] = [0, n] + step.fill_slots
-        self.info[:2 + n].copy_(self._h_info[:2 + n], non_blocking=True)
-        if self._uploaded is not None:
-            self._uploaded.record()
+        self._staged.send([0, len(step.fill_slots)] + step.fill_slots)
 
     def arm(self) -> None:
         """Lease and upload the next replayed step's fill slots now."""

@@ -24,7 +24,7 @@ import torch
 
 from engine.experts.residency import Residency
 from engine.experts.step_books import StepBooks
-from engine.host_copy import host_to
+from engine.host_copy import StagedInts, host_to
 from kernels.publish_ids import SLOT_CPU, GatherArgs, gather_copy, gather_copy_ref
 
 
@@ -32,11 +32,9 @@ class GatherSlots:
     def __init__(self, r: Residency) -> None:
         self.r = r
         E, dev = r.num_experts, r.device
-        cuda = dev.type == "cuda"
-        self.info = torch.zeros(1 + E, dtype=torch.int32, device=dev)          # [count, slots...]
+        self._staged = StagedInts(1 + E, dev)
+        self.info = self._staged.tensor                                         # [count, slots...]
         self.work = torch.zeros(1 + 2 * E, dtype=torch.int64, device=dev)      # [n, (slot, row) ...]
-        self._h_info = torch.zeros(1 + E, dtype=torch.int32, pin_memory=cuda)
-        self._uploaded = torch.cuda.Event() if cuda else None
         self._sent = 0                  # the gather slot count the device holds
         # read once: a recorded step's kernels gather or not, and the host's books must agree with
         # every recording (a change of the tuning after construction does not apply)
@@ -54,13 +52,7 @@ class GatherSlots:
         if want == 0 and self._sent == 0:    # the device already holds "no gather slots" (steps of one token)
             return
         self._sent = want
-        if self._uploaded is not None:
-            self._uploaded.synchronize()       # the last step's upload has run long since
-        info = self._h_info.numpy()
-        info[:1 + want] = [want] + step.gather_slots
-        self.info[:1 + want].copy_(self._h_info[:1 + want], non_blocking=True)
-        if self._uploaded is not None:
-            self._uploaded.record()
+        self._staged.send([want] + step.gather_slots)
 
     def release(self, step: StepBooks) -> None:
         """Give back ``step``'s gather slots once its kernels are launched for good (its deferred end):

@@ -22,8 +22,13 @@ from engine.server.completions import respond
 from engine.server.engine_client import ModelInfo
 from engine.server.fields import Fields, bad
 from engine.server.generation import Choice, close_stream, stream_end, Generation, quote, watch_disconnect
-from engine.server.protocol import Common, choice_params, fit, guided, read_common
+from engine.server.protocol import READ_BOTH, Common, choice_params, fit, guided, read_common
 from engine.server.state import created, json_body, new_id, record_of, state_of
+
+
+FIELDS = refused.known_fields(READ_BOTH, ("messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
+                                          "parallel_tool_calls", "reasoning_effort", "chat_template_kwargs"),
+                              refused.CHAT)
 
 
 _RESERVED = frozenset({"messages", "add_generation_prompt", "tokenize", "tools"})   # set by the server
@@ -90,7 +95,7 @@ async def create_chat_completion(request: Request) -> Response:
     body = await json_body(request)
     info = await server.client.info()
     f = Fields(body)
-    refused.refuse_unknown(body, refused.CHAT_FIELDS, "/v1/chat/completions")
+    refused.refuse_unknown(body, FIELDS, "/v1/chat/completions")
     k = _logprobs(f)
     common = read_common(f, info, ("max_completion_tokens", "max_tokens"), None, k)
     refused.refuse(f, refused.CHAT)

@@ -18,12 +18,14 @@ from engine.server import refused, structured
 from engine.server.engine_client import ModelInfo
 from engine.server.fields import Fields, bad, is_whole, show
 from engine.server.generation import Choice, close_stream, stream_end, Generation, quote, quote_or_null, watch_disconnect
-from engine.server.protocol import MAX_CHOICES, Common, choice_params, fit, guided, read_common
+from engine.server.protocol import MAX_CHOICES, READ_BOTH, Common, choice_params, fit, guided, read_common
 from engine.server.sse import EventStream
 from engine.server.state import ServerState, created, json_body, new_id, record_of, state_of
 
 DEFAULT_MAX_TOKENS = 16            # as OpenAI's completions endpoint
 _PROMPT_FORMS = "a string, a list of strings, a list of token ids, or a list of token-id lists"
+
+FIELDS = refused.known_fields(READ_BOTH, ("prompt", "echo"), refused.COMPLETIONS)
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,7 @@ async def create_completion(request: Request) -> Response:
     body = await json_body(request)
     info = await server.client.info()
     f = Fields(body)
-    refused.refuse_unknown(body, refused.COMPLETIONS_FIELDS, "/v1/completions")
+    refused.refuse_unknown(body, FIELDS, "/v1/completions")
     k = f.whole("logprobs", None, 0, MAX_LOGPROBS)
     echo = f.flag("echo", False)
     score_only = echo and body.get("max_tokens") == 0 and is_whole(body.get("max_tokens"))

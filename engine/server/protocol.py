@@ -24,6 +24,9 @@ MAX_STOP = 16             # stop strings per request (each is checked against ev
 MAX_STOP_CHARS = 100
 _SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "stop",
                   "stop_token_ids", "ignore_eos", "include_stop_str_in_output")
+# What read_common reads on every route (besides its max_tokens field, which the route names).
+READ_BOTH = ("model", "n", "stream", "stream_options", "max_tokens", "best_of", "logprobs", "response_format",
+             "return_token_ids") + _SAMPLING_KEYS
 
 
 @dataclass(frozen=True)

@@ -72,14 +72,12 @@ def refuse(f: Fields, fields: tuple[Unsupported, ...]) -> None:
 
 NO_EFFECT = ("user", "metadata", "store", "service_tier", "prediction", "prompt_cache_key", "prompt_cache_options",
              "prompt_cache_retention", "safety_identifier", "moderation")
-# What both routes read (engine/server/protocol.py: read_common and its sampling fields).
-_READ_BOTH = ("model", "n", "stream", "stream_options", "max_tokens", "best_of", "logprobs", "response_format",
-              "return_token_ids", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "stop",
-              "stop_token_ids", "ignore_eos", "include_stop_str_in_output")
-CHAT_FIELDS = frozenset(_READ_BOTH + NO_EFFECT + tuple(u.key for u in BOTH + CHAT) + (
-    "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
-    "reasoning_effort", "chat_template_kwargs"))
-COMPLETIONS_FIELDS = frozenset(_READ_BOTH + NO_EFFECT + tuple(u.key for u in BOTH + COMPLETIONS) + ("prompt", "echo"))
+
+
+def known_fields(read_both: tuple[str, ...], route_reads: tuple[str, ...], refused: tuple[Unsupported, ...]) -> frozenset[str]:
+    """Every top-level field a route knows: what it reads (``read_both``: what every route reads), what
+    it refuses unless neutral, and what has no effect."""
+    return frozenset(read_both + route_reads + NO_EFFECT + tuple(u.key for u in BOTH + refused))
 
 
 def refuse_unknown(body: dict, known: frozenset[str], route: str) -> None:

@@ -258,8 +258,8 @@ OFFICIAL_COMPLETIONS = ("best_of", "echo", "frequency_penalty", "logit_bias", "l
 
 
 def test_every_field_of_the_official_client_is_a_known_one():
-    from engine.server import refused
-    assert set(OFFICIAL_CHAT) <= refused.CHAT_FIELDS and set(OFFICIAL_COMPLETIONS) <= refused.COMPLETIONS_FIELDS
+    from engine.server import chat, completions
+    assert set(OFFICIAL_CHAT) <= chat.FIELDS and set(OFFICIAL_COMPLETIONS) <= completions.FIELDS
 
 
 @pytest.mark.parametrize("path,field,hint", [
