@@ -201,9 +201,9 @@ def fit_context(context: int, explicit: bool, kv_bytes: int, kv_bytes_per_token:
     ``context`` when it fits; else, for a context the user did not set, the whole blocks that fit, with a
     note; a context the user set that does not fit is a one-line ConfigError naming the fixes. ``card``
     ("GPU 1") names the card whose budget it is, where there are several."""
-    if kv_bytes_per_token <= 0 or kv_bytes >= context * kv_bytes_per_token:
+    tokens = _tokens_held(context, kv_bytes, kv_bytes_per_token, block)
+    if tokens is None:
         return context, None
-    tokens = kv_bytes // kv_bytes_per_token // block * block
     more = "lower --expert-pool-size or raise --gpu-memory-budget"
     budget, of = format_size(budget_bytes), f" of {card}" if card else ""
     if explicit or tokens < block:
@@ -219,10 +219,9 @@ def fit_context_to_kv_size(context: int, explicit: bool, asked: int, window_byte
     """:func:`fit_context` for a KV cache whose size the user gave (``asked``, ``--kv-cache-size``, of
     which the window layers' pool takes ``window_bytes`` first): the context it holds for one sequence,
     with a note when the context was not set, else a one-line ConfigError naming a size that fits."""
-    kv_bytes = max(0, asked - window_bytes)
-    if kv_bytes_per_token <= 0 or kv_bytes >= context * kv_bytes_per_token:
+    tokens = _tokens_held(context, max(0, asked - window_bytes), kv_bytes_per_token, block)
+    if tokens is None:
         return context, None
-    tokens = kv_bytes // kv_bytes_per_token // block * block
     need = format_size(_round_up(window_bytes + context * kv_bytes_per_token))
     if explicit or tokens < block:
         fix = (f"raise --kv-cache-size to {need}" + (f" or lower --max-model-len to {tokens}" if tokens >= block else ""))
@@ -230,6 +229,13 @@ def fit_context_to_kv_size(context: int, explicit: bool, asked: int, window_byte
                           f"{format_size(asked)} (room for {tokens} tokens); {fix}")
     return tokens, (f"context length {tokens} tokens (the model allows {context}): what the {format_size(asked)} "
                     f"KV cache --kv-cache-size gives holds; raise it to {need} for the whole context")
+
+
+def _tokens_held(context: int, kv_bytes: int, kv_bytes_per_token: int, block: int) -> int | None:
+    """None when ``kv_bytes`` of KV cache hold ``context`` tokens, else the whole blocks' tokens they hold."""
+    if kv_bytes_per_token <= 0 or kv_bytes >= context * kv_bytes_per_token:
+        return None
+    return kv_bytes // kv_bytes_per_token // block * block
 
 
 def _round_up(n: int) -> int:
