@@ -215,9 +215,9 @@ def test_quiet_steps_when_the_gpu_side_prefetch_is_closed(model) -> None:
         hooks = prov.replay_hooks                               # what the graphs drive, one object
         start = hooks.start_direct_step
 
-        def recording(regions, tokens, predicting=True):
+        def recording(regions, tokens, predicting=True, claims=()):
             flags.append(predicting)
-            return start(regions, tokens, predicting)
+            return start(regions, tokens, predicting, claims)
         hooks.start_direct_step = recording
         assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == ref
         assert False in flags and True in flags               # quiet steps, and probe steps
