@@ -36,9 +36,9 @@ class Counters:
         self.generated_tokens += sampled
         self.step_ms = seconds * 1e3
         self.batch_size = len(sched.seqs)
-        self.sampled.add(sampled, now)
-        self.prefilled.add(prefill, now)
-        self.decode_streams.add(1 if sampled else 0, now)
+        self.sampled.add(sampled, now, seconds)
+        self.prefilled.add(prefill, now, seconds)
+        self.decode_streams.add(1 if sampled else 0, now, seconds)
 
     def on_first_token(self, ttft_ms: float | None) -> None:
         self.ttft_ms = ttft_ms

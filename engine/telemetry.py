@@ -137,15 +137,17 @@ class EngineStats:
 
 
 class RateWindow:
-    """Events per second over a sliding time window (host clock only)."""
+    """Events per second over a sliding time window (host clock only). An event may say how long it
+    took (a step's ``seconds``), so that the first events after an idle spell count over their own
+    time, not over the instant since they were added."""
 
     def __init__(self, seconds: float = 2.0) -> None:
         self.seconds = seconds
-        self._events: deque[tuple[float, int]] = deque()
+        self._events: deque[tuple[float, int]] = deque()      # (when it started, count)
 
-    def add(self, count: int, now: float | None = None) -> None:
+    def add(self, count: int, now: float | None = None, took: float = 0.0) -> None:
         now = time.perf_counter() if now is None else now
-        self._events.append((now, count))
+        self._events.append((now - max(took, 0.0), count))
         self._trim(now)
 
     def rate(self, now: float | None = None) -> float:
