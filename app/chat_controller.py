@@ -242,7 +242,8 @@ class ChatController(QObject):
         self._show_context()
 
     def _update_buttons(self) -> None:
-        self.pane.set_busy(self.live is not None, can_send=self.model is not None)
+        self.pane.set_busy(self.live is not None, can_send=self.model is not None,
+                           has_turn=any(m.role == "user" for m in self.current.messages))
         self.sidebar.set_busy(self.live is not None)
 
     def _show_context(self) -> None:
@@ -419,6 +420,7 @@ class ChatController(QObject):
         del self._bubbles[at:]
         self.pane.input.setPlainText(text)
         self._save()
+        self._update_buttons()
 
     # --- the store's answers --------------------------------------------------------------------
     def _report_problems(self, problems: list[str]) -> None:

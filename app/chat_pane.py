@@ -278,9 +278,10 @@ class ChatPane(QWidget):
     def set_context(self, used: int | None, total: int) -> None:
         self.context_meter.set_usage(used, total)
 
-    def set_busy(self, busy: bool, can_send: bool = True) -> None:
-        """A reply is streaming: only Stop works; otherwise Send/Regenerate/Edit do."""
+    def set_busy(self, busy: bool, can_send: bool = True, has_turn: bool = True) -> None:
+        """A reply is streaming: only Stop works; otherwise Send does, and Regenerate and Edit last where
+        the chat holds a message of the user's (``has_turn``)."""
         self.stop_button.setEnabled(busy)
         self.send_button.setEnabled(not busy and can_send)
-        self.regen_button.setEnabled(not busy and can_send)
-        self.edit_button.setEnabled(not busy)
+        self.regen_button.setEnabled(not busy and can_send and has_turn)
+        self.edit_button.setEnabled(not busy and has_turn)

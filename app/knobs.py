@@ -6,12 +6,12 @@ a change back. Options the engine cannot change now are disabled with its reason
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QPainter, QPaintEvent
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel,
-                               QPushButton, QSizePolicy, QSlider, QSpinBox, QVBoxLayout, QWidget)
+                               QPushButton, QSlider, QSpinBox, QVBoxLayout, QWidget)
 
 from app.bridge_api import LIVE_OPTIONS, LiveOption
 from app.messages import KnobResult, KnobState
+from app.panels.base import ElidedLabel
 
 GIB = 1 << 30
 POOL_STEPS_PER_GIB = 20       # slider resolution: 1/20 GiB (51 MiB)
@@ -28,30 +28,23 @@ def knob_name(option: str) -> str | None:
     return LABELS.get(option)
 
 
-class StatusLine(QLabel):
-    """A knob's one-line status: cut to the width it is given (never wider), the whole text in its tooltip.
-
-    ``text()`` stays the whole text; only the painting is elided, so a long engine answer never widens
-    the dock (and with it the window).
-    """
+class StatusLine(ElidedLabel):
+    """A knob's one-line status: cut to the width it is given (never wider), the whole text in its
+    tooltip, so a long engine answer never widens the dock (and with it the window)."""
 
     def __init__(self) -> None:
         super().__init__("")
-        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
         self.reason = ""          # why the knob is disabled, shown as the tooltip while it is
+        self.tip = ""             # the tooltip while it is not: the whole line, or what the line stands for
 
-    def set_line(self, text: str) -> None:
+    def set_line(self, text: str, tip: str | None = None) -> None:
         self.setText(text)
-        self.setToolTip(self.reason or text)
+        self.tip = text if tip is None else tip
+        self.set_reason(self.reason)
 
-    def shown_text(self) -> str:
-        """What fits on screen now."""
-        return self.fontMetrics().elidedText(self.text(), Qt.TextElideMode.ElideRight, self.contentsRect().width())
-
-    def paintEvent(self, _event: QPaintEvent) -> None:
-        painter = QPainter(self)
-        self.style().drawItemText(painter, self.contentsRect(), int(self.alignment()), self.palette(),
-                                  self.isEnabled(), self.shown_text(), self.foregroundRole())
+    def set_reason(self, reason: str) -> None:
+        self.reason = reason
+        self.setToolTip(reason or self.tip)
 
 
 def _spin(lo: int, hi: int, suffix: str, special: str | None = None) -> QSpinBox:
@@ -62,6 +55,11 @@ def _spin(lo: int, hi: int, suffix: str, special: str | None = None) -> QSpinBox
     if special:
         box.setSpecialValueText(special)
     return box
+
+
+def pool_text(b: int) -> str:
+    """A pool size as the slider shows it."""
+    return f"{b / GIB:.2f} GiB" if b >= GIB // 10 else f"{b / (1 << 20):.1f} MiB"
 
 
 class PoolSlider(QWidget):
@@ -77,6 +75,8 @@ class PoolSlider(QWidget):
         self.slider.setRange(0, 1)
         self.label = QLabel("—")
         self.label.setMinimumWidth(self.label.fontMetrics().horizontalAdvance("888.88 GiB"))
+        # a slider shorter than this can hardly be set: the knobs' form then puts it under its label
+        self.slider.setMinimumWidth(self.label.fontMetrics().horizontalAdvance("M") * 10)
         lay.addWidget(self.slider, 1)
         lay.addWidget(self.label)
         self._step_bytes = GIB // POOL_STEPS_PER_GIB
@@ -102,8 +102,7 @@ class PoolSlider(QWidget):
         return int(self.slider.value() * self._step_bytes)
 
     def _show(self, _value: int) -> None:
-        b = self.bytes()
-        self.label.setText(f"{b / GIB:.2f} GiB" if b >= GIB // 10 else f"{b / (1 << 20):.1f} MiB")
+        self.label.setText(pool_text(self.bytes()))
 
 
 class KnobsPanel(QWidget):
@@ -119,6 +118,7 @@ class KnobsPanel(QWidget):
         self.state: KnobState | None = None
         self.status: dict[str, StatusLine] = {}
         self.controls: dict[str, QWidget] = {}
+        self._applied: dict[str, object] = {}          # the value each ✓ line names
         outer = QVBoxLayout(self)
         # with no model there are no values to show: a line says so instead of placeholder numbers
         self.no_model = QLabel("No model loaded. Its engine settings show here once a model is open, "
@@ -210,9 +210,10 @@ class KnobsPanel(QWidget):
         """Ask the engine for ``value`` as if the user had set it (a value saved from an earlier session)."""
         self._send(option, value)
 
-    def _set_status(self, option: str, kind: str, text: str) -> None:
+    def _set_status(self, option: str, kind: str, text: str, tip: str | None = None) -> None:
         label = self.status[option]
-        label.set_line(text)
+        label.set_line(text, tip)
+        self._applied.pop(option, None)
         if label.objectName() != f"knobStatus_{kind}":
             label.setObjectName(f"knobStatus_{kind}")
             label.style().unpolish(label)
@@ -221,7 +222,7 @@ class KnobsPanel(QWidget):
     def clear_status(self) -> None:
         """Forget every status line (another model is loaded: they spoke of the previous one)."""
         for name in ORDER:
-            self.status[name].reason = ""
+            self.status[name].set_reason("")
             self._set_status(name, "off", "")
 
     def apply_state(self, state: KnobState) -> None:
@@ -240,12 +241,10 @@ class KnobsPanel(QWidget):
             reason = state.reason(name)
             w.setEnabled(reason is None)
             w.setToolTip(reason or HELP[name])
-            line = self.status[name]
-            line.reason = reason or ""
-            line.setToolTip(line.reason or line.text())
+            self.status[name].set_reason(reason or "")
             if reason:
                 self._set_status(name, "off", NOT_AVAILABLE)
-            elif self.status[name].text() == NOT_AVAILABLE:
+            elif self.status[name].text() == NOT_AVAILABLE or self._stale(name, state):
                 self._set_status(name, "off", "")
         self.reset_button.setEnabled(state.values != state.defaults)
 
@@ -267,10 +266,31 @@ class KnobsPanel(QWidget):
         if result.option not in self.status:
             return
         if result.applied:
-            self._set_status(result.option, "ok", f"✓ applied: {result.message}")
+            # the line names this knob's new value; the engine's whole account (the pool, staging,
+            # look-ahead, ...) is its tooltip, where a later change of another knob cannot make it stale
+            self._set_status(result.option, "ok", f"✓ applied: {self._value_text(result.option, result.value)}",
+                             result.message)
+            self._applied[result.option] = result.value
         else:
             self._set_status(result.option, "bad", f"✗ rejected: {result.message}")
         self.result_shown.emit(result)
+
+    def _stale(self, name: str, state: KnobState) -> bool:
+        """Whether the ✓ line of ``name`` names a value the engine no longer has (changed since by a
+        reset or by the engine itself). The pool's line is never stale so: the engine rounds its size."""
+        return name in self._applied and name != "expert_pool_size" and state.value(name) != self._applied[name]
+
+    def _value_text(self, option: str, value: object) -> str:
+        """``value`` of ``option`` as its control shows it ("2 layers", "auto", "9.0 MiB", "on")."""
+        w = self.controls[option]
+        if isinstance(w, PoolSlider):
+            return pool_text(value) if isinstance(value, int) else str(value)
+        if isinstance(w, QSpinBox):
+            n = 0 if value is None else int(value)
+            return w.specialValueText() if n == w.minimum() and w.specialValueText() else f"{n}{w.suffix()}"
+        if isinstance(w, QCheckBox):
+            return "on" if value else "off"
+        return str(value)
 
     def reset_to_defaults(self) -> None:
         """Send every option that differs from its value at load back to it, one at a time."""

@@ -190,7 +190,7 @@ class LoadTestDialog(QDialog):
             return
         self.results[r.request_id] = r
         i = self.ids.index(r.request_id)
-        self._row(i, [str(i + 1), r.error or r.finish_reason, str(r.completion_tokens),
+        self._row(i, [str(i + 1), r.finish_words(self.output_len.value()), str(r.completion_tokens),
                       "—" if r.ttft_ms is None else f"{r.ttft_ms:.0f}",
                       "—" if r.decode_tok_s is None else f"{r.decode_tok_s:.1f}"])
         if len(self.results) == len(self.ids):

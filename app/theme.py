@@ -5,7 +5,7 @@ import pyqtgraph as pg
 from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QApplication
 
-from app.paths import style_path
+from app.paths import icon_path, style_path
 
 PLOT_BACKGROUND = "#15171a"
 PLOT_FOREGROUND = "#9aa3ad"
@@ -25,6 +25,12 @@ def apply_theme(app: QApplication) -> None:
                         (QPalette.ColorRole.PlaceholderText, "#6e7681")):
         pal.setColor(role, QColor(color))
     app.setPalette(pal)
+    app.setStyleSheet(style_sheet())
+
+
+def style_sheet() -> str:
+    """The dark style sheet, its ``@ICONS@`` made the icons folder's path ("" where the sheet is missing)."""
     path = style_path()
-    if path.is_file():
-        app.setStyleSheet(path.read_text(encoding="utf-8"))
+    if not path.is_file():
+        return ""
+    return path.read_text(encoding="utf-8").replace("@ICONS@", icon_path("").as_posix().rstrip("/"))

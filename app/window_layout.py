@@ -14,6 +14,8 @@ LAYOUT_VERSION = 2      # of saved dock layouts: one saved by an older window is
 CHAT_MIN_WIDTH = 380    # the chat pane may shrink to this, whatever its rows would like
 KNOBS_MIN_WIDTH = 250   # the knobs scroll sideways below this
 KNOBS_WIDTH = 300
+KNOBS_WIDTH_SMALL = 270          # on a screen narrower than SMALL_SCREEN_WIDTH: the panels' five tabs need the room
+SMALL_SCREEN_WIDTH = 1500
 LARGE_SCREEN = QSize(1800, 1000)   # from this size on, the panels open in two tab groups, one over the other
 DEFAULT_SIZE = QSize(1680, 1050)   # the first window: this, or the screen if that is smaller
 FRAME_ROOM = QSize(16, 40)         # what a window manager's frame and title bar take around the window
@@ -66,9 +68,11 @@ def arrange_docks(window: QMainWindow, docks: dict[str, QDockWidget], available:
         dock.show()
     for first, *_ in groups:
         docks[first].raise_()
-    central = max(CHAT_MIN_WIDTH + 230, int(available.width() * 0.45))     # the sidebar and the chat
-    panels = max(available.width() - central - KNOBS_WIDTH, 300)
-    window.resizeDocks([docks["performance"], docks["knobs"]], [panels, KNOBS_WIDTH], Qt.Orientation.Horizontal)
+    # the sidebar and the chat, then the panels, whose tab titles must fit whole on a laptop's 1280 pixels
+    central = max(CHAT_MIN_WIDTH + 190, int(available.width() * 0.44))
+    knobs = KNOBS_WIDTH_SMALL if available.width() < SMALL_SCREEN_WIDTH else KNOBS_WIDTH
+    panels = max(available.width() - central - knobs, 300)
+    window.resizeDocks([docks["performance"], docks["knobs"]], [panels, knobs], Qt.Orientation.Horizontal)
     if large:
         half = available.height() // 2
         window.resizeDocks([docks["performance"], docks["memory"]], [half, half], Qt.Orientation.Vertical)

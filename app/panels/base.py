@@ -7,8 +7,8 @@ import time
 import numpy as np
 import pyqtgraph as pg
 import pyqtgraph.exporters
-from PySide6.QtCore import QSize
-from PySide6.QtGui import QResizeEvent
+from PySide6.QtCore import QSize, Qt
+from PySide6.QtGui import QPainter, QPaintEvent, QResizeEvent
 from PySide6.QtWidgets import QGridLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 
@@ -119,6 +119,24 @@ WIDEST_READOUT = "888.8 tok/s"   # the room every readout keeps, whatever it sho
 READOUT_COLUMNS = (2, 4)         # fewest and most readouts side by side: a narrow dock stacks them
 
 
+class ElidedLabel(QLabel):
+    """A one-line label cut with "…" to the width it is given, never wider: ``text()`` stays the whole
+    text, only the painting is cut, so a long value never widens its dock (and with it the window)."""
+
+    def __init__(self, text: str = "") -> None:
+        super().__init__(text)
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
+
+    def shown_text(self) -> str:
+        """What fits on screen now."""
+        return self.fontMetrics().elidedText(self.text(), Qt.TextElideMode.ElideRight, self.contentsRect().width())
+
+    def paintEvent(self, _event: QPaintEvent) -> None:
+        painter = QPainter(self)
+        self.style().drawItemText(painter, self.contentsRect(), int(self.alignment()), self.palette(),
+                                  self.isEnabled(), self.shown_text(), self.foregroundRole())
+
+
 class Readout(QWidget):
     """A caption over a large value: "GPU temp" / "71 °C"."""
 
@@ -129,11 +147,10 @@ class Readout(QWidget):
         lay.setSpacing(0)
         self.caption = QLabel(caption)
         self.caption.setObjectName("readoutLabel")
-        self.value = QLabel("—")
+        self.value = ElidedLabel("—")
         self.value.setObjectName("readout")
         # a value whose width changes must not re-lay out the dock (and with it the whole window) 10 times a
-        # second: the readout's width comes from its grid cell, never from its text
-        self.value.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
+        # second: the readout's width comes from its grid cell, never from its text, which is cut to it
         self.value.ensurePolished()                     # the style sheet's font, not the default one
         self.value.setMinimumWidth(self.value.fontMetrics().horizontalAdvance(WIDEST_READOUT))
         lay.addWidget(self.caption)

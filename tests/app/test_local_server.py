@@ -190,7 +190,7 @@ def test_the_load_test_goes_through_http_only_while_the_server_is_on(window, qtb
     summary = done.args[0]
     assert summary.streams == 3 and summary.total_tokens == 36     # EOS ignored: exactly 12 each
     assert summary.aggregate_tok_s > 0 and summary.per_stream_tok_s > 0
-    assert [dialog.table.item(i, 1).text() for i in range(3)] == ["length"] * 3
+    assert [dialog.table.item(i, 1).text() for i in range(3)] == ["reached max tokens"] * 3
     assert [dialog.table.item(i, 2).text() for i in range(3)] == ["12", "12", "12"]
     assert "aggregate" in dialog.summary.text()
     # the server goes off: the choice goes back to the engine, and is disabled again
@@ -212,7 +212,7 @@ def test_stopping_a_load_test_through_http_ends_every_stream(window, qtbot):
         qtbot.waitUntil(lambda: window.server.server.in_flight == 2, timeout=TIMEOUT)
         dialog.stop_button.click()
     assert done.args[0].streams == 2
-    assert [dialog.table.item(i, 1).text() for i in range(2)] == ["abort", "abort"]
+    assert [dialog.table.item(i, 1).text() for i in range(2)] == ["stopped by you"] * 2
     window.bridge.resume("go")
     # the server ended both requests when their clients went: the engine holds none
     qtbot.waitUntil(lambda: window.bridge.engine_loop.call(lambda e: e.has_unfinished()).result(10) is False,

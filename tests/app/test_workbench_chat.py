@@ -66,6 +66,9 @@ def test_stop_mid_reply_keeps_the_partial_text(window, qtbot):
 
 
 def test_regenerate_keeps_versions_and_edit_last_asks(window, qtbot):
+    pane = window.chat_pane
+    window.chat.new_chat()
+    assert not pane.regen_button.isEnabled() and not pane.edit_button.isEnabled()   # nothing to redo in an empty chat
     _settings(window, max_tokens=6)
     with qtbot.waitSignal(window.chat.reply_done, timeout=REPLY_MS):
         window.chat.send("Blessed are the meek")
@@ -77,6 +80,7 @@ def test_regenerate_keeps_versions_and_edit_last_asks(window, qtbot):
     assert roles == ["user", "assistant"], "regenerate adds a version of the reply, not another message"
     reply = window.chat.current.messages[-1]
     assert [r.content for r in reply.replies()][0] == first and len(reply.replies()) == 2
+    assert pane.regen_button.isEnabled() and pane.edit_button.isEnabled()
     bubble = window.chat_pane.view.bubbles[-1]
     assert bubble.pager_label.text() == "2/2" and bubble.pager_label.isVisible()
     bubble.prev_button.click()
@@ -88,6 +92,7 @@ def test_regenerate_keeps_versions_and_edit_last_asks(window, qtbot):
     assert window.chat.current.messages == []
     assert window.chat_pane.input.toPlainText() == "Blessed are the meek"
     assert len(window.chat_pane.view.bubbles) == 0
+    assert not pane.regen_button.isEnabled() and not pane.edit_button.isEnabled()
 
 
 def test_a_crash_while_a_reply_streams_keeps_what_was_on_screen(window, qtbot, tmp_path):

@@ -216,3 +216,21 @@ def test_real_engine_errors_in_the_workbench_name_working_fixes():
     text = gui_wording(str(err.value), knobs=())      # a load that failed: every fix is for the next start
     assert "--gpu-memory-budget" in text.split("(start Strata with ")[-1]
     assert "raise --" not in text and "lower --" not in text
+
+
+def test_an_applied_line_names_its_own_value_and_goes_when_the_value_does(window, qtbot):
+    c, status = window.knobs.controls, window.knobs.status
+    result = _answer(qtbot, window, lambda: c["prefetch_depth"].setValue(1))
+    assert status["prefetch_depth"].text() == f"✓ applied: 1{c['prefetch_depth'].suffix()}"
+    assert status["prefetch_depth"].toolTip() == result.message            # the engine's whole account
+    _answer(qtbot, window, lambda: c["max_batch_tokens"].setValue(64))
+    assert status["max_batch_tokens"].text() == f"✓ applied: 64{c['max_batch_tokens'].suffix()}"
+    _answer(qtbot, window, lambda: c["max_batch_tokens"].setValue(0))
+    assert status["max_batch_tokens"].text() == "✓ applied: auto"
+    # the depth goes back by reset: its line named a value the engine no longer has
+    with qtbot.waitSignal(window.knobs.result_shown, timeout=TIMEOUT):
+        qtbot.mouseClick(window.knobs.reset_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: window.knobs.state.value("prefetch_depth") != 1, timeout=TIMEOUT)
+    depth = window.knobs.state.value("prefetch_depth")
+    qtbot.waitUntil(lambda: status["prefetch_depth"].text() in ("", f"✓ applied: {depth}{c['prefetch_depth'].suffix()}"),
+                    timeout=TIMEOUT)

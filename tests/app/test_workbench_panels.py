@@ -212,3 +212,29 @@ def test_host_store_on_a_gpu_is_labelled_pinned(qapp):
     assert panel.readouts["host"].caption.text() == "Host store (pinned)"
     assert panel.readouts["host"].value.text() == "3.00 GiB"
     assert panel.readouts["workspace"].value.text() == "1.00 GiB"
+
+
+def test_a_readout_too_long_for_its_cell_is_cut_with_an_ellipsis_and_keeps_its_text(qapp):
+    from app.panels.base import Readout
+    readout = Readout("Cold experts")
+    readout.resize(90, 40)
+    readout.set("bus, none missed yet and a great deal more")
+    readout.value.resize(80, readout.value.height())
+    shown = readout.value.shown_text()
+    assert shown.endswith("…") and len(shown) < len(readout.value.text())
+    assert readout.value.text() == "bus, none missed yet and a great deal more"
+    assert readout.minimumSizeHint().width() < 200                      # the text never widens the panel
+
+
+def test_every_image_the_style_sheet_names_exists():
+    # arrows and check marks are drawn by the sheet (styling their frames turns the style's own off)
+    import re
+    from pathlib import Path
+
+    from app.theme import style_sheet
+    sheet = style_sheet()
+    assert "@ICONS@" not in sheet
+    urls = re.findall(r"url\(([^)]+)\)", sheet)
+    assert {Path(u).name for u in urls} >= {"chevron-up.svg", "chevron-down.svg", "check.svg"}
+    missing = [u for u in urls if not Path(u).is_file()]
+    assert not missing, missing

@@ -169,6 +169,7 @@ def test_load_test_reports_aggregate_against_per_stream(window, qtbot):
     assert summary.aggregate_tok_s > 0 and summary.per_stream_tok_s > 0
     assert "aggregate" in dialog.summary.text() and "per stream" in dialog.summary.text()
     assert [dialog.table.item(i, 2).text() for i in range(3)] == ["12", "12", "12"]
+    assert [dialog.table.item(i, 1).text() for i in range(3)] == ["reached max tokens"] * 3   # as the chat says it
 
 
 def test_screenshot_mode_writes_a_png_of_the_window_and_leaves_the_users_chats_and_settings_alone(qapp, tmp_path):
