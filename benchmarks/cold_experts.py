@@ -4,17 +4,21 @@ A Qwen3-30B-A3B-shaped random model (``--layers`` layers, default 12 as in the l
 small pool, decode tok/s per setting, each row after a warm-up, all in one process:
 
     python benchmarks/cold_experts.py --formats bf16,int4 --pools 0 --depths 0,2 --batches 1,8 \
-        --modes bus,auto,cpu --out cold.json
+        --modes bus,auto,cpu --gather on,off --out cold.json
+
+``--gather on,off`` times each setting with the shared missing experts of a step gathered once
+(engine/experts/gather.py, the default) and without, re-recording the decode graphs in between.
 
 Each row also reports where the missing experts ran (CPU / bus per token), the CPU's busy share of
 the step time, the cost model's predicted time for the layers with a CPU share against the measured
 one, the bus bytes per token, and the rates the cost model measured (bus GB/s, CPU GB/s at 1 token).
 The combined limit of a row is (bus GB/s + CPU GB/s) for the bytes of the missing experts.
-``--smoke`` runs a tiny shape on the CPU (what the CI's test of this script does).
+``--smoke`` runs a tiny shape on the CPU (what tests/engine/test_cold_experts_bench.py does).
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import time
 import traceback
@@ -28,14 +32,31 @@ from benchmarks.offload_sweep import Sweep, sampled_decode  # noqa: E402
 from benchmarks.synthetic_moe import QWEN3_30B, SMOKE, base_std, build_hf, strata_engine  # noqa: E402
 
 
-def row(engine, sweep: Sweep, fmt: str, pool: float, depth: int, mode: str, batch: int, prompts) -> dict:
+def set_gather(engine, on: bool) -> bool:
+    """Gather shared missing experts (``on``) or read them once per token, from the next step on; the
+    decode graphs are recorded again, so that their kernels and the host's books agree. False where
+    the store cannot gather (rows not whole words)."""
+    gather = engine.loaded.experts.direct.gather
+    possible = engine.loaded.experts.tuning.gather_shared and engine.loaded.experts.layout.nbytes % 4 == 0
+    if gather.enabled != (on and possible):
+        gather.enabled = on and possible
+        if engine.runner.graphs is not None:
+            engine.runner.graphs.reset()
+    return gather.enabled == on
+
+
+def row(engine, sweep: Sweep, fmt: str, pool: float, depth: int, mode: str, batch: int, prompts,
+        gather: bool = True, reads: str = "auto") -> dict:
     experts = engine.loaded.experts
     total = engine.loaded.plan.expert_bytes * engine.loaded.spec.num_moe_layers * engine.loaded.spec.num_experts
-    engine.reconfigure(expert_pool_size=int(total * pool), prefetch_depth=depth, cold_experts=mode)
+    engine.reconfigure(expert_pool_size=int(total * pool), prefetch_depth=depth, cold_experts=mode, expert_reads=reads)
+    if not set_gather(engine, gather):
+        raise ValueError(f"this store cannot {'gather' if gather else 'leave off gathering'}")
     n, secs, before, after, host_wait, _ = sampled_decode(engine, prompts, sweep, seed=17)
     d = lambda f: getattr(after, f) - getattr(before, f)   # noqa: E731
     rates = experts.cold.rates
     out = {"format": fmt, "pool_fraction": pool, "depth": depth, "cold_experts": mode, "batch": batch,
+           "expert_reads": reads, "gather": gather, "gathered_per_token": d("gathered") / n,
            "tokens": n, "tok_s": n / secs, "ms_per_token": 1e3 * secs / n,
            "cpu_experts_per_token": d("cpu_experts") / n, "bus_experts_per_token": d("bus_experts") / n,
            "misses_per_token": d("misses") / n, "h2d_bytes_per_token": d("h2d_bytes") / n,
@@ -68,6 +89,8 @@ def main() -> None:
     ap.add_argument("--depths", default="0,2")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--modes", default="bus,auto,cpu")
+    ap.add_argument("--reads", default="auto", help="expert_reads: auto, direct or copy")
+    ap.add_argument("--gather", default="on", help="on, off or on,off: shared missing experts gathered once per step")
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--warmup", type=int, default=8)
@@ -80,6 +103,7 @@ def main() -> None:
     hf, cfg = build_hf(shape, torch.float32 if args.smoke else torch.bfloat16, base_std(shape), device)
     gen = torch.Generator().manual_seed(1)
     batches = [int(b) for b in args.batches.split(",")]
+    gathers = [{"on": True, "off": False}[g] for g in args.gather.split(",")]
     result: dict = {"benchmark": "cold_experts" + ("_smoke" if args.smoke else ""), "model": shape,
                     "tokens": args.tokens, "warmup": args.warmup, "rows": [], "errors": []}
     for fmt in args.formats.split(","):
@@ -93,25 +117,26 @@ def main() -> None:
             continue
         for pool in (float(p) for p in args.pools.split(",")):
             for depth in (int(x) for x in args.depths.split(",")):
-                for mode in args.modes.split(","):
-                    for b in batches:
-                        prompts = torch.randint(10, cfg.vocab_size, (b, args.prompt_len), generator=gen).tolist()
-                        t0 = time.perf_counter()
-                        try:
-                            r = row(engine, sweep, fmt, pool, depth, mode, b, prompts)
-                        except Exception as e:
-                            result["errors"].append({"format": fmt, "pool": pool, "depth": depth, "mode": mode,
-                                                     "batch": b, "error": "".join(traceback.format_exception(e))[-6000:]})
-                            print(f"{fmt} pool {pool} depth {depth} {mode} b{b}: failed: {e!r}"[:300], flush=True)
-                            for req in list(engine.scheduler.running) + list(engine.scheduler.waiting):
-                                engine.abort_now(req.request_id)   # the next row starts clean
-                            continue
-                        r["row_s"] = time.perf_counter() - t0
-                        result["rows"].append(r)
-                        print(f"{fmt:5} pool {pool:.2f} depth {depth} {mode:4} b{b}: {r['tok_s']:8.1f} tok/s  "
-                              f"cpu {r['cpu_experts_per_token']:5.1f} bus {r['bus_experts_per_token']:5.1f} /tok  "
-                              f"busy {r['cpu_busy_share']:.2f}  pred/meas {r['cold_predicted_ms_per_token']:.2f}/"
-                              f"{r['cold_measured_ms_per_token']:.2f} ms", flush=True)
+                for mode, gather, b in itertools.product(args.modes.split(","), gathers, batches):
+                    prompts = torch.randint(10, cfg.vocab_size, (b, args.prompt_len), generator=gen).tolist()
+                    t0 = time.perf_counter()
+                    g = "gather" if gather else "no gather"
+                    try:
+                        r = row(engine, sweep, fmt, pool, depth, mode, b, prompts, gather, args.reads)
+                    except Exception as e:
+                        result["errors"].append({"format": fmt, "pool": pool, "depth": depth, "mode": mode, "gather": gather,
+                                                 "batch": b, "error": "".join(traceback.format_exception(e))[-6000:]})
+                        print(f"{fmt} pool {pool} depth {depth} {mode} {g} b{b}: failed: {e!r}"[:300], flush=True)
+                        for req in list(engine.scheduler.running) + list(engine.scheduler.waiting):
+                            engine.abort_now(req.request_id)   # the next row starts clean
+                        continue
+                    r["row_s"] = time.perf_counter() - t0
+                    result["rows"].append(r)
+                    print(f"{fmt:5} pool {pool:.2f} depth {depth} {mode:4} {g:9} b{b}: {r['tok_s']:8.1f} tok/s  "
+                          f"cpu {r['cpu_experts_per_token']:5.1f} bus {r['bus_experts_per_token']:5.1f} "
+                          f"gathered {r['gathered_per_token']:5.1f} /tok  bus {r['h2d_bytes_per_token'] / 1e6:6.1f} MB/tok  "
+                          f"busy {r['cpu_busy_share']:.2f}  pred/meas {r['cold_predicted_ms_per_token']:.2f}/"
+                          f"{r['cold_measured_ms_per_token']:.2f} ms", flush=True)
         engine.close()
         del engine
         torch.cuda.empty_cache() if device == "cuda" else None

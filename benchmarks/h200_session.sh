@@ -8,6 +8,7 @@
 #   device call 1:  bash benchmarks/h200_session.sh tests-and-kit     (carry .bench)
 #   device call 2:  bash benchmarks/h200_session.sh kit-then-gpt-oss  (carry .bench)
 #   device call 3:  bash benchmarks/h200_session.sh gpt-oss           (repeat until it says done)
+#   or, alone:       bash benchmarks/h200_session.sh probes            (the gather's A/B and copy rates)
 #
 # KIT_ARGS picks the kit's options (default: shares 50,25,0, no Q4_0); GO_ARGS those of
 # bench_gpt_oss.py (default: cells b then c, both routings). Results go to $OUT (the device tool's),
@@ -59,7 +60,15 @@ case ${1:-} in
   gpt-oss)
     [ -f "$GO/pid" ] || start_gpt_oss
     follow_gpt_oss;;
+  probes)
+    # the gather kernel's bus rate against the copy engine, then the kit's shape with and without the
+    # gather at no pool (depth 2 and 0, batch 1 and 8, cold_experts auto), in one process per format
+    python3 benchmarks/kernels/bench_host_copy.py --out "$OUT/host_copy.json" 2>&1 | tail -n 30
+    for fmt in bf16 int4; do
+      timeout "$(( $(left) / 2 ))" python3 benchmarks/cold_experts.py --formats $fmt --pools 0 --depths 2,0 \
+        --batches 1,8 --modes auto --gather on,off --tokens 64 --out "$OUT/gather_ab_$fmt.json" 2>&1 | grep -v "^ "
+    done;;
   *)
-    echo "usage: h200_session.sh tests-and-kit | kit-then-gpt-oss | gpt-oss" >&2
+    echo "usage: h200_session.sh tests-and-kit | kit-then-gpt-oss | gpt-oss | probes" >&2
     exit 2;;
 esac
