@@ -20,8 +20,9 @@ class PerformancePanel(Panel):
         self.speed = Ring(3)     # decode, aggregate, prefill tok/s
         self.latency = Ring(2)   # ttft ms, step ms
         p1 = make_plot(self.graphics, "Tokens per second", "tok/s", 0)
-        self._decode = curve(p1, "blue", "decode / stream")
-        self._aggregate = curve(p1, "green", "aggregate")
+        # the aggregate first and the stream's speed dashed over it: with one stream they are the same line
+        self._aggregate = curve(p1, "green", "aggregate", width=2.4)
+        self._decode = curve(p1, "blue", "decode / stream", dash=True)
         p2 = make_plot(self.graphics, "Latency", "ms", 1)
         self._ttft = curve(p2, "amber", "TTFT")
         self._step = curve(p2, "cyan", "step")
