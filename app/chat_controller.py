@@ -243,7 +243,7 @@ class ChatController(QObject):
 
     def _update_buttons(self) -> None:
         self.pane.set_busy(self.live is not None, can_send=self.model is not None,
-                           has_turn=any(m.role == "user" for m in self.current.messages))
+                           has_turn=self.current.has_user_message)
         self.sidebar.set_busy(self.live is not None)
 
     def _show_context(self) -> None:
@@ -399,7 +399,7 @@ class ChatController(QObject):
     def edit_last(self) -> None:
         """Take the last user message back into the input box, removing it and its reply (asks first when
         a reply or unsent text would be lost)."""
-        if self.live is not None or not any(m.role == "user" for m in self.current.messages):
+        if self.live is not None or not self.current.has_user_message:
             return
         at = max(i for i, m in enumerate(self.current.messages) if m.role == "user")
         lost = sum(1 for m in self.current.messages[at + 1:] for r in m.replies() if r.content or r.reasoning)

@@ -99,6 +99,11 @@ class Conversation:
     created: float = field(default_factory=time.time)
     updated: float = field(default_factory=time.time)
 
+    @property
+    def has_user_message(self) -> bool:
+        """Whether the chat holds a message of the user's (something for Regenerate and Edit last)."""
+        return any(m.role == "user" for m in self.messages)
+
     def to_json(self) -> dict:
         return {"version": FORMAT_VERSION, **asdict(self)}
 

@@ -118,7 +118,7 @@ class KnobsPanel(QWidget):
         self.state: KnobState | None = None
         self.status: dict[str, StatusLine] = {}
         self.controls: dict[str, QWidget] = {}
-        self._applied: dict[str, object] = {}          # the value each ✓ line names
+        self._applied: set[str] = set()                 # the options whose line is a ✓ line
         outer = QVBoxLayout(self)
         # with no model there are no values to show: a line says so instead of placeholder numbers
         self.no_model = QLabel("No model loaded. Its engine settings show here once a model is open, "
@@ -213,7 +213,7 @@ class KnobsPanel(QWidget):
     def _set_status(self, option: str, kind: str, text: str, tip: str | None = None) -> None:
         label = self.status[option]
         label.set_line(text, tip)
-        self._applied.pop(option, None)
+        self._applied.discard(option)
         if label.objectName() != f"knobStatus_{kind}":
             label.setObjectName(f"knobStatus_{kind}")
             label.style().unpolish(label)
@@ -244,8 +244,10 @@ class KnobsPanel(QWidget):
             self.status[name].set_reason(reason or "")
             if reason:
                 self._set_status(name, "off", NOT_AVAILABLE)
-            elif self.status[name].text() == NOT_AVAILABLE or self._stale(name, state):
+            elif self.status[name].text() == NOT_AVAILABLE:
                 self._set_status(name, "off", "")
+            elif name in self._applied:         # the value the engine holds: it may have fitted the one asked for
+                self._show_applied(name, self._value_text(name, state.value(name), state))
         self.reset_button.setEnabled(state.values != state.defaults)
 
     def _sync(self, name: str, w: QWidget, state: KnobState) -> None:
@@ -268,26 +270,30 @@ class KnobsPanel(QWidget):
         if result.applied:
             # the line names this knob's new value; the engine's whole account (the pool, staging,
             # look-ahead, ...) is its tooltip, where a later change of another knob cannot make it stale
-            self._set_status(result.option, "ok", f"✓ applied: {self._value_text(result.option, result.value)}",
-                             result.message)
-            self._applied[result.option] = result.value
+            self._set_status(result.option, "ok", "", result.message)
+            self._show_applied(result.option, self._value_text(result.option, result.value, self.state))
         else:
             self._set_status(result.option, "bad", f"✗ rejected: {result.message}")
         self.result_shown.emit(result)
 
-    def _stale(self, name: str, state: KnobState) -> bool:
-        """Whether the ✓ line of ``name`` names a value the engine no longer has (changed since by a
-        reset or by the engine itself). The pool's line is never stale so: the engine rounds its size."""
-        return name in self._applied and name != "expert_pool_size" and state.value(name) != self._applied[name]
+    def _show_applied(self, option: str, value_text: str) -> None:
+        """The ✓ line of ``option``, naming ``value_text``; its tooltip (the engine's account) stays."""
+        line = self.status[option]
+        self._set_status(option, "ok", f"✓ applied: {value_text}", line.tip)
+        self._applied.add(option)
 
-    def _value_text(self, option: str, value: object) -> str:
-        """``value`` of ``option`` as its control shows it ("2 layers", "auto", "9.0 MiB", "on")."""
+    def _value_text(self, option: str, value: object, state: KnobState | None) -> str:
+        """``value`` of ``option`` as its control shows it ("2 layers", "auto", "9.0 MiB", "on"); an
+        automatic pool with the size ``state`` says it holds."""
         w = self.controls[option]
         if isinstance(w, PoolSlider):
-            return pool_text(value) if isinstance(value, int) else str(value)
+            if isinstance(value, int):
+                return pool_text(value)
+            return f"auto ({pool_text(state.pool_bytes)})" if value is None and state is not None else "auto"
         if isinstance(w, QSpinBox):
             n = 0 if value is None else int(value)
-            return w.specialValueText() if n == w.minimum() and w.specialValueText() else f"{n}{w.suffix()}"
+            special = n == w.minimum() and w.specialValueText()
+            return w.specialValueText() if special else f"{w.prefix()}{w.textFromValue(n)}{w.suffix()}"
         if isinstance(w, QCheckBox):
             return "on" if value else "off"
         return str(value)

@@ -67,6 +67,7 @@ class LoadTestDialog(QDialog):
         self.http_run: HttpLoadRun | None = None    # the latest run through HTTP
         self._via_http = False
         self.ids: list[str] = []
+        self._max_tokens = 0            # the output length the running test asked for
         self.results: dict[str, ReplyStats] = {}
         lay = QVBoxLayout(self)
         form = QFormLayout()
@@ -131,6 +132,7 @@ class LoadTestDialog(QDialog):
     def start(self) -> None:
         """Send every stream at once (EOS ignored so each produces exactly the output length)."""
         n = self.streams.value()
+        self._max_tokens = self.output_len.value()     # what each stream asks for: the box may change meanwhile
         tag = uuid.uuid4().hex[:6]
         self.ids = [f"load-{tag}-{i}" for i in range(n)]
         self.results = {}
@@ -190,7 +192,7 @@ class LoadTestDialog(QDialog):
             return
         self.results[r.request_id] = r
         i = self.ids.index(r.request_id)
-        self._row(i, [str(i + 1), r.finish_words(self.output_len.value()), str(r.completion_tokens),
+        self._row(i, [str(i + 1), r.finish_words(self._max_tokens), str(r.completion_tokens),
                       "—" if r.ttft_ms is None else f"{r.ttft_ms:.0f}",
                       "—" if r.decode_tok_s is None else f"{r.decode_tok_s:.1f}"])
         if len(self.results) == len(self.ids):

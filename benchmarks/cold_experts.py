@@ -33,16 +33,16 @@ from benchmarks.synthetic_moe import QWEN3_30B, SMOKE, base_std, build_hf, strat
 
 
 def set_gather(engine, on: bool) -> bool:
-    """Gather shared missing experts (``on``) or read them once per token, from the next step on; the
-    decode graphs are recorded again, so that their kernels and the host's books agree. False where
-    the store cannot gather (rows not whole words)."""
-    gather = engine.loaded.experts.direct.gather
-    possible = engine.loaded.experts.tuning.gather_shared and engine.loaded.experts.layout.nbytes % 4 == 0
-    if gather.enabled != (on and possible):
-        gather.enabled = on and possible
-        if engine.runner.graphs is not None:
-            engine.runner.graphs.reset()
-    return gather.enabled == on
+    """Gather shared missing experts (``on``) or read them once per token, from the next step on, with
+    the decode graphs recorded again; False where the store cannot gather."""
+    experts = engine.loaded.experts
+    if experts.direct.gather.enabled == on:
+        return True
+    if not experts.set_gather(on):
+        return False
+    if engine.runner.graphs is not None:
+        engine.runner.graphs.reset()
+    return True
 
 
 def row(engine, sweep: Sweep, fmt: str, pool: float, depth: int, mode: str, batch: int, prompts,
@@ -117,8 +117,9 @@ def main() -> None:
             continue
         for pool in (float(p) for p in args.pools.split(",")):
             for depth in (int(x) for x in args.depths.split(",")):
-                for mode, gather, b in itertools.product(args.modes.split(","), gathers, batches):
-                    prompts = torch.randint(10, cfg.vocab_size, (b, args.prompt_len), generator=gen).tolist()
+                for mode, b, gather in itertools.product(args.modes.split(","), batches, gathers):
+                    if gather == gathers[0]:     # with the gather and without: the same prompts
+                        prompts = torch.randint(10, cfg.vocab_size, (b, args.prompt_len), generator=gen).tolist()
                     t0 = time.perf_counter()
                     g = "gather" if gather else "no gather"
                     try:
@@ -137,6 +138,8 @@ def main() -> None:
                           f"gathered {r['gathered_per_token']:5.1f} /tok  bus {r['h2d_bytes_per_token'] / 1e6:6.1f} MB/tok  "
                           f"busy {r['cpu_busy_share']:.2f}  pred/meas {r['cold_predicted_ms_per_token']:.2f}/"
                           f"{r['cold_measured_ms_per_token']:.2f} ms", flush=True)
+                    if args.out:                 # kept row by row: a run cut short keeps what it measured
+                        write_result(args.out, result)
         engine.close()
         del engine
         torch.cuda.empty_cache() if device == "cuda" else None

@@ -138,16 +138,17 @@ class EngineStats:
 
 class RateWindow:
     """Events per second over a sliding time window (host clock only). An event may say how long it
-    took (a step's ``seconds``), so that the first events after an idle spell count over their own
-    time, not over the instant since they were added."""
+    took (a step's ``took`` seconds), so that the first events after an idle spell count over their own
+    time, not over the instant since they were added; an event stays in the window until its end is
+    older than the window, however long it took."""
 
     def __init__(self, seconds: float = 2.0) -> None:
         self.seconds = seconds
-        self._events: deque[tuple[float, int]] = deque()      # (when it started, count)
+        self._events: deque[tuple[float, float, int]] = deque()      # (start, end, count)
 
     def add(self, count: int, now: float | None = None, took: float = 0.0) -> None:
         now = time.perf_counter() if now is None else now
-        self._events.append((now - max(took, 0.0), count))
+        self._events.append((now - max(took, 0.0), now, count))
         self._trim(now)
 
     def rate(self, now: float | None = None) -> float:
@@ -155,9 +156,9 @@ class RateWindow:
         self._trim(now)
         if not self._events:
             return 0.0
-        span = max(now - self._events[0][0], 1e-3)
-        return sum(c for _, c in self._events) / span
+        span = max(now - min(start for start, _, _ in self._events), 1e-3)
+        return sum(c for _, _, c in self._events) / span
 
     def _trim(self, now: float) -> None:
-        while self._events and now - self._events[0][0] > self.seconds:
+        while self._events and now - self._events[0][1] > self.seconds:
             self._events.popleft()

@@ -157,9 +157,11 @@ class Readout(QWidget):
         lay.addWidget(self.value)
 
     def set(self, text: str, tooltip: str = "") -> None:
-        """Change the shown text and tooltip (only what differs: each change costs the GUI an event)."""
+        """Change the shown text and tooltip (only what differs: each change costs the GUI an event).
+        With no tooltip of its own a value cut to its cell has its whole text as one."""
         if self.value.text() != text:
             self.value.setText(text)
+        tooltip = tooltip or (text if self.value.shown_text() != text else "")
         if self.value.toolTip() != tooltip:
             self.value.setToolTip(tooltip)
 

@@ -8,7 +8,8 @@ row copy as the GPU-side prefetch's claims). This times that kernel for a layer'
 the expert sizes of the llama.cpp kit's shape (Qwen3-30B-A3B, bf16 and int4 g128) and gpt-oss-120b
 (MXFP4), over a sweep of its launch (programs, block), against the copy engine moving the same rows
 (``copy_`` from page-locked memory, one call per row) and against the pinned bus ceiling of
-benchmarks/common.h2d_bandwidth_gbs. Each figure is a CUDA graph of the copies, median of 5 replays.
+benchmarks/common.h2d_bandwidth_gbs. Each figure is a CUDA graph of the copies, median of 5 replays
+(benchmarks/kernels/bench_moe.time_graph).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.common import h2d_bandwidth_gbs, write_result  # noqa: E402
+from benchmarks.kernels.bench_moe import time_graph  # noqa: E402
 from kernels.expert_claim import CHUNK_WORDS, COPY_BLOCK, COPY_PROGRAMS  # noqa: E402
 from kernels.publish_ids import gather_copy  # noqa: E402
 
@@ -31,44 +33,27 @@ EXPERT_BYTES = {  # one expert's bytes in the host store
 LAUNCHES = ((COPY_PROGRAMS, COPY_BLOCK), (16, 4096), (64, 4096), (132, 4096), (132, 2048), (264, 2048))
 
 
-def _graph_us(fn, reps: int = 5) -> float:
-    """Microseconds of one call of ``fn``, replayed from a CUDA graph: median of ``reps`` replays."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3)
-    return sorted(times)[len(times) // 2]
-
-
 def rows_for(name: str, nbytes: int, n: int, device: torch.device) -> list[dict]:
     nbytes -= nbytes % 4
-    host = torch.empty(2 * n, nbytes, dtype=torch.uint8, pin_memory=True).fill_(3)
+    host = torch.empty(2 * n, nbytes, dtype=torch.uint8, pin_memory=True)
+    host.copy_((torch.arange(2 * n) % 251).to(torch.uint8)[:, None].expand(-1, nbytes))   # each row its own byte
     pool = torch.empty(n, nbytes, dtype=torch.uint8, device=device)
     work = torch.tensor([n] + [v for j in range(n) for v in (j, 2 * j + 1)], dtype=torch.int64, device=device)
     total = n * nbytes
     out = []
-    engine_us = _graph_us(lambda: [pool[j].copy_(host[2 * j + 1], non_blocking=True) for j in range(n)])
+    engine_us = 1e3 * time_graph(lambda: [pool[j].copy_(host[2 * j + 1], non_blocking=True) for j in range(n)], 5)
     out.append({"expert": name, "expert_bytes": nbytes, "experts": n, "how": "copy engine (copy_ per row)",
                 "us": engine_us, "gb_s": total / engine_us / 1e3})
     for programs, block in LAUNCHES:
-        us = _graph_us(lambda p=programs, b=block: gather_copy(work, host, pool, CHUNK_WORDS, b, p))
+        us = 1e3 * time_graph(lambda p=programs, b=block: gather_copy(work, host, pool, CHUNK_WORDS, b, p), 5)
         out.append({"expert": name, "expert_bytes": nbytes, "experts": n, "how": "gather kernel",
                     "programs": programs, "block": block, "us": us, "gb_s": total / us / 1e3,
                     "default": (programs, block) == (COPY_PROGRAMS, COPY_BLOCK)})
     pool.zero_()
     gather_copy(work, host, pool)
     torch.cuda.synchronize()
-    if not bool((pool == 3).all()):
-        raise RuntimeError("the gather kernel's copies differ from the host rows")
+    if not torch.equal(pool.cpu(), host[1::2]):
+        raise RuntimeError("the gather kernel's copies differ from the host rows they name")
     return out
 
 

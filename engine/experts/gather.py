@@ -36,9 +36,11 @@ class GatherSlots:
         self.info = self._staged.tensor                                         # [count, slots...]
         self.work = torch.zeros(1 + 2 * E, dtype=torch.int64, device=dev)      # [n, (slot, row) ...]
         self._sent = 0                  # the gather slot count the device holds
-        # read once: a recorded step's kernels gather or not, and the host's books must agree with
-        # every recording (a change of the tuning after construction does not apply)
-        self.enabled = r.tuning.gather_shared and r.layout.nbytes % 4 == 0
+        # the tuning is read once: a recorded step's kernels gather or not, and the host's books must
+        # agree with every recording; ExpertManager.set_gather changes it between steps, and the
+        # recordings are then made again
+        self.possible = r.layout.nbytes % 4 == 0          # the copy kernel moves whole int32 words
+        self.enabled = r.tuning.gather_shared and self.possible
 
     def on(self, tokens: int) -> bool:
         """Whether a direct-read step of ``tokens`` tokens gathers its shared missing experts."""

@@ -436,6 +436,20 @@ class ExpertManager:
             self.direct.shares.tuner.reset()
         return self.describe()
 
+    def set_gather(self, on: bool) -> bool:
+        """Gather the shared missing experts of direct-read steps (``on``), or read each once per token
+        that uses it, from the next step; False (nothing changed) where the store's rows cannot be
+        gathered. Between steps only, like :meth:`reconfigure`; the caller records the decode graphs
+        again (``DecodeGraphs.reset``), so that their kernels and the host's books agree."""
+        gather = self.direct.gather
+        if on and not gather.possible:
+            return False
+        self.direct.finish_ended()                 # the last step's end gives its gather slots back
+        if self.direct.step.gather_slots:
+            raise ReconfigureError("the gather can change only between engine steps")
+        gather.enabled = on
+        return True
+
     def stats(self) -> ExpertStats:
         """Cumulative counters (no device sync; on CUDA device-side counts may lag one call). Reading
         them changes nothing: a step whose end is deferred is counted once it ends (``settle``)."""

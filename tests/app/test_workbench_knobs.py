@@ -218,19 +218,24 @@ def test_real_engine_errors_in_the_workbench_name_working_fixes():
     assert "raise --" not in text and "lower --" not in text
 
 
-def test_an_applied_line_names_its_own_value_and_goes_when_the_value_does(window, qtbot):
+def test_an_applied_line_names_the_value_the_engine_holds(window, qtbot):
     c, status = window.knobs.controls, window.knobs.status
+    layers = c["prefetch_depth"].suffix()
     result = _answer(qtbot, window, lambda: c["prefetch_depth"].setValue(1))
-    assert status["prefetch_depth"].text() == f"✓ applied: 1{c['prefetch_depth'].suffix()}"
+    assert status["prefetch_depth"].text() == f"✓ applied: 1{layers}"
     assert status["prefetch_depth"].toolTip() == result.message            # the engine's whole account
     _answer(qtbot, window, lambda: c["max_batch_tokens"].setValue(64))
     assert status["max_batch_tokens"].text() == f"✓ applied: 64{c['max_batch_tokens'].suffix()}"
     _answer(qtbot, window, lambda: c["max_batch_tokens"].setValue(0))
     assert status["max_batch_tokens"].text() == "✓ applied: auto"
-    # the depth goes back by reset: its line named a value the engine no longer has
-    with qtbot.waitSignal(window.knobs.result_shown, timeout=TIMEOUT):
-        qtbot.mouseClick(window.knobs.reset_button, Qt.MouseButton.LeftButton)
+    # more look-ahead than the demo's layers allow: the engine fits it, and the line says what it holds
+    result = _answer(qtbot, window, lambda: c["prefetch_depth"].setValue(c["prefetch_depth"].maximum()))
     qtbot.waitUntil(lambda: window.knobs.state.value("prefetch_depth") != 1, timeout=TIMEOUT)
-    depth = window.knobs.state.value("prefetch_depth")
-    qtbot.waitUntil(lambda: status["prefetch_depth"].text() in ("", f"✓ applied: {depth}{c['prefetch_depth'].suffix()}"),
-                    timeout=TIMEOUT)
+    held = window.knobs.state.value("prefetch_depth")
+    assert held < c["prefetch_depth"].maximum()
+    qtbot.waitUntil(lambda: status["prefetch_depth"].text() == f"✓ applied: {held}{layers}", timeout=TIMEOUT)
+    assert status["prefetch_depth"].toolTip() == result.message and result.message
+    # the pool back to automatic: named so, with the size it holds
+    window.knobs.request("expert_pool_size", None)
+    qtbot.waitUntil(lambda: status["expert_pool_size"].text().startswith("✓ applied: auto ("), timeout=TIMEOUT)
+    assert "None" not in status["expert_pool_size"].text()

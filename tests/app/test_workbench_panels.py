@@ -218,11 +218,12 @@ def test_a_readout_too_long_for_its_cell_is_cut_with_an_ellipsis_and_keeps_its_t
     from app.panels.base import Readout
     readout = Readout("Cold experts")
     readout.resize(90, 40)
-    readout.set("bus, none missed yet and a great deal more")
     readout.value.resize(80, readout.value.height())
+    readout.set("bus, none missed yet and a great deal more")
     shown = readout.value.shown_text()
     assert shown.endswith("…") and len(shown) < len(readout.value.text())
     assert readout.value.text() == "bus, none missed yet and a great deal more"
+    assert readout.value.toolTip() == readout.value.text()             # the whole value on hover
     assert readout.minimumSizeHint().width() < 200                      # the text never widens the panel
 
 
@@ -234,7 +235,7 @@ def test_every_image_the_style_sheet_names_exists():
     from app.theme import style_sheet
     sheet = style_sheet()
     assert "@ICONS@" not in sheet
-    urls = re.findall(r"url\(([^)]+)\)", sheet)
+    urls = re.findall(r'url\("([^"]+)"\)', sheet)
     assert {Path(u).name for u in urls} >= {"chevron-up.svg", "chevron-down.svg", "check.svg"}
     missing = [u for u in urls if not Path(u).is_file()]
     assert not missing, missing

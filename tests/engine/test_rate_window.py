@@ -23,6 +23,15 @@ def test_steady_steps_give_their_rate_and_an_idle_window_falls_to_zero():
     assert w.rate(now=3.5) == 0.0                             # every event out of the window
 
 
+def test_a_step_longer_than_the_window_counts_until_its_end_leaves_it():
+    # a 3 s prefill chunk of 600 tokens on a slow machine: 200 tok/s, not 0
+    w = RateWindow(2.0)
+    w.add(600, now=10.0, took=3.0)
+    assert w.rate(now=10.0) == pytest.approx(200.0)
+    assert w.rate(now=11.0) == pytest.approx(150.0)           # idle for a second since
+    assert w.rate(now=12.5) == 0.0                            # its end left the window
+
+
 def test_events_without_a_duration_keep_the_old_reading():
     w = RateWindow(2.0)
     w.add(4, now=10.0)
