@@ -138,12 +138,14 @@ class MemoryPlan:
 
 
 def staging_slots(experts_per_layer: int, decode_experts: int | None = None) -> int:
-    """Staging slots of a pool that holds fewer than all experts: one layer's experts (a prefill chunk
-    may miss every one of them) plus room for the prefetches of decode steps, ``decode_experts`` (the
-    distinct experts the layers ahead of a decode step can need: depth x batch x top-k), at most
-    another layer's worth; None: two layers' worth."""
-    extra = experts_per_layer if decode_experts is None else min(experts_per_layer, max(0, decode_experts))
-    return experts_per_layer + extra
+    """Staging slots of a pool that holds fewer than all experts: room for what the layers of a decode
+    step can need at once, ``decode_experts`` (depth x batch x top-k: a layer's misses and the
+    prefetches of the layers ahead), at most one layer's worth, and at least half a layer's, so that a
+    prefill layer that misses every expert runs in two passes (engine/experts/copy_path.LayerPasses);
+    None: one layer's worth."""
+    if decode_experts is None:
+        return experts_per_layer
+    return min(experts_per_layer, max(decode_experts, -(-experts_per_layer // 2)))
 
 
 def step_workspace_bytes(spec: "ModelSpec", token_budget: int, max_batch: int, elem: int = 2) -> int:

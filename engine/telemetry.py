@@ -38,6 +38,7 @@ class ExpertStats:
     direct_bytes: int = 0            # of which read by the MoE kernels straight from host memory
     fills: int = 0                   # directly read experts admitted from where the kernels kept them (no second bus trip)
     gathered: int = 0                # missing experts several tokens of a step used, copied over the bus once for them
+    extra_passes: int = 0            # passes beyond the first of layers that missed more experts than staging holds
     misses_predicted: int = 0        # misses that a prediction for their layer had named (what prefetch could hide)
     copy_wait_ms: float = 0.0        # time compute waited on copies
     pool_slots_used: int = 0

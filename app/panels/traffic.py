@@ -47,7 +47,9 @@ class TrafficPanel(Panel):
                      f"{e.h2d_bytes / GB:.2f} GB since load, {e.direct_bytes / GB:.2f} GB of it read directly "
                      f"from host memory by the MoE kernels; {e.fills} of the experts read so were kept and "
                      "admitted into the pool without a second trip over the bus; "
-                     f"{e.gathered} that several tokens of a step used were copied in once for all of them")
+                     f"{e.gathered} that several tokens of a step used were copied in once for all of them"
+                     + (f"; {e.extra_passes} extra passes of layers that missed more experts than the staging "
+                        "slots hold (each missing expert still crossed once)" if e.extra_passes else ""))
         r["wait"].set("—" if wait is None else f"{wait:.0f} ms/s")
         r["batch"].set(str(s.batch_size))
         r["running"].set(str(s.running))

@@ -69,7 +69,8 @@ class CopyPath:
         """``ids`` int64 [T*k] and ``predicted`` (layers, ids [P, T, k]) on the host: copy the misses
         in, push the layer's table row; prefetch (now, or at :meth:`issue_prefetch`). Returns
         ``(row, views)``, or with ``per_token`` (k) given and a share of the misses computed by the
-        host CPU instead of copied, ``(row, views, None, ColdShare)``."""
+        host CPU instead of copied, ``(row, views, None, ColdShare)``; where the slots the layer can get
+        do not hold all its misses, ``(row, views, None, ColdShare | None, LayerPasses)``."""
         r, books = self.r, self.r.books
         self._enter_layer(moe_index)
         base = moe_index * r.num_experts
@@ -87,16 +88,27 @@ class CopyPath:
             cold = r.cold_share(moe_index, id_list, [slot_of[base + e] < 0 for e in id_list], per_token, False)
         on_cpu = cold.keys if cold is not None else frozenset()
         pinned = books.pins
-        pairs = [(self._slot_for(k, moe_index, pinned, demand=True), k) for k in misses if k not in on_cpu]
+        pairs, later = [], []               # later: misses no slot is left for now (LayerPasses)
+        for k in misses:
+            if k not in on_cpu:
+                slot = self._slot_for(k, moe_index, pinned, demand=True)
+                (later.append(k) if slot is None else pairs.append((slot, k)))
         r.pool.load(pairs, demand=True)
         r.policy.touch(keys)
         r.counters.record(moe_index, id_list, len(keys) - len(misses), len(misses))
         books.layer_ran(moe_index)
-        r.pool.copies.wait_for([slot_of[k] for k in keys if k not in on_cpu])
+        r.pool.copies.wait_for([slot_of[k] for k in keys if k not in on_cpu and slot_of[k] >= 0])
         row = r.pool.push_row(moe_index)
         self.pending = predicted
         if not defer_prefetch:
             self.issue_prefetch()
+        if later:
+            reuse = [s for s, _ in pairs if books.lease.get(s) == moe_index]
+            if not reuse:
+                raise RuntimeError(f"no staging slot left for layer {moe_index}: {len(books.lease)} leased of "
+                                   f"{books.staging}, none of them this layer's")
+            passes = LayerPasses(self.r, moe_index, id_list, set(later) | set(on_cpu), later, reuse)
+            return row, r.pool.views, None, cold, passes
         return (row, r.pool.views) if cold is None else (row, r.pool.views, None, cold)
 
     def issue_prefetch(self) -> None:
@@ -147,19 +159,19 @@ class CopyPath:
             admit([key], 1, len(books.free), lambda: r.policy.victim(pinned), None, place)
         slot = got[0] if got else books.take_staging(layer)
         if slot is None and demand:
-            slot = self._reclaim_staging(layer)
+            slot = self._reclaim_staging(layer)         # None: this miss waits for a later pass
         if slot is not None:
             books.assign(key, slot)
             pinned.add(key)
         return slot
 
-    def _reclaim_staging(self, layer: int) -> int:
-        """Take back the staging slot prefetched for the farthest later layer (a miss outranks a guess)."""
+    def _reclaim_staging(self, layer: int) -> int | None:
+        """Take back the staging slot prefetched for the farthest later layer (a miss outranks a guess);
+        None when no later layer holds one."""
         books = self.r.books
         later = [(j, s) for s, j in books.lease.items() if j > layer]
         if not later:
-            raise RuntimeError(f"no staging slot left for layer {layer}: {len(books.lease)} leased of "
-                               f"{books.staging}; staging must hold one layer's experts")
+            return None
         _, slot = max(later)
         self.r.drop_staging(slot)
         return books.take_staging(layer)
@@ -177,3 +189,38 @@ class CopyPath:
         self.pending = None
         self.r.books.forget_pins()
         self.last_layer = -1
+
+
+class LayerPasses:
+    """A layer whose missing experts outnumber the slots it could get (a prefill chunk that misses more
+    experts than there are staging slots): the model computes it in passes (``runs``). The first pass
+    computes every pair whose expert has a slot now; each later pass waits for the kernels before it,
+    copies the next group of the missing experts into the staging slots the layer leased, and computes
+    their pairs. Each missing expert crosses the bus once, as in one pass."""
+
+    def __init__(self, r: Residency, moe_index: int, ids: list[int], apart: set[int], later: list[int],
+                 reuse: list[int]) -> None:
+        self.r, self.moe_index, self.ids = r, moe_index, ids
+        self.base = moe_index * r.num_experts
+        self.apart = apart                  # keys the first pass leaves: the later passes' and the host CPU's
+        self.groups = [later[i:i + len(reuse)] for i in range(0, len(later), len(reuse))]
+        self.reuse = reuse
+
+    def runs(self, first_row: torch.Tensor):
+        """``(table row, pairs)`` per pass: the pair indices (into the layer's ``T*k`` pairs) it computes
+        with that row. Between two passes the copies wait for the compute stream's work so far."""
+        base = self.base
+        yield first_row, [p for p, e in enumerate(self.ids) if base + e not in self.apart]
+        r, books = self.r, self.r.books
+        for group in self.groups:
+            r.counters.extra_passes += 1
+            r.pool.copies.after_compute(demand=True)      # no copy overwrites a slot the last pass reads
+            slots = self.reuse[:len(group)]
+            for slot, key in zip(slots, group):
+                books.unassign(slot)                     # the last pass's expert: a miss, not admitted
+                books.assign(key, slot)
+            r.pool.load(list(zip(slots, group)), demand=True)
+            r.pool.copies.wait_for(slots)
+            row = r.pool.push_row(self.moe_index)
+            mine = set(group)
+            yield row, [p for p, e in enumerate(self.ids) if base + e in mine]

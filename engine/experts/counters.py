@@ -68,6 +68,7 @@ class ResidencyCounters:
         self.direct_bytes = 0        # expert bytes the kernels read from host memory (direct reads)
         self.fills = 0               # directly read experts admitted from the kernels' fill slots
         self.gathered = 0            # shared missing experts of direct-read steps copied in once (gather)
+        self.extra_passes = 0        # passes beyond the first of layers whose misses outnumbered their slots
         self.misses_predicted = 0    # misses a prediction for their layer had named
         self.device_copy_bytes = 0   # expert bytes the GPU-side prefetch copied in
         self.layer_hits = [0] * num_layers
@@ -100,7 +101,7 @@ class ResidencyCounters:
             prefetch_hits=self.prefetch_hits, prefetch_wasted=self.prefetch_wasted,
             h2d_bytes=pool.copies.bytes_copied + self.direct_bytes + self.device_copy_bytes,
             direct_bytes=self.direct_bytes,
-            fills=self.fills, gathered=self.gathered, misses_predicted=self.misses_predicted,
+            fills=self.fills, gathered=self.gathered, extra_passes=self.extra_passes, misses_predicted=self.misses_predicted,
             copy_wait_ms=pool.copies.poll(),
             pool_slots_used=pool.books.slots_used(), pool_slots_total=pool.slots, pool_bytes=pool.bytes,
             per_layer_hit_rate=rates, activations=tuple(tuple(r) for r in acts))

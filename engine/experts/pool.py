@@ -57,8 +57,9 @@ class ExpertPool:
 
     def _setup(self, store: HostExpertStore | None, device: torch.device, layout: ExpertLayout, num_layers: int,
                num_experts: int, budget_bytes: int | None, staging: int | None = None) -> None:
-        if staging is not None and staging < num_experts:
-            raise ValueError(f"{staging} staging slots cannot hold one layer's {num_experts} experts")
+        if staging is not None and staging < 1:
+            raise ValueError(f"{staging} staging slots: a layer's missing experts need at least one "
+                             "(engine/memory.staging_slots sizes them)")
         self.store, self.layout = store, layout
         self.staging_size = 2 * num_experts if staging is None else staging
         self.device = device

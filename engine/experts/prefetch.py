@@ -104,10 +104,12 @@ class CopyEngine:
         """Slots whose copy was not yet seen to land (as of the last query)."""
         return sorted(self._pending)
 
-    def after_compute(self) -> None:
-        """Make later copies wait for the compute stream's work so far (no host sync)."""
+    def after_compute(self, demand: bool = False) -> None:
+        """Make later copies (prefetches, or with ``demand`` the demand copies) wait for the compute
+        stream's work so far (no host sync)."""
         if self.cuda:
-            self._prefetch_stream.wait_stream(torch.cuda.current_stream(self.device))
+            stream = self._demand_stream if demand else self._prefetch_stream
+            stream.wait_stream(torch.cuda.current_stream(self.device))
 
     def wait_for(self, slots: Sequence[int]) -> None:
         """Make the compute stream wait for the copies that fill ``slots`` (no host sync)."""

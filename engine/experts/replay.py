@@ -145,7 +145,11 @@ class ManagerReplay:
             raise RuntimeError("a pool holding every expert needs no published ids; record the step whole")
         m.plan_step("copy", rows)
         ids, pred = m.copy.read_published(region, shape, rows, predicted)
-        return m.copy.acquire(moe_index, ids, pred, defer_prefetch=True)
+        got = m.copy.acquire(moe_index, ids, pred, defer_prefetch=True)
+        if len(got) > 4:           # the recorded piece computes the layer once: it cannot run in passes
+            raise RuntimeError(f"layer {moe_index} of a recorded decode step missed more experts than the staging "
+                               f"slots hold ({m.r.books.staging}); staging is sized for max_batch x top-k misses")
+        return got
 
     def issue_prefetch(self) -> None:
         self.m.copy.issue_prefetch()

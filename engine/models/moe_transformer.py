@@ -290,11 +290,14 @@ class MoETransformer:
         if m.router_bias is not None:
             logits = logits + m.router_bias
         w, ids = self.route(logits)                                      # [T, k] f32, [T, k]
-        # rest: where slot -1 experts are read (direct reads), then the host CPU's share (cold experts)
+        # rest: where slot -1 experts are read (direct reads), the host CPU's share (cold experts), and
+        # the passes of a layer whose missing experts outnumber its slots (engine/experts/copy_path.py)
         slot_of_expert, views, *rest = acquire(m.moe_index, ids, pred)
-        host, cold = (rest + [None, None])[:2]
+        host, cold, passes = (rest + [None, None, None])[:3]
         extra = {"host": host} if host is not None else {}
-        if cold is not None and not cold.in_graph:                       # eager: the GPU's pairs apart
+        if passes is not None:
+            out = self._moe_passes(x, ids, w, slot_of_expert, views, cold, passes)
+        elif cold is not None and not cold.in_graph:                     # eager: the GPU's pairs apart
             out = self._moe_split(x, ids, w, slot_of_expert, views, cold, extra)
         else:
             if cold is not None:       # replayed: publish with the CPU's share; the kernels skip its pairs
@@ -312,6 +315,26 @@ class MoETransformer:
         """The shared expert, scaled by its sigmoid gate: [T, D]."""
         shared = mlp(x, m.shared.gate_up, m.shared.down, self.fused)      # [T, D]
         return torch.sigmoid(x @ m.shared_gate.t()) * shared
+
+    def _moe_passes(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, slot_of_expert: torch.Tensor,
+                    views: dict, cold: Any, passes: Any) -> torch.Tensor:
+        """A layer computed in passes (``passes.runs``), each over its pairs as one-expert tokens; the
+        host CPU's pairs, if any, in none of them."""
+        if cold is not None:
+            cold.start(x, w)
+        k = ids.shape[1]
+        flat_ids, flat_w = ids.reshape(-1), w.reshape(-1)
+        buf = None
+        for row, pairs in passes.runs(slot_of_expert):
+            if not pairs:
+                continue
+            p = torch.tensor(pairs, dtype=torch.int64).to(x.device)
+            y = self.moe_fn(x[p // k], flat_ids[p].view(-1, 1), flat_w[p].view(-1, 1), row, views,
+                            self.experts.layout)                                          # [P', D]
+            if buf is None:
+                buf = torch.zeros(flat_ids.numel(), y.shape[1], dtype=y.dtype, device=y.device)
+            buf[p] = y
+        return torch.zeros_like(x) if buf is None else buf.view(ids.shape[0], k, -1).sum(dim=1)
 
     def _moe_split(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, slot_of_expert: torch.Tensor,
                    views: dict, cold: Any, extra: dict) -> torch.Tensor:

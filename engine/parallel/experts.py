@@ -75,8 +75,16 @@ def shard_share(experts, moe_fn, layout, moe_index: int, h: torch.Tensor, ids: t
     local = (ids[t, j] // world).view(-1, 1)                                 # [P, 1] local expert ids
     slot_of_expert, views, *rest = experts.acquire(moe_index, local, pred)
     extra = {"host": rest[0]} if rest and rest[0] is not None else {}
-    y = moe_fn(h[t], local, w[t, j].view(-1, 1).float(), slot_of_expert, views, layout, **extra)   # [P, D]
-    return out.index_add_(0, t, y.float())
+    wp = w[t, j].view(-1, 1).float()
+    passes = rest[2] if len(rest) > 2 else None
+    if passes is None:
+        y = moe_fn(h[t], local, wp, slot_of_expert, views, layout, **extra)   # [P, D]
+        return out.index_add_(0, t, y.float())
+    for row, pairs in passes.runs(slot_of_expert):       # more missing experts than slots: a pass each group
+        if pairs:
+            p = torch.tensor(pairs, dtype=torch.int64).to(h.device)
+            out.index_add_(0, t[p], moe_fn(h[t[p]], local[p], wp[p], row, views, layout).float())
+    return out
 
 
 def pack_tokens(h: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -239,3 +239,14 @@ def test_every_image_the_style_sheet_names_exists():
     assert {Path(u).name for u in urls} >= {"chevron-up.svg", "chevron-down.svg", "check.svg"}
     missing = [u for u in urls if not Path(u).is_file()]
     assert not missing, missing
+
+
+def test_the_bus_readout_says_how_many_experts_were_gathered_and_how_many_layers_ran_in_passes(qapp):
+    from app.panels.traffic import TrafficPanel
+    panel = TrafficPanel()
+    panel.push_stats(EngineStats(experts=ExpertStats(gathered=7)), now=1.0)
+    tip = panel.readouts["h2d"].value.toolTip()
+    assert "7 that several tokens of a step used" in tip and "passes" not in tip
+    panel.push_stats(EngineStats(experts=ExpertStats(gathered=7, extra_passes=3)), now=2.0)
+    assert "3 extra passes of layers that missed more experts than the staging slots hold" in \
+        panel.readouts["h2d"].value.toolTip()

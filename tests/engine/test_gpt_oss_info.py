@@ -70,7 +70,7 @@ def test_the_120b_plan_for_a_24g_card(gpt_oss_120b, capsys):
     assert _line(out, "host store").endswith(f", + the embedding table ({format_size(2 * V * D)})")
     # the pool takes what the budget leaves; everything together stays inside 24 GiB
     slots = int(re.search(r"= (\d+)/4608 experts", _line(out, "expert pool")).group(1))
-    assert 1000 < slots < 1400 and slots * EXPERT < 24 * GIB - on_card
+    assert 1400 < slots < 1600 and slots * EXPERT < 24 * GIB - on_card       # 128 staging slots beside it
     assert float(_line(out, "device total").split(":")[1].split()[0]) <= 24.0
     # one sequence of the model's 131072 tokens would not fit the KV cache the budget leaves: the engine's context
     kv_tokens = int(re.search(r"= (\d+) tokens", _line(out, "KV cache")).group(1))
