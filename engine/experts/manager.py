@@ -97,6 +97,7 @@ class ExpertManager:
         self.num_layers, self.num_experts = num_layers, num_experts
         self.device = torch.device(device)
         tuning = tuning or ResidencyTuning()
+        self._top_k = top_k                         # None: a layer's experts may all be any token's
         self.predictor = ExpertPredictor(routers, route_fn, self.device, top_k, router_bias, norm_eps,
                                          tuning.predict_max_layers)
         depth = live_changes.check_depth(prefetch_depth, ConfigError)
@@ -195,7 +196,18 @@ class ExpertManager:
         r = self.r
         if self.graph_cpu_share(tokens if recorded is None else recorded):
             return False                  # the replayed step gives the CPU its share itself
+        if r.store is not None and not r.pool.full and self.may_run_in_passes(tokens):
+            return True                   # a recorded step computes each layer once
         return r.store is not None and not r.pool.full and r.cold.enabled_on(self.device) and r.cold.eager_for(tokens)
+
+    def may_run_in_passes(self, tokens: int) -> bool:
+        """Whether a copy-path step of ``tokens`` tokens can miss more experts in a layer than the staging
+        slots hold, so that the layer runs in passes (engine/experts/copy_path.LayerPasses): after a
+        live change to a larger batch or a deeper look-ahead than staging was sized for at load."""
+        if self.r.pool.full or self.direct_for(tokens):
+            return False
+        distinct = min(self.num_experts, tokens * (self._top_k or self.num_experts))
+        return distinct > self.r.books.staging
 
     def graph_cpu_share(self, tokens: int) -> bool:
         """Whether a replayed decode step of ``tokens`` tokens gives the host CPU a share of each layer's

@@ -65,3 +65,19 @@ def test_each_card_of_expert_parallel_runs_its_share_in_passes(tmp_path):
     finally:
         many.engine.close()
         one.engine.close()
+
+
+def test_decode_steps_that_may_need_passes_run_eagerly(model):
+    # staging sized at load for one sequence; a live change to 16 lets a copy-path decode step miss more
+    # experts in a layer than staging holds: such a step runs eagerly (a recording computes a layer once)
+    path, ref = model
+    with LLM(str(path), device="cpu", dtype="float32", expert_pool_size="0%", prefetch_depth=0,
+             expert_reads="copy", max_batch=1) as llm:
+        experts = llm.engine.loaded.experts
+        staging = experts.r.books.staging
+        top_k = llm.engine.loaded.spec.top_k
+        assert not experts.may_run_in_passes(1) and not experts.eager_for(1)
+        llm.reconfigure(max_batch=16)
+        big = -(-(staging + 1) // top_k)                 # tokens whose pairs can exceed the staging slots
+        assert experts.may_run_in_passes(big) and experts.eager_for(big)
+        assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == ref
