@@ -103,7 +103,9 @@ class CopyPath:
         if not defer_prefetch:
             self.issue_prefetch()
         if later:
-            reuse = [s for s, _ in pairs if books.lease.get(s) == moe_index]
+            # every staging slot leased to this layer is free once the first pass has read it: its
+            # misses' and the prefetched experts' it used
+            reuse = [s for s, j in books.lease.items() if j == moe_index]
             if not reuse:
                 raise RuntimeError(f"no staging slot left for layer {moe_index}: {len(books.lease)} leased of "
                                    f"{books.staging}, none of them this layer's")
@@ -166,13 +168,18 @@ class CopyPath:
         return slot
 
     def _reclaim_staging(self, layer: int) -> int | None:
-        """Take back the staging slot prefetched for the farthest later layer (a miss outranks a guess);
-        None when no later layer holds one."""
+        """Take back a staging slot from a guess (a miss outranks it): one prefetched for ``layer`` whose
+        expert the layer does not use, else the one prefetched for the farthest later layer; None when
+        no guess holds one. So a layer's misses never wait for a pass while guesses hold staging."""
         books = self.r.books
+        wrong = [s for s, j in books.lease.items() if j == layer and books.owner[s] not in books.current]
         later = [(j, s) for s, j in books.lease.items() if j > layer]
-        if not later:
+        if wrong:
+            slot = wrong[0]
+        elif later:
+            _, slot = max(later)
+        else:
             return None
-        _, slot = max(later)
         self.r.drop_staging(slot)
         return books.take_staging(layer)
 

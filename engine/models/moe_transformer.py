@@ -16,6 +16,7 @@ import torch
 
 from engine.checkpoint.spec import ModelSpec
 from engine.experts.provider import ExpertProvider
+from engine.host_copy import host_to
 from engine.kv.cache import KVCache
 from engine.models.layers import Rope, SeqSlice, mlp, paged_attention_ref, rms_norm
 from engine.models.weights import AttentionWeights, ModelWeights, MoEWeights
@@ -328,7 +329,7 @@ class MoETransformer:
         for row, pairs in passes.runs(slot_of_expert):
             if not pairs:
                 continue
-            p = torch.tensor(pairs, dtype=torch.int64).to(x.device)
+            p = host_to(pairs, torch.int64, x.device)          # no wait for the pass before
             y = self.moe_fn(x[p // k], flat_ids[p].view(-1, 1), flat_w[p].view(-1, 1), row, views,
                             self.experts.layout)                                          # [P', D]
             if buf is None:

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from engine.errors import ConfigError
+from engine.host_copy import host_to
 
 
 def owned(num_experts: int, world: int, rank: int) -> list[int]:
@@ -82,7 +83,7 @@ def shard_share(experts, moe_fn, layout, moe_index: int, h: torch.Tensor, ids: t
         return out.index_add_(0, t, y.float())
     for row, pairs in passes.runs(slot_of_expert):       # more missing experts than slots: a pass each group
         if pairs:
-            p = torch.tensor(pairs, dtype=torch.int64).to(h.device)
+            p = host_to(pairs, torch.int64, h.device)            # no wait for the pass before
             out.index_add_(0, t[p], moe_fn(h[t[p]], local[p], wp[p], row, views, layout).float())
     return out
 

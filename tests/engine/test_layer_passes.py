@@ -21,10 +21,8 @@ def model(tmp_path_factory):
     return path, ref
 
 
-# no pool, so every miss needs a staging slot; at depth 2 the prefetches of later layers hold some too
-@pytest.mark.parametrize("depth", [0, 2])
-def test_a_layer_missing_more_experts_than_staging_runs_in_passes(model, depth, monkeypatch):
-    path, ref = model
+def _count_passes(monkeypatch) -> list[int]:
+    """Each layer run in passes: how many (the list fills as the engine runs)."""
     passes: list[int] = []
     runs = copy_path.LayerPasses.runs
 
@@ -36,12 +34,21 @@ def test_a_layer_missing_more_experts_than_staging_runs_in_passes(model, depth, 
         passes.append(n)
 
     monkeypatch.setattr(copy_path.LayerPasses, "runs", counted)
+    return passes
+
+
+# no pool, so every miss needs a staging slot; at depth 2 the prefetches of later layers hold some too
+@pytest.mark.parametrize("depth", [0, 2])
+def test_a_layer_missing_more_experts_than_staging_runs_in_passes(model, depth, monkeypatch):
+    path, ref = model
+    passes = _count_passes(monkeypatch)
     with LLM(str(path), device="cpu", dtype="float32", expert_pool_size="0%", prefetch_depth=depth,
              expert_reads="copy", max_batch=1) as llm:
         experts = llm.engine.loaded.experts
         staging, E = experts.r.books.staging, experts.r.num_experts
         assert staging < E                                   # half a layer: a 48-token prefill misses more
         out = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+        experts.settle()                                     # every prefetch counted, used or wasted
         st, nb = llm.stats().experts, llm.engine.loaded.layout.nbytes
     assert out == ref
     assert passes and max(passes) >= 2 and st.extra_passes == sum(passes) - len(passes)
@@ -81,3 +88,27 @@ def test_decode_steps_that_may_need_passes_run_eagerly(model):
         big = -(-(staging + 1) // top_k)                 # tokens whose pairs can exceed the staging slots
         assert experts.may_run_in_passes(big) and experts.eager_for(big)
         assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == ref
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+@pytest.mark.parametrize("batch", [2, 4])
+def test_decode_steps_never_run_in_passes(model, depth, batch, monkeypatch):
+    # staging holds a decode step's misses: prefetches for the layer that it does not use, and those for
+    # later layers, give their slots to its misses first (a recorded step could not run in passes)
+    path, ref = model
+    sizes: list[int] = []
+    init = copy_path.LayerPasses.__init__
+
+    def noted(self, r, moe_index, ids, *rest):
+        sizes.append(len(ids))
+        init(self, r, moe_index, ids, *rest)
+
+    monkeypatch.setattr(copy_path.LayerPasses, "__init__", noted)
+    prompts = [[5 + (11 * i + j) % 300 for i in range(3)] for j in range(batch)]
+    with LLM(str(path), device="cpu", dtype="float32", expert_pool_size="0%", prefetch_depth=depth,
+             expert_reads="copy", max_batch=batch, prefill_chunk=batch) as llm:
+        k, staging = llm.engine.loaded.spec.top_k, llm.engine.loaded.experts.r.books.staging
+        with LLM(str(path), device="cpu", dtype="float32") as resident:
+            want = [o.token_ids for o in resident.generate(prompts, GREEDY)]
+        assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == want
+    assert all(n > batch * k for n in sizes), (sizes, staging)  # only steps larger than a decode step

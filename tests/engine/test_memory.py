@@ -74,3 +74,87 @@ def test_staging_holds_what_a_decode_step_needs_at_once_and_half_a_layer_at_leas
     q = _plan()
     assert p.staging_slots == 64 and q.staging_slots == 128
     assert p.pool_slots == q.pool_slots + 64                   # the pool gets what staging does not take
+
+def test_the_pool_takes_staging_smaller_than_a_layer_but_not_none() -> None:
+    import torch
+
+    from engine.experts.pool import ExpertPool
+    from engine.experts.store import HostExpertStore
+    from kernels.expert_layout import ExpertLayout
+    layout = ExpertLayout.make("bf16", 8, 4)
+    store = HostExpertStore.from_rows(torch.zeros(2 * 4, layout.nbytes, dtype=torch.uint8), 4, layout, pin=False)
+    assert ExpertPool(store, torch.device("cpu"), 2, staging=5).staging == 5
+    assert ExpertPool(store, torch.device("cpu"), 2, staging=2).staging == 2      # a layer then runs in passes
+    with pytest.raises(ValueError, match="at least one"):
+        ExpertPool(store, torch.device("cpu"), 2, staging=0)
+
+
+def test_the_workspace_is_what_the_largest_step_allocates() -> None:
+    from engine.checkpoint.spec import spec_from_config
+    from engine.config import EngineConfig
+    from engine.memory import step_sizing, step_workspace_bytes
+    qwen3 = {"architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 151936, "hidden_size": 2048,
+             "intermediate_size": 6144, "moe_intermediate_size": 768, "num_hidden_layers": 12,
+             "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128,
+             "num_experts_per_tok": 8, "max_position_embeddings": 4096}
+    spec = spec_from_config(qwen3, Path("in-memory"))
+    # a 1024-token step measured on the H200 allocated 180 MiB (benchmarks/memory_profile.py): the
+    # estimate covers it with room, and grows with the token budget
+    one = step_workspace_bytes(spec, 1024, 8)
+    assert 180 * MiB < one < 400 * MiB
+    assert step_workspace_bytes(spec, 2048, 8) > 1.8 * (one - 64 * MiB)
+    sizing = step_sizing(spec, EngineConfig(model="m", max_batch=4, prefetch_depth=2))
+    assert sizing["decode_experts"] == 2 * 4 * 8
+    assert sizing["workspace_bytes"] == step_workspace_bytes(spec, 2048, 4)
+
+
+def test_the_memory_profile_runs_its_scenarios(tmp_path) -> None:
+    """benchmarks/memory_profile.py --smoke: the kit's two scenarios on a tiny shape on the CPU."""
+    import json
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "mem.json"
+    subprocess.run([sys.executable, str(root / "benchmarks" / "memory_profile.py"), "--smoke", "--gen", "4",
+                    "--out", str(out)], check=True, cwd=root, capture_output=True, timeout=600)
+    d = json.loads(out.read_text())
+    assert [p["phase"] for p in d["phases"]] == ["load", "batch 1 after 64-token prompts",
+                                                 "batch 8 after 16-token prompts"]
+    assert d["memory"]["resident_bytes"] > 0 and d["memory"]["pinned_host_bytes"] > 0
+
+
+def test_a_kv_cache_size_smaller_than_the_context_shortens_it_with_a_note_or_is_refused(capsys) -> None:
+    # --kv-cache-size is honoured: a context left unset shrinks to what it holds (a note), one the user
+    # set or a size that holds not even one block is one line naming the size that fits; 0 is refused
+    from engine import LLM
+    from main import main
+    demo = Path(__file__).resolve().parents[2] / "resources" / "models" / "demo"
+    with LLM(str(demo), device="cpu", kv_cache_size="100K") as llm:
+        per_token = llm.engine.loaded._kv_bytes_per_token()
+        assert llm.engine.context_tokens == 100 * 1024 // per_token // 16 * 16 < 512
+        assert any("(the model allows 512)" in n and "--kv-cache-size" in n for n in llm.engine.loaded.notes)
+    for argv, says in ((["--kv-cache-size", "1K"], "but --kv-cache-size gives 1.00 KiB (room for 0 tokens); raise "
+                                                   "--kv-cache-size to "),
+                       (["--kv-cache-size", "100K", "--max-model-len", "512"], "or lower --max-model-len to "),
+                       (["--kv-cache-size", "0"], "--kv-cache-size must be more than 0; leave it out")):
+        assert main(["generate", "--model", str(demo), "--device", "cpu", "--prompt", "hi", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and says in err[0], err
+
+
+def test_the_context_is_what_the_kv_cache_the_budget_leaves_holds() -> None:
+    from engine.memory import fit_context
+    per_token = 36 * 1024                                  # gpt-oss-120b: 18 full-attention layers
+    # fits: unchanged, no note
+    assert fit_context(8192, False, 8192 * per_token, per_token, 16, 24 * GiB) == (8192, None)
+    # the model's 131072 tokens do not fit the 4200 tokens left: whole blocks of what fits, and a note saying so
+    tokens, note = fit_context(131072, False, 4200 * per_token, per_token, 16, 24 * GiB)
+    assert tokens == 4192 and "context length 4192 tokens (the model allows 131072)" in note
+    assert "lower --expert-pool-size or raise --gpu-memory-budget" in note
+    # a context the user asked for is not shortened behind their back
+    with pytest.raises(ConfigError, match=r"a context of 131072 tokens needs 4.50 GiB of KV cache but the 24.00 GiB "
+                                          r"GPU memory budget leaves it .*; lower --max-model-len to 4192 or lower "
+                                          r"--expert-pool-size or raise --gpu-memory-budget"):
+        fit_context(131072, True, 4200 * per_token, per_token, 16, 24 * GiB)
+    with pytest.raises(ConfigError, match="leaves it .*; lower --expert-pool-size or raise --gpu-memory-budget$"):
+        fit_context(4096, False, 10 * per_token, per_token, 16, 24 * GiB)     # not even one block
