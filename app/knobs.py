@@ -270,7 +270,7 @@ class KnobsPanel(QWidget):
         if result.applied:
             # the line names this knob's new value; the engine's whole account (the pool, staging,
             # look-ahead, ...) is its tooltip, where a later change of another knob cannot make it stale
-            self._set_status(result.option, "ok", "", result.message)
+            self._set_status(result.option, "ok", "", f"When applied: {result.message}")
             self._show_applied(result.option, self._value_text(result.option, result.value, self.state))
         else:
             self._set_status(result.option, "bad", f"✗ rejected: {result.message}")
@@ -306,3 +306,5 @@ class KnobsPanel(QWidget):
         for name, default in self.state.defaults:
             if current.get(name) != default and self.state.reason(name) is None:
                 self._send(name, default)
+            elif self.status[name].objectName() == "knobStatus_bad":
+                self._set_status(name, "off", "")      # a refusal of a value the knob no longer asks for

@@ -91,7 +91,9 @@ class LoadTestDialog(QDialog):
         lay.addLayout(form)
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels(COLUMNS)
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)    # the status: "reached max tokens"
         self.table.verticalHeader().hide()
         lay.addWidget(self.table, 1)
         self.live = QLabel("Engine aggregate: —")

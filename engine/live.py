@@ -60,7 +60,7 @@ class LiveSettings:
         sched = self.engine.scheduler
         if any(k in options for k in _SCHEDULER):
             sched.max_batch, sched.prefill_chunk, sched.token_budget = new.max_batch, new.prefill_chunk, new.token_budget
-            applied.update({k: f"{k} = {options[k]}" for k in _SCHEDULER if k in options})
+            applied.update({k: f"{k} = {'auto' if options[k] is None else options[k]}" for k in _SCHEDULER if k in options})
         if "cuda_graphs" in options:
             runner = self.engine.runner
             if options["cuda_graphs"] and runner.graphs is None:

@@ -76,7 +76,7 @@ def make_plot(layout: pg.GraphicsLayoutWidget, title: str, unit: str, row: int) 
     plot.hideButtons()
     plot.setMenuEnabled(False)
     plot.getAxis("bottom").setHeight(30)
-    plot.addLegend(offset=(-4, 4), labelTextSize="8pt", brush=pg.mkBrush(21, 23, 26, 200))
+    plot.addLegend(offset=(10, 4), labelTextSize="8pt", brush=pg.mkBrush(21, 23, 26, 200))
     return plot
 
 
@@ -158,10 +158,11 @@ class Readout(QWidget):
 
     def set(self, text: str, tooltip: str = "") -> None:
         """Change the shown text and tooltip (only what differs: each change costs the GUI an event).
-        With no tooltip of its own a value cut to its cell has its whole text as one."""
+        A value cut to its cell has its whole text at the head of its tooltip."""
         if self.value.text() != text:
             self.value.setText(text)
-        tooltip = tooltip or (text if self.value.shown_text() != text else "")
+        if self.value.shown_text() != text:                  # cut to its cell: the whole value first
+            tooltip = f"{text}\n{tooltip}" if tooltip else text
         if self.value.toolTip() != tooltip:
             self.value.setToolTip(tooltip)
 

@@ -71,11 +71,14 @@ def test_unsupported_options_are_disabled_with_the_reason(window, qtbot):
 
 def test_reset_to_defaults_restores_load_values(window, qtbot):
     c = window.knobs.controls
+    refused = _answer(qtbot, window, lambda: c["max_batch_tokens"].setValue(1))      # below max_batch: refused
+    assert not refused.applied and _status(window, "max_batch_tokens").startswith("✗ rejected")
     _answer(qtbot, window, lambda: c["prefill_chunk"].setValue(128))
     qtbot.waitUntil(lambda: window.knobs.state.value("prefill_chunk") == 128, timeout=TIMEOUT)
     qtbot.mouseClick(window.knobs.reset_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: window.knobs.state.value("prefill_chunk") == 2048, timeout=TIMEOUT)
     assert not window.knobs.reset_button.isEnabled()
+    assert _status(window, "max_batch_tokens") == ""          # the refusal spoke of a value no knob asks for now
 
 
 # --- knob values across restarts -----------------------------------------------------------------
@@ -223,7 +226,7 @@ def test_an_applied_line_names_the_value_the_engine_holds(window, qtbot):
     layers = c["prefetch_depth"].suffix()
     result = _answer(qtbot, window, lambda: c["prefetch_depth"].setValue(1))
     assert status["prefetch_depth"].text() == f"✓ applied: 1{layers}"
-    assert status["prefetch_depth"].toolTip() == result.message            # the engine's whole account
+    assert status["prefetch_depth"].toolTip() == f"When applied: {result.message}"   # the engine's account
     _answer(qtbot, window, lambda: c["max_batch_tokens"].setValue(64))
     assert status["max_batch_tokens"].text() == f"✓ applied: 64{c['max_batch_tokens'].suffix()}"
     _answer(qtbot, window, lambda: c["max_batch_tokens"].setValue(0))
@@ -234,7 +237,7 @@ def test_an_applied_line_names_the_value_the_engine_holds(window, qtbot):
     held = window.knobs.state.value("prefetch_depth")
     assert held < c["prefetch_depth"].maximum()
     qtbot.waitUntil(lambda: status["prefetch_depth"].text() == f"✓ applied: {held}{layers}", timeout=TIMEOUT)
-    assert status["prefetch_depth"].toolTip() == result.message and result.message
+    assert status["prefetch_depth"].toolTip() == f"When applied: {result.message}" and result.message
     # the pool back to automatic: named so, with the size it holds
     window.knobs.request("expert_pool_size", None)
     qtbot.waitUntil(lambda: status["expert_pool_size"].text().startswith("✓ applied: auto ("), timeout=TIMEOUT)

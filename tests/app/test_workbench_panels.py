@@ -224,6 +224,8 @@ def test_a_readout_too_long_for_its_cell_is_cut_with_an_ellipsis_and_keeps_its_t
     assert shown.endswith("…") and len(shown) < len(readout.value.text())
     assert readout.value.text() == "bus, none missed yet and a great deal more"
     assert readout.value.toolTip() == readout.value.text()             # the whole value on hover
+    readout.set("bus, none missed yet and a great deal more", "where the missing experts ran")
+    assert readout.value.toolTip() == "bus, none missed yet and a great deal more\nwhere the missing experts ran"
     assert readout.minimumSizeHint().width() < 200                      # the text never widens the panel
 
 
