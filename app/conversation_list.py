@@ -20,6 +20,7 @@ class ConversationList(QWidget):
 
     def __init__(self) -> None:
         super().__init__()
+        self._busy = False
         lay = QVBoxLayout(self)
         lay.setContentsMargins(6, 6, 0, 6)
         self.new_button = QPushButton("+ New chat")
@@ -81,11 +82,17 @@ class ConversationList(QWidget):
             if conv.id == current_id:
                 self.list.setCurrentItem(item)
         self.list.blockSignals(False)
+        self._busy_or_empty()
 
     def set_busy(self, busy: bool) -> None:
         """While a reply streams the chats cannot be switched or deleted."""
-        self.delete_button.setEnabled(not busy)
+        self._busy = busy
         self.new_button.setEnabled(not busy)
+        self._busy_or_empty()
+
+    def _busy_or_empty(self) -> None:
+        """Delete acts on the chat selected in the list: none while a reply streams or the list is empty."""
+        self.delete_button.setEnabled(not self._busy and self.list.count() > 0)
 
     def _changed(self, item: QListWidgetItem | None, _prev: QListWidgetItem | None) -> None:
         if item is not None:

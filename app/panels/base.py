@@ -66,6 +66,7 @@ def make_plot(layout: pg.GraphicsLayoutWidget, title: str, unit: str, row: int) 
     plot = layout.addPlot(row=row, col=0, axisItems={"bottom": SecondsAgoAxis("bottom")})
     plot.setTitle(f"<span style='color:#c9d1d9;font-size:9pt'>{title}</span>")
     plot.setLabel("left", unit)
+    plot.getAxis("left").enableAutoSIPrefix(False)     # "GB/s (x0.001)" reads worse than 0.06 GB/s
     plot.setLabel("bottom", SECONDS_AGO, **{"font-size": "8pt"})
     # fixed ranges, never auto-range: pyqtgraph's auto-range walks every item's bounds and regenerates the
     # axis ticks on each setData; fit_y moves the Y range only when the data outgrows it

@@ -36,7 +36,7 @@ class PerformancePanel(Panel):
         self.readouts["decode"].set(f"{s.decode_tok_s:.1f} tok/s")
         self.readouts["aggregate"].set(f"{s.aggregate_tok_s:.1f} tok/s")
         self.readouts["ttft"].set(fmt_ms(s.ttft_ms))
-        self.readouts["step"].set(fmt_ms(s.step_ms))
+        self.readouts["step"].set(fmt_ms(s.step_ms or None))        # no step yet: "—", as TTFT
         self.dirty = True
 
     def _render(self, now: float) -> None:

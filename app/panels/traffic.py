@@ -43,7 +43,7 @@ class TrafficPanel(Panel):
         self.bus.append(now, h2d, self._pcie_rx, wait)
         self.sched.append(now, s.batch_size, s.running, s.waiting)
         r = self.readouts
-        r["h2d"].set("—" if h2d is None else f"{h2d:.2f} GB/s",
+        r["h2d"].set("—" if h2d is None else f"{h2d:.2f} GB/s" if h2d >= 1 else f"{h2d * 1000:.0f} MB/s",
                      f"{e.h2d_bytes / GB:.2f} GB since load, {e.direct_bytes / GB:.2f} GB of it read directly "
                      f"from host memory by the MoE kernels; {e.fills} of the experts read so were kept and "
                      "admitted into the pool without a second trip over the bus; "

@@ -252,3 +252,28 @@ def test_the_bus_readout_says_how_many_experts_were_gathered_and_how_many_layers
     panel.push_stats(EngineStats(experts=ExpertStats(gathered=7, extra_passes=3)), now=2.0)
     assert "3 extra passes of layers that missed more experts than the staging slots hold" in \
         panel.readouts["h2d"].value.toolTip()
+
+
+def test_small_bus_rates_read_in_mb_and_no_step_reads_as_a_dash(qapp):
+    from app.panels.performance import PerformancePanel
+    from app.panels.traffic import TrafficPanel
+    perf = PerformancePanel()
+    perf.push_stats(EngineStats(), now=1.0)
+    assert perf.readouts["step"].value.text() == "—"                     # no step yet, as TTFT
+    bus = TrafficPanel()
+    bus.push_stats(EngineStats(experts=ExpertStats(h2d_bytes=0)), now=1.0)
+    bus.push_stats(EngineStats(experts=ExpertStats(h2d_bytes=60_000_000)), now=2.0)
+    assert bus.readouts["h2d"].value.text() == "60 MB/s"
+
+
+def test_delete_waits_for_a_chat_in_the_list(qapp):
+    from app.conversation_list import ConversationList
+    from app.conversations import Conversation
+    side = ConversationList()
+    side.set_conversations([], None)
+    assert not side.delete_button.isEnabled()
+    conv = Conversation()
+    side.set_conversations([conv], conv.id)
+    assert side.delete_button.isEnabled()
+    side.set_busy(True)
+    assert not side.delete_button.isEnabled()
