@@ -119,6 +119,7 @@ class KnobsPanel(QWidget):
         self.status: dict[str, StatusLine] = {}
         self.controls: dict[str, QWidget] = {}
         self._applied: set[str] = set()                 # the options whose line is a ✓ line
+        self._asked: set[str] = set()                   # changes sent and not answered yet
         outer = QVBoxLayout(self)
         # with no model there are no values to show: a line says so instead of placeholder numbers
         self.no_model = QLabel("No model loaded. Its engine settings show here once a model is open, "
@@ -203,6 +204,7 @@ class KnobsPanel(QWidget):
         self.guard_changed.emit(self.guard_enabled.isChecked(), self.guard_pause.value(), self.guard_resume.value())
 
     def _send(self, option: str, value: object) -> None:
+        self._asked.add(option)
         self._set_status(option, "off", "applying…")
         self.change_requested.emit(option, value)
 
@@ -221,6 +223,7 @@ class KnobsPanel(QWidget):
 
     def clear_status(self) -> None:
         """Forget every status line (another model is loaded: they spoke of the previous one)."""
+        self._asked.clear()
         for name in ORDER:
             self.status[name].set_reason("")
             self._set_status(name, "off", "")
@@ -233,11 +236,12 @@ class KnobsPanel(QWidget):
         self.setEnabled(True)
         for name in ORDER:
             w = self.controls[name]
-            w.blockSignals(True)
-            try:
-                self._sync(name, w, state)
-            finally:
-                w.blockSignals(False)
+            if name not in self._asked:        # a state sent before a change's answer would undo it on screen
+                w.blockSignals(True)
+                try:
+                    self._sync(name, w, state)
+                finally:
+                    w.blockSignals(False)
             reason = state.reason(name)
             w.setEnabled(reason is None)
             w.setToolTip(reason or HELP[name])
@@ -267,6 +271,7 @@ class KnobsPanel(QWidget):
         """Mark one option applied (with the engine's description) or rejected (with its reason)."""
         if result.option not in self.status:
             return
+        self._asked.discard(result.option)
         if result.applied:
             # the line names this knob's new value; the engine's whole account (the pool, staging,
             # look-ahead, ...) is its tooltip, where a later change of another knob cannot make it stale

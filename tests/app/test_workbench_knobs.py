@@ -224,12 +224,20 @@ def test_real_engine_errors_in_the_workbench_name_working_fixes():
 def test_an_applied_line_names_the_value_the_engine_holds(window, qtbot):
     c, status = window.knobs.controls, window.knobs.status
     layers = c["prefetch_depth"].suffix()
-    result = _answer(qtbot, window, lambda: c["prefetch_depth"].setValue(1))
+
+    def settled(act, option, value):
+        # the engine's answer, then its state after the change: a state sent before it would put the
+        # control back to the old value with its signals blocked, and the next change would send nothing
+        result = _answer(qtbot, window, act)
+        qtbot.waitUntil(lambda: window.knobs.state.value(option) == value, timeout=TIMEOUT)
+        return result
+
+    result = settled(lambda: c["prefetch_depth"].setValue(1), "prefetch_depth", 1)
     assert status["prefetch_depth"].text() == f"✓ applied: 1{layers}"
     assert status["prefetch_depth"].toolTip() == f"When applied: {result.message}"   # the engine's account
-    _answer(qtbot, window, lambda: c["max_batch_tokens"].setValue(64))
+    settled(lambda: c["max_batch_tokens"].setValue(64), "max_batch_tokens", 64)
     assert status["max_batch_tokens"].text() == f"✓ applied: 64{c['max_batch_tokens'].suffix()}"
-    _answer(qtbot, window, lambda: c["max_batch_tokens"].setValue(0))
+    settled(lambda: c["max_batch_tokens"].setValue(0), "max_batch_tokens", None)
     assert status["max_batch_tokens"].text() == "✓ applied: auto"
     # more look-ahead than the demo's layers allow: the engine fits it, and the line says what it holds
     result = _answer(qtbot, window, lambda: c["prefetch_depth"].setValue(c["prefetch_depth"].maximum()))
@@ -242,3 +250,14 @@ def test_an_applied_line_names_the_value_the_engine_holds(window, qtbot):
     window.knobs.request("expert_pool_size", None)
     qtbot.waitUntil(lambda: status["expert_pool_size"].text().startswith("✓ applied: auto ("), timeout=TIMEOUT)
     assert "None" not in status["expert_pool_size"].text()
+
+
+def test_a_state_sent_before_a_change_was_answered_does_not_undo_it_on_screen(window, qtbot):
+    c = window.knobs.controls
+    before = window.knobs.state                                  # prefill_chunk 2048
+    with qtbot.waitSignal(window.knobs.result_shown, timeout=TIMEOUT):
+        c["prefill_chunk"].setValue(256)
+        window.knobs.apply_state(before)                         # as if it arrived late, before the answer
+        assert c["prefill_chunk"].value() == 256
+    qtbot.waitUntil(lambda: window.knobs.state.value("prefill_chunk") == 256, timeout=TIMEOUT)
+    assert c["prefill_chunk"].value() == 256
