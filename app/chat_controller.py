@@ -58,7 +58,7 @@ class ChatController(QObject):
 
     def __init__(self, pane: ChatPane, sidebar: ConversationList, store: ConversationStore, bridge,
                  settings: QSettings | None = None) -> None:
-        super().__init__()
+        super().__init__(pane)          # its timers go with the pane: none fires at a deleted one
         self.pane, self.sidebar, self.store, self.bridge = pane, sidebar, store, bridge
         self.prefs = ChatPrefs(settings)
         self.confirm: Confirm = partial(ask, pane)

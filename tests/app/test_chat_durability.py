@@ -380,3 +380,18 @@ def test_a_killed_writes_leftover_temporary_copy_is_removed_at_start(tmp_path):
     os.utime(mine, (past, past))
     ConversationStore(folder).load_all()
     assert not old.exists() and fresh.exists() and mine.exists()   # only the store's own, and only stale
+
+
+def test_a_keystroke_just_before_the_pane_goes_leaves_no_timer_behind(qtbot, tmp_path):
+    # the controller's timers belong to the pane: a pending "keep the unsent text" never fires at a
+    # deleted one (pytest-qt fails the test on any exception raised in the event loop)
+    from PySide6.QtCore import QEventLoop, QTimer
+
+    from app.chat_controller import EDITS_SAVE_MS
+    chat = make_chat(qtbot, tmp_path / "conversations")
+    chat.pane.input.setPlainText("typed just before the window went")
+    assert chat.edits_timer.isActive()
+    chat.pane.deleteLater()
+    loop = QEventLoop()
+    QTimer.singleShot(EDITS_SAVE_MS + 300, loop.quit)
+    loop.exec()
