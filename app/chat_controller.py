@@ -58,7 +58,7 @@ class ChatController(QObject):
 
     def __init__(self, pane: ChatPane, sidebar: ConversationList, store: ConversationStore, bridge,
                  settings: QSettings | None = None) -> None:
-        super().__init__(pane)          # its timers go with the pane: none fires at a deleted one
+        super().__init__()
         self.pane, self.sidebar, self.store, self.bridge = pane, sidebar, store, bridge
         self.prefs = ChatPrefs(settings)
         self.confirm: Confirm = partial(ask, pane)
@@ -73,10 +73,15 @@ class ChatController(QObject):
         self.current = self.conversations[0] if self.conversations else Conversation()
         self.stream_timer = self._timer(STREAM_SAVE_MS, self._save_live)
         self.edits_timer = self._timer(EDITS_SAVE_MS, self._keep_edits)
+        pane.destroyed.connect(self._stop_timers)         # none may fire at a deleted pane
         self._restore_prefs()
         self._connect()
         self._show_current()
         self._report_problems(self.library.problems)
+
+    def _stop_timers(self, *_args) -> None:
+        self.stream_timer.stop()
+        self.edits_timer.stop()
 
     def _timer(self, ms: int, slot: Callable[[], None]) -> QTimer:
         timer = QTimer(self)
