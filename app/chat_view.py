@@ -241,7 +241,9 @@ class MessageBubble(QFrame):
         self.set_stats(stats_line)
 
     def set_stats(self, line: str) -> None:
-        self.stats.setText(line)
+        # a word joiner inside "tok/s": a narrow pane wraps it whole, never as "tok/" and "s" (only
+        # there: a path in an error line stays as it is, for copying)
+        self.stats.setText(line.replace("tok/s", "tok/\u2060s"))
         self.stats.setVisible(bool(line))
 
     def copy(self) -> None:
