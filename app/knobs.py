@@ -118,7 +118,6 @@ class KnobsPanel(QWidget):
         self.state: KnobState | None = None
         self.status: dict[str, StatusLine] = {}
         self.controls: dict[str, QWidget] = {}
-        self._applied: set[str] = set()                 # the options whose line is a ✓ line
         self._asked: set[str] = set()                   # changes sent and not answered yet
         outer = QVBoxLayout(self)
         # with no model there are no values to show: a line says so instead of placeholder numbers
@@ -215,7 +214,6 @@ class KnobsPanel(QWidget):
     def _set_status(self, option: str, kind: str, text: str, tip: str | None = None) -> None:
         label = self.status[option]
         label.set_line(text, tip)
-        self._applied.discard(option)
         if label.objectName() != f"knobStatus_{kind}":
             label.setObjectName(f"knobStatus_{kind}")
             label.style().unpolish(label)
@@ -250,7 +248,7 @@ class KnobsPanel(QWidget):
                 self._set_status(name, "off", NOT_AVAILABLE)
             elif self.status[name].text() == NOT_AVAILABLE:
                 self._set_status(name, "off", "")
-            elif name in self._applied:         # the value the engine holds: it may have fitted the one asked for
+            elif self._kind(name) == "ok":      # the value the engine holds: it may have fitted the one asked for
                 self._show_applied(name, self._value_text(name, state.value(name), state))
         self.reset_button.setEnabled(state.values != state.defaults)
 
@@ -285,7 +283,10 @@ class KnobsPanel(QWidget):
         """The ✓ line of ``option``, naming ``value_text``; its tooltip (the engine's account) stays."""
         line = self.status[option]
         self._set_status(option, "ok", f"✓ applied: {value_text}", line.tip)
-        self._applied.add(option)
+
+    def _kind(self, option: str) -> str:
+        """What the line of ``option`` says now: "ok" (applied), "bad" (refused) or "off"."""
+        return self.status[option].objectName().removeprefix("knobStatus_")
 
     def _value_text(self, option: str, value: object, state: KnobState | None) -> str:
         """``value`` of ``option`` as its control shows it ("2 layers", "auto", "9.0 MiB", "on"); an
@@ -311,5 +312,5 @@ class KnobsPanel(QWidget):
         for name, default in self.state.defaults:
             if current.get(name) != default and self.state.reason(name) is None:
                 self._send(name, default)
-            elif self.status[name].objectName() == "knobStatus_bad":
+            elif self._kind(name) == "bad":
                 self._set_status(name, "off", "")      # a refusal of a value the knob no longer asks for
