@@ -44,19 +44,21 @@ def packed_forward(b, h, f, meta, alpha, limit, rows, starts, toks, wts, x, out)
     fmt, d_, f_ = meta[M_FMT], meta[M_D], meta[M_F]
     grp = 32 if fmt == MXFP4 else meta[M_G]
     t_, p_ = x.shape[0], toks.size
-    q = np.empty((t_, d_), np.int16)
+    q = np.empty((t_, 2 * d_), np.int8)
     s = np.empty((t_, d_ // grp), np.float32)
+    sq = np.empty((t_, d_ // grp), np.float32)
     bad_x = np.empty(t_, np.bool_)
-    packed.quantize_rows(x, grp, q, s, bad_x)
+    packed.quantize_rows(x, grp, q, s, sq, bad_x)
     a = np.empty((p_, f_), np.float32)
     packed.gate_up(fmt, b, h, f, d_, f_, grp, meta[M_W13], meta[M_S13], meta[M_Z13], meta[M_B13], meta[M_ACT],
-                   alpha, limit, rows, starts, toks, q, s, a)
-    qa = np.empty((p_, f_), np.int16)
+                   alpha, limit, rows, starts, toks, q, s, sq, a)
+    qa = np.empty((p_, 2 * f_), np.int8)
     sa = np.empty((p_, f_ // grp), np.float32)
+    sqa = np.empty((p_, f_ // grp), np.float32)
     bad_a = np.empty(p_, np.bool_)
-    packed.quantize_rows(a, grp, qa, sa, bad_a)
+    packed.quantize_rows(a, grp, qa, sa, sqa, bad_a)
     packed.down(fmt, b, h, f, d_, f_, grp, meta[M_W2], meta[M_S2], meta[M_Z2], meta[M_B2], rows, starts, toks, wts,
-                qa, sa, out)
+                qa, sa, sqa, out)
     for p in range(p_):                 # a NaN or infinity in a token's input (or its activation) makes
         if bad_x[toks[p]] or bad_a[p]:  # its output NaN, as in float arithmetic
             out[toks[p], :] = np.float32(np.nan)

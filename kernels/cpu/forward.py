@@ -28,7 +28,7 @@ import torch
 
 from kernels.cpu import packed
 from kernels.cpu.dots import FORMAT_CODES, INT4, MXFP4
-from kernels.cpu.driver import M_FMT, M_G, M_W2, M_W13, expert_forward, packed_forward
+from kernels.cpu.driver import M_FMT, M_G, M_S2, M_S13, expert_forward, packed_forward
 from kernels.expert_layout import DENSE_DTYPES, ExpertLayout
 from kernels.quant import dequantize_expert_matrix
 
@@ -73,7 +73,7 @@ def _kernel(meta: np.ndarray):
     fmt = int(meta[M_FMT])
     if fmt not in (INT4, MXFP4):
         return expert_forward
-    why = packed.supports(fmt, int(meta[M_G]), int(meta[M_W13]), int(meta[M_W2]))
+    why = packed.supports(fmt, int(meta[M_G]), int(meta[M_S13]), int(meta[M_S2]))
     if why is not None:
         raise ValueError(f"the CPU expert kernels cannot read {why}; use cold_experts=bus")
     return packed_forward

@@ -5,8 +5,9 @@ The float path (:mod:`kernels.cpu.dots`) widens every code to float32 and multip
 accumulator: four vector instructions per eight weights on ports the multiply-adds also need, which
 kept int4 at a quarter of one core's memory bandwidth and mxfp4 at a sixth. Here each activation
 vector is quantised once per call to 16-bit fixed point with one scale per group (as the GPU's 4-bit
-decode kernels do), and :mod:`kernels.cpu.idot`'s loops take 16-bit words of packed codes apart and
-multiply them with ``pmaddwd``-style instructions. A group's integer sum is exact; it becomes float once:
+decode kernels do), held as two signed bytes, and :mod:`kernels.cpu.idot`'s loops split bytes of
+packed codes into their nibbles and multiply them with ``pmaddubsw``-style instructions. A group's
+integer sum is exact; it becomes float once:
 
     int4:  sum over the group of w * x = s_w * s_x * sum((code - zero) * q)
     mxfp4: sum over the group of w * x = 2**(e - 127) / 2 * s_x * sum(2v * q)
@@ -24,41 +25,46 @@ Legend: T tokens, P (expert, token) pairs, D hidden, F expert FFN, G group size,
 from __future__ import annotations
 
 import math
-import sys
 
 import numpy as np
 from numba import njit, prange
 
 from kernels.cpu.dots import INT4, MXFP4, ROWS, act
-from kernels.cpu.idot import (e2m1_row1, e2m1_row2, u4g32_row1, u4g32_row2, u4g64_row1, u4g64_row2, u4g128_row1,
-                              u4g128_row2)
+from kernels.cpu.idot import (LOW_RANGE, e2m1_row1, e2m1_row2, u4g32_row1, u4g32_row2, u4g64_row1, u4g64_row2,
+                              u4g128_row1, u4g128_row2)
 
-Q_MAX = np.float32(32767.0)    # activations: symmetric 16-bit fixed point per group
+Q_MAX = np.float32(127.0)      # activations: two signed bytes per value, high * LOW + low
+LOW = np.float32(LOW_RANGE)
 GROUPS = (32, 64, 128)         # the int4 group sizes the integer path reads
+# Output rows per work item of the down pass: an item reads that many rows of each expert in one run
+# of bytes, long enough for the prefetchers to pay off (down rows are short: F/2 bytes; 16 rows a run
+# read at 2/3 of the rate 64 do), and still 32 items for Qwen3-30B-A3B's 2048 rows.
+DOWN_ROWS = 64
 U = np.uint64
 
 
-def supports(fmt: int, group: int, ow13: int, ow2: int) -> str | None:
+def supports(fmt: int, group: int, os13: int, os2: int) -> str | None:
     """Why the integer path cannot read this layout, or None when it can: it reads mxfp4 and int4 in
-    groups of 32, 64 or 128 (every group size int4 has), with the weight matrices at even byte
-    offsets (every layout's, aligned to 256), on a little-endian host (the words' nibble order)."""
+    groups of 32, 64 or 128 (every group size int4 has), with int4's fp16 scales at even byte offsets
+    (every layout's, aligned to 256)."""
     if fmt == INT4 and group not in GROUPS:
         return f"int4 groups of {group} (the CPU kernels read groups of {', '.join(map(str, GROUPS))})"
-    if (ow13 | ow2) % 2:
-        return "weights at an odd byte offset"
-    if sys.byteorder != "little":
-        return "a big-endian host"
+    if fmt == INT4 and (os13 | os2) % 2:
+        return "scales at an odd byte offset"
     return None
 
 
 @njit(fastmath=True, error_model="numpy", cache=True)
-def quantize_rows(v, group, q, s, bad):
-    """Each row of ``v [N, K]`` float32 as 16-bit fixed point with one scale per group of ``group``:
-    ``q [N, K]`` int16 in four phases (``q[i, p * K/4 + m]`` is element ``4m + p``) and ``s [N, K/G]``
-    float32 scales. ``bad [N]`` is set where a row holds a NaN or an infinity (its group is zeroed:
-    the caller makes what the row feeds NaN, as float arithmetic would)."""
+def quantize_rows(v, group, q, s, sq, bad):
+    """Each row of ``v [N, K]`` float32 as 16-bit fixed point with one scale per group of ``group``,
+    each value ``high * 254 + low`` in two signed bytes: ``q [N, 2K]`` int8, the high bytes in
+    ``q[:, :K]`` and the low ones in ``q[:, K:]``, each in two phases (``q[i, p * K/2 + m]`` is element
+    ``2m + p``); ``s [N, K/G]`` float32, the scale of one unit of ``high * 254 + low``, and
+    ``sq [N, K/G]`` that scale times the group's sum of values. ``bad [N]`` is set where a row holds a
+    NaN or an infinity (its group is zeroed: the caller makes what the row feeds NaN, as float
+    arithmetic would)."""
     k = v.shape[1]
-    k4 = k // 4
+    k2 = k // 2
     bits = v.view(np.uint32)            # NaN and infinity tested on the bits: fastmath may assume neither
     for i in range(v.shape[0]):
         bad[i] = False
@@ -72,52 +78,59 @@ def quantize_rows(v, group, q, s, bad):
             if not finite:
                 bad[i] = True
                 s[i, g] = np.float32(0.0)
+                sq[i, g] = np.float32(0.0)
                 for j in range(g * group, (g + 1) * group):
-                    q[i, (j % 4) * k4 + j // 4] = 0
+                    q[i, (j % 2) * k2 + j // 2] = 0
+                    q[i, k + (j % 2) * k2 + j // 2] = 0
                 continue
-            sc = m / Q_MAX if m > 0 else np.float32(1.0)
+            sc = m / Q_MAX if m > 0 else np.float32(1.0)          # one step of the high byte
             inv = np.float32(1.0) / sc
+            total = 0
             for j in range(g * group, (g + 1) * group):
-                qv = min(max(math.floor(v[i, j] * inv + np.float32(0.5)), -Q_MAX), Q_MAX)
-                q[i, (j % 4) * k4 + j // 4] = np.int16(qv)
-            s[i, g] = sc
+                hi = min(max(math.floor(v[i, j] * inv + np.float32(0.5)), -Q_MAX), Q_MAX)
+                lo = min(max(math.floor((v[i, j] * inv - hi) * LOW + np.float32(0.5)), -Q_MAX), Q_MAX)
+                q[i, (j % 2) * k2 + j // 2] = np.int8(hi)
+                q[i, k + (j % 2) * k2 + j // 2] = np.int8(lo)
+                total += np.int32(hi) * np.int32(LOW) + np.int32(lo)
+            s[i, g] = sc / LOW
+            sq[i, g] = sc / LOW * np.float32(total)
 
 
 @njit(fastmath=True, error_model="numpy", cache=True, inline="always")
 def _args(fmt, ow, osc, oz, n, k, group):
-    """Row ``n`` of the matrix at byte ``ow``: its first word, its first scale (int4: in halves;
-    mxfp4: in bytes), its first zero point (bytes), the phase stride and the group count."""
+    """Row ``n`` of the matrix at byte ``ow``: its first byte, its first scale (int4: in halves;
+    mxfp4: in bytes), its first zero point (bytes), the half row length and the group count."""
     ng = U(k // group)
     sc = U(osc) + U(n) * ng if fmt == MXFP4 else U(osc >> 1) + U(n) * ng
-    return U(ow >> 1) + U(n) * U(k // 4), sc, U(oz) + U(n) * ng, U(k // 4), ng
+    return U(ow) + U(n) * U(k // 2), sc, U(oz) + U(n) * ng, U(k // 2), ng
 
 
 @njit(fastmath=True, error_model="numpy", cache=True, inline="always")
-def row1(fmt, b, h, r, ow, osc, oz, n, k, group, q, s, t):
+def row1(fmt, b, h, r, ow, osc, oz, n, k, group, q, s, sq, t):
     """Row ``n`` of a 4-bit matrix dotted with token row ``t`` of the quantised activations."""
-    o, sc, z, k4, ng = _args(fmt, ow, osc, oz, n, k, group)
+    o, sc, z, k2, ng = _args(fmt, ow, osc, oz, n, k, group)
     r, t = U(r), U(t)
     if fmt == MXFP4:
-        return e2m1_row1(h, b, r, o, sc, z, q, s, t, k4, ng)
+        return e2m1_row1(b, h, r, o, sc, z, q, s, sq, t, k2, ng)
     if group == 128:
-        return u4g128_row1(h, b, r, o, sc, z, q, s, t, k4, ng)
+        return u4g128_row1(b, h, r, o, sc, z, q, s, sq, t, k2, ng)
     if group == 64:
-        return u4g64_row1(h, b, r, o, sc, z, q, s, t, k4, ng)
-    return u4g32_row1(h, b, r, o, sc, z, q, s, t, k4, ng)
+        return u4g64_row1(b, h, r, o, sc, z, q, s, sq, t, k2, ng)
+    return u4g32_row1(b, h, r, o, sc, z, q, s, sq, t, k2, ng)
 
 
 @njit(fastmath=True, error_model="numpy", cache=True, inline="always")
-def row2(fmt, b, h, r, ow, osc, oz, n, k, group, q, s, t0, t1):
+def row2(fmt, b, h, r, ow, osc, oz, n, k, group, q, s, sq, t0, t1):
     """:func:`row1` for two token rows, one unpacking of the weights."""
-    o, sc, z, k4, ng = _args(fmt, ow, osc, oz, n, k, group)
+    o, sc, z, k2, ng = _args(fmt, ow, osc, oz, n, k, group)
     r, t0, t1 = U(r), U(t0), U(t1)
     if fmt == MXFP4:
-        return e2m1_row2(h, b, r, o, sc, z, q, s, t0, t1, k4, ng)
+        return e2m1_row2(b, h, r, o, sc, z, q, s, sq, t0, t1, k2, ng)
     if group == 128:
-        return u4g128_row2(h, b, r, o, sc, z, q, s, t0, t1, k4, ng)
+        return u4g128_row2(b, h, r, o, sc, z, q, s, sq, t0, t1, k2, ng)
     if group == 64:
-        return u4g64_row2(h, b, r, o, sc, z, q, s, t0, t1, k4, ng)
-    return u4g32_row2(h, b, r, o, sc, z, q, s, t0, t1, k4, ng)
+        return u4g64_row2(b, h, r, o, sc, z, q, s, sq, t0, t1, k2, ng)
+    return u4g32_row2(b, h, r, o, sc, z, q, s, sq, t0, t1, k2, ng)
 
 
 @njit(fastmath=True, error_model="numpy", cache=True, inline="always")
@@ -131,35 +144,36 @@ def _pair_act(f, r, ob, n, f_, kind, alpha, limit, g, u, a, p):
 
 
 @njit(fastmath=True, error_model="numpy", cache=True)
-def _gate_up_item(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, kind, alpha, limit, r, lo, hi, n0, n1, toks, q, s, a):
+def _gate_up_item(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, kind, alpha, limit, r, lo, hi, n0, n1, toks, q, s, sq,
+                  a):
     """Gate and up rows ``n0:n1`` of store row ``r`` for pairs ``lo:hi``: one work item of :func:`gate_up`."""
     for n in range(n0, n1):
         p = lo
         while p + 2 <= hi:
-            g0, g1 = row2(fmt, b, h, r, ow, osc, oz, n, d_, grp, q, s, toks[p], toks[p + 1])
-            u0, u1 = row2(fmt, b, h, r, ow, osc, oz, f_ + n, d_, grp, q, s, toks[p], toks[p + 1])
+            g0, g1 = row2(fmt, b, h, r, ow, osc, oz, n, d_, grp, q, s, sq, toks[p], toks[p + 1])
+            u0, u1 = row2(fmt, b, h, r, ow, osc, oz, f_ + n, d_, grp, q, s, sq, toks[p], toks[p + 1])
             _pair_act(f, r, ob, n, f_, kind, alpha, limit, g0, u0, a, p)
             _pair_act(f, r, ob, n, f_, kind, alpha, limit, g1, u1, a, p + 1)
             p += 2
         if p < hi:
-            g0 = row1(fmt, b, h, r, ow, osc, oz, n, d_, grp, q, s, toks[p])
-            u0 = row1(fmt, b, h, r, ow, osc, oz, f_ + n, d_, grp, q, s, toks[p])
+            g0 = row1(fmt, b, h, r, ow, osc, oz, n, d_, grp, q, s, sq, toks[p])
+            u0 = row1(fmt, b, h, r, ow, osc, oz, f_ + n, d_, grp, q, s, sq, toks[p])
             _pair_act(f, r, ob, n, f_, kind, alpha, limit, g0, u0, a, p)
 
 
 @njit(fastmath=True, error_model="numpy", parallel=True, cache=True)
-def gate_up(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, kind, alpha, limit, rows, starts, toks, q, s, a):
+def gate_up(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, kind, alpha, limit, rows, starts, toks, q, s, sq, a):
     """Pass 1: ``a [P, F]`` = act(gate, up) of every pair, from the quantised tokens ``q``/``s``."""
     nb1 = (f_ + ROWS - 1) // ROWS
     for item in prange(rows.size * nb1):
         i = item // nb1
         n0 = item % nb1 * ROWS
         _gate_up_item(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, kind, alpha, limit, rows[i], starts[i],
-                      starts[i + 1], n0, min(f_, n0 + ROWS), toks, q, s, a)
+                      starts[i + 1], n0, min(f_, n0 + ROWS), toks, q, s, sq, a)
 
 
 @njit(fastmath=True, error_model="numpy", cache=True)
-def _down_item(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, rows, starts, d0, d1, toks, wts, q, s, out):
+def _down_item(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, rows, starts, d0, d1, toks, wts, q, s, sq, out):
     """Down rows ``d0:d1`` of every expert, added into ``out``: one work item of :func:`down`."""
     for i in range(rows.size):
         r, lo, hi = rows[i], starts[i], starts[i + 1]
@@ -167,21 +181,21 @@ def _down_item(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, rows, starts, d0, d1,
             bias = _bias(f, r, ob, dd)
             p = lo
             while p + 2 <= hi:
-                y0, y1 = row2(fmt, b, h, r, ow, osc, oz, dd, f_, grp, q, s, p, p + 1)
+                y0, y1 = row2(fmt, b, h, r, ow, osc, oz, dd, f_, grp, q, s, sq, p, p + 1)
                 out[toks[p], dd] += wts[p] * (y0 + bias)
                 out[toks[p + 1], dd] += wts[p + 1] * (y1 + bias)
                 p += 2
             if p < hi:
-                y0 = row1(fmt, b, h, r, ow, osc, oz, dd, f_, grp, q, s, p)
+                y0 = row1(fmt, b, h, r, ow, osc, oz, dd, f_, grp, q, s, sq, p)
                 out[toks[p], dd] += wts[p] * (y0 + bias)
 
 
 @njit(fastmath=True, error_model="numpy", parallel=True, cache=True)
-def down(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, rows, starts, toks, wts, q, s, out):
+def down(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, rows, starts, toks, wts, q, s, sq, out):
     """Pass 2: ``out[t, d] += w * (w2[d] . a[p] + b2[d])`` over every pair (``q``/``s``: ``a``
     quantised, one row per pair), one writer per ``d``."""
-    nb2 = (d_ + ROWS - 1) // ROWS
+    nb2 = (d_ + DOWN_ROWS - 1) // DOWN_ROWS
     for item in prange(nb2):
-        d0 = item * ROWS
-        _down_item(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, rows, starts, d0, min(d_, d0 + ROWS), toks, wts,
-                   q, s, out)
+        d0 = item * DOWN_ROWS
+        _down_item(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, rows, starts, d0, min(d_, d0 + DOWN_ROWS), toks, wts,
+                   q, s, sq, out)

@@ -151,10 +151,13 @@ def test_calibrate_times_each_token_count_and_interpolates():
     assert fixed.gbps(2) == pytest.approx(1000 / 1.5 / 1e9)
 
 
-def _four_phase(x):
-    """``x [T, K]`` int16 in the four phases :mod:`kernels.cpu.idot` reads."""
-    t, k = x.shape
-    return x.reshape(t, k // 4, 4).transpose(0, 2, 1).reshape(t, k).copy()
+def _two_byte(high, low):
+    """Activations ``high * 254 + low`` (each ``[T, K]`` int8) as the ``[T, 2K]`` planes of two
+    phases each that :mod:`kernels.cpu.idot` reads."""
+    import numpy as np
+    t, k = high.shape
+    phase = lambda v: v.reshape(t, k // 2, 2).transpose(0, 2, 1).reshape(t, k)   # noqa: E731
+    return np.concatenate([phase(high), phase(low)], axis=1).copy()
 
 
 E2M1 = [0, .5, 1, 1.5, 2, 3, 4, 6, 0, -.5, -1, -1.5, -2, -3, -4, -6]
@@ -163,23 +166,27 @@ E2M1 = [0, .5, 1, 1.5, 2, 3, 4, 6, 0, -.5, -1, -1.5, -2, -3, -4, -6]
 @pytest.mark.parametrize("generic", (False, True), ids=("this-cpu", "plain-ir"))
 @pytest.mark.parametrize("kind,group", (("u4g32", 32), ("u4g64", 64), ("u4g128", 128), ("e2m1", 32)))
 def test_integer_rows_equal_numpy(monkeypatch, generic, kind, group):
-    """The integer row kernels against numpy in float64 on the same 16-bit activations, for 1 and 2
-    tokens, at row lengths that are whole 128-value steps and ones with groups left over, with this
-    CPU's own instructions and with the plain IR other targets get."""
+    """The integer row kernels against numpy in float64 on the same two-byte activations, for 1 and 2
+    tokens, at row lengths that are whole 128-value steps and ones with groups left over, at weight
+    rows that start on an odd byte, with this CPU's own instructions and with the plain IR other
+    targets get. Both bytes of the activations span their whole range and the codes every value
+    (zero points and the e2m1 offset included), so a lane that saturated or a sum that lost an
+    offset shows."""
     import numpy as np
     from numba import njit
 
     from kernels.cpu import idot
     if generic:
-        monkeypatch.setattr(idot, "_PMADD", {})
-        monkeypatch.setattr(idot, "_PSHUFB", {})
+        for name in ("_PMADD", "_MADDUBS", "_PSHUFB"):
+            monkeypatch.setattr(idot, name, {})
     else:
-        assert idot._PMADD is None and idot._PSHUFB is None        # chosen for numba's target
+        assert idot._PMADD is None and idot._MADDUBS is None and idot._PSHUFB is None   # numba's target
     row1, row2 = getattr(idot, f"{kind}_row1"), getattr(idot, f"{kind}_row2")
 
     @njit
-    def rows(h, b, r, o, osc, oz, x4, sx, k4, ng):   # compiled now, with the setting above
-        return row1(h, b, r, o, osc, oz, x4, sx, 1, k4, ng), row2(h, b, r, o, osc, oz, x4, sx, 0, 2, k4, ng)
+    def rows(b, h, r, o, osc, oz, x2, sx, sq, k2, ng):   # compiled now, with the setting above
+        return (row1(b, h, r, o, osc, oz, x2, sx, sq, 1, k2, ng),
+                row2(b, h, r, o, osc, oz, x2, sx, sq, 0, 2, k2, ng))
 
     rng = np.random.default_rng(0)
     mx = kind == "e2m1"
@@ -194,17 +201,20 @@ def test_integer_rows_equal_numpy(monkeypatch, generic, kind, group):
         else:
             h[:, 1500:1600] = (rng.random((3, 100)) + 0.5).astype(np.float16).view(np.uint16)
             b[:, 5000:5100] = rng.integers(0, 16, size=(3, 100))             # zero points
-        x = rng.integers(-32767, 32768, size=(3, k), dtype=np.int16)
+        high, low = (rng.integers(-127, 128, size=(3, k), dtype=np.int8) for _ in range(2))
+        high[0, :8] = low[0, :8] = [127, -127, 127, -127, 127, 127, -127, -127]
+        x = high.astype(np.int64) * 254 + low
         sx = rng.random((3, ng)).astype(np.float32)
-        for o, shift in ((0, 0), (24, 7)):
+        sq = (sx * x.reshape(3, ng, group).sum(-1)).astype(np.float32)
+        for o, shift in ((0, 0), (25, 7)):
             osc, oz = (3000 + shift, 0) if mx else (1500 + shift, 5000 + shift)
-            codes = ((h[1, o:o + k // 4, None].astype(np.int64) >> (4 * np.arange(4))) & 15).reshape(-1)
+            codes = np.stack([b[1, o:o + k // 2] & 15, b[1, o:o + k // 2] >> 4], -1).reshape(-1).astype(np.int64)
             if mx:
                 w = np.array(E2M1)[codes] * np.repeat(2.0 ** (b[1, osc:osc + ng].astype(np.float64) - 127), group)
             else:
                 w = (codes - np.repeat(b[1, oz:oz + ng], group)) * np.repeat(h[1, osc:osc + ng].view(np.float16), group)
             want = [float((w * x[t] * np.repeat(sx[t], group)).sum()) for t in range(3)]
-            one, (t0, t2) = rows(h, b, 1, o, osc, oz, _four_phase(x), sx, k // 4, ng)
+            one, (t0, t2) = rows(b, h, 1, o, osc, oz, _two_byte(high, low), sx, sq, k // 2, ng)
             scale = float(np.abs(w * x[0]).sum())
             for got, ref in ((one, want[1]), (t0, want[0]), (t2, want[2])):
                 assert abs(got - ref) <= 1e-5 * scale, (k, o, got, ref)
