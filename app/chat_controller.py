@@ -65,7 +65,6 @@ class ChatController(QObject):
         self.model: ModelDescription | None = None
         self.live: _Live | None = None
         self._bubbles: list[MessageBubble] = []        # one per message of the current conversation
-        self._context_used: dict[str, int] = {}        # conversation id -> tokens of its last request
         self._context_total = 0
         self._system_edited = False
         self.library = ConversationLibrary(store)
@@ -252,7 +251,7 @@ class ChatController(QObject):
         self.sidebar.set_busy(self.live is not None)
 
     def _show_context(self) -> None:
-        self.pane.set_context(self._context_used.get(self.current.id), self._context_total)
+        self.pane.set_context(self.current.context_used, self._context_total)
 
     def on_context(self, usage: ContextUsage) -> None:
         """How much of the context the request in flight takes, and what was dropped to fit it."""
@@ -260,7 +259,7 @@ class ChatController(QObject):
             return
         if usage.context_tokens:
             self._context_total = usage.context_tokens
-        self._context_used[self.live.conversation.id] = usage.prompt_tokens
+        self.live.conversation.context_used = usage.prompt_tokens
         self._show_context()
         if usage.dropped_messages and usage.note:
             self.notice(usage.note)
@@ -345,7 +344,7 @@ class ChatController(QObject):
         live.message.set_reply(live.bubble.text, line, False, live.bubble.reasoning.text)
         live.bubble.set_pager(live.message.chosen, len(live.message.replies()))
         if stats.prompt_tokens or stats.completion_tokens:
-            self._context_used[live.conversation.id] = stats.prompt_tokens + stats.completion_tokens
+            live.conversation.context_used = stats.prompt_tokens + stats.completion_tokens
         self.live = None
         self._save(live.conversation)
         self._update_buttons()

@@ -98,6 +98,7 @@ class Conversation:
     messages: list[StoredMessage] = field(default_factory=list)
     created: float = field(default_factory=time.time)
     updated: float = field(default_factory=time.time)
+    context_used: int | None = None    # tokens its last request took with its reply (the context meter)
 
     @property
     def has_user_message(self) -> bool:
@@ -117,7 +118,8 @@ class Conversation:
                    system_prompt=_get(data, "system_prompt", str, "", "system_prompt"),
                    messages=[_message(m, f"messages[{i}]") for i, m in enumerate(messages)],
                    created=_get(data, "created", (int, float), 0.0, "created"),
-                   updated=_get(data, "updated", (int, float), 0.0, "updated"))
+                   updated=_get(data, "updated", (int, float), 0.0, "updated"),
+                   context_used=_count(data, "context_used"))
 
 
 def _kind(value: object) -> str:
@@ -136,6 +138,13 @@ def _get(data: dict, key: str, kind: type | tuple, default: object, where: str) 
         expected = {str: "text", bool: "true/false", list: "a list"}.get(kind, "a number")
         raise CorruptConversation(f"{where} is {_kind(value)}, expected {expected}")
     return value
+
+
+def _count(data: dict, key: str) -> int | None:
+    """A count the window only shows (no content of the chat's): a whole number of 0 or more, else
+    None, so that a file with a stray value there still opens."""
+    value = data.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _reply(data: object, where: str) -> Reply:

@@ -41,7 +41,9 @@ class TrafficPanel(Panel):
             wait = max(e.copy_wait_ms - self._prev[2], 0.0) / dt
         self._prev = (now, e.h2d_bytes, e.copy_wait_ms)
         self.bus.append(now, h2d, self._pcie_rx, wait)
-        self.sched.append(now, s.batch_size, s.running, s.waiting)
+        idle = s.running == 0 and s.waiting == 0      # the last step's size is history then, not the batch
+        batch = 0 if idle else s.batch_size
+        self.sched.append(now, batch, s.running, s.waiting)
         r = self.readouts
         r["h2d"].set("—" if h2d is None else f"{h2d:.2f} GB/s" if h2d >= 1 else f"{h2d * 1000:.0f} MB/s",
                      f"{e.h2d_bytes / GB:.2f} GB since load, {e.direct_bytes / GB:.2f} GB of it read directly "
@@ -51,7 +53,8 @@ class TrafficPanel(Panel):
                      + (f"; {e.extra_passes} extra passes of layers that missed more experts than the staging "
                         "slots hold (each missing expert still crossed once)" if e.extra_passes else ""))
         r["wait"].set("—" if wait is None else f"{wait:.0f} ms/s")
-        r["batch"].set(str(s.batch_size))
+        r["batch"].set(str(batch), f"nothing runs; the last step had {s.batch_size} sequences" if idle and s.batch_size
+                       else "sequences in the last step (decode and prefill chunks together)")
         r["running"].set(str(s.running))
         r["waiting"].set(str(s.waiting))
         r["preempt"].set(str(s.preemptions))

@@ -338,6 +338,20 @@ def test_the_context_meter_follows_the_current_chat(qtbot, tmp_path):
     assert meter.label.text() == "Context 352 / 512 tokens"
 
 
+def test_a_restored_chat_shows_the_context_its_last_request_took(qtbot, tmp_path):
+    # What the meter showed survives a restart: the count is saved with the chat, not only kept in memory.
+    first = make_chat(qtbot, tmp_path / "c")
+    first.send("Tell me")
+    chat_id = first.current.id
+    first.on_context(ContextUsage(first.live_id, 312, 512, 64))
+    stream(first, "Sure.")
+    finish(first, prompt_tokens=312, completion_tokens=40)
+    assert on_disk(first)["context_used"] == 352
+    again = make_chat(qtbot, tmp_path / "c")
+    again.open(chat_id)
+    assert again.pane.context_meter.label.text() == "Context 352 / 512 tokens"
+
+
 def test_an_edited_message_is_in_the_kept_box_text_before_it_leaves_the_chat(qtbot, tmp_path):
     # Edit puts the last message back into the box and removes it from the saved chat; a kill right
     # after must not lose it: the box text is written first, at once, not a second later.

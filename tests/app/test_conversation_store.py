@@ -43,6 +43,19 @@ def test_versions_of_a_reply_round_trip_and_the_chosen_one_is_the_message(tmp_pa
     assert back.replies()[2].interrupted and back.chosen == 1 and back.content == "second"
 
 
+@pytest.mark.parametrize("value, kept", [(352, 352), (0, 0), (None, None), ("many", None), (-3, None), (True, None)])
+def test_the_context_a_chat_took_round_trips_and_a_stray_value_there_does_not_cost_the_chat(tmp_path, value, kept):
+    store = ConversationStore(tmp_path)
+    conv = _conv()
+    store.save(conv)
+    data = json.loads((tmp_path / f"{conv.id}.json").read_text())
+    data["context_used"] = value
+    (tmp_path / f"{conv.id}.json").write_text(json.dumps(data))
+    loaded = store.load_all()
+    assert loaded.problems == [] and [c.context_used for c in loaded.conversations] == [kept]
+    assert loaded.conversations[0].messages == conv.messages
+
+
 def test_deleting_a_version_keeps_the_others_and_never_the_last_one():
     msg = StoredMessage("assistant", "a")
     msg.delete_chosen()

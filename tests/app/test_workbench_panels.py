@@ -266,6 +266,17 @@ def test_small_bus_rates_read_in_mb_and_no_step_reads_as_a_dash(qapp):
     assert bus.readouts["h2d"].value.text() == "60 MB/s"
 
 
+def test_the_batch_reads_zero_once_nothing_runs(qapp):
+    from app.panels.traffic import TrafficPanel
+    panel = TrafficPanel()
+    panel.push_stats(EngineStats(batch_size=4, running=4), now=1.0)
+    assert panel.readouts["batch"].value.text() == "4"
+    panel.push_stats(EngineStats(batch_size=4, running=0, waiting=0), now=2.0)
+    assert panel.readouts["batch"].value.text() == "0"
+    assert "the last step had 4 sequences" in panel.readouts["batch"].value.toolTip()
+    assert [row[1] for row in panel.sched.view()] == [4, 0]          # the plot drops to 0 as well
+
+
 def test_delete_waits_for_a_chat_in_the_list(qapp):
     from app.conversation_list import ConversationList
     from app.conversations import Conversation
