@@ -61,8 +61,13 @@ case ${1:-} in
     [ -f "$GO/pid" ] || start_gpt_oss
     follow_gpt_oss;;
   probes)
-    # the gather kernel's bus rate against the copy engine, then the kit's shape with and without the
-    # gather at no pool (depth 2 and 0, batch 1 and 8, cold_experts auto), in one process per format
+    # where the GPU memory goes at no pool (the kit measured 3.8 GB peak at int4 where the plan counts
+    # 2.4), then the gather kernel's bus rate against the copy engine, then the kit's shape with and
+    # without the gather at no pool (depth 2 and 0, batch 1 and 8, cold_experts auto), one process each
+    for fmt in int4 bf16; do
+      timeout 150 python3 benchmarks/memory_profile.py --format $fmt --pool 0 --out "$OUT/memory_$fmt.json" 2>&1 \
+        | tail -n 22
+    done
     python3 benchmarks/kernels/bench_host_copy.py --out "$OUT/host_copy.json" 2>&1 | tail -n 30
     for fmt in bf16 int4; do
       timeout "$(( $(left) / 2 ))" python3 benchmarks/cold_experts.py --formats $fmt --pools 0 --depths 2,0 \
