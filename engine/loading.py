@@ -307,6 +307,7 @@ class LoadedModel:
         moe = [layer for layer in self.weights.layers if layer.moe is not None]
         routers = [layer.moe.router * layer.post_norm for layer in moe]
         bias = [layer.moe.router_bias for layer in moe] if self.spec.family.router_bias else None
+        choice = [layer.moe.score_bias for layer in moe] if self.spec.family.score_bias else None   # GLM
         top_k, per_layer = self.spec.top_k, self.local_experts
         if self.shard is not None:             # only this card's experts: their rows, router rows and biases
             from engine.parallel.experts import shard_rows
@@ -314,10 +315,11 @@ class LoadedModel:
             rows = shard_rows(rows, self.spec.num_experts, own)
             routers = [r[own] for r in routers]
             bias = [b[own] for b in bias] if bias is not None else None
+            choice = [c[own] for c in choice] if choice is not None else None
             top_k = min(top_k, per_layer)
         options = dict(routing_profile=c.routing_profile, budget_bytes=self._pool_budget(),
                        direct_reads=DIRECT_READS[c.expert_reads], top_k=top_k, router_bias=bias,
-                       norm_eps=self.spec.rms_norm_eps, cold_experts=c.cold_experts,
+                       norm_eps=self.spec.rms_norm_eps, cold_experts=c.cold_experts, score_bias=choice,
                        staging_slots=staging_slots(per_layer, decode_experts(self.spec, c)))
         route = self._route if self.shard is None else self._shard_route(top_k)
         if self.experts_resident:      # a full pool over the experts' device buffer; the knobs stay live

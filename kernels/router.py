@@ -3,7 +3,9 @@ and the one-launch tally of a layer call's experts (:func:`tally`).
 
 Semantics (Mixtral, Qwen-MoE, OLMoE): ``softmax`` is taken over all E logits in float32, then the k
 largest probabilities are kept; ``sigmoid`` scores each logit independently. ``renormalize`` divides
-the k kept weights by their sum.
+the k kept weights by their sum. GLM-4.5 adds a per-expert ``bias`` to the scores to choose the k
+experts while their weights stay the plain scores, and multiplies the weights by ``scale``
+(routed_scaling_factor) after the renormalisation.
 
 Tie-breaking: among equal scores the lower expert id ranks first (weights in descending order,
 ties by ascending id, as a stable descending sort orders them). On distinct scores this is exactly
@@ -22,10 +24,10 @@ SCORINGS = ("softmax", "sigmoid")
 
 
 @jit
-def _route_kernel(logits_ptr, w_ptr, ids_ptr, counts_ptr, T, E, stride_t,
+def _route_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, counts_ptr, T, E, stride_t, scale,
                   TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
                   BLOCK_E: tl.constexpr, SIGMOID: tl.constexpr, RENORM: tl.constexpr,
-                  COUNT: tl.constexpr):
+                  COUNT: tl.constexpr, BIAS: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)          # [BT]
     cols = tl.arange(0, BLOCK_E)                                        # [BE]
     kcols = tl.arange(0, BLOCK_K)                                       # [BK]
@@ -40,18 +42,25 @@ def _route_kernel(logits_ptr, w_ptr, ids_ptr, counts_ptr, T, E, stride_t,
         top = tl.where(row_ok, top, 0.0)                                # rows past T: avoid inf - inf
         ex = tl.exp(x - top[:, None])
         s = ex / tl.where(row_ok, tl.sum(ex, axis=1), 1.0)[:, None]
-    s = tl.where(mask, s, -1.0)                                         # scores are >= 0; -1 = unusable
+    if BIAS:                                                            # choose by score + bias
+        sel = s + tl.load(bias_ptr + cols, mask=cols < E, other=0.0).to(tl.float32)[None, :]
+    else:
+        sel = s
+    sel = tl.where(mask, sel, -float("inf"))                            # unusable
     w = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
     ids = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.int32)
     for j in tl.static_range(TOP_K):
-        best = tl.max(s, axis=1)                                        # [BT]
-        idx = tl.min(tl.where(s == best[:, None], cols[None, :], BLOCK_E), axis=1)  # lowest id wins
-        w = tl.where(kcols[None, :] == j, best[:, None], w)
+        best = tl.max(sel, axis=1)                                      # [BT]
+        idx = tl.min(tl.where(sel == best[:, None], cols[None, :], BLOCK_E), axis=1)  # lowest id wins
+        chosen = cols[None, :] == idx[:, None]                          # [BT, BE]
+        weight = tl.sum(tl.where(chosen, s, 0.0), axis=1)               # the plain score
+        w = tl.where(kcols[None, :] == j, weight[:, None], w)
         ids = tl.where(kcols[None, :] == j, idx[:, None], ids)
-        s = tl.where(cols[None, :] == idx[:, None], -2.0, s)
+        sel = tl.where(chosen, -float("inf"), sel)
     if RENORM:
         total = tl.sum(w, axis=1)                                       # [BT]
         w = w / tl.where(row_ok, total, 1.0)[:, None]
+    w = w * scale
     out_mask = row_ok[:, None] & (kcols[None, :] < TOP_K)
     offs = rows[:, None] * TOP_K + kcols[None, :]
     tl.store(w_ptr + offs, w, mask=out_mask)
@@ -102,7 +111,8 @@ def _check_tally(ids: torch.Tensor, acts: torch.Tensor, hits: torch.Tensor) -> N
                          f"{ids.dtype}, acts {acts.dtype} {tuple(acts.shape)}, hits {hits.dtype} {tuple(hits.shape)}")
 
 
-def _check(logits: torch.Tensor, top_k: int, scoring: str, counts: torch.Tensor | None) -> None:
+def _check(logits: torch.Tensor, top_k: int, scoring: str, counts: torch.Tensor | None,
+           bias: torch.Tensor | None = None) -> None:
     if logits.dim() != 2 or not logits.is_floating_point():
         raise ValueError(f"router logits must be a float matrix [T, E], got {logits.dtype} {tuple(logits.shape)}")
     e = logits.shape[1]
@@ -114,33 +124,42 @@ def _check(logits: torch.Tensor, top_k: int, scoring: str, counts: torch.Tensor 
                                or counts.device != logits.device):
         raise ValueError(f"counts must be int64 [{e}] on {logits.device}, got {counts.dtype} "
                          f"{tuple(counts.shape)} on {counts.device}")
+    if bias is not None and (bias.shape != (e,) or bias.dtype != torch.float32 or bias.device != logits.device):
+        raise ValueError(f"bias must be float32 [{e}] on {logits.device}, got {bias.dtype} {tuple(bias.shape)} "
+                         f"on {bias.device}")
 
 
 def route_ref(logits: torch.Tensor, top_k: int, scoring: str = "softmax", renormalize: bool = False,
-              counts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              counts: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+              scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Plain-torch router. ``logits [T, E]`` -> ``(weights [T, k] float32, ids [T, k] int32)``.
 
-    ``counts [E] int64``, if given, is incremented by how many tokens chose each expert.
+    ``counts [E] int64``, if given, is incremented by how many tokens chose each expert. ``bias [E]``
+    float32, if given, is added to the scores to choose the experts (not to their weights); the
+    weights are multiplied by ``scale`` last.
     """
-    _check(logits, top_k, scoring, counts)
+    _check(logits, top_k, scoring, counts, bias)
     x = logits.float()                                                  # [T, E]
     scores = torch.softmax(x, dim=-1) if scoring == "softmax" else torch.sigmoid(x)
-    w, ids = torch.sort(scores, dim=-1, descending=True, stable=True)   # [T, E] ties: lower id first
-    w, ids = w[:, :top_k], ids[:, :top_k]                               # [T, k]
+    choice = scores if bias is None else scores + bias
+    ids = torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, :top_k]   # [T, k] ties: lower id
+    w = scores.gather(1, ids)                                           # [T, k]
     if renormalize:
         w = w / w.sum(dim=-1, keepdim=True)
+    w = w * scale
     if counts is not None:
         counts.index_add_(0, ids.flatten(), torch.ones_like(ids.flatten(), dtype=torch.int64))
     return w, ids.to(torch.int32)
 
 
 def route(logits: torch.Tensor, top_k: int, scoring: str = "softmax", renormalize: bool = False,
-          counts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+          counts: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+          scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton router, same contract as :func:`route_ref`; one program per ``BLOCK_T`` tokens.
 
     Needs no host sync, so it can be captured in a CUDA graph.
     """
-    _check(logits, top_k, scoring, counts)
+    _check(logits, top_k, scoring, counts, bias)
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     t, e = logits.shape
@@ -151,7 +170,7 @@ def route(logits: torch.Tensor, top_k: int, scoring: str = "softmax", renormaliz
     block_e = next_pow2(e)
     block_t = max(1, min(16, 4096 // block_e, next_pow2(t)))
     _route_kernel[(cdiv(t, block_t),)](
-        logits, w, ids, counts if counts is not None else ids, t, e, logits.stride(0),
-        TOP_K=top_k, BLOCK_K=next_pow2(top_k), BLOCK_T=block_t, BLOCK_E=block_e,
-        SIGMOID=scoring == "sigmoid", RENORM=renormalize, COUNT=counts is not None)
+        logits, bias if bias is not None else logits, w, ids, counts if counts is not None else ids, t, e,
+        logits.stride(0), float(scale), TOP_K=top_k, BLOCK_K=next_pow2(top_k), BLOCK_T=block_t, BLOCK_E=block_e,
+        SIGMOID=scoring == "sigmoid", RENORM=renormalize, COUNT=counts is not None, BIAS=bias is not None)
     return w, ids

@@ -26,7 +26,7 @@ def _common(**over) -> dict:
 
 def family_configs() -> dict:
     """name -> transformers config of a tiny model of that family."""
-    from transformers import GptOssConfig, MixtralConfig, OlmoeConfig, Qwen2MoeConfig, Qwen3MoeConfig
+    from transformers import Glm4MoeConfig, GptOssConfig, MixtralConfig, OlmoeConfig, Qwen2MoeConfig, Qwen3MoeConfig
     return {
         "mixtral": MixtralConfig(**_common(num_local_experts=4, num_experts_per_tok=2, rope_theta=1e6)),
         # shared expert + sigmoid gate, qkv bias, a dense layer between sparse ones (step 2 + mlp_only)
@@ -47,6 +47,14 @@ def family_configs() -> dict:
                                           rope_parameters={"rope_type": "yarn", "factor": 8.0, "beta_fast": 32.0,
                                                            "beta_slow": 1.0, "truncate": False, "rope_theta": 150000.0,
                                                            "original_max_position_embeddings": 64})),
+        # GLM-4.5: RoPE on half of each head, per-head q/k norm, q/k/v biases, sigmoid router scores
+        # chosen with a correction bias and scaled by 2.5, a shared expert without a gate, the first
+        # layer dense
+        "glm4_moe": Glm4MoeConfig(**_common(moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2,
+                                            n_shared_experts=1, first_k_dense_replace=1, head_dim=16,
+                                            partial_rotary_factor=0.5, n_group=1, topk_group=1,
+                                            routed_scaling_factor=2.5, norm_topk_prob=True, attention_bias=True,
+                                            use_qk_norm=True, rms_norm_eps=1e-5)),
     }
 
 
@@ -83,6 +91,9 @@ def _spread_init(model) -> None:
                 p.normal_(0.0, 1.0)
             else:
                 p.normal_(0.0, 0.08)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):      # GLM: a choice bias that changes choices
+                b.normal_(0.0, 0.05)
 
 
 # A Hermes-style tool template (the syntax Qwen3 templates teach): tools listed in the system

@@ -21,6 +21,8 @@ class Family:
     qk_norm: str | None      # None | "head" (per head, Qwen3) | "full" (whole projection, OLMoE)
     always_renormalize: bool = False   # Mixtral renormalises top-k weights regardless of config
     has_shared_expert: bool = False
+    shared_expert: str = "shared_expert"   # the shared expert's module under moe_prefix
+    shared_expert_gate: bool = True        # a sigmoid gate scales the shared expert (Qwen2-MoE)
     sparse_step_keys: bool = False     # honours decoder_sparse_step / mlp_only_layers
     default_qkv_bias: bool = False     # q/k/v biases when config.json says nothing (qkv_bias / attention_bias)
     # other spellings of the same tensors (newer transformers name Mixtral's MoE block "mlp" in memory)
@@ -35,6 +37,13 @@ class Family:
     expert_act: str = "silu"           # kernels.expert_layout.ExpertAct kind
     fused_kn: bool = False             # fused gate_up [E, D, 2F] and down [E, F, D]
     interleaved_gate_up: bool = False  # fused gate/up outputs alternate gate, up, gate, up, ...
+    # GLM-4.5: sigmoid router scores; experts chosen by score plus a per-expert correction bias (this
+    # tensor beside the router) while the weights are the plain scores; routed_scaling_factor;
+    # n_shared_experts of moe_intermediate_size; the first first_k_dense_replace layers dense;
+    # use_qk_norm switching the per-head q/k norm; partial_rotary_factor (spec.rotary_dim)
+    router_scoring: str = "softmax"
+    score_bias: str | None = None
+    glm_keys: bool = False
 
 
 _LLAMA_EXPERT = ("{p}.experts.{e}.gate_proj.weight", "{p}.experts.{e}.up_proj.weight",
@@ -63,6 +72,12 @@ FAMILIES: dict[str, Family] = {
         "{p}.experts.gate_up_proj", "{p}.experts.down_proj", None, always_renormalize=True, default_qkv_bias=True,
         router_bias=True, o_bias=True, attn_sinks=True, expert_bias=True, expert_act="swiglu_oai",
         fused_kn=True, interleaved_gate_up=True),
+    # GLM-4.5 and GLM-4.5-Air; qk_norm is "head" where config.json sets use_qk_norm (ModelSpec.qk_norm)
+    "Glm4MoeForCausalLM": Family(
+        "glm4_moe", "model.layers.{i}.mlp", "{p}.gate.weight", *_LLAMA_EXPERT,
+        "{p}.experts.gate_up_proj", "{p}.experts.down_proj", "head", has_shared_expert=True,
+        shared_expert="shared_experts", shared_expert_gate=False, router_scoring="sigmoid",
+        score_bias="{p}.gate.e_score_correction_bias", glm_keys=True),
 }
 
 SUPPORTED = ", ".join(sorted(FAMILIES))

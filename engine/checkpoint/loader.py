@@ -8,7 +8,8 @@ import torch
 from engine.checkpoint import families as fn
 from engine.checkpoint.checks import check_cast, check_dtype, check_finite
 from engine.checkpoint.mxfp4 import check_mxfp4_layer, has_mxfp4, pack_mxfp4_layer
-from engine.checkpoint.plan import TensorEntry, quantisable, routed_expert_entries, router_bias_name, tensor_plan
+from engine.checkpoint.plan import (TensorEntry, quantisable, routed_expert_entries, router_bias_name, score_bias_name,
+                                    shared_expert_names, tensor_plan)
 from engine.checkpoint.reader import TensorSource
 from engine.checkpoint.spec import ModelSpec
 from engine.errors import ModelLoadError
@@ -22,10 +23,12 @@ RowAllocator = Callable[[int, int], torch.Tensor]   # (rows, nbytes) -> uint8 [r
 class _Fetch:
     """Reads tensors by plan entry with shape checks, casting, a finiteness check and placement."""
 
-    def __init__(self, source: TensorSource, device: torch.device, dtype: torch.dtype, resident: str = "bf16") -> None:
+    def __init__(self, source: TensorSource, device: torch.device, dtype: torch.dtype, resident: str = "bf16",
+                 row_orders: dict[str, torch.Tensor] | None = None) -> None:
         self.source, self.device, self.dtype = source, device, dtype
         self.resident = resident       # bf16 (the dtype) | fp8 | int8: how quantisable matrices are kept
         self.names = source.names()
+        self.row_orders = row_orders or {}   # name -> the order its rows (or elements) are kept in
 
     def where(self, name: str) -> str:
         return where_of(self.source, name)
@@ -47,7 +50,11 @@ class _Fetch:
         raw = self.raw(entry)
         out = raw.to(device=self.device, dtype=dtype or self.dtype)
         check_cast(raw, out, entry.name, self.where(entry.name))   # once per resident tensor, at load
-        return out
+        return self._ordered(entry.name, out)
+
+    def _ordered(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        order = self.row_orders.get(name)
+        return t if order is None else t.index_select(0, order.to(t.device))
 
     def on_host(self, entry: TensorEntry) -> torch.Tensor:
         """The tensor of ``entry`` in the compute dtype in host memory: page-locked (and so mapped into
@@ -71,7 +78,8 @@ class _Fetch:
             stored = self.source.stored_quant(e.name, self.resident)
             if stored is not None:
                 self.raw(e)                                            # the name and shape checks
-                parts.append(QuantWeight(stored.q.to(self.device), stored.scale.to(self.device), stored.fmt))
+                parts.append(QuantWeight(self._ordered(e.name, stored.q.to(self.device)),
+                                         self._ordered(e.name, stored.scale.to(self.device)), stored.fmt))
             else:
                 parts.append(quantize_rows(self(e), self.resident))
         if len(parts) == 1:
@@ -155,7 +163,7 @@ def load_weights(spec: ModelSpec, source: TensorSource, device: torch.device, dt
 
     ``resident`` fp8 / int8 keeps the quantisable matrices (:func:`quantisable`) in 8 bits.
     ``embed_on_host``: the (untied) embedding table stays in page-locked host memory."""
-    fetch = _Fetch(source, device, dtype, resident)
+    fetch = _Fetch(source, device, dtype, resident, partial_rope_orders(spec))
     by_name = {t.name: t for t in tensor_plan(spec) if t.category != "routed_experts"}
     get = lambda name, dt=None: fetch(by_name.get(name), dt)                 # noqa: E731
     matrix = lambda *names: fetch.matrix([by_name.get(n) for n in names])   # noqa: E731  rows concatenated
@@ -167,10 +175,12 @@ def load_weights(spec: ModelSpec, source: TensorSource, device: torch.device, dt
             layer.mlp = _mlp(matrix, fn.DENSE_MLP.format(i=i))
         else:
             p = spec.family.moe_prefix.format(i=i)
-            shared = _mlp(matrix, f"{p}.shared_expert") if spec.shared_ffn else None
+            shared_name, gate_name = shared_expert_names(spec, i)
+            shared = _mlp(matrix, shared_name) if spec.shared_ffn else None
             layer.moe = MoEWeights(moe_index, get(spec.family.router.format(p=p)), shared,
-                                   get(f"{p}.shared_expert_gate.weight") if spec.shared_ffn else None,
-                                   get(router_bias_name(spec, i)))
+                                   get(gate_name) if spec.shared_ffn and gate_name else None,
+                                   get(router_bias_name(spec, i)),
+                                   score_bias=get(score_bias_name(spec, i), torch.float32))
             layer_rows = rows[moe_index * spec.num_experts:(moe_index + 1) * spec.num_experts]
             read_experts = getattr(source, "read_experts", None)     # a converted folder: packed already
             if read_experts is not None:
@@ -183,6 +193,34 @@ def load_weights(spec: ModelSpec, source: TensorSource, device: torch.device, dt
     embed = fetch.on_host(by_name[fn.EMBED]) if host else get(fn.EMBED)
     lm_head = embed if spec.tie_word_embeddings else matrix(fn.LM_HEAD)
     return ModelWeights(embed, get(fn.FINAL_NORM), lm_head, layers, embed_on_host=host), rows
+
+
+def partial_rope_order(head_dim: int, rotary_dim: int) -> torch.Tensor:
+    """The order a head's dimensions are kept in when RoPE turns only its first ``rotary_dim`` (GLM):
+    the turned halves and the passed-through halves side by side, ``[rot1, pass1, rot2, pass2]``, so
+    that the rotate-half kernels, pairing dimension ``j`` with ``j + head_dim / 2``, pair each turned
+    dimension with its partner and the passed ones with each other (the tables leave those as they
+    are: engine/models/layers.Rope). q and k are kept so, which leaves every q.k product, and so the
+    attention, unchanged; v and the output projection keep their own order."""
+    r, p = rotary_dim // 2, (head_dim - rotary_dim) // 2
+    ar = torch.arange
+    return torch.cat([ar(r), rotary_dim + ar(p), r + ar(r), rotary_dim + p + ar(p)])
+
+
+def partial_rope_orders(spec: ModelSpec) -> dict[str, torch.Tensor]:
+    """Row orders of every q and k tensor (weights, biases, norms) of a partial-RoPE model, by name."""
+    if spec.rope_dim == spec.head_dim:
+        return {}
+    head = partial_rope_order(spec.head_dim, spec.rope_dim)
+    hd = spec.head_dim
+    out = {}
+    for i in range(spec.num_layers):
+        a = fn.ATTN.format(i=i)
+        for n, heads in (("q", spec.num_heads), ("k", spec.num_kv_heads)):
+            rows = (torch.arange(heads)[:, None] * hd + head[None, :]).reshape(-1)       # [heads * hd]
+            out[f"{a}.{n}_proj.weight"] = out[f"{a}.{n}_proj.bias"] = rows
+            out[f"{a}.{n}_norm.weight"] = head if spec.qk_norm == "head" else rows
+    return out
 
 
 def _attention(get, matrix, spec: ModelSpec, i: int) -> AttentionWeights:

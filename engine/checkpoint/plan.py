@@ -37,9 +37,9 @@ def _attention(spec: ModelSpec, i: int) -> list[TensorEntry]:
         out.append(TensorEntry(f"{p}.o_proj.bias", (D,), "attention", i))
     if spec.family.attn_sinks:
         out.append(TensorEntry(f"{p}.sinks", (H,), "attention", i))
-    if spec.family.qk_norm == "head":
+    if spec.qk_norm == "head":
         out += [TensorEntry(f"{p}.q_norm.weight", (hd,), "norms", i), TensorEntry(f"{p}.k_norm.weight", (hd,), "norms", i)]
-    elif spec.family.qk_norm == "full":
+    elif spec.qk_norm == "full":
         out += [TensorEntry(f"{p}.q_norm.weight", (H * hd,), "norms", i),
                 TensorEntry(f"{p}.k_norm.weight", (Hkv * hd,), "norms", i)]
     return out
@@ -72,6 +72,19 @@ def routed_expert_entries(spec: ModelSpec, i: int) -> list[TensorEntry]:
     return out
 
 
+def score_bias_name(spec: ModelSpec, i: int) -> str | None:
+    """Layer ``i``'s expert-score correction bias (GLM), or None where the family has none."""
+    tmpl = spec.family.score_bias
+    return None if tmpl is None else tmpl.format(p=spec.family.moe_prefix.format(i=i))
+
+
+def shared_expert_names(spec: ModelSpec, i: int) -> tuple[str, str | None]:
+    """Layer ``i``'s shared expert module and its gate's weight (None: ungated)."""
+    p = spec.family.moe_prefix.format(i=i)
+    gate = f"{p}.shared_expert_gate.weight" if spec.family.shared_expert_gate else None
+    return f"{p}.{spec.family.shared_expert}", gate
+
+
 def router_bias_name(spec: ModelSpec, i: int) -> str:
     """The router's bias beside its weight (``{p}.router.weight`` -> ``{p}.router.bias``)."""
     return spec.family.router.format(p=spec.family.moe_prefix.format(i=i)).removesuffix(".weight") + ".bias"
@@ -96,9 +109,13 @@ def tensor_plan(spec: ModelSpec) -> list[TensorEntry]:
         out.append(TensorEntry(spec.family.router.format(p=p), (spec.num_experts, D), "router", i))
         if spec.family.router_bias:
             out.append(TensorEntry(router_bias_name(spec, i), (spec.num_experts,), "router", i))
+        if spec.family.score_bias:
+            out.append(TensorEntry(score_bias_name(spec, i), (spec.num_experts,), "router", i))
         if spec.shared_ffn:
-            out += _mlp(f"{p}.shared_expert", D, spec.shared_ffn, "shared_experts", i)
-            out.append(TensorEntry(f"{p}.shared_expert_gate.weight", (1, D), "shared_experts", i))
+            shared, gate = shared_expert_names(spec, i)
+            out += _mlp(shared, D, spec.shared_ffn, "shared_experts", i)
+            if gate is not None:
+                out.append(TensorEntry(gate, (1, D), "shared_experts", i))
         out += routed_expert_entries(spec, i)
     return out
 

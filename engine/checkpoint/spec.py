@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.checkpoint.config_fields import ConfigFields
 from engine.checkpoint.families import FAMILIES, SUPPORTED, Family
 from engine.errors import ModelLoadError, UnsupportedModelError
 
@@ -20,8 +21,6 @@ MAX_EXPERTS = 65536
 CHECKPOINT_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32", "float64": "float64",
                      "bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
 ACTIVATIONS = ("silu", "swish")      # what every supported family's expert and dense MLPs use
-_REQUIRED = object()
-_FIX = "correct it or restore config.json from the original checkpoint"
 
 
 @dataclass(frozen=True)
@@ -78,6 +77,9 @@ class ModelSpec:
     swiglu_alpha: float = 1.702              # gpt-oss clamped SwiGLU (family.expert_act == "swiglu_oai")
     swiglu_limit: float = 7.0
     expert_storage: str = "dense"            # "mxfp4": the checkpoint ships its experts as *_blocks / *_scales
+    rotary_dim: int = 0                      # dimensions of a head that RoPE turns (GLM: half); 0: all of them
+    routed_scale: float = 1.0                # routed experts' weights times this (routed_scaling_factor)
+    use_qk_norm: bool = True                 # the family's q/k norm is there (GLM: use_qk_norm)
     # the embedding, final norm and LM head belong to this model (False: a pipeline stage past the first,
     # engine/parallel/stages.py, which holds layers only)
     head: bool = True
@@ -85,6 +87,16 @@ class ModelSpec:
     def window(self, layer: int) -> int:
         """Sliding window of ``layer`` in tokens (0: full attention)."""
         return self.layer_windows[layer] if self.layer_windows else 0
+
+    @property
+    def rope_dim(self) -> int:
+        """Dimensions of each q/k head that RoPE rotates (the rest pass through)."""
+        return self.rotary_dim or self.head_dim
+
+    @property
+    def qk_norm(self) -> str | None:
+        """None, "head" or "full": the family's q/k norm where this model has one."""
+        return self.family.qk_norm if self.use_qk_norm else None
 
     @property
     def o_bias(self) -> bool:
@@ -98,117 +110,6 @@ class ModelSpec:
     @property
     def renormalize(self) -> bool:
         return self.norm_topk_prob or self.family.always_renormalize
-
-
-def _show(value: object) -> str:
-    """A value as it reads in the JSON file, cut short if long."""
-    text = json.dumps(value)
-    return text if len(text) <= 48 else text[:45] + "..."
-
-
-def _as_int(value: object) -> int | None:
-    """``value`` as an int when it is one (6 or 6.0), else None (bools, strings, 6.5 are not)."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return None
-
-
-class ConfigFields:
-    """Typed reads of one parsed JSON object; ``null`` counts as "not given" (Hugging Face writes it so).
-
-    Each reader checks one kind of value and raises a one-line ModelLoadError on a bad one.
-    """
-
-    def __init__(self, cfg: dict, file: Path, prefix: str = "") -> None:
-        self.cfg, self.file, self.prefix = cfg, file, prefix
-
-    def given(self, key: str) -> bool:
-        return self.cfg.get(key) is not None
-
-    def first_given(self, *keys: str) -> str:
-        """The first of ``keys`` that is given (else the first), for fields with several spellings."""
-        return next((k for k in keys if self.given(k)), keys[0])
-
-    def bad(self, key: str, found: object, expected: str) -> ModelLoadError:
-        return ModelLoadError(f"{self.file}: field '{self.prefix}{key}' is {_show(found)} but must be {expected}; {_FIX}")
-
-    def _get(self, key: str, default: object) -> object:
-        if self.given(key):
-            return self.cfg[key]
-        if default is not _REQUIRED:
-            return default
-        if key in self.cfg:
-            return None          # null where a value is needed: the reader's type check names it
-        raise ModelLoadError(f"{self.file}: field '{self.prefix}{key}' is missing from config.json; the file is "
-                             "incomplete or not a Hugging Face causal-LM config")
-
-    def integer(self, key: str, default: object = _REQUIRED, minimum: int = 1, maximum: int | None = None,
-                why: str = "") -> int:
-        value = self._get(key, default)
-        n = _as_int(value)
-        if n is None or n < minimum or (maximum is not None and n > maximum):
-            if maximum is not None:
-                expected = f"an integer from {minimum} to {maximum}"
-            else:
-                expected = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-            raise self.bad(key, value, expected + (f" ({why})" if why else ""))
-        return n
-
-    def number(self, key: str, default: float | None) -> float | None:
-        """A finite number above zero (epsilons, rope theta, clip bounds)."""
-        value = self._get(key, default)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise self.bad(key, value, "a finite number above 0")
-        return float(value)
-
-    def flag(self, key: str, default: bool) -> bool:
-        value = self._get(key, default)
-        if value is True or value is False:
-            return value
-        if isinstance(value, int) and value in (0, 1):
-            return bool(value)
-        raise self.bad(key, value, "true or false")
-
-    def text(self, key: str, default: str) -> str:
-        value = self._get(key, default)
-        if not isinstance(value, str):
-            raise self.bad(key, value, "a string")
-        return value
-
-    def choice(self, key: str, allowed: dict[str, str], default: str) -> str:
-        """A string among ``allowed``'s keys, returned in its canonical spelling (``allowed``'s value)."""
-        value = self._get(key, default)
-        if not isinstance(value, str) or value not in allowed:
-            raise self.bad(key, value, "one of " + ", ".join(sorted(set(allowed.values()))))
-        return allowed[value]
-
-    def int_list(self, key: str, minimum: int, maximum: int) -> tuple[int, ...]:
-        value = self._get(key, [])
-        items = [_as_int(v) for v in value] if isinstance(value, list) else [None]
-        if any(n is None or not minimum <= n <= maximum for n in items):
-            raise self.bad(key, value, f"a list of integers from {minimum} to {maximum}")
-        return tuple(n for n in items if n is not None)
-
-    def str_list(self, key: str, example: str) -> tuple[str, ...]:
-        value = self._get(key, [])
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise self.bad(key, value, f'a list of strings such as ["{example}"]')
-        return tuple(value)
-
-    def nested(self, key: str, example: str) -> "ConfigFields | None":
-        """The JSON object at ``key`` (None when not given), read with the same checks."""
-        value = self._get(key, None)
-        if value is None:
-            return None
-        if not isinstance(value, dict):
-            raise self.bad(key, value, f"an object such as {example} (or null)")
-        return ConfigFields(value, self.file, f"{self.prefix}{key}.")
 
 
 def _at_most(f: ConfigFields, key: str, n: int, limit: int) -> int:
@@ -321,10 +222,10 @@ def _kv_heads(f: ConfigFields, heads: int) -> int:
 
 def _num_experts(f: ConfigFields) -> int:
     given = {k: _at_most(f, k, f.integer(k, minimum=0), MAX_EXPERTS)
-             for k in ("num_local_experts", "num_experts") if f.given(k)}
+             for k in ("num_local_experts", "num_experts", "n_routed_experts") if f.given(k)}
     if len(set(given.values())) > 1:
-        raise f.bad("num_experts", given["num_experts"],
-                    f"equal to num_local_experts ({given['num_local_experts']}), since both count the experts")
+        first, *rest = given
+        raise f.bad(rest[0], given[rest[0]], f"equal to {first} ({given[first]}), since both count the experts")
     n = next(iter(given.values()), 0)
     if n == 0:
         raise UnsupportedModelError(f"{f.file}: config.json declares no routed experts (num_experts or "
@@ -333,6 +234,10 @@ def _num_experts(f: ConfigFields) -> int:
 
 
 def _moe_layers(f: ConfigFields, fam: Family, n_layers: int) -> tuple[bool, ...]:
+    if fam.glm_keys:
+        dense = f.integer("first_k_dense_replace", 0, minimum=0, maximum=n_layers - 1,
+                          why=f"the model has {n_layers} layers and needs one with experts")
+        return tuple(i >= dense for i in range(n_layers))
     if not fam.sparse_step_keys:
         return tuple(True for _ in range(n_layers))
     step = f.integer("decoder_sparse_step", 1)
@@ -343,6 +248,41 @@ def _moe_layers(f: ConfigFields, fam: Family, n_layers: int) -> tuple[bool, ...]
             f"{f.file}: every one of the {n_layers} layers is a dense MLP (decoder_sparse_step {step}, mlp_only_layers "
             f"{sorted(dense)}), so there are no experts to run; Strata runs MoE models only")
     return layers
+
+
+def _rotary_dim(f: ConfigFields, head_dim: int) -> int:
+    """The head dimensions RoPE turns: ``partial_rotary_factor`` (top level, or in ``rope_parameters``) of
+    ``head_dim``; 0 for all of them."""
+    rope = f.nested("rope_parameters", '{"rope_type": "default", "partial_rotary_factor": 0.5}') \
+        if f.given("rope_parameters") else None
+    owner = rope if rope is not None and rope.given("partial_rotary_factor") else f
+    factor = owner.number("partial_rotary_factor", 1.0)
+    dim = int(head_dim * factor)
+    if factor > 1 or dim < 2 or dim % 2:
+        raise owner.bad("partial_rotary_factor", factor, f"a fraction up to 1 of head_dim {head_dim} that leaves an even "
+                                                         "number of dimensions to rotate")
+    return 0 if dim == head_dim else dim
+
+
+def _glm_routing(f: ConfigFields, n_experts: int) -> float:
+    """GLM's ``routed_scaling_factor``, after checking that ``n_group`` / ``topk_group`` limit nothing (every
+    GLM-4.5 release has one group; group-limited routing, as in DeepSeek-V3, is not supported)."""
+    groups = f.integer("n_group", 1, maximum=n_experts)
+    keep = f.integer("topk_group", groups, maximum=groups, why=f"at most n_group ({groups})")
+    if keep < groups:
+        raise UnsupportedModelError(
+            f"{f.file}: group-limited expert routing (n_group {groups}, topk_group {keep}) is not supported; Strata "
+            "runs GLM-4.5 models whose experts form one group (n_group 1)")
+    return f.number("routed_scaling_factor", 1.0)
+
+
+def _shared_ffn(f: ConfigFields, fam: Family, moe_ffn: int) -> int:
+    """Width of the shared expert (0: none): Qwen2-MoE's own field, GLM's n_shared_experts expert widths."""
+    if not fam.has_shared_expert:
+        return 0
+    if fam.glm_keys:
+        return f.integer("n_shared_experts", 0, minimum=0, maximum=64) * moe_ffn
+    return f.integer("shared_expert_intermediate_size", 0, minimum=0)
 
 
 def spec_from_config(cfg: dict, path: Path) -> ModelSpec:
@@ -356,13 +296,14 @@ def spec_from_config(cfg: dict, path: Path) -> ModelSpec:
     bias_key = f.first_given("qkv_bias", "attention_bias")
     max_position = f.integer("max_position_embeddings", 4096)
     rope_theta, rope_scaling = _rope(f, max_position)
+    head_dim = _head_dim(f, hidden, heads)
+    moe_ffn = f.integer("moe_intermediate_size", dense_ffn)
     return ModelSpec(
         architecture=arch, family=fam, vocab_size=f.integer("vocab_size"), hidden=hidden,
-        num_layers=n_layers, num_heads=heads, num_kv_heads=_kv_heads(f, heads), head_dim=_head_dim(f, hidden, heads),
+        num_layers=n_layers, num_heads=heads, num_kv_heads=_kv_heads(f, heads), head_dim=head_dim,
         num_experts=n_experts,
         top_k=f.integer("num_experts_per_tok", maximum=n_experts, why=f"the model has {n_experts} routed experts"),
-        moe_ffn=f.integer("moe_intermediate_size", dense_ffn), dense_ffn=dense_ffn,
-        shared_ffn=f.integer("shared_expert_intermediate_size", 0, minimum=0) if fam.has_shared_expert else 0,
+        moe_ffn=moe_ffn, dense_ffn=dense_ffn, shared_ffn=_shared_ffn(f, fam, moe_ffn),
         norm_topk_prob=f.flag("norm_topk_prob", False),
         qkv_bias=f.flag(bias_key, fam.default_qkv_bias),
         clip_qkv=f.number("clip_qkv", None), rms_norm_eps=f.number("rms_norm_eps", 1e-6),
@@ -372,7 +313,9 @@ def spec_from_config(cfg: dict, path: Path) -> ModelSpec:
         checkpoint_dtype=f.choice(f.first_given("torch_dtype", "dtype"), CHECKPOINT_DTYPES, "bfloat16"),
         name=path.name, layer_windows=_layer_windows(f, n_layers), rope_scaling=rope_scaling,
         swiglu_alpha=f.number("swiglu_alpha", 1.702), swiglu_limit=f.number("swiglu_limit", 7.0),
-        expert_storage=_expert_storage(f),
+        expert_storage=_expert_storage(f), rotary_dim=_rotary_dim(f, head_dim),
+        routed_scale=_glm_routing(f, n_experts) if fam.glm_keys else 1.0,
+        use_qk_norm=f.flag("use_qk_norm", False) if fam.glm_keys else True,
     )
 
 

@@ -78,7 +78,7 @@ class ExpertManager:
                  budget_bytes: int | None = None, lfu_decay: float = DEFAULT_LFU_DECAY,
                  direct_reads: bool | None = None, top_k: int | None = None,
                  router_bias: Sequence[torch.Tensor] | None = None, norm_eps: float = 1e-6,
-                 tuning: ResidencyTuning | None = None, experts: torch.Tensor | None = None,
+                 score_bias: Sequence[torch.Tensor] | None = None, tuning: ResidencyTuning | None = None, experts: torch.Tensor | None = None,
                  cold_experts: str = "auto", cpu_threads: int | None = None,
                  staging_slots: int | None = None) -> None:
         adopted = experts is not None
@@ -99,7 +99,7 @@ class ExpertManager:
         tuning = tuning or ResidencyTuning()
         self._top_k = top_k                         # None: a layer's experts may all be any token's
         self.predictor = ExpertPredictor(routers, route_fn, self.device, top_k, router_bias, norm_eps,
-                                         tuning.predict_max_layers)
+                                         tuning.predict_max_layers, score_bias)
         depth = live_changes.check_depth(prefetch_depth, ConfigError)
         self._lfu_decay = lfu_decay
         self._profile = live_changes.load_profile(routing_profile, self.num_layers, num_experts)

@@ -176,6 +176,17 @@ def predict_experts(hidden: torch.Tensor, routers: torch.Tensor, first: int, cou
     return ids.to(torch.int64).view(P, T, -1)                         # [P, T, k]
 
 
+def predict_scored(hidden: torch.Tensor, routers: torch.Tensor, first: int, count: int, top_k: int,
+                   score_bias: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """:func:`predict_experts` for sigmoid scores with a choice bias (GLM): the top-k of
+    ``sigmoid(logits / rms) + score_bias`` (``score_bias`` float32 ``[L, E]``; ties: the lower id).
+    Returns int64 ``[P, T, k]``."""
+    w = routers[first:first + count]                                          # [P, E, D]
+    logits = torch.einsum("td,ped->pte", hidden.to(w.dtype), w).float()       # [P, T, E]
+    choice = torch.sigmoid(logits / rms(hidden, eps)[None, :, None]) + score_bias[first:first + count, None, :]
+    return torch.sort(choice, dim=-1, descending=True, stable=True).indices[..., :top_k].to(torch.int64)
+
+
 class PrefetchGate:
     """Prefetches only at look-ahead distances whose guesses are mostly right.
 

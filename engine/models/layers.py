@@ -49,20 +49,27 @@ def yarn_inv_freq(head_dim: int, theta: float, y: RopeScaling) -> torch.Tensor:
 
 class Rope:
     """Rotary embedding tables (rotate-half convention), computed once; YaRN when ``scaling`` says so
-    (its attention factor scales both tables)."""
+    (its attention factor scales both tables). ``rotary_dim`` < ``head_dim`` (GLM's partial RoPE):
+    the first ``rotary_dim`` dimensions turn and the rest pass through, with q and k kept in the order
+    of :func:`engine.checkpoint.loader.partial_rope_order`, so the passed dimensions sit after the
+    turned ones in each half and get cos 1 and sin 0."""
 
     def __init__(self, head_dim: int, theta: float, max_position: int, device: torch.device,
-                 dtype: torch.dtype, scaling: RopeScaling | None = None) -> None:
+                 dtype: torch.dtype, scaling: RopeScaling | None = None, rotary_dim: int = 0) -> None:
+        dim = rotary_dim or head_dim
         if scaling is None:
-            inv_freq, mscale = default_inv_freq(head_dim, theta), 1.0
+            inv_freq, mscale = default_inv_freq(dim, theta), 1.0
         else:
-            inv_freq, mscale = yarn_inv_freq(head_dim, theta, scaling), scaling.mscale
+            inv_freq, mscale = yarn_inv_freq(dim, theta, scaling), scaling.mscale
         pos = torch.arange(max_position, device=device, dtype=torch.float32)
-        freqs = torch.outer(pos, inv_freq.to(device))                    # [P, hd/2]
-        emb = torch.cat([freqs, freqs], -1)                              # [P, hd]
-        self.cos = (emb.cos() * mscale).to(dtype)
+        freqs = torch.outer(pos, inv_freq.to(device))                    # [P, dim/2]
+        passed = (head_dim - dim) // 2
+        ones = torch.ones(max_position, passed, device=device)           # [P, (hd - dim)/2]
+        half_cos = torch.cat([freqs.cos() * mscale, ones], -1)           # [P, hd/2]
+        half_sin = torch.cat([freqs.sin() * mscale, ones - 1], -1)
+        self.cos = torch.cat([half_cos, half_cos], -1).to(dtype)         # [P, hd]
         # rotate-half is cat(-x2, x1) * sin = roll(x, hd/2) * cat(-sin1, sin2): the sign lives in the table
-        self.sin = (torch.cat([-freqs.sin(), freqs.sin()], -1) * mscale).to(dtype)
+        self.sin = torch.cat([-half_sin, half_sin], -1).to(dtype)
 
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, 1, hd] for ``positions`` [T] (gathered once per forward, used by every layer)."""

@@ -26,6 +26,7 @@ from kernels.host_rows import gather_rows
 from kernels.paged_attention import attend_context_ref, context_rows, window_valid
 from kernels.qlinear import linear
 from kernels.router import route as route_kernel
+from kernels.router import route_ref as route_scored
 
 # (moe_index, topk_ids, prediction) -> (slot_of_expert, views) or (slot_of_expert, views, host experts)
 Acquire = Callable[[int, torch.Tensor, Any], tuple]
@@ -94,7 +95,8 @@ class MoETransformer:
                  device: torch.device, dtype: torch.dtype, max_position: int) -> None:
         self.spec, self.w, self.experts = spec, weights, experts
         self.device, self.dtype = device, dtype
-        self.rope = Rope(spec.head_dim, spec.rope_theta, max_position, device, dtype, spec.rope_scaling)
+        self.rope = Rope(spec.head_dim, spec.rope_theta, max_position, device, dtype, spec.rope_scaling,
+                         spec.rotary_dim)
         self.moe_fn, self._act16_group = _select_moe_fn(device)
         # One-launch norms, q/k norm + RoPE + KV write, and router on CUDA; torch everywhere else.
         self.fused = device.type == "cuda" and HAS_TRITON
@@ -115,11 +117,16 @@ class MoETransformer:
         from kernels.fused_moe import fused_moe_ref
         return self.moe_fn is not fused_moe_ref
 
-    def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Router scores -> (weights [T, k] f32, ids [T, k]); also used by the prefetcher."""
+    def route(self, logits: torch.Tensor, score_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Router logits -> (weights [T, k] f32, ids [T, k]) as the family scores them; ``score_bias``
+        [E] float32: the layer's choice bias (GLM). Also used by the prefetcher."""
+        s = self.spec
+        scoring = s.family.router_scoring
         if self.fused:
-            return route_kernel(logits, self.spec.top_k, "softmax", self.spec.renormalize)
-        return route_ref(logits, self.spec.top_k, self.spec.renormalize)
+            return route_kernel(logits, s.top_k, scoring, s.renormalize, bias=score_bias, scale=s.routed_scale)
+        if scoring == "softmax" and score_bias is None and s.routed_scale == 1.0:
+            return route_ref(logits, s.top_k, s.renormalize)
+        return route_scored(logits, s.top_k, scoring, s.renormalize, bias=score_bias, scale=s.routed_scale)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, cache: KVCache, acquire: Acquire | None = None) -> torch.Tensor:
@@ -242,7 +249,7 @@ class MoETransformer:
     def _fused_qkv_ok(self, a: AttentionWeights, cache: KVCache) -> bool:
         """The fused kernel covers per-head q/k norm (or none), an optional bias, an unquantised cache."""
         s = self.spec
-        return (s.family.qk_norm in (None, "head") and s.clip_qkv is None and cache.storage_dtype == self.dtype
+        return (s.qk_norm in (None, "head") and s.clip_qkv is None and cache.storage_dtype == self.dtype
                 and all(t is None or t.dtype == self.dtype for t in (a.q_norm, a.k_norm, a.qkv_bias)))
 
     def _qkv_ref(self, i: int, a: AttentionWeights, qkv: torch.Tensor, batch: ForwardBatch, cache: KVCache,
@@ -253,14 +260,14 @@ class MoETransformer:
             qkv = qkv + a.qkv_bias
         q, k, v = qkv.split([s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim,
                              s.num_kv_heads * s.head_dim], -1)
-        if s.family.qk_norm == "full":                                   # OLMoE: norm over the projection
+        if s.qk_norm == "full":                                   # OLMoE: norm over the projection
             q, k = rms_norm(q, a.q_norm, s.rms_norm_eps), rms_norm(k, a.k_norm, s.rms_norm_eps)
         if s.clip_qkv is not None:
             q, k, v = (t.clamp(-s.clip_qkv, s.clip_qkv) for t in (q, k, v))
         q = q.reshape(T, s.num_heads, s.head_dim)                        # [T, H, hd]
         k = k.reshape(T, s.num_kv_heads, s.head_dim)                     # [T, Hkv, hd]
         v = v.reshape(T, s.num_kv_heads, s.head_dim)
-        if s.family.qk_norm == "head":                                   # Qwen3: norm per head
+        if s.qk_norm == "head":                                   # Qwen3: norm per head
             q, k = rms_norm(q, a.q_norm, s.rms_norm_eps), rms_norm(k, a.k_norm, s.rms_norm_eps)
         q, k = Rope.apply(torch.cat([q, k], 1), *rope).split([s.num_heads, s.num_kv_heads], 1)   # one rotation
         cache.write(i, batch.slot_mapping, k, v)
@@ -290,7 +297,7 @@ class MoETransformer:
         logits = x @ m.router.t()                                        # [T, E]
         if m.router_bias is not None:
             logits = logits + m.router_bias
-        w, ids = self.route(logits)                                      # [T, k] f32, [T, k]
+        w, ids = self.route(logits, m.score_bias)                        # [T, k] f32, [T, k]
         # rest: where slot -1 experts are read (direct reads), the host CPU's share (cold experts), and
         # the passes of a layer whose missing experts outnumber its slots (engine/experts/copy_path.py)
         slot_of_expert, views, *rest = acquire(m.moe_index, ids, pred)
@@ -313,9 +320,9 @@ class MoETransformer:
         return out
 
     def _shared(self, m: MoEWeights, x: torch.Tensor) -> torch.Tensor:
-        """The shared expert, scaled by its sigmoid gate: [T, D]."""
+        """The shared expert, scaled by its sigmoid gate where it has one (Qwen2-MoE): [T, D]."""
         shared = mlp(x, m.shared.gate_up, m.shared.down, self.fused)      # [T, D]
-        return torch.sigmoid(x @ m.shared_gate.t()) * shared
+        return shared if m.shared_gate is None else torch.sigmoid(x @ m.shared_gate.t()) * shared
 
     def _moe_passes(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, slot_of_expert: torch.Tensor,
                     views: dict, cold: Any, passes: Any) -> torch.Tensor:

@@ -39,6 +39,7 @@ class MoEWeights:
     shared: MLPWeights | None = None
     shared_gate: torch.Tensor | None = None  # [1, D], sigmoid gate of the shared expert
     router_bias: torch.Tensor | None = None  # [E]
+    score_bias: torch.Tensor | None = None   # [E] float32: added to the scores to choose experts (GLM), not to weigh them
 
 
 @dataclass
@@ -88,5 +89,6 @@ class ModelWeights:
             if layer.moe is not None:
                 add(layer.moe.router)
                 add(layer.moe.router_bias)
+                add(layer.moe.score_bias)
                 add(layer.moe.shared_gate)
         return total

@@ -118,7 +118,7 @@ class ExpertsOnCards:
         logits = h @ m.router.t()                                            # [T, E]
         if m.router_bias is not None:
             logits = logits + m.router_bias
-        w, ids = model.route(logits)                                         # [T, k] f32, [T, k]
+        w, ids = model.route(logits, m.score_bias)                           # [T, k] f32, [T, k]
         world = self.group.size
         msg = pack_tokens(h, x, ids, w)
         links = self.group.links

@@ -74,7 +74,7 @@ class ShardModel:
         from engine.checkpoint import families as fn
         from engine.checkpoint.converted import ConvertedSource, is_converted
         from engine.checkpoint.loader import _Fetch, pack_layer_experts
-        from engine.checkpoint.plan import router_bias_name
+        from engine.checkpoint.plan import router_bias_name, score_bias_name
         from engine.checkpoint.reader import SafetensorsReader, with_aliases
         from engine.checkpoint.spec import read_spec
         from engine.config import DIRECT_READS
@@ -97,7 +97,7 @@ class ShardModel:
         own, E = self.shard.experts, spec.num_experts
         fetch = _Fetch(source, device, dtype)
         full = torch.empty(E, layout.nbytes, dtype=torch.uint8)
-        layers, routers, biases = [], [], []
+        layers, routers, biases, choice = [], [], [], []
         moe_index = 0
         for i in range(spec.num_layers):
             if not spec.moe_layers[i]:
@@ -112,10 +112,12 @@ class ShardModel:
             routers.append(get(spec.family.router.format(p=p))[own] * get(fn.POST_NORM.format(i=i)))
             if spec.family.router_bias:
                 biases.append(get(router_bias_name(spec, i))[own])
+            if spec.family.score_bias:
+                choice.append(source.get(score_bias_name(spec, i)).to(device=device, dtype=torch.float32)[own])
             moe_index += 1
         rows = torch.cat(layers, 0)
         del full, layers
-        self.resident_bytes = sum(r.numel() * r.element_size() for r in routers + biases)
+        self.resident_bytes = sum(r.numel() * r.element_size() for r in routers + biases + choice)
         per_layer = len(own)
         budget = None if device.type != "cuda" else \
             (config.gpu_memory_budget if config.gpu_memory_budget is not None else default_budget(device))
@@ -130,7 +132,7 @@ class ShardModel:
             config.expert_policy, routers, lambda logits: route_ref(logits, top_k, spec.renormalize),
             budget_bytes=room, direct_reads=DIRECT_READS[config.expert_reads], top_k=top_k,
             staging_slots=staging_slots(per_layer, decode_experts(spec, config)),
-            router_bias=biases or None, norm_eps=spec.rms_norm_eps, cold_experts="bus")
+            router_bias=biases or None, norm_eps=spec.rms_norm_eps, cold_experts="bus", score_bias=choice or None)
         from kernels.fused_moe import fused_moe_ref
         self.moe_fn = fused_moe_ref
         if device.type == "cuda":

@@ -62,3 +62,30 @@ def test_a_router_bias_predicts_what_the_biased_router_picks(T):
         assert torch.equal(torch.sort(by_matmul[l], -1).values, truth[l])
     unbiased = predict_topk(hidden, folded, 0, L, k, ws)
     assert not all(torch.equal(torch.sort(unbiased[l], -1).values, truth[l]) for l in range(L))
+
+
+@pytest.mark.parametrize("T", [1, 6])
+def test_a_choice_bias_on_sigmoid_scores_predicts_what_the_router_picks(T):
+    # GLM chooses by sigmoid(W norm(h)) + c: the logits must be divided by the token's RMS before the
+    # sigmoid (it is not scale-free), then the choice bias added, in the kernel and on the CPU path
+    from engine.experts.prefetch import predict_scored
+    from engine.models.layers import rms_norm
+    from kernels.router import route_ref
+    g = torch.Generator().manual_seed(T)
+    L, E, D, k = 3, 32, 128, 4
+    router = torch.randn(L, E, D, generator=g) / D ** 0.5
+    norm_w = 0.5 + torch.rand(D, generator=g)
+    choice = 0.3 * torch.randn(L, E, generator=g)
+    hidden = torch.randn(T, D, generator=g) * 3.0                   # an RMS far from 1: the scale matters
+    truth = [torch.sort(route_ref(rms_norm(hidden, norm_w, 1e-5) @ router[l].t(), k, "sigmoid", True,
+                                  bias=choice[l])[1].long(), dim=-1).values for l in range(L)]
+    folded = (router * norm_w).contiguous()
+    ws = PredictWorkspace(4, E, torch.device("cpu"))
+    got = predict_topk(hidden, folded, 0, L, k, ws, eps=1e-5, score_bias=choice)
+    assert torch.equal(got, predict_topk_ref(hidden, folded, 0, L, k, eps=1e-5, score_bias=choice))
+    by_matmul = predict_scored(hidden, folded, 0, L, k, choice, 1e-5)
+    for l in range(L):
+        assert torch.equal(torch.sort(got[l], -1).values, truth[l])
+        assert torch.equal(torch.sort(by_matmul[l], -1).values, truth[l])
+    plain = predict_topk(hidden, folded, 0, L, k, ws)
+    assert not all(torch.equal(torch.sort(plain[l], -1).values, truth[l]) for l in range(L))

@@ -28,6 +28,25 @@ def test_route_matches_reference(scoring, renormalize, tokens, experts, top_k):
         torch.testing.assert_close(w.sum(1), torch.ones(tokens))
 
 
+@pytest.mark.parametrize("tokens, experts, top_k", [(1, 8, 2), (19, 12, 3)])
+def test_a_choice_bias_picks_the_experts_and_the_weights_stay_the_scores(tokens, experts, top_k):
+    # GLM-4.5: sigmoid scores plus a per-expert bias choose the experts; the weights are the plain
+    # scores, renormalised, times routed_scaling_factor (transformers' Glm4MoeTopkRouter in one line each).
+    g = torch.Generator().manual_seed(tokens)
+    logits = torch.randn(tokens, experts, generator=g)
+    bias = 2.0 * torch.randn(experts, generator=g)                    # large enough to change the choice
+    w, ids = route(logits, top_k, "sigmoid", True, bias=bias, scale=2.5)
+    w_ref, ids_ref = route_ref(logits, top_k, "sigmoid", True, bias=bias, scale=2.5)
+    scores = torch.sigmoid(logits)
+    want_ids = torch.topk(scores + bias, top_k).indices
+    want_w = scores.gather(1, want_ids)
+    want_w = 2.5 * want_w / want_w.sum(-1, keepdim=True)
+    for got_w, got_ids in ((w, ids), (w_ref, ids_ref)):
+        assert torch.equal(got_ids.long(), want_ids)
+        torch.testing.assert_close(got_w, want_w, atol=1e-6, rtol=1e-5)
+    assert not torch.equal(ids.long(), torch.topk(scores, top_k).indices)   # the bias mattered
+
+
 def test_route_matches_torch_topk_on_distinct_scores():
     # The documented contract: on distinct scores the choice and order are torch.topk's.
     logits = torch.randn(7, 16, generator=torch.Generator().manual_seed(3))
