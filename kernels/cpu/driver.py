@@ -6,7 +6,8 @@ parallel passes over the experts' rows, and each compiled on its first call only
    row ``F + n`` for each of the expert's tokens and writes the activation straight into ``a [P, F]``,
    so ``h [2F]`` never exists. Weights are widened in registers inside the dot, and an expert's
    tokens go two at a time, each weight widened once for both.
-2. down: work items are blocks of ``ROWS`` output columns ``d``; an item visits every expert and
+2. down: work items are blocks of ``ROWS`` output columns ``d`` (the 4-bit path's:
+   :data:`kernels.cpu.packed.DOWN_ROWS`); an item visits every expert and
    token pair in order and accumulates ``w * (w2[d] . a[p] + b2[d])`` into ``out[t, d]``. Each output
    element has one writer and a fixed order, so the result is deterministic and needs no atomics.
 
@@ -46,19 +47,19 @@ def packed_forward(b, h, f, meta, alpha, limit, rows, starts, toks, wts, x, out)
     t_, p_ = x.shape[0], toks.size
     q = np.empty((t_, 2 * d_), np.int8)
     s = np.empty((t_, d_ // grp), np.float32)
-    sq = np.empty((t_, d_ // grp), np.float32)
+    qs = np.empty((t_, d_ // 8), np.int32)
     bad_x = np.empty(t_, np.bool_)
-    packed.quantize_rows(x, grp, q, s, sq, bad_x)
+    packed.quantize_rows(x, grp, q, s, qs, bad_x)
     a = np.empty((p_, f_), np.float32)
     packed.gate_up(fmt, b, h, f, d_, f_, grp, meta[M_W13], meta[M_S13], meta[M_Z13], meta[M_B13], meta[M_ACT],
-                   alpha, limit, rows, starts, toks, q, s, sq, a)
+                   alpha, limit, rows, starts, toks, q, s, qs, a)
     qa = np.empty((p_, 2 * f_), np.int8)
     sa = np.empty((p_, f_ // grp), np.float32)
-    sqa = np.empty((p_, f_ // grp), np.float32)
+    qsa = np.empty((p_, f_ // 8), np.int32)
     bad_a = np.empty(p_, np.bool_)
-    packed.quantize_rows(a, grp, qa, sa, sqa, bad_a)
+    packed.quantize_rows(a, grp, qa, sa, qsa, bad_a)
     packed.down(fmt, b, h, f, d_, f_, grp, meta[M_W2], meta[M_S2], meta[M_Z2], meta[M_B2], rows, starts, toks, wts,
-                qa, sa, sqa, out)
+                qa, sa, qsa, out)
     for p in range(p_):                 # a NaN or infinity in a token's input (or its activation) makes
         if bad_x[toks[p]] or bad_a[p]:  # its output NaN, as in float arithmetic
             out[toks[p], :] = np.float32(np.nan)

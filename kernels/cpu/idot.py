@@ -24,14 +24,18 @@ Layout the loops read (Legend: K reduction dim, G group size, NG = K / G):
   in ``x2[:, :K]`` and the low ones in ``x2[:, K:]``, each in two phases, ``x2[t, p * K/2 + m]`` for
   element ``2m + p``: the low nibbles of a run of bytes meet one contiguous stream and the high
   nibbles another, so no lane is shuffled; ``sx [T, NG]`` the float scale of one unit of ``q`` per
-  group and ``sq [T, NG]`` that scale times the group's sum of ``q``.
+  group and ``qs [T, K/8]`` int32 the sums of ``q`` over each run of 8 values.
 
-A group's sum is then ``sw * (sx * sum(u * q) - z * sq)``: ``sw`` int4's fp16 scale or mxfp4's
-``2**(e - 127) / 2``, ``z`` int4's zero point or mxfp4's 12. No lane saturates: a byte pair's sum
-is at most 2 x 24 x 127 = 6096 and the two nibbles' together 12192, below 2**15; times 254 and
-paired, about 6.2 million, far below 2**31.
+The loops sum ``u * q`` in 32-bit lanes of 8 values each, and take ``z * qs`` from each lane in
+integers, so each lane holds the exact ``sum((u - z) * q)`` of its 8 weights, with ``z`` int4's zero
+point or mxfp4's 12; lanes become float and are scaled by ``sw * sx`` (``sw`` int4's fp16 scale or
+mxfp4's ``2**(e - 127) / 2``). Float sums then add true partial products: none cancels large terms,
+whatever the signs. Nothing saturates or overflows: a byte pair's sum is at most 2 x 24 x 127 = 6096
+and the two nibbles' together 12192, below 2**15; a lane's, times 254 and paired, about 6.2 million,
+and its ``z * qs`` at most 24 x 8 x 32385, about 6.2 million too, far below 2**31 (and below 2**24, so
+a lane turns float exactly).
 
-``<fmt>_row1(b, h, r, o, osc, oz, x2, sx, sq, t, k2, ng)``: row ``r``'s bytes ``o:o + K/2`` of ``b``
+``<fmt>_row1(b, h, r, o, osc, oz, x2, sx, qs, t, k2, ng)``: row ``r``'s bytes ``o:o + K/2`` of ``b``
 (the store as uint8; ``h`` as uint16) against token row ``t``, as float32; the row's scales start
 at ``osc`` (int4: halves of ``h``; mxfp4: exponent bytes of ``b``) and int4's zero points at byte
 ``oz`` of ``b``; ``k2`` is K/2. ``<fmt>_row2`` does two token rows with one unpacking of the
@@ -209,10 +213,16 @@ class _Format:
         return lo, hi
 
     def offsets(self, builder, z_base, g, k):
-        """``<k x float>`` offsets of groups ``g:g + k``: int4's zero points, mxfp4's 12."""
+        """``<k x i32>`` offsets of groups ``g:g + k``: int4's zero points, mxfp4's 12. The zero points
+        are read one byte at a time: a ``<2 x i8>`` load widened to ``<2 x i32>`` compiles to an
+        instruction sequence that ran a whole row 25 times slower on an AMD host."""
         if self.kind == "e2m1":
-            return _splat(_F32, float(E2M1_OFFSET), k)
-        return builder.uitofp(_load(builder, z_base, g, _I8, k, 1), _vec(_F32, k))
+            return _splat(_I32, E2M1_OFFSET, k)
+        out = ir.Constant(_vec(_I32, k), [0] * k)
+        for j in range(k):
+            z = builder.load(builder.gep(z_base, [builder.add(g, ir.Constant(_I64, j))]))
+            out = builder.insert_element(out, builder.zext(z, _I32), ir.Constant(_I32, j))
+        return out
 
     def scales(self, context, builder, s_base, g, k):
         """``<k x float>`` scales of groups ``g:g + k``: int4's fp16 scales, mxfp4's ``2**(e-127) / 2``
@@ -293,9 +303,9 @@ STEP = 64                 # weight bytes per step of the block loop: 128 values,
 
 def _row_codegen(fmt: _Format, nt: int):
     """A whole row: steps of 64 bytes while whole steps fit, each token's exact integer sums per lane
-    turned float and scaled by their group's scales (lanes of one group share them), added into 16
-    float lanes, with the groups' offsets gathered apart; both summed once at the end. Then the
-    groups left over, one at a time."""
+    made exact per lane in integers (each lane's offset times its values' sum taken off), turned float
+    and scaled by their group's scales (lanes of one group share them), added into 16 float lanes
+    summed once at the end. Then the groups left over, one at a time."""
     gb = fmt.gb
     gps = STEP // gb                      # groups per step
     lanes = STEP // 4
@@ -308,7 +318,7 @@ def _row_codegen(fmt: _Format, nt: int):
         h = context.make_array(hty)(context, builder, args[1])
         x = context.make_array(xty)(context, builder, args[6])
         sx = context.make_array(sty)(context, builder, args[7])
-        sq = context.make_array(qty)(context, builder, args[8])
+        qs = context.make_array(qty)(context, builder, args[8])
         r, o, osc, oz = (_index(context, builder, sig.args[i], args[i]) for i in (2, 3, 4, 5))
         ts = [_index(context, builder, sig.args[9 + i], args[9 + i]) for i in range(nt)]
         k2, ng = (_index(context, builder, sig.args[9 + nt + i], args[9 + nt + i]) for i in range(2))
@@ -322,57 +332,57 @@ def _row_codegen(fmt: _Format, nt: int):
         z_base = at(bty, b, r, oz)
         x_bases = [at(xty, x, t, zero) for t in ts]
         sx_bases = [at(sty, sx, t, zero) for t in ts]
-        sq_bases = [at(qty, sq, t, zero) for t in ts]
+        qs_bases = [at(qty, qs, t, zero) for t in ts]
 
-        def group_terms(g, k, sums, sc, zf, t):
-            """This token's scaled sums (``<lanes x float>``, lanes of one group together) and its
-            groups' offset terms ``sw * z * sq`` (``<k x float>``), groups ``g:g + k``."""
-            sxv = _load(builder, sx_bases[t], g, _F32, k, 4)
-            sqv = _load(builder, sq_bases[t], g, _F32, k, 4)
+        def exact(sums, z, off, k, t):
+            """``sums`` (``<n x i32>``: lane ``i`` the 8 values of weight bytes ``off + 4i .. + 3``, the
+            lanes of each of the ``k`` groups together) less offset times those values' sum of ``q``:
+            every lane then holds its own exact ``sum((u - z) * q)``, small as the products are, so
+            that no float sum cancels large terms."""
             n = sums.type.count
-            scaled = builder.fmul(builder.sitofp(sums, _vec(_F32, n)),
-                                  _expand(builder, builder.fmul(sc, sxv, flags=_FAST), n // k), flags=_FAST)
-            return scaled, builder.fmul(builder.fmul(sc, zf, flags=_FAST), sqv, flags=_FAST)
+            lane_q = _load(builder, qs_bases[t], builder.udiv(off, ir.Constant(_I64, 4)), _I32, n, 4)
+            return builder.sub(sums, builder.mul(_expand(builder, z, n // k), lane_q))
 
-        def block(g, off, nbytes, k, phis, whole):
-            """Groups ``g:g + k`` (``nbytes`` weight bytes from ``off``) added into ``phis``: per token its
-            scaled sums and its offset terms, as vectors over a whole step's lanes and groups, else as
-            scalars."""
+        def block(g, off, nbytes, k, acc, whole):
+            """Groups ``g:g + k`` (``nbytes`` weight bytes from ``off``) added into ``acc``: per token its
+            exact group sums scaled by their groups' scales, as a vector over a whole step's lanes, else
+            as a scalar."""
             lo, hi = fmt.codes(builder, _load(builder, w_base, off, _I8, nbytes, 1), nbytes, pshufb)
             sc = fmt.scales(context, builder, s_base, g, k)
-            zf = fmt.offsets(builder, z_base, g, k)
+            z = fmt.offsets(builder, z_base, g, k)
             out = []
             for t in range(nt):
-                sums = _sums(builder, lo, hi, x_bases[t], k2, off, nbytes, kinds)
-                for phi, term in zip(phis[2 * t:2 * t + 2], group_terms(g, k, sums, sc, zf, t)):
-                    out.append(builder.fadd(phi, term if whole else _hsum(builder, term), flags=_FAST))
+                sums = exact(_sums(builder, lo, hi, x_bases[t], k2, off, nbytes, kinds), z, off, k, t)
+                n = sums.type.count
+                sxv = _load(builder, sx_bases[t], g, _F32, k, 4)
+                term = builder.fmul(builder.sitofp(sums, _vec(_F32, n)),
+                                    _expand(builder, builder.fmul(sc, sxv, flags=_FAST), n // k), flags=_FAST)
+                out.append(builder.fadd(acc[t], term if whole else _hsum(builder, term), flags=_FAST))
             return out
 
         nb = builder.udiv(ng, ir.Constant(_I64, gps))
-        inits = [_splat(_F32, 0.0, lanes), _splat(_F32, 0.0, gps)] * nt
-        steps = _loop(builder, zero, nb, inits,
-                      lambda j, phis: block(builder.mul(j, ir.Constant(_I64, gps)),
-                                            builder.mul(j, ir.Constant(_I64, STEP)), STEP, gps, phis, True),
+        steps = _loop(builder, zero, nb, [_splat(_F32, 0.0, lanes)] * nt,
+                      lambda j, acc: block(builder.mul(j, ir.Constant(_I64, gps)),
+                                           builder.mul(j, ir.Constant(_I64, STEP)), STEP, gps, acc, True),
                       "row.steps")
-        tots = [_hsum(builder, v) for v in steps]
+        outs = [_hsum(builder, v) for v in steps]
 
         # the groups after the last whole step, one at a time
         if gps > 1:
-            tots = _loop(builder, builder.mul(nb, ir.Constant(_I64, gps)), ng, tots,
-                         lambda g, phis: block(g, builder.mul(g, ir.Constant(_I64, gb)), gb, 1, phis, False),
+            outs = _loop(builder, builder.mul(nb, ir.Constant(_I64, gps)), ng, outs,
+                         lambda g, acc: block(g, builder.mul(g, ir.Constant(_I64, gb)), gb, 1, acc, False),
                          "row.tail")
-        outs = [builder.fsub(tots[2 * t], tots[2 * t + 1], flags=_FAST) for t in range(nt)]
         if nt == 1:
             return outs[0]
         return context.make_tuple(builder, sig.return_type, outs)
     return codegen
 
 
-def _check_row(b, h, x, sx, sq, ints) -> bool:
+def _check_row(b, h, x, sx, qs, ints) -> bool:
     def arr(a, dt):
         return isinstance(a, types.Array) and a.dtype == dt and a.ndim == 2
     return (arr(b, types.uint8) and arr(h, types.uint16) and arr(x, types.int8) and arr(sx, types.float32)
-            and arr(sq, types.float32) and all(isinstance(i, types.Integer) for i in ints))
+            and arr(qs, types.int32) and all(isinstance(i, types.Integer) for i in ints))
 
 
 def _row_intrinsics(kind: str, gb: int):
@@ -380,16 +390,16 @@ def _row_intrinsics(kind: str, gb: int):
     fmt = _Format(kind, gb)
 
     @intrinsic
-    def row1(typingctx, b, h, r, o, osc, oz, x2, sx, sq, t0, k2, ng):
-        if not _check_row(b, h, x2, sx, sq, (r, o, osc, oz, t0, k2, ng)):
+    def row1(typingctx, b, h, r, o, osc, oz, x2, sx, qs, t0, k2, ng):
+        if not _check_row(b, h, x2, sx, qs, (r, o, osc, oz, t0, k2, ng)):
             return None
-        return types.float32(b, h, r, o, osc, oz, x2, sx, sq, t0, k2, ng), _row_codegen(fmt, 1)
+        return types.float32(b, h, r, o, osc, oz, x2, sx, qs, t0, k2, ng), _row_codegen(fmt, 1)
 
     @intrinsic
-    def row2(typingctx, b, h, r, o, osc, oz, x2, sx, sq, t0, t1, k2, ng):
-        if not _check_row(b, h, x2, sx, sq, (r, o, osc, oz, t0, t1, k2, ng)):
+    def row2(typingctx, b, h, r, o, osc, oz, x2, sx, qs, t0, t1, k2, ng):
+        if not _check_row(b, h, x2, sx, qs, (r, o, osc, oz, t0, t1, k2, ng)):
             return None
-        return (types.UniTuple(types.float32, 2)(b, h, r, o, osc, oz, x2, sx, sq, t0, t1, k2, ng),
+        return (types.UniTuple(types.float32, 2)(b, h, r, o, osc, oz, x2, sx, qs, t0, t1, k2, ng),
                 _row_codegen(fmt, 2))
 
     return row1, row2

@@ -14,11 +14,13 @@ integer sum is exact; it becomes float once:
 
 (``s_w``, ``zero``: the row's group scale and zero point; ``e``: mxfp4's group exponent and ``2v`` its
 code's value doubled, an integer; ``s_x``, ``q``: the activations' group scale and 16-bit values).
+mxfp4's codes are read as ``2v + 12`` (unsigned bytes), so both formats subtract an offset (``zero``,
+or 12) times a sum of ``q``, in integers, for every 8 weights: each such partial sum stays exact.
 :mod:`kernels.cpu.idot` computes a whole row per call; two tokens that use one expert share each
 unpacking of its weights.
 
 The passes mirror :mod:`kernels.cpu.driver` (gate/up into ``a [P, F]``, then down with one writer per
-output column); only the dot products differ.
+output column); the dot products differ, and a down work item covers :data:`DOWN_ROWS` columns.
 
 Legend: T tokens, P (expert, token) pairs, D hidden, F expert FFN, G group size, K reduction dim.
 """
@@ -35,6 +37,7 @@ from kernels.cpu.idot import (LOW_RANGE, e2m1_row1, e2m1_row2, u4g32_row1, u4g32
 
 Q_MAX = np.float32(127.0)      # activations: two signed bytes per value, high * LOW + low
 LOW = np.float32(LOW_RANGE)
+TINY = np.float32(1e-30)       # a group below this is zeros (its step, 1/127 of it, would be subnormal)
 GROUPS = (32, 64, 128)         # the int4 group sizes the integer path reads
 # Output rows per work item of the down pass: an item reads that many rows of each expert in one run
 # of bytes, long enough for the prefetchers to pay off (down rows are short: F/2 bytes; 16 rows a run
@@ -55,13 +58,14 @@ def supports(fmt: int, group: int, os13: int, os2: int) -> str | None:
 
 
 @njit(fastmath=True, error_model="numpy", cache=True)
-def quantize_rows(v, group, q, s, sq, bad):
+def quantize_rows(v, group, q, s, qs, bad):
     """Each row of ``v [N, K]`` float32 as 16-bit fixed point with one scale per group of ``group``,
     each value ``high * 254 + low`` in two signed bytes: ``q [N, 2K]`` int8, the high bytes in
     ``q[:, :K]`` and the low ones in ``q[:, K:]``, each in two phases (``q[i, p * K/2 + m]`` is element
     ``2m + p``); ``s [N, K/G]`` float32, the scale of one unit of ``high * 254 + low``, and
-    ``sq [N, K/G]`` that scale times the group's sum of values. ``bad [N]`` is set where a row holds a
-    NaN or an infinity (its group is zeroed: the caller makes what the row feeds NaN, as float
+    ``qs [N, K/8]`` int32 the sums of those units over each run of 8 elements. A group whose largest value is below
+    :data:`TINY` (1/127 of it would not be a normal float) is all zeros. ``bad [N]`` is set where a row
+    holds a NaN or an infinity (its group is zeroed: the caller makes what the row feeds NaN, as float
     arithmetic would)."""
     k = v.shape[1]
     k2 = k // 2
@@ -75,25 +79,26 @@ def quantize_rows(v, group, q, s, sq, bad):
                 m = max(m, abs(v[i, j]))
                 if bits[i, j] & np.uint32(0x7F800000) == np.uint32(0x7F800000):
                     finite = False
-            if not finite:
-                bad[i] = True
+            if not finite or m < TINY:
+                bad[i] = bad[i] or not finite
                 s[i, g] = np.float32(0.0)
-                sq[i, g] = np.float32(0.0)
+                for j in range(g * group // 8, (g + 1) * group // 8):
+                    qs[i, j] = 0
                 for j in range(g * group, (g + 1) * group):
                     q[i, (j % 2) * k2 + j // 2] = 0
                     q[i, k + (j % 2) * k2 + j // 2] = 0
                 continue
-            sc = m / Q_MAX if m > 0 else np.float32(1.0)          # one step of the high byte
+            sc = m / Q_MAX                                          # one step of the high byte
             inv = np.float32(1.0) / sc
-            total = 0
+            for j in range(g * group // 8, (g + 1) * group // 8):
+                qs[i, j] = 0
             for j in range(g * group, (g + 1) * group):
                 hi = min(max(math.floor(v[i, j] * inv + np.float32(0.5)), -Q_MAX), Q_MAX)
                 lo = min(max(math.floor((v[i, j] * inv - hi) * LOW + np.float32(0.5)), -Q_MAX), Q_MAX)
                 q[i, (j % 2) * k2 + j // 2] = np.int8(hi)
                 q[i, k + (j % 2) * k2 + j // 2] = np.int8(lo)
-                total += np.int32(hi) * np.int32(LOW) + np.int32(lo)
+                qs[i, j // 8] += np.int32(hi) * np.int32(LOW) + np.int32(lo)
             s[i, g] = sc / LOW
-            sq[i, g] = sc / LOW * np.float32(total)
 
 
 @njit(fastmath=True, error_model="numpy", cache=True, inline="always")
@@ -106,31 +111,31 @@ def _args(fmt, ow, osc, oz, n, k, group):
 
 
 @njit(fastmath=True, error_model="numpy", cache=True, inline="always")
-def row1(fmt, b, h, r, ow, osc, oz, n, k, group, q, s, sq, t):
+def row1(fmt, b, h, r, ow, osc, oz, n, k, group, q, s, qs, t):
     """Row ``n`` of a 4-bit matrix dotted with token row ``t`` of the quantised activations."""
     o, sc, z, k2, ng = _args(fmt, ow, osc, oz, n, k, group)
     r, t = U(r), U(t)
     if fmt == MXFP4:
-        return e2m1_row1(b, h, r, o, sc, z, q, s, sq, t, k2, ng)
+        return e2m1_row1(b, h, r, o, sc, z, q, s, qs, t, k2, ng)
     if group == 128:
-        return u4g128_row1(b, h, r, o, sc, z, q, s, sq, t, k2, ng)
+        return u4g128_row1(b, h, r, o, sc, z, q, s, qs, t, k2, ng)
     if group == 64:
-        return u4g64_row1(b, h, r, o, sc, z, q, s, sq, t, k2, ng)
-    return u4g32_row1(b, h, r, o, sc, z, q, s, sq, t, k2, ng)
+        return u4g64_row1(b, h, r, o, sc, z, q, s, qs, t, k2, ng)
+    return u4g32_row1(b, h, r, o, sc, z, q, s, qs, t, k2, ng)
 
 
 @njit(fastmath=True, error_model="numpy", cache=True, inline="always")
-def row2(fmt, b, h, r, ow, osc, oz, n, k, group, q, s, sq, t0, t1):
+def row2(fmt, b, h, r, ow, osc, oz, n, k, group, q, s, qs, t0, t1):
     """:func:`row1` for two token rows, one unpacking of the weights."""
     o, sc, z, k2, ng = _args(fmt, ow, osc, oz, n, k, group)
     r, t0, t1 = U(r), U(t0), U(t1)
     if fmt == MXFP4:
-        return e2m1_row2(b, h, r, o, sc, z, q, s, sq, t0, t1, k2, ng)
+        return e2m1_row2(b, h, r, o, sc, z, q, s, qs, t0, t1, k2, ng)
     if group == 128:
-        return u4g128_row2(b, h, r, o, sc, z, q, s, sq, t0, t1, k2, ng)
+        return u4g128_row2(b, h, r, o, sc, z, q, s, qs, t0, t1, k2, ng)
     if group == 64:
-        return u4g64_row2(b, h, r, o, sc, z, q, s, sq, t0, t1, k2, ng)
-    return u4g32_row2(b, h, r, o, sc, z, q, s, sq, t0, t1, k2, ng)
+        return u4g64_row2(b, h, r, o, sc, z, q, s, qs, t0, t1, k2, ng)
+    return u4g32_row2(b, h, r, o, sc, z, q, s, qs, t0, t1, k2, ng)
 
 
 @njit(fastmath=True, error_model="numpy", cache=True, inline="always")
@@ -144,36 +149,36 @@ def _pair_act(f, r, ob, n, f_, kind, alpha, limit, g, u, a, p):
 
 
 @njit(fastmath=True, error_model="numpy", cache=True)
-def _gate_up_item(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, kind, alpha, limit, r, lo, hi, n0, n1, toks, q, s, sq,
+def _gate_up_item(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, kind, alpha, limit, r, lo, hi, n0, n1, toks, q, s, qs,
                   a):
     """Gate and up rows ``n0:n1`` of store row ``r`` for pairs ``lo:hi``: one work item of :func:`gate_up`."""
     for n in range(n0, n1):
         p = lo
         while p + 2 <= hi:
-            g0, g1 = row2(fmt, b, h, r, ow, osc, oz, n, d_, grp, q, s, sq, toks[p], toks[p + 1])
-            u0, u1 = row2(fmt, b, h, r, ow, osc, oz, f_ + n, d_, grp, q, s, sq, toks[p], toks[p + 1])
+            g0, g1 = row2(fmt, b, h, r, ow, osc, oz, n, d_, grp, q, s, qs, toks[p], toks[p + 1])
+            u0, u1 = row2(fmt, b, h, r, ow, osc, oz, f_ + n, d_, grp, q, s, qs, toks[p], toks[p + 1])
             _pair_act(f, r, ob, n, f_, kind, alpha, limit, g0, u0, a, p)
             _pair_act(f, r, ob, n, f_, kind, alpha, limit, g1, u1, a, p + 1)
             p += 2
         if p < hi:
-            g0 = row1(fmt, b, h, r, ow, osc, oz, n, d_, grp, q, s, sq, toks[p])
-            u0 = row1(fmt, b, h, r, ow, osc, oz, f_ + n, d_, grp, q, s, sq, toks[p])
+            g0 = row1(fmt, b, h, r, ow, osc, oz, n, d_, grp, q, s, qs, toks[p])
+            u0 = row1(fmt, b, h, r, ow, osc, oz, f_ + n, d_, grp, q, s, qs, toks[p])
             _pair_act(f, r, ob, n, f_, kind, alpha, limit, g0, u0, a, p)
 
 
 @njit(fastmath=True, error_model="numpy", parallel=True, cache=True)
-def gate_up(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, kind, alpha, limit, rows, starts, toks, q, s, sq, a):
+def gate_up(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, kind, alpha, limit, rows, starts, toks, q, s, qs, a):
     """Pass 1: ``a [P, F]`` = act(gate, up) of every pair, from the quantised tokens ``q``/``s``."""
     nb1 = (f_ + ROWS - 1) // ROWS
     for item in prange(rows.size * nb1):
         i = item // nb1
         n0 = item % nb1 * ROWS
         _gate_up_item(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, kind, alpha, limit, rows[i], starts[i],
-                      starts[i + 1], n0, min(f_, n0 + ROWS), toks, q, s, sq, a)
+                      starts[i + 1], n0, min(f_, n0 + ROWS), toks, q, s, qs, a)
 
 
 @njit(fastmath=True, error_model="numpy", cache=True)
-def _down_item(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, rows, starts, d0, d1, toks, wts, q, s, sq, out):
+def _down_item(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, rows, starts, d0, d1, toks, wts, q, s, qs, out):
     """Down rows ``d0:d1`` of every expert, added into ``out``: one work item of :func:`down`."""
     for i in range(rows.size):
         r, lo, hi = rows[i], starts[i], starts[i + 1]
@@ -181,21 +186,21 @@ def _down_item(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, rows, starts, d0, d1,
             bias = _bias(f, r, ob, dd)
             p = lo
             while p + 2 <= hi:
-                y0, y1 = row2(fmt, b, h, r, ow, osc, oz, dd, f_, grp, q, s, sq, p, p + 1)
+                y0, y1 = row2(fmt, b, h, r, ow, osc, oz, dd, f_, grp, q, s, qs, p, p + 1)
                 out[toks[p], dd] += wts[p] * (y0 + bias)
                 out[toks[p + 1], dd] += wts[p + 1] * (y1 + bias)
                 p += 2
             if p < hi:
-                y0 = row1(fmt, b, h, r, ow, osc, oz, dd, f_, grp, q, s, sq, p)
+                y0 = row1(fmt, b, h, r, ow, osc, oz, dd, f_, grp, q, s, qs, p)
                 out[toks[p], dd] += wts[p] * (y0 + bias)
 
 
 @njit(fastmath=True, error_model="numpy", parallel=True, cache=True)
-def down(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, rows, starts, toks, wts, q, s, sq, out):
+def down(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, rows, starts, toks, wts, q, s, qs, out):
     """Pass 2: ``out[t, d] += w * (w2[d] . a[p] + b2[d])`` over every pair (``q``/``s``: ``a``
     quantised, one row per pair), one writer per ``d``."""
     nb2 = (d_ + DOWN_ROWS - 1) // DOWN_ROWS
     for item in prange(nb2):
         d0 = item * DOWN_ROWS
         _down_item(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, rows, starts, d0, min(d_, d0 + DOWN_ROWS), toks, wts,
-                   q, s, sq, out)
+                   q, s, qs, out)

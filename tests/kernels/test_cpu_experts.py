@@ -40,7 +40,7 @@ def run_both(layout, store, work, x, **kw):
     tol = dict(TOLERANCE)
     if layout.fmt in ("int4", "mxfp4"):
         # 4-bit formats run in integers on activations rounded to 16 bits per group (as the GPU's
-        # 4-bit kernels): about 5e-5 of the largest output, measured
+        # 4-bit kernels; held as two bytes): about 5e-5 of the largest output, measured
         tol["atol"] = max(tol["atol"], 1e-4 * float(want.abs().max()))
     torch.testing.assert_close(got, want, **tol)
     return got
@@ -184,9 +184,9 @@ def test_integer_rows_equal_numpy(monkeypatch, generic, kind, group):
     row1, row2 = getattr(idot, f"{kind}_row1"), getattr(idot, f"{kind}_row2")
 
     @njit
-    def rows(b, h, r, o, osc, oz, x2, sx, sq, k2, ng):   # compiled now, with the setting above
-        return (row1(b, h, r, o, osc, oz, x2, sx, sq, 1, k2, ng),
-                row2(b, h, r, o, osc, oz, x2, sx, sq, 0, 2, k2, ng))
+    def rows(b, h, r, o, osc, oz, x2, sx, qs, k2, ng):   # compiled now, with the setting above
+        return (row1(b, h, r, o, osc, oz, x2, sx, qs, 1, k2, ng),
+                row2(b, h, r, o, osc, oz, x2, sx, qs, 0, 2, k2, ng))
 
     rng = np.random.default_rng(0)
     mx = kind == "e2m1"
@@ -205,7 +205,7 @@ def test_integer_rows_equal_numpy(monkeypatch, generic, kind, group):
         high[0, :8] = low[0, :8] = [127, -127, 127, -127, 127, 127, -127, -127]
         x = high.astype(np.int64) * 254 + low
         sx = rng.random((3, ng)).astype(np.float32)
-        sq = (sx * x.reshape(3, ng, group).sum(-1)).astype(np.float32)
+        qs = x.reshape(3, k // 8, 8).sum(-1).astype(np.int32)
         for o, shift in ((0, 0), (25, 7)):
             osc, oz = (3000 + shift, 0) if mx else (1500 + shift, 5000 + shift)
             codes = np.stack([b[1, o:o + k // 2] & 15, b[1, o:o + k // 2] >> 4], -1).reshape(-1).astype(np.int64)
@@ -214,10 +214,65 @@ def test_integer_rows_equal_numpy(monkeypatch, generic, kind, group):
             else:
                 w = (codes - np.repeat(b[1, oz:oz + ng], group)) * np.repeat(h[1, osc:osc + ng].view(np.float16), group)
             want = [float((w * x[t] * np.repeat(sx[t], group)).sum()) for t in range(3)]
-            one, (t0, t2) = rows(b, h, 1, o, osc, oz, _two_byte(high, low), sx, sq, k // 2, ng)
+            one, (t0, t2) = rows(b, h, 1, o, osc, oz, _two_byte(high, low), sx, qs, k // 2, ng)
             scale = float(np.abs(w * x[0]).sum())
             for got, ref in ((one, want[1]), (t0, want[0]), (t2, want[2])):
                 assert abs(got - ref) <= 1e-5 * scale, (k, o, got, ref)
+
+
+@pytest.mark.parametrize("kind", ("u4g32", "e2m1"))
+def test_a_row_whose_offsets_cancel_its_sums_stays_exact(kind):
+    # Every weight of a 2880-long row but one is zero (int4: each code its group's zero point; mxfp4:
+    # code 0, read as 12 less the offset 12) against activations of one sign: the offsets, 8 or 12
+    # times the activations' sums, cancel nearly all of the raw integer sums. Taken apart in integers
+    # for every 8 weights, the one weight's product is all that is left, to float32 rounding.
+    import numpy as np
+    from numba import njit
+
+    from kernels.cpu import idot
+    row1 = getattr(idot, f"{kind}_row1")
+
+    @njit
+    def one(b, h, osc, x2, sx, qs, k2, ng):
+        return row1(b, h, 0, 0, osc, 3000, x2, sx, qs, 0, k2, ng)
+
+    k, group = 2880, 32
+    ng = k // group
+    b = np.zeros((1, 4000), np.uint8)
+    h = b.view(np.uint16)
+    if kind == "e2m1":
+        b[0, :k // 2] = 0
+        b[0, 0] = 0x02                                  # code 2: 1.0
+        b[0, 2000:2000 + ng] = 127                      # 2**(127 - 127) / 2 per doubled value
+        want_w = 1.0
+    else:
+        b[0, :k // 2] = 0x88
+        b[0, 0] = 0x89                                  # code 9 against zero point 8: one scale step
+        h[0, 1000:1000 + ng] = np.array([0.01] * ng, np.float16).view(np.uint16)   # byte 2000
+        b[0, 3000:3000 + ng] = 8
+        want_w = float(np.float16(0.01))
+    high = np.full((1, k), 127, np.int8)
+    low = np.full((1, k), 5, np.int8)
+    q = 127 * 254 + 5
+    sx = np.full((1, ng), 3.0 / q, np.float32)          # every activation 3.0
+    qs = np.full((1, k // 8), 8 * q, np.int32)
+    osc = 2000 if kind == "e2m1" else 1000              # exponent bytes of b; fp16 scales: halves of h
+    got = one(b, h, osc, _two_byte(high, low), sx, qs, k // 2, ng)
+    assert abs(got - 3.0 * want_w) <= 1e-6 * 3.0 * want_w, got
+
+
+def test_a_group_of_tiny_activations_reads_as_zeros():
+    # Below 1e-30 a group's step (1/127 of its largest value) would be subnormal and its inverse
+    # infinite; such a group is zeros, not values of the wrong sign.
+    import numpy as np
+    from kernels.cpu.packed import quantize_rows
+    v = np.array([[1e-37, 0.0, -3e-38, 2e-37] * 8 + [0.5, -0.25] * 16], np.float32)        # [1, 64]
+    q, s, qs, bad = np.empty((1, 128), np.int8), np.empty((1, 2), np.float32), np.empty((1, 8), np.int32), \
+        np.empty(1, np.bool_)
+    quantize_rows(v, 32, q, s, qs, bad)
+    back = (254.0 * q[0, :64].astype(np.float64) + q[0, 64:]).reshape(2, 32).T.reshape(-1)   # phases undone
+    assert not bad[0] and s[0, 0] == 0 and (qs[0, :4] == 0).all() and (back[:32] == 0).all()
+    assert np.allclose(back[32:] * s[0, 1], v[0, 32:], atol=0.5 / 127 / 254)
 
 
 def test_cached_kernels_of_other_sources_are_removed(monkeypatch, tmp_path):
