@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
 from typing import NoReturn
 
@@ -60,13 +62,30 @@ def unknown_command(parser: argparse.ArgumentParser, sub: argparse._SubParsersAc
     parser.error(f"unknown command '{word}'; choose one of {', '.join(sub.choices)}")
 
 
+_SETTING = re.compile(r"\b([a-z][a-z0-9_]*)=('[^']*'|\"[^\"]*\"|[^\s,;)]+)")
+_NAME = re.compile(r"(?<![-\w])([a-z][a-z0-9]*(?:_[a-z0-9]+)+)\b(?!=)")     # a setting's name in prose
+
+
 def as_flags(message: str, args: argparse.Namespace) -> str:
-    """A message that names a setting by its Python name ("max_tokens must be ...") names the flag
-    the user typed instead ("--max-tokens must be ..."), where the command has that flag."""
+    """A message that names a setting by its Python name names the flag the user typed instead, where
+    the command has that flag: "max_tokens must be ..." reads "--max-tokens must be ...",
+    "gpu_memory_budget='12X' is not a size" reads "--gpu-memory-budget 12X is not a size", and "raise
+    max_batch_tokens" reads "raise --max-batch-tokens"."""
+    known = vars(args)
+
+    def flag(m: re.Match) -> str:
+        name, value = m.group(1), m.group(2)
+        if name not in known:
+            return m.group(0)
+        if value[:1] in "'\"" and value[-1:] == value[:1]:
+            value = value[1:-1]
+        return f"--{name.replace('_', '-')} {value}"
+
     name, _, rest = message.partition(" ")
-    if rest.startswith("must ") and name.isidentifier() and name in vars(args):
-        return "--" + name.replace("_", "-") + " " + rest
-    return message
+    if rest.startswith("must ") and name.isidentifier() and name in known:
+        message = "--" + name.replace("_", "-") + " " + rest
+    message = _SETTING.sub(flag, message)
+    return _NAME.sub(lambda m: "--" + m.group(1).replace("_", "-") if m.group(1) in known else m.group(0), message)
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -84,6 +103,19 @@ def run_command(args: argparse.Namespace) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:            # the reader of our output went away (| head): stop quietly
+        _quiet_stdout()
+        return 0
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at the null device, so that the interpreter's last flush at exit does not fail on
+    the closed pipe again (and print a second traceback)."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:

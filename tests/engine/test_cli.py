@@ -84,6 +84,19 @@ def test_a_refused_value_is_named_by_its_flag(model, capsys, argv, line):
     assert capsys.readouterr().err.strip() == line
 
 
+@pytest.mark.parametrize("argv,line", [
+    (["--gpu-memory-budget", "12X"], "error: --gpu-memory-budget 12X is not a size; write bytes or a number with K, M, "
+                                     "G or T, e.g. 10G"),
+    (["--max-batch-tokens", "1"], "error: --max-batch-tokens 1 is below --max-batch 16; raise --max-batch-tokens or "
+                                  "lower --max-batch"),
+    (["--expert-policy", "static"], "error: --expert-policy static needs --routing-profile FILE (record one with "
+                                    "--record-routing)"),
+])
+def test_a_setting_a_message_names_by_its_python_name_reads_as_its_flag(model, capsys, argv, line):
+    assert main(["generate", "--model", str(model), "--prompt", "Hi", *argv]) == 2
+    assert capsys.readouterr().err.strip() == line
+
+
 def test_kv_cache_size_named_by_a_message_is_a_flag(model, capsys):
     """The scoring error says "raise --kv-cache-size": the flag exists and sizes the cache."""
     from engine.cli.main import build_parser
@@ -221,3 +234,16 @@ def test_a_good_routing_profile_loads(model, tmp_path, capsys):
     code, _ = _generate(capsys, model, "--routing-profile", str(path), "--expert-policy", "static",
                         "--expert-pool-size", "50%", "--device", "cpu")
     assert code == 0
+
+
+def test_output_into_a_reader_that_stops_early_ends_quietly(model):
+    # `main.py info | head -1`: the pipe closes while output is still coming; no traceback, no error
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen([sys.executable, str(root / "main.py"), "info", "--model", str(model)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=root)
+    proc.stdout.close()                                   # gone before the first line is written
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0
+    assert "Traceback" not in err and "BrokenPipe" not in err
