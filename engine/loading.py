@@ -23,8 +23,8 @@ from engine.experts.profile import check_record_target, read_routing_profile, wr
 from engine.cpu_threads import apply_cpu_threads
 from engine.kv.blocks import BlockAllocator
 from engine.memory import (CPU_KV_CAP, BudgetAdvice, MemoryPlan, decode_experts, default_budget, fit_context,
-                           fit_context_to_kv_size, kv_pool_bytes, plan_memory, staging_slots, step_sizing,
-                           table_on_host)
+                           fit_context_to_kv_size, kv_pool_bytes, kv_size_note, plan_memory, staging_slots,
+                           step_sizing, table_on_host)
 from engine.settings_fit import fit_to_device, fit_to_model, fit_to_pool, unused_notes
 from engine.kv.cache import KVCache
 from engine.kv.sizing import KVSizing, kv_sizing
@@ -162,7 +162,9 @@ class LoadedModel:
             self.max_model_len, note = fit_context_to_kv_size(
                 self.max_model_len, c.max_model_len is not None, c.kv_cache_size, self.plan.window_kv_bytes,
                 self._kv_bytes_per_token(), c.kv_block_size)
-            self.notes += (note,) if note else ()
+            more = kv_size_note(c.kv_cache_size, self.plan.window_kv_bytes, self._kv_bytes_per_token(),
+                                self.max_model_len, c.max_batch)
+            self.notes += tuple(n for n in (note, more) if n)
             return
         if self.plan.budget_bytes is None:
             return

@@ -189,11 +189,11 @@ def table_on_host(wanted: str, tied: bool, offloaded: bool) -> bool:
 
 def kv_pool_bytes(plan: MemoryPlan, context: int, max_batch: int, asked: int | None = None) -> int:
     """Bytes of the full-attention KV pool: the KV size ``asked`` for (``--kv-cache-size``) less the
-    window pool, else what ``plan`` leaves (on the CPU, :data:`CPU_KV_CAP`), at most a full batch of
-    ``max_batch`` sequences at ``context`` tokens."""
-    if asked:
-        return max(0, asked - plan.window_kv_bytes)
+    window pool, else what ``plan`` leaves (on the CPU, :data:`CPU_KV_CAP`); either way at most a full
+    batch of ``max_batch`` sequences at ``context`` tokens, which is all the scheduler can fill."""
     full = plan.kv_bytes_per_token * context * max_batch
+    if asked:
+        return min(max(0, asked - plan.window_kv_bytes), full)
     return min(plan.kv_bytes if plan.budget_bytes is not None else CPU_KV_CAP, full)
 
 
@@ -214,6 +214,16 @@ def fit_context(context: int, explicit: bool, kv_bytes: int, kv_bytes_per_token:
                           f"but the {budget} GPU memory budget{of} leaves it {format_size(kv_bytes)}; {fix}")
     return tokens, (f"context length {tokens} tokens (the model allows {context}): that is what the KV cache the "
                     f"{budget} budget{of} leaves holds; {more} for a longer one")
+
+
+def kv_size_note(asked: int, window_bytes: int, kv_bytes_per_token: int, context: int, max_batch: int) -> str | None:
+    """A note when ``--kv-cache-size`` (``asked``) is more than a full batch can fill: what is allocated
+    instead (:func:`kv_pool_bytes` caps it), and how to make use of more."""
+    full = kv_bytes_per_token * context * max_batch
+    if not kv_bytes_per_token or asked - window_bytes <= full:
+        return None
+    return (f"--kv-cache-size {format_size(asked)} is more than {max_batch} sequences of {context} tokens can fill; "
+            f"{format_size(full + window_bytes)} is allocated (raise --max-batch or --max-model-len to use more)")
 
 
 def fit_context_to_kv_size(context: int, explicit: bool, asked: int, window_bytes: int, kv_bytes_per_token: int,

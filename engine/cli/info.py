@@ -15,6 +15,7 @@ and ``ceil(token_budget / block)`` for what one step's prefill chunks add, plus 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -84,8 +85,20 @@ def _resident_format(args: argparse.Namespace) -> str:
     return Manifest.read(folder).resident if is_converted(folder) else "bf16"
 
 
+def compute_dtype(args: argparse.Namespace) -> str:
+    """The dtype a load with these flags computes in: ``--dtype``, else float32 where it runs on the
+    CPU (``--device cpu``, or no CUDA GPU here and no ``--gpu-memory-budget`` to plan a card for) and
+    bfloat16 on a GPU."""
+    if args.dtype != "auto":
+        return args.dtype
+    device = getattr(args, "device", "auto")
+    on_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available()
+                                 and getattr(args, "gpu_memory_budget", None) is None)
+    return "float32" if on_cpu else "bfloat16"
+
+
 def plan_lines(spec: ModelSpec, args: argparse.Namespace) -> list[str]:
-    dtype = "bfloat16" if args.dtype == "auto" else args.dtype
+    dtype = compute_dtype(args)
     wb = _DTYPES[dtype].itemsize
     fmt, group = _expert_format(spec, args, dtype)
     per_expert = expert_bytes(spec, fmt, group)
@@ -171,7 +184,7 @@ def _pipeline_lines(spec: ModelSpec, args: argparse.Namespace, c: EngineConfig, 
     pp = plan_pipeline(spec, c.pipeline_parallel, wb, res_fmt, per_expert, budgets)
     lines = ["", f"pipeline over {pp.size} GPUs (one process each; layers balanced by the bytes each card holds):",
              *(f"  {line}" for line in pp.lines())]
-    dtype = _DTYPES["bfloat16" if args.dtype == "auto" else args.dtype]
+    dtype = _DTYPES[compute_dtype(args)]
     kv_shares = [cfg.kv_cache_size for cfg in stage_configs(c, pp, torch.device("cpu"))]
     claims: list[KVClaim] = []
     for stage, budget in zip(pp.stages, budgets):
@@ -259,7 +272,14 @@ def _budget_lines(spec, args, c: EngineConfig, resident: int, per_expert: int, n
     plan = plan_for(False)
     if table_on_host(getattr(args, "embeddings", "auto"), spec.tie_word_embeddings, plan.pool_slots < plan.num_experts):
         plan = plan_for(True)
-    lines = ["", *plan.format()]
+    # the KV cache the engine allocates: what the budget leaves (or --kv-cache-size), at most a full batch
+    kv_alloc = kv_pool_bytes(plan, context, c.max_batch, c.kv_cache_size)
+    shown = plan if kv_alloc == plan.kv_bytes else dataclasses.replace(plan, kv_bytes=kv_alloc)
+    lines = ["", *shown.format()]
+    if kv_alloc < plan.kv_bytes:
+        at = next(i for i, line in enumerate(lines) if line.startswith("KV cache")) + 1
+        lines.insert(at, f"                    (what a full batch fills, {c.max_batch} sequences of {context} tokens; "
+                         f"the budget would leave it {format_size(plan.kv_bytes)})")
     # the engine's rule (engine.loading): one sequence's context fits the KV cache
     if c.kv_cache_size:
         lines += _context_line(*fit_context_to_kv_size(context, c.max_model_len is not None, c.kv_cache_size,
@@ -272,16 +292,20 @@ def _budget_lines(spec, args, c: EngineConfig, resident: int, per_expert: int, n
         reads = getattr(args, "expert_reads", "auto")
         lines.append("missing experts   : " + (
             "copied into the pool before use" if reads == "copy" else
-            "read by the MoE kernels straight from pinned host memory in decode steps of up to 16 tokens (those "
-            "several tokens use copied in once a step), else copied in"
+            "read by the MoE kernels straight from pinned host memory in decode steps of up to 16 tokens (one "
+            "that several tokens of a step use: copied in once), else copied in"
             + (" (where the GPU can map it)" if reads == "auto" else "")))
     return lines + _bus_lines(plan, getattr(args, "hit_rate", None))
 
 
-def _bus_lines(plan: MemoryPlan, hit_rate: float | None) -> list[str]:
-    """Bus bytes per decoded token (one sequence) and the speed the bus alone allows, per hit rate."""
+def _check_hit_rate(hit_rate: float | None) -> None:
     if hit_rate is not None and not 0.0 <= hit_rate <= 1.0:
         raise ConfigError(f"--hit-rate {hit_rate:g} is not a hit rate; give a share from 0 to 1, e.g. 0.8")
+
+
+def _bus_lines(plan: MemoryPlan, hit_rate: float | None) -> list[str]:
+    """Bus bytes per decoded token (one sequence) and the speed the bus alone allows, per hit rate."""
+    _check_hit_rate(hit_rate)
     share = round(plan.pool_fraction, 4)
     tags = {r: "" for r in HIT_RATES} | {share: " (the pool's share: near-uniform routing)"}
     if hit_rate is not None:
@@ -304,6 +328,7 @@ def load_notes(spec: ModelSpec, args: argparse.Namespace) -> tuple[str, ...]:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    _check_hit_rate(getattr(args, "hit_rate", None))          # with or without a budget to price it at
     spec = read_spec(model_dir(args))
     for note in load_notes(spec, args):
         print(f"note: {note}", file=sys.stderr)

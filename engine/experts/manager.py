@@ -494,10 +494,13 @@ class ExpertManager:
         if self.direct_reads and depth == 0 and not gather:
             reads = "missing experts read directly in steps of one token, copied in otherwise"
         elif self.direct_reads:
-            reads = ("missing experts read directly" + (" (those several tokens use: copied in once)" if gather else "")
-                     + (", prefetched by the GPU" if self.direct.claims and depth > 0 else ""))
+            reads = ("missing experts read directly" + (" (one that several tokens of a step use: copied in once)"
+                                                        if gather else "")
+                     + (", prefetched by the GPU" if self.direct.claims and depth > 0 and self.device.type == "cuda"
+                        else ""))
         if self.r.store is not None and not self.r.pool.full and self.r.cold.enabled_on(self.device):
-            reads += f", or computed on {self.r.cold.threads} CPU threads ({self.r.cold.mode})"
+            n = self.r.cold.threads
+            reads += f", or computed on {n} CPU thread{'s' if n != 1 else ''} ({self.r.cold.mode})"
         return (f"{self.r.pool.describe()}, policy {self.r.policy.name}, prefetch depth {self.r.prefetch_depth}, "
                 f"{reads}")
 

@@ -33,6 +33,29 @@ def test_info_counts_bytes_by_category_and_plans_a_budget(model, capsys):
     assert "expert pool       :" in out and "per token over the bus" in out
 
 
+def test_info_counts_what_the_engine_holds(model, capsys, monkeypatch):
+    # on the CPU the engine computes in float32, so the sizes info prints are float32's; with a GPU
+    # budget they are bfloat16's, and the KV cache is what a full batch fills, as the engine allocates
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["info", "--model", str(model)]) == 0
+    out = capsys.readouterr().out
+    assert "resident matrices in float32" in out
+    # K and V of 3 layers x 2 KV heads x 16 dims in 4 bytes, 512 tokens
+    assert "KV of one sequence: 384.00 KiB at 512 tokens" in out
+    assert main(["info", "--model", str(model), "--gpu-memory-budget", "24G"]) == 0
+    out = capsys.readouterr().out
+    assert "resident matrices in bfloat16" in out
+    kv = next(line for line in out.splitlines() if line.startswith("KV cache"))
+    assert "(what a full batch fills, 16 sequences of" in out and "GiB" not in kv
+
+
+def test_a_kv_cache_size_past_a_full_batch_is_capped_with_a_note(model, capsys):
+    assert main(["generate", "--model", str(model), "--prompt", "Hi", "--max-tokens", "2", "--kv-cache-size", "50G"]) == 0
+    err = capsys.readouterr().err
+    assert "note: --kv-cache-size 50.00 GiB is more than 16 sequences of" in err and "is allocated" in err
+
+
 def test_info_says_when_the_resident_part_does_not_fit(model, capsys):
     assert main(["info", "--model", str(model), "--gpu-memory-budget", "1M"]) == 2
     err = capsys.readouterr().err
@@ -247,3 +270,9 @@ def test_output_into_a_reader_that_stops_early_ends_quietly(model):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 0
     assert "Traceback" not in err and "BrokenPipe" not in err
+
+
+@pytest.mark.parametrize("budget", [[], ["--gpu-memory-budget", "24G"]])
+def test_info_refuses_a_hit_rate_outside_0_to_1_with_or_without_a_budget(model, capsys, budget):
+    assert main(["info", "--model", str(model), "--hit-rate", "2", *budget]) == 2
+    assert capsys.readouterr().err.strip() == "error: --hit-rate 2 is not a hit rate; give a share from 0 to 1, e.g. 0.8"
