@@ -7,6 +7,8 @@ client that disconnects is still seen by the endpoint. Order, outermost first: :
 """
 from __future__ import annotations
 
+import asyncio
+
 import hmac
 import logging
 import time
@@ -173,7 +175,13 @@ class ReadBody:
         chunks: list[bytes] = []
         total, over = 0, declared is not None and int(declared) > self.limit
         while True:
-            message = await receive()
+            try:
+                message = await receive()
+            except asyncio.CancelledError:               # the server stops while the body is still coming
+                await send_error(send, APIError(503, "the server stopped before the request's body had arrived; "
+                                                     "send the request again once it is back", code="server_stopping"),
+                                 close=True)
+                return
             if message["type"] == "http.disconnect":
                 return                                   # the client is gone: nothing to answer
             body = message.get("body", b"")

@@ -25,6 +25,7 @@ log = logging.getLogger("strata.server")
 
 START_TIMEOUT_S = 30.0
 GRACE_S = 5.0                  # what requests in flight get to finish when the server stops
+LINGER_S = 1.0                 # then what cancelled streams get to end before uvicorn cancels what is left
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -56,6 +57,21 @@ def url_of(host: str, port: int) -> str:
 
 
 GIL_SWITCH_S = 0.001     # as the workbench's engine thread uses
+
+
+class _QuietShutdown(logging.Filter):
+    """uvicorn logs the connections it closes at the end of a stop's grace as an error; they are the
+    stop working as meant (engine/server/asgi.ReadBody answers them 503), so the line is info."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.ERROR and record.getMessage().startswith("Cancel ") \
+                and "timeout graceful shutdown exceeded" in record.getMessage():
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.msg, record.args = "stopping: closed %s connection(s) still open after the grace", record.args[:1]
+        return True
+
+
+_QUIET = _QuietShutdown()
 
 
 class BackgroundServer:
@@ -92,8 +108,9 @@ class BackgroundServer:
         # and no case where 1 ms lost more; with httptools and uvloop the two were alike.
         sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_S))
         config = uvicorn.Config(KeepServerSend(self.app), log_config=None, access_log=False, lifespan="on",
-                                http="auto", ws="none", loop="auto", timeout_graceful_shutdown=GRACE_S + 10)
+                                http="auto", ws="none", loop="auto", timeout_graceful_shutdown=GRACE_S + LINGER_S)
         server = self._server = uvicorn.Server(config)
+        logging.getLogger("uvicorn.error").addFilter(_QUIET)        # once: filters are a set
         failed: list[BaseException] = []
 
         def serve() -> None:
@@ -122,6 +139,9 @@ class BackgroundServer:
         server, thread = self._server, self._thread
         if server is None or thread is None:
             return
+        # uvicorn cancels connections still open this long after the stop began (a client halfway
+        # through sending a body included), once the engine's own requests were cancelled and ended
+        server.config.timeout_graceful_shutdown = grace_s + LINGER_S
         server.should_exit = True
         thread.join(grace_s)
         if thread.is_alive():

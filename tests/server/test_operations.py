@@ -139,6 +139,28 @@ def test_a_stop_ends_streams_in_flight_frees_the_port_and_logs_a_summary(loop, c
                                     r"avg_ttft=\d+\.\dms p50_step=(\d+\.\d\dms|-)", summary[-1]), summary
 
 
+def test_a_stop_while_a_client_is_still_sending_its_body_is_quick_and_quiet(loop, caplog):
+    # A request whose body never finishes arriving holds its connection open: the stop cancels it
+    # after the grace (and the moment cancelled streams get to end), not after uvicorn's own timeout,
+    # and logs no traceback for it.
+    caplog.set_level(logging.INFO)
+    srv = BackgroundServer(loop, ServerSettings(port=0))
+    url = srv.start()
+    port = int(url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 100\r\n\r\n{\"prompt\"")
+        deadline = time.monotonic() + 10
+        while srv.in_flight == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        t0 = time.monotonic()
+        srv.stop(grace_s=0.2)
+        took = time.monotonic() - t0
+    assert not srv.running and took < 5, took
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    assert not errors, [r.getMessage() for r in errors]
+
+
 def test_without_a_model_health_is_503_and_a_loaded_model_is_served_then_dropped():
     lp = EngineLoop(None, idle_wait_s=0.01)
     lp.start_thread("switch-engine")
