@@ -80,8 +80,10 @@ def fit_to_pool(config: EngineConfig, spec: ModelSpec, resident: bool) -> Fitted
     if not resident:
         return Fitted(config, notes)
     defaults = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
+    # expert parallel sets cold_experts to bus on every card itself (engine/parallel/load.py)
+    forced = {"cold_experts"} if config.expert_parallel > 1 else set()
     given = [f"{name.replace('_', ' ')} {getattr(config, name)}" for name in _POOL_OPTIONS
-             if getattr(config, name) != defaults[name]]
+             if getattr(config, name) != defaults[name] and name not in forced]
     if given:
         notes += (f"{', '.join(given)}: every expert is resident on the device, so these apply only once the "
                   "expert pool is made smaller than every expert (--expert-pool-size, or live)",)

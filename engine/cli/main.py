@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import re
 import sys
@@ -59,7 +60,9 @@ def parse(parser: argparse.ArgumentParser, sub: argparse._SubParsersAction, argv
 
 
 def unknown_command(parser: argparse.ArgumentParser, sub: argparse._SubParsersAction, word: str) -> NoReturn:
-    parser.error(f"unknown command '{word}'; choose one of {', '.join(sub.choices)}")
+    close = difflib.get_close_matches(word, list(sub.choices), n=1)
+    hint = f"did you mean '{close[0]}'? Or " if close else ""
+    parser.error(f"unknown command '{word}'; {hint}choose one of {', '.join(sub.choices)}")
 
 
 _SETTING = re.compile(r"\b([a-z][a-z0-9_]*)=('[^']*'|\"[^\"]*\"|[^\s,;)]+)")

@@ -51,8 +51,9 @@ def load_expert_parallel(config: EngineConfig, spec: ModelSpec, source: TensorSo
     check_shards(spec.num_experts, spec.top_k, n)
     budgets = card_budgets(config)
     notes = list(notes)
-    if config.cold_experts != "bus":
-        notes.append("cold_experts is bus with expert parallel: each card brings its missing experts over its own link")
+    if config.cold_experts == "cpu":              # auto means bus here, unsaid
+        notes.append("--cold-experts cpu does not apply with expert parallel: each card brings its missing experts "
+                      "over its own link (bus)")
     cfgs = [config.replace(device="cpu" if device.type == "cpu" else f"cuda:{r}", gpu_memory_budget=budgets[r],
                            cuda_graphs=False, cold_experts="bus") for r in range(n)]
     group = Pipeline(config, None, cfgs, path, device, spec, mode="experts")

@@ -48,7 +48,7 @@ def create_app(loop: EngineLoop, settings: ServerSettings) -> FastAPI:
     app.add_api_route("/v1/models/{model_id:path}", routes.retrieve_model, methods=["GET"])
     app.add_api_route("/v1/completions", create_completion, methods=["POST"])
     app.add_api_route("/v1/chat/completions", create_chat_completion, methods=["POST"])
-    app.add_api_route("/health", routes.health, methods=["GET"])
+    app.add_api_route("/health", routes.health, methods=["GET", "HEAD"])
     app.add_api_route("/metrics", routes.metrics, methods=["GET"])
     app.add_api_route("/v1/strata/stats", routes.strata_stats, methods=["GET"])
     app.add_api_route("/v1/strata/config", routes.get_config, methods=["GET"])

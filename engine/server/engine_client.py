@@ -187,7 +187,9 @@ class EngineClient:
                                 f"at most {capacity} at once; send fewer prompts or a smaller n", param="n")
         waiting = len(self.active) + count - info.max_batch
         if waiting > self.settings.max_queued:
-            raise APIError(503, f"the server is busy: {len(self.active)} requests are running or waiting and at most "
+            n = len(self.active)
+            are = "requests are" if n != 1 else "request is"
+            raise APIError(503, f"the server is busy: {n} {are} running or waiting and at most "
                                 f"{self.settings.max_queued} may wait; retry in a moment",
                            code="server_busy", headers=_retry())
 

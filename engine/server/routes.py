@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -77,6 +78,13 @@ def _jsonable(value: object) -> object:
     return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
 
 
+def _named(message: str, body: dict) -> str | None:
+    """The option of ``body`` a refusal is about: the only one sent, else the one its message names."""
+    if len(body) == 1:
+        return next(iter(body))
+    return next((k for k in body if re.search(rf"\b{re.escape(k)}\b", message)), None)
+
+
 async def set_config(request: Request) -> Response:
     """Apply live options as the workbench's knobs do; the engine's refusal comes back as a 400."""
     server = state_of(request)
@@ -87,8 +95,7 @@ async def set_config(request: Request) -> Response:
     try:
         applied = await server.client.call(lambda e: e.reconfigure(**body))
     except StrataError as exc:
-        param = next(iter(body)) if len(body) == 1 else None
-        raise APIError(400, str(exc), param=param, code="invalid_option") from None
+        raise APIError(400, str(exc), param=_named(str(exc), body), code="invalid_option") from None
     if "max_batch" in body:
         await server.client.refresh()                    # admission counts against the new batch
     return JSONResponse({"applied": applied})

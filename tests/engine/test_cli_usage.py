@@ -44,7 +44,10 @@ MISTAKES = [
      "main.py gui: error: argument --kv-cache-dtype: invalid choice: 'int2' (choose from 'auto', 'bf16', 'int8', "
      "'fp8') (see main.py gui --help)"),
     (["genrate", "--prompt", "hi"],
-     "main.py: error: unknown command 'genrate'; choose one of generate, chat, info, convert, eval, serve, bench, gui "
+     "main.py: error: unknown command 'genrate'; did you mean 'generate'? Or choose one of generate, chat, info, "
+     "convert, eval, serve, bench, gui (see main.py --help)"),
+    (["xyzzy"],
+     "main.py: error: unknown command 'xyzzy'; choose one of generate, chat, info, convert, eval, serve, bench, gui "
      "(see main.py --help)"),
 ]
 

@@ -184,6 +184,7 @@ def test_the_key_may_also_come_as_x_api_key_and_health_needs_none(url):
     ok = httpx.post(url + COMPLETE, headers={"x-api-key": KEY}, json={"prompt": "Hi", "max_tokens": 1}, timeout=30)
     assert ok.status_code == 200
     assert httpx.get(url + "/health", timeout=30).json() == {"status": "ok"}
+    assert httpx.head(url + "/health", timeout=30).status_code == 200          # as load balancers ask
 
 
 def test_the_openai_client_raises_its_typed_errors(client):

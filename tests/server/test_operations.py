@@ -76,6 +76,8 @@ def test_config_lists_live_options_applies_a_valid_change_and_refuses_with_the_e
     assert refused.status_code == 400
     assert refused.json()["error"] == {"message": "max_batch must be an integer >= 1 (got 0)",
                                        "type": "invalid_request_error", "param": "max_batch", "code": "invalid_option"}
+    both = http.post("/v1/strata/config", json={"max_batch": 4, "prefetch_depth": "x"})
+    assert both.status_code == 400 and both.json()["error"]["param"] == "prefetch_depth"   # the one refused
     try:
         half = http.post("/v1/strata/config", json={"expert_pool_size": "50%"})
         assert half.status_code == 200 and "expert pool:" in half.json()["applied"]["expert_pool_size"]
