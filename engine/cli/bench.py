@@ -83,7 +83,9 @@ def warmup_of(workload: Workload, count: int | None) -> Workload | None:
         raise ConfigError(f"--warmup must be 0 or more requests (got {n})")
     if n == 0:
         return None
-    return workload.replace(num_requests=n, output_len=Fixed(WARMUP_TOKENS), request_rate=None,
+    # replies no longer than the run's own, so that a warm-up never needs more context than the run
+    return workload.replace(num_requests=n, output_len=Fixed(min(WARMUP_TOKENS, workload.output_len.largest)),
+                            request_rate=None,
                             concurrency=workload.concurrency or n, seed=(workload.seed + 1) % 2 ** 32, name="warm-up")
 
 
@@ -99,7 +101,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def _run_local(args: argparse.Namespace, workload: Workload, warmup: Workload | None):
     from engine.bench.engine_side import engine_facts, measure_limits
-    from engine.bench.inprocess import run_in_process
+    from engine.bench.inprocess import check_workload, run_in_process
     from engine.cli.run import open_engine
     from engine.loop import EngineLoop
     if args.vocab_size is not None:
@@ -111,6 +113,7 @@ def _run_local(args: argparse.Namespace, workload: Workload, warmup: Workload | 
         if args.preset and args.output_len is None:          # the preset's replies, not the user's
             facts = loop.call(engine_facts).result()
             workload = _fitted(workload, facts.context_tokens, facts.model)
+        check_workload(workload, loop.call(engine_facts).result())     # the run's own numbers, before a warm-up
         limits = loop.call(lambda e: measure_limits(e.loaded.device)).result()
         if warmup is not None:
             _warm_up(_with_progress("warm-up", warmup, lambda p: run_in_process(loop, warmup, p, limits)))

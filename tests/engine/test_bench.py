@@ -240,6 +240,16 @@ def test_a_workload_longer_than_the_context_is_refused_before_it_runs(demo_loop)
         run_in_process(demo_loop, Workload(num_requests=1, prompt_len=Fixed(100), output_len=Fixed(500)))
 
 
+def test_a_refusal_quotes_the_run_asked_for_not_its_warm_up(capsys):
+    # the warm-up's replies are short (8 tokens), but a run whose prompts do not fit is refused with its
+    # own numbers, and a warm-up never asks for longer replies than the run
+    from engine.cli.bench import warmup_of
+    assert main(["bench", "--model", str(DEMO), "--device", "cpu", "--prompt-len", "600", "--output-len", "5"]) == 2
+    assert "needs 605 tokens (prompt up to 600, output up to 5)" in capsys.readouterr().err
+    run = Workload(num_requests=4, prompt_len=Fixed(100), output_len=Fixed(3), concurrency=2)
+    assert warmup_of(run, None).output_len == Fixed(3)
+
+
 def test_a_preset_whose_replies_pass_the_context_gets_shorter_replies_with_a_note(capsys):
     # The README's four-streams (prompts up to 52 tokens, replies of 800) on the demo's 512-token
     # context: replies of 460, said once; replies the user chose are never changed (refused instead).
