@@ -32,7 +32,7 @@ from typing import Any, Callable
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from app.bridge_api import (LIVE_NAMES, LIVE_OPTIONS, EngineLoop, Job, RequestDelta, SamplingParams, StrataError,
-                            apply_cpu_threads, fit_messages, fit_text)
+                            apply_cpu_threads, fit_messages, fit_text, reasoning_reader)
 from app.bridge_state import describe_model, knob_state, synthetic_prompt
 from app.cli_wording import gui_wording
 from app.model_loader import EngineFactory, Load, Loaded, Loader, must_unload_first, open_engine
@@ -322,9 +322,9 @@ class EngineBridge(QObject):
             params = SamplingParams(max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
                                     top_k=s.top_k, ignore_eos=req.ignore_eos)
             prompt = self._prompt_of(req)
-            chat = self._engine.tokenizer.harmony if req.messages else None
-            if chat is not None:
-                self._pending.read_as_harmony(req.request_id, chat.reader())
+            reader = reasoning_reader(self._engine.tokenizer, prompt) if req.messages else None
+            if reader is not None:
+                self._pending.read_apart(req.request_id, reader)
             self.engine_loop.add_now(Job(req.request_id, prompt, params, self._on_delta))
         except StrataError as exc:
             self._end(req.request_id, "error", str(exc))

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.chat_format.harmony import ReplyReader
+from engine.chat_format.think import reasoning_reader
 from engine.cli.options import add_engine_flags, add_model_flag
 from engine.config import EngineConfig
 from engine.context import fit_messages, fit_text
@@ -26,7 +27,7 @@ __all__ = ["EngineConfig", "EngineLoop", "FakeMonitor", "GpuMonitor", "GpuSample
            "LiveOption", "NO_GPU_STATUS", "NvmlMonitor", "POWER_REASONS", "ReplyReader", "RequestDelta",
            "SamplingParams", "StrataError", "THERMAL_REASONS", "THROTTLE_REASONS", "add_engine_flags",
            "add_model_flag", "apply_cpu_threads", "build_engine", "build_server", "fit_messages", "fit_text",
-           "option"]
+           "option", "reasoning_reader"]
 
 
 def build_engine(config: EngineConfig) -> Any:

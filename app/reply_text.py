@@ -1,5 +1,6 @@
 """The window's reply text between two ticks of the bridge: the engine's decoded text, or — for a reasoning
-model (harmony) — the reply's tokens read into its reasoning and its answer. Runs on the bridge thread."""
+model (harmony's channels, or <think> tags) — the reply's tokens read into its reasoning and its answer.
+Runs on the bridge thread."""
 from __future__ import annotations
 
 from app.bridge_api import ReplyReader, RequestDelta
@@ -12,12 +13,12 @@ class ReplyText:
     def __init__(self) -> None:
         self._text: dict[str, list[str]] = {}
         self._thinking: dict[str, list[str]] = {}
-        self._readers: dict[str, ReplyReader] = {}     # requests whose tokens are read as harmony
+        self._readers: dict[str, ReplyReader] = {}     # requests whose tokens are read into reasoning and answer
 
     def __bool__(self) -> bool:
         return bool(self._text or self._thinking)
 
-    def read_as_harmony(self, request_id: str, reader: ReplyReader) -> None:
+    def read_apart(self, request_id: str, reader: ReplyReader) -> None:
         self._readers[request_id] = reader
 
     def add(self, d: RequestDelta) -> None:

@@ -33,6 +33,7 @@ from engine.errors import ModelLoadError, StrataError
 
 if TYPE_CHECKING:
     from engine.chat_format.harmony import HarmonyChat
+    from engine.chat_format.think import ThinkTags
 
 _SPECIAL_NAMES = ("bos_token", "eos_token", "pad_token", "unk_token")
 
@@ -210,6 +211,13 @@ class Tokenizer:
         """The harmony chat format (gpt-oss) when the vocabulary has its special tokens, else None."""
         from engine.chat_format.harmony import HarmonyChat
         return HarmonyChat.of(self)
+
+    @functools.cached_property
+    def think(self) -> ThinkTags | None:
+        """The ``<think>`` reasoning tags (Qwen3, GLM-4.5) when the model writes them, else None (and None
+        for a harmony model, whose reasoning has its own channel)."""
+        from engine.chat_format.think import ThinkTags
+        return None if self.harmony is not None else ThinkTags.of(self)
 
     def token_to_id(self, token: str) -> int | None:
         """The id of one vocabulary entry, or None when it is not in the vocabulary."""

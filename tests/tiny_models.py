@@ -156,3 +156,36 @@ def build_tiny_tools_model(path: Path, family: str = "qwen3_moe", seed: int = 0)
     cfg["chat_template"] = TOOLS_CHAT_TEMPLATE
     cfg_path.write_text(json.dumps(cfg, indent=2), encoding="utf-8")
     return path
+
+
+# Qwen3's way of writing reasoning: the reply opens with <think>, and a turn that must not think has an
+# empty block put in its generation prompt (enable_thinking false), so that reply starts after it.
+THINK_CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and not enable_thinking %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}"
+)
+THINK_TOKENS = ("<think>", "</think>")
+
+
+def build_tiny_think_model(path: Path, family: str = "qwen3_moe", seed: int = 0) -> Path:
+    """:func:`build_tiny_model` whose vocabulary has ``<think>`` and ``</think>`` as single ordinary
+    tokens and whose chat template writes them (:data:`THINK_CHAT_TEMPLATE`), as Qwen3's and GLM-4.5's."""
+    import json
+
+    from tokenizers import AddedToken, Tokenizer
+
+    build_tiny_model(path, family, seed)
+    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TOKENS])
+    if tok.get_vocab_size(with_added_tokens=True) > VOCAB:
+        raise ValueError(f"the tiny tokenizer outgrew the model's {VOCAB} embeddings")
+    tok.save(str(path / "tokenizer.json"))
+    cfg_path = path / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    cfg["chat_template"] = THINK_CHAT_TEMPLATE
+    cfg_path.write_text(json.dumps(cfg, indent=2), encoding="utf-8")
+    return path

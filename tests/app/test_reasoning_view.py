@@ -98,7 +98,7 @@ def test_the_bridge_reads_a_reasoning_models_tokens_into_reasoning_and_answer(tm
     ids = tok.encode(f"<|channel|>analysis<|message|>{THOUGHT}<|end|><|start|>assistant<|channel|>final"
                      "<|message|>Hello!<|return|>", add_special_tokens=False)
     text = ReplyText()
-    text.read_as_harmony("r1", tok.harmony.reader())
+    text.read_apart("r1", tok.harmony.reader())
     half = len(ids) // 2
     text.add(RequestDelta("r1", tuple(ids[:half]), "garbled", False))
     text.add(RequestDelta("plain", (5,), "plain text", False))       # another request: its text as is
@@ -108,3 +108,21 @@ def test_the_bridge_reads_a_reasoning_models_tokens_into_reasoning_and_answer(tm
     assert (chunks["r1"].reasoning, chunks["r1"].text) == (THOUGHT, "Hello!")
     assert (chunks["plain"].reasoning, chunks["plain"].text) == ("", "plain text")
     assert text.take() is None
+
+
+def test_the_bridge_reads_think_tags_into_reasoning_and_answer(tmp_path):
+    # Qwen3 / GLM-4.5: the reply opens a <think> block; the window shows it as the reasoning above the answer
+    from app.bridge_api import reasoning_reader
+    from tiny_models import build_tiny_think_model
+    tok = Tokenizer.from_dir(build_tiny_think_model(tmp_path / "think"))
+    prompt = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=True)
+    reader = reasoning_reader(tok, prompt)
+    ids = [tok.think.open_id, *tok.encode("\nLet me see.\n", add_special_tokens=False), tok.think.close_id,
+           *tok.encode("\n\nHello!", add_special_tokens=False)]
+    text = ReplyText()
+    text.read_apart("r1", reader)
+    text.add(RequestDelta("r1", tuple(ids[:3]), "x", False))
+    text.add(RequestDelta("r1", tuple(ids[3:]), "x", True, "stop"))
+    chunk = text.take().chunks[0]
+    assert (chunk.reasoning, chunk.text) == ("Let me see.\n", "Hello!")
+    assert reasoning_reader(Tokenizer.from_dir(build_tiny_harmony_tokenizer(tmp_path / "h")), []) is not None
