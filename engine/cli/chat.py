@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from engine.chat_format.harmony import DEFAULT_EFFORT, EFFORTS, HarmonyDelta, ReplyReader
+from engine.chat_format.think import reasoning_reader
 from engine.cli.run import CHAT_OVERFLOW, Reply, open_engine, sampling_params, stream
 from engine.context import OVERFLOW_POLICIES, ContextOverflowError, FittedPrompt, fit_messages, fit_text
 from engine.errors import ConfigError, StrataError
@@ -41,10 +42,12 @@ class ChatSession:
         self.name = engine.model_info.name
         self.use_template = engine.tokenizer.has_chat_template and not engine.model_info.completion_only
         self.harmony = engine.tokenizer.harmony if self.use_template else None   # reasoning shown apart
+        self.think = engine.tokenizer.think if self.use_template else None       # <think> tags: shown apart too
         self.effort = effort
         self.system = [{"role": "system", "content": system}] if system else []
         self.messages: list[dict] = list(self.system)    # the whole conversation, never cut to fit
         self.dropped = 0                                  # what the previous prompt left out
+        self._prompt_ids: list[int] = []                  # the last turn's prompt (where its reply began)
 
     def run(self) -> int:
         self._banner()
@@ -75,6 +78,8 @@ class ChatSession:
         if self.harmony is not None:
             print(f"A reasoning model: its thinking shows first{' (dimmed)' if sys.stdout.isatty() else ''}; "
                   f"/reasoning sets how hard it thinks (now {self.effort}).")
+        elif self.think is not None:
+            print(f"A reasoning model: its thinking shows first{' (dimmed)' if sys.stdout.isatty() else ''}.")
         if self.system and not self.use_template:
             _note("--system is not used: a base model continues your text and has no system prompt")
 
@@ -121,11 +126,12 @@ class ChatSession:
         try:
             fitted = self._fit()
             self._say_dropped(fitted)
-            if self.harmony is not None:
-                shown = _Shown(self.engine, self.harmony.reader())
-                reply = stream(shown, fitted.token_ids, self.params, echo=False)
+            reader = reasoning_reader(self.engine.tokenizer, fitted.token_ids) if self.use_template else None
+            if reader is not None:
+                reply = stream(_Shown(self.engine, reader), fitted.token_ids, self.params, echo=False)
             else:
                 reply = stream(self.engine, fitted.token_ids, self.params)
+            self._prompt_ids = fitted.token_ids
         except StrataError as e:          # refused before anything was said: the turn never happened
             self.messages.pop()
             _error(e)
@@ -159,6 +165,10 @@ class ChatSession:
             said = self.harmony.parse(reply.token_ids)
             message = {"role": "assistant", "content": said.content}
             self.messages.append({**message, "reasoning_content": said.reasoning} if said.reasoning else message)
+        elif self.think is not None and (reply.token_ids or reply.error is None):
+            # the answer alone goes back into the prompt, as the template would keep it
+            said = self.think.parse(self.engine.tokenizer, reply.token_ids, self._prompt_ids)
+            self.messages.append({"role": "assistant", "content": said.content})
         elif reply.text or reply.error is None:
             self.messages.append({"role": "assistant", "content": reply.text})
         else:
@@ -218,8 +228,9 @@ class ChatSession:
 
 
 class _Shown:
-    """The engine as ``stream`` drives it, with one request's harmony reply printed as it passes: the
-    reasoning dimmed (plain text when stdout is not a terminal), then the answer."""
+    """The engine as ``stream`` drives it, with one request's reply read apart (harmony, or <think> tags)
+    and printed as it passes: the reasoning dimmed (plain text when stdout is not a terminal), then the
+    answer."""
 
     def __init__(self, engine, reader: ReplyReader) -> None:
         self.engine, self.reader = engine, reader

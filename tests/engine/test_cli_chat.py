@@ -236,3 +236,48 @@ def test_generate_says_when_the_context_ended_the_reply_before_max_tokens(capsys
     made = json.loads(out)["completion_tokens"]
     assert made < 16 and (f"note: the reply stopped after {made} tokens, at the end of the 8-token context, "
                           "before --max-tokens 16") in err
+
+
+def test_a_think_models_reasoning_prints_first_and_only_its_answer_stays_in_the_chat(tmp_path, capsys):
+    # Qwen3 / GLM-4.5 write their reasoning in <think> tags: it prints before the answer (dimmed on a
+    # terminal) and the next turn's prompt holds the answer alone. The reply is scripted: a random model
+    # writes no tags of its own.
+    from types import SimpleNamespace
+
+    from engine.cli.chat import ChatSession
+    from engine.outputs import RequestDelta
+    from engine.sampling import SamplingParams
+    from engine.tokenizer import Tokenizer
+    from tiny_models import build_tiny_think_model
+    tok = Tokenizer.from_dir(build_tiny_think_model(tmp_path / "think"))
+    ids = [tok.think.open_id, *tok.encode("\nhmm, two\n", add_special_tokens=False), tok.think.close_id,
+           *tok.encode("\n\nIt is 2.", add_special_tokens=False)]
+
+    class Scripted:
+        tokenizer, context_tokens = tok, 512
+        model_info = SimpleNamespace(name="think", completion_only=False)
+
+        def __init__(self):
+            self.prompts, self.steps = [], []
+
+        def add_request(self, request_id, prompt, params):
+            self.prompts.append(list(prompt))
+            self.steps = [ids[:4], ids[4:]]
+            return "r"
+
+        def step(self):
+            part = self.steps.pop(0)
+            done = not self.steps
+            return [RequestDelta("r", tuple(part), tok.decode(part), done, "stop" if done else None, 5, len(ids))]
+
+        def abort_now(self, request_id):
+            return None
+
+    engine = Scripted()
+    chat = ChatSession(engine, SamplingParams(max_tokens=50), None, "drop-oldest")
+    chat._turn("what is 1 + 1?")
+    out = capsys.readouterr().out
+    assert out.index("hmm, two") < out.index("It is 2.") and "<think>" not in out
+    assert chat.messages[-1] == {"role": "assistant", "content": "It is 2."}
+    chat._turn("and 2 + 2?")
+    assert "hmm" not in tok.decode(engine.prompts[-1]) and "It is 2." in tok.decode(engine.prompts[-1])
