@@ -7,10 +7,12 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
+from engine.chat_format.think import ThinkTags
 from engine.errors import ConfigError, StrataError
 from engine.guided import Guide
 from engine.outputs import RequestDelta
@@ -40,6 +42,7 @@ class ChatPrompt:
     plan: tools.ToolPlan
     guide: Guide | None
     harmony: HarmonyReply | None = None     # a harmony model's reply is read from its tokens
+    think: ThinkTags | None = None          # a <think> model's reasoning is read apart from its tokens
 
 
 def prepare(body: dict, info: ModelInfo) -> ChatPrompt:
@@ -75,7 +78,7 @@ def prepare(body: dict, info: ModelInfo) -> ChatPrompt:
         ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **variables)
     except StrataError as exc:
         raise bad("messages", str(exc)) from None
-    return ChatPrompt(list(ids), plan, guide or plan.guide)
+    return ChatPrompt(list(ids), plan, guide or plan.guide, think=tok.think)
 
 
 def _prepare_harmony(body: dict, chat) -> ChatPrompt:
@@ -105,7 +108,7 @@ async def create_chat_completion(request: Request) -> Response:
     server.client.admit(len(choices), info)
     stream = await server.client.start([prompt.ids] * common.n, choices)
     gen = Generation(stream, common.n, [len(prompt.ids)], record_of(request), server.metrics)
-    view = ChatView(info, common, k, prompt.plan, prompt.harmony)
+    view = ChatView(info, common, k, prompt.plan, prompt.harmony, _Think.of(prompt, info))
     return await respond(view, gen, common.stream, request.receive)
 
 
@@ -118,12 +121,32 @@ def _logprobs(f: Fields) -> int | None:
     return (top or 0) if wanted else None
 
 
+@dataclass(frozen=True)
+class _Think:
+    """A <think> model's reply read apart: what reads it, and the prompt it answers."""
+
+    tags: ThinkTags
+    tokenizer: Any
+    prompt_ids: list[int]
+
+    @staticmethod
+    def of(prompt: ChatPrompt, info: ModelInfo) -> _Think | None:
+        return None if prompt.think is None else _Think(prompt.think, info.tokenizer, prompt.ids)
+
+    def reader(self):
+        return self.tags.reader(self.tokenizer, self.prompt_ids)
+
+    def parse(self, token_ids):
+        return self.tags.parse(self.tokenizer, token_ids, self.prompt_ids)
+
+
 class ChatView:
     """The response shapes of one chat request: the whole body, or its server-sent events."""
 
     def __init__(self, info: ModelInfo, common: Common, k: int | None, plan: tools.ToolPlan,
-                 harmony: HarmonyReply | None = None) -> None:
+                 harmony: HarmonyReply | None = None, think: _Think | None = None) -> None:
         self.info, self.common, self.k, self.plan, self.harmony = info, common, k, plan, harmony
+        self.think = think
         self.id, self.created = new_id("chatcmpl"), created()
         head = json.dumps({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
                            "model": info.name})
@@ -138,6 +161,10 @@ class ChatView:
         text = c.joined
         message: dict = {"role": "assistant", "content": text}
         finish = c.finish_reason
+        if self.think is not None:
+            said = self.think.parse(c.token_ids)
+            text = message["content"] = said.content
+            message["reasoning_content"] = said.reasoning or None
         if self.harmony is not None:
             message, called = self.harmony.message(c.token_ids)
             finish = "tool_calls" if called else finish
@@ -176,8 +203,9 @@ class ChatView:
                 async for burst in gen.updates():
                     yield "".join(self._harmony_delta(c, d, readers[c.index], calls) for c, d in burst)
             else:
+                readers = {c.index: self.think.reader() for c in gen.ordered} if self.think is not None else {}
                 async for burst in gen.updates():
-                    yield "".join(self._delta(c, d, parsers[c.index], called) for c, d in burst)
+                    yield "".join(self._delta(c, d, parsers[c.index], called, readers.get(c.index)) for c, d in burst)
             async for event in stream_end(gen, self._head, self.common.include_usage):
                 yield event
         finally:
@@ -197,13 +225,23 @@ class ChatView:
             parts.append(self._chunk(c.index, {}, "tool_calls" if calls[c.index] else d.finish_reason))
         return "".join(parts)
 
-    def _delta(self, c: Choice, d: RequestDelta, parser: tools.ToolStreamParser, called: set[int]) -> str:
-        events = parser.feed(d.new_text) if d.new_text else []
-        if d.finished:
-            events += parser.finish()
-        parts = []
+    def _delta(self, c: Choice, d: RequestDelta, parser: tools.ToolStreamParser, called: set[int],
+               think=None) -> str:
+        """One step of a reply: its text (a <think> model's answer, after its reasoning as
+        ``reasoning_content``) through the tool-call parser."""
+        text, parts = d.new_text, []
         logprobs = self._logprobs(d.new_token_ids, d.logprobs) if d.new_token_ids else None
         ids = list(d.new_token_ids) if self.common.return_token_ids else None
+        if think is not None:
+            said = think.feed(d.new_token_ids)
+            said = said + think.finish() if d.finished else said
+            text = said.content
+            if said.reasoning:
+                parts.append(self._chunk(c.index, {"reasoning_content": said.reasoning}, None, logprobs, ids))
+                logprobs, ids = None, None
+        events = parser.feed(text) if text else []
+        if d.finished:
+            events += parser.finish()
         for e in events:
             if isinstance(e, tools.ToolCallDelta):
                 called.add(c.index)

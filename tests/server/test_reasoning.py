@@ -143,3 +143,47 @@ def test_bad_harmony_fields_are_refused_naming_the_field(client, body, param):
         client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
                                        extra_body=body)      # extra_body's fields win, messages too
     assert info.value.body["param"] == param
+
+
+# ---- a model that writes its reasoning in <think> tags (Qwen3, GLM-4.5) --------------------------------
+
+@pytest.fixture(scope="module")
+def think_server(tmp_path_factory):
+    from tiny_models import build_tiny_think_model
+    folder = build_tiny_think_model(tmp_path_factory.mktemp("think") / "m")
+    eng = LLMEngine(EngineConfig(model=str(folder), device="cpu"))
+    loop = EngineLoop(eng, idle_wait_s=0.01)
+    loop.start_thread("think-engine")
+    srv = BackgroundServer(loop, ServerSettings(port=0, api_key=KEY))
+    srv.start()
+    yield srv, eng.tokenizer
+    srv.stop()
+    loop.stop()
+    loop.join(30)
+    eng.close()
+
+
+@pytest.fixture
+def think_client(think_server, monkeypatch) -> openai.OpenAI:
+    """The next replies write ``<think>`` + reasoning + ``</think>`` + an answer, the tags forced as tokens."""
+    tok = think_server[1]
+    tags = f"<[{tok.think.open_id}]> " + json.dumps("\nWeigh it.\n") + f" <[{tok.think.close_id}]> " + \
+        json.dumps("\n\nYes.")
+    real = chat_mod.prepare
+
+    def forced(body, info):
+        return dataclasses.replace(real(body, info), guide=Guide("lark", f"start: {tags}\n", source="test"))
+    monkeypatch.setattr(chat_mod, "prepare", forced)
+    return openai.OpenAI(base_url=think_server[0].url + "/v1", api_key=KEY, max_retries=0, timeout=TIMEOUT)
+
+
+def test_think_tags_are_reasoning_content_whole_and_streamed(think_client):
+    hi = [{"role": "user", "content": "hi"}]
+    message = think_client.chat.completions.create(model="m", messages=hi, max_tokens=60).choices[0].message
+    assert (reasoning_of(message), message.content) == ("Weigh it.\n", "Yes.")
+    deltas = [c.choices[0].delta for c in think_client.chat.completions.create(model="m", messages=hi, max_tokens=60,
+                                                                               stream=True) if c.choices]
+    assert "".join(reasoning_of(d) or "" for d in deltas) == "Weigh it.\n"
+    assert "".join(d.content or "" for d in deltas) == "Yes."
+    kinds = [("r" if reasoning_of(d) else "c") for d in deltas if reasoning_of(d) or d.content]
+    assert kinds == sorted(kinds, reverse=True)                          # every reasoning delta comes first
