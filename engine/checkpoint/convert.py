@@ -24,7 +24,6 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_file
 
-from engine.checkpoint import families as fn
 from engine.checkpoint.checks import check_finite
 from engine.checkpoint.converted import (FORMAT_VERSION, MANIFEST, RESIDENT_FILE, ROW_SCALES, expert_doc, expert_file,
                                          layout_doc, verify_files)
@@ -32,7 +31,7 @@ from engine.checkpoint.destination import (PARTIAL_MARKER, Destination, check_so
                                            make_staging, plan_destination)
 from engine.checkpoint.integrity import RECORD, file_sha256
 from engine.checkpoint.loader import check_complete, pack_layer_experts, where_of
-from engine.checkpoint.plan import quantisable, tensor_plan
+from engine.checkpoint.plan import kept_in_float32, quantisable, tensor_plan
 from engine.checkpoint.reader import INDEX, SafetensorsReader
 from engine.checkpoint.spec import ModelSpec, read_spec
 from engine.config import DEFAULT_GROUP_SIZE, GROUP_SIZES
@@ -84,14 +83,12 @@ def _check_options(opts: ConvertOptions) -> None:
 def _resident_tensors(reader: SafetensorsReader, spec: ModelSpec, resident: str) -> dict[str, torch.Tensor]:
     from kernels.qlinear import quantize_rows
     out: dict[str, torch.Tensor] = {}
-    # attention sinks are read in float32 at load (they join the softmax denominator): kept so
-    sinks = {f"{fn.ATTN.format(i=i)}.sinks" for i in range(spec.num_layers)} if spec.family.attn_sinks else set()
     for t in tensor_plan(spec):
         if t.category == "routed_experts":
             continue
         w = reader.get(t.name)
         check_finite(w, t.name, where_of(reader, t.name))
-        if t.name in sinks:
+        if kept_in_float32(spec, t):                 # read in float32 at load: kept so
             out[t.name] = w.to(torch.float32).contiguous()
         elif resident != "bf16" and quantisable(t):
             qw = quantize_rows(w, resident)

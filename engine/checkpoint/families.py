@@ -38,9 +38,11 @@ class Family:
     fused_kn: bool = False             # fused gate_up [E, D, 2F] and down [E, F, D]
     interleaved_gate_up: bool = False  # fused gate/up outputs alternate gate, up, gate, up, ...
     # GLM-4.5: sigmoid router scores; experts chosen by score plus a per-expert correction bias (this
-    # tensor beside the router) while the weights are the plain scores; routed_scaling_factor;
-    # n_shared_experts of moe_intermediate_size; the first first_k_dense_replace layers dense;
-    # use_qk_norm switching the per-head q/k norm; partial_rotary_factor (spec.rotary_dim)
+    # tensor beside the router) while the weights are the plain scores. glm_keys: config.json spells
+    # the MoE as GLM does (routed_scaling_factor, n_routed_experts, n_shared_experts of
+    # moe_intermediate_size, the first first_k_dense_replace layers dense, use_qk_norm switching the
+    # per-head q/k norm), with transformers' Glm4MoeConfig defaults for what it leaves out
+    # (partial_rotary_factor 0.5, norm_topk_prob, rms_norm_eps 1e-5, one shared expert, one dense layer)
     router_scoring: str = "softmax"
     score_bias: str | None = None
     glm_keys: bool = False

@@ -8,8 +8,8 @@ import torch
 from engine.checkpoint import families as fn
 from engine.checkpoint.checks import check_cast, check_dtype, check_finite
 from engine.checkpoint.mxfp4 import check_mxfp4_layer, has_mxfp4, pack_mxfp4_layer
-from engine.checkpoint.plan import (TensorEntry, quantisable, routed_expert_entries, router_bias_name, score_bias_name,
-                                    shared_expert_names, tensor_plan)
+from engine.checkpoint.plan import (TensorEntry, kept_in_float32, quantisable, routed_expert_entries, router_bias_name,
+                                    score_bias_name, shared_expert_names, tensor_plan)
 from engine.checkpoint.reader import TensorSource
 from engine.checkpoint.spec import ModelSpec
 from engine.errors import ModelLoadError
@@ -165,7 +165,12 @@ def load_weights(spec: ModelSpec, source: TensorSource, device: torch.device, dt
     ``embed_on_host``: the (untied) embedding table stays in page-locked host memory."""
     fetch = _Fetch(source, device, dtype, resident, partial_rope_orders(spec))
     by_name = {t.name: t for t in tensor_plan(spec) if t.category != "routed_experts"}
-    get = lambda name, dt=None: fetch(by_name.get(name), dt)                 # noqa: E731
+
+    def get(name: str | None, dt: torch.dtype | None = None) -> torch.Tensor | None:
+        entry = by_name.get(name)
+        if entry is not None and kept_in_float32(spec, entry):
+            dt = torch.float32
+        return fetch(entry, dt)
     matrix = lambda *names: fetch.matrix([by_name.get(n) for n in names])   # noqa: E731  rows concatenated
     rows = allocate_rows(spec.num_moe_layers * spec.num_experts, layout.nbytes)
     layers, moe_index = [], 0
@@ -179,8 +184,7 @@ def load_weights(spec: ModelSpec, source: TensorSource, device: torch.device, dt
             shared = _mlp(matrix, shared_name) if spec.shared_ffn else None
             layer.moe = MoEWeights(moe_index, get(spec.family.router.format(p=p)), shared,
                                    get(gate_name) if spec.shared_ffn and gate_name else None,
-                                   get(router_bias_name(spec, i)),
-                                   score_bias=get(score_bias_name(spec, i), torch.float32))
+                                   get(router_bias_name(spec, i)), score_bias=get(score_bias_name(spec, i)))
             layer_rows = rows[moe_index * spec.num_experts:(moe_index + 1) * spec.num_experts]
             read_experts = getattr(source, "read_experts", None)     # a converted folder: packed already
             if read_experts is not None:

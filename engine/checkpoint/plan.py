@@ -85,6 +85,15 @@ def shared_expert_names(spec: ModelSpec, i: int) -> tuple[str, str | None]:
     return f"{p}.{spec.family.shared_expert}", gate
 
 
+def kept_in_float32(spec: ModelSpec, entry: TensorEntry) -> bool:
+    """Resident tensors read (and converted) in float32 whatever the compute dtype: attention sinks (they
+    join the softmax denominator) and a sigmoid-scored router's weight and choice bias (GLM: a bfloat16
+    rounding of the scores changes which experts a token gets, and transformers routes in float32)."""
+    if entry.name.endswith(".sinks"):
+        return True
+    return spec.family.router_scoring == "sigmoid" and entry.category == "router"
+
+
 def router_bias_name(spec: ModelSpec, i: int) -> str:
     """The router's bias beside its weight (``{p}.router.weight`` -> ``{p}.router.bias``)."""
     return spec.family.router.format(p=spec.family.moe_prefix.format(i=i)).removesuffix(".weight") + ".bias"
@@ -158,7 +167,10 @@ def resident_bytes_by_category(spec: ModelSpec, elem: int, fmt: str = "bf16", ac
             n *= s
         if active and t.name == fn.EMBED and not spec.tie_word_embeddings:
             n = spec.hidden
-        out[t.category] += n + 4 * t.shape[0] if fmt in ("fp8", "int8") and quantisable(t) else n * elem
+        if fmt in ("fp8", "int8") and quantisable(t):
+            out[t.category] += n + 4 * t.shape[0]
+        else:
+            out[t.category] += n * (4 if kept_in_float32(spec, t) else elem)
     return out
 
 

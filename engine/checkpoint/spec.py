@@ -235,7 +235,7 @@ def _num_experts(f: ConfigFields) -> int:
 
 def _moe_layers(f: ConfigFields, fam: Family, n_layers: int) -> tuple[bool, ...]:
     if fam.glm_keys:
-        dense = f.integer("first_k_dense_replace", 0, minimum=0, maximum=n_layers - 1,
+        dense = f.integer("first_k_dense_replace", min(1, n_layers - 1), minimum=0, maximum=n_layers - 1,
                           why=f"the model has {n_layers} layers and needs one with experts")
         return tuple(i >= dense for i in range(n_layers))
     if not fam.sparse_step_keys:
@@ -250,17 +250,17 @@ def _moe_layers(f: ConfigFields, fam: Family, n_layers: int) -> tuple[bool, ...]
     return layers
 
 
-def _rotary_dim(f: ConfigFields, head_dim: int) -> int:
-    """The head dimensions RoPE turns: ``partial_rotary_factor`` (top level, or in ``rope_parameters``) of
-    ``head_dim``; 0 for all of them."""
+def _rotary_dim(f: ConfigFields, head_dim: int, default: float) -> int:
+    """The head dimensions RoPE turns: ``partial_rotary_factor`` (top level, or in ``rope_parameters``;
+    ``default`` when neither gives it) of ``head_dim``; 0 for all of them."""
     rope = f.nested("rope_parameters", '{"rope_type": "default", "partial_rotary_factor": 0.5}') \
         if f.given("rope_parameters") else None
     owner = rope if rope is not None and rope.given("partial_rotary_factor") else f
-    factor = owner.number("partial_rotary_factor", 1.0)
+    factor = owner.number("partial_rotary_factor", default)
     dim = int(head_dim * factor)
     if factor > 1 or dim < 2 or dim % 2:
-        raise owner.bad("partial_rotary_factor", factor, f"a fraction up to 1 of head_dim {head_dim} that leaves an even "
-                                                         "number of dimensions to rotate")
+        raise owner.bad("partial_rotary_factor", factor,
+                        f"a fraction up to 1 of head_dim {head_dim} that leaves an even number of dimensions to rotate")
     return 0 if dim == head_dim else dim
 
 
@@ -281,7 +281,7 @@ def _shared_ffn(f: ConfigFields, fam: Family, moe_ffn: int) -> int:
     if not fam.has_shared_expert:
         return 0
     if fam.glm_keys:
-        return f.integer("n_shared_experts", 0, minimum=0, maximum=64) * moe_ffn
+        return f.integer("n_shared_experts", 1, minimum=0, maximum=64) * moe_ffn
     return f.integer("shared_expert_intermediate_size", 0, minimum=0)
 
 
@@ -304,16 +304,16 @@ def spec_from_config(cfg: dict, path: Path) -> ModelSpec:
         num_experts=n_experts,
         top_k=f.integer("num_experts_per_tok", maximum=n_experts, why=f"the model has {n_experts} routed experts"),
         moe_ffn=moe_ffn, dense_ffn=dense_ffn, shared_ffn=_shared_ffn(f, fam, moe_ffn),
-        norm_topk_prob=f.flag("norm_topk_prob", False),
+        norm_topk_prob=f.flag("norm_topk_prob", fam.glm_keys),
         qkv_bias=f.flag(bias_key, fam.default_qkv_bias),
-        clip_qkv=f.number("clip_qkv", None), rms_norm_eps=f.number("rms_norm_eps", 1e-6),
+        clip_qkv=f.number("clip_qkv", None), rms_norm_eps=f.number("rms_norm_eps", 1e-5 if fam.glm_keys else 1e-6),
         rope_theta=rope_theta, max_position=max_position,
         tie_word_embeddings=f.flag("tie_word_embeddings", False),
         moe_layers=_moe_layers(f, fam, n_layers),
         checkpoint_dtype=f.choice(f.first_given("torch_dtype", "dtype"), CHECKPOINT_DTYPES, "bfloat16"),
         name=path.name, layer_windows=_layer_windows(f, n_layers), rope_scaling=rope_scaling,
         swiglu_alpha=f.number("swiglu_alpha", 1.702), swiglu_limit=f.number("swiglu_limit", 7.0),
-        expert_storage=_expert_storage(f), rotary_dim=_rotary_dim(f, head_dim),
+        expert_storage=_expert_storage(f), rotary_dim=_rotary_dim(f, head_dim, 0.5 if fam.glm_keys else 1.0),
         routed_scale=_glm_routing(f, n_experts) if fam.glm_keys else 1.0,
         use_qk_norm=f.flag("use_qk_norm", False) if fam.glm_keys else True,
     )

@@ -1,9 +1,10 @@
-"""The generic MoE transformer: one forward for Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE and gpt-oss.
+"""The generic MoE transformer: one forward for Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GLM-4.5 and gpt-oss.
 
 Family differences are data (ModelSpec, families.py): q/k norm per head or over the projection,
-qkv and o biases, attention sinks, sliding-window layers, YaRN RoPE, shared expert with a sigmoid
-gate, dense layers between sparse ones, router bias, top-k renormalisation (the experts' biases and
-activation live in the expert layout).
+qkv and o biases, attention sinks, sliding-window layers, YaRN RoPE on all or part of each head,
+shared expert with or without a sigmoid gate, dense layers between sparse ones, router bias, softmax
+or sigmoid scores (with a choice bias and a scaling of the weights), top-k renormalisation (the
+experts' biases and activation live in the expert layout).
 
 Legend: T tokens in the step, B sequences, D hidden, H / Hkv heads, hd head dim, E experts, k top-k.
 """
@@ -79,6 +80,14 @@ class PrefillMeta:
                             dtype=torch.int32, device=device)                  # [3, B], rows contiguous
         return PrefillMeta(tables.to(device, torch.int32), ints[0], ints[1], ints[2], max(s.q_len for s in seqs),
                            max(s.ctx_len for s in seqs))
+
+
+def router_logits(x: torch.Tensor, m: MoEWeights) -> torch.Tensor:
+    """The router's logits ``[T, E]`` of ``x [T, D]``: in float32 where the router is kept so (sigmoid
+    scores, GLM: engine/checkpoint/plan.kept_in_float32), else in ``x``'s dtype; plus its bias."""
+    w = m.router
+    logits = (x.float() if w.dtype == torch.float32 else x) @ w.t()
+    return logits if m.router_bias is None else logits + m.router_bias
 
 
 def route_ref(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -294,10 +303,7 @@ class MoETransformer:
         if self.expert_parallel is not None:                             # the routed experts on every card
             out = self.expert_parallel.moe(self, m, x, residual, pred)
             return out if m.shared is None else out + self._shared(m, x)
-        logits = x @ m.router.t()                                        # [T, E]
-        if m.router_bias is not None:
-            logits = logits + m.router_bias
-        w, ids = self.route(logits, m.score_bias)                        # [T, k] f32, [T, k]
+        w, ids = self.route(router_logits(x, m), m.score_bias)          # [T, k] f32, [T, k]
         # rest: where slot -1 experts are read (direct reads), the host CPU's share (cold experts), and
         # the passes of a layer whose missing experts outnumber its slots (engine/experts/copy_path.py)
         slot_of_expert, views, *rest = acquire(m.moe_index, ids, pred)

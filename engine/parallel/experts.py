@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from engine.errors import ConfigError
 from engine.host_copy import host_to
+from engine.models.moe_transformer import router_logits
 
 
 def owned(num_experts: int, world: int, rank: int) -> list[int]:
@@ -115,10 +116,7 @@ class ExpertsOnCards:
             return self._moe(model, m, h, x, pred)
 
     def _moe(self, model, m, h: torch.Tensor, x: torch.Tensor, pred) -> torch.Tensor:
-        logits = h @ m.router.t()                                            # [T, E]
-        if m.router_bias is not None:
-            logits = logits + m.router_bias
-        w, ids = model.route(logits, m.score_bias)                           # [T, k] f32, [T, k]
+        w, ids = model.route(router_logits(h, m), m.score_bias)              # [T, k] f32, [T, k]
         world = self.group.size
         msg = pack_tokens(h, x, ids, w)
         links = self.group.links

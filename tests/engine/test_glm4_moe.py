@@ -132,3 +132,29 @@ def test_info_on_glm_4_5_air_plans_a_24g_card(tmp_path, capsys):
     assert float(_line(out, "device total").split(":")[1].split()[0]) <= 24.0
     slots = int(re.search(r"= (\d+)/5760 experts", _line(out, "expert pool")).group(1))
     assert 500 < slots < 5760
+
+
+def test_fields_a_config_leaves_out_take_transformers_defaults(tmp_path):
+    # Glm4MoeConfig's defaults: half-head RoPE, renormalised top-k, eps 1e-5, one shared expert, one dense layer
+    bare = {k: v for k, v in AIR.items() if k not in ("partial_rotary_factor", "norm_topk_prob", "rms_norm_eps",
+                                                      "n_shared_experts", "first_k_dense_replace")}
+    folder = tmp_path / "bare"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(bare))
+    spec = read_spec(folder)
+    assert (spec.rope_dim, spec.norm_topk_prob, spec.rms_norm_eps, spec.shared_ffn) == (64, True, 1e-5, 1408)
+    assert spec.moe_layers[:2] == (False, True)
+
+
+def test_the_router_and_its_choice_bias_stay_float32_in_bfloat16_and_in_a_converted_folder(glm_wide, tmp_path):
+    # a bfloat16 rounding of the router's scores or of the choice bias changes which experts some tokens get
+    from safetensors import safe_open
+    dst = tmp_path / "conv"
+    assert main(["convert", str(glm_wide), str(dst), "--weights", "int4"]) == 0
+    with safe_open(str(dst / "resident.safetensors"), "pt") as f:
+        kinds = {k: f.get_slice(k).get_dtype() for k in f.keys() if ".mlp.gate." in k}
+    assert kinds and set(kinds.values()) == {"F32"}
+    for folder in (glm_wide, dst):
+        moe = next(layer.moe for layer in LLM(str(folder), device="cpu", dtype="bfloat16").engine.loaded.weights.layers
+                   if layer.moe is not None)
+        assert moe.router.dtype == moe.score_bias.dtype == torch.float32
