@@ -66,7 +66,8 @@ def unknown_command(parser: argparse.ArgumentParser, sub: argparse._SubParsersAc
 
 
 _SETTING = re.compile(r"\b([a-z][a-z0-9_]*)=('[^']*'|\"[^\"]*\"|[^\s,;)]+)")
-_NAME = re.compile(r"(?<![-\w])([a-z][a-z0-9]*(?:_[a-z0-9]+)+)\b(?!=)")     # a setting's name in prose
+# a setting's name in prose (not a quoted name, which is a file's field)
+_NAME = re.compile(r"(?<![-\w'\"])([a-z][a-z0-9]*(?:_[a-z0-9]+)+)\b(?![='\"])")
 
 
 def as_flags(message: str, args: argparse.Namespace) -> str:

@@ -276,3 +276,12 @@ def test_output_into_a_reader_that_stops_early_ends_quietly(model):
 def test_info_refuses_a_hit_rate_outside_0_to_1_with_or_without_a_budget(model, capsys, budget):
     assert main(["info", "--model", str(model), "--hit-rate", "2", *budget]) == 2
     assert capsys.readouterr().err.strip() == "error: --hit-rate 2 is not a hit rate; give a share from 0 to 1, e.g. 0.8"
+
+
+def test_a_quoted_name_is_a_files_field_and_stays_as_written():
+    import argparse
+
+    from engine.cli.main import as_flags
+    args = argparse.Namespace(group_size=128, max_batch=16)
+    line = "strata.json: field 'group_size' is '128', expected a whole number; raise max_batch"
+    assert as_flags(line, args) == "strata.json: field 'group_size' is '128', expected a whole number; raise --max-batch"
