@@ -166,6 +166,8 @@ class Pipeline:
                 self._drain(w)                    # its last words, if it had time to say why
             if w.error is not None:
                 kind, text = w.error
+                if kind == "PipelineError":           # not the engine's own words: perhaps a link that broke
+                    self._name_an_ended_stage(w)
                 cls = getattr(errors, kind, None)
                 text = f"{self._where(w.rank)}: {text}"
                 if isinstance(cls, type) and issubclass(cls, StrataError) and not issubclass(cls, PipelineError):
@@ -173,6 +175,18 @@ class Pipeline:
                 self.fail(f"{text}; every stage was stopped — load the model again")
             if not w.proc.is_alive():
                 self._ended(w)
+
+    def _name_an_ended_stage(self, reporting: Worker, grace_s: float = 0.5) -> None:
+        """A stage reported a failure that may be another's doing (its link to a stage that was killed
+        broke first): a stage whose process ends without a word within ``grace_s`` is named instead."""
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            for o in self.workers:
+                if o is not reporting and o.error is None and not o.proc.is_alive():
+                    self._drain(o)
+                    if o.error is None:
+                        self._ended(o)
+            time.sleep(0.01)
 
     def _ended(self, w: Worker) -> None:
         what = "ended unexpectedly" if self._joined else "ended before it joined the pipeline"
