@@ -140,20 +140,28 @@ def build_tiny_tools_model(path: Path, family: str = "qwen3_moe", seed: int = 0)
     """
     import json
 
-    from tokenizers import AddedToken, Tokenizer
-
     build_tiny_model(path, family, seed)
     config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     config["max_position_embeddings"] = 2048         # rotary positions: nothing learned depends on it
     (path / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    return add_chat_tokens(path, TOOL_CALL_TOKENS, TOOLS_CHAT_TEMPLATE)
+
+
+def add_chat_tokens(path: Path, tokens: tuple[str, ...], template: str) -> Path:
+    """Add ``tokens`` to the tiny tokenizer in ``path`` as single ordinary (not special) tokens, as
+    Qwen's tokenizers have them (decoding keeps them in the text), and make ``template`` its chat template."""
+    import json
+
+    from tokenizers import AddedToken, Tokenizer
+
     tok = Tokenizer.from_file(str(path / "tokenizer.json"))
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_CALL_TOKENS])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in tokens])
     if tok.get_vocab_size(with_added_tokens=True) > VOCAB:
         raise ValueError(f"the tiny tokenizer outgrew the model's {VOCAB} embeddings")
     tok.save(str(path / "tokenizer.json"))
     cfg_path = path / "tokenizer_config.json"
     cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-    cfg["chat_template"] = TOOLS_CHAT_TEMPLATE
+    cfg["chat_template"] = template
     cfg_path.write_text(json.dumps(cfg, indent=2), encoding="utf-8")
     return path
 
@@ -174,18 +182,5 @@ THINK_TOKENS = ("<think>", "</think>")
 def build_tiny_think_model(path: Path, family: str = "qwen3_moe", seed: int = 0) -> Path:
     """:func:`build_tiny_model` whose vocabulary has ``<think>`` and ``</think>`` as single ordinary
     tokens and whose chat template writes them (:data:`THINK_CHAT_TEMPLATE`), as Qwen3's and GLM-4.5's."""
-    import json
-
-    from tokenizers import AddedToken, Tokenizer
-
     build_tiny_model(path, family, seed)
-    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TOKENS])
-    if tok.get_vocab_size(with_added_tokens=True) > VOCAB:
-        raise ValueError(f"the tiny tokenizer outgrew the model's {VOCAB} embeddings")
-    tok.save(str(path / "tokenizer.json"))
-    cfg_path = path / "tokenizer_config.json"
-    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-    cfg["chat_template"] = THINK_CHAT_TEMPLATE
-    cfg_path.write_text(json.dumps(cfg, indent=2), encoding="utf-8")
-    return path
+    return add_chat_tokens(path, THINK_TOKENS, THINK_CHAT_TEMPLATE)

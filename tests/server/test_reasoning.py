@@ -23,12 +23,11 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
 
 
-@pytest.fixture(scope="module")
-def harmony_server(tmp_path_factory):
-    folder = build_tiny_harmony_model(tmp_path_factory.mktemp("harmony") / "m")
+def serving(folder):
+    """A server over an engine of ``folder`` on the CPU: yields (server, tokenizer), then stops both."""
     eng = LLMEngine(EngineConfig(model=str(folder), device="cpu"))
     loop = EngineLoop(eng, idle_wait_s=0.01)
-    loop.start_thread("harmony-engine")
+    loop.start_thread("reasoning-engine")
     srv = BackgroundServer(loop, ServerSettings(port=0, api_key=KEY))
     srv.start()
     yield srv, eng.tokenizer
@@ -36,6 +35,11 @@ def harmony_server(tmp_path_factory):
     loop.stop()
     loop.join(30)
     eng.close()
+
+
+@pytest.fixture(scope="module")
+def harmony_server(tmp_path_factory):
+    yield from serving(build_tiny_harmony_model(tmp_path_factory.mktemp("harmony") / "m"))
 
 
 @pytest.fixture(scope="module")
@@ -150,17 +154,7 @@ def test_bad_harmony_fields_are_refused_naming_the_field(client, body, param):
 @pytest.fixture(scope="module")
 def think_server(tmp_path_factory):
     from tiny_models import build_tiny_think_model
-    folder = build_tiny_think_model(tmp_path_factory.mktemp("think") / "m")
-    eng = LLMEngine(EngineConfig(model=str(folder), device="cpu"))
-    loop = EngineLoop(eng, idle_wait_s=0.01)
-    loop.start_thread("think-engine")
-    srv = BackgroundServer(loop, ServerSettings(port=0, api_key=KEY))
-    srv.start()
-    yield srv, eng.tokenizer
-    srv.stop()
-    loop.stop()
-    loop.join(30)
-    eng.close()
+    yield from serving(build_tiny_think_model(tmp_path_factory.mktemp("think") / "m"))
 
 
 @pytest.fixture
