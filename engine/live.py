@@ -61,6 +61,10 @@ class LiveSettings:
         if any(k in options for k in _SCHEDULER):
             sched.max_batch, sched.prefill_chunk, sched.token_budget = new.max_batch, new.prefill_chunk, new.token_budget
             applied.update({k: f"{k} = {'auto' if options[k] is None else options[k]}" for k in _SCHEDULER if k in options})
+            blocks = m.allocator.num_blocks
+            if "max_batch" in options and new.max_batch > blocks:   # a sequence holds a KV block at least
+                applied["max_batch"] += (f" (the KV cache has {blocks} blocks of {m.allocator.block_size} tokens, so at "
+                                         f"most {blocks} sequences run at once, fewer the longer they are)")
         if "cuda_graphs" in options:
             runner = self.engine.runner
             if options["cuda_graphs"] and runner.graphs is None:

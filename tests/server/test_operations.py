@@ -79,6 +79,13 @@ def test_config_lists_live_options_applies_a_valid_change_and_refuses_with_the_e
     both = http.post("/v1/strata/config", json={"max_batch": 4, "prefetch_depth": "x"})
     assert both.status_code == 400 and both.json()["error"]["param"] == "prefetch_depth"   # the one refused
     try:
+        huge = http.post("/v1/strata/config", json={"max_batch": 100000})
+        assert huge.status_code == 200
+        assert re.fullmatch(r"max_batch = 100000 \(the KV cache has \d+ blocks of \d+ tokens, so at most \d+ "
+                            r"sequences run at once, fewer the longer they are\)", huge.json()["applied"]["max_batch"])
+    finally:
+        http.post("/v1/strata/config", json={"max_batch": 16})
+    try:
         half = http.post("/v1/strata/config", json={"expert_pool_size": "50%"})
         assert half.status_code == 200 and "expert pool:" in half.json()["applied"]["expert_pool_size"]
         assert http.post("/v1/completions", json=ASK).status_code == 200
