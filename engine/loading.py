@@ -352,7 +352,7 @@ class LoadedModel:
             bpt = max(1, self._kv_bytes_per_token())           # 0 when every layer is a window layer
             blocks = max(self._kv_cache_bytes() // (bpt * c.kv_block_size), -(-self.max_model_len // c.kv_block_size))
         window = self.windows.num_blocks if self.windows else 0
-        return KVCache(s.num_layers, int(blocks) + 1, c.kv_block_size, s.num_kv_heads, s.head_dim, self.dtype,
+        return KVCache(s.num_layers, int(blocks) + 1, c.kv_block_size, s.kv_heads_stored, s.kv_head_dim_stored, self.dtype,
                        self.device, c.kv_cache_dtype,   # + 1: the scratch block of graph-captured decode batches
                        window_layers=self.kv_sizing.windowed, window_blocks=window)
 

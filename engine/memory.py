@@ -163,8 +163,11 @@ def step_workspace_bytes(spec: "ModelSpec", token_budget: int, max_batch: int, e
     d, k = spec.hidden, max(spec.top_k, 1)
     heads, kv_heads, hd = spec.num_heads, spec.num_kv_heads, spec.head_dim
     ffn = max(2 * k * spec.moe_ffn, 3 * spec.dense_ffn, 3 * spec.shared_ffn)        # the widest MLP's rows
-    per_token = (k * d * (4 + elem) + ffn * elem + 12 * d * elem
-                 + (heads + 2 * kv_heads) * hd * elem + 2 * heads * hd * elem + 4 * spec.num_experts * 4)
+    attention = (heads + 2 * kv_heads) * hd + 2 * heads * hd
+    if spec.mla:     # projections, the latent queries and outputs, the up-projected outputs (engine/models/mla.py)
+        m = spec.mla
+        attention = heads * hd + max(m.q_lora_rank, 1) + m.latent_dim + 2 * heads * m.latent_dim + heads * m.v_head_dim
+    per_token = (k * d * (4 + elem) + ffn * elem + 12 * d * elem + attention * elem + 4 * spec.num_experts * 4)
     per_sequence = 3 * spec.vocab_size * 4
     return int(1.25 * (token_budget * per_token + max_batch * per_sequence)) + (64 << 20)
 

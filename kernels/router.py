@@ -5,7 +5,10 @@ Semantics (Mixtral, Qwen-MoE, OLMoE): ``softmax`` is taken over all E logits in 
 largest probabilities are kept; ``sigmoid`` scores each logit independently. ``renormalize`` divides
 the k kept weights by their sum. GLM-4.5 adds a per-expert ``bias`` to the scores to choose the k
 experts while their weights stay the plain scores, and multiplies the weights by ``scale``
-(routed_scaling_factor) after the renormalisation.
+(routed_scaling_factor) after the renormalisation. DeepSeek limits a token's experts to the best
+``keep_groups`` of ``groups`` equal groups of consecutive experts: a group is scored by its best score
+(softmax, DeepSeek-V2) or by its two best choice scores summed (sigmoid, DeepSeek-V3), and the experts
+of the other groups are not chosen.
 
 Tie-breaking: among equal scores the lower expert id ranks first (weights in descending order,
 ties by ascending id, as a stable descending sort orders them). On distinct scores this is exactly
@@ -24,10 +27,35 @@ SCORINGS = ("softmax", "sigmoid")
 
 
 @jit
-def _route_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, counts_ptr, T, E, stride_t, scale,
+def _keep_best_groups(sel, cols, group_size, GROUPS: tl.constexpr, KEEP: tl.constexpr, TOP2: tl.constexpr,
+                      BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_G: tl.constexpr):
+    """``sel [BT, BE]`` with the experts outside each row's ``KEEP`` best groups set to -inf (ties: the
+    lower group)."""
+    gid = cols // group_size                                            # [BE]
+    gcols = tl.arange(0, BLOCK_G)
+    gscore = tl.full([BLOCK_T, BLOCK_G], -float("inf"), tl.float32)
+    for g in tl.static_range(GROUPS):
+        v = tl.where((gid == g)[None, :], sel, -float("inf"))           # [BT, BE]
+        best = tl.max(v, axis=1)                                        # [BT]
+        if TOP2:                                                        # plus the group's second best
+            first = tl.min(tl.where(v == best[:, None], cols[None, :], BLOCK_E), axis=1)
+            best = best + tl.max(tl.where(cols[None, :] == first[:, None], -float("inf"), v), axis=1)
+        gscore = tl.where(gcols[None, :] == g, best[:, None], gscore)
+    keep = gid[None, :] < 0                                             # [BT, BE] all False
+    for j in tl.static_range(KEEP):
+        top = tl.max(gscore, axis=1)
+        pick = tl.min(tl.where(gscore == top[:, None], gcols[None, :], BLOCK_G), axis=1)
+        keep = keep | (gid[None, :] == pick[:, None])
+        gscore = tl.where(gcols[None, :] == pick[:, None], -float("inf"), gscore)
+    return tl.where(keep, sel, -float("inf"))
+
+
+@jit
+def _route_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, counts_ptr, T, E, stride_t, scale, group_size,
                   TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
                   BLOCK_E: tl.constexpr, SIGMOID: tl.constexpr, RENORM: tl.constexpr,
-                  COUNT: tl.constexpr, BIAS: tl.constexpr):
+                  COUNT: tl.constexpr, BIAS: tl.constexpr, GROUPS: tl.constexpr, KEEP_GROUPS: tl.constexpr,
+                  BLOCK_G: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)          # [BT]
     cols = tl.arange(0, BLOCK_E)                                        # [BE]
     kcols = tl.arange(0, BLOCK_K)                                       # [BK]
@@ -47,6 +75,8 @@ def _route_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, counts_ptr, T, E, stride
     else:
         sel = s
     sel = tl.where(mask, sel, -float("inf"))                            # unusable
+    if KEEP_GROUPS < GROUPS:
+        sel = _keep_best_groups(sel, cols, group_size, GROUPS, KEEP_GROUPS, SIGMOID, BLOCK_T, BLOCK_E, BLOCK_G)
     w = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
     ids = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.int32)
     for j in tl.static_range(TOP_K):
@@ -112,12 +142,16 @@ def _check_tally(ids: torch.Tensor, acts: torch.Tensor, hits: torch.Tensor) -> N
 
 
 def _check(logits: torch.Tensor, top_k: int, scoring: str, counts: torch.Tensor | None,
-           bias: torch.Tensor | None = None) -> None:
+           bias: torch.Tensor | None = None, groups: int = 1, keep_groups: int = 1) -> None:
     if logits.dim() != 2 or not logits.is_floating_point():
         raise ValueError(f"router logits must be a float matrix [T, E], got {logits.dtype} {tuple(logits.shape)}")
     e = logits.shape[1]
     if not 1 <= top_k <= e:
         raise ValueError(f"top_k={top_k} must lie between 1 and the number of experts {e}")
+    if groups < 1 or e % groups or not 1 <= keep_groups <= groups or keep_groups * (e // groups) < top_k \
+            or (scoring == "sigmoid" and keep_groups < groups and e // groups < 2):
+        raise ValueError(f"expert groups: {groups} groups of the {e} experts, {keep_groups} kept, do not leave "
+                         f"{top_k} experts to choose (sigmoid scores need groups of two or more)")
     if scoring not in SCORINGS:
         raise ValueError(f"router scoring {scoring!r} is not supported; choose softmax or sigmoid")
     if counts is not None and (counts.shape != (e,) or counts.dtype != torch.int64
@@ -129,19 +163,32 @@ def _check(logits: torch.Tensor, top_k: int, scoring: str, counts: torch.Tensor 
                          f"on {bias.device}")
 
 
+def _keep_best_groups_ref(choice: torch.Tensor, groups: int, keep: int, top2: bool) -> torch.Tensor:
+    """``choice [T, E]`` with the experts outside each row's ``keep`` best groups set to -inf."""
+    t, e = choice.shape
+    g = choice.view(t, groups, e // groups)
+    score = g.topk(2, dim=-1).values.sum(-1) if top2 else g.amax(-1)   # [T, G]
+    best = torch.sort(score, dim=-1, descending=True, stable=True).indices[:, :keep]   # ties: the lower group
+    kept = torch.zeros_like(score, dtype=torch.bool).scatter_(1, best, True)
+    return choice.masked_fill(~kept.repeat_interleave(e // groups, 1), float("-inf"))
+
+
 def route_ref(logits: torch.Tensor, top_k: int, scoring: str = "softmax", renormalize: bool = False,
               counts: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-              scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+              scale: float = 1.0, groups: int = 1, keep_groups: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Plain-torch router. ``logits [T, E]`` -> ``(weights [T, k] float32, ids [T, k] int32)``.
 
     ``counts [E] int64``, if given, is incremented by how many tokens chose each expert. ``bias [E]``
     float32, if given, is added to the scores to choose the experts (not to their weights); the
-    weights are multiplied by ``scale`` last.
+    weights are multiplied by ``scale`` last. ``groups`` / ``keep_groups``: the experts are chosen
+    within each token's best ``keep_groups`` of ``groups`` groups (see the module docstring).
     """
-    _check(logits, top_k, scoring, counts, bias)
+    _check(logits, top_k, scoring, counts, bias, groups, keep_groups)
     x = logits.float()                                                  # [T, E]
     scores = torch.softmax(x, dim=-1) if scoring == "softmax" else torch.sigmoid(x)
     choice = scores if bias is None else scores + bias
+    if keep_groups < groups:
+        choice = _keep_best_groups_ref(choice, groups, keep_groups, scoring == "sigmoid")
     ids = torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, :top_k]   # [T, k] ties: lower id
     w = scores.gather(1, ids)                                           # [T, k]
     if renormalize:
@@ -154,12 +201,12 @@ def route_ref(logits: torch.Tensor, top_k: int, scoring: str = "softmax", renorm
 
 def route(logits: torch.Tensor, top_k: int, scoring: str = "softmax", renormalize: bool = False,
           counts: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-          scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+          scale: float = 1.0, groups: int = 1, keep_groups: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton router, same contract as :func:`route_ref`; one program per ``BLOCK_T`` tokens.
 
     Needs no host sync, so it can be captured in a CUDA graph.
     """
-    _check(logits, top_k, scoring, counts, bias)
+    _check(logits, top_k, scoring, counts, bias, groups, keep_groups)
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     t, e = logits.shape
@@ -171,6 +218,7 @@ def route(logits: torch.Tensor, top_k: int, scoring: str = "softmax", renormaliz
     block_t = max(1, min(16, 4096 // block_e, next_pow2(t)))
     _route_kernel[(cdiv(t, block_t),)](
         logits, bias if bias is not None else logits, w, ids, counts if counts is not None else ids, t, e,
-        logits.stride(0), float(scale), TOP_K=top_k, BLOCK_K=next_pow2(top_k), BLOCK_T=block_t, BLOCK_E=block_e,
-        SIGMOID=scoring == "sigmoid", RENORM=renormalize, COUNT=counts is not None, BIAS=bias is not None)
+        logits.stride(0), float(scale), e // groups, TOP_K=top_k, BLOCK_K=next_pow2(top_k), BLOCK_T=block_t,
+        BLOCK_E=block_e, SIGMOID=scoring == "sigmoid", RENORM=renormalize, COUNT=counts is not None,
+        BIAS=bias is not None, GROUPS=groups, KEEP_GROUPS=keep_groups, BLOCK_G=next_pow2(groups))
     return w, ids

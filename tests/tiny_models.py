@@ -26,7 +26,10 @@ def _common(**over) -> dict:
 
 def family_configs() -> dict:
     """name -> transformers config of a tiny model of that family."""
-    from transformers import Glm4MoeConfig, GptOssConfig, MixtralConfig, OlmoeConfig, Qwen2MoeConfig, Qwen3MoeConfig
+    from transformers import (DeepseekV2Config, DeepseekV3Config, Glm4MoeConfig, GptOssConfig, MixtralConfig,
+                              OlmoeConfig, Qwen2MoeConfig, Qwen3MoeConfig)
+    latent = dict(num_key_value_heads=4, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, moe_intermediate_size=32,
+                  n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1)
     return {
         "mixtral": MixtralConfig(**_common(num_local_experts=4, num_experts_per_tok=2, rope_theta=1e6)),
         # shared expert + sigmoid gate, qkv bias, a dense layer between sparse ones (step 2 + mlp_only)
@@ -55,6 +58,21 @@ def family_configs() -> dict:
                                             partial_rotary_factor=0.5, n_group=1, topk_group=1,
                                             routed_scaling_factor=2.5, norm_topk_prob=True, attention_bias=True,
                                             use_qk_norm=True, rms_norm_eps=1e-5)),
+        # DeepSeek-V2(-Lite): latent attention with queries straight from the hidden state, interleaved
+        # rotary pairs, softmax scores in the best 2 of 4 expert groups (group max), scaled by 1.5 and
+        # not renormalised, a shared expert, the first layer dense; YaRN with DeepSeek's mscale_all_dim
+        # (the softmax scale grows with it) over a context of 64 x 8
+        "deepseek_v2": DeepseekV2Config(**_common(**latent, topk_method="group_limited_greedy", n_group=4,
+                                                  topk_group=2, routed_scaling_factor=1.5, norm_topk_prob=False,
+                                                  rope_parameters={"rope_type": "yarn", "factor": 8.0,
+                                                                   "original_max_position_embeddings": 64,
+                                                                   "beta_fast": 32.0, "beta_slow": 1.0,
+                                                                   "mscale": 0.707, "mscale_all_dim": 0.707,
+                                                                   "rope_theta": 10000.0})),
+        # DeepSeek-V3: low-rank queries, sigmoid scores chosen with a correction bias in the best 2 of 4
+        # groups (each scored by its two best), renormalised and scaled by 2.5
+        "deepseek_v3": DeepseekV3Config(**_common(**latent, q_lora_rank=48, n_group=4, topk_group=2,
+                                                  routed_scaling_factor=2.5, norm_topk_prob=True)),
     }
 
 

@@ -46,6 +46,23 @@ class Family:
     router_scoring: str = "softmax"
     score_bias: str | None = None
     glm_keys: bool = False
+    # DeepSeek-V2 / V3 (and the models built on them: DeepSeek-V2-Lite, Moonlight, Kimi K2): multi-head
+    # latent attention ("{a}.kv_a_proj_with_mqa", "{a}.kv_b_proj", "{a}.q_proj" or the "{a}.q_a_proj" /
+    # "{a}.q_b_proj" pair); config.json spells the MoE as GLM does, plus moe_layer_freq, n_group /
+    # topk_group (group-limited routing) and V2's topk_method, with the defaults of transformers' config
+    # class of the version ("v2" or "v3") for what it leaves out
+    deepseek: str = ""
+
+    @property
+    def mla(self) -> bool:
+        """Attention through a compressed latent (DeepSeek's multi-head latent attention)."""
+        return bool(self.deepseek)
+
+    @property
+    def router_float32(self) -> bool:
+        """The router (and a choice bias) is kept and run in float32, as transformers runs it: sigmoid
+        scores (a bfloat16 rounding changes which experts a token gets) and DeepSeek's routers."""
+        return self.router_scoring == "sigmoid" or bool(self.deepseek)
 
 
 _LLAMA_EXPERT = ("{p}.experts.{e}.gate_proj.weight", "{p}.experts.{e}.up_proj.weight",
@@ -80,6 +97,18 @@ FAMILIES: dict[str, Family] = {
         "{p}.experts.gate_up_proj", "{p}.experts.down_proj", "head", has_shared_expert=True,
         shared_expert="shared_experts", shared_expert_gate=False, router_scoring="sigmoid",
         score_bias="{p}.gate.e_score_correction_bias", glm_keys=True),
+    # DeepSeek-V2 and V2-Lite: softmax scores, greedy or group-limited top-k (group max)
+    "DeepseekV2ForCausalLM": Family(
+        "deepseek_v2", "model.layers.{i}.mlp", "{p}.gate.weight", *_LLAMA_EXPERT,
+        "{p}.experts.gate_up_proj", "{p}.experts.down_proj", None, has_shared_expert=True,
+        shared_expert="shared_experts", shared_expert_gate=False, deepseek="v2"),
+    # DeepSeek-V3 / R1, Moonlight, Kimi K2: sigmoid scores chosen with a correction bias, within the
+    # best groups (each group scored by its two best biased scores)
+    "DeepseekV3ForCausalLM": Family(
+        "deepseek_v3", "model.layers.{i}.mlp", "{p}.gate.weight", *_LLAMA_EXPERT,
+        "{p}.experts.gate_up_proj", "{p}.experts.down_proj", None, has_shared_expert=True,
+        shared_expert="shared_experts", shared_expert_gate=False, router_scoring="sigmoid",
+        score_bias="{p}.gate.e_score_correction_bias", deepseek="v3"),
 }
 
 SUPPORTED = ", ".join(sorted(FAMILIES))

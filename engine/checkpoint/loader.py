@@ -211,8 +211,32 @@ def partial_rope_order(head_dim: int, rotary_dim: int) -> torch.Tensor:
     return torch.cat([ar(r), rotary_dim + ar(p), r + ar(r), rotary_dim + p + ar(p)])
 
 
+def latent_rope_orders(spec: ModelSpec) -> dict[str, torch.Tensor]:
+    """Row orders of a latent-attention model whose checkpoint keeps rotary pairs interleaved
+    (``(2j, 2j + 1)``: DeepSeek-V2, V3 with rope_interleave): each head's rotary rows of the queries and
+    the rotary key's rows of the latent projection, evens then odds, so that the rotate-half kernels
+    pair them as the checkpoint does (dimension ``j`` with ``j + p / 2``). q.k products are unchanged."""
+    m = spec.mla
+    if not m.interleaved:
+        return {}
+    turned = torch.cat([torch.arange(0, m.qk_rope, 2), torch.arange(1, m.qk_rope, 2)])   # [p]
+    qk = m.qk_nope + m.qk_rope
+    head = torch.cat([torch.arange(m.qk_nope), m.qk_nope + turned])                    # [n + p]
+    q_rows = (torch.arange(spec.num_heads)[:, None] * qk + head[None, :]).reshape(-1)   # [H (n + p)]
+    latent_rows = torch.cat([torch.arange(m.kv_lora_rank), m.kv_lora_rank + turned])    # [r + p]
+    out = {}
+    for i in range(spec.num_layers):
+        a = fn.ATTN.format(i=i)
+        out[f"{a}.{'q_b_proj' if m.q_lora_rank else 'q_proj'}.weight"] = q_rows
+        out[f"{a}.kv_a_proj_with_mqa.weight"] = latent_rows
+    return out
+
+
 def partial_rope_orders(spec: ModelSpec) -> dict[str, torch.Tensor]:
-    """Row orders of every q and k tensor (weights, biases, norms) of a partial-RoPE model, by name."""
+    """Row orders of every q and k tensor (weights, biases, norms) of a partial-RoPE model, by name
+    (of a latent-attention model: :func:`latent_rope_orders`)."""
+    if spec.mla:
+        return latent_rope_orders(spec)
     if spec.rope_dim == spec.head_dim:
         return {}
     head = partial_rope_order(spec.head_dim, spec.rope_dim)
@@ -230,6 +254,13 @@ def partial_rope_orders(spec: ModelSpec) -> dict[str, torch.Tensor]:
 def _attention(get, matrix, spec: ModelSpec, i: int) -> AttentionWeights:
     """Layer ``i``'s attention; a tensor the family lacks is None (its plan has no such entry)."""
     a = fn.ATTN.format(i=i)
+    if spec.mla:
+        m = spec.mla
+        first = f"{a}.q_a_proj.weight" if m.q_lora_rank else f"{a}.q_proj.weight"
+        up = get(f"{a}.kv_b_proj.weight").view(spec.num_heads, m.qk_nope + m.v_head_dim, m.kv_lora_rank)
+        return AttentionWeights(matrix(first, f"{a}.kv_a_proj_with_mqa.weight"), matrix(f"{a}.o_proj.weight"),
+                                q_norm=get(f"{a}.q_a_layernorm.weight"), k_norm=get(f"{a}.kv_a_layernorm.weight"),
+                                q_b=matrix(f"{a}.q_b_proj.weight"), kv_up_k=up[:, :m.qk_nope], kv_up_v=up[:, m.qk_nope:])
     qkv = matrix(*(f"{a}.{n}_proj.weight" for n in "qkv"))
     bias = torch.cat([get(f"{a}.{n}_proj.bias") for n in "qkv"], 0) if spec.qkv_bias else None
     return AttentionWeights(qkv, matrix(f"{a}.o_proj.weight"), bias, get(f"{a}.q_norm.weight"), get(f"{a}.k_norm.weight"),

@@ -23,7 +23,27 @@ class TensorEntry:
     part: str = ""            # routed experts: gate | up | down (per expert); gate_up | down | gate_up_bias | down_bias
 
 
+def _latent_attention(spec: ModelSpec, i: int) -> list[TensorEntry]:
+    """DeepSeek's latent attention: queries straight (q_proj) or through a normed low-rank pair (q_a_proj,
+    q_a_layernorm, q_b_proj); the latent and the shared rotary key (kv_a_proj_with_mqa), the latent's
+    norm, the per-head key and value up-projection (kv_b_proj) and the output (o_proj)."""
+    p, m, D, H = fn.ATTN.format(i=i), spec.mla, spec.hidden, spec.num_heads
+    qk = m.qk_nope + m.qk_rope
+    if m.q_lora_rank:
+        out = [TensorEntry(f"{p}.q_a_proj.weight", (m.q_lora_rank, D), "attention", i),
+               TensorEntry(f"{p}.q_a_layernorm.weight", (m.q_lora_rank,), "norms", i),
+               TensorEntry(f"{p}.q_b_proj.weight", (H * qk, m.q_lora_rank), "attention", i)]
+    else:
+        out = [TensorEntry(f"{p}.q_proj.weight", (H * qk, D), "attention", i)]
+    return out + [TensorEntry(f"{p}.kv_a_proj_with_mqa.weight", (m.latent_dim, D), "attention", i),
+                  TensorEntry(f"{p}.kv_a_layernorm.weight", (m.kv_lora_rank,), "norms", i),
+                  TensorEntry(f"{p}.kv_b_proj.weight", (H * (m.qk_nope + m.v_head_dim), m.kv_lora_rank), "attention", i),
+                  TensorEntry(f"{p}.o_proj.weight", (D, H * m.v_head_dim), "attention", i)]
+
+
 def _attention(spec: ModelSpec, i: int) -> list[TensorEntry]:
+    if spec.mla:
+        return _latent_attention(spec, i)
     p = fn.ATTN.format(i=i)
     D, hd, H, Hkv = spec.hidden, spec.head_dim, spec.num_heads, spec.num_kv_heads
     out = [TensorEntry(f"{p}.q_proj.weight", (H * hd, D), "attention", i),
@@ -87,11 +107,12 @@ def shared_expert_names(spec: ModelSpec, i: int) -> tuple[str, str | None]:
 
 def kept_in_float32(spec: ModelSpec, entry: TensorEntry) -> bool:
     """Resident tensors read (and converted) in float32 whatever the compute dtype: attention sinks (they
-    join the softmax denominator) and a sigmoid-scored router's weight and choice bias (GLM: a bfloat16
-    rounding of the scores changes which experts a token gets, and transformers routes in float32)."""
+    join the softmax denominator) and the router's weight and choice bias where the family routes in
+    float32 (:attr:`Family.router_float32`: GLM, DeepSeek; a bfloat16 rounding of the scores changes which
+    experts a token gets, and transformers routes these in float32)."""
     if entry.name.endswith(".sinks"):
         return True
-    return spec.family.router_scoring == "sigmoid" and entry.category == "router"
+    return spec.family.router_float32 and entry.category == "router"
 
 
 def router_bias_name(spec: ModelSpec, i: int) -> str:
@@ -146,9 +167,12 @@ _QUANTISABLE = ("attention", "dense_mlp", "shared_experts")
 def quantisable(entry: TensorEntry) -> bool:
     """Whether ``--resident-weights fp8 / int8`` stores this resident tensor in 8 bits: the matrices of
     attention, dense and shared-expert MLPs and an untied LM head. Embeddings (one row read per token),
-    routers (the prefetcher's predictions read them too), norms, biases and gates keep the dtype."""
+    routers (the prefetcher's predictions read them too), norms, biases and gates keep the dtype, and so
+    does latent attention's kv_b_proj (its halves fold into the queries and outputs: engine/models/mla.py)."""
     if entry.name == fn.LM_HEAD:
         return True
+    if entry.name.endswith(".kv_b_proj.weight"):
+        return False
     return entry.category in _QUANTISABLE and len(entry.shape) == 2 and entry.shape[0] > 1
 
 

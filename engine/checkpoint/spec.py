@@ -34,6 +34,7 @@ class RopeScaling:
     beta_slow: float = 1.0
     truncate: bool = True
     attention_factor: float | None = None   # None: 0.1 * ln(factor) + 1 (1 when factor <= 1)
+    mscale_all_dim: float = 0.0             # DeepSeek's latent attention: softmax scale times its mscale squared
 
     @property
     def mscale(self) -> float:
@@ -45,6 +46,29 @@ class RopeScaling:
 
 def _yarn_mscale(factor: float, mscale: float) -> float:
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+@dataclass(frozen=True)
+class MLA:
+    """Multi-head latent attention (DeepSeek-V2 / V3): each token's keys and values are one compressed
+    latent of ``kv_lora_rank`` values (normed) plus one shared rotary key of ``qk_rope`` values; a head's
+    key is its ``qk_nope`` up-projected values of the latent and the shared rotary key, its value
+    ``v_head_dim`` more. The cache keeps the latent and the rotary key alone (:attr:`latent_dim` values
+    a token and layer), and attention runs on them with the up-projections folded into the queries and
+    the outputs (engine/models/mla.py)."""
+
+    q_lora_rank: int              # 0: queries straight from the hidden state (q_proj)
+    kv_lora_rank: int
+    qk_nope: int
+    qk_rope: int
+    v_head_dim: int
+    interleaved: bool             # the checkpoint's rotary pairs are (2j, 2j + 1), not (j, j + qk_rope / 2)
+    softmax_scale: float          # 1 / sqrt(qk_nope + qk_rope), times YaRN's mscale_all_dim factor squared
+
+    @property
+    def latent_dim(self) -> int:
+        """Values one token keeps in one layer's cache: the latent and the rotary key."""
+        return self.kv_lora_rank + self.qk_rope
 
 
 @dataclass(frozen=True)
@@ -80,6 +104,9 @@ class ModelSpec:
     rotary_dim: int = 0                      # dimensions of a head that RoPE turns (GLM: half); 0: all of them
     routed_scale: float = 1.0                # routed experts' weights times this (routed_scaling_factor)
     use_qk_norm: bool = True                 # the family's q/k norm is there (GLM: use_qk_norm)
+    mla: MLA | None = None                   # DeepSeek's latent attention (head_dim: qk_nope + qk_rope then)
+    route_groups: int = 1                    # experts in this many equal groups (n_group) ...
+    route_keep_groups: int = 1               # ... of which a token's experts come from the best (topk_group)
     # the embedding, final norm and LM head belong to this model (False: a pipeline stage past the first,
     # engine/parallel/stages.py, which holds layers only)
     head: bool = True
@@ -87,6 +114,17 @@ class ModelSpec:
     def window(self, layer: int) -> int:
         """Sliding window of ``layer`` in tokens (0: full attention)."""
         return self.layer_windows[layer] if self.layer_windows else 0
+
+    @property
+    def kv_heads_stored(self) -> int:
+        """Heads of one layer's K (and V) cache rows: the KV heads, or 1 with latent attention."""
+        return 1 if self.mla else self.num_kv_heads
+
+    @property
+    def kv_head_dim_stored(self) -> int:
+        """Values of one head of a K (or V) cache row: the head dim, or with latent attention half the
+        latent and rotary key (a token's latent row is kept across the K and V planes, half in each)."""
+        return self.mla.latent_dim // 2 if self.mla else self.head_dim
 
     @property
     def rope_dim(self) -> int:
@@ -170,7 +208,7 @@ def _yarn(f: ConfigFields, rope: ConfigFields, max_position: int) -> RopeScaling
         attention = (_yarn_mscale(factor, rope.number("mscale", None))
                      / _yarn_mscale(factor, rope.number("mscale_all_dim", None)))
     return RopeScaling("yarn", factor, original, rope.number("beta_fast", 32.0), rope.number("beta_slow", 1.0),
-                       rope.flag("truncate", True), attention)
+                       rope.flag("truncate", True), attention, rope.number("mscale_all_dim", None) or 0.0)
 
 
 def _layer_windows(f: ConfigFields, n_layers: int) -> tuple[int, ...]:
@@ -233,7 +271,24 @@ def _num_experts(f: ConfigFields) -> int:
     return n
 
 
+# transformers' defaults by DeepSeek version, for fields a config.json leaves out
+DEEPSEEK_DEFAULTS = {"v2": {"first_k_dense_replace": 0, "n_shared_experts": 2, "routed_scaling_factor": 1.0,
+                            "norm_topk_prob": False, "topk_method": "greedy"},
+                     "v3": {"first_k_dense_replace": 3, "n_shared_experts": 1, "routed_scaling_factor": 2.5,
+                            "norm_topk_prob": True, "topk_method": "noaux_tc"}}
+TOPK_METHODS = {"v2": ("greedy", "group_limited_greedy"), "v3": ("noaux_tc",)}
+
+
 def _moe_layers(f: ConfigFields, fam: Family, n_layers: int) -> tuple[bool, ...]:
+    if fam.deepseek:
+        first = min(DEEPSEEK_DEFAULTS[fam.deepseek]["first_k_dense_replace"], n_layers - 1)
+        dense = f.integer("first_k_dense_replace", first, minimum=0, maximum=n_layers - 1,
+                          why=f"the model has {n_layers} layers and needs one with experts")
+        step = f.integer("moe_layer_freq", 1, maximum=n_layers)
+        layers = tuple(i >= dense and i % step == 0 for i in range(n_layers))
+        if not any(layers):
+            raise f.bad("moe_layer_freq", step, f"a step that leaves a layer with experts after the first {dense}")
+        return layers
     if fam.glm_keys:
         dense = f.integer("first_k_dense_replace", min(1, n_layers - 1), minimum=0, maximum=n_layers - 1,
                           why=f"the model has {n_layers} layers and needs one with experts")
@@ -280,9 +335,58 @@ def _shared_ffn(f: ConfigFields, fam: Family, moe_ffn: int) -> int:
     """Width of the shared expert (0: none): Qwen2-MoE's own field, GLM's n_shared_experts expert widths."""
     if not fam.has_shared_expert:
         return 0
-    if fam.glm_keys:
-        return f.integer("n_shared_experts", 1, minimum=0, maximum=64) * moe_ffn
+    if fam.glm_keys or fam.deepseek:
+        default = DEEPSEEK_DEFAULTS[fam.deepseek]["n_shared_experts"] if fam.deepseek else 1
+        return f.integer("n_shared_experts", default, minimum=0, maximum=64) * moe_ffn
     return f.integer("shared_expert_intermediate_size", 0, minimum=0)
+
+
+def _deepseek_routing(f: ConfigFields, fam: Family, n_experts: int, top_k: int) -> tuple[float, int, int]:
+    """DeepSeek's ``routed_scaling_factor`` and its expert groups: (scale, n_group, topk_group), with one
+    group where routing picks from all experts (V2's greedy top-k)."""
+    defaults = DEEPSEEK_DEFAULTS[fam.deepseek]
+    scale = f.number("routed_scaling_factor", defaults["routed_scaling_factor"])
+    method = f.text("topk_method", defaults["topk_method"])
+    if method not in TOPK_METHODS[fam.deepseek]:
+        raise f.bad("topk_method", method, " or ".join(f'"{m}"' for m in TOPK_METHODS[fam.deepseek])
+                    + f" for {fam.name}")
+    want = "sigmoid" if fam.router_scoring == "sigmoid" else "softmax"
+    if f.text("scoring_func", want) != want:
+        raise f.bad("scoring_func", f.cfg["scoring_func"], f'"{want}" (the scores {fam.name} routes by)')
+    if method == "greedy":
+        return scale, 1, 1
+    groups = f.integer("n_group", 1, maximum=n_experts)
+    if n_experts % groups:
+        raise f.bad("n_group", groups, f"a divisor of the {n_experts} routed experts")
+    keep = f.integer("topk_group", groups, maximum=groups, why=f"at most n_group ({groups})")
+    if fam.router_scoring == "sigmoid" and keep < groups and n_experts // groups < 2:
+        raise f.bad("n_group", groups, f"at most {n_experts // 2}: each group is scored by its two best experts")
+    if keep * (n_experts // groups) < top_k:
+        raise f.bad("topk_group", keep, f"enough groups of {n_experts // groups} experts for the {top_k} a token takes")
+    return scale, groups, keep
+
+
+def _mla(f: ConfigFields, fam: Family, rope_scaling: RopeScaling | None) -> MLA | None:
+    """DeepSeek's latent attention's shape (None for other families)."""
+    if not fam.mla:
+        return None
+    if f.flag("attention_bias", False):
+        raise UnsupportedModelError(f"{f.file}: attention_bias true is not supported for {fam.name} (no released "
+                                    "DeepSeek model has attention biases); set it to false if the weights have none")
+    # null means no query compression; a config without the field takes transformers' 1536
+    q_rank = 0 if "q_lora_rank" in f.cfg and f.cfg["q_lora_rank"] is None else f.integer("q_lora_rank", 1536)
+    kv_rank, nope = f.integer("kv_lora_rank", 512), f.integer("qk_nope_head_dim", 128)
+    rope, v = f.integer("qk_rope_head_dim", 64), f.integer("v_head_dim", 128)
+    if rope % 2:
+        raise f.bad("qk_rope_head_dim", rope, "an even number (rotary embeddings turn pairs of dimensions)")
+    if kv_rank % 2:
+        raise f.bad("kv_lora_rank", kv_rank, "an even number (the cache keeps half of each token's latent in each "
+                                             "of its two planes)")
+    scale = (nope + rope) ** -0.5
+    if rope_scaling is not None and rope_scaling.mscale_all_dim:
+        scale *= _yarn_mscale(rope_scaling.factor, rope_scaling.mscale_all_dim) ** 2
+    interleaved = fam.deepseek == "v2" or f.flag("rope_interleave", True)
+    return MLA(q_rank, kv_rank, nope, rope, v, interleaved, scale)
 
 
 def spec_from_config(cfg: dict, path: Path) -> ModelSpec:
@@ -296,15 +400,22 @@ def spec_from_config(cfg: dict, path: Path) -> ModelSpec:
     bias_key = f.first_given("qkv_bias", "attention_bias")
     max_position = f.integer("max_position_embeddings", 4096)
     rope_theta, rope_scaling = _rope(f, max_position)
-    head_dim = _head_dim(f, hidden, heads)
+    mla = _mla(f, fam, rope_scaling)
+    # latent attention: a head's q.k dimensions, every head its own KV head (the cache keeps the latent)
+    head_dim = mla.qk_nope + mla.qk_rope if mla else _head_dim(f, hidden, heads)
     moe_ffn = f.integer("moe_intermediate_size", dense_ffn)
+    top_k = f.integer("num_experts_per_tok", maximum=n_experts, why=f"the model has {n_experts} routed experts")
+    if fam.deepseek:
+        routed_scale, groups, keep = _deepseek_routing(f, fam, n_experts, top_k)
+    else:
+        routed_scale, groups, keep = (_glm_routing(f, n_experts) if fam.glm_keys else 1.0), 1, 1
+    renorm_default = DEEPSEEK_DEFAULTS[fam.deepseek]["norm_topk_prob"] if fam.deepseek else fam.glm_keys
     return ModelSpec(
         architecture=arch, family=fam, vocab_size=f.integer("vocab_size"), hidden=hidden,
-        num_layers=n_layers, num_heads=heads, num_kv_heads=_kv_heads(f, heads), head_dim=head_dim,
-        num_experts=n_experts,
-        top_k=f.integer("num_experts_per_tok", maximum=n_experts, why=f"the model has {n_experts} routed experts"),
+        num_layers=n_layers, num_heads=heads, num_kv_heads=heads if mla else _kv_heads(f, heads), head_dim=head_dim,
+        num_experts=n_experts, top_k=top_k,
         moe_ffn=moe_ffn, dense_ffn=dense_ffn, shared_ffn=_shared_ffn(f, fam, moe_ffn),
-        norm_topk_prob=f.flag("norm_topk_prob", fam.glm_keys),
+        norm_topk_prob=f.flag("norm_topk_prob", renorm_default),
         qkv_bias=f.flag(bias_key, fam.default_qkv_bias),
         clip_qkv=f.number("clip_qkv", None), rms_norm_eps=f.number("rms_norm_eps", 1e-5 if fam.glm_keys else 1e-6),
         rope_theta=rope_theta, max_position=max_position,
@@ -313,9 +424,10 @@ def spec_from_config(cfg: dict, path: Path) -> ModelSpec:
         checkpoint_dtype=f.choice(f.first_given("torch_dtype", "dtype"), CHECKPOINT_DTYPES, "bfloat16"),
         name=path.name, layer_windows=_layer_windows(f, n_layers), rope_scaling=rope_scaling,
         swiglu_alpha=f.number("swiglu_alpha", 1.702), swiglu_limit=f.number("swiglu_limit", 7.0),
-        expert_storage=_expert_storage(f), rotary_dim=_rotary_dim(f, head_dim, 0.5 if fam.glm_keys else 1.0),
-        routed_scale=_glm_routing(f, n_experts) if fam.glm_keys else 1.0,
-        use_qk_norm=f.flag("use_qk_norm", False) if fam.glm_keys else True,
+        expert_storage=_expert_storage(f),
+        rotary_dim=mla.qk_rope if mla else _rotary_dim(f, head_dim, 0.5 if fam.glm_keys else 1.0),
+        routed_scale=routed_scale, use_qk_norm=f.flag("use_qk_norm", False) if fam.glm_keys else True,
+        mla=mla, route_groups=groups, route_keep_groups=keep,
     )
 
 

@@ -111,5 +111,5 @@ def kv_sizing(spec: ModelSpec, dtype: torch.dtype, kv_dtype: str, max_model_len:
     per_seq = window_blocks_per_seq(window, block_size) if layers else 0
     step = window_step_blocks(token_budget, block_size) if layers else 0
     return KVSizing(spec.num_layers - len(layers), layers, window,
-                    layer_bytes_per_token(spec.num_kv_heads, spec.head_dim, dtype, kv_dtype),
+                    layer_bytes_per_token(spec.kv_heads_stored, spec.kv_head_dim_stored, dtype, kv_dtype),
                     per_seq, step, max_batch, block_size)

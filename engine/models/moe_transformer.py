@@ -1,10 +1,12 @@
-"""The generic MoE transformer: one forward for Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GLM-4.5 and gpt-oss.
+"""The generic MoE transformer: one forward for Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GLM-4.5, gpt-oss and
+DeepSeek-V2 / V3.
 
 Family differences are data (ModelSpec, families.py): q/k norm per head or over the projection,
 qkv and o biases, attention sinks, sliding-window layers, YaRN RoPE on all or part of each head,
-shared expert with or without a sigmoid gate, dense layers between sparse ones, router bias, softmax
-or sigmoid scores (with a choice bias and a scaling of the weights), top-k renormalisation (the
-experts' biases and activation live in the expert layout).
+latent attention (engine/models/mla.py), shared expert with or without a sigmoid gate, dense layers
+between sparse ones, router bias, softmax or sigmoid scores (with a choice bias, expert groups and a
+scaling of the weights), top-k renormalisation (the experts' biases and activation live in the
+expert layout).
 
 Legend: T tokens in the step, B sequences, D hidden, H / Hkv heads, hd head dim, E experts, k top-k.
 """
@@ -20,6 +22,7 @@ from engine.experts.provider import ExpertProvider
 from engine.host_copy import host_to
 from engine.kv.cache import KVCache
 from engine.models.layers import Rope, SeqSlice, mlp, paged_attention_ref, rms_norm
+from engine.models.mla import latent_attention
 from engine.models.weights import AttentionWeights, ModelWeights, MoEWeights
 from kernels._triton import HAS_TRITON
 from kernels.decode_ops import add_rms_norm, add_rms_norm_act16, qk_norm_rope_write
@@ -104,8 +107,11 @@ class MoETransformer:
                  device: torch.device, dtype: torch.dtype, max_position: int) -> None:
         self.spec, self.w, self.experts = spec, weights, experts
         self.device, self.dtype = device, dtype
-        self.rope = Rope(spec.head_dim, spec.rope_theta, max_position, device, dtype, spec.rope_scaling,
-                         spec.rotary_dim)
+        if spec.mla:             # latent attention turns only each head's (and the shared key's) rotary part
+            self.rope = Rope(spec.mla.qk_rope, spec.rope_theta, max_position, device, dtype, spec.rope_scaling)
+        else:
+            self.rope = Rope(spec.head_dim, spec.rope_theta, max_position, device, dtype, spec.rope_scaling,
+                             spec.rotary_dim)
         self.moe_fn, self._act16_group = _select_moe_fn(device)
         # One-launch norms, q/k norm + RoPE + KV write, and router on CUDA; torch everywhere else.
         self.fused = device.type == "cuda" and HAS_TRITON
@@ -131,11 +137,14 @@ class MoETransformer:
         [E] float32: the layer's choice bias (GLM). Also used by the prefetcher."""
         s = self.spec
         scoring = s.family.router_scoring
+        groups = {"groups": s.route_groups, "keep_groups": s.route_keep_groups}
         if self.fused:
-            return route_kernel(logits, s.top_k, scoring, s.renormalize, bias=score_bias, scale=s.routed_scale)
-        if scoring == "softmax" and score_bias is None and s.routed_scale == 1.0:
+            return route_kernel(logits, s.top_k, scoring, s.renormalize, bias=score_bias, scale=s.routed_scale,
+                                **groups)
+        if scoring == "softmax" and score_bias is None and s.routed_scale == 1.0 and s.route_groups == 1:
             return route_ref(logits, s.top_k, s.renormalize)
-        return route_scored(logits, s.top_k, scoring, s.renormalize, bias=score_bias, scale=s.routed_scale)
+        return route_scored(logits, s.top_k, scoring, s.renormalize, bias=score_bias, scale=s.routed_scale,
+                            **groups)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, cache: KVCache, acquire: Acquire | None = None) -> torch.Tensor:
@@ -222,6 +231,8 @@ class MoETransformer:
     def _attention(self, i: int, a: AttentionWeights, x: torch.Tensor, batch: ForwardBatch,
                    cache: KVCache, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         s, T = self.spec, x.shape[0]
+        if s.mla:
+            return latent_attention(s, i, a, x, batch, cache, rope, self.fused)
         if batch.window is not None and cache.windowed(i):               # this layer's rows: the window pool
             batch = batch.window
         qkv = linear(x, a.qkv, kernel=self.fused)                        # [T, (H + 2Hkv) hd]

@@ -24,6 +24,12 @@ class AttentionWeights:
     o_bias: torch.Tensor | None = None   # [D]
     sinks: torch.Tensor | None = None    # [H] float32: a sink logit per query head (gpt-oss)
     window: int = 0                      # sliding window in tokens (0: full attention)
+    # DeepSeek's latent attention (engine/models/mla.py): qkv then stacks the query projection (or its
+    # low-rank first half) and the latent with the rotary key, [q_rows + r + p, D]; q_norm is the
+    # low-rank queries' norm and k_norm the latent's
+    q_b: Matrix | None = None            # [H * (n + p), q_lora_rank] the queries' second half
+    kv_up_k: torch.Tensor | None = None  # [H, n, r] the keys' up-projection, folded into the queries
+    kv_up_v: torch.Tensor | None = None  # [H, v, r] the values' up-projection, folded into the outputs
 
 
 @dataclass
@@ -80,7 +86,7 @@ class ModelWeights:
         for layer in self.layers:
             a = layer.attn
             for t in (layer.input_norm, layer.post_norm, a.qkv, a.o, a.qkv_bias, a.q_norm, a.k_norm, a.o_bias,
-                      a.sinks):
+                      a.sinks, a.q_b, a.kv_up_k, a.kv_up_v):
                 add(t)
             for m in (layer.mlp, layer.moe.shared if layer.moe else None):
                 if m is not None:
