@@ -24,7 +24,7 @@ from engine.cpu_threads import apply_cpu_threads
 from engine.kv.blocks import BlockAllocator
 from engine.memory import (CPU_KV_CAP, BudgetAdvice, MemoryPlan, decode_experts, default_budget, fit_context,
                            fit_context_to_kv_size, kv_pool_bytes, kv_size_note, plan_memory, staging_slots,
-                           step_sizing, table_on_host)
+                           smaller_resident, step_sizing, table_on_host)
 from engine.settings_fit import fit_to_device, fit_to_model, fit_to_pool, unused_notes
 from engine.kv.cache import KVCache
 from engine.kv.sizing import KVSizing, kv_sizing
@@ -256,7 +256,7 @@ class LoadedModel:
         else:
             experts = "use --weight-format int4"
         return BudgetAdvice(default_budget(self.device), experts,
-                            "use --dtype bfloat16" if self.dtype == torch.float32 else "")
+                            smaller_resident(self.dtype == torch.float32, self.resident_format))
 
     def _pool_budget(self) -> int | None:
         """Bytes the expert pool (with staging) may grow to: the budget less everything else."""

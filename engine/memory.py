@@ -53,6 +53,20 @@ class BudgetAdvice:
         fixes = ["lower --expert-pool-size (or leave it out: the pool then takes what fits)"]
         return _either(fixes + self._raise_budget(budget) + ([self.smaller_experts] if self.smaller_experts else []))
 
+    def staging_fix(self, budget: int) -> str:
+        """With no expert pooled, only the staging is left to shrink (it holds what decode steps of
+        max_batch sequences at the prefetch depth can miss, at least half a layer's experts)."""
+        fixes = ["lower --max-batch (or --prefetch-depth)"] + self._raise_budget(budget)
+        return _either(fixes + [f for f in (self.smaller_resident, self.smaller_experts) if f])
+
+
+def smaller_resident(float32: bool, resident_format: str) -> str:
+    """The flag that shrinks the resident weights, for :class:`BudgetAdvice`: bfloat16 from float32, else 8-bit
+    matrices from 16-bit ones ("" when they are 8-bit already)."""
+    if float32:
+        return "use --dtype bfloat16"
+    return "use --resident-weights int8" if resident_format == "bf16" else ""
+
 
 def _either(fixes: list[str]) -> str:
     return fixes[0] if len(fixes) == 1 else ", ".join(fixes[:-1]) + " or " + fixes[-1]
@@ -308,6 +322,11 @@ def plan_memory(resident_bytes: int, expert_bytes: int, num_experts: int, kv_byt
     else:
         slots = want
     pool = (slots + staging_for(slots)) * expert_bytes
+    if pool > left and slots == 0:
+        raise ConfigError(
+            f"the {staging} staging slots that missing experts pass through ({format_size(staging * expert_bytes)}) "
+            f"do not fit the {format_size(left)} left after resident weights and workspace in the "
+            f"{format_size(budget_bytes)} budget; {advice.staging_fix(budget_bytes)}")
     if pool > left:
         raise ConfigError(
             f"an expert pool of {format_size(slots * expert_bytes)} (+ {format_size(staging_for(slots) * expert_bytes)} "

@@ -33,7 +33,8 @@ from kernels.expert_layout import ExpertLayout
 from engine.loading import expert_act
 from engine.kv.sizing import KVSizing, kv_sizing
 from engine.memory import (MIN_KV_TOKENS, BudgetAdvice, MemoryPlan, default_budget, fit_context,
-                           fit_context_to_kv_size, kv_pool_bytes, plan_memory, step_sizing, table_on_host)
+                           fit_context_to_kv_size, kv_pool_bytes, plan_memory, smaller_resident, step_sizing,
+                           table_on_host)
 from engine.options import parse_live, pool_bytes
 from engine.settings_fit import depth_note, fit_to_model
 
@@ -261,7 +262,7 @@ def _budget_lines(spec, args, c: EngineConfig, resident: int, per_expert: int, n
     total = per_expert * n_experts
     advice = BudgetAdvice(card_free if args.gpu_memory_budget is None else None,
                           "" if args.weight_format == "int4" else "use --weight-format int4",
-                          "use --dtype bfloat16" if wb == 4 else "")
+                          smaller_resident(wb == 4, _resident_format(args)))
     def plan_for(table_on_host: bool) -> MemoryPlan:
         table = embedding_bytes(spec, wb) if table_on_host else 0
         return plan_memory(resident - table, per_expert, n_experts, kv_per_token, budget,

@@ -231,13 +231,17 @@ def test_quiet_steps_when_the_gpu_side_prefetch_is_closed(model) -> None:
         assert prov.pool.table.flatten().tolist() == prov.pool.books.slot_of
 
 
+@pytest.mark.parametrize("family", ["glm4_moe", "deepseek_v2", "deepseek_v3"])
 @pytest.mark.parametrize("frac", [0.0, 0.5, 1.0])
-def test_glm_on_the_gpu_kernels_matches_transformers_and_replays_what_eager_runs(tmp_path_factory, frac) -> None:
+def test_scored_families_on_the_gpu_match_transformers_and_replay_what_eager_runs(tmp_path_factory, family,
+                                                                                   frac) -> None:
     # GLM-4.5: the Triton router with its choice bias and routed scaling, the predictions' sigmoid
-    # scores with the bias, and the half-head RoPE through the fused q/k norm + RoPE kernel, eager and
-    # replayed from graphs, with every expert on the card, half, and none
+    # scores with the bias, and the half-head RoPE through the fused q/k norm + RoPE kernel; DeepSeek:
+    # the router's expert groups (group max of softmax scores, V2; two best biased sigmoid scores, V3)
+    # and latent attention over the latent cache rows. Eager and replayed from graphs, with every
+    # expert on the card, half, and none
     from transformers import AutoModelForCausalLM
-    path = build_tiny_model(tmp_path_factory.mktemp("glm_gpu"), "glm4_moe")
+    path = build_tiny_model(tmp_path_factory.mktemp(f"{family}_gpu"), family)
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     with LLM(str(path), device="cuda", dtype="float32", cuda_graphs=False) as eager:
         ref = [o.token_ids for o in eager.generate(PROMPTS, GREEDY)]

@@ -47,6 +47,54 @@ def test_a_choice_bias_picks_the_experts_and_the_weights_stay_the_scores(tokens,
     assert not torch.equal(ids.long(), torch.topk(scores, top_k).indices)   # the bias mattered
 
 
+def _transformers_groups(logits, bias, groups, keep, top_k, sigmoid):
+    """DeepSeek's group-limited choice as transformers writes it (V2's group_limited_greedy with group
+    maxima of softmax scores; V3's noaux_tc with the two best biased sigmoid scores per group)."""
+    scores = torch.sigmoid(logits) if sigmoid else torch.softmax(logits, -1)
+    choice = scores + bias if bias is not None else scores
+    t, e = logits.shape
+    g = choice.view(t, groups, e // groups)
+    group_scores = g.topk(2, dim=-1)[0].sum(-1) if sigmoid else g.max(-1).values
+    idx = torch.topk(group_scores, k=keep, dim=-1, sorted=False)[1]
+    mask = torch.zeros_like(group_scores).scatter_(1, idx, 1).unsqueeze(-1).expand(-1, groups, e // groups)
+    ids = torch.topk(choice.masked_fill(~mask.reshape(t, e).bool(), float("-inf")), k=top_k, dim=-1)[1]
+    return ids, scores.gather(1, ids)
+
+
+@pytest.mark.parametrize("sigmoid", [False, True])
+@pytest.mark.parametrize("tokens, experts, groups, keep, top_k", [
+    (1, 16, 4, 2, 3),     # one token (decode)
+    (19, 24, 8, 3, 4),    # tokens not a multiple of the token block; experts and groups not powers of two
+    (5, 12, 6, 1, 2),     # one group kept: every choice from it
+])
+def test_expert_groups_limit_the_choice_to_the_best_groups(sigmoid, tokens, experts, groups, keep, top_k):
+    # DeepSeek-V2 / V3: a token's experts come from its best groups only; the weights are the plain scores
+    g = torch.Generator().manual_seed(tokens + experts)
+    logits = 2.0 * torch.randn(tokens, experts, generator=g)
+    bias = torch.randn(experts, generator=g) if sigmoid else None
+    scoring = "sigmoid" if sigmoid else "softmax"
+    want_ids, want_w = _transformers_groups(logits, bias, groups, keep, top_k, sigmoid)
+    order = torch.argsort(want_ids, -1)                                # transformers' order is unspecified
+    for fn in (route, route_ref):
+        w, ids = fn(logits, top_k, scoring, False, bias=bias, scale=1.5, groups=groups, keep_groups=keep)
+        mine = torch.argsort(ids.long(), -1)
+        assert torch.equal(ids.long().gather(1, mine), want_ids.gather(1, order))
+        torch.testing.assert_close(w.gather(1, mine), 1.5 * want_w.gather(1, order), atol=1e-6, rtol=1e-5)
+    many = 2.0 * torch.randn(64, experts, generator=g)                 # the groups matter for some of 64 tokens
+    free_ids = route_ref(many, top_k, scoring, False, bias=bias)[1]
+    assert not torch.equal(free_ids, route_ref(many, top_k, scoring, False, bias=bias, groups=groups,
+                                               keep_groups=keep)[1])
+
+
+def test_expert_groups_that_leave_too_few_experts_are_refused():
+    logits = torch.randn(2, 8)
+    for fn in (route, route_ref):
+        with pytest.raises(ValueError, match="expert groups"):
+            fn(logits, 3, "softmax", groups=4, keep_groups=1)          # 2 experts left for 3
+        with pytest.raises(ValueError, match="expert groups"):
+            fn(logits, 2, "sigmoid", groups=8, keep_groups=4)          # groups of one: no second best
+
+
 def test_route_matches_torch_topk_on_distinct_scores():
     # The documented contract: on distinct scores the choice and order are torch.topk's.
     logits = torch.randn(7, 16, generator=torch.Generator().manual_seed(3))
