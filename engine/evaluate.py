@@ -31,12 +31,13 @@ class EvalResult:
 
 
 def reference_weight_format(model: str) -> str:
-    """``weight_format`` to load a reference model with: as stored, but MXFP4 experts dequantised to bf16.
+    """``weight_format`` to load a reference model with: as stored, but MXFP4 experts and fp8 ones with block
+    scales dequantised to bf16.
 
     A converted folder holds one format only, so it loads as stored.
     """
     folder = Path(model)
-    if is_converted(folder) or read_spec(folder).expert_storage != "mxfp4":
+    if is_converted(folder) or read_spec(folder).expert_storage not in ("mxfp4", "fp8"):
         return "auto"
     return "bf16"
 

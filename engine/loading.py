@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from engine.checkpoint.fp8_blocks import with_fp8_blocks
 from engine.checkpoint.converted import ConvertedSource, is_converted
 from engine.checkpoint.integrity import Progress
 from engine.checkpoint.loader import check_complete, load_weights
@@ -93,7 +94,7 @@ class LoadedModel:
         # how attention, dense MLPs and the LM head sit on the device: bf16 (the dtype), fp8 or int8
         self.resident_format = (config.resident_weights if config.resident_weights != "auto" else
                                 source.manifest.resident if self.converted else "bf16")
-        source = with_aliases(source, spec.family.aliases)
+        source = with_aliases(with_fp8_blocks(source, spec), spec.family.aliases)
         check_complete(spec, source)
         self.layout = expert_layout(config, spec, self.dtype)
         self.config = config = self._fit(config)

@@ -33,10 +33,11 @@ def expert_act(spec: ModelSpec) -> ExpertAct:
 
 
 def expert_layout(config: EngineConfig, spec: ModelSpec, dtype: torch.dtype) -> ExpertLayout:
-    """Experts as stored unless ``weight_format`` asks otherwise: an MXFP4 checkpoint stays MXFP4."""
+    """Experts as stored unless ``weight_format`` asks otherwise: an MXFP4 checkpoint stays MXFP4, and an fp8
+    one with block scales (engine/checkpoint/fp8_blocks.py) becomes Strata's fp8 (one scale per row)."""
     if config.weight_format != "auto":
         fmt = config.weight_format
     else:
-        fmt = "mxfp4" if spec.expert_storage == "mxfp4" else _FMT_OF_DTYPE[dtype]
+        fmt = spec.expert_storage if spec.expert_storage in ("mxfp4", "fp8") else _FMT_OF_DTYPE[dtype]
     return ExpertLayout.make(fmt, spec.hidden, spec.moe_ffn, config.group_size, bias=spec.family.expert_bias,
                              act=expert_act(spec))

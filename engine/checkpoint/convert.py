@@ -25,6 +25,7 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from engine.checkpoint.checks import check_finite
+from engine.checkpoint.fp8_blocks import with_fp8_blocks
 from engine.checkpoint.converted import (FORMAT_VERSION, MANIFEST, RESIDENT_FILE, ROW_SCALES, expert_doc, expert_file,
                                          layout_doc, verify_files)
 from engine.checkpoint.destination import (PARTIAL_MARKER, Destination, check_source, discard, install,
@@ -116,7 +117,7 @@ def convert(src: str | Path, dst: str | Path, weights: str = "auto", group_size:
     _check_groups(spec, opts)
     layout = ExpertLayout.make(weights, spec.hidden, spec.moe_ffn, group_size, bias=spec.family.expert_bias,
                                act=expert_act(spec))
-    reader = SafetensorsReader(src_dir)
+    reader = with_fp8_blocks(SafetensorsReader(src_dir), spec)
     check_complete(spec, reader)          # names, shapes and dtypes, before anything is written
     staging = make_staging(dest)
     try:
@@ -216,6 +217,8 @@ _QUANTISATION = {"int4": "asymmetric round-to-nearest, per output row and group 
 
 def _quantisation(weights: str, source_experts: str) -> str:
     """How the experts were made, for a reader of the manifest."""
+    if source_experts == "fp8":
+        return _QUANTISATION[weights] + ", of the source's fp8 values times their block scales"
     if source_experts != "mxfp4":
         return _QUANTISATION[weights]
     if weights == "mxfp4":

@@ -100,7 +100,9 @@ class ModelSpec:
     rope_scaling: RopeScaling | None = None
     swiglu_alpha: float = 1.702              # gpt-oss clamped SwiGLU (family.expert_act == "swiglu_oai")
     swiglu_limit: float = 7.0
-    expert_storage: str = "dense"            # "mxfp4": the checkpoint ships its experts as *_blocks / *_scales
+    expert_storage: str = "dense"            # "mxfp4": the checkpoint ships its experts as *_blocks / *_scales;
+    #                                          "fp8": its matrices as e4m3 with block scales (weight_block)
+    weight_block: tuple[int, int] = ()       # fp8 checkpoints: rows x cols of a matrix that share a scale
     rotary_dim: int = 0                      # dimensions of a head that RoPE turns (GLM: half); 0: all of them
     routed_scale: float = 1.0                # routed experts' weights times this (routed_scaling_factor)
     use_qk_norm: bool = True                 # the family's q/k norm is there (GLM: use_qk_norm)
@@ -225,18 +227,33 @@ def _layer_windows(f: ConfigFields, n_layers: int) -> tuple[int, ...]:
     return tuple(window if k == LAYER_TYPES[0] else 0 for k in kinds)
 
 
-def _expert_storage(f: ConfigFields) -> str:
-    """"mxfp4" for a checkpoint whose experts ship quantised so (gpt-oss), else "dense"."""
+def _quantisation(f: ConfigFields) -> tuple[str, tuple[int, int]]:
+    """How the checkpoint ships its weights: ("dense", ()), ("mxfp4", ()) for gpt-oss's MXFP4 experts, or
+    ("fp8", (rows, cols)) for e4m3 matrices with one float32 ``weight_scale_inv`` per block of rows x cols
+    (DeepSeek-V3 / R1, Kimi K2, the -FP8 releases of Qwen3 and GLM-4.5)."""
     quant = f.nested("quantization_config", '{"quant_method": "mxfp4"}')
     if quant is None:
-        return "dense"
+        return "dense", ()
     method = quant.text("quant_method", "none")
-    if method != "mxfp4":
-        raise UnsupportedModelError(
-            f"{f.file}: quantization_config.quant_method '{method}' is not supported; Strata reads unquantised "
-            "(bfloat16, float16, float32) checkpoints and MXFP4 experts — use the model's unquantised release "
-            "(main.py convert then makes Strata's own int4 or fp8)")
-    return "mxfp4"
+    if method == "mxfp4":
+        return "mxfp4", ()
+    if method == "fp8":
+        fmt = quant.text("fmt", "e4m3")
+        if fmt != "e4m3":
+            raise quant.bad("fmt", fmt, '"e4m3" (the fp8 format Strata reads)')
+        if not quant.given("weight_block_size"):
+            raise UnsupportedModelError(
+                f"{f.file}: an fp8 checkpoint without quantization_config.weight_block_size (one scale per tensor) is "
+                "not supported; Strata reads fp8 weights with one scale per block (weight_scale_inv), as DeepSeek "
+                "and the Qwen3 / GLM -FP8 releases ship them — or use the model's bfloat16 release")
+        block = quant.int_list("weight_block_size", 1, 1 << 16)
+        if len(block) != 2:
+            raise quant.bad("weight_block_size", quant.cfg["weight_block_size"], "two block sizes, e.g. [128, 128]")
+        return "fp8", (block[0], block[1])
+    raise UnsupportedModelError(
+        f"{f.file}: quantization_config.quant_method '{method}' is not supported; Strata reads unquantised "
+        "(bfloat16, float16, float32) checkpoints, fp8 ones with block scales and MXFP4 experts — use the model's "
+        "unquantised release (main.py convert then makes Strata's own int4 or fp8)")
 
 
 def _head_dim(f: ConfigFields, hidden: int, heads: int) -> int:
@@ -400,6 +417,7 @@ def spec_from_config(cfg: dict, path: Path) -> ModelSpec:
     bias_key = f.first_given("qkv_bias", "attention_bias")
     max_position = f.integer("max_position_embeddings", 4096)
     rope_theta, rope_scaling = _rope(f, max_position)
+    quantisation = _quantisation(f)
     mla = _mla(f, fam, rope_scaling)
     # latent attention: a head's q.k dimensions, every head its own KV head (the cache keeps the latent)
     head_dim = mla.qk_nope + mla.qk_rope if mla else _head_dim(f, hidden, heads)
@@ -424,7 +442,7 @@ def spec_from_config(cfg: dict, path: Path) -> ModelSpec:
         checkpoint_dtype=f.choice(f.first_given("torch_dtype", "dtype"), CHECKPOINT_DTYPES, "bfloat16"),
         name=path.name, layer_windows=_layer_windows(f, n_layers), rope_scaling=rope_scaling,
         swiglu_alpha=f.number("swiglu_alpha", 1.702), swiglu_limit=f.number("swiglu_limit", 7.0),
-        expert_storage=_expert_storage(f),
+        expert_storage=quantisation[0], weight_block=quantisation[1],
         rotary_dim=mla.qk_rope if mla else _rotary_dim(f, head_dim, 0.5 if fam.glm_keys else 1.0),
         routed_scale=routed_scale, use_qk_norm=f.flag("use_qk_norm", False) if fam.glm_keys else True,
         mla=mla, route_groups=groups, route_keep_groups=keep,

@@ -72,8 +72,8 @@ def _expert_format(spec: ModelSpec, args: argparse.Namespace, dtype: str) -> tup
         return m.weights, m.group_size
     if args.weight_format != "auto":
         return args.weight_format, args.group_size
-    if spec.expert_storage == "mxfp4":
-        return "mxfp4", args.group_size
+    if spec.expert_storage in ("mxfp4", "fp8"):
+        return spec.expert_storage, args.group_size
     return ("bf16" if _DTYPES[dtype].itemsize == 2 else "fp32"), args.group_size
 
 

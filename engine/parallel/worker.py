@@ -73,6 +73,7 @@ class ShardModel:
     def __init__(self, config, path: str, rank: int, world: int) -> None:
         from engine.checkpoint import families as fn
         from engine.checkpoint.converted import ConvertedSource, is_converted
+        from engine.checkpoint.fp8_blocks import with_fp8_blocks
         from engine.checkpoint.loader import _Fetch, pack_layer_experts
         from engine.checkpoint.plan import router_bias_name, score_bias_name
         from engine.checkpoint.reader import SafetensorsReader, with_aliases
@@ -89,7 +90,7 @@ class ShardModel:
         self.config = config
         self.spec = spec = read_spec(folder)
         source = ConvertedSource(folder, verify=False) if is_converted(folder) else SafetensorsReader(folder)
-        source = with_aliases(source, spec.family.aliases)
+        source = with_aliases(with_fp8_blocks(source, spec), spec.family.aliases)
         self.device = device = resolve_device(config.device)
         self.dtype = dtype = resolve_dtype(config.dtype, device)
         self.layout = layout = expert_layout(config, spec, dtype)

@@ -76,10 +76,10 @@ def test_a_non_float_tensor_is_refused_at_load_and_at_convert(capsys, model, tmp
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
 
 
-def test_a_prequantised_fp8_tensor_is_refused_as_unsupported(model):
+def test_an_fp8_tensor_without_a_block_scale_is_refused_as_unsupported(model):
     shape = load_file(model / "model.safetensors")[ATTN].shape
     _edit(model, **{ATTN: torch.zeros(shape).to(torch.float8_e4m3fn)})
-    with pytest.raises(UnsupportedModelError, match=r"is stored as float8_e4m3fn \(a pre-quantised fp8 checkpoint\)"):
+    with pytest.raises(UnsupportedModelError, match=r"is stored as float8_e4m3fn without a block scale"):
         LLM(str(model), device="cpu")
 
 
