@@ -213,3 +213,15 @@ def test_info_on_deepseek_v3_names_the_fixes_that_fit_a_24g_card(tmp_path, capsy
     assert re.search(r"^total\s+671,026,419,200\s", out, re.M)
     assert float(_line(out, "device total").split(":")[1].split()[0]) <= 24.0
 
+
+
+def test_the_multi_token_prediction_layer_v3_ships_is_not_read(tmp_path):
+    # DeepSeek-V3's checkpoint holds one more layer (num_nextn_predict_layers) past num_hidden_layers
+    from safetensors.torch import load_file, save_file
+    path = build_tiny_model(tmp_path / "m", "deepseek_v3")
+    ref = [o.token_ids for o in LLM(str(path), device="cpu").generate(PROMPTS, GREEDY)]
+    state = load_file(path / "model.safetensors")
+    extra = {"model.layers.3.eh_proj.weight": torch.randn(64, 128), "model.layers.3.enorm.weight": torch.ones(64),
+             "model.layers.3.self_attn.kv_a_proj_with_mqa.weight": torch.randn(40, 64)}
+    save_file({**state, **extra}, path / "model.safetensors")
+    assert [o.token_ids for o in LLM(str(path), device="cpu").generate(PROMPTS, GREEDY)] == ref
