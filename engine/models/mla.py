@@ -28,6 +28,10 @@ from engine.models.layers import Rope, paged_attention_ref, rms_norm
 from kernels.paged_attention import attend_context_ref, context_rows
 from kernels.qlinear import linear
 
+# bytes of the heads' copies of one sequence's context rows a prefill pass makes (the reference
+# attention repeats the shared rows for each head): DeepSeek-V3's 128 heads over 4096 tokens would be 604 MB
+PREFILL_HEAD_BYTES = 64 << 20
+
 if TYPE_CHECKING:
     from engine.checkpoint.spec import ModelSpec
     from engine.kv.cache import KVCache
@@ -62,9 +66,11 @@ def latent_attention(spec: ModelSpec, i: int, a: AttentionWeights, x: torch.Tens
             d.rows, d.valid = context_rows(d.block_tables, d.context_lens, cache.block_size)
         keys = torch.cat(cache.gather(i, d.rows), -1)                    # [B, P, 1, r + p]
         o = attend_context_ref(queries, keys, keys[..., :r], d.valid, m.softmax_scale)   # [B, H, r]
-    else:
-        o = paged_attention_ref(queries, lambda rows: _rows(cache, i, rows, r), batch.seqs, cache.block_size,
-                                scale=m.softmax_scale, v_dim=r).reshape(T, H, r)
+    else:       # the shared rows repeat for every head inside: a bounded number of heads at a time
+        per_pass = max(1, PREFILL_HEAD_BYTES // (max(s.ctx_len for s in batch.seqs) * m.latent_dim * x.element_size()))
+        o = torch.cat([paged_attention_ref(queries[:, h:h + per_pass], lambda rows: _rows(cache, i, rows, r),
+                                           batch.seqs, cache.block_size, scale=m.softmax_scale, v_dim=r)
+                       .reshape(T, -1, r) for h in range(0, H, per_pass)], 1)
     out = torch.einsum("thr,hvr->thv", o, a.kv_up_v).reshape(T, H * m.v_head_dim)   # the value up-projection
     return linear(out, a.o, a.o_bias, kernel=kernel)                     # [T, D]
 

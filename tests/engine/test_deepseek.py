@@ -225,3 +225,16 @@ def test_the_multi_token_prediction_layer_v3_ships_is_not_read(tmp_path):
              "model.layers.3.self_attn.kv_a_proj_with_mqa.weight": torch.randn(40, 64)}
     save_file({**state, **extra}, path / "model.safetensors")
     assert [o.token_ids for o in LLM(str(path), device="cpu").generate(PROMPTS, GREEDY)] == ref
+
+
+def test_prefill_in_head_passes_matches_transformers(v3, monkeypatch):
+    # a long prompt's shared latent rows are repeated for a few heads at a time (PREFILL_HEAD_BYTES)
+    import engine.models.mla as mla
+    from transformers import AutoModelForCausalLM
+    hf = AutoModelForCausalLM.from_pretrained(v3, dtype=torch.float32).eval()
+    ids = [1 + (7 * i) % 500 for i in range(200)]
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0].float()
+    monkeypatch.setattr(mla, "PREFILL_HEAD_BYTES", 3 * 200 * 40 * 4)    # 3 of the 4 heads, then 1
+    got = LLM(str(v3), device="cpu", dtype="float32", prefill_chunk=64).engine.score_batch([ids])[0]
+    assert (got - ref).abs().max().item() <= 1e-4
