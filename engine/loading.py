@@ -355,7 +355,7 @@ class LoadedModel:
         window = self.windows.num_blocks if self.windows else 0
         return KVCache(s.num_layers, int(blocks) + 1, c.kv_block_size, s.kv_heads_stored, s.kv_head_dim_stored, self.dtype,
                        self.device, c.kv_cache_dtype,   # + 1: the scratch block of graph-captured decode batches
-                       window_layers=self.kv_sizing.windowed, window_blocks=window)
+                       window_layers=self.kv_sizing.windowed, window_blocks=window, v_head_dim=s.kv_v_dim_stored)
 
     def score(self, seqs: list[list[int]], chunk: int | None = None) -> list[torch.Tensor]:
         """Logits [T_i, V] for every position of each sequence, on KV blocks of their own.

@@ -177,13 +177,15 @@ def step_workspace_bytes(spec: "ModelSpec", token_budget: int, max_batch: int, e
     d, k = spec.hidden, max(spec.top_k, 1)
     heads, kv_heads, hd = spec.num_heads, spec.num_kv_heads, spec.head_dim
     ffn = max(2 * k * spec.moe_ffn, 3 * spec.dense_ffn, 3 * spec.shared_ffn)        # the widest MLP's rows
-    attention = (heads + 2 * kv_heads) * hd + 2 * heads * hd
+    attention, context = (heads + 2 * kv_heads) * hd + 2 * heads * hd, 0
     if spec.mla:     # projections, the latent queries and outputs, the up-projected outputs (engine/models/mla.py)
+        from engine.models.mla import DECODE_BYTES, PREFILL_BYTES
         m = spec.mla
         attention = heads * hd + max(m.q_lora_rank, 1) + m.latent_dim + 2 * heads * m.latent_dim + heads * m.v_head_dim
+        context = DECODE_BYTES + PREFILL_BYTES       # the bounded chunks of context rows and scores of a layer
     per_token = (k * d * (4 + elem) + ffn * elem + 12 * d * elem + attention * elem + 4 * spec.num_experts * 4)
     per_sequence = 3 * spec.vocab_size * 4
-    return int(1.25 * (token_budget * per_token + max_batch * per_sequence)) + (64 << 20)
+    return int(1.25 * (token_budget * per_token + max_batch * per_sequence + context)) + (64 << 20)
 
 
 def decode_experts(spec: "ModelSpec", config: "EngineConfig") -> int:

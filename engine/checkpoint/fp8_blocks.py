@@ -1,5 +1,5 @@
 """Checkpoints that ship their matrices in fp8 with block scales (``quant_method: fp8`` with
-``weight_block_size``): DeepSeek-V3 / R1, Kimi K2, the -FP8 releases of Qwen3 and GLM-4.5.
+``weight_block_size``): DeepSeek-V3 / R1, the -FP8 releases of Qwen3 and GLM-4.5.
 
 Such a matrix ``W [N, K]`` is stored as e4m3 values beside ``<name>_scale_inv``, one float32 scale per
 block of ``rows x cols`` values (``[ceil(N / rows), ceil(K / cols)]``): ``W = values x scale`` of the

@@ -54,8 +54,8 @@ class MLA:
     latent of ``kv_lora_rank`` values (normed) plus one shared rotary key of ``qk_rope`` values; a head's
     key is its ``qk_nope`` up-projected values of the latent and the shared rotary key, its value
     ``v_head_dim`` more. The cache keeps the latent and the rotary key alone (:attr:`latent_dim` values
-    a token and layer), and attention runs on them with the up-projections folded into the queries and
-    the outputs (engine/models/mla.py)."""
+    a token and layer: the latent in the K plane, the rotary key in the V plane), and attention runs on
+    them with the up-projections folded into the queries and the outputs (engine/models/mla.py)."""
 
     q_lora_rank: int              # 0: queries straight from the hidden state (q_proj)
     kv_lora_rank: int
@@ -124,9 +124,14 @@ class ModelSpec:
 
     @property
     def kv_head_dim_stored(self) -> int:
-        """Values of one head of a K (or V) cache row: the head dim, or with latent attention half the
-        latent and rotary key (a token's latent row is kept across the K and V planes, half in each)."""
-        return self.mla.latent_dim // 2 if self.mla else self.head_dim
+        """Values of one head of a K cache row: the head dim, or with latent attention the latent."""
+        return self.mla.kv_lora_rank if self.mla else self.head_dim
+
+    @property
+    def kv_v_dim_stored(self) -> int:
+        """Values of one head of a V cache row: the head dim, or with latent attention the rotary key (the
+        latent, the values' source, is in the K plane)."""
+        return self.mla.qk_rope if self.mla else self.head_dim
 
     @property
     def rope_dim(self) -> int:
@@ -290,9 +295,9 @@ def _num_experts(f: ConfigFields) -> int:
 
 # transformers' defaults by DeepSeek version, for fields a config.json leaves out
 DEEPSEEK_DEFAULTS = {"v2": {"first_k_dense_replace": 0, "n_shared_experts": 2, "routed_scaling_factor": 1.0,
-                            "norm_topk_prob": False, "topk_method": "greedy"},
+                            "norm_topk_prob": False, "topk_method": "greedy", "n_group": 1},
                      "v3": {"first_k_dense_replace": 3, "n_shared_experts": 1, "routed_scaling_factor": 2.5,
-                            "norm_topk_prob": True, "topk_method": "noaux_tc"}}
+                            "norm_topk_prob": True, "topk_method": "noaux_tc", "n_group": 8, "topk_group": 4}}
 TOPK_METHODS = {"v2": ("greedy", "group_limited_greedy"), "v3": ("noaux_tc",)}
 
 
@@ -372,10 +377,11 @@ def _deepseek_routing(f: ConfigFields, fam: Family, n_experts: int, top_k: int) 
         raise f.bad("scoring_func", f.cfg["scoring_func"], f'"{want}" (the scores {fam.name} routes by)')
     if method == "greedy":
         return scale, 1, 1
-    groups = f.integer("n_group", 1, maximum=n_experts)
+    groups = f.integer("n_group", min(defaults["n_group"], n_experts), maximum=n_experts)
     if n_experts % groups:
         raise f.bad("n_group", groups, f"a divisor of the {n_experts} routed experts")
-    keep = f.integer("topk_group", groups, maximum=groups, why=f"at most n_group ({groups})")
+    keep = f.integer("topk_group", min(defaults.get("topk_group", groups), groups), maximum=groups,
+                     why=f"at most n_group ({groups})")
     if fam.router_scoring == "sigmoid" and keep < groups and n_experts // groups < 2:
         raise f.bad("n_group", groups, f"at most {n_experts // 2}: each group is scored by its two best experts")
     if keep * (n_experts // groups) < top_k:
@@ -396,9 +402,6 @@ def _mla(f: ConfigFields, fam: Family, rope_scaling: RopeScaling | None) -> MLA 
     rope, v = f.integer("qk_rope_head_dim", 64), f.integer("v_head_dim", 128)
     if rope % 2:
         raise f.bad("qk_rope_head_dim", rope, "an even number (rotary embeddings turn pairs of dimensions)")
-    if kv_rank % 2:
-        raise f.bad("kv_lora_rank", kv_rank, "an even number (the cache keeps half of each token's latent in each "
-                                             "of its two planes)")
     scale = (nope + rope) ** -0.5
     if rope_scaling is not None and rope_scaling.mscale_all_dim:
         scale *= _yarn_mscale(rope_scaling.factor, rope_scaling.mscale_all_dim) ** 2
@@ -428,12 +431,16 @@ def spec_from_config(cfg: dict, path: Path) -> ModelSpec:
     else:
         routed_scale, groups, keep = (_glm_routing(f, n_experts) if fam.glm_keys else 1.0), 1, 1
     renorm_default = DEEPSEEK_DEFAULTS[fam.deepseek]["norm_topk_prob"] if fam.deepseek else fam.glm_keys
+    renorm = f.flag("norm_topk_prob", renorm_default)
+    if fam.deepseek == "v2":          # DeepSeek-V2 renormalises more than one weight, or else scales them: never both
+        renorm = renorm and top_k > 1
+        routed_scale = 1.0 if renorm else routed_scale
     return ModelSpec(
         architecture=arch, family=fam, vocab_size=f.integer("vocab_size"), hidden=hidden,
         num_layers=n_layers, num_heads=heads, num_kv_heads=heads if mla else _kv_heads(f, heads), head_dim=head_dim,
         num_experts=n_experts, top_k=top_k,
         moe_ffn=moe_ffn, dense_ffn=dense_ffn, shared_ffn=_shared_ffn(f, fam, moe_ffn),
-        norm_topk_prob=f.flag("norm_topk_prob", renorm_default),
+        norm_topk_prob=renorm,
         qkv_bias=f.flag(bias_key, fam.default_qkv_bias),
         clip_qkv=f.number("clip_qkv", None), rms_norm_eps=f.number("rms_norm_eps", 1e-5 if fam.glm_keys else 1e-6),
         rope_theta=rope_theta, max_position=max_position,

@@ -1,4 +1,6 @@
-"""Per-layer paged K/V storage: rows ``[num_blocks * block_size, Hkv, hd]`` per layer.
+"""Per-layer paged K/V storage: rows ``[num_blocks * block_size, Hkv, hd]`` per layer (V rows ``v_head_dim``
+wide where that differs: latent attention keeps its latent in the K plane and its rotary key in the V plane,
+engine/models/mla.py).
 
 Block groups: a cache built with ``window_layers`` keeps those sliding-window layers' rows in a
 second pool of ``window_blocks`` blocks (``[window_blocks * block_size, Hkv, hd]`` per such layer),
@@ -41,13 +43,14 @@ def _storage_dtype(kv_dtype: str, compute: torch.dtype) -> torch.dtype:
 class KVCache:
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype, device: torch.device, kv_dtype: str = "auto", *,
-                 window_layers: tuple[int, ...] = (), window_blocks: int = 0) -> None:
+                 window_layers: tuple[int, ...] = (), window_blocks: int = 0, v_head_dim: int | None = None) -> None:
         self.num_blocks, self.block_size, self.dtype = num_blocks, block_size, dtype
         self.num_layers, self.device = num_layers, device
         self.window_blocks = window_blocks if window_layers else 0      # 0: no window group
         self._windowed = frozenset(window_layers) if self.window_blocks else frozenset()
         self.shape = (num_blocks * block_size, num_kv_heads, head_dim)
         self.window_shape = (self.window_blocks * block_size, num_kv_heads, head_dim)
+        self.v_head_dim = head_dim if v_head_dim is None else v_head_dim
         self._allocate(kv_dtype)
 
     def windowed(self, layer: int) -> bool:
@@ -55,15 +58,18 @@ class KVCache:
         return layer in self._windowed
 
     def layer_shape(self, layer: int) -> tuple[int, int, int]:
-        """``[rows, Hkv, hd]`` of ``layer``'s K (and V) storage."""
+        """``[rows, Hkv, hd]`` of ``layer``'s K (and, but for its width, V) storage."""
         return self.window_shape if layer in self._windowed else self.shape
+
+    def _v_shape(self, layer: int) -> tuple[int, int, int]:
+        return (*self.layer_shape(layer)[:2], self.v_head_dim)
 
     def _allocate(self, kv_dtype: str) -> None:
         self.kv_dtype = kv_dtype
         self.storage_dtype = _storage_dtype(kv_dtype, self.dtype)
         shapes = [self.layer_shape(i) for i in range(self.num_layers)]
         z = lambda shape: torch.zeros(shape, dtype=self.storage_dtype, device=self.device)   # noqa: E731
-        self.k, self.v = [z(sh) for sh in shapes], [z(sh) for sh in shapes]
+        self.k, self.v = [z(sh) for sh in shapes], [z(self._v_shape(i)) for i in range(self.num_layers)]
         if self.quantised:
             s = lambda shape: torch.zeros(shape[:2], dtype=torch.float32, device=self.device)   # noqa: E731
             self.k_scale, self.v_scale = [s(sh) for sh in shapes], [s(sh) for sh in shapes]
@@ -76,12 +82,13 @@ class KVCache:
 
     @staticmethod
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
-                        kv_dtype: str = "auto") -> int:
+                        kv_dtype: str = "auto", v_head_dim: int | None = None) -> int:
         """K and V bytes of one token over all layers, scales included."""
-        per_head = head_dim * torch.empty((), dtype=_storage_dtype(kv_dtype, dtype)).element_size()
+        width = head_dim + (head_dim if v_head_dim is None else v_head_dim)
+        per_head = width * torch.empty((), dtype=_storage_dtype(kv_dtype, dtype)).element_size()
         if kv_dtype in QUANTISED:
-            per_head += 4
-        return 2 * num_layers * num_kv_heads * per_head
+            per_head += 8                                        # a float32 scale per plane
+        return num_layers * num_kv_heads * per_head
 
     @property
     def nbytes(self) -> int:

@@ -24,9 +24,10 @@ from engine.checkpoint.spec import ModelSpec
 from engine.kv.cache import KVCache
 
 
-def layer_bytes_per_token(num_kv_heads: int, head_dim: int, dtype: torch.dtype, kv_dtype: str = "auto") -> int:
+def layer_bytes_per_token(num_kv_heads: int, head_dim: int, dtype: torch.dtype, kv_dtype: str = "auto",
+                          v_head_dim: int | None = None) -> int:
     """K and V bytes of one token in one layer, with the per-token scales of int8 / fp8 rows."""
-    return KVCache.bytes_per_token(1, num_kv_heads, head_dim, dtype, kv_dtype)
+    return KVCache.bytes_per_token(1, num_kv_heads, head_dim, dtype, kv_dtype, v_head_dim)
 
 
 def window_blocks_per_seq(window: int, block_size: int) -> int:
@@ -111,5 +112,6 @@ def kv_sizing(spec: ModelSpec, dtype: torch.dtype, kv_dtype: str, max_model_len:
     per_seq = window_blocks_per_seq(window, block_size) if layers else 0
     step = window_step_blocks(token_budget, block_size) if layers else 0
     return KVSizing(spec.num_layers - len(layers), layers, window,
-                    layer_bytes_per_token(spec.kv_heads_stored, spec.kv_head_dim_stored, dtype, kv_dtype),
+                    layer_bytes_per_token(spec.kv_heads_stored, spec.kv_head_dim_stored, dtype, kv_dtype,
+                                          spec.kv_v_dim_stored),
                     per_seq, step, max_batch, block_size)

@@ -11,10 +11,17 @@ against ``H (n + p + v)`` for the expanded keys and values), and attention runs 
 * ``sum_j a_j W_uv[h] c_j = W_uv[h] (sum_j a_j c_j)``: the values are the rows' first ``r`` values,
   and the value up-projection folds into the output, once per query.
 
-Cache rows: a token's ``r + p`` values are kept across the K and V planes of the layer, half in
-each (``KVCache`` rows of one head of ``(r + p) / 2``), so the cache, its int8 / fp8 storage and its
-sizing serve this layout unchanged. The rotary dimensions are kept in rotate-half order
-(engine/checkpoint/loader.latent_rope_orders turns the checkpoints' interleaved pairs at load).
+Cache rows: a token's latent is kept in the K plane of the layer and its rotary key in the V plane
+(``KVCache`` rows of one head, ``r`` and ``p`` wide), each with its own scale in int8 / fp8 storage, so
+the cache, its formats and its sizing serve this layout as they are. The rotary dimensions are kept in
+rotate-half order (engine/checkpoint/loader.latent_rope_orders turns the checkpoints' interleaved pairs
+at load).
+
+Both paths hold the heads apart from the rows: the shared rows are never copied per head. A decode
+step runs over each sequence's context in chunks with a running softmax (a CUDA graph records every
+position of the longest context, so a chunk bounds what one layer holds, :data:`DECODE_BYTES`); a
+prefill gathers each sequence's rows once and attends a bounded number of heads at a time
+(:data:`PREFILL_BYTES`).
 
 Legend: T tokens in the step, H heads, n qk_nope, p qk_rope, v v_head_dim, r kv_lora_rank, D hidden.
 """
@@ -24,13 +31,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.models.layers import Rope, paged_attention_ref, rms_norm
-from kernels.paged_attention import attend_context_ref, context_rows
+from engine.models.layers import Rope, rms_norm
+from kernels.paged_attention import context_rows
 from kernels.qlinear import linear
 
-# bytes of the heads' copies of one sequence's context rows a prefill pass makes (the reference
-# attention repeats the shared rows for each head): DeepSeek-V3's 128 heads over 4096 tokens would be 604 MB
-PREFILL_HEAD_BYTES = 64 << 20
+# bytes a decode step's chunk of context rows and scores may take in one layer (float32), and those of a
+# prefill pass's scores (queries x context rows x heads); both counted in the step's workspace
+DECODE_BYTES = 128 << 20
+PREFILL_BYTES = 64 << 20
 
 if TYPE_CHECKING:
     from engine.checkpoint.spec import ModelSpec
@@ -54,28 +62,67 @@ def latent_attention(spec: ModelSpec, i: int, a: AttentionWeights, x: torch.Tens
     c = rms_norm(latent[:, :r], a.k_norm, spec.rms_norm_eps)             # [T, r]
     turned = Rope.apply(torch.cat([q_pe, latent[:, None, r:]], 1), *rope)   # [T, H + 1, p]: one rotation
     q_pe, k_pe = turned[:, :H], turned[:, H]
-    row = torch.cat([c, k_pe], -1)                                       # [T, r + p]
-    half = m.latent_dim // 2
-    cache.write(i, batch.slot_mapping, row[:, None, :half], row[:, None, half:])
+    cache.write(i, batch.slot_mapping, c[:, None, :], k_pe[:, None, :])
     # the key up-projection folded into the queries: [T, H, r + p] over the cache rows
-    q_lat = torch.einsum("thn,hnr->thr", q_nope, a.kv_up_k)
-    queries = torch.cat([q_lat, q_pe], -1)
+    queries = torch.cat([torch.einsum("thn,hnr->thr", q_nope, a.kv_up_k), q_pe], -1)
     if batch.decode is not None:
         d = batch.decode
         if d.rows is None:                                               # once per step, not per layer
             d.rows, d.valid = context_rows(d.block_tables, d.context_lens, cache.block_size)
-        keys = torch.cat(cache.gather(i, d.rows), -1)                    # [B, P, 1, r + p]
-        o = attend_context_ref(queries, keys, keys[..., :r], d.valid, m.softmax_scale)   # [B, H, r]
-    else:       # the shared rows repeat for every head inside: a bounded number of heads at a time
-        per_pass = max(1, PREFILL_HEAD_BYTES // (max(s.ctx_len for s in batch.seqs) * m.latent_dim * x.element_size()))
-        o = torch.cat([paged_attention_ref(queries[:, h:h + per_pass], lambda rows: _rows(cache, i, rows, r),
-                                           batch.seqs, cache.block_size, scale=m.softmax_scale, v_dim=r)
-                       .reshape(T, -1, r) for h in range(0, H, per_pass)], 1)
+        o = _decode(queries, cache, i, d.rows, d.valid, r, m.softmax_scale)            # [B, H, r]
+    else:
+        o = torch.empty(T, H, r, dtype=queries.dtype, device=queries.device)
+        offsets = torch.arange(cache.block_size, device=x.device)
+        for s in batch.seqs:
+            rows = (s.block_table[:, None] * cache.block_size + offsets).flatten()[:s.ctx_len]
+            q = queries[s.q_start:s.q_start + s.q_len]
+            o[s.q_start:s.q_start + s.q_len] = _prefill(q, *cache.gather(i, rows), s.ctx_len, m.softmax_scale)
     out = torch.einsum("thr,hvr->thv", o, a.kv_up_v).reshape(T, H * m.v_head_dim)   # the value up-projection
     return linear(out, a.o, a.o_bias, kernel=kernel)                     # [T, D]
 
 
-def _rows(cache: KVCache, i: int, rows: torch.Tensor, r: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Layer ``i``'s latent rows as keys ``[C, 1, r + p]`` and values (their latent) ``[C, 1, r]``."""
-    keys = torch.cat(cache.gather(i, rows), -1)
-    return keys, keys[..., :r]
+def _decode(q: torch.Tensor, cache: KVCache, i: int, rows: torch.Tensor, valid: torch.Tensor, r: int,
+            scale: float) -> torch.Tensor:
+    """q [B, H, r + p] over each sequence's cache ``rows [B, P]`` (``valid`` masks padding) -> [B, H, r]:
+    chunks of positions with a running max and sum, float32 inside; the chunk count is fixed by P, so a
+    recorded step replays it as it is."""
+    B, H, width = q.shape
+    P = rows.shape[1]
+    chunk = max(1, min(P, DECODE_BYTES // (B * 4 * (2 * width + H))))
+    qf = q.float()
+    top = torch.full((B, H), float("-inf"), device=q.device)
+    total = torch.zeros(B, H, device=q.device)
+    acc = torch.zeros(B, H, r, device=q.device)
+    for start in range(0, P, chunk):
+        c, k_pe = cache.gather(i, rows[:, start:start + chunk])        # [B, C, 1, r], [B, C, 1, p]
+        keys = torch.cat([c, k_pe], -1)[:, :, 0].float()               # [B, C, r + p]
+        scores = torch.einsum("bhd,bcd->bhc", qf, keys) * scale
+        scores = scores.masked_fill(~valid[:, None, start:start + chunk], float("-inf"))
+        new_top = torch.maximum(top, scores.amax(-1))
+        safe = torch.where(torch.isinf(new_top), 0.0, new_top)          # a chunk past a context: nothing yet
+        weights = torch.exp(scores - safe[..., None])
+        keep = torch.exp(top - safe)
+        total = total * keep + weights.sum(-1)
+        acc = acc * keep[..., None] + torch.einsum("bhc,bcr->bhr", weights, keys[..., :r])
+        top = new_top
+    return (acc / total[..., None]).to(q.dtype)
+
+
+def _prefill(q: torch.Tensor, c: torch.Tensor, k_pe: torch.Tensor, ctx_len: int, scale: float) -> torch.Tensor:
+    """One sequence's new queries q [Q, H, r + p] over its rows (latent c [C, 1, r], rotary keys k_pe
+    [C, 1, p]), causal -> [Q, H, r], float32 inside; each pass a bounded block of queries and heads
+    (scores of at most :data:`PREFILL_BYTES` where a context allows), each head over the one set of rows."""
+    Q, H, _ = q.shape
+    keys = torch.cat([c, k_pe], -1)[:, 0].float()                       # [C, r + p]
+    values = keys[:, :c.shape[-1]]                                      # [C, r]
+    qpos = torch.arange(ctx_len - Q, ctx_len, device=q.device)
+    hidden = torch.arange(ctx_len, device=q.device)[None, :] > qpos[:, None]   # [Q, C] positions after the query
+    rows = max(1, min(Q, PREFILL_BYTES // (4 * ctx_len)))              # queries a pass
+    heads = max(1, PREFILL_BYTES // (4 * rows * ctx_len))               # heads a pass
+    out = torch.empty(Q, H, values.shape[1], dtype=q.dtype, device=q.device)
+    for t in range(0, Q, rows):
+        for h in range(0, H, heads):
+            scores = torch.einsum("qhd,cd->hqc", q[t:t + rows, h:h + heads].float(), keys) * scale   # [h', q', C]
+            probs = torch.softmax(scores.masked_fill(hidden[t:t + rows], float("-inf")), -1)
+            out[t:t + rows, h:h + heads] = torch.einsum("hqc,cr->qhr", probs, values).to(q.dtype)
+    return out

@@ -96,10 +96,11 @@ def test_the_cache_keeps_one_latent_row_a_token_and_int8_fp8_storage_follow_it(v
     spec = read_spec(v3)
     ref = LLM(str(v3), device="cpu", dtype="float32")
     cache = ref.engine.loaded.cache
-    assert cache.k[0].shape[1:] == cache.v[0].shape[1:] == (1, (32 + 8) // 2)   # latent and rotary key, halved
+    assert (cache.k[0].shape[1:], cache.v[0].shape[1:]) == ((1, 32), (1, 8))   # the latent, the rotary key
     assert ref.engine.loaded.kv_sizing.bytes_per_token == spec.num_layers * (32 + 8) * 4
     want = ref.engine.score_batch(PROMPTS)
-    # one scale per token and plane: int8 rows are near exact; fp8's 3-bit mantissa moves some tiny-model
+    # one scale per token and plane (the latent's, the rotary key's): int8 rows are near exact; fp8's 3-bit
+    # mantissa moves some tiny-model
     # positions' logits (a routing choice flips), as it does for the other families
     for kv, least in (("int8", 0.999), ("fp8", 0.95)):
         got = LLM(str(v3), device="cpu", dtype="float32", kv_cache_dtype=kv).engine.score_batch(PROMPTS)
@@ -152,17 +153,28 @@ def test_v2_lite_reads_as_released(tmp_path):
     assert spec.rope_scaling.mscale == pytest.approx(1.0)          # mscale / mscale_all_dim: the tables unscaled
     assert (spec.route_groups, spec.route_keep_groups, spec.routed_scale, spec.norm_topk_prob) == (1, 1, 1.0, False)
     assert spec.moe_layers[:2] == (False, True) and spec.shared_ffn == 2 * 1408
-    assert (spec.kv_heads_stored, spec.kv_head_dim_stored) == (1, 288)
+    assert (spec.kv_heads_stored, spec.kv_head_dim_stored, spec.kv_v_dim_stored) == (1, 512, 64)
 
 
 def test_fields_a_config_leaves_out_take_transformers_defaults(tmp_path):
     keys = ("first_k_dense_replace", "n_shared_experts", "routed_scaling_factor", "norm_topk_prob", "topk_method",
-            "q_lora_rank", "scoring_func")
+            "q_lora_rank", "scoring_func", "n_group", "topk_group")
     bare = {k: v for k, v in V3.items() if k not in keys}
     spec = read_spec(_write(tmp_path / "v3", bare))
     assert spec.moe_layers[:4] == (False, False, False, True)
     assert (spec.shared_ffn, spec.routed_scale, spec.norm_topk_prob, spec.mla.q_lora_rank) == (2048, 2.5, True, 1536)
-    assert (spec.route_groups, spec.route_keep_groups) == (8, 4)
+    assert (spec.route_groups, spec.route_keep_groups) == (8, 4)            # DeepseekV3Config's n_group, topk_group
+    bare = {k: v for k, v in V2_LITE.items() if k not in keys}
+    spec = read_spec(_write(tmp_path / "v2", bare))
+    assert (spec.route_groups, spec.route_keep_groups, spec.shared_ffn, spec.norm_topk_prob) == (1, 1, 2 * 1408, False)
+
+
+def test_v2_renormalises_or_scales_its_weights_never_both(tmp_path):
+    # DeepSeek-V2's router: with norm_topk_prob the top-k weights are renormalised and not scaled
+    spec = read_spec(_write(tmp_path / "n", norm_topk_prob=True, routed_scaling_factor=16.0))
+    assert (spec.renormalize, spec.routed_scale) == (True, 1.0)
+    spec = read_spec(_write(tmp_path / "s", norm_topk_prob=False, routed_scaling_factor=16.0))
+    assert (spec.renormalize, spec.routed_scale) == (False, 16.0)
 
 
 @pytest.mark.parametrize("base, changes, error, words", [
@@ -174,7 +186,6 @@ def test_fields_a_config_leaves_out_take_transformers_defaults(tmp_path):
     (V3, {"topk_group": 9}, ModelLoadError, "'topk_group' is 9 but must be an integer from 1 to 8"),
     (V2_LITE, {"topk_method": "group_limited_greedy", "n_group": 32, "topk_group": 2}, ModelLoadError,
      "'topk_group' is 2 but must be enough groups of 2 experts for the 6 a token takes"),
-    (V2_LITE, {"kv_lora_rank": 511}, ModelLoadError, "'kv_lora_rank' is 511 but must be an even number"),
     (V2_LITE, {"qk_rope_head_dim": 63}, ModelLoadError, "'qk_rope_head_dim' is 63 but must be an even number"),
     (V2_LITE, {"moe_layer_freq": 30}, ModelLoadError, "'moe_layer_freq' is 30 but must be an integer from 1 to 27"),
 ])
@@ -227,14 +238,30 @@ def test_the_multi_token_prediction_layer_v3_ships_is_not_read(tmp_path):
     assert [o.token_ids for o in LLM(str(path), device="cpu").generate(PROMPTS, GREEDY)] == ref
 
 
-def test_prefill_in_head_passes_matches_transformers(v3, monkeypatch):
-    # a long prompt's shared latent rows are repeated for a few heads at a time (PREFILL_HEAD_BYTES)
+def test_prefill_in_head_passes_and_decode_in_chunks_match_transformers(v3, monkeypatch):
+    # a long prompt's heads a few at a time (PREFILL_BYTES); decode steps over the context in chunks of
+    # positions with a running softmax (DECODE_BYTES), with contexts that end inside, at and before a chunk
     import engine.models.mla as mla
     from transformers import AutoModelForCausalLM
     hf = AutoModelForCausalLM.from_pretrained(v3, dtype=torch.float32).eval()
     ids = [1 + (7 * i) % 500 for i in range(200)]
     with torch.no_grad():
         ref = hf(torch.tensor([ids])).logits[0].float()
-    monkeypatch.setattr(mla, "PREFILL_HEAD_BYTES", 3 * 200 * 40 * 4)    # 3 of the 4 heads, then 1
+    monkeypatch.setattr(mla, "PREFILL_BYTES", 3 * 64 * 200 * 4)         # 3 of the 4 heads, then 1
     got = LLM(str(v3), device="cpu", dtype="float32", prefill_chunk=64).engine.score_batch([ids])[0]
     assert (got - ref).abs().max().item() <= 1e-4
+    monkeypatch.setattr(mla, "PREFILL_BYTES", 10 * 200 * 4)             # 10 queries of one head a pass
+    got = LLM(str(v3), device="cpu", dtype="float32", prefill_chunk=64).engine.score_batch([ids])[0]
+    assert (got - ref).abs().max().item() <= 1e-4
+    prompts = [ids[:150], ids[:7], ids[:33]]
+    want = [_hf_greedy(hf, p, 10) for p in prompts]
+    monkeypatch.setattr(mla, "DECODE_BYTES", 3 * 4 * (2 * 40 + 4) * 16)  # chunks of 16 positions at batch 3
+    llm = LLM(str(v3), device="cpu", dtype="float32", max_batch=4)
+    assert [o.token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=10, temperature=0.0,
+                                                                       ignore_eos=True))] == want
+
+
+def _hf_greedy(hf, ids, n):
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False)
+    return out[0, len(ids):].tolist()

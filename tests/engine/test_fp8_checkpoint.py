@@ -57,6 +57,7 @@ def _fp8_pair(src, root):
             ref[name] = values.float() * full
         else:
             out[name] = ref[name] = t
+    assert any(".experts.0." in n and n.endswith("_scale_inv") for n in out)   # routed experts in fp8 too
     save_file(out, fp8 / "model.safetensors")
     save_file(ref, dense / "model.safetensors")
     cfg = json.loads((src / "config.json").read_text())
