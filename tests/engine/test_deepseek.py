@@ -21,6 +21,7 @@ from engine import LLM, SamplingParams
 from engine.checkpoint.spec import read_spec
 from engine.errors import ModelLoadError, UnsupportedModelError
 from main import main
+from row_order import check_8bit_rows_keep_the_order, cosine
 from tiny_models import build_tiny_model
 
 PROMPTS = [[1, 5, 77, 300, 12, 9, 400, 33, 41, 7, 8, 260], [1, 99, 4], [1, 250, 251, 252, 253, 17, 6]]
@@ -104,26 +105,13 @@ def test_the_cache_keeps_one_latent_row_a_token_and_int8_fp8_storage_follow_it(v
     # positions' logits (a routing choice flips), as it does for the other families
     for kv, least in (("int8", 0.999), ("fp8", 0.95)):
         got = LLM(str(v3), device="cpu", dtype="float32", kv_cache_dtype=kv).engine.score_batch(PROMPTS)
-        assert _cosine(got, want) >= least
-
-
-def _cosine(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
-    return float(torch.nn.functional.cosine_similarity(torch.cat(a), torch.cat(b), dim=-1).mean())
+        assert cosine(got, want) >= least
 
 
 def test_8bit_resident_weights_and_a_converted_folder_keep_the_rotary_order(v2_wide, tmp_path):
-    # the queries' and the latent's rotary rows are reordered at load: the 8-bit rows quantised at
-    # load and those a converted folder stores (in the checkpoint's order) must both be reordered once
-    reference = LLM(str(v2_wide), device="cpu").engine.score_batch(PROMPTS)
-    at_load = LLM(str(v2_wide), device="cpu", resident_weights="int8").engine.score_batch(PROMPTS)
-    assert _cosine(at_load, reference) >= 0.99
-    dst = tmp_path / "int4"
-    assert main(["convert", str(v2_wide), str(dst), "--weights", "int4", "--resident-weights", "int8"]) == 0
-    converted = LLM(str(dst), device="cpu").engine.score_batch(PROMPTS)
-    quantised = LLM(str(v2_wide), device="cpu", weight_format="int4", resident_weights="int8").engine.score_batch(PROMPTS)
-    assert _cosine(converted, quantised) >= 0.99
-    assert _cosine(converted, reference) >= 0.95
-    kv_b = LLM(str(dst), device="cpu").engine.loaded.weights.layers[0].attn.kv_up_k
+    # the queries' and the latent's rotary rows are reordered at load
+    check_8bit_rows_keep_the_order(v2_wide, tmp_path)
+    kv_b = LLM(str(tmp_path / "int4"), device="cpu").engine.loaded.weights.layers[0].attn.kv_up_k
     assert kv_b.dtype == torch.float32                  # kv_b_proj folds into queries and outputs: never 8-bit
 
 
