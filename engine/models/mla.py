@@ -17,11 +17,11 @@ the cache, its formats and its sizing serve this layout as they are. The rotary 
 rotate-half order (engine/checkpoint/loader.latent_rope_orders turns the checkpoints' interleaved pairs
 at load).
 
-Both paths hold the heads apart from the rows: the shared rows are never copied per head. A decode
-step runs over each sequence's context in chunks with a running softmax (a CUDA graph records every
-position of the longest context, so a chunk bounds what one layer holds, :data:`DECODE_BYTES`); a
-prefill gathers each sequence's rows once and attends a bounded number of heads at a time
-(:data:`PREFILL_BYTES`).
+Both paths hold the heads apart from the rows (the shared rows are never copied per head) and run over
+the context in chunks with a running softmax (:func:`_running`), so a layer holds a bounded amount
+whatever the context: a decode step's chunks stay within :data:`DECODE_BYTES` (a CUDA graph records every
+position of the longest context the cache allows), a prefill's within :data:`PREFILL_BYTES`, a few
+heads at a time.
 
 Legend: T tokens in the step, H heads, n qk_nope, p qk_rope, v v_head_dim, r kv_lora_rank, D hidden.
 """
@@ -75,54 +75,62 @@ def latent_attention(spec: ModelSpec, i: int, a: AttentionWeights, x: torch.Tens
         offsets = torch.arange(cache.block_size, device=x.device)
         for s in batch.seqs:
             rows = (s.block_table[:, None] * cache.block_size + offsets).flatten()[:s.ctx_len]
-            q = queries[s.q_start:s.q_start + s.q_len]
-            o[s.q_start:s.q_start + s.q_len] = _prefill(q, *cache.gather(i, rows), s.ctx_len, m.softmax_scale)
+            o[s.q_start:s.q_start + s.q_len] = _prefill(queries[s.q_start:s.q_start + s.q_len], cache, i, rows,
+                                                        m.softmax_scale, r)
     out = torch.einsum("thr,hvr->thv", o, a.kv_up_v).reshape(T, H * m.v_head_dim)   # the value up-projection
     return linear(out, a.o, a.o_bias, kernel=kernel)                     # [T, D]
 
 
+def _running(q: torch.Tensor, chunks, r: int, scale: float) -> torch.Tensor:
+    """Softmax attention of float32 queries ``q [..., M, r + p]`` over ``chunks`` of (keys ``[..., C, r + p]``
+    float32, ``keep`` broadcastable to ``[..., M, C]``), the values being the keys' first ``r``: a running
+    max and sum, so that one chunk's scores are all a pass holds -> ``[..., M, r]`` float32. A row that
+    keeps no position gets zeros."""
+    top = torch.full(q.shape[:-1], float("-inf"), device=q.device)
+    total = torch.zeros(q.shape[:-1], device=q.device)
+    acc = torch.zeros(*q.shape[:-1], r, device=q.device)
+    for keys, keep in chunks:
+        scores = (q @ keys.transpose(-1, -2) * scale).masked_fill(~keep, float("-inf"))   # [..., M, C]
+        new_top = torch.maximum(top, scores.amax(-1))
+        safe = torch.where(torch.isinf(new_top), 0.0, new_top)          # nothing kept yet: no shift
+        weights = torch.exp(scores - safe[..., None])
+        scale_old = torch.exp(top - safe)
+        total = total * scale_old + weights.sum(-1)
+        acc = acc * scale_old[..., None] + weights @ keys[..., :r]
+        top = new_top
+    return acc / total.clamp_min(torch.finfo(torch.float32).tiny)[..., None]
+
+
+def _keys(cache: KVCache, i: int, rows: torch.Tensor) -> torch.Tensor:
+    """Layer ``i``'s cache ``rows [...]`` as float32 keys ``[..., r + p]`` (the latent, then the rotary key)."""
+    c, k_pe = cache.gather(i, rows)
+    return torch.cat([c, k_pe], -1)[..., 0, :].float()
+
+
 def _decode(q: torch.Tensor, cache: KVCache, i: int, rows: torch.Tensor, valid: torch.Tensor, r: int,
             scale: float) -> torch.Tensor:
-    """q [B, H, r + p] over each sequence's cache ``rows [B, P]`` (``valid`` masks padding) -> [B, H, r]:
-    chunks of positions with a running max and sum, float32 inside; the chunk count is fixed by P, so a
-    recorded step replays it as it is."""
+    """q [B, H, r + p] over each sequence's cache ``rows [B, P]`` (``valid`` masks padding) -> [B, H, r]
+    in chunks of positions (:func:`_running`); the chunk count is fixed by P, so a recorded step replays
+    it as it is."""
     B, H, width = q.shape
     P = rows.shape[1]
     chunk = max(1, min(P, DECODE_BYTES // (B * 4 * (2 * width + H))))
-    qf = q.float()
-    top = torch.full((B, H), float("-inf"), device=q.device)
-    total = torch.zeros(B, H, device=q.device)
-    acc = torch.zeros(B, H, r, device=q.device)
-    for start in range(0, P, chunk):
-        c, k_pe = cache.gather(i, rows[:, start:start + chunk])        # [B, C, 1, r], [B, C, 1, p]
-        keys = torch.cat([c, k_pe], -1)[:, :, 0].float()               # [B, C, r + p]
-        scores = torch.einsum("bhd,bcd->bhc", qf, keys) * scale
-        scores = scores.masked_fill(~valid[:, None, start:start + chunk], float("-inf"))
-        new_top = torch.maximum(top, scores.amax(-1))
-        safe = torch.where(torch.isinf(new_top), 0.0, new_top)          # a chunk past a context: nothing yet
-        weights = torch.exp(scores - safe[..., None])
-        keep = torch.exp(top - safe)
-        total = total * keep + weights.sum(-1)
-        acc = acc * keep[..., None] + torch.einsum("bhc,bcr->bhr", weights, keys[..., :r])
-        top = new_top
-    return (acc / total[..., None]).to(q.dtype)
+    chunks = ((_keys(cache, i, rows[:, s:s + chunk]), valid[:, None, s:s + chunk]) for s in range(0, P, chunk))
+    return _running(q.float(), chunks, r, scale).to(q.dtype)
 
 
-def _prefill(q: torch.Tensor, c: torch.Tensor, k_pe: torch.Tensor, ctx_len: int, scale: float) -> torch.Tensor:
-    """One sequence's new queries q [Q, H, r + p] over its rows (latent c [C, 1, r], rotary keys k_pe
-    [C, 1, p]), causal -> [Q, H, r], float32 inside; each pass a bounded block of queries and heads
-    (scores of at most :data:`PREFILL_BYTES` where a context allows), each head over the one set of rows."""
-    Q, H, _ = q.shape
-    keys = torch.cat([c, k_pe], -1)[:, 0].float()                       # [C, r + p]
-    values = keys[:, :c.shape[-1]]                                      # [C, r]
-    qpos = torch.arange(ctx_len - Q, ctx_len, device=q.device)
-    hidden = torch.arange(ctx_len, device=q.device)[None, :] > qpos[:, None]   # [Q, C] positions after the query
-    rows = max(1, min(Q, PREFILL_BYTES // (4 * ctx_len)))              # queries a pass
-    heads = max(1, PREFILL_BYTES // (4 * rows * ctx_len))               # heads a pass
-    out = torch.empty(Q, H, values.shape[1], dtype=q.dtype, device=q.device)
-    for t in range(0, Q, rows):
-        for h in range(0, H, heads):
-            scores = torch.einsum("qhd,cd->hqc", q[t:t + rows, h:h + heads].float(), keys) * scale   # [h', q', C]
-            probs = torch.softmax(scores.masked_fill(hidden[t:t + rows], float("-inf")), -1)
-            out[t:t + rows, h:h + heads] = torch.einsum("hqc,cr->qhr", probs, values).to(q.dtype)
+def _prefill(q: torch.Tensor, cache: KVCache, i: int, rows: torch.Tensor, scale: float, r: int) -> torch.Tensor:
+    """One sequence's new queries q [Q, H, r + p] over its context's cache ``rows [C]``, causal -> [Q, H, r]:
+    a few heads at a time, each over chunks of the context (:func:`_running`), so that a pass's scores and
+    keys stay within :data:`PREFILL_BYTES` (one head's at least) whatever the context."""
+    Q, H, width = q.shape
+    C = rows.shape[0]
+    span = max(1, min(C, PREFILL_BYTES // (4 * (Q + width))))          # context positions a chunk
+    heads = max(1, PREFILL_BYTES // (4 * Q * span))                     # heads a pass
+    qpos = torch.arange(C - Q, C, device=q.device)                      # [Q] the queries' positions
+    out = torch.empty(Q, H, r, dtype=q.dtype, device=q.device)
+    for h in range(0, H, heads):
+        chunks = ((_keys(cache, i, rows[s:s + span]), torch.arange(s, min(s + span, C), device=q.device) <= qpos[:, None])
+                  for s in range(0, C, span))
+        out[:, h:h + heads] = _running(q[:, h:h + heads].transpose(0, 1).float(), chunks, r, scale).transpose(0, 1)
     return out

@@ -227,8 +227,8 @@ def test_the_multi_token_prediction_layer_v3_ships_is_not_read(tmp_path):
 
 
 def test_prefill_in_head_passes_and_decode_in_chunks_match_transformers(v3, monkeypatch):
-    # a long prompt's heads a few at a time (PREFILL_BYTES); decode steps over the context in chunks of
-    # positions with a running softmax (DECODE_BYTES), with contexts that end inside, at and before a chunk
+    # a long prompt's heads a few at a time over chunks of its context (PREFILL_BYTES); decode steps over
+    # the context in chunks with a running softmax (DECODE_BYTES), contexts ending inside, at and before a chunk
     import engine.models.mla as mla
     from transformers import AutoModelForCausalLM
     hf = AutoModelForCausalLM.from_pretrained(v3, dtype=torch.float32).eval()
@@ -238,7 +238,7 @@ def test_prefill_in_head_passes_and_decode_in_chunks_match_transformers(v3, monk
     monkeypatch.setattr(mla, "PREFILL_BYTES", 3 * 64 * 200 * 4)         # 3 of the 4 heads, then 1
     got = LLM(str(v3), device="cpu", dtype="float32", prefill_chunk=64).engine.score_batch([ids])[0]
     assert (got - ref).abs().max().item() <= 1e-4
-    monkeypatch.setattr(mla, "PREFILL_BYTES", 10 * 200 * 4)             # 10 queries of one head a pass
+    monkeypatch.setattr(mla, "PREFILL_BYTES", 4 * (64 + 40) * 19)       # one head over 19 positions a pass
     got = LLM(str(v3), device="cpu", dtype="float32", prefill_chunk=64).engine.score_batch([ids])[0]
     assert (got - ref).abs().max().item() <= 1e-4
     prompts = [ids[:150], ids[:7], ids[:33]]
