@@ -94,9 +94,9 @@ def _running(q: torch.Tensor, chunks, r: int, scale: float) -> torch.Tensor:
         new_top = torch.maximum(top, scores.amax(-1))
         safe = torch.where(torch.isinf(new_top), 0.0, new_top)          # nothing kept yet: no shift
         weights = torch.exp(scores - safe[..., None])
-        scale_old = torch.exp(top - safe)
-        total = total * scale_old + weights.sum(-1)
-        acc = acc * scale_old[..., None] + weights @ keys[..., :r]
+        rescale = torch.exp(top - safe)                                 # the earlier chunks, to the new max
+        total = total * rescale + weights.sum(-1)
+        acc = acc * rescale[..., None] + weights @ keys[..., :r]
         top = new_top
     return acc / total.clamp_min(torch.finfo(torch.float32).tiny)[..., None]
 
