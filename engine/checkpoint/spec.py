@@ -354,7 +354,8 @@ def _glm_routing(f: ConfigFields, n_experts: int) -> float:
 
 
 def _shared_ffn(f: ConfigFields, fam: Family, moe_ffn: int) -> int:
-    """Width of the shared expert (0: none): Qwen2-MoE's own field, GLM's and DeepSeek's n_shared_experts expert widths."""
+    """Width of the shared expert (0: none): Qwen2-MoE's own field, or GLM's and DeepSeek's n_shared_experts
+    expert widths."""
     if not fam.has_shared_expert:
         return 0
     if fam.glm_keys or fam.deepseek:
