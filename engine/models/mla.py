@@ -130,7 +130,7 @@ def _prefill(q: torch.Tensor, cache: KVCache, i: int, rows: torch.Tensor, scale:
     qpos = torch.arange(C - Q, C, device=q.device)                      # [Q] the queries' positions
     out = torch.empty(Q, H, r, dtype=q.dtype, device=q.device)
     for h in range(0, H, heads):
-        chunks = ((_keys(cache, i, rows[s:s + span]), torch.arange(s, min(s + span, C), device=q.device) <= qpos[:, None])
-                  for s in range(0, C, span))
+        chunks = ((_keys(cache, i, rows[s:s + span]),
+                   torch.arange(s, min(s + span, C), device=q.device) <= qpos[:, None]) for s in range(0, C, span))
         out[:, h:h + heads] = _running(q[:, h:h + heads].transpose(0, 1).float(), chunks, r, scale).transpose(0, 1)
     return out
