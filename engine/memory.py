@@ -53,10 +53,12 @@ class BudgetAdvice:
         fixes = ["lower --expert-pool-size (or leave it out: the pool then takes what fits)"]
         return _either(fixes + self._raise_budget(budget) + ([self.smaller_experts] if self.smaller_experts else []))
 
-    def staging_fix(self, budget: int) -> str:
-        """With no expert pooled, only the staging is left to shrink (it holds what decode steps of
-        max_batch sequences at the prefetch depth can miss, at least half a layer's experts)."""
-        fixes = ["lower --max-batch (or --prefetch-depth)"] + self._raise_budget(budget)
+    def staging_fix(self, budget: int, batch_bound: bool, workspace: int) -> str:
+        """With no expert pooled, the staging (what decode steps of max_batch sequences at the prefetch depth
+        can miss, at least half a layer's experts) or the step workspace beside it has to shrink:
+        ``batch_bound`` when the batch, not the half layer, sizes the staging."""
+        fixes = (["lower --max-batch (or --prefetch-depth)"] if batch_bound else []) + \
+            [f"lower --prefill-chunk (the step workspace takes {format_size(workspace)})"] + self._raise_budget(budget)
         return _either(fixes + [f for f in (self.smaller_resident, self.smaller_experts) if f])
 
 
@@ -328,7 +330,8 @@ def plan_memory(resident_bytes: int, expert_bytes: int, num_experts: int, kv_byt
         raise ConfigError(
             f"the {staging} staging slots that missing experts pass through ({format_size(staging * expert_bytes)}) "
             f"do not fit the {format_size(left)} left after resident weights and workspace in the "
-            f"{format_size(budget_bytes)} budget; {advice.staging_fix(budget_bytes)}")
+            f"{format_size(budget_bytes)} budget; "
+            f"{advice.staging_fix(budget_bytes, staging > -(-experts_per_layer // 2), workspace_bytes)}")
     if pool > left:
         raise ConfigError(
             f"an expert pool of {format_size(slots * expert_bytes)} (+ {format_size(staging_for(slots) * expert_bytes)} "

@@ -92,6 +92,10 @@ def _pick_template(value: Any) -> str | None:
 
 def _load_backend(folder: Path) -> _Backend:
     path = folder / "tokenizer.json"
+    if not path.is_file() and (folder / "tiktoken.model").is_file():
+        raise ModelLoadError(
+            f"{folder} ships a tiktoken vocabulary (tiktoken.model) and no tokenizer.json; Strata reads tokenizer.json "
+            "vocabularies only, so this model (Moonlight and Kimi K2 ship so) cannot be run yet")
     if not path.is_file():
         raise ModelLoadError(
             f"{path} is missing; copy tokenizer.json from the original checkpoint into the model folder"

@@ -39,6 +39,9 @@ def dequantise_blocks(values: torch.Tensor, scales: torch.Tensor, block: tuple[i
         raise ModelLoadError(f"{where}: tensor '{name}{SCALE_SUFFIX}' has shape {list(scales.shape)} but a {n} x {k} "
                              f"matrix in blocks of {rows} x {cols} needs {list(want)}; the weights do not match "
                              "config.json's weight_block_size")
+    if not bool(torch.isfinite(scales).all()) or bool((scales <= 0).any()):
+        raise ModelLoadError(f"{where}: tensor '{name}{SCALE_SUFFIX}' holds scales that are not finite numbers above "
+                             "0; the file is damaged — fetch it again")
     full = scales.float().repeat_interleave(rows, 0)[:n].repeat_interleave(cols, 1)[:, :k]   # [N, K]
     return values.float() * full
 

@@ -6,7 +6,8 @@ from collections.abc import Callable, Iterator
 import torch
 
 from engine.checkpoint import families as fn
-from engine.checkpoint.checks import check_cast, check_dtype, check_finite
+from engine.checkpoint.checks import FP8_DTYPES, check_cast, check_dtype, check_finite
+from engine.checkpoint.fp8_blocks import SCALE_SUFFIX
 from engine.checkpoint.mxfp4 import check_mxfp4_layer, has_mxfp4, pack_mxfp4_layer
 from engine.checkpoint.plan import (TensorEntry, kept_in_float32, quantisable, routed_expert_entries, router_bias_name,
                                     score_bias_name, shared_expert_names, tensor_plan)
@@ -299,7 +300,15 @@ def _check_header(spec: ModelSpec, source: TensorSource, name: str, expected: tu
     if shape != expected:
         raise ModelLoadError(f"{where_of(source, name)}: tensor '{name}' has shape {list(shape)} but config.json "
                              f"implies {list(expected)}; the weights do not match the config")
-    check_dtype(source.dtype(name), name, where_of(source, name), spec.architecture)
+    found, where = source.dtype(name), where_of(source, name)
+    if found in FP8_DTYPES and spec.expert_storage == "fp8":     # read through Fp8BlockSource: its scale is gone
+        raise ModelLoadError(f"{where}: tensor '{name}' is {found} but its block scale '{name}{SCALE_SUFFIX}' is "
+                             "missing from the checkpoint; the download is incomplete — fetch the model again")
+    if found in FP8_DTYPES and name + SCALE_SUFFIX in source.names():
+        raise ModelLoadError(f"{where}: tensor '{name}' has block scales beside it but config.json has no fp8 "
+                             "quantization_config; restore quantization_config (quant_method fp8, weight_block_size) "
+                             "from the original release's config.json")
+    check_dtype(found, name, where, spec.architecture)
 
 
 def _check_fused(spec: ModelSpec, source: TensorSource, i: int) -> None:

@@ -73,7 +73,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     for note in result.notes:
         print(f"note: {note}", file=sys.stderr)
     group = f" (group {m['group_size']})" if m["weights"] == "int4" else ""
-    kept = ", as shipped" if m["weights"] == m["source_experts"] else ""
+    kept = ", as shipped" if m["weights"] == m["source_experts"] == "mxfp4" else ""
     print(f"wrote {args.dst}: {m['weights']} experts{group}{kept}, "
           f"{m['num_moe_layers']} MoE layers x {m['num_experts']} experts, {size / 2**20:.1f} MiB, verified")
     return 0
@@ -119,9 +119,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     try:
         if args.reference:
             ref_format = reference_weight_format(args.reference)
-            # the reference as stored: the flags' quantisation applies to the model under test only
+            # the reference as stored: the flags' quantisation, dtype and KV format apply to the model under test only
             engines.append(LLMEngine(EngineConfig(model=args.reference, **{**opts, "weight_format": ref_format,
-                                                                            "resident_weights": "auto"})))
+                                                                            "resident_weights": "auto", "dtype": "auto",
+                                                                            "kv_cache_dtype": "auto"})))
         engine, ref = engines[0], (engines[1] if args.reference else None)
         r = evaluate(engine, text, ref, args.window, args.max_tokens)
     finally:

@@ -254,3 +254,15 @@ def _hf_greedy(hf, ids, n):
     with torch.no_grad():
         out = hf.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False)
     return out[0, len(ids):].tolist()
+
+
+def test_a_tiktoken_vocabulary_is_named_as_not_read(v3, tmp_path, capsys):
+    # Moonlight and Kimi K2 ship tiktoken.model and no tokenizer.json
+    import shutil
+    folder = tmp_path / "kimi"
+    shutil.copytree(v3, folder)
+    (folder / "tokenizer.json").unlink()
+    (folder / "tiktoken.model").write_text("IQ== 0\n")
+    assert main(["generate", "--model", str(folder), "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert "ships a tiktoken vocabulary (tiktoken.model) and no tokenizer.json" in err and err.count("\n") == 1

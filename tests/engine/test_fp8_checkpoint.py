@@ -132,3 +132,27 @@ def test_an_fp8_config_without_block_sizes_is_one_line(pair, tmp_path):
     (folder / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelLoadError, match="two block sizes"):
         read_spec(folder)
+
+
+def test_a_missing_block_scale_or_config_names_what_to_restore(pair, tmp_path):
+    folder = _copy(pair[0], tmp_path)
+    state = load_file(folder / "model.safetensors")
+    name = next(n for n in state if n.endswith("o_proj.weight_scale_inv"))
+    save_file({k: v for k, v in state.items() if k != name}, folder / "model.safetensors")
+    with pytest.raises(ModelLoadError, match="block scale .* is missing from the checkpoint; the download is incomplete"):
+        LLM(str(folder), device="cpu")
+    save_file(state, folder / "model.safetensors")
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "quantization_config"}))
+    with pytest.raises(ModelLoadError, match="has block scales beside it but config.json has no fp8 quantization_config"):
+        LLM(str(folder), device="cpu")
+
+
+def test_scales_that_are_not_positive_numbers_are_one_line(pair, tmp_path):
+    folder = _copy(pair[0], tmp_path)
+    state = load_file(folder / "model.safetensors")
+    name = next(n for n in state if n.endswith("o_proj.weight_scale_inv"))
+    state[name] = -state[name]
+    save_file(state, folder / "model.safetensors")
+    with pytest.raises(ModelLoadError, match="_scale_inv' holds scales that are not finite numbers above 0"):
+        LLM(str(folder), device="cpu")

@@ -90,3 +90,15 @@ def test_an_unknown_format_is_one_line_naming_the_choices(src, capsys):
         EngineConfig(model=str(src), resident_weights="int4")
     assert main(["convert", str(src), str(src) + "-x", "--resident-weights", "int4"]) == 2
     assert "choose bf16, fp8 or int8" in capsys.readouterr().err
+
+
+def test_eval_runs_the_reference_with_its_own_kv_cache_and_dtype(src, tmp_path, capsys):
+    # --kv-cache-dtype and --dtype measure the model under test: the reference keeps the cache and dtype it loads with
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog " * 8)
+    args = ["eval", "--model", str(src), "--reference", str(src), "--text", str(text), "--device", "cpu", "--json"]
+    assert main(args) == 0
+    plain = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert main(args + ["--kv-cache-dtype", "fp8", "--dtype", "bfloat16"]) == 0
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert r["reference_perplexity"] == plain["reference_perplexity"] and r["perplexity"] != plain["perplexity"]
