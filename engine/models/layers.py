@@ -92,19 +92,17 @@ class SeqSlice:
 
 
 def paged_attention_ref(q: torch.Tensor, gather: Gather, seqs: list[SeqSlice], block_size: int,
-                        sinks: torch.Tensor | None = None, window: int = 0, scale: float | None = None,
-                        v_dim: int | None = None) -> torch.Tensor:
+                        sinks: torch.Tensor | None = None, window: int = 0) -> torch.Tensor:
     """Causal attention of each sequence's new queries over its cached context.
 
-    q [T, H, hd]; ``gather(rows [C])`` returns the cached K ``[C, Hkv, hd]`` and V ``[C, Hkv, v_dim]``
-    (default: hd) in the compute dtype (the cache already holds the new keys). Returns [T, H * v_dim].
-    ``sinks`` [H]: a sink logit per head (gpt-oss); ``window`` > 0: a query at position p sees positions
-    p - window + 1 .. p only; ``scale``: of the scores (default 1 / sqrt(hd)).
+    q [T, H, hd]; ``gather(rows [C])`` returns the cached K and V ``[C, Hkv, hd]`` in the compute dtype
+    (the cache already holds the new keys). Returns [T, H * hd]. ``sinks`` [H]: a sink logit per head
+    (gpt-oss); ``window`` > 0: a query at position p sees positions p - window + 1 .. p only.
     """
     if sinks is not None or window > 0:
         return _paged_attention_masked(q, gather, seqs, block_size, sinks, window)
     T, H, hd = q.shape
-    out = torch.empty(T, H, v_dim or hd, dtype=q.dtype, device=q.device)
+    out = torch.empty(T, H, hd, dtype=q.dtype, device=q.device)
     offsets = torch.arange(block_size, device=q.device)
     for s in seqs:
         slots = (s.block_table[:, None] * block_size + offsets).flatten()[:s.ctx_len]   # [C]
@@ -118,9 +116,9 @@ def paged_attention_ref(q: torch.Tensor, gather: Gather, seqs: list[SeqSlice], b
             qpos = torch.arange(s.ctx_len - s.q_len, s.ctx_len, device=q.device)
             mask = torch.arange(s.ctx_len, device=q.device)[None, :] <= qpos[:, None]   # [q_len, C]
         o = F.scaled_dot_product_attention(qs, k.to(qs.dtype), v.to(qs.dtype), attn_mask=mask,
-                                           is_causal=s.q_len == s.ctx_len and s.q_len > 1, scale=scale)
+                                           is_causal=s.q_len == s.ctx_len and s.q_len > 1)
         out[s.q_start:s.q_start + s.q_len] = o.transpose(0, 1)
-    return out.reshape(T, -1)
+    return out.reshape(T, H * hd)
 
 
 def _paged_attention_masked(q: torch.Tensor, gather: Gather, seqs: list[SeqSlice], block_size: int,
