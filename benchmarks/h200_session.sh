@@ -10,7 +10,9 @@
 #   device call 3:  bash benchmarks/h200_session.sh gpt-oss           (repeat until it says done)
 #   or, alone:       bash benchmarks/h200_session.sh probes            (the gather's A/B and copy rates)
 #
-# KIT_ARGS picks the kit's options (default: shares 50,25,0, no Q4_0); GO_ARGS those of
+# KIT_ARGS picks the kit's options (default: shares 50,25,0, no Q4_0); KIT_TRAINED=1 has the kit
+# measure the benchmarks' trained-like model (written first by trained_like_checkpoint.py, then
+# given as --hf) instead of its random one; GO_ARGS those of
 # bench_gpt_oss.py (default: cells b then c, both routings). Results go to $OUT (the device tool's),
 # else to /tmp/h200-out. STRATA_COMMIT names the commit where the tree has no .git (default: the one
 # prepare.sh packed).
@@ -21,6 +23,7 @@ PHASE_S=${PHASE_S:-560}
 KIT_ARGS=${KIT_ARGS:---shares 50,25,0 --no-q4-0}
 GO_ARGS=${GO_ARGS:---cells b,c --deadline 900}
 GO=$HOME/h200-gpt-oss
+TRAINED=/dev/shm/strata-trained-like-L12     # this script's own folder (KIT_TRAINED=1)
 export PYTHONUNBUFFERED=1
 export STRATA_COMMIT=${STRATA_COMMIT:-$(sed -n 's/^strata_commit=//p' .bench/versions.txt 2>/dev/null)}
 mkdir -p "$OUT"
@@ -31,7 +34,7 @@ kit_done() { grep -q ' run-done$' "$(readlink -f "$HOME/llamacpp-anchor/latest")
 start_gpt_oss() {
   # The kit's model files are its own, made by this session's run: remove them for the host memory
   # the 120b store needs (57 GiB pinned).
-  kit_done && rm -rf /dev/shm/llamacpp-anchor
+  kit_done && rm -rf /dev/shm/llamacpp-anchor "$TRAINED"
   mkdir -p "$GO" && rm -rf "$GO/src" && cp -r . "$GO/src"
   (cd "$GO/src" && setsid nohup python3 benchmarks/bench_gpt_oss.py $GO_ARGS --out "$GO/gpt_oss.json" \
      > "$GO/log" 2>&1 < /dev/null & echo $! > "$GO/pid")
@@ -52,6 +55,10 @@ case ${1:-} in
     mkdir -p "$OUT/suite"
     OUT="$OUT/suite" PYTHON=python3 timeout -k 10 330 bash benchmarks/gpu_suite.sh tests
     pkill -f "pytest tests/engine/test_gpu" 2>/dev/null   # nothing of the tests may run beside the kit
+    if [ "${KIT_TRAINED:-0}" = 1 ]; then
+      [ -d "$TRAINED" ] || python3 benchmarks/trained_like_checkpoint.py "$TRAINED" --layers 12 2>&1 | tail -n 4
+      KIT_ARGS="$KIT_ARGS --hf $TRAINED"
+    fi
     bash .bench/kit/run.sh --background $KIT_ARGS || exit 1
     bash .bench/kit/poll.sh "$(left)" | tail -n 12;;
   kit-then-gpt-oss)
