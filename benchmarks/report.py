@@ -221,8 +221,15 @@ def serve_table(_: dict) -> list[str]:
     return out
 
 
+def _on_h200(d: dict) -> bool:
+    """Whether a result file was measured on the H200 the tables speak of (a run on another card is indexed, not
+    tabled: its limits are that card's)."""
+    env = d.get("environment") if isinstance(d.get("environment"), dict) else {}
+    return "H200" in str(env.get("gpu", "NVIDIA H200"))
+
+
 def _gpt_oss_rows(d: dict) -> list[dict]:
-    if d.get("not_in_tables"):          # a run whose figures carry a defect found later: listed, not tabled
+    if d.get("not_in_tables") or not _on_h200(d):   # a run with a defect found later, or on another card
         return []
     rows = [r for r in d.get("a", []) if "tok_s" in r]
     for block in d.get("120b", {}).values():
