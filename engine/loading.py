@@ -102,8 +102,14 @@ class LoadedModel:
         self.max_model_len = config.max_model_len or spec.max_position
         self.kv_blocks: int | None = None     # a pipeline stage's full-attention blocks, as the stages agreed
         self.embed_on_host = False
-        self.plan = self._plan()      # fails fast, before any allocation, when the model cannot fit
-        if self._embedding_to_host():
+        try:
+            self.plan = self._plan()  # fails fast, before any allocation, when the model cannot fit
+        except ConfigError:
+            if not self._table_may_leave():
+                raise
+            self.embed_on_host = True     # it may fit with the table in host memory (else that plan's error)
+            self.plan = self._plan()
+        if not self.embed_on_host and self._embedding_to_host():
             self.embed_on_host = True
             self.plan = self._plan()  # the pool (or the KV cache) takes the table's room
         pool = fit_to_pool(config, spec, self.experts_resident)
@@ -187,6 +193,12 @@ class LoadedModel:
                 self.notes += (f"embeddings=host is ignored: the embedding table stays on the GPU ({why})",)
             return False
         return table_on_host(want, False, self.plan.pool_slots < self.plan.num_experts)
+
+    def _table_may_leave(self) -> bool:
+        """Whether this load could hold the embedding table in host memory: on a CUDA GPU, not told to keep it
+        on the card, not tied to the LM head, one card."""
+        return (self.config.embeddings != "device" and self.device.type == "cuda" and not self.spec.tie_word_embeddings
+                and self.stage is None and self.shard is None)
 
     def _fit(self, config: EngineConfig) -> EngineConfig:
         """Settings fitted to the model and the device (``self.notes`` says what changed); on the CPU,

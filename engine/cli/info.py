@@ -270,9 +270,16 @@ def _budget_lines(spec, args, c: EngineConfig, resident: int, per_expert: int, n
                            experts_per_layer=spec.num_experts, active_experts_per_token=spec.num_moe_layers * spec.top_k,
                            advice=advice, window_kv_bytes=window_kv, host_resident_bytes=table,
                            **step_sizing(spec, c, wb))
-    plan = plan_for(False)
-    if table_on_host(getattr(args, "embeddings", "auto"), spec.tie_word_embeddings, plan.pool_slots < plan.num_experts):
-        plan = plan_for(True)
+    wanted = getattr(args, "embeddings", "auto")
+    try:
+        plan = plan_for(False)
+    except ConfigError:
+        if wanted == "device" or spec.tie_word_embeddings:
+            raise
+        plan = plan_for(True)     # as the engine loads: the table in host memory may be what makes it fit
+    else:
+        if table_on_host(wanted, spec.tie_word_embeddings, plan.pool_slots < plan.num_experts):
+            plan = plan_for(True)
     # the KV cache the engine allocates: what the budget leaves (or --kv-cache-size), at most a full batch
     kv_alloc = kv_pool_bytes(plan, context, c.max_batch, c.kv_cache_size)
     shown = plan if kv_alloc == plan.kv_bytes else dataclasses.replace(plan, kv_bytes=kv_alloc)

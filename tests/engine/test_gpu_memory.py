@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
+from engine.errors import ConfigError
+from test_host_embedding import smallest_info_budget
 from tiny_models import build_tiny_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -56,3 +58,12 @@ def test_a_run_allocates_no_more_than_the_plan_counts(path, pool) -> None:
         assert peak <= counted, (f"allocated {peak / 2**20:.0f} MiB, the plan counts {counted / 2**20:.0f} MiB "
                                  f"({m})")
         assert m.workspace_bytes < (1 << 30)            # sized to the steps, not a fixed gigabyte
+
+
+def test_a_model_that_fits_only_with_the_table_in_host_memory_loads_so(path) -> None:
+    budget = smallest_info_budget(path, "--embeddings", "host") + (1 << 20)    # the table is 31 MiB
+    with pytest.raises(ConfigError, match="resident weights"):
+        LLM(str(path), device="cuda", gpu_memory_budget=budget, embeddings="device")
+    with LLM(str(path), device="cuda", gpu_memory_budget=budget) as llm:
+        assert llm.engine.loaded.weights.embed_on_host
+        assert len(llm.generate(_prompts(1, 20), GREEDY)[0].token_ids) == GREEDY.max_tokens

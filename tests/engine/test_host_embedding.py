@@ -88,3 +88,32 @@ def test_the_setting_is_checked_and_ignored_where_it_cannot_apply(src):
     assert not llm.engine.loaded.weights.embed_on_host
     assert not any("embeddings" in note for note in llm.engine.loaded.notes)
     llm.close()
+
+
+def _info_fits(src, budget: int, *flags: str) -> tuple[bool, str]:
+    import contextlib
+    import io
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(["info", "--model", str(src), "--gpu-memory-budget", str(budget), *flags])
+    return rc == 0, out.getvalue() + err.getvalue()
+
+
+def smallest_info_budget(src, *flags: str) -> int:
+    """The smallest GPU budget in bytes that ``info`` plans the model into with ``flags``."""
+    lo, hi = 1 << 20, 1 << 36
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if _info_fits(src, mid, *flags)[0] else (mid, hi)
+    return hi
+
+
+def test_info_plans_a_model_that_fits_only_with_the_table_in_host_memory(tmp_path):
+    # a table larger than the staging slots and the KV cache: without it the resident weights fit
+    src = build_tiny_model(tmp_path / "wide", "qwen3_moe", tie_word_embeddings=False, vocab_size=32768)
+    budget = smallest_info_budget(src, "--embeddings", "host")
+    ok, out = _info_fits(src, budget)
+    assert ok, out
+    assert "the embedding table" in next(line for line in out.splitlines() if line.startswith("host store"))
+    ok, out = _info_fits(src, budget, "--embeddings", "device")
+    assert not ok and "the resident weights" in out and "--gpu-memory-budget" in out
