@@ -24,8 +24,8 @@ from engine.experts.profile import check_record_target, read_routing_profile, wr
 from engine.cpu_threads import apply_cpu_threads
 from engine.kv.blocks import BlockAllocator
 from engine.memory import (CPU_KV_CAP, BudgetAdvice, MemoryPlan, decode_experts, default_budget, fit_context,
-                           fit_context_to_kv_size, kv_pool_bytes, kv_size_note, plan_memory, staging_slots,
-                           smaller_resident, step_sizing, table_on_host)
+                           fit_context_on_host, fit_context_to_kv_size, kv_pool_bytes, kv_size_note, plan_memory,
+                           staging_slots, smaller_resident, step_sizing, table_on_host)
 from engine.settings_fit import fit_to_device, fit_to_model, fit_to_pool, unused_notes
 from engine.kv.cache import KVCache
 from engine.kv.sizing import KVSizing, kv_sizing
@@ -173,7 +173,11 @@ class LoadedModel:
                                 self.max_model_len, c.max_batch)
             self.notes += tuple(n for n in (note, more) if n)
             return
-        if self.plan.budget_bytes is None:
+        if self.plan.budget_bytes is None:      # the CPU: no budget, a KV cache of CPU_KV_CAP
+            self.max_model_len, note = fit_context_on_host(
+                self.max_model_len, c.max_model_len is not None, CPU_KV_CAP, self.plan.window_kv_bytes,
+                self._kv_bytes_per_token(), c.kv_block_size)
+            self.notes += (note,) if note else ()
             return
         card = "GPU 0" if self.shard is not None else ""      # expert parallel: the KV cache is on the first card
         self.max_model_len, note = fit_context(self.max_model_len, c.max_model_len is not None, self._kv_cache_bytes(),

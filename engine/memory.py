@@ -264,6 +264,22 @@ def fit_context_to_kv_size(context: int, explicit: bool, asked: int, window_byte
                     f"KV cache --kv-cache-size gives holds; raise it to {need} for the whole context")
 
 
+def fit_context_on_host(context: int, explicit: bool, kv_bytes: int, window_bytes: int, kv_bytes_per_token: int,
+                        block: int) -> tuple[int, str | None]:
+    """The context of a CPU run that set neither a context nor a KV size: what the default KV cache of
+    ``kv_bytes`` (:data:`CPU_KV_CAP`, the full-attention layers') holds for one sequence, with a note, where
+    the model allows more (a context the user set is kept: the cache grows to hold one sequence of it).
+    ``window_bytes``: the sliding-window layers' pool, which a ``--kv-cache-size`` would also hold."""
+    tokens = _tokens_held(context, kv_bytes, kv_bytes_per_token, block)
+    if tokens is None or explicit:
+        return context, None
+    tokens = max(tokens, block)
+    need = format_size(_round_up(window_bytes + context * kv_bytes_per_token))
+    return tokens, (f"context length {tokens} tokens (the model allows {context}): what the {format_size(kv_bytes)} "
+                    f"KV cache of a CPU run holds; pass --max-model-len {context} or --kv-cache-size {need} for the "
+                    "whole context")
+
+
 def _tokens_held(context: int, kv_bytes: int, kv_bytes_per_token: int, block: int) -> int | None:
     """None when ``kv_bytes`` of KV cache hold ``context`` tokens, else the whole blocks' tokens they hold."""
     if kv_bytes_per_token <= 0 or kv_bytes >= context * kv_bytes_per_token:

@@ -32,9 +32,9 @@ from engine.errors import ConfigError
 from kernels.expert_layout import ExpertLayout
 from engine.loading import expert_act
 from engine.kv.sizing import KVSizing, kv_sizing
-from engine.memory import (MIN_KV_TOKENS, BudgetAdvice, MemoryPlan, default_budget, fit_context,
-                           fit_context_to_kv_size, kv_pool_bytes, plan_memory, smaller_resident, step_sizing,
-                           table_on_host)
+from engine.memory import (CPU_KV_CAP, MIN_KV_TOKENS, BudgetAdvice, MemoryPlan, default_budget, fit_context,
+                           fit_context_on_host, fit_context_to_kv_size, kv_pool_bytes, plan_memory, smaller_resident,
+                           step_sizing, table_on_host)
 from engine.options import parse_live, pool_bytes
 from engine.settings_fit import depth_note, fit_to_model
 
@@ -124,6 +124,10 @@ def plan_lines(spec: ModelSpec, args: argparse.Namespace) -> list[str]:
     lines += ["", f"active per token: {active:,} parameters, {format_size(active_bytes)} "
                   f"(routed experts {format_size(routed_active)} in {fmt}, {format_size(per_expert)} each; "
                   f"resident matrices in {res_fmt if res_fmt != 'bf16' else dtype})"]
+    if dtype == "float32" and args.dtype == "auto":
+        why = "--device cpu" if getattr(args, "device", "auto") == "cpu" else "no CUDA GPU here"
+        lines.append(f"sizes in float32  : what a CPU run computes in ({why}); pass --gpu-memory-budget 24G or "
+                     "--dtype bfloat16 for a GPU's sizes")
     c = EngineConfig(model=model_dir(args), **engine_options(args))
     context = min(c.max_model_len or spec.max_position, spec.max_position)
     kv = kv_sizing(spec, _DTYPES[dtype], c.kv_cache_dtype, context, c.max_batch, c.token_budget, c.kv_block_size)
@@ -257,8 +261,12 @@ def _budget_lines(spec, args, c: EngineConfig, resident: int, per_expert: int, n
     budget = parse_size(args.gpu_memory_budget, "gpu_memory_budget")
     card_free = default_budget(torch.device("cuda")) if torch.cuda.is_available() else None
     budget = card_free if budget is None else budget
-    if budget is None:
-        return ["", "GPU budget: none given and no CUDA GPU found; pass --gpu-memory-budget 24G to plan for a card"]
+    if budget is None:            # a CPU run: the engine's rule for its KV cache (engine.loading)
+        explicit, block = c.max_model_len is not None, c.kv_block_size
+        held = (fit_context_to_kv_size(context, explicit, c.kv_cache_size, window_kv, kv_per_token, block)
+                if c.kv_cache_size else fit_context_on_host(context, explicit, CPU_KV_CAP, window_kv, kv_per_token, block))
+        return ["", *_context_line(*held),
+                "GPU budget: none given and no CUDA GPU found; pass --gpu-memory-budget 24G to plan for a card"]
     total = per_expert * n_experts
     advice = BudgetAdvice(card_free if args.gpu_memory_budget is None else None,
                           "" if args.weight_format == "int4" else "use --weight-format int4",

@@ -47,6 +47,9 @@ def yarn_inv_freq(head_dim: int, theta: float, y: RopeScaling) -> torch.Tensor:
     return 1.0 / (y.factor * wave) * (1 - keep) + 1.0 / wave * keep
 
 
+ROPE_CHUNK = 1 << 16       # positions whose float32 angles the tables are built from at a time
+
+
 class Rope:
     """Rotary embedding tables (rotate-half convention), computed once; YaRN when ``scaling`` says so
     (its attention factor scales both tables). ``rotary_dim`` < ``head_dim`` (GLM's partial RoPE):
@@ -61,15 +64,19 @@ class Rope:
             inv_freq, mscale = default_inv_freq(dim, theta), 1.0
         else:
             inv_freq, mscale = yarn_inv_freq(dim, theta, scaling), scaling.mscale
-        pos = torch.arange(max_position, device=device, dtype=torch.float32)
-        freqs = torch.outer(pos, inv_freq.to(device))                    # [P, dim/2]
-        passed = (head_dim - dim) // 2
-        ones = torch.ones(max_position, passed, device=device)           # [P, (hd - dim)/2]
-        half_cos = torch.cat([freqs.cos() * mscale, ones], -1)           # [P, hd/2]
-        half_sin = torch.cat([freqs.sin() * mscale, ones - 1], -1)
-        self.cos = torch.cat([half_cos, half_cos], -1).to(dtype)         # [P, hd]
-        # rotate-half is cat(-x2, x1) * sin = roll(x, hd/2) * cat(-sin1, sin2): the sign lives in the table
-        self.sin = torch.cat([-half_sin, half_sin], -1).to(dtype)
+        inv_freq, passed = inv_freq.to(device), (head_dim - dim) // 2
+        self.cos = torch.empty(max_position, head_dim, device=device, dtype=dtype)          # [P, hd]
+        self.sin = torch.empty(max_position, head_dim, device=device, dtype=dtype)
+        for start in range(0, max_position, ROPE_CHUNK):        # float32 work bounded by one chunk's rows
+            pos = torch.arange(start, min(start + ROPE_CHUNK, max_position), device=device, dtype=torch.float32)
+            freqs = torch.outer(pos, inv_freq)                                       # [p, dim/2]
+            ones = torch.ones(len(pos), passed, device=device)                       # [p, (hd - dim)/2]
+            half_cos = torch.cat([freqs.cos() * mscale, ones], -1)                   # [p, hd/2]
+            half_sin = torch.cat([freqs.sin() * mscale, ones - 1], -1)
+            rows = slice(start, start + len(pos))
+            self.cos[rows] = torch.cat([half_cos, half_cos], -1)
+            # rotate-half is cat(-x2, x1) * sin = roll(x, hd/2) * cat(-sin1, sin2): the sign lives in the table
+            self.sin[rows] = torch.cat([-half_sin, half_sin], -1)
 
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, 1, hd] for ``positions`` [T] (gathered once per forward, used by every layer)."""

@@ -41,11 +41,12 @@ def test_info_counts_what_the_engine_holds(model, capsys, monkeypatch):
     assert main(["info", "--model", str(model)]) == 0
     out = capsys.readouterr().out
     assert "resident matrices in float32" in out
+    assert "sizes in float32  : what a CPU run computes in (no CUDA GPU here); pass --gpu-memory-budget 24G" in out
     # K and V of 3 layers x 2 KV heads x 16 dims in 4 bytes, 512 tokens
     assert "KV of one sequence: 384.00 KiB at 512 tokens" in out
     assert main(["info", "--model", str(model), "--gpu-memory-budget", "24G"]) == 0
     out = capsys.readouterr().out
-    assert "resident matrices in bfloat16" in out
+    assert "resident matrices in bfloat16" in out and "sizes in float32" not in out
     kv = next(line for line in out.splitlines() if line.startswith("KV cache"))
     assert "(what a full batch fills, 16 sequences of" in out and "GiB" not in kv
 

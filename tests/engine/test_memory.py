@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from engine.errors import ConfigError
 from engine.memory import plan_memory
@@ -158,3 +159,37 @@ def test_the_context_is_what_the_kv_cache_the_budget_leaves_holds() -> None:
         fit_context(131072, True, 4200 * per_token, per_token, 16, 24 * GiB)
     with pytest.raises(ConfigError, match="leaves it .*; lower --expert-pool-size or raise --gpu-memory-budget$"):
         fit_context(4096, False, 10 * per_token, per_token, 16, 24 * GiB)     # not even one block
+
+
+def test_a_cpu_run_fits_a_context_longer_than_its_kv_cache_to_it(tmp_path, monkeypatch) -> None:
+    # a model allowing ten million positions loads on the CPU with the context its 256 MiB KV cache holds
+    # (RoPE tables and cache sized to it), says how to get the whole of it, and keeps a context that was set
+    import engine.models.layers as layers
+    from engine import LLM, SamplingParams
+    from engine.memory import CPU_KV_CAP
+    from tiny_models import build_tiny_model
+    src = build_tiny_model(tmp_path / "long", "qwen3_moe", max_position_embeddings=10_000_000)
+    with LLM(str(src), device="cpu") as llm:
+        loaded = llm.engine.loaded
+        per_token = loaded._kv_bytes_per_token()
+        assert loaded.max_model_len == CPU_KV_CAP // per_token // 16 * 16 < 10_000_000
+        assert loaded.model.rope.cos.shape[0] == loaded.max_model_len
+        note = next(n for n in loaded.notes if n.startswith("context length"))
+        assert "(the model allows 10000000)" in note and "pass --max-model-len 10000000 or --kv-cache-size" in note
+        assert len(llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, temperature=0))[0].token_ids) == 4
+        held = loaded.max_model_len
+    from main import main
+    import contextlib
+    import io
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["info", "--model", str(src), "--device", "cpu"]) == 0          # info plans the same context
+    assert f"context           : {held} tokens (what the 256.00 MiB KV cache of a CPU run holds" in out.getvalue()
+    monkeypatch.setattr(layers, "ROPE_CHUNK", 1000)       # tables built a chunk at a time are the same tables
+    with LLM(str(src), device="cpu", max_model_len=4100) as llm:
+        rope = llm.engine.loaded.model.rope
+        assert llm.engine.loaded.max_model_len == 4100 and not any("context length" in n for n in llm.engine.loaded.notes)
+        chunked = layers.Rope(rope.cos.shape[1], 1e6, 4100, torch.device("cpu"), rope.cos.dtype)
+    monkeypatch.setattr(layers, "ROPE_CHUNK", 1 << 20)
+    whole = layers.Rope(rope.cos.shape[1], 1e6, 4100, torch.device("cpu"), rope.cos.dtype)
+    assert torch.equal(chunked.cos, whole.cos) and torch.equal(chunked.sin, whole.sin)
