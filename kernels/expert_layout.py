@@ -107,15 +107,17 @@ class ExpertLayout:
                 specs += [(name, torch.float8_e4m3fn, (n, k)), (f"{name}_scale", torch.float32, (n,))]
             elif fmt == "mxfp4":
                 if k % MXFP4_GROUP:
-                    raise ConfigError(f"mxfp4 experts need a reduction dim that is a multiple of {MXFP4_GROUP}; "
-                                      f"{name} has {k}")
+                    raise ConfigError(f"mxfp4 experts need a hidden size and expert FFN that are multiples of "
+                                      f"{MXFP4_GROUP} (this model has {hidden} and {ffn}); use --weight-format int4, "
+                                      "fp8 or bf16")
                 specs += [(name, torch.uint8, (n, k // 2)), (f"{name}_scale", torch.uint8, (n, k // MXFP4_GROUP))]
             else:  # int4
                 if k % group_size or k % 2:
-                    fits = [str(g) for g in (128, 64, 32) if hidden % g == 0 and ffn % g == 0]
-                    fix = f"choose group size {' or '.join(fits)}" if fits else "use fp8 or bf16 experts"
-                    raise ConfigError(f"int4 group size {group_size} does not divide the reduction dim {k} of "
-                                      f"{name}; {fix}")
+                    fits = [str(g) for g in (128, 64, 32) if hidden % g == 0 and ffn % g == 0 and g % 2 == 0]
+                    fix = (f"pass --group-size {' or '.join(fits)}" if fits else
+                           "use --weight-format fp8 or bf16")
+                    raise ConfigError(f"int4 experts in groups of {group_size} need a hidden size and expert FFN that "
+                                      f"are multiples of it (this model has {hidden} and {ffn}); {fix}")
                 specs += [(name, torch.uint8, (n, k // 2)),
                           (f"{name}_scale", torch.float16, (n, k // group_size)),
                           (f"{name}_zero", torch.uint8, (n, k // group_size))]

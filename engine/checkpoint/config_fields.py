@@ -70,13 +70,15 @@ class ConfigFields:
             raise self.bad(key, value, expected + (f" ({why})" if why else ""))
         return n
 
-    def number(self, key: str, default: float | None) -> float | None:
-        """A finite number above zero (epsilons, rope theta, clip bounds)."""
+    def number(self, key: str, default: float | None, maximum: float | None = None, why: str = "") -> float | None:
+        """A finite number above zero (epsilons, rope theta, clip bounds), at most ``maximum`` if given."""
         value = self._get(key, default)
         if value is None:
             return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise self.bad(key, value, "a finite number above 0")
+        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0
+                or (maximum is not None and value > maximum)):
+            expected = "a finite number above 0" + (f" and at most {maximum:g}" if maximum is not None else "")
+            raise self.bad(key, value, expected + (f" ({why})" if why else ""))
         return float(value)
 
     def flag(self, key: str, default: bool) -> bool:

@@ -294,6 +294,8 @@ def _num_experts(f: ConfigFields) -> int:
 
 
 # transformers' defaults by DeepSeek version, for fields a config.json leaves out
+# the routed experts' weights times this: released models use 1 to 16, and a huge one overflows 16-bit outputs
+ROUTED_SCALE_BOUND = {"maximum": 100.0, "why": "released models use 1 to 16"}
 DEEPSEEK_DEFAULTS = {"v2": {"first_k_dense_replace": 0, "n_shared_experts": 2, "routed_scaling_factor": 1.0,
                             "norm_topk_prob": False, "topk_method": "greedy", "n_group": 1},
                      "v3": {"first_k_dense_replace": 3, "n_shared_experts": 1, "routed_scaling_factor": 2.5,
@@ -350,7 +352,7 @@ def _glm_routing(f: ConfigFields, n_experts: int) -> float:
         raise UnsupportedModelError(
             f"{f.file}: group-limited expert routing (n_group {groups}, topk_group {keep}) is not supported; Strata "
             "runs GLM-4.5 models whose experts form one group (n_group 1)")
-    return f.number("routed_scaling_factor", 1.0)
+    return f.number("routed_scaling_factor", 1.0, **ROUTED_SCALE_BOUND)
 
 
 def _shared_ffn(f: ConfigFields, fam: Family, moe_ffn: int) -> int:
@@ -368,7 +370,7 @@ def _deepseek_routing(f: ConfigFields, fam: Family, n_experts: int, top_k: int) 
     """DeepSeek's ``routed_scaling_factor`` and its expert groups: (scale, n_group, topk_group), with one
     group where routing picks from all experts (V2's greedy top-k)."""
     defaults = DEEPSEEK_DEFAULTS[fam.deepseek]
-    scale = f.number("routed_scaling_factor", defaults["routed_scaling_factor"])
+    scale = f.number("routed_scaling_factor", defaults["routed_scaling_factor"], **ROUTED_SCALE_BOUND)
     method = f.text("topk_method", defaults["topk_method"])
     if method not in TOPK_METHODS[fam.deepseek]:
         raise f.bad("topk_method", method, " or ".join(f'"{m}"' for m in TOPK_METHODS[fam.deepseek])

@@ -37,13 +37,14 @@ class ChatSession:
     """One conversation in the terminal over an open engine."""
 
     def __init__(self, engine, params: SamplingParams, system: str | None, policy: str,
-                 effort: str = DEFAULT_EFFORT) -> None:
+                 effort: str | None = None) -> None:
         self.engine, self.params, self.policy = engine, params, policy
         self.name = engine.model_info.name
         self.use_template = engine.tokenizer.has_chat_template and not engine.model_info.completion_only
         self.harmony = engine.tokenizer.harmony if self.use_template else None   # reasoning shown apart
         self.think = engine.tokenizer.think if self.use_template else None       # <think> tags: shown apart too
-        self.effort = effort
+        self.effort = effort or DEFAULT_EFFORT
+        self.effort_given = effort is not None             # --reasoning-effort, which only harmony models use
         self.system = [{"role": "system", "content": system}] if system else []
         self.messages: list[dict] = list(self.system)    # the whole conversation, never cut to fit
         self.dropped = 0                                  # what the previous prompt left out
@@ -82,6 +83,8 @@ class ChatSession:
             print(f"A reasoning model: its thinking shows first{' (dimmed)' if sys.stdout.isatty() else ''}.")
         if self.system and not self.use_template:
             _note("--system is not used: a base model continues your text and has no system prompt")
+        if self.effort_given and self.harmony is None:
+            _note("--reasoning-effort is not used: this model has no reasoning effort setting (gpt-oss models have)")
 
     def _handle(self, line: str) -> bool:
         """Act on one input line; False means leave."""

@@ -34,8 +34,9 @@ def build_parser(prog: str = "strata") -> tuple[argparse.ArgumentParser, argpars
     p = sub.add_parser("chat", help="chat in the terminal, streaming replies")
     add_model_flag(p)
     p.add_argument("--system", default=None, help="system prompt")
-    p.add_argument("--reasoning-effort", choices=("low", "medium", "high"), default="medium",
-                   help="how hard a reasoning model (gpt-oss) thinks before it answers; /reasoning changes it")
+    p.add_argument("--reasoning-effort", choices=("low", "medium", "high"), default=None,
+                   help="how hard a reasoning model (gpt-oss) thinks before it answers (default medium); /reasoning "
+                        "changes it")
     add_sampling_flags(p, temperature=0.7)
     add_engine_flags(p)
     from engine.cli.info import add_info_parser

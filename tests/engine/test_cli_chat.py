@@ -281,3 +281,11 @@ def test_a_think_models_reasoning_prints_first_and_only_its_answer_stays_in_the_
     assert chat.messages[-1] == {"role": "assistant", "content": "It is 2."}
     chat._turn("and 2 + 2?")
     assert "hmm" not in tok.decode(engine.prompts[-1]) and "It is 2." in tok.decode(engine.prompts[-1])
+
+
+def test_a_reasoning_effort_given_to_a_model_without_one_is_noted_not_silently_dropped(monkeypatch, capsys, chat_model):
+    note = "note: --reasoning-effort is not used: this model has no reasoning effort setting"
+    rc, _, err, _ = run_chat(monkeypatch, capsys, [], "--reasoning-effort", "high", model=chat_model)
+    assert rc == 0 and note in err
+    rc, _, err, _ = run_chat(monkeypatch, capsys, [], model=chat_model)        # not given: nothing to say
+    assert rc == 0 and note not in err

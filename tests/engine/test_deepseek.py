@@ -177,6 +177,9 @@ def test_v2_renormalises_or_scales_its_weights_never_both(tmp_path):
      "'topk_group' is 2 but must be enough groups of 2 experts for the 6 a token takes"),
     (V2_LITE, {"qk_rope_head_dim": 63}, ModelLoadError, "'qk_rope_head_dim' is 63 but must be an even number"),
     (V2_LITE, {"moe_layer_freq": 30}, ModelLoadError, "'moe_layer_freq' is 30 but must be an integer from 1 to 27"),
+    (V3, {"routed_scaling_factor": 1e308}, ModelLoadError,
+     "'routed_scaling_factor' is 1e+308 but must be a finite number above 0 and at most 100 (released models use 1 "
+     "to 16)"),
 ])
 def test_a_config_deepseek_cannot_run_is_one_line_naming_the_field(tmp_path, base, changes, error, words):
     with pytest.raises(error) as e:

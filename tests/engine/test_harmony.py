@@ -258,7 +258,7 @@ def test_the_chat_command_takes_a_reasoning_effort(capsys):
     from engine.cli.main import build_parser
     parser, _ = build_parser()
     assert parser.parse_args(["chat", "--model", "m", "--reasoning-effort", "high"]).reasoning_effort == "high"
-    assert parser.parse_args(["chat", "--model", "m"]).reasoning_effort == "medium"
+    assert parser.parse_args(["chat", "--model", "m"]).reasoning_effort is None     # the session's medium
     with pytest.raises(SystemExit) as e:
         parser.parse_args(["chat", "--model", "m", "--reasoning-effort", "max"])
     assert e.value.code == 2 and "choose from 'low', 'medium', 'high'" in capsys.readouterr().err

@@ -97,3 +97,17 @@ def test_calibrated_int4_beats_round_to_nearest_with_outliers():
     rtn = out_err(*quantize_int4(w, 32))
     cal = out_err(*quantize_int4_calibrated(w, x, 32))
     assert cal < 0.5 * rtn
+
+
+@pytest.mark.parametrize("fmt, hidden, ffn, group, says", [
+    ("int4", 80, 96, 128, "int4 experts in groups of 128 need a hidden size and expert FFN that are multiples of it "
+                          "(this model has 80 and 96); use --weight-format fp8 or bf16"),
+    ("int4", 96, 160, 128, "(this model has 96 and 160); pass --group-size 32"),
+    ("int4", 192, 320, 128, "pass --group-size 64 or 32"),
+    ("mxfp4", 80, 64, 32, "mxfp4 experts need a hidden size and expert FFN that are multiples of 32 (this model has "
+                          "80 and 64); use --weight-format int4, fp8 or bf16"),
+])
+def test_a_layout_the_experts_cannot_take_names_the_model_dims_and_the_flag_that_fits(fmt, hidden, ffn, group, says):
+    with pytest.raises(ConfigError) as e:
+        ExpertLayout.make(fmt, hidden, ffn, group)
+    assert says in str(e.value) and "w13" not in str(e.value)
