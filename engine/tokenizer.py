@@ -3,7 +3,8 @@ and streaming detokenisation.
 
 The model folder is read the way Hugging Face checkpoints lay it out:
 
-- ``tokenizer.json``            the vocabulary, merges, normaliser, pre-tokeniser and decoder (required);
+- ``tokenizer.json``            the vocabulary, merges, normaliser, pre-tokeniser and decoder (required,
+                                unless the folder ships a tiktoken vocabulary: engine/tiktoken_vocab.py);
 - ``tokenizer_config.json``     special tokens, ``chat_template``, and ``add_bos_token`` /
                                 ``add_eos_token`` (used when tokenizer.json has no post-processor);
 - ``chat_template.jinja``       the chat template as its own file (wins over the config's copy);
@@ -92,10 +93,9 @@ def _pick_template(value: Any) -> str | None:
 
 def _load_backend(folder: Path) -> _Backend:
     path = folder / "tokenizer.json"
-    if not path.is_file() and (folder / "tiktoken.model").is_file():
-        raise ModelLoadError(
-            f"{folder} ships a tiktoken vocabulary (tiktoken.model) and no tokenizer.json; Strata reads tokenizer.json "
-            "vocabularies only, so this model (Moonlight and Kimi K2 ship so) cannot be run yet")
+    if not path.is_file() and (folder / "tiktoken.model").is_file():     # Moonlight, Kimi K2
+        from engine.tiktoken_vocab import tiktoken_backend
+        return tiktoken_backend(folder, _read_json(folder / "tokenizer_config.json") or {})
     if not path.is_file():
         raise ModelLoadError(
             f"{path} is missing; copy tokenizer.json from the original checkpoint into the model folder"

@@ -16,6 +16,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from engine.tiktoken_vocab import byte_chars
+
 O200K_TOKENS = 199_998
 O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
 FILE_NAME = "o200k_base.tiktoken"
@@ -30,15 +32,7 @@ def default_cache_dir() -> Path:
 
 def _byte_decoder() -> dict[str, int]:
     """The byte-level BPE alphabet: the printable character that stands for each byte, inverted."""
-    kept = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in kept:
-            chars[chr(b)] = b
-        else:
-            chars[chr(256 + extra)] = b
-            extra += 1
-    return chars
+    return {c: b for b, c in enumerate(byte_chars())}
 
 
 def tiktoken_text(token_of: Callable[[int], str | None], count: int) -> bytes | None:
