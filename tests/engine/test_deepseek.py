@@ -217,6 +217,22 @@ def test_info_on_deepseek_v3_names_the_fixes_that_fit_a_24g_card(tmp_path, capsy
     assert float(_line(out, "device total").split(":")[1].split()[0]) <= 24.0
 
 
+def test_info_plans_kimi_k2_on_a_24g_card(tmp_path, capsys):
+    # Kimi K2: V3's architecture with 384 experts in one group, 64 heads and its own model_type
+    kimi = {**V3, "model_type": "kimi_k2", "n_routed_experts": 384, "n_group": 1, "topk_group": 1,
+            "num_attention_heads": 64, "num_key_value_heads": 64, "first_k_dense_replace": 1,
+            "routed_scaling_factor": 2.827, "vocab_size": 163840, "rope_theta": 50000.0,
+            "rope_scaling": {"type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096,
+                             "beta_fast": 1.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}}
+    folder = _write(tmp_path / "Kimi-K2", kimi)
+    assert main(["info", "--model", str(folder), "--gpu-memory-budget", "24G", "--weight-format", "int4",
+                 "--resident-weights", "int8", "--max-batch", "1"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^total\s+1,026,408,232,448\s", out, re.M)          # a trillion, as Kimi K2
+    assert "active per token: 31,687,102,976 parameters" in out            # 32 billion active
+    assert float(_line(out, "device total").split(":")[1].split()[0]) <= 24.0
+
+
 
 def test_the_multi_token_prediction_layer_v3_ships_is_not_read(tmp_path):
     # DeepSeek-V3's checkpoint holds one more layer (num_nextn_predict_layers) past num_hidden_layers
