@@ -17,11 +17,12 @@ the cache, its formats and its sizing serve this layout as they are. The rotary 
 rotate-half order (engine/checkpoint/loader.latent_rope_orders turns the checkpoints' interleaved pairs
 at load).
 
-Both paths hold the heads apart from the rows (the shared rows are never copied per head) and run over
-the context in chunks with a running softmax (:func:`_running`), so a layer holds a bounded amount
-whatever the context: a decode step's chunks stay within :data:`DECODE_BYTES` (a CUDA graph records every
-position of the longest context the cache allows), a prefill's within :data:`PREFILL_BYTES`, a few
-heads at a time.
+On CUDA a decode step runs the Triton kernel of :mod:`kernels.latent_attention`, which reads each
+sequence's rows up to its length. The torch paths (decode elsewhere, prefill everywhere) hold the heads
+apart from the rows (the shared rows are never copied per head) and run over the context in chunks with
+a running softmax (:func:`_running`), so a layer holds a bounded amount whatever the context: a decode
+step's chunks stay within :data:`DECODE_BYTES` (a CUDA graph of it records every position of the longest
+context the cache allows), a prefill's within :data:`PREFILL_BYTES`, a few heads at a time.
 
 Legend: T tokens in the step, H heads, n qk_nope, p qk_rope, v v_head_dim, r kv_lora_rank, D hidden.
 """
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.models.layers import Rope, rms_norm
+from kernels.latent_attention import latent_decode_attention
 from kernels.paged_attention import context_rows
 from kernels.qlinear import linear
 
@@ -67,9 +69,14 @@ def latent_attention(spec: ModelSpec, i: int, a: AttentionWeights, x: torch.Tens
     queries = torch.cat([torch.einsum("thn,hnr->thr", q_nope, a.kv_up_k), q_pe], -1)
     if batch.decode is not None:
         d = batch.decode
-        if d.rows is None:                                               # once per step, not per layer
-            d.rows, d.valid = context_rows(d.block_tables, d.context_lens, cache.block_size)
-        o = _decode(queries, cache, i, d.rows, d.valid, r, m.softmax_scale)            # [B, H, r]
+        if kernel and (cache.quantised or cache.storage_dtype == queries.dtype):   # Triton: rows up to each length
+            scales = {"c_scale": cache.k_scale[i], "p_scale": cache.v_scale[i]} if cache.quantised else {}
+            o = latent_decode_attention(queries, cache.k[i], cache.v[i], d.block_tables, d.context_lens,
+                                        cache.block_size, m.softmax_scale, **scales)           # [B, H, r]
+        else:
+            if d.rows is None:                                           # once per step, not per layer
+                d.rows, d.valid = context_rows(d.block_tables, d.context_lens, cache.block_size)
+            o = _decode(queries, cache, i, d.rows, d.valid, r, m.softmax_scale)        # [B, H, r]
     else:
         o = torch.empty(T, H, r, dtype=queries.dtype, device=queries.device)
         offsets = torch.arange(cache.block_size, device=x.device)
