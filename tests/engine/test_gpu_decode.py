@@ -255,3 +255,36 @@ def test_scored_families_on_the_gpu_match_transformers_and_replay_what_eager_run
              prefetch_depth=2) as llm:
         assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == ref
         assert llm.engine.runner.graphs.replays > 0
+
+
+@pytest.mark.parametrize("kv", ["auto", "int8", "fp8"])
+@pytest.mark.parametrize("heads, lens", [(16, [1, 300, 4097]), (128, [2000, 33, 1])])
+def test_the_latent_decode_kernel_at_released_widths(heads, lens, kv) -> None:
+    # DeepSeek-V2 / V3's latent rows (512 + 64) in bf16, against the float32 truth, at one split and several
+    import math
+    from engine.kv.cache import KVCache
+    from kernels.latent_attention import LatentDecodeLaunch, latent_decode_attention, latent_decode_attention_ref
+    g = torch.Generator(device="cuda").manual_seed(0)
+    bs, r, p = 16, 512, 64
+    blocks = sum(math.ceil(n / bs) for n in lens) + 2
+    cache = KVCache(1, blocks, bs, 1, r, torch.bfloat16, torch.device("cuda"), kv, v_head_dim=p)
+    perm = torch.randperm(blocks, device="cuda", generator=g).to(torch.int32)
+    tables = torch.zeros(len(lens), max(math.ceil(n / bs) for n in lens), dtype=torch.int32, device="cuda")
+    at = 0
+    for b, n in enumerate(lens):
+        u = math.ceil(n / bs)
+        tables[b, :u] = perm[at:at + u]
+        at += u
+        rows = (tables[b, :u].long()[:, None] * bs + torch.arange(bs, device="cuda")).flatten()[:n]
+        cache.write(0, rows, torch.randn(n, 1, r, device="cuda", generator=g).bfloat16(),
+                    torch.randn(n, 1, p, device="cuda", generator=g).bfloat16())
+    q = (torch.randn(len(lens), heads, r + p, device="cuda", generator=g) * 0.1).bfloat16()
+    lens_t = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    scales = {"c_scale": cache.k_scale[0], "p_scale": cache.v_scale[0]} if cache.quantised else {}
+    want = latent_decode_attention_ref(q.float(), cache.k[0].float() if not cache.quantised else cache.k[0],
+                                       cache.v[0].float() if not cache.quantised else cache.v[0], tables, lens_t, bs,
+                                       0.07, **scales)
+    for splits in (1, None):
+        got = latent_decode_attention(q, cache.k[0], cache.v[0], tables, lens_t, bs, 0.07,
+                                      launch=LatentDecodeLaunch(num_splits=splits), **scales)
+        torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
