@@ -97,6 +97,8 @@ class LLMEngine:
                       make_generator(params.seed, self.loaded.device),
                       IncrementalDetokenizer(self.tokenizer) if self.tokenizer else None,
                       guide=self.guides.matcher(params.guide) if params.guide is not None else None)
+        if params.stop and params.stop_scope is not None:      # stops apply to the answer, once it begins
+            req.stop_gate, req.stop_start, req.stop_lead = params.stop_scope.gate(), None, params.stop_scope.lead
         self._requests[request_id] = req
         self.scheduler.add(req)
         return request_id
@@ -213,7 +215,7 @@ class LLMEngine:
                 return self._finish(req, "error", error=failed)
         prev = len(req.text)
         req.text += req.detokenizer.push([token]) if req.detokenizer else ""
-        cut = check_stop(req.text[:prev], req.text[prev:], p.stop) if p.stop else None
+        cut = self._stop_at(req, token, prev) if p.stop else None
         if cut is not None:
             stop_len = next((len(s) for s in p.stop if req.text.startswith(s, cut)), 0)
             req.text = req.text[:cut + (stop_len if p.include_stop_str_in_output else 0)]
@@ -226,8 +228,29 @@ class LLMEngine:
             return self._finish(req, "length")
         return self._emit(req, final=False)
 
+    @staticmethod
+    def _stop_at(req: Request, token: int, prev: int) -> int | None:
+        """Where the earliest stop string the newest text completes begins in ``req.text`` (``prev``: its
+        length before this token), within the answer where the request has a stop scope."""
+        if req.stop_start is None:
+            if not req.stop_gate.opens(token):
+                return None
+            req.stop_start = prev                       # this token's text is the answer's first
+        start = req.stop_start
+        if req.stop_lead:                               # the characters the answer's start sheds
+            while start < len(req.text) and req.text[start] in req.stop_lead:
+                start += 1
+            req.stop_start = start
+            if start == len(req.text):
+                return None
+            req.stop_lead = ""
+        old = max(prev, start)
+        cut = check_stop(req.text[start:old], req.text[old:], req.params.stop)
+        return None if cut is None else start + cut
+
     def _emit(self, req: Request, final: bool, reason: str | None = None) -> RequestDelta | None:
-        hold = 0 if final else stop_holdback(req.text, req.params.stop)
+        start = req.stop_start
+        hold = 0 if final or start is None else stop_holdback(req.text[start:], req.params.stop)
         upto = max(req.sent_chars, len(req.text) - hold)
         new_text, new_ids = req.text[req.sent_chars:upto], tuple(req.output_ids[req.sent_tokens:])
         if not final and not new_text and not new_ids:

@@ -42,6 +42,9 @@ class Request:
     first_token_at: float | None = None
     finished_at: float | None = None
     abort_requested: bool = False
+    stop_gate: object | None = None               # params.stop_scope's AnswerGate, until the answer begins
+    stop_start: int | None = 0                    # where in ``text`` stop strings apply (None: not yet)
+    stop_lead: str = ""                           # characters the answer's start still sheds
 
     @property
     def all_ids(self) -> list[int]:

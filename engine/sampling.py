@@ -5,6 +5,7 @@ import math
 import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -14,6 +15,22 @@ from engine.guided import Guide
 from engine.host_copy import host_to
 
 MAX_LOGPROBS = 20          # likeliest alternatives a request may ask for at each position
+
+
+class AnswerGate(Protocol):
+    """One request's view of where its answer begins: fed every output token in order until it says the
+    token is the answer's (from then on, stop strings apply)."""
+
+    def opens(self, token: int) -> bool: ...
+
+
+class StopScope(Protocol):
+    """Where stop strings apply in a reply: a fresh :class:`AnswerGate` per request, and the characters the
+    answer's start sheds (as the reply's reader does, so that a stop is matched in the text it shows)."""
+
+    lead: str
+
+    def gate(self) -> AnswerGate: ...
 
 
 @dataclass(frozen=True)
@@ -33,6 +50,9 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logprobs: int | None = None     # report each chosen token's logprob and this many likeliest alternatives
     guide: Guide | None = None      # constrain the output to a grammar (engine/guided.py)
+    # where stop strings begin to apply: a reasoning format's answer (engine.chat_format: ThinkTags and
+    # HarmonyChat make one for a prompt); None: the whole output. See :class:`StopScope`.
+    stop_scope: StopScope | None = None
 
     def __post_init__(self) -> None:
         # Every field is checked here, once per request, so the sampler never meets a value it cannot use.
@@ -50,6 +70,8 @@ class SamplingParams:
         _flag("ignore_eos", self.ignore_eos)
         _flag("include_stop_str_in_output", self.include_stop_str_in_output)
         put("logprobs", _logprobs(self.logprobs))
+        if self.stop_scope is not None and not callable(getattr(self.stop_scope, "gate", None)):
+            raise ConfigError(f"stop_scope must have a gate() method or be None (got {type(self.stop_scope).__name__})")
         if self.guide is not None and not isinstance(self.guide, Guide):
             raise ConfigError(f"guide must be a Guide from engine.guided or None (got {type(self.guide).__name__}); "
                               "build one with Guide(kind, spec)")

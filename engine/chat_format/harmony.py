@@ -143,6 +143,42 @@ def parse_header(text: str) -> tuple[str | None, str | None]:
     return (channel_part[0] if channel_part else None), (found.group(1) if found else None)
 
 
+@dataclass(frozen=True)
+class HarmonyStopScope:
+    """``engine.sampling.StopScope`` of a harmony reply: the answer begins at the first text of a message
+    the reply's readers show as content (not ``analysis``, addressed to no one)."""
+
+    tokenizer: Tokenizer
+    ids: HarmonyIds
+    lead: str = ""
+
+    def gate(self) -> _HarmonyGate:
+        return _HarmonyGate(self.tokenizer, self.ids)
+
+
+class _HarmonyGate:
+    def __init__(self, tokenizer: Tokenizer, ids: HarmonyIds) -> None:
+        self._tok, self._ids = tokenizer, ids
+        self._header: list[int] | None = []    # header ids being read; None inside a message's text
+        self._content = False
+
+    def opens(self, t: int) -> bool:
+        ids = self._ids
+        if self._header is None:
+            if t in ids.closing:
+                self._header = []
+                return False
+            return self._content
+        if t == ids.start:
+            self._header = []
+        elif t == ids.message:
+            channel, recipient = parse_header(self._tok.decode(self._header, skip_special_tokens=False))
+            self._content, self._header = channel != "analysis" and not recipient, None
+        elif t not in ids.closing:
+            self._header.append(t)
+        return False
+
+
 class TokenReader:
     """The reader used where openai-harmony cannot run: a state machine over the model's special ids."""
 
@@ -280,6 +316,10 @@ class HarmonyChat:
 
     def reader(self) -> ReplyReader:
         return LibraryReader(self.encoding) if self.encoding is not None else TokenReader(self.tokenizer, self.ids)
+
+    def stop_scope(self) -> HarmonyStopScope:
+        """Where stop strings apply in a reply: the text it shows as content, from its first."""
+        return HarmonyStopScope(self.tokenizer, self.ids)
 
     def parse(self, token_ids: Sequence[int]) -> HarmonyDelta:
         """A whole reply read at once (the same reader as streaming)."""

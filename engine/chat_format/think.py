@@ -44,6 +44,10 @@ class ThinkTags:
         tail = list(prompt_ids[-_OPENED_WITHIN:])
         return self.open_id in tail and self.close_id not in tail[tail.index(self.open_id):]
 
+    def stop_scope(self, prompt_ids: Sequence[int] = ()) -> ThinkStopScope:
+        """Where stop strings apply in a reply to ``prompt_ids``: its answer, after the reasoning."""
+        return ThinkStopScope(self, self.opened_by(prompt_ids))
+
     def reader(self, tokenizer: Tokenizer, prompt_ids: Sequence[int] = ()) -> ThinkReader:
         return ThinkReader(tokenizer, self, self.opened_by(prompt_ids))
 
@@ -51,6 +55,33 @@ class ThinkTags:
         """A whole reply read at once."""
         reader = self.reader(tokenizer, prompt_ids)
         return reader.feed(token_ids) + reader.finish()
+
+
+@dataclass(frozen=True)
+class ThinkStopScope:
+    """``engine.sampling.StopScope`` of a <think> reply: the answer begins at the first token outside a
+    reasoning block, less the line breaks :class:`ThinkReader` drops there."""
+
+    tags: ThinkTags
+    opened: bool                  # the prompt opened a block for the reply
+    lead: str = "\n"
+
+    def gate(self) -> _ThinkGate:
+        return _ThinkGate(self.tags, self.opened)
+
+
+class _ThinkGate:
+    def __init__(self, tags: ThinkTags, inside: bool) -> None:
+        self._tags, self._inside = tags, inside
+
+    def opens(self, token: int) -> bool:
+        if token == self._tags.open_id and not self._inside:
+            self._inside = True
+        elif token == self._tags.close_id and self._inside:
+            self._inside = False
+        else:
+            return not self._inside
+        return False
 
 
 class ThinkReader:

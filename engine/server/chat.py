@@ -4,6 +4,7 @@ engine/server/tools.py."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from engine.chat_format.think import ThinkTags
 from engine.errors import ConfigError, StrataError
 from engine.guided import Guide
 from engine.outputs import RequestDelta
-from engine.sampling import MAX_LOGPROBS
+from engine.sampling import MAX_LOGPROBS, check_stop, stop_holdback
 from engine.server import logprobs as lp
 from engine.server import refused, structured, tools
 from engine.server.chat_harmony import HarmonyReply, prepare_harmony
@@ -104,6 +105,9 @@ async def create_chat_completion(request: Request) -> Response:
     refused.refuse(f, refused.CHAT)
     prompt = await asyncio.to_thread(prepare, body, info)
     params = guided(fit(common, common.params, len(prompt.ids), info, "messages"), prompt.guide)
+    if params.stop and (prompt.harmony or prompt.think):   # stops apply to the answer, never to reasoning or headers
+        scope = prompt.harmony.chat.stop_scope() if prompt.harmony else prompt.think.stop_scope(prompt.ids)
+        params = dataclasses.replace(params, stop_scope=scope)
     choices = [choice_params(params, j) for j in range(common.n)]
     server.client.admit(len(choices), info)
     stream = await server.client.start([prompt.ids] * common.n, choices)
@@ -140,6 +144,34 @@ class _Think:
         return self.tags.parse(self.tokenizer, token_ids, self.prompt_ids)
 
 
+class _AnswerStops:
+    """A reasoning reply's answer cut at its first stop string, where the engine (matching within the
+    answer, engine.sampling.StopScope) ended the reply: whole, or streamed with the tail that could begin
+    a stop held back. The answer is read from the reply's tokens, which run past the cut."""
+
+    def __init__(self, stop: tuple[str, ...], include: bool) -> None:
+        self.stop, self.include = stop, include
+        self.held, self.done = "", False
+
+    def cut(self, text: str) -> str:
+        at = check_stop("", text, self.stop)
+        if at is None:
+            return text
+        self.done = True
+        return text[:at + (next(len(s) for s in self.stop if text.startswith(s, at)) if self.include else 0)]
+
+    def feed(self, text: str, final: bool) -> str:
+        if self.done:
+            return ""
+        full, self.held = self.held + text, ""
+        out = self.cut(full)
+        if self.done:
+            return out
+        hold = 0 if final else stop_holdback(full, self.stop)
+        self.held = full[len(full) - hold:] if hold else ""
+        return full[:len(full) - hold]
+
+
 class ChatView:
     """The response shapes of one chat request: the whole body, or its server-sent events."""
 
@@ -147,6 +179,10 @@ class ChatView:
                  harmony: HarmonyReply | None = None, think: _Think | None = None) -> None:
         self.info, self.common, self.k, self.plan, self.harmony = info, common, k, plan, harmony
         self.think = think
+        p = common.params
+        # a reasoning reply's answer is read from its tokens: its stop strings are cut here too
+        self.stops = (lambda: _AnswerStops(p.stop, p.include_stop_str_in_output)) \
+            if p.stop and (harmony is not None or think is not None) else None
         self.id, self.created = new_id("chatcmpl"), created()
         head = json.dumps({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
                            "model": info.name})
@@ -163,17 +199,19 @@ class ChatView:
         finish = c.finish_reason
         if self.think is not None:
             said = self.think.parse(c.token_ids)
-            text = message["content"] = said.content
+            text = message["content"] = self.stops().cut(said.content) if self.stops else said.content
             message["reasoning_content"] = said.reasoning or None
         if self.harmony is not None:
             message, called = self.harmony.message(c.token_ids)
-            finish = "tool_calls" if called else finish
+            if self.stops and message["content"]:
+                message["content"] = self.stops().cut(message["content"])
+            finish = "tool_calls" if called and finish != "length" else finish
         elif self.plan.parser is not None:
             content, calls = tools.parse_tool_calls(text, self.plan)
             message["content"] = content
             if calls:
                 message["tool_calls"] = [call.to_openai() for call in calls]
-                finish = "tool_calls"
+                finish = "tool_calls" if finish != "length" else finish    # a reply cut short says so
         out = {"index": c.index, "message": message, "logprobs": self._logprobs(c.token_ids, c.logprobs),
                "finish_reason": finish}
         if self.common.return_token_ids:
@@ -197,23 +235,31 @@ class ChatView:
         called: set[int] = set()
         try:
             yield "".join(self._chunk(c.index, {"role": "assistant", "content": ""}) for c in gen.ordered)
+            stops = {c.index: self.stops() for c in gen.ordered} if self.stops else {}
             if self.harmony is not None:
                 readers = {c.index: self.harmony.reader() for c in gen.ordered}
                 calls = {c.index: 0 for c in gen.ordered}
                 async for burst in gen.updates():
-                    yield "".join(self._harmony_delta(c, d, readers[c.index], calls) for c, d in burst)
+                    yield "".join(self._harmony_delta(c, d, readers[c.index], calls, stops.get(c.index))
+                                  for c, d in burst)
             else:
                 readers = {c.index: self.think.reader() for c in gen.ordered} if self.think is not None else {}
                 async for burst in gen.updates():
-                    yield "".join(self._delta(c, d, parsers[c.index], called, readers.get(c.index)) for c, d in burst)
+                    yield "".join(self._delta(c, d, parsers[c.index], called, readers.get(c.index), stops.get(c.index))
+                                  for c, d in burst)
             async for event in stream_end(gen, self._head, self.common.include_usage):
                 yield event
         finally:
             close_stream(watch, gen)
 
-    def _harmony_delta(self, c: Choice, d: RequestDelta, reader, calls: dict[int, int]) -> str:
+    def _harmony_delta(self, c: Choice, d: RequestDelta, reader, calls: dict[int, int],
+                       stops: _AnswerStops | None = None) -> str:
         """One step of a harmony reply: reasoning, content and calls as their own delta chunks."""
         deltas = self.harmony.deltas(reader, d.new_token_ids, d.finished, calls[c.index])
+        if stops is not None:                           # the answer's text, cut at its stop
+            kept = [x if "content" not in x else {"content": stops.feed(x["content"], False)} for x in deltas]
+            tail = stops.feed("", d.finished)
+            deltas = [x for x in kept if x.get("content", True)] + ([{"content": tail}] if tail else [])
         calls[c.index] += sum(len(x.get("tool_calls", ())) for x in deltas)
         logprobs = self._logprobs(d.new_token_ids, d.logprobs) if d.new_token_ids else None
         ids = list(d.new_token_ids) if self.common.return_token_ids else None
@@ -222,11 +268,12 @@ class ChatView:
             parts.append(self._chunk(c.index, delta, None, logprobs, ids))
             logprobs, ids = None, None                   # the step's tokens go with its first chunk
         if d.finished and d.finish_reason != "error":
-            parts.append(self._chunk(c.index, {}, "tool_calls" if calls[c.index] else d.finish_reason))
+            called = calls[c.index] and d.finish_reason != "length"
+            parts.append(self._chunk(c.index, {}, "tool_calls" if called else d.finish_reason))
         return "".join(parts)
 
     def _delta(self, c: Choice, d: RequestDelta, parser: tools.ToolStreamParser, called: set[int],
-               think=None) -> str:
+               think=None, stops: _AnswerStops | None = None) -> str:
         """One step of a reply: its text (a <think> model's answer, after its reasoning as
         ``reasoning_content``) through the tool-call parser."""
         text, parts = d.new_text, []
@@ -235,7 +282,7 @@ class ChatView:
         if think is not None:
             said = think.feed(d.new_token_ids)
             said = said + think.finish() if d.finished else said
-            text = said.content
+            text = stops.feed(said.content, d.finished) if stops is not None else said.content
             if said.reasoning:
                 parts.append(self._chunk(c.index, {"reasoning_content": said.reasoning}, None, logprobs, ids))
                 logprobs, ids = None, None
@@ -255,6 +302,6 @@ class ChatView:
         if logprobs is not None or ids:
             parts.append(self._chunk(c.index, {}, None, logprobs, ids))
         if d.finished and d.finish_reason != "error":
-            finish = "tool_calls" if c.index in called else d.finish_reason
+            finish = "tool_calls" if c.index in called and d.finish_reason != "length" else d.finish_reason
             parts.append(self._chunk(c.index, {}, finish))
         return "".join(parts)

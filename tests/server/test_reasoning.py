@@ -181,3 +181,35 @@ def test_think_tags_are_reasoning_content_whole_and_streamed(think_client):
     assert "".join(d.content or "" for d in deltas) == "Yes."
     kinds = [("r" if reasoning_of(d) else "c") for d in deltas if reasoning_of(d) or d.content]
     assert kinds == sorted(kinds, reverse=True)                          # every reasoning delta comes first
+
+
+BYE = ANSWER[:10] + ["Hello there! Bye.", "<|return|>"]
+
+
+def _both(client, **kw) -> tuple[tuple, tuple]:
+    """(content, reasoning, finish) of one reply whole, and of the same reply streamed."""
+    hi = [{"role": "user", "content": "hi"}]
+    r = client.chat.completions.create(model="m", messages=hi, max_tokens=200, **kw).choices[0]
+    chunks = [c.choices[0] for c in client.chat.completions.create(model="m", messages=hi, max_tokens=200,
+                                                                   stream=True, **kw) if c.choices]
+    streamed = ("".join(c.delta.content or "" for c in chunks), "".join(reasoning_of(c.delta) or "" for c in chunks),
+                chunks[-1].finish_reason)
+    return (r.message.content, reasoning_of(r.message), r.finish_reason), streamed
+
+
+@pytest.mark.parametrize("stop, extra, content", [
+    (["there"], {}, "Hello "),
+    (["Bye"], {}, "Hello there! "),
+    (["there"], {"include_stop_str_in_output": True}, "Hello there"),
+    (["over", "final", "assistant", "analysis"], {}, "Hello there! Bye."),   # reasoning and headers never stop it
+])
+def test_stop_strings_cut_a_harmony_answer_never_its_reasoning_or_headers(client, scripted, stop, extra, content):
+    scripted(BYE)
+    whole, streamed = _both(client, stop=stop, extra_body=extra)
+    assert whole == streamed == (content, "Think it over.", "stop")
+
+
+@pytest.mark.parametrize("stop, content", [(["Weigh"], "Yes."), (["\n"], "Yes."), (["es"], "Y")])
+def test_stop_strings_cut_a_think_answer_never_its_reasoning(think_client, stop, content):
+    whole, streamed = _both(think_client, stop=stop)
+    assert whole == streamed == (content, "Weigh it.\n", "stop")
