@@ -213,3 +213,31 @@ def test_stop_strings_cut_a_harmony_answer_never_its_reasoning_or_headers(client
 def test_stop_strings_cut_a_think_answer_never_its_reasoning(think_client, stop, content):
     whole, streamed = _both(think_client, stop=stop)
     assert whole == streamed == (content, "Weigh it.\n", "stop")
+
+
+# ---- a reply cut short by max_tokens after a tool call ---------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tools_server(tmp_path_factory):
+    from tiny_models import build_tiny_tools_model
+    yield from serving(build_tiny_tools_model(tmp_path_factory.mktemp("tools") / "m"))
+
+
+def test_a_reply_cut_short_after_a_tool_call_says_length(tools_server, monkeypatch):
+    tok = tools_server[1]
+    open_, close = (f"<[{tok.token_to_id(t)}]>" for t in ("<tool_call>", "</tool_call>"))
+    call = json.dumps('\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n')
+    cut = json.dumps('\n{' + '"name" ' * 200)                        # a second call max_tokens cuts short
+    grammar = f"start: {open_} {call} {close} {open_} {cut}\n"
+    real = chat_mod.prepare
+
+    def forced(body, info):
+        return dataclasses.replace(real(body, info), guide=Guide("lark", grammar, source="test"))
+    monkeypatch.setattr(chat_mod, "prepare", forced)
+    c = openai.OpenAI(base_url=tools_server[0].url + "/v1", api_key=KEY, max_retries=0, timeout=TIMEOUT)
+    hi, n = [{"role": "user", "content": "weather?"}], 60
+    r = c.chat.completions.create(model="m", messages=hi, tools=TOOLS, max_tokens=n).choices[0]
+    assert r.finish_reason == "length" and r.message.tool_calls[0].function.name == "get_weather"
+    last = [x.choices[0] for x in c.chat.completions.create(model="m", messages=hi, tools=TOOLS, max_tokens=n,
+                                                             stream=True) if x.choices][-1]
+    assert last.finish_reason == "length"
