@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from PySide6.QtCore import QSizeF, Qt, QTimer, Signal
-from PySide6.QtGui import QFontDatabase, QGuiApplication, QTextCursor
+from PySide6.QtGui import QFontDatabase, QGuiApplication, QTextCursor, QTextDocument
 from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPushButton, QScrollArea, QSizePolicy, QTextEdit,
                                QToolButton, QVBoxLayout, QWidget)
 
@@ -41,7 +41,19 @@ def block_widget(block: Block) -> QLabel:
         if block.lang:
             label.setToolTip(block.lang)
         return label
-    return _label(block.text, Qt.TextFormat.MarkdownText)
+    return _label(markdown_html(block.text), Qt.TextFormat.RichText)
+
+
+_MARKDOWN = QTextDocument.MarkdownFeature.MarkdownDialectGitHub | QTextDocument.MarkdownFeature.MarkdownNoHTML
+
+
+def markdown_html(text: str) -> str:
+    """Markdown as the HTML a label shows, with any HTML in the text kept as the characters it is made of
+    (``vector<int>``, ``<think>``, ``<span style=...>`` stay text; a label's own Markdown would take them
+    as tags and hide or style them)."""
+    doc = QTextDocument()
+    doc.setMarkdown(text, _MARKDOWN)
+    return doc.toHtml()
 
 
 class StreamingTail(QTextEdit):

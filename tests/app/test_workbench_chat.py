@@ -267,3 +267,20 @@ def test_finish_reasons_under_a_reply_are_in_words(qtbot, tmp_path):
         line = chat.pane.view.bubbles[-1].stats.text()
         assert line.endswith(words) or f"· {words} ·" in line, line
         assert "stop:" not in line
+
+
+def test_html_in_a_message_shows_as_the_text_it_is(qtbot):
+    # Markdown renders, but a tag in the text (code, a reasoning tag, a styled span) is shown, never applied
+    from PySide6.QtGui import QTextDocument
+
+    from app.chat_view import block_widget
+    from app.markdown_blocks import split_all
+
+    def shown(text: str) -> str:
+        doc = QTextDocument()
+        doc.setHtml("".join(block_widget(b).text() for b in split_all(text)))
+        return doc.toPlainText()
+    for text in ("if a<b and c>d then <b>x</b>", "Use vector<int> here", "the <think> tag",
+                 "<script>alert(1)</script>after", "<span style='font-size:60px;color:red'>BIG</span>"):
+        assert shown(text) == text
+    assert shown("**bold** and `a<b`") == "bold and a<b"
