@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import tempfile
 import time
 import uuid
@@ -22,6 +23,8 @@ FORMAT_VERSION = 2
 TRASH = "trash"
 CORRUPT_TAG = ".corrupt-"
 STALE_TMP_S = 600          # a temporary copy this old is a killed process's leftover, not a write in progress
+_TEMPORARY = re.compile(r"\.(.+)\.[a-z0-9_]{8}\.tmp")      # tempfile.mkstemp(prefix=".<id>.", suffix=".tmp")
+_NEW_ID = re.compile(r"[0-9a-f]{12}")                      # Conversation's own ids
 ROLES = ("user", "assistant")
 
 
@@ -301,10 +304,19 @@ class ConversationStore:
         now = time.time()
         try:
             for tmp in self.folder.glob(".*.tmp"):
-                if tmp.is_file() and now - tmp.stat().st_mtime > STALE_TMP_S:
+                if self._own_temporary(tmp.name) and tmp.is_file() and now - tmp.stat().st_mtime > STALE_TMP_S:
                     tmp.unlink(missing_ok=True)
         except OSError:
             pass                        # left for the next start: nothing depends on their removal
+
+    def _own_temporary(self, name: str) -> bool:
+        """Whether ``name`` is one of ``write``'s temporaries: ``.<id>.<8 random characters>.tmp`` for the id
+        of a conversation file here or one this store makes. Any other hidden ``.tmp`` file is not ours."""
+        found = _TEMPORARY.fullmatch(name)
+        if found is None:
+            return False
+        conv_id = found.group(1)
+        return bool(_NEW_ID.fullmatch(conv_id)) or self.path_of(conv_id).is_file()
 
     def _read(self, path: Path) -> Conversation:
         try:

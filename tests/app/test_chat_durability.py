@@ -386,14 +386,18 @@ def test_a_killed_writes_leftover_temporary_copy_is_removed_at_start(tmp_path):
     from app.conversations import STALE_TMP_S, ConversationStore
     folder = tmp_path / "c"
     folder.mkdir()
-    old, fresh, mine = folder / ".abc.x1.tmp", folder / ".abc.x2.tmp", folder / "notes.tmp"
-    for p in (old, fresh, mine):
-        p.write_text("{")
+    (folder / "abc.json").write_text("{}")
+    old, fresh, new = folder / ".abc.k2x9_q1z.tmp", folder / ".abc.x2x2x2x2.tmp", folder / ".0123456789ab.abcdefgh.tmp"
+    # a user's own files that merely look alike: not the store's pattern, or an id with no conversation here
+    mine = [folder / "notes.tmp", folder / ".my-notes.tmp", folder / ".backup.of.chat.tmp", folder / ".xyz.abcdefgh.tmp"]
     past = time.time() - STALE_TMP_S - 60
-    os.utime(old, (past, past))
-    os.utime(mine, (past, past))
+    for p in (old, fresh, new, *mine):
+        p.write_text("{")
+        if p is not fresh:
+            os.utime(p, (past, past))
     ConversationStore(folder).load_all()
-    assert not old.exists() and fresh.exists() and mine.exists()   # only the store's own, and only stale
+    assert not old.exists() and not new.exists() and fresh.exists()   # only the store's own, and only stale
+    assert all(p.exists() for p in mine)
 
 
 def test_a_keystroke_just_before_the_pane_goes_leaves_no_timer_behind(qtbot, tmp_path):
