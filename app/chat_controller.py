@@ -218,9 +218,10 @@ class ChatController(QObject):
             self._keep_edits()
 
     def _keep_edits(self) -> None:
-        """Remember the unsent text, and save a changed system prompt of a saved conversation."""
+        """Remember the unsent text, and save a changed system prompt: a new chat with one written is saved
+        from then on, before its first message, so the prompt outlives a quit or a crash."""
         self.prefs.set_draft(self.pane.input.toPlainText())
-        if self._system_edited and self.current in self.conversations:
+        if self._system_edited and (self.current in self.conversations or self.current.system_prompt.strip()):
             self._system_edited = False
             self.library.save(self.current)
 
@@ -443,7 +444,7 @@ class ChatController(QObject):
     def close(self) -> None:
         """Write what is pending (the reply in flight stays marked interrupted) and stop the writer."""
         self.stream_timer.stop()
-        self.edits_timer.stop()
+        self._keep_edits_now()
         self.prefs.set_draft(self.pane.input.toPlainText())
         self.prefs.sync()
         if self.live is not None:

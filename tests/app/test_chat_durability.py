@@ -413,3 +413,19 @@ def test_a_keystroke_just_before_the_pane_goes_leaves_no_timer_behind(qtbot, tmp
     loop = QEventLoop()
     QTimer.singleShot(EDITS_SAVE_MS + 300, loop.quit)
     loop.exec()
+
+
+def test_a_system_prompt_written_in_a_new_chat_outlives_a_quit_and_a_crash(qtbot, tmp_path):
+    # before its first message: saved as the chat's own once the edits are kept, and at a quit
+    folder = tmp_path / "c"
+    chat = make_chat(qtbot, folder)
+    chat.new_chat()
+    chat.pane.settings_box.system_prompt.setPlainText("A carefully written system prompt")
+    chat.close()                                       # a quit before the timer fires
+    again = make_chat(qtbot, folder)
+    assert again.pane.settings_box.system_prompt.toPlainText() == "A carefully written system prompt"
+    again.new_chat()
+    again.pane.settings_box.system_prompt.setPlainText("Another one")
+    qtbot.waitUntil(lambda: not again.edits_timer.isActive(), timeout=5000)   # kept: what a crash finds
+    third = make_chat(qtbot, folder)
+    assert third.pane.settings_box.system_prompt.toPlainText() == "Another one"
