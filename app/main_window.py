@@ -363,14 +363,29 @@ class MainWindow(QMainWindow):
     def export_session_dialog(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self, "Export session stats", "strata-session.csv", "CSV (*.csv)")
         if path:
-            n = self.recorder.write_csv(path)
+            try:
+                n = self.recorder.write_csv(path)
+            except OSError as exc:
+                self._export_failed(path, exc)
+                return
             self.statusBar().showMessage(f"Wrote {n} samples to {path}", 5000)
+
+    def _export_failed(self, path: str, exc: OSError) -> None:
+        why = exc.strerror or str(exc)
+        self.statusBar().showMessage(f"Export failed: {path} could not be written ({why}); choose a folder you "
+                                     "can write to and a file name", 15000)
 
     def export_plot_dialog(self, panel: Panel) -> None:
         name = panel.title.lower().replace(" ", "-")
         path, _ = QFileDialog.getSaveFileName(self, f"Export {panel.title}", f"strata-{name}.png", "PNG (*.png)")
         if path:
-            panel.export_png(path)
+            if not path.lower().endswith(".png"):
+                path += ".png"                  # the exporter picks its format by the extension
+            try:
+                panel.export_png(path)
+            except OSError as exc:
+                self._export_failed(path, exc)
+                return
             self.statusBar().showMessage(f"Saved {path}", 5000)
 
     def open_load_test(self) -> None:

@@ -46,11 +46,20 @@ class SessionRecorder:
     def write_csv(self, path: str | Path) -> int:
         """Write every row (atomically); returns how many. Empty cells mean "not measured"."""
         path = Path(path)
+        if path.is_dir():
+            raise IsADirectoryError(21, "that is a folder; name a file in it", str(path))
         fd, tmp = tempfile.mkstemp(prefix=".strata-", suffix=".csv", dir=path.parent)
-        with os.fdopen(fd, "w", newline="", encoding="utf-8") as f:
-            writer = csv.writer(f)
-            writer.writerow(COLUMNS)
-            for row in self.rows:
-                writer.writerow(["" if v is None else v for v in row])
-        os.replace(tmp, path)
+        try:
+            with os.fdopen(fd, "w", newline="", encoding="utf-8") as f:
+                writer = csv.writer(f)
+                writer.writerow(COLUMNS)
+                for row in self.rows:
+                    writer.writerow(["" if v is None else v for v in row])
+            mask = os.umask(0)
+            os.umask(mask)
+            os.chmod(tmp, 0o666 & ~mask)       # a file as the user's others are (mkstemp's is private)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)  # nothing of a failed export is left behind
+            raise
         return len(self.rows)

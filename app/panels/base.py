@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 
 import numpy as np
 import pyqtgraph as pg
@@ -242,4 +243,8 @@ class Panel(QWidget):
         if not self.isVisible():   # a panel in a hidden tab has no useful size: lay it out at a readable one
             self.graphics.ci.resize(*EXPORT_SIZE)
         exporter = pyqtgraph.exporters.ImageExporter(self.graphics.ci)
-        exporter.export(path)
+        image = exporter.export(toBytes=True)
+        if image is None or not image.save(path, "PNG"):    # Qt reports a failed write only so
+            folder = Path(path).parent
+            why = "the folder does not exist" if not folder.is_dir() else "it cannot be written there"
+            raise OSError(f"{why}")

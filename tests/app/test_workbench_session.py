@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import os
 import gc
 import time
 from pathlib import Path
@@ -154,6 +155,23 @@ def test_session_csv_and_plot_png_export(window, qtbot, tmp_path):
         panel.export_png(str(png))
         image = QImage(str(png))
         assert not image.isNull() and image.width() > 100 and image.height() > 100
+    assert os.stat(path).st_mode & 0o044, "an export reads as the user's other files do"
+
+
+def test_an_export_that_cannot_be_written_says_so_and_leaves_nothing(window, qtbot, tmp_path, monkeypatch):
+    from PySide6.QtWidgets import QFileDialog
+    folder = tmp_path / "exports"
+    (folder / "adir").mkdir(parents=True)
+    for target in (folder / "adir", tmp_path / "missing" / "s.csv"):
+        monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, t=target, **k: (str(t), ""))
+        window.export_session_dialog()
+        assert window.statusBar().currentMessage().startswith(f"Export failed: {target} could not be written")
+    assert [p.name for p in folder.iterdir()] == ["adir"]            # no temporary file left behind
+    for target in (tmp_path / "missing" / "p.png", folder / "noext"):
+        monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, t=target, **k: (str(t), ""))
+        window.export_plot_dialog(window.panels[0])
+    assert window.statusBar().currentMessage() == f"Saved {folder / 'noext'}.png"
+    assert (folder / "noext.png").is_file() and not (tmp_path / "missing").exists()
 
 
 def test_load_test_reports_aggregate_against_per_stream(window, qtbot):
