@@ -7,15 +7,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-from PySide6.QtCore import QEventLoop, QSettings, QSize, Qt, QtMsgType, QTimer, qInstallMessageHandler
+from PySide6.QtCore import (QEventLoop, QLockFile, QSettings, QSize, Qt, QtMsgType, QTimer,
+                            qInstallMessageHandler)
 from PySide6.QtGui import QIcon
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QApplication, QMessageBox
 
 from app.bridge import EngineBridge
 from app.conversations import ConversationStore
 from app.gpu_poller import GpuPoller
 from app.main_window import MainWindow
-from app.paths import default_model_dir, icon_path
+from app.paths import data_dir, default_model_dir, icon_path
 from app.theme import apply_theme
 
 SCREENSHOT_SIZE = QSize(1600, 1000)
@@ -140,6 +141,25 @@ def _settle(ms: int) -> None:
     loop.exec()
 
 
+def instance_lock(folder: Path) -> QLockFile | str:
+    """The lock one workbench holds on its data folder for as long as it runs, or why it cannot have it:
+    two windows on one folder of chats would each write over the other's messages. A lock its process
+    left behind when it died is taken over."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return QLockFile("")            # the window reports a folder it cannot use; nothing to share then
+    lock = QLockFile(str(folder / "workbench.lock"))
+    lock.setStaleLockTime(0)           # stale only when its process is gone, however old
+    if lock.tryLock(200):
+        return lock
+    info = lock.getLockInfo()              # (pid, host, app) in PySide6; a leading ok flag in some bindings
+    pid, host = info[-3], info[-2]
+    where = f"process {pid}" + (f" on {host}" if host else "")
+    return (f"Strata is already open ({where}) with the chats in {folder}; switch to that window, or close it "
+            "and start again (two windows would overwrite each other's messages)")
+
+
 def run_gui(model: str | None, engine_options: dict, screenshot: str | None = None, prompt: str | None = None,
             debug: bool = False, screenshot_size: tuple[int, int] | None = None) -> int:
     """Open the workbench on ``model`` (None: the last model, else the bundled demo); returns the exit code.
@@ -158,6 +178,12 @@ def run_gui(model: str | None, engine_options: dict, screenshot: str | None = No
     if screenshot:
         size = QSize(*screenshot_size) if screenshot_size else SCREENSHOT_SIZE
         return _screenshot_run(model, engine_options, screenshot, prompt, size)
+    lock = instance_lock(data_dir())
+    if isinstance(lock, str):
+        print(f"strata: {lock}", file=sys.stderr)
+        if os.environ.get("QT_QPA_PLATFORM") != "offscreen":
+            QMessageBox.warning(None, "Strata is already open", lock)
+        return 1
     window = build_window(model, engine_options)
     window.show()
     if prompt:
