@@ -17,7 +17,7 @@ from engine.server import logprobs as lp
 from engine.server import refused, structured
 from engine.server.engine_client import ModelInfo
 from engine.server.fields import Fields, bad, is_whole, show
-from engine.server.generation import Choice, close_stream, stream_end, Generation, quote, quote_or_null, watch_disconnect
+from engine.server.generation import DONE, Choice, close_stream, stream_end, Generation, quote, quote_or_null, watch_disconnect
 from engine.server.protocol import MAX_CHOICES, READ_BOTH, Common, choice_params, fit, guided, read_common
 from engine.server.sse import EventStream
 from engine.server.state import ServerState, created, json_body, new_id, record_of, state_of
@@ -99,7 +99,8 @@ async def create_completion(request: Request) -> Response:
     record = record_of(request)
     if score_only:
         record.prompt_tokens = sum(len(p.ids) for p in prompts)
-        return JSONResponse(view.scored(common.n))
+        scored = view.scored(common.n)
+        return EventStream(view.scored_events(scored)) if common.stream else JSONResponse(scored)
     stream = await server.client.start(ids, params)
     gen = Generation(stream, common.n, [len(p.ids) for p in prompts], record, server.metrics)
     return await respond(view, gen, common.stream, request.receive)
@@ -184,6 +185,14 @@ class CompletionView:
         used = sum(len(p.ids) for p in self.prompts)
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.info.name,
                 "choices": choices, "usage": {"prompt_tokens": used, "completion_tokens": 0, "total_tokens": used}}
+
+    async def scored_events(self, scored: dict) -> AsyncIterator[str]:
+        """:meth:`scored` as a stream: a chunk per choice, the usage when asked for, then [DONE]."""
+        for choice in scored["choices"]:
+            yield self._chunk(choice)
+        if self.common.include_usage:
+            yield f"{self._head}], \"usage\": {json.dumps(scored['usage'])}}}\n\n"
+        yield DONE
 
     def _chunk(self, choice: dict) -> str:
         return f"{self._head}{json.dumps(choice, ensure_ascii=False)}]}}\n\n"

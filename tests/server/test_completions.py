@@ -134,6 +134,12 @@ def test_echo_with_max_tokens_zero_only_scores_the_prompt(client, engine, loop):
     expected = torch.log_softmax(logits[:-1].float(), dim=-1).gather(1, torch.tensor(ids[1:]).unsqueeze(1))
     assert c.logprobs.token_logprobs[0] is None
     assert c.logprobs.token_logprobs[1:] == pytest.approx(expected.squeeze(1).tolist(), abs=1e-5)
+    # streamed: the same scores as events, the usage when asked for, then [DONE]
+    chunks = list(client.completions.create(model="demo", prompt=prompt, max_tokens=0, echo=True, logprobs=0,
+                                            stream=True, stream_options={"include_usage": True}))
+    assert [x.choices[0].text for x in chunks if x.choices] == [prompt]
+    assert [x.choices[0].logprobs.token_logprobs for x in chunks if x.choices] == [c.logprobs.token_logprobs]
+    assert chunks[-1].usage.prompt_tokens == len(ids) and chunks[-1].usage.completion_tokens == 0
 
 
 @pytest.mark.parametrize("stream", [False, True])
