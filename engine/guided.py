@@ -112,8 +112,17 @@ class GuideCompiler:
         return bitmask_words(self.n_vocab)
 
     def check(self, guide: Guide) -> None:
-        """Raise a ConfigError (one line) when ``guide`` does not compile."""
-        self._grammar(guide)
+        """Raise a ConfigError (one line) when ``guide`` does not compile, or cannot even start: some
+        grammars pass the library's check and fail only when the first tokens are worked out (a schema that
+        refers to itself without end, one too large), so the first mask is computed here, before the
+        request is taken."""
+        import llguidance
+        m = llguidance.LLMatcher(self._tokenizer(), self._grammar(guide), log_level=0)
+        if not m.is_error():
+            words = np.zeros(self.words, dtype=np.int32)
+            m.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
+        if m.is_error():
+            raise _invalid(guide, m.get_error())
 
     def matcher(self, guide: Guide) -> GuideMatcher:
         import llguidance
@@ -201,13 +210,18 @@ def _invalid(guide: Guide, error: str) -> ConfigError:
     return ConfigError(f"{guide.source}'s {what} is invalid: {reason}; {fix}")
 
 
+_DUMPS = re.compile(r"<(state|grammar)>.*?(</\1>|$)", re.S)
+
+
 def one_line(message: str, drop_position: bool = False) -> str:
     """llguidance's message on one line: no source excerpts or caret markers. Positions refer to the
     grammar llguidance built around a schema or pattern, not to what the user wrote, so they can go."""
-    lines = [ln.strip() for ln in str(message).splitlines()]
+    message = _DUMPS.sub(" ", str(message))          # the parser's state and grammar dumps say nothing to a user
+    lines = [ln.strip() for ln in message.splitlines()]
     caret = [bool(ln) and set(ln) <= {"^", " "} for ln in lines]
     # an excerpt is the line above a caret line, or a numbered source line ("1 | start: ...")
     kept = [ln for i, ln in enumerate(lines) if ln and not caret[i] and not (i + 1 < len(lines) and caret[i + 1])
             and not re.match(r"^\d+ \|", ln)]
     text = re.sub(r"\berror: error: ", "error: ", " ".join(kept)) or "no reason given"
+    text = re.sub(r"\s{2,}", " ", text)
     return _POSITION.sub("", text) if drop_position else text

@@ -149,12 +149,14 @@ def test_guided_output_survives_preemption_and_chunked_prefill(engine):
     (Guide("regex", "[a-z"),
      r"^the guide's regular expression is invalid: .*unclosed character class; fix the pattern$"),
     (Guide("lark", "start: missing_rule"), r"^the guide's Lark grammar is invalid: .*missing_rule.*; fix the grammar$"),
+    # a grammar the library's check passes that fails on its first token: refused before it runs
+    (Guide("json", '{"$ref": "#"}', source="response_format"), r"^response_format's JSON schema is invalid: "),
 ])
 def test_a_guide_that_does_not_compile_is_one_line_and_queues_nothing(engine, guide, message):
     params = SamplingParams(guide=guide)
     with pytest.raises(ConfigError, match=message) as err:
         engine.validate_request(PROMPTS[0], params)
-    assert "\n" not in str(err.value)
+    assert "\n" not in str(err.value) and "<state>" not in str(err.value) and len(str(err.value)) < 600
     with pytest.raises(ConfigError, match=message):
         engine.add_request("bad", PROMPTS[0], params)
     assert not engine.has_unfinished() and not engine.scheduler.waiting
@@ -271,3 +273,12 @@ def test_guides_and_logprobs_on_replayed_cuda_graphs(pool):
             assert b.logprob == pytest.approx(scored[True, rid][k, b.token_id].item(), abs=0.05)
     assert follows_person(json.loads(outs[True]["json"]["text"]))
     assert re.fullmatch(NAME_RE, outs[True]["regex"]["text"])
+
+
+def test_a_guide_that_fails_part_way_ends_its_request_with_one_short_line(engine):
+    # an endlessly nested schema passes every check and fails once the nesting grows too large: the
+    # request ends with the library's reason, without its parser state or grammar dumps
+    from engine.guided import one_line
+    line = one_line('parser error: Too many items (limit 50000) <state> Tokens: x\ny </state><grammar> {"a": 1}'
+                    ' </grammar> more')
+    assert line == "parser error: Too many items (limit 50000) more"
