@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -223,6 +224,21 @@ class Tokenizer:
         from engine.chat_format.think import ThinkTags
         return None if self.harmony is not None else ThinkTags.of(self)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for: a byte-level entry's own bytes (which may be part of a character),
+        a ``<0xNN>`` byte-fallback entry's byte, else its text in UTF-8."""
+        text = self._backend.decode([token_id], skip_special_tokens=False)
+        if "\ufffd" not in text:
+            return text.encode("utf-8")
+        piece = self._backend.id_to_token(token_id) or ""
+        fallback = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", piece)
+        if fallback:
+            return bytes([int(fallback.group(1), 16)])
+        table = _byte_values()
+        if piece and all(c in table for c in piece):
+            return bytes(table[c] for c in piece)
+        return text.encode("utf-8")
+
     def token_to_id(self, token: str) -> int | None:
         """The id of one vocabulary entry, or None when it is not in the vocabulary."""
         return self._backend.token_to_id(token)
@@ -259,6 +275,13 @@ class Tokenizer:
                 "change the messages to the roles and order this model expects"
             ) from exc
         return self.encode(text, add_special_tokens=False) if tokenize else text
+
+
+@functools.cache
+def _byte_values() -> dict[str, int]:
+    """The byte-level BPE alphabet, inverted: the byte each printable stand-in character is."""
+    from engine.tiktoken_vocab import byte_chars
+    return {c: b for b, c in enumerate(byte_chars())}
 
 
 def _first_id(*values: Any) -> int | None:

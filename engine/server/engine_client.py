@@ -45,21 +45,31 @@ class ModelInfo:
     created: int                     # when the server first saw this engine (Unix seconds)
 
     def token_text(self, token_id: int) -> str:
-        """One token as text (special tokens included), cached."""
-        return _token_text(self.tokenizer, token_id)
+        """One token as text (special tokens included), cached: ``bytes:\\xNN...`` (OpenAI's spelling) for
+        a token whose bytes are part of a character, so that no two tokens read the same."""
+        return _token_piece(self.tokenizer, token_id)[0]
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes the token stands for (logprobs' ``bytes``), cached."""
+        return _token_piece(self.tokenizer, token_id)[1]
 
 
-_TOKEN_TEXTS: "weakref.WeakKeyDictionary[Tokenizer, dict[int, str]]" = weakref.WeakKeyDictionary()
+_TOKEN_PIECES: "weakref.WeakKeyDictionary[Tokenizer, dict[int, tuple[str, bytes]]]" = weakref.WeakKeyDictionary()
 
 
-def _token_text(tok: Tokenizer | None, token_id: int) -> str:
+def _token_piece(tok: Tokenizer | None, token_id: int) -> tuple[str, bytes]:
     if tok is None:
-        return f"<{token_id}>"
-    cache = _TOKEN_TEXTS.setdefault(tok, {})
-    text = cache.get(token_id)
-    if text is None:
-        text = cache[token_id] = tok.decode([token_id], skip_special_tokens=False)
-    return text
+        return f"<{token_id}>", f"<{token_id}>".encode()
+    cache = _TOKEN_PIECES.setdefault(tok, {})
+    piece = cache.get(token_id)
+    if piece is None:
+        raw = tok.token_bytes(token_id)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            text = "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+        piece = cache[token_id] = (text, raw)
+    return piece
 
 
 def describe(engine: Any, served_name: str | None) -> ModelInfo:

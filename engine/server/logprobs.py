@@ -45,7 +45,7 @@ def legacy(ids: Sequence[int], lps: Sequence[TokenLogprob | None], info: ModelIn
         token_lps.append(None if lp is None else _f(lp.logprob))
         tops.append(None if lp is None else _legacy_top(lp, info))
         offsets.append(offset)
-        offset += len(s)
+        offset += len(info.token_bytes(tid).decode("utf-8", "replace"))   # the text it adds, as decoding shows it
     return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}, offset
 
 
@@ -66,12 +66,11 @@ def chat(ids: Sequence[int], lps: Sequence[TokenLogprob | None], info: ModelInfo
     """The chat shape's ``content`` entries for ``ids``."""
     out = []
     for tid, lp in zip(ids, lps):
-        s = info.token_text(tid)
-        top = [] if lp is None else [_entry(info.token_text(i), v) for i, v in lp.top]
-        out.append({**_entry(s, None if lp is None else lp.logprob), "top_logprobs": top})
+        top = [] if lp is None else [_entry(info, i, v) for i, v in lp.top]
+        out.append({**_entry(info, tid, None if lp is None else lp.logprob), "top_logprobs": top})
     return out
 
 
-def _entry(token: str, logprob: float | None) -> dict:
-    return {"token": token, "logprob": None if logprob is None else _f(logprob),
-            "bytes": list(token.encode("utf-8", "replace"))}
+def _entry(info: ModelInfo, token_id: int, logprob: float | None) -> dict:
+    return {"token": info.token_text(token_id), "logprob": None if logprob is None else _f(logprob),
+            "bytes": list(info.token_bytes(token_id))}

@@ -186,3 +186,18 @@ def test_a_tool_result_turn_renders_and_gets_a_reply(tools_client):
         {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"}]
     r = tools_client.chat.completions.create(model="m", messages=history, tools=TOOLS, max_tokens=4, temperature=0)
     assert r.choices[0].finish_reason in ("stop", "length", "tool_calls") and r.usage.prompt_tokens > 0
+
+
+def test_a_token_that_is_part_of_a_character_has_its_own_bytes_and_label():
+    # byte-level vocabularies spell every byte as a token: logprobs give each its raw byte, and the ones
+    # that are not whole characters read as OpenAI spells them (bytes:\xNN), so no two tokens collide
+    from pathlib import Path
+
+    from engine.server.engine_client import _token_piece
+    from engine.tokenizer import Tokenizer
+    tok = Tokenizer.from_dir(Path(__file__).resolve().parents[2] / "resources" / "models" / "demo")
+    singles = [i for i in range(tok.vocab_size) if len(tok.token_bytes(i)) == 1]
+    assert sorted(tok.token_bytes(i)[0] for i in singles) == list(range(256))
+    labels = {_token_piece(tok, i)[0] for i in singles}
+    assert len(labels) == 256 and "bytes:\\x97" in labels and "A" in labels
+    assert tok.token_bytes(tok.token_to_id("<|im_end|>")) == b"<|im_end|>"
