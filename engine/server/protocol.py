@@ -25,6 +25,7 @@ MAX_STOP_CHARS = 100
 _SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "stop",
                   "stop_token_ids", "ignore_eos", "include_stop_str_in_output")
 # What read_common reads on every route (besides its max_tokens field, which the route names).
+STREAM_OPTIONS = frozenset({"include_usage"})
 READ_BOTH = ("model", "n", "stream", "stream_options", "max_tokens", "best_of", "logprobs", "response_format",
              "return_token_ids") + _SAMPLING_KEYS
 
@@ -52,6 +53,7 @@ def read_common(f: Fields, info: ModelInfo, max_tokens_keys: tuple[str, ...], de
     options = f.obj("stream_options")
     if options is not None and not stream:
         raise bad("stream_options", "stream_options is only allowed with stream: true")
+    refused.refuse_unknown(options or {}, STREAM_OPTIONS, "stream_options", "stream_options.")
     include_usage = Fields(options or {}, "stream_options.").flag("include_usage", False)
     key = next((k for k in max_tokens_keys if f.given(k)), max_tokens_keys[-1])
     max_tokens = f.whole(key, None, 1, hint="a reply needs at least 1 token")

@@ -80,13 +80,14 @@ def known_fields(read_both: tuple[str, ...], route_reads: tuple[str, ...], refus
     return frozenset(read_both + route_reads + NO_EFFECT + tuple(u.key for u in BOTH + refused))
 
 
-def refuse_unknown(body: dict, known: frozenset[str], route: str) -> None:
-    """A 400 naming the first field of ``body`` that ``route`` does not know, with the closest known name."""
+def refuse_unknown(body: dict, known: frozenset[str], route: str, prefix: str = "") -> None:
+    """A 400 naming the first field of ``body`` that ``route`` does not know, with the closest known name;
+    ``prefix`` names the object the fields are in (``stream_options.``)."""
     for key in body:
         if key in known:
             continue
         near = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75)
-        fix = f"did you mean {near[0]}?" if near else "leave it out"
-        raise bad(key, f"{printable(key)} is not a field of {route} on this server; {fix} (docs/server.md lists "
-                       "the fields it reads)", code="unknown_parameter")
+        fix = f"did you mean {prefix}{near[0]}?" if near else "leave it out"
+        raise bad(f"{prefix}{key}", f"{printable(prefix + key)} is not a field of {route} on this server; {fix} "
+                                    "(docs/server.md lists the fields it reads)", code="unknown_parameter")
 
