@@ -55,7 +55,10 @@ async def api_error_handler(request: Request, exc: APIError) -> Response:
 async def http_error_handler(request: Request, exc: StarletteHTTPException) -> Response:
     """Starlette's own refusals (no such route, wrong method) in the OpenAI shape."""
     if exc.status_code == 404:
-        message = f"there is no route {printable(request.scope['path'])}; the API lives under /v1 (see GET /v1/models)"
+        path = printable(request.scope["path"])
+        message = (f"this server does not serve {path}; it serves /v1/models, /v1/completions and "
+                   "/v1/chat/completions (docs/server.md lists every route)" if path.startswith("/v1/") else
+                   f"there is no route {path}; the API lives under /v1 (see GET /v1/models)")
         return APIError(404, message, code="not_found").response()
     if exc.status_code == 405:
         allowed = (exc.headers or {}).get("Allow", "")

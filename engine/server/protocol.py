@@ -64,6 +64,10 @@ def read_common(f: Fields, info: ModelInfo, max_tokens_keys: tuple[str, ...], de
     refused.refuse(f, refused.BOTH)
     f.unsupported("best_of", (1, n), "use n for several choices")
     _check_sampling_types(f)
+    outside = [t for t in f.raw("stop_token_ids") or () if t >= info.vocab_size]
+    if outside:
+        raise bad("stop_token_ids", f"stop token id {outside[0]} is outside the vocabulary (0..{info.vocab_size - 1}); "
+                                    "give ids of this model's tokens")
     stop = f.raw("stop")
     if isinstance(stop, list) and len(stop) > MAX_STOP:
         raise bad("stop", f"stop takes at most {MAX_STOP} strings (got {len(stop)})")
