@@ -3,11 +3,13 @@ request's tools, and the reply read from its token ids into ``reasoning_content`
 ``tool_calls`` (whole, or as streamed deltas).
 
 ``tool_choice`` may be "auto" or "none" (a harmony model decides for itself when to call); a call naming a
-function that is not among the request's tools stays content, as tool calls of other formats do.
+function that is not among the request's tools, or whose arguments are not a JSON object, stays content, as
+tool calls of other formats do. ``chat_template_kwargs`` is refused: a harmony prompt has no template.
 ``response_format`` (a JSON guide from the first token) is refused: it would leave no room for channels.
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -61,16 +63,28 @@ class HarmonyReply:
         """(content, the calls of the request's tools); a call of another name is given back as text."""
         content, calls = delta.content, []
         for call in delta.calls:
-            if call.name in self.names:
+            if call.name in self.names and _json_object(call.arguments):
                 calls.append(ToolCall(new_call_id(), call.name, call.arguments))
-            else:
+            else:                       # not a call the client can make: what the model wrote, as text
                 content += call.arguments
         return content, calls
+
+
+def _json_object(text: str) -> bool:
+    """Whether a call's arguments are a JSON object, as a client parses them."""
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
 
 
 def prepare_harmony(body: dict, chat: HarmonyChat) -> tuple[list[int], tools.ToolPlan, HarmonyReply]:
     """Prompt ids, the checked tools and the reading of a harmony request (FieldError / 400 naming the field)."""
     f = Fields(body)
+    if f.given("chat_template_kwargs"):
+        raise bad("chat_template_kwargs", "this model's prompt is written in the harmony format, which takes no "
+                                          "template variables; leave chat_template_kwargs out (reasoning_effort sets "
+                                          "how hard it thinks)", code="unsupported_parameter")
     effort = f.raw("reasoning_effort")
     if effort is None:
         effort = DEFAULT_EFFORT

@@ -241,3 +241,17 @@ def test_a_reply_cut_short_after_a_tool_call_says_length(tools_server, monkeypat
     last = [x.choices[0] for x in c.chat.completions.create(model="m", messages=hi, tools=TOOLS, max_tokens=n,
                                                              stream=True) if x.choices][-1]
     assert last.finish_reason == "length"
+
+
+def test_a_harmony_call_whose_arguments_are_not_json_stays_content(client, scripted):
+    scripted(CALL[:12] + ['{"city": Par'] + CALL[13:])
+    r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "weather?"}],
+                                       tools=TOOLS, max_tokens=200).choices[0]
+    assert not r.message.tool_calls and r.message.content == '{"city": Par' and r.finish_reason == "stop"
+
+
+def test_template_variables_are_refused_on_a_harmony_model(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=5,
+                                       extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert e.value.body["param"] == "chat_template_kwargs" and "harmony format" in e.value.body["message"]
