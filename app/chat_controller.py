@@ -151,9 +151,10 @@ class ChatController(QObject):
             return " · ".join(p for p in (INTERRUPTED_NOTE, msg.stats) if p)
         return msg.stats
 
-    def _save(self, conv: Conversation | None = None) -> None:
-        """Hand the conversation to the writer (returns at once) and show it in the sidebar."""
-        self.library.save(conv or self.current)
+    def _save(self, conv: Conversation | None = None, touch: bool = True) -> None:
+        """Hand the conversation to the writer (returns at once) and show it in the sidebar (``touch``: see
+        ConversationLibrary.save)."""
+        self.library.save(conv or self.current, touch)
         self._refresh_sidebar()
 
     def open(self, conv_id: str) -> None:
@@ -385,7 +386,7 @@ class ChatController(QObject):
         msg.choose(msg.chosen + step)
         bubble.show_text(msg.content, self._line(msg), reasoning=msg.reasoning)
         bubble.set_pager(msg.chosen, len(msg.replies()))
-        self._save()
+        self._save(touch=False)                 # the version shown is kept; the chat did not change
 
     def delete_version(self, bubble: MessageBubble) -> None:
         """Delete the version of a reply that is shown (asks first; the other versions stay)."""
@@ -399,7 +400,7 @@ class ChatController(QObject):
         msg.delete_chosen()
         bubble.show_text(msg.content, self._line(msg), reasoning=msg.reasoning)
         bubble.set_pager(msg.chosen, len(msg.replies()))
-        self._save()
+        self._save(touch=False)                 # the version shown is kept; the chat did not change
 
     def edit_last(self) -> None:
         """Take the last user message back into the input box, removing it and its reply (asks first when
@@ -449,4 +450,5 @@ class ChatController(QObject):
         self.prefs.sync()
         if self.live is not None:
             self.library.save(self.live.conversation)
+            self.live = None                    # the engine's last word on it comes after: it stays interrupted
         self.library.close()

@@ -36,11 +36,13 @@ class ConversationLibrary(QObject):
     def sort(self) -> None:
         self.conversations.sort(key=lambda c: c.updated, reverse=True)
 
-    def save(self, conv: Conversation) -> None:
-        """Add ``conv`` if it is new and hand a snapshot of it to the writer (returns at once)."""
+    def save(self, conv: Conversation, touch: bool = True) -> None:
+        """Add ``conv`` if it is new and hand a snapshot of it to the writer (returns at once); ``touch``:
+        it changed (its time moves it to the top of the list), else only how it is shown did."""
         if conv not in self.conversations:
             self.conversations.append(conv)
-        conv.updated = time.time()
+        if touch:
+            conv.updated = time.time()
         self.writer.put(SaveJob(conv.id, conv.to_json()))
 
     def delete(self, conv: Conversation) -> None:

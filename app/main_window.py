@@ -153,6 +153,10 @@ class MainWindow(QMainWindow):
         self._action(file, "&Load test…", self.open_load_test, "Ctrl+L")
         file.addSeparator()
         self._action(file, "&Quit", self.close, "Ctrl+Q")
+        chat = bar.addMenu("&Chat")
+        self._action(chat, "&New chat", lambda: self.chat.new_chat(), "Ctrl+N")
+        self._action(chat, "&Stop the reply", lambda: self.chat.stop(), "Esc")
+        self._action(chat, "&Regenerate the last reply", lambda: self.chat.regenerate(), "Ctrl+R")
         view = bar.addMenu("&View")
         for dock in self.docks.values():
             view.addAction(dock.toggleViewAction())

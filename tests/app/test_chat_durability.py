@@ -4,6 +4,7 @@ bridge (see chat_fakes)."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 from functools import partial
 
@@ -429,3 +430,31 @@ def test_a_system_prompt_written_in_a_new_chat_outlives_a_quit_and_a_crash(qtbot
     qtbot.waitUntil(lambda: not again.edits_timer.isActive(), timeout=5000)   # kept: what a crash finds
     third = make_chat(qtbot, folder)
     assert third.pane.settings_box.system_prompt.toPlainText() == "Another one"
+
+
+def test_the_engines_last_word_after_a_quit_leaves_the_reply_marked_interrupted(qtbot, tmp_path):
+    # the window closes the chat before the engine: the reply's end, arriving after, changes nothing saved
+    chat = make_chat(qtbot, tmp_path / "c")
+    chat.send("Tell me")
+    stream(chat, "Once upon")
+    conv_id = chat.current.id
+    chat.close()
+    finish(chat, "error", error="the workbench was closed")
+    saved = json.loads(chat.store.path_of(conv_id).read_text(encoding="utf-8"))["messages"][-1]
+    assert saved["content"] == "Once upon" and saved["interrupted"] is True
+
+
+def test_paging_through_versions_does_not_move_the_chat_up_the_list(qtbot, tmp_path):
+    chat = make_chat(qtbot, tmp_path / "c")
+    _reply(chat, "first", question="Older chat")
+    older = chat.current
+    chat.regenerate()
+    stream(chat, "second")
+    finish(chat)
+    chat.new_chat()
+    _reply(chat, "x", question="Newer chat")
+    chat.open(older.id)
+    before = older.updated
+    chat.page(chat._bubbles[-1], -1)
+    assert older.updated == before and chat.conversations.index(older) > 0
+    assert on_disk(chat, older.id)["messages"][-1]["content"] == "first"

@@ -284,3 +284,17 @@ def test_html_in_a_message_shows_as_the_text_it_is(qtbot):
                  "<script>alert(1)</script>after", "<span style='font-size:60px;color:red'>BIG</span>"):
         assert shown(text) == text
     assert shown("**bold** and `a<b`") == "bold and a<b"
+
+
+def test_the_chat_menu_has_the_keys_a_chat_needs(window, qtbot):
+    from PySide6.QtGui import QKeySequence
+    actions = {a.shortcut().toString(): a for a in window.findChildren(type(window.menuBar().actions()[0]))
+               if not a.shortcut().isEmpty()}
+    assert {"Ctrl+N", "Esc", "Ctrl+R"} <= set(actions)
+    _settings(window, max_tokens=4000)
+    window.chat.send("And God said")
+    with qtbot.waitSignal(window.chat.reply_done, timeout=REPLY_MS):
+        actions[QKeySequence("Esc").toString()].trigger()               # Esc stops the reply
+    before = window.chat.current
+    actions["Ctrl+N"].trigger()
+    assert window.chat.current is not before and not window.chat.current.messages
