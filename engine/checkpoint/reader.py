@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
@@ -77,6 +78,9 @@ class SafetensorsReader(TensorSource):
 
     @staticmethod
     def _open(f: Path):
+        if f.is_symlink() and not f.exists():
+            raise ModelLoadError(f"{f} is a link to {os.readlink(f)}, which does not exist; fetch the checkpoint "
+                                 "again (a download cache lost the file the link points to)")
         try:
             # safe_open checks that the header's tensors exactly cover the file: truncation fails here.
             return safe_open(str(f), framework="pt")

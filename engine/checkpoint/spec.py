@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -171,7 +172,10 @@ def _family(f: ConfigFields) -> tuple[str, Family]:
         if named is not None:     # a supported model whose config lost its architectures list
             raise ModelLoadError(f"{f.file}: field 'architectures' is missing or empty; for model_type "
                                  f"'{f.cfg.get('model_type')}' add \"architectures\": [\"{named}\"]")
-    arch = archs[0] if archs else f"model_type={f.cfg.get('model_type', '?')}"
+    if not archs and not f.given("model_type"):
+        raise ModelLoadError(f"{f.file} names no architecture (neither 'architectures' nor 'model_type'); restore "
+                             "config.json from the original checkpoint")
+    arch = archs[0] if archs else f"model_type={f.cfg.get('model_type')}"
     fam = FAMILIES.get(arch)
     if fam is None:
         raise UnsupportedModelError(
@@ -461,6 +465,9 @@ def spec_from_config(cfg: dict, path: Path) -> ModelSpec:
 
 def read_spec(model_dir: str | Path) -> ModelSpec:
     """Read ``config.json`` of a model folder; one-line errors for every way it can be wrong."""
+    if not str(model_dir).strip():
+        raise ModelLoadError("no model folder was given; pass --model with the folder that holds config.json and "
+                             "*.safetensors")
     path = Path(model_dir)
     if path.exists() and not path.is_dir():
         raise ModelLoadError(f"'{path}' is a file, not a model folder; pass --model with the folder that holds "
@@ -469,6 +476,11 @@ def read_spec(model_dir: str | Path) -> ModelSpec:
         raise ModelLoadError(f"model folder '{path}' does not exist; pass --model with a folder that holds "
                              "config.json and *.safetensors")
     cfg_file = path / "config.json"
+    if cfg_file.is_dir():
+        raise ModelLoadError(f"{cfg_file} is a folder, not a file; put the checkpoint's config.json there instead")
+    if cfg_file.is_symlink() and not cfg_file.exists():
+        raise ModelLoadError(f"{cfg_file} is a link to {os.readlink(cfg_file)}, which does not exist; fetch the "
+                             "checkpoint again (a download cache lost the file the link points to)")
     if not cfg_file.is_file():
         raise ModelLoadError(f"{cfg_file} is missing; a model folder needs the Hugging Face config.json beside "
                              "its *.safetensors")

@@ -236,3 +236,26 @@ def test_a_file_given_as_the_model_folder_is_called_a_file(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"x")
     with pytest.raises(ModelLoadError, match="is a file, not a model folder"):
         read_spec(tmp_path / "model.safetensors")
+
+
+def test_folders_broken_in_other_ways_name_what_is_wrong(tmp_path):
+    import shutil
+    from engine.checkpoint.reader import SafetensorsReader
+    with pytest.raises(ModelLoadError, match="^no model folder was given; pass --model"):
+        read_spec("")
+    (tmp_path / "dir" / "config.json").mkdir(parents=True)
+    with pytest.raises(ModelLoadError, match="config.json is a folder, not a file"):
+        read_spec(tmp_path / "dir")
+    (tmp_path / "link").mkdir()
+    (tmp_path / "link" / "config.json").symlink_to(tmp_path / "blobs" / "gone")
+    with pytest.raises(ModelLoadError, match="is a link to .*gone, which does not exist; fetch the checkpoint again"):
+        read_spec(tmp_path / "link")
+    (tmp_path / "none").mkdir()
+    (tmp_path / "none" / "config.json").write_text(json.dumps({"hidden_size": 64}))
+    with pytest.raises(ModelLoadError, match="names no architecture \\(neither 'architectures' nor 'model_type'\\)"):
+        read_spec(tmp_path / "none")
+    shutil.copytree(DEMO, tmp_path / "cache")
+    (tmp_path / "cache" / "model.safetensors").unlink()
+    (tmp_path / "cache" / "model.safetensors").symlink_to(tmp_path / "blobs" / "weights")
+    with pytest.raises(ModelLoadError, match="model.safetensors is a link to .*weights, which does not exist"):
+        SafetensorsReader(tmp_path / "cache").names()
