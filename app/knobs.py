@@ -200,7 +200,17 @@ class KnobsPanel(QWidget):
         return box
 
     def _guard(self, *_args) -> None:
+        # resuming takes a temperature below the pause's: the box shows what the guard uses
+        self.guard_resume.setMaximum(self.guard_pause.value() - 1)
         self.guard_changed.emit(self.guard_enabled.isChecked(), self.guard_pause.value(), self.guard_resume.value())
+
+    def set_guard(self, enabled: bool, pause_at: float, resume_below: float) -> None:
+        """Show saved guard settings (and apply them, through guard_changed)."""
+        self.guard_pause.setValue(pause_at)
+        self.guard_resume.setMaximum(self.guard_pause.value() - 1)
+        self.guard_resume.setValue(resume_below)
+        self.guard_enabled.setChecked(enabled)
+        self._guard()
 
     def _send(self, option: str, value: object) -> None:
         self._asked.add(option)

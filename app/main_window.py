@@ -210,6 +210,7 @@ class MainWindow(QMainWindow):
         # whereas a connection to its method would be queued to a thread that runs no event loop
         self.knobs.change_requested.connect(lambda option, value: self.bridge.reconfigure(option, value))
         self.knobs.guard_changed.connect(self._on_guard_settings)
+        self._restore_guard()
 
     # --- engine events -------------------------------------------------------------------------
     def _on_loading(self, path: str, keeps_running: bool) -> None:
@@ -336,7 +337,19 @@ class MainWindow(QMainWindow):
             (self.bridge.pause if decision.action == "pause" else self.bridge.resume)(decision.message)
             self.chat.notice(decision.message)
 
+    def _restore_guard(self) -> None:
+        """The thermal guard as it was left (the knobs are remembered across restarts)."""
+        s = self.settings
+        try:
+            enabled = str(s.value("guard/enabled", "false")).lower() == "true"
+            pause_at, resume_below = float(s.value("guard/pause_at", 83)), float(s.value("guard/resume_below", 75))
+        except (TypeError, ValueError):
+            return                              # settings written by something else: the defaults stay
+        self.knobs.set_guard(enabled, pause_at, resume_below)
+
     def _on_guard_settings(self, enabled: bool, pause_at: float, resume_below: float) -> None:
+        for key, value in (("enabled", enabled), ("pause_at", pause_at), ("resume_below", resume_below)):
+            self.settings.setValue(f"guard/{key}", value)
         self.guard.enabled = enabled
         self.guard.set_limits(pause_at, resume_below)
         if self.last_gpu is not None:

@@ -74,3 +74,17 @@ def test_thermal_guard_pauses_and_resumes_generation(window_factory, qtbot):
     with qtbot.waitSignal(w.bridge.paused_changed, timeout=TIMEOUT, check_params_cb=lambda s: not s.paused):
         mon.current = COOL.with_changes(gpu_temp_c=65.0)
     qtbot.waitUntil(lambda: any("resumed" in b.text for b in w.chat_pane.view.bubbles), timeout=TIMEOUT)
+
+
+def test_the_thermal_guard_is_remembered_and_resumes_below_where_it_pauses(window_factory, qtbot):
+    w = window_factory(monitor=FakeMonitor(COOL))
+    w.knobs.guard_pause.setValue(60)
+    w.knobs.guard_resume.setValue(104)                 # above the pause: held just below it
+    assert w.knobs.guard_resume.value() == 59
+    w.knobs.guard_enabled.setChecked(True)
+    assert w.guard.enabled
+    w.close()
+    again = window_factory(monitor=FakeMonitor(COOL))  # the same settings file
+    k = again.knobs
+    assert (k.guard_enabled.isChecked(), k.guard_pause.value(), k.guard_resume.value()) == (True, 60, 59)
+    assert again.guard.enabled
