@@ -204,8 +204,10 @@ def cold_summary(e: Any, before: Any = None) -> tuple[str, str]:
              "bus": "every missing expert crosses the bus", "cpu": "the host CPU computes every missing expert"}
     mode = e.cold_mode.split()[0]
     setting = f"Setting: {mode}: {modes.get(mode, mode)}"
-    if "CPU device" in e.cold_mode:
-        setting = "Setting: auto, which is bus on a CPU device (there is no bus to relieve)"
+    if "CPU device" in e.cold_mode:       # a CPU run: missing experts are copied within host memory
+        return ("none (CPU run)" if not (e.cpu_experts or e.bus_experts) else f"{cpu + bus} copied in memory",
+                "The model runs on the CPU: a missing expert is copied from the host store within host memory; "
+                "there is no GPU and no bus")
     lines = [setting,
              f"Last step: {cpu} missing experts computed on the CPU, {bus} brought over the bus",
              f"Since load: {e.cpu_experts} on the CPU, {e.bus_experts} over the bus"]

@@ -45,13 +45,17 @@ class TrafficPanel(Panel):
         batch = 0 if idle else s.batch_size
         self.sched.append(now, batch, s.running, s.waiting)
         r = self.readouts
-        r["h2d"].set("—" if h2d is None else f"{h2d:.2f} GB/s" if h2d >= 1 else f"{h2d * 1000:.0f} MB/s",
-                     f"{e.h2d_bytes / GB:.2f} GB since load, {e.direct_bytes / GB:.2f} GB of it read directly "
-                     f"from host memory by the MoE kernels; {e.fills} of the experts read so were kept and "
-                     "admitted into the pool without a second trip over the bus; "
-                     f"{e.gathered} that several tokens of a step used were copied in once for all of them"
-                     + (f"; {e.extra_passes} extra passes of layers that missed more experts than the staging "
-                        "slots hold (each missing expert still crossed once)" if e.extra_passes else ""))
+        if "CPU device" in getattr(e, "cold_mode", ""):     # a CPU run: host memory only, no bus to count
+            r["h2d"].set("no bus (CPU run)", "The model runs on the CPU: experts are copied within host memory, "
+                                             "which is not traffic over a bus")
+        else:
+            r["h2d"].set("—" if h2d is None else f"{h2d:.2f} GB/s" if h2d >= 1 else f"{h2d * 1000:.0f} MB/s",
+                         f"{e.h2d_bytes / GB:.2f} GB since load, {e.direct_bytes / GB:.2f} GB of it read directly "
+                         f"from host memory by the MoE kernels; {e.fills} of the experts read so were kept and "
+                         "admitted into the pool without a second trip over the bus; "
+                         f"{e.gathered} that several tokens of a step used were copied in once for all of them"
+                         + (f"; {e.extra_passes} extra passes of layers that missed more experts than the staging "
+                            "slots hold (each missing expert still crossed once)" if e.extra_passes else ""))
         r["wait"].set("—" if wait is None else f"{wait:.0f} ms/s")
         r["batch"].set(str(batch), f"nothing runs; the last step had {s.batch_size} sequences" if idle and s.batch_size
                        else "sequences in the last step (decode and prefill chunks together)")

@@ -52,10 +52,17 @@ def test_expert_panel_says_where_missing_experts_ran(qapp):
     assert "the CPU takes 3/8 at 1 token, 2/8 at 8 tokens of each layer's missing experts" in tip
     assert tip.splitlines()[0] == "Setting: auto: the host CPU takes the share of missing experts that measures fastest"
     # nothing missed the last step, some before: the counts, not "none yet"
-    quiet = ExpertStats(cold_mode="bus (auto, on a CPU device)", bus_experts=186, last_step_experts=(0, 0))
+    quiet = ExpertStats(cold_mode="auto", cpu_experts=14, bus_experts=186, last_step_experts=(0, 0))
     panel.push_stats(EngineStats(experts=quiet), now=4.0)
     assert readout.text() == "CPU 0 · bus 0"
-    assert readout.toolTip().splitlines()[0] == "Setting: auto, which is bus on a CPU device (there is no bus to relieve)"
+    # a CPU run has no bus: its copies are within host memory, and the panels say so
+    cpu_run = ExpertStats(cold_mode="bus (auto, on a CPU device)", bus_experts=186, last_step_experts=(0, 3))
+    panel.push_stats(EngineStats(experts=cpu_run), now=5.0)
+    assert readout.text() == "3 copied in memory" and "there is no GPU and no bus" in readout.toolTip()
+    from app.panels.traffic import TrafficPanel
+    traffic = TrafficPanel()
+    traffic.push_stats(EngineStats(experts=cpu_run), now=1.0)
+    assert traffic.readouts["h2d"].value.text() == "no bus (CPU run)"
 
 
 def test_heatmap_cells_sit_on_their_layer_and_expert_numbers(qapp):
