@@ -119,6 +119,7 @@ def gui_wording(text: str, knobs: Collection[str] | None = None) -> str:
     a load (a load that failed, a note on what a load clamped) passes none: its fixes take effect at
     the next start, whatever the running model's knobs do.
     """
+    text = _knob_names(text)
     if "--" not in text:
         return text
     text = _PASS_MODEL.sub(f"use {OPEN_MODEL} on", text)
@@ -141,6 +142,17 @@ def gui_wording(text: str, knobs: Collection[str] | None = None) -> str:
     if hints:
         result = result.rstrip(". ") + f" (start Strata with {' or '.join(dict.fromkeys(hints))})"
     return result
+
+
+def _knob_names(text: str) -> str:
+    """The engine's option names (``max_batch_tokens=1``, "raise max_batch_tokens") as the knobs' labels."""
+    for name in sorted(LABELS, key=len, reverse=True):
+        if name not in text:
+            continue
+        label = LABELS[name]
+        text = re.sub(rf"(?<![\w-]){name}=", f"{label} ", text)
+        text = re.sub(rf"\b(raise|lower|set|change) {name}\b", rf"\1 the {label} knob", text)
+    return text
 
 
 def _replace(before: str, flag: Flag, written: str, value: str, knobs: frozenset[str], hints: list[str],

@@ -261,3 +261,10 @@ def test_a_state_sent_before_a_change_was_answered_does_not_undo_it_on_screen(wi
         assert c["prefill_chunk"].value() == 256
     qtbot.waitUntil(lambda: window.knobs.state.value("prefill_chunk") == 256, timeout=TIMEOUT)
     assert c["prefill_chunk"].value() == 256
+
+
+def test_option_names_in_engine_messages_read_as_the_knobs_labels():
+    from app.cli_wording import gui_wording
+    assert gui_wording("max_batch_tokens=1 is below max_batch=16; raise max_batch_tokens or lower max_batch") == \
+        ("Max batch tokens 1 is below Max batch 16; raise the Max batch tokens knob or lower the Max batch knob")
+    assert gui_wording("expert_policy=static needs a routing profile").startswith("Eviction policy static needs")
