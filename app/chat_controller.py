@@ -28,6 +28,8 @@ from app.messages import ChatMessage, ContextUsage, ModelDescription, ReplyReque
 TITLE_CHARS = 40
 STREAM_SAVE_MS = 1000     # a streaming reply on disk is at most this far behind the screen
 EDITS_SAVE_MS = 1000      # the unsent text and the system prompt are kept this soon after the first unkept keystroke
+SHOWN_AT_ONCE = 40        # messages of a chat put on screen when it opens; the earlier ones follow in batches
+FILL_BATCH = 20           # earlier messages put on screen per turn of the event loop
 INTERRUPTED_NOTE = "interrupted — the app closed before this reply finished"
 
 Confirm = Callable[[str, str], bool]     # (title, question) -> the user said yes
@@ -64,9 +66,11 @@ class ChatController(QObject):
         self.confirm: Confirm = partial(ask, pane)
         self.model: ModelDescription | None = None
         self.live: _Live | None = None
-        self._bubbles: list[MessageBubble] = []        # one per message of the current conversation
+        # one per message of the current conversation (None: an earlier one not on screen yet)
+        self._bubbles: list[MessageBubble | None] = []
         self._context_total = 0
         self._system_edited = False
+        self._fill_epoch = 0                           # which chat's earlier messages are being put on screen
         self.library = ConversationLibrary(store)
         self.library.store_line.connect(self._on_store_line)
         self.current = self.conversations[0] if self.conversations else Conversation()
@@ -128,16 +132,35 @@ class ChatController(QObject):
         self.sidebar.set_conversations(self.conversations, self.current.id)
 
     def _show_current(self) -> None:
+        """Show the current chat: its last SHOWN_AT_ONCE messages now, the earlier ones a batch per turn
+        of the event loop above them, so that a long chat opens (and the window appears) at once."""
         self.pane.view.clear()
-        self._bubbles = [self._add_bubble(m) for m in self.current.messages]
+        messages = self.current.messages
+        first = max(0, len(messages) - SHOWN_AT_ONCE)
+        self._bubbles = [None] * first + [self._add_bubble(m) for m in messages[first:]]
+        self._fill_epoch += 1
+        if first:
+            QTimer.singleShot(0, self.pane, partial(self._fill_earlier, self._fill_epoch))
         self.pane.settings_box.system_prompt.setPlainText(self.current.system_prompt)
         self._refresh_sidebar()
         self._update_buttons()
         self._show_context()
 
-    def _add_bubble(self, msg: StoredMessage, streaming: bool = False) -> MessageBubble:
+    def _fill_earlier(self, epoch: int) -> None:
+        """One batch of the current chat's earlier messages, put above the ones shown; then the next."""
+        if epoch != self._fill_epoch or None not in self._bubbles:
+            return                                   # another chat is shown now, or this one is whole
+        end = self._bubbles.index(next(b for b in self._bubbles if b is not None))
+        for i in range(end - 1, max(0, end - FILL_BATCH) - 1, -1):
+            above = self._bubbles[i + 1]
+            self._bubbles[i] = self._add_bubble(self.current.messages[i], before=above)
+        if None in self._bubbles:
+            QTimer.singleShot(0, self.pane, partial(self._fill_earlier, epoch))
+
+    def _add_bubble(self, msg: StoredMessage, streaming: bool = False,
+                    before: MessageBubble | None = None) -> MessageBubble:
         bubble = self.pane.view.add(msg.role, msg.content, streaming=streaming, stats=self._line(msg),
-                                    reasoning=msg.reasoning)
+                                    reasoning=msg.reasoning, before=before)
         if msg.role == "assistant":
             bubble.set_pager(msg.chosen, len(msg.replies()), enabled=not streaming)
             bubble.page_requested.connect(partial(self.page, bubble))
@@ -422,7 +445,8 @@ class ChatController(QObject):
         self.prefs.sync()
         del self.current.messages[at:]
         for bubble in self._bubbles[at:]:
-            self.pane.view.remove(bubble)
+            if bubble is not None:
+                self.pane.view.remove(bubble)
         del self._bubbles[at:]
         self.pane.input.setPlainText(text)
         self._save()

@@ -14,8 +14,34 @@ from app.markdown_blocks import Block, split_all, split_finished
 _SELECTABLE = Qt.TextInteractionFlag.TextSelectableByMouse | Qt.TextInteractionFlag.LinksAccessibleByMouse
 
 
+class _WrappedLabel(QLabel):
+    """A word-wrapped label that remembers its height at each width: the transcript's layout asks every
+    bubble again whenever the streaming reply grows a line, and a rich-text label lays its text out anew
+    on each ask, so a long chat would spend each new line re-measuring all the ones above it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._heights: dict[int, int] = {}
+
+    def heightForWidth(self, width: int) -> int:
+        height = self._heights.get(width)
+        if height is None:
+            if len(self._heights) > 8:
+                self._heights.clear()
+            height = self._heights[width] = super().heightForWidth(width)
+        return height
+
+    def setText(self, text: str) -> None:
+        self._heights.clear()
+        super().setText(text)
+
+    def changeEvent(self, event) -> None:       # a font or style change lays the text out differently
+        self._heights.clear()
+        super().changeEvent(event)
+
+
 def _label(text: str, fmt: Qt.TextFormat, name: str = "") -> QLabel:
-    label = QLabel()
+    label = _WrappedLabel()
     label.setTextFormat(fmt)
     label.setWordWrap(True)
     label.setTextInteractionFlags(_SELECTABLE)
@@ -293,13 +319,17 @@ class ChatView(QScrollArea):
         bubble.reasoning.set_text(reasoning)
         if stats:
             bubble.set_stats(stats)
-        if before is not None and before in self.bubbles:
+        if before is not None and before in self.bubbles:     # an earlier message: where the reader is stays
+            bar = self.verticalScrollBar()
+            keep = None if self._follow else bar.maximum() - bar.value()
             self.column.insertWidget(self.column.indexOf(before), bubble)
             self.bubbles.insert(self.bubbles.index(before), bubble)
+            if keep is not None:             # the same distance from the bottom once the column has grown
+                QTimer.singleShot(0, self, lambda: bar.setValue(bar.maximum() - keep))
         else:
             self.column.insertWidget(self.column.count() - 1, bubble)
             self.bubbles.append(bubble)
-        self._follow = True
+            self._follow = True
         return bubble
 
     def remove_last(self, count: int = 1) -> None:

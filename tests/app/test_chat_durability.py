@@ -458,3 +458,17 @@ def test_paging_through_versions_does_not_move_the_chat_up_the_list(qtbot, tmp_p
     chat.page(chat._bubbles[-1], -1)
     assert older.updated == before and chat.conversations.index(older) > 0
     assert on_disk(chat, older.id)["messages"][-1]["content"] == "first"
+
+
+def test_a_long_chat_opens_at_once_and_its_earlier_messages_follow_in_order(qtbot, tmp_path):
+    from app.chat_controller import SHOWN_AT_ONCE
+    from app.conversations import Conversation, StoredMessage
+    chat = make_chat(qtbot, tmp_path / "c")
+    long = Conversation(messages=[StoredMessage("user" if i % 2 == 0 else "assistant", f"message {i}")
+                                  for i in range(130)])
+    chat.library.save(long)
+    chat.open(long.id)
+    assert len(chat.pane.view.bubbles) == SHOWN_AT_ONCE                  # on screen before any event
+    qtbot.waitUntil(lambda: len(chat.pane.view.bubbles) == 130, timeout=10_000)
+    assert [b.text for b in chat.pane.view.bubbles] == [f"message {i}" for i in range(130)]
+    assert chat._bubbles == chat.pane.view.bubbles
