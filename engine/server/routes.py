@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import re
 
 from starlette.requests import Request
@@ -78,11 +79,28 @@ def _jsonable(value: object) -> object:
     return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
 
 
+_GOT = re.compile(r"\(got ([^()]*)\)")
+_PY_WORDS = {"None": "null", "True": "true", "False": "false"}
+
+
+def _json_spelling(message: str) -> str:
+    """An engine message's ``(got VALUE)`` as JSON spells the value ('x' -> "x", None -> null)."""
+    def spell(m: re.Match) -> str:
+        v = m.group(1)
+        if v in _PY_WORDS:
+            return f"(got {_PY_WORDS[v]})"
+        if len(v) >= 2 and v[0] == v[-1] == "'":
+            return f"(got {json.dumps(v[1:-1])})"
+        return m.group(0)
+    return _GOT.sub(spell, message)
+
+
 def _named(message: str, body: dict) -> str | None:
     """The option of ``body`` a refusal is about: the only one sent, else the one its message names."""
     if len(body) == 1:
         return next(iter(body))
-    return next((k for k in body if re.search(rf"\b{re.escape(k)}\b", message)), None)
+    first = next((k for k in body if re.match(rf"{re.escape(k)}\b", message)), None)    # the one it is about
+    return first or next((k for k in body if re.search(rf"\b{re.escape(k)}\b", message)), None)
 
 
 async def set_config(request: Request) -> Response:
@@ -95,7 +113,8 @@ async def set_config(request: Request) -> Response:
     try:
         applied = await server.client.call(lambda e: e.reconfigure(**body))
     except StrataError as exc:
-        raise APIError(400, str(exc), param=_named(str(exc), body), code="invalid_option") from None
+        message = _json_spelling(str(exc))
+        raise APIError(400, message, param=_named(message, body), code="invalid_option") from None
     if "max_batch" in body:
         await server.client.refresh()                    # admission counts against the new batch
     return JSONResponse({"applied": applied})

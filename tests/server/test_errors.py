@@ -146,6 +146,10 @@ HOSTILE = [
      "dtype cannot change while running"),
     ("live-option-wrong-type", "POST", "/v1/strata/config", JSON, b'{"max_batch": {"a": 1}}', 400, "max_batch",
      "max_batch must be an integer"),
+    ("live-option-in-json-words", "POST", "/v1/strata/config", JSON, b'{"max_batch": "x"}', 400, "max_batch",
+     '(got "x")'),
+    ("unknown-beside-a-good-option", "POST", "/v1/strata/config", JSON, b'{"max_batch": 4, "bogus": 2}', 400,
+     "bogus", "bogus: no such option"),
 ]
 
 
