@@ -20,6 +20,7 @@ from app.about import show_about
 from app.banner import BannerArea
 from app.bridge import EngineBridge
 from app.chat_controller import ChatController
+from app.chat_export import export_chat
 from app.chat_pane import ChatPane
 from app.conversation_list import ConversationList
 from app.conversations import ConversationStore
@@ -146,6 +147,7 @@ class MainWindow(QMainWindow):
         bar = self.menuBar()
         file = bar.addMenu("&File")
         self._action(file, "&Open model folder…", self.open_model_dialog, "Ctrl+O")
+        self._action(file, "Export &chat (Markdown or JSON)…", self.export_chat_dialog, "Ctrl+Shift+E")
         self._action(file, "&Export session stats (CSV)…", self.export_session_dialog, "Ctrl+E")
         plots = file.addMenu("Export &plot as PNG")
         for panel in self.panels:
@@ -386,6 +388,18 @@ class MainWindow(QMainWindow):
                 self._export_failed(path, exc)
                 return
             self.statusBar().showMessage(f"Wrote {n} samples to {path}", 5000)
+
+    def export_chat_dialog(self) -> None:
+        conv = self.chat.current
+        name = "".join(c if c.isalnum() or c in "-_ " else "-" for c in conv.title).strip() or "chat"
+        path, _ = QFileDialog.getSaveFileName(self, "Export chat", f"{name}.md", "Markdown (*.md);;JSON (*.json)")
+        if path:
+            try:
+                written = export_chat(conv, path)
+            except OSError as exc:
+                self._export_failed(path, exc)
+                return
+            self.statusBar().showMessage(f"Saved {written}", 5000)
 
     def _export_failed(self, path: str, exc: OSError) -> None:
         why = exc.strerror or str(exc)

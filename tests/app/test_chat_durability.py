@@ -8,6 +8,7 @@ import json
 import os
 from functools import partial
 
+import pytest
 from PySide6.QtWidgets import QMessageBox
 
 from app.chat_controller import INTERRUPTED_NOTE, STREAM_SAVE_MS, ask
@@ -472,3 +473,23 @@ def test_a_long_chat_opens_at_once_and_its_earlier_messages_follow_in_order(qtbo
     qtbot.waitUntil(lambda: len(chat.pane.view.bubbles) == 130, timeout=10_000)
     assert [b.text for b in chat.pane.view.bubbles] == [f"message {i}" for i in range(130)]
     assert chat._bubbles == chat.pane.view.bubbles
+
+
+def test_a_chat_exports_as_markdown_or_json_and_a_failed_export_leaves_nothing(qtbot, tmp_path):
+    from app.chat_export import export_chat
+    from app.conversations import Conversation
+    chat = make_chat(qtbot, tmp_path / "c")
+    chat.pane.settings_box.system_prompt.setPlainText("Be brief.")
+    _reply(chat, "It is *blue*.", question="What colour is the sky?")
+    conv = chat.current
+    (tmp_path / "out").mkdir()
+    md = export_chat(conv, tmp_path / "out" / "sky")                # no extension: Markdown
+    text = md.read_text(encoding="utf-8")
+    assert md.name == "sky.md" and "**System prompt**\n\nBe brief." in text
+    assert "## You\n\nWhat colour is the sky?" in text and "## Assistant\n\nIt is *blue*." in text
+    back = export_chat(conv, tmp_path / "out" / "sky.json")
+    assert Conversation.from_json(json.loads(back.read_text(encoding="utf-8"))).messages == conv.messages
+    for bad in (tmp_path / "out", tmp_path / "missing" / "x.md"):     # a folder; a folder that is not there
+        with pytest.raises(OSError):
+            export_chat(conv, bad)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["sky.json", "sky.md"]

@@ -172,6 +172,10 @@ def test_an_export_that_cannot_be_written_says_so_and_leaves_nothing(window, qtb
         window.export_plot_dialog(window.panels[0])
     assert window.statusBar().currentMessage() == f"Saved {folder / 'noext'}.png"
     assert (folder / "noext.png").is_file() and not (tmp_path / "missing").exists()
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: (str(folder / "chat"), ""))
+    window.export_chat_dialog()                                           # File › Export chat
+    assert window.statusBar().currentMessage() == f"Saved {folder / 'chat.md'}"
+    assert (folder / "chat.md").read_text(encoding="utf-8").startswith("# ")
 
 
 def test_load_test_reports_aggregate_against_per_stream(window, qtbot):

@@ -1,0 +1,50 @@
+"""A chat written out for the user to keep or share: Markdown to read, or the conversation file's JSON."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from app.conversations import Conversation
+
+
+def chat_markdown(conv: Conversation) -> str:
+    """The chat as Markdown: its title, the system prompt, then each message under its speaker; a reply's
+    reasoning as a quote above it, and the line under a reply (its stats, or that it was cut short)."""
+    out = [f"# {conv.title}", ""]
+    if conv.system_prompt.strip():
+        out += ["**System prompt**", "", conv.system_prompt, ""]
+    for m in conv.messages:
+        out += ["## You" if m.role == "user" else "## Assistant", ""]
+        if m.reasoning:
+            out += ["\n".join("> " + line for line in m.reasoning.splitlines()) or ">", ""]
+        out += [m.content, ""]
+        note = "interrupted" if m.interrupted else m.stats
+        if m.role == "assistant" and note:
+            out += [f"*{note}*", ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def export_chat(conv: Conversation, path: str | Path) -> Path:
+    """Write ``conv`` to ``path`` (raises OSError, leaving nothing behind): JSON for a ``.json`` name, else
+    Markdown (``.md`` added to a name without an extension). Returns the path written."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(21, "that is a folder; name a file in it", str(path))
+    if not path.suffix:
+        path = path.with_suffix(".md")
+    text = (json.dumps(conv.to_json(), ensure_ascii=False, indent=1) if path.suffix.lower() == ".json"
+            else chat_markdown(conv))
+    fd, tmp = tempfile.mkstemp(prefix=".strata-", suffix=path.suffix, dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
