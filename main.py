@@ -31,13 +31,18 @@ def _add_gui_parser(sub) -> None:
     add_engine_flags(p)
 
 
+SMALLEST_WINDOW = (1100, 600)     # the chat, the panels and the knobs side by side, at their minimum widths
+
+
 def _window_size(text: str) -> tuple[int, int]:
-    """``WxH`` -> (W, H): whole pixels, at least 640x480 (the smallest the workbench lays out)."""
+    """``WxH`` -> (W, H): whole pixels, at least the smallest window the workbench lays out (its chat,
+    panels and knobs side by side)."""
     w, x, h = text.lower().partition("x")
     if not x or not w.isdigit() or not h.isdigit():
         raise argparse.ArgumentTypeError(f"{text!r} is not a size; write WIDTHxHEIGHT in pixels, e.g. 1366x768")
-    if int(w) < 640 or int(h) < 480:
-        raise argparse.ArgumentTypeError(f"{text} is smaller than the workbench lays out; use at least 640x480")
+    least = f"{SMALLEST_WINDOW[0]}x{SMALLEST_WINDOW[1]}"
+    if int(w) < SMALLEST_WINDOW[0] or int(h) < SMALLEST_WINDOW[1]:
+        raise argparse.ArgumentTypeError(f"{text} is smaller than the workbench lays out; use at least {least}")
     return int(w), int(h)
 
 

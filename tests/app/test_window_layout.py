@@ -178,3 +178,9 @@ def test_fit_rect_keeps_a_rect_on_the_screen(rect, expected):
 
 def test_fit_rect_never_goes_below_the_minimum():
     assert fit_rect(QRect(0, 0, 3000, 2000), QRect(0, 0, 800, 600), QSize(1000, 500)).size() == QSize(1000, 600)
+
+
+def test_the_smallest_window_the_screenshot_flag_takes_is_one_the_window_lays_out(window):
+    from main import SMALLEST_WINDOW
+    hint = window.minimumSizeHint()
+    assert hint.width() <= SMALLEST_WINDOW[0] and hint.height() <= SMALLEST_WINDOW[1], hint

@@ -244,4 +244,4 @@ def test_a_wrong_screenshot_size_is_one_line(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "WIDTHxHEIGHT" in err[0] and "1366x768" in err[0]
     assert main.main(["gui", "--screenshot", "x.png", "--screenshot-size", "300x200"]) == 2
-    assert "at least 640x480" in capsys.readouterr().err
+    assert "at least 1100x600" in capsys.readouterr().err
