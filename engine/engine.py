@@ -36,6 +36,14 @@ def _token_id(t: object) -> int | None:
         return None
 
 
+def _earliest_stop(text: str, prev: int, stop: tuple[str, ...]) -> int | None:
+    """:func:`check_stop` over ``text`` whose first ``prev`` characters were checked before, looking back only
+    as far as the longest stop string reaches (so a token's check costs the same however long the text)."""
+    start = max(0, prev - max(map(len, stop)) + 1)
+    cut = check_stop(text[start:prev], text[prev:], stop)
+    return None if cut is None else start + cut
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None,
                  progress: Progress | None = None) -> None:
@@ -97,8 +105,8 @@ class LLMEngine:
                       make_generator(params.seed, self.loaded.device),
                       IncrementalDetokenizer(self.tokenizer) if self.tokenizer else None,
                       guide=self.guides.matcher(params.guide) if params.guide is not None else None)
-        if params.stop and params.stop_scope is not None:      # stops apply to the answer, once it begins
-            req.stop_gate, req.stop_start, req.stop_lead = params.stop_scope.gate(), None, params.stop_scope.lead
+        if params.stop and params.stop_scope is not None:      # stops apply to the answer's text only
+            req.stop_gate = params.stop_scope.gate()
         self._requests[request_id] = req
         self.scheduler.add(req)
         return request_id
@@ -231,26 +239,37 @@ class LLMEngine:
     @staticmethod
     def _stop_at(req: Request, token: int, prev: int) -> int | None:
         """Where the earliest stop string the newest text completes begins in ``req.text`` (``prev``: its
-        length before this token), within the answer where the request has a stop scope."""
-        if req.stop_start is None:
-            if not req.stop_gate.opens(token):
-                return None
-            req.stop_start = prev                       # this token's text is the answer's first
-        start = req.stop_start
-        if req.stop_lead:                               # the characters the answer's start sheds
-            while start < len(req.text) and req.text[start] in req.stop_lead:
-                start += 1
-            req.stop_start = start
-            if start == len(req.text):
-                return None
-            req.stop_lead = ""
-        old = max(prev, start)
-        cut = check_stop(req.text[start:old], req.text[old:], req.params.stop)
-        return None if cut is None else start + cut
+        length before this token). With a stop scope, stops are matched in the answer's text alone (the
+        tokens its gate calls the answer's, each segment's lead shed, as the reply's reader shows it), and
+        the cut falls where the stop begins in ``text`` when that is within the answer's latest run."""
+        stop, piece = req.params.stop, req.text[prev:]
+        if req.stop_gate is None:
+            return _earliest_stop(req.text, prev, stop)
+        if not req.stop_gate.in_answer(token):
+            if piece:
+                req.answer_tail = 0
+            req.answer_lead = True
+            return None
+        if req.answer_lead:
+            lead = req.params.stop_scope.lead
+            piece = piece.lstrip(lead) if lead else piece
+            req.answer_lead = not piece
+        before = len(req.answer)
+        req.answer += piece
+        req.answer_tail += len(piece)
+        cut = _earliest_stop(req.answer, before, stop)
+        if cut is None:
+            return None
+        back = len(req.answer) - cut                    # the answer's characters from the stop on
+        return len(req.text) - back if back <= req.answer_tail else prev
 
     def _emit(self, req: Request, final: bool, reason: str | None = None) -> RequestDelta | None:
-        start = req.stop_start
-        hold = 0 if final or start is None else stop_holdback(req.text[start:], req.params.stop)
+        if final or not req.params.stop:
+            hold = 0
+        elif req.stop_gate is None:
+            hold = stop_holdback(req.text, req.params.stop)
+        else:
+            hold = min(stop_holdback(req.answer, req.params.stop), req.answer_tail)
         upto = max(req.sent_chars, len(req.text) - hold)
         new_text, new_ids = req.text[req.sent_chars:upto], tuple(req.output_ids[req.sent_tokens:])
         if not final and not new_text and not new_ids:

@@ -42,9 +42,10 @@ class Request:
     first_token_at: float | None = None
     finished_at: float | None = None
     abort_requested: bool = False
-    stop_gate: object | None = None               # params.stop_scope's AnswerGate, until the answer begins
-    stop_start: int | None = 0                    # where in ``text`` stop strings apply (None: not yet)
-    stop_lead: str = ""                           # characters the answer's start still sheds
+    stop_gate: object | None = None               # params.stop_scope's AnswerGate (None: stops apply to ``text``)
+    answer: str = ""                              # with a gate: the answer's text, where stops apply
+    answer_tail: int = 0                          # how many of ``text``'s last characters are the answer's
+    answer_lead: bool = True                      # the next answer text starts a segment (its lead is shed)
 
     @property
     def all_ids(self) -> list[int]:

@@ -18,15 +18,16 @@ MAX_LOGPROBS = 20          # likeliest alternatives a request may ask for at eac
 
 
 class AnswerGate(Protocol):
-    """One request's view of where its answer begins: fed every output token in order until it says the
-    token is the answer's (from then on, stop strings apply)."""
+    """One request's reading of its reply: fed every output token in order, it says whether the token's
+    text is the answer's (stop strings apply to that text alone)."""
 
-    def opens(self, token: int) -> bool: ...
+    def in_answer(self, token: int) -> bool: ...
 
 
 class StopScope(Protocol):
-    """Where stop strings apply in a reply: a fresh :class:`AnswerGate` per request, and the characters the
-    answer's start sheds (as the reply's reader does, so that a stop is matched in the text it shows)."""
+    """Where stop strings apply in a reply: a fresh :class:`AnswerGate` per request, and the characters each
+    run of answer text sheds at its start (as the reply's reader does, so that a stop is matched in the
+    text it shows as the answer)."""
 
     lead: str
 

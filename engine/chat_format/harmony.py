@@ -145,8 +145,8 @@ def parse_header(text: str) -> tuple[str | None, str | None]:
 
 @dataclass(frozen=True)
 class HarmonyStopScope:
-    """``engine.sampling.StopScope`` of a harmony reply: the answer begins at the first text of a message
-    the reply's readers show as content (not ``analysis``, addressed to no one)."""
+    """``engine.sampling.StopScope`` of a harmony reply: the answer is the text of the messages its readers
+    show as content (not ``analysis``, addressed to no one); headers and other messages are not."""
 
     tokenizer: Tokenizer
     ids: HarmonyIds
@@ -162,7 +162,7 @@ class _HarmonyGate:
         self._header: list[int] | None = []    # header ids being read; None inside a message's text
         self._content = False
 
-    def opens(self, t: int) -> bool:
+    def in_answer(self, t: int) -> bool:
         ids = self._ids
         if self._header is None:
             if t in ids.closing:

@@ -59,8 +59,8 @@ class ThinkTags:
 
 @dataclass(frozen=True)
 class ThinkStopScope:
-    """``engine.sampling.StopScope`` of a <think> reply: the answer begins at the first token outside a
-    reasoning block, less the line breaks :class:`ThinkReader` drops there."""
+    """``engine.sampling.StopScope`` of a <think> reply: the answer is the text outside reasoning blocks,
+    less the line breaks :class:`ThinkReader` drops at the start of each run of it."""
 
     tags: ThinkTags
     opened: bool                  # the prompt opened a block for the reply
@@ -74,7 +74,7 @@ class _ThinkGate:
     def __init__(self, tags: ThinkTags, inside: bool) -> None:
         self._tags, self._inside = tags, inside
 
-    def opens(self, token: int) -> bool:
+    def in_answer(self, token: int) -> bool:
         if token == self._tags.open_id and not self._inside:
             self._inside = True
         elif token == self._tags.close_id and self._inside:

@@ -255,3 +255,34 @@ def test_template_variables_are_refused_on_a_harmony_model(client):
         client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=5,
                                        extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     assert e.value.body["param"] == "chat_template_kwargs" and "harmony format" in e.value.body["message"]
+
+
+PREAMBLE_CALL = ["<|channel|>", "commentary", "<|message|>", "Checking.", "<|end|>", "<|start|>", "assistant",
+                 "<|channel|>", "analysis", "<|message|>", "Need the weather STOP.", "<|end|>", "<|start|>",
+                 "assistant"] + CALL[7:]
+
+
+@pytest.mark.parametrize("stop", [["STOP"], ["analysis"], ["Paris"], ["functions"], ["json"]])
+def test_stops_never_match_reasoning_headers_or_call_arguments_after_the_answer_began(client, scripted, stop):
+    # a preamble (content), then reasoning, then a call: a stop that only those later parts hold ends nothing
+    scripted(PREAMBLE_CALL)
+    hi = [{"role": "user", "content": "weather?"}]
+    r = client.chat.completions.create(model="m", messages=hi, tools=TOOLS, max_tokens=200, stop=stop).choices[0]
+    assert r.finish_reason == "tool_calls" and r.message.content == "Checking."
+    assert reasoning_of(r.message) == "Need the weather STOP."
+    assert json.loads(r.message.tool_calls[0].function.arguments) == {"city": "Paris"}
+
+
+def test_a_stop_across_two_runs_of_answer_text_is_matched_as_the_answer_reads(think_server, monkeypatch):
+    # "Sure. " before the reasoning and "Yes." after it read "Sure. Yes.": a stop in that text ends it there,
+    # and one inside the reasoning ends nothing
+    tok = think_server[1]
+    grammar = (f"start: {json.dumps('Sure. ')} <[{tok.think.open_id}]> {json.dumps('Weigh STOP it.')} "
+               f"<[{tok.think.close_id}]> {json.dumps(chr(10) + 'Yes.')}\n")
+    real = chat_mod.prepare
+    monkeypatch.setattr(chat_mod, "prepare", lambda body, info: dataclasses.replace(
+        real(body, info), guide=Guide("lark", grammar, source="test")))
+    c = openai.OpenAI(base_url=think_server[0].url + "/v1", api_key=KEY, max_retries=0, timeout=TIMEOUT)
+    for stop, content in ((["STOP"], "Sure. Yes."), (["e. Y"], "Sur")):
+        whole, streamed = _both(c, stop=stop)
+        assert whole == streamed == (content, "Weigh STOP it.", "stop")
