@@ -303,11 +303,16 @@ class ChatView(QScrollArea):
         self.setWidget(inner)
         self.bubbles: list[MessageBubble] = []
         self._follow = True
+        self._keep_from_bottom: int | None = None     # set while earlier messages go in above the reader
         bar = self.verticalScrollBar()
         bar.valueChanged.connect(lambda v: setattr(self, "_follow", v >= bar.maximum() - 24))
         bar.rangeChanged.connect(self._range_changed)
 
     def _range_changed(self, _lo: int, hi: int) -> None:
+        if self._keep_from_bottom is not None:
+            keep, self._keep_from_bottom = self._keep_from_bottom, None
+            self.verticalScrollBar().setValue(hi - keep)
+            return
         if self._follow:
             # with ``self`` as context the call is dropped if the view is gone by then
             QTimer.singleShot(0, self, lambda: self.verticalScrollBar().setValue(self.verticalScrollBar().maximum()))
@@ -319,13 +324,14 @@ class ChatView(QScrollArea):
         bubble.reasoning.set_text(reasoning)
         if stats:
             bubble.set_stats(stats)
-        if before is not None and before in self.bubbles:     # an earlier message: where the reader is stays
+        if before is not None and before in self.bubbles:
             bar = self.verticalScrollBar()
-            keep = None if self._follow else bar.maximum() - bar.value()
+            if before is self.bubbles[0] and not self._follow and self._keep_from_bottom is None:
+                # an earlier message above all the others: the reader's place stays where it is on screen,
+                # as far from the bottom once the column has grown (see _range_changed)
+                self._keep_from_bottom = bar.maximum() - bar.value()
             self.column.insertWidget(self.column.indexOf(before), bubble)
             self.bubbles.insert(self.bubbles.index(before), bubble)
-            if keep is not None:             # the same distance from the bottom once the column has grown
-                QTimer.singleShot(0, self, lambda: bar.setValue(bar.maximum() - keep))
         else:
             self.column.insertWidget(self.column.count() - 1, bubble)
             self.bubbles.append(bubble)

@@ -155,9 +155,12 @@ def instance_lock(folder: Path) -> QLockFile | str:
         return lock
     info = lock.getLockInfo()              # (pid, host, app) in PySide6; a leading ok flag in some bindings
     pid, host = info[-3], info[-2]
+    if lock.error() != QLockFile.LockError.LockFailedError or not pid:
+        return QLockFile("")            # no lock can be made there (a folder the window reports): run without
     where = f"process {pid}" + (f" on {host}" if host else "")
     return (f"Strata is already open ({where}) with the chats in {folder}; switch to that window, or close it "
-            "and start again (two windows would overwrite each other's messages)")
+            "and start again (two windows would overwrite each other's messages; if no Strata runs, delete "
+            f"{folder / 'workbench.lock'})")
 
 
 def run_gui(model: str | None, engine_options: dict, screenshot: str | None = None, prompt: str | None = None,

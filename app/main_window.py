@@ -392,8 +392,10 @@ class MainWindow(QMainWindow):
     def export_chat_dialog(self) -> None:
         conv = self.chat.current
         name = "".join(c if c.isalnum() or c in "-_ " else "-" for c in conv.title).strip() or "chat"
-        path, _ = QFileDialog.getSaveFileName(self, "Export chat", f"{name}.md", "Markdown (*.md);;JSON (*.json)")
+        path, kind = QFileDialog.getSaveFileName(self, "Export chat", f"{name}.md", "Markdown (*.md);;JSON (*.json)")
         if path:
+            if "json" in kind.lower() and not Path(path).suffix:
+                path += ".json"                 # the format picked in the dialog, for a name without one
             try:
                 written = export_chat(conv, path)
             except OSError as exc:

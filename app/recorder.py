@@ -55,9 +55,7 @@ class SessionRecorder:
                 writer.writerow(COLUMNS)
                 for row in self.rows:
                     writer.writerow(["" if v is None else v for v in row])
-            mask = os.umask(0)
-            os.umask(mask)
-            os.chmod(tmp, 0o666 & ~mask)       # a file as the user's others are (mkstemp's is private)
+            os.chmod(tmp, 0o644)     # readable as the user's other files are (mkstemp's is private)
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)  # nothing of a failed export is left behind

@@ -31,6 +31,7 @@ from tokenizers import Tokenizer
 from engine.errors import ModelLoadError
 
 VOCAB_FILE = "tiktoken.model"
+MAX_SPECIAL = 1 << 17                # special tokens past the BPE ones: far more than any release has
 _REFETCH = "restore it from the original checkpoint"
 
 
@@ -118,7 +119,9 @@ def _tokenizer_module(folder: Path, cfg: dict) -> Path:
     names = [a for a in (auto if isinstance(auto, list) else [auto]) if isinstance(a, str)]
     for name in names:
         module = name.split("--")[-1].rsplit(".", 1)[0]       # "repo--tokenization_x.Class" or "tokenization_x.Class"
-        path = folder / f"{module.replace('.', '/')}.py"
+        if not module.isidentifier():                         # a module of this folder, named plainly
+            continue
+        path = folder / f"{module}.py"
         if path.is_file():
             return path
     found = sorted(folder.glob("tokenization*.py"))
@@ -156,9 +159,12 @@ def _special_tokens(cfg: dict, first: int, reserved: int) -> list[dict]:
     decoder = cfg.get("added_tokens_decoder")
     for key, entry in (decoder.items() if isinstance(decoder, dict) else ()):
         content = entry.get("content") if isinstance(entry, dict) else None
-        if isinstance(content, str) and str(key).isdigit():
+        if isinstance(content, str) and str(key).isascii() and str(key).isdigit():
             named[int(key)] = content
     end = max([first + reserved + 2, *(i + 1 for i in named if i >= first)])
+    if end - first > MAX_SPECIAL:
+        raise ModelLoadError(f"tokenizer_config.json: added_tokens_decoder names token {end - 1}, {end - first} past "
+                             f"the {first} of {VOCAB_FILE}; no vocabulary has that many special tokens; {_REFETCH}")
     return [{"id": i, "content": named.get(i, f"<|reserved_token_{i}|>"), "single_word": False, "lstrip": False,
              "rstrip": False, "normalized": False, "special": True} for i in range(first, end)]
 

@@ -493,3 +493,23 @@ def test_a_chat_exports_as_markdown_or_json_and_a_failed_export_leaves_nothing(q
         with pytest.raises(OSError):
             export_chat(conv, bad)
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["sky.json", "sky.md"]
+
+
+def test_earlier_messages_put_in_above_keep_the_readers_place(qtbot):
+    from app.chat_view import ChatView
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.resize(600, 400)
+    view.show()
+    for i in range(40):
+        view.add("user", f"message {i} " + "words " * 30)
+    qtbot.waitUntil(lambda: view.verticalScrollBar().maximum() > 2000, timeout=5000)
+    bar = view.verticalScrollBar()
+    bar.setValue(bar.maximum() // 2)                 # the reader scrolled up
+    watched = view.bubbles[20]
+    qtbot.wait(50)
+    y = watched.mapTo(view.viewport(), watched.rect().topLeft()).y()
+    for i in range(20):
+        view.add("user", f"earlier {i} " + "words " * 30, before=view.bubbles[0])
+    qtbot.wait(200)
+    assert abs(watched.mapTo(view.viewport(), watched.rect().topLeft()).y() - y) <= 2

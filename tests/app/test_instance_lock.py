@@ -32,3 +32,8 @@ def test_a_second_workbench_on_the_same_chats_is_refused_and_a_dead_ones_lock_is
         taken = instance_lock(tmp_path)
     assert not isinstance(taken, str) and taken.isLocked()
     taken.unlock()
+
+
+def test_a_folder_where_no_lock_can_be_made_does_not_stop_the_workbench(tmp_path):
+    (tmp_path / "workbench.lock").mkdir()          # the lock file cannot be written: not "already open"
+    assert not isinstance(instance_lock(tmp_path), str)

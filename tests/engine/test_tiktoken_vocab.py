@@ -133,6 +133,8 @@ def test_a_tiktoken_model_folder_chats_and_streams(folder, tmp_path, capsys):
     (lambda f: (f / "tiktoken.model").write_bytes(b"not-base64! 0\n"), "line 1 is not '<base64 token> <rank>'"),
     (lambda f: (f / "tiktoken.model").write_bytes(b"IQ== 0\nIg== 5\n"), "the ranks are not 0 to 1, each once"),
     (lambda f: (f / "tiktoken.model").write_bytes(b"IQ== 0\n"), "of the 256 single bytes have no token"),
+    (lambda f: (f / "tokenizer_config.json").write_text(json.dumps(
+        {"added_tokens_decoder": {"2000000000": {"content": "<x>"}}})), "no vocabulary has that many special tokens"),
 ])
 def test_a_tiktoken_folder_missing_a_part_is_one_line_naming_it(folder, tmp_path, change, says):
     broken = tmp_path / "b"
@@ -149,3 +151,15 @@ def test_the_module_is_read_never_run(folder, tmp_path):
     text = (other / "tokenization_kimi.py").read_text()
     (other / "tokenization_kimi.py").write_text("raise SystemExit('ran')\n" + text)
     assert Tokenizer.from_dir(other).encode("hi", add_special_tokens=False)
+
+
+def test_odd_keys_in_the_tokenizer_config_are_passed_over(folder, tmp_path):
+    # a superscript digit is no token id, and a module named outside the folder is never looked for
+    other = tmp_path / "odd"
+    shutil.copytree(folder, other)
+    cfg = json.loads((other / "tokenizer_config.json").read_text())
+    cfg["added_tokens_decoder"]["\u00b2"] = {"content": "<odd>"}
+    cfg["auto_map"] = {"AutoTokenizer": ["..etc.passwd.Class", None]}
+    (other / "tokenizer_config.json").write_text(json.dumps(cfg))
+    tok = Tokenizer.from_dir(other)              # the folder's only tokenization_*.py is read instead
+    assert tok.encode("hi", add_special_tokens=False) == Tokenizer.from_dir(folder).encode("hi", add_special_tokens=False)
