@@ -105,8 +105,8 @@ class LoadedModel:
         try:
             self.plan = self._plan()  # fails fast, before any allocation, when the model cannot fit
         except ConfigError:
-            if not self._table_may_leave():
-                raise
+            if not self._table_may_leave() or not host_rows_readable(_pinned_probe(), self.device):
+                raise                         # (a table the kernels cannot read from host memory stays put)
             self.embed_on_host = True     # it may fit with the table in host memory (else that plan's error)
             self.plan = self._plan()
         if not self.embed_on_host and self._embedding_to_host():
@@ -425,6 +425,12 @@ class LoadedModel:
             finally:
                 if self.pipeline is not None:
                     self.pipeline.close()
+
+
+def _pinned_probe() -> torch.Tensor:
+    """A small page-locked table, as the embedding table in host memory is, to ask the GPU's kernels
+    whether they read such memory before a plan counts on it."""
+    return torch.arange(64, dtype=torch.float16).reshape(4, 16).pin_memory()
 
 
 def check_paths(config: EngineConfig, spec: ModelSpec) -> None:
