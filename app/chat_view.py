@@ -3,6 +3,7 @@ Markdown block (paragraph, list, fenced code) into rendered text once, never re-
 from __future__ import annotations
 
 import math
+import re
 
 from PySide6.QtCore import QSizeF, Qt, QTimer, Signal
 from PySide6.QtGui import QFontDatabase, QGuiApplication, QTextCursor, QTextDocument
@@ -70,6 +71,7 @@ def block_widget(block: Block) -> QLabel:
     return _label(markdown_html(block.text), Qt.TextFormat.RichText)
 
 
+_BODY_STYLE = re.compile(r"<body style=\"[^\"]*\">")
 _MARKDOWN = QTextDocument.MarkdownFeature.MarkdownDialectGitHub | QTextDocument.MarkdownFeature.MarkdownNoHTML
 
 
@@ -79,7 +81,8 @@ def markdown_html(text: str) -> str:
     as tags and hide or style them)."""
     doc = QTextDocument()
     doc.setMarkdown(text, _MARKDOWN)
-    return doc.toHtml()
+    # the document's default font would be written into the body: the label's own font is the one to use
+    return _BODY_STYLE.sub("<body>", doc.toHtml(), count=1)
 
 
 class StreamingTail(QTextEdit):

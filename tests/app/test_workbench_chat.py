@@ -284,6 +284,8 @@ def test_html_in_a_message_shows_as_the_text_it_is(qtbot):
                  "<script>alert(1)</script>after", "<span style='font-size:60px;color:red'>BIG</span>"):
         assert shown(text) == text
     assert shown("**bold** and `a<b`") == "bold and a<b"
+    label = block_widget(split_all("plain words")[0])
+    assert "<body>" in label.text() and "font-family" not in label.text().split("<body>")[1][:40]  # its own font
 
 
 def test_the_chat_menu_has_the_keys_a_chat_needs(window, qtbot):
