@@ -259,7 +259,8 @@ def _budget_lines(spec, args, c: EngineConfig, resident: int, per_expert: int, n
     """The engine's own memory plan for the budget given (or the card's free memory); ``window_kv``: the
     sliding-window layers' KV of a full batch, ``kv_per_token``: the full-attention layers'."""
     budget = parse_size(args.gpu_memory_budget, "gpu_memory_budget")
-    card_free = default_budget(torch.device("cuda")) if torch.cuda.is_available() else None
+    on_gpu = torch.cuda.is_available() and getattr(args, "device", "auto") != "cpu"
+    card_free = default_budget(torch.device("cuda")) if on_gpu else None
     budget = card_free if budget is None else budget
     if budget is None:            # a CPU run: the engine's rule for its KV cache (engine.loading)
         explicit, block = c.max_model_len is not None, c.kv_block_size
