@@ -266,8 +266,9 @@ def _budget_lines(spec, args, c: EngineConfig, resident: int, per_expert: int, n
         explicit, block = c.max_model_len is not None, c.kv_block_size
         held = (fit_context_to_kv_size(context, explicit, c.kv_cache_size, window_kv, kv_per_token, block)
                 if c.kv_cache_size else fit_context_on_host(context, explicit, CPU_KV_CAP, window_kv, kv_per_token, block))
+        why = "a CPU run (--device cpu)" if getattr(args, "device", "auto") == "cpu" else "no CUDA GPU found"
         return ["", *_context_line(*held),
-                "GPU budget: none given and no CUDA GPU found; pass --gpu-memory-budget 24G to plan for a card"]
+                f"GPU budget: none given and {why}; pass --gpu-memory-budget 24G to plan for a card"]
     total = per_expert * n_experts
     advice = BudgetAdvice(card_free if args.gpu_memory_budget is None else None,
                           "" if args.weight_format == "int4" else "use --weight-format int4",

@@ -286,3 +286,11 @@ def test_a_quoted_name_is_a_files_field_and_stays_as_written():
     args = argparse.Namespace(group_size=128, max_batch=16)
     line = "strata.json: field 'group_size' is '128', expected a whole number; raise max_batch"
     assert as_flags(line, args) == "strata.json: field 'group_size' is '128', expected a whole number; raise --max-batch"
+
+
+def test_info_for_a_cpu_run_on_a_machine_with_a_gpu_plans_the_cpu_run(model, capsys, monkeypatch):
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)       # a GPU here, but the run is on the CPU
+    assert main(["info", "--model", str(model), "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "GPU budget: none given and a CPU run (--device cpu)" in out and "resident matrices in float32" in out
