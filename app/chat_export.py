@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from app.conversations import Conversation
+from app.export_file import write_export
 
 
 def chat_markdown(conv: Conversation) -> str:
@@ -30,19 +29,9 @@ def export_chat(conv: Conversation, path: str | Path) -> Path:
     """Write ``conv`` to ``path`` (raises OSError, leaving nothing behind): JSON for a ``.json`` name, else
     Markdown (``.md`` added to a name without an extension). Returns the path written."""
     path = Path(path)
-    if path.is_dir():
-        raise IsADirectoryError(21, "that is a folder; name a file in it", str(path))
-    if not path.suffix:
+    if not path.suffix and not path.is_dir():
         path = path.with_suffix(".md")
     text = (json.dumps(conv.to_json(), ensure_ascii=False, indent=1) if path.suffix.lower() == ".json"
             else chat_markdown(conv))
-    fd, tmp = tempfile.mkstemp(prefix=".strata-", suffix=path.suffix, dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)     # readable as the user's other files are (mkstemp's is private)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_export(path, lambda f: f.write(text))
     return path

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import csv
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from app.export_file import write_export
 
 ENGINE_FIELDS = ("decode_tok_s", "aggregate_tok_s", "prefill_tok_s", "ttft_ms", "step_ms", "running", "waiting",
                  "batch_size", "preemptions", "kv_blocks_used", "kv_blocks_total", "generated_tokens",
@@ -45,19 +45,10 @@ class SessionRecorder:
 
     def write_csv(self, path: str | Path) -> int:
         """Write every row (atomically); returns how many. Empty cells mean "not measured"."""
-        path = Path(path)
-        if path.is_dir():
-            raise IsADirectoryError(21, "that is a folder; name a file in it", str(path))
-        fd, tmp = tempfile.mkstemp(prefix=".strata-", suffix=".csv", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", newline="", encoding="utf-8") as f:
-                writer = csv.writer(f)
-                writer.writerow(COLUMNS)
-                for row in self.rows:
-                    writer.writerow(["" if v is None else v for v in row])
-            os.chmod(tmp, 0o644)     # readable as the user's other files are (mkstemp's is private)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)  # nothing of a failed export is left behind
-            raise
+        def fill(f) -> None:
+            writer = csv.writer(f)
+            writer.writerow(COLUMNS)
+            for row in self.rows:
+                writer.writerow(["" if v is None else v for v in row])
+        write_export(Path(path), fill, newline="")
         return len(self.rows)
