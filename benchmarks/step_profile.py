@@ -1,0 +1,134 @@
+"""Where a resident batch-1 decode step spends its time: the kernels of replayed CUDA-graph steps on
+the llama.cpp kit's shape (Qwen3-30B-A3B, 12 layers, random weights, every expert on the GPU), per
+expert format and resident-weight format.
+
+    python benchmarks/step_profile.py --out benchmarks/results/step_profile_DATE.json    # GPU
+
+For each engine: the step's wall time (median of timed steps after a 512-token prompt), then CUPTI
+kernel records of a few replayed steps (torch.profiler sees the kernels inside a graph) grouped by
+name, the GPU's busy time per step (the union of its kernel intervals) and the idle rest: a step
+whose idle share is large is bound by the chain of launches, not by the bytes it reads.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import environment, write_result  # noqa: E402
+from benchmarks.synthetic_moe import QWEN3_30B, SMOKE, base_std, build_hf, strata_engine, sync  # noqa: E402
+from engine.sampling import SamplingParams  # noqa: E402
+
+
+def _kernels(prof) -> list[tuple[float, float, str]]:
+    """(start µs, end µs, name) of every GPU kernel the profiler recorded, in start order."""
+    out = []
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start:
+            out.append((float(e.time_range.start), float(e.time_range.end), e.name))
+    return sorted(out)
+
+
+def _busy(spans: list[tuple[float, float, str]]) -> float:
+    """The union of the kernel intervals, µs."""
+    total, hi = 0.0, float("-inf")
+    for s, e, _ in spans:
+        if e <= hi:
+            continue
+        total += e - max(s, hi)
+        hi = e
+    return total
+
+
+def profile_engine(engine, vocab: int, prompt: int, timed: int, profiled: int, device: str) -> dict:
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (prompt,), generator=g).tolist()
+    engine.add_request(None, ids, SamplingParams(max_tokens=16 + timed + profiled + 8, temperature=0.0, ignore_eos=True))
+    for _ in range(16):                                   # prefill, then graph capture and warm-up
+        engine.step()
+    sync(device)
+    ms = []
+    for _ in range(timed):
+        t0 = time.perf_counter()
+        engine.step()
+        sync(device)
+        ms.append((time.perf_counter() - t0) * 1e3)
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(profiled):
+            engine.step()
+        sync(device)
+        wall_prof = (time.perf_counter() - t0) * 1e3 / profiled
+    while engine.has_unfinished():
+        engine.step()
+    spans = _kernels(prof)
+    total: dict[str, float] = defaultdict(float)
+    calls: dict[str, int] = defaultdict(int)
+    for s, e, name in spans:
+        total[name] += e - s
+        calls[name] += 1
+    rows = sorted(({"kernel": k[:90], "us_per_step": v / profiled, "calls_per_step": calls[k] / profiled}
+                   for k, v in total.items()), key=lambda r: -r["us_per_step"])
+    busy = _busy(spans) / profiled
+    step_ms = statistics.median(ms)
+    return {"step_ms": step_ms, "tok_s": 1e3 / step_ms, "step_ms_samples": ms, "profiled_step_ms": wall_prof,
+            "gpu_busy_us_per_step": busy, "kernels_per_step": len(spans) / profiled,
+            "kernel_us_per_step": sum(r["us_per_step"] for r in rows),
+            "idle_share": max(0.0, 1 - busy / (wall_prof * 1e3)) if spans else None, "kernels": rows,
+            "cuda_graphs_active": engine.stats().cuda_graphs_active}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--cells", default="int4,int4/int8,int4/fp8,bf16",
+                    help="expert format[/resident-weight format], comma-separated")
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--timed", type=int, default=64)
+    ap.add_argument("--profiled", type=int, default=8)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--smoke", action="store_true", help="a small shape on the CPU: checks the script, measures nothing")
+    a = ap.parse_args()
+    device = "cpu" if a.smoke else "cuda"
+    shape = dict(SMOKE if a.smoke else QWEN3_30B, num_hidden_layers=a.layers)
+    hf, cfg = build_hf(shape, torch.float32 if a.smoke else torch.bfloat16, base_std(shape), device=device)
+    result = {"benchmark": "step_profile", "what": (
+        f"Kernels of replayed batch-1 decode steps, Qwen3-30B-A3B shape with {a.layers} layers, random weights, "
+        f"every expert on the GPU, after a {a.prompt}-token prompt: wall time per step, GPU busy time (union "
+        "of kernel intervals), kernels grouped by name"), "config": vars(a), "cells": []}
+    for cell in a.cells.split(","):
+        fmt, _, res = cell.partition("/")
+        try:
+            engine, load_s = strata_engine(hf, cfg, fmt, 1, "float32" if a.smoke else "bfloat16", device=device,
+                                           kv_cache_size="64M" if a.smoke else "4G", resident_weights=res or "auto",
+                                           max_model_len=a.prompt + a.timed + a.profiled + 64)
+        except Exception as e:                           # one cell's failure is a row, not the run's end
+            result["cells"].append({"cell": cell, "error": f"{type(e).__name__}: {e}"[:2000]})
+            print(f"{cell}: {type(e).__name__}: {e}")
+            continue
+        try:
+            got = profile_engine(engine, shape["vocab_size"], a.prompt, a.timed, a.profiled, device)
+        finally:
+            engine.close()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        got.update(cell=cell, load_s=load_s)
+        result["cells"].append(got)
+        print(f"\n{cell}: {got['tok_s']:.0f} tok/s, {got['step_ms'] * 1e3:.0f} us a step, GPU busy "
+              f"{got['gpu_busy_us_per_step']:.0f} us ({got['kernels_per_step']:.0f} kernels), idle {got['idle_share'] or 0:.0%}")
+        for r in got["kernels"][:12]:
+            print(f"  {r['us_per_step']:8.1f} us x{r['calls_per_step']:5.1f}  {r['kernel']}")
+    if a.out:
+        write_result(a.out, result)
+
+
+if __name__ == "__main__":
+    main()
