@@ -23,7 +23,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import environment, write_result  # noqa: E402
+from benchmarks.common import write_result  # noqa: E402
 from benchmarks.synthetic_moe import QWEN3_30B, SMOKE, base_std, build_hf, strata_engine, sync  # noqa: E402
 from engine.sampling import SamplingParams  # noqa: E402
 
@@ -51,7 +51,8 @@ def _busy(spans: list[tuple[float, float, str]]) -> float:
 def profile_engine(engine, vocab: int, prompt: int, timed: int, profiled: int, device: str) -> dict:
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (prompt,), generator=g).tolist()
-    engine.add_request(None, ids, SamplingParams(max_tokens=16 + timed + profiled + 8, temperature=0.0, ignore_eos=True))
+    engine.add_request(None, ids, SamplingParams(max_tokens=16 + timed + profiled + 8, temperature=0.0,
+                                                 ignore_eos=True))
     for _ in range(16):                                   # prefill, then graph capture and warm-up
         engine.step()
     sync(device)
@@ -95,7 +96,8 @@ def main() -> None:
     ap.add_argument("--timed", type=int, default=64)
     ap.add_argument("--profiled", type=int, default=8)
     ap.add_argument("--out", default=None)
-    ap.add_argument("--smoke", action="store_true", help="a small shape on the CPU: checks the script, measures nothing")
+    ap.add_argument("--smoke", action="store_true",
+                    help="a small shape on the CPU: checks the script, measures nothing")
     a = ap.parse_args()
     device = "cpu" if a.smoke else "cuda"
     shape = dict(SMOKE if a.smoke else QWEN3_30B, num_hidden_layers=a.layers)
@@ -123,7 +125,8 @@ def main() -> None:
         got.update(cell=cell, load_s=load_s)
         result["cells"].append(got)
         print(f"\n{cell}: {got['tok_s']:.0f} tok/s, {got['step_ms'] * 1e3:.0f} us a step, GPU busy "
-              f"{got['gpu_busy_us_per_step']:.0f} us ({got['kernels_per_step']:.0f} kernels), idle {got['idle_share'] or 0:.0%}")
+              f"{got['gpu_busy_us_per_step']:.0f} us ({got['kernels_per_step']:.0f} kernels), "
+              f"idle {got['idle_share'] or 0:.0%}")
         for r in got["kernels"][:12]:
             print(f"  {r['us_per_step']:8.1f} us x{r['calls_per_step']:5.1f}  {r['kernel']}")
     if a.out:

@@ -30,7 +30,7 @@ import torch
 
 from kernels._triton import cdiv, jit, next_pow2, tl
 from kernels.paged_attention import (LOG2E, QUANT_DTYPES, DecodeAttentionLaunch, _paged_decode_reduce_kernel,
-                                     _partials, context_rows, split_plan)
+                                     _partials, context_rows, split_bounds, split_plan)
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -48,7 +48,7 @@ class LatentDecodeLaunch(DecodeAttentionLaunch):
 @jit
 def _latent_decode_split_kernel(q_ptr, c_ptr, p_ptr, cs_ptr, ps_ptr, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
                                 acc_ptr, stride_qb, stride_qh, stride_ct, stride_pt, stride_st, stride_btb,
-                                stride_ob, stride_oh, qk_scale, split_tokens, H, S,
+                                stride_ob, stride_oh, qk_scale, min_tokens, H, S,
                                 R: tl.constexpr, P: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_H: tl.constexpr,
                                 BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
                                 DIRECT: tl.constexpr, F32: tl.constexpr, QUANT: tl.constexpr):
@@ -56,8 +56,9 @@ def _latent_decode_split_kernel(q_ptr, c_ptr, p_ptr, cs_ptr, ps_ptr, bt_ptr, len
     hb = tl.program_id(1)
     s = tl.program_id(2)
     ctx = tl.load(lens_ptr + b)
-    start = s * split_tokens
-    end = tl.minimum(start + split_tokens, ctx)                         # start >= end: an empty split
+    first, per, used = split_bounds(ctx, 0, S, min_tokens, BLOCK_N, False)
+    start = first + s * per
+    end = tl.minimum(start + per, ctx)                                  # s >= used: empty, writes nothing
     heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)                        # [BH]
     offs_n = tl.arange(0, BLOCK_N)
     offs_r = tl.arange(0, BLOCK_R)
@@ -113,9 +114,10 @@ def _latent_decode_split_kernel(q_ptr, c_ptr, p_ptr, cs_ptr, ps_ptr, bt_ptr, len
                  (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=h_ok[:, None] & r_ok[None, :])
     else:
         part = (b * H + heads) * S + s                                  # [BH] rows of [B, H, S]
-        tl.store(m_ptr + part, m_i, mask=h_ok)
-        tl.store(l_ptr + part, l_i, mask=h_ok)
-        tl.store(acc_ptr + part[:, None] * R + offs_r[None, :], acc, mask=h_ok[:, None] & r_ok[None, :])
+        keep = h_ok & (heads * 0 + s < used)                            # the reduce reads used splits only
+        tl.store(m_ptr + part, m_i, mask=keep)
+        tl.store(l_ptr + part, l_i, mask=keep)
+        tl.store(acc_ptr + part[:, None] * R + offs_r[None, :], acc, mask=keep[:, None] & r_ok[None, :])
 
 
 def latent_decode_attention_ref(q: torch.Tensor, c_cache: torch.Tensor, p_cache: torch.Tensor,
@@ -185,19 +187,20 @@ def latent_decode_attention(q: torch.Tensor, c_cache: torch.Tensor, p_cache: tor
     if b == 0:
         return out
     head_blocks = cdiv(h, launch.block_h)
-    splits, split_tokens = split_plan(b, head_blocks, block_tables.shape[1], block_size, 0, q.device, launch)
+    splits, min_tokens = split_plan(b, head_blocks, block_tables.shape[1], block_size, 0, q.device, launch)
     m, l, acc = _partials(out, splits)
     scale = 1.0 / math.sqrt(width) if scale is None else scale
     quant = c_scale is not None
     _latent_decode_split_kernel[(b, head_blocks, splits)](
         q, c_cache, p_cache, c_scale if quant else q, p_scale if quant else q, block_tables, context_lens, out, m, l,
         acc, q.stride(0), q.stride(1), c_cache.stride(0), p_cache.stride(0), c_scale.stride(0) if quant else 0,
-        block_tables.stride(0), out.stride(0), out.stride(1), scale * LOG2E, split_tokens, h, splits,
+        block_tables.stride(0), out.stride(0), out.stride(1), scale * LOG2E, min_tokens, h, splits,
         R=r, P=width - r, BLOCK_SIZE=block_size, BLOCK_H=launch.block_h, BLOCK_N=launch.block_n,
         BLOCK_R=max(16, next_pow2(r)), BLOCK_P=max(16, next_pow2(width - r)), DIRECT=splits == 1,
         F32=q.dtype == torch.float32, QUANT=quant, num_warps=launch.num_warps, num_stages=launch.num_stages)
     if splits > 1:
-        _paged_decode_reduce_kernel[(b, h)](m, l, acc, q, out, out.stride(0), out.stride(1), h, splits, HEAD_DIM=r,
-                                            BLOCK_S=min(16, next_pow2(splits)), BLOCK_D=max(16, next_pow2(r)),
-                                            SINKS=False, num_warps=4)
+        _paged_decode_reduce_kernel[(b, h)](m, l, acc, q, context_lens, out, out.stride(0), out.stride(1), h, splits,
+                                            min_tokens, 0, HEAD_DIM=r, BLOCK_S=min(16, next_pow2(splits)),
+                                            BLOCK_D=max(16, next_pow2(r)), SINKS=False, BLOCK_N=launch.block_n,
+                                            WINDOWED=False, num_warps=4)
     return out

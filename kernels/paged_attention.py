@@ -10,18 +10,19 @@ KV head ``h // (H // Hkv)``. Block-table entries past a sequence's used blocks a
 KV head's group, keeping a running (max, sum, acc) in float32; a small kernel then combines the
 splits. The grid and the partial buffers are sized from tensor shapes and the device's SM count only
 (never from ``context_lens``), and nothing is copied to the host, so the call can be captured in a
-CUDA graph. K and V are loaded in their storage dtype and upcast to float32 at once; the two small
-matrix products run on tensor cores as TF32, which is exact for bf16/fp16 K, V and q (their
-mantissas fit in TF32's), and as IEEE fp32 for an fp32 cache. An int8 / fp8 (e4m3) cache carries one
+CUDA graph; each program reads its sequence's length on the device and takes its share of that
+context (:func:`split_bounds`), so a 600-token context in a 4096-token table runs as ten programs
+of one tile each rather than three of four. K and V are loaded in their storage dtype and upcast to
+float32 at once; the two small matrix products run on tensor cores as TF32, which is exact for
+bf16/fp16 K, V and q (their mantissas fit in TF32's), and as IEEE fp32 for an fp32 cache. An int8 / fp8 (e4m3) cache carries one
 float32 scale per token and KV head: its stored values are exact in TF32 too, so the kernel multiplies
 the raw rows and applies each token's key scale to its scores and its value scale to its probability.
 
 gpt-oss layers add two things, each behind a compile-time flag so other models run the same code as
 before. Sinks (a logit per query head that attends to nothing) join the final normalisation's
 denominator. A sliding window of W: sequence b reads only positions ``>= context_lens[b] - W``; the
-splits then tile the at most ``ceil((W - 1) / block_size) + 1`` blocks the window touches, starting at
-the block that holds its first position, so no block before it is read and the split count follows from W
-rather than from the table width.
+splits then share those at most W positions, so nothing before them is read and the split count
+follows from W rather than from the table width.
 :func:`paged_decode_attention_ref` is the vectorised plain-torch path (CPU decode) and the truth.
 
 Legend: B sequences, H query heads, Hkv KV heads, G = H // Hkv heads per group, hd head dim,
@@ -50,8 +51,24 @@ class DecodeAttentionLaunch:
     num_warps: int = 4
     num_stages: int = 2
     waves: int = 4                 # aim for waves * SMs split programs (best on H200 at 4k-32k)
-    min_split_tokens: int = 256    # fewer tokens per split would cost more in partials than it gains
+    min_split_tokens: int = 64     # a split covers at least this many context tokens (rounded up to block_n)
     num_splits: int | None = None  # force a split count (tests, benchmark sweeps)
+
+
+@jit
+def split_bounds(ctx, window, S, min_tokens, BLOCK_N: tl.constexpr, WINDOWED: tl.constexpr):
+    """A sequence's split layout from its own context length (read on the device, so a captured graph
+    spreads whatever context a step has over all its ``S`` programs): (first position read, tokens per
+    split, splits that hold any). Split ``s`` reads ``[first + s * per, min(first + (s + 1) * per, ctx))``;
+    ``per`` is a multiple of ``BLOCK_N`` and at least ``min_tokens``, and split 0 is never empty."""
+    if WINDOWED:
+        first = tl.maximum(ctx - window, 0)
+    else:
+        first = ctx * 0
+    span = ctx - first                                                  # >= 1
+    per = tl.maximum((span + S - 1) // S, min_tokens)
+    per = (per + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+    return first, per, (span + per - 1) // per
 
 
 # Over 60 lines: a Triton program is one function (its helpers are inlined @triton.jit calls),
@@ -59,7 +76,7 @@ class DecodeAttentionLaunch:
 @jit
 def _paged_decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, lens_ptr, sinks_ptr, out_ptr, m_ptr,
                                l_ptr, acc_ptr, stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-                               stride_st, stride_btb, stride_ob, stride_oh, qk_scale, split_tokens, window, H, S,
+                               stride_st, stride_btb, stride_ob, stride_oh, qk_scale, min_tokens, window, H, S,
                                G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                                BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                                DIRECT: tl.constexpr, DOT_PREC: tl.constexpr, QUANT: tl.constexpr,
@@ -68,14 +85,9 @@ def _paged_decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, lens
     kvh = tl.program_id(1)
     s = tl.program_id(2)
     ctx = tl.load(lens_ptr + b)
-    if WINDOWED:  # the splits tile whole blocks from the one holding the window's first position
-        first = tl.maximum(ctx - window, 0)
-        split0 = (first // BLOCK_SIZE) * BLOCK_SIZE + s * split_tokens
-        start = tl.maximum(split0, first)
-    else:
-        split0 = s * split_tokens
-        start = split0
-    end = tl.minimum(split0 + split_tokens, ctx)                        # start >= end: empty split
+    first, per, used = split_bounds(ctx, window, S, min_tokens, BLOCK_N, WINDOWED)
+    start = first + s * per
+    end = tl.minimum(start + per, ctx)                                  # s >= used: empty, writes nothing
     offs_g = tl.arange(0, BLOCK_G)                                      # [BG]
     offs_n = tl.arange(0, BLOCK_N)                                      # [BN]
     offs_d = tl.arange(0, BLOCK_D)                                      # [BD]
@@ -124,31 +136,35 @@ def _paged_decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, lens
                  o.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
     else:
         part = (b * H + heads) * S + s                                  # [BG] rows of [B, H, S]
-        tl.store(m_ptr + part, m_i, mask=g_ok)
-        tl.store(l_ptr + part, l_i, mask=g_ok)
+        keep = g_ok & (offs_g * 0 + s < used)                           # the reduce reads used splits only
+        tl.store(m_ptr + part, m_i, mask=keep)
+        tl.store(l_ptr + part, l_i, mask=keep)
         tl.store(acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc,
-                 mask=g_ok[:, None] & d_ok[None, :])
+                 mask=keep[:, None] & d_ok[None, :])
 
 
 @jit
-def _paged_decode_reduce_kernel(m_ptr, l_ptr, acc_ptr, sinks_ptr, out_ptr, stride_ob, stride_oh, H, S,
-                                HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-                                SINKS: tl.constexpr):
+def _paged_decode_reduce_kernel(m_ptr, l_ptr, acc_ptr, sinks_ptr, lens_ptr, out_ptr, stride_ob, stride_oh, H, S,
+                                min_tokens, window, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
+                                BLOCK_D: tl.constexpr, SINKS: tl.constexpr, BLOCK_N: tl.constexpr,
+                                WINDOWED: tl.constexpr):
+    """Combines the splits a sequence used (the split kernel's ``split_bounds``, same arguments)."""
     b = tl.program_id(0)
     h = tl.program_id(1)
+    _, _, used = split_bounds(tl.load(lens_ptr + b), window, S, min_tokens, BLOCK_N, WINDOWED)
     base = (b * H + h) * S
     offs_s = tl.arange(0, BLOCK_S)                                      # [BS]
     offs_d = tl.arange(0, BLOCK_D)                                      # [BD]
     d_ok = offs_d < HEAD_DIM
     m_max = tl.full([BLOCK_S], float("-inf"), tl.float32)
-    for s0 in range(0, S, BLOCK_S):
-        m_max = tl.maximum(m_max, tl.load(m_ptr + base + s0 + offs_s, mask=s0 + offs_s < S,
+    for s0 in range(0, used, BLOCK_S):
+        m_max = tl.maximum(m_max, tl.load(m_ptr + base + s0 + offs_s, mask=s0 + offs_s < used,
                                           other=float("-inf")))
     m_all = tl.max(m_max, axis=0)                                       # finite: split 0 is never empty
     total = tl.zeros([BLOCK_S], tl.float32)
     o = tl.zeros([BLOCK_D], tl.float32)
-    for s0 in range(0, S, BLOCK_S):
-        s_ok = s0 + offs_s < S
+    for s0 in range(0, used, BLOCK_S):
+        s_ok = s0 + offs_s < used
         m = tl.load(m_ptr + base + s0 + offs_s, mask=s_ok, other=float("-inf"))
         w = tl.exp2(m - m_all)                                          # [BS] 0 for empty splits
         total += w * tl.load(l_ptr + base + s0 + offs_s, mask=s_ok, other=0.0)
@@ -320,19 +336,8 @@ def _sm_count(device: torch.device) -> int:
 
 def num_splits(batch: int, kv_heads: int, max_blocks: int, block_size: int, device: torch.device,
                launch: DecodeAttentionLaunch) -> int:
-    """Splits per (sequence, KV head), from shapes and the SM count only (CUDA-graph safe)."""
-    if launch.num_splits is not None:
-        return max(1, min(launch.num_splits, max_blocks))
-    wanted = cdiv(launch.waves * _sm_count(device), batch * kv_heads)
-    most = max(1, (max_blocks * block_size) // launch.min_split_tokens)
-    return max(1, min(wanted, most, max_blocks))
-
-
-def window_blocks(max_blocks: int, block_size: int, window: int) -> int:
-    """Blocks a decode step of a ``window`` layer can touch (0: no window, the whole table)."""
-    if window <= 0:
-        return max_blocks
-    return min(max_blocks, cdiv(window - 1, block_size) + 1)
+    """Split programs per (sequence, KV head) of a full-attention layer (:func:`split_plan`)."""
+    return split_plan(batch, kv_heads, max_blocks, block_size, 0, device, launch)[0]
 
 
 def check_sinks_window(sinks: torch.Tensor | None, window: int, heads: int, device: torch.device) -> None:
@@ -373,8 +378,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if b == 0:
         return out
     window = window if window < block_tables.shape[1] * block_size else 0   # a window past the table cuts nothing
-    splits, split_tokens = split_plan(b, k_cache.shape[1], block_tables.shape[1], block_size, window, q.device,
-                                      launch)
+    splits, min_tokens = split_plan(b, k_cache.shape[1], block_tables.shape[1], block_size, window, q.device,
+                                    launch)
     m, l, acc = _partials(out, splits)
     block_d, quant, g = max(16, next_pow2(hd)), k_scale is not None, h // k_cache.shape[1]
     _paged_decode_split_kernel[(b, k_cache.shape[1], splits)](
@@ -382,26 +387,33 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         q if sinks is None else sinks, out, m, l, acc, q.stride(0), q.stride(1), k_cache.stride(0),
         k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), k_scale.stride(0) if quant else 0,
         block_tables.stride(0), out.stride(0), out.stride(1),
-        (1.0 / math.sqrt(hd) if scale is None else scale) * LOG2E, split_tokens, window, h, splits,
+        (1.0 / math.sqrt(hd) if scale is None else scale) * LOG2E, min_tokens, window, h, splits,
         G=g, HEAD_DIM=hd, BLOCK_SIZE=block_size, BLOCK_G=max(16, next_pow2(g)), BLOCK_N=launch.block_n,
         BLOCK_D=block_d, DIRECT=splits == 1, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         QUANT=quant, WINDOWED=window > 0, SINKS=sinks is not None, num_warps=launch.num_warps,
         num_stages=launch.num_stages)
     if splits > 1:
-        _paged_decode_reduce_kernel[(b, h)](m, l, acc, q if sinks is None else sinks, out, out.stride(0),
-                                            out.stride(1), h, splits, HEAD_DIM=hd,
-                                            BLOCK_S=min(16, next_pow2(splits)), BLOCK_D=block_d,
-                                            SINKS=sinks is not None, num_warps=4)
+        _paged_decode_reduce_kernel[(b, h)](m, l, acc, q if sinks is None else sinks, context_lens, out,
+                                            out.stride(0), out.stride(1), h, splits, min_tokens, window,
+                                            HEAD_DIM=hd, BLOCK_S=min(16, next_pow2(splits)), BLOCK_D=block_d,
+                                            SINKS=sinks is not None, BLOCK_N=launch.block_n, WINDOWED=window > 0,
+                                            num_warps=4)
     return out
 
 
 def split_plan(batch: int, kv_heads: int, max_blocks: int, block_size: int, window: int, device: torch.device,
                launch: DecodeAttentionLaunch) -> tuple[int, int]:
-    """(splits, tokens per split) over the blocks a step can read: the table, or the window's blocks."""
-    blocks = window_blocks(max_blocks, block_size, window)
-    splits = num_splits(batch, kv_heads, blocks, block_size, device, launch)
-    split_tokens = cdiv(blocks, splits) * block_size                   # whole blocks per split
-    return cdiv(blocks * block_size, split_tokens), split_tokens        # no split left always empty
+    """(split programs per sequence and head, least tokens a split covers), from shapes and the SM count
+    only, so a captured graph stays valid. The kernels spread each sequence's own context (or its
+    window) over the splits on the device (:func:`split_bounds`): a short context in a long table
+    still keeps every split program busy with a tile or two instead of a few programs walking it
+    alone. ``launch.num_splits`` forces the count (tests, sweeps); the context is then spread over
+    that many splits whatever ``min_split_tokens`` says."""
+    tokens = max_blocks * block_size if window <= 0 else min(window, max_blocks * block_size)
+    if launch.num_splits is not None:
+        return max(1, min(launch.num_splits, tokens)), 1
+    wanted = cdiv(launch.waves * _sm_count(device), batch * kv_heads)
+    return max(1, min(wanted, cdiv(tokens, max(launch.min_split_tokens, launch.block_n)))), launch.min_split_tokens
 
 
 def _partials(out: torch.Tensor, splits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -1,7 +1,9 @@
 """GPU microbenchmark of paged decode attention on Qwen3-30B-A3B-shaped layers.
 
 H=32 query heads, Hkv=4 KV heads, hd=128, block size 16, bf16 cache; batch 1, 8, 32 × context 512,
-4096, 32768 (every sequence at the full context, block ids scrambled over the pool). For each case:
+4096, 32768 (every sequence at the full context, block ids scrambled over the pool), then short
+contexts in wide tables, as an engine meets them (a 640-token chat in a table of 4096 or 40960).
+For each case:
 correctness against the torch reference on the GPU (bf16 tolerances), a CUDA-graph capture and replay
 of the default launch (proves no host sync), then a small sweep of launch settings timed with
 ``triton.testing.do_bench`` (median; it clears L2 before every call, so the cache is read from HBM).
@@ -28,6 +30,7 @@ from kernels.paged_attention import (DecodeAttentionLaunch, num_splits,  # noqa:
 H, HKV, HD, BLOCK = 32, 4, 128, 16
 BATCHES = (1, 8, 32)
 CONTEXTS = (512, 4096, 32768)
+WIDE = ((1, 640, 4096), (1, 640, 40960), (8, 640, 4096))     # (batch, context, table tokens)
 SWEEP = [DecodeAttentionLaunch()] + [DecodeAttentionLaunch(block_n=n, num_warps=w, num_stages=s, waves=v)
                                      for n, w, s, v in [(32, 4, 2, 2), (128, 4, 2, 2), (64, 8, 2, 2),
                                                         (128, 8, 2, 2), (64, 4, 3, 2), (64, 4, 2, 4),
@@ -50,14 +53,17 @@ def copy_ceiling_gbs() -> float:
     return 2 * (1 << 30) / ms / 1e6
 
 
-def make_case(batch: int, ctx: int) -> tuple:
-    """q and a bf16 cache of ``batch`` sequences of ``ctx`` tokens, block ids scrambled over the pool."""
+def make_case(batch: int, ctx: int, table: int | None = None) -> tuple:
+    """q and a bf16 cache of ``batch`` sequences of ``ctx`` tokens, block ids scrambled over the pool;
+    ``table``: the block table's width in tokens (default ``ctx``; past the context it names block 0)."""
     g = torch.Generator(device=DEVICE).manual_seed(batch * 100003 + ctx)
     blocks = batch * ctx // BLOCK
     pool = blocks + 8
     k = torch.randn(pool * BLOCK, HKV, HD, device=DEVICE, dtype=torch.bfloat16, generator=g)
     v = torch.randn_like(k)
-    tables = torch.randperm(pool, device=DEVICE, generator=g)[:blocks].view(batch, -1).to(torch.int32)
+    used = torch.randperm(pool, device=DEVICE, generator=g)[:blocks].view(batch, -1).to(torch.int32)
+    tables = torch.zeros(batch, (table or ctx) // BLOCK, dtype=torch.int32, device=DEVICE)
+    tables[:, :used.shape[1]] = used
     q = torch.randn(batch, H, HD, device=DEVICE, dtype=torch.bfloat16, generator=g)
     lens = torch.full((batch,), ctx, dtype=torch.int32, device=DEVICE)
     return q, k, v, tables, lens, BLOCK
@@ -81,8 +87,8 @@ def graph_check(case: tuple) -> bool:
     return bool(torch.equal(out, paged_decode_attention(q, *case[1:])))
 
 
-def bench_case(batch: int, ctx: int, ceiling: float) -> dict:
-    case = make_case(batch, ctx)
+def bench_case(batch: int, ctx: int, ceiling: float, table: int | None = None) -> dict:
+    case = make_case(batch, ctx, table)
     q, k = case[0], case[1]
     nbytes = 2 * batch * ctx * HKV * HD * k.element_size() + 2 * q.numel() * q.element_size()
     out = paged_decode_attention(*case)
@@ -93,7 +99,8 @@ def bench_case(batch: int, ctx: int, ceiling: float) -> dict:
         close = True
     except AssertionError:
         close = False
-    row = {"batch": batch, "context": ctx, "bytes": nbytes, "rel_err_vs_ref": err, "close_bf16_tol": close,
+    row = {"batch": batch, "context": ctx, "table": table or ctx, "bytes": nbytes, "rel_err_vs_ref": err,
+           "close_bf16_tol": close,
            "cuda_graph_replay_equal": graph_check(case), "sweep": []}
     for launch in SWEEP:
         entry = {"launch": asdict(launch),
@@ -123,24 +130,25 @@ def main() -> None:
         env["commit"] = args.commit
     payload = {"environment": {**env, "triton": triton.__version__},
                "config": {"H": H, "Hkv": HKV, "hd": HD, "block_size": BLOCK, "dtype": "bfloat16",
-                          "batches": BATCHES, "contexts": CONTEXTS, "timer": "triton do_bench median, L2 cleared",
+                          "batches": BATCHES, "contexts": CONTEXTS, "wide_tables": WIDE,
+                          "timer": "triton do_bench median, L2 cleared",
                           "bytes": "K+V of every context token once + q + out"},
                "ceiling_copy_gbs": copy_ceiling_gbs(), "results": []}
     print(f"copy ceiling {payload['ceiling_copy_gbs']:.0f} GB/s", flush=True)
-    for batch in BATCHES:
-        for ctx in CONTEXTS:
-            row = bench_case(batch, ctx, payload["ceiling_copy_gbs"])
-            payload["results"].append(row)
-            write_result(args.out, payload)
-            print(f"B={batch} ctx={ctx}: err={row['rel_err_vs_ref']:.2e} graph={row['cuda_graph_replay_equal']} "
-                  f"best={row['best']}", flush=True)
-    print(f"\n{'B':>3} {'ctx':>6} {'splits':>6} {'default us':>10} {'best us':>8} {'GB/s':>6} "
+    for batch, ctx, table in [(b, c, None) for b in BATCHES for c in CONTEXTS] + list(WIDE):
+        row = bench_case(batch, ctx, payload["ceiling_copy_gbs"], table)
+        payload["results"].append(row)
+        write_result(args.out, payload)
+        print(f"B={batch} ctx={ctx} table={row['table']}: err={row['rel_err_vs_ref']:.2e} "
+              f"graph={row['cuda_graph_replay_equal']} best={row['best']}", flush=True)
+    print(f"\n{'B':>3} {'ctx':>6} {'table':>6} {'splits':>6} {'default us':>10} {'best us':>8} {'GB/s':>6} "
           f"{'%ceil':>6} {'best launch (n,w,s,waves)':>26} {'ok':>3}")
     for r in payload["results"]:
         d, b = r["default"], r["best"] or {}
         la = b.get("launch", {})
-        print(f"{r['batch']:>3} {r['context']:>6} {b.get('splits', 0):>6} {d.get('ms', float('nan')) * 1e3:>10.1f} "
-              f"{b.get('ms', float('nan')) * 1e3:>8.1f} {b.get('gbs', 0):>6.0f} {100 * b.get('frac_of_ceiling', 0):>5.1f}% "
+        print(f"{r['batch']:>3} {r['context']:>6} {r['table']:>6} {b.get('splits', 0):>6} "
+              f"{d.get('ms', float('nan')) * 1e3:>10.1f} {b.get('ms', float('nan')) * 1e3:>8.1f} {b.get('gbs', 0):>6.0f} "
+              f"{100 * b.get('frac_of_ceiling', 0):>5.1f}% "
               f"{str((la.get('block_n'), la.get('num_warps'), la.get('num_stages'), la.get('waves'))):>26} "
               f"{'y' if r['close_bf16_tol'] and r['cuda_graph_replay_equal'] else 'N':>3}")
 

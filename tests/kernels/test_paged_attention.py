@@ -310,12 +310,21 @@ def test_window_reads_no_block_before_it(splits, quantised):
 
 
 def test_window_sizes_the_splits_from_the_window():
-    # A window layer's split count follows from the window's blocks, not from the table width.
+    # A window layer's split count follows from the window's positions, not from the table width.
     from kernels.paged_attention import split_plan
     launch = DecodeAttentionLaunch()
-    full = split_plan(1, 8, 2048, 16, 0, torch.device("cpu"), launch)
-    windowed = split_plan(1, 8, 2048, 16, 128, torch.device("cpu"), launch)
-    assert windowed[0] * windowed[1] >= 128 + 15 and windowed[0] * windowed[1] < full[0] * full[1] // 8
+    full = split_plan(1, 1, 2048, 16, 0, torch.device("cpu"), launch)
+    windowed = split_plan(1, 1, 2048, 16, 128, torch.device("cpu"), launch)
+    assert windowed == (2, launch.min_split_tokens) and full[0] == 4 * 16     # 4 waves of the interpreter's 16 "SMs"
+
+
+def test_a_short_context_in_a_long_table_spreads_over_every_split():
+    # Each program takes its share of its own sequence's context (read on the device): 40 tokens in a
+    # 2048-token table over 12 forced splits run as 3 splits of 16 tokens, 7 tokens as one, and the
+    # reduce combines those only (the other splits write nothing).
+    case = make_case([40, 7, 33], heads=4, kv_heads=2, block_size=4, max_blocks=512)
+    check(case, DecodeAttentionLaunch(block_n=16, num_splits=12))
+    check(case, DecodeAttentionLaunch(block_n=16))
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.int8, torch.float8_e4m3fn])
