@@ -127,6 +127,18 @@ def _qgemv_kernel(x_ptr, q_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_qn,
     tl.store(y_ptr + cols, y.to(y_ptr.dtype.element_ty), mask=n_ok)
 
 
+def _gemv_tiles(N: int, K: int) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_K, num_warps) of the one-token kernel. Attention-sized matrices (a few thousand
+    rows) take 8 rows a program with long K runs and 8 warps: few programs must keep enough bytes in
+    flight. LM heads (hundreds of thousands of rows) have programs enough at 16 x 256 and 4 warps.
+    From ``bench_qlinear.py --gemv-sweep`` on the H100 (fp8, HBM-resident copies): Qwen3-30B-A3B's
+    qkv 8.4 -> 6.1 us, its o 14.1 -> 6.4 us, gpt-oss's qkv 12.2 -> 8.4 us; its LM head's best was 16 x 256."""
+    most = max(16, 1 << (K - 1).bit_length())
+    if N >= 32768:
+        return 16, min(256, most), 4
+    return 8, min(1024 if K >= 4096 else 512, most), 8
+
+
 def _tiles(T: int, N: int, device: torch.device) -> tuple[int, int, int, int]:
     """(BLOCK_T, BLOCK_N, BLOCK_K, num_warps). Decode: 16 token rows and the widest ``BLOCK_N`` that
     still gives every SM at least two programs (the step is bound by the weight bytes). Prefill:
@@ -156,10 +168,10 @@ def qlinear(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = None) -
     if T == 0:
         return y
     if T == 1:
-        bk = min(256, max(16, 1 << (K - 1).bit_length()))
-        _qgemv_kernel[(cdiv(N, 16),)](x, w.q, w.scale, bias if bias is not None else w.scale, y, N, K, w.q.stride(0),
-                                      HAS_BIAS=bias is not None, BLOCK_N=16, BLOCK_K=bk, EVEN_K=K % bk == 0,
-                                      num_warps=4, num_stages=4)
+        bn, bk, warps = _gemv_tiles(N, K)
+        _qgemv_kernel[(cdiv(N, bn),)](x, w.q, w.scale, bias if bias is not None else w.scale, y, N, K, w.q.stride(0),
+                                      HAS_BIAS=bias is not None, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=K % bk == 0,
+                                      num_warps=warps, num_stages=4)
         return y
     bt, bn, bk, warps = _tiles(T, N, x.device)
     bk = min(bk, max(16, 1 << (K - 1).bit_length()))
