@@ -15,6 +15,7 @@ memory) per (expert format, prefetch depth, cold_experts mode), summarised as pe
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import tempfile
@@ -108,6 +109,7 @@ def main() -> None:
     ap.add_argument("--formats", default="int4,bf16")
     ap.add_argument("--depths", default="0,2")
     ap.add_argument("--modes", default="bus,auto")
+    ap.add_argument("--reads", default="auto", help="expert_reads values: auto, copy, direct (comma-separated)")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--traces", default=None)
     ap.add_argument("--out", default=None)
@@ -132,23 +134,23 @@ def main() -> None:
             print(f"{fmt}: {type(e).__name__}: {e}")
             continue
         try:
-            for depth in (int(d) for d in a.depths.split(",")):
-                for mode in a.modes.split(","):
-                    engine.reconfigure(prefetch_depth=depth, cold_experts=mode)
-                    label = f"{fmt}_d{depth}_{mode}"
-                    try:
-                        got = trace_cell(engine, shape["vocab_size"], a.steps, device, keep, label)
-                    except Exception as e:
-                        result["cells"].append({"cell": label, "error": f"{type(e).__name__}: {e}"[:2000]})
-                        print(f"{label}: {type(e).__name__}: {e}")
-                        continue
-                    got.update(cell=label, format=fmt, depth=depth, mode=mode)
-                    result["cells"].append(got)
-                    print(f"{label:14} {got['step_ms'] * 1e3:7.0f} us/step ({got['tok_s']:5.0f} tok/s) | kernels "
-                          f"{got['kernels_us']:6.0f} us x{got['kernel_count']:4.0f} | copies "
-                          f"{got['copies_us']:6.0f} us x{got['copy_count']:4.0f} {got['copy_mb']:6.1f} MB at "
-                          f"{got['copy_gbs_while_copying']:5.1f} GB/s | overlap {got['overlap_us']:5.0f} us | "
-                          f"host syncs {got['host_sync_us']:6.0f} us", flush=True)
+            for depth, mode, reads in itertools.product((int(d) for d in a.depths.split(",")), a.modes.split(","),
+                                                        a.reads.split(",")):
+                engine.reconfigure(prefetch_depth=depth, cold_experts=mode, expert_reads=reads)
+                label = f"{fmt}_d{depth}_{mode}" + ("" if reads == "auto" else f"_{reads}")
+                try:
+                    got = trace_cell(engine, shape["vocab_size"], a.steps, device, keep, label)
+                except Exception as e:
+                    result["cells"].append({"cell": label, "error": f"{type(e).__name__}: {e}"[:2000]})
+                    print(f"{label}: {type(e).__name__}: {e}")
+                    continue
+                got.update(cell=label, format=fmt, depth=depth, mode=mode, reads=reads)
+                result["cells"].append(got)
+                print(f"{label:14} {got['step_ms'] * 1e3:7.0f} us/step ({got['tok_s']:5.0f} tok/s) | kernels "
+                      f"{got['kernels_us']:6.0f} us x{got['kernel_count']:4.0f} | copies "
+                      f"{got['copies_us']:6.0f} us x{got['copy_count']:4.0f} {got['copy_mb']:6.1f} MB at "
+                      f"{got['copy_gbs_while_copying']:5.1f} GB/s | overlap {got['overlap_us']:5.0f} us | "
+                      f"host syncs {got['host_sync_us']:6.0f} us", flush=True)
         finally:
             engine.close()
         if device == "cuda":
