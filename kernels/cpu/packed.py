@@ -26,7 +26,6 @@ Legend: T tokens, P (expert, token) pairs, D hidden, F expert FFN, G group size,
 """
 from __future__ import annotations
 
-import math
 
 import numpy as np
 from numba import njit, prange
@@ -57,7 +56,7 @@ def supports(fmt: int, group: int, os13: int, os2: int) -> str | None:
     return None
 
 
-@njit(fastmath=True, error_model="numpy", cache=True)
+@njit(fastmath=True, error_model="numpy", parallel=True, cache=True)
 def quantize_rows(v, group, q, s, qs, bad):
     """Each row of ``v [N, K]`` float32 as 16-bit fixed point with one scale per group of ``group``,
     each value ``high * 254 + low`` in two signed bytes: ``q [N, 2K]`` int8, the high bytes in
@@ -66,39 +65,64 @@ def quantize_rows(v, group, q, s, qs, bad):
     ``qs [N, K/8]`` int32 the sums of those units over each run of 8 elements. A group whose largest value is below
     :data:`TINY` (1/127 of it would not be a normal float) is all zeros. ``bad [N]`` is set where a row
     holds a NaN or an infinity (its group is zeroed: the caller makes what the row feeds NaN, as float
-    arithmetic would)."""
+    arithmetic would).
+
+    One work item per (row, group), in parallel: on a 16-core host the serial form of this took a
+    third of a one-token call (90 of 290 us at top-8), more than either pass's share of the bytes."""
+    k = v.shape[1]
+    ng = k // group
+    for i in range(v.shape[0]):
+        bad[i] = False
+    for item in prange(v.shape[0] * ng):
+        _quantize_group(v, item // ng, item % ng, group, q, s, qs, bad)
+
+
+@njit(fastmath=True, error_model="numpy", cache=True)
+def _quantize_group(v, i, g, group, q, s, qs, bad):
+    """Group ``g`` of row ``i`` (:func:`quantize_rows`): its pairs of elements (``2p`` in phase 0,
+    ``2p + 1`` in phase 1) side by side, so that the loops run over contiguous bytes."""
     k = v.shape[1]
     k2 = k // 2
     bits = v.view(np.uint32)            # NaN and infinity tested on the bits: fastmath may assume neither
-    for i in range(v.shape[0]):
-        bad[i] = False
-        for g in range(k // group):
-            m = np.float32(0.0)
-            finite = True
-            for j in range(g * group, (g + 1) * group):
-                m = max(m, abs(v[i, j]))
-                if bits[i, j] & np.uint32(0x7F800000) == np.uint32(0x7F800000):
-                    finite = False
-            if not finite or m < TINY:
-                bad[i] = bad[i] or not finite
-                s[i, g] = np.float32(0.0)
-                for j in range(g * group // 8, (g + 1) * group // 8):
-                    qs[i, j] = 0
-                for j in range(g * group, (g + 1) * group):
-                    q[i, (j % 2) * k2 + j // 2] = 0
-                    q[i, k + (j % 2) * k2 + j // 2] = 0
-                continue
-            sc = m / Q_MAX                                          # one step of the high byte
-            inv = np.float32(1.0) / sc
-            for j in range(g * group // 8, (g + 1) * group // 8):
-                qs[i, j] = 0
-            for j in range(g * group, (g + 1) * group):
-                hi = min(max(math.floor(v[i, j] * inv + np.float32(0.5)), -Q_MAX), Q_MAX)
-                lo = min(max(math.floor((v[i, j] * inv - hi) * LOW + np.float32(0.5)), -Q_MAX), Q_MAX)
-                q[i, (j % 2) * k2 + j // 2] = np.int8(hi)
-                q[i, k + (j % 2) * k2 + j // 2] = np.int8(lo)
-                qs[i, j // 8] += np.int32(hi) * np.int32(LOW) + np.int32(lo)
-            s[i, g] = sc / LOW
+    m = np.float32(0.0)
+    special = np.uint32(0)
+    for j in range(g * group, (g + 1) * group):
+        m = max(m, abs(v[i, j]))
+        special |= np.uint32((bits[i, j] & np.uint32(0x7F800000)) == np.uint32(0x7F800000))
+    p0, p1 = g * group // 2, (g + 1) * group // 2
+    if special != 0 or m < TINY:
+        if special != 0:
+            bad[i] = True
+        s[i, g] = np.float32(0.0)
+        for j in range(g * group // 8, (g + 1) * group // 8):
+            qs[i, j] = 0
+        for p in range(p0, p1):
+            q[i, p] = 0
+            q[i, k2 + p] = 0
+            q[i, k + p] = 0
+            q[i, k + k2 + p] = 0
+        return
+    sc = m / Q_MAX                                                      # one step of the high byte
+    inv = np.float32(1.0) / sc
+    for p in range(p0, p1):
+        a = v[i, 2 * p] * inv
+        b = v[i, 2 * p + 1] * inv
+        ha = min(max(np.floor(a + np.float32(0.5)), -Q_MAX), Q_MAX)
+        hb = min(max(np.floor(b + np.float32(0.5)), -Q_MAX), Q_MAX)
+        # the remainder is exact in float32 (a and its rounding are close); its 254 steps in float64
+        la = min(max(np.floor(np.float64(a - ha) * 254.0 + 0.5), -127.0), 127.0)
+        lb = min(max(np.floor(np.float64(b - hb) * 254.0 + 0.5), -127.0), 127.0)
+        q[i, p] = np.int8(ha)
+        q[i, k2 + p] = np.int8(hb)
+        q[i, k + p] = np.int8(la)
+        q[i, k + k2 + p] = np.int8(lb)
+    for j8 in range(g * group // 8, (g + 1) * group // 8):             # 8 values: pairs 4 j8 .. 4 j8 + 3
+        t = np.int32(0)
+        for p in range(4 * j8, 4 * j8 + 4):
+            t += (np.int32(q[i, p]) + np.int32(q[i, k2 + p])) * np.int32(LOW_RANGE) \
+                + np.int32(q[i, k + p]) + np.int32(q[i, k + k2 + p])
+        qs[i, j8] = t
+    s[i, g] = sc / LOW
 
 
 @njit(fastmath=True, error_model="numpy", cache=True, inline="always")
