@@ -8,7 +8,7 @@ memory) per (expert format, prefetch depth, cold_experts mode), summarised as pe
 * overlap: the time kernels and copies ran together;
 * host waits: the host's time in CUDA synchronisation calls (stream, event and device syncs).
 
-    python benchmarks/offload_trace.py --out benchmarks/results/offload_trace_DATE.json [--traces DIR]
+    python benchmarks/offload_trace.py --out benchmarks/results/no_pool_trace_DATE.json [--traces DIR]
 
 ``--traces DIR`` also writes each Chrome trace (open in Perfetto) for a closer look.
 """

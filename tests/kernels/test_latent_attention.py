@@ -47,6 +47,21 @@ def test_the_kernel_matches_the_reference(dtype, splits, heads):
     torch.testing.assert_close(got, want, **TOLERANCES[dtype])
 
 
+def test_splits_past_a_short_context_write_nothing_the_reduce_reads(monkeypatch):
+    # Each split takes its share of its own sequence's context; partial buffers start as NaN, so a
+    # split that wrote nothing and was combined anyway would show.
+    import kernels.latent_attention as la
+    made = la._partials
+    monkeypatch.setattr(la, "_partials", lambda out, splits: tuple(t.fill_(float("nan")) if splits > 1 else t
+                                                                    for t in made(out, splits)))
+    q, c, kp, tables, lens, bs = make_case([1, 7, 30, 13], heads=5)
+    wide = torch.cat([tables, tables[:, -1:].expand(-1, 40)], dim=1)      # a table much wider than the contexts
+    want = latent_decode_attention_ref(q, c, kp, wide, lens, bs, 0.3)
+    for splits in (2, 9):
+        got = latent_decode_attention(q, c, kp, wide, lens, bs, 0.3, launch=LatentDecodeLaunch(num_splits=splits))
+        torch.testing.assert_close(got, want, **TOLERANCES[torch.float32])
+
+
 @pytest.mark.parametrize("storage", [torch.int8, torch.float8_e4m3fn])
 def test_int8_and_fp8_rows_with_their_scales(storage):
     from engine.kv.cache import KVCache

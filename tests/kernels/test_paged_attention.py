@@ -327,6 +327,18 @@ def test_a_short_context_in_a_long_table_spreads_over_every_split():
     check(case, DecodeAttentionLaunch(block_n=16))
 
 
+@pytest.mark.parametrize("window", [0, 5, 16, 40])
+def test_the_reduce_reads_only_the_splits_a_sequence_used(monkeypatch, window):
+    # Partial buffers start as NaN: a split that wrote nothing and was read anyway would show.
+    import kernels.paged_attention as pa
+    made = pa._partials
+    monkeypatch.setattr(pa, "_partials", lambda out, splits: tuple(t.fill_(float("nan")) if splits > 1 else t
+                                                                    for t in made(out, splits)))
+    case = make_case([40, 7, 33, 1], heads=4, kv_heads=2, block_size=4, max_blocks=64)
+    for splits in (2, 5, 12):
+        check(case, DecodeAttentionLaunch(block_n=16, num_splits=splits), window=window)
+
+
 @pytest.mark.parametrize("kv_dtype", [torch.int8, torch.float8_e4m3fn])
 @pytest.mark.parametrize("splits", [1, 3])
 def test_quantised_cache_with_sinks_and_window(kv_dtype, splits):
