@@ -4,10 +4,12 @@ A Qwen3-30B-A3B-shaped random model (``--layers`` layers, default 12 as in the l
 small pool, decode tok/s per setting, each row after a warm-up, all in one process:
 
     python benchmarks/cold_experts.py --formats bf16,int4 --pools 0 --depths 0,2 --batches 1,8 \
-        --modes bus,auto,cpu --gather on,off --out cold.json
+        --modes bus,auto,cpu --gather on,off,all --out cold.json
 
-``--gather on,off`` times each setting with the shared missing experts of a step gathered once
-(engine/experts/gather.py, the default) and without, re-recording the decode graphs in between.
+``--gather on,off,all`` times each setting with the shared missing experts of a step gathered once
+(engine/experts/gather.py, the default), without, and with every missing expert gathered (steps of
+one token too: copied in by the gather's kernel before the layer's MoE kernels), re-recording the
+decode graphs in between.
 
 Each row also reports where the missing experts ran (CPU / bus per token), the CPU's busy share of
 the step time, the cost model's predicted time for the layers with a CPU share against the measured
@@ -32,13 +34,15 @@ from benchmarks.offload_sweep import Sweep, sampled_decode  # noqa: E402
 from benchmarks.synthetic_moe import QWEN3_30B, SMOKE, base_std, build_hf, strata_engine  # noqa: E402
 
 
-def set_gather(engine, on: bool) -> bool:
-    """Gather shared missing experts (``on``) or read them once per token, from the next step on, with
-    the decode graphs recorded again; False where the store cannot gather."""
+def set_gather(engine, on: bool, min_uses: int = 2) -> bool:
+    """Gather missing experts that ``min_uses`` or more tokens of a step use (``on``; 1: every one) or
+    read them once per token, from the next step on, with the decode graphs recorded again; False where
+    the store cannot gather."""
     experts = engine.loaded.experts
-    if experts.direct.gather.enabled == on:
+    gather = experts.direct.gather
+    if gather.enabled == on and (not on or gather.min_uses == min_uses):
         return True
-    if not experts.set_gather(on):
+    if not experts.set_gather(on, min_uses):
         return False
     if engine.runner.graphs is not None:
         engine.runner.graphs.reset()
@@ -46,17 +50,18 @@ def set_gather(engine, on: bool) -> bool:
 
 
 def row(engine, sweep: Sweep, fmt: str, pool: float, depth: int, mode: str, batch: int, prompts,
-        gather: bool = True, reads: str = "auto") -> dict:
+        gather: str = "on", reads: str = "auto") -> dict:
     experts = engine.loaded.experts
     total = engine.loaded.plan.expert_bytes * engine.loaded.spec.num_moe_layers * engine.loaded.spec.num_experts
     engine.reconfigure(expert_pool_size=int(total * pool), prefetch_depth=depth, cold_experts=mode, expert_reads=reads)
-    if not set_gather(engine, gather):
-        raise ValueError(f"this store cannot {'gather' if gather else 'leave off gathering'}")
+    if not set_gather(engine, gather != "off", 1 if gather == "all" else 2):
+        raise ValueError(f"this store cannot {'leave off gathering' if gather == 'off' else 'gather'}")
     n, secs, before, after, host_wait, _ = sampled_decode(engine, prompts, sweep, seed=17)
     d = lambda f: getattr(after, f) - getattr(before, f)   # noqa: E731
     rates = experts.cold.rates
     out = {"format": fmt, "pool_fraction": pool, "depth": depth, "cold_experts": mode, "batch": batch,
-           "expert_reads": reads, "gather": gather, "gathered_per_token": d("gathered") / n,
+           "expert_reads": reads, "gather": gather != "off", "gather_min_uses": 1 if gather == "all" else 2,
+           "gathered_per_token": d("gathered") / n,
            "tokens": n, "tok_s": n / secs, "ms_per_token": 1e3 * secs / n,
            "cpu_experts_per_token": d("cpu_experts") / n, "bus_experts_per_token": d("bus_experts") / n,
            "misses_per_token": d("misses") / n, "h2d_bytes_per_token": d("h2d_bytes") / n,
@@ -90,7 +95,8 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--modes", default="bus,auto,cpu")
     ap.add_argument("--reads", default="auto", help="expert_reads: auto, direct or copy")
-    ap.add_argument("--gather", default="on", help="on, off or on,off: shared missing experts gathered once per step")
+    ap.add_argument("--gather", default="on",
+                    help="on, off, all (every missing expert), comma-separated: missing experts gathered once per step")
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--warmup", type=int, default=8)
@@ -103,7 +109,9 @@ def main() -> None:
     hf, cfg = build_hf(shape, torch.float32 if args.smoke else torch.bfloat16, base_std(shape), device)
     gen = torch.Generator().manual_seed(1)
     batches = [int(b) for b in args.batches.split(",")]
-    gathers = [{"on": True, "off": False}[g] for g in args.gather.split(",")]
+    gathers = args.gather.split(",")
+    if set(gathers) - {"on", "off", "all"}:
+        ap.error(f"--gather takes on, off and all; got {args.gather}")
     result: dict = {"benchmark": "cold_experts" + ("_smoke" if args.smoke else ""), "model": shape,
                     "tokens": args.tokens, "warmup": args.warmup, "rows": [], "errors": []}
     for fmt in args.formats.split(","):
@@ -121,7 +129,7 @@ def main() -> None:
                     if gather == gathers[0]:     # with the gather and without: the same prompts
                         prompts = torch.randint(10, cfg.vocab_size, (b, args.prompt_len), generator=gen).tolist()
                     t0 = time.perf_counter()
-                    g = "gather" if gather else "no gather"
+                    g = {"on": "gather", "off": "no gather", "all": "gather all"}[gather]
                     try:
                         r = row(engine, sweep, fmt, pool, depth, mode, b, prompts, gather, args.reads)
                     except Exception as e:

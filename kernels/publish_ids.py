@@ -43,11 +43,13 @@ class GatherArgs:
     cross the bus once (:func:`gather_copy` then copies them): ``slots`` (int32 ``[1 + G]``: how many
     of the step's gather slots there are, then the slots; one layer's gathered experts at a time),
     ``work`` (int64 ``[1 + 2 N]``: how many experts to copy, then their (slot, store row) pairs) and
-    the store row of the layer's expert 0, ``base``."""
+    the store row of the layer's expert 0, ``base``; ``min_uses``: the real tokens that must use a
+    missing expert for it to be gathered (1: every missing expert)."""
 
     slots: torch.Tensor
     work: torch.Tensor
     base: int
+    min_uses: int = 2
 
 
 @jit
@@ -76,7 +78,7 @@ def _publish_direct_kernel(table_row, snap_row, ids, pred, region, fill_row, fil
                            layer, E, N, NP, K, T, D, stride_x,
                            BLOCK_E: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr,
                            BLOCK_D: tl.constexpr, PROGRESS: tl.constexpr, PAD: tl.constexpr, CPU: tl.constexpr,
-                           SYS: tl.constexpr, GATHER: tl.constexpr):
+                           SYS: tl.constexpr, GATHER: tl.constexpr, MIN_USES: tl.constexpr):
     # One program: snapshot the slot-table row (and clear the fill row), then publish the ids and
     # the slot each id found in that snapshot (after a barrier: the snapshot is what the MoE
     # kernels will read); give each missing expert, at its first occurrence, the next of the
@@ -87,7 +89,7 @@ def _publish_direct_kernel(table_row, snap_row, ids, pred, region, fill_row, fil
     # once, those fewest tokens use: less work for the host), then by first occurrence: their
     # snapshot entry becomes SLOT_CPU (no fill slot, no read by the kernels), and x [T, D] and the
     # routing weights tw [T, K] (float32) go to cpu_in, then 1 to cpu_flag (after a system fence).
-    # With GATHER, each missing expert (not the host CPU's) that two or more real tokens use is copied
+    # With GATHER, each missing expert (not the host CPU's) that MIN_USES or more real tokens use is copied
     # once, by the gather copy that follows, into its fill slot or else the next of g_slots (while any
     # are left); the region publishes that slot as its fill slot and its snapshot entry becomes the
     # slot once the region is written, so the MoE kernels read it from device memory.
@@ -139,7 +141,7 @@ def _publish_direct_kernel(table_row, snap_row, ids, pred, region, fill_row, fil
     if GATHER:
         if not CPU:
             uses = tl.sum((same & real_j[None, :]).to(tl.int32), axis=1)
-        multi = first & (uses >= 2)
+        multi = first & (uses >= MIN_USES)
         scratch = (multi & ~got).to(tl.int32)
         spos = tl.cumsum(scratch, axis=0) - scratch
         sgot = (scratch != 0) & (spos < tl.load(g_slots))
@@ -197,8 +199,8 @@ def publish_direct(table_row: torch.Tensor, snap_row: torch.Tensor, ids: torch.T
     ``SLOT_CPU``, they get no fill slot, and when there is any, ``x`` and the routing weights go to
     ``cpu.inputs`` (float32 ``[T * D + T * k]``) and then 1 to ``cpu.flag`` (see :class:`CpuShareArgs`).
 
-    ``gather`` (optional): each missing expert not the host CPU's that two or more real rows use gets
-    a slot to be copied into once (its fill slot, else the next of ``gather.slots``); the pairs go to
+    ``gather`` (optional): each missing expert not the host CPU's that ``gather.min_uses`` or more real
+    rows use gets a slot to be copied into once (its fill slot, else the next of ``gather.slots``); the pairs go to
     ``gather.work`` for :func:`gather_copy`, the region's fill column names that slot, and after the
     region is written its snapshot entry becomes the slot."""
     e, n = table_row.numel(), ids.numel()
@@ -217,7 +219,7 @@ def publish_direct(table_row: torch.Tensor, snap_row: torch.Tensor, ids: torch.T
         t = d = sx = 0
         x = tw = inputs = flag = frac = fill_meta
     if gather is not None:
-        most = min(e, n // 2)          # each expert gathered takes two of the layer's pairs
+        most = min(e, n // gather.min_uses)      # each expert gathered takes min_uses of the layer's pairs
         if gather.work.numel() < 1 + 2 * most:
             raise ValueError(f"the gather list holds {gather.work.numel()} values; this layer may need {1 + 2 * most}")
         g_slots, g_work, g_base = gather.slots, gather.work, gather.base
@@ -229,7 +231,8 @@ def publish_direct(table_row: torch.Tensor, snap_row: torch.Tensor, ids: torch.T
                                  BLOCK_E=next_pow2(e), BLOCK_N=next_pow2(max(n, 1)),
                                  BLOCK_P=next_pow2(max(np_, 1)), BLOCK_D=min(1024, next_pow2(max(d, 1))),
                                  PROGRESS=progress is not None, PAD=pad is not None, CPU=cpu is not None,
-                                 SYS=cpu is not None and ids.device.type == "cuda", GATHER=gather is not None)
+                                 SYS=cpu is not None and ids.device.type == "cuda", GATHER=gather is not None,
+                                 MIN_USES=gather.min_uses if gather is not None else 2)
 
 
 def publish_direct_ref(table_row: torch.Tensor, snap_row: torch.Tensor, ids: torch.Tensor,
@@ -274,7 +277,7 @@ def publish_direct_ref(table_row: torch.Tensor, snap_row: torch.Tensor, ids: tor
         free = gather.slots.tolist()
         scratch = iter(free[1:1 + free[0]])
         for x in first:
-            if uses[x] < 2:
+            if uses[x] < gather.min_uses:
                 continue
             slot = int(fill_row[x]) if int(fill_row[x]) >= 0 else next(scratch, -1)
             if slot >= 0:

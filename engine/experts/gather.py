@@ -9,9 +9,14 @@ the expert from device memory (kernels/publish_ids.py: ``publish_direct(gather=.
 ``gather_copy``). Gather slots are staging slots leased for the whole step and reused layer after
 layer: a layer's copy runs after the previous layer's kernels on the same stream.
 
-The host follows: a missing expert that several real tokens use and whose published fill column
-names a slot was gathered; it counts once in the bytes read from host memory, and only an expert
-in a fill slot (not a gather slot) is a candidate for admission.
+With ``ResidencyTuning.gather_min_uses`` 1 (``ExpertManager.set_gather(True, 1)``), every missing
+expert is gathered, in steps of one token too: the layer's MoE kernels then read only device memory,
+and the copy kernel, not their own loads, carries the bus (where the kernels' reads of host memory
+are slow: about 20 GB/s on the H100 host against 55 GB/s for copies).
+
+The host follows: a missing expert that ``min_uses`` or more real tokens use and whose published
+fill column names a slot was gathered; it counts once in the bytes read from host memory, and only
+an expert in a fill slot (not a gather slot) is a candidate for admission.
 
 Measured: not yet on a GPU. At batch 8 with no pool, the direct reads of the Qwen3-30B-A3B shape moved
 904 MB per token where copying each missing expert once moved 738 (bf16).
@@ -41,15 +46,17 @@ class GatherSlots:
         # recordings are then made again
         self.possible = r.layout.nbytes % 4 == 0          # the copy kernel moves whole int32 words
         self.enabled = r.tuning.gather_shared and self.possible
+        self.min_uses = r.tuning.gather_min_uses          # tokens that must use an expert to gather it
 
     def on(self, tokens: int) -> bool:
-        """Whether a direct-read step of ``tokens`` tokens gathers its shared missing experts."""
-        return self.enabled and tokens >= 2
+        """Whether a direct-read step of ``tokens`` tokens gathers missing experts (those at least
+        ``min_uses`` of its tokens use)."""
+        return self.enabled and tokens >= self.min_uses
 
     def begin(self, step: StepBooks, tokens: int, k: int) -> None:
         """Lease ``step``'s gather slots (at most one per two of its ``tokens * k`` pairs) and upload them."""
         books = self.r.books
-        want = min(tokens * k // 2, self.r.num_experts, len(books.staging_free)) if self.on(tokens) else 0
+        want = min(tokens * k // self.min_uses, self.r.num_experts, len(books.staging_free)) if self.on(tokens) else 0
         step.gather_slots = [books.take_staging(-1) for _ in range(want)]
         if want == 0 and self._sent == 0:    # the device already holds "no gather slots" (steps of one token)
             return
@@ -66,7 +73,7 @@ class GatherSlots:
         step.gather_slots = []
 
     def args(self, moe_index: int) -> GatherArgs:
-        return GatherArgs(self.info, self.work, moe_index * self.r.num_experts)
+        return GatherArgs(self.info, self.work, moe_index * self.r.num_experts, self.min_uses)
 
     def copy(self) -> None:
         """Device work (recorded with the step): the layer's gathered experts, host -> their slots."""
@@ -75,12 +82,12 @@ class GatherSlots:
         run(self.work, r.store.rows, r.pool.buffer)
 
     # ---- the host's side -------------------------------------------------------------------------
-    @staticmethod
-    def gathered(ids: list[int], seen: list[int], fills: list[int]) -> dict[int, int]:
+    def gathered(self, ids: list[int], seen: list[int], fills: list[int]) -> dict[int, int]:
         """Expert -> slot of each expert a layer gathered, from what it published for its real rows:
-        missing (not the host CPU's), used by two or more of them, and a slot in the fill column."""
+        missing (not the host CPU's), used by ``min_uses`` or more of them, and a slot in the fill column."""
         uses = Counter(ids)
-        return {e: f for e, s, f in zip(ids, seen, fills) if s < 0 and s != SLOT_CPU and uses[e] >= 2 and f >= 0}
+        return {e: f for e, s, f in zip(ids, seen, fills)
+                if s < 0 and s != SLOT_CPU and uses[e] >= self.min_uses and f >= 0}
 
     def eager(self, step: StepBooks, moe_index: int, snap: torch.Tensor, ids: list[int], seen: list[int],
               fills: list[int]) -> dict[int, int]:
@@ -92,7 +99,7 @@ class GatherSlots:
         spare = iter(step.gather_slots or ())
         out: dict[int, int] = {}
         for e, s, f in zip(ids, seen, fills):
-            if s >= 0 or uses[e] < 2 or e in out:
+            if s >= 0 or uses[e] < self.min_uses or e in out:
                 continue
             slot = f if f >= 0 else next(spare, -1)
             if slot >= 0:

@@ -448,18 +448,24 @@ class ExpertManager:
             self.direct.shares.tuner.reset()
         return self.describe()
 
-    def set_gather(self, on: bool) -> bool:
+    def set_gather(self, on: bool, min_uses: int | None = None) -> bool:
         """Gather the shared missing experts of direct-read steps (``on``), or read each once per token
-        that uses it, from the next step; False (nothing changed) where the store's rows cannot be
-        gathered. Between steps only, like :meth:`reconfigure`; the caller records the decode graphs
-        again (``DecodeGraphs.reset``), so that their kernels and the host's books agree."""
+        that uses it, from the next step; ``min_uses``: how many of a step's tokens must use a missing
+        expert for it to be gathered (1: every one, steps of one token too; default: unchanged). False
+        (nothing changed) where the store's rows cannot be gathered. Between steps only, like
+        :meth:`reconfigure`; the caller records the decode graphs again (``DecodeGraphs.reset``), so
+        that their kernels and the host's books agree."""
         gather = self.direct.gather
         if on and not gather.possible:
             return False
+        if min_uses is not None and min_uses < 1:
+            raise ReconfigureError(f"a gathered expert is one that at least 1 token uses; got min_uses={min_uses}")
         self.direct.finish_ended()                 # the last step's end gives its gather slots back
         if self.direct.step.gather_slots:
             raise ReconfigureError("the gather can change only between engine steps")
         gather.enabled = on
+        if min_uses is not None:
+            gather.min_uses = min_uses
         return True
 
     def stats(self) -> ExpertStats:
@@ -491,7 +497,11 @@ class ExpertManager:
         """One line: pool, policy, depth, how misses are read."""
         reads = "missing experts copied in"
         depth, gather = self.r.prefetch_depth, self.direct.gather.enabled
-        if self.direct_reads and depth == 0 and not gather:
+        if self.direct_reads and gather and self.direct.gather.min_uses <= 1:
+            reads = ("missing experts copied in by the GPU before each layer's kernels"
+                     + (", prefetched by the GPU" if self.direct.claims and depth > 0 and self.device.type == "cuda"
+                        else ""))
+        elif self.direct_reads and depth == 0 and not gather:
             reads = "missing experts read directly in steps of one token, copied in otherwise"
         elif self.direct_reads:
             reads = ("missing experts read directly" + (" (one that several tokens of a step use: copied in once)"

@@ -34,11 +34,20 @@ class ResidencyTuning:
     # bus once per token. At batch 8 with no pool, reads per token moved 904 MB against 738 for one
     # copy per expert (Qwen3-30B-A3B shape, bf16, H200). Read when the expert manager is made.
     gather_shared: bool = True
+    # A gathered expert is one that at least this many of a step's real tokens use. 2: an expert one
+    # token uses is read by the kernels (it crosses the bus once either way). 1: every missing expert
+    # of a direct-read step, one-token steps included, is copied in by the gather's copy kernel before
+    # the layer's MoE kernels, which then read device memory. The MoE kernels' own reads of host
+    # memory ran at about 20 GB/s on the H100 host, against 55 GB/s for copies
+    # (benchmarks/results/no_pool_trace_2026-12-05.json); the copy kernel's rate there is not yet
+    # measured, so the default stays 2.
+    gather_min_uses: int = 2
 
     def __post_init__(self) -> None:
-        if self.direct_max_tokens < 0 or self.prefetch_per_layer < 0 or self.predict_max_layers < 1:
+        if self.direct_max_tokens < 0 or self.prefetch_per_layer < 0 or self.predict_max_layers < 1 \
+                or self.gather_min_uses < 1:
             raise ConfigError(f"residency tuning out of range: {self}; token, claim and layer counts are "
-                              "non-negative (at least one predicted layer)")
+                              "non-negative (at least one predicted layer, one use for a gather)")
         if not 0.0 <= self.device_prefetch_threshold <= 1.0:
             raise ConfigError(f"device prefetch threshold {self.device_prefetch_threshold} is a share; "
                               "give a value from 0 to 1")

@@ -591,6 +591,32 @@ def test_at_depth_0_direct_steps_cross_the_bus_once_per_missing_expert(stack: St
     assert prov.direct_for(3) and "read directly in steps of one token" not in prov.describe()
 
 
+@pytest.mark.parametrize("depth", [0, 1])
+def test_gathering_every_missing_expert_copies_each_in_before_its_layer(stack: Stack, depth: int) -> None:
+    # gather_min_uses=1: steps of one token gather too, so every missing expert is copied in by the
+    # gather's copy before the layer's kernels (which then read device memory), once; the outputs
+    # are the resident model's. set_gather switches between that and the default between steps.
+    from engine.experts.tuning import ResidencyTuning
+    ref1, ref3 = _reference(stack, tokens=1, steps=3), _reference(stack, tokens=3, steps=3)
+    prov = stack.offloaded(L * E // 4, depth, "lru", direct_reads=True, tuning=ResidencyTuning(gather_min_uses=1))
+    assert "copied in by the GPU before each layer's kernels" in prov.describe()
+    assert prov.direct.gather.on(1) and prov.direct_for(1)
+    _same(stack.run(prov, _x(1), 3), ref1)
+    st = prov.stats()
+    assert st.misses > 0 and st.gathered == st.misses                   # every miss gathered
+    assert st.direct_bytes == st.misses * stack.layout.nbytes           # each crossed the bus once
+    _same(stack.run(prov, _x(3), 3), ref3)
+    after = prov.stats()
+    assert after.gathered - st.gathered == after.misses - st.misses
+    assert prov.set_gather(True, min_uses=2) and not prov.direct.gather.on(1)
+    _same(stack.run(prov, _x(1), 2), _reference(stack, tokens=1, steps=2))
+    assert prov.stats().gathered == after.gathered                      # one-token steps read directly again
+    with pytest.raises(Exception, match="at least 1 token"):
+        prov.set_gather(True, min_uses=0)
+    with pytest.raises(Exception, match="one use for a gather"):
+        ResidencyTuning(gather_min_uses=0)
+
+
 @pytest.mark.parametrize("slots", [0, 1, L * E // 2, L * E - 1])
 @pytest.mark.parametrize("depth", [1, 2])
 @pytest.mark.parametrize("policy", ["lru", "lfu", "adaptive", "static"])

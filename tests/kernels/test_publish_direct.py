@@ -165,9 +165,26 @@ def test_cpu_share_kernel_matches_reference(frac):
         assert flag.item() == 0 and (outs[0][-2] == -5).all()
 
 
-def _gather_args(slots, n, base=0):
+def _gather_args(slots, n, base=0, min_uses=2):
     return GatherArgs(torch.tensor([len(slots)] + slots + [0] * (8 - len(slots)), dtype=torch.int32),
-                      torch.full((1 + 2 * n,), -7, dtype=torch.int64), base)
+                      torch.full((1 + 2 * n,), -7, dtype=torch.int64), base, min_uses)
+
+
+def test_with_min_uses_1_every_missing_expert_is_gathered():
+    # One token, k = 4, expert 1 resident: 0, 5 and 7 are missing and used once each. With
+    # min_uses=1 all three are gathered: 0 into the last fill slot (19), 5 and 7 into gather slots.
+    table = torch.tensor([-1, 11, -1, -1, -1, -1, -1, -1], dtype=torch.int32)
+    ids = torch.tensor([0, 1, 5, 7], dtype=torch.int32)
+    for fn in (publish_direct, publish_direct_ref):
+        g = _gather_args([40, 41, 42], ids.numel(), base=8, min_uses=1)
+        snap, fill = torch.full_like(table, 7), torch.full_like(table, 5)
+        region = torch.full((12,), -2, dtype=torch.int64)
+        meta = torch.tensor([1, 2], dtype=torch.int32)
+        fn(table, snap, ids.clone(), None, region, fill, torch.tensor([18, 19], dtype=torch.int32), meta, gather=g)
+        assert region[4:8].tolist() == [-1, 11, -1, -1], fn.__name__
+        assert region[8:].tolist() == [19, -1, 40, 41]
+        assert g.work[:7].tolist() == [3, 19, 8 + 0, 40, 8 + 5, 41, 8 + 7]
+        assert snap.tolist() == [19, 11, -1, -1, -1, 40, -1, 41]
 
 
 def test_missing_experts_several_tokens_use_are_gathered_once():
@@ -191,9 +208,10 @@ def test_missing_experts_several_tokens_use_are_gathered_once():
         assert meta.tolist() == [3, 3]
 
 
+@pytest.mark.parametrize("min_uses", [1, 2])
 @pytest.mark.parametrize("frac", [None, 0.0, 0.5])
 @pytest.mark.parametrize("gather_slots", [[], [30, 31], [30, 31, 32, 33, 34, 35]])
-def test_gather_kernel_matches_reference(frac, gather_slots):
+def test_gather_kernel_matches_reference(frac, gather_slots, min_uses):
     # Random tables and ids, padding rows, with and without the host CPU's share, few or many gather
     # slots: kernel and reference make the same writes, and no expert the host CPU takes is gathered.
     g = torch.Generator().manual_seed(len(gather_slots) + (0 if frac is None else int(frac * 10) + 1))
@@ -204,7 +222,7 @@ def test_gather_kernel_matches_reference(frac, gather_slots):
     outs = []
     for fn in (publish_direct, publish_direct_ref):
         cpu = None if frac is None else _cpu_args(t, d, k, frac, torch.Generator().manual_seed(1))
-        ga = _gather_args(gather_slots, t * k, base=32)
+        ga = _gather_args(gather_slots, t * k, base=32, min_uses=min_uses)
         args = [table.clone(), torch.full_like(table, 7), ids.clone(), None, torch.full((3 * t * k,), -2, dtype=torch.int64),
                 torch.full_like(table, 5), torch.tensor([30 - 8, 30 - 7], dtype=torch.int32),
                 torch.tensor([0, 2], dtype=torch.int32)]
