@@ -132,6 +132,7 @@ def latent_decode_attention_ref(q: torch.Tensor, c_cache: torch.Tensor, p_cache:
         c, kp = c * c_scale, kp * p_scale
     rows, valid = context_rows(block_tables, context_lens, block_size)  # [B, Pad]
     keys = torch.cat([c, kp], -1)[rows]                                 # [B, Pad, R + P]
+    keys = keys.masked_fill(~valid[:, :, None], 0.0)     # padding reads row 0, which may hold anything (NaN)
     scores = (q.float() @ keys.transpose(1, 2)) * scale                 # [B, H, Pad]
     probs = torch.softmax(scores.masked_fill(~valid[:, None, :], float("-inf")), -1)
     return (probs @ keys[..., :r]).to(q.dtype)

@@ -275,6 +275,38 @@ def test_a_group_of_tiny_activations_reads_as_zeros():
     assert np.allclose(back[32:] * s[0, 1], v[0, 32:], atol=0.5 / 127 / 254)
 
 
+@pytest.mark.parametrize("group", [32, 128])
+def test_quantised_activations_of_many_rows_and_groups(group):
+    # Rows of very different scales, quantised one (row, group) a work item: each value comes back
+    # within one low-byte step of its group's largest value, each run of 8 sums to its qs entry, a
+    # NaN or an infinity marks its row bad and zeroes only its own group, the other rows' flags
+    # (set True beforehand) are cleared.
+    import numpy as np
+    from kernels.cpu.packed import quantize_rows
+    rng = np.random.default_rng(group)
+    n, k = 5, 4 * 128
+    v = (rng.standard_normal((n, k)) * np.logspace(-3, 3, n)[:, None]).astype(np.float32)
+    v[1, 3 * group + 5] = np.nan
+    v[3, 7] = -np.inf
+    q, s = np.empty((n, 2 * k), np.int8), np.empty((n, k // group), np.float32)
+    qs, bad = np.empty((n, k // 8), np.int32), np.ones(n, np.bool_)
+    quantize_rows(v, group, q, s, qs, bad)
+    assert bad.tolist() == [False, True, False, True, False]
+    units = 254 * q[:, :k].astype(np.int64) + q[:, k:]                            # [n, k] in two phases
+    vals = np.empty((n, k), np.int64)
+    vals[:, 0::2], vals[:, 1::2] = units[:, :k // 2], units[:, k // 2:]
+    assert (vals.reshape(n, k // 8, 8).sum(-1) == qs).all()
+    back = vals * np.repeat(s, group, axis=1)
+    for i in range(n):
+        for g in range(k // group):
+            part = slice(g * group, (g + 1) * group)
+            if (i, g) in ((1, 3), (3, 0)):                                      # the non-finite groups
+                assert s[i, g] == 0 and not vals[i, part].any()
+                continue
+            top = np.abs(v[i, part]).max()
+            assert np.abs(back[i, part] - v[i, part]).max() <= top / 127 / 254 * 0.51 + 1e-12 * top
+
+
 def test_cached_kernels_of_other_sources_are_removed(monkeypatch, tmp_path):
     """numba checks only the file of a cached function, not the files inlined into it: the package
     removes its own cache files once its sources differ from those they were compiled from, and

@@ -54,12 +54,14 @@ def test_splits_past_a_short_context_write_nothing_the_reduce_reads(monkeypatch)
     made = la._partials
     monkeypatch.setattr(la, "_partials", lambda out, splits: tuple(t.fill_(float("nan")) if splits > 1 else t
                                                                     for t in made(out, splits)))
-    q, c, kp, tables, lens, bs = make_case([1, 7, 30, 13], heads=5)
-    wide = torch.cat([tables, tables[:, -1:].expand(-1, 40)], dim=1)      # a table much wider than the contexts
-    want = latent_decode_attention_ref(q, c, kp, wide, lens, bs, 0.3)
-    for splits in (2, 9):
-        got = latent_decode_attention(q, c, kp, wide, lens, bs, 0.3, launch=LatentDecodeLaunch(num_splits=splits))
-        torch.testing.assert_close(got, want, **TOLERANCES[torch.float32])
+    for seed, bs in ((0, 4), (1, 1), (2, 16)):
+        q, c, kp, tables, lens, bs = make_case([1, 7, 30, 13], heads=5, block_size=bs, seed=seed)
+        wide = torch.cat([tables, tables[:, -1:].expand(-1, 40)], dim=1)   # a table much wider than the contexts
+        want = latent_decode_attention_ref(q, c, kp, wide, lens, bs, 0.3)
+        assert torch.isfinite(want).all()           # the reference masks padding (row 0 may hold NaN)
+        for launch in (LatentDecodeLaunch(num_splits=2), LatentDecodeLaunch(num_splits=9), LatentDecodeLaunch()):
+            got = latent_decode_attention(q, c, kp, wide, lens, bs, 0.3, launch=launch)
+            torch.testing.assert_close(got, want, **TOLERANCES[torch.float32])
 
 
 @pytest.mark.parametrize("storage", [torch.int8, torch.float8_e4m3fn])

@@ -337,6 +337,12 @@ def test_the_reduce_reads_only_the_splits_a_sequence_used(monkeypatch, window):
     case = make_case([40, 7, 33, 1], heads=4, kv_heads=2, block_size=4, max_blocks=64)
     for splits in (2, 5, 12):
         check(case, DecodeAttentionLaunch(block_n=16, num_splits=splits), window=window)
+    # the default split plan, a least split that is not a multiple of the tile, block sizes 1 and 16,
+    # and a context that fills the table
+    for bs, lens in ((1, [40, 7, 64]), (16, [48, 1, 33])):
+        case = make_case(lens, heads=4, kv_heads=2, block_size=bs, max_blocks=64 // bs)
+        for launch in (DecodeAttentionLaunch(block_n=16), DecodeAttentionLaunch(block_n=16, min_split_tokens=24)):
+            check(case, launch, window=window)
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.int8, torch.float8_e4m3fn])

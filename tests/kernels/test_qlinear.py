@@ -13,6 +13,9 @@ TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.float16: dict(atol=2e-2,
 @pytest.mark.parametrize("fmt", ["fp8", "int8"])
 @pytest.mark.parametrize("T,N,K,dtype,bias", [
     (1, 40, 64, torch.float32, True),      # one decode token; N not a multiple of the tile
+    (1, 24, 2880, torch.float32, False),   # one token, 8-row tiles, K not a multiple of their 512
+    (1, 16, 4100, torch.float16, True),    # one token, K >= 4096: 1024-wide K runs with a masked tail
+    (1, 32776, 48, torch.float32, False),  # one token, an LM head's row count: 16 x 64 tiles, a partial last
     (3, 70, 100, torch.float16, True),     # K not a multiple of BLOCK_K: the masked tail of the K loop
     (20, 33, 48, torch.float32, False),    # more tokens than one 16-row tile: a second tile along T
     (40, 130, 64, torch.float32, True),    # a prefill-sized step: the prefill tiles
