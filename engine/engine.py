@@ -107,6 +107,8 @@ class LLMEngine:
                       guide=self.guides.matcher(params.guide) if params.guide is not None else None)
         if params.stop and params.stop_scope is not None:      # stops apply to the answer's text only
             req.stop_gate = params.stop_scope.gate()
+        if params.guide is not None and getattr(params.stop_scope, "holds_guide", False):
+            req.guide_gate = params.stop_scope.gate()          # the guide waits for the answer too
         self._requests[request_id] = req
         self.scheduler.add(req)
         return request_id
@@ -218,7 +220,10 @@ class LLMEngine:
         if eos or token in p.stop_token_ids:
             return self._finish(req, "stop", drop_last=True)
         if req.guide is not None:
-            failed = req.guide.consume(token)
+            on = req.guide_on()
+            if not on:                                    # reasoning the prompt opened: the model's own
+                req.guide_gate.in_answer(token)
+            failed = req.guide.consume(token) if on else None
             if failed is not None:
                 return self._finish(req, "error", error=failed)
         prev = len(req.text)

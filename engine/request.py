@@ -43,9 +43,18 @@ class Request:
     finished_at: float | None = None
     abort_requested: bool = False
     stop_gate: object | None = None               # params.stop_scope's AnswerGate (None: stops apply to ``text``)
+    guide_gate: object | None = None              # another of its gates: the guide waits for the answer
     answer: str = ""                              # with a gate: the answer's text, where stops apply
     answer_tail: int = 0                          # how many of ``text``'s last characters are the answer's
     answer_lead: bool = True                      # the next answer text starts a segment (its lead is shed)
+
+    def guide_on(self) -> bool:
+        """Whether the next token follows the guide: always, unless a reasoning format's gate holds the
+        guide until the answer starts (a template that opened a ``<think>`` block for the reply); from
+        there on the guide holds to the end."""
+        if self.guide_gate is not None and self.guide_gate.next_in_answer():
+            self.guide_gate = None
+        return self.guide is not None and self.guide_gate is None
 
     @property
     def all_ids(self) -> list[int]:

@@ -19,15 +19,20 @@ MAX_LOGPROBS = 20          # likeliest alternatives a request may ask for at eac
 
 class AnswerGate(Protocol):
     """One request's reading of its reply: fed every output token in order, it says whether the token's
-    text is the answer's (stop strings apply to that text alone)."""
+    text is the answer's (stop strings apply to that text alone); ``next_in_answer`` says whether the
+    next token will be (where the scope ``holds_guide``, a guide applies from there on: the reasoning
+    before the answer is the model's own)."""
 
     def in_answer(self, token: int) -> bool: ...
+
+    def next_in_answer(self) -> bool: ...
 
 
 class StopScope(Protocol):
     """Where stop strings apply in a reply: a fresh :class:`AnswerGate` per request, and the characters each
     run of answer text sheds at its start (as the reply's reader does, so that a stop is matched in the
-    text it shows as the answer)."""
+    text it shows as the answer). A scope may also say ``holds_guide`` (True): the request's guide then
+    applies from the answer's first token on (engine.request.Request.guide_on)."""
 
     lead: str
 

@@ -162,6 +162,9 @@ class _HarmonyGate:
         self._header: list[int] | None = []    # header ids being read; None inside a message's text
         self._content = False
 
+    def next_in_answer(self) -> bool:
+        return self._header is None and self._content
+
     def in_answer(self, t: int) -> bool:
         ids = self._ids
         if self._header is None:

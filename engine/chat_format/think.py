@@ -66,6 +66,12 @@ class ThinkStopScope:
     opened: bool                  # the prompt opened a block for the reply
     lead: str = "\n"
 
+    @property
+    def holds_guide(self) -> bool:
+        """A guide on the reply (a forced tool call, a response_format) waits for the answer where the
+        prompt opened the block: the model reasons first, as its template asks."""
+        return self.opened
+
     def gate(self) -> _ThinkGate:
         return _ThinkGate(self.tags, self.opened)
 
@@ -73,6 +79,9 @@ class ThinkStopScope:
 class _ThinkGate:
     def __init__(self, tags: ThinkTags, inside: bool) -> None:
         self._tags, self._inside = tags, inside
+
+    def next_in_answer(self) -> bool:
+        return not self._inside
 
     def in_answer(self, token: int) -> bool:
         if token == self._tags.open_id and not self._inside:

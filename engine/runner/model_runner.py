@@ -107,7 +107,7 @@ class ModelRunner:
         self._queued = None
         if not reqs:
             return
-        guided = [i for i, r in enumerate(reqs) if r.guide is not None]
+        guided = [i for i, r in enumerate(reqs) if r.guide_on()]
         masked, failed = self._mask(logits, reqs, guided) if guided else (logits, {})
         penalised = any(r.params.repetition_penalty != 1.0 for r in reqs)
         tokens = sample(masked, [r.params for r in reqs], [r.generator for r in reqs],

@@ -105,7 +105,9 @@ async def create_chat_completion(request: Request) -> Response:
     refused.refuse(f, refused.CHAT)
     prompt = await asyncio.to_thread(prepare, body, info)
     params = guided(fit(common, common.params, len(prompt.ids), info, "messages"), prompt.guide)
-    if params.stop and (prompt.harmony or prompt.think):   # stops apply to the answer, never to reasoning or headers
+    # Stops apply to the answer, never to reasoning or headers; so does a guide (a forced tool call or a
+    # response_format) where the template opened a <think> block: the model reasons, then answers by it.
+    if (params.stop and (prompt.harmony or prompt.think)) or (params.guide is not None and prompt.think):
         scope = prompt.harmony.chat.stop_scope() if prompt.harmony else prompt.think.stop_scope(prompt.ids)
         params = dataclasses.replace(params, stop_scope=scope)
     choices = [choice_params(params, j) for j in range(common.n)]

@@ -286,3 +286,48 @@ def test_a_stop_across_two_runs_of_answer_text_is_matched_as_the_answer_reads(th
     for stop, content in ((["STOP"], "Sure. Yes."), (["e. Y"], "Sur")):
         whole, streamed = _both(c, stop=stop)
         assert whole == streamed == (content, "Weigh STOP it.", "stop")
+
+
+# ---- a template that opens the <think> block for the reply (Qwen3-Thinking-2507, DeepSeek-R1) ------------
+
+OPENING_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def opening_server(tmp_path_factory):
+    from tiny_models import THINK_TOKENS, add_chat_tokens, build_tiny_model
+    path = build_tiny_model(tmp_path_factory.mktemp("opening") / "m", "qwen3_moe")
+    yield from serving(add_chat_tokens(path, THINK_TOKENS, OPENING_TEMPLATE))
+
+
+def test_a_response_format_waits_for_the_answer_where_the_template_opened_the_block(opening_server, monkeypatch):
+    # The model reasons freely (three tokens, then it closes the block), and the guide shapes its answer:
+    # the schema's value comes back as content, not inside reasoning_content.
+    from engine.runner.model_runner import ModelRunner
+    srv, tok = opening_server
+    real, guided_rows = ModelRunner._queue_sample, []
+
+    def closes_after_three(self, logits, reqs):
+        logits = logits.clone()
+        for i, r in enumerate(reqs):
+            if r.guide is not None and not r.guide_on() and len(r.output_ids) >= 3:
+                logits[i, tok.think.close_id] = 1e4
+        guided_rows.append(sum(r.guide_on() for r in reqs))
+        return real(self, logits, reqs)
+    monkeypatch.setattr(ModelRunner, "_queue_sample", closes_after_three)
+    c = openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY, max_retries=0, timeout=TIMEOUT)
+    fmt = {"type": "json_schema", "json_schema": {"name": "pick", "schema": {"type": "string", "enum": ["a", "b"]}}}
+    hi = [{"role": "user", "content": "a or b?"}]
+    r = c.chat.completions.create(model="m", messages=hi, max_tokens=40, temperature=0, response_format=fmt).choices[0]
+    assert r.message.content in ('"a"', '"b"') and r.finish_reason == "stop"
+    assert reasoning_of(r.message)                                   # the reasoning the template asked for
+    assert guided_rows[:3] == [0, 0, 0] and guided_rows[4] == 1      # no mask while it reasoned, then the guide
+    chunks = [x.choices[0] for x in c.chat.completions.create(model="m", messages=hi, max_tokens=40, temperature=0,
+                                                               response_format=fmt, stream=True) if x.choices]
+    assert "".join(x.delta.content or "" for x in chunks) == r.message.content
+    assert "".join(reasoning_of(x.delta) or "" for x in chunks) == reasoning_of(r.message)
