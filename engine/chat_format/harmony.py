@@ -276,6 +276,36 @@ class HarmonyPrompter:
         return ids if tokenize else self.chat.tokenizer.decode(ids, skip_special_tokens=False)
 
 
+class PlainFallback:
+    """A reader for a reply that may not use the format: a model that writes plain text (a fine-tune that
+    lost the format, a random test model) would read as nothing at all, since its text sits where a
+    header belongs. When a reply ends having shown nothing and holding none of harmony's tokens, its text
+    comes back as content, at the end (as other servers do); any other reply reads as ``inner`` does."""
+
+    def __init__(self, inner: ReplyReader, tokenizer: Tokenizer, ids: HarmonyIds) -> None:
+        self.inner, self._tok = inner, tokenizer
+        self._specials = frozenset(dataclasses.astuple(ids))
+        self._ids: list[int] | None = []        # the reply's ids while it might be plain text, else None
+        self._shown = False
+
+    def feed(self, token_ids: Sequence[int]) -> HarmonyDelta:
+        if self._ids is not None:
+            ids = [int(t) for t in token_ids]
+            if self._specials.intersection(ids):
+                self._ids = None
+            else:
+                self._ids.extend(ids)
+        out = self.inner.feed(token_ids)
+        self._shown = self._shown or bool(out)
+        return out
+
+    def finish(self) -> HarmonyDelta:
+        out = self.inner.finish()
+        if self._ids and not self._shown and not out:
+            return HarmonyDelta(content=self._tok.decode(self._ids, skip_special_tokens=True))
+        return out
+
+
 class HarmonyChat:
     """Rendering and reading for one harmony model (``Tokenizer.harmony``)."""
 
@@ -318,7 +348,8 @@ class HarmonyChat:
         return HarmonyPrompter(self, check_effort(effort), tuple(tools))
 
     def reader(self) -> ReplyReader:
-        return LibraryReader(self.encoding) if self.encoding is not None else TokenReader(self.tokenizer, self.ids)
+        inner = LibraryReader(self.encoding) if self.encoding is not None else TokenReader(self.tokenizer, self.ids)
+        return PlainFallback(inner, self.tokenizer, self.ids)
 
     def stop_scope(self) -> HarmonyStopScope:
         """Where stop strings apply in a reply: the text it shows as content, from its first."""

@@ -57,7 +57,7 @@ def test_a_tokenizer_without_the_special_tokens_is_not_harmony(tmp_path):
 def test_a_tiny_vocabulary_uses_the_template_and_the_token_reader(tok):
     chat = tok.harmony
     assert chat is not None and chat.engine_name == "chat template"
-    assert isinstance(chat.reader(), TokenReader)
+    assert isinstance(chat.reader().inner, TokenReader)
     assert [chat.ids.start, chat.ids.call] == [tok.token_to_id("<|start|>"), tok.token_to_id("<|call|>")]
 
 
@@ -104,6 +104,17 @@ def test_a_reply_cut_inside_a_call_gives_its_text_back_as_content(tok):
     cut = CALL[:CALL.index("Paris")]
     out = tok.harmony.parse(ids(tok, cut))
     assert out.calls == () and out.content == '{"city": "'
+
+
+def test_a_reply_that_never_uses_the_format_comes_back_as_its_text(tok):
+    # A model that writes plain text (no harmony token at all) would read as nothing: its text is the
+    # content, given once the reply ends; a reply that used the format reads as the format says.
+    plain = tok.encode("just some words", add_special_tokens=False)
+    assert tok.harmony.parse(plain) == HarmonyDelta(content="just some words")
+    reader = tok.harmony.reader()
+    assert not any(reader.feed([t]) for t in plain) and reader.finish() == HarmonyDelta(content="just some words")
+    header_only = ids(tok, REPLY)[:3]                                  # a header cut short: no text to show
+    assert tok.harmony.parse(header_only) == HarmonyDelta() and tok.harmony.parse([]) == HarmonyDelta()
 
 
 @pytest.mark.parametrize("text", [REPLY, CALL])
@@ -188,7 +199,7 @@ def build_tiny_harmony_template(folder: Path) -> None:
 @needs_o200k
 def test_an_o200k_vocabulary_runs_on_openai_harmony_and_agrees_with_the_fallback(o200k_tok):
     chat = o200k_tok.harmony
-    assert chat.engine_name == "openai-harmony" and isinstance(chat.reader(), LibraryReader)
+    assert chat.engine_name == "openai-harmony" and isinstance(chat.reader().inner, LibraryReader)
     fallback = HarmonyChat(o200k_tok, chat.ids)           # the same model without the library
     text = lambda tokens: o200k_tok.decode(tokens, skip_special_tokens=False)
     for effort in ("low", "high"):      # the same text (this test vocabulary has no merges: other splits)

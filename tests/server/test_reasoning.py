@@ -331,3 +331,14 @@ def test_a_response_format_waits_for_the_answer_where_the_template_opened_the_bl
                                                                response_format=fmt, stream=True) if x.choices]
     assert "".join(x.delta.content or "" for x in chunks) == r.message.content
     assert "".join(reasoning_of(x.delta) or "" for x in chunks) == reasoning_of(r.message)
+
+
+def test_a_harmony_reply_outside_the_format_comes_back_as_content(client, harmony_server):
+    # The tiny random model writes no harmony: its text is the content (whole, and streamed at the end)
+    # rather than an empty reply.
+    hi = [{"role": "user", "content": "hi"}]
+    r = client.chat.completions.create(model="m", messages=hi, max_tokens=8, temperature=0).choices[0]
+    assert r.message.content and reasoning_of(r.message) is None and r.finish_reason in ("stop", "length")
+    chunks = [x.choices[0] for x in client.chat.completions.create(model="m", messages=hi, max_tokens=8,
+                                                                    temperature=0, stream=True) if x.choices]
+    assert "".join(x.delta.content or "" for x in chunks) == r.message.content
