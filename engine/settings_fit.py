@@ -43,6 +43,13 @@ def depth_note(depth: int, spec: ModelSpec) -> str | None:
             f"{most} ahead); using {most}")
 
 
+def asked_depth_note(config: EngineConfig, spec: ModelSpec) -> str | None:
+    """:func:`depth_note` for a depth the caller chose: the default depth, clamped on a model of few
+    MoE layers, is fitted without a word (nobody asked for it)."""
+    default = next(f.default for f in dataclasses.fields(EngineConfig) if f.name == "prefetch_depth")
+    return depth_note(config.prefetch_depth, spec) if config.prefetch_depth != default else None
+
+
 def fit_to_model(config: EngineConfig, spec: ModelSpec) -> Fitted:
     """Clamp the context length to the model's."""
     if config.max_model_len is None or config.max_model_len <= spec.max_position:
@@ -74,16 +81,18 @@ def fit_to_pool(config: EngineConfig, spec: ModelSpec, resident: bool) -> Fitted
     """Clamp the prefetch depth to the model; with every expert resident, also note the pool settings
     given away from their defaults: they wait until the pool is made smaller (a live change)."""
     notes: tuple[str, ...] = ()
-    note = depth_note(config.prefetch_depth, spec)
-    if note is not None:
-        config, notes = config.replace(prefetch_depth=max_prefetch_depth(spec)), (note,)
+    defaults = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
+    asked = config                       # what the caller set, before any clamping
+    if depth_note(config.prefetch_depth, spec) is not None:
+        config = config.replace(prefetch_depth=max_prefetch_depth(spec))
+        note = asked_depth_note(asked, spec)
+        notes = (note,) if note else ()
     if not resident:
         return Fitted(config, notes)
-    defaults = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
     # expert parallel sets cold_experts to bus on every card itself (engine/parallel/load.py)
     forced = {"cold_experts"} if config.expert_parallel > 1 else set()
     given = [f"{name.replace('_', ' ')} {getattr(config, name)}" for name in _POOL_OPTIONS
-             if getattr(config, name) != defaults[name] and name not in forced]
+             if getattr(asked, name) != defaults[name] and name not in forced]
     if given:
         notes += (f"{', '.join(given)}: every expert is resident on the device, so these apply only once the "
                   "expert pool is made smaller than every expert (--expert-pool-size, or live)",)

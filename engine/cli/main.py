@@ -51,9 +51,24 @@ def build_parser(prog: str = "strata") -> tuple[argparse.ArgumentParser, argpars
     return parser, sub
 
 
+_NEGATIVE = re.compile(r"-\d")
+
+
+def _join_negative_values(argv: list[str]) -> list[str]:
+    """``--flag -3G`` as ``--flag=-3G``: argparse reads a value that starts with a dash and is not a
+    plain number as a flag, and would say "expected one argument" instead of what is wrong with it."""
+    out: list[str] = []
+    for a in argv:
+        if out and _NEGATIVE.match(a) and out[-1].startswith("--") and "=" not in out[-1] and out[-1] != "--":
+            out[-1] = f"{out[-1]}={a}"
+        else:
+            out.append(a)
+    return out
+
+
 def parse(parser: argparse.ArgumentParser, sub: argparse._SubParsersAction, argv: list[str]) -> argparse.Namespace:
     """Parse ``argv``; an unknown flag is reported by the subcommand it was given to, with its help."""
-    args, extra = parser.parse_known_args(argv)
+    args, extra = parser.parse_known_args(_join_negative_values(argv))
     if extra:
         owner = sub.choices.get(args.command, parser)
         owner.error(f"unrecognized arguments: {' '.join(extra)}")

@@ -93,6 +93,23 @@ def test_info_prints_what_a_load_would_clamp(model, capsys):
                    "note: prefetch depth 9 is more than this model allows (2 MoE layers, so at most 1 ahead); using 1"]
 
 
+def test_the_default_prefetch_depth_is_fitted_to_a_small_model_without_a_note(model, capsys):
+    # The model has 2 MoE layers, so the default depth 2 becomes 1: the user asked for nothing, so
+    # nothing is said about it (an explicit --prefetch-depth 9 is noted, above).
+    assert main(["info", "--model", str(model)]) == 0
+    assert "prefetch depth" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, value, says", [
+    ("--gpu-memory-budget", "-3G", "--gpu-memory-budget -3G is not a size"),
+    ("--expert-pool-size", "-1G", "--expert-pool-size -1G is not a size"),
+])
+def test_a_negative_size_after_its_flag_gets_the_sizes_own_message(model, capsys, flag, value, says):
+    # argparse alone would read "-3G" as a flag and say "expected one argument"
+    assert main(["info", "--model", str(model), flag, value]) == 2
+    assert says in capsys.readouterr().err
+
+
 def test_info_checks_the_engine_options(model, capsys):
     assert main(["info", "--model", str(model), "--max-batch", "0"]) == 2
     assert capsys.readouterr().err.strip() == "error: --max-batch must be an integer >= 1 (got 0)"
