@@ -77,7 +77,7 @@ def _check_options(opts: ConvertOptions) -> None:
         raise ConfigError(f"--weights {opts.weights!r} is not a known format; choose int4, fp8, bf16 or mxfp4")
     if opts.resident not in RESIDENT_FORMATS:
         raise ConfigError(f"--resident-weights {opts.resident!r} is not a known format; choose bf16, fp8 or int8")
-    if opts.group_size not in GROUP_SIZES:
+    if opts.group_size is not None and opts.group_size not in GROUP_SIZES:
         raise ConfigError(f"--group-size {opts.group_size} is not supported; choose 32, 64 or 128")
 
 
@@ -99,20 +99,24 @@ def _resident_tensors(reader: SafetensorsReader, spec: ModelSpec, resident: str)
     return out
 
 
-def convert(src: str | Path, dst: str | Path, weights: str = "auto", group_size: int = DEFAULT_GROUP_SIZE,
+def convert(src: str | Path, dst: str | Path, weights: str = "auto", group_size: int | None = None,
             resident: str = "bf16", force: bool = False, progress: Progress | None = None) -> ConvertResult:
     """Convert ``src`` into ``dst``. Raises StrataError subclasses on bad input, leaving ``dst`` as it was.
 
-    ``weights`` "auto" keeps MXFP4 experts as shipped and makes int4 of dense ones. ``force`` replaces
-    ``dst`` only if it is an earlier conversion; nothing else is ever deleted.
+    ``weights`` "auto" keeps MXFP4 experts as shipped and makes int4 of dense ones. ``group_size`` None:
+    int4's largest group (128, 64, 32) that divides the model's widths, with a note where that is not 128.
+    ``force`` replaces ``dst`` only if it is an earlier conversion; nothing else is ever deleted.
     """
     _check_options(ConvertOptions(weights, group_size, resident))
     src_dir = check_source(Path(src))
     dest = plan_destination(src_dir, Path(dst), force)
     spec = read_spec(src_dir)
     weights = weights if weights != "auto" else ("mxfp4" if spec.expert_storage == "mxfp4" else "int4")
-    unused = _unused_group(weights, group_size)
-    group_size = group_size if weights == "int4" else DEFAULT_GROUP_SIZE
+    unused = _unused_group(weights, group_size) if group_size is not None else ()
+    chosen: tuple[str, ...] = ()
+    if group_size is None and weights == "int4":
+        group_size, chosen = _fitting_group(spec)
+    group_size = group_size if weights == "int4" and group_size is not None else DEFAULT_GROUP_SIZE
     opts = ConvertOptions(weights, group_size, resident)
     _check_groups(spec, opts)
     layout = ExpertLayout.make(weights, spec.hidden, spec.moe_ffn, group_size, bias=spec.family.expert_bias,
@@ -130,7 +134,7 @@ def convert(src: str | Path, dst: str | Path, weights: str = "auto", group_size:
     except BaseException:
         discard(staging)
         raise
-    return ConvertResult(dest.path, manifest, unused + tuple(notes))
+    return ConvertResult(dest.path, manifest, unused + chosen + tuple(notes))
 
 
 def _unused_group(weights: str, group_size: int) -> tuple[str, ...]:
@@ -139,6 +143,17 @@ def _unused_group(weights: str, group_size: int) -> tuple[str, ...]:
     groups = "fixed groups of 32 values" if weights == "mxfp4" else "no groups"
     return (f"--group-size {group_size} applies to int4 experts only; {weights} experts have {groups}, so it was "
             "ignored",)
+
+
+def _fitting_group(spec: ModelSpec) -> tuple[int, tuple[str, ...]]:
+    """int4's default group for this model: the largest that divides its hidden size and expert FFN
+    (128 on released models), with a note where that is not 128; 128 where none does (refused next)."""
+    D, F = spec.hidden, spec.moe_ffn
+    fits = [g for g in sorted(GROUP_SIZES, reverse=True) if D % g == 0 and F % g == 0]
+    if not fits or fits[0] == DEFAULT_GROUP_SIZE:
+        return DEFAULT_GROUP_SIZE, ()
+    return fits[0], (f"int4 groups of {fits[0]}: {DEFAULT_GROUP_SIZE} does not divide this model's expert widths "
+                     f"(hidden {D}, expert FFN {F})",)
 
 
 def _check_groups(spec: ModelSpec, opts: ConvertOptions) -> None:

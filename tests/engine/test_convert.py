@@ -92,7 +92,8 @@ def test_convert_refuses_bad_input(src, tmp_path, capsys):
     assert err("convert", str(src), str(tmp_path / "a"), "--weights", "int3") == \
         "error: --weights 'int3' is not a known format; choose int4, fp8, bf16 or mxfp4"
     small = build_tiny_model(tmp_path / "narrow", "qwen3_moe")          # expert FFN 32: group 128 cannot divide it
-    assert "group size 128 does not divide the reduction dim" in err("convert", str(small), str(tmp_path / "b"))
+    assert "group size 128 does not divide the reduction dim" in err("convert", str(small), str(tmp_path / "b"),
+                                                                     "--group-size", "128")
     out = tmp_path / "exists"
     out.mkdir()
     (out / "keep.txt").write_text("user data")
@@ -101,6 +102,16 @@ def test_convert_refuses_bad_input(src, tmp_path, capsys):
     assert err("convert", str(src), str(out)) == expected
     assert err("convert", str(src), str(out), "--force") == expected     # the advice holds with --force too
     assert (out / "keep.txt").read_text() == "user data"
+
+
+def test_the_default_int4_group_is_the_largest_that_fits_the_model(tmp_path, capsys):
+    # expert FFN 32: groups of 128 and 64 cannot divide it, so the default takes 32 and says why
+    small = build_tiny_model(tmp_path / "narrow", "qwen3_moe")
+    assert main(["convert", str(small), str(tmp_path / "c")]) == 0
+    captured = capsys.readouterr()
+    assert "note: int4 groups of 32: 128 does not divide this model's expert widths" in captured.err
+    assert "int4 experts (group 32)" in captured.out
+    assert main(["generate", "--model", str(tmp_path / "c"), "--prompt", "hi", "--max-tokens", "2"]) == 0
 
 
 def test_converted_folder_rejects_a_different_weight_format(src, tmp_path, capsys):
