@@ -66,11 +66,13 @@ def check_eval(engine, reference, window: int, max_tokens: int | None) -> None:
                           "(e.g. its unquantised source)")
 
 
-def _check_context(engine, reference, longest: int) -> None:
+def _check_context(engine, reference, longest: int, window: int) -> None:
+    """``longest``: the window a text of its length takes (``window``, or the whole text if shorter)."""
+    size = f"{window} tokens" if longest == window else f"{window} tokens (all {longest} of this text)"
     for e in (engine, reference) if reference is not None else (engine,):
         context = e.loaded.max_model_len
         if longest >= context:
-            raise ConfigError(f"a window of {longest} tokens does not fit the context of {e.model_info.name} "
+            raise ConfigError(f"a window of {size} does not fit the context of {e.model_info.name} "
                               f"({context} tokens); choose a window (--window) of at most {context - 1}")
 
 
@@ -80,7 +82,7 @@ def evaluate(engine, text: str, reference=None, window: int = 256, max_tokens: i
     if engine.tokenizer is None:
         raise ConfigError("this model has no tokenizer, so a text cannot be scored; load a model folder with one")
     ids = engine.tokenizer.encode(text)[:max_tokens]
-    _check_context(engine, reference, min(window, len(ids)))
+    _check_context(engine, reference, min(window, len(ids)), window)
     nll = ref_nll = agree = 0.0
     cos_sum, n, rows = 0.0, 0, 0
     for w in windows(ids, window):
