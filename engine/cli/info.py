@@ -238,10 +238,12 @@ def _context_line(context: int, note: str | None) -> list[str]:
 
 def _kv_lines(spec: ModelSpec, kv: KVSizing, context: int) -> list[str]:
     """KV per token of context, window layers at their real size (formula in the module docstring)."""
-    lines = ["", f"KV per token      : {format_size(kv.bytes_per_token)} in {kv.full_layers} full-attention layers "
+    full = f"{kv.full_layers} full-attention layer{'s' if kv.full_layers != 1 else ''}"
+    lines = ["", f"KV per token      : {format_size(kv.bytes_per_token)} in {full} "
                  f"({format_size(kv.layer_bytes_per_token)} per layer)"]
     if kv.window_layers:
-        lines.append(f"window layers     : {kv.window_layers} layers of a {kv.window}-token window hold at most "
+        layers = f"{kv.window_layers} layer{'s' if kv.window_layers != 1 else ''}"
+        lines.append(f"window layers     : {layers} of a {kv.window}-token window hold at most "
                      f"{kv.window} tokens of a sequence each, however long its context: "
                      f"{format_size(kv.window_bytes_per_seq)} per sequence ({kv.window_blocks_per_seq} blocks of "
                      f"{kv.block_size}), {format_size(kv.window_pool_bytes)} for {kv.max_batch} sequences and "

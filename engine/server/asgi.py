@@ -144,7 +144,11 @@ class RequireKey:
             return
         auth = _header(scope, b"authorization")
         given = auth[7:].strip() if auth is not None and auth[:7].lower() == "bearer " else _header(scope, b"x-api-key")
-        if given is None:
+        if given is None and auth is not None:
+            await send_error(send, APIError(401, "the Authorization header is not \"Bearer KEY\"; send "
+                                                 "Authorization: Bearer KEY (or x-api-key: KEY)",
+                                            code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}))
+        elif given is None:
             await send_error(send, APIError(401, "this server needs an API key; send the header "
                                                  "Authorization: Bearer KEY", code="missing_api_key",
                                             headers={"WWW-Authenticate": "Bearer"}))

@@ -196,6 +196,10 @@ def test_the_key_may_also_come_as_x_api_key_and_health_needs_none(url):
     assert ok.status_code == 200
     assert httpx.get(url + "/health", timeout=30).json() == {"status": "ok"}
     assert httpx.head(url + "/health", timeout=30).status_code == 200          # as load balancers ask
+    bare = httpx.post(url + COMPLETE, headers={"Authorization": KEY}, json={"prompt": "Hi"}, timeout=30)
+    assert bare.status_code == 401 and "is not \"Bearer KEY\"" in bare.json()["error"]["message"]   # no "Bearer "
+    none = httpx.post(url + COMPLETE, json={"prompt": "Hi"}, timeout=30)
+    assert none.status_code == 401 and none.json()["error"]["code"] == "missing_api_key"
 
 
 def test_the_openai_client_raises_its_typed_errors(client):
