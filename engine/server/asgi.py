@@ -29,6 +29,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 RECORD = "strata.access"            # scope key of the request's AccessRecord
 SERVER_SEND = "strata.server_send"  # scope key of the server's own send (see KeepServerSend)
 CLIENT_CLOSED = 499                 # the status logged for a client that left before its answer was complete
+BODY_IDLE_S = 30.0                  # a request body that sends nothing for this long is refused (408)
 # (nginx's "client closed request"): a stream that had started as 200 is counted as this, not as a success
 DRAIN_FACTOR = 4                    # an oversized body is read (and dropped) up to this many limits, so the
 # client gets to read the 413 instead of a reset connection; past that the connection is simply closed
@@ -162,11 +163,13 @@ class RequireKey:
 
 class ReadBody:
     """Reads the whole body before the app sees it, refusing one over ``limit`` bytes with a 413 (by its
-    Content-Length, or by counting what arrives when it has none); the app then reads it from memory and
-    later ``receive`` calls reach the connection, so a disconnect is still seen."""
+    Content-Length, or by counting what arrives when it has none), and one whose next part does not come
+    within ``idle_s`` seconds with a 408 (a client that stalls mid-body would hold its connection open
+    for good); the app then reads it from memory and later ``receive`` calls reach the connection, so a
+    disconnect is still seen."""
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app, self.limit = app, limit
+    def __init__(self, app: ASGIApp, limit: int, idle_s: float = BODY_IDLE_S) -> None:
+        self.app, self.limit, self.idle_s = app, limit, idle_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -180,7 +183,12 @@ class ReadBody:
         total, over = 0, declared is not None and int(declared) > self.limit
         while True:
             try:
-                message = await receive()
+                message = await asyncio.wait_for(receive(), self.idle_s)
+            except asyncio.TimeoutError:
+                await send_error(send, APIError(408, f"the request body stopped arriving ({self.idle_s:.0f} s without "
+                                                     "a byte); send the whole request again", code="request_timeout"),
+                                 close=True)
+                return
             except asyncio.CancelledError:               # the server stops while the body is still coming
                 await send_error(send, APIError(503, "the server stopped before the request's body had arrived; "
                                                      "send the request again once it is back", code="server_stopping"),

@@ -302,3 +302,30 @@ def test_the_openai_client_gets_its_typed_error_for_a_misspelt_extra(client):
                                        prompt_cache_key="k", extra_body={"top_k": 5})
     assert r.usage.completion_tokens >= 1
 
+
+
+def test_a_body_that_stops_arriving_is_answered_408_and_closed():
+    # A client that sends part of its body and then nothing would hold its connection for good.
+    import asyncio
+
+    from engine.server.asgi import ReadBody
+
+    sent: list[dict] = []
+    reached = []
+
+    async def app(scope, receive, send):
+        reached.append(scope)
+
+    async def receive():
+        if not sent and not reached and not getattr(receive, "gave", False):
+            receive.gave = True
+            return {"type": "http.request", "body": b'{"prompt": ', "more_body": True}
+        await asyncio.sleep(3600)                  # the rest never comes
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "path": "/v1/completions", "headers": [(b"content-length", b"100")]}
+    asyncio.run(asyncio.wait_for(ReadBody(app, limit=1 << 20, idle_s=0.2)(scope, receive, send), 10))
+    assert not reached and sent[0]["status"] == 408
+    assert b"stopped arriving" in b"".join(m.get("body", b"") for m in sent)
