@@ -136,10 +136,15 @@ def _run_url(args: argparse.Namespace, workload: Workload, warmup: Workload | No
         raise ConfigError(f"--vocab-size must be a whole number >= 1 (got {args.vocab_size})")
     target = Target(args.url, args.api_key or os.environ.get("STRATA_API_KEY") or None, args.model,
                     args.vocab_size)
-    if args.preset and args.output_len is None:              # the preset's replies, not the user's
-        served = served_model(target)
-        if served.context_tokens:
+    served = served_model(target)
+    if served.context_tokens:
+        if args.preset and args.output_len is None:          # the preset's replies, not the user's
             workload = _fitted(workload, served.context_tokens, served.model)
+        if workload.longest > served.context_tokens:         # refused before a request is sent
+            raise ConfigError(f"the workload's longest request needs {workload.longest} tokens (prompt up to "
+                              f"{workload.prompt_len.largest}, output up to {workload.output_len.largest}) but "
+                              f"{served.model} on the server holds {served.context_tokens}; lower --prompt-len or "
+                              "--output-len")
     if warmup is not None:
         _warm_up(_with_progress("warm-up", warmup, lambda p: run_http(target, warmup, p)))
     return _with_progress("bench", workload, lambda p: run_http(target, workload, p))

@@ -396,6 +396,13 @@ def test_a_strata_server_gives_its_vocabulary_and_context_so_the_requests_fit_th
     assert "note: four-streams: replies of 460 tokens instead of 800" in err and "output tok/s" in out
 
 
+def test_a_workload_longer_than_the_servers_context_is_refused_before_any_request(strata_server, capsys):
+    assert main(["bench", "--url", strata_server, "--requests", "2", "--prompt-len", "600", "--output-len", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "the workload's longest request needs 608 tokens" in err and "lower --prompt-len or --output-len" in err
+    assert "warm-up" not in err
+
+
 def test_prompt_ids_a_server_refuses_end_the_run_at_the_warm_up_with_the_fix(strata_server, capsys):
     # a --vocab-size larger than the model's: the server refuses the ids, and the run ends with the fix
     assert main(["bench", "--url", strata_server, "--vocab-size", "32000", "--requests", "2", "--output-len", "2",
