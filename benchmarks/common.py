@@ -59,3 +59,14 @@ def h2d_bandwidth_gbs(device: torch.device | str, nbytes: int = 1 << 30, repeats
         dst.copy_(src, non_blocking=cuda)
     sync()
     return nbytes * repeats / (time.perf_counter() - t0) / 1e9
+
+
+def interval_union(spans) -> float:
+    """The length covered by the ``(start, end)`` intervals of ``spans``, overlaps counted once."""
+    total, hi = 0.0, float("-inf")
+    for s, e in sorted(spans):
+        if e <= hi:
+            continue
+        total += e - max(s, hi)
+        hi = e
+    return total

@@ -27,26 +27,16 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import write_result  # noqa: E402
-from benchmarks.synthetic_moe import QWEN3_30B, SMOKE, base_std, build_hf, strata_engine, sync  # noqa: E402
+from benchmarks.common import interval_union, write_result  # noqa: E402
+from benchmarks.synthetic_moe import kit_model, strata_engine, sync  # noqa: E402
 from engine.sampling import SamplingParams  # noqa: E402
 
 SYNCS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize")
 
 
-def _union(spans: list[tuple[float, float]]) -> float:
-    total, hi = 0.0, float("-inf")
-    for s, e in sorted(spans):
-        if e <= hi:
-            continue
-        total += e - max(s, hi)
-        hi = e
-    return total
-
-
 def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
     """Time both sets of intervals cover: |A| + |B| - |A u B|."""
-    return _union(a) + _union(b) - _union(a + b)
+    return interval_union(a) + interval_union(b) - interval_union(a + b)
 
 
 def summarise(trace: dict, steps: int) -> dict:
@@ -64,8 +54,8 @@ def summarise(trace: dict, steps: int) -> dict:
             copy_bytes += int(e.get("args", {}).get("bytes", 0))
         elif cat == "cuda_runtime" and name in SYNCS:
             waits += dur
-    copy_us = _union(copies)
-    return {"kernels_us": _union(kernels) / steps, "kernel_count": len(kernels) / steps,
+    copy_us = interval_union(copies)
+    return {"kernels_us": interval_union(kernels) / steps, "kernel_count": len(kernels) / steps,
             "copies_us": copy_us / steps, "copy_count": len(copies) / steps, "copy_mb": copy_bytes / steps / 1e6,
             "copy_gbs_while_copying": copy_bytes / copy_us / 1e3 if copy_us else 0.0,
             "overlap_us": _overlap(kernels, copies) / steps, "host_sync_us": waits / steps}
@@ -116,9 +106,7 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true",
                     help="a small shape on the CPU: checks the script, measures nothing")
     a = ap.parse_args()
-    device = "cpu" if a.smoke else "cuda"
-    shape = dict(SMOKE if a.smoke else QWEN3_30B, num_hidden_layers=a.layers)
-    hf, cfg = build_hf(shape, torch.float32 if a.smoke else torch.bfloat16, base_std(shape), device=device)
+    hf, cfg, shape, device = kit_model(a.layers, a.smoke)
     result = {"benchmark": "offload_trace", "what": (
         f"Per-step time split of batch-1 decode with no experts on the GPU (Qwen3-30B-A3B shape, {a.layers} layers, "
         "random weights, 256-token prompt): wall, GPU kernel busy time, host-to-device copy time, bytes and rate, "

@@ -23,8 +23,8 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import write_result  # noqa: E402
-from benchmarks.synthetic_moe import QWEN3_30B, SMOKE, base_std, build_hf, strata_engine, sync  # noqa: E402
+from benchmarks.common import interval_union, write_result  # noqa: E402
+from benchmarks.synthetic_moe import kit_model, strata_engine, sync  # noqa: E402
 from engine.sampling import SamplingParams  # noqa: E402
 
 
@@ -35,17 +35,6 @@ def _kernels(prof) -> list[tuple[float, float, str]]:
         if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start:
             out.append((float(e.time_range.start), float(e.time_range.end), e.name))
     return sorted(out)
-
-
-def _busy(spans: list[tuple[float, float, str]]) -> float:
-    """The union of the kernel intervals, µs."""
-    total, hi = 0.0, float("-inf")
-    for s, e, _ in spans:
-        if e <= hi:
-            continue
-        total += e - max(s, hi)
-        hi = e
-    return total
 
 
 def profile_engine(engine, vocab: int, prompt: int, timed: int, profiled: int, device: str) -> dict:
@@ -78,7 +67,7 @@ def profile_engine(engine, vocab: int, prompt: int, timed: int, profiled: int, d
         calls[name] += 1
     rows = sorted(({"kernel": k[:90], "us_per_step": v / profiled, "calls_per_step": calls[k] / profiled}
                    for k, v in total.items()), key=lambda r: -r["us_per_step"])
-    busy = _busy(spans) / profiled
+    busy = interval_union([(s, e) for s, e, _ in spans]) / profiled
     step_ms = statistics.median(ms)
     return {"step_ms": step_ms, "tok_s": 1e3 / step_ms, "step_ms_samples": ms, "profiled_step_ms": wall_prof,
             "gpu_busy_us_per_step": busy, "kernels_per_step": len(spans) / profiled,
@@ -99,9 +88,7 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true",
                     help="a small shape on the CPU: checks the script, measures nothing")
     a = ap.parse_args()
-    device = "cpu" if a.smoke else "cuda"
-    shape = dict(SMOKE if a.smoke else QWEN3_30B, num_hidden_layers=a.layers)
-    hf, cfg = build_hf(shape, torch.float32 if a.smoke else torch.bfloat16, base_std(shape), device=device)
+    hf, cfg, shape, device = kit_model(a.layers, a.smoke)
     result = {"benchmark": "step_profile", "what": (
         f"Kernels of replayed batch-1 decode steps, Qwen3-30B-A3B shape with {a.layers} layers, random weights, "
         f"every expert on the GPU, after a {a.prompt}-token prompt: wall time per step, GPU busy time (union "

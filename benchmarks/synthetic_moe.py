@@ -210,3 +210,12 @@ def strata_engine(hf, cfg, fmt: str, max_batch: int, dtype: str, device: str = "
     sync(device)
     return engine, time.perf_counter() - t0
 
+
+
+def kit_model(layers: int, smoke: bool):
+    """The llama.cpp kit's shape (Qwen3-30B-A3B, ``layers`` layers) in bf16 on the GPU, or with ``smoke``
+    the small shape in float32 on the CPU (a check of a script, not a measurement): (hf, cfg, shape, device)."""
+    device = "cpu" if smoke else "cuda"
+    shape = dict(SMOKE if smoke else QWEN3_30B, num_hidden_layers=layers)
+    hf, cfg = build_hf(shape, torch.float32 if smoke else torch.bfloat16, base_std(shape), device=device)
+    return hf, cfg, shape, device
