@@ -9,6 +9,9 @@
 #   device call 2:  bash benchmarks/h200_session.sh kit-then-gpt-oss  (carry .bench)
 #   device call 3:  bash benchmarks/h200_session.sh gpt-oss           (repeat until it says done)
 #   or, alone:       bash benchmarks/h200_session.sh probes            (the gather's A/B and copy rates)
+#   or, alone:       bash benchmarks/h200_session.sh no-pool           (GPU tests, then what a no-pool step
+#                    could move: the CPU kernels' phases, the copy kernel's rate, gather-all and copies
+#                    against direct reads)
 #
 # KIT_ARGS picks the kit's options (default: shares 50,25,0, no Q4_0); KIT_TRAINED=1 has the kit
 # measure the benchmarks' trained-like model (written first by trained_like_checkpoint.py, then
@@ -80,7 +83,17 @@ case ${1:-} in
       timeout "$(( $(left) / 2 ))" python3 benchmarks/cold_experts.py --formats $fmt --pools 0 --depths 2,0 \
         --batches 1,8 --modes auto --gather on,off --tokens 64 --out "$OUT/gather_ab_$fmt.json" 2>&1 | grep -v "^ "
     done;;
+  no-pool)
+    nvidia-smi --query-gpu=name --format=csv,noheader
+    mkdir -p "$OUT/suite"
+    OUT="$OUT/suite" PYTHON=python3 timeout -k 10 260 bash benchmarks/gpu_suite.sh tests
+    timeout 60 python3 benchmarks/cpu_phases.py --threads 1,8,16 --out "$OUT/cpu_phases.json" 2>&1 | tail -n 3
+    timeout 60 python3 benchmarks/kernels/bench_host_copy.py --out "$OUT/host_copy.json" 2>&1 | tail -n 12
+    timeout "$(( $(left) - 100 ))" python3 benchmarks/cold_experts.py --formats int4 --pools 0 --depths 0,2 \
+      --batches 1,8 --modes bus,auto --gather on,all --tokens 32 --out "$OUT/gather_all.json" 2>&1 | grep -v "^ "
+    timeout "$(( $(left) - 5 ))" python3 benchmarks/offload_trace.py --formats int4 --depths 0 --modes bus \
+      --reads auto,copy --out "$OUT/no_pool_reads.json" 2>&1 | grep -v -e USDT -e Warn | tail -n 3;;
   *)
-    echo "usage: h200_session.sh tests-and-kit | kit-then-gpt-oss | gpt-oss | probes" >&2
+    echo "usage: h200_session.sh tests-and-kit | kit-then-gpt-oss | gpt-oss | probes | no-pool" >&2
     exit 2;;
 esac
