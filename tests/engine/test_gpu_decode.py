@@ -89,6 +89,24 @@ def test_depth_0_steps_read_directly_and_cross_once_per_missing_expert(model, fr
         assert llm.stats().experts.gathered > 0
 
 
+@pytest.mark.parametrize("depth", [0, 2])
+@pytest.mark.parametrize("cold", ["bus", "auto"])
+def test_gathering_every_missing_expert_replays_what_the_eager_engine_generates(model, depth, cold) -> None:
+    # gather_min_uses 1: every missing expert of a direct-read step, one-token steps too, is copied in
+    # by the gather's kernel before its layer's MoE kernels (which then read only device memory);
+    # with the host CPU's share too (auto). The replayed steps generate the eager engine's tokens.
+    path, ref, keys, nbytes = model
+    with LLM(str(path), device="cuda", dtype="float32", expert_pool_size=(keys // 4) * nbytes,
+             prefetch_depth=depth, cold_experts=cold) as llm:
+        experts = llm.engine.loaded.experts
+        assert experts.set_gather(True, min_uses=1)
+        llm.engine.runner.graphs.reset()
+        assert llm.generate([PROMPTS[0]], GREEDY)[0].token_ids == ref[0]
+        assert _graphs(llm).graphs[1].direct
+        assert llm.stats().experts.gathered > 0
+        assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == ref
+
+
 @pytest.mark.parametrize("cold", ["bus", "auto"])
 def test_a_live_change_to_depth_0_replays_without_the_claims_of_depth_2(model, cold) -> None:
     # Each recording keeps the layers its GPU-side prefetch claims for. After a live change from
