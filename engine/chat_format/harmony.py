@@ -110,6 +110,8 @@ class _Router:
     """Turns (message header, text) into reasoning, content and calls; the one place meaning is decided."""
 
     _args: list[str] = field(default_factory=list)     # the arguments of the call being written
+    _wrote: set[str] = field(default_factory=set)      # kinds ("reasoning", "content") earlier messages wrote
+    _writing: str | None = None                        # the kind this message writes
 
     def text(self, channel: str | None, recipient: str | None, piece: str) -> HarmonyDelta:
         if not piece:
@@ -117,12 +119,17 @@ class _Router:
         if recipient and recipient.startswith(FUNCTIONS):
             self._args.append(piece)
             return HarmonyDelta()
-        if channel == "analysis" or recipient:          # reasoning, or text for a built-in tool
-            return HarmonyDelta(reasoning=piece)
-        return HarmonyDelta(content=piece)
+        kind = "reasoning" if channel == "analysis" or recipient else "content"   # or text for a built-in tool
+        if self._writing is None and kind in self._wrote:
+            piece = "\n\n" + piece        # a second message of the same kind (a preamble, then the answer)
+        self._writing = kind
+        return HarmonyDelta(reasoning=piece) if kind == "reasoning" else HarmonyDelta(content=piece)
 
     def end(self, recipient: str | None) -> HarmonyDelta:
         """The message ended: a call to a function is complete."""
+        if self._writing is not None:
+            self._wrote.add(self._writing)
+            self._writing = None
         args, self._args = "".join(self._args), []
         if recipient and recipient.startswith(FUNCTIONS):
             return HarmonyDelta(calls=(HarmonyCall(recipient[len(FUNCTIONS):], args.strip()),))

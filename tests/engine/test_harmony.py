@@ -106,6 +106,18 @@ def test_a_reply_cut_inside_a_call_gives_its_text_back_as_content(tok):
     assert out.calls == () and out.content == '{"city": "'
 
 
+def test_messages_of_one_kind_read_as_paragraphs(tok):
+    # A preamble (commentary, no recipient) and the final answer are both content: two messages, two
+    # paragraphs, not "Checking.Hello!"; so are two reasoning messages. Streamed, the same.
+    reply = ("<|channel|>analysis<|message|>First.<|end|><|start|>assistant<|channel|>commentary<|message|>Checking."
+             "<|end|><|start|>assistant<|channel|>analysis<|message|>Second.<|end|>"
+             "<|start|>assistant<|channel|>final<|message|>Hello!<|return|>")
+    want = HarmonyDelta(reasoning="First.\n\nSecond.", content="Checking.\n\nHello!")
+    assert tok.harmony.parse(ids(tok, reply)) == want
+    reader = tok.harmony.reader()
+    assert sum((reader.feed([t]) for t in ids(tok, reply)), HarmonyDelta()) + reader.finish() == want
+
+
 def test_a_reply_that_never_uses_the_format_comes_back_as_its_text(tok):
     # A model that writes plain text (no harmony token at all) would read as nothing: its text is the
     # content, given once the reply ends; a reply that used the format reads as the format says.
