@@ -10,6 +10,9 @@ from typing import Any, Callable
 
 from kernels.errors import ConfigError
 
+__all__ = ["HAS_TRITON", "cdiv", "gdc_launch_dependents", "gdc_wait", "jit", "next_pow2", "pdl_launch", "pdl_supported",
+           "tl", "triton"]
+
 try:
     import triton
     import triton.language as tl
@@ -54,3 +57,25 @@ def next_pow2(n: int) -> int:
     while p < n:
         p *= 2
     return p
+
+
+gdc_launch_dependents = gdc_wait = None
+if HAS_TRITON:
+    try:  # grid dependency control (Hopper+): the next kernel launches while this one runs
+        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    except ImportError:  # older Triton: launches stay serial
+        pass
+
+
+def pdl_supported(device: Any) -> bool:
+    """Programmatic dependent launch: a Hopper-or-later GPU and a Triton that exposes it. A kernel
+    launched so (``launch_pdl=True``) starts while its predecessor finishes; it must call ``gdc_wait()``
+    before it reads anything a kernel before it wrote."""
+    import torch
+    return (getattr(device, "type", None) == "cuda" and gdc_wait is not None
+            and torch.cuda.get_device_capability(device)[0] >= 9)
+
+
+def pdl_launch(on: bool) -> dict:
+    """The launch options of a programmatic dependent (empty when off: older Triton lacks the option)."""
+    return {"launch_pdl": True} if on else {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels._triton import HAS_TRITON, jit, next_pow2, tl
+from kernels._triton import gdc_launch_dependents, gdc_wait, jit, next_pow2, pdl_supported, tl
 from kernels.moe_weights import PoolMatrix
 
 __all__ = ["CLAIMED", "SLOT_CPU", "HostMatrices", "add_bias", "block_k", "check_word_rows", "e8m0", "expert_act", "expert_ptr", "fill_of",
@@ -28,12 +28,6 @@ HostMatrices = tuple[PoolMatrix, PoolMatrix, int, "torch.Tensor | None"]
 SLOT_CPU = -3
 CLAIMED = -4
 
-gdc_launch_dependents = gdc_wait = None
-if HAS_TRITON:
-    try:  # grid dependency control (Hopper+): the next kernel launches while this one runs
-        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-    except ImportError:  # older Triton: launches stay serial
-        pass
 
 
 @jit
@@ -144,12 +138,6 @@ def check_word_rows(m: PoolMatrix, what: str) -> None:
         raise ValueError(f"{what} must have rows of a multiple of 8 elements starting on 16-byte boundaries "
                          f"(as ExpertLayout places them); got K = {m.k}, address {w.data_ptr()} and byte "
                          f"strides {w.stride()[:2]}")
-
-
-def pdl_supported(device: torch.device) -> bool:
-    """Programmatic dependent launch: a Hopper-or-later GPU and a Triton that exposes it."""
-    return (device.type == "cuda" and gdc_wait is not None
-            and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
 def host_args(host: HostMatrices | None, m: PoolMatrix, which: int, int4: bool) -> tuple:

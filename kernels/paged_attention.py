@@ -14,9 +14,11 @@ CUDA graph; each program reads its sequence's length on the device and takes its
 context (:func:`split_bounds`), so a 600-token context in a 4096-token table runs as ten programs
 of one tile each rather than three of four. K and V are loaded in their storage dtype and upcast to
 float32 at once; the two small matrix products run on tensor cores as TF32, which is exact for
-bf16/fp16 K, V and q (their mantissas fit in TF32's), and as IEEE fp32 for an fp32 cache. An int8 / fp8 (e4m3) cache carries one
-float32 scale per token and KV head: its stored values are exact in TF32 too, so the kernel multiplies
-the raw rows and applies each token's key scale to its scores and its value scale to its probability.
+bf16/fp16 K, V and q (their mantissas fit in TF32's), and as IEEE fp32 for an fp32 cache. An int8 /
+fp8 (e4m3) cache carries one float32 scale per token and KV head: its stored values are exact in TF32
+too, so the kernel multiplies the raw rows and applies each token's key scale to its scores and its
+value scale to its probability. On Hopper and later both launches are programmatic dependents: each
+starts while the kernel before it finishes and waits for it before reading anything.
 
 gpt-oss layers add two things, each behind a compile-time flag so other models run the same code as
 before. Sinks (a logit per query head that attends to nothing) join the final normalisation's
@@ -37,7 +39,7 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-from kernels._triton import cdiv, jit, next_pow2, tl
+from kernels._triton import cdiv, gdc_launch_dependents, gdc_wait, jit, next_pow2, pdl_launch, pdl_supported, tl
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 QUANT_DTYPES = (torch.int8, torch.float8_e4m3fn)     # quantised caches, with a float32 scale per token and KV head
@@ -80,10 +82,13 @@ def _paged_decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, lens
                                G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                                BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                                DIRECT: tl.constexpr, DOT_PREC: tl.constexpr, QUANT: tl.constexpr,
-                               WINDOWED: tl.constexpr, SINKS: tl.constexpr):
+                               WINDOWED: tl.constexpr, SINKS: tl.constexpr, PDL: tl.constexpr = False):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     s = tl.program_id(2)
+    if PDL:  # launched while the kernel before runs: wait for what it wrote, let the reduce launch
+        gdc_wait()
+        gdc_launch_dependents()
     ctx = tl.load(lens_ptr + b)
     first, per, used = split_bounds(ctx, window, S, min_tokens, BLOCK_N, WINDOWED)
     start = first + s * per
@@ -147,10 +152,13 @@ def _paged_decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, lens
 def _paged_decode_reduce_kernel(m_ptr, l_ptr, acc_ptr, sinks_ptr, lens_ptr, out_ptr, stride_ob, stride_oh, H, S,
                                 min_tokens, window, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
                                 BLOCK_D: tl.constexpr, SINKS: tl.constexpr, BLOCK_N: tl.constexpr,
-                                WINDOWED: tl.constexpr):
+                                WINDOWED: tl.constexpr, PDL: tl.constexpr = False):
     """Combines the splits a sequence used (the split kernel's ``split_bounds``, same arguments)."""
     b = tl.program_id(0)
     h = tl.program_id(1)
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     _, _, used = split_bounds(tl.load(lens_ptr + b), window, S, min_tokens, BLOCK_N, WINDOWED)
     base = (b * H + h) * S
     offs_s = tl.arange(0, BLOCK_S)                                      # [BS]
@@ -382,6 +390,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                                     launch)
     m, l, acc = _partials(out, splits)
     block_d, quant, g = max(16, next_pow2(hd)), k_scale is not None, h // k_cache.shape[1]
+    pdl = pdl_supported(q.device)       # each launch overlaps the end of the kernel before it (Hopper+)
     _paged_decode_split_kernel[(b, k_cache.shape[1], splits)](
         q, k_cache, v_cache, k_scale if quant else q, v_scale if quant else q, block_tables, context_lens,
         q if sinks is None else sinks, out, m, l, acc, q.stride(0), q.stride(1), k_cache.stride(0),
@@ -390,14 +399,14 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         (1.0 / math.sqrt(hd) if scale is None else scale) * LOG2E, min_tokens, window, h, splits,
         G=g, HEAD_DIM=hd, BLOCK_SIZE=block_size, BLOCK_G=max(16, next_pow2(g)), BLOCK_N=launch.block_n,
         BLOCK_D=block_d, DIRECT=splits == 1, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
-        QUANT=quant, WINDOWED=window > 0, SINKS=sinks is not None, num_warps=launch.num_warps,
-        num_stages=launch.num_stages)
+        QUANT=quant, WINDOWED=window > 0, SINKS=sinks is not None, PDL=pdl, num_warps=launch.num_warps,
+        num_stages=launch.num_stages, **pdl_launch(pdl))
     if splits > 1:
         _paged_decode_reduce_kernel[(b, h)](m, l, acc, q if sinks is None else sinks, context_lens, out,
                                             out.stride(0), out.stride(1), h, splits, min_tokens, window,
                                             HEAD_DIM=hd, BLOCK_S=min(16, next_pow2(splits)), BLOCK_D=block_d,
                                             SINKS=sinks is not None, BLOCK_N=launch.block_n, WINDOWED=window > 0,
-                                            num_warps=4)
+                                            PDL=pdl, num_warps=4, **pdl_launch(pdl))
     return out
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels._triton import jit, next_pow2, tl, cdiv
+from kernels._triton import cdiv, gdc_launch_dependents, gdc_wait, jit, next_pow2, pdl_launch, pdl_supported, tl
 
 SCORINGS = ("softmax", "sigmoid")
 
@@ -55,7 +55,10 @@ def _route_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, counts_ptr, T, E, stride
                   TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
                   BLOCK_E: tl.constexpr, SIGMOID: tl.constexpr, RENORM: tl.constexpr,
                   COUNT: tl.constexpr, BIAS: tl.constexpr, GROUPS: tl.constexpr, KEEP_GROUPS: tl.constexpr,
-                  BLOCK_G: tl.constexpr):
+                  BLOCK_G: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # launched while the router GEMM runs: wait for its logits, let the next kernel launch
+        gdc_wait()
+        gdc_launch_dependents()
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)          # [BT]
     cols = tl.arange(0, BLOCK_E)                                        # [BE]
     kcols = tl.arange(0, BLOCK_K)                                       # [BK]
@@ -100,8 +103,12 @@ def _route_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, counts_ptr, T, E, stride
 
 
 @jit
-def _tally_kernel(ids_ptr, acts_ptr, hits_ptr, N, E, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr):
+def _tally_kernel(ids_ptr, acts_ptr, hits_ptr, N, E, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
+                  PDL: tl.constexpr = False):
     """One program: ``acts[e] += #(ids == e)``, ``hits[0] += #distinct ids``."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     cols = tl.arange(0, BLOCK_E)                                        # [BE]
     counts = tl.zeros([BLOCK_E], dtype=tl.int32)
     for start in range(0, N, BLOCK_N):
@@ -123,7 +130,8 @@ def tally(ids: torch.Tensor, acts: torch.Tensor, hits: torch.Tensor) -> None:
     n, e = ids.numel(), acts.shape[0]
     block_e = next_pow2(e)
     block_n = max(1, min(next_pow2(max(n, 1)), 8192 // block_e))
-    _tally_kernel[(1,)](ids.reshape(-1), acts, hits, n, e, BLOCK_N=block_n, BLOCK_E=block_e)
+    pdl = pdl_supported(ids.device)
+    _tally_kernel[(1,)](ids.reshape(-1), acts, hits, n, e, BLOCK_N=block_n, BLOCK_E=block_e, PDL=pdl, **pdl_launch(pdl))
 
 
 def tally_ref(ids: torch.Tensor, acts: torch.Tensor, hits: torch.Tensor) -> None:
@@ -216,9 +224,11 @@ def route(logits: torch.Tensor, top_k: int, scoring: str = "softmax", renormaliz
         return w, ids
     block_e = next_pow2(e)
     block_t = max(1, min(16, 4096 // block_e, next_pow2(t)))
+    pdl = pdl_supported(logits.device)        # the launch overlaps the end of the router GEMM (Hopper+)
     _route_kernel[(cdiv(t, block_t),)](
         logits, bias if bias is not None else logits, w, ids, counts if counts is not None else ids, t, e,
         logits.stride(0), float(scale), e // groups, TOP_K=top_k, BLOCK_K=next_pow2(top_k), BLOCK_T=block_t,
         BLOCK_E=block_e, SIGMOID=scoring == "sigmoid", RENORM=renormalize, COUNT=counts is not None,
-        BIAS=bias is not None, GROUPS=groups, KEEP_GROUPS=keep_groups, BLOCK_G=next_pow2(groups))
+        BIAS=bias is not None, GROUPS=groups, KEEP_GROUPS=keep_groups, BLOCK_G=next_pow2(groups), PDL=pdl,
+        **pdl_launch(pdl))
     return w, ids
