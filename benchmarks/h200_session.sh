@@ -9,9 +9,10 @@
 #   device call 2:  bash benchmarks/h200_session.sh kit-then-gpt-oss  (carry .bench)
 #   device call 3:  bash benchmarks/h200_session.sh gpt-oss           (repeat until it says done)
 #   or, alone:       bash benchmarks/h200_session.sh probes            (the gather's A/B and copy rates)
-#   or, alone:       bash benchmarks/h200_session.sh no-pool           (GPU tests, then what a no-pool step
-#                    could move: the CPU kernels' phases, the copy kernel's rate, gather-all and copies
-#                    against direct reads)
+#   or, alone:       bash benchmarks/h200_session.sh no-pool           (GPU tests, the resident step with
+#                    and without programmatic dependent launches, then what a no-pool step could move:
+#                    the CPU kernels' phases, the copy kernel's rate, gather-all and copies against
+#                    direct reads)
 #
 # KIT_ARGS picks the kit's options (default: shares 50,25,0, no Q4_0); KIT_TRAINED=1 has the kit
 # measure the benchmarks' trained-like model (written first by trained_like_checkpoint.py, then
@@ -87,6 +88,8 @@ case ${1:-} in
     nvidia-smi --query-gpu=name --format=csv,noheader
     mkdir -p "$OUT/suite"
     OUT="$OUT/suite" PYTHON=python3 timeout -k 10 260 bash benchmarks/gpu_suite.sh tests
+    timeout 90 python3 benchmarks/step_profile.py --cells int4,int4+nopdl,int4/fp8 --out "$OUT/step_profile.json" 2>&1 \
+      | grep -e "tok/s" -e Error
     timeout 60 python3 benchmarks/cpu_phases.py --threads 1,8,16 --out "$OUT/cpu_phases.json" 2>&1 | tail -n 3
     timeout 60 python3 benchmarks/kernels/bench_host_copy.py --out "$OUT/host_copy.json" 2>&1 | tail -n 12
     timeout "$(( $(left) - 100 ))" python3 benchmarks/cold_experts.py --formats int4 --pools 0 --depths 0,2 \

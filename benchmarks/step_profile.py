@@ -80,7 +80,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--cells", default="int4,int4/int8,int4/fp8,bf16",
-                    help="expert format[/resident-weight format], comma-separated")
+                    help="expert format[/resident-weight format][+nopdl], comma-separated (+nopdl: no kernel, "
+                         "the MoE's included, launches as a programmatic dependent)")
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--timed", type=int, default=64)
     ap.add_argument("--profiled", type=int, default=8)
@@ -93,8 +94,11 @@ def main() -> None:
         f"Kernels of replayed batch-1 decode steps, Qwen3-30B-A3B shape with {a.layers} layers, random weights, "
         f"every expert on the GPU, after a {a.prompt}-token prompt: wall time per step, GPU busy time (union "
         "of kernel intervals), kernels grouped by name"), "config": vars(a), "cells": []}
+    import kernels._triton as triton_glue
     for cell in a.cells.split(","):
-        fmt, _, res = cell.partition("/")
+        name, _, flags = cell.partition("+")
+        fmt, _, res = name.partition("/")
+        triton_glue.PDL_ENABLED = flags != "nopdl"
         try:
             engine, load_s = strata_engine(hf, cfg, fmt, 1, "float32" if a.smoke else "bfloat16", device=device,
                                            kv_cache_size="64M" if a.smoke else "4G", resident_weights=res or "auto",

@@ -59,6 +59,7 @@ def next_pow2(n: int) -> int:
     return p
 
 
+PDL_ENABLED = True      # benchmarks set False to time launches without programmatic dependents
 gdc_launch_dependents = gdc_wait = None
 if HAS_TRITON:
     try:  # grid dependency control (Hopper+): the next kernel launches while this one runs
@@ -72,7 +73,7 @@ def pdl_supported(device: Any) -> bool:
     launched so (``launch_pdl=True``) starts while its predecessor finishes; it must call ``gdc_wait()``
     before it reads anything a kernel before it wrote."""
     import torch
-    return (getattr(device, "type", None) == "cuda" and gdc_wait is not None
+    return (PDL_ENABLED and getattr(device, "type", None) == "cuda" and gdc_wait is not None
             and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
