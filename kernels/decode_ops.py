@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from kernels.norm_rope import rms_norm, rotate
-from kernels._triton import jit, next_pow2, tl
+from kernels._triton import gdc_launch_dependents, gdc_wait, jit, next_pow2, pdl_launch, pdl_supported, tl
 from kernels.act16 import Act16, act16_empty, store_act16_group
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -34,7 +34,10 @@ MAX_HEAD_DIM = 512
 
 @jit
 def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, stride_x, stride_r, N, eps,
-                         BLOCK_N: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+                         BLOCK_N: tl.constexpr, HAS_RESIDUAL: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # launched while the kernel before runs: wait for what it wrote, let the next launch
+        gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)                                        # [BN]
     ok = cols < N
@@ -46,11 +49,15 @@ def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, stride_x, stride
 
 @jit
 def _add_rms_norm_act16_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, stride_x, stride_r, N, eps, q_ptr, sq_ptr,
-                               sv_ptr, BLOCK_N: tl.constexpr, HAS_RESIDUAL: tl.constexpr, G: tl.constexpr):
+                               sv_ptr, BLOCK_N: tl.constexpr, HAS_RESIDUAL: tl.constexpr, G: tl.constexpr,
+                               PDL: tl.constexpr = False):
     """Group ``program_id(1)`` of row ``program_id(0)``, and that group also as 16-bit planes. Every
     program sums the squares of the whole row, in the same order (so all agree on the scale); each
     writes only its group: one group's work per program, in one warp (no barrier), keeps the launch
     as short as the plain norm."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     row, grp = tl.program_id(0).to(tl.int64), tl.program_id(1)
     cols = tl.arange(0, BLOCK_N)                                        # [BN]
     ok = cols < N
@@ -158,13 +165,14 @@ def _add_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: t
     block_n = next_pow2(n)
     args = (x, residual if residual is not None else x, weight, normed, summed, x.stride(0),
             residual.stride(0) if residual is not None else 0, n, eps)
+    pdl = pdl_supported(x.device)        # the launch overlaps the end of the kernel before it (Hopper+)
     if planes is None:
-        _add_rms_norm_kernel[(t,)](*args, BLOCK_N=block_n, HAS_RESIDUAL=residual is not None,
-                                   num_warps=_norm_warps(block_n), enable_fp_fusion=False)
+        _add_rms_norm_kernel[(t,)](*args, BLOCK_N=block_n, HAS_RESIDUAL=residual is not None, PDL=pdl,
+                                   num_warps=_norm_warps(block_n), enable_fp_fusion=False, **pdl_launch(pdl))
     else:
         _add_rms_norm_act16_kernel[(t, n // group)](*args, planes.q.view(torch.int16), *planes[1:3], BLOCK_N=block_n,
-                                                    HAS_RESIDUAL=residual is not None, G=group, num_warps=1,
-                                                    enable_fp_fusion=False)
+                                                    HAS_RESIDUAL=residual is not None, G=group, PDL=pdl, num_warps=1,
+                                                    enable_fp_fusion=False, **pdl_launch(pdl))
     return normed, summed, planes
 
 
@@ -182,7 +190,11 @@ def _qk_norm_rope_write_kernel(qkv_ptr, bias_ptr, pos_ptr, cos_ptr, sin_ptr, qn_
                                slot_ptr, q_ptr, kc_ptr, vc_ptr, stride_qkv, stride_cos, stride_sin,
                                stride_kr, stride_kh, stride_vr, stride_vh, eps,
                                H: tl.constexpr, HKV: tl.constexpr, HEAD_DIM: tl.constexpr,
-                               BLOCK_HALF: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr):
+                               BLOCK_HALF: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr,
+                               PDL: tl.constexpr = False):
+    if PDL:  # launched while the qkv GEMM runs: wait for it before reading a row or writing the cache
+        gdc_wait()
+        gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)                                             # 0..H-1 query, H..H+Hkv-1 key
     is_q = head < H
@@ -316,12 +328,13 @@ def qk_norm_rope_write(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Te
     if t == 0:
         return q
     half = head_dim // 2
+    pdl = pdl_supported(qkv.device)
     _qk_norm_rope_write_kernel[(t, num_heads + num_kv_heads)](
         qkv, bias if bias is not None else qkv, positions, cos, sin,
         q_norm if q_norm is not None else qkv, k_norm if k_norm is not None else qkv,
         slot_mapping, q, k_cache, v_cache, qkv.stride(0), cos.stride(0), sin.stride(0),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), eps,
         H=num_heads, HKV=num_kv_heads, HEAD_DIM=head_dim, BLOCK_HALF=next_pow2(half),
-        HAS_BIAS=bias is not None, HAS_NORM=q_norm is not None, num_warps=1 if half <= 64 else 2,
-        enable_fp_fusion=False)
+        HAS_BIAS=bias is not None, HAS_NORM=q_norm is not None, PDL=pdl, num_warps=1 if half <= 64 else 2,
+        enable_fp_fusion=False, **pdl_launch(pdl))
     return q
