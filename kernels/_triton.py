@@ -6,6 +6,7 @@ must still work there; launching a kernel then raises a clear error.
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any, Callable
 
 from kernels.errors import ConfigError
@@ -72,9 +73,13 @@ def pdl_supported(device: Any) -> bool:
     """Programmatic dependent launch: a Hopper-or-later GPU and a Triton that exposes it. A kernel
     launched so (``launch_pdl=True``) starts while its predecessor finishes; it must call ``gdc_wait()``
     before it reads anything a kernel before it wrote."""
+    return PDL_ENABLED and getattr(device, "type", None) == "cuda" and gdc_wait is not None and _hopper(device)
+
+
+@lru_cache(maxsize=None)
+def _hopper(device: Any) -> bool:
     import torch
-    return (PDL_ENABLED and getattr(device, "type", None) == "cuda" and gdc_wait is not None
-            and torch.cuda.get_device_capability(device)[0] >= 9)
+    return torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def pdl_launch(on: bool) -> dict:
