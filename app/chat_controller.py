@@ -286,7 +286,7 @@ class ChatController(QObject):
             self._context_total = usage.context_tokens
         self.live.conversation.context_used = usage.prompt_tokens
         self._show_context()
-        if usage.dropped_messages and usage.note:
+        if usage.note:                   # oldest messages, or the start of a completion prompt, left out
             self.notice(usage.note)
 
     def notice(self, text: str) -> None:

@@ -112,7 +112,7 @@ class ContextUsage:
     context_tokens: int
     reply_tokens: int              # kept free for the reply
     dropped_messages: int = 0
-    note: str = ""                 # one line for the transcript when something was dropped
+    note: str = ""                 # one line for the transcript when something was dropped (messages or tokens)
 
 
 @dataclass(frozen=True)

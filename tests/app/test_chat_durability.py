@@ -340,6 +340,15 @@ def test_the_context_meter_follows_the_current_chat(qtbot, tmp_path):
     assert meter.label.text() == "Context 352 / 512 tokens"
 
 
+def test_a_completion_prompt_cut_at_its_start_says_so(qtbot, tmp_path):
+    # A base model's prompt is text: fitting it drops tokens, not messages, and the transcript says so too.
+    chat = make_chat(qtbot, tmp_path / "c")
+    chat.send("a very long text")
+    note = "dropped the first 1900 tokens of the prompt to fit the 512-token context"
+    chat.on_context(ContextUsage(chat.live_id, 384, 512, 128, dropped_messages=0, note=note))
+    assert note in bubble_texts(chat)
+
+
 def test_a_restored_chat_shows_the_context_its_last_request_took(qtbot, tmp_path):
     # What the meter showed survives a restart: the count is saved with the chat, not only kept in memory.
     first = make_chat(qtbot, tmp_path / "c")
