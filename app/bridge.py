@@ -111,9 +111,13 @@ class EngineBridge(QObject):
     stopped = Signal()
 
     def __init__(self, engine_factory: EngineFactory = open_engine,
-                 unload_first: Callable[[str, dict, dict | None], bool] = must_unload_first) -> None:
+                 unload_first: Callable[[str, dict, dict | None], bool] = must_unload_first,
+                 fallback: str | None = None) -> None:
+        """``fallback``: the model folder to open when a load fails with no model running (the bundled
+        demo), so that the window has a model whenever one can be opened; None: none."""
         super().__init__()
         self._unload_first = unload_first
+        self._fallback = fallback
         self.engine_loop = EngineLoop(handler=self._handle, on_error=self._on_loop_error, idle_wait_s=IDLE_WAIT_S)
         self.engine_loop.add_tick(self._emit_periodic)
         self._current: Load | None = None      # what the running engine was loaded from
@@ -280,17 +284,23 @@ class EngineBridge(QObject):
         self._emit_knobs()
         self._emit_stats()
         if done.load.failed:
-            self.error.emit(BridgeError(f"{done.load.failed}; {self._engine.model_info.name} was opened again", "load"))
+            how = "instead" if done.load.instead else "again"
+            self.error.emit(BridgeError(f"{done.load.failed}; {self._engine.model_info.name} was opened {how}", "load"))
 
     def _load_failed(self, done: Loaded) -> None:
         why = f"Could not open {done.load.model}: {_load_wording(done.error)}"
-        if done.load.failed:           # bringing the previous model back failed too
-            why = f"{done.load.failed}, and opening {done.load.model} again failed too: {_load_wording(done.error)}"
+        if done.load.failed:           # bringing the previous model back (or the fallback) failed too
+            how = "instead" if done.load.instead else "again"
+            why = f"{done.load.failed}, and opening {done.load.model} {how} failed too: {_load_wording(done.error)}"
         elif self._engine is not None:
             why += f" ({self._engine.model_info.name} is still loaded)"
         elif self._closed is not None:
             previous, self._closed = self._closed, None
             self._request_load(Load(previous.model, previous.options, failed=why))
+            return
+        elif self._fallback and not done.load.instead and self._next is None \
+                and Path(done.load.model).resolve() != Path(self._fallback).resolve():
+            self._request_load(Load(self._fallback, done.load.options, failed=why, instead=True))
             return
         self.error.emit(BridgeError(why, "load"))
         if self._engine is not None:

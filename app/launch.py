@@ -51,7 +51,7 @@ def build_window(model: str | None, engine_options: dict, settings: QSettings | 
                  poller: GpuPoller | None = None, store: ConversationStore | None = None) -> MainWindow:
     """A window wired to a fresh engine thread and GPU poller, loading ``model``."""
     settings = settings if settings is not None else QSettings()
-    bridge = EngineBridge()
+    bridge = EngineBridge(fallback=str(default_model_dir()))
     poller = poller if poller is not None else GpuPoller()
     window = MainWindow(bridge, poller, settings, store=store, engine_options=engine_options)
     bridge.start()

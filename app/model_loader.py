@@ -39,6 +39,7 @@ class Load:
     model: str
     options: tuple[tuple[str, object], ...]
     failed: str = ""            # set when this load brings back the model a failed load closed: why it failed
+    instead: bool = False       # this load opens the fallback model because nothing else could be opened
 
 
 @dataclass(frozen=True)

@@ -92,11 +92,11 @@ def test_a_new_model_clears_the_knob_status_lines(window, qtbot):
     assert not any(t.startswith(("✓", "✗", "applying")) for t in lines), lines
 
 
-def _window_unloading_first(qtbot, tmp_path, load: bool = True) -> MainWindow:
+def _window_unloading_first(qtbot, tmp_path, load: bool = True, fallback: str | None = None) -> MainWindow:
     """A window whose bridge closes the running model before every load (as one GPU has to), with
-    the demo loaded unless ``load`` is false."""
+    the demo loaded unless ``load`` is false (``fallback``: the bridge's model for a failed load)."""
     settings = QSettings(str(tmp_path / "strata.ini"), QSettings.Format.IniFormat)
-    bridge = EngineBridge(open_engine, unload_first=lambda _device, _options, _running: True)
+    bridge = EngineBridge(open_engine, unload_first=lambda _device, _options, _running: True, fallback=fallback)
     poller = GpuPoller(FakeMonitor(GpuSample(timestamp=0.0, status="Fake GPU")), interval_ms=30)
     w = MainWindow(bridge, poller, settings, ConversationStore(tmp_path / "conversations"),
                    engine_options=ENGINE_OPTIONS)
@@ -154,6 +154,23 @@ def test_a_failed_load_with_no_model_says_why_once(qtbot, tmp_path, themed):
             w.open_model(DEMO)
         qtbot.waitUntil(lambda: w.knobs.state is not None, timeout=TIMEOUT)
         assert w.knobs.engine_box.isVisibleTo(w.knobs) and not w.knobs.no_model.isVisibleTo(w.knobs)
+    finally:
+        w.close()
+
+
+def test_a_failed_load_with_no_model_opens_the_fallback_instead(qtbot, tmp_path, themed):
+    # At start, a last-used folder that broke since (or a wrong --model) leaves no model running: the
+    # bundled demo opens instead, and the banner says why and what was opened.
+    w = _window_unloading_first(qtbot, tmp_path, load=False, fallback=DEMO)
+    try:
+        ready: list = []
+        w.model_ready.connect(ready.append)
+        w.open_model(str(_broken_config(tmp_path)))
+        qtbot.waitUntil(lambda: len(ready) == 1, timeout=LOAD_TIMEOUT_MS)
+        assert ready[0].path == w.model.path and w.chat_pane.send_button.isEnabled()
+        qtbot.waitUntil(lambda: w.banners.level("load") == "red", timeout=TIMEOUT)
+        text = w.banners.text("load")
+        assert "config.json" in text and text.endswith(f"{w.model.name} was opened instead")
     finally:
         w.close()
 
