@@ -52,9 +52,16 @@ def _spin(lo: int, hi: int, suffix: str, special: str | None = None) -> QSpinBox
     box.setRange(lo, hi)
     box.setKeyboardTracking(False)
     box.setSuffix(suffix)
+    box.setProperty("unit", suffix)
+    box.valueChanged.connect(lambda v: box.setSuffix(_unit(suffix, v)))
     if special:
         box.setSpecialValueText(special)
     return box
+
+
+def _unit(suffix: str, n: int) -> str:
+    """A unit in the plural (" layers") for ``n``: "1 layer", not "1 layers"."""
+    return suffix[:-1] if n == 1 and suffix.endswith("s") else suffix
 
 
 def pool_text(b: int) -> str:
@@ -309,7 +316,8 @@ class KnobsPanel(QWidget):
         if isinstance(w, QSpinBox):
             n = 0 if value is None else int(value)
             special = n == w.minimum() and w.specialValueText()
-            return w.specialValueText() if special else f"{w.prefix()}{w.textFromValue(n)}{w.suffix()}"
+            unit = _unit(str(w.property("unit") or w.suffix()), n)
+            return w.specialValueText() if special else f"{w.prefix()}{w.textFromValue(n)}{unit}"
         if isinstance(w, QCheckBox):
             return "on" if value else "off"
         return str(value)

@@ -388,6 +388,7 @@ class MainWindow(QMainWindow):
                 self._export_failed(path, exc)
                 return
             self.statusBar().showMessage(f"Wrote {n} samples to {path}", 5000)
+            self.banners.clear("export")
 
     def export_chat_dialog(self) -> None:
         conv = self.chat.current
@@ -402,11 +403,15 @@ class MainWindow(QMainWindow):
                 self._export_failed(path, exc)
                 return
             self.statusBar().showMessage(f"Saved {written}", 5000)
+            self.banners.clear("export")
 
     def _export_failed(self, path: str, exc: OSError) -> None:
+        """In the status bar, and in a red banner that stays until the next export (a status line is cut
+        short at a narrow width and fades)."""
         why = exc.strerror or str(exc)
-        self.statusBar().showMessage(f"Export failed: {path} could not be written ({why}); choose a folder you "
-                                     "can write to and a file name", 15000)
+        text = f"Export failed: {path} could not be written ({why}); choose a folder you can write to and a file name"
+        self.statusBar().showMessage(text, 15000)
+        self.banners.show_message("export", text, "red")
 
     def export_plot_dialog(self, panel: Panel) -> None:
         name = panel.title.lower().replace(" ", "-")
@@ -420,6 +425,7 @@ class MainWindow(QMainWindow):
                 self._export_failed(path, exc)
                 return
             self.statusBar().showMessage(f"Saved {path}", 5000)
+            self.banners.clear("export")
 
     def open_load_test(self) -> None:
         if self.load_test is None:

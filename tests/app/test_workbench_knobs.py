@@ -223,7 +223,7 @@ def test_real_engine_errors_in_the_workbench_name_working_fixes():
 
 def test_an_applied_line_names_the_value_the_engine_holds(window, qtbot):
     c, status = window.knobs.controls, window.knobs.status
-    layers = c["prefetch_depth"].suffix()
+    layers = c["prefetch_depth"].property("unit")                      # " layers"
 
     def settled(act, option, value):
         # the engine's answer, then its state after the change: a state sent before it would put the
@@ -233,7 +233,8 @@ def test_an_applied_line_names_the_value_the_engine_holds(window, qtbot):
         return result
 
     result = settled(lambda: c["prefetch_depth"].setValue(1), "prefetch_depth", 1)
-    assert status["prefetch_depth"].text() == f"✓ applied: 1{layers}"
+    assert status["prefetch_depth"].text() == f"✓ applied: 1{layers[:-1]}"         # "1 layer"
+    assert c["prefetch_depth"].text() == f"1{layers[:-1]}"
     assert status["prefetch_depth"].toolTip() == f"When applied: {result.message}"   # the engine's account
     settled(lambda: c["max_batch_tokens"].setValue(64), "max_batch_tokens", 64)
     assert status["max_batch_tokens"].text() == f"✓ applied: 64{c['max_batch_tokens'].suffix()}"

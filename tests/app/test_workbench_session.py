@@ -166,11 +166,13 @@ def test_an_export_that_cannot_be_written_says_so_and_leaves_nothing(window, qtb
         monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, t=target, **k: (str(t), ""))
         window.export_session_dialog()
         assert window.statusBar().currentMessage().startswith(f"Export failed: {target} could not be written")
+        assert window.banners.level("export") == "red" and str(target) in window.banners.text("export")
     assert [p.name for p in folder.iterdir()] == ["adir"]            # no temporary file left behind
     for target in (tmp_path / "missing" / "p.png", folder / "noext"):
         monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, t=target, **k: (str(t), ""))
         window.export_plot_dialog(window.panels[0])
     assert window.statusBar().currentMessage() == f"Saved {folder / 'noext'}.png"
+    assert window.banners.level("export") is None                    # a written export clears it
     assert (folder / "noext.png").is_file() and not (tmp_path / "missing").exists()
     monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: (str(folder / "chat"), ""))
     window.export_chat_dialog()                                           # File › Export chat
