@@ -380,20 +380,21 @@ class MainWindow(QMainWindow):
             self.open_model(path)
 
     def export_session_dialog(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self, "Export session stats", "strata-session.csv", "CSV (*.csv)")
+        path, _ = QFileDialog.getSaveFileName(self, "Export session stats", self._export_path("strata-session.csv"),
+                                              "CSV (*.csv)")
         if path:
             try:
                 n = self.recorder.write_csv(path)
             except OSError as exc:
                 self._export_failed(path, exc)
                 return
-            self.statusBar().showMessage(f"Wrote {n} samples to {path}", 5000)
-            self.banners.clear("export")
+            self._exported(path, f"Wrote {n} samples to {path}")
 
     def export_chat_dialog(self) -> None:
         conv = self.chat.current
         name = "".join(c if c.isalnum() or c in "-_ " else "-" for c in conv.title).strip() or "chat"
-        path, kind = QFileDialog.getSaveFileName(self, "Export chat", f"{name}.md", "Markdown (*.md);;JSON (*.json)")
+        path, kind = QFileDialog.getSaveFileName(self, "Export chat", self._export_path(f"{name}.md"),
+                                                 "Markdown (*.md);;JSON (*.json)")
         if path:
             if "json" in kind.lower() and not Path(path).suffix:
                 path += ".json"                 # the format picked in the dialog, for a name without one
@@ -402,8 +403,17 @@ class MainWindow(QMainWindow):
             except OSError as exc:
                 self._export_failed(path, exc)
                 return
-            self.statusBar().showMessage(f"Saved {written}", 5000)
-            self.banners.clear("export")
+            self._exported(str(written), f"Saved {written}")
+
+    def _export_path(self, name: str) -> str:
+        """``name`` in the folder the last export went to (the home folder at first)."""
+        folder = str(self.settings.value("export_dir", "") or "")
+        return str(Path(folder if folder and Path(folder).is_dir() else Path.home()) / name)
+
+    def _exported(self, path: str, message: str) -> None:
+        self.statusBar().showMessage(message, 5000)
+        self.banners.clear("export")
+        self.settings.setValue("export_dir", str(Path(path).parent))
 
     def _export_failed(self, path: str, exc: OSError) -> None:
         """In the status bar, and in a red banner that stays until the next export (a status line is cut
@@ -415,7 +425,8 @@ class MainWindow(QMainWindow):
 
     def export_plot_dialog(self, panel: Panel) -> None:
         name = panel.title.lower().replace(" ", "-")
-        path, _ = QFileDialog.getSaveFileName(self, f"Export {panel.title}", f"strata-{name}.png", "PNG (*.png)")
+        path, _ = QFileDialog.getSaveFileName(self, f"Export {panel.title}", self._export_path(f"strata-{name}.png"),
+                                              "PNG (*.png)")
         if path:
             if not path.lower().endswith(".png"):
                 path += ".png"                  # the exporter picks its format by the extension
@@ -424,8 +435,7 @@ class MainWindow(QMainWindow):
             except OSError as exc:
                 self._export_failed(path, exc)
                 return
-            self.statusBar().showMessage(f"Saved {path}", 5000)
-            self.banners.clear("export")
+            self._exported(path, f"Saved {path}")
 
     def open_load_test(self) -> None:
         if self.load_test is None:

@@ -173,6 +173,7 @@ def test_an_export_that_cannot_be_written_says_so_and_leaves_nothing(window, qtb
         window.export_plot_dialog(window.panels[0])
     assert window.statusBar().currentMessage() == f"Saved {folder / 'noext'}.png"
     assert window.banners.level("export") is None                    # a written export clears it
+    assert window._export_path("next.csv") == str(folder / "next.csv")   # the next dialog opens where it went
     assert (folder / "noext.png").is_file() and not (tmp_path / "missing").exists()
     monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: (str(folder / "chat"), ""))
     window.export_chat_dialog()                                           # File › Export chat
