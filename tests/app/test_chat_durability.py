@@ -438,6 +438,7 @@ def test_a_system_prompt_written_in_a_new_chat_outlives_a_quit_and_a_crash(qtbot
     again.new_chat()
     again.pane.settings_box.system_prompt.setPlainText("Another one")
     qtbot.waitUntil(lambda: not again.edits_timer.isActive(), timeout=5000)   # kept: what a crash finds
+    assert again.library.flush(10)         # once the writer thread has it on disk (a busy host delays it)
     third = make_chat(qtbot, folder)
     assert third.pane.settings_box.system_prompt.toPlainText() == "Another one"
 
