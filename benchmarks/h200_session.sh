@@ -8,6 +8,9 @@
 #   device call 1:  bash benchmarks/h200_session.sh tests-and-kit     (carry .bench)
 #   device call 2:  bash benchmarks/h200_session.sh kit-then-gpt-oss  (carry .bench)
 #   device call 3:  bash benchmarks/h200_session.sh gpt-oss           (repeat until it says done)
+#   or:              bash benchmarks/h200_session.sh tests-ab-kit      (carry .bench: the GPU tests, the resident
+#                    step with and without programmatic dependent launches, then the kit in the background;
+#                    follow it with kit-then-gpt-oss)
 #   or, alone:       bash benchmarks/h200_session.sh probes            (the gather's A/B and copy rates)
 #   or, alone:       bash benchmarks/h200_session.sh no-pool           (GPU tests, the resident step with
 #                    and without programmatic dependent launches, then what a no-pool step could move:
@@ -65,6 +68,19 @@ case ${1:-} in
     fi
     bash .bench/kit/run.sh --background $KIT_ARGS || exit 1
     bash .bench/kit/poll.sh "$(left)" | tail -n 12;;
+  tests-ab-kit)
+    nvidia-smi --query-gpu=name --format=csv,noheader
+    mkdir -p "$OUT/suite"
+    OUT="$OUT/suite" PYTHON=python3 timeout -k 10 300 bash benchmarks/gpu_suite.sh tests
+    pkill -f "pytest tests/engine/test_gpu" 2>/dev/null
+    timeout 100 python3 benchmarks/step_profile.py --cells int4,int4+nopdl,int4/fp8 --out "$OUT/step_profile.json" 2>&1 \
+      | grep -e "tok/s" -e Error
+    if [ "${KIT_TRAINED:-0}" = 1 ]; then
+      [ -d "$TRAINED" ] || python3 benchmarks/trained_like_checkpoint.py "$TRAINED" --layers 12 2>&1 | tail -n 4
+      KIT_ARGS="$KIT_ARGS --hf $TRAINED"
+    fi
+    bash .bench/kit/run.sh --background $KIT_ARGS || exit 1
+    bash .bench/kit/poll.sh "$(left)" | tail -n 12;;
   kit-then-gpt-oss)
     bash .bench/kit/poll.sh "$(( $(left) - 60 ))" | tail -n 70
     if kit_done; then start_gpt_oss; follow_gpt_oss; else echo "the kit is still running: call this phase again"; fi;;
@@ -97,6 +113,6 @@ case ${1:-} in
     timeout "$(( $(left) - 5 ))" python3 benchmarks/offload_trace.py --formats int4 --depths 0 --modes bus \
       --reads auto,copy --out "$OUT/no_pool_reads.json" 2>&1 | grep -v -e USDT -e Warn | tail -n 3;;
   *)
-    echo "usage: h200_session.sh tests-and-kit | kit-then-gpt-oss | gpt-oss | probes | no-pool" >&2
+    echo "usage: h200_session.sh tests-and-kit | tests-ab-kit | kit-then-gpt-oss | gpt-oss | probes | no-pool" >&2
     exit 2;;
 esac
