@@ -56,9 +56,8 @@ def _route_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, counts_ptr, T, E, stride
                   BLOCK_E: tl.constexpr, SIGMOID: tl.constexpr, RENORM: tl.constexpr,
                   COUNT: tl.constexpr, BIAS: tl.constexpr, GROUPS: tl.constexpr, KEEP_GROUPS: tl.constexpr,
                   BLOCK_G: tl.constexpr, PDL: tl.constexpr = False):
-    if PDL:  # launched while the router GEMM runs: wait for its logits, let the next kernel launch
-        gdc_wait()
-        gdc_launch_dependents()
+    if PDL:  # launched while the router GEMM runs: wait for its logits. No early trigger: the MoE's up
+        gdc_wait()  # kernel reads the ids before its own wait, to preload the chosen experts' weights
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)          # [BT]
     cols = tl.arange(0, BLOCK_E)                                        # [BE]
     kcols = tl.arange(0, BLOCK_K)                                       # [BK]
