@@ -1,16 +1,16 @@
-"""``GatherSlots``: in a direct-read step of several tokens, a missing expert crosses the bus once.
+"""``GatherSlots``: in a direct-read step, a missing expert crosses the bus once, by a copy.
 
-The MoE decode kernels read a missing expert from host memory once per token that uses it. In a
-direct-read step of two or more tokens, each layer's missing experts (not the host CPU's) that two
-or more of its real tokens use are instead copied once over the bus, right after the layer's publish
-and before its MoE kernels, into the expert's fill slot (so the step may still admit it) or else
-into one of the step's gather slots; the layer's snapshot then names that slot, and the kernels read
-the expert from device memory (kernels/publish_ids.py: ``publish_direct(gather=...)`` and
-``gather_copy``). Gather slots are staging slots leased for the whole step and reused layer after
+The MoE decode kernels can read a missing expert from host memory themselves, once per token that
+uses it. Instead, each layer's missing experts (not the host CPU's) that at least
+``ResidencyTuning.gather_min_uses`` of its real tokens use are copied once over the bus, right after
+the layer's publish and before its MoE kernels, into the expert's fill slot (so the step may still
+admit it) or else into one of the step's gather slots; the layer's snapshot then names that slot, and
+the kernels read the expert from device memory (kernels/publish_ids.py: ``publish_direct(gather=...)``
+and ``gather_copy``). Gather slots are staging slots leased for the whole step and reused layer after
 layer: a layer's copy runs after the previous layer's kernels on the same stream.
 
-With ``ResidencyTuning.gather_min_uses`` 1 (``ExpertManager.set_gather(True, 1)``), every missing
-expert is gathered, in steps of one token too: the layer's MoE kernels then read only device memory,
+With ``ResidencyTuning.gather_min_uses`` 1 (the default; ``ExpertManager.set_gather(True, 1)``), every
+missing expert is gathered, in steps of one token too: the layer's MoE kernels then read only device memory,
 and the copy kernel, not their own loads, carries the bus (where the kernels' reads of host memory
 are slow: about 20 GB/s on the H100 host against 55 GB/s for copies).
 
@@ -21,7 +21,9 @@ an expert in a fill slot (not a gather slot) is a candidate for admission.
 At batch 8 with no pool, the direct reads of the Qwen3-30B-A3B shape moved 904 MB per token where
 copying each missing expert once moved 738 (bf16). Measured on the H200 at depth 2, batch 8, no pool
 (benchmarks/results/gather_ab_2026-12-05.json): int4 344 tok/s gathered against 251 not, bf16 129
-against 128.
+against 128. Every missing expert gathered against only the shared ones, on the H100 host at no
+pool (int4, gather_ab_2026-12-05b.json): batch 1 164 against 144 tok/s at depth 0 with cold experts
+auto, 101 against 87 over the bus alone.
 """
 from __future__ import annotations
 

@@ -34,14 +34,14 @@ class ResidencyTuning:
     # bus once per token. At batch 8 with no pool, reads per token moved 904 MB against 738 for one
     # copy per expert (Qwen3-30B-A3B shape, bf16, H200). Read when the expert manager is made.
     gather_shared: bool = True
-    # A gathered expert is one that at least this many of a step's real tokens use. 2: an expert one
-    # token uses is read by the kernels (it crosses the bus once either way). 1: every missing expert
-    # of a direct-read step, one-token steps included, is copied in by the gather's copy kernel before
-    # the layer's MoE kernels, which then read device memory. The MoE kernels' own reads of host
-    # memory ran at about 20 GB/s on the H100 host, against 55 GB/s for copies
-    # (benchmarks/results/no_pool_trace_2026-12-05.json); the copy kernel's rate there is not yet
-    # measured, so the default stays 2.
-    gather_min_uses: int = 2
+    # A gathered expert is one that at least this many of a step's real tokens use. 1: every missing
+    # expert of a direct-read step, one-token steps included, is copied in by the gather's copy kernel
+    # before the layer's MoE kernels, which then read device memory. 2: an expert one token uses is read
+    # by the kernels themselves (it crosses the bus once either way, but their reads of host memory ran
+    # at about 20 GB/s on the H100 host against 55 GB/s for copies). At no pool on that host (int4,
+    # benchmarks/results/gather_ab_2026-12-05b.json) 1 against 2: batch 1 at depth 0 164 against 144
+    # tok/s (cold experts auto) and 101 against 87 (bus alone); batch 8 321 against 315 and 138 against 123.
+    gather_min_uses: int = 1
 
     def __post_init__(self) -> None:
         if self.direct_max_tokens < 0 or self.prefetch_per_layer < 0 or self.predict_max_layers < 1 \

@@ -10,6 +10,7 @@ import torch
 from kernels.expert_layout import ExpertLayout
 from engine.experts.manager import ExpertManager
 from engine.experts.store import HostExpertStore
+from engine.experts.tuning import ResidencyTuning
 from kernels.fused_moe import fused_moe_ref
 
 L, E, K, D, F = 4, 8, 2, 16, 8
@@ -65,6 +66,11 @@ class Stack:
         self.routers = [torch.randn(experts, D, generator=g) for _ in range(layers)]
 
     def offloaded(self, slots: int | None, depth: int = 0, policy: str = "lru", **kw) -> ExpertManager:
+        """A manager with ``slots`` pool slots. Its direct reads gather only the experts two or more tokens
+        of a step use (``gather_min_uses`` 2), so that the kernels' own reads of host memory, and the fill
+        slots they write, stay under test; pass ``tuning`` for the engine's default (every missing expert
+        gathered)."""
+        kw.setdefault("tuning", ResidencyTuning(gather_min_uses=2))
         pool = None if slots is None else slots * self.layout.nbytes
         return ExpertManager(self.layout, self.store, self.experts, "cpu", pool, depth, policy,
                                 self.routers, route, **kw)
