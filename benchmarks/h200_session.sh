@@ -73,7 +73,7 @@ case ${1:-} in
     mkdir -p "$OUT/suite"
     OUT="$OUT/suite" PYTHON=python3 timeout -k 10 300 bash benchmarks/gpu_suite.sh tests
     pkill -f "pytest tests/engine/test_gpu" 2>/dev/null
-    timeout 100 python3 benchmarks/step_profile.py --cells int4,int4+nopdl,int4/fp8 --out "$OUT/step_profile.json" 2>&1 \
+    timeout 100 python3 benchmarks/step_profile.py --cells int4/bf16,int4/bf16+nopdl,int4/fp8 --out "$OUT/step_profile.json" 2>&1 \
       | grep -e "tok/s" -e Error
     if [ "${KIT_TRAINED:-0}" = 1 ]; then
       [ -d "$TRAINED" ] || python3 benchmarks/trained_like_checkpoint.py "$TRAINED" --layers 12 2>&1 | tail -n 4
@@ -104,7 +104,7 @@ case ${1:-} in
     nvidia-smi --query-gpu=name --format=csv,noheader
     mkdir -p "$OUT/suite"
     OUT="$OUT/suite" PYTHON=python3 timeout -k 10 260 bash benchmarks/gpu_suite.sh tests
-    timeout 90 python3 benchmarks/step_profile.py --cells int4,int4+nopdl,int4/fp8 --out "$OUT/step_profile.json" 2>&1 \
+    timeout 90 python3 benchmarks/step_profile.py --cells int4/bf16,int4/bf16+nopdl,int4/fp8 --out "$OUT/step_profile.json" 2>&1 \
       | grep -e "tok/s" -e Error
     timeout 60 python3 benchmarks/cpu_phases.py --threads 1,8,16 --out "$OUT/cpu_phases.json" 2>&1 | tail -n 3
     timeout 60 python3 benchmarks/kernels/bench_host_copy.py --out "$OUT/host_copy.json" 2>&1 | tail -n 12

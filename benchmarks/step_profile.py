@@ -79,9 +79,10 @@ def profile_engine(engine, vocab: int, prompt: int, timed: int, profiled: int, d
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=12)
-    ap.add_argument("--cells", default="int4,int4/int8,int4/fp8,bf16",
-                    help="expert format[/resident-weight format][+nopdl], comma-separated (+nopdl: no kernel, "
-                         "the MoE's included, launches as a programmatic dependent)")
+    ap.add_argument("--cells", default="int4/bf16,int4/int8,int4/fp8,bf16",
+                    help="expert format[/resident-weight format][+nopdl], comma-separated (no resident format: "
+                         "the engine's auto; +nopdl: no kernel, the MoE's included, launches as a programmatic "
+                         "dependent)")
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--timed", type=int, default=64)
     ap.add_argument("--profiled", type=int, default=8)

@@ -30,7 +30,7 @@ from engine.cli.options import engine_options, model_dir
 from engine.config import EngineConfig, format_size, parse_size
 from engine.errors import ConfigError
 from kernels.expert_layout import ExpertLayout
-from engine.loading import expert_act
+from engine.loading import auto_resident, expert_act, resolve_device
 from engine.kv.sizing import KVSizing, kv_sizing
 from engine.memory import (CPU_KV_CAP, MIN_KV_TOKENS, BudgetAdvice, MemoryPlan, default_budget, fit_context,
                            fit_context_on_host, fit_context_to_kv_size, kv_pool_bytes, plan_memory, smaller_resident,
@@ -77,13 +77,22 @@ def _expert_format(spec: ModelSpec, args: argparse.Namespace, dtype: str) -> tup
     return ("bf16" if _DTYPES[dtype].itemsize == 2 else "fp32"), args.group_size
 
 
-def _resident_format(args: argparse.Namespace) -> str:
-    """How a load with these flags keeps the resident matrices: bf16 (the dtype), fp8 or int8."""
+def _resident_format(args: argparse.Namespace, spec: ModelSpec | None = None) -> str:
+    """How a load with these flags keeps the resident matrices: bf16 (the dtype), fp8 or int8; for "auto"
+    on a checkpoint that was not converted, as a load on this machine's GPU would (engine.loading.
+    auto_resident: fp8 beside experts quantised at load, where the card's kernels take it); planned for
+    a card that is not here, bf16."""
     chosen = getattr(args, "resident_weights", "auto")
     if chosen != "auto":
         return chosen
     folder = Path(model_dir(args))
-    return Manifest.read(folder).resident if is_converted(folder) else "bf16"
+    if is_converted(folder):
+        return Manifest.read(folder).resident
+    device = getattr(args, "device", "auto")
+    if spec is None or device == "cpu" or not torch.cuda.is_available():
+        return "bf16"
+    dtype = _DTYPES[compute_dtype(args)]
+    return auto_resident(args.weight_format, spec.expert_storage, resolve_device(device), dtype)[0]
 
 
 def compute_dtype(args: argparse.Namespace) -> str:
@@ -105,7 +114,7 @@ def plan_lines(spec: ModelSpec, args: argparse.Namespace) -> list[str]:
     per_expert = expert_bytes(spec, fmt, group)
     n_experts = spec.num_moe_layers * spec.num_experts
     counts = params_by_category(spec)
-    res_fmt = _resident_format(args)
+    res_fmt = _resident_format(args, spec)
     by_cat = resident_bytes_by_category(spec, wb, res_fmt)
     lines = [f"model        {spec.name}  ({spec.architecture}, family {spec.family.name})",
              f"layers       {spec.num_layers} ({spec.num_moe_layers} MoE), {spec.num_experts} experts, top-{spec.top_k}, "
@@ -274,7 +283,7 @@ def _budget_lines(spec, args, c: EngineConfig, resident: int, per_expert: int, n
     total = per_expert * n_experts
     advice = BudgetAdvice(card_free if args.gpu_memory_budget is None else None,
                           "" if args.weight_format == "int4" else "use --weight-format int4",
-                          smaller_resident(wb == 4, _resident_format(args)))
+                          smaller_resident(wb == 4, _resident_format(args, spec)))
     def plan_for(table_on_host: bool) -> MemoryPlan:
         table = embedding_bytes(spec, wb) if table_on_host else 0
         return plan_memory(resident - table, per_expert, n_experts, kv_per_token, budget,

@@ -46,7 +46,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--group-size", type=int, default=128, help="int4 group size along K: 32, 64 or 128")
     g.add_argument("--resident-weights", default="auto", choices=RESIDENT_WEIGHTS,
                    help="attention, dense MLPs and LM head on the GPU: fp8 / int8 halve the bytes a token reads "
-                        "(default: as stored)")
+                        "(default: as stored; fp8 beside experts quantised at load on a GPU that runs it)")
     g.add_argument("--embeddings", default="auto", choices=EMBEDDINGS,
                    help="token embedding table: host keeps it off the GPU, which reads one row per token "
                         "(default: host on a GPU when experts are offloaded)")

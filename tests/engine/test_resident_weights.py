@@ -102,3 +102,33 @@ def test_eval_runs_the_reference_with_its_own_kv_cache_and_dtype(src, tmp_path, 
     assert main(args + ["--kv-cache-dtype", "fp8", "--dtype", "bfloat16"]) == 0
     r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert r["reference_perplexity"] == plain["reference_perplexity"] and r["perplexity"] != plain["perplexity"]
+
+
+CUDA = torch.device("cuda")
+
+
+@pytest.mark.parametrize("weight_format,storage,device,dtype,capability,want", [
+    ("int4", "dense", CUDA, torch.bfloat16, (9, 0), "fp8"),        # experts quantised at load on Hopper
+    ("mxfp4", "dense", CUDA, torch.float16, (8, 9), "fp8"),        # Ada
+    ("fp8", "dense", CUDA, torch.bfloat16, (10, 0), "fp8"),
+    ("int4", "dense", CUDA, torch.bfloat16, (8, 6), "bf16"),       # Ampere: no fp8 in its kernels
+    ("int4", "dense", CUDA, torch.float32, (9, 0), "bf16"),        # float32 activations keep the dtype
+    ("auto", "dense", CUDA, torch.bfloat16, (9, 0), "bf16"),       # the experts as stored: nothing lossy asked
+    ("bf16", "dense", CUDA, torch.bfloat16, (9, 0), "bf16"),
+    ("mxfp4", "mxfp4", CUDA, torch.bfloat16, (9, 0), "bf16"),      # shipped as MXFP4: kept as shipped
+    ("int4", "dense", torch.device("cpu"), torch.bfloat16, None, "bf16"),
+])
+def test_auto_takes_fp8_only_beside_experts_quantised_at_load_on_a_card_that_runs_it(
+        weight_format, storage, device, dtype, capability, want):
+    from engine.loading import auto_resident
+    got, note = auto_resident(weight_format, storage, device, dtype, capability)
+    assert got == want
+    assert (note is not None) == (want == "fp8")
+    if note:
+        assert weight_format in note and "--resident-weights bf16" in note
+
+
+def test_auto_on_the_cpu_keeps_the_dtype_and_says_nothing(src):
+    with LLM(str(src), device="cpu", dtype="float32", weight_format="int4", group_size=32) as llm:
+        info = llm.engine.model_info
+        assert info.resident_format == "bf16" and not any("fp8" in n for n in info.notes)
