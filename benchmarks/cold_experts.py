@@ -79,7 +79,9 @@ def row(engine, sweep: Sweep, fmt: str, pool: float, depth: int, mode: str, batc
             out["numba_threading_layer"] = numba.threading_layer()
         except ValueError:
             out["numba_threading_layer"] = None
-        out.update(bus_gb_s=rates.bus_bytes_per_s / 1e9, cpu_gb_s_1tok=experts.layout.nbytes / rates.cpu_s(1) / 1e9,
+        out.update(bus_gb_s=rates.bus_bytes_per_s / 1e9,
+                   kernel_bus_gb_s=rates.kernel_bus_bytes_per_s / 1e9 if rates.kernel_bus_bytes_per_s else None,
+                   cpu_gb_s_1tok=experts.layout.nbytes / rates.cpu_s(1) / 1e9,
                    cpu_call_us=rates.cpu_call_s * 1e6, cpu_threads=rates.threads)
         miss_bytes = d("misses") * experts.layout.nbytes / n
         limit = miss_bytes / (rates.bus_bytes_per_s + experts.layout.nbytes / rates.cpu_s(1))

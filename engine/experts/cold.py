@@ -49,14 +49,21 @@ CPU_LEARN_CLIP = math.log(2.0)   # one measurement moves the factor's logarithm 
 class ColdRates:
     """What the cost model weighs: measured once per store and thread count."""
 
-    bus_bytes_per_s: float                      # host -> device, pinned
+    bus_bytes_per_s: float                      # host -> device, pinned, by the copy engine
     cpu: "CpuExpertCost"                        # CPU seconds per expert by token count
     cpu_call_s: float = 0.0                     # fixed cost of one CPU call (start, barrier, result copy)
     threads: int = 1
     cpu_factor: float = 1.0                     # measured CPU time over the calibration's, learnt as it runs
+    # host -> device as the GPU's own kernels read the mapped store (the gather's copy kernel; direct
+    # reads): what a direct-read step's bus side moves at. About 20-24 GB/s on the H100 host against 55
+    # for the copy engine (benchmarks/results/gather_ab_2026-12-05b.json). None: not measured (the
+    # copy engine's rate stands in).
+    kernel_bus_bytes_per_s: float | None = None
 
-    def bus_s(self, nbytes: int, reads: int = 1) -> float:
-        return nbytes * reads / self.bus_bytes_per_s
+    def bus_s(self, nbytes: int, reads: int = 1, direct: bool = False) -> float:
+        """Seconds for ``reads`` crossings of ``nbytes``; ``direct``: read by the GPU's kernels."""
+        rate = self.kernel_bus_bytes_per_s if direct and self.kernel_bus_bytes_per_s else self.bus_bytes_per_s
+        return nbytes * reads / rate
 
     def cpu_s(self, tokens: int) -> float:
         return self.cpu.seconds_for(tokens) * self.cpu_factor
@@ -76,15 +83,19 @@ class LayerSplit:
         return max(self.bus_s, self.cpu_s)
 
 
-def split_layer(uses: dict[int, int], nbytes: int, rates: ColdRates | None, mode: str, direct: bool) -> LayerSplit:
+def split_layer(uses: dict[int, int], nbytes: int, rates: ColdRates | None, mode: str, direct: bool,
+                by_kernels: bool = False) -> LayerSplit:
     """``uses``: missing expert -> tokens of the layer routed to it. ``direct``: bus reads are direct
-    (one per token) rather than copies (one per expert)."""
+    (one per token) rather than copies (one per expert). ``by_kernels``: the GPU's kernels move the bus's
+    bytes (direct reads, the gather's copy kernel), at their rate rather than the copy engine's."""
     reads = (lambda n: n) if direct else (lambda n: 1)  # noqa: E731
+    kernels = direct or by_kernels
     if mode == "bus" or rates is None or not uses:
-        return LayerSplit(frozenset(), sum(rates.bus_s(nbytes, reads(n)) for n in uses.values()) if rates else 0.0, 0.0)
+        return LayerSplit(frozenset(), sum(rates.bus_s(nbytes, reads(n), kernels) for n in uses.values())
+                          if rates else 0.0, 0.0)
     if mode == "cpu":
         return LayerSplit(frozenset(uses), 0.0, rates.cpu_call_s + sum(rates.cpu_s(n) for n in uses.values()))
-    cost = {key: (rates.cpu_s(n), rates.bus_s(nbytes, reads(n))) for key, n in uses.items()}
+    cost = {key: (rates.cpu_s(n), rates.bus_s(nbytes, reads(n), kernels)) for key, n in uses.items()}
     order = sorted(uses, key=lambda key: (cost[key][0] / cost[key][1], key))    # CPU-cheapest first
     bus, cpu, chosen = sum(b for _, b in cost.values()), 0.0, []
     for key in order:
@@ -281,7 +292,7 @@ class ColdExperts:
         cost = calibrate(store_rows, self.layout, sample, tokens=(1, 2, 4, 8), threads=self.threads, repeats=3)
         bus = _bus_rate(store_rows, device)
         call = _call_cost(store_rows, self.layout, cost.seconds[0], self.threads)
-        self.rates = ColdRates(bus, cost, call, self.threads)
+        self.rates = ColdRates(bus, cost, call, self.threads, kernel_bus_bytes_per_s=_kernel_bus_rate(store_rows, device))
         self._cpu_samples = 0
         return self.rates
 
@@ -299,16 +310,17 @@ class ColdExperts:
             self.arms.observe(tokens, eager, seconds)
 
     def split(self, store_rows: torch.Tensor, device: torch.device, moe_index: int, num_experts: int,
-              ids: Sequence[int], missing: Sequence[bool], k: int, direct: bool) -> ColdShare | None:
+              ids: Sequence[int], missing: Sequence[bool], k: int, direct: bool,
+              by_kernels: bool = False) -> ColdShare | None:
         """Layer ``moe_index``'s CPU share (None: none): ``ids`` its T*k expert ids, ``missing`` per
-        pair whether the expert has no device slot."""
+        pair whether the expert has no device slot; ``direct``, ``by_kernels``: as :func:`split_layer`."""
         base = moe_index * num_experts
         uses = Counter(base + e for e, m in zip(ids, missing) if m)
         if not uses:
             return None
         if self.rates is None:
             self.measure(store_rows, device)
-        split = split_layer(dict(uses), self.layout.nbytes, self.rates, self.mode, direct)
+        split = split_layer(dict(uses), self.layout.nbytes, self.rates, self.mode, direct, by_kernels)
         self._step_cpu += len(split.cpu)
         if not split.cpu:
             return None
@@ -369,6 +381,35 @@ def _bus_rate(store_rows: torch.Tensor, device: torch.device) -> float:
             best = min(best, time.perf_counter() - t0)
     del dst
     return rows.numel() / max(best, 1e-9)
+
+
+def _kernel_bus_rate(store_rows: torch.Tensor, device: torch.device) -> float | None:
+    """Bytes per second of the gather's copy kernel (kernels/publish_ids.gather_copy) moving up to 8 store
+    rows from mapped host memory into device memory (best of 3 after one untimed run); None where the
+    kernels cannot read the store (not a CUDA GPU, not page-locked) or the kernel fails."""
+    from kernels._triton import HAS_TRITON
+    if device.type != "cuda" or not HAS_TRITON or not store_rows.is_pinned() or store_rows.shape[1] % 4:
+        return None
+    from kernels.publish_ids import gather_copy
+    n = min(8, store_rows.shape[0])
+    pairs = [v for j in range(n) for v in (j, j)]                      # slot j <- store row j
+    work = torch.tensor([n] + pairs, dtype=torch.int64, device=device)
+    dst = torch.empty(n, store_rows.shape[1], dtype=torch.uint8, device=device)
+    best = float("inf")
+    try:
+        for i in range(4):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            gather_copy(work, store_rows, dst)
+            b.record()
+            b.synchronize()
+            if i:
+                best = min(best, a.elapsed_time(b) / 1e3)
+    except Exception:  # noqa: BLE001 - a store the kernels cannot read: the copy engine's rate stands in
+        return None
+    finally:
+        del dst
+    return n * store_rows.shape[1] / max(best, 1e-9)
 
 
 def _call_cost(store_rows: torch.Tensor, layout: ExpertLayout, per_expert_s: float, threads: int) -> float:

@@ -201,11 +201,12 @@ class GraphCpuShares:
 
     def balanced(self) -> float:
         """The share at which the bus and the CPU take equally long for one token's missing experts,
-        from the measured rates (one expert: its bytes over the bus against the CPU's time)."""
+        from the measured rates (one expert: its bytes over the bus, as the step's kernels read it,
+        against the CPU's time)."""
         rates = self.r.cold.rates
         if rates is None:
             return 0.5
-        bus, cpu = rates.bus_s(self.r.layout.nbytes), rates.cpu_s(1)
+        bus, cpu = rates.bus_s(self.r.layout.nbytes, direct=True), rates.cpu_s(1)
         return bus / (bus + cpu)
 
     def check(self) -> None:
@@ -301,6 +302,6 @@ class GraphCpuShares:
         rates = self.r.cold.rates
         if rates is None:
             return 0.0
-        bus_s = sum(rates.bus_s(self.r.layout.nbytes, n) for n in bus)
+        bus_s = sum(rates.bus_s(self.r.layout.nbytes, n, direct=True) for n in bus)
         cpu_s = rates.cpu_call_s + sum(rates.cpu_s(n) for n in cpu)
         return max(bus_s, cpu_s) * 1e3

@@ -290,7 +290,8 @@ class DirectPath:
             r.forecast.note(*p)
         ids, seen = host[:n].tolist(), host[n:2 * n].tolist()
         direct = not self.gather.on(topk_ids.shape[0])    # read once per token that uses it, unless gathered
-        cold = r.cold_share(moe_index, ids, [s < 0 for s in seen], topk_ids.shape[1], direct) if -1 in seen else None
+        cold = (r.cold_share(moe_index, ids, [s < 0 for s in seen], topk_ids.shape[1], direct, by_kernels=True)
+                if -1 in seen else None)
         kernel_seen = seen
         if cold is not None:                 # the CPU's experts: no fill slot, no direct read
             base = moe_index * r.num_experts

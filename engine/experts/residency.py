@@ -56,13 +56,15 @@ class Residency:
         return self.gate.depth(self.prefetch_depth)
 
     def cold_share(self, moe_index: int, ids: list[int], missing: list[bool], k: int,
-                   direct: bool) -> ColdShare | None:
+                   direct: bool, by_kernels: bool = False) -> ColdShare | None:
         """The host CPU's share of layer ``moe_index`` (None: none, or the setting keeps every expert
         on the bus): ``ids`` its T*k expert ids, ``missing`` per pair whether that expert has no slot
-        the kernels will find; ``direct``: the rest is read directly (once per token)."""
+        the kernels will find; ``direct``: the rest is read directly (once per token); ``by_kernels``:
+        the GPU's kernels carry the rest (a direct-read step: direct reads or the gather's copies)."""
         if self.store is None or not self.cold.enabled_on(self.device):
             return None
-        return self.cold.split(self.store.rows, self.device, moe_index, self.num_experts, ids, missing, k, direct)
+        return self.cold.split(self.store.rows, self.device, moe_index, self.num_experts, ids, missing, k, direct,
+                               by_kernels)
 
     def evict(self, key: int) -> None:
         """Take ``key`` out of its pool slot (the policy forgets it; an unused prefetch is waste)."""

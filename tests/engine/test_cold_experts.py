@@ -48,6 +48,22 @@ def test_the_cpu_rate_is_learnt_from_what_the_kernels_took(call_s) -> None:
     assert cold.rates.cpu_s(1) == pytest.approx(2e-3, rel=0.05)
 
 
+def test_a_step_whose_kernels_carry_the_bus_is_weighed_at_their_rate() -> None:
+    # The GPU's kernels read the mapped store at 20 GB/s where the copy engine moves 50: a direct-read
+    # step's layer (its missing experts copied in by the gather's kernel, once each) gives the CPU more
+    # than a copy step's layer does, and predicts its bus time at the kernels' rate.
+    rates = dataclasses.replace(RATES, kernel_bus_bytes_per_s=20e9)
+    assert rates.bus_s(100 * MB, direct=True) == pytest.approx(100 * MB / 20e9)
+    assert rates.bus_s(100 * MB) == RATES.bus_s(100 * MB)
+    uses = {k: 1 for k in range(8)}
+    copies = split_layer(uses, 100 * MB, rates, "auto", direct=False)
+    kernels = split_layer(uses, 100 * MB, rates, "auto", direct=False, by_kernels=True)
+    assert len(copies.cpu) == 4 and len(kernels.cpu) == 6
+    assert kernels.bus_s == pytest.approx(2 * 100 * MB / 20e9)
+    unmeasured = split_layer(uses, 100 * MB, RATES, "auto", direct=False, by_kernels=True)
+    assert unmeasured == copies                          # no kernel rate: the copy engine's stands in
+
+
 def test_auto_balances_bus_and_cpu() -> None:
     uses = {k: 1 for k in range(8)}                        # a batch-1 layer: 8 experts of one token
     s = split_layer(uses, 100 * MB, RATES, "auto", direct=True)

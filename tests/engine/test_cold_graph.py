@@ -405,3 +405,21 @@ def test_the_first_layers_cpu_share_comes_before_the_last_steps_end(share: float
         assert all(done == 0 for _, done in deferred), seen
     assert prov.stats().cpu_experts > 0 if share > 0 else prov.stats().cpu_experts == 0
     prov.close()
+
+
+def test_the_balanced_share_weighs_the_bus_at_the_kernels_rate(stack: Stack) -> None:
+    # A replayed step's bus side is read by its kernels: where they move the store at half the copy
+    # engine's rate, the balance gives the CPU more of the missing experts.
+    import dataclasses
+    from engine.experts.cold import ColdRates
+    from engine.experts.cold_graph import GraphCpuShares
+    from kernels.cpu import CpuExpertCost
+    prov = stack.offloaded(0, depth=1, direct_reads=True, cold_experts="auto")
+    shares = GraphCpuShares(prov.r, stack.layout.hidden)
+    nbytes = stack.layout.nbytes
+    copy_rate = ColdRates(nbytes / 1e-3, CpuExpertCost("fp32", nbytes, 1, (1, 2), (1e-3, 1.5e-3), 1))
+    prov.cold.rates = copy_rate                               # 1 ms over the bus, 1 ms on the CPU
+    assert shares.balanced() == pytest.approx(0.5)
+    prov.cold.rates = dataclasses.replace(copy_rate, kernel_bus_bytes_per_s=nbytes / 3e-3)
+    assert shares.balanced() == pytest.approx(0.75)
+    prov.close()
