@@ -6,10 +6,10 @@ small pool, decode tok/s per setting, each row after a warm-up, all in one proce
     python benchmarks/cold_experts.py --formats bf16,int4 --pools 0 --depths 0,2 --batches 1,8 \
         --modes bus,auto,cpu --gather on,off,all --out cold.json
 
-``--gather on,off,all`` times each setting with the shared missing experts of a step gathered once
-(engine/experts/gather.py, the default), without, and with every missing expert gathered (steps of
-one token too: copied in by the gather's kernel before the layer's MoE kernels), re-recording the
-decode graphs in between.
+``--gather all,on,off`` times each setting with every missing expert of a step copied in once by the
+gather's kernel before the layer's MoE kernels (engine/experts/gather.py, the default; steps of one
+token too), with only those two or more of its tokens use (the kernels read the others from host
+memory), and without, re-recording the decode graphs in between.
 
 Each row also reports where the missing experts ran (CPU / bus per token), the CPU's busy share of
 the step time, the cost model's predicted time for the layers with a CPU share against the measured
@@ -97,8 +97,9 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--modes", default="bus,auto,cpu")
     ap.add_argument("--reads", default="auto", help="expert_reads: auto, direct or copy")
-    ap.add_argument("--gather", default="on",
-                    help="on, off, all (every missing expert), comma-separated: missing experts gathered once per step")
+    ap.add_argument("--gather", default="all",
+                    help="all (every missing expert: the engine's default), on (those two or more tokens use), off; "
+                         "comma-separated: missing experts copied in once per step before the layer's kernels")
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--warmup", type=int, default=8)

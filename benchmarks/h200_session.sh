@@ -11,6 +11,11 @@
 #   or:              bash benchmarks/h200_session.sh tests-ab-kit      (carry .bench: the GPU tests, the resident
 #                    step with and without programmatic dependent launches, then the kit in the background;
 #                    follow it with kit-then-gpt-oss)
+#   or:              bash benchmarks/h200_session.sh validate          (the GPU tests; the resident step at the
+#                    default and at bf16 resident weights; where the card's memory goes beyond torch's at no
+#                    pool; the copy kernel's bus rate; no-pool decode with cold experts auto), then
+#                    bash benchmarks/h200_session.sh kit               (carry .bench: the kit alone, in the
+#                    background; follow it with kit-then-gpt-oss)
 #   or, alone:       bash benchmarks/h200_session.sh probes            (the gather's A/B and copy rates)
 #   or, alone:       bash benchmarks/h200_session.sh no-pool           (GPU tests, the resident step with
 #                    and without programmatic dependent launches, then what a no-pool step could move:
@@ -81,6 +86,26 @@ case ${1:-} in
     fi
     bash .bench/kit/run.sh --background $KIT_ARGS || exit 1
     bash .bench/kit/poll.sh "$(left)" | tail -n 12;;
+  validate)
+    nvidia-smi --query-gpu=name --format=csv,noheader
+    mkdir -p "$OUT/suite"
+    OUT="$OUT/suite" PYTHON=python3 timeout -k 10 300 bash benchmarks/gpu_suite.sh tests
+    pkill -f "pytest tests/engine/test_gpu" 2>/dev/null
+    timeout 100 python3 benchmarks/step_profile.py --cells int4,int4/bf16,bf16 --out "$OUT/step_profile.json" 2>&1 \
+      | grep -e "tok/s" -e Error
+    [ -d "$TRAINED" ] || python3 benchmarks/trained_like_checkpoint.py "$TRAINED" --layers 12 2>&1 | tail -n 2
+    timeout 90 python3 benchmarks/memory_gap.py --hf "$TRAINED" --format int4 --pool 0% --out "$OUT/memory_gap.json" \
+      2>&1 | grep -v -e Warn -e "^ *$" | tail -n 22
+    timeout 60 python3 benchmarks/kernels/bench_host_copy.py --out "$OUT/host_copy.json" 2>&1 | tail -n 12
+    timeout "$(( $(left) - 5 ))" python3 benchmarks/cold_experts.py --formats int4 --pools 0 --depths 0,2 \
+      --batches 1,8 --modes auto,cpu --tokens 64 --out "$OUT/cold_auto.json" 2>&1 | grep -v "^ ";;
+  kit)
+    if [ "${KIT_TRAINED:-0}" = 1 ]; then
+      [ -d "$TRAINED" ] || python3 benchmarks/trained_like_checkpoint.py "$TRAINED" --layers 12 2>&1 | tail -n 4
+      KIT_ARGS="$KIT_ARGS --hf $TRAINED"
+    fi
+    bash .bench/kit/run.sh --background $KIT_ARGS || exit 1
+    bash .bench/kit/poll.sh "$(left)" | tail -n 12;;
   kit-then-gpt-oss)
     bash .bench/kit/poll.sh "$(( $(left) - 60 ))" | tail -n 70
     if kit_done; then start_gpt_oss; follow_gpt_oss; else echo "the kit is still running: call this phase again"; fi;;
@@ -113,6 +138,6 @@ case ${1:-} in
     timeout "$(( $(left) - 5 ))" python3 benchmarks/offload_trace.py --formats int4 --depths 0 --modes bus \
       --reads auto,copy --out "$OUT/no_pool_reads.json" 2>&1 | grep -v -e USDT -e Warn | tail -n 3;;
   *)
-    echo "usage: h200_session.sh tests-and-kit | tests-ab-kit | kit-then-gpt-oss | gpt-oss | probes | no-pool" >&2
+    echo "usage: h200_session.sh tests-and-kit | tests-ab-kit | validate | kit | kit-then-gpt-oss | gpt-oss | probes | no-pool" >&2
     exit 2;;
 esac

@@ -124,6 +124,23 @@ def test_the_memory_profile_runs_its_scenarios(tmp_path) -> None:
     assert d["memory"]["resident_bytes"] > 0 and d["memory"]["pinned_host_bytes"] > 0
 
 
+def test_the_memory_gap_probe_runs_its_phases(tmp_path) -> None:
+    """benchmarks/memory_gap.py --smoke: a tiny checkpoint through the kit's two scenarios on the CPU, each
+    phase recorded (no card here: its figures are None, and no kernel was compiled)."""
+    import json
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "gap.json"
+    subprocess.run([sys.executable, str(root / "benchmarks" / "memory_gap.py"), "--smoke", "--out", str(out)],
+                   check=True, cwd=root, capture_output=True, timeout=600)
+    d = json.loads(out.read_text())
+    assert [p["phase"] for p in d["phases"]] == ["engine imported", "loaded", "1 x 64-token prompts, 8 tokens",
+                                                 "8 x 16-token prompts, 8 tokens", "closed, cache emptied"]
+    assert all(p["card_mib"] is None for p in d["phases"]) and d["kernels"] == []
+    assert d["engine_memory"]["resident_bytes"] > 0 and d["what"] and d["environment"]["commit"]
+
+
 def test_a_kv_cache_size_smaller_than_the_context_shortens_it_with_a_note_or_is_refused(capsys) -> None:
     # --kv-cache-size is honoured: a context left unset shrinks to what it holds (a note), one the user
     # set or a size that holds not even one block is one line naming the size that fits; 0 is refused
