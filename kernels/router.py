@@ -55,7 +55,8 @@ def _route_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, counts_ptr, T, E, stride
                   TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
                   BLOCK_E: tl.constexpr, SIGMOID: tl.constexpr, RENORM: tl.constexpr,
                   COUNT: tl.constexpr, BIAS: tl.constexpr, GROUPS: tl.constexpr, KEEP_GROUPS: tl.constexpr,
-                  BLOCK_G: tl.constexpr, PDL: tl.constexpr = False):
+                  BLOCK_G: tl.constexpr, acts_ptr, hits_ptr, TALLY: tl.constexpr = False,
+                  PDL: tl.constexpr = False):
     if PDL:  # launched while the router GEMM runs: wait for its logits. No early trigger: the MoE's up
         gdc_wait()  # kernel reads the ids before its own wait, to preload the chosen experts' weights
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)          # [BT]
@@ -81,6 +82,7 @@ def _route_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, counts_ptr, T, E, stride
         sel = _keep_best_groups(sel, cols, group_size, GROUPS, KEEP_GROUPS, SIGMOID, BLOCK_T, BLOCK_E, BLOCK_G)
     w = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
     ids = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.int32)
+    used = tl.zeros([BLOCK_E], dtype=tl.int32)                          # TALLY: the tokens choosing each expert
     for j in tl.static_range(TOP_K):
         best = tl.max(sel, axis=1)                                      # [BT]
         idx = tl.min(tl.where(sel == best[:, None], cols[None, :], BLOCK_E), axis=1)  # lowest id wins
@@ -89,6 +91,8 @@ def _route_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, counts_ptr, T, E, stride
         w = tl.where(kcols[None, :] == j, weight[:, None], w)
         ids = tl.where(kcols[None, :] == j, idx[:, None], ids)
         sel = tl.where(chosen, -float("inf"), sel)
+        if TALLY:
+            used += tl.sum((chosen & row_ok[:, None]).to(tl.int32), axis=0)
     if RENORM:
         total = tl.sum(w, axis=1)                                       # [BT]
         w = w / tl.where(row_ok, total, 1.0)[:, None]
@@ -99,6 +103,11 @@ def _route_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, counts_ptr, T, E, stride
     tl.store(ids_ptr + offs, ids, mask=out_mask)
     if COUNT:
         tl.atomic_add(counts_ptr + ids, tl.full([BLOCK_T, BLOCK_K], 1, tl.int64), mask=out_mask)
+    if TALLY:  # the layer call's tally (one program holds every token): tally()'s result, without its launch
+        ok = cols < E
+        acts = tl.load(acts_ptr + cols, mask=ok, other=0)
+        tl.store(acts_ptr + cols, acts + used.to(tl.int64), mask=ok)
+        tl.store(hits_ptr, tl.load(hits_ptr) + tl.sum((used > 0).to(tl.int64), axis=0))
 
 
 @jit
@@ -182,13 +191,15 @@ def _keep_best_groups_ref(choice: torch.Tensor, groups: int, keep: int, top2: bo
 
 def route_ref(logits: torch.Tensor, top_k: int, scoring: str = "softmax", renormalize: bool = False,
               counts: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-              scale: float = 1.0, groups: int = 1, keep_groups: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+              scale: float = 1.0, groups: int = 1, keep_groups: int = 1,
+              tally_into: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Plain-torch router. ``logits [T, E]`` -> ``(weights [T, k] float32, ids [T, k] int32)``.
 
     ``counts [E] int64``, if given, is incremented by how many tokens chose each expert. ``bias [E]``
     float32, if given, is added to the scores to choose the experts (not to their weights); the
     weights are multiplied by ``scale`` last. ``groups`` / ``keep_groups``: the experts are chosen
     within each token's best ``keep_groups`` of ``groups`` groups (see the module docstring).
+    ``tally_into`` ``(acts [E], hits [1])`` int64, if given, counts the call as :func:`tally` does.
     """
     _check(logits, top_k, scoring, counts, bias, groups, keep_groups)
     x = logits.float()                                                  # [T, E]
@@ -203,17 +214,23 @@ def route_ref(logits: torch.Tensor, top_k: int, scoring: str = "softmax", renorm
     w = w * scale
     if counts is not None:
         counts.index_add_(0, ids.flatten(), torch.ones_like(ids.flatten(), dtype=torch.int64))
+    if tally_into is not None:
+        tally_ref(ids, *tally_into)
     return w, ids.to(torch.int32)
 
 
 def route(logits: torch.Tensor, top_k: int, scoring: str = "softmax", renormalize: bool = False,
           counts: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-          scale: float = 1.0, groups: int = 1, keep_groups: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+          scale: float = 1.0, groups: int = 1, keep_groups: int = 1,
+          tally_into: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton router, same contract as :func:`route_ref`; one program per ``BLOCK_T`` tokens.
 
-    Needs no host sync, so it can be captured in a CUDA graph.
+    Needs no host sync, so it can be captured in a CUDA graph. ``tally_into`` is counted in the same
+    launch where one program holds every token (a decode step's), else by :func:`tally` after it.
     """
     _check(logits, top_k, scoring, counts, bias, groups, keep_groups)
+    if tally_into is not None:
+        _check_tally(logits.new_empty(0, dtype=torch.int32), *tally_into)
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     t, e = logits.shape
@@ -223,11 +240,16 @@ def route(logits: torch.Tensor, top_k: int, scoring: str = "softmax", renormaliz
         return w, ids
     block_e = next_pow2(e)
     block_t = max(1, min(16, 4096 // block_e, next_pow2(t)))
+    programs = cdiv(t, block_t)
+    folded = tally_into is not None and programs == 1
+    acts, hits = tally_into if folded else (ids, ids)
     pdl = pdl_supported(logits.device)        # the launch overlaps the end of the router GEMM (Hopper+)
-    _route_kernel[(cdiv(t, block_t),)](
+    _route_kernel[(programs,)](
         logits, bias if bias is not None else logits, w, ids, counts if counts is not None else ids, t, e,
         logits.stride(0), float(scale), e // groups, TOP_K=top_k, BLOCK_K=next_pow2(top_k), BLOCK_T=block_t,
         BLOCK_E=block_e, SIGMOID=scoring == "sigmoid", RENORM=renormalize, COUNT=counts is not None,
-        BIAS=bias is not None, GROUPS=groups, KEEP_GROUPS=keep_groups, BLOCK_G=next_pow2(groups), PDL=pdl,
-        **pdl_launch(pdl))
+        BIAS=bias is not None, GROUPS=groups, KEEP_GROUPS=keep_groups, BLOCK_G=next_pow2(groups),
+        acts_ptr=acts, hits_ptr=hits, TALLY=folded, PDL=pdl, **pdl_launch(pdl))
+    if tally_into is not None and not folded:
+        tally(ids, *tally_into)
     return w, ids

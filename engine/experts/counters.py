@@ -32,6 +32,10 @@ class DeviceTally:
         self._event: torch.cuda.Event | None = None
         self._tally = tally if device.type == "cuda" and HAS_TRITON else tally_ref
 
+    def target(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(acts [E], hits [1])`` of ``layer``: views a kernel may add one layer call's counts to."""
+        return self.acts[layer], self.hits[layer:layer + 1]
+
     def add(self, layer: int, topk_ids: torch.Tensor) -> None:
         """Count one layer call (``topk_ids [T, k]`` on the device), asynchronously: one launch on
         a GPU, where a decode step of a full pool runs it in every MoE layer."""

@@ -132,6 +132,7 @@ class ExpertManager:
         self._replay = ManagerReplay(self)
         self._step_ms, self._step_t0 = 0.0, None    # time inside steps, for the CPU busy share
         self._step_misses0 = 0
+        self._tallied: int | None = None  # the layer whose next call the router kernel counts (route_tally)
 
     @classmethod
     def from_rows(cls, layout: ExpertLayout, rows: torch.Tensor, num_experts: int, device: torch.device | str,
@@ -344,6 +345,15 @@ class ExpertManager:
         pred, self._predicted = self._predicted, None
         return pred if pred is not None and pred[0] == moe_index else None
 
+    def route_tally(self, moe_index: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A full pool's device-side counts of layer ``moe_index`` for the router kernel to add to (then
+        ``acquire`` of that layer does not count it again); None while the pool holds fewer than all
+        experts, whose calls are counted on the host."""
+        if not self.r.pool.books.full:
+            return None
+        self._tallied = moe_index
+        return self.r.counters.device_tally.target(moe_index)
+
     def acquire(self, moe_index: int, topk_ids: torch.Tensor, predicted: Prediction | None = None,
                 defer_prefetch: bool = False) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Make the experts of ``topk_ids [T, k]`` resident; returns ``(slot_of_expert [E] int32, views)``
@@ -354,8 +364,10 @@ class ExpertManager:
         launch the layer's compute first and let the host's prefetch work overlap it.
         """
         pool = self.r.pool
+        tallied, self._tallied = self._tallied == moe_index, None
         if pool.books.full:
-            self.r.counters.device_tally.add(moe_index, topk_ids)
+            if not tallied:
+                self.r.counters.device_tally.add(moe_index, topk_ids)
             return pool.table[moe_index], pool.views
         if predicted is not None:
             self._predicted = predicted

@@ -34,6 +34,11 @@ class ExpertProvider(Protocol):
         """Layer ``moe_index`` is about to run on ``hidden [T, D]`` (prefetch hook); returns a
         prediction handle (or None) to pass to ``acquire``."""
 
+    def route_tally(self, moe_index: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Where the router kernel of layer ``moe_index``'s next call may count it, ``(acts [E], hits [1])``
+        int64 on the device, so that ``acquire`` need not launch a count of its own; None: ``acquire``
+        counts (or the call is counted on the host)."""
+
     def acquire(self, moe_index: int, topk_ids: torch.Tensor,
                 predicted: Any = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Make the experts in ``topk_ids [T, k]`` usable; return ``(slot_of_expert [E] int32, views)``."""

@@ -132,15 +132,17 @@ class MoETransformer:
         from kernels.fused_moe import fused_moe_ref
         return self.moe_fn is not fused_moe_ref
 
-    def route(self, logits: torch.Tensor, score_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def route(self, logits: torch.Tensor, score_bias: torch.Tensor | None = None,
+              tally_into: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Router logits -> (weights [T, k] f32, ids [T, k]) as the family scores them; ``score_bias``
-        [E] float32: the layer's choice bias (GLM). Also used by the prefetcher."""
+        [E] float32: the layer's choice bias (GLM). Also used by the prefetcher. ``tally_into``: where the
+        Triton router also counts the call (kernels/router.route; given only where ``fused``)."""
         s = self.spec
         scoring = s.family.router_scoring
         groups = {"groups": s.route_groups, "keep_groups": s.route_keep_groups}
         if self.fused:
             return route_kernel(logits, s.top_k, scoring, s.renormalize, bias=score_bias, scale=s.routed_scale,
-                                **groups)
+                                tally_into=tally_into, **groups)
         if scoring == "softmax" and score_bias is None and s.routed_scale == 1.0 and s.route_groups == 1:
             return route_ref(logits, s.top_k, s.renormalize)
         return route_scored(logits, s.top_k, scoring, s.renormalize, bias=score_bias, scale=s.routed_scale,
@@ -314,7 +316,8 @@ class MoETransformer:
         if self.expert_parallel is not None:                             # the routed experts on every card
             out = self.expert_parallel.moe(self, m, x, residual, pred)
             return out if m.shared is None else out + self._shared(m, x)
-        w, ids = self.route(router_logits(x, m), m.score_bias)          # [T, k] f32, [T, k]
+        tally_into = self.experts.route_tally(m.moe_index) if self.fused else None   # a full pool's counts
+        w, ids = self.route(router_logits(x, m), m.score_bias, tally_into)   # [T, k] f32, [T, k]
         # rest: where slot -1 experts are read (direct reads), the host CPU's share (cold experts), and
         # the passes of a layer whose missing experts outnumber its slots (engine/experts/copy_path.py)
         slot_of_expert, views, *rest = acquire(m.moe_index, ids, pred)

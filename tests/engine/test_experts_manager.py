@@ -59,6 +59,32 @@ def test_full_pool_all_hits_without_sync(stack: Stack) -> None:
     assert sum(sum(r) for r in acts) == 2 * 3 * 2 * L          # steps x tokens x k x layers
 
 
+def test_a_router_that_counts_a_full_pools_calls_leaves_the_same_stats(stack: Stack) -> None:
+    # The model's Triton router adds a full pool's layer call to the device tally itself
+    # (route_tally, kernels/router.route(tally_into=...)); acquire then counts nothing more: the
+    # stats equal a run whose acquire counts each call.
+    from kernels.fused_moe import fused_moe_ref
+    from kernels.router import route_ref
+    plain, counted = stack.offloaded(None, depth=2), stack.offloaded(None, depth=2)
+    x = _x(3)
+    stack.run(plain, x, 2)
+    for _ in range(2):
+        counted.begin_step()
+        h = x
+        for layer in range(L):
+            counted.before_layer(layer, h)
+            target = counted.route_tally(layer)
+            assert target is not None
+            w, ids = route_ref(h @ stack.routers[layer].t(), K, renormalize=True, tally_into=target)
+            slot_of, views = counted.acquire(layer, ids)[:2]
+            h = h + fused_moe_ref(h, ids, w, slot_of, views, stack.layout)
+        counted.end_step()
+        x = torch.tanh(h)
+    a, b = plain.stats(), counted.stats()
+    assert b.activations == a.activations and (b.hits, b.misses) == (a.hits, a.misses) and b.hits > 0
+    assert stack.offloaded(L * E // 2, depth=2).route_tally(0) is None     # a partial pool counts on the host
+
+
 class _Fixed:
     """Acquire a fixed id sequence on one layer, one step per id list."""
 

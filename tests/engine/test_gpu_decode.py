@@ -177,6 +177,23 @@ def test_kernels_read_missing_experts_from_pinned_host_memory(fmt, tokens) -> No
     store.close()
 
 
+@pytest.mark.parametrize("graphs", [False, True])
+def test_a_full_pools_counts_come_from_the_router_kernel(model, graphs) -> None:
+    # Every expert on the card: the router kernel adds each layer call to the device tally in its own
+    # launch (kernels/router.route(tally_into=...)), replayed or eager; every (token, layer) counts k
+    # activations and each layer call at least one hit, none twice.
+    path, _, _, _ = model
+    with LLM(str(path), device="cuda", dtype="float32", cuda_graphs=graphs) as llm:
+        outs = llm.generate(PROMPTS, GREEDY)
+        llm.stats()
+        torch.cuda.synchronize()
+        st = llm.stats().experts
+        spec = llm.engine.loaded.spec
+    tokens = sum(len(p) for p in PROMPTS) + sum(len(o.token_ids) for o in outs) - len(PROMPTS)   # last: not fed
+    assert sum(map(sum, st.activations)) == tokens * spec.top_k * spec.num_moe_layers
+    assert st.misses == 0 and spec.num_moe_layers * GREEDY.max_tokens <= st.hits <= tokens * spec.top_k * spec.num_moe_layers
+
+
 def test_single_sequence_and_live_resize(model) -> None:
     # One prompt at a time (bucket 1, no padding), then resizes between steps: the recordings made
     # against the old pool must be dropped and re-made.

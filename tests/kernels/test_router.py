@@ -151,6 +151,23 @@ def test_tally_counts_choices_and_distinct_experts(tokens, experts, top_k):
     assert hits.item() == hits_ref.item() == 7 + 2 * distinct
 
 
+@pytest.mark.parametrize("tokens", [1, 5, 16, 40])
+def test_the_router_counts_the_call_into_a_tally(tokens):
+    # route(tally_into=...) leaves acts and hits as tally() does after it: in the router's own launch
+    # where one program holds every token (decode steps), by tally's launch after it otherwise (40).
+    g = torch.Generator().manual_seed(tokens)
+    logits = torch.randn(tokens, 12, generator=g)
+    acts, hits = torch.full((12,), 3, dtype=torch.int64), torch.tensor([4])
+    acts_ref, hits_ref = acts.clone(), hits.clone()
+    w, ids = route(logits, 3, "softmax", True, tally_into=(acts, hits))
+    w_ref, ids_ref = route_ref(logits, 3, "softmax", True, tally_into=(acts_ref, hits_ref))
+    assert torch.equal(ids, ids_ref) and torch.allclose(w, w_ref)
+    assert torch.equal(acts, acts_ref) and torch.equal(hits, hits_ref)
+    assert acts.sum().item() == 36 + 3 * tokens and hits.item() == 4 + len(set(ids.flatten().tolist()))
+    with pytest.raises(ValueError, match="int64 acts"):
+        route(logits, 3, tally_into=(acts.int(), hits))
+
+
 def test_tally_rejects_bad_arguments():
     with pytest.raises(ValueError, match="int64 acts"):
         tally(torch.zeros(2, 2, dtype=torch.int32), torch.zeros(4, dtype=torch.int32), torch.zeros(1, dtype=torch.int64))
