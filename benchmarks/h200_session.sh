@@ -91,7 +91,7 @@ case ${1:-} in
     mkdir -p "$OUT/suite"
     OUT="$OUT/suite" PYTHON=python3 timeout -k 10 300 bash benchmarks/gpu_suite.sh tests
     pkill -f "pytest tests/engine/test_gpu" 2>/dev/null
-    timeout 100 python3 benchmarks/step_profile.py --cells int4,int4/bf16,bf16 --out "$OUT/step_profile.json" 2>&1 \
+    timeout 120 python3 benchmarks/step_profile.py --cells int4,int4+apart,int4/bf16,bf16 --out "$OUT/step_profile.json" 2>&1 \
       | grep -e "tok/s" -e Error
     [ -d "$TRAINED" ] || python3 benchmarks/trained_like_checkpoint.py "$TRAINED" --layers 12 2>&1 | tail -n 2
     timeout 90 python3 benchmarks/memory_gap.py --hf "$TRAINED" --format int4 --pool 0% --out "$OUT/memory_gap.json" \

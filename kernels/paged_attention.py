@@ -7,8 +7,10 @@ KV head ``h // (H // Hkv)``. Block-table entries past a sequence's used blocks a
 
 :func:`paged_decode_attention` is the Triton path, split-KV (flash-decoding): one program per
 (sequence, KV head, split) runs over a range of the sequence's KV blocks for all query heads of that
-KV head's group, keeping a running (max, sum, acc) in float32; a small kernel then combines the
-splits. The grid and the partial buffers are sized from tensor shapes and the device's SM count only
+KV head's group, keeping a running (max, sum, acc) in float32; the last split of each (sequence, KV
+head) to finish combines them (it counts the arrivals in a small buffer of zeros that it leaves zeroed
+again), so there is no second launch; ``DecodeAttentionLaunch.fold_reduce=False`` runs the combining
+as a kernel of its own instead. The grid and the partial buffers are sized from tensor shapes and the device's SM count only
 (never from ``context_lens``), and nothing is copied to the host, so the call can be captured in a
 CUDA graph; each program reads its sequence's length on the device and takes its share of that
 context (:func:`split_bounds`), so a 600-token context in a 4096-token table runs as ten programs
@@ -44,6 +46,7 @@ from kernels._triton import cdiv, gdc_launch_dependents, gdc_wait, jit, next_pow
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 QUANT_DTYPES = (torch.int8, torch.float8_e4m3fn)     # quantised caches, with a float32 scale per token and KV head
 LOG2E = 1.4426950408889634
+FOLD_REDUCE = True      # benchmarks set False to time the combining as a launch of its own
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class DecodeAttentionLaunch:
     waves: int = 4                 # aim for waves * SMs split programs (best on H200 at 4k-32k)
     min_split_tokens: int = 64     # a split covers at least this many context tokens (rounded up to block_n)
     num_splits: int | None = None  # force a split count (tests, benchmark sweeps)
+    fold_reduce: bool = True       # the last split of each (sequence, KV head) combines them: no reduce launch
 
 
 @jit
@@ -82,11 +86,12 @@ def _paged_decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, lens
                                G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                                BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                                DIRECT: tl.constexpr, DOT_PREC: tl.constexpr, QUANT: tl.constexpr,
-                               WINDOWED: tl.constexpr, SINKS: tl.constexpr, PDL: tl.constexpr = False):
+                               WINDOWED: tl.constexpr, SINKS: tl.constexpr, count_ptr, FOLD: tl.constexpr = False,
+                               BLOCK_S: tl.constexpr = 16, PDL: tl.constexpr = False):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     s = tl.program_id(2)
-    if PDL:  # launched while the kernel before runs: wait for what it wrote, let the reduce launch
+    if PDL:  # launched while the kernel before runs: wait for what it wrote, let the next kernel launch
         gdc_wait()
         gdc_launch_dependents()
     ctx = tl.load(lens_ptr + b)
@@ -146,6 +151,48 @@ def _paged_decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, lens
         tl.store(l_ptr + part, l_i, mask=keep)
         tl.store(acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc,
                  mask=keep[:, None] & d_ok[None, :])
+        if FOLD:  # the group's last split to arrive combines the splits: no reduce launch
+            if s < used:
+                count = count_ptr + b * (H // G) + kvh
+                tl.debug_barrier()                                      # every thread's partials stored
+                arrived = tl.atomic_add(count, 1, sem="acq_rel")       # releases this split's partials
+                if arrived == used - 1:                                 # ... and acquires the others'
+                    tl.atomic_xchg(count, 0)                            # zero again for the next call
+                    for g in tl.static_range(G):
+                        _combine_splits(m_ptr, l_ptr, acc_ptr, sinks_ptr, out_ptr, b, kvh * G + g, used,
+                                        stride_ob, stride_oh, H, S, HEAD_DIM, BLOCK_S, BLOCK_D, SINKS)
+
+
+@jit
+def _combine_splits(m_ptr, l_ptr, acc_ptr, sinks_ptr, out_ptr, b, h, used, stride_ob, stride_oh, H, S,
+                    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, SINKS: tl.constexpr):
+    """Query head ``h`` of sequence ``b``: its ``used`` splits' (max, sum, acc) combined, normalised and
+    written to ``out``. The partials are read past L1 (``.cg``): other programs of the same launch may
+    have written them."""
+    base = (b * H + h) * S
+    offs_s = tl.arange(0, BLOCK_S)                                      # [BS]
+    offs_d = tl.arange(0, BLOCK_D)                                      # [BD]
+    d_ok = offs_d < HEAD_DIM
+    m_max = tl.full([BLOCK_S], float("-inf"), tl.float32)
+    for s0 in range(0, used, BLOCK_S):
+        m_max = tl.maximum(m_max, tl.load(m_ptr + base + s0 + offs_s, mask=s0 + offs_s < used,
+                                          other=float("-inf"), cache_modifier=".cg"))
+    m_all = tl.max(m_max, axis=0)                                       # finite: split 0 is never empty
+    total = tl.zeros([BLOCK_S], tl.float32)
+    o = tl.zeros([BLOCK_D], tl.float32)
+    for s0 in range(0, used, BLOCK_S):
+        s_ok = s0 + offs_s < used
+        m = tl.load(m_ptr + base + s0 + offs_s, mask=s_ok, other=float("-inf"), cache_modifier=".cg")
+        w = tl.exp2(m - m_all)                                          # [BS] 0 for empty splits
+        total += w * tl.load(l_ptr + base + s0 + offs_s, mask=s_ok, other=0.0, cache_modifier=".cg")
+        a = tl.load(acc_ptr + (base + s0 + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+                    mask=s_ok[:, None] & d_ok[None, :], other=0.0, cache_modifier=".cg")   # [BS, BD]
+        o += tl.sum(w[:, None] * a, axis=0)
+    denom = tl.sum(total, axis=0)
+    if SINKS:  # the sink's exp joins the denominator (inf for a huge sink: the output goes to 0)
+        denom += tl.exp2(tl.load(sinks_ptr + h) * 1.4426950408889634 - m_all)
+    o = o / denom
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty), mask=d_ok)
 
 
 @jit
@@ -160,30 +207,8 @@ def _paged_decode_reduce_kernel(m_ptr, l_ptr, acc_ptr, sinks_ptr, lens_ptr, out_
         gdc_wait()
         gdc_launch_dependents()
     _, _, used = split_bounds(tl.load(lens_ptr + b), window, S, min_tokens, BLOCK_N, WINDOWED)
-    base = (b * H + h) * S
-    offs_s = tl.arange(0, BLOCK_S)                                      # [BS]
-    offs_d = tl.arange(0, BLOCK_D)                                      # [BD]
-    d_ok = offs_d < HEAD_DIM
-    m_max = tl.full([BLOCK_S], float("-inf"), tl.float32)
-    for s0 in range(0, used, BLOCK_S):
-        m_max = tl.maximum(m_max, tl.load(m_ptr + base + s0 + offs_s, mask=s0 + offs_s < used,
-                                          other=float("-inf")))
-    m_all = tl.max(m_max, axis=0)                                       # finite: split 0 is never empty
-    total = tl.zeros([BLOCK_S], tl.float32)
-    o = tl.zeros([BLOCK_D], tl.float32)
-    for s0 in range(0, used, BLOCK_S):
-        s_ok = s0 + offs_s < used
-        m = tl.load(m_ptr + base + s0 + offs_s, mask=s_ok, other=float("-inf"))
-        w = tl.exp2(m - m_all)                                          # [BS] 0 for empty splits
-        total += w * tl.load(l_ptr + base + s0 + offs_s, mask=s_ok, other=0.0)
-        a = tl.load(acc_ptr + (base + s0 + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
-                    mask=s_ok[:, None] & d_ok[None, :], other=0.0)      # [BS, BD]
-        o += tl.sum(w[:, None] * a, axis=0)
-    denom = tl.sum(total, axis=0)
-    if SINKS:  # the sink's exp joins the denominator (inf for a huge sink: the output goes to 0)
-        denom += tl.exp2(tl.load(sinks_ptr + h) * 1.4426950408889634 - m_all)
-    o = o / denom
-    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty), mask=d_ok)
+    _combine_splits(m_ptr, l_ptr, acc_ptr, sinks_ptr, out_ptr, b, h, used, stride_ob, stride_oh, H, S,
+                    HEAD_DIM, BLOCK_S, BLOCK_D, SINKS)
 
 
 def context_rows(block_tables: torch.Tensor, context_lens: torch.Tensor,
@@ -390,6 +415,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                                     launch)
     m, l, acc = _partials(out, splits)
     block_d, quant, g = max(16, next_pow2(hd)), k_scale is not None, h // k_cache.shape[1]
+    fold = splits > 1 and launch.fold_reduce and FOLD_REDUCE
+    count = arrival_counts(q.device, b * k_cache.shape[1]) if fold else context_lens
     pdl = pdl_supported(q.device)       # each launch overlaps the end of the kernel before it (Hopper+)
     _paged_decode_split_kernel[(b, k_cache.shape[1], splits)](
         q, k_cache, v_cache, k_scale if quant else q, v_scale if quant else q, block_tables, context_lens,
@@ -399,9 +426,10 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         (1.0 / math.sqrt(hd) if scale is None else scale) * LOG2E, min_tokens, window, h, splits,
         G=g, HEAD_DIM=hd, BLOCK_SIZE=block_size, BLOCK_G=max(16, next_pow2(g)), BLOCK_N=launch.block_n,
         BLOCK_D=block_d, DIRECT=splits == 1, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
-        QUANT=quant, WINDOWED=window > 0, SINKS=sinks is not None, PDL=pdl, num_warps=launch.num_warps,
-        num_stages=launch.num_stages, **pdl_launch(pdl))
-    if splits > 1:
+        QUANT=quant, WINDOWED=window > 0, SINKS=sinks is not None, count_ptr=count, FOLD=fold,
+        BLOCK_S=min(16, next_pow2(splits)), PDL=pdl, num_warps=launch.num_warps, num_stages=launch.num_stages,
+        **pdl_launch(pdl))
+    if splits > 1 and not fold:
         _paged_decode_reduce_kernel[(b, h)](m, l, acc, q if sinks is None else sinks, context_lens, out,
                                             out.stride(0), out.stride(1), h, splits, min_tokens, window,
                                             HEAD_DIM=hd, BLOCK_S=min(16, next_pow2(splits)), BLOCK_D=block_d,
@@ -423,6 +451,20 @@ def split_plan(batch: int, kv_heads: int, max_blocks: int, block_size: int, wind
         return max(1, min(launch.num_splits, tokens)), 1
     wanted = cdiv(launch.waves * _sm_count(device), batch * kv_heads)
     return max(1, min(wanted, cdiv(tokens, max(launch.min_split_tokens, launch.block_n)))), launch.min_split_tokens
+
+
+_COUNTS: dict[torch.device, list[torch.Tensor]] = {}
+
+
+def arrival_counts(device: torch.device, n: int) -> torch.Tensor:
+    """``[>= n] int32`` zeros on ``device`` that the split kernel's programs count their arrivals in (the
+    last of a group zeroes its count again), shared by the calls on the device, which run one after
+    another on its compute stream. A larger buffer replaces a smaller one, which stays alive: a CUDA
+    graph may have recorded it."""
+    held = _COUNTS.setdefault(device, [])
+    if not held or held[-1].numel() < n:
+        held.append(torch.zeros(max(n, 4096), dtype=torch.int32, device=device))
+    return held[-1]
 
 
 def _partials(out: torch.Tensor, splits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -31,10 +31,10 @@ H, HKV, HD, BLOCK = 32, 4, 128, 16
 BATCHES = (1, 8, 32)
 CONTEXTS = (512, 4096, 32768)
 WIDE = ((1, 640, 4096), (1, 640, 40960), (8, 640, 4096))     # (batch, context, table tokens)
-SWEEP = [DecodeAttentionLaunch()] + [DecodeAttentionLaunch(block_n=n, num_warps=w, num_stages=s, waves=v)
-                                     for n, w, s, v in [(32, 4, 2, 2), (128, 4, 2, 2), (64, 8, 2, 2),
-                                                        (128, 8, 2, 2), (64, 4, 3, 2), (64, 4, 2, 4),
-                                                        (64, 4, 2, 1), (128, 4, 3, 4), (32, 4, 3, 4)]]
+SWEEP = [DecodeAttentionLaunch(), DecodeAttentionLaunch(fold_reduce=False)] + [
+    DecodeAttentionLaunch(block_n=n, num_warps=w, num_stages=s, waves=v)
+    for n, w, s, v in [(32, 4, 2, 2), (128, 4, 2, 2), (64, 8, 2, 2), (128, 8, 2, 2), (64, 4, 3, 2), (64, 4, 2, 4),
+                       (64, 4, 2, 1), (128, 4, 3, 4), (32, 4, 3, 4)]]
 BF16_TOL = dict(atol=1e-2, rtol=1.6e-2)
 DEVICE = "cuda"
 
