@@ -45,17 +45,27 @@ def pool_bounds(engine: Any, stats: Any) -> tuple[int, int]:
     return max(all_expert_bytes(engine), mem.pinned_host_bytes, current), current
 
 
+def offered_choices(engine: Any, choices: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+    """The values each combo box offers for this load: the static placement only where the model was
+    loaded with a routing profile (it places the experts from one, which no knob can give)."""
+    offered = dict(choices)
+    if "expert_policy" in offered and not engine.config.routing_profile:
+        offered["expert_policy"] = tuple(c for c in offered["expert_policy"] if c != "static")
+    return offered
+
+
 def knob_state(engine: Any, defaults: dict[str, object], choices: dict[str, tuple[str, ...]],
                wording: Wording = str) -> KnobState:
-    """Current live values, the reasons (in ``wording``) some cannot change, and the pool bounds."""
+    """Current live values, the reasons (in ``wording``) some cannot change, the pool bounds and the
+    values the combo boxes offer (:func:`offered_choices`)."""
     cfg = engine.config
     reasons = engine.live_options()
     max_bytes, current = pool_bounds(engine, engine.stats())
     return KnobState(
         values=tuple((name, getattr(cfg, name)) for name in sorted(defaults)),
         unsupported=tuple((name, wording(why)) for name, why in sorted(reasons.items()) if why),
-        defaults=tuple(sorted(defaults.items())),
-        pool_max_bytes=max_bytes, pool_bytes=current, choices=tuple(sorted(choices.items())))
+        defaults=tuple(sorted(defaults.items())), pool_max_bytes=max_bytes, pool_bytes=current,
+        choices=tuple(sorted(offered_choices(engine, choices).items())))
 
 
 def synthetic_prompt(tokenizer: Any, n_tokens: int) -> list[int]:

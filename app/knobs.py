@@ -274,8 +274,10 @@ class KnobsPanel(QWidget):
         if name == "expert_pool_size":
             w.set_bounds(state.pool_max_bytes, state.pool_bytes if value is None else int(value))
         elif isinstance(w, QComboBox):
-            if w.count() == 0:
-                w.addItems(list(state.choices_of(name)))
+            offered = list(state.choices_of(name))
+            if [w.itemText(i) for i in range(w.count())] != offered:      # a new load may offer other values
+                w.clear()
+                w.addItems(offered)
             w.setCurrentText(str(value))
         elif isinstance(w, QCheckBox):
             w.setChecked(bool(value))

@@ -269,3 +269,20 @@ def test_option_names_in_engine_messages_read_as_the_knobs_labels():
     assert gui_wording("max_batch_tokens=1 is below max_batch=16; raise max_batch_tokens or lower max_batch") == \
         ("Max batch tokens 1 is below Max batch 16; raise the Max batch tokens knob or lower the Max batch knob")
     assert gui_wording("expert_policy=static needs a routing profile").startswith("Eviction policy static needs")
+
+
+def test_the_static_placement_is_offered_only_where_a_routing_profile_was_loaded(window):
+    # The static policy places experts from a routing profile, which no knob can give: a load without
+    # one does not offer it; a load with one does.
+    from types import SimpleNamespace
+
+    from app.bridge_state import offered_choices
+    from engine.options import EXPERT_POLICIES
+    box = window.knobs.controls["expert_policy"]
+    shown = [box.itemText(i) for i in range(box.count())]
+    assert "static" not in shown and set(shown) == set(EXPERT_POLICIES) - {"static"}
+    choices = {"expert_policy": EXPERT_POLICIES, "expert_reads": ("auto", "copy")}
+    with_profile = SimpleNamespace(config=SimpleNamespace(routing_profile="routing.json"))
+    assert offered_choices(with_profile, choices) == choices
+    without = offered_choices(SimpleNamespace(config=SimpleNamespace(routing_profile=None)), choices)
+    assert without["expert_policy"] == ("lfu", "lru", "adaptive") and without["expert_reads"] == ("auto", "copy")
