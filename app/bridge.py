@@ -311,7 +311,7 @@ class EngineBridge(QObject):
         if self._engine is None:
             return
         self.engine_loop.fail_all(why)
-        self._report_ended()              # with this engine's counters, before it goes
+        self._report_ended(closed=why)    # with this engine's counters, before it goes
         engine = self.engine_loop.drop_engine(why)
         try:
             engine.close()
@@ -373,11 +373,15 @@ class EngineBridge(QObject):
         if d.finished:
             self._ended.append(d)
 
-    def _report_ended(self) -> None:
-        """Send ``reply_finished`` for every reply that ended since the last report."""
+    def _report_ended(self, closed: str | None = None) -> None:
+        """Send ``reply_finished`` for every reply that ended since the last report; one that ended because
+        the engine was closed for ``closed`` (a model change, the window closing) finishes as "closed"."""
         ended, self._ended = self._ended, []
         for d in ended:
-            self._end(d.request_id, d.finish_reason or "stop", d.error)
+            reason = d.finish_reason or "stop"
+            if closed is not None and reason == "error" and d.error == closed:
+                reason = "closed"
+            self._end(d.request_id, reason, d.error)
 
     def _end(self, request_id: str, reason: str, error: str | None = None) -> None:
         self._flush_text()

@@ -65,7 +65,7 @@ class ReplyStats:
 
     request_id: str
     tag: str
-    finish_reason: str                 # "stop" | "length" | "abort" | "error"
+    finish_reason: str                 # "stop" | "length" | "abort" | "error" | "closed" (the model was closed)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     ttft_ms: float | None = None
@@ -93,6 +93,8 @@ class ReplyStats:
 
     def finish_words(self, max_tokens: int | None = None) -> str:
         """Why the reply ended, as a user says it."""
+        if self.finish_reason == "closed":     # not a failure: the model it ran on was changed or closed
+            return f"stopped: {self.error or 'the model was closed'}"
         if self.finish_reason == "error" or self.error:
             return f"error: {self.error or 'the reply failed'}"
         if self.finish_reason == "length" and max_tokens is not None and self.completion_tokens < max_tokens:

@@ -75,6 +75,24 @@ def test_a_model_switch_ends_direct_jobs_and_the_loop_serves_the_new_model(windo
     assert after[-1].finish_reason == "length" and sum(len(d.new_token_ids) for d in after) == 6
 
 
+def test_a_reply_cut_short_by_a_model_switch_reads_stopped_not_failed(window, qtbot):
+    # The chat's reply in flight when another model is opened ends as "closed": its line says it was
+    # stopped and why, not that it failed; what it said so far stays.
+    _greedy(window, 4000)
+    with qtbot.waitSignal(window.chat.reply_done, timeout=LOAD_TIMEOUT_MS) as done:
+        window.chat.send("In the beginning")
+        qtbot.waitUntil(lambda: window.chat.live is not None and bool(window.chat.live.bubble.text),
+                        timeout=REPLY_TIMEOUT_MS)
+        window.bridge.pause("held for the switch")
+        window.open_model(DEMO)
+    stats = done.args[0]
+    assert stats.finish_reason == "closed" and stats.error == "the model was changed to demo"
+    assert stats.finish_words() == "stopped: the model was changed to demo"
+    reply = window.chat.current.messages[-1]
+    assert reply.content and "stopped: the model was changed to demo" in reply.stats
+    window.bridge.resume("switched")
+
+
 def _break_next_step(engine) -> None:
     """The engine's next step raises, as a bug would; the one after works again."""
     real = engine.step
