@@ -73,7 +73,7 @@ class ChatController(QObject):
         self._fill_epoch = 0                           # which chat's earlier messages are being put on screen
         self.library = ConversationLibrary(store)
         self.library.store_line.connect(self._on_store_line)
-        self.current = self.conversations[0] if self.conversations else Conversation()
+        self.current = self._first_chat()
         self.stream_timer = self._timer(STREAM_SAVE_MS, self._save_live)
         self.edits_timer = self._timer(EDITS_SAVE_MS, self._keep_edits)
         pane.destroyed.connect(self._stop_timers)         # none may fire at a deleted pane
@@ -93,11 +93,27 @@ class ChatController(QObject):
         timer.timeout.connect(slot)
         return timer
 
+    def _first_chat(self) -> Conversation:
+        """The chat shown at start: the most recent one, unless the chat shown last was a new one never
+        saved that holds unsent text (it comes back with it)."""
+        last = self.prefs.current_chat()
+        if last and self.library.find(last) is None and self.prefs.draft(last):
+            return Conversation(id=last)
+        return self.conversations[0] if self.conversations else Conversation()
+
     def _restore_prefs(self) -> None:
         self.pane.settings_box.set_settings(self.prefs.generation())
         self.pane.set_enter_sends(self.prefs.enter_sends())
+        box_draft = self.prefs.take_box_draft()          # an earlier version's one text for every chat
+        if box_draft and not self.prefs.draft(self.current.id):
+            self.prefs.set_draft(box_draft, self.current.id)
+        kept = {c.id for c in self.conversations} | {self.current.id}
+        for conv_id in self.prefs.drafted():             # drafts of chats that are gone
+            if conv_id not in kept:
+                self.prefs.set_draft("", conv_id)
+        self.prefs.set_current_chat(self.current.id)
         if not self.pane.input.toPlainText():
-            self.pane.input.setPlainText(self.prefs.draft())
+            self.pane.input.setPlainText(self.prefs.draft(self.current.id))
 
     def _connect(self) -> None:
         pane, box = self.pane, self.pane.settings_box
@@ -185,15 +201,20 @@ class ChatController(QObject):
         if self.live is not None or conv_id == self.current.id:
             self._refresh_sidebar()
             return
-        self._keep_edits_now()
-        self.current = self.library.find(conv_id) or self.current
-        self._show_current()
+        self._show_chat(self.library.find(conv_id) or self.current)
 
     def new_chat(self) -> None:
         if self.live is None:
-            self._keep_edits_now()
-            self.current = Conversation(system_prompt=self.pane.settings_box.system_prompt.toPlainText())
-            self._show_current()
+            self._show_chat(Conversation(system_prompt=self.pane.settings_box.system_prompt.toPlainText()))
+
+    def _show_chat(self, conv: Conversation) -> None:
+        """Show ``conv`` with its own unsent text in the box; the chat left keeps the text it had."""
+        self._keep_edits_now()
+        self.prefs.set_draft(self.pane.input.toPlainText(), self.current.id)
+        self.current = conv
+        self.prefs.set_current_chat(conv.id)
+        self._show_current()
+        self.pane.input.setPlainText(self.prefs.draft(conv.id))
 
     def delete(self, conv_id: str) -> None:
         """Move a conversation to the trash folder; Undo in the sidebar brings it back."""
@@ -201,9 +222,8 @@ class ChatController(QObject):
         if self.live is not None or conv is None:
             return
         self.library.delete(conv)
-        if conv is self.current:
-            self.current = self.conversations[0] if self.conversations else Conversation()
-            self._show_current()
+        if conv is self.current:            # its unsent text stays with it, for Undo
+            self._show_chat(self.conversations[0] if self.conversations else Conversation())
         else:
             self._refresh_sidebar()
         self._offer_undo()
@@ -212,8 +232,7 @@ class ChatController(QObject):
         """Bring back the conversation deleted last, and show it."""
         conv = self.library.undo() if self.live is None else None
         if conv is not None:
-            self.current = conv
-            self._show_current()
+            self._show_chat(conv)
             self._offer_undo()
 
     def _offer_undo(self) -> None:
@@ -244,7 +263,7 @@ class ChatController(QObject):
     def _keep_edits(self) -> None:
         """Remember the unsent text, and save a changed system prompt: a new chat with one written is saved
         from then on, before its first message, so the prompt outlives a quit or a crash."""
-        self.prefs.set_draft(self.pane.input.toPlainText())
+        self.prefs.set_draft(self.pane.input.toPlainText(), self.current.id)
         if self._system_edited and (self.current in self.conversations or self.current.system_prompt.strip()):
             self._system_edited = False
             self.library.save(self.current)
@@ -303,7 +322,7 @@ class ChatController(QObject):
         user = StoredMessage("user", text)
         self.current.messages.append(user)
         self._bubbles.append(self._add_bubble(user))
-        self.prefs.set_draft("")
+        self.prefs.set_draft("", self.current.id)
         self._reply_to(list(self.current.messages))
 
     def _reply_to(self, history: list[StoredMessage]) -> None:
@@ -441,7 +460,7 @@ class ChatController(QObject):
             if not self.confirm("Edit your last message?", question):
                 return
         text = self.current.messages[at].content
-        self.prefs.set_draft(text)          # on disk in the box's keeping before it leaves the chat's
+        self.prefs.set_draft(text, self.current.id)   # on disk in the box's keeping before it leaves the chat's
         self.prefs.sync()
         del self.current.messages[at:]
         for bubble in self._bubbles[at:]:
@@ -470,7 +489,8 @@ class ChatController(QObject):
         """Write what is pending (the reply in flight stays marked interrupted) and stop the writer."""
         self.stream_timer.stop()
         self._keep_edits_now()
-        self.prefs.set_draft(self.pane.input.toPlainText())
+        self.prefs.set_draft(self.pane.input.toPlainText(), self.current.id)
+        self.prefs.set_current_chat(self.current.id)
         self.prefs.sync()
         if self.live is not None:
             self.library.save(self.live.conversation)

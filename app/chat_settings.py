@@ -1,7 +1,8 @@
 """The chat's choices remembered across restarts, in the window's QSettings.
 
-Sampling settings, the context-overflow policy, whether Enter sends, and the text not yet sent. A value
-that cannot be read back (an edited or older settings file) falls back to its default.
+Sampling settings, the context-overflow policy, whether Enter sends, each conversation's text not yet
+sent and the conversation shown. A value that cannot be read back (an edited or older settings file)
+falls back to its default.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from app.messages import (
 )
 
 _PREFIX = "chat/"
+_DRAFTS = "drafts/"        # + a conversation's id: its unsent text
 
 
 def _number(raw: object, kind: type, default: float | int) -> float | int:
@@ -79,9 +81,42 @@ class ChatPrefs:
         if self.settings is not None:
             self.settings.sync()
 
-    def draft(self) -> str:
-        raw = self._value("draft")
+    def draft(self, conv_id: str) -> str:
+        """The text not yet sent in conversation ``conv_id`` ("" when none)."""
+        raw = self._value(_DRAFTS + conv_id)
         return raw if isinstance(raw, str) else ""
 
-    def set_draft(self, text: str) -> None:
-        self._set("draft", text)
+    def set_draft(self, text: str, conv_id: str) -> None:
+        """Keep ``text`` as ``conv_id``'s unsent text (an empty box keeps nothing)."""
+        if self.settings is None:
+            return
+        if text:
+            self._set(_DRAFTS + conv_id, text)
+        else:
+            self.settings.remove(_PREFIX + _DRAFTS + conv_id)
+
+    def drafted(self) -> list[str]:
+        """The conversations that have unsent text."""
+        if self.settings is None:
+            return []
+        self.settings.beginGroup(_PREFIX + _DRAFTS.rstrip("/"))
+        try:
+            return list(self.settings.childKeys())
+        finally:
+            self.settings.endGroup()
+
+    def take_box_draft(self) -> str:
+        """The single unsent text of versions that kept one for the whole box ("" when none), removed
+        from the settings: the chat shown at start takes it."""
+        raw = self._value("draft")
+        if self.settings is not None and raw is not None:
+            self.settings.remove(_PREFIX + "draft")
+        return raw if isinstance(raw, str) else ""
+
+    def current_chat(self) -> str:
+        """The conversation shown when the window last kept its state ("" when none)."""
+        raw = self._value("current")
+        return raw if isinstance(raw, str) else ""
+
+    def set_current_chat(self, conv_id: str) -> None:
+        self._set("current", conv_id)

@@ -370,7 +370,7 @@ def test_an_edited_message_is_in_the_kept_box_text_before_it_leaves_the_chat(qtb
     _reply(chat, "An answer.")
     chat.confirm = lambda _t, _q: True
     kept: list[str] = []
-    chat.prefs.set_draft = kept.append                 # what reaches the settings, in order
+    chat.prefs.set_draft = lambda text, _chat: kept.append(text)   # what reaches the settings, in order
     saved_then = []
     chat.prefs.sync = lambda: saved_then.append(list(m.content for m in chat.current.messages))
     chat.edit_last()

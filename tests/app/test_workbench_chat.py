@@ -235,6 +235,49 @@ def test_unsent_text_is_kept_across_a_restart(qtbot, tmp_path):
     assert fourth.pane.input.toPlainText() == "typed just before quitting"
 
 
+def test_each_chat_keeps_its_own_unsent_text_through_switches_and_restarts(qtbot, tmp_path):
+    # Text typed in one chat stays with that chat: another chat shows its own (or an empty box), and
+    # going back brings it back; so does a restart, for the chat shown and the one opened after.
+    ini = tmp_path / "strata.ini"
+    first = make_chat(qtbot, tmp_path / "c", settings_file=ini)
+    first.send("Hello")
+    finish(first)
+    a = first.current.id
+    QTest.keyClicks(first.pane.input, "half a question for A")
+    first.new_chat()
+    assert first.pane.input.toPlainText() == ""
+    first.send("Hi")
+    finish(first)
+    b = first.current.id
+    QTest.keyClicks(first.pane.input, "a thought for B")
+    first.open(a)
+    assert first.pane.input.toPlainText() == "half a question for A"
+    first.open(b)
+    assert first.pane.input.toPlainText() == "a thought for B"
+    first.close()
+    again = make_chat(qtbot, tmp_path / "c", settings_file=ini)
+    assert again.current.id == b and again.pane.input.toPlainText() == "a thought for B"
+    again.open(a)
+    assert again.pane.input.toPlainText() == "half a question for A"
+    again.pane.send_button.click()                      # sent: A's box is empty from now on
+    finish(again)
+    again.open(b)
+    again.open(a)
+    assert again.pane.input.toPlainText() == ""
+
+
+def test_a_single_box_draft_of_an_earlier_version_goes_to_the_chat_shown_and_stale_ones_go(qtbot, tmp_path):
+    ini = tmp_path / "strata.ini"
+    old = QSettings(str(ini), QSettings.Format.IniFormat)
+    old.setValue("chat/draft", "typed before the upgrade")
+    old.setValue("chat/drafts/0123456789ab", "for a chat that no longer exists")
+    old.sync()
+    chat = make_chat(qtbot, tmp_path / "c", settings_file=ini)
+    assert chat.pane.input.toPlainText() == "typed before the upgrade"
+    assert chat.prefs.drafted() == [chat.current.id]
+    assert chat.prefs.settings.value("chat/draft") is None
+
+
 def test_the_system_prompt_is_hidden_and_ignored_in_completion_mode(qtbot, tmp_path):
     chat = make_chat(qtbot, tmp_path / "c")
     box = chat.pane.settings_box
