@@ -208,9 +208,14 @@ class ChatController(QObject):
             self._show_chat(Conversation(system_prompt=self.pane.settings_box.system_prompt.toPlainText()))
 
     def _show_chat(self, conv: Conversation) -> None:
-        """Show ``conv`` with its own unsent text in the box; the chat left keeps the text it had."""
+        """Show ``conv`` with its own unsent text in the box; the chat left keeps the text it had (a new
+        chat never saved is saved now if it has some, so that it can be opened again from the list)."""
         self._keep_edits_now()
-        self.prefs.set_draft(self.pane.input.toPlainText(), self.current.id)
+        left, text = self.current, self.pane.input.toPlainText()
+        self.prefs.set_draft(text, left.id)
+        if text.strip() and self.library.find(left.id) is None and all(c.id != left.id for c in self.library.deleted):
+            self.library.save(left)
+        self._system_edited = False             # the flag was the chat left's
         self.current = conv
         self.prefs.set_current_chat(conv.id)
         self._show_current()
@@ -221,6 +226,8 @@ class ChatController(QObject):
         conv = self.library.find(conv_id)
         if self.live is not None or conv is None:
             return
+        if conv is self.current:            # its edits first: nothing saves it once it is in the trash
+            self._keep_edits_now()
         self.library.delete(conv)
         if conv is self.current:            # its unsent text stays with it, for Undo
             self._show_chat(self.conversations[0] if self.conversations else Conversation())

@@ -36,7 +36,7 @@ from engine.cuda_graphs import DecodeGraphs
 from engine.runner import ModelRunner, SeqPart, build_batch
 from engine.scheduler import Scheduler
 from engine.tokenizer import Tokenizer
-from engine.placement import expert_act, expert_layout, resolve_device, resolve_dtype
+from engine.placement import auto_resident, expert_act, expert_layout, resolve_device, resolve_dtype
 
 __all__ = ["CPU_KV_CAP", "LoadedModel", "ModelInfo", "check_paths", "expert_act", "expert_layout", "load_model",
            "resolve_device", "resolve_dtype"]
@@ -65,31 +65,6 @@ class ModelInfo:
     completion_only: bool = False  # a base model: its chat template (if any) is not what it was trained on
     resident_format: str = "bf16"  # attention, dense MLPs and LM head on the device: bf16 (the dtype), fp8, int8
     notes: tuple[str, ...] = ()    # one line each: a setting clamped or ignored at load, and why
-
-
-FP8_RESIDENT_CAPABILITY = (8, 9)     # the 8-bit GEMV kernels widen e4m3 in registers from Ada/Hopper on
-
-
-def auto_resident(weight_format: str, expert_storage: str, device: torch.device, dtype: torch.dtype,
-                  capability: tuple[int, int] | None = None) -> tuple[str, str | None]:
-    """``resident_weights="auto"`` on a checkpoint that was not converted: fp8 where the routed experts are
-    quantised at load (``weight_format`` int4, fp8 or mxfp4 from 16-bit experts) on a GPU whose kernels take
-    fp8 (compute capability 8.9 or newer) with 16-bit activations, else the dtype ("bf16"); with a note
-    when it picks fp8.
-
-    A token then reads half the bytes of attention and the LM head (Qwen3-30B-A3B shape, 12 layers: 1.08
-    GB resident against 0.55; batch-1 decode 1002 against 882 tok/s on the H100,
-    benchmarks/results/step_profile_2026-12-05d.json). Per-row e4m3 rounds a weight by about 2% of its
-    size (3 mantissa bits), against about 10% for int4 groups of 128: the experts' error dominates, as
-    in llama.cpp's Q4_K_M, whose attention and output matrices are 4- and 6-bit. ``capability``: the card's
-    (default: asked of ``device``)."""
-    lossy = weight_format in ("int4", "fp8", "mxfp4") and expert_storage == "dense"
-    if not lossy or device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16):
-        return "bf16", None
-    if (capability or torch.cuda.get_device_capability(device)) < FP8_RESIDENT_CAPABILITY:
-        return "bf16", None
-    return "fp8", (f"attention, dense and shared MLPs and the LM head are held in fp8 beside the {weight_format} "
-                   f"experts (half their bytes per token); --resident-weights bf16 keeps them in 16 bits")
 
 
 def _demo_marker(path: Path) -> dict:

@@ -160,8 +160,9 @@ def moe_decode(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tens
     read from store row ``row_base + expert`` instead of the pool (see :func:`expert_ptr`).
 
     ``pdl`` (int4 and mxfp4; see :func:`pdl_supported`) launches both kernels as programmatic dependents: the
-    up kernel's launch overlaps the previous kernel, the down kernel's the up kernel, and the down
-    kernel requests its first chunk of w2 before it waits for ``h``.
+    up kernel's launch overlaps the prep of ``x`` (only then: given ``x16``, it launches plainly after
+    the router, whose ids it reads), the down kernel's the up kernel, and the down kernel requests its
+    first chunk of w2 before it waits for ``h``.
 
     int4 group sizes are 32, 64 or 128 (:func:`kernels.quant.int4.check_group_size`): powers of two of
     at least four int32 words (16 bytes), as the kernels' group tiles need; mxfp4 groups are 32. ``x16``

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels._triton import cdiv, jit, next_pow2, tl
+from kernels._triton import cdiv, jit, next_pow2, pdl_launch, tl
 from kernels.act16 import Act16, act16, check_act16, store_h_words
 from kernels.moe_config import TileConfig
 from kernels.moe_decode_common import (HostMatrices, add_bias, block_k, e8m0, expert_act, expert_ptr, fill_of,
@@ -407,8 +407,11 @@ def moe_decode_4bit(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, slots:
         # its predecessor (the prep of x) waited for everything before it. Given x16, its predecessor
         # is a direct step's publish or gather copy, which neither waits nor triggers: launch plainly.
         pdl = False
-    launch = {"launch_pdl": True} if pdl else {}    # only Triton versions with PDL know the option
-    common = dict(G=group, EPI=consts.epi, PDL=pdl, HOST=host is not None, FILL=fills_on(host),
+    # The up kernel reads the ids before its wait only behind the prep of x launched here, which waited
+    # for the router before it: planes made earlier (by the norm) leave the router as its predecessor,
+    # whose ids are visible only after a wait, so then the up kernel launches plainly.
+    up_pdl = pdl and x16 is None
+    common = dict(G=group, EPI=consts.epi, HOST=host is not None, FILL=fills_on(host),
                   OPS=(asm, consts.fmt == FMT_MXFP4))
     if x16 is None:
         x16 = act16(x, group, pdl)
@@ -427,12 +430,12 @@ def moe_decode_4bit(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, slots:
         xq, xs, xv, ids, slots, hq.view(torch.int16), hv, w, sw_s, sw_n // 4, *rest, w13.bias_args(), f, d, d // 32,
         host_args(host, w13, 0, True), TOP_K=k, ROUND={torch.bfloat16: 1, torch.float16: 2}.get(x.dtype, 0),
         BLOCK_N=bn, BLOCK_K=bk, EVEN_K=d % bk == 0, PRE=max(1, min(up.preload, 2, cdiv(d, bk))),
-        num_warps=up.num_warps, num_stages=up.num_stages, **common, **launch)
+        num_warps=up.num_warps, num_stages=up.num_stages, PDL=up_pdl, **common, **pdl_launch(up_pdl))
     w, sw_s, sw_n, *rest = int4_word_args(w2, "w2")
     bk = block_k(down.block_k, f, group)
     _down_kernel[(t, cdiv(d, down.block_n))](
         hq, hv, ids, slots, tw, out, w, sw_s, sw_n // 4, *rest, w2.bias_args(), d, f, f // 32, out.stride(0),
         host_args(host, w2, 1, True), TOP_K=k, KP=next_pow2(k), BLOCK_N=down.block_n, BLOCK_K=bk,
         EVEN_K=f % bk == 0, PRE=max(1, min(down.preload, 3, cdiv(f, bk))), num_warps=down.num_warps,
-        num_stages=down.num_stages, **common, **launch)
+        num_stages=down.num_stages, PDL=pdl, **common, **pdl_launch(pdl))
     return out

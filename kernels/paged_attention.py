@@ -19,7 +19,7 @@ float32 at once; the two small matrix products run on tensor cores as TF32, whic
 bf16/fp16 K, V and q (their mantissas fit in TF32's), and as IEEE fp32 for an fp32 cache. An int8 /
 fp8 (e4m3) cache carries one float32 scale per token and KV head: its stored values are exact in TF32
 too, so the kernel multiplies the raw rows and applies each token's key scale to its scores and its
-value scale to its probability. On Hopper and later both launches are programmatic dependents: each
+value scale to its probability. On Hopper and later the launches are programmatic dependents: each
 starts while the kernel before it finishes and waits for it before reading anything.
 
 gpt-oss layers add two things, each behind a compile-time flag so other models run the same code as

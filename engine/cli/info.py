@@ -30,7 +30,8 @@ from engine.cli.options import engine_options, model_dir
 from engine.config import EngineConfig, format_size, parse_size
 from engine.errors import ConfigError
 from kernels.expert_layout import ExpertLayout
-from engine.loading import auto_resident, expert_act, resolve_device
+from engine.loading import expert_act
+from engine.placement import auto_resident, resolve_device
 from engine.kv.sizing import KVSizing, kv_sizing
 from engine.memory import (CPU_KV_CAP, MIN_KV_TOKENS, BudgetAdvice, MemoryPlan, default_budget, fit_context,
                            fit_context_on_host, fit_context_to_kv_size, kv_pool_bytes, plan_memory, smaller_resident,

@@ -54,10 +54,11 @@ class ColdRates:
     cpu_call_s: float = 0.0                     # fixed cost of one CPU call (start, barrier, result copy)
     threads: int = 1
     cpu_factor: float = 1.0                     # measured CPU time over the calibration's, learnt as it runs
-    # host -> device as the GPU's own kernels read the mapped store (the gather's copy kernel; direct
-    # reads): what a direct-read step's bus side moves at. About 20-24 GB/s on the H100 host against 55
-    # for the copy engine (benchmarks/results/gather_ab_2026-12-05b.json). None: not measured (the
-    # copy engine's rate stands in).
+    # host -> device as the GPU's own kernels read the mapped store, measured with the gather's copy
+    # kernel: what a direct-read step's bus side moves at (every missing expert is gathered by default;
+    # the MoE kernels' own direct reads ran a little slower still). About 20-24 GB/s on the H100 host
+    # against 55 for the copy engine (benchmarks/results/gather_ab_2026-12-05b.json). None: not
+    # measured (the copy engine's rate stands in).
     kernel_bus_bytes_per_s: float | None = None
 
     def bus_s(self, nbytes: int, reads: int = 1, direct: bool = False) -> float:

@@ -116,14 +116,15 @@ def load_pipeline(config: EngineConfig, spec: ModelSpec, source: TensorSource, t
     """The first stage of a pipeline over ``config.pipeline_parallel`` GPUs (CPU processes on the
     CPU), with the other stages started and loaded beside it; ``model_cls`` is the LoadedModel class
     (given by engine.loading, which this module does not import)."""
-    from engine.placement import expert_layout, resolve_dtype
+    from engine.placement import auto_resident, expert_layout, resolve_dtype
     n = config.pipeline_parallel
     device = _devices(config, n, "pipeline_parallel")
     dtype = resolve_dtype(config.dtype, device)
     layout = expert_layout(config, spec, dtype)
     manifest = getattr(source, "manifest", None)
     resident = config.resident_weights if config.resident_weights != "auto" else \
-        (manifest.resident if manifest is not None else "bf16")
+        (manifest.resident if manifest is not None else
+         auto_resident(config.weight_format, spec.expert_storage, device, dtype)[0])
     elem = torch.empty((), dtype=dtype).element_size()
     plan = plan_pipeline(spec, n, elem, resident, layout.nbytes, card_budgets(config))
     cfgs = stage_configs(config, plan, device)

@@ -266,6 +266,37 @@ def test_each_chat_keeps_its_own_unsent_text_through_switches_and_restarts(qtbot
     assert again.pane.input.toPlainText() == ""
 
 
+def test_a_new_chat_left_with_unsent_text_is_kept_in_the_list_with_it(qtbot, tmp_path):
+    # Text typed into a new chat that was never sent: leaving it (New chat again, or another chat)
+    # saves the chat, so it is in the list and opens again with its text, after a restart too.
+    ini = tmp_path / "strata.ini"
+    chat = make_chat(qtbot, tmp_path / "c", settings_file=ini)
+    QTest.keyClicks(chat.pane.input, "an idea for later")
+    idea = chat.current.id
+    chat.new_chat()
+    assert chat.pane.input.toPlainText() == "" and chat.library.find(idea) is not None
+    chat.new_chat()                                     # an empty new chat left behind is not kept
+    assert len(chat.conversations) == 1
+    chat.close()
+    again = make_chat(qtbot, tmp_path / "c", settings_file=ini)
+    again.open(idea)
+    assert again.current.id == idea and again.pane.input.toPlainText() == "an idea for later"
+
+
+def test_deleting_the_chat_shown_while_its_prompt_edit_is_pending_leaves_it_deleted(qtbot, tmp_path):
+    chat = make_chat(qtbot, tmp_path / "c")
+    chat.send("Hello")
+    finish(chat)
+    gone = chat.current.id
+    chat.pane.settings_box.system_prompt.setPlainText("Be brief.")      # kept a second later, not yet
+    assert chat.edits_timer.isActive()
+    chat.delete(gone)
+    qtbot.wait(50)
+    assert chat.library.find(gone) is None and chat.current.id != gone
+    chat.library.close()
+    assert not (tmp_path / "c" / f"{gone}.json").exists()
+
+
 def test_a_single_box_draft_of_an_earlier_version_goes_to_the_chat_shown_and_stale_ones_go(qtbot, tmp_path):
     ini = tmp_path / "strata.ini"
     old = QSettings(str(ini), QSettings.Format.IniFormat)

@@ -120,7 +120,7 @@ CUDA = torch.device("cuda")
 ])
 def test_auto_takes_fp8_only_beside_experts_quantised_at_load_on_a_card_that_runs_it(
         weight_format, storage, device, dtype, capability, want):
-    from engine.loading import auto_resident
+    from engine.placement import auto_resident
     got, note = auto_resident(weight_format, storage, device, dtype, capability)
     assert got == want
     assert (note is not None) == (want == "fp8")
