@@ -114,6 +114,7 @@ class DirectPath:
         ``targets``, the layers the recording's claim kernels write), the publish regions blanked."""
         if self.shares is not None:          # first: a refusal here leaves nothing begun
             self.shares.begin(tokens)
+        self.gather.begin_replay()
         books = self.r.books
         before = set(books.lease)
         armed = self.fills.armed or []
@@ -183,7 +184,7 @@ class DirectPath:
         def launch(cpu=None) -> None:
             run(*args, cpu=cpu, gather=gather)
             if gather is not None:
-                self.gather.copy()
+                self.gather.copy(moe_index)
 
         out = (self.snap[moe_index], r.pool.views, self.host_experts(moe_index))
         if not self.cpu_share_on:
@@ -205,7 +206,9 @@ class DirectPath:
             done = torch.cuda.Event()
             done.record()
             finished = done.query
-        cpu_first = self.shares is not None and self.shares.frac.numpy()[0] > 0
+        # the first layer waits for the host (its CPU experts, or the copies it queues): the previous
+        # step's end comes after the host's part of that layer
+        cpu_first = (self.shares is not None and self.shares.frac.numpy()[0] > 0) or self.gather.by_copy_engine
         if not cpu_first:
             self.finish_ended()
         try:
@@ -219,9 +222,11 @@ class DirectPath:
         """The host cannot follow the running replay to its end: let every join of the CPU's share
         pass, then wait (at most ``limit_s``) for the replay to finish, so that the next step does
         not clear flags a join of this one still reads."""
-        if self.shares is None:
+        self.gather.release_waits()
+        if self.shares is None and not self.gather.by_copy_engine:
             return
-        self.shares.release()
+        if self.shares is not None:
+            self.shares.release()
         if finished is None:
             if self.r.device.type == "cuda":
                 torch.cuda.current_stream(self.r.device).synchronize()
@@ -229,7 +234,9 @@ class DirectPath:
             t0 = time.perf_counter()
             while not finished() and time.perf_counter() - t0 < limit_s:
                 time.sleep(0.001)
-        self.shares.err.numpy()[0] = 0      # the step failed already: not the next one's to report
+        if self.shares is not None:
+            self.shares.err.numpy()[0] = 0  # the step failed already: not the next one's to report
+        self.gather.err.numpy()[0] = 0
 
     def _follow_cut(self, c, rows: int, finished: Callable[[], bool],
                     after_cpu: Callable[[], None] | None = None) -> None:
@@ -250,13 +257,15 @@ class DirectPath:
         r.counters.sync_ms += (time.perf_counter() - t0) * 1e3
         ids, seen = data[:rows * k].tolist(), data[n:n + rows * k].tolist()
         fills = data[2 * n:2 * n + rows * k].tolist()
+        gathered = self.gather.gathered(ids, seen, fills) if self.gather.on(t) else {}
+        if self.gather.by_copy_engine and self.gather.on(t):   # first: the layer's kernels wait for them
+            self.gather.queue_copies(c.moe_index, gathered)
         read = None
         if self.shares is not None and SLOT_CPU in seen:      # the host CPU's experts, then the books
             self.shares.compute(c.moe_index, t, k, rows, ids, seen, finished)
             read = [0 if s == SLOT_CPU else s for s in seen]
             base = c.moe_index * r.num_experts
             self.step.cpu_keys.extend(dict.fromkeys(base + e for e, s in zip(ids, seen) if s == SLOT_CPU))
-        gathered = self.gather.gathered(ids, seen, fills) if self.gather.on(t) else {}
         if after_cpu is not None:
             after_cpu()
             r.policy.catch_up()

@@ -460,6 +460,14 @@ class ExpertManager:
             self.direct.shares.tuner.reset()
         return self.describe()
 
+    def set_gather_copies(self, how: str) -> None:
+        """How replayed direct-read steps move the experts they gather (``ResidencyTuning.gather_copies``:
+        "kernel" or "copy_engine"), from the next step; the caller records the decode graphs again."""
+        from engine.experts.tuning import GATHER_COPIES
+        if how not in GATHER_COPIES:
+            raise ReconfigureError(f"gather_copies={how!r}: choose {' or '.join(GATHER_COPIES)}")
+        self.direct.gather.set_copies(how)
+
     def set_gather(self, on: bool, min_uses: int | None = None) -> bool:
         """Gather the shared missing experts of direct-read steps (``on``), or read each once per token
         that uses it, from the next step; ``min_uses``: how many of a step's tokens must use a missing

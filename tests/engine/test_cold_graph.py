@@ -423,3 +423,52 @@ def test_the_balanced_share_weighs_the_bus_at_the_kernels_rate(stack: Stack) -> 
     prov.cold.rates = dataclasses.replace(copy_rate, kernel_bus_bytes_per_s=nbytes / 3e-3)
     assert shares.balanced() == pytest.approx(0.75)
     prov.close()
+
+
+@pytest.mark.parametrize("share", [0.0, 0.5])
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_replayed_steps_whose_gathered_experts_the_host_copies_equal_the_resident_model(
+        stack: Stack, share: float, tokens: int) -> None:
+    # gather_copies "copy_engine": every missing expert the step gathers is copied in by the host as it
+    # follows the step (the copy engine on a GPU), each layer's kernels waiting for its flag; with the
+    # CPU's share beside it or not, the output equals the fully resident model's, step after step,
+    # every flag was set and no wait gave up.
+    from engine.experts.tuning import ResidencyTuning
+    prov = stack.offloaded(0, depth=1, direct_reads=True, cold_experts="cpu",
+                           tuning=ResidencyTuning(gather_min_uses=1, gather_copies="copy_engine"))
+    gather = prov.direct.gather
+    assert gather.by_copy_engine
+    rep = _Replay(stack, prov, tokens)
+    prov.direct.shares.share_for = lambda tokens: share
+    want = stack.run(stack.resident(), _x(tokens), 3)
+    x = _x(tokens)
+    for i in range(3):
+        x = rep.step(x)
+        torch.testing.assert_close(x, want[i], rtol=1e-5, atol=1e-5)
+        assert gather.flags.tolist() == [1] * L and int(gather.err) == 0
+        x = torch.tanh(x)
+    st = prov.stats()
+    assert st.gathered > 0 and prov.r.counters.direct_bytes == st.gathered * stack.layout.nbytes
+    prov.close()
+
+
+def test_a_wait_for_the_hosts_copies_that_gives_up_fails_the_next_step_and_abort_lets_waits_pass(
+        stack: Stack, monkeypatch) -> None:
+    # A host that never queues a layer's copies: the wait gives up (err), the next replay refuses to
+    # start with a one-line reason naming the fix; abort_replay lets every wait of a step pass.
+    from engine.experts import gather as gather_module
+    from engine.experts.tuning import ResidencyTuning
+    prov = stack.offloaded(0, depth=1, direct_reads=True, cold_experts="bus",
+                           tuning=ResidencyTuning(gather_min_uses=1, gather_copies="copy_engine"))
+    gather = prov.direct.gather
+    monkeypatch.setattr(gather_module, "FLAG_LIMIT_S", 0.001)
+    gather.work[0] = 1
+    gather.copy(0)                                   # nobody sets layer 0's flag
+    assert int(gather.err) == 1
+    with pytest.raises(RuntimeError, match="gather_copies=kernel"):
+        gather.begin_replay()
+    assert int(gather.err) == 0 and gather.flags.tolist() == [0] * L
+    gather.release_waits()
+    gather.copy(1)                                   # passes at once
+    assert int(gather.err) == 0
+    prov.close()
