@@ -137,10 +137,12 @@ class DirectPath:
             self.step.seen = {}
 
     def prepare_capture(self) -> None:
-        """Before a step is recorded: a warm-up run outside a step fills and claims nothing."""
+        """Before a step is recorded: a warm-up run outside a step fills and claims nothing, and waits
+        for no copy of the host's (nobody follows it)."""
         self.fills.meta.zero_()
         if self.claims is not None:
             self.claims.dp.disarm()
+        self.gather.release_waits()
 
     def arm_next_step(self) -> None:
         if self.fills.armed is None and self.enabled:
