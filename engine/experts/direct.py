@@ -193,7 +193,7 @@ class DirectPath:
             launch()
             return out
         if self.shares is None:
-            self.shares = GraphCpuShares(r, r.layout.hidden, self.gather.on)
+            self.shares = GraphCpuShares(r, r.layout.hidden, self.gather.on, lambda: not self.gather.by_copy_engine)
         # the model launches the publish (with x and the routing weights) and later the join
         return out + (self.shares.layer(moe_index, topk_ids, self.snap[moe_index], launch),)
 
