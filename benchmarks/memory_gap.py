@@ -62,8 +62,8 @@ def snapshot(card: CardMemory, phase: str, cuda: bool) -> dict:
         row["card_mib"] = used / MIB
         row["outside_torch_mib"] = (used - torch.cuda.memory_reserved()) / MIB
     print(f"{phase:34s} card {row['card_mib'] or 0:8.0f} MiB  reserved {row['reserved_mib']:8.0f}  allocated "
-          f"{row['allocated_mib']:8.0f}  peak {row['peak_mib']:8.0f}  outside torch {row.get('outside_torch_mib', 0):6.0f}",
-          flush=True)
+          f"{row['allocated_mib']:8.0f}  peak {row['peak_mib']:8.0f}  "
+          f"outside torch {row.get('outside_torch_mib', 0):6.0f}", flush=True)
     return row
 
 

@@ -10,9 +10,9 @@ KV head ``h // (H // Hkv)``. Block-table entries past a sequence's used blocks a
 KV head's group, keeping a running (max, sum, acc) in float32; the last split of each (sequence, KV
 head) to finish combines them (it counts the arrivals in a small buffer of zeros that it leaves zeroed
 again), so there is no second launch; ``DecodeAttentionLaunch.fold_reduce=False`` runs the combining
-as a kernel of its own instead. The grid and the partial buffers are sized from tensor shapes and the device's SM count only
-(never from ``context_lens``), and nothing is copied to the host, so the call can be captured in a
-CUDA graph; each program reads its sequence's length on the device and takes its share of that
+as a kernel of its own instead. The grid and the partial buffers are sized from tensor shapes and the
+device's SM count only (never from ``context_lens``), and nothing is copied to the host, so the call
+can be captured in a CUDA graph; each program reads its sequence's length on the device and takes its share of that
 context (:func:`split_bounds`), so a 600-token context in a 4096-token table runs as ten programs
 of one tile each rather than three of four. K and V are loaded in their storage dtype and upcast to
 float32 at once; the two small matrix products run on tensor cores as TF32, which is exact for

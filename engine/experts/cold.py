@@ -293,7 +293,8 @@ class ColdExperts:
         cost = calibrate(store_rows, self.layout, sample, tokens=(1, 2, 4, 8), threads=self.threads, repeats=3)
         bus = _bus_rate(store_rows, device)
         call = _call_cost(store_rows, self.layout, cost.seconds[0], self.threads)
-        self.rates = ColdRates(bus, cost, call, self.threads, kernel_bus_bytes_per_s=_kernel_bus_rate(store_rows, device))
+        kernels = _kernel_bus_rate(store_rows, device)
+        self.rates = ColdRates(bus, cost, call, self.threads, kernel_bus_bytes_per_s=kernels)
         self._cpu_samples = 0
         return self.rates
 

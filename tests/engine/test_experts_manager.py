@@ -697,7 +697,8 @@ def test_direct_reads_pair_bytes_and_admission_limit(stack: Stack, gather: bool)
     # slot before the layer's kernels); without the gather each pair reads it. One step admits at most
     # admit_per_step experts into free slots.
     from engine.experts.tuning import ResidencyTuning
-    prov = stack.offloaded(4, depth=1, policy="lfu", direct_reads=True, tuning=ResidencyTuning(gather_shared=gather, gather_min_uses=2))
+    prov = stack.offloaded(4, depth=1, policy="lfu", direct_reads=True,
+                           tuning=ResidencyTuning(gather_shared=gather, gather_min_uses=2))
     prov.direct.fills.admit_per_step = 1
     _Fixed(prov)([[3, 3, 5]])
     st = prov.stats()
