@@ -20,18 +20,10 @@ import time
 import torch
 
 from kernels._triton import cdiv, jit, next_pow2, tl
+from kernels.host_flag import wait_for_flag
 from kernels.publish_ids import SLOT_CPU
 
 _BLOCK_D = 1024
-
-
-@jit
-def _clock(v, GPU: tl.constexpr):
-    """Nanoseconds of the GPU's global timer (``v`` only gives the value its shape); 0 elsewhere."""
-    if GPU:
-        return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [v], dtype=tl.int64,
-                                         is_pure=False, pack=1)
-    return v.to(tl.int64) * 0
 
 
 @jit
@@ -43,22 +35,7 @@ def _join_kernel(out, ids, snap_row, flag, cpu_out, err, N, T, D, stride_o, limi
     slots = tl.load(snap_row + tl.load(ids + i, mask=i < N, other=0), mask=i < N, other=0)
     # SLOT_CPU; after one join of the step gave up, the rest pass at once (the step has failed)
     if (tl.sum((slots == -3).to(tl.int32), axis=0) > 0) & (tl.load(err, volatile=True) == 0):
-        v = tl.load(flag, volatile=True)
-        t0 = _clock(v, GPU)
-        polls = t0 * 0
-        while v == 0:
-            v = tl.load(flag, volatile=True)
-            polls += 1
-            if GPU:
-                late = _clock(v, GPU) - t0 > limit
-            else:
-                late = polls > limit
-            if late:
-                tl.store(err, 1)
-                v = v * 0 - 1
-        if GPU:  # acquire: the sum is read after the flag
-            v = tl.inline_asm_elementwise("fence.acq_rel.sys;\n mov.b32 $0, $1;", "=r,r", [v], dtype=tl.int32,
-                                          is_pure=False, pack=1)
+        v = wait_for_flag(flag, err, limit, GPU)              # acquired: the sum is read after the flag
         if v > 0:
             d = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
             ok = d < D

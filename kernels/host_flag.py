@@ -18,29 +18,45 @@ import time
 import torch
 
 from kernels._triton import jit, tl
-from kernels.cpu_share import _clock
+
+
+@jit
+def _clock(v, GPU: tl.constexpr):
+    """Nanoseconds of the GPU's global timer (``v`` only gives the value its shape); 0 elsewhere."""
+    if GPU:
+        return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [v], dtype=tl.int64,
+                                         is_pure=False, pack=1)
+    return v.to(tl.int64) * 0
+
+
+@jit
+def wait_for_flag(flag, err, limit, GPU: tl.constexpr):
+    """Poll ``flag`` (int32, mapped host memory) until it is non-zero and return it, acquired at system
+    scope on a GPU (what was written before it is seen after); past ``limit`` (nanoseconds on a GPU, polls
+    under the interpreter) set ``err`` and return -1."""
+    v = tl.load(flag, volatile=True)
+    t0 = _clock(v, GPU)
+    polls = t0 * 0
+    while v == 0:
+        v = tl.load(flag, volatile=True)
+        polls += 1
+        if GPU:
+            late = _clock(v, GPU) - t0 > limit
+        else:
+            late = polls > limit
+        if late:
+            tl.store(err, 1)
+            v = v * 0 - 1
+    if GPU:
+        v = tl.inline_asm_elementwise("fence.acq_rel.sys;\n mov.b32 $0, $1;", "=r,r", [v], dtype=tl.int32,
+                                      is_pure=False, pack=1)
+    return v
 
 
 @jit
 def _wait_kernel(flag, err, work, limit, GPU: tl.constexpr):
-    # ``limit``: nanoseconds on a GPU, polls under the interpreter
     if (tl.load(work) > 0) & (tl.load(err, volatile=True) == 0):
-        v = tl.load(flag, volatile=True)
-        t0 = _clock(v, GPU)
-        polls = t0 * 0
-        while v == 0:
-            v = tl.load(flag, volatile=True)
-            polls += 1
-            if GPU:
-                late = _clock(v, GPU) - t0 > limit
-            else:
-                late = polls > limit
-            if late:
-                tl.store(err, 1)
-                v = v * 0 - 1
-        if GPU:  # acquire: the copies the flag stands for are complete before the kernels after this one
-            v = tl.inline_asm_elementwise("fence.acq_rel.sys;\n mov.b32 $0, $1;", "=r,r", [v], dtype=tl.int32,
-                                          is_pure=False, pack=1)
+        wait_for_flag(flag, err, limit, GPU)
 
 
 @jit
