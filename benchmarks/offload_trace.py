@@ -23,12 +23,11 @@ import time
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import interval_union, write_result  # noqa: E402
-from benchmarks.synthetic_moe import kit_model, strata_engine, sync  # noqa: E402
+from benchmarks.synthetic_moe import kit_model, profiled_steps, strata_engine, sync  # noqa: E402
 from engine.sampling import SamplingParams  # noqa: E402
 
 SYNCS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize")
@@ -73,14 +72,7 @@ def trace_cell(engine, vocab: int, steps: int, device: str, keep: Path | None, l
         engine.step()
     sync(device)
     wall = (time.perf_counter() - t0) * 1e3 / 32
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            engine.step()
-        sync(device)
-        wall_prof = (time.perf_counter() - t0) * 1e3 / steps
-    while engine.has_unfinished():
-        engine.step()
+    prof, wall_prof = profiled_steps(engine, steps, device)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(path))

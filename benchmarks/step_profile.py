@@ -19,12 +19,11 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import interval_union, write_result  # noqa: E402
-from benchmarks.synthetic_moe import kit_model, strata_engine, sync  # noqa: E402
+from benchmarks.synthetic_moe import kit_model, profiled_steps, strata_engine, sync  # noqa: E402
 from engine.sampling import SamplingParams  # noqa: E402
 
 
@@ -51,14 +50,7 @@ def profile_engine(engine, vocab: int, prompt: int, timed: int, profiled: int, d
         engine.step()
         sync(device)
         ms.append((time.perf_counter() - t0) * 1e3)
-    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
-        t0 = time.perf_counter()
-        for _ in range(profiled):
-            engine.step()
-        sync(device)
-        wall_prof = (time.perf_counter() - t0) * 1e3 / profiled
-    while engine.has_unfinished():
-        engine.step()
+    prof, wall_prof = profiled_steps(engine, profiled, device)
     spans = _kernels(prof)
     total: dict[str, float] = defaultdict(float)
     calls: dict[str, int] = defaultdict(int)

@@ -73,6 +73,23 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def profiled_steps(engine, steps: int, device: str):
+    """``steps`` engine steps under torch.profiler (CPU and CUDA activity), then the rest of the engine's
+    work run out: (the profile, wall milliseconds per profiled step)."""
+    import time
+
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        sync(device)
+        wall = (time.perf_counter() - t0) * 1e3 / steps
+    while engine.has_unfinished():
+        engine.step()
+    return prof, wall
+
+
 def build_hf(shape: dict, dtype: torch.dtype, std: float, device: str = "cuda"):
     from transformers import AutoModelForCausalLM, Qwen3MoeConfig
     cfg = Qwen3MoeConfig(**shape)
