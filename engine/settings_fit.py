@@ -83,7 +83,7 @@ def fit_to_pool(config: EngineConfig, spec: ModelSpec, resident: bool) -> Fitted
     notes: tuple[str, ...] = ()
     defaults = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
     asked = config                       # what the caller set, before any clamping
-    if depth_note(config.prefetch_depth, spec) is not None:
+    if config.prefetch_depth > max_prefetch_depth(spec):
         config = config.replace(prefetch_depth=max_prefetch_depth(spec))
         note = asked_depth_note(asked, spec)
         notes = (note,) if note else ()
