@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels._triton import cdiv, gdc_launch_dependents, gdc_wait, jit, next_pow2, pdl_launch, pdl_supported, tl
+from kernels.arrivals import arrival_counts
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 QUANT_DTYPES = (torch.int8, torch.float8_e4m3fn)     # quantised caches, with a float32 scale per token and KV head
@@ -416,7 +417,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     m, l, acc = _partials(out, splits)
     block_d, quant, g = max(16, next_pow2(hd)), k_scale is not None, h // k_cache.shape[1]
     fold = splits > 1 and launch.fold_reduce and FOLD_REDUCE
-    count = arrival_counts(q.device, b * k_cache.shape[1]) if fold else context_lens
+    count = arrival_counts(q.device, b * k_cache.shape[1], "paged_attention") if fold else context_lens
     pdl = pdl_supported(q.device)       # each launch overlaps the end of the kernel before it (Hopper+)
     _paged_decode_split_kernel[(b, k_cache.shape[1], splits)](
         q, k_cache, v_cache, k_scale if quant else q, v_scale if quant else q, block_tables, context_lens,
@@ -451,20 +452,6 @@ def split_plan(batch: int, kv_heads: int, max_blocks: int, block_size: int, wind
         return max(1, min(launch.num_splits, tokens)), 1
     wanted = cdiv(launch.waves * _sm_count(device), batch * kv_heads)
     return max(1, min(wanted, cdiv(tokens, max(launch.min_split_tokens, launch.block_n)))), launch.min_split_tokens
-
-
-_COUNTS: dict[torch.device, list[torch.Tensor]] = {}
-
-
-def arrival_counts(device: torch.device, n: int) -> torch.Tensor:
-    """``[>= n] int32`` zeros on ``device`` that the split kernel's programs count their arrivals in (the
-    last of a group zeroes its count again), shared by the calls on the device, which run one after
-    another on its compute stream. A larger buffer replaces a smaller one, which stays alive: a CUDA
-    graph may have recorded it."""
-    held = _COUNTS.setdefault(device, [])
-    if not held or held[-1].numel() < n:
-        held.append(torch.zeros(max(n, 4096), dtype=torch.int32, device=device))
-    return held[-1]
 
 
 def _partials(out: torch.Tensor, splits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

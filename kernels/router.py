@@ -51,21 +51,19 @@ def _keep_best_groups(sel, cols, group_size, GROUPS: tl.constexpr, KEEP: tl.cons
 
 
 @jit
-def _route_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, counts_ptr, T, E, stride_t, scale, group_size,
-                  TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
-                  BLOCK_E: tl.constexpr, SIGMOID: tl.constexpr, RENORM: tl.constexpr,
-                  COUNT: tl.constexpr, BIAS: tl.constexpr, GROUPS: tl.constexpr, KEEP_GROUPS: tl.constexpr,
-                  BLOCK_G: tl.constexpr, acts_ptr, hits_ptr, TALLY: tl.constexpr = False,
-                  PDL: tl.constexpr = False):
-    if PDL:  # launched while the router GEMM runs: wait for its logits. No early trigger: the MoE's up
-        gdc_wait()  # kernel reads the ids before its own wait, to preload the chosen experts' weights
-    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)          # [BT]
+def _route_block(logits_ptr, bias_ptr, w_ptr, ids_ptr, counts_ptr, acts_ptr, hits_ptr, rows, T, E, stride_t, scale,
+                 group_size, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
+                 BLOCK_E: tl.constexpr, SIGMOID: tl.constexpr, RENORM: tl.constexpr, COUNT: tl.constexpr,
+                 BIAS: tl.constexpr, GROUPS: tl.constexpr, KEEP_GROUPS: tl.constexpr, BLOCK_G: tl.constexpr,
+                 TALLY: tl.constexpr):
+    """Routes the tokens ``rows [BT]`` from their logits (read past L1: the program may be the last of
+    several that wrote them) and writes their weights and ids; see :func:`route_ref`."""
     cols = tl.arange(0, BLOCK_E)                                        # [BE]
     kcols = tl.arange(0, BLOCK_K)                                       # [BK]
     row_ok = rows < T
     mask = row_ok[:, None] & (cols[None, :] < E)
     x = tl.load(logits_ptr + rows[:, None] * stride_t + cols[None, :], mask=mask,
-                other=-float("inf")).to(tl.float32)                    # [BT, BE]
+                other=-float("inf"), cache_modifier=".cg").to(tl.float32)   # [BT, BE]
     if SIGMOID:
         s = 1.0 / (1.0 + tl.exp(-x))
     else:
@@ -108,6 +106,63 @@ def _route_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, counts_ptr, T, E, stride
         acts = tl.load(acts_ptr + cols, mask=ok, other=0)
         tl.store(acts_ptr + cols, acts + used.to(tl.int64), mask=ok)
         tl.store(hits_ptr, tl.load(hits_ptr) + tl.sum((used > 0).to(tl.int64), axis=0))
+
+
+@jit
+def _route_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, counts_ptr, T, E, stride_t, scale, group_size,
+                  TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
+                  BLOCK_E: tl.constexpr, SIGMOID: tl.constexpr, RENORM: tl.constexpr,
+                  COUNT: tl.constexpr, BIAS: tl.constexpr, GROUPS: tl.constexpr, KEEP_GROUPS: tl.constexpr,
+                  BLOCK_G: tl.constexpr, acts_ptr, hits_ptr, TALLY: tl.constexpr = False,
+                  PDL: tl.constexpr = False):
+    if PDL:  # launched while the router GEMM runs: wait for its logits. No early trigger: the MoE's up
+        gdc_wait()  # kernel reads the ids before its own wait, to preload the chosen experts' weights
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)          # [BT]
+    _route_block(logits_ptr, bias_ptr, w_ptr, ids_ptr, counts_ptr, acts_ptr, hits_ptr, rows, T, E, stride_t, scale,
+                 group_size, TOP_K, BLOCK_K, BLOCK_T, BLOCK_E, SIGMOID, RENORM, COUNT, BIAS, GROUPS, KEEP_GROUPS,
+                 BLOCK_G, TALLY)
+
+
+@jit
+def _router_gemv_kernel(x_ptr, r_ptr, rbias_ptr, logits_ptr, count_ptr, bias_ptr, w_ptr, ids_ptr, acts_ptr,
+                        hits_ptr, T, E, D, stride_xt, stride_re, scale, group_size, TOP_K: tl.constexpr,
+                        BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
+                        BLOCK_EP: tl.constexpr, BLOCK_D: tl.constexpr, SIGMOID: tl.constexpr,
+                        RENORM: tl.constexpr, BIAS: tl.constexpr, RBIAS: tl.constexpr, GROUPS: tl.constexpr,
+                        KEEP_GROUPS: tl.constexpr, BLOCK_G: tl.constexpr, TALLY: tl.constexpr,
+                        F32: tl.constexpr, ROUND: tl.constexpr, PDL: tl.constexpr = False):
+    """The router's GEMV and the routing in one launch: each program makes the logits of ``BLOCK_EP``
+    experts for every token; the last to finish routes the tokens."""
+    if PDL:  # no early trigger: the MoE's up kernel reads the ids before its own wait
+        gdc_wait()
+    e = tl.program_id(0) * BLOCK_EP + tl.arange(0, BLOCK_EP)           # [BEP]
+    rows = tl.arange(0, BLOCK_T)                                        # [BT]
+    d = tl.arange(0, BLOCK_D)                                           # [BD]
+    acc = tl.zeros([BLOCK_T, BLOCK_EP], dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        d_ok = d0 + d < D
+        xd = tl.load(x_ptr + rows[:, None] * stride_xt + d0 + d[None, :], mask=(rows < T)[:, None] & d_ok[None, :],
+                     other=0.0)                                         # [BT, BD]
+        rd = tl.load(r_ptr + e[:, None] * stride_re + d0 + d[None, :], mask=(e < E)[:, None] & d_ok[None, :],
+                     other=0.0)                                         # [BEP, BD]
+        if F32:  # a float32 router (or the interpreter): IEEE products
+            acc += tl.dot(xd.to(tl.float32), tl.trans(rd.to(tl.float32)), input_precision="ieee")
+        else:
+            acc += tl.dot(xd, tl.trans(rd.to(xd.dtype)))
+    if ROUND:  # the logits in the activations' dtype, as the unfused GEMM leaves them
+        acc = acc.to(x_ptr.dtype.element_ty).to(tl.float32)
+    if RBIAS:
+        acc += tl.load(rbias_ptr + e, mask=e < E, other=0.0).to(tl.float32)[None, :]
+        if ROUND:
+            acc = acc.to(x_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(logits_ptr + rows[:, None] * E + e[None, :], acc, mask=(rows < T)[:, None] & (e < E)[None, :])
+    tl.debug_barrier()                                                  # every thread's logits stored
+    arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel")               # releases them, acquires the others'
+    if arrived == tl.num_programs(0) - 1:
+        tl.atomic_xchg(count_ptr, 0)                                    # zero again for the next call
+        _route_block(logits_ptr, bias_ptr, w_ptr, ids_ptr, ids_ptr, acts_ptr, hits_ptr, rows, T, E, E, scale,
+                     group_size, TOP_K, BLOCK_K, BLOCK_T, BLOCK_E, SIGMOID, RENORM, False, BIAS, GROUPS,
+                     KEEP_GROUPS, BLOCK_G, TALLY)
 
 
 @jit
@@ -252,4 +307,58 @@ def route(logits: torch.Tensor, top_k: int, scoring: str = "softmax", renormaliz
         acts_ptr=acts, hits_ptr=hits, TALLY=folded, PDL=pdl, **pdl_launch(pdl))
     if tally_into is not None and not folded:
         tally(ids, *tally_into)
+    return w, ids
+
+
+GEMV_MAX_TOKENS = 16           # steps the fused router takes: one program block of tokens
+GEMV_MAX_EXPERTS = 256         # ... and its routing's [tokens, experts] tile
+
+
+def route_gemv_fits(x: torch.Tensor, router: torch.Tensor) -> bool:
+    """Whether :func:`route_gemv` takes this call: a decode step's few tokens, a router of up to
+    ``GEMV_MAX_EXPERTS`` experts in ``x``'s dtype or float32, contiguous rows."""
+    return (x.dim() == 2 and router.dim() == 2 and 0 < x.shape[0] <= GEMV_MAX_TOKENS
+            and router.shape[0] <= GEMV_MAX_EXPERTS and x.shape[1] == router.shape[1]
+            and router.dtype in (x.dtype, torch.float32) and x.stride(1) == 1 and router.stride(1) == 1
+            and x.device == router.device)
+
+
+def route_gemv(x: torch.Tensor, router: torch.Tensor, top_k: int, scoring: str = "softmax",
+               renormalize: bool = False, router_bias: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+               scale: float = 1.0, groups: int = 1, keep_groups: int = 1,
+               tally_into: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The router's logits of ``x [T, D]`` (``router [E, D]``, plus ``router_bias [E]``) and :func:`route`
+    of them in one launch: programs of 16 experts each make their logits, and the last to finish routes
+    the tokens. The logits are those of engine/models/moe_transformer.router_logits: in float32 for a
+    float32 router, else rounded to ``x``'s dtype (the bias added in it), as the separate GEMM leaves them.
+    Takes what :func:`route_gemv_fits` says; graph-capturable."""
+    if not route_gemv_fits(x, router):
+        raise ValueError(f"route_gemv takes up to {GEMV_MAX_TOKENS} tokens and {GEMV_MAX_EXPERTS} experts with a "
+                         f"router in x's dtype or float32; got x {x.dtype} {tuple(x.shape)}, router {router.dtype} "
+                         f"{tuple(router.shape)}")
+    from kernels.arrivals import arrival_counts
+    t, d = x.shape
+    e = router.shape[0]
+    logits = torch.empty(t, e, dtype=torch.float32, device=x.device)
+    _check(logits, top_k, scoring, None, bias, groups, keep_groups)
+    if router_bias is not None and (router_bias.shape != (e,) or router_bias.device != x.device):
+        raise ValueError(f"router_bias must be [{e}] on {x.device}, got {tuple(router_bias.shape)} on "
+                         f"{router_bias.device}")
+    if tally_into is not None:
+        _check_tally(logits.new_empty(0, dtype=torch.int32), *tally_into)
+    w = torch.empty(t, top_k, dtype=torch.float32, device=x.device)
+    ids = torch.empty(t, top_k, dtype=torch.int32, device=x.device)
+    acts, hits = tally_into if tally_into is not None else (ids, ids)
+    f32 = router.dtype == torch.float32 or x.dtype == torch.float32 or x.device.type != "cuda"
+    per = 16
+    pdl = pdl_supported(x.device)
+    _router_gemv_kernel[(cdiv(e, per),)](
+        x, router, router_bias if router_bias is not None else router, logits,
+        arrival_counts(x.device, 1, "router"), bias if bias is not None else logits, w, ids, acts, hits, t, e, d,
+        x.stride(0), router.stride(0), float(scale), e // groups, TOP_K=top_k, BLOCK_K=next_pow2(top_k),
+        BLOCK_T=GEMV_MAX_TOKENS, BLOCK_E=next_pow2(e), BLOCK_EP=per, BLOCK_D=min(256, max(16, next_pow2(d))),
+        SIGMOID=scoring == "sigmoid", RENORM=renormalize, BIAS=bias is not None, RBIAS=router_bias is not None,
+        GROUPS=groups, KEEP_GROUPS=keep_groups, BLOCK_G=next_pow2(groups), TALLY=tally_into is not None, F32=f32,
+        ROUND=router.dtype != torch.float32 and x.dtype != torch.float32, PDL=pdl, num_warps=4,
+        **pdl_launch(pdl))
     return w, ids

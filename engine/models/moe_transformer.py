@@ -30,6 +30,7 @@ from kernels.host_rows import gather_rows
 from kernels.paged_attention import attend_context_ref, context_rows, window_valid
 from kernels.qlinear import linear
 from kernels.router import route as route_kernel
+from kernels.router import route_gemv, route_gemv_fits
 from kernels.router import route_ref as route_scored
 
 # (moe_index, topk_ids, prediction) -> (slot_of_expert, views) or (slot_of_expert, views, host experts)
@@ -317,7 +318,13 @@ class MoETransformer:
             out = self.expert_parallel.moe(self, m, x, residual, pred)
             return out if m.shared is None else out + self._shared(m, x)
         tally_into = self.experts.route_tally(m.moe_index) if self.fused else None   # a full pool's counts
-        w, ids = self.route(router_logits(x, m), m.score_bias, tally_into)   # [T, k] f32, [T, k]
+        if self.fused and route_gemv_fits(x, m.router):      # a decode step: the router GEMV and routing in one
+            s = self.spec
+            w, ids = route_gemv(x, m.router, s.top_k, s.family.router_scoring, s.renormalize,
+                                router_bias=m.router_bias, bias=m.score_bias, scale=s.routed_scale,
+                                groups=s.route_groups, keep_groups=s.route_keep_groups, tally_into=tally_into)
+        else:
+            w, ids = self.route(router_logits(x, m), m.score_bias, tally_into)   # [T, k] f32, [T, k]
         # rest: where slot -1 experts are read (direct reads), the host CPU's share (cold experts), and
         # the passes of a layer whose missing experts outnumber its slots (engine/experts/copy_path.py)
         slot_of_expert, views, *rest = acquire(m.moe_index, ids, pred)

@@ -198,6 +198,38 @@ def test_a_full_pools_counts_come_from_the_router_kernel(model, graphs) -> None:
     assert st.misses == 0 and spec.num_moe_layers * GREEDY.max_tokens <= st.hits <= calls
 
 
+@pytest.mark.parametrize("tokens", [1, 8, 16])
+@pytest.mark.parametrize("router_dtype", [torch.bfloat16, torch.float32])
+def test_the_fused_router_gemv_routes_a_real_shape_as_the_gemm_and_router_kernel_do(tokens, router_dtype) -> None:
+    # Qwen3-30B-A3B's router (128 experts over 2048) on bf16 activations: route_gemv's ids equal the
+    # separate GEMM's then route's (logits rounded to bf16 alike), in eager launches and in a replayed
+    # CUDA graph; its arrival count is zero after each.
+    from engine.models.moe_transformer import router_logits
+    from engine.models.weights import MoEWeights
+    from kernels.arrivals import arrival_counts
+    from kernels.router import route, route_gemv
+    g = torch.Generator(device="cuda").manual_seed(tokens)
+    x = torch.randn(tokens, 2048, device="cuda", generator=g).bfloat16()
+    router = (torch.randn(128, 2048, device="cuda", generator=g) / 45).to(router_dtype)
+    m = MoEWeights(moe_index=0, router=router)
+    w_ref, ids_ref = route(router_logits(x, m), 8, "softmax", True)
+    w, ids = route_gemv(x, router, 8, "softmax", True)
+    assert torch.equal(ids, ids_ref) and torch.allclose(w, w_ref, atol=1e-3)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        route_gemv(x, router, 8, "softmax", True)
+    torch.cuda.current_stream().wait_stream(stream)
+    with torch.cuda.graph(graph):
+        w_g, ids_g = route_gemv(x, router, 8, "softmax", True)
+    x.copy_(torch.randn(tokens, 2048, device="cuda", generator=g).bfloat16())
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(ids_g, route(router_logits(x, m), 8, "softmax", True)[1])
+    assert not arrival_counts(x.device, 1, "router").any()
+
+
 def test_single_sequence_and_live_resize(model) -> None:
     # One prompt at a time (bucket 1, no padding), then resizes between steps: the recordings made
     # against the old pool must be dropped and re-made.

@@ -135,13 +135,13 @@ def test_the_last_split_to_arrive_combines_them_as_the_reduce_kernel_does(window
     # Folded (the default): each (sequence, KV head)'s last split combines the splits the sequence
     # used; its arrival counts are zero again after every call. Sequences of 2, 19 and 61 tokens use
     # 1, 2 and 4 of the 4 splits (with a window of 20, at most 2); sinks and GQA ride along.
-    from kernels.paged_attention import arrival_counts
+    from kernels.arrivals import arrival_counts
     case = make_case([2, 19, 61], heads=8, kv_heads=2, block_size=4)
     kw = dict(sinks=make_sinks(8), window=window)
     folded = check(case, DecodeAttentionLaunch(block_n=16, num_splits=4), **kw)
     apart = check(case, DecodeAttentionLaunch(block_n=16, num_splits=4, fold_reduce=False), **kw)
     torch.testing.assert_close(folded, apart, **TOLERANCES[torch.float32])
-    counts = arrival_counts(case[0].device, 6)
+    counts = arrival_counts(case[0].device, 6, "paged_attention")
     assert counts.numel() >= 6 and not counts.any()
     check(case, DecodeAttentionLaunch(block_n=16, num_splits=4), **kw)      # the counts were left at zero
 

@@ -173,3 +173,48 @@ def test_tally_rejects_bad_arguments():
         tally(torch.zeros(2, 2, dtype=torch.int32), torch.zeros(4, dtype=torch.int32), torch.zeros(1, dtype=torch.int64))
     with pytest.raises(ValueError, match="hits"):
         tally_ref(torch.zeros(2, 2, dtype=torch.int32), torch.zeros(4, dtype=torch.int64), torch.zeros(2, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("tokens, experts, top_k", [(1, 12, 3), (5, 128, 8), (16, 40, 4)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_the_fused_router_gemv_routes_as_the_gemm_and_the_router_do(tokens, experts, top_k, dtype):
+    # route_gemv: programs of 16 experts make the logits, the last to finish routes; the same ids and
+    # weights as the separate GEMM (logits in x's dtype, the router bias added in it) and route, the
+    # tally counted as tally() does, and its arrival count left at zero.
+    from kernels.arrivals import arrival_counts
+    from kernels.router import route_gemv
+    g = torch.Generator().manual_seed(tokens * 100 + experts)
+    x = torch.randn(tokens, 96, generator=g).to(dtype)
+    router = (torch.randn(experts, 96, generator=g) / 4).to(dtype)
+    rbias = torch.randn(experts, generator=g).to(dtype)
+    logits = x @ router.t() + rbias                                       # what the unfused path routes
+    acts, hits = torch.zeros(experts, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
+    w, ids = route_gemv(x, router, top_k, "softmax", True, router_bias=rbias, tally_into=(acts, hits))
+    w_ref, ids_ref = route_ref(logits.float(), top_k, "softmax", True)
+    assert torch.equal(ids, ids_ref) and torch.allclose(w, w_ref, atol=1e-5)
+    assert torch.equal(acts, torch.bincount(ids.flatten().long(), minlength=experts))
+    assert hits.item() == len(set(ids.flatten().tolist()))
+    assert not arrival_counts(x.device, 1, "router").any()
+
+
+def test_the_fused_router_gemv_scores_a_float32_router_with_groups_and_a_choice_bias():
+    # GLM/DeepSeek-V3 style: a float32 router over bf16-free float32 activations, sigmoid scores, a
+    # choice bias, the best 2 of 4 groups, the weights scaled.
+    from kernels.router import route_gemv
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(3, 64, generator=g)
+    router = torch.randn(32, 64, generator=g) / 8
+    bias = torch.randn(32, generator=g)
+    kw = dict(bias=bias, scale=2.5, groups=4, keep_groups=2)
+    w, ids = route_gemv(x, router, 4, "sigmoid", True, **kw)
+    w_ref, ids_ref = route_ref(x @ router.t(), 4, "sigmoid", True, **kw)
+    assert torch.equal(ids, ids_ref) and torch.allclose(w, w_ref, atol=1e-5)
+
+
+def test_the_fused_router_gemv_takes_decode_steps_only():
+    from kernels.router import route_gemv, route_gemv_fits
+    x, router = torch.randn(17, 32), torch.randn(8, 32)
+    assert not route_gemv_fits(x, router) and route_gemv_fits(x[:16], router)
+    assert not route_gemv_fits(x[:4].half(), router.double())
+    with pytest.raises(ValueError, match="up to 16 tokens"):
+        route_gemv(x, router, 2)
