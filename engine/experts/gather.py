@@ -67,6 +67,11 @@ class GatherSlots:
         self.by_copy_engine = how == "copy_engine"
         if self.by_copy_engine and self.r.device.type == "cuda" and self._stream is None:
             self._stream = torch.cuda.Stream(self.r.device)     # behind no prefetch copy
+            # load the flag kernel now: loading it while a recorded wait spins could stall on the context
+            warm = torch.zeros(1, dtype=torch.int32, pin_memory=True)
+            with torch.cuda.stream(self._stream):
+                set_flag(warm, self.r.device)
+            self._stream.synchronize()
 
     def on(self, tokens: int) -> bool:
         """Whether a direct-read step of ``tokens`` tokens gathers missing experts (those at least
@@ -109,16 +114,24 @@ class GatherSlots:
         run(self.work, r.store.rows, r.pool.buffer)
 
     def begin_replay(self) -> None:
-        """Before a replay: every layer's flag cleared; raises if a wait of the last replay gave up."""
-        if not self.by_copy_engine:
-            return
+        """Before a replay: every layer's flag cleared, once the flag writes the last replay queued are
+        done (a late one must not release this replay's wait); raises if a wait of the last replay gave up."""
+        self._settle()
+        self.flags.numpy()[:] = 0       # also under "kernel": a recording made under copy_engine then waits
+        self.check()
+
+    def check(self) -> None:
+        """Raise if a wait for the host's copies gave up (the step's output is not valid)."""
         err = self.err.numpy()
-        self.flags.numpy()[:] = 0
         if err[0]:
             err[0] = 0
             raise RuntimeError(f"a MoE layer's expert copies did not arrive within {FLAG_LIMIT_S:.0f} s, so this "
                                "decode step's output is not valid; if the machine is overloaded, use the gather's "
                                "copy kernel (gather_copies=kernel)")
+
+    def _settle(self) -> None:
+        if self._stream is not None:
+            self._stream.synchronize()   # normally idle already: its last flag released the last layer
 
     def queue_copies(self, moe_index: int, gathered: dict[int, int]) -> None:
         """Host side of :meth:`copy` with ``by_copy_engine``: layer ``moe_index``'s gathered experts
@@ -137,9 +150,10 @@ class GatherSlots:
             set_flag(flag, r.device)
 
     def release_waits(self) -> None:
-        """The host cannot follow the replay: every wait passes (the step fails already)."""
-        if self.by_copy_engine:
-            self.flags.numpy()[:] = 1
+        """The host cannot follow the replay: every wait passes (the step fails already), after the
+        copies and flag writes it queued are done."""
+        self._settle()
+        self.flags.numpy()[:] = 1
 
     # ---- the host's side -------------------------------------------------------------------------
     def gathered(self, ids: list[int], seen: list[int], fills: list[int]) -> dict[int, int]:

@@ -221,6 +221,7 @@ class ExpertManager:
         ``recorded`` tokens) in ``seconds``, for ``auto``."""
         if self.direct.shares is not None:
             self.direct.shares.check()        # a join that gave up: this step's output is not valid
+        self.direct.gather.check()            # ... or a wait for the host's copies
         if self.r.store is not None and not self.r.pool.full:
             shared = self.graph_cpu_share(tokens if recorded is None else recorded)
             if not eager and self.direct.shares is not None and shared:
@@ -466,7 +467,7 @@ class ExpertManager:
         from engine.experts.tuning import GATHER_COPIES
         if how not in GATHER_COPIES:
             raise ReconfigureError(f"gather_copies={how!r}: choose {' or '.join(GATHER_COPIES)}")
-        self.direct.gather.set_copies(how)
+        self.direct.gather.set_copies(how)   # a recording made before waits until its limit, then says so
 
     def set_gather(self, on: bool, min_uses: int | None = None) -> bool:
         """Gather the shared missing experts of direct-read steps (``on``), or read each once per token

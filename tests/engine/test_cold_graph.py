@@ -452,10 +452,11 @@ def test_replayed_steps_whose_gathered_experts_the_host_copies_equal_the_residen
     prov.close()
 
 
-def test_a_wait_for_the_hosts_copies_that_gives_up_fails_the_next_step_and_abort_lets_waits_pass(
+def test_a_wait_for_the_hosts_copies_that_gives_up_fails_its_step_and_abort_lets_waits_pass(
         stack: Stack, monkeypatch) -> None:
-    # A host that never queues a layer's copies: the wait gives up (err), the next replay refuses to
-    # start with a one-line reason naming the fix; abort_replay lets every wait of a step pass.
+    # A host that never queues a layer's copies: the wait gives up (err) and the step's end reports it
+    # with a one-line reason naming the fix (a next replay would refuse to start too); abort_replay
+    # lets every wait of a step pass.
     from engine.experts import gather as gather_module
     from engine.experts.tuning import ResidencyTuning
     prov = stack.offloaded(0, depth=1, direct_reads=True, cold_experts="bus",
@@ -466,6 +467,10 @@ def test_a_wait_for_the_hosts_copies_that_gives_up_fails_the_next_step_and_abort
     gather.copy(0)                                   # nobody sets layer 0's flag
     assert int(gather.err) == 1
     with pytest.raises(RuntimeError, match="gather_copies=kernel"):
+        prov.observe_step(1, False, 0.01)
+    assert int(gather.err) == 0
+    gather.copy(0)
+    with pytest.raises(RuntimeError, match="did not arrive"):
         gather.begin_replay()
     assert int(gather.err) == 0 and gather.flags.tolist() == [0] * L
     gather.release_waits()
