@@ -97,7 +97,7 @@ case ${1:-} in
     timeout 90 python3 benchmarks/memory_gap.py --hf "$TRAINED" --format int4 --pool 0% --out "$OUT/memory_gap.json" \
       2>&1 | grep -v -e Warn -e "^ *$" | tail -n 22
     timeout 60 python3 benchmarks/kernels/bench_host_copy.py --out "$OUT/host_copy.json" 2>&1 | tail -n 12
-    timeout "$(( $(left) - 5 ))" python3 benchmarks/cold_experts.py --formats int4 --pools 0 --depths 0,2 \
+    timeout "$(( $(left) - 5 ))" python3 benchmarks/cold_experts.py --formats int4 --pools 0 --depths 0 \
       --batches 1,8 --modes bus,auto --copies kernel,copy_engine --tokens 48 --out "$OUT/cold_auto.json" 2>&1 \
       | grep -v "^ ";;
   kit)
