@@ -259,8 +259,9 @@ class DirectPath:
         r.counters.sync_ms += (time.perf_counter() - t0) * 1e3
         ids, seen = data[:rows * k].tolist(), data[n:n + rows * k].tolist()
         fills = data[2 * n:2 * n + rows * k].tolist()
-        gathered = self.gather.gathered(ids, seen, fills) if self.gather.on(t) else {}
-        if self.gather.by_copy_engine and self.gather.on(t):   # first: the layer's kernels wait for them
+        gathers = self.gather.on(t)
+        gathered = self.gather.gathered(ids, seen, fills) if gathers else {}
+        if gathers and self.gather.by_copy_engine:          # first: the layer's kernels wait for them
             self.gather.queue_copies(c.moe_index, gathered)
         read = None
         if self.shares is not None and SLOT_CPU in seen:      # the host CPU's experts, then the books

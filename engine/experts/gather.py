@@ -79,7 +79,8 @@ class GatherSlots:
         return self.enabled and tokens >= self.min_uses
 
     def begin(self, step: StepBooks, tokens: int, k: int) -> None:
-        """Lease ``step``'s gather slots (at most one per two of its ``tokens * k`` pairs) and upload them."""
+        """Lease ``step``'s gather slots (at most one per ``min_uses`` of its ``tokens * k`` pairs, and no more
+        than the free staging) and upload them."""
         books = self.r.books
         want = min(tokens * k // self.min_uses, self.r.num_experts, len(books.staging_free)) if self.on(tokens) else 0
         step.gather_slots = [books.take_staging(-1) for _ in range(want)]
