@@ -39,7 +39,7 @@ class DeviceTally:
     def add(self, layer: int, topk_ids: torch.Tensor) -> None:
         """Count one layer call (``topk_ids [T, k]`` on the device), asynchronously: one launch on
         a GPU, where a decode step of a full pool runs it in every MoE layer."""
-        self._tally(topk_ids, self.acts[layer], self.hits[layer:layer + 1])
+        self._tally(topk_ids, *self.target(layer))
 
     def read(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Latest completed ``(acts [L, E], hits [L])`` on the host; never waits for the device."""
