@@ -109,6 +109,7 @@ class DecodeGraphs:
         if self.window_tables is not None:
             self.window_tables.fill_(window_scratch)
         self.pad = torch.zeros(n, dtype=torch.bool, device=dev)          # rows past the real batch
+        self._warm_pad = torch.ones(n, dtype=torch.bool, device=dev)     # a warm-up's: no row is real
         pin = dev.type == "cuda"
         self._h64 = torch.zeros(2 + groups, n, dtype=torch.int64, pin_memory=pin)
         self._h32 = torch.full((n * (groups * max_blocks + 1),), scratch_block, dtype=torch.int32, pin_memory=pin)
@@ -131,12 +132,15 @@ class DecodeGraphs:
     def bucket(self, b: int) -> int | None:
         return next((x for x in self.buckets if x >= b), None)
 
-    def _batch(self, b: int) -> ForwardBatch:
+    def _batch(self, b: int, warm_up: bool = False) -> ForwardBatch:
+        """The recorded inputs of bucket ``b`` as a batch; its padding rows (every row in a ``warm_up``,
+        which is no step of anyone's) are left out of the experts' counts."""
         window = None if self.window_scratch is None else \
             ForwardBatch(self.ids[:b], self.positions[:b], self.window_slots[:b], [], None,
                          DecodeMeta(self.window_tables[:b], self.lens[:b]))
+        pad = (self._warm_pad if warm_up else self.pad)[:b]
         return ForwardBatch(self.ids[:b], self.positions[:b], self.slots[:b], [], None,
-                            DecodeMeta(self.tables[:b], self.lens[:b]), window=window)
+                            DecodeMeta(self.tables[:b], self.lens[:b], pad=pad), window=window)
 
     def _capture(self, b: int) -> None:
         dev = self.model.device
@@ -149,7 +153,7 @@ class DecodeGraphs:
         with hooks.recording() if hooks is not None else contextlib.nullcontext():
             with torch.cuda.stream(side):
                 for _ in range(2):
-                    self.model.forward(self._batch(b), self.cache)
+                    self.model.forward(self._batch(b, warm_up=True), self.cache)
         torch.cuda.current_stream(dev).wait_stream(side)
         torch.cuda.synchronize(dev)
         # No garbage collection while recording: collecting an unreachable CUDA graph (an engine

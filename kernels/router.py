@@ -51,13 +51,14 @@ def _keep_best_groups(sel, cols, group_size, GROUPS: tl.constexpr, KEEP: tl.cons
 
 
 @jit
-def _route_block(logits_ptr, bias_ptr, w_ptr, ids_ptr, counts_ptr, acts_ptr, hits_ptr, rows, T, E, stride_t, scale,
-                 group_size, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
+def _route_block(logits_ptr, bias_ptr, w_ptr, ids_ptr, counts_ptr, acts_ptr, hits_ptr, pad_ptr, rows, T, E, stride_t,
+                 scale, group_size, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
                  BLOCK_E: tl.constexpr, SIGMOID: tl.constexpr, RENORM: tl.constexpr, COUNT: tl.constexpr,
                  BIAS: tl.constexpr, GROUPS: tl.constexpr, KEEP_GROUPS: tl.constexpr, BLOCK_G: tl.constexpr,
-                 TALLY: tl.constexpr):
+                 TALLY: tl.constexpr, PAD: tl.constexpr):
     """Routes the tokens ``rows [BT]`` from their logits (read past L1: the program may be the last of
-    several that wrote them) and writes their weights and ids; see :func:`route_ref`."""
+    several that wrote them) and writes their weights and ids; see :func:`route_ref`. ``PAD``: the
+    tally leaves out the rows whose ``pad`` is set."""
     cols = tl.arange(0, BLOCK_E)                                        # [BE]
     kcols = tl.arange(0, BLOCK_K)                                       # [BK]
     row_ok = rows < T
@@ -81,6 +82,9 @@ def _route_block(logits_ptr, bias_ptr, w_ptr, ids_ptr, counts_ptr, acts_ptr, hit
     w = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
     ids = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.int32)
     used = tl.zeros([BLOCK_E], dtype=tl.int32)                          # TALLY: the tokens choosing each expert
+    counted = row_ok
+    if PAD:
+        counted = counted & (tl.load(pad_ptr + rows, mask=row_ok, other=1) == 0)
     for j in tl.static_range(TOP_K):
         best = tl.max(sel, axis=1)                                      # [BT]
         idx = tl.min(tl.where(sel == best[:, None], cols[None, :], BLOCK_E), axis=1)  # lowest id wins
@@ -90,7 +94,7 @@ def _route_block(logits_ptr, bias_ptr, w_ptr, ids_ptr, counts_ptr, acts_ptr, hit
         ids = tl.where(kcols[None, :] == j, idx[:, None], ids)
         sel = tl.where(chosen, -float("inf"), sel)
         if TALLY:
-            used += tl.sum((chosen & row_ok[:, None]).to(tl.int32), axis=0)
+            used += tl.sum((chosen & counted[:, None]).to(tl.int32), axis=0)
     if RENORM:
         total = tl.sum(w, axis=1)                                       # [BT]
         w = w / tl.where(row_ok, total, 1.0)[:, None]
@@ -113,23 +117,23 @@ def _route_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, counts_ptr, T, E, stride
                   TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
                   BLOCK_E: tl.constexpr, SIGMOID: tl.constexpr, RENORM: tl.constexpr,
                   COUNT: tl.constexpr, BIAS: tl.constexpr, GROUPS: tl.constexpr, KEEP_GROUPS: tl.constexpr,
-                  BLOCK_G: tl.constexpr, acts_ptr, hits_ptr, TALLY: tl.constexpr = False,
-                  PDL: tl.constexpr = False):
+                  BLOCK_G: tl.constexpr, acts_ptr, hits_ptr, pad_ptr, TALLY: tl.constexpr = False,
+                  PAD: tl.constexpr = False, PDL: tl.constexpr = False):
     if PDL:  # launched while the router GEMM runs: wait for its logits. No early trigger: the MoE's up
         gdc_wait()  # kernel reads the ids before its own wait, to preload the chosen experts' weights
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)          # [BT]
-    _route_block(logits_ptr, bias_ptr, w_ptr, ids_ptr, counts_ptr, acts_ptr, hits_ptr, rows, T, E, stride_t, scale,
-                 group_size, TOP_K, BLOCK_K, BLOCK_T, BLOCK_E, SIGMOID, RENORM, COUNT, BIAS, GROUPS, KEEP_GROUPS,
-                 BLOCK_G, TALLY)
+    _route_block(logits_ptr, bias_ptr, w_ptr, ids_ptr, counts_ptr, acts_ptr, hits_ptr, pad_ptr, rows, T, E, stride_t,
+                 scale, group_size, TOP_K, BLOCK_K, BLOCK_T, BLOCK_E, SIGMOID, RENORM, COUNT, BIAS, GROUPS,
+                 KEEP_GROUPS, BLOCK_G, TALLY, PAD)
 
 
 @jit
 def _router_gemv_kernel(x_ptr, r_ptr, rbias_ptr, logits_ptr, count_ptr, bias_ptr, w_ptr, ids_ptr, acts_ptr,
-                        hits_ptr, T, E, D, stride_xt, stride_re, scale, group_size, TOP_K: tl.constexpr,
+                        hits_ptr, pad_ptr, T, E, D, stride_xt, stride_re, scale, group_size, TOP_K: tl.constexpr,
                         BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
                         BLOCK_EP: tl.constexpr, BLOCK_D: tl.constexpr, SIGMOID: tl.constexpr,
                         RENORM: tl.constexpr, BIAS: tl.constexpr, RBIAS: tl.constexpr, GROUPS: tl.constexpr,
-                        KEEP_GROUPS: tl.constexpr, BLOCK_G: tl.constexpr, TALLY: tl.constexpr,
+                        KEEP_GROUPS: tl.constexpr, BLOCK_G: tl.constexpr, TALLY: tl.constexpr, PAD: tl.constexpr,
                         F32: tl.constexpr, ROUND: tl.constexpr, PDL: tl.constexpr = False):
     """The router's GEMV and the routing in one launch: each program makes the logits of ``BLOCK_EP``
     experts for every token; the last to finish routes the tokens."""
@@ -160,15 +164,16 @@ def _router_gemv_kernel(x_ptr, r_ptr, rbias_ptr, logits_ptr, count_ptr, bias_ptr
     arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel")               # releases them, acquires the others'
     if arrived == tl.num_programs(0) - 1:
         tl.atomic_xchg(count_ptr, 0)                                    # zero again for the next call
-        _route_block(logits_ptr, bias_ptr, w_ptr, ids_ptr, ids_ptr, acts_ptr, hits_ptr, rows, T, E, E, scale,
-                     group_size, TOP_K, BLOCK_K, BLOCK_T, BLOCK_E, SIGMOID, RENORM, False, BIAS, GROUPS,
-                     KEEP_GROUPS, BLOCK_G, TALLY)
+        _route_block(logits_ptr, bias_ptr, w_ptr, ids_ptr, ids_ptr, acts_ptr, hits_ptr, pad_ptr, rows, T, E, E,
+                     scale, group_size, TOP_K, BLOCK_K, BLOCK_T, BLOCK_E, SIGMOID, RENORM, False, BIAS, GROUPS,
+                     KEEP_GROUPS, BLOCK_G, TALLY, PAD)
 
 
 @jit
-def _tally_kernel(ids_ptr, acts_ptr, hits_ptr, N, E, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
-                  PDL: tl.constexpr = False):
-    """One program: ``acts[e] += #(ids == e)``, ``hits[0] += #distinct ids``."""
+def _tally_kernel(ids_ptr, acts_ptr, hits_ptr, pad_ptr, N, E, K, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
+                  PAD: tl.constexpr = False, PDL: tl.constexpr = False):
+    """One program: ``acts[e] += #(ids == e)``, ``hits[0] += #distinct ids``; ``PAD``: leaving out the
+    ids of the rows (``K`` ids each) whose ``pad`` is set."""
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -176,7 +181,10 @@ def _tally_kernel(ids_ptr, acts_ptr, hits_ptr, N, E, BLOCK_N: tl.constexpr, BLOC
     counts = tl.zeros([BLOCK_E], dtype=tl.int32)
     for start in range(0, N, BLOCK_N):
         offs = start + tl.arange(0, BLOCK_N)                            # [BN]
-        ids = tl.load(ids_ptr + offs, mask=offs < N, other=-1)
+        ok = offs < N
+        if PAD:
+            ok = ok & (tl.load(pad_ptr + offs // K, mask=ok, other=1) == 0)
+        ids = tl.load(ids_ptr + offs, mask=ok, other=-1)
         counts += tl.sum((ids[:, None] == cols[None, :]).to(tl.int32), axis=0)
     ok = cols < E
     acts = tl.load(acts_ptr + cols, mask=ok, other=0)
@@ -185,31 +193,54 @@ def _tally_kernel(ids_ptr, acts_ptr, hits_ptr, N, E, BLOCK_N: tl.constexpr, BLOC
     tl.store(hits_ptr, tl.load(hits_ptr) + distinct)
 
 
-def tally(ids: torch.Tensor, acts: torch.Tensor, hits: torch.Tensor) -> None:
+def tally(ids: torch.Tensor, acts: torch.Tensor, hits: torch.Tensor, pad: torch.Tensor | None = None) -> None:
     """Count one layer call in a single launch (no sync, graph-capturable): ``acts [E] int64`` gains
     how many of ``ids`` (any shape, integer) chose each expert, ``hits [1] int64`` the number of
-    distinct experts among them. Same result as :func:`tally_ref`."""
-    _check_tally(ids, acts, hits)
+    distinct experts among them. ``pad [T] bool``, if given, leaves out the rows of ``ids [T, k]``
+    where it is set (the padding rows of a replayed step). Same result as :func:`tally_ref`."""
+    _check_tally(ids, acts, hits, pad)
     n, e = ids.numel(), acts.shape[0]
     block_e = next_pow2(e)
     block_n = max(1, min(next_pow2(max(n, 1)), 8192 // block_e))
     pdl = pdl_supported(ids.device)
-    _tally_kernel[(1,)](ids.reshape(-1), acts, hits, n, e, BLOCK_N=block_n, BLOCK_E=block_e, PDL=pdl, **pdl_launch(pdl))
+    k = ids.shape[-1] if ids.dim() > 1 else 1
+    _tally_kernel[(1,)](ids.reshape(-1), acts, hits, pad if pad is not None else acts, n, e, k, BLOCK_N=block_n,
+                        BLOCK_E=block_e, PAD=pad is not None, PDL=pdl, **pdl_launch(pdl))
 
 
-def tally_ref(ids: torch.Tensor, acts: torch.Tensor, hits: torch.Tensor) -> None:
+def tally_ref(ids: torch.Tensor, acts: torch.Tensor, hits: torch.Tensor, pad: torch.Tensor | None = None) -> None:
     """Plain-torch :func:`tally`."""
-    _check_tally(ids, acts, hits)
+    _check_tally(ids, acts, hits, pad)
+    if pad is not None:
+        ids = ids[~pad]
     delta = torch.bincount(ids.reshape(-1).to(torch.int64), minlength=acts.shape[0])   # [E]
     acts += delta
     hits += (delta > 0).sum()
 
 
-def _check_tally(ids: torch.Tensor, acts: torch.Tensor, hits: torch.Tensor) -> None:
+def _check_tally(ids: torch.Tensor, acts: torch.Tensor, hits: torch.Tensor, pad: torch.Tensor | None = None) -> None:
+    """``ids``: the call's ids, or an empty stand-in of their dtype and device (``pad`` unchecked)."""
     if ids.is_floating_point() or acts.dim() != 1 or acts.dtype != torch.int64 or hits.shape != (1,) \
             or hits.dtype != torch.int64 or not acts.is_contiguous() or len({ids.device, acts.device, hits.device}) != 1:
         raise ValueError(f"tally takes integer ids and int64 acts [E] and hits [1] on one device, got ids "
                          f"{ids.dtype}, acts {acts.dtype} {tuple(acts.shape)}, hits {hits.dtype} {tuple(hits.shape)}")
+    if pad is not None and (pad.dtype != torch.bool or pad.dim() != 1 or not pad.is_contiguous()
+                            or pad.device != acts.device or (ids.numel() and ids.shape[:1] != pad.shape)):
+        raise ValueError(f"a tally's pad must be one contiguous bool per row of the ids on their device, got "
+                         f"{pad.dtype} {tuple(pad.shape)} on {pad.device} for ids {tuple(ids.shape)}")
+
+
+def _tally_parts(tally_into: tuple | None, t: int, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                   torch.Tensor | None]:
+    """``(acts, hits, pad or None)`` of a router's ``tally_into`` (``(acts, hits)`` or ``(acts, hits, pad [t])``),
+    checked; ``ids`` stands in where there is none."""
+    if tally_into is None:
+        return ids, ids, None
+    acts, hits, pad = (tuple(tally_into) + (None,))[:3]
+    _check_tally(ids.new_empty(0), acts, hits, pad)
+    if pad is not None and pad.shape != (t,):
+        raise ValueError(f"a tally's pad must have one entry per token ({t}), got {tuple(pad.shape)}")
+    return acts, hits, pad
 
 
 def _check(logits: torch.Tensor, top_k: int, scoring: str, counts: torch.Tensor | None,
@@ -247,14 +278,15 @@ def _keep_best_groups_ref(choice: torch.Tensor, groups: int, keep: int, top2: bo
 def route_ref(logits: torch.Tensor, top_k: int, scoring: str = "softmax", renormalize: bool = False,
               counts: torch.Tensor | None = None, bias: torch.Tensor | None = None,
               scale: float = 1.0, groups: int = 1, keep_groups: int = 1,
-              tally_into: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              tally_into: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Plain-torch router. ``logits [T, E]`` -> ``(weights [T, k] float32, ids [T, k] int32)``.
 
     ``counts [E] int64``, if given, is incremented by how many tokens chose each expert. ``bias [E]``
     float32, if given, is added to the scores to choose the experts (not to their weights); the
     weights are multiplied by ``scale`` last. ``groups`` / ``keep_groups``: the experts are chosen
     within each token's best ``keep_groups`` of ``groups`` groups (see the module docstring).
-    ``tally_into`` ``(acts [E], hits [1])`` int64, if given, counts the call as :func:`tally` does.
+    ``tally_into`` ``(acts [E], hits [1])`` int64, if given, counts the call as :func:`tally` does (a
+    third item, ``pad [T]`` bool, leaves out the padding rows of a replayed step).
     """
     _check(logits, top_k, scoring, counts, bias, groups, keep_groups)
     x = logits.float()                                                  # [T, E]
@@ -277,36 +309,35 @@ def route_ref(logits: torch.Tensor, top_k: int, scoring: str = "softmax", renorm
 def route(logits: torch.Tensor, top_k: int, scoring: str = "softmax", renormalize: bool = False,
           counts: torch.Tensor | None = None, bias: torch.Tensor | None = None,
           scale: float = 1.0, groups: int = 1, keep_groups: int = 1,
-          tally_into: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+          tally_into: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton router, same contract as :func:`route_ref`; one program per ``BLOCK_T`` tokens.
 
     Needs no host sync, so it can be captured in a CUDA graph. ``tally_into`` is counted in the same
     launch where one program holds every token (a decode step's), else by :func:`tally` after it.
     """
     _check(logits, top_k, scoring, counts, bias, groups, keep_groups)
-    if tally_into is not None:
-        _check_tally(logits.new_empty(0, dtype=torch.int32), *tally_into)
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     t, e = logits.shape
     w = torch.empty(t, top_k, dtype=torch.float32, device=logits.device)
     ids = torch.empty(t, top_k, dtype=torch.int32, device=logits.device)
+    acts, hits, pad = _tally_parts(tally_into, t, ids)
     if t == 0:
         return w, ids
     block_e = next_pow2(e)
     block_t = max(1, min(16, 4096 // block_e, next_pow2(t)))
     programs = cdiv(t, block_t)
     folded = tally_into is not None and programs == 1
-    acts, hits = tally_into if folded else (ids, ids)
     pdl = pdl_supported(logits.device)        # the launch overlaps the end of the router GEMM (Hopper+)
     _route_kernel[(programs,)](
         logits, bias if bias is not None else logits, w, ids, counts if counts is not None else ids, t, e,
         logits.stride(0), float(scale), e // groups, TOP_K=top_k, BLOCK_K=next_pow2(top_k), BLOCK_T=block_t,
         BLOCK_E=block_e, SIGMOID=scoring == "sigmoid", RENORM=renormalize, COUNT=counts is not None,
         BIAS=bias is not None, GROUPS=groups, KEEP_GROUPS=keep_groups, BLOCK_G=next_pow2(groups),
-        acts_ptr=acts, hits_ptr=hits, TALLY=folded, PDL=pdl, **pdl_launch(pdl))
+        acts_ptr=acts, hits_ptr=hits, pad_ptr=pad if pad is not None else ids, TALLY=folded, PAD=pad is not None,
+        PDL=pdl, **pdl_launch(pdl))
     if tally_into is not None and not folded:
-        tally(ids, *tally_into)
+        tally(ids, acts, hits, pad)
     return w, ids
 
 
@@ -326,7 +357,7 @@ def route_gemv_fits(x: torch.Tensor, router: torch.Tensor) -> bool:
 def route_gemv(x: torch.Tensor, router: torch.Tensor, top_k: int, scoring: str = "softmax",
                renormalize: bool = False, router_bias: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                scale: float = 1.0, groups: int = 1, keep_groups: int = 1,
-               tally_into: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               tally_into: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The router's logits of ``x [T, D]`` (``router [E, D]``, plus ``router_bias [E]``) and :func:`route`
     of them in one launch: programs of 16 experts each make their logits, and the last to finish routes
     the tokens. The logits are those of engine/models/moe_transformer.router_logits: in float32 for a
@@ -344,21 +375,21 @@ def route_gemv(x: torch.Tensor, router: torch.Tensor, top_k: int, scoring: str =
     if router_bias is not None and (router_bias.shape != (e,) or router_bias.device != x.device):
         raise ValueError(f"router_bias must be [{e}] on {x.device}, got {tuple(router_bias.shape)} on "
                          f"{router_bias.device}")
-    if tally_into is not None:
-        _check_tally(logits.new_empty(0, dtype=torch.int32), *tally_into)
     w = torch.empty(t, top_k, dtype=torch.float32, device=x.device)
     ids = torch.empty(t, top_k, dtype=torch.int32, device=x.device)
-    acts, hits = tally_into if tally_into is not None else (ids, ids)
+    acts, hits, pad = _tally_parts(tally_into, t, ids)
     f32 = router.dtype == torch.float32 or x.dtype == torch.float32 or x.device.type != "cuda"
     per = 16
     pdl = pdl_supported(x.device)
     _router_gemv_kernel[(cdiv(e, per),)](
         x, router, router_bias if router_bias is not None else router, logits,
-        arrival_counts(x.device, 1, "router"), bias if bias is not None else logits, w, ids, acts, hits, t, e, d,
+        arrival_counts(x.device, 1, "router"), bias if bias is not None else logits, w, ids, acts, hits,
+        pad if pad is not None else ids, t, e, d,
         x.stride(0), router.stride(0), float(scale), e // groups, TOP_K=top_k, BLOCK_K=next_pow2(top_k),
         BLOCK_T=GEMV_MAX_TOKENS, BLOCK_E=next_pow2(e), BLOCK_EP=per, BLOCK_D=min(256, max(16, next_pow2(d))),
         SIGMOID=scoring == "sigmoid", RENORM=renormalize, BIAS=bias is not None, RBIAS=router_bias is not None,
-        GROUPS=groups, KEEP_GROUPS=keep_groups, BLOCK_G=next_pow2(groups), TALLY=tally_into is not None, F32=f32,
+        GROUPS=groups, KEEP_GROUPS=keep_groups, BLOCK_G=next_pow2(groups), TALLY=tally_into is not None,
+        PAD=pad is not None, F32=f32,
         ROUND=router.dtype != torch.float32 and x.dtype != torch.float32, PDL=pdl, num_warps=4,
         **pdl_launch(pdl))
     return w, ids

@@ -45,6 +45,9 @@ class DecodeMeta:
     context_lens: torch.Tensor       # [B] int32, including the new token
     rows: torch.Tensor | None = None   # reference path: cache rows [B, P] of the context, shared by all layers
     valid: torch.Tensor | None = None  # [B, P]
+    # a replayed step's padding rows [B] bool (engine/cuda_graphs.py), left out of the experts' counts;
+    # every row set: a warm-up, which counts nothing
+    pad: torch.Tensor | None = None
 
 
 @dataclass
@@ -134,7 +137,7 @@ class MoETransformer:
         return self.moe_fn is not fused_moe_ref
 
     def route(self, logits: torch.Tensor, score_bias: torch.Tensor | None = None,
-              tally_into: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              tally_into: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Router logits -> (weights [T, k] f32, ids [T, k]) as the family scores them; ``score_bias``
         [E] float32: the layer's choice bias (GLM). Also used by the prefetcher. ``tally_into``: where the
         Triton router also counts the call (kernels/router.route; given only where ``fused``)."""
@@ -183,6 +186,7 @@ class MoETransformer:
         rope = self.rope.tables(batch.positions)                         # cos, sin [T, 1, hd]
         self.experts.begin_step()
         group = self._x16_group(x.shape[0])
+        pad = batch.decode.pad if batch.decode is not None else None
         try:
             for i, layer in enumerate(self.w.layers):
                 h, x = self._add_norm(x, out, layer.input_norm)
@@ -190,7 +194,7 @@ class MoETransformer:
                 attn = self._attention(i, layer.attn, h, batch, cache, rope)
                 if layer.moe is not None:
                     h, x, h16 = self._add_norm16(x, attn, layer.post_norm, group)
-                    out = self._moe(layer.moe, h, pred, acquire, h16, x)
+                    out = self._moe(layer.moe, h, pred, acquire, h16, x, pad)
                 else:
                     h, x = self._add_norm(x, attn, layer.post_norm)
                     out = mlp(h, layer.mlp.gate_up, layer.mlp.down, self.fused)
@@ -313,11 +317,13 @@ class MoETransformer:
         return attend_context_ref(q, k, v, window_valid(d.valid, d.context_lens, a.window), sinks=a.sinks)
 
     def _moe(self, m: MoEWeights, x: torch.Tensor, pred: Any, acquire: Acquire, x16: Any = None,
-             residual: torch.Tensor | None = None) -> torch.Tensor:
+             residual: torch.Tensor | None = None, pad: torch.Tensor | None = None) -> torch.Tensor:
         if self.expert_parallel is not None:                             # the routed experts on every card
             out = self.expert_parallel.moe(self, m, x, residual, pred)
             return out if m.shared is None else out + self._shared(m, x)
         tally_into = self.experts.route_tally(m.moe_index) if self.fused else None   # a full pool's counts
+        if tally_into is not None and pad is not None:
+            tally_into = (*tally_into, pad)                              # not the padding rows of a replay
         if self.fused and route_gemv_fits(x, m.router):      # a decode step: the router GEMV and routing in one
             s = self.spec
             w, ids = route_gemv(x, m.router, s.top_k, s.family.router_scoring, s.renormalize,

@@ -168,6 +168,37 @@ def test_the_router_counts_the_call_into_a_tally(tokens):
         route(logits, 3, tally_into=(acts.int(), hits))
 
 
+@pytest.mark.parametrize("tokens", [1, 5, 16, 40])
+def test_a_replays_padding_rows_are_left_out_of_the_tally(tokens):
+    # A replayed decode step pads its batch up to the recording's size, and a warm-up pads every row:
+    # tally_into's third item marks those rows, which route (in its own launch, or tally's after it),
+    # route_gemv and tally leave out of acts and hits; the ids are routed all the same.
+    from kernels.router import route_gemv
+    g = torch.Generator().manual_seed(tokens)
+    x = torch.randn(tokens, 32, generator=g)
+    router = torch.randn(12, 32, generator=g) / 4
+    logits = x @ router.t()
+    for pad in (torch.arange(tokens) >= (tokens + 1) // 2, torch.ones(tokens, dtype=torch.bool)):
+        real = int((~pad).sum())
+        _, ids_ref = route_ref(logits, 3, "softmax", True)
+        expected = torch.bincount(ids_ref[:real].flatten().long(), minlength=12)
+        runs = [lambda t: route(logits, 3, "softmax", True, tally_into=t),
+                lambda t: route_ref(logits, 3, "softmax", True, tally_into=t),
+                lambda t: tally(ids_ref, *t) or (None, ids_ref),
+                lambda t: tally_ref(ids_ref, *t) or (None, ids_ref)]
+        if tokens <= 16:
+            runs.append(lambda t: route_gemv(x, router, 3, "softmax", True, tally_into=t))
+        for run in runs:
+            acts, hits = torch.zeros(12, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
+            _, ids = run((acts, hits, pad))
+            assert torch.equal(ids.long(), ids_ref.long())
+            assert torch.equal(acts, expected) and hits.item() == int((expected > 0).sum())
+    with pytest.raises(ValueError, match="pad"):
+        route(logits, 3, tally_into=(acts, hits, torch.zeros(tokens + 1, dtype=torch.bool)))
+    with pytest.raises(ValueError, match="pad"):
+        tally(ids_ref, acts, hits, torch.zeros(tokens, dtype=torch.int32))
+
+
 def test_tally_rejects_bad_arguments():
     with pytest.raises(ValueError, match="int64 acts"):
         tally(torch.zeros(2, 2, dtype=torch.int32), torch.zeros(4, dtype=torch.int32), torch.zeros(1, dtype=torch.int64))
