@@ -5,6 +5,7 @@ engine loop). A step is schedule -> run -> postprocess.
 """
 from __future__ import annotations
 
+import gc
 import operator
 import time
 from collections.abc import Iterable, Sequence
@@ -65,6 +66,7 @@ class LLMEngine:
         self._next_id = 0
         self.guides = self._guide_compiler()
         self.runner.guides = self.guides
+        self._closed: EngineStats | None = None     # the counters as the engine closed (see close)
 
     def _guide_compiler(self) -> GuideCompiler | None:
         """Guides need the model's tokens as text; llguidance reads them from its tokenizer.json."""
@@ -96,6 +98,9 @@ class LLMEngine:
 
         Raises a ConfigError (and queues nothing) when :meth:`validate_request` refuses it.
         """
+        if self._closed is not None:
+            raise ConfigError(f"{self.model_info.name} was closed, which gave its memory back; load the model again "
+                              "to run requests")
         if request_id is None:
             request_id, self._next_id = f"req-{self._next_id}", self._next_id + 1
         if request_id in self._requests:
@@ -309,7 +314,8 @@ class LLMEngine:
         return self.loaded.score(checked)
 
     def stats(self) -> EngineStats:
-        return stats_mod.snapshot(self)
+        """The counters now; once closed, as they were when the engine closed."""
+        return self._closed if self._closed is not None else stats_mod.snapshot(self)
 
     def reconfigure(self, **options) -> dict[str, str]:
         """Apply live options between steps; raises ReconfigureError and applies nothing if one is rejected."""
@@ -318,8 +324,27 @@ class LLMEngine:
     def live_options(self) -> dict[str, str | None]:
         return self.live.availability()
 
+    @property
+    def closed(self) -> bool:
+        return self._closed is not None
+
     def close(self) -> None:
-        self.loaded.close()
+        """End the model's work (a routing profile written, copies in flight waited for) and give its
+        memory back now: the engine keeps its counters, not its weights, KV cache, expert pool or CUDA
+        graphs, so the next model finds the card's memory free when this returns, not whenever Python's
+        collector next runs (the model's objects refer to each other). Closing again does nothing."""
+        if self._closed is not None:
+            return
+        self._closed = self.stats()
+        device = self.loaded.device
+        try:
+            self.loaded.close()
+        finally:
+            self.runner = self.scheduler = self.live = None
+            self.loaded.release()
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
 
     def __enter__(self) -> "LLMEngine":
         return self

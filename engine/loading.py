@@ -415,6 +415,13 @@ class LoadedModel:
                  for seq, table, window in zip(seqs, tables, windows)]
         return build_batch(parts, self.cache.block_size, self.device, self.windows is not None, every_row=True)
 
+    def release(self) -> None:
+        """Drop every reference to the model's tensors (after :meth:`close`): this object keeps its
+        description (config, spec, info, plan), not its weights, cache, pool or recorded steps."""
+        for name in ("model", "weights", "cache", "runner", "scheduler", "allocator", "windows", "experts"):
+            if hasattr(self, name):
+                setattr(self, name, None)
+
     def close(self) -> None:
         try:
             if self.config.record_routing:

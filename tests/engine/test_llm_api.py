@@ -127,3 +127,29 @@ def test_the_engine_and_add_request_say_the_same(llm):
 
 def test_the_context_is_one_property_away(llm):
     assert llm.context_tokens == llm.engine.context_tokens == 512
+
+
+def test_closing_an_engine_gives_its_memory_back_at_once(tmp_path):
+    # The workbench closes one model and loads the next on the same card: close() itself lets go of the
+    # weights, cache and pool (the model's objects refer to each other, so dropping the engine alone
+    # would leave them to Python's collector), keeps the counters, and refuses new work in one line.
+    import gc
+    import weakref
+    with LLM(str(DEMO), device="cpu", expert_pool_size="50%") as model:
+        model.generate(PROMPTS[0], greedy(4))
+        loaded = model.engine.loaded
+        held = [weakref.ref(x) for x in (loaded.weights.embed, loaded.cache.k[0], loaded.model, loaded.experts)]
+        tokens = model.stats().generated_tokens
+        assert tokens == 4
+        enabled = gc.isenabled()
+        gc.disable()                              # nothing but close() may free them
+        try:
+            model.close()
+            assert all(ref() is None for ref in held)
+        finally:
+            if enabled:
+                gc.enable()
+        assert model.engine.closed and model.stats().generated_tokens == tokens
+        with pytest.raises(ConfigError, match="was closed.*load the model again"):
+            model.generate(PROMPTS[0], greedy(2))
+    model.close()                                 # closing again (here by the with block) does nothing
