@@ -50,22 +50,17 @@ def set_gather(engine, on: bool, min_uses: int = 2) -> bool:
 
 
 def row(engine, sweep: Sweep, fmt: str, pool: float, depth: int, mode: str, batch: int, prompts,
-        gather: str = "on", reads: str = "auto", copies: str = "kernel") -> dict:
+        gather: str = "on", reads: str = "auto") -> dict:
     experts = engine.loaded.experts
     total = engine.loaded.plan.expert_bytes * engine.loaded.spec.num_moe_layers * engine.loaded.spec.num_experts
     engine.reconfigure(expert_pool_size=int(total * pool), prefetch_depth=depth, cold_experts=mode, expert_reads=reads)
     if not set_gather(engine, gather != "off", 1 if gather == "all" else 2):
         raise ValueError(f"this store cannot {'leave off gathering' if gather == 'off' else 'gather'}")
-    if experts.direct.gather.by_copy_engine != (copies == "copy_engine"):
-        experts.set_gather_copies(copies)
-        if engine.runner.graphs is not None:
-            engine.runner.graphs.reset()
     n, secs, before, after, host_wait, _ = sampled_decode(engine, prompts, sweep, seed=17)
     d = lambda f: getattr(after, f) - getattr(before, f)   # noqa: E731
     rates = experts.cold.rates
     out = {"format": fmt, "pool_fraction": pool, "depth": depth, "cold_experts": mode, "batch": batch,
            "expert_reads": reads, "gather": gather != "off", "gather_min_uses": 1 if gather == "all" else 2,
-           "gather_copies": copies,
            "gathered_per_token": d("gathered") / n,
            "tokens": n, "tok_s": n / secs, "ms_per_token": 1e3 * secs / n,
            "cpu_experts_per_token": d("cpu_experts") / n, "bus_experts_per_token": d("bus_experts") / n,
@@ -105,8 +100,6 @@ def main() -> None:
     ap.add_argument("--gather", default="all",
                     help="all (every missing expert: the engine's default), on (those two or more tokens use), off; "
                          "comma-separated: missing experts copied in once per step before the layer's kernels")
-    ap.add_argument("--copies", default="kernel",
-                    help="kernel, copy_engine, comma-separated: how replayed steps move the experts they gather")
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--warmup", type=int, default=8)
@@ -135,14 +128,13 @@ def main() -> None:
             continue
         for pool in (float(p) for p in args.pools.split(",")):
             for depth in (int(x) for x in args.depths.split(",")):
-                for mode, b, gather, copies in itertools.product(args.modes.split(","), batches, gathers,
-                                                                 args.copies.split(",")):
-                    if gather == gathers[0] and copies == args.copies.split(",")[0]:   # every variant: one prompt
+                for mode, b, gather in itertools.product(args.modes.split(","), batches, gathers):
+                    if gather == gathers[0]:                     # every variant: one prompt
                         prompts = torch.randint(10, cfg.vocab_size, (b, args.prompt_len), generator=gen).tolist()
                     t0 = time.perf_counter()
                     g = {"on": "gather", "off": "no gather", "all": "gather all"}[gather]
                     try:
-                        r = row(engine, sweep, fmt, pool, depth, mode, b, prompts, gather, args.reads, copies)
+                        r = row(engine, sweep, fmt, pool, depth, mode, b, prompts, gather, args.reads)
                     except Exception as e:
                         result["errors"].append({"format": fmt, "pool": pool, "depth": depth, "mode": mode, "gather": gather,
                                                  "batch": b, "error": "".join(traceback.format_exception(e))[-6000:]})
@@ -152,7 +144,6 @@ def main() -> None:
                         continue
                     r["row_s"] = time.perf_counter() - t0
                     result["rows"].append(r)
-                    g += " dma" if copies == "copy_engine" else ""
                     print(f"{fmt:5} pool {pool:.2f} depth {depth} {mode:4} {g:9} b{b}: {r['tok_s']:8.1f} tok/s  "
                           f"cpu {r['cpu_experts_per_token']:5.1f} bus {r['bus_experts_per_token']:5.1f} "
                           f"gathered {r['gathered_per_token']:5.1f} /tok  bus {r['h2d_bytes_per_token'] / 1e6:6.1f} MB/tok  "

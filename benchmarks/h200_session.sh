@@ -98,7 +98,7 @@ case ${1:-} in
       2>&1 | grep -v -e Warn -e "^ *$" | tail -n 22
     timeout 60 python3 benchmarks/kernels/bench_host_copy.py --out "$OUT/host_copy.json" 2>&1 | tail -n 12
     timeout "$(( $(left) - 5 ))" python3 benchmarks/cold_experts.py --formats int4 --pools 0 --depths 0 \
-      --batches 1,8 --modes bus,auto --copies kernel,copy_engine --tokens 48 --out "$OUT/cold_auto.json" 2>&1 \
+      --batches 1,8 --modes bus,auto --tokens 48 --out "$OUT/cold_auto.json" 2>&1 \
       | grep -v "^ ";;
   kit)
     if [ "${KIT_TRAINED:-0}" = 1 ]; then

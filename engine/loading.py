@@ -150,6 +150,8 @@ class LoadedModel:
             is_demo=bool(marker.get("demo")),
             random_weights=bool(marker.get("random_weights")), completion_only=bool(marker.get("completion_only")),
             resident_format=self.resident_format, notes=self.notes)
+        if self.device.type == "cuda":       # the load's temporaries (16-bit weights quantised on the card) go
+            torch.cuda.empty_cache()         # back to the driver: the card shows what the model holds
         self.load_seconds = time.perf_counter() - t0
 
     def _fit_context(self) -> None:

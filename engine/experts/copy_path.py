@@ -20,7 +20,6 @@ from typing import Callable
 import torch
 
 from engine.experts.admission import admit
-from engine.experts.cold import ColdShare
 from engine.experts.residency import Residency
 
 

@@ -114,7 +114,6 @@ class DirectPath:
         ``targets``, the layers the recording's claim kernels write), the publish regions blanked."""
         if self.shares is not None:          # first: a refusal here leaves nothing begun
             self.shares.begin(tokens)
-        self.gather.begin_replay()
         books = self.r.books
         before = set(books.lease)
         armed = self.fills.armed or []
@@ -142,7 +141,6 @@ class DirectPath:
         self.fills.meta.zero_()
         if self.claims is not None:
             self.claims.dp.disarm()
-        self.gather.release_waits()
 
     def arm_next_step(self) -> None:
         if self.fills.armed is None and self.enabled:
@@ -193,7 +191,7 @@ class DirectPath:
             launch()
             return out
         if self.shares is None:
-            self.shares = GraphCpuShares(r, r.layout.hidden, self.gather.on, lambda: not self.gather.by_copy_engine)
+            self.shares = GraphCpuShares(r, r.layout.hidden, self.gather.on)
         # the model launches the publish (with x and the routing weights) and later the join
         return out + (self.shares.layer(moe_index, topk_ids, self.snap[moe_index], launch),)
 
@@ -208,9 +206,8 @@ class DirectPath:
             done = torch.cuda.Event()
             done.record()
             finished = done.query
-        # the first layer waits for the host (its CPU experts, or the copies it queues): the previous
-        # step's end comes after the host's part of that layer
-        cpu_first = (self.shares is not None and self.shares.frac.numpy()[0] > 0) or self.gather.by_copy_engine
+        # the first layer waits for the host's CPU experts: the previous step's end comes after them
+        cpu_first = self.shares is not None and self.shares.frac.numpy()[0] > 0
         if not cpu_first:
             self.finish_ended()
         try:
@@ -224,11 +221,9 @@ class DirectPath:
         """The host cannot follow the running replay to its end: let every join of the CPU's share
         pass, then wait (at most ``limit_s``) for the replay to finish, so that the next step does
         not clear flags a join of this one still reads."""
-        self.gather.release_waits()
-        if self.shares is None and not self.gather.by_copy_engine:
+        if self.shares is None:
             return
-        if self.shares is not None:
-            self.shares.release()
+        self.shares.release()
         if finished is None:
             if self.r.device.type == "cuda":
                 torch.cuda.current_stream(self.r.device).synchronize()
@@ -236,9 +231,7 @@ class DirectPath:
             t0 = time.perf_counter()
             while not finished() and time.perf_counter() - t0 < limit_s:
                 time.sleep(0.001)
-        if self.shares is not None:
-            self.shares.err.numpy()[0] = 0  # the step failed already: not the next one's to report
-        self.gather.err.numpy()[0] = 0
+        self.shares.err.numpy()[0] = 0      # the step failed already: not the next one's to report
 
     def _follow_cut(self, c, rows: int, finished: Callable[[], bool],
                     after_cpu: Callable[[], None] | None = None) -> None:
@@ -261,8 +254,6 @@ class DirectPath:
         fills = data[2 * n:2 * n + rows * k].tolist()
         gathers = self.gather.on(t)
         gathered = self.gather.gathered(ids, seen, fills) if gathers else {}
-        if gathers and self.gather.by_copy_engine:          # first: the layer's kernels wait for them
-            self.gather.queue_copies(c.moe_index, gathered)
         read = None
         if self.shares is not None and SLOT_CPU in seen:      # the host CPU's experts, then the books
             self.shares.compute(c.moe_index, t, k, rows, ids, seen, finished)

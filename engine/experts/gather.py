@@ -34,10 +34,7 @@ import torch
 from engine.experts.residency import Residency
 from engine.experts.step_books import StepBooks
 from engine.host_copy import StagedInts, host_to
-from kernels.host_flag import set_flag, set_flag_ref, wait_flag, wait_flag_ref
 from kernels.publish_ids import SLOT_CPU, GatherArgs, gather_copy, gather_copy_ref
-
-FLAG_LIMIT_S = 10.0     # a replayed layer's wait for the copies the host queues, at most
 
 
 class GatherSlots:
@@ -54,24 +51,6 @@ class GatherSlots:
         self.possible = r.layout.nbytes % 4 == 0          # the copy kernel moves whole int32 words
         self.enabled = r.tuning.gather_shared and self.possible
         self.min_uses = r.tuning.gather_min_uses          # tokens that must use an expert to gather it
-        self.by_copy_engine = False                       # replayed steps: the host queues the copies
-        pin = dev.type == "cuda"
-        self.flags = torch.zeros(r.num_layers, dtype=torch.int32, pin_memory=pin)   # per layer: copies done
-        self.err = torch.zeros(1, dtype=torch.int32, pin_memory=pin)                # a wait gave up
-        self._stream = None
-        self.set_copies(r.tuning.gather_copies)
-
-    def set_copies(self, how: str) -> None:
-        """``gather_copies`` (engine/experts/tuning.py): "kernel" or "copy_engine"; the decode graphs
-        must be recorded again after a change."""
-        self.by_copy_engine = how == "copy_engine"
-        if self.by_copy_engine and self.r.device.type == "cuda" and self._stream is None:
-            self._stream = torch.cuda.Stream(self.r.device)     # behind no prefetch copy
-            # load the flag kernel now: loading it while a recorded wait spins could stall on the context
-            warm = torch.zeros(1, dtype=torch.int32, pin_memory=True)
-            with torch.cuda.stream(self._stream):
-                set_flag(warm, self.r.device)
-            self._stream.synchronize()
 
     def on(self, tokens: int) -> bool:
         """Whether a direct-read step of ``tokens`` tokens gathers missing experts (those at least
@@ -102,59 +81,10 @@ class GatherSlots:
         return GatherArgs(self.info, self.work, moe_index * self.r.num_experts, self.min_uses)
 
     def copy(self, moe_index: int) -> None:
-        """Device work (recorded with the step): the layer's gathered experts, host -> their slots; with
-        ``by_copy_engine``, a wait for the copies the host queues when it sees the layer's publish
-        (:meth:`queue_copies`)."""
+        """Device work (recorded with the step): the layer's gathered experts, host -> their slots."""
         r = self.r
-        cuda = r.device.type == "cuda"
-        if self.by_copy_engine:
-            (wait_flag if cuda else wait_flag_ref)(self.flags[moe_index:moe_index + 1], self.err, self.work,
-                                                   FLAG_LIMIT_S)
-            return
-        run = gather_copy if cuda else gather_copy_ref
+        run = gather_copy if r.device.type == "cuda" else gather_copy_ref
         run(self.work, r.store.rows, r.pool.buffer)
-
-    def begin_replay(self) -> None:
-        """Before a replay: every layer's flag cleared, once the flag writes the last replay queued are
-        done (a late one must not release this replay's wait); raises if a wait of the last replay gave up."""
-        self._settle()
-        self.flags.numpy()[:] = 0       # also under "kernel": a recording made under copy_engine then waits
-        self.check()
-
-    def check(self) -> None:
-        """Raise if a wait for the host's copies gave up (the step's output is not valid)."""
-        err = self.err.numpy()
-        if err[0]:
-            err[0] = 0
-            raise RuntimeError(f"a MoE layer's expert copies did not arrive within {FLAG_LIMIT_S:.0f} s, so this "
-                               "decode step's output is not valid; if the machine is overloaded, use the gather's "
-                               "copy kernel (gather_copies=kernel)")
-
-    def _settle(self) -> None:
-        if self._stream is not None:
-            self._stream.synchronize()   # normally idle already: its last flag released the last layer
-
-    def queue_copies(self, moe_index: int, gathered: dict[int, int]) -> None:
-        """Host side of :meth:`copy` with ``by_copy_engine``: layer ``moe_index``'s gathered experts
-        (expert -> slot), host store -> their slots on the gather's own stream, then the layer's flag."""
-        r = self.r
-        base = moe_index * r.num_experts
-        flag = self.flags[moe_index:moe_index + 1]
-        if r.device.type != "cuda":
-            for e, slot in gathered.items():
-                r.pool.buffer[slot].copy_(r.store.rows[base + e])
-            set_flag_ref(flag, r.device)
-            return
-        with torch.cuda.stream(self._stream):
-            for e, slot in gathered.items():
-                r.pool.buffer[slot].copy_(r.store.rows[base + e], non_blocking=True)
-            set_flag(flag, r.device)
-
-    def release_waits(self) -> None:
-        """The host cannot follow the replay: every wait passes (the step fails already), after the
-        copies and flag writes it queued are done."""
-        self._settle()
-        self.flags.numpy()[:] = 1
 
     # ---- the host's side -------------------------------------------------------------------------
     def gathered(self, ids: list[int], seen: list[int], fills: list[int]) -> dict[int, int]:

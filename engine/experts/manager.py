@@ -221,7 +221,6 @@ class ExpertManager:
         ``recorded`` tokens) in ``seconds``, for ``auto``."""
         if self.direct.shares is not None:
             self.direct.shares.check()        # a join that gave up: this step's output is not valid
-        self.direct.gather.check()            # ... or a wait for the host's copies
         if self.r.store is not None and not self.r.pool.full:
             shared = self.graph_cpu_share(tokens if recorded is None else recorded)
             if not eager and self.direct.shares is not None and shared:
@@ -460,14 +459,6 @@ class ExpertManager:
         if self.direct.shares is not None:
             self.direct.shares.tuner.reset()
         return self.describe()
-
-    def set_gather_copies(self, how: str) -> None:
-        """How replayed direct-read steps move the experts they gather (``ResidencyTuning.gather_copies``:
-        "kernel" or "copy_engine"), from the next step; the caller records the decode graphs again."""
-        from engine.experts.tuning import GATHER_COPIES
-        if how not in GATHER_COPIES:
-            raise ReconfigureError(f"gather_copies={how!r}: choose {' or '.join(GATHER_COPIES)}")
-        self.direct.gather.set_copies(how)   # a recording made before waits until its limit, then says so
 
     def set_gather(self, on: bool, min_uses: int | None = None) -> bool:
         """Gather the shared missing experts of direct-read steps (``on``), or read each once per token

@@ -10,8 +10,6 @@ import dataclasses
 
 from engine.errors import ConfigError
 
-GATHER_COPIES = ("kernel", "copy_engine")      # ResidencyTuning.gather_copies
-
 
 @dataclasses.dataclass(frozen=True)
 class ResidencyTuning:
@@ -44,17 +42,8 @@ class ResidencyTuning:
     # benchmarks/results/gather_ab_2026-12-05b.json) 1 against 2: batch 1 at depth 0 164 against 144
     # tok/s (cold experts auto) and 101 against 87 (bus alone); batch 8 321 against 315 and 138 against 123.
     gather_min_uses: int = 1
-    # How a replayed direct-read step moves the experts it gathers: "kernel", the gather's copy kernel
-    # recorded with the step (its SMs read the mapped store: about 20-24 GB/s on the H100 host), or
-    # "copy_engine": the host, following the step, queues each layer's copies on a stream of its own as
-    # soon as the layer publishes, and the layer's kernels wait for them (kernels/host_flag.py): the copy
-    # engine's rate (55 GB/s there) for a round trip through the host per layer. Not yet measured on
-    # a GPU, so not the default. Read when the expert manager is made (ExpertManager.set_gather_copies).
-    gather_copies: str = "kernel"
 
     def __post_init__(self) -> None:
-        if self.gather_copies not in GATHER_COPIES:
-            raise ConfigError(f"gather_copies={self.gather_copies!r}: choose {' or '.join(GATHER_COPIES)}")
         if self.direct_max_tokens < 0 or self.prefetch_per_layer < 0 or self.predict_max_layers < 1 \
                 or self.gather_min_uses < 1:
             raise ConfigError(f"residency tuning out of range: {self}; token, claim and layer counts are "

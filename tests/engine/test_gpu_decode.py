@@ -91,18 +91,15 @@ def test_depth_0_steps_read_directly_and_cross_once_per_missing_expert(model, fr
 
 @pytest.mark.parametrize("depth", [0, 2])
 @pytest.mark.parametrize("cold", ["bus", "auto"])
-@pytest.mark.parametrize("copies", ["kernel", "copy_engine"])
-def test_gathering_every_missing_expert_replays_what_the_eager_engine_generates(model, depth, cold, copies) -> None:
+def test_gathering_every_missing_expert_replays_what_the_eager_engine_generates(model, depth, cold) -> None:
     # gather_min_uses 1: every missing expert of a direct-read step, one-token steps too, is copied in
-    # before its layer's MoE kernels (which then read only device memory): by the gather's kernel, or
-    # by the copy engine as the host follows the step (the layer's kernels wait for its flag); with the
-    # host CPU's share too (auto). The replayed steps generate the eager engine's tokens.
+    # by the gather's kernel before its layer's MoE kernels (which then read only device memory); with
+    # the host CPU's share too (auto). The replayed steps generate the eager engine's tokens.
     path, ref, keys, nbytes = model
     with LLM(str(path), device="cuda", dtype="float32", expert_pool_size=(keys // 4) * nbytes,
              prefetch_depth=depth, cold_experts=cold) as llm:
         experts = llm.engine.loaded.experts
         assert experts.set_gather(True, min_uses=1)
-        experts.set_gather_copies(copies)
         llm.engine.runner.graphs.reset()
         assert llm.generate([PROMPTS[0]], GREEDY)[0].token_ids == ref[0]
         assert _graphs(llm).graphs[1].direct
