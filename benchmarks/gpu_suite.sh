@@ -24,7 +24,12 @@ summary=()
 for part in "${parts[@]}"; do
   case $part in
     tests)
-      "$PY" -m pytest tests/engine/test_gpu_decode.py tests/engine/test_gpu_moe_int4.py tests/engine/test_gpu_gpt_oss.py tests/engine/test_gpu_cold.py tests/engine/test_gpu_passes.py tests/engine/test_gpu_memory.py -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -3
+      # one line per test as it ends (a run cut short still names what failed), and, where pytest-xdist
+      # is installed, four workers: a fresh machine spends most of the suite compiling kernels
+      workers=$("$PY" -c "import xdist" 2>/dev/null && echo "-n 4" || echo "")
+      "$PY" -m pytest tests/engine/test_gpu_decode.py tests/engine/test_gpu_moe_int4.py tests/engine/test_gpu_gpt_oss.py \
+        tests/engine/test_gpu_cold.py tests/engine/test_gpu_passes.py tests/engine/test_gpu_memory.py -p no:cacheprovider \
+        -vv -rf $workers 2>&1 | tee "$OUT/tests.log" | grep -v -e " PASSED" -e "^$" | tail -8
       summary+=("tests: $(tail -1 "$OUT/tests.log")");;
     kernels)
       "$PY" benchmarks/kernels/bench_moe.py --out "$OUT/kernels_moe.json" --configs-out "$OUT/NVIDIA_H200.json" \

@@ -11,10 +11,11 @@
 #   or:              bash benchmarks/h200_session.sh tests-ab-kit      (carry .bench: the GPU tests, the resident
 #                    step with and without programmatic dependent launches, then the kit in the background;
 #                    follow it with kit-then-gpt-oss)
-#   or:              bash benchmarks/h200_session.sh validate          (the GPU tests; the resident step at the
-#                    default and at bf16 resident weights; where the card's memory goes beyond torch's at no
-#                    pool; the copy kernel's bus rate; no-pool decode with cold experts auto), then
-#                    bash benchmarks/h200_session.sh kit               (carry .bench: the kit alone, in the
+#   or:              bash benchmarks/h200_session.sh validate          (carry .bench: the GPU tests; the
+#                    resident step; where the card's memory goes at no pool and what a closed engine still
+#                    holds, with and without expandable segments; then the kit in the background: follow
+#                    it with kit-then-gpt-oss, or poll it with bash .bench/kit/poll.sh 540)
+#   or:              bash benchmarks/h200_session.sh kit               (carry .bench: the kit alone, in the
 #                    background; follow it with kit-then-gpt-oss)
 #   or, alone:       bash benchmarks/h200_session.sh probes            (the gather's A/B and copy rates)
 #   or, alone:       bash benchmarks/h200_session.sh no-pool           (GPU tests, the resident step with
@@ -91,15 +92,19 @@ case ${1:-} in
     mkdir -p "$OUT/suite"
     OUT="$OUT/suite" PYTHON=python3 timeout -k 10 300 bash benchmarks/gpu_suite.sh tests
     pkill -f "pytest tests/engine/test_gpu" 2>/dev/null
-    timeout 120 python3 benchmarks/step_profile.py --cells int4,int4+apart,int4/bf16,bf16 --out "$OUT/step_profile.json" 2>&1 \
+    timeout 60 python3 benchmarks/step_profile.py --cells int4 --out "$OUT/step_profile.json" 2>&1 \
       | grep -e "tok/s" -e Error
     [ -d "$TRAINED" ] || python3 benchmarks/trained_like_checkpoint.py "$TRAINED" --layers 12 2>&1 | tail -n 2
+    # where the card's memory goes at no pool, and what a closed engine still holds; then the same with
+    # the allocator's expandable segments (less memory reserved beyond what is allocated)
     timeout 90 python3 benchmarks/memory_gap.py --hf "$TRAINED" --format int4 --pool 0% --out "$OUT/memory_gap.json" \
-      2>&1 | grep -v -e Warn -e "^ *$" | tail -n 22
-    timeout 60 python3 benchmarks/kernels/bench_host_copy.py --out "$OUT/host_copy.json" 2>&1 | tail -n 12
-    timeout "$(( $(left) - 5 ))" python3 benchmarks/cold_experts.py --formats int4 --pools 0 --depths 0 \
-      --batches 1,8 --modes bus,auto --tokens 48 --out "$OUT/cold_auto.json" 2>&1 \
-      | grep -v "^ ";;
+      2>&1 | grep -v -e Warn -e "^ *$" -e "_kernel " | tail -n 16
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 90 python3 benchmarks/memory_gap.py --hf "$TRAINED" \
+      --format int4 --pool 0% --out "$OUT/memory_gap_expandable.json" 2>&1 | grep -v -e Warn -e "^ *$" -e "_kernel " \
+      | tail -n 8
+    if [ "${KIT_TRAINED:-0}" = 1 ]; then KIT_ARGS="$KIT_ARGS --hf $TRAINED"; fi
+    bash .bench/kit/run.sh --background $KIT_ARGS || exit 1
+    bash .bench/kit/poll.sh "$(left)" | tail -n 12;;
   kit)
     if [ "${KIT_TRAINED:-0}" = 1 ]; then
       [ -d "$TRAINED" ] || python3 benchmarks/trained_like_checkpoint.py "$TRAINED" --layers 12 2>&1 | tail -n 4

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import gc
 import sys
+import warnings
 import tempfile
 from pathlib import Path
 
@@ -49,6 +51,29 @@ class CardMemory:
 
     def used(self) -> int | None:
         return None if self.handle is None else self.used_raw() - self.idle
+
+
+def live_tensors(device: torch.device, top: int = 40) -> list[dict]:
+    """The tensors on ``device`` that something still refers to (largest first), each with the kinds
+    of object that refer to it: what a closed engine failed to let go of."""
+    found = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")      # isinstance on deprecated module attributes warns
+        for o in gc.get_objects():
+            try:
+                if isinstance(o, torch.Tensor) and o.device.type == device.type:
+                    found.append(o)
+            except Exception:  # noqa: BLE001 - objects that cannot be inspected
+                continue
+    found.sort(key=lambda t: -t.untyped_storage().nbytes())
+    rows = []
+    for t in found[:top]:
+        holders = [type(r).__qualname__ + (f" ({', '.join(k for k in list(r)[:4] if isinstance(k, str))})"
+                                           if isinstance(r, dict) else "")
+                   for r in gc.get_referrers(t) if r is not found]
+        rows.append({"shape": list(t.shape), "dtype": str(t.dtype), "mib": t.untyped_storage().nbytes() / MIB,
+                     "held_by": holders[:4]})
+    return rows
 
 
 def snapshot(card: CardMemory, phase: str, cuda: bool) -> dict:
@@ -166,10 +191,15 @@ def main() -> None:
         rows.append(snapshot(card, f"{batch} x {plen}-token prompts, {a.gen} tokens", cuda))
     memory = llm.stats().memory
     llm.close()
+    rows.append(snapshot(card, "closed (the engine object still held)", cuda))
     del llm
+    gc.collect()
     if cuda:
         torch.cuda.empty_cache()
-    rows.append(snapshot(card, "closed, cache emptied", cuda))
+    rows.append(snapshot(card, "closed, dropped, collected, cache emptied", cuda))
+    left = live_tensors(torch.device("cuda" if cuda else "cpu"))
+    for t in left[:10]:
+        print(f"  still held: {t['shape']} {t['dtype']} {t['mib']:.1f} MiB, held by {', '.join(t['held_by'])}")
     threads = 0
     if cuda:
         p = torch.cuda.get_device_properties(0)
@@ -183,7 +213,7 @@ def main() -> None:
         "GPU memory of one Strata process as the card counts it (NVML, over the idle card) against torch's "
         f"reserved and allocated bytes, per phase: {a.format} experts, pool {a.pool}, depth {a.depth}, resident "
         f"weights {a.resident_weights}, the kit's KV sizing; and the compiled Triton kernels' local memory"),
-        "config": vars(a), "phases": rows, "kernels": kernels,
+        "config": vars(a), "phases": rows, "kernels": kernels, "held_after_close": left,
         "engine_memory": dataclasses.asdict(memory) if dataclasses.is_dataclass(memory) else None}
     if a.out:
         write_result(a.out, result)

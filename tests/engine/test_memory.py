@@ -136,8 +136,11 @@ def test_the_memory_gap_probe_runs_its_phases(tmp_path) -> None:
                    check=True, cwd=root, capture_output=True, timeout=600)
     d = json.loads(out.read_text())
     assert [p["phase"] for p in d["phases"]] == ["engine imported", "loaded", "1 x 64-token prompts, 8 tokens",
-                                                 "8 x 16-token prompts, 8 tokens", "closed, cache emptied"]
+                                                 "8 x 16-token prompts, 8 tokens",
+                                                 "closed (the engine object still held)",
+                                                 "closed, dropped, collected, cache emptied"]
     assert all(p["card_mib"] is None for p in d["phases"]) and d["kernels"] == []
+    assert d["held_after_close"] == []            # close() let go of every tensor the engine made
     assert d["engine_memory"]["resident_bytes"] > 0 and d["what"] and d["environment"]["commit"]
 
 
