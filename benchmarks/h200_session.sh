@@ -92,7 +92,7 @@ case ${1:-} in
     mkdir -p "$OUT/suite"
     OUT="$OUT/suite" PYTHON=python3 timeout -k 10 300 bash benchmarks/gpu_suite.sh tests
     pkill -f "pytest tests/engine/test_gpu" 2>/dev/null
-    timeout 60 python3 benchmarks/step_profile.py --cells int4 --out "$OUT/step_profile.json" 2>&1 \
+    timeout 100 python3 benchmarks/step_profile.py --cells int4,int4+gemm --out "$OUT/step_profile.json" 2>&1 \
       | grep -e "tok/s" -e Error
     [ -d "$TRAINED" ] || python3 benchmarks/trained_like_checkpoint.py "$TRAINED" --layers 12 2>&1 | tail -n 2
     # where the card's memory goes at no pool, and what a closed engine still holds; then the same with
