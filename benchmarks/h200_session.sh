@@ -102,6 +102,9 @@ case ${1:-} in
     PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 90 python3 benchmarks/memory_gap.py --hf "$TRAINED" \
       --format int4 --pool 0% --out "$OUT/memory_gap_expandable.json" 2>&1 | grep -v -e Warn -e "^ *$" -e "_kernel " \
       | tail -n 8
+    # no pool, batch 1, cold experts auto: where the CPU's share goes at prefetch depth 2 against 0
+    timeout 80 python3 benchmarks/cold_experts.py --formats int4 --pools 0 --depths 2,0 --batches 1 --modes auto \
+      --tokens 32 --out "$OUT/cold_depth.json" 2>&1 | grep -v "^ "
     if [ "${KIT_TRAINED:-0}" = 1 ]; then KIT_ARGS="$KIT_ARGS --hf $TRAINED"; fi
     bash .bench/kit/run.sh --background $KIT_ARGS || exit 1
     bash .bench/kit/poll.sh "$(left)" | tail -n 12;;

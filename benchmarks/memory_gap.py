@@ -66,11 +66,13 @@ def live_tensors(device: torch.device, top: int = 40) -> list[dict]:
             except Exception:  # noqa: BLE001 - objects that cannot be inspected
                 continue
     found.sort(key=lambda t: -t.untyped_storage().nbytes())
+    shown = tuple(found[:top])
+    del found
     rows = []
-    for t in found[:top]:
+    for t in shown:
         holders = [type(r).__qualname__ + (f" ({', '.join(k for k in list(r)[:4] if isinstance(k, str))})"
                                            if isinstance(r, dict) else "")
-                   for r in gc.get_referrers(t) if r is not found]
+                   for r in gc.get_referrers(t) if r is not shown]
         rows.append({"shape": list(t.shape), "dtype": str(t.dtype), "mib": t.untyped_storage().nbytes() / MIB,
                      "held_by": holders[:4]})
     return rows

@@ -98,9 +98,7 @@ class LLMEngine:
 
         Raises a ConfigError (and queues nothing) when :meth:`validate_request` refuses it.
         """
-        if self._closed is not None:
-            raise ConfigError(f"{self.model_info.name} was closed, which gave its memory back; load the model again "
-                              "to run requests")
+        self._require_open()
         if request_id is None:
             request_id, self._next_id = f"req-{self._next_id}", self._next_id + 1
         if request_id in self._requests:
@@ -179,6 +177,7 @@ class LLMEngine:
     # ---- the step -------------------------------------------------------------------------------
     def step(self) -> list[RequestDelta]:
         """One scheduler step; returns the new output of every request that advanced or ended."""
+        self._require_open()
         deltas = [self._finish(r, "abort") for r in list(self._requests.values()) if r.abort_requested]
         sched = self.scheduler.schedule()
         if not sched.seqs:
@@ -308,6 +307,7 @@ class LLMEngine:
 
     def score_batch(self, seqs: list[list[int]]) -> list[torch.Tensor]:
         """Logits of several sequences of different lengths, computed in one batch."""
+        self._require_open()
         checked = [self._prompt_ids(ids) for ids in seqs]
         for ids in checked:
             self._check_prompt(ids)
@@ -319,10 +319,17 @@ class LLMEngine:
 
     def reconfigure(self, **options) -> dict[str, str]:
         """Apply live options between steps; raises ReconfigureError and applies nothing if one is rejected."""
+        self._require_open()
         return self.live.reconfigure(options)
 
     def live_options(self) -> dict[str, str | None]:
+        self._require_open()
         return self.live.availability()
+
+    def _require_open(self) -> None:
+        if self._closed is not None:
+            raise ConfigError(f"{self.model_info.name} was closed, which gave its memory back; load the model again "
+                              "to run it")
 
     @property
     def closed(self) -> bool:
@@ -335,8 +342,13 @@ class LLMEngine:
         collector next runs (the model's objects refer to each other). Closing again does nothing."""
         if self._closed is not None:
             return
-        self._closed = self.stats()
+        self._closed = self._final_stats()
         device = self.loaded.device
+        try:
+            for r in list(self._requests.values()):   # what was still running ends as aborted
+                self._finish(r, "abort")
+        except Exception:  # noqa: BLE001 - a request's end must not keep the memory
+            self._requests.clear()
         try:
             self.loaded.close()
         finally:
@@ -345,6 +357,20 @@ class LLMEngine:
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
+
+    def _final_stats(self) -> EngineStats:
+        """The counters as the engine closes: the deferred end of the last replayed step settled and the
+        device's counts read after the device is done; where a part of the engine is gone already (a
+        pipeline stage that stopped), the counters of this process alone."""
+        try:
+            self.loaded.experts.settle()
+            self.stats()                  # starts the copy of the device-side counts ...
+            if self.loaded.device.type == "cuda":
+                torch.cuda.synchronize(self.loaded.device)
+            return self.stats()           # ... which this one reads
+        except Exception:  # noqa: BLE001 - closing must go on
+            return EngineStats(timestamp=time.time(), prompt_tokens=self.counters.prompt_tokens,
+                               generated_tokens=self.counters.generated_tokens)
 
     def __enter__(self) -> "LLMEngine":
         return self

@@ -224,10 +224,11 @@ def _check_tally(ids: torch.Tensor, acts: torch.Tensor, hits: torch.Tensor, pad:
             or hits.dtype != torch.int64 or not acts.is_contiguous() or len({ids.device, acts.device, hits.device}) != 1:
         raise ValueError(f"tally takes integer ids and int64 acts [E] and hits [1] on one device, got ids "
                          f"{ids.dtype}, acts {acts.dtype} {tuple(acts.shape)}, hits {hits.dtype} {tuple(hits.shape)}")
+    rows_differ = ids.numel() > 0 and (ids.dim() != 2 or ids.shape[:1] != pad.shape) if pad is not None else False
     if pad is not None and (pad.dtype != torch.bool or pad.dim() != 1 or not pad.is_contiguous()
-                            or pad.device != acts.device or (ids.numel() and ids.shape[:1] != pad.shape)):
+                            or pad.device != acts.device or rows_differ):
         raise ValueError(f"a tally's pad must be one contiguous bool per row of the ids on their device, got "
-                         f"{pad.dtype} {tuple(pad.shape)} on {pad.device} for ids {tuple(ids.shape)}")
+                         f"{pad.dtype} {tuple(pad.shape)} on {pad.device} for ids [T, k] {tuple(ids.shape)}")
 
 
 def _tally_parts(tally_into: tuple | None, t: int, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
@@ -236,6 +237,8 @@ def _tally_parts(tally_into: tuple | None, t: int, ids: torch.Tensor) -> tuple[t
     checked; ``ids`` stands in where there is none."""
     if tally_into is None:
         return ids, ids, None
+    if len(tally_into) not in (2, 3):
+        raise ValueError(f"tally_into is (acts, hits) or (acts, hits, pad), got {len(tally_into)} items")
     acts, hits, pad = (tuple(tally_into) + (None,))[:3]
     _check_tally(ids.new_empty(0), acts, hits, pad)
     if pad is not None and pad.shape != (t,):

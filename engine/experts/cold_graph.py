@@ -169,11 +169,9 @@ class GraphCpuLayer:
 class GraphCpuShares:
     """The host side: the recordings' buffers, the share in force and the host CPU's work per layer."""
 
-    def __init__(self, r: "Residency", hidden: int, gathers: Callable[[int], bool] = lambda tokens: False,
-                 kernels_carry: Callable[[], bool] = lambda: True) -> None:
+    def __init__(self, r: "Residency", hidden: int, gathers: Callable[[int], bool] = lambda tokens: False) -> None:
         self.r, self.hidden = r, hidden
         self.gathers = gathers           # whether a step of that many tokens copies its shared experts once
-        self.kernels_carry = kernels_carry   # whether the GPU's kernels move the bus's bytes (not the copy engine)
         pin = r.device.type == "cuda"
         with torch.inference_mode(False):      # made while a step is recorded; the host writes them later
             self.frac = torch.zeros(1, dtype=torch.float32, pin_memory=pin)   # read by the publish kernels
@@ -208,7 +206,7 @@ class GraphCpuShares:
         rates = self.r.cold.rates
         if rates is None:
             return 0.5
-        bus, cpu = rates.bus_s(self.r.layout.nbytes, direct=self.kernels_carry()), rates.cpu_s(1)
+        bus, cpu = rates.bus_s(self.r.layout.nbytes, direct=True), rates.cpu_s(1)   # the kernels move the bus's bytes
         return bus / (bus + cpu)
 
     def check(self) -> None:
@@ -304,6 +302,6 @@ class GraphCpuShares:
         rates = self.r.cold.rates
         if rates is None:
             return 0.0
-        bus_s = sum(rates.bus_s(self.r.layout.nbytes, n, direct=self.kernels_carry()) for n in bus)
+        bus_s = sum(rates.bus_s(self.r.layout.nbytes, n, direct=True) for n in bus)
         cpu_s = rates.cpu_call_s + sum(rates.cpu_s(n) for n in cpu)
         return max(bus_s, cpu_s) * 1e3

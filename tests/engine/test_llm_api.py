@@ -152,4 +152,16 @@ def test_closing_an_engine_gives_its_memory_back_at_once(tmp_path):
         assert model.engine.closed and model.stats().generated_tokens == tokens
         with pytest.raises(ConfigError, match="was closed.*load the model again"):
             model.generate(PROMPTS[0], greedy(2))
+        for use in (model.engine.step, lambda: model.reconfigure(prefetch_depth=1), lambda: model.score([1, 2, 3])):
+            with pytest.raises(ConfigError, match="was closed"):
+                use()
     model.close()                                 # closing again (here by the with block) does nothing
+
+
+def test_a_request_still_running_when_the_engine_closes_ends_as_aborted():
+    with LLM(str(DEMO), device="cpu") as model:
+        engine = model.engine
+        engine.add_request("left", PROMPTS[0], greedy(8))
+        engine.step()
+        model.close()
+        assert not engine.has_unfinished() and engine.abort_now("left") is None

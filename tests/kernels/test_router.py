@@ -197,6 +197,10 @@ def test_a_replays_padding_rows_are_left_out_of_the_tally(tokens):
         route(logits, 3, tally_into=(acts, hits, torch.zeros(tokens + 1, dtype=torch.bool)))
     with pytest.raises(ValueError, match="pad"):
         tally(ids_ref, acts, hits, torch.zeros(tokens, dtype=torch.int32))
+    with pytest.raises(ValueError, match="pad"):                  # rows of ids [T, k] only
+        tally_ref(ids_ref.reshape(tokens, 1, 3), acts, hits, torch.zeros(tokens, dtype=torch.bool))
+    with pytest.raises(ValueError, match="tally_into"):
+        route(logits, 3, tally_into=(acts,))
 
 
 def test_tally_rejects_bad_arguments():
