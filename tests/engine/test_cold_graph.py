@@ -110,6 +110,17 @@ def _x(t: int) -> torch.Tensor:
     return torch.randn(t, 16, generator=torch.Generator().manual_seed(t))
 
 
+def _replays_match_the_resident_model(stack: Stack, rep: _Replay, tokens: int, steps: int = 3) -> None:
+    """``steps`` replayed steps of ``tokens`` tokens, each fed the last one's output, equal the fully
+    resident model's."""
+    want = stack.run(stack.resident(), _x(tokens), steps)
+    x = _x(tokens)
+    for i in range(steps):
+        x = rep.step(x)
+        torch.testing.assert_close(x, want[i], rtol=1e-5, atol=1e-5)
+        x = torch.tanh(x)
+
+
 @pytest.mark.parametrize("share", [1.0, 0.0])
 @pytest.mark.parametrize("tokens", [1, 3])
 def test_replayed_steps_with_a_cpu_share_equal_the_resident_model(stack: Stack, share: float, tokens: int) -> None:
@@ -120,12 +131,7 @@ def test_replayed_steps_with_a_cpu_share_equal_the_resident_model(stack: Stack, 
     rep = _Replay(stack, prov, tokens)
     prov.direct.shares.share_for = lambda tokens: share
     mode = "cpu" if share else "bus"
-    want = stack.run(stack.resident(), _x(tokens), 3)
-    x = _x(tokens)
-    for i in range(3):
-        x = rep.step(x)
-        torch.testing.assert_close(x, want[i], rtol=1e-5, atol=1e-5)
-        x = torch.tanh(x)
+    _replays_match_the_resident_model(stack, rep, tokens)
     cold = prov.cold
     assert prov.stats().cpu_shares == ((tokens, share),)
     if mode == "cpu":
@@ -438,12 +444,7 @@ def test_replayed_steps_that_gather_every_missing_expert_equal_the_resident_mode
                            tuning=ResidencyTuning(gather_min_uses=1))
     rep = _Replay(stack, prov, tokens)
     prov.direct.shares.share_for = lambda tokens: share
-    want = stack.run(stack.resident(), _x(tokens), 3)
-    x = _x(tokens)
-    for i in range(3):
-        x = rep.step(x)
-        torch.testing.assert_close(x, want[i], rtol=1e-5, atol=1e-5)
-        x = torch.tanh(x)
+    _replays_match_the_resident_model(stack, rep, tokens)
     st = prov.stats()
     assert st.gathered > 0 and prov.r.counters.direct_bytes == st.gathered * stack.layout.nbytes
     prov.close()
