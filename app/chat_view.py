@@ -202,6 +202,7 @@ class MessageBubble(QFrame):
         self.body = QVBoxLayout()
         self.body.setSpacing(6)
         lay.addLayout(self.body)
+        self._blocks: list[QWidget] = []
         self.tail = StreamingTail()
         self.tail.hide()
         lay.addWidget(self.tail)
@@ -245,11 +246,13 @@ class MessageBubble(QFrame):
     def show_text(self, text: str, stats_line: str = "", streaming: bool = False, reasoning: str = "") -> None:
         """Show another text in this bubble (another version of the reply, or a new one streaming in)."""
         self.reasoning.set_text(reasoning)
-        while self.body.count():
-            widget = self.body.takeAt(0).widget()
-            if widget is not None:
-                widget.hide()           # gone at once, not only when Qt gets round to deleting it
-                widget.deleteLater()
+        # by widget, never through the layout's items: a QLayoutItem handed to Python outlives its C++ object
+        # in the binding's table, and a later object at the same address would come back as that item
+        for widget in self._blocks:
+            self.body.removeWidget(widget)
+            widget.hide()               # gone at once, not only when Qt gets round to deleting it
+            widget.deleteLater()
+        self._blocks = []
         self.text, self._pending = "", ""
         self.tail.set_text("")
         self.streaming = streaming
@@ -266,17 +269,21 @@ class MessageBubble(QFrame):
         grown = self._pending + text
         blocks, self._pending = split_finished(grown)
         for block in blocks:
-            self.body.addWidget(block_widget(block))
+            self._add_block(block_widget(block))
         if not blocks and self._pending == grown:
             self.tail.append_text(text)          # the common case: the tail only grows at its end
         else:
             self.tail.set_text(self._pending)
 
+    def _add_block(self, widget: QWidget) -> None:
+        self.body.addWidget(widget)
+        self._blocks.append(widget)
+
     def finish(self, stats_line: str = "") -> None:
         """The message is complete: render what is left and show the reply's stats."""
         self.streaming = False
         for block in split_all(self._pending):
-            self.body.addWidget(block_widget(block))
+            self._add_block(block_widget(block))
         self._pending = ""
         self.tail.set_text("")
         self.set_stats(stats_line)
