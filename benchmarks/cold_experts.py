@@ -149,6 +149,9 @@ def main() -> None:
                           f"gathered {r['gathered_per_token']:5.1f} /tok  bus {r['h2d_bytes_per_token'] / 1e6:6.1f} MB/tok  "
                           f"busy {r['cpu_busy_share']:.2f}  pred/meas {r['cold_predicted_ms_per_token']:.2f}/"
                           f"{r['cold_measured_ms_per_token']:.2f} ms", flush=True)
+                    for t, g in (r["graph_shares"] or {}).items():     # what auto measured for each share it tried
+                        tried = " ".join(f"{k}:{1e3 * v:.2f}" for k, v in g["step_s_by_share"].items())
+                        print(f"    {t} tokens: share {g['share']:.3f} in force; ms a step by share {tried}", flush=True)
                     if args.out:                 # kept row by row: a run cut short keeps what it measured
                         write_result(args.out, result)
         engine.close()

@@ -14,7 +14,7 @@
 #   or:              bash benchmarks/h200_session.sh validate          (carry .bench: the GPU tests; the
 #                    resident step; where the card's memory goes at no pool and what a closed engine still
 #                    holds, with and without expandable segments; then the kit in the background: follow
-#                    it with kit-then-gpt-oss, or poll it with bash .bench/kit/poll.sh 540)
+#                    it with kit-then-gpt-oss, or poll it with bash .bench/kit/poll.sh 540; NO_KIT=1: no kit)
 #   or:              bash benchmarks/h200_session.sh kit               (carry .bench: the kit alone, in the
 #                    background; follow it with kit-then-gpt-oss)
 #   or, alone:       bash benchmarks/h200_session.sh probes            (the gather's A/B and copy rates)
@@ -89,11 +89,9 @@ case ${1:-} in
     bash .bench/kit/poll.sh "$(left)" | tail -n 12;;
   validate)
     nvidia-smi --query-gpu=name --format=csv,noheader
-    mkdir -p "$OUT/suite"
-    OUT="$OUT/suite" PYTHON=python3 timeout -k 10 300 bash benchmarks/gpu_suite.sh tests
-    pkill -f "pytest tests/engine/test_gpu" 2>/dev/null
-    timeout 100 python3 benchmarks/step_profile.py --cells int4,int4+gemm --out "$OUT/step_profile.json" 2>&1 \
-      | grep -e "tok/s" -e Error
+    # no pool, cold experts auto, bus and cpu: where the CPU's share goes at prefetch depth 2 against 0
+    timeout 150 python3 benchmarks/cold_experts.py --formats int4 --pools 0 --depths 2,0 --batches 1,8 --modes auto,bus,cpu \
+      --tokens 48 --out "$OUT/cold_depth.json" 2>&1 | grep -v -e "^  [^ ]" -e "^[^ ]*Warn"
     [ -d "$TRAINED" ] || python3 benchmarks/trained_like_checkpoint.py "$TRAINED" --layers 12 2>&1 | tail -n 2
     # where the card's memory goes at no pool, and what a closed engine still holds; then the same with
     # the allocator's expandable segments (less memory reserved beyond what is allocated)
@@ -102,9 +100,12 @@ case ${1:-} in
     PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 90 python3 benchmarks/memory_gap.py --hf "$TRAINED" \
       --format int4 --pool 0% --out "$OUT/memory_gap_expandable.json" 2>&1 | grep -v -e Warn -e "^ *$" -e "_kernel " \
       | tail -n 8
-    # no pool, batch 1, cold experts auto: where the CPU's share goes at prefetch depth 2 against 0
-    timeout 80 python3 benchmarks/cold_experts.py --formats int4 --pools 0 --depths 2,0 --batches 1 --modes auto \
-      --tokens 32 --out "$OUT/cold_depth.json" 2>&1 | grep -v "^ "
+    mkdir -p "$OUT/suite"
+    OUT="$OUT/suite" PYTHON=python3 timeout -k 10 $(( $(left) > 320 ? 300 : $(left) - 20 )) bash benchmarks/gpu_suite.sh tests
+    pkill -f "pytest tests/engine/test_gpu" 2>/dev/null
+    [ "$(left)" -gt 60 ] && timeout $(( $(left) - 10 )) python3 benchmarks/step_profile.py --cells int4,int4+gemm \
+      --out "$OUT/step_profile.json" 2>&1 | grep -e "tok/s" -e Error
+    [ "${NO_KIT:-0}" = 1 ] && exit 0           # NO_KIT=1: the measurements only
     if [ "${KIT_TRAINED:-0}" = 1 ]; then KIT_ARGS="$KIT_ARGS --hf $TRAINED"; fi
     bash .bench/kit/run.sh --background $KIT_ARGS || exit 1
     bash .bench/kit/poll.sh "$(left)" | tail -n 12;;
