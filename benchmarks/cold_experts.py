@@ -56,7 +56,12 @@ def row(engine, sweep: Sweep, fmt: str, pool: float, depth: int, mode: str, batc
     engine.reconfigure(expert_pool_size=int(total * pool), prefetch_depth=depth, cold_experts=mode, expert_reads=reads)
     if not set_gather(engine, gather != "off", 1 if gather == "all" else 2):
         raise ValueError(f"this store cannot {'leave off gathering' if gather == 'off' else 'gather'}")
-    n, secs, before, after, host_wait, _ = sampled_decode(engine, prompts, sweep, seed=17)
+    trace = experts.direct.trace
+    trace.start(4)                                  # the host's timeline of the last replayed steps
+    try:
+        n, secs, before, after, host_wait, _ = sampled_decode(engine, prompts, sweep, seed=17)
+    finally:
+        trace.stop()
     d = lambda f: getattr(after, f) - getattr(before, f)   # noqa: E731
     rates = experts.cold.rates
     out = {"format": fmt, "pool_fraction": pool, "depth": depth, "cold_experts": mode, "batch": batch,
@@ -72,7 +77,9 @@ def row(engine, sweep: Sweep, fmt: str, pool: float, depth: int, mode: str, batc
            "graph_shares": ({str(t): {"share": sh, "step_s_by_share": {str(k): v for k, v in tried.items()}}
                              for t, (sh, tried) in experts.direct.shares.tuner.state().items()}
                             if experts.direct.shares is not None else None),
-           "expert_bytes": experts.layout.nbytes}
+           "expert_bytes": experts.layout.nbytes,
+           "host_trace_us": trace.summary(),            # and the last traced step's events
+           "host_trace": [list(e) for e in trace.events if e[0] == trace.events[-1][0]] if trace.events else []}
     if rates is not None:
         import numba
         try:
@@ -149,6 +156,8 @@ def main() -> None:
                           f"gathered {r['gathered_per_token']:5.1f} /tok  bus {r['h2d_bytes_per_token'] / 1e6:6.1f} MB/tok  "
                           f"busy {r['cpu_busy_share']:.2f}  pred/meas {r['cold_predicted_ms_per_token']:.2f}/"
                           f"{r['cold_measured_ms_per_token']:.2f} ms", flush=True)
+                    if r["host_trace_us"]:
+                        print("    host us: " + " ".join(f"{k} {v:.0f}" for k, v in r["host_trace_us"].items()), flush=True)
                     for t, g in (r["graph_shares"] or {}).items():     # what auto measured for each share it tried
                         tried = " ".join(f"{k}:{1e3 * v:.2f}" for k, v in g["step_s_by_share"].items())
                         print(f"    {t} tokens: share {g['share']:.3f} in force; ms a step by share {tried}", flush=True)

@@ -34,6 +34,7 @@ import torch
 from kernels.publish_ids import SLOT_CPU, CpuShareArgs
 
 if TYPE_CHECKING:
+    from engine.experts.host_trace import HostTrace
     from engine.experts.residency import Residency
 
 SHARES = tuple(i / 8 for i in range(9))        # the shares auto chooses among
@@ -180,6 +181,7 @@ class GraphCpuShares:
         self._bufs: dict[tuple[int, int], _Buffers] = {}
         self._run = None                 # the CPU kernels' runner, made at the first share
         self.tokens = 0                  # the running step's real tokens
+        self.trace: HostTrace | None = None      # the host's timeline (engine/experts/host_trace.py)
 
     def layer(self, moe_index: int, ids: torch.Tensor, snap: torch.Tensor,
               publish: Callable[[CpuShareArgs], None]) -> GraphCpuLayer:
@@ -262,6 +264,8 @@ class GraphCpuShares:
                 raise RuntimeError(f"the decode graph finished without handing MoE layer {moe_index}'s "
                                    "inputs to the host CPU")
             time.sleep(0)
+        if self.trace is not None:
+            self.trace.mark(moe_index, "ready")
         base = moe_index * r.num_experts
         e = np.asarray(ids, dtype=np.int64)
         s = np.asarray(seen, dtype=np.int64)
@@ -278,6 +282,8 @@ class GraphCpuShares:
         out[rows * d:] = 0.0                                                 # padding rows add nothing
         done = time.perf_counter()
         flags[1] = 1
+        if self.trace is not None:
+            self.trace.mark(moe_index, "computed")
         missing, uses = np.unique(e[s < 0], return_counts=True)              # both sorted
         at = np.minimum(np.searchsorted(experts, missing), experts.size - 1)
         mine = experts[at] == missing

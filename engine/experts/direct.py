@@ -40,6 +40,7 @@ from engine.experts.cold_graph import GraphCpuShares
 from engine.experts.claims import DeviceClaims, admissions_landed
 from engine.experts.fills import FillSlots
 from engine.experts.gather import GatherSlots
+from engine.experts.host_trace import HostTrace
 from engine.experts.prefetch import ClaimGate, Prediction
 from engine.experts.residency import Residency
 from engine.experts.step_books import StepBooks
@@ -70,6 +71,7 @@ class DirectPath:
         # deferred end, which on CUDA only a graph replay uses
         self.defer_eager_ends = False
         self.shares: GraphCpuShares | None = None    # the host CPU's share in replayed steps, once recorded
+        self.trace = HostTrace()                     # the host's timeline of followed steps, when asked
 
     # ---- when ------------------------------------------------------------------------------------
     @property
@@ -192,6 +194,7 @@ class DirectPath:
             return out
         if self.shares is None:
             self.shares = GraphCpuShares(r, r.layout.hidden, self.gather.on)
+            self.shares.trace = self.trace
         # the model launches the publish (with x and the routing weights) and later the join
         return out + (self.shares.layer(moe_index, topk_ids, self.snap[moe_index], launch),)
 
@@ -208,6 +211,7 @@ class DirectPath:
             finished = done.query
         # the first layer waits for the host's CPU experts: the previous step's end comes after them
         cpu_first = self.shares is not None and self.shares.frac.numpy()[0] > 0
+        self.trace.step_begins()
         if not cpu_first:
             self.finish_ended()
         try:
@@ -216,6 +220,7 @@ class DirectPath:
         except BaseException:
             self.abort_replay(finished)
             raise
+        self.trace.step_followed()
 
     def abort_replay(self, finished: Callable[[], bool] | None = None, limit_s: float = 30.0) -> None:
         """The host cannot follow the running replay to its end: let every join of the CPU's share
@@ -250,6 +255,7 @@ class DirectPath:
                 raise RuntimeError(f"the decode graph finished without publishing MoE layer {c.moe_index}")
             time.sleep(0)
         r.counters.sync_ms += (time.perf_counter() - t0) * 1e3
+        self.trace.mark(c.moe_index, "published")
         ids, seen = data[:rows * k].tolist(), data[n:n + rows * k].tolist()
         fills = data[2 * n:2 * n + rows * k].tolist()
         gathers = self.gather.on(t)
@@ -271,6 +277,7 @@ class DirectPath:
             if depth > 0:
                 pred = (layers[:depth], pids[:depth])
         self._follow(c.moe_index, ids, seen, pred, fills, read, gathered)
+        self.trace.mark(c.moe_index, "followed")
 
     def acquire(self, moe_index: int, topk_ids: torch.Tensor, pred: Prediction | None) -> tuple:
         """Eager direct-read layer: snapshot, read ids / slots / predictions (one sync), follow.
@@ -421,12 +428,14 @@ class DirectPath:
         if books is None:
             return
         t0 = time.perf_counter()
+        self.trace.mark(-1, "end_begins")
         mine, self.step = self.step, books
         try:
             self._end(keep=self.live_leases)
         finally:
             self.step = mine
             self.r.counters.step_end_ms += (time.perf_counter() - t0) * 1e3
+            self.trace.mark(-1, "ended")
 
     def _end(self, keep: frozenset[int] = frozenset()) -> None:
         """Release landed staging slots (not those in ``keep``: the next step's), admit the step's

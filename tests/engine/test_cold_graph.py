@@ -448,3 +448,32 @@ def test_replayed_steps_that_gather_every_missing_expert_equal_the_resident_mode
     st = prov.stats()
     assert st.gathered > 0 and prov.r.counters.direct_bytes == st.gathered * stack.layout.nbytes
     prov.close()
+
+
+@pytest.mark.parametrize("share", [1.0, 0.0])
+def test_a_trace_times_the_hosts_part_of_each_followed_layer(stack: Stack, share: float) -> None:
+    # The trace records while it is on and keeps the last steps asked for: per layer the publish seen,
+    # the CPU's inputs seen, its experts computed (where the layer gave the CPU a share), the books
+    # kept; in that order.
+    prov = stack.offloaded(0, depth=1, direct_reads=True, cold_experts="cpu")
+    rep = _Replay(stack, prov, 2)
+    prov.direct.shares.share_for = lambda tokens: share
+    trace = prov.direct.trace
+    x = rep.step(_x(2))
+    assert not trace.on and trace.events == []
+    trace.start(2)
+    for _ in range(3):
+        x = rep.step(torch.tanh(x))
+    trace.stop()
+    rep.step(torch.tanh(x))
+    assert sorted({s for s, *_ in trace.events}) == [1, 2]          # the last two of the three traced
+    per_layer = ["published", "ready", "computed", "followed"] if share else ["published", "followed"]
+    for step in (1, 2):
+        events = [(layer, e) for s, layer, e, _ in trace.events if s == step and layer >= 0]
+        assert events == [(layer, e) for layer in range(L) for e in per_layer]
+        times = [t for s, *_, t in trace.events if s == step]
+        assert times == sorted(times)
+    summary = trace.summary()
+    assert set(summary) >= {"publish_wait", "books", "step_followed"}
+    assert ("compute" in summary) == bool(share) and all(v >= 0 for v in summary.values())
+    prov.close()
