@@ -25,10 +25,14 @@ Cells (``--cells``):
   naive synchronous offload (pool 0, prefetch depth 0, copies only, the torch reference MoE, no CUDA
   graphs, each prompt prefilled whole in one step) -> + hot-expert pool (the most the budget holds)
   -> + prefetch depth 2 -> + fused MoE kernels (Triton; with them missing experts are read directly
-  from host memory) -> + CUDA graphs -> + chunked prefill (``--ladder-chunk`` tokens per step). The
-  MoE kernels have no EngineConfig knob: that rung swaps the model's MoE function (see
-  ``set_moe_kernels``). Chunked prefill changes prefill steps only, so its rung shows in
-  ``prefill_warmup_s`` / ``e2e_tok_s`` and the memory peak rather than in decode tok/s.
+  from host memory) -> + CUDA graphs -> + chunked prefill (``--ladder-chunk`` tokens per step): the
+  article's six rungs, every missing expert over the bus (``cold_experts`` bus); then Strata's own
+  seventh, + cold experts on the CPU (``cold_experts`` auto: the host CPU computes the share of the
+  missing experts that makes the step fastest). ``article_last_over_first`` is rung 6 over rung 1,
+  ``last_over_first`` rung 7 over rung 1. The MoE kernels have no EngineConfig knob: that rung swaps
+  the model's MoE function (see ``set_moe_kernels``). Chunked prefill changes prefill steps only, so
+  its rung shows in ``prefill_warmup_s`` / ``e2e_tok_s`` and the memory peak rather than in decode
+  tok/s.
 
 Every row: ``torch.cuda.max_memory_allocated`` (reset as the row starts) against the budget.
 Decoding samples at temperature 1 with fixed seeds; the clock of a row starts once every sequence
@@ -60,7 +64,8 @@ from engine.telemetry import ExpertStats  # noqa: E402
 
 ROUTINGS = ("uniform", "trained-like")
 LADDER_KNOBS = ("expert_pool_size", "prefetch_depth", "expert_reads", "cuda_graphs", "prefill_chunk",
-                "max_batch_tokens")
+                "max_batch_tokens", "cold_experts")
+ARTICLE_RUNGS = 6                    # the ladder's rungs that the article has; the rest are Strata's own
 START = time.perf_counter()
 
 
@@ -212,7 +217,8 @@ def decode_row(engine: LLMEngine, ps: list[list[int]], warmup: int, tokens: int,
            "misses_predicted": d("misses_predicted") / d("misses") if d("misses") else None,
            "copy_wait_ms_per_token": d("copy_wait_ms") / n, "bus_gb_s": d("h2d_bytes") / secs / 1e9,
            "bus_limit_tok_s": limit, "fraction_of_bus_limit": n / secs / limit if limit else None,
-           "cuda_graphs_active": engine.stats().cuda_graphs_active}
+           "cuda_graphs_active": engine.stats().cuda_graphs_active,
+           "cpu_experts_per_token": d("cpu_experts") / n, "cold_experts": engine.config.cold_experts}
     budget = engine.loaded.plan.budget_bytes
     if run.cuda and budget is not None:
         peak = torch.cuda.max_memory_allocated()
@@ -261,12 +267,13 @@ def ladder_rungs(engine: LLMEngine, args, live: dict) -> list[tuple[str, dict, b
     whole = {"prefill_chunk": engine.loaded.max_model_len,
              "max_batch_tokens": engine.config.max_batch * engine.loaded.max_model_len}
     rungs = [("naive synchronous offload", {"expert_pool_size": 0, "prefetch_depth": 0, "expert_reads": "copy",
-                                            "cuda_graphs": False, **whole}, False),
+                                            "cuda_graphs": False, "cold_experts": "bus", **whole}, False),
              ("+ hot-expert pool", {"expert_pool_size": engine.loaded.plan.pool_bytes}, False),
              ("+ prefetch depth 2", {"prefetch_depth": 2}, False),
              ("+ fused MoE kernels", {"expert_reads": "auto"}, True),
              ("+ CUDA graphs", {"cuda_graphs": True}, True),
-             ("+ chunked prefill", {"prefill_chunk": args.ladder_chunk, "max_batch_tokens": None}, True)]
+             ("+ chunked prefill", {"prefill_chunk": args.ladder_chunk, "max_batch_tokens": None}, True),
+             ("+ cold experts on the CPU", {"cold_experts": "auto"}, True)]
     return [(name, {k: v for k, v in opts.items() if live.get(k) is None}, fused) for name, opts, fused in rungs]
 
 
@@ -293,6 +300,8 @@ def ladder(engine: LLMEngine, args, run: Run) -> list[dict]:
     first, last = rows[0].get("tok_s"), rows[-1].get("tok_s")
     if first and last:
         rows[-1]["last_over_first"] = last / first
+        article = rows[min(ARTICLE_RUNGS, len(rows)) - 1].get("tok_s")
+        rows[-1]["article_last_over_first"] = article / first if article else None
     return rows
 
 
@@ -339,6 +348,7 @@ def summary(result: dict) -> dict:
             "120b_min_fraction_of_bus_limit": min(bus, default=None), "target_bus": 0.8,
             "120b_b16_trained_like_tok_s": b16[0] if b16 else None, "target_b16_tok_s": 108.0,
             "ladder_last_over_first": ladder[-1].get("last_over_first") if ladder else None, "target_ladder": 10.0,
+            "ladder_article_last_over_first": ladder[-1].get("article_last_over_first") if ladder else None,
             "every_cell_within_budget": all(peaks) if peaks else None}
 
 

@@ -47,9 +47,10 @@ def test_tiny_run_measures_cells_a_and_b_and_keeps_an_existing_result(tmp_path):
 def test_the_ladder_adds_one_setting_per_rung(tmp_path):
     doc = bench.main(["--tiny", "--cells", "c", "--out", str(tmp_path / "r.json")])
     ladder = doc["120b"]["trained-like"]["ladder"]
-    assert [r["rung"] for r in ladder] == [1, 2, 3, 4, 5, 6] and all("tok_s" in r for r in ladder)
+    assert [r["rung"] for r in ladder] == [1, 2, 3, 4, 5, 6, 7] and all("tok_s" in r for r in ladder)
     cfg = [r["engine_config"] for r in ladder]
     assert (cfg[0]["expert_pool_size"], cfg[0]["prefetch_depth"], cfg[0]["expert_reads"]) == (0, 0, "copy")
+    assert [c["cold_experts"] for c in cfg] == ["bus"] * 6 + ["auto"]     # the article's rungs use the bus only
     assert cfg[0]["prefill_chunk"] == 64 and cfg[0]["max_batch_tokens"] == 16 * 64      # prompts prefilled whole
     pool = doc["120b"]["trained-like"]["build"]["expert_bytes"] * 32                     # 50% of 4 x 16 experts
     assert cfg[1]["expert_pool_size"] == pool and cfg[1]["prefetch_depth"] == 0
@@ -59,6 +60,8 @@ def test_the_ladder_adds_one_setting_per_rung(tmp_path):
     assert (cfg[5]["prefill_chunk"], cfg[5]["max_batch_tokens"]) == (48, None)
     assert {r["moe_kernels"] for r in ladder} == {"torch reference"}   # the CPU has no Triton MoE to switch to
     assert ladder[-1]["last_over_first"] == ladder[-1]["tok_s"] / ladder[0]["tok_s"]
+    assert ladder[-1]["article_last_over_first"] == ladder[5]["tok_s"] / ladder[0]["tok_s"]
+    assert doc["summary"]["ladder_article_last_over_first"] == ladder[-1]["article_last_over_first"]
 
 
 def test_experts_land_in_the_host_store_as_the_mxfp4_bytes_drawn():
