@@ -76,8 +76,7 @@ class _Submit:
 
 @dataclass(frozen=True)
 class _Reconfigure:
-    option: str
-    value: object
+    changes: tuple[tuple[str, object], ...]     # (option, value), applied together (see _apply)
 
 
 @dataclass(frozen=True)
@@ -165,7 +164,14 @@ class EngineBridge(QObject):
 
     def reconfigure(self, option: str, value: object) -> None:
         """Change one live option; the answer comes back through ``knob_result``."""
-        self.engine_loop.post(_Reconfigure(option, value))
+        self.engine_loop.post(_Reconfigure(((option, value),)))
+
+    def reconfigure_all(self, changes: list[tuple[str, object]]) -> None:
+        """Change several live options as one: each is tried again once others have applied (one may
+        need another's new value: a lower max_batch before a smaller max_batch_tokens); one answer per
+        option through ``knob_result``."""
+        if changes:
+            self.engine_loop.post(_Reconfigure(tuple(changes)))
 
     def pause(self, reason: str) -> None:
         """Stop stepping the engine (requests wait) until ``resume``."""
@@ -221,7 +227,7 @@ class EngineBridge(QObject):
         elif isinstance(cmd, _Submit):
             self._add(cmd.request)
         elif isinstance(cmd, _Reconfigure):
-            self._apply(cmd.option, cmd.value)
+            self._apply(cmd.changes)
         elif isinstance(cmd, Load):
             self._request_load(cmd)
         elif isinstance(cmd, Loaded):
@@ -336,9 +342,8 @@ class EngineBridge(QObject):
             if reader is not None:
                 self._pending.read_apart(req.request_id, reader)
             self.engine_loop.add_now(Job(req.request_id, prompt, params, self._on_delta))
-        except StrataError as exc:
-            self._end(req.request_id, "error", str(exc))
-            raise
+        except StrataError as exc:       # the request's own mistake: said in its reply (or load-test row) only
+            self._end(req.request_id, "error", self._wording(str(exc)))
         except Exception as exc:
             self._end(req.request_id, "error", f"internal error: {exc}")   # no reply waits forever
             raise
@@ -396,25 +401,40 @@ class EngineBridge(QObject):
             self.reply_finished.emit(result)
 
     # --- knobs ----------------------------------------------------------------------------------
-    def _apply(self, option: str, value: object) -> None:
+    def _apply(self, changes: tuple[tuple[str, object], ...]) -> None:
+        """Apply ``changes`` one option at a time, in rounds: an option refused in one round is tried
+        again after a round in which another applied; what is still refused then is answered with the
+        engine's reason."""
         if self._engine is None:
-            self.knob_result.emit(KnobResult(option, value, False, "no model is loaded"))
+            for option, value in changes:
+                self.knob_result.emit(KnobResult(option, value, False, "no model is loaded"))
             return
-        try:
-            applied = self._engine.reconfigure(**{option: value})
-        except StrataError as exc:
-            self.knob_result.emit(KnobResult(option, value, False, self._wording(str(exc))))
-        else:
-            self.knob_result.emit(KnobResult(option, value, True, self._wording(applied.get(option, "applied"))))
+        pending, answers = dict(changes), {}
+        while pending:
+            progress = False
+            for option, value in list(pending.items()):
+                try:
+                    applied = self._engine.reconfigure(**{option: value})
+                except StrataError as exc:
+                    answers[option] = KnobResult(option, value, False, self._wording(str(exc)))
+                    continue
+                answers[option] = KnobResult(option, value, True, self._wording(applied.get(option, "applied")))
+                del pending[option]
+                progress = True
+            if not progress:
+                break
+        for option, _ in changes:
+            self.knob_result.emit(answers[option])
         self._emit_knobs()
 
     def _emit_knobs(self) -> None:
         self.knobs_changed.emit(knob_state(self._engine, self._defaults, _CHOICES, self._wording))
 
     def _wording(self, text: str) -> str:
-        """An engine message about the running model: flags whose knob works now become that knob."""
+        """An engine message about the running model in the workbench's words: option names as the
+        knobs' labels, flags whose knob works now as that knob."""
         if "--" not in text:
-            return text
+            return gui_wording(text, ())
         usable = () if self._engine is None else [k for k, why in self._engine.live_options().items() if why is None]
         return gui_wording(text, usable)
 

@@ -65,7 +65,8 @@ def knob_state(engine: Any, defaults: dict[str, object], choices: dict[str, tupl
         values=tuple((name, getattr(cfg, name)) for name in sorted(defaults)),
         unsupported=tuple((name, wording(why)) for name, why in sorted(reasons.items()) if why),
         defaults=tuple(sorted(defaults.items())), pool_max_bytes=max_bytes, pool_bytes=current,
-        choices=tuple(sorted(offered_choices(engine, choices).items())))
+        choices=tuple(sorted(offered_choices(engine, choices).items())),
+        automatic=(("max_batch_tokens", int(cfg.token_budget)),) if "max_batch_tokens" in defaults else ())
 
 
 def synthetic_prompt(tokenizer: Any, n_tokens: int) -> list[int]:

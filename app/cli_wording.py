@@ -144,8 +144,16 @@ def gui_wording(text: str, knobs: Collection[str] | None = None) -> str:
     return result
 
 
+# the chat settings' words for what the engine's messages call the request options they name
+_CHAT_WORDS = (("switch the context-overflow policy to drop-oldest",
+                "set Chat too long (in the chat settings) to drop the oldest turns"),)
+
+
 def _knob_names(text: str) -> str:
-    """The engine's option names (``max_batch_tokens=1``, "raise max_batch_tokens") as the knobs' labels."""
+    """The engine's option names (``max_batch_tokens=1``, "raise max_batch_tokens") as the knobs' labels,
+    and the chat settings' words for a request option's advice."""
+    for engine_words, chat_words in _CHAT_WORDS:
+        text = text.replace(engine_words, chat_words)
     for name in sorted(LABELS, key=len, reverse=True):
         if name not in text:
             continue

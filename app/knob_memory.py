@@ -1,8 +1,9 @@
 """Knob values across restarts: what the user set, per model folder, in the window's QSettings.
 
-After a load the saved values go through the engine's ordinary reconfigure path, one at a time and in
-the order they were set, so a value that no longer fits (another budget, a changed model) is refused
-with the engine's reason like any other change, and then forgotten.
+After a load the saved values go through the engine's ordinary reconfigure path as one change (each
+value tried again once the others applied, so none is refused for the order it was set in), and a
+value that no longer fits (another budget, a changed model) is refused with the engine's reason like
+any other change, and then forgotten.
 """
 from __future__ import annotations
 

@@ -47,8 +47,21 @@ class StatusLine(ElidedLabel):
         self.setToolTip(reason or self.tip)
 
 
+class AutoSpin(QSpinBox):
+    """A spin box whose lowest step, 0, is "auto": a step up from it goes to what auto comes to now
+    (``auto_value``), not to 1, which the engine may refuse (a token budget below the batch)."""
+
+    auto_value: int | None = None
+
+    def stepBy(self, steps: int) -> None:
+        if self.value() == self.minimum() == 0 and steps > 0 and self.auto_value:
+            self.setValue(min(self.auto_value, self.maximum()))
+        else:
+            super().stepBy(steps)
+
+
 def _spin(lo: int, hi: int, suffix: str, special: str | None = None) -> QSpinBox:
-    box = QSpinBox()
+    box = AutoSpin() if special else QSpinBox()
     box.setRange(lo, hi)
     box.setKeyboardTracking(False)
     box.setSuffix(suffix)
@@ -116,6 +129,7 @@ class KnobsPanel(QWidget):
     """The live knobs; ``change_requested(option, value)`` fires once per user change."""
 
     change_requested = Signal(str, object)
+    changes_requested = Signal(list)             # [(option, value)], applied as one (EngineBridge.reconfigure_all)
     result_shown = Signal(object)                # KnobResult, once its status is on screen
     guard_changed = Signal(bool, float, float)   # enabled, pause at °C, resume below °C
     title = "Knobs"
@@ -228,6 +242,15 @@ class KnobsPanel(QWidget):
         """Ask the engine for ``value`` as if the user had set it (a value saved from an earlier session)."""
         self._send(option, value)
 
+    def request_all(self, changes: list[tuple[str, object]]) -> None:
+        """Ask for several values as one change: one may need another's (a smaller max batch tokens
+        after a lower max batch), so none is refused for the order they are sent in."""
+        for option, _ in changes:
+            self._asked.add(option)
+            self._set_status(option, "off", "applying…")
+        if changes:
+            self.changes_requested.emit(list(changes))
+
     def _set_status(self, option: str, kind: str, text: str, tip: str | None = None) -> None:
         label = self.status[option]
         label.set_line(text, tip)
@@ -282,6 +305,8 @@ class KnobsPanel(QWidget):
         elif isinstance(w, QCheckBox):
             w.setChecked(bool(value))
         elif isinstance(w, QSpinBox):
+            if isinstance(w, AutoSpin):
+                w.auto_value = state.automatic_value(name)
             w.setValue(0 if value is None else int(value))
 
     def show_result(self, result: KnobResult) -> None:
@@ -328,9 +353,10 @@ class KnobsPanel(QWidget):
         """Send every option that differs from its value at load back to it, one at a time."""
         if self.state is None:
             return
-        current = dict(self.state.values)
+        current, changes = dict(self.state.values), []
         for name, default in self.state.defaults:
             if current.get(name) != default and self.state.reason(name) is None:
-                self._send(name, default)
+                changes.append((name, default))
             elif self._kind(name) == "bad":
                 self._set_status(name, "off", "")      # a refusal of a value the knob no longer asks for
+        self.request_all(changes)

@@ -211,6 +211,8 @@ class MainWindow(QMainWindow):
         # a lambda, not the bound method: the bridge lives in its own thread and takes commands by queue,
         # whereas a connection to its method would be queued to a thread that runs no event loop
         self.knobs.change_requested.connect(lambda option, value: self.bridge.reconfigure(option, value))
+        # through a lambda: called on this thread (the bridge's own thread runs the engine loop, not Qt's)
+        self.knobs.changes_requested.connect(lambda changes: self.bridge.reconfigure_all(changes))
         self.knobs.guard_changed.connect(self._on_guard_settings)
         self._restore_guard()
 
@@ -264,8 +266,7 @@ class MainWindow(QMainWindow):
     # --- knob values across restarts ----------------------------------------------------------
     def _on_knobs(self, state: KnobState) -> None:
         """After a load, the knob values saved for this model go through the engine one by one."""
-        for option, value in self.knob_memory.to_restore(state):
-            self.knobs.request(option, value)
+        self.knobs.request_all(self.knob_memory.to_restore(state))
 
     def _on_knob_result(self, result: KnobResult) -> None:
         refused = self.knob_memory.on_result(result, self.knobs.state)

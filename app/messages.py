@@ -148,9 +148,13 @@ class KnobState:
     pool_max_bytes: int = 0                       # slider upper bound (budget, or all experts on CPU)
     pool_bytes: int = 0                           # what the pool holds now
     choices: tuple[tuple[str, tuple[str, ...]], ...] = ()   # option -> allowed values (combo boxes)
+    automatic: tuple[tuple[str, int], ...] = ()   # option -> what its automatic value (None) comes to now
 
     def value(self, name: str) -> object:
         return dict(self.values).get(name)
+
+    def automatic_value(self, name: str) -> int | None:
+        return dict(self.automatic).get(name)
 
     def reason(self, name: str) -> str | None:
         return dict(self.unsupported).get(name)

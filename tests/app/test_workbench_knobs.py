@@ -51,9 +51,9 @@ def test_rejected_change_shows_the_engine_reason(window, qtbot):
     c = window.knobs.controls
     _answer(qtbot, window, lambda: c["max_batch"].setValue(32))
     result = _answer(qtbot, window, lambda: c["max_batch_tokens"].setValue(8))
-    assert not result.applied
-    assert "max_batch_tokens=8 is below max_batch=32" in result.message
-    assert _status(window, "max_batch_tokens").startswith("✗ rejected: max_batch_tokens=8")
+    assert not result.applied                               # in the knobs' names, not the engine's options
+    assert "Max batch tokens 8 is below Max batch 32" in result.message and "max_batch" not in result.message
+    assert _status(window, "max_batch_tokens").startswith("✗ rejected: Max batch tokens 8")
     qtbot.waitUntil(lambda: c["max_batch_tokens"].value() == 0, timeout=TIMEOUT)  # resynced: still auto
 
 
@@ -113,7 +113,7 @@ def test_a_saved_value_that_no_longer_fits_is_refused_with_its_reason(window_fac
     w = window_factory()
     qtbot.waitUntil(lambda: w.banners.level("knobs") == "amber", timeout=TIMEOUT)
     text = w.banners.text("knobs")
-    assert text.startswith("The saved Max batch tokens setting (8) was not applied: max_batch_tokens=8 is below")
+    assert text.startswith("The saved Max batch tokens setting (8) was not applied: Max batch tokens 8 is below")
     assert w.knobs.state.value("max_batch") == 32 and w.knobs.state.value("max_batch_tokens") is None
     assert _status(w, "max_batch_tokens").startswith("✗ rejected")
     saved = json.loads(str(QSettings(str(tmp_path / "strata.ini"), QSettings.Format.IniFormat).value(
@@ -286,3 +286,48 @@ def test_the_static_placement_is_offered_only_where_a_routing_profile_was_loaded
     assert offered_choices(with_profile, choices) == choices
     without = offered_choices(SimpleNamespace(config=SimpleNamespace(routing_profile=None)), choices)
     assert without["expert_policy"] == ("lfu", "lru", "adaptive") and without["expert_reads"] == ("auto", "copy")
+
+
+def test_reset_applies_values_that_need_each_other_in_one_click(window, qtbot):
+    # max_batch 4 with max_batch_tokens 5: sent back one by one in the defaults' order, max_batch 16
+    # would be refused (above the token budget of 5); as one change each is tried again once the
+    # other applied, so one click restores both
+    c = window.knobs.controls
+    _answer(qtbot, window, lambda: c["max_batch"].setValue(4))
+    qtbot.waitUntil(lambda: window.knobs.state.value("max_batch") == 4, timeout=TIMEOUT)
+    assert _answer(qtbot, window, lambda: c["max_batch_tokens"].setValue(5)).applied
+    qtbot.waitUntil(lambda: window.knobs.state.value("max_batch_tokens") == 5, timeout=TIMEOUT)
+    defaults = dict(window.knobs.state.defaults)
+    qtbot.mouseClick(window.knobs.reset_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: window.knobs.state.value("max_batch") == defaults["max_batch"]
+                    and window.knobs.state.value("max_batch_tokens") is None, timeout=TIMEOUT)
+    qtbot.waitUntil(lambda: not window.knobs.reset_button.isEnabled(), timeout=TIMEOUT)
+    assert not any(_status(window, o).startswith("✗") for o in ("max_batch", "max_batch_tokens"))
+
+
+def test_a_step_up_from_auto_goes_to_what_auto_comes_to(window, qtbot):
+    spin = window.knobs.controls["max_batch_tokens"]
+    state = window.knobs.state
+    assert spin.value() == 0 and spin.text() == "auto"
+    budget = state.automatic_value("max_batch_tokens")
+    assert budget >= state.value("max_batch")
+    result = _answer(qtbot, window, spin.stepUp)
+    assert (result.value, result.applied) == (budget, True), result
+    qtbot.waitUntil(lambda: window.knobs.state.value("max_batch_tokens") == budget, timeout=TIMEOUT)
+
+
+def test_a_refused_request_is_said_in_its_reply_without_a_banner(window, qtbot):
+    # a chat longer than the context under the "stop" policy: the reply says why in the chat's own
+    # words, and no banner stays up once the next reply works
+    overflow = window.chat_pane.settings_box.overflow
+    overflow.setCurrentIndex(overflow.findData("stop"))
+    with qtbot.waitSignal(window.chat.reply_done, timeout=TIMEOUT) as done:
+        window.chat.send("the word " * 2000)
+    error = done.args[0].error
+    assert error and "set Chat too long (in the chat settings) to drop the oldest turns" in error, error
+    assert window.banners.text("engine") == ""
+    overflow.setCurrentIndex(overflow.findData("drop-oldest"))
+    with qtbot.waitSignal(window.chat.reply_done, timeout=TIMEOUT) as again:
+        window.chat.send("short")
+    assert again.args[0].error is None and window.banners.text("engine") == ""
+
