@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import socket
 import sys
 import tempfile
 from pathlib import Path
 
-from PySide6.QtCore import (QEventLoop, QLockFile, QSettings, QSize, Qt, QtMsgType, QTimer,
+from PySide6.QtCore import (QEventLoop, QLockFile, QSettings, QSize, QSocketNotifier, Qt, QtMsgType, QTimer,
                             qInstallMessageHandler)
 from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication, QMessageBox
@@ -189,6 +191,40 @@ def run_gui(model: str | None, engine_options: dict, screenshot: str | None = No
         return 1
     window = build_window(model, engine_options)
     window.show()
+    close_on_signals(window)
     if prompt:
         window.model_ready.connect(lambda _m: window.chat.send(prompt), Qt.ConnectionType.SingleShotConnection)
     return app.exec()
+
+
+def close_on_signals(window: MainWindow) -> None:
+    """Ctrl+C in the terminal that started the workbench (SIGINT), or a SIGTERM from the system (a log-out,
+    ``kill``), closes the window as its close button does: the layout, drafts and chats are saved and the
+    engine is shut down. Qt's loop runs C++ code, where Python cannot run a signal handler: the signal
+    writes a byte to a socket that the loop watches, and the handler runs when the loop reads it."""
+    reader, writer = socket.socketpair()
+    for end in (reader, writer):
+        end.setblocking(False)
+    try:
+        signal.set_wakeup_fd(writer.fileno())
+    except ValueError:           # not the main thread (a test's window): the default handlers stay
+        reader.close()
+        writer.close()
+        return
+    notifier = QSocketNotifier(reader.fileno(), QSocketNotifier.Type.Read, window)
+
+    def wake() -> None:
+        try:
+            reader.recv(64)
+        except OSError:
+            pass
+
+    def close(signum: int, _frame) -> None:
+        log.warning("signal %d: closing the workbench", signum)
+        QTimer.singleShot(0, window.close)       # from the loop, after this handler returns
+
+    notifier.activated.connect(wake)
+    window._signal_wakeup = (reader, writer, notifier)     # kept as long as the window
+    for sig in (signal.SIGINT, getattr(signal, "SIGTERM", None)):
+        if sig is not None:
+            signal.signal(sig, close)
