@@ -212,25 +212,49 @@ class KnobsPanel(QWidget):
         self.guard_resume.setRange(30, 105)
         self.guard_resume.setValue(75)
         self.guard_resume.setSuffix(" °C")
+        # what the guard does with these values where that is not what the boxes say
+        self.guard_line = QLabel("")
+        self.guard_line.setWordWrap(True)
+        self.guard_line.setObjectName("knobStatus_off")
+        self._temperature_note = ""      # why no temperature is read here ("" while one is)
         form.addRow(self.guard_enabled)
         form.addRow("Pause at", self.guard_pause)
         form.addRow("Resume below", self.guard_resume)
+        form.addRow(self.guard_line)
         for w in (self.guard_pause, self.guard_resume):
             w.valueChanged.connect(self._guard)
         self.guard_enabled.toggled.connect(self._guard)
         return box
 
     def _guard(self, *_args) -> None:
-        # resuming takes a temperature below the pause's: the box shows what the guard uses
-        self.guard_resume.setMaximum(self.guard_pause.value() - 1)
+        # the boxes keep what the user set; the guard resumes below the pause point at the latest
+        # (ThermalGuard.set_limits), and the line says so while the two cross
+        self._show_guard_line()
         self.guard_changed.emit(self.guard_enabled.isChecked(), self.guard_pause.value(), self.guard_resume.value())
+
+    def _show_guard_line(self) -> None:
+        pause, resume = self.guard_pause.value(), self.guard_resume.value()
+        notes = []
+        if self.guard_enabled.isChecked() and self._temperature_note:
+            notes.append(f"The guard cannot act: {self._temperature_note}.")
+        if resume >= pause:
+            notes.append(f"Resume below is not under Pause at: the guard resumes below {pause - 1:.0f} °C.")
+        self.guard_line.setText(" ".join(notes))
+        self.guard_line.setVisible(bool(notes))
+
+    def set_temperature_note(self, note: str) -> None:
+        """Why the guard has no temperature to act on ("" once one is read): shown while it is on."""
+        if note != self._temperature_note:
+            self._temperature_note = note
+            self._show_guard_line()
 
     def set_guard(self, enabled: bool, pause_at: float, resume_below: float) -> None:
         """Show saved guard settings (and apply them, through guard_changed)."""
-        self.guard_pause.setValue(pause_at)
-        self.guard_resume.setMaximum(self.guard_pause.value() - 1)
-        self.guard_resume.setValue(resume_below)
-        self.guard_enabled.setChecked(enabled)
+        for box, value in ((self.guard_pause, pause_at), (self.guard_resume, resume_below),
+                           (self.guard_enabled, enabled)):
+            box.blockSignals(True)
+            (box.setChecked if box is self.guard_enabled else box.setValue)(value)
+            box.blockSignals(False)
         self._guard()
 
     def _send(self, option: str, value: object) -> None:

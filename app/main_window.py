@@ -40,7 +40,7 @@ from app.panels.traffic import TrafficPanel
 from app.paths import conversations_dir, icon_path
 from app.recorder import SessionRecorder
 from app.server_switch import ServerSwitch
-from app.thermal import AMBER, RED, ThermalGuard, ThermalState, assess
+from app.thermal import AMBER, RED, ThermalGuard, ThermalState, assess, temperature_note
 from app.window_layout import (CHAT_MIN_WIDTH, DOCK_TITLES, KNOBS_MIN_WIDTH, LAYOUT_VERSION, arrange_docks,
                                default_window_size, fit_window)
 
@@ -335,6 +335,7 @@ class MainWindow(QMainWindow):
         else:
             temp = "temp not supported" if sample.gpu_temp_c is None else f"{sample.gpu_temp_c:.0f} °C"
             self.status_gpu.setText(f"{sample.name or 'GPU'} · {temp}")
+        self.knobs.set_temperature_note(temperature_note(sample))
         decision = self.guard.update(sample)
         if decision is not None:
             (self.bridge.pause if decision.action == "pause" else self.bridge.resume)(decision.message)

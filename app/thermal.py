@@ -106,6 +106,16 @@ class ThermalGuard:
         return None
 
 
+def temperature_note(sample: GpuSample) -> str:
+    """Why ``sample`` gives the guard no temperature to act on ("" when it gives one)."""
+    if _hottest(sample) is not None:
+        return ""
+    if not sample.available:
+        return f"no GPU temperature is read here ({sample.status})" if sample.status else \
+            "no GPU temperature is read here"
+    return f"{sample.name or 'this GPU'} reports no temperature"
+
+
 def _hottest(sample: GpuSample) -> float | None:
     temps = [t for t in (sample.gpu_temp_c, sample.mem_temp_c) if t is not None]
     return max(temps) if temps else None

@@ -78,13 +78,32 @@ def test_thermal_guard_pauses_and_resumes_generation(window_factory, qtbot):
 
 def test_the_thermal_guard_is_remembered_and_resumes_below_where_it_pauses(window_factory, qtbot):
     w = window_factory(monitor=FakeMonitor(COOL))
-    w.knobs.guard_pause.setValue(60)
-    w.knobs.guard_resume.setValue(104)                 # above the pause: held just below it
-    assert w.knobs.guard_resume.value() == 59
-    w.knobs.guard_enabled.setChecked(True)
-    assert w.guard.enabled
+    k = w.knobs
+    k.guard_resume.setValue(75)
+    k.guard_pause.setValue(50)                         # below the resume point: the guard resumes below 49
+    assert k.guard_resume.value() == 75 and w.guard.resume_below_c == 49   # the box keeps what was set
+    assert k.guard_line.isVisibleTo(k) and "resumes below 49 °C" in k.guard_line.text()
+    k.guard_pause.setValue(90)                         # back above it: the value set holds again
+    assert w.guard.resume_below_c == 75 and not k.guard_line.isVisibleTo(k)
+    k.guard_pause.setValue(60)
+    k.guard_enabled.setChecked(True)
+    assert w.guard.enabled and w.guard.resume_below_c == 59
     w.close()
     again = window_factory(monitor=FakeMonitor(COOL))  # the same settings file
     k = again.knobs
-    assert (k.guard_enabled.isChecked(), k.guard_pause.value(), k.guard_resume.value()) == (True, 60, 59)
-    assert again.guard.enabled
+    assert (k.guard_enabled.isChecked(), k.guard_pause.value(), k.guard_resume.value()) == (True, 60, 75)
+    assert again.guard.enabled and again.guard.resume_below_c == 59
+
+
+def test_a_guard_with_no_temperature_to_read_says_it_cannot_act(window_factory, qtbot):
+    mon = FakeMonitor(COOL.with_changes(gpu_temp_c=None, mem_temp_c=None))
+    w = window_factory(monitor=mon)
+    k = w.knobs
+    seen = mon.samples_taken
+    qtbot.waitUntil(lambda: mon.samples_taken > seen + 1, timeout=TIMEOUT)
+    assert not k.guard_line.isVisibleTo(k)             # off: nothing to say
+    k.guard_enabled.setChecked(True)
+    assert k.guard_line.isVisibleTo(k) and "The guard cannot act" in k.guard_line.text()
+    assert "reports no temperature" in k.guard_line.text()
+    mon.current = COOL.with_changes(gpu_temp_c=50.0)   # a reading arrives: the note goes
+    qtbot.waitUntil(lambda: not k.guard_line.isVisibleTo(k), timeout=TIMEOUT)
