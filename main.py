@@ -61,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         args = _parse(list(sys.argv[1:] if argv is None else argv))
     except SystemExit as done:                     # a usage error (2) or --help (0), already printed
         return int(done.code or 0)
+    except KeyboardInterrupt:                      # Ctrl-C while the command starts: no traceback
+        return 130
     if args.command in ENGINE_COMMANDS:
         return run_command(args)
     screenshot = _screenshot_path(args.screenshot) if args.screenshot is not None else None
@@ -109,4 +111,7 @@ def _window_cannot_open(argv: list[str]) -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:                      # Ctrl-C between the commands' own handlers
+        sys.exit(130)

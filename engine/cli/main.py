@@ -139,12 +139,15 @@ def _quiet_stdout() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser, sub = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = parse(parser, sub, argv)
-    except SystemExit as done:         # a usage error (2) or --help (0), already printed
-        return int(done.code or 0)
+        parser, sub = build_parser()
+        argv = list(sys.argv[1:] if argv is None else argv)
+        try:
+            args = parse(parser, sub, argv)
+        except SystemExit as done:         # a usage error (2) or --help (0), already printed
+            return int(done.code or 0)
+    except KeyboardInterrupt:              # Ctrl-C while the command starts: no traceback
+        return 130
     if args.command is None:
         parser.print_help()
         return 0

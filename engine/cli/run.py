@@ -125,7 +125,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print()
     if reply.error is not None:
         raise reply.error
-    if reply.finish_reason == "length" and reply.completion_tokens < params.max_tokens:
+    if reply.finish_reason == "abort":          # Ctrl-C: what was said is kept, and the exit says it was cut
+        print(f"note: interrupted after {reply.completion_tokens} tokens; the reply is cut short", file=sys.stderr)
+    elif reply.finish_reason == "length" and reply.completion_tokens < params.max_tokens:
         print(f"note: the reply stopped after {reply.completion_tokens} tokens, at the end of the "
               f"{engine.context_tokens}-token context, before --max-tokens {params.max_tokens}", file=sys.stderr)
     if args.json:
@@ -133,4 +135,4 @@ def cmd_generate(args: argparse.Namespace) -> int:
         summary["decode_tok_s"] = round(stats.decode_tok_s, 2)
         summary["model"] = engine.model_info.name
         print(json.dumps(summary, ensure_ascii=False))
-    return 0
+    return 130 if reply.finish_reason == "abort" else 0

@@ -311,3 +311,32 @@ def test_info_for_a_cpu_run_on_a_machine_with_a_gpu_plans_the_cpu_run(model, cap
     assert main(["info", "--model", str(model), "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "GPU budget: none given and a CPU run (--device cpu)" in out and "resident matrices in float32" in out
+
+
+def test_ctrl_c_during_generate_keeps_the_text_and_exits_130(model, capsys, monkeypatch):
+    # Ctrl-C after the third step: the text so far stays on screen (and in --json), a note says the
+    # reply is cut short, and the exit code tells a script it was interrupted
+    from engine.engine import LLMEngine
+    real, steps = LLMEngine.step, []
+
+    def step(self):
+        steps.append(1)
+        if len(steps) == 4:
+            raise KeyboardInterrupt
+        return real(self)
+    monkeypatch.setattr(LLMEngine, "step", step)
+    assert main(["generate", "--model", str(model), "--prompt", "Hello world", "--max-tokens", "50", "--json"]) == 130
+    out, err = capsys.readouterr()
+    reply = json.loads(out.strip().splitlines()[-1])
+    assert reply["finish_reason"] == "abort" and 0 < reply["completion_tokens"] < 50
+    assert f"note: interrupted after {reply['completion_tokens']} tokens; the reply is cut short" in err
+
+
+def test_ctrl_c_while_a_command_starts_exits_130_without_a_traceback(capsys, monkeypatch):
+    import engine.cli.main as cli
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "parse", interrupted)
+    assert cli.main(["info"]) == 130
+    assert capsys.readouterr().err == ""
