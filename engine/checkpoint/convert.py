@@ -37,6 +37,7 @@ from engine.checkpoint.reader import INDEX, SafetensorsReader
 from engine.checkpoint.spec import ModelSpec, read_spec
 from engine.config import DEFAULT_GROUP_SIZE, GROUP_SIZES
 from engine.errors import ConfigError
+from engine.file_modes import as_new_file, umask
 from kernels.expert_layout import ExpertLayout
 from engine.loading import expert_act
 from kernels.quant.mxfp4 import MXFP4_GROUP
@@ -178,24 +179,11 @@ def _write_failed(dest: Destination, e: Exception) -> str:
             f"destination — {dest.given} was left as it was")
 
 
-def _umask() -> int:
-    """This process's file-mode creation mask (read where the system shows it, else set and put back)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def _save(tensors: dict, path: Path) -> None:
     """``save_file``, with the file's permissions those of any new file (safetensors makes its files
     readable by their owner only; a converted model is shared like the checkpoint it came from)."""
     save_file(tensors, path)
-    os.chmod(path, 0o666 & ~_umask())
+    as_new_file(path)
 
 
 def _write(out: Path, src: Path, spec: ModelSpec, reader: SafetensorsReader, layout: ExpertLayout,
@@ -250,7 +238,7 @@ def _copy_side_files(src: Path, out: Path) -> list[str]:
     for f in sorted(src.iterdir()):
         if f.is_file() and f.suffix not in WEIGHT_SUFFIXES and f.name not in reserved:
             shutil.copy2(f, out / f.name)
-            os.chmod(out / f.name, stat.S_IMODE(f.stat().st_mode) & ~_umask())   # as cp does: the umask applies
+            os.chmod(out / f.name, stat.S_IMODE(f.stat().st_mode) & ~umask())   # as cp does: the umask applies
             copied.append(f.name)
     return copied
 

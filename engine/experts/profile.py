@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Sequence
 
 from engine.errors import ConfigError
+from engine.file_modes import as_new_file
 
 FORMAT = "strata-routing-profile"
 VERSION = 1
@@ -74,6 +75,7 @@ def write_routing_profile(path: str | Path, counts: Sequence[Sequence[int]]) -> 
                 f.write(json.dumps(doc))
                 f.flush()
                 os.fsync(f.fileno())
+            as_new_file(tmp)                      # the user's file: not a temporary file's private mode
             os.replace(tmp, target)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

@@ -128,3 +128,17 @@ def test_a_group_size_for_experts_without_groups_is_noted_and_not_recorded(src, 
     err = capsys.readouterr().err
     assert "note: --group-size 64 applies to int4 experts only; fp8 experts have no groups, so it was ignored" in err
     assert json.loads((dst / "strata.json").read_text())["group_size"] == 128
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077])
+def test_a_routing_profile_gets_the_permissions_of_any_new_file(tmp_path, mask):
+    from engine.experts.profile import read_routing_profile, write_routing_profile
+    path = tmp_path / "profile.json"
+    old = os.umask(mask)
+    try:
+        write_routing_profile(path, [[3, 1], [0, 2]])
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask
+    assert read_routing_profile(path, 2, 2) == [[3, 1], [0, 2]]
+    assert [p.name for p in tmp_path.iterdir()] == ["profile.json"]        # no temporary file left
