@@ -45,8 +45,15 @@ class BudgetAdvice:
             return [f"raise --gpu-memory-budget (the card has {format_size(self.card_free)} free)"]
         return []
 
-    def resident_fix(self, budget: int) -> str:
-        fixes = self._raise_budget(budget) + ([self.smaller_resident] if self.smaller_resident else [])
+    def resident_fix(self, budget: int, shortfall: int = 0, resident: int = 0, workspace: int = 0) -> str:
+        """What makes ``resident`` + ``workspace`` bytes fit ``budget``, ``shortfall`` bytes short: only
+        the fixes that can close the gap (8-bit or bfloat16 resident weights save at most half of them;
+        a shorter prefill chunk shrinks the step workspace, of which about 64 MiB stays)."""
+        fixes = self._raise_budget(budget)
+        if workspace - (64 << 20) >= shortfall > 0:
+            fixes.append(f"lower --prefill-chunk (the step workspace takes {format_size(workspace)})")
+        if self.smaller_resident and (shortfall <= 0 or resident // 2 >= shortfall):
+            fixes.append(self.smaller_resident)
         return _either(fixes or ["free memory on the GPU (other programs hold it) or use a GPU with more memory"])
 
     def pool_fix(self, budget: int) -> str:
@@ -332,7 +339,7 @@ def plan_memory(resident_bytes: int, expert_bytes: int, num_experts: int, kv_byt
         raise ConfigError(
             f"the resident weights ({format_size(resident_bytes)}){window} and workspace ({format_size(workspace_bytes)}) "
             f"need {format_size(fixed)} but the GPU memory budget is {format_size(budget_bytes)}; "
-            f"{advice.resident_fix(budget_bytes)}")
+            f"{advice.resident_fix(budget_bytes, fixed - budget_bytes, resident_bytes, workspace_bytes)}")
     left = budget_bytes - fixed
     if requested_pool is None:
         room = max(0, left - min_kv_tokens * kv_bytes_per_token)

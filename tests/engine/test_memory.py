@@ -213,3 +213,18 @@ def test_a_cpu_run_fits_a_context_longer_than_its_kv_cache_to_it(tmp_path, monke
     monkeypatch.setattr(layers, "ROPE_CHUNK", 1 << 20)
     whole = layers.Rope(rope.cos.shape[1], 1e6, 4100, torch.device("cpu"), rope.cos.dtype)
     assert torch.equal(chunked.cos, whole.cos) and torch.equal(chunked.sin, whole.sin)
+
+
+def test_a_plan_short_of_budget_names_only_the_fixes_that_can_close_the_gap():
+    from engine.memory import BudgetAdvice
+    MiB = 1 << 20
+    advice = BudgetAdvice(smaller_resident="use --resident-weights int8")
+    # 36 MiB short with 2 MiB of resident weights and 85 MiB of workspace: neither 8-bit weights (1 MiB
+    # at most) nor a shorter chunk (21 MiB at most) closes it; only a bigger budget does
+    assert advice.resident_fix(50 * MiB, 36 * MiB, 2 * MiB, 85 * MiB) == "raise --gpu-memory-budget"
+    # 6 MiB short: the chunk can give it, the weights cannot
+    assert advice.resident_fix(80 * MiB, 6 * MiB, 2 * MiB, 85 * MiB) == \
+        "raise --gpu-memory-budget or lower --prefill-chunk (the step workspace takes 85.00 MiB)"
+    # the resident weights dominate: 8-bit matrices save up to half of them
+    assert advice.resident_fix(1 << 30, 300 * MiB, 2000 * MiB, 70 * MiB) == \
+        "raise --gpu-memory-budget or use --resident-weights int8"
