@@ -118,9 +118,12 @@ def parse_length(text: str, flag: str = "length") -> Length:
         raise ConfigError(f"{flag} {text!r} is not a length; write N (fixed), LOW:HIGH (uniform) or MEAN~SD "
                           "(normal), e.g. 128, 96:160 or 128~16")
     a, sep, b = m.group(1), m.group(2), m.group(3)
-    if sep is None:
-        return Fixed(int(a))
-    return Uniform(int(a), int(b)) if sep == ":" else Normal(int(a), int(b))
+    try:
+        if sep is None:
+            return Fixed(int(a))
+        return Uniform(int(a), int(b)) if sep == ":" else Normal(int(a), int(b))
+    except ConfigError as e:           # the length's own check: said of the flag that gave it
+        raise ConfigError(f"{flag} {text.strip()}: {e}") from None
 
 
 @dataclass(frozen=True)

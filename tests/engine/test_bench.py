@@ -76,8 +76,9 @@ def test_lengths_parse_from_their_command_line_form(text, want):
 @pytest.mark.parametrize("text, says", [("abc", "is not a length"), ("160:96", "ends below its start"),
                                         ("0", ">= 1"), ("12.5", "is not a length"), ("-3", "is not a length")])
 def test_bad_lengths_are_refused_with_the_fix(text, says):
-    with pytest.raises(ConfigError, match=says):
+    with pytest.raises(ConfigError, match=says) as e:
         parse_length(text, "--prompt-len")
+    assert str(e.value).startswith("--prompt-len ")          # named by the flag that gave it
 
 
 def test_presets_hold_the_articles_workloads():
