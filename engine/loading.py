@@ -451,6 +451,20 @@ def check_paths(config: EngineConfig, spec: ModelSpec) -> None:
         read_routing_profile(config.routing_profile, spec.num_moe_layers, spec.num_experts)
 
 
+def load_problem(path: Path, spec: ModelSpec) -> str | None:
+    """Why a load of the folder at ``path`` would fail before it allocated anything (its tokenizer, its
+    weight files' names, shapes and dtypes against ``spec``), in the load's own words; None when it
+    would get that far. Reads the files' headers, not their tensors."""
+    from engine.errors import StrataError
+    try:
+        Tokenizer.from_dir(path)
+        source = ConvertedSource(path, verify=False) if is_converted(path) else SafetensorsReader(path)
+        check_complete(spec, with_aliases(with_fp8_blocks(source, spec), spec.family.aliases))
+    except StrataError as e:
+        return str(e)
+    return None
+
+
 def load_model(config: EngineConfig, progress: Progress | None = None) -> LoadedModel:
     """Read the model folder named by ``config.model`` (one-line errors for every way it can be wrong).
 

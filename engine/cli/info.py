@@ -1,6 +1,7 @@
 """``info``: what a model is made of, what one token costs, and how it fits a GPU budget.
 
-Needs only ``config.json`` (no weights): expert bytes come from the expert layout the load would use
+Needs only ``config.json`` (no weights; where the folder's tokenizer or weight files would stop a
+load, a note says so, from their headers): expert bytes come from the expert layout the load would use
 (MXFP4 as shipped for a checkpoint that says so in its ``quantization_config``, biases included), KV
 bytes count sliding-window layers at their real size, as the KV cache allocates them
 (:mod:`engine.kv.sizing`): a full-attention layer keeps every token of a sequence, a window layer of
@@ -359,8 +360,14 @@ def load_notes(spec: ModelSpec, args: argparse.Namespace) -> tuple[str, ...]:
 
 def cmd_info(args: argparse.Namespace) -> int:
     _check_hit_rate(getattr(args, "hit_rate", None))          # with or without a budget to price it at
-    spec = read_spec(model_dir(args))
+    folder = model_dir(args)
+    spec = read_spec(folder)
     for note in load_notes(spec, args):
         print(f"note: {note}", file=sys.stderr)
     print("\n".join(plan_lines(spec, args)))
+    from engine.loading import load_problem
+    problem = load_problem(Path(folder), spec)
+    if problem is not None:              # the plan stands on config.json; a load would stop here
+        print(f"note: the plan above is from config.json alone; loading this folder would fail: {problem}",
+              file=sys.stderr)
     return 0

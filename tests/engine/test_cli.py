@@ -340,3 +340,18 @@ def test_ctrl_c_while_a_command_starts_exits_130_without_a_traceback(capsys, mon
     monkeypatch.setattr(cli, "parse", interrupted)
     assert cli.main(["info"]) == 130
     assert capsys.readouterr().err == ""
+
+
+def test_info_plans_from_the_config_and_notes_what_would_stop_a_load(model, tmp_path, capsys):
+    import shutil
+    assert main(["info", "--model", str(model)]) == 0
+    assert "loading this folder would fail" not in capsys.readouterr().err        # a whole checkpoint
+    bare = tmp_path / "config-only"
+    bare.mkdir()
+    shutil.copy(model / "config.json", bare)
+    for f in model.glob("tokenizer*.json"):
+        shutil.copy(f, bare)
+    assert main(["info", "--model", str(bare)]) == 0
+    out, err = capsys.readouterr()
+    assert "Parameters" in out or "parameters" in out                                 # the plan still prints
+    assert f"loading this folder would fail: no *.safetensors weights in {bare}" in err
