@@ -15,7 +15,7 @@ from functools import partial
 from typing import Callable
 
 from PySide6.QtCore import QObject, QSettings, QTimer, Signal
-from PySide6.QtWidgets import QMessageBox, QWidget
+from PySide6.QtWidgets import QInputDialog, QMessageBox, QWidget
 
 from app.chat_pane import ChatPane
 from app.chat_settings import ChatPrefs
@@ -33,12 +33,19 @@ FILL_BATCH = 20           # earlier messages put on screen per turn of the event
 INTERRUPTED_NOTE = "interrupted — the app closed before this reply finished"
 
 Confirm = Callable[[str, str], bool]     # (title, question) -> the user said yes
+AskText = Callable[[str, str, str], str | None]   # (title, label, text) -> the text entered, None: cancelled
 
 
 def ask(parent: QWidget, title: str, question: str) -> bool:
     """A Yes/Cancel question; Cancel is the default."""
     yes, cancel = QMessageBox.StandardButton.Yes, QMessageBox.StandardButton.Cancel
     return QMessageBox.question(parent, title, question, yes | cancel, cancel) == yes
+
+
+def ask_text(parent: QWidget, title: str, label: str, text: str) -> str | None:
+    """One line of text, ``text`` to begin with; None when cancelled."""
+    got, ok = QInputDialog.getText(parent, title, label, text=text)
+    return got if ok else None
 
 
 @dataclass
@@ -64,6 +71,7 @@ class ChatController(QObject):
         self.pane, self.sidebar, self.store, self.bridge = pane, sidebar, store, bridge
         self.prefs = ChatPrefs(settings)
         self.confirm: Confirm = partial(ask, pane)
+        self.ask_text: AskText = partial(ask_text, pane)
         self.model: ModelDescription | None = None
         self.live: _Live | None = None
         # one per message of the current conversation (None: an earlier one not on screen yet)
@@ -128,6 +136,7 @@ class ChatController(QObject):
         self.sidebar.selected.connect(self.open)
         self.sidebar.new_requested.connect(self.new_chat)
         self.sidebar.delete_requested.connect(self.delete)
+        self.sidebar.rename_requested.connect(self.rename)
         self.sidebar.undo_requested.connect(self.undo_delete)
 
     @property
@@ -220,6 +229,20 @@ class ChatController(QObject):
         self.prefs.set_current_chat(conv.id)
         self._show_current()
         self.pane.input.setPlainText(self.prefs.draft(conv.id))
+
+    def rename(self, conv_id: str) -> None:
+        """Ask for another title for a conversation; an empty one or Cancel leaves it as it was. Its
+        place in the list stays: a new title is not a new message."""
+        conv = self.library.find(conv_id)
+        if conv is None:
+            return
+        title = self.ask_text("Rename chat", "Title:", conv.title)
+        title = " ".join((title or "").split())[:TITLE_CHARS * 3]       # one line, of a sane length
+        if not title or title == conv.title:
+            return
+        conv.title = title
+        self.library.save(conv, touch=False)
+        self._refresh_sidebar()
 
     def delete(self, conv_id: str) -> None:
         """Move a conversation to the trash folder; Undo in the sidebar brings it back."""

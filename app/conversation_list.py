@@ -1,21 +1,28 @@
-"""The conversations sidebar: New chat, the saved chats (newest first), Delete, and Undo of a delete."""
+"""The conversations sidebar: New chat, the saved chats (newest first), Rename, Delete, and Undo of a delete.
+
+Each entry is its title on one line (cut with "…" to the list's width, the whole title in its tooltip)
+above its time and length: a title that wrapped would push that line out of the entry."""
 from __future__ import annotations
 
 import time
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, QObject, Qt, QTimer, Signal
+from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QListWidget, QListWidgetItem, QPushButton, QVBoxLayout,
                                QWidget)
 
 from app.conversations import Conversation
 
 UNDO_SHOWN_MS = 30_000     # how long "Deleted … Undo" stays; the file stays in the trash folder after that
+TITLE = Qt.ItemDataRole.UserRole + 1      # an entry's whole title; UserRole holds its id
+DETAIL = Qt.ItemDataRole.UserRole + 2     # its second line (time and length)
 
 
 class ConversationList(QWidget):
     selected = Signal(str)          # conversation id
     new_requested = Signal()
     delete_requested = Signal(str)
+    rename_requested = Signal(str)  # conversation id: ask for its new title
     undo_requested = Signal()
 
     def __init__(self) -> None:
@@ -28,14 +35,23 @@ class ConversationList(QWidget):
         lay.addWidget(self.new_button)
         self.list = QListWidget()
         self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.list.setWordWrap(True)
+        self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
         self.list.currentItemChanged.connect(self._changed)
+        self.list.itemDoubleClicked.connect(lambda _item: self._rename())
+        self.list.viewport().installEventFilter(self)      # a new width: the titles are cut again
         lay.addWidget(self.list, 1)
         lay.addWidget(self._undo_bar())
         row = QHBoxLayout()
+        self.rename_button = QPushButton("Rename")
+        self.rename_button.setToolTip("Give this chat another title (F2, or double-click it)")
+        self.rename_button.clicked.connect(self._rename)
+        rename_key = QShortcut(QKeySequence(Qt.Key.Key_F2), self.list)
+        rename_key.setContext(Qt.ShortcutContext.WidgetShortcut)
+        rename_key.activated.connect(self._rename)
         self.delete_button = QPushButton("Delete")
         self.delete_button.setToolTip("Move this chat to the trash (Undo brings it back)")
         self.delete_button.clicked.connect(self._delete)
+        row.addWidget(self.rename_button)
         row.addStretch(1)
         row.addWidget(self.delete_button)
         lay.addLayout(row)
@@ -76,13 +92,32 @@ class ConversationList(QWidget):
         self.list.clear()
         for conv in convs:
             when = time.strftime("%d %b %H:%M", time.localtime(conv.updated))
-            item = QListWidgetItem(f"{conv.title}\n{when} · {len(conv.messages)} messages")
+            n = len(conv.messages)
+            item = QListWidgetItem()
             item.setData(Qt.ItemDataRole.UserRole, conv.id)
+            item.setData(TITLE, conv.title)
+            item.setData(DETAIL, f"{when} · {n} message{'' if n == 1 else 's'}")
+            item.setToolTip(conv.title)
             self.list.addItem(item)
             if conv.id == current_id:
                 self.list.setCurrentItem(item)
+        self._fit_titles()
         self.list.blockSignals(False)
         self._busy_or_empty()
+
+    def _fit_titles(self) -> None:
+        """Each entry's title cut to one line of the list's width, its time and length below it."""
+        metrics = self.list.fontMetrics()
+        width = max(40, self.list.viewport().width() - 2 * self.list.spacing() - 12)
+        for i in range(self.list.count()):
+            item = self.list.item(i)
+            title = metrics.elidedText(str(item.data(TITLE)), Qt.TextElideMode.ElideRight, width)
+            item.setText(f"{title}\n{item.data(DETAIL)}")
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        if watched is self.list.viewport() and event.type() == QEvent.Type.Resize:
+            self._fit_titles()
+        return super().eventFilter(watched, event)
 
     def set_busy(self, busy: bool) -> None:
         """While a reply streams the chats cannot be switched or deleted."""
@@ -93,10 +128,16 @@ class ConversationList(QWidget):
     def _busy_or_empty(self) -> None:
         """Delete acts on the chat selected in the list: none while a reply streams or the list is empty."""
         self.delete_button.setEnabled(not self._busy and self.list.count() > 0)
+        self.rename_button.setEnabled(self.list.count() > 0)
 
     def _changed(self, item: QListWidgetItem | None, _prev: QListWidgetItem | None) -> None:
         if item is not None:
             self.selected.emit(item.data(Qt.ItemDataRole.UserRole))
+
+    def _rename(self) -> None:
+        item = self.list.currentItem()
+        if item is not None:
+            self.rename_requested.emit(item.data(Qt.ItemDataRole.UserRole))
 
     def _delete(self) -> None:
         item = self.list.currentItem()

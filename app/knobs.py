@@ -116,7 +116,7 @@ class PoolSlider(QWidget):
         self.slider.setValue(round(current / self._step_bytes))
         self.slider.blockSignals(False)
         self._show(self.slider.value())
-        self.slider.setToolTip(f"0 to {max_bytes / GIB:.2f} GiB")
+        self.slider.setToolTip(f"0 to {pool_text(max_bytes)}")
 
     def bytes(self) -> int:
         return int(self.slider.value() * self._step_bytes)

@@ -9,7 +9,7 @@ import os
 from functools import partial
 
 import pytest
-from PySide6.QtWidgets import QMessageBox
+from PySide6.QtWidgets import QApplication, QMessageBox
 
 from app.chat_controller import INTERRUPTED_NOTE, STREAM_SAVE_MS, ask
 from app.messages import ContextUsage
@@ -523,3 +523,44 @@ def test_earlier_messages_put_in_above_keep_the_readers_place(qtbot):
         view.add("user", f"earlier {i} " + "words " * 30, before=view.bubbles[0])
     qtbot.wait(200)
     assert abs(watched.mapTo(view.viewport(), watched.rect().topLeft()).y() - y) <= 2
+
+
+def test_a_chat_can_be_renamed_and_keeps_its_place_and_title_across_restarts(qtbot, tmp_path):
+    chat = make_chat(qtbot, tmp_path / "c")
+    chat.send("A first question about tides")
+    finish(chat)
+    chat.new_chat()
+    chat.send("Second chat")
+    finish(chat)
+    first = next(c for c in chat.conversations if c.title.startswith("A first"))
+    order = [c.id for c in chat.conversations]
+    asked = []
+    chat.ask_text = lambda title, label, text: asked.append(text) or "  Tides\n notes  "
+    chat.sidebar.list.setCurrentRow(order.index(first.id))          # opens it, as a click does
+    chat.sidebar.rename_button.click()
+    assert asked == ["A first question about tides"]                  # the box starts from the title
+    assert first.title == "Tides notes" and [c.id for c in chat.conversations] == order   # one line; same place
+    assert on_disk(chat, first.id)["title"] == "Tides notes"
+    item = chat.sidebar.list.item(order.index(first.id))
+    assert item.toolTip() == "Tides notes" and item.text().startswith("Tides notes\n")
+    chat.ask_text = lambda title, label, text: None                   # Cancel: nothing changes
+    chat.sidebar.rename_button.click()
+    chat.ask_text = lambda title, label, text: "   "                  # an empty title: nothing changes
+    chat.sidebar.rename_button.click()
+    assert first.title == "Tides notes"
+    again = make_chat(qtbot, tmp_path / "c")
+    assert "Tides notes" in [c.title for c in again.conversations]
+
+
+def test_a_long_title_is_cut_to_one_line_and_the_entry_keeps_its_time(qtbot, tmp_path):
+    chat = make_chat(qtbot, tmp_path / "c")
+    chat.send("Hello there, tell me a story about " + "a very long winding road " * 4)
+    finish(chat)
+    chat.sidebar.resize(chat.sidebar.minimumWidth(), 400)           # the narrowest sidebar
+    QApplication.processEvents()
+    item = chat.sidebar.list.item(0)
+    title, detail = item.text().split("\n")
+    assert title.endswith("…") and "messages" in detail and " · 2 messages" in detail
+    assert item.toolTip() == chat.current.title
+    metrics = chat.sidebar.list.fontMetrics()
+    assert metrics.horizontalAdvance(title) <= chat.sidebar.list.viewport().width()
