@@ -5,9 +5,10 @@ a change back. Options the engine cannot change now are disabled with its reason
 """
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QSize, Qt, Signal
+from PySide6.QtGui import QPainter
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel,
-                               QPushButton, QSlider, QSpinBox, QVBoxLayout, QWidget)
+                               QPushButton, QSizePolicy, QSlider, QSpinBox, QVBoxLayout, QWidget)
 
 from app.bridge_api import LIVE_OPTIONS, LiveOption
 from app.messages import KnobResult, KnobState
@@ -29,13 +30,65 @@ def knob_name(option: str) -> str | None:
 
 
 class StatusLine(ElidedLabel):
-    """A knob's one-line status: cut to the width it is given (never wider), the whole text in its
-    tooltip, so a long engine answer never widens the dock (and with it the window)."""
+    """A knob's status: wrapped to the width it is given (never wider) on at most ``MAX_LINES`` lines,
+    the last cut with "…", the whole text in its tooltip, so a refusal shows its cause and its fix and a
+    long engine answer never widens the dock (and with it the window)."""
+
+    MAX_LINES = 4
 
     def __init__(self) -> None:
         super().__init__("")
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.reason = ""          # why the knob is disabled, shown as the tooltip while it is
         self.tip = ""             # the tooltip while it is not: the whole line, or what the line stands for
+
+    def lines(self, width: int | None = None) -> list[str]:
+        """The text as shown at ``width`` (default: the label's): whole words per line, at most
+        MAX_LINES, the last cut with "…" where the text goes on."""
+        metrics = self.fontMetrics()
+        width = max(1, self.contentsRect().width() if width is None else width)
+        out, words = [], self.text().split()
+        while words and len(out) < self.MAX_LINES:
+            line = words.pop(0)
+            while words and metrics.horizontalAdvance(f"{line} {words[0]}") <= width:
+                line += " " + words.pop(0)
+            if len(out) == self.MAX_LINES - 1 and words:
+                line = " ".join([line, *words])
+                words = []
+            out.append(metrics.elidedText(line, Qt.TextElideMode.ElideRight, width))
+        return out
+
+    def shown_text(self) -> str:
+        return "\n".join(self.lines())
+
+    def hasHeightForWidth(self) -> bool:
+        return True
+
+    def heightForWidth(self, width: int) -> int:
+        margins = self.contentsMargins()
+        n = len(self.lines(width - margins.left() - margins.right())) if self.text() else 0
+        return n * self.fontMetrics().lineSpacing() + margins.top() + margins.bottom()
+
+    def sizeHint(self) -> QSize:
+        return QSize(0, self.heightForWidth(max(self.width(), 1)))
+
+    def minimumSizeHint(self) -> QSize:
+        return QSize(0, 0)
+
+    def setText(self, text: str) -> None:
+        super().setText(text)
+        self.updateGeometry()
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        if self.height() != self.heightForWidth(self.width()):
+            self.updateGeometry()
+
+    def paintEvent(self, _event) -> None:
+        painter = QPainter(self)
+        rect = self.contentsRect()
+        self.style().drawItemText(painter, rect, int(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop),
+                                  self.palette(), self.isEnabled(), self.shown_text(), self.foregroundRole())
 
     def set_line(self, text: str, tip: str | None = None) -> None:
         self.setText(text)
