@@ -209,7 +209,7 @@ class ChatView:
                 message["content"] = self.stops().cut(message["content"])
             finish = "tool_calls" if called and finish != "length" else finish
         elif self.plan.parser is not None:
-            content, calls = tools.parse_tool_calls(text, self.plan)
+            content, calls = tools.parse_tool_calls(text, self.plan, cut_off=finish == "length")
             message["content"] = content
             if calls:
                 message["tool_calls"] = [call.to_openai() for call in calls]
@@ -290,7 +290,7 @@ class ChatView:
                 logprobs, ids = None, None
         events = parser.feed(text) if text else []
         if d.finished:
-            events += parser.finish()
+            events += parser.finish(cut_off=d.finish_reason == "length")
         for e in events:
             if isinstance(e, tools.ToolCallDelta):
                 called.add(c.index)

@@ -143,9 +143,7 @@ def fit(common: Common, params: SamplingParams, prompt_tokens: int, info: ModelI
     ctx = info.context_tokens
     room = ctx - prompt_tokens                       # what the prompt leaves for the reply
     if room < 1:
-        over = _tokens(1 - room)
-        raise bad(where, f"{where} is {over} over the {ctx}-token context: it has {prompt_tokens} tokens "
-                         f"and the reply needs at least 1; shorten it by {over}", code="context_length_exceeded")
+        raise bad(where, _over_context(common, prompt_tokens, ctx, where), code="context_length_exceeded")
     if common.max_tokens is None:
         cap = room if common.default_max_tokens is None else min(room, common.default_max_tokens)
         return dataclasses.replace(params, max_tokens=cap)
@@ -156,6 +154,19 @@ def fit(common: Common, params: SamplingParams, prompt_tokens: int, info: ModelI
                        f"{room} of the {ctx}-token context for the reply; lower {key} to at most {room}{shorten}",
                   code="context_length_exceeded")
     return params
+
+
+def _over_context(common: Common, prompt_tokens: int, ctx: int, where: str) -> str:
+    """Why a prompt that fills the context alone is refused. A max_tokens the client gave counts too, so
+    shortening the prompt by the amount named makes the same request fit in one go."""
+    least = 1 - (ctx - prompt_tokens)                # shortening that leaves room for a 1-token reply
+    if common.max_tokens is None:
+        return (f"{where} is {_tokens(least)} over the {ctx}-token context: it has {prompt_tokens} tokens "
+                f"and the reply needs at least 1; shorten it by {_tokens(least)}")
+    key, need = common.max_tokens_key, least - 1 + common.max_tokens
+    also = f", or by {_tokens(least)} with {key} 1" if need > least else ""
+    return (f"{where} and {key} are {_tokens(need)} over the {ctx}-token context: {where} has {prompt_tokens} "
+            f"tokens and {key} asks for {common.max_tokens} more; shorten {where} by {_tokens(need)}{also}")
 
 
 def _tokens(n: int) -> str:

@@ -1,7 +1,9 @@
 """Reading tool calls out of a reply, whole or streamed, in the syntax a chat template teaches.
 
 A call that does not spell a call of one of the request's tools (an unknown name, JSON that does not
-parse, arguments that are not an object) stays content, as the model wrote it.
+parse, arguments that are not an object) stays content, as the model wrote it. A call the token limit
+cut off (finish_reason "length") is dropped: the calls completed before it are returned, and the client
+never gets half a call as markup in ``content`` nor arguments that do not parse.
 """
 from __future__ import annotations
 
@@ -113,6 +115,38 @@ class ToolCallFormat:
             return None
         return calls, stripped[end:]
 
+    def calls_before_cut(self, body: str) -> list[ToolCall] | None:
+        """The whole calls in ``body``, the text after a marker that the token limit cut off: [] when it
+        cut the first call, None when ``body`` is not the start of a call (it stays content)."""
+        text = body.lstrip()
+        if self.syntax.listed:
+            if not text:
+                return []
+            if text[0] != "[":
+                return None
+            text = text[1:]
+        calls: list[ToolCall] = []
+        while True:
+            text = text.lstrip()
+            if not text:
+                return calls
+            if text[0] != "{":
+                return None
+            try:
+                value, end = json.JSONDecoder().raw_decode(text)
+            except (json.JSONDecodeError, RecursionError):
+                return calls                   # the call the limit cut
+            call = self.call_from(value)
+            if call is None:
+                return None
+            calls.append(call)
+            text = text[end:].lstrip()
+            if not self.syntax.listed:         # one call per marker: only (part of) its close may follow
+                return calls if self.syntax.close.startswith(text) else None
+            if text and text[0] != ",":
+                return None
+            text = text[1:]
+
 
 def _json_value(text: str) -> object:
     try:
@@ -121,11 +155,12 @@ def _json_value(text: str) -> object:
         return None
 
 
-def parse_tool_calls(text: str, plan: ToolPlan) -> tuple[str | None, list[ToolCall]]:
+def parse_tool_calls(text: str, plan: ToolPlan, cut_off: bool = False) -> tuple[str | None, list[ToolCall]]:
     """(content, calls) of a whole reply. Text that does not spell a call of one of the tools (an
-    unknown name, JSON that does not parse) stays content; content is None when only calls remain."""
+    unknown name, JSON that does not parse) stays content; content is None when only calls remain.
+    ``cut_off``: the reply ended at its token limit, so a call left unfinished at its end is dropped."""
     parser = ToolStreamParser(plan)
-    events = parser.feed(text) + parser.finish()
+    events = parser.feed(text) + parser.finish(cut_off)
     content = "".join(e.text for e in events if isinstance(e, ContentDelta))
     calls = [e.call for e in events if isinstance(e, ToolCallDelta)]
     return (content or None, calls) if calls else (content, [])
@@ -161,13 +196,16 @@ class ToolStreamParser:
         self._advance(events)
         return events
 
-    def finish(self) -> list[ContentDelta | ToolCallDelta]:
-        """The events of whatever is still held, at the end of the reply."""
+    def finish(self, cut_off: bool = False) -> list[ContentDelta | ToolCallDelta]:
+        """The events of whatever is still held, at the end of the reply. ``cut_off``: the reply ended at
+        its token limit, so an unfinished call (or the start of a marker right after a call) is dropped."""
         if self._format is None:
             return []
         events: list[ContentDelta | ToolCallDelta] = []
         if self._body is not None:
-            self._end_call(self._body, events, final=True)
+            self._end_call(self._body, events, final=True, cut_off=cut_off)
+        if cut_off and self._after_call:
+            self._buffer = ""                  # the marker of a next call, cut before it was whole
         self._content(self._buffer, events)
         self._buffer = ""
         if self._space and not self._after_call:
@@ -212,8 +250,9 @@ class ToolStreamParser:
         self._gap, self._space = self._space, ""
         self._body, self._opener, self._buffer = body, opener, ""
 
-    def _end_call(self, body: str, events: list, final: bool) -> None:
-        """Emit the call(s) ``body`` spells, or give it back as content when it spells none."""
+    def _end_call(self, body: str, events: list, final: bool, cut_off: bool = False) -> None:
+        """Emit the call(s) ``body`` spells, or give it back as content when it spells none; a body the
+        token limit cut (``cut_off``) gives its whole calls and drops the rest."""
         fmt = self._format
         syntax = fmt.syntax
         self._body = None
@@ -224,6 +263,11 @@ class ToolStreamParser:
             value = _json_value(body.strip())
             call = fmt.call_from(value)
             calls, rest = ([call], "") if call is not None else ([], "")
+        if not calls and cut_off and (whole := fmt.calls_before_cut(body)) is not None:
+            if not whole:
+                self._space = self._gap = ""       # what separated it from the content before goes too
+                return
+            calls = whole
         if not calls:
             self._space = self._gap
             closed = "" if final else syntax.close

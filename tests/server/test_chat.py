@@ -12,6 +12,7 @@ from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.loop import EngineLoop
 from engine.server import BackgroundServer, ServerSettings
+from engine.tokenizer import Tokenizer
 from tiny_models import build_tiny_tools_model
 
 HI = [{"role": "user", "content": "Tell me about the sea."}]
@@ -58,6 +59,21 @@ def test_without_max_tokens_a_chat_reply_may_run_to_the_end_of_the_context(clien
         client.chat.completions.create(model="demo", messages=messages, max_completion_tokens=room + 1)
     assert err.value.body["param"] == "max_completion_tokens"
     assert f"lower max_completion_tokens to at most {room} or shorten messages by 1 token" in err.value.body["message"]
+
+
+@pytest.mark.parametrize("key", ["max_tokens", "max_completion_tokens"])
+def test_messages_over_the_context_are_refused_with_a_fix_that_counts_the_asked_reply(client, engine, key):
+    ctx = engine.context_tokens
+    messages = [{"role": "user", "content": "the sea " * 400}]
+    used = len(engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+    assert used > ctx
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="demo", messages=messages, **{key: 30})
+    assert err.value.body["param"] == "messages" and err.value.body["code"] == "context_length_exceeded"
+    assert err.value.body["message"] == (f"messages and {key} are {used - ctx + 30} tokens over the {ctx}-token "
+                                         f"context: messages has {used} tokens and {key} asks for 30 more; shorten "
+                                         f"messages by {used - ctx + 30} tokens, or by {used - ctx + 1} tokens "
+                                         f"with {key} 1")
 
 
 def test_max_completion_tokens_wins_over_max_tokens(client):
@@ -137,9 +153,13 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
-def tools_client(tmp_path_factory):
-    path = build_tiny_tools_model(tmp_path_factory.mktemp("tools") / "m")
-    eng = LLMEngine(EngineConfig(model=str(path), device="cpu"))
+def tools_model(tmp_path_factory):
+    return build_tiny_tools_model(tmp_path_factory.mktemp("tools") / "m")
+
+
+@pytest.fixture(scope="module")
+def tools_client(tools_model):
+    eng = LLMEngine(EngineConfig(model=str(tools_model), device="cpu"))
     lp = EngineLoop(eng, idle_wait_s=0.01)
     lp.start_thread("tools-engine")
     srv = BackgroundServer(lp, ServerSettings(port=0))
@@ -177,6 +197,31 @@ def test_a_streamed_tool_call_arrives_as_a_tool_calls_delta(tools_client):
     assert _valid_call(calls[0].function.name, calls[0].function.arguments)
     assert [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason] == ["tool_calls"]
     assert not "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices).strip()
+
+
+SET_UNIT = [{"type": "function", "function": {"name": "set_unit", "parameters": {
+    "type": "object", "properties": {"unit": {"enum": ["c", "f"]}, "on": {"type": "boolean"}},
+    "required": ["unit", "on"], "additionalProperties": False}}}]
+
+
+@pytest.mark.parametrize("which", [0, 1])       # the limit cuts the first call, or the second after a whole one
+def test_a_tool_call_cut_off_by_max_tokens_is_dropped_streamed_or_whole(tools_client, tools_model, which):
+    args = dict(model="m", messages=[{"role": "user", "content": "set unit"}], tools=SET_UNIT,
+                tool_choice="required", seed=1, extra_body={"return_token_ids": True})
+    full = tools_client.chat.completions.create(max_tokens=300, **args).choices[0]
+    marker = Tokenizer.from_dir(tools_model).token_to_id("<tool_call>")
+    starts = [i for i, t in enumerate(full.model_extra["token_ids"]) if t == marker]
+    assert full.finish_reason == "tool_calls" and len(starts) == len(full.message.tool_calls) == 2
+    kept = [(t.function.name, t.function.arguments) for t in full.message.tool_calls[:which]]
+    cut = dict(max_tokens=starts[which] + 8, **args)                 # a few tokens into the call's JSON
+    whole = tools_client.chat.completions.create(**cut).choices[0]
+    assert whole.finish_reason == "length"
+    assert whole.message.content == ("" if not kept else None)      # no '<tool_call>\n{"na' as content
+    assert [(t.function.name, t.function.arguments) for t in whole.message.tool_calls or []] == kept
+    chunks = [ch.choices[0] for ch in tools_client.chat.completions.create(stream=True, **cut) if ch.choices]
+    assert "".join(ch.delta.content or "" for ch in chunks) == ""
+    assert [(t.function.name, t.function.arguments) for ch in chunks for t in ch.delta.tool_calls or []] == kept
+    assert [ch.finish_reason for ch in chunks if ch.finish_reason] == ["length"]
 
 
 def test_a_tool_result_turn_renders_and_gets_a_reply(tools_client):

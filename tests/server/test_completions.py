@@ -193,7 +193,27 @@ def test_prompt_and_max_tokens_must_fit_the_context_and_the_refusal_names_what_f
     assert full.usage.completion_tokens == 112 and full.choices[0].finish_reason == "length"
     with pytest.raises(openai.BadRequestError) as err:
         client.completions.create(model="demo", prompt=_ids(engine, ctx), max_tokens=1)
-    assert err.value.body["param"] == "prompt" and "shorten it by 1 token" in err.value.body["message"]
+    assert err.value.body["param"] == "prompt" and err.value.body["message"].endswith("shorten prompt by 1 token")
+
+
+def test_a_prompt_over_the_context_is_refused_with_a_fix_that_counts_the_asked_max_tokens(client, engine):
+    # following the first refusal must be enough: naming only the prompt's own excess led to a second 400
+    ctx = engine.context_tokens
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="demo", prompt=_ids(engine, ctx + 87), max_tokens=50)
+    assert err.value.body["param"] == "prompt" and err.value.body["code"] == "context_length_exceeded"
+    assert err.value.body["message"] == (f"prompt and max_tokens are 137 tokens over the {ctx}-token context: prompt "
+                                         f"has {ctx + 87} tokens and max_tokens asks for 50 more; shorten prompt by "
+                                         "137 tokens, or by 88 tokens with max_tokens 1")
+    fits = client.completions.create(model="demo", prompt=_ids(engine, ctx + 87 - 137), max_tokens=50,
+                                     extra_body={"ignore_eos": True})
+    assert fits.usage.completion_tokens == 50
+    assert client.completions.create(model="demo", prompt=_ids(engine, ctx + 87 - 88), max_tokens=1).usage \
+        .completion_tokens == 1
+    with pytest.raises(openai.BadRequestError) as err:           # left out, max_tokens asks for nothing
+        client.completions.create(model="demo", prompt=_ids(engine, ctx + 87))
+    assert err.value.body["message"] == (f"prompt is 88 tokens over the {ctx}-token context: it has {ctx + 87} "
+                                         "tokens and the reply needs at least 1; shorten it by 88 tokens")
 
 
 def test_without_max_tokens_a_reply_takes_the_room_left_up_to_the_default(client, engine):

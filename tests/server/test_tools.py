@@ -311,10 +311,10 @@ STREAMED = [
 ]
 
 
-def stream(plan: ToolPlan, pieces: list[str]) -> list[ContentDelta | ToolCallDelta]:
+def stream(plan: ToolPlan, pieces: list[str], cut_off: bool = False) -> list[ContentDelta | ToolCallDelta]:
     parser = ToolStreamParser(plan)
     events = [e for piece in pieces for e in parser.feed(piece)]
-    return events + parser.finish()
+    return events + parser.finish(cut_off)
 
 
 @pytest.mark.parametrize("text", STREAMED)
@@ -326,6 +326,34 @@ def test_a_streamed_reply_reads_as_the_whole_reply_does(auto, text, size):
     streamed = [e for e in events if isinstance(e, ToolCallDelta)]
     assert [e.index for e in streamed] == list(range(len(calls)))
     assert [(e.call.name, e.call.arguments_json) for e in streamed] == [(c.name, c.arguments_json) for c in calls]
+
+
+NEWS = '<tool_call>\n{"name": "get_news", "arguments": {}}\n'
+# replies that ended at max_tokens: (text, content, cities of the calls read)
+CUT_OFF = [
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par', "", []),  # the only call, cut
+    (weather() + '\n<tool_call>\n{"name": "get_w', None, ["Paris"]),              # a second call, cut
+    (weather() + "\n<tool_call>", None, ["Paris"]),                               # cut right after its marker
+    (weather() + "\n<tool_", None, ["Paris"]),                                    # cut inside its marker
+    (weather()[:-len("_call>")], None, ["Paris"]),                                # whole, but its close cut
+    ('Let me check.\n<tool_call>\n{"name', "Let me check.", []),                  # content stays, the call goes
+    ("Plain text with a <tool", "Plain text with a <tool", []),                   # never a call: content
+    ("Use <tool_call> to call, and", "Use <tool_call> to call, and", []),            # prose naming the marker
+    (NEWS, NEWS, []),                                                             # whole, but not a tool's call
+]
+
+
+@pytest.mark.parametrize("text,content,cities", CUT_OFF)
+@pytest.mark.parametrize("size", [1, 4, 1000])
+def test_a_call_cut_off_by_max_tokens_is_dropped_streamed_or_whole(auto, text, content, cities, size):
+    # half a call is markup, not an answer: it must not reach the client as content; a complete call
+    # before it is kept, and text that only looks like markup stays content
+    whole, calls = parse_tool_calls(text, auto, cut_off=True)
+    assert (whole, [json.loads(c.arguments_json)["city"] for c in calls]) == (content, cities)
+    events = stream(auto, [text[i:i + size] for i in range(0, len(text), size)], cut_off=True)
+    assert "".join(e.text for e in events if isinstance(e, ContentDelta)) == (content or "")
+    assert [(e.index, e.call.name, e.call.arguments_json) for e in events if isinstance(e, ToolCallDelta)] == \
+        [(i, c.name, c.arguments_json) for i, c in enumerate(calls)]
 
 
 def test_a_possible_call_start_is_held_back_until_it_is_known(auto):
@@ -369,6 +397,12 @@ def test_mistral_calls_are_read_and_forced_with_a_text_marker(tmp_path):
     assert accepts(tokenizer, grammar, "[TOOL_CALLS]" + MISTRAL_CALLS)
     assert not accepts(tokenizer, grammar, "[TOOL_CALLS]" + MISTRAL_CALLS.replace("get_time", "get_news"))
     assert parse_tool_calls("[TOOL_CALLS] [1, 2]", plan) == ("[TOOL_CALLS] [1, 2]", [])
+    cut = "[TOOL_CALLS]" + MISTRAL_CALLS[:-12]                 # the list's second call cut by max_tokens
+    assert parse_tool_calls(cut, plan) == (cut, [])
+    content, calls = parse_tool_calls(cut, plan, cut_off=True)
+    assert content is None and [c.name for c in calls] == ["get_weather"]
+    assert parse_tool_calls("[TOOL_CALLS] [", plan, cut_off=True) == ("", [])
+    assert parse_tool_calls("[TOOL_CALLS] [1, 2", plan, cut_off=True) == ("[TOOL_CALLS] [1, 2", [])
 
 
 def test_mistral_calls_are_read_when_decoding_drops_a_special_marker(tmp_path):
@@ -380,6 +414,9 @@ def test_mistral_calls_are_read_when_decoding_drops_a_special_marker(tmp_path):
     content, calls = parse_tool_calls(MISTRAL_CALLS, plan)         # the reply as decoded: no marker
     assert content is None and len(calls) == 2
     assert parse_tool_calls("[1] is a citation, not a call.", plan) == ("[1] is a citation, not a call.", [])
+    assert parse_tool_calls("[1] is a citation, no", plan, cut_off=True) == ("[1] is a citation, no", [])
+    content, calls = parse_tool_calls(MISTRAL_CALLS[:-12], plan, cut_off=True)
+    assert content is None and [c.name for c in calls] == ["get_weather"]
     grammar = plan_tools(TOOLS, "required", tokenizer).guide.spec
     assert f"<[{marker_id[0]}]>" in grammar                         # the special token, not its spelling
     assert accepts(tokenizer, grammar, MISTRAL_CALLS, prefix_ids=tuple(marker_id))
