@@ -55,6 +55,8 @@ class LiveSettings:
         m = self.engine.loaded
         # a pipeline has every stage check the change before any applies it, so that a refusal leaves all as they were
         applied = apply_to_stage(m, options, notes) if m.pipeline is None else m.pipeline.reconfigure(options, notes)
+        for k in options.keys() & set(_EXPERTS):    # each answer names its option's new value, then the setup
+            applied[k] = f"{k} = {_shown(options[k])}; {applied[k]}"
         if self.engine.runner.graphs is not None and (options.keys() & {*_EXPERTS, "kv_cache_dtype"}) - {"expert_policy"}:
             self.engine.runner.graphs.reset()   # recorded against the old pool views, look-ahead or KV storage
         sched = self.engine.scheduler
@@ -104,6 +106,10 @@ def apply_to_stage(m: "LoadedModel", options: dict, notes: dict[str, tuple[str, 
         m.cache.convert(options["kv_cache_dtype"])           # in place: running requests keep their context
         applied["kv_cache_dtype"] = f"KV cache now {m.cache.label} ({m.cache.nbytes / 2**20:.1f} MiB)"
     return applied
+
+
+def _shown(value: object) -> str:
+    return "auto" if value is None else str(value)
 
 
 def _expert_settings(m: "LoadedModel", exp: dict) -> dict:

@@ -57,8 +57,10 @@ async def http_error_handler(request: Request, exc: StarletteHTTPException) -> R
     if exc.status_code == 404:
         path = printable(request.scope["path"])
         message = (f"this server does not serve {path}; it serves /v1/models, /v1/completions and "
-                   "/v1/chat/completions (docs/server.md lists every route)" if path.startswith("/v1/") else
-                   f"there is no route {path}; the API lives under /v1 (see GET /v1/models)")
+                   "/v1/chat/completions, and /v1/strata/stats and /v1/strata/config (docs/server.md lists every "
+                   "route)" if path.startswith("/v1/") else
+                   f"there is no route {path}; the API lives under /v1 (see GET /v1/models), beside /health "
+                   "and /metrics")
         return APIError(404, message, code="not_found").response()
     if exc.status_code == 405:
         allowed = (exc.headers or {}).get("Allow", "")

@@ -88,10 +88,13 @@ def test_config_lists_live_options_applies_a_valid_change_and_refuses_with_the_e
     try:
         half = http.post("/v1/strata/config", json={"expert_pool_size": "50%"})
         assert half.status_code == 200 and "expert pool:" in half.json()["applied"]["expert_pool_size"]
+        assert half.json()["applied"]["expert_pool_size"].startswith("expert_pool_size = 50%; ")
+        cold = http.post("/v1/strata/config", json={"cold_experts": "bus"})   # the answer names the new value
+        assert cold.status_code == 200 and cold.json()["applied"]["cold_experts"].startswith("cold_experts = bus; ")
         assert http.post("/v1/completions", json=ASK).status_code == 200
         assert http.get("/v1/strata/stats").json()["experts"]["misses"] > 0
     finally:
-        http.post("/v1/strata/config", json={"expert_pool_size": "100%"})
+        http.post("/v1/strata/config", json={"expert_pool_size": "100%", "cold_experts": "auto"})
     assert http.post("/v1/strata/config", json={}).status_code == 400
 
 
