@@ -158,7 +158,7 @@ def _knob_names(text: str) -> str:
         if name not in text:
             continue
         label = LABELS[name]
-        text = re.sub(rf"(?<![\w-]){name}=", f"{label} ", text)
+        text = re.sub(rf"(?<![\w-]){name} ?= ?", f"{label} ", text)
         text = re.sub(rf"\b(raise|lower|set|change) {name}\b", rf"\1 the {label} knob", text)
     return text
 
