@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import signal
 import sys
 from pathlib import Path
 
-from engine.cli.main import ENGINE_COMMANDS, build_parser, parse, run_command, unknown_command
-from engine.cli.options import add_engine_flags, add_model_flag, engine_options
+# Ctrl-C while the engine's modules load (torch takes seconds) ends the start quietly, exit code 130;
+# from then on it is the ordinary KeyboardInterrupt that each command handles
+signal.signal(signal.SIGINT, lambda *_: sys.exit(130))
+from engine.cli.main import ENGINE_COMMANDS, build_parser, parse, run_command, unknown_command  # noqa: E402
+from engine.cli.options import add_engine_flags, add_model_flag, engine_options  # noqa: E402
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _add_gui_parser(sub) -> None:

@@ -5,8 +5,9 @@
 #                                                   process a core (at most 4; STRATA_TEST_WORKERS=N)
 #   packaging/bootstrap.sh run  COMMAND...          any command inside the environment (runtime only)
 # A machine with an NVIDIA GPU gets a CUDA build of PyTorch; one without gets a CPU build. What would fail
-# later (an old Python, no venv module, a system library Qt's window needs) is one line naming the fix,
-# and exit code 2, before anything is installed or started (packaging/system_check.py).
+# later is one line naming the fix, and exit code 2 (packaging/system_check.py): an old Python or no venv
+# module before anything is installed; a system library Qt's window needs, or no display, once PySide6 is
+# installed (the check reads its plugin), before anything is started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -59,6 +60,11 @@ install_torch() {
     "$venv/bin/python" -c 'import sys, torch; sys.exit(torch.version.cuda is None)' 2>/dev/null \
       || echo "note: pip installed a CPU build of PyTorch on a machine with an NVIDIA GPU; for the GPU, install" \
               "the CUDA build that https://pytorch.org/get-started/locally/ names, with $0 run pip install ..." >&2
+    # a CUDA build the driver is too old for runs on the CPU only: say so now, not at the first load
+    "$venv/bin/python" -c 'import sys, torch; sys.exit(torch.version.cuda is not None and not torch.cuda.is_available())' \
+      2>/dev/null || echo "note: this PyTorch (CUDA $("$venv/bin/python" -c 'import torch; print(torch.version.cuda)' \
+      2>/dev/null)) cannot use the GPU: the NVIDIA driver is older than it needs (nvidia-smi shows the driver's" \
+      "CUDA version); update the driver, or install a PyTorch built for that CUDA version with $0 run pip install ..." >&2
   else
     echo "No NVIDIA GPU found: installing a CPU build of PyTorch" >&2
     "${pip[@]}" install --no-index --no-deps "torch>=2.5" 2>/dev/null \

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -70,10 +71,14 @@ DISPLAYS = {"xcb": "DISPLAY", "wayland": "WAYLAND_DISPLAY"}
 NO_DISPLAY = ("error: there is no display to open the workbench on (DISPLAY and WAYLAND_DISPLAY are not set): "
               "run it in a desktop session or over `ssh -X`, or save a picture of the window without one: "
               "packaging/bootstrap.sh gui --screenshot shot.png")
+UNREACHABLE = ("error: the display {name}={value} does not answer (no display server listens there): start the "
+               "desktop session it names, set {name} to one that runs, or save a picture of the window without "
+               "one: {name}= packaging/bootstrap.sh gui --screenshot shot.png")
 NAMED_AT_MOST = 4        # more missing libraries than this are counted, not all named (the command lists all)
 MISSING_NOT_FOUND = re.compile(r"^\s*(\S+)\s+=>\s+not found", re.MULTILINE)
 
 Ldd = Callable[[Sequence[Path]], str]
+Reachable = Callable[[str, Mapping[str, str]], bool]     # (platform, environ) -> its display server answers
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,7 @@ class System:
     root: bool                       # installs need no sudo
     qt_dir: Path | None              # PySide6's bundled Qt (holds lib/ and plugins/), None without PySide6
     ldd: Ldd
+    reachable: Reachable = lambda platform, environ: True
 
 
 def read_distro(os_release: str) -> Distro:
@@ -215,9 +221,13 @@ def qt_line(system: System, platforms: Sequence[str], who: str) -> str | None:
     """None when Qt can start one of ``platforms`` here, else the one line that says why not and the fix."""
     if system.qt_dir is None:
         return None          # no PySide6 wheel: nothing of ours to check
-    usable = [p for p in platforms if p not in DISPLAYS or system.environ.get(DISPLAYS[p])]
-    if not usable:
+    named = [p for p in platforms if p not in DISPLAYS or system.environ.get(DISPLAYS[p])]
+    if not named:
         return NO_DISPLAY
+    usable = [p for p in named if p not in DISPLAYS or system.reachable(p, system.environ)]
+    if not usable:                   # Qt would abort on the first, after a screenful of its own output
+        name = DISPLAYS[named[0]]
+        return UNREACHABLE.format(name=name, value=system.environ[name])
     first_problem = None
     for platform in usable:
         plugin = plugin_file(system.qt_dir, platform)
@@ -232,6 +242,41 @@ def qt_line(system: System, platforms: Sequence[str], who: str) -> str | None:
                                           system.root)
         first_problem = first_problem or line
     return first_problem
+
+
+def _connects(family: int, address: object, timeout: float = 1.0) -> bool:
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout)
+            sock.connect(address)
+        return True
+    except OSError:
+        return False
+
+
+def display_reachable(platform: str, environ: Mapping[str, str]) -> bool:
+    """Whether the display server ``platform`` would use answers: an X server at ``DISPLAY`` (its Unix
+    socket, or TCP port 6000 + N on a host), a Wayland compositor at ``WAYLAND_DISPLAY`` (a socket in
+    ``XDG_RUNTIME_DIR``). A name this cannot read is taken to answer: Qt then says for itself."""
+    if platform == "xcb":
+        m = re.fullmatch(r"(?:(?P<host>[^:/]*))?:(?P<n>\d+)(?:\.\d+)?", environ.get("DISPLAY", ""))
+        if m is None:
+            return True
+        n, host = int(m["n"]), m["host"] or ""
+        if host in ("", "unix"):
+            path = f"/tmp/.X11-unix/X{n}"
+            return any(_connects(socket.AF_UNIX, a) for a in (path, "\0" + path))   # the path, or abstract
+        try:                          # a host's X server (ssh -X forwards localhost:10 and up)
+            socket.create_connection((host, 6000 + n), timeout=1.0).close()
+            return True
+        except OSError:
+            return False
+    if platform == "wayland":
+        name = environ.get("WAYLAND_DISPLAY", "")
+        runtime = environ.get("XDG_RUNTIME_DIR", "")
+        path = name if name.startswith("/") else (f"{runtime}/{name}" if runtime else "")
+        return not path or _connects(socket.AF_UNIX, path)
+    return True
 
 
 def run_ldd(files: Sequence[Path]) -> str:
@@ -255,7 +300,7 @@ def this_system() -> System:
         os_release = OS_RELEASE.read_text(encoding="utf-8", errors="replace")
     except OSError:
         os_release = ""
-    return System(os.environ, read_distro(os_release), os.geteuid() == 0, find_qt_dir(), run_ldd)
+    return System(os.environ, read_distro(os_release), os.geteuid() == 0, find_qt_dir(), run_ldd, display_reachable)
 
 
 def main(argv: Sequence[str], system: System | None = None) -> int:

@@ -83,16 +83,22 @@ _GOT = re.compile(r"\(got ([^()]*)\)")
 _PY_WORDS = {"None": "null", "True": "true", "False": "false"}
 
 
+_SET = re.compile(r"(?<![\w-])([a-z_]+)=('[^']*'|None|True|False)")
+
+
+def _json_value(v: str) -> str | None:
+    """A Python repr of a value as JSON spells it ('x' -> "x", None -> null); None when it is not one."""
+    if v in _PY_WORDS:
+        return _PY_WORDS[v]
+    if len(v) >= 2 and v[0] == v[-1] == "'":
+        return json.dumps(v[1:-1])
+    return None
+
+
 def _json_spelling(message: str) -> str:
-    """An engine message's ``(got VALUE)`` as JSON spells the value ('x' -> "x", None -> null)."""
-    def spell(m: re.Match) -> str:
-        v = m.group(1)
-        if v in _PY_WORDS:
-            return f"(got {_PY_WORDS[v]})"
-        if len(v) >= 2 and v[0] == v[-1] == "'":
-            return f"(got {json.dumps(v[1:-1])})"
-        return m.group(0)
-    return _GOT.sub(spell, message)
+    """An engine message's values as JSON spells them, in ``(got VALUE)`` and in ``option=VALUE``."""
+    message = _GOT.sub(lambda m: m.group(0) if (j := _json_value(m.group(1))) is None else f"(got {j})", message)
+    return _SET.sub(lambda m: f"{m.group(1)}={_json_value(m.group(2))}", message)
 
 
 def _named(message: str, body: dict) -> str | None:

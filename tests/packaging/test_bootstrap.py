@@ -30,6 +30,8 @@ echo "venv $*" >> "$FAKE_LOG"
 venv=$(dirname "$0")/..
 case "$*" in
   *find_spec*torch*) [ -f "$venv/torch" ] ;;
+  *"torch.cuda.is_available"*) [ "${FAKE_OLD_DRIVER:-0}" = 0 ] ;;
+  *"print(torch.version.cuda)"*) echo 13.0 ;;
   *"import sys, torch"*) [ "${FAKE_CPU_BUILD:-0}" = 0 ] ;;
   *"-q --version") [ "${FAKE_NO_PIP:-0}" = 0 ] ;;
   *"install --no-index"*) [ "${FAKE_LOCAL_TORCH:-1}" = 1 ] && touch "$venv/torch" ;;
@@ -169,6 +171,12 @@ def test_with_an_nvidia_gpu_the_default_cuda_build_is_installed(tmp_path):
 def test_a_cpu_build_on_a_gpu_machine_is_pointed_out(tmp_path):
     _, err, _ = Checkout(tmp_path, gpu=True).run("gui", FAKE_CPU_BUILD="1")
     assert "note: pip installed a CPU build of PyTorch on a machine with an NVIDIA GPU" in err
+
+
+def test_a_cuda_build_the_driver_is_too_old_for_is_pointed_out(tmp_path):
+    rc, err, _ = Checkout(tmp_path, gpu=True).run("gui", FAKE_OLD_DRIVER="1")
+    assert rc == 0 and "note: this PyTorch (CUDA 13.0) cannot use the GPU: the NVIDIA driver is older" in err
+    assert "update the driver" in err
 
 
 def test_torch_already_there_is_left_alone(checkout):

@@ -296,3 +296,30 @@ def test_main_py_run_directly_checks_before_qt_starts():
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2, run.stderr
     assert run.stderr.count("\n") == 1 and run.stderr.startswith("error: there is no display")
+
+
+def test_a_display_that_does_not_answer_is_one_line_before_qt_aborts(tmp_path, capsys):
+    silent = sc.System({"DISPLAY": ":7"}, sc.read_distro(DEBIAN_12), False, fake_qt(tmp_path), FakeLdd(),
+                       lambda platform, environ: False)
+    assert sc.main(["gui"], silent) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: the display DISPLAY=:7 does not answer") and "--screenshot" in err
+    assert err.count("\n") == 1
+
+
+def test_a_display_server_is_reachable_only_where_one_listens(tmp_path):
+    import socket
+    assert not sc.display_reachable("xcb", {"DISPLAY": ":9876"})              # no X server at that number
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as x:               # an "X server" on a TCP port
+        x.bind(("127.0.0.1", 0))
+        x.listen()
+        port = x.getsockname()[1]
+        assert port > 6000 and sc.display_reachable("xcb", {"DISPLAY": f"127.0.0.1:{port - 6000}.0"})
+    wayland = tmp_path / "wayland-1"
+    assert not sc.display_reachable("wayland", {"WAYLAND_DISPLAY": "wayland-1", "XDG_RUNTIME_DIR": str(tmp_path)})
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as w:
+        w.bind(str(wayland))
+        w.listen()
+        assert sc.display_reachable("wayland", {"WAYLAND_DISPLAY": "wayland-1", "XDG_RUNTIME_DIR": str(tmp_path)})
+        assert sc.display_reachable("wayland", {"WAYLAND_DISPLAY": str(wayland)})
+    assert sc.display_reachable("xcb", {"DISPLAY": "something odd"})          # unreadable: Qt says for itself

@@ -148,6 +148,8 @@ HOSTILE = [
      "max_batch must be an integer"),
     ("live-option-in-json-words", "POST", "/v1/strata/config", JSON, b'{"max_batch": "x"}', 400, "max_batch",
      '(got "x")'),
+    ("live-option-set-in-json-words", "POST", "/v1/strata/config", JSON, b'{"expert_policy": null}', 400,
+     "expert_policy", "expert_policy=null"),
     ("unknown-beside-a-good-option", "POST", "/v1/strata/config", JSON, b'{"max_batch": 4, "bogus": 2}', 400,
      "bogus", "bogus: no such option"),
 ]
