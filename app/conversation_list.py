@@ -87,20 +87,31 @@ class ConversationList(QWidget):
             self._undo_timer.stop()
 
     def set_conversations(self, convs: list[Conversation], current_id: str | None) -> None:
-        """Rebuild the list (without re-emitting ``selected``)."""
+        """Show ``convs`` in order (without re-emitting ``selected``). The entries are updated in place,
+        and one no longer needed is taken out (its item then goes with its Python wrapper): a list that
+        deleted its Python-made items itself (``clear()``), a save or a switch of chats after another,
+        could leave the binding a wrapper of a deleted item, and crash in it."""
         self.list.blockSignals(True)
-        self.list.clear()
-        for conv in convs:
+        current = None
+        for row, conv in enumerate(convs):
+            item = self.list.item(row)
+            if item is None:
+                item = QListWidgetItem()
+                self.list.addItem(item)
             when = time.strftime("%d %b %H:%M", time.localtime(conv.updated))
             n = len(conv.messages)
-            item = QListWidgetItem()
             item.setData(Qt.ItemDataRole.UserRole, conv.id)
             item.setData(TITLE, conv.title)
             item.setData(DETAIL, f"{when} · {n} message{'' if n == 1 else 's'}")
             item.setToolTip(conv.title)
-            self.list.addItem(item)
             if conv.id == current_id:
-                self.list.setCurrentItem(item)
+                current = item
+        while self.list.count() > len(convs):
+            self.list.takeItem(self.list.count() - 1)
+        if current is not None:
+            self.list.setCurrentItem(current)
+        else:
+            self.list.setCurrentRow(-1)
         self._fit_titles()
         self.list.blockSignals(False)
         self._busy_or_empty()
