@@ -286,8 +286,10 @@ class HarmonyPrompter:
 class PlainFallback:
     """A reader for a reply that may not use the format: a model that writes plain text (a fine-tune that
     lost the format, a random test model) would read as nothing at all, since its text sits where a
-    header belongs. When a reply ends having shown nothing and holding none of harmony's tokens, its text
-    comes back as content, at the end (as other servers do); any other reply reads as ``inner`` does."""
+    header belongs. When a reply that did not begin in the format (its first token is not one of
+    harmony's) ends having shown nothing, its text without harmony's tokens comes back as content, at
+    the end (as other servers do); a reply that began in the format reads as ``inner`` does (a header
+    the token limit cut shows nothing)."""
 
     def __init__(self, inner: ReplyReader, tokenizer: Tokenizer, ids: HarmonyIds) -> None:
         self.inner, self._tok = inner, tokenizer
@@ -298,8 +300,8 @@ class PlainFallback:
     def feed(self, token_ids: Sequence[int]) -> HarmonyDelta:
         if self._ids is not None:
             ids = [int(t) for t in token_ids]
-            if self._specials.intersection(ids):
-                self._ids = None
+            if not self._ids and ids and ids[0] in self._specials:
+                self._ids = None                # it began in the format: read as the format says
             else:
                 self._ids.extend(ids)
         out = self.inner.feed(token_ids)

@@ -127,6 +127,10 @@ def test_a_reply_that_never_uses_the_format_comes_back_as_its_text(tok):
     assert not any(reader.feed([t]) for t in plain) and reader.finish() == HarmonyDelta(content="just some words")
     header_only = ids(tok, REPLY)[:3]                                  # a header cut short: no text to show
     assert tok.harmony.parse(header_only) == HarmonyDelta() and tok.harmony.parse([]) == HarmonyDelta()
+    # text with harmony's tokens strewn in it (a random model) but never a message: its words, not nothing
+    start, end = ids(tok, "<|start|>"), ids(tok, "<|end|>")
+    strewn = plain[:2] + start + plain[2:] + end
+    assert tok.harmony.parse(strewn) == HarmonyDelta(content="just some words")
 
 
 @pytest.mark.parametrize("text", [REPLY, CALL])
