@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pyqtgraph as pg
 import pyqtgraph.exporters
-from PySide6.QtCore import QSize, Qt
+from PySide6.QtCore import QRectF, QSize, Qt
 from PySide6.QtGui import QPainter, QPaintEvent, QResizeEvent
 from PySide6.QtWidgets import QGridLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
@@ -240,10 +240,18 @@ class Panel(QWidget):
         """Save the panel's plots as a PNG (pyqtgraph exporter)."""
         self.dirty = True
         self._render(time.perf_counter())
-        if not self.isVisible():   # a panel in a hidden tab has no useful size: lay it out at a readable one
-            self.graphics.ci.resize(*EXPORT_SIZE)
-        exporter = pyqtgraph.exporters.ImageExporter(self.graphics.ci)
-        image = exporter.export(toBytes=True)
+        ci = self.graphics.ci
+        shown = ci.geometry()
+        # a panel in a background tab (or a dock squeezed small) has no readable size: lay its plots out
+        # at EXPORT_SIZE for the picture, then give them back the size they have on screen
+        small = shown.width() < EXPORT_SIZE[0] or shown.height() < EXPORT_SIZE[1]
+        if small:
+            ci.setGeometry(QRectF(0, 0, max(shown.width(), EXPORT_SIZE[0]), max(shown.height(), EXPORT_SIZE[1])))
+        try:
+            image = pyqtgraph.exporters.ImageExporter(ci).export(toBytes=True)
+        finally:
+            if small:
+                ci.setGeometry(shown)
         if image is None or not image.save(path, "PNG"):    # Qt reports a failed write only so
             folder = Path(path).parent
             why = "the folder does not exist" if not folder.is_dir() else "it cannot be written there"

@@ -82,7 +82,7 @@ class ExpertPanel(Panel):
         self._num_layers = 0
         self._heat: np.ndarray = np.zeros((0, 0))
         self._shown_shape: tuple | None = None
-        p1 = make_plot(self.graphics, "Experts found on the GPU, last 2 s", "%", 0)
+        p1 = make_plot(self.graphics, "Experts found in the pool, last 2 s", "%", 0)
         p1.setYRange(0, 100, padding=0.02)
         self._rate = curve(p1, "green", "pool hits")
         self._rate_all = curve(p1, "cyan", "pool + staging hits", width=1.0, dash=True)

@@ -150,11 +150,13 @@ def test_session_csv_and_plot_png_export(window, qtbot, tmp_path):
     assert n == len(rows) >= 3
     assert max(float(r["decode_tok_s"]) for r in rows) > 0
     assert rows[-1]["gpu_temp_c"] == "55.0" and rows[-1]["gpu_mem_temp_c"] == ""   # unsupported stays empty
-    for panel in window.panels:
+    for panel in window.panels:      # in front or in a background tab: laid out at a readable size
         png = tmp_path / f"{type(panel).__name__}.png"
+        on_screen = panel.graphics.ci.geometry()
         panel.export_png(str(png))
         image = QImage(str(png))
-        assert not image.isNull() and image.width() > 100 and image.height() > 100
+        assert not image.isNull() and image.width() >= 900 and image.height() >= 700, type(panel).__name__
+        assert panel.graphics.ci.geometry() == on_screen                    # the plots on screen as they were
     assert os.stat(path).st_mode & 0o044, "an export reads as the user's other files do"
 
 
