@@ -132,7 +132,9 @@ def _unit(suffix: str, n: int) -> str:
 
 def pool_text(b: int) -> str:
     """A pool size as the slider shows it."""
-    return f"{b / GIB:.2f} GiB" if b >= GIB // 10 else f"{b / (1 << 20):.1f} MiB"
+    if b >= GIB // 10:
+        return f"{b / GIB:.2f} GiB"
+    return f"{b / (1 << 20):.1f} MiB" if b >= 1 << 20 or b == 0 else f"{b / 1024:.0f} KiB"
 
 
 class PoolSlider(QWidget):

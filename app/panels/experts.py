@@ -205,7 +205,7 @@ def cold_summary(e: Any, before: Any = None) -> tuple[str, str]:
     mode = e.cold_mode.split()[0]
     setting = f"Setting: {mode}: {modes.get(mode, mode)}"
     if "CPU device" in e.cold_mode:       # a CPU run: missing experts are copied within host memory
-        return ("none (CPU run)" if not (e.cpu_experts or e.bus_experts) else f"{cpu + bus} copied in memory",
+        return ("none (CPU run)" if not (e.cpu_experts or e.bus_experts) else f"{cpu + bus} copied, last step",
                 "The model runs on the CPU: a missing expert is copied from the host store within host memory; "
                 "there is no GPU and no bus")
     lines = [setting,

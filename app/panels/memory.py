@@ -19,7 +19,9 @@ def fmt_bytes(n: float | None) -> str:
         return "—"
     if n >= 1 << 30:
         return f"{n / GIB:.2f} GiB"
-    return f"{n / (1 << 20):.0f} MiB"
+    if n >= 1 << 20 or n == 0:
+        return f"{n / (1 << 20):.0f} MiB"
+    return f"{n / 1024:.0f} KiB"          # a tiny model's parts: not "0 MiB"
 
 
 def workspace_readout(workspace: int, budget: int | None) -> tuple[str, str]:

@@ -40,12 +40,15 @@ class TrafficPanel(Panel):
             h2d = max(e.h2d_bytes - self._prev[1], 0) / dt / GB
             wait = max(e.copy_wait_ms - self._prev[2], 0.0) / dt
         self._prev = (now, e.h2d_bytes, e.copy_wait_ms)
+        cpu_run = "CPU device" in getattr(e, "cold_mode", "")
+        if cpu_run:
+            h2d = None               # copies within host memory cross no bus: no curve, as the readout says
         self.bus.append(now, h2d, self._pcie_rx, wait)
         idle = s.running == 0 and s.waiting == 0      # the last step's size is history then, not the batch
         batch = 0 if idle else s.batch_size
         self.sched.append(now, batch, s.running, s.waiting)
         r = self.readouts
-        if "CPU device" in getattr(e, "cold_mode", ""):     # a CPU run: host memory only, no bus to count
+        if cpu_run:                                         # a CPU run: host memory only, no bus to count
             r["h2d"].set("no bus (CPU run)", "The model runs on the CPU: experts are copied within host memory, "
                                              "which is not traffic over a bus")
         else:

@@ -58,7 +58,7 @@ def test_expert_panel_says_where_missing_experts_ran(qapp):
     # a CPU run has no bus: its copies are within host memory, and the panels say so
     cpu_run = ExpertStats(cold_mode="bus (auto, on a CPU device)", bus_experts=186, last_step_experts=(0, 3))
     panel.push_stats(EngineStats(experts=cpu_run), now=5.0)
-    assert readout.text() == "3 copied in memory" and "there is no GPU and no bus" in readout.toolTip()
+    assert readout.text() == "3 copied, last step" and "there is no GPU and no bus" in readout.toolTip()
     from app.panels.traffic import TrafficPanel
     traffic = TrafficPanel()
     traffic.push_stats(EngineStats(experts=cpu_run), now=1.0)
@@ -295,3 +295,11 @@ def test_delete_waits_for_a_chat_in_the_list(qapp):
     assert side.delete_button.isEnabled()
     side.set_busy(True)
     assert not side.delete_button.isEnabled()
+
+
+def test_sizes_below_a_mebibyte_read_in_kibibytes():
+    from app.knobs import pool_text
+    from app.panels.memory import fmt_bytes
+    assert (fmt_bytes(0), fmt_bytes(288 * 1024), fmt_bytes(3 << 20), fmt_bytes(3 << 30)) == \
+        ("0 MiB", "288 KiB", "3 MiB", "3.00 GiB")
+    assert (pool_text(0), pool_text(384 * 1024), pool_text(9 << 20)) == ("0.0 MiB", "384 KiB", "9.0 MiB")
