@@ -161,6 +161,9 @@ class HttpLoadRun(QObject):
                             break
                     if s.error is None and s.finish_reason is None:
                         s.error = "the stream ended before its last chunk"
+                    elif s.finish_reason == "abort" and not self._stopping.is_set():
+                        # the server ended it (it was turned off, or its client went): not the user's stop
+                        s.finish_reason, s.error = "error", "the server ended the stream (was the local server stopped?)"
         except asyncio.CancelledError:
             s.finish_reason, s.error = "abort", None
         except httpx.HTTPError as exc:

@@ -60,6 +60,12 @@ class ServerStatus(QWidget):
         self.url = ""
         self.hide()
 
+    def show_stopping(self) -> None:
+        """Turned off, and waiting for the requests in flight to end (at most the server's grace)."""
+        self.url_label.setText("Server stopping (ending the requests in flight)…")
+        self.url_label.setToolTip("")
+        self.copy_button.hide()
+
     def set_in_flight(self, n: int) -> None:
         text = f"· {n} in flight"
         if self.in_flight_label.text() != text:      # the bar is re-laid out only on a change
@@ -143,6 +149,7 @@ class ServerSwitch(QObject):
             self.server.start(port)
         elif self.server.state == "on":
             self.action.setEnabled(False)
+            self.status.show_stopping()
             self.server.stop()
 
     def _on_started(self, url: str) -> None:

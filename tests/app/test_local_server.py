@@ -217,3 +217,23 @@ def test_stopping_a_load_test_through_http_ends_every_stream(window, qtbot):
     # the server ended both requests when their clients went: the engine holds none
     qtbot.waitUntil(lambda: window.bridge.engine_loop.call(lambda e: e.has_unfinished()).result(10) is False,
                     timeout=TIMEOUT)
+
+
+def test_turning_the_server_off_under_an_http_load_test_says_the_server_ended_the_streams(window, qtbot):
+    _serve(window, qtbot)
+    window.open_load_test()
+    dialog = window.load_test
+    dialog.send_through.setCurrentText(HTTP)
+    dialog.streams.setValue(2)
+    dialog.output_len.setValue(window.model.context_tokens // 2)
+    window.bridge.pause("the streams cannot finish before the server's grace is over and it ends them")
+    with qtbot.waitSignal(dialog.finished_test, timeout=REPLY_TIMEOUT_MS):
+        dialog.start_button.click()
+        qtbot.waitUntil(lambda: window.server.server.in_flight == 2, timeout=TIMEOUT)
+        window.server.set_on(False)
+        assert window.server.status.url_label.text().startswith("Server stopping")    # not still "on"
+    window.bridge.resume("go")
+    rows = [dialog.table.item(i, 1).text() for i in range(2)]
+    assert not any("stopped by you" in r for r in rows), rows
+    assert all("the server ended the stream" in (dialog.table.item(i, 1).toolTip() + r)
+               for i, r in enumerate(rows)), rows
