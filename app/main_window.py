@@ -385,6 +385,8 @@ class MainWindow(QMainWindow):
         path, _ = QFileDialog.getSaveFileName(self, "Export session stats", self._export_path("strata-session.csv"),
                                               "CSV (*.csv)")
         if path:
+            if not Path(path).suffix and not Path(path).is_dir():
+                path += ".csv"                  # as the chat and plot exports add theirs
             try:
                 n = self.recorder.write_csv(path)
             except OSError as exc:

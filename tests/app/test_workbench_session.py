@@ -181,6 +181,9 @@ def test_an_export_that_cannot_be_written_says_so_and_leaves_nothing(window, qtb
     window.export_chat_dialog()                                           # File › Export chat
     assert window.statusBar().currentMessage() == f"Saved {folder / 'chat.md'}"
     assert (folder / "chat.md").read_text(encoding="utf-8").startswith("# ")
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: (str(folder / "session"), ""))
+    window.export_session_dialog()                                        # a name without .csv gets it
+    assert (folder / "session.csv").is_file() and not (folder / "session").exists()
 
 
 def test_load_test_reports_aggregate_against_per_stream(window, qtbot):
