@@ -154,6 +154,10 @@ def _knob_names(text: str) -> str:
     and the chat settings' words for a request option's advice."""
     for engine_words, chat_words in _CHAT_WORDS:
         text = text.replace(engine_words, chat_words)
+    for flag, (words, _) in FLAG_WORDS.items():          # a start-up setting by its words: "the device cuda"
+        name = flag[2:].replace("-", "_")
+        if name not in LABELS and f"{name}" in text:
+            text = re.sub(rf"(?<![\w-]){name} ?= ?(?=\S)", f"{words} ", text)
     for name in sorted(LABELS, key=len, reverse=True):
         if name not in text:
             continue

@@ -60,7 +60,7 @@ class TrafficPanel(Panel):
                          + (f"; {e.extra_passes} extra passes of layers that missed more experts than the staging "
                             "slots hold (each missing expert still crossed once)" if e.extra_passes else ""))
         r["wait"].set("—" if wait is None else f"{wait:.0f} ms/s")
-        r["batch"].set(str(batch), f"nothing runs; the last step had {s.batch_size} sequences" if idle and s.batch_size
+        r["batch"].set(str(batch), f"nothing runs; the last step had {s.batch_size} sequence{'' if s.batch_size == 1 else 's'}" if idle and s.batch_size
                        else "sequences in the last step (decode and prefill chunks together)")
         r["running"].set(str(s.running))
         r["waiting"].set(str(s.waiting))

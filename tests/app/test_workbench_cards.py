@@ -163,7 +163,7 @@ def test_a_pipeline_the_load_refuses_is_one_line_naming_the_fix(qtbot):
     from app.bridge import _load_wording
     message = _load_wording("pipeline_parallel=2 needs 2 GPUs but 1 is visible; lower --pipeline-parallel or "
                             "make more GPUs visible (CUDA_VISIBLE_DEVICES)")
-    assert message == ("pipeline_parallel=2 needs 2 GPUs but 1 is visible; lower the pipeline's GPU count or make "
+    assert message == ("the pipeline's GPU count 2 needs 2 GPUs but 1 is visible; lower the pipeline's GPU count or make "
                        "more GPUs visible (CUDA_VISIBLE_DEVICES) (start Strata with --pipeline-parallel N)")
     # a real refused load (more stages than the demo has MoE layers): one line in the load's banner
     bridge = EngineBridge(open_engine)
@@ -173,7 +173,7 @@ def test_a_pipeline_the_load_refuses_is_one_line_naming_the_fix(qtbot):
             bridge.load_model(DEMO, {"device": "cpu", "pipeline_parallel": 64})
         text = refused.args[0].message
         assert refused.args[0].source == "load" and "\n" not in text and "Traceback" not in text
-        assert text.startswith(f"Could not open {DEMO}: pipeline_parallel=64 ")
+        assert text.startswith(f"Could not open {DEMO}: the pipeline's GPU count 64 ")
         assert "(start Strata with --pipeline-parallel " in text
     finally:
         bridge.shutdown()
