@@ -2,10 +2,29 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from app.conversations import Conversation
 from app.export_file import write_export
+
+
+_HEADING = re.compile(r"^( {0,3})(#{1,6})(?=\s|$)")
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+
+
+def _nested(text: str) -> str:
+    """``text``'s Markdown headings two levels down (at most ``######``), so that a message's own "## Plan"
+    sits under its speaker's "## You" instead of reading as another speaker; code blocks stay as written."""
+    out, fence = [], None
+    for line in text.splitlines():
+        m = _FENCE.match(line)
+        if m and (fence is None or m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence)):
+            fence = m.group(1) if fence is None else None
+        elif fence is None:
+            line = _HEADING.sub(lambda h: h.group(1) + "#" * min(6, len(h.group(2)) + 2), line)
+        out.append(line)
+    return "\n".join(out)
 
 
 def chat_markdown(conv: Conversation) -> str:
@@ -18,7 +37,7 @@ def chat_markdown(conv: Conversation) -> str:
         out += ["## You" if m.role == "user" else "## Assistant", ""]
         if m.reasoning:
             out += ["\n".join("> " + line for line in m.reasoning.splitlines()) or ">", ""]
-        out += [m.content, ""]
+        out += [_nested(m.content), ""]
         note = "interrupted" if m.interrupted else m.stats
         if m.role == "assistant" and note:
             out += [f"*{note}*", ""]

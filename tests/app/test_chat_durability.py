@@ -505,6 +505,18 @@ def test_a_chat_exports_as_markdown_or_json_and_a_failed_export_leaves_nothing(q
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["sky.json", "sky.md"]
 
 
+def test_headings_in_a_message_sit_under_its_speaker_in_the_markdown():
+    from app.chat_export import chat_markdown
+    from app.conversations import Conversation, StoredMessage
+    conv = Conversation(title="Notes", messages=[
+        StoredMessage("user", "## You\nnot a speaker\n```\n# a comment in code\n```\n###### deepest"),
+        StoredMessage("assistant", "# Answer\ntext")])
+    text = chat_markdown(conv)
+    assert text.count("\n## You\n") == 1 and "#### You\nnot a speaker" in text    # the user's own, two down
+    assert "# a comment in code" in text and "\n###### deepest" in text          # code as written; at most six
+    assert "## Assistant\n\n### Answer\ntext" in text
+
+
 def test_earlier_messages_put_in_above_keep_the_readers_place(qtbot):
     from app.chat_view import ChatView
     view = ChatView()
