@@ -17,10 +17,14 @@ from pathlib import Path
 
 # Ctrl-C while the engine's modules load (torch takes seconds) ends the start quietly, exit code 130;
 # from then on it is the ordinary KeyboardInterrupt that each command handles
-signal.signal(signal.SIGINT, lambda *_: sys.exit(130))
+# (a Ctrl-C the process was started to ignore stays ignored)
+_INHERITED = signal.getsignal(signal.SIGINT)
+if _INHERITED is not signal.SIG_IGN:
+    signal.signal(signal.SIGINT, lambda *_: sys.exit(130))
 from engine.cli.main import ENGINE_COMMANDS, build_parser, parse, run_command, unknown_command  # noqa: E402
 from engine.cli.options import add_engine_flags, add_model_flag, engine_options  # noqa: E402
-signal.signal(signal.SIGINT, signal.default_int_handler)
+if _INHERITED is not signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _add_gui_parser(sub) -> None:

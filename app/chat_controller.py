@@ -347,7 +347,7 @@ class ChatController(QObject):
         """Add the user's message and ask for a reply."""
         if self.live is not None or self.model is None:
             return
-        if not self.current.messages:
+        if not self.current.messages and self.current.title == Conversation.title:   # not one the user gave
             self.current.title = text.splitlines()[0][:TITLE_CHARS] or "Chat"
         user = StoredMessage("user", text)
         self.current.messages.append(user)

@@ -201,7 +201,9 @@ def close_on_signals(window: MainWindow) -> None:
     """Ctrl+C in the terminal that started the workbench (SIGINT), or a SIGTERM from the system (a log-out,
     ``kill``), closes the window as its close button does: the layout, drafts and chats are saved and the
     engine is shut down. Qt's loop runs C++ code, where Python cannot run a signal handler: the signal
-    writes a byte to a socket that the loop watches, and the handler runs when the loop reads it."""
+    writes a byte to a socket that the loop watches, and the handler runs when the loop reads it. A second
+    signal while the window closes ends the process at once (a close stuck on a disk or a busy engine);
+    a signal the process was started to ignore (``nohup``, a script's background job) stays ignored."""
     reader, writer = socket.socketpair()
     for end in (reader, writer):
         end.setblocking(False)
@@ -221,10 +223,11 @@ def close_on_signals(window: MainWindow) -> None:
 
     def close(signum: int, _frame) -> None:
         log.warning("signal %d: closing the workbench", signum)
+        signal.signal(signum, signal.SIG_DFL)     # the next one is not asked twice
         QTimer.singleShot(0, window.close)       # from the loop, after this handler returns
 
     notifier.activated.connect(wake)
     window._signal_wakeup = (reader, writer, notifier)     # kept as long as the window
     for sig in (signal.SIGINT, getattr(signal, "SIGTERM", None)):
-        if sig is not None:
+        if sig is not None and signal.getsignal(sig) is not signal.SIG_IGN:
             signal.signal(sig, close)

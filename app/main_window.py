@@ -13,8 +13,8 @@ from pathlib import Path
 
 from PySide6.QtCore import QRect, QSettings, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QIcon
-from PySide6.QtWidgets import (QDockWidget, QFileDialog, QFrame, QLabel, QMainWindow, QMenu, QScrollArea,
-                               QSizePolicy, QSplitter, QTabWidget, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QDockWidget, QFileDialog, QFrame, QLabel, QMainWindow, QMenu, QMessageBox,
+                               QScrollArea, QSizePolicy, QSplitter, QTabWidget, QVBoxLayout, QWidget)
 
 from app.about import show_about
 from app.banner import BannerArea
@@ -381,12 +381,26 @@ class MainWindow(QMainWindow):
         if path:
             self.open_model(path)
 
+    def _suffixed(self, path: str, suffix: str) -> str:
+        """``path`` with ``suffix`` where the name typed has none (the dialog asked about the name typed, so
+        a file the suffix makes it name is asked about here); "" when the user keeps that file."""
+        if Path(path).suffix or Path(path).is_dir():
+            return path
+        path += suffix
+        if Path(path).exists() and not self.confirm_replace(path):
+            return ""
+        return path
+
+    def confirm_replace(self, path: str) -> bool:
+        yes, cancel = QMessageBox.StandardButton.Yes, QMessageBox.StandardButton.Cancel
+        return QMessageBox.question(self, "Replace file", f"{path} exists. Replace it?", yes | cancel,
+                                    cancel) == yes
+
     def export_session_dialog(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self, "Export session stats", self._export_path("strata-session.csv"),
                                               "CSV (*.csv)")
+        path = self._suffixed(path, ".csv") if path else ""
         if path:
-            if not Path(path).suffix and not Path(path).is_dir():
-                path += ".csv"                  # as the chat and plot exports add theirs
             try:
                 n = self.recorder.write_csv(path)
             except OSError as exc:
@@ -399,9 +413,9 @@ class MainWindow(QMainWindow):
         name = "".join(c if c.isalnum() or c in "-_ " else "-" for c in conv.title).strip() or "chat"
         path, kind = QFileDialog.getSaveFileName(self, "Export chat", self._export_path(f"{name}.md"),
                                                  "Markdown (*.md);;JSON (*.json)")
+        # the format picked in the dialog, for a name without one
+        path = self._suffixed(path, ".json" if "json" in kind.lower() else ".md") if path else ""
         if path:
-            if "json" in kind.lower() and not Path(path).suffix:
-                path += ".json"                 # the format picked in the dialog, for a name without one
             try:
                 written = export_chat(conv, path)
             except OSError as exc:

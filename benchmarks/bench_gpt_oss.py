@@ -347,8 +347,9 @@ def summary(result: dict) -> dict:
     return {"20b_fraction_of_roofline": max(roof, default=None), "target_roofline": 0.5,
             "120b_min_fraction_of_bus_limit": min(bus, default=None), "target_bus": 0.8,
             "120b_b16_trained_like_tok_s": b16[0] if b16 else None, "target_b16_tok_s": 108.0,
-            "ladder_last_over_first": ladder[-1].get("last_over_first") if ladder else None, "target_ladder": 10.0,
             "ladder_article_last_over_first": ladder[-1].get("article_last_over_first") if ladder else None,
+            "target_ladder": 10.0,        # the article's: its last rung (6) over its first
+            "ladder_last_over_first": ladder[-1].get("last_over_first") if ladder else None,
             "every_cell_within_budget": all(peaks) if peaks else None}
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from engine.config import LIVE_OPTIONS, EngineConfig
+from engine.config import LIVE_OPTIONS, EngineConfig, format_size
 from engine.errors import ConfigError, ReconfigureError
 from engine.kv.cache import check_kv_format
 from engine.options import parse_live
@@ -56,7 +56,7 @@ class LiveSettings:
         # a pipeline has every stage check the change before any applies it, so that a refusal leaves all as they were
         applied = apply_to_stage(m, options, notes) if m.pipeline is None else m.pipeline.reconfigure(options, notes)
         for k in options.keys() & set(_EXPERTS):    # each answer names its option's new value, then the setup
-            applied[k] = f"{k} = {_shown(options[k])}; {applied[k]}"
+            applied[k] = f"{k} = {_shown(k, options[k])}; {applied[k]}"
         if self.engine.runner.graphs is not None and (options.keys() & {*_EXPERTS, "kv_cache_dtype"}) - {"expert_policy"}:
             self.engine.runner.graphs.reset()   # recorded against the old pool views, look-ahead or KV storage
         sched = self.engine.scheduler
@@ -108,8 +108,13 @@ def apply_to_stage(m: "LoadedModel", options: dict, notes: dict[str, tuple[str, 
     return applied
 
 
-def _shown(value: object) -> str:
-    return "auto" if value is None else str(value)
+def _shown(option: str, value: object) -> str:
+    """A live value as an answer names it: None is auto, a pool size in bytes reads as a size."""
+    if value is None:
+        return "auto"
+    if option == "expert_pool_size" and isinstance(value, int) and not isinstance(value, bool):
+        return format_size(value)
+    return str(value)
 
 
 def _expert_settings(m: "LoadedModel", exp: dict) -> dict:

@@ -51,6 +51,15 @@ make_venv() {
   fi
 }
 
+# "<build's CUDA> but the driver supports CUDA <x.y> only" where the driver is older than the build needs
+driver_check='
+import torch
+need = torch.version.cuda
+have = torch._C._cuda_getDriverVersion() if need else 0      # e.g. 12040; 0: no driver seen
+if need and have and (have // 1000, have % 1000 // 10) < tuple(int(x) for x in need.split(".")[:2]):
+    print(f"{need} but the driver supports CUDA {have // 1000}.{have % 1000 // 10} only")
+'
+
 # One of: a torch wheel pip has on disk (its find-links: no download, no version named here), the CPU
 # index, the default build. The default build on Linux is a CUDA build, which also runs on a CPU.
 install_torch() {
@@ -60,11 +69,10 @@ install_torch() {
     "$venv/bin/python" -c 'import sys, torch; sys.exit(torch.version.cuda is None)' 2>/dev/null \
       || echo "note: pip installed a CPU build of PyTorch on a machine with an NVIDIA GPU; for the GPU, install" \
               "the CUDA build that https://pytorch.org/get-started/locally/ names, with $0 run pip install ..." >&2
-    # a CUDA build the driver is too old for runs on the CPU only: say so now, not at the first load
-    "$venv/bin/python" -c 'import sys, torch; sys.exit(torch.version.cuda is not None and not torch.cuda.is_available())' \
-      2>/dev/null || echo "note: this PyTorch (CUDA $("$venv/bin/python" -c 'import torch; print(torch.version.cuda)' \
-      2>/dev/null)) cannot use the GPU: the NVIDIA driver is older than it needs (nvidia-smi shows the driver's" \
-      "CUDA version); update the driver, or install a PyTorch built for that CUDA version with $0 run pip install ..." >&2
+    # a CUDA build newer than the driver runs on the CPU only: say so now, not at the first load ("" when it fits)
+    old_driver=$("$venv/bin/python" -c "$driver_check" 2>/dev/null || true)
+    [ -z "$old_driver" ] || echo "note: this PyTorch is built for CUDA $old_driver; update the" \
+      "NVIDIA driver, or install a PyTorch built for the driver's CUDA version with $0 run pip install ..." >&2
   else
     echo "No NVIDIA GPU found: installing a CPU build of PyTorch" >&2
     "${pip[@]}" install --no-index --no-deps "torch>=2.5" 2>/dev/null \

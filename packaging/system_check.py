@@ -73,7 +73,7 @@ NO_DISPLAY = ("error: there is no display to open the workbench on (DISPLAY and 
               "packaging/bootstrap.sh gui --screenshot shot.png")
 UNREACHABLE = ("error: the display {name}={value} does not answer (no display server listens there): start the "
                "desktop session it names, set {name} to one that runs, or save a picture of the window without "
-               "one: {name}= packaging/bootstrap.sh gui --screenshot shot.png")
+               "one: {unset} packaging/bootstrap.sh gui --screenshot shot.png")
 NAMED_AT_MOST = 4        # more missing libraries than this are counted, not all named (the command lists all)
 MISSING_NOT_FOUND = re.compile(r"^\s*(\S+)\s+=>\s+not found", re.MULTILINE)
 
@@ -227,7 +227,8 @@ def qt_line(system: System, platforms: Sequence[str], who: str) -> str | None:
     usable = [p for p in named if p not in DISPLAYS or system.reachable(p, system.environ)]
     if not usable:                   # Qt would abort on the first, after a screenful of its own output
         name = DISPLAYS[named[0]]
-        return UNREACHABLE.format(name=name, value=system.environ[name])
+        unset = " ".join(f"{v}=" for v in DISPLAYS.values() if system.environ.get(v))   # every stale one
+        return UNREACHABLE.format(name=name, value=system.environ[name], unset=unset)
     first_problem = None
     for platform in usable:
         plugin = plugin_file(system.qt_dir, platform)

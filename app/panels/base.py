@@ -64,7 +64,9 @@ class SecondsAgoAxis(pg.AxisItem):
 
 def make_plot(layout: pg.GraphicsLayoutWidget, title: str, unit: str, row: int) -> pg.PlotItem:
     """A time plot (last WINDOW_S seconds, x axis in seconds ago) with a titled left axis; created once."""
-    plot = layout.addPlot(row=row, col=0, axisItems={"bottom": SecondsAgoAxis("bottom")})
+    # no context menus, from the start: a view box's menu taken away later (setMenuEnabled(False)) is a
+    # QMenu deleted with children the binding still wraps, which could crash a later plot's construction
+    plot = layout.addPlot(row=row, col=0, axisItems={"bottom": SecondsAgoAxis("bottom")}, enableMenu=False)
     plot.setTitle(f"<span style='color:#c9d1d9;font-size:9pt'>{title}</span>")
     plot.setLabel("left", unit)
     plot.getAxis("left").enableAutoSIPrefix(False)     # "GB/s (x0.001)" reads worse than 0.06 GB/s
@@ -76,7 +78,6 @@ def make_plot(layout: pg.GraphicsLayoutWidget, title: str, unit: str, row: int) 
     plot.setYRange(0, 1, padding=0)
     plot.setMouseEnabled(x=False, y=False)
     plot.hideButtons()
-    plot.setMenuEnabled(False)
     plot.getAxis("bottom").setHeight(30)
     plot.addLegend(offset=(10, 4), labelTextSize="8pt", brush=pg.mkBrush(21, 23, 26, 200))
     return plot

@@ -77,6 +77,7 @@ class MemoryPanel(Panel):
         self._zero = self._fills[0].curves[0]
         self._budget = curve(p1, "red", "budget", width=1.4, dash=True)
         p1.legend.setColumnCount(2)       # five entries in three rows: a short plot keeps them inside it
+        self._budget_listed = True
         self._unit: tuple[str, float] | None = None   # chosen on the first sample: GiB, or MiB for small models
         p2 = make_plot(self.graphics, "KV cache use", "%", 1)
         p2.setYRange(0, 100, padding=0.02)
@@ -91,8 +92,10 @@ class MemoryPanel(Panel):
         if self._unit is None:
             self._unit = ("GiB", GIB) if max(parts[-1], m.budget_bytes or 0) >= GIB else ("MiB", float(1 << 20))
             self.plots[0].setLabel("left", self._unit[0])
-            if m.budget_bytes is None:           # no budget (CPU): no line, so no legend entry for one
-                self.plots[0].legend.removeItem(self._budget)
+        if self._budget_listed != (m.budget_bytes is not None):    # no budget (CPU): no line, no entry
+            legend = self.plots[0].legend
+            legend.addItem(self._budget, "budget") if m.budget_bytes is not None else legend.removeItem(self._budget)
+            self._budget_listed = m.budget_bytes is not None
         parts = parts / self._unit[1]
         budget = None if m.budget_bytes is None else m.budget_bytes / self._unit[1]
         self.mem.append(now, *parts, budget)

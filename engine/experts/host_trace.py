@@ -14,10 +14,6 @@ from __future__ import annotations
 
 import time
 
-# the host's events of one layer, in order; "end" is the step end's books (layer -1)
-EVENTS = ("published", "ready", "computed", "followed")
-
-
 class HostTrace:
     def __init__(self) -> None:
         self.events: list[tuple[int, int, str, float]] = []
@@ -74,8 +70,9 @@ class HostTrace:
             elif event == "followed":
                 gaps["books"].append(t - last.get("mark", t))
                 last["followed"] = t
-            elif event == "ended":
+            elif event == "ended":           # the last step's end: not part of the next layer's wait
                 gaps["step_end"].append(t - last.get("end_from", t))
+                last["followed"] = t
             elif event == "end_begins":
                 last["end_from"] = t
             elif event == "end":

@@ -8,6 +8,7 @@ never gets half a call as markup in ``content`` nor arguments that do not parse.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -134,8 +135,10 @@ class ToolCallFormat:
                 return None
             try:
                 value, end = json.JSONDecoder().raw_decode(text)
-            except (json.JSONDecodeError, RecursionError):
-                return calls                   # the call the limit cut
+            except RecursionError:
+                return calls
+            except json.JSONDecodeError as e:
+                return calls if _ran_out(text, e) else None    # the call the limit cut; else bad JSON: content
             call = self.call_from(value)
             if call is None:
                 return None
@@ -146,6 +149,19 @@ class ToolCallFormat:
             if text and text[0] != ",":
                 return None
             text = text[1:]
+
+
+_UNFINISHED_SCALAR = re.compile(r"-?\d*(?:\.\d*)?(?:[eE][+-]?\d*)?")
+
+
+def _ran_out(text: str, e: json.JSONDecodeError) -> bool:
+    """Whether JSON ``text`` failed only for ending too soon (a cut), not for a mistake before its end:
+    the error at the end, inside a string, or at a literal or number left unfinished."""
+    rest = text[e.pos:].rstrip()
+    if not rest or e.msg.startswith("Unterminated string"):
+        return True
+    return any(word.startswith(rest) for word in ("true", "false", "null")) or \
+        _UNFINISHED_SCALAR.fullmatch(rest) is not None
 
 
 def _json_value(text: str) -> object:

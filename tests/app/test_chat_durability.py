@@ -564,6 +564,17 @@ def test_a_chat_can_be_renamed_and_keeps_its_place_and_title_across_restarts(qtb
     assert "Tides notes" in [c.title for c in again.conversations]
 
 
+def test_a_chat_renamed_before_its_first_message_keeps_its_name(qtbot, tmp_path):
+    chat = make_chat(qtbot, tmp_path / "c")
+    chat.library.save(chat.current)                    # a new chat in the list (a draft kept it there)
+    chat._refresh_sidebar()
+    chat.ask_text = lambda title, label, text: "Trip plans"
+    chat.sidebar.list.setCurrentRow(0)
+    chat.sidebar.rename_button.click()
+    chat.send("Where should we go in May?")
+    assert chat.current.title == "Trip plans"
+
+
 def test_a_long_title_is_cut_to_one_line_and_the_entry_keeps_its_time(qtbot, tmp_path):
     chat = make_chat(qtbot, tmp_path / "c")
     chat.send("Hello there, tell me a story about " + "a very long winding road " * 4)

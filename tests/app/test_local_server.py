@@ -233,7 +233,7 @@ def test_turning_the_server_off_under_an_http_load_test_says_the_server_ended_th
         window.server.set_on(False)
         assert window.server.status.url_label.text().startswith("Server stopping")    # not still "on"
     window.bridge.resume("go")
-    rows = [dialog.table.item(i, 1).text() for i in range(2)]
+    rows = [dialog.table.item(i, 1).text() + " " + dialog.table.item(i, 1).toolTip() for i in range(2)]
     assert not any("stopped by you" in r for r in rows), rows
-    assert all("the server ended the stream" in (dialog.table.item(i, 1).toolTip() + r)
-               for i, r in enumerate(rows)), rows
+    # the server's abort arrives as the stream's last chunk, or (a loaded machine) the connection goes first
+    assert all("the server ended the stream" in r or "ended before its last chunk" in r for r in rows), rows

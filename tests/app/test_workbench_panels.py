@@ -303,3 +303,26 @@ def test_sizes_below_a_mebibyte_read_in_kibibytes():
     assert (fmt_bytes(0), fmt_bytes(288 * 1024), fmt_bytes(3 << 20), fmt_bytes(3 << 30)) == \
         ("0 MiB", "288 KiB", "3 MiB", "3.00 GiB")
     assert (pool_text(0), pool_text(384 * 1024), pool_text(9 << 20)) == ("0.0 MiB", "384 KiB", "9.0 MiB")
+
+
+def test_the_budget_is_in_the_memory_legend_only_while_there_is_one(qapp):
+    from app.panels.memory import MemoryPanel
+    from engine.telemetry import MemoryStats
+    panel = MemoryPanel()
+    legend = panel.plots[0].legend
+    names = lambda: [label.text for _, label in legend.items]   # noqa: E731
+    panel.push_stats(EngineStats(memory=MemoryStats(budget_bytes=None)), now=1.0)
+    assert "budget" not in names()
+    panel.push_stats(EngineStats(memory=MemoryStats(budget_bytes=24 << 30)), now=2.0)      # a GPU model loaded
+    assert names().count("budget") == 1
+    panel.push_stats(EngineStats(memory=MemoryStats(budget_bytes=24 << 30)), now=3.0)
+    assert names().count("budget") == 1
+
+
+def test_plots_are_made_without_context_menus(qapp):
+    # never made, rather than made and taken away: a view box menu deleted later left the binding
+    # wrappers of its children, and a later plot's construction could crash in them
+    from app.panels.memory import MemoryPanel
+    for panel in (ExpertPanel(), MemoryPanel()):
+        for plot in panel.plots:
+            assert plot.vb.menu is None and not plot.menuEnabled()

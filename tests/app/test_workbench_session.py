@@ -184,6 +184,12 @@ def test_an_export_that_cannot_be_written_says_so_and_leaves_nothing(window, qtb
     monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: (str(folder / "session"), ""))
     window.export_session_dialog()                                        # a name without .csv gets it
     assert (folder / "session.csv").is_file() and not (folder / "session").exists()
+    (folder / "session.csv").write_text("the user's own table")
+    asked = []
+    monkeypatch.setattr(window, "confirm_replace", lambda p: asked.append(p) or False)
+    window.export_session_dialog()                                        # the .csv it makes exists: asked
+    assert asked == [str(folder / "session.csv")]
+    assert (folder / "session.csv").read_text() == "the user's own table"     # kept: the user said no
 
 
 def test_load_test_reports_aggregate_against_per_stream(window, qtbot):

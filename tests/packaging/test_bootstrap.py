@@ -30,8 +30,7 @@ echo "venv $*" >> "$FAKE_LOG"
 venv=$(dirname "$0")/..
 case "$*" in
   *find_spec*torch*) [ -f "$venv/torch" ] ;;
-  *"torch.cuda.is_available"*) [ "${FAKE_OLD_DRIVER:-0}" = 0 ] ;;
-  *"print(torch.version.cuda)"*) echo 13.0 ;;
+  *"_cuda_getDriverVersion"*) [ "${FAKE_OLD_DRIVER:-0}" = 0 ] || echo "13.0 but the driver supports CUDA 12.4 only" ;;
   *"import sys, torch"*) [ "${FAKE_CPU_BUILD:-0}" = 0 ] ;;
   *"-q --version") [ "${FAKE_NO_PIP:-0}" = 0 ] ;;
   *"install --no-index"*) [ "${FAKE_LOCAL_TORCH:-1}" = 1 ] && touch "$venv/torch" ;;
@@ -175,8 +174,8 @@ def test_a_cpu_build_on_a_gpu_machine_is_pointed_out(tmp_path):
 
 def test_a_cuda_build_the_driver_is_too_old_for_is_pointed_out(tmp_path):
     rc, err, _ = Checkout(tmp_path, gpu=True).run("gui", FAKE_OLD_DRIVER="1")
-    assert rc == 0 and "note: this PyTorch (CUDA 13.0) cannot use the GPU: the NVIDIA driver is older" in err
-    assert "update the driver" in err
+    assert rc == 0 and "note: this PyTorch is built for CUDA 13.0 but the driver supports CUDA 12.4 only" in err
+    assert "update the NVIDIA driver" in err
 
 
 def test_torch_already_there_is_left_alone(checkout):

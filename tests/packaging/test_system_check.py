@@ -304,7 +304,11 @@ def test_a_display_that_does_not_answer_is_one_line_before_qt_aborts(tmp_path, c
     assert sc.main(["gui"], silent) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: the display DISPLAY=:7 does not answer") and "--screenshot" in err
-    assert err.count("\n") == 1
+    assert err.count("\n") == 1 and "DISPLAY= packaging/bootstrap.sh gui --screenshot" in err
+    both = sc.System({"DISPLAY": ":7", "WAYLAND_DISPLAY": "wayland-0"}, sc.read_distro(DEBIAN_12), False,
+                     silent.qt_dir, FakeLdd(), lambda platform, environ: False)
+    assert sc.main(["gui"], both) == 2            # a session that outlived its desktop: the fix clears both
+    assert "DISPLAY= WAYLAND_DISPLAY= packaging/bootstrap.sh gui --screenshot" in capsys.readouterr().err
 
 
 def test_a_display_server_is_reachable_only_where_one_listens(tmp_path):

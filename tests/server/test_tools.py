@@ -340,6 +340,9 @@ CUT_OFF = [
     ("Plain text with a <tool", "Plain text with a <tool", []),                   # never a call: content
     ("Use <tool_call> to call, and", "Use <tool_call> to call, and", []),            # prose naming the marker
     (NEWS, NEWS, []),                                                             # whole, but not a tool's call
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": bad}} and', '<tool_call>\n{"name": "get_weather", '
+     '"arguments": {"city": bad}} and', []),                                      # bad JSON, not a cut: content
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": tr', "", []),   # a literal cut
 ]
 
 
