@@ -260,8 +260,8 @@ class MainWindow(QMainWindow):
         for key in self._note_keys:
             self.banners.clear(key)
         self._note_keys = [f"note{i}" for i in range(len(notes))]
-        for key, note in zip(self._note_keys, notes):
-            self.banners.show_message(key, note, "amber")
+        for key, note in zip(self._note_keys, notes):     # a banner reads as a sentence: a capital first
+            self.banners.show_message(key, note[:1].upper() + note[1:], "amber")
 
     # --- knob values across restarts ----------------------------------------------------------
     def _on_knobs(self, state: KnobState) -> None:

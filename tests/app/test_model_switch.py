@@ -264,7 +264,8 @@ def test_load_notes_show_as_banners_in_the_workbench_words(window_factory):
     notes = w.model.notes
     assert any("GPU memory budget" in n for n in notes) and any("context length" in n for n in notes)
     shown = [w.banners.text(f"note{i}") for i in range(len(notes))]
-    assert shown == list(notes) and all(w.banners.level(f"note{i}") == "amber" for i in range(len(notes)))
+    assert shown == [n[:1].upper() + n[1:] for n in notes] and all(s[:1].isupper() for s in shown)   # sentences
+    assert all(w.banners.level(f"note{i}") == "amber" for i in range(len(notes)))
     assert w.model.context_tokens < 1 << 20           # clamped to the model's own context
     assert not any("--" in n.split("(start Strata with")[0] for n in notes)
 
