@@ -199,14 +199,21 @@ def test_the_load_test_goes_through_http_only_while_the_server_is_on(window, qtb
     assert dialog.send_through.currentText() != HTTP and not dialog.send_through.isEnabled()
 
 
-def test_stopping_a_load_test_through_http_ends_every_stream(window, qtbot):
+def _two_streams_held(window, qtbot, why: str):
+    """The load test's dialog, set to send two long streams through the local server, with the engine
+    paused (``why``) so that they stay in flight."""
     _serve(window, qtbot)
     window.open_load_test()
     dialog = window.load_test
     dialog.send_through.setCurrentText(HTTP)
     dialog.streams.setValue(2)
     dialog.output_len.setValue(window.model.context_tokens // 2)
-    window.bridge.pause("the streams cannot finish before Stop")
+    window.bridge.pause(why)
+    return dialog
+
+
+def test_stopping_a_load_test_through_http_ends_every_stream(window, qtbot):
+    dialog = _two_streams_held(window, qtbot, "the streams cannot finish before Stop")
     with qtbot.waitSignal(dialog.finished_test, timeout=REPLY_TIMEOUT_MS) as done:
         dialog.start_button.click()
         qtbot.waitUntil(lambda: window.server.server.in_flight == 2, timeout=TIMEOUT)
@@ -220,13 +227,7 @@ def test_stopping_a_load_test_through_http_ends_every_stream(window, qtbot):
 
 
 def test_turning_the_server_off_under_an_http_load_test_says_the_server_ended_the_streams(window, qtbot):
-    _serve(window, qtbot)
-    window.open_load_test()
-    dialog = window.load_test
-    dialog.send_through.setCurrentText(HTTP)
-    dialog.streams.setValue(2)
-    dialog.output_len.setValue(window.model.context_tokens // 2)
-    window.bridge.pause("the streams cannot finish before the server's grace is over and it ends them")
+    dialog = _two_streams_held(window, qtbot, "the streams cannot finish before the server's grace is over")
     with qtbot.waitSignal(dialog.finished_test, timeout=REPLY_TIMEOUT_MS):
         dialog.start_button.click()
         qtbot.waitUntil(lambda: window.server.server.in_flight == 2, timeout=TIMEOUT)
