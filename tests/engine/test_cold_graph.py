@@ -110,6 +110,15 @@ def _x(t: int) -> torch.Tensor:
     return torch.randn(t, 16, generator=torch.Generator().manual_seed(t))
 
 
+def _no_pool_replay(stack: Stack, tokens: int, share: float) -> tuple:
+    """A provider with no pool whose replays of ``tokens`` tokens give the host CPU ``share`` of each
+    layer's missing experts, and its recorded step."""
+    prov = stack.offloaded(0, depth=1, direct_reads=True, cold_experts="cpu")
+    rep = _Replay(stack, prov, tokens)
+    prov.direct.shares.share_for = lambda tokens: share
+    return prov, rep
+
+
 def _replays_match_the_resident_model(stack: Stack, rep: _Replay, tokens: int, steps: int = 3) -> None:
     """``steps`` replayed steps of ``tokens`` tokens, each fed the last one's output, equal the fully
     resident model's."""
@@ -127,9 +136,7 @@ def test_replayed_steps_with_a_cpu_share_equal_the_resident_model(stack: Stack, 
     # No pool: every expert is missing. With a share of 1 (cpu) the host computes every one of them
     # inside the replay; with 0 (what auto may choose) none, and the joins pass through; the step's
     # output equals the fully resident model's, step after step.
-    prov = stack.offloaded(0, depth=1, direct_reads=True, cold_experts="cpu")
-    rep = _Replay(stack, prov, tokens)
-    prov.direct.shares.share_for = lambda tokens: share
+    prov, rep = _no_pool_replay(stack, tokens, share)
     mode = "cpu" if share else "bus"
     _replays_match_the_resident_model(stack, rep, tokens)
     cold = prov.cold
@@ -148,9 +155,7 @@ def test_a_replayed_step_that_meets_claims_in_flight_equals_the_resident_model(s
     # layer that snapshots such an entry reads the expert from host memory (or gives it to the host
     # CPU, as any missing one): it neither skips it nor waits for a host share that does not exist.
     from kernels.expert_claim import CLAIMED
-    prov = stack.offloaded(0, depth=1, direct_reads=True, cold_experts="cpu")
-    rep = _Replay(stack, prov, 3)
-    prov.direct.shares.share_for = lambda tokens: share
+    prov, rep = _no_pool_replay(stack, 3, share)
     want = stack.run(stack.resident(), _x(3), 2)
     table = prov.pool.table
     x = _x(3)
@@ -172,9 +177,7 @@ def test_replayed_steps_copy_each_shared_missing_expert_once(stack: Stack, share
     # once (into the step's gather slots) before its kernels, which read them from device memory; the
     # rest are read directly, once per token, or computed by the host. Outputs equal the resident
     # model's; with no host share every missing expert crosses the bus exactly once.
-    prov = stack.offloaded(0, depth=1, direct_reads=True, cold_experts="cpu")
-    rep = _Replay(stack, prov, 3)
-    prov.direct.shares.share_for = lambda tokens: share
+    prov, rep = _no_pool_replay(stack, 3, share)
     want = stack.run(stack.resident(), _x(3), 3)
     x = _x(3)
     for i in range(3):
@@ -194,9 +197,7 @@ def test_the_host_learns_its_cpu_rate_from_the_replayed_layers(stack: Stack) -> 
     # the replays move the rates' factor down
     from engine.experts.cold import ColdRates
     from kernels.cpu import CpuExpertCost
-    prov = stack.offloaded(0, depth=1, direct_reads=True, cold_experts="cpu")
-    rep = _Replay(stack, prov, 2)
-    prov.direct.shares.share_for = lambda tokens: 1.0
+    prov, rep = _no_pool_replay(stack, 2, 1.0)
     prov.cold.rates = ColdRates(50e9, CpuExpertCost("fp32", stack.layout.nbytes, 1, (1, 2), (1.0, 1.5), 1))
     x = _x(2)
     for _ in range(2):
@@ -314,9 +315,7 @@ def test_padding_rows_of_a_recording_change_nothing(stack: Stack) -> None:
     # A recording of 4 rows replays a step of 3: the padding row takes row 0's experts (so it adds
     # no expert of its own and does not sway the CPU's pick), the host computes only the real rows,
     # and the real rows equal the resident model's.
-    prov = stack.offloaded(0, depth=1, direct_reads=True, cold_experts="cpu")
-    rep = _Replay(stack, prov, 4)
-    prov.direct.shares.share_for = lambda tokens: 0.5
+    prov, rep = _no_pool_replay(stack, 4, 0.5)
     want = stack.run(stack.resident(), _x(3), 2)
     x = torch.cat([_x(3), torch.randn(1, 16)])
     for i in range(2):
@@ -455,9 +454,7 @@ def test_a_trace_times_the_hosts_part_of_each_followed_layer(stack: Stack, share
     # The trace records while it is on and keeps the last steps asked for: per layer the publish seen,
     # the CPU's inputs seen, its experts computed (where the layer gave the CPU a share), the books
     # kept; in that order.
-    prov = stack.offloaded(0, depth=1, direct_reads=True, cold_experts="cpu")
-    rep = _Replay(stack, prov, 2)
-    prov.direct.shares.share_for = lambda tokens: share
+    prov, rep = _no_pool_replay(stack, 2, share)
     trace = prov.direct.trace
     x = rep.step(_x(2))
     assert not trace.on and trace.events == []
