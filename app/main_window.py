@@ -13,13 +13,13 @@ from pathlib import Path
 
 from PySide6.QtCore import QRect, QSettings, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QIcon
-from PySide6.QtWidgets import (QDockWidget, QFileDialog, QFrame, QLabel, QMainWindow, QMenu, QMessageBox,
-                               QScrollArea, QSizePolicy, QSplitter, QTabWidget, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QDockWidget, QFileDialog, QFrame, QLabel, QMainWindow, QMenu, QScrollArea,
+                               QSizePolicy, QSplitter, QTabWidget, QVBoxLayout, QWidget)
 
 from app.about import show_about
 from app.banner import BannerArea
 from app.bridge import EngineBridge
-from app.chat_controller import ChatController
+from app.chat_controller import ChatController, ask
 from app.chat_export import export_chat
 from app.chat_pane import ChatPane
 from app.conversation_list import ConversationList
@@ -392,9 +392,7 @@ class MainWindow(QMainWindow):
         return path
 
     def confirm_replace(self, path: str) -> bool:
-        yes, cancel = QMessageBox.StandardButton.Yes, QMessageBox.StandardButton.Cancel
-        return QMessageBox.question(self, "Replace file", f"{path} exists. Replace it?", yes | cancel,
-                                    cancel) == yes
+        return ask(self, "Replace file", f"{path} exists. Replace it?")
 
     def export_session_dialog(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self, "Export session stats", self._export_path("strata-session.csv"),

@@ -18,7 +18,7 @@ from engine.checkpoint.reader import SafetensorsReader, TensorSource, with_alias
 from engine.checkpoint.spec import ModelSpec, read_spec
 from engine.config import DEFAULT_GROUP_SIZE, DIRECT_READS, EngineConfig
 from engine.options import PoolShare, PoolSize, parse_live, pool_bytes
-from engine.errors import ConfigError
+from engine.errors import ConfigError, StrataError
 from engine.experts.provider import ExpertProvider
 from engine.experts.profile import check_record_target, read_routing_profile, write_routing_profile
 from engine.cpu_threads import apply_cpu_threads
@@ -455,7 +455,6 @@ def load_problem(path: Path, spec: ModelSpec) -> str | None:
     """Why a load of the folder at ``path`` would fail before it allocated anything (its tokenizer, its
     weight files' names, shapes and dtypes against ``spec``), in the load's own words; None when it
     would get that far. Reads the files' headers, not their tensors."""
-    from engine.errors import StrataError
     try:
         Tokenizer.from_dir(path)
         source = ConvertedSource(path, verify=False) if is_converted(path) else SafetensorsReader(path)
