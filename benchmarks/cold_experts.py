@@ -49,8 +49,25 @@ def set_gather(engine, on: bool, min_uses: int = 2) -> bool:
     return True
 
 
+def profiled(fn, top: int):
+    """``fn()`` under cProfile (the calling thread: the one that follows the steps); returns its result and
+    the ``top`` functions by own time: (function, calls, own seconds, cumulative seconds)."""
+    import cProfile
+    import pstats
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        res = fn()
+    finally:
+        prof.disable()
+    stats = pstats.Stats(prof).stats           # (file, line, name) -> (calls, prim, own, cum, callers)
+    rows = sorted(((f"{Path(f).name}:{ln}({name})", v[1], v[2], v[3]) for (f, ln, name), v in stats.items()),
+                  key=lambda r: -r[2])
+    return res, rows[:top]
+
+
 def row(engine, sweep: Sweep, fmt: str, pool: float, depth: int, mode: str, batch: int, prompts,
-        gather: str = "on", reads: str = "auto") -> dict:
+        gather: str = "on", reads: str = "auto", profile: int = 0) -> dict:
     experts = engine.loaded.experts
     total = engine.loaded.plan.expert_bytes * engine.loaded.spec.num_moe_layers * engine.loaded.spec.num_experts
     engine.reconfigure(expert_pool_size=int(total * pool), prefetch_depth=depth, cold_experts=mode, expert_reads=reads)
@@ -59,7 +76,9 @@ def row(engine, sweep: Sweep, fmt: str, pool: float, depth: int, mode: str, batc
     trace = experts.direct.trace
     trace.start(4)                                  # the host's timeline of the last replayed steps
     try:
-        n, secs, before, after, host_wait, _ = sampled_decode(engine, prompts, sweep, seed=17)
+        prof: list = []
+        around = (lambda run: prof.extend(profiled(run, profile)[1])) if profile else None   # noqa: E731
+        n, secs, before, after, host_wait, _ = sampled_decode(engine, prompts, sweep, seed=17, around=around)
     finally:
         trace.stop()
     d = lambda f: getattr(after, f) - getattr(before, f)   # noqa: E731
@@ -80,6 +99,8 @@ def row(engine, sweep: Sweep, fmt: str, pool: float, depth: int, mode: str, batc
            "expert_bytes": experts.layout.nbytes,
            "host_trace_us": trace.summary(),            # and the last traced step's events
            "host_trace": [list(e) for e in trace.events if e[0] == trace.events[-1][0]] if trace.events else []}
+    if prof:
+        out["profile_own_s"] = [list(r) for r in prof]
     if rates is not None:
         import numba
         try:
@@ -112,6 +133,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--smoke", action="store_true", help="tiny shape on the CPU")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="profile each row's decode (the host thread) and keep its N functions of most own time "
+                         "(the timed figures then include the profiler's cost)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     shape = dict(SMOKE) if args.smoke else dict(QWEN3_30B, num_hidden_layers=args.layers)
@@ -141,7 +165,7 @@ def main() -> None:
                     t0 = time.perf_counter()
                     g = {"on": "gather", "off": "no gather", "all": "gather all"}[gather]
                     try:
-                        r = row(engine, sweep, fmt, pool, depth, mode, b, prompts, gather, args.reads)
+                        r = row(engine, sweep, fmt, pool, depth, mode, b, prompts, gather, args.reads, args.profile)
                     except Exception as e:
                         result["errors"].append({"format": fmt, "pool": pool, "depth": depth, "mode": mode, "gather": gather,
                                                  "batch": b, "error": "".join(traceback.format_exception(e))[-6000:]})
@@ -156,6 +180,9 @@ def main() -> None:
                           f"gathered {r['gathered_per_token']:5.1f} /tok  bus {r['h2d_bytes_per_token'] / 1e6:6.1f} MB/tok  "
                           f"busy {r['cpu_busy_share']:.2f}  pred/meas {r['cold_predicted_ms_per_token']:.2f}/"
                           f"{r['cold_measured_ms_per_token']:.2f} ms", flush=True)
+                    for name, calls, own, cum in r.get("profile_own_s", [])[:20]:
+                        print(f"    {own * 1e6 / r['tokens']:8.1f} us/token own {cum * 1e6 / r['tokens']:8.1f} cum "
+                              f"{calls / r['tokens']:6.1f} calls/token  {name}", flush=True)
                     if r["host_trace_us"]:
                         print("    host us: " + " ".join(f"{k} {v:.0f}" for k, v in r["host_trace_us"].items()), flush=True)
                     for t, g in (r["graph_shares"] or {}).items():     # what auto measured for each share it tried

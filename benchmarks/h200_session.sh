@@ -103,7 +103,7 @@ case ${1:-} in
     mkdir -p "$OUT/suite"
     OUT="$OUT/suite" PYTHON=python3 timeout -k 10 $(( $(left) > 320 ? 300 : $(left) - 20 )) bash benchmarks/gpu_suite.sh tests
     pkill -f "pytest tests/engine/test_gpu" 2>/dev/null
-    [ "$(left)" -gt 60 ] && timeout $(( $(left) - 10 )) python3 benchmarks/step_profile.py --cells int4,int4+gemm \
+    [ "$(left)" -gt 60 ] && timeout $(( $(left) - 10 )) python3 benchmarks/step_profile.py --cells int4,int4+gemv \
       --out "$OUT/step_profile.json" 2>&1 | grep -e "tok/s" -e Error
     [ "${NO_KIT:-0}" = 1 ] && exit 0           # NO_KIT=1: the measurements only
     if [ "${KIT_TRAINED:-0}" = 1 ]; then KIT_ARGS="$KIT_ARGS --hf $TRAINED"; fi

@@ -52,10 +52,10 @@ class Sweep:
     policies: tuple[str, ...] = ("adaptive",)     # eviction policies, each over the whole grid of a round
 
 
-def sampled_decode(engine: LLMEngine, prompts: list[list[int]], sweep: Sweep, seed: int):
+def sampled_decode(engine: LLMEngine, prompts: list[list[int]], sweep: Sweep, seed: int, around=None):
     """Sample (temperature 1, seeded) ``warmup + tokens`` tokens per prompt; time only the last
-    ``tokens`` steps. Returns (tokens timed, seconds, expert stats before, after, host ms blocked on
-    routing reads, host ms ending steps)."""
+    ``tokens`` steps (``around(run)``, where given, runs them: a profiler). Returns (tokens timed,
+    seconds, expert stats before, after, host ms blocked on routing reads, host ms ending steps)."""
     ids = [engine.add_request(None, p, SamplingParams(max_tokens=sweep.warmup + sweep.tokens, temperature=1.0,
                                                       seed=seed + i, ignore_eos=True)) for i, p in enumerate(prompts)]
     made = dict.fromkeys(ids, 0)
@@ -73,10 +73,12 @@ def sampled_decode(engine: LLMEngine, prompts: list[list[int]], sweep: Sweep, se
     before, done = snapshot(), sum(made.values())
     counters = engine.loaded.experts.counters          # host milliseconds waiting for ids, ending steps
     sync0, end0 = counters.sync_ms, counters.step_end_ms
+    def timed() -> None:
+        while engine.has_unfinished():
+            step()
+        sync(sweep.device)
     t0 = time.perf_counter()
-    while engine.has_unfinished():
-        step()
-    sync(sweep.device)
+    (around or (lambda run: run()))(timed)
     seconds = time.perf_counter() - t0
     after = snapshot()
     return (sum(made.values()) - done, seconds, before, after, counters.sync_ms - sync0,

@@ -72,10 +72,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--cells", default="int4/bf16,int4/int8,int4/fp8,bf16",
-                    help="expert format[/resident-weight format][+nopdl][+apart][+gemm], comma-separated (no "
+                    help="expert format[/resident-weight format][+nopdl][+apart][+gemv], comma-separated (no "
                          "resident format: the engine's auto; +nopdl: no kernel, the MoE's included, launches as "
                          "a programmatic dependent; +apart: decode attention combines its splits in a launch "
-                         "of its own; +gemm: the router's GEMM and the routing as two launches)")
+                         "of its own; +gemv: the router's GEMV and the routing in one launch)")
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--timed", type=int, default=64)
     ap.add_argument("--profiled", type=int, default=8)
@@ -96,7 +96,7 @@ def main() -> None:
         fmt, _, res = name.partition("/")
         triton_glue.PDL_ENABLED = "nopdl" not in flags
         paged_attention.FOLD_REDUCE = "apart" not in flags
-        router.FUSED_GEMV = "gemm" not in flags
+        router.FUSED_GEMV = "gemv" in flags
         try:
             engine, load_s = strata_engine(hf, cfg, fmt, 1, "float32" if a.smoke else "bfloat16", device=device,
                                            kv_cache_size="64M" if a.smoke else "4G", resident_weights=res or "auto",

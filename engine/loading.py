@@ -25,7 +25,7 @@ from engine.cpu_threads import apply_cpu_threads
 from engine.kv.blocks import BlockAllocator
 from engine.memory import (CPU_KV_CAP, BudgetAdvice, MemoryPlan, decode_experts, default_budget, fit_context,
                            fit_context_on_host, fit_context_to_kv_size, kv_pool_bytes, kv_size_note, plan_memory,
-                           staging_slots, smaller_resident, step_sizing, table_on_host)
+                           prefer_expandable_segments, staging_slots, smaller_resident, step_sizing, table_on_host)
 from engine.settings_fit import fit_to_device, fit_to_model, fit_to_pool, unused_notes
 from engine.kv.cache import KVCache
 from engine.kv.sizing import KVSizing, kv_sizing
@@ -89,6 +89,8 @@ class LoadedModel:
         self.full_spec = stage.full_spec if stage is not None else spec     # the whole model, as reported
         self.pipeline = None          # the first stage of a pipeline: the other stages (engine/parallel/pipeline.py)
         self.device = resolve_device(config.device)
+        if self.device.type == "cuda":
+            prefer_expandable_segments()
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.converted = isinstance(source, ConvertedSource) or getattr(source, "manifest", None) is not None
         # how attention, dense MLPs and the LM head sit on the device: bf16 (the dtype), fp8 or int8

@@ -346,13 +346,16 @@ def route(logits: torch.Tensor, top_k: int, scoring: str = "softmax", renormaliz
 
 GEMV_MAX_TOKENS = 16           # steps the fused router takes: one program block of tokens
 GEMV_MAX_EXPERTS = 256         # ... and its routing's [tokens, experts] tile
-FUSED_GEMV = True              # False: the router's GEMM and the routing as two launches (benchmarks' A/B)
+# Whether decode steps take route_gemv. Off: the GEMM and the routing as two launches were faster on the
+# H100 (step_profile int4 875 against 829 tok/s, benchmarks/results/validate_2026-12-06b.json): the
+# fused kernel's 8 programs (16 experts each) read the router on too few SMs. On: the benchmarks' A/B.
+FUSED_GEMV = False
 
 
 def route_gemv_fits(x: torch.Tensor, router: torch.Tensor) -> bool:
     """Whether :func:`route_gemv` takes this call: a decode step's few tokens, a router of up to
     ``GEMV_MAX_EXPERTS`` experts in ``x``'s dtype or float32, contiguous rows."""
-    return (FUSED_GEMV and x.dim() == 2 and router.dim() == 2 and 0 < x.shape[0] <= GEMV_MAX_TOKENS
+    return (x.dim() == 2 and router.dim() == 2 and 0 < x.shape[0] <= GEMV_MAX_TOKENS
             and router.shape[0] <= GEMV_MAX_EXPERTS and x.shape[1] == router.shape[1]
             and router.dtype in (x.dtype, torch.float32) and x.stride(1) == 1 and router.stride(1) == 1
             and x.device == router.device)

@@ -248,6 +248,7 @@ class ColdExperts:
         self.cpus = tuple(cpus) if cpus else None
         self.rates: ColdRates | None = None
         self._pinned = False
+        self._torch_threads = 0           # torch's CPU thread count before measure() set it to 1
         # cumulative counts
         self.cpu_experts = 0              # missing experts computed on the CPU
         self.cpu_ms = 0.0                 # time in the CPU kernels
@@ -288,6 +289,13 @@ class ColdExperts:
         if not self._pinned:
             self.threads = set_cpu_expert_threads(self.threads, self.cpus)
             self._pinned = True
+            if device.type == "cuda":
+                # The thread that follows the steps runs only small torch ops on the CPU; torch's own
+                # intra-op threads would spin after each of them on the cores the expert kernels use
+                # (batch 1, no pool, all on the CPU: 99.7 against 120.5 tok/s with one torch thread,
+                # validate_2026-12-06b.json). :meth:`close` sets the count back, for a later load.
+                self._torch_threads = torch.get_num_threads()
+                torch.set_num_threads(1)
         n = store_rows.shape[0]
         sample = list(range(0, n, max(1, n // 16)))[:16]
         cost = calibrate(store_rows, self.layout, sample, tokens=(1, 2, 4, 8), threads=self.threads, repeats=3)
@@ -297,6 +305,13 @@ class ColdExperts:
         self.rates = ColdRates(bus, cost, call, self.threads, kernel_bus_bytes_per_s=kernels)
         self._cpu_samples = 0
         return self.rates
+
+    def close(self) -> None:
+        """Give torch back the CPU threads it had before the first measurement (a later load, on the CPU
+        or copying into a host store, uses them)."""
+        if self._torch_threads:
+            torch.set_num_threads(self._torch_threads)
+            self._torch_threads = 0
 
     def eager_for(self, tokens: int) -> bool:
         """Whether a decode step of ``tokens`` tokens should run eagerly, so that the host can give the

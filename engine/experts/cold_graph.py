@@ -25,6 +25,7 @@ Legend: L MoE layers, T tokens of a recording, k experts per token, D hidden.
 """
 from __future__ import annotations
 
+import statistics
 import time
 from typing import TYPE_CHECKING, Callable
 
@@ -46,14 +47,15 @@ class ShareTuner:
     measured steps say is fastest. It runs the share where the cost model balances the bus and the
     CPU (``start``) and then none (the bus alone) for ``trials`` steps each, keeps the faster, then
     every ``probe_every`` steps tries a neighbouring share for ``trials`` steps and moves there when
-    that was faster by ``margin``; after a move it tries the next share in the same direction at once.
+    that was faster by ``margin`` (each share's time: the median of its last ``window`` steps, so that
+    one step that met a compile or a busy moment does not rule a share out); after a move it tries the next share in the same direction at once.
     A probe step slower than the share in force by ``abandon`` ends its probe at once, and each
     probe that fails doubles the wait before the next (up to 8 times): on a host whose CPU is busy
     the shares it tries cost little. Routing, the pool and the machine's load all move the best share."""
 
-    def __init__(self, trials: int = 3, probe_every: int = 24, alpha: float = 0.3, margin: float = 0.01,
+    def __init__(self, trials: int = 3, probe_every: int = 24, window: int = 5, margin: float = 0.01,
                  abandon: float = 0.5) -> None:
-        self.trials, self.probe_every, self.alpha, self.margin = trials, probe_every, alpha, margin
+        self.trials, self.probe_every, self.window, self.margin = trials, probe_every, window, margin
         self.abandon = abandon
         self._s: dict[int, dict] = {}
 
@@ -91,7 +93,10 @@ class ShareTuner:
             st["skip"] = False
             return
         arm, avg, cur = st["arm"], st["avg"], st["cur"]
-        avg[arm] = seconds if arm not in avg else avg[arm] + self.alpha * (seconds - avg[arm])
+        recent = st.setdefault("recent", {}).setdefault(arm, [])
+        recent.append(seconds)
+        del recent[:-self.window]
+        avg[arm] = statistics.median(recent)     # one step slowed by something else does not move it
         st["left"] -= 1
         if arm != cur and cur in avg and seconds > avg[cur] * (1 + self.abandon):
             st["left"] = 0             # a probe far slower than the share in force ends at once

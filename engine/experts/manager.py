@@ -529,6 +529,7 @@ class ExpertManager:
     def close(self) -> None:
         """Wait for copies in flight and free the device pool (and the host store it made or was given rows for)."""
         self.r.pool.close()
+        self.r.cold.close()
         if self._owns_store:
             self.store.close()
 

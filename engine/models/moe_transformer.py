@@ -24,6 +24,7 @@ from engine.kv.cache import KVCache
 from engine.models.layers import Rope, SeqSlice, mlp, paged_attention_ref, rms_norm
 from engine.models.mla import latent_attention
 from engine.models.weights import AttentionWeights, ModelWeights, MoEWeights
+from kernels import router as router_kernels
 from kernels._triton import HAS_TRITON
 from kernels.decode_ops import add_rms_norm, add_rms_norm_act16, qk_norm_rope_write
 from kernels.host_rows import gather_rows
@@ -324,7 +325,7 @@ class MoETransformer:
         tally_into = self.experts.route_tally(m.moe_index) if self.fused else None   # a full pool's counts
         if tally_into is not None and pad is not None:
             tally_into = (*tally_into, pad)                              # not the padding rows of a replay
-        if self.fused and route_gemv_fits(x, m.router):      # a decode step: the router GEMV and routing in one
+        if self.fused and router_kernels.FUSED_GEMV and route_gemv_fits(x, m.router):      # a decode step: the router GEMV and routing in one
             s = self.spec
             w, ids = route_gemv(x, m.router, s.top_k, s.family.router_scoring, s.renormalize,
                                 router_bias=m.router_bias, bias=m.score_bias, scale=s.routed_scale,
