@@ -186,6 +186,7 @@ class GraphCpuShares:
         self._bufs: dict[tuple[int, int], _Buffers] = {}
         self._run = None                 # the CPU kernels' runner, made at the first share
         self.tokens = 0                  # the running step's real tokens
+        self._pending: list[tuple] = []  # the step's layers that computed experts, for settle()
         self.trace: HostTrace | None = None      # the host's timeline (engine/experts/host_trace.py)
 
     def layer(self, moe_index: int, ids: torch.Tensor, snap: torch.Tensor,
@@ -233,6 +234,7 @@ class GraphCpuShares:
             cold.measure(self.r.store.rows, self.r.device)
         for b in self._bufs.values():
             b.flags.numpy()[:] = 0
+        self._pending = []                    # a step that was not followed to its end counts nothing
         self.tokens = tokens
         self.frac.numpy()[0] = self.share_for(tokens)
 
@@ -260,7 +262,7 @@ class GraphCpuShares:
         the host CPU, into the layer's ``out``; then its ``done`` flag. Returns how many experts.
         Plain numpy: every layer of the step waits for this."""
         from kernels.cpu import CpuExpertWork
-        r, cold = self.r, self.r.cold
+        r = self.r
         b = self._bufs[(t, k)]
         t0 = time.perf_counter()
         flags = b.flags.numpy()[moe_index]
@@ -289,16 +291,25 @@ class GraphCpuShares:
         flags[1] = 1
         if self.trace is not None:
             self.trace.mark(moe_index, "computed")
-        missing, uses = np.unique(e[s < 0], return_counts=True)              # both sorted
-        at = np.minimum(np.searchsorted(experts, missing), experts.size - 1)
-        mine = experts[at] == missing
-        bus_uses = uses[~mine].tolist()
-        if self.gathers(t):              # the bus's shared experts crossed once
-            bus_uses = [1] * len(bus_uses)
-        cold.note_graph(int(experts.size), (done - c0) * 1e3, (done - t0) * 1e3,
-                        self._predicted_ms(uses[mine].tolist(), bus_uses))
-        cold.learn_cpu(done - c0, uses[mine].tolist())
+        # what the counts and the cost model learn from this layer waits for the step's end (settle):
+        # the GPU's next layer is on its way and the host's next publish is due
+        self._pending.append((t, e, s, experts, (done - c0), (done - t0)))
         return int(experts.size)
+
+    def settle(self) -> None:
+        """After the step's last layer was followed (the host then waits for the GPU's end): count the
+        step's CPU experts and move the cost model's CPU rate by what its layers took."""
+        cold, pending, self._pending = self.r.cold, self._pending, []
+        for t, e, s, experts, cpu_s, measured_s in pending:
+            missing, uses = np.unique(e[s < 0], return_counts=True)              # both sorted
+            at = np.minimum(np.searchsorted(experts, missing), experts.size - 1)
+            mine = experts[at] == missing
+            bus_uses = uses[~mine].tolist()
+            if self.gathers(t):              # the bus's shared experts crossed once
+                bus_uses = [1] * len(bus_uses)
+            cold.note_graph(int(experts.size), cpu_s * 1e3, measured_s * 1e3,
+                            self._predicted_ms(uses[mine].tolist(), bus_uses))
+            cold.learn_cpu(cpu_s, uses[mine].tolist())
 
     def _runner(self):
         from kernels.cpu import CpuExpertRunner

@@ -220,6 +220,8 @@ class DirectPath:
         except BaseException:
             self.abort_replay(finished)
             raise
+        if self.shares is not None:
+            self.shares.settle()
         self.trace.step_followed()
 
     def abort_replay(self, finished: Callable[[], bool] | None = None, limit_s: float = 30.0) -> None:
