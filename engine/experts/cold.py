@@ -267,17 +267,28 @@ class ColdExperts:
         and can meet a host that is busy for that moment (it read int4 8x slow on the H200 host
         once); the steps themselves say what the kernels take. One measurement moves the factor by at
         most ``alpha`` times a factor of 2, so a layer hit by a scheduler's time slice barely counts."""
+        self.learn_cpu_layers([(seconds, uses)])
+
+    def learn_cpu_layers(self, samples: Sequence[tuple[float, Sequence[int]]]) -> None:
+        """:meth:`learn_cpu` for each ``(seconds, uses)`` in turn, the rates replaced once."""
         rates = self.rates
-        if rates is None or not uses or seconds <= 0:
+        if rates is None:
             return
-        base = sum(rates.cpu.seconds_for(n) for n in uses)     # what the factor scales (not the call)
-        if base <= 0:
-            return
-        ratio = max(seconds - rates.cpu_call_s, 0.05 * seconds) / base
-        self._cpu_samples += 1
-        alpha = max(CPU_LEARN_ALPHA, 1 / (self._cpu_samples + 1))  # the calibration counts as one sample
-        step = min(max(math.log(ratio) - math.log(rates.cpu_factor), -CPU_LEARN_CLIP), CPU_LEARN_CLIP)
-        self.rates = dataclasses.replace(rates, cpu_factor=math.exp(math.log(rates.cpu_factor) + alpha * step))
+        log_f = math.log(rates.cpu_factor)
+        moved = False
+        for seconds, uses in samples:
+            if not uses or seconds <= 0:
+                continue
+            base = sum(rates.cpu.seconds_for(n) for n in uses)     # what the factor scales (not the call)
+            if base <= 0:
+                continue
+            ratio = max(seconds - rates.cpu_call_s, 0.05 * seconds) / base
+            self._cpu_samples += 1
+            alpha = max(CPU_LEARN_ALPHA, 1 / (self._cpu_samples + 1))  # the calibration counts as one sample
+            log_f += alpha * min(max(math.log(ratio) - log_f, -CPU_LEARN_CLIP), CPU_LEARN_CLIP)
+            moved = True
+        if moved:
+            self.rates = dataclasses.replace(rates, cpu_factor=math.exp(log_f))
 
     def enabled_on(self, device: torch.device) -> bool:
         return self.mode == "cpu" or (self.mode == "auto" and device.type == "cuda")

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
@@ -148,6 +149,8 @@ class _Buffers:
             self.inputs = torch.zeros(layers, t * d + t * k, dtype=torch.float32, pin_memory=pin)
             self.out = torch.zeros(layers, t * d, dtype=torch.float32, pin_memory=pin)
             self.flags = torch.zeros(layers, 2, dtype=torch.int32, pin_memory=pin)
+        # numpy views of the same memory, made once: the host reads and writes them every layer
+        self.np = SimpleNamespace(inputs=self.inputs.numpy(), out=self.out.numpy(), flags=self.flags.numpy())
 
 
 class GraphCpuLayer:
@@ -233,7 +236,7 @@ class GraphCpuShares:
         if cold.mode != "bus" and cold.rates is None and self.r.store is not None:
             cold.measure(self.r.store.rows, self.r.device)
         for b in self._bufs.values():
-            b.flags.numpy()[:] = 0
+            b.np.flags[:] = 0
         self._pending = []                    # a step that was not followed to its end counts nothing
         self.tokens = tokens
         self.frac.numpy()[0] = self.share_for(tokens)
@@ -253,7 +256,7 @@ class GraphCpuShares:
     def release(self) -> None:
         """Let every join of the running step pass (the host cannot finish its share)."""
         for b in self._bufs.values():
-            b.flags.numpy()[:, 1] = 1
+            b.np.flags[:, 1] = 1
 
     # ---- following the step ----------------------------------------------------------------------
     def compute(self, moe_index: int, t: int, k: int, rows: int, ids: list[int], seen: list[int],
@@ -263,9 +266,8 @@ class GraphCpuShares:
         Plain numpy: every layer of the step waits for this."""
         from kernels.cpu import CpuExpertWork
         r = self.r
-        b = self._bufs[(t, k)]
         t0 = time.perf_counter()
-        flags = b.flags.numpy()[moe_index]
+        flags = self._bufs[(t, k)].np.flags[moe_index]
         while flags[0] == 0:                          # the inputs are written after the ids
             if finished() and flags[0] == 0:
                 raise RuntimeError(f"the decode graph finished without handing MoE layer {moe_index}'s "
@@ -273,18 +275,24 @@ class GraphCpuShares:
             time.sleep(0)
         if self.trace is not None:
             self.trace.mark(moe_index, "ready")
-        base = moe_index * r.num_experts
-        e = np.asarray(ids, dtype=np.int64)
-        s = np.asarray(seen, dtype=np.int64)
-        pairs = np.flatnonzero(s == SLOT_CPU)
-        order = pairs[np.argsort(e[pairs], kind="stable")]                 # grouped by expert
-        experts, starts = np.unique(e[order], return_index=True)
+        # the marked pairs grouped by expert (ascending), each expert's pairs in order: plain lists, as
+        # a step's few pairs take longer through numpy's calls than through Python's loops
+        groups: dict[int, list[int]] = {}
+        for p, slot in enumerate(seen):
+            if slot == SLOT_CPU:
+                groups.setdefault(ids[p], []).append(p)
+        experts = sorted(groups)
+        order, starts = [], [0]
+        for e in experts:
+            order += groups[e]
+            starts.append(len(order))
         d = self.hidden
-        inputs = b.inputs.numpy()[moe_index]
-        work = CpuExpertWork(experts + base, np.append(starts, order.size).astype(np.int64), order // k,
-                             inputs[t * d:t * d + t * k][order])
+        view = self._bufs[(t, k)].np
+        inputs, out = view.inputs[moe_index], view.out[moe_index]
+        pairs = np.array(order, dtype=np.int64)
+        work = CpuExpertWork(np.array(experts, dtype=np.int64) + moe_index * r.num_experts,
+                             np.array(starts, dtype=np.int64), pairs // k, inputs[t * d + pairs])
         c0 = time.perf_counter()
-        out = b.out.numpy()[moe_index]
         self._runner().run(work, inputs[:rows * d].reshape(rows, d), out[:rows * d].reshape(rows, d))
         out[rows * d:] = 0.0                                                 # padding rows add nothing
         done = time.perf_counter()
@@ -293,23 +301,26 @@ class GraphCpuShares:
             self.trace.mark(moe_index, "computed")
         # what the counts and the cost model learn from this layer waits for the step's end (settle):
         # the GPU's next layer is on its way and the host's next publish is due
-        self._pending.append((t, e, s, experts, (done - c0), (done - t0)))
-        return int(experts.size)
+        self._pending.append((t, ids, seen, groups, done - c0, done - t0))
+        return len(experts)
 
     def settle(self) -> None:
         """After the step's last layer was followed (the host then waits for the GPU's end): count the
         step's CPU experts and move the cost model's CPU rate by what its layers took."""
         cold, pending, self._pending = self.r.cold, self._pending, []
-        for t, e, s, experts, cpu_s, measured_s in pending:
-            missing, uses = np.unique(e[s < 0], return_counts=True)              # both sorted
-            at = np.minimum(np.searchsorted(experts, missing), experts.size - 1)
-            mine = experts[at] == missing
-            bus_uses = uses[~mine].tolist()
+        learnt = []
+        for t, ids, seen, mine, cpu_s, measured_s in pending:
+            uses: dict[int, int] = {}                   # missing expert -> pairs that use it
+            for e, slot in zip(ids, seen):
+                if slot < 0:
+                    uses[e] = uses.get(e, 0) + 1
+            cpu_uses = [n for e, n in uses.items() if e in mine]
+            bus_uses = [n for e, n in uses.items() if e not in mine]
             if self.gathers(t):              # the bus's shared experts crossed once
                 bus_uses = [1] * len(bus_uses)
-            cold.note_graph(int(experts.size), cpu_s * 1e3, measured_s * 1e3,
-                            self._predicted_ms(uses[mine].tolist(), bus_uses))
-            cold.learn_cpu(cpu_s, uses[mine].tolist())
+            cold.note_graph(len(mine), cpu_s * 1e3, measured_s * 1e3, self._predicted_ms(cpu_uses, bus_uses))
+            learnt.append((cpu_s, cpu_uses))
+        cold.learn_cpu_layers(learnt)
 
     def _runner(self):
         from kernels.cpu import CpuExpertRunner

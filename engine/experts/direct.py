@@ -490,7 +490,7 @@ class DirectPath:
         """Pool slots for the hottest (at most ``limit``) of the step's directly read ``keys``:
         ``(slot, key)`` pairs to fill, evicted keys."""
         r, books, policy = self.r, self.r.books, self.r.policy
-        if limit <= 0:
+        if limit <= 0 or books.slots == 0:      # no pool: nothing to admit (and nothing to rank)
             return [], []
         cands = [k for k in dict.fromkeys(keys) if books.slot_of[k] < 0 and policy.admits(k)]
         hotness = policy.hotness if policy.scored else None
