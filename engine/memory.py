@@ -14,6 +14,7 @@ the full-attention layers (``kv_bytes_per_token`` then counts those layers only)
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -42,11 +43,28 @@ def prefer_expandable_segments(environ=os.environ) -> bool:
     ``validate_2026-12-06b.json``), decode graphs included. Returns whether it was set."""
     if any(environ.get(name) for name in ALLOC_ENV):
         return False
-    setter = getattr(torch.cuda.memory, "_set_allocator_settings", None)
+    setter = _allocator_setter()
     if setter is None:
         return False
     setter("expandable_segments:True")
     return True
+
+
+def _allocator_setter():
+    """torch's call that changes the allocator's settings at run time (its name moved between versions:
+    the older one warns that it is deprecated), or None."""
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+    if setter is not None:
+        return setter
+    older = getattr(torch.cuda.memory, "_set_allocator_settings", None)
+    if older is None:
+        return None
+
+    def quietly(settings: str) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            older(settings)
+    return quietly
 
 @dataclass(frozen=True)
 class BudgetAdvice:
