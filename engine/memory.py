@@ -33,7 +33,7 @@ DEFAULT_WORKSPACE = 1 << 30              # activations, logits, kernel scratch
 
 
 
-ALLOC_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+ALLOC_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 
 
 def prefer_expandable_segments(environ=os.environ) -> bool:
@@ -46,7 +46,10 @@ def prefer_expandable_segments(environ=os.environ) -> bool:
     setter = _allocator_setter()
     if setter is None:
         return False
-    setter("expandable_segments:True")
+    try:
+        setter("expandable_segments:True")
+    except Exception:          # a build or driver without them: the allocator's default stands
+        return False
     return True
 
 

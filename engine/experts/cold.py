@@ -248,7 +248,7 @@ class ColdExperts:
         self.cpus = tuple(cpus) if cpus else None
         self.rates: ColdRates | None = None
         self._pinned = False
-        self._torch_threads = 0           # torch's CPU thread count before measure() set it to 1
+        self._holds_torch_threads = False  # measure() set torch's CPU threads to 1 for this engine
         # cumulative counts
         self.cpu_experts = 0              # missing experts computed on the CPU
         self.cpu_ms = 0.0                 # time in the CPU kernels
@@ -305,8 +305,8 @@ class ColdExperts:
                 # intra-op threads would spin after each of them on the cores the expert kernels use
                 # (batch 1, no pool, all on the CPU: 99.7 against 120.5 tok/s with one torch thread,
                 # validate_2026-12-06b.json). :meth:`close` sets the count back, for a later load.
-                self._torch_threads = torch.get_num_threads()
-                torch.set_num_threads(1)
+                _torch_threads_taken()
+                self._holds_torch_threads = True
         n = store_rows.shape[0]
         sample = list(range(0, n, max(1, n // 16)))[:16]
         cost = calibrate(store_rows, self.layout, sample, tokens=(1, 2, 4, 8), threads=self.threads, repeats=3)
@@ -320,9 +320,9 @@ class ColdExperts:
     def close(self) -> None:
         """Give torch back the CPU threads it had before the first measurement (a later load, on the CPU
         or copying into a host store, uses them)."""
-        if self._torch_threads:
-            torch.set_num_threads(self._torch_threads)
-            self._torch_threads = 0
+        if self._holds_torch_threads:
+            self._holds_torch_threads = False
+            _torch_threads_given_back()
 
     def eager_for(self, tokens: int) -> bool:
         """Whether a decode step of ``tokens`` tokens should run eagerly, so that the host can give the
@@ -380,6 +380,23 @@ def check_mode(mode: object, error: type[Exception]) -> str:
     if mode not in COLD_MODES:
         raise error(f"cold_experts={mode!r} is not supported; choose {', '.join(COLD_MODES)}")
     return str(mode)
+
+
+_torch_threads = {"users": 0, "before": 0}     # engines that set torch's CPU threads to 1, and the count before
+
+
+def _torch_threads_taken() -> None:
+    if _torch_threads["users"] == 0:
+        _torch_threads["before"] = torch.get_num_threads()
+        torch.set_num_threads(1)
+    _torch_threads["users"] += 1
+
+
+def _torch_threads_given_back() -> None:
+    """The last engine that set torch's CPU threads to 1 closed: the count it found comes back."""
+    _torch_threads["users"] -= 1
+    if _torch_threads["users"] == 0 and _torch_threads["before"]:
+        torch.set_num_threads(_torch_threads["before"])
 
 
 def _default_threads(cpus: Sequence[int] | None) -> int:

@@ -48,8 +48,9 @@ class ShareTuner:
     measured steps say is fastest. It runs the share where the cost model balances the bus and the
     CPU (``start``) and then none (the bus alone) for ``trials`` steps each, keeps the faster, then
     every ``probe_every`` steps tries a neighbouring share for ``trials`` steps and moves there when
-    that was faster by ``margin`` (each share's time: the median of its last ``window`` steps, so that
-    one step that met a compile or a busy moment does not rule a share out); after a move it tries the next share in the same direction at once.
+    that was faster by ``margin`` (each share's time: the median of its last ``window`` steps, a
+    probe's of its own steps, so that one step that met a compile or a busy moment does not rule a
+    share out); after a move it tries the next share in the same direction at once.
     A probe step slower than the share in force by ``abandon`` ends its probe at once, and each
     probe that fails doubles the wait before the next (up to 8 times): on a host whose CPU is busy
     the shares it tries cost little. Routing, the pool and the machine's load all move the best share."""
@@ -94,10 +95,11 @@ class ShareTuner:
             st["skip"] = False
             return
         arm, avg, cur = st["arm"], st["avg"], st["cur"]
-        recent = st.setdefault("recent", {}).setdefault(arm, [])
-        recent.append(seconds)
-        del recent[:-self.window]
-        avg[arm] = statistics.median(recent)     # one step slowed by something else does not move it
+        # the share in force: its last steps; a probe: its own steps only (not those of an earlier probe)
+        samples = st.setdefault("recent", {}).setdefault(arm, []) if arm == cur else st.setdefault("probe", [])
+        samples.append(seconds)
+        del samples[:-self.window]
+        avg[arm] = statistics.median(samples)    # one step slowed by something else does not move it
         st["left"] -= 1
         if arm != cur and cur in avg and seconds > avg[cur] * (1 + self.abandon):
             st["left"] = 0             # a probe far slower than the share in force ends at once
@@ -107,9 +109,11 @@ class ShareTuner:
             st["arm"], st["left"] = 0, self.trials
             return
         if arm != cur:                 # a probe ended: keep the faster
+            probe, st["probe"] = st.get("probe", []), []
             moved = avg[arm] < avg[cur] * (1 - self.margin)
             suggested = st.pop("suggested", False)
             if moved:
+                st["recent"][arm] = probe
                 st["dir"] = 1 if arm > cur else -1
                 st["cur"], st["every"] = arm, self.probe_every
                 st.get("tried", set()).clear()
@@ -304,9 +308,9 @@ class GraphCpuShares:
         self._pending.append((t, ids, seen, groups, done - c0, done - t0))
         return len(experts)
 
-    def settle(self) -> None:
+    def settle(self, learn: bool = True) -> None:
         """After the step's last layer was followed (the host then waits for the GPU's end): count the
-        step's CPU experts and move the cost model's CPU rate by what its layers took."""
+        step's CPU experts and (``learn``) move the cost model's CPU rate by what its layers took."""
         cold, pending, self._pending = self.r.cold, self._pending, []
         learnt = []
         for t, ids, seen, mine, cpu_s, measured_s in pending:
@@ -320,7 +324,8 @@ class GraphCpuShares:
                 bus_uses = [1] * len(bus_uses)
             cold.note_graph(len(mine), cpu_s * 1e3, measured_s * 1e3, self._predicted_ms(cpu_uses, bus_uses))
             learnt.append((cpu_s, cpu_uses))
-        cold.learn_cpu_layers(learnt)
+        if learn:
+            cold.learn_cpu_layers(learnt)
 
     def _runner(self):
         from kernels.cpu import CpuExpertRunner

@@ -218,7 +218,11 @@ class DirectPath:
             for i, c in enumerate(cuts):
                 self._follow_cut(c, rows, finished, self.finish_ended if cpu_first and i == 0 else None)
         except BaseException:
-            self.abort_replay(finished)
+            try:
+                if self.shares is not None:
+                    self.shares.settle(learn=False)     # the layers it computed still count as the CPU's
+            finally:
+                self.abort_replay(finished)
             raise
         if self.shares is not None:
             self.shares.settle()

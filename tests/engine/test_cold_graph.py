@@ -243,6 +243,30 @@ def test_a_host_that_fails_lets_the_step_finish_and_says_why(stack: Stack, monke
     prov.close()
 
 
+def test_a_step_that_fails_after_some_layers_still_counts_their_cpu_experts(stack: Stack, monkeypatch) -> None:
+    # The host computes layer 0's share, then fails on layer 1: layer 0's experts count as the CPU's
+    # (the counts of a step that stopped stay whole), and the cost model learns nothing from it.
+    prov = stack.offloaded(0, depth=1, direct_reads=True, cold_experts="cpu")
+    rep = _Replay(stack, prov, 2)
+    shares = prov.direct.shares
+    real = shares.compute
+    factor = []
+
+    def second_fails(moe_index, *a, **kw):
+        if moe_index == 1:
+            factor.append(prov.cold.rates.cpu_factor)
+            raise MemoryError("no room for the CPU's share")
+        return real(moe_index, *a, **kw)
+
+    monkeypatch.setattr(shares, "compute", second_fails)
+    before = prov.cold.cpu_experts
+    with pytest.raises(MemoryError):
+        rep.step(_x(2))
+    assert prov.cold.cpu_experts > before and prov.cold.layers == 1
+    assert prov.cold.rates.cpu_factor == factor[0]
+    prov.close()
+
+
 def test_the_tuner_finds_the_fastest_share_and_follows_it() -> None:
     # Step time is lowest at a share of 5/8: starting from 1/8 the tuner climbs there and stays,
     # then follows when the best share moves to 2/8 (e.g. the machine got busy).
@@ -273,6 +297,25 @@ def test_one_slow_step_does_not_rule_a_share_out() -> None:
         t = next(times, 0.5 if share == 0.5 else 1.0)
         tuner.observe(1, 1.0 if t is None else t)
     assert tuner.state()[1][0] == 0.5
+
+
+def test_a_probe_is_judged_on_its_own_steps() -> None:
+    # The bus alone (in force) took 0.9 and a probe of 1/8 took 1.0, so the bus stayed. Later the bus
+    # takes 1.05 and 1/8 takes 2.0: a probe of 1/8 ends after its first step and the tuner stays on
+    # the bus, whatever 1/8 measured in the earlier probe.
+    tuner = ShareTuner(trials=3, probe_every=4)
+    times = {0.0: 0.9, 1 / 8: 1.0}
+    for _ in range(40):
+        share = tuner.choose(1, start=0.0)
+        tuner.observe(1, times.get(share, 3.0))
+    assert tuner.state()[1][0] == 0.0
+    times = {0.0: 1.05, 1 / 8: 2.0}
+    in_force = set()
+    for _ in range(200):
+        share = tuner.choose(1)
+        tuner.observe(1, times.get(share, 3.0))
+        in_force.add(tuner.state()[1][0])
+    assert in_force == {0.0}
 
 
 def test_the_tuner_spends_few_steps_on_shares_that_are_far_slower() -> None:
