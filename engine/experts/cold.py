@@ -69,6 +69,10 @@ class ColdRates:
     def cpu_s(self, tokens: int) -> float:
         return self.cpu.seconds_for(tokens) * self.cpu_factor
 
+    def cpu_s_sum(self, uses: Sequence[int]) -> float:
+        """:meth:`cpu_s` summed over experts of ``uses`` tokens each (a step's few distinct counts)."""
+        return sum(map(self.cpu.seconds_for, uses)) * self.cpu_factor
+
 
 @dataclasses.dataclass(frozen=True)
 class LayerSplit:
@@ -279,7 +283,7 @@ class ColdExperts:
         for seconds, uses in samples:
             if not uses or seconds <= 0:
                 continue
-            base = sum(rates.cpu.seconds_for(n) for n in uses)     # what the factor scales (not the call)
+            base = sum(map(rates.cpu.seconds_for, uses))     # what the factor scales (not the call)
             if base <= 0:
                 continue
             ratio = max(seconds - rates.cpu_call_s, 0.05 * seconds) / base

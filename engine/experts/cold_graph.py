@@ -314,12 +314,12 @@ class GraphCpuShares:
         cold, pending, self._pending = self.r.cold, self._pending, []
         learnt = []
         for t, ids, seen, mine, cpu_s, measured_s in pending:
-            uses: dict[int, int] = {}                   # missing expert -> pairs that use it
+            cpu_uses = [len(pairs) for pairs in mine.values()]     # every pair of a CPU expert is the CPU's
+            bus: dict[int, int] = {}                                  # the bus's experts -> pairs
             for e, slot in zip(ids, seen):
-                if slot < 0:
-                    uses[e] = uses.get(e, 0) + 1
-            cpu_uses = [n for e, n in uses.items() if e in mine]
-            bus_uses = [n for e, n in uses.items() if e not in mine]
+                if slot < 0 and slot != SLOT_CPU:
+                    bus[e] = bus.get(e, 0) + 1
+            bus_uses = list(bus.values())
             if self.gathers(t):              # the bus's shared experts crossed once
                 bus_uses = [1] * len(bus_uses)
             cold.note_graph(len(mine), cpu_s * 1e3, measured_s * 1e3, self._predicted_ms(cpu_uses, bus_uses))
@@ -340,6 +340,6 @@ class GraphCpuShares:
         rates = self.r.cold.rates
         if rates is None:
             return 0.0
-        bus_s = sum(rates.bus_s(self.r.layout.nbytes, n, direct=True) for n in bus)
-        cpu_s = rates.cpu_call_s + sum(rates.cpu_s(n) for n in cpu)
+        bus_s = rates.bus_s(self.r.layout.nbytes, sum(bus), direct=True)     # linear in the reads
+        cpu_s = rates.cpu_call_s + rates.cpu_s_sum(cpu)
         return max(bus_s, cpu_s) * 1e3
