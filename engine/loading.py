@@ -26,7 +26,7 @@ from engine.kv.blocks import BlockAllocator
 from engine.memory import (CPU_KV_CAP, BudgetAdvice, MemoryPlan, decode_experts, default_budget, fit_context,
                            fit_context_on_host, fit_context_to_kv_size, kv_pool_bytes, kv_size_note, plan_memory,
                            prefer_expandable_segments, staging_slots, smaller_resident, step_sizing, table_on_host)
-from engine.settings_fit import fit_to_device, fit_to_model, fit_to_pool, unused_notes
+from engine.settings_fit import fit_to_device, fit_to_model, fit_to_pool, pool_size_note, unused_notes
 from engine.kv.cache import KVCache
 from engine.kv.sizing import KVSizing, kv_sizing
 from kernels.host_rows import host_rows_readable
@@ -118,6 +118,10 @@ class LoadedModel:
         pool = fit_to_pool(config, spec, self.experts_resident)
         self.config = config = pool.config
         self.notes += pool.notes + notes
+        if isinstance(config.expert_pool_size, int):
+            every = self.layout.nbytes * self.spec.num_moe_layers * self.local_experts
+            note = pool_size_note(self.pool_bytes(config.expert_pool_size), every)
+            self.notes += (note,) if note else ()
         self._fit_context()
         if isinstance(config.expert_pool_size, PoolShare):    # "50%" -> bytes, so the config reads plainly
             self.config = config = config.replace(expert_pool_size=self.pool_bytes(config.expert_pool_size))

@@ -334,9 +334,13 @@ def _tokens_held(context: int, kv_bytes: int, kv_bytes_per_token: int, block: in
 
 
 def _round_up(n: int) -> int:
-    """``n`` bytes rounded up to whole MiB (whole KiB below one MiB), so that the size printed fits."""
-    unit = 1 << 20 if n >= 1 << 20 else 1 << 10
-    return -(-n // unit) * unit
+    """``n`` bytes rounded up to what :func:`format_size` prints (two decimals of its unit), so that the
+    size printed, given back, fits: 1.50 MiB where 1.5 MiB is needed, not 2 MiB."""
+    div = next((d for d in (1 << 40, 1 << 30, 1 << 20, 1 << 10) if n >= d), 1)
+    if div == 1:
+        return n
+    hundredths = -(-n * 100 // div)
+    return -(-hundredths * div // 100)
 
 
 def default_budget(device: torch.device) -> int | None:

@@ -99,6 +99,15 @@ def fit_to_pool(config: EngineConfig, spec: ModelSpec, resident: bool) -> Fitted
     return Fitted(config, notes)
 
 
+def pool_size_note(asked: object, every_bytes: int) -> str | None:
+    """A note when ``--expert-pool-size`` (``asked``, bytes) is more than every routed expert takes:
+    the pool holds them all, and the rest of the size is not taken."""
+    if isinstance(asked, bool) or not isinstance(asked, int) or asked <= every_bytes:
+        return None
+    return (f"--expert-pool-size {format_size(asked)} is more than every expert takes ({format_size(every_bytes)}); "
+            "the pool holds every expert and the rest is left free")
+
+
 def unused_notes(config: EngineConfig, expert_format: str) -> tuple[str, ...]:
     """Notes for options that this load never reads (they are kept, and say so)."""
     notes = []

@@ -36,7 +36,8 @@ def add_bench_parser(sub, add_model_flag, add_engine_flags) -> None:
     w.add_argument("--text-prompts", action="store_true",
                    help="send random words instead of token ids (for servers that take text prompts only)")
     w.add_argument("--warmup", type=int, default=None, metavar="N",
-                   help=f"warm-up requests of {WARMUP_TOKENS} tokens before the timed run (default: the concurrency)")
+                   help=f"warm-up requests of {WARMUP_TOKENS} tokens before the timed run (default: the concurrency, at most "
+                        "--requests)")
     s = p.add_argument_group("server")
     s.add_argument("--url", default=None, help="an OpenAI-compatible server's base address, e.g. http://127.0.0.1:8000")
     s.add_argument("--api-key", default=None, help="the server's API key (default: STRATA_API_KEY)")
@@ -77,8 +78,9 @@ def workload_from(args: argparse.Namespace) -> Workload:
 
 
 def warmup_of(workload: Workload, count: int | None) -> Workload | None:
-    """Short requests at the run's concurrency, with prompts of their own, or None for no warm-up."""
-    n = (workload.concurrency or 1) if count is None else count
+    """Short requests at the run's concurrency (no more than the run sends), with prompts of their own,
+    or None for no warm-up."""
+    n = min(workload.concurrency or 1, workload.num_requests) if count is None else count
     if n < 0:
         raise ConfigError(f"--warmup must be 0 or more requests (got {n})")
     if n == 0:

@@ -80,6 +80,9 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+FEW_TOKENS = 100     # eval: below this many scored tokens a perplexity is noted as saying little
+
+
 def _read_text(path: str) -> str:
     p = Path(path)
     if not p.exists():
@@ -129,6 +132,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     finally:
         for e in engines:
             e.close()
+    if r.tokens < FEW_TOKENS:
+        print(f"note: only {r.tokens} token{'s' if r.tokens != 1 else ''} scored; a perplexity from so few says little, "
+              f"so give a text of {FEW_TOKENS} tokens or more", file=sys.stderr)
     if args.json:
         print(json.dumps(r.__dict__))
         return 0

@@ -38,7 +38,7 @@ from engine.memory import (CPU_KV_CAP, MIN_KV_TOKENS, BudgetAdvice, MemoryPlan, 
                            fit_context_on_host, fit_context_to_kv_size, kv_pool_bytes, plan_memory, smaller_resident,
                            step_sizing, table_on_host)
 from engine.options import parse_live, pool_bytes
-from engine.settings_fit import asked_depth_note, fit_to_model
+from engine.settings_fit import asked_depth_note, fit_to_model, pool_size_note
 
 if TYPE_CHECKING:
     from engine.parallel.stages import KVClaim
@@ -355,7 +355,9 @@ def load_notes(spec: ModelSpec, args: argparse.Namespace) -> tuple[str, ...]:
     """What a load with these flags would clamp on this model (the options checked as a load checks them)."""
     config = EngineConfig(model=model_dir(args), **engine_options(args))
     note = asked_depth_note(config, spec)
-    return fit_to_model(config, spec).notes + ((note,) if note else ())
+    fmt, group = _expert_format(spec, args, compute_dtype(args))
+    pool = pool_size_note(config.expert_pool_size, spec.num_moe_layers * spec.num_experts * expert_bytes(spec, fmt, group))
+    return fit_to_model(config, spec).notes + tuple(n for n in (note, pool) if n)
 
 
 def cmd_info(args: argparse.Namespace) -> int:

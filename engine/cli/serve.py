@@ -2,7 +2,8 @@
 
 The address is checked and bound before the model loads, so a refused bind or a taken port costs a
 second, not a load. SIGINT or SIGTERM stops it gracefully: no new requests, those in flight get a
-few seconds to finish (then end with finish reason "abort"), the engine closes, exit code 0.
+few seconds to finish (then end with finish reason "abort"; a second signal ends them at once), the
+engine closes, exit code 0.
 """
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from engine.server.settings import check_bind
     settings = server_settings(args)
     check_bind(settings.host, settings.api_key, settings.allow_no_key)
-    from engine.server.background import BackgroundServer, bind_socket
+    from engine.server.background import GRACE_S, BackgroundServer, bind_socket
     sock = bind_socket(settings.host, settings.port)
     try:
         _log_to_stderr()
@@ -67,13 +68,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     loop.start_thread("strata-engine")
     server = BackgroundServer(loop, settings, sock=sock)
     try:
-        with _stop_signals() as stopped:
+        with _stop_signals() as (stopped, now):
             url = server.start()
             print(f"Serving {describe(engine, settings.served_model_name).name} at {url}/v1 "
                   "(OpenAI-compatible; Ctrl-C stops)", flush=True)
             while not stopped.wait(0.5):
                 pass
-            server.stop()                   # a second signal meanwhile changes nothing: the stop is bounded
+            busy = server.in_flight
+            if busy:
+                print(f"stopping: {busy} request{'s' if busy != 1 else ''} in flight get{'s' if busy == 1 else ''} "
+                      f"up to {GRACE_S:g} s to finish (Ctrl-C again ends them now)", file=sys.stderr, flush=True)
+            server.stop(cut_short=now)      # a second signal ends the requests in flight at once
     finally:
         server.stop(grace_s=0)
         loop.stop()
@@ -95,17 +100,18 @@ def _log_to_stderr() -> None:
 
 @contextmanager
 def _stop_signals():
-    """An event set by the first SIGINT or SIGTERM (the previous handlers come back afterwards)."""
-    stopped = threading.Event()
+    """Two events: the first SIGINT or SIGTERM sets ``stopped``, the next ``now`` (the previous
+    handlers come back afterwards)."""
+    stopped, now = threading.Event(), threading.Event()
 
     def handle(signum: int, frame: object) -> None:
-        stopped.set()
+        (now if stopped.is_set() else stopped).set()
 
     previous: dict[int, Callable | int | None] = {}
     for sig in (signal.SIGINT, signal.SIGTERM):
         previous[sig] = signal.signal(sig, handle)
     try:
-        yield stopped
+        yield stopped, now
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -134,8 +134,9 @@ class BackgroundServer:
         self.url = url_of(self.settings.host, sock.getsockname()[1])
         return self.url
 
-    def stop(self, grace_s: float = GRACE_S) -> None:
-        """Stop taking requests, let those in flight finish for ``grace_s``, cancel the rest, free the port."""
+    def stop(self, grace_s: float = GRACE_S, cut_short: threading.Event | None = None) -> None:
+        """Stop taking requests, let those in flight finish for ``grace_s`` (less once ``cut_short`` is
+        set), cancel the rest, free the port."""
         server, thread = self._server, self._thread
         if server is None or thread is None:
             return
@@ -143,7 +144,9 @@ class BackgroundServer:
         # through sending a body included), once the engine's own requests were cancelled and ended
         server.config.timeout_graceful_shutdown = grace_s + LINGER_S
         server.should_exit = True
-        thread.join(grace_s)
+        end = time.monotonic() + grace_s
+        while thread.is_alive() and time.monotonic() < end and not (cut_short is not None and cut_short.is_set()):
+            thread.join(min(0.1, max(0.0, end - time.monotonic())))
         if thread.is_alive():
             self._cancel_in_flight()
             thread.join(10)

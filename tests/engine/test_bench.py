@@ -249,6 +249,9 @@ def test_a_refusal_quotes_the_run_asked_for_not_its_warm_up(capsys):
     assert "needs 605 tokens (prompt up to 600, output up to 5)" in capsys.readouterr().err
     run = Workload(num_requests=4, prompt_len=Fixed(100), output_len=Fixed(3), concurrency=2)
     assert warmup_of(run, None).output_len == Fixed(3)
+    # a warm-up at the concurrency, but never more requests than the run itself sends
+    assert warmup_of(run, None).num_requests == 2
+    assert warmup_of(run.replace(num_requests=1), None).num_requests == 1
 
 
 def test_a_preset_whose_replies_pass_the_context_gets_shorter_replies_with_a_note(capsys):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,17 @@ def test_info_prints_what_a_load_would_clamp(model, capsys):
     assert err == ["note: context length 99999 is above this model's limit of 512 tokens (max_position_embeddings "
                    "in its config.json); using 512",
                    "note: prefetch depth 9 is more than this model allows (2 MoE layers, so at most 1 ahead); using 1"]
+
+
+def test_a_pool_larger_than_every_expert_is_noted_by_info_and_by_a_load(model, capsys):
+    assert main(["info", "--model", str(model), "--expert-pool-size", "30G", "--gpu-memory-budget", "4G"]) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"note: --expert-pool-size 30.00 GiB is more than every expert takes \([0-9.]+ [KM]iB\); the "
+                     r"pool holds every expert and the rest is left free", err)
+    from engine.loading import load_model
+    from engine.config import EngineConfig
+    loaded = load_model(EngineConfig(model=str(model), device="cpu", expert_pool_size=30 << 30))
+    assert any(n.startswith("--expert-pool-size 30.00 GiB is more than every expert takes") for n in loaded.notes)
 
 
 def test_the_default_prefetch_depth_is_fitted_to_a_small_model_without_a_note(model, capsys):

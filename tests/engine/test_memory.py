@@ -228,3 +228,13 @@ def test_a_plan_short_of_budget_names_only_the_fixes_that_can_close_the_gap():
     # the resident weights dominate: 8-bit matrices save up to half of them
     assert advice.resident_fix(1 << 30, 300 * MiB, 2000 * MiB, 70 * MiB) == \
         "raise --gpu-memory-budget or use --resident-weights int8"
+
+
+def test_the_kv_size_a_note_asks_for_is_the_size_that_fits() -> None:
+    # 512 tokens of 3 KiB need 1.50 MiB: the note names 1.50 MiB (not the next whole MiB), and a need
+    # just above it names the next hundredth, which still fits when given back.
+    from engine.memory import fit_context_to_kv_size
+    tokens, note = fit_context_to_kv_size(512, False, int(1.4 * 2**20), 0, 3 << 10, 16)
+    assert tokens < 512 and note.endswith("raise it to 1.50 MiB for the whole context")
+    tokens, note = fit_context_to_kv_size(512, False, 2**20, 0, (3 << 10) + 1, 16)
+    assert note.endswith("raise it to 1.51 MiB for the whole context") and 1.51 * 2**20 >= 512 * ((3 << 10) + 1)

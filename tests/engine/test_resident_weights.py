@@ -4,6 +4,7 @@ folder, and named in eval's report."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -83,6 +84,16 @@ def test_eval_names_the_format_and_loads_the_reference_as_stored(src, tmp_path, 
     r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert r["resident_format"] == "fp8" and 0.5 < r["top1_agreement"] <= 1.0
     assert r["perplexity"] != r["reference_perplexity"]      # the reference ran unquantised
+
+
+def test_eval_notes_a_perplexity_from_few_tokens(src, tmp_path, capsys):
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox")
+    assert main(["eval", "--model", str(src), "--text", str(text), "--device", "cpu"]) == 0
+    assert re.search(r"note: only \d+ tokens? scored; a perplexity from so few says little", capsys.readouterr().err)
+    text.write_text("the quick brown fox jumps over the lazy dog " * 40)
+    assert main(["eval", "--model", str(src), "--text", str(text), "--device", "cpu"]) == 0
+    assert "note:" not in capsys.readouterr().err
 
 
 def test_an_unknown_format_is_one_line_naming_the_choices(src, capsys):

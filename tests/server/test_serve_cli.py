@@ -49,6 +49,42 @@ def test_serve_answers_health_and_requests_and_stops_cleanly_on_sigterm():
     assert "POST /v1/completions 200" in err and "[Summary] requests=1" in err and "Traceback" not in err
 
 
+def test_a_stop_with_a_stream_in_flight_says_so_and_a_second_signal_ends_it():
+    # SIGTERM while a stream runs: a line says what is in flight and how to end it at once; a second
+    # SIGTERM ends the stream (finish reason "abort") and the server exits cleanly.
+    import threading
+    import time
+    proc = _serve("--port", "0", "--stats-every", "0")
+    err_lines: list[str] = []
+    try:
+        found = SERVING.fullmatch(proc.stdout.readline().strip())
+        assert found
+        reader = threading.Thread(target=lambda: err_lines.extend(iter(proc.stderr.readline, "")), daemon=True)
+        reader.start()
+        client = openai.OpenAI(base_url=found.group(1) + "/v1", api_key="none", max_retries=0, timeout=60)
+        stream = client.completions.create(model="demo", prompt="Once", max_tokens=400, stream=True,
+                                           extra_body={"ignore_eos": True})
+        reasons = []
+        next(iter(stream))                               # the stream is running
+        proc.send_signal(signal.SIGTERM)
+        for _ in range(600):                             # the line comes before the grace begins
+            if any(line.startswith("stopping: 1 request in flight") for line in err_lines):
+                break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        for chunk in stream:
+            reasons += [c.finish_reason for c in chunk.choices if c.finish_reason]
+        assert proc.wait(60) == 0
+        reader.join(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    err = "".join(err_lines)
+    assert "stopping: 1 request in flight gets up to 5 s to finish (Ctrl-C again ends them now)" in err
+    assert reasons in (["abort"], ["length"]) and "[Summary] requests=1" in err and "Traceback" not in err
+
+
 def test_an_open_bind_without_a_key_is_refused_in_one_line_before_the_model_loads():
     proc = _serve("--host", "0.0.0.0", "--port", "0", "--model", str(ROOT / "no-such-model"))
     out, err = proc.communicate(timeout=60)
