@@ -479,6 +479,8 @@ def load_model(config: EngineConfig, progress: Progress | None = None) -> Loaded
     spec = read_spec(path)
     check_paths(config, spec)     # a bad profile path fails now, before the weights are read, not at exit
     tokenizer = Tokenizer.from_dir(path)
+    template = ((f"{tokenizer.template_problem}; until then chat is refused and plain prompts work",)
+                if tokenizer.template_problem else ())
     if is_converted(path):
         source = ConvertedSource(path, verify=config.verify, progress=progress)
         fmt = source.manifest.weights
@@ -486,7 +488,7 @@ def load_model(config: EngineConfig, progress: Progress | None = None) -> Loaded
             raise ConfigError(f"{path} holds {fmt} experts, converted by main.py convert; drop --weight-format "
                               f"or convert the source again with --weights {config.weight_format}")
         group = source.manifest.group_size
-        notes = _checksum_notes(path, source)
+        notes = template + _checksum_notes(path, source)
         if fmt == "int4" and config.group_size not in (group, DEFAULT_GROUP_SIZE):
             notes += (f"group size {config.group_size} is ignored: {path} was converted with int4 groups of {group}; "
                       f"convert again with --group-size {config.group_size} for other groups",)
@@ -496,8 +498,8 @@ def load_model(config: EngineConfig, progress: Progress | None = None) -> Loaded
         loaded = LoadedModel(config, spec, source, tokenizer, path, notes)
         source.manifest.check_layout(loaded.layout, path)
         return loaded
-    notes = (("verify checks the checksums of a folder written by main.py convert; this is a Hugging Face "
-              "folder, which has none, so it was ignored"),) if config.verify else ()
+    notes = template + ((("verify checks the checksums of a folder written by main.py convert; this is a Hugging "
+                          "Face folder, which has none, so it was ignored"),) if config.verify else ())
     if config.pipeline_parallel > 1 or config.expert_parallel > 1:
         return _pipelined(config, spec, SafetensorsReader(path), tokenizer, path, notes)
     return LoadedModel(config, spec, SafetensorsReader(path), tokenizer, path, notes)

@@ -178,7 +178,13 @@ class Tokenizer:
         self.pad_token_id = pad_token_id
         self.eos_token_ids: frozenset[int] = frozenset(eos_token_ids)
         self.chat_template = chat_template
-        self._template = compile_chat_template(chat_template) if chat_template else None
+        self.template_problem: str | None = None      # why a template the model has cannot be used
+        self._template = None
+        if chat_template:
+            try:
+                self._template = compile_chat_template(chat_template)
+            except ModelLoadError as e:              # plain prompts still work; chat is refused, saying why
+                self.template_problem = str(e)
 
     @classmethod
     def from_dir(cls, path: str | Path) -> Tokenizer:
@@ -258,6 +264,8 @@ class Tokenizer:
         Extra keyword arguments (``tools``, ``enable_thinking``, ...) become template variables.
         The rendered text already holds the template's special tokens, so none are added when tokenizing.
         """
+        if self._template is None and self.template_problem:
+            raise ChatTemplateError(f"{self.template_problem}; until then send a plain prompt instead")
         if self._template is None:
             raise ChatTemplateError(
                 "this model has no chat template; send a plain prompt instead or add chat_template "

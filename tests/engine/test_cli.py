@@ -105,6 +105,21 @@ def test_a_pool_larger_than_every_expert_is_noted_by_info_and_by_a_load(model, c
     assert any(n.startswith("--expert-pool-size 30.00 GiB is more than every expert takes") for n in loaded.notes)
 
 
+def test_a_chat_template_that_does_not_parse_leaves_plain_prompts_working(model, tmp_path, capsys):
+    import shutil
+    copy = tmp_path / "tpl"
+    shutil.copytree(model, copy)
+    cfg = json.loads((copy / "tokenizer_config.json").read_text()) if (copy / "tokenizer_config.json").exists() else {}
+    cfg["chat_template"] = "{{ messages | nosuchfilter }}"
+    (copy / "tokenizer_config.json").write_text(json.dumps(cfg))
+    (copy / "chat_template.jinja").unlink(missing_ok=True)
+    assert main(["generate", "--model", str(copy), "--prompt", "hi", "--max-tokens", "2", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["token_ids"]
+    assert "note: the chat template does not parse (No filter named 'nosuchfilter'" in err
+    assert "until then chat is refused and plain prompts work" in err
+
+
 def test_the_default_prefetch_depth_is_fitted_to_a_small_model_without_a_note(model, capsys):
     # The model has 2 MoE layers, so the default depth 2 becomes 1: the user asked for nothing, so
     # nothing is said about it (an explicit --prefetch-depth 9 is noted, above).

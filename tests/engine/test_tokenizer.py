@@ -69,6 +69,17 @@ def test_message_of_wrong_shape_is_a_user_error(tmp_path: Path) -> None:
         tok.apply_chat_template([{"role": "user", "content": ["a list", "of parts"]}])
 
 
+def test_a_template_that_does_not_parse_refuses_chat_and_keeps_plain_prompts(tmp_path: Path) -> None:
+    # The model still loads and encodes: chat alone is refused, naming what to fix; a load says so once.
+    build_tiny_tokenizer(tmp_path, chat_template="{{ messages[0].content | nosuchfilter }}")
+    tok = Tokenizer.from_dir(tmp_path)
+    assert not tok.has_chat_template and tok.encode("hi")
+    assert tok.template_problem.startswith("the chat template does not parse (No filter named 'nosuchfilter'")
+    with pytest.raises(ChatTemplateError, match=r"fix chat_template in tokenizer_config.json or chat_template.jinja; "
+                                                r"until then send a plain prompt instead$"):
+        tok.apply_chat_template([{"role": "user", "content": "hi"}])
+
+
 def test_template_helpers_and_kwargs(tmp_path: Path) -> None:
     template = ("{{ bos_token }}{{ messages | tojson }}|{{ greeting }}|{{ strftime_now('%Y') | length }}"
                 "{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}{{ m.role }}{% endfor %}"
