@@ -70,7 +70,7 @@ class ColdRates:
         return self.cpu.seconds_for(tokens) * self.cpu_factor
 
     def cpu_s_sum(self, uses: Sequence[int]) -> float:
-        """:meth:`cpu_s` summed over experts of ``uses`` tokens each (a step's few distinct counts)."""
+        """:meth:`cpu_s` summed over experts of ``uses`` tokens each."""
         return sum(map(self.cpu.seconds_for, uses)) * self.cpu_factor
 
 

@@ -267,7 +267,7 @@ class GraphCpuShares:
                 finished: Callable[[], bool]) -> int:
         """Layer ``moe_index``'s marked experts (``seen`` ``SLOT_CPU``, of its ``rows`` real tokens) on
         the host CPU, into the layer's ``out``; then its ``done`` flag. Returns how many experts.
-        Plain numpy: every layer of the step waits for this."""
+        Every layer of the step waits for this, so the counts wait for :meth:`settle`."""
         from kernels.cpu import CpuExpertWork
         r = self.r
         t0 = time.perf_counter()
