@@ -118,10 +118,8 @@ class LoadedModel:
         pool = fit_to_pool(config, spec, self.experts_resident)
         self.config = config = pool.config
         self.notes += pool.notes + notes
-        if isinstance(config.expert_pool_size, int):
-            every = self.layout.nbytes * self.spec.num_moe_layers * self.local_experts
-            note = pool_size_note(self.pool_bytes(config.expert_pool_size), every)
-            self.notes += (note,) if note else ()
+        note = pool_size_note(self.pool_bytes(config.expert_pool_size), self.every_expert_bytes)
+        self.notes += (note,) if note else ()
         self._fit_context()
         if isinstance(config.expert_pool_size, PoolShare):    # "50%" -> bytes, so the config reads plainly
             self.config = config = config.replace(expert_pool_size=self.pool_bytes(config.expert_pool_size))
@@ -300,7 +298,12 @@ class LoadedModel:
             size = int(size * self.stage.plan.pool_fraction(self.stage.rank))
         if isinstance(size, int) and self.shard is not None:
             size = int(size * self.local_experts / self.spec.num_experts)
-        return pool_bytes(size, self.layout.nbytes * self.spec.num_moe_layers * self.local_experts)
+        return pool_bytes(size, self.every_expert_bytes)
+
+    @property
+    def every_expert_bytes(self) -> int:
+        """Bytes of every routed expert this model's pool and host store hold."""
+        return self.layout.nbytes * self.spec.num_moe_layers * self.local_experts
 
     @property
     def local_experts(self) -> int:

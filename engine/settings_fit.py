@@ -102,7 +102,7 @@ def fit_to_pool(config: EngineConfig, spec: ModelSpec, resident: bool) -> Fitted
 def pool_size_note(asked: object, every_bytes: int) -> str | None:
     """A note when ``--expert-pool-size`` (``asked``, bytes) is more than every routed expert takes:
     the pool holds them all, and the rest of the size is not taken."""
-    if isinstance(asked, bool) or not isinstance(asked, int) or asked <= every_bytes:
+    if not isinstance(asked, int) or asked <= every_bytes:
         return None
     return (f"--expert-pool-size {format_size(asked)} is more than every expert takes ({format_size(every_bytes)}); "
             "the pool holds every expert and the rest is left free")
