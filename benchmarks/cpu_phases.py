@@ -1,6 +1,7 @@
 """Where a one-token call of the int4 CPU expert kernel spends its time, by phase and thread count:
-the whole call, each of its passes on its own (gate/up, down), the serial quantisation of the
-activations, and an empty parallel pass (what entering and leaving a parallel region costs).
+the whole call, each of its passes on its own (gate/up with the activations' quantisation, down), the
+quantisation of the token on the calling thread, that of the activations on their own (serial), and
+an empty parallel pass (what entering and leaving a parallel region costs).
 
     python benchmarks/cpu_phases.py [--threads 1,8,16] [--out FILE]
 
@@ -74,19 +75,21 @@ def phases(store: torch.Tensor, layout, threads: int, calls: int) -> dict:
     s = np.empty((1, d_ // grp), np.float32)
     qs = np.empty((1, d_ // 8), np.int32)
     bad = np.empty(1, np.bool_)
-    packed.quantize_rows(x, grp, q, s, qs, bad)
+    packed.quantize_rows_serial(x, grp, q, s, qs, bad)
     a = np.random.default_rng(1).standard_normal((k, f_)).astype(np.float32) * 0.1
     qa = np.empty((k, 2 * f_), np.int8)
     sa = np.empty((k, f_ // grp), np.float32)
     qsa = np.empty((k, f_ // 8), np.int32)
     bad_a = np.empty(k, np.bool_)
-    packed.quantize_rows(a, grp, qa, sa, qsa, bad_a)
+    packed.quantize_rows_serial(a, grp, qa, sa, qsa, bad_a)
+    a_out = np.empty_like(a)
     fmt = meta[M_FMT]
 
     def gate_up():
         w = nxt()
         packed.gate_up(fmt, b, h, f, d_, f_, grp, meta[M_W13], meta[M_S13], meta[M_Z13], meta[M_B13], meta[M_ACT],
-                       np.float32(1.702), np.float32(7.0), w.rows, w.starts, w.tokens, q, s, qs, a)
+                       np.float32(1.702), np.float32(7.0), w.rows, w.starts, w.tokens, q, s, qs, a_out, qa, sa, qsa,
+                       bad_a)
 
     def down():
         w = nxt()
@@ -98,8 +101,8 @@ def phases(store: torch.Tensor, layout, threads: int, calls: int) -> dict:
            "call_us": _median_us(lambda: runner.run(nxt(), x, out), calls),
            "gate_up_us": _median_us(gate_up, calls),
            "down_us": _median_us(down, calls),
-           "quantize_x_us": _median_us(lambda: packed.quantize_rows(x, grp, q, s, qs, bad), calls),
-           "quantize_a_us": _median_us(lambda: packed.quantize_rows(a, grp, qa, sa, qsa, bad_a), calls),
+           "quantize_x_us": _median_us(lambda: packed.quantize_rows_serial(x, grp, q, s, qs, bad), calls),
+           "quantize_a_us": _median_us(lambda: packed.quantize_rows_serial(a, grp, qa, sa, qsa, bad_a), calls),
            "empty_pass_us": _median_us(lambda: _empty_pass(pad), calls)}
     w13 = 2 * f_ * d_ // 2 * k
     w2 = d_ * f_ // 2 * k
@@ -135,7 +138,8 @@ def main() -> None:
     if a.out:
         write_result(a.out, {"benchmark": "cpu_phases", "what": (
             "One-token int4 CPU expert call (Qwen3-30B-A3B expert, top-8) split into its phases per thread count: "
-            "whole call, gate/up pass, down pass, the serial quantisations, an empty parallel pass"),
+            "whole call, gate/up pass (quantising the activations inside), down pass, the serial "
+            "quantisations on their own, an empty parallel pass"),
             "config": vars(a), "rows": rows})
 
 

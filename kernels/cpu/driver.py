@@ -2,7 +2,8 @@
 the float formats and :func:`packed_forward` for int4 and mxfp4 (:mod:`kernels.cpu.packed`), each two
 parallel passes over the experts' rows, and each compiled on its first call only.
 
-1. gate/up: work items are (expert, block of ``ROWS`` gate rows); an item reads gate row ``n`` and up
+1. gate/up: work items are (expert, block of ``ROWS`` gate rows; the 4-bit path's: one group of
+   rows, whose activations the item then quantises for the down pass); an item reads gate row ``n`` and up
    row ``F + n`` for each of the expert's tokens and writes the activation straight into ``a [P, F]``,
    so ``h [2F]`` never exists. Weights are widened in registers inside the dot, and an expert's
    tokens go two at a time, each weight widened once for both.
@@ -21,6 +22,9 @@ from numba import njit, prange
 from kernels.cpu import packed
 from kernels.cpu.dots import MXFP4, ROWS, act, row_dot, row_dot2
 
+# Token values up to which the 4-bit path quantises its input on the calling thread (about 5 us for
+# 2048 values; a parallel region costs 5-10 us to enter on 16 cores): a token or two of a large model.
+SERIAL_VALUES = 8192
 # Indices into the int64 ``meta`` vector (see kernels.cpu.forward._meta).
 (M_FMT, M_D, M_F, M_G, M_W13, M_S13, M_Z13, M_W2, M_S2, M_Z2, M_B13, M_B2, M_ACT) = range(13)
 
@@ -41,7 +45,8 @@ def expert_forward(b, h, f, meta, alpha, limit, rows, starts, toks, wts, x, out)
 def packed_forward(b, h, f, meta, alpha, limit, rows, starts, toks, wts, x, out):
     """:func:`expert_forward` for int4 and mxfp4 in integer arithmetic (:mod:`kernels.cpu.packed`):
     tokens, then each pair's activation, quantised to 16 bits per group before the pass that reads
-    them. A separate entry point, so that a store of another format never compiles it."""
+    them (a few tokens on the calling thread, the activations inside the gate/up pass: two parallel
+    regions a call). A separate entry point, so that a store of another format never compiles it."""
     fmt, d_, f_ = meta[M_FMT], meta[M_D], meta[M_F]
     grp = 32 if fmt == MXFP4 else meta[M_G]
     t_, p_ = x.shape[0], toks.size
@@ -49,15 +54,17 @@ def packed_forward(b, h, f, meta, alpha, limit, rows, starts, toks, wts, x, out)
     s = np.empty((t_, d_ // grp), np.float32)
     qs = np.empty((t_, d_ // 8), np.int32)
     bad_x = np.empty(t_, np.bool_)
-    packed.quantize_rows(x, grp, q, s, qs, bad_x)
+    if t_ * d_ <= SERIAL_VALUES:
+        packed.quantize_rows_serial(x, grp, q, s, qs, bad_x)
+    else:
+        packed.quantize_rows(x, grp, q, s, qs, bad_x)
     a = np.empty((p_, f_), np.float32)
-    packed.gate_up(fmt, b, h, f, d_, f_, grp, meta[M_W13], meta[M_S13], meta[M_Z13], meta[M_B13], meta[M_ACT],
-                   alpha, limit, rows, starts, toks, q, s, qs, a)
     qa = np.empty((p_, 2 * f_), np.int8)
     sa = np.empty((p_, f_ // grp), np.float32)
     qsa = np.empty((p_, f_ // 8), np.int32)
     bad_a = np.empty(p_, np.bool_)
-    packed.quantize_rows(a, grp, qa, sa, qsa, bad_a)
+    packed.gate_up(fmt, b, h, f, d_, f_, grp, meta[M_W13], meta[M_S13], meta[M_Z13], meta[M_B13], meta[M_ACT],
+                   alpha, limit, rows, starts, toks, q, s, qs, a, qa, sa, qsa, bad_a)
     packed.down(fmt, b, h, f, d_, f_, grp, meta[M_W2], meta[M_S2], meta[M_Z2], meta[M_B2], rows, starts, toks, wts,
                 qa, sa, qsa, out)
     for p in range(p_):                 # a NaN or infinity in a token's input (or its activation) makes

@@ -30,13 +30,14 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from kernels.cpu.dots import INT4, MXFP4, ROWS, act
+from kernels.cpu.dots import INT4, MXFP4, act
 from kernels.cpu.idot import (LOW_RANGE, e2m1_row1, e2m1_row2, u4g32_row1, u4g32_row2, u4g64_row1, u4g64_row2,
                               u4g128_row1, u4g128_row2)
 
 Q_MAX = np.float32(127.0)      # activations: two signed bytes per value, high * LOW + low
 LOW = np.float32(LOW_RANGE)
 TINY = np.float32(1e-30)       # a group below this is zeros (its step, 1/127 of it, would be subnormal)
+EXP_BITS = np.uint32(0x7F800000)   # a float32's exponent: all ones in a NaN or an infinity
 GROUPS = (32, 64, 128)         # the int4 group sizes the integer path reads
 # Output rows per work item of the down pass: an item reads that many rows of each expert in one run
 # of bytes, long enough for the prefetchers to pay off (down rows are short: F/2 bytes; 16 rows a run
@@ -67,61 +68,70 @@ def quantize_rows(v, group, q, s, qs, bad):
     holds a NaN or an infinity (its group is zeroed: the caller makes what the row feeds NaN, as float
     arithmetic would).
 
-    One work item per (row, group), in parallel: on a 16-core host the serial form of this took a
-    third of a one-token call (90 of 290 us at top-8), more than either pass's share of the bytes."""
+    One work item per (row, group), in parallel; :func:`quantize_rows_serial` is the same on the
+    calling thread, for a few rows, where entering a parallel region costs more than the work."""
     k = v.shape[1]
     ng = k // group
     for i in range(v.shape[0]):
         bad[i] = False
     for item in prange(v.shape[0] * ng):
-        _quantize_group(v, item // ng, item % ng, group, q, s, qs, bad)
+        quantize_group(v, item // ng, item % ng, group, q, s, qs, bad)
 
 
 @njit(fastmath=True, error_model="numpy", cache=True)
-def _quantize_group(v, i, g, group, q, s, qs, bad):
-    """Group ``g`` of row ``i`` (:func:`quantize_rows`): its pairs of elements (``2p`` in phase 0,
-    ``2p + 1`` in phase 1) side by side, so that the loops run over contiguous bytes."""
+def quantize_rows_serial(v, group, q, s, qs, bad):
+    """:func:`quantize_rows` on the calling thread."""
+    for i in range(v.shape[0]):
+        bad[i] = False
+        for g in range(v.shape[1] // group):
+            quantize_group(v, i, g, group, q, s, qs, bad)
+
+
+@njit(fastmath=True, error_model="numpy", cache=True)
+def quantize_group(v, i, g, group, q, s, qs, bad):
+    """Group ``g`` of row ``i`` (:func:`quantize_rows`): the group's even elements go to phase 0 and
+    its odd ones to phase 1, each phase one loop over contiguous bytes (loops the compiler turns into
+    vector code: a loop writing the four planes at once did not vectorise and took 5 ns a value)."""
     k = v.shape[1]
     k2 = k // 2
-    bits = v.view(np.uint32)            # NaN and infinity tested on the bits: fastmath may assume neither
+    lo, n, p0 = g * group, group, g * group // 2
+    row = v[i]
+    bits = row.view(np.uint32)          # NaN and infinity tested on the bits: fastmath may assume neither
     m = np.float32(0.0)
-    special = np.uint32(0)
-    for j in range(g * group, (g + 1) * group):
-        m = max(m, abs(v[i, j]))
-        special |= np.uint32((bits[i, j] & np.uint32(0x7F800000)) == np.uint32(0x7F800000))
-    p0, p1 = g * group // 2, (g + 1) * group // 2
-    if special != 0 or m < TINY:
-        if special != 0:
+    e = np.uint32(0)
+    for j in range(lo, lo + n):
+        m = max(m, abs(row[j]))
+        e = max(e, bits[j] & EXP_BITS)
+    h0, h1 = q[i, p0:p0 + n // 2], q[i, k2 + p0:k2 + p0 + n // 2]
+    l0, l1 = q[i, k + p0:k + p0 + n // 2], q[i, k + k2 + p0:k + k2 + p0 + n // 2]
+    sums = qs[i, lo // 8:(lo + n) // 8]
+    if e == EXP_BITS or m < TINY:
+        if e == EXP_BITS:
             bad[i] = True
         s[i, g] = np.float32(0.0)
-        for j in range(g * group // 8, (g + 1) * group // 8):
-            qs[i, j] = 0
-        for p in range(p0, p1):
-            q[i, p] = 0
-            q[i, k2 + p] = 0
-            q[i, k + p] = 0
-            q[i, k + k2 + p] = 0
+        sums[:] = 0
+        h0[:] = 0
+        h1[:] = 0
+        l0[:] = 0
+        l1[:] = 0
         return
     sc = m / Q_MAX                                                      # one step of the high byte
     inv = np.float32(1.0) / sc
-    for p in range(p0, p1):
-        a = v[i, 2 * p] * inv
-        b = v[i, 2 * p + 1] * inv
-        ha = min(max(np.floor(a + np.float32(0.5)), -Q_MAX), Q_MAX)
-        hb = min(max(np.floor(b + np.float32(0.5)), -Q_MAX), Q_MAX)
-        # the remainder is exact in float32 (a and its rounding are close); its 254 steps in float64
-        la = min(max(np.floor(np.float64(a - ha) * 254.0 + 0.5), -127.0), 127.0)
-        lb = min(max(np.floor(np.float64(b - hb) * 254.0 + 0.5), -127.0), 127.0)
-        q[i, p] = np.int8(ha)
-        q[i, k2 + p] = np.int8(hb)
-        q[i, k + p] = np.int8(la)
-        q[i, k + k2 + p] = np.int8(lb)
-    for j8 in range(g * group // 8, (g + 1) * group // 8):             # 8 values: pairs 4 j8 .. 4 j8 + 3
+    for ph in range(2):
+        hd, ld = (h0, l0) if ph == 0 else (h1, l1)
+        src = row[lo + ph:lo + n:2]
+        for p in range(n // 2):
+            a = src[p] * inv
+            ha = min(max(np.floor(a + np.float32(0.5)), -Q_MAX), Q_MAX)
+            # the remainder is exact in float32 (a and its rounding are close); its 254 steps in float64
+            la = min(max(np.floor(np.float64(a - ha) * 254.0 + 0.5), -127.0), 127.0)
+            hd[p] = np.int8(ha)
+            ld[p] = np.int8(la)
+    for j8 in range(n // 8):                                            # 8 values: pairs 4 j8 .. 4 j8 + 3
         t = np.int32(0)
-        for p in range(4 * j8, 4 * j8 + 4):
-            t += (np.int32(q[i, p]) + np.int32(q[i, k2 + p])) * np.int32(LOW_RANGE) \
-                + np.int32(q[i, k + p]) + np.int32(q[i, k + k2 + p])
-        qs[i, j8] = t
+        for u in range(4 * j8, 4 * j8 + 4):
+            t += (np.int32(h0[u]) + np.int32(h1[u])) * np.int32(LOW_RANGE) + np.int32(l0[u]) + np.int32(l1[u])
+        sums[j8] = t
     s[i, g] = sc / LOW
 
 
@@ -191,14 +201,23 @@ def _gate_up_item(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, kind, alpha, limit
 
 
 @njit(fastmath=True, error_model="numpy", parallel=True, cache=True)
-def gate_up(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, kind, alpha, limit, rows, starts, toks, q, s, qs, a):
-    """Pass 1: ``a [P, F]`` = act(gate, up) of every pair, from the quantised tokens ``q``/``s``."""
-    nb1 = (f_ + ROWS - 1) // ROWS
-    for item in prange(rows.size * nb1):
-        i = item // nb1
-        n0 = item % nb1 * ROWS
-        _gate_up_item(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, kind, alpha, limit, rows[i], starts[i],
-                      starts[i + 1], n0, min(f_, n0 + ROWS), toks, q, s, qs, a)
+def gate_up(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, kind, alpha, limit, rows, starts, toks, q, s, qs, a, qa, sa,
+            qsa, bad_a):
+    """Pass 1: ``a [P, F]`` = act(gate, up) of every pair, from the quantised tokens ``q``/``s``, and
+    ``a`` quantised as :func:`quantize_rows` would (``qa``, ``sa``, ``qsa``, ``bad_a``). A work item
+    is one group of ``grp`` rows of one expert: it quantises the group of activations it has just
+    computed, so the quantisation needs no parallel region of its own (entering one costs 5-10 us on
+    16 cores, a twentieth of a one-token call)."""
+    ng = f_ // grp
+    for p in range(toks.size):
+        bad_a[p] = False
+    for item in prange(rows.size * ng):
+        i, g = item // ng, item % ng
+        lo, hi = starts[i], starts[i + 1]
+        _gate_up_item(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, kind, alpha, limit, rows[i], lo, hi, g * grp,
+                      (g + 1) * grp, toks, q, s, qs, a)
+        for p in range(lo, hi):
+            quantize_group(a, p, g, grp, qa, sa, qsa, bad_a)
 
 
 @njit(fastmath=True, error_model="numpy", cache=True)
