@@ -128,23 +128,27 @@ def _route_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, counts_ptr, T, E, stride
 
 
 @jit
-def _router_gemv_kernel(x_ptr, r_ptr, rbias_ptr, logits_ptr, count_ptr, bias_ptr, w_ptr, ids_ptr, acts_ptr,
-                        hits_ptr, pad_ptr, T, E, D, stride_xt, stride_re, scale, group_size, TOP_K: tl.constexpr,
-                        BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
+def _router_gemv_kernel(x_ptr, r_ptr, rbias_ptr, part_ptr, logits_ptr, count_ptr, bias_ptr, w_ptr, ids_ptr, acts_ptr,
+                        hits_ptr, pad_ptr, T, E, D, stride_xt, stride_re, scale, group_size, d_per, SPLITS,
+                        TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
                         BLOCK_EP: tl.constexpr, BLOCK_D: tl.constexpr, SIGMOID: tl.constexpr,
                         RENORM: tl.constexpr, BIAS: tl.constexpr, RBIAS: tl.constexpr, GROUPS: tl.constexpr,
                         KEEP_GROUPS: tl.constexpr, BLOCK_G: tl.constexpr, TALLY: tl.constexpr, PAD: tl.constexpr,
                         F32: tl.constexpr, ROUND: tl.constexpr, PDL: tl.constexpr = False):
-    """The router's GEMV and the routing in one launch: each program makes the logits of ``BLOCK_EP``
-    experts for every token; the last to finish routes the tokens."""
+    """The router's GEMV and the routing in one launch: program ``(i, j)`` makes the partial logits of
+    experts ``i * BLOCK_EP ..`` over columns ``j * d_per ..`` for every token into ``part [SPLITS, BT, E]``;
+    the last to finish adds the splits in their order (the same sums whichever program is last),
+    then routes the tokens."""
     if PDL:  # no early trigger: the MoE's up kernel reads the ids before its own wait
         gdc_wait()
     e = tl.program_id(0) * BLOCK_EP + tl.arange(0, BLOCK_EP)           # [BEP]
+    split = tl.program_id(1)
     rows = tl.arange(0, BLOCK_T)                                        # [BT]
     d = tl.arange(0, BLOCK_D)                                           # [BD]
     acc = tl.zeros([BLOCK_T, BLOCK_EP], dtype=tl.float32)
-    for d0 in range(0, D, BLOCK_D):
-        d_ok = d0 + d < D
+    lo = split * d_per
+    for d0 in range(lo, lo + d_per, BLOCK_D):
+        d_ok = (d0 + d < D) & (d0 + d < lo + d_per)
         xd = tl.load(x_ptr + rows[:, None] * stride_xt + d0 + d[None, :], mask=(rows < T)[:, None] & d_ok[None, :],
                      other=0.0)                                         # [BT, BD]
         rd = tl.load(r_ptr + e[:, None] * stride_re + d0 + d[None, :], mask=(e < E)[:, None] & d_ok[None, :],
@@ -153,17 +157,26 @@ def _router_gemv_kernel(x_ptr, r_ptr, rbias_ptr, logits_ptr, count_ptr, bias_ptr
             acc += tl.dot(xd.to(tl.float32), tl.trans(rd.to(tl.float32)), input_precision="ieee")
         else:
             acc += tl.dot(xd, tl.trans(rd.to(xd.dtype)))
-    if ROUND:  # the logits in the activations' dtype, as the unfused GEMM leaves them
-        acc = acc.to(x_ptr.dtype.element_ty).to(tl.float32)
-    if RBIAS:
-        acc += tl.load(rbias_ptr + e, mask=e < E, other=0.0).to(tl.float32)[None, :]
-        if ROUND:
-            acc = acc.to(x_ptr.dtype.element_ty).to(tl.float32)
-    tl.store(logits_ptr + rows[:, None] * E + e[None, :], acc, mask=(rows < T)[:, None] & (e < E)[None, :])
-    tl.debug_barrier()                                                  # every thread's logits stored
+    ok = (rows < T)[:, None] & (e < E)[None, :]
+    tl.store(part_ptr + (split * BLOCK_T + rows[:, None]) * E + e[None, :], acc, mask=ok)
+    tl.debug_barrier()                                                  # every thread's partials stored
     arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel")               # releases them, acquires the others'
-    if arrived == tl.num_programs(0) - 1:
+    if arrived == tl.num_programs(0) * tl.num_programs(1) - 1:
         tl.atomic_xchg(count_ptr, 0)                                    # zero again for the next call
+        cols = tl.arange(0, BLOCK_E)                                    # [BE]
+        full = (rows < T)[:, None] & (cols < E)[None, :]
+        tile = rows[:, None] * E + cols[None, :]
+        lg = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.float32)
+        for j in range(0, SPLITS):                                      # in order: the same sums every call
+            lg += tl.load(part_ptr + j * BLOCK_T * E + tile, mask=full, other=0.0, cache_modifier=".cg")
+        if ROUND:  # the logits in the activations' dtype, as the unfused GEMM leaves them
+            lg = lg.to(x_ptr.dtype.element_ty).to(tl.float32)
+        if RBIAS:
+            lg += tl.load(rbias_ptr + cols, mask=cols < E, other=0.0).to(tl.float32)[None, :]
+            if ROUND:
+                lg = lg.to(x_ptr.dtype.element_ty).to(tl.float32)
+        tl.store(logits_ptr + tile, lg, mask=full)
+        tl.debug_barrier()                                              # the routing reads other threads' logits
         _route_block(logits_ptr, bias_ptr, w_ptr, ids_ptr, ids_ptr, acts_ptr, hits_ptr, pad_ptr, rows, T, E, E,
                      scale, group_size, TOP_K, BLOCK_K, BLOCK_T, BLOCK_E, SIGMOID, RENORM, False, BIAS, GROUPS,
                      KEEP_GROUPS, BLOCK_G, TALLY, PAD)
@@ -346,9 +359,12 @@ def route(logits: torch.Tensor, top_k: int, scoring: str = "softmax", renormaliz
 
 GEMV_MAX_TOKENS = 16           # steps the fused router takes: one program block of tokens
 GEMV_MAX_EXPERTS = 256         # ... and its routing's [tokens, experts] tile
+GEMV_EXPERTS = 16             # experts per program of the fused router (tl.dot's smallest tile side)
+GEMV_PROGRAMS = 64             # about how many programs read the router: its columns split among them
 # Whether decode steps take route_gemv. Off: the GEMM and the routing as two launches were faster on the
-# H100 (step_profile int4 875 against 829 tok/s, benchmarks/results/validate_2026-12-06b.json): the
-# fused kernel's 8 programs (16 experts each) read the router on too few SMs. On: the benchmarks' A/B.
+# H100 (step_profile int4 875 against 829 tok/s, benchmarks/results/validate_2026-12-06b.json) when the
+# fused kernel's 8 programs (16 experts each, every column) read the router on 8 SMs; it now splits
+# the columns among about GEMV_PROGRAMS programs. On: the benchmarks' A/B.
 FUSED_GEMV = False
 
 
@@ -366,8 +382,8 @@ def route_gemv(x: torch.Tensor, router: torch.Tensor, top_k: int, scoring: str =
                scale: float = 1.0, groups: int = 1, keep_groups: int = 1,
                tally_into: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The router's logits of ``x [T, D]`` (``router [E, D]``, plus ``router_bias [E]``) and :func:`route`
-    of them in one launch: programs of 16 experts each make their logits, and the last to finish routes
-    the tokens. The logits are those of engine/models/moe_transformer.router_logits: in float32 for a
+    of them in one launch: programs of 16 experts and a share of the columns each make partial logits,
+    and the last to finish adds them up and routes the tokens. The logits are those of engine/models/moe_transformer.router_logits: in float32 for a
     float32 router, else rounded to ``x``'s dtype (the bias added in it), as the separate GEMM leaves them.
     Takes what :func:`route_gemv_fits` says; graph-capturable."""
     if not route_gemv_fits(x, router):
@@ -386,14 +402,20 @@ def route_gemv(x: torch.Tensor, router: torch.Tensor, top_k: int, scoring: str =
     ids = torch.empty(t, top_k, dtype=torch.int32, device=x.device)
     acts, hits, pad = _tally_parts(tally_into, t, ids)
     f32 = router.dtype == torch.float32 or x.dtype == torch.float32 or x.device.type != "cuda"
-    per = 16
+    per, block_d = GEMV_EXPERTS, min(256, max(16, next_pow2(d)))
+    blocks = cdiv(e, per)
+    chunks = cdiv(d, block_d)
+    splits = cdiv(chunks, cdiv(chunks * blocks, GEMV_PROGRAMS))         # about GEMV_PROGRAMS programs
+    d_per = cdiv(chunks, splits) * block_d
+    splits = cdiv(d, d_per)
+    part = torch.empty(splits, GEMV_MAX_TOKENS, e, dtype=torch.float32, device=x.device)
     pdl = pdl_supported(x.device)
-    _router_gemv_kernel[(cdiv(e, per),)](
-        x, router, router_bias if router_bias is not None else router, logits,
+    _router_gemv_kernel[(blocks, splits)](
+        x, router, router_bias if router_bias is not None else router, part, logits,
         arrival_counts(x.device, 1, "router"), bias if bias is not None else logits, w, ids, acts, hits,
         pad if pad is not None else ids, t, e, d,
-        x.stride(0), router.stride(0), float(scale), e // groups, TOP_K=top_k, BLOCK_K=next_pow2(top_k),
-        BLOCK_T=GEMV_MAX_TOKENS, BLOCK_E=next_pow2(e), BLOCK_EP=per, BLOCK_D=min(256, max(16, next_pow2(d))),
+        x.stride(0), router.stride(0), float(scale), e // groups, d_per, splits, TOP_K=top_k,
+        BLOCK_K=next_pow2(top_k), BLOCK_T=GEMV_MAX_TOKENS, BLOCK_E=next_pow2(e), BLOCK_EP=per, BLOCK_D=block_d,
         SIGMOID=scoring == "sigmoid", RENORM=renormalize, BIAS=bias is not None, RBIAS=router_bias is not None,
         GROUPS=groups, KEEP_GROUPS=keep_groups, BLOCK_G=next_pow2(groups), TALLY=tally_into is not None,
         PAD=pad is not None, F32=f32,

@@ -210,17 +210,20 @@ def test_tally_rejects_bad_arguments():
         tally_ref(torch.zeros(2, 2, dtype=torch.int32), torch.zeros(4, dtype=torch.int64), torch.zeros(2, dtype=torch.int64))
 
 
-@pytest.mark.parametrize("tokens, experts, top_k", [(1, 12, 3), (5, 128, 8), (16, 40, 4)])
+@pytest.mark.parametrize("tokens, experts, top_k, dim", [(1, 12, 3, 96), (5, 128, 8, 96), (16, 40, 4, 96),
+                                                         (2, 24, 4, 600), (3, 256, 8, 2880)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_the_fused_router_gemv_routes_as_the_gemm_and_the_router_do(tokens, experts, top_k, dtype):
-    # route_gemv: programs of 16 experts make the logits, the last to finish routes; the same ids and
-    # weights as the separate GEMM (logits in x's dtype, the router bias added in it) and route, the
-    # tally counted as tally() does, and its arrival count left at zero.
+def test_the_fused_router_gemv_routes_as_the_gemm_and_the_router_do(tokens, experts, top_k, dim, dtype):
+    # route_gemv: programs of 16 experts and a share of the columns make partial logits, the last to
+    # finish adds them and routes (600 columns: three splits, the last one short; 2880 over 256
+    # experts: four splits of three blocks each); the same ids and weights as the separate GEMM
+    # (logits in x's dtype, the router bias added in it) and route, the tally counted as tally()
+    # does, and its arrival count left at zero.
     from kernels.arrivals import arrival_counts
     from kernels.router import route_gemv
     g = torch.Generator().manual_seed(tokens * 100 + experts)
-    x = torch.randn(tokens, 96, generator=g).to(dtype)
-    router = (torch.randn(experts, 96, generator=g) / 4).to(dtype)
+    x = torch.randn(tokens, dim, generator=g).to(dtype)
+    router = (torch.randn(experts, dim, generator=g) / (dim / 24) ** 0.5).to(dtype)
     rbias = torch.randn(experts, generator=g).to(dtype)
     logits = x @ router.t() + rbias                                       # what the unfused path routes
     acts, hits = torch.zeros(experts, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
