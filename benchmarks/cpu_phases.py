@@ -38,17 +38,24 @@ def _empty_pass(out):
         out[i] += 1.0
 
 
-def _median_us(fn, calls: int) -> float:
+def _median_us(fn, calls: int, gap_s: float = 0.0) -> float:
+    """Median time of ``fn`` over ``calls`` calls; ``gap_s``: the calling thread first waits that long
+    before each, yielding as the engine's host thread does while it follows a step (the kernel's
+    worker threads may fall asleep meanwhile, as they do between the layers of a step)."""
     fn()
     times = []
     for _ in range(calls):
+        if gap_s:
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < gap_s:
+                time.sleep(0)
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times) * 1e6
 
 
-def phases(store: torch.Tensor, layout, threads: int, calls: int) -> dict:
+def phases(store: torch.Tensor, layout, threads: int, calls: int, gaps_us: list[float]) -> dict:
     set_cpu_expert_threads(threads)
     runner = CpuExpertRunner(store, layout, threads)
     meta = _meta(layout)
@@ -104,6 +111,7 @@ def phases(store: torch.Tensor, layout, threads: int, calls: int) -> dict:
            "quantize_x_us": _median_us(lambda: packed.quantize_rows_serial(x, grp, q, s, qs, bad), calls),
            "quantize_a_us": _median_us(lambda: packed.quantize_rows_serial(a, grp, qa, sa, qsa, bad_a), calls),
            "empty_pass_us": _median_us(lambda: _empty_pass(pad), calls)}
+    got["call_after_gap_us"] = {str(g): _median_us(lambda: runner.run(nxt(), x, out), calls, g * 1e-6) for g in gaps_us}
     w13 = 2 * f_ * d_ // 2 * k
     w2 = d_ * f_ // 2 * k
     got["gate_up_gbs"] = w13 / got["gate_up_us"] / 1e3
@@ -117,6 +125,9 @@ def main() -> None:
     ap.add_argument("--threads", default="1,8,16")
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--store-mib", type=int, default=256)
+    ap.add_argument("--gaps-us", default="200,1000",
+                    help="also time the whole call after the calling thread waited this long (comma-separated "
+                         "microseconds; the engine's host waits about 100-200 us between layers)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     layout, store = make_store("int4", SHAPES["qwen3-30b-a3b"], a.store_mib << 20)
@@ -128,13 +139,14 @@ def main() -> None:
     for t in dict.fromkeys(counts):
         set_cpu_expert_threads(t)
         bandwidth[t] = read_bandwidth_gbs(buf)
-        got = phases(store, layout, t, a.calls)
+        got = phases(store, layout, t, a.calls, [float(g) for g in a.gaps_us.split(",") if g])
         got["read_gbs"] = bandwidth[t]
         rows.append(got)
         print(f"threads {t:3}: call {got['call_us']:7.1f} us ({got['call_gbs']:5.1f} GB/s of {bandwidth[t]:5.1f}) | "
               f"gate/up {got['gate_up_us']:7.1f} us ({got['gate_up_gbs']:5.1f} GB/s) | down {got['down_us']:6.1f} us "
               f"({got['down_gbs']:5.1f} GB/s) | quantize x {got['quantize_x_us']:5.1f} a {got['quantize_a_us']:5.1f} "
-              f"us | empty pass {got['empty_pass_us']:5.1f} us", flush=True)
+              f"us | empty pass {got['empty_pass_us']:5.1f} us | after a gap: "
+              + ", ".join(f"{g} us: {v:.1f}" for g, v in got["call_after_gap_us"].items()), flush=True)
     if a.out:
         write_result(a.out, {"benchmark": "cpu_phases", "what": (
             "One-token int4 CPU expert call (Qwen3-30B-A3B expert, top-8) split into its phases per thread count: "
