@@ -105,6 +105,10 @@ class EngineConfig:
     # or one value per card ("24G,20G", a list or tuple)
     gpu_memory_budget: int | tuple[int, ...] | None = None
     cuda_graphs: bool | None = None      # None = where the device has them (CUDA); True on the CPU is noted and ignored
+    # launch each decode step before reading the last one's tokens back, where every request decodes and
+    # every expert is on the device (engine/engine.py LLMEngine.step): the host's work between steps
+    # then overlaps the GPU's
+    overlap_steps: bool = True
     cpu_threads: int | None = None       # CPU math threads; None = chosen by model size (engine/cpu_threads.py)
     verify: bool = False                 # check a converted folder's SHA-256 sums even if remembered as good
     pipeline_parallel: int = 1           # GPUs of this host the layers are split over, one process each

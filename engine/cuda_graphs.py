@@ -119,6 +119,7 @@ class DecodeGraphs:
             self._h_window_tables.fill_(window_scratch)
         self._h_pad = torch.zeros(n, dtype=torch.bool, pin_memory=pin)
         self._h_width = [0] * groups                                    # widest table row staged so far, per group
+        self._copied: torch.cuda.Event | None = None                     # after the last staged inputs' copies
         self.graphs: dict[int, _Recording] = {}
         self.pool = None
         self.replays = 0
@@ -245,16 +246,18 @@ class DecodeGraphs:
         torch.cuda.current_stream(self.model.device).wait_stream(stream)
         return rec
 
-    def run(self, inputs: DecodeInputs, then: Callable[[torch.Tensor], Any] | None = None) -> torch.Tensor:
+    def run(self, inputs: DecodeInputs, then: Callable[[torch.Tensor], Any] | None = None,
+            ids: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [B, V] of a decode step, replayed from the recording of its bucket. ``then(logits)``
         is called as soon as the step is launched (to queue work on the logits, e.g. sampling), before
-        the host follows the step's experts and ends the step."""
+        the host follows the step's experts and ends the step. ``ids``: the input tokens on the device
+        (int64 [B], e.g. the last step's draws), in place of ``inputs.ids``."""
         b = len(inputs.ids)
         n = self.bucket(b)
-        self._load(inputs, b, n)
+        self._load(inputs, b, n, ids)
         if n not in self.graphs:
             self._capture(n)
-            self._load(inputs, b, n)               # capture's warm-up ran on these buffers; reload them
+            self._load(inputs, b, n, ids)          # capture's warm-up ran on these buffers; reload them
         rec = self.graphs[n]
         launched = then or (lambda logits: None)
         experts = self.model.experts.replay_hooks
@@ -291,11 +294,14 @@ class DecodeGraphs:
         self.replays += 1
         return rec.logits[:b]
 
-    def _load(self, inp: DecodeInputs, b: int, n: int) -> None:
-        """Stage ``inp`` (padded to bucket ``n``) and copy it into the recorded inputs. Padding rows
-        point at the scratch block (each group's) and read one token of it. The staging is reused by
-        the next step, which starts after this one's tokens were read back, so after these copies.
-        Written through numpy views: building tensors from the lists cost as much as the copies."""
+    def _load(self, inp: DecodeInputs, b: int, n: int, ids: torch.Tensor | None = None) -> None:
+        """Stage ``inp`` (padded to bucket ``n``) and copy it into the recorded inputs; ``ids`` (int64
+        [b] on the device), where given, replace ``inp.ids``. Padding rows point at the scratch block
+        (each group's) and read one token of it. The staging is reused by the next step: one launched
+        before this one's tokens were read back waits, here, for these copies to have run. Written
+        through numpy views: building tensors from the lists cost as much as the copies."""
+        if self._copied is not None:
+            self._copied.synchronize()
         h64 = self._h64.numpy()
         h64[0, :b], h64[1, :b], h64[2, :b] = inp.ids, inp.positions, inp.slots
         h64[0:2, b:n] = 0
@@ -319,6 +325,12 @@ class DecodeGraphs:
             if self.window_tables is not None:
                 self.window_tables[:n].copy_(self._h_window_tables[:n], non_blocking=True)
         self.pad[:n].copy_(self._h_pad[:n], non_blocking=True)
+        if ids is not None:
+            self.ids[:b].copy_(ids, non_blocking=True)
+        if self._h64.is_pinned():
+            if self._copied is None:
+                self._copied = torch.cuda.Event()
+            self._copied.record()
 
     def reset(self) -> None:
         """Drop every graph (after a change that invalidates them, e.g. a different expert pool)."""

@@ -9,7 +9,9 @@ import gc
 import operator
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -23,6 +25,7 @@ from engine.loading import LoadedModel, load_model
 from engine.outputs import RequestDelta, TokenLogprob
 from engine.request import Request, Status
 from engine.sampling import SamplingParams, check_stop, make_generator, stop_holdback
+from engine.scheduler import SchedulerOutput
 from engine.telemetry import EngineStats
 from engine.tokenizer import IncrementalDetokenizer
 
@@ -43,6 +46,23 @@ def _earliest_stop(text: str, prev: int, stop: tuple[str, ...]) -> int | None:
     start = max(0, prev - max(map(len, stop)) + 1)
     cut = check_stop(text[start:prev], text[prev:], stop)
     return None if cut is None else start + cut
+
+
+@dataclass
+class _Ahead:
+    """A decode step launched without reading it back: its schedule, its queued sampling, when."""
+
+    sched: SchedulerOutput
+    queued: Any                 # the runner's queued sampling (None: no row samples)
+    launched: float
+
+    @property
+    def requests(self) -> list[Request]:
+        return [s.request for s in self.sched.seqs]
+
+    def live(self) -> bool:
+        """Whether a request it ran for is still unfinished (else its tokens go to no one)."""
+        return any(s.request.status is not Status.FINISHED for s in self.sched.seqs)
 
 
 class LLMEngine:
@@ -67,6 +87,12 @@ class LLMEngine:
         self.guides = self._guide_compiler()
         self.runner.guides = self.guides
         self._closed: EngineStats | None = None     # the counters as the engine closed (see close)
+        self._ahead: _Ahead | None = None           # a decode step launched, its tokens not read back yet
+        self._last_read = 0.0                       # when the last step's tokens were read back
+        self._held: list[RequestDelta] = []         # output read back between steps (drain), not yet returned
+        self.steps_ahead = 0                        # decode steps launched before the last one was read back
+        # a pipeline's or an expert-parallel group's steps go to other processes as host-side batches
+        self.runner.overlap = self.config.overlap_steps and self.loaded.stage is None and self.loaded.shard is None
 
     def _guide_compiler(self) -> GuideCompiler | None:
         """Guides need the model's tokens as text; llguidance reads them from its tokenizer.json."""
@@ -172,43 +198,142 @@ class LLMEngine:
         return None if req is None else self._finish(req, "abort")
 
     def has_unfinished(self) -> bool:
-        return bool(self._requests)
+        return bool(self._requests) or bool(self._held)
 
     # ---- the step -------------------------------------------------------------------------------
     def step(self) -> list[RequestDelta]:
-        """One scheduler step; returns the new output of every request that advanced or ended."""
+        """One scheduler step; returns the new output of every request that advanced or ended.
+
+        Decode steps overlap the host's work with the GPU's: while every running request decodes on a
+        model whose experts need no host work, a step is launched before the last one's tokens are
+        read back, its input tokens taken from that step's draws on the device, and this call returns
+        the last step's output while the new one computes. A request the last step ended (a stop
+        string, an end-of-sequence token) leaves the new step's token for it unread. Anything else
+        (a request to admit, a guide, a limit reached) reads the last step back first."""
         self._require_open()
-        deltas = [self._finish(r, "abort") for r in list(self._requests.values()) if r.abort_requested]
+        if self._ahead is not None and any(r.abort_requested for r in self._requests.values()):
+            self.drain()            # its tokens first, as the steps before the abort gave them one at a time
+        deltas, self._held = self._held, []
+        deltas += [self._finish(r, "abort") for r in list(self._requests.values()) if r.abort_requested]
+        ahead = self._ahead
+        if ahead is not None:
+            nxt = self._follow_ahead(ahead) if ahead.live() else None    # (raising, ahead stays to be read)
+            self._ahead = nxt
+            deltas += self._read_ahead(ahead)
+            if nxt is not None and not nxt.live():
+                self._ahead = None
+                deltas += self._read_ahead(nxt)        # every request it ran for has ended: nothing follows it
+            return [d for d in deltas if d is not None]
         sched = self.scheduler.schedule()
         if not sched.seqs:
             self.loaded.experts.settle()           # idle: the last replayed step's end, so its counts are in
             return deltas
+        if not sched.preempted and self.runner.can_launch_ahead(sched):
+            self._ahead = self._launch(sched, None)
+            return [d for d in deltas if d is not None]
         t0 = time.perf_counter()
         try:
             sampled = self.runner.run(sched)
         except torch.OutOfMemoryError:
-            if self.loaded.device.type == "cuda":
-                torch.cuda.empty_cache()
-            raise DeviceOutOfMemoryError(
-                f"the GPU ran out of memory running a step of {sched.num_tokens} tokens; every request is kept — "
-                "lower --max-batch-tokens, --prefill-chunk or --expert-pool-size, then continue") from None
+            self._out_of_memory(sched)
         now = time.perf_counter()
         for s in sched.seqs:
             s.request.num_computed += s.num_new
-        row = 0
-        for s in sched.seqs:
-            if s.samples:
-                failed = sampled.failed.get(row)
-                if failed is not None:
-                    deltas.append(self._finish(s.request, "error", error=failed))
-                else:
-                    logprob = sampled.logprobs[row] if sampled.logprobs else None
-                    deltas.append(self._append(s.request, sampled.tokens[row], now, logprob))
-                row += 1
+        deltas += self._take_tokens(sched.seqs, sampled, now)
         self.counters.on_step(sched, len(sampled.tokens), now - t0, now)
+        self._last_read = now
         if not self._requests:
             self.loaded.experts.settle()           # out of work: the last replayed step's end, so its counts are in
         return [d for d in deltas if d is not None]
+
+    def _out_of_memory(self, sched) -> None:
+        if self.loaded.device.type == "cuda":
+            torch.cuda.empty_cache()
+        raise DeviceOutOfMemoryError(
+            f"the GPU ran out of memory running a step of {sched.num_tokens} tokens; every request is kept — "
+            "lower --max-batch-tokens, --prefill-chunk or --expert-pool-size, then continue") from None
+
+    def _take_tokens(self, seqs, sampled, now: float) -> list[RequestDelta | None]:
+        """Each sampling sequence's new token appended (rows in order), or its guide's failure."""
+        deltas: list[RequestDelta | None] = []
+        row = 0
+        for s in seqs:
+            if s.samples:
+                if s.request.status is not Status.FINISHED:        # ended while its step ran ahead: unread
+                    failed = sampled.failed.get(row)
+                    if failed is not None:
+                        deltas.append(self._finish(s.request, "error", error=failed))
+                    else:
+                        logprob = sampled.logprobs[row] if sampled.logprobs else None
+                        deltas.append(self._append(s.request, sampled.tokens[row], now, logprob))
+                row += 1
+        return deltas
+
+    # ---- decode steps launched ahead --------------------------------------------------------------
+    def _launch(self, sched, ids: torch.Tensor | None) -> "_Ahead":
+        """Launch ``sched`` (every sequence decoding one token) without reading it back; its tokens count
+        as known (``in_flight``) so that the next step schedules past them."""
+        t0 = time.perf_counter()
+        try:
+            queued = self.runner.launch(sched, ids)
+        except torch.OutOfMemoryError:
+            self._out_of_memory(sched)
+        for s in sched.seqs:
+            s.request.num_computed += 1
+            s.request.in_flight += 1
+        self.steps_ahead += 1
+        return _Ahead(sched, queued, t0)
+
+    def _follow_ahead(self, ahead: "_Ahead") -> "_Ahead | None":
+        """The next decode step launched behind ``ahead`` (before reading it back), where nothing but
+        ``ahead``'s tokens is needed to schedule it: the same requests still running in the same order,
+        none waiting to be admitted, none that ``ahead``'s token takes to a limit, cache blocks for every
+        next token without preempting anyone. None where it must wait for the read-back."""
+        sch = self.scheduler
+        running = sch.running
+        if sch.waiting or len(running) != len(ahead.requests) or any(a is not b for a, b in zip(running, ahead.requests)):
+            return None
+        budget, most = sch._limits()
+        if len(running) > min(budget, most):
+            return None
+        need = 0
+        for r in running:
+            p = r.params
+            if r.abort_requested or len(r.output_ids) + r.in_flight >= p.max_tokens \
+                    or r.num_tokens >= r.max_total_tokens or r.remaining != 1:
+                return None
+            need += sch.allocator.blocks_needed(r.num_computed + 1, len(r.blocks))
+        if not sch.allocator.can_allocate(need):
+            return None
+        sched = sch.schedule()
+        if sched.preempted or [s.request for s in sched.seqs] != ahead.requests \
+                or not self.runner.can_launch_ahead(sched):
+            raise RuntimeError("a decode step scheduled behind one launched ahead differs from it; "
+                               "set overlap_steps=False and report this")
+        return self._launch(sched, ahead.queued.on_device if ahead.queued is not None else None)
+
+    def _read_ahead(self, ahead: "_Ahead") -> list[RequestDelta | None]:
+        """``ahead``'s tokens read back (waiting for the step to end) and appended."""
+        sampled = self.runner.take(ahead.queued)
+        now = time.perf_counter()
+        read = 0
+        for r in ahead.requests:
+            r.in_flight -= 1
+            read += r.status is not Status.FINISHED          # the tokens of ended requests go unread
+        deltas = self._take_tokens(ahead.sched.seqs, sampled, now)
+        # the step's time: from its launch, or from the last read-back where it ran behind another step
+        self.counters.on_step(ahead.sched, read, now - max(ahead.launched, self._last_read), now)
+        self._last_read = now
+        if not self._requests:
+            self.loaded.experts.settle()
+        return deltas
+
+    def drain(self) -> None:
+        """Read back a decode step launched ahead, if any: before anything that changes the model, its
+        settings or its recordings. What it added comes out of the next :meth:`step`."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            self._held += [d for d in self._read_ahead(ahead) if d is not None]
 
     def _append(self, req: Request, token: int, now: float, logprob: TokenLogprob | None = None) -> RequestDelta | None:
         if req.first_token_at is None:
@@ -240,7 +365,7 @@ class LLMEngine:
         if req.guide is not None and req.guide.done:
             req.text += req.detokenizer.flush() if req.detokenizer else ""
             return self._finish(req, "stop")
-        if len(req.output_ids) >= p.max_tokens or req.num_tokens >= req.max_total_tokens:
+        if len(req.output_ids) >= p.max_tokens or req.num_tokens - req.in_flight >= req.max_total_tokens:
             req.text += req.detokenizer.flush() if req.detokenizer else ""
             return self._finish(req, "length")
         return self._emit(req, final=False)
@@ -308,6 +433,7 @@ class LLMEngine:
     def score_batch(self, seqs: list[list[int]]) -> list[torch.Tensor]:
         """Logits of several sequences of different lengths, computed in one batch."""
         self._require_open()
+        self.drain()
         checked = [self._prompt_ids(ids) for ids in seqs]
         for ids in checked:
             self._check_prompt(ids)
@@ -320,6 +446,7 @@ class LLMEngine:
     def reconfigure(self, **options) -> dict[str, str]:
         """Apply live options between steps; raises ReconfigureError and applies nothing if one is rejected."""
         self._require_open()
+        self.drain()
         return self.live.reconfigure(options)
 
     def live_options(self) -> dict[str, str | None]:
@@ -342,6 +469,10 @@ class LLMEngine:
         collector next runs (the model's objects refer to each other). Closing again does nothing."""
         if self._closed is not None:
             return
+        try:
+            self.drain()                              # the step launched ahead ends before the memory goes
+        except Exception:  # noqa: BLE001 - closing must go on
+            self._ahead = None
         self._closed = self._final_stats()
         device = self.loaded.device
         try:

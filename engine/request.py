@@ -31,6 +31,9 @@ class Request:
     logprobs: list[TokenLogprob] = field(default_factory=list)   # one per output id, when params.logprobs is set
     status: Status = Status.WAITING
     num_computed: int = 0                         # tokens whose K/V are in the cache
+    # tokens sampled by a step launched ahead whose result the host has not read yet (0 or 1): they
+    # count among the known tokens, so the next step schedules past them (engine/engine.py)
+    in_flight: int = 0
     blocks: list[int] = field(default_factory=list)            # KV block table of the full-attention layers
     window_blocks: list[int] = field(default_factory=list)     # of the window layers, when the cache has them
     text: str = ""                                # detokenised output so far (stop strings cut)
@@ -67,7 +70,7 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
+        return len(self.prompt_ids) + len(self.output_ids) + self.in_flight
 
     @property
     def remaining(self) -> int:

@@ -63,6 +63,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="KV cache bytes, e.g. 2G (default: what the GPU budget leaves; 256M on the CPU)")
     g.add_argument("--gpu-memory-budget", default=None, help="GPU bytes Strata may use, e.g. 24G (default: free)")
     _live_flag(g, "cuda_graphs")
+    g.add_argument("--overlap-steps", action=argparse.BooleanOptionalAction, default=True,
+                   help="launch each decode step before reading the last one's tokens back, where every request "
+                        "decodes and every expert is on the GPU (default: on)")
     g.add_argument("--cpu-threads", type=int, default=None,
                    help="threads of the CPU math (default: OMP_NUM_THREADS if set, else chosen by model size)")
     g.add_argument("--pipeline-parallel", type=int, default=1, metavar="N",
@@ -89,7 +92,7 @@ def engine_options(args: argparse.Namespace, environ: Mapping[str, str] = os.env
     """
     keys = ("device", "dtype", "weight_format", "group_size", "resident_weights", "embeddings", "expert_pool_size", "prefetch_depth", "expert_policy",
             "expert_reads", "cold_experts", "routing_profile", "record_routing", "max_batch", "max_batch_tokens", "prefill_chunk", "max_model_len",
-            "kv_cache_dtype", "kv_cache_size", "gpu_memory_budget", "cuda_graphs", "cpu_threads", "verify",
+            "kv_cache_dtype", "kv_cache_size", "gpu_memory_budget", "cuda_graphs", "overlap_steps", "cpu_threads", "verify",
             "pipeline_parallel", "pipeline_microbatches", "expert_parallel")
     options = {k: getattr(args, k) for k in keys if hasattr(args, k)}
     if "cpu_threads" in options and options["cpu_threads"] is None:

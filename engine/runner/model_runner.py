@@ -38,6 +38,8 @@ class _Queued:
 
     tokens: torch.Tensor                       # int64 [B]
     reqs: list[Request]
+    staging: HostStaging | None = None         # where they land (each of two, in turn)
+    on_device: torch.Tensor | None = None      # int64 [B] the sampled tokens where they were drawn
     asked: list[int] = field(default_factory=list)    # rows that want logprobs
     values: torch.Tensor | None = None         # float32 [L, 1 + N]
     ids: torch.Tensor | None = None            # int64 [L, N]
@@ -52,28 +54,70 @@ class ModelRunner:
         self.device = model.device
         self.use_graphs = graphs is not None
         self.guides: GuideCompiler | None = None          # set by the engine when its model has a tokenizer
-        self.staging = HostStaging.for_device(self.device)   # where what a step reads back lands
+        # where what a step reads back lands: two sets, used in turn, so that a step launched ahead
+        # of the last one's read-back (engine/engine.py) lands beside it, not on it
+        self._stagings = (HostStaging.for_device(self.device), HostStaging.for_device(self.device))
+        self._turn = 0
+        self.overlap = True                # the engine may launch a decode step ahead (set at load)
         self._queued: _Queued | None = None
         self._bits: torch.Tensor | None = None            # int32 [G, W] guide bitmasks (page-locked on CUDA)
 
-    def parts(self, sched: SchedulerOutput) -> list[SeqPart]:
-        """The scheduled sequences' shares of the step, in order: the batch builders' one input."""
+    def parts(self, sched: SchedulerOutput, ahead: bool = False) -> list[SeqPart]:
+        """The scheduled sequences' shares of the step, in order: the batch builders' one input.
+        ``ahead``: a decode step whose input tokens are still on the device (0 stands in for each)."""
         out = []
         for s in sched.seqs:
             req, start = s.request, s.request.num_computed
-            ids = req.all_ids[start:start + s.num_new] if s.num_new > 1 else [req.token_at(start)]
+            if ahead:
+                ids = [0]
+            else:
+                ids = req.all_ids[start:start + s.num_new] if s.num_new > 1 else [req.token_at(start)]
             out.append(SeqPart(ids, start, req.blocks, req.window_blocks, s.samples))
         return out
 
-    def build_batch(self, sched: SchedulerOutput) -> ForwardBatch:
-        """The step's inputs; with a window group in the cache, its own slots and tables as ``window``."""
+    def build_batch(self, sched: SchedulerOutput, ids: torch.Tensor | None = None) -> ForwardBatch:
+        """The step's inputs; with a window group in the cache, its own slots and tables as ``window``.
+        ``ids``: a decode step's input tokens on the device, one per sequence in order."""
         decode = all(s.num_new == 1 and s.samples for s in sched.seqs)
-        return build_batch(self.parts(sched), self.cache.block_size, self.device, bool(self.cache.window_blocks),
-                           decode=decode)
+        batch = build_batch(self.parts(sched, ahead=ids is not None), self.cache.block_size, self.device,
+                            bool(self.cache.window_blocks), decode=decode)
+        if ids is not None:
+            batch.input_ids = ids
+            if batch.window is not None:
+                batch.window.input_ids = ids
+        return batch
 
-    def decode_inputs(self, sched: SchedulerOutput) -> DecodeInputs:
+    def decode_inputs(self, sched: SchedulerOutput, ahead: bool = False) -> DecodeInputs:
         """The host side of a decode step (one new token per sequence) for a recorded replay."""
-        return decode_inputs(self.parts(sched), self.cache.block_size, bool(self.cache.window_blocks))
+        return decode_inputs(self.parts(sched, ahead), self.cache.block_size, bool(self.cache.window_blocks))
+
+    def can_launch_ahead(self, sched: SchedulerOutput) -> bool:
+        """Whether ``sched`` may be launched before the last step's tokens are read back, taking its input
+        tokens from that step's draws on the device: a decode step (every sequence one token, each
+        sampling), no sequence under a guide or a repetition penalty (they read the host's history), on
+        a model whose experts need no host work during the step (every expert on the GPU)."""
+        if not self.overlap or not sched.seqs or not self.model.experts.static:
+            return False
+        for s in sched.seqs:
+            p = s.request.params
+            if s.num_new != 1 or not s.samples or s.request.guide is not None or p.repetition_penalty != 1.0:
+                return False
+        return True
+
+    def launch(self, sched: SchedulerOutput, ids: torch.Tensor | None = None) -> _Queued | None:
+        """Launch ``sched`` and queue its sampling without waiting for it (:meth:`can_launch_ahead`
+        said it may); ``ids``: its input tokens on the device, else the requests' own. Read it back
+        with :meth:`take`."""
+        sampling = [s.request for s in sched.seqs]
+        b = len(sched.seqs)
+        bucket = self.graphs.bucket(b) if self.use_graphs else None
+        if bucket is not None and not self.model.experts.eager_for(b, bucket):
+            self.graphs.run(self.decode_inputs(sched, ahead=ids is not None),
+                            then=lambda logits: self._queue_sample(logits, sampling), ids=ids)
+        else:
+            self._queue_sample(self.model.forward(self.build_batch(sched, ids), self.cache), sampling)
+        queued, self._queued = self._queued, None
+        return queued
 
     def run(self, sched: SchedulerOutput) -> Sampled:
         """Forward the scheduled tokens; what was sampled for the sequences that sample, in order.
@@ -107,18 +151,20 @@ class ModelRunner:
         self._queued = None
         if not reqs:
             return
+        staging = self._stagings[self._turn]
+        self._turn ^= 1
         guided = [i for i, r in enumerate(reqs) if r.guide_on()]
         masked, failed = self._mask(logits, reqs, guided) if guided else (logits, {})
         penalised = any(r.params.repetition_penalty != 1.0 for r in reqs)
         tokens = sample(masked, [r.params for r in reqs], [r.generator for r in reqs],
                         [r.all_ids for r in reqs] if penalised else None)              # [B]
-        queued = _Queued(self.staging.stage("tokens", tokens), reqs, failed=failed)
+        queued = _Queued(staging.stage("tokens", tokens), reqs, staging, tokens, failed=failed)
         queued.asked = [i for i, r in enumerate(reqs) if r.params.logprobs is not None]
         if queued.asked:
             values, ids = token_logprobs(logits, tokens, queued.asked,
                                          max(reqs[i].params.logprobs for i in queued.asked))
-            queued.values, queued.ids = self.staging.stage("values", values), self.staging.stage("ids", ids)
-        self.staging.mark()
+            queued.values, queued.ids = staging.stage("values", values), staging.stage("ids", ids)
+        staging.mark()
         self._queued = queued
 
     def _mask(self, logits: torch.Tensor, reqs: list[Request], rows: list[int]) -> tuple[torch.Tensor, dict[int, str]]:
@@ -140,12 +186,14 @@ class ModelRunner:
         on_device = staged.to(self.device, non_blocking=True)                          # [G, W]
         return mask_logits(logits, on_device, rows), failed
 
-    def take(self) -> Sampled:
-        """What the last queued sampling drew, read back once its copies have landed (empty when none)."""
-        q = self._queued
+    def take(self, q: _Queued | None = None) -> Sampled:
+        """What a queued sampling drew (default: the last one queued), read back once its copies have
+        landed (empty when none)."""
+        if q is None:
+            q, self._queued = self._queued, None
         if q is None:
             return Sampled([])
-        self.staging.wait()
+        q.staging.wait()
         tokens = q.tokens.tolist()
         if not q.asked:
             return Sampled(tokens, failed=q.failed)

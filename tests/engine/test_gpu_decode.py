@@ -71,6 +71,28 @@ def test_graph_replay_matches_eager(model, frac, depth, reads) -> None:
             assert st.direct_bytes == 0
 
 
+def test_replays_launched_ahead_of_the_last_read_back_generate_what_steps_one_at_a_time_do(model) -> None:
+    # Every expert resident: decode replays launched before the last step's tokens were read back,
+    # their input tokens copied from its draws on the device. Greedy, seeded sampling and logprobs
+    # as with overlap off; requests of different lengths shrink the batch (bucket 4 -> 2 -> 1) and a
+    # stop token ends one while its next step is launched.
+    path, ref, keys, nbytes = model
+    stop = ref[1][5]
+    params = [SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=3),
+              SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, stop_token_ids=(stop,)),
+              SamplingParams(max_tokens=20, temperature=0.8, seed=5, ignore_eos=True)]
+    outs = {}
+    for overlap in (True, False):
+        with LLM(str(path), device="cuda", dtype="float32", overlap_steps=overlap) as llm:
+            got = llm.generate(PROMPTS, params)
+            outs[overlap] = [(o.token_ids, o.finish_reason, [round(lp.logprob, 4) for lp in o.logprobs])
+                             for o in got]
+            assert _graphs(llm).replays > 0 and (llm.engine.steps_ahead > 0) == overlap
+            assert llm.stats().kv_blocks_used == 0
+    assert outs[True] == outs[False]
+    assert outs[True][0][0] == ref[0] and outs[True][1][0] == ref[1][:ref[1].index(stop) + 1]
+
+
 @pytest.mark.parametrize("frac", [0.0, 0.5])
 def test_depth_0_steps_read_directly_and_cross_once_per_missing_expert(model, frac) -> None:
     # At depth 0 a one-token step reads each missing expert once, as a copy would: it is recorded as

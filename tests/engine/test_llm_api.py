@@ -89,14 +89,18 @@ def test_a_list_of_params_of_the_wrong_length_is_one_line(llm):
 
 @pytest.mark.parametrize("failure", [KeyboardInterrupt, DeviceOutOfMemoryError])
 def test_an_exception_in_the_middle_of_a_call_leaves_nothing_behind(llm, alone, monkeypatch, failure):
-    real, calls = llm.engine.runner.run, []
+    # the third step fails, whether it runs at once or is launched ahead of the last one's read-back
+    runner, calls = llm.engine.runner, []
 
-    def fail_on_third_step(sched):
-        calls.append(1)
-        if len(calls) == 3:
-            raise failure("the third step failed")
-        return real(sched)
-    monkeypatch.setattr(llm.engine.runner, "run", fail_on_third_step)
+    def failing(real):
+        def step(*args, **kw):
+            calls.append(1)
+            if len(calls) == 3:
+                raise failure("the third step failed")
+            return real(*args, **kw)
+        return step
+    monkeypatch.setattr(runner, "run", failing(runner.run))
+    monkeypatch.setattr(runner, "launch", failing(runner.launch))
     with pytest.raises(failure):
         llm.generate(PROMPTS, greedy(12))
     assert_idle(llm)
