@@ -362,9 +362,10 @@ GEMV_MAX_EXPERTS = 256         # ... and its routing's [tokens, experts] tile
 GEMV_EXPERTS = 16             # experts per program of the fused router (tl.dot's smallest tile side)
 GEMV_PROGRAMS = 64             # about how many programs read the router: its columns split among them
 # Whether decode steps take route_gemv. Off: the GEMM and the routing as two launches were faster on the
-# H100 (step_profile int4 875 against 829 tok/s, benchmarks/results/validate_2026-12-06b.json) when the
-# fused kernel's 8 programs (16 experts each, every column) read the router on 8 SMs; it now splits
-# the columns among about GEMV_PROGRAMS programs. On: the benchmarks' A/B.
+# H100, first with the fused kernel's 8 programs reading the router on 8 SMs (step_profile int4 875
+# against 829 tok/s, benchmarks/results/validate_2026-12-06b.json), then with its columns split among
+# about GEMV_PROGRAMS programs (int4/fp8 879 against 760, validate_2026-12-06d.json: the same GPU busy
+# time, a longer step). On: the benchmarks' A/B.
 FUSED_GEMV = False
 
 
