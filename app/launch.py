@@ -82,6 +82,8 @@ def take_screenshot(window: MainWindow, path: str, prompt: str | None, size: QSi
     The window is the default one at ``size`` (docks as a first start lays them out), captured pixel
     for pixel: what the picture shows is what a user sees at that size.
     """
+    load_errors: list[str] = []          # a model that failed to open, whatever opened instead
+    window.bridge.error.connect(lambda err: load_errors.append(err.message) if err.source == "load" else None)
     window.resize(size)
     window.apply_default_layout(size)
     window.show()
@@ -102,7 +104,9 @@ def take_screenshot(window: MainWindow, path: str, prompt: str | None, size: QSi
     if not image.save(path, "PNG"):
         print(f"strata: could not write {path}; check the folder exists and is writable", file=sys.stderr)
         return 1
-    return 0 if window.model is not None else 1
+    for message in load_errors:          # the banner's line, where a script sees it
+        print(f"strata: {message}", file=sys.stderr)
+    return 0 if window.model is not None and not load_errors else 1
 
 
 def _quiet_offscreen(kind: QtMsgType, context, message: str) -> None:

@@ -174,7 +174,8 @@ class LLMEngine:
                               "pass text or a list of ints")
         return ids
 
-    def _check_prompt(self, ids: list[int]) -> None:
+    def _check_prompt(self, ids: list[int], scoring: bool = False) -> None:
+        """``scoring``: the ids are scored, not continued, so they may fill the whole context."""
         if not ids:
             raise ConfigError("the prompt is empty; give at least one token of text")
         vocab = self.loaded.spec.vocab_size
@@ -182,7 +183,10 @@ class LLMEngine:
         if bad is not None:
             raise ConfigError(f"token id {bad} is outside the vocabulary (0..{vocab - 1}); check the prompt's token ids")
         limit = self.loaded.max_model_len
-        if len(ids) >= limit:
+        if scoring and len(ids) > limit:
+            raise ConfigError(f"the text has {len(ids)} tokens but the context holds {limit}; score {limit} tokens "
+                              "or fewer at a time")
+        if not scoring and len(ids) >= limit:
             raise ConfigError(f"the prompt has {len(ids)} tokens but the context holds {limit}, prompt and reply "
                               f"together; shorten the prompt to {limit - 1} tokens or fewer")
 
@@ -436,7 +440,7 @@ class LLMEngine:
         self.drain()
         checked = [self._prompt_ids(ids) for ids in seqs]
         for ids in checked:
-            self._check_prompt(ids)
+            self._check_prompt(ids, scoring=True)
         return self.loaded.score(checked)
 
     def stats(self) -> EngineStats:

@@ -71,9 +71,9 @@ def _check_context(engine, reference, longest: int, window: int) -> None:
     size = f"{window} tokens" if longest == window else f"{window} tokens (all {longest} of this text)"
     for e in (engine, reference) if reference is not None else (engine,):
         context = e.loaded.max_model_len
-        if longest >= context:
+        if longest > context:
             raise ConfigError(f"a window of {size} does not fit the context of {e.model_info.name} "
-                              f"({context} tokens); choose a window (--window) of at most {context - 1}")
+                              f"({context} tokens); choose a window (--window) of at most {context}")
 
 
 def evaluate(engine, text: str, reference=None, window: int = 256, max_tokens: int | None = None) -> EvalResult:

@@ -6,6 +6,8 @@ that call added, so the object is always ready for the next call.
 """
 from __future__ import annotations
 
+import dataclasses
+import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -47,6 +49,7 @@ class LLM:
     """``LLM(model_dir, device=..., dtype=..., expert_pool_size="10G", ...)``."""
 
     def __init__(self, model: str, **options) -> None:
+        _check_options(options)
         self.engine = LLMEngine(EngineConfig(model=str(model), **options))
         self.tokenizer = self.engine.tokenizer
 
@@ -116,6 +119,17 @@ class LLM:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _check_options(options: dict) -> None:
+    """An option EngineConfig does not have is one line naming it and the nearest one it has."""
+    known = {f.name for f in dataclasses.fields(EngineConfig)} - {"model", "extra"}
+    for name in options:
+        if name not in known:
+            near = sorted((k for k in known if k.startswith(name)), key=len)[:1] \
+                or difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)    # a name cut short first
+            hint = f"did you mean {near[0]}?" if near else "see EngineConfig for the options (docs/cli.md lists them as flags)"
+            raise ConfigError(f"LLM has no option {name!r}; {hint}")
 
 
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:

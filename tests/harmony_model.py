@@ -75,7 +75,7 @@ def build_tiny_harmony_tokenizer(folder: Path) -> Path:
 
 def build_tiny_harmony_model(folder: Path, context: int = 2048) -> Path:
     """A tiny random MoE model (qwen3_moe weights) that speaks harmony."""
-    from tiny_models import build_tiny_model
+    from tests.tiny_models import build_tiny_model
 
     from tests.engine.tokenizer_fixtures import build_tiny_tokenizer
     build_tiny_model(folder, "qwen3_moe")

@@ -509,8 +509,9 @@ class ExpertManager:
         """One line: pool, policy, depth, how misses are read."""
         reads = "missing experts copied in"
         depth, gather = self.r.prefetch_depth, self.direct.gather.enabled
+        who = "the GPU" if self.device.type == "cuda" else "the device's kernels"   # on the CPU: its own
         if self.direct_reads and gather and self.direct.gather.min_uses <= 1:
-            reads = ("missing experts copied in by the GPU before each layer's kernels"
+            reads = (f"missing experts copied in by {who} before each layer's kernels"
                      + (", prefetched by the GPU" if self.direct.claims and depth > 0 and self.device.type == "cuda"
                         else ""))
         elif self.direct_reads and depth == 0 and not gather:

@@ -244,6 +244,19 @@ def test_a_screenshot_never_replaces_a_file_unless_asked(tmp_path, capsys, monke
     assert main.main(["gui", "--screenshot", f"{mine}!"]) == 0 and taken == [str(mine)]
 
 
+def test_a_screenshot_of_a_model_that_fails_to_open_says_so_and_fails(qapp, tmp_path, capsys):
+    # The demo opens instead (the window's banner says so): the picture is written, but a script that
+    # asked for this model learns from the exit code and the banner's line that it did not open.
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json", encoding="utf-8")
+    out = tmp_path / "shot.png"
+    assert run_gui(str(broken), {"device": "cpu"}, screenshot=str(out)) == 1
+    assert out.stat().st_size > 10_000
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("strata: ")]
+    assert len(err) == 1 and f"Could not open {broken}" in err[0] and "was opened instead" in err[0]
+
+
 def test_screenshot_at_a_laptop_size(qapp, tmp_path):
     # --screenshot-size: the window at 1366x768, what a laptop user sees
     out = tmp_path / "laptop.png"

@@ -341,7 +341,7 @@ def test_eval_text_must_be_a_readable_utf8_file(capsys, good_model, tmp_path):
 def test_eval_window_longer_than_the_context_is_refused(capsys, good_model, text):
     code, err = _cli(capsys, "eval", "--model", str(good_model), "--text", str(text), "--device", "cpu",
                      "--window", "5000")
-    assert code == 2 and "does not fit the context of m (512 tokens); choose a window (--window) of at most 511" in err
+    assert code == 2 and "does not fit the context of m (512 tokens); choose a window (--window) of at most 512" in err
     assert "a window of 5000 tokens" in err                 # the window asked for, whatever the text's length
 
 

@@ -169,3 +169,25 @@ def test_a_request_still_running_when_the_engine_closes_ends_as_aborted():
         engine.step()
         model.close()
         assert not engine.has_unfinished() and engine.abort_now("left") is None
+
+
+def test_a_text_as_long_as_the_context_is_scored_and_one_token_more_is_refused(llm):
+    # scoring continues nothing, so the text may fill the context; a prompt to continue may not
+    limit = llm.engine.loaded.max_model_len
+    ids = [(7 * i) % 300 + 1 for i in range(limit + 1)]
+    assert tuple(llm.score(ids[:limit]).shape) == (limit, llm.engine.loaded.spec.vocab_size)
+    with pytest.raises(ConfigError, match=f"^the text has {limit + 1} tokens but the context holds {limit}; score "
+                                          f"{limit} tokens or fewer at a time$"):
+        llm.score(ids)
+    with pytest.raises(ConfigError, match=f"shorten the prompt to {limit - 1} tokens or fewer"):
+        llm.generate([ids[:limit]], greedy(1))
+    assert_idle(llm)
+
+
+def test_an_option_llm_does_not_have_is_one_line_naming_the_nearest():
+    from engine.llm import _check_options
+    with pytest.raises(ConfigError, match=r"^LLM has no option 'expert_pool'; did you mean expert_pool_size\?$"):
+        _check_options({"expert_pool": 3})
+    with pytest.raises(ConfigError, match=r"^LLM has no option 'zzz'; see EngineConfig for the options"):
+        LLM(str(DEMO), zzz=1)
+    _check_options({"device": "cpu", "overlap_steps": False})
