@@ -96,12 +96,12 @@ def phases(store: torch.Tensor, layout, threads: int, calls: int, gaps_us: list[
         w = nxt()
         packed.gate_up(fmt, b, h, f, d_, f_, grp, meta[M_W13], meta[M_S13], meta[M_Z13], meta[M_B13], meta[M_ACT],
                        np.float32(1.702), np.float32(7.0), w.rows, w.starts, w.tokens, q, s, qs, a_out, qa, sa, qsa,
-                       bad_a)
+                       bad_a, threads)
 
     def down():
         w = nxt()
         packed.down(fmt, b, h, f, d_, f_, grp, meta[M_W2], meta[M_S2], meta[M_Z2], meta[M_B2], w.rows, w.starts,
-                    w.tokens, w.weights, qa, sa, qsa, out)
+                    w.tokens, w.weights, qa, sa, qsa, out, threads)
 
     pad = np.zeros(threads * 64, np.float64)
     got = {"threads": threads,

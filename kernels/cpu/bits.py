@@ -107,3 +107,22 @@ def f32_from_e4m3_div256(typingctx, byte):
         bits = builder.or_(_masked_shift(builder, x, 0x80, 8), _masked_shift(builder, x, 0x7F, 7))
         return half_to_f32(context, builder, bits)
     return types.float32(byte), codegen
+
+
+@intrinsic
+def fetch_add(typingctx, arr, i, v):
+    """``arr[i] += v`` as one atomic operation on an int64 1-D array; returns the value before. Ordered
+    both ways (acquire and release): what a thread wrote before its add is seen by a thread that
+    reads the sum after its own (the last of several workers then reads what all of them wrote)."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.int64 and arr.ndim == 1
+            and isinstance(i, types.Integer) and isinstance(v, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        from numba.core import cgutils
+        a = context.make_array(sig.args[0])(context, builder, args[0])
+        idx = context.cast(builder, args[1], sig.args[1], types.intp)
+        val = context.cast(builder, args[2], sig.args[2], types.int64)
+        ptr = cgutils.get_item_pointer(context, builder, sig.args[0], a, [idx], wraparound=False)
+        return builder.atomic_rmw("add", ptr, val, "acq_rel")
+    return types.int64(arr, i, v), codegen

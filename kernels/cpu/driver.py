@@ -2,15 +2,15 @@
 the float formats and :func:`packed_forward` for int4 and mxfp4 (:mod:`kernels.cpu.packed`), each two
 parallel passes over the experts' rows, and each compiled on its first call only.
 
-1. gate/up: work items are (expert, block of ``ROWS`` gate rows; the 4-bit path's: one group of
-   rows, whose activations the item then quantises for the down pass); an item reads gate row ``n`` and up
+1. gate/up: work items are (expert, block of ``ROWS`` gate rows); an item reads gate row ``n`` and up
    row ``F + n`` for each of the expert's tokens and writes the activation straight into ``a [P, F]``,
    so ``h [2F]`` never exists. Weights are widened in registers inside the dot, and an expert's
-   tokens go two at a time, each weight widened once for both.
-2. down: work items are blocks of ``ROWS`` output columns ``d`` (the 4-bit path's:
-   :data:`kernels.cpu.packed.DOWN_ROWS`); an item visits every expert and
-   token pair in order and accumulates ``w * (w2[d] . a[p] + b2[d])`` into ``out[t, d]``. Each output
-   element has one writer and a fixed order, so the result is deterministic and needs no atomics.
+   tokens go two at a time, each weight widened once for both. (The 4-bit path's threads take
+   their items from a shared counter, and the item that completes a group quantises it.)
+2. down: work items are blocks of ``ROWS`` output columns ``d`` (the 4-bit path's: one equal run
+   per thread); an item visits every expert and token pair in order and accumulates
+   ``w * (w2[d] . a[p] + b2[d])`` into ``out[t, d]``. Each output element has one writer and a fixed
+   order, so the result is deterministic and needs no atomics.
 
 Legend: T tokens, P (expert, token) pairs, D hidden, F expert FFN, G group size.
 """
@@ -30,19 +30,20 @@ SERIAL_VALUES = 8192
 
 
 @njit(fastmath=True, error_model="numpy", cache=True)
-def expert_forward(b, h, f, meta, alpha, limit, rows, starts, toks, wts, x, out):
+def expert_forward(b, h, f, meta, alpha, limit, rows, starts, toks, wts, x, out, nt):
     """``out [T, D]`` float32 (zeroed by the caller) += the routed experts of ``rows`` on ``x [T, D]``,
     for the float formats (bf16, fp16, fp32, fp8).
 
     ``b``/``h``/``f``: the store ``[R, nbytes]`` as uint8, uint16 and float32; ``meta``: the layout
-    (``M_*``); expert ``i`` is row ``rows[i]`` for pairs ``starts[i]:starts[i+1]`` of ``toks``/``wts``."""
+    (``M_*``); expert ``i`` is row ``rows[i]`` for pairs ``starts[i]:starts[i+1]`` of ``toks``/``wts``;
+    ``nt``: the call's thread count (the 4-bit path's passes share their work by it)."""
     a = np.zeros((toks.size, meta[M_F]), np.float32)                        # [P, F]
     _gate_up(b, h, f, meta, alpha, limit, rows, starts, toks, x, a)
     _down(b, h, f, meta, rows, starts, toks, wts, a, out)
 
 
 @njit(fastmath=True, error_model="numpy", cache=True)
-def packed_forward(b, h, f, meta, alpha, limit, rows, starts, toks, wts, x, out):
+def packed_forward(b, h, f, meta, alpha, limit, rows, starts, toks, wts, x, out, nt):
     """:func:`expert_forward` for int4 and mxfp4 in integer arithmetic (:mod:`kernels.cpu.packed`):
     tokens, then each pair's activation, quantised to 16 bits per group before the pass that reads
     them (a few tokens on the calling thread, the activations inside the gate/up pass: two parallel
@@ -64,9 +65,9 @@ def packed_forward(b, h, f, meta, alpha, limit, rows, starts, toks, wts, x, out)
     qsa = np.empty((p_, f_ // 8), np.int32)
     bad_a = np.empty(p_, np.bool_)
     packed.gate_up(fmt, b, h, f, d_, f_, grp, meta[M_W13], meta[M_S13], meta[M_Z13], meta[M_B13], meta[M_ACT],
-                   alpha, limit, rows, starts, toks, q, s, qs, a, qa, sa, qsa, bad_a)
+                   alpha, limit, rows, starts, toks, q, s, qs, a, qa, sa, qsa, bad_a, nt)
     packed.down(fmt, b, h, f, d_, f_, grp, meta[M_W2], meta[M_S2], meta[M_Z2], meta[M_B2], rows, starts, toks, wts,
-                qa, sa, qsa, out)
+                qa, sa, qsa, out, nt)
     for p in range(p_):                 # a NaN or infinity in a token's input (or its activation) makes
         if bad_x[toks[p]] or bad_a[p]:  # its output NaN, as in float arithmetic
             out[toks[p], :] = np.float32(np.nan)

@@ -135,7 +135,7 @@ def cpu_expert_forward(store: torch.Tensor, layout: ExpertLayout, work: CpuExper
     xf = (x if x.dtype == torch.float32 and x.is_contiguous() else x.to(torch.float32).contiguous()).numpy()  # [T, D]
     act, meta = layout.act, _meta(layout)
     _kernel(meta)(b, b.view(np.uint16), b.view(np.float32), meta, np.float32(act.alpha), np.float32(act.limit),
-                  work.rows, work.starts, work.tokens, work.weights, xf, out.numpy())
+                  work.rows, work.starts, work.tokens, work.weights, xf, out.numpy(), numba.get_num_threads())
     return out
 
 
@@ -160,7 +160,7 @@ class CpuExpertRunner:
             return out
         if numba.get_num_threads() != self.threads:      # a per-thread setting: the caller's thread
             numba.set_num_threads(self.threads)
-        self._fn(*self._views, work.rows, work.starts, work.tokens, work.weights, x, out)
+        self._fn(*self._views, work.rows, work.starts, work.tokens, work.weights, x, out, self.threads)
         return out
 
 

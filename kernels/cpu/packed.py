@@ -20,7 +20,8 @@ or 12) times a sum of ``q``, in integers, for every 8 weights: each such partial
 unpacking of its weights.
 
 The passes mirror :mod:`kernels.cpu.driver` (gate/up into ``a [P, F]``, then down with one writer per
-output column); the dot products differ, and a down work item covers :data:`DOWN_ROWS` columns.
+output column); the dot products differ, gate/up's threads take their blocks from a shared counter and
+down's each take one equal run of the output columns.
 
 Legend: T tokens, P (expert, token) pairs, D hidden, F expert FFN, G group size, K reduction dim.
 """
@@ -30,7 +31,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from kernels.cpu.dots import INT4, MXFP4, act
+from kernels.cpu.bits import fetch_add
+from kernels.cpu.dots import INT4, MXFP4, ROWS, act
 from kernels.cpu.idot import (LOW_RANGE, e2m1_row1, e2m1_row2, u4g32_row1, u4g32_row2, u4g64_row1, u4g64_row2,
                               u4g128_row1, u4g128_row2)
 
@@ -39,10 +41,6 @@ LOW = np.float32(LOW_RANGE)
 TINY = np.float32(1e-30)       # a group below this is zeros (its step, 1/127 of it, would be subnormal)
 EXP_BITS = np.uint32(0x7F800000)   # a float32's exponent: all ones in a NaN or an infinity
 GROUPS = (32, 64, 128)         # the int4 group sizes the integer path reads
-# Output rows per work item of the down pass: an item reads that many rows of each expert in one run
-# of bytes, long enough for the prefetchers to pay off (down rows are short: F/2 bytes; 16 rows a run
-# read at 2/3 of the rate 64 do), and still 32 items for Qwen3-30B-A3B's 2048 rows.
-DOWN_ROWS = 64
 U = np.uint64
 
 
@@ -202,22 +200,35 @@ def _gate_up_item(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, kind, alpha, limit
 
 @njit(fastmath=True, error_model="numpy", parallel=True, cache=True)
 def gate_up(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, kind, alpha, limit, rows, starts, toks, q, s, qs, a, qa, sa,
-            qsa, bad_a):
+            qsa, bad_a, nt):
     """Pass 1: ``a [P, F]`` = act(gate, up) of every pair, from the quantised tokens ``q``/``s``, and
-    ``a`` quantised as :func:`quantize_rows` would (``qa``, ``sa``, ``qsa``, ``bad_a``). A work item
-    is one group of ``grp`` rows of one expert: it quantises the group of activations it has just
-    computed, so the quantisation needs no parallel region of its own (entering one costs 5-10 us on
-    16 cores, a twentieth of a one-token call)."""
+    ``a`` quantised as :func:`quantize_rows` would (``qa``, ``sa``, ``qsa``, ``bad_a``).
+
+    Work items are blocks of ``ROWS`` rows of one expert, taken in turn by every thread from a shared
+    counter, so that no thread waits at the end for work a static split gave another (a one-token
+    call of a top-8 model has a few hundred items; 15 threads split them unevenly when each takes a
+    fixed share). The block that completes a group of ``grp`` rows (the last of its blocks to arrive)
+    quantises that group's activations, so the quantisation needs no parallel region of its own."""
+    nb = f_ // ROWS                      # ROWS divides every group size, and so the expert FFN
     ng = f_ // grp
+    per_group = grp // ROWS
+    items = rows.size * nb
     for p in range(toks.size):
         bad_a[p] = False
-    for item in prange(rows.size * ng):
-        i, g = item // ng, item % ng
-        lo, hi = starts[i], starts[i + 1]
-        _gate_up_item(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, kind, alpha, limit, rows[i], lo, hi, g * grp,
-                      (g + 1) * grp, toks, q, s, qs, a)
-        for p in range(lo, hi):
-            quantize_group(a, p, g, grp, qa, sa, qsa, bad_a)
+    taken = np.zeros(1, np.int64)
+    arrived = np.zeros(rows.size * ng, np.int64)
+    for _ in prange(nt):                 # one worker a thread (``nt``: the call's thread count)
+        item = fetch_add(taken, 0, 1)
+        while item < items:
+            i, n0 = item // nb, item % nb * ROWS
+            lo, hi = starts[i], starts[i + 1]
+            _gate_up_item(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, kind, alpha, limit, rows[i], lo, hi, n0,
+                          n0 + ROWS, toks, q, s, qs, a)
+            g = n0 // grp
+            if fetch_add(arrived, i * ng + g, 1) == per_group - 1:      # the group's last block: all of it is in
+                for p in range(lo, hi):
+                    quantize_group(a, p, g, grp, qa, sa, qsa, bad_a)
+            item = fetch_add(taken, 0, 1)
 
 
 @njit(fastmath=True, error_model="numpy", cache=True)
@@ -239,11 +250,16 @@ def _down_item(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, rows, starts, d0, d1,
 
 
 @njit(fastmath=True, error_model="numpy", parallel=True, cache=True)
-def down(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, rows, starts, toks, wts, q, s, qs, out):
+def down(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, rows, starts, toks, wts, q, s, qs, out, nt):
     """Pass 2: ``out[t, d] += w * (w2[d] . a[p] + b2[d])`` over every pair (``q``/``s``: ``a``
-    quantised, one row per pair), one writer per ``d``."""
-    nb2 = (d_ + DOWN_ROWS - 1) // DOWN_ROWS
-    for item in prange(nb2):
-        d0 = item * DOWN_ROWS
-        _down_item(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, rows, starts, d0, min(d_, d0 + DOWN_ROWS), toks, wts,
-                   q, s, qs, out)
+    quantised, one row per pair), one writer per ``d``. Each thread takes one equal run of the output
+    rows (a multiple of 8), read expert by expert: long runs for the prefetchers, and no thread with
+    more rows than another (fixed blocks of 64 gave 15 threads three rounds where 16 take two). ``nt``:
+    the call's thread count (numba.get_num_threads() inside compiled code would keep it from the
+    on-disk cache)."""
+    per = ((d_ + nt - 1) // nt + 7) // 8 * 8
+    for t in prange(nt):
+        d0 = t * per
+        if d0 < d_:
+            _down_item(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, rows, starts, d0, min(d_, d0 + per), toks, wts,
+                       q, s, qs, out)
