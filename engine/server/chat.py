@@ -27,6 +27,7 @@ from engine.server.fields import Fields, bad
 from engine.server.generation import Choice, close_stream, stream_end, Generation, quote, watch_disconnect
 from engine.server.protocol import READ_BOTH, Common, choice_params, fit, guided, read_common
 from engine.server.state import created, json_body, new_id, record_of, state_of
+from engine.server.think_reply import ThinkReply
 
 
 FIELDS = refused.known_fields(READ_BOTH, ("messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
@@ -139,11 +140,12 @@ class _Think:
     def of(prompt: ChatPrompt, info: ModelInfo) -> _Think | None:
         return None if prompt.think is None else _Think(prompt.think, info.tokenizer, prompt.ids)
 
-    def reader(self):
-        return self.tags.reader(self.tokenizer, self.prompt_ids)
+    def reader(self) -> ThinkReply:
+        return ThinkReply(self.tokenizer, self.tags, self.prompt_ids)
 
     def parse(self, token_ids):
-        return self.tags.parse(self.tokenizer, token_ids, self.prompt_ids)
+        reader = self.reader()
+        return reader.feed(token_ids) + reader.finish()
 
 
 class _AnswerStops:

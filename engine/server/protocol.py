@@ -9,6 +9,7 @@ and alternatives one request may ask for) and the rule that prompt and reply fit
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 from engine.errors import ConfigError
@@ -108,9 +109,15 @@ def check_model(f: Fields, info: ModelInfo) -> None:
         return
     if not isinstance(model, str):
         raise bad("model", f"model must be a string (got {show(model)})")
-    if model not in (info.name, info.path):
+    if model != info.name and _folder(model) != _folder(info.path):
         raise APIError(404, f"model {show(model)} is not served here; this server serves {show(info.name)} "
                             "(GET /v1/models lists it)", param="model", code="model_not_found")
+
+
+def _folder(path: str) -> str:
+    """``path`` as folders are compared: no separator at its end, none doubled, no ``.`` or ``..`` parts."""
+    trimmed = path.rstrip("/\\")
+    return os.path.normpath(trimmed) if trimmed else path
 
 
 def sampling(kwargs: dict, max_tokens: int, logprobs: int | None) -> SamplingParams:

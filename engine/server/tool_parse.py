@@ -3,7 +3,8 @@
 A call that does not spell a call of one of the request's tools (an unknown name, JSON that does not
 parse, arguments that are not an object) stays content, as the model wrote it. A call the token limit
 cut off (finish_reason "length") is dropped: the calls completed before it are returned, and the client
-never gets half a call as markup in ``content`` nor arguments that do not parse.
+never gets half a call as markup in ``content`` nor arguments that do not parse. A closing tag with no
+call open (a model that closes a call it never opened) is dropped.
 """
 from __future__ import annotations
 
@@ -246,11 +247,16 @@ class ToolStreamParser:
                 self._start_call("", self._buffer.lstrip(), "", events)
                 continue
             start = self._buffer.find(syntax.marker)
+            stray = self._buffer.find(syntax.close) if syntax.close else -1
+            if stray >= 0 and (start < 0 or stray < start):
+                self._drop_close(stray, events)
+                continue
             if start >= 0:
                 self._start_call(self._buffer[:start], self._buffer[start + len(syntax.marker):],
                                  syntax.marker, events)
                 continue
-            keep = _partial_marker(self._buffer, syntax.marker)
+            keep = max(_partial_marker(self._buffer, syntax.marker),
+                       _partial_marker(self._buffer, syntax.close) if syntax.close else 0)
             self._content(self._buffer[:len(self._buffer) - keep], events)
             self._buffer = self._buffer[len(self._buffer) - keep:]
             return
@@ -260,6 +266,13 @@ class ToolStreamParser:
         if not self._format.syntax.marker_hidden or self._emitted or self._calls:
             return False
         return self._buffer.lstrip().startswith("[")
+
+    def _drop_close(self, at: int, events: list) -> None:
+        # A close with no call open is markup, never content. The text on either side joins with one
+        # run of whitespace: the one before it when there is one (as around a call), else the one after.
+        self._content(self._buffer[:at], events)
+        self._buffer = self._buffer[at + len(self._format.syntax.close):]
+        self._after_call = self._after_call or bool(self._space) or not self._emitted
 
     def _start_call(self, before: str, body: str, opener: str, events: list) -> None:
         self._content(before, events)

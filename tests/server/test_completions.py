@@ -53,6 +53,19 @@ def test_the_model_folder_path_or_no_model_name_the_served_model(client, http, e
     assert by_path.choices[0].text == unnamed["choices"][0]["text"] == by_name and by_path.model == "demo"
 
 
+def test_the_folder_path_is_accepted_with_a_trailing_slash_and_a_name_is_matched_as_written(client, http, engine):
+    folder = str(engine.config.model).rstrip("/")
+    for model in (folder + "/", folder + "//", folder + "/."):
+        r = client.completions.create(model=model, prompt="Hi", max_tokens=2, **GREEDY)
+        assert r.model == "demo", model
+        assert client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}],
+                                              max_tokens=2).model == "demo"
+    assert http.get("/v1/models/" + folder + "/").json() == http.get("/v1/models").json()["data"][0]
+    for name in ("demo/", "./demo"):                     # a name is not a path: matched as written
+        with pytest.raises(openai.NotFoundError):
+            client.completions.create(model=name, prompt="Hi", max_tokens=2)
+
+
 def test_streaming_gives_the_same_text_and_tokens_as_a_whole_reply(client):
     args = dict(model="demo", prompt="The king said", max_tokens=16, extra_body={**IDS, "ignore_eos": True}, **GREEDY)
     whole = client.completions.create(**args)

@@ -183,6 +183,63 @@ def test_think_tags_are_reasoning_content_whole_and_streamed(think_client):
     assert kinds == sorted(kinds, reverse=True)                          # every reasoning delta comes first
 
 
+def _force(server, monkeypatch, *parts: str) -> openai.OpenAI:
+    """A client whose next replies write ``parts``: text, and the tags (``<think>``, ``</think>``,
+    ``<tool_call>``, ``</tool_call>``) forced as their tokens."""
+    tok = server[1]
+    grammar = "start: " + " ".join(f"<[{tok.token_to_id(p)}]>" if p in TAGS else json.dumps(p) for p in parts)
+    real = chat_mod.prepare
+    monkeypatch.setattr(chat_mod, "prepare", lambda body, info: dataclasses.replace(
+        real(body, info), guide=Guide("lark", grammar + "\n", source="test")))
+    return openai.OpenAI(base_url=server[0].url + "/v1", api_key=KEY, max_retries=0, timeout=TIMEOUT)
+
+
+TAGS = ("<think>", "</think>", "<tool_call>", "</tool_call>")
+
+
+@pytest.mark.parametrize("parts, reasoning, content", [
+    (["</think>", "\n\nYes."], "", "Yes."),                                  # the reply starts with the close
+    (["Weigh it.\n", "</think>", "\n\nYes."], "Weigh it.\n", "Yes."),        # the template opened it unseen
+    (["<think>", "Weigh it.", "</think>", "Yes. ", "</think>", "Done."], "Weigh it.", "Yes. Done."),   # a second close
+])
+def test_a_closing_tag_the_reply_never_opened_never_reaches_content(think_server, monkeypatch, parts, reasoning,
+                                                                       content):
+    c = _force(think_server, monkeypatch, *parts)
+    hi = [{"role": "user", "content": "hi"}]
+    message = c.chat.completions.create(model="m", messages=hi, max_tokens=60).choices[0].message
+    assert (reasoning_of(message) or "", message.content) == (reasoning, content)
+    deltas = [x.choices[0].delta for x in c.chat.completions.create(model="m", messages=hi, max_tokens=60,
+                                                                     stream=True) if x.choices]
+    assert ("".join(reasoning_of(d) or "" for d in deltas), "".join(d.content or "" for d in deltas)) == \
+        (reasoning, content)
+
+
+def test_a_reply_with_no_tags_streams_after_a_few_tokens(think_server, monkeypatch):
+    # a model whose template knows the tags but whose reply carries none: its text is answer, and the
+    # stream gives it as it comes once HOLD_TOKENS tokens showed no tag (a close after that is dropped)
+    from engine.server.think_reply import HOLD_TOKENS
+    words = [f" w{i}" for i in range(HOLD_TOKENS + 12)]
+    c = _force(think_server, monkeypatch, *words, "</think>", " end")
+    hi = [{"role": "user", "content": "hi"}]
+    message = c.chat.completions.create(model="m", messages=hi, max_tokens=200).choices[0].message
+    assert (reasoning_of(message), message.content) == (None, "".join(words) + " end")
+    contents = [x.choices[0].delta.content for x in c.chat.completions.create(
+        model="m", messages=hi, max_tokens=200, stream=True) if x.choices and x.choices[0].delta.content]
+    assert "".join(contents) == message.content and len(contents) > 5       # not one piece at the end
+
+
+def test_a_reply_after_a_prompt_that_closed_the_block_is_answer_and_drops_a_stray_close(think_server, monkeypatch):
+    # enable_thinking false: the template wrote an empty block, so the reply is answer from its first token
+    c = _force(think_server, monkeypatch, "Sure.", "</think>", " Yes.")
+    hi = [{"role": "user", "content": "hi"}]
+    off = {"chat_template_kwargs": {"enable_thinking": False}}
+    message = c.chat.completions.create(model="m", messages=hi, max_tokens=60, extra_body=off).choices[0].message
+    assert (reasoning_of(message), message.content) == (None, "Sure. Yes.")
+    contents = [x.choices[0].delta.content for x in c.chat.completions.create(
+        model="m", messages=hi, max_tokens=60, stream=True, extra_body=off) if x.choices and x.choices[0].delta.content]
+    assert "".join(contents) == "Sure. Yes." and len(contents) > 2              # streamed as it came, not held
+
+
 BYE = ANSWER[:10] + ["Hello there! Bye.", "<|return|>"]
 
 
@@ -241,6 +298,25 @@ def test_a_reply_cut_short_after_a_tool_call_says_length(tools_server, monkeypat
     last = [x.choices[0] for x in c.chat.completions.create(model="m", messages=hi, tools=TOOLS, max_tokens=n,
                                                              stream=True) if x.choices][-1]
     assert last.finish_reason == "length"
+
+
+@pytest.mark.parametrize("parts, content", [
+    (["</tool_call>", "\nSure."], "Sure."),
+    (["Sure.", "</tool_call>", " Bye."], "Sure. Bye."),
+    (["<tool_call>", '\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n', "</tool_call>", "</tool_call>",
+      "\nDone."], "Done."),
+])
+def test_a_tool_call_close_never_opened_never_reaches_content(tools_server, monkeypatch, parts, content):
+    c = _force(tools_server, monkeypatch, *parts)
+    hi = [{"role": "user", "content": "weather?"}]
+    r = c.chat.completions.create(model="m", messages=hi, tools=TOOLS, max_tokens=120).choices[0]
+    assert r.message.content == content
+    chunks = [x.choices[0] for x in c.chat.completions.create(model="m", messages=hi, tools=TOOLS, max_tokens=120,
+                                                               stream=True) if x.choices]
+    assert "".join(x.delta.content or "" for x in chunks) == content
+    calls = [tc.function.name for x in chunks for tc in x.delta.tool_calls or []]
+    whole = [tc.function.name for tc in r.message.tool_calls or []]
+    assert calls == whole == ["get_weather"] * parts.count("<tool_call>")
 
 
 def test_a_harmony_call_whose_arguments_are_not_json_stays_content(client, scripted):

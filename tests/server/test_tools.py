@@ -298,6 +298,21 @@ def test_a_reply_without_calls_is_returned_unchanged(auto):
         assert parse_tool_calls(text, auto) == (text, [])
 
 
+@pytest.mark.parametrize("text, content", [
+    ("</tool_call>\nSure.", "Sure."),                           # a close with nothing before it
+    ("Sure.</tool_call> Bye.", "Sure. Bye."),                    # the text on its sides joins with one space
+    ("Sure.\n</tool_call>\nBye.", "Sure.\nBye."),
+    ("Sure.\n</tool_call>", "Sure."),
+    (weather() + "\n</tool_call>\nDone.", "Done."),              # a call closed twice
+])
+def test_a_close_with_no_call_open_is_dropped_whole_or_streamed(auto, text, content):
+    whole, calls = parse_tool_calls(text, auto)
+    assert whole == content and len(calls) == text.count("<tool_call>")
+    for size in (1, 5):
+        events = stream(auto, [text[i:i + size] for i in range(0, len(text), size)])
+        assert "".join(e.text for e in events if isinstance(e, ContentDelta)) == content
+
+
 # ---- streaming ---------------------------------------------------------------------------------
 
 
