@@ -5,6 +5,7 @@ engine loop). A step is schedule -> run -> postprocess.
 """
 from __future__ import annotations
 
+import dataclasses
 import gc
 import operator
 import time
@@ -63,6 +64,15 @@ class _Ahead:
     def live(self) -> bool:
         """Whether a request it ran for is still unfinished (else its tokens go to no one)."""
         return any(s.request.status is not Status.FINISHED for s in self.sched.seqs)
+
+
+def _merged(deltas: list[RequestDelta]) -> RequestDelta:
+    """One request's deltas as one, in order: the last one's counts and end, every one's ids and text."""
+    last = deltas[-1]
+    return dataclasses.replace(last, new_token_ids=tuple(t for d in deltas for t in d.new_token_ids),
+                               new_text="".join(d.new_text for d in deltas),
+                               logprobs=tuple(lp for d in deltas for lp in d.logprobs),
+                               ttft_ms=next((d.ttft_ms for d in deltas if d.ttft_ms is not None), None))
 
 
 class LLMEngine:
@@ -197,9 +207,17 @@ class LLMEngine:
             req.abort_requested = True
 
     def abort_now(self, request_id: str) -> RequestDelta | None:
-        """End a request at once, between steps, and free its cache; returns its final delta (None if gone)."""
+        """End a request at once, between steps, and free its cache; returns its final delta (None if gone),
+        with any output read back for it since the last step (:meth:`drain`) in front."""
         req = self._requests.get(request_id)
-        return None if req is None else self._finish(req, "abort")
+        if req is None:
+            return None
+        mine = [d for d in self._held if d.request_id == request_id]
+        self._held = [d for d in self._held if d.request_id != request_id]
+        final = self._finish(req, "abort")
+        if self._ahead is not None and not self._ahead.live():
+            self.drain()                   # a step launched for ended requests only: read now, not after idling
+        return _merged(mine + [final]) if mine else final
 
     def has_unfinished(self) -> bool:
         return bool(self._requests) or bool(self._held)
@@ -222,8 +240,11 @@ class LLMEngine:
         ahead = self._ahead
         if ahead is not None:
             nxt = self._follow_ahead(ahead) if ahead.live() else None    # (raising, ahead stays to be read)
-            self._ahead = nxt
-            deltas += self._read_ahead(ahead)
+            self._ahead = None
+            try:
+                deltas += self._read_ahead(ahead)
+            finally:
+                self._ahead = nxt      # (a read that raised: the caller ends the requests; nxt is read, unread)
             if nxt is not None and not nxt.live():
                 self._ahead = None
                 deltas += self._read_ahead(nxt)        # every request it ran for has ended: nothing follows it
@@ -325,8 +346,9 @@ class LLMEngine:
             r.in_flight -= 1
             read += r.status is not Status.FINISHED          # the tokens of ended requests go unread
         deltas = self._take_tokens(ahead.sched.seqs, sampled, now)
-        # the step's time: from its launch, or from the last read-back where it ran behind another step
-        self.counters.on_step(ahead.sched, read, now - max(ahead.launched, self._last_read), now)
+        if read:                  # a step whose requests all ended gave no one anything: not a step of the stats
+            # the step's time: from its launch, or from the last read-back where it ran behind another step
+            self.counters.on_step(ahead.sched, read, now - max(ahead.launched, self._last_read), now)
         self._last_read = now
         if not self._requests:
             self.loaded.experts.settle()

@@ -151,8 +151,7 @@ class ModelRunner:
         self._queued = None
         if not reqs:
             return
-        staging = self._stagings[self._turn]
-        self._turn ^= 1
+        staging = self._stagings[self._turn]      # the next set only once this one holds a step (below)
         guided = [i for i, r in enumerate(reqs) if r.guide_on()]
         masked, failed = self._mask(logits, reqs, guided) if guided else (logits, {})
         penalised = any(r.params.repetition_penalty != 1.0 for r in reqs)
@@ -165,6 +164,7 @@ class ModelRunner:
                                          max(reqs[i].params.logprobs for i in queued.asked))
             queued.values, queued.ids = staging.stage("values", values), staging.stage("ids", ids)
         staging.mark()
+        self._turn ^= 1           # a sampling that failed midway leaves the set to the step retried after it
         self._queued = queued
 
     def _mask(self, logits: torch.Tensor, reqs: list[Request], rows: list[int]) -> tuple[torch.Tensor, dict[int, str]]:

@@ -121,3 +121,62 @@ def test_guides_and_repetition_penalties_run_their_steps_one_at_a_time(engines):
     run(on, {"p": (PROMPTS[0], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True,
                                               repetition_penalty=1.3))})
     assert on.steps_ahead == before
+
+
+def test_a_sampling_that_runs_out_of_memory_is_retried_on_its_own_read_back_set(model_dir, monkeypatch):
+    # The step launched behind one in flight fails while sampling (the GPU's memory, say): the loop
+    # steps on, the step is launched again into the set of buffers it was given, and the step in
+    # flight still reads its own token back (read-backs staged as on a GPU, into buffers of their own).
+    import torch
+    import engine.runner.model_runner as mr
+    from engine.runner.staging import HostStaging
+    from engine.errors import DeviceOutOfMemoryError
+    jobs = {"a": (PROMPTS[0], SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True)),
+            "b": (PROMPTS[2], SamplingParams(max_tokens=14, temperature=0.7, seed=3, ignore_eos=True))}
+    with LLMEngine(EngineConfig(model=str(model_dir), device="cpu", overlap_steps=False)) as off:
+        want = run(off, jobs)
+    real, calls = mr.sample, []
+
+    def sample(*args, **kw):
+        calls.append(1)
+        if len(calls) == 8:
+            raise torch.OutOfMemoryError("out of memory")
+        return real(*args, **kw)
+    monkeypatch.setattr(mr, "sample", sample)
+    with LLMEngine(EngineConfig(model=str(model_dir), device="cpu")) as on:
+        on.runner._stagings = (HostStaging(copies=True, pinned=False), HostStaging(copies=True, pinned=False))
+        for rid, (prompt, params) in jobs.items():
+            on.add_request(rid, prompt, params)
+        got = {rid: [] for rid in jobs}
+        failures = 0
+        while on.has_unfinished():
+            try:
+                deltas = on.step()
+            except DeviceOutOfMemoryError:
+                failures += 1                      # what the engine loop does: it logs and steps on
+                continue
+            for d in deltas:
+                got[d.request_id] += d.new_token_ids
+        assert failures == 1 and on.steps_ahead > 0 and on.stats().kv_blocks_used == 0
+    assert got == {rid: want[rid]["ids"] for rid in jobs}
+
+
+def test_an_abort_now_keeps_what_a_drain_read_back_and_leaves_no_step_behind(model_dir):
+    # a live change reads the step in flight back (its token held for the next step); the request is
+    # then ended at once: its final delta carries that token, and with no request left the step
+    # launched for it is read at once, not after the engine idled
+    with LLMEngine(EngineConfig(model=str(model_dir), device="cpu")) as eng:
+        eng.add_request("a", PROMPTS[0], SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True))
+        ids = []
+        for _ in range(5):
+            ids += [t for d in eng.step() for t in d.new_token_ids]
+        assert eng._ahead is not None                       # a step is in flight
+        eng.reconfigure(prefetch_depth=1)
+        final = eng.abort_now("a")
+        ids += final.new_token_ids
+        assert final.finished and final.finish_reason == "abort" and len(ids) == final.completion_tokens
+        assert eng._ahead is None and not eng.has_unfinished() and eng.step() == []
+        eng.add_request("b", PROMPTS[1], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+        while eng.has_unfinished():
+            eng.step()
+        assert eng.stats().kv_blocks_used == 0
