@@ -46,6 +46,7 @@ FLAG_WORDS: dict[str, tuple[str, str]] = {
     "--kv-cache-size": ("the KV cache size", "SIZE"),
     "--gpu-memory-budget": ("the GPU memory budget", "SIZE"),
     "--cuda-graphs": ("CUDA graphs", ""),
+    "--overlap-steps": ("decode steps launched ahead", ""),
     "--verify": ("checksum verification", ""),
     "--cpu-threads": ("the CPU thread count", "N"),
     "--pipeline-parallel": ("the pipeline's GPU count", "N"),
