@@ -244,7 +244,9 @@ class LLMEngine:
             try:
                 deltas += self._read_ahead(ahead)
             finally:
-                self._ahead = nxt      # (a read that raised: the caller ends the requests; nxt is read, unread)
+                # even when the read raised (its tokens are lost; the caller ends the requests), nxt is
+                # the step in flight: read at the next step, its tokens unread if their requests ended
+                self._ahead = nxt
             if nxt is not None and not nxt.live():
                 self._ahead = None
                 deltas += self._read_ahead(nxt)        # every request it ran for has ended: nothing follows it
@@ -316,20 +318,13 @@ class LLMEngine:
         next token without preempting anyone. None where it must wait for the read-back."""
         sch = self.scheduler
         running = sch.running
-        if sch.waiting or len(running) != len(ahead.requests) or any(a is not b for a, b in zip(running, ahead.requests)):
+        if len(running) != len(ahead.requests) or any(a is not b for a, b in zip(running, ahead.requests)) \
+                or not sch.decodes_all_without_change():
             return None
-        budget, most = sch._limits()
-        if len(running) > min(budget, most):
-            return None
-        need = 0
         for r in running:
-            p = r.params
-            if r.abort_requested or len(r.output_ids) + r.in_flight >= p.max_tokens \
-                    or r.num_tokens >= r.max_total_tokens or r.remaining != 1:
+            if r.abort_requested or len(r.output_ids) + r.in_flight >= r.params.max_tokens \
+                    or r.num_tokens >= r.max_total_tokens:
                 return None
-            need += sch.allocator.blocks_needed(r.num_computed + 1, len(r.blocks))
-        if not sch.allocator.can_allocate(need):
-            return None
         sched = sch.schedule()
         if sched.preempted or [s.request for s in sched.seqs] != ahead.requests \
                 or not self.runner.can_launch_ahead(sched):

@@ -91,6 +91,16 @@ class Scheduler:
             budget -= n
         return SchedulerOutput(seqs, preempted)
 
+    def decodes_all_without_change(self) -> bool:
+        """Whether the next step would give every running request exactly its one known token, in the
+        running order, admitting no one and preempting no one: nobody waits, the batch fits the step's
+        limits, and the cache has the blocks each next token needs."""
+        budget, most = self._limits()
+        if self.waiting or len(self.running) > min(budget, most) or any(r.remaining != 1 for r in self.running):
+            return False
+        need = sum(self.allocator.blocks_needed(r.num_computed + 1, len(r.blocks)) for r in self.running)
+        return self.allocator.can_allocate(need)
+
     def _limits(self) -> tuple[int, int]:
         """(tokens of a step, most running requests): the settings', within what the window pool is sized for."""
         if self.windows is None:
