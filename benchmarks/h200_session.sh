@@ -17,6 +17,11 @@
 #                    it with kit-then-gpt-oss, or poll it with bash .bench/kit/poll.sh 540; NO_KIT=1: no kit)
 #   or:              bash benchmarks/h200_session.sh kit               (carry .bench: the kit alone, in the
 #                    background; follow it with kit-then-gpt-oss)
+#   or:              bash benchmarks/h200_session.sh checks            (the GPU tests; decode steps launched ahead
+#                    against one at a time; the CPU kernels' phases at 15 and 16 threads; no pool at int4,
+#                    depth 0 and 2, batch 1 and 8, cold experts auto / bus / cpu; the resident step without
+#                    programmatic dependent launches, kernel by kernel. Then, alone: tests-and-kit's kit
+#                    with `kit`, followed by kit-then-gpt-oss)
 #   or, alone:       bash benchmarks/h200_session.sh probes            (the gather's A/B and copy rates)
 #   or, alone:       bash benchmarks/h200_session.sh no-pool           (GPU tests, the resident step with
 #                    and without programmatic dependent launches, then what a no-pool step could move:
@@ -122,6 +127,17 @@ case ${1:-} in
   gpt-oss)
     [ -f "$GO/pid" ] || start_gpt_oss
     follow_gpt_oss;;
+  checks)
+    nvidia-smi --query-gpu=name --format=csv,noheader
+    mkdir -p "$OUT/suite"
+    OUT="$OUT/suite" PYTHON=python3 timeout -k 10 260 bash benchmarks/gpu_suite.sh tests
+    pkill -f "pytest tests/engine/test_gpu" 2>/dev/null
+    timeout 120 python3 benchmarks/overlap_ab.py --reps 2 --out "$OUT/overlap_ab.json" 2>&1 | grep -e batch -e Error
+    timeout 50 python3 benchmarks/cpu_phases.py --threads 15,16 --calls 200 --out "$OUT/cpu_phases.json" 2>&1 | tail -n 2
+    timeout 60 python3 benchmarks/step_profile.py --cells int4/fp8+nopdl --out "$OUT/step_profile.json" 2>&1 \
+      | grep -e "tok/s" -e Error
+    timeout "$(( $(left) - 5 ))" python3 benchmarks/cold_experts.py --formats int4 --pools 0 --depths 0,2 --batches 1,8 \
+      --modes auto,bus,cpu --tokens 48 --out "$OUT/cold.json" 2>&1 | grep -v -e "^  [^ ]" -e "^[^ ]*Warn" | tail -n 14;;
   probes)
     # where the GPU memory goes at no pool (the kit measured 3.8 GB peak at int4 where the plan counts
     # 2.4), then the gather kernel's bus rate against the copy engine, then the kit's shape with and
@@ -148,6 +164,6 @@ case ${1:-} in
     timeout "$(( $(left) - 5 ))" python3 benchmarks/offload_trace.py --formats int4 --depths 0 --modes bus \
       --reads auto,copy --out "$OUT/no_pool_reads.json" 2>&1 | grep -v -e USDT -e Warn | tail -n 3;;
   *)
-    echo "usage: h200_session.sh tests-and-kit | tests-ab-kit | validate | kit | kit-then-gpt-oss | gpt-oss | probes | no-pool" >&2
+    echo "usage: h200_session.sh tests-and-kit | tests-ab-kit | validate | checks | kit | kit-then-gpt-oss | gpt-oss | probes | no-pool" >&2
     exit 2;;
 esac
