@@ -176,4 +176,4 @@ def snapshot(engine: "LLMEngine") -> EngineStats:
         step_ms=c.step_ms, running=len(sched.running), waiting=len(sched.waiting), batch_size=c.batch_size,
         preemptions=sched.preemptions, kv_blocks_used=m.allocator.num_used, kv_blocks_total=m.allocator.num_blocks,
         kv_cache_dtype=m.cache.label, cuda_graphs_active=engine.runner.use_graphs and engine.runner.graphs is not None and engine.runner.graphs.replays > 0,
-        host_syncs=syncs, experts=expert_stats, memory=memory, stages=stages)
+        steps_ahead=engine.steps_ahead, host_syncs=syncs, experts=expert_stats, memory=memory, stages=stages)

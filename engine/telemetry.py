@@ -109,6 +109,7 @@ class EngineStats:
     kv_blocks_total: int = 0
     kv_cache_dtype: str = ""
     cuda_graphs_active: bool = False
+    steps_ahead: int = 0             # decode steps launched before the last one's tokens were read back
     host_syncs: int = 0
     experts: ExpertStats = field(default_factory=ExpertStats)
     memory: MemoryStats = field(default_factory=MemoryStats)

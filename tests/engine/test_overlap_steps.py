@@ -69,6 +69,8 @@ def test_greedy_and_seeded_requests_with_different_lengths_and_logprobs(engines)
     assert [len(got[f"r{i}"]["ids"]) for i in range(4)] == [6, 11, 16, 21]
     assert all(len(got[r]["logprobs"]) == len(got[r]["ids"]) for r in ("r0", "r1"))
     assert ahead >= 15            # most decode steps ran ahead of the last one's read-back
+    on, off = engines
+    assert on.stats().steps_ahead == on.steps_ahead and off.stats().steps_ahead == 0
 
 
 def test_stop_strings_and_stop_tokens_end_requests_whose_next_step_is_already_launched(engines):
