@@ -108,14 +108,7 @@ class ModelRunner:
         """Launch ``sched`` and queue its sampling without waiting for it (:meth:`can_launch_ahead`
         said it may); ``ids``: its input tokens on the device, else the requests' own. Read it back
         with :meth:`take`."""
-        sampling = [s.request for s in sched.seqs]
-        b = len(sched.seqs)
-        bucket = self.graphs.bucket(b) if self.use_graphs else None
-        if bucket is not None and not self.model.experts.eager_for(b, bucket):
-            self.graphs.run(self.decode_inputs(sched, ahead=ids is not None),
-                            then=lambda logits: self._queue_sample(logits, sampling), ids=ids)
-        else:
-            self._queue_sample(self.model.forward(self.build_batch(sched, ids), self.cache), sampling)
+        self._forward_and_sample(sched, ids)
         queued, self._queued = self._queued, None
         return queued
 
@@ -124,6 +117,17 @@ class ModelRunner:
 
         A replayed decode step has its sampling queued as soon as the step is launched, before the
         host follows the step's experts and ends it, so the tokens are ready when the host is."""
+        t0 = time.perf_counter()
+        graphable, eager = self._forward_and_sample(sched)
+        out = self.take()
+        if graphable:
+            b = len(sched.seqs)
+            self.model.experts.observe_step(b, eager, time.perf_counter() - t0, self.graphs.bucket(b))
+        return out
+
+    def _forward_and_sample(self, sched: SchedulerOutput, ids: torch.Tensor | None = None) -> tuple[bool, bool]:
+        """Replay the step's recording (or run it eagerly) and queue its sampling; ``ids`` as in
+        :meth:`launch`. Returns (whether a recording fits the step, whether it ran eagerly all the same)."""
         sampling = [s.request for s in sched.seqs if s.samples]
         b = len(sched.seqs)
         graphable = (self.use_graphs and all(s.num_new == 1 and s.samples for s in sched.seqs)
@@ -131,16 +135,12 @@ class ModelRunner:
         # eager instead, where the host may give missing experts to the CPU (engine/experts/cold.py);
         # the recording the step would replay is its bucket's
         eager = graphable and self.model.experts.eager_for(b, self.graphs.bucket(b))
-        t0 = time.perf_counter()
         if graphable and not eager:
-            self.graphs.run(self.decode_inputs(sched), then=lambda logits: self._queue_sample(logits, sampling))
+            self.graphs.run(self.decode_inputs(sched, ahead=ids is not None),
+                            then=lambda logits: self._queue_sample(logits, sampling), ids=ids)
         else:
-            logits = self.model.forward(self.build_batch(sched), self.cache)         # [B', V]
-            self._queue_sample(logits, sampling)
-        out = self.take()
-        if graphable:
-            self.model.experts.observe_step(b, eager, time.perf_counter() - t0, self.graphs.bucket(b))
-        return out
+            self._queue_sample(self.model.forward(self.build_batch(sched, ids), self.cache), sampling)   # [B', V]
+        return graphable, eager
 
     def _queue_sample(self, logits: torch.Tensor, reqs: list[Request]) -> None:
         """Queue the sampling of ``logits`` [B, V] and the copy of its results to the host.
