@@ -96,6 +96,8 @@ def row(engine, sweep: Sweep, fmt: str, pool: float, depth: int, mode: str, batc
            "graph_shares": ({str(t): {"share": sh, "step_s_by_share": {str(k): v for k, v in tried.items()}}
                              for t, (sh, tried) in experts.direct.shares.tuner.state().items()}
                             if experts.direct.shares is not None else None),
+           "predicting": {str(t): {"on": on, "step_s": {("predicting" if k else "quiet"): v for k, v in times.items()}}
+                          for t, (on, times) in experts.direct.predict_tuner.state().items()},
            "expert_bytes": experts.layout.nbytes,
            "host_trace_us": trace.summary(),            # and the last traced step's events
            "host_trace": [list(e) for e in trace.events if e[0] == trace.events[-1][0]] if trace.events else []}
@@ -188,6 +190,10 @@ def main() -> None:
                     for t, g in (r["graph_shares"] or {}).items():     # what auto measured for each share it tried
                         tried = " ".join(f"{k}:{1e3 * v:.2f}" for k, v in g["step_s_by_share"].items())
                         print(f"    {t} tokens: share {g['share']:.3f} in force; ms a step by share {tried}", flush=True)
+                    for t, g in r.get("predicting", {}).items():       # predicting or quiet replays, as measured
+                        tried = " ".join(f"{k}:{1e3 * v:.2f}" for k, v in g["step_s"].items())
+                        print(f"    {t} tokens: {'predicting' if g['on'] else 'quiet'} replays; ms a step {tried}",
+                              flush=True)
                     if args.out:                 # kept row by row: a run cut short keeps what it measured
                         write_result(args.out, result)
         engine.close()

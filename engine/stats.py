@@ -96,7 +96,7 @@ def _table_bytes(m: "LoadedModel") -> int:
 
 _PER_LAYER = ("per_layer_hit_rate", "activations")
 # settings, not counts: as the first stage (rank 0, the engine's own card) has them
-_SETTINGS = ("claim_threshold", "cpu_shares")
+_SETTINGS = ("claim_threshold", "cpu_shares", "predicting")
 # A step's time is the wall time of the step as rank 0 sees it, not the sum of the cards' times: the
 # cards of expert parallel each take part in the whole step at once, and a pipeline's stages run
 # their layers within the same step (overlapping ones across micro-batches), so a sum would count one

@@ -64,6 +64,9 @@ class ExpertStats:
     # replayed decode steps (engine/experts/cold_graph.py): (tokens, share of each layer's missing
     # experts the host CPU takes) per step size seen; auto's measured choice, or 1 / 0 under cpu / bus
     cpu_shares: tuple[tuple[int, float], ...] = ()
+    # replayed direct-read decode steps (engine/experts/predict_tuner.py): (tokens, whether steps of
+    # that size predict later layers' experts, the GPU copying its guesses in) per step size measured
+    predicting: tuple[tuple[int, bool], ...] = ()
 
     @property
     def hit_rate(self) -> float:

@@ -190,6 +190,11 @@ def claim_summary(e: Any) -> tuple[str, str]:
         state = (f"{n} claim{'s' * (n != 1)} per layer" if n else
                  f"paused below {100 * e.claim_threshold:.0f}%, probed now and then")
         lines.append(f"steps of {label} token{'s' * (label != '1')}: {used}; {state}")
+    predicting = getattr(e, "predicting", ())
+    if predicting:
+        per = "; ".join(f"{'predicting' if on else 'without predictions'} at {t} token{'s' * (t != 1)}"
+                        for t, on in predicting)
+        lines.append(f"Replayed steps measured faster: {per}")
     return text, "\n".join(lines)
 
 

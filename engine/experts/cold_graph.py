@@ -128,6 +128,12 @@ class ShareTuner:
             nxt = st["cur"] + st["dir"]
         st["arm"], st["left"] = nxt, self.trials
 
+    def probing(self, tokens: int) -> bool:
+        """Whether the next step of ``tokens`` tokens measures a share other than the one in force (a
+        probe, the first trials) or is not a measure at all (after a recording; before the first)."""
+        st = self._s.get(tokens)
+        return st is None or st["skip"] or bool(st.get("first")) or st["arm"] != st["cur"]
+
     def state(self) -> dict[int, tuple[float, dict[float, float]]]:
         """Step size -> (share in force, average step seconds by share tried)."""
         return {t: (SHARES[st["cur"]], {SHARES[i]: v for i, v in sorted(st["avg"].items())})
@@ -190,6 +196,7 @@ class GraphCpuShares:
             self.frac = torch.zeros(1, dtype=torch.float32, pin_memory=pin)   # read by the publish kernels
             self.err = torch.zeros(1, dtype=torch.int32, pin_memory=pin)      # set by a join that gave up
         self.tuner = ShareTuner()
+        self.hold = False                # the replays' other tuner measures now: no suggested share starts
         self._bufs: dict[tuple[int, int], _Buffers] = {}
         self._run = None                 # the CPU kernels' runner, made at the first share
         self.tokens = 0                  # the running step's real tokens
@@ -211,7 +218,8 @@ class GraphCpuShares:
         if cold.mode != "auto":
             return 1.0 if cold.mode == "cpu" else 0.0
         balanced = self.balanced()
-        self.tuner.suggest(tokens, balanced)
+        if not self.hold:
+            self.tuner.suggest(tokens, balanced)
         return self.tuner.choose(tokens, balanced)
 
     def balanced(self) -> float:

@@ -41,6 +41,7 @@ from engine.experts.claims import DeviceClaims, admissions_landed
 from engine.experts.fills import FillSlots
 from engine.experts.gather import GatherSlots
 from engine.experts.host_trace import HostTrace
+from engine.experts.predict_tuner import PredictTuner
 from engine.experts.prefetch import ClaimGate, Prediction
 from engine.experts.residency import Residency
 from engine.experts.step_books import StepBooks
@@ -72,6 +73,9 @@ class DirectPath:
         self.defer_eager_ends = False
         self.shares: GraphCpuShares | None = None    # the host CPU's share in replayed steps, once recorded
         self.trace = HostTrace()                     # the host's timeline of followed steps, when asked
+        self.predict_tuner = PredictTuner()          # predicting or quiet replays, per step size
+        self._chose: tuple | None = None             # what ``predicts`` chose for the step about to replay
+        self._measured: tuple | None = None          # ... for the step replayed last, until observed
 
     # ---- when ------------------------------------------------------------------------------------
     @property
@@ -114,6 +118,7 @@ class DirectPath:
         """Before a recorded step of ``tokens`` real tokens is replayed: its fill slots and claim slots
         (none for a ``quiet`` recording, ``predicting`` False, or one that claims for no layer:
         ``targets``, the layers the recording's claim kernels write), the publish regions blanked."""
+        self._measured, self._chose = self._chose, None   # the choice of this step (None: not asked)
         if self.shares is not None:          # first: a refusal here leaves nothing begun
             self.shares.begin(tokens)
         books = self.r.books
@@ -141,6 +146,7 @@ class DirectPath:
         """Before a step is recorded: a warm-up run outside a step fills and claims nothing, and waits
         for no copy of the host's (nobody follows it)."""
         self.fills.meta.zero_()
+        self.predict_tuner.recorded()        # the next step of each size may record: not a measure
         if self.claims is not None:
             self.claims.dp.disarm()
 
@@ -158,15 +164,47 @@ class DirectPath:
         self.claims.launch(moe_index, layers, ids)
 
     def predicts(self, tokens: int) -> bool:
-        """Whether this step should predict later layers' experts: not when the GPU-side prefetch may
-        claim nothing this step (its guesses were mostly wrong and this is not a probe step): the
-        predictions would feed nothing but statistics, and a decode graph recorded without them
-        (``quiet``: no router GEMMs and routing for later layers, no claim or copy launches) replays
-        instead. Measured on the H200 (Qwen3-30B-A3B shape, bf16, batch 1) those launches take about
-        0.9 ms a step."""
+        """Whether this replayed step should predict later layers' experts (else the decode graph
+        recorded without predictions replays: ``quiet``, no router GEMMs and routing for later layers,
+        no claim or copy launches). Not when the GPU-side prefetch may claim nothing this step (its
+        guesses were mostly wrong and this is not a probe step): the predictions would feed nothing
+        but statistics (measured on the H200, Qwen3-30B-A3B shape, bf16, batch 1: those launches take
+        about 0.9 ms a step). Otherwise whichever recording the step times say is faster for this step
+        size (:class:`engine.experts.predict_tuner.PredictTuner`), measured while the CPU share's
+        tuner is not measuring the same steps."""
+        self._chose = None
         if self.claims is None or not self.direct_for(tokens):
             return True
-        return self.claims.quota(tokens) > 0
+        if self.claims.quota(tokens) == 0:
+            return False
+        share_busy = self._share_tuned() and self.shares.tuner.probing(tokens)
+        pick = self.predict_tuner.choose(tokens, may_probe=not share_busy)
+        probe = self.predict_tuner.probing(tokens)
+        if self.shares is not None:
+            self.shares.hold = probe          # no suggested share starts while this measures
+        self._chose = (tokens, pick, probe, share_busy)
+        return pick
+
+    def _share_tuned(self) -> bool:
+        """Whether replayed steps' CPU share is tuned by measuring them (``auto`` on a GPU)."""
+        return self.shares is not None and self.cpu_share_on and self.r.cold.mode == "auto"
+
+    def observe_replay(self, tokens: int, seconds: float, shared: bool) -> None:
+        """A replayed direct-read step of ``tokens`` tokens took ``seconds``: to the tuner of its
+        recording (when ``predicts`` chose it) and, ``shared``, the CPU share's. Each tuner counts only
+        the steps in which the other measured nothing."""
+        chose, self._measured = self._measured, None
+        probe = False
+        if chose is not None and chose[0] == tokens:
+            _, pick, probe, share_busy = chose
+            if not share_busy:
+                self.predict_tuner.observe(tokens, pick, seconds)
+        if shared and self.shares is not None and not probe:
+            self.shares.observe(tokens, seconds)
+
+    def predicting_state(self) -> tuple[tuple[int, bool], ...]:
+        """(tokens, whether replayed steps of that size predict) for each size measured so far."""
+        return tuple((t, on) for t, (on, _) in self.predict_tuner.state().items())
 
     # ---- following the GPU -----------------------------------------------------------------------
     def publish(self, moe_index: int, topk_ids: torch.Tensor, predicted: Prediction | None,

@@ -223,9 +223,9 @@ class ExpertManager:
             self.direct.shares.check()        # a join that gave up: this step's output is not valid
         if self.r.store is not None and not self.r.pool.full:
             shared = self.graph_cpu_share(tokens if recorded is None else recorded)
-            if not eager and self.direct.shares is not None and shared:
-                self.direct.shares.observe(tokens, seconds)
-            else:
+            if not eager:                     # its recording's tuner, and the CPU share's
+                self.direct.observe_replay(tokens, seconds, shared)
+            if eager or not shared or self.direct.shares is None:
                 self.r.cold.observe(tokens, eager, seconds)
 
     @property
@@ -458,6 +458,7 @@ class ExpertManager:
         self.r.cold.arms.reset()                   # the last setting's step times say nothing of this one
         if self.direct.shares is not None:
             self.direct.shares.tuner.reset()
+        self.direct.predict_tuner.reset()
         return self.describe()
 
     def set_gather(self, on: bool, min_uses: int | None = None) -> bool:
@@ -491,7 +492,8 @@ class ExpertManager:
                                    cpu_ms=cold.cpu_ms,
                                    cold_predicted_ms=cold.predicted_ms, cold_measured_ms=cold.measured_ms,
                                    steps_ms=self._step_ms, last_step_experts=cold.last_step,
-                                   cpu_shares=self.direct.shares.in_force() if self.direct.shares is not None else ())
+                                   cpu_shares=self.direct.shares.in_force() if self.direct.shares is not None else (),
+                                   predicting=self.direct.predicting_state())
 
     def _cold_mode(self) -> str:
         """The cold-expert setting as it acts here: "" with every expert resident and no host store."""

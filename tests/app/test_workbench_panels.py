@@ -10,7 +10,7 @@ def test_expert_panel_says_where_the_gpu_prefetch_is_paused(qapp):
     panel.push_stats(EngineStats(experts=ExpertStats()), now=1.0)
     assert panel.readouts["gpu_prefetch"].value.text() == "—"           # resident, or no direct-read step yet
     e = ExpertStats(hits=90, misses=10, claim_use=(("1", 0.28, 0), ("8-15", 0.63, 1), ("16", None, 1)),
-                    claim_threshold=0.4)
+                    claim_threshold=0.4, predicting=((1, False), (8, True)))
     panel.push_stats(EngineStats(experts=e), now=2.0)
     readout = panel.readouts["gpu_prefetch"].value
     assert readout.text() == "1 tok paused, 8-15 tok on, 16 tok on"
@@ -18,6 +18,7 @@ def test_expert_panel_says_where_the_gpu_prefetch_is_paused(qapp):
     assert tip[0] == "steps of 1 token: first claims used 28%; paused below 40%, probed now and then"
     assert tip[1] == "steps of 8-15 tokens: first claims used 63%; 1 claim per layer"
     assert tip[2] == "steps of 16 tokens: too few claims yet to tell; 1 claim per layer"
+    assert tip[3] == "Replayed steps measured faster: without predictions at 1 token; predicting at 8 tokens"
 
 
 def test_expert_panel_names_the_eviction_policy_and_adaptive_memory(qapp):

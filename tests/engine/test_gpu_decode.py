@@ -329,6 +329,39 @@ def test_quiet_steps_when_the_gpu_side_prefetch_is_closed(model) -> None:
         assert prov.pool.table.flatten().tolist() == prov.pool.books.slot_of
 
 
+def test_replays_measured_faster_without_predictions_run_quiet(model) -> None:
+    # The GPU-side prefetch stays open (its claims mostly used), but quiet steps measure faster: after
+    # its first probe the tuner replays the quiet recording at each step size, greedy output is the
+    # eager engine's either way, and the stats say which recording each size replays.
+    path, ref, keys, nbytes = model
+    with LLM(str(path), device="cuda", dtype="float32", expert_pool_size=(keys // 2) * nbytes,
+             prefetch_depth=2, cold_experts="bus") as llm:
+        prov = llm.engine.loaded.experts
+        prov.claims.decay = 1.0
+        for tokens in (1, 2, 4, 8, 16):
+            prov.claims.record(tokens, [(0, True, 1)] * 1000)     # open at every step size
+        tuner = prov.direct.predict_tuner
+        tuner.trials, tuner.probe_every = 2, 64
+        measured = tuner.observe
+        tuner.observe = lambda tokens, predicting, seconds: measured(tokens, predicting, 2.0 if predicting else 1.0)
+        flags = []
+        hooks = prov.replay_hooks
+        start = hooks.start_direct_step
+
+        def recording(regions, tokens, predicting=True, claims=()):
+            flags.append((tokens, predicting))
+            return start(regions, tokens, predicting, claims)
+        hooks.start_direct_step = recording
+        long = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+        got = llm.generate([PROMPTS[1]], long)[0].token_ids
+        assert got[:len(ref[1])] == ref[1]
+        ones = [p for t, p in flags if t == 1]
+        assert ones[0] is True and False in ones and ones[-1] is False
+        assert ones.count(True) <= 4          # the recording, two trials (and a step the claims closed)
+        assert dict(llm.stats().experts.predicting)[1] is False
+        assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == ref
+
+
 @pytest.mark.parametrize("family", ["glm4_moe", "deepseek_v2", "deepseek_v3"])
 @pytest.mark.parametrize("frac", [0.0, 0.5, 1.0])
 def test_scored_families_on_the_gpu_match_transformers_and_replay_what_eager_runs(tmp_path_factory, family,

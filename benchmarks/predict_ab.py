@@ -1,0 +1,128 @@
+"""Replayed decode steps that predict later layers' experts or not, chosen by measured step times,
+against prefetch depth 0 and against depth 2 that always predicts where its claims are open.
+
+On a checkpoint (the kit's trained-like one: ``benchmarks/trained_like_checkpoint.py``), per format and
+expert pool share, one engine: batch 1 after a 512-token prompt and 8 sequences after 128-token
+prompts, each row ``--warmup`` decode tokens then ``--tokens`` timed, for
+
+* ``depth0``: prefetch depth 0 (no predictions);
+* ``tuned``: depth 2, each step size replaying whichever recording its measured steps say is faster
+  (engine/experts/predict_tuner.py, the default);
+* ``predict``: depth 2, replaying the predicting recording whenever the claims are open (the behaviour
+  before the tuner).
+
+    python benchmarks/predict_ab.py --hf /dev/shm/strata-trained-like-L12 --formats bf16,int4 \
+        --shares 50,25,0 --out predict_ab.json
+    python benchmarks/predict_ab.py --smoke          # a tiny model on the CPU (what the tests run)
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import write_result  # noqa: E402
+from benchmarks.offload_sweep import Sweep, sampled_decode  # noqa: E402
+from engine import LLM  # noqa: E402
+from engine.experts.predict_tuner import PredictTuner  # noqa: E402
+
+VARIANTS = ("depth0", "tuned", "predict")
+
+
+def set_variant(llm: LLM, variant: str) -> None:
+    engine = llm.engine
+    engine.reconfigure(prefetch_depth=0 if variant == "depth0" else 2)
+    # never probing: the first recording (predicting) replays whenever the claims are open
+    engine.loaded.experts.direct.predict_tuner = PredictTuner(trials=10 ** 9) if variant == "predict" else PredictTuner()
+
+
+def measure(llm: LLM, sweep: Sweep, batch: int, prompt: int, seed: int) -> dict:
+    vocab = llm.engine.loaded.spec.vocab_size
+    g = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(10, vocab - 10, (batch, prompt), generator=g).tolist()
+    n, secs, before, after, _, _ = sampled_decode(llm.engine, prompts, sweep, seed)
+    d = lambda f: getattr(after, f) - getattr(before, f)   # noqa: E731
+    looked = d("hits") + d("misses")
+    return {"tokens": n, "tok_s": n / secs, "hit_rate": d("hits") / looked if looked else 1.0,
+            "h2d_mb_per_token": d("h2d_bytes") / n / 1e6, "cpu_experts_per_token": d("cpu_experts") / n,
+            "predicting": dict(after.predicting), "cpu_shares": dict(after.cpu_shares)}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--hf", help="checkpoint folder (default with --smoke: a tiny one made here)")
+    ap.add_argument("--formats", default="bf16,int4")
+    ap.add_argument("--shares", default="50,25,0", help="expert pool shares, percent")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--warmup", type=int, default=16)
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    device = "cpu" if args.smoke else "cuda"
+    path = args.hf
+    if path is None:
+        if not args.smoke:
+            ap.error("--hf is required on the GPU")
+        import tempfile
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        from tests.tiny_models import build_tiny_model
+        path = str(build_tiny_model(Path(tempfile.mkdtemp(prefix="predict_ab_")), "qwen3_moe"))
+    cases = [(1, 32 if args.smoke else 512), (8, 16 if args.smoke else 128)]
+    result: dict = {"benchmark": "predict_ab", "what": __doc__.split("\n\n")[0], "hf": path, "tokens": args.tokens,
+                    "warmup": args.warmup, "rows": [], "errors": []}
+    for fmt in args.formats.split(","):
+        for share in args.shares.split(","):
+            sweep = Sweep(fmt, (), (), (1, 8), args.tokens, args.warmup, device, "float32", "", None)
+            t0 = time.perf_counter()
+            try:
+                llm = LLM(path, device=device, weight_format=fmt, expert_pool_size=f"{share}%", prefetch_depth=2,
+                          max_batch=8, max_model_len=1024, kv_cache_size="256M" if args.smoke else "1G",
+                          **({"dtype": "float32", "group_size": 32} if args.smoke else {}))
+            except Exception as e:  # noqa: BLE001 - recorded; the next cell runs
+                result["errors"].append({"format": fmt, "share": share, "error": "".join(traceback.format_exception(e))[-2000:]})
+                print(f"{fmt} {share}%: load failed: {e!r}"[:300], flush=True)
+                continue
+            load_s = time.perf_counter() - t0
+            try:
+                for variant in args.variants.split(","):
+                    set_variant(llm, variant)
+                    for batch, prompt in cases:
+                        r = {"format": fmt, "share": float(share), "variant": variant, "batch": batch, "prompt": prompt,
+                             "load_s": load_s, **measure(llm, sweep, batch, prompt, seed=batch * 100)}
+                        result["rows"].append(r)
+                        print(f"{fmt:5} pool {share:>3}% {variant:8} b{batch}: {r['tok_s']:8.1f} tok/s  hit "
+                              f"{100 * r['hit_rate']:5.1f}%  bus {r['h2d_mb_per_token']:6.1f} MB/tok  cpu "
+                              f"{r['cpu_experts_per_token']:5.1f}/tok  predicting {r['predicting']}", flush=True)
+                        if args.out:
+                            write_result(args.out, result)
+            except Exception as e:  # noqa: BLE001
+                result["errors"].append({"format": fmt, "share": share, "error": "".join(traceback.format_exception(e))[-2000:]})
+                print(f"{fmt} {share}%: failed: {e!r}"[:300], flush=True)
+            finally:
+                llm.close()
+                del llm
+                gc.collect()
+                if device == "cuda":
+                    torch.cuda.empty_cache()
+    by = {(r["format"], r["share"], r["batch"], r["variant"]): r["tok_s"] for r in result["rows"]}
+    print("format share batch | depth0 | tuned | predict | tuned/depth0 tuned/predict")
+    for (fmt, share, batch, variant), v in by.items():
+        if variant != "tuned":
+            continue
+        d0, pr = by.get((fmt, share, batch, "depth0")), by.get((fmt, share, batch, "predict"))
+        print(f"{fmt:5} {share:5.0f}% b{batch} | {d0 or 0:7.1f} | {v:7.1f} | {pr or 0:7.1f} | "
+              f"{v / d0 if d0 else 0:5.2f}x {v / pr if pr else 0:5.2f}x")
+    if args.out:
+        write_result(args.out, result)
+    return result
+
+
+if __name__ == "__main__":
+    main()

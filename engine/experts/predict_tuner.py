@@ -1,0 +1,102 @@
+"""``PredictTuner``: whether a replayed direct-read decode step predicts later layers' experts.
+
+A direct-read decode step is recorded twice (engine/cuda_graphs.py): once predicting (each layer
+routes the hidden state through later layers' routers and the GPU copies the guessed experts in
+ahead, engine/experts/claims.py) and once ``quiet`` (no predictions, no claims). The claim gate
+(:class:`engine.experts.prefetch.ClaimGate`) closes the claims whose guesses are mostly wrong, but
+a guess that is right half the time can still cost more than it saves: its copy contends on the bus
+with the reads the step waits for, and a wrong one may evict a hot expert. Only the step's time
+says which recording is faster, and that differs by step size, format, pool share and routing: in the
+llama.cpp kit's run on an H100 at b83ca23 (trained-like routing, llamacpp_kit_2026-12-06c), prefetch
+depth 0 beat depth 2 in five of six cells at batch 1 (up to 1.38x, bf16 at a 50% pool) and lost the
+sixth (int4 at 25%: 0.94x); at batch 8 it won three of six.
+
+For each step size this measures both and replays the faster: the predicting recording first (its
+first step records the graphs, so it is not a measure), then ``trials`` quiet steps, then whichever
+median step time is lower; every ``probe_every`` steps it tries the other for ``trials`` steps and
+moves when that was faster by ``margin`` (each arm's time: the median of its last ``window`` steps, a
+probe's of its own steps). A probe step slower than the arm in force by ``abandon`` ends its probe at
+once, and each probe that fails doubles the wait before the next (up to 8 times).
+"""
+from __future__ import annotations
+
+import statistics
+
+
+class PredictTuner:
+    def __init__(self, trials: int = 3, probe_every: int = 32, window: int = 5, margin: float = 0.02,
+                 abandon: float = 0.5) -> None:
+        self.trials, self.probe_every, self.window, self.margin = trials, probe_every, window, margin
+        self.abandon = abandon
+        self._s: dict[int, dict] = {}
+
+    def _state(self, tokens: int) -> dict:
+        st = self._s.get(tokens)
+        if st is None:
+            # the first steps predict (the recording's own behaviour); after ``trials`` of them, a probe
+            st = self._s[tokens] = {"cur": True, "arm": True, "left": self.trials, "every": self.trials,
+                                    "recent": {True: [], False: []}, "probe": [], "skip": True}
+        return st
+
+    def choose(self, tokens: int, may_probe: bool = True) -> bool:
+        """Whether the next replayed step of ``tokens`` tokens predicts. ``may_probe``: whether a probe
+        of the other recording may start now (not while another tuner measures the same steps)."""
+        st = self._state(tokens)
+        if st["arm"] == st["cur"] and st["left"] <= 0 and may_probe and not st["skip"]:
+            st["arm"], st["left"], st["probe"] = not st["cur"], self.trials, []
+        return st["arm"]
+
+    def probing(self, tokens: int) -> bool:
+        """Whether the next step of ``tokens`` tokens is one of a probe of the other recording."""
+        st = self._s.get(tokens)
+        return st is not None and st["arm"] != st["cur"]
+
+    def observe(self, tokens: int, predicting: bool, seconds: float) -> None:
+        """A replayed step of ``tokens`` tokens that ``choose`` picked ran in ``seconds``."""
+        st = self._s.get(tokens)
+        if st is None:
+            return
+        if st["skip"]:                       # the size's first step records its graphs
+            st["skip"] = False
+            return
+        if predicting != st["arm"]:
+            return
+        cur = st["cur"]
+        if predicting == cur:
+            recent = st["recent"][cur]
+            recent.append(seconds)
+            del recent[:-self.window]
+            st["left"] -= 1
+            return
+        probe = st["probe"]
+        probe.append(seconds)
+        st["left"] -= 1
+        here = st["recent"][cur]
+        if here and seconds > statistics.median(here) * (1 + self.abandon):
+            st["left"] = 0                   # far slower than the recording in force: stop here
+        if st["left"] > 0:
+            return
+        moved = not here or statistics.median(probe) < statistics.median(here) * (1 - self.margin)
+        st["recent"][predicting] = probe[-self.window:]     # what the other recording measured last
+        if moved:
+            st["cur"], st["every"] = predicting, self.probe_every
+        else:
+            st["every"] = min(8 * self.probe_every, 2 * st["every"] if st["every"] >= self.probe_every
+                              else self.probe_every)
+        st["arm"], st["left"], st["probe"] = st["cur"], st["every"], []
+
+    def state(self) -> dict[int, tuple[bool, dict[bool, float]]]:
+        """Step size -> (whether it predicts, median step seconds of each recording measured)."""
+        out = {}
+        for t, st in sorted(self._s.items()):
+            times = {arm: statistics.median(v) for arm, v in st["recent"].items() if v}
+            out[t] = (st["cur"], times)
+        return out
+
+    def recorded(self) -> None:
+        """The steps were recorded (again): the next step of each size is not a measure."""
+        for st in self._s.values():
+            st["skip"] = True
+
+    def reset(self) -> None:
+        self._s.clear()

@@ -1,0 +1,115 @@
+"""Predicting or quiet replays of direct-read decode steps, chosen by measured step times
+(engine/experts/predict_tuner.py), and how that choice shares the steps with the CPU share's tuner."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from engine.experts.cold_graph import ShareTuner
+from engine.experts.direct import DirectPath
+from engine.experts.predict_tuner import PredictTuner
+
+
+def run(tuner: PredictTuner, tokens: int, seconds, steps: int) -> list[bool]:
+    picks = []
+    for _ in range(steps):
+        pick = tuner.choose(tokens)
+        picks.append(pick)
+        tuner.observe(tokens, pick, seconds(pick))
+    return picks
+
+
+def test_each_step_size_replays_the_recording_measured_faster() -> None:
+    # Steps of one token are faster without predictions, steps of eight with them: each size keeps its own.
+    tuner = PredictTuner(trials=3, probe_every=8)
+    run(tuner, 1, lambda p: 1.2 if p else 1.0, 40)
+    run(tuner, 8, lambda p: 2.0 if p else 2.4, 40)
+    state = tuner.state()
+    assert state[1][0] is False and state[8][0] is True
+    assert state[1][1] == {True: 1.2, False: 1.0}
+    assert state[8][1] == {True: 2.0, False: 2.4}
+
+
+def test_the_tuner_follows_when_the_faster_recording_changes() -> None:
+    # The routing moves (guesses get better): predicting becomes the faster; a later probe finds it.
+    tuner = PredictTuner(trials=2, probe_every=6)
+    run(tuner, 1, lambda p: 1.2 if p else 1.0, 30)
+    assert tuner.state()[1][0] is False
+    run(tuner, 1, lambda p: 0.8 if p else 1.0, 60)
+    assert tuner.state()[1][0] is True
+
+
+def test_the_first_step_after_a_recording_is_not_a_measure() -> None:
+    # The first step records both graphs and takes fifty times as long; predicting is the faster all
+    # the same, and the tuner keeps it. After a new recording the same holds.
+    tuner = PredictTuner(trials=3, probe_every=8)
+    times = iter([50.0])
+    for _ in range(20):
+        pick = tuner.choose(1)
+        tuner.observe(1, pick, next(times, 1.0 if pick else 1.3))
+    assert tuner.state()[1][0] is True
+    tuner.recorded()
+    pick = tuner.choose(1)
+    tuner.observe(1, pick, 50.0)
+    assert max(tuner.state()[1][1].values()) < 2.0
+
+
+def test_probes_of_a_far_slower_recording_are_short_and_rare() -> None:
+    # Quiet steps take five times as long: each probe ends after one step, and probes come less and
+    # less often, so nearly every step predicts.
+    tuner = PredictTuner(trials=3, probe_every=6)
+    picks = run(tuner, 1, lambda p: 1.0 if p else 5.0, 400)
+    assert tuner.state()[1][0] is True
+    assert sum(not p for p in picks) <= 12                 # one step a probe, each wait doubling to 8 x 6
+    assert sum(not p for p in picks[100:]) <= 300 // 48 + 1
+
+
+def test_a_probe_waits_while_another_tuner_measures() -> None:
+    tuner = PredictTuner(trials=2, probe_every=4)
+    for _ in range(10):
+        pick = tuner.choose(1, may_probe=False)
+        assert pick is True
+        tuner.observe(1, pick, 1.0)
+    assert tuner.choose(1, may_probe=True) is False          # its first probe, once allowed
+    assert tuner.probing(1)
+
+
+def fake_direct(share_tuner: ShareTuner, quota: int = 1):
+    """What DirectPath.predicts and observe_replay use, with the CPU share tuned (``auto`` on a GPU)."""
+    shares = SimpleNamespace(tuner=share_tuner, hold=False,
+                             observe=lambda tokens, seconds: share_tuner.observe(tokens, seconds))
+    d = SimpleNamespace(claims=SimpleNamespace(quota=lambda tokens: quota), direct_for=lambda tokens: True,
+                        shares=shares, predict_tuner=PredictTuner(trials=3, probe_every=12), _chose=None,
+                        _measured=None)
+    d._share_tuned = lambda: True
+    return d
+
+
+def test_the_recording_and_the_cpu_share_are_tuned_on_separate_steps() -> None:
+    # Step time: quiet replays are 20% faster, and a CPU share of 4/8 beats the others. Both tuners
+    # find their best, and no step is measured by both while either tries something other than
+    # what it has in force (a probe of one would otherwise read as the other's time).
+    share_tuner = ShareTuner(trials=3, probe_every=10)
+    d = fake_direct(share_tuner)
+    both = 0
+    for _ in range(500):
+        pick = DirectPath.predicts(d, 1)
+        share = share_tuner.choose(1, 0.5)                     # what the replay's begin sets
+        both += d.predict_tuner.probing(1) and share_tuner.probing(1) and not d._chose[3]
+        d._measured, d._chose = d._chose, None                 # start_replay
+        seconds = (1.2 if pick else 1.0) * (1.0 + abs(share - 0.5))
+        DirectPath.observe_replay(d, 1, seconds, shared=True)
+    assert both == 0
+    assert d.predict_tuner.state()[1][0] is False
+    assert share_tuner.state()[1][0] == 0.5
+
+
+def test_a_step_whose_claims_are_closed_replays_quiet_and_measures_only_the_share() -> None:
+    share_tuner = ShareTuner(trials=2, probe_every=10)
+    d = fake_direct(share_tuner, quota=0)
+    for _ in range(30):
+        assert DirectPath.predicts(d, 1) is False
+        share = share_tuner.choose(1, 0.5)
+        d._measured, d._chose = d._chose, None
+        DirectPath.observe_replay(d, 1, 1.0 + abs(share - 0.5), shared=True)
+    assert d.predict_tuner.state() == {}
+    assert share_tuner.state()[1][0] == 0.5
