@@ -143,21 +143,21 @@ case ${1:-} in
       --modes auto,bus,cpu --tokens 48 --out "$OUT/cold.json" 2>&1 | grep -v -e "^  [^ ]" -e "^[^ ]*Warn" | tail -n 14;;
   tuner)
     # the GPU tests; replays that predict or not by measured step time (predict_ab: trained-like routing,
-    # int4, pools 50/25/0%, batch 1 and 8; depth 0, tuned depth 2, always-predicting depth 2); the CPU
-    # kernel with its OpenMP workers spinning longer between calls (GOMP_SPINCOUNT) against the default
+    # int4, pools AB_SHARES, batch 1 and 8; depth 0, tuned depth 2, always-predicting depth 2); then the
+    # CPU kernel with its OpenMP workers spinning longer between calls (GOMP_SPINCOUNT) against the default
     nvidia-smi --query-gpu=name --format=csv,noheader
     mkdir -p "$OUT/suite"
     OUT="$OUT/suite" PYTHON=python3 timeout -k 10 220 bash benchmarks/gpu_suite.sh tests
     pkill -f "pytest tests/engine/test_gpu" 2>/dev/null
-    for spin in default 20000000; do
-      if [ $spin = default ]; then env -u GOMP_SPINCOUNT -u OMP_WAIT_POLICY timeout 40 python3 benchmarks/cpu_phases.py \
-        --threads 15,16 --calls 100 --out "$OUT/cpu_spin_$spin.json" 2>&1 | tail -n 2
-      else GOMP_SPINCOUNT=$spin timeout 40 python3 benchmarks/cpu_phases.py --threads 15,16 --calls 100 \
-        --out "$OUT/cpu_spin_$spin.json" 2>&1 | tail -n 2; fi
-    done
     [ -d "$TRAINED" ] || python3 benchmarks/trained_like_checkpoint.py "$TRAINED" --layers 12 2>&1 | tail -n 2
-    timeout "$(( $(left) - 5 ))" python3 benchmarks/predict_ab.py --hf "$TRAINED" --formats "${AB_FORMATS:-int4}" \
-      --shares "${AB_SHARES:-50,25,0}" --out "$OUT/predict_ab.json" 2>&1 | grep -v -e Warn -e "^ *$" | tail -n 30;;
+    timeout "$(( $(left) - 50 ))" python3 benchmarks/predict_ab.py --hf "$TRAINED" --formats "${AB_FORMATS:-int4}" \
+      --shares "${AB_SHARES:-50,25,0}" --out "$OUT/predict_ab.json" 2>&1 | grep -v -e Warn -e "^ *$" | tail -n 30
+    for spin in default 20000000; do
+      if [ $spin = default ]; then env -u GOMP_SPINCOUNT -u OMP_WAIT_POLICY timeout 22 python3 benchmarks/cpu_phases.py \
+        --threads 15 --calls 60 --out "$OUT/cpu_spin_$spin.json" 2>&1 | tail -n 1
+      else GOMP_SPINCOUNT=$spin timeout 22 python3 benchmarks/cpu_phases.py --threads 15 --calls 60 \
+        --out "$OUT/cpu_spin_$spin.json" 2>&1 | tail -n 1; fi
+    done;;
   probes)
     # where the GPU memory goes at no pool (the kit measured 3.8 GB peak at int4 where the plan counts
     # 2.4), then the gather kernel's bus rate against the copy engine, then the kit's shape with and
