@@ -150,9 +150,10 @@ case ${1:-} in
     OUT="$OUT/suite" PYTHON=python3 timeout -k 10 220 bash benchmarks/gpu_suite.sh tests
     pkill -f "pytest tests/engine/test_gpu" 2>/dev/null
     [ -d "$TRAINED" ] || python3 benchmarks/trained_like_checkpoint.py "$TRAINED" --layers 12 2>&1 | tail -n 2
-    timeout "$(( $(left) - 50 ))" python3 benchmarks/predict_ab.py --hf "$TRAINED" --formats "${AB_FORMATS:-int4}" \
+    timeout "$(( $(left) - ${SPIN_S:-50} ))" python3 benchmarks/predict_ab.py --hf "$TRAINED" --formats "${AB_FORMATS:-int4}" \
       --shares "${AB_SHARES:-50,25,0}" --out "$OUT/predict_ab.json" 2>&1 | grep -v -e Warn -e "^ *$" | tail -n 30
     for spin in default 20000000; do
+      [ "$(left)" -gt 25 ] || break
       if [ $spin = default ]; then env -u GOMP_SPINCOUNT -u OMP_WAIT_POLICY timeout 22 python3 benchmarks/cpu_phases.py \
         --threads 15 --calls 60 --out "$OUT/cpu_spin_$spin.json" 2>&1 | tail -n 1
       else GOMP_SPINCOUNT=$spin timeout 22 python3 benchmarks/cpu_phases.py --threads 15 --calls 60 \
