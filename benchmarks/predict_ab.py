@@ -38,8 +38,9 @@ VARIANTS = ("depth0", "tuned", "predict")
 def set_variant(llm: LLM, variant: str) -> None:
     engine = llm.engine
     engine.reconfigure(prefetch_depth=0 if variant == "depth0" else 2)
-    # never probing: the first recording (predicting) replays whenever the claims are open
-    engine.loaded.experts.direct.predict_tuner = PredictTuner(trials=10 ** 9) if variant == "predict" else PredictTuner()
+    # never probing: the predicting recording replays whenever the claims are open
+    engine.loaded.experts.direct.predict_tuner = (PredictTuner(trials=10 ** 9, start=True) if variant == "predict"
+                                                  else PredictTuner())
 
 
 def measure(llm: LLM, sweep: Sweep, batch: int, prompt: int, seed: int) -> dict:

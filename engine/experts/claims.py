@@ -44,6 +44,11 @@ class DeviceClaims:
             # stream, which the claims do not wait for: they could claim that key and race its entry
         return quota
 
+    def open_for(self, tokens: int) -> bool:
+        """Whether a step of ``tokens`` tokens claims by the gate's counts alone, not only because this
+        is one of the gate's probe steps (which measure closed ranks again)."""
+        return self.gate.quota(tokens, self.r.tuning.prefetch_per_layer, probe=False) > 0
+
     def begin(self, step: StepBooks, tokens: int) -> None:
         """Lease the free staging slots for this step's claims and set its per-layer quota."""
         r, dp, gate = self.r, self.dp, self.r.gate

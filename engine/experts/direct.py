@@ -169,14 +169,17 @@ class DirectPath:
         no claim or copy launches). Not when the GPU-side prefetch may claim nothing this step (its
         guesses were mostly wrong and this is not a probe step): the predictions would feed nothing
         but statistics (measured on the H200, Qwen3-30B-A3B shape, bf16, batch 1: those launches take
-        about 0.9 ms a step). Otherwise whichever recording the step times say is faster for this step
-        size (:class:`engine.experts.predict_tuner.PredictTuner`), measured while the CPU share's
-        tuner is not measuring the same steps."""
+        about 0.9 ms a step). Always on the claim gate's probe steps of closed claims, which measure
+        them again. Otherwise whichever recording the step times say is faster for this step size
+        (:class:`engine.experts.predict_tuner.PredictTuner`), measured while the CPU share's tuner is
+        not measuring the same steps."""
         self._chose = None
         if self.claims is None or not self.direct_for(tokens):
             return True
         if self.claims.quota(tokens) == 0:
             return False
+        if not self.claims.open_for(tokens):
+            return True                       # the claim gate's probe: it measures the claims, not the step
         share_busy = self._share_tuned() and self.shares.tuner.probing(tokens)
         pick = self.predict_tuner.choose(tokens, may_probe=not share_busy)
         probe = self.predict_tuner.probing(tokens)

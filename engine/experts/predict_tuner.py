@@ -11,12 +11,19 @@ llama.cpp kit's run on an H100 at b83ca23 (trained-like routing, llamacpp_kit_20
 depth 0 beat depth 2 in five of six cells at batch 1 (up to 1.38x, bf16 at a 50% pool) and lost the
 sixth (int4 at 25%: 0.94x); at batch 8 it won three of six.
 
-For each step size this measures both and replays the faster: the predicting recording first (its
-first step records the graphs, so it is not a measure), then ``trials`` quiet steps, then whichever
-median step time is lower; every ``probe_every`` steps it tries the other for ``trials`` steps and
+For each step size this measures both and replays the faster: ``trials`` quiet steps first (after the
+first step, which records the graphs and is not a measure), then ``trials`` predicting steps, then
+whichever median step time is lower; every ``probe_every`` steps it tries the other for ``trials`` steps and
 moves when that was faster by ``margin`` (each arm's time: the median of its last ``window`` steps, a
 probe's of its own steps). A probe step slower than the arm in force by ``abandon`` ends its probe at
 once, and each probe that fails doubles the wait before the next (up to 8 times).
+
+Quiet first, because the CPU's share of the missing experts is tuned on the steps of the recording in
+force (engine/experts/cold_graph.ShareTuner), and with predicting steps it settles where the CPU takes
+almost nothing: on the H100 at 989b39d (predict_ab_2026-12-06, int4, trained-like routing, no pool)
+depth 2 starting from predicting replays kept predicting and gave the CPU 1.4 experts a token at batch
+1 (147.6 tok/s) where depth 0 gave it 36.8 (168.8 tok/s); at batch 8, 433.2 against 483.5. Replays
+that always predicted were slower still (128.0 and 388.8).
 """
 from __future__ import annotations
 
@@ -25,16 +32,16 @@ import statistics
 
 class PredictTuner:
     def __init__(self, trials: int = 3, probe_every: int = 32, window: int = 5, margin: float = 0.02,
-                 abandon: float = 0.5) -> None:
+                 abandon: float = 0.5, start: bool = False) -> None:
         self.trials, self.probe_every, self.window, self.margin = trials, probe_every, window, margin
-        self.abandon = abandon
+        self.abandon, self.start = abandon, start      # start: the recording a step size replays first
         self._s: dict[int, dict] = {}
 
     def _state(self, tokens: int) -> dict:
         st = self._s.get(tokens)
         if st is None:
-            # the first steps predict (the recording's own behaviour); after ``trials`` of them, a probe
-            st = self._s[tokens] = {"cur": True, "arm": True, "left": self.trials, "every": self.trials,
+            # the first steps replay ``start``; after ``trials`` of them, a probe of the other
+            st = self._s[tokens] = {"cur": self.start, "arm": self.start, "left": self.trials, "every": self.trials,
                                     "recent": {True: [], False: []}, "probe": [], "skip": True}
         return st
 

@@ -95,3 +95,19 @@ def test_a_closed_engine_gives_its_memory_back(path, options) -> None:
     live = [] if engine() is None else [type(r).__name__ for r in gc.get_referrers(engine())][:8]
     assert engine() is None, f"the closed engine is still referenced by {live}"
     assert held <= 64 << 20, f"{held / 2**20:.0f} MiB stay allocated after the engine closed"
+
+
+def test_engines_opened_and_closed_in_turn_do_not_accumulate_memory(path) -> None:
+    # A benchmark's rows or a user opening model after model: what stays allocated after each close
+    # (caches torch keeps per process, such as cuBLAS's workspace of a stream) does not grow per engine.
+    import gc
+    held = []
+    for _ in range(4):
+        with LLM(str(path), device="cuda", max_batch=8, kv_cache_size="256M", expert_pool_size="0%") as llm:
+            llm.generate(_prompts(1, 300), GREEDY)
+            llm.generate(_prompts(8, 40), GREEDY)
+        del llm
+        gc.collect()
+        torch.cuda.synchronize()
+        held.append(torch.cuda.memory_allocated())
+    assert held[-1] - held[0] <= 16 << 20, f"MiB held after each close: {[round(h / 2**20) for h in held]}"

@@ -40,7 +40,7 @@ def test_the_tuner_follows_when_the_faster_recording_changes() -> None:
 
 def test_the_first_step_after_a_recording_is_not_a_measure() -> None:
     # The first step records both graphs and takes fifty times as long; predicting is the faster all
-    # the same, and the tuner keeps it. After a new recording the same holds.
+    # the same, and the tuner ends on it. After a new recording the same holds.
     tuner = PredictTuner(trials=3, probe_every=8)
     times = iter([50.0])
     for _ in range(20):
@@ -56,7 +56,7 @@ def test_the_first_step_after_a_recording_is_not_a_measure() -> None:
 def test_probes_of_a_far_slower_recording_are_short_and_rare() -> None:
     # Quiet steps take five times as long: each probe ends after one step, and probes come less and
     # less often, so nearly every step predicts.
-    tuner = PredictTuner(trials=3, probe_every=6)
+    tuner = PredictTuner(trials=3, probe_every=6, start=True)
     picks = run(tuner, 1, lambda p: 1.0 if p else 5.0, 400)
     assert tuner.state()[1][0] is True
     assert sum(not p for p in picks) <= 12                 # one step a probe, each wait doubling to 8 x 6
@@ -67,17 +67,26 @@ def test_a_probe_waits_while_another_tuner_measures() -> None:
     tuner = PredictTuner(trials=2, probe_every=4)
     for _ in range(10):
         pick = tuner.choose(1, may_probe=False)
-        assert pick is True
+        assert pick is False                                 # quiet first
         tuner.observe(1, pick, 1.0)
-    assert tuner.choose(1, may_probe=True) is False          # its first probe, once allowed
+    assert tuner.choose(1, may_probe=True) is True           # its first probe, once allowed
     assert tuner.probing(1)
+
+
+def test_quiet_replays_come_first_and_predicting_ones_are_tried() -> None:
+    # Each step size starts on the quiet recording and tries the predicting one after its first trials.
+    tuner = PredictTuner(trials=3, probe_every=8)
+    picks = run(tuner, 4, lambda p: 1.0, 12)
+    assert picks[:4] == [False] * 4 and picks[4:7] == [True] * 3
+    assert tuner.state()[4][0] is False                      # no faster by the margin: quiet stays
 
 
 def fake_direct(share_tuner: ShareTuner, quota: int = 1):
     """What DirectPath.predicts and observe_replay use, with the CPU share tuned (``auto`` on a GPU)."""
     shares = SimpleNamespace(tuner=share_tuner, hold=False,
                              observe=lambda tokens, seconds: share_tuner.observe(tokens, seconds))
-    d = SimpleNamespace(claims=SimpleNamespace(quota=lambda tokens: quota), direct_for=lambda tokens: True,
+    d = SimpleNamespace(claims=SimpleNamespace(quota=lambda tokens: quota, open_for=lambda tokens: quota > 0),
+                        direct_for=lambda tokens: True,
                         shares=shares, predict_tuner=PredictTuner(trials=3, probe_every=12), _chose=None,
                         _measured=None)
     d._share_tuned = lambda: True
@@ -113,3 +122,12 @@ def test_a_step_whose_claims_are_closed_replays_quiet_and_measures_only_the_shar
         DirectPath.observe_replay(d, 1, 1.0 + abs(share - 0.5), shared=True)
     assert d.predict_tuner.state() == {}
     assert share_tuner.state()[1][0] == 0.5
+
+
+def test_a_probe_step_of_closed_claims_predicts_and_is_not_a_measure() -> None:
+    # The claims are closed but this is one of the claim gate's probe steps: the step predicts (so the
+    # gate measures its claims again) whatever the tuner has in force, and the tuner learns nothing from it.
+    d = fake_direct(ShareTuner(trials=2, probe_every=10))
+    d.claims.open_for = lambda tokens: False
+    assert DirectPath.predicts(d, 1) is True
+    assert d._chose is None and d.predict_tuner.state() == {}
