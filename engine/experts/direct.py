@@ -174,6 +174,8 @@ class DirectPath:
         (:class:`engine.experts.predict_tuner.PredictTuner`), measured while the CPU share's tuner is
         not measuring the same steps."""
         self._chose = None
+        if self.shares is not None:
+            self.shares.hold = False          # set again below while this step is a probe of the other recording
         if self.claims is None or not self.direct_for(tokens):
             return True
         if self.claims.quota(tokens) == 0:
@@ -184,7 +186,7 @@ class DirectPath:
         pick = self.predict_tuner.choose(tokens, may_probe=not share_busy)
         probe = self.predict_tuner.probing(tokens)
         if self.shares is not None:
-            self.shares.hold = probe          # no suggested share starts while this measures
+            self.shares.hold = probe          # no suggested share starts while that probe measures
         self._chose = (tokens, pick, probe, share_busy)
         return pick
 

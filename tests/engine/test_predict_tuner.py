@@ -131,3 +131,14 @@ def test_a_probe_step_of_closed_claims_predicts_and_is_not_a_measure() -> None:
     d.claims.open_for = lambda tokens: False
     assert DirectPath.predicts(d, 1) is True
     assert d._chose is None and d.predict_tuner.state() == {}
+
+
+def test_a_suggested_share_is_held_only_while_a_probe_of_the_other_recording_runs() -> None:
+    share_tuner = ShareTuner(trials=2, probe_every=10)
+    d = fake_direct(share_tuner)
+    d.predict_tuner.probing = lambda tokens: True
+    d.shares.tuner.probing = lambda tokens: False
+    DirectPath.predicts(d, 1)
+    assert d.shares.hold is True
+    d.claims.quota = lambda tokens: 0                 # closed from now on: quiet, and nothing held
+    assert DirectPath.predicts(d, 1) is False and d.shares.hold is False
