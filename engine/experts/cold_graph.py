@@ -197,6 +197,7 @@ class GraphCpuShares:
             self.err = torch.zeros(1, dtype=torch.int32, pin_memory=pin)      # set by a join that gave up
         self.tuner = ShareTuner()
         self.hold = False                # the replays' other tuner measures now: no suggested share starts
+        self._suggested = False          # this step's suggestion was made already (``suggest``)
         self._bufs: dict[tuple[int, int], _Buffers] = {}
         self._run = None                 # the CPU kernels' runner, made at the first share
         self.tokens = 0                  # the running step's real tokens
@@ -218,9 +219,18 @@ class GraphCpuShares:
         if cold.mode != "auto":
             return 1.0 if cold.mode == "cpu" else 0.0
         balanced = self.balanced()
-        if not self.hold:
+        if not self.hold and not self._suggested:
             self.tuner.suggest(tokens, balanced)
+        self._suggested = False
         return self.tuner.choose(tokens, balanced)
+
+    def suggest(self, tokens: int) -> None:
+        """Offer the tuner the cost model's balanced share before the next step of ``tokens`` tokens is
+        planned (where another tuner must know whether that step will be a probe); ``share_for`` then
+        makes no suggestion of its own for that step."""
+        if self.r.cold.mode == "auto":
+            self.tuner.suggest(tokens, self.balanced())
+        self._suggested = True
 
     def balanced(self) -> float:
         """The share at which the bus and the CPU take equally long for one token's missing experts,

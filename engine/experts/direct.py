@@ -118,7 +118,7 @@ class DirectPath:
         """Before a recorded step of ``tokens`` real tokens is replayed: its fill slots and claim slots
         (none for a ``quiet`` recording, ``predicting`` False, or one that claims for no layer:
         ``targets``, the layers the recording's claim kernels write), the publish regions blanked."""
-        self._measured, self._chose = self._chose, None   # the choice of this step (None: not asked)
+        self._take_choice()
         if self.shares is not None:          # first: a refusal here leaves nothing begun
             self.shares.begin(tokens)
         books = self.r.books
@@ -174,21 +174,29 @@ class DirectPath:
         (:class:`engine.experts.predict_tuner.PredictTuner`), measured while the CPU share's tuner is
         not measuring the same steps."""
         self._chose = None
-        if self.shares is not None:
-            self.shares.hold = False          # set again below while this step is a probe of the other recording
         if self.claims is None or not self.direct_for(tokens):
             return True
         if self.claims.quota(tokens) == 0:
             return False
         if not self.claims.open_for(tokens):
             return True                       # the claim gate's probe: it measures the claims, not the step
-        share_busy = self._share_tuned() and self.shares.tuner.probing(tokens)
-        pick = self.predict_tuner.choose(tokens, may_probe=not share_busy)
-        probe = self.predict_tuner.probing(tokens)
-        if self.shares is not None:
-            self.shares.hold = probe          # no suggested share starts while that probe measures
-        self._chose = (tokens, pick, probe, share_busy)
+        tuner, share_busy = self.predict_tuner, False
+        if self._share_tuned():
+            if not tuner.probing(tokens):
+                self.shares.suggest(tokens)   # a share the cost model suggests starts now, or waits
+            share_busy = self.shares.tuner.probing(tokens)
+            if share_busy and tuner.probing(tokens):
+                tuner.cancel(tokens)          # e.g. a recording made mid-probe: it starts again when free
+        pick = tuner.choose(tokens, may_probe=not share_busy)
+        self._chose = (tokens, pick, tuner.probing(tokens), share_busy)
         return pick
+
+    def _take_choice(self) -> None:
+        """As a replay starts: what ``predicts`` chose for it becomes what its time measures (None: it
+        was not asked), and no suggested share starts while a probe of the other recording runs."""
+        self._measured, self._chose = self._chose, None
+        if self.shares is not None:
+            self.shares.hold = self._measured is not None and self._measured[2]
 
     def _share_tuned(self) -> bool:
         """Whether replayed steps' CPU share is tuned by measuring them (``auto`` on a GPU)."""
@@ -208,8 +216,9 @@ class DirectPath:
             self.shares.observe(tokens, seconds)
 
     def predicting_state(self) -> tuple[tuple[int, bool], ...]:
-        """(tokens, whether replayed steps of that size predict) for each size measured so far."""
-        return tuple((t, on) for t, (on, _) in self.predict_tuner.state().items())
+        """(tokens, whether replayed steps of that size predict) for each size whose two recordings
+        have both been measured (while the claims are open: closed ones replay quiet whatever this says)."""
+        return tuple((t, on) for t, (on, times) in self.predict_tuner.state().items() if len(times) == 2)
 
     # ---- following the GPU -----------------------------------------------------------------------
     def publish(self, moe_index: int, topk_ids: torch.Tensor, predicted: Prediction | None,

@@ -58,6 +58,13 @@ class PredictTuner:
         st = self._s.get(tokens)
         return st is not None and st["arm"] != st["cur"]
 
+    def cancel(self, tokens: int) -> None:
+        """End a probe of ``tokens`` tokens unjudged (another tuner has to measure these steps now); it
+        starts again at the next step it may."""
+        st = self._s.get(tokens)
+        if st is not None and st["arm"] != st["cur"]:
+            st["arm"], st["left"], st["probe"] = st["cur"], 0, []
+
     def observe(self, tokens: int, predicting: bool, seconds: float) -> None:
         """A replayed step of ``tokens`` tokens that ``choose`` picked ran in ``seconds``."""
         st = self._s.get(tokens)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from engine.experts.cold_graph import ShareTuner
+import torch
+
+from engine.experts.cold_graph import GraphCpuShares, ShareTuner
 from engine.experts.direct import DirectPath
 from engine.experts.predict_tuner import PredictTuner
 
@@ -82,15 +84,26 @@ def test_quiet_replays_come_first_and_predicting_ones_are_tried() -> None:
 
 
 def fake_direct(share_tuner: ShareTuner, quota: int = 1):
-    """What DirectPath.predicts and observe_replay use, with the CPU share tuned (``auto`` on a GPU)."""
-    shares = SimpleNamespace(tuner=share_tuner, hold=False,
-                             observe=lambda tokens, seconds: share_tuner.observe(tokens, seconds))
+    """What DirectPath.predicts and observe_replay use, with the CPU share tuned (``auto`` on a GPU) by a
+    real GraphCpuShares over ``share_tuner``."""
+    r = SimpleNamespace(device=torch.device("cpu"), cold=SimpleNamespace(mode="auto", rates=None))
+    shares = GraphCpuShares(r, hidden=8)
+    shares.tuner = share_tuner
     d = SimpleNamespace(claims=SimpleNamespace(quota=lambda tokens: quota, open_for=lambda tokens: quota > 0),
-                        direct_for=lambda tokens: True,
-                        shares=shares, predict_tuner=PredictTuner(trials=3, probe_every=12), _chose=None,
-                        _measured=None)
+                        direct_for=lambda tokens: True, shares=shares,
+                        predict_tuner=PredictTuner(trials=3, probe_every=12), _chose=None, _measured=None)
     d._share_tuned = lambda: True
     return d
+
+
+def step(d, seconds) -> tuple[bool, float]:
+    """One replayed step as DecodeGraphs.run drives it: ``predicts``, the replay's start (the choice
+    taken, the share chosen), then its time observed; ``seconds(pick, share)``."""
+    pick = DirectPath.predicts(d, 1)
+    DirectPath._take_choice(d)
+    share = d.shares.share_for(1)
+    DirectPath.observe_replay(d, 1, seconds(pick, share), shared=True)
+    return pick, share
 
 
 def test_the_recording_and_the_cpu_share_are_tuned_on_separate_steps() -> None:
@@ -102,24 +115,55 @@ def test_the_recording_and_the_cpu_share_are_tuned_on_separate_steps() -> None:
     both = 0
     for _ in range(500):
         pick = DirectPath.predicts(d, 1)
-        share = share_tuner.choose(1, 0.5)                     # what the replay's begin sets
-        both += d.predict_tuner.probing(1) and share_tuner.probing(1) and not d._chose[3]
-        d._measured, d._chose = d._chose, None                 # start_replay
-        seconds = (1.2 if pick else 1.0) * (1.0 + abs(share - 0.5))
-        DirectPath.observe_replay(d, 1, seconds, shared=True)
+        DirectPath._take_choice(d)
+        share = d.shares.share_for(1)
+        both += d.predict_tuner.probing(1) and share_tuner.probing(1) and not d._measured[3]
+        DirectPath.observe_replay(d, 1, (1.2 if pick else 1.0) * (1.0 + abs(share - 0.5)), shared=True)
     assert both == 0
     assert d.predict_tuner.state()[1][0] is False
     assert share_tuner.state()[1][0] == 0.5
+    assert DirectPath.predicting_state(d) == ((1, False),)
+
+
+def test_a_recording_made_in_the_middle_of_a_probe_stalls_neither_tuner() -> None:
+    # The graphs are recorded again (a new bucket, a reset) while the predicting recording is being
+    # probed: the share tuner's next step is not a measure and the probe is dropped, so both go on;
+    # afterwards predicting (faster here) is found and kept.
+    share_tuner = ShareTuner(trials=2, probe_every=10)
+    d = fake_direct(share_tuner)
+    seconds = lambda pick, share: (1.0 if pick else 1.5) * (1.0 + abs(share - 0.5))   # noqa: E731
+    while not d.predict_tuner.probing(1):
+        step(d, seconds)
+    share_tuner.recorded()
+    d.predict_tuner.recorded()
+    for _ in range(300):
+        step(d, seconds)
+    assert d.predict_tuner.state()[1][0] is True and share_tuner.state()[1][0] == 0.5
+
+
+def test_a_share_suggestion_is_a_probe_the_recordings_tuner_does_not_measure() -> None:
+    # The cost model suggests a share far from the one in force: the step that tries it is the share
+    # tuner's probe, and the recordings' tuner learns nothing from it.
+    share_tuner = ShareTuner(trials=2, probe_every=1000)
+    d = fake_direct(share_tuner)
+    for _ in range(60):
+        step(d, lambda pick, share: 1.0 + share)         # the bus alone is fastest
+    assert share_tuner.state()[1][0] == 0.0
+    d.shares.balanced = lambda: 0.75
+    tuner_samples = sum(len(v) for v in d.predict_tuner._s[1]["recent"].values())
+    pick = DirectPath.predicts(d, 1)
+    DirectPath._take_choice(d)
+    assert share_tuner.probing(1) and d._measured[3] is True     # the share's probe: not the recordings'
+    DirectPath.observe_replay(d, 1, 9.0, shared=True)
+    assert sum(len(v) for v in d.predict_tuner._s[1]["recent"].values()) == tuner_samples
 
 
 def test_a_step_whose_claims_are_closed_replays_quiet_and_measures_only_the_share() -> None:
     share_tuner = ShareTuner(trials=2, probe_every=10)
     d = fake_direct(share_tuner, quota=0)
     for _ in range(30):
-        assert DirectPath.predicts(d, 1) is False
-        share = share_tuner.choose(1, 0.5)
-        d._measured, d._chose = d._chose, None
-        DirectPath.observe_replay(d, 1, 1.0 + abs(share - 0.5), shared=True)
+        pick, _ = step(d, lambda pick, share: 1.0 + abs(share - 0.5))
+        assert pick is False
     assert d.predict_tuner.state() == {}
     assert share_tuner.state()[1][0] == 0.5
 
@@ -133,12 +177,16 @@ def test_a_probe_step_of_closed_claims_predicts_and_is_not_a_measure() -> None:
     assert d._chose is None and d.predict_tuner.state() == {}
 
 
-def test_a_suggested_share_is_held_only_while_a_probe_of_the_other_recording_runs() -> None:
+def test_no_suggested_share_starts_while_a_probe_of_the_other_recording_runs() -> None:
     share_tuner = ShareTuner(trials=2, probe_every=10)
     d = fake_direct(share_tuner)
-    d.predict_tuner.probing = lambda tokens: True
-    d.shares.tuner.probing = lambda tokens: False
+    seconds = lambda pick, share: 1.0 + abs(share - 0.5)   # noqa: E731
+    while not d.predict_tuner.probing(1):
+        step(d, seconds)
     DirectPath.predicts(d, 1)
+    DirectPath._take_choice(d)
     assert d.shares.hold is True
     d.claims.quota = lambda tokens: 0                 # closed from now on: quiet, and nothing held
-    assert DirectPath.predicts(d, 1) is False and d.shares.hold is False
+    assert DirectPath.predicts(d, 1) is False
+    DirectPath._take_choice(d)
+    assert d.shares.hold is False
