@@ -6,6 +6,7 @@ import torch
 
 from engine.errors import ConfigError, ReconfigureError
 from engine.experts import pool as pool_module
+from engine.experts.predict_tuner import PredictTuner
 from test_experts_support import D, E, K, L, Stack, route, run_layers
 
 
@@ -904,7 +905,11 @@ def test_direct_steps_stop_predicting_while_the_gpu_side_prefetch_is_closed(stac
     # prediction at all.
     prov = stack.offloaded(L * E // 4, depth=2, policy="lfu", direct_reads=True)
     gate = prov.gate
-    assert prov.replay_hooks.predicts(2)                                # no estimate yet
+    # open claims replay whichever recording measures faster, quiet first (test_predict_tuner.py);
+    # here a tuner that starts on predicting, so that what the claims allow shows alone
+    assert not prov.replay_hooks.predicts(2)                            # no estimate yet: open, quiet first
+    prov.direct.predict_tuner = PredictTuner(start=True)
+    assert prov.replay_hooks.predicts(2)
     prov.claims.record(2, [(0, i < 5, 1) for i in range(100)])   # 5% of first claims used
     gate.steps = 1
     assert not prov.replay_hooks.predicts(2) and prov.replay_hooks.predicts(17)      # 17 tokens: not a direct-read step
