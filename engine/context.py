@@ -123,16 +123,22 @@ def fit_messages(tokenizer: PromptTokenizer, messages: Sequence[dict], context_t
 
 
 def fit_text(tokenizer: PromptTokenizer, text: str, context_tokens: int, max_tokens: int,
-             policy: str = DEFAULT_OVERFLOW) -> FittedPrompt:
+             policy: str = DEFAULT_OVERFLOW, newest: str | None = None) -> FittedPrompt:
     """Encode a completion prompt so that it fits (``drop-oldest`` keeps its end).
 
     The text is cut at a token boundary: the first ``dropped_tokens`` tokens of its encoding go, and
-    the special tokens the tokenizer adds around it (a BOS, say) stay.
+    the special tokens the tokenizer adds around it (a BOS, say) stay. ``newest``: the end of ``text``
+    that must stay whole (a chat's newest message, in completion mode): when it alone does not fit,
+    the turn is refused under either policy, as :func:`fit_messages` refuses a newest message.
     """
     reply = _checked_reply_room(context_tokens, max_tokens, policy)
     ids = list(tokenizer.encode(text))
     if len(ids) + reply <= context_tokens:
         return FittedPrompt(ids, len(ids), context_tokens, reply, policy=policy)
+    if newest:
+        needed = len(tokenizer.encode(newest))
+        if needed + reply > context_tokens:          # nothing may be dropped that would make it fit
+            raise _newest_too_long(needed, reply, context_tokens, has_system=False)
     if policy == "stop":
         raise ContextOverflowError(
             f"the prompt needs {len(ids)} tokens plus {reply} for the reply, but the context holds "

@@ -74,7 +74,10 @@ class ChatSession:
                 return 0
 
     def _banner(self) -> None:
-        mode = "chat" if self.use_template else "completion (a base model: your text is continued as written)"
+        problem = getattr(self.engine.tokenizer, "template_problem", None)
+        mode = ("chat" if self.use_template else
+                "completion (its chat template cannot be used, see the note: your text is continued as written)"
+                if problem else "completion (a base model: your text is continued as written)")
         print(f"Strata chat — {self.name}, {mode}. /help lists commands, /exit quits, Ctrl-C stops a reply.")
         if self.harmony is not None:
             print(f"A reasoning model: its thinking shows first{' (dimmed)' if sys.stdout.isatty() else ''}; "
@@ -82,9 +85,13 @@ class ChatSession:
         elif self.think is not None:
             print(f"A reasoning model: its thinking shows first{' (dimmed)' if sys.stdout.isatty() else ''}.")
         if self.system and not self.use_template:
-            _note("--system is not used: a base model continues your text and has no system prompt")
+            _note("--system is not used: in completion mode your text is continued and there is no system prompt")
         if self.effort_given and self.harmony is None:
-            _note("--reasoning-effort is not used: this model has no reasoning effort setting (gpt-oss models have)")
+            if self.engine.model_info.architecture == "GptOssForCausalLM":
+                _note("--reasoning-effort is not used: this gpt-oss checkpoint's tokenizer lacks the harmony format's "
+                      "special tokens (<|channel|>, <|message|>, ...); use the tokenizer files the model was released with")
+            else:
+                _note("--reasoning-effort is not used: this model has no reasoning effort setting (gpt-oss models have)")
 
     def _handle(self, line: str) -> bool:
         """Act on one input line; False means leave."""
@@ -154,7 +161,8 @@ class ChatSession:
             return fit_messages(self.harmony.prompter(self.effort), self.messages, ctx, max_tokens, self.policy)
         if self.use_template:
             return fit_messages(tok, self.messages, ctx, max_tokens, self.policy)
-        return fit_text(tok, _continuation(self.messages), ctx, max_tokens, self.policy)
+        newest = self.messages[-1]["content"] if self.messages and self.messages[-1]["role"] == "user" else None
+        return fit_text(tok, _continuation(self.messages), ctx, max_tokens, self.policy, newest=newest)
 
     def _say_dropped(self, fitted: FittedPrompt) -> None:
         dropped = fitted.dropped_messages or fitted.dropped_tokens

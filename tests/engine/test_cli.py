@@ -105,7 +105,7 @@ def test_a_pool_larger_than_every_expert_is_noted_by_info_and_by_a_load(model, c
     assert any(n.startswith("--expert-pool-size 30.00 GiB is more than every expert takes") for n in loaded.notes)
 
 
-def test_a_chat_template_that_does_not_parse_leaves_plain_prompts_working(model, tmp_path, capsys):
+def test_a_chat_template_that_does_not_parse_leaves_plain_prompts_working(model, tmp_path, capsys, monkeypatch):
     import shutil
     copy = tmp_path / "tpl"
     shutil.copytree(model, copy)
@@ -118,6 +118,12 @@ def test_a_chat_template_that_does_not_parse_leaves_plain_prompts_working(model,
     assert json.loads(out)["token_ids"]
     assert "note: the chat template does not parse (No filter named 'nosuchfilter'" in err
     assert "until then chat is refused and plain prompts work" in err
+    # chat runs in completion mode and says why: not "a base model"
+    monkeypatch.setattr("builtins.input", lambda prompt="": (_ for _ in ()).throw(EOFError))
+    assert main(["chat", "--model", str(copy), "--system", "be brief"]) == 0
+    out, err = capsys.readouterr()
+    assert "completion (its chat template cannot be used, see the note" in out and "base model" not in out
+    assert "--system is not used: in completion mode" in err
 
 
 def test_the_default_prefetch_depth_is_fitted_to_a_small_model_without_a_note(model, capsys):

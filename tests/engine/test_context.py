@@ -189,6 +189,20 @@ def test_drop_oldest_keeps_the_end_of_the_text_and_the_bos():
     assert fitted.note == "dropped the first 53 tokens of the prompt to fit the 64-token context"
 
 
+def test_drop_oldest_never_cuts_into_the_newest_message_of_a_text():
+    # completion mode: the conversation is one text; its oldest tokens go, the newest message stays whole,
+    # and a newest message longer than the context is refused as a chat's is
+    tok = WordTokenizer(bos=True)
+    old, newest = words(60, "o"), words(30, "n")
+    fitted = fit_text(tok, old + " " + newest, context_tokens=64, max_tokens=16, newest=newest)
+    assert fitted.token_ids[-30:] == tok.encode(newest, add_special_tokens=False) and fitted.dropped_tokens == 43
+    for policy in ("drop-oldest", "stop"):
+        with pytest.raises(ContextOverflowError, match="the newest message needs 61 tokens plus 16 for the reply, "
+                                                       "but the context holds 64; send a shorter message"):
+            fit_text(tok, old + " " + words(60, "n"), context_tokens=64, max_tokens=16, policy=policy,
+                     newest=words(60, "n"))
+
+
 def test_stop_refuses_a_text_that_does_not_fit():
     with pytest.raises(ContextOverflowError, match="the prompt needs 100 tokens plus 16 for the reply, but the "
                                                    "context holds 64; shorten the prompt or switch"):
