@@ -21,8 +21,10 @@ from pathlib import Path
 _INHERITED = signal.getsignal(signal.SIGINT)
 if _INHERITED is not signal.SIG_IGN:
     signal.signal(signal.SIGINT, lambda *_: sys.exit(130))
-from engine.cli.main import ENGINE_COMMANDS, build_parser, parse, run_command, unknown_command  # noqa: E402
-from engine.cli.options import add_engine_flags, add_model_flag, engine_options  # noqa: E402
+from engine.cli.main import ENGINE_COMMANDS, as_flags, build_parser, parse, run_command, unknown_command  # noqa: E402
+from engine.cli.options import add_engine_flags, add_model_flag, engine_options, model_dir  # noqa: E402
+from engine.config import EngineConfig  # noqa: E402
+from engine.errors import StrataError  # noqa: E402
 if _INHERITED is not signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
@@ -74,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     if args.command in ENGINE_COMMANDS:
         return run_command(args)
+    if _engine_flags_refused(args):
+        return 2
     screenshot = _screenshot_path(args.screenshot) if args.screenshot is not None else None
     if screenshot == "":
         return 2
@@ -82,6 +86,20 @@ def main(argv: list[str] | None = None) -> int:
     from app.launch import run_gui
     return run_gui(args.model, engine_options(args), screenshot=screenshot, prompt=args.prompt,
                    debug=args.debug, screenshot_size=args.screenshot_size)
+
+
+def _engine_flags_refused(args: argparse.Namespace) -> bool:
+    """Check the engine flags before the window opens, as ``generate`` does before it loads: a value that
+    no model takes (``--max-batch 0``) is one line naming the flag, not a window whose load failed. True
+    after printing that line."""
+    try:
+        EngineConfig(model=model_dir(args), **engine_options(args))
+    except StrataError as e:
+        if args.debug:
+            raise
+        print(f"error: {as_flags(str(e), args)}", file=sys.stderr)
+        return True
+    return False
 
 
 def _screenshot_path(text: str) -> str:

@@ -34,7 +34,7 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 from app.bridge_api import (LIVE_NAMES, LIVE_OPTIONS, EngineLoop, Job, RequestDelta, SamplingParams, StrataError,
                             apply_cpu_threads, fit_messages, fit_text, reasoning_reader)
 from app.bridge_state import describe_model, knob_state, synthetic_prompt
-from app.cli_wording import gui_wording
+from app.cli_wording import gui_wording, load_wording
 from app.model_loader import EngineFactory, Load, Loaded, Loader, must_unload_first, open_engine
 from app.messages import BridgeError, ContextUsage, KnobResult, PauseState, ReplyRequest
 from app.reply_text import ReplyText
@@ -467,4 +467,4 @@ def _synthetic_ids(engine: Any, n_tokens: int) -> list[int]:
 
 def _load_wording(text: str) -> str:
     """A message about a load (why it failed, what it clamped): its fixes take effect at the next start."""
-    return gui_wording(text, knobs=())
+    return load_wording(text)

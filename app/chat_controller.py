@@ -31,6 +31,7 @@ EDITS_SAVE_MS = 1000      # the unsent text and the system prompt are kept this 
 SHOWN_AT_ONCE = 40        # messages of a chat put on screen when it opens; the earlier ones follow in batches
 FILL_BATCH = 20           # earlier messages put on screen per turn of the event loop
 INTERRUPTED_NOTE = "interrupted — the app closed before this reply finished"
+KEPT_DRAFT_TITLE = "Unsent text of a damaged chat"     # the chat that takes it when the chat's file was set aside
 
 Confirm = Callable[[str, str], bool]     # (title, question) -> the user said yes
 AskText = Callable[[str, str, str], str | None]   # (title, label, text) -> the text entered, None: cancelled
@@ -81,6 +82,7 @@ class ChatController(QObject):
         self._fill_epoch = 0                           # which chat's earlier messages are being put on screen
         self.library = ConversationLibrary(store)
         self.library.store_line.connect(self._on_store_line)
+        kept_drafts = self._keep_drafts_of_damaged_chats()
         self.current = self._first_chat()
         self.stream_timer = self._timer(STREAM_SAVE_MS, self._save_live)
         self.edits_timer = self._timer(EDITS_SAVE_MS, self._keep_edits)
@@ -88,7 +90,7 @@ class ChatController(QObject):
         self._restore_prefs()
         self._connect()
         self._show_current()
-        self._report_problems(self.library.problems)
+        self._report_problems(self.library.problems + kept_drafts)
 
     def _stop_timers(self, *_args) -> None:
         self.stream_timer.stop()
@@ -105,9 +107,30 @@ class ChatController(QObject):
         """The chat shown at start: the most recent one, unless the chat shown last was a new one never
         saved that holds unsent text (it comes back with it)."""
         last = self.prefs.current_chat()
-        if last and self.library.find(last) is None and self.prefs.draft(last):
+        if last and not self.store.holds(last) and self.prefs.draft(last):   # never a new chat over a file
             return Conversation(id=last)
         return self.conversations[0] if self.conversations else Conversation()
+
+    def _keep_drafts_of_damaged_chats(self) -> list[str]:
+        """The unsent text of a chat whose damaged file was set aside (now or at an earlier start) moves to
+        a new chat of its own, in the list: that file is never read again, and the text must not go with it.
+        The text leaves the old chat only once the new one is on disk (else the next start tries again),
+        so a kill or a failed write in between keeps it. A line for each."""
+        lines: list[str] = []
+        for conv_id in self.prefs.drafted():
+            aside = self.store.set_aside_files(conv_id) if self.library.find(conv_id) is None else []
+            if not aside or self.store.path_of(conv_id).exists():
+                continue
+            conv = Conversation(title=KEPT_DRAFT_TITLE)
+            self.library.save(conv)
+            self.prefs.set_draft(self.prefs.draft(conv_id), conv.id)
+            if self.library.flush(5) and self.store.path_of(conv.id).exists():
+                self.prefs.set_draft("", conv_id)
+            self.prefs.sync()
+            lines.append(f"The unsent text of {conv_id}.json (kept as {aside[-1].name}) is in a new chat, "
+                         f"“{KEPT_DRAFT_TITLE}”, at the top of the list.")
+        self.library.sort()
+        return lines
 
     def _restore_prefs(self) -> None:
         self.pane.settings_box.set_settings(self.prefs.generation())
@@ -115,9 +138,10 @@ class ChatController(QObject):
         box_draft = self.prefs.take_box_draft()          # an earlier version's one text for every chat
         if box_draft and not self.prefs.draft(self.current.id):
             self.prefs.set_draft(box_draft, self.current.id)
+        # drafts of chats that are gone; a chat whose file is here but could not be read is not gone
         kept = {c.id for c in self.conversations} | {self.current.id}
-        for conv_id in self.prefs.drafted():             # drafts of chats that are gone
-            if conv_id not in kept:
+        for conv_id in self.prefs.drafted():
+            if conv_id not in kept and not self.store.holds(conv_id):
                 self.prefs.set_draft("", conv_id)
         self.prefs.set_current_chat(self.current.id)
         if not self.pane.input.toPlainText():
@@ -383,12 +407,16 @@ class ChatController(QObject):
         self.bridge.submit(request)
 
     def on_text(self, batch: TextBatch) -> None:
-        """Coalesced text from the bridge: shown at once, saved within ``STREAM_SAVE_MS``."""
+        """Coalesced text from the bridge: shown at once, saved within ``STREAM_SAVE_MS``; the context the
+        reply takes so far is saved with it, so a restart after a crash counts the reply on the meter."""
         live = self.live
         if live is None:
             return
         grew = False
         for chunk in batch.chunks:
+            if chunk.request_id == live.request_id and chunk.used_tokens:
+                live.conversation.context_used = chunk.used_tokens
+                self._show_context()
             if chunk.request_id == live.request_id and (chunk.text or chunk.reasoning):
                 if not live.bubble.text and not live.bubble.reasoning.text:
                     live.bubble.set_stats("")

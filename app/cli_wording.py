@@ -60,6 +60,7 @@ _VALUE = re.compile(r" (?P<value>[A-Z][A-Z_]*\b|\d[\w.%:]*|[a-z]+\d[\w:]*)")
 _AT_START = re.compile(r"\b(?:(?:re)?start(?: Strata)? with|no) $")   # the flag is about how Strata starts
 _DROP = re.compile(r"\b(?:drop|leave out|remove) $")
 _PASS_MODEL = re.compile(r"\b(?:pass|give|use) --model with\b")
+_RULE_SUBJECT = re.compile(r"(?:^|(?<=[;:] ))(?P<name>[a-z][a-z0-9_]*)(?= must\b)")   # "max_batch must be ..."
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,7 @@ def engine_flags() -> dict[str, Flag]:
 
 
 FLAGS = engine_flags()
+_FLAG_OF = {flag.option: flag.name for flag in FLAGS.values()}     # "max_batch" -> "--max-batch"
 LIVE_KNOBS = frozenset(LABELS)       # the options the knobs panel changes on the running engine
 
 
@@ -143,6 +145,18 @@ def gui_wording(text: str, knobs: Collection[str] | None = None) -> str:
     if hints:
         result = result.rstrip(". ") + f" (start Strata with {' or '.join(dict.fromkeys(hints))})"
     return result
+
+
+def load_wording(text: str) -> str:
+    """A message about a load (why it failed, what it clamped) in the workbench's words.
+
+    Its fixes take effect at the next start, whatever the running model's knobs do; and the options a
+    load was given are the flags Strata was started with, so an option that a rule is about ("max_batch
+    must be an integer >= 1") is named as that flag ("the batch size must be an integer >= 1 (start
+    Strata with --max-batch N)"), never by the engine's name for it.
+    """
+    text = _RULE_SUBJECT.sub(lambda m: _FLAG_OF.get(m["name"], m["name"]), text)
+    return gui_wording(text, knobs=())
 
 
 # the chat settings' words for what the engine's messages call the request options they name

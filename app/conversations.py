@@ -8,6 +8,7 @@ leaves either the old or the new version. Nothing is ever unlinked: a deleted co
 from __future__ import annotations
 
 import errno
+import glob
 import json
 import os
 import re
@@ -236,6 +237,18 @@ class ConversationStore:
 
     def path_of(self, conv_id: str) -> Path:
         return self.folder / f"{conv_id}.json"
+
+    def set_aside_files(self, conv_id: str) -> list[Path]:
+        """The damaged files of conversation ``conv_id`` that were renamed aside here, oldest first."""
+        return sorted(self.folder.glob(f"{glob.escape(conv_id)}{CORRUPT_TAG}*.json"))
+
+    def holds(self, conv_id: str) -> bool:
+        """Whether a file of conversation ``conv_id`` is here, whether it could be read or not: its own,
+        or one set aside as damaged. True when the folder cannot be looked into (nothing is known gone)."""
+        try:
+            return self.path_of(conv_id).exists() or bool(self.set_aside_files(conv_id))
+        except OSError:
+            return True
 
     def save(self, conv: Conversation) -> None:
         """Write ``conv`` now (raises OSError)."""

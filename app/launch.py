@@ -82,15 +82,12 @@ def take_screenshot(window: MainWindow, path: str, prompt: str | None, size: QSi
     The window is the default one at ``size`` (docks as a first start lays them out), captured pixel
     for pixel: what the picture shows is what a user sees at that size.
     """
-    load_errors: list[str] = []          # a model that failed to open, whatever opened instead
-    window.bridge.error.connect(lambda err: load_errors.append(err.message) if err.source == "load" else None)
     window.resize(size)
     window.apply_default_layout(size)
     window.show()
-    if window.model is None:
-        loaded = _wait_for_any(window, SCREENSHOT_TIMEOUT_MS)
-        if not loaded:
-            print(f"strata: the model did not load; see the window's banner (saved to {path})", file=sys.stderr)
+    if not _wait_for_load(window, SCREENSHOT_TIMEOUT_MS):
+        print(f"strata: the model did not load in {SCREENSHOT_TIMEOUT_MS // 1000} s; the screenshot shows the "
+              f"window as it was (saved to {path})", file=sys.stderr)
     if prompt and window.model is not None:
         window.chat.send(prompt)
         if not _wait_for(window.chat.reply_done, SCREENSHOT_TIMEOUT_MS):
@@ -104,9 +101,9 @@ def take_screenshot(window: MainWindow, path: str, prompt: str | None, size: QSi
     if not image.save(path, "PNG"):
         print(f"strata: could not write {path}; check the folder exists and is writable", file=sys.stderr)
         return 1
-    for message in load_errors:          # the banner's line, where a script sees it
-        print(f"strata: {message}", file=sys.stderr)
-    return 0 if window.model is not None and not load_errors else 1
+    if window.load_error:                # a model that failed to open, whatever opened instead: the banner's line
+        print(f"strata: {window.load_error}", file=sys.stderr)
+    return 0 if window.model is not None and not window.load_error else 1
 
 
 def _quiet_offscreen(kind: QtMsgType, context, message: str) -> None:
@@ -132,13 +129,24 @@ def _screenshot_run(model: str | None, engine_options: dict, path: str, prompt: 
             _settle(0)                 # the window lets go of the scratch folder's files before it goes
 
 
-def _wait_for_any(window: MainWindow, timeout_ms: int) -> bool:
+def _wait_for_load(window: MainWindow, timeout_ms: int) -> bool:
+    """Run the event loop until the window's model is loaded or its load failed; False on timeout.
+
+    It waits on the window, not on the bridge: the bridge signals from the engine thread, and a load
+    refused at once (a bad option) signals before a wait begun later would listen; the window shows
+    the outcome from this thread's loop, so what it holds tells a load that already ended.
+    """
+    ended = lambda: window.model is not None or bool(window.load_error)    # noqa: E731
+    if ended():
+        return True
     loop = QEventLoop()
     window.model_ready.connect(loop.quit)
-    window.bridge.error.connect(loop.quit)
+    window.load_failed.connect(loop.quit)
     QTimer.singleShot(timeout_ms, loop.quit)
     loop.exec()
-    return window.model is not None
+    window.model_ready.disconnect(loop.quit)
+    window.load_failed.disconnect(loop.quit)
+    return ended()
 
 
 def _settle(ms: int) -> None:

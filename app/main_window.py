@@ -62,6 +62,7 @@ class MainWindow(QMainWindow):
     """The workbench window; owns the bridge, the poller and the local server, and shuts them down on close."""
 
     model_ready = Signal(object)      # ModelDescription, once the model is loaded
+    load_failed = Signal(str)         # the red load banner's line, once it shows (a model may have opened instead)
 
     def __init__(self, bridge: EngineBridge, poller: GpuPoller, settings: QSettings,
                  store: ConversationStore | None = None, engine_options: dict | None = None,
@@ -72,6 +73,7 @@ class MainWindow(QMainWindow):
         self.bridge, self.poller, self.settings = bridge, poller, settings
         self.engine_options = dict(engine_options or {})
         self.model: ModelDescription | None = None
+        self.load_error = ""             # why the last load failed, as its banner says ("" when it did not)
         self.thermal = ThermalState("unknown")
         self.guard = ThermalGuard()
         self.recorder = SessionRecorder()
@@ -219,6 +221,7 @@ class MainWindow(QMainWindow):
     # --- engine events -------------------------------------------------------------------------
     def _on_loading(self, path: str, keeps_running: bool) -> None:
         name = Path(path).name
+        self.load_error = ""
         if keeps_running and self.model is not None:
             text = f"Loading {name}… (the current model keeps running)"
             self.banners.show_message("load", f"{text}: {self.model.name} answers until {name} is ready.", "info")
@@ -231,6 +234,7 @@ class MainWindow(QMainWindow):
 
     def _on_model(self, m: ModelDescription) -> None:
         self.model = m
+        self.load_error = ""
         self.banners.clear("engine")
         self.banners.clear("load")
         self.banners.clear("knobs")
@@ -296,6 +300,7 @@ class MainWindow(QMainWindow):
             self.banners.show_message("engine", err.message, "red")
             return
         self.banners.show_message("load", err.message, "red")
+        self.load_error = err.message
         if self.model is not None:
             self._show_model_line(self.model)
         else:
@@ -304,6 +309,7 @@ class MainWindow(QMainWindow):
             # the banner above says why; the line only says what state the window is in
             self.chat_pane.model_line.setText("No model loaded: the last load failed (the reason is in the red "
                                               "banner). Open a model folder with File › Open model folder…")
+        self.load_failed.emit(err.message)
 
     def _no_model(self) -> None:
         """No engine runs: nothing to send to, no knob to turn (and no status line of a closed model)."""

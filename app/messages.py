@@ -50,6 +50,7 @@ class TextChunk:
     request_id: str
     text: str
     reasoning: str = ""       # a reasoning model's thinking (shown apart from the answer)
+    used_tokens: int = 0      # the context its request takes so far: prompt and reply tokens (0: not known)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ class ReplyText:
         self._text: dict[str, list[str]] = {}
         self._thinking: dict[str, list[str]] = {}
         self._readers: dict[str, ReplyReader] = {}     # requests whose tokens are read into reasoning and answer
+        self._used: dict[str, int] = {}                # prompt and reply tokens of each request, as last told
 
     def __bool__(self) -> bool:
         return bool(self._text or self._thinking)
@@ -22,6 +23,7 @@ class ReplyText:
         self._readers[request_id] = reader
 
     def add(self, d: RequestDelta) -> None:
+        self._used[d.request_id] = d.prompt_tokens + d.completion_tokens
         reader = self._readers.get(d.request_id)
         if reader is None:
             if d.new_text:
@@ -40,13 +42,15 @@ class ReplyText:
     def forget(self, request_id: str) -> None:
         """The request ended without a final delta (an error before it ran)."""
         self._readers.pop(request_id, None)
+        self._used.pop(request_id, None)
 
     def take(self) -> TextBatch | None:
         """Everything held, as one batch (None when nothing is)."""
         if not self:
             return None
         ids = list(dict.fromkeys([*self._text, *self._thinking]))
-        chunks = tuple(TextChunk(rid, "".join(self._text.get(rid, ())), "".join(self._thinking.get(rid, ())))
+        chunks = tuple(TextChunk(rid, "".join(self._text.get(rid, ())), "".join(self._thinking.get(rid, ())),
+                                 self._used.get(rid, 0))
                        for rid in ids)
-        self._text, self._thinking = {}, {}
+        self._text, self._thinking, self._used = {}, {}, {}
         return TextBatch(chunks)

@@ -51,8 +51,9 @@ def make_chat(qtbot, folder: Path, settings_file: Path | None = None,
     return chat
 
 
-def stream(chat: ChatController, text: str) -> None:
-    chat.on_text(TextBatch((TextChunk(chat.live_id, text),)))
+def stream(chat: ChatController, text: str, used_tokens: int = 0) -> None:
+    """``text`` arrives for the reply in flight; ``used_tokens``: its prompt and reply so far (0: not said)."""
+    chat.on_text(TextBatch((TextChunk(chat.live_id, text, used_tokens=used_tokens),)))
 
 
 def finish(chat: ChatController, reason: str = "stop", prompt_tokens: int = 30, completion_tokens: int = 5,

@@ -363,6 +363,23 @@ def test_a_restored_chat_shows_the_context_its_last_request_took(qtbot, tmp_path
     assert again.pane.context_meter.label.text() == "Context 352 / 512 tokens"
 
 
+def test_after_a_crash_mid_reply_the_meter_counts_the_reply_that_was_saved(qtbot, tmp_path):
+    # The count saved with the streaming reply is the prompt and the reply so far, not the prompt alone
+    # from when the reply began: a restart after a crash shows how full the context is.
+    first = make_chat(qtbot, tmp_path / "c")
+    first.send("Tell me")
+    first.on_context(ContextUsage(first.live_id, 7, 512, 64))
+    stream(first, SEEN[:20], used_tokens=12)
+    assert first.pane.context_meter.label.text() == "Context 12 / 512 tokens"     # it grows as the reply does
+    stream(first, SEEN[20:], used_tokens=177)
+    first.stream_timer.timeout.emit()
+    assert on_disk(first)["context_used"] == 177
+    # the process dies here: no on_finished, no close
+    again = make_chat(qtbot, tmp_path / "c")
+    assert again.pane.view.bubbles[-1].text == SEEN
+    assert again.pane.context_meter.label.text() == "Context 177 / 512 tokens"
+
+
 def test_an_edited_message_is_in_the_kept_box_text_before_it_leaves_the_chat(qtbot, tmp_path):
     # Edit puts the last message back into the box and removes it from the saved chat; a kill right
     # after must not lose it: the box text is written first, at once, not a second later.

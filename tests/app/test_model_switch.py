@@ -279,3 +279,19 @@ def test_each_request_reports_its_share_of_the_context(window, qtbot):
     assert usage.request_id.startswith("chat-") and usage.prompt_tokens > 0
     assert usage.context_tokens == window.model.context_tokens > usage.prompt_tokens
     assert usage.reply_tokens == 4 and usage.dropped_messages == 0 and usage.note == ""
+
+
+def test_a_load_refused_for_an_option_names_the_flag_that_set_it(qtbot, tmp_path, themed):
+    # The window's options are the flags Strata was started with: the banner names the flag as typed,
+    # never the engine's internal name for it (max_batch), and the window says no model is loaded.
+    w = _window_unloading_first(qtbot, tmp_path, load=False)
+    try:
+        for option, value, flag, words in (("max_batch", 0, "--max-batch", "the batch size"),
+                                           ("cpu_threads", 0, "--cpu-threads", "the CPU thread count")):
+            w.engine_options = {**ENGINE_OPTIONS, option: value}
+            text = _fail_to_open(qtbot, w, DEMO, running=False)
+            assert text == (f"Could not open {DEMO}: {words} must be an integer >= 1 (got 0) "
+                            f"(start Strata with {flag} N)")
+            assert w.load_error == text and w.status_model.text() == "No model loaded"
+    finally:
+        w.close()

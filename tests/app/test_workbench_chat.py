@@ -2,8 +2,10 @@
 reply streams), and the chat pane's keys and remembered settings (with a recording bridge)."""
 from __future__ import annotations
 
+import errno
 import json
 import shutil
+from pathlib import Path
 
 from PySide6.QtCore import QSettings, Qt
 from PySide6.QtTest import QTest
@@ -11,7 +13,7 @@ from PySide6.QtTest import QTest
 from app.chat_controller import INTERRUPTED_NOTE
 from app.messages import GenerationSettings, TextBatch
 from app.paths import default_model_dir, read_demo_marker
-from tests.app.chat_fakes import COMPLETION_MODEL, finish, make_chat, stream
+from tests.app.chat_fakes import COMPLETION_MODEL, bubble_texts, finish, make_chat, stream
 
 REPLY_MS = 120_000
 
@@ -98,6 +100,8 @@ def test_regenerate_keeps_versions_and_edit_last_asks(window, qtbot):
 def test_a_crash_while_a_reply_streams_keeps_what_was_on_screen(window, qtbot, tmp_path):
     """The store folder copied while the real engine streams is what a crash at that moment leaves."""
     _settings(window, max_tokens=4000)
+    prompts: list = []
+    window.bridge.context.connect(prompts.append)
     window.chat.send("And God said")
     bubble = window.chat.live_bubble
     saved = window.chat.store.path_of(window.chat.current.id)
@@ -111,12 +115,17 @@ def test_a_crash_while_a_reply_streams_keeps_what_was_on_screen(window, qtbot, t
     crashed = tmp_path / "after-crash"
     shutil.copytree(saved.parent, crashed)
     on_screen = bubble.text
-    with qtbot.waitSignal(window.chat.reply_done, timeout=REPLY_MS):
+    with qtbot.waitSignal(window.chat.reply_done, timeout=REPLY_MS) as done:
         window.chat_pane.stop_button.click()
     restarted = make_chat(qtbot, crashed)
     shown = restarted.pane.view.bubbles[-1]
     assert shown.text and on_screen.startswith(shown.text), "what is on disk is what the screen showed"
     assert INTERRUPTED_NOTE in shown.stats.text()
+    # the context meter counts the reply saved, not only the prompt it began with
+    used = json.loads((crashed / saved.name).read_text(encoding="utf-8"))["context_used"]
+    prompt, stats = prompts[0].prompt_tokens, done.args[0]      # the prompt's tokens, sent before it ran
+    assert prompt < used <= stats.prompt_tokens + stats.completion_tokens
+    assert restarted.pane.context_meter.label.text() == f"Context {used} / 512 tokens"
 
 
 def test_conversations_survive_a_restart(window_factory, qtbot, tmp_path):
@@ -281,6 +290,67 @@ def test_a_new_chat_left_with_unsent_text_is_kept_in_the_list_with_it(qtbot, tmp
     again = make_chat(qtbot, tmp_path / "c", settings_file=ini)
     again.open(idea)
     assert again.current.id == idea and again.pane.input.toPlainText() == "an idea for later"
+
+
+def test_the_unsent_text_of_a_chat_whose_file_was_set_aside_is_kept_in_a_chat_of_its_own(qtbot, tmp_path):
+    # Chat A's file is damaged while A holds unsent text: the file is set aside, and the text comes back
+    # in a chat of its own, shown at start and in the list (after later restarts too), never dropped.
+    ini, folder = tmp_path / "strata.ini", tmp_path / "c"
+    first = make_chat(qtbot, folder, settings_file=ini)
+    first.send("Chat A")
+    finish(first)
+    a = first.current.id
+    QTest.keyClicks(first.pane.input, "half a question for A")
+    first.new_chat()
+    first.send("Chat B")
+    finish(first)
+    b = first.current.id
+    first.close()
+    first.store.path_of(a).write_text('{"id": "' + a + '", "messages": [', encoding="utf-8")   # cut short
+    second = make_chat(qtbot, folder, settings_file=ini)
+    assert len(list(folder.glob(f"{a}.corrupt-*.json"))) == 1
+    kept = second.current
+    assert kept.id not in (a, b) and kept in second.conversations and kept.title == "Unsent text of a damaged chat"
+    assert second.pane.input.toPlainText() == "half a question for A"
+    notices = [t for t in bubble_texts(second) if "half a question" not in t]
+    assert any(f"{a}.json is damaged" in t for t in notices)
+    assert any(f"unsent text of {a}.json" in t and "Unsent text of a damaged chat" in t for t in notices)
+    second.open(b)
+    second.close()
+    third = make_chat(qtbot, folder, settings_file=ini)
+    third.open(kept.id)
+    assert third.pane.input.toPlainText() == "half a question for A"
+
+
+def test_the_unsent_text_of_a_chat_whose_file_cannot_be_read_waits_for_it(qtbot, tmp_path, monkeypatch):
+    # A file that cannot be read for now (its permissions) is not gone: its chat's unsent text stays with
+    # it, and no new chat is saved over the file meanwhile.
+    ini, folder = tmp_path / "strata.ini", tmp_path / "c"
+    first = make_chat(qtbot, folder, settings_file=ini)
+    first.send("Chat A")
+    finish(first)
+    a = first.current.id
+    QTest.keyClicks(first.pane.input, "half a question for A")
+    first.close()
+    path = first.store.path_of(a)
+    before, read_bytes = path.read_bytes(), Path.read_bytes
+
+    def refused(self: Path) -> bytes:
+        if self == path:
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return read_bytes(self)
+
+    with monkeypatch.context() as m:
+        m.setattr(Path, "read_bytes", refused)
+        second = make_chat(qtbot, folder, settings_file=ini)
+        assert second.library.find(a) is None and second.current.id != a
+        second.send("Another chat")
+        finish(second)
+        second.close()
+    assert path.read_bytes() == before
+    third = make_chat(qtbot, folder, settings_file=ini)
+    third.open(a)
+    assert third.current.id == a and third.pane.input.toPlainText() == "half a question for A"
 
 
 def test_deleting_the_chat_shown_while_its_prompt_edit_is_pending_leaves_it_deleted(qtbot, tmp_path):

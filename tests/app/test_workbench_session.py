@@ -4,6 +4,8 @@ from __future__ import annotations
 import csv
 import os
 import gc
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -272,3 +274,54 @@ def test_a_wrong_screenshot_size_is_one_line(capsys):
     assert len(err) == 1 and "WIDTHxHEIGHT" in err[0] and "1366x768" in err[0]
     assert main.main(["gui", "--screenshot", "x.png", "--screenshot-size", "300x200"]) == 2
     assert "at least 1100x600" in capsys.readouterr().err
+
+
+BAD_ENGINE_FLAGS = {     # what a user typed -> the one line that refuses it, in the flags' own words
+    ("--max-batch", "0"): "error: --max-batch must be an integer >= 1 (got 0)",
+    ("--prefetch-depth", "-1"): "error: --prefetch-depth must be an integer >= 0 (got -1)",
+    ("--expert-pool-size", "lots"): "error: --expert-pool-size lots is not a size; write bytes or a number with "
+                                    "K, M, G or T, e.g. 10G",
+    ("--cpu-threads", "0"): "error: --cpu-threads must be an integer >= 1 (got 0)",
+}
+
+
+def test_an_engine_flag_no_model_takes_is_refused_before_the_window_opens(tmp_path, capsys, monkeypatch):
+    # as `generate` refuses it: one line naming the flag, exit code 2, and no window (nor a load) at all
+    import main
+    opened: list = []
+    monkeypatch.setattr("app.launch.run_gui", lambda *args, **kwargs: opened.append(args) or 0)
+    monkeypatch.setattr("main._window_cannot_open", lambda argv: False)
+    for flag, line in BAD_ENGINE_FLAGS.items():
+        for shot in ([], ["--screenshot", str(tmp_path / "x.png")]):
+            assert main.main([*flag, *shot]) == 2, flag
+            assert capsys.readouterr().err.strip().splitlines() == [line]
+    assert opened == [] and not (tmp_path / "x.png").exists()
+    assert main.main(["--max-batch", "4", "--cpu-threads", "2"]) == 0 and len(opened) == 1   # good values open it
+
+
+def test_the_screenshot_command_with_a_bad_engine_flag_fails_at_once(tmp_path):
+    # the trial's command: it waited four minutes in silence before saying why
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
+    root = Path(__file__).resolve().parents[2]
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, str(root / "main.py"), "--max-batch", "0", "--screenshot",
+                           str(tmp_path / "x.png")], cwd=str(root), env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert (done.returncode, done.stderr.strip().splitlines()) == \
+        (2, ["error: --max-batch must be an integer >= 1 (got 0)"])
+    assert time.monotonic() - started < 60 and not (tmp_path / "x.png").exists()
+
+
+def test_a_screenshot_whose_model_fails_to_open_ends_at_once_with_the_banners_line(qapp, tmp_path, capsys,
+                                                                                    monkeypatch):
+    # options that pass the command line but fail at load (here, given straight to run_gui): the failure
+    # comes while the window is still being shown, and the screenshot must not wait for a load that ended
+    monkeypatch.setattr("app.launch.SCREENSHOT_TIMEOUT_MS", 60_000)
+    out = tmp_path / "shot.png"
+    started = time.monotonic()
+    assert run_gui(str(default_model_dir()), {"device": "cpu", "max_batch": 0}, screenshot=str(out)) == 1
+    assert time.monotonic() - started < 30, "it waited for the timeout instead of the failed load"
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("strata: ")]
+    assert err == [f"strata: Could not open {default_model_dir()}: the batch size must be an integer >= 1 (got 0) "
+                   "(start Strata with --max-batch N)"]
+    assert out.stat().st_size > 10_000          # the picture shows the banner that says so
