@@ -415,8 +415,8 @@ class ChatController(QObject):
         grew = False
         for chunk in batch.chunks:
             if chunk.request_id == live.request_id and chunk.used_tokens:
-                live.conversation.context_used = chunk.used_tokens
-                self._show_context()
+                live.conversation.context_used = chunk.used_tokens    # shown with each save (a new label
+                # text can lay the pane out again, which a long chat makes slow: not once a batch)
             if chunk.request_id == live.request_id and (chunk.text or chunk.reasoning):
                 if not live.bubble.text and not live.bubble.reasoning.text:
                     live.bubble.set_stats("")
@@ -434,6 +434,8 @@ class ChatController(QObject):
         """The streaming reply as far as it is on screen, still marked interrupted."""
         if self.live is not None:
             self.library.save(self.live.conversation)
+            if self.live.conversation is self.current:
+                self._show_context()
 
     def on_finished(self, stats: ReplyStats) -> None:
         """A reply ended (finished, max tokens, stopped, error): keep its text and its stats line."""
@@ -552,5 +554,7 @@ class ChatController(QObject):
         self.prefs.sync()
         if self.live is not None:
             self.library.save(self.live.conversation)
+            if self.live.conversation is self.current:
+                self._show_context()
             self.live = None                    # the engine's last word on it comes after: it stays interrupted
         self.library.close()
