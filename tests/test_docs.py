@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-import main
 from benchmarks import report
 from engine.cli.main import build_parser
+from strata import cli as main
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -88,7 +88,7 @@ def _section(text: str, title: str) -> str:
 
 def test_the_documented_commands_and_flags_exist():
     parser, sub = build_parser()
-    main._add_gui_parser(sub)                     # the workbench's own subcommand, as main.py adds it
+    main._add_gui_parser(sub)                     # the workbench's own subcommand, as main.py adds it (strata/cli.py)
     flags = {s for a in parser._actions for s in a.option_strings}
     for p in sub.choices.values():
         flags |= {s for a in p._actions for s in a.option_strings}

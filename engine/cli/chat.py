@@ -202,7 +202,12 @@ class ChatSession:
 
     def _set_effort(self, arg: str) -> None:
         if self.harmony is None:
-            _note("this model has no reasoning effort setting; /reasoning applies to reasoning models (gpt-oss)")
+            if self.engine.model_info.architecture == "GptOssForCausalLM":
+                _note("this gpt-oss checkpoint's tokenizer lacks the harmony format's special tokens (<|channel|>, "
+                      "<|message|>, ...), so /reasoning has nothing to set; use the tokenizer files the model was "
+                      "released with")
+            else:
+                _note("this model has no reasoning effort setting; /reasoning applies to reasoning models (gpt-oss)")
             return
         if arg and arg not in EFFORTS:
             _error(ConfigError(f"reasoning effort must be one of {', '.join(EFFORTS)} (got {arg!r})"))

@@ -181,6 +181,6 @@ def test_fit_rect_never_goes_below_the_minimum():
 
 
 def test_the_smallest_window_the_screenshot_flag_takes_is_one_the_window_lays_out(window):
-    from main import SMALLEST_WINDOW
+    from strata.cli import SMALLEST_WINDOW
     hint = window.minimumSizeHint()
     assert hint.width() <= SMALLEST_WINDOW[0] and hint.height() <= SMALLEST_WINDOW[1], hint

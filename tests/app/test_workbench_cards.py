@@ -145,7 +145,7 @@ def test_a_card_nvml_cannot_read_says_not_available(qtbot, tmp_path, themed):
 # --- the launch option -----------------------------------------------------------------------------
 def test_pipeline_parallel_from_the_command_line_reaches_the_engine(window_factory, qtbot):
     from engine.cli.options import engine_options
-    from main import _parse
+    from strata.cli import _parse
     args = _parse(["--device", "cpu", "--expert-pool-size", ENGINE_OPTIONS["expert_pool_size"],
                    "--pipeline-parallel", "2"])
     options = engine_options(args)

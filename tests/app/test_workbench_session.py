@@ -241,7 +241,7 @@ def test_a_screenshot_never_replaces_a_file_unless_asked(tmp_path, capsys, monke
     assert main.main(["gui", "--screenshot", str(tmp_path / "nowhere" / "x.png")]) == 2
     assert "does not exist; create it" in capsys.readouterr().err
     taken: list[str] = []
-    monkeypatch.setattr("main._window_cannot_open", lambda argv: False)
+    monkeypatch.setattr("strata.cli._window_cannot_open", lambda argv: False)
     monkeypatch.setattr("app.launch.run_gui", lambda model, options, screenshot=None, **kw: taken.append(screenshot) or 0)
     assert main.main(["gui", "--screenshot", f"{mine}!"]) == 0 and taken == [str(mine)]
 
@@ -290,7 +290,7 @@ def test_an_engine_flag_no_model_takes_is_refused_before_the_window_opens(tmp_pa
     import main
     opened: list = []
     monkeypatch.setattr("app.launch.run_gui", lambda *args, **kwargs: opened.append(args) or 0)
-    monkeypatch.setattr("main._window_cannot_open", lambda argv: False)
+    monkeypatch.setattr("strata.cli._window_cannot_open", lambda argv: False)
     for flag, line in BAD_ENGINE_FLAGS.items():
         for shot in ([], ["--screenshot", str(tmp_path / "x.png")]):
             assert main.main([*flag, *shot]) == 2, flag

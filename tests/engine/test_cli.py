@@ -388,3 +388,23 @@ def test_info_plans_from_the_config_and_notes_what_would_stop_a_load(model, tmp_
     out, err = capsys.readouterr()
     assert "Parameters" in out or "parameters" in out                                 # the plan still prints
     assert f"loading this folder would fail: no *.safetensors weights in {bare}" in err
+
+
+def test_the_installed_command_and_python_m_strata_are_main_py(tmp_path):
+    # the console script, python -m strata and main.py run one program: the workbench by default, the
+    # same usage lines under the name the user typed
+    import subprocess
+    import sys
+    tomllib = pytest.importorskip("tomllib")          # Python 3.11+
+    root = Path(__file__).resolve().parents[2]
+    scripts = tomllib.loads((root / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"strata": "strata.cli:run"}
+    import main as script
+    from strata import cli
+    assert script.main is cli.main
+    run = subprocess.run([sys.executable, "-m", "strata", "gui", "--help"], cwd=root, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0 and run.stdout.startswith("usage: strata gui")
+    run = subprocess.run([sys.executable, "-m", "engine", "info", "--help"], cwd=root, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0 and run.stdout.startswith("usage: strata info")
