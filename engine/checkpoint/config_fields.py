@@ -9,7 +9,17 @@ from pathlib import Path
 from engine.errors import ModelLoadError
 
 _REQUIRED = object()
-_FIX = "correct it or restore config.json from the original checkpoint"
+
+# config.json fields whose null transformers reads as "use the default" (its config classes and RoPE code put
+# the default in, or give null that meaning): null there is the field left out. Any other null is refused
+# like any other wrong type, since transformers refuses it too or builds a broken model from it.
+_YARN_DEFAULTS = ("factor", "attention_factor", "mscale", "mscale_all_dim", "beta_fast", "beta_slow")
+CONFIG_NULLS = frozenset({
+    "architectures", "head_dim", "num_key_value_heads", "mlp_only_layers", "layer_types", "sliding_window",
+    "rope_parameters", "rope_scaling", "partial_rotary_factor", "original_max_position_embeddings",
+    "quantization_config", "quantization_config.weight_block_size", "dtype", "torch_dtype", "clip_qkv",
+    "q_lora_rank", "bos_token_id", "eos_token_id", "pad_token_id",
+    *(f"{rope}.{key}" for rope in ("rope_parameters", "rope_scaling") for key in _YARN_DEFAULTS)})
 
 
 def _show(value: object) -> str:
@@ -18,7 +28,7 @@ def _show(value: object) -> str:
     return text if len(text) <= 48 else text[:45] + "..."
 
 
-def _as_int(value: object) -> int | None:
+def as_int(value: object) -> int | None:
     """``value`` as an int when it is one (6 or 6.0), else None (bools, strings, 6.5 are not)."""
     if isinstance(value, bool):
         return None
@@ -30,38 +40,49 @@ def _as_int(value: object) -> int | None:
 
 
 class ConfigFields:
-    """Typed reads of one parsed JSON object; ``null`` counts as "not given" (Hugging Face writes it so).
+    """Typed reads of one parsed JSON object. ``null`` counts as "not given" for the fields in ``nulls``
+    (those whose null transformers reads as the default) and is refused for the rest.
 
     Each reader checks one kind of value and raises a one-line ModelLoadError on a bad one.
     """
 
-    def __init__(self, cfg: dict, file: Path, prefix: str = "") -> None:
-        self.cfg, self.file, self.prefix = cfg, file, prefix
+    def __init__(self, cfg: dict, file: Path, prefix: str = "", nulls: frozenset[str] = CONFIG_NULLS) -> None:
+        self.cfg, self.file, self.prefix, self.nulls = cfg, file, prefix, nulls
 
     def given(self, key: str) -> bool:
         return self.cfg.get(key) is not None
 
+    def null(self, key: str) -> bool:
+        """``key`` is null where null does not mean the default: its reader refuses it."""
+        return key in self.cfg and self.cfg[key] is None and f"{self.prefix}{key}" not in self.nulls
+
     def first_given(self, *keys: str) -> str:
-        """The first of ``keys`` that is given (else the first), for fields with several spellings."""
-        return next((k for k in keys if self.given(k)), keys[0])
+        """The first of ``keys`` that is given (else the first one written, null or not, else the first),
+        for fields with several spellings."""
+        return next((k for k in keys if self.given(k)), next((k for k in keys if k in self.cfg), keys[0]))
+
+    def show(self) -> str:
+        """The object as it reads in the JSON file, cut short if long."""
+        return _show(self.cfg)
 
     def bad(self, key: str, found: object, expected: str) -> ModelLoadError:
-        return ModelLoadError(f"{self.file}: field '{self.prefix}{key}' is {_show(found)} but must be {expected}; {_FIX}")
+        return ModelLoadError(f"{self.file}: field '{self.prefix}{key}' is {_show(found)} but must be {expected}; "
+                              f"correct it or restore {self.file.name} from the original checkpoint")
 
     def _get(self, key: str, default: object) -> object:
         if self.given(key):
             return self.cfg[key]
+        if self.null(key) or (default is _REQUIRED and key in self.cfg):
+            return None          # null where a value is needed: the reader's type check names it
         if default is not _REQUIRED:
             return default
-        if key in self.cfg:
-            return None          # null where a value is needed: the reader's type check names it
-        raise ModelLoadError(f"{self.file}: field '{self.prefix}{key}' is missing from config.json; the file is "
+        raise ModelLoadError(f"{self.file}: field '{self.prefix}{key}' is missing from {self.file.name}; the file is "
                              "incomplete or not a Hugging Face causal-LM config")
 
     def integer(self, key: str, default: object = _REQUIRED, minimum: int = 1, maximum: int | None = None,
                 why: str = "") -> int:
         value = self._get(key, default)
-        n = _as_int(value)
+        n = as_int(value)
         if n is None or n < minimum or (maximum is not None and n > maximum):
             if maximum is not None:
                 expected = f"an integer from {minimum} to {maximum}"
@@ -73,7 +94,7 @@ class ConfigFields:
     def number(self, key: str, default: float | None, maximum: float | None = None, why: str = "") -> float | None:
         """A finite number above zero (epsilons, rope theta, clip bounds), at most ``maximum`` if given."""
         value = self._get(key, default)
-        if value is None:
+        if value is None and not self.null(key):
             return None
         if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0
                 or (maximum is not None and value > maximum)):
@@ -104,7 +125,7 @@ class ConfigFields:
 
     def int_list(self, key: str, minimum: int, maximum: int) -> tuple[int, ...]:
         value = self._get(key, [])
-        items = [_as_int(v) for v in value] if isinstance(value, list) else [None]
+        items = [as_int(v) for v in value] if isinstance(value, list) else [None]
         if any(n is None or not minimum <= n <= maximum for n in items):
             raise self.bad(key, value, f"a list of integers from {minimum} to {maximum}")
         return tuple(n for n in items if n is not None)
@@ -118,8 +139,9 @@ class ConfigFields:
     def nested(self, key: str, example: str) -> "ConfigFields | None":
         """The JSON object at ``key`` (None when not given), read with the same checks."""
         value = self._get(key, None)
-        if value is None:
+        if value is None and not self.null(key):
             return None
         if not isinstance(value, dict):
-            raise self.bad(key, value, f"an object such as {example} (or null)")
-        return ConfigFields(value, self.file, f"{self.prefix}{key}.")
+            or_null = " (or null)" if f"{self.prefix}{key}" in self.nulls else ""
+            raise self.bad(key, value, f"an object such as {example}{or_null}")
+        return ConfigFields(value, self.file, f"{self.prefix}{key}.", self.nulls)

@@ -37,6 +37,9 @@ class Family:
     expert_act: str = "silu"           # kernels.expert_layout.ExpertAct kind
     fused_kn: bool = False             # fused gate_up [E, D, 2F] and down [E, F, D]
     interleaved_gate_up: bool = False  # fused gate/up outputs alternate gate, up, gate, up, ...
+    # without layer_types in config.json: the even layers slide over this many positions (sliding_window's
+    # default) and the odd ones attend fully, as transformers' GptOssConfig fills it in; 0: every layer full
+    alternate_window: int = 0
     # GLM-4.5: sigmoid router scores; experts chosen by score plus a per-expert correction bias (this
     # tensor beside the router) while the weights are the plain scores. glm_keys: config.json spells
     # the MoE as GLM does (routed_scaling_factor, n_routed_experts, n_shared_experts of
@@ -90,7 +93,7 @@ FAMILIES: dict[str, Family] = {
         "gpt_oss", "model.layers.{i}.mlp", "{p}.router.weight", *_LLAMA_EXPERT,
         "{p}.experts.gate_up_proj", "{p}.experts.down_proj", None, always_renormalize=True, default_qkv_bias=True,
         router_bias=True, o_bias=True, attn_sinks=True, expert_bias=True, expert_act="swiglu_oai",
-        fused_kn=True, interleaved_gate_up=True),
+        fused_kn=True, interleaved_gate_up=True, alternate_window=128),
     # GLM-4.5 and GLM-4.5-Air; qk_norm is "head" where config.json sets use_qk_norm (ModelSpec.qk_norm)
     "Glm4MoeForCausalLM": Family(
         "glm4_moe", "model.layers.{i}.mlp", "{p}.gate.weight", *_LLAMA_EXPERT,

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from engine.checkpoint.config_fields import ConfigFields
 from engine.checkpoint.families import FAMILIES, SUPPORTED, Family
+from engine.checkpoint.generation_config import check_generation_config, check_token_ids
 from engine.errors import ModelLoadError, UnsupportedModelError
 
 MAX_LAYERS = 4096       # sanity bounds: far above any released model, far below what hangs a loop
@@ -192,21 +193,43 @@ ROPE_TYPES = ("default", "yarn")
 LAYER_TYPES = ("sliding_attention", "full_attention")
 
 
-def _rope(f: ConfigFields, max_position: int) -> tuple[float, RopeScaling | None]:
-    """``rope_theta`` and the RoPE scaling, from ``rope_parameters`` (newer) or ``rope_scaling`` (older)."""
+ROPE_KEYS = ("rope_parameters", "rope_scaling")      # newer, older: transformers takes rope_scaling when both are set
+
+
+def _rope_objects(f: ConfigFields) -> list[ConfigFields]:
+    """The RoPE objects config.json sets, rope_parameters first; each one checked as an object."""
     example = '{"rope_type": "default", "rope_theta": 10000.0}'
-    key = "rope_parameters" if f.given("rope_parameters") else "rope_scaling"
-    rope = f.nested(key, example)
-    theta = f.number("rope_theta", 10000.0)
-    if rope is None:
-        return theta, None
+    return [rope for key in ROPE_KEYS if (rope := f.nested(key, example)) is not None]
+
+
+def _rope(f: ConfigFields, max_position: int) -> tuple[float, RopeScaling | None]:
+    """``rope_theta`` and the RoPE scaling, from ``rope_parameters`` (newer) or ``rope_scaling`` (older).
+
+    Both are checked when both are set, and must then say the same: transformers reads rope_scaling and drops
+    rope_parameters, Strata read the other way, so which one the checkpoint means is the user's to say."""
+    read = [(rope, _scaling(f, rope, max_position)) for rope in _rope_objects(f)]
+    if len(read) == 2:
+        (new, new_scaling), (old, old_scaling) = read
+        alike = {"type": "rope_type"}
+        shared = {alike.get(k, k) for k in new.cfg} & {alike.get(k, k) for k in old.cfg}
+        if new_scaling != old_scaling or any(new.cfg.get(k) != old.cfg.get(k) for k in shared - {"rope_type"}):
+            raise ModelLoadError(
+                f"{f.file}: fields 'rope_parameters' ({new.show()}) and 'rope_scaling' ({old.show()}) both set the "
+                "RoPE and disagree; delete the one that is wrong (transformers would use rope_scaling)")
+    theta = next((t for rope, _ in read if (t := rope.number("rope_theta", None)) is not None), None)
+    if theta is None:      # a null top-level rope_theta is refused: transformers builds a model that cannot run
+        theta = f.number("rope_theta", 10000.0)
+    return theta, read[0][1] if read else None
+
+
+def _scaling(f: ConfigFields, rope: ConfigFields, max_position: int) -> RopeScaling | None:
+    """The long-context scaling one RoPE object asks for (None: none)."""
     kind = rope.text(rope.first_given("rope_type", "type"), "default")
     if kind not in ROPE_TYPES:
         raise UnsupportedModelError(
             f"{f.file.parent}: rope scaling type '{kind}' is not supported; supported: default (no scaling), yarn — "
-            f"remove {key} from config.json to run without long-context scaling")
-    theta = rope.number("rope_theta", theta)
-    return theta, (_yarn(f, rope, max_position) if kind == "yarn" else None)
+            f"remove {rope.prefix[:-1]} from config.json to run without long-context scaling")
+    return _yarn(f, rope, max_position) if kind == "yarn" else None
 
 
 def _yarn(f: ConfigFields, rope: ConfigFields, max_position: int) -> RopeScaling:
@@ -222,10 +245,15 @@ def _yarn(f: ConfigFields, rope: ConfigFields, max_position: int) -> RopeScaling
                        rope.flag("truncate", True), attention, rope.number("mscale_all_dim", None) or 0.0)
 
 
-def _layer_windows(f: ConfigFields, n_layers: int) -> tuple[int, ...]:
-    """Per layer, its sliding window (0: full attention), from ``layer_types``; () when every layer is full."""
+def _layer_windows(f: ConfigFields, n_layers: int, fam: Family) -> tuple[int, ...]:
+    """Per layer, its sliding window (0: full attention), from ``layer_types``; () when every layer is full.
+    Without ``layer_types`` a family that alternates (gpt-oss) slides on its even layers, as transformers
+    fills the list in."""
     if not f.given("layer_types"):
-        return ()
+        if not fam.alternate_window:
+            return ()
+        window = f.integer("sliding_window", fam.alternate_window, why="the even layers slide over it")
+        return tuple(window if i % 2 == 0 else 0 for i in range(n_layers))
     kinds = f.str_list("layer_types", LAYER_TYPES[0])
     if len(kinds) != n_layers or any(k not in LAYER_TYPES for k in kinds):
         raise f.bad("layer_types", f.cfg["layer_types"], f"a list of {n_layers} entries (num_hidden_layers), each "
@@ -286,7 +314,7 @@ def _kv_heads(f: ConfigFields, heads: int) -> int:
 
 def _num_experts(f: ConfigFields) -> int:
     given = {k: _at_most(f, k, f.integer(k, minimum=0), MAX_EXPERTS)
-             for k in ("num_local_experts", "num_experts", "n_routed_experts") if f.given(k)}
+             for k in ("num_local_experts", "num_experts", "n_routed_experts") if k in f.cfg}
     if len(set(given.values())) > 1:
         first, *rest = given
         raise f.bad(rest[0], given[rest[0]], f"equal to {first} ({given[first]}), since both count the experts")
@@ -334,11 +362,9 @@ def _moe_layers(f: ConfigFields, fam: Family, n_layers: int) -> tuple[bool, ...]
 
 
 def _rotary_dim(f: ConfigFields, head_dim: int, default: float) -> int:
-    """The head dimensions RoPE turns: ``partial_rotary_factor`` (top level, or in ``rope_parameters``;
-    ``default`` when neither gives it) of ``head_dim``; 0 for all of them."""
-    rope = f.nested("rope_parameters", '{"rope_type": "default", "partial_rotary_factor": 0.5}') \
-        if f.given("rope_parameters") else None
-    owner = rope if rope is not None and rope.given("partial_rotary_factor") else f
+    """The head dimensions RoPE turns: ``partial_rotary_factor`` (top level, or in ``rope_parameters`` /
+    ``rope_scaling``; ``default`` when none gives it) of ``head_dim``; 0 for all of them."""
+    owner = next((rope for rope in _rope_objects(f) if "partial_rotary_factor" in rope.cfg), f)
     factor = owner.number("partial_rotary_factor", default)
     dim = int(head_dim * factor)
     if factor > 1 or dim < 2 or dim % 2:
@@ -442,8 +468,10 @@ def spec_from_config(cfg: dict, path: Path) -> ModelSpec:
     if fam.deepseek == "v2":          # DeepSeek-V2 renormalises more than one weight, or else scales them: never both
         renorm = renorm and top_k > 1
         routed_scale = 1.0 if renorm else routed_scale
+    vocab_size = f.integer("vocab_size")
+    check_token_ids(f, vocab_size)
     return ModelSpec(
-        architecture=arch, family=fam, vocab_size=f.integer("vocab_size"), hidden=hidden,
+        architecture=arch, family=fam, vocab_size=vocab_size, hidden=hidden,
         num_layers=n_layers, num_heads=heads, num_kv_heads=heads if mla else _kv_heads(f, heads), head_dim=head_dim,
         num_experts=n_experts, top_k=top_k,
         moe_ffn=moe_ffn, dense_ffn=dense_ffn, shared_ffn=_shared_ffn(f, fam, moe_ffn),
@@ -454,7 +482,7 @@ def spec_from_config(cfg: dict, path: Path) -> ModelSpec:
         tie_word_embeddings=f.flag("tie_word_embeddings", False),
         moe_layers=_moe_layers(f, fam, n_layers),
         checkpoint_dtype=f.choice(f.first_given("torch_dtype", "dtype"), CHECKPOINT_DTYPES, "bfloat16"),
-        name=path.name, layer_windows=_layer_windows(f, n_layers), rope_scaling=rope_scaling,
+        name=path.name, layer_windows=_layer_windows(f, n_layers, fam), rope_scaling=rope_scaling,
         swiglu_alpha=f.number("swiglu_alpha", 1.702), swiglu_limit=f.number("swiglu_limit", 7.0),
         expert_storage=quantisation[0], weight_block=quantisation[1],
         rotary_dim=mla.qk_rope if mla else _rotary_dim(f, head_dim, 0.5 if fam.glm_keys else 1.0),
@@ -492,4 +520,6 @@ def read_spec(model_dir: str | Path) -> ModelSpec:
         raise ModelLoadError(f"{cfg_file} cannot be read ({e.strerror}); check its permissions")
     if not isinstance(cfg, dict):
         raise ModelLoadError(f"{cfg_file} must hold a JSON object; restore the file from the original checkpoint")
-    return spec_from_config(cfg, path)
+    spec = spec_from_config(cfg, path)
+    check_generation_config(path, spec.vocab_size)
+    return spec

@@ -98,7 +98,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json:
         check_json_target(args.json)
     run = _run_url(args, workload, warmup) if args.url else _run_local(args, workload, warmup)
-    return _report(args, run)
+    return _report(args, run, 0 if warmup is None else warmup.num_requests)
 
 
 def _run_local(args: argparse.Namespace, workload: Workload, warmup: Workload | None):
@@ -177,11 +177,22 @@ def _with_progress(label: str, workload: Workload, run):
         progress.clear()
 
 
-def _report(args: argparse.Namespace, run) -> int:
+def _used_flags(args: argparse.Namespace, workload: Workload, warmup: int) -> dict:
+    """The command's flags with the workload's as the run used them (a flag left out: the preset's or the
+    default value; a preset's replies fitted to the context), so that they read as the header does."""
+    config = {k: v for k, v in vars(args).items() if k not in ("bench_parser", "api_key", "debug")}
+    config.update(requests=workload.num_requests, prompt_len=str(workload.prompt_len),
+                  output_len=str(workload.output_len), concurrency=workload.concurrency,
+                  request_rate=workload.request_rate, seed=workload.seed, temperature=workload.temperature,
+                  stop_at_eos=not workload.ignore_eos, text_prompts=workload.text_prompts, warmup=warmup)
+    return config
+
+
+def _report(args: argparse.Namespace, run, warmup: int) -> int:
     from engine.bench.report import payload, table, write_json
     print("\n".join(table(run)))
     if args.json:
-        config = {k: v for k, v in vars(args).items() if k not in ("bench_parser", "api_key", "debug")}
+        config = _used_flags(args, run.workload, warmup)
         try:
             path, note = write_json(args.json, payload(run, config))
         except OSError as e:

@@ -35,6 +35,7 @@ FIELDS = refused.known_fields(READ_BOTH, ("messages", "max_completion_tokens", "
                               refused.CHAT)
 
 
+GPT_OSS = "GptOssForCausalLM"     # its prompt (harmony) takes reasoning_effort, when its tokenizer has harmony's tokens
 _RESERVED = frozenset({"messages", "add_generation_prompt", "tokenize", "tools"})   # set by the server
 
 
@@ -56,6 +57,11 @@ def prepare(body: dict, info: ModelInfo) -> ChatPrompt:
     f = Fields(body)
     if tok.harmony is not None:
         return _prepare_harmony(body, tok.harmony)
+    if f.given("reasoning_effort") and info.architecture == GPT_OSS:
+        raise bad("reasoning_effort", "this gpt-oss checkpoint's tokenizer lacks the harmony format's special tokens "
+                                      "(<|channel|>, <|message|>, ...), so its prompt takes no reasoning_effort; leave "
+                                      "it out, or serve the model with the tokenizer files it was released with",
+                  code="unsupported_parameter")
     if f.given("reasoning_effort"):
         raise bad("reasoning_effort", "reasoning_effort is only for models whose prompt takes it (gpt-oss); leave "
                                       "it out, or switch thinking with chat_template_kwargs such as "

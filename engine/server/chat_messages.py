@@ -129,8 +129,10 @@ def _arguments(where: str, arguments: object) -> dict:
         raise FieldError(where, f"{where} must be a JSON object encoded as a string (got {kind_of(arguments)})")
     try:
         value = json.loads(arguments)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        reason = f"{exc.msg} at character {exc.pos}" if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
+    except (ValueError, RecursionError) as exc:      # ValueError: also an integer past Python's digit limit
+        reason = (f"{exc.msg} at character {exc.pos}" if isinstance(exc, json.JSONDecodeError)
+                  else "nested too deeply" if isinstance(exc, RecursionError)
+                  else "an integer with more digits than any argument takes")
         raise FieldError(where, f"{where} is not valid JSON ({reason}); send the arguments as a JSON "
                                 "object encoded as a string, e.g. \"{\\\"city\\\": \\\"Paris\\\"}\"") from None
     if not isinstance(value, dict):

@@ -43,6 +43,7 @@ class ModelInfo:
     vocab_size: int
     max_batch: int
     created: int                     # when the server first saw this engine (Unix seconds)
+    architecture: str = ""           # config.json's architecture, e.g. "GptOssForCausalLM"
 
     def token_text(self, token_id: int) -> str:
         """One token as text (special tokens included), cached: ``bytes:\\xNN...`` (OpenAI's spelling) for
@@ -77,7 +78,7 @@ def describe(engine: Any, served_name: str | None) -> ModelInfo:
     path = str(engine.config.model)
     return ModelInfo(served_name or Path(path.rstrip("/\\")).name or path, path, engine.tokenizer,
                      int(engine.context_tokens), int(engine.loaded.spec.vocab_size), int(engine.config.max_batch),
-                     int(time.time()))
+                     int(time.time()), str(engine.loaded.spec.architecture))
 
 
 class Stream:

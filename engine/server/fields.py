@@ -22,6 +22,21 @@ def _no_constants(name: str) -> None:
     raise ValueError(f"{name} is not a JSON number")
 
 
+class _Overlong:
+    """An integer with more digits than Python reads (``sys.get_int_max_str_digits()``), kept in place of
+    the number so that the refusal can name its field."""
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+
+def _parse_int(text: str) -> int | _Overlong:
+    try:
+        return int(text)
+    except ValueError:
+        return _Overlong(len(text.lstrip("-")))
+
+
 def parse_json_object(raw: bytes, content_type: str | None, content_encoding: str | None = None) -> dict:
     """The body as a JSON object, or a 400/415 APIError saying what is wrong with it.
 
@@ -40,7 +55,7 @@ def parse_json_object(raw: bytes, content_type: str | None, content_encoding: st
     if not raw.strip():
         raise APIError(400, "the request body is empty; send a JSON object", code="invalid_json")
     try:
-        body = json.loads(raw, parse_constant=_no_constants)
+        body = json.loads(raw, parse_constant=_no_constants, parse_int=_parse_int)
     except UnicodeDecodeError:
         raise APIError(400, "the request body is not UTF-8 text; send JSON encoded as UTF-8", code="invalid_json") from None
     except RecursionError:
@@ -56,10 +71,10 @@ def parse_json_object(raw: bytes, content_type: str | None, content_encoding: st
 
 
 def _check_tree(body: dict) -> None:
-    """Depth and string check without recursion (a deep body must not exhaust the stack)."""
-    stack: list[tuple[Any, int]] = [(body, 1)]
+    """Depth, string and integer check without recursion (a deep body must not exhaust the stack)."""
+    stack: list[tuple[Any, int, str]] = [(body, 1, "")]
     while stack:
-        node, depth = stack.pop()
+        node, depth, path = stack.pop()
         if depth > MAX_DEPTH:
             raise APIError(400, f"the request body nests deeper than {MAX_DEPTH} levels", code="invalid_json")
         items = node.items() if isinstance(node, dict) else enumerate(node)
@@ -68,8 +83,12 @@ def _check_tree(body: dict) -> None:
                 _check_text(key)
             if isinstance(value, str):
                 _check_text(value)
-            elif isinstance(value, (dict, list)):
-                stack.append((value, depth + 1))
+            elif isinstance(value, (dict, list, _Overlong)):
+                where = f"{path}[{key}]" if isinstance(node, list) else f"{path}.{key}" if path else key
+                if isinstance(value, _Overlong):
+                    raise bad(where, f"{where}: the number has {value.digits} digits, more than any field takes; "
+                                     "send an integer below 2**63")
+                stack.append((value, depth + 1, where))
 
 
 def _check_text(s: str) -> None:
@@ -82,7 +101,7 @@ def _check_text(s: str) -> None:
 
 def _json_kind(value: object) -> str:
     return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
-        type(value), "number" if isinstance(value, (int, float)) else type(value).__name__)
+        type(value), "number" if isinstance(value, (int, float, _Overlong)) else type(value).__name__)
 
 
 def show(value: object, limit: int = 60) -> str:

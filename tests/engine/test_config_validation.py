@@ -139,7 +139,6 @@ def test_family_fields_of_qwen2_moe_are_checked(field, value, expected):
 
 @pytest.mark.parametrize("base,changes,says", [
     (DEMO_CONFIG, {"num_experts": 0, "num_local_experts": 0}, "declares no routed experts"),
-    (DEMO_CONFIG, {"num_experts": None, "num_local_experts": None}, "declares no routed experts"),
     (DEMO_CONFIG, {"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported"),
     (DEMO_CONFIG, {"mlp_only_layers": [0, 1, 2, 3, 4, 5]}, "every one of the 6 layers is a dense MLP"),
     (QWEN2, {"decoder_sparse_step": 5}, "every one of the 4 layers is a dense MLP"),
@@ -151,14 +150,15 @@ def test_unsupported_models_are_one_line(base, changes, says):
 
 
 def test_null_means_not_given_for_optional_fields():
-    """Hugging Face writes null for unset optional fields: the same model as the field left out."""
+    """Hugging Face writes null for unset optional fields whose null transformers reads as the default: the
+    same model as the field left out (nulls it refuses are refused here too: test_config_nulls.py)."""
     ref = _spec()
     same = _spec(head_dim=None, hidden_size=128, num_attention_heads=4)   # 128 / 4 = 32, the explicit head_dim
     assert same.head_dim == ref.head_dim == 32
     assert _spec(num_key_value_heads=None).num_kv_heads == 4
     assert _spec(mlp_only_layers=None).moe_layers == ref.moe_layers
-    assert _spec(norm_topk_prob=None).norm_topk_prob is False
-    assert _spec(rope_parameters=None, rope_theta=None).rope_theta == 10000.0
+    assert _spec(rope_parameters=None).rope_theta == 10000.0
+    assert _spec(clip_qkv=None, eos_token_id=None, dtype=None).clip_qkv is None
 
 
 def test_values_that_mean_the_same_are_accepted():

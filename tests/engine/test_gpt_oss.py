@@ -41,6 +41,20 @@ def _config(path: Path) -> dict:
     return json.loads((path / "config.json").read_text())
 
 
+def test_without_layer_types_the_even_layers_slide_as_transformers_fills_them_in(pair):
+    # transformers' GptOssConfig: layer_types left out -> sliding on even layers, full on odd ones,
+    # over sliding_window (128 when that is left out too)
+    from transformers import GptOssConfig
+    path = pair[0]
+    cfg = {k: v for k, v in _config(path).items() if k != "layer_types"}
+    want = GptOssConfig(**cfg).layer_types
+    assert want == ["sliding_attention", "full_attention", "sliding_attention"]
+    assert spec_from_config(cfg, path).layer_windows == (WINDOW, 0, WINDOW)
+    no_window = {k: v for k, v in cfg.items() if k != "sliding_window"}
+    assert GptOssConfig(**no_window).sliding_window == 128
+    assert spec_from_config(no_window, path).layer_windows == (128, 0, 128)
+
+
 def test_spec_reads_the_family_fields(pair):
     path, _, llm = pair
     spec = llm.engine.loaded.spec
