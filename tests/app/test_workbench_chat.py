@@ -292,15 +292,20 @@ def test_a_new_chat_left_with_unsent_text_is_kept_in_the_list_with_it(qtbot, tmp
     assert again.current.id == idea and again.pane.input.toPlainText() == "an idea for later"
 
 
-def test_the_unsent_text_of_a_chat_whose_file_was_set_aside_is_kept_in_a_chat_of_its_own(qtbot, tmp_path):
-    # Chat A's file is damaged while A holds unsent text: the file is set aside, and the text comes back
-    # in a chat of its own, shown at start and in the list (after later restarts too), never dropped.
+def _chat_with_unsent_text(qtbot, tmp_path):
+    """A chat "A" with one reply and unsent text in its box: (settings file, folder, the chat, A's id)."""
     ini, folder = tmp_path / "strata.ini", tmp_path / "c"
     first = make_chat(qtbot, folder, settings_file=ini)
     first.send("Chat A")
     finish(first)
-    a = first.current.id
     QTest.keyClicks(first.pane.input, "half a question for A")
+    return ini, folder, first, first.current.id
+
+
+def test_the_unsent_text_of_a_chat_whose_file_was_set_aside_is_kept_in_a_chat_of_its_own(qtbot, tmp_path):
+    # Chat A's file is damaged while A holds unsent text: the file is set aside, and the text comes back
+    # in a chat of its own, shown at start and in the list (after later restarts too), never dropped.
+    ini, folder, first, a = _chat_with_unsent_text(qtbot, tmp_path)
     first.new_chat()
     first.send("Chat B")
     finish(first)
@@ -325,12 +330,7 @@ def test_the_unsent_text_of_a_chat_whose_file_was_set_aside_is_kept_in_a_chat_of
 def test_the_unsent_text_of_a_chat_whose_file_cannot_be_read_waits_for_it(qtbot, tmp_path, monkeypatch):
     # A file that cannot be read for now (its permissions) is not gone: its chat's unsent text stays with
     # it, and no new chat is saved over the file meanwhile.
-    ini, folder = tmp_path / "strata.ini", tmp_path / "c"
-    first = make_chat(qtbot, folder, settings_file=ini)
-    first.send("Chat A")
-    finish(first)
-    a = first.current.id
-    QTest.keyClicks(first.pane.input, "half a question for A")
+    ini, folder, first, a = _chat_with_unsent_text(qtbot, tmp_path)
     first.close()
     path = first.store.path_of(a)
     before, read_bytes = path.read_bytes(), Path.read_bytes
