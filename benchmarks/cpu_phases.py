@@ -57,7 +57,8 @@ def _median_us(fn, calls: int, gap_s: float = 0.0) -> float:
 
 def phases(store: torch.Tensor, layout, threads: int, calls: int, gaps_us: list[float]) -> dict:
     set_cpu_expert_threads(threads)
-    runner = CpuExpertRunner(store, layout, threads)
+    runner = CpuExpertRunner(store, layout, threads, one_region=False)
+    one = CpuExpertRunner(store, layout, threads, one_region=True)     # gate/up and down in one region
     meta = _meta(layout)
     b = store.numpy()
     h, f = b.view(np.uint16), b.view(np.float32)
@@ -106,12 +107,15 @@ def phases(store: torch.Tensor, layout, threads: int, calls: int, gaps_us: list[
     pad = np.zeros(threads * 64, np.float64)
     got = {"threads": threads,
            "call_us": _median_us(lambda: runner.run(nxt(), x, out), calls),
+           "one_region_call_us": _median_us(lambda: one.run(nxt(), x, out), calls),
            "gate_up_us": _median_us(gate_up, calls),
            "down_us": _median_us(down, calls),
            "quantize_x_us": _median_us(lambda: packed.quantize_rows_serial(x, grp, q, s, qs, bad), calls),
            "quantize_a_us": _median_us(lambda: packed.quantize_rows_serial(a, grp, qa, sa, qsa, bad_a), calls),
            "empty_pass_us": _median_us(lambda: _empty_pass(pad), calls)}
     got["call_after_gap_us"] = {str(g): _median_us(lambda: runner.run(nxt(), x, out), calls, g * 1e-6) for g in gaps_us}
+    got["one_region_after_gap_us"] = {str(g): _median_us(lambda: one.run(nxt(), x, out), calls, g * 1e-6)
+                                      for g in gaps_us}
     w13 = 2 * f_ * d_ // 2 * k
     w2 = d_ * f_ // 2 * k
     got["gate_up_gbs"] = w13 / got["gate_up_us"] / 1e3
@@ -146,12 +150,15 @@ def main() -> None:
               f"gate/up {got['gate_up_us']:7.1f} us ({got['gate_up_gbs']:5.1f} GB/s) | down {got['down_us']:6.1f} us "
               f"({got['down_gbs']:5.1f} GB/s) | quantize x {got['quantize_x_us']:5.1f} a {got['quantize_a_us']:5.1f} "
               f"us | empty pass {got['empty_pass_us']:5.1f} us | after a gap: "
-              + ", ".join(f"{g} us: {v:.1f}" for g, v in got["call_after_gap_us"].items()), flush=True)
+              + ", ".join(f"{g} us: {v:.1f}" for g, v in got["call_after_gap_us"].items())
+              + f" | one region: call {got['one_region_call_us']:7.1f} us, after a gap: "
+              + ", ".join(f"{g} us: {v:.1f}" for g, v in got["one_region_after_gap_us"].items()), flush=True)
     if a.out:
         write_result(a.out, {"benchmark": "cpu_phases", "what": (
             "One-token int4 CPU expert call (Qwen3-30B-A3B expert, top-8) split into its phases per thread count: "
             "whole call, gate/up pass (quantising the activations inside), down pass, the serial "
-            "quantisations on their own, an empty parallel pass"),
+            "quantisations on their own, an empty parallel pass; and the whole call with gate/up and down in one "
+            "parallel region (kernels.cpu.packed.gate_up_down)"),
             "config": vars(a), "rows": rows})
 
 

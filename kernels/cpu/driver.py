@@ -48,6 +48,18 @@ def packed_forward(b, h, f, meta, alpha, limit, rows, starts, toks, wts, x, out,
     tokens, then each pair's activation, quantised to 16 bits per group before the pass that reads
     them (a few tokens on the calling thread, the activations inside the gate/up pass: two parallel
     regions a call). A separate entry point, so that a store of another format never compiles it."""
+    _packed(b, h, f, meta, alpha, limit, rows, starts, toks, wts, x, out, nt, False)
+
+
+@njit(fastmath=True, error_model="numpy", cache=True)
+def packed_forward_one(b, h, f, meta, alpha, limit, rows, starts, toks, wts, x, out, nt):
+    """:func:`packed_forward` with gate/up and down in one parallel region (:func:`packed.gate_up_down`):
+    the same result to the bit."""
+    _packed(b, h, f, meta, alpha, limit, rows, starts, toks, wts, x, out, nt, True)
+
+
+@njit(fastmath=True, error_model="numpy", cache=True)
+def _packed(b, h, f, meta, alpha, limit, rows, starts, toks, wts, x, out, nt, one_region):
     fmt, d_, f_ = meta[M_FMT], meta[M_D], meta[M_F]
     grp = 32 if fmt == MXFP4 else meta[M_G]
     t_, p_ = x.shape[0], toks.size
@@ -64,10 +76,15 @@ def packed_forward(b, h, f, meta, alpha, limit, rows, starts, toks, wts, x, out,
     sa = np.empty((p_, f_ // grp), np.float32)
     qsa = np.empty((p_, f_ // 8), np.int32)
     bad_a = np.empty(p_, np.bool_)
-    packed.gate_up(fmt, b, h, f, d_, f_, grp, meta[M_W13], meta[M_S13], meta[M_Z13], meta[M_B13], meta[M_ACT],
-                   alpha, limit, rows, starts, toks, q, s, qs, a, qa, sa, qsa, bad_a, nt)
-    packed.down(fmt, b, h, f, d_, f_, grp, meta[M_W2], meta[M_S2], meta[M_Z2], meta[M_B2], rows, starts, toks, wts,
-                qa, sa, qsa, out, nt)
+    if one_region:
+        packed.gate_up_down(fmt, b, h, f, d_, f_, grp, meta[M_W13], meta[M_S13], meta[M_Z13], meta[M_B13],
+                            meta[M_ACT], alpha, limit, meta[M_W2], meta[M_S2], meta[M_Z2], meta[M_B2], rows, starts,
+                            toks, wts, q, s, qs, a, qa, sa, qsa, bad_a, out, nt)
+    else:
+        packed.gate_up(fmt, b, h, f, d_, f_, grp, meta[M_W13], meta[M_S13], meta[M_Z13], meta[M_B13], meta[M_ACT],
+                       alpha, limit, rows, starts, toks, q, s, qs, a, qa, sa, qsa, bad_a, nt)
+        packed.down(fmt, b, h, f, d_, f_, grp, meta[M_W2], meta[M_S2], meta[M_Z2], meta[M_B2], rows, starts, toks,
+                    wts, qa, sa, qsa, out, nt)
     for p in range(p_):                 # a NaN or infinity in a token's input (or its activation) makes
         if bad_x[toks[p]] or bad_a[p]:  # its output NaN, as in float arithmetic
             out[toks[p], :] = np.float32(np.nan)

@@ -28,7 +28,7 @@ import torch
 
 from kernels.cpu import packed
 from kernels.cpu.dots import FORMAT_CODES, INT4, MXFP4
-from kernels.cpu.driver import M_FMT, M_G, M_S2, M_S13, expert_forward, packed_forward
+from kernels.cpu.driver import M_FMT, M_G, M_S2, M_S13, expert_forward, packed_forward, packed_forward_one
 from kernels.expert_layout import DENSE_DTYPES, ExpertLayout
 from kernels.quant import dequantize_expert_matrix
 
@@ -67,16 +67,23 @@ class CpuExpertWork:
         return int(self.rows.size)
 
 
-def _kernel(meta: np.ndarray):
-    """The compiled entry point for a layout: the integer one for int4 and mxfp4, the float one for
-    the rest (each compiles on its first call only)."""
+# int4 and mxfp4: gate/up and down in one parallel region (kernels.cpu.packed.gate_up_down) rather than
+# two; the result is the same to the bit. Off until the GPU host's 16 cores have measured it
+# (benchmarks/cpu_phases.py times both).
+ONE_REGION = False
+
+
+def _kernel(meta: np.ndarray, one_region: bool | None = None):
+    """The compiled entry point for a layout: the integer one for int4 and mxfp4 (in one parallel region
+    or two: ``one_region``, default :data:`ONE_REGION`), the float one for the rest (each compiles on its
+    first call only)."""
     fmt = int(meta[M_FMT])
     if fmt not in (INT4, MXFP4):
         return expert_forward
     why = packed.supports(fmt, int(meta[M_G]), int(meta[M_S13]), int(meta[M_S2]))
     if why is not None:
         raise ValueError(f"the CPU expert kernels cannot read {why}; use cold_experts=bus")
-    return packed_forward
+    return packed_forward_one if (ONE_REGION if one_region is None else one_region) else packed_forward
 
 
 @lru_cache(maxsize=64)
@@ -110,7 +117,8 @@ def _check(store: torch.Tensor, layout: ExpertLayout, work: CpuExpertWork, x: to
 
 
 def cpu_expert_forward(store: torch.Tensor, layout: ExpertLayout, work: CpuExpertWork, x: torch.Tensor,
-                       out: torch.Tensor | None = None, threads: int | None = None) -> torch.Tensor:
+                       out: torch.Tensor | None = None, threads: int | None = None,
+                       one_region: bool | None = None) -> torch.Tensor:
     """Sum over ``work``'s experts of ``weight * FFN(x[token])``, as float32 ``[T, D]``.
 
     ``store``: uint8 ``[R, layout.nbytes]`` on the CPU (pinned or not; only read). ``x``: float32 or
@@ -134,7 +142,7 @@ def cpu_expert_forward(store: torch.Tensor, layout: ExpertLayout, work: CpuExper
     b = store.numpy()                                          # [R, nbytes] uint8, no copy
     xf = (x if x.dtype == torch.float32 and x.is_contiguous() else x.to(torch.float32).contiguous()).numpy()  # [T, D]
     act, meta = layout.act, _meta(layout)
-    _kernel(meta)(b, b.view(np.uint16), b.view(np.float32), meta, np.float32(act.alpha), np.float32(act.limit),
+    _kernel(meta, one_region)(b, b.view(np.uint16), b.view(np.float32), meta, np.float32(act.alpha), np.float32(act.limit),
                   work.rows, work.starts, work.tokens, work.weights, xf, out.numpy(), numba.get_num_threads())
     return out
 
@@ -145,14 +153,14 @@ class CpuExpertRunner:
     cost tens of microseconds a call). ``run(work, x, out)`` with float32 numpy ``x [T, D]`` and
     ``out [T, D]`` (overwritten); ``work``'s rows and tokens are the caller's to keep in range."""
 
-    def __init__(self, store: torch.Tensor, layout: ExpertLayout, threads: int) -> None:
+    def __init__(self, store: torch.Tensor, layout: ExpertLayout, threads: int, one_region: bool | None = None) -> None:
         _check(store, layout, CpuExpertWork.from_pairs([]), torch.zeros(1, layout.hidden))
         self.store, self.layout = store, layout        # the tensor keeps the memory the views read
         b = store.numpy()
         self._views = (b, b.view(np.uint16), b.view(np.float32), _meta(layout),
                        np.float32(layout.act.alpha), np.float32(layout.act.limit))
         self.threads = max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS))
-        self._fn = _kernel(self._views[3])
+        self._fn = _kernel(self._views[3], one_region)
 
     def run(self, work: CpuExpertWork, x: np.ndarray, out: np.ndarray) -> np.ndarray:
         out[:] = 0.0

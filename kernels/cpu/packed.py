@@ -263,3 +263,55 @@ def down(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, rows, starts, toks, wts, q,
         if d0 < d_:
             _down_item(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, rows, starts, d0, min(d_, d0 + per), toks, wts,
                        q, s, qs, out)
+
+
+DOWN_ROWS = 64     # output rows of one down item of :func:`gate_up_down` (a multiple of 8)
+
+
+@njit(fastmath=True, error_model="numpy", parallel=True, cache=True)
+def gate_up_down(fmt, b, h, f, d_, f_, grp, ow13, os13, oz13, ob13, kind, alpha, limit, ow2, os2, oz2, ob2, rows,
+                 starts, toks, wts, q, s, qs, a, qa, sa, qsa, bad_a, out, nt):
+    """:func:`gate_up` then :func:`down` in one parallel region: a thread that finds no gate/up block
+    left takes blocks of ``DOWN_ROWS`` output rows from a second counter and, for each expert in
+    turn, waits until that expert's activations are all quantised (its groups' count), then adds its
+    rows. No thread waits at a barrier for the slowest gate/up block, nor enters a second region, and
+    down starts on the first experts while the last ones' gate/up blocks are still running. Each
+    output value adds its experts in the same order as :func:`down`: the result is the same to the bit.
+
+    No deadlock: a thread waits only for blocks already taken, and only threads that are running have
+    taken any."""
+    nb = f_ // ROWS
+    ng = f_ // grp
+    per_group = grp // ROWS
+    items = rows.size * nb
+    down_items = (d_ + DOWN_ROWS - 1) // DOWN_ROWS
+    for p in range(toks.size):
+        bad_a[p] = False
+    taken = np.zeros(1, np.int64)
+    arrived = np.zeros(rows.size * ng, np.int64)
+    ready = np.zeros(rows.size, np.int64)        # groups of each expert quantised
+    taken_down = np.zeros(1, np.int64)
+    for _ in prange(nt):
+        item = fetch_add(taken, 0, 1)
+        while item < items:
+            i, n0 = item // nb, item % nb * ROWS
+            lo, hi = starts[i], starts[i + 1]
+            _gate_up_item(fmt, b, h, f, d_, f_, grp, ow13, os13, oz13, ob13, kind, alpha, limit, rows[i], lo, hi,
+                          n0, n0 + ROWS, toks, q, s, qs, a)
+            g = n0 // grp
+            if fetch_add(arrived, i * ng + g, 1) == per_group - 1:
+                for p in range(lo, hi):
+                    quantize_group(a, p, g, grp, qa, sa, qsa, bad_a)
+                fetch_add(ready, i, 1)           # after the group's bytes: a reader of the count sees them
+            item = fetch_add(taken, 0, 1)
+        blk = fetch_add(taken_down, 0, 1)
+        while blk < down_items:
+            d0 = blk * DOWN_ROWS
+            d1 = min(d_, d0 + DOWN_ROWS)
+            for i in range(rows.size):
+                while fetch_add(ready, i, 0) < ng:      # the expert's last groups are still being computed
+                    pass
+                _down_item(fmt, b, h, f, d_, f_, grp, ow2, os2, oz2, ob2, rows[i:i + 1], starts[i:i + 2], d0, d1,
+                           toks, wts, qa, sa, qsa, out)
+            blk = fetch_add(taken_down, 0, 1)
+

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -102,6 +103,25 @@ def test_thread_count_does_not_change_a_bit():
     work = CpuExpertWork.from_pairs([(1, [0, 1, 2], [0.2, 0.3, 0.4]), (2, [0, 2], [0.5, 0.6])])
     one = cpu_expert_forward(store, layout, work, x, threads=1)
     assert torch.equal(one, cpu_expert_forward(store, layout, work, x, threads=os.cpu_count()))
+
+
+@pytest.mark.parametrize("fmt,group", [("int4", 64), ("mxfp4", 32)])
+def test_one_parallel_region_gives_the_two_regions_result_to_the_bit(fmt, group):
+    # gate/up and down in one region, down waiting per expert: each output adds its experts in the same
+    # order, with one thread and with all of them, and a token with a NaN input still comes out NaN
+    from kernels.cpu import CpuExpertRunner
+    layout, store = make_store(fmt, 256, 128, rows=6, bias=True, group_size=group, seed=3)
+    x = torch.randn(4, 256)
+    x[3, 7] = float("nan")
+    work = CpuExpertWork.from_pairs([(1, [0, 1, 2, 3], [0.2, 0.3, 0.4, 0.1]), (2, [0, 2], [0.5, 0.6]),
+                                     (4, [1], [0.7]), (5, [0, 1, 3], [0.1, 0.2, 0.3])])
+    for threads in (1, os.cpu_count()):
+        two = cpu_expert_forward(store, layout, work, x, threads=threads, one_region=False)
+        one = cpu_expert_forward(store, layout, work, x, threads=threads, one_region=True)
+        assert torch.equal(one[:3], two[:3]) and one[3].isnan().all() and two[3].isnan().all()
+        out = np.zeros((4, 256), np.float32)
+        CpuExpertRunner(store, layout, threads, one_region=True).run(work, x.numpy(), out)
+        assert torch.equal(torch.from_numpy(out[:3]), two[:3])
 
 
 def test_out_is_overwritten_and_no_work_gives_zeros():
