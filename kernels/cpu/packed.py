@@ -265,7 +265,7 @@ def down(fmt, b, h, f, d_, f_, grp, ow, osc, oz, ob, rows, starts, toks, wts, q,
                        q, s, qs, out)
 
 
-DOWN_ROWS = 64     # output rows of one down item of :func:`gate_up_down` (a multiple of 8)
+DOWN_ROWS = 128     # output rows of one down item of :func:`gate_up_down` (a multiple of 8)
 
 
 @njit(fastmath=True, error_model="numpy", parallel=True, cache=True)
