@@ -31,7 +31,7 @@ launched (:meth:`finish_ended`), so the host counts, admits and evicts while the
 from __future__ import annotations
 
 import time
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 
@@ -50,6 +50,14 @@ from kernels.moe_weights import HostExperts
 from kernels.publish_ids import SLOT_CPU, publish_direct, publish_direct_ref
 
 UNWRITTEN = -2              # fills a publish region until the GPU has written it
+
+
+class ReplayChoice(NamedTuple):
+    """What :meth:`DirectPath.predicts` chose for one replayed step, and what its time may measure."""
+    tokens: int
+    predicting: bool          # the predicting recording replays (else the quiet one)
+    probe: bool               # a probe of the recording not in force: no measure for the CPU share's tuner
+    share_busy: bool          # the CPU share's tuner measures this step: no measure for the recordings' tuner
 
 
 class DirectPath:
@@ -74,8 +82,8 @@ class DirectPath:
         self.shares: GraphCpuShares | None = None    # the host CPU's share in replayed steps, once recorded
         self.trace = HostTrace()                     # the host's timeline of followed steps, when asked
         self.predict_tuner = PredictTuner()          # predicting or quiet replays, per step size
-        self._chose: tuple | None = None             # what ``predicts`` chose for the step about to replay
-        self._measured: tuple | None = None          # ... for the step replayed last, until observed
+        self._chose: ReplayChoice | None = None      # what ``predicts`` chose for the step about to replay
+        self._measured: ReplayChoice | None = None   # ... for the step replayed last, until observed
 
     # ---- when ------------------------------------------------------------------------------------
     @property
@@ -188,7 +196,7 @@ class DirectPath:
             if share_busy and tuner.probing(tokens):
                 tuner.cancel(tokens)          # e.g. a recording made mid-probe: it starts again when free
         pick = tuner.choose(tokens, may_probe=not share_busy)
-        self._chose = (tokens, pick, tuner.probing(tokens), share_busy)
+        self._chose = ReplayChoice(tokens, pick, tuner.probing(tokens), share_busy)
         return pick
 
     def _take_choice(self) -> None:
@@ -196,7 +204,7 @@ class DirectPath:
         was not asked), and no suggested share starts while a probe of the other recording runs."""
         self._measured, self._chose = self._chose, None
         if self.shares is not None:
-            self.shares.hold = self._measured is not None and self._measured[2]
+            self.shares.hold = self._measured is not None and self._measured.probe
 
     def _share_tuned(self) -> bool:
         """Whether replayed steps' CPU share is tuned by measuring them (``auto`` on a GPU)."""
@@ -207,12 +215,11 @@ class DirectPath:
         recording (when ``predicts`` chose it) and, ``shared``, the CPU share's. Each tuner counts only
         the steps in which the other measured nothing."""
         chose, self._measured = self._measured, None
-        probe = False
-        if chose is not None and chose[0] == tokens:
-            _, pick, probe, share_busy = chose
-            if not share_busy:
-                self.predict_tuner.observe(tokens, pick, seconds)
-        if shared and self.shares is not None and not probe:
+        if chose is not None and chose.tokens != tokens:
+            chose = None
+        if chose is not None and not chose.share_busy:
+            self.predict_tuner.observe(tokens, chose.predicting, seconds)
+        if shared and self.shares is not None and not (chose is not None and chose.probe):
             self.shares.observe(tokens, seconds)
 
     def predicting_state(self) -> tuple[tuple[int, bool], ...]:
