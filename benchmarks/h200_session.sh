@@ -22,6 +22,8 @@
 #                    depth 0 and 2, batch 1 and 8, cold experts auto / bus / cpu; the resident step without
 #                    programmatic dependent launches, kernel by kernel. Then, alone: tests-and-kit's kit
 #                    with `kit`, followed by kit-then-gpt-oss)
+#   or:              bash benchmarks/h200_session.sh turns             (the GPU tests; the CPU kernel in one parallel
+#                    region or two; the card's memory over the kit's engines loaded in turn; predict_ab at AB_SHARES)
 #   or:              bash benchmarks/h200_session.sh tuner             (the GPU tests; replays predicting or not
 #                    by measured step time against depth 0 and always predicting, trained-like routing;
 #                    the CPU kernel's OpenMP workers spinning longer between calls)
@@ -141,6 +143,21 @@ case ${1:-} in
       | grep -e "tok/s" -e Error
     timeout "$(( $(left) - 5 ))" python3 benchmarks/cold_experts.py --formats int4 --pools 0 --depths 0,2 --batches 1,8 \
       --modes auto,bus,cpu --tokens 48 --out "$OUT/cold.json" 2>&1 | grep -v -e "^  [^ ]" -e "^[^ ]*Warn" | tail -n 14;;
+  turns)
+    # the GPU tests; the CPU kernel in one parallel region against two (15 and 16 threads); the card's
+    # memory over engines loaded in turn in one process, as the kit's offload rows are (trained-like
+    # model, bf16 then int4, pools 50, 25, 0); then predict_ab's tuned replays at AB_SHARES (default 0)
+    nvidia-smi --query-gpu=name --format=csv,noheader
+    mkdir -p "$OUT/suite"
+    OUT="$OUT/suite" PYTHON=python3 timeout -k 10 240 bash benchmarks/gpu_suite.sh tests
+    pkill -f "pytest tests/engine/test_gpu" 2>/dev/null
+    timeout 45 python3 benchmarks/cpu_phases.py --threads 15,16 --calls 200 --out "$OUT/cpu_phases.json" 2>&1 | tail -n 4
+    [ -d "$TRAINED" ] || python3 benchmarks/trained_like_checkpoint.py "$TRAINED" --layers 12 2>&1 | tail -n 2
+    timeout 150 python3 benchmarks/memory_gap.py --hf "$TRAINED" --gen 32 --out "$OUT/memory_turns.json" \
+      --sequence bf16:50%,bf16:25%,bf16:0%,int4:50%,int4:25%,int4:0% 2>&1 | grep -e "cache emptied" -e "x 128" -e Error
+    [ "$(left)" -gt 60 ] && timeout "$(( $(left) - 5 ))" python3 benchmarks/predict_ab.py --hf "$TRAINED" \
+      --formats "${AB_FORMATS:-int4}" --shares "${AB_SHARES:-0}" --out "$OUT/predict_ab.json" 2>&1 \
+      | grep -v -e Warn -e "^ *$" | tail -n 20;;
   tuner)
     # the GPU tests; replays that predict or not by measured step time (predict_ab: trained-like routing,
     # int4, pools AB_SHARES, batch 1 and 8; depth 0, tuned depth 2, always-predicting depth 2); then the
@@ -185,6 +202,6 @@ case ${1:-} in
     timeout "$(( $(left) - 5 ))" python3 benchmarks/offload_trace.py --formats int4 --depths 0 --modes bus \
       --reads auto,copy --out "$OUT/no_pool_reads.json" 2>&1 | grep -v -e USDT -e Warn | tail -n 3;;
   *)
-    echo "usage: h200_session.sh tests-and-kit | tests-ab-kit | validate | checks | kit | kit-then-gpt-oss | gpt-oss | probes | no-pool" >&2
+    echo "usage: h200_session.sh tests-and-kit | tests-ab-kit | validate | checks | turns | kit | kit-then-gpt-oss | gpt-oss | probes | no-pool" >&2
     exit 2;;
 esac

@@ -154,6 +154,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--batch-prompt", type=int, default=128)
     ap.add_argument("--gen", type=int, default=64)
+    ap.add_argument("--sequence", default=None,
+                    help="engines loaded in turn in this process, FORMAT:POOL,... (e.g. the kit's offload rows: "
+                         "bf16:50%%,bf16:25%%,bf16:0%%,int4:50%%,int4:25%%,int4:0%%); default: --format at --pool")
     ap.add_argument("--smoke", action="store_true", help="a tiny checkpoint on the CPU: checks the script")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
@@ -180,25 +183,32 @@ def main() -> None:
     shape = {"num_hidden_layers": cfg["num_hidden_layers"], "num_key_value_heads": cfg["num_key_value_heads"],
              "head_dim": cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]}
     scenarios = [(1, a.prompt), (a.batch, a.batch_prompt)]
-    options = dict(weight_format=a.format, expert_pool_size=a.pool, prefetch_depth=a.depth, max_batch=a.batch,
-                   resident_weights=a.resident_weights, **kit_kv(shape, scenarios, a.gen, cuda))
-    if a.smoke:
-        options.update(device="cpu", dtype="float32", group_size=32, weight_format="int4")
-    llm = LLM(folder, **options)
-    rows.append(snapshot(card, "loaded", cuda))
-    g = torch.Generator().manual_seed(0)
-    for batch, plen in scenarios:
-        prompts = torch.randint(10, cfg["vocab_size"], (batch, plen), generator=g).tolist()
-        llm.generate(prompts, SamplingParams(max_tokens=a.gen, temperature=1.0, seed=1, ignore_eos=True))
-        rows.append(snapshot(card, f"{batch} x {plen}-token prompts, {a.gen} tokens", cuda))
-    memory = llm.stats().memory
-    llm.close()
-    rows.append(snapshot(card, "closed (the engine object still held)", cuda))
-    del llm
-    gc.collect()
-    if cuda:
-        torch.cuda.empty_cache()
-    rows.append(snapshot(card, "closed, dropped, collected, cache emptied", cuda))
+    kv = kit_kv(shape, scenarios, a.gen, cuda)
+    # the engines of the run, one after the other in this process (the kit's offload rows run so)
+    engines = [tuple(item.split(":", 1)) for item in a.sequence.split(",")] if a.sequence else [(a.format, a.pool)]
+    memory = None
+    for turn, (fmt, pool) in enumerate(engines):
+        label = f"{fmt} pool {pool}: " if a.sequence else ""
+        options = dict(weight_format=fmt, expert_pool_size=pool, prefetch_depth=a.depth, max_batch=a.batch,
+                       resident_weights=a.resident_weights, **kv)
+        if a.smoke:
+            options.update(device="cpu", dtype="float32", group_size=32, weight_format="int4")
+        llm = LLM(folder, **options)
+        rows.append(snapshot(card, f"{label}loaded", cuda))
+        g = torch.Generator().manual_seed(0)
+        for batch, plen in scenarios:
+            prompts = torch.randint(10, cfg["vocab_size"], (batch, plen), generator=g).tolist()
+            llm.generate(prompts, SamplingParams(max_tokens=a.gen, temperature=1.0, seed=1, ignore_eos=True))
+            rows.append(snapshot(card, f"{label}{batch} x {plen}-token prompts, {a.gen} tokens", cuda))
+        memory = llm.stats().memory
+        llm.close()
+        if not a.sequence:
+            rows.append(snapshot(card, "closed (the engine object still held)", cuda))
+        del llm
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+        rows.append(snapshot(card, f"{label}closed, dropped, collected, cache emptied", cuda))
     left = live_tensors(torch.device("cuda" if cuda else "cpu"))
     for t in left[:10]:
         print(f"  still held: {t['shape']} {t['dtype']} {t['mib']:.1f} MiB, held by {', '.join(t['held_by'])}")
@@ -213,7 +223,8 @@ def main() -> None:
     import dataclasses
     result = {"benchmark": "memory_gap", "what": (
         "GPU memory of one Strata process as the card counts it (NVML, over the idle card) against torch's "
-        f"reserved and allocated bytes, per phase: {a.format} experts, pool {a.pool}, depth {a.depth}, resident "
+        f"reserved and allocated bytes, per phase: {a.sequence or a.format + ' experts, pool ' + a.pool} (engines "
+        f"in turn), depth {a.depth}, resident "
         f"weights {a.resident_weights}, the kit's KV sizing; and the compiled Triton kernels' local memory"),
         "config": vars(a), "phases": rows, "kernels": kernels, "held_after_close": left,
         "engine_memory": dataclasses.asdict(memory) if dataclasses.is_dataclass(memory) else None}

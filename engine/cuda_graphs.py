@@ -45,6 +45,22 @@ BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 WHOLE_TABLES_MAX = 1 << 16   # int32s: block tables (every row) and lengths up to this go over in one copy
 
 
+
+_CAPTURE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def capture_stream(device: torch.device) -> torch.cuda.Stream:
+    """The one side stream of this process on ``device`` that decode steps warm up and record on.
+
+    cuBLAS keeps a workspace for every stream it runs on (32 MiB on Hopper), held until the process
+    ends, since the recorded graphs that use it may outlive any engine: a new stream for each
+    recording would leave one more behind per step size and per engine loaded in the process."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    stream = _CAPTURE_STREAMS.get(index)
+    if stream is None:
+        stream = _CAPTURE_STREAMS[index] = torch.cuda.Stream(torch.device("cuda", index))
+    return stream
+
 @dataclass
 class DecodeInputs:
     """The host side of one decode step, a row per sequence: its new token, that token's position and
@@ -145,7 +161,7 @@ class DecodeGraphs:
 
     def _capture(self, b: int) -> None:
         dev = self.model.device
-        side = torch.cuda.Stream(dev)
+        side = capture_stream(dev)
         side.wait_stream(torch.cuda.current_stream(dev))
         hooks = self.model.experts.replay_hooks
         # Warm-up (Triton compiles, cuBLAS plans, allocator caches) with every shape the recording
@@ -166,7 +182,7 @@ class DecodeGraphs:
         try:
             rec = self.graphs[b] = self._record(b, side)
             if rec.direct and hooks is not None and hooks.prefetch_depth > 0:
-                rec.quiet = self._capture_quiet(b, hooks)
+                rec.quiet = self._capture_quiet(b, hooks, side)
         finally:
             if collect:
                 gc.enable()
@@ -175,15 +191,16 @@ class DecodeGraphs:
         hooks = self.model.experts.replay_hooks
         if hooks is None or hooks.static:
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
+            with torch.cuda.graph(graph, pool=self.pool, stream=side):
                 logits = self.model.forward(self._batch(b), self.cache)
             self.pool = graph.pool()
             return _Recording([graph], logits)
         if hooks.direct_for(b):
-            return self._capture_direct(b, hooks)
+            return self._capture_direct(b, hooks, side)
         return self._capture_pieces(b, side, hooks)
 
-    def _capture_direct(self, b: int, experts: ReplayHooks, quiet: bool = False) -> _Recording:
+    def _capture_direct(self, b: int, experts: ReplayHooks, side: torch.cuda.Stream,
+                        quiet: bool = False) -> _Recording:
         """Record one direct-read decode step as a single graph (see the module docstring)."""
         k = self.model.spec.top_k
         width = b * k * (3 + experts.prefetch_depth)            # ids, slots found, fill slots, predicted layers
@@ -199,17 +216,17 @@ class DecodeGraphs:
         experts.prepare_direct_capture()
         graph = torch.cuda.CUDAGraph()
         with experts.recording(quiet):
-            with torch.cuda.graph(graph, pool=self.pool):
+            with torch.cuda.graph(graph, pool=self.pool, stream=side):
                 rec.logits = self.model.forward(self._batch(b), self.cache, acquire=publish)
         self.pool = graph.pool()
         rec.graphs.append(graph)
         rec.claims = experts.recorded_claims()
         return rec
 
-    def _capture_quiet(self, b: int, experts: ReplayHooks) -> _Recording:
+    def _capture_quiet(self, b: int, experts: ReplayHooks, side: torch.cuda.Stream) -> _Recording:
         """The direct-read step recorded again with the experts' predictions off (``quiet``), for the
         steps where nothing would use them (``predicts``); same kernels, so no warm-up is needed."""
-        return self._capture_direct(b, experts, quiet=True)
+        return self._capture_direct(b, experts, side, quiet=True)
 
     def _capture_pieces(self, b: int, stream: torch.cuda.Stream, experts: ReplayHooks) -> _Recording:
         """Record one decode step as a graph per MoE layer boundary (see the module docstring)."""

@@ -100,14 +100,20 @@ def test_a_closed_engine_gives_its_memory_back(path, options) -> None:
 def test_engines_opened_and_closed_in_turn_do_not_accumulate_memory(path) -> None:
     # A benchmark's rows or a user opening model after model: what stays allocated after each close
     # (caches torch keeps per process, such as cuBLAS's workspace of a stream) does not grow per engine.
+    # The card's own count (what nvidia-smi shows, the allocator's cache emptied) must not grow either.
     import gc
-    held = []
-    for _ in range(4):
-        with LLM(str(path), device="cuda", max_batch=8, kv_cache_size="256M", expert_pool_size="0%") as llm:
+    held, card = [], []
+    for pool in ("0%", "50%", "0%", "50%"):
+        with LLM(str(path), device="cuda", max_batch=8, kv_cache_size="256M", expert_pool_size=pool) as llm:
             llm.generate(_prompts(1, 300), GREEDY)
             llm.generate(_prompts(8, 40), GREEDY)
+            llm.generate(_prompts(3, 40), GREEDY)         # one more step size: one more recording
         del llm
         gc.collect()
         torch.cuda.synchronize()
+        torch.cuda.empty_cache()
         held.append(torch.cuda.memory_allocated())
-    assert held[-1] - held[0] <= 16 << 20, f"MiB held after each close: {[round(h / 2**20) for h in held]}"
+        free, total = torch.cuda.mem_get_info()
+        card.append(total - free)
+    assert held[-1] - held[1] <= 16 << 20, f"MiB held after each close: {[round(h / 2**20) for h in held]}"
+    assert card[-1] - card[1] <= 64 << 20, f"MiB the card counts after each close: {[round(c / 2**20) for c in card]}"

@@ -144,6 +144,27 @@ def test_the_memory_gap_probe_runs_its_phases(tmp_path) -> None:
     assert d["engine_memory"]["resident_bytes"] > 0 and d["what"] and d["environment"]["commit"]
 
 
+def test_the_memory_gap_probe_loads_engines_in_turn(tmp_path) -> None:
+    """memory_gap.py --sequence: engines of other formats and pools loaded one after the other in one
+    process (as the kit's offload rows are), each one's phases named after it."""
+    import json
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "gap.json"
+    subprocess.run([sys.executable, str(root / "benchmarks" / "memory_gap.py"), "--smoke", "--sequence",
+                    "int4:0%,int4:50%", "--out", str(out)], check=True, cwd=root, capture_output=True, timeout=600)
+    d = json.loads(out.read_text())
+    phases = [p["phase"] for p in d["phases"]]
+    assert phases[0] == "engine imported" and len(phases) == 9
+    for pool in ("0%", "50%"):
+        assert [p for p in phases if p.startswith(f"int4 pool {pool}: ")] == [
+            f"int4 pool {pool}: {what}" for what in ("loaded", "1 x 64-token prompts, 8 tokens",
+                                                     "8 x 16-token prompts, 8 tokens",
+                                                     "closed, dropped, collected, cache emptied")]
+    assert d["held_after_close"] == [] and "int4:0%,int4:50%" in d["what"]
+
+
 def test_a_kv_cache_size_smaller_than_the_context_shortens_it_with_a_note_or_is_refused(capsys) -> None:
     # --kv-cache-size is honoured: a context left unset shrinks to what it holds (a note), one the user
     # set or a size that holds not even one block is one line naming the size that fits; 0 is refused
