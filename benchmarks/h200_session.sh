@@ -22,6 +22,8 @@
 #                    depth 0 and 2, batch 1 and 8, cold experts auto / bus / cpu; the resident step without
 #                    programmatic dependent launches, kernel by kernel. Then, alone: tests-and-kit's kit
 #                    with `kit`, followed by kit-then-gpt-oss)
+#   or:              bash benchmarks/h200_session.sh tests-profile-kit (carry .bench: the GPU tests, the resident step
+#                    and a prefill kernel by kernel, then the kit in the background; poll it after)
 #   or:              bash benchmarks/h200_session.sh turns             (the GPU tests; the CPU kernel in one parallel
 #                    region or two; the card's memory over the kit's engines loaded in turn; predict_ab at AB_SHARES)
 #   or:              bash benchmarks/h200_session.sh tuner             (the GPU tests; replays predicting or not
@@ -119,6 +121,22 @@ case ${1:-} in
     if [ "${KIT_TRAINED:-0}" = 1 ]; then KIT_ARGS="$KIT_ARGS --hf $TRAINED"; fi
     bash .bench/kit/run.sh --background $KIT_ARGS || exit 1
     bash .bench/kit/poll.sh "$(left)" | tail -n 12;;
+  tests-profile-kit)
+    # the GPU tests; the resident step and a 512-token prefill, kernel by kernel (the attention's folded
+    # combine of every head at once against head after head); then the kit in the background, followed
+    # here (follow it with: bash .bench/kit/poll.sh 540)
+    nvidia-smi --query-gpu=name --format=csv,noheader
+    mkdir -p "$OUT/suite"
+    OUT="$OUT/suite" PYTHON=python3 timeout -k 10 240 bash benchmarks/gpu_suite.sh tests
+    pkill -f "pytest tests/engine/test_gpu" 2>/dev/null
+    timeout 130 python3 benchmarks/step_profile.py --cells "${PROFILE_CELLS:-int4,int4+perhead,bf16}" --timed 48 \
+      --profiled 4 --prefill 512 --out "$OUT/step_profile.json" 2>&1 | grep -e "tok/s" -e Error -e "  host" -e "^   "
+    if [ "${KIT_TRAINED:-0}" = 1 ]; then
+      [ -d "$TRAINED" ] || python3 benchmarks/trained_like_checkpoint.py "$TRAINED" --layers 12 2>&1 | tail -n 4
+      KIT_ARGS="$KIT_ARGS --hf $TRAINED"
+    fi
+    bash .bench/kit/run.sh --background $KIT_ARGS || exit 1
+    bash .bench/kit/poll.sh "$(left)" | tail -n 12;;
   kit)
     if [ "${KIT_TRAINED:-0}" = 1 ]; then
       [ -d "$TRAINED" ] || python3 benchmarks/trained_like_checkpoint.py "$TRAINED" --layers 12 2>&1 | tail -n 4
@@ -202,6 +220,6 @@ case ${1:-} in
     timeout "$(( $(left) - 5 ))" python3 benchmarks/offload_trace.py --formats int4 --depths 0 --modes bus \
       --reads auto,copy --out "$OUT/no_pool_reads.json" 2>&1 | grep -v -e USDT -e Warn | tail -n 3;;
   *)
-    echo "usage: h200_session.sh tests-and-kit | tests-ab-kit | validate | checks | turns | kit | kit-then-gpt-oss | gpt-oss | probes | no-pool" >&2
+    echo "usage: h200_session.sh tests-and-kit | tests-ab-kit | validate | checks | turns | tests-profile-kit | kit | kit-then-gpt-oss | gpt-oss | probes | no-pool" >&2
     exit 2;;
 esac

@@ -68,17 +68,56 @@ def profile_engine(engine, vocab: int, prompt: int, timed: int, profiled: int, d
             "cuda_graphs_active": engine.stats().cuda_graphs_active}
 
 
+def profile_prefill(engine, vocab: int, prompt: int, reps: int, device: str) -> dict:
+    """A ``prompt``-token prompt's prefill at batch 1 (submitted, stepped until its first token): wall time
+    (median of ``reps`` after two untimed), then one under the profiler: its kernels grouped by name,
+    the GPU's busy time, and the host's operators by their own time (syncs and Python loops show there)."""
+    from torch.profiler import ProfilerActivity, profile
+    g = torch.Generator().manual_seed(1)
+
+    def once() -> float:
+        ids = torch.randint(0, vocab, (prompt,), generator=g).tolist()
+        engine.add_request(None, ids, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
+        sync(device)
+        t0 = time.perf_counter()
+        while engine.has_unfinished():
+            engine.step()
+        sync(device)
+        return (time.perf_counter() - t0) * 1e3
+
+    for _ in range(2):
+        once()
+    ms = [once() for _ in range(reps)]
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        wall = once()
+    spans = _kernels(prof)
+    total: dict[str, float] = defaultdict(float)
+    calls: dict[str, int] = defaultdict(int)
+    for s, e, name in spans:
+        total[name] += e - s
+        calls[name] += 1
+    rows = sorted(({"kernel": k[:90], "us": v, "calls": calls[k]} for k, v in total.items()), key=lambda r: -r["us"])
+    host = sorted(((e.key, e.self_cpu_time_total, e.count) for e in prof.key_averages()), key=lambda r: -r[1])
+    median = statistics.median(ms)
+    return {"prompt": prompt, "ms": median, "tok_s": prompt / median * 1e3, "ms_samples": ms, "profiled_ms": wall,
+            "gpu_busy_us": interval_union([(s, e) for s, e, _ in spans]), "kernels_launched": len(spans),
+            "kernels": rows[:40], "host_ops": [{"op": k[:90], "self_us": t, "calls": c} for k, t, c in host[:25]]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--cells", default="int4/bf16,int4/int8,int4/fp8,bf16",
-                    help="expert format[/resident-weight format][+nopdl][+apart][+gemv], comma-separated (no "
-                         "resident format: the engine's auto; +nopdl: no kernel, the MoE's included, launches as "
-                         "a programmatic dependent; +apart: decode attention combines its splits in a launch "
-                         "of its own; +gemv: the router's GEMV and the routing in one launch)")
+                    help="expert format[/resident-weight format][+nopdl][+apart][+perhead][+gemv], comma-separated "
+                         "(no resident format: the engine's auto; +nopdl: no kernel, the MoE's included, launches "
+                         "as a programmatic dependent; +apart: decode attention combines its splits in a launch "
+                         "of its own; +perhead: its folded combining head after head; +gemv: the router's GEMV "
+                         "and the routing in one launch)")
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--timed", type=int, default=64)
     ap.add_argument("--profiled", type=int, default=8)
+    ap.add_argument("--prefill", type=int, default=0,
+                    help="also profile the prefill of a prompt of this many tokens (0: none)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--smoke", action="store_true",
                     help="a small shape on the CPU: checks the script, measures nothing")
@@ -96,6 +135,7 @@ def main() -> None:
         fmt, _, res = name.partition("/")
         triton_glue.PDL_ENABLED = "nopdl" not in flags
         paged_attention.FOLD_REDUCE = "apart" not in flags
+        paged_attention.GROUP_COMBINE = "perhead" not in flags
         router.FUSED_GEMV = "gemv" in flags
         try:
             engine, load_s = strata_engine(hf, cfg, fmt, 1, "float32" if a.smoke else "bfloat16", device=device,
@@ -107,6 +147,8 @@ def main() -> None:
             continue
         try:
             got = profile_engine(engine, shape["vocab_size"], a.prompt, a.timed, a.profiled, device)
+            if a.prefill:
+                got["prefill"] = profile_prefill(engine, shape["vocab_size"], a.prefill, 5, device)
         finally:
             engine.close()
         if device == "cuda":
@@ -118,6 +160,14 @@ def main() -> None:
               f"idle {got['idle_share'] or 0:.0%}")
         for r in got["kernels"][:12]:
             print(f"  {r['us_per_step']:8.1f} us x{r['calls_per_step']:5.1f}  {r['kernel']}")
+        pre = got.get("prefill")
+        if pre:
+            print(f"{cell} prefill of {pre['prompt']}: {pre['ms']:.2f} ms ({pre['tok_s']:.0f} tok/s), GPU busy "
+                  f"{pre['gpu_busy_us'] / 1e3:.2f} ms, {pre['kernels_launched']} kernels")
+            for r in pre["kernels"][:10]:
+                print(f"  {r['us']:8.1f} us x{r['calls']:4d}  {r['kernel']}")
+            for r in pre["host_ops"][:8]:
+                print(f"  host {r['self_us']:8.1f} us x{r['calls']:4d}  {r['op']}")
     if a.out:
         write_result(a.out, result)
 

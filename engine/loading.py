@@ -269,7 +269,7 @@ class LoadedModel:
                            active_experts_per_token=s.num_moe_layers * s.top_k, advice=self._budget_advice(),
                            window_kv_bytes=self.kv_sizing.window_pool_bytes,
                            host_resident_bytes=embedding_bytes(s, elem) if self.embed_on_host else 0,
-                           **step_sizing(s, c, elem))
+                           **step_sizing(s, c, elem, gpu=self.device.type == "cuda"))
 
     def _budget_advice(self) -> BudgetAdvice:
         """The fixes open to this load when the plan does not fit the budget."""
@@ -351,7 +351,7 @@ class LoadedModel:
         options = dict(routing_profile=c.routing_profile, budget_bytes=self._pool_budget(),
                        direct_reads=DIRECT_READS[c.expert_reads], top_k=top_k, router_bias=bias,
                        norm_eps=self.spec.rms_norm_eps, cold_experts=c.cold_experts, score_bias=choice,
-                       staging_slots=staging_slots(per_layer, decode_experts(self.spec, c)))
+                       staging_slots=self.plan.staging_slots or staging_slots(per_layer, decode_experts(self.spec, c)))
         route = self._route if self.shard is None else self._shard_route(top_k)
         if self.experts_resident:      # a full pool over the experts' device buffer; the knobs stay live
             return ExpertManager.resident(self.layout, rows.to(self.device), per_layer,

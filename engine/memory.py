@@ -241,11 +241,25 @@ def decode_experts(spec: "ModelSpec", config: "EngineConfig") -> int:
     return max(1, config.prefetch_depth) * config.max_batch * spec.top_k
 
 
-def step_sizing(spec: "ModelSpec", config: "EngineConfig", elem: int = 2) -> dict[str, int]:
+def direct_experts(spec: "ModelSpec", config: "EngineConfig", gpu: bool = True) -> int | None:
+    """The staging a decode step of ``config`` needs at no pool when it reads its missing experts directly
+    (on a GPU, ``expert_reads`` not ``copy``, every step of at most ``direct_max_tokens`` tokens): one
+    layer's distinct experts (batch x top-k), which the step gathers into staging and reuses layer after
+    layer; a step at prefetch depth 0 copies as many in. Its claims take what staging is left. None where
+    decode steps copy their misses and prefetch the layers ahead (:func:`decode_experts`)."""
+    from engine.experts.tuning import ResidencyTuning
+    if not gpu or config.expert_reads == "copy" or config.max_batch > ResidencyTuning().direct_max_tokens:
+        return None
+    return config.max_batch * spec.top_k
+
+
+def step_sizing(spec: "ModelSpec", config: "EngineConfig", elem: int = 2,
+                gpu: bool = True) -> dict[str, int | None]:
     """``plan_memory``'s workspace and staging arguments for ``config``'s steps on ``spec``: what its
-    largest step allocates (:func:`step_workspace_bytes` at the token budget) and :func:`decode_experts`."""
+    largest step allocates (:func:`step_workspace_bytes` at the token budget), :func:`decode_experts` and
+    :func:`direct_experts` (``gpu``: the plan is for a GPU)."""
     return {"workspace_bytes": step_workspace_bytes(spec, config.token_budget, config.max_batch, elem),
-            "decode_experts": decode_experts(spec, config)}
+            "decode_experts": decode_experts(spec, config), "direct_experts": direct_experts(spec, config, gpu)}
 
 
 def table_on_host(wanted: str, tied: bool, offloaded: bool) -> bool:
@@ -356,7 +370,8 @@ def plan_memory(resident_bytes: int, expert_bytes: int, num_experts: int, kv_byt
                 workspace_bytes: int = DEFAULT_WORKSPACE, experts_per_layer: int = 0,
                 active_experts_per_token: int = 0, min_kv_tokens: int = MIN_KV_TOKENS,
                 advice: BudgetAdvice = BudgetAdvice(), window_kv_bytes: int = 0,
-                host_resident_bytes: int = 0, decode_experts: int | None = None) -> MemoryPlan:
+                host_resident_bytes: int = 0, decode_experts: int | None = None,
+                direct_experts: int | None = None) -> MemoryPlan:
     """Split ``budget_bytes`` between resident weights, expert pool (+ staging), KV cache, workspace.
 
     ``num_experts`` counts routed experts over all MoE layers; ``experts_per_layer`` sizes the
@@ -366,9 +381,11 @@ def plan_memory(resident_bytes: int, expert_bytes: int, num_experts: int, kv_byt
     requested pool, does not fit, naming the fixes ``advice`` says are open. ``window_kv_bytes``: the
     sliding-window layers' KV, which does not grow with the context (``kv_bytes_per_token`` then counts
     the full-attention layers only). ``host_resident_bytes``: resident tensors in host memory (reported).
-    ``decode_experts`` sizes the staging slots beyond one layer's (:func:`staging_slots`).
+    ``decode_experts`` sizes the staging slots beyond one layer's (:func:`staging_slots`); with no pool
+    requested, ``direct_experts`` does where it is given: such steps fill no slots for the pool to admit.
     """
-    staging = staging_slots(experts_per_layer, decode_experts)
+    no_pool = requested_pool is not None and requested_pool < expert_bytes
+    staging = staging_slots(experts_per_layer, direct_experts if no_pool and direct_experts else decode_experts)
     staging_for = lambda slots: 0 if slots >= num_experts else staging   # noqa: E731
     want = num_experts if requested_pool is None else min(requested_pool // expert_bytes, num_experts)
     if budget_bytes is None:

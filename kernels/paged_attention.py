@@ -9,8 +9,9 @@ KV head ``h // (H // Hkv)``. Block-table entries past a sequence's used blocks a
 (sequence, KV head, split) runs over a range of the sequence's KV blocks for all query heads of that
 KV head's group, keeping a running (max, sum, acc) in float32; the last split of each (sequence, KV
 head) to finish combines them (it counts the arrivals in a small buffer of zeros that it leaves zeroed
-again), so there is no second launch; ``DecodeAttentionLaunch.fold_reduce=False`` runs the combining
-as a kernel of its own instead. The grid and the partial buffers are sized from tensor shapes and the
+again), so there is no second launch; it merges every query head of its group at once, a chunk of
+splits a load, so it waits for a few loads, not a chain of them per head. ``DecodeAttentionLaunch.
+fold_reduce=False`` runs the combining as a kernel of its own instead. The grid and the partial buffers are sized from tensor shapes and the
 device's SM count only (never from ``context_lens``), and nothing is copied to the host, so the call
 can be captured in a CUDA graph; each program reads its sequence's length on the device and takes its share of that
 context (:func:`split_bounds`), so a 600-token context in a 4096-token table runs as ten programs
@@ -48,6 +49,8 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 QUANT_DTYPES = (torch.int8, torch.float8_e4m3fn)     # quantised caches, with a float32 scale per token and KV head
 LOG2E = 1.4426950408889634
 FOLD_REDUCE = True      # benchmarks set False to time the combining as a launch of its own
+GROUP_COMBINE = True    # benchmarks set False to time the folded combining head after head
+COMBINE_VALUES = 8192   # float32 partials a folded combine loads at once: heads x splits x head dim
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,8 @@ def _paged_decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, lens
                                BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                                DIRECT: tl.constexpr, DOT_PREC: tl.constexpr, QUANT: tl.constexpr,
                                WINDOWED: tl.constexpr, SINKS: tl.constexpr, count_ptr, FOLD: tl.constexpr = False,
-                               BLOCK_S: tl.constexpr = 16, PDL: tl.constexpr = False):
+                               BLOCK_S: tl.constexpr = 16, PDL: tl.constexpr = False, BLOCK_H: tl.constexpr = 1,
+                               CHUNK: tl.constexpr = 0):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     s = tl.program_id(2)
@@ -159,9 +163,52 @@ def _paged_decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, lens
                 arrived = tl.atomic_add(count, 1, sem="acq_rel")       # releases this split's partials
                 if arrived == used - 1:                                 # ... and acquires the others'
                     tl.atomic_xchg(count, 0)                            # zero again for the next call
-                    for g in tl.static_range(G):
-                        _combine_splits(m_ptr, l_ptr, acc_ptr, sinks_ptr, out_ptr, b, kvh * G + g, used,
-                                        stride_ob, stride_oh, H, S, HEAD_DIM, BLOCK_S, BLOCK_D, SINKS)
+                    if CHUNK > 0:     # every head of the group at once, CHUNK splits a load
+                        _combine_group(m_ptr, l_ptr, acc_ptr, sinks_ptr, out_ptr, b, kvh, used, stride_ob,
+                                       stride_oh, H, S, G, HEAD_DIM, BLOCK_H, CHUNK, BLOCK_D, SINKS)
+                    else:
+                        for g in tl.static_range(G):
+                            _combine_splits(m_ptr, l_ptr, acc_ptr, sinks_ptr, out_ptr, b, kvh * G + g, used,
+                                            stride_ob, stride_oh, H, S, HEAD_DIM, BLOCK_S, BLOCK_D, SINKS)
+
+
+@jit
+def _combine_group(m_ptr, l_ptr, acc_ptr, sinks_ptr, out_ptr, b, kvh, used, stride_ob, stride_oh, H, S,
+                   G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, CHUNK: tl.constexpr,
+                   BLOCK_D: tl.constexpr, SINKS: tl.constexpr):
+    """The ``G`` query heads of KV head ``kvh`` of sequence ``b``: their ``used`` splits' (max, sum, acc)
+    merged with a running max, ``CHUNK`` splits of every head per load, so the program that combines
+    waits for a few loads rather than a chain per head; normalised and written to ``out``. Partials are
+    read past L1 (``.cg``): other programs of the same launch wrote them."""
+    offs_h = tl.arange(0, BLOCK_H)                                      # [BH]
+    h_ok = offs_h < G
+    heads = kvh * G + offs_h
+    base = (b * H + heads) * S                                          # [BH]
+    offs_c = tl.arange(0, CHUNK)                                        # [C]
+    offs_d = tl.arange(0, BLOCK_D)                                      # [BD]
+    d_ok = offs_d < HEAD_DIM
+    m_run = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    total = tl.zeros([BLOCK_H], tl.float32)
+    o = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    for s0 in range(0, used, CHUNK):
+        ok = h_ok[:, None] & (s0 + offs_c < used)[None, :]             # [BH, C]
+        idx = base[:, None] + s0 + offs_c[None, :]                      # [BH, C] rows of [B, H, S]
+        m = tl.load(m_ptr + idx, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        l = tl.load(l_ptr + idx, mask=ok, other=0.0, cache_modifier=".cg")
+        a = tl.load(acc_ptr + idx[:, :, None] * HEAD_DIM + offs_d[None, None, :],
+                    mask=ok[:, :, None] & d_ok[None, None, :], other=0.0, cache_modifier=".cg")   # [BH, C, BD]
+        m_new = tl.maximum(m_run, tl.max(m, axis=1))                    # -inf only for padding heads
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_run - m_ref)                                  # 0 on the first chunk
+        w = tl.exp2(m - m_ref[:, None])                                 # [BH, C]: 0 for empty splits
+        total = total * alpha + tl.sum(w * l, axis=1)
+        o = o * alpha[:, None] + tl.sum(w[:, :, None] * a, axis=1)
+        m_run = m_new
+    if SINKS:  # the sink's exp joins the denominator (inf for a huge sink: the output goes to 0)
+        total += tl.exp2(tl.load(sinks_ptr + heads, mask=h_ok, other=0.0) * 1.4426950408889634 - m_run)
+    o = o / total[:, None]
+    tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :], o.to(out_ptr.dtype.element_ty),
+             mask=h_ok[:, None] & d_ok[None, :])
 
 
 @jit
@@ -428,8 +475,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         G=g, HEAD_DIM=hd, BLOCK_SIZE=block_size, BLOCK_G=max(16, next_pow2(g)), BLOCK_N=launch.block_n,
         BLOCK_D=block_d, DIRECT=splits == 1, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         QUANT=quant, WINDOWED=window > 0, SINKS=sinks is not None, count_ptr=count, FOLD=fold,
-        BLOCK_S=min(16, next_pow2(splits)), PDL=pdl, num_warps=launch.num_warps, num_stages=launch.num_stages,
-        **pdl_launch(pdl))
+        BLOCK_S=min(16, next_pow2(splits)), PDL=pdl, BLOCK_H=next_pow2(g),
+        CHUNK=_combine_chunk(g, block_d, splits) if fold and GROUP_COMBINE else 0,
+        num_warps=launch.num_warps, num_stages=launch.num_stages, **pdl_launch(pdl))
     if splits > 1 and not fold:
         _paged_decode_reduce_kernel[(b, h)](m, l, acc, q if sinks is None else sinks, context_lens, out,
                                             out.stride(0), out.stride(1), h, splits, min_tokens, window,
@@ -437,6 +485,12 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                                             SINKS=sinks is not None, BLOCK_N=launch.block_n, WINDOWED=window > 0,
                                             PDL=pdl, num_warps=4, **pdl_launch(pdl))
     return out
+
+
+def _combine_chunk(g: int, block_d: int, splits: int) -> int:
+    """Splits per load of the folded combine: every head of the group, at most ``COMBINE_VALUES`` partial
+    values a load (a power of two, at most the splits' next power of two)."""
+    return max(1, min(next_pow2(splits), COMBINE_VALUES // (next_pow2(g) * block_d)))
 
 
 def split_plan(batch: int, kv_heads: int, max_blocks: int, block_size: int, window: int, device: torch.device,

@@ -125,14 +125,15 @@ class ShardModel:
         self.plan = plan_memory(self.resident_bytes, layout.nbytes, spec.num_moe_layers * per_layer, 0, budget,
                                 self.pool_bytes(config.expert_pool_size), experts_per_layer=per_layer,
                                 active_experts_per_token=spec.num_moe_layers * spec.top_k, min_kv_tokens=0,
-                                **step_sizing(spec, config, torch.empty((), dtype=self.dtype).element_size()))
+                                **step_sizing(spec, config, torch.empty((), dtype=self.dtype).element_size(),
+                                              gpu=device.type == "cuda"))
         top_k = min(spec.top_k, per_layer)
         room = None if budget is None else budget - self.resident_bytes - self.plan.workspace_bytes
         self.experts = ExpertManager.from_rows(
             layout, rows, per_layer, device, self.plan.pool_slots * layout.nbytes, config.prefetch_depth,
             config.expert_policy, routers, lambda logits: route_ref(logits, top_k, spec.renormalize),
             budget_bytes=room, direct_reads=DIRECT_READS[config.expert_reads], top_k=top_k,
-            staging_slots=staging_slots(per_layer, decode_experts(spec, config)),
+            staging_slots=self.plan.staging_slots or staging_slots(per_layer, decode_experts(spec, config)),
             router_bias=biases or None, norm_eps=spec.rms_norm_eps, cold_experts="bus", score_bias=choice or None)
         from kernels.fused_moe import fused_moe_ref
         self.moe_fn = fused_moe_ref

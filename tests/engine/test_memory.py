@@ -76,6 +76,30 @@ def test_staging_holds_what_a_decode_step_needs_at_once_and_half_a_layer_at_leas
     assert p.staging_slots == 64 and q.staging_slots == 128
     assert p.pool_slots == q.pool_slots + 64                   # the pool gets what staging does not take
 
+
+def test_staging_at_no_pool_is_one_layer_of_the_largest_direct_read_step() -> None:
+    # No pool: a direct-read step fills nothing for admission and gathers one layer's distinct experts
+    # at a time, so batch x top-k slots do (at least half a layer, for a prefill layer's two passes);
+    # a pool that holds some experts keeps the prefetch sizing (its fill slots lease what is free).
+    from engine.checkpoint.spec import spec_from_config
+    from engine.config import EngineConfig
+    from engine.memory import step_sizing
+    qwen3 = {"architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 1000, "hidden_size": 64,
+             "intermediate_size": 128, "moe_intermediate_size": 32, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "num_experts": 128,
+             "num_experts_per_tok": 8, "max_position_embeddings": 256}
+    spec = spec_from_config(qwen3, Path("in-memory"))
+    kit = EngineConfig(model="m", max_batch=8, prefetch_depth=2)
+    gpu, cpu = step_sizing(spec, kit), step_sizing(spec, kit, gpu=False)
+    assert gpu["direct_experts"] == 8 * 8 and cpu["direct_experts"] is None
+    assert step_sizing(spec, kit.replace(expert_reads="copy"))["direct_experts"] is None
+    assert step_sizing(spec, kit.replace(max_batch=32))["direct_experts"] is None     # beyond direct reads
+    sizes = {k: v for k, v in gpu.items() if k != "workspace_bytes"}
+    assert _plan(requested_pool=0, **sizes).staging_slots == 64
+    assert _plan(**sizes).staging_slots == 128 and _plan(requested_pool=0, **cpu).staging_slots == 128
+    one = {k: v for k, v in step_sizing(spec, kit.replace(max_batch=1)).items() if k != "workspace_bytes"}
+    assert _plan(requested_pool=0, **one).staging_slots == 64                      # half a layer at least
+
 def test_the_pool_takes_staging_smaller_than_a_layer_but_not_none() -> None:
     import torch
 

@@ -146,6 +146,25 @@ def test_the_last_split_to_arrive_combines_them_as_the_reduce_kernel_does(window
     check(case, DecodeAttentionLaunch(block_n=16, num_splits=4), **kw)      # the counts were left at zero
 
 
+@pytest.mark.parametrize("values", [8192, 64, 16])
+@pytest.mark.parametrize("heads,kv_heads", [(8, 2), (6, 2), (4, 4)])
+def test_the_combine_takes_every_head_of_a_group_at_once_in_chunks_of_splits(monkeypatch, heads, kv_heads, values):
+    # The folded combine merges all G heads of a KV head together, a chunk of splits a load, with a running
+    # max (several chunks where COMBINE_VALUES is small); G of 3 pads its heads to 4, G of 1 is plain MHA.
+    # It agrees with the combine head after head and with the reference, sinks included.
+    import kernels.paged_attention as pa
+    case = make_case([2, 19, 61], heads=heads, kv_heads=kv_heads, hd=16, block_size=4)
+    kw = dict(sinks=make_sinks(heads))
+    launch = DecodeAttentionLaunch(block_n=16, num_splits=4)
+    monkeypatch.setattr(pa, "COMBINE_VALUES", values)
+    g = heads // kv_heads
+    assert pa._combine_chunk(g, 16, 4) == min(4, max(1, values // (pa.next_pow2(g) * 16)))
+    grouped = check(case, launch, **kw)
+    monkeypatch.setattr(pa, "GROUP_COMBINE", False)
+    per_head = check(case, launch, **kw)
+    torch.testing.assert_close(grouped, per_head, **TOLERANCES[torch.float32])
+
+
 def test_odd_block_size_and_block_spanning_steps():
     # A block size that is not a power of two, with loop steps spanning several blocks.
     check(make_case([11, 30], block_size=6), DecodeAttentionLaunch(block_n=32, num_splits=2))
