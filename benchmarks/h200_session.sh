@@ -129,6 +129,7 @@ case ${1:-} in
     mkdir -p "$OUT/suite"
     OUT="$OUT/suite" PYTHON=python3 timeout -k 10 240 bash benchmarks/gpu_suite.sh tests
     pkill -f "pytest tests/engine/test_gpu" 2>/dev/null
+    if tail -n 1 "$OUT/suite/tests.log" | grep -q -e failed -e error; then echo "GPU tests failed: no kit"; exit 1; fi
     timeout 130 python3 benchmarks/step_profile.py --cells "${PROFILE_CELLS:-int4,int4+perhead,bf16}" --timed 48 \
       --profiled 4 --prefill 512 --out "$OUT/step_profile.json" 2>&1 | grep -e "tok/s" -e Error -e "  host" -e "^   "
     if [ "${KIT_TRAINED:-0}" = 1 ]; then
