@@ -25,15 +25,38 @@ from kernels.moe_config import TileConfig
 from kernels.moe_decode_common import e8m0, expert_act, fp4_pair
 from kernels.moe_weights import FMT_INT4, FMT_MXFP4, ExpertFormat, PoolMatrix
 
+# int4 tiles as the raw nibbles in K order (joined, one dot a tile on whole A rows, the group's scale and
+# zero point applied to the dot's result) instead of two dots on the even and odd halves of K with the
+# weights dequantised first: off until a GPU run measures it (benchmarks/step_profile.py +join)
+INT4_JOIN = False
+
 
 @jit
 def _tile_gemm(a_ptr, a_rows, a_ok, stride_a, w_ptr, s_ptr, z_ptr, cols, cols_ok, K, sw_n, ss_n,
                FMT: tl.constexpr, G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_K: tl.constexpr):
+               BLOCK_K: tl.constexpr, JOIN: tl.constexpr = False):
     """``[BLOCK_M, BLOCK_N]`` float32 = A rows ``a_rows`` times weight rows ``cols`` transposed."""
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     a_row = a_ptr + a_rows.to(tl.int64)[:, None] * stride_a             # [BM, 1]
-    if FMT >= 2:  # int4 or mxfp4 nibbles: K as its even (low nibble) and odd (high nibble) halves
+    if FMT == 2 and JOIN:  # int4: the raw nibbles in K order, one dot a tile, the group's affine after it
+        HKJ: tl.constexpr = BLOCK_K // 2
+        kj = tl.arange(0, HKJ)
+        kc = tl.arange(0, BLOCK_K)
+        for k0 in range(0, K // 2, HKJ):                                # k0 counts bytes
+            kb = k0 + kj                                                # [HK]
+            kk = 2 * k0 + kc                                            # [BK]
+            a = tl.load(a_row + kk[None, :], mask=a_ok[:, None] & (kk < K)[None, :], other=0.0)    # [BM, BK]
+            b = tl.load(w_ptr + cols[:, None] * sw_n + kb[None, :],
+                        mask=cols_ok[:, None] & (kb < K // 2)[None, :], other=0)                   # [BN, HK]
+            q = tl.join((b & 15).to(a.dtype), (b >> 4).to(a.dtype))     # [BN, HK, 2]: exact small integers
+            q = tl.trans(tl.reshape(q, (BLOCK_N, BLOCK_K)))             # [BK, BN], k = 2 * byte + nibble
+            grp = (2 * k0) // G                                         # the tile sits in one group
+            sc = tl.load(s_ptr + cols * ss_n + grp, mask=cols_ok, other=0.0).to(tl.float32)        # [BN]
+            zp = tl.load(z_ptr + cols * ss_n + grp, mask=cols_ok, other=0).to(tl.float32)
+            raw = tl.dot(a, q)                                          # [BM, BN] float32
+            rows = tl.sum(a.to(tl.float32), axis=1)                     # [BM]: what the zero points take off
+            acc += (raw - rows[:, None] * zp[None, :]) * sc[None, :]
+    elif FMT >= 2:  # int4 or mxfp4 nibbles: K as its even (low nibble) and odd (high nibble) halves
         HK: tl.constexpr = BLOCK_K // 2
         kh = tl.arange(0, HK)
         for k0 in range(0, K // 2, HK):                                 # k0 counts bytes
@@ -74,7 +97,7 @@ def _tile_gemm(a_ptr, a_rows, a_ok, stride_a, w_ptr, s_ptr, z_ptr, cols, cols_ok
 def _up_prefill_kernel(x_ptr, sorted_ptr, bslot_ptr, npad_ptr, h_ptr, w_ptr, sw_s, sw_n, s_ptr, z_ptr,
                        ss_s, sz_s, ss_n, bias, P, F, K, stride_x, TOP_K: tl.constexpr, FMT: tl.constexpr,
                        G: tl.constexpr, EPI: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr):
+                       BLOCK_K: tl.constexpr, JOIN: tl.constexpr = False):
     """``h`` of block ``program_id(0)``'s pairs, outputs ``program_id(1) * BN ..``; ``bias``: the pool's
     ``(bias, slot stride)``, added where ``EPI[3]``; ``EPI``: see :class:`kernels.moe_weights.ExpertFormat`."""
     blk = tl.program_id(0)
@@ -87,9 +110,9 @@ def _up_prefill_kernel(x_ptr, sorted_ptr, bslot_ptr, npad_ptr, h_ptr, w_ptr, sw_
     c_ok = cols < F
     w_base, s_base, z_base = w_ptr + slot * sw_s, s_ptr + slot * ss_s, z_ptr + slot * sz_s
     gate = _tile_gemm(x_ptr, pairs // TOP_K, p_ok, stride_x, w_base, s_base, z_base, cols, c_ok, K,
-                      sw_n, ss_n, FMT, G, BLOCK_M, BLOCK_N, BLOCK_K)
+                      sw_n, ss_n, FMT, G, BLOCK_M, BLOCK_N, BLOCK_K, JOIN)
     up = _tile_gemm(x_ptr, pairs // TOP_K, p_ok, stride_x, w_base, s_base, z_base, cols + F, c_ok, K,
-                    sw_n, ss_n, FMT, G, BLOCK_M, BLOCK_N, BLOCK_K)
+                    sw_n, ss_n, FMT, G, BLOCK_M, BLOCK_N, BLOCK_K, JOIN)
     if EPI[3]:
         b_ptr, sb_s = bias
         gate += tl.load(b_ptr + slot * sb_s + cols, mask=c_ok, other=0.0)[None, :]
@@ -102,7 +125,8 @@ def _up_prefill_kernel(x_ptr, sorted_ptr, bslot_ptr, npad_ptr, h_ptr, w_ptr, sw_
 @jit
 def _down_prefill_kernel(h_ptr, sorted_ptr, bslot_ptr, npad_ptr, tw_ptr, y_ptr, w_ptr, sw_s, sw_n, s_ptr,
                          z_ptr, ss_s, sz_s, ss_n, bias, P, D, F, FMT: tl.constexpr, G: tl.constexpr,
-                         EPI: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                         EPI: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         JOIN: tl.constexpr = False):
     """``y`` of block ``program_id(0)``'s pairs, rows ``program_id(1) * BN ..`` (arguments as the up kernel's)."""
     blk = tl.program_id(0)
     if blk * BLOCK_M >= tl.load(npad_ptr):
@@ -113,7 +137,7 @@ def _down_prefill_kernel(h_ptr, sorted_ptr, bslot_ptr, npad_ptr, tw_ptr, y_ptr, 
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)           # [BN] hidden rows of w2
     c_ok = cols < D
     y = _tile_gemm(h_ptr, pairs, p_ok, F, w_ptr + slot * sw_s, s_ptr + slot * ss_s, z_ptr + slot * sz_s,
-                   cols, c_ok, F, sw_n, ss_n, FMT, G, BLOCK_M, BLOCK_N, BLOCK_K)
+                   cols, c_ok, F, sw_n, ss_n, FMT, G, BLOCK_M, BLOCK_N, BLOCK_K, JOIN)
     if EPI[3]:
         b_ptr, sb_s = bias
         y += tl.load(b_ptr + slot * sb_s + cols, mask=c_ok, other=0.0)[None, :]
@@ -142,11 +166,13 @@ def moe_prefill(x: torch.Tensor, topk_weights: torch.Tensor, align: MoeAlignment
     _up_prefill_kernel[(nb, cdiv(f, up.block_n))](
         x, align.sorted_pairs, align.block_slot, align.num_padded, h, w, sw_s, sw_n, s, z, ss_s, sz_s, ss_n,
         w13.bias_args(), p, f, d, x.stride(0), TOP_K=k, FMT=fmt, G=group, EPI=consts.epi, BLOCK_M=m, BLOCK_N=up.block_n,
-        BLOCK_K=_block_k(up, fmt, group), num_warps=up.num_warps, num_stages=up.num_stages)
+        BLOCK_K=_block_k(up, fmt, group), JOIN=fmt == FMT_INT4 and INT4_JOIN, num_warps=up.num_warps,
+        num_stages=up.num_stages)
     w, sw_s, sw_n, s, z, ss_s, sz_s, ss_n = w2.args()
     _down_prefill_kernel[(nb, cdiv(d, down.block_n))](
         h, align.sorted_pairs, align.block_slot, align.num_padded, topk_weights.contiguous(), y, w,
         sw_s, sw_n, s, z, ss_s, sz_s, ss_n, w2.bias_args(), p, d, f, FMT=fmt, G=group, EPI=consts.epi, BLOCK_M=m,
         BLOCK_N=down.block_n,
-        BLOCK_K=_block_k(down, fmt, group), num_warps=down.num_warps, num_stages=down.num_stages)
+        BLOCK_K=_block_k(down, fmt, group), JOIN=fmt == FMT_INT4 and INT4_JOIN, num_warps=down.num_warps,
+        num_stages=down.num_stages)
     return y

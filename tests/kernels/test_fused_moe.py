@@ -218,6 +218,19 @@ def test_prefill_experts_without_tokens_and_many_blocks():
              used=3)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("group, block_k", [(32, 32), (64, 64), (128, 64), (128, 128)])
+def test_int4_prefill_tiles_of_joined_nibbles(monkeypatch, dtype, group, block_k):
+    # The int4 prefill variant that joins each byte's two nibbles back into K order and applies the
+    # group's zero point and scale after one dot per tile (kernels.moe_prefill.INT4_JOIN) computes
+    # what the reference does: tiles of a group and half a group, several blocks per expert.
+    import kernels.moe_prefill as prefill
+    monkeypatch.setattr(prefill, "INT4_JOIN", True)
+    cfg = MoeLaunchConfig("prefill", TileConfig(16, block_k), TileConfig(16, block_k), block_m=16)
+    run_case("int4", dtype, hidden=256, ffn=128 if group == 128 else 192, experts=5, tokens=24, top_k=2,
+             cfg=cfg, group=group, used=4)
+
+
 def test_default_settings_pick_a_variant_by_token_count():
     # Without an explicit setting the launcher reads kernels/configs (CPU falls back to default.json):
     # 2 tokens run the decode variant and 20 the prefill one; both must agree with the reference.
