@@ -24,6 +24,8 @@
 #                    with `kit`, followed by kit-then-gpt-oss)
 #   or:              bash benchmarks/h200_session.sh tests-profile-kit (carry .bench: the GPU tests, the resident step
 #                    and a prefill kernel by kernel, then the kit in the background; poll it after)
+#   or:              bash benchmarks/h200_session.sh prefill-ab        (the GPU tests; a 512-token prefill kernel by kernel
+#                    with the int4 tiles of joined nibbles and the parallel alignment, each on and off)
 #   or:              bash benchmarks/h200_session.sh turns             (the GPU tests; the CPU kernel in one parallel
 #                    region or two; the card's memory over the kit's engines loaded in turn; predict_ab at AB_SHARES)
 #   or:              bash benchmarks/h200_session.sh tuner             (the GPU tests; replays predicting or not
@@ -162,6 +164,16 @@ case ${1:-} in
       | grep -e "tok/s" -e Error
     timeout "$(( $(left) - 5 ))" python3 benchmarks/cold_experts.py --formats int4 --pools 0 --depths 0,2 --batches 1,8 \
       --modes auto,bus,cpu --tokens 48 --out "$OUT/cold.json" 2>&1 | grep -v -e "^  [^ ]" -e "^[^ ]*Warn" | tail -n 14;;
+  prefill-ab)
+    # the GPU tests, then a 512-token prefill kernel by kernel: int4 tiles as now, of joined nibbles
+    # (+join), the alignment in parallel chunks (+palign), both; bf16 for the kernels without dequant
+    nvidia-smi --query-gpu=name --format=csv,noheader
+    mkdir -p "$OUT/suite"
+    OUT="$OUT/suite" PYTHON=python3 timeout -k 10 240 bash benchmarks/gpu_suite.sh tests
+    pkill -f "pytest tests/engine/test_gpu" 2>/dev/null
+    timeout "$(( $(left) - 5 ))" python3 benchmarks/step_profile.py --timed 16 --profiled 2 --prefill 512 \
+      --cells "${PROFILE_CELLS:-int4,int4+join,int4+palign,int4+join+palign,bf16,bf16+palign}" \
+      --out "$OUT/prefill_ab.json" 2>&1 | grep -e "tok/s" -e Error -e "prefill_kernel" -e "align";;
   turns)
     # the GPU tests; the CPU kernel in one parallel region against two (15 and 16 threads); the card's
     # memory over engines loaded in turn in one process, as the kit's offload rows are (trained-like
@@ -221,6 +233,6 @@ case ${1:-} in
     timeout "$(( $(left) - 5 ))" python3 benchmarks/offload_trace.py --formats int4 --depths 0 --modes bus \
       --reads auto,copy --out "$OUT/no_pool_reads.json" 2>&1 | grep -v -e USDT -e Warn | tail -n 3;;
   *)
-    echo "usage: h200_session.sh tests-and-kit | tests-ab-kit | validate | checks | turns | tests-profile-kit | kit | kit-then-gpt-oss | gpt-oss | probes | no-pool" >&2
+    echo "usage: h200_session.sh tests-and-kit | tests-ab-kit | validate | checks | turns | prefill-ab | tests-profile-kit | kit | kit-then-gpt-oss | gpt-oss | probes | no-pool" >&2
     exit 2;;
 esac

@@ -108,12 +108,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--cells", default="int4/bf16,int4/int8,int4/fp8,bf16",
-                    help="expert format[/resident-weight format][+nopdl][+apart][+perhead][+gemv][+join], "
+                    help="expert format[/resident-weight format][+nopdl][+apart][+perhead][+gemv][+join][+palign], "
                          "comma-separated (no resident format: the engine's auto; +nopdl: no kernel, the MoE's "
                          "included, launches as a programmatic dependent; +apart: decode attention combines its "
                          "splits in a launch of its own; +perhead: its folded combining head after head; +gemv: "
                          "the router's GEMV and the routing in one launch; +join: int4 prefill tiles of joined "
-                         "nibbles)")
+                         "nibbles; +palign: the prefill's alignment in parallel chunks)")
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--timed", type=int, default=64)
     ap.add_argument("--profiled", type=int, default=8)
@@ -129,6 +129,7 @@ def main() -> None:
         f"every expert on the GPU, after a {a.prompt}-token prompt: wall time per step, GPU busy time (union "
         "of kernel intervals), kernels grouped by name"), "config": vars(a), "cells": []}
     import kernels._triton as triton_glue
+    import kernels.moe_align as moe_align
     import kernels.moe_prefill as moe_prefill
     import kernels.paged_attention as paged_attention
     import kernels.router as router
@@ -139,6 +140,7 @@ def main() -> None:
         paged_attention.FOLD_REDUCE = "apart" not in flags
         paged_attention.GROUP_COMBINE = "perhead" not in flags
         moe_prefill.INT4_JOIN = "join" in flags
+        moe_align.PARALLEL = "palign" in flags
         router.FUSED_GEMV = "gemv" in flags
         try:
             engine, load_s = strata_engine(hf, cfg, fmt, 1, "float32" if a.smoke else "bfloat16", device=device,

@@ -19,6 +19,11 @@ import torch
 
 from kernels._triton import cdiv, jit, next_pow2, tl
 
+# The alignment in chunks counted and placed in parallel (three launches) rather than in one program
+# (one launch, its loops serial: about 0.12 ms at 4096 pairs over 128 experts on the H100): off until
+# a GPU run measures it (benchmarks/step_profile.py +palign)
+PARALLEL = False
+
 
 @dataclass(frozen=True)
 class MoeAlignment:
@@ -120,8 +125,74 @@ def _moe_align_kernel(ids_ptr, slot_ptr, sorted_ptr, pos_ptr, bexp_ptr, bslot_pt
         tl.store(bslot_ptr + b, tl.where(used, slot, -1), mask=b < NB)
 
 
+@jit
+def _align_count_kernel(ids_ptr, counts_ptr, P, BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr):
+    """Chunk ``program_id(0)`` of ``BLOCK_P`` pairs: how many of them each expert has."""
+    c = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_E)
+    pr = c * BLOCK_P + tl.arange(0, BLOCK_P)
+    ids = tl.load(ids_ptr + pr, mask=pr < P, other=-1)
+    tl.store(counts_ptr + c * BLOCK_E + cols, tl.sum((ids[:, None] == cols[None, :]).to(tl.int32), axis=0))
+
+
+@jit
+def _align_scan_kernel(counts_ptr, slot_ptr, bexp_ptr, bslot_ptr, off_ptr, npad_ptr, E, NB, C,
+                       M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_B: tl.constexpr):
+    """One program: the experts' padded groups from the chunks' counts, each chunk's first place per
+    expert (its group's start + that expert's pairs in the chunks before it, written over the counts),
+    and the block tables."""
+    cols = tl.arange(0, BLOCK_E)
+    rows = tl.arange(0, BLOCK_C)
+    counts = tl.zeros([BLOCK_E], dtype=tl.int32)
+    for c0 in range(0, C, BLOCK_C):
+        ok = (c0 + rows < C)[:, None] & (cols < BLOCK_E)[None, :]
+        counts += tl.sum(tl.load(counts_ptr + (c0 + rows)[:, None] * BLOCK_E + cols[None, :], mask=ok, other=0),
+                         axis=0)
+    padded = (counts + M - 1) // M * M                                  # [BE]
+    ends = tl.cumsum(padded, axis=0)
+    starts = ends - padded
+    total = tl.sum(padded, axis=0)
+    tl.store(off_ptr + cols, starts, mask=cols < E)
+    tl.store(off_ptr + E, total)
+    tl.store(npad_ptr, total)
+    seen = starts
+    for c0 in range(0, C, BLOCK_C):
+        ok = (c0 + rows < C)[:, None] & (cols < BLOCK_E)[None, :]
+        at = counts_ptr + (c0 + rows)[:, None] * BLOCK_E + cols[None, :]
+        tile = tl.load(at, mask=ok, other=0)                           # [BC, BE]
+        tl.store(at, tl.cumsum(tile, axis=0) - tile + seen[None, :], mask=ok)
+        seen += tl.sum(tile, axis=0)
+    b_rows = tl.arange(0, BLOCK_B)
+    for b0 in range(0, NB, BLOCK_B):
+        b = b0 + b_rows
+        first = b * M
+        e = tl.sum(((ends[None, :] <= first[:, None]) & (cols[None, :] < E)).to(tl.int32), axis=1)
+        used = (first < total) & (b < NB)
+        slot = tl.load(slot_ptr + e, mask=used, other=-1)
+        tl.store(bexp_ptr + b, tl.where(used, e, -1), mask=b < NB)
+        tl.store(bslot_ptr + b, tl.where(used, slot, -1), mask=b < NB)
+
+
+@jit
+def _align_scatter_kernel(ids_ptr, base_ptr, sorted_ptr, pos_ptr, P, BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr):
+    """Chunk ``program_id(0)``: each pair's place, its expert's first place for the chunk + the pairs of
+    that expert before it in the chunk."""
+    c = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_E)
+    pr = c * BLOCK_P + tl.arange(0, BLOCK_P)
+    ids = tl.load(ids_ptr + pr, mask=pr < P, other=-1)
+    hot = (ids[:, None] == cols[None, :]).to(tl.int32)                  # [BP, BE] one-hot
+    before = tl.cumsum(hot, axis=0) - hot
+    base = tl.load(base_ptr + c * BLOCK_E + cols)                       # [BE]
+    pos = tl.sum(hot * (before + base[None, :]), axis=1)                # [BP]
+    tl.store(sorted_ptr + pos, pr, mask=pr < P)
+    tl.store(pos_ptr + pr, pos, mask=pr < P)
+
+
 def moe_align(topk_ids: torch.Tensor, slot_of_expert: torch.Tensor, block_m: int) -> MoeAlignment:
-    """Triton alignment in one program (no host sync). ``topk_ids [T, k]``, ``slot_of_expert [E]`` int32."""
+    """Triton alignment (no host sync): in one program, or with ``PARALLEL`` in chunks of pairs counted
+    and placed by programs of their own around one program that scans the counts.
+    ``topk_ids [T, k]``, ``slot_of_expert [E]`` int32."""
     _check(topk_ids, slot_of_expert, block_m)
     dev, e = topk_ids.device, slot_of_expert.numel()
     ids = topk_ids.contiguous().view(-1)
@@ -134,7 +205,17 @@ def moe_align(topk_ids: torch.Tensor, slot_of_expert: torch.Tensor, block_m: int
     offsets = torch.empty(e + 1, dtype=torch.int32, device=dev)
     num_padded = torch.empty(1, dtype=torch.int32, device=dev)
     block_e = next_pow2(e)
-    _moe_align_kernel[(1,)](ids, slot_of_expert, sorted_pairs, pair_position, block_expert, block_slot,
-                            offsets, num_padded, p, e, nb, M=block_m,
-                            BLOCK_P=max(16, min(256, 8192 // block_e)), BLOCK_E=block_e)
+    block_p = max(16, min(256, 8192 // block_e))
+    if PARALLEL:
+        chunks = cdiv(p, block_p)
+        base = torch.empty(chunks * block_e, dtype=torch.int32, device=dev)      # counts, then first places
+        _align_count_kernel[(chunks,)](ids, base, p, BLOCK_P=block_p, BLOCK_E=block_e)
+        _align_scan_kernel[(1,)](base, slot_of_expert, block_expert, block_slot, offsets, num_padded, e, nb,
+                                 chunks, M=block_m, BLOCK_C=max(1, 8192 // block_e), BLOCK_E=block_e,
+                                 BLOCK_B=block_p)
+        _align_scatter_kernel[(chunks,)](ids, base, sorted_pairs, pair_position, p, BLOCK_P=block_p,
+                                         BLOCK_E=block_e)
+    else:
+        _moe_align_kernel[(1,)](ids, slot_of_expert, sorted_pairs, pair_position, block_expert, block_slot,
+                                offsets, num_padded, p, e, nb, M=block_m, BLOCK_P=block_p, BLOCK_E=block_e)
     return MoeAlignment(sorted_pairs, pair_position, block_expert, block_slot, offsets, num_padded, block_m)

@@ -38,8 +38,12 @@ def check_tables(a, topk_ids, slot_of_expert):
     (4, 6, 6, 4, None),     # top-k = E: every expert gets every token
     (40, 8, 4, 16, None),   # several blocks per expert, partial last blocks
     (13, 5, 1, 4, 2),       # top-k = 1, blocks exactly full for some experts
+    (600, 128, 8, 64, None),  # a prefill's shape: 75 chunks of 64 pairs, more than the scan takes at once
 ])
-def test_alignment_tables(tokens, experts, top_k, block_m, used):
+@pytest.mark.parametrize("parallel", [False, True], ids=["one-program", "parallel"])
+def test_alignment_tables(monkeypatch, tokens, experts, top_k, block_m, used, parallel):
+    import kernels.moe_align as align
+    monkeypatch.setattr(align, "PARALLEL", parallel)
     g = torch.Generator().manual_seed(tokens)
     ids = torch.stack([torch.randperm(used or experts, generator=g)[:top_k] for _ in range(tokens)])
     ids = ids.to(torch.int32)
