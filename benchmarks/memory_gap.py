@@ -186,8 +186,10 @@ def main() -> None:
     kv = kit_kv(shape, scenarios, a.gen, cuda)
     # the engines of the run, one after the other in this process (the kit's offload rows run so)
     engines = [tuple(item.split(":", 1)) for item in a.sequence.split(",")] if a.sequence else [(a.format, a.pool)]
+    if any(len(e) != 2 or not all(e) for e in engines):
+        ap.error(f"--sequence takes FORMAT:POOL items separated by commas, e.g. int4:0%,bf16:50% (got {a.sequence!r})")
     memory = None
-    for turn, (fmt, pool) in enumerate(engines):
+    for fmt, pool in engines:
         label = f"{fmt} pool {pool}: " if a.sequence else ""
         options = dict(weight_format=fmt, expert_pool_size=pool, prefetch_depth=a.depth, max_batch=a.batch,
                        resident_weights=a.resident_weights, **kv)

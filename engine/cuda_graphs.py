@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,20 +47,27 @@ WHOLE_TABLES_MAX = 1 << 16   # int32s: block tables (every row) and lengths up t
 
 
 
-_CAPTURE_STREAMS: dict[int, torch.cuda.Stream] = {}
+_CAPTURE_STREAMS: dict[int, tuple[torch.cuda.Stream, threading.Lock]] = {}
+_STREAMS_LOCK = threading.Lock()
 
 
-def capture_stream(device: torch.device) -> torch.cuda.Stream:
-    """The one side stream of this process on ``device`` that decode steps warm up and record on.
+@contextlib.contextmanager
+def capture_stream(device: torch.device):
+    """The one side stream of this process on ``device`` that decode steps warm up and record on, held
+    for the recording: engines of one card that record at once from threads of their own take turns,
+    so no engine's warm-up lands in another's open capture.
 
     cuBLAS keeps a workspace for every stream it runs on (32 MiB on Hopper), held until the process
     ends, since the recorded graphs that use it may outlive any engine: a new stream for each
     recording would leave one more behind per step size and per engine loaded in the process."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    stream = _CAPTURE_STREAMS.get(index)
-    if stream is None:
-        stream = _CAPTURE_STREAMS[index] = torch.cuda.Stream(torch.device("cuda", index))
-    return stream
+    with _STREAMS_LOCK:
+        if index not in _CAPTURE_STREAMS:
+            _CAPTURE_STREAMS[index] = (torch.cuda.Stream(torch.device("cuda", index)), threading.Lock())
+        stream, lock = _CAPTURE_STREAMS[index]
+    with lock:
+        yield stream
+
 
 @dataclass
 class DecodeInputs:
@@ -160,8 +168,11 @@ class DecodeGraphs:
                             DecodeMeta(self.tables[:b], self.lens[:b], pad=pad), window=window)
 
     def _capture(self, b: int) -> None:
+        with capture_stream(self.model.device) as side:
+            self._capture_on(b, side)
+
+    def _capture_on(self, b: int, side: torch.cuda.Stream) -> None:
         dev = self.model.device
-        side = capture_stream(dev)
         side.wait_stream(torch.cuda.current_stream(dev))
         hooks = self.model.experts.replay_hooks
         # Warm-up (Triton compiles, cuBLAS plans, allocator caches) with every shape the recording

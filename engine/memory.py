@@ -246,7 +246,10 @@ def direct_experts(spec: "ModelSpec", config: "EngineConfig", gpu: bool = True) 
     (on a GPU, ``expert_reads`` not ``copy``, every step of at most ``direct_max_tokens`` tokens): one
     layer's distinct experts (batch x top-k), which the step gathers into staging and reuses layer after
     layer; a step at prefetch depth 0 copies as many in. Its claims take what staging is left. None where
-    decode steps copy their misses and prefetch the layers ahead (:func:`decode_experts`)."""
+    decode steps copy their misses and prefetch the layers ahead (:func:`decode_experts`). Where direct
+    reads turn out not to be possible (a host store that is not page-locked) or ``expert_reads`` changes
+    to ``copy`` live, copied steps work in that one layer's staging: their prefetches of later layers
+    give way to the layer's own misses (engine/experts/copy_path.py), which costs speed, not results."""
     from engine.experts.tuning import ResidencyTuning
     if not gpu or config.expert_reads == "copy" or config.max_batch > ResidencyTuning().direct_max_tokens:
         return None
@@ -382,7 +385,8 @@ def plan_memory(resident_bytes: int, expert_bytes: int, num_experts: int, kv_byt
     sliding-window layers' KV, which does not grow with the context (``kv_bytes_per_token`` then counts
     the full-attention layers only). ``host_resident_bytes``: resident tensors in host memory (reported).
     ``decode_experts`` sizes the staging slots beyond one layer's (:func:`staging_slots`); with no pool
-    requested, ``direct_experts`` does where it is given: such steps fill no slots for the pool to admit.
+    (asked for, or all the budget leaves), ``direct_experts`` does where it is given: such steps fill no
+    slots for the pool to admit.
     """
     no_pool = requested_pool is not None and requested_pool < expert_bytes
     staging = staging_slots(experts_per_layer, direct_experts if no_pool and direct_experts else decode_experts)
@@ -406,6 +410,8 @@ def plan_memory(resident_bytes: int, expert_bytes: int, num_experts: int, kv_byt
         slots = min(num_experts, room // expert_bytes)
         if slots < num_experts:                 # staging comes out of the same room
             slots = max(0, min(slots, (room - staging * expert_bytes) // expert_bytes))
+        if slots == 0 and direct_experts:       # the budget leaves no pool: staged as one asked for none
+            staging = staging_slots(experts_per_layer, direct_experts)
     else:
         slots = want
     pool = (slots + staging_for(slots)) * expert_bytes

@@ -31,10 +31,12 @@ def _fail_to_open(qtbot, w, folder, running: bool = True) -> str:
     """Open ``folder`` (which cannot load); returns the load banner once the failure is shown.
     ``running``: a model runs, and keeps running meanwhile."""
     with qtbot.waitSignal(w.bridge.model_loading, timeout=TIMEOUT) as loading:
-        with qtbot.waitSignal(w.bridge.error, timeout=LOAD_TIMEOUT_MS):
+        # the window's own signal, once its banner shows this failure (the bridge's error reaches the
+        # window queued, so a banner read on it could still be the last failure's)
+        with qtbot.waitSignal(w.load_failed, timeout=LOAD_TIMEOUT_MS) as failed:
             w.open_model(str(folder))
     assert loading.args == [str(folder), running]        # the current model keeps running meanwhile
-    qtbot.waitUntil(lambda: w.banners.level("load") == "red", timeout=TIMEOUT)
+    assert w.banners.level("load") == "red" and w.banners.text("load") == failed.args[0]
     return w.banners.text("load")
 
 

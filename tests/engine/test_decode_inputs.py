@@ -52,3 +52,36 @@ def test_steps_of_changing_batch_and_width_stage_exactly_their_rows(monkeypatch,
         assert g.ids[:n].tolist() == ids and g.positions[:n].tolist() == pos and g.slots[:n].tolist() == slots
         assert g.tables[:n].tolist() == want_tables, step
         assert g.lens[:n].tolist() == lens and g.pad[:n].tolist() == pad
+
+
+def test_recordings_share_one_side_stream_per_card_and_take_turns(monkeypatch) -> None:
+    # Every recording of a card warms up and captures on one stream (cuBLAS keeps a workspace per
+    # stream for the process's life); engines recording at once from two threads take turns on it.
+    import threading
+    import time
+
+    import torch
+
+    import engine.cuda_graphs as graphs
+    made = []
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: made.append(device) or object())
+    monkeypatch.setattr(graphs, "_CAPTURE_STREAMS", {})
+    with graphs.capture_stream(torch.device("cuda", 0)) as a:
+        pass
+    with graphs.capture_stream(torch.device("cuda", 0)) as again, graphs.capture_stream(torch.device("cuda", 1)) as b:
+        assert again is a and b is not a
+    assert made == [torch.device("cuda", 0), torch.device("cuda", 1)]
+    order = []
+
+    def record(name: str) -> None:
+        with graphs.capture_stream(torch.device("cuda", 0)):
+            order.append(f"{name} in")
+            time.sleep(0.05)
+            order.append(f"{name} out")
+
+    threads = [threading.Thread(target=record, args=(n,)) for n in "xy"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert order in (["x in", "x out", "y in", "y out"], ["y in", "y out", "x in", "x out"])

@@ -99,6 +99,10 @@ def test_staging_at_no_pool_is_one_layer_of_the_largest_direct_read_step() -> No
     assert _plan(**sizes).staging_slots == 128 and _plan(requested_pool=0, **cpu).staging_slots == 128
     one = {k: v for k, v in step_sizing(spec, kit.replace(max_batch=1)).items() if k != "workspace_bytes"}
     assert _plan(requested_pool=0, **one).staging_slots == 64                      # half a layer at least
+    # a budget that leaves the auto pool no slot stages as an explicit 0% does
+    tight = 3 * GiB + 4096 * KV_TOK + 100 * EXPERT
+    auto, none = _plan(budget_bytes=tight, **sizes), _plan(budget_bytes=tight, requested_pool=0, **sizes)
+    assert auto.pool_slots == 0 and auto.staging_slots == none.staging_slots == 64
 
 def test_the_pool_takes_staging_smaller_than_a_layer_but_not_none() -> None:
     import torch

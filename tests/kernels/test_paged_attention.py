@@ -146,19 +146,21 @@ def test_the_last_split_to_arrive_combines_them_as_the_reduce_kernel_does(window
     check(case, DecodeAttentionLaunch(block_n=16, num_splits=4), **kw)      # the counts were left at zero
 
 
-@pytest.mark.parametrize("values", [8192, 64, 16])
-@pytest.mark.parametrize("heads,kv_heads", [(8, 2), (6, 2), (4, 4)])
-def test_the_combine_takes_every_head_of_a_group_at_once_in_chunks_of_splits(monkeypatch, heads, kv_heads, values):
-    # The folded combine merges all G heads of a KV head together, a chunk of splits a load, with a running
-    # max (several chunks where COMBINE_VALUES is small); G of 3 pads its heads to 4, G of 1 is plain MHA.
-    # It agrees with the combine head after head and with the reference, sinks included.
+@pytest.mark.parametrize("chunk", [4, 2, 1])
+@pytest.mark.parametrize("heads,kv_heads,hd", [(8, 2, 16), (6, 2, 20), (4, 4, 16)])
+def test_the_combine_takes_every_head_of_a_group_at_once_in_chunks_of_splits(monkeypatch, heads, kv_heads, hd,
+                                                                              chunk):
+    # The folded combine merges all G heads of a KV head together, `chunk` splits a load, with a running
+    # max: sequences using 1, 2, 3 and 4 of the 4 splits, so a chunk of 2 ends half full; G of 3 pads its
+    # heads to 4 and a head dim of 20 its rows to 32; G of 1 is plain MHA. It agrees with the combine head
+    # after head and with the reference, sinks included.
     import kernels.paged_attention as pa
-    case = make_case([2, 19, 61], heads=heads, kv_heads=kv_heads, hd=16, block_size=4)
+    g, block_d = heads // kv_heads, pa.next_pow2(max(hd, 16))
+    monkeypatch.setattr(pa, "COMBINE_VALUES", chunk * pa.next_pow2(g) * block_d)
+    assert pa._combine_chunk(g, block_d, 4) == chunk
+    case = make_case([2, 19, 40, 61], heads=heads, kv_heads=kv_heads, hd=hd, block_size=4)
     kw = dict(sinks=make_sinks(heads))
     launch = DecodeAttentionLaunch(block_n=16, num_splits=4)
-    monkeypatch.setattr(pa, "COMBINE_VALUES", values)
-    g = heads // kv_heads
-    assert pa._combine_chunk(g, 16, 4) == min(4, max(1, values // (pa.next_pow2(g) * 16)))
     grouped = check(case, launch, **kw)
     monkeypatch.setattr(pa, "GROUP_COMBINE", False)
     per_head = check(case, launch, **kw)
