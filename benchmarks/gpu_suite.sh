@@ -32,7 +32,10 @@ for part in "${parts[@]}"; do
         -vv -rf $workers 2>&1 | tee "$OUT/tests.log" | grep -v -e " PASSED" -e "^$" | tail -8
       summary+=("tests: $(tail -1 "$OUT/tests.log")");;
     kernels)
-      "$PY" benchmarks/kernels/bench_moe.py --out "$OUT/kernels_moe.json" --configs-out "$OUT/NVIDIA_H200.json" \
+      # the tuned table is named after the card (kernels/configs/NVIDIA_H200.json on an H200)
+      table=$("$PY" -c "import torch; from kernels.moe_config import config_file_name as n
+print(n(torch.cuda.get_device_name()))")
+      "$PY" benchmarks/kernels/bench_moe.py --out "$OUT/kernels_moe.json" --configs-out "$OUT/$table" \
         --commit "${STRATA_COMMIT:-unknown}" > "$OUT/kernels.log" 2>&1
       summary+=("kernels:" "$(tail -13 "$OUT/kernels.log")");;
     e2e)

@@ -195,7 +195,7 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
                           None if host is None else host_matrices(host, layout, w13, w2),
                           x16 if consts.fmt in (FMT_INT4, FMT_MXFP4) else None)       # [T, D]
     align = moe_align(topk_ids, slot_of_expert, cfg.block_m)
-    y = moe_prefill(x, topk_weights, align, w13, w2, consts, cfg.up, cfg.down)
+    y = moe_prefill(x, topk_weights, align, w13, w2, consts, cfg.up, cfg.down, join=cfg.join)
     return y.view(t, k, -1).sum(dim=1).to(x.dtype)                     # [T*k, D] -> [T, D]
 
 

@@ -43,6 +43,7 @@ class MoeLaunchConfig:
     down: TileConfig      # down GEMM (N = D, K = F)
     block_m: int = 16     # prefill block rows
     pdl: bool = False     # decode (int4): programmatic dependent launch where the GPU has it
+    join: bool = False    # prefill (int4): tiles of joined nibbles (kernels/moe_prefill.py)
 
 
 def config_file_name(device_name: str) -> str:
@@ -61,7 +62,7 @@ def _parse(entry: dict) -> MoeLaunchConfig:
     if variant not in ("decode", "prefill"):
         raise ValueError(f"MoE launch config variant {variant!r} must be decode or prefill")
     return MoeLaunchConfig(variant, TileConfig(**entry["up"]), TileConfig(**entry["down"]),
-                           int(entry.get("block_m", 16)), bool(entry.get("pdl", False)))
+                           int(entry.get("block_m", 16)), bool(entry.get("pdl", False)), bool(entry.get("join", False)))
 
 
 def _pick(table: dict, fmt: str, tokens: int) -> dict | None:

@@ -25,9 +25,11 @@ from kernels.moe_config import TileConfig
 from kernels.moe_decode_common import e8m0, expert_act, fp4_pair
 from kernels.moe_weights import FMT_INT4, FMT_MXFP4, ExpertFormat, PoolMatrix
 
-# int4 tiles as the raw nibbles in K order (joined, one dot a tile on whole A rows, the group's scale and
-# zero point applied to the dot's result) instead of two dots on the even and odd halves of K with the
-# weights dequantised first: off until a GPU run measures it (benchmarks/step_profile.py +join)
+# int4 tiles as nibble minus zero point in K order (joined, exact small integers, one dot a tile on whole
+# activation rows, the group's scale applied to the dot's result) instead of two dots on the even and odd
+# halves of K with the weights dequantised in float32 first, where a launch setting says ``join`` (the
+# tuned tables of kernels/configs; benchmarks/kernels/bench_moe.py sweeps both), or everywhere while this
+# is True (benchmarks/step_profile.py +join)
 INT4_JOIN = False
 
 
@@ -38,7 +40,7 @@ def _tile_gemm(a_ptr, a_rows, a_ok, stride_a, w_ptr, s_ptr, z_ptr, cols, cols_ok
     """``[BLOCK_M, BLOCK_N]`` float32 = A rows ``a_rows`` times weight rows ``cols`` transposed."""
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     a_row = a_ptr + a_rows.to(tl.int64)[:, None] * stride_a             # [BM, 1]
-    if FMT == 2 and JOIN:  # int4: the raw nibbles in K order, one dot a tile, the group's affine after it
+    if FMT == 2 and JOIN:  # int4: nibble - zero point in K order (exact small integers), scale after the dot
         HKJ: tl.constexpr = BLOCK_K // 2
         kj = tl.arange(0, HKJ)
         kc = tl.arange(0, BLOCK_K)
@@ -47,15 +49,13 @@ def _tile_gemm(a_ptr, a_rows, a_ok, stride_a, w_ptr, s_ptr, z_ptr, cols, cols_ok
             kk = 2 * k0 + kc                                            # [BK]
             a = tl.load(a_row + kk[None, :], mask=a_ok[:, None] & (kk < K)[None, :], other=0.0)    # [BM, BK]
             b = tl.load(w_ptr + cols[:, None] * sw_n + kb[None, :],
-                        mask=cols_ok[:, None] & (kb < K // 2)[None, :], other=0)                   # [BN, HK]
-            q = tl.join((b & 15).to(a.dtype), (b >> 4).to(a.dtype))     # [BN, HK, 2]: exact small integers
-            q = tl.trans(tl.reshape(q, (BLOCK_N, BLOCK_K)))             # [BK, BN], k = 2 * byte + nibble
+                        mask=cols_ok[:, None] & (kb < K // 2)[None, :], other=0).to(tl.int32)      # [BN, HK]
             grp = (2 * k0) // G                                         # the tile sits in one group
             sc = tl.load(s_ptr + cols * ss_n + grp, mask=cols_ok, other=0.0).to(tl.float32)        # [BN]
-            zp = tl.load(z_ptr + cols * ss_n + grp, mask=cols_ok, other=0).to(tl.float32)
-            raw = tl.dot(a, q)                                          # [BM, BN] float32
-            rows = tl.sum(a.to(tl.float32), axis=1)                     # [BM]: what the zero points take off
-            acc += (raw - rows[:, None] * zp[None, :]) * sc[None, :]
+            zp = tl.load(z_ptr + cols * ss_n + grp, mask=cols_ok, other=0).to(tl.int32)[:, None]  # [BN, 1]
+            q = tl.join(((b & 15) - zp).to(a.dtype), ((b >> 4) - zp).to(a.dtype))   # [BN, HK, 2], in [-15, 15]
+            q = tl.trans(tl.reshape(q, (BLOCK_N, BLOCK_K)))             # [BK, BN], k = 2 * byte + nibble
+            acc += tl.dot(a, q) * sc[None, :]
     elif FMT >= 2:  # int4 or mxfp4 nibbles: K as its even (low nibble) and odd (high nibble) halves
         HK: tl.constexpr = BLOCK_K // 2
         kh = tl.arange(0, HK)
@@ -154,9 +154,12 @@ def _block_k(tile: TileConfig, fmt: int, group: int) -> int:
 
 
 def moe_prefill(x: torch.Tensor, topk_weights: torch.Tensor, align: MoeAlignment, w13: PoolMatrix,
-                w2: PoolMatrix, consts: ExpertFormat, up: TileConfig, down: TileConfig) -> torch.Tensor:
-    """``y [T*k, D]`` float32: each pair's routed, weighted expert output (sum over k is the caller's)."""
+                w2: PoolMatrix, consts: ExpertFormat, up: TileConfig, down: TileConfig,
+                join: bool = False) -> torch.Tensor:
+    """``y [T*k, D]`` float32: each pair's routed, weighted expert output (sum over k is the caller's).
+    ``join``: int4 tiles of joined nibbles (the launch setting's choice; ``INT4_JOIN`` forces it)."""
     fmt, group = consts.fmt, consts.group
+    join = fmt == FMT_INT4 and (join or INT4_JOIN)
     t, d = x.shape
     k = topk_weights.shape[1]
     p, f, m, nb = t * k, w13.n // 2, align.block_m, align.max_blocks
@@ -166,13 +169,13 @@ def moe_prefill(x: torch.Tensor, topk_weights: torch.Tensor, align: MoeAlignment
     _up_prefill_kernel[(nb, cdiv(f, up.block_n))](
         x, align.sorted_pairs, align.block_slot, align.num_padded, h, w, sw_s, sw_n, s, z, ss_s, sz_s, ss_n,
         w13.bias_args(), p, f, d, x.stride(0), TOP_K=k, FMT=fmt, G=group, EPI=consts.epi, BLOCK_M=m, BLOCK_N=up.block_n,
-        BLOCK_K=_block_k(up, fmt, group), JOIN=fmt == FMT_INT4 and INT4_JOIN, num_warps=up.num_warps,
+        BLOCK_K=_block_k(up, fmt, group), JOIN=join, num_warps=up.num_warps,
         num_stages=up.num_stages)
     w, sw_s, sw_n, s, z, ss_s, sz_s, ss_n = w2.args()
     _down_prefill_kernel[(nb, cdiv(d, down.block_n))](
         h, align.sorted_pairs, align.block_slot, align.num_padded, topk_weights.contiguous(), y, w,
         sw_s, sw_n, s, z, ss_s, sz_s, ss_n, w2.bias_args(), p, d, f, FMT=fmt, G=group, EPI=consts.epi, BLOCK_M=m,
         BLOCK_N=down.block_n,
-        BLOCK_K=_block_k(down, fmt, group), JOIN=fmt == FMT_INT4 and INT4_JOIN, num_warps=down.num_warps,
+        BLOCK_K=_block_k(down, fmt, group), JOIN=join, num_warps=down.num_warps,
         num_stages=down.num_stages)
     return y

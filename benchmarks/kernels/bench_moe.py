@@ -60,7 +60,7 @@ SHAPES = {"qwen3-30b-a3b": Shape(128, 8, 2048, 768, 128),
           "gpt-oss-20b": Shape(32, 4, 2880, 2880, 64),       # int4 groups of 64: 128 does not divide 2880
           "gpt-oss-120b": Shape(128, 4, 2880, 2880, 64)}
 FORMATS = ("bf16", "fp8", "int4", "mxfp4")
-TOKENS = (1, 4, 16, 64)
+TOKENS = (1, 4, 16, 64, 512)
 # Decode candidates per format: (up, down) as (block_n, block_k, num_warps[, num_stages]). Up programs
 # read 2*block_n rows of one expert; down programs read block_n rows of each of a token's k experts.
 DECODE_TILES = {
@@ -82,7 +82,11 @@ DECODE_TILES = {
               ((8, 512, 4), (4, 512, 4)), ((8, 1024, 4), (2, 256, 4)), ((8, 1024, 8), (8, 256, 4)),
               ((4, 512, 4), (2, 512, 4))],
 }
-PREFILL_TILES = [(16, 64, 64, 4, 3), (32, 64, 128, 4, 3)]
+# Prefill candidates: (block_m, block_n, block_k, num_warps, num_stages[, "join"]): the same tile for up and
+# down; 4 warps on a 64 x 64 tile spill registers on sm_90 (255 used), 8 do not; "join" (int4 only): tiles
+# of joined nibbles (kernels/moe_prefill.py)
+PREFILL_TILES = [(16, 64, 64, 4, 3), (32, 64, 128, 4, 3), (64, 64, 64, 4, 3), (64, 64, 64, 8, 3),
+                 (64, 128, 64, 8, 3), (32, 64, 128, 8, 3), (128, 64, 64, 8, 3)]
 
 
 def time_graph(fn, iters: int = 30) -> float:
@@ -187,8 +191,8 @@ def config_of(tile: tuple, tokens: int) -> MoeLaunchConfig:
         return MoeLaunchConfig("decode", TileConfig(*tile[0]), TileConfig(*tile[1]), pdl=True)
     if len(tile) == 2:
         return MoeLaunchConfig("decode", TileConfig(*tile[0]), TileConfig(*tile[1]))
-    m, n, k, w, s = tile
-    return MoeLaunchConfig("prefill", TileConfig(n, k, w, s), TileConfig(n, k, w, s), m)
+    m, n, k, w, s, *join = tile
+    return MoeLaunchConfig("prefill", TileConfig(n, k, w, s), TileConfig(n, k, w, s), m, join=join == ["join"])
 
 
 def bench_format(shape: Shape, fmt: str, layers: int, tokens: tuple[int, ...]) -> tuple[list[dict], dict]:
@@ -203,7 +207,8 @@ def bench_format(shape: Shape, fmt: str, layers: int, tokens: tuple[int, ...]) -
         nbytes = statistics.mean(touched) * expert_bytes(layout) + 2 * t * D * 2
         ref = fused_moe_ref(x[0][:t], routes[0][1], routes[0][0], slots[0], views[0], layout)
         best = best16 = None
-        tiles = DECODE_TILES[fmt] if t <= 16 else PREFILL_TILES
+        tiles = DECODE_TILES[fmt] if t <= 16 else PREFILL_TILES + (
+            [(*tile, "join") for tile in PREFILL_TILES] if fmt == "int4" else [])
         x16 = [act16(x[i][:t], GROUP) for i in range(layers)] if fmt == "int4" and t <= 16 else None
         sweep = []
         for tile in tiles:
@@ -246,7 +251,7 @@ def bench_format(shape: Shape, fmt: str, layers: int, tokens: tuple[int, ...]) -
         if best16 or best:  # the engine's int4 decode takes x from the norm: tune for that
             c = config_of(best16[1] if best16 else best[1], t)
             tuned[str(t)] = {"variant": c.variant, "block_m": c.block_m, "up": vars(c.up), "down": vars(c.down),
-                             "pdl": c.pdl}
+                             "pdl": c.pdl, **({"join": True} if c.join else {})}
         print(f"{fmt} T={t}: {row}", flush=True)
     return rows, tuned
 

@@ -220,13 +220,12 @@ def test_prefill_experts_without_tokens_and_many_blocks():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("group, block_k", [(32, 32), (64, 64), (128, 64), (128, 128)])
-def test_int4_prefill_tiles_of_joined_nibbles(monkeypatch, dtype, group, block_k):
-    # The int4 prefill variant that joins each byte's two nibbles back into K order and applies the
-    # group's zero point and scale after one dot per tile (kernels.moe_prefill.INT4_JOIN) computes
-    # what the reference does: tiles of a group and half a group, several blocks per expert.
-    import kernels.moe_prefill as prefill
-    monkeypatch.setattr(prefill, "INT4_JOIN", True)
-    cfg = MoeLaunchConfig("prefill", TileConfig(16, block_k), TileConfig(16, block_k), block_m=16)
+def test_int4_prefill_tiles_of_joined_nibbles(dtype, group, block_k):
+    # A launch setting with ``join`` takes int4 prefill tiles as each byte's two nibbles minus the zero
+    # point, joined back into K order, the group's scale applied after one dot per tile
+    # (kernels/moe_prefill.py): it computes what the reference does for tiles of a group and half a
+    # group, several blocks per expert.
+    cfg = MoeLaunchConfig("prefill", TileConfig(16, block_k), TileConfig(16, block_k), block_m=16, join=True)
     run_case("int4", dtype, hidden=256, ffn=128 if group == 128 else 192, experts=5, tokens=24, top_k=2,
              cfg=cfg, group=group, used=4)
 

@@ -18,3 +18,24 @@ def test_tuned_h200_table_is_read_with_its_launch_overlap_flag():
         assert moe_launch_config("NVIDIA H200", fmt, 1).variant == "decode"
     assert moe_launch_config("NVIDIA H200", "int4", 1).pdl
     assert not moe_launch_config("NVIDIA H200", "bf16", 1).pdl
+
+
+def test_a_prefill_setting_may_ask_for_tiles_of_joined_nibbles(tmp_path, monkeypatch):
+    # A tuned table's prefill entry carries ``join`` (int4 tiles of joined nibbles); tables without it
+    # keep the two-halves tiles.
+    import json
+
+    import kernels.moe_config as mc
+    table = {"int4": {"64": {"variant": "prefill", "block_m": 64, "join": True,
+                             "up": {"block_n": 64, "block_k": 64, "num_warps": 8, "num_stages": 3},
+                             "down": {"block_n": 64, "block_k": 64, "num_warps": 8, "num_stages": 3}}}}
+    (tmp_path / "Imaginary_GPU_9001.json").write_text(json.dumps(table))
+    monkeypatch.setattr(mc, "CONFIG_DIR", tmp_path)
+    mc._load.cache_clear()
+    try:
+        got = moe_launch_config("Imaginary GPU 9001", "int4", 512)
+        assert got.join and got.block_m == 64 and got.up.num_warps == 8
+    finally:
+        monkeypatch.undo()
+        mc._load.cache_clear()
+    assert not moe_launch_config("NVIDIA H200", "int4", 512).join
