@@ -36,6 +36,16 @@ def _kernels(prof) -> list[tuple[float, float, str]]:
     return sorted(out)
 
 
+def _by_name(spans: list[tuple[float, float, str]]) -> tuple[dict[str, float], dict[str, int]]:
+    """Microseconds and launches of the kernels of ``spans``, by name."""
+    total: dict[str, float] = defaultdict(float)
+    calls: dict[str, int] = defaultdict(int)
+    for s, e, name in spans:
+        total[name] += e - s
+        calls[name] += 1
+    return total, calls
+
+
 def profile_engine(engine, vocab: int, prompt: int, timed: int, profiled: int, device: str) -> dict:
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (prompt,), generator=g).tolist()
@@ -52,11 +62,7 @@ def profile_engine(engine, vocab: int, prompt: int, timed: int, profiled: int, d
         ms.append((time.perf_counter() - t0) * 1e3)
     prof, wall_prof = profiled_steps(engine, profiled, device)
     spans = _kernels(prof)
-    total: dict[str, float] = defaultdict(float)
-    calls: dict[str, int] = defaultdict(int)
-    for s, e, name in spans:
-        total[name] += e - s
-        calls[name] += 1
+    total, calls = _by_name(spans)
     rows = sorted(({"kernel": k[:90], "us_per_step": v / profiled, "calls_per_step": calls[k] / profiled}
                    for k, v in total.items()), key=lambda r: -r["us_per_step"])
     busy = interval_union([(s, e) for s, e, _ in spans]) / profiled
@@ -91,11 +97,7 @@ def profile_prefill(engine, vocab: int, prompt: int, reps: int, device: str) -> 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         wall = once()
     spans = _kernels(prof)
-    total: dict[str, float] = defaultdict(float)
-    calls: dict[str, int] = defaultdict(int)
-    for s, e, name in spans:
-        total[name] += e - s
-        calls[name] += 1
+    total, calls = _by_name(spans)
     rows = sorted(({"kernel": k[:90], "us": v, "calls": calls[k]} for k, v in total.items()), key=lambda r: -r["us"])
     host = sorted(((e.key, e.self_cpu_time_total, e.count) for e in prof.key_averages()), key=lambda r: -r[1])
     median = statistics.median(ms)

@@ -88,6 +88,22 @@ def moe_align_ref(topk_ids: torch.Tensor, slot_of_expert: torch.Tensor, block_m:
 
 
 @jit
+def _block_tables(slot_ptr, bexp_ptr, bslot_ptr, ends, total, E, NB, M: tl.constexpr, BLOCK_B: tl.constexpr,
+                  BLOCK_E: tl.constexpr):
+    """Block b holds expert e when e's padded group (ending at ``ends[e]``) contains b * M (empty groups
+    have no length); blocks from ``total`` on hold none (-1)."""
+    cols = tl.arange(0, BLOCK_E)
+    for b0 in range(0, NB, BLOCK_B):
+        b = b0 + tl.arange(0, BLOCK_B)
+        first = b * M
+        e = tl.sum(((ends[None, :] <= first[:, None]) & (cols[None, :] < E)).to(tl.int32), axis=1)
+        used = (first < total) & (b < NB)
+        slot = tl.load(slot_ptr + e, mask=used, other=-1)
+        tl.store(bexp_ptr + b, tl.where(used, e, -1), mask=b < NB)
+        tl.store(bslot_ptr + b, tl.where(used, slot, -1), mask=b < NB)
+
+
+@jit
 def _moe_align_kernel(ids_ptr, slot_ptr, sorted_ptr, pos_ptr, bexp_ptr, bslot_ptr, off_ptr, npad_ptr,
                       P, E, NB, M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr):
     cols = tl.arange(0, BLOCK_E)                                        # [BE] expert ids
@@ -114,15 +130,7 @@ def _moe_align_kernel(ids_ptr, slot_ptr, sorted_ptr, pos_ptr, bexp_ptr, bslot_pt
         tl.store(sorted_ptr + pos, pr, mask=pr < P)
         tl.store(pos_ptr + pr, pos, mask=pr < P)
         seen += tl.sum(hot, axis=0)
-    # Block b holds expert e when e's padded group contains b * M (empty groups have no length).
-    for b0 in range(0, NB, BLOCK_P):
-        b = b0 + rows
-        first = b * M
-        e = tl.sum(((ends[None, :] <= first[:, None]) & (cols[None, :] < E)).to(tl.int32), axis=1)
-        used = (first < total) & (b < NB)
-        slot = tl.load(slot_ptr + e, mask=used, other=-1)
-        tl.store(bexp_ptr + b, tl.where(used, e, -1), mask=b < NB)
-        tl.store(bslot_ptr + b, tl.where(used, slot, -1), mask=b < NB)
+    _block_tables(slot_ptr, bexp_ptr, bslot_ptr, ends, total, E, NB, M, BLOCK_P, BLOCK_E)
 
 
 @jit
@@ -162,15 +170,7 @@ def _align_scan_kernel(counts_ptr, slot_ptr, bexp_ptr, bslot_ptr, off_ptr, npad_
         tile = tl.load(at, mask=ok, other=0)                           # [BC, BE]
         tl.store(at, tl.cumsum(tile, axis=0) - tile + seen[None, :], mask=ok)
         seen += tl.sum(tile, axis=0)
-    b_rows = tl.arange(0, BLOCK_B)
-    for b0 in range(0, NB, BLOCK_B):
-        b = b0 + b_rows
-        first = b * M
-        e = tl.sum(((ends[None, :] <= first[:, None]) & (cols[None, :] < E)).to(tl.int32), axis=1)
-        used = (first < total) & (b < NB)
-        slot = tl.load(slot_ptr + e, mask=used, other=-1)
-        tl.store(bexp_ptr + b, tl.where(used, e, -1), mask=b < NB)
-        tl.store(bslot_ptr + b, tl.where(used, slot, -1), mask=b < NB)
+    _block_tables(slot_ptr, bexp_ptr, bslot_ptr, ends, total, E, NB, M, BLOCK_B, BLOCK_E)
 
 
 @jit
