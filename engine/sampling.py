@@ -39,9 +39,12 @@ class StopScope(Protocol):
     def gate(self) -> AnswerGate: ...
 
 
+GREEDY_BELOW = 1e-5      # a temperature this small samples greedily (SamplingParams.greedy)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to pick tokens for one request. ``temperature=0`` means greedy."""
+    """How to pick tokens for one request. ``temperature=0`` (or below ``GREEDY_BELOW``) means greedy."""
 
     max_tokens: int = 256
     temperature: float = 1.0
@@ -84,7 +87,9 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Temperatures below :data:`GREEDY_BELOW` pick the likeliest token: dividing the logits by one
+        would overflow them (1e-40 is 0 in float32), and the result is greedy anyway."""
+        return self.temperature < GREEDY_BELOW
 
 
 def _whole(name: str, value: object, minimum: int, hint: str) -> int:

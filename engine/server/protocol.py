@@ -57,11 +57,8 @@ def read_common(f: Fields, info: ModelInfo, max_tokens_keys: tuple[str, ...], de
     refused.refuse_unknown(options or {}, STREAM_OPTIONS, "stream_options", "stream_options.")
     include_usage = Fields(options or {}, "stream_options.").flag("include_usage", False)
     key = next((k for k in max_tokens_keys if f.given(k)), max_tokens_keys[-1])
+    # how large it may be depends on the prompt's tokens: ``fit`` names the largest that fits this prompt
     max_tokens = f.whole(key, None, 1, hint="a reply needs at least 1 token")
-    if max_tokens is not None and max_tokens >= info.context_tokens:
-        raise bad(key, f"{key} must be at most {info.context_tokens - 1} (got {max_tokens}): prompt and reply share "
-                       f"the {info.context_tokens}-token context, and a prompt has at least 1 token",
-                  code="context_length_exceeded")
     refused.refuse(f, refused.BOTH)
     f.unsupported("best_of", (1, n), "use n for several choices")
     _check_sampling_types(f)

@@ -37,6 +37,16 @@ def test_top_k_one_and_tiny_top_p_are_greedy() -> None:
         assert torch.equal(sample(logits, params, gens, None), logits.argmax(dim=-1))
 
 
+@pytest.mark.parametrize("temperature", [1e-40, 1e-300, 5e-324, 9e-6])
+def test_a_temperature_too_small_to_divide_by_is_greedy(temperature: float) -> None:
+    # 1e-40 is 0 in float32: dividing the logits by it made every logit inf or nan and picked token 0
+    logits = _logits(3)
+    params = [SamplingParams(temperature=temperature, seed=1)] * 3
+    assert params[0].greedy and not SamplingParams(temperature=1e-5).greedy
+    out = sample(logits, params, [make_generator(1 + i, "cpu") for i in range(3)], None)
+    assert torch.equal(out, logits.argmax(dim=-1))
+
+
 def test_mixed_greedy_and_sampled_rows() -> None:
     logits = _logits(4)
     params = [GREEDY, SamplingParams(top_k=1), GREEDY, SamplingParams(temperature=0.7, seed=3)]

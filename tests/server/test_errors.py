@@ -37,9 +37,10 @@ HOSTILE = [
     ("max-tokens-negative", "POST", COMPLETE, JSON, _json(prompt="Hi", max_tokens=-5), 400, "max_tokens",
      "max_tokens must be a whole number >= 1 (got -5)"),
     ("max-tokens-huge", "POST", COMPLETE, JSON, _json(prompt="Hi", max_tokens=10**12), 400, "max_tokens",
-     "max_tokens must be at most 511 (got 1000000000000): prompt and reply share the 512-token context"),
+     "max_tokens 1000000000000 does not fit: prompt has 2 tokens, which leaves 510 of the 512-token context for the "
+     "reply; lower max_tokens to at most 510"),
     ("max-tokens-the-context", "POST", COMPLETE, JSON, _json(prompt="Hi", max_tokens=512), 400, "max_tokens",
-     "max_tokens must be at most 511 (got 512)"),
+     "max_tokens 512 does not fit: prompt has 2 tokens"),
     ("temperature-huge-integer", "POST", COMPLETE, JSON, b'{"prompt": "Hi", "temperature": 1' + b"0" * 400 + b"}", 400,
      "temperature", "temperature must be a finite number"),
     ("temperature-negative", "POST", COMPLETE, JSON, _json(prompt="Hi", temperature=-1), 400, "temperature",
