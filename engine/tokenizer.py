@@ -167,6 +167,9 @@ class SpecialTokens:
         return {k: v for k, v in vars(self).items() if v is not None}
 
 
+LONG_TEXT = 4096       # characters from which Tokenizer.encode lets other threads run while it works
+
+
 class Tokenizer:
     """Text <-> token ids for one model, plus its chat template."""
 
@@ -250,8 +253,18 @@ class Tokenizer:
         return self._backend.token_to_id(token)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of ``text``; ``add_special_tokens`` adds what the post-processor adds (e.g. bos)."""
+        """Token ids of ``text``; ``add_special_tokens`` adds what the post-processor adds (e.g. bos). A long
+        text is encoded as a batch of one, which lets other Python threads run meanwhile (a server's other
+        requests: a single encode holds the interpreter for the whole text, seconds for megabytes)."""
+        if len(text) >= LONG_TEXT:
+            return self._backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    @functools.cached_property
+    def longest_token_chars(self) -> int:
+        """Characters of the longest vocabulary entry (added tokens included): no token covers more of a
+        text, so a text of C characters has at least C / this many tokens."""
+        return max((len(t) for t in self._backend.get_vocab(with_added_tokens=True)), default=1) or 1
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of ``ids``; incomplete UTF-8 at the ends shows as U+FFFD."""

@@ -25,7 +25,8 @@ from engine.server.completions import respond
 from engine.server.engine_client import ModelInfo
 from engine.server.fields import Fields, bad
 from engine.server.generation import Choice, close_stream, stream_end, Generation, quote, watch_disconnect
-from engine.server.protocol import READ_BOTH, Common, choice_params, fit, guided, read_common
+from engine.server.protocol import (READ_BOTH, Common, choice_params, fit, guided, read_common, refuse_overlong,
+                                    text_chars)
 from engine.server.state import created, json_body, new_id, record_of, state_of
 from engine.server.think_reply import ThinkReply
 
@@ -54,6 +55,7 @@ def prepare(body: dict, info: ModelInfo) -> ChatPrompt:
     tok = info.tokenizer
     if tok is None or not tok.has_chat_template:
         raise bad("messages", "this model has no chat template; send a plain prompt to /v1/completions instead")
+    refuse_overlong(text_chars(body.get("messages")), info, "messages")
     f = Fields(body)
     if tok.harmony is not None:
         return _prepare_harmony(body, tok.harmony)

@@ -18,7 +18,8 @@ from engine.server import refused, structured
 from engine.server.engine_client import ModelInfo
 from engine.server.fields import Fields, bad, is_whole, show
 from engine.server.generation import DONE, Choice, close_stream, stream_end, Generation, quote, quote_or_null, watch_disconnect
-from engine.server.protocol import MAX_CHOICES, READ_BOTH, Common, choice_params, fit, guided, read_common
+from engine.server.protocol import (MAX_CHOICES, READ_BOTH, Common, choice_params, fit, guided, read_common,
+                                    refuse_overlong)
 from engine.server.sse import EventStream
 from engine.server.state import ServerState, created, json_body, new_id, record_of, state_of
 
@@ -58,6 +59,7 @@ def _one(item: str | list, info: ModelInfo, where: str) -> Prompt:
     if isinstance(item, str):
         if info.tokenizer is None:
             raise bad(where, "this model has no tokenizer; send the prompt as token ids")
+        refuse_overlong(len(item), info, where)
         ids = info.tokenizer.encode(item)
         if not ids:
             raise bad(where, f"{where} is empty; give at least one token of text")

@@ -140,6 +140,30 @@ def choice_params(base: SamplingParams, j: int) -> SamplingParams:
     return dataclasses.replace(base, seed=base.seed + j)
 
 
+def refuse_overlong(chars: int, info: ModelInfo, where: str) -> None:
+    """Refuse a text of ``chars`` characters that cannot fit the context before it is tokenized (seconds
+    of a core for megabytes): no token covers more than the vocabulary's longest entry, so it has at least
+    ``chars`` / that many tokens (halved here, for normalisers that fold two characters into one)."""
+    tok = info.tokenizer
+    if tok is None:
+        return
+    least = chars // (2 * tok.longest_token_chars)
+    if least >= info.context_tokens:
+        raise bad(where, f"{where} has {chars} characters, at least {least} tokens, more than the "
+                         f"{info.context_tokens}-token context holds; shorten it", code="context_length_exceeded")
+
+
+def text_chars(value: object) -> int:
+    """Characters of every string in ``value`` (a request's messages, however nested)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(text_chars(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(text_chars(v) for v in value)
+    return 0
+
+
 def fit(common: Common, params: SamplingParams, prompt_tokens: int, info: ModelInfo, where: str) -> SamplingParams:
     """The prompt and max_tokens must fit the context together (vLLM's rule): a prompt is never cut, and
     a reply never ends early for want of room. Left out, max_tokens becomes the room the prompt leaves

@@ -245,3 +245,16 @@ def test_streaming_byte_fallback_tokenizer(tmp_path: Path, seed: int) -> None:
     assert "".join(deltas) == text
     assert next(d for d in deltas if d).startswith("H")  # the leading space is stripped exactly once
     assert not any("\ufffd" in d for d in deltas)
+
+
+def test_a_long_text_encodes_as_a_short_one_does_while_other_threads_run() -> None:
+    # Texts from LONG_TEXT characters on are encoded as a batch of one (the tokenizer then lets other
+    # Python threads run); the ids are the same as one encode's, special tokens and bos included.
+    from engine.tokenizer import LONG_TEXT
+    tok = Tokenizer.from_dir(Path(__file__).resolve().parents[2] / "resources" / "models" / "demo")
+    text = "héllo <|endoftext|> wörld 🦄 " * (LONG_TEXT // 10)
+    assert len(text) >= LONG_TEXT
+    for special in (True, False):
+        once = tok._backend.encode(text, add_special_tokens=special).ids
+        assert tok.encode(text, add_special_tokens=special) == once
+    assert tok.longest_token_chars == max(len(t) for t in tok._backend.get_vocab(with_added_tokens=True))

@@ -39,6 +39,12 @@ HOSTILE = [
     ("max-tokens-huge", "POST", COMPLETE, JSON, _json(prompt="Hi", max_tokens=10**12), 400, "max_tokens",
      "max_tokens 1000000000000 does not fit: prompt has 2 tokens, which leaves 510 of the 512-token context for the "
      "reply; lower max_tokens to at most 510"),
+    # far over the context: refused before the text is tokenized (no token of the demo's covers 16 characters)
+    ("prompt-far-over-the-context", "POST", COMPLETE, JSON, _json(prompt="a " * 300_000), 400, "prompt",
+     "prompt has 600000 characters, at least 18750 tokens, more than the 512-token context holds; shorten it"),
+    ("messages-far-over-the-context", "POST", CHAT, JSON,
+     _json(messages=[{"role": "user", "content": [{"type": "text", "text": "a " * 300_000}]}]), 400, "messages",
+     "messages has 600008 characters, at least 18750 tokens"),
     ("max-tokens-the-context", "POST", COMPLETE, JSON, _json(prompt="Hi", max_tokens=512), 400, "max_tokens",
      "max_tokens 512 does not fit: prompt has 2 tokens"),
     ("temperature-huge-integer", "POST", COMPLETE, JSON, b'{"prompt": "Hi", "temperature": 1' + b"0" * 400 + b"}", 400,
