@@ -155,21 +155,22 @@ class CompletionView:
         self._head = "data: " + head[:-1] + ', "choices": ['
         self._plain = k is None and not common.return_token_ids     # every chunk from the template
 
-    def _echo(self, prompt_index: int) -> tuple[str, dict | None, int]:
-        """(text, logprobs, next text offset) of what echo puts first."""
+    def _echo(self, prompt_index: int) -> tuple[str, dict | None, lp.TextOffsets]:
+        """(text, logprobs, text offsets going on) of what echo puts first."""
         if self.echoed is None:
-            return "", None, 0
+            return "", None, lp.TextOffsets()
         text = self.echoed.texts[prompt_index]
         if self.echoed.logprobs is None:
-            return text, None, len(text)
-        obj, offset = lp.legacy(self.prompts[prompt_index].ids, self.echoed.logprobs[prompt_index], self.info, 0)
-        return text, obj, offset
+            return text, None, lp.TextOffsets(len(text))
+        offsets = lp.TextOffsets()
+        obj = lp.legacy(self.prompts[prompt_index].ids, self.echoed.logprobs[prompt_index], self.info, offsets)
+        return text, obj, offsets
 
     def _choice(self, c: Choice) -> dict:
-        text, echo_lp, offset = self._echo(c.prompt_index)
+        text, echo_lp, offsets = self._echo(c.prompt_index)
         logprobs = None
         if self.k is not None:
-            own, _ = lp.legacy(c.token_ids, lp.pad(c.token_ids, c.logprobs), self.info, offset)
+            own = lp.legacy(c.token_ids, lp.pad(c.token_ids, c.logprobs), self.info, offsets)
             logprobs = lp.merge_legacy([echo_lp, own] if echo_lp is not None else [own])
         out = {"index": c.index, "text": text + c.joined, "logprobs": logprobs, "finish_reason": c.finish_reason}
         if self.common.return_token_ids:
@@ -201,7 +202,7 @@ class CompletionView:
 
     async def events(self, gen: Generation, receive: Callable) -> AsyncIterator[str]:
         watch = watch_disconnect(receive, gen.stream)
-        offsets: dict[int, int] = {}
+        offsets: dict[int, lp.TextOffsets] = {}
         try:
             first = []
             for c in gen.ordered:
@@ -218,7 +219,7 @@ class CompletionView:
         finally:
             close_stream(watch, gen)
 
-    def _delta(self, c: Choice, d: RequestDelta, offsets: dict[int, int]) -> str:
+    def _delta(self, c: Choice, d: RequestDelta, offsets: dict[int, lp.TextOffsets]) -> str:
         finish = d.finish_reason if d.finished and d.finish_reason != "error" else None
         if not (d.new_text or d.new_token_ids or finish):
             return ""
@@ -227,8 +228,8 @@ class CompletionView:
                     f'"finish_reason": {quote_or_null(finish)}}}]}}\n\n')
         choice: dict = {"index": c.index, "text": d.new_text, "logprobs": None, "finish_reason": finish}
         if self.k is not None and d.new_token_ids:
-            choice["logprobs"], offsets[c.index] = lp.legacy(d.new_token_ids, lp.pad(d.new_token_ids, d.logprobs),
-                                                             self.info, offsets[c.index])
+            choice["logprobs"] = lp.legacy(d.new_token_ids, lp.pad(d.new_token_ids, d.logprobs), self.info,
+                                           offsets[c.index])
         if self.common.return_token_ids:
             choice["token_ids"] = list(d.new_token_ids)
         return self._chunk(choice)

@@ -1,6 +1,7 @@
 """Log-probabilities in OpenAI's two shapes (legacy completions, chat), and a prompt's own from scoring."""
 from __future__ import annotations
 
+import codecs
 from collections.abc import Sequence
 
 import torch
@@ -36,17 +37,31 @@ def prompt_logprobs(logits: torch.Tensor, ids: Sequence[int], k: int) -> list[To
     return [None] + [TokenLogprob(t, lp, top) for t, lp, top in zip(ids[1:], chosen, tops)]
 
 
-def legacy(ids: Sequence[int], lps: Sequence[TokenLogprob | None], info: ModelInfo, offset: int) -> tuple[dict, int]:
-    """The completions shape for ``ids``, text offsets counted from ``offset``; returns (object, next offset)."""
-    tokens, token_lps, tops, offsets = [], [], [], []
+class TextOffsets:
+    """Where each token starts in a completion's text, in characters: tokens go through a UTF-8 decoder
+    that keeps the bytes of a character split over several tokens until it is whole, so such tokens start
+    where that character does, and the next token one character later."""
+
+    def __init__(self, offset: int = 0) -> None:
+        self.offset = offset
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def take(self, token_bytes: bytes) -> int:
+        """The offset of a token of ``token_bytes``; moves past the characters it completes."""
+        at = self.offset
+        self.offset += len(self._decoder.decode(token_bytes))
+        return at
+
+
+def legacy(ids: Sequence[int], lps: Sequence[TokenLogprob | None], info: ModelInfo, offsets: TextOffsets) -> dict:
+    """The completions shape for ``ids``, text offsets counted on from ``offsets`` (which moves on)."""
+    tokens, token_lps, tops, at = [], [], [], []
     for tid, lp in zip(ids, lps):
-        s = info.token_text(tid)
-        tokens.append(s)
+        tokens.append(info.token_text(tid))
         token_lps.append(None if lp is None else _f(lp.logprob))
         tops.append(None if lp is None else _legacy_top(lp, info))
-        offsets.append(offset)
-        offset += len(info.token_bytes(tid).decode("utf-8", "replace"))   # the text it adds, as decoding shows it
-    return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}, offset
+        at.append(offsets.take(info.token_bytes(tid)))
+    return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": at}
 
 
 def _legacy_top(lp: TokenLogprob, info: ModelInfo) -> dict[str, float]:

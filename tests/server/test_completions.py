@@ -137,6 +137,26 @@ def test_echo_puts_the_prompt_first_and_scores_its_tokens(client, engine):
     assert c.logprobs.text_offset[n_prompt] == len(prompt)
 
 
+def test_text_offsets_count_characters_where_a_character_spans_several_tokens(client, engine):
+    # An emoji the demo's tokenizer spells as byte tokens: those tokens start where the emoji does, and
+    # the token after it one character later (offsets index the returned text, streamed or not).
+    prompt = "the king\u2019s \U0001F984, then"
+    ids = engine.tokenizer.encode(prompt)
+    assert len(ids) > len(prompt.split())                          # the emoji takes several tokens
+    for stream in (False, True):
+        got = client.completions.create(model="demo", prompt=prompt, max_tokens=3, echo=True, logprobs=1,
+                                        stream=stream, **GREEDY)
+        chunks = list(got) if stream else [got]
+        text = "".join(c.choices[0].text for c in chunks)
+        offsets = [o for c in chunks if c.choices[0].logprobs for o in c.choices[0].logprobs.text_offset]
+        tokens = [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+        comma = tokens.index(",")
+        assert offsets[comma] == text.index(",") == prompt.index(",")
+        assert offsets == sorted(offsets) and all(0 <= o <= len(text) for o in offsets)
+        emoji = [o for t, o in zip(tokens, offsets) if t.startswith("bytes:")]
+        assert emoji and set(emoji) == {prompt.index("\U0001F984")}
+
+
 def test_echo_with_max_tokens_zero_only_scores_the_prompt(client, engine, loop):
     prompt = "Once upon a time"
     ids = engine.tokenizer.encode(prompt)
