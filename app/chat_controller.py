@@ -138,11 +138,8 @@ class ChatController(QObject):
         box_draft = self.prefs.take_box_draft()          # an earlier version's one text for every chat
         if box_draft and not self.prefs.draft(self.current.id):
             self.prefs.set_draft(box_draft, self.current.id)
-        # drafts of chats that are gone; a chat whose file is here but could not be read is not gone
-        kept = {c.id for c in self.conversations} | {self.current.id}
-        for conv_id in self.prefs.drafted():
-            if conv_id not in kept and not self.store.holds(conv_id):
-                self.prefs.set_draft("", conv_id)
+        # Drafts of chats this store does not hold stay: the chat may be in its trash (Undo brings the text
+        # back), in another data folder (XDG_DATA_HOME set for one start), or on a disk not mounted now.
         self.prefs.set_current_chat(self.current.id)
         if not self.pane.input.toPlainText():
             self.pane.input.setPlainText(self.prefs.draft(self.current.id))

@@ -6,6 +6,8 @@ falls back to its default.
 """
 from __future__ import annotations
 
+import math
+
 from PySide6.QtCore import QSettings
 
 from app.messages import (
@@ -19,11 +21,15 @@ _DRAFTS = "drafts/"        # + a conversation's id: its unsent text
 
 
 def _number(raw: object, kind: type, default: float | int) -> float | int:
+    """A stored number, or ``default`` where a hand-edited file holds something the settings' boxes cannot
+    show: not a number, NaN or infinite, or a whole number past what a Qt spin box holds (32 bits)."""
     try:
         value = kind(float(raw)) if kind is int else kind(raw)
     except (TypeError, ValueError, OverflowError):
         return default
-    return value if value == value else default     # NaN from a hand-edited file
+    if not math.isfinite(value) or (kind is int and not -2**31 < value < 2**31):
+        return default
+    return value
 
 
 def _flag(raw: object, default: bool) -> bool:

@@ -223,6 +223,12 @@ def test_settings_that_cannot_be_read_back_fall_back_to_the_defaults(qtbot, tmp_
     chat = make_chat(qtbot, tmp_path / "c", settings_file=ini)
     assert chat.pane.settings_box.settings() == GenerationSettings(top_p=0.5)
     assert chat.pane.enter_sends_box.isChecked()
+    # numbers a spin box cannot hold (past 32 bits; infinite) once made every start fail
+    for key, value in (("top_k", "1e12"), ("max_tokens", str(2**40)), ("temperature", "inf"), ("top_p", "0.25")):
+        bad.setValue(f"chat/{key}", value)
+    bad.sync()
+    again = make_chat(qtbot, tmp_path / "d", settings_file=ini)
+    assert again.pane.settings_box.settings() == GenerationSettings(top_p=0.25)
 
 
 def test_unsent_text_is_kept_across_a_restart(qtbot, tmp_path):
@@ -367,7 +373,9 @@ def test_deleting_the_chat_shown_while_its_prompt_edit_is_pending_leaves_it_dele
     assert not (tmp_path / "c" / f"{gone}.json").exists()
 
 
-def test_a_single_box_draft_of_an_earlier_version_goes_to_the_chat_shown_and_stale_ones_go(qtbot, tmp_path):
+def test_a_single_box_draft_of_an_earlier_version_goes_to_the_chat_shown_and_others_stay(qtbot, tmp_path):
+    # a draft of a chat this data folder does not hold stays: the chat may be in the trash or in another
+    # data folder (a start with another XDG_DATA_HOME must not erase it)
     ini = tmp_path / "strata.ini"
     old = QSettings(str(ini), QSettings.Format.IniFormat)
     old.setValue("chat/draft", "typed before the upgrade")
@@ -375,7 +383,8 @@ def test_a_single_box_draft_of_an_earlier_version_goes_to_the_chat_shown_and_sta
     old.sync()
     chat = make_chat(qtbot, tmp_path / "c", settings_file=ini)
     assert chat.pane.input.toPlainText() == "typed before the upgrade"
-    assert chat.prefs.drafted() == [chat.current.id]
+    assert sorted(chat.prefs.drafted()) == sorted([chat.current.id, "0123456789ab"])
+    assert chat.prefs.draft("0123456789ab") == "for a chat that no longer exists"
     assert chat.prefs.settings.value("chat/draft") is None
 
 
