@@ -9,6 +9,7 @@ the file to the trash with an Undo, and a store that cannot be written is report
 """
 from __future__ import annotations
 
+import sys
 import uuid
 from dataclasses import dataclass
 from functools import partial
@@ -554,4 +555,7 @@ class ChatController(QObject):
             if self.live.conversation is self.current:
                 self._show_context()
             self.live = None                    # the engine's last word on it comes after: it stays interrupted
-        self.library.close()
+        if not self.library.close():
+            for path in self.library.writer.rescued:     # the window is closing: the terminal is what is left
+                print(f"Strata could not save a chat to {self.library.store.folder}; a copy is in {path}",
+                      file=sys.stderr)

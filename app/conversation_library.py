@@ -64,8 +64,10 @@ class ConversationLibrary(QObject):
         """Wait for the writer to catch up (tests; the window's close)."""
         return self.writer.flush(timeout_s)
 
-    def close(self) -> None:
-        self.writer.close()
+    def close(self) -> bool:
+        """Finish writing (failed saves tried once more); False if a chat is only in a rescue copy
+        (``writer.rescued``) or time ran out."""
+        return self.writer.close()
 
     def _on_written(self, result: WriteResult) -> None:
         if result.error is not None:

@@ -3,14 +3,18 @@
 An fsync can block for a long time on a busy or slow disk, and the GUI must never wait for one, so the
 chat hands snapshots to this thread. Jobs run in the order they were given; a save replaces a save of
 the same conversation that is still waiting, so a streaming reply costs at most one write at a time.
-A save that failed is tried again with the next job (the user's next change).
+A save that failed is tried again with the next job (the user's next change), and once more when the
+window closes; one that fails then too is copied to a rescue folder, named in the log and on stderr.
 """
 from __future__ import annotations
 
+import json
 import logging
+import tempfile
 import threading
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Protocol
 
 from app.conversations import ConversationStore, write_error_line
@@ -70,6 +74,13 @@ class WriteResult:
     error: str | None        # one line when the job failed, else None
 
 
+def rescue_folders(store_folder: Path) -> list[Path]:
+    """Where ``close`` copies a chat the store folder would not take: beside that folder, in the home
+    folder, in the temporary folder (the first that can be written)."""
+    name = "Strata unsaved chats"
+    return [store_folder.parent / name, Path.home() / name, Path(tempfile.gettempdir()) / name]
+
+
 class StoreWriter:
     """Runs store jobs on a thread that lives while there is work; ``on_result`` is called on that thread
     after each job."""
@@ -83,6 +94,7 @@ class StoreWriter:
         self._running = False        # a thread is serving the queue
         self._closed = False
         self._cond = threading.Condition()
+        self.rescued: list[Path] = []     # copies of chats the store folder would not take, made at close
 
     def put(self, job: Job) -> None:
         """Queue ``job`` (returns at once); failed saves of other conversations are queued again first.
@@ -118,10 +130,38 @@ class StoreWriter:
             return self._cond.wait_for(lambda: not self._jobs and not self._busy, timeout_s)
 
     def close(self, timeout_s: float = 10.0) -> bool:
-        """Finish the queued jobs; later jobs run at once on the caller's thread. False if time ran out."""
+        """Finish the queued jobs, then try each save that failed once more (the disk may have room again)
+        and copy any that fails again to a rescue folder (``rescued``); later jobs run at once on the
+        caller's thread. False if time ran out or a save is only in the rescue folder."""
         done = self.flush(timeout_s)
         self._closed = True
-        return done
+        with self._cond:
+            failed, self._failed = list(self._failed.values()), {}
+        saved = True
+        for job in failed:
+            error = self._do(job)
+            if error is not None:
+                saved, error = False, self._rescue(job, error)
+            self._report(WriteResult(job, error))
+        return done and saved
+
+    def _rescue(self, job: SaveJob, error: str) -> str:
+        """Write ``job``'s snapshot where it can go (the first of :func:`rescue_folders` that takes it);
+        returns the line to tell, which names that copy or says none could be made."""
+        name = f"{job.conv_id}.json"
+        for folder in rescue_folders(self.store.folder):
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                path = folder / name
+                path.write_text(json.dumps(job.data, ensure_ascii=False, indent=1), encoding="utf-8")
+            except OSError:
+                continue
+            self.rescued.append(path)
+            log.error("%s; a copy of the chat is in %s", error, path)
+            return (f"{error} A copy of the chat is in {path}: move it into {self.store.folder} once that "
+                    "can be written.")
+        log.error("%s; no copy of the chat could be written anywhere", error)
+        return error
 
     def _run(self) -> None:
         while True:

@@ -298,6 +298,45 @@ def test_a_failed_save_is_tried_again_with_the_next_change(tmp_path):
     writer.close()
 
 
+def test_a_failed_save_is_tried_again_when_the_window_closes(tmp_path):
+    # the disk had no room when the reply ended, the user freed some and quit: the chat is written then
+    blocker = tmp_path / "conversations"
+    blocker.write_text("in the way")
+    store = ConversationStore(blocker)
+    results: list[WriteResult] = []
+    writer = StoreWriter(store, results.append)
+    conv = _conv("kept")
+    writer.put(SaveJob(conv.id, conv.to_json()))
+    assert writer.flush(10) and results[-1].error is not None
+    blocker.unlink()
+    assert writer.close()
+    assert json.loads(store.path_of(conv.id).read_text())["id"] == conv.id
+    assert results[-1].error is None and writer.rescued == []
+
+
+def test_a_save_that_fails_again_at_close_is_copied_where_it_can_go(tmp_path, monkeypatch):
+    # still no way into the folder when the window closes: a copy beside it, named, and close says so
+    import app.store_writer as sw
+    blocker = tmp_path / "data" / "conversations"
+    blocker.parent.mkdir()
+    blocker.write_text("in the way")
+    unwritable = tmp_path / "nowhere"
+    unwritable.write_text("a file, so no folder goes here")
+    beside = sw.rescue_folders(blocker)[0]
+    monkeypatch.setattr(sw, "rescue_folders", lambda folder: [unwritable / "x", tmp_path / "rescue"])
+    store = ConversationStore(blocker)
+    results: list[WriteResult] = []
+    writer = StoreWriter(store, results.append)
+    conv = _conv("rescued")
+    writer.put(SaveJob(conv.id, conv.to_json()))
+    assert writer.flush(10)
+    assert not writer.close()
+    copy = tmp_path / "rescue" / f"{conv.id}.json"
+    assert writer.rescued == [copy] and json.loads(copy.read_text()) == conv.to_json()
+    assert str(copy) in results[-1].error and str(blocker) in results[-1].error
+    assert beside == blocker.parent / "Strata unsaved chats"
+
+
 def test_after_close_a_save_is_written_at_once(tmp_path):
     store = ConversationStore(tmp_path)
     results: list[WriteResult] = []
