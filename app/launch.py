@@ -9,8 +9,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from PySide6.QtCore import (QEventLoop, QLockFile, QSettings, QSize, QSocketNotifier, Qt, QtMsgType, QTimer,
-                            qInstallMessageHandler)
+from PySide6.QtCore import (QEventLoop, QLockFile, QSettings, QSize, QSocketNotifier, QSysInfo, Qt, QtMsgType,
+                            QTimer, qInstallMessageHandler)
 from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication, QMessageBox
 
@@ -171,10 +171,32 @@ def instance_lock(folder: Path) -> QLockFile | str:
     pid, host = info[-3], info[-2]
     if lock.error() != QLockFile.LockError.LockFailedError or not pid:
         return QLockFile("")            # no lock can be made there (a folder the window reports): run without
+    if _gone(pid, host):
+        # Its process died, yet Qt could not take the lock over (it writes a file to do so, which a full disk
+        # refuses): remove it here (no room needed) and lock again, else run without (the window reports
+        # the folder when it cannot save)
+        try:
+            (folder / "workbench.lock").unlink()
+        except OSError:
+            return QLockFile("")
+        return lock if lock.tryLock(200) else QLockFile("")
     where = f"process {pid}" + (f" on {host}" if host else "")
     return (f"Strata is already open ({where}) with the chats in {folder}; switch to that window, or close it "
             "and start again (two windows would overwrite each other's messages; if no Strata runs, delete "
             f"{folder / 'workbench.lock'})")
+
+
+def _gone(pid: int, host: str) -> bool:
+    """Whether the process ``pid`` of a lock written on ``host`` has ended (only this machine's can be told)."""
+    if host and host != QSysInfo.machineHostName():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:                     # alive, another user's
+        return False
+    return False
 
 
 def run_gui(model: str | None, engine_options: dict, screenshot: str | None = None, prompt: str | None = None,

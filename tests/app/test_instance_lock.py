@@ -37,3 +37,16 @@ def test_a_second_workbench_on_the_same_chats_is_refused_and_a_dead_ones_lock_is
 def test_a_folder_where_no_lock_can_be_made_does_not_stop_the_workbench(tmp_path):
     (tmp_path / "workbench.lock").mkdir()          # the lock file cannot be written: not "already open"
     assert not isinstance(instance_lock(tmp_path), str)
+
+
+def test_a_dead_ones_lock_that_qt_cannot_take_over_is_removed_and_taken(tmp_path):
+    # On a full disk Qt cannot write the file it takes a stale lock over with: a lock whose process is
+    # gone is then removed here (which needs no room) rather than read as "Strata is already open".
+    first = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path), str(ROOT)], stdout=subprocess.PIPE, text=True)
+    assert first.stdout.readline().strip() == "held"
+    first.kill()
+    first.wait()
+    (tmp_path / "workbench.lock.rmlock").mkdir()    # Qt's takeover file cannot be made, as on a full disk
+    taken = instance_lock(tmp_path)
+    assert not isinstance(taken, str) and taken.isLocked()
+    taken.unlock()
