@@ -118,11 +118,11 @@ class Conversation:
         if not isinstance(data, dict):
             raise CorruptConversation(f"the file holds {_kind(data)}, expected a conversation object")
         messages = _get(data, "messages", list, [], "messages")
-        return cls(id=_get(data, "id", str, "", "id"), title=_get(data, "title", str, "Chat", "title"),
+        created = _loose(data, "created", (int, float), 0.0)
+        return cls(id=_get(data, "id", str, "", "id"), title=_loose(data, "title", str, "Chat"),
                    system_prompt=_get(data, "system_prompt", str, "", "system_prompt"),
                    messages=[_message(m, f"messages[{i}]") for i, m in enumerate(messages)],
-                   created=_get(data, "created", (int, float), 0.0, "created"),
-                   updated=_get(data, "updated", (int, float), 0.0, "updated"),
+                   created=created, updated=_loose(data, "updated", (int, float), created),
                    context_used=_count(data, "context_used"))
 
 
@@ -144,6 +144,15 @@ def _get(data: dict, key: str, kind: type | tuple, default: object, where: str) 
     return value
 
 
+def _loose(data: dict, key: str, kind: type | tuple, default: object) -> object:
+    """A field the window only shows or sorts by (a title, times, a reply's summary line, flags): ``default``
+    where it is missing or of another type, so that one stray value there never sets a chat aside."""
+    value = data.get(key, default)
+    if isinstance(value, bool) and kind is not bool or not isinstance(value, kind):
+        return default
+    return value
+
+
 def _count(data: dict, key: str) -> int | None:
     """A count the window only shows (no content of the chat's): a whole number of 0 or more, else
     None, so that a file with a stray value there still opens."""
@@ -154,9 +163,8 @@ def _count(data: dict, key: str) -> int | None:
 def _reply(data: object, where: str) -> Reply:
     if not isinstance(data, dict):
         raise CorruptConversation(f"{where} is {_kind(data)}, expected an object")
-    return Reply(_get(data, "content", str, "", f"{where}.content"), _get(data, "stats", str, "", f"{where}.stats"),
-                 _get(data, "interrupted", bool, False, f"{where}.interrupted"),
-                 _get(data, "reasoning", str, "", f"{where}.reasoning"))
+    return Reply(_get(data, "content", str, "", f"{where}.content"), _loose(data, "stats", str, ""),
+                 _loose(data, "interrupted", bool, False), _get(data, "reasoning", str, "", f"{where}.reasoning"))
 
 
 def _message(data: object, where: str) -> StoredMessage:
@@ -170,7 +178,7 @@ def _message(data: object, where: str) -> StoredMessage:
     alternatives = _get(data, "alternatives", list, [], f"{where}.alternatives")
     if len(alternatives) > 1:
         msg.alternatives = [_reply(a, f"{where}.alternatives[{i}]") for i, a in enumerate(alternatives)]
-        msg.choose(_get(data, "chosen", int, 0, f"{where}.chosen"))   # out of range: the nearest reply
+        msg.choose(_loose(data, "chosen", int, 0))   # out of range: the nearest reply
     return msg
 
 
