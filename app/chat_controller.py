@@ -66,6 +66,7 @@ class ChatController(QObject):
 
     reply_done = Signal(object)     # ReplyStats of a chat reply (for the status bar and tests)
     store_error = Signal(str)       # one line when saving fails or a file was set aside; "" once saving works again
+    prefs_error = Signal(str)       # one line when the settings file cannot be written; "" once it can again
 
     def __init__(self, pane: ChatPane, sidebar: ConversationList, store: ConversationStore, bridge,
                  settings: QSettings | None = None) -> None:
@@ -80,6 +81,7 @@ class ChatController(QObject):
         self._bubbles: list[MessageBubble | None] = []
         self._context_total = 0
         self._system_edited = False
+        self._prefs_problem = ""                 # the settings file's last write problem told
         self._fill_epoch = 0                           # which chat's earlier messages are being put on screen
         self.library = ConversationLibrary(store)
         self.library.store_line.connect(self._on_store_line)
@@ -316,6 +318,11 @@ class ChatController(QObject):
         """Remember the unsent text, and save a changed system prompt: a new chat with one written is saved
         from then on, before its first message, so the prompt outlives a quit or a crash."""
         self.prefs.set_draft(self.pane.input.toPlainText(), self.current.id)
+        self.prefs.sync()
+        problem = self.prefs.problem()
+        if problem != self._prefs_problem:
+            self._prefs_problem = problem
+            self.prefs_error.emit(problem)
         if self._system_edited and (self.current in self.conversations or self.current.system_prompt.strip()):
             self._system_edited = False
             self.library.save(self.current)

@@ -87,6 +87,16 @@ class ChatPrefs:
         if self.settings is not None:
             self.settings.sync()
 
+    def problem(self) -> str:
+        """One line when the settings file could not be written at the last sync (else ""): unsent text
+        and settings then last only as long as this run."""
+        if self.settings is None or self.settings.status() == QSettings.Status.NoError:
+            return ""
+        why = ("cannot be written" if self.settings.status() == QSettings.Status.AccessError
+               else "could not be written")
+        return (f"{self.settings.fileName()} {why}: unsent text and chat settings are kept only until Strata "
+                "closes; make that file (and its folder) writable to keep them")
+
     def draft(self, conv_id: str) -> str:
         """The text not yet sent in conversation ``conv_id`` ("" when none)."""
         raw = self._value(_DRAFTS + conv_id)

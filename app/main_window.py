@@ -202,6 +202,7 @@ class MainWindow(QMainWindow):
         b.knob_result.connect(self._on_knob_result)
         b.context.connect(self.chat.on_context)
         self.chat.store_error.connect(lambda msg: self.banners.show_message("store", msg, "red"))
+        self.chat.prefs_error.connect(lambda msg: self.banners.show_message("settings", msg, "red"))
         b.text.connect(self.chat.on_text)
         b.reply_finished.connect(self.chat.on_finished)
         b.reply_finished.connect(self._on_reply_finished)

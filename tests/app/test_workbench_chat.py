@@ -453,3 +453,17 @@ def test_the_chat_menu_has_the_keys_a_chat_needs(window, qtbot):
     before = window.chat.current
     actions["Ctrl+N"].trigger()
     assert window.chat.current is not before and not window.chat.current.messages
+
+
+def test_a_settings_file_that_cannot_be_written_is_said_once(qtbot, tmp_path):
+    # unsent text and settings live in the settings file: when it cannot be written the window says so
+    # (once), rather than losing them silently at the next crash
+    blocked = tmp_path / "a file, not a folder"
+    blocked.write_text("")
+    chat = make_chat(qtbot, tmp_path / "c", settings_file=blocked / "strata.ini")
+    told: list[str] = []
+    chat.prefs_error.connect(told.append)
+    QTest.keyClicks(chat.pane.input, "typed")
+    chat._keep_edits()
+    chat._keep_edits()
+    assert len(told) == 1 and str(blocked / "strata.ini") in told[0] and "kept only until Strata closes" in told[0]
