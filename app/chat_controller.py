@@ -16,6 +16,7 @@ from functools import partial
 from typing import Callable
 
 from PySide6.QtCore import QObject, QSettings, QTimer, Signal
+from PySide6.QtGui import QTextCursor
 from PySide6.QtWidgets import QInputDialog, QMessageBox, QWidget
 
 from app.chat_pane import ChatPane
@@ -533,6 +534,7 @@ class ChatController(QObject):
                 self.pane.view.remove(bubble)
         del self._bubbles[at:]
         self.pane.input.setPlainText(text)
+        self.pane.input.moveCursor(QTextCursor.MoveOperation.End)      # typing goes on after the text
         self._save()
         self._update_buttons()
 

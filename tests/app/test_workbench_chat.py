@@ -93,6 +93,7 @@ def test_regenerate_keeps_versions_and_edit_last_asks(window, qtbot):
     assert "its 2 replies are removed from the chat for good" in asked[0]
     assert window.chat.current.messages == []
     assert window.chat_pane.input.toPlainText() == "Blessed are the meek"
+    assert window.chat_pane.input.textCursor().position() == len("Blessed are the meek")   # typing goes on after it
     assert len(window.chat_pane.view.bubbles) == 0
     assert not pane.regen_button.isEnabled() and not pane.edit_button.isEnabled()
 
