@@ -14,11 +14,14 @@ import threading
 import time
 
 import uvicorn
+from uvicorn.config import HTTP_PROTOCOLS
+from uvicorn.importer import import_from_string
 
 from engine.errors import StrataError
 from engine.loop import EngineLoop
 from engine.server.app import create_app
 from engine.server.asgi import KeepServerSend
+from engine.server.head_timeout import with_head_timeout
 from engine.server.settings import ServerSettings, check_bind
 
 log = logging.getLogger("strata.server")
@@ -107,8 +110,9 @@ class BackgroundServer:
         # benchmarks/server_overhead.py (h11, asyncio) saw the engine lose less with 1 ms than with 5 ms,
         # and no case where 1 ms lost more; with httptools and uvloop the two were alike.
         sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_S))
+        http = with_head_timeout(import_from_string(HTTP_PROTOCOLS["auto"]))    # h11 or httptools, as "auto"
         config = uvicorn.Config(KeepServerSend(self.app), log_config=None, access_log=False, lifespan="on",
-                                http="auto", ws="none", loop="auto", timeout_graceful_shutdown=GRACE_S + LINGER_S)
+                                http=http, ws="none", loop="auto", timeout_graceful_shutdown=GRACE_S + LINGER_S)
         server = self._server = uvicorn.Server(config)
         logging.getLogger("uvicorn.error").addFilter(_QUIET)        # once: filters are a set
         failed: list[BaseException] = []
