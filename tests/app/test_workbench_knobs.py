@@ -114,7 +114,9 @@ def test_a_saved_value_that_no_longer_fits_is_refused_with_its_reason(window_fac
     qtbot.waitUntil(lambda: w.banners.level("knobs") == "amber", timeout=TIMEOUT)
     text = w.banners.text("knobs")
     assert text.startswith("The saved Max batch tokens setting (8) was not applied: Max batch tokens 8 is below")
-    assert w.knobs.state.value("max_batch") == 32 and w.knobs.state.value("max_batch_tokens") is None
+    # the engine's new state reaches the panel after the refusal's banner (its own signal): wait for it
+    qtbot.waitUntil(lambda: w.knobs.state.value("max_batch") == 32, timeout=TIMEOUT)
+    assert w.knobs.state.value("max_batch_tokens") is None
     assert _status(w, "max_batch_tokens").startswith("✗ rejected")
     saved = json.loads(str(QSettings(str(tmp_path / "strata.ini"), QSettings.Format.IniFormat).value(
         settings_key(w.model.path))))["values"]
