@@ -252,6 +252,7 @@ class ChatController(QObject):
         self._system_edited = False             # the flag was the chat left's
         self.current = conv
         self.prefs.set_current_chat(conv.id)
+        self.prefs.sync()                       # a crash after a switch reopens this chat, with the draft left
         self._show_current()
         self.pane.input.setPlainText(self.prefs.draft(conv.id))
 

@@ -468,3 +468,17 @@ def test_a_settings_file_that_cannot_be_written_is_said_once(qtbot, tmp_path):
     chat._keep_edits()
     chat._keep_edits()
     assert len(told) == 1 and str(blocked / "strata.ini") in told[0] and "kept only until Strata closes" in told[0]
+
+
+def test_the_chat_switched_to_is_on_disk_at_once_so_a_crash_reopens_it(qtbot, tmp_path):
+    # a crash (no close) after switching chats: the settings file already names the chat shown
+    ini = tmp_path / "strata.ini"
+    chat = make_chat(qtbot, tmp_path / "c", settings_file=ini)
+    chat.send("first chat")
+    finish(chat)
+    first = chat.current.id
+    chat.new_chat()
+    chat.send("second chat")
+    finish(chat)
+    chat.open(first)
+    assert f"current={first}" in ini.read_text()        # the file itself: Qt shares unsynced values in-process
