@@ -166,8 +166,8 @@ case ${1:-} in
       --modes auto,bus,cpu --tokens 48 --out "$OUT/cold.json" 2>&1 | grep -v -e "^  [^ ]" -e "^[^ ]*Warn" | tail -n 14;;
   prefill-ab)
     # the GPU tests, the MoE kernels' sweep with the card's tuned table, then a 512-token prefill kernel by
-    # kernel: int4 tiles as set, of joined nibbles (+join), the alignment in parallel chunks (+palign),
-    # both; bf16 for the kernels without dequant
+    # kernel: int4 tiles of joined nibbles (the default) and of two halves (+nojoin), the alignment in
+    # parallel chunks (+palign); bf16 for the kernels without dequant
     nvidia-smi --query-gpu=name --format=csv,noheader
     mkdir -p "$OUT/suite"
     OUT="$OUT/suite" PYTHON=python3 timeout -k 10 240 bash benchmarks/gpu_suite.sh tests
@@ -176,7 +176,7 @@ case ${1:-} in
     OUT="$OUT/kernels" PYTHON=python3 STRATA_COMMIT=$STRATA_COMMIT timeout 200 bash benchmarks/gpu_suite.sh kernels \
       | tail -n 16
     timeout "$(( $(left) - 5 ))" python3 benchmarks/step_profile.py --timed 16 --profiled 2 --prefill 512 \
-      --cells "${PROFILE_CELLS:-int4,int4+join,int4+palign,int4+join+palign,bf16,bf16+palign}" \
+      --cells "${PROFILE_CELLS:-int4,int4+nojoin,int4+palign,bf16,bf16+palign}" \
       --out "$OUT/prefill_ab.json" 2>&1 | grep -e "tok/s" -e Error -e "prefill_kernel" -e "align";;
   turns)
     # the GPU tests; the CPU kernel in one parallel region against two (15 and 16 threads); the card's

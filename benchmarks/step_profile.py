@@ -110,12 +110,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--cells", default="int4/bf16,int4/int8,int4/fp8,bf16",
-                    help="expert format[/resident-weight format][+nopdl][+apart][+perhead][+gemv][+join][+palign], "
+                    help="expert format[/resident-weight format][+nopdl][+apart][+perhead][+gemv][+nojoin][+palign], "
                          "comma-separated (no resident format: the engine's auto; +nopdl: no kernel, the MoE's "
                          "included, launches as a programmatic dependent; +apart: decode attention combines its "
                          "splits in a launch of its own; +perhead: its folded combining head after head; +gemv: "
-                         "the router's GEMV and the routing in one launch; +join: int4 prefill tiles of joined "
-                         "nibbles; +palign: the prefill's alignment in parallel chunks)")
+                         "the router's GEMV and the routing in one launch; +nojoin: int4 prefill tiles of two "
+                         "halves rather than joined nibbles; +palign: the prefill's alignment in parallel chunks)")
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--timed", type=int, default=64)
     ap.add_argument("--profiled", type=int, default=8)
@@ -141,7 +141,7 @@ def main() -> None:
         triton_glue.PDL_ENABLED = "nopdl" not in flags
         paged_attention.FOLD_REDUCE = "apart" not in flags
         paged_attention.GROUP_COMBINE = "perhead" not in flags
-        moe_prefill.INT4_JOIN = "join" in flags
+        moe_prefill.INT4_JOIN = "nojoin" not in flags
         moe_align.PARALLEL = "palign" in flags
         router.FUSED_GEMV = "gemv" in flags
         try:

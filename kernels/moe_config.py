@@ -9,7 +9,8 @@ token count (else the largest). A setting::
      "up":   {"block_n": 16, "block_k": 256, "num_warps": 4, "num_stages": 3},
      "down": {"block_n": 16, "block_k": 256, "num_warps": 4, "num_stages": 3, "preload": 1},
      "block_m": 16,          # prefill only: rows of the aligned blocks
-    "pdl": true}            # decode, int4: launches overlap (Hopper and later)
+     "join": true,           # prefill, int4: tiles of joined nibbles (absent: the kernel's default)
+     "pdl": true}            # decode, int4: launches overlap (Hopper and later)
 
 ``decode`` runs one program per (token, expert) pair and N tile (a GEMV per pair); ``prefill`` aligns
 pairs into M-blocks per expert and runs tensor-core tiles. Formats are the expert layout's
@@ -43,7 +44,7 @@ class MoeLaunchConfig:
     down: TileConfig      # down GEMM (N = D, K = F)
     block_m: int = 16     # prefill block rows
     pdl: bool = False     # decode (int4): programmatic dependent launch where the GPU has it
-    join: bool = False    # prefill (int4): tiles of joined nibbles (kernels/moe_prefill.py)
+    join: bool | None = None   # prefill (int4): tiles of joined nibbles; None: kernels/moe_prefill.py's default
 
 
 def config_file_name(device_name: str) -> str:
@@ -62,7 +63,8 @@ def _parse(entry: dict) -> MoeLaunchConfig:
     if variant not in ("decode", "prefill"):
         raise ValueError(f"MoE launch config variant {variant!r} must be decode or prefill")
     return MoeLaunchConfig(variant, TileConfig(**entry["up"]), TileConfig(**entry["down"]),
-                           int(entry.get("block_m", 16)), bool(entry.get("pdl", False)), bool(entry.get("join", False)))
+                           int(entry.get("block_m", 16)), bool(entry.get("pdl", False)),
+                           None if entry.get("join") is None else bool(entry["join"]))
 
 
 def _pick(table: dict, fmt: str, tokens: int) -> dict | None:

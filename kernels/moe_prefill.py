@@ -26,11 +26,12 @@ from kernels.moe_decode_common import e8m0, expert_act, fp4_pair
 from kernels.moe_weights import FMT_INT4, FMT_MXFP4, ExpertFormat, PoolMatrix
 
 # int4 tiles as nibble minus zero point in K order (joined, exact small integers, one dot a tile on whole
-# activation rows, the group's scale applied to the dot's result) instead of two dots on the even and odd
-# halves of K with the weights dequantised in float32 first, where a launch setting says ``join`` (the
-# tuned tables of kernels/configs; benchmarks/kernels/bench_moe.py sweeps both), or everywhere while this
-# is True (benchmarks/step_profile.py +join)
-INT4_JOIN = False
+# activation rows, the group's scale applied to the dot's result) rather than two dots on the even and odd
+# halves of K with the weights dequantised in float32 first. The default for int4: a 512-token prefill of
+# the Qwen3-30B-A3B shape took 16.6 ms against 32.7 (H100, step_profile_2026-12-06b.json). A launch
+# setting's ``join`` (the tuned tables of kernels/configs; benchmarks/kernels/bench_moe.py sweeps both)
+# overrides it; benchmarks/step_profile.py +nojoin turns it off.
+INT4_JOIN = True
 
 
 @jit
@@ -155,11 +156,11 @@ def _block_k(tile: TileConfig, fmt: int, group: int) -> int:
 
 def moe_prefill(x: torch.Tensor, topk_weights: torch.Tensor, align: MoeAlignment, w13: PoolMatrix,
                 w2: PoolMatrix, consts: ExpertFormat, up: TileConfig, down: TileConfig,
-                join: bool = False) -> torch.Tensor:
+                join: bool | None = None) -> torch.Tensor:
     """``y [T*k, D]`` float32: each pair's routed, weighted expert output (sum over k is the caller's).
-    ``join``: int4 tiles of joined nibbles (the launch setting's choice; ``INT4_JOIN`` forces it)."""
+    ``join``: int4 tiles of joined nibbles (the launch setting's choice; None: ``INT4_JOIN``)."""
     fmt, group = consts.fmt, consts.group
-    join = fmt == FMT_INT4 and (join or INT4_JOIN)
+    join = fmt == FMT_INT4 and (INT4_JOIN if join is None else join)
     t, d = x.shape
     k = topk_weights.shape[1]
     p, f, m, nb = t * k, w13.n // 2, align.block_m, align.max_blocks

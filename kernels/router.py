@@ -218,7 +218,8 @@ def tally(ids: torch.Tensor, acts: torch.Tensor, hits: torch.Tensor, pad: torch.
     pdl = pdl_supported(ids.device)
     k = ids.shape[-1] if ids.dim() > 1 else 1
     _tally_kernel[(1,)](ids.reshape(-1), acts, hits, pad if pad is not None else acts, n, e, k, BLOCK_N=block_n,
-                        BLOCK_E=block_e, PAD=pad is not None, PDL=pdl, **pdl_launch(pdl))
+                        BLOCK_E=block_e, PAD=pad is not None, PDL=pdl, num_warps=8 if n >= 1024 else 4,
+                        **pdl_launch(pdl))   # a prefill's thousands of ids: more threads on the one program
 
 
 def tally_ref(ids: torch.Tensor, acts: torch.Tensor, hits: torch.Tensor, pad: torch.Tensor | None = None) -> None:

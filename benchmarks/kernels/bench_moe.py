@@ -199,7 +199,7 @@ def bench_format(shape: Shape, fmt: str, layers: int, tokens: tuple[int, ...]) -
     """Correctness, sweep and timings of one format; returns rows and the tuned table entries."""
     E, TOP_K, D, F, GROUP = astuple(shape)
     layout, views, slots = build_layers(shape, fmt, layers)
-    x = [torch.randn(64, D, device="cuda", dtype=torch.bfloat16) for _ in range(layers)]
+    x = [torch.randn(max(tokens), D, device="cuda", dtype=torch.bfloat16) for _ in range(layers)]
     rows, tuned = [], {}
     for t in tokens:
         routes = routing(shape, t, layers)
@@ -251,7 +251,7 @@ def bench_format(shape: Shape, fmt: str, layers: int, tokens: tuple[int, ...]) -
         if best16 or best:  # the engine's int4 decode takes x from the norm: tune for that
             c = config_of(best16[1] if best16 else best[1], t)
             tuned[str(t)] = {"variant": c.variant, "block_m": c.block_m, "up": vars(c.up), "down": vars(c.down),
-                             "pdl": c.pdl, **({"join": True} if c.join else {})}
+                             "pdl": c.pdl, **({"join": c.join} if c.variant == "prefill" and fmt == "int4" else {})}
         print(f"{fmt} T={t}: {row}", flush=True)
     return rows, tuned
 

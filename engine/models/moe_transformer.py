@@ -121,7 +121,7 @@ class MoETransformer:
         # One-launch norms, q/k norm + RoPE + KV write, and router on CUDA; torch everywhere else.
         self.fused = device.type == "cuda" and HAS_TRITON
         self.decode_attention = _select_decode_attention(device)
-        self.prefill_attention = _select_prefill_attention(device)   # for layers with sinks or a window
+        self.prefill_attention = _select_prefill_attention(device)   # CUDA: the paged flash kernel
         self.pipeline: Any = None          # the first stage of a pipeline: its Pipeline (engine/parallel)
         self.expert_parallel: Any = None   # card 0 of expert parallel: its ExpertsOnCards (engine/parallel/experts.py)
 
@@ -259,10 +259,9 @@ class MoETransformer:
     def _prefill_attention(self, q: torch.Tensor, cache: KVCache, i: int, batch: ForwardBatch,
                            a: AttentionWeights) -> torch.Tensor:
         """q [T, H, hd] of a prefill (or mixed) step over each sequence's cached context -> [T, H hd].
-        Layers with sinks or a window run the Triton kernel on CUDA (cache in q's dtype, or int8 / fp8
-        with its scales)."""
-        kernel = self.prefill_attention is not None and (a.sinks is not None or a.window > 0)
-        if kernel and (cache.quantised or cache.storage_dtype == q.dtype):
+        On CUDA the Triton flash kernel reads the paged cache in place (cache in q's dtype, or int8 / fp8
+        with its scales); elsewhere the reference gathers each sequence's rows."""
+        if self.prefill_attention is not None and (cache.quantised or cache.storage_dtype == q.dtype):
             if batch.prefill is None:                                    # once per step, not per layer
                 batch.prefill = PrefillMeta.of(batch.seqs, q.device)
             p = batch.prefill
@@ -413,7 +412,7 @@ def _select_decode_attention(device: torch.device):
 
 
 def _select_prefill_attention(device: torch.device):
-    """The Triton paged prefill kernel on CUDA (layers with sinks or a window); None: the reference."""
+    """The Triton paged prefill kernel on CUDA; None: the reference."""
     if device.type == "cuda" and HAS_TRITON:
         from kernels.prefill_attention import prefill_attention
         return prefill_attention

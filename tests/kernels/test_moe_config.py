@@ -22,7 +22,7 @@ def test_tuned_h200_table_is_read_with_its_launch_overlap_flag():
 
 def test_a_prefill_setting_may_ask_for_tiles_of_joined_nibbles(tmp_path, monkeypatch):
     # A tuned table's prefill entry carries ``join`` (int4 tiles of joined nibbles); tables without it
-    # keep the two-halves tiles.
+    # leave the choice to the kernel's default (kernels/moe_prefill.INT4_JOIN).
     import json
 
     import kernels.moe_config as mc
@@ -38,4 +38,4 @@ def test_a_prefill_setting_may_ask_for_tiles_of_joined_nibbles(tmp_path, monkeyp
     finally:
         monkeypatch.undo()
         mc._load.cache_clear()
-    assert not moe_launch_config("NVIDIA H200", "int4", 512).join
+    assert moe_launch_config("NVIDIA H200", "int4", 512).join is None
