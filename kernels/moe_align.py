@@ -20,8 +20,9 @@ import torch
 from kernels._triton import cdiv, jit, next_pow2, tl
 
 # The alignment in chunks counted and placed in parallel (three launches) rather than in one program
-# (one launch, its loops serial: about 0.12 ms at 4096 pairs over 128 experts on the H100): off until
-# a GPU run measures it (benchmarks/step_profile.py +palign)
+# (one launch, its loops serial: about 0.13 ms at 4096 pairs over 128 experts on the H100). Off: in a
+# 512-token prefill the GPU was busy 1.4 ms less with it and the wall time was longer and spread
+# (H100, benchmarks/results/step_profile_2026-12-06c.json; benchmarks/step_profile.py +palign).
 PARALLEL = False
 
 
