@@ -23,8 +23,9 @@ from engine.experts.provider import ExpertProvider
 from engine.experts.profile import check_record_target, read_routing_profile, write_routing_profile
 from engine.cpu_threads import apply_cpu_threads
 from engine.kv.blocks import BlockAllocator
-from engine.memory import (CPU_KV_CAP, BudgetAdvice, MemoryPlan, decode_experts, default_budget, fit_context,
-                           fit_context_on_host, fit_context_to_kv_size, kv_pool_bytes, kv_size_note, plan_memory,
+from engine.memory import (CPU_KV_CAP, HOST_ROOM_SHARE, BudgetAdvice, MemoryPlan, available_host_bytes,
+                           check_host_room, decode_experts, default_budget, fit_context, fit_context_on_host,
+                           fit_context_to_kv_size, kv_pool_bytes, kv_size_note, plan_memory,
                            prefer_expandable_segments, staging_slots, smaller_resident, step_sizing, table_on_host)
 from engine.settings_fit import fit_to_device, fit_to_model, fit_to_pool, pool_size_note, unused_notes
 from engine.kv.cache import KVCache
@@ -104,6 +105,7 @@ class LoadedModel:
         self.notes += unused_notes(config, self.layout.fmt) + ((note,) if note else ())
         self.max_model_len = config.max_model_len or spec.max_position
         self.kv_blocks: int | None = None     # a pipeline stage's full-attention blocks, as the stages agreed
+        self._host_kv_cap: int | None = None  # a CPU run's default KV cache: at most what the host has free
         self.embed_on_host = False
         try:
             self.plan = self._plan()  # fails fast, before any allocation, when the model cannot fit
@@ -121,6 +123,8 @@ class LoadedModel:
         note = pool_size_note(self.pool_bytes(config.expert_pool_size), self.every_expert_bytes)
         self.notes += (note,) if note else ()
         self._fit_context()
+        if self.device.type == "cpu" and self.stage is None:
+            self._check_host_room()
         if isinstance(config.expert_pool_size, PoolShare):    # "50%" -> bytes, so the config reads plainly
             self.config = config = config.replace(expert_pool_size=self.pool_bytes(config.expert_pool_size))
         self.weights, rows = load_weights(spec, source, self.device, self.dtype, self.layout, self._allocate_rows,
@@ -190,6 +194,19 @@ class LoadedModel:
         self.max_model_len, note = fit_context(self.max_model_len, c.max_model_len is not None, self._kv_cache_bytes(),
                                                self._kv_bytes_per_token(), c.kv_block_size, self.plan.budget_bytes, card)
         self.notes += (note,) if note else ()
+
+    def _check_host_room(self) -> None:
+        """The KV cache and RoPE tables of a CPU run against the host memory free now (one line if too big)."""
+        s, c = self.spec, self.config
+        bpt, available = self._kv_bytes_per_token(), available_host_bytes()
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        table = 2 * (s.mla.qk_rope if s.mla else s.head_dim) * elem      # RoPE's cos and sin rows a position
+        if not c.kv_cache_size and available is not None:     # the default cache: no more than the host has free
+            self._host_kv_cap = max(0, int(available * HOST_ROOM_SHARE) - self.max_model_len * table
+                                    - self.plan.window_kv_bytes)
+        full = max(self._kv_cache_bytes(), self.max_model_len * bpt)        # what _build_cache allocates
+        check_host_room(self.max_model_len, full, self.plan.window_kv_bytes, bpt, table, c.kv_block_size,
+                        c.kv_cache_size, available)
 
     def _embedding_to_host(self) -> bool:
         """Whether the embedding table goes to host memory (``config.embeddings``; auto: on a CUDA GPU
@@ -371,7 +388,8 @@ class LoadedModel:
     def _kv_cache_bytes(self) -> int:
         """Bytes of the full-attention pool (engine.memory.kv_pool_bytes)."""
         c = self.config
-        return kv_pool_bytes(self.plan, self.max_model_len, c.max_batch, c.kv_cache_size)
+        pool = kv_pool_bytes(self.plan, self.max_model_len, c.max_batch, c.kv_cache_size)
+        return pool if self._host_kv_cap is None else min(pool, self._host_kv_cap)
 
     def _build_cache(self) -> KVCache:
         s, c = self.spec, self.config

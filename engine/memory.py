@@ -343,6 +343,49 @@ def fit_context_on_host(context: int, explicit: bool, kv_bytes: int, window_byte
                     "whole context")
 
 
+HOST_ROOM_SHARE = 0.9       # of the host memory free at load, what a CPU run's context may take
+
+
+def available_host_bytes() -> int | None:
+    """Host memory free for new allocations (Linux's MemAvailable, else the free pages), None where unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def check_host_room(context: int, kv_bytes: int, window_bytes: int, kv_bytes_per_token: int, table_bytes_per_token: int,
+                    block: int, asked_kv: int | None, available: int | None) -> None:
+    """A CPU run's allocations that grow with the context (its KV cache, ``kv_bytes`` for the full-attention
+    layers and ``window_bytes`` for the window layers, and the RoPE tables, ``table_bytes_per_token`` a
+    position) against ``HOST_ROOM_SHARE`` of the ``available`` host memory: a one-line ConfigError naming
+    the largest ``--kv-cache-size`` (when one was given) or ``--max-model-len`` that fits, rather than a
+    process the system kills for want of memory part way through the load."""
+    if available is None:
+        return
+    room = int(available * HOST_ROOM_SHARE)
+    need = kv_bytes + window_bytes + context * table_bytes_per_token
+    if need <= room:
+        return
+    one_sequence = window_bytes + context * (kv_bytes_per_token + table_bytes_per_token)
+    if asked_kv and one_sequence <= room:        # a smaller cache still holds one sequence of this context
+        most = (room - context * table_bytes_per_token) // (64 << 10) * (64 << 10)
+        raise ConfigError(f"--kv-cache-size {format_size(asked_kv)} makes a KV cache of "
+                          f"{format_size(kv_bytes + window_bytes)}, more than the {format_size(available)} of memory "
+                          f"this machine has free holds; give --kv-cache-size {format_size(most)} or less")
+    tokens = max(0, room - window_bytes) // max(1, kv_bytes_per_token + table_bytes_per_token) // block * block
+    fix = f"lower --max-model-len to {tokens} or less" if tokens >= block else "free memory or use a smaller model"
+    raise ConfigError(f"a context of {context} tokens needs {format_size(need)} of host memory for its KV cache, but "
+                      f"this machine has {format_size(available)} of memory free; {fix}")
+
+
 def _tokens_held(context: int, kv_bytes: int, kv_bytes_per_token: int, block: int) -> int | None:
     """None when ``kv_bytes`` of KV cache hold ``context`` tokens, else the whole blocks' tokens they hold."""
     if kv_bytes_per_token <= 0 or kv_bytes >= context * kv_bytes_per_token:

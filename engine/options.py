@@ -106,13 +106,25 @@ def parse_size(value: int | float | str | None, name: str = "size") -> int | Non
     if isinstance(value, bool):
         raise ConfigError(f"{name} must be a size such as 10G or 512M, not {value!r}")
     if isinstance(value, (int, float)):
+        if value != value:
+            raise ConfigError(f"{name}={value!r} is not a size; write bytes or a number with K, M, G or T, e.g. 10G")
         if value < 0:
             raise ConfigError(f"{name} must not be negative (got {value}); use 0 or a size such as 10G")
-        return int(value)
+        return _at_most_max(int(min(value, 2 * MAX_SIZE)), value, name)
     m = _SIZE_RE.match(str(value))
     if not m:
         raise ConfigError(f"{name}={value!r} is not a size; write bytes or a number with K, M, G or T, e.g. 10G")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    return _at_most_max(int(min(float(m.group(1)) * _UNITS[m.group(2).upper()], 2 * MAX_SIZE)), value, name)
+
+
+MAX_SIZE = 1 << 50          # 1 PiB: more memory than any one machine has
+
+
+def _at_most_max(n: int, value: object, name: str) -> int:
+    if n > MAX_SIZE:
+        raise ConfigError(f"{name}={value!r} is more memory than any machine has (over 1 PiB); give a size such "
+                          "as 24G")
+    return n
 
 
 def _pool_size(name: str, value: object) -> PoolSize:

@@ -18,6 +18,7 @@ from engine.errors import ModelLoadError, UnsupportedModelError
 
 MAX_LAYERS = 4096       # sanity bounds: far above any released model, far below what hangs a loop
 MAX_EXPERTS = 65536
+MAX_POSITION = (1 << 31) - 1   # positions index 32-bit tables in the kernels
 
 # the checkpoint's own dtype, as Hugging Face writes it (other spellings map to these)
 CHECKPOINT_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32", "float64": "float64",
@@ -451,7 +452,8 @@ def spec_from_config(cfg: dict, path: Path) -> ModelSpec:
     n_experts = _num_experts(f)
     dense_ffn = f.integer("intermediate_size")
     bias_key = f.first_given("qkv_bias", "attention_bias")
-    max_position = f.integer("max_position_embeddings", 4096)
+    max_position = f.integer("max_position_embeddings", 4096, maximum=MAX_POSITION,
+                             why="positions are 32-bit integers")
     rope_theta, rope_scaling = _rope(f, max_position)
     quantisation = _quantisation(f)
     mla = _mla(f, fam, rope_scaling)

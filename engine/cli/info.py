@@ -51,8 +51,9 @@ HIT_RATES = (0.5, 0.8, 0.95)
 def add_info_parser(sub, add_model_flag, add_engine_flags) -> None:
     p = sub.add_parser("info", help="parameters and bytes by category, and the GPU memory plan")
     add_model_flag(p)
-    p.add_argument("--hit-rate", type=float, default=None,
-                   help="expert pool hit rate (0..1) to price the bus at, besides 50/80/95%% and the pool's share")
+    p.add_argument("--hit-rate", type=_hit_rate, default=None,
+                   help="expert pool hit rate (0..1, or a percentage such as 80%%) to price the bus at, besides "
+                        "50/80/95%% and the pool's share")
     add_engine_flags(p)
 
 
@@ -329,9 +330,20 @@ def _budget_lines(spec, args, c: EngineConfig, resident: int, per_expert: int, n
     return lines + _bus_lines(plan, getattr(args, "hit_rate", None))
 
 
+def _hit_rate(value: str) -> float:
+    """``0.8`` or ``80%`` -> 0.8 (the range is checked with the plan)."""
+    text = value.strip()
+    try:
+        return float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a hit rate; give a share from 0 to 1 or a percentage, "
+                                         "e.g. 0.8 or 80%") from None
+
+
 def _check_hit_rate(hit_rate: float | None) -> None:
     if hit_rate is not None and not 0.0 <= hit_rate <= 1.0:
-        raise ConfigError(f"--hit-rate {hit_rate:g} is not a hit rate; give a share from 0 to 1, e.g. 0.8")
+        raise ConfigError(f"--hit-rate {hit_rate:g} is not a hit rate; give a share from 0 to 1 or a percentage, "
+                          "e.g. 0.8 or 80%")
 
 
 def _bus_lines(plan: MemoryPlan, hit_rate: float | None) -> list[str]:

@@ -8,7 +8,7 @@ import re
 import sys
 from typing import NoReturn
 
-from engine.cli.options import add_engine_flags, add_model_flag
+from engine.cli.options import add_engine_flags, add_model_flag, utf8_text
 from engine.errors import StrataError
 
 ENGINE_COMMANDS = ("generate", "chat", "info", "convert", "eval", "serve", "bench")
@@ -27,13 +27,13 @@ def build_parser(prog: str = "strata") -> tuple[argparse.ArgumentParser, argpars
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     p = sub.add_parser("generate", help="complete one prompt and print the text")
     add_model_flag(p)
-    p.add_argument("--prompt", required=True, help="text to complete")
+    p.add_argument("--prompt", required=True, type=utf8_text, help="text to complete")
     p.add_argument("--json", action="store_true", help="print one JSON object (text, token ids, timings)")
     add_sampling_flags(p, temperature=0.8)
     add_engine_flags(p)
     p = sub.add_parser("chat", help="chat in the terminal, streaming replies")
     add_model_flag(p)
-    p.add_argument("--system", default=None, help="system prompt")
+    p.add_argument("--system", default=None, type=utf8_text, help="system prompt")
     p.add_argument("--reasoning-effort", choices=("low", "medium", "high"), default=None,
                    help="how hard a reasoning model (gpt-oss) thinks before it answers (default medium); /reasoning "
                         "changes it")

@@ -15,6 +15,17 @@ REPO = Path(__file__).resolve().parents[2]
 DEMO_MODEL = REPO / "resources" / "models" / "demo"
 
 
+def utf8_text(value: str) -> str:
+    """An argument that is text: the bytes the shell gave must be UTF-8 (Python keeps others as lone surrogates,
+    which no tokenizer takes)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError("is not UTF-8 text; set the terminal to UTF-8 (e.g. LANG=C.UTF-8) and "
+                                         "give it again") from None
+    return value
+
+
 def add_model_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model folder (Hugging Face or converted); default: the bundled demo")
     p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")

@@ -6,7 +6,7 @@ import json
 import sys
 from dataclasses import asdict, dataclass, field
 
-from engine.cli.options import engine_options, model_dir
+from engine.cli.options import engine_options, model_dir, utf8_text
 from engine.config import EngineConfig
 from engine.context import OVERFLOW_POLICIES, fit_text
 from engine.errors import StrataError
@@ -20,14 +20,15 @@ CHAT_OVERFLOW = "drop-oldest"
 
 def add_sampling_flags(p: argparse.ArgumentParser, temperature: float) -> None:
     g = p.add_argument_group("sampling")
-    g.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most")
-    g.add_argument("--temperature", type=float, default=temperature, help="0 = greedy")
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--min-p", type=float, default=0.0)
-    g.add_argument("--repetition-penalty", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most (default: 128)")
+    g.add_argument("--temperature", type=float, default=temperature, help=f"0 = greedy (default: {temperature:g})")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default: 1, off)")
+    g.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens (default: 0, off)")
+    g.add_argument("--min-p", type=float, default=0.0,
+                   help="drop tokens below this share of the likeliest one's probability (default: 0, off)")
+    g.add_argument("--repetition-penalty", type=float, default=1.0, help="above 1 discourages repeats (default: 1)")
+    g.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+    g.add_argument("--stop", action="append", default=[], type=utf8_text, help="stop string (repeatable)")
     g.add_argument("--context-overflow", choices=OVERFLOW_POLICIES, default=None,
                    help="when the prompt and the reply outgrow the context: drop the oldest turns (or text), "
                         f"or stop with an error (default: {CHAT_OVERFLOW} in chat, {GENERATE_OVERFLOW} in generate)")

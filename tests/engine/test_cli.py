@@ -326,7 +326,54 @@ def test_output_into_a_reader_that_stops_early_ends_quietly(model):
 @pytest.mark.parametrize("budget", [[], ["--gpu-memory-budget", "24G"]])
 def test_info_refuses_a_hit_rate_outside_0_to_1_with_or_without_a_budget(model, capsys, budget):
     assert main(["info", "--model", str(model), "--hit-rate", "2", *budget]) == 2
-    assert capsys.readouterr().err.strip() == "error: --hit-rate 2 is not a hit rate; give a share from 0 to 1, e.g. 0.8"
+    assert capsys.readouterr().err.strip() == ("error: --hit-rate 2 is not a hit rate; give a share from 0 to 1 or a "
+                                               "percentage, e.g. 0.8 or 80%")
+
+
+def test_info_takes_a_hit_rate_as_a_percentage(model, capsys):
+    # --expert-pool-size takes 50%; --hit-rate takes 80% as well as 0.8, and prices the bus the same
+    assert main(["info", "--model", str(model), "--gpu-memory-budget", "4G", "--hit-rate", "80%"]) == 0
+    percent = capsys.readouterr().out
+    assert main(["info", "--model", str(model), "--gpu-memory-budget", "4G", "--hit-rate", "0.8"]) == 0
+    assert capsys.readouterr().out == percent and "(--hit-rate)" in percent
+    assert main(["info", "--model", str(model), "--hit-rate", "lots"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "'lots' is not a hit rate" in err and "80%" in err
+
+
+@pytest.mark.parametrize("flag", ["--prompt", "--stop"])
+def test_text_that_is_not_utf8_is_one_line_before_anything_loads(model, capsys, flag):
+    # bytes the shell passes that are not UTF-8 reach Python as lone surrogates, which no tokenizer takes
+    text = {"--prompt": "ok \udcff", "--stop": "ok"}
+    stop = ["--stop", "\udcff"] if flag == "--stop" else []
+    assert main(["generate", "--model", str(model), "--prompt", text[flag], "--max-tokens", "2", *stop]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"argument {flag}: is not UTF-8 text" in err and "LANG=C.UTF-8" in err
+
+
+def test_a_context_the_host_cannot_hold_is_one_line_naming_what_fits(model, capsys, monkeypatch):
+    # On the CPU the KV cache and the RoPE tables grow with the context a user asks for; past the memory
+    # the host has free, the load stops with the largest setting that fits, not a process the system kills.
+    import engine.loading as loading
+    monkeypatch.setattr(loading, "available_host_bytes", lambda: 4 << 20)
+    assert main(["generate", "--model", str(model), "--prompt", "hi", "--max-tokens", "1",
+                 "--kv-cache-size", "1G"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert re.fullmatch(r"error: --kv-cache-size 1\.00 GiB makes a KV cache of [\d.]+ MiB, more than the 4\.00 MiB of "
+                        r"memory this machine has free holds; give --kv-cache-size [\d.]+ [KM]iB or less", err), err
+    size, unit = re.search(r"give --kv-cache-size ([\d.]+) ([KM])iB", err).groups()
+    assert main(["generate", "--model", str(model), "--prompt", "hi", "--max-tokens", "1", "--kv-cache-size",
+                 size + unit]) == 0                                      # the size it names loads
+    capsys.readouterr()
+    monkeypatch.setattr(loading, "available_host_bytes", lambda: 256 << 10)
+    assert main(["generate", "--model", str(model), "--prompt", "hi", "--max-tokens", "1", "--max-model-len",
+                 "512"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert re.fullmatch(r"error: a context of 512 tokens needs [\d.]+ [KM]iB of host memory for its KV cache, but this "
+                        r"machine has 256\.00 KiB of memory free; lower --max-model-len to \d+ or less", err), err
+    tokens = re.search(r"lower --max-model-len to (\d+)", err).group(1)
+    assert main(["generate", "--model", str(model), "--prompt", "hi", "--max-tokens", "1", "--max-model-len",
+                 tokens]) == 0
 
 
 def test_a_quoted_name_is_a_files_field_and_stays_as_written():

@@ -17,6 +17,20 @@ def test_sizes_parse_like_a_user_writes_them():
     assert parse_size(4096) == 4096 and parse_size(None) is None
 
 
+@pytest.mark.parametrize("value", ["99999999999999999999G", "2000T", 1e30, 1 << 51])
+def test_a_size_past_any_machines_memory_is_refused(value):
+    # the number a user mistyped (or a plan's advice made of a broken config) is one line, not a plan of
+    # petabytes or an overflow deep in torch
+    with pytest.raises(ConfigError, match=r"is more memory than any machine has \(over 1 PiB\); give a size such as 24G"):
+        parse_size(value, "kv_cache_size")
+    assert parse_size("1024T") == 1 << 50
+
+
+def test_a_size_that_is_not_a_number_is_refused():
+    with pytest.raises(ConfigError, match="is not a size"):
+        parse_size(float("nan"), "kv_cache_size")
+
+
 def test_pool_share_resolves_against_all_experts():
     share = parse_live("expert_pool_size", "50%")
     assert share == PoolShare(50.0) and str(share) == "50%"   # kept until the expert bytes are known

@@ -79,8 +79,8 @@ BAD_FIELDS = [
     ("rope_parameters", "yarn", "an object such as"),
     ("rope_parameters", [10000.0], "an object such as"),
     ("rope_parameters", 10000.0, "an object such as"),
-    ("max_position_embeddings", 0, "a positive integer"),
-    ("max_position_embeddings", "512", "a positive integer"),
+    ("max_position_embeddings", 0, "an integer from 1 to 2147483647"),
+    ("max_position_embeddings", "512", "an integer from 1 to 2147483647"),
     ("tie_word_embeddings", "yes", "true or false"),
     ("tie_word_embeddings", 2, "true or false"),
     ("norm_topk_prob", "true", "true or false"),
@@ -100,6 +100,8 @@ BAD_FIELDS = [
     ("dtype", "int3", "one of bfloat16, float16, float32, float64"),
     ("dtype", 16, "one of bfloat16"),
     ("hidden_act", 5, "a string"),
+    ("max_position_embeddings", 1e30, "an integer from 1 to 2147483647 (positions are 32-bit integers)"),
+    ("max_position_embeddings", 1 << 31, "an integer from 1 to 2147483647"),
 ]
 
 
