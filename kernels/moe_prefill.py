@@ -9,9 +9,11 @@ the K loop. Blocks past the used length exit at once, so the grid is sized witho
   (``t = p // k``; silu(gate) * up or gpt-oss's clamped SwiGLU; biases where the layout has them);
 * down: ``y[p] = weight[p] * (h[p] @ w2.T + b2)`` in float32; the caller sums y over the k pairs.
 
-int4 and mxfp4 tiles split K into even and odd halves (low and high nibbles) and run two dots, so no
-nibble interleave is needed; int4's ``BLOCK_K`` divides the group size so one scale per row covers a
-tile, mxfp4 reads a scale byte per weight byte's group (groups of 32 are narrower than good tiles).
+int4 tiles (by default, ``INT4_JOIN``) take each byte's two nibbles minus the zero point, joined back
+into K order as exact small integers, run one dot on whole activation rows and apply the group's scale
+to its result; ``BLOCK_K`` divides the group size so one scale per row covers a tile. mxfp4 tiles (and
+int4's other setting) split K into even and odd halves (low and high nibbles), dequantise them and run
+two dots; mxfp4 reads a scale byte per weight byte's group (groups of 32 are narrower than good tiles).
 
 Legend: P = T*k pairs, M block rows, D hidden, F expert FFN, G int4 group size, HK = BLOCK_K / 2 bytes.
 """
