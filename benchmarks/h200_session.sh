@@ -27,8 +27,10 @@
 #   or:              bash benchmarks/h200_session.sh prefill-ab        (the GPU tests; a 512-token prefill kernel by kernel
 #                    with the int4 tiles of joined nibbles and the parallel alignment, each on and off)
 #   or:              bash benchmarks/h200_session.sh tests-table-kit   (carry .bench: the GPU tests, the MoE kernels'
-#                    sweep with the card's tuned table, gpt-oss-20b every expert resident (cell a), then the kit
-#                    in the background, trained-like unless KIT_TRAINED=0; poll it after)
+#                    sweep with the card's tuned table, then the kit in the background, trained-like unless
+#                    KIT_TRAINED=0; poll it after, then after-kit)
+#   or:              bash benchmarks/h200_session.sh after-kit         (once the kit is done: the 512-token prefill
+#                    with the alignment's one program on 4, 8 and 16 warps; gpt-oss-20b every expert resident)
 #   or:              bash benchmarks/h200_session.sh turns             (the GPU tests; the CPU kernel in one parallel
 #                    region or two; the card's memory over the kit's engines loaded in turn; predict_ab at AB_SHARES)
 #   or:              bash benchmarks/h200_session.sh tuner             (the GPU tests; replays predicting or not
@@ -151,13 +153,19 @@ case ${1:-} in
     if tail -n 1 "$OUT/suite/tests.log" | grep -q -e failed -e error; then echo "GPU tests failed: no kit"; exit 1; fi
     OUT="$OUT/kernels" PYTHON=python3 STRATA_COMMIT=$STRATA_COMMIT timeout 180 bash benchmarks/gpu_suite.sh kernels \
       | tail -n 16
-    timeout 120 python3 benchmarks/bench_gpt_oss.py --cells a --out "$OUT/gpt_oss_a.json" 2>&1 | tail -n 6
     if [ "${KIT_TRAINED:-1}" = 1 ]; then
       [ -d "$TRAINED" ] || python3 benchmarks/trained_like_checkpoint.py "$TRAINED" --layers 12 2>&1 | tail -n 4
       KIT_ARGS="$KIT_ARGS --hf $TRAINED"
     fi
     bash .bench/kit/run.sh --background $KIT_ARGS || exit 1
     bash .bench/kit/poll.sh "$(left)" | tail -n 12;;
+  after-kit)
+    kit_done || { echo "the kit is still running: poll it first"; exit 1; }
+    timeout 150 python3 benchmarks/step_profile.py --timed 16 --profiled 2 --prefill 512 \
+      --cells "${PROFILE_CELLS:-int4,int4+alignw8,int4+alignw16,bf16+alignw8}" --out "$OUT/prefill_align.json" 2>&1 \
+      | grep -e "tok/s" -e Error -e "_align"
+    timeout "$(( $(left) - 5 ))" python3 benchmarks/bench_gpt_oss.py --cells a --out "$OUT/gpt_oss_a.json" 2>&1 \
+      | tail -n 8;;
   kit)
     if [ "${KIT_TRAINED:-0}" = 1 ]; then
       [ -d "$TRAINED" ] || python3 benchmarks/trained_like_checkpoint.py "$TRAINED" --layers 12 2>&1 | tail -n 4

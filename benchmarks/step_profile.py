@@ -110,12 +110,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--cells", default="int4/bf16,int4/int8,int4/fp8,bf16",
-                    help="expert format[/resident-weight format][+nopdl][+apart][+perhead][+gemv][+nojoin][+palign], "
+                    help="expert format[/resident-weight format][+nopdl][+apart][+perhead][+gemv][+nojoin][+palign]"
+                         "[+alignwN], "
                          "comma-separated (no resident format: the engine's auto; +nopdl: no kernel, the MoE's "
                          "included, launches as a programmatic dependent; +apart: decode attention combines its "
                          "splits in a launch of its own; +perhead: its folded combining head after head; +gemv: "
                          "the router's GEMV and the routing in one launch; +nojoin: int4 prefill tiles of two "
-                         "halves rather than joined nibbles; +palign: the prefill's alignment in parallel chunks)")
+                         "halves rather than joined nibbles; +palign: the prefill's alignment in parallel chunks; "
+                         "+alignw8: its one program on 8 warps)")
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--timed", type=int, default=64)
     ap.add_argument("--profiled", type=int, default=8)
@@ -143,6 +145,7 @@ def main() -> None:
         paged_attention.GROUP_COMBINE = "perhead" not in flags
         moe_prefill.INT4_JOIN = "nojoin" not in flags
         moe_align.PARALLEL = "palign" in flags
+        moe_align.ALIGN_WARPS = next((int(f[6:]) for f in flags if f.startswith("alignw")), 4)
         router.FUSED_GEMV = "gemv" in flags
         try:
             engine, load_s = strata_engine(hf, cfg, fmt, 1, "float32" if a.smoke else "bfloat16", device=device,

@@ -24,6 +24,9 @@ from kernels._triton import cdiv, jit, next_pow2, tl
 # 512-token prefill the GPU was busy 1.4 ms less with it and the wall time was longer and spread
 # (H100, benchmarks/results/step_profile_2026-12-06c.json; benchmarks/step_profile.py +palign).
 PARALLEL = False
+# Warps of the one-program alignment: its loops' reductions over [BLOCK_P, E] tiles spread over them
+# (benchmarks/step_profile.py +alignw8, +alignw16 measure more)
+ALIGN_WARPS = 4
 
 
 @dataclass(frozen=True)
@@ -218,5 +221,6 @@ def moe_align(topk_ids: torch.Tensor, slot_of_expert: torch.Tensor, block_m: int
                                          BLOCK_E=block_e)
     else:
         _moe_align_kernel[(1,)](ids, slot_of_expert, sorted_pairs, pair_position, block_expert, block_slot,
-                                offsets, num_padded, p, e, nb, M=block_m, BLOCK_P=block_p, BLOCK_E=block_e)
+                                offsets, num_padded, p, e, nb, M=block_m, BLOCK_P=block_p, BLOCK_E=block_e,
+                                num_warps=ALIGN_WARPS if p >= 1024 else 4)
     return MoeAlignment(sorted_pairs, pair_position, block_expert, block_slot, offsets, num_padded, block_m)
