@@ -2,21 +2,27 @@
 
 Streams layer by layer (one layer's experts in memory at a time), so a checkpoint larger than RAM
 converts. Every path is checked before any work starts (see destination.py); every tensor is checked
-for its dtype and for NaN/Inf as it is read. The conversion is written into a temporary folder beside
-the destination and moved into place only after every file has been re-read and checked against the
-hash recorded in the manifest.
+for its dtype and for NaN/Inf as it is read. The conversion is written into a temporary folder (beside
+the destination, or inside it where that is an empty folder) and moved into place only after every file
+has been re-read and checked against the hash recorded in the manifest. Ctrl-C leaves the destination as
+it was, and is held back while the conversion is moved into place so that the move is never cut in half.
 
 A checkpoint that ships MXFP4 experts (gpt-oss) keeps them as shipped unless another format is asked for
 (``weights="auto"``); int4 / fp8 / bf16 are made from its dequantised values one expert at a time.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import re
 import shutil
+import signal
 import stat
+import threading
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,18 +34,19 @@ from engine.checkpoint.checks import check_finite
 from engine.checkpoint.fp8_blocks import with_fp8_blocks
 from engine.checkpoint.converted import (FORMAT_VERSION, MANIFEST, RESIDENT_FILE, ROW_SCALES, expert_doc, expert_file,
                                          layout_doc, verify_files)
-from engine.checkpoint.destination import (PARTIAL_MARKER, Destination, check_source, discard, install,
-                                           make_staging, plan_destination)
+from engine.checkpoint.destination import (PARTIAL_MARKER, STAGING, Destination, Staging, check_source, discard,
+                                           install, make_staging, plan_destination)
 from engine.checkpoint.integrity import RECORD, file_sha256
 from engine.checkpoint.loader import check_complete, pack_layer_experts, where_of
 from engine.checkpoint.plan import kept_in_float32, quantisable, tensor_plan
 from engine.checkpoint.reader import INDEX, SafetensorsReader
 from engine.checkpoint.spec import ModelSpec, read_spec
 from engine.config import DEFAULT_GROUP_SIZE, GROUP_SIZES
-from engine.errors import ConfigError
+from engine.errors import ConfigError, StrataError
 from engine.file_modes import as_new_file, umask
 from kernels.expert_layout import ExpertLayout
 from engine.loading import expert_act
+from engine.tokenizer import Tokenizer
 from kernels.quant.mxfp4 import MXFP4_GROUP
 
 EXPERT_FORMATS = ("int4", "fp8", "bf16", "mxfp4")
@@ -61,6 +68,10 @@ class ConvertResult:
     path: Path                    # the converted folder, symbolic links resolved
     manifest: dict
     notes: tuple[str, ...] = ()   # one line each, for the user (an earlier conversion left behind)
+
+
+class ConvertInterrupted(KeyboardInterrupt):
+    """Ctrl-C during ``convert``; its text says, in one line, what the destination holds now."""
 
 
 def source_fingerprint(src: Path, reader: SafetensorsReader) -> str:
@@ -106,19 +117,43 @@ def convert(src: str | Path, dst: str | Path, weights: str = "auto", group_size:
 
     ``weights`` "auto" keeps MXFP4 experts as shipped and makes int4 of dense ones. ``group_size`` None:
     int4's largest group (128, 64, 32) that divides the model's widths, with a note where that is not 128.
-    ``force`` replaces ``dst`` only if it is an earlier conversion; nothing else is ever deleted.
+    ``force`` replaces ``dst`` only if it is an earlier conversion; nothing else is ever deleted. Ctrl-C
+    raises ``ConvertInterrupted``, whose text says what ``dst`` holds.
     """
-    _check_options(ConvertOptions(weights, group_size, resident))
+    swap = _Swap()
+    try:
+        return _convert(src, dst, ConvertOptions(weights, group_size, resident), force, progress, swap)
+    except KeyboardInterrupt:
+        raise ConvertInterrupted(_interrupted(str(dst), swap.done)) from None
+
+
+@dataclass
+class _Swap:
+    done: bool = False            # the conversion is in place: set while Ctrl-C is held back, read after one
+
+
+def _interrupted(dst: str, done: bool) -> str:
+    if done:
+        return f"interrupted after the conversion was moved into place; {dst} is complete"
+    if (Path(dst).expanduser() / MANIFEST).is_file():
+        return f"interrupted; the earlier conversion in {dst} was left as it was"
+    return f"interrupted; nothing was written to {dst}"
+
+
+def _convert(src: str | Path, dst: str | Path, asked: ConvertOptions, force: bool, progress: Progress | None,
+             swap: _Swap) -> ConvertResult:
+    _check_options(asked)
     src_dir = check_source(Path(src))
     dest = plan_destination(src_dir, Path(dst), force)
     spec = read_spec(src_dir)
+    weights, group_size = asked.weights, asked.group_size
     weights = weights if weights != "auto" else ("mxfp4" if spec.expert_storage == "mxfp4" else "int4")
     unused = _unused_group(weights, group_size) if group_size is not None else ()
     chosen: tuple[str, ...] = ()
     if group_size is None and weights == "int4":
         group_size, chosen = _fitting_group(spec)
     group_size = group_size if weights == "int4" and group_size is not None else DEFAULT_GROUP_SIZE
-    opts = ConvertOptions(weights, group_size, resident)
+    opts = ConvertOptions(weights, group_size, asked.resident)
     _check_groups(spec, opts)
     layout = ExpertLayout.make(weights, spec.hidden, spec.moe_ffn, group_size, bias=spec.family.expert_bias,
                                act=expert_act(spec))
@@ -128,14 +163,51 @@ def convert(src: str | Path, dst: str | Path, weights: str = "auto", group_size:
     try:
         manifest = _write(staging.folder, src_dir, spec, reader, layout, opts, progress)
         verify_files(staging.folder, manifest["files"])
-        notes = install(staging, dest, src_dir)
+        notes = _finish(staging, dest, src_dir, swap)
     except (OSError, SafetensorError) as e:
         discard(staging)
         raise ConfigError(_write_failed(dest, e)) from None
     except BaseException:
         discard(staging)
         raise
-    return ConvertResult(dest.path, manifest, unused + chosen + tuple(notes))
+    return ConvertResult(dest.path, manifest, unused + chosen + notes)
+
+
+def _finish(staging: Staging, dest: Destination, src: Path, swap: _Swap) -> tuple[str, ...]:
+    """``install``, then the notes on the installed folder, with Ctrl-C held back so that the move into place
+    is never cut in half."""
+    with _ctrl_c_held():
+        notes = install(staging, dest, src)
+        swap.done = True
+        notes += _load_problem(dest)
+    return notes
+
+
+@contextmanager
+def _ctrl_c_held():
+    """Ctrl-C (SIGINT) noted instead of handled inside the block, and delivered to the handler it had once the
+    block is done; a block that raises keeps its own error. Only the main thread is ever interrupted by it."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+        yield
+        return
+    came: list[int] = []
+    handler = signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    if came:
+        signal.raise_signal(signal.SIGINT)
+
+
+def _load_problem(dest: Destination) -> tuple[str, ...]:
+    """What would stop a load of the converted folder that the conversion cannot see to (its weights are
+    checked before any work): the tokenizer files copied from the source, read as a load reads them."""
+    try:
+        Tokenizer.from_dir(dest.path)
+    except StrataError as e:
+        return (f"loading {dest.given} would fail: {e}",)
+    return ()
 
 
 def _unused_group(weights: str, group_size: int) -> tuple[str, ...]:
@@ -172,11 +244,27 @@ def _check_groups(spec: ModelSpec, opts: ConvertOptions) -> None:
                       f"experts (hidden {D}, expert FFN {F}); {fix}")
 
 
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")      # how safetensors' Rust I/O errors name their errno
+_FIXES = {errno.ENOSPC: "free disk space or choose another destination",
+          errno.EDQUOT: "free disk space (or quota) or choose another destination",
+          errno.EFBIG: "free disk space or choose another destination",
+          errno.EROFS: "choose a destination on a writable filesystem (or remount this one read-write)",
+          errno.EACCES: "choose a destination in a folder you can write to",
+          errno.EPERM: "choose a destination in a folder you can write to"}
+
+
 def _write_failed(dest: Destination, e: Exception) -> str:
+    """One line: the cause, where, and a fix that answers that cause."""
     why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0]
     where = f" ({e.filename})" if isinstance(e, OSError) and e.filename else ""
-    return (f"writing the conversion for {dest.given} failed: {why}{where}; free disk space or choose another "
-            f"destination — {dest.given} was left as it was")
+    found = _OS_ERROR.search(str(e))
+    code = e.errno if isinstance(e, OSError) else (int(found.group(1)) if found else None)
+    if code == errno.EBUSY and dest.force:      # renaming the earlier conversion aside
+        fix = (f"{dest.given} cannot be renamed (a mount point, or in use); delete the earlier conversion's files "
+               "from it and convert into it without --force, or choose another destination")
+    else:
+        fix = _FIXES.get(code, "choose another destination")
+    return f"writing the conversion for {dest.given} failed: {why}{where}; {fix} — {dest.given} was left as it was"
 
 
 def _save(tensors: dict, path: Path) -> None:
@@ -233,7 +321,7 @@ def _quantisation(weights: str, source_experts: str) -> str:
 
 def _copy_side_files(src: Path, out: Path) -> list[str]:
     """Copy config, tokenizer and other small files of the source; returns their names."""
-    reserved = {MANIFEST, RECORD, PARTIAL_MARKER, INDEX}
+    reserved = {MANIFEST, RECORD, PARTIAL_MARKER, STAGING, INDEX}
     copied = []
     for f in sorted(src.iterdir()):
         if f.is_file() and f.suffix not in WEIGHT_SUFFIXES and f.name not in reserved:

@@ -2,13 +2,19 @@
 that puts a finished conversion in place.
 
 ``--force`` replaces only a folder that is itself an earlier Strata conversion holding nothing convert did
-not write, and never a folder that holds the source. The new conversion is written into a temporary folder
-beside the destination that carries a marker file (only a marked folder of a process that is gone is ever
-removed); an earlier conversion is renamed aside and removed file by file only once the new folder is in
+not write, and never a folder that holds the source. Every temporary folder carries a marker file naming its
+process, and only a marked folder of a process that is gone is ever removed by a later run.
+
+A destination that does not exist is written as a temporary folder beside it, renamed into place. An empty
+folder the user made (a mount point, a folder with its own owner, mode or setgid bit) is kept: the conversion
+is written into a hidden folder inside it, on its filesystem, and its files are renamed up into it, the
+manifest last; the marker lists them first, so a run cut short is recognised and cleared by the next one. An
+earlier conversion (``--force``) is renamed aside and removed file by file only once the new folder is in
 place, and renamed back if that fails.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -24,6 +30,7 @@ from engine.checkpoint.integrity import RECORD
 from engine.errors import ConfigError, ModelLoadError
 
 PARTIAL_MARKER = ".strata-partial"
+STAGING = ".strata-converting"          # the temporary folder inside an empty destination folder
 _RECORD_TMP = re.compile(r"\." + re.escape(RECORD) + r"\.\d+\.tmp")   # a record write cut short
 _FORCE = "--force replaces only an earlier Strata conversion"
 
@@ -39,6 +46,7 @@ class Destination:
 class Staging:
     folder: Path                       # the temporary folder the conversion is written into
     created: tuple[Path, ...]          # parent folders made for it, outermost first
+    inside: bool = False               # in the destination folder (kept), not beside it (renamed into place)
 
 
 def check_source(src: Path) -> Path:
@@ -77,11 +85,35 @@ def plan_destination(src: Path, dst: Path, force: bool) -> Destination:
     if not anchor.is_dir():
         raise ConfigError(f"{anchor} is a file, so {given} cannot be created inside it; choose a folder path "
                           "for the converted model")
-    if not os.access(anchor, os.W_OK | os.X_OK):
-        raise ConfigError(f"cannot write in {anchor} (permission denied); choose a destination in a folder you can "
-                          "write to")
-    _inspect(real, given, src, force)
+    previous = _inspect(real, given, src, force)
+    if previous and os.path.ismount(real):
+        raise ConfigError(f"{given} is a mount point, which --force cannot replace (it renames the earlier conversion "
+                          "aside); delete the earlier conversion's files from it and convert into it without --force")
+    _check_writable(real if previous == () else anchor)     # an empty folder is written inside, the rest beside
     return Destination(real, given, force)
+
+
+def _check_writable(folder: Path) -> None:
+    try:
+        read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    if read_only:
+        raise ConfigError(_read_only(folder))
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"cannot write in {folder} (permission denied); choose a destination in a folder you can "
+                          "write to")
+
+
+def _read_only(folder: Path) -> str:
+    return (f"cannot write in {folder}: it is on a read-only filesystem; choose a destination on a writable "
+            "filesystem (or remount this one read-write)")
+
+
+def _cannot_write(folder: Path, e: OSError) -> str:
+    if e.errno == errno.EROFS:
+        return _read_only(folder)
+    return f"cannot write in {folder} ({e.strerror or e}); choose a destination in a folder you can write to"
 
 
 def _resolve(p: Path, what: str) -> Path:
@@ -119,7 +151,8 @@ def _existing_ancestor(p: Path) -> Path:
 
 
 def _inspect(path: Path, given: str, src: Path, force: bool) -> tuple[str, ...] | None:
-    """What is at the destination, refused unless it is nothing, an empty folder, or (with --force) a conversion."""
+    """What is at the destination, refused unless it is nothing, an empty folder, or (with --force) a conversion.
+    What an interrupted convert into the folder left there counts as nothing (``make_staging`` clears it)."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -130,11 +163,14 @@ def _inspect(path: Path, given: str, src: Path, force: bool) -> tuple[str, ...] 
         raise ConfigError(f"{given} is a file, not a folder; choose a folder path for the converted model "
                           f"({_FORCE}, never a file)")
     try:
-        entries = tuple(sorted(os.listdir(path)))
+        entries = tuple(sorted(set(os.listdir(path)) - _leftover(path)))
     except OSError as e:
         raise ConfigError(f"cannot list {given} ({e.strerror}); choose a destination you can read and write") from None
     if not entries:
         return entries
+    if STAGING in entries and (path / STAGING).is_dir():
+        raise ConfigError(f"another convert is writing into {given} (its temporary folder {STAGING} is there); wait "
+                          f"for it to finish, or delete {path / STAGING} if no convert is running")
     if not (path / MANIFEST).is_file():
         raise ConfigError(f"{given} already exists and holds other files ({_some(entries)}); choose a new or empty "
                           f"folder ({_FORCE})")
@@ -169,22 +205,95 @@ def _some(names) -> str:
     return shown + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
-def make_staging(dest: Destination) -> Staging:
-    """Create the marked temporary folder beside the destination (and any missing parent folders)."""
-    parent, created = dest.path.parent, []
+def _leftover(folder: Path) -> set[str]:
+    """Names in ``folder`` that an interrupted convert into it left: its temporary folder (empty, or marked by a
+    process that is gone) and the files its marker lists as moved up, each still the file it moved (same inode)."""
+    tmp = folder / STAGING
     try:
-        for p in reversed([p for p in (parent, *parent.parents) if not os.path.lexists(p)]):
-            p.mkdir()
-            created.append(p)
-        folder = _claim(parent / f"{dest.path.name}.partial")
-        (folder / PARTIAL_MARKER).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                                         "destination": str(dest.path)}) + "\n")
+        if tmp.is_symlink() or not tmp.is_dir():
+            return set()
+        if not any(tmp.iterdir()):
+            return {STAGING}
+    except OSError:
+        return set()
+    doc = _marker(tmp)
+    if doc is None or not _abandoned(tmp):
+        return set()
+    moved = doc.get("moved")
+    if not isinstance(moved, dict):
+        return {STAGING}
+    return {STAGING} | {n for n, ino in moved.items()
+                        if isinstance(n, str) and _plain_name(n) and _file_inode(folder / n) == ino}
+
+
+def _plain_name(name: str) -> bool:
+    return name not in ("", ".", "..", STAGING) and "/" not in name and "\0" not in name
+
+
+def _file_inode(p: Path) -> int | None:
+    try:
+        st = os.lstat(p)
+    except OSError:
+        return None
+    return st.st_ino if stat.S_ISREG(st.st_mode) else None
+
+
+def _clear_leftover(folder: Path) -> None:
+    for name in sorted(_leftover(folder)):
+        if name == STAGING:
+            shutil.rmtree(folder / name)
+        else:
+            (folder / name).unlink()
+
+
+def make_staging(dest: Destination) -> Staging:
+    """Create the marked temporary folder: inside the destination where that is an empty folder (kept as it is,
+    and the files stay on its filesystem), else beside it, with any missing parent folders."""
+    parent, created, folder = dest.path.parent, [], None
+    try:
+        if dest.path.is_dir():
+            _clear_leftover(dest.path)
+        inside = dest.path.is_dir() and not os.listdir(dest.path)
+        if inside:
+            (dest.path / STAGING).mkdir()
+            folder = dest.path / STAGING
+        else:
+            for p in reversed([p for p in (parent, *parent.parents) if not os.path.lexists(p)]):
+                p.mkdir()
+                created.append(p)
+            folder = _claim(parent / f"{dest.path.name}.partial")
+        _write_marker(folder, {"pid": os.getpid(), "host": socket.gethostname(), "destination": str(dest.path)})
     except OSError as e:
-        _remove_empty(created)
+        _undo(folder, created)
         where = Path(e.filename).parent if e.filename else parent    # the existing folder that refused the write
-        raise ConfigError(f"cannot write in {where} ({e.strerror or e}); choose a destination in a folder you can "
-                          "write to") from None
-    return Staging(folder, tuple(created))
+        raise ConfigError(_cannot_write(where, e)) from None
+    except BaseException:                   # Ctrl-C: nothing made here stays
+        _undo(folder, created)
+        raise
+    return Staging(folder, tuple(created), inside)
+
+
+def _undo(folder: Path | None, created: list[Path]) -> None:
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)      # made by this call: ours, marked or not yet
+    _remove_empty(created)
+
+
+def _write_marker(folder: Path, doc: dict) -> None:
+    tmp = folder / (PARTIAL_MARKER + ".tmp")
+    tmp.write_text(json.dumps(doc) + "\n")
+    os.replace(tmp, folder / PARTIAL_MARKER)
+
+
+def _marker(folder: Path) -> dict | None:
+    marker = folder / PARTIAL_MARKER
+    if folder.is_symlink() or not folder.is_dir() or marker.is_symlink() or not marker.is_file():
+        return None
+    try:
+        doc = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def _claim(tmp: Path) -> Path:
@@ -202,13 +311,10 @@ def _claim(tmp: Path) -> Path:
 
 def _abandoned(tmp: Path) -> bool:
     """A temporary folder written by a convert on this machine whose process is gone."""
-    marker = tmp / PARTIAL_MARKER
-    if tmp.is_symlink() or not tmp.is_dir() or marker.is_symlink() or not marker.is_file():
-        return False
+    doc = _marker(tmp)
     try:
-        doc = json.loads(marker.read_text(encoding="utf-8"))
         pid, host = int(doc["pid"]), doc["host"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         return False
     if host != socket.gethostname() or pid == os.getpid():
         return False
@@ -222,8 +328,9 @@ def _abandoned(tmp: Path) -> bool:
 
 
 def discard(staging: Staging) -> None:
-    """Remove the temporary folder (only while it carries our marker) and the parents made for it."""
-    if (staging.folder / PARTIAL_MARKER).is_file() and not staging.folder.is_symlink():
+    """Remove the temporary folder (only while it carries this process's marker) and the parents made for it."""
+    doc = _marker(staging.folder)
+    if doc is not None and doc.get("pid") == os.getpid() and doc.get("host") == socket.gethostname():
         shutil.rmtree(staging.folder, ignore_errors=True)
     _remove_empty(list(staging.created))
 
@@ -238,6 +345,9 @@ def _remove_empty(folders: list[Path]) -> None:
 
 def install(staging: Staging, dest: Destination, src: Path) -> tuple[str, ...]:
     """Move the finished conversion into place; returns notes for the user (an earlier folder left behind)."""
+    if staging.inside:
+        _fill(staging.folder, dest)
+        return ()
     previous = _inspect(dest.path, dest.given, src, dest.force)   # again: what is there now
     if previous is None:
         os.rename(staging.folder, dest.path)
@@ -256,6 +366,34 @@ def install(staging: Staging, dest: Destination, src: Path) -> tuple[str, ...]:
         raise
     (dest.path / PARTIAL_MARKER).unlink()
     return _remove_previous(aside, previous, dest.given)
+
+
+def _fill(tmp: Path, dest: Destination) -> None:
+    """Rename the files of ``tmp`` (inside the destination) up into the destination, the manifest last, so the
+    folder itself stays; the marker lists them first. A failure moves back what was moved."""
+    others = sorted(set(os.listdir(dest.path)) - {STAGING})
+    if others:
+        raise ConfigError(f"{dest.given} now holds other files ({_some(others)}), so the conversion was not moved "
+                          "into it; move them out and convert again, or choose another folder")
+    names = sorted((n for n in os.listdir(tmp) if n != PARTIAL_MARKER), key=lambda n: (n == MANIFEST, n))
+    _write_marker(tmp, {**(_marker(tmp) or {}), "moved": {n: os.lstat(tmp / n).st_ino for n in names}})
+    moved: list[str] = []
+    try:
+        for name in names:
+            os.rename(tmp / name, dest.path / name)
+            moved.append(name)
+    except BaseException:
+        for name in reversed(moved):
+            try:
+                os.rename(dest.path / name, tmp / name)
+            except OSError:
+                (dest.path / name).unlink(missing_ok=True)
+        raise
+    try:
+        (tmp / PARTIAL_MARKER).unlink()
+        tmp.rmdir()
+    except OSError:
+        pass                        # the conversion is in place; the next run clears what is left of ``tmp``
 
 
 def _free_name(path: Path, tag: str) -> Path:

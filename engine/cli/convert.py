@@ -62,13 +62,17 @@ class ProgressBar:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from engine.checkpoint.convert import convert
     progress = ProgressBar("converting")
     try:
+        from engine.checkpoint.convert import convert
         result = convert(args.src, args.dst, args.weights, args.group_size, args.resident_weights, args.force, progress)
     except StrataError:
         progress.clear()
         raise
+    except KeyboardInterrupt as e:      # Ctrl-C: one line saying what DST holds now (convert's text, once it has one)
+        progress.clear()
+        print(f"note: {e or f'interrupted; nothing was written to {args.dst}'}", file=sys.stderr)
+        return 130
     m = result.manifest
     size = sum(f.stat().st_size for f in result.path.iterdir() if f.is_file())
     for note in result.notes:
