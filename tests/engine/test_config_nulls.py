@@ -83,7 +83,7 @@ REFUSED_NULLS = [
     ({"num_experts": None, "num_local_experts": None}, "num_local_experts", "an integer >= 0"),
     ({"norm_topk_prob": None}, "norm_topk_prob", "true or false"),
     ({"rms_norm_eps": None}, "rms_norm_eps", "a finite number above 0"),
-    ({"max_position_embeddings": None}, "max_position_embeddings", "a positive integer"),
+    ({"max_position_embeddings": None}, "max_position_embeddings", "an integer from 1 to 2147483647"),
     ({"moe_intermediate_size": None}, "moe_intermediate_size", "a positive integer"),
     ({"tie_word_embeddings": None}, "tie_word_embeddings", "true or false"),
     ({"attention_bias": None}, "attention_bias", "true or false"),

@@ -96,7 +96,8 @@ def test_bus_bytes_at_the_hit_rate_asked_for(gpt_oss_120b):
     lines = _info(gpt_oss_120b, "--gpu-memory-budget", "24G", "--hit-rate", "0.9")
     line = next(x for x in lines if "(--hit-rate)" in x)
     assert line.startswith(f"  at 90.0% hit rate (--hit-rate): {format_size(int(0.1 * L * K * EXPERT))} per token")
-    with pytest.raises(ConfigError, match=r"^--hit-rate 1.5 is not a hit rate; give a share from 0 to 1, e.g. 0.8$"):
+    with pytest.raises(ConfigError, match=r"^--hit-rate 1.5 is not a hit rate; give a share from 0 to 1 or a "
+                                          r"percentage, e.g. 0.8 or 80%$"):
         _info(gpt_oss_120b, "--gpu-memory-budget", "24G", "--hit-rate", "1.5")
 
 
