@@ -369,16 +369,18 @@ class LLMEngine:
         eos = (not p.ignore_eos or req.guide is not None) and token in self.eos_ids
         if eos or token in p.stop_token_ids:
             return self._finish(req, "stop", drop_last=True)
+        guided = False
         if req.guide is not None:
-            on = req.guide_on()
-            if not on:                                    # reasoning the prompt opened: the model's own
+            guided = req.guide_on()
+            if not guided:                                # reasoning the prompt opened: the model's own
                 req.guide_gate.in_answer(token)
-            failed = req.guide.consume(token) if on else None
+            failed = req.guide.consume(token) if guided else None
             if failed is not None:
                 return self._finish(req, "error", error=failed)
         prev = len(req.text)
         req.text += req.detokenizer.push([token]) if req.detokenizer else ""
-        cut = self._stop_at(req, token, prev) if p.stop else None
+        # stop strings end free text: what a guide holds (JSON, a forced call) ends where its grammar does
+        cut = self._stop_at(req, token, prev) if p.stop and not guided else None
         if cut is not None:
             stop_len = next((len(s) for s in p.stop if req.text.startswith(s, cut)), 0)
             req.text = req.text[:cut + (stop_len if p.include_stop_str_in_output else 0)]

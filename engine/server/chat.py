@@ -200,6 +200,11 @@ class ChatView:
                            "model": info.name})
         self._head = "data: " + head[:-1] + ', "choices": ['
 
+    def _cut_off(self, finish: str | None) -> bool:
+        """Whether the reply was cut where the model did not end it: at its token limit, or by one of the
+        request's stop strings (a call it cut is dropped, not sent as markup)."""
+        return finish == "length" or (finish == "stop" and bool(self.common.params.stop))
+
     def _logprobs(self, ids: list[int] | tuple[int, ...], lps) -> dict | None:
         if self.k is None:
             return None
@@ -219,7 +224,7 @@ class ChatView:
                 message["content"] = self.stops().cut(message["content"])
             finish = "tool_calls" if called and finish != "length" else finish
         elif self.plan.parser is not None:
-            content, calls = tools.parse_tool_calls(text, self.plan, cut_off=finish == "length")
+            content, calls = tools.parse_tool_calls(text, self.plan, cut_off=self._cut_off(finish))
             message["content"] = content
             if calls:
                 message["tool_calls"] = [call.to_openai() for call in calls]
@@ -300,7 +305,7 @@ class ChatView:
                 logprobs, ids = None, None
         events = parser.feed(text) if text else []
         if d.finished:
-            events += parser.finish(cut_off=d.finish_reason == "length")
+            events += parser.finish(cut_off=self._cut_off(d.finish_reason))
         for e in events:
             if isinstance(e, tools.ToolCallDelta):
                 called.add(c.index)

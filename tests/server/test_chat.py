@@ -127,6 +127,23 @@ def test_json_schema_output_parses_and_follows_the_schema(client, stream):
     assert _follows(json.loads(text)), text
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_strings_do_not_cut_what_a_json_schema_holds(client, stream):
+    # "answer" and "count" are written by the grammar itself: a stop string that matches them would leave
+    # half an object behind a finish reason that says the reply is whole
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER, "strict": True}}
+    args = dict(model="demo", messages=HI, max_tokens=60, temperature=0, response_format=fmt,
+                stop=["answer", "count", "{"], extra_body={"ignore_eos": True})
+    if stream:
+        chunks = list(client.chat.completions.create(stream=True, **args))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    else:
+        r = client.chat.completions.create(**args)
+        text, finish = r.choices[0].message.content, [r.choices[0].finish_reason]
+    assert finish == ["stop"] and _follows(json.loads(text)), text
+
+
 def test_json_object_output_is_an_object(client):
     r = client.chat.completions.create(model="demo", messages=HI, max_tokens=120, temperature=0,
                                        response_format={"type": "json_object"})
@@ -186,6 +203,24 @@ def test_a_forced_tool_call_comes_back_as_tool_calls(tools_client, choice):
     (call,) = c.message.tool_calls
     assert call.type == "function" and call.id.startswith("call_")
     assert _valid_call(call.function.name, call.function.arguments), call.function.arguments
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_stop_string_does_not_cut_a_forced_call(tools_client, stream):
+    # "arguments" is the call's own markup, written under the grammar of tool_choice "required"
+    args = dict(model="m", messages=ASK, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
+                max_tokens=120, temperature=0, stop=["arguments", "get_weather"])
+    if stream:
+        chunks = list(tools_client.chat.completions.create(stream=True, **args))
+        calls = [tc for ch in chunks if ch.choices for tc in ch.choices[0].delta.tool_calls or []]
+        content = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+        name, arguments = calls[0].function.name, calls[0].function.arguments
+    else:
+        c = tools_client.chat.completions.create(**args).choices[0]
+        (call,) = c.message.tool_calls
+        content, name, arguments = c.message.content or "", call.function.name, call.function.arguments
+        assert c.finish_reason == "tool_calls"
+    assert not content.strip() and _valid_call(name, arguments), arguments
 
 
 def test_a_streamed_tool_call_arrives_as_a_tool_calls_delta(tools_client):

@@ -374,6 +374,21 @@ def test_a_call_cut_off_by_max_tokens_is_dropped_streamed_or_whole(auto, text, c
         [(i, c.name, c.arguments_json) for i, c in enumerate(calls)]
 
 
+@pytest.mark.parametrize("stop, finish, content, calls", [
+    (("Par",), "stop", "", 0),              # a stop string of the request cut the call: dropped, as at max_tokens
+    ((), "stop", None, 0),                   # the model ended there itself: what it wrote stays content
+    ((), "length", "", 0),
+])
+def test_a_call_a_stop_string_cut_is_dropped_not_sent_as_markup(auto, stop, finish, content, calls):
+    from engine.server.chat import ChatView
+    from engine.sampling import SamplingParams
+    view = ChatView.__new__(ChatView)                  # only the request's parameters are read
+    view.common = type("Common", (), {"params": SamplingParams(stop=stop)})()
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "'
+    got, read = parse_tool_calls(text, auto, cut_off=view._cut_off(finish))
+    assert got == (text if content is None else content) and len(read) == calls
+
+
 def test_a_possible_call_start_is_held_back_until_it_is_known(auto):
     parser = ToolStreamParser(auto)
     assert parser.feed("Sure <tool") == [ContentDelta("Sure")]     # the space may separate text from a call
