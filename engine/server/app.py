@@ -42,7 +42,8 @@ def create_app(loop: EngineLoop, settings: ServerSettings) -> FastAPI:
             state.metrics.close()
             log.info("%s", state.stats_log.summary(state.metrics.totals))
 
-    app = FastAPI(title="Strata", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app = FastAPI(title="Strata", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan,
+                  redirect_slashes=False)     # a redirect would answer with an empty body, to the Host the client named
     app.state.strata = state
     app.add_api_route("/v1/models", routes.list_models, methods=["GET"])
     app.add_api_route("/v1/models/{model_id:path}", routes.retrieve_model, methods=["GET"])

@@ -124,6 +124,11 @@ class AccessLog:
                  record.completion_tokens, ttft, rate, record.finish)
 
 
+def _too_large(limit: int) -> APIError:
+    return APIError(413, f"the request body is over {limit} bytes, the most this server takes; send a smaller "
+                         "request", code="request_too_large")
+
+
 def _header(scope: Scope, name: bytes) -> str | None:
     for k, v in scope["headers"]:
         if k == name:
@@ -179,8 +184,11 @@ class ReadBody:
         if declared is not None and not declared.strip().isdigit():
             await send_error(send, APIError(400, f"Content-Length {declared!r} is not a number of bytes"), close=True)
             return
+        if declared is not None and int(declared) > self.limit:   # known from the head: no need to wait for it
+            await send_error(send, _too_large(self.limit), close=True)
+            return
         chunks: list[bytes] = []
-        total, over = 0, declared is not None and int(declared) > self.limit
+        total, over = 0, False
         while True:
             try:
                 message = await asyncio.wait_for(receive(), self.idle_s)
@@ -204,8 +212,7 @@ class ReadBody:
             if not message.get("more_body", False) or total > self.limit * DRAIN_FACTOR:
                 break
         if over:
-            await send_error(send, APIError(413, f"the request body is over {self.limit} bytes, the most this server "
-                                                 "takes; send a smaller request", code="request_too_large"), close=True)
+            await send_error(send, _too_large(self.limit), close=True)
             return
         data = b"".join(chunks)
         replayed = False

@@ -56,14 +56,22 @@ async def http_error_handler(request: Request, exc: StarletteHTTPException) -> R
     """Starlette's own refusals (no such route, wrong method) in the OpenAI shape."""
     if exc.status_code == 404:
         path = printable(request.scope["path"])
+        bare = request.scope["path"].rstrip("/")
+        if bare != request.scope["path"] and any(getattr(r, "path", None) == bare for r in request.app.routes):
+            return APIError(404, f"this server does not serve {path}; send the request to {printable(bare)}, without "
+                                 "the trailing slash", code="not_found").response()
         message = (f"this server does not serve {path}; it serves /v1/models, /v1/completions and "
                    "/v1/chat/completions, and /v1/strata/stats and /v1/strata/config (docs/server.md lists every "
                    "route)" if path.startswith("/v1/") else
                    f"there is no route {path}; the API lives under /v1 (see GET /v1/models), beside /health "
                    "and /metrics")
         return APIError(404, message, code="not_found").response()
-    if exc.status_code == 405:
-        allowed = (exc.headers or {}).get("Allow", "")
+    if exc.status_code == 405:     # every route of the path counts (a path may have one route per method)
+        path = request.scope["path"]
+        methods = sorted({m for r in request.app.routes if getattr(r, "path", None) == path
+                          for m in getattr(r, "methods", None) or ()})
+        allowed = ", ".join(methods) or (exc.headers or {}).get("Allow", "")
+        exc.headers = {**(exc.headers or {}), "Allow": allowed} if allowed else exc.headers
         message = f"{request.method} is not allowed on {printable(request.scope['path'])}; use {allowed or 'another method'}"
         return APIError(405, message, code="method_not_allowed", headers=dict(exc.headers or {})).response()
     return APIError(exc.status_code, str(exc.detail)).response()

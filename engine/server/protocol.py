@@ -26,7 +26,7 @@ MAX_STOP_CHARS = 100
 _SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "stop",
                   "stop_token_ids", "ignore_eos", "include_stop_str_in_output")
 # What read_common reads on every route (besides its max_tokens field, which the route names).
-STREAM_OPTIONS = frozenset({"include_usage"})
+STREAM_OPTIONS = frozenset({"include_usage", "include_obfuscation"})   # the second has no effect here
 READ_BOTH = ("model", "n", "stream", "stream_options", "max_tokens", "best_of", "logprobs", "response_format",
              "return_token_ids") + _SAMPLING_KEYS
 

@@ -65,8 +65,13 @@ COMPLETIONS = (
 
 
 def refuse(f: Fields, fields: tuple[Unsupported, ...]) -> None:
-    """A 400 naming the first of ``fields`` that the request gives a value other than its neutral one."""
+    """A 400 naming the first of ``fields`` that the request gives a value other than its neutral one.
+    A ``logit_bias`` whose every bias is 0 asks for nothing, as an empty one does."""
     for u in fields:
+        value = f.body.get(u.key)
+        if u.key == "logit_bias" and isinstance(value, dict) and all(
+                type(b) in (int, float) and b == 0 for b in value.values()):
+            continue
         f.unsupported(u.key, u.neutral, u.fix)
 
 

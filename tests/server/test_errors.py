@@ -148,6 +148,16 @@ HOSTILE = [
      "model \"gpt-4\" is not served here; this server serves \"demo\""),
     ("route-with-a-newline", "GET", "/v1/a%0Ab", AUTH, b"", 404, None, "does not serve /v1/a\\nb"),
     ("wrong-method", "GET", COMPLETE, AUTH, b"", 405, None, "GET is not allowed on /v1/completions"),
+    # a path served by one route per method names every method it takes
+    ("wrong-method-of-two", "DELETE", "/v1/strata/config", AUTH, b"", 405, None,
+     "DELETE is not allowed on /v1/strata/config; use GET, POST"),
+    # no redirect (it would have an empty body and point at the Host the client named): the path to use
+    ("trailing-slash", "POST", CHAT + "/", JSON, _json(messages=HI), 404, None,
+     "this server does not serve /v1/chat/completions/; send the request to /v1/chat/completions, without the "
+     "trailing slash"),
+    ("trailing-slash-health", "GET", "/health/", AUTH, b"", 404, None, "send the request to /health, without"),
+    ("logit-bias-not-zero", "POST", CHAT, JSON, _json(messages=HI, logit_bias={"5": 1}), 400, "logit_bias",
+     "logit_bias is not supported by this server"),
     ("unknown-live-option", "POST", "/v1/strata/config", JSON, b'{"nope": 1}', 400, "nope", "nope: no such option"),
     ("option-that-needs-a-restart", "POST", "/v1/strata/config", JSON, b'{"dtype": "float32"}', 400, "dtype",
      "dtype cannot change while running"),
@@ -196,6 +206,11 @@ def test_the_neutral_value_of_an_unsupported_field_is_accepted(client):
     r = client.chat.completions.create(model="demo", messages=HI, max_tokens=2, modalities=["text"], functions=[],
                                        presence_penalty=0, logit_bias={}, extra_body={"min_tokens": 0, "echo": False})
     assert r.usage.completion_tokens >= 1
+    r = client.chat.completions.create(model="demo", messages=HI, max_tokens=2, logit_bias={"5": 0, "7": 0.0})
+    assert r.usage.completion_tokens >= 1                # a bias of 0 asks for nothing
+    chunks = list(client.chat.completions.create(model="demo", messages=HI, max_tokens=2, stream=True,
+                                                 stream_options={"include_usage": True, "include_obfuscation": False}))
+    assert chunks[-1].usage.completion_tokens >= 1       # a field of the official client's, of no effect here
     c = client.completions.create(model="demo", prompt="Hi", max_tokens=2, best_of=1, suffix="", frequency_penalty=0)
     assert c.usage.completion_tokens >= 1
 
@@ -338,3 +353,16 @@ def test_a_body_that_stops_arriving_is_answered_408_and_closed():
     asyncio.run(asyncio.wait_for(ReadBody(app, limit=1 << 20, idle_s=0.2)(scope, receive, send), 10))
     assert not reached and sent[0]["status"] == 408
     assert b"stopped arriving" in b"".join(m.get("body", b"") for m in sent)
+
+
+def test_a_declared_body_over_the_limit_is_refused_at_once(url):
+    # Content-Length names the size before any byte of the body: the 413 does not wait for a body that
+    # may never come (the 30 s body timeout)
+    import socket
+    from urllib.parse import urlsplit
+    u = urlsplit(url)
+    with socket.create_connection((u.hostname, u.port), timeout=10) as sock:
+        sock.sendall(f"POST {COMPLETE} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+                     "Content-Type: application/json\r\nContent-Length: 99999999\r\n\r\n".encode())
+        head = sock.recv(4096).decode("latin-1")
+    assert head.startswith("HTTP/1.1 413") and "over 8388608 bytes" in head, head
