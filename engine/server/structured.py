@@ -37,8 +37,23 @@ def kind_of(value: object) -> str:
     return names.get(type(value), type(value).__name__)
 
 
+def _huge_number(value: object) -> int | None:
+    """The first integer in ``value`` (a parsed schema) past 64 bits, which the grammar library cannot hold."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if not -2 ** 63 <= value < 2 ** 64 else None
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    return next((n for n in map(_huge_number, items) if n is not None), None)
+
+
 def schema_problem(schema: dict) -> str | None:
     """Why the grammar library cannot enforce ``schema`` (one line), or None when it can."""
+    huge = _huge_number(schema)
+    if huge is not None:
+        digits = str(huge)
+        shown = digits if len(digits) <= 24 else f"{digits[:12]}... ({len(digits)} digits)"
+        return f"it holds the integer {shown}, past the 64 bits a schema's numbers may take; use a smaller bound"
     try:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(schema)
     except ValueError as exc:      # a value JSON cannot hold (NaN)

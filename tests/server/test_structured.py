@@ -80,6 +80,9 @@ def test_optional_json_schema_fields_may_be_left_out(spec):
      "response_format.json_schema.schema", "cannot be enforced (Pointer '/$defs/missing' does not exist)"),
     (json_schema(schema={"type": "object", "properties": {"a": {"type": "string", "pattern": "(("}}}),
      "response_format.json_schema.schema", "cannot be enforced (regex parse error:"),
+    (json_schema(schema={"type": "integer", "minimum": 10 ** 30}), "response_format.json_schema.schema",
+     "cannot be enforced (it holds the integer 100000000000... (31 digits), past the 64 bits a schema's numbers "
+     "may take; use a smaller bound)"),
 ])
 def test_a_malformed_response_format_names_its_field(response_format, param, message):
     with pytest.raises(FieldError) as err:
