@@ -21,8 +21,8 @@ _NOT_TEXT = ("image_url", "input_image", "image", "input_audio", "audio", "file"
 def render_messages(messages: object, keep_reasoning: bool = False) -> list[dict]:
     """``messages`` checked and rewritten for a chat template; FieldError naming ``messages[i]....``.
 
-    ``keep_reasoning`` (harmony models) keeps an assistant's ``reasoning_content`` string, which other
-    templates are not shown."""
+    ``keep_reasoning`` (harmony models) keeps an assistant's ``reasoning_content`` string (or ``reasoning``,
+    the name newer clients send), which other templates are not shown."""
     if not isinstance(messages, list) or not messages:
         got = "an empty list" if messages == [] else kind_of(messages)
         raise FieldError("messages", f"messages must be a non-empty list of {{\"role\": ..., \"content\": ...}} "
@@ -30,10 +30,11 @@ def render_messages(messages: object, keep_reasoning: bool = False) -> list[dict
     out = [_message(f"messages[{i}]", m) for i, m in enumerate(messages)]
     if keep_reasoning:
         for i, (m, given) in enumerate(zip(out, messages)):
-            reasoning = given.get("reasoning_content") if m["role"] == "assistant" else None
+            key = "reasoning_content" if given.get("reasoning_content") is not None else "reasoning"
+            reasoning = given.get(key) if m["role"] == "assistant" else None
             if reasoning is not None and not isinstance(reasoning, str):
-                raise FieldError(f"messages[{i}].reasoning_content", f"messages[{i}].reasoning_content must be "
-                                 f"a string (got {kind_of(reasoning)})")
+                raise FieldError(f"messages[{i}].{key}", f"messages[{i}].{key} must be a string "
+                                 f"(got {kind_of(reasoning)})")
             if reasoning:
                 m["reasoning_content"] = reasoning
     return out

@@ -134,6 +134,10 @@ def test_a_streamed_call_arrives_whole_and_the_result_renders_back(client, scrip
     assert seen["prompt"].endswith("<|start|>functions.get_weather to=assistant<|channel|>commentary"
                                    "<|message|>20 C<|end|><|start|>assistant")
     assert "<|channel|>analysis<|message|>Need the weather.<|end|>" in seen["prompt"]
+    history[1] = {**{k: v for k, v in history[1].items() if k != "reasoning_content"}, "reasoning": "Need it."}
+    scripted(ANSWER)                       # the name newer clients give the same field
+    client.chat.completions.create(model="m", messages=history, tools=TOOLS, max_tokens=200)
+    assert "<|channel|>analysis<|message|>Need it.<|end|>" in seen["prompt"]
 
 
 @pytest.mark.parametrize("body, param", [({"reasoning_effort": "max"}, "reasoning_effort"),
@@ -141,7 +145,10 @@ def test_a_streamed_call_arrives_whole_and_the_result_renders_back(client, scrip
                                          ({"response_format": {"type": "json_object"}}, "response_format"),
                                          ({"messages": [{"role": "user", "content": "hi"},
                                                         {"role": "assistant", "content": "x", "reasoning_content": 3}]},
-                                          "messages[1].reasoning_content")])
+                                          "messages[1].reasoning_content"),
+                                         ({"messages": [{"role": "user", "content": "hi"},
+                                                        {"role": "assistant", "content": "x", "reasoning": [1]}]},
+                                          "messages[1].reasoning")])
 def test_bad_harmony_fields_are_refused_naming_the_field(client, body, param):
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
