@@ -25,7 +25,7 @@ from engine.cpu_threads import apply_cpu_threads
 from engine.kv.blocks import BlockAllocator
 from engine.memory import (CPU_KV_CAP, HOST_ROOM_SHARE, BudgetAdvice, MemoryPlan, available_host_bytes,
                            check_host_room, decode_experts, default_budget, fit_context, fit_context_on_host,
-                           fit_context_to_kv_size, kv_pool_bytes, kv_size_note, plan_memory,
+                           fit_context_to_kv_size, kv_pool_bytes, kv_size_note, plan_memory, rope_table_bytes_per_token,
                            prefer_expandable_segments, staging_slots, smaller_resident, step_sizing, table_on_host)
 from engine.settings_fit import fit_to_device, fit_to_model, fit_to_pool, pool_size_note, unused_notes
 from engine.kv.cache import KVCache
@@ -185,9 +185,10 @@ class LoadedModel:
             self.notes += tuple(n for n in (note, more) if n)
             return
         if self.plan.budget_bytes is None:      # the CPU: no budget, a KV cache of CPU_KV_CAP
+            elem = torch.empty((), dtype=self.dtype).element_size()
             self.max_model_len, note = fit_context_on_host(
                 self.max_model_len, c.max_model_len is not None, CPU_KV_CAP, self.plan.window_kv_bytes,
-                self._kv_bytes_per_token(), c.kv_block_size)
+                self._kv_bytes_per_token(), c.kv_block_size, rope_table_bytes_per_token(self.spec, elem))
             self.notes += (note,) if note else ()
             return
         card = "GPU 0" if self.shard is not None else ""      # expert parallel: the KV cache is on the first card
@@ -199,8 +200,7 @@ class LoadedModel:
         """The KV cache and RoPE tables of a CPU run against the host memory free now (one line if too big)."""
         s, c = self.spec, self.config
         bpt, available = self._kv_bytes_per_token(), available_host_bytes()
-        elem = torch.empty((), dtype=self.dtype).element_size()
-        table = 2 * (s.mla.qk_rope if s.mla else s.head_dim) * elem      # RoPE's cos and sin rows a position
+        table = rope_table_bytes_per_token(s, torch.empty((), dtype=self.dtype).element_size())
         if not c.kv_cache_size and available is not None:     # the default cache: no more than the host has free
             self._host_kv_cap = max(0, int(available * HOST_ROOM_SHARE) - self.max_model_len * table
                                     - self.plan.window_kv_bytes)

@@ -327,8 +327,13 @@ def fit_context_to_kv_size(context: int, explicit: bool, asked: int, window_byte
                     f"KV cache --kv-cache-size gives holds; raise it to {need} for the whole context")
 
 
+def rope_table_bytes_per_token(spec: ModelSpec, element_size: int) -> int:
+    """Bytes of RoPE's cos and sin tables a position of context adds (the model holds both, per position)."""
+    return 2 * (spec.mla.qk_rope if spec.mla else spec.head_dim) * element_size
+
+
 def fit_context_on_host(context: int, explicit: bool, kv_bytes: int, window_bytes: int, kv_bytes_per_token: int,
-                        block: int) -> tuple[int, str | None]:
+                        block: int, table_bytes_per_token: int = 0) -> tuple[int, str | None]:
     """The context of a CPU run that set neither a context nor a KV size: what the default KV cache of
     ``kv_bytes`` (:data:`CPU_KV_CAP`, the full-attention layers') holds for one sequence, with a note, where
     the model allows more (a context the user set is kept: the cache grows to hold one sequence of it).
@@ -337,10 +342,17 @@ def fit_context_on_host(context: int, explicit: bool, kv_bytes: int, window_byte
     if tokens is None or explicit:
         return context, None
     tokens = max(tokens, block)
-    need = format_size(_round_up(window_bytes + context * kv_bytes_per_token))
-    return tokens, (f"context length {tokens} tokens (the model allows {context}): what the {format_size(kv_bytes)} "
-                    f"KV cache of a CPU run holds; pass --max-model-len {context} or --kv-cache-size {need} for the "
-                    "whole context")
+    whole = window_bytes + context * kv_bytes_per_token
+    need = format_size(_round_up(whole))
+    note = (f"context length {tokens} tokens (the model allows {context}): what the {format_size(kv_bytes)} KV cache "
+            f"of a CPU run holds; ")
+    free = available_host_bytes()
+    if free is not None and whole > free * HOST_ROOM_SHARE:     # the whole context would not fit this machine
+        most = (max(0, int(free * HOST_ROOM_SHARE) - window_bytes) // max(1, kv_bytes_per_token + table_bytes_per_token)
+                // block * block)
+        return tokens, note + (f"the whole context needs {need}, more than this machine's {format_size(free)} of "
+                               f"free memory; --max-model-len {most} is about the most it holds")
+    return tokens, note + f"pass --max-model-len {context} or --kv-cache-size {need} for the whole context"
 
 
 HOST_ROOM_SHARE = 0.9       # of the host memory free at load, what a CPU run's context may take

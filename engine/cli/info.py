@@ -35,8 +35,8 @@ from engine.loading import expert_act
 from engine.placement import auto_resident, resolve_device
 from engine.kv.sizing import KVSizing, kv_sizing
 from engine.memory import (CPU_KV_CAP, MIN_KV_TOKENS, BudgetAdvice, MemoryPlan, default_budget, fit_context,
-                           fit_context_on_host, fit_context_to_kv_size, kv_pool_bytes, plan_memory, smaller_resident,
-                           step_sizing, table_on_host)
+                           fit_context_on_host, fit_context_to_kv_size, kv_pool_bytes, plan_memory,
+                           rope_table_bytes_per_token, smaller_resident, step_sizing, table_on_host)
 from engine.options import parse_live, pool_bytes
 from engine.settings_fit import asked_depth_note, fit_to_model, pool_size_note
 
@@ -279,7 +279,8 @@ def _budget_lines(spec, args, c: EngineConfig, resident: int, per_expert: int, n
     if budget is None:            # a CPU run: the engine's rule for its KV cache (engine.loading)
         explicit, block = c.max_model_len is not None, c.kv_block_size
         held = (fit_context_to_kv_size(context, explicit, c.kv_cache_size, window_kv, kv_per_token, block)
-                if c.kv_cache_size else fit_context_on_host(context, explicit, CPU_KV_CAP, window_kv, kv_per_token, block))
+                if c.kv_cache_size else fit_context_on_host(context, explicit, CPU_KV_CAP, window_kv, kv_per_token, block,
+                                                            rope_table_bytes_per_token(spec, 4)))   # float32 on a CPU
         why = "a CPU run (--device cpu)" if getattr(args, "device", "auto") == "cpu" else "no CUDA GPU found"
         return ["", *_context_line(*held),
                 f"GPU budget: none given and {why}; pass --gpu-memory-budget 24G to plan for a card"]

@@ -287,3 +287,18 @@ def test_the_kv_size_a_note_asks_for_is_the_size_that_fits() -> None:
     assert tokens < 512 and note.endswith("raise it to 1.50 MiB for the whole context")
     tokens, note = fit_context_to_kv_size(512, False, 2**20, 0, (3 << 10) + 1, 16)
     assert note.endswith("raise it to 1.51 MiB for the whole context") and 1.51 * 2**20 >= 512 * ((3 << 10) + 1)
+
+
+def test_a_cpu_runs_advice_for_the_whole_context_stays_within_the_hosts_memory(monkeypatch) -> None:
+    # A model that allows 40M tokens: the default CPU cache holds fewer, and the note names the flags for the
+    # whole context only where this machine could hold it; else the longest context it could (KV + RoPE)
+    import engine.memory as memory
+    monkeypatch.setattr(memory, "available_host_bytes", lambda: 64 << 30)
+    tokens, note = memory.fit_context_on_host(4096, False, 1 << 20, 0, 1024, 16, table_bytes_per_token=256)
+    assert tokens == 1024 and note.endswith("pass --max-model-len 4096 or --kv-cache-size 4.00 MiB for the whole "
+                                            "context")
+    monkeypatch.setattr(memory, "available_host_bytes", lambda: 1 << 30)
+    tokens, note = memory.fit_context_on_host(40_000_000, False, 1 << 20, 0, 1024, 16, table_bytes_per_token=256)
+    most = int((1 << 30) * memory.HOST_ROOM_SHARE) // (1024 + 256) // 16 * 16
+    assert tokens == 1024 and note.endswith(f"the whole context needs 38.15 GiB, more than this machine's 1.00 GiB of "
+                                            f"free memory; --max-model-len {most} is about the most it holds")
