@@ -126,6 +126,7 @@ class EngineBridge(QObject):
         self._closing = False                  # shutting down: nothing new starts, built engines are closed
         self._loader = Loader(engine_factory, self.engine_loop.post)
         self._defaults: dict[str, object] = {}
+        self._knob_values: tuple = ()            # the live values the knobs were last sent
         self._tracker = ReplyTracker()
         self._pending = ReplyText()            # text (and reasoning) not yet sent to the GUI
         self._ended: list[RequestDelta] = []   # final deltas of the window's requests, not yet reported
@@ -428,7 +429,12 @@ class EngineBridge(QObject):
         self._emit_knobs()
 
     def _emit_knobs(self) -> None:
+        self._knob_values = self._live_values()
         self.knobs_changed.emit(knob_state(self._engine, self._defaults, _CHOICES, self._wording))
+
+    def _live_values(self) -> tuple:
+        cfg = self._engine.config
+        return tuple(getattr(cfg, name) for name in sorted(self._defaults))
 
     def _wording(self, text: str) -> str:
         """An engine message about the running model in the workbench's words: option names as the
@@ -457,6 +463,8 @@ class EngineBridge(QObject):
     def _emit_stats(self) -> None:
         self._last_stats = time.perf_counter()
         self.stats.emit(self._engine.stats())
+        if self._live_values() != self._knob_values:     # changed by another front end (the local server)
+            self._emit_knobs()
 
 
 def _synthetic_ids(engine: Any, n_tokens: int) -> list[int]:

@@ -16,6 +16,7 @@ from app.panels.base import ElidedLabel
 
 GIB = 1 << 30
 POOL_STEPS_PER_GIB = 20       # slider resolution: 1/20 GiB (51 MiB)
+SLIDER_MAX = 1 << 20          # most steps of the pool slider (its positions are 32-bit: coarser steps past this)
 #: The knobs, in the engine's order of its live options; labels are short: the dock must fit beside the panels
 LABELS = {o.name: o.label for o in LIVE_OPTIONS}
 SUFFIXES = {o.name: f" {o.unit}" for o in LIVE_OPTIONS if o.unit}
@@ -167,8 +168,10 @@ class PoolSlider(QWidget):
         """Range 0..max_bytes (finer steps for small models), positioned at ``current``."""
         self._step_bytes = max(GIB // POOL_STEPS_PER_GIB if max_bytes >= GIB else max_bytes // 100, 1)
         self.slider.blockSignals(True)
-        self.slider.setRange(0, max(1, round(max_bytes / self._step_bytes)))
-        self.slider.setValue(round(current / self._step_bytes))
+        top = max(1, min(round(max_bytes / self._step_bytes), SLIDER_MAX))
+        self._step_bytes = max(self._step_bytes, -(-max_bytes // top))      # a range a slider's int holds
+        self.slider.setRange(0, top)
+        self.slider.setValue(min(top, round(current / self._step_bytes)))   # a size past the range: the end
         self.slider.blockSignals(False)
         self._show(self.slider.value())
         self.slider.setToolTip(f"0 to {pool_text(max_bytes)}")

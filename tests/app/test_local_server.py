@@ -82,6 +82,26 @@ def test_the_switch_serves_the_loaded_engine_and_the_window_sees_its_traffic(win
     stats.wait(qtbot, lambda s: s.requests_finished > finished)
 
 
+def test_knobs_changed_over_http_show_in_the_knobs_panel(window, qtbot):
+    # another front end (a tool on the local server) changes the running engine: the panel follows, and
+    # a pool size past the slider's range leaves it at its end rather than failing its refresh
+    url = _serve(window, qtbot, _free_port())
+    base = url[:-len("/v1")]
+    answer = _in_thread(lambda: httpx.post(base + "/v1/strata/config", json={"prefetch_depth": 1, "max_batch": 4},
+                                           timeout=30))
+    qtbot.waitUntil(answer.done, timeout=REPLY_TIMEOUT_MS)
+    assert answer.result().status_code == 200, answer.result().text
+    qtbot.waitUntil(lambda: window.knobs.state.value("max_batch") == 4, timeout=REPLY_TIMEOUT_MS)
+    assert window.knobs.controls["max_batch"].value() == 4 and window.knobs.controls["prefetch_depth"].value() == 1
+    answer = _in_thread(lambda: httpx.post(base + "/v1/strata/config", json={"expert_pool_size": 10 ** 15},
+                                           timeout=30))
+    qtbot.waitUntil(answer.done, timeout=REPLY_TIMEOUT_MS)
+    assert answer.result().status_code == 200, answer.result().text
+    qtbot.waitUntil(lambda: window.knobs.state.value("expert_pool_size") == 10 ** 15, timeout=REPLY_TIMEOUT_MS)
+    slider = window.knobs.controls["expert_pool_size"].slider
+    assert slider.value() == slider.maximum() < 2 ** 31
+
+
 def test_the_status_bar_counts_the_http_requests_in_flight(window, qtbot):
     url = _serve(window, qtbot)
     label = window.server.status.in_flight_label
