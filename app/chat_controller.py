@@ -10,6 +10,7 @@ the file to the trash with an Undo, and a store that cannot be written is report
 from __future__ import annotations
 
 import sys
+import time
 import uuid
 from dataclasses import dataclass
 from functools import partial
@@ -30,8 +31,8 @@ from app.messages import ChatMessage, ContextUsage, ModelDescription, ReplyReque
 TITLE_CHARS = 40
 STREAM_SAVE_MS = 1000     # a streaming reply on disk is at most this far behind the screen
 EDITS_SAVE_MS = 1000      # the unsent text and the system prompt are kept this soon after the first unkept keystroke
-SHOWN_AT_ONCE = 40        # messages of a chat put on screen when it opens; the earlier ones follow in batches
-FILL_BATCH = 20           # earlier messages put on screen per turn of the event loop
+SHOWN_AT_ONCE = 12        # messages of a chat put on screen when it opens (a screenful); the earlier ones follow
+FILL_SLICE_S = 0.03       # time one turn of the event loop spends putting earlier messages on screen (at least one)
 INTERRUPTED_NOTE = "interrupted — the app closed before this reply finished"
 KEPT_DRAFT_TITLE = "Unsent text of a damaged chat"     # the chat that takes it when the chat's file was set aside
 
@@ -200,10 +201,13 @@ class ChatController(QObject):
         """One batch of the current chat's earlier messages, put above the ones shown; then the next."""
         if epoch != self._fill_epoch or None not in self._bubbles:
             return                                   # another chat is shown now, or this one is whole
-        end = self._bubbles.index(next(b for b in self._bubbles if b is not None))
-        for i in range(end - 1, max(0, end - FILL_BATCH) - 1, -1):
-            above = self._bubbles[i + 1]
-            self._bubbles[i] = self._add_bubble(self.current.messages[i], before=above)
+        i = self._bubbles.index(next(b for b in self._bubbles if b is not None)) - 1
+        until = time.perf_counter() + FILL_SLICE_S
+        while i >= 0:                          # a long message may take the slice alone: the window stays live
+            self._bubbles[i] = self._add_bubble(self.current.messages[i], before=self._bubbles[i + 1])
+            i -= 1
+            if time.perf_counter() >= until:
+                break
         if None in self._bubbles:
             QTimer.singleShot(0, self.pane, partial(self._fill_earlier, epoch))
 

@@ -3,9 +3,9 @@ system prompt and sampling settings. It only emits intentions; the chat controll
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QKeyEvent
+from PySide6.QtGui import QKeyEvent, QPainter, QPalette
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGridLayout, QGroupBox, QHBoxLayout,
-                               QLabel, QPlainTextEdit, QProgressBar, QPushButton, QSpinBox, QToolButton, QVBoxLayout,
+                               QLabel, QPlainTextEdit, QPushButton, QSpinBox, QToolButton, QVBoxLayout,
                                QWidget)
 
 from app.chat_view import ChatView
@@ -161,6 +161,31 @@ class PromptBox(QPlainTextEdit):
         event.accept()
 
 
+class _ShareBar(QWidget):
+    """A fixed-size bar filled to ``value() / 1000``, painted when the window next paints. (A QProgressBar
+    repaints at once on each new value, which in a window holding a long chat took a tenth of a second.)"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setFixedSize(80, 8)
+        self._value = 0
+
+    def value(self) -> int:
+        return self._value
+
+    def setValue(self, value: int) -> None:   # noqa: N802 - QProgressBar's name, which it stands in for
+        if value != self._value:
+            self._value = value
+            self.update()
+
+    def paintEvent(self, _event) -> None:   # noqa: N802 - Qt's name
+        p = QPainter(self)
+        pal = self.palette()
+        p.fillRect(self.rect(), pal.color(QPalette.ColorRole.Mid))
+        filled = round(self.width() * self._value / 1000)
+        p.fillRect(0, 0, filled, self.height(), pal.color(QPalette.ColorRole.Highlight))
+
+
 class ContextMeter(QWidget):
     """"Context 312 / 512 tokens" and a small bar; "—" where nothing is known yet."""
 
@@ -170,21 +195,23 @@ class ContextMeter(QWidget):
         lay.setContentsMargins(0, 0, 0, 0)
         self.label = QLabel("Context —")
         self.label.setObjectName("replyStats")
-        self.bar = QProgressBar()
-        self.bar.setTextVisible(False)
-        self.bar.setFixedSize(80, 8)
-        self.bar.setRange(0, 1000)
+        self.bar = _ShareBar()
         lay.addWidget(self.label)
         lay.addWidget(self.bar)
         self.set_usage(None, 0)
 
     def set_usage(self, used: int | None, total: int) -> None:
-        """``used`` tokens of a ``total``-token context (None: not known for this chat yet; 0: no model)."""
+        """``used`` tokens of a ``total``-token context (None: not known for this chat yet; 0: no model).
+        Only what changed is set: a new label text lays the window out again."""
         shown_used = "—" if used is None else str(used)
-        self.label.setText(f"Context {shown_used} / {total} tokens" if total > 0 else "Context —")
+        text = f"Context {shown_used} / {total} tokens" if total > 0 else "Context —"
+        if text != self.label.text():
+            self.label.setText(text)
         self.bar.setValue(0 if used is None or total <= 0 else min(1000, round(1000 * used / total)))
-        self.setToolTip("How much of the model's context this chat's last request took, with its reply"
-                        if total > 0 else "Load a model to see how much of its context this chat takes")
+        tip = ("How much of the model's context this chat's last request took, with its reply"
+               if total > 0 else "Load a model to see how much of its context this chat takes")
+        if tip != self.toolTip():
+            self.setToolTip(tip)
 
 
 class ChatPane(QWidget):
