@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import tempfile
 import threading
 from collections import deque
@@ -149,12 +150,16 @@ class StoreWriter:
         """Write ``job``'s snapshot where it can go (the first of :func:`rescue_folders` that takes it);
         returns the line to tell, which names that copy or says none could be made."""
         name = f"{job.conv_id}.json"
+        text = json.dumps(job.data, ensure_ascii=False, indent=1)
         for folder in rescue_folders(self.store.folder):
+            made = not folder.exists()
+            path, part = folder / name, folder / f".{name}.{os.getpid()}.part"
             try:
                 folder.mkdir(parents=True, exist_ok=True)
-                path = folder / name
-                path.write_text(json.dumps(job.data, ensure_ascii=False, indent=1), encoding="utf-8")
+                part.write_text(text, encoding="utf-8")   # whole, or not at all: a full disk leaves no empty copy
+                os.replace(part, path)
             except OSError:
+                _forget(part, folder if made else None)
                 continue
             self.rescued.append(path)
             log.error("%s; a copy of the chat is in %s", error, path)
@@ -195,3 +200,13 @@ class StoreWriter:
 
     def _has_save(self, conv_id: str) -> bool:
         return any(isinstance(j, SaveJob) and j.conv_id == conv_id for j in self._jobs)
+
+
+def _forget(part: Path, made: Path | None) -> None:
+    """Remove a rescue copy cut short, and the folder made for it if nothing else is in it."""
+    try:
+        part.unlink(missing_ok=True)
+        if made is not None:
+            made.rmdir()
+    except OSError:
+        pass

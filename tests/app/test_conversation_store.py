@@ -349,6 +349,34 @@ def test_a_save_that_fails_again_at_close_is_copied_where_it_can_go(tmp_path, mo
     assert beside == blocker.parent / "Strata unsaved chats"
 
 
+def test_a_rescue_copy_cut_short_by_a_full_disk_leaves_no_empty_file(tmp_path, monkeypatch):
+    # the first rescue folder takes the file's name but not its bytes (a full disk): nothing is left there,
+    # not even the folder made for it, and the copy goes to the next folder
+    import pathlib
+
+    import app.store_writer as sw
+    blocker = tmp_path / "data" / "conversations"
+    blocker.parent.mkdir()
+    blocker.write_text("in the way")
+    full, spare = tmp_path / "full" / "Strata unsaved chats", tmp_path / "spare"
+    monkeypatch.setattr(sw, "rescue_folders", lambda folder: [full, spare])
+    real_write = pathlib.Path.write_text
+
+    def write_text(self, data, *args, **kwargs):
+        if full in self.parents:
+            real_write(self, "", *args, **kwargs)           # the name is made, then no room for the bytes
+            raise OSError(28, "No space left on device", str(self))
+        return real_write(self, data, *args, **kwargs)
+    monkeypatch.setattr(pathlib.Path, "write_text", write_text)
+    writer = StoreWriter(ConversationStore(blocker), lambda r: None)
+    conv = _conv("rescued")
+    writer.put(SaveJob(conv.id, conv.to_json()))
+    assert writer.flush(10) and not writer.close()
+    assert not full.exists() and (tmp_path / "full").is_dir()
+    assert writer.rescued == [spare / f"{conv.id}.json"]
+    assert json.loads((spare / f"{conv.id}.json").read_text()) == conv.to_json()
+
+
 def test_after_close_a_save_is_written_at_once(tmp_path):
     store = ConversationStore(tmp_path)
     results: list[WriteResult] = []
