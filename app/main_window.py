@@ -450,9 +450,11 @@ class MainWindow(QMainWindow):
         name = panel.title.lower().replace(" ", "-")
         path, _ = QFileDialog.getSaveFileName(self, f"Export {panel.title}", self._export_path(f"strata-{name}.png"),
                                               "PNG (*.png)")
+        if path and not path.lower().endswith(".png"):
+            path += ".png"                      # the exporter picks its format by the extension; the dialog
+            if Path(path).exists() and not self.confirm_replace(path):   # asked about the name typed only
+                return
         if path:
-            if not path.lower().endswith(".png"):
-                path += ".png"                  # the exporter picks its format by the extension
             try:
                 panel.export_png(path)
             except OSError as exc:

@@ -192,6 +192,10 @@ def test_an_export_that_cannot_be_written_says_so_and_leaves_nothing(window, qtb
     window.export_session_dialog()                                        # the .csv it makes exists: asked
     assert asked == [str(folder / "session.csv")]
     assert (folder / "session.csv").read_text() == "the user's own table"     # kept: the user said no
+    (folder / "plot.png").write_bytes(b"the user's own picture")
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: (str(folder / "plot"), ""))
+    window.export_plot_dialog(window.panels[0])                           # the .png it makes exists: asked
+    assert asked[-1] == str(folder / "plot.png") and (folder / "plot.png").read_bytes() == b"the user's own picture"
 
 
 def test_load_test_reports_aggregate_against_per_stream(window, qtbot):
