@@ -538,10 +538,12 @@ class ChatController(QObject):
             if bubble is not None:
                 self.pane.view.remove(bubble)
         del self._bubbles[at:]
+        self.current.context_used = None          # what the chat now takes is known at its next request
         self.pane.input.setPlainText(text)
         self.pane.input.moveCursor(QTextCursor.MoveOperation.End)      # typing goes on after the text
         self._save()
         self._update_buttons()
+        self._show_context()
 
     # --- the store's answers --------------------------------------------------------------------
     def _report_problems(self, problems: list[str]) -> None:

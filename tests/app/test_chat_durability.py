@@ -338,6 +338,10 @@ def test_the_context_meter_follows_the_current_chat(qtbot, tmp_path):
     assert meter.label.text() == "Context — / 512 tokens"
     chat.open(chat.conversations[0].id)
     assert meter.label.text() == "Context 352 / 512 tokens"
+    chat.confirm = lambda _t, _q: True
+    chat.edit_last()                        # the exchange it counted is gone: unknown until the next request
+    assert meter.label.text() == "Context — / 512 tokens" and meter.bar.value() == 0
+    assert on_disk(chat)["context_used"] is None
 
 
 def test_a_completion_prompt_cut_at_its_start_says_so(qtbot, tmp_path):
