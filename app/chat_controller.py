@@ -88,7 +88,8 @@ class ChatController(QObject):
         self.library = ConversationLibrary(store)
         self.library.store_line.connect(self._on_store_line)
         kept_drafts = self._keep_drafts_of_damaged_chats()
-        self.current = self._first_chat()
+        # a chat made now for a damaged chat's unsent text is the newest: shown first, so the text is seen
+        self.current = self.conversations[0] if kept_drafts else self._first_chat()
         self.stream_timer = self._timer(STREAM_SAVE_MS, self._save_live)
         self.edits_timer = self._timer(EDITS_SAVE_MS, self._keep_edits)
         pane.destroyed.connect(self._stop_timers)         # none may fire at a deleted pane
@@ -109,9 +110,12 @@ class ChatController(QObject):
         return timer
 
     def _first_chat(self) -> Conversation:
-        """The chat shown at start: the most recent one, unless the chat shown last was a new one never
-        saved that holds unsent text (it comes back with it)."""
+        """The chat shown at start: the one shown last (a new one never saved comes back where it holds
+        unsent text), else the most recent one."""
         last = self.prefs.current_chat()
+        shown = self.library.find(last) if last else None
+        if shown is not None:
+            return shown
         if last and not self.store.holds(last) and self.prefs.draft(last):   # never a new chat over a file
             return Conversation(id=last)
         return self.conversations[0] if self.conversations else Conversation()

@@ -482,3 +482,21 @@ def test_the_chat_switched_to_is_on_disk_at_once_so_a_crash_reopens_it(qtbot, tm
     finish(chat)
     chat.open(first)
     assert f"current={first}" in ini.read_text()        # the file itself: Qt shares unsynced values in-process
+
+
+def test_a_restart_reopens_the_chat_shown_last_not_the_newest(qtbot, tmp_path):
+    # the user went back to an older chat: after a quit (or a crash, the switch is written at once) it is
+    # that chat that opens again, though another was updated later
+    ini, folder = tmp_path / "strata.ini", tmp_path / "c"
+    first = make_chat(qtbot, folder, settings_file=ini)
+    first.send("Older chat")
+    finish(first)
+    older = first.current.id
+    first.new_chat()
+    first.send("Newer chat")
+    finish(first)
+    first.open(older)
+    assert first.conversations[0].id != older            # the newest is the other one
+    first.close()
+    again = make_chat(qtbot, folder, settings_file=ini)
+    assert again.current.id == older and "Older chat" in bubble_texts(again)
