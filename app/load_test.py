@@ -31,12 +31,18 @@ class LoadTestSummary:
     wall_s: float
     aggregate_tok_s: float
     per_stream_tok_s: float      # mean decode speed of one stream
+    failed: int = 0              # streams that ended in an error
+    first_error: str = ""        # the first of their errors
 
     def text(self) -> str:
-        return (f"{self.streams} streams, {self.total_tokens} tokens in {self.wall_s:.1f} s: aggregate "
+        head = (f"{self.streams} streams, {self.total_tokens} tokens in {self.wall_s:.1f} s: aggregate "
                 f"{self.aggregate_tok_s:.1f} tok/s vs {self.per_stream_tok_s:.1f} tok/s per stream "
                 f"({self.aggregate_tok_s / self.per_stream_tok_s:.2f}× from batching)"
                 if self.per_stream_tok_s > 0 else f"{self.streams} streams, {self.total_tokens} tokens")
+        if not self.failed:
+            return head
+        which = "every stream" if self.failed == self.streams else f"{self.failed} of {self.streams} streams"
+        return f"{head} — {which} failed: {self.first_error}"
 
 
 def summarise(results: list[ReplyStats]) -> LoadTestSummary:
@@ -44,8 +50,10 @@ def summarise(results: list[ReplyStats]) -> LoadTestSummary:
     tokens = sum(r.completion_tokens for r in results)
     wall = max(r.finished for r in results) - min(r.started for r in results) if results else 0.0
     speeds = [r.decode_tok_s for r in results if r.decode_tok_s]
+    failed = [r for r in results if r.finish_reason == "error" or r.error]
     return LoadTestSummary(len(results), tokens, wall, tokens / wall if wall > 0 else 0.0,
-                           sum(speeds) / len(speeds) if speeds else 0.0)
+                           sum(speeds) / len(speeds) if speeds else 0.0, len(failed),
+                           (failed[0].error or "the reply failed") if failed else "")
 
 
 class LoadTestDialog(QDialog):

@@ -214,6 +214,19 @@ def test_load_test_reports_aggregate_against_per_stream(window, qtbot):
     assert [dialog.table.item(i, 1).text() for i in range(3)] == ["reached max tokens"] * 3   # as the chat says it
 
 
+def test_a_load_test_whose_streams_fail_says_so_in_its_summary(window, qtbot):
+    window.open_load_test()
+    dialog = window.load_test
+    dialog.streams.setValue(2)
+    dialog.prompt_len.setValue(4096)                 # past the demo's 512-token context
+    dialog.output_len.setValue(8)
+    with qtbot.waitSignal(dialog.finished_test, timeout=REPLY_MS) as done:
+        dialog.start_button.click()
+    summary = done.args[0]
+    assert summary.failed == 2 and "512" in summary.first_error
+    assert dialog.summary.text().startswith("2 streams, 0 tokens — every stream failed: ")
+
+
 def test_screenshot_mode_writes_a_png_of_the_window_and_leaves_the_users_chats_and_settings_alone(qapp, tmp_path):
     # The user's saved chat and settings exist before; the screenshot's exchange happens in a scratch
     # workspace, so both are byte for byte as they were.
