@@ -390,6 +390,9 @@ class KnobsPanel(QWidget):
             if isinstance(w, AutoSpin):
                 w.auto_value = state.automatic_value(name)
             w.setValue(0 if value is None else int(value))
+            unit = w.property("unit")
+            if unit:                                  # signals are blocked here: the unit follows the value
+                w.setSuffix(_unit(str(unit), w.value()))
 
     def show_result(self, result: KnobResult) -> None:
         """Mark one option applied (with the engine's description) or rejected (with its reason)."""

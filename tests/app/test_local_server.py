@@ -93,6 +93,8 @@ def test_knobs_changed_over_http_show_in_the_knobs_panel(window, qtbot):
     assert answer.result().status_code == 200, answer.result().text
     qtbot.waitUntil(lambda: window.knobs.state.value("max_batch") == 4, timeout=REPLY_TIMEOUT_MS)
     assert window.knobs.controls["max_batch"].value() == 4 and window.knobs.controls["prefetch_depth"].value() == 1
+    assert window.knobs.controls["prefetch_depth"].suffix() == " layer"          # units follow the values shown
+    assert window.knobs.controls["max_batch"].suffix().endswith("s")
     answer = _in_thread(lambda: httpx.post(base + "/v1/strata/config", json={"expert_pool_size": 10 ** 15},
                                            timeout=30))
     qtbot.waitUntil(answer.done, timeout=REPLY_TIMEOUT_MS)
