@@ -33,6 +33,11 @@ class CorruptConversation(ValueError):
     """A conversation file whose content is not a conversation; the message names the field."""
 
 
+class NewerConversation(Exception):
+    """A conversation file of a later format than this Strata writes: left as it is (a save here would
+    drop what this version does not know)."""
+
+
 @dataclass
 class Reply:
     """One reply the model gave to a turn."""
@@ -314,6 +319,10 @@ class ConversationStore:
             except OSError as exc:
                 problems.append(f"Conversation file {path} cannot be read: {exc.strerror or exc}. "
                                 "To fix it, make the file readable and restart Strata.")
+            except NewerConversation as exc:
+                problems.append(f"Conversation file {path.name} was written by a newer Strata (format {exc.args[0]}; "
+                                f"this one reads up to {FORMAT_VERSION}); it was left as it is and not loaded. "
+                                "To open it, use that newer version.")
             except (ValueError, CorruptConversation) as exc:
                 problems.append(self._set_aside(path, str(exc)))
         return Loaded(sorted(out, key=lambda c: c.updated, reverse=True), problems)
@@ -346,6 +355,9 @@ class ConversationStore:
             raise CorruptConversation("it is not UTF-8 text") from exc
         except json.JSONDecodeError as exc:
             raise CorruptConversation(f"it is not valid JSON (line {exc.lineno}, column {exc.colno})") from exc
+        version = data.get("version") if isinstance(data, dict) else None
+        if type(version) is int and version > FORMAT_VERSION:
+            raise NewerConversation(version)
         conv = Conversation.from_json(data)
         conv.id = path.stem    # the file name is the id every later save writes to
         return conv

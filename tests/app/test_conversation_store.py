@@ -112,6 +112,23 @@ def test_a_damaged_file_is_renamed_aside_and_reported_never_skipped_or_deleted(t
     assert again.problems == [] and [p.name for p in tmp_path.iterdir() if "corrupt" in p.name] == [aside[0].name]
 
 
+def test_a_file_of_a_newer_format_is_left_as_it_is_and_said(tmp_path):
+    # a later Strata's file may hold what this one does not know: loading and saving it back would drop
+    # that, so it is neither loaded nor renamed, and the line says which version to use
+    store = ConversationStore(tmp_path)
+    good = _conv()
+    store.save(good)
+    newer = dict(good.to_json(), id="abcdef123456", version=99, reactions=["a field of later versions"])
+    text = json.dumps(newer)
+    (tmp_path / "abcdef123456.json").write_text(text)
+    loaded = store.load_all()
+    assert [c.id for c in loaded.conversations] == [good.id]
+    assert loaded.problems == ["Conversation file abcdef123456.json was written by a newer Strata (format 99; this "
+                               "one reads up to 2); it was left as it is and not loaded. To open it, use that newer "
+                               "version."]
+    assert (tmp_path / "abcdef123456.json").read_text() == text and store.holds("abcdef123456")
+
+
 @pytest.mark.parametrize("fields", [{"title": None}, {"updated": "yesterday"}, {"created": True, "updated": None},
                                     {"messages": [{"role": "user", "content": "a"},
                                                   {"role": "assistant", "content": "b", "stats": None,
