@@ -1,4 +1,5 @@
-"""The conversations sidebar: New chat, the saved chats (newest first), Rename, Delete, and Undo of a delete.
+"""The conversations sidebar: New chat, a search over the chats' titles and messages, the saved chats (newest
+first), Rename, Delete, and Undo of a delete.
 
 Each entry is its title on one line (cut with "…" to the list's width, the whole title in its tooltip)
 above its time and length: a title that wrapped would push that line out of the entry."""
@@ -8,14 +9,15 @@ import time
 
 from PySide6.QtCore import QEvent, QObject, Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
-from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QListWidget, QListWidgetItem, QPushButton, QVBoxLayout,
-                               QWidget)
+from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QLineEdit, QListWidget, QListWidgetItem, QPushButton,
+                               QVBoxLayout, QWidget)
 
 from app.conversations import Conversation
 
 UNDO_SHOWN_MS = 30_000     # how long "Deleted … Undo" stays; the file stays in the trash folder after that
 TITLE = Qt.ItemDataRole.UserRole + 1      # an entry's whole title; UserRole holds its id
 DETAIL = Qt.ItemDataRole.UserRole + 2     # its second line (time and length)
+SEARCHED = Qt.ItemDataRole.UserRole + 3   # what the search box looks in: its title and messages, casefolded
 
 
 class ConversationList(QWidget):
@@ -33,6 +35,16 @@ class ConversationList(QWidget):
         self.new_button = QPushButton("+ New chat")
         self.new_button.clicked.connect(self.new_requested)
         lay.addWidget(self.new_button)
+        self.search = QLineEdit()
+        self.search.setPlaceholderText("Search chats")
+        self.search.setClearButtonEnabled(True)
+        self.search.setToolTip("Show only the chats whose title or messages hold this text")
+        self.search.textChanged.connect(self._filter)
+        lay.addWidget(self.search)
+        self.no_match = QLabel("No chat holds this text")
+        self.no_match.setObjectName("replyStats")
+        self.no_match.hide()
+        lay.addWidget(self.no_match)
         self.list = QListWidget()
         self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
@@ -103,6 +115,7 @@ class ConversationList(QWidget):
             item.setData(Qt.ItemDataRole.UserRole, conv.id)
             item.setData(TITLE, conv.title)
             item.setData(DETAIL, f"{when} · {n} message{'' if n == 1 else 's'}")
+            item.setData(SEARCHED, "\n".join([conv.title, *(m.content for m in conv.messages)]).casefold())
             item.setToolTip(conv.title)
             if conv.id == current_id:
                 current = item
@@ -113,8 +126,20 @@ class ConversationList(QWidget):
         else:
             self.list.setCurrentRow(-1)
         self._fit_titles()
+        self._filter(self.search.text())
         self.list.blockSignals(False)
         self._busy_or_empty()
+
+    def _filter(self, text: str) -> None:
+        """Hide the chats that do not hold ``text`` (in their title or any message; case ignored)."""
+        wanted = text.strip().casefold()
+        shown = 0
+        for i in range(self.list.count()):
+            item = self.list.item(i)
+            hide = bool(wanted) and wanted not in str(item.data(SEARCHED) or "")
+            item.setHidden(hide)
+            shown += not hide
+        self.no_match.setVisible(bool(wanted) and shown == 0 and self.list.count() > 0)
 
     def _fit_titles(self) -> None:
         """Each entry's title cut to one line of the list's width, its time and length below it."""

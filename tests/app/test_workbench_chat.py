@@ -500,3 +500,29 @@ def test_a_restart_reopens_the_chat_shown_last_not_the_newest(qtbot, tmp_path):
     first.close()
     again = make_chat(qtbot, folder, settings_file=ini)
     assert again.current.id == older and "Older chat" in bubble_texts(again)
+
+
+def test_the_search_box_shows_the_chats_whose_title_or_messages_hold_the_text(qtbot, tmp_path):
+    chat = make_chat(qtbot, tmp_path / "c")
+    chat.send("How do tides work?")
+    finish(chat)
+    chat.new_chat()
+    chat.send("A recipe for bread")
+    finish(chat)
+    bread = chat.current.id
+    chat.ask_text = lambda *_a: "Baking"
+    chat.rename(bread)
+    listed = lambda: [chat.sidebar.list.item(i).data(Qt.ItemDataRole.UserRole)   # noqa: E731
+                      for i in range(chat.sidebar.list.count()) if not chat.sidebar.list.item(i).isHidden()]
+    assert len(listed()) == 2
+    QTest.keyClicks(chat.sidebar.search, "TIDES")              # a message's text, case ignored
+    assert len(listed()) == 1 and listed() != [bread]
+    chat.sidebar.search.setText("bak")                         # a title
+    assert listed() == [bread]
+    chat.sidebar.search.setText("nothing like this")
+    assert listed() == [] and chat.sidebar.no_match.isVisibleTo(chat.sidebar)
+    chat.send("More bread, please")                            # the list is filled again: the search holds
+    finish(chat)
+    assert listed() == [] and chat.sidebar.list.count() == 2
+    chat.sidebar.search.clear()
+    assert len(listed()) == 2 and not chat.sidebar.no_match.isVisibleTo(chat.sidebar)
