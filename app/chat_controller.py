@@ -292,6 +292,20 @@ class ChatController(QObject):
             self._refresh_sidebar()
         self._offer_undo()
 
+    def trashed(self) -> list[Conversation]:
+        """The chats in the trash folder that are not in the list (an Undo may have brought one back)."""
+        self.library.flush(5)                  # a delete still on its way to the trash is there first
+        return [c for c in self.store.trashed() if self.library.find(c.id) is None]
+
+    def restore(self, conv_id: str) -> None:
+        """Bring a chat back from the trash folder, and show it."""
+        conv = next((c for c in self.store.trashed() if c.id == conv_id), None)
+        if conv is None or self.live is not None or self.library.find(conv_id) is not None:
+            return
+        self.library.restore(conv)
+        self._show_chat(conv)
+        self._offer_undo()
+
     def undo_delete(self) -> None:
         """Bring back the conversation deleted last, and show it."""
         conv = self.library.undo() if self.live is None else None

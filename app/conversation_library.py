@@ -51,6 +51,14 @@ class ConversationLibrary(QObject):
         self.deleted.append(conv)
         self.writer.put(TrashJob(conv.id))
 
+    def restore(self, conv: Conversation) -> None:
+        """Bring ``conv`` (read from the trash folder) back into the list; its file moves back."""
+        self.deleted = [c for c in self.deleted if c.id != conv.id]
+        if self.find(conv.id) is None:
+            self.conversations.append(conv)
+        self.writer.put(RestoreJob(conv.id))
+        self.sort()
+
     def undo(self) -> Conversation | None:
         """Bring back the conversation deleted last."""
         if not self.deleted:

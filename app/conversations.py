@@ -291,6 +291,21 @@ class ConversationStore:
         os.replace(path, self.trash_folder / path.name)
         _fsync_folder(self.folder)
 
+    def trashed(self) -> list[Conversation]:
+        """The conversations in the trash folder that can be read, most recently updated first (a file
+        that cannot be read stays there, untouched)."""
+        out = []
+        try:
+            paths = sorted(self.trash_folder.glob("*.json"))
+        except OSError:
+            return []
+        for path in paths:
+            try:
+                out.append(self._read(path))
+            except (OSError, ValueError, NewerConversation):
+                continue
+        return sorted(out, key=lambda c: c.updated, reverse=True)
+
     def restore(self, conv_id: str) -> None:
         """Move a conversation back from the trash (never over a file that is there)."""
         path = self.trash_folder / f"{conv_id}.json"

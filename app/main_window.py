@@ -161,6 +161,8 @@ class MainWindow(QMainWindow):
         self._action(chat, "&New chat", lambda: self.chat.new_chat(), "Ctrl+N")
         self._action(chat, "&Stop the reply", lambda: self.chat.stop(), "Esc")
         self._action(chat, "&Regenerate the last reply", lambda: self.chat.regenerate(), "Ctrl+R")
+        chat.addSeparator()
+        self._action(chat, "&Deleted chats…", self.open_trash)
         view = bar.addMenu("&View")
         for dock in self.docks.values():
             view.addAction(dock.toggleViewAction())
@@ -461,6 +463,14 @@ class MainWindow(QMainWindow):
                 self._export_failed(path, exc)
                 return
             self._exported(path, f"Saved {path}")
+
+    def open_trash(self) -> None:
+        """The deleted chats, each to restore (a dialog of its own: the list is read when it opens)."""
+        from app.trash_dialog import TrashDialog
+        dialog = TrashDialog(self.chat.trashed, self.chat.restore, str(self.chat.store.trash_folder), self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        self.trash_dialog = dialog
+        dialog.show()
 
     def open_load_test(self) -> None:
         if self.load_test is None:

@@ -526,3 +526,29 @@ def test_the_search_box_shows_the_chats_whose_title_or_messages_hold_the_text(qt
     assert listed() == [] and chat.sidebar.list.count() == 2
     chat.sidebar.search.clear()
     assert len(listed()) == 2 and not chat.sidebar.no_match.isVisibleTo(chat.sidebar)
+
+
+def test_a_deleted_chat_comes_back_from_the_trash_after_its_undo_is_gone(qtbot, tmp_path):
+    from app.trash_dialog import TrashDialog
+    folder = tmp_path / "c"
+    chat = make_chat(qtbot, folder)
+    chat.send("Keep me for later")
+    finish(chat)
+    gone = chat.current.id
+    chat.new_chat()
+    chat.send("Another chat")
+    finish(chat)
+    chat.delete(gone)
+    chat.sidebar.show_undo("")                    # the Undo offer is over (its time ran out, or a restart)
+    chat.library.flush(10)
+    assert not (folder / f"{gone}.json").exists() and (folder / "trash" / f"{gone}.json").is_file()
+    dialog = TrashDialog(chat.trashed, chat.restore, str(chat.store.trash_folder))
+    qtbot.addWidget(dialog)
+    assert dialog.list.count() == 1 and dialog.list.item(0).text().startswith("Keep me for later")
+    dialog.restore_button.click()
+    assert dialog.list.count() == 0 and dialog.empty.isVisibleTo(dialog) and not dialog.restore_button.isEnabled()
+    assert chat.current.id == gone and "Keep me for later" in bubble_texts(chat)
+    chat.library.flush(10)
+    assert (folder / f"{gone}.json").is_file() and not (folder / "trash" / f"{gone}.json").exists()
+    again = make_chat(qtbot, folder)              # in the list after a restart too
+    assert gone in [c.id for c in again.conversations] and again.trashed() == []

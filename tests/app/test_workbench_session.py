@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 from PySide6.QtCore import QObject, QSettings, Qt, Slot
 from PySide6.QtGui import QImage
+from PySide6.QtWidgets import QLabel, QMenu
 
 from app.bridge import TEXT_INTERVAL_S
 from app.launch import SCREENSHOT_SIZE, run_gui
@@ -342,3 +343,12 @@ def test_a_screenshot_whose_model_fails_to_open_ends_at_once_with_the_banners_li
     assert err == [f"strata: Could not open {default_model_dir()}: the batch size must be an integer >= 1 (got 0) "
                    "(start Strata with --max-batch N)"]
     assert out.stat().st_size > 10_000          # the picture shows the banner that says so
+
+
+def test_the_chat_menu_opens_the_deleted_chats(window, qtbot):
+    action = next(a for m in window.menuBar().findChildren(QMenu) for a in m.actions()
+                  if a.text() == "&Deleted chats…")
+    action.trigger()
+    qtbot.waitUntil(lambda: window.trash_dialog.isVisible(), timeout=5_000)
+    assert str(window.chat.store.trash_folder) in window.trash_dialog.findChild(QLabel).text()
+    window.trash_dialog.close()
