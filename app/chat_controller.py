@@ -97,6 +97,7 @@ class ChatController(QObject):
         self._connect()
         self._show_current()
         self._report_problems(self.library.problems + kept_drafts)
+        QTimer.singleShot(0, self, self.library.report_unwritable)   # once the window listens to the store
 
     def _stop_timers(self, *_args) -> None:
         self.stream_timer.stop()

@@ -51,6 +51,14 @@ class ConversationLibrary(QObject):
         self.deleted.append(conv)
         self.writer.put(TrashJob(conv.id))
 
+    def report_unwritable(self) -> None:
+        """Say at once (not at the first save) that the folder cannot be written; a later save that goes
+        through clears it, as after a failed one."""
+        line = self.store.unwritable()
+        if line is not None:
+            self._failing, self._last_line = True, line
+            self.store_line.emit(line)
+
     def restore(self, conv: Conversation) -> None:
         """Bring ``conv`` (read from the trash folder) back into the list; its file moves back."""
         self.deleted = [c for c in self.deleted if c.id != conv.id]

@@ -291,6 +291,19 @@ class ConversationStore:
         os.replace(path, self.trash_folder / path.name)
         _fsync_folder(self.folder)
 
+    def unwritable(self) -> str | None:
+        """The line a save would fail with, where the folder (or the nearest one that exists) cannot be
+        written now (read-only disk, permissions); None where a save may go through."""
+        folder = self.folder if self.folder.exists() else _nearest_existing(self.folder)
+        try:
+            if os.statvfs(folder).f_flag & os.ST_RDONLY:
+                return write_error_line(self.folder, OSError(errno.EROFS, "Read-only file system"))
+        except (OSError, AttributeError):
+            pass
+        if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
+            return write_error_line(self.folder, OSError(errno.EACCES, "Permission denied"))
+        return None
+
     def trashed(self) -> list[Conversation]:
         """The conversations in the trash folder that can be read, most recently updated first (a file
         that cannot be read stays there, untouched)."""

@@ -7,6 +7,7 @@ import errno
 import json
 import os
 from functools import partial
+from pathlib import Path
 
 import pytest
 from PySide6.QtWidgets import QApplication, QMessageBox
@@ -609,3 +610,23 @@ def test_a_long_title_is_cut_to_one_line_and_the_entry_keeps_its_time(qtbot, tmp
     assert item.toolTip() == chat.current.title
     metrics = chat.sidebar.list.fontMetrics()
     assert metrics.horizontalAdvance(title) <= chat.sidebar.list.viewport().width()
+
+
+def test_a_data_folder_that_cannot_be_written_is_said_at_start_and_cleared_by_a_save(qtbot, tmp_path, monkeypatch):
+    # before any save fails: the window says at once that chats cannot be saved there, and why
+    import app.conversations as conversations
+    folder = tmp_path / "c"
+    folder.mkdir()
+    writable = conversations.os.access
+    monkeypatch.setattr(conversations.os, "access", lambda p, mode: False if Path(p) == folder else writable(p, mode))
+    chat = make_chat(qtbot, folder)
+    lines: list[str] = []
+    chat.store_error.connect(lines.append)
+    qtbot.waitUntil(lambda: bool(lines), timeout=5_000)
+    assert lines[0].startswith(f"Conversations cannot be saved in {folder}: Permission denied. To fix it, make "
+                               f"{folder} writable")
+    assert lines[0] in bubble_texts(chat)
+    monkeypatch.setattr(conversations.os, "access", writable)
+    chat.send("Tell me")
+    finish(chat)
+    qtbot.waitUntil(lambda: lines[-1] == "", timeout=5_000)     # the save went through: the banner goes
