@@ -60,15 +60,25 @@ def _flat_button(text: str, tip: str) -> QPushButton:
     return button
 
 
+# control characters (a model may write any byte) shown as their visible symbols (U+2400 on), never sent
+# to the terminal emulation of a label; tabs and line breaks stay
+_CONTROLS = {c: 0x2400 + c for c in range(32) if chr(c) not in "\t\n\r"} | {0x7F: 0x2421}
+
+
+def shown(text: str) -> str:
+    """``text`` as a message shows it: control characters as their symbols (the message keeps them)."""
+    return text.translate(_CONTROLS)
+
+
 def block_widget(block: Block) -> QLabel:
     """One rendered block: Markdown text, or a monospaced code box."""
     if block.kind == "code":
-        label = _label(block.text, Qt.TextFormat.PlainText, "codeBlock")
+        label = _label(shown(block.text), Qt.TextFormat.PlainText, "codeBlock")
         label.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
         if block.lang:
             label.setToolTip(block.lang)
         return label
-    return _label(markdown_html(block.text), Qt.TextFormat.RichText)
+    return _label(markdown_html(shown(block.text)), Qt.TextFormat.RichText)
 
 
 _BODY_STYLE = re.compile(r"<body style=\"[^\"]*\">")
@@ -111,14 +121,14 @@ class StreamingTail(QTextEdit):
 
     def set_text(self, text: str) -> None:
         """Replace everything (once per finished block)."""
-        self.setPlainText(text)
+        self.setPlainText(shown(text))
         self.setVisible(bool(text))
 
     def append_text(self, text: str) -> None:
         """Add ``text`` at the end without touching what is already laid out."""
         cursor = QTextCursor(self.document())
         cursor.movePosition(QTextCursor.MoveOperation.End)
-        cursor.insertText(text)
+        cursor.insertText(shown(text))
         self.setVisible(not self.document().isEmpty())
 
     def _fit_height(self, size: QSizeF) -> None:
@@ -159,7 +169,7 @@ class ReasoningBlock(QWidget):
 
     def set_text(self, text: str) -> None:
         self.text = text
-        self.label.setText(text)
+        self.label.setText(shown(text))
         self.toggle.setText(f"Reasoning ({len(text.split())} words)")
         self.setVisible(bool(text))
         self._expand(self.toggle.isChecked())

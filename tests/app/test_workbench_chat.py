@@ -9,6 +9,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QSettings, Qt
 from PySide6.QtTest import QTest
+from PySide6.QtWidgets import QLabel
 
 from app.chat_controller import INTERRUPTED_NOTE
 from app.messages import GenerationSettings, TextBatch
@@ -552,3 +553,15 @@ def test_a_deleted_chat_comes_back_from_the_trash_after_its_undo_is_gone(qtbot, 
     assert (folder / f"{gone}.json").is_file() and not (folder / "trash" / f"{gone}.json").exists()
     again = make_chat(qtbot, folder)              # in the list after a restart too
     assert gone in [c.id for c in again.conversations] and again.trashed() == []
+
+
+def test_control_characters_a_model_writes_show_as_symbols_and_are_kept(qtbot, tmp_path):
+    from app.chat_view import shown
+    assert shown("a\x1b[31mred\x00\x7f\tb\nc") == "a\u241b[31mred\u2400\u2421\tb\nc"
+    chat = make_chat(qtbot, tmp_path / "c")
+    chat.send("Hi")
+    stream(chat, "odd \x1b bytes \x10 here")
+    finish(chat)
+    labels = [w.text() for w in chat.pane.view.bubbles[-1].findChildren(QLabel)]
+    assert any("odd \u241b bytes \u2410 here" in t for t in labels)
+    assert chat.current.messages[-1].content == "odd \x1b bytes \x10 here"      # the message keeps them
