@@ -30,7 +30,8 @@
 #                    sweep with the card's tuned table, then the kit in the background, trained-like unless
 #                    KIT_TRAINED=0; poll it after, then after-kit)
 #   or:              bash benchmarks/h200_session.sh after-kit         (once the kit is done: the 512-token prefill
-#                    with the alignment's one program on 4, 8 and 16 warps; gpt-oss-20b every expert resident)
+#                    with the alignment's one program on 4, 8 and 16 warps, one-token 16-bit matrices and routers
+#                    on the GEMV kernel against cuBLAS; gpt-oss-20b every expert resident)
 #   or:              bash benchmarks/h200_session.sh turns             (the GPU tests; the CPU kernel in one parallel
 #                    region or two; the card's memory over the kit's engines loaded in turn; predict_ab at AB_SHARES)
 #   or:              bash benchmarks/h200_session.sh tuner             (the GPU tests; replays predicting or not
@@ -162,7 +163,7 @@ case ${1:-} in
   after-kit)
     kit_done || { echo "the kit is still running: poll it first"; exit 1; }
     timeout 150 python3 benchmarks/step_profile.py --timed 16 --profiled 2 --prefill 512 \
-      --cells "${PROFILE_CELLS:-int4,int4+alignw8,int4+alignw16,bf16+alignw8}" --out "$OUT/prefill_align.json" 2>&1 \
+      --cells "${PROFILE_CELLS:-int4,int4+alignw8,int4+alignw16,int4+gemv16,bf16,bf16+gemv16}" --out "$OUT/prefill_align.json" 2>&1 \
       | grep -e "tok/s" -e Error -e "_align"
     timeout "$(( $(left) - 5 ))" python3 benchmarks/bench_gpt_oss.py --cells a --out "$OUT/gpt_oss_a.json" 2>&1 \
       | tail -n 8;;

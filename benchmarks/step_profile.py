@@ -111,13 +111,14 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--cells", default="int4/bf16,int4/int8,int4/fp8,bf16",
                     help="expert format[/resident-weight format][+nopdl][+apart][+perhead][+gemv][+nojoin][+palign]"
-                         "[+alignwN], "
+                         "[+alignwN][+gemv16], "
                          "comma-separated (no resident format: the engine's auto; +nopdl: no kernel, the MoE's "
                          "included, launches as a programmatic dependent; +apart: decode attention combines its "
                          "splits in a launch of its own; +perhead: its folded combining head after head; +gemv: "
                          "the router's GEMV and the routing in one launch; +nojoin: int4 prefill tiles of two "
                          "halves rather than joined nibbles; +palign: the prefill's alignment in parallel chunks; "
-                         "+alignw8: its one program on 8 warps)")
+                         "+alignw8: its one program on 8 warps; +gemv16: one-token 16-bit matrices and routers "
+                         "on the GEMV kernel rather than cuBLAS)")
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--timed", type=int, default=64)
     ap.add_argument("--profiled", type=int, default=8)
@@ -135,6 +136,7 @@ def main() -> None:
     import kernels._triton as triton_glue
     import kernels.moe_align as moe_align
     import kernels.moe_prefill as moe_prefill
+    import kernels.qlinear as qlinear
     import kernels.paged_attention as paged_attention
     import kernels.router as router
     for cell in a.cells.split(","):
@@ -146,6 +148,7 @@ def main() -> None:
         moe_prefill.INT4_JOIN = "nojoin" not in flags
         moe_align.PARALLEL = "palign" in flags
         moe_align.ALIGN_WARPS = next((int(f[6:]) for f in flags if f.startswith("alignw")), 4)
+        qlinear.GEMV16 = "gemv16" in flags
         router.FUSED_GEMV = "gemv" in flags
         try:
             engine, load_s = strata_engine(hf, cfg, fmt, 1, "float32" if a.smoke else "bfloat16", device=device,

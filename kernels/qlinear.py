@@ -103,9 +103,11 @@ def _qlinear_kernel(x_ptr, q_ptr, s_ptr, b_ptr, y_ptr, T, N, K, stride_xt, strid
 
 @jit
 def _qgemv_kernel(x_ptr, q_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_qn,
-                  HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+                  HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                  SCALED: tl.constexpr = True):
     """One token: no tensor cores (15 of 16 rows would be padding); partial sums stay per lane until
-    the end, so the loop is loads and fused multiply-adds only."""
+    the end, so the loop is loads and fused multiply-adds only. ``SCALED`` False: 16-bit weights, no
+    row scale (:func:`gemv16`)."""
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)          # [BN]
     ks = tl.arange(0, BLOCK_K)                                         # [BK]
     n_ok = cols < N
@@ -121,7 +123,9 @@ def _qgemv_kernel(x_ptr, q_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_qn,
             w = tl.load(q_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
         acc += w * x[None, :]
         q_ptrs += BLOCK_K
-    y = tl.sum(acc, axis=1) * tl.load(s_ptr + cols, mask=n_ok, other=0.0)   # [BN]
+    y = tl.sum(acc, axis=1)                                            # [BN]
+    if SCALED:
+        y = y * tl.load(s_ptr + cols, mask=n_ok, other=0.0)
     if HAS_BIAS:
         y += tl.load(b_ptr + cols, mask=n_ok, other=0.0).to(tl.float32)
     tl.store(y_ptr + cols, y.to(y_ptr.dtype.element_ty), mask=n_ok)
@@ -182,6 +186,32 @@ def qlinear(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = None) -
     return y
 
 
+# Whether one-token steps take gemv16 for 16-bit resident matrices and routers (CUDA), rather than
+# cuBLAS: off until a GPU run measures it (benchmarks/step_profile.py +gemv16).
+GEMV16 = False
+
+
+def gemv16_fits(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether :func:`gemv16` takes ``x @ w.T``: one token, 16-bit ``w`` of ``x``'s dtype, on CUDA."""
+    return (GEMV16 and HAS_TRITON and x.dim() == 2 and x.shape[0] == 1 and x.is_cuda
+            and w.dtype in (torch.bfloat16, torch.float16) and x.dtype == w.dtype and w.stride(1) == 1)
+
+
+def gemv16(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x [1, K] @ w [N, K].T (+ bias)`` -> ``[1, N]`` in ``x.dtype``, for 16-bit (or float32) ``w``:
+    the one-token kernel of :func:`qlinear` without a row scale (float32 accumulation)."""
+    if x.dim() != 2 or x.shape[0] != 1 or w.dim() != 2 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"gemv16: x {tuple(x.shape)} must be one row of w's width {tuple(w.shape)}")
+    x = x if x.stride(1) == 1 else x.contiguous()
+    n, k = w.shape
+    y = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    bn, bk, warps = _gemv_tiles(n, k)
+    _qgemv_kernel[(cdiv(n, bn),)](x, w, w, bias if bias is not None else w, y, n, k, w.stride(0),
+                                  HAS_BIAS=bias is not None, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=k % bk == 0,
+                                  SCALED=False, num_warps=warps, num_stages=4)
+    return y
+
+
 def qlinear_ref(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """Torch reference of :func:`qlinear`: float32 math over the dequantised matrix, in row chunks so a
     huge LM head never exists widened whole."""
@@ -203,4 +233,6 @@ def linear(x: torch.Tensor, w: torch.Tensor | QuantWeight, bias: torch.Tensor | 
         if kernel and HAS_TRITON:
             return qlinear(x, w, bias)
         return qlinear_ref(x, w, bias)
+    if kernel and gemv16_fits(x, w):
+        return gemv16(x, w, bias)
     return torch.nn.functional.linear(x, w, bias)        # the bias in the GEMM's epilogue where cuBLAS can

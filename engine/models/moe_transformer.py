@@ -29,7 +29,7 @@ from kernels._triton import HAS_TRITON
 from kernels.decode_ops import add_rms_norm, add_rms_norm_act16, qk_norm_rope_write
 from kernels.host_rows import gather_rows
 from kernels.paged_attention import attend_context_ref, context_rows, window_valid
-from kernels.qlinear import linear
+from kernels.qlinear import gemv16, gemv16_fits, linear
 from kernels.router import route as route_kernel
 from kernels.router import route_gemv, route_gemv_fits
 from kernels.router import route_ref as route_scored
@@ -94,6 +94,8 @@ def router_logits(x: torch.Tensor, m: MoEWeights) -> torch.Tensor:
     """The router's logits ``[T, E]`` of ``x [T, D]``: in float32 where the router is kept so (sigmoid
     scores, GLM: engine/checkpoint/plan.kept_in_float32), else in ``x``'s dtype; plus its bias."""
     w = m.router
+    if m.router_bias is None and gemv16_fits(x, w):     # a one-token step (CUDA, when the A/B turns it on)
+        return gemv16(x, w)
     logits = (x.float() if w.dtype == torch.float32 else x) @ w.t()
     return logits if m.router_bias is None else logits + m.router_bias
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.qlinear import QuantWeight, linear, qlinear, qlinear_ref, quantize_rows
+from kernels.qlinear import QuantWeight, gemv16, gemv16_fits, linear, qlinear, qlinear_ref, quantize_rows
 
 TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.float16: dict(atol=2e-2, rtol=2e-2)}
 
@@ -26,6 +26,33 @@ def test_kernel_matches_reference(fmt, T, N, K, dtype, bias):
     x = torch.randn(T, K, generator=g).to(dtype)
     b = torch.randn(N, generator=g) if bias else None
     torch.testing.assert_close(qlinear(x, w, b).float(), qlinear_ref(x, w, b).float(), **TOL[dtype])
+
+
+@pytest.mark.parametrize("N,K,dtype,bias", [
+    (40, 64, torch.float32, True),         # N not a multiple of the tile
+    (24, 2880, torch.float16, False),      # 8-row tiles, K not a multiple of their 512
+    (16, 4100, torch.float16, True),       # K >= 4096: 1024-wide K runs with a masked tail
+    (32776, 48, torch.float32, False),     # an LM head's row count: 16 x 64 tiles, a partial last
+])
+def test_the_16_bit_one_token_kernel_matches_torch(N, K, dtype, bias):
+    # the same one-token kernel without a row scale, for 16-bit matrices and routers (float32 here: the
+    # interpreter's bfloat16 arithmetic is not the GPU's)
+    g = torch.Generator().manual_seed(N + K)
+    w = torch.randn(N, K, generator=g).to(dtype)
+    x = torch.randn(1, K, generator=g).to(dtype)
+    b = torch.randn(N, generator=g).to(dtype) if bias else None
+    want = torch.nn.functional.linear(x.float(), w.float(), None if b is None else b.float())
+    torch.testing.assert_close(gemv16(x, w, b).float(), want, **TOL[dtype])
+
+
+def test_gemv16_is_taken_only_where_asked_and_it_fits(monkeypatch):
+    import kernels.qlinear as ql
+    x, w = torch.randn(1, 8, dtype=torch.bfloat16), torch.randn(4, 8, dtype=torch.bfloat16)
+    assert not gemv16_fits(x, w)                              # off by default (and this is no GPU)
+    monkeypatch.setattr(ql, "GEMV16", True)
+    assert not gemv16_fits(x, w)                              # on the CPU torch does it
+    with pytest.raises(ValueError, match="must be one row of w's width"):
+        gemv16(torch.randn(2, 8), w.float())
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "int8"])
