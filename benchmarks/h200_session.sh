@@ -64,6 +64,28 @@ left() { echo $((PHASE_S - SECONDS)); }
 
 kit_done() { grep -q ' run-done$' "$(readlink -f "$HOME/llamacpp-anchor/latest")/marks.txt" 2>/dev/null; }
 
+gpu_tests() {
+  # the card's name, then the GPU tests within $1 seconds; nothing of them may run beside what follows;
+  # with "gate", a failure ends the phase (no kit on a build the tests refuse)
+  nvidia-smi --query-gpu=name --format=csv,noheader
+  mkdir -p "$OUT/suite"
+  OUT="$OUT/suite" PYTHON=python3 timeout -k 10 "$1" bash benchmarks/gpu_suite.sh tests
+  pkill -f "pytest tests/engine/test_gpu" 2>/dev/null
+  if [ "${2:-}" = gate ] && tail -n 1 "$OUT/suite/tests.log" | grep -q -e failed -e error; then
+    echo "GPU tests failed: no kit"; exit 1
+  fi
+}
+
+start_kit() {
+  # the kit in the background (trained-like model where KIT_TRAINED is 1; $1 is its default), followed here
+  if [ "${KIT_TRAINED:-${1:-0}}" = 1 ]; then
+    [ -d "$TRAINED" ] || python3 benchmarks/trained_like_checkpoint.py "$TRAINED" --layers 12 2>&1 | tail -n 4
+    KIT_ARGS="$KIT_ARGS --hf $TRAINED"
+  fi
+  bash .bench/kit/run.sh --background $KIT_ARGS || exit 1
+  bash .bench/kit/poll.sh "$(left)" | tail -n 12
+}
+
 start_gpt_oss() {
   # The kit's model files are its own, made by this session's run: remove them for the host memory
   # the 120b store needs (57 GiB pinned).
@@ -84,29 +106,13 @@ follow_gpt_oss() {
 
 case ${1:-} in
   tests-and-kit)
-    nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
-    mkdir -p "$OUT/suite"
-    OUT="$OUT/suite" PYTHON=python3 timeout -k 10 330 bash benchmarks/gpu_suite.sh tests
-    pkill -f "pytest tests/engine/test_gpu" 2>/dev/null   # nothing of the tests may run beside the kit
-    if [ "${KIT_TRAINED:-0}" = 1 ]; then
-      [ -d "$TRAINED" ] || python3 benchmarks/trained_like_checkpoint.py "$TRAINED" --layers 12 2>&1 | tail -n 4
-      KIT_ARGS="$KIT_ARGS --hf $TRAINED"
-    fi
-    bash .bench/kit/run.sh --background $KIT_ARGS || exit 1
-    bash .bench/kit/poll.sh "$(left)" | tail -n 12;;
+    gpu_tests 330
+    start_kit;;
   tests-ab-kit)
-    nvidia-smi --query-gpu=name --format=csv,noheader
-    mkdir -p "$OUT/suite"
-    OUT="$OUT/suite" PYTHON=python3 timeout -k 10 300 bash benchmarks/gpu_suite.sh tests
-    pkill -f "pytest tests/engine/test_gpu" 2>/dev/null
+    gpu_tests 300
     timeout 100 python3 benchmarks/step_profile.py --cells int4/bf16,int4/bf16+nopdl,int4/fp8 --out "$OUT/step_profile.json" 2>&1 \
       | grep -e "tok/s" -e Error
-    if [ "${KIT_TRAINED:-0}" = 1 ]; then
-      [ -d "$TRAINED" ] || python3 benchmarks/trained_like_checkpoint.py "$TRAINED" --layers 12 2>&1 | tail -n 4
-      KIT_ARGS="$KIT_ARGS --hf $TRAINED"
-    fi
-    bash .bench/kit/run.sh --background $KIT_ARGS || exit 1
-    bash .bench/kit/poll.sh "$(left)" | tail -n 12;;
+    start_kit;;
   validate)
     nvidia-smi --query-gpu=name --format=csv,noheader
     # no pool, cold experts auto, bus and cpu: where the CPU's share goes at prefetch depth 2 against 0
@@ -133,47 +139,24 @@ case ${1:-} in
     # the GPU tests; the resident step and a 512-token prefill, kernel by kernel (the attention's folded
     # combine of every head at once against head after head); then the kit in the background, followed
     # here (follow it with: bash .bench/kit/poll.sh 540)
-    nvidia-smi --query-gpu=name --format=csv,noheader
-    mkdir -p "$OUT/suite"
-    OUT="$OUT/suite" PYTHON=python3 timeout -k 10 240 bash benchmarks/gpu_suite.sh tests
-    pkill -f "pytest tests/engine/test_gpu" 2>/dev/null
-    if tail -n 1 "$OUT/suite/tests.log" | grep -q -e failed -e error; then echo "GPU tests failed: no kit"; exit 1; fi
+    gpu_tests 240 gate
     timeout 130 python3 benchmarks/step_profile.py --cells "${PROFILE_CELLS:-int4,int4+perhead,bf16}" --timed 48 \
       --profiled 4 --prefill 512 --out "$OUT/step_profile.json" 2>&1 | grep -e "tok/s" -e Error -e "  host" -e "^   "
-    if [ "${KIT_TRAINED:-0}" = 1 ]; then
-      [ -d "$TRAINED" ] || python3 benchmarks/trained_like_checkpoint.py "$TRAINED" --layers 12 2>&1 | tail -n 4
-      KIT_ARGS="$KIT_ARGS --hf $TRAINED"
-    fi
-    bash .bench/kit/run.sh --background $KIT_ARGS || exit 1
-    bash .bench/kit/poll.sh "$(left)" | tail -n 12;;
+    start_kit;;
   tests-table-kit)
-    nvidia-smi --query-gpu=name --format=csv,noheader
-    mkdir -p "$OUT/suite"
-    OUT="$OUT/suite" PYTHON=python3 timeout -k 10 260 bash benchmarks/gpu_suite.sh tests
-    pkill -f "pytest tests/engine/test_gpu" 2>/dev/null
-    if tail -n 1 "$OUT/suite/tests.log" | grep -q -e failed -e error; then echo "GPU tests failed: no kit"; exit 1; fi
+    gpu_tests 260 gate
     OUT="$OUT/kernels" PYTHON=python3 STRATA_COMMIT=$STRATA_COMMIT timeout 180 bash benchmarks/gpu_suite.sh kernels \
       | tail -n 16
-    if [ "${KIT_TRAINED:-1}" = 1 ]; then
-      [ -d "$TRAINED" ] || python3 benchmarks/trained_like_checkpoint.py "$TRAINED" --layers 12 2>&1 | tail -n 4
-      KIT_ARGS="$KIT_ARGS --hf $TRAINED"
-    fi
-    bash .bench/kit/run.sh --background $KIT_ARGS || exit 1
-    bash .bench/kit/poll.sh "$(left)" | tail -n 12;;
+    start_kit 1;;
   after-kit)
     kit_done || { echo "the kit is still running: poll it first"; exit 1; }
     timeout 150 python3 benchmarks/step_profile.py --timed 16 --profiled 2 --prefill 512 \
-      --cells "${PROFILE_CELLS:-int4,int4+alignw8,int4+alignw16,int4+gemv16,bf16,bf16+gemv16}" --out "$OUT/prefill_align.json" 2>&1 \
-      | grep -e "tok/s" -e Error -e "_align"
+      --cells "${PROFILE_CELLS:-int4,int4+alignw8,int4+alignw16,int4+gemv16,bf16,bf16+gemv16}" \
+      --out "$OUT/prefill_align.json" 2>&1 | grep -e "tok/s" -e Error -e "_align"
     timeout "$(( $(left) - 5 ))" python3 benchmarks/bench_gpt_oss.py --cells a --out "$OUT/gpt_oss_a.json" 2>&1 \
       | tail -n 8;;
   kit)
-    if [ "${KIT_TRAINED:-0}" = 1 ]; then
-      [ -d "$TRAINED" ] || python3 benchmarks/trained_like_checkpoint.py "$TRAINED" --layers 12 2>&1 | tail -n 4
-      KIT_ARGS="$KIT_ARGS --hf $TRAINED"
-    fi
-    bash .bench/kit/run.sh --background $KIT_ARGS || exit 1
-    bash .bench/kit/poll.sh "$(left)" | tail -n 12;;
+    start_kit;;
   kit-then-gpt-oss)
     bash .bench/kit/poll.sh "$(( $(left) - 60 ))" | tail -n 70
     if kit_done; then start_gpt_oss; follow_gpt_oss; else echo "the kit is still running: call this phase again"; fi;;
