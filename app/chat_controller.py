@@ -298,14 +298,17 @@ class ChatController(QObject):
         self.library.flush(5)                  # a delete still on its way to the trash is there first
         return [c for c in self.store.trashed() if self.library.find(c.id) is None]
 
-    def restore(self, conv_id: str) -> None:
-        """Bring a chat back from the trash folder, and show it."""
+    def restore(self, conv_id: str) -> str | None:
+        """Bring a chat back from the trash folder, and show it; else why not (one line)."""
+        if self.live is not None:
+            return "A reply is being written: restore the chat once it has ended (or Stop it)."
         conv = next((c for c in self.store.trashed() if c.id == conv_id), None)
-        if conv is None or self.live is not None or self.library.find(conv_id) is not None:
-            return
+        if conv is None or self.library.find(conv_id) is not None:
+            return "That chat is no longer in the trash folder."
         self.library.restore(conv)
         self._show_chat(conv)
         self._offer_undo()
+        return None
 
     def undo_delete(self) -> None:
         """Bring back the conversation deleted last, and show it."""

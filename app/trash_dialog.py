@@ -12,9 +12,10 @@ from app.conversations import Conversation
 
 
 class TrashDialog(QDialog):
-    """``trashed()`` lists the deleted chats (asked again after each restore); ``restore(id)`` brings one back."""
+    """``trashed()`` lists the deleted chats (asked again after each restore); ``restore(id)`` brings one back,
+    or says why it cannot (one line, shown under the list)."""
 
-    def __init__(self, trashed: Callable[[], list[Conversation]], restore: Callable[[str], None], where: str,
+    def __init__(self, trashed: Callable[[], list[Conversation]], restore: Callable[[str], str | None], where: str,
                  parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Deleted chats")
@@ -29,6 +30,10 @@ class TrashDialog(QDialog):
         lay.addWidget(self.list, 1)
         self.empty = QLabel("The trash holds no chats.")
         lay.addWidget(self.empty)
+        self.why = QLabel("")
+        self.why.setWordWrap(True)
+        self.why.hide()
+        lay.addWidget(self.why)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
         self.restore_button = QPushButton("Restore")
         self.restore_button.setToolTip("Bring the selected chat back to the list of chats")
@@ -58,6 +63,9 @@ class TrashDialog(QDialog):
 
     def _restore_selected(self) -> None:
         item = self.list.currentItem()
-        if item is not None:
-            self._restore(item.data(Qt.ItemDataRole.UserRole))
-            self.refresh()
+        if item is None:
+            return
+        why = self._restore(item.data(Qt.ItemDataRole.UserRole))
+        self.why.setText(why or "")
+        self.why.setVisible(bool(why))
+        self.refresh()

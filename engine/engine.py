@@ -384,6 +384,7 @@ class LLMEngine:
         if cut is not None:
             stop_len = next((len(s) for s in p.stop if req.text.startswith(s, cut)), 0)
             req.text = req.text[:cut + (stop_len if p.include_stop_str_in_output else 0)]
+            req.stop_string = True
             return self._finish(req, "stop")
         if req.guide is not None and req.guide.done:
             req.text += req.detokenizer.flush() if req.detokenizer else ""
@@ -436,7 +437,8 @@ class LLMEngine:
         logprobs = tuple(req.logprobs[req.sent_tokens:]) if req.params.logprobs is not None else ()
         req.sent_chars, req.sent_tokens = upto, len(req.output_ids)
         return RequestDelta(req.request_id, new_ids, new_text, final, reason, len(req.prompt_ids),
-                            len(req.output_ids), ttft, req.error if final else None, logprobs)
+                            len(req.output_ids), ttft, req.error if final else None, logprobs,
+                            final and req.stop_string)
 
     def _finish(self, req: Request, reason: str, drop_last: bool = False, error: str | None = None) -> RequestDelta:
         if drop_last and req.detokenizer:   # the stop token is reported in token_ids but never as text

@@ -200,13 +200,17 @@ class LoadedModel:
         """The KV cache and RoPE tables of a CPU run against the host memory free now (one line if too big)."""
         s, c = self.spec, self.config
         bpt, available = self._kv_bytes_per_token(), available_host_bytes()
+        if available is not None:        # the weights, loaded next, take their share of it first
+            available -= self.plan.resident_bytes + self.plan.host_bytes
+            if available <= 0:
+                return                   # the weights alone: nothing a context setting could fix
         table = rope_table_bytes_per_token(s, torch.empty((), dtype=self.dtype).element_size())
         if not c.kv_cache_size and available is not None:     # the default cache: no more than the host has free
             self._host_kv_cap = max(0, int(available * HOST_ROOM_SHARE) - self.max_model_len * table
                                     - self.plan.window_kv_bytes)
         full = max(self._kv_cache_bytes(), self.max_model_len * bpt)        # what _build_cache allocates
         check_host_room(self.max_model_len, full, self.plan.window_kv_bytes, bpt, table, c.kv_block_size,
-                        c.kv_cache_size, available)
+                        c.kv_cache_size, available, " beside the model's weights")
 
     def _embedding_to_host(self) -> bool:
         """Whether the embedding table goes to host memory (``config.embeddings``; auto: on a CUDA GPU

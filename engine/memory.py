@@ -374,12 +374,13 @@ def available_host_bytes() -> int | None:
 
 
 def check_host_room(context: int, kv_bytes: int, window_bytes: int, kv_bytes_per_token: int, table_bytes_per_token: int,
-                    block: int, asked_kv: int | None, available: int | None) -> None:
+                    block: int, asked_kv: int | None, available: int | None, beside: str = "") -> None:
     """A CPU run's allocations that grow with the context (its KV cache, ``kv_bytes`` for the full-attention
     layers and ``window_bytes`` for the window layers, and the RoPE tables, ``table_bytes_per_token`` a
     position) against ``HOST_ROOM_SHARE`` of the ``available`` host memory: a one-line ConfigError naming
     the largest ``--kv-cache-size`` (when one was given) or ``--max-model-len`` that fits, rather than a
-    process the system kills for want of memory part way through the load."""
+    process the system kills for want of memory part way through the load. ``beside``: what ``available``
+    leaves out, for the message (" beside the model's weights")."""
     if available is None:
         return
     room = int(available * HOST_ROOM_SHARE)
@@ -388,14 +389,14 @@ def check_host_room(context: int, kv_bytes: int, window_bytes: int, kv_bytes_per
         return
     one_sequence = window_bytes + context * (kv_bytes_per_token + table_bytes_per_token)
     if asked_kv and one_sequence <= room:        # a smaller cache still holds one sequence of this context
-        most = (room - context * table_bytes_per_token) // (64 << 10) * (64 << 10)
+        most = _round_down(room - context * table_bytes_per_token)
         raise ConfigError(f"--kv-cache-size {format_size(asked_kv)} makes a KV cache of "
                           f"{format_size(kv_bytes + window_bytes)}, more than the {format_size(available)} of memory "
-                          f"this machine has free holds; give --kv-cache-size {format_size(most)} or less")
+                          f"this machine has free{beside} holds; give --kv-cache-size {format_size(most)} or less")
     tokens = max(0, room - window_bytes) // max(1, kv_bytes_per_token + table_bytes_per_token) // block * block
     fix = f"lower --max-model-len to {tokens} or less" if tokens >= block else "free memory or use a smaller model"
     raise ConfigError(f"a context of {context} tokens needs {format_size(need)} of host memory for its KV cache, but "
-                      f"this machine has {format_size(available)} of memory free; {fix}")
+                      f"this machine has {format_size(available)} of memory free{beside}; {fix}")
 
 
 def _tokens_held(context: int, kv_bytes: int, kv_bytes_per_token: int, block: int) -> int | None:
@@ -413,6 +414,13 @@ def _round_up(n: int) -> int:
         return n
     hundredths = -(-n * 100 // div)
     return -(-hundredths * div // 100)
+
+
+def _round_down(n: int) -> int:
+    """``n`` bytes rounded down to what :func:`format_size` prints (two decimals of its unit), so that the
+    size printed, given back, is no more than ``n``."""
+    div = next((d for d in (1 << 40, 1 << 30, 1 << 20, 1 << 10) if n >= d), 1)
+    return n if div == 1 else n * 100 // div * div // 100
 
 
 def default_budget(device: torch.device) -> int | None:

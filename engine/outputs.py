@@ -27,6 +27,7 @@ class RequestDelta:
     ttft_ms: float | None = None       # set on the delta that carries the first token
     error: str | None = None           # one line, when finish_reason == "error"
     logprobs: tuple[TokenLogprob, ...] = ()   # one per new token id, when the request asked for logprobs
+    stop_string: bool = False          # finished: one of the request's stop strings ended it (not the model)
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ class Request:
     first_token_at: float | None = None
     finished_at: float | None = None
     abort_requested: bool = False
+    stop_string: bool = False                     # one of its stop strings ended it
     stop_gate: object | None = None               # params.stop_scope's AnswerGate (None: stops apply to ``text``)
     guide_gate: object | None = None              # another of its gates: the guide waits for the answer
     answer: str = ""                              # with a gate: the answer's text, where stops apply

@@ -207,6 +207,9 @@ def _load_problem(dest: Destination) -> tuple[str, ...]:
         Tokenizer.from_dir(dest.path)
     except StrataError as e:
         return (f"loading {dest.given} would fail: {e}",)
+    except (OSError, ValueError) as e:           # a file the tokenizer's reader did not expect (not UTF-8 ...)
+        return (f"loading {dest.given} would fail: its tokenizer files cannot be read ({e}); copy them again from "
+                "the original checkpoint",)
     return ()
 
 

@@ -222,6 +222,8 @@ def _leftover(folder: Path) -> set[str]:
     moved = doc.get("moved")
     if not isinstance(moved, dict):
         return {STAGING}
+    if MANIFEST in moved and _file_inode(folder / MANIFEST) == moved[MANIFEST]:
+        return {STAGING}              # the manifest moves last: the conversion was whole, only the folder is left
     return {STAGING} | {n for n, ino in moved.items()
                         if isinstance(n, str) and _plain_name(n) and _file_inode(folder / n) == ino}
 

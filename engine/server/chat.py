@@ -123,7 +123,7 @@ async def create_chat_completion(request: Request) -> Response:
     server.client.admit(len(choices), info)
     stream = await server.client.start([prompt.ids] * common.n, choices)
     gen = Generation(stream, common.n, [len(prompt.ids)], record_of(request), server.metrics)
-    view = ChatView(info, common, k, prompt.plan, prompt.harmony, _Think.of(prompt, info))
+    view = ChatView(info, common, k, prompt.plan, prompt.harmony, _Think.of(prompt, info), prompt.guide is not None)
     return await respond(view, gen, common.stream, request.receive)
 
 
@@ -188,22 +188,24 @@ class ChatView:
     """The response shapes of one chat request: the whole body, or its server-sent events."""
 
     def __init__(self, info: ModelInfo, common: Common, k: int | None, plan: tools.ToolPlan,
-                 harmony: HarmonyReply | None = None, think: _Think | None = None) -> None:
+                 harmony: HarmonyReply | None = None, think: _Think | None = None, guided: bool = False) -> None:
         self.info, self.common, self.k, self.plan, self.harmony = info, common, k, plan, harmony
         self.think = think
         p = common.params
-        # a reasoning reply's answer is read from its tokens: its stop strings are cut here too
+        # a reasoning reply's answer is read from its tokens: its stop strings are cut here too, but for
+        # an answer a guide holds (``guided``), which ends where its grammar does, as the engine lets it
         self.stops = (lambda: _AnswerStops(p.stop, p.include_stop_str_in_output)) \
-            if p.stop and (harmony is not None or think is not None) else None
+            if p.stop and not guided and (harmony is not None or think is not None) else None
         self.id, self.created = new_id("chatcmpl"), created()
         head = json.dumps({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
                            "model": info.name})
         self._head = "data: " + head[:-1] + ', "choices": ['
 
-    def _cut_off(self, finish: str | None) -> bool:
+    @staticmethod
+    def _cut_off(finish: str | None, stop_string: bool) -> bool:
         """Whether the reply was cut where the model did not end it: at its token limit, or by one of the
         request's stop strings (a call it cut is dropped, not sent as markup)."""
-        return finish == "length" or (finish == "stop" and bool(self.common.params.stop))
+        return finish == "length" or (finish == "stop" and stop_string)
 
     def _logprobs(self, ids: list[int] | tuple[int, ...], lps) -> dict | None:
         if self.k is None:
@@ -224,7 +226,7 @@ class ChatView:
                 message["content"] = self.stops().cut(message["content"])
             finish = "tool_calls" if called and finish != "length" else finish
         elif self.plan.parser is not None:
-            content, calls = tools.parse_tool_calls(text, self.plan, cut_off=self._cut_off(finish))
+            content, calls = tools.parse_tool_calls(text, self.plan, cut_off=self._cut_off(finish, c.stop_string))
             message["content"] = content
             if calls:
                 message["tool_calls"] = [call.to_openai() for call in calls]
@@ -305,7 +307,7 @@ class ChatView:
                 logprobs, ids = None, None
         events = parser.feed(text) if text else []
         if d.finished:
-            events += parser.finish(cut_off=self._cut_off(d.finish_reason))
+            events += parser.finish(cut_off=self._cut_off(d.finish_reason, d.stop_string))
         for e in events:
             if isinstance(e, tools.ToolCallDelta):
                 called.add(c.index)

@@ -33,6 +33,7 @@ class Choice:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
+    stop_string: bool = False            # one of the request's stop strings ended it (not the model)
     error: str | None = None
     last_at: float | None = None
 
@@ -84,7 +85,7 @@ class Generation:
         if d.new_text:
             c.text.append(d.new_text)
         if d.finished:
-            c.finish_reason, c.error = d.finish_reason, d.error
+            c.finish_reason, c.error, c.stop_string = d.finish_reason, d.error, d.stop_string
 
     def close(self) -> None:
         """Report the request's tokens and finish (once; also when the client left part-way)."""

@@ -546,6 +546,10 @@ def test_a_deleted_chat_comes_back_from_the_trash_after_its_undo_is_gone(qtbot, 
     dialog = TrashDialog(chat.trashed, chat.restore, str(chat.store.trash_folder))
     qtbot.addWidget(dialog)
     assert dialog.list.count() == 1 and dialog.list.item(0).text().startswith("Keep me for later")
+    chat.send("While a reply streams")
+    dialog.restore_button.click()                 # not now, and the dialog says why
+    assert dialog.list.count() == 1 and dialog.why.text().startswith("A reply is being written")
+    finish(chat)
     dialog.restore_button.click()
     assert dialog.list.count() == 0 and dialog.empty.isVisibleTo(dialog) and not dialog.restore_button.isEnabled()
     assert chat.current.id == gone and "Keep me for later" in bubble_texts(chat)

@@ -355,25 +355,34 @@ def test_a_context_the_host_cannot_hold_is_one_line_naming_what_fits(model, caps
     # On the CPU the KV cache and the RoPE tables grow with the context a user asks for; past the memory
     # the host has free, the load stops with the largest setting that fits, not a process the system kills.
     import engine.loading as loading
-    monkeypatch.setattr(loading, "available_host_bytes", lambda: 4 << 20)
+    from engine import LLM
+    with LLM(str(model), device="cpu") as llm:          # the weights: the memory the check leaves them first
+        plan = llm.engine.loaded.plan
+    weights = plan.resident_bytes + plan.host_bytes
+    monkeypatch.setattr(loading, "available_host_bytes", lambda: weights + (4 << 20))
     assert main(["generate", "--model", str(model), "--prompt", "hi", "--max-tokens", "1",
                  "--kv-cache-size", "1G"]) == 2
     err = capsys.readouterr().err.strip()
     assert re.fullmatch(r"error: --kv-cache-size 1\.00 GiB makes a KV cache of [\d.]+ MiB, more than the 4\.00 MiB of "
-                        r"memory this machine has free holds; give --kv-cache-size [\d.]+ [KM]iB or less", err), err
+                        r"memory this machine has free beside the model's weights holds; give --kv-cache-size "
+                        r"[\d.]+ [KM]iB or less", err), err
     size, unit = re.search(r"give --kv-cache-size ([\d.]+) ([KM])iB", err).groups()
     assert main(["generate", "--model", str(model), "--prompt", "hi", "--max-tokens", "1", "--kv-cache-size",
                  size + unit]) == 0                                      # the size it names loads
     capsys.readouterr()
-    monkeypatch.setattr(loading, "available_host_bytes", lambda: 256 << 10)
+    monkeypatch.setattr(loading, "available_host_bytes", lambda: weights + (256 << 10))
     assert main(["generate", "--model", str(model), "--prompt", "hi", "--max-tokens", "1", "--max-model-len",
                  "512"]) == 2
     err = capsys.readouterr().err.strip()
     assert re.fullmatch(r"error: a context of 512 tokens needs [\d.]+ [KM]iB of host memory for its KV cache, but this "
-                        r"machine has 256\.00 KiB of memory free; lower --max-model-len to \d+ or less", err), err
+                        r"machine has 256\.00 KiB of memory free beside the model's weights; lower --max-model-len "
+                        r"to \d+ or less", err), err
     tokens = re.search(r"lower --max-model-len to (\d+)", err).group(1)
     assert main(["generate", "--model", str(model), "--prompt", "hi", "--max-tokens", "1", "--max-model-len",
                  tokens]) == 0
+    monkeypatch.setattr(loading, "available_host_bytes", lambda: weights // 2)
+    assert main(["generate", "--model", str(model), "--prompt", "hi", "--max-tokens", "1"]) == 0   # no word on
+    capsys.readouterr()                                  # what no context setting could change
 
 
 def test_a_quoted_name_is_a_files_field_and_stays_as_written():

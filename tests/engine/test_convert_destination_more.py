@@ -145,6 +145,21 @@ def test_what_a_killed_run_left_inside_the_folder_is_cleared_by_the_next(capsys,
     assert (dst / "experts-0000.safetensors").stat().st_size > 100
 
 
+def test_a_run_killed_after_its_manifest_moved_left_a_whole_conversion_that_is_kept(capsys, src, tmp_path):
+    # every file was moved up, the manifest last, and the kill came before the marker went: the folder holds
+    # a whole conversion, which a convert without --force must not take for leftovers and replace
+    dst = tmp_path / "out"
+    dst.mkdir()
+    assert _convert(capsys, src, dst) == (0, "")
+    names = _written(dst)
+    moved = {n: os.stat(dst / n).st_ino for n in names}
+    _leftover(dst, moved=moved)
+    before = {n: (dst / n).read_bytes() for n in names}
+    code, err = _convert(capsys, src, dst)
+    assert code == 2 and "--force" in err
+    assert {n: (dst / n).read_bytes() for n in names} == before
+
+
 def test_an_empty_temporary_folder_left_inside_is_cleared(capsys, src, tmp_path):
     # killed after its marker was removed, before the folder was: an empty folder holds nothing of anyone's
     dst = tmp_path / "out"
@@ -243,6 +258,17 @@ def test_a_source_without_a_tokenizer_gives_a_note_that_the_folder_will_not_load
                                              "copy tokenizer.json from the original checkpoint into the model folder")
     shutil.copy(tmp_path / "kept-tokenizer.json", dst / "tokenizer.json")     # the fix the note names
     assert LLM(str(dst), device="cpu").engine.model_info.expert_format == "fp8"
+
+
+def test_a_tokenizer_file_that_cannot_be_read_is_a_note_not_a_traceback(capsys, src, tmp_path):
+    # the conversion is in place when its tokenizer is tried: what stops a load is said, and nothing else
+    (src / "chat_template.jinja").write_bytes(b"\xff\xfe not UTF-8")
+    dst = tmp_path / "out"
+    code, err = _convert(capsys, src, dst)
+    assert code == 0 and err == (f"note: loading {dst} would fail: its tokenizer files cannot be read ('utf-8' codec "
+                                 "can't decode byte 0xff in position 0: invalid start byte); copy them again from the "
+                                 "original checkpoint")
+    assert (dst / "strata.json").is_file()
 
 
 # ---- Ctrl-C ------------------------------------------------------------------------------------

@@ -30,6 +30,24 @@ def test_stop_string_cuts_text_and_finishes(llm):
     assert out.text == full.text[: full.text.index(stop)]
 
 
+def test_the_last_delta_says_whether_a_stop_string_ended_the_request(llm):
+    # a front end tells "the request's stop string cut it" from "the model ended it" (a tool call cut in
+    # half is then no call, where one the model left unfinished is its text)
+    full = llm.generate([[1, 5, 9]], GREEDY)[0]
+    stop, token = full.text[3:6], full.token_ids[4]
+    engine = llm.engine
+    for params, cut in ((SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, stop=(stop,)), True),
+                        (SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, stop_token_ids=(token,),
+                                        stop=("zzz-never",)), False),
+                        (SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, stop=("zzz-never",)), False)):
+        rid = engine.add_request(None, [1, 5, 9], params)
+        deltas = []
+        while engine.has_unfinished():
+            deltas += [d for d in engine.step() if d.request_id == rid]
+        assert deltas[-1].finished and deltas[-1].stop_string is cut
+        assert not any(d.stop_string for d in deltas[:-1])
+
+
 def test_stop_token_id_finishes_with_stop(llm):
     full = llm.generate([[1, 5, 9]], GREEDY)[0]
     target = full.token_ids[4]

@@ -302,3 +302,20 @@ def test_a_cpu_runs_advice_for_the_whole_context_stays_within_the_hosts_memory(m
     most = int((1 << 30) * memory.HOST_ROOM_SHARE) // (1024 + 256) // 16 * 16
     assert tokens == 1024 and note.endswith(f"the whole context needs 38.15 GiB, more than this machine's 1.00 GiB of "
                                             f"free memory; --max-model-len {most} is about the most it holds")
+
+
+def test_the_kv_size_the_host_check_advises_passes_the_same_check(monkeypatch) -> None:
+    # the size named is printed with two decimals of its unit: rounded down to what is printed, so that
+    # giving it back always fits (rounded to the nearest, about half of them did not)
+    from engine.config import format_size
+    from engine.errors import ConfigError
+    from engine.memory import check_host_room
+    from engine.options import parse_size
+    for free in range(18 << 30, 19 << 30, (1 << 30) // 97):
+        try:
+            check_host_room(4096, 40 << 30, 0, 1 << 10, 256, 16, 40 << 30, free)
+        except ConfigError as e:
+            size = str(e).split("give --kv-cache-size ")[1].split(" or less")[0]
+        asked = parse_size(size.replace(" ", "").replace("iB", ""))
+        assert format_size(asked) == size
+        check_host_room(4096, asked, 0, 1 << 10, 256, 16, asked, free)        # fits: no error

@@ -414,6 +414,14 @@ def test_a_response_format_waits_for_the_answer_where_the_template_opened_the_bl
                                                                response_format=fmt, stream=True) if x.choices]
     assert "".join(x.delta.content or "" for x in chunks) == r.message.content
     assert "".join(reasoning_of(x.delta) or "" for x in chunks) == reasoning_of(r.message)
+    # a stop string found in what the guide holds does not cut it, whole or streamed
+    cut = c.chat.completions.create(model="m", messages=hi, max_tokens=40, temperature=0, response_format=fmt,
+                                    stop=['"']).choices[0]
+    assert cut.message.content == r.message.content and cut.finish_reason == "stop"
+    chunks = [x.choices[0] for x in c.chat.completions.create(model="m", messages=hi, max_tokens=40, temperature=0,
+                                                               response_format=fmt, stream=True, stop=['"'])
+              if x.choices]
+    assert "".join(x.delta.content or "" for x in chunks) == r.message.content
 
 
 def test_a_harmony_reply_outside_the_format_comes_back_as_content(client, harmony_server):

@@ -374,18 +374,15 @@ def test_a_call_cut_off_by_max_tokens_is_dropped_streamed_or_whole(auto, text, c
         [(i, c.name, c.arguments_json) for i, c in enumerate(calls)]
 
 
-@pytest.mark.parametrize("stop, finish, content, calls", [
-    (("Par",), "stop", "", 0),              # a stop string of the request cut the call: dropped, as at max_tokens
-    ((), "stop", None, 0),                   # the model ended there itself: what it wrote stays content
-    ((), "length", "", 0),
+@pytest.mark.parametrize("stop_string, finish, content, calls", [
+    (True, "stop", "", 0),                  # a stop string of the request cut the call: dropped, as at max_tokens
+    (False, "stop", None, 0),               # the model ended there itself (stop strings given or not): content
+    (False, "length", "", 0),
 ])
-def test_a_call_a_stop_string_cut_is_dropped_not_sent_as_markup(auto, stop, finish, content, calls):
+def test_a_call_a_stop_string_cut_is_dropped_not_sent_as_markup(auto, stop_string, finish, content, calls):
     from engine.server.chat import ChatView
-    from engine.sampling import SamplingParams
-    view = ChatView.__new__(ChatView)                  # only the request's parameters are read
-    view.common = type("Common", (), {"params": SamplingParams(stop=stop)})()
     text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "'
-    got, read = parse_tool_calls(text, auto, cut_off=view._cut_off(finish))
+    got, read = parse_tool_calls(text, auto, cut_off=ChatView._cut_off(finish, stop_string))
     assert got == (text if content is None else content) and len(read) == calls
 
 
