@@ -380,7 +380,8 @@ class LLMEngine:
         prev = len(req.text)
         req.text += req.detokenizer.push([token]) if req.detokenizer else ""
         # stop strings end free text: what a guide holds (JSON, a forced call) ends where its grammar does
-        cut = self._stop_at(req, token, prev) if p.stop and not guided else None
+        held = guided and not p.guide.stoppable
+        cut = self._stop_at(req, token, prev) if p.stop and not held else None
         if cut is not None:
             stop_len = next((len(s) for s in p.stop if req.text.startswith(s, cut)), 0)
             req.text = req.text[:cut + (stop_len if p.include_stop_str_in_output else 0)]

@@ -35,11 +35,14 @@ JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separa
 class Guide:
     """What the output must match. ``kind`` "json": ``spec`` is a JSON schema as text ("" = any JSON
     object); "regex": a regular expression; "lark": a Lark grammar (llguidance's dialect).
-    ``source`` names where the guide came from in error messages (e.g. "response_format")."""
+    ``source`` names where the guide came from in error messages (e.g. "response_format").
+    ``stoppable``: the request's stop strings may end the output inside the grammar; by default what the
+    guide holds (a JSON value, a forced tool call) ends where the grammar does."""
 
     kind: str
     spec: str = ""
     source: str = "the guide"
+    stoppable: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in GUIDE_KINDS:

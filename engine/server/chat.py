@@ -123,7 +123,8 @@ async def create_chat_completion(request: Request) -> Response:
     server.client.admit(len(choices), info)
     stream = await server.client.start([prompt.ids] * common.n, choices)
     gen = Generation(stream, common.n, [len(prompt.ids)], record_of(request), server.metrics)
-    view = ChatView(info, common, k, prompt.plan, prompt.harmony, _Think.of(prompt, info), prompt.guide is not None)
+    view = ChatView(info, common, k, prompt.plan, prompt.harmony, _Think.of(prompt, info),
+                    prompt.guide is not None and not prompt.guide.stoppable)
     return await respond(view, gen, common.stream, request.receive)
 
 

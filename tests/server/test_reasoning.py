@@ -49,7 +49,9 @@ def client(harmony_server) -> openai.OpenAI:
 
 @pytest.fixture
 def scripted(monkeypatch, harmony_server):
-    """Make the next replies follow ``script``: harmony text whose special tokens are forced as tokens."""
+    """Make the next replies follow ``script``: harmony text whose special tokens are forced as tokens. The
+    script stands for what a model writes freely, so its guide is ``stoppable``: stop strings apply as they
+    would to the model's own text."""
     tok = harmony_server[1]
     seen = {}
 
@@ -61,7 +63,7 @@ def scripted(monkeypatch, harmony_server):
         def forced(body, chat):
             prompt = real(body, chat)
             seen["prompt"] = tok.decode(prompt.ids, skip_special_tokens=False)
-            return dataclasses.replace(prompt, guide=Guide("lark", grammar, source="test"))
+            return dataclasses.replace(prompt, guide=Guide("lark", grammar, source="test", stoppable=True))
         monkeypatch.setattr(chat_mod, "_prepare_harmony", forced)
         return seen
     return use
@@ -173,7 +175,8 @@ def think_client(think_server, monkeypatch) -> openai.OpenAI:
     real = chat_mod.prepare
 
     def forced(body, info):
-        return dataclasses.replace(real(body, info), guide=Guide("lark", f"start: {tags}\n", source="test"))
+        return dataclasses.replace(real(body, info), guide=Guide("lark", f"start: {tags}\n", source="test",
+                                                                 stoppable=True))
     monkeypatch.setattr(chat_mod, "prepare", forced)
     return openai.OpenAI(base_url=think_server[0].url + "/v1", api_key=KEY, max_retries=0, timeout=TIMEOUT)
 
@@ -197,7 +200,7 @@ def _force(server, monkeypatch, *parts: str) -> openai.OpenAI:
     grammar = "start: " + " ".join(f"<[{tok.token_to_id(p)}]>" if p in TAGS else json.dumps(p) for p in parts)
     real = chat_mod.prepare
     monkeypatch.setattr(chat_mod, "prepare", lambda body, info: dataclasses.replace(
-        real(body, info), guide=Guide("lark", grammar + "\n", source="test")))
+        real(body, info), guide=Guide("lark", grammar + "\n", source="test", stoppable=True)))
     return openai.OpenAI(base_url=server[0].url + "/v1", api_key=KEY, max_retries=0, timeout=TIMEOUT)
 
 
@@ -296,7 +299,7 @@ def test_a_reply_cut_short_after_a_tool_call_says_length(tools_server, monkeypat
     real = chat_mod.prepare
 
     def forced(body, info):
-        return dataclasses.replace(real(body, info), guide=Guide("lark", grammar, source="test"))
+        return dataclasses.replace(real(body, info), guide=Guide("lark", grammar, source="test", stoppable=True))
     monkeypatch.setattr(chat_mod, "prepare", forced)
     c = openai.OpenAI(base_url=tools_server[0].url + "/v1", api_key=KEY, max_retries=0, timeout=TIMEOUT)
     hi, n = [{"role": "user", "content": "weather?"}], 60
@@ -364,7 +367,7 @@ def test_a_stop_across_two_runs_of_answer_text_is_matched_as_the_answer_reads(th
                f"<[{tok.think.close_id}]> {json.dumps(chr(10) + 'Yes.')}\n")
     real = chat_mod.prepare
     monkeypatch.setattr(chat_mod, "prepare", lambda body, info: dataclasses.replace(
-        real(body, info), guide=Guide("lark", grammar, source="test")))
+        real(body, info), guide=Guide("lark", grammar, source="test", stoppable=True)))
     c = openai.OpenAI(base_url=think_server[0].url + "/v1", api_key=KEY, max_retries=0, timeout=TIMEOUT)
     for stop, content in ((["STOP"], "Sure. Yes."), (["e. Y"], "Sur")):
         whole, streamed = _both(c, stop=stop)
