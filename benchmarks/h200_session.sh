@@ -29,6 +29,9 @@
 #   or:              bash benchmarks/h200_session.sh tests-table-kit   (carry .bench: the GPU tests, the MoE kernels'
 #                    sweep with the card's tuned table, then the kit in the background, trained-like unless
 #                    KIT_TRAINED=0; poll it after, then after-kit)
+#   or:              bash benchmarks/h200_session.sh ab-kit    (carry .bench: the GPU tests, the resident step and
+#                    prefill with +gemv16 and +alignwN, then the kit (trained-like) in the background on this
+#                    commit with gemv16 on where it won; poll it, then finish: gpt-oss-20b resident, predict_ab)
 #   or:              bash benchmarks/h200_session.sh after-kit         (once the kit is done: the 512-token prefill
 #                    with the alignment's one program on 4, 8 and 16 warps, one-token 16-bit matrices and routers
 #                    on the GEMV kernel against cuBLAS; gpt-oss-20b every expert resident)
@@ -148,6 +151,32 @@ case ${1:-} in
     OUT="$OUT/kernels" PYTHON=python3 STRATA_COMMIT=$STRATA_COMMIT timeout 180 bash benchmarks/gpu_suite.sh kernels \
       | tail -n 16
     start_kit 1;;
+  ab-kit)
+    # the GPU tests; the resident step and a 512-token prefill with one-token 16-bit matrices and routers
+    # on the GEMV kernel (+gemv16) and the alignment's one program on 8 and 16 warps; then the kit
+    # (trained-like) in the background on this commit, with gemv16 on where it won both formats' steps
+    gpu_tests 250 gate
+    timeout 170 python3 benchmarks/step_profile.py --timed 48 --profiled 2 --prefill 512 \
+      --cells "${PROFILE_CELLS:-int4,int4+gemv16,bf16,bf16+gemv16,int4+alignw8,int4+alignw16}" \
+      --out "$OUT/ab.json" 2>&1 | grep -e "tok/s" -e Error -e "_align"
+    src=$HOME/strata-kit-src
+    rm -rf "$src" && mkdir -p "$src" && tar -xzf .bench/strata.tgz -C "$src"
+    if python3 benchmarks/h200_pick.py "$OUT/ab.json" gemv16 int4 bf16; then
+      sed -i 's/^GEMV16 = False$/GEMV16 = True/' "$src/kernels/qlinear.py"
+      grep -q '^GEMV16 = True$' "$src/kernels/qlinear.py" && echo "the kit measures $STRATA_COMMIT with GEMV16 on"
+    fi
+    KIT_ARGS="$KIT_ARGS --strata $src"
+    start_kit 1;;
+  finish)
+    # the kit's end, then predict_ab at AB_SHARES (bf16 25%) and, with time left, gpt-oss-20b resident
+    bash .bench/kit/poll.sh "$(( $(left) - 240 ))" | tail -n 70
+    kit_done || { echo "the kit is still running: call this phase again"; exit 0; }
+    [ -d "$TRAINED" ] || python3 benchmarks/trained_like_checkpoint.py "$TRAINED" --layers 12 2>&1 | tail -n 2
+    timeout "$(( $(left) > 400 ? 200 : $(left) - 5 ))" python3 benchmarks/predict_ab.py --hf "$TRAINED" \
+      --formats "${AB_FORMATS:-bf16}" --shares "${AB_SHARES:-25}" --out "$OUT/predict_ab.json" 2>&1 \
+      | grep -v -e Warn -e "^ *$" | tail -n 20
+    [ "$(left)" -gt 120 ] && timeout "$(( $(left) - 5 ))" python3 benchmarks/bench_gpt_oss.py --cells a \
+      --out "$OUT/gpt_oss_a.json" 2>&1 | tail -n 8;;
   after-kit)
     kit_done || { echo "the kit is still running: poll it first"; exit 1; }
     timeout 150 python3 benchmarks/step_profile.py --timed 16 --profiled 2 --prefill 512 \

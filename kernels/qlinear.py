@@ -189,12 +189,17 @@ def qlinear(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = None) -
 # Whether one-token steps take gemv16 for 16-bit resident matrices and routers (CUDA), rather than
 # cuBLAS: off until a GPU run measures it (benchmarks/step_profile.py +gemv16).
 GEMV16 = False
+# LM heads stay with cuBLAS: it reads a 16-bit head at the copy ceiling already (Qwen3-30B-A3B's, 622 MB,
+# in 203 us on the H100: 3.06 TB/s, benchmarks/results/step_profile_2026-12-06c.json).
+GEMV16_MAX_ROWS = 32768
 
 
 def gemv16_fits(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """Whether :func:`gemv16` takes ``x @ w.T``: one token, 16-bit ``w`` of ``x``'s dtype, on CUDA."""
+    """Whether :func:`gemv16` takes ``x @ w.T``: one token, 16-bit ``w`` of ``x``'s dtype and fewer than
+    ``GEMV16_MAX_ROWS`` rows, on CUDA."""
     return (GEMV16 and HAS_TRITON and x.dim() == 2 and x.shape[0] == 1 and x.is_cuda
-            and w.dtype in (torch.bfloat16, torch.float16) and x.dtype == w.dtype and w.stride(1) == 1)
+            and w.dtype in (torch.bfloat16, torch.float16) and x.dtype == w.dtype and w.stride(1) == 1
+            and w.shape[0] < GEMV16_MAX_ROWS)
 
 
 def gemv16(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -94,8 +94,8 @@ def router_logits(x: torch.Tensor, m: MoEWeights) -> torch.Tensor:
     """The router's logits ``[T, E]`` of ``x [T, D]``: in float32 where the router is kept so (sigmoid
     scores, GLM: engine/checkpoint/plan.kept_in_float32), else in ``x``'s dtype; plus its bias."""
     w = m.router
-    if m.router_bias is None and gemv16_fits(x, w):     # a one-token step (CUDA, when the A/B turns it on)
-        return gemv16(x, w)
+    if gemv16_fits(x, w):                               # a one-token step (CUDA, when the A/B turns it on)
+        return gemv16(x, w, m.router_bias)
     logits = (x.float() if w.dtype == torch.float32 else x) @ w.t()
     return logits if m.router_bias is None else logits + m.router_bias
 
