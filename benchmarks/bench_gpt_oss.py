@@ -61,6 +61,7 @@ from engine.engine import LLMEngine  # noqa: E402
 from engine.loading import expert_layout, resolve_dtype  # noqa: E402
 from engine.sampling import SamplingParams  # noqa: E402
 from engine.telemetry import ExpertStats  # noqa: E402
+from kernels import qlinear  # noqa: E402
 
 ROUTINGS = ("uniform", "trained-like")
 LADDER_KNOBS = ("expert_pool_size", "prefetch_depth", "expert_reads", "cuda_graphs", "prefill_chunk",
@@ -399,6 +400,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--resident-weights", default="auto", help="attention, MLPs and LM head: bf16 | fp8 | int8")
     ap.add_argument("--cpu-pool", default="50%", help="expert pool of the 120b engines on the CPU (no budget there)")
+    ap.add_argument("--gemv16", choices=("default", "on", "off"), default="default",
+                    help="one-token 16-bit matrices and routers on the GEMV kernel (kernels/qlinear.GEMV16)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU in float32 (a check of the pipeline)")
     ap.add_argument("--out", default=None, help="result JSON (default benchmarks/results/gpt_oss_DATE.json; --tiny: "
@@ -420,6 +423,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse(argv)
+    if args.gemv16 != "default":
+        qlinear.GEMV16 = args.gemv16 == "on"
     device = "cpu" if args.tiny or not torch.cuda.is_available() else "cuda"
     size = 1 << (24 if args.tiny else 30)
     run = Run(device, h2d_bandwidth_gbs(device, size), device_copy_gbs(device, size), HostRows(torch.device(device)))
@@ -429,7 +434,7 @@ def main(argv: list[str] | None = None) -> dict:
     result: dict = {"benchmark": "bench_gpt_oss", "settings": {k: sorted(v) if isinstance(v, set) else v
                                                                 for k, v in vars(args).items()},
                     "ceilings": {"pinned_h2d_gbs": run.pinned_h2d_gbs, "device_copy_gbs": run.device_copy_gbs},
-                    "a": [], "120b": {}}
+                    "a": [], "120b": {}, "gemv16": qlinear.GEMV16}
     save = lambda: write_result(out, {**result, "summary": summary(result)}) if out else None   # noqa: E731
     if "a" in args.cells:
         for routing in args.routings:

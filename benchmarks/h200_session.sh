@@ -177,6 +177,24 @@ case ${1:-} in
       | grep -v -e Warn -e "^ *$" | tail -n 20
     [ "$(left)" -gt 120 ] && timeout "$(( $(left) - 5 ))" python3 benchmarks/bench_gpt_oss.py --cells a \
       --out "$OUT/gpt_oss_a.json" 2>&1 | tail -n 8;;
+  gemv-order)
+    # the GPU tests (gemv16 on by default); gpt-oss-20b resident with gemv16 off and on, twice in turn;
+    # the resident step with and without it in turn; then the kit's offload rows of int4 at 50% and 25%
+    # with depth 0 loaded first against depth 2 first (the kit's order), on the trained-like checkpoint
+    gpu_tests 200
+    for i in 1 2; do for g in off on; do
+      timeout 60 python3 benchmarks/bench_gpt_oss.py --cells a --routing uniform --gemv16 $g \
+        --out "$OUT/gpt_oss_a_${g}_$i.json" 2>&1 | grep "^a 20b"
+    done; done
+    timeout 200 python3 benchmarks/step_profile.py --timed 64 --profiled 2 \
+      --cells bf16,bf16+gemv16,int4+gemv16,int4,bf16+gemv16,bf16,int4,int4+gemv16 --out "$OUT/gemv_ab.json" 2>&1 \
+      | grep -e "tok/s" -e Error
+    [ -d "$TRAINED" ] || python3 benchmarks/trained_like_checkpoint.py "$TRAINED" --layers 12 2>&1 | tail -n 1
+    for order in 0,2 2,0; do
+      [ "$(left)" -gt 70 ] || break
+      timeout "$(( $(left) - 10 ))" python3 .bench/kit/bench_strata.py --strata . --model "$TRAINED" --sections offload \
+        --offload-formats int4 --shares 50,25 --depths $order --out "$OUT/order_${order/,/}.json" 2>&1 | grep share
+    done;;
   after-kit)
     kit_done || { echo "the kit is still running: poll it first"; exit 1; }
     timeout 150 python3 benchmarks/step_profile.py --timed 16 --profiled 2 --prefill 512 \

@@ -48,7 +48,8 @@ def test_the_16_bit_one_token_kernel_matches_torch(N, K, dtype, bias):
 def test_gemv16_is_taken_only_where_asked_and_it_fits(monkeypatch):
     import kernels.qlinear as ql
     x, w = torch.randn(1, 8, dtype=torch.bfloat16), torch.randn(4, 8, dtype=torch.bfloat16)
-    assert not gemv16_fits(x, w)                              # off by default (and this is no GPU)
+    monkeypatch.setattr(ql, "GEMV16", False)
+    assert not gemv16_fits(x, w)                              # off where asked
     monkeypatch.setattr(ql, "GEMV16", True)
     assert not gemv16_fits(x, w)                              # on the CPU torch does it
     with pytest.raises(ValueError, match="must be one row of w's width"):
