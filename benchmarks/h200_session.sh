@@ -192,8 +192,9 @@ case ${1:-} in
     [ -d "$TRAINED" ] || python3 benchmarks/trained_like_checkpoint.py "$TRAINED" --layers 12 2>&1 | tail -n 1
     for order in 0,2 2,0; do
       [ "$(left)" -gt 70 ] || break
-      timeout "$(( $(left) - 10 ))" python3 .bench/kit/bench_strata.py --strata . --model "$TRAINED" --sections offload \
-        --offload-formats int4 --shares 50,25 --depths $order --out "$OUT/order_${order/,/}.json" 2>&1 | grep share
+      timeout "$(( $(left) - 10 ))" python3 .bench/kit/bench_strata.py --strata . --model "$TRAINED" \
+        --sections offload --offload-formats int4 --shares 50,25 --depths $order --out "$OUT/order_${order/,/}.json" \
+        2>&1 | grep share
     done;;
   after-kit)
     kit_done || { echo "the kit is still running: poll it first"; exit 1; }
