@@ -30,6 +30,19 @@ class _Overlong:
         self.digits = digits
 
 
+class _Huge:
+    """A number past a 64-bit float's range (``1e400``), kept in place of the infinity Python reads it as,
+    so that the refusal can name its field."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+def _parse_float(text: str) -> float | _Huge:
+    value = float(text)
+    return _Huge(text) if math.isinf(value) else value
+
+
 def _parse_int(text: str) -> int | _Overlong:
     try:
         return int(text)
@@ -55,7 +68,7 @@ def parse_json_object(raw: bytes, content_type: str | None, content_encoding: st
     if not raw.strip():
         raise APIError(400, "the request body is empty; send a JSON object", code="invalid_json")
     try:
-        body = json.loads(raw, parse_constant=_no_constants, parse_int=_parse_int)
+        body = json.loads(raw, parse_constant=_no_constants, parse_int=_parse_int, parse_float=_parse_float)
     except UnicodeDecodeError:
         raise APIError(400, "the request body is not UTF-8 text; send JSON encoded as UTF-8", code="invalid_json") from None
     except RecursionError:
@@ -76,18 +89,23 @@ def _check_tree(body: dict) -> None:
     while stack:
         node, depth, path = stack.pop()
         if depth > MAX_DEPTH:
-            raise APIError(400, f"the request body nests deeper than {MAX_DEPTH} levels", code="invalid_json")
+            field = path.split(".")[0].split("[")[0]
+            raise APIError(400, f"the request body nests deeper than {MAX_DEPTH} levels (in {field}); send "
+                                f"{field} with fewer levels of objects and arrays", code="invalid_json", param=field)
         items = node.items() if isinstance(node, dict) else enumerate(node)
         for key, value in items:
             if isinstance(key, str):
                 _check_text(key)
             if isinstance(value, str):
                 _check_text(value)
-            elif isinstance(value, (dict, list, _Overlong)):
+            elif isinstance(value, (dict, list, _Overlong, _Huge)):
                 where = f"{path}[{key}]" if isinstance(node, list) else f"{path}.{key}" if path else key
                 if isinstance(value, _Overlong):
                     raise bad(where, f"{where}: the number has {value.digits} digits, more than any field takes; "
                                      "send an integer below 2**63")
+                if isinstance(value, _Huge):
+                    raise bad(where, f"{where}: {value.text[:40]} is beyond the range of a 64-bit float; send a "
+                                     "number below 1e308")
                 stack.append((value, depth + 1, where))
 
 
@@ -101,7 +119,7 @@ def _check_text(s: str) -> None:
 
 def _json_kind(value: object) -> str:
     return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
-        type(value), "number" if isinstance(value, (int, float, _Overlong)) else type(value).__name__)
+        type(value), "number" if isinstance(value, (int, float, _Overlong, _Huge)) else type(value).__name__)
 
 
 def show(value: object, limit: int = 60) -> str:

@@ -52,3 +52,26 @@ def test_a_long_integer_python_reads_is_still_checked_by_its_field(http):
     assert error["param"] == "max_tokens" and error["message"].endswith("lower max_tokens to at most 510")
     r = http.post("/v1/completions", json={"model": "demo", "prompt": "Hi", "max_tokens": 2})
     assert r.status_code == 200                       # the server answers a good request right after
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/completions", '{"model": "demo", "prompt": "Hi", "temperature": 1e400}', "temperature"),
+    ("/v1/chat/completions", f'{{"model": "demo", "messages": {HI}, "response_format": {{"type": "json_schema", '
+                             '"json_schema": {"name": "n", "schema": {"type": "number", "maximum": -1e999}}}}',
+     "response_format.json_schema.schema.maximum"),
+], ids=["sampling", "schema"])
+def test_a_number_past_a_float_s_range_is_a_400_naming_its_field_not_infinity(http, path, body, param):
+    error = _error(http, path, body)
+    assert error["param"] == param
+    assert error["message"].startswith(f"{param}: ") and "beyond the range of a 64-bit float" in error["message"]
+
+
+def test_a_body_nested_too_deeply_names_the_field_that_nests(http):
+    schema: dict = {"type": "object"}
+    for _ in range(80):
+        schema = {"type": "object", "properties": {"x": schema}}
+    body = json.dumps({"model": "demo", "messages": json.loads(HI),
+                       "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}})
+    error = _error(http, "/v1/chat/completions", body)
+    assert error["param"] == "response_format"
+    assert "nests deeper than 64 levels (in response_format)" in error["message"]
