@@ -177,6 +177,18 @@ case ${1:-} in
       | grep -v -e Warn -e "^ *$" | tail -n 20
     [ "$(left)" -gt 120 ] && timeout "$(( $(left) - 5 ))" python3 benchmarks/bench_gpt_oss.py --cells a \
       --out "$OUT/gpt_oss_a.json" 2>&1 | tail -n 8;;
+  gemv-on)
+    # gemv16 turned on in this copy; the GPU tests with it; gpt-oss-20b resident with it off and on in turn;
+    # the resident step with and without it
+    sed -i 's/^GEMV16 = False$/GEMV16 = True/' kernels/qlinear.py
+    grep -c '^GEMV16 = True$' kernels/qlinear.py
+    gpu_tests 175
+    for i in 1 2; do for g in off on; do
+      [ "$(left)" -gt 40 ] && timeout 40 python3 benchmarks/bench_gpt_oss.py --cells a --routing uniform --gemv16 $g \
+        --out "$OUT/gpt_oss_a_${g}_$i.json" 2>&1 | grep "^a 20b"
+    done; done
+    [ "$(left)" -gt 30 ] && timeout "$(( $(left) - 3 ))" python3 benchmarks/step_profile.py --timed 64 --profiled 2 \
+      --cells bf16,bf16+gemv16,int4+gemv16,int4 --out "$OUT/gemv_ab.json" 2>&1 | grep -e "tok/s" -e Error;;
   gemv-order)
     # the GPU tests (gemv16 on by default); gpt-oss-20b resident with gemv16 off and on, twice in turn;
     # the resident step with and without it in turn; then the kit's offload rows of int4 at 50% and 25%

@@ -187,9 +187,10 @@ def qlinear(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = None) -
 
 
 # Whether one-token steps take gemv16 for 16-bit resident matrices and routers (CUDA), rather than
-# cuBLAS. The Qwen3-30B-A3B shape's bf16 step (12 layers, H100) 1368 -> 1348 us, 147 -> 135 kernels (its
-# o projection was a split-K GEMM and a reduce, the router a 5 us GEMV; step_profile_2026-12-06d.json).
-GEMV16 = True
+# cuBLAS: off until the GPU tests have run with it on (h200_session.sh gemv-on). The Qwen3-30B-A3B shape's
+# bf16 step (12 layers, H100) 1368 -> 1348 us with it, 147 -> 135 kernels (its o projection was a split-K
+# GEMM and a reduce, the router a 5 us GEMV; step_profile_2026-12-06d.json).
+GEMV16 = False
 # LM heads stay with cuBLAS: it reads a 16-bit head at the copy ceiling already (Qwen3-30B-A3B's, 622 MB,
 # in 203 us on the H100: 3.06 TB/s, benchmarks/results/step_profile_2026-12-06c.json).
 GEMV16_MAX_ROWS = 32768
