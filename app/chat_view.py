@@ -6,7 +6,7 @@ import math
 import re
 
 from PySide6.QtCore import QSizeF, Qt, QTimer, Signal
-from PySide6.QtGui import QFontDatabase, QGuiApplication, QTextCursor, QTextDocument
+from PySide6.QtGui import QFontDatabase, QGuiApplication, QKeySequence, QTextCursor, QTextDocument, QTextOption
 from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPushButton, QScrollArea, QSizePolicy, QTextEdit,
                                QToolButton, QVBoxLayout, QWidget)
 
@@ -40,6 +40,25 @@ class _WrappedLabel(QLabel):
         self._heights.clear()
         super().changeEvent(event)
 
+    def keyPressEvent(self, event) -> None:
+        if event.matches(QKeySequence.StandardKey.Copy) and self.hasSelectedText():
+            self.copy_selection()
+            return
+        super().keyPressEvent(event)
+
+    def contextMenuEvent(self, event) -> None:
+        if not self.hasSelectedText():
+            super().contextMenuEvent(event)
+            return
+        from PySide6.QtWidgets import QMenu
+        menu = QMenu(self)
+        menu.addAction("Copy", self.copy_selection)
+        menu.exec(event.globalPos())
+
+    def copy_selection(self) -> None:
+        """The selected text as it was written: without the break points a long word is shown with."""
+        QGuiApplication.clipboard().setText(self.selectedText().replace(BREAK, ""))
+
 
 def _label(text: str, fmt: Qt.TextFormat, name: str = "") -> QLabel:
     label = _WrappedLabel()
@@ -70,15 +89,43 @@ def shown(text: str) -> str:
     return text.translate(_CONTROLS)
 
 
+# A label wraps at spaces only, so one long word (a URL, a hash, a long code line) would widen its bubble
+# and with it the whole transcript. Runs of LONG_RUN characters or more are shown with a zero-width break
+# point after every BREAK_EVERY characters: a line breaks there only where it must. Copies leave them out.
+BREAK = "\u200b"
+BREAK_EVERY = 16
+LONG_RUN = 32
+_PLAIN_RUN = re.compile(r"\S{%d,}" % LONG_RUN)
+_HTML_TEXT = re.compile(r">([^<]+)<")
+_HTML_RUN = re.compile(r"(?:&[#\w]+;|[^\s&])(?:&[#\w]+;|[^\s&]|&){%d,}" % (LONG_RUN - 1))
+_PIECE = re.compile(r"&[#\w]+;|.", re.DOTALL)
+
+
+def _break_run(run: str) -> str:
+    pieces = _PIECE.findall(run)                # an HTML entity is one piece: never split inside one
+    return BREAK.join("".join(pieces[i:i + BREAK_EVERY]) for i in range(0, len(pieces), BREAK_EVERY))
+
+
+def breakable(text: str) -> str:
+    """Plain ``text`` with break points in its long runs of non-space characters."""
+    return _PLAIN_RUN.sub(lambda m: _break_run(m.group()), text)
+
+
+def breakable_html(html: str) -> str:
+    """``html`` with break points in the long runs of its text, never inside a tag or an attribute (a
+    link's address stays whole)."""
+    return _HTML_TEXT.sub(lambda m: ">" + _HTML_RUN.sub(lambda r: _break_run(r.group()), m.group(1)) + "<", html)
+
+
 def block_widget(block: Block) -> QLabel:
     """One rendered block: Markdown text, or a monospaced code box."""
     if block.kind == "code":
-        label = _label(shown(block.text), Qt.TextFormat.PlainText, "codeBlock")
+        label = _label(breakable(shown(block.text)), Qt.TextFormat.PlainText, "codeBlock")
         label.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
         if block.lang:
             label.setToolTip(block.lang)
         return label
-    return _label(markdown_html(shown(block.text)), Qt.TextFormat.RichText)
+    return _label(breakable_html(markdown_html(shown(block.text))), Qt.TextFormat.RichText)
 
 
 _BODY_STYLE = re.compile(r"<body style=\"[^\"]*\">")
@@ -113,6 +160,7 @@ class StreamingTail(QTextEdit):
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Fixed)
         self.document().setDocumentMargin(0)
+        self.setWordWrapMode(QTextOption.WrapMode.WrapAtWordBoundaryOrAnywhere)     # a long word wraps too
         self.document().documentLayout().documentSizeChanged.connect(self._fit_height)
         self._fit_height(self.document().size())
 
@@ -169,7 +217,7 @@ class ReasoningBlock(QWidget):
 
     def set_text(self, text: str) -> None:
         self.text = text
-        self.label.setText(shown(text))
+        self.label.setText(breakable(shown(text)))
         self.toggle.setText(f"Reasoning ({len(text.split())} words)")
         self.setVisible(bool(text))
         self._expand(self.toggle.isChecked())

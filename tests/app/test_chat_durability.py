@@ -630,3 +630,16 @@ def test_a_data_folder_that_cannot_be_written_is_said_at_start_and_cleared_by_a_
     chat.send("Tell me")
     finish(chat)
     qtbot.waitUntil(lambda: lines[-1] == "", timeout=5_000)     # the save went through: the banner goes
+
+
+def test_a_long_word_leaves_the_transcript_as_wide_as_its_view(qtbot):
+    # one URL or long code line used to widen every bubble past the view (no horizontal scroll bar there)
+    from app.chat_view import ChatView
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.resize(600, 400)
+    view.show()
+    view.add("user", "see https://example.com/some/really/long/path/" + "abcdef0123456789" * 8 + "?q=1")
+    view.add("assistant", "```\n" + "x" * 300 + "\n```\n\nand " + "y" * 200)
+    qtbot.wait(100)
+    assert view.widget().width() <= view.viewport().width()

@@ -428,19 +428,44 @@ def test_html_in_a_message_shows_as_the_text_it_is(qtbot):
     # Markdown renders, but a tag in the text (code, a reasoning tag, a styled span) is shown, never applied
     from PySide6.QtGui import QTextDocument
 
-    from app.chat_view import block_widget
+    from app.chat_view import BREAK, block_widget
     from app.markdown_blocks import split_all
 
     def shown(text: str) -> str:
         doc = QTextDocument()
         doc.setHtml("".join(block_widget(b).text() for b in split_all(text)))
-        return doc.toPlainText()
+        return doc.toPlainText().replace(BREAK, "")
     for text in ("if a<b and c>d then <b>x</b>", "Use vector<int> here", "the <think> tag",
                  "<script>alert(1)</script>after", "<span style='font-size:60px;color:red'>BIG</span>"):
         assert shown(text) == text
     assert shown("**bold** and `a<b`") == "bold and a<b"
     label = block_widget(split_all("plain words")[0])
     assert "<body>" in label.text() and "font-family" not in label.text().split("<body>")[1][:40]  # its own font
+
+
+def test_a_long_word_wraps_inside_its_bubble_and_copies_whole(window, qtbot):
+    # a URL, a hash or a long code line has break points where it is shown, so no bubble (and with it the
+    # transcript) grows wider than the view; a copy of the selection leaves them out; links keep their address
+    from PySide6.QtGui import QGuiApplication
+
+    from app.chat_view import BREAK, block_widget, breakable, breakable_html, markdown_html
+    from app.markdown_blocks import split_all
+    url = "https://example.com/some/really/long/path/" + "abcdef0123456789" * 8 + "?q=1&r=2"
+    assert BREAK in breakable(url) and breakable(url).replace(BREAK, "") == url
+    assert breakable("short words stay as they are") == "short words stay as they are"
+    html = breakable_html(markdown_html(f"see <{url}>"))
+    assert f'href="{url.replace("&", "&amp;")}"' in html and BREAK in html       # the address stays whole
+    assert "&am" + BREAK not in html and "&" + BREAK not in html                  # never inside an entity
+    for text in (f"see {url}", "```\n" + "x" * 300 + "\n```"):
+        label = block_widget(split_all(text)[0])
+        assert label.heightForWidth(300) > 0 and label.minimumSizeHint().width() < 300
+    label = block_widget(split_all("```\n" + "y" * 100 + "\n```")[0])
+    qtbot.addWidget(label)
+    label.show()
+    label.setSelection(0, len(label.text()))
+    assert label.hasSelectedText()
+    label.copy_selection()
+    assert QGuiApplication.clipboard().text() == "y" * 100
 
 
 def test_the_chat_menu_has_the_keys_a_chat_needs(window, qtbot):
