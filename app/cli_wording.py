@@ -56,7 +56,8 @@ FLAG_WORDS: dict[str, tuple[str, str]] = {
 #: The values a flag without a list of choices takes in a sentence ("use --device cuda:1").
 FLAG_VALUES: dict[str, re.Pattern[str]] = {"--device": re.compile(r"auto|cpu|cuda(?::\d+)?")}
 _FLAG = re.compile(r"(?<![\w-])--(?P<no>no-)?(?P<name>[a-z][a-z0-9]*(?:-[a-z0-9]+)*)")
-_VALUE = re.compile(r" (?P<value>[A-Z][A-Z_]*\b|\d[\w.%:]*|[a-z]+\d[\w:]*)")
+_VALUE = re.compile(r" (?P<value>[A-Z][A-Z_]*\b|\d[\w.%:]*(?: [KMGTP]i?B\b| B\b)?|[a-z]+\d[\w:]*)")
+_SUBJECT = re.compile(r"(?:^|[.;:]\s+)$")          # a flag that opens a sentence is what it is about
 _AT_START = re.compile(r"\b(?:(?:re)?start(?: Strata)? with|no) $")   # the flag is about how Strata starts
 _DROP = re.compile(r"\b(?:drop|leave out|remove) $")
 _PASS_MODEL = re.compile(r"\b(?:pass|give|use) --model with\b")
@@ -202,8 +203,11 @@ def _replace(before: str, flag: Flag, written: str, value: str, knobs: frozenset
         return before, f"the {knob_name(flag.option)} knob" + (f" ({shown})" if shown and not shown.isupper() else "")
     if aside:                                 # "(--x)": a reference, not part of the sentence
         return before, f"start Strata with {startup}"
-    hints.append(startup)
     name = words_of(flag)[0]
+    if _SUBJECT.search(before):               # "--x 5 is more than ...": a fact about the setting, no advice
+        said = name + (f" {value}" if value and not value.isupper() else "")
+        return before, said[0].upper() + said[1:] if not before.strip() else said
+    hints.append(startup)
     return before, name + (f" {value}" if value and not value.isupper() else "")   # a METAVAR says nothing here
 
 

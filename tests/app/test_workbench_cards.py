@@ -177,3 +177,15 @@ def test_a_pipeline_the_load_refuses_is_one_line_naming_the_fix(qtbot):
         assert "(start Strata with --pipeline-parallel " in text
     finally:
         bridge.shutdown()
+
+
+def test_a_note_about_a_start_up_setting_names_it_with_its_unit_and_gives_no_advice():
+    # "--expert-pool-size 1000.00 TiB is more than every expert takes" needs nothing done: it used to end
+    # "(start Strata with --expert-pool-size 1000.00)", the unit lost and the flag the user gave repeated
+    from app.cli_wording import load_wording
+    note = load_wording("--expert-pool-size 1000.00 TiB is more than every expert takes (18.00 MiB); the pool "
+                        "holds every expert and the rest is left free")
+    assert note == ("The expert pool size 1000.00 TiB is more than every expert takes (18.00 MiB); the pool holds "
+                    "every expert and the rest is left free")
+    advice = load_wording("the pool does not fit; lower --expert-pool-size to 2 GiB")
+    assert advice.endswith("(start Strata with --expert-pool-size SIZE)")
