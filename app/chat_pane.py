@@ -2,6 +2,8 @@
 system prompt and sampling settings. It only emits intentions; the chat controller acts on them."""
 from __future__ import annotations
 
+import re
+
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QKeyEvent, QPainter, QPalette
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGridLayout, QGroupBox, QHBoxLayout,
@@ -14,6 +16,9 @@ from app.messages import CONTEXT_OVERFLOW_POLICIES, REASONING_EFFORTS, Generatio
 OVERFLOW_NAMES = {"drop-oldest": "drop the oldest turns", "stop": "stop and say so"}
 _HINTS = {True: "Message the model — Enter to send, Shift+Enter for a new line",
           False: "Message the model — Ctrl+Enter to send, Enter for a new line"}
+
+
+_LEADING_BLANK_LINES = re.compile(r"\A(?:[ \t]*\n)+")
 
 
 class SettingsBox(QGroupBox):
@@ -284,8 +289,9 @@ class ChatPane(QWidget):
         return row
 
     def _send(self) -> None:
-        text = self.input.toPlainText().strip()
-        if text and self.send_button.isEnabled():
+        # blank lines around the message go, the first line's indentation stays (pasted code keeps its shape)
+        text = _LEADING_BLANK_LINES.sub("", self.input.toPlainText()).rstrip()
+        if text.strip() and self.send_button.isEnabled():
             self.input.clear()
             self.send_requested.emit(text)
 

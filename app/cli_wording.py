@@ -58,6 +58,7 @@ FLAG_VALUES: dict[str, re.Pattern[str]] = {"--device": re.compile(r"auto|cpu|cud
 _FLAG = re.compile(r"(?<![\w-])--(?P<no>no-)?(?P<name>[a-z][a-z0-9]*(?:-[a-z0-9]+)*)")
 _VALUE = re.compile(r" (?P<value>[A-Z][A-Z_]*\b|\d[\w.%:]*(?: [KMGTP]i?B\b| B\b)?|[a-z]+\d[\w:]*)")
 _SUBJECT = re.compile(r"(?:^|[.;:]\s+)$")          # a flag that opens a sentence is what it is about
+_RULE = re.compile(r"\s*(?:must|needs?|cannot|can't)\b")    # ... unless the sentence says what it has to be
 _AT_START = re.compile(r"\b(?:(?:re)?start(?: Strata)? with|no) $")   # the flag is about how Strata starts
 _DROP = re.compile(r"\b(?:drop|leave out|remove) $")
 _PASS_MODEL = re.compile(r"\b(?:pass|give|use) --model with\b")
@@ -138,7 +139,8 @@ def gui_wording(text: str, knobs: Collection[str] | None = None) -> str:
         value, end = _value_after(text, m.end(), flag)
         written = f"--no-{flag.name[2:]}" if m["no"] else flag.name
         before, instead = _replace(text[pos:m.start()], flag, written, value, usable, hints,
-                                   aside=text[m.start() - 1:m.start()] == "(" and text[end:end + 1] == ")")
+                                   aside=text[m.start() - 1:m.start()] == "(" and text[end:end + 1] == ")",
+                                   rule=_RULE.match(text, end) is not None)
         out += [before, instead]
         pos = end
     out.append(text[pos:])
@@ -184,7 +186,7 @@ def _knob_names(text: str) -> str:
 
 
 def _replace(before: str, flag: Flag, written: str, value: str, knobs: frozenset[str], hints: list[str],
-             aside: bool) -> tuple[str, str]:
+             aside: bool, rule: bool = False) -> tuple[str, str]:
     """(the text before the flag, what stands for the flag); a start-up flag adds to ``hints``."""
     at_start = _AT_START.search(before)
     startup = f"{written} {value or words_of(flag)[1]}".rstrip()
@@ -204,7 +206,7 @@ def _replace(before: str, flag: Flag, written: str, value: str, knobs: frozenset
     if aside:                                 # "(--x)": a reference, not part of the sentence
         return before, f"start Strata with {startup}"
     name = words_of(flag)[0]
-    if _SUBJECT.search(before):               # "--x 5 is more than ...": a fact about the setting, no advice
+    if _SUBJECT.search(before) and not rule:  # "--x 5 is more than ...": a fact about the setting, no advice
         said = name + (f" {value}" if value and not value.isupper() else "")
         return before, said[0].upper() + said[1:] if not before.strip() else said
     hints.append(startup)

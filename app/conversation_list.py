@@ -115,7 +115,8 @@ class ConversationList(QWidget):
             item.setData(Qt.ItemDataRole.UserRole, conv.id)
             item.setData(TITLE, conv.title)
             item.setData(DETAIL, f"{when} · {n} message{'' if n == 1 else 's'}")
-            item.setData(SEARCHED, "\n".join([conv.title, *(m.content for m in conv.messages)]).casefold())
+            texts = [r.content for m in conv.messages for r in m.replies()]       # every reply version
+            item.setData(SEARCHED, "\n".join([conv.title, *texts]).casefold())
             item.setToolTip(conv.title)
             if conv.id == current_id:
                 current = item
@@ -140,6 +141,7 @@ class ConversationList(QWidget):
             item.setHidden(hide)
             shown += not hide
         self.no_match.setVisible(bool(wanted) and shown == 0 and self.list.count() > 0)
+        self._busy_or_empty()
 
     def _fit_titles(self) -> None:
         """Each entry's title cut to one line of the list's width, its time and length below it."""
@@ -161,21 +163,29 @@ class ConversationList(QWidget):
         self.new_button.setEnabled(not busy)
         self._busy_or_empty()
 
+    def _shown_current(self) -> QListWidgetItem | None:
+        """The chat Delete and Rename act on: the one selected, while the list shows it (a search may hide it)."""
+        item = self.list.currentItem()
+        return item if item is not None and not item.isHidden() else None
+
     def _busy_or_empty(self) -> None:
-        """Delete acts on the chat selected in the list: none while a reply streams or the list is empty."""
-        self.delete_button.setEnabled(not self._busy and self.list.count() > 0)
-        self.rename_button.setEnabled(self.list.count() > 0)
+        """Delete acts on the chat selected in the list: none while a reply streams, the list is empty or
+        a search hides the selected chat."""
+        shown = self._shown_current() is not None
+        self.delete_button.setEnabled(not self._busy and shown)
+        self.rename_button.setEnabled(shown)
 
     def _changed(self, item: QListWidgetItem | None, _prev: QListWidgetItem | None) -> None:
+        self._busy_or_empty()
         if item is not None:
             self.selected.emit(item.data(Qt.ItemDataRole.UserRole))
 
     def _rename(self) -> None:
-        item = self.list.currentItem()
+        item = self._shown_current()
         if item is not None:
             self.rename_requested.emit(item.data(Qt.ItemDataRole.UserRole))
 
     def _delete(self) -> None:
-        item = self.list.currentItem()
-        if item is not None:
+        item = self._shown_current()
+        if item is not None and not self._busy:
             self.delete_requested.emit(item.data(Qt.ItemDataRole.UserRole))

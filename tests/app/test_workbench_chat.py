@@ -184,6 +184,11 @@ def test_with_enter_sends_off_enter_is_a_new_line_and_ctrl_enter_sends(qtbot, tm
     with qtbot.waitSignal(chat.pane.send_requested) as sent:
         QTest.keyClick(box, Qt.Key.Key_Return, Qt.KeyboardModifier.ControlModifier)
     assert sent.args[0] == "one\ntwo"
+    finish(chat)
+    box.setPlainText("\n  \n    def f():\n        return 1\n\n")     # pasted code keeps its first indent
+    with qtbot.waitSignal(chat.pane.send_requested) as sent:
+        QTest.keyClick(box, Qt.Key.Key_Return, Qt.KeyboardModifier.ControlModifier)
+    assert sent.args[0] == "    def f():\n        return 1"
 
 
 def test_enter_does_not_send_while_a_reply_streams(qtbot, tmp_path):
@@ -552,6 +557,29 @@ def test_the_search_box_shows_the_chats_whose_title_or_messages_hold_the_text(qt
     assert listed() == [] and chat.sidebar.list.count() == 2
     chat.sidebar.search.clear()
     assert len(listed()) == 2 and not chat.sidebar.no_match.isVisibleTo(chat.sidebar)
+    # while the search hides the open chat, Delete, Rename and F2 have nothing to act on
+    assert chat.current.id == bread and chat.sidebar.delete_button.isEnabled()
+    chat.sidebar.search.setText("tides")
+    assert bread not in listed()
+    assert not chat.sidebar.delete_button.isEnabled() and not chat.sidebar.rename_button.isEnabled()
+    chat.sidebar._delete()
+    chat.sidebar._rename()
+    assert bread in [c.id for c in chat.library.conversations] and chat.current.title == "Baking"
+    chat.sidebar.search.clear()
+    assert chat.sidebar.delete_button.isEnabled()
+
+
+def test_the_search_finds_a_reply_version_that_is_not_shown(qtbot, tmp_path):
+    chat = make_chat(qtbot, tmp_path / "c")
+    chat.send("Name a colour")
+    stream(chat, "zanzibar red")
+    finish(chat)
+    chat.regenerate()
+    stream(chat, "blue")
+    finish(chat)
+    assert [r.content for r in chat.current.messages[-1].replies()] == ["zanzibar red", "blue"]
+    chat.sidebar.search.setText("zanzibar")                  # only the version not shown holds it
+    assert not chat.sidebar.list.item(0).isHidden()
 
 
 def test_a_deleted_chat_comes_back_from_the_trash_after_its_undo_is_gone(qtbot, tmp_path):
