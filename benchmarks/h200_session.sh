@@ -178,17 +178,17 @@ case ${1:-} in
     [ "$(left)" -gt 120 ] && timeout "$(( $(left) - 5 ))" python3 benchmarks/bench_gpt_oss.py --cells a \
       --out "$OUT/gpt_oss_a.json" 2>&1 | tail -n 8;;
   gemv-on)
-    # gemv16 turned on in this copy; the GPU tests with it; gpt-oss-20b resident with it off and on in turn;
-    # the resident step with and without it
+    # gemv16 turned on in this copy; the GPU tests with it; gpt-oss-20b resident with it off and on, the
+    # resident bf16 step without and with it, then gpt-oss again in turn while time is left
     sed -i 's/^GEMV16 = False$/GEMV16 = True/' kernels/qlinear.py
     grep -c '^GEMV16 = True$' kernels/qlinear.py
     gpu_tests 175
-    for i in 1 2; do for g in off on; do
-      [ "$(left)" -gt 40 ] && timeout 40 python3 benchmarks/bench_gpt_oss.py --cells a --routing uniform --gemv16 $g \
-        --out "$OUT/gpt_oss_a_${g}_$i.json" 2>&1 | grep "^a 20b"
-    done; done
-    [ "$(left)" -gt 30 ] && timeout "$(( $(left) - 3 ))" python3 benchmarks/step_profile.py --timed 64 --profiled 2 \
-      --cells bf16,bf16+gemv16,int4+gemv16,int4 --out "$OUT/gemv_ab.json" 2>&1 | grep -e "tok/s" -e Error;;
+    oss() { [ "$(left)" -gt 35 ] && timeout 35 python3 benchmarks/bench_gpt_oss.py --cells a --routing uniform \
+      --gemv16 "$1" --out "$OUT/gpt_oss_a_$1_$2.json" 2>&1 | grep "^a 20b"; }
+    oss off 1; oss on 1
+    [ "$(left)" -gt 45 ] && timeout 45 python3 benchmarks/step_profile.py --timed 64 --profiled 2 \
+      --cells bf16,bf16+gemv16 --out "$OUT/gemv_ab.json" 2>&1 | grep -e "tok/s" -e Error
+    oss off 2; oss on 2;;
   gemv-order)
     # the GPU tests (gemv16 on by default); gpt-oss-20b resident with gemv16 off and on, twice in turn;
     # the resident step with and without it in turn; then the kit's offload rows of int4 at 50% and 25%
