@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from app.bridge_api import add_engine_flags, add_model_flag
 from app.knobs import LABELS, knob_name
+from engine.context import DROP_OLDEST_FIX
 
 OPEN_MODEL = "File › Open model folder…"
 #: Every flag: what it is called inside a sentence when it only takes effect at start-up (flags with a
@@ -163,7 +164,7 @@ def load_wording(text: str) -> str:
 
 
 # the chat settings' words for what the engine's messages call the request options they name
-_CHAT_WORDS = (("switch the context-overflow policy to drop-oldest",
+_CHAT_WORDS = ((DROP_OLDEST_FIX,
                 "set Chat too long (in the chat settings) to drop the oldest turns"),)
 
 

@@ -31,6 +31,10 @@ DEFAULT_OVERFLOW = "drop-oldest"
 REPLY_SHARE = 4          # the reply's room is at most 1/REPLY_SHARE of the context
 
 
+# the advice of a refusal under the stop policy, in words each front end replaces with its own control
+DROP_OLDEST_FIX = "switch the context-overflow policy to drop-oldest"
+
+
 class ContextOverflowError(StrataError):
     """The conversation does not fit the context and the policy is ``stop`` (or nothing can be dropped).
 
@@ -142,7 +146,7 @@ def fit_text(tokenizer: PromptTokenizer, text: str, context_tokens: int, max_tok
     if policy == "stop":
         raise ContextOverflowError(
             f"the prompt needs {len(ids)} tokens plus {reply} for the reply, but the context holds "
-            f"{context_tokens}; shorten the prompt or switch the context-overflow policy to drop-oldest",
+            f"{context_tokens}; shorten the prompt or {DROP_OLDEST_FIX}",
             droppable=True)
     pre, body, post = _split_added_tokens(tokenizer, text, ids)
     keep = context_tokens - reply - len(pre) - len(post)

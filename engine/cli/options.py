@@ -9,6 +9,7 @@ from pathlib import Path
 
 from engine.config import DTYPES, EMBEDDINGS, RESIDENT_WEIGHTS, WEIGHT_FORMATS, EngineConfig
 from engine.cpu_threads import threads_from_env
+from engine.errors import ConfigError
 from engine.options import option
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,7 +55,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default="auto", choices=DTYPES, help="activation and resident weight dtype")
     g.add_argument("--weight-format", default="auto", choices=WEIGHT_FORMATS,
                    help="routed expert format; int4/fp8 quantise at load (default: as stored)")
-    g.add_argument("--group-size", type=int, default=128, help="int4 group size along K: 32, 64 or 128")
+    g.add_argument("--group-size", type=int, default=128, help="int4 group size along K: 32, 64 or 128 (default: 128)")
     g.add_argument("--resident-weights", default="auto", choices=RESIDENT_WEIGHTS,
                    help="attention, dense MLPs and LM head on the GPU: fp8 / int8 halve the bytes a token reads "
                         "(default: as stored; fp8 beside experts quantised at load on a GPU that runs it)")
@@ -93,7 +94,13 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
 
 
 def model_dir(args: argparse.Namespace) -> str:
-    return str(args.model) if args.model else str(DEMO_MODEL)
+    """The model folder: ``--model``, else the bundled demo. An empty ``--model`` (an unset variable in
+    ``--model "$MODEL"``) is refused rather than taken as "not given"."""
+    if args.model is None:
+        return str(DEMO_MODEL)
+    if not str(args.model).strip():
+        raise ConfigError("--model is empty; give a model folder, or leave --model out for the bundled demo")
+    return str(args.model)
 
 
 def engine_options(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> dict:

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 from engine.cli.options import engine_options, model_dir, utf8_text
 from engine.config import EngineConfig
-from engine.context import OVERFLOW_POLICIES, fit_text
+from engine.context import DROP_OLDEST_FIX, OVERFLOW_POLICIES, ContextOverflowError, fit_text
 from engine.errors import StrataError
 from engine.outputs import RequestDelta
 from engine.sampling import SamplingParams
@@ -114,8 +114,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     params = sampling_params(args)          # a bad setting is refused before the model loads
     engine = open_engine(args)
     try:
-        fitted = fit_text(engine.tokenizer, args.prompt, engine.context_tokens, params.max_tokens,
-                          args.context_overflow or GENERATE_OVERFLOW)
+        try:
+            fitted = fit_text(engine.tokenizer, args.prompt, engine.context_tokens, params.max_tokens,
+                              args.context_overflow or GENERATE_OVERFLOW)
+        except ContextOverflowError as e:        # the advice as this command takes it
+            raise ContextOverflowError(str(e).replace(DROP_OLDEST_FIX, "pass --context-overflow drop-oldest"),
+                                       e.droppable) from None
         if fitted.note:
             print(f"note: {fitted.note}", file=sys.stderr)
         reply = stream(engine, fitted.token_ids, params, echo=not args.json)

@@ -464,3 +464,19 @@ def test_the_installed_command_and_python_m_strata_are_main_py(tmp_path):
     run = subprocess.run([sys.executable, "-m", "engine", "info", "--help"], cwd=root, capture_output=True, text=True,
                          timeout=120)
     assert run.returncode == 0 and run.stdout.startswith("usage: strata info")
+
+
+def test_an_empty_model_flag_is_refused_not_taken_for_the_demo(capsys):
+    # --model "$MODEL" with MODEL unset: the demo model answering would hide the mistake
+    for command in (["generate", "--prompt", "Hi"], ["info"]):
+        assert main([*command, "--model", ""]) == 2
+        assert capsys.readouterr().err.strip() == ("error: --model is empty; give a model folder, or leave --model out "
+                                                   "for the bundled demo")
+
+
+def test_a_prompt_past_the_context_names_the_flag_that_lets_generate_drop_its_start(model, capsys):
+    assert main(["generate", "--model", str(model), "--prompt", "word " * 400, "--max-tokens", "2",
+                 "--max-model-len", "64"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: the prompt needs ") and err.endswith(
+        "shorten the prompt or pass --context-overflow drop-oldest")
