@@ -394,6 +394,13 @@ def check_host_room(context: int, kv_bytes: int, window_bytes: int, kv_bytes_per
                           f"{format_size(kv_bytes + window_bytes)}, more than the {format_size(available)} of memory "
                           f"this machine has free{beside} holds; give --kv-cache-size {format_size(most)} or less")
     tokens = max(0, room - window_bytes) // max(1, kv_bytes_per_token + table_bytes_per_token) // block * block
+    if asked_kv and tokens >= block and context * kv_bytes_per_token >= kv_bytes - block * kv_bytes_per_token:
+        # the context is what the asked cache holds (the model's own limit is longer): a smaller cache
+        # shortens both, so the size to give is the cache's
+        most = _round_down(tokens * kv_bytes_per_token)
+        raise ConfigError(f"--kv-cache-size {format_size(asked_kv)} holds a context of {context} tokens, whose KV cache "
+                          f"and position tables need {format_size(need)}, more than the {format_size(available)} of "
+                          f"memory this machine has free{beside}; give --kv-cache-size {format_size(most)} or less")
     fix = f"lower --max-model-len to {tokens} or less" if tokens >= block else "free memory or use a smaller model"
     raise ConfigError(f"a context of {context} tokens needs {format_size(need)} of host memory for its KV cache, but "
                       f"this machine has {format_size(available)} of memory free{beside}; {fix}")

@@ -319,3 +319,20 @@ def test_the_kv_size_the_host_check_advises_passes_the_same_check(monkeypatch) -
         asked = parse_size(size.replace(" ", "").replace("iB", ""))
         assert format_size(asked) == size
         check_host_room(4096, asked, 0, 1 << 10, 256, 16, asked, free)        # fits: no error
+
+
+def test_a_kv_size_whose_context_does_not_fit_is_answered_with_a_kv_size(monkeypatch) -> None:
+    # a model whose own limit is 2**31 - 1 positions: its context is what --kv-cache-size holds, so the
+    # fix names a smaller cache, never --max-model-len (which the user did not give); the size named fits
+    from engine.errors import ConfigError
+    from engine.memory import check_host_room
+    from engine.options import parse_size
+    bpt, table, free = 1 << 10, 256, 16 << 30
+    asked = 500 << 30
+    context = asked // bpt
+    with pytest.raises(ConfigError) as e:
+        check_host_room(context, asked, 0, bpt, table, 16, asked, free)
+    assert "--max-model-len" not in str(e.value) and "give --kv-cache-size " in str(e.value)
+    size = str(e.value).split("give --kv-cache-size ")[1].split(" or less")[0]
+    given = parse_size(size.replace(" ", "").replace("iB", ""))
+    check_host_room(given // bpt, given, 0, bpt, table, 16, given, free)        # fits: no error
