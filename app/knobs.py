@@ -404,8 +404,12 @@ class KnobsPanel(QWidget):
             # look-ahead, ...) is its tooltip, where a later change of another knob cannot make it stale
             self._set_status(result.option, "ok", "", f"When applied: {result.message}")
             self._show_applied(result.option, self._value_text(result.option, result.value, self.state))
+            for name in ORDER:                  # a refusal another knob's value caused may no longer hold
+                if name != result.option and self._kind(name) == "bad":
+                    self._set_status(name, "off", "")
         else:
-            self._set_status(result.option, "bad", f"✗ rejected: {result.message}")
+            from app.cli_wording import gui_wording      # (it imports this module's labels)
+            self._set_status(result.option, "bad", f"✗ rejected: {gui_wording(result.message)}")
         self.result_shown.emit(result)
 
     def _show_applied(self, option: str, value_text: str) -> None:
@@ -422,8 +426,9 @@ class KnobsPanel(QWidget):
         automatic pool with the size ``state`` says it holds."""
         w = self.controls[option]
         if isinstance(w, PoolSlider):
-            if isinstance(value, int):
-                return pool_text(value)
+            if isinstance(value, int):          # a size past every expert's bytes holds them all, and no more
+                most = state.pool_max_bytes if state is not None else None
+                return pool_text(min(value, most) if most else value)
             return f"auto ({pool_text(state.pool_bytes)})" if value is None and state is not None else "auto"
         if isinstance(w, QSpinBox):
             n = 0 if value is None else int(value)

@@ -57,6 +57,23 @@ def test_rejected_change_shows_the_engine_reason(window, qtbot):
     qtbot.waitUntil(lambda: c["max_batch_tokens"].value() == 0, timeout=TIMEOUT)  # resynced: still auto
 
 
+def test_a_rejected_line_goes_once_another_change_is_applied(window, qtbot):
+    # "Max batch tokens 1 is below Max batch 16": once the other knob moves, the refusal no longer holds
+    c = window.knobs.controls
+    refused = _answer(qtbot, window, lambda: c["max_batch_tokens"].setValue(1))
+    assert not refused.applied and _status(window, "max_batch_tokens").startswith("✗ rejected")
+    applied = _answer(qtbot, window, lambda: c["max_batch"].setValue(c["max_batch"].value() + 1))
+    assert applied.applied and _status(window, "max_batch_tokens") == ""
+
+
+def test_a_pool_size_past_every_expert_is_named_as_what_the_pool_holds(window, qtbot):
+    most = window.knobs.state.pool_max_bytes
+    result = _answer(qtbot, window, lambda: window.knobs.request("expert_pool_size", 99999999999999))
+    assert result.applied
+    from app.knobs import pool_text
+    qtbot.waitUntil(lambda: _status(window, "expert_pool_size") == f"✓ applied: {pool_text(most)}", timeout=TIMEOUT)
+
+
 def test_unsupported_options_are_disabled_with_the_reason(window, qtbot):
     reasons = dict(window.knobs.state.unsupported)
     assert "cuda_graphs" in reasons and "kv_cache_dtype" not in reasons   # CPU: no CUDA graphs
