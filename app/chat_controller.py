@@ -33,6 +33,9 @@ STREAM_SAVE_MS = 1000     # a streaming reply on disk is at most this far behind
 EDITS_SAVE_MS = 1000      # the unsent text and the system prompt are kept this soon after the first unkept keystroke
 SHOWN_AT_ONCE = 12        # messages of a chat put on screen when it opens (a screenful); the earlier ones follow
 FILL_SLICE_S = 0.03       # time one turn of the event loop spends putting earlier messages on screen (at least one)
+# messages of a chat on screen before the earlier ones wait for "Show earlier messages": each laid-out message
+# makes every later layout pass longer (an 800-message chat stalled the window 120-370 ms a slice)
+SHOWN_MESSAGES = 200
 INTERRUPTED_NOTE = "interrupted — the app closed before this reply finished"
 KEPT_DRAFT_TITLE = "Unsent text of a damaged chat"     # the chat that takes it when the chat's file was set aside
 
@@ -85,6 +88,7 @@ class ChatController(QObject):
         self._system_edited = False
         self._prefs_problem = ""                 # the settings file's last write problem told
         self._fill_epoch = 0                           # which chat's earlier messages are being put on screen
+        self._fill_until = 0                           # the earliest message index put on screen without asking
         self.library = ConversationLibrary(store)
         self.library.store_line.connect(self._on_store_line)
         kept_drafts = self._keep_drafts_of_damaged_chats()
@@ -157,6 +161,7 @@ class ChatController(QObject):
     def _connect(self) -> None:
         pane, box = self.pane, self.pane.settings_box
         pane.send_requested.connect(self.send)
+        pane.view.earlier_requested.connect(self._show_earlier)
         pane.stop_requested.connect(self.stop)
         pane.regenerate_requested.connect(self.regenerate)
         pane.edit_requested.connect(self.edit_last)
@@ -195,6 +200,7 @@ class ChatController(QObject):
         first = max(0, len(messages) - SHOWN_AT_ONCE)
         self._bubbles = [None] * first + [self._add_bubble(m) for m in messages[first:]]
         self._fill_epoch += 1
+        self._fill_until = max(0, len(messages) - SHOWN_MESSAGES)
         if first:
             QTimer.singleShot(0, self.pane, partial(self._fill_earlier, self._fill_epoch))
         self.pane.settings_box.system_prompt.setPlainText(self.current.system_prompt)
@@ -206,15 +212,26 @@ class ChatController(QObject):
         """One batch of the current chat's earlier messages, put above the ones shown; then the next."""
         if epoch != self._fill_epoch or None not in self._bubbles:
             return                                   # another chat is shown now, or this one is whole
-        i = self._bubbles.index(next(b for b in self._bubbles if b is not None)) - 1
+        shown = next((b for b in self._bubbles if b is not None), None)
+        i = (self._bubbles.index(shown) if shown is not None else len(self._bubbles)) - 1
         until = time.perf_counter() + FILL_SLICE_S
-        while i >= 0:                          # a long message may take the slice alone: the window stays live
-            self._bubbles[i] = self._add_bubble(self.current.messages[i], before=self._bubbles[i + 1])
+        while i >= self._fill_until:           # a long message may take the slice alone: the window stays live
+            after = self._bubbles[i + 1] if i + 1 < len(self._bubbles) else None
+            self._bubbles[i] = self._add_bubble(self.current.messages[i], before=after)
             i -= 1
             if time.perf_counter() >= until:
                 break
-        if None in self._bubbles:
+        if i >= self._fill_until:
             QTimer.singleShot(0, self.pane, partial(self._fill_earlier, epoch))
+        self.pane.view.show_earlier_offer(i + 1 if i < self._fill_until else 0)
+
+    def _show_earlier(self) -> None:
+        """The reader asked for the earlier messages: SHOWN_MESSAGES more go on screen, a slice at a time."""
+        if None not in self._bubbles:
+            return
+        self._fill_until = max(0, self._fill_until - SHOWN_MESSAGES)
+        self.pane.view.show_earlier_offer(0)
+        QTimer.singleShot(0, self.pane, partial(self._fill_earlier, self._fill_epoch))
 
     def _add_bubble(self, msg: StoredMessage, streaming: bool = False,
                     before: MessageBubble | None = None) -> MessageBubble:

@@ -226,6 +226,11 @@ class ReasoningBlock(QWidget):
         self.set_text(self.text + text)
 
 
+# A message shows at most this many characters: laying out half a megabyte of text (a pasted log) took
+# the window 1.5 s each time it was shown. The rest is named under it, and Copy and export keep it all.
+SHOWN_CHARS = 50_000
+
+
 class MessageBubble(QFrame):
     """One message. Assistant bubbles stream (``append`` then ``finish``) and page through the replies the
     model gave to the turn: ``page_requested(-1 | +1)``, ``delete_version_requested``."""
@@ -239,6 +244,7 @@ class MessageBubble(QFrame):
         self.role = role
         self.text = ""
         self._pending = ""          # text not yet part of a finished block (what the tail shows)
+        self._shown = 0             # characters rendered in blocks (at most SHOWN_CHARS)
         self.setObjectName({"user": "userBubble", "notice": "noticeBubble"}.get(role, "assistantBubble"))
         lay = QVBoxLayout(self)
         lay.setContentsMargins(12, 8, 12, 8)
@@ -264,6 +270,10 @@ class MessageBubble(QFrame):
         self.tail = StreamingTail()
         self.tail.hide()
         lay.addWidget(self.tail)
+        self.cut_note = QLabel("")
+        self.cut_note.setObjectName("replyStats")
+        self.cut_note.hide()
+        lay.addWidget(self.cut_note)
         self.stats = QLabel("")
         self.stats.setObjectName("replyStats")
         self.stats.setWordWrap(True)
@@ -311,7 +321,8 @@ class MessageBubble(QFrame):
             widget.hide()               # gone at once, not only when Qt gets round to deleting it
             widget.deleteLater()
         self._blocks = []
-        self.text, self._pending = "", ""
+        self.text, self._pending, self._shown = "", "", 0
+        self.cut_note.hide()
         self.tail.set_text("")
         self.streaming = streaming
         if text:
@@ -324,16 +335,28 @@ class MessageBubble(QFrame):
     def append(self, text: str) -> None:
         """More streamed text: finished blocks are rendered once, the rest shows as plain text."""
         self.text += text
+        if self._shown >= SHOWN_CHARS:          # past what a message shows: kept, named at its end
+            return
         grown = self._pending + text
         blocks, self._pending = split_finished(grown)
         for block in blocks:
-            self._add_block(block_widget(block))
-        if not blocks and self._pending == grown:
+            self._add_block(block)
+        if self._shown >= SHOWN_CHARS:
+            self._pending = ""
+            self.tail.set_text("")
+        elif not blocks and self._pending == grown:
             self.tail.append_text(text)          # the common case: the tail only grows at its end
         else:
             self.tail.set_text(self._pending)
 
-    def _add_block(self, widget: QWidget) -> None:
+    def _add_block(self, block: Block) -> None:
+        room = SHOWN_CHARS - self._shown
+        if room <= 0:
+            return
+        if len(block.text) > room:
+            block = Block(block.kind, block.text[:room], block.lang)
+        self._shown += len(block.text)
+        widget = block_widget(block)
         self.body.addWidget(widget)
         self._blocks.append(widget)
 
@@ -341,9 +364,14 @@ class MessageBubble(QFrame):
         """The message is complete: render what is left and show the reply's stats."""
         self.streaming = False
         for block in split_all(self._pending):
-            self._add_block(block_widget(block))
+            self._add_block(block)
         self._pending = ""
         self.tail.set_text("")
+        hidden = len(self.text) - self._shown
+        if self._shown >= SHOWN_CHARS and hidden > 0:
+            self.cut_note.setText(f"… and {hidden:,} more characters, not shown here: Copy copies the whole "
+                                  "message, and an export keeps it")
+        self.cut_note.setVisible(self._shown >= SHOWN_CHARS and hidden > 0)
         self.set_stats(stats_line)
 
     def set_stats(self, line: str) -> None:
@@ -359,6 +387,8 @@ class MessageBubble(QFrame):
 class ChatView(QScrollArea):
     """A scrolling column of bubbles that follows the newest text while the user is at the bottom."""
 
+    earlier_requested = Signal()          # the reader asked for the messages above the earliest shown
+
     def __init__(self) -> None:
         super().__init__()
         self.setWidgetResizable(True)
@@ -368,6 +398,12 @@ class ChatView(QScrollArea):
         self.column.setContentsMargins(12, 12, 12, 12)
         self.column.setSpacing(10)
         self.column.addStretch(1)
+        # above the bubbles, while a long chat's earliest messages are not on screen
+        self.earlier_button = QPushButton("")
+        self.earlier_button.setFlat(True)
+        self.earlier_button.hide()
+        self.earlier_button.clicked.connect(self.earlier_requested)
+        self.column.insertWidget(0, self.earlier_button)
         self.setWidget(inner)
         self.bubbles: list[MessageBubble] = []
         self._follow = True
@@ -422,3 +458,9 @@ class ChatView(QScrollArea):
 
     def clear(self) -> None:
         self.remove_last(len(self.bubbles))
+        self.show_earlier_offer(0)
+
+    def show_earlier_offer(self, hidden: int) -> None:
+        """Offer the ``hidden`` earliest messages not on screen (0: none are hidden)."""
+        self.earlier_button.setText(f"Show earlier messages ({hidden:,} more)")
+        self.earlier_button.setVisible(hidden > 0)

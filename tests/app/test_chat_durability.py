@@ -508,6 +508,32 @@ def test_a_long_chat_opens_at_once_and_its_earlier_messages_follow_in_order(qtbo
     assert chat._bubbles == chat.pane.view.bubbles
 
 
+def test_a_very_long_chat_shows_its_last_messages_and_offers_the_earlier_ones(qtbot, tmp_path, monkeypatch):
+    # every message on screen makes each later layout pass longer: past SHOWN_MESSAGES they wait to be asked for
+    import app.chat_controller as cc
+    from app.conversations import Conversation, StoredMessage
+    monkeypatch.setattr(cc, "SHOWN_MESSAGES", 40)
+    chat = make_chat(qtbot, tmp_path / "c")
+    n = 100
+    long = Conversation(messages=[StoredMessage("user" if i % 2 == 0 else "assistant", f"message {i}")
+                                  for i in range(n)])
+    chat.library.save(long)
+    chat.open(long.id)
+    view = chat.pane.view
+    qtbot.waitUntil(lambda: view.earlier_button.isVisibleTo(view), timeout=10_000)
+    assert [b.text for b in view.bubbles] == [f"message {i}" for i in range(n - 40, n)]
+    assert view.earlier_button.text() == "Show earlier messages (60 more)"
+    view.earlier_button.click()
+    qtbot.waitUntil(lambda: len(view.bubbles) == 80 and view.earlier_button.isVisibleTo(view), timeout=10_000)
+    assert view.earlier_button.text() == "Show earlier messages (20 more)"
+    view.earlier_button.click()
+    qtbot.waitUntil(lambda: len(view.bubbles) == n, timeout=10_000)
+    assert [b.text for b in view.bubbles] == [f"message {i}" for i in range(n)] and chat._bubbles == view.bubbles
+    assert not view.earlier_button.isVisibleTo(view)
+    chat.new_chat()                                                     # another chat: no offer left over
+    assert not view.earlier_button.isVisibleTo(view)
+
+
 def test_a_chat_exports_as_markdown_or_json_and_a_failed_export_leaves_nothing(qtbot, tmp_path):
     from app.chat_export import export_chat
     from app.conversations import Conversation
@@ -643,3 +669,26 @@ def test_a_long_word_leaves_the_transcript_as_wide_as_its_view(qtbot):
     view.add("assistant", "```\n" + "x" * 300 + "\n```\n\nand " + "y" * 200)
     qtbot.wait(100)
     assert view.widget().width() <= view.viewport().width()
+
+
+def test_a_huge_message_shows_its_start_and_names_the_rest_and_copy_keeps_it_all(qtbot):
+    # a pasted half-megabyte log: laying it all out froze the window for 1.5 s each time it was shown
+    from PySide6.QtGui import QGuiApplication
+
+    from app.chat_view import SHOWN_CHARS, ChatView
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.show()
+    text = "\n\n".join(f"line {i} " + "log words " * 50 for i in range(1000))       # ~510 KB, 1000 blocks
+    bubble = view.add("user", text)
+    assert sum(len(w.text()) for w in bubble._blocks) < 2 * SHOWN_CHARS and len(bubble._blocks) < 200
+    assert bubble.cut_note.isVisibleTo(bubble) and "more characters, not shown here" in bubble.cut_note.text()
+    bubble.copy()
+    assert QGuiApplication.clipboard().text() == text
+    streamed = view.add("assistant", streaming=True)
+    for i in range(0, len(text), 4096):
+        streamed.append(text[i:i + 4096])
+    streamed.finish("done")
+    assert streamed.text == text and len(streamed._blocks) < 200 and streamed.cut_note.isVisibleTo(streamed)
+    short = view.add("user", "hello\n\nthere")
+    assert not short.cut_note.isVisibleTo(short) and len(short._blocks) == 2
