@@ -30,6 +30,15 @@ class EvalResult:
     resident_format: str = "bf16"            # the resident matrices as run: bf16 (the dtype), fp8, int8
 
 
+def _resident_as_run(engine) -> str:
+    """The resident matrices' format as run: the loader's "bf16" stands for the dtype, named here."""
+    res = engine.model_info.resident_format
+    if res != "bf16":
+        return res
+    dtype = getattr(getattr(engine, "loaded", None), "dtype", None)
+    return {torch.float32: "fp32", torch.float16: "fp16"}.get(dtype, "bf16")
+
+
 def reference_weight_format(model: str) -> str:
     """``weight_format`` to load a reference model with: as stored, but MXFP4 experts and fp8 ones with block
     scales dequantised to bf16.
@@ -97,7 +106,7 @@ def evaluate(engine, text: str, reference=None, window: int = 256, max_tokens: i
             rows += logits.shape[0]
     if n == 0:
         raise ConfigError("the evaluation text has fewer than 2 tokens; give a longer text file")
-    fmt, res = engine.model_info.expert_format, engine.model_info.resident_format
+    fmt, res = engine.model_info.expert_format, _resident_as_run(engine)
     if reference is None:
         return EvalResult(n, math.exp(nll / n), expert_format=fmt, resident_format=res)
     return EvalResult(n, math.exp(nll / n), math.exp(ref_nll / n), agree / rows, cos_sum / rows, fmt,

@@ -86,6 +86,14 @@ def test_eval_names_the_format_and_loads_the_reference_as_stored(src, tmp_path, 
     assert r["perplexity"] != r["reference_perplexity"]      # the reference ran unquantised
 
 
+def test_eval_names_the_dtype_the_resident_matrices_ran_in(src, tmp_path, capsys):
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog " * 8)
+    assert main(["eval", "--model", str(src), "--text", str(text), "--device", "cpu", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert r["resident_format"] == "fp32"                      # a CPU run's dtype, not "bf16"
+
+
 def test_eval_notes_a_perplexity_from_few_tokens(src, tmp_path, capsys):
     text = tmp_path / "t.txt"
     text.write_text("the quick brown fox")
