@@ -13,7 +13,7 @@ from engine.chat_format.harmony import ReplyReader
 from engine.chat_format.think import reasoning_reader
 from engine.cli.options import add_engine_flags, add_model_flag
 from engine.config import EngineConfig
-from engine.context import fit_messages, fit_text
+from engine.context import DROP_OLDEST_FIX, fit_messages, fit_text
 from engine.cpu_threads import apply_cpu_threads
 from engine.errors import StrataError
 from engine.gpu_monitor import (NO_GPU_STATUS, POWER_REASONS, THERMAL_REASONS, THROTTLE_REASONS, FakeMonitor,
@@ -23,7 +23,7 @@ from engine.options import LIVE_NAMES, LIVE_OPTIONS, LiveOption, option
 from engine.outputs import RequestDelta
 from engine.sampling import SamplingParams
 
-__all__ = ["EngineConfig", "EngineLoop", "FakeMonitor", "GpuMonitor", "GpuSample", "Job", "LIVE_NAMES", "LIVE_OPTIONS",
+__all__ = ["DROP_OLDEST_FIX", "EngineConfig", "EngineLoop", "FakeMonitor", "GpuMonitor", "GpuSample", "Job", "LIVE_NAMES", "LIVE_OPTIONS",
            "LiveOption", "NO_GPU_STATUS", "NvmlMonitor", "POWER_REASONS", "ReplyReader", "RequestDelta",
            "SamplingParams", "StrataError", "THERMAL_REASONS", "THROTTLE_REASONS", "add_engine_flags",
            "add_model_flag", "apply_cpu_threads", "build_engine", "build_server", "fit_messages", "fit_text",

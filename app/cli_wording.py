@@ -16,9 +16,8 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from app.bridge_api import add_engine_flags, add_model_flag
+from app.bridge_api import DROP_OLDEST_FIX, add_engine_flags, add_model_flag
 from app.knobs import LABELS, knob_name
-from engine.context import DROP_OLDEST_FIX
 
 OPEN_MODEL = "File › Open model folder…"
 #: Every flag: what it is called inside a sentence when it only takes effect at start-up (flags with a
