@@ -23,9 +23,9 @@ from engine.options import LIVE_NAMES, LIVE_OPTIONS, LiveOption, option
 from engine.outputs import RequestDelta
 from engine.sampling import SamplingParams
 
-__all__ = ["DROP_OLDEST_FIX", "EngineConfig", "EngineLoop", "FakeMonitor", "GpuMonitor", "GpuSample", "Job", "LIVE_NAMES", "LIVE_OPTIONS",
-           "LiveOption", "NO_GPU_STATUS", "NvmlMonitor", "POWER_REASONS", "ReplyReader", "RequestDelta",
-           "SamplingParams", "StrataError", "THERMAL_REASONS", "THROTTLE_REASONS", "add_engine_flags",
+__all__ = ["DROP_OLDEST_FIX", "EngineConfig", "EngineLoop", "FakeMonitor", "GpuMonitor", "GpuSample", "Job",
+           "LIVE_NAMES", "LIVE_OPTIONS", "LiveOption", "NO_GPU_STATUS", "NvmlMonitor", "POWER_REASONS", "ReplyReader",
+           "RequestDelta", "SamplingParams", "StrataError", "THERMAL_REASONS", "THROTTLE_REASONS", "add_engine_flags",
            "add_model_flag", "apply_cpu_threads", "build_engine", "build_server", "fit_messages", "fit_text",
            "option", "reasoning_reader"]
 
