@@ -1,6 +1,7 @@
 """Builds a ready-to-run engine core from an EngineConfig: spec, tokenizer, weights, experts, KV cache."""
 from __future__ import annotations
 
+import errno
 import json
 import time
 from dataclasses import dataclass
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.checkpoint.fp8_blocks import with_fp8_blocks
-from engine.checkpoint.converted import ConvertedSource, is_converted
+from engine.checkpoint.converted import ConvertedSource, convert_command, is_converted
 from engine.checkpoint.integrity import Progress
 from engine.checkpoint.loader import check_complete, load_weights
 from engine.checkpoint.plan import embedding_bytes, params_by_category, resident_bytes
@@ -510,7 +511,7 @@ def load_model(config: EngineConfig, progress: Progress | None = None) -> Loaded
         source = ConvertedSource(path, verify=config.verify, progress=progress)
         fmt = source.manifest.weights
         if config.weight_format not in ("auto", fmt):
-            raise ConfigError(f"{path} holds {fmt} experts, converted by main.py convert; drop --weight-format "
+            raise ConfigError(f"{path} holds {fmt} experts, converted by {convert_command()}; drop --weight-format "
                               f"or convert the source again with --weights {config.weight_format}")
         group = source.manifest.group_size
         notes = template + _checksum_notes(path, source)
@@ -523,8 +524,8 @@ def load_model(config: EngineConfig, progress: Progress | None = None) -> Loaded
         loaded = LoadedModel(config, spec, source, tokenizer, path, notes)
         source.manifest.check_layout(loaded.layout, path)
         return loaded
-    notes = template + ((("verify checks the checksums of a folder written by main.py convert; this is a Hugging "
-                          "Face folder, which has none, so it was ignored"),) if config.verify else ())
+    notes = template + (((f"verify checks the checksums of a folder written by {convert_command()}; this is a "
+                          "Hugging Face folder, which has none, so it was ignored"),) if config.verify else ())
     if config.pipeline_parallel > 1 or config.expert_parallel > 1:
         return _pipelined(config, spec, SafetensorsReader(path), tokenizer, path, notes)
     return LoadedModel(config, spec, SafetensorsReader(path), tokenizer, path, notes)
@@ -538,7 +539,15 @@ def _pipelined(config: EngineConfig, spec: ModelSpec, source: TensorSource, toke
 
 
 def _checksum_notes(path: Path, source: ConvertedSource) -> tuple[str, ...]:
-    if source.checksums.saved:
+    """Why the good checksums could not be remembered in ``path``, and the fix for that cause."""
+    report = source.checksums
+    if report.saved:
         return ()
-    return (f"{path} cannot be written, so the good checksums were not remembered and every load checks them "
-            "again; make the folder writable to load it faster",)
+    lost = "so the good checksums were not remembered and every load checks them again"
+    if report.save_errno == errno.ENOSPC:
+        return (f"the disk holding {path} is full, {lost}; free space on it to load it faster",)
+    if report.save_errno == errno.EDQUOT:
+        return (f"your disk quota for {path} is used up, {lost}; free space within it to load it faster",)
+    if report.save_errno == errno.EROFS:
+        return (f"{path} is on a read-only filesystem, {lost}; remount it read-write to load it faster",)
+    return (f"{path} cannot be written, {lost}; make the folder writable to load it faster",)

@@ -16,14 +16,17 @@ A converted folder holds the source's ``config.json`` and tokenizer files, plus
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import stat
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from engine.checkpoint.integrity import ChecksumReport, Progress, file_sha256, verify_checksums
-from engine.checkpoint.reader import SafetensorsReader, TensorSource
+from engine.checkpoint.integrity import ChecksumReport, Mismatch, Progress, file_sha256, verify_checksums
+from engine.checkpoint.reader import SafetensorsReader, TensorSource, cannot_read, folder_denied
 from engine.config import DEFAULT_GROUP_SIZE
 from engine.errors import ModelLoadError
 from kernels.expert_layout import ACTIVATIONS, EXPERT_FORMATS, ExpertAct, ExpertLayout
@@ -36,7 +39,44 @@ FP8_SCALE = ".fp8_row_scale"   # suffix of the per-row scale of a resident matri
 INT8_SCALE = ".int8_row_scale"  # ... stored in int8
 ROW_SCALES = {"fp8": FP8_SCALE, "int8": INT8_SCALE}
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-_FIX = "convert the model again with main.py convert"
+_ROOT = Path(__file__).resolve().parents[2]      # the folder that holds engine/, strata/ and main.py
+
+
+def convert_command(argv0: str | None = None) -> str:
+    """``convert`` as the user runs it, for advice to convert again: the way this process was started (the
+    installed ``strata``, ``python -m strata``, ``python -m engine``, or ``python main.py`` with the path as it
+    was given, so that it works from where the user is), else the installed ``strata`` (a program that calls
+    the engine from Python). ``argv0``: the program as started, ``sys.argv[0]`` when None."""
+    given = sys.argv[0] if argv0 is None else argv0
+    ran = Path(given)
+    if ran.name == "__main__.py" and ran.parent.name in ("strata", "engine") and _ours(ran.parent.parent):
+        return f"python -m {ran.parent.name} convert"
+    if ran.name == "main.py" and _ours(ran.parent):
+        return f"python {shlex.quote(given)} convert"
+    return "strata convert"
+
+
+def _ours(folder: Path) -> bool:
+    try:
+        return folder.resolve() == _ROOT
+    except (OSError, RuntimeError):
+        return False
+
+
+def _into_new_folder(doc: object = None) -> str:
+    """The fix for a folder whose manifest cannot be read or checked: convert writes a new folder (``--force``
+    replaces only a folder whose manifest says what convert wrote there, so it refuses this one)."""
+    src = manifest_source(doc) if isinstance(doc, dict) else ""
+    return (f"convert the source model again into a new folder: {convert_command()} "
+            f"{shlex.quote(src) if src else 'SRC'} NEW_FOLDER")
+
+
+def _again(folder: Path, doc: dict) -> str:
+    """The fix for a manifest that reads but holds a wrong field: convert again over it (``--force`` accepts it)."""
+    src = manifest_source(doc)
+    weights = f" --weights {doc['weights']}" if doc.get("weights") in EXPERT_FORMATS else ""
+    return (f"convert again: {convert_command()} {shlex.quote(src) if src else 'SRC'} {shlex.quote(str(folder))}"
+            f"{weights} --force")
 
 
 def expert_file(moe_index: int) -> str:
@@ -54,7 +94,7 @@ def expert_doc(layout: ExpertLayout) -> dict:
     return {"expert_bias": layout.bias, "expert_act": {"kind": act.kind, "alpha": act.alpha, "limit": act.limit}}
 
 
-def _act(doc: dict, f: Path) -> ExpertAct:
+def _act(doc: dict, f: Path, fix: str) -> ExpertAct:
     """``expert_act`` of a manifest (one written before experts had other activations: silu)."""
     v = doc.get("expert_act", {"kind": "silu"})
     default = ExpertAct()
@@ -62,7 +102,7 @@ def _act(doc: dict, f: Path) -> ExpertAct:
         isinstance(v.get(k, 0.0), (int, float)) and not isinstance(v.get(k), bool) for k in ("alpha", "limit"))
     if not ok:
         raise ModelLoadError(f"{f}: field 'expert_act' is {v!r}, expected {{\"kind\": one of {', '.join(ACTIVATIONS)}, "
-                             f"\"alpha\": a number, \"limit\": a number}}; {_FIX}")
+                             f"\"alpha\": a number, \"limit\": a number}}; {fix}")
     return ExpertAct(v["kind"], float(v.get("alpha", default.alpha)), float(v.get("limit", default.limit)))
 
 
@@ -70,21 +110,25 @@ def read_manifest(folder: Path) -> dict:
     """The parsed ``strata.json`` of ``folder`` with a checked ``files`` table (any format version)."""
     f = folder / MANIFEST
     try:
-        doc = json.loads(f.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ModelLoadError(f"{f} cannot be read ({e}); {_FIX}")
+        raw = f.read_bytes()
+    except OSError as e:
+        raise cannot_read(f, e, "check the disk it is on, or " + _into_new_folder()) from None
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelLoadError(f"{f} is not valid JSON ({e}); {_into_new_folder()}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("format_version"), int):
-        raise ModelLoadError(f"{f} is not a Strata manifest (no integer 'format_version'); {_FIX}")
+        raise ModelLoadError(f"{f} is not a Strata manifest (no integer 'format_version'); {_into_new_folder(doc)}")
     files = doc.get("files")
     if not isinstance(files, dict) or not files:
-        raise ModelLoadError(f"{f}: 'files' must map each written file to its SHA-256; {_FIX}")
+        raise ModelLoadError(f"{f}: 'files' must map each written file to its SHA-256; {_into_new_folder(doc)}")
     for name, digest in files.items():
         if not _plain_name(name) or not isinstance(digest, str) or not _SHA256.fullmatch(digest):
             raise ModelLoadError(f"{f}: the entry {name!r}: {digest!r} of 'files' is not a file name inside the folder "
-                                 f"with a SHA-256; {_FIX}")
+                                 f"with a SHA-256; {_into_new_folder(doc)}")
     copied = doc.get("copied", [])
     if not isinstance(copied, list) or not all(_plain_name(n) for n in copied):
-        raise ModelLoadError(f"{f}: 'copied' must list file names inside the folder; {_FIX}")
+        raise ModelLoadError(f"{f}: 'copied' must list file names inside the folder; {_into_new_folder(doc)}")
     return doc
 
 
@@ -98,11 +142,11 @@ def _plain_name(name) -> bool:
     return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
 
 
-def _field(doc: dict, key: str, kind: type, f: Path):
+def _field(doc: dict, key: str, kind: type, f: Path, fix: str):
     v = doc.get(key)
     if not isinstance(v, kind) or isinstance(v, bool) or (kind is int and v < 0):
         expected = "a whole number of 0 or more" if kind is int else f"a {kind.__name__}"
-        raise ModelLoadError(f"{f}: field '{key}' is {v!r}, expected {expected}; {_FIX}")
+        raise ModelLoadError(f"{f}: field '{key}' is {v!r}, expected {expected}; {fix}")
     return v
 
 
@@ -124,19 +168,20 @@ class Manifest:
     def read(folder: Path) -> "Manifest":
         f = folder / MANIFEST
         doc = read_manifest(folder)
+        fix = _again(folder, doc)
         if doc["format_version"] != FORMAT_VERSION:
             raise ModelLoadError(f"{f} has format version {doc['format_version']!r} but this Strata reads "
-                                 f"version {FORMAT_VERSION}; convert the model again with this version")
+                                 f"version {FORMAT_VERSION}; {fix}")
         if doc.get("weights") not in EXPERT_FORMATS:
             raise ModelLoadError(f"{f}: field 'weights' is {doc.get('weights')!r}, expected one of "
-                                 f"{', '.join(EXPERT_FORMATS)}; {_FIX}")
+                                 f"{', '.join(EXPERT_FORMATS)}; {fix}")
         bias = doc.get("expert_bias", False)
         if not isinstance(bias, bool):
-            raise ModelLoadError(f"{f}: field 'expert_bias' is {bias!r}, expected true or false; {_FIX}")
-        return Manifest(_field(doc, "weights", str, f), _field(doc, "group_size", int, f),
-                        _field(doc, "num_moe_layers", int, f), _field(doc, "num_experts", int, f),
-                        _field(doc, "expert_nbytes", int, f), _field(doc, "layout", list, f), doc["files"],
-                        manifest_source(doc), str(doc.get("resident_weights", "bf16")), bias, _act(doc, f))
+            raise ModelLoadError(f"{f}: field 'expert_bias' is {bias!r}, expected true or false; {fix}")
+        return Manifest(_field(doc, "weights", str, f, fix), _field(doc, "group_size", int, f, fix),
+                        _field(doc, "num_moe_layers", int, f, fix), _field(doc, "num_experts", int, f, fix),
+                        _field(doc, "expert_nbytes", int, f, fix), _field(doc, "layout", list, f, fix), doc["files"],
+                        manifest_source(doc), str(doc.get("resident_weights", "bf16")), bias, _act(doc, f, fix))
 
     def check_layout(self, layout: ExpertLayout, folder: Path) -> None:
         """The experts were written for ``layout`` (bytes, biases and activation), which config.json implies."""
@@ -154,11 +199,17 @@ class Manifest:
         src = shlex.quote(self.source) if self.source else "SRC"
         extra = f" --group-size {self.group_size}" if self.weights == "int4" and self.group_size != DEFAULT_GROUP_SIZE else ""
         extra += f" --resident-weights {self.resident}" if self.resident != "bf16" else ""
-        return f"main.py convert {src} {shlex.quote(str(folder))} --weights {self.weights}{extra} --force"
+        return f"{convert_command()} {src} {shlex.quote(str(folder))} --weights {self.weights}{extra} --force"
 
 
 def is_converted(folder: Path) -> bool:
-    return (folder / MANIFEST).is_file()
+    """``folder`` holds a manifest (a converted model); one line, not an answer, where a permission stops the look."""
+    try:
+        return stat.S_ISREG(os.stat(folder / MANIFEST).st_mode)
+    except PermissionError:
+        raise folder_denied(folder) from None
+    except OSError:
+        return False
 
 
 class ConvertedSource(TensorSource):
@@ -188,12 +239,7 @@ class ConvertedSource(TensorSource):
                                  f"convert again: {m.reconvert(folder)}")
         report = verify_checksums(folder, m.files, force, progress)
         if report.bad:
-            first = report.bad[0]
-            more = f" (and {len(report.bad) - 1} more)" if len(report.bad) > 1 else ""
-            what = ("is missing; the converted folder is incomplete" if first.reason == "missing" else
-                    f"does not match its SHA-256 in {MANIFEST}: the file was changed or damaged on disk")
-            raise ModelLoadError(f"{folder / first.name} {what}{more}; restore the folder from a copy or convert "
-                                 f"again: {m.reconvert(folder)}")
+            raise ModelLoadError(_bad_files(folder, report.bad, m.reconvert(folder)))
         return report
 
     def names(self) -> set[str]:
@@ -228,12 +274,28 @@ class ConvertedSource(TensorSource):
                                  f"MoE layers but config.json has more; convert again: {self.manifest.reconvert(self.dir)}")
         reader = SafetensorsReader(self.dir, [f])
         if "experts" not in reader.names():
-            raise ModelLoadError(f"{f} holds no tensor 'experts'; {_FIX}")
+            raise ModelLoadError(f"{f} holds no tensor 'experts'; convert again: {self.manifest.reconvert(self.dir)}")
         shape, dtype = tuple(reader.shape("experts")), reader.dtype("experts")
         if shape != tuple(out.shape) or dtype != "uint8":
             raise ModelLoadError(f"{f}: packed experts are {dtype} {list(shape)}, expected uint8 {list(out.shape)}; "
                                  f"convert again: {self.manifest.reconvert(self.dir)}")
         out.copy_(reader.get("experts"))
+
+
+def _bad_files(folder: Path, bad: tuple[Mismatch, ...], reconvert: str) -> str:
+    """One line on the first file that failed its check: the cause, and the fix for that cause (a file this user
+    may not read is fixed by its permissions, not by converting again)."""
+    first = bad[0]
+    more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+    path = folder / first.name
+    if first.reason == "denied":
+        return f"{path} cannot be read (permission denied){more}; check its permissions: you need read access to it"
+    if first.reason == "unreadable":
+        return (f"{path} cannot be read ({first.error}){more}; check the disk it is on, then restore the folder from "
+                f"a copy or convert again: {reconvert}")
+    what = ("is missing; the converted folder is incomplete" if first.reason == "missing" else
+            f"does not match its SHA-256 in {MANIFEST}: the file was changed or damaged on disk")
+    return f"{path} {what}{more}; restore the folder from a copy or convert again: {reconvert}"
 
 
 def verify_files(folder: Path, files: dict) -> None:

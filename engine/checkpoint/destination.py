@@ -25,8 +25,10 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.checkpoint.converted import MANIFEST, manifest_source, read_manifest
+from engine.checkpoint.converted import MANIFEST, is_converted, manifest_source, read_manifest
 from engine.checkpoint.integrity import RECORD
+from engine.checkpoint.reader import cannot_list, check_folder_readable
+from engine.config import format_size
 from engine.errors import ConfigError, ModelLoadError
 
 PARTIAL_MARKER = ".strata-partial"
@@ -52,16 +54,21 @@ class Staging:
 def check_source(src: Path) -> Path:
     """The resolved source folder; refused unless it is a folder that is not itself a conversion."""
     real = _resolve(src, "source")
+    check_folder_readable(real)
     if not real.exists():
         raise ModelLoadError(f"the source folder {src} does not exist; give the Hugging Face model folder to "
                              "convert (it holds config.json and *.safetensors)")
     if not real.is_dir():
         raise ModelLoadError(f"the source {src} is a file, not a folder; give the Hugging Face model folder "
                              "that holds config.json and *.safetensors")
-    if (real / MANIFEST).is_file():
+    if is_converted(real):
         origin = _converted_from(real)
         raise ModelLoadError(f"{src} is already a Strata conversion; convert the original Hugging Face folder"
                              + (f" ({origin})" if origin else "") + " instead")
+    try:
+        os.listdir(real)                 # its config, tokenizer and other small files are copied across
+    except OSError as e:
+        raise cannot_list(real, e) from None
     return real
 
 
@@ -113,7 +120,21 @@ def _read_only(folder: Path) -> str:
 def _cannot_write(folder: Path, e: OSError) -> str:
     if e.errno == errno.EROFS:
         return _read_only(folder)
+    if e.errno == errno.ENOSPC:
+        return (f"cannot write in {folder}: its disk is full{_free(folder)}; free disk space or choose a "
+                "destination on another disk")
+    if e.errno == errno.EDQUOT:
+        return (f"cannot write in {folder}: your disk quota there is used up; free space within your quota or "
+                "choose a destination on another disk")
     return f"cannot write in {folder} ({e.strerror or e}); choose a destination in a folder you can write to"
+
+
+def _free(folder: Path) -> str:
+    """ " (N free)" for the disk holding ``folder``, or "" where the OS does not say."""
+    try:
+        return f" ({format_size(shutil.disk_usage(folder).free)} free)"
+    except OSError:
+        return ""
 
 
 def _resolve(p: Path, what: str) -> Path:

@@ -36,7 +36,8 @@ def file_sha256(path: Path, chunk: int = CHUNK) -> str:
 @dataclass(frozen=True)
 class Mismatch:
     name: str
-    reason: str             # "missing" | "changed"
+    reason: str             # "missing" | "denied" (no permission to read it) | "unreadable" | "changed"
+    error: str = ""         # why the OS would not read it ("denied", "unreadable")
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class ChecksumReport:
     remembered: tuple[str, ...]
     bad: tuple[Mismatch, ...]
     saved: bool             # the good result was written for later loads
+    save_errno: int | None = None   # why it was not (a full disk, a read-only folder ...), where the OS said
 
 
 def _stamp(st: os.stat_result) -> dict:
@@ -64,8 +66,8 @@ def _read_record(folder: Path) -> dict:
     return {k: v for k, v in doc["files"].items() if isinstance(v, dict)}
 
 
-def _write_record(folder: Path, entries: dict) -> bool:
-    """Atomically replace the record (write, fsync, rename); False when the folder cannot be written."""
+def _write_record(folder: Path, entries: dict) -> OSError | None:
+    """Atomically replace the record (write, fsync, rename); the error when the folder cannot be written."""
     tmp = folder / f".{RECORD}.{os.getpid()}.tmp"
     try:
         with open(tmp, "w", encoding="utf-8") as f:
@@ -73,13 +75,13 @@ def _write_record(folder: Path, entries: dict) -> bool:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, folder / RECORD)
-        return True
-    except OSError:
+        return None
+    except OSError as e:
         try:
             tmp.unlink(missing_ok=True)
         except OSError:
             pass
-        return False
+        return e
 
 
 def verify_checksums(folder: Path, files: dict[str, str], force: bool = False,
@@ -90,8 +92,11 @@ def verify_checksums(folder: Path, files: dict[str, str], force: bool = False,
     for name, digest in files.items():
         try:
             stamps[name] = _stamp((folder / name).stat())
-        except OSError:
+        except (FileNotFoundError, NotADirectoryError):
             bad.append(Mismatch(name, "missing"))
+            continue
+        except OSError as e:
+            bad.append(_unread(name, e))
             continue
         known = record.get(name)
         if known is not None and known.get("sha256") == digest and {k: known.get(k) for k in stamps[name]} == stamps[name]:
@@ -99,13 +104,22 @@ def verify_checksums(folder: Path, files: dict[str, str], force: bool = False,
         else:
             todo.append(name)
     hashed = _hash_all(folder, todo, stamps, progress)
-    bad += [Mismatch(n, "changed") for n in todo if hashed[n] != files[n]]
+    bad += [h for h in hashed.values() if isinstance(h, Mismatch)]          # not read: not a mismatch
+    bad += [Mismatch(n, "changed") for n in todo if isinstance(hashed[n], str) and hashed[n] != files[n]]
     good = {n: {**stamps[n], "sha256": files[n]} for n in remembered + todo if hashed.get(n, files[n]) == files[n]}
-    saved = good == record or _write_record(folder, good)
-    return ChecksumReport(tuple(todo), tuple(remembered), tuple(bad), saved)
+    error = None if good == record else _write_record(folder, good)
+    return ChecksumReport(tuple(todo), tuple(remembered), tuple(bad), error is None,
+                          error.errno if error is not None else None)
 
 
-def _hash_all(folder: Path, names: list[str], stamps: dict, progress: Progress | None) -> dict[str, str]:
+def _unread(name: str, e: OSError) -> Mismatch:
+    """A listed file the OS would not read: for want of permission (the file may be fine), or another cause."""
+    return Mismatch(name, "denied" if isinstance(e, PermissionError) else "unreadable", e.strerror or str(e))
+
+
+def _hash_all(folder: Path, names: list[str], stamps: dict,
+              progress: Progress | None) -> dict[str, str | Mismatch]:
+    """Each file's SHA-256, or why it could not be read."""
     total, done, out = sum(stamps[n]["size"] for n in names), 0, {}
     if not names:
         return out
@@ -114,8 +128,8 @@ def _hash_all(folder: Path, names: list[str], stamps: dict, progress: Progress |
         for fut, name in futures.items():
             try:
                 out[name] = fut.result()
-            except OSError:
-                out[name] = ""               # unreadable counts as changed
+            except OSError as e:
+                out[name] = _unread(name, e)
             done += stamps[name]["size"]
             if progress:
                 progress(done, total, name)

@@ -70,7 +70,11 @@ class SafetensorsReader(TensorSource):
                     raise ModelLoadError(f"shard {f.name} listed in {index.name} is missing from {self.dir}; "
                                          "download the complete checkpoint")
             return files
-        files = sorted(self.dir.glob("*.safetensors"))
+        try:
+            names = os.listdir(self.dir)
+        except OSError as e:
+            raise cannot_list(self.dir, e) from None
+        files = sorted(self.dir / n for n in names if n.endswith(".safetensors"))
         if not files:
             raise ModelLoadError(f"no *.safetensors weights in {self.dir}; Strata reads safetensors checkpoints "
                                  "(convert .bin weights with transformers' save_pretrained)")
@@ -85,6 +89,7 @@ class SafetensorsReader(TensorSource):
             # safe_open checks that the header's tensors exactly cover the file: truncation fails here.
             return safe_open(str(f), framework="pt")
         except Exception as e:  # safetensors raises its own error types for truncated/corrupt files
+            _check_opens(f)     # its text for a file it may not open names no cause ("No such file")
             raise ModelLoadError(f"{f} is not a readable safetensors file ({str(e).splitlines()[0]}); "
                                  "the download is probably truncated — fetch the file again")
 
@@ -110,12 +115,67 @@ class SafetensorsReader(TensorSource):
         return self._file_of[name]
 
 
+def _check_opens(f: Path) -> None:
+    """Raise the one-line error for a file the OS will not open for reading (its permissions, a failing disk)."""
+    try:
+        with open(f, "rb"):
+            pass
+    except OSError as e:
+        raise cannot_read(f, e, "fetch the file again") from None
+
+
+def cannot_read(path: Path, e: OSError, fix: str) -> ModelLoadError:
+    """``path`` could not be opened or read: a permission that stops it says to fix the permissions (the file is
+    fine), any other cause is named with ``fix``."""
+    if isinstance(e, PermissionError):
+        return ModelLoadError(f"{path} cannot be read (permission denied); check its permissions: you need read "
+                              "access to it")
+    return ModelLoadError(f"{path} cannot be read ({e.strerror or e}); {fix}")
+
+
+def cannot_list(folder: Path, e: OSError) -> ModelLoadError:
+    """The model folder can be entered but not listed, so the files in it cannot be found."""
+    why = "permission denied" if isinstance(e, PermissionError) else (e.strerror or str(e))
+    fix = ("check its permissions: you need read access to it" if isinstance(e, PermissionError) else
+           "check the folder and the disk it is on")
+    return ModelLoadError(f"the model folder {folder} cannot be listed ({why}), so its weight files cannot be "
+                          f"found; {fix}")
+
+
+def check_folder_readable(folder: Path) -> None:
+    """Raise one line when a permission stops this user from reaching ``folder`` or looking inside it; a folder
+    that does not exist, or that is not a folder, is left to the caller to report."""
+    try:
+        os.stat(folder)
+    except PermissionError:
+        raise ModelLoadError(f"the model folder {folder} cannot be reached (permission denied on a folder above "
+                             "it); check the permissions of the folders on its path") from None
+    except OSError:
+        return
+    try:
+        os.stat(folder / "config.json")
+    except PermissionError:
+        raise folder_denied(folder) from None
+    except OSError:
+        return
+
+
+def folder_denied(folder: Path) -> ModelLoadError:
+    """The model folder cannot be entered (no execute permission, or no read and execute) by this user."""
+    return ModelLoadError(f"the model folder {folder} cannot be read (permission denied); check its permissions: you "
+                          "need read and execute access to it")
+
+
 def read_weight_map(index: Path) -> dict[str, str]:
     """The ``weight_map`` of a safetensors index: tensor name -> shard file name, checked for shape."""
     fix = "restore it from the original checkpoint"
     try:
-        doc = json.loads(index.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        text = index.read_bytes()
+    except OSError as e:
+        raise cannot_read(index, e, fix) from None
+    try:
+        doc = json.loads(text.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ModelLoadError(f"{index} is not a valid safetensors index ({e}); {fix}")
     weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(weight_map, dict):

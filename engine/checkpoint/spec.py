@@ -13,7 +13,9 @@ from pathlib import Path
 
 from engine.checkpoint.config_fields import ConfigFields
 from engine.checkpoint.families import FAMILIES, SUPPORTED, Family
+from engine.checkpoint.converted import convert_command
 from engine.checkpoint.generation_config import check_generation_config, check_token_ids
+from engine.checkpoint.reader import cannot_read, check_folder_readable
 from engine.errors import ModelLoadError, UnsupportedModelError
 
 MAX_LAYERS = 4096       # sanity bounds: far above any released model, far below what hangs a loop
@@ -291,7 +293,7 @@ def _quantisation(f: ConfigFields) -> tuple[str, tuple[int, int]]:
     raise UnsupportedModelError(
         f"{f.file}: quantization_config.quant_method '{method}' is not supported; Strata reads unquantised "
         "(bfloat16, float16, float32) checkpoints, fp8 ones with block scales and MXFP4 experts — use the model's "
-        "unquantised release (main.py convert then makes Strata's own int4 or fp8)")
+        f"unquantised release ({convert_command()} then makes Strata's own int4 or fp8)")
 
 
 def _head_dim(f: ConfigFields, hidden: int, heads: int) -> int:
@@ -499,6 +501,7 @@ def read_spec(model_dir: str | Path) -> ModelSpec:
         raise ModelLoadError("no model folder was given; pass --model with the folder that holds config.json and "
                              "*.safetensors")
     path = Path(model_dir)
+    check_folder_readable(path)
     if path.exists() and not path.is_dir():
         raise ModelLoadError(f"'{path}' is a file, not a model folder; pass --model with the folder that holds "
                              "config.json and *.safetensors")
@@ -519,7 +522,7 @@ def read_spec(model_dir: str | Path) -> ModelSpec:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ModelLoadError(f"{cfg_file} is not valid JSON ({e}); restore the file from the original checkpoint")
     except OSError as e:
-        raise ModelLoadError(f"{cfg_file} cannot be read ({e.strerror}); check its permissions")
+        raise cannot_read(cfg_file, e, "restore the file from the original checkpoint") from None
     if not isinstance(cfg, dict):
         raise ModelLoadError(f"{cfg_file} must hold a JSON object; restore the file from the original checkpoint")
     spec = spec_from_config(cfg, path)

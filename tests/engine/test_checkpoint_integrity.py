@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from engine import LLM, EngineConfig, LLMEngine
 from engine.checkpoint import integrity
-from engine.checkpoint.converted import ConvertedSource
+from engine.checkpoint.converted import ConvertedSource, convert_command
 from engine.errors import ModelLoadError, UnsupportedModelError
 from main import main
 from tiny_models import build_tiny_model
@@ -285,7 +285,7 @@ def test_a_corrupted_expert_byte_fails_the_first_load(capsys, conversion, good_m
     assert code == 2
     assert _one_error_line(err) == (
         f"error: {conversion / 'experts-0001.safetensors'} does not match its SHA-256 in strata.json: the file was "
-        f"changed or damaged on disk; restore the folder from a copy or convert again: main.py convert "
+        f"changed or damaged on disk; restore the folder from a copy or convert again: {convert_command()} "
         f"{good_model.resolve()} {conversion} --weights fp8 --force")
     remembered = json.loads((conversion / integrity.RECORD).read_text())["files"]
     assert "experts-0001.safetensors" not in remembered and "experts-0000.safetensors" in remembered
@@ -396,7 +396,7 @@ def test_a_manifest_field_that_is_wrong_gives_one_line(capsys, conversion, edit,
 def test_the_advice_to_convert_again_repeats_the_original_settings(tmp_path):
     from engine.checkpoint.converted import Manifest
     m = Manifest("int4", 32, 3, 8, 1024, [], {}, source=str(tmp_path / "my model"), resident="fp8")
-    assert m.reconvert(tmp_path / "out") == (f"main.py convert '{tmp_path / 'my model'}' {tmp_path / 'out'} "
+    assert m.reconvert(tmp_path / "out") == (f"{convert_command()} '{tmp_path / 'my model'}' {tmp_path / 'out'} "
                                              "--weights int4 --group-size 32 --resident-weights fp8 --force")
 
 
@@ -412,4 +412,4 @@ def test_a_first_load_reports_its_checksum_progress_and_later_loads_none(convers
 
 def test_verify_on_a_hugging_face_folder_is_noted_as_meaning_nothing(model):
     notes = LLMEngine(EngineConfig(model=str(model), device="cpu", verify=True)).model_info.notes
-    assert any("verify checks the checksums of a folder written by main.py convert" in n for n in notes)
+    assert any(f"verify checks the checksums of a folder written by {convert_command()}" in n for n in notes)
