@@ -20,11 +20,12 @@ def check_dtype(found: str, name: str, where: str, architecture: str) -> None:
     if found in FLOAT_DTYPES:
         return
     if found in FP8_DTYPES:
+        from engine.checkpoint.converted import convert_command     # (it reads checkpoints through this module)
         raise UnsupportedModelError(
             f"{where}: tensor '{name}' is stored as {found} without a block scale ('{name}_scale_inv') and a "
             "quantization_config saying how to read it; Strata reads fp8 checkpoints with block scales (DeepSeek-V3, "
             "the -FP8 releases of Qwen3 and GLM-4.5) — use such a release or the model's bfloat16 one "
-            "(main.py convert --weights fp8 makes Strata's own fp8)")
+            f"({convert_command()} --weights fp8 makes Strata's own fp8)")
     raise ModelLoadError(
         f"{where}: tensor '{name}' is {found} but {architecture} weights are floating point "
         f"({', '.join(FLOAT_DTYPES[:3])}); the file is damaged or holds other data — fetch it again")
