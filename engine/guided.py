@@ -25,6 +25,10 @@ _WHAT = {"json": ("JSON schema", "fix the schema"), "regex": ("regular expressio
          "lark": ("Lark grammar", "fix the grammar")}
 _GRAMMARS_KEPT = 64          # compiled grammars remembered per engine (the same schema is sent again and again)
 _POSITION = re.compile(r"^at \d+\(\d+\): ")
+_TOO_MANY = re.compile(r"(parser error: )?Too many items \(limit (\d+)[^)]*\)(; try avoiding single-byte/short "
+                       r"lexemes)?")
+_CYCLE = {"json": "a $ref cycle", "lark": "a rule that refers to itself"}     # what never ends, by guide kind
+GUIDE_FAILED = "the output could not follow its guide"      # how a guide's failure mid-reply begins
 # JSON on one line with a space after ":" and ",", and no other whitespace: where any whitespace may
 # go anywhere, models (small ones above all) fill the gaps with spaces and newlines until max_tokens.
 # A schema's own "x-guidance" options override these.
@@ -52,6 +56,15 @@ class Guide:
                               "pass the schema, pattern or grammar as a string")
 
 
+class GuideError(ConfigError):
+    """A guide that cannot be compiled or followed from its start; ``source`` is the guide's (the request field
+    it came from, such as ``response_format.json_schema``)."""
+
+    def __init__(self, message: str, source: str) -> None:
+        super().__init__(message)
+        self.source = source
+
+
 def bitmask_words(n_vocab: int) -> int:
     """int32 words of one bitmask row for ``n_vocab`` token ids."""
     return (n_vocab + 31) // 32
@@ -61,8 +74,9 @@ class GuideMatcher:
     """One request's position in its grammar. Methods never raise for what the model produces: a
     failure comes back as one line, and the request ends with it."""
 
-    def __init__(self, matcher: Any) -> None:
+    def __init__(self, matcher: Any, kind: str | None = None) -> None:
         self._m = matcher
+        self._kind = kind            # the guide's kind, for the wording of a failure
 
     def fill(self, bitmask: np.ndarray, row: int) -> str | None:
         """Write the tokens allowed next into ``bitmask[row]`` (int32 [W], C-contiguous); an error
@@ -89,7 +103,7 @@ class GuideMatcher:
         return self._m.is_stopped()
 
     def _failure(self) -> str:
-        return f"the output could not follow its guide: {one_line(self._m.get_error())}"
+        return f"{GUIDE_FAILED}: {plain(one_line(self._m.get_error()), self._kind)}"
 
 
 class GuideCompiler:
@@ -132,7 +146,7 @@ class GuideCompiler:
         m = llguidance.LLMatcher(self._tokenizer(), self._grammar(guide), log_level=0)
         if m.is_error():
             raise _invalid(guide, m.get_error())
-        return GuideMatcher(m)
+        return GuideMatcher(m, guide.kind)
 
     def fill(self, matchers: list[GuideMatcher], bitmask: np.ndarray) -> list[str | None]:
         """Fill ``bitmask[i]`` from ``matchers[i]`` for every i; several at once on llguidance's threads."""
@@ -181,10 +195,11 @@ def _grammar_text(guide: Guide) -> str:
     try:
         schema = json.loads(guide.spec)
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"{guide.source}'s JSON schema is not valid JSON ({exc}); fix the schema") from None
+        raise GuideError(f"{guide.source}'s JSON schema is not valid JSON ({exc}); fix the schema",
+                         guide.source) from None
     if not isinstance(schema, dict):
-        raise ConfigError(f"{guide.source}'s JSON schema must be a JSON object (got {type(schema).__name__}); "
-                          "fix the schema")
+        raise GuideError(f"{guide.source}'s JSON schema must be a JSON object (got {type(schema).__name__}); "
+                         "fix the schema", guide.source)
     try:
         return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
     except ValueError as exc:
@@ -204,13 +219,24 @@ def _mark_special(tokenizer_json: str, special: frozenset[str]) -> str:
     return json.dumps(data)
 
 
-def _invalid(guide: Guide, error: str) -> ConfigError:
+def _invalid(guide: Guide, error: str) -> GuideError:
     what, fix = _WHAT[guide.kind]
     reason = one_line(error, guide.kind != "lark")
     if reason.startswith("Unimplemented keys"):     # valid JSON Schema, but beyond what a grammar can enforce
-        return ConfigError(f"{guide.source}'s {what} uses keywords that cannot be enforced ({reason}); "
-                           "remove them from the schema")
-    return ConfigError(f"{guide.source}'s {what} is invalid: {reason}; {fix}")
+        return GuideError(f"{guide.source}'s {what} uses keywords that cannot be enforced ({reason}); "
+                          "remove them from the schema", guide.source)
+    return GuideError(f"{guide.source}'s {what} is invalid: {plain(reason, guide.kind)}; {fix}", guide.source)
+
+
+def plain(reason: str, kind: str | None = None) -> str:
+    """llguidance's reason in plain words where it names its internals: ``NoExtensionBias`` (the grammar's
+    start can only be built from itself) and its parser's item limit (which such a grammar runs into);
+    ``kind`` is the guide's (None: not known)."""
+    cycle = _CYCLE.get(kind, "a grammar that refers to itself")
+    if reason.startswith("NoExtensionBias"):
+        return f"it has no finite instance ({cycle} never reaches a value)"
+    return _TOO_MANY.sub(lambda m: f"the grammar grew past its parser's limit of {m.group(2)} items ({cycle} with "
+                                   "no finite instance does this)", reason)
 
 
 _DUMPS = re.compile(r"<(state|grammar)>.*?(</\1>|$)", re.S)

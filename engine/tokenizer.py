@@ -44,6 +44,20 @@ class ChatTemplateError(StrataError):
     """The conversation could not be rendered with the model's chat template."""
 
 
+class ChatTemplateFault(ChatTemplateError):
+    """The chat template failed on its own (an undefined value, a type it cannot handle) rather than refusing
+    the conversation through its ``raise_exception``; ``cause`` is the template's own message. Messages of the
+    shape templates are written for (as the server sends) make this the template's fault, not the caller's."""
+
+    def __init__(self, message: str, cause: str) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+class _TemplateRefusal(jinja2.exceptions.TemplateError):
+    """What a chat template's ``raise_exception`` raises: the template refusing the conversation."""
+
+
 def _read_json(path: Path) -> dict | None:
     """The JSON object in ``path``, or None when the file does not exist."""
     if not path.is_file():
@@ -116,7 +130,7 @@ def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
 
 
 def _raise_exception(message: str) -> None:
-    raise jinja2.exceptions.TemplateError(message)
+    raise _TemplateRefusal(message)
 
 
 def _strftime_now(fmt: str) -> str:
@@ -291,10 +305,11 @@ class Tokenizer:
             )
         except (jinja2.exceptions.TemplateError, TypeError, ValueError) as exc:
             # TypeError/ValueError: message fields of a shape the template cannot handle (e.g. a list).
-            raise ChatTemplateError(
-                f"the model's chat template rejected the conversation ({exc}); "
-                "change the messages to the roles and order this model expects"
-            ) from exc
+            message = (f"the model's chat template rejected the conversation ({exc}); "
+                       "change the messages to the roles and order this model expects")
+            if isinstance(exc, _TemplateRefusal):
+                raise ChatTemplateError(message) from exc
+            raise ChatTemplateFault(message, str(exc)) from exc
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
 

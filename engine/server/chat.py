@@ -23,12 +23,15 @@ from engine.server import refused, structured, tools
 from engine.server.chat_harmony import HarmonyReply, prepare_harmony
 from engine.server.completions import respond
 from engine.server.engine_client import ModelInfo
+from engine.server.errors import APIError
 from engine.server.fields import Fields, bad
-from engine.server.generation import Choice, close_stream, stream_end, Generation, quote, watch_disconnect
+from engine.server.generation import (Choice, Generation, chunk_tail, close_stream, quote, stream_end,
+                                      watch_disconnect)
 from engine.server.protocol import (READ_BOTH, Common, choice_params, fit, guided, read_common, refuse_overlong,
                                     text_chars)
 from engine.server.state import created, json_body, new_id, record_of, state_of
 from engine.server.think_reply import ThinkReply
+from engine.tokenizer import ChatTemplateFault
 
 
 FIELDS = refused.known_fields(READ_BOTH, ("messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
@@ -73,7 +76,7 @@ def prepare(body: dict, info: ModelInfo) -> ChatPrompt:
         plan = tools.plan_tools(f.raw("tools"), body.get("tool_choice"), tok, f.raw("parallel_tool_calls", True))
         guide = structured.guide_for(body.get("response_format"))
     except structured.FieldError as exc:
-        raise bad(exc.param, str(exc)) from None
+        raise bad(exc.param, str(exc), exc.code) from None
     except ConfigError as exc:                       # refused without naming a field
         raise bad(None, str(exc)) from None
     if guide is not None and plan.guide is not None:
@@ -86,7 +89,9 @@ def prepare(body: dict, info: ModelInfo) -> ChatPrompt:
     variables = {**extra, **plan.template_vars}
     try:
         ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **variables)
-    except StrataError as exc:
+    except ChatTemplateFault as exc:
+        raise _template_fault(exc, bool(extra)) from None
+    except StrataError as exc:                       # the template refused the conversation
         raise bad("messages", str(exc)) from None
     return ChatPrompt(list(ids), plan, guide or plan.guide, think=tok.think)
 
@@ -95,12 +100,26 @@ def _prepare_harmony(body: dict, chat) -> ChatPrompt:
     try:
         ids, plan, reply = prepare_harmony(body, chat)
     except structured.FieldError as exc:
-        raise bad(exc.param, str(exc)) from None
+        raise bad(exc.param, str(exc), exc.code) from None
     except ConfigError as exc:
         raise bad(None, str(exc)) from None
+    except ChatTemplateFault as exc:
+        raise _template_fault(exc) from None
     except StrataError as exc:                       # the chat template refused the conversation
         raise bad("messages", str(exc)) from None
     return ChatPrompt(ids, plan, None, reply)
+
+
+def _template_fault(exc: ChatTemplateFault, kwargs: bool = False) -> APIError:
+    """The chat template failed on messages of the shape templates are written for: its fault, not the client's,
+    unless the client set template variables (``kwargs``), which it may not expect."""
+    if kwargs:
+        return bad("chat_template_kwargs", f"the model's chat template failed while rendering this request "
+                                           f"({exc.cause}); check the variables chat_template_kwargs sets, which "
+                                           "the template may not expect", code="chat_template_error")
+    return bad(None, f"the model's chat template failed while rendering this request ({exc.cause}), a fault of "
+                     "the template rather than of the messages; whoever serves the model can fix its chat_template",
+               code="chat_template_error")
 
 
 async def create_chat_completion(request: Request) -> Response:
@@ -122,7 +141,8 @@ async def create_chat_completion(request: Request) -> Response:
     choices = [choice_params(params, j) for j in range(common.n)]
     server.client.admit(len(choices), info)
     stream = await server.client.start([prompt.ids] * common.n, choices)
-    gen = Generation(stream, common.n, [len(prompt.ids)], record_of(request), server.metrics)
+    gen = Generation(stream, common.n, [len(prompt.ids)], record_of(request), server.metrics,
+                     prompt.guide.source if prompt.guide else None)
     view = ChatView(info, common, k, prompt.plan, prompt.harmony, _Think.of(prompt, info),
                     prompt.guide is not None and not prompt.guide.stoppable)
     return await respond(view, gen, common.stream, request.receive)
@@ -201,6 +221,7 @@ class ChatView:
         head = json.dumps({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
                            "model": info.name})
         self._head = "data: " + head[:-1] + ', "choices": ['
+        self._tail = chunk_tail(common.include_usage)
 
     @staticmethod
     def _cut_off(finish: str | None, stop_string: bool) -> bool:
@@ -215,7 +236,7 @@ class ChatView:
 
     def _choice(self, c: Choice) -> dict:
         text = c.joined
-        message: dict = {"role": "assistant", "content": text}
+        message: dict = {"role": "assistant", "content": text, "refusal": None}
         finish = c.finish_reason
         if self.think is not None:
             said = self.think.parse(c.token_ids)
@@ -223,6 +244,7 @@ class ChatView:
             message["reasoning_content"] = said.reasoning or None
         if self.harmony is not None:
             message, called = self.harmony.message(c.token_ids)
+            message["refusal"] = None
             if self.stops and message["content"]:
                 message["content"] = self.stops().cut(message["content"])
             finish = "tool_calls" if called and finish != "length" else finish
@@ -247,7 +269,7 @@ class ChatView:
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         if ids is not None:
             choice["token_ids"] = ids
-        return f"{self._head}{json.dumps(choice, ensure_ascii=False)}]}}\n\n"
+        return f"{self._head}{json.dumps(choice, ensure_ascii=False)}{self._tail}"
 
     async def events(self, gen: Generation, receive: Callable) -> AsyncIterator[str]:
         watch = watch_disconnect(receive, gen.stream)
@@ -315,7 +337,7 @@ class ChatView:
                 parts.append(self._chunk(c.index, {"tool_calls": [e.to_openai()]}, None, logprobs, ids))
             elif logprobs is None and ids is None:       # the usual chunk, from a template
                 parts.append(f'{self._head}{{"index": {c.index}, "delta": {{"content": {quote(e.text)}}}, '
-                             f'"logprobs": null, "finish_reason": null}}]}}\n\n')
+                             f'"logprobs": null, "finish_reason": null}}{self._tail}')
             else:
                 parts.append(self._chunk(c.index, {"content": e.text}, None, logprobs, ids))
             logprobs, ids = None, None                   # the step's tokens go with its first chunk

@@ -98,7 +98,7 @@ def prepare_harmony(body: dict, chat: HarmonyChat) -> tuple[list[int], tools.Too
         raise bad("tool_choice", "this model chooses its tool calls itself: tool_choice may be \"auto\" or "
                                  "\"none\"; leave it out to let the model call the tools")
     plan = tools.plan_tools(f.raw("tools"), "none", chat.tokenizer, f.raw("parallel_tool_calls", True))
-    offered = [] if choice == "none" else [t.as_template_tool() for t in plan.tools]
+    offered = [] if choice == "none" else [t.as_openai() for t in plan.tools]
     messages = tools.render_messages(body.get("messages"), keep_reasoning=True)
     ids = chat.render(messages, effort, offered or None)
     return ids, plan, HarmonyReply(chat, frozenset(t["function"]["name"] for t in offered))

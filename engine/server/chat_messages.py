@@ -5,17 +5,30 @@
 - role ``developer`` is rendered as ``system`` (templates know only the older name);
 - an assistant's ``tool_calls`` keep the OpenAI shape, with ``function.arguments`` decoded from its
   JSON string into a dict (templates write it back with ``tojson``);
-- role ``tool`` carries the ``tool_call_id`` of the call it answers.
+- role ``tool`` carries the ``tool_call_id`` of a call an earlier assistant message made.
+
+Each message, content part and call may hold only the fields OpenAI's API gives it (a misspelt one is
+refused, naming it); an assistant's ``refusal`` and ``parsed`` (what the official clients keep in a reply
+they hand back) are accepted and not shown to the template.
 """
 from __future__ import annotations
 
 import json
 
 from engine.server.fields import show
-from engine.server.structured import FieldError, kind_of
+from engine.server.structured import FieldError, kind_of, refuse_unknown
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 _NOT_TEXT = ("image_url", "input_image", "image", "input_audio", "audio", "file", "video_url")
+# The fields of each role's message (OpenAI's, and reasoning_content / reasoning: an assistant's reasoning, as
+# servers of reasoning models return it). name: OpenAI gives it to every role but tool; harmony reads it there.
+_FIELDS = {role: frozenset({"role", "content", "name"}) for role in ("system", "developer", "user")}
+_FIELDS["assistant"] = frozenset({"role", "content", "name", "tool_calls", "refusal", "audio", "function_call",
+                                  "annotations", "reasoning_content", "reasoning", "parsed"})
+_FIELDS["tool"] = frozenset({"role", "content", "name", "tool_call_id"})
+_PART_FIELDS = frozenset({"type", "text", "prompt_cache_breakpoint"})
+_CALL_FIELDS = frozenset({"id", "type", "function", "index"})     # index: a streamed call's, kept by clients
+_CALLED_FIELDS = frozenset({"name", "arguments"})
 
 
 def render_messages(messages: object, keep_reasoning: bool = False) -> list[dict]:
@@ -28,6 +41,7 @@ def render_messages(messages: object, keep_reasoning: bool = False) -> list[dict
         raise FieldError("messages", f"messages must be a non-empty list of {{\"role\": ..., \"content\": ...}} "
                                      f"objects (got {got})")
     out = [_message(f"messages[{i}]", m) for i, m in enumerate(messages)]
+    _check_answers(out)
     if keep_reasoning:
         for i, (m, given) in enumerate(zip(out, messages)):
             key = "reasoning_content" if given.get("reasoning_content") is not None else "reasoning"
@@ -49,6 +63,9 @@ def _message(where: str, message: object) -> dict:
                                           + ", ".join(ROLES))
     if role not in ROLES:
         raise FieldError(f"{where}.role", f"{where}.role must be one of {', '.join(ROLES)} (got {show(role)})")
+    refuse_unknown(message, _FIELDS[role], f"a {role} message", where)
+    if role == "assistant":
+        _check_assistant_extras(where, message)
     out: dict = {"role": "system" if role == "developer" else role}
     may_omit = role == "assistant"       # an assistant turn may be only tool calls
     out["content"] = _content(f"{where}.content", message.get("content"), may_omit)
@@ -66,6 +83,34 @@ def _message(where: str, message: object) -> dict:
                              f"result answers (got {kind_of(call_id) if call_id != '' else 'an empty string'})")
         out["tool_call_id"] = call_id
     return out
+
+
+def _check_assistant_extras(where: str, message: dict) -> None:
+    """An assistant's fields that the template is not shown: a refusal (the text of a reply the model
+    refused to give) is checked; audio and a legacy function_call are refused unless null."""
+    refusal = message.get("refusal")
+    if refusal is not None and not isinstance(refusal, str):
+        raise FieldError(f"{where}.refusal", f"{where}.refusal must be a string or null (got {kind_of(refusal)})")
+    if message.get("audio") is not None:
+        raise FieldError(f"{where}.audio", f"{where}.audio refers to an audio reply, but this server reads and "
+                                           "writes text only; leave it out", code="unsupported_parameter")
+    if message.get("function_call") is not None:
+        raise FieldError(f"{where}.function_call", f"{where}.function_call is the legacy form of a call; send it "
+                                                   "as tool_calls [{\"id\": ..., \"type\": \"function\", "
+                                                   "\"function\": {...}}] instead", code="unsupported_parameter")
+
+
+def _check_answers(messages: list[dict]) -> None:
+    """Each tool message answers a call of an earlier assistant message (OpenAI refuses one that does not)."""
+    called: list[str] = []
+    for i, m in enumerate(messages):
+        called += [call["id"] for call in m.get("tool_calls", ())]
+        if m["role"] == "tool" and m["tool_call_id"] not in called:
+            where = f"messages[{i}].tool_call_id"
+            earlier = (f"the earlier calls are {', '.join(show(c) for c in called[-8:])}" if called
+                       else "no earlier assistant message made a call")
+            raise FieldError(where, f"{where} {show(m['tool_call_id'])} answers no call of an earlier assistant "
+                                    f"message ({earlier}); give the id of the call this result answers")
 
 
 def _content(where: str, content: object, may_omit: bool) -> str:
@@ -91,6 +136,7 @@ def _text_part(where: str, part: object) -> str:
                                           "send text parts only")
     if kind != "text":
         raise FieldError(f"{where}.type", f"{where}.type must be \"text\" (got {show(kind)})")
+    refuse_unknown(part, _PART_FIELDS, "a text part", where)
     text = part.get("text")
     if not isinstance(text, str):
         raise FieldError(f"{where}.text", f"{where}.text must be a string (got {kind_of(text)})")
@@ -111,10 +157,12 @@ def _tool_call(where: str, call: object) -> dict:
         raise FieldError(f"{where}.id", f"{where}.id must be the call's id as a string (got {kind_of(call_id)})")
     if call.get("type", "function") != "function":
         raise FieldError(f"{where}.type", f"{where}.type must be \"function\" (got {show(call.get('type'))})")
+    refuse_unknown(call, _CALL_FIELDS, "a tool call", where)
     function = call.get("function")
     if not isinstance(function, dict):
         raise FieldError(f"{where}.function", f"{where}.function must be an object with a name and arguments "
                                               f"(got {kind_of(function)})")
+    refuse_unknown(function, _CALLED_FIELDS, "a tool call's function", f"{where}.function")
     name = function.get("name")
     if not isinstance(name, str) or not name:
         raise FieldError(f"{where}.function.name", f"{where}.function.name must be the called tool's name "

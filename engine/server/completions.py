@@ -17,7 +17,8 @@ from engine.server import logprobs as lp
 from engine.server import refused, structured
 from engine.server.engine_client import ModelInfo
 from engine.server.fields import Fields, bad, is_whole, show
-from engine.server.generation import DONE, Choice, close_stream, stream_end, Generation, quote, quote_or_null, watch_disconnect
+from engine.server.generation import (DONE, Choice, Generation, chunk_tail, close_stream, quote, quote_or_null,
+                                      stream_end, watch_disconnect)
 from engine.server.protocol import (MAX_CHOICES, READ_BOTH, Common, choice_params, fit, guided, read_common,
                                     refuse_overlong)
 from engine.server.sse import EventStream
@@ -104,7 +105,8 @@ async def create_completion(request: Request) -> Response:
         scored = view.scored(common.n)
         return EventStream(view.scored_events(scored)) if common.stream else JSONResponse(scored)
     stream = await server.client.start(ids, params)
-    gen = Generation(stream, common.n, [len(p.ids) for p in prompts], record, server.metrics)
+    gen = Generation(stream, common.n, [len(p.ids) for p in prompts], record, server.metrics,
+                     guide.source if guide else None)
     return await respond(view, gen, common.stream, request.receive)
 
 
@@ -153,6 +155,7 @@ class CompletionView:
         self.id, self.created = new_id("cmpl"), created()
         head = json.dumps({"id": self.id, "object": "text_completion", "created": self.created, "model": info.name})
         self._head = "data: " + head[:-1] + ', "choices": ['
+        self._tail = chunk_tail(common.include_usage)
         self._plain = k is None and not common.return_token_ids     # every chunk from the template
 
     def _echo(self, prompt_index: int) -> tuple[str, dict | None, lp.TextOffsets]:
@@ -198,7 +201,7 @@ class CompletionView:
         yield DONE
 
     def _chunk(self, choice: dict) -> str:
-        return f"{self._head}{json.dumps(choice, ensure_ascii=False)}]}}\n\n"
+        return f"{self._head}{json.dumps(choice, ensure_ascii=False)}{self._tail}"
 
     async def events(self, gen: Generation, receive: Callable) -> AsyncIterator[str]:
         watch = watch_disconnect(receive, gen.stream)
@@ -225,7 +228,7 @@ class CompletionView:
             return ""
         if self._plain:                                   # the usual chunk, from a template
             return (f'{self._head}{{"index": {c.index}, "text": {quote(d.new_text)}, "logprobs": null, '
-                    f'"finish_reason": {quote_or_null(finish)}}}]}}\n\n')
+                    f'"finish_reason": {quote_or_null(finish)}}}{self._tail}')
         choice: dict = {"index": c.index, "text": d.new_text, "logprobs": None, "finish_reason": finish}
         if self.k is not None and d.new_token_ids:
             choice["logprobs"] = lp.legacy(d.new_token_ids, lp.pad(d.new_token_ids, d.logprobs), self.info,

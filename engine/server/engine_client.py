@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import StrataError
+from engine.guided import GuideError
 from engine.loop import EngineLoop, Job
 from engine.outputs import RequestDelta
 from engine.sampling import SamplingParams
@@ -222,8 +223,9 @@ class EngineClient:
                 stream.open.discard(rid)
                 if not isinstance(r, BaseException):
                     self.loop.cancel(rid)
-            if isinstance(refused, StrataError):
-                raise APIError(400, str(refused), code="invalid_request") from None
+            if isinstance(refused, StrataError):      # a guide's refusal names the field it came from
+                param = refused.source if isinstance(refused, GuideError) else None
+                raise APIError(400, str(refused), param=param, code="invalid_request") from None
             raise refused
         return stream
 

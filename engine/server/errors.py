@@ -52,14 +52,20 @@ async def api_error_handler(request: Request, exc: APIError) -> Response:
     return exc.response()
 
 
+def trailing_slash(path: str) -> APIError:
+    """The 404 for a route's path with a ``/`` at its end (never redirected: a redirect would answer with an
+    empty body, to the Host the client named)."""
+    return APIError(404, f"this server does not serve {printable(path)}; send the request to "
+                         f"{printable(path.rstrip('/'))}, without the trailing slash", code="not_found")
+
+
 async def http_error_handler(request: Request, exc: StarletteHTTPException) -> Response:
     """Starlette's own refusals (no such route, wrong method) in the OpenAI shape."""
     if exc.status_code == 404:
         path = printable(request.scope["path"])
         bare = request.scope["path"].rstrip("/")
         if bare != request.scope["path"] and any(getattr(r, "path", None) == bare for r in request.app.routes):
-            return APIError(404, f"this server does not serve {path}; send the request to {printable(bare)}, without "
-                                 "the trailing slash", code="not_found").response()
+            return trailing_slash(request.scope["path"]).response()
         message = (f"this server does not serve {path}; it serves /v1/models, /v1/completions and "
                    "/v1/chat/completions, and /v1/strata/stats and /v1/strata/config (docs/server.md lists every "
                    "route)" if path.startswith("/v1/") else

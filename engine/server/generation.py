@@ -9,6 +9,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
+from engine.guided import GUIDE_FAILED
 from engine.outputs import RequestDelta, TokenLogprob
 from engine.server.asgi import AccessRecord
 from engine.server.engine_client import Stream
@@ -21,6 +22,12 @@ quote = json.encoder.encode_basestring     # a str as a JSON string (what json.d
 
 def quote_or_null(text: str | None) -> str:
     return "null" if text is None else quote(text)
+
+
+def chunk_tail(include_usage: bool) -> str:
+    """The end of a stream's chunk after its choices: with ``stream_options.include_usage`` every chunk but the
+    last (which holds the usage) says ``"usage": null``, as OpenAI documents."""
+    return '], "usage": null}\n\n' if include_usage else "]}\n\n"
 
 
 @dataclass
@@ -46,8 +53,9 @@ class Generation:
     """The choices of one request (prompt i's choice j is index i * n + j) fed from its :class:`Stream`."""
 
     def __init__(self, stream: Stream, n: int, prompt_tokens: Sequence[int], record: AccessRecord,
-                 metrics: ServerMetrics) -> None:
+                 metrics: ServerMetrics, guide: str | None = None) -> None:
         self.stream = stream
+        self.guide = guide                             # the field the reply's guide came from (response_format...)
         self.choices = {rid: Choice(i, i // n) for i, rid in enumerate(stream.ids)}
         self.ordered = list(self.choices.values())
         self.prompt_tokens = sum(prompt_tokens)        # each prompt once, however many choices it has
@@ -122,7 +130,8 @@ class Generation:
         if why.startswith("internal error"):
             return APIError(500, "the engine failed on a step (a bug; the server log has the details)",
                             code="internal_error")
-        return APIError(400, why, code="generation_failed")
+        return APIError(400, why, param=self.guide if why.startswith(GUIDE_FAILED) else None,
+                        code="generation_failed")
 
     async def collect(self, receive: Callable) -> None:
         """Wait for every choice to finish; a client that disconnects meanwhile cancels them."""
@@ -150,7 +159,7 @@ async def stream_end(gen: Generation, head: str, include_usage: bool) -> AsyncIt
     for (``head`` is the chunk's opening up to its choices list), then ``[DONE]``."""
     failure = await gen.failure()
     if failure is not None:
-        yield f"data: {json.dumps(error_object(failure.status, failure.message, code=failure.code))}\n\n"
+        yield f"data: {json.dumps(error_object(failure.status, failure.message, failure.param, failure.code))}\n\n"
     if include_usage:
         yield f"{head}], \"usage\": {json.dumps(gen.usage())}}}\n\n"
     yield DONE

@@ -74,7 +74,9 @@ class _EngineCollector(Collector):
         if s is not None:
             yield _gauge("strata_requests_running", "engine requests decoding now", s.running)
             yield _gauge("strata_requests_queued", "engine requests waiting for a batch slot", s.waiting)
-            yield _gauge("strata_batch_size", "sequences in the last engine step", s.batch_size)
+            # the engine keeps its last step's size; with nothing running no batch runs, so the gauge reads 0
+            yield _gauge("strata_batch_size", "sequences in the running engine step (0 when idle)",
+                         s.batch_size if s.running else 0)
             used = s.kv_blocks_used / s.kv_blocks_total if s.kv_blocks_total else 0.0
             yield _gauge("strata_kv_blocks_used_ratio", "share of KV cache blocks in use", used)
             yield _gauge("strata_expert_hit_rate", "share of routed experts found on the GPU since load",

@@ -23,6 +23,9 @@ from engine.server.fields import Fields, bad, is_whole, show
 MAX_CHOICES = 128         # prompts x n in one request
 MAX_STOP = 16             # stop strings per request (each is checked against every new token)
 MAX_STOP_CHARS = 100
+# OpenAI's limits on metadata (which changes nothing here, but is checked as OpenAI checks it)
+MAX_METADATA_KEYS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512
+MAX_BIAS = 100            # a logit_bias value is from -100 to 100
 _SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "stop",
                   "stop_token_ids", "ignore_eos", "include_stop_str_in_output")
 # What read_common reads on every route (besides its max_tokens field, which the route names).
@@ -57,8 +60,12 @@ def read_common(f: Fields, info: ModelInfo, max_tokens_keys: tuple[str, ...], de
     refused.refuse_unknown(options or {}, STREAM_OPTIONS, "stream_options", "stream_options.")
     include_usage = Fields(options or {}, "stream_options.").flag("include_usage", False)
     key = next((k for k in max_tokens_keys if f.given(k)), max_tokens_keys[-1])
-    # how large it may be depends on the prompt's tokens: ``fit`` names the largest that fits this prompt
-    max_tokens = f.whole(key, None, 1, hint="a reply needs at least 1 token")
+    # how large it may be depends on the prompt's tokens: ``fit`` names the largest that fits this prompt;
+    # a field the other one overrides is still checked (a bad value is never passed over)
+    given = {k: f.whole(k, None, 1, hint="a reply needs at least 1 token") for k in max_tokens_keys}
+    max_tokens = given[key]
+    _check_metadata(f)
+    _check_logit_bias(f, info.vocab_size)
     refused.refuse(f, refused.BOTH)
     f.unsupported("best_of", (1, n), "use n for several choices")
     _check_sampling_types(f)
@@ -97,6 +104,46 @@ def _check_sampling_types(f: Fields) -> None:
     if ids is not None and not (isinstance(ids, list) and all(is_whole(t) and t >= 0 for t in ids)):
         raise bad("stop_token_ids", f"stop_token_ids must be a list of token ids >= 0 (got {show(ids)})")
 
+
+
+def _check_metadata(f: Fields) -> None:
+    """``metadata`` as OpenAI takes it: an object of at most 16 string values, keys of at most 64 characters
+    and values of at most 512."""
+    metadata = f.raw("metadata")
+    if metadata is None:
+        return
+    if not isinstance(metadata, dict):
+        raise bad("metadata", f"metadata must be an object of string values, such as {{\"user\": \"ana\"}} "
+                              f"(got {show(metadata)})")
+    if len(metadata) > MAX_METADATA_KEYS:
+        raise bad("metadata", f"metadata takes at most {MAX_METADATA_KEYS} keys (got {len(metadata)})")
+    for key, value in metadata.items():
+        if len(key) > MAX_METADATA_KEY_CHARS:
+            raise bad("metadata", f"metadata key {show(key)} has {len(key)} characters; keys take at most "
+                                  f"{MAX_METADATA_KEY_CHARS}")
+        if not isinstance(value, str):
+            raise bad(f"metadata.{key}", f"metadata.{key} must be a string (got {show(value)})")
+        if len(value) > MAX_METADATA_VALUE_CHARS:
+            raise bad(f"metadata.{key}", f"metadata.{key} has {len(value)} characters; values take at most "
+                                         f"{MAX_METADATA_VALUE_CHARS}")
+
+
+def _check_logit_bias(f: Fields, vocab_size: int) -> None:
+    """``logit_bias`` maps token ids, written as strings, to biases from -100 to 100 (whether any bias is applied
+    is refused.py's to say; a malformed one is refused first, naming what is wrong with it)."""
+    biases = f.raw("logit_bias")
+    if biases is None:
+        return
+    if not isinstance(biases, dict):
+        raise bad("logit_bias", f"logit_bias must be an object of token ids and biases, such as {{\"1234\": -100}} "
+                                f"(got {show(biases)})")
+    for key, bias in biases.items():
+        if not (key.isascii() and key.isdigit() and len(key) <= 9 and int(key) < vocab_size):
+            raise bad("logit_bias", f"logit_bias key {show(key)} is not a token id of this model; keys are ids from "
+                                    f"0 to {vocab_size - 1}, written as strings")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -MAX_BIAS <= bias <= MAX_BIAS:
+            raise bad("logit_bias", f"logit_bias[{show(key)}] must be a number from -{MAX_BIAS} to {MAX_BIAS} "
+                                    f"(got {show(bias)})")
 
 
 def check_model(f: Fields, info: ModelInfo) -> None:

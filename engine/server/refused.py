@@ -8,6 +8,8 @@ A field given its neutral value (the one that asks for nothing: ``presence_penal
 
 A field of no name a route knows (a misspelling, or another server's extension) is refused with the
 closest known name, as OpenAI's API does: ignoring it would answer a different request from the one sent.
+So is one inside the request's objects (a message, a tool, response_format, ...), through
+:func:`unknown_field` (engine/server/structured.py ``refuse_unknown``).
 """
 from __future__ import annotations
 
@@ -85,14 +87,23 @@ def known_fields(read_both: tuple[str, ...], route_reads: tuple[str, ...], refus
     return frozenset(read_both + route_reads + NO_EFFECT + tuple(u.key for u in BOTH + refused))
 
 
-def refuse_unknown(body: dict, known: frozenset[str], route: str, prefix: str = "") -> None:
-    """A 400 naming the first field of ``body`` that ``route`` does not know, with the closest known name;
-    ``prefix`` names the object the fields are in (``stream_options.``)."""
+def unknown_field(body: dict, known: frozenset[str], what: str, prefix: str = "") -> tuple[str, str] | None:
+    """(param, message) about the first field of ``body`` that ``what`` (a route, or the kind of object the
+    fields are in: ``a user message``) does not know, with the closest known name; None when all are known.
+    ``prefix`` names the object the fields are in (``stream_options.``, ``messages[2].``)."""
     for key in body:
         if key in known:
             continue
         near = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75)
         fix = f"did you mean {prefix}{near[0]}?" if near else "leave it out"
-        raise bad(f"{prefix}{key}", f"{printable(prefix + key)} is not a field of {route} on this server; {fix} "
-                                    "(docs/server.md lists the fields it reads)", code="unknown_parameter")
+        return f"{prefix}{key}", (f"{printable(prefix + key)} is not a field of {what} on this server; {fix} "
+                                  "(docs/server.md lists the fields it reads)")
+    return None
 
+
+def refuse_unknown(body: dict, known: frozenset[str], route: str, prefix: str = "") -> None:
+    """A 400 (code ``unknown_parameter``) naming the first field of ``body`` that ``route`` does not know, with
+    the closest known name; ``prefix`` names the object the fields are in (``stream_options.``)."""
+    found = unknown_field(body, known, route, prefix)
+    if found is not None:
+        raise bad(*found, code="unknown_parameter")

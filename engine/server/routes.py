@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, Response
 from engine.config import LIVE_OPTIONS
 from engine.errors import StrataError
 from engine.server.engine_client import ModelInfo
-from engine.server.errors import APIError
+from engine.server.errors import APIError, trailing_slash
 from engine.server.fields import Fields
 from engine.server.metrics import CONTENT_TYPE
 from engine.server.protocol import check_model
@@ -33,7 +33,10 @@ async def list_models(request: Request) -> Response:
 
 async def retrieve_model(request: Request) -> Response:
     """``GET /v1/models/{id}``: the object /v1/models lists for that id (its name or its folder, as
-    ``model`` takes them); another id is a 404 naming the served one."""
+    ``model`` takes them); another id is a 404 naming the served one. ``/v1/models/`` (no id) is the list's path
+    with a trailing slash."""
+    if not request.path_params["model_id"].strip("/"):
+        raise trailing_slash(request.scope["path"])
     info = await state_of(request).client.info()
     check_model(Fields({"model": request.path_params["model_id"]}), info)
     return JSONResponse(_model(info))

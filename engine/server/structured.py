@@ -14,17 +14,33 @@ import llguidance
 
 from engine.errors import ConfigError
 from engine.guided import Guide
+from engine.server import refused
 from engine.server.fields import bad, show
+from engine.server.schema_refs import endless_ref
 
 _TYPES = ("text", "json_object", "json_schema")
+# the fields of each response_format type, and of a json_schema (OpenAI's)
+_FORMAT_FIELDS = {"text": frozenset({"type"}), "json_object": frozenset({"type"}),
+                  "json_schema": frozenset({"type", "json_schema"})}
+_JSON_SCHEMA_FIELDS = frozenset({"name", "description", "schema", "strict"})
 
 
 class FieldError(ConfigError):
-    """A request field that is malformed; ``param`` is its path (``response_format.json_schema.schema``)."""
+    """A request field that is malformed; ``param`` is its path (``response_format.json_schema.schema``),
+    ``code`` the error's code (``unknown_parameter`` for a field of no name the object has)."""
 
-    def __init__(self, param: str, message: str) -> None:
+    def __init__(self, param: str, message: str, code: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+        self.code = code
+
+
+def refuse_unknown(obj: dict, known: frozenset[str], what: str, where: str) -> None:
+    """FieldError (code ``unknown_parameter``) naming the first field of ``obj``, the object at ``where``,
+    that ``what`` (``a tool``) does not have, with the closest name it has: a misspelt field is never ignored."""
+    found = refused.unknown_field(obj, known, what, f"{where}.")
+    if found is not None:
+        raise FieldError(*found, code="unknown_parameter")
 
 
 def kind_of(value: object) -> str:
@@ -59,7 +75,10 @@ def schema_problem(schema: dict) -> str | None:
     except ValueError as exc:      # a value JSON cannot hold (NaN)
         return " ".join(str(exc).split())
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
-    return " ".join(messages[0].split()) if is_error else None
+    if is_error:
+        return " ".join(messages[0].split())
+    ref = endless_ref(schema)      # the library takes such a schema, and fails on it later
+    return None if ref is None else f"a $ref cycle with no finite instance: {ref} can only be built from itself"
 
 
 _SUBSCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
@@ -107,6 +126,11 @@ def guide_for(response_format: object) -> Guide | None:
     if kind not in _TYPES:
         raise FieldError("response_format.type", "response_format.type must be \"text\", \"json_object\" or "
                          f"\"json_schema\" (got {show(kind)})")
+    if kind == "json_object" and "json_schema" in response_format:
+        raise FieldError("response_format.json_schema", "response_format.json_schema is not a field of a json_object "
+                         "response_format; send \"type\": \"json_schema\" to make the reply follow the schema, or "
+                         "leave json_schema out", code="unknown_parameter")
+    refuse_unknown(response_format, _FORMAT_FIELDS[kind], f"a {kind} response_format", "response_format")
     if kind == "text":
         return None
     if kind == "json_object":
@@ -119,7 +143,7 @@ def read_guide(response_format: object) -> Guide | None:
     try:
         return guide_for(response_format)
     except FieldError as exc:
-        raise bad(exc.param, str(exc)) from None
+        raise bad(exc.param, str(exc), exc.code) from None
 
 
 def _schema_text(spec: object) -> str:
@@ -128,6 +152,7 @@ def _schema_text(spec: object) -> str:
     if not isinstance(spec, dict):
         raise FieldError(where, f"{where} must be an object such as {{\"name\": \"answer\", \"schema\": "
                                 f"{{\"type\": \"object\", ...}}}} (got {kind_of(spec)})")
+    refuse_unknown(spec, _JSON_SCHEMA_FIELDS, "a json_schema", where)
     for key in ("name", "description"):
         if spec.get(key) is not None and not isinstance(spec[key], str):
             raise FieldError(f"{where}.{key}", f"{where}.{key} must be a string (got {kind_of(spec[key])})")

@@ -30,7 +30,7 @@ import jinja2
 from engine.guided import Guide
 from engine.server.chat_messages import render_messages
 from engine.server.fields import show
-from engine.server.structured import FieldError, closed_objects, kind_of, schema_problem
+from engine.server.structured import FieldError, closed_objects, kind_of, refuse_unknown, schema_problem
 from engine.server.tool_parse import (HERMES, MISTRAL, ContentDelta, ToolCall, ToolCallDelta, ToolCallFormat,
                                        ToolStreamParser, ToolSyntax, parse_tool_calls)
 
@@ -41,6 +41,12 @@ _NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 # The grammar writes arguments the way json.dumps and the templates' tojson do, so a forced call looks
 # like the calls the model saw in its prompt, and a model cannot pad it with endless whitespace.
 _COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# The fields OpenAI gives a tool, its function, a named tool_choice and its function. A function's
+# strict (arguments exactly as its schema says) is checked; a forced call follows the schema either way.
+_TOOL_FIELDS = frozenset({"type", "function"})
+_FUNCTION_FIELDS = frozenset({"name", "description", "parameters", "strict"})
+_CHOICE_FIELDS = frozenset({"type", "function"})
+_CHOICE_FUNCTION_FIELDS = frozenset({"name"})
 
 
 class TemplateTokenizer(Protocol):
@@ -61,14 +67,22 @@ class FunctionTool:
     description: str | None = None
     parameters: dict | None = None      # JSON schema of the arguments object
 
-    def as_template_tool(self) -> dict:
-        """The tool as chat templates read it: the OpenAI shape."""
+    def as_openai(self) -> dict:
+        """The tool in OpenAI's shape, as sent: without parameters when it has none (harmony writes such a
+        tool as ``() => any``)."""
         function: dict = {"name": self.name}
         if self.description is not None:
             function["description"] = self.description
         if self.parameters is not None:
             function["parameters"] = self.parameters
         return {"type": "function", "function": function}
+
+    def as_template_tool(self) -> dict:
+        """The tool as chat templates read it: the OpenAI shape with parameters always there, an object of no
+        properties when the request gave none (OpenAI allows that; templates write ``parameters | tojson``)."""
+        tool = self.as_openai()
+        tool["function"].setdefault("parameters", {"type": "object", "properties": {}})
+        return tool
 
 
 @dataclass(frozen=True)
@@ -136,10 +150,12 @@ def _function(where: str, tool: object) -> FunctionTool:
     if tool.get("type") != "function":
         raise FieldError(f"{where}.type", f"{where}.type must be \"function\" (got {show(tool.get('type'))}); "
                                           "function tools are the only kind")
+    refuse_unknown(tool, _TOOL_FIELDS, "a tool", where)
     spec = tool.get("function")
     if not isinstance(spec, dict):
         raise FieldError(f"{where}.function", f"{where}.function must be an object with a name "
                                               f"(got {kind_of(spec)})")
+    refuse_unknown(spec, _FUNCTION_FIELDS, "a tool's function", f"{where}.function")
     name = spec.get("name")
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise FieldError(f"{where}.function.name", f"{where}.function.name must be 1 to 64 letters, digits, "
@@ -148,6 +164,10 @@ def _function(where: str, tool: object) -> FunctionTool:
     if description is not None and not isinstance(description, str):
         raise FieldError(f"{where}.function.description", f"{where}.function.description must be a string "
                                                           f"(got {kind_of(description)})")
+    strict = spec.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise FieldError(f"{where}.function.strict", f"{where}.function.strict must be true or false "
+                                                     f"(got {kind_of(strict)})")
     return FunctionTool(name, description, _parameters(f"{where}.function.parameters", spec.get("parameters")))
 
 
@@ -176,6 +196,8 @@ def _choice(tool_choice: object, functions: Sequence[FunctionTool]) -> tuple[str
     if not isinstance(named, dict) or tool_choice.get("type") != "function":
         raise FieldError("tool_choice", "tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": "
                          f"\"function\", \"function\": {{\"name\": ...}}}} (got {_short(tool_choice)})")
+    refuse_unknown(tool_choice, _CHOICE_FIELDS, "tool_choice", "tool_choice")
+    refuse_unknown(named, _CHOICE_FUNCTION_FIELDS, "tool_choice.function", "tool_choice.function")
     name = named.get("name")
     names = [f.name for f in functions]
     if name not in names:

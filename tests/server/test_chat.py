@@ -32,6 +32,11 @@ def test_a_chat_reply_is_the_template_prompts_continuation(client, engine, http)
     assert r.object == "chat.completion"
 
 
+def test_a_chat_message_says_it_holds_no_refusal_as_openais_do(http):
+    message = http.post("/v1/chat/completions", json={"messages": HI, "max_tokens": 2}).json()["choices"][0]["message"]
+    assert "refusal" in message and message["refusal"] is None
+
+
 def test_a_streamed_chat_reply_matches_the_whole_one(client):
     args = dict(model="demo", messages=HI, max_tokens=12, temperature=0, extra_body=IGNORE_EOS)
     whole = client.chat.completions.create(**args)

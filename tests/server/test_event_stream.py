@@ -8,6 +8,7 @@ import logging
 import re
 
 import httpx
+import pytest
 
 from engine.loop import EngineLoop
 from engine.server.asgi import SERVER_SEND
@@ -109,3 +110,18 @@ def test_sse_events_are_json_objects_of_the_openai_shape(url):
     chunks = [json.loads(e[6:]) for e in events[:-2]]
     assert all(set(ch) == {"id", "object", "created", "model", "choices"} for ch in chunks)
     assert [ch["choices"][0]["finish_reason"] for ch in chunks][-1] == "length"
+
+
+def _events(url: str, path: str, body: dict) -> list[dict]:
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as c:
+        with c.stream("POST", path, json={**body, "max_tokens": 3, "stream": True}) as r:
+            return sse_events(r.iter_lines())
+
+
+@pytest.mark.parametrize("path,body", [("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}),
+                                       ("/v1/completions", {"prompt": "Hi"})], ids=["chat", "completions"])
+def test_with_include_usage_every_chunk_before_the_usage_one_says_usage_null(url, path, body):
+    events = _events(url, path, {**body, "stream_options": {"include_usage": True}})
+    assert len(events) >= 3 and events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 3
+    assert all("usage" in e and e["usage"] is None for e in events[:-1])
+    assert all("usage" not in e for e in _events(url, path, body))          # not asked for: no usage field at all

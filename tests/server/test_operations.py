@@ -52,6 +52,14 @@ def test_metrics_parse_and_count_requests_and_tokens(http):
     assert not any(name.startswith("strata_gpu_") for name, _ in after)      # the CPU has no GPU to read
 
 
+def test_the_batch_size_gauge_reads_0_when_nothing_runs(http, loop):
+    assert http.post("/v1/completions", json={**ASK, "n": 3}).status_code == 200
+    engine_idle(loop)
+    assert loop.call(lambda e: e.stats().batch_size).result(60) > 0       # the engine keeps its last step's
+    after = _metrics(http)
+    assert after[("strata_requests_running", ())] == 0 and after[("strata_batch_size", ())] == 0
+
+
 def test_stats_are_the_engine_stats_as_json(http):
     before = http.get("/v1/strata/stats").json()
     http.post("/v1/completions", json=ASK)

@@ -436,3 +436,15 @@ def test_a_harmony_reply_outside_the_format_comes_back_as_content(client, harmon
     chunks = [x.choices[0] for x in client.chat.completions.create(model="m", messages=hi, max_tokens=8,
                                                                     temperature=0, stream=True) if x.choices]
     assert "".join(x.delta.content or "" for x in chunks) == r.message.content
+
+
+@pytest.mark.xfail(strict=True, reason="engine/chat_format/harmony.py _HarmonyGate reads a reply that holds no harmony "
+                                       "token as a header, so the engine never matches a stop in it (the server "
+                                       "still cuts the content): the reply runs to max_tokens and says length")
+def test_a_stop_string_ends_a_harmony_reply_outside_the_format(client):
+    hi = [{"role": "user", "content": "hi"}]
+    whole = client.chat.completions.create(model="m", messages=hi, max_tokens=12, temperature=0)
+    text = whole.choices[0].message.content
+    r = client.chat.completions.create(model="m", messages=hi, max_tokens=12, temperature=0, stop=[text[4:6]])
+    assert r.choices[0].message.content == text[:text.index(text[4:6])]
+    assert r.choices[0].finish_reason == "stop" and r.usage.completion_tokens < 12

@@ -1,0 +1,77 @@
+"""What a chat template is given and how its failures are told: a tool sent without parameters (OpenAI allows
+it) reaches the template with an empty parameters object, a template that refuses the conversation itself
+(raise_exception) is blamed on the messages, and one that fails on its own is named as the template's fault."""
+from __future__ import annotations
+
+import pytest
+
+from engine.server import chat
+from engine.server.engine_client import ModelInfo
+from engine.server.errors import APIError
+from engine.tokenizer import ChatTemplateFault, Tokenizer
+from tests.engine.tokenizer_fixtures import CHAT_TEMPLATE, build_tiny_tokenizer
+
+TURNS = ("{%- for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endfor %}"
+         "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}")
+# as Llama's and Mistral's templates do: each tool's parameters written with tojson, unchecked
+PARAMETERS_TEMPLATE = ("{%- for t in tools or [] %}{{ t.function.name + ': ' + (t.function.parameters | tojson) }}"
+                       "{{ ' (call it with <tool_call>)\\n' }}{%- endfor %}" + TURNS)
+# a template reading a variable it expects its caller to set
+VARIABLE_TEMPLATE = "{{ persona.greeting | tojson }}" + TURNS
+HI = [{"role": "user", "content": "Hi"}]
+
+
+def _info(folder, template: str) -> ModelInfo:
+    build_tiny_tokenizer(folder, vocab_size=512, chat_template=template)
+    return ModelInfo("m", str(folder), Tokenizer.from_dir(folder), context_tokens=4096, vocab_size=512, max_batch=4,
+                     created=0)
+
+
+def _refusal(body: dict, info: ModelInfo) -> dict:
+    with pytest.raises(APIError) as err:
+        chat.prepare(body, info)
+    assert err.value.status == 400 and "\n" not in err.value.message
+    return {"message": err.value.message, "param": err.value.param, "code": err.value.code}
+
+
+def test_a_tool_without_parameters_reaches_the_template_as_taking_an_empty_object(tmp_path):
+    info = _info(tmp_path, PARAMETERS_TEMPLATE)
+    tools = [{"type": "function", "function": {"name": "now"}},
+             {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {
+                 "a": {"type": "integer"}}}}}]
+    prompt = info.tokenizer.decode(chat.prepare({"messages": HI, "tools": tools}, info).ids, skip_special_tokens=False)
+    assert 'now: {"type": "object", "properties": {}} (call it' in prompt
+    assert 'add: {"type": "object", "properties": {"a": {"type": "integer"}}} (call it' in prompt
+
+
+def test_a_template_that_fails_on_its_own_is_named_as_the_fault_not_the_messages(tmp_path):
+    error = _refusal({"messages": HI}, _info(tmp_path, VARIABLE_TEMPLATE))
+    assert error["param"] is None and error["code"] == "chat_template_error"
+    assert error["message"].startswith("the model's chat template failed while rendering this request ('persona' is "
+                                       "undefined), a fault of the template rather than of the messages")
+    assert "change the messages" not in error["message"]
+
+
+def test_a_template_failure_with_template_variables_set_points_at_them(tmp_path):
+    error = _refusal({"messages": HI, "chat_template_kwargs": {"persona": {"name": "x"}}},
+                     _info(tmp_path, VARIABLE_TEMPLATE))
+    assert error["param"] == "chat_template_kwargs" and error["code"] == "chat_template_error"
+    assert "check the variables chat_template_kwargs sets" in error["message"]
+
+
+def test_a_template_that_refuses_the_conversation_is_blamed_on_the_messages(tmp_path):
+    # the demo's template knows no tool role, and says so with raise_exception
+    messages = HI + [{"role": "assistant", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+    error = _refusal({"messages": messages}, _info(tmp_path, CHAT_TEMPLATE))
+    assert error["param"] == "messages" and error["code"] is None
+    assert error["message"] == ("the model's chat template rejected the conversation (Unknown role: tool); change the "
+                                "messages to the roles and order this model expects")
+
+
+def test_the_tokenizer_tells_a_templates_own_failure_from_its_refusal(tmp_path):
+    tok = _info(tmp_path, VARIABLE_TEMPLATE).tokenizer
+    with pytest.raises(ChatTemplateFault) as err:
+        tok.apply_chat_template(HI)
+    assert err.value.cause == "'persona' is undefined"
