@@ -164,16 +164,28 @@ class HarmonyStopScope:
 
 
 class _HarmonyGate:
+    """Whether each token of a reply is answer text, where a stop string may end it. A reply that opens with
+    text rather than a harmony token is plain text (what the server then returns as content): it is answer
+    text until a harmony token comes, from which on the format's own headers and channels decide."""
+
     def __init__(self, tokenizer: Tokenizer, ids: HarmonyIds) -> None:
         self._tok, self._ids = tokenizer, ids
         self._header: list[int] | None = []    # header ids being read; None inside a message's text
         self._content = False
+        self._plain: bool | None = None         # None until the reply's first token says which it is
+        self._specials = frozenset((ids.start, ids.message, ids.channel, ids.constrain)) | ids.closing
 
     def next_in_answer(self) -> bool:
-        return self._header is None and self._content
+        return self._plain is True or (self._header is None and self._content)
 
     def in_answer(self, t: int) -> bool:
         ids = self._ids
+        if self._plain is not False:
+            if t not in self._specials:
+                self._plain = True              # plain text so far: answer text (kept as a header, should one start)
+                self._header.append(t)
+                return True
+            self._plain = False                 # the format begins: what came before was a header's start
         if self._header is None:
             if t in ids.closing:
                 self._header = []
