@@ -331,11 +331,19 @@ def _budget_lines(spec, args, c: EngineConfig, resident: int, per_expert: int, n
     return lines + _bus_lines(plan, getattr(args, "hit_rate", None))
 
 
+class _HitRate(float):
+    """A hit rate that remembers how it was written, for a refusal to quote ("150%", not 1.5)."""
+
+    text = ""
+
+
 def _hit_rate(value: str) -> float:
     """``0.8`` or ``80%`` -> 0.8 (the range is checked with the plan)."""
     text = value.strip()
     try:
-        return float(text[:-1]) / 100 if text.endswith("%") else float(text)
+        rate = _HitRate(float(text[:-1]) / 100 if text.endswith("%") else float(text))
+        rate.text = text
+        return rate
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r} is not a hit rate; give a share from 0 to 1 or a percentage, "
                                          "e.g. 0.8 or 80%") from None
@@ -343,7 +351,7 @@ def _hit_rate(value: str) -> float:
 
 def _check_hit_rate(hit_rate: float | None) -> None:
     if hit_rate is not None and not 0.0 <= hit_rate <= 1.0:
-        raise ConfigError(f"--hit-rate {hit_rate:g} is not a hit rate; give a share from 0 to 1 or a percentage, "
+        raise ConfigError(f"--hit-rate {getattr(hit_rate, 'text', '') or f'{hit_rate:g}'} is not a hit rate; give a share from 0 to 1 or a percentage, "
                           "e.g. 0.8 or 80%")
 
 

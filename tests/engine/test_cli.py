@@ -324,10 +324,11 @@ def test_output_into_a_reader_that_stops_early_ends_quietly(model):
 
 
 @pytest.mark.parametrize("budget", [[], ["--gpu-memory-budget", "24G"]])
-def test_info_refuses_a_hit_rate_outside_0_to_1_with_or_without_a_budget(model, capsys, budget):
-    assert main(["info", "--model", str(model), "--hit-rate", "2", *budget]) == 2
-    assert capsys.readouterr().err.strip() == ("error: --hit-rate 2 is not a hit rate; give a share from 0 to 1 or a "
-                                               "percentage, e.g. 0.8 or 80%")
+@pytest.mark.parametrize("typed", ["2", "150%"])
+def test_info_refuses_a_hit_rate_outside_0_to_1_with_or_without_a_budget(model, capsys, budget, typed):
+    assert main(["info", "--model", str(model), "--hit-rate", typed, *budget]) == 2
+    assert capsys.readouterr().err.strip() == (f"error: --hit-rate {typed} is not a hit rate; give a share from 0 to 1 "
+                                               "or a percentage, e.g. 0.8 or 80%")        # as typed, not 1.5
 
 
 def test_info_takes_a_hit_rate_as_a_percentage(model, capsys):
