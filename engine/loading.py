@@ -121,7 +121,7 @@ class LoadedModel:
         pool = fit_to_pool(config, spec, self.experts_resident)
         self.config = config = pool.config
         self.notes += pool.notes + notes
-        note = pool_size_note(self.pool_bytes(config.expert_pool_size), self.every_expert_bytes)
+        note = pool_size_note(self.pool_bytes(config.expert_pool_size), self.every_expert_bytes, self.layout.nbytes)
         self.notes += (note,) if note else ()
         self._fit_context()
         if self.device.type == "cpu" and self.stage is None:

@@ -377,7 +377,8 @@ def load_notes(spec: ModelSpec, args: argparse.Namespace) -> tuple[str, ...]:
     config = EngineConfig(model=model_dir(args), **engine_options(args))
     note = asked_depth_note(config, spec)
     fmt, group = _expert_format(spec, args, compute_dtype(args))
-    pool = pool_size_note(config.expert_pool_size, spec.num_moe_layers * spec.num_experts * expert_bytes(spec, fmt, group))
+    one = expert_bytes(spec, fmt, group)
+    pool = pool_size_note(config.expert_pool_size, spec.num_moe_layers * spec.num_experts * one, one)
     return fit_to_model(config, spec).notes + tuple(n for n in (note, pool) if n)
 
 

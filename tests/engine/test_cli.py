@@ -105,6 +105,16 @@ def test_a_pool_larger_than_every_expert_is_noted_by_info_and_by_a_load(model, c
     assert any(n.startswith("--expert-pool-size 30.00 GiB is more than every expert takes") for n in loaded.notes)
 
 
+def test_a_pool_smaller_than_one_expert_is_noted_by_info_and_by_a_load(model, capsys):
+    assert main(["info", "--model", str(model), "--expert-pool-size", "1K", "--gpu-memory-budget", "4G"]) == 0
+    assert re.search(r"note: --expert-pool-size 1.00 KiB is less than one expert takes \([0-9.]+ [KM]iB\); the pool "
+                     r"holds no expert", capsys.readouterr().err)
+    from engine.config import EngineConfig
+    from engine.loading import load_model
+    loaded = load_model(EngineConfig(model=str(model), device="cpu", expert_pool_size=1 << 10))
+    assert any(n.startswith("--expert-pool-size 1.00 KiB is less than one expert takes") for n in loaded.notes)
+
+
 def test_a_chat_template_that_does_not_parse_leaves_plain_prompts_working(model, tmp_path, capsys, monkeypatch):
     import shutil
     copy = tmp_path / "tpl"
