@@ -42,7 +42,7 @@ from engine.checkpoint.plan import kept_in_float32, quantisable, tensor_plan
 from engine.checkpoint.reader import INDEX, SafetensorsReader
 from engine.checkpoint.spec import ModelSpec, read_spec
 from engine.config import DEFAULT_GROUP_SIZE, GROUP_SIZES
-from engine.errors import ConfigError, StrataError
+from engine.errors import ConfigError, ModelLoadError, StrataError
 from engine.file_modes import as_new_file, umask
 from kernels.expert_layout import ExpertLayout
 from engine.loading import expert_act
@@ -328,6 +328,13 @@ def _copy_side_files(src: Path, out: Path) -> list[str]:
     copied = []
     for f in sorted(src.iterdir()):
         if f.is_file() and f.suffix not in WEIGHT_SUFFIXES and f.name not in reserved:
+            try:
+                with open(f, "rb"):
+                    pass
+            except OSError as e:     # the source's file, not the destination: a fix for the source
+                why = "permission denied" if isinstance(e, PermissionError) else (e.strerror or str(e))
+                raise ModelLoadError(f"{f} cannot be read ({why}); check its permissions (you need read access to "
+                                     "every file of the source folder), or move it out of the folder") from None
             shutil.copy2(f, out / f.name)
             os.chmod(out / f.name, stat.S_IMODE(f.stat().st_mode) & ~umask())   # as cp does: the umask applies
             copied.append(f.name)

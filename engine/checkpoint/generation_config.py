@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 from engine.checkpoint.config_fields import ConfigFields
+from engine.checkpoint.reader import cannot_read
 from engine.errors import ModelLoadError
 
 TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
@@ -43,8 +44,12 @@ def check_generation_config(folder: Path, vocab_size: int) -> None:
     if not path.is_file():
         return
     try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise cannot_read(path, e, "check the disk it is on, or restore the file from the original checkpoint") from None
+    try:
+        cfg = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ModelLoadError(f"{path} is not valid JSON ({e}); restore the file from the original checkpoint") from None
     if not isinstance(cfg, dict):
         raise ModelLoadError(f"{path} does not hold a JSON object; restore the file from the original checkpoint")

@@ -292,3 +292,25 @@ def test_checksums_that_cannot_be_remembered_say_why(conversion, monkeypatch, co
     monkeypatch.setattr(integrity.os, "fsync", fsync)
     assert LLM(str(conversion), device="cpu").engine.model_info.notes == (note.format(c=conversion),)
     assert not (conversion / integrity.RECORD).exists()
+
+
+def test_a_source_file_that_cannot_be_read_is_blamed_on_the_source_not_the_destination(model, tmp_path, locked):
+    # a tokenizer file this user may not read: it was "writing the conversion failed ... choose a destination
+    # in a folder you can write to", which sent the user to the wrong folder
+    side = model / "notes.txt"                     # a file of the source that nothing but the copy reads
+    side.write_text("the model's own notes")
+    locked(side, 0)
+    dst = tmp_path / "out"
+    [(code, err)] = _run_denied(tmp_path, ["convert", str(model), str(dst), "--weights", "fp8"])
+    assert code == 2 and err == (f"error: {side} cannot be read (permission denied); check its permissions (you "
+                                 "need read access to every file of the source folder), or move it out of the folder")
+    assert not dst.exists()
+
+
+def test_a_generation_config_that_cannot_be_read_is_named_as_such(model, tmp_path, locked):
+    gen = model / "generation_config.json"
+    if not gen.is_file():
+        gen.write_text("{}")
+    locked(gen, 0)
+    [(code, err)] = _run_denied(tmp_path, ["generate", "--model", str(model), "--prompt", "hi"])
+    assert code == 2 and err == f"error: {gen} {DENIED_FILE}"
