@@ -46,7 +46,8 @@ def check_generation_config(folder: Path, vocab_size: int) -> None:
     try:
         raw = path.read_bytes()
     except OSError as e:
-        raise cannot_read(path, e, "check the disk it is on, or restore the file from the original checkpoint") from None
+        raise cannot_read(path, e, "check the disk it is on, or restore the file from the original "
+                                   "checkpoint") from None
     try:
         cfg = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
