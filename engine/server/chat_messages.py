@@ -7,28 +7,22 @@
   JSON string into a dict (templates write it back with ``tojson``);
 - role ``tool`` carries the ``tool_call_id`` of a call an earlier assistant message made.
 
-Each message, content part and call may hold only the fields OpenAI's API gives it (a misspelt one is
-refused, naming it); an assistant's ``refusal`` and ``parsed`` (what the official clients keep in a reply
-they hand back) are accepted and not shown to the template.
+Fields a message, content part or call holds beyond these are passed over, as OpenAI-compatible servers
+do: clients hand back what they keep with a reply (the official one's ``parsed`` and ``parsed_arguments``,
+``annotations``, LiteLLM's ``provider_specific_fields``, a part's ``cache_control``, a message's own ``id``),
+and none of it changes what the model is shown. An assistant's ``refusal`` is checked; its ``audio`` and a
+legacy ``function_call`` are refused unless null. The fields that shape the output (``tools``,
+``tool_choice``, ``response_format``) are checked to the letter in their own modules.
 """
 from __future__ import annotations
 
 import json
 
 from engine.server.fields import show
-from engine.server.structured import FieldError, kind_of, refuse_unknown
+from engine.server.structured import FieldError, kind_of
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 _NOT_TEXT = ("image_url", "input_image", "image", "input_audio", "audio", "file", "video_url")
-# The fields of each role's message (OpenAI's, and reasoning_content / reasoning: an assistant's reasoning, as
-# servers of reasoning models return it). name: OpenAI gives it to every role but tool; harmony reads it there.
-_FIELDS = {role: frozenset({"role", "content", "name"}) for role in ("system", "developer", "user")}
-_FIELDS["assistant"] = frozenset({"role", "content", "name", "tool_calls", "refusal", "audio", "function_call",
-                                  "annotations", "reasoning_content", "reasoning", "parsed"})
-_FIELDS["tool"] = frozenset({"role", "content", "name", "tool_call_id"})
-_PART_FIELDS = frozenset({"type", "text", "prompt_cache_breakpoint"})
-_CALL_FIELDS = frozenset({"id", "type", "function", "index"})     # index: a streamed call's, kept by clients
-_CALLED_FIELDS = frozenset({"name", "arguments"})
 
 
 def render_messages(messages: object, keep_reasoning: bool = False) -> list[dict]:
@@ -63,7 +57,6 @@ def _message(where: str, message: object) -> dict:
                                           + ", ".join(ROLES))
     if role not in ROLES:
         raise FieldError(f"{where}.role", f"{where}.role must be one of {', '.join(ROLES)} (got {show(role)})")
-    refuse_unknown(message, _FIELDS[role], f"a {role} message", where)
     if role == "assistant":
         _check_assistant_extras(where, message)
     out: dict = {"role": "system" if role == "developer" else role}
@@ -136,7 +129,6 @@ def _text_part(where: str, part: object) -> str:
                                           "send text parts only")
     if kind != "text":
         raise FieldError(f"{where}.type", f"{where}.type must be \"text\" (got {show(kind)})")
-    refuse_unknown(part, _PART_FIELDS, "a text part", where)
     text = part.get("text")
     if not isinstance(text, str):
         raise FieldError(f"{where}.text", f"{where}.text must be a string (got {kind_of(text)})")
@@ -157,12 +149,10 @@ def _tool_call(where: str, call: object) -> dict:
         raise FieldError(f"{where}.id", f"{where}.id must be the call's id as a string (got {kind_of(call_id)})")
     if call.get("type", "function") != "function":
         raise FieldError(f"{where}.type", f"{where}.type must be \"function\" (got {show(call.get('type'))})")
-    refuse_unknown(call, _CALL_FIELDS, "a tool call", where)
     function = call.get("function")
     if not isinstance(function, dict):
         raise FieldError(f"{where}.function", f"{where}.function must be an object with a name and arguments "
                                               f"(got {kind_of(function)})")
-    refuse_unknown(function, _CALLED_FIELDS, "a tool call's function", f"{where}.function")
     name = function.get("name")
     if not isinstance(name, str) or not name:
         raise FieldError(f"{where}.function.name", f"{where}.function.name must be the called tool's name "

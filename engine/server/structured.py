@@ -126,10 +126,12 @@ def guide_for(response_format: object) -> Guide | None:
     if kind not in _TYPES:
         raise FieldError("response_format.type", "response_format.type must be \"text\", \"json_object\" or "
                          f"\"json_schema\" (got {show(kind)})")
-    if kind == "json_object" and "json_schema" in response_format:
-        raise FieldError("response_format.json_schema", "response_format.json_schema is not a field of a json_object "
-                         "response_format; send \"type\": \"json_schema\" to make the reply follow the schema, or "
-                         "leave json_schema out", code="unknown_parameter")
+    for key in ("json_schema", "schema"):     # "schema" beside json_object: how some other servers take one
+        if kind == "json_object" and key in response_format:
+            raise FieldError(f"response_format.{key}", f"response_format.{key} is not a field of a json_object "
+                             "response_format; send {\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., "
+                             "\"schema\": ...}} to make the reply follow the schema, or leave it out",
+                             code="unknown_parameter")
     refuse_unknown(response_format, _FORMAT_FIELDS[kind], f"a {kind} response_format", "response_format")
     if kind == "text":
         return None

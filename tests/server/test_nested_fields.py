@@ -28,18 +28,6 @@ UNKNOWN = [
      "did you mean response_format.json_schema.schema?"),
     ("response-format-extra", {"response_format": {"type": "json_object", "strict": True}}, "response_format.strict",
      "leave it out"),
-    ("message-extra", {"messages": [{"role": "user", "content": "Hi", "foo": 1}]}, "messages[0].foo", "leave it out"),
-    # the fields a message takes depend on its role: a user message has no tool_calls
-    ("user-message-with-calls", {"messages": [{"role": "user", "content": "Hi", "tool_calls": [CALL]}]},
-     "messages[0].tool_calls", "leave it out"),
-    ("tool-message-typo", {"messages": HI + [{"role": "assistant", "tool_calls": [CALL]},
-                                             {"role": "tool", "tool_call_ids": "call_1", "content": "ok"}]},
-     "messages[2].tool_call_ids", "did you mean messages[2].tool_call_id?"),
-    ("content-part-typo", {"messages": [{"role": "user", "content": [{"type": "text", "txt": "Hi"}]}]},
-     "messages[0].content[0].txt", "did you mean messages[0].content[0].text?"),
-    ("call-function-typo", {"messages": HI + [{"role": "assistant", "tool_calls": [
-        {**CALL, "function": {"name": "f", "argument": "{}"}}]}]},
-     "messages[1].tool_calls[0].function.argument", "did you mean messages[1].tool_calls[0].function.arguments?"),
     ("tool-extra", {"tools": [{**TOOL, "foo": 1}]}, "tools[0].foo", "leave it out"),
     # a misspelt parameters would make a tool that takes no arguments
     ("tool-parameters-typo", {"tools": [{"type": "function", "function": {"name": "f", "paramters": {}}}]},
@@ -60,12 +48,36 @@ def test_an_unknown_nested_field_is_refused_naming_its_path_and_the_closest_name
     assert error["message"].startswith(f"{param} is not a field of ") and fix in error["message"]
 
 
-def test_a_json_schema_on_a_json_object_format_says_which_type_takes_it(http):
-    r = http.post(CHAT, json={"messages": HI, "response_format": {"type": "json_object", "json_schema": {
-        "name": "a", "schema": SCHEMA}}})
+def test_what_clients_keep_with_a_message_is_passed_over(http):
+    # LiteLLM's provider_specific_fields, a part's cache_control, a message's own id, the official client's
+    # parsed_arguments: none changes what the model is shown, and strict servers refusing them broke those clients
+    messages = [
+        {"role": "user", "id": 123, "opts": {"x": 1},
+         "content": [{"type": "text", "text": "Hi", "cache_control": {"type": "ephemeral"}}]},
+        {"role": "assistant", "content": None, "provider_specific_fields": None,
+         "tool_calls": [{**CALL, "function": {**CALL["function"], "parsed_arguments": {}}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "ok"},
+    ]
+    r = http.post(CHAT, json={"messages": messages, "max_tokens": 2})
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("message,param", [
+    ({"role": "tool", "tool_call_ids": "call_1", "content": "ok"}, "messages[2].tool_call_id"),
+    ({"role": "user", "content": [{"type": "text", "txt": "Hi"}]}, "messages[2].content[0].text"),
+], ids=["tool-call-id", "text-part"])
+def test_a_misspelt_field_a_message_needs_is_refused_as_missing(http, message, param):
+    messages = [*HI, {"role": "assistant", "tool_calls": [CALL]}, message]
+    r = http.post(CHAT, json={"messages": messages, "max_tokens": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+@pytest.mark.parametrize("key,value", [("json_schema", {"name": "a", "schema": SCHEMA}), ("schema", SCHEMA)])
+def test_a_schema_on_a_json_object_format_says_which_type_takes_it(http, key, value):
+    r = http.post(CHAT, json={"messages": HI, "response_format": {"type": "json_object", key: value}})
     error = r.json()["error"]
-    assert r.status_code == 400 and error["param"] == "response_format.json_schema"
-    assert error["code"] == "unknown_parameter" and "send \"type\": \"json_schema\"" in error["message"]
+    assert r.status_code == 400 and error["param"] == f"response_format.{key}"
+    assert error["code"] == "unknown_parameter" and '{"type": "json_schema", "json_schema"' in error["message"]
 
 
 def test_every_field_openai_gives_the_nested_objects_is_accepted(http):
