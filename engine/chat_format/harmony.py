@@ -163,6 +163,9 @@ class HarmonyStopScope:
         return _HarmonyGate(self.tokenizer, self.ids)
 
 
+_TO = "to="                 # how a header names a call's recipient before its channel
+
+
 class _HarmonyGate:
     """Whether each token of a reply is answer text, where a stop string may end it. A reply that opens with
     text rather than a harmony token is plain text (what the server then returns as content): it is answer
@@ -182,9 +185,15 @@ class _HarmonyGate:
         ids = self._ids
         if self._plain is not False:
             if t not in self._specials:
-                self._plain = True              # plain text so far: answer text (kept as a header, should one start)
-                self._header.append(t)
-                return True
+                self._header.append(t)          # kept as a header's start, should the format begin later
+                if self._plain is None:
+                    # " to=functions.x<|channel|>...": a reply may open with its header's recipient; text that
+                    # is, or may yet become, "to=" is held back until it is plain or the format begins
+                    text = self._tok.decode(self._header, skip_special_tokens=False).lstrip()
+                    if text.startswith(_TO) or _TO.startswith(text):
+                        return False
+                    self._plain = True
+                return True                     # plain text: answer text
             self._plain = False                 # the format begins: what came before was a header's start
         if self._header is None:
             if t in ids.closing:

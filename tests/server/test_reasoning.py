@@ -438,6 +438,17 @@ def test_a_harmony_reply_outside_the_format_comes_back_as_content(client, harmon
     assert "".join(x.delta.content or "" for x in chunks) == r.message.content
 
 
+@pytest.mark.parametrize("stop", [".", "weather", "Paris"])
+def test_a_stop_string_never_cuts_a_call_whose_header_opens_with_its_recipient(client, scripted, stop):
+    # " to=functions.x<|channel|>...": the reply's first tokens are its header's, not plain text
+    scripted([" to=functions.get_weather", "<|channel|>", "commentary ", "<|constrain|>", "json", "<|message|>",
+              '{"city": "Paris"}', "<|call|>"])
+    r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "weather?"}],
+                                       tools=TOOLS, max_tokens=200, stop=[stop])
+    assert r.choices[0].finish_reason == "tool_calls"
+    assert json.loads(r.choices[0].message.tool_calls[0].function.arguments) == {"city": "Paris"}
+
+
 def test_a_stop_string_ends_a_harmony_reply_outside_the_format(client):
     hi = [{"role": "user", "content": "hi"}]
     whole = client.chat.completions.create(model="m", messages=hi, max_tokens=12, temperature=0)
