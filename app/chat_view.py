@@ -90,14 +90,17 @@ def shown(text: str) -> str:
 
 
 # A label wraps at spaces only, so one long word (a URL, a hash, a long code line) would widen its bubble
-# and with it the whole transcript. Runs of LONG_RUN characters or more are shown with a zero-width break
-# point after every BREAK_EVERY characters: a line breaks there only where it must. Copies leave them out.
+# and with it the whole transcript. Runs of LONG_RUN printable ASCII characters or more are shown with a
+# zero-width break point after every BREAK_EVERY characters: a line breaks there only where it must. Only
+# ASCII: no character there joins the next into one (an accent, an emoji sequence, a flag), and the scripts
+# written without spaces (Thai, CJK) Qt breaks by itself. Copies leave the break points out.
 BREAK = "\u200b"
 BREAK_EVERY = 16
 LONG_RUN = 32
-_PLAIN_RUN = re.compile(r"\S{%d,}" % LONG_RUN)
+_PLAIN_RUN = re.compile(r"[!-~]{" + str(LONG_RUN) + ",}")
 _HTML_TEXT = re.compile(r">([^<]+)<")
-_HTML_RUN = re.compile(r"(?:&[#\w]+;|[^\s&])(?:&[#\w]+;|[^\s&]|&){%d,}" % (LONG_RUN - 1))
+_ASCII = r"(?:&[#\w]+;|[!-%'-~])"             # an entity, or a printable ASCII character but "&"
+_HTML_RUN = re.compile(_ASCII + r"(?:" + _ASCII + r"|&){" + str(LONG_RUN - 1) + ",}")
 _PIECE = re.compile(r"&[#\w]+;|.", re.DOTALL)
 
 
