@@ -399,8 +399,9 @@ def check_host_room(context: int, kv_bytes: int, window_bytes: int, kv_bytes_per
         # shortens both, so the size to give is the cache's
         most = _round_down(tokens * kv_bytes_per_token)
         raise ConfigError(f"--kv-cache-size {format_size(asked_kv)} holds a context of {context} tokens, whose KV cache "
-                          f"and position tables need {format_size(need)}, more than the {format_size(available)} of "
-                          f"memory this machine has free{beside}; give --kv-cache-size {format_size(most)} or less")
+                          f"and position tables need {format_size(need)}, more than the {format_size(room)} they may "
+                          f"take ({HOST_ROOM_SHARE:.0%} of the {format_size(available)} of memory this machine has "
+                          f"free{beside}); give --kv-cache-size {format_size(most)} or less")
     fix = f"lower --max-model-len to {tokens} or less" if tokens >= block else "free memory or use a smaller model"
     raise ConfigError(f"a context of {context} tokens needs {format_size(need)} of host memory for its KV cache, but "
                       f"this machine has {format_size(available)} of memory free{beside}; {fix}")

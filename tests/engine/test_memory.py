@@ -333,6 +333,7 @@ def test_a_kv_size_whose_context_does_not_fit_is_answered_with_a_kv_size(monkeyp
     with pytest.raises(ConfigError) as e:
         check_host_room(context, asked, 0, bpt, table, 16, asked, free)
     assert "--max-model-len" not in str(e.value) and "give --kv-cache-size " in str(e.value)
+    assert "more than the 14.40 GiB they may take (90% of the 16.00 GiB of memory this machine has free)" in str(e.value)
     size = str(e.value).split("give --kv-cache-size ")[1].split(" or less")[0]
     given = parse_size(size.replace(" ", "").replace("iB", ""))
     check_host_room(given // bpt, given, 0, bpt, table, 16, given, free)        # fits: no error
