@@ -191,17 +191,12 @@ def qlinear(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = None) -
 # bf16 step (12 layers, H100) 1368 -> 1348 us with it, 147 -> 135 kernels (its o projection was a split-K
 # GEMM and a reduce, the router a 5 us GEMV; step_profile_2026-12-06d.json).
 GEMV16 = False
-# LM heads stay with cuBLAS: it reads a 16-bit head at the copy ceiling already (Qwen3-30B-A3B's, 622 MB,
-# in 203 us on the H100: 3.06 TB/s, benchmarks/results/step_profile_2026-12-06c.json).
-GEMV16_MAX_ROWS = 32768
 
 
 def gemv16_fits(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """Whether :func:`gemv16` takes ``x @ w.T``: one token, 16-bit ``w`` of ``x``'s dtype and fewer than
-    ``GEMV16_MAX_ROWS`` rows, on CUDA."""
+    """Whether :func:`gemv16` takes ``x @ w.T``: one token, 16-bit ``w`` of ``x``'s dtype, on CUDA."""
     return (GEMV16 and HAS_TRITON and x.dim() == 2 and x.shape[0] == 1 and x.is_cuda
-            and w.dtype in (torch.bfloat16, torch.float16) and x.dtype == w.dtype and w.stride(1) == 1
-            and w.shape[0] < GEMV16_MAX_ROWS)
+            and w.dtype in (torch.bfloat16, torch.float16) and x.dtype == w.dtype and w.stride(1) == 1)
 
 
 def gemv16(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -233,13 +228,15 @@ def qlinear_ref(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = Non
 
 
 def linear(x: torch.Tensor, w: torch.Tensor | QuantWeight, bias: torch.Tensor | None = None,
-           kernel: bool = False) -> torch.Tensor:
+           kernel: bool = False, head: bool = False) -> torch.Tensor:
     """``x @ w.T (+ bias)`` for a plain matrix or a :class:`QuantWeight`; ``kernel``: the Triton kernel
-    (CUDA) for the latter, else the reference."""
+    (CUDA) for the latter, else the reference. ``head``: an LM head, which a 16-bit one-token step leaves to
+    cuBLAS (it reads Qwen3-30B-A3B's 622 MB head at the copy ceiling already: 203 us on the H100, 3.06 TB/s,
+    benchmarks/results/step_profile_2026-12-06c.json)."""
     if isinstance(w, QuantWeight):
         if kernel and HAS_TRITON:
             return qlinear(x, w, bias)
         return qlinear_ref(x, w, bias)
-    if kernel and gemv16_fits(x, w):
+    if kernel and not head and gemv16_fits(x, w):
         return gemv16(x, w, bias)
     return torch.nn.functional.linear(x, w, bias)        # the bias in the GEMM's epilogue where cuBLAS can

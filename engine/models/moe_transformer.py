@@ -212,7 +212,7 @@ class MoETransformer:
         if batch.logits_rows is not None:
             x = x[batch.logits_rows]                                     # [B', D]
         x, _ = self._add_norm(x, None, self.w.final_norm)
-        return linear(x, self.w.lm_head, kernel=self.fused).float()      # [B', V]
+        return linear(x, self.w.lm_head, kernel=self.fused, head=True).float()      # [B', V]
 
     def _add_norm(self, x: torch.Tensor, delta: torch.Tensor | None,
                   weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

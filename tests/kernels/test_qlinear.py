@@ -56,6 +56,16 @@ def test_gemv16_is_taken_only_where_asked_and_it_fits(monkeypatch):
         gemv16(torch.randn(2, 8), w.float())
 
 
+def test_an_lm_head_is_left_to_the_library_even_where_gemv16_fits(monkeypatch):
+    import kernels.qlinear as ql
+    x, w = torch.randn(1, 8), torch.randn(4, 8)
+    monkeypatch.setattr(ql, "gemv16_fits", lambda *_: True)
+    monkeypatch.setattr(ql, "gemv16", lambda *_a: pytest.fail("an LM head went to gemv16"))
+    torch.testing.assert_close(linear(x, w, kernel=True, head=True), x @ w.t())
+    with pytest.raises(BaseException):
+        linear(x, w, kernel=True)                 # any other matrix does take it
+
+
 @pytest.mark.parametrize("fmt", ["fp8", "int8"])
 def test_reference_is_the_dequantised_matrix(fmt):
     g = torch.Generator().manual_seed(1)
