@@ -32,6 +32,10 @@
 #   or:              bash benchmarks/h200_session.sh ab-kit    (carry .bench: the GPU tests, the resident step and
 #                    prefill with +gemv16 and +alignwN, then the kit (trained-like) in the background on this
 #                    commit with gemv16 on where it won; poll it, then finish: gpt-oss-20b resident, predict_ab)
+#   or:              bash benchmarks/h200_session.sh gemv-on   (the GPU tests with kernels/qlinear.GEMV16 turned on in
+#                    the device's copy; gpt-oss-20b resident and the resident bf16 step with it off and on in turn)
+#   or:              bash benchmarks/h200_session.sh gemv-order (carry .bench: as gemv-on, then the kit's int4 offload
+#                    rows at 50% and 25% with depth 0 loaded first against depth 2 first, on the trained-like model)
 #   or:              bash benchmarks/h200_session.sh after-kit         (once the kit is done: the 512-token prefill
 #                    with the alignment's one program on 4, 8 and 16 warps, one-token 16-bit matrices and routers
 #                    on the GEMV kernel against cuBLAS; gpt-oss-20b every expert resident)
@@ -307,6 +311,8 @@ case ${1:-} in
     timeout "$(( $(left) - 5 ))" python3 benchmarks/offload_trace.py --formats int4 --depths 0 --modes bus \
       --reads auto,copy --out "$OUT/no_pool_reads.json" 2>&1 | grep -v -e USDT -e Warn | tail -n 3;;
   *)
-    echo "usage: h200_session.sh tests-and-kit | tests-ab-kit | validate | checks | turns | prefill-ab | tests-profile-kit | kit | kit-then-gpt-oss | gpt-oss | probes | no-pool" >&2
+    echo "usage: h200_session.sh tests-and-kit | tests-ab-kit | ab-kit | finish | gemv-on | gemv-order | validate | checks |" \
+      "turns | prefill-ab | tests-profile-kit | tests-table-kit | after-kit | kit | kit-then-gpt-oss | gpt-oss | probes |" \
+      "no-pool" >&2
     exit 2;;
 esac
