@@ -311,8 +311,8 @@ case ${1:-} in
     timeout "$(( $(left) - 5 ))" python3 benchmarks/offload_trace.py --formats int4 --depths 0 --modes bus \
       --reads auto,copy --out "$OUT/no_pool_reads.json" 2>&1 | grep -v -e USDT -e Warn | tail -n 3;;
   *)
-    echo "usage: h200_session.sh tests-and-kit | tests-ab-kit | ab-kit | finish | gemv-on | gemv-order | validate | checks |" \
-      "turns | prefill-ab | tests-profile-kit | tests-table-kit | after-kit | kit | kit-then-gpt-oss | gpt-oss | probes |" \
-      "no-pool" >&2
+    echo "usage: h200_session.sh tests-and-kit | tests-ab-kit | ab-kit | finish | gemv-on | gemv-order |" \
+      "validate | checks | turns | prefill-ab | tests-profile-kit | tests-table-kit | after-kit | kit |" \
+      "kit-then-gpt-oss | gpt-oss | probes | no-pool" >&2
     exit 2;;
 esac
