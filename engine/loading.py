@@ -38,7 +38,7 @@ from engine.cuda_graphs import DecodeGraphs
 from engine.runner import ModelRunner, SeqPart, build_batch
 from engine.scheduler import Scheduler
 from engine.tokenizer import Tokenizer
-from engine.placement import auto_resident, expert_act, expert_layout, resolve_device, resolve_dtype
+from engine.placement import auto_resident, expert_act, expert_layout, fitting_group, resolve_device, resolve_dtype
 
 __all__ = ["CPU_KV_CAP", "LoadedModel", "ModelInfo", "check_paths", "expert_act", "expert_layout", "load_model",
            "resolve_device", "resolve_dtype"]
@@ -101,9 +101,13 @@ class LoadedModel:
                                       auto_resident(config.weight_format, spec.expert_storage, self.device, self.dtype))
         source = with_aliases(with_fp8_blocks(source, spec), spec.family.aliases)
         check_complete(spec, source)
+        chosen: tuple[str, ...] = ()
+        if config.weight_format == "int4" and config.group_size == DEFAULT_GROUP_SIZE and not self.converted:
+            group, chosen = fitting_group(spec)     # as convert picks it, where 128 does not divide the widths
+            config = config.replace(group_size=group)
         self.layout = expert_layout(config, spec, self.dtype)
         self.config = config = self._fit(config)
-        self.notes += unused_notes(config, self.layout.fmt) + ((note,) if note else ())
+        self.notes += chosen + unused_notes(config, self.layout.fmt) + ((note,) if note else ())
         self.max_model_len = config.max_model_len or spec.max_position
         self.kv_blocks: int | None = None     # a pipeline stage's full-attention blocks, as the stages agreed
         self._host_kv_cap: int | None = None  # a CPU run's default KV cache: at most what the host has free

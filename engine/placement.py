@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from engine.checkpoint.spec import ModelSpec
-from engine.config import EngineConfig
+from engine.config import DEFAULT_GROUP_SIZE, GROUP_SIZES, EngineConfig
 from engine.errors import ConfigError
 from kernels.expert_layout import ExpertAct, ExpertLayout
 
@@ -25,6 +25,18 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return _DTYPES[name]
+
+
+def fitting_group(spec: ModelSpec) -> tuple[int, tuple[str, ...]]:
+    """int4's default group for this model: the largest that divides its hidden size and expert FFN
+    (128 on most released models; 64 on gpt-oss, whose widths are 2880), with a note where that is not 128;
+    128 where none does (refused next, naming the fix)."""
+    D, F = spec.hidden, spec.moe_ffn
+    fits = [g for g in sorted(GROUP_SIZES, reverse=True) if D % g == 0 and F % g == 0]
+    if not fits or fits[0] == DEFAULT_GROUP_SIZE:
+        return DEFAULT_GROUP_SIZE, ()
+    return fits[0], (f"int4 groups of {fits[0]}: {DEFAULT_GROUP_SIZE} does not divide this model's expert widths "
+                     f"(hidden {D}, expert FFN {F})",)
 
 
 def expert_act(spec: ModelSpec) -> ExpertAct:

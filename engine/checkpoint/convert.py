@@ -46,6 +46,7 @@ from engine.errors import ConfigError, ModelLoadError, StrataError
 from engine.file_modes import as_new_file, umask
 from kernels.expert_layout import ExpertLayout
 from engine.loading import expert_act
+from engine.placement import fitting_group
 from engine.tokenizer import Tokenizer
 from kernels.quant.mxfp4 import MXFP4_GROUP
 
@@ -151,7 +152,7 @@ def _convert(src: str | Path, dst: str | Path, asked: ConvertOptions, force: boo
     unused = _unused_group(weights, group_size) if group_size is not None else ()
     chosen: tuple[str, ...] = ()
     if group_size is None and weights == "int4":
-        group_size, chosen = _fitting_group(spec)
+        group_size, chosen = fitting_group(spec)
     group_size = group_size if weights == "int4" and group_size is not None else DEFAULT_GROUP_SIZE
     opts = ConvertOptions(weights, group_size, asked.resident)
     _check_groups(spec, opts)
@@ -219,17 +220,6 @@ def _unused_group(weights: str, group_size: int) -> tuple[str, ...]:
     groups = "fixed groups of 32 values" if weights == "mxfp4" else "no groups"
     return (f"--group-size {group_size} applies to int4 experts only; {weights} experts have {groups}, so it was "
             "ignored",)
-
-
-def _fitting_group(spec: ModelSpec) -> tuple[int, tuple[str, ...]]:
-    """int4's default group for this model: the largest that divides its hidden size and expert FFN
-    (128 on released models), with a note where that is not 128; 128 where none does (refused next)."""
-    D, F = spec.hidden, spec.moe_ffn
-    fits = [g for g in sorted(GROUP_SIZES, reverse=True) if D % g == 0 and F % g == 0]
-    if not fits or fits[0] == DEFAULT_GROUP_SIZE:
-        return DEFAULT_GROUP_SIZE, ()
-    return fits[0], (f"int4 groups of {fits[0]}: {DEFAULT_GROUP_SIZE} does not divide this model's expert widths "
-                     f"(hidden {D}, expert FFN {F})",)
 
 
 def _check_groups(spec: ModelSpec, opts: ConvertOptions) -> None:

@@ -491,3 +491,16 @@ def test_a_prompt_past_the_context_names_the_flag_that_lets_generate_drop_its_st
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: the prompt needs ") and err.endswith(
         "shorten the prompt or pass --context-overflow drop-oldest")
+
+
+def test_int4_at_load_picks_the_group_that_divides_the_widths_as_convert_does(tmp_path, capsys):
+    # gpt-oss's widths (2880) are not multiples of 128: a load at int4 refused with "pass --group-size 64"
+    # where convert picked 64 by itself; the load now picks it too, with the same note
+    model = build_tiny_model(tmp_path / "oss", "gpt_oss")
+    assert main(["generate", "--model", str(model), "--prompt", "hi", "--max-tokens", "2",
+                 "--weight-format", "int4"]) == 0
+    err = capsys.readouterr().err
+    assert "note: int4 groups of 32: 128 does not divide this model's expert widths" in err
+    assert main(["generate", "--model", str(model), "--prompt", "hi", "--max-tokens", "2", "--weight-format", "int4",
+                 "--group-size", "64"]) == 2                  # a group asked for that does not fit is still refused
+    assert "pass --group-size 32" in capsys.readouterr().err
