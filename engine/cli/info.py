@@ -28,11 +28,11 @@ from engine.checkpoint.plan import (CATEGORIES, active_params_per_token, embeddi
                                     resident_bytes, resident_bytes_by_category)
 from engine.checkpoint.spec import ModelSpec, read_spec
 from engine.cli.options import engine_options, model_dir
-from engine.config import EngineConfig, format_size, parse_size
+from engine.config import DEFAULT_GROUP_SIZE, EngineConfig, format_size, parse_size
 from engine.errors import ConfigError
 from kernels.expert_layout import ExpertLayout
 from engine.loading import expert_act
-from engine.placement import auto_resident, resolve_device
+from engine.placement import auto_resident, fitting_group, resolve_device
 from engine.kv.sizing import KVSizing, kv_sizing
 from engine.memory import (CPU_KV_CAP, MIN_KV_TOKENS, BudgetAdvice, MemoryPlan, default_budget, fit_context,
                            fit_context_on_host, fit_context_to_kv_size, kv_pool_bytes, plan_memory,
@@ -73,6 +73,8 @@ def _expert_format(spec: ModelSpec, args: argparse.Namespace, dtype: str) -> tup
     if is_converted(folder):
         m = Manifest.read(folder)
         return m.weights, m.group_size
+    if args.weight_format == "int4" and args.group_size == DEFAULT_GROUP_SIZE:
+        return "int4", fitting_group(spec)[0]          # as a load picks it where 128 does not divide the widths
     if args.weight_format != "auto":
         return args.weight_format, args.group_size
     if spec.expert_storage in ("mxfp4", "fp8"):

@@ -501,6 +501,8 @@ def test_int4_at_load_picks_the_group_that_divides_the_widths_as_convert_does(tm
                  "--weight-format", "int4"]) == 0
     err = capsys.readouterr().err
     assert "note: int4 groups of 32: 128 does not divide this model's expert widths" in err
+    assert main(["info", "--model", str(model), "--weight-format", "int4", "--gpu-memory-budget", "1G"]) == 0
+    capsys.readouterr()                                       # info plans the same load
     assert main(["generate", "--model", str(model), "--prompt", "hi", "--max-tokens", "2", "--weight-format", "int4",
                  "--group-size", "64"]) == 2                  # a group asked for that does not fit is still refused
     assert "pass --group-size 32" in capsys.readouterr().err
