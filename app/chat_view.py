@@ -275,6 +275,7 @@ class MessageBubble(QFrame):
         lay.addWidget(self.tail)
         self.cut_note = QLabel("")
         self.cut_note.setObjectName("replyStats")
+        self.cut_note.setWordWrap(True)         # never wider than the bubble
         self.cut_note.hide()
         lay.addWidget(self.cut_note)
         self.stats = QLabel("")

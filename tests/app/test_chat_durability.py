@@ -683,6 +683,9 @@ def test_a_huge_message_shows_its_start_and_names_the_rest_and_copy_keeps_it_all
     bubble = view.add("user", text)
     assert sum(len(w.text()) for w in bubble._blocks) < 2 * SHOWN_CHARS and len(bubble._blocks) < 200
     assert bubble.cut_note.isVisibleTo(bubble) and "more characters, not shown here" in bubble.cut_note.text()
+    view.resize(400, 300)
+    qtbot.wait(50)
+    assert view.widget().width() <= view.viewport().width()         # the note wraps: no wider than the view
     bubble.copy()
     assert QGuiApplication.clipboard().text() == text
     streamed = view.add("assistant", streaming=True)
