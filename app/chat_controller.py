@@ -18,7 +18,6 @@ from typing import Callable
 
 from PySide6.QtCore import QObject, QSettings, QTimer, Signal
 from PySide6.QtGui import QTextCursor
-from PySide6.QtWidgets import QInputDialog, QMessageBox, QWidget
 
 from app.chat_pane import ChatPane
 from app.chat_settings import ChatPrefs
@@ -26,6 +25,7 @@ from app.chat_view import MessageBubble
 from app.conversation_library import ConversationLibrary
 from app.conversation_list import ConversationList
 from app.conversations import Conversation, ConversationStore, Reply, StoredMessage
+from app.dialogs import AskText, Confirm, ask, ask_text
 from app.messages import ChatMessage, ContextUsage, ModelDescription, ReplyRequest, ReplyStats, TextBatch
 
 TITLE_CHARS = 40
@@ -38,22 +38,6 @@ FILL_SLICE_S = 0.03       # time one turn of the event loop spends putting earli
 SHOWN_MESSAGES = 200
 INTERRUPTED_NOTE = "interrupted — the app closed before this reply finished"
 KEPT_DRAFT_TITLE = "Unsent text of a damaged chat"     # the chat that takes it when the chat's file was set aside
-
-Confirm = Callable[[str, str], bool]     # (title, question) -> the user said yes
-AskText = Callable[[str, str, str], str | None]   # (title, label, text) -> the text entered, None: cancelled
-
-
-def ask(parent: QWidget, title: str, question: str) -> bool:
-    """A Yes/Cancel question; Cancel is the default."""
-    yes, cancel = QMessageBox.StandardButton.Yes, QMessageBox.StandardButton.Cancel
-    return QMessageBox.question(parent, title, question, yes | cancel, cancel) == yes
-
-
-def ask_text(parent: QWidget, title: str, label: str, text: str) -> str | None:
-    """One line of text, ``text`` to begin with; None when cancelled."""
-    got, ok = QInputDialog.getText(parent, title, label, text=text)
-    return got if ok else None
-
 
 @dataclass
 class _Live:

@@ -19,11 +19,12 @@ from PySide6.QtWidgets import (QDockWidget, QFileDialog, QFrame, QLabel, QMainWi
 from app.about import show_about
 from app.banner import BannerArea
 from app.bridge import EngineBridge
-from app.chat_controller import ChatController, ask
+from app.chat_controller import ChatController
 from app.chat_export import export_chat
 from app.chat_pane import ChatPane
 from app.conversation_list import ConversationList
 from app.conversations import ConversationStore
+from app.dialogs import ask
 from app.gpu_poller import GpuPoller, GpuSample
 from app.knob_memory import KnobMemory
 from app.knobs import KnobsPanel, knob_name

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from PySide6.QtWidgets import QApplication, QMessageBox
 
-from app.chat_controller import INTERRUPTED_NOTE, STREAM_SAVE_MS, ask
+from app.chat_controller import INTERRUPTED_NOTE, STREAM_SAVE_MS
+from app.dialogs import ask
 from app.messages import ContextUsage
 from tests.app.chat_fakes import CHAT_MODEL, bubble_texts, finish, make_chat, message_texts, on_disk, stream
 
