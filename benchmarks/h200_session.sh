@@ -36,6 +36,8 @@
 #                    the device's copy; gpt-oss-20b resident and the resident bf16 step with it off and on in turn)
 #   or:              bash benchmarks/h200_session.sh gemv-order (carry .bench: as gemv-on, then the kit's int4 offload
 #                    rows at 50% and 25% with depth 0 loaded first against depth 2 first, on the trained-like model)
+#   or:              bash benchmarks/h200_session.sh warm-ab   (carry .bench: the kit's offload rows with and without a
+#                    prompt's chunks ranking the experts they admit, on the trained-like model)
 #   or:              bash benchmarks/h200_session.sh after-kit         (once the kit is done: the 512-token prefill
 #                    with the alignment's one program on 4, 8 and 16 warps, one-token 16-bit matrices and routers
 #                    on the GEMV kernel against cuBLAS; gpt-oss-20b every expert resident)
@@ -212,6 +214,23 @@ case ${1:-} in
         --sections offload --offload-formats int4 --shares 50,25 --depths $order --out "$OUT/order_${order/,/}.json" \
         2>&1 | grep share
     done;;
+  warm-ab)
+    # the kit's offload rows (its order: depth 2 loaded, then 0) on the trained-like model, with a prompt's
+    # chunks ranking the experts they admit (this tree) and without (a copy with CHUNK_TOKENS out of reach),
+    # one engine after the other in turn; WARM_FORMATS (default "int4 bf16"), WARM_SHARES (default "50 25")
+    [ -d "$TRAINED" ] || python3 benchmarks/trained_like_checkpoint.py "$TRAINED" --layers 12 2>&1 | tail -n 1
+    rm -rf /tmp/strata-unranked && cp -r . /tmp/strata-unranked
+    sed -i 's/^CHUNK_TOKENS = 32$/CHUNK_TOKENS = 10**9/' /tmp/strata-unranked/engine/experts/copy_path.py
+    grep -c '^CHUNK_TOKENS = 10\*\*9$' /tmp/strata-unranked/engine/experts/copy_path.py
+    for fmt in ${WARM_FORMATS:-int4 bf16}; do for share in ${WARM_SHARES:-50 25}; do
+      for tree in /tmp/strata-unranked .; do
+        [ "$(left)" -gt 60 ] || break 3
+        name=$([ "$tree" = . ] && echo ranked || echo unranked)
+        timeout "$(( $(left) - 10 ))" python3 .bench/kit/bench_strata.py --strata "$tree" --model "$TRAINED" \
+          --sections offload --offload-formats "$fmt" --shares "$share" --out "$OUT/warm_${fmt}_${share}_$name.json" \
+          2>&1 | grep share | sed "s/^/$name /"
+      done
+    done; done;;
   after-kit)
     kit_done || { echo "the kit is still running: poll it first"; exit 1; }
     timeout 150 python3 benchmarks/step_profile.py --timed 16 --profiled 2 --prefill 512 \

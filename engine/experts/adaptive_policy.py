@@ -80,6 +80,15 @@ class AdaptiveLFUPolicy:
             m.touch(keys)
         self._pending.append((keys, self.memories[0].size))
 
+    def touch_chunk(self, uses: dict[int, int], tokens: int) -> None:
+        """Both memories weigh a prompt chunk's uses (:meth:`LFUPolicy.touch_chunk`); the shadows score
+        its keys as one use each, as the real pool meets them."""
+        if self._unsettled:
+            self._settle()
+        for m in self.memories:
+            m.touch_chunk(uses, tokens)
+        self._pending.append((list(uses), self.memories[0].size))
+
     def catch_up(self) -> None:
         """Score the uses since the last call as hits or misses of both shadow pools."""
         if not self._pending:

@@ -22,6 +22,10 @@ import torch
 from engine.experts.admission import admit
 from engine.experts.residency import Residency
 
+# A layer call of at least this many tokens is a prompt's chunk (a decode step has at most the batch's):
+# its uses are counted per token (EvictionPolicy.touch_chunk), and a miss it admits only evicts a colder key.
+CHUNK_TOKENS = 32
+
 
 class CopyPath:
     def __init__(self, r: Residency, restart: Callable[[], None]) -> None:
@@ -78,6 +82,13 @@ class CopyPath:
         books.current = set(keys)
         slot_of = books.slot_of
         misses = [k for k in keys if slot_of[k] < 0]
+        tokens = len(id_list) // per_token if per_token else 0
+        chunk = tokens >= CHUNK_TOKENS            # a prompt's chunk: its uses rank the misses it admits
+        if chunk:
+            per_expert = torch.bincount(ids, minlength=r.num_experts).tolist()
+            r.policy.touch_chunk({k: per_expert[k - base] for k in keys}, tokens)
+            if r.policy.scored:
+                misses.sort(key=r.policy.hotness, reverse=True)
         r.forecast.count(moe_index, misses)
         if predicted is not None:
             r.forecast.note(*predicted)
@@ -90,10 +101,11 @@ class CopyPath:
         pairs, later = [], []               # later: misses no slot is left for now (LayerPasses)
         for k in misses:
             if k not in on_cpu:
-                slot = self._slot_for(k, moe_index, pinned, demand=True)
+                slot = self._slot_for(k, moe_index, pinned, demand=True, scored=chunk)
                 (later.append(k) if slot is None else pairs.append((slot, k)))
         r.pool.load(pairs, demand=True)
-        r.policy.touch(keys)
+        if not chunk:
+            r.policy.touch(keys)
         r.counters.record(moe_index, id_list, len(keys) - len(misses), len(misses))
         books.layer_ran(moe_index)
         r.pool.copies.wait_for([slot_of[k] for k in keys if k not in on_cpu and slot_of[k] >= 0])
@@ -142,9 +154,10 @@ class CopyPath:
             r.pool.load(pairs, demand=False)
             r.gate.on_issue(layer - origin, len(pairs))
 
-    def _slot_for(self, key: int, layer: int, pinned: set[int], demand: bool) -> int | None:
-        """A slot for ``key``: free pool slot, else a policy victim's (the admission rule), else
-        staging; assigns it and pins ``key``."""
+    def _slot_for(self, key: int, layer: int, pinned: set[int], demand: bool, scored: bool = False) -> int | None:
+        """A slot for ``key``: free pool slot, else a policy victim's (the admission rule; ``scored``:
+        only a victim colder than ``key``, where the policy scores keys), else staging; assigns it and
+        pins ``key``."""
         r, books = self.r, self.r.books
         got: list[int] = []
 
@@ -157,7 +170,8 @@ class CopyPath:
             r.policy.insert(k)
 
         if r.policy.admits(key):
-            admit([key], 1, len(books.free), lambda: r.policy.victim(pinned), None, place)
+            hotness = r.policy.hotness if scored and r.policy.scored else None
+            admit([key], 1, len(books.free), lambda: r.policy.victim(pinned), hotness, place)
         slot = got[0] if got else books.take_staging(layer)
         if slot is None and demand:
             slot = self._reclaim_staging(layer)         # None: this miss waits for a later pass

@@ -51,6 +51,11 @@ class EvictionPolicy(Protocol):
     def touch(self, keys: Iterable[int]) -> None:
         """These keys were used by one layer call."""
 
+    def touch_chunk(self, uses: dict[int, int], tokens: int) -> None:
+        """One layer call of a prompt's chunk of ``tokens`` tokens used each key of ``uses`` for that many
+        of them: evidence of how often each is used per token, counted before the call's misses are
+        admitted (so an admission can compare the newcomer with its victim)."""
+
     def tick(self) -> None:
         """One engine step passed."""
 
@@ -96,6 +101,9 @@ class LRUPolicy:
         for k in keys:
             if k in self._order:
                 self._order.move_to_end(k)
+
+    def touch_chunk(self, uses: dict[int, int], tokens: int) -> None:
+        self.touch(sorted(uses, key=uses.__getitem__))          # the most used is the most recent
 
     def tick(self) -> None:
         pass
@@ -183,6 +191,18 @@ class LFUPolicy:
         score, seq, weight = self._score, self._seq, self._weight
         for k in keys:
             score[k] = score.get(k, 0.0) + weight
+            seq[k] = next(self._clock)
+
+    def touch_chunk(self, uses: dict[int, int], tokens: int) -> None:
+        """Each key gains its share of the chunk's tokens times the memory's horizon (``1 / (1 - decay)``
+        steps), or times the tokens where the chunk is shorter: a prompt weighs at most as much as the
+        steps the memory remembers, so after it the scores are what a steady run of such tokens
+        would leave, and a key used by every token of the prompt ranks above one that a few used."""
+        horizon = float("inf") if self._growth == 1.0 else 1.0 / (1.0 - 1.0 / self._growth)
+        scale = self._weight * min(1.0, horizon / max(tokens, 1))
+        score, seq = self._score, self._seq
+        for k in sorted(uses, key=uses.__getitem__):          # ties: the most used is the most recent
+            score[k] = score.get(k, 0.0) + uses[k] * scale
             seq[k] = next(self._clock)
 
     def tick(self) -> None:
@@ -289,6 +309,9 @@ class StaticPolicy:
         pass
 
     def touch(self, keys: Iterable[int]) -> None:
+        pass
+
+    def touch_chunk(self, uses: dict[int, int], tokens: int) -> None:
         pass
 
     def tick(self) -> None:
