@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import re
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtGui import QKeyEvent, QPainter, QPalette
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGridLayout, QGroupBox, QHBoxLayout,
-                               QLabel, QPlainTextEdit, QPushButton, QSpinBox, QToolButton, QVBoxLayout,
-                               QWidget)
+                               QLabel, QPlainTextEdit, QPushButton, QSizePolicy, QSpinBox, QToolButton,
+                               QVBoxLayout, QWidget)
 
 from app.chat_view import ChatView
 from app.messages import CONTEXT_OVERFLOW_POLICIES, REASONING_EFFORTS, GenerationSettings
+from app.panels.base import CaptionLabel
+from app.window_layout import WrappingWidget
 
 OVERFLOW_NAMES = {"drop-oldest": "drop the oldest turns", "stop": "stop and say so"}
 _HINTS = {True: "Message the model — Enter to send, Shift+Enter for a new line",
@@ -145,13 +147,21 @@ class SettingsBox(QGroupBox):
 
 class PromptBox(QPlainTextEdit):
     """The message box: Enter sends and Shift+Enter starts a new line (or, with ``enter_sends`` off,
-    Enter starts a new line); Ctrl+Enter always sends."""
+    Enter starts a new line); Ctrl+Enter always sends. HEIGHT tall, and down to MIN_HEIGHT (two lines) in
+    a window too short for that, never over the buttons under it."""
 
     submitted = Signal()
+    HEIGHT = 84
+    MIN_HEIGHT = 52
 
     def __init__(self) -> None:
         super().__init__()
         self.enter_sends = True
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Maximum)
+        self.setMinimumHeight(self.MIN_HEIGHT)
+
+    def sizeHint(self) -> QSize:
+        return QSize(super().sizeHint().width(), self.HEIGHT)
 
     def keyPressEvent(self, event: QKeyEvent) -> None:
         if event.key() not in (Qt.Key.Key_Return, Qt.Key.Key_Enter):
@@ -198,8 +208,12 @@ class ContextMeter(QWidget):
         super().__init__()
         lay = QHBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
-        self.label = QLabel("Context —")
+        self.label = CaptionLabel("Context —")
         self.label.setObjectName("replyStats")
+        # whole where the pane has room; in a narrow one cut with "…" (whole in its tooltip), never over the bar
+        self.label.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Fixed)
+        self.label.ensurePolished()
+        self.label.setMinimumWidth(self.label.fontMetrics().horizontalAdvance("Context —"))
         self.bar = _ShareBar()
         lay.addWidget(self.label)
         lay.addWidget(self.bar)
@@ -219,9 +233,9 @@ class ContextMeter(QWidget):
             self.setToolTip(tip)
 
 
-class ChatPane(QWidget):
+class ChatPane(WrappingWidget):
     """Chat widgets; ``send_requested(text)``, ``stop_requested``, ``regenerate_requested``, ``edit_requested``,
-    ``enter_sends_changed(bool)``."""
+    ``enter_sends_changed(bool)``. Its least height counts the rows its wrapped lines take at its width."""
 
     send_requested = Signal(str)
     stop_requested = Signal()
@@ -248,7 +262,6 @@ class ChatPane(QWidget):
         lay.addWidget(self.mode_label)
         lay.addLayout(self._status_row())
         self.input = PromptBox()
-        self.input.setFixedHeight(84)
         self.input.submitted.connect(self._send)
         lay.addWidget(self.input)
         lay.addLayout(self._buttons())

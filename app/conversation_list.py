@@ -67,7 +67,6 @@ class ConversationList(QWidget):
         row.addStretch(1)
         row.addWidget(self.delete_button)
         lay.addLayout(row)
-        self.setMinimumWidth(190)
         self.setMaximumWidth(280)
 
     def _undo_bar(self) -> QFrame:

@@ -3,7 +3,7 @@
 Wires the bridge (engine thread) and the GPU poller (monitor thread) to the widgets; every slot here
 runs on the GUI thread. Plots redraw from a 10 Hz timer, never per sample.
 
-The window fits a laptop screen (1366 × 768) as well as a large one (see :mod:`app.window_layout`):
+The window fits a small screen (1024 × 700) as well as a large one (see :mod:`app.window_layout`):
 plots, readouts and status lines shrink instead of widening it, and the knobs scroll.
 """
 from __future__ import annotations
@@ -42,8 +42,8 @@ from app.paths import conversations_dir, icon_path
 from app.recorder import SessionRecorder
 from app.server_switch import ServerSwitch
 from app.thermal import AMBER, RED, ThermalGuard, ThermalState, assess, temperature_note
-from app.window_layout import (CHAT_MIN_WIDTH, DOCK_TITLES, KNOBS_MIN_WIDTH, LAYOUT_VERSION, arrange_docks,
-                               default_window_size, fit_window)
+from app.window_layout import (CHAT_MIN_WIDTH, DOCK_TITLES, KNOBS_MIN_WIDTH, LAYOUT_VERSION, SIDEBAR_MIN_WIDTH,
+                               WrappingWidget, arrange_docks, default_window_size, fit_window)
 
 REDRAW_MS = 33          # a tick every 33 ms redraws one of REDRAW_GROUPS groups: each panel ~10 Hz,
 REDRAW_GROUPS = 3       # and no single tick paints every plot at once (keeps each pause of the GUI short)
@@ -98,7 +98,7 @@ class MainWindow(QMainWindow):
 
     # --- construction --------------------------------------------------------------------------
     def _build_central(self, store: ConversationStore) -> None:
-        central = QWidget()
+        central = WrappingWidget()             # a banner that wraps in a narrow window keeps its room
         lay = QVBoxLayout(central)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.setSpacing(0)
@@ -107,7 +107,8 @@ class MainWindow(QMainWindow):
         split = QSplitter(Qt.Orientation.Horizontal)
         self.sidebar = ConversationList()
         self.chat_pane = ChatPane()
-        # an explicit minimum: a long line in the pane is cut or wrapped there, it never widens the window
+        # explicit minimums: a long line in the pane is cut or wrapped there, it never widens the window
+        self.sidebar.setMinimumWidth(SIDEBAR_MIN_WIDTH)
         self.chat_pane.setMinimumWidth(CHAT_MIN_WIDTH)
         split.addWidget(self.sidebar)
         split.addWidget(self.chat_pane)

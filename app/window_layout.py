@@ -1,17 +1,22 @@
 """How the workbench window lays itself out on a screen of any size, from a laptop's up.
 
 A first window's panels share one dock as tabs beside the knobs (on a large screen, two tab groups one
-over the other); everything shrinks to small minimums, so nothing needs more room than 1366 × 768 has.
-A layout saved on a bigger screen is fitted to the one at hand, and a layout saved by an older window
-(another version of the dock arrangement) is not restored at all.
+over the other); everything shrinks to small minimums, so the whole window fits a 1024 × 700 screen: the
+readout captions and status lines are cut with "…" (whole in their tooltips), the panels stack their
+readouts, the knobs scroll and the conversation list can be dragged shut. A layout saved on a bigger
+screen is fitted to the one at hand, and a layout saved by an older window (another version of the dock
+arrangement) is not restored at all.
 """
 from __future__ import annotations
 
 from PySide6.QtCore import QRect, QSize, Qt
+from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import QDockWidget, QMainWindow, QWidget
 
 LAYOUT_VERSION = 2      # of saved dock layouts: one saved by an older window is not restored
-CHAT_MIN_WIDTH = 380    # the chat pane may shrink to this, whatever its rows would like
+SIDEBAR_MIN_WIDTH = 160  # the conversation list: its Rename and Delete side by side (titles are cut to it)
+CHAT_MIN_WIDTH = 340    # the chat pane may shrink to this (its row of buttons), whatever its lines would like
+CENTRAL_WIDTH = 570     # a first window's sidebar and chat together, at the least, where the screen has room
 KNOBS_MIN_WIDTH = 250   # the knobs scroll sideways below this
 KNOBS_WIDTH = 300
 KNOBS_WIDTH_SMALL = 270          # on a screen narrower than SMALL_SCREEN_WIDTH: the panels' five tabs need the room
@@ -69,10 +74,32 @@ def arrange_docks(window: QMainWindow, docks: dict[str, QDockWidget], available:
     for first, *_ in groups:
         docks[first].raise_()
     # the sidebar and the chat, then the panels, whose tab titles must fit whole on a laptop's 1280 pixels
-    central = max(CHAT_MIN_WIDTH + 190, int(available.width() * 0.44))
+    central = max(CENTRAL_WIDTH, int(available.width() * 0.44))
     knobs = KNOBS_WIDTH_SMALL if available.width() < SMALL_SCREEN_WIDTH else KNOBS_WIDTH
     panels = max(available.width() - central - knobs, 300)
     window.resizeDocks([docks["performance"], docks["knobs"]], [panels, knobs], Qt.Orientation.Horizontal)
     if large:
         half = available.height() // 2
         window.resizeDocks([docks["performance"], docks["memory"]], [half, half], Qt.Orientation.Vertical)
+
+
+class WrappingWidget(QWidget):
+    """A widget whose least height is what its layout needs at the width it has now.
+
+    Qt counts one line for a label that wraps, so a window at its smallest height would squeeze the rows
+    of a narrow pane whose lines wrap to several, and a row of fixed height (the prompt box) would then lie
+    over the buttons under it. Here the minimum follows the width, and the window keeps room for every row.
+    """
+
+    def minimumSizeHint(self) -> QSize:
+        hint = super().minimumSizeHint()
+        lay = self.layout()
+        # (a widget no layout has sized yet has Qt's default width, which says nothing of the one it gets)
+        if lay is not None and lay.hasHeightForWidth() and self.testAttribute(Qt.WidgetAttribute.WA_Resized):
+            hint.setHeight(max(hint.height(), lay.totalMinimumHeightForWidth(self.width())))
+        return hint
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        if event.size().width() != event.oldSize().width():
+            self.updateGeometry()          # another width: lines wrap anew, so the least height changes

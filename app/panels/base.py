@@ -140,15 +140,33 @@ class ElidedLabel(QLabel):
                                   self.isEnabled(), self.shown_text(), self.foregroundRole())
 
 
+class CaptionLabel(ElidedLabel):
+    """An ElidedLabel whose tooltip is its whole text while it is cut (and none while it shows whole)."""
+
+    def setText(self, text: str) -> None:
+        super().setText(text)
+        self._fit_tooltip()
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        self._fit_tooltip()
+
+    def _fit_tooltip(self) -> None:
+        tip = self.text() if self.shown_text() != self.text() else ""
+        if tip != self.toolTip():
+            self.setToolTip(tip)
+
+
 class Readout(QWidget):
-    """A caption over a large value: "GPU temp" / "71 °C"."""
+    """A caption over a large value: "GPU temp" / "71 °C". Its least width is the value's: in a narrow
+    dock a long caption ("Staging hits, since load") is cut with "…", whole in its tooltip."""
 
     def __init__(self, caption: str) -> None:
         super().__init__()
         lay = QVBoxLayout(self)
         lay.setContentsMargins(4, 2, 4, 2)
         lay.setSpacing(0)
-        self.caption = QLabel(caption)
+        self.caption = CaptionLabel(caption)
         self.caption.setObjectName("readoutLabel")
         self.value = ElidedLabel("—")
         self.value.setObjectName("readout")
@@ -158,6 +176,12 @@ class Readout(QWidget):
         self.value.setMinimumWidth(self.value.fontMetrics().horizontalAdvance(WIDEST_READOUT))
         lay.addWidget(self.caption)
         lay.addWidget(self.value)
+
+    def natural_width(self) -> int:
+        """The width that shows the caption whole (and the widest value)."""
+        self.caption.ensurePolished()
+        m = self.layout().contentsMargins()
+        return max(self.caption.sizeHint().width(), self.value.minimumWidth()) + m.left() + m.right()
 
     def set(self, text: str, tooltip: str = "") -> None:
         """Change the shown text and tooltip (only what differs: each change costs the GUI an event).
@@ -208,20 +232,22 @@ class Panel(QWidget):
     def readout_columns(self) -> int:
         return self._columns
 
-    def _cell_and_margins(self) -> tuple[int, int]:
-        """(width of one readout column, the panel's side margins together)."""
+    def _cell_and_margins(self, least: bool = False) -> tuple[int, int]:
+        """(width of one readout column that shows every caption whole, or with ``least`` the narrowest
+        one, which cuts them; the panel's side margins together)."""
         m = self._layout.contentsMargins()
-        cell = max(r.minimumSizeHint().width() for r in self.readouts.values()) + self._grid.spacing()
-        return max(cell, 1), m.left() + m.right()
+        widths = [r.minimumSizeHint().width() if least else r.natural_width() for r in self.readouts.values()]
+        return max(max(widths) + self._grid.spacing(), 1), m.left() + m.right()
 
     def minimumSizeHint(self) -> QSize:
         """As narrow as the fewest readout columns allow (they reflow on resize), whatever they hold now."""
         hint = super().minimumSizeHint()
-        cell, margins = self._cell_and_margins()
+        cell, margins = self._cell_and_margins(least=True)
         narrow = max(READOUT_COLUMNS[0] * cell, PLOT_MIN_SIZE[0]) + margins
         return QSize(min(hint.width(), narrow), hint.height())
 
     def resizeEvent(self, event: QResizeEvent) -> None:
+        # as many columns as show the captions whole (so a panel looks the same wherever they fit)
         cell, margins = self._cell_and_margins()
         fits = (event.size().width() - margins) // cell
         self._place_readouts(max(READOUT_COLUMNS[0], min(READOUT_COLUMNS[1], fits)))

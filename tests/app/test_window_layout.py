@@ -1,12 +1,13 @@
-"""The window fits a laptop screen and a large one: every dock reachable, inside the window, none over
-another; a layout saved on a bigger screen is fitted to a smaller one."""
+"""The window fits a small screen (1024 × 700), a laptop's and a large one: every dock reachable, inside the
+window, none over another, no button over another; a layout saved on a bigger screen is fitted to a smaller
+one."""
 from __future__ import annotations
 
 import itertools
 
 import pytest
-from PySide6.QtCore import QRect, QSettings, QSize, Qt
-from PySide6.QtWidgets import QApplication
+from PySide6.QtCore import QPoint, QRect, QSettings, QSize, Qt
+from PySide6.QtWidgets import QAbstractButton, QApplication, QTabBar, QWidget
 
 from app.bridge import EngineBridge
 from app.conversations import ConversationStore
@@ -184,3 +185,89 @@ def test_the_smallest_window_the_screenshot_flag_takes_is_one_the_window_lays_ou
     from strata.cli import SMALLEST_WINDOW
     hint = window.minimumSizeHint()
     assert hint.width() <= SMALLEST_WINDOW[0] and hint.height() <= SMALLEST_WINDOW[1], hint
+
+
+# --- a small screen: 1024 × 700 ---------------------------------------------------------------------------
+SMALL_SCREEN = QSize(1024, 700)
+
+
+def _on_show(widget: QWidget, window: QWidget) -> QRect:
+    """The part of ``widget`` its parents leave on show, in ``window``'s coordinates (empty for a widget
+    scrolled out of view or in a dock tab that is not in front)."""
+    rect = QRect(widget.mapTo(window, QPoint(0, 0)), widget.size())
+    parent = widget.parentWidget()
+    while parent is not None and parent is not window:
+        rect &= QRect(parent.mapTo(window, QPoint(0, 0)), parent.size())
+        parent = parent.parentWidget()
+    return rect & window.rect()
+
+
+def _shown_buttons(w: MainWindow) -> dict[QAbstractButton, QRect]:
+    # a dock tab bar too narrow for its tabs scrolls them with two arrows that the style lays one pixel over
+    # each other, at its own width for them: they are the tab bar's, not buttons the window lays out
+    shown = {b: _on_show(b, w) for b in w.findChildren(QAbstractButton)
+             if b.isVisible() and b.window() is w and not isinstance(b.parentWidget(), QTabBar)}
+    return {b: rect for b, rect in shown.items() if not rect.isEmpty()}
+
+
+def _check_buttons(w: MainWindow, where: str) -> None:
+    """No button on show lies over another or over a widget beside it, and none is squeezed below its size."""
+    shown = _shown_buttons(w)
+    assert len(shown) >= 8, f"{where}: too few buttons on show to tell ({len(shown)})"
+    for (a, ra), (b, rb) in itertools.combinations(shown.items(), 2):
+        assert not ra.intersects(rb), f"{where}: the {a.text()!r} and {b.text()!r} buttons overlap: {ra} and {rb}"
+    for button in shown:
+        name = f"{type(button).__name__} {button.text()!r}"
+        least = button.minimumSizeHint()
+        assert button.width() >= least.width() and button.height() >= least.height(), \
+            f"{where}: {name} is squeezed to {button.size()} (it needs {least})"
+        for other in button.parentWidget().findChildren(QWidget, options=Qt.FindChildOption.FindDirectChildrenOnly):
+            if other is not button and other.isVisible() and not other.isWindow():
+                assert not other.geometry().intersects(button.geometry()), \
+                    f"{where}: {type(other).__name__} {other.geometry()} lies over {name} {button.geometry()}"
+
+
+@pytest.mark.parametrize("arranged_for", [SMALL_SCREEN, SCREENS[0]], ids=["small-layout", "laptop-layout"])
+def test_the_whole_window_fits_a_small_screen(window, arranged_for):
+    w = window
+    # a wrapped banner and the demo model's two-line notice: lines that wrap to more rows in a narrow window
+    w.banners.show_message("test", "A note from the engine that wraps in a narrow window: " * 3, "amber")
+    client = _client(SMALL_SCREEN)
+    w.apply_default_layout(arranged_for)
+    w.resize(client)
+    _settle()
+    hint = w.minimumSizeHint()
+    assert hint.width() <= client.width() and hint.height() <= client.height(), (hint, client)
+    assert w.size() == client                                   # the window took the size it was given
+    for size in ("client", "smallest"):
+        if size == "smallest":
+            for _ in range(3):                    # narrower, its lines wrap to more rows: the least height grows
+                w.resize(w.minimumSizeHint())
+                _settle()
+            assert w.width() <= client.width() and w.height() <= client.height(), w.size()
+        for name, dock in w.docks.items():       # each tab brought to the front in turn
+            dock.raise_()
+            _settle()
+            where = f"{size} {w.width()}x{w.height()}, {name} in front"
+            _check_buttons(w, where)
+            assert name in _on_window(w), f"{where}: the {name} dock is not in the window"
+            assert _on_window(w)[name].width() >= dock.minimumSizeHint().width()
+        send = w.chat_pane.send_button
+        assert not _on_show(send, w).isEmpty() and _on_show(send, w).size() == send.size()    # all of it
+
+
+def test_a_cut_readout_caption_shows_whole_in_its_tooltip(window):
+    panel = window.experts
+    caption = panel.readouts["prefetch"].caption                # "Staging hits, since load", the longest
+    window.resize(_client(SCREENS[1]))
+    window.apply_default_layout(SCREENS[1])
+    _settle()
+    assert caption.shown_text() == caption.text() and caption.toolTip() == ""    # room enough: whole
+    window.resize(_client(SCREENS[0]))
+    window.apply_default_layout(SCREENS[0])
+    dock = window.docks["experts"]
+    dock.raise_()
+    window.resizeDocks([dock], [dock.minimumSizeHint().width()], Qt.Orientation.Horizontal)
+    _settle()
+    assert panel.width() < 240 and panel.readout_columns() == 2
+    assert caption.shown_text().endswith("…") and caption.toolTip() == caption.text()
