@@ -32,9 +32,10 @@ from typing import Any, Callable
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from app.bridge_api import (LIVE_NAMES, LIVE_OPTIONS, EngineLoop, Job, RequestDelta, SamplingParams, StrataError,
-                            apply_cpu_threads, fit_messages, fit_text, reasoning_reader)
+                            TemplateFailure, TemplateFixes, apply_cpu_threads, failure_line, fit_messages, fit_text,
+                            reasoning_reader)
 from app.bridge_state import describe_model, knob_state, synthetic_prompt
-from app.cli_wording import gui_wording, load_wording
+from app.cli_wording import OPEN_MODEL, gui_wording, load_wording
 from app.model_loader import EngineFactory, Load, Loaded, Loader, must_unload_first, open_engine
 from app.messages import BridgeError, ContextUsage, KnobResult, PauseState, ReplyRequest
 from app.reply_text import ReplyText
@@ -49,6 +50,11 @@ GIL_SWITCH_S = 0.001
 ENGINE_NICE = 5              # the engine thread's niceness above the GUI's: the GUI wins a contended core
 
 _CHOICES = {o.name: o.choices for o in LIVE_OPTIONS if o.kind == "choice"}
+# What a chat template that failed leaves the window's user to do (the line names the template's file).
+_REOPEN = f"fix the template there and open the folder again with {OPEN_MODEL}"
+TEMPLATE_FIXES = TemplateFixes(fault=_REOPEN,
+                               system="clear System under System prompt and sampling, then press Regenerate",
+                               other=f"start a new chat (+ New chat), or {_REOPEN}")
 
 __all__ = ["EngineBridge", "open_engine"]
 
@@ -343,6 +349,8 @@ class EngineBridge(QObject):
             if reader is not None:
                 self._pending.read_apart(req.request_id, reader)
             self.engine_loop.add_now(Job(req.request_id, prompt, params, self._on_delta))
+        except TemplateFailure as exc:   # the model folder's chat template failed: said in the reply
+            self._end(req.request_id, "error", failure_line(exc, TEMPLATE_FIXES))
         except StrataError as exc:       # the request's own mistake: said in its reply (or load-test row) only
             self._end(req.request_id, "error", self._wording(str(exc)))
         except Exception as exc:

@@ -11,6 +11,7 @@ from typing import Any
 
 from engine.chat_format.harmony import ReplyReader
 from engine.chat_format.think import reasoning_reader
+from engine.chat_template import TemplateFailure, TemplateFixes, failure_line
 from engine.cli.options import add_engine_flags, add_model_flag
 from engine.config import EngineConfig
 from engine.context import DROP_OLDEST_FIX, fit_messages, fit_text
@@ -25,9 +26,9 @@ from engine.sampling import SamplingParams
 
 __all__ = ["DROP_OLDEST_FIX", "EngineConfig", "EngineLoop", "FakeMonitor", "GpuMonitor", "GpuSample", "Job",
            "LIVE_NAMES", "LIVE_OPTIONS", "LiveOption", "NO_GPU_STATUS", "NvmlMonitor", "POWER_REASONS", "ReplyReader",
-           "RequestDelta", "SamplingParams", "StrataError", "THERMAL_REASONS", "THROTTLE_REASONS", "add_engine_flags",
-           "add_model_flag", "apply_cpu_threads", "build_engine", "build_server", "fit_messages", "fit_text",
-           "option", "reasoning_reader"]
+           "RequestDelta", "SamplingParams", "StrataError", "THERMAL_REASONS", "THROTTLE_REASONS", "TemplateFailure",
+           "TemplateFixes", "add_engine_flags", "add_model_flag", "apply_cpu_threads", "build_engine", "build_server",
+           "failure_line", "fit_messages", "fit_text", "option", "reasoning_reader"]
 
 
 def build_engine(config: EngineConfig) -> Any:

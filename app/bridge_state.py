@@ -28,7 +28,7 @@ def describe_model(engine: Any, wording: Wording = str) -> ModelDescription:
         has_chat_template=bool(engine.tokenizer.has_chat_template) and not info.completion_only,
         notes=tuple(wording(note) for note in info.notes), context_tokens=int(engine.loaded.max_model_len),
         reasons=engine.tokenizer.harmony is not None and not info.completion_only,
-        completion_only=bool(info.completion_only))
+        completion_only=bool(info.completion_only), template_broken=engine.tokenizer.template_error is not None)
 
 
 def all_expert_bytes(engine: Any) -> int:

@@ -368,8 +368,8 @@ class ChatController(QObject):
             self.pane.mode_label.setText("Completion mode: this is a base model, trained on plain text rather "
                                          "than chats, so your text is continued as written")
         else:
-            self.pane.mode_label.setText("Completion mode: this model has no chat template, "
-                                         "so your text is continued as written")
+            why = "has a broken chat template (see the note)" if model.template_broken else "has no chat template"
+            self.pane.mode_label.setText(f"Completion mode: this model {why}, so your text is continued as written")
         if model is not None:
             self.pane.settings_box.set_system_prompt_shown(model.has_chat_template)
             self.pane.settings_box.set_reasoning_shown(model.reasons)

@@ -137,6 +137,7 @@ class ModelDescription:
     context_tokens: int = 0        # the model's context as loaded (max_model_len)
     reasons: bool = False          # it writes its reasoning apart (harmony) and takes a reasoning effort
     completion_only: bool = False  # a base model: whatever chat template it ships was not what it learnt
+    template_broken: bool = False  # its chat template does not parse (a load note says where)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""Tokenizer: ``tokenizer.json`` through the ``tokenizers`` library, the model's Jinja chat template,
-and streaming detokenisation.
+"""Tokenizer: ``tokenizer.json`` through the ``tokenizers`` library, the model's Jinja chat template
+(compiled and rendered by ``engine.chat_template``), and streaming detokenisation.
 
 The model folder is read the way Hugging Face checkpoints lay it out:
 
@@ -18,44 +18,21 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import jinja2
-import jinja2.ext
-import jinja2.nodes
-import jinja2.parser
-import jinja2.sandbox
 from tokenizers import AddedToken, processors
 from tokenizers import Tokenizer as _Backend
 
+from engine.chat_template import ChatTemplate, ChatTemplateError, ChatTemplateSyntaxError, TemplateOrigin
 from engine.detokenizer import IncrementalDetokenizer  # noqa: F401  (part of this module's API)
-from engine.errors import ModelLoadError, StrataError
+from engine.errors import ModelLoadError
 
 if TYPE_CHECKING:
     from engine.chat_format.harmony import HarmonyChat
     from engine.chat_format.think import ThinkTags
 
 _SPECIAL_NAMES = ("bos_token", "eos_token", "pad_token", "unk_token")
-
-
-class ChatTemplateError(StrataError):
-    """The conversation could not be rendered with the model's chat template."""
-
-
-class ChatTemplateFault(ChatTemplateError):
-    """The chat template failed on its own (an undefined value, a type it cannot handle) rather than refusing
-    the conversation through its ``raise_exception``; ``cause`` is the template's own message. Messages of the
-    shape templates are written for (as the server sends) make this the template's fault, not the caller's."""
-
-    def __init__(self, message: str, cause: str) -> None:
-        super().__init__(message)
-        self.cause = cause
-
-
-class _TemplateRefusal(jinja2.exceptions.TemplateError):
-    """What a chat template's ``raise_exception`` raises: the template refusing the conversation."""
 
 
 def _read_json(path: Path) -> dict | None:
@@ -123,51 +100,6 @@ def _load_backend(folder: Path) -> _Backend:
         ) from exc
 
 
-def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
-    # Jinja's own tojson escapes HTML characters, which would change the prompt the model sees.
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-def _raise_exception(message: str) -> None:
-    raise _TemplateRefusal(message)
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
-
-
-class _GenerationBlock(jinja2.ext.Extension):
-    """``{% generation %}...{% endgeneration %}`` marks assistant text for training masks; render it as is."""
-
-    tags = {"generation"}
-
-    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
-        lineno = next(parser.stream).lineno
-        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
-
-    def _render(self, caller: Any) -> str:
-        return caller()
-
-
-def compile_chat_template(source: str) -> jinja2.Template:
-    """Compile a chat template in a sandbox with the helpers Hugging Face templates expect."""
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, _GenerationBlock],
-    )
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    try:
-        return env.from_string(source)
-    except jinja2.exceptions.TemplateSyntaxError as exc:
-        raise ModelLoadError(
-            f"the chat template does not parse ({exc.message} on line {exc.lineno}); "
-            "fix chat_template in tokenizer_config.json or chat_template.jinja"
-        ) from exc
-
-
 @dataclass(frozen=True)
 class SpecialTokens:
     """The named special tokens as text (None when the model has none)."""
@@ -188,20 +120,26 @@ class Tokenizer:
     """Text <-> token ids for one model, plus its chat template."""
 
     def __init__(self, backend: _Backend, special: SpecialTokens, eos_token_ids: Iterable[int],
-                 bos_token_id: int | None, pad_token_id: int | None, chat_template: str | None) -> None:
+                 bos_token_id: int | None, pad_token_id: int | None, chat_template: str | None,
+                 template_origin: TemplateOrigin | None = None) -> None:
         self._backend = backend
         self.special_tokens = special
         self.bos_token_id = bos_token_id
         self.pad_token_id = pad_token_id
         self.eos_token_ids: frozenset[int] = frozenset(eos_token_ids)
         self.chat_template = chat_template
-        self.template_problem: str | None = None      # why a template the model has cannot be used
-        self._template = None
+        self.template_error: ChatTemplateSyntaxError | None = None   # why a template the model has cannot be used
+        self._template: ChatTemplate | None = None
         if chat_template:
             try:
-                self._template = compile_chat_template(chat_template)
-            except ModelLoadError as e:              # plain prompts still work; chat is refused, saying why
-                self.template_problem = str(e)
+                self._template = ChatTemplate(chat_template, template_origin)
+            except ChatTemplateSyntaxError as e:      # plain prompts still work; chat is refused, saying why
+                self.template_error = e
+
+    @property
+    def template_problem(self) -> str | None:
+        """Why the template the model has cannot be used (it does not parse), as one line; None when it can."""
+        return None if self.template_error is None else str(self.template_error)
 
     @classmethod
     def from_dir(cls, path: str | Path) -> Tokenizer:
@@ -216,10 +154,11 @@ class Tokenizer:
         _apply_bos_eos_flags(backend, cfg, special)
         eos, bos, pad = _special_ids(backend, special, gen, model_cfg)
         template = _pick_template(cfg.get("chat_template"))
+        origin = TemplateOrigin(folder / "tokenizer_config.json", "chat_template")
         jinja_file = folder / "chat_template.jinja"
         if jinja_file.is_file():
-            template = jinja_file.read_text(encoding="utf-8")
-        return cls(backend, special, eos, bos, pad, template)
+            template, origin = jinja_file.read_text(encoding="utf-8"), TemplateOrigin(jinja_file)
+        return cls(backend, special, eos, bos, pad, template, origin)
 
     @property
     def vocab_size(self) -> int:
@@ -290,6 +229,7 @@ class Tokenizer:
 
         Extra keyword arguments (``tools``, ``enable_thinking``, ...) become template variables.
         The rendered text already holds the template's special tokens, so none are added when tokenizing.
+        A template that fails raises ChatTemplateRefusal or ChatTemplateFault (``engine.chat_template``).
         """
         if self._template is None and self.template_problem:
             raise ChatTemplateError(f"{self.template_problem}; until then send a plain prompt instead")
@@ -299,17 +239,7 @@ class Tokenizer:
                 "to the model's tokenizer_config.json"
             )
         variables = {**self.special_tokens.as_template_vars(), **kwargs}
-        try:
-            text = self._template.render(
-                messages=messages, add_generation_prompt=add_generation_prompt, **variables,
-            )
-        except (jinja2.exceptions.TemplateError, TypeError, ValueError) as exc:
-            # TypeError/ValueError: message fields of a shape the template cannot handle (e.g. a list).
-            message = (f"the model's chat template rejected the conversation ({exc}); "
-                       "change the messages to the roles and order this model expects")
-            if isinstance(exc, _TemplateRefusal):
-                raise ChatTemplateError(message) from exc
-            raise ChatTemplateFault(message, str(exc)) from exc
+        text = self._template.render(messages, add_generation_prompt, variables)
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from engine.chat_format.harmony import DEFAULT_EFFORT, EFFORTS, HarmonyDelta, ReplyReader
 from engine.chat_format.think import reasoning_reader
+from engine.chat_template import TemplateFailure, TemplateFixes, failure_line
 from engine.cli.run import CHAT_OVERFLOW, Reply, open_engine, sampling_params, stream
 from engine.context import OVERFLOW_POLICIES, ContextOverflowError, FittedPrompt, fit_messages, fit_text
 from engine.errors import ConfigError, StrataError
@@ -31,6 +32,11 @@ HELP = """commands:
   /exit, /quit               leave (so does Ctrl-D)
 Ctrl-C stops a reply; at the prompt, Ctrl-C twice leaves. Start a line with // to send text that begins with /."""
 QUIT_HINT = "(press Ctrl-C again or type /exit to quit; /save FILE keeps the conversation)"
+# What a chat template that failed leaves the terminal's user to do (the line names the template's file).
+TEMPLATE_FIXES = TemplateFixes(fault="fix the template there and start the chat again",
+                               system="start the chat again without --system",
+                               other="/reset starts a new conversation, or fix the template there and start the "
+                                     "chat again")
 
 
 class ChatSession:
@@ -142,6 +148,10 @@ class ChatSession:
             else:
                 reply = stream(self.engine, fitted.token_ids, self.params)
             self._prompt_ids = fitted.token_ids
+        except TemplateFailure as e:      # the model folder's chat template failed: the turn never happened
+            self.messages.pop()
+            _error(failure_line(e, TEMPLATE_FIXES))
+            return
         except StrataError as e:          # refused before anything was said: the turn never happened
             self.messages.pop()
             _error(e)

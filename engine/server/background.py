@@ -22,6 +22,7 @@ from engine.loop import EngineLoop
 from engine.server.app import create_app
 from engine.server.asgi import KeepServerSend
 from engine.server.head_timeout import with_head_timeout
+from engine.server.invalid_http import with_json_refusal
 from engine.server.settings import ServerSettings, check_bind
 
 log = logging.getLogger("strata.server")
@@ -110,7 +111,7 @@ class BackgroundServer:
         # benchmarks/server_overhead.py (h11, asyncio) saw the engine lose less with 1 ms than with 5 ms,
         # and no case where 1 ms lost more; with httptools and uvloop the two were alike.
         sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_S))
-        http = with_head_timeout(import_from_string(HTTP_PROTOCOLS["auto"]))    # h11 or httptools, as "auto"
+        http = with_json_refusal(with_head_timeout(import_from_string(HTTP_PROTOCOLS["auto"])))   # h11 or httptools
         config = uvicorn.Config(KeepServerSend(self.app), log_config=None, access_log=False, lifespan="on",
                                 http=http, ws="none", loop="auto", timeout_graceful_shutdown=GRACE_S + LINGER_S)
         server = self._server = uvicorn.Server(config)

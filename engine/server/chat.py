@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from engine.chat_format.think import ThinkTags
+from engine.chat_template import ChatTemplateFault, ChatTemplateRefusal, TemplateFixes, failure_line
 from engine.errors import ConfigError, StrataError
 from engine.guided import Guide
 from engine.outputs import RequestDelta
@@ -31,7 +32,6 @@ from engine.server.protocol import (READ_BOTH, Common, choice_params, fit, guide
                                     text_chars)
 from engine.server.state import created, json_body, new_id, record_of, state_of
 from engine.server.think_reply import ThinkReply
-from engine.tokenizer import ChatTemplateFault
 
 
 FIELDS = refused.known_fields(READ_BOTH, ("messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
@@ -41,6 +41,14 @@ FIELDS = refused.known_fields(READ_BOTH, ("messages", "max_completion_tokens", "
 
 GPT_OSS = "GptOssForCausalLM"     # its prompt (harmony) takes reasoning_effort, when its tokenizer has harmony's tokens
 _RESERVED = frozenset({"messages", "add_generation_prompt", "tokenize", "tools"})   # set by the server
+# A chat template's failures as a client reads them: the messages are theirs to change, the template is not.
+_RESHAPE = "change the messages to the roles and order this model expects"
+TEMPLATE_FIXES = TemplateFixes(fault="the fault is the template's rather than the messages'; whoever serves the model "
+                                     "can fix its chat_template", system=_RESHAPE, other=_RESHAPE)
+_KWARGS_FIXES = dataclasses.replace(TEMPLATE_FIXES, fault="check the variables chat_template_kwargs sets, which the "
+                                                          "template may not expect")
+_UNPARSED_FIXES = dataclasses.replace(TEMPLATE_FIXES, fault="send a plain prompt to /v1/completions until whoever "
+                                                            "serves the model fixes its chat_template")
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,9 @@ def prepare(body: dict, info: ModelInfo) -> ChatPrompt:
     """Messages, tools and response_format as the prompt's token ids and the reply's guide (runs the
     chat template; call it off the event loop)."""
     tok = info.tokenizer
+    if tok is not None and tok.template_error is not None:
+        raise bad(None, failure_line(tok.template_error, _UNPARSED_FIXES, show_files=False),
+                  code="chat_template_error")
     if tok is None or not tok.has_chat_template:
         raise bad("messages", "this model has no chat template; send a plain prompt to /v1/completions instead")
     refuse_overlong(text_chars(body.get("messages")), info, "messages")
@@ -91,7 +102,9 @@ def prepare(body: dict, info: ModelInfo) -> ChatPrompt:
         ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **variables)
     except ChatTemplateFault as exc:
         raise _template_fault(exc, bool(extra)) from None
-    except StrataError as exc:                       # the template refused the conversation
+    except ChatTemplateRefusal as exc:
+        raise bad("messages", failure_line(exc, TEMPLATE_FIXES, show_files=False)) from None
+    except StrataError as exc:
         raise bad("messages", str(exc)) from None
     return ChatPrompt(list(ids), plan, guide or plan.guide, think=tok.think)
 
@@ -105,21 +118,21 @@ def _prepare_harmony(body: dict, chat) -> ChatPrompt:
         raise bad(None, str(exc)) from None
     except ChatTemplateFault as exc:
         raise _template_fault(exc) from None
-    except StrataError as exc:                       # the chat template refused the conversation
+    except ChatTemplateRefusal as exc:
+        raise bad("messages", failure_line(exc, TEMPLATE_FIXES, show_files=False)) from None
+    except StrataError as exc:
         raise bad("messages", str(exc)) from None
     return ChatPrompt(ids, plan, None, reply)
 
 
 def _template_fault(exc: ChatTemplateFault, kwargs: bool = False) -> APIError:
     """The chat template failed on messages of the shape templates are written for: its fault, not the client's,
-    unless the client set template variables (``kwargs``), which it may not expect."""
+    unless the client set template variables (``kwargs``), which it may not expect. The line names the template's
+    own words and line, never the server's files."""
     if kwargs:
-        return bad("chat_template_kwargs", f"the model's chat template failed while rendering this request "
-                                           f"({exc.cause}); check the variables chat_template_kwargs sets, which "
-                                           "the template may not expect", code="chat_template_error")
-    return bad(None, f"the model's chat template failed while rendering this request ({exc.cause}), a fault of "
-                     "the template rather than of the messages; whoever serves the model can fix its chat_template",
-               code="chat_template_error")
+        return bad("chat_template_kwargs", failure_line(exc, _KWARGS_FIXES, show_files=False),
+                   code="chat_template_error")
+    return bad(None, failure_line(exc, TEMPLATE_FIXES, show_files=False), code="chat_template_error")
 
 
 async def create_chat_completion(request: Request) -> Response:

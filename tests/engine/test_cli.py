@@ -126,7 +126,8 @@ def test_a_chat_template_that_does_not_parse_leaves_plain_prompts_working(model,
     assert main(["generate", "--model", str(copy), "--prompt", "hi", "--max-tokens", "2", "--json"]) == 0
     out, err = capsys.readouterr()
     assert json.loads(out)["token_ids"]
-    assert "note: the chat template does not parse (No filter named 'nosuchfilter'" in err
+    assert (f"note: the model folder's chat template does not parse at line 1 of chat_template in "
+            f"{copy / 'tokenizer_config.json'} (No filter named 'nosuchfilter'.); fix the template there") in err
     assert "until then chat is refused and plain prompts work" in err
     # chat runs in completion mode and says why: not "a base model"
     monkeypatch.setattr("builtins.input", lambda prompt="": (_ for _ in ()).throw(EOFError))

@@ -1,10 +1,12 @@
 """``chat`` in the terminal: no input ends the session but /exit, /quit, end of input or Ctrl-C twice,
-a conversation that outgrows the context follows the overflow policy, and /save keeps the transcript."""
+a conversation that outgrows the context follows the overflow policy, /save keeps the transcript, and a model
+folder's chat template that fails is one line naming its file and line, whose fix works."""
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -171,6 +173,48 @@ def test_a_step_that_fails_prints_one_line_and_the_chat_goes_on(monkeypatch, cap
     # failing before a word: the turn never happened; failing part-way: what was said is kept
     assert len(msgs) == kept and msgs[-2]["content"] == "And God said" and msgs[-1]["content"]
 
+
+
+# ---- a model folder's chat template that fails -------------------------------------------------------------
+TURNS = ("{%- for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endfor %}"
+         "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}")
+
+
+def with_template(chat_model: Path, folder: Path, template: str) -> Path:
+    """A copy of ``chat_model`` whose chat template is ``template``, in chat_template.jinja."""
+    shutil.copytree(chat_model, folder)
+    (folder / "chat_template.jinja").write_text(template, encoding="utf-8")
+    return folder
+
+
+def test_a_template_that_fails_on_its_own_is_one_line_naming_its_file_and_fixing_it_works(monkeypatch, capsys,
+                                                                                         chat_model, tmp_path):
+    model = with_template(chat_model, tmp_path / "m", "{{ bos_token }}\n{{ persona.greeting }}\n" + TURNS)
+    lines = ["Hello", "Again", f"/save {tmp_path / 'c.json'}!"]
+    rc, out, err, _ = run_chat(monkeypatch, capsys, lines, model=model)
+    told = (f"error: the model folder's chat template failed at line 2 of {model / 'chat_template.jinja'} ('persona' "
+            "is undefined); fix the template there and start the chat again")
+    assert rc == 0 and errors(err) == [told, told] and "Traceback" not in err
+    assert saved(tmp_path / "c.json") == []                 # the turns never happened
+    (model / "chat_template.jinja").write_text(TURNS, encoding="utf-8")     # the fix it names
+    rc, out, err, _ = run_chat(monkeypatch, capsys, lines, model=model)
+    assert rc == 0 and not errors(err)
+    assert [m["role"] for m in saved(tmp_path / "c.json")] == ["user", "assistant"] * 2
+
+
+def test_a_template_that_refuses_the_system_prompt_says_to_start_without_system(monkeypatch, capsys, chat_model,
+                                                                                tmp_path):
+    refuses = ("{%- if messages[0].role == 'system' %}{{ raise_exception('System role not supported') }}{%- endif %}"
+               + TURNS)
+    model = with_template(chat_model, tmp_path / "m", refuses)
+    lines = ["Hello", f"/save {tmp_path / 'c.json'}!"]
+    rc, out, err, _ = run_chat(monkeypatch, capsys, lines, "--system", "Be brief.", model=model)
+    assert rc == 0 and errors(err) == [
+        f"error: the model folder's chat template refused a system message at line 1 of {model / 'chat_template.jinja'}"
+        " (System role not supported); start the chat again without --system"]
+    rc, out, err, _ = run_chat(monkeypatch, capsys, lines, model=model)      # the fix it names
+    assert rc == 0 and not errors(err)
+    assert [m["role"] for m in saved(tmp_path / "c.json")] == ["user", "assistant"]
 
 # ---- commands ----------------------------------------------------------------------------------------------
 

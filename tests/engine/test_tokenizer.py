@@ -65,7 +65,7 @@ def test_message_of_wrong_shape_is_a_user_error(tmp_path: Path) -> None:
     build_tiny_tokenizer(tmp_path, chat_template="{{ messages[0]['content'] + '!' }}")
     tok = Tokenizer.from_dir(tmp_path)
     assert tok.apply_chat_template([{"role": "user", "content": "hi"}]) == "hi!"
-    with pytest.raises(ChatTemplateError, match="rejected the conversation"):
+    with pytest.raises(ChatTemplateError, match=r"chat template failed at line 1 .*\(can only concatenate list"):
         tok.apply_chat_template([{"role": "user", "content": ["a list", "of parts"]}])
 
 
@@ -74,9 +74,10 @@ def test_a_template_that_does_not_parse_refuses_chat_and_keeps_plain_prompts(tmp
     build_tiny_tokenizer(tmp_path, chat_template="{{ messages[0].content | nosuchfilter }}")
     tok = Tokenizer.from_dir(tmp_path)
     assert not tok.has_chat_template and tok.encode("hi")
-    assert tok.template_problem.startswith("the chat template does not parse (No filter named 'nosuchfilter'")
-    with pytest.raises(ChatTemplateError, match=r"fix chat_template in tokenizer_config.json or chat_template.jinja; "
-                                                r"until then send a plain prompt instead$"):
+    assert tok.template_problem == (f"the model folder's chat template does not parse at line 1 of chat_template in "
+                                    f"{tmp_path / 'tokenizer_config.json'} (No filter named 'nosuchfilter'.); fix the "
+                                    "template there")
+    with pytest.raises(ChatTemplateError, match=r"fix the template there; until then send a plain prompt instead$"):
         tok.apply_chat_template([{"role": "user", "content": "hi"}])
 
 

@@ -32,6 +32,17 @@ HOSTILE = [
     ("invalid-json", "POST", COMPLETE, JSON, b'{"prompt": "Hi", ', 400, None, "not valid JSON"),
     ("body-not-an-object", "POST", COMPLETE, JSON, b'["Hi"]', 400, None, "must be a JSON object"),
     ("empty-body", "POST", COMPLETE, JSON, b"", 400, None, "body is empty"),
+    # the same body faults on the chat route, and a body that is not JSON at all (a form, as curl -d sends)
+    ("chat-not-json", "POST", CHAT, JSON, b"model=demo&messages=Hi", 400, None,
+     "the request body is not valid JSON (Expecting value: line 1 column 1 (char 0)); send a JSON object"),
+    ("chat-truncated-json", "POST", CHAT, JSON, _json(messages=HI)[:-4], 400, None,     # cut inside "Hi"
+     "the request body is not valid JSON (Unterminated string starting at: line 1 column 60"),
+    ("chat-body-an-array", "POST", CHAT, JSON, json.dumps(HI).encode(), 400, None,
+     "the request body must be a JSON object (got a JSON array)"),
+    ("chat-empty-body", "POST", CHAT, JSON, b"", 400, None, "the request body is empty; send a JSON object"),
+    ("chat-xml-body", "POST", CHAT, {**AUTH, "Content-Type": "application/xml"}, _json(messages=HI), 415, None,
+     "the body is application/xml; send JSON with Content-Type: application/json"),
+    ("config-not-json", "POST", "/v1/strata/config", JSON, b"max_batch=4", 400, None, "not valid JSON"),
     ("max-tokens-wrong-type", "POST", COMPLETE, JSON, _json(prompt="Hi", max_tokens="ten"), 400, "max_tokens",
      "max_tokens must be a whole number"),
     ("max-tokens-negative", "POST", COMPLETE, JSON, _json(prompt="Hi", max_tokens=-5), 400, "max_tokens",
@@ -269,6 +280,23 @@ def test_the_openai_client_raises_its_typed_errors(client):
     bad = openai.OpenAI(base_url=str(client.base_url), api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.models.list()
+
+
+def test_the_openai_client_gets_typed_errors_for_a_body_that_is_not_a_json_object(client):
+    # the client's own way to send any body (documented for endpoints it has no method for)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.post("/chat/completions", cast_to=object, body=HI)                 # a JSON array
+    assert err.value.body == {"message": "the request body must be a JSON object (got a JSON array)",
+                              "type": "invalid_request_error", "param": None, "code": "invalid_json"}
+    with pytest.raises(openai.BadRequestError) as err:
+        client.post("/chat/completions", cast_to=object)                          # no body at all
+    assert err.value.body["message"] == "the request body is empty; send a JSON object"
+    with pytest.raises(openai.APIStatusError) as err:
+        client.chat.completions.create(model="demo", messages=HI, max_tokens=1,
+                                       extra_headers={"Content-Type": "text/xml"})
+    assert err.value.status_code == 415 and err.value.body == {
+        "message": "the body is text/xml; send JSON with Content-Type: application/json",
+        "type": "invalid_request_error", "param": None, "code": "unsupported_media_type"}
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """What a chat template is given and how its failures are told: a tool sent without parameters (OpenAI allows
 it) reaches the template with an empty parameters object, a template that refuses the conversation itself
-(raise_exception) is blamed on the messages, and one that fails on its own is named as the template's fault."""
+(raise_exception) is blamed on the messages, and one that fails on its own or does not parse is named as the
+template's fault, at the template's line and without the server's files."""
 from __future__ import annotations
 
 import pytest
@@ -8,7 +9,8 @@ import pytest
 from engine.server import chat
 from engine.server.engine_client import ModelInfo
 from engine.server.errors import APIError
-from engine.tokenizer import ChatTemplateFault, Tokenizer
+from engine.chat_template import ChatTemplateFault
+from engine.tokenizer import Tokenizer
 from tests.engine.tokenizer_fixtures import CHAT_TEMPLATE, build_tiny_tokenizer
 
 TURNS = ("{%- for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endfor %}"
@@ -47,9 +49,10 @@ def test_a_tool_without_parameters_reaches_the_template_as_taking_an_empty_objec
 def test_a_template_that_fails_on_its_own_is_named_as_the_fault_not_the_messages(tmp_path):
     error = _refusal({"messages": HI}, _info(tmp_path, VARIABLE_TEMPLATE))
     assert error["param"] is None and error["code"] == "chat_template_error"
-    assert error["message"].startswith("the model's chat template failed while rendering this request ('persona' is "
-                                       "undefined), a fault of the template rather than of the messages")
-    assert "change the messages" not in error["message"]
+    assert error["message"] == ("the model's chat template failed at its line 1 ('persona' is undefined); the fault "
+                                "is the template's rather than the messages'; whoever serves the model can fix its "
+                                "chat_template")
+    assert str(tmp_path) not in error["message"]           # a client is not shown the server's folders
 
 
 def test_a_template_failure_with_template_variables_set_points_at_them(tmp_path):
@@ -66,8 +69,8 @@ def test_a_template_that_refuses_the_conversation_is_blamed_on_the_messages(tmp_
         {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
     error = _refusal({"messages": messages}, _info(tmp_path, CHAT_TEMPLATE))
     assert error["param"] == "messages" and error["code"] is None
-    assert error["message"] == ("the model's chat template rejected the conversation (Unknown role: tool); change the "
-                                "messages to the roles and order this model expects")
+    assert error["message"] == ("the model's chat template refused a tool message at its line 1 (Unknown role: tool); "
+                                "change the messages to the roles and order this model expects")
 
 
 def test_the_tokenizer_tells_a_templates_own_failure_from_its_refusal(tmp_path):
@@ -75,3 +78,17 @@ def test_the_tokenizer_tells_a_templates_own_failure_from_its_refusal(tmp_path):
     with pytest.raises(ChatTemplateFault) as err:
         tok.apply_chat_template(HI)
     assert err.value.cause == "'persona' is undefined"
+
+
+def test_a_template_that_does_not_parse_is_named_as_the_fault_and_plain_prompts_offered(tmp_path):
+    error = _refusal({"messages": HI}, _info(tmp_path, "{% for m in messages %}{{ m.content }"))
+    assert error["param"] is None and error["code"] == "chat_template_error"
+    assert error["message"] == ("the model's chat template does not parse at its line 1 (unexpected '}'); send a plain "
+                                "prompt to /v1/completions until whoever serves the model fixes its chat_template")
+
+
+def test_whatever_the_template_raises_is_a_400_naming_it_not_a_500(tmp_path):
+    error = _refusal({"messages": HI}, _info(tmp_path, "{{ 1 // 0 }}" + TURNS))
+    assert error["code"] == "chat_template_error"
+    assert error["message"].startswith("the model's chat template failed at its line 1 (integer division or modulo "
+                                       "by zero); the fault is the template's")
