@@ -36,6 +36,8 @@
 #                    the device's copy; gpt-oss-20b resident and the resident bf16 step with it off and on in turn)
 #   or:              bash benchmarks/h200_session.sh gemv-order (carry .bench: as gemv-on, then the kit's int4 offload
 #                    rows at 50% and 25% with depth 0 loaded first against depth 2 first, on the trained-like model)
+#   or:              bash benchmarks/h200_session.sh one-call  (carry .bench: the GPU tests with gemv16 on, gpt-oss-20b
+#                    with it off and on, then warm-ab's int4 rows)
 #   or:              bash benchmarks/h200_session.sh warm-ab   (carry .bench: the kit's offload rows with and without a
 #                    prompt's chunks ranking the experts they admit, on the trained-like model)
 #   or:              bash benchmarks/h200_session.sh after-kit         (once the kit is done: the 512-token prefill
@@ -214,6 +216,17 @@ case ${1:-} in
         --sections offload --offload-formats int4 --shares 50,25 --depths $order --out "$OUT/order_${order/,/}.json" \
         2>&1 | grep share
     done;;
+  one-call)
+    # what one lease must show when machines are scarce: the GPU tests with gemv16 on in this copy,
+    # gpt-oss-20b resident with it off and on, then warm-ab's int4 rows at 50% then 25% while time is left
+    sed -i 's/^GEMV16 = False$/GEMV16 = True/' kernels/qlinear.py
+    grep -c '^GEMV16 = True$' kernels/qlinear.py
+    gpu_tests 190
+    for g in off on; do
+      timeout 40 python3 benchmarks/bench_gpt_oss.py --cells a --routing uniform --gemv16 $g \
+        --out "$OUT/gpt_oss_a_$g.json" 2>&1 | grep "^a 20b"
+    done
+    PHASE_S=$(left) WARM_FORMATS=int4 bash "$0" warm-ab;;
   warm-ab)
     # the kit's offload rows (its order: depth 2 loaded, then 0) on the trained-like model, with a prompt's
     # chunks ranking the experts they admit (this tree) and without (a copy with CHUNK_TOKENS out of reach),
