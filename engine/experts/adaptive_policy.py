@@ -78,16 +78,18 @@ class AdaptiveLFUPolicy:
             self._settle()
         for m in self.memories:
             m.touch(keys)
-        self._pending.append((keys, self.memories[0].size))
+        self._pending.append((keys, self.memories[0].size, False))
 
     def touch_chunk(self, uses: dict[int, int], tokens: int) -> None:
         """Both memories weigh a prompt chunk's uses (:meth:`LFUPolicy.touch_chunk`); the shadows score
-        its keys as one use each, as the real pool meets them."""
+        its keys as one use each and admit its misses as the real pool does, hottest first, each only
+        over a colder key. The chunk's admissions come after this call: a shadow takes the pool's size
+        when it scores the chunk."""
         if self._unsettled:
             self._settle()
         for m in self.memories:
             m.touch_chunk(uses, tokens)
-        self._pending.append((list(uses), self.memories[0].size))
+        self._pending.append((list(uses), None, True))
 
     def catch_up(self) -> None:
         """Score the uses since the last call as hits or misses of both shadow pools."""
@@ -95,10 +97,11 @@ class AdaptiveLFUPolicy:
             return
         pending, self._pending = self._pending, []
         deferred = self.admit_per_step is not None
+        size = self.memories[0].size
         for i, shadow in enumerate(self._shadows):
             hits = 0
-            for keys, capacity in pending:
-                hits += shadow.use(keys, capacity, deferred)
+            for keys, capacity, chunk in pending:
+                hits += shadow.use(keys, size if capacity is None else capacity, deferred, chunk)
             self.shadow_hits[i] += hits
 
     def tick(self) -> None:
@@ -152,10 +155,17 @@ class _ShadowPool:
         self._rescales = scores.rescales
         self._missed: dict[int, None] = {}             # this step's misses, when admitted at its end
 
-    def use(self, keys: list[int], capacity: int, deferred: bool) -> int:
-        """One layer call's distinct ``keys`` (already touched); returns how many were in the pool."""
+    def use(self, keys: list[int], capacity: int, deferred: bool, chunk: bool = False) -> int:
+        """One layer call's distinct ``keys`` (already touched); returns how many were in the pool. A
+        prompt's ``chunk`` admits its misses at once, hottest first, each only over a colder key."""
         self._check_heap()
         held, hits = self.keys, 0
+        if chunk:
+            hot = self.scores.hotness
+            hits = sum(1 for k in keys if k in held)
+            for k in sorted((k for k in keys if k not in held), key=hot, reverse=True):
+                admit([k], 1, max(capacity, 1) - len(held), self._coldest, hot, self._place)
+            return hits
         for k in keys:
             if k in held:
                 hits += 1

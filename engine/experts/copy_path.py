@@ -22,8 +22,9 @@ import torch
 from engine.experts.admission import admit
 from engine.experts.residency import Residency
 
-# A layer call of at least this many tokens is a prompt's chunk (a decode step has at most the batch's):
-# its uses are counted per token (EvictionPolicy.touch_chunk), and a miss it admits only evicts a colder key.
+# A layer call of a step carrying a prompt's tokens, with at least this many tokens, is a prompt's chunk:
+# its uses are counted per token (EvictionPolicy.touch_chunk), and a miss it admits, or an expert its
+# prefetch brings in, only evicts a colder key.
 CHUNK_TOKENS = 32
 
 
@@ -33,6 +34,7 @@ class CopyPath:
         self._restart = restart              # the manager's release of every lease (a step began anew)
         self.pending: tuple[list[int], torch.Tensor] | None = None   # prefetches left for issue_prefetch
         self.last_layer = -1
+        self.chunk = False                   # the layer acquired last is a prompt's chunk (its prefetches too)
 
     # ---- reading the ids ---------------------------------------------------------------------
     def read_ids(self, topk_ids: torch.Tensor, pred: tuple | None) -> tuple[torch.Tensor, tuple | None]:
@@ -68,9 +70,11 @@ class CopyPath:
 
     # ---- one layer ---------------------------------------------------------------------------
     def acquire(self, moe_index: int, ids: torch.Tensor, predicted: tuple | None, defer_prefetch: bool,
-                per_token: int = 0) -> tuple:
+                per_token: int = 0, prompt: bool = False) -> tuple:
         """``ids`` int64 [T*k] and ``predicted`` (layers, ids [P, T, k]) on the host: copy the misses
-        in, push the layer's table row; prefetch (now, or at :meth:`issue_prefetch`). Returns
+        in, push the layer's table row; prefetch (now, or at :meth:`issue_prefetch`). ``prompt``: the step
+        carries a prompt's tokens; a call of at least ``CHUNK_TOKENS`` of them is a chunk whose routing
+        ranks what it (and its prefetches) admit. Returns
         ``(row, views)``, or with ``per_token`` (k) given and a share of the misses computed by the
         host CPU instead of copied, ``(row, views, None, ColdShare)``; where the slots the layer can get
         do not hold all its misses, ``(row, views, None, ColdShare | None, LayerPasses)``."""
@@ -83,7 +87,7 @@ class CopyPath:
         slot_of = books.slot_of
         misses = [k for k in keys if slot_of[k] < 0]
         tokens = len(id_list) // per_token if per_token else 0
-        chunk = tokens >= CHUNK_TOKENS            # a prompt's chunk: its uses rank the misses it admits
+        chunk = self.chunk = prompt and tokens >= CHUNK_TOKENS   # its uses rank the misses it admits
         if chunk:
             per_expert = torch.bincount(ids, minlength=r.num_experts).tolist()
             r.policy.touch_chunk({k: per_expert[k - base] for k in keys}, tokens)
@@ -144,7 +148,7 @@ class CopyPath:
                 if slot_of[key] < 0:
                     if cap is not None and len(pairs) >= cap:
                         continue
-                    slot = self._slot_for(key, layer, pinned, demand=False)
+                    slot = self._slot_for(key, layer, pinned, demand=False, scored=self.chunk)
                     if slot is None:
                         break                      # no room left: later guesses would not fit either
                     pairs.append((slot, key))
@@ -209,6 +213,7 @@ class CopyPath:
         self.pending = None
         self.r.books.forget_pins()
         self.last_layer = -1
+        self.chunk = False
 
 
 class LayerPasses:

@@ -133,6 +133,7 @@ class ExpertManager:
         self._step_ms, self._step_t0 = 0.0, None    # time inside steps, for the CPU busy share
         self._step_misses0 = 0
         self._tallied: int | None = None  # the layer whose next call the router kernel counts (route_tally)
+        self._prompt = False       # the running step carries a prompt's tokens (begin_step)
 
     @classmethod
     def from_rows(cls, layout: ExpertLayout, rows: torch.Tensor, num_experts: int, device: torch.device | str,
@@ -246,7 +247,8 @@ class ExpertManager:
             return self.plan
         if kind != "direct":
             self.direct.fills.disarm()
-        self.plan = StepPlan(kind, tokens, defer_end=kind == "direct" and self.direct.defer_eager_ends)
+        self.plan = StepPlan(kind, tokens, prompt=self._prompt,
+                             defer_end=kind == "direct" and self.direct.defer_eager_ends)
         prev, self.last_kind = self.last_kind, kind
         if prev != kind:
             if prev is not None:
@@ -258,8 +260,10 @@ class ExpertManager:
         return self.plan
 
     # ---- ExpertProvider --------------------------------------------------------------------------
-    def begin_step(self, keep_ended: bool = False) -> None:
-        """A forward pass starts: forget the last step's leases and pins, age the policy.
+    def begin_step(self, keep_ended: bool = False, prompt: bool = False) -> None:
+        """A forward pass starts: forget the last step's leases and pins, age the policy. ``prompt``: the
+        step carries a prompt's tokens; its copied layer calls of at least ``copy_path.CHUNK_TOKENS`` tokens
+        rank the misses they admit by their routing (engine/experts/copy_path.py).
 
         Staging slots that a direct-read step left with copies in flight stay leased. A replayed
         direct-read step whose end was deferred is ended first, unless ``keep_ended``: the replay of
@@ -271,6 +275,7 @@ class ExpertManager:
         else:
             self._release_all()
         self.plan = None
+        self._prompt = prompt
         step = self.direct.step
         step.misses, step.fill_slots, step.filled = [], None, {}
         self._predicted = None
@@ -378,7 +383,7 @@ class ExpertManager:
         if plan.kind == "direct":
             return self.direct.acquire(moe_index, topk_ids, self._take_prediction(moe_index))
         ids, pred = self.copy.read_ids(topk_ids, self._take_prediction(moe_index))
-        return self.copy.acquire(moe_index, ids, pred, defer_prefetch, topk_ids.shape[1])
+        return self.copy.acquire(moe_index, ids, pred, defer_prefetch, topk_ids.shape[1], prompt=plan.prompt)
 
     def issue_prefetch(self) -> None:
         """Issue the prefetch copies an ``acquire(..., defer_prefetch=True)`` left pending."""

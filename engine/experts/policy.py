@@ -65,6 +65,9 @@ class EvictionPolicy(Protocol):
     def admits(self, key: int) -> bool:
         """Whether ``key`` may take a pool slot at all (otherwise it is staged)."""
 
+    def hotness(self, key: int) -> float:
+        """``key``'s score as of now, which admissions compare where ``scored`` (unscored policies: 0)."""
+
     def victim(self, pinned: set[int]) -> int | None:
         """The resident key to evict next, never one in ``pinned``; None if every resident is pinned."""
 
@@ -103,7 +106,12 @@ class LRUPolicy:
                 self._order.move_to_end(k)
 
     def touch_chunk(self, uses: dict[int, int], tokens: int) -> None:
-        self.touch(sorted(uses, key=uses.__getitem__))          # the most used is the most recent
+        # the chunk's residents in the order of their uses, the most used the most recent (its misses are
+        # inserted after, as the newest)
+        self.touch(sorted(uses, key=uses.__getitem__))
+
+    def hotness(self, key: int) -> float:
+        return 0.0
 
     def tick(self) -> None:
         pass
@@ -322,6 +330,9 @@ class StaticPolicy:
 
     def admits(self, key: int) -> bool:
         return key in self._placed
+
+    def hotness(self, key: int) -> float:
+        return 0.0
 
     def victim(self, pinned: set[int]) -> int | None:
         return None

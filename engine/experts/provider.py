@@ -23,8 +23,9 @@ from engine.telemetry import ExpertStats
 class ExpertProvider(Protocol):
     layout: ExpertLayout
 
-    def begin_step(self) -> None:
-        """A forward pass starts (one engine step)."""
+    def begin_step(self, prompt: bool = False) -> None:
+        """A forward pass starts (one engine step); ``prompt``: it carries a prompt's tokens (a prefill or
+        a mixed step), whose routing may rank the experts a pool admits."""
 
     @property
     def static(self) -> bool:

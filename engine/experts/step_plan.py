@@ -24,6 +24,8 @@ class StepPlan:
     kind: Kind
     # Tokens of the step (rows of the layers' routing ids); 0 when not known (a recorded step).
     tokens: int = 0
+    # The step carries a prompt's tokens (a prefill or a mixed step: ``begin_step(prompt=True)``).
+    prompt: bool = False
     # The step's end may wait until the next step is launched (a replayed direct-read step, or an
     # eager one when ``defer_eager_ends`` is set), so the host's step-end work overlaps the GPU's.
     defer_end: bool = False

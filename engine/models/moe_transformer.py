@@ -187,7 +187,7 @@ class MoETransformer:
         not yet added to it (None before the first layer); returns the two after its last layer."""
         acquire = acquire or self.experts.acquire
         rope = self.rope.tables(batch.positions)                         # cos, sin [T, 1, hd]
-        self.experts.begin_step()
+        self.experts.begin_step(prompt=batch.decode is None)
         group = self._x16_group(x.shape[0])
         pad = batch.decode.pad if batch.decode is not None else None
         try:

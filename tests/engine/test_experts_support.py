@@ -33,7 +33,7 @@ class ReferenceExperts:
         self.tables = [torch.arange(experts, dtype=torch.int32) + l * experts for l in range(layers)]
         self.counts = torch.zeros(layers, experts, dtype=torch.int64)
 
-    def begin_step(self) -> None:
+    def begin_step(self, prompt: bool = False) -> None:
         pass
 
     def before_layer(self, moe_index: int, hidden: torch.Tensor) -> None:
@@ -84,9 +84,9 @@ class Stack:
         return ExpertManager.resident(self.layout, self.store.rows.clone(), self.experts, depth, policy,
                                       self.routers, route, **kw)
 
-    def step(self, provider, x: torch.Tensor) -> torch.Tensor:
-        """One forward over every layer: x [T, D] -> [T, D]."""
-        provider.begin_step()
+    def step(self, provider, x: torch.Tensor, prompt: bool = False) -> torch.Tensor:
+        """One forward over every layer: x [T, D] -> [T, D]; ``prompt``: as a step with a prompt's tokens."""
+        provider.begin_step(prompt=prompt)
         try:
             for l in range(self.layers):
                 provider.before_layer(l, x)
@@ -97,11 +97,11 @@ class Stack:
             provider.end_step()
         return x
 
-    def run(self, provider, x: torch.Tensor, steps: int, between=None) -> list[torch.Tensor]:
+    def run(self, provider, x: torch.Tensor, steps: int, between=None, prompt: bool = False) -> list[torch.Tensor]:
         """``steps`` forwards feeding each output back (like decoding); ``between(i)`` runs after step i."""
         outs = []
         for i in range(steps):
-            x = self.step(provider, x)
+            x = self.step(provider, x, prompt)
             outs.append(x.clone())
             x = torch.tanh(x)
             if between is not None:

@@ -23,7 +23,14 @@ def _chunk(uses: dict[int, int]) -> torch.Tensor:
 
 
 def _resident(prov) -> set[int]:
-    return {k for k in prov.pool.books.resident_keys()}
+    return set(prov.pool.books.resident_keys())
+
+
+def _step(prov, calls: list[tuple[int, torch.Tensor]], prompt: bool = True) -> None:
+    prov.begin_step(prompt=prompt)
+    for layer, ids in calls:
+        prov.acquire(layer, ids)
+    prov.end_step()
 
 
 def test_lfu_weighs_a_chunk_by_each_keys_share_of_its_tokens() -> None:
@@ -56,9 +63,7 @@ def test_a_prompt_chunk_keeps_its_most_used_experts(stack: Stack, policy: str) -
     prov = stack.offloaded(4, depth=0, policy=policy)
     ids = _chunk({**{e: 9 for e in range(4)}, **{e: 1 for e in range(4, 8)}})
     assert ids.shape[0] >= CHUNK_TOKENS
-    prov.begin_step()
-    prov.acquire(0, ids)
-    prov.end_step()
+    _step(prov, [(0, ids)])
     assert _resident(prov) == {0, 1, 2, 3}
     st = prov.stats()
     assert (st.hits, st.misses) == (0, 8)                 # 4-7 were staged: still misses, each copied once
@@ -69,20 +74,54 @@ def test_a_prompt_ranks_its_experts_across_layers(stack: Stack, hot_layer: int) 
     prov = stack.offloaded(4, depth=0, policy="adaptive")
     hot = _chunk({e: 10 for e in range(4)})
     rare = _chunk({e: 4 for e in range(E)})               # every expert, by 4 of 32 tokens each
-    prov.begin_step()
-    for layer in range(2):
-        prov.acquire(layer, hot if layer == hot_layer else rare)
-    prov.end_step()
+    _step(prov, [(layer, hot if layer == hot_layer else rare) for layer in range(2)])
     base = hot_layer * E
     assert _resident(prov) == {base + e for e in range(4)}
 
 
+@pytest.mark.parametrize("prompt", [True, False])
+def test_only_a_prompts_step_ranks_its_misses(stack: Stack, prompt: bool) -> None:
+    # experts 4-7 serve 9 tokens each, 0-3 one each. A step without a prompt's tokens (a large decode
+    # batch, an expert-parallel share) takes its misses in key order: 0-3 fill the pool, pinned for the
+    # layer, and 4-7 are staged.
+    prov = stack.offloaded(4, depth=0, policy="lfu")
+    _step(prov, [(0, _chunk({**{e: 1 for e in range(4)}, **{e: 9 for e in range(4, 8)}}))], prompt=prompt)
+    assert _resident(prov) == ({4, 5, 6, 7} if prompt else {0, 1, 2, 3})
+
+
+def test_a_prompt_chunks_prefetch_evicts_only_colder_experts(stack: Stack) -> None:
+    # layer 0's chunk fills the pool with its hot experts; a prefetch for layer 1 made during that chunk
+    # must not push them out (the prefetched experts have no uses yet), and layer 1's own rare experts
+    # then stay out too
+    prov = stack.offloaded(4, depth=1, policy="lfu")
+    hot = _chunk({e: 10 for e in range(4)})
+    prov.begin_step(prompt=True)
+    x = torch.randn(hot.shape[0], 16, generator=torch.Generator().manual_seed(3))
+    prov.before_layer(0, x)
+    prov.acquire(0, hot)
+    prov.issue_prefetch()
+    assert _resident(prov) == {0, 1, 2, 3}
+    prov.before_layer(1, x)
+    prov.acquire(1, _chunk({e: 4 for e in range(E)}))
+    prov.end_step()
+    assert _resident(prov) == {0, 1, 2, 3}
+
+
 @pytest.mark.parametrize("policy", ["lru", "lfu", "adaptive", "static"])
 @pytest.mark.parametrize("slots", [0, 3, 16])
-def test_prompt_sized_steps_give_the_resident_outputs(stack: Stack, policy: str, slots: int) -> None:
+@pytest.mark.parametrize("depth", [0, 2])
+def test_prompt_sized_steps_give_the_resident_outputs(stack: Stack, policy: str, slots: int, depth: int) -> None:
     x = torch.randn(CHUNK_TOKENS + 8, 16, generator=torch.Generator().manual_seed(4))
     ref = stack.run(stack.resident(), x, 2)
     profile = [[(l * 5 + e) % 7 for e in range(E)] for l in range(4)]
-    out = stack.run(stack.offloaded(slots, 0, policy, routing_profile=profile), x, 2)
+    out = stack.run(stack.offloaded(slots, depth, policy, routing_profile=profile), x, 2, prompt=True)
     for a, b in zip(out, ref, strict=True):
         assert torch.equal(a, b)
+
+
+def test_the_adaptive_shadows_admit_a_chunk_as_the_pool_does(stack: Stack) -> None:
+    prov = stack.offloaded(4, depth=0, policy="adaptive")
+    _step(prov, [(0, _chunk({**{e: 9 for e in range(4)}, **{e: 1 for e in range(4, 8)}}))])
+    policy = prov.r.policy
+    policy.catch_up()
+    assert all(s.keys == {0, 1, 2, 3} for s in policy._shadows)
