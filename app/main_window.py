@@ -43,7 +43,7 @@ from app.recorder import SessionRecorder
 from app.server_switch import ServerSwitch
 from app.thermal import AMBER, RED, ThermalGuard, ThermalState, assess, temperature_note
 from app.window_layout import (CHAT_MIN_WIDTH, DOCK_TITLES, KNOBS_MIN_WIDTH, LAYOUT_VERSION, SIDEBAR_MIN_WIDTH,
-                               WrappingWidget, arrange_docks, default_window_size, fit_window)
+                               KeptLayout, WrappingWidget, arrange_docks, default_window_size, fit_window, fits)
 
 REDRAW_MS = 33          # a tick every 33 ms redraws one of REDRAW_GROUPS groups: each panel ~10 Hz,
 REDRAW_GROUPS = 3       # and no single tick paints every plot at once (keeps each pause of the GUI short)
@@ -142,6 +142,7 @@ class MainWindow(QMainWindow):
         widgets = {"performance": self.performance, "gpu": self.gpu_panel, "memory": self.memory,
                    "experts": self.experts, "traffic": self.traffic, "knobs": self.knobs_scroll}
         self.docks = {name: self._dock(name, widget) for name, widget in widgets.items()}
+        self.kept_layout = KeptLayout(self.docks.values())
 
     def apply_default_layout(self, available: QSize) -> None:
         """The docks as a first window on a screen of ``available`` size has them."""
@@ -489,14 +490,28 @@ class MainWindow(QMainWindow):
     # --- layout memory and shutdown -------------------------------------------------------------
     def restore_layout(self, available: QRect) -> None:
         """The saved size, place and docks, fitted to ``available`` (the screen, less its panels); the
-        default ones where nothing (or an older window's layout) was saved."""
+        default ones where nothing (or an older window's layout) was saved, or where the saved docks need
+        more room than ``available`` has."""
         geometry = self.settings.value("geometry")
         if geometry is None or not self.restoreGeometry(geometry):
             self.resize(default_window_size(available.size()))
         state = self.settings.value("window_state")
         if state is None or not self.restoreState(state, LAYOUT_VERSION):
             self.apply_default_layout(available.size())
+        elif not fits(self.minimumSizeHint(), available.size()):
+            self._default_layout_instead(available.size(), state)
         self.fit_to_screen(available)
+
+    def _default_layout_instead(self, available: QSize, state: object) -> None:
+        """The default layout for a screen of ``available`` size in place of the saved one ``state``, which
+        needs more room (saved on a larger screen: two panel groups one over the other), where the default
+        fits; the saved layout stays saved, for its own screen, until the docks are rearranged here."""
+        self.apply_default_layout(available)
+        if fits(self.minimumSizeHint(), available):
+            self.resize(default_window_size(available))
+            self.kept_layout.keep()
+        else:                   # no layout fits a screen this small: the user's own, fitted as far as it goes
+            self.restoreState(state, LAYOUT_VERSION)
 
     def fit_to_screen(self, available: QRect) -> None:
         """Keep the window and each floating dock inside ``available``: a layout saved on a larger
@@ -508,8 +523,9 @@ class MainWindow(QMainWindow):
                 fit_window(dock, available)
 
     def closeEvent(self, event: QCloseEvent) -> None:
-        self.settings.setValue("geometry", self.saveGeometry())
-        self.settings.setValue("window_state", self.saveState(LAYOUT_VERSION))
+        if not self.kept_layout.kept:
+            self.settings.setValue("geometry", self.saveGeometry())
+            self.settings.setValue("window_state", self.saveState(LAYOUT_VERSION))
         self.settings.sync()
         if self.load_test is not None:
             self.load_test.close_streams()

@@ -4,10 +4,14 @@ A first window's panels share one dock as tabs beside the knobs (on a large scre
 over the other); everything shrinks to small minimums, so the whole window fits a 1024 × 700 screen: the
 readout captions and status lines are cut with "…" (whole in their tooltips), the panels stack their
 readouts, the knobs scroll and the conversation list can be dragged shut. A layout saved on a bigger
-screen is fitted to the one at hand, and a layout saved by an older window (another version of the dock
-arrangement) is not restored at all.
+screen is fitted to the one at hand; one that needs more room than that screen has (two panel groups one
+over the other) gives way to the default layout there, and stays saved for its own screen until the docks
+are rearranged. A layout saved by an older window (another version of the dock arrangement) is not
+restored at all.
 """
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from PySide6.QtCore import QRect, QSize, Qt
 from PySide6.QtGui import QResizeEvent
@@ -43,6 +47,12 @@ def fit_window(window: QWidget, available: QRect) -> None:
     room = available.adjusted(inner.left() - frame.left(), inner.top() - frame.top(),
                               inner.right() - frame.right(), inner.bottom() - frame.bottom())
     window.setGeometry(fit_rect(inner, room, window.minimumSizeHint()))
+
+
+def fits(least: QSize, available: QSize) -> bool:
+    """Whether a window whose inside needs ``least``, with its frame around it, fits ``available``."""
+    return (least.width() + FRAME_ROOM.width() <= available.width()
+            and least.height() + FRAME_ROOM.height() <= available.height())
 
 
 def default_window_size(available: QSize) -> QSize:
@@ -103,3 +113,29 @@ class WrappingWidget(QWidget):
         super().resizeEvent(event)
         if event.size().width() != event.oldSize().width():
             self.updateGeometry()          # another width: lines wrap anew, so the least height changes
+
+
+class KeptLayout:
+    """Whether the saved layout is kept as it is when the window closes: one that did not fit this screen
+    (the window shows the default layout here instead) stays saved for the screen it came from, until the
+    user rearranges the docks here (moves, floats, docks or closes one; a window merely resized or moved
+    is no new layout)."""
+
+    def __init__(self, docks: Iterable[QDockWidget]) -> None:
+        self.kept = False
+        for dock in docks:
+            dock.topLevelChanged.connect(self._rearranged)
+            dock.dockLocationChanged.connect(self._rearranged)
+            # closed by its button or the View menu (a window shown for the first time shows each dock: True)
+            dock.toggleViewAction().toggled.connect(self._toggled)
+
+    def keep(self) -> None:
+        """From now on until the docks are rearranged, the saved layout stays as it is."""
+        self.kept = True
+
+    def _rearranged(self, *_args) -> None:
+        self.kept = False
+
+    def _toggled(self, shown: bool) -> None:
+        if not shown:
+            self.kept = False

@@ -39,11 +39,14 @@ def _add_gui_parser(sub) -> None:
                         "name ends in ! (shot.png!)")
     p.add_argument("--prompt", default=None, help="with --screenshot: a prompt to send first")
     p.add_argument("--screenshot-size", default="1600x1000", type=_window_size, metavar="WxH",
-                   help="with --screenshot: the window's size in pixels, e.g. 1366x768 (default 1600x1000)")
+                   help="with --screenshot: the window's size in pixels, e.g. 1366x768 (default 1600x1000, at "
+                        f"least {SMALLEST_WINDOW[0]}x{SMALLEST_WINDOW[1]})")
     add_engine_flags(p)
 
 
-SMALLEST_WINDOW = (1100, 600)     # the chat, the panels and the knobs side by side, at their minimum widths
+# the least size a --screenshot window takes on the demo model: the chat, the panels and the knobs side by side
+# at their minimum widths, the demo's notice wrapped to two lines
+SMALLEST_WINDOW = (976, 474)
 
 
 def _window_size(text: str) -> tuple[int, int]:

@@ -12,6 +12,7 @@ from PySide6.QtCore import QRectF, QSize, Qt
 from PySide6.QtGui import QPainter, QPaintEvent, QResizeEvent
 from PySide6.QtWidgets import QGridLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
+from app.panels.plot_title import set_title
 
 HISTORY = 600          # samples kept per series (60 s at 10 Hz)
 WINDOW_S = 60.0        # seconds of history shown
@@ -62,12 +63,13 @@ class SecondsAgoAxis(pg.AxisItem):
         return [s.removeprefix("-") for s in super().tickStrings(values, scale, spacing)]
 
 
-def make_plot(layout: pg.GraphicsLayoutWidget, title: str, unit: str, row: int) -> pg.PlotItem:
-    """A time plot (last WINDOW_S seconds, x axis in seconds ago) with a titled left axis; created once."""
+def make_plot(layout: pg.GraphicsLayoutWidget, title: str, unit: str, row: int, short: str = "") -> pg.PlotItem:
+    """A time plot (last WINDOW_S seconds, x axis in seconds ago) with a titled left axis; created once.
+    ``short`` is the title where the plot is too narrow for ``title`` (a narrow dock)."""
     # no context menus, from the start: a view box's menu taken away later (setMenuEnabled(False)) is a
     # QMenu deleted with children the binding still wraps, which could crash a later plot's construction
     plot = layout.addPlot(row=row, col=0, axisItems={"bottom": SecondsAgoAxis("bottom")}, enableMenu=False)
-    plot.setTitle(f"<span style='color:#c9d1d9;font-size:9pt'>{title}</span>")
+    set_title(plot, title, short)
     plot.setLabel("left", unit)
     plot.getAxis("left").enableAutoSIPrefix(False)     # "GB/s (x0.001)" reads worse than 0.06 GB/s
     plot.setLabel("bottom", SECONDS_AGO, **{"font-size": "8pt"})
@@ -239,12 +241,21 @@ class Panel(QWidget):
         widths = [r.minimumSizeHint().width() if least else r.natural_width() for r in self.readouts.values()]
         return max(max(widths) + self._grid.spacing(), 1), m.left() + m.right()
 
+    def _rows_height(self, columns: int) -> int:
+        """The height of the readouts laid out ``columns`` to a row."""
+        rows = -(-len(self.readouts) // columns)
+        row = max(r.minimumSizeHint().height() for r in self.readouts.values())
+        return rows * row + (rows - 1) * self._grid.verticalSpacing()
+
     def minimumSizeHint(self) -> QSize:
-        """As narrow as the fewest readout columns allow (they reflow on resize), whatever they hold now."""
+        """As narrow as the fewest readout columns allow (they reflow on resize), whatever they hold now, and
+        as tall as the panel is at that width: a window laid out before its panels had their widths (a saved
+        layout being restored) keeps room for the rows the readouts stack into."""
         hint = super().minimumSizeHint()
         cell, margins = self._cell_and_margins(least=True)
         narrow = max(READOUT_COLUMNS[0] * cell, PLOT_MIN_SIZE[0]) + margins
-        return QSize(min(hint.width(), narrow), hint.height())
+        stacked = self._rows_height(READOUT_COLUMNS[0]) - self._rows_height(self._columns)
+        return QSize(min(hint.width(), narrow), hint.height() + stacked)
 
     def resizeEvent(self, event: QResizeEvent) -> None:
         # as many columns as show the captions whole (so a panel looks the same wherever they fit)

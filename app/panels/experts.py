@@ -16,6 +16,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import QRectF
 
 from app.panels.base import COLORS, Panel, Ring, curve, make_plot, set_series
+from app.panels.plot_title import set_title
 
 
 RECENT_S = 2.0       # the window of the "last 2 s" rates
@@ -82,12 +83,12 @@ class ExpertPanel(Panel):
         self._num_layers = 0
         self._heat: np.ndarray = np.zeros((0, 0))
         self._shown_shape: tuple | None = None
-        p1 = make_plot(self.graphics, "Experts found in the pool, last 2 s", "%", 0)
+        p1 = make_plot(self.graphics, "Experts found in the pool, last 2 s", "%", 0, short="Pool hits, last 2 s")
         p1.setYRange(0, 100, padding=0.02)
         self._rate = curve(p1, "green", "pool hits")
         self._rate_all = curve(p1, "cyan", "pool + staging hits", width=1.0, dash=True)
         p2 = self.graphics.addPlot(row=1, col=0, enableMenu=False)
-        p2.setTitle("<span style='color:#c9d1d9;font-size:9pt'>Hits per MoE layer, since load</span>")
+        set_title(p2, "Hits per MoE layer, since load", short="Hits per layer")
         p2.setLabel("left", "%")
         p2.setLabel("bottom", "layer")
         p2.setYRange(0, 100, padding=0.02)
@@ -97,7 +98,7 @@ class ExpertPanel(Panel):
         self._bars = pg.BarGraphItem(x=[], height=[], width=0.7, brush=COLORS["blue"])
         p2.addItem(self._bars)
         p3 = self.graphics.addPlot(row=2, col=0, enableMenu=False)
-        p3.setTitle("<span style='color:#c9d1d9;font-size:9pt'>Routed tokens per expert (row = layer)</span>")
+        set_title(p3, "Routed tokens per expert (row = layer)", short="Tokens per expert")
         p3.setLabel("left", "layer")
         p3.setLabel("bottom", "expert")
         p3.setMouseEnabled(x=False, y=False)

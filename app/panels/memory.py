@@ -60,7 +60,7 @@ class MemoryPanel(Panel):
                           ("vram", "VRAM (NVML)"), ("host", "Host store"), ("peak", "Peak allocated")])
         self.mem = Ring(5)       # cumulative stack tops in GiB, budget
         self.kv = Ring(1)        # KV blocks used %
-        p1 = make_plot(self.graphics, "Device memory by category (stacked)", "GiB", 0)
+        p1 = make_plot(self.graphics, "Device memory by category (stacked)", "GiB", 0, short="Memory by category")
         self._stack = []
         for i, (name, color) in enumerate(_CATEGORIES):
             self._stack.append(curve(p1, color, name, width=1.2))

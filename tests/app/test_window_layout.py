@@ -1,19 +1,24 @@
 """The window fits a small screen (1024 × 700), a laptop's and a large one: every dock reachable, inside the
-window, none over another, no button over another; a layout saved on a bigger screen is fitted to a smaller
-one."""
+window, none over another, no button over another, no plot title cut; a layout saved on a bigger screen is
+fitted to a smaller one, or gives way there to the default layout and stays saved for its own screen; a
+screenshot at the smallest size the flag takes is that size."""
 from __future__ import annotations
 
 import itertools
 
 import pytest
 from PySide6.QtCore import QPoint, QRect, QSettings, QSize, Qt
+from PySide6.QtGui import QImage
 from PySide6.QtWidgets import QAbstractButton, QApplication, QTabBar, QWidget
 
 from app.bridge import EngineBridge
 from app.conversations import ConversationStore
 from app.gpu_poller import FakeMonitor, GpuPoller, GpuSample
+from app.launch import run_gui
 from app.main_window import MainWindow
+from app.paths import default_model_dir
 from app.window_layout import LAYOUT_VERSION, fit_rect
+from strata.cli import SMALLEST_WINDOW
 
 # what a desktop takes from a screen around the window: its frame and title bar, a task bar
 FRAME = QSize(16, 40)
@@ -182,9 +187,34 @@ def test_fit_rect_never_goes_below_the_minimum():
 
 
 def test_the_smallest_window_the_screenshot_flag_takes_is_one_the_window_lays_out(window):
-    from strata.cli import SMALLEST_WINDOW
-    hint = window.minimumSizeHint()
+    hint = window.minimumSizeHint()                  # the demo model's window, its notice on show
     assert hint.width() <= SMALLEST_WINDOW[0] and hint.height() <= SMALLEST_WINDOW[1], hint
+
+
+@pytest.mark.parametrize("size", [SMALLEST_WINDOW, (1024, 700)], ids=["smallest", "1024x700"])
+def test_a_screenshot_at_a_small_size_is_that_size(themed, tmp_path, size):
+    out = tmp_path / "shot.png"
+    assert run_gui(str(default_model_dir()), {"device": "cpu"}, screenshot=str(out), screenshot_size=size) == 0
+    image = QImage(str(out))
+    assert (image.width(), image.height()) == size
+
+
+def test_the_screenshot_size_flag_takes_a_small_screen_and_names_the_smallest_size(tmp_path, capsys, monkeypatch):
+    import main
+    taken: list[tuple[int, int]] = []
+    monkeypatch.setattr("strata.cli._window_cannot_open", lambda argv: False)
+    monkeypatch.setattr("app.launch.run_gui",
+                        lambda *args, screenshot_size=None, **kw: taken.append(screenshot_size) or 0)
+    shot = str(tmp_path / "x.png")
+    least = f"{SMALLEST_WINDOW[0]}x{SMALLEST_WINDOW[1]}"
+    for size in ("1024x700", least):
+        assert main.main(["gui", "--screenshot", shot, "--screenshot-size", size]) == 0
+    assert taken == [(1024, 700), SMALLEST_WINDOW]
+    for size in (f"{SMALLEST_WINDOW[0] - 1}x700", f"1024x{SMALLEST_WINDOW[1] - 1}"):
+        assert main.main(["gui", "--screenshot", shot, "--screenshot-size", size]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{size} is smaller than the workbench lays out; use at least {least}" in err[0]
+    assert len(taken) == 2
 
 
 # --- a small screen: 1024 × 700 ---------------------------------------------------------------------------
@@ -271,3 +301,118 @@ def test_a_cut_readout_caption_shows_whole_in_its_tooltip(window):
     _settle()
     assert panel.width() < 240 and panel.readout_columns() == 2
     assert caption.shown_text().endswith("…") and caption.toolTip() == caption.text()
+
+
+# --- plot titles in a narrow dock ---------------------------------------------------------------------------
+NARROWEST_DOCK = 220     # a panel dock at its least width is no wider (about 214 px)
+
+
+@pytest.mark.parametrize("name", ["memory", "experts"])
+def test_plot_titles_are_shortened_in_the_narrowest_dock_and_whole_where_there_is_room(window, name):
+    w = window
+    panel, dock = getattr(w, name), w.docks[name]
+    w.resize(_client(SCREENS[1]))
+    w.apply_default_layout(SCREENS[1])
+    dock.raise_()
+    _settle()
+    for plot in panel.plots:                         # room enough: the whole title, as ever, and no tooltip
+        assert plot.titleLabel.shown == plot.titleLabel.title and plot.titleLabel.toolTip() == ""
+    w.apply_default_layout(SMALL_SCREEN)
+    w.resize(w.minimumSizeHint().width(), _client(SMALL_SCREEN).height())      # the narrowest window
+    dock.raise_()
+    w.resizeDocks([dock], [dock.minimumSizeHint().width()], Qt.Orientation.Horizontal)
+    _settle()
+    assert dock.width() <= NARROWEST_DOCK
+    view = panel.graphics
+    seen = view.mapToScene(view.viewport().rect()).boundingRect().adjusted(-0.5, -0.5, 0.5, 0.5)
+    assert seen.contains(view.ci.sceneBoundingRect())          # the plots are no wider than the dock
+    shortened = 0
+    for plot in panel.plots:
+        title = plot.titleLabel
+        text = title.mapRectToScene(title.itemRect())
+        assert seen.contains(text), f"{title.title!r} is cut: {text} outside {seen}"
+        assert title.shown in (title.title, title.short) and not title.shown.endswith("…")   # words, not cut
+        assert title.toolTip() == ("" if title.shown == title.title else title.title)       # whole on hover
+        shortened += title.shown != title.title
+    assert shortened >= 1                            # a long title gave way to its short one
+    cut = panel.plots[0].titleLabel.fitting(60)      # narrower than any dock: the short title cut with "…"
+    assert cut.endswith("…") and panel.plots[0].titleLabel.short.startswith(cut[:-1])
+
+
+# --- a layout saved on a large screen, restored on a small one -----------------------------------------------
+BIG_AVAILABLE = QRect(0, 0, 1920, 1040)          # a 1920 × 1080 screen less its task bar
+SMALL_AVAILABLE = QRect(0, 0, 1024, 660)         # a 1024 × 700 one
+
+
+def _saved(tmp_path) -> tuple[object, object]:
+    settings = QSettings(str(tmp_path / "strata.ini"), QSettings.Format.IniFormat)
+    return settings.value("geometry"), settings.value("window_state")
+
+
+def _stacked(w: MainWindow) -> bool:
+    """Whether the panels show as two groups one over the other (the large screen's layout)."""
+    shown = _on_window(w)
+    return {"performance", "memory"} <= set(shown) and shown["performance"].bottom() < shown["memory"].top()
+
+
+def _closed_on_a_big_screen(qtbot, tmp_path) -> tuple[object, object]:
+    """What a window closed on a large screen, in that screen's default layout, saved."""
+    big = _bare_window(qtbot, tmp_path)
+    big.setGeometry(QRect(BIG_AVAILABLE.topLeft(), _client(SCREENS[1])))
+    big.apply_default_layout(BIG_AVAILABLE.size())
+    big.show()
+    _settle()
+    assert _stacked(big)
+    assert big.minimumSizeHint().height() > _client(SMALL_SCREEN).height()     # too tall for the small screen
+    big.close()
+    return _saved(tmp_path)
+
+
+def _opened_on_the_small_screen(qtbot, tmp_path) -> MainWindow:
+    small = _bare_window(qtbot, tmp_path)
+    small.restore_layout(SMALL_AVAILABLE)
+    small.show()
+    _settle()
+    return small
+
+
+def test_a_layout_too_tall_for_a_small_screen_gives_way_to_the_default_and_stays_saved(qtbot, tmp_path, themed):
+    saved = _closed_on_a_big_screen(qtbot, tmp_path)
+    small = _opened_on_the_small_screen(qtbot, tmp_path)
+    client = _client(SMALL_SCREEN)
+    assert not _stacked(small) and small.docks["memory"] in small.tabifiedDockWidgets(small.docks["performance"])
+    hint = small.minimumSizeHint()
+    assert hint.width() <= client.width() and hint.height() <= client.height(), hint
+    assert small.width() <= client.width() and small.height() <= client.height(), small.size()
+    _check_docks(small)
+    small.docks["memory"].raise_()        # another tab in front, the window resized and moved: no new layout
+    small.resize(client.width() - 30, client.height() - 60)
+    small.move(20, 10)
+    _settle()
+    small.close()
+    assert _saved(tmp_path) == saved                 # left for the large screen
+    back = _bare_window(qtbot, tmp_path)
+    back.restore_layout(BIG_AVAILABLE)
+    back.show()
+    _settle()
+    assert _stacked(back)
+    back.close()
+
+
+@pytest.mark.parametrize("rearrange, restored", [
+    (lambda w: w.docks["knobs"].setFloating(True), lambda w: w.docks["knobs"].isFloating()),
+    (lambda w: w.docks["gpu"].close(), lambda w: w.docks["gpu"].isHidden()),
+    (lambda w: w.tabifyDockWidget(w.docks["performance"], w.docks["knobs"]),
+     lambda w: w.docks["knobs"] in w.tabifiedDockWidgets(w.docks["performance"])),
+], ids=["floated", "closed", "moved"])
+def test_docks_rearranged_on_the_small_screen_are_saved(qtbot, tmp_path, themed, rearrange, restored):
+    saved = _closed_on_a_big_screen(qtbot, tmp_path)
+    small = _opened_on_the_small_screen(qtbot, tmp_path)
+    assert not restored(small)
+    rearrange(small)
+    _settle()
+    small.close()
+    assert _saved(tmp_path)[1] != saved[1]
+    again = _opened_on_the_small_screen(qtbot, tmp_path)
+    assert restored(again)                          # the layout the user made here, not the default
+    again.close()

@@ -19,6 +19,7 @@ from app.launch import SCREENSHOT_SIZE, run_gui
 from app.messages import GenerationSettings
 from app.paths import default_model_dir
 from benchmarks.gui_stall import PROMPT, EventLoopProbe
+from strata.cli import SMALLEST_WINDOW
 
 REPLY_MS = 120_000
 IDLE_TICKS = 100             # probe ticks with no reply, before and after it: the machine's own noise
@@ -291,7 +292,7 @@ def test_a_wrong_screenshot_size_is_one_line(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "WIDTHxHEIGHT" in err[0] and "1366x768" in err[0]
     assert main.main(["gui", "--screenshot", "x.png", "--screenshot-size", "300x200"]) == 2
-    assert "at least 1100x600" in capsys.readouterr().err
+    assert f"at least {SMALLEST_WINDOW[0]}x{SMALLEST_WINDOW[1]}" in capsys.readouterr().err
 
 
 BAD_ENGINE_FLAGS = {     # what a user typed -> the one line that refuses it, in the flags' own words
