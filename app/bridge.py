@@ -54,7 +54,8 @@ _CHOICES = {o.name: o.choices for o in LIVE_OPTIONS if o.kind == "choice"}
 _REOPEN = f"fix the template there and open the folder again with {OPEN_MODEL}"
 TEMPLATE_FIXES = TemplateFixes(fault=_REOPEN,
                                system="clear System under System prompt and sampling, then press Regenerate",
-                               other=f"start a new chat (+ New chat), or {_REOPEN}")
+                               other=f"start a new chat (+ New chat), or {_REOPEN}",
+                               conversation=_REOPEN)     # no change to the chat gets it through
 
 __all__ = ["EngineBridge", "open_engine"]
 

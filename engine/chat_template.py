@@ -6,7 +6,7 @@ the template line it stopped at and the file it came from (``origin``):
 
 - ``ChatTemplateSyntaxError``: it does not parse (found at load; chat is refused, plain prompts still work);
 - ``ChatTemplateRefusal``: it refused the conversation through its ``raise_exception``; ``role`` is the role
-  of the message it refused, where that can be told;
+  of the message it refused, where one message can be blamed (None when the refusal holds without it);
 - ``ChatTemplateFault``: it failed on its own (an undefined variable, a type it cannot handle, any other
   error raised while it ran).
 
@@ -28,9 +28,12 @@ import jinja2.nodes
 import jinja2.parser
 import jinja2.sandbox
 
-from engine.errors import StrataError
+from engine.errors import StrataError, printable
 
 _TEMPLATE_FILE = "<template>"        # the file name Jinja gives a template compiled from a string
+_CAUSE_CHARS = 300                   # a template's words in a failure line, at most (they may quote a message)
+_ROLE_CHARS = 40                     # a refused message's role (the caller's text) in a failure line, at most
+_SEARCHED = 4096                     # the longest conversation whose refused message is searched for by bisection
 
 
 @dataclass(frozen=True)
@@ -50,13 +53,16 @@ class TemplateFixes:
 
     fault: str           # the template failed on its own, or does not parse
     system: str          # it refused a system message
-    other: str           # it refused another message, or the conversation as a whole
+    other: str           # it refused another message
+    conversation: str    # it refused the conversation as a whole: no one message could be blamed
 
 
 #: The fixes of a line read without knowing the front end (``str`` of the exceptions).
 DEFAULT_FIXES = TemplateFixes(fault="fix the template there",
                               system="change the messages to the roles and order this model expects",
-                              other="change the messages to the roles and order this model expects")
+                              other="change the messages to the roles and order this model expects",
+                              conversation="give the conversation what the template's words ask for, or fix the "
+                                           "template there")
 
 
 class ChatTemplateError(StrataError):
@@ -91,7 +97,7 @@ class ChatTemplateFault(TemplateFailure):
 
 class ChatTemplateRefusal(TemplateFailure):
     """The template refused the conversation through its ``raise_exception``; ``role`` is the role of the
-    message it refused (None when that cannot be told)."""
+    message it refused (None when no one message's removal lets the conversation through)."""
 
     def __init__(self, cause: str, line: int | None, origin: TemplateOrigin | None, role: str | None) -> None:
         self.role = role
@@ -101,9 +107,12 @@ class ChatTemplateRefusal(TemplateFailure):
     def verb(self) -> str:
         if not self.role:
             return "refused the conversation"
-        return f"refused {'an' if self.role[:1] in 'aeio' else 'a'} {self.role} message"    # a user, an assistant
+        role = printable(self.role, _ROLE_CHARS)      # the caller's text: one line, however it was sent
+        return f"refused {'an' if role[:1] in 'aeio' else 'a'} {role} message"    # a user, an assistant
 
     def fix(self, fixes: TemplateFixes) -> str:
+        if not self.role:
+            return fixes.conversation
         return fixes.system if self.role == "system" else fixes.other
 
 
@@ -117,7 +126,7 @@ def failure_line(exc: TemplateFailure, fixes: TemplateFixes, show_files: bool = 
     elif show_files and exc.origin:
         place = f" in {exc.origin}"
     subject = "the model folder's chat template" if show_files else "the model's chat template"
-    return f"{subject} {exc.verb}{place} ({exc.cause}); {exc.fix(fixes)}"
+    return f"{subject} {exc.verb}{place} ({printable(exc.cause, _CAUSE_CHARS)}); {exc.fix(fixes)}"
 
 
 # ---- the sandbox ---------------------------------------------------------------------------------------------
@@ -189,18 +198,41 @@ class ChatTemplate:
 
     def _refused_role(self, messages: list[dict], add_generation_prompt: bool, variables: dict[str, Any],
                       cause: str) -> str | None:
-        """The role of the message the template refused with ``cause``: the last of the fewest leading messages
-        it refuses with the same words (a template checks each message as its loop reaches it)."""
-        for n in range(1, len(messages)):
+        """The role of the message the template refused with ``cause``, or None when no one message can be blamed.
+
+        A template checks each message as its loop reaches it, so bisection over prefixes finds the message
+        that turns an accepted prefix into one refused with the same words (where refusal is monotone in the
+        prefix, the first; where not, a boundary). When every prefix tried was refused (a rule about the whole
+        request, or about the first message), the first message, or else the last (a rule about the
+        conversation's end), counts only if the conversation without it is not refused with the same words.
+        At most ceil(log2 N) + 2 renders; past ``_SEARCHED`` messages only the last message is tried (one
+        render), as each render costs as much as the conversation is long."""
+        def refused(subset: list[dict]) -> bool:
             try:
-                self._template.render(messages=messages[:n], add_generation_prompt=add_generation_prompt,
-                                      **variables)
+                self._template.render(messages=subset, add_generation_prompt=add_generation_prompt, **variables)
             except _TemplateRaised as exc:
-                if str(exc) == cause:
-                    return _role(messages[n - 1])
-            except Exception:        # a shorter conversation may fail otherwise; only the same refusal counts
-                pass
-        return _role(messages[-1]) if messages else None
+                return str(exc) == cause
+            except Exception:        # failing otherwise is not the same refusal
+                return False
+            return False
+
+        n = len(messages)
+        if not n:
+            return None
+        accepted = 0                 # the longest prefix rendered and accepted (0: none was)
+        lo, hi = (0, n) if n <= _SEARCHED else (n - 1, n)       # messages[:hi] is refused
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if refused(messages[:mid]):
+                hi = mid
+            else:
+                lo = accepted = mid
+        if accepted:                 # messages[:hi - 1] gets through and messages[:hi] does not
+            return _role(messages[hi - 1])
+        for at in dict.fromkeys((hi - 1, n - 1)):
+            if not refused(messages[:at] + messages[at + 1:]):
+                return _role(messages[at])
+        return None
 
 
 def _role(message: object) -> str | None:

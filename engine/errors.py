@@ -9,7 +9,7 @@ from __future__ import annotations
 from kernels.errors import ConfigError, StrataError
 
 __all__ = ["ConfigError", "DeviceOutOfMemoryError", "ModelLoadError", "PipelineError", "ReconfigureError", "StrataError",
-           "UnsupportedModelError"]
+           "UnsupportedModelError", "printable"]
 
 
 class ModelLoadError(StrataError):
@@ -30,3 +30,10 @@ class DeviceOutOfMemoryError(StrataError):
 
 class PipelineError(StrataError):
     """A pipeline stage's process failed or ended; the engine stopped every stage and must be loaded again."""
+
+
+def printable(text: str, limit: int = 200) -> str:
+    """Text from outside (a client's path or role, a chat template's words) as one short line for messages and
+    logs: control characters escaped, cut to ``limit`` characters."""
+    text = text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+    return text if len(text) <= limit else text[:limit - 3] + "..."

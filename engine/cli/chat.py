@@ -36,7 +36,8 @@ QUIT_HINT = "(press Ctrl-C again or type /exit to quit; /save FILE keeps the con
 TEMPLATE_FIXES = TemplateFixes(fault="fix the template there and start the chat again",
                                system="start the chat again without --system",
                                other="/reset starts a new conversation, or fix the template there and start the "
-                                     "chat again")
+                                     "chat again",
+                               conversation="fix the template there and start the chat again")
 
 
 class ChatSession:

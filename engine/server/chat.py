@@ -44,7 +44,9 @@ _RESERVED = frozenset({"messages", "add_generation_prompt", "tokenize", "tools"}
 # A chat template's failures as a client reads them: the messages are theirs to change, the template is not.
 _RESHAPE = "change the messages to the roles and order this model expects"
 TEMPLATE_FIXES = TemplateFixes(fault="the fault is the template's rather than the messages'; whoever serves the model "
-                                     "can fix its chat_template", system=_RESHAPE, other=_RESHAPE)
+                                     "can fix its chat_template", system=_RESHAPE, other=_RESHAPE,
+                               conversation="change the request to meet the rule in the template's own words, or "
+                                            "whoever serves the model can change its chat_template")
 _KWARGS_FIXES = dataclasses.replace(TEMPLATE_FIXES, fault="check the variables chat_template_kwargs sets, which the "
                                                           "template may not expect")
 _UNPARSED_FIXES = dataclasses.replace(TEMPLATE_FIXES, fault="send a plain prompt to /v1/completions until whoever "
@@ -103,7 +105,7 @@ def prepare(body: dict, info: ModelInfo) -> ChatPrompt:
     except ChatTemplateFault as exc:
         raise _template_fault(exc, bool(extra)) from None
     except ChatTemplateRefusal as exc:
-        raise bad("messages", failure_line(exc, TEMPLATE_FIXES, show_files=False)) from None
+        raise _refusal(exc) from None
     except StrataError as exc:
         raise bad("messages", str(exc)) from None
     return ChatPrompt(list(ids), plan, guide or plan.guide, think=tok.think)
@@ -119,10 +121,16 @@ def _prepare_harmony(body: dict, chat) -> ChatPrompt:
     except ChatTemplateFault as exc:
         raise _template_fault(exc) from None
     except ChatTemplateRefusal as exc:
-        raise bad("messages", failure_line(exc, TEMPLATE_FIXES, show_files=False)) from None
+        raise _refusal(exc) from None
     except StrataError as exc:
         raise bad("messages", str(exc)) from None
     return ChatPrompt(ids, plan, None, reply)
+
+
+def _refusal(exc: ChatTemplateRefusal) -> APIError:
+    """The template refused the conversation: ``messages`` is the field to change when one message is to blame;
+    when none is, the rule in the template's words may be about another field (tools, say), so none is named."""
+    return bad("messages" if exc.role else None, failure_line(exc, TEMPLATE_FIXES, show_files=False))
 
 
 def _template_fault(exc: ChatTemplateFault, kwargs: bool = False) -> APIError:

@@ -8,6 +8,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from engine.errors import printable
+
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
           405: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error",
           500: "server_error", 503: "server_error"}
@@ -30,12 +32,6 @@ class APIError(Exception):
 
     def response(self) -> Response:
         return Response(self.body(), self.status, headers=self.headers, media_type="application/json")
-
-
-def printable(text: str, limit: int = 200) -> str:
-    """A client's path as one short line for messages and logs (control characters escaped)."""
-    text = text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
-    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> bytes:

@@ -13,9 +13,19 @@ stops calling it fails there rather than going back to plain text unnoticed.
 """
 from __future__ import annotations
 
+import re
 import sys
 
 from engine.server.errors import error_body, printable
+
+_BYTES = r"(?<!\w)b'(?:[^'\\]|\\.)*'" + r'|(?<!\w)b"(?:[^"\\]|\\.)*"'       # a bytes object's repr
+_RAW = re.compile(rf"bytearray\(({_BYTES})\)|({_BYTES})")                    # as h11 words the bytes it refused
+
+
+def parser_words(error: BaseException) -> str:
+    """The parser's reason as one short readable line: bytes h11 quotes as ``bytearray(b'...')`` shown as the
+    escaped text between the quotes (``illegal request line: G\\xffT / HTTP/1.1``)."""
+    return printable(_RAW.sub(lambda match: (match[1] or match[2])[2:-1], str(error)))
 
 
 def invalid_http_body(cause: str | None) -> bytes:
@@ -28,21 +38,42 @@ def invalid_http_body(cause: str | None) -> bytes:
 
 def with_json_refusal(base: type) -> type:
     """A subclass of uvicorn's HTTP protocol class ``base`` whose answer to a request its parser refuses is a
-    JSON error object; the connection closes after it, as uvicorn's own answer closes it. Garbage pipelined
-    behind a request whose response is still being sent (httptools parses it at once) only closes the
-    connection: a status line in the middle of that response would corrupt it."""
+    JSON error object with uvicorn's default headers (date, server); the connection closes after it, as uvicorn's
+    own answer closes it. Bytes refused behind a whole request whose response is not yet sent (httptools parses
+    pipelined bytes at once; h11 only once that response is done) are answered after that response, so each
+    request's answer stays in its place. Broken bytes inside a request whose response has already begun (its
+    app answered before reading the whole body) only close the connection: a status line in the middle of that
+    response would corrupt it."""
 
     class JsonRefusal(base):
+        _refusal: bytes | None = None       # a 400 held back until the responses before it are sent
+
         def send_400_response(self, msg: str) -> None:
-            cycle = getattr(self, "cycle", None)
-            if cycle is not None and cycle.response_started and not cycle.response_complete:
-                self.transport.close()           # a response is under way: no second status line fits in it
-                return
             error = sys.exc_info()[1]            # the parser's error, which uvicorn is handling when it calls this
-            body = invalid_http_body(str(error) if error is not None else None)
-            head = (b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nconnection: close\r\n"
-                    b"content-length: " + str(len(body)).encode() + b"\r\n\r\n")
-            self.transport.write(head + body)
+            body = invalid_http_body(parser_words(error) if error is not None else None)
+            head = [b"HTTP/1.1 400 Bad Request\r\n"]
+            head += [name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers]
+            head += [b"content-type: application/json\r\nconnection: close\r\n",
+                     b"content-length: " + str(len(body)).encode() + b"\r\n\r\n"]
+            self._refusal = b"".join(head) + body
+            cycle = self.cycle
+            if cycle is None or cycle.response_complete:
+                self._send_refusal()
+            elif not cycle.more_body:            # the bytes after a whole request: answered after its response
+                self.flow.pause_reading()
+            elif cycle.response_started:
+                self.transport.close()           # a response is under way: no second status line fits in it
+            else:
+                self._send_refusal()             # the request itself is broken; its app sees the disconnect
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if self._refusal is not None and self.cycle.response_complete:   # the last response before it
+                self._send_refusal()
+
+        def _send_refusal(self) -> None:
+            if not self.transport.is_closing():
+                self.transport.write(self._refusal)
             self.transport.close()
 
     JsonRefusal.__name__ = JsonRefusal.__qualname__ = f"JsonRefusal{base.__name__}"

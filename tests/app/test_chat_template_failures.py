@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from app.messages import GenerationSettings
-from tests.app.conftest import REPLY_TIMEOUT_MS
+from tests.app.conftest import LOAD_TIMEOUT_MS, REPLY_TIMEOUT_MS
 from tiny_models import build_tiny_model
 
 TURNS = ("{%- for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endfor %}"
@@ -67,6 +67,24 @@ def test_a_template_that_refuses_the_system_prompt_says_to_clear_it_and_that_wor
         window.chat_pane.regen_button.click()
     assert done.args[0].error is None and done.args[0].completion_tokens > 0
     assert window.chat.current.messages[0].content == "Hello there"
+
+
+def test_a_template_that_refuses_whatever_the_chat_says_to_fix_it_not_to_clear_system(window_factory, qtbot,
+                                                                                       chat_model, tmp_path):
+    needs_tools = "{%- if not tools %}{{ raise_exception('This model needs tools') }}{%- endif %}" + TURNS
+    model = _with_template(chat_model, tmp_path / "m", needs_tools)
+    window = window_factory(model=str(model))
+    window.chat_pane.settings_box.system_prompt.setPlainText("Be brief.")   # its first message: not to blame
+    stats = _send(window, qtbot, "Hello there")
+    assert stats.error == (f"the model folder's chat template refused the conversation at line 1 of "
+                           f"{model / 'chat_template.jinja'} (This model needs tools); {REOPEN}")
+    (model / "chat_template.jinja").write_text(TURNS, encoding="utf-8")     # the fix it names
+    with qtbot.waitSignal(window.model_ready, timeout=LOAD_TIMEOUT_MS):
+        window.open_model(str(model))
+    assert window.chat_pane.regen_button.isEnabled()
+    with qtbot.waitSignal(window.chat.reply_done, timeout=REPLY_TIMEOUT_MS) as done:
+        window.chat_pane.regen_button.click()
+    assert done.args[0].error is None and done.args[0].completion_tokens > 0
 
 
 def test_a_template_that_does_not_parse_is_called_broken_not_missing(window_factory, chat_model, tmp_path):

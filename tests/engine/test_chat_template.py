@@ -1,6 +1,8 @@
 """A model folder's chat template that fails, each way it can: one that does not parse, one that refuses a
 message through raise_exception, one that fails on its own. Each names the file it came from and the template's
-line and words; a refusal names the role of the message it refused, which is what a front end's fix depends on."""
+line and words; a refusal names the role of the message it refused, which is what a front end's fix depends on,
+and only when that message's removal lets the conversation through; finding it takes a few renders however long
+the conversation."""
 from __future__ import annotations
 
 import json
@@ -8,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.chat_template import (ChatTemplateFault, ChatTemplateRefusal, TemplateFixes, TemplateOrigin,
-                                  failure_line)
+from engine.chat_template import (ChatTemplate, ChatTemplateFault, ChatTemplateRefusal, TemplateFixes,
+                                  TemplateOrigin, failure_line)
 from engine.errors import StrataError
 from engine.tokenizer import Tokenizer
 from tests.engine.tokenizer_fixtures import CHAT_TEMPLATE, build_tiny_tokenizer
@@ -25,6 +27,11 @@ ALTERNATE = ("{%- set loop_messages = messages[1:] if messages[0].role == 'syste
              "{%- endif %}{%- endfor %}" + TURNS)
 LAST_FROM_USER = ("{%- if messages[-1].role != 'user' %}{{ raise_exception('The last message must be from the user') }}"
                   "{%- endif %}" + TURNS)
+FIRST_FROM_USER = ("{%- if messages[0].role != 'user' %}{{ raise_exception('Start with a user message') }}{%- endif %}"
+                   + TURNS)
+NEEDS_TOOLS = "{%- if not tools %}{{ raise_exception('This model needs tools') }}{%- endif %}" + TURNS
+UNKNOWN_ROLE = ("{%- for m in messages %}{%- if m.role not in ['user', 'assistant'] %}"
+                "{{ raise_exception('Unknown role: ' + m.role) }}{%- endif %}{%- endfor %}" + TURNS)
 SYSTEM, USER, ASSISTANT = ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
                            {"role": "assistant", "content": "Hello"})
 TOOL_TURN = [USER, {"role": "assistant", "content": "", "tool_calls": [
@@ -75,6 +82,8 @@ def test_whatever_a_template_raises_is_its_fault_in_one_line_not_a_crash(tmp_pat
     (ALTERNATE, [SYSTEM, USER, USER], "user"),                  # two user turns in a row: the second is refused
     (CHAT_TEMPLATE, TOOL_TURN, "tool"),                         # a template that knows no tool role
     (LAST_FROM_USER, [USER, ASSISTANT], "assistant"),           # refused only as the conversation's end
+    (LAST_FROM_USER, [SYSTEM, USER, ASSISTANT], "assistant"),   # its first message alone is refused too, not blamed
+    (FIRST_FROM_USER, [SYSTEM, USER], "system"),                # the conversation without it gets through
 ])
 def test_a_refusal_names_the_role_of_the_message_it_refused(tmp_path, template, messages, role):
     err = _failure(_tokenizer(tmp_path, template), messages)
@@ -84,12 +93,82 @@ def test_a_refusal_names_the_role_of_the_message_it_refused(tmp_path, template, 
                                f"chat_template in {tmp_path / 'tokenizer_config.json'} ({err.cause}); ")
 
 
+@pytest.mark.parametrize("messages", [[SYSTEM, USER], [USER], [SYSTEM, USER, ASSISTANT, USER]])
+def test_a_refusal_no_one_message_causes_is_of_the_conversation_not_its_first_message(tmp_path, messages):
+    err = _failure(_tokenizer(tmp_path, NEEDS_TOOLS), messages)
+    assert isinstance(err, ChatTemplateRefusal) and err.role is None
+    assert str(err) == (f"the model folder's chat template refused the conversation at line 1 of chat_template in "
+                        f"{tmp_path / 'tokenizer_config.json'} (This model needs tools); give the conversation what "
+                        "the template's words ask for, or fix the template there")
+
+
+class Renders:
+    """A template variable a template calls once per render: how many renders a failure cost."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self) -> str:
+        self.count += 1
+        return ""
+
+
+@pytest.mark.parametrize("n, at, renders", [
+    (4096, 4095, 1 + 12),           # the render that failed, then 12 halvings of the prefixes
+    (4096, 2000, 1 + 12),
+    (4096, 1, 1 + 12),
+    (100_000, 99_999, 1 + 1),       # past 4096 messages only the last is tried: each render is the whole of it
+])
+def test_finding_the_refused_message_takes_a_few_renders_however_long_the_conversation(n, at, renders):
+    template = ChatTemplate("{{ tick() }}" + ALTERNATE)
+    messages = [USER if i % 2 == 0 else ASSISTANT for i in range(n)]
+    messages[at] = messages[at - 1]                             # two of one role in a row: the second is refused
+    tick = Renders()
+    with pytest.raises(ChatTemplateRefusal) as err:
+        template.render(messages, True, {"tick": tick})
+    assert err.value.role == messages[at]["role"] and tick.count == renders
+
+
+def test_a_refusal_of_every_prefix_costs_two_renders_more_to_tell_it_is_of_the_conversation():
+    tick = Renders()
+    with pytest.raises(ChatTemplateRefusal) as err:
+        ChatTemplate("{{ tick() }}" + NEEDS_TOOLS).render([SYSTEM] + [USER, ASSISTANT] * 2047 + [USER], True,
+                                                          {"tick": tick})
+    assert err.value.role is None and tick.count == 1 + 12 + 2     # without the first, then without the last
+
+
+def test_a_long_conversation_refused_before_its_end_is_refused_as_a_whole():
+    messages = [USER if i % 2 == 0 else ASSISTANT for i in range(10_000)]
+    messages[5000] = ASSISTANT
+    tick = Renders()
+    with pytest.raises(ChatTemplateRefusal) as err:
+        ChatTemplate("{{ tick() }}" + ALTERNATE).render(messages, True, {"tick": tick})
+    assert err.value.role is None and tick.count == 2
+
+
+def test_a_role_and_words_from_the_caller_stay_one_short_line():
+    err = _refusal(UNKNOWN_ROLE, [USER, {"role": "tool\nX-Injected: 1", "content": "ok"}])
+    assert err.role == "tool\nX-Injected: 1"
+    assert str(err).startswith("the model folder's chat template refused a tool\\nX-Injected: 1 message at its "
+                               "line 1 (Unknown role: tool\\nX-Injected: 1); ")
+    err = _refusal(UNKNOWN_ROLE, [USER, {"role": "r" * 5000, "content": "ok"}])
+    assert "\n" not in str(err) and len(str(err)) < 600 and f"refused a {'r' * 37}... message" in str(err)
+
+
+def _refusal(template: str, messages: list[dict]) -> ChatTemplateRefusal:
+    with pytest.raises(ChatTemplateRefusal) as err:
+        ChatTemplate(template).render(messages, True, {})
+    return err.value
+
+
 def test_each_front_end_words_its_own_fix_and_a_client_is_not_shown_the_files(tmp_path):
-    fixes = TemplateFixes(fault="FAULT", system="DROP THE SYSTEM PROMPT", other="START OVER")
+    fixes = TemplateFixes(fault="FAULT", system="DROP THE SYSTEM PROMPT", other="START OVER", conversation="TOOLS")
     refusal = _failure(_tokenizer(tmp_path / "a", NO_SYSTEM), [SYSTEM, USER])
     assert failure_line(refusal, fixes).endswith("(System role not supported); DROP THE SYSTEM PROMPT")
     alternate = _failure(_tokenizer(tmp_path / "b", ALTERNATE), [USER, USER])
     assert failure_line(alternate, fixes).endswith("; START OVER")
+    whole = _failure(_tokenizer(tmp_path / "d", NEEDS_TOOLS), [SYSTEM, USER])
+    assert failure_line(whole, fixes).endswith("(This model needs tools); TOOLS")
     fault = _failure(_tokenizer(tmp_path / "c", "{{ persona }}{{ persona.x }}"), [USER])
     assert failure_line(fault, fixes, show_files=False) == ("the model's chat template failed at its line 1 "
                                                             "('persona' is undefined); FAULT")

@@ -216,6 +216,21 @@ def test_a_template_that_refuses_the_system_prompt_says_to_start_without_system(
     assert rc == 0 and not errors(err)
     assert [m["role"] for m in saved(tmp_path / "c.json")] == ["user", "assistant"]
 
+
+def test_a_template_that_refuses_whatever_the_chat_says_to_fix_the_template_not_to_drop_system(monkeypatch, capsys,
+                                                                                              chat_model, tmp_path):
+    needs_tools = "{%- if not tools %}{{ raise_exception('This model needs tools') }}{%- endif %}" + TURNS
+    model = with_template(chat_model, tmp_path / "m", needs_tools)
+    lines = ["Hello", f"/save {tmp_path / 'c.json'}!"]
+    rc, out, err, _ = run_chat(monkeypatch, capsys, lines, "--system", "Be brief.", model=model)
+    assert rc == 0 and errors(err) == [
+        f"error: the model folder's chat template refused the conversation at line 1 of "
+        f"{model / 'chat_template.jinja'} (This model needs tools); fix the template there and start the chat again"]
+    (model / "chat_template.jinja").write_text(TURNS, encoding="utf-8")     # the fix it names
+    rc, out, err, _ = run_chat(monkeypatch, capsys, lines, "--system", "Be brief.", model=model)
+    assert rc == 0 and not errors(err)
+    assert [m["role"] for m in saved(tmp_path / "c.json")] == ["system", "user", "assistant"]
+
 # ---- commands ----------------------------------------------------------------------------------------------
 
 def test_save_never_replaces_a_file_unless_told_to(monkeypatch, capsys, tmp_path):

@@ -1,7 +1,8 @@
 """A request whose HTTP framing is broken never reaches the app: uvicorn's parser refuses it. Its answer is a 400
-with an OpenAI error object naming the parser's reason (engine/server/invalid_http.py), under either of uvicorn's
-HTTP implementations, and the connection closes; the server answers a good request right after. Raw sockets:
-no HTTP library sends such requests."""
+with an OpenAI error object naming the parser's reason in readable words and uvicorn's usual headers
+(engine/server/invalid_http.py), under either of uvicorn's HTTP implementations, and the connection closes; the
+server answers a good request right after. Requests sent ahead of the broken bytes on the same connection get their
+own answers first. Raw sockets: no HTTP library sends such requests."""
 from __future__ import annotations
 
 import json
@@ -61,6 +62,7 @@ def test_a_request_the_parser_refuses_gets_an_openai_error_object(served, raw):
     headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
     assert lines[0] == "HTTP/1.1 400 Bad Request"
     assert headers["content-type"] == "application/json" and headers["connection"] == "close"
+    assert headers["server"] == "uvicorn" and headers["date"].endswith(" GMT")     # as every other answer has
     assert int(headers["content-length"]) == len(body)            # nothing else follows: the server closed
     error = json.loads(body)["error"]
     assert set(error) == {"message", "type", "param", "code"}
@@ -73,13 +75,54 @@ def test_a_request_the_parser_refuses_gets_an_openai_error_object(served, raw):
     assert good.status_code == 200
 
 
+def _responses(data: bytes) -> list[tuple[str, bytes]]:
+    """The status lines and bodies of the responses ``data`` holds one after another (Content-Length or chunked)."""
+    out = []
+    while data:
+        head, _, data = data.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+        if headers.get("transfer-encoding") == "chunked":
+            body = b""
+            while True:
+                size, _, data = data.partition(b"\r\n")
+                body, data = body + data[:int(size, 16)], data[int(size, 16) + 2:]
+                if size == b"0":
+                    break
+        else:
+            body, data = data[:int(headers["content-length"])], data[int(headers["content-length"]):]
+        out.append((lines[0], body))
+    return out
+
+
+@pytest.mark.parametrize("ahead", [1, 3])
+def test_requests_ahead_of_broken_bytes_in_one_write_get_their_answers_first(served, ahead):
+    health = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    answers = _responses(_exchange(served, health * ahead + b"GARBAGE\r\n\r\n"))
+    assert [status for status, _ in answers] == ["HTTP/1.1 200 OK"] * ahead + ["HTTP/1.1 400 Bad Request"]
+    assert all(json.loads(body) == {"status": "ok"} for _, body in answers[:-1])
+    assert json.loads(answers[-1][1])["error"]["code"] == "invalid_http"
+
+
+def test_the_parsers_reason_is_words_not_a_python_repr(served, request):
+    _, body = _responses(_exchange(served, b"G\xffT /\xfe\xfd HTTP/1.1\r\nHost: x\r\n\r\n"))[0]
+    message = json.loads(body)["error"]["message"]
+    assert message.isprintable() and "bytearray" not in message and "b'" not in message
+    reason = {"h11": "illegal request line: G\\xffT /\\xfe\\xfd HTTP/1.1",     # h11 quotes the bytes it refused
+              "httptools": "Invalid method encountered"}[request.node.callspec.params["served"]]
+    assert message.startswith(f"the request is not valid HTTP/1.1 ({reason}); ")
+
+
+def test_a_long_refused_line_is_cut_short_in_the_reason(served):
+    _, body = _responses(_exchange(served, b"G" + b"\xff" * 3000 + b" / HTTP/1.1\r\nHost: x\r\n\r\n"))[0]
+    assert len(json.loads(body)["error"]["message"]) < 400
+
+
 def test_garbage_behind_a_streaming_response_never_lands_inside_it(served):
     body = json.dumps({"prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True, "stream": True}).encode()
     request = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + AUTH + b"Content-Type: application/json\r\n"
                b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-    reply = _exchange(served, request, then=b"GARBAGE\r\n\r\n")
-    assert reply.startswith(b"HTTP/1.1 200")
-    stream, done, after = reply.partition(b"data: [DONE]")
-    # the stream is cut where the garbage came, or ends whole with the refusal after it: never a status inside it
-    assert b"HTTP/1.1 400" not in stream
-    assert not after.strip() or b"HTTP/1.1 400 Bad Request" in after
+    answers = _responses(_exchange(served, request, then=b"GARBAGE\r\n\r\n"))
+    # the stream ends whole, and the refusal follows it: never a status line inside it
+    assert [status for status, _ in answers] == ["HTTP/1.1 200 OK", "HTTP/1.1 400 Bad Request"]
+    assert answers[0][1].endswith(b"data: [DONE]\n\n") and b"HTTP/1.1" not in answers[0][1]

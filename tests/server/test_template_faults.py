@@ -1,7 +1,8 @@
 """What a chat template is given and how its failures are told: a tool sent without parameters (OpenAI allows
 it) reaches the template with an empty parameters object, a template that refuses the conversation itself
-(raise_exception) is blamed on the messages, and one that fails on its own or does not parse is named as the
-template's fault, at the template's line and without the server's files."""
+(raise_exception) is blamed on the messages, or where no one message is to blame on a rule its words state, and one
+that fails on its own or does not parse is named as the template's fault, at the template's line and without the
+server's files. The template's words stay one line, whatever of the request they quote."""
 from __future__ import annotations
 
 import pytest
@@ -92,3 +93,26 @@ def test_whatever_the_template_raises_is_a_400_naming_it_not_a_500(tmp_path):
     assert error["code"] == "chat_template_error"
     assert error["message"].startswith("the model's chat template failed at its line 1 (integer division or modulo "
                                        "by zero); the fault is the template's")
+
+
+def test_a_refusal_no_one_message_causes_names_the_rule_and_meeting_it_works(tmp_path):
+    info = _info(tmp_path, "{%- if not tools %}{{ raise_exception('This model needs tools') }}{%- endif %}"
+                 + PARAMETERS_TEMPLATE)
+    messages = [{"role": "system", "content": "Be brief."}] + HI
+    error = _refusal({"messages": messages}, info)
+    assert error["param"] is None and error["code"] is None       # the rule may be about another field
+    assert error["message"] == ("the model's chat template refused the conversation at its line 1 (This model needs "
+                                "tools); change the request to meet the rule in the template's own words, or whoever "
+                                "serves the model can change its chat_template")
+    tools = [{"type": "function", "function": {"name": "now"}}]
+    assert chat.prepare({"messages": messages, "tools": tools}, info).ids        # the fix it names
+
+
+def test_a_templates_words_quoting_the_request_stay_one_line(tmp_path):
+    quotes = ("{%- for m in messages %}{%- if m.content.startswith('!') %}{{ raise_exception('Bad message: ' "
+              "+ m.content) }}{%- endif %}{%- endfor %}" + TURNS)
+    error = _refusal({"messages": [{"role": "user", "content": "!hi\r\nX-Injected: 1" + "x" * 5000}]},
+                     _info(tmp_path, quotes))
+    assert error["message"].startswith("the model's chat template refused a user message at its line 1 (Bad message: "
+                                       "!hi\\r\\nX-Injected: 1xxx")
+    assert "\r" not in error["message"] and len(error["message"]) < 600
