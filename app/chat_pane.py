@@ -231,6 +231,7 @@ class ContextMeter(QWidget):
                if total > 0 else "Load a model to see how much of its context this chat takes")
         if tip != self.toolTip():
             self.setToolTip(tip)
+            self.label.set_note(tip)      # the label's own tooltip (its whole text while cut) keeps this too
 
 
 class ChatPane(WrappingWidget):

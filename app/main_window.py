@@ -43,7 +43,7 @@ from app.recorder import SessionRecorder
 from app.server_switch import ServerSwitch
 from app.thermal import AMBER, RED, ThermalGuard, ThermalState, assess, temperature_note
 from app.window_layout import (CHAT_MIN_WIDTH, DOCK_TITLES, KNOBS_MIN_WIDTH, LAYOUT_VERSION, SIDEBAR_MIN_WIDTH,
-                               KeptLayout, WrappingWidget, arrange_docks, default_window_size, fit_window, fits)
+                               KeptLayout, arrange_docks, default_window_size, fit_window, fits)
 
 REDRAW_MS = 33          # a tick every 33 ms redraws one of REDRAW_GROUPS groups: each panel ~10 Hz,
 REDRAW_GROUPS = 3       # and no single tick paints every plot at once (keeps each pause of the GUI short)
@@ -98,7 +98,7 @@ class MainWindow(QMainWindow):
 
     # --- construction --------------------------------------------------------------------------
     def _build_central(self, store: ConversationStore) -> None:
-        central = WrappingWidget()             # a banner that wraps in a narrow window keeps its room
+        central = QWidget()        # its least height: the banners' (bounded, they scroll) and the chat pane's
         lay = QVBoxLayout(central)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.setSpacing(0)
@@ -270,7 +270,8 @@ class MainWindow(QMainWindow):
         for key in self._note_keys:
             self.banners.clear(key)
         self._note_keys = [f"note{i}" for i in range(len(notes))]
-        for key, note in zip(self._note_keys, notes):     # a banner reads as a sentence: a capital first
+        # a banner reads as a sentence: a capital first; the newest banner goes on top, so the last note first
+        for key, note in reversed(list(zip(self._note_keys, notes))):
             self.banners.show_message(key, note[:1].upper() + note[1:], "amber")
 
     # --- knob values across restarts ----------------------------------------------------------

@@ -12,6 +12,7 @@ from PySide6.QtCore import QRectF, QSize, Qt
 from PySide6.QtGui import QPainter, QPaintEvent, QResizeEvent
 from PySide6.QtWidgets import QGridLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
+from app.panels.legend import FittedLegend
 from app.panels.plot_title import set_title
 
 HISTORY = 600          # samples kept per series (60 s at 10 Hz)
@@ -63,9 +64,11 @@ class SecondsAgoAxis(pg.AxisItem):
         return [s.removeprefix("-") for s in super().tickStrings(values, scale, spacing)]
 
 
-def make_plot(layout: pg.GraphicsLayoutWidget, title: str, unit: str, row: int, short: str = "") -> pg.PlotItem:
-    """A time plot (last WINDOW_S seconds, x axis in seconds ago) with a titled left axis; created once.
-    ``short`` is the title where the plot is too narrow for ``title`` (a narrow dock)."""
+def make_plot(layout: pg.GraphicsLayoutWidget, title: str, unit: str, row: int, short: str = "",
+              legend_columns: int = 1) -> pg.PlotItem:
+    """A time plot (last WINDOW_S seconds, x axis in seconds ago) with a titled left axis and a legend of
+    ``legend_columns`` entries to a row; created once. ``short`` is the title where the plot is too narrow
+    for ``title`` (a narrow dock)."""
     # no context menus, from the start: a view box's menu taken away later (setMenuEnabled(False)) is a
     # QMenu deleted with children the binding still wraps, which could crash a later plot's construction
     plot = layout.addPlot(row=row, col=0, axisItems={"bottom": SecondsAgoAxis("bottom")}, enableMenu=False)
@@ -81,7 +84,7 @@ def make_plot(layout: pg.GraphicsLayoutWidget, title: str, unit: str, row: int, 
     plot.setMouseEnabled(x=False, y=False)
     plot.hideButtons()
     plot.getAxis("bottom").setHeight(30)
-    plot.addLegend(offset=(10, 4), labelTextSize="8pt", brush=pg.mkBrush(21, 23, 26, 200))
+    FittedLegend(plot, legend_columns)
     return plot
 
 
@@ -105,11 +108,15 @@ def fit_y(plot: pg.PlotItem, values: np.ndarray, bottom: float = 0.0) -> None:
         plot.setYRange(bottom, top, padding=0)
 
 
-def curve(plot: pg.PlotItem, color: str, name: str, width: float = 1.6, dash: bool = False) -> pg.PlotDataItem:
+def curve(plot: pg.PlotItem, color: str, name: str, width: float = 1.6, dash: bool = False,
+          short: str = "") -> pg.PlotDataItem:
+    """A line of a plot from make_plot, in its legend as ``name`` (``short`` where the plot is too narrow)."""
     pen = pg.mkPen(COLORS.get(color, color), width=width)
     if dash:
         pen.setStyle(pg.QtCore.Qt.PenStyle.DashLine)
-    return plot.plot([], [], pen=pen, name=name, connect="finite")
+    item = plot.plot([], [], pen=pen, connect="finite")
+    plot.legend.addItem(item, name, short)
+    return item
 
 
 def set_series(item: pg.PlotDataItem, rows: np.ndarray, column: int, now: float) -> None:
@@ -143,7 +150,17 @@ class ElidedLabel(QLabel):
 
 
 class CaptionLabel(ElidedLabel):
-    """An ElidedLabel whose tooltip is its whole text while it is cut (and none while it shows whole)."""
+    """An ElidedLabel whose tooltip is its whole text while it is cut, over its ``note`` (what the label
+    means) if it has one; while it shows whole, the tooltip is the note alone (or none)."""
+
+    def __init__(self, text: str = "") -> None:
+        super().__init__(text)
+        self.note = ""
+
+    def set_note(self, note: str) -> None:
+        """What the label means, in its tooltip whether it is cut or not."""
+        self.note = note
+        self._fit_tooltip()
 
     def setText(self, text: str) -> None:
         super().setText(text)
@@ -154,7 +171,8 @@ class CaptionLabel(ElidedLabel):
         self._fit_tooltip()
 
     def _fit_tooltip(self) -> None:
-        tip = self.text() if self.shown_text() != self.text() else ""
+        cut = self.shown_text() != self.text()
+        tip = "\n".join(part for part in (self.text() if cut else "", self.note) if part)
         if tip != self.toolTip():
             self.setToolTip(tip)
 

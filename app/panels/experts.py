@@ -85,8 +85,8 @@ class ExpertPanel(Panel):
         self._shown_shape: tuple | None = None
         p1 = make_plot(self.graphics, "Experts found in the pool, last 2 s", "%", 0, short="Pool hits, last 2 s")
         p1.setYRange(0, 100, padding=0.02)
-        self._rate = curve(p1, "green", "pool hits")
-        self._rate_all = curve(p1, "cyan", "pool + staging hits", width=1.0, dash=True)
+        self._rate = curve(p1, "green", "pool hits", short="pool")
+        self._rate_all = curve(p1, "cyan", "pool + staging hits", width=1.0, dash=True, short="all hits")
         p2 = self.graphics.addPlot(row=1, col=0, enableMenu=False)
         set_title(p2, "Hits per MoE layer, since load", short="Hits per layer")
         p2.setLabel("left", "%")

@@ -11,7 +11,9 @@ import pyqtgraph as pg
 from app.panels.base import COLORS, Panel, Ring, curve, fit_y, make_plot, set_series
 
 GIB = float(1 << 30)
-_CATEGORIES = (("resident", "blue"), ("expert pool", "green"), ("KV cache", "purple"), ("workspace", "amber"))
+# name, name in a narrow dock's legend, colour
+_CATEGORIES = (("resident", "", "blue"), ("expert pool", "pool", "green"), ("KV cache", "KV", "purple"),
+               ("workspace", "work", "amber"))
 
 
 def fmt_bytes(n: float | None) -> str:
@@ -60,13 +62,13 @@ class MemoryPanel(Panel):
                           ("vram", "VRAM (NVML)"), ("host", "Host store"), ("peak", "Peak allocated")])
         self.mem = Ring(5)       # cumulative stack tops in GiB, budget
         self.kv = Ring(1)        # KV blocks used %
-        p1 = make_plot(self.graphics, "Device memory by category (stacked)", "GiB", 0, short="Memory by category")
-        self._stack = []
-        for i, (name, color) in enumerate(_CATEGORIES):
-            self._stack.append(curve(p1, color, name, width=1.2))
+        # five entries two to a row: a short plot keeps them inside it
+        p1 = make_plot(self.graphics, "Device memory by category (stacked)", "GiB", 0, short="Memory by category",
+                       legend_columns=2)
+        self._stack = [curve(p1, color, name, width=1.2, short=short) for name, short, color in _CATEGORIES]
         self._fills = []
         lower = None
-        for i, (_, color) in enumerate(_CATEGORIES):
+        for i, (_, _, color) in enumerate(_CATEGORIES):
             c = pg.mkColor(COLORS[color])
             c.setAlpha(70)
             base = lower if lower is not None else p1.plot([], [], pen=None)
@@ -76,7 +78,6 @@ class MemoryPanel(Panel):
             lower = self._stack[i]
         self._zero = self._fills[0].curves[0]
         self._budget = curve(p1, "red", "budget", width=1.4, dash=True)
-        p1.legend.setColumnCount(2)       # five entries in three rows: a short plot keeps them inside it
         self._budget_listed = True
         self._unit: tuple[str, float] | None = None   # chosen on the first sample: GiB, or MiB for small models
         p2 = make_plot(self.graphics, "KV cache use", "%", 1)

@@ -22,8 +22,8 @@ class TrafficPanel(Panel):
         self._prev: tuple[float, int, float] | None = None
         self._pcie_rx: float | None = None
         p1 = make_plot(self.graphics, "Host → device", "GB/s", 0)
-        self._h2d = curve(p1, "blue", "engine (copies and direct reads)")
-        self._pcie = curve(p1, "amber", "PCIe RX (NVML)", dash=True)
+        self._h2d = curve(p1, "blue", "engine (copies and direct reads)", short="engine")
+        self._pcie = curve(p1, "amber", "PCIe RX (NVML)", dash=True, short="PCIe RX")
         p2 = make_plot(self.graphics, "Batch and queue", "requests", 1)
         self._batch = curve(p2, "green", "batch")
         self._running = curve(p2, "cyan", "running", width=1.0)

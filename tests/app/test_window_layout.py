@@ -9,7 +9,7 @@ import itertools
 import pytest
 from PySide6.QtCore import QPoint, QRect, QSettings, QSize, Qt
 from PySide6.QtGui import QImage
-from PySide6.QtWidgets import QAbstractButton, QApplication, QTabBar, QWidget
+from PySide6.QtWidgets import QAbstractButton, QApplication, QDockWidget, QTabBar, QWidget
 
 from app.bridge import EngineBridge
 from app.conversations import ConversationStore
@@ -303,8 +303,110 @@ def test_a_cut_readout_caption_shows_whole_in_its_tooltip(window):
     assert caption.shown_text().endswith("…") and caption.toolTip() == caption.text()
 
 
+def test_the_context_meter_keeps_its_explanation_while_its_line_is_cut(window):
+    meter = window.chat_pane.context_meter
+    meter.set_usage(31234, 131072)
+    window.apply_default_layout(SMALL_SCREEN)
+    window.resize(window.minimumSizeHint().width(), _client(SMALL_SCREEN).height())     # the narrowest chat
+    _settle()
+    label, explanation = meter.label, meter.toolTip()
+    assert explanation.startswith("How much of the model's context")
+    assert label.shown_text().endswith("…")
+    assert label.toolTip() == f"{label.text()}\n{explanation}"     # the whole line, then what it means
+    window.resize(_client(SCREENS[1]))
+    window.apply_default_layout(SCREENS[1])
+    _settle()
+    assert label.shown_text() == label.text() and label.toolTip() == explanation
+    meter.set_usage(None, 0)                                        # no model: the tooltip says what to do
+    assert label.toolTip() == meter.toolTip() and meter.toolTip().startswith("Load a model")
+
+
+# --- banners: a load's notes, one each ------------------------------------------------------------------------
+NOTES = (
+    "The chat template in tokenizer_config.json fails at line 3 for the role 'system': unknown tag 'generation'; "
+    "until then chat is refused and plain prompts work",
+    "A GPU memory budget (24.0 GiB) means nothing on the CPU, which has no GPU memory to budget; ignored",
+    "Prefetch depth 4, expert policy lru: every expert is resident on the device, so these apply only once the "
+    "expert pool is made smaller than every expert (--expert-pool-size, or live)",
+    "CUDA graphs need a CUDA GPU and mean nothing on the CPU; ignored",
+    "Group size 64 applies to int4 experts only; these experts are bf16, so it is ignored",
+)
+
+
+def _least_height_with_notes(w: MainWindow, count: int) -> int:
+    for i in range(count):
+        w.banners.show_message(f"note{i}", NOTES[i % len(NOTES)], "amber")
+    _settle()
+    return w.minimumSizeHint().height()
+
+
+def _whole_in_view(widget: QWidget, area) -> bool:
+    spot = QRect(widget.mapTo(area.viewport(), QPoint(0, 0)), widget.size())
+    return area.viewport().rect().contains(spot)
+
+
+def test_any_number_of_banners_leaves_the_chat_its_room_on_a_small_screen(window):
+    w = window
+    client = _client(SMALL_SCREEN)
+    w.apply_default_layout(SMALL_SCREEN)
+    w.resize(client)
+    three = _least_height_with_notes(w, 3)
+    ten = _least_height_with_notes(w, 10)
+    assert ten == three <= client.height()            # more banners scroll, the window needs no more room
+    for _ in range(3):                               # the smallest window: the chat's buttons all there
+        w.resize(w.minimumSizeHint())
+        _settle()
+    send = w.chat_pane.send_button
+    assert _on_show(send, w).size() == send.size()
+    area = w.banners
+    for i in range(10):                              # each note can be scrolled to, read whole and dismissed
+        banner = area.banner(f"note{i}")
+        area.ensureWidgetVisible(banner.label, 0, 0)
+        _settle()
+        assert _whole_in_view(banner.label, area) and _whole_in_view(banner.close_button, area), f"note{i}"
+        banner.close_button.click()
+        _settle()
+        assert area.text(f"note{i}") == ""
+    assert not area.isVisible()
+
+
+def test_a_new_banner_comes_up_in_view_over_the_notes(window):
+    w = window
+    w.apply_default_layout(SMALL_SCREEN)
+    w.resize(_client(SMALL_SCREEN))
+    _least_height_with_notes(w, 5)
+    area = w.banners
+    bar = area.verticalScrollBar()
+    assert bar.maximum() > 0                         # five notes scroll here
+    bar.setValue(bar.maximum())
+    w.banners.show_message("engine", "The engine stopped: a step failed; the model is still loaded.", "red")
+    _settle()
+    assert _whole_in_view(area.banner("engine"), area)
+
+
+def test_a_few_banners_show_whole_where_there_is_room(window):
+    w = window
+    w.resize(_client(SCREENS[0]))
+    w.apply_default_layout(SCREENS[0])
+    _least_height_with_notes(w, 2)
+    assert w.banners.verticalScrollBar().maximum() == 0
+    assert all(_whole_in_view(w.banners.banner(f"note{i}"), w.banners) for i in range(2))
+
+
 # --- plot titles in a narrow dock ---------------------------------------------------------------------------
 NARROWEST_DOCK = 220     # a panel dock at its least width is no wider (about 214 px)
+
+
+def _narrowest_dock(w: MainWindow, name: str) -> QDockWidget:
+    """The dock ``name`` in front, at its least width, in the narrowest window of a small screen."""
+    dock = w.docks[name]
+    w.apply_default_layout(SMALL_SCREEN)
+    w.resize(w.minimumSizeHint().width(), _client(SMALL_SCREEN).height())
+    dock.raise_()
+    w.resizeDocks([dock], [dock.minimumSizeHint().width()], Qt.Orientation.Horizontal)
+    _settle()
+    assert dock.width() <= NARROWEST_DOCK
+    return dock
 
 
 @pytest.mark.parametrize("name", ["memory", "experts"])
@@ -317,12 +419,7 @@ def test_plot_titles_are_shortened_in_the_narrowest_dock_and_whole_where_there_i
     _settle()
     for plot in panel.plots:                         # room enough: the whole title, as ever, and no tooltip
         assert plot.titleLabel.shown == plot.titleLabel.title and plot.titleLabel.toolTip() == ""
-    w.apply_default_layout(SMALL_SCREEN)
-    w.resize(w.minimumSizeHint().width(), _client(SMALL_SCREEN).height())      # the narrowest window
-    dock.raise_()
-    w.resizeDocks([dock], [dock.minimumSizeHint().width()], Qt.Orientation.Horizontal)
-    _settle()
-    assert dock.width() <= NARROWEST_DOCK
+    _narrowest_dock(w, name)
     view = panel.graphics
     seen = view.mapToScene(view.viewport().rect()).boundingRect().adjusted(-0.5, -0.5, 0.5, 0.5)
     assert seen.contains(view.ci.sceneBoundingRect())          # the plots are no wider than the dock
@@ -337,6 +434,39 @@ def test_plot_titles_are_shortened_in_the_narrowest_dock_and_whole_where_there_i
     assert shortened >= 1                            # a long title gave way to its short one
     cut = panel.plots[0].titleLabel.fitting(60)      # narrower than any dock: the short title cut with "…"
     assert cut.endswith("…") and panel.plots[0].titleLabel.short.startswith(cut[:-1])
+
+
+# --- plot legends in a narrow dock ---------------------------------------------------------------------------
+LEGEND_COLUMNS = {"memory": 2, "experts": 1, "traffic": 1}     # as the panels lay their first legend out
+
+
+def _entries(plot) -> list[tuple[str, str]]:
+    return [(label.text, label.toolTip()) for _, label in plot.legend.items]
+
+
+@pytest.mark.parametrize("name", sorted(LEGEND_COLUMNS))
+def test_legends_fit_the_narrowest_dock_and_are_as_given_where_there_is_room(window, name):
+    w = window
+    panel, dock = getattr(w, name), w.docks[name]
+    w.resize(_client(SCREENS[0]))                    # a laptop's screen: the legends as the panels lay them out
+    w.apply_default_layout(SCREENS[0])
+    dock.raise_()
+    _settle()
+    first = panel.plots[0].legend
+    assert first.columnCount == LEGEND_COLUMNS[name]
+    whole = {plot: [text for text, _ in _entries(plot)] for plot in panel.plots if plot.legend is not None}
+    for plot in whole:
+        assert all(tip == "" for _, tip in _entries(plot))                   # whole names, nothing to hover
+    _narrowest_dock(w, name)
+    shortened = 0
+    for plot, names in whole.items():
+        box = plot.getViewBox().sceneBoundingRect().adjusted(-0.5, -0.5, 0.5, 0.5)
+        legend = plot.legend.sceneBoundingRect()
+        assert box.contains(legend), f"the legend {legend} leaves its plot {box}"
+        for (text, tip), name_in_full in zip(_entries(plot), names):
+            assert tip == ("" if text == name_in_full else name_in_full)          # a short name: whole on hover
+            shortened += text != name_in_full
+    assert shortened >= 1                            # a long name gave way to its short one
 
 
 # --- a layout saved on a large screen, restored on a small one -----------------------------------------------

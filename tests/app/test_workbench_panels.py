@@ -327,3 +327,31 @@ def test_plots_are_made_without_context_menus(qapp):
     for panel in (ExpertPanel(), MemoryPanel()):
         for plot in panel.plots:
             assert plot.vb.menu is None and not plot.menuEnabled()
+
+
+def test_a_legend_takes_one_row_in_a_short_plot_and_short_names_in_a_narrow_one(qapp):
+    import pyqtgraph as pg
+
+    from app.panels.base import curve, make_plot
+    view = pg.GraphicsLayoutWidget()
+    plot = make_plot(view, "Hits", "%", 0)
+    curve(plot, "green", "pool hits", short="pool")
+    curve(plot, "cyan", "pool + staging hits", short="all hits")
+    legend = plot.legend
+    view.show()
+
+    def shown(width: int, height: int) -> list[tuple[str, str]]:
+        view.resize(width, height)
+        for _ in range(3):
+            qapp.processEvents()
+        box = plot.vb.sceneBoundingRect().adjusted(-0.5, -0.5, 0.5, 0.5)
+        assert box.contains(legend.sceneBoundingRect()), (width, height)       # inside its plot, whole
+        return [(label.text, label.toolTip()) for _, label in legend.items]
+
+    whole = [("pool hits", ""), ("pool + staging hits", "")]
+    assert shown(800, 400) == whole and legend.columnCount == 1          # room: as it was given
+    assert shown(800, 120) == whole and legend.columnCount == 2          # too short for two rows: one
+    # too narrow for the whole names side by side: the short ones, the whole name on hover
+    assert shown(230, 120) == [("pool", "pool hits"), ("all hits", "pool + staging hits")]
+    assert shown(800, 400) == whole and legend.columnCount == 1          # and back again
+    view.close()
