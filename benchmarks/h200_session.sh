@@ -227,6 +227,10 @@ case ${1:-} in
         --out "$OUT/gpt_oss_a_$g.json" 2>&1 | grep "^a 20b"
     done
     PHASE_S=$(left) WARM_FORMATS=int4 bash "$0" warm-ab;;
+  tests-warm)
+    # the shortest lease worth having: the GPU tests, then warm-ab's int4 rows at 50%
+    gpu_tests 170
+    PHASE_S=$(left) WARM_FORMATS=int4 WARM_SHARES=50 bash "$0" warm-ab;;
   warm-ab)
     # the kit's offload rows (its order: depth 2 loaded, then 0) on the trained-like model, with a prompt's
     # chunks ranking the experts they admit (this tree) and without (a copy with CHUNK_TOKENS out of reach),

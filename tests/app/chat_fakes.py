@@ -21,6 +21,8 @@ CHAT_MODEL = ModelDescription(name="tiny", path="/models/tiny", family="qwen3_mo
                               num_experts=4, top_k=2, params=1000, is_demo=False, random_weights=False,
                               has_chat_template=True, context_tokens=512)
 COMPLETION_MODEL = replace(CHAT_MODEL, has_chat_template=False)
+#: A reply's text, for the tests that stream it in pieces.
+SEEN = "In the beginning God created the heaven and the earth."
 
 
 class FakeBridge:
@@ -62,6 +64,13 @@ def finish(chat: ChatController, reason: str = "stop", prompt_tokens: int = 30, 
                        completion_tokens=completion_tokens, ttft_ms=12.0, decode_tok_s=50.0, error=error)
     chat.on_finished(stats)
     return stats
+
+
+def exchange(chat: ChatController, text: str, question: str = "Tell me") -> None:
+    """The user sends ``question`` and the reply ``text`` streams in and finishes."""
+    chat.send(question)
+    stream(chat, text)
+    finish(chat)
 
 
 def on_disk(chat: ChatController, conv_id: str | None = None) -> dict:

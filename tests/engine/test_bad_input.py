@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 
@@ -10,26 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from main import main
-from tiny_models import ROOT, build_tiny_model
-
-
-@pytest.fixture(scope="module")
-def good_model(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("good") / "m", "qwen3_moe")
-
-
-@pytest.fixture
-def model_copy(good_model, tmp_path):
-    dst = tmp_path / "m"
-    shutil.copytree(good_model, dst)
-    return dst
-
-
-def run_cli(capsys, *argv) -> tuple[int, str]:
-    code = main(list(argv))
-    err = capsys.readouterr().err.strip()
-    return code, err
+from tests.engine.conftest import run_cli
+from tiny_models import ROOT
 
 
 def _edit_config(path, **changes):
@@ -44,67 +25,67 @@ def test_missing_folder(capsys, tmp_path):
     assert err == f"error: model folder '{tmp_path / 'nope'}' does not exist; pass --model with a folder that holds config.json and *.safetensors"
 
 
-def test_missing_config(capsys, model_copy):
-    (model_copy / "config.json").unlink()
-    code, err = run_cli(capsys, "info", "--model", str(model_copy))
+def test_missing_config(capsys, model):
+    (model / "config.json").unlink()
+    code, err = run_cli(capsys, "info", "--model", str(model))
     assert code == 2 and "config.json is missing" in err and err.count("\n") == 0
 
 
-def test_unsupported_architecture_names_supported_ones(capsys, model_copy):
-    _edit_config(model_copy, architectures=["LlamaForCausalLM"], model_type="llama")
-    code, err = run_cli(capsys, "generate", "--model", str(model_copy), "--prompt", "hi")
+def test_unsupported_architecture_names_supported_ones(capsys, model):
+    _edit_config(model, architectures=["LlamaForCausalLM"], model_type="llama")
+    code, err = run_cli(capsys, "generate", "--model", str(model), "--prompt", "hi")
     assert code == 2
     assert "architecture 'LlamaForCausalLM' is not supported" in err
     assert "Qwen3MoeForCausalLM" in err and "MixtralForCausalLM" in err
 
 
-def test_unsupported_rope_scaling(capsys, model_copy):
-    _edit_config(model_copy, rope_parameters={"rope_type": "longrope", "factor": 4.0, "rope_theta": 10000.0})
-    code, err = run_cli(capsys, "generate", "--model", str(model_copy), "--prompt", "hi")
+def test_unsupported_rope_scaling(capsys, model):
+    _edit_config(model, rope_parameters={"rope_type": "longrope", "factor": 4.0, "rope_theta": 10000.0})
+    code, err = run_cli(capsys, "generate", "--model", str(model), "--prompt", "hi")
     assert code == 2 and "rope scaling type 'longrope' is not supported" in err and "default" in err
 
 
-def test_truncated_shard(capsys, model_copy):
-    f = model_copy / "model.safetensors"
+def test_truncated_shard(capsys, model):
+    f = model / "model.safetensors"
     data = f.read_bytes()
     f.write_bytes(data[: len(data) // 2])
-    code, err = run_cli(capsys, "generate", "--model", str(model_copy), "--prompt", "hi")
+    code, err = run_cli(capsys, "generate", "--model", str(model), "--prompt", "hi")
     assert code == 2 and "model.safetensors is not a readable safetensors file" in err and "truncated" in err
 
 
-def test_missing_shard_of_an_index(capsys, model_copy):
-    tensors = load_file(model_copy / "model.safetensors")
+def test_missing_shard_of_an_index(capsys, model):
+    tensors = load_file(model / "model.safetensors")
     names = sorted(tensors)
-    (model_copy / "model.safetensors").unlink()
-    save_file({k: tensors[k] for k in names[: len(names) // 2]}, model_copy / "model-00001-of-00002.safetensors")
+    (model / "model.safetensors").unlink()
+    save_file({k: tensors[k] for k in names[: len(names) // 2]}, model / "model-00001-of-00002.safetensors")
     index = {"metadata": {}, "weight_map": {k: ("model-00001-of-00002.safetensors" if i < len(names) // 2
                                                  else "model-00002-of-00002.safetensors") for i, k in enumerate(names)}}
-    (model_copy / "model.safetensors.index.json").write_text(json.dumps(index))
-    code, err = run_cli(capsys, "generate", "--model", str(model_copy), "--prompt", "hi")
+    (model / "model.safetensors.index.json").write_text(json.dumps(index))
+    code, err = run_cli(capsys, "generate", "--model", str(model), "--prompt", "hi")
     assert code == 2 and "shard model-00002-of-00002.safetensors" in err and "is missing" in err
 
 
-def test_sharded_checkpoint_loads(model_copy):
+def test_sharded_checkpoint_loads(model):
     """The index + shards layout (what large checkpoints use) loads and matches the single file."""
     from engine import LLM
-    ref = LLM(str(model_copy), device="cpu").score([1, 2, 3, 4])
-    tensors = load_file(model_copy / "model.safetensors")
+    ref = LLM(str(model), device="cpu").score([1, 2, 3, 4])
+    tensors = load_file(model / "model.safetensors")
     names = sorted(tensors)
-    (model_copy / "model.safetensors").unlink()
+    (model / "model.safetensors").unlink()
     half = len(names) // 2
     for part, keys in enumerate((names[:half], names[half:]), 1):
-        save_file({k: tensors[k] for k in keys}, model_copy / f"model-0000{part}-of-00002.safetensors")
+        save_file({k: tensors[k] for k in keys}, model / f"model-0000{part}-of-00002.safetensors")
     index = {"weight_map": {k: f"model-0000{1 if i < half else 2}-of-00002.safetensors" for i, k in enumerate(names)}}
-    (model_copy / "model.safetensors.index.json").write_text(json.dumps(index))
-    assert torch.equal(LLM(str(model_copy), device="cpu").score([1, 2, 3, 4]), ref)
+    (model / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert torch.equal(LLM(str(model), device="cpu").score([1, 2, 3, 4]), ref)
 
 
-def test_tensor_of_the_wrong_shape(capsys, model_copy):
-    tensors = load_file(model_copy / "model.safetensors")
+def test_tensor_of_the_wrong_shape(capsys, model):
+    tensors = load_file(model / "model.safetensors")
     name = "model.layers.0.self_attn.o_proj.weight"
     tensors[name] = torch.zeros(7, 7)
-    save_file(tensors, model_copy / "model.safetensors")
-    code, err = run_cli(capsys, "generate", "--model", str(model_copy), "--prompt", "hi")
+    save_file(tensors, model / "model.safetensors")
+    code, err = run_cli(capsys, "generate", "--model", str(model), "--prompt", "hi")
     assert code == 2 and f"tensor '{name}' has shape [7, 7] but config.json implies" in err
 
 
@@ -118,24 +99,24 @@ def test_cli_prints_no_traceback_and_exits_2(tmp_path):
                                                 "the Hugging Face config.json beside its *.safetensors"]
 
 
-def test_index_whose_weight_map_is_a_list(capsys, model_copy):
+def test_index_whose_weight_map_is_a_list(capsys, model):
     """Once a traceback: an index whose weight_map is a list of pairs instead of an object."""
-    tensors = load_file(model_copy / "model.safetensors")
-    index = model_copy / "model.safetensors.index.json"
+    tensors = load_file(model / "model.safetensors")
+    index = model / "model.safetensors.index.json"
     index.write_text(json.dumps({"weight_map": [[k, "model.safetensors"] for k in sorted(tensors)]}))
-    code, err = run_cli(capsys, "generate", "--model", str(model_copy), "--prompt", "hi")
+    code, err = run_cli(capsys, "generate", "--model", str(model), "--prompt", "hi")
     assert code == 2
     assert err == (f"error: {index} has a 'weight_map' that is a list, expected an object mapping tensor names to "
                    "shard files; restore it from the original checkpoint")
 
 
-def test_tensor_of_an_integer_dtype(capsys, model_copy):
+def test_tensor_of_an_integer_dtype(capsys, model):
     """Once silent gibberish: an int32 tensor where a floating-point weight belongs."""
-    tensors = load_file(model_copy / "model.safetensors")
+    tensors = load_file(model / "model.safetensors")
     name = "model.embed_tokens.weight"
     tensors[name] = tensors[name].to(torch.int32)
-    save_file(tensors, model_copy / "model.safetensors")
-    code, err = run_cli(capsys, "generate", "--model", str(model_copy), "--prompt", "hi")
+    save_file(tensors, model / "model.safetensors")
+    code, err = run_cli(capsys, "generate", "--model", str(model), "--prompt", "hi")
     assert code == 2 and f"tensor '{name}' is int32 but Qwen3MoeForCausalLM weights are floating point" in err
 
 

@@ -23,41 +23,12 @@ from engine import LLM
 from engine.checkpoint import destination, integrity
 from engine.checkpoint.converted import ConvertedSource, convert_command
 from engine.errors import ModelLoadError
-from main import main
-from tiny_models import ROOT, build_tiny_model
+from tests.engine.conftest import run_cli_one_line
+from tiny_models import ROOT
 
 DENIED_FOLDER = "cannot be read (permission denied); check its permissions: you need read and execute access to it"
 DENIED_FILE = "cannot be read (permission denied); check its permissions: you need read access to it"
 NOT_LISTED = "cannot be listed (permission denied), so its weight files cannot be found; check its permissions"
-
-
-@pytest.fixture(scope="module")
-def good_model(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("access") / "m", "qwen3_moe")
-
-
-@pytest.fixture(scope="module")
-def good_conversion(good_model, tmp_path_factory):
-    dst = tmp_path_factory.mktemp("access-conv") / "c"
-    assert main(["convert", str(good_model), str(dst), "--weights", "fp8"]) == 0
-    return dst
-
-
-@pytest.fixture
-def model(good_model, tmp_path):
-    return shutil.copytree(good_model, tmp_path / "m")
-
-
-@pytest.fixture
-def conversion(good_conversion, tmp_path):
-    return shutil.copytree(good_conversion, tmp_path / "c")
-
-
-def _cli(capsys, *argv) -> tuple[int, str]:
-    code = main(list(argv))
-    err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "Traceback" not in err, err
-    return code, err
 
 
 # ---- a folder or file this user may not read (file modes, in a child process) -------------------
@@ -203,16 +174,16 @@ def test_a_broken_manifest_is_converted_again_into_a_new_folder_and_the_broken_o
                                                                                           tmp_path):
     (conversion / "strata.json").write_text("{\n")
     before = {p.name: p.read_bytes() for p in conversion.iterdir()}
-    code, err = _cli(capsys, "generate", "--model", str(conversion), "--prompt", "hi")
+    code, err = run_cli_one_line(capsys, "generate", "--model", str(conversion), "--prompt", "hi")
     fix = f"convert the source model again into a new folder: {convert_command()} SRC NEW_FOLDER"
     assert code == 2 and err.startswith(f"error: {conversion / 'strata.json'} is not valid JSON (")
     assert err.endswith(fix)
     # --force replaces only a folder whose manifest says what convert wrote there: this one is left as it is
-    code, err = _cli(capsys, "convert", str(model), str(conversion), "--force")
+    code, err = run_cli_one_line(capsys, "convert", str(model), str(conversion), "--force")
     assert code == 2 and "choose a new or empty folder" in err
     assert {p.name: p.read_bytes() for p in conversion.iterdir()} == before
     new = tmp_path / "new"
-    assert _cli(capsys, "convert", str(model), str(new), "--weights", "fp8") == (0, "")
+    assert run_cli_one_line(capsys, "convert", str(model), str(new), "--weights", "fp8") == (0, "")
     LLM(str(new), device="cpu")
 
 
@@ -220,10 +191,10 @@ def test_a_manifest_with_a_wrong_field_names_a_command_that_replaces_it(capsys, 
     manifest = json.loads((conversion / "strata.json").read_text())
     manifest["group_size"] = "128"
     (conversion / "strata.json").write_text(json.dumps(manifest))
-    code, err = _cli(capsys, "generate", "--model", str(conversion), "--prompt", "hi")
+    code, err = run_cli_one_line(capsys, "generate", "--model", str(conversion), "--prompt", "hi")
     command = f"{convert_command()} {good_model.resolve()} {conversion} --weights fp8 --force"
     assert code == 2 and err.endswith(f"; convert again: {command}")
-    assert _cli(capsys, *command.split()[command.split().index("convert"):]) == (0, "")
+    assert run_cli_one_line(capsys, *command.split()[command.split().index("convert"):]) == (0, "")
     LLM(str(conversion), device="cpu")
 
 
@@ -274,7 +245,7 @@ def test_a_full_disk_at_the_start_of_convert_says_so_and_how_much_is_free(capsys
         return real_mkdir(self, *args, **kwargs)
     monkeypatch.setattr(Path, "mkdir", mkdir)
     monkeypatch.setattr(destination.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(1 << 30, 1 << 30, 3 << 19))
-    code, err = _cli(capsys, "convert", str(model), str(tmp_path / "out"))
+    code, err = run_cli_one_line(capsys, "convert", str(model), str(tmp_path / "out"))
     assert (code, err) == (2, f"error: cannot write in {tmp_path}: its disk is full (1.50 MiB free); free disk space "
                               "or choose a destination on another disk")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]

@@ -15,33 +15,11 @@ from engine.checkpoint import integrity
 from engine.checkpoint.converted import ConvertedSource, convert_command
 from engine.errors import ModelLoadError, UnsupportedModelError
 from main import main
-from tiny_models import build_tiny_model
+from tests.engine.conftest import run_cli
 
 ATTN = "model.layers.0.self_attn.o_proj.weight"        # a resident matrix
 NORM = "model.layers.1.post_attention_layernorm.weight"  # a resident vector
 EXPERT = "model.layers.2.mlp.experts.5.down_proj.weight"  # a routed expert
-
-
-@pytest.fixture(scope="module")
-def good_model(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("integrity") / "m", "qwen3_moe")
-
-
-@pytest.fixture(scope="module")
-def good_conversion(good_model, tmp_path_factory):
-    dst = tmp_path_factory.mktemp("integrity-conv") / "c"
-    assert main(["convert", str(good_model), str(dst), "--weights", "fp8"]) == 0
-    return dst
-
-
-@pytest.fixture
-def model(good_model, tmp_path):
-    return shutil.copytree(good_model, tmp_path / "m")
-
-
-@pytest.fixture
-def conversion(good_conversion, tmp_path):
-    return shutil.copytree(good_conversion, tmp_path / "c")
 
 
 def _edit(folder, **tensors):
@@ -50,11 +28,6 @@ def _edit(folder, **tensors):
     state.update(tensors)
     save_file(state, f)
     return f
-
-
-def _cli(capsys, *argv) -> tuple[int, str]:
-    code = main(list(argv))
-    return code, capsys.readouterr().err.strip()
 
 
 def _one_error_line(err: str) -> str:
@@ -71,8 +44,8 @@ def test_a_non_float_tensor_is_refused_at_load_and_at_convert(capsys, model, tmp
     kind = str(dtype).removeprefix("torch.")
     expected = (f"error: {f}: tensor '{name}' is {kind} but Qwen3MoeForCausalLM weights are floating point "
                 "(bfloat16, float16, float32); the file is damaged or holds other data — fetch it again")
-    assert _cli(capsys, "generate", "--model", str(model), "--prompt", "hi") == (2, expected)
-    assert _cli(capsys, "convert", str(model), str(tmp_path / "out"), "--weights", "fp8") == (2, expected)
+    assert run_cli(capsys, "generate", "--model", str(model), "--prompt", "hi") == (2, expected)
+    assert run_cli(capsys, "convert", str(model), str(tmp_path / "out"), "--weights", "fp8") == (2, expected)
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
 
 
@@ -101,7 +74,7 @@ def test_non_finite_weights_are_refused_at_load_naming_the_tensor(capsys, model,
     t = load_file(model / "model.safetensors")[name]
     t.view(-1)[3] = value
     f = _edit(model, **{name: t})
-    code, err = _cli(capsys, "generate", "--model", str(model), "--prompt", "hi")
+    code, err = run_cli(capsys, "generate", "--model", str(model), "--prompt", "hi")
     assert code == 2
     assert _one_error_line(err) == (f"error: {f}: tensor '{name}' holds 1 NaN or infinite value; the weights are "
                                     "damaged — fetch the checkpoint again (Strata refuses to load them)")
@@ -188,15 +161,15 @@ def test_an_index_whose_weight_map_is_not_an_object_is_refused(capsys, model, tm
     index = _index(model, bad(_shard(model)))
     expected = (f"error: {index} has {found}, expected an object mapping tensor names to shard files; restore it "
                 "from the original checkpoint")
-    assert _cli(capsys, "generate", "--model", str(model), "--prompt", "hi") == (2, expected)
-    assert _cli(capsys, "convert", str(model), str(tmp_path / "out"), "--weights", "fp8") == (2, expected)
+    assert run_cli(capsys, "generate", "--model", str(model), "--prompt", "hi") == (2, expected)
+    assert run_cli(capsys, "convert", str(model), str(tmp_path / "out"), "--weights", "fp8") == (2, expected)
 
 
 def test_an_index_with_a_shard_that_is_not_a_name_is_refused(capsys, model):
     wm = _shard(model)
     wm[ATTN] = 7
     index = _index(model, wm)
-    code, err = _cli(capsys, "generate", "--model", str(model), "--prompt", "hi")
+    code, err = run_cli(capsys, "generate", "--model", str(model), "--prompt", "hi")
     assert (code, err) == (2, f"error: {index}: tensor '{ATTN}' maps to 7, expected a shard file name; restore it "
                               "from the original checkpoint")
 
@@ -212,7 +185,7 @@ def test_an_index_naming_a_file_outside_the_model_folder_is_refused(capsys, mode
             "linked folder": "link/model-00002-of-00002.safetensors"}[where]
     (model / "link").symlink_to(outside, target_is_directory=True)
     index = _index(model, {k: name if v.startswith("model-00002") else v for k, v in wm.items()})
-    code, err = _cli(capsys, "generate", "--model", str(model), "--prompt", "hi")
+    code, err = run_cli(capsys, "generate", "--model", str(model), "--prompt", "hi")
     assert code == 2
     reason = "whose folder links outside the model folder" if where == "linked folder" else "which is outside the model folder"
     assert _one_error_line(err) == (f"error: {index} names shard '{name}', {reason}; shards must be files inside "
@@ -281,7 +254,7 @@ def test_first_load_hashes_every_listed_file_and_later_loads_none(conversion, ha
 
 def test_a_corrupted_expert_byte_fails_the_first_load(capsys, conversion, good_model):
     _flip_byte(conversion / "experts-0001.safetensors")
-    code, err = _cli(capsys, "generate", "--model", str(conversion), "--prompt", "hi")
+    code, err = run_cli(capsys, "generate", "--model", str(conversion), "--prompt", "hi")
     assert code == 2
     assert _one_error_line(err) == (
         f"error: {conversion / 'experts-0001.safetensors'} does not match its SHA-256 in strata.json: the file was "
@@ -389,7 +362,7 @@ def test_a_manifest_field_that_is_wrong_gives_one_line(capsys, conversion, edit,
     manifest = json.loads((conversion / "strata.json").read_text())
     edit(manifest)
     (conversion / "strata.json").write_text(json.dumps(manifest))
-    code, err = _cli(capsys, "generate", "--model", str(conversion), "--prompt", "hi")
+    code, err = run_cli(capsys, "generate", "--model", str(conversion), "--prompt", "hi")
     assert code == 2 and message in _one_error_line(err)
 
 

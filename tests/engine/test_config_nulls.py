@@ -11,7 +11,7 @@ import pytest
 from engine.checkpoint.spec import read_spec, spec_from_config
 from engine.errors import ModelLoadError, UnsupportedModelError
 from main import main
-from tiny_models import ROOT, build_tiny_model
+from tiny_models import ROOT
 
 DEMO = ROOT / "resources" / "models" / "demo"
 DEMO_CONFIG = json.loads((DEMO / "config.json").read_text())     # vocab_size 4096, max_position_embeddings 512
@@ -184,19 +184,12 @@ def test_a_generation_config_that_is_not_json_is_one_line(tmp_path):
         read_spec(folder)
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", "qwen3_moe")
-
-
 @pytest.mark.parametrize("name,changes,field", [
     ("config.json", {"eos_token_id": 99999}, "eos_token_id"),
     ("config.json", {"num_experts": None}, "num_experts"),
     ("generation_config.json", {"eos_token_id": "abc", "temperature": "hot"}, "eos_token_id"),
 ])
-def test_cli_refuses_them_with_exit_2(tiny, tmp_path, capsys, name, changes, field):
-    model = tmp_path / "m"
-    shutil.copytree(tiny, model)
+def test_cli_refuses_them_with_exit_2(model, capsys, name, changes, field):
     cfg = json.loads((model / name).read_text())
     (model / name).write_text(json.dumps({**cfg, **changes}))
     code = main(["generate", "--model", str(model), "--prompt", "hi", "--max-tokens", "2"])

@@ -20,17 +20,7 @@ from engine.checkpoint import convert as convert_module
 from engine.checkpoint import destination
 from engine.checkpoint.destination import PARTIAL_MARKER, STAGING
 from test_convert_safety import _convert, _siblings, _tree
-from tiny_models import ROOT, build_tiny_model
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("dest-more") / "m", "qwen3_moe")
-
-
-@pytest.fixture
-def src(tiny, tmp_path):
-    return shutil.copytree(tiny, tmp_path / "models" / "src")
+from tiny_models import ROOT
 
 
 def _identity(folder) -> tuple[int, int, int]:

@@ -18,30 +18,14 @@ from engine import LLM
 from engine.checkpoint import destination
 from engine.checkpoint.destination import PARTIAL_MARKER
 from main import main
-from tiny_models import ROOT, build_tiny_model
+from tests.engine.conftest import run_cli_one_line
+from tiny_models import ROOT
 
 FORCE_HINT = "(--force replaces only an earlier Strata conversion)"
 
 
-@pytest.fixture(scope="module")
-def good_model(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("safety") / "m", "qwen3_moe")
-
-
-@pytest.fixture
-def src(good_model, tmp_path):
-    return shutil.copytree(good_model, tmp_path / "models" / "src")
-
-
-def _cli(capsys, *argv) -> tuple[int, str]:
-    code = main(list(argv))
-    err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "Traceback" not in err, err
-    return code, err
-
-
 def _convert(capsys, src, dst, *extra) -> tuple[int, str]:
-    return _cli(capsys, "convert", str(src), str(dst), "--weights", "fp8", *extra)
+    return run_cli_one_line(capsys, "convert", str(src), str(dst), "--weights", "fp8", *extra)
 
 
 def _tree(folder) -> dict:
@@ -59,7 +43,7 @@ def test_force_replaces_an_earlier_conversion_and_leaves_nothing_beside_it(capsy
     dst = tmp_path / "out"
     assert _convert(capsys, src, dst) == (0, "")
     LLM(str(dst), device="cpu")                          # the first load leaves its checksum record inside
-    assert _cli(capsys, "convert", str(src), str(dst), "--weights", "bf16", "--force") == (0, "")
+    assert run_cli_one_line(capsys, "convert", str(src), str(dst), "--weights", "bf16", "--force") == (0, "")
     assert json.loads((dst / "strata.json").read_text())["weights"] == "bf16"
     assert _siblings(dst) == ["models", "out"]           # no .partial, no moved-aside copy
     assert LLM(str(dst), device="cpu").engine.model_info.expert_format == "bf16"
@@ -323,13 +307,14 @@ def text(tmp_path):
                                           "to compare with (e.g. the unquantised source)"),
 ])
 def test_eval_refuses_numbers_and_paths_that_cannot_work(capsys, good_model, text, flags, message):
-    code, err = _cli(capsys, "eval", "--model", str(good_model), "--text", str(text), "--device", "cpu", *flags)
+    code, err = run_cli_one_line(capsys, "eval", "--model", str(good_model), "--text", str(text), "--device", "cpu",
+                                 *flags)
     assert code == 2 and err.startswith("error: " + message)
 
 
 def test_eval_text_must_be_a_readable_utf8_file(capsys, good_model, tmp_path):
     def err_for(path):
-        return _cli(capsys, "eval", "--model", str(good_model), "--text", str(path), "--device", "cpu")
+        return run_cli_one_line(capsys, "eval", "--model", str(good_model), "--text", str(path), "--device", "cpu")
     assert err_for(tmp_path / "nope.txt") == (2, f"error: --text {tmp_path / 'nope.txt'} does not exist; give a UTF-8 "
                                                  "text file")
     assert err_for(tmp_path) == (2, f"error: --text {tmp_path} is a folder; give a UTF-8 text file")
@@ -339,8 +324,8 @@ def test_eval_text_must_be_a_readable_utf8_file(capsys, good_model, tmp_path):
 
 
 def test_eval_window_longer_than_the_context_is_refused(capsys, good_model, text):
-    code, err = _cli(capsys, "eval", "--model", str(good_model), "--text", str(text), "--device", "cpu",
-                     "--window", "5000")
+    code, err = run_cli_one_line(capsys, "eval", "--model", str(good_model), "--text", str(text), "--device", "cpu",
+                                 "--window", "5000")
     assert code == 2 and "does not fit the context of m (512 tokens); choose a window (--window) of at most 512" in err
     assert "a window of 5000 tokens" in err                 # the window asked for, whatever the text's length
 
@@ -353,8 +338,8 @@ def test_eval_with_a_reference_of_another_vocabulary_is_refused(capsys, good_mod
     state = load_file(other / "model.safetensors")
     save_file({k: v[:256].contiguous() if k in ("model.embed_tokens.weight", "lm_head.weight") else v
                for k, v in state.items()}, other / "model.safetensors")
-    code, err = _cli(capsys, "eval", "--model", str(good_model), "--text", str(text), "--device", "cpu",
-                     "--reference", str(other))
+    code, err = run_cli_one_line(capsys, "eval", "--model", str(good_model), "--text", str(text), "--device", "cpu",
+                                 "--reference", str(other))
     assert code == 2 and "has a vocabulary of 256 tokens but m has 512" in err
 
 

@@ -1,0 +1,189 @@
+"""The conversation list: a renamed chat keeps its place and its title, a long title fits one line, paging
+through versions does not reorder the list, the search finds a chat by its title or any reply, the trash
+gives a deleted chat back, and a restart (or a crash) opens the chat shown last."""
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtTest import QTest
+from PySide6.QtWidgets import QApplication
+
+from tests.app.chat_fakes import bubble_texts, exchange, finish, make_chat, on_disk, stream
+
+
+def test_a_chat_can_be_renamed_and_keeps_its_place_and_title_across_restarts(qtbot, tmp_path):
+    chat = make_chat(qtbot, tmp_path / "c")
+    chat.send("A first question about tides")
+    finish(chat)
+    chat.new_chat()
+    chat.send("Second chat")
+    finish(chat)
+    first = next(c for c in chat.conversations if c.title.startswith("A first"))
+    order = [c.id for c in chat.conversations]
+    asked = []
+    chat.ask_text = lambda title, label, text: asked.append(text) or "  Tides\n notes  "
+    chat.sidebar.list.setCurrentRow(order.index(first.id))          # opens it, as a click does
+    chat.sidebar.rename_button.click()
+    assert asked == ["A first question about tides"]                  # the box starts from the title
+    assert first.title == "Tides notes" and [c.id for c in chat.conversations] == order   # one line; same place
+    assert on_disk(chat, first.id)["title"] == "Tides notes"
+    item = chat.sidebar.list.item(order.index(first.id))
+    assert item.toolTip() == "Tides notes" and item.text().startswith("Tides notes\n")
+    chat.ask_text = lambda title, label, text: None                   # Cancel: nothing changes
+    chat.sidebar.rename_button.click()
+    chat.ask_text = lambda title, label, text: "   "                  # an empty title: nothing changes
+    chat.sidebar.rename_button.click()
+    assert first.title == "Tides notes"
+    again = make_chat(qtbot, tmp_path / "c")
+    assert "Tides notes" in [c.title for c in again.conversations]
+
+
+def test_a_chat_renamed_before_its_first_message_keeps_its_name(qtbot, tmp_path):
+    chat = make_chat(qtbot, tmp_path / "c")
+    chat.library.save(chat.current)                    # a new chat in the list (a draft kept it there)
+    chat._refresh_sidebar()
+    chat.ask_text = lambda title, label, text: "Trip plans"
+    chat.sidebar.list.setCurrentRow(0)
+    chat.sidebar.rename_button.click()
+    chat.send("Where should we go in May?")
+    assert chat.current.title == "Trip plans"
+
+
+def test_a_long_title_is_cut_to_one_line_and_the_entry_keeps_its_time(qtbot, tmp_path):
+    chat = make_chat(qtbot, tmp_path / "c")
+    chat.send("Hello there, tell me a story about " + "a very long winding road " * 4)
+    finish(chat)
+    chat.sidebar.resize(chat.sidebar.minimumWidth(), 400)           # the narrowest sidebar
+    QApplication.processEvents()
+    item = chat.sidebar.list.item(0)
+    title, detail = item.text().split("\n")
+    assert title.endswith("…") and "messages" in detail and " · 2 messages" in detail
+    assert item.toolTip() == chat.current.title
+    metrics = chat.sidebar.list.fontMetrics()
+    assert metrics.horizontalAdvance(title) <= chat.sidebar.list.viewport().width()
+
+
+def test_paging_through_versions_does_not_move_the_chat_up_the_list(qtbot, tmp_path):
+    chat = make_chat(qtbot, tmp_path / "c")
+    exchange(chat, "first", question="Older chat")
+    older = chat.current
+    chat.regenerate()
+    stream(chat, "second")
+    finish(chat)
+    chat.new_chat()
+    exchange(chat, "x", question="Newer chat")
+    chat.open(older.id)
+    before = older.updated
+    chat.page(chat._bubbles[-1], -1)
+    assert older.updated == before and chat.conversations.index(older) > 0
+    assert on_disk(chat, older.id)["messages"][-1]["content"] == "first"
+
+
+def test_the_search_box_shows_the_chats_whose_title_or_messages_hold_the_text(qtbot, tmp_path):
+    chat = make_chat(qtbot, tmp_path / "c")
+    chat.send("How do tides work?")
+    finish(chat)
+    chat.new_chat()
+    chat.send("A recipe for bread")
+    finish(chat)
+    bread = chat.current.id
+    chat.ask_text = lambda *_a: "Baking"
+    chat.rename(bread)
+    listed = lambda: [chat.sidebar.list.item(i).data(Qt.ItemDataRole.UserRole)   # noqa: E731
+                      for i in range(chat.sidebar.list.count()) if not chat.sidebar.list.item(i).isHidden()]
+    assert len(listed()) == 2
+    QTest.keyClicks(chat.sidebar.search, "TIDES")              # a message's text, case ignored
+    assert len(listed()) == 1 and listed() != [bread]
+    chat.sidebar.search.setText("bak")                         # a title
+    assert listed() == [bread]
+    chat.sidebar.search.setText("nothing like this")
+    assert listed() == [] and chat.sidebar.no_match.isVisibleTo(chat.sidebar)
+    chat.send("More bread, please")                            # the list is filled again: the search holds
+    finish(chat)
+    assert listed() == [] and chat.sidebar.list.count() == 2
+    chat.sidebar.search.clear()
+    assert len(listed()) == 2 and not chat.sidebar.no_match.isVisibleTo(chat.sidebar)
+    # while the search hides the open chat, Delete, Rename and F2 have nothing to act on
+    assert chat.current.id == bread and chat.sidebar.delete_button.isEnabled()
+    chat.sidebar.search.setText("tides")
+    assert bread not in listed()
+    assert not chat.sidebar.delete_button.isEnabled() and not chat.sidebar.rename_button.isEnabled()
+    chat.sidebar._delete()
+    chat.sidebar._rename()
+    assert bread in [c.id for c in chat.library.conversations] and chat.current.title == "Baking"
+    chat.sidebar.search.clear()
+    assert chat.sidebar.delete_button.isEnabled()
+
+
+def test_the_search_finds_a_reply_version_that_is_not_shown(qtbot, tmp_path):
+    chat = make_chat(qtbot, tmp_path / "c")
+    chat.send("Name a colour")
+    stream(chat, "zanzibar red")
+    finish(chat)
+    chat.regenerate()
+    stream(chat, "blue")
+    finish(chat)
+    assert [r.content for r in chat.current.messages[-1].replies()] == ["zanzibar red", "blue"]
+    chat.sidebar.search.setText("zanzibar")                  # only the version not shown holds it
+    assert not chat.sidebar.list.item(0).isHidden()
+
+
+def test_a_deleted_chat_comes_back_from_the_trash_after_its_undo_is_gone(qtbot, tmp_path):
+    from app.trash_dialog import TrashDialog
+    folder = tmp_path / "c"
+    chat = make_chat(qtbot, folder)
+    chat.send("Keep me for later")
+    finish(chat)
+    gone = chat.current.id
+    chat.new_chat()
+    chat.send("Another chat")
+    finish(chat)
+    chat.delete(gone)
+    chat.sidebar.show_undo("")                    # the Undo offer is over (its time ran out, or a restart)
+    chat.library.flush(10)
+    assert not (folder / f"{gone}.json").exists() and (folder / "trash" / f"{gone}.json").is_file()
+    dialog = TrashDialog(chat.trashed, chat.restore, str(chat.store.trash_folder))
+    qtbot.addWidget(dialog)
+    assert dialog.list.count() == 1 and dialog.list.item(0).text().startswith("Keep me for later")
+    chat.send("While a reply streams")
+    dialog.restore_button.click()                 # not now, and the dialog says why
+    assert dialog.list.count() == 1 and dialog.why.text().startswith("A reply is being written")
+    finish(chat)
+    dialog.restore_button.click()
+    assert dialog.list.count() == 0 and dialog.empty.isVisibleTo(dialog) and not dialog.restore_button.isEnabled()
+    assert chat.current.id == gone and "Keep me for later" in bubble_texts(chat)
+    chat.library.flush(10)
+    assert (folder / f"{gone}.json").is_file() and not (folder / "trash" / f"{gone}.json").exists()
+    again = make_chat(qtbot, folder)              # in the list after a restart too
+    assert gone in [c.id for c in again.conversations] and again.trashed() == []
+
+
+def test_the_chat_switched_to_is_on_disk_at_once_so_a_crash_reopens_it(qtbot, tmp_path):
+    # a crash (no close) after switching chats: the settings file already names the chat shown
+    ini = tmp_path / "strata.ini"
+    chat = make_chat(qtbot, tmp_path / "c", settings_file=ini)
+    chat.send("first chat")
+    finish(chat)
+    first = chat.current.id
+    chat.new_chat()
+    chat.send("second chat")
+    finish(chat)
+    chat.open(first)
+    assert f"current={first}" in ini.read_text()        # the file itself: Qt shares unsynced values in-process
+
+
+def test_a_restart_reopens_the_chat_shown_last_not_the_newest(qtbot, tmp_path):
+    # the user went back to an older chat: after a quit (or a crash, the switch is written at once) it is
+    # that chat that opens again, though another was updated later
+    ini, folder = tmp_path / "strata.ini", tmp_path / "c"
+    first = make_chat(qtbot, folder, settings_file=ini)
+    first.send("Older chat")
+    finish(first)
+    older = first.current.id
+    first.new_chat()
+    first.send("Newer chat")
+    finish(first)
+    first.open(older)
+    assert first.conversations[0].id != older            # the newest is the other one
+    first.close()
+    again = make_chat(qtbot, folder, settings_file=ini)
+    assert again.current.id == older and "Older chat" in bubble_texts(again)
