@@ -148,8 +148,10 @@ class CopyPath:
                 if slot_of[key] < 0:
                     if cap is not None and len(pairs) >= cap:
                         continue
-                    slot = self._slot_for(key, layer, pinned, demand=False, scored=self.chunk)
+                    slot = self._slot_for(key, layer, pinned, demand=False, scored=self.chunk, stage=not self.chunk)
                     if slot is None:
+                        if self.chunk:             # left to its layer, whose chunk ranks it by its uses
+                            continue
                         break                      # no room left: later guesses would not fit either
                     pairs.append((slot, key))
                     r.ledger.issued(key, layer - origin)
@@ -158,10 +160,11 @@ class CopyPath:
             r.pool.load(pairs, demand=False)
             r.gate.on_issue(layer - origin, len(pairs))
 
-    def _slot_for(self, key: int, layer: int, pinned: set[int], demand: bool, scored: bool = False) -> int | None:
+    def _slot_for(self, key: int, layer: int, pinned: set[int], demand: bool, scored: bool = False,
+                  stage: bool = True) -> int | None:
         """A slot for ``key``: free pool slot, else a policy victim's (the admission rule; ``scored``:
-        only a victim colder than ``key``, where the policy scores keys), else staging; assigns it and
-        pins ``key``."""
+        only a victim colder than ``key``, where the policy scores keys), else staging (unless not
+        ``stage``); assigns it and pins ``key``."""
         r, books = self.r, self.r.books
         got: list[int] = []
 
@@ -176,7 +179,7 @@ class CopyPath:
         if r.policy.admits(key):
             hotness = r.policy.hotness if scored and r.policy.scored else None
             admit([key], 1, len(books.free), lambda: r.policy.victim(pinned), hotness, place)
-        slot = got[0] if got else books.take_staging(layer)
+        slot = got[0] if got else (books.take_staging(layer) if stage else None)
         if slot is None and demand:
             slot = self._reclaim_staging(layer)         # None: this miss waits for a later pass
         if slot is not None:

@@ -169,7 +169,7 @@ class MoETransformer:
             return self.pipeline.forward(self, batch, cache, acquire)
         if self.expert_parallel is not None:           # the other cards take part in every MoE layer
             with self.expert_parallel.group.step_guard():
-                self.expert_parallel.begin_step(batch.input_ids.shape[0])
+                self.expert_parallel.begin_step(batch.input_ids.shape[0], prompt=batch.decode is None)
                 x, out = self.layers(self.embed(batch), None, batch, cache, acquire)
                 return self.head(x, out, batch)
         x, out = self.layers(self.embed(batch), None, batch, cache, acquire)       # [T, D]

@@ -106,9 +106,10 @@ class ExpertsOnCards:
     def __init__(self, group) -> None:
         self.group = group                 # the processes (engine/parallel/pipeline.py Pipeline)
 
-    def begin_step(self, tokens: int) -> None:
+    def begin_step(self, tokens: int, prompt: bool = False) -> None:
+        """A step of ``tokens`` tokens starts on every card; ``prompt``: it carries a prompt's tokens."""
         for w in self.group.workers:
-            self.group.send(w, ("experts_step", tokens))
+            self.group.send(w, ("experts_step", tokens, prompt))
 
     def moe(self, model, m, h: torch.Tensor, x: torch.Tensor, pred) -> torch.Tensor:
         self.group._check()

@@ -198,12 +198,13 @@ class Links:
 
 
 @torch.inference_mode()
-def _expert_step(m: ShardModel, tokens: int, rank: int, world: int, links: Links) -> None:
-    """One step's MoE layers on this card: its share of each, summed into card 0's."""
+def _expert_step(m: ShardModel, tokens: int, rank: int, world: int, links: Links, prompt: bool) -> None:
+    """One step's MoE layers on this card: its share of each, summed into card 0's; ``prompt``: the step
+    carries a prompt's tokens (engine/experts/manager.begin_step)."""
     from engine.parallel.experts import shard_share, unpack_tokens
     s = m.spec
     D, k = s.hidden, s.top_k
-    m.experts.begin_step()
+    m.experts.begin_step(prompt=prompt)
     try:
         for moe_index in range(s.num_moe_layers):
             msg = torch.empty(tokens, 2 * D + 2 * k, dtype=torch.float32, device=m.device)
@@ -232,7 +233,7 @@ def _serve(m, conn, rank: int, world: int, links: Links) -> None:
             return                                    # the engine's process is gone
         kind = msg[0]
         if kind == "experts_step":                    # expert parallel: this card's share of every MoE layer
-            _expert_step(m, msg[1], rank, world, links)
+            _expert_step(m, msg[1], rank, world, links, msg[2])
         elif kind == "step":                          # one micro-batch of a step, in the order they come
             _, parts, tag = msg
             batch = parts.build(m.cache.block_size, device, windowed)

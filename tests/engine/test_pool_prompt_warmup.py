@@ -58,8 +58,7 @@ def test_lru_and_adaptive_order_a_chunk_by_its_uses() -> None:
 
 @pytest.mark.parametrize("policy", ["lfu", "adaptive"])
 def test_a_prompt_chunk_keeps_its_most_used_experts(stack: Stack, policy: str) -> None:
-    # experts 0-3 serve 9 tokens each, 4-7 one each; four slots. Taken in key order with every miss
-    # admitted, 4-7 would evict 0-3 and the pool would end with the chunk's least used experts.
+    # experts 0-3 serve 9 tokens each, 4-7 one each; four slots: the pool keeps 0-3 and stages 4-7
     prov = stack.offloaded(4, depth=0, policy=policy)
     ids = _chunk({**{e: 9 for e in range(4)}, **{e: 1 for e in range(4, 8)}})
     assert ids.shape[0] >= CHUNK_TOKENS
@@ -82,8 +81,7 @@ def test_a_prompt_ranks_its_experts_across_layers(stack: Stack, hot_layer: int) 
 @pytest.mark.parametrize("prompt", [True, False])
 def test_only_a_prompts_step_ranks_its_misses(stack: Stack, prompt: bool) -> None:
     # experts 4-7 serve 9 tokens each, 0-3 one each. A step without a prompt's tokens (a large decode
-    # batch, an expert-parallel share) takes its misses in key order: 0-3 fill the pool, pinned for the
-    # layer, and 4-7 are staged.
+    # batch) takes its misses in key order: 0-3 fill the pool, pinned for the layer, and 4-7 are staged.
     prov = stack.offloaded(4, depth=0, policy="lfu")
     _step(prov, [(0, _chunk({**{e: 1 for e in range(4)}, **{e: 9 for e in range(4, 8)}}))], prompt=prompt)
     assert _resident(prov) == ({4, 5, 6, 7} if prompt else {0, 1, 2, 3})
@@ -125,3 +123,22 @@ def test_the_adaptive_shadows_admit_a_chunk_as_the_pool_does(stack: Stack) -> No
     policy = prov.r.policy
     policy.catch_up()
     assert all(s.keys == {0, 1, 2, 3} for s in policy._shadows)
+
+
+@pytest.mark.parametrize("predicted", [False, True])
+def test_a_prompts_foreseen_experts_are_ranked_by_their_layer(stack: Stack, predicted: bool) -> None:
+    # decode steps leave layer 1's experts 0-3 resident; the prompt's every token then uses 4-7 there. A
+    # prefetch made from layer 0's chunk cannot rank them yet (no uses so far), so it leaves them to layer
+    # 1, whose chunk admits them over the colder residents: foreseen or not, they end in the pool.
+    prov = stack.offloaded(5, depth=1, policy="lfu")
+    for _ in range(2):
+        _step(prov, [(0, _chunk({0: 1})), (1, _chunk({0: 1, 1: 1, 2: 1, 3: 1}))], prompt=False)
+    layer1 = _chunk({e: 16 for e in range(4, 8)})
+    prov.begin_step(prompt=True)
+    if predicted:
+        prov._predicted = (0, [1], layer1.view(1, -1, 1))     # what the predictor would say for layer 1
+    prov.acquire(0, _chunk({0: 64}))
+    prov.issue_prefetch()
+    prov.acquire(1, layer1)
+    prov.end_step()
+    assert {E + e for e in range(4, 8)} <= _resident(prov)
