@@ -1,9 +1,10 @@
 """Chat logic: the current conversation, its bubbles, saving, and the reply in flight.
 
 Turns the chat pane's intentions into bridge requests and the bridge's text and stats into bubbles.
-Every change goes to the store's writer thread at once. A streaming reply is saved at most
-``STREAM_SAVE_MS`` behind the screen and marked interrupted until it ends, so a crash loses at most that
-much of what was on screen and the next start says the reply was cut short. Nothing the user saw is
+Every change goes to the store's writer thread at once. A streaming reply's first text is saved at once,
+and from then on the reply is at most ``STREAM_SAVE_MS`` behind the screen (see save_pacing); it is marked
+interrupted until it ends, so a crash loses at most that much of what was on screen and the next start says
+the reply was cut short. Nothing the user saw is
 removed without asking: Regenerate keeps the earlier replies as versions to page through, Delete moves
 the file to the trash with an Undo, and a store that cannot be written is reported while the chat goes on.
 """
@@ -14,8 +15,6 @@ import time
 import uuid
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable
-
 from PySide6.QtCore import QObject, QSettings, QTimer, Signal
 from PySide6.QtGui import QTextCursor
 
@@ -27,8 +26,10 @@ from app.conversation_list import ConversationList
 from app.conversations import Conversation, ConversationStore, Reply, StoredMessage
 from app.dialogs import AskText, Confirm, ask, ask_text
 from app.messages import ChatMessage, ContextUsage, ModelDescription, ReplyRequest, ReplyStats, TextBatch
+from app.save_pacing import SavePacer
 
 TITLE_CHARS = 40
+FIRST_SAVE_MS = 150       # after the save made at once of a reply's first text or a first keystroke, the next one
 STREAM_SAVE_MS = 1000     # a streaming reply on disk is at most this far behind the screen
 EDITS_SAVE_MS = 1000      # the unsent text and the system prompt are kept this soon after the first unkept keystroke
 SHOWN_AT_ONCE = 12        # messages of a chat put on screen when it opens (a screenful); the earlier ones follow
@@ -36,7 +37,7 @@ FILL_SLICE_S = 0.03       # time one turn of the event loop spends putting earli
 # messages of a chat on screen before the earlier ones wait for "Show earlier messages": each laid-out message
 # makes every later layout pass longer (an 800-message chat stalled the window 120-370 ms a slice)
 SHOWN_MESSAGES = 200
-INTERRUPTED_NOTE = "interrupted — the app closed before this reply finished"
+INTERRUPTED_NOTE = "interrupted — Strata stopped before this reply finished"   # a quit, a crash, a kill
 KEPT_DRAFT_TITLE = "Unsent text of a damaged chat"     # the chat that takes it when the chat's file was set aside
 
 @dataclass
@@ -78,8 +79,10 @@ class ChatController(QObject):
         kept_drafts = self._keep_drafts_of_damaged_chats()
         # a chat made now for a damaged chat's unsent text is the newest: shown first, so the text is seen
         self.current = self.conversations[0] if kept_drafts else self._first_chat()
-        self.stream_timer = self._timer(STREAM_SAVE_MS, self._save_live)
-        self.edits_timer = self._timer(EDITS_SAVE_MS, self._keep_edits)
+        self.stream_saves = SavePacer(self, FIRST_SAVE_MS, STREAM_SAVE_MS)
+        self.stream_saves.save_due.connect(self._save_live)
+        self.edit_saves = SavePacer(self, FIRST_SAVE_MS, EDITS_SAVE_MS)
+        self.edit_saves.save_due.connect(self._keep_edits)
         pane.destroyed.connect(self._stop_timers)         # none may fire at a deleted pane
         self._restore_prefs()
         self._connect()
@@ -88,15 +91,8 @@ class ChatController(QObject):
         QTimer.singleShot(0, self, self.library.report_unwritable)   # once the window listens to the store
 
     def _stop_timers(self, *_args) -> None:
-        self.stream_timer.stop()
-        self.edits_timer.stop()
-
-    def _timer(self, ms: int, slot: Callable[[], None]) -> QTimer:
-        timer = QTimer(self)
-        timer.setSingleShot(True)
-        timer.setInterval(ms)
-        timer.timeout.connect(slot)
-        return timer
+        self.stream_saves.stop()
+        self.edit_saves.stop()
 
     def _first_chat(self) -> Conversation:
         """The chat shown at start: the one shown last (a new one never saved comes back where it holds
@@ -332,16 +328,13 @@ class ChatController(QObject):
             self._edited()
 
     def _edited(self) -> None:
-        """A keystroke: keep the edits within EDITS_SAVE_MS of the first one not yet kept (a restart on
-        every keystroke would keep nothing while someone types without pausing)."""
-        if not self.edits_timer.isActive():
-            self.edits_timer.start()
+        """A keystroke: the first after a pause is kept at once, the ones that follow within EDITS_SAVE_MS
+        (a wait restarted on every keystroke would keep nothing while someone types without pausing)."""
+        self.edit_saves.changed()
 
     def _keep_edits_now(self) -> None:
         """Before another conversation is shown: a system prompt edit still waiting is saved to its own."""
-        if self.edits_timer.isActive():
-            self.edits_timer.stop()
-            self._keep_edits()
+        self.edit_saves.flush()
 
     def _keep_edits(self) -> None:
         """Remember the unsent text, and save a changed system prompt: a new chat with one written is saved
@@ -441,7 +434,7 @@ class ChatController(QObject):
         self.bridge.submit(request)
 
     def on_text(self, batch: TextBatch) -> None:
-        """Coalesced text from the bridge: shown at once, saved within ``STREAM_SAVE_MS``; the context the
+        """Coalesced text from the bridge: shown at once, saved as SavePacer paces it; the context the
         reply takes so far is saved with it, so a restart after a crash counts the reply on the meter."""
         live = self.live
         if live is None:
@@ -461,8 +454,7 @@ class ChatController(QObject):
                 grew = True
         if grew:
             live.message.set_reply(live.bubble.text, "", True, live.bubble.reasoning.text)
-            if not self.stream_timer.isActive():
-                self.stream_timer.start()
+            self.stream_saves.changed()
 
     def _save_live(self) -> None:
         """The streaming reply as far as it is on screen, still marked interrupted."""
@@ -476,7 +468,7 @@ class ChatController(QObject):
         live = self.live
         if live is None or stats.request_id != live.request_id:
             return
-        self.stream_timer.stop()
+        self.stream_saves.stop()
         line = stats.summary(live.max_tokens)
         live.bubble.finish(line)
         live.message.set_reply(live.bubble.text, line, False, live.bubble.reasoning.text)
@@ -584,7 +576,7 @@ class ChatController(QObject):
 
     def close(self) -> None:
         """Write what is pending (the reply in flight stays marked interrupted) and stop the writer."""
-        self.stream_timer.stop()
+        self.stream_saves.stop()
         self._keep_edits_now()
         self.prefs.set_draft(self.pane.input.toPlainText(), self.current.id)
         self.prefs.set_current_chat(self.current.id)

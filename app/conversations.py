@@ -44,7 +44,7 @@ class Reply:
 
     content: str
     stats: str = ""                # the summary line shown under it
-    interrupted: bool = False      # still streaming when last saved: the app closed before it finished
+    interrupted: bool = False      # still streaming when last saved: Strata stopped before it finished
     reasoning: str = ""            # what a reasoning model thought before answering
 
 

@@ -198,6 +198,7 @@ class KnobsPanel(QWidget):
         self.status: dict[str, StatusLine] = {}
         self.controls: dict[str, QWidget] = {}
         self._asked: set[str] = set()                   # changes sent and not answered yet
+        self._restoring: set[str] = set()               # of those, values kept from an earlier session
         outer = QVBoxLayout(self)
         # with no model there are no values to show: a line says so instead of placeholder numbers
         self.no_model = QLabel("No model loaded. Its engine settings show here once a model is open, "
@@ -317,6 +318,7 @@ class KnobsPanel(QWidget):
 
     def _send(self, option: str, value: object) -> None:
         self._asked.add(option)
+        self._restoring.discard(option)      # the user's own change: its answer is shown as such
         self._set_status(option, "off", "applying…")
         self.change_requested.emit(option, value)
 
@@ -324,11 +326,15 @@ class KnobsPanel(QWidget):
         """Ask the engine for ``value`` as if the user had set it (a value saved from an earlier session)."""
         self._send(option, value)
 
-    def request_all(self, changes: list[tuple[str, object]]) -> None:
+    def request_all(self, changes: list[tuple[str, object]], restoring: bool = True) -> None:
         """Ask for several values as one change: one may need another's (a smaller max batch tokens
-        after a lower max batch), so none is refused for the order they are sent in."""
+        after a lower max batch), so none is refused for the order they are sent in. ``restoring``: the
+        values an earlier session left, which the panel shows as plain values once they apply (no "✓
+        applied" line: nothing was changed now); a refusal is shown all the same."""
         for option, _ in changes:
             self._asked.add(option)
+            if restoring:
+                self._restoring.add(option)
             self._set_status(option, "off", "applying…")
         if changes:
             self.changes_requested.emit(list(changes))
@@ -344,6 +350,7 @@ class KnobsPanel(QWidget):
     def clear_status(self) -> None:
         """Forget every status line (another model is loaded: they spoke of the previous one)."""
         self._asked.clear()
+        self._restoring.clear()
         for name in ORDER:
             self.status[name].set_reason("")
             self._set_status(name, "off", "")
@@ -399,11 +406,18 @@ class KnobsPanel(QWidget):
         if result.option not in self.status:
             return
         self._asked.discard(result.option)
+        restored = result.option in self._restoring
+        self._restoring.discard(result.option)
         if result.applied:
             # the line names this knob's new value; the engine's whole account (the pool, staging,
-            # look-ahead, ...) is its tooltip, where a later change of another knob cannot make it stale
-            self._set_status(result.option, "ok", "", f"When applied: {result.message}")
-            self._show_applied(result.option, self._value_text(result.option, result.value, self.state))
+            # look-ahead, ...) is its tooltip, where a later change of another knob cannot make it stale.
+            # A value kept from the last session shows as the control's value alone: nothing changed now.
+            if restored:
+                self._set_status(result.option, "off", "", f"Kept from the last session. When applied: "
+                                                           f"{result.message}")
+            else:
+                self._set_status(result.option, "ok", "", f"When applied: {result.message}")
+                self._show_applied(result.option, self._value_text(result.option, result.value, self.state))
             for name in ORDER:                  # a refusal another knob's value caused may no longer hold
                 if name != result.option and self._kind(name) == "bad":
                     self._set_status(name, "off", "")
@@ -449,4 +463,4 @@ class KnobsPanel(QWidget):
                 changes.append((name, default))
             elif self._kind(name) == "bad":
                 self._set_status(name, "off", "")      # a refusal of a value the knob no longer asks for
-        self.request_all(changes)
+        self.request_all(changes, restoring=False)

@@ -65,10 +65,10 @@ def test_after_a_crash_mid_reply_the_meter_counts_the_reply_that_was_saved(qtbot
     first.send("Tell me")
     first.on_context(ContextUsage(first.live_id, 7, 512, 64))
     stream(first, SEEN[:20], used_tokens=12)
-    first.stream_timer.timeout.emit()
+    first.stream_saves.timer.timeout.emit()
     assert first.pane.context_meter.label.text() == "Context 12 / 512 tokens"     # it grows as the reply is saved
     stream(first, SEEN[20:], used_tokens=177)
-    first.stream_timer.timeout.emit()
+    first.stream_saves.timer.timeout.emit()
     assert on_disk(first)["context_used"] == 177
     # the process dies here: no on_finished, no close
     again = make_chat(qtbot, tmp_path / "c")

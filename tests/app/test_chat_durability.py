@@ -17,7 +17,7 @@ from tests.app.chat_fakes import SEEN, bubble_texts, exchange, finish, make_chat
 
 
 # --- a reply in flight ---------------------------------------------------------------------------------
-def test_a_streaming_reply_is_saved_within_a_second_of_the_screen_and_marked_interrupted(qtbot, tmp_path):
+def test_a_streaming_reply_is_saved_at_its_first_text_then_paced_and_marked_interrupted(qtbot, tmp_path):
     chat = make_chat(qtbot, tmp_path / "c")
     chat.send("Genesis")
     saved = on_disk(chat)["messages"]
@@ -25,20 +25,24 @@ def test_a_streaming_reply_is_saved_within_a_second_of_the_screen_and_marked_int
     assert [(m["role"], m["content"], m["interrupted"]) for m in saved] == [("user", "Genesis", False),
                                                                         ("assistant", "", True)]
     stream(chat, SEEN[:20])
-    assert chat.stream_timer.isActive() and chat.stream_timer.interval() <= 1000 == STREAM_SAVE_MS
-    stream(chat, SEEN[20:30])      # more text while the save is due: one save covers both
-    chat.stream_timer.timeout.emit()
+    reply = on_disk(chat)["messages"][1]
+    assert reply["content"] == SEEN[:20] and reply["interrupted"] is True, "the first text is saved at once"
+    stream(chat, SEEN[20:25])
+    stream(chat, SEEN[25:30])      # more text while a save is due: one save covers both
+    assert on_disk(chat)["messages"][1]["content"] == SEEN[:20], "not a write per token"
+    assert chat.stream_saves.timer.isActive() and STREAM_SAVE_MS <= 1000
+    chat.stream_saves.timer.timeout.emit()
     reply = on_disk(chat)["messages"][1]
     assert reply["content"] == SEEN[:30] == chat.live_bubble.text and reply["interrupted"] is True
     stream(chat, SEEN[30:])
-    assert chat.stream_timer.isActive(), "new text on screen arms the next save"
+    assert chat.stream_saves.timer.isActive(), "new text on screen waits for the next save"
     on_screen = chat.live_bubble.text
     behind = on_disk(chat)["messages"][1]["content"]
     assert on_screen.startswith(behind) and behind != on_screen
     finish(chat)
     reply = on_disk(chat)["messages"][1]
     assert reply["content"] == SEEN and reply["interrupted"] is False and "finished" in reply["stats"]
-    assert not chat.stream_timer.isActive()
+    assert not chat.stream_saves.timer.isActive()
 
 
 def test_after_a_crash_the_cut_short_reply_is_shown_with_its_note_and_can_be_asked_again(qtbot, tmp_path):
@@ -46,7 +50,7 @@ def test_after_a_crash_the_cut_short_reply_is_shown_with_its_note_and_can_be_ask
     first = make_chat(qtbot, folder)
     first.send("Genesis")
     stream(first, SEEN[:25])
-    first.stream_timer.timeout.emit()
+    first.stream_saves.timer.timeout.emit()
     assert first.library.flush(10)
     # the process dies here: no on_finished, no close. The next start reads the same folder.
     second = make_chat(qtbot, folder)
@@ -54,7 +58,7 @@ def test_after_a_crash_the_cut_short_reply_is_shown_with_its_note_and_can_be_ask
     bubble = second.pane.view.bubbles[-1]
     assert bubble.text == SEEN[:25]
     assert INTERRUPTED_NOTE in bubble.stats.text() and bubble.stats.isVisible()
-    assert "interrupted — the app closed before this reply finished" in bubble.stats.text()
+    assert "interrupted — Strata stopped before this reply finished" in bubble.stats.text()
     assert second.pane.regen_button.isEnabled()
     second.regenerate()
     request = second.bridge.requests[-1]
@@ -309,7 +313,7 @@ def test_a_system_prompt_edit_is_saved_to_its_own_conversation(qtbot, tmp_path):
     exchange(chat, "a", question="Chat A")
     first = chat.current.id
     chat.pane.settings_box.system_prompt.setPlainText("Be brief.")
-    assert chat.edits_timer.isActive() and chat.edits_timer.interval() <= 1000
+    assert chat.edit_saves.timer.isActive() and chat.edit_saves.timer.interval() <= 1000
     chat.new_chat()                                   # before the timer fires
     chat.pane.settings_box.system_prompt.setPlainText("Be verbose.")
     exchange(chat, "b", question="Chat B")

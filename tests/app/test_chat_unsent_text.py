@@ -16,8 +16,8 @@ def test_unsent_text_is_kept_across_a_restart(qtbot, tmp_path):
     ini = tmp_path / "strata.ini"
     first = make_chat(qtbot, tmp_path / "c", settings_file=ini)
     QTest.keyClicks(first.pane.input, "a long prompt I have not sent yet")
-    assert first.edits_timer.isActive() and first.edits_timer.interval() <= 1000
-    first.edits_timer.timeout.emit()
+    assert first.edit_saves.timer.isActive() and first.edit_saves.timer.interval() <= 1000
+    first.edit_saves.timer.timeout.emit()
     first.prefs.settings.sync()
     second = make_chat(qtbot, tmp_path / "c", settings_file=ini)
     assert second.pane.input.toPlainText() == "a long prompt I have not sent yet"
@@ -160,8 +160,8 @@ def test_deleting_the_chat_shown_while_its_prompt_edit_is_pending_leaves_it_dele
     chat.send("Hello")
     finish(chat)
     gone = chat.current.id
-    chat.pane.settings_box.system_prompt.setPlainText("Be brief.")      # kept a second later, not yet
-    assert chat.edits_timer.isActive()
+    chat.pane.settings_box.system_prompt.setPlainText("Be brief.")      # kept at once, and again when due
+    assert chat.edit_saves.timer.isActive()
     chat.delete(gone)
     qtbot.wait(50)
     assert chat.library.find(gone) is None and chat.current.id != gone
@@ -190,11 +190,11 @@ def test_the_unsent_text_is_kept_while_someone_types_without_pausing(qtbot, tmp_
     # push it back, so steady typing is kept every second rather than never.
     chat = make_chat(qtbot, tmp_path / "c")
     chat.pane.input.setPlainText("a")
-    assert chat.edits_timer.isActive()
-    first = chat.edits_timer.remainingTime()
+    assert chat.edit_saves.timer.isActive()
+    first = chat.edit_saves.timer.remainingTime()
     qtbot.wait(30)
     chat.pane.input.setPlainText("ab")
-    assert chat.edits_timer.isActive() and chat.edits_timer.remainingTime() <= first
+    assert chat.edit_saves.timer.isActive() and chat.edit_saves.timer.remainingTime() <= first
 
 
 def test_a_keystroke_just_before_the_pane_goes_leaves_no_timer_behind(qtbot, tmp_path):
@@ -205,7 +205,7 @@ def test_a_keystroke_just_before_the_pane_goes_leaves_no_timer_behind(qtbot, tmp
     from app.chat_controller import EDITS_SAVE_MS
     chat = make_chat(qtbot, tmp_path / "conversations")
     chat.pane.input.setPlainText("typed just before the window went")
-    assert chat.edits_timer.isActive()
+    assert chat.edit_saves.timer.isActive()
     chat.pane.deleteLater()
     loop = QEventLoop()
     QTimer.singleShot(EDITS_SAVE_MS + 300, loop.quit)
@@ -223,7 +223,7 @@ def test_a_system_prompt_written_in_a_new_chat_outlives_a_quit_and_a_crash(qtbot
     assert again.pane.settings_box.system_prompt.toPlainText() == "A carefully written system prompt"
     again.new_chat()
     again.pane.settings_box.system_prompt.setPlainText("Another one")
-    qtbot.waitUntil(lambda: not again.edits_timer.isActive(), timeout=5000)   # kept: what a crash finds
+    qtbot.waitUntil(lambda: not again.edit_saves.timer.isActive(), timeout=5000)   # kept: what a crash finds
     assert again.library.flush(10)         # once the writer thread has it on disk (a busy host delays it)
     third = make_chat(qtbot, folder)
     assert third.pane.settings_box.system_prompt.toPlainText() == "Another one"

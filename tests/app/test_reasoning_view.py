@@ -56,7 +56,7 @@ def test_a_crash_mid_reasoning_keeps_what_was_thought_and_a_restart_shows_it(qtb
     first = make_chat(qtbot, folder, model=REASONING_MODEL)
     first.send("hi")
     think(first, THOUGHT)
-    first.stream_timer.timeout.emit()
+    first.stream_saves.timer.timeout.emit()
     reply = on_disk(first)["messages"][1]
     assert (reply["reasoning"], reply["content"], reply["interrupted"]) == (THOUGHT, "", True)
     second = make_chat(qtbot, folder, model=REASONING_MODEL)         # the process died: a fresh start

@@ -111,9 +111,17 @@ def test_knob_values_are_remembered_across_restarts(window_factory, qtbot):
     second = window_factory()                      # the same settings file: a restart
     qtbot.waitUntil(lambda: second.knobs.state.value("max_batch") == 4
                     and second.knobs.state.value("expert_policy") == "lru", timeout=TIMEOUT)
-    qtbot.waitUntil(lambda: _status(second, "expert_policy").startswith("✓ applied"), timeout=TIMEOUT)
+    qtbot.waitUntil(lambda: not second.knob_memory.pending, timeout=TIMEOUT)     # every restored value answered
     assert second.knobs.state.value("prefill_chunk") == 2048 and _status(second, "prefill_chunk") == ""
     assert second.banners.text("knobs") == ""
+    # a value kept from the last session is shown as the control's value, with no "applied" line: the
+    # user changed nothing now (its tooltip says where it came from)
+    for option in ("max_batch", "expert_policy"):
+        assert _status(second, option) == ""
+        assert "Kept from the last session" in second.knobs.status[option].tip
+    assert second.knobs.controls["expert_policy"].currentText() == "lru"
+    _answer(qtbot, second, lambda: second.knobs.controls["max_batch"].setValue(3))    # a change made now
+    assert _status(second, "max_batch").startswith("✓ applied")
 
 
 def test_a_saved_value_that_no_longer_fits_is_refused_with_its_reason(window_factory, qtbot, tmp_path):
