@@ -202,11 +202,13 @@ class ChatTemplate:
 
         A template checks each message as its loop reaches it, so bisection over prefixes finds the message
         that turns an accepted prefix into one refused with the same words (where refusal is monotone in the
-        prefix, the first; where not, a boundary). When every prefix tried was refused (a rule about the whole
-        request, or about the first message), the first message, or else the last (a rule about the
-        conversation's end), counts only if the conversation without it is not refused with the same words.
-        At most ceil(log2 N) + 2 renders; past ``_SEARCHED`` messages only the last message is tried (one
-        render), as each render costs as much as the conversation is long."""
+        prefix, the first; where not, a boundary). A rule that is not about each message as it comes (the
+        last message must be the user's; at most so many messages) can put that boundary on a message that is
+        not to blame, so each message considered counts only if the conversation without it is not refused
+        with the same words: the one bisection found, then the first (a rule about the first message, or the
+        whole request), then the last (a rule about the conversation's end). At most ceil(log2 N) + 3
+        renders; past ``_SEARCHED`` messages only the last message is tried (one render), as each render
+        costs as much as the conversation is long."""
         def refused(subset: list[dict]) -> bool:
             try:
                 self._template.render(messages=subset, add_generation_prompt=add_generation_prompt, **variables)
@@ -227,9 +229,9 @@ class ChatTemplate:
                 hi = mid
             else:
                 lo = accepted = mid
-        if accepted:                 # messages[:hi - 1] gets through and messages[:hi] does not
-            return _role(messages[hi - 1])
-        for at in dict.fromkeys((hi - 1, n - 1)):
+        found = [hi - 1] if accepted else []     # messages[:hi - 1] gets through and messages[:hi] does not
+        first = 0 if n <= _SEARCHED else n - 1
+        for at in dict.fromkeys(found + [first, n - 1]):
             if not refused(messages[:at] + messages[at + 1:]):
                 return _role(messages[at])
         return None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Sequence
 
 from engine.server.errors import error_body, printable
 
@@ -41,14 +42,22 @@ def with_json_refusal(base: type) -> type:
     JSON error object with uvicorn's default headers (date, server); the connection closes after it, as uvicorn's
     own answer closes it. Bytes refused behind a whole request whose response is not yet sent (httptools parses
     pipelined bytes at once; h11 only once that response is done) are answered after that response, so each
-    request's answer stays in its place. Broken bytes inside a request whose response has already begun (its
-    app answered before reading the whole body) only close the connection: a status line in the middle of that
-    response would corrupt it."""
+    request's answer stays in its place; so is a broken body of a request httptools queued behind them (its app
+    not yet started), which is taken off the queue so that app never starts to wait for a body that will not
+    come. Broken bytes inside a request whose response has already begun (its app answered before reading the
+    whole body) only close the connection: a status line in the middle of that response would corrupt it."""
 
     class JsonRefusal(base):
         _refusal: bytes | None = None       # a 400 held back until the responses before it are sent
+        _unqueued = False                   # its request was taken off the pipeline: it gets no response of its own
+        # httptools' requests parsed behind one still answering, newest first (uvicorn appends left, pops right);
+        # h11 parses no request before the last one is answered, so nothing ever waits there
+        pipeline: Sequence = ()
 
         def send_400_response(self, msg: str) -> None:
+            if self._refusal is not None:        # bytes behind a refusal already held back: it stays as it is
+                self.flow.pause_reading()
+                return
             error = sys.exc_info()[1]            # the parser's error, which uvicorn is handling when it calls this
             body = invalid_http_body(parser_words(error) if error is not None else None)
             head = [b"HTTP/1.1 400 Bad Request\r\n"]
@@ -61,15 +70,25 @@ def with_json_refusal(base: type) -> type:
                 self._send_refusal()
             elif not cycle.more_body:            # the bytes after a whole request: answered after its response
                 self.flow.pause_reading()
+            elif self.pipeline and self.pipeline[0][0] is cycle:   # queued, its app not started: it never will be
+                self.pipeline.popleft()
+                self._unqueued = True
+                self.flow.pause_reading()
             elif cycle.response_started:
                 self.transport.close()           # a response is under way: no second status line fits in it
             else:
                 self._send_refusal()             # the request itself is broken; its app sees the disconnect
 
         def on_response_complete(self) -> None:
-            super().on_response_complete()
-            if self._refusal is not None and self.cycle.response_complete:   # the last response before it
+            queued_ahead = bool(self.pipeline)   # requests still to answer before the refusal's place
+            super().on_response_complete()       # starts the next one queued, if any
+            if self._refusal is None:
+                return
+            last = not queued_ahead if self._unqueued else self.cycle.response_complete   # the last before it
+            if last:
                 self._send_refusal()
+            else:
+                self.flow.pause_reading()        # uvicorn resumed reading for the next request: none may follow
 
         def _send_refusal(self) -> None:
             if not self.transport.is_closing():

@@ -29,11 +29,13 @@ LAST_FROM_USER = ("{%- if messages[-1].role != 'user' %}{{ raise_exception('The 
                   "{%- endif %}" + TURNS)
 FIRST_FROM_USER = ("{%- if messages[0].role != 'user' %}{{ raise_exception('Start with a user message') }}{%- endif %}"
                    + TURNS)
+AT_MOST_4 = "{%- if messages | length > 4 %}{{ raise_exception('At most 4 messages') }}{%- endif %}" + TURNS
 NEEDS_TOOLS = "{%- if not tools %}{{ raise_exception('This model needs tools') }}{%- endif %}" + TURNS
 UNKNOWN_ROLE = ("{%- for m in messages %}{%- if m.role not in ['user', 'assistant'] %}"
                 "{{ raise_exception('Unknown role: ' + m.role) }}{%- endif %}{%- endfor %}" + TURNS)
 SYSTEM, USER, ASSISTANT = ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
                            {"role": "assistant", "content": "Hello"})
+TOOL = {"role": "tool", "content": "ok"}
 TOOL_TURN = [USER, {"role": "assistant", "content": "", "tool_calls": [
     {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {}}}]},
     {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
@@ -84,6 +86,9 @@ def test_whatever_a_template_raises_is_its_fault_in_one_line_not_a_crash(tmp_pat
     (LAST_FROM_USER, [USER, ASSISTANT], "assistant"),           # refused only as the conversation's end
     (LAST_FROM_USER, [SYSTEM, USER, ASSISTANT], "assistant"),   # its first message alone is refused too, not blamed
     (FIRST_FROM_USER, [SYSTEM, USER], "system"),                # the conversation without it gets through
+    # the first prefix refused ends at the assistant message, but the conversation is refused for its end
+    (LAST_FROM_USER, [USER, ASSISTANT, USER, TOOL], "tool"),
+    (LAST_FROM_USER, [USER, SYSTEM, USER, ASSISTANT], "assistant"),     # not the system message: it is no cause
 ])
 def test_a_refusal_names_the_role_of_the_message_it_refused(tmp_path, template, messages, role):
     err = _failure(_tokenizer(tmp_path, template), messages)
@@ -91,6 +96,23 @@ def test_a_refusal_names_the_role_of_the_message_it_refused(tmp_path, template, 
     article = "an" if role == "assistant" else "a"
     assert str(err).startswith(f"the model folder's chat template refused {article} {role} message at line 1 of "
                                f"chat_template in {tmp_path / 'tokenizer_config.json'} ({err.cause}); ")
+
+
+def test_a_refusal_of_the_conversations_length_blames_no_message_in_it():
+    tick = Renders()
+    with pytest.raises(ChatTemplateRefusal) as err:
+        ChatTemplate("{{ tick() }}" + AT_MOST_4).render([SYSTEM] + [USER, ASSISTANT] * 2 + [USER], True,
+                                                       {"tick": tick})
+    assert err.value.role is None    # its fifth message turns an accepted prefix into a refused one: not the cause
+    assert str(err.value).endswith("(At most 4 messages); give the conversation what the template's words ask "
+                                   "for, or fix the template there")
+    assert tick.count == 1 + 3 + 3   # 3 halvings of 6 prefixes; without the fifth, the first, the last
+
+
+def test_a_system_message_that_is_no_cause_is_not_the_one_to_drop(tmp_path):
+    fixes = TemplateFixes(fault="FAULT", system="DROP THE SYSTEM PROMPT", other="START OVER", conversation="TOOLS")
+    err = _failure(_tokenizer(tmp_path, LAST_FROM_USER), [USER, SYSTEM, USER, ASSISTANT])
+    assert failure_line(err, fixes).endswith("(The last message must be from the user); START OVER")
 
 
 @pytest.mark.parametrize("messages", [[SYSTEM, USER], [USER], [SYSTEM, USER, ASSISTANT, USER]])
@@ -114,15 +136,15 @@ class Renders:
 
 
 @pytest.mark.parametrize("n, at, renders", [
-    (4096, 4095, 1 + 12),           # the render that failed, then 12 halvings of the prefixes
-    (4096, 2000, 1 + 12),
-    (4096, 1, 1 + 12),
+    (4096, 4095, 1 + 12 + 1),       # the render that failed, 12 halvings of the prefixes, then without the one found
+    (4096, 2000, 1 + 12 + 1),
+    (4096, 1, 1 + 12 + 1),
     (100_000, 99_999, 1 + 1),       # past 4096 messages only the last is tried: each render is the whole of it
 ])
 def test_finding_the_refused_message_takes_a_few_renders_however_long_the_conversation(n, at, renders):
     template = ChatTemplate("{{ tick() }}" + ALTERNATE)
-    messages = [USER if i % 2 == 0 else ASSISTANT for i in range(n)]
-    messages[at] = messages[at - 1]                             # two of one role in a row: the second is refused
+    messages = [USER if i % 2 == 0 else ASSISTANT for i in range(n - 1)]
+    messages.insert(at, messages[at - 1])                       # two of one role in a row: the second is refused
     tick = Renders()
     with pytest.raises(ChatTemplateRefusal) as err:
         template.render(messages, True, {"tick": tick})

@@ -104,6 +104,29 @@ def test_requests_ahead_of_broken_bytes_in_one_write_get_their_answers_first(ser
     assert json.loads(answers[-1][1])["error"]["code"] == "invalid_http"
 
 
+@pytest.mark.parametrize("ahead", [1, 3])
+def test_a_broken_body_of_a_queued_request_is_answered_after_the_requests_ahead(served, ahead):
+    # httptools queues the chunked request behind the ones still answering and finds its body broken before its
+    # app starts: the 400 must wait for their answers (h11 reads it only once they are sent)
+    health = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    answers = _responses(_exchange(served, health * ahead + BROKEN["chunk-size-not-hex"]))
+    assert [status for status, _ in answers] == ["HTTP/1.1 200 OK"] * ahead + ["HTTP/1.1 400 Bad Request"]
+    assert all(json.loads(body) == {"status": "ok"} for _, body in answers[:-1])
+    assert json.loads(answers[-1][1])["error"]["code"] == "invalid_http"
+
+
+def test_a_broken_body_queued_behind_a_generation_leaves_its_answer_whole(served):
+    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 50, "ignore_eos": True}).encode()
+    request = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + AUTH + b"Content-Type: application/json\r\n"
+               b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    answers = _responses(_exchange(served, request + BROKEN["chunk-size-not-hex"]))
+    assert [status for status, _ in answers] == ["HTTP/1.1 200 OK", "HTTP/1.1 400 Bad Request"]
+    assert json.loads(answers[0][1])["usage"]["completion_tokens"] == 50
+    good = httpx.post(served + "/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
+                      json={"prompt": "Hi", "max_tokens": 2}, timeout=60)
+    assert good.status_code == 200
+
+
 def test_the_parsers_reason_is_words_not_a_python_repr(served, request):
     _, body = _responses(_exchange(served, b"G\xffT /\xfe\xfd HTTP/1.1\r\nHost: x\r\n\r\n"))[0]
     message = json.loads(body)["error"]["message"]
