@@ -12,8 +12,9 @@ from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QScrollArea, QSizePol
 
 LEVELS = ("info", "amber", "red")
 # heights in lines of text, a banner's padding included
-LEAST_LINES = 5     # the least height: one banner of three lines whole (or the top of a longer stack)
+LEAST_LINES = 4     # the least height: one banner of three lines whole (or the top of a longer stack)
 MOST_LINES = 11     # the most before it scrolls: three banners of two lines, and the top of a fourth
+CHAT_ROOM_LINES = 4     # lines the chat below gets, past its own least height, before the banners pass their least
 
 
 class _Banner(QFrame):
@@ -50,6 +51,7 @@ class BannerArea(QScrollArea):
         self._lay.setSpacing(4)
         self.setWidget(stack)
         self._banners: dict[str, _Banner] = {}
+        self.room: int | None = None     # the most height the window spares it now (None: no bound)
         self.hide()
 
     def show_message(self, key: str, text: str, level: str = "info") -> None:
@@ -100,7 +102,8 @@ class BannerArea(QScrollArea):
         return lines * self.fontMetrics().lineSpacing()
 
     def sizeHint(self) -> QSize:
-        return QSize(super().sizeHint().width(), min(self._content_height(), self._lines(MOST_LINES)))
+        most = self._lines(MOST_LINES) if self.room is None else min(self._lines(MOST_LINES), self.room)
+        return QSize(super().sizeHint().width(), min(self._content_height(), most))
 
     def minimumSizeHint(self) -> QSize:
         return QSize(super().minimumSizeHint().width(), min(self._content_height(), self._lines(LEAST_LINES)))
@@ -114,3 +117,24 @@ class BannerArea(QScrollArea):
         if watched is self.widget() and event.type() == QEvent.Type.LayoutRequest:
             self.updateGeometry()          # a banner came, went or has a new text: the area's hints change
         return super().eventFilter(watched, event)
+
+
+class BannerColumn(QWidget):
+    """The banners over the chat, the banners giving way first: in a short window they shrink toward their
+    least height (and scroll) before the chat below loses any of CHAT_ROOM_LINES lines past its least."""
+
+    def __init__(self, banners: BannerArea, below: QWidget) -> None:
+        super().__init__()
+        self.banners, self.below = banners, below
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.setSpacing(0)
+        lay.addWidget(banners)
+        lay.addWidget(below, 1)
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        room = self.below.minimumSizeHint().height() + CHAT_ROOM_LINES * self.fontMetrics().lineSpacing()
+        if self.height() - room != self.banners.room:
+            self.banners.room = self.height() - room      # the banners' preferred height stops there
+            self.banners.updateGeometry()
+        super().resizeEvent(event)

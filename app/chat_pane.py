@@ -21,6 +21,49 @@ _HINTS = {True: "Message the model — Enter to send, Shift+Enter for a new line
 
 
 _LEADING_BLANK_LINES = re.compile(r"\A(?:[ \t]*\n)+")
+VIEW_MIN_LINES = 8      # the transcript keeps room for this many lines whatever else the pane shows
+
+
+class FoldedNote(QWidget):
+    """A note shown as one line cut with "…" (whole in its tooltip) and a "more" button that opens it whole,
+    "less" folding it back: a long notice never takes the chat's room unasked. Hidden while it has no text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        lay = QHBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        self.label = CaptionLabel()
+        self.label.setObjectName("demoNotice")
+        self.whole = QLabel()              # the note opened: wrapped over as many lines as it takes
+        self.whole.setObjectName("demoNotice")
+        self.whole.setWordWrap(True)
+        self.whole.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        for label in (self.label, self.whole):
+            label.setStyleSheet("color: #f0a030")      # amber, as the banners' warnings
+        self.toggle = QToolButton()
+        self.toggle.setAutoRaise(True)
+        self.toggle.setCheckable(True)
+        self.toggle.toggled.connect(self.set_open)
+        lay.addWidget(self.label, 1)
+        lay.addWidget(self.whole, 1)
+        lay.addWidget(self.toggle, 0, Qt.AlignmentFlag.AlignTop)
+        self.set_text("")
+
+    def set_text(self, text: str) -> None:
+        self.label.setText(text)
+        self.whole.setText(text)
+        self.toggle.setChecked(False)
+        self.set_open(False)
+        self.setVisible(bool(text))
+
+    def text(self) -> str:
+        return self.whole.text()
+
+    def set_open(self, shown: bool) -> None:
+        self.whole.setVisible(shown)
+        self.label.setVisible(not shown)
+        self.toggle.setText("less" if shown else "more")
+        self.toggle.setToolTip("Fold the note to one line" if shown else "Show the whole note")
 
 
 class SettingsBox(QGroupBox):
@@ -253,7 +296,11 @@ class ChatPane(WrappingWidget):
         self.model_line.setWordWrap(True)
         self.model_line.setTextFormat(Qt.TextFormat.RichText)
         lay.addWidget(self.model_line)
+        self.notice = FoldedNote()
+        lay.addWidget(self.notice)
         self.view = ChatView()
+        frame = 2 * self.view.frameWidth() + 8
+        self.view.setMinimumHeight(VIEW_MIN_LINES * self.view.fontMetrics().lineSpacing() + frame)
         lay.addWidget(self.view, 1)
         self.settings_box = SettingsBox()
         lay.addWidget(self.settings_box)

@@ -14,10 +14,10 @@ from pathlib import Path
 from PySide6.QtCore import QRect, QSettings, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QIcon
 from PySide6.QtWidgets import (QDockWidget, QFileDialog, QFrame, QLabel, QMainWindow, QMenu, QScrollArea,
-                               QSizePolicy, QSplitter, QTabWidget, QVBoxLayout, QWidget)
+                               QSizePolicy, QSplitter, QTabWidget, QWidget)
 
 from app.about import show_about
-from app.banner import BannerArea
+from app.banner import BannerArea, BannerColumn
 from app.bridge import EngineBridge
 from app.chat_controller import ChatController
 from app.chat_export import export_chat
@@ -98,12 +98,7 @@ class MainWindow(QMainWindow):
 
     # --- construction --------------------------------------------------------------------------
     def _build_central(self, store: ConversationStore) -> None:
-        central = QWidget()        # its least height: the banners' (bounded, they scroll) and the chat pane's
-        lay = QVBoxLayout(central)
-        lay.setContentsMargins(0, 0, 0, 0)
-        lay.setSpacing(0)
         self.banners = BannerArea()
-        lay.addWidget(self.banners)
         split = QSplitter(Qt.Orientation.Horizontal)
         self.sidebar = ConversationList()
         self.chat_pane = ChatPane()
@@ -114,8 +109,8 @@ class MainWindow(QMainWindow):
         split.addWidget(self.chat_pane)
         split.setStretchFactor(1, 1)
         split.setSizes([200, 600])
-        lay.addWidget(split, 1)
-        self.setCentralWidget(central)
+        # its least height: the banners' (bounded, they scroll) and the chat pane's
+        self.setCentralWidget(BannerColumn(self.banners, split))
         self.chat = ChatController(self.chat_pane, self.sidebar, store, self.bridge, settings=self.settings)
 
     def _dock(self, name: str, widget: QWidget) -> QDockWidget:
@@ -146,7 +141,8 @@ class MainWindow(QMainWindow):
 
     def apply_default_layout(self, available: QSize) -> None:
         """The docks as a first window on a screen of ``available`` size has them."""
-        arrange_docks(self, self.docks, available)
+        with self.kept_layout.arranging():
+            arrange_docks(self, self.docks, available)
 
     def _build_menus(self) -> None:
         bar = self.menuBar()
@@ -256,9 +252,8 @@ class MainWindow(QMainWindow):
         params = f"{m.params / 1e6:.1f} M" if m.params < 1e9 else f"{m.params / 1e9:.1f} B"
         line = (f"<b>{m.name}</b> &nbsp;·&nbsp; {m.family} &nbsp;·&nbsp; {params} parameters &nbsp;·&nbsp; "
                 f"{m.num_layers} layers, {m.num_experts} experts (top-{m.top_k}) &nbsp;·&nbsp; on <b>{m.device}</b>")
-        if m.is_demo:
-            line += "<br><span style='color:#f0a030'>" + demo_notice(m) + "</span>"
         self.chat_pane.model_line.setText(line)
+        self.chat_pane.notice.set_text(demo_notice(m) if m.is_demo else "")
         self._set_status_model(f"{m.name} on {m.device}")
 
     def _set_status_model(self, text: str) -> None:
@@ -322,6 +317,7 @@ class MainWindow(QMainWindow):
         """No engine runs: nothing to send to, no knob to turn (and no status line of a closed model)."""
         self.model = None
         self.chat.set_model(None)
+        self.chat_pane.notice.set_text("")
         self.knobs.clear_status()
         self.knobs.show_no_model()
 

@@ -11,7 +11,8 @@ restored at all.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 from PySide6.QtCore import QRect, QSize, Qt
 from PySide6.QtGui import QResizeEvent
@@ -119,10 +120,11 @@ class KeptLayout:
     """Whether the saved layout is kept as it is when the window closes: one that did not fit this screen
     (the window shows the default layout here instead) stays saved for the screen it came from, until the
     user rearranges the docks here (moves, floats, docks or closes one; a window merely resized or moved
-    is no new layout)."""
+    is no new layout). The program's own arranging (View › Reset window layout) is no change of the user's."""
 
     def __init__(self, docks: Iterable[QDockWidget]) -> None:
         self.kept = False
+        self._muted = False
         for dock in docks:
             dock.topLevelChanged.connect(self._rearranged)
             dock.dockLocationChanged.connect(self._rearranged)
@@ -133,9 +135,19 @@ class KeptLayout:
         """From now on until the docks are rearranged, the saved layout stays as it is."""
         self.kept = True
 
+    @contextmanager
+    def arranging(self) -> Iterator[None]:
+        """The program arranges the docks: the signals that fires say nothing of the user."""
+        self._muted = True
+        try:
+            yield
+        finally:
+            self._muted = False
+
     def _rearranged(self, *_args) -> None:
-        self.kept = False
+        if not self._muted:
+            self.kept = False
 
     def _toggled(self, shown: bool) -> None:
-        if not shown:
+        if not shown and not self._muted:
             self.kept = False

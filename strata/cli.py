@@ -45,8 +45,8 @@ def _add_gui_parser(sub) -> None:
 
 
 # the least size a --screenshot window takes on the demo model: the chat, the panels and the knobs side by side
-# at their minimum widths, the demo's notice wrapped to two lines
-SMALLEST_WINDOW = (976, 474)
+# at their minimum widths, the transcript at its least lines, the demo's notice folded to one line
+SMALLEST_WINDOW = (976, 510)
 
 
 def _window_size(text: str) -> tuple[int, int]:

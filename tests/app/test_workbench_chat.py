@@ -41,7 +41,7 @@ def test_prompt_streams_a_reply_with_its_stats(window, qtbot):
     marker = read_demo_marker(default_model_dir())
     # it ships a chat template it was not trained on: the label says why it continues text, truly
     assert "Completion mode: this is a base model, trained on plain text" in window.chat_pane.mode_label.text()
-    line = window.chat_pane.model_line.text()
+    line = window.chat_pane.notice.text()
     assert "Small demo model" in line and "Open a real model" in line
     assert ("random weights" in line) == bool(marker["random_weights"])
 

@@ -1,0 +1,22 @@
+"""A layout kept for a bigger screen: the program's own arranging (View › Reset window layout) leaves it
+saved."""
+from __future__ import annotations
+
+from tests.app.test_window_layout import (BIG_AVAILABLE, _bare_window, _closed_on_a_big_screen,
+                                          _opened_on_the_small_screen, _saved, _settle, _stacked)
+
+
+def test_reset_window_layout_keeps_the_big_screens_layout(qtbot, tmp_path, themed):
+    saved = _closed_on_a_big_screen(qtbot, tmp_path)
+    small = _opened_on_the_small_screen(qtbot, tmp_path)
+    small.apply_default_layout(small.screen().availableGeometry().size())     # View › Reset window layout
+    _settle()
+    assert small.kept_layout.kept
+    small.close()
+    assert _saved(tmp_path) == saved
+    back = _bare_window(qtbot, tmp_path)
+    back.restore_layout(BIG_AVAILABLE)
+    back.show()
+    _settle()
+    assert _stacked(back)
+    back.close()
