@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from PySide6.QtCore import QSize, Qt, Signal
-from PySide6.QtGui import QKeyEvent, QPainter, QPalette
+from PySide6.QtGui import QKeyEvent, QPainter, QPalette, QResizeEvent
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGridLayout, QGroupBox, QHBoxLayout,
                                QLabel, QPlainTextEdit, QPushButton, QSizePolicy, QSpinBox, QToolButton,
                                QVBoxLayout, QWidget)
@@ -145,19 +145,51 @@ class SettingsBox(QGroupBox):
         self.effort_label = QLabel("Reasoning")
 
     def _grid(self) -> QGridLayout:
-        """Two settings a row, so the box fits a narrow chat pane."""
-        grid = QGridLayout()
-        pairs = (("Temperature", self.temperature), ("Top-p", self.top_p), ("Top-k", self.top_k),
-                 ("Max tokens", self.max_tokens))
-        for i, (label, w) in enumerate(pairs):
-            grid.addWidget(QLabel(label), i // 2, (i % 2) * 2)
-            grid.addWidget(w, i // 2, (i % 2) * 2 + 1)
-        grid.addWidget(QLabel("Chat too long"), 2, 0)
-        grid.addWidget(self.overflow, 2, 1, 1, 3)
-        grid.addWidget(self.effort_label, 3, 0)
-        grid.addWidget(self.effort, 3, 1)
-        grid.setColumnStretch(4, 1)
-        return grid
+        """The sampling settings: two a row where the box has room, one a row in a narrow chat pane."""
+        self.grid = QGridLayout()
+        self._pairs = [(QLabel(text), w) for text, w in (
+            ("Temperature", self.temperature), ("Top-p", self.top_p), ("Top-k", self.top_k),
+            ("Max tokens", self.max_tokens), ("Chat too long", self.overflow))]
+        self._pairs.append((self.effort_label, self.effort))
+        self._per_row = 0
+        self._arrange(2)
+        return self.grid
+
+    def _arrange(self, per_row: int) -> None:
+        """Place the pairs ``per_row`` to a row; the overflow policy and reasoning effort have rows of their own."""
+        if per_row == self._per_row:
+            return
+        self._per_row = per_row
+        while self.grid.takeAt(0) is not None:      # the widgets stay the box's; only their cells change
+            pass
+        for column in range(5):
+            self.grid.setColumnStretch(column, 0)
+        for i, (label, w) in enumerate(self._pairs[:4]):
+            self.grid.addWidget(label, i // per_row, (i % per_row) * 2)
+            self.grid.addWidget(w, i // per_row, (i % per_row) * 2 + 1)
+        row = 4 // per_row
+        for label, w in self._pairs[4:]:
+            self.grid.addWidget(label, row, 0)
+            self.grid.addWidget(w, row, 1, 1, 1 if w is self.effort else 2 * per_row - 1)
+            row += 1
+        self.grid.setColumnStretch(2 * per_row, 1)
+
+    def _two_per_row_width(self) -> int:
+        """The least width that shows two pairs a row with every label whole."""
+        def widest(widgets) -> int:
+            return max(w.minimumSizeHint().width() for w in widgets)
+        labels, fields = [label for label, _ in self._pairs], [w for _, w in self._pairs]
+        space = self.grid.horizontalSpacing()
+        first = widest(labels[0:1] + labels[2:3] + labels[4:])
+        right = widest(fields[0:1] + fields[2:3] + fields[5:]) + widest(labels[1:2] + labels[3:4]) \
+            + widest(fields[1:2] + fields[3:4]) + 2 * space
+        return first + space + max(right, self.overflow.minimumSizeHint().width())
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        m = self.layout().contentsMargins()     # (the layout's own geometry follows only after this event)
+        room = self.contentsRect().width() - m.left() - m.right()
+        self._arrange(2 if room >= self._two_per_row_width() else 1)
 
     def settings(self) -> GenerationSettings:
         return GenerationSettings(temperature=self.temperature.value(), top_p=self.top_p.value(),
@@ -244,16 +276,36 @@ class _ShareBar(QWidget):
         p.fillRect(0, 0, filled, self.height(), pal.color(QPalette.ColorRole.Highlight))
 
 
+class _ShorteningLabel(CaptionLabel):
+    """A CaptionLabel that, where its whole text does not fit, shows the first of its ``shorter`` forms that
+    does (the last one cut with "…" if none fits); its tooltip then holds the whole text over the note."""
+
+    def __init__(self, text: str = "") -> None:
+        self.shorter: tuple[str, ...] = ()
+        super().__init__(text)
+
+    def set_text(self, text: str, shorter: tuple[str, ...]) -> None:
+        self.shorter = shorter
+        self.setText(text)
+
+    def shown_text(self) -> str:
+        metrics, width = self.fontMetrics(), self.contentsRect().width()
+        forms = (self.text(), *self.shorter)
+        fitting = next((form for form in forms if metrics.horizontalAdvance(form) <= width), None)
+        return fitting if fitting is not None else metrics.elidedText(forms[-1], Qt.TextElideMode.ElideRight, width)
+
+
 class ContextMeter(QWidget):
-    """"Context 312 / 512 tokens" and a small bar; "—" where nothing is known yet."""
+    """"Context 312 / 512 tokens" and a small bar; "—" where nothing is known yet. A narrow pane shows
+    "312 / 512 tokens" or "312/512" instead, the whole line in the tooltip."""
 
     def __init__(self) -> None:
         super().__init__()
         lay = QHBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
-        self.label = CaptionLabel("Context —")
+        self.label = _ShorteningLabel("Context —")
         self.label.setObjectName("replyStats")
-        # whole where the pane has room; in a narrow one cut with "…" (whole in its tooltip), never over the bar
+        # whole where the pane has room; in a narrow one shortened (whole in its tooltip), never over the bar
         self.label.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Fixed)
         self.label.ensurePolished()
         self.label.setMinimumWidth(self.label.fontMetrics().horizontalAdvance("Context —"))
@@ -268,7 +320,8 @@ class ContextMeter(QWidget):
         shown_used = "—" if used is None else str(used)
         text = f"Context {shown_used} / {total} tokens" if total > 0 else "Context —"
         if text != self.label.text():
-            self.label.setText(text)
+            shorter = (f"{shown_used} / {total} tokens", f"{shown_used}/{total}") if total > 0 else ()
+            self.label.set_text(text, shorter)
         self.bar.setValue(0 if used is None or total <= 0 else min(1000, round(1000 * used / total)))
         tip = ("How much of the model's context this chat's last request took, with its reply"
                if total > 0 else "Load a model to see how much of its context this chat takes")
