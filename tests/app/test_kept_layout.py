@@ -2,8 +2,8 @@
 saved."""
 from __future__ import annotations
 
-from tests.app.test_window_layout import (BIG_AVAILABLE, _bare_window, _closed_on_a_big_screen,
-                                          _opened_on_the_small_screen, _saved, _settle, _stacked)
+from tests.app.test_window_layout import (_closed_on_a_big_screen, _opened_on_the_small_screen, _saved, _settle,
+                                          _stacked_again_on_the_big_screen)
 
 
 def test_reset_window_layout_keeps_the_big_screens_layout(qtbot, tmp_path, themed):
@@ -14,9 +14,4 @@ def test_reset_window_layout_keeps_the_big_screens_layout(qtbot, tmp_path, theme
     assert small.kept_layout.kept
     small.close()
     assert _saved(tmp_path) == saved
-    back = _bare_window(qtbot, tmp_path)
-    back.restore_layout(BIG_AVAILABLE)
-    back.show()
-    _settle()
-    assert _stacked(back)
-    back.close()
+    assert _stacked_again_on_the_big_screen(qtbot, tmp_path)

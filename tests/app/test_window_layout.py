@@ -485,6 +485,17 @@ def _stacked(w: MainWindow) -> bool:
     return {"performance", "memory"} <= set(shown) and shown["performance"].bottom() < shown["memory"].top()
 
 
+def _stacked_again_on_the_big_screen(qtbot, tmp_path) -> bool:
+    """Whether a window opened on the big screen with the saved settings shows the two stacked panel groups."""
+    back = _bare_window(qtbot, tmp_path)
+    back.restore_layout(BIG_AVAILABLE)
+    back.show()
+    _settle()
+    stacked = _stacked(back)
+    back.close()
+    return stacked
+
+
 def _closed_on_a_big_screen(qtbot, tmp_path) -> tuple[object, object]:
     """What a window closed on a large screen, in that screen's default layout, saved."""
     big = _bare_window(qtbot, tmp_path)
@@ -521,12 +532,7 @@ def test_a_layout_too_tall_for_a_small_screen_gives_way_to_the_default_and_stays
     _settle()
     small.close()
     assert _saved(tmp_path) == saved                 # left for the large screen
-    back = _bare_window(qtbot, tmp_path)
-    back.restore_layout(BIG_AVAILABLE)
-    back.show()
-    _settle()
-    assert _stacked(back)
-    back.close()
+    assert _stacked_again_on_the_big_screen(qtbot, tmp_path)
 
 
 @pytest.mark.parametrize("rearrange, restored", [
