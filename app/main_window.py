@@ -43,7 +43,7 @@ from app.recorder import SessionRecorder
 from app.server_switch import ServerSwitch
 from app.thermal import AMBER, RED, ThermalGuard, ThermalState, assess, temperature_note
 from app.window_layout import (CHAT_MIN_WIDTH, DOCK_TITLES, KNOBS_MIN_WIDTH, LAYOUT_VERSION, SIDEBAR_MIN_WIDTH,
-                               KeptLayout, arrange_docks, default_window_size, fit_window, fits)
+                               LAYOUT_KEYS, arrange_docks, default_window_size, fit_window, fits)
 
 REDRAW_MS = 33          # a tick every 33 ms redraws one of REDRAW_GROUPS groups: each panel ~10 Hz,
 REDRAW_GROUPS = 3       # and no single tick paints every plot at once (keeps each pause of the GUI short)
@@ -137,12 +137,11 @@ class MainWindow(QMainWindow):
         widgets = {"performance": self.performance, "gpu": self.gpu_panel, "memory": self.memory,
                    "experts": self.experts, "traffic": self.traffic, "knobs": self.knobs_scroll}
         self.docks = {name: self._dock(name, widget) for name, widget in widgets.items()}
-        self.kept_layout = KeptLayout(self.docks.values())
+        self.layout_slot = "main"     # where the layout is saved on closing (LAYOUT_KEYS)
 
     def apply_default_layout(self, available: QSize) -> None:
         """The docks as a first window on a screen of ``available`` size has them."""
-        with self.kept_layout.arranging():
-            arrange_docks(self, self.docks, available)
+        arrange_docks(self, self.docks, available)
 
     def _build_menus(self) -> None:
         bar = self.menuBar()
@@ -487,28 +486,40 @@ class MainWindow(QMainWindow):
     # --- layout memory and shutdown -------------------------------------------------------------
     def restore_layout(self, available: QRect) -> None:
         """The saved size, place and docks, fitted to ``available`` (the screen, less its panels); the
-        default ones where nothing (or an older window's layout) was saved, or where the saved docks need
-        more room than ``available`` has."""
-        geometry = self.settings.value("geometry")
-        if geometry is None or not self.restoreGeometry(geometry):
+        default ones where nothing (or an older window's layout) was saved. Where the saved docks need more
+        room than ``available`` has, the layout last used on such a smaller screen (or the default) stands
+        in, and the window saves its changes there: the other stays as it was, for its own screen."""
+        placed, state = self._restore("main")
+        if not placed:
             self.resize(default_window_size(available.size()))
-        state = self.settings.value("window_state")
-        if state is None or not self.restoreState(state, LAYOUT_VERSION):
+        if state is None:
             self.apply_default_layout(available.size())
         elif not fits(self.minimumSizeHint(), available.size()):
-            self._default_layout_instead(available.size(), state)
+            self._smaller_screen_layout(available.size())
         self.fit_to_screen(available)
 
-    def _default_layout_instead(self, available: QSize, state: object) -> None:
-        """The default layout for a screen of ``available`` size in place of the saved one ``state``, which
-        needs more room (saved on a larger screen: two panel groups one over the other), where the default
-        fits; the saved layout stays saved, for its own screen, until the docks are rearranged here."""
+    def _restore(self, slot: str) -> tuple[bool, object | None]:
+        """The saved size and place and the docks of ``slot`` restored: whether the size and place were, and
+        the dock state that was (None where none was saved, or an older window's: the docks stay as they
+        were)."""
+        geometry_key, state_key = LAYOUT_KEYS[slot]
+        geometry, state = self.settings.value(geometry_key), self.settings.value(state_key)
+        placed = geometry is not None and self.restoreGeometry(geometry)
+        return placed, (state if state is not None and self.restoreState(state, LAYOUT_VERSION) else None)
+
+    def _smaller_screen_layout(self, available: QSize) -> None:
+        """In place of the saved layout, which needs more room than ``available`` (saved on a
+        larger screen: two panel groups one over the other), the one saved on a smaller screen, or else the
+        default for this screen, where either fits. The window then saves its changes to that one."""
+        if self._restore("smaller")[1] is not None and fits(self.minimumSizeHint(), available):
+            self.layout_slot = "smaller"
+            return
         self.apply_default_layout(available)
         if fits(self.minimumSizeHint(), available):
             self.resize(default_window_size(available))
-            self.kept_layout.keep()
+            self.layout_slot = "smaller"
         else:                   # no layout fits a screen this small: the user's own, fitted as far as it goes
-            self.restoreState(state, LAYOUT_VERSION)
+            self._restore("main")
 
     def fit_to_screen(self, available: QRect) -> None:
         """Keep the window and each floating dock inside ``available``: a layout saved on a larger
@@ -520,9 +531,9 @@ class MainWindow(QMainWindow):
                 fit_window(dock, available)
 
     def closeEvent(self, event: QCloseEvent) -> None:
-        if not self.kept_layout.kept:
-            self.settings.setValue("geometry", self.saveGeometry())
-            self.settings.setValue("window_state", self.saveState(LAYOUT_VERSION))
+        geometry_key, state_key = LAYOUT_KEYS[self.layout_slot]
+        self.settings.setValue(geometry_key, self.saveGeometry())
+        self.settings.setValue(state_key, self.saveState(LAYOUT_VERSION))
         self.settings.sync()
         if self.load_test is not None:
             self.load_test.close_streams()

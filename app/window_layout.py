@@ -5,20 +5,22 @@ over the other); everything shrinks to small minimums, so the whole window fits 
 readout captions and status lines are cut with "…" (whole in their tooltips), the panels stack their
 readouts, the knobs scroll and the conversation list can be dragged shut. A layout saved on a bigger
 screen is fitted to the one at hand; one that needs more room than that screen has (two panel groups one
-over the other) gives way to the default layout there, and stays saved for its own screen until the docks
-are rearranged. A layout saved by an older window (another version of the dock arrangement) is not
+over the other) gives way there to the layout last used on such a smaller screen (the default, the first
+time), and stays saved for its own screen: each of the two is saved as the user leaves it, tabs, dividers
+and docks alike. A layout saved by an older window (another version of the dock arrangement) is not
 restored at all.
 """
 from __future__ import annotations
-
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
 
 from PySide6.QtCore import QRect, QSize, Qt
 from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import QDockWidget, QMainWindow, QWidget
 
 LAYOUT_VERSION = 2      # of saved dock layouts: one saved by an older window is not restored
+# where a window saves its size, place and docks: the layout of the screens it fits, and the one used where
+# that one needs more room than the screen has
+LAYOUT_KEYS = {"main": ("geometry", "window_state"),
+               "smaller": ("smaller_screen/geometry", "smaller_screen/window_state")}
 SIDEBAR_MIN_WIDTH = 160  # the conversation list: its Rename and Delete side by side (titles are cut to it)
 CHAT_MIN_WIDTH = 340    # the chat pane may shrink to this (its row of buttons), whatever its lines would like
 CENTRAL_WIDTH = 570     # a first window's sidebar and chat together, at the least, where the screen has room
@@ -114,40 +116,3 @@ class WrappingWidget(QWidget):
         super().resizeEvent(event)
         if event.size().width() != event.oldSize().width():
             self.updateGeometry()          # another width: lines wrap anew, so the least height changes
-
-
-class KeptLayout:
-    """Whether the saved layout is kept as it is when the window closes: one that did not fit this screen
-    (the window shows the default layout here instead) stays saved for the screen it came from, until the
-    user rearranges the docks here (moves, floats, docks or closes one; a window merely resized or moved
-    is no new layout). The program's own arranging (View › Reset window layout) is no change of the user's."""
-
-    def __init__(self, docks: Iterable[QDockWidget]) -> None:
-        self.kept = False
-        self._muted = False
-        for dock in docks:
-            dock.topLevelChanged.connect(self._rearranged)
-            dock.dockLocationChanged.connect(self._rearranged)
-            # closed by its button or the View menu (a window shown for the first time shows each dock: True)
-            dock.toggleViewAction().toggled.connect(self._toggled)
-
-    def keep(self) -> None:
-        """From now on until the docks are rearranged, the saved layout stays as it is."""
-        self.kept = True
-
-    @contextmanager
-    def arranging(self) -> Iterator[None]:
-        """The program arranges the docks: the signals that fires say nothing of the user."""
-        self._muted = True
-        try:
-            yield
-        finally:
-            self._muted = False
-
-    def _rearranged(self, *_args) -> None:
-        if not self._muted:
-            self.kept = False
-
-    def _toggled(self, shown: bool) -> None:
-        if not shown and not self._muted:
-            self.kept = False

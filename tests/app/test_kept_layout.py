@@ -1,5 +1,5 @@
-"""A layout kept for a bigger screen: the program's own arranging (View › Reset window layout) leaves it
-saved."""
+"""A layout saved on a bigger screen: resetting the layout on a smaller one (View › Reset window layout)
+leaves it saved."""
 from __future__ import annotations
 
 from tests.app.test_window_layout import (_closed_on_a_big_screen, _opened_on_the_small_screen, _saved, _settle,
@@ -11,7 +11,7 @@ def test_reset_window_layout_keeps_the_big_screens_layout(qtbot, tmp_path, theme
     small = _opened_on_the_small_screen(qtbot, tmp_path)
     small.apply_default_layout(small.screen().availableGeometry().size())     # View › Reset window layout
     _settle()
-    assert small.kept_layout.kept
+    assert small.layout_slot == "smaller"
     small.close()
     assert _saved(tmp_path) == saved
     assert _stacked_again_on_the_big_screen(qtbot, tmp_path)
