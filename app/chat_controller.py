@@ -60,7 +60,7 @@ class ChatController(QObject):
 
     def __init__(self, pane: ChatPane, sidebar: ConversationList, store: ConversationStore, bridge,
                  settings: QSettings | None = None) -> None:
-        super().__init__()
+        super().__init__(pane)     # dies with the pane, on the GUI thread (not whenever a collector runs)
         self.pane, self.sidebar, self.store, self.bridge = pane, sidebar, store, bridge
         self.prefs = ChatPrefs(settings)
         self.confirm: Confirm = partial(ask, pane)

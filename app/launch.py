@@ -18,7 +18,7 @@ from app.bridge import EngineBridge
 from app.conversations import ConversationStore
 from app.gpu_poller import GpuPoller
 from app.main_window import MainWindow
-from app.paths import data_dir, default_model_dir, icon_path
+from app.paths import SCREENSHOT_FORMATS, data_dir, default_model_dir, icon_path
 from app.theme import apply_theme
 
 SCREENSHOT_SIZE = QSize(1600, 1000)
@@ -77,7 +77,8 @@ def _wait_for(signal, timeout_ms: int) -> bool:
 
 
 def take_screenshot(window: MainWindow, path: str, prompt: str | None, size: QSize = SCREENSHOT_SIZE) -> int:
-    """Wait for the model (and the whole reply to ``prompt``), then save the window as a PNG.
+    """Wait for the model (and the whole reply to ``prompt``), then save the window as a picture (PNG,
+    or JPEG or BMP by the name's ending).
 
     The window is the default one at ``size`` (docks as a first start lays them out), captured pixel
     for pixel: what the picture shows is what a user sees at that size.
@@ -98,7 +99,7 @@ def take_screenshot(window: MainWindow, path: str, prompt: str | None, size: QSi
     if image.size() != size * image.devicePixelRatio():
         print(f"strata: the window is {image.width()}x{image.height()}, not {size.width()}x"
               f"{size.height()}; the picture shows it as it is", file=sys.stderr)
-    if not image.save(path, "PNG"):
+    if not image.save(path, SCREENSHOT_FORMATS.get(Path(path).suffix.lower(), "PNG")):
         print(f"strata: could not write {path}; check the folder exists and is writable", file=sys.stderr)
         return 1
     if window.load_error:                # a model that failed to open, whatever opened instead: the banner's line

@@ -181,6 +181,7 @@ class MainWindow(QMainWindow):
     def _build_status_bar(self) -> None:
         self.status_model = QLabel("No model")
         self.status_speed = QLabel("")
+        self.paused_by_guard = False
         self.status_speed.setMinimumWidth(420)   # a fixed slot: text changes at 10 Hz never re-lay out the bar
         self.status_gpu = QLabel("GPU: polling…")
         # a long model path is cut, never widens the window (its tooltip has it whole)
@@ -292,8 +293,7 @@ class MainWindow(QMainWindow):
         self.recorder.on_stats(s)
         if self.load_test is not None:
             self.load_test.on_stats(s)
-        self.status_speed.setText(f"decode {s.decode_tok_s:.1f} tok/s · aggregate {s.aggregate_tok_s:.1f} tok/s "
-                                  f"· {s.running} running, {s.waiting} queued")
+        self.status_speed.setText(speed_line(s, self.paused_by_guard))
 
     def on_error(self, err: BridgeError) -> None:
         """Engine errors: a red banner; the window lives on (and after a failed load, so does the model)."""
@@ -325,6 +325,7 @@ class MainWindow(QMainWindow):
             self.load_test.on_finished(stats)
 
     def _on_paused(self, state: PauseState) -> None:
+        self.paused_by_guard = state.paused
         self.status_speed.setText("generation paused by the thermal guard" if state.paused else "")
 
     # --- GPU -----------------------------------------------------------------------------------
@@ -543,3 +544,15 @@ class MainWindow(QMainWindow):
         self.poller.stop()
         self.bridge.shutdown()
         super().closeEvent(event)
+
+
+def speed_line(s, paused: bool = False) -> str:
+    """The status bar's line on the engine: its speeds while something runs; "idle" once nothing does (the
+    speeds are rates over the last seconds, which would trail off for a while after a reply)."""
+    if paused:
+        waiting = s.running + s.waiting
+        return "generation paused by the thermal guard" + (f" · {waiting} waiting" if waiting else "")
+    if not s.running and not s.waiting:
+        return "idle"
+    return (f"decode {s.decode_tok_s:.1f} tok/s · aggregate {s.aggregate_tok_s:.1f} tok/s "
+            f"· {s.running} running, {s.waiting} queued")

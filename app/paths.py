@@ -8,6 +8,8 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESOURCES = REPO_ROOT / "resources"
 DEMO_MARKER = "STRATA_DEMO.json"
+# what a --screenshot writes, by its name's ending (no ending: PNG)
+SCREENSHOT_FORMATS = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".bmp": "BMP"}
 
 
 def default_model_dir() -> Path:

@@ -8,7 +8,7 @@ from engine.config import LIVE_OPTIONS, EngineConfig, format_size
 from engine.errors import ConfigError, ReconfigureError
 from engine.kv.cache import check_kv_format
 from engine.options import parse_live
-from engine.settings_fit import depth_note, max_prefetch_depth
+from engine.settings_fit import depth_note, max_prefetch_depth, pool_size_note
 
 if TYPE_CHECKING:
     from engine.engine import LLMEngine
@@ -31,13 +31,27 @@ class LiveSettings:
 
     def _fit(self, options: dict) -> tuple[dict, dict[str, tuple[str, ...]]]:
         """Live values past the model's limits clamped, as at load; the notes go into the result."""
+        notes: dict[str, tuple[str, ...]] = {}
+        if "expert_pool_size" in options and (note := self._pool_note(options["expert_pool_size"])):
+            notes["expert_pool_size"] = (note,)
         depth = options.get("prefetch_depth")
         if not isinstance(depth, int) or isinstance(depth, bool):
-            return options, {}             # absent, or refused by the config's own check
+            return options, notes          # absent, or refused by the config's own check
         note = depth_note(depth, self.engine.loaded.spec)
         if note is None:
-            return options, {}
-        return {**options, "prefetch_depth": max_prefetch_depth(self.engine.loaded.spec)}, {"prefetch_depth": (note,)}
+            return options, notes
+        notes["prefetch_depth"] = (note,)
+        return {**options, "prefetch_depth": max_prefetch_depth(self.engine.loaded.spec)}, notes
+
+    def _pool_note(self, value: object) -> str | None:
+        """What a pool of ``value`` holds where that is not what its size says: no expert (less than one
+        takes) or every one (more than all take)."""
+        m = self.engine.loaded
+        try:
+            asked = m.pool_request(value)
+        except ConfigError:
+            return None                    # refused with its own line below
+        return pool_size_note(asked, m.every_expert_bytes, m.layout.nbytes, name="expert pool size")
 
     def reconfigure(self, options: dict) -> dict[str, str]:
         unknown = set(options) - LIVE_OPTIONS

@@ -99,16 +99,16 @@ def fit_to_pool(config: EngineConfig, spec: ModelSpec, resident: bool) -> Fitted
     return Fitted(config, notes)
 
 
-def pool_size_note(asked: object, every_bytes: int, one_bytes: int = 0) -> str | None:
-    """A note when ``--expert-pool-size`` (``asked``, bytes) is more than every routed expert takes (the
+def pool_size_note(asked: object, every_bytes: int, one_bytes: int = 0, name: str = "--expert-pool-size") -> str | None:
+    """A note when the pool size ``name`` (``asked``, bytes) is more than every routed expert takes (the
     pool holds them all, and the rest of the size is not taken), or less than one expert (``one_bytes``)
     takes, so that the pool holds none."""
     if isinstance(asked, int) and 0 < asked < one_bytes:
-        return (f"--expert-pool-size {format_size(asked)} is less than one expert takes ({format_size(one_bytes)}); "
+        return (f"{name} {format_size(asked)} is less than one expert takes ({format_size(one_bytes)}); "
                 "the pool holds no expert, and every expert a token uses is read from host memory")
     if not isinstance(asked, int) or asked <= every_bytes:
         return None
-    return (f"--expert-pool-size {format_size(asked)} is more than every expert takes ({format_size(every_bytes)}); "
+    return (f"{name} {format_size(asked)} is more than every expert takes ({format_size(every_bytes)}); "
             "the pool holds every expert and the rest is left free")
 
 

@@ -72,7 +72,8 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="context length, at most the model's (default: the model's)")
     _live_flag(g, "kv_cache_dtype")
     g.add_argument("--kv-cache-size", default=None,
-                   help="KV cache bytes, e.g. 2G (default: what the GPU budget leaves; 256M on the CPU)")
+                   help="KV cache bytes, e.g. 2G (default: what the GPU budget leaves, 256M on the CPU; either way no "
+                        "more than a full batch at the context length fills)")
     g.add_argument("--gpu-memory-budget", default=None, help="GPU bytes Strata may use, e.g. 24G (default: free)")
     _live_flag(g, "cuda_graphs")
     g.add_argument("--overlap-steps", action=argparse.BooleanOptionalAction, default=True,

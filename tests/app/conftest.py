@@ -1,12 +1,13 @@
 """Workbench test fixtures: offscreen Qt, isolated settings and data folders, a window on the demo model."""
 from __future__ import annotations
 
+import gc
 import os
 
 os.environ["QT_QPA_PLATFORM"] = "offscreen"
 
 import pytest  # noqa: E402
-from PySide6.QtCore import QSettings  # noqa: E402
+from PySide6.QtCore import QCoreApplication, QEvent, QSettings  # noqa: E402
 
 from app.bridge import EngineBridge, open_engine  # noqa: E402
 from app.conversations import ConversationStore  # noqa: E402
@@ -29,6 +30,28 @@ def isolated_user_dirs(tmp_path, monkeypatch):
     QSettings.setDefaultFormat(QSettings.Format.IniFormat)
     QSettings.setPath(QSettings.Format.IniFormat, QSettings.Scope.UserScope, str(tmp_path / "settings"))
     yield
+
+
+def release_qt_objects() -> None:
+    """Delete now, on this (the GUI) thread, what the test left to Qt and Python to delete some time later.
+
+    pytest-qt closes a test's widgets with deleteLater(), and its processEvents() never runs those deletions:
+    they waited for the next event loop that some later test happened to spin, and a window kept alive by
+    the lambdas its signals are connected to lived on until then. Python-owned Qt objects in reference
+    cycles (a chat controller and its timers) waited for the cyclic collector, which runs on whichever thread
+    allocates at that moment: an engine or store thread, the xdist channel's or pytest-timeout's thread.
+    """
+    QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete.value)
+    gc.collect()
+    QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete.value)
+
+
+@pytest.fixture(autouse=True)
+def qt_objects_released():
+    """Each test's Qt objects are deleted at its end, on the GUI thread (see release_qt_objects)."""
+    yield
+    if QCoreApplication.instance() is not None:
+        release_qt_objects()
 
 
 @pytest.fixture(scope="session")
@@ -72,6 +95,12 @@ def window_factory(qtbot, tmp_path, themed):
     yield make
     for w in made:
         w.close()
+        # close() joins the engine and GPU threads with time limits (10 s, 5 s) that a loaded machine can
+        # pass, and then returns all the same: the window must not be deleted under a thread still running
+        for thread in (w.bridge._thread, w.poller._thread):
+            assert thread.wait(LOAD_TIMEOUT_MS), f"{thread.objectName()} still running after the window closed"
+        w.deleteLater()
+    made.clear()
 
 
 @pytest.fixture

@@ -67,6 +67,9 @@ def test_thermal_guard_pauses_and_resumes_generation(window_factory, qtbot):
         mon.current = COOL.with_changes(gpu_temp_c=84.0)
     assert "paused at 84 °C" in paused.args[0].reason
     qtbot.waitUntil(lambda: any("paused at 84 °C" in b.text for b in w.chat_pane.view.bubbles), timeout=TIMEOUT)
+    for _ in range(2):                                  # the engine's stats go on: the status bar still says why
+        qtbot.waitSignal(w.bridge.stats, timeout=TIMEOUT).wait()
+    assert w.status_speed.text() == "generation paused by the thermal guard"
     mon.current = COOL.with_changes(gpu_temp_c=75.0)     # between the thresholds: stays paused
     seen = mon.samples_taken
     qtbot.waitUntil(lambda: mon.samples_taken > seen + 3, timeout=TIMEOUT)
@@ -74,6 +77,7 @@ def test_thermal_guard_pauses_and_resumes_generation(window_factory, qtbot):
     with qtbot.waitSignal(w.bridge.paused_changed, timeout=TIMEOUT, check_params_cb=lambda s: not s.paused):
         mon.current = COOL.with_changes(gpu_temp_c=65.0)
     qtbot.waitUntil(lambda: any("resumed" in b.text for b in w.chat_pane.view.bubbles), timeout=TIMEOUT)
+    qtbot.waitUntil(lambda: w.status_speed.text() == "idle", timeout=TIMEOUT)
 
 
 def test_the_thermal_guard_is_remembered_and_resumes_below_where_it_pauses(window_factory, qtbot):
@@ -107,3 +111,15 @@ def test_a_guard_with_no_temperature_to_read_says_it_cannot_act(window_factory, 
     assert "reports no temperature" in k.guard_line.text()
     mon.current = COOL.with_changes(gpu_temp_c=50.0)   # a reading arrives: the note goes
     qtbot.waitUntil(lambda: not k.guard_line.isVisibleTo(k), timeout=TIMEOUT)
+
+
+def test_the_status_bar_says_idle_once_nothing_runs_not_the_speeds_trailing_off():
+    from types import SimpleNamespace
+
+    from app.main_window import speed_line
+    trailing = SimpleNamespace(decode_tok_s=2.0, aggregate_tok_s=2.0, running=0, waiting=0)
+    assert speed_line(trailing) == "idle"
+    busy = SimpleNamespace(decode_tok_s=51.25, aggregate_tok_s=98.0, running=2, waiting=1)
+    assert speed_line(busy) == "decode 51.2 tok/s · aggregate 98.0 tok/s · 2 running, 1 queued"
+    assert speed_line(busy, paused=True) == "generation paused by the thermal guard · 3 waiting"
+    assert speed_line(trailing, paused=True) == "generation paused by the thermal guard"

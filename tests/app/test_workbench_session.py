@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 from PySide6.QtCore import QObject, QSettings, Qt, Slot
-from PySide6.QtGui import QImage
+from PySide6.QtGui import QImage, QImageReader
 from PySide6.QtWidgets import QLabel, QMenu
 
 from app.bridge import TEXT_INTERVAL_S
@@ -278,12 +278,22 @@ def test_a_screenshot_of_a_model_that_fails_to_open_says_so_and_fails(qapp, tmp_
     assert len(err) == 1 and f"Could not open {broken}" in err[0] and "was opened instead" in err[0]
 
 
-def test_screenshot_at_a_laptop_size(qapp, tmp_path):
-    # --screenshot-size: the window at 1366x768, what a laptop user sees
-    out = tmp_path / "laptop.png"
+def test_screenshot_at_a_laptop_size_in_the_format_its_name_says(qapp, tmp_path):
+    # --screenshot-size: the window at 1366x768, what a laptop user sees; a .jpg name gets a JPEG
+    out = tmp_path / "laptop.jpg"
     assert run_gui(str(default_model_dir()), {"device": "cpu"}, screenshot=str(out), screenshot_size=(1366, 768)) == 0
     image = QImage(str(out))
     assert (image.width(), image.height()) == (1366, 768)
+    assert QImageReader(str(out)).format().data() == b"jpeg"
+
+
+def test_a_screenshot_name_in_a_format_the_workbench_cannot_write_is_one_line(tmp_path, capsys):
+    import main
+    assert main.main(["gui", "--screenshot", str(tmp_path / "shot.txt")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: --screenshot {tmp_path / 'shot.txt'}: .txt is no picture format the workbench writes; "
+                   "end the name in .bmp, .jpeg, .jpg, .png"]
+    assert not (tmp_path / "shot.txt").exists()
 
 
 def test_a_wrong_screenshot_size_is_one_line(capsys):

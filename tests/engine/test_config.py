@@ -1,6 +1,8 @@
 """Engine options: sizes, shares of the experts, and one clear sentence for every bad value."""
 from __future__ import annotations
 
+from engine.config import format_size
+
 from pathlib import Path
 
 import pytest
@@ -123,6 +125,19 @@ def test_prefetch_depth_past_the_layers_is_clamped_at_load_and_live(tiny, thread
     assert llm.engine.config.prefetch_depth == 2 and llm.engine.loaded.experts.prefetch_depth == 2
     from engine import SamplingParams
     assert llm.generate([1, 2, 3], SamplingParams(max_tokens=2, temperature=0))[0].token_ids   # and it still runs
+
+
+def test_a_live_pool_size_that_holds_no_expert_or_every_one_says_so(tiny, threads):
+    llm = _llm(tiny, expert_pool_size="50%")
+    one = llm.engine.loaded.layout.nbytes
+    applied = llm.reconfigure(expert_pool_size="1K")
+    assert applied["expert_pool_size"].endswith(
+        f"expert pool size 1.00 KiB is less than one expert takes ({format_size(one)}); the pool holds no expert, "
+        "and every expert a token uses is read from host memory")
+    assert "less than one expert" not in llm.reconfigure(expert_pool_size=2 * one)["expert_pool_size"]
+    applied = llm.reconfigure(expert_pool_size="1T")
+    assert "expert pool size 1.00 TiB is more than every expert takes" in applied["expert_pool_size"]
+    assert "expert pool size" not in llm.reconfigure(expert_pool_size="50%")["expert_pool_size"]
 
 
 def test_gpu_only_settings_on_the_cpu_are_noted_and_ignored(tiny, threads):
