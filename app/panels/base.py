@@ -283,8 +283,9 @@ class Panel(QWidget):
         super().resizeEvent(event)
 
     def redraw(self, now: float | None = None) -> None:
-        """Push the ring buffers into the curves (only when something changed and the panel shows)."""
-        if not self.dirty or not self.isVisible():
+        """Push the ring buffers into the curves (only when something changed and the panel shows: a dock
+        behind another's tab counts as visible to Qt, but has nothing of it on screen)."""
+        if not self.dirty or not self.isVisible() or self.visibleRegion().isEmpty():
             return
         self.dirty = False
         self._render(time.perf_counter() if now is None else now)
