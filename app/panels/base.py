@@ -127,6 +127,8 @@ def set_series(item: pg.PlotDataItem, rows: np.ndarray, column: int, now: float)
     item.setData(rows[:, 0] - now, rows[:, column + 1], connect="finite")
 
 
+NOT_SUPPORTED = "n/a"       # a reading the card or its driver does not give (short: it fits the narrowest dock)
+NOT_SUPPORTED_TIP = "This GPU or its driver does not report this reading"
 WIDEST_READOUT = "888.8 tok/s"   # the room every readout keeps, whatever it shows now
 READOUT_COLUMNS = (2, 4)         # fewest and most readouts side by side: a narrow dock stacks them
 

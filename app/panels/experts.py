@@ -205,15 +205,15 @@ def cold_summary(e: Any, before: Any = None) -> tuple[str, str]:
     if not e.cold_mode:
         return "—", "Every expert is on the GPU: none is missing, so none runs on the CPU or crosses the bus"
     cpu, bus = e.last_step_experts
-    text = f"CPU {cpu} · bus {bus}" if e.cpu_experts or e.bus_experts else f"{e.cold_mode.split()[0]}, none missed yet"
+    text = f"CPU {cpu} · bus {bus}" if e.cpu_experts or e.bus_experts else "none missed yet"
     modes = {"auto": "the host CPU takes the share of missing experts that measures fastest",
              "bus": "every missing expert crosses the bus", "cpu": "the host CPU computes every missing expert"}
     mode = e.cold_mode.split()[0]
     setting = f"Setting: {mode}: {modes.get(mode, mode)}"
     if "CPU device" in e.cold_mode:       # a CPU run: missing experts are copied within host memory
-        return ("none (CPU run)" if not (e.cpu_experts or e.bus_experts) else f"{cpu + bus} copied, last step",
-                "The model runs on the CPU: a missing expert is copied from the host store within host memory; "
-                "there is no GPU and no bus")
+        return ("none missed yet" if not (e.cpu_experts or e.bus_experts) else f"{cpu + bus} copied",
+                f"Last step: {cpu + bus} missing experts copied from the host store\nThe model runs on the CPU: a "
+                "missing expert is copied within host memory; there is no GPU and no bus")
     lines = [setting,
              f"Last step: {cpu} missing experts computed on the CPU, {bus} brought over the bus",
              f"Since load: {e.cpu_experts} on the CPU, {e.bus_experts} over the bus"]

@@ -14,20 +14,21 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QStackedWidget, QVBoxLayout, QWidget
 
 from app.gpu_poller import CardReadings
-from app.panels.base import COLORS, Panel, Ring, curve, fit_y, make_plot, set_series
+from app.panels.base import (COLORS, NOT_SUPPORTED, NOT_SUPPORTED_TIP, Panel, Ring, curve, fit_y, make_plot,
+                              set_series)
 from app.panels.cards import CardsTable
 from app.thermal import AMBER, OK, RED, UNKNOWN, ThermalState
 
-NOT_SUPPORTED = "not supported"
 #: Timeline rows, top to bottom.
 TIMELINE_REASONS = ("hardware thermal slowdown", "software thermal slowdown", "hardware slowdown",
                     "hardware power brake", "software power cap")
 _STATE_WORDS = {OK: "Normal", AMBER: "Warning", RED: "Throttling", UNKNOWN: "No GPU"}
 
 
-def reading(value: float | None, unit: str, digits: int = 0) -> str:
-    """"71 °C", or "not supported" — never a made-up 0."""
-    return NOT_SUPPORTED if value is None else f"{value:.{digits}f} {unit}"
+def reading(value: float | None, unit: str, digits: int = 0) -> tuple[str, str]:
+    """"71 °C", or "n/a" with a tooltip saying the card does not report it — never a made-up 0; (text,
+    tooltip) as ``Readout.set`` takes them."""
+    return (NOT_SUPPORTED, NOT_SUPPORTED_TIP) if value is None else (f"{value:.{digits}f} {unit}", "")
 
 
 class GpuPanel(Panel):
@@ -140,18 +141,19 @@ class GpuPanel(Panel):
             self.flags_label.setText("Throttle reasons: no GPU")
             return
         limit = f" / {s.slowdown_temp_c:.0f}" if s.slowdown_temp_c is not None and s.gpu_temp_c is not None else ""
-        r["temp"].set(NOT_SUPPORTED if s.gpu_temp_c is None else f"{s.gpu_temp_c:.0f}{limit} °C")
-        r["memtemp"].set(reading(s.mem_temp_c, "°C"))
+        r["temp"].set(*((NOT_SUPPORTED, NOT_SUPPORTED_TIP) if s.gpu_temp_c is None else
+                        (f"{s.gpu_temp_c:.0f}{limit} °C", "")))
+        r["memtemp"].set(*reading(s.mem_temp_c, "°C"))
         if s.power_w is None:
-            r["power"].set(NOT_SUPPORTED)
+            r["power"].set(NOT_SUPPORTED, NOT_SUPPORTED_TIP)
         else:
             r["power"].set(f"{s.power_w:.0f} / {s.power_limit_w:.0f} W" if s.power_limit_w else f"{s.power_w:.0f} W")
-        r["sm"].set(reading(s.sm_clock_mhz, "MHz"))
-        r["memclk"].set(reading(s.mem_clock_mhz, "MHz"))
-        r["util"].set(reading(s.gpu_util_pct, "%"))
-        r["fan"].set(reading(s.fan_pct, "%"))
+        r["sm"].set(*reading(s.sm_clock_mhz, "MHz"))
+        r["memclk"].set(*reading(s.mem_clock_mhz, "MHz"))
+        r["util"].set(*reading(s.gpu_util_pct, "%"))
+        r["fan"].set(*reading(s.fan_pct, "%"))
         if s.throttle_reasons is None:
-            self.flags_label.setText(f"Throttle reasons: {NOT_SUPPORTED}")
+            self.flags_label.setText("Throttle reasons: not reported by this GPU")
         else:
             self.flags_label.setText("Throttle reasons: " + (", ".join(s.throttle_reasons) or "none"))
 

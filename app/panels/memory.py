@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 import pyqtgraph as pg
 
-from app.panels.base import COLORS, Panel, Ring, curve, fit_y, make_plot, set_series
+from app.panels.base import (COLORS, NOT_SUPPORTED, NOT_SUPPORTED_TIP, Panel, Ring, curve, fit_y, make_plot,
+                              set_series)
 
 GIB = float(1 << 30)
 # name, name in a narrow dock's legend, colour
@@ -127,7 +128,7 @@ class MemoryPanel(Panel):
     def push_gpu(self, sample: Any) -> None:
         """NVML's view of the card's memory (all processes)."""
         if sample.vram_used_bytes is None or sample.vram_total_bytes is None:
-            self.readouts["vram"].set("not supported" if sample.available else "no GPU")
+            self.readouts["vram"].set(*((NOT_SUPPORTED, NOT_SUPPORTED_TIP) if sample.available else ("no GPU", "")))
         else:
             self.readouts["vram"].set(f"{sample.vram_used_bytes / GIB:.1f}/{sample.vram_total_bytes / GIB:.0f} GiB")
 

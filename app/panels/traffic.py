@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from app.panels.base import Panel, Ring, curve, fit_y, make_plot, set_series
+from app.panels.base import NOT_SUPPORTED, NOT_SUPPORTED_TIP, Panel, Ring, curve, fit_y, make_plot, set_series
 
 GB = 1e9
 
@@ -49,7 +49,7 @@ class TrafficPanel(Panel):
         self.sched.append(now, batch, s.running, s.waiting)
         r = self.readouts
         if cpu_run:                                         # a CPU run: host memory only, no bus to count
-            r["h2d"].set("no bus (CPU run)", "The model runs on the CPU: experts are copied within host memory, "
+            r["h2d"].set("no bus", "The model runs on the CPU: experts are copied within host memory, "
                                              "which is not traffic over a bus")
         else:
             r["h2d"].set("—" if h2d is None else f"{h2d:.2f} GB/s" if h2d >= 1 else f"{h2d * 1000:.0f} MB/s",
@@ -75,7 +75,8 @@ class TrafficPanel(Panel):
         if not sample.available:
             self.readouts["pcie"].set("no GPU")
         else:
-            self.readouts["pcie"].set("not supported" if rx is None else f"{rx / GB:.2f} GB/s")
+            shown = (NOT_SUPPORTED, NOT_SUPPORTED_TIP) if rx is None else (f"{rx / GB:.2f} GB/s", "")
+            self.readouts["pcie"].set(*shown)
 
     def _render(self, now: float) -> None:
         rows = self.bus.view()

@@ -17,8 +17,10 @@ def test_throttle_states_turn_the_panel_amber_then_red(window_factory, qtbot):
     mon = FakeMonitor(COOL)
     w = window_factory(monitor=mon)
     qtbot.waitUntil(lambda: _readout(w, "temp") == "60 / 90 °C", timeout=TIMEOUT)
-    assert _readout(w, "memtemp") == "not supported"       # consumer card: N/A, never 0
-    assert _readout(w, "fan") == "not supported"
+    assert _readout(w, "memtemp") == "n/a"                 # consumer card: N/A, never 0
+    assert _readout(w, "fan") == "n/a"
+    assert w.gpu_panel.readouts["fan"].value.toolTip() == "This GPU or its driver does not report this reading"
+    assert w.gpu_panel.readouts["sm"].value.toolTip() == ""
     assert _readout(w, "state") == "Normal" and w.banners.text("thermal") == ""
 
     mon.current = COOL.with_changes(throttle_reasons=("software power cap",))
