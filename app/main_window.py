@@ -43,7 +43,7 @@ from app.recorder import SessionRecorder
 from app.server_switch import ServerSwitch
 from app.thermal import AMBER, RED, ThermalGuard, ThermalState, assess, temperature_note
 from app.window_layout import (CHAT_MIN_WIDTH, DOCK_TITLES, KNOBS_MIN_WIDTH, LAYOUT_VERSION, SIDEBAR_MIN_WIDTH,
-                               LAYOUT_KEYS, arrange_docks, default_window_size, fit_window, fits)
+                               LAYOUT_KEYS, DockWidths, arrange_docks, default_window_size, fit_window, fits)
 
 REDRAW_MS = 33          # a tick every 33 ms redraws one of REDRAW_GROUPS groups: each panel ~10 Hz,
 REDRAW_GROUPS = 3       # and no single tick paints every plot at once (keeps each pause of the GUI short)
@@ -138,10 +138,12 @@ class MainWindow(QMainWindow):
                    "experts": self.experts, "traffic": self.traffic, "knobs": self.knobs_scroll}
         self.docks = {name: self._dock(name, widget) for name, widget in widgets.items()}
         self.layout_slot = "main"     # where the layout is saved on closing (LAYOUT_KEYS)
+        self.dock_widths = DockWidths(self, [d for n, d in self.docks.items() if n != "knobs"], self.docks["knobs"])
 
     def apply_default_layout(self, available: QSize) -> None:
         """The docks as a first window on a screen of ``available`` size has them."""
         arrange_docks(self, self.docks, available)
+        self.dock_widths.arranged()
 
     def _build_menus(self) -> None:
         bar = self.menuBar()
@@ -506,6 +508,7 @@ class MainWindow(QMainWindow):
         geometry_key, state_key = LAYOUT_KEYS[slot]
         geometry, state = self.settings.value(geometry_key), self.settings.value(state_key)
         placed = geometry is not None and self.restoreGeometry(geometry)
+        self.dock_widths.arranged()
         return placed, (state if state is not None and self.restoreState(state, LAYOUT_VERSION) else None)
 
     def _smaller_screen_layout(self, available: QSize) -> None:

@@ -7,12 +7,13 @@ readouts, the knobs scroll and the conversation list can be dragged shut. A layo
 screen is fitted to the one at hand; one that needs more room than that screen has (two panel groups one
 over the other) gives way there to the layout last used on such a smaller screen (the default, the first
 time), and stays saved for its own screen: each of the two is saved as the user leaves it, tabs, dividers
-and docks alike. A layout saved by an older window (another version of the dock arrangement) is not
+and docks alike. A window made narrow and wide again gives its docks back the width the shrink took
+(:class:`DockWidths`). A layout saved by an older window (another version of the dock arrangement) is not
 restored at all.
 """
 from __future__ import annotations
 
-from PySide6.QtCore import QRect, QSize, Qt
+from PySide6.QtCore import QEvent, QObject, QRect, QSize, Qt, QTimer
 from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import QDockWidget, QMainWindow, QWidget
 
@@ -116,3 +117,65 @@ class WrappingWidget(QWidget):
         super().resizeEvent(event)
         if event.size().width() != event.oldSize().width():
             self.updateGeometry()          # another width: lines wrap anew, so the least height changes
+
+
+class DockWidths(QObject):
+    """Gives the docks back, when the window grows again, the width a shrink took from them.
+
+    Qt hands all of a window's new width to the chat in the middle: a window made narrow (snapped to half
+    the screen) and wide again kept its panels and knobs at their narrow widths. Here the panels' and the
+    knobs' widths are remembered whenever the user sets them (a divider dragged, docks rearranged, a layout
+    arranged or restored: the chat changes width while the window does not); a window that grows gives each
+    back up to that width first, and the chat takes the rest. A window that starts small has nothing to
+    give back.
+    """
+
+    def __init__(self, window: QMainWindow, panels: list[QDockWidget], knobs: QDockWidget) -> None:
+        super().__init__(window)
+        self.window, self.panels, self.knobs = window, panels, knobs
+        self.wanted: dict[str, int] = {}      # "panels", "knobs" -> the width the user left them at
+        self._width: int | None = None        # the window's width when the chat last changed width
+        window.centralWidget().installEventFilter(self)
+
+    def arranged(self) -> None:
+        """The docks were laid out anew (a default or restored layout): their widths, once laid out, are
+        the ones to keep, whatever the window's width did meanwhile."""
+        self.wanted, self._width = {}, None
+
+    def front_panel(self) -> QDockWidget | None:
+        """The panel dock in front of its tab group, docked beside the chat (None: none is)."""
+        area = Qt.DockWidgetArea.RightDockWidgetArea
+        shown = [d for d in self.panels if d.isVisible() and not d.isFloating()
+                 and self.window.dockWidgetArea(d) == area and not d.visibleRegion().isEmpty()]
+        return max(shown, key=lambda d: d.width(), default=None)
+
+    def _docked(self) -> dict[str, QDockWidget]:
+        knobs = self.knobs if self.knobs.isVisible() and not self.knobs.isFloating() else None
+        return {name: dock for name, dock in (("panels", self.front_panel()), ("knobs", knobs)) if dock is not None}
+
+    def record(self) -> None:
+        """Remember the panels' and the knobs' widths as they are now."""
+        self.wanted = {name: dock.width() for name, dock in self._docked().items()}
+
+    def eventFilter(self, obj: QObject, event: QEvent) -> bool:
+        if event.type() == QEvent.Type.Resize:
+            width, last = self.window.width(), self._width
+            self._width = width
+            if last is None or width == last:      # the chat's width changed, the window's did not: the user's
+                QTimer.singleShot(0, self.record)  # (once the docks have their new widths too)
+            elif width > last:
+                QTimer.singleShot(0, self._give_back)
+        return False
+
+    def _give_back(self) -> None:
+        """Each dock up to the width it was left at, as far as the chat has room beyond its least width."""
+        central = self.window.centralWidget()
+        spare = central.width() - central.minimumSizeHint().width()
+        given = []
+        for name, dock in self._docked().items():
+            gain = max(0, min(self.wanted.get(name, 0) - dock.width(), spare))
+            if gain:
+                given.append((dock, dock.width() + gain))
+                spare -= gain
+        if given:
+            self.window.resizeDocks([d for d, _ in given], [w for _, w in given], Qt.Orientation.Horizontal)
