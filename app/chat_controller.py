@@ -83,16 +83,11 @@ class ChatController(QObject):
         self.stream_saves.save_due.connect(self._save_live)
         self.edit_saves = SavePacer(self, FIRST_SAVE_MS, EDITS_SAVE_MS)
         self.edit_saves.save_due.connect(self._keep_edits)
-        pane.destroyed.connect(self._stop_timers)         # none may fire at a deleted pane
         self._restore_prefs()
         self._connect()
         self._show_current()
         self._report_problems(self.library.problems + kept_drafts)
         QTimer.singleShot(0, self, self.library.report_unwritable)   # once the window listens to the store
-
-    def _stop_timers(self, *_args) -> None:
-        self.stream_saves.stop()
-        self.edit_saves.stop()
 
     def _first_chat(self) -> Conversation:
         """The chat shown at start: the one shown last (a new one never saved comes back where it holds

@@ -99,8 +99,10 @@ def take_screenshot(window: MainWindow, path: str, prompt: str | None, size: QSi
     if image.size() != size * image.devicePixelRatio():
         print(f"strata: the window is {image.width()}x{image.height()}, not {size.width()}x"
               f"{size.height()}; the picture shows it as it is", file=sys.stderr)
-    if not image.save(path, SCREENSHOT_FORMATS.get(Path(path).suffix.lower(), "PNG")):
-        print(f"strata: could not write {path}; check the folder exists and is writable", file=sys.stderr)
+    fmt = SCREENSHOT_FORMATS.get(Path(path).suffix.lower(), "PNG")
+    if not image.save(path, fmt):
+        print(f"strata: could not write {path} as {fmt}; check the folder is writable"
+              + ("" if fmt == "PNG" else ", or name a .png file"), file=sys.stderr)
         return 1
     if window.load_error:                # a model that failed to open, whatever opened instead: the banner's line
         print(f"strata: {window.load_error}", file=sys.stderr)

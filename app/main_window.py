@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from PySide6.QtCore import QRect, QSettings, QSize, Qt, QTimer, Signal
-from PySide6.QtGui import QAction, QCloseEvent, QIcon
+from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QIcon
 from PySide6.QtWidgets import (QDockWidget, QFileDialog, QFrame, QLabel, QMainWindow, QMenu, QScrollArea,
                                QSizePolicy, QSplitter, QTabWidget, QWidget)
 
@@ -94,7 +94,7 @@ class MainWindow(QMainWindow):
         self.redraw_timer = QTimer(self)
         self.redraw_timer.timeout.connect(self.redraw)
         self.redraw_timer.start(REDRAW_MS)
-        self.restore_layout(self.screen().availableGeometry())
+        self.restore_layout()
 
     # --- construction --------------------------------------------------------------------------
     def _build_central(self, store: ConversationStore) -> None:
@@ -137,6 +137,9 @@ class MainWindow(QMainWindow):
         widgets = {"performance": self.performance, "gpu": self.gpu_panel, "memory": self.memory,
                    "experts": self.experts, "traffic": self.traffic, "knobs": self.knobs_scroll}
         self.docks = {name: self._dock(name, widget) for name, widget in widgets.items()}
+        for panel, dock in zip(self.panels, self.docks.values()):
+            # brought in front of its tab group: what came in meanwhile at once, not at its next redraw tick
+            dock.visibilityChanged.connect(lambda shown, p=panel: shown and QTimer.singleShot(0, p, p.redraw))
         self.layout_slot = "main"     # where the layout is saved on closing (LAYOUT_KEYS)
         self.dock_widths = DockWidths(self, [d for n, d in self.docks.items() if n != "knobs"], self.docks["knobs"])
 
@@ -317,6 +320,7 @@ class MainWindow(QMainWindow):
     def _no_model(self) -> None:
         """No engine runs: nothing to send to, no knob to turn (and no status line of a closed model)."""
         self.model = None
+        self.status_speed.setText("generation paused by the thermal guard" if self.paused_by_guard else "")
         self.chat.set_model(None)
         self.chat_pane.notice.set_text("")
         self.knobs.clear_status()
@@ -344,7 +348,7 @@ class MainWindow(QMainWindow):
         if not sample.available:
             self.status_gpu.setText(sample.status)
         else:
-            temp = "temp not supported" if sample.gpu_temp_c is None else f"{sample.gpu_temp_c:.0f} °C"
+            temp = "no temperature reading" if sample.gpu_temp_c is None else f"{sample.gpu_temp_c:.0f} °C"
             self.status_gpu.setText(f"{sample.name or 'GPU'} · {temp}")
         self.knobs.set_temperature_note(temperature_note(sample))
         decision = self.guard.update(sample)
@@ -487,12 +491,17 @@ class MainWindow(QMainWindow):
         show_about(self, self.poller.status, model)
 
     # --- layout memory and shutdown -------------------------------------------------------------
-    def restore_layout(self, available: QRect) -> None:
-        """The saved size, place and docks, fitted to ``available`` (the screen, less its panels); the
+    def restore_layout(self, available: QRect | None = None) -> None:
+        """The saved size, place and docks, fitted to ``available`` (the screen, less its panels; default:
+        that of the screen the saved place lies on, else the window's); the
         default ones where nothing (or an older window's layout) was saved. Where the saved docks need more
         room than ``available`` has, the layout last used on such a smaller screen (or the default) stands
         in, and the window saves its changes there: the other stays as it was, for its own screen."""
+        self.layout_slot = "main"
         placed, state = self._restore("main")
+        if available is None:           # the screen the window was left on, not the one it was made on
+            screen = QGuiApplication.screenAt(self.frameGeometry().center()) if placed else None
+            available = (screen or self.screen()).availableGeometry()
         if not placed:
             self.resize(default_window_size(available.size()))
         if state is None:

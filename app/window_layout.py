@@ -145,8 +145,8 @@ class DockWidths(QObject):
     def front_panel(self) -> QDockWidget | None:
         """The panel dock in front of its tab group, docked beside the chat (None: none is)."""
         area = Qt.DockWidgetArea.RightDockWidgetArea
-        shown = [d for d in self.panels if d.isVisible() and not d.isFloating()
-                 and self.window.dockWidgetArea(d) == area and not d.visibleRegion().isEmpty()]
+        shown = [d for d in self.panels if not d.isFloating() and self.window.dockWidgetArea(d) == area
+                 and d.widget().on_screen()]
         return max(shown, key=lambda d: d.width(), default=None)
 
     def _docked(self) -> dict[str, QDockWidget]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -240,7 +241,71 @@ class Tokenizer:
             )
         variables = {**self.special_tokens.as_template_vars(), **kwargs}
         text = self._template.render(messages, add_generation_prompt, variables)
-        return self.encode(text, add_special_tokens=False) if tokenize else text
+        if not tokenize:
+            return text
+        return self._encode_rendered(text, messages,
+                                     lambda ms: self._template.render(ms, add_generation_prompt, variables))
+
+    def _encode_rendered(self, text: str, messages: list[dict], render: Any) -> list[int]:
+        """Ids of a rendered conversation: the template's special tokens as tokens, and the messages' own
+        text as text, whatever it holds. A message that says ``<|im_end|>`` must not end itself (and let
+        what follows pose as another role): where a message's text spells a special token, the
+        conversation is rendered again with each such spelling marked (a mark no text holds), and the
+        marks are encoded as the spelling's plain characters. Any other conversation encodes exactly as
+        its rendered text does. ``render``: messages -> rendered text."""
+        specials = self._special_texts
+        if not any(sp in t for t in _message_texts(messages) for sp in specials):
+            return self.encode(text, add_special_tokens=False)
+        mark = f"\ue000{secrets.token_hex(6)}:"
+        pattern = re.compile("|".join(re.escape(sp) for sp in sorted(specials, key=len, reverse=True)))
+        marked = _map_message_texts(messages, lambda t: pattern.sub(
+            lambda m: f"{mark}{specials.index(m.group(0))}\ue001", t))
+        ids: list[int] = []
+        for k, piece in enumerate(re.split(re.escape(mark) + r"(\d+)\ue001", render(marked))):
+            if k % 2 == 0:
+                ids += self.encode(piece, add_special_tokens=False) if piece else []
+            else:
+                ids += self._plain_backend.encode(specials[int(piece)], add_special_tokens=False).ids
+        return ids
+
+    @functools.cached_property
+    def _special_texts(self) -> tuple[str, ...]:
+        """How each special token (one ``encode`` never splits) is spelt."""
+        return tuple(t.content for t in self._backend.get_added_tokens_decoder().values() if t.special and t.content)
+
+    @functools.cached_property
+    def _plain_backend(self) -> _Backend:
+        """A copy of the tokenizer that reads special tokens' spellings as plain text (a copy: a flag set on
+        the shared one would change it for other threads' encodes meanwhile)."""
+        plain = _Backend.from_str(self._backend.to_str())
+        plain.encode_special_tokens = True
+        return plain
+
+
+def _map_message_texts(messages: list[dict], fn: Any) -> list[dict]:
+    """``messages`` with ``fn`` applied to each message's text (a message of parts: each text part)."""
+    out = []
+    for m in messages:
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, str):
+            m = {**m, "content": fn(content)}
+        elif isinstance(content, list):
+            m = {**m, "content": [{**p, "text": fn(p["text"])} if isinstance(p, dict) and isinstance(p.get("text"), str)
+                                  else p for p in content]}
+        out.append(m)
+    return out
+
+
+def _message_texts(messages: list[dict]) -> list[str]:
+    """The text of each message, in order (a message of parts: each text part)."""
+    out: list[str] = []
+    for m in messages:
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, str):
+            out.append(content)
+        elif isinstance(content, list):
+            out += [p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
+    return out
 
 
 @functools.cache

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pyqtgraph as pg
 import pyqtgraph.exporters
-from PySide6.QtCore import QRectF, QSize, Qt
+from PySide6.QtCore import QPoint, QRect, QRectF, QSize, Qt
 from PySide6.QtGui import QPainter, QPaintEvent, QResizeEvent
 from PySide6.QtWidgets import QGridLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
@@ -284,10 +284,17 @@ class Panel(QWidget):
         self._place_readouts(max(READOUT_COLUMNS[0], min(READOUT_COLUMNS[1], fits)))
         super().resizeEvent(event)
 
+    def on_screen(self) -> bool:
+        """Whether any of the panel shows: Qt counts a dock behind another's tab as visible (it moves it out
+        of the window), and a minimized window's panels too."""
+        top = self.window()
+        if not self.isVisible() or top.isMinimized():
+            return False
+        return top.rect().intersects(QRect(self.mapTo(top, QPoint(0, 0)), self.size()))
+
     def redraw(self, now: float | None = None) -> None:
-        """Push the ring buffers into the curves (only when something changed and the panel shows: a dock
-        behind another's tab counts as visible to Qt, but has nothing of it on screen)."""
-        if not self.dirty or not self.isVisible() or self.visibleRegion().isEmpty():
+        """Push the ring buffers into the curves (only when something changed and the panel shows)."""
+        if not self.dirty or not self.on_screen():
             return
         self.dirty = False
         self._render(time.perf_counter() if now is None else now)

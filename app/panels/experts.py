@@ -211,7 +211,7 @@ def cold_summary(e: Any, before: Any = None) -> tuple[str, str]:
     mode = e.cold_mode.split()[0]
     setting = f"Setting: {mode}: {modes.get(mode, mode)}"
     if "CPU device" in e.cold_mode:       # a CPU run: missing experts are copied within host memory
-        return ("none missed yet" if not (e.cpu_experts or e.bus_experts) else f"{cpu + bus} copied",
+        return ("none missed yet" if not (e.cpu_experts or e.bus_experts) else f"{cpu + bus} per step",
                 f"Last step: {cpu + bus} missing experts copied from the host store\nThe model runs on the CPU: a "
                 "missing expert is copied within host memory; there is no GPU and no bus")
     lines = [setting,

@@ -370,6 +370,10 @@ class HarmonyChat:
             from openai_harmony import Role
             conv = harmony_render.conversation(messages, effort, tools)
             return list(self.encoding.render_conversation_for_completion(conv, Role.ASSISTANT))
+        # a chat template writes ``parameters | tojson``: a tool sent without any gets an object of none
+        # (what the library writes as ``() => any``)
+        tools = [{**t, "function": {"parameters": {"type": "object", "properties": {}}, **t["function"]}}
+                 if isinstance(t.get("function"), dict) else t for t in tools or ()]
         variables = {"reasoning_effort": effort, **({"tools": tools} if tools else {})}
         return list(self.tokenizer.apply_chat_template(harmony_render.template_messages(messages),
                                                        add_generation_prompt=True, tokenize=True, **variables))

@@ -87,7 +87,8 @@ def source_fingerprint(src: Path, reader: SafetensorsReader) -> str:
 
 def _check_options(opts: ConvertOptions) -> None:
     if opts.weights != "auto" and opts.weights not in EXPERT_FORMATS:
-        raise ConfigError(f"--weights {opts.weights!r} is not a known format; choose int4, fp8, bf16 or mxfp4")
+        raise ConfigError(f"--weights {opts.weights!r} is not a known format; choose auto (MXFP4 experts stay as "
+                          "shipped, others become int4), int4, fp8, bf16 or mxfp4")
     if opts.resident not in RESIDENT_FORMATS:
         raise ConfigError(f"--resident-weights {opts.resident!r} is not a known format; choose bf16, fp8 or int8")
     if opts.group_size is not None and opts.group_size not in GROUP_SIZES:

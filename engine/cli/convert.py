@@ -16,8 +16,8 @@ def add_convert_parser(sub) -> None:
     p.add_argument("src", help="Hugging Face model folder")
     p.add_argument("dst", help="folder to write")
     p.add_argument("--weights", default="auto",
-                   help="routed expert format: int4 | fp8 | bf16 | mxfp4 (default: mxfp4 as shipped for a checkpoint "
-                        "with MXFP4 experts, else int4)")
+                   help="routed expert format: auto | int4 | fp8 | bf16 | mxfp4 (default auto: MXFP4 experts stay "
+                        "as shipped, others become int4)")
     p.add_argument("--group-size", type=int, default=None,
                    help="int4 group size along K: 32, 64 or 128 (default: the largest that divides the model's widths)")
     p.add_argument("--resident-weights", default="bf16", help="storage of the other weights: bf16 | fp8 | int8 (8 bits stay 8 bits on the GPU)")

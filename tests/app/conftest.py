@@ -8,6 +8,7 @@ os.environ["QT_QPA_PLATFORM"] = "offscreen"
 
 import pytest  # noqa: E402
 from PySide6.QtCore import QCoreApplication, QEvent, QSettings  # noqa: E402
+from PySide6.QtWidgets import QApplication  # noqa: E402
 
 from app.bridge import EngineBridge, open_engine  # noqa: E402
 from app.conversations import ConversationStore  # noqa: E402
@@ -41,6 +42,10 @@ def release_qt_objects() -> None:
     cycles (a chat controller and its timers) waited for the cyclic collector, which runs on whichever thread
     allocates at that moment: an engine or store thread, the xdist channel's or pytest-timeout's thread.
     """
+    for w in QApplication.topLevelWidgets():        # never delete a window under its engine or GPU thread
+        if isinstance(w, MainWindow) and not w.isVisible():
+            for thread in (w.bridge._thread, w.poller._thread):
+                assert thread.wait(LOAD_TIMEOUT_MS), f"{thread.objectName()} still running after the window closed"
     QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete.value)
     gc.collect()
     QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete.value)

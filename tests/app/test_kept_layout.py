@@ -2,6 +2,8 @@
 leaves it saved."""
 from __future__ import annotations
 
+from PySide6.QtCore import QSettings
+
 from tests.app.test_window_layout import (_closed_on_a_big_screen, _opened_on_the_small_screen, _saved, _settle,
                                           _stacked_again_on_the_big_screen)
 
@@ -14,4 +16,6 @@ def test_reset_window_layout_keeps_the_big_screens_layout(qtbot, tmp_path, theme
     assert small.layout_slot == "smaller"
     small.close()
     assert _saved(tmp_path) == saved
+    settings = QSettings(str(tmp_path / "strata.ini"), QSettings.Format.IniFormat)
+    assert settings.value("smaller_screen/window_state") is not None      # the reset layout, for this screen
     assert _stacked_again_on_the_big_screen(qtbot, tmp_path)

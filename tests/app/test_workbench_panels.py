@@ -59,7 +59,7 @@ def test_expert_panel_says_where_missing_experts_ran(qapp):
     # a CPU run has no bus: its copies are within host memory, and the panels say so
     cpu_run = ExpertStats(cold_mode="bus (auto, on a CPU device)", bus_experts=186, last_step_experts=(0, 3))
     panel.push_stats(EngineStats(experts=cpu_run), now=5.0)
-    assert readout.text() == "3 copied" and "there is no GPU and no bus" in readout.toolTip()
+    assert readout.text() == "3 per step" and "there is no GPU and no bus" in readout.toolTip()
     assert readout.toolTip().startswith("Last step: 3 missing experts copied")
     from app.panels.traffic import TrafficPanel
     traffic = TrafficPanel()

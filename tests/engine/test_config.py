@@ -1,13 +1,11 @@
 """Engine options: sizes, shares of the experts, and one clear sentence for every bad value."""
 from __future__ import annotations
 
-from engine.config import format_size
-
 from pathlib import Path
 
 import pytest
 
-from engine.config import EngineConfig, parse_size
+from engine.config import EngineConfig, format_size, parse_size
 from engine.options import PoolShare, parse_live, pool_bytes
 from engine.errors import ConfigError
 

@@ -90,7 +90,8 @@ def test_convert_refuses_bad_input(src, tmp_path, capsys):
         return capsys.readouterr().err.strip()
 
     assert err("convert", str(src), str(tmp_path / "a"), "--weights", "int3") == \
-        "error: --weights 'int3' is not a known format; choose int4, fp8, bf16 or mxfp4"
+        ("error: --weights 'int3' is not a known format; choose auto (MXFP4 experts stay as shipped, others "
+         "become int4), int4, fp8, bf16 or mxfp4")
     small = build_tiny_model(tmp_path / "narrow", "qwen3_moe")          # expert FFN 32: group 128 cannot divide it
     assert "group size 128 does not divide the reduction dim" in err("convert", str(small), str(tmp_path / "b"),
                                                                      "--group-size", "128")
