@@ -253,11 +253,10 @@ class Tokenizer:
         conversation is rendered again with each such spelling marked (a mark no text holds), and the
         marks are encoded as the spelling's plain characters. Any other conversation encodes exactly as
         its rendered text does. ``render``: messages -> rendered text."""
-        specials = self._special_texts
-        if not any(sp in t for t in _message_texts(messages) for sp in specials):
+        specials, pattern = self._special_texts, self._special_pattern
+        if pattern is None or not any(pattern.search(t) for t in _message_texts(messages)):
             return self.encode(text, add_special_tokens=False)
         mark = f"\ue000{secrets.token_hex(6)}:"
-        pattern = re.compile("|".join(re.escape(sp) for sp in sorted(specials, key=len, reverse=True)))
         marked = _map_message_texts(messages, lambda t: pattern.sub(
             lambda m: f"{mark}{specials.index(m.group(0))}\ue001", t))
         ids: list[int] = []
@@ -272,6 +271,13 @@ class Tokenizer:
     def _special_texts(self) -> tuple[str, ...]:
         """How each special token (one ``encode`` never splits) is spelt."""
         return tuple(t.content for t in self._backend.get_added_tokens_decoder().values() if t.special and t.content)
+
+    @functools.cached_property
+    def _special_pattern(self) -> re.Pattern | None:
+        """A pattern that finds any special token's spelling, longest first (None: the model has none)."""
+        if not self._special_texts:
+            return None
+        return re.compile("|".join(re.escape(sp) for sp in sorted(self._special_texts, key=len, reverse=True)))
 
     @functools.cached_property
     def _plain_backend(self) -> _Backend:
