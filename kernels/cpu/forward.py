@@ -29,6 +29,7 @@ import torch
 from kernels.cpu import packed
 from kernels.cpu.dots import FORMAT_CODES, INT4, MXFP4
 from kernels.cpu.driver import M_FMT, M_G, M_S2, M_S13, expert_forward, packed_forward, packed_forward_one
+from kernels.cpu.threads import set_numba_threads
 from kernels.expert_layout import DENSE_DTYPES, ExpertLayout
 from kernels.quant import dequantize_expert_matrix
 
@@ -138,7 +139,7 @@ def cpu_expert_forward(store: torch.Tensor, layout: ExpertLayout, work: CpuExper
     if work.experts == 0:
         return out
     if threads is not None:
-        numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
+        set_numba_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
     b = store.numpy()                                          # [R, nbytes] uint8, no copy
     xf = (x if x.dtype == torch.float32 and x.is_contiguous() else x.to(torch.float32).contiguous()).numpy()  # [T, D]
     act, meta = layout.act, _meta(layout)
@@ -167,7 +168,7 @@ class CpuExpertRunner:
         if work.experts == 0:
             return out
         if numba.get_num_threads() != self.threads:      # a per-thread setting: the caller's thread
-            numba.set_num_threads(self.threads)
+            set_numba_threads(self.threads)
         self._fn(*self._views, work.rows, work.starts, work.tokens, work.weights, x, out, self.threads)
         return out
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import ctypes
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import numba
 import numpy as np
@@ -22,6 +23,26 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _setaffinity = _libc.sched_setaffinity
 _setaffinity.argtypes = (ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p)
 _setaffinity.restype = ctypes.c_int
+
+
+def set_numba_threads(n: int) -> None:
+    """``numba.set_num_threads(n)``, leaving torch's thread count as it was (see _torch_threads_kept)."""
+    with _torch_threads_kept():
+        numba.set_num_threads(n)
+
+
+@contextmanager
+def _torch_threads_kept() -> Iterator[None]:
+    """torch's intra-op thread count as it was: numba's OpenMP pool, started by its first use, sets the
+    calling thread's OpenMP thread count (torch's too) to every core, and a model on the CPU that ran
+    on one thread ran on two from then on (a tiny model at a third of its speed)."""
+    import torch
+    before = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
 
 
 @njit(parallel=True)
@@ -37,7 +58,7 @@ def set_cpu_expert_threads(threads: int, cpus: Sequence[int] | None = None) -> i
     if threads < 1:
         raise ConfigError(f"CPU expert threads must be at least 1, got {threads}")
     n = min(int(threads), numba.config.NUMBA_NUM_THREADS)
-    numba.set_num_threads(n)
+    set_numba_threads(n)
     if cpus is None:
         return n
     cpus = sorted(set(int(c) for c in cpus))

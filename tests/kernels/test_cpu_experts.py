@@ -162,6 +162,21 @@ def test_threads_pin_to_the_cpu_set_given():
     assert sorted(os.sched_getaffinity(0)) == before
 
 
+def test_starting_the_cpu_expert_threads_leaves_torchs_thread_count_alone():
+    # numba's OpenMP pool, started by its first use, set the process's OpenMP thread count to every core:
+    # a model on the CPU that ran torch on one thread ran on all from then on. A fresh process starts it.
+    import subprocess
+    import sys
+    code = ("import torch; torch.set_num_threads(1); assert torch.get_num_threads() == 1\n"
+            "from kernels.cpu import set_cpu_expert_threads\n"
+            "set_cpu_expert_threads(1); print(torch.get_num_threads())")
+    env = {**os.environ, "NUMBA_NUM_THREADS": "2"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["1"]
+
+
 def test_calibrate_times_each_token_count_and_interpolates():
     layout, store = make_store("int4", 64, 64)
     cost = calibrate(store, layout, rows=[1, 2, 3], tokens=(1, 4), repeats=1)
