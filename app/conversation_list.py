@@ -20,6 +20,9 @@ DETAIL = Qt.ItemDataRole.UserRole + 2     # its second line (time and length)
 SEARCHED = Qt.ItemDataRole.UserRole + 3   # what the search box looks in: its title and messages, casefolded
 
 
+BUSY_NOTE = "A reply is being written: other chats open once it ends (Stop ends it now)."
+
+
 class ConversationList(QWidget):
     selected = Signal(str)          # conversation id
     new_requested = Signal()
@@ -45,6 +48,11 @@ class ConversationList(QWidget):
         self.no_match.setObjectName("replyStats")
         self.no_match.hide()
         lay.addWidget(self.no_match)
+        self.busy_note = QLabel(BUSY_NOTE)        # why a click on another chat, or New chat, does nothing now
+        self.busy_note.setObjectName("replyStats")
+        self.busy_note.setWordWrap(True)
+        self.busy_note.hide()
+        lay.addWidget(self.busy_note)
         self.list = QListWidget()
         self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
@@ -157,9 +165,11 @@ class ConversationList(QWidget):
         return super().eventFilter(watched, event)
 
     def set_busy(self, busy: bool) -> None:
-        """While a reply streams the chats cannot be switched or deleted."""
+        """While a reply streams the chats cannot be switched or deleted: a line under the search says so."""
         self._busy = busy
         self.new_button.setEnabled(not busy)
+        self.new_button.setToolTip(BUSY_NOTE if busy else "Start a new chat (Ctrl+N)")
+        self.busy_note.setVisible(busy)
         self._busy_or_empty()
 
     def _shown_current(self) -> QListWidgetItem | None:

@@ -59,7 +59,10 @@ class GpuPanel(Panel):
         self._mem_t = curve(pt, "pink", "memory")
         self._slowdown = pg.InfiniteLine(angle=0, pen=pg.mkPen(COLORS["red"], width=1, style=Qt.PenStyle.DashLine),
                                          label="slowdown {value:.0f} °C",
-                                         labelOpts={"color": COLORS["red"], "position": 0.1})
+                                         # under the line, right of the middle: clear of the legend at the top
+                                         # left and of the plot's top edge
+                                         labelOpts={"color": COLORS["red"], "position": 0.62,
+                                                    "anchors": [(0.5, 0), (0.5, 0)]})
         self._slowdown.setVisible(False)
         pt.addItem(self._slowdown)
         pp = make_plot(g, "Power", "W", 1)
@@ -122,9 +125,10 @@ class GpuPanel(Panel):
         sheet = f"#panel_GpuPanel {{ border: 2px solid {border}; border-radius: 4px; }}" if border else ""
         if self.styleSheet() != sheet:     # a new sheet re-polishes every child: only on a change of level
             self.setStyleSheet(sheet)
-        if s.slowdown_temp_c is not None:
-            self._slowdown.setValue(s.slowdown_temp_c)
+        # shown first: a hidden line's label keeps the text it had ("slowdown 0 °C") when its value changes
         self._slowdown.setVisible(s.slowdown_temp_c is not None)
+        if s.slowdown_temp_c is not None and self._slowdown.value() != s.slowdown_temp_c:
+            self._slowdown.setValue(s.slowdown_temp_c)
         self.dirty = True
 
     def _set_readouts(self, s: Any, state: ThermalState) -> None:

@@ -297,6 +297,9 @@ def test_delete_waits_for_a_chat_in_the_list(qapp):
     assert side.delete_button.isEnabled()
     side.set_busy(True)
     assert not side.delete_button.isEnabled()
+    assert not side.busy_note.isHidden() and "Stop ends it now" in side.busy_note.text()   # why nothing opens
+    side.set_busy(False)
+    assert side.busy_note.isHidden() and side.delete_button.isEnabled()
 
 
 def test_sizes_below_a_mebibyte_read_in_kibibytes():
@@ -356,3 +359,15 @@ def test_a_legend_takes_one_row_in_a_short_plot_and_short_names_in_a_narrow_one(
     assert shown(230, 120) == [("pool", "pool hits"), ("all hits", "pool + staging hits")]
     assert shown(800, 400) == whole and legend.columnCount == 1          # and back again
     view.close()
+
+
+def test_the_slowdown_line_is_labelled_with_its_temperature(qapp):
+    from app.gpu_poller import GpuSample
+    from app.panels.gpu import GpuPanel
+    from app.thermal import OK, ThermalState
+    panel = GpuPanel()
+    sample = GpuSample(timestamp=0.0, status="Fake GPU", name="Fake GPU", gpu_temp_c=62.0, slowdown_temp_c=90.0)
+    panel.push_gpu(sample, ThermalState(OK))
+    assert panel._slowdown.isVisible() and panel._slowdown.label.toPlainText() == "slowdown 90 °C"   # not "0 °C"
+    panel.push_gpu(sample.with_changes(slowdown_temp_c=None), ThermalState(OK))
+    assert not panel._slowdown.isVisible()
