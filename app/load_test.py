@@ -208,6 +208,9 @@ class LoadTestDialog(QDialog):
         if len(self.results) == len(self.ids):
             result = summarise(list(self.results.values()))
             self.summary.setText(result.text())
+            last = self.live.text().removeprefix("Engine aggregate: ")
+            if last != self.live.text():            # the engine's last reading while the test ran, said as such
+                self.live.setText(f"Last engine reading of the test: {last}")
             self.start_button.setEnabled(True)
             self.stop_button.setEnabled(False)
             self.set_server_url(self.server_url)

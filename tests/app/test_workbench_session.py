@@ -214,6 +214,7 @@ def test_load_test_reports_aggregate_against_per_stream(window, qtbot):
     assert "aggregate" in dialog.summary.text() and "per stream" in dialog.summary.text()
     assert [dialog.table.item(i, 2).text() for i in range(3)] == ["12", "12", "12"]
     assert [dialog.table.item(i, 1).text() for i in range(3)] == ["reached max tokens"] * 3   # as the chat says it
+    assert not dialog.live.text().startswith("Engine aggregate:")      # no live-looking line once it is over
 
 
 def test_a_load_test_whose_streams_fail_says_so_in_its_summary(window, qtbot):
