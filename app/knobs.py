@@ -101,7 +101,23 @@ class StatusLine(ElidedLabel):
         self.setToolTip(reason or self.tip)
 
 
-class AutoSpin(QSpinBox):
+class RangeSpin(QSpinBox):
+    """A spin box that says so when a number typed into it lies outside its range (Qt puts the last value
+    back without a word): ``out_of_range`` carries the line to show."""
+
+    out_of_range = Signal(str)
+
+    def fixup(self, text: str) -> str:
+        typed = self.cleanText() if text == self.text() else text
+        digits = typed.strip().removesuffix(self.suffix().strip()).strip()
+        if digits.lstrip("-").isdigit() and not self.minimum() <= int(digits) <= self.maximum():
+            low, special = self.minimum(), self.specialValueText()
+            kept = special if special and self.value() == low else str(self.value())
+            self.out_of_range.emit(f"✗ {int(digits)} is outside {special or low}–{self.maximum()}; it stays {kept}")
+        return super().fixup(text)
+
+
+class AutoSpin(RangeSpin):
     """A spin box whose lowest step, 0, is "auto": a step up from it goes to what auto comes to now
     (``auto_value``), not to 1, which the engine may refuse (a token budget below the batch)."""
 
@@ -115,7 +131,7 @@ class AutoSpin(QSpinBox):
 
 
 def _spin(lo: int, hi: int, suffix: str, special: str | None = None) -> QSpinBox:
-    box = AutoSpin() if special else QSpinBox()
+    box = AutoSpin() if special else RangeSpin()
     box.setRange(lo, hi)
     box.setKeyboardTracking(False)
     box.setSuffix(suffix)
@@ -256,6 +272,7 @@ class KnobsPanel(QWidget):
         # an automatic int shows its automatic value (None) as the spin box's lowest step, 0: "auto"
         spin = _spin(0 if o.automatic else o.low, o.knob_max, SUFFIXES.get(o.name, ""), "auto" if o.automatic else None)
         spin.valueChanged.connect(lambda v: self._send(o.name, None if o.automatic and v == 0 else v))
+        spin.out_of_range.connect(lambda line: self._set_status(o.name, "bad", line))
         return spin
 
     def _build_guard(self) -> QGroupBox:

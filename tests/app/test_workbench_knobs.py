@@ -358,3 +358,19 @@ def test_a_refused_request_is_said_in_its_reply_without_a_banner(window, qtbot):
         window.chat.send("short")
     assert again.args[0].error is None and window.banners.text("engine") == ""
 
+
+
+def test_a_number_typed_outside_a_knobs_range_is_said_not_silently_put_back(qapp):
+    from PySide6.QtTest import QTest
+
+    from app.knobs import _spin
+    box = _spin(1, 999, " requests")
+    box.setValue(16)
+    said: list[str] = []
+    box.out_of_range.connect(said.append)
+    box.show()
+    box.lineEdit().selectAll()
+    QTest.keyClicks(box, "0")
+    QTest.keyClick(box, Qt.Key.Key_Return)
+    assert box.value() == 16 and said == ["✗ 0 is outside 1–999; it stays 16"]
+    box.hide()
