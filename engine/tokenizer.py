@@ -289,28 +289,24 @@ class Tokenizer:
 
 
 def _map_message_texts(messages: list[dict], fn: Any) -> list[dict]:
-    """``messages`` with ``fn`` applied to each message's text (a message of parts: each text part)."""
-    out = []
-    for m in messages:
-        content = m.get("content") if isinstance(m, dict) else None
-        if isinstance(content, str):
-            m = {**m, "content": fn(content)}
-        elif isinstance(content, list):
-            m = {**m, "content": [{**p, "text": fn(p["text"])} if isinstance(p, dict) and isinstance(p.get("text"), str)
-                                  else p for p in content]}
-        out.append(m)
-    return out
+    """``messages`` with ``fn`` applied to every text a message holds: its content (or each text part), its
+    reasoning, its tool calls' arguments, at any depth (a string that ``fn`` leaves alone stays as it is,
+    so a role or a type a template compares is unchanged)."""
+    def mapped(value: Any) -> Any:
+        if isinstance(value, str):
+            return fn(value)
+        if isinstance(value, dict):
+            return {k: mapped(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [mapped(v) for v in value]
+        return value
+    return [mapped(m) for m in messages]
 
 
 def _message_texts(messages: list[dict]) -> list[str]:
-    """The text of each message, in order (a message of parts: each text part)."""
+    """Every text the messages hold, at any depth (see :func:`_map_message_texts`)."""
     out: list[str] = []
-    for m in messages:
-        content = m.get("content") if isinstance(m, dict) else None
-        if isinstance(content, str):
-            out.append(content)
-        elif isinstance(content, list):
-            out += [p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
+    _map_message_texts(messages, lambda t: out.append(t) or t)
     return out
 
 
