@@ -40,15 +40,21 @@ SHOWN_MESSAGES = 200
 INTERRUPTED_NOTE = "interrupted — Strata stopped before this reply finished"   # a quit, a crash, a kill
 KEPT_DRAFT_TITLE = "Unsent text of a damaged chat"     # the chat that takes it when the chat's file was set aside
 
+WAITING = "waiting for the first token…"
+
+
 @dataclass
 class _Live:
-    """The reply that is streaming: which request, into which message and bubble."""
+    """The reply that is streaming: which request, into which message of which chat, its text so far, and
+    its bubble while that chat is shown (None while another one is)."""
 
     request_id: str
     conversation: Conversation
     message: StoredMessage
-    bubble: MessageBubble
+    bubble: MessageBubble | None
     max_tokens: int
+    text: str = ""
+    reasoning: str = ""
 
 
 class ChatController(QObject):
@@ -74,6 +80,8 @@ class ChatController(QObject):
         self._prefs_problem = ""                 # the settings file's last write problem told
         self._fill_epoch = 0                           # which chat's earlier messages are being put on screen
         self._fill_until = 0                           # the earliest message index put on screen without asking
+        # what was left out of each reply's prompt, by chat: shown above the reply whenever its chat is (not saved)
+        self._reply_notes: dict[str, list[tuple[StoredMessage, str]]] = {}
         self.library = ConversationLibrary(store)
         self.library.store_line.connect(self._on_store_line)
         kept_drafts = self._keep_drafts_of_damaged_chats()
@@ -162,10 +170,15 @@ class ChatController(QObject):
     def live_bubble(self) -> MessageBubble | None:
         return self.live.bubble if self.live is not None else None
 
+    def _live_here(self) -> bool:
+        """Whether the reply in flight is the shown chat's."""
+        return self.live is not None and self.live.conversation is self.current
+
     # --- conversations -----------------------------------------------------------------------
     def _refresh_sidebar(self) -> None:
         self.library.sort()
-        self.sidebar.set_conversations(self.conversations, self.current.id)
+        writing = self.live.conversation.id if self.live is not None else None
+        self.sidebar.set_conversations(self.conversations, self.current.id, writing)
 
     def _show_current(self) -> None:
         """Show the current chat: its last SHOWN_AT_ONCE messages now, the earlier ones a batch per turn
@@ -174,6 +187,8 @@ class ChatController(QObject):
         messages = self.current.messages
         first = max(0, len(messages) - SHOWN_AT_ONCE)
         self._bubbles = [None] * first + [self._add_bubble(m) for m in messages[first:]]
+        self._attach_live()
+        self._show_reply_notes()
         self._fill_epoch += 1
         self._fill_until = max(0, len(messages) - SHOWN_MESSAGES)
         if first:
@@ -208,6 +223,31 @@ class ChatController(QObject):
         self.pane.view.show_earlier_offer(0)
         QTimer.singleShot(0, self.pane, partial(self._fill_earlier, self._fill_epoch))
 
+    def _attach_live(self) -> None:
+        """The reply in flight gets the bubble of its message where its chat is now shown (it is the chat's
+        last message, always on screen), streaming on from what it has said; elsewhere it has none."""
+        live = self.live
+        if live is None:
+            return
+        live.bubble = None
+        if live.conversation is not self.current or live.message not in self.current.messages:
+            return
+        at = next(i for i, m in enumerate(self.current.messages) if m is live.message)
+        old = self._bubbles[at]
+        if old is None:
+            return
+        bubble = self._add_bubble(live.message, streaming=True, before=old)
+        self.pane.view.remove(old)
+        self._bubbles[at] = live.bubble = bubble
+        bubble.set_stats("" if live.text or live.reasoning else WAITING)
+
+    def _show_reply_notes(self) -> None:
+        """The notes of the shown chat's replies, above the replies on screen."""
+        for msg, note in self._reply_notes.get(self.current.id, []):
+            at = next((i for i, m in enumerate(self.current.messages) if m is msg), None)
+            if at is not None and self._bubbles[at] is not None:
+                self.pane.view.add("notice", note, before=self._bubbles[at])
+
     def _add_bubble(self, msg: StoredMessage, streaming: bool = False,
                     before: MessageBubble | None = None) -> MessageBubble:
         bubble = self.pane.view.add(msg.role, msg.content, streaming=streaming, stats=self._line(msg),
@@ -232,15 +272,14 @@ class ChatController(QObject):
         self._refresh_sidebar()
 
     def open(self, conv_id: str) -> None:
-        """Show a saved conversation (not while a reply streams)."""
-        if self.live is not None or conv_id == self.current.id:
+        """Show a saved conversation (a reply being written goes on in its own chat)."""
+        if conv_id == self.current.id:
             self._refresh_sidebar()
             return
         self._show_chat(self.library.find(conv_id) or self.current)
 
     def new_chat(self) -> None:
-        if self.live is None:
-            self._show_chat(Conversation(system_prompt=self.pane.settings_box.system_prompt.toPlainText()))
+        self._show_chat(Conversation(system_prompt=self.pane.settings_box.system_prompt.toPlainText()))
 
     def _show_chat(self, conv: Conversation) -> None:
         """Show ``conv`` with its own unsent text in the box; the chat left keeps the text it had (a new
@@ -272,9 +311,10 @@ class ChatController(QObject):
         self._refresh_sidebar()
 
     def delete(self, conv_id: str) -> None:
-        """Move a conversation to the trash folder; Undo in the sidebar brings it back."""
+        """Move a conversation to the trash folder; Undo in the sidebar brings it back. Not the chat a reply
+        is being written in."""
         conv = self.library.find(conv_id)
-        if self.live is not None or conv is None:
+        if conv is None or (self.live is not None and conv is self.live.conversation):
             return
         if conv is self.current:            # its edits first: nothing saves it once it is in the trash
             self._keep_edits_now()
@@ -292,8 +332,6 @@ class ChatController(QObject):
 
     def restore(self, conv_id: str) -> str | None:
         """Bring a chat back from the trash folder, and show it; else why not (one line)."""
-        if self.live is not None:
-            return "A reply is being written: restore the chat once it has ended (or Stop it)."
         conv = next((c for c in self.store.trashed() if c.id == conv_id), None)
         if conv is None or self.library.find(conv_id) is not None:
             return "That chat is no longer in the trash folder."
@@ -304,7 +342,7 @@ class ChatController(QObject):
 
     def undo_delete(self) -> None:
         """Bring back the conversation deleted last, and show it."""
-        conv = self.library.undo() if self.live is None else None
+        conv = self.library.undo()
         if conv is not None:
             self._show_chat(conv)
             self._offer_undo()
@@ -368,7 +406,8 @@ class ChatController(QObject):
     def _update_buttons(self) -> None:
         self.pane.set_busy(self.live is not None, can_send=self.model is not None,
                            has_turn=self.current.has_user_message)
-        self.sidebar.set_busy(self.live is not None)
+        self.sidebar.set_busy(self.live.conversation.title if self.live is not None else None,
+                              here=self._live_here())
 
     def _show_context(self) -> None:
         self.pane.set_context(self.current.context_used, self._context_total)
@@ -380,13 +419,18 @@ class ChatController(QObject):
         if usage.context_tokens:
             self._context_total = usage.context_tokens
         self.live.conversation.context_used = usage.prompt_tokens
-        self._show_context()
+        if self._live_here():
+            self._show_context()
         if usage.note:                   # oldest messages, or the start of a completion prompt, left out
-            self.notice(usage.note)
+            notes = self._reply_notes.setdefault(self.live.conversation.id, [])
+            if not any(m is self.live.message and n == usage.note for m, n in notes):
+                notes.append((self.live.message, usage.note))
+            if self._live_here():
+                self.pane.view.add("notice", usage.note, before=self.live.bubble)
 
     def notice(self, text: str) -> None:
         """A line from Strata in the transcript (thermal guard, errors); not saved."""
-        self.pane.view.add("notice", text, before=self.live.bubble if self.live is not None else None)
+        self.pane.view.add("notice", text, before=self.live_bubble if self._live_here() else None)
 
     # --- replies -------------------------------------------------------------------------------
     def send(self, text: str) -> None:
@@ -423,7 +467,7 @@ class ChatController(QObject):
     def _begin(self, history: list[StoredMessage], msg: StoredMessage, bubble: MessageBubble) -> None:
         request = self._request(f"chat-{uuid.uuid4().hex[:10]}", history)
         self.live = _Live(request.request_id, self.current, msg, bubble, request.settings.max_tokens)
-        bubble.set_stats("waiting for the first token…")
+        bubble.set_stats(WAITING)
         self._save()
         self._update_buttons()
         self.bridge.submit(request)
@@ -440,15 +484,17 @@ class ChatController(QObject):
                 live.conversation.context_used = chunk.used_tokens    # shown with each save (a new label
                 # text can lay the pane out again, which a long chat makes slow: not once a batch)
             if chunk.request_id == live.request_id and (chunk.text or chunk.reasoning):
-                if not live.bubble.text and not live.bubble.reasoning.text:
+                if live.bubble is not None and not live.text and not live.reasoning:
                     live.bubble.set_stats("")
-                if chunk.reasoning:
+                live.text += chunk.text
+                live.reasoning += chunk.reasoning
+                if live.bubble is not None and chunk.reasoning:
                     live.bubble.reasoning.append(chunk.reasoning)
-                if chunk.text:
+                if live.bubble is not None and chunk.text:
                     live.bubble.append(chunk.text)
                 grew = True
         if grew:
-            live.message.set_reply(live.bubble.text, "", True, live.bubble.reasoning.text)
+            live.message.set_reply(live.text, "", True, live.reasoning)
             self.stream_saves.changed()
 
     def _save_live(self) -> None:
@@ -465,9 +511,10 @@ class ChatController(QObject):
             return
         self.stream_saves.stop()
         line = stats.summary(live.max_tokens)
-        live.bubble.finish(line)
-        live.message.set_reply(live.bubble.text, line, False, live.bubble.reasoning.text)
-        live.bubble.set_pager(live.message.chosen, len(live.message.replies()))
+        live.message.set_reply(live.text, line, False, live.reasoning)
+        if live.bubble is not None:
+            live.bubble.finish(line)
+            live.bubble.set_pager(live.message.chosen, len(live.message.replies()))
         if stats.prompt_tokens or stats.completion_tokens:
             live.conversation.context_used = stats.prompt_tokens + stats.completion_tokens
         self.live = None
@@ -503,7 +550,7 @@ class ChatController(QObject):
 
     def page(self, bubble: MessageBubble, step: int) -> None:
         """Show the previous (-1) or next (+1) version of a reply; later turns see the one shown."""
-        if self.live is not None or bubble not in self._bubbles:
+        if self._live_here() or bubble not in self._bubbles:
             return
         msg = self.current.messages[self._bubbles.index(bubble)]
         msg.choose(msg.chosen + step)
@@ -513,7 +560,7 @@ class ChatController(QObject):
 
     def delete_version(self, bubble: MessageBubble) -> None:
         """Delete the version of a reply that is shown (asks first; the other versions stay)."""
-        if self.live is not None or bubble not in self._bubbles:
+        if self._live_here() or bubble not in self._bubbles:
             return
         msg = self.current.messages[self._bubbles.index(bubble)]
         count = len(msg.replies())

@@ -20,7 +20,14 @@ DETAIL = Qt.ItemDataRole.UserRole + 2     # its second line (time and length)
 SEARCHED = Qt.ItemDataRole.UserRole + 3   # what the search box looks in: its title and messages, casefolded
 
 
-BUSY_NOTE = "A reply is being written: other chats open once it ends (Stop ends it now)."
+WRITING = "writing a reply…"      # the second line of the chat a reply is being written in
+
+
+def busy_note(title: str, here: bool) -> str:
+    """Why Send waits, and where the reply is being written."""
+    short = title if len(title) <= 40 else title[:39] + "…"
+    where = "" if here else f" in “{short}”"
+    return f"A reply is being written{where}: a new message can be sent once it ends (Stop ends it now)."
 
 
 class ConversationList(QWidget):
@@ -32,7 +39,7 @@ class ConversationList(QWidget):
 
     def __init__(self) -> None:
         super().__init__()
-        self._busy = False
+        self._writing: str | None = None      # the id of the chat a reply is being written in
         lay = QVBoxLayout(self)
         lay.setContentsMargins(6, 6, 0, 6)
         self.new_button = QPushButton("+ New chat")
@@ -48,7 +55,7 @@ class ConversationList(QWidget):
         self.no_match.setObjectName("replyStats")
         self.no_match.hide()
         lay.addWidget(self.no_match)
-        self.busy_note = QLabel(BUSY_NOTE)        # why a click on another chat, or New chat, does nothing now
+        self.busy_note = QLabel("")              # why Send waits, and which chat the reply is being written in
         self.busy_note.setObjectName("replyStats")
         self.busy_note.setWordWrap(True)
         self.busy_note.hide()
@@ -105,12 +112,15 @@ class ConversationList(QWidget):
         else:
             self._undo_timer.stop()
 
-    def set_conversations(self, convs: list[Conversation], current_id: str | None) -> None:
-        """Show ``convs`` in order (without re-emitting ``selected``). The entries are updated in place,
+    def set_conversations(self, convs: list[Conversation], current_id: str | None,
+                          writing: str | None = None) -> None:
+        """Show ``convs`` in order (without re-emitting ``selected``); ``writing``: the chat a reply is being
+        written in, which says so on its second line and cannot be deleted. The entries are updated in place,
         and one no longer needed is taken out (its item then goes with its Python wrapper): a list that
         deleted its Python-made items itself (``clear()``), a save or a switch of chats after another,
         could leave the binding a wrapper of a deleted item, and crash in it."""
         self.list.blockSignals(True)
+        self._writing = writing
         current = None
         for row, conv in enumerate(convs):
             item = self.list.item(row)
@@ -121,7 +131,7 @@ class ConversationList(QWidget):
             n = len(conv.messages)
             item.setData(Qt.ItemDataRole.UserRole, conv.id)
             item.setData(TITLE, conv.title)
-            item.setData(DETAIL, f"{when} · {n} message{'' if n == 1 else 's'}")
+            item.setData(DETAIL, WRITING if conv.id == writing else f"{when} · {n} message{'' if n == 1 else 's'}")
             texts = [r.content for m in conv.messages for r in m.replies()]       # every reply version
             item.setData(SEARCHED, "\n".join([conv.title, *texts]).casefold())
             item.setToolTip(conv.title)
@@ -164,12 +174,11 @@ class ConversationList(QWidget):
             self._fit_titles()
         return super().eventFilter(watched, event)
 
-    def set_busy(self, busy: bool) -> None:
-        """While a reply streams the chats cannot be switched or deleted: a line under the search says so."""
-        self._busy = busy
-        self.new_button.setEnabled(not busy)
-        self.new_button.setToolTip(BUSY_NOTE if busy else "Start a new chat (Ctrl+N)")
-        self.busy_note.setVisible(busy)
+    def set_busy(self, title: str | None, here: bool = True) -> None:
+        """A reply is being written in the chat titled ``title`` (None: none is; ``here``: the one shown):
+        other chats open, and a line under the search says why Send waits and where the reply is."""
+        self.busy_note.setText(busy_note(title, here) if title is not None else "")
+        self.busy_note.setVisible(title is not None)
         self._busy_or_empty()
 
     def _shown_current(self) -> QListWidgetItem | None:
@@ -178,11 +187,17 @@ class ConversationList(QWidget):
         return item if item is not None and not item.isHidden() else None
 
     def _busy_or_empty(self) -> None:
-        """Delete acts on the chat selected in the list: none while a reply streams, the list is empty or
-        a search hides the selected chat."""
-        shown = self._shown_current() is not None
-        self.delete_button.setEnabled(not self._busy and shown)
-        self.rename_button.setEnabled(shown)
+        """Delete acts on the chat selected in the list: not the one a reply is being written in, and none
+        where the list is empty or a search hides the selected chat."""
+        item = self._shown_current()
+        self.delete_button.setEnabled(item is not None and not self._writing_in(item))
+        self.delete_button.setToolTip("A reply is being written in this chat: Stop it, or wait, to delete it"
+                                      if item is not None and self._writing_in(item)
+                                      else "Move this chat to the trash (Undo brings it back)")
+        self.rename_button.setEnabled(item is not None)
+
+    def _writing_in(self, item: QListWidgetItem) -> bool:
+        return self._writing is not None and item.data(Qt.ItemDataRole.UserRole) == self._writing
 
     def _changed(self, item: QListWidgetItem | None, _prev: QListWidgetItem | None) -> None:
         self._busy_or_empty()
@@ -196,5 +211,5 @@ class ConversationList(QWidget):
 
     def _delete(self) -> None:
         item = self._shown_current()
-        if item is not None and not self._busy:
+        if item is not None and not self._writing_in(item):
             self.delete_requested.emit(item.data(Qt.ItemDataRole.UserRole))

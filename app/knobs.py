@@ -6,7 +6,7 @@ a change back. Options the engine cannot change now are disabled with its reason
 from __future__ import annotations
 
 from PySide6.QtCore import QSize, Qt, Signal
-from PySide6.QtGui import QPainter
+from PySide6.QtGui import QPainter, QValidator
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel,
                                QPushButton, QSizePolicy, QSlider, QSpinBox, QVBoxLayout, QWidget)
 
@@ -107,9 +107,20 @@ class RangeSpin(QSpinBox):
 
     out_of_range = Signal(str)
 
-    def fixup(self, text: str) -> str:
+    def _digits(self, text: str) -> str:
         typed = self.cleanText() if text == self.text() else text
-        digits = typed.strip().removesuffix(self.suffix().strip()).strip()
+        return typed.strip().removeprefix(self.prefix().strip()).removesuffix(self.suffix().strip()).strip()
+
+    def validate(self, text: str, pos: int):
+        """A number past the top is let through while it is typed (Qt drops the keystroke without a word),
+        so that Enter or leaving the box can say it is out of range."""
+        result = super().validate(text, pos)            # (state, text, pos)
+        if result[0] == QValidator.State.Invalid and self._digits(text).isdigit():
+            return QValidator.State.Intermediate, text, pos
+        return result
+
+    def fixup(self, text: str) -> str:
+        digits = self._digits(text)
         if digits.lstrip("-").isdigit() and not self.minimum() <= int(digits) <= self.maximum():
             low, special = self.minimum(), self.specialValueText()
             kept = special if special and self.value() == low else str(self.value())

@@ -1,12 +1,15 @@
 """The conversation list: a renamed chat keeps its place and its title, a long title fits one line, paging
 through versions does not reorder the list, the search finds a chat by its title or any reply, the trash
-gives a deleted chat back, and a restart (or a crash) opens the chat shown last."""
+gives a deleted chat back, a restart (or a crash) opens the chat shown last, and other chats open while a
+reply is being written in one."""
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication
 
+from app.conversation_list import DETAIL, WRITING
+from app.messages import ContextUsage
 from tests.app.chat_fakes import bubble_texts, exchange, finish, make_chat, on_disk, stream
 
 
@@ -145,12 +148,14 @@ def test_a_deleted_chat_comes_back_from_the_trash_after_its_undo_is_gone(qtbot, 
     qtbot.addWidget(dialog)
     assert dialog.list.count() == 1 and dialog.list.item(0).text().startswith("Keep me for later")
     chat.send("While a reply streams")
-    dialog.restore_button.click()                 # not now, and the dialog says why
-    assert dialog.list.count() == 1 and dialog.why.text().startswith("A reply is being written")
-    finish(chat)
-    dialog.restore_button.click()
+    writing = chat.current.id
+    stream(chat, "Half")
+    dialog.restore_button.click()                 # the reply goes on in its own chat
     assert dialog.list.count() == 0 and dialog.empty.isVisibleTo(dialog) and not dialog.restore_button.isEnabled()
     assert chat.current.id == gone and "Keep me for later" in bubble_texts(chat)
+    stream(chat, " and the rest.")
+    finish(chat)
+    assert on_disk(chat, writing)["messages"][-1]["content"] == "Half and the rest."
     chat.library.flush(10)
     assert (folder / f"{gone}.json").is_file() and not (folder / "trash" / f"{gone}.json").exists()
     again = make_chat(qtbot, folder)              # in the list after a restart too
@@ -187,3 +192,89 @@ def test_a_restart_reopens_the_chat_shown_last_not_the_newest(qtbot, tmp_path):
     first.close()
     again = make_chat(qtbot, folder, settings_file=ini)
     assert again.current.id == older and "Older chat" in bubble_texts(again)
+
+
+# --- other chats while a reply is being written ----------------------------------------------------------
+def test_a_reply_goes_on_in_its_own_chat_while_another_is_open_and_is_there_when_it_comes_back(qtbot, tmp_path):
+    chat = make_chat(qtbot, tmp_path / "c")
+    exchange(chat, "An older answer.", "Older question")
+    older = chat.current.id
+    chat.new_chat()
+    chat.send("Tell me a story")
+    writing = chat.current.id
+    stream(chat, "Once upon")
+    chat.open(older)                                   # allowed: the reply goes on where it was asked
+    assert chat.current.id == older and bubble_texts(chat) == ["Older question", "An older answer."]
+    assert chat.live is not None and chat.live_bubble is None
+    item = next(chat.sidebar.list.item(i) for i in range(chat.sidebar.list.count())
+                if chat.sidebar.list.item(i).data(Qt.ItemDataRole.UserRole) == writing)
+    assert item.data(DETAIL) == WRITING                # the list says where it is being written
+    assert "Tell me a story" in chat.sidebar.busy_note.text() and chat.sidebar.busy_note.isVisibleTo(chat.sidebar)
+    assert not chat.pane.send_button.isEnabled() and chat.pane.stop_button.isEnabled()
+    stream(chat, " a time")
+    chat.stream_saves.timer.timeout.emit()
+    assert on_disk(chat, writing)["messages"][-1]["content"] == "Once upon a time"   # on disk while away
+    assert bubble_texts(chat) == ["Older question", "An older answer."], "not written into the chat shown"
+    chat.open(writing)
+    bubble = chat.live_bubble
+    assert bubble is chat.pane.view.bubbles[-1] and bubble.text == "Once upon a time" and bubble.streaming
+    stream(chat, ", there was.")
+    finish(chat)
+    assert bubble.text == "Once upon a time, there was." and "finished" in bubble.stats.text()
+    reply = on_disk(chat, writing)["messages"][-1]
+    assert reply["content"] == "Once upon a time, there was." and reply["interrupted"] is False
+    assert item.data(DETAIL) != WRITING and chat.sidebar.busy_note.isHidden()
+
+
+def test_a_reply_that_ends_while_its_chat_is_not_shown_is_whole_when_it_is_opened(qtbot, tmp_path):
+    chat = make_chat(qtbot, tmp_path / "c")
+    chat.send("First chat")
+    writing = chat.current.id
+    chat.on_context(ContextUsage(chat.live_id, 300, 512, 100, dropped_messages=1, note="1 earlier message left out"))
+    chat.new_chat()                                    # Ctrl+N works too
+    assert chat.current.id != writing and "1 earlier message left out" not in bubble_texts(chat)
+    chat.send("Not yet")                               # one reply at a time: Send waits, nothing is lost
+    assert len(chat.bridge.requests) == 1 and chat.current.messages == []
+    stream(chat, "All of it.")
+    finish(chat)
+    assert chat.pane.send_button.isEnabled()
+    chat.open(writing)
+    assert bubble_texts(chat) == ["First chat", "1 earlier message left out", "All of it."]
+    assert "finished" in chat.pane.view.bubbles[-1].stats.text()
+
+
+def test_a_chat_a_reply_is_being_written_in_cannot_be_deleted_but_the_others_can(qtbot, tmp_path):
+    folder = tmp_path / "c"
+    chat = make_chat(qtbot, folder)
+    exchange(chat, "Old.", "Delete me")
+    other = chat.current.id
+    chat.new_chat()
+    chat.send("Keep writing")
+    writing = chat.current.id
+    stream(chat, "Still")
+    chat.delete(writing)
+    assert chat.library.find(writing) is not None and chat.live is not None
+    chat.delete(other)                                 # another chat: gone to the trash, Undo offered
+    assert chat.library.find(other) is None and chat.current.id == writing
+    chat.open(writing)
+    stream(chat, " here.")
+    chat.undo_delete()
+    assert chat.current.id == other and chat.live is not None
+    finish(chat)
+    assert on_disk(chat, writing)["messages"][-1]["content"] == "Still here."
+
+
+def test_a_crash_while_another_chat_is_shown_keeps_the_reply_as_far_as_it_was_saved(qtbot, tmp_path):
+    folder = tmp_path / "c"
+    first = make_chat(qtbot, folder)
+    first.send("Genesis")
+    writing = first.current.id
+    stream(first, "In the beginning")
+    first.new_chat()
+    stream(first, " God created")
+    first.stream_saves.timer.timeout.emit()
+    assert first.library.flush(10)
+    again = make_chat(qtbot, folder)                   # no close: the process died
+    again.open(writing)
+    assert again.pane.view.bubbles[-1].text == "In the beginning God created"
+    assert "interrupted" in again.pane.view.bubbles[-1].stats.text()

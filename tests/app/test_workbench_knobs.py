@@ -373,4 +373,13 @@ def test_a_number_typed_outside_a_knobs_range_is_said_not_silently_put_back(qapp
     QTest.keyClicks(box, "0")
     QTest.keyClick(box, Qt.Key.Key_Return)
     assert box.value() == 16 and said == ["✗ 0 is outside 1–999; it stays 16"]
+    box.lineEdit().selectAll()
+    QTest.keyClicks(box, "1200")                  # past the top: every keystroke stays, Enter says why not
+    assert box.cleanText() == "1200"
+    QTest.keyClick(box, Qt.Key.Key_Return)
+    assert box.value() == 16 and said[-1] == "✗ 1200 is outside 1–999; it stays 16"
+    box.lineEdit().selectAll()
+    QTest.keyClicks(box, "12x")                   # not a number: the letter is refused as before
+    QTest.keyClick(box, Qt.Key.Key_Return)
+    assert box.value() == 12 and len(said) == 2
     box.hide()

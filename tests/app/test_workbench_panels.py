@@ -287,7 +287,7 @@ def test_the_batch_reads_zero_once_nothing_runs(qapp):
 
 
 def test_delete_waits_for_a_chat_in_the_list(qapp):
-    from app.conversation_list import ConversationList
+    from app.conversation_list import DETAIL, WRITING, ConversationList
     from app.conversations import Conversation
     side = ConversationList()
     side.set_conversations([], None)
@@ -295,11 +295,19 @@ def test_delete_waits_for_a_chat_in_the_list(qapp):
     conv = Conversation()
     side.set_conversations([conv], conv.id)
     assert side.delete_button.isEnabled()
-    side.set_busy(True)
-    assert not side.delete_button.isEnabled()
-    assert not side.busy_note.isHidden() and "Stop ends it now" in side.busy_note.text()   # why nothing opens
-    side.set_busy(False)
+    other = Conversation(title="Other")
+    side.set_conversations([conv, other], conv.id, writing=conv.id)     # a reply is being written in conv
+    side.set_busy(conv.title, here=True)
+    assert not side.delete_button.isEnabled() and "Stop" in side.delete_button.toolTip()
+    assert not side.busy_note.isHidden() and "Stop ends it now" in side.busy_note.text()   # why Send waits
+    assert side.list.item(0).data(DETAIL) == WRITING
+    side.set_conversations([conv, other], other.id, writing=conv.id)    # another chat opened meanwhile
+    side.set_busy(conv.title, here=False)
+    assert side.delete_button.isEnabled() and f"in “{conv.title}”" in side.busy_note.text()
+    side.set_conversations([conv, other], other.id)
+    side.set_busy(None)
     assert side.busy_note.isHidden() and side.delete_button.isEnabled()
+    assert side.list.item(0).data(DETAIL) != WRITING
 
 
 def test_sizes_below_a_mebibyte_read_in_kibibytes():
