@@ -302,10 +302,11 @@ class EngineBridge(QObject):
             self.error.emit(BridgeError(f"{done.load.failed}; {self._engine.model_info.name} was opened {how}", "load"))
 
     def _load_failed(self, done: Loaded) -> None:
-        why = f"Could not open {done.load.model}: {_load_wording(done.error)}"
+        error = _without_folder(str(done.error), done.load.model)
+        why = f"Could not open {done.load.model}: {_load_wording(error)}"
         if done.load.failed:           # bringing the previous model back (or the fallback) failed too
             how = "instead" if done.load.instead else "again"
-            why = f"{done.load.failed}, and opening {done.load.model} {how} failed too: {_load_wording(done.error)}"
+            why = f"{done.load.failed}, and opening {done.load.model} {how} failed too: {_load_wording(error)}"
         elif self._engine is not None:
             why += f" ({self._engine.model_info.name} is still loaded)"
         elif self._closed is not None:
@@ -480,6 +481,14 @@ def _synthetic_ids(engine: Any, n_tokens: int) -> list[int]:
     if engine is None:
         raise StrataError("no model is loaded; open a model folder with File › Open model folder…")
     return synthetic_prompt(engine.tokenizer, n_tokens)
+
+
+def _without_folder(error: str, model: str) -> str:
+    """A load error without the model folder it starts with (the line names it once, before)."""
+    for name in {str(model), str(Path(model)), str(Path(model).expanduser().resolve())}:
+        if error.startswith(f"{name}: "):
+            return error.removeprefix(f"{name}: ")
+    return error
 
 
 def _load_wording(text: str) -> str:

@@ -139,7 +139,7 @@ class ChatController(QObject):
         # back), in another data folder (XDG_DATA_HOME set for one start), or on a disk not mounted now.
         self.prefs.set_current_chat(self.current.id)
         if not self.pane.input.toPlainText():
-            self.pane.input.setPlainText(self.prefs.draft(self.current.id))
+            self._put_draft(self.prefs.draft(self.current.id))
 
     def _connect(self) -> None:
         pane, box = self.pane, self.pane.settings_box
@@ -294,7 +294,12 @@ class ChatController(QObject):
         self.prefs.set_current_chat(conv.id)
         self.prefs.sync()                       # a crash after a switch reopens this chat, with the draft left
         self._show_current()
-        self.pane.input.setPlainText(self.prefs.draft(conv.id))
+        self._put_draft(self.prefs.draft(conv.id))
+
+    def _put_draft(self, text: str) -> None:
+        """A chat's unsent text back in the box, typing going on at its end."""
+        self.pane.input.setPlainText(text)
+        self.pane.input.moveCursor(QTextCursor.MoveOperation.End)
 
     def rename(self, conv_id: str) -> None:
         """Ask for another title for a conversation; an empty one or Cancel leaves it as it was. Its

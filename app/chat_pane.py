@@ -6,13 +6,13 @@ import re
 
 from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtGui import QKeyEvent, QPainter, QPalette, QResizeEvent
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGridLayout, QGroupBox, QHBoxLayout,
-                               QLabel, QPlainTextEdit, QPushButton, QSizePolicy, QSpinBox, QToolButton,
-                               QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QFormLayout, QGridLayout, QGroupBox, QHBoxLayout, QLabel,
+                               QPlainTextEdit, QPushButton, QSizePolicy, QToolButton, QVBoxLayout, QWidget)
 
 from app.chat_view import ChatView
 from app.messages import CONTEXT_OVERFLOW_POLICIES, REASONING_EFFORTS, GenerationSettings
 from app.panels.base import CaptionLabel
+from app.range_spin import RangeDoubleSpin, RangeSpin
 from app.window_layout import WrappingWidget
 
 OVERFLOW_NAMES = {"drop-oldest": "drop the oldest turns", "stop": "stop and say so"}
@@ -92,6 +92,14 @@ class SettingsBox(QGroupBox):
         self._build_sampling()
         self.form.addRow("System", self.system_prompt)
         self.form.addRow(self._grid())
+        self.range_note = QLabel("")          # a number typed out of range: said here until the next change
+        self.range_note.setObjectName("replyStats")
+        self.range_note.setWordWrap(True)
+        self.range_note.hide()
+        self.form.addRow(self.range_note)
+        for box in (self.temperature, self.top_p, self.top_k, self.max_tokens):
+            box.setKeyboardTracking(False)      # a number counts once entered: "100000" never passes for 10000
+            box.out_of_range.connect(self._out_of_range)
         self.toggled.connect(self.contents.setVisible)
         self.toggled.connect(lambda shown: self.summary.setVisible(not shown))
         self.set_settings(GenerationSettings())
@@ -102,8 +110,19 @@ class SettingsBox(QGroupBox):
                        self.effort.currentIndexChanged):
             signal.connect(self.changed)
         self.changed.connect(self._summarise)
+        self.changed.connect(self._range_note_done)
         self.system_prompt.textChanged.connect(self._summarise)
         self._summarise()
+
+    def _out_of_range(self, line: str) -> None:
+        self.range_note.setText(line)
+        self.range_note.show()
+        self._noted_at = self.settings()
+
+    def _range_note_done(self) -> None:
+        """The line goes once a setting changes (a box put back to its value by Qt is no change)."""
+        if self.range_note.isVisibleTo(self) and self.settings() != self._noted_at:
+            self.range_note.hide()
 
     def _summarise(self) -> None:
         s = self.settings()
@@ -120,17 +139,17 @@ class SettingsBox(QGroupBox):
         self.summary.setText(" · ".join(parts) + " (tick to change)")
 
     def _build_sampling(self) -> None:
-        self.temperature = QDoubleSpinBox()
+        self.temperature = RangeDoubleSpin()
         self.temperature.setRange(0.0, 2.0)
         self.temperature.setSingleStep(0.05)
         self.temperature.setToolTip("0 = greedy (always the most likely token)")
-        self.top_p = QDoubleSpinBox()
+        self.top_p = RangeDoubleSpin()
         self.top_p.setRange(0.01, 1.0)
         self.top_p.setSingleStep(0.01)
-        self.top_k = QSpinBox()
+        self.top_k = RangeSpin()
         self.top_k.setRange(0, 1000)
         self.top_k.setSpecialValueText("off")
-        self.max_tokens = QSpinBox()
+        self.max_tokens = RangeSpin()
         self.max_tokens.setRange(1, 32768)
         self.overflow = QComboBox()
         for policy in CONTEXT_OVERFLOW_POLICIES:

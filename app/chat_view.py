@@ -135,12 +135,23 @@ _BODY_STYLE = re.compile(r"<body style=\"[^\"]*\">")
 _MARKDOWN = QTextDocument.MarkdownFeature.MarkdownDialectGitHub | QTextDocument.MarkdownFeature.MarkdownNoHTML
 
 
+def hard_breaks(text: str) -> str:
+    """Each line break inside a paragraph kept as one (Markdown would join the lines into one): a poem, an
+    address or a log reads as it was written. Not in an indented code block, where the spaces would show."""
+    lines = text.split("\n")
+    for i in range(len(lines) - 1):
+        if lines[i].strip() and lines[i + 1].strip() and not lines[i].startswith(("    ", "\t")) \
+                and not lines[i].endswith("\\"):
+            lines[i] = lines[i].rstrip(" ") + "  "
+    return "\n".join(lines)
+
+
 def markdown_html(text: str) -> str:
-    """Markdown as the HTML a label shows, with any HTML in the text kept as the characters it is made of
-    (``vector<int>``, ``<think>``, ``<span style=...>`` stay text; a label's own Markdown would take them
-    as tags and hide or style them)."""
+    """Markdown as the HTML a label shows, line breaks kept, with any HTML in the text kept as the characters
+    it is made of (``vector<int>``, ``<think>``, ``<span style=...>`` stay text; a label's own Markdown would
+    take them as tags and hide or style them)."""
     doc = QTextDocument()
-    doc.setMarkdown(text, _MARKDOWN)
+    doc.setMarkdown(hard_breaks(text), _MARKDOWN)
     # the document's default font would be written into the body: the label's own font is the one to use
     return _BODY_STYLE.sub("<body>", doc.toHtml(), count=1)
 
@@ -232,6 +243,9 @@ class ReasoningBlock(QWidget):
 # A message shows at most this many characters: laying out half a megabyte of text (a pasted log) took
 # the window 1.5 s each time it was shown. The rest is named under it, and Copy and export keep it all.
 SHOWN_CHARS = 50_000
+
+
+_ERROR_LINE = re.compile(r"(^|· )error: ")
 
 
 class MessageBubble(QFrame):
@@ -383,6 +397,11 @@ class MessageBubble(QFrame):
         # there: a path in an error line stays as it is, for copying)
         self.stats.setText(line.replace("tok/s", "tok/\u2060s"))
         self.stats.setVisible(bool(line))
+        name = "replyError" if _ERROR_LINE.search(line) else "replyStats"     # a failed reply says so in red
+        if self.stats.objectName() != name:
+            self.stats.setObjectName(name)
+            self.stats.style().unpolish(self.stats)
+            self.stats.style().polish(self.stats)
 
     def copy(self) -> None:
         QGuiApplication.clipboard().setText(self.text)

@@ -73,7 +73,7 @@ class ConversationLibrary(QObject):
             return None
         conv = self.deleted.pop()
         self.writer.put(RestoreJob(conv.id))
-        self.save(conv)         # also writes it where the file never reached the disk or the trash
+        self.save(conv, touch=False)    # as it was, in its place; also written where the file reached neither
         return conv
 
     def flush(self, timeout_s: float | None = None) -> bool:

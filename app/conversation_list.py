@@ -76,8 +76,9 @@ class ConversationList(QWidget):
         rename_key.setContext(Qt.ShortcutContext.WidgetShortcut)
         rename_key.activated.connect(self._rename)
         self.delete_button = QPushButton("Delete")
-        self.delete_button.setToolTip("Move this chat to the trash (Undo brings it back)")
+        self.delete_button.setToolTip("Move this chat to the trash (Delete; Undo brings it back)")
         self.delete_button.clicked.connect(self._delete)
+        self.list.installEventFilter(self)                  # Delete in the list: the Delete button
         row.addWidget(self.rename_button)
         row.addStretch(1)
         row.addWidget(self.delete_button)
@@ -172,6 +173,10 @@ class ConversationList(QWidget):
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
         if watched is self.list.viewport() and event.type() == QEvent.Type.Resize:
             self._fit_titles()
+        if watched is self.list and event.type() == QEvent.Type.KeyPress \
+                and event.matches(QKeySequence.StandardKey.Delete):
+            self._delete()
+            return True
         return super().eventFilter(watched, event)
 
     def set_busy(self, title: str | None, here: bool = True) -> None:
@@ -193,7 +198,7 @@ class ConversationList(QWidget):
         self.delete_button.setEnabled(item is not None and not self._writing_in(item))
         self.delete_button.setToolTip("A reply is being written in this chat: Stop it, or wait, to delete it"
                                       if item is not None and self._writing_in(item)
-                                      else "Move this chat to the trash (Undo brings it back)")
+                                      else "Move this chat to the trash (Delete; Undo brings it back)")
         self.rename_button.setEnabled(item is not None)
 
     def _writing_in(self, item: QListWidgetItem) -> bool:

@@ -6,13 +6,14 @@ a change back. Options the engine cannot change now are disabled with its reason
 from __future__ import annotations
 
 from PySide6.QtCore import QSize, Qt, Signal
-from PySide6.QtGui import QPainter, QValidator
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel,
+from PySide6.QtGui import QPainter
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel,
                                QPushButton, QSizePolicy, QSlider, QSpinBox, QVBoxLayout, QWidget)
 
 from app.bridge_api import LIVE_OPTIONS, LiveOption
 from app.messages import KnobResult, KnobState
 from app.panels.base import ElidedLabel
+from app.range_spin import RangeDoubleSpin, RangeSpin
 
 GIB = 1 << 30
 POOL_STEPS_PER_GIB = 20       # slider resolution: 1/20 GiB (51 MiB)
@@ -99,33 +100,6 @@ class StatusLine(ElidedLabel):
     def set_reason(self, reason: str) -> None:
         self.reason = reason
         self.setToolTip(reason or self.tip)
-
-
-class RangeSpin(QSpinBox):
-    """A spin box that says so when a number typed into it lies outside its range (Qt puts the last value
-    back without a word): ``out_of_range`` carries the line to show."""
-
-    out_of_range = Signal(str)
-
-    def _digits(self, text: str) -> str:
-        typed = self.cleanText() if text == self.text() else text
-        return typed.strip().removeprefix(self.prefix().strip()).removesuffix(self.suffix().strip()).strip()
-
-    def validate(self, text: str, pos: int):
-        """A number past the top is let through while it is typed (Qt drops the keystroke without a word),
-        so that Enter or leaving the box can say it is out of range."""
-        result = super().validate(text, pos)            # (state, text, pos)
-        if result[0] == QValidator.State.Invalid and self._digits(text).isdigit():
-            return QValidator.State.Intermediate, text, pos
-        return result
-
-    def fixup(self, text: str) -> str:
-        digits = self._digits(text)
-        if digits.lstrip("-").isdigit() and not self.minimum() <= int(digits) <= self.maximum():
-            low, special = self.minimum(), self.specialValueText()
-            kept = special if special and self.value() == low else str(self.value())
-            self.out_of_range.emit(f"✗ {int(digits)} is outside {special or low}–{self.maximum()}; it stays {kept}")
-        return super().fixup(text)
 
 
 class AutoSpin(RangeSpin):
@@ -291,11 +265,11 @@ class KnobsPanel(QWidget):
         form = QFormLayout(box)
         form.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)
         self.guard_enabled = QCheckBox("pause generation when hot")
-        self.guard_pause = QDoubleSpinBox()
+        self.guard_pause = RangeDoubleSpin()
         self.guard_pause.setRange(40, 110)
         self.guard_pause.setValue(83)
         self.guard_pause.setSuffix(" °C")
-        self.guard_resume = QDoubleSpinBox()
+        self.guard_resume = RangeDoubleSpin()
         self.guard_resume.setRange(30, 105)
         self.guard_resume.setValue(75)
         self.guard_resume.setSuffix(" °C")
@@ -310,8 +284,13 @@ class KnobsPanel(QWidget):
         form.addRow(self.guard_line)
         for w in (self.guard_pause, self.guard_resume):
             w.valueChanged.connect(self._guard)
+            w.out_of_range.connect(self._guard_out_of_range)
         self.guard_enabled.toggled.connect(self._guard)
         return box
+
+    def _guard_out_of_range(self, line: str) -> None:
+        self.guard_line.setText(line)
+        self.guard_line.show()
 
     def _guard(self, *_args) -> None:
         # the boxes keep what the user set; the guard resumes below the pause point at the latest

@@ -82,6 +82,9 @@ class ReplyStats:
 
         ``max_tokens`` (the request's limit) tells "reached max tokens" from "context full".
         """
+        if self.completion_tokens == 0 and self.finish_reason != "closed" and \
+                (self.finish_reason == "error" or self.error):
+            return self.finish_words(max_tokens)            # refused or failed before a token: only why
         parts = [f"TTFT {self.ttft_ms:.0f} ms" if self.ttft_ms is not None else "TTFT —"]
         if self.prompt_tok_s is not None:
             parts.append(f"prompt {self.prompt_tok_s:.1f} tok/s")

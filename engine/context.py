@@ -106,12 +106,13 @@ def fit_messages(tokenizer: PromptTokenizer, messages: Sequence[dict], context_t
     budget = context_tokens - reply
     newest = _render(tokenizer, head + turns[-1]) if len(turns) > 1 else ids
     if len(newest) > budget:          # nothing may be dropped that would make it fit
-        raise _newest_too_long(len(newest), reply, context_tokens, has_system=bool(head))
+        raise _newest_too_long(len(newest), reply, context_tokens, has_system=bool(head),
+                               capped=_capped(reply, max_tokens))
     if policy == "stop":
         raise ContextOverflowError(
             f"the conversation needs {len(ids)} tokens plus {reply} for the reply, but the context holds "
-            f"{context_tokens}; start a new chat, shorten the conversation, or switch the context-overflow "
-            "policy to drop-oldest", droppable=True)
+            f"{context_tokens}{_capped(reply, max_tokens)}; start a new chat, shorten the conversation, or switch the "
+            "context-overflow policy to drop-oldest", droppable=True)
     # Fewest turns dropped such that the rest fits: the prompt shrinks as more turns go, so bisect
     # (hi always fits and best is its rendering; dropping none is known not to fit).
     lo, hi, best = 1, len(turns) - 1, newest
@@ -198,11 +199,19 @@ def _flatten(turns: list[list[dict]]) -> list[dict]:
     return [m for t in turns for m in t]
 
 
-def _newest_too_long(needed: int, reply: int, context_tokens: int, has_system: bool) -> ContextOverflowError:
+def _newest_too_long(needed: int, reply: int, context_tokens: int, has_system: bool,
+                     capped: str = "") -> ContextOverflowError:
     what = "the system prompt and the newest message need" if has_system else "the newest message needs"
     fix = "send a shorter message" + (" or shorten the system prompt" if has_system else "")
     return ContextOverflowError(
-        f"{what} {needed} tokens plus {reply} for the reply, but the context holds {context_tokens}; {fix}")
+        f"{what} {needed} tokens plus {reply} for the reply, but the context holds {context_tokens}{capped}; {fix}")
+
+
+def _capped(reply: int, max_tokens: int) -> str:
+    """Why the room kept for the reply is less than max tokens, where it is."""
+    if reply >= max_tokens:
+        return ""
+    return f" (a chat keeps at most a quarter of it for the reply, so {reply} of the {max_tokens} max tokens)"
 
 
 def _split_added_tokens(tokenizer: PromptTokenizer, text: str,

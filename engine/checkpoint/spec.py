@@ -183,8 +183,8 @@ def _family(f: ConfigFields) -> tuple[str, Family]:
     fam = FAMILIES.get(arch)
     if fam is None:
         raise UnsupportedModelError(
-            f"{f.file.parent}: architecture '{arch}' is not supported; Strata runs Mixture-of-Experts models of these "
-            f"architectures: {SUPPORTED}")
+            f"{f.file.parent}: architecture '{arch}' is not supported; open a Mixture-of-Experts checkpoint of one "
+            f"of these architectures: {SUPPORTED}")
     act = f.text("hidden_act", "silu")
     if act not in ACTIVATIONS:
         raise UnsupportedModelError(f"{f.file}: hidden_act '{act}' is not supported; Strata runs {arch} with silu "

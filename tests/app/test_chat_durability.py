@@ -232,8 +232,22 @@ def test_undo_restores_deletes_newest_first(qtbot, tmp_path):
     chat.undo_delete()
     assert chat.current.title == "Chat A" and "Chat B" in chat.sidebar.undo_label.text()
     chat.undo_delete()
-    assert sorted(c.title for c in chat.conversations) == ["Chat A", "Chat B"]
+    assert [c.title for c in chat.conversations] == ["Chat B", "Chat A"]      # each in its place again
     assert chat.library.flush(10) and len(list(chat.store.folder.glob("*.json"))) == 2
+
+
+def test_undo_gives_a_chat_back_as_it_was_its_time_and_place_in_the_list_too(qtbot, tmp_path):
+    chat = make_chat(qtbot, tmp_path / "c")
+    exchange(chat, "old", question="Older chat")
+    older = chat.current
+    older.updated -= 3600                         # an hour ago
+    chat.new_chat()
+    exchange(chat, "new", question="Newer chat")
+    when = older.updated
+    chat.delete(older.id)
+    chat.undo_delete()
+    assert older.updated == when and [c.title for c in chat.conversations] == ["Newer chat", "Older chat"]
+    assert on_disk(chat, older.id)["updated"] == when
 
 
 def test_an_unsaved_conversation_deleted_and_undone_is_written(qtbot, tmp_path):

@@ -278,3 +278,17 @@ def test_a_crash_while_another_chat_is_shown_keeps_the_reply_as_far_as_it_was_sa
     again.open(writing)
     assert again.pane.view.bubbles[-1].text == "In the beginning God created"
     assert "interrupted" in again.pane.view.bubbles[-1].stats.text()
+
+
+def test_the_delete_key_in_the_list_deletes_the_chat_selected_with_undo(qtbot, tmp_path):
+    chat = make_chat(qtbot, tmp_path / "c")
+    exchange(chat, "Gone soon.", "Delete me by key")
+    gone = chat.current.id
+    chat.new_chat()
+    exchange(chat, "Stays.", "Keep me")
+    chat.open(gone)
+    chat.sidebar.list.setFocus()
+    QTest.keyClick(chat.sidebar.list, Qt.Key.Key_Delete)
+    assert chat.library.find(gone) is None and chat.sidebar.undo_bar.isVisibleTo(chat.sidebar)
+    chat.sidebar.undo_button.click()
+    assert chat.current.id == gone

@@ -50,9 +50,13 @@ def test_each_chat_keeps_its_own_unsent_text_through_switches_and_restarts(qtbot
     assert first.pane.input.toPlainText() == "half a question for A"
     first.open(b)
     assert first.pane.input.toPlainText() == "a thought for B"
+    QTest.keyClicks(first.pane.input, ", and more")      # typing goes on at the end of the text kept
+    assert first.pane.input.toPlainText() == "a thought for B, and more"
     first.close()
     again = make_chat(qtbot, tmp_path / "c", settings_file=ini)
-    assert again.current.id == b and again.pane.input.toPlainText() == "a thought for B"
+    assert again.current.id == b and again.pane.input.toPlainText() == "a thought for B, and more"
+    QTest.keyClicks(again.pane.input, "!")
+    assert again.pane.input.toPlainText() == "a thought for B, and more!"
     again.open(a)
     assert again.pane.input.toPlainText() == "half a question for A"
     again.pane.send_button.click()                      # sent: A's box is empty from now on

@@ -70,6 +70,14 @@ def test_a_folder_that_fails_to_load_leaves_the_working_model(window, qtbot, tmp
     assert "config.json" in text and "is still loaded" in text
     _still_serving(qtbot, w, before)
 
+    llama = tmp_path / "llama"
+    llama.mkdir()
+    (llama / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}')
+    text = _fail_to_open(qtbot, w, llama)
+    assert text.count(str(llama)) == 1, "the folder is named once"
+    assert "'LlamaForCausalLM' is not supported; open a Mixture-of-Experts checkpoint" in text
+    _still_serving(qtbot, w, before)
+
 
 def test_while_loading_the_window_says_the_current_model_keeps_running(window, qtbot):
     with qtbot.waitSignal(window.model_ready, timeout=LOAD_TIMEOUT_MS):

@@ -187,3 +187,24 @@ def test_a_long_word_wraps_inside_its_bubble_and_copies_whole(window, qtbot):
     assert label.hasSelectedText()
     label.copy_selection()
     assert QGuiApplication.clipboard().text() == "y" * 100
+
+
+def test_a_message_shows_its_line_breaks(qtbot):
+    # Markdown joins the lines of a paragraph: a poem, an address or a stack trace would read as one line
+    from PySide6.QtGui import QTextDocument
+
+    from app.chat_view import MessageBubble
+
+    def shown_lines(html: str) -> list[str]:
+        doc = QTextDocument()
+        doc.setHtml(html)
+        return doc.toPlainText().split("\n")
+
+    for role in ("user", "assistant"):
+        text = "Roses are red\nViolets are blue\n\n- one\n- two\n  still two\n\n    code\n    more"
+        bubble = MessageBubble(role, text)
+        qtbot.addWidget(bubble)
+        lines = [line for w in bubble._blocks for line in shown_lines(w.text())]
+        assert lines[:2] == ["Roses are red", "Violets are blue"]
+        assert "two" in lines and "still two" in lines        # not "two still two"
+        assert "code  " not in lines and bubble.text.startswith("Roses are red\nViolets")      # kept as written

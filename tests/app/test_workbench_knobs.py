@@ -379,7 +379,32 @@ def test_a_number_typed_outside_a_knobs_range_is_said_not_silently_put_back(qapp
     QTest.keyClick(box, Qt.Key.Key_Return)
     assert box.value() == 16 and said[-1] == "✗ 1200 is outside 1–999; it stays 16"
     box.lineEdit().selectAll()
+    QTest.keyClicks(box, "-3")                    # below the bottom, a minus included
+    QTest.keyClick(box, Qt.Key.Key_Return)
+    assert box.value() == 16 and said[-1] == "✗ -3 is outside 1–999; it stays 16"
+    box.lineEdit().selectAll()
     QTest.keyClicks(box, "12x")                   # not a number: the letter is refused as before
     QTest.keyClick(box, Qt.Key.Key_Return)
-    assert box.value() == 12 and len(said) == 2
+    assert box.value() == 12 and len(said) == 3
+    box.hide()
+
+
+def test_a_sampling_setting_typed_outside_its_range_is_said_under_the_settings(qapp):
+    from PySide6.QtTest import QTest
+
+    from app.chat_pane import SettingsBox
+    box = SettingsBox()
+    box.setChecked(True)
+    box.show()
+    box.temperature.setValue(0.7)
+    for spin, typed, line in ((box.temperature, "5", "✗ 5 is outside 0–2; it stays 0.7"),
+                              (box.top_k, "-1", "✗ -1 is outside off–1000; it stays 40"),
+                              (box.max_tokens, "100000", "✗ 100000 is outside 1–32768; it stays 512")):
+        before = spin.value()
+        spin.lineEdit().selectAll()
+        QTest.keyClicks(spin, typed)
+        QTest.keyClick(spin, Qt.Key.Key_Return)
+        assert spin.value() == before and box.range_note.text() == line and box.range_note.isVisibleTo(box)
+    box.temperature.setValue(1.0)                 # the next change takes the line away
+    assert box.range_note.isHidden()
     box.hide()

@@ -49,6 +49,20 @@ def test_finish_reasons_are_said_in_words():
     assert stats("error").finish_words() == "error: the reply failed"
     line = stats("error", error="out of memory").summary(max_tokens=64)
     assert line.endswith("5 tokens · error: out of memory") and "stop:" not in line
+    # refused before its first token (a chat too long): only why, not "TTFT — · decode — · 0 tokens"
+    assert stats("error", 0, error="the conversation needs 90 tokens").summary() == \
+        "error: the conversation needs 90 tokens"
+
+
+def test_a_failed_reply_says_so_in_red_under_it(qapp):
+    from app.chat_view import MessageBubble
+    bubble = MessageBubble("assistant", "half", streaming=True)
+    bubble.finish("TTFT 12 ms · decode 50.0 tok/s · 5 tokens · error: out of memory")
+    assert bubble.stats.objectName() == "replyError"
+    bubble.show_text("another version", "TTFT 12 ms · decode 50.0 tok/s · 5 tokens · finished")
+    assert bubble.stats.objectName() == "replyStats"
+    bubble.show_text("", "error: the conversation needs 90 tokens")
+    assert bubble.stats.objectName() == "replyError"
 
 
 def test_overflow_policy_names_match_the_engine():

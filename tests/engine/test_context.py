@@ -124,7 +124,11 @@ def test_stop_refuses_with_the_sizes_and_fixes_that_work_everywhere():
     assert "\n" not in msg
     assert "the conversation needs 137 tokens plus 20 for the reply, but the context holds 100" in msg
     assert "start a new chat" in msg and "switch the context-overflow policy to drop-oldest" in msg
-    assert err.value.droppable
+    assert err.value.droppable and "quarter" not in msg
+    with pytest.raises(ContextOverflowError) as err:          # max tokens past a quarter: why 25 and not 500
+        fit_messages(tok, msgs, context_tokens=100, max_tokens=500, policy="stop")
+    assert "plus 25 for the reply, but the context holds 100 (a chat keeps at most a quarter of it for the " \
+           "reply, so 25 of the 500 max tokens); start a new chat" in str(err.value)
 
 
 def test_stop_lets_a_conversation_that_fits_through():

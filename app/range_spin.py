@@ -1,0 +1,71 @@
+"""Spin boxes that say so when a number typed into them lies outside their range.
+
+Qt drops a keystroke that would take the number past the top, and puts the last value back without a word
+when Enter or leaving the box finds it below the bottom: "100000" became 1000, "-3" became 3, "5" for a
+temperature of at most 2 stayed what it was. Here any number is kept while it is typed, and one out of range
+gives ``out_of_range`` a line to show ("✗ 5 is outside 0–2; it stays 0.7") while the box keeps its value.
+"""
+from __future__ import annotations
+
+import re
+
+from PySide6.QtCore import Signal
+from PySide6.QtGui import QValidator
+from PySide6.QtWidgets import QDoubleSpinBox, QSpinBox
+
+_NUMBER = re.compile(r"-?\d+([.,]\d*)?")
+_TYPING = re.compile(r"-|-?\d+([.,]\d*)?")        # a number on its way: "-" included
+
+
+class _SaysOutOfRange:
+    """What the two spin boxes share: the typed number, its check, and the line."""
+
+    def _typed(self, text: str) -> str:
+        typed = self.cleanText() if text == self.text() else text
+        return typed.strip().removeprefix(self.prefix().strip()).removesuffix(self.suffix().strip()).strip()
+
+    def _number(self, typed: str) -> float | None:
+        raise NotImplementedError
+
+    def _shown(self, value: float) -> str:
+        raise NotImplementedError
+
+    def validate(self, text: str, pos: int):
+        """A number out of range is let through while it is typed, so that Enter or leaving the box can
+        say it is out of range."""
+        result = super().validate(text, pos)            # (state, text, pos)
+        if result[0] == QValidator.State.Invalid and _TYPING.fullmatch(self._typed(text)):
+            return QValidator.State.Intermediate, text, pos
+        return result
+
+    def fixup(self, text: str) -> str:
+        number = self._number(self._typed(text)) if _NUMBER.fullmatch(self._typed(text)) else None
+        if number is not None and not self.minimum() <= number <= self.maximum():
+            low, special = self.minimum(), self.specialValueText()
+            kept = special if special and self.value() == low else self._shown(self.value())
+            self.out_of_range.emit(f"✗ {self._shown(number)} is outside {special or self._shown(low)}–"
+                                   f"{self._shown(self.maximum())}; it stays {kept}")
+        return super().fixup(text)
+
+
+class RangeSpin(_SaysOutOfRange, QSpinBox):
+    out_of_range = Signal(str)
+
+    def _number(self, typed: str) -> float | None:
+        return int(typed) if typed.lstrip("-").isdigit() else None
+
+    def _shown(self, value: float) -> str:
+        return str(int(value))
+
+
+class RangeDoubleSpin(_SaysOutOfRange, QDoubleSpinBox):
+    out_of_range = Signal(str)
+
+    def _number(self, typed: str) -> float | None:
+        value, ok = self.locale().toDouble(typed)
+        if not ok:
+            value, ok = self.locale().toDouble(typed.replace(".", self.locale().decimalPoint()))
+        return value if ok else None
+
+    def _shown(self, value: float) -> str:
+        return f"{value:g}"
