@@ -11,10 +11,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from PySide6.QtCore import QRect, QSettings, QSize, Qt, QTimer, Signal
+from PySide6.QtCore import QChildEvent, QEvent, QRect, QSettings, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QIcon
 from PySide6.QtWidgets import (QDockWidget, QFileDialog, QFrame, QLabel, QMainWindow, QMenu, QScrollArea,
-                               QSizePolicy, QSplitter, QTabWidget, QWidget)
+                               QSizePolicy, QSplitter, QTabBar, QTabWidget, QWidget)
 
 from app.about import show_about
 from app.banner import BannerArea, BannerColumn
@@ -142,6 +142,16 @@ class MainWindow(QMainWindow):
             dock.visibilityChanged.connect(lambda shown, p=panel: shown and QTimer.singleShot(0, p, p.redraw))
         self.layout_slot = "main"     # where the layout is saved on closing (LAYOUT_KEYS)
         self.dock_widths = DockWidths(self, [d for n, d in self.docks.items() if n != "knobs"], self.docks["knobs"])
+
+    def childEvent(self, event: QChildEvent) -> None:
+        """The tab bars Qt makes for docked panels show their titles whole ("Memory", not "M…"), with
+        arrows to scroll where the dock is too narrow for them all."""
+        super().childEvent(event)
+        bar = event.child()
+        if event.type() == QEvent.Type.ChildPolished and isinstance(bar, QTabBar):
+            bar.setElideMode(Qt.TextElideMode.ElideNone)
+            bar.setUsesScrollButtons(True)
+            bar.setExpanding(False)
 
     def apply_default_layout(self, available: QSize) -> None:
         """The docks as a first window on a screen of ``available`` size has them."""

@@ -2,6 +2,8 @@
 way first (the banners shrink and scroll, the notice folds to one line with a "more" button)."""
 from __future__ import annotations
 
+from PySide6.QtCore import Qt
+
 from app.banner import CHAT_ROOM_LINES
 from app.chat_pane import VIEW_MIN_LINES
 from tests.app.test_window_layout import NOTES, SMALL_SCREEN, _client, _settle
@@ -44,3 +46,18 @@ def test_the_demo_notice_is_one_line_that_opens_whole(window):
     note.toggle.click()
     _settle()
     assert note.label.isVisible() and not note.whole.isVisible()
+
+
+def test_the_panels_tabs_show_their_titles_whole_on_a_small_screen(window):
+    # five tabs in a narrow dock: whole titles and scroll arrows, never "Throu…" and "M…"
+    from PySide6.QtWidgets import QTabBar
+    w = window
+    w.apply_default_layout(SMALL_SCREEN)
+    w.resize(_client(SMALL_SCREEN))
+    _settle()
+    bars = [b for b in w.findChildren(QTabBar) if b.isVisible() and b.count() >= 5]
+    assert bars
+    for bar in bars:
+        assert bar.elideMode() == Qt.TextElideMode.ElideNone and bar.usesScrollButtons()
+        for i in range(bar.count()):
+            assert bar.tabRect(i).width() > bar.fontMetrics().horizontalAdvance(bar.tabText(i))
