@@ -166,6 +166,12 @@ class HarmonyStopScope:
 _TO = "to="                 # how a header names a call's recipient before its channel
 
 
+def _may_be_recipient(text: str) -> bool:
+    """Whether a reply's opening text is, or may yet become, a header's recipient (`` to=functions.x``)."""
+    text = text.lstrip()
+    return text.startswith(_TO) or _TO.startswith(text)
+
+
 class _HarmonyGate:
     """Whether each token of a reply is answer text, where a stop string may end it. A reply that opens with
     text rather than a harmony token is plain text (what the server then returns as content): it is answer
@@ -189,8 +195,7 @@ class _HarmonyGate:
                 if self._plain is None:
                     # " to=functions.x<|channel|>...": a reply may open with its header's recipient; text that
                     # is, or may yet become, "to=" is held back until it is plain or the format begins
-                    text = self._tok.decode(self._header, skip_special_tokens=False).lstrip()
-                    if text.startswith(_TO) or _TO.startswith(text):
+                    if _may_be_recipient(self._tok.decode(self._header, skip_special_tokens=False)):
                         return False
                     self._plain = True
                 return True                     # plain text: answer text
@@ -307,32 +312,62 @@ class HarmonyPrompter:
 class PlainFallback:
     """A reader for a reply that may not use the format: a model that writes plain text (a fine-tune that
     lost the format, a random test model) would read as nothing at all, since its text sits where a
-    header belongs. When a reply that did not begin in the format (its first token is not one of
-    harmony's) ends having shown nothing, its text without harmony's tokens comes back as content, at
-    the end (as other servers do); a reply that began in the format reads as ``inner`` does (a header
-    the token limit cut shows nothing)."""
+    header belongs. A reply that opens with text rather than a harmony token is plain text once that text
+    cannot be a header's recipient (``to=``, see :class:`_HarmonyGate`, which agrees on where the answer is):
+    it streams as content as it comes, harmony's tokens left out. A harmony token after it begins the format,
+    the text before being that header's start: from then on the reply reads as ``inner`` does, and should it
+    show nothing to the end, the text after that token comes back as content too. A reply that began in the
+    format reads as ``inner`` does (a header the token limit cut shows nothing)."""
 
     def __init__(self, inner: ReplyReader, tokenizer: Tokenizer, ids: HarmonyIds) -> None:
         self.inner, self._tok = inner, tokenizer
         self._specials = frozenset(dataclasses.astuple(ids))
-        self._ids: list[int] | None = []        # the reply's ids while it might be plain text, else None
-        self._shown = False
+        self._held: list[int] | None = []      # the ids while it is not known whether the reply is plain text
+        self._plain: IncrementalDetokenizer | None = None   # the plain text being streamed
+        self._rest: list[int] | None = None    # the ids since the format began after text, its fallback's text
+        self._shown = False                     # inner showed something since the format began
 
     def feed(self, token_ids: Sequence[int]) -> HarmonyDelta:
-        if self._ids is not None:
-            ids = [int(t) for t in token_ids]
-            if not self._ids and ids and ids[0] in self._specials:
-                self._ids = None                # it began in the format: read as the format says
+        out = HarmonyDelta()
+        for t in token_ids:
+            t = int(t)
+            read = self.inner.feed([t])         # inner reads every token: the text before the format is a header's
+            if self._held is not None:
+                out += self._open(t)
+            elif self._plain is not None:
+                out += self._plain_token(t)
             else:
-                self._ids.extend(ids)
-        out = self.inner.feed(token_ids)
-        self._shown = self._shown or bool(out)
+                if self._rest is not None:
+                    self._rest.append(t)
+                self._shown = self._shown or bool(read)
+                out += read
         return out
+
+    def _open(self, t: int) -> HarmonyDelta:
+        """A token while the reply may yet be a header: the format begins, or the text is plain, or still held."""
+        held = self._held
+        if t in self._specials:
+            self._held, self._rest = None, (held + [t] if held else None)
+            return HarmonyDelta()
+        held.append(t)
+        if _may_be_recipient(self._tok.decode(held, skip_special_tokens=False)):
+            return HarmonyDelta()
+        self._held, self._plain = None, IncrementalDetokenizer(self._tok)
+        return HarmonyDelta(content=self._plain.push(held))
+
+    def _plain_token(self, t: int) -> HarmonyDelta:
+        if t not in self._specials:
+            return HarmonyDelta(content=self._plain.push(t))
+        text, self._plain, self._rest = self._plain.flush(), None, [t]
+        return HarmonyDelta(content=text)
 
     def finish(self) -> HarmonyDelta:
         out = self.inner.finish()
-        if self._ids and not self._shown and not out:
-            return HarmonyDelta(content=self._tok.decode(self._ids, skip_special_tokens=True))
+        if self._plain is not None:
+            return HarmonyDelta(content=self._plain.flush())
+        unread = self._held or self._rest        # text held to the end, or the format began and showed nothing
+        if unread and not self._shown and not out:
+            return HarmonyDelta(content=self._tok.decode(unread, skip_special_tokens=True))
         return out
 
 

@@ -91,7 +91,11 @@ async def create_completion(request: Request) -> Response:
         raise bad("n", f"{len(prompts)} prompts x n={common.n} asks for more than {MAX_CHOICES} choices")
     params, ids = [], []
     for i, p in enumerate(prompts):
-        base = fit(common, common.params, len(p.ids), info, "prompt" if len(prompts) == 1 else f"prompt[{i}]")
+        where = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+        if score_only:              # scored, not continued: it needs only to fit the context itself
+            _fits_scoring(p, info, where)
+            continue
+        base = fit(common, common.params, len(p.ids), info, where)
         base = guided(base, guide)
         params += [choice_params(base, j) for j in range(common.n)]
         ids += [p.ids] * common.n
@@ -108,6 +112,14 @@ async def create_completion(request: Request) -> Response:
     gen = Generation(stream, common.n, [len(p.ids) for p in prompts], record, server.metrics,
                      guide.source if guide else None)
     return await respond(view, gen, common.stream, request.receive)
+
+
+def _fits_scoring(prompt: Prompt, info: ModelInfo, where: str) -> None:
+    """A prompt echo scores with max_tokens 0 may fill the context, no more (400 naming how far over)."""
+    over = len(prompt.ids) - info.context_tokens
+    if over > 0:
+        raise bad(where, f"{where} has {len(prompt.ids)} tokens, {over} over the {info.context_tokens}-token "
+                         f"context; shorten it by {over} to score it", code="context_length_exceeded")
 
 
 async def respond(view, gen: Generation, stream: bool, receive: Callable) -> Response:
@@ -166,7 +178,8 @@ class CompletionView:
         if self.echoed.logprobs is None:
             return text, None, lp.TextOffsets(len(text))
         offsets = lp.TextOffsets()
-        obj = lp.legacy(self.prompts[prompt_index].ids, self.echoed.logprobs[prompt_index], self.info, offsets)
+        obj = lp.legacy(self.prompts[prompt_index].ids, self.echoed.logprobs[prompt_index], self.info, offsets,
+                        generated=False)
         return text, obj, offsets
 
     def _choice(self, c: Choice) -> dict:
@@ -224,7 +237,9 @@ class CompletionView:
 
     def _delta(self, c: Choice, d: RequestDelta, offsets: dict[int, lp.TextOffsets]) -> str:
         finish = d.finish_reason if d.finished and d.finish_reason != "error" else None
-        if not (d.new_text or d.new_token_ids or finish):
+        # tokens whose text is held back (it may begin a stop string) send nothing, unless the client asked
+        # for their logprobs or ids, which their chunk carries
+        if not (d.new_text or finish or (d.new_token_ids and not self._plain)):
             return ""
         if self._plain:                                   # the usual chunk, from a template
             return (f'{self._head}{{"index": {c.index}, "text": {quote(d.new_text)}, "logprobs": null, '

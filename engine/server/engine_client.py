@@ -55,13 +55,20 @@ class ModelInfo:
         """The bytes the token stands for (logprobs' ``bytes``), cached."""
         return _token_piece(self.tokenizer, token_id)[1]
 
+    def text_bytes(self, token_id: int) -> bytes:
+        """The bytes a generated token adds to the reply's text: none for a special token, which the text
+        leaves out (the engine decodes replies skipping them), else :meth:`token_bytes`."""
+        _, raw, special = _token_piece(self.tokenizer, token_id)
+        return b"" if special else raw
 
-_TOKEN_PIECES: "weakref.WeakKeyDictionary[Tokenizer, dict[int, tuple[str, bytes]]]" = weakref.WeakKeyDictionary()
+
+_TOKEN_PIECES: "weakref.WeakKeyDictionary[Tokenizer, dict[int, tuple[str, bytes, bool]]]" = weakref.WeakKeyDictionary()
 
 
-def _token_piece(tok: Tokenizer | None, token_id: int) -> tuple[str, bytes]:
+def _token_piece(tok: Tokenizer | None, token_id: int) -> tuple[str, bytes, bool]:
+    """(text, bytes, whether decoding leaves it out as a special token) of one token."""
     if tok is None:
-        return f"<{token_id}>", f"<{token_id}>".encode()
+        return f"<{token_id}>", f"<{token_id}>".encode(), False
     cache = _TOKEN_PIECES.setdefault(tok, {})
     piece = cache.get(token_id)
     if piece is None:
@@ -70,7 +77,8 @@ def _token_piece(tok: Tokenizer | None, token_id: int) -> tuple[str, bytes]:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
             text = "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
-        piece = cache[token_id] = (text, raw)
+        special = bool(raw) and not tok.decode([token_id], skip_special_tokens=True)
+        piece = cache[token_id] = (text, raw, special)
     return piece
 
 

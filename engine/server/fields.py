@@ -72,7 +72,9 @@ def parse_json_object(raw: bytes, content_type: str | None, content_encoding: st
     except UnicodeDecodeError:
         raise APIError(400, "the request body is not UTF-8 text; send JSON encoded as UTF-8", code="invalid_json") from None
     except RecursionError:
-        raise APIError(400, f"the request body nests deeper than {MAX_DEPTH} levels", code="invalid_json") from None
+        raise APIError(400, f"the request body nests deeper than {MAX_DEPTH} levels; send it with fewer levels of "
+                            "objects and arrays (a deep JSON schema can define a part once in $defs and point to it "
+                            "with $ref)", code="invalid_json") from None
     except ValueError as exc:
         raise APIError(400, f"the request body is not valid JSON ({exc}); send a JSON object",
                        code="invalid_json") from None

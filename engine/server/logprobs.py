@@ -53,14 +53,17 @@ class TextOffsets:
         return at
 
 
-def legacy(ids: Sequence[int], lps: Sequence[TokenLogprob | None], info: ModelInfo, offsets: TextOffsets) -> dict:
-    """The completions shape for ``ids``, text offsets counted on from ``offsets`` (which moves on)."""
+def legacy(ids: Sequence[int], lps: Sequence[TokenLogprob | None], info: ModelInfo, offsets: TextOffsets,
+           generated: bool = True) -> dict:
+    """The completions shape for ``ids``, text offsets counted on from ``offsets`` (which moves on).
+    ``generated``: the ids are a reply's, whose text leaves special tokens out, so they take no room in it
+    (an echoed prompt's text spells them)."""
     tokens, token_lps, tops, at = [], [], [], []
     for tid, lp in zip(ids, lps):
         tokens.append(info.token_text(tid))
         token_lps.append(None if lp is None else _f(lp.logprob))
         tops.append(None if lp is None else _legacy_top(lp, info))
-        at.append(offsets.take(info.token_bytes(tid)))
+        at.append(offsets.take(info.text_bytes(tid) if generated else info.token_bytes(tid)))
     return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": at}
 
 

@@ -65,6 +65,7 @@ def read_common(f: Fields, info: ModelInfo, max_tokens_keys: tuple[str, ...], de
     given = {k: f.whole(k, None, 1, hint="a reply needs at least 1 token") for k in max_tokens_keys}
     max_tokens = given[key]
     _check_metadata(f)
+    _check_no_effect_types(f)
     _check_logit_bias(f, info.vocab_size)
     refused.refuse(f, refused.BOTH)
     f.unsupported("best_of", (1, n), "use n for several choices")
@@ -104,6 +105,15 @@ def _check_sampling_types(f: Fields) -> None:
     if ids is not None and not (isinstance(ids, list) and all(is_whole(t) and t >= 0 for t in ids)):
         raise bad("stop_token_ids", f"stop_token_ids must be a list of token ids >= 0 (got {show(ids)})")
 
+
+
+def _check_no_effect_types(f: Fields) -> None:
+    """The fields that change nothing here still have the JSON type OpenAI takes (it refuses another), so a
+    request that works here works there."""
+    for key in ("user", "service_tier", "prompt_cache_key", "prompt_cache_retention", "safety_identifier"):
+        f.text(key)
+    f.flag("store", False)
+    f.obj("prediction")
 
 
 def _check_metadata(f: Fields) -> None:

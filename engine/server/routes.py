@@ -112,6 +112,21 @@ def _named(message: str, body: dict) -> str | None:
     return first or next((k for k in body if re.search(rf"\b{re.escape(k)}\b", message)), None)
 
 
+def _reconfigure(engine, body: dict) -> dict[str, str]:
+    """Loop thread: apply the options of ``body`` that change something. One sent with the value it has now
+    is accepted as it is, even where the option cannot change now (CUDA graphs on a CPU), so that a client
+    may post back the values GET /v1/strata/config gave it."""
+    same = {k for k, v in body.items() if k in LIVE_OPTIONS and _same(v, getattr(engine.config, k))}
+    changes = {k: v for k, v in body.items() if k not in same}
+    applied = engine.reconfigure(**changes) if changes else {}
+    return {**applied, **{k: f"{k} is already {json.dumps(body[k])}; nothing to change" for k in sorted(same)}}
+
+
+def _same(sent: object, value: object) -> bool:
+    """Whether a value sent is the option's value as GET /v1/strata/config shows it (true is not 1)."""
+    return json.dumps(sent) == json.dumps(_jsonable(value))
+
+
 async def set_config(request: Request) -> Response:
     """Apply live options as the workbench's knobs do; the engine's refusal comes back as a 400."""
     server = state_of(request)
@@ -120,7 +135,7 @@ async def set_config(request: Request) -> Response:
     if not body:
         raise APIError(400, f"send at least one live option; they are {', '.join(sorted(LIVE_OPTIONS))}")
     try:
-        applied = await server.client.call(lambda e: e.reconfigure(**body))
+        applied = await server.client.call(lambda e: _reconfigure(e, body))
     except StrataError as exc:
         message = _json_spelling(str(exc))
         raise APIError(400, message, param=_named(message, body), code="invalid_option") from None

@@ -120,17 +120,44 @@ def test_messages_of_one_kind_read_as_paragraphs(tok):
 
 def test_a_reply_that_never_uses_the_format_comes_back_as_its_text(tok):
     # A model that writes plain text (no harmony token at all) would read as nothing: its text is the
-    # content, given once the reply ends; a reply that used the format reads as the format says.
+    # content, streamed as it comes; a reply that used the format reads as the format says.
     plain = tok.encode("just some words", add_special_tokens=False)
     assert tok.harmony.parse(plain) == HarmonyDelta(content="just some words")
     reader = tok.harmony.reader()
-    assert not any(reader.feed([t]) for t in plain) and reader.finish() == HarmonyDelta(content="just some words")
+    steps = [reader.feed([t]) for t in plain]
+    assert all(s.content for s in steps[:-1]) and steps[0].content == tok.decode(plain[:1])
+    assert sum(steps, HarmonyDelta()) + reader.finish() == HarmonyDelta(content="just some words")
     header_only = ids(tok, REPLY)[:3]                                  # a header cut short: no text to show
     assert tok.harmony.parse(header_only) == HarmonyDelta() and tok.harmony.parse([]) == HarmonyDelta()
     # text with harmony's tokens strewn in it (a random model) but never a message: its words, not nothing
     start, end = ids(tok, "<|start|>"), ids(tok, "<|end|>")
     strewn = plain[:2] + start + plain[2:] + end
     assert tok.harmony.parse(strewn) == HarmonyDelta(content="just some words")
+
+
+def test_plain_text_streams_until_a_harmony_token_begins_the_format(tok):
+    # the text before the format's first token was that header's start: what follows reads as the format says
+    reader = tok.harmony.reader()
+    said = [reader.feed([t]) for t in ids(tok, "Hi there")]
+    assert "".join(s.content for s in said) == "Hi there" and said[0].content
+    rest = reader.feed(ids(tok, "<|channel|>final<|message|>Hello!<|return|>")) + reader.finish()
+    assert rest == HarmonyDelta(content="Hello!")
+
+
+def test_a_reply_that_opens_with_its_recipient_is_held_and_reads_as_a_call(tok):
+    reader = tok.harmony.reader()
+    assert not any(reader.feed([t]) for t in ids(tok, " to=functions.get_weather"))
+    call = reader.feed(ids(tok, '<|channel|>commentary <|constrain|>json<|message|>{"city": "Paris"}<|call|>'))
+    assert call + reader.finish() == HarmonyDelta(calls=(HarmonyCall("get_weather", '{"city": "Paris"}'),))
+
+
+@pytest.mark.parametrize("opening", ["  ", " t", " to"])
+def test_text_that_may_yet_open_a_recipient_is_held_until_it_cannot(tok, opening):
+    reader = tok.harmony.reader()
+    assert not any(reader.feed([t]) for t in ids(tok, opening))
+    assert reader.feed(ids(tok, "x")) == HarmonyDelta(content=opening + "x")      # no recipient: plain text
+    cut = tok.harmony.reader()
+    assert not any(cut.feed([t]) for t in ids(tok, opening)) and cut.finish() == HarmonyDelta(content=opening)
 
 
 @pytest.mark.parametrize("text", [REPLY, CALL])

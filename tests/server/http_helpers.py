@@ -5,7 +5,10 @@ import json
 import time
 from pathlib import Path
 
+from engine.config import EngineConfig
+from engine.engine import LLMEngine
 from engine.loop import EngineLoop
+from engine.server import BackgroundServer, ServerSettings
 
 DEMO = Path(__file__).resolve().parents[2] / "resources" / "models" / "demo"
 KEY = "test-key"
@@ -34,3 +37,17 @@ def sse_events(lines) -> list[dict]:
             break
         out.append(json.loads(line[6:]))
     return out
+
+
+def serving(folder: Path):
+    """A server over an engine of ``folder`` on the CPU: yields (server, tokenizer), then stops both."""
+    eng = LLMEngine(EngineConfig(model=str(folder), device="cpu"))
+    loop = EngineLoop(eng, idle_wait_s=0.01)
+    loop.start_thread(f"{folder.name}-engine")
+    srv = BackgroundServer(loop, ServerSettings(port=0, api_key=KEY))
+    srv.start()
+    yield srv, eng.tokenizer
+    srv.stop()
+    loop.stop()
+    loop.join(30)
+    eng.close()

@@ -100,6 +100,16 @@ def test_a_stop_string_ends_the_text_before_it(client):
     assert free.startswith(cut.text) and len(cut.text) == free.index(word)
 
 
+def test_a_streamed_stop_sends_no_empty_text_before_its_finish(client):
+    # the tokens that might begin a stop string are held back: they send nothing until the text is known
+    ask = dict(model="demo", prompt="Once upon a time", max_tokens=30, extra_body={"ignore_eos": True}, **GREEDY)
+    free = client.completions.create(**ask).choices[0].text
+    stop = " ".join(free.split()[3:6])                         # three words: several tokens held back for it
+    chunks = [c.choices[0] for c in client.completions.create(**ask, stop=[stop], stream=True) if c.choices]
+    assert "".join(c.text for c in chunks) == free[:free.index(stop)] and chunks[-1].finish_reason == "stop"
+    assert all(c.text for c in chunks[:-1]), [c.text for c in chunks]
+
+
 def test_a_seed_reproduces_a_sampled_reply_and_n_gives_each_choice_its_own(client):
     args = dict(model="demo", prompt="In the morning", max_tokens=8, temperature=1.0, extra_body={"ignore_eos": True})
     a = client.completions.create(seed=7, **args).choices[0].text
@@ -227,6 +237,19 @@ def test_prompt_and_max_tokens_must_fit_the_context_and_the_refusal_names_what_f
     with pytest.raises(openai.BadRequestError) as err:
         client.completions.create(model="demo", prompt=_ids(engine, ctx), max_tokens=1)
     assert err.value.body["param"] == "prompt" and err.value.body["message"].endswith("shorten prompt by 1 token")
+
+
+def test_echo_scores_a_prompt_that_fills_the_context_and_refuses_one_over_without_naming_max_tokens(client, engine):
+    # max_tokens 0 generates nothing: the prompt needs only to fit, and a refusal blames no max_tokens
+    ctx = engine.context_tokens
+    r = client.completions.create(model="demo", prompt=_ids(engine, ctx), max_tokens=0, echo=True, logprobs=0)
+    assert r.usage.prompt_tokens == ctx and len(r.choices[0].logprobs.token_logprobs) == ctx
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="demo", prompt=[[1, 2], _ids(engine, ctx + 3)], max_tokens=0, echo=True,
+                                  logprobs=0)
+    assert err.value.body["param"] == "prompt[1]" and err.value.body["code"] == "context_length_exceeded"
+    assert err.value.body["message"] == (f"prompt[1] has {ctx + 3} tokens, 3 over the {ctx}-token context; "
+                                         "shorten it by 3 to score it")
 
 
 def test_a_prompt_over_the_context_is_refused_with_a_fix_that_counts_the_asked_max_tokens(client, engine):

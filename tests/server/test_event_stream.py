@@ -114,7 +114,7 @@ def test_sse_events_are_json_objects_of_the_openai_shape(url):
 
 def _events(url: str, path: str, body: dict) -> list[dict]:
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as c:
-        with c.stream("POST", path, json={**body, "max_tokens": 3, "stream": True}) as r:
+        with c.stream("POST", path, json={**body, "max_tokens": 3, "ignore_eos": True, "stream": True}) as r:
             return sse_events(r.iter_lines())
 
 

@@ -106,6 +106,19 @@ def test_config_lists_live_options_applies_a_valid_change_and_refuses_with_the_e
     assert http.post("/v1/strata/config", json={}).status_code == 400
 
 
+def test_config_accepts_an_option_sent_with_the_value_it_has_even_where_it_cannot_change(http):
+    options = http.get("/v1/strata/config").json()["options"]
+    assert options["cuda_graphs"] == {"value": False, "usable": False, "reason": options["cuda_graphs"]["reason"]}
+    r = http.post("/v1/strata/config", json={"cuda_graphs": False})
+    assert r.status_code == 200
+    assert r.json() == {"applied": {"cuda_graphs": "cuda_graphs is already false; nothing to change"}}
+    back = http.post("/v1/strata/config", json={k: v["value"] for k, v in options.items()})     # GET's values
+    assert back.status_code == 200 and set(back.json()["applied"]) == set(options)
+    assert http.get("/v1/strata/config").json()["options"] == options
+    assert http.post("/v1/strata/config", json={"cuda_graphs": True}).status_code == 400
+    assert http.post("/v1/strata/config", json={"cuda_graphs": 0}).status_code == 400       # false, not 0
+
+
 def test_access_lines_and_stats_lines_are_logged(http, loop, caplog):
     caplog.set_level(logging.INFO, logger="strata.server")
     stats = StatsLog(loop, every=3)

@@ -10,31 +10,13 @@ import json
 import openai
 import pytest
 from harmony_model import build_tiny_harmony_model
-from http_helpers import KEY, TIMEOUT
+from http_helpers import KEY, TIMEOUT, serving
 
 import engine.server.chat as chat_mod
-from engine.config import EngineConfig
-from engine.engine import LLMEngine
 from engine.guided import Guide
-from engine.loop import EngineLoop
-from engine.server import BackgroundServer, ServerSettings
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
-
-
-def serving(folder):
-    """A server over an engine of ``folder`` on the CPU: yields (server, tokenizer), then stops both."""
-    eng = LLMEngine(EngineConfig(model=str(folder), device="cpu"))
-    loop = EngineLoop(eng, idle_wait_s=0.01)
-    loop.start_thread("reasoning-engine")
-    srv = BackgroundServer(loop, ServerSettings(port=0, api_key=KEY))
-    srv.start()
-    yield srv, eng.tokenizer
-    srv.stop()
-    loop.stop()
-    loop.join(30)
-    eng.close()
 
 
 @pytest.fixture(scope="module")
@@ -428,7 +410,7 @@ def test_a_response_format_waits_for_the_answer_where_the_template_opened_the_bl
 
 
 def test_a_harmony_reply_outside_the_format_comes_back_as_content(client, harmony_server):
-    # The tiny random model writes no harmony: its text is the content (whole, and streamed at the end)
+    # The tiny random model writes no harmony: its text is the content (whole, and streamed as it comes)
     # rather than an empty reply.
     hi = [{"role": "user", "content": "hi"}]
     r = client.chat.completions.create(model="m", messages=hi, max_tokens=8, temperature=0).choices[0]
