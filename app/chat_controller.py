@@ -314,6 +314,7 @@ class ChatController(QObject):
         conv.title = title
         self.library.save(conv, touch=False)
         self._refresh_sidebar()
+        self._update_buttons()                  # the line over the list may name it
 
     def delete(self, conv_id: str) -> None:
         """Move a conversation to the trash folder; Undo in the sidebar brings it back. Not the chat a reply
@@ -459,6 +460,7 @@ class ChatController(QObject):
         self._begin(history, msg, bubble)
 
     def _request(self, request_id: str, history: list[StoredMessage]) -> ReplyRequest:
+        self.pane.settings_box.commit()         # a number typed but not entered yet counts
         settings = self.pane.settings_box.settings()
         if not self.model.has_chat_template:
             last_user = next(m.content for m in reversed(history) if m.role == "user")
@@ -470,6 +472,8 @@ class ChatController(QObject):
         return ReplyRequest(request_id, settings, messages=tuple(msgs))
 
     def _begin(self, history: list[StoredMessage], msg: StoredMessage, bubble: MessageBubble) -> None:
+        notes = self._reply_notes.get(self.current.id, [])
+        notes[:] = [(m, n) for m, n in notes if m is not msg]     # an earlier request's: this one says its own
         request = self._request(f"chat-{uuid.uuid4().hex[:10]}", history)
         self.live = _Live(request.request_id, self.current, msg, bubble, request.settings.max_tokens)
         bubble.set_stats(WAITING)
@@ -532,6 +536,11 @@ class ChatController(QObject):
         """Stop the reply in flight; what it said so far is kept."""
         if self.live is not None:
             self.bridge.cancel(self.live.request_id)
+
+    def stop_shown(self) -> None:
+        """Esc: stop the reply in flight where it is the shown chat's (not one being written out of sight)."""
+        if self._live_here():
+            self.stop()
 
     def regenerate(self) -> None:
         """Ask again for the last reply; the earlier replies stay as versions of it."""
@@ -623,6 +632,7 @@ class ChatController(QObject):
 
     def close(self) -> None:
         """Write what is pending (the reply in flight stays marked interrupted) and stop the writer."""
+        self.pane.settings_box.commit()         # a number typed but not entered is kept as the box shows it
         self.stream_saves.stop()
         self._keep_edits_now()
         self.prefs.set_draft(self.pane.input.toPlainText(), self.current.id)

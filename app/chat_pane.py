@@ -114,6 +114,11 @@ class SettingsBox(QGroupBox):
         self.system_prompt.textChanged.connect(self._summarise)
         self._summarise()
 
+    def commit(self) -> None:
+        """Take a number typed into a box but not entered yet (Enter, or leaving the box, would)."""
+        for box in (self.temperature, self.top_p, self.top_k, self.max_tokens):
+            box.interpretText()
+
     def _out_of_range(self, line: str) -> None:
         self.range_note.setText(line)
         self.range_note.show()

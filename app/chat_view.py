@@ -138,7 +138,7 @@ _MARKDOWN = QTextDocument.MarkdownFeature.MarkdownDialectGitHub | QTextDocument.
 def hard_breaks(text: str) -> str:
     """Each line break inside a paragraph kept as one (Markdown would join the lines into one): a poem, an
     address or a log reads as it was written. Not in an indented code block, where the spaces would show."""
-    lines = text.split("\n")
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     for i in range(len(lines) - 1):
         if lines[i].strip() and lines[i + 1].strip() and not lines[i].startswith(("    ", "\t")) \
                 and not lines[i].endswith("\\"):

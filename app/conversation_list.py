@@ -175,7 +175,8 @@ class ConversationList(QWidget):
             self._fit_titles()
         if watched is self.list and event.type() == QEvent.Type.KeyPress \
                 and event.matches(QKeySequence.StandardKey.Delete):
-            self._delete()
+            if not event.isAutoRepeat():        # a key held down deletes one chat, not the list
+                self._delete()
             return True
         return super().eventFilter(watched, event)
 

@@ -282,25 +282,28 @@ class KnobsPanel(QWidget):
         form.addRow("Pause at", self.guard_pause)
         form.addRow("Resume below", self.guard_resume)
         form.addRow(self.guard_line)
+        self._range_note = ""            # a number typed out of range, said until a value changes
         for w in (self.guard_pause, self.guard_resume):
+            w.setKeyboardTracking(False)     # a number counts once entered: "1000" never passes for 100
             w.valueChanged.connect(self._guard)
             w.out_of_range.connect(self._guard_out_of_range)
         self.guard_enabled.toggled.connect(self._guard)
         return box
 
     def _guard_out_of_range(self, line: str) -> None:
-        self.guard_line.setText(line)
-        self.guard_line.show()
+        self._range_note = line
+        self._show_guard_line()
 
     def _guard(self, *_args) -> None:
         # the boxes keep what the user set; the guard resumes below the pause point at the latest
         # (ThermalGuard.set_limits), and the line says so while the two cross
+        self._range_note = ""
         self._show_guard_line()
         self.guard_changed.emit(self.guard_enabled.isChecked(), self.guard_pause.value(), self.guard_resume.value())
 
     def _show_guard_line(self) -> None:
         pause, resume = self.guard_pause.value(), self.guard_resume.value()
-        notes = []
+        notes = [self._range_note] if self._range_note else []
         if self.guard_enabled.isChecked() and self._temperature_note:
             notes.append(f"The guard cannot act: {self._temperature_note}.")
         if resume >= pause:

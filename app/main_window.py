@@ -172,7 +172,7 @@ class MainWindow(QMainWindow):
         self._action(file, "&Quit", self.close, "Ctrl+Q")
         chat = bar.addMenu("&Chat")
         self._action(chat, "&New chat", lambda: self.chat.new_chat(), "Ctrl+N")
-        self._action(chat, "&Stop the reply", lambda: self.chat.stop(), "Esc")
+        self._action(chat, "&Stop the reply", lambda: self.chat.stop_shown(), "Esc")
         self._action(chat, "&Regenerate the last reply", lambda: self.chat.regenerate(), "Ctrl+R")
         chat.addSeparator()
         self._action(chat, "&Deleted chats…", self.open_trash)

@@ -14,7 +14,6 @@ from PySide6.QtGui import QValidator
 from PySide6.QtWidgets import QDoubleSpinBox, QSpinBox
 
 _NUMBER = re.compile(r"-?\d+([.,]\d*)?")
-_TYPING = re.compile(r"-|-?\d+([.,]\d*)?")        # a number on its way: "-" included
 
 
 class _SaysOutOfRange:
@@ -30,11 +29,16 @@ class _SaysOutOfRange:
     def _shown(self, value: float) -> str:
         raise NotImplementedError
 
+    def _typing(self) -> re.Pattern:
+        """What a number this box can hold looks like while it is typed ("-" included), in or out of range."""
+        raise NotImplementedError
+
     def validate(self, text: str, pos: int):
-        """A number out of range is let through while it is typed, so that Enter or leaving the box can
-        say it is out of range."""
+        """A number the box could hold but for its range is let through while it is typed, so that Enter
+        or leaving the box can say it is out of range (one it could never hold, "12.5" in a box of whole
+        numbers or a third decimal in one of two, Qt refuses at the keystroke as before)."""
         result = super().validate(text, pos)            # (state, text, pos)
-        if result[0] == QValidator.State.Invalid and _TYPING.fullmatch(self._typed(text)):
+        if result[0] == QValidator.State.Invalid and self._typing().fullmatch(self._typed(text)):
             return QValidator.State.Intermediate, text, pos
         return result
 
@@ -57,6 +61,12 @@ class RangeSpin(_SaysOutOfRange, QSpinBox):
     def _shown(self, value: float) -> str:
         return str(int(value))
 
+    def _typing(self) -> re.Pattern:
+        return _WHOLE
+
+
+_WHOLE = re.compile(r"-?\d*")
+
 
 class RangeDoubleSpin(_SaysOutOfRange, QDoubleSpinBox):
     out_of_range = Signal(str)
@@ -69,3 +79,7 @@ class RangeDoubleSpin(_SaysOutOfRange, QDoubleSpinBox):
 
     def _shown(self, value: float) -> str:
         return f"{value:g}"
+
+    def _typing(self) -> re.Pattern:
+        point = re.escape(self.locale().decimalPoint())
+        return re.compile(rf"-?\d*({point}\d{{0,{self.decimals()}}})?")

@@ -292,3 +292,66 @@ def test_the_delete_key_in_the_list_deletes_the_chat_selected_with_undo(qtbot, t
     assert chat.library.find(gone) is None and chat.sidebar.undo_bar.isVisibleTo(chat.sidebar)
     chat.sidebar.undo_button.click()
     assert chat.current.id == gone
+
+
+def test_a_held_delete_key_deletes_one_chat_not_the_list(qtbot, tmp_path):
+    from PySide6.QtCore import QEvent
+    from PySide6.QtGui import QKeyEvent
+    chat = make_chat(qtbot, tmp_path / "c")
+    for i in range(3):
+        chat.new_chat()
+        exchange(chat, "x", f"Chat {i}")
+    press = QKeyEvent(QEvent.Type.KeyPress, Qt.Key.Key_Delete, Qt.KeyboardModifier.NoModifier)
+    again = QKeyEvent(QEvent.Type.KeyPress, Qt.Key.Key_Delete, Qt.KeyboardModifier.NoModifier, "", True)   # repeat
+    for event in (press, again, again):
+        QApplication.sendEvent(chat.sidebar.list, event)
+    assert len(chat.conversations) == 2
+
+
+def test_the_line_over_the_list_names_the_chat_being_written_in_after_a_rename(qtbot, tmp_path):
+    chat = make_chat(qtbot, tmp_path / "c")
+    exchange(chat, "A.", "Other")
+    other = chat.current.id
+    chat.new_chat()
+    chat.send("Story")
+    writing = chat.current.id
+    chat.open(other)
+    chat.ask_text = lambda *_args: "Renamed title"
+    chat.rename(writing)
+    assert "“Renamed title”" in chat.sidebar.busy_note.text()
+
+
+def test_a_regenerated_reply_shows_only_its_own_notes(qtbot, tmp_path):
+    chat = make_chat(qtbot, tmp_path / "c")
+    chat.send("Q1")
+    chat.on_context(ContextUsage(chat.live_id, 300, 512, 100, dropped_messages=1, note="dropped the oldest message"))
+    stream(chat, "B.")
+    finish(chat)
+    chat.regenerate()
+    chat.on_context(ContextUsage(chat.live_id, 300, 512, 100, dropped_messages=2, note="dropped the 2 oldest"))
+    assert bubble_texts(chat).count("dropped the 2 oldest") == 1
+    finish(chat)
+    chat.regenerate()
+    chat.on_context(ContextUsage(chat.live_id, 300, 512, 100))           # nothing dropped this time
+    finish(chat)
+    shown = chat.current.id
+    chat.new_chat()
+    chat.open(shown)
+    assert not any("dropped" in t for t in bubble_texts(chat))
+
+
+def test_esc_stops_the_reply_of_the_chat_shown_not_one_out_of_sight(qtbot, tmp_path):
+    chat = make_chat(qtbot, tmp_path / "c")
+    exchange(chat, "A.", "Other")
+    other = chat.current.id
+    chat.new_chat()
+    chat.send("Story")
+    writing = chat.current.id
+    chat.open(other)
+    chat.stop_shown()
+    assert chat.bridge.cancelled == []
+    chat.pane.stop_button.click()                     # the button says what it does: it stops it
+    assert chat.bridge.cancelled == [chat.live_id]
+    chat.open(writing)
+    chat.stop_shown()
+    assert chat.bridge.cancelled == [chat.live_id] * 2

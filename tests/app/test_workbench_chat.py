@@ -208,3 +208,9 @@ def test_a_message_shows_its_line_breaks(qtbot):
         assert lines[:2] == ["Roses are red", "Violets are blue"]
         assert "two" in lines and "still two" in lines        # not "two still two"
         assert "code  " not in lines and bubble.text.startswith("Roses are red\nViolets")      # kept as written
+
+
+def test_text_with_windows_line_ends_keeps_its_table_and_lines():
+    from app.chat_view import hard_breaks
+    assert hard_breaks("| a | b |\r\n|---|---|\r\n| 1 | 2 |") == "| a | b |  \n|---|---|  \n| 1 | 2 |"
+    assert hard_breaks("one\rtwo") == "one  \ntwo"

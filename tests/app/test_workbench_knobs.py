@@ -408,3 +408,50 @@ def test_a_sampling_setting_typed_outside_its_range_is_said_under_the_settings(q
     box.temperature.setValue(1.0)                 # the next change takes the line away
     assert box.range_note.isHidden()
     box.hide()
+
+
+def test_a_number_a_box_could_never_hold_is_cut_at_the_keystroke_as_qt_does(qapp):
+    from PySide6.QtTest import QTest
+
+    from app.chat_pane import SettingsBox
+    box = SettingsBox()
+    box.setChecked(True)
+    box.show()
+    for spin, typed, value in ((box.temperature, "0.755", 0.75), (box.max_tokens, "12.5", 125)):
+        spin.lineEdit().selectAll()
+        QTest.keyClicks(spin, typed)
+        QTest.keyClick(spin, Qt.Key.Key_Return)
+        assert spin.value() == value and box.range_note.isHidden()
+    box.hide()
+
+
+def test_regenerate_takes_a_sampling_number_typed_but_not_entered(qtbot, tmp_path):
+    from PySide6.QtTest import QTest
+
+    from tests.app.chat_fakes import exchange, make_chat
+    chat = make_chat(qtbot, tmp_path / "c")
+    exchange(chat, "A.", "Q")
+    box = chat.pane.settings_box
+    box.setChecked(True)
+    box.temperature.lineEdit().selectAll()
+    QTest.keyClicks(box.temperature, "0")            # then Regenerate, which takes no focus
+    chat.regenerate()
+    assert chat.bridge.requests[-1].settings.temperature == 0.0
+
+
+def test_the_thermal_guard_says_a_number_typed_outside_its_range(qapp):
+    from PySide6.QtTest import QTest
+
+    from app.knobs import KnobsPanel
+    knobs = KnobsPanel()
+    knobs.setEnabled(True)                              # as a loaded model leaves it
+    knobs.show()
+    spin = knobs.guard_pause
+    spin.lineEdit().selectAll()
+    QTest.keyClicks(spin, "1000")
+    QTest.keyClick(spin, Qt.Key.Key_Return)
+    assert spin.value() == 83 and knobs.guard_line.text() == "✗ 1000 is outside 40–110; it stays 83"
+    assert knobs.guard_line.isVisibleTo(knobs)
+    spin.setValue(85)                                   # a change takes the line away
+    assert knobs.guard_line.isHidden()
+    knobs.hide()
