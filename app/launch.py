@@ -99,7 +99,7 @@ def take_screenshot(window: MainWindow, path: str, prompt: str | None, size: QSi
     if image.size() != size * image.devicePixelRatio():
         print(f"strata: the window is {image.width()}x{image.height()}, not {size.width()}x"
               f"{size.height()}; the picture shows it as it is", file=sys.stderr)
-    fmt = SCREENSHOT_FORMATS.get(Path(path).suffix.lower(), "PNG")
+    fmt = SCREENSHOT_FORMATS.get(Path(path).suffix.lower(), "PNG")      # (the command line refuses another)
     if not image.save(path, fmt):
         print(f"strata: could not write {path} as {fmt}; check the folder is writable"
               + ("" if fmt == "PNG" else ", or name a .png file"), file=sys.stderr)

@@ -8,7 +8,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESOURCES = REPO_ROOT / "resources"
 DEMO_MARKER = "STRATA_DEMO.json"
-# what a --screenshot writes, by its name's ending (any other ending, or none: PNG)
+# what a --screenshot writes, by its name's ending (another ending is refused)
 SCREENSHOT_FORMATS = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".bmp": "BMP"}
 
 

@@ -24,10 +24,10 @@ from engine.experts.provider import ExpertProvider
 from engine.experts.profile import check_record_target, read_routing_profile, write_routing_profile
 from engine.cpu_threads import apply_cpu_threads
 from engine.kv.blocks import BlockAllocator
-from engine.memory import (CPU_KV_CAP, HOST_ROOM_SHARE, BudgetAdvice, MemoryPlan, available_host_bytes,
+from engine.memory import (CPU_KV_CAP, FOUR_BIT, HOST_ROOM_SHARE, BudgetAdvice, MemoryPlan, available_host_bytes,
                            check_host_room, decode_experts, default_budget, fit_context, fit_context_on_host,
-                           fit_context_to_kv_size, kv_pool_bytes, kv_size_note, plan_memory, rope_table_bytes_per_token,
-                           prefer_expandable_segments, staging_slots, smaller_resident, step_sizing, table_on_host)
+                           fit_context_to_kv_size, kv_asked_bytes, kv_pool_bytes, kv_size_note, plan_memory,
+                           rope_table_bytes_per_token, prefer_expandable_segments, staging_slots, smaller_resident, step_sizing, table_on_host)
 from engine.settings_fit import fit_to_device, fit_to_model, fit_to_pool, pool_size_note, unused_notes
 from engine.kv.cache import KVCache
 from engine.kv.sizing import KVSizing, kv_sizing
@@ -139,6 +139,7 @@ class LoadedModel:
             self.weights.embed_on_host = self.embed_on_host = False
             self.plan = self._plan()      # the table is the card's again: the pool gives its room back
             self.notes += ("the embedding table is on the GPU: its kernels cannot read host memory here",)
+        self.notes += (self.plan.note,) if self.plan.note else ()
         self.experts: ExpertProvider = self._build_experts(rows)
         self.model = MoETransformer(spec, self.weights, self.experts, self.device, self.dtype, self.max_model_len)
         z = self.kv_sizing
@@ -295,11 +296,13 @@ class LoadedModel:
                            active_experts_per_token=s.num_moe_layers * s.top_k, advice=self._budget_advice(),
                            window_kv_bytes=self.kv_sizing.window_pool_bytes,
                            host_resident_bytes=embedding_bytes(s, elem) if self.embed_on_host else 0,
+                           kv_asked_bytes=kv_asked_bytes(c.kv_cache_size, self.kv_sizing.window_pool_bytes,
+                                                         self._kv_bytes_per_token(), self.max_model_len, c.max_batch),
                            **step_sizing(s, c, elem, gpu=self.device.type == "cuda"))
 
     def _budget_advice(self) -> BudgetAdvice:
         """The fixes open to this load when the plan does not fit the budget."""
-        if self.layout.fmt == "int4":
+        if self.layout.fmt in FOUR_BIT:         # int4 would not be smaller (mxfp4's experts are 4.25 bits)
             experts = ""
         elif self.converted:
             experts = "convert the source model with --weights int4"

@@ -116,6 +116,9 @@ def smaller_resident(float32: bool, resident_format: str) -> str:
     return "use --resident-weights int8" if resident_format == "bf16" else ""
 
 
+FOUR_BIT = ("int4", "mxfp4")     # expert formats int4 would not make smaller: no budget advice to convert
+
+
 def _either(fixes: list[str]) -> str:
     return fixes[0] if len(fixes) == 1 else ", ".join(fixes[:-1]) + " or " + fixes[-1]
 
@@ -136,6 +139,7 @@ class MemoryPlan:
     active_experts_per_token: int        # routed experts one token reads (MoE layers x top-k)
     window_kv_bytes: int = 0             # the sliding-window layers' KV pool (engine.kv.sizing), fixed size
     host_resident_bytes: int = 0         # resident tensors kept in host memory (the embedding table)
+    note: str = ""                       # why the pool is empty though the budget has room for some experts
 
     @property
     def pool_bytes(self) -> int:
@@ -269,6 +273,15 @@ def table_on_host(wanted: str, tied: bool, offloaded: bool) -> bool:
     """Whether the embedding table goes to host memory on a GPU: ``wanted`` (``config.embeddings``) host,
     or auto while the pool holds fewer than all experts; never a table tied to the LM head."""
     return not tied and (wanted == "host" or (wanted == "auto" and offloaded))
+
+
+def kv_asked_bytes(asked: int | None, window_bytes: int, kv_bytes_per_token: int, context: int,
+                   max_batch: int) -> int | None:
+    """The full-attention KV bytes ``--kv-cache-size`` (``asked``) allocates, which the budget must hold
+    beside the pool: the size less the window layers' pool, at most what a full batch fills (None: not asked)."""
+    if not asked:
+        return None
+    return min(max(0, asked - window_bytes), kv_bytes_per_token * context * max_batch)
 
 
 def kv_pool_bytes(plan: MemoryPlan, context: int, max_batch: int, asked: int | None = None) -> int:
@@ -445,7 +458,7 @@ def plan_memory(resident_bytes: int, expert_bytes: int, num_experts: int, kv_byt
                 active_experts_per_token: int = 0, min_kv_tokens: int = MIN_KV_TOKENS,
                 advice: BudgetAdvice = BudgetAdvice(), window_kv_bytes: int = 0,
                 host_resident_bytes: int = 0, decode_experts: int | None = None,
-                direct_experts: int | None = None) -> MemoryPlan:
+                direct_experts: int | None = None, kv_asked_bytes: int | None = None) -> MemoryPlan:
     """Split ``budget_bytes`` between resident weights, expert pool (+ staging), KV cache, workspace.
 
     ``num_experts`` counts routed experts over all MoE layers; ``experts_per_layer`` sizes the
@@ -457,7 +470,10 @@ def plan_memory(resident_bytes: int, expert_bytes: int, num_experts: int, kv_byt
     the full-attention layers only). ``host_resident_bytes``: resident tensors in host memory (reported).
     ``decode_experts`` sizes the staging slots beyond one layer's (:func:`staging_slots`); with no pool
     (asked for, or all the budget leaves), ``direct_experts`` does where it is given: such steps fill no
-    slots for the pool to admit.
+    slots for the pool to admit. ``kv_asked_bytes``: the full-attention KV cache the user asked for
+    (``--kv-cache-size`` less the window pool, at most what a full batch fills), kept out of the pool's room
+    instead of the reserve of ``min_kv_tokens``; one that does not fit beside the pool is a ConfigError
+    naming the size that does.
     """
     no_pool = requested_pool is not None and requested_pool < expert_bytes
     staging = staging_slots(experts_per_layer, direct_experts if no_pool and direct_experts else decode_experts)
@@ -476,11 +492,18 @@ def plan_memory(resident_bytes: int, expert_bytes: int, num_experts: int, kv_byt
             f"need {format_size(fixed)} but the GPU memory budget is {format_size(budget_bytes)}; "
             f"{advice.resident_fix(budget_bytes, fixed - budget_bytes, resident_bytes, workspace_bytes)}")
     left = budget_bytes - fixed
+    reserve = kv_asked_bytes if kv_asked_bytes is not None else min_kv_tokens * kv_bytes_per_token
+    note = ""
     if requested_pool is None:
-        room = max(0, left - min_kv_tokens * kv_bytes_per_token)
+        room = max(0, left - reserve)
         slots = min(num_experts, room // expert_bytes)
         if slots < num_experts:                 # staging comes out of the same room
             slots = max(0, min(slots, (room - staging * expert_bytes) // expert_bytes))
+        if slots == 0 and room >= expert_bytes:
+            short = format_size((staging + 1) * expert_bytes - room)
+            note = (f"no expert is pooled: the room the budget leaves holds {room // expert_bytes} experts, fewer "
+                    f"than the {staging} staging slots a pooled step needs beside them, so every expert crosses "
+                    f"the bus and the room goes to the KV cache; raise --gpu-memory-budget by {short} for a pool")
         if slots == 0 and direct_experts:       # the budget leaves no pool: staged as one asked for none
             staging = staging_slots(experts_per_layer, direct_experts)
     else:
@@ -497,6 +520,18 @@ def plan_memory(resident_bytes: int, expert_bytes: int, num_experts: int, kv_byt
             f"an expert pool of {format_size(slots * expert_bytes)} (+ {format_size(staging_for(slots) * expert_bytes)} "
             f"staging) does not fit the {format_size(left)} left after resident weights and workspace in the "
             f"{format_size(budget_bytes)} budget; {advice.pool_fix(budget_bytes)}")
+    if kv_asked_bytes is not None and pool + kv_asked_bytes > left:
+        what = "the expert pool and its staging" if slots else "the staging slots of missing experts"
+        pooled = f", {what} ({format_size(pool)})" if pool else ""
+        room = _round_down(max(0, left - pool) + window_kv_bytes)
+        fixes = ([f"lower --kv-cache-size to {format_size(room)}"] if room else []) + \
+            (["lower --expert-pool-size"] if requested_pool else []) + advice._raise_budget(budget_bytes) \
+            or ["free memory on the GPU (other programs hold it) or use a GPU with more memory"]
+        raise ConfigError(
+            f"the {format_size(kv_asked_bytes + window_kv_bytes)} KV cache --kv-cache-size allocates (at most what a "
+            f"full batch fills) does not fit the {format_size(budget_bytes)} GPU memory budget: the resident "
+            f"weights, workspace{pooled} leave it "
+            f"{format_size(max(0, left - pool) + window_kv_bytes)}; {_either(fixes)}")
     return MemoryPlan(budget_bytes, resident_bytes, workspace_bytes, expert_bytes, num_experts, slots,
                       staging_for(slots), left - pool, kv_bytes_per_token, active_experts_per_token, window_kv_bytes,
-                      host_resident_bytes)
+                      host_resident_bytes, note)

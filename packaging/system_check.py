@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -70,10 +71,23 @@ LIBRARIES: dict[str, tuple[str, str, str]] = {
 DISPLAYS = {"xcb": "DISPLAY", "wayland": "WAYLAND_DISPLAY"}
 NO_DISPLAY = ("error: there is no display to open the workbench on (DISPLAY and WAYLAND_DISPLAY are not set): "
               "run it in a desktop session or over `ssh -X`, or save a picture of the window without one: "
-              "packaging/bootstrap.sh gui --screenshot shot.png")
+              "{bootstrap} gui --screenshot shot.png")
 UNREACHABLE = ("error: the display {name}={value} does not answer (no display server listens there): start the "
                "desktop session it names, set {name} to one that runs, or save a picture of the window without "
-               "one: {unset} packaging/bootstrap.sh gui --screenshot shot.png")
+               "one: {unset} {bootstrap} gui --screenshot shot.png")
+
+
+def _bootstrap() -> str:
+    """bootstrap.sh as the user can run it from where they are: by its path in the repository's folder,
+    else by its whole path."""
+    script = Path(__file__).resolve().parent / "bootstrap.sh"
+    try:
+        here = str(script.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return shlex.quote(str(script))
+    return shlex.quote(here if "/" in here else f"./{here}")
+
+
 NAMED_AT_MOST = 4        # more missing libraries than this are counted, not all named (the command lists all)
 MISSING_NOT_FOUND = re.compile(r"^\s*(\S+)\s+=>\s+not found", re.MULTILINE)
 
@@ -223,12 +237,12 @@ def qt_line(system: System, platforms: Sequence[str], who: str) -> str | None:
         return None          # no PySide6 wheel: nothing of ours to check
     named = [p for p in platforms if p not in DISPLAYS or system.environ.get(DISPLAYS[p])]
     if not named:
-        return NO_DISPLAY
+        return NO_DISPLAY.format(bootstrap=_bootstrap())
     usable = [p for p in named if p not in DISPLAYS or system.reachable(p, system.environ)]
     if not usable:                   # Qt would abort on the first, after a screenful of its own output
         name = DISPLAYS[named[0]]
         unset = " ".join(f"{v}=" for v in DISPLAYS.values() if system.environ.get(v))   # every stale one
-        return UNREACHABLE.format(name=name, value=system.environ[name], unset=unset)
+        return UNREACHABLE.format(name=name, value=system.environ[name], unset=unset, bootstrap=_bootstrap())
     first_problem = None
     for platform in usable:
         plugin = plugin_file(system.qt_dir, platform)

@@ -35,7 +35,7 @@ def _add_gui_parser(sub) -> None:
     add_model_flag(p)
     p.add_argument("--screenshot", default=None, metavar="FILE",
                    help="open the window in a scratch workspace (your chats and settings untouched), wait for "
-                        "--prompt's reply if given, save a picture (JPEG or BMP where the name ends so, else PNG) and "
+                        "--prompt's reply if given, save a picture (PNG, JPEG or BMP, as the name ends) and "
                         "exit; an existing file is kept unless the name ends in ! (shot.png!)")
     p.add_argument("--prompt", default=None,
                    help="a prompt to send once the model has loaded (with --screenshot: before the picture)")
@@ -121,6 +121,11 @@ def _screenshot_path(text: str) -> str:
     path = Path(text[:-1] if replace else text)
     if not path.name:
         print(f"error: --screenshot {text} names no file; give a file name, e.g. shot.png", file=sys.stderr)
+        return ""
+    from app.paths import SCREENSHOT_FORMATS               # (Qt-free: the command line stays quick)
+    if path.suffix.lower() not in SCREENSHOT_FORMATS:       # a picture's name says what it is
+        print(f"error: --screenshot {path}: a picture is written as PNG, JPEG or BMP; end its name in "
+              f".png, .jpg or .bmp (e.g. {path.with_suffix('.png').name})", file=sys.stderr)
         return ""
     if not path.parent.is_dir():
         print(f"error: --screenshot {path}: the folder {path.parent} does not exist; create it or choose another",

@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import stat
 import sys
 from dataclasses import dataclass
@@ -46,14 +47,27 @@ def convert_command(argv0: str | None = None) -> str:
     """``convert`` as the user runs it, for advice to convert again: the way this process was started (the
     installed ``strata``, ``python -m strata``, ``python -m engine``, or ``python main.py`` with the path as it
     was given, so that it works from where the user is), else the installed ``strata`` (a program that calls
-    the engine from Python). ``argv0``: the program as started, ``sys.argv[0]`` when None."""
+    the engine from Python). ``argv0``: the program as started, ``sys.argv[0]`` when None. The interpreter is
+    named ``python`` where that is the one running (an activated environment), else by its path: a bare
+    ``python`` would be another one, without torch; so is ``strata`` where it is not on the PATH."""
     given = sys.argv[0] if argv0 is None else argv0
     ran = Path(given)
     if ran.name == "__main__.py" and ran.parent.name in ("strata", "engine") and _ours(ran.parent.parent):
-        return f"python -m {ran.parent.name} convert"
+        return f"{_python()} -m {ran.parent.name} convert"
     if ran.name == "main.py" and _ours(ran.parent):
-        return f"python {shlex.quote(given)} convert"
+        return f"{_python()} {shlex.quote(given)} convert"
+    if shutil.which("strata") is None:
+        beside = Path(sys.executable).parent / "strata"
+        return f"{shlex.quote(str(beside))} convert" if beside.is_file() else f"{_python()} -m strata convert"
     return "strata convert"
+
+
+def _python() -> str:
+    """``python`` where the PATH finds the interpreter running now, else that interpreter's path."""
+    found = shutil.which("python")
+    if found is not None and os.path.abspath(found) == os.path.abspath(sys.executable):
+        return "python"
+    return shlex.quote(sys.executable)
 
 
 def _ours(folder: Path) -> bool:

@@ -14,6 +14,7 @@ from pathlib import Path
 from engine.checkpoint.config_fields import ConfigFields
 from engine.checkpoint.families import FAMILIES, SUPPORTED, Family
 from engine.checkpoint.converted import convert_command
+from engine.checkpoint.destination import PARTIAL_MARKER
 from engine.checkpoint.generation_config import check_generation_config, check_token_ids
 from engine.checkpoint.reader import cannot_read, check_folder_readable
 from engine.errors import ModelLoadError, UnsupportedModelError
@@ -514,6 +515,9 @@ def read_spec(model_dir: str | Path) -> ModelSpec:
     if cfg_file.is_symlink() and not cfg_file.exists():
         raise ModelLoadError(f"{cfg_file} is a link to {os.readlink(cfg_file)}, which does not exist; fetch the "
                              "checkpoint again (a download cache lost the file the link points to)")
+    if not cfg_file.is_file() and (path / PARTIAL_MARKER).is_file():
+        raise ModelLoadError(f"{path} is a conversion that did not finish (convert was stopped before its end); "
+                             "run the same convert command again, which replaces it, or delete the folder")
     if not cfg_file.is_file():
         raise ModelLoadError(f"{cfg_file} is missing; a model folder needs the Hugging Face config.json beside "
                              "its *.safetensors")

@@ -34,8 +34,8 @@ from kernels.expert_layout import ExpertLayout
 from engine.loading import expert_act
 from engine.placement import auto_resident, fitting_group, resolve_device
 from engine.kv.sizing import KVSizing, kv_sizing
-from engine.memory import (CPU_KV_CAP, MIN_KV_TOKENS, BudgetAdvice, MemoryPlan, default_budget, fit_context,
-                           fit_context_on_host, fit_context_to_kv_size, kv_pool_bytes, plan_memory,
+from engine.memory import (CPU_KV_CAP, FOUR_BIT, MIN_KV_TOKENS, BudgetAdvice, MemoryPlan, default_budget, fit_context,
+                           fit_context_on_host, fit_context_to_kv_size, kv_asked_bytes, kv_pool_bytes, plan_memory,
                            rope_table_bytes_per_token, smaller_resident, step_sizing, table_on_host)
 from engine.options import parse_live, pool_bytes
 from engine.settings_fit import asked_depth_note, fit_to_model, pool_size_note
@@ -151,7 +151,7 @@ def plan_lines(spec: ModelSpec, args: argparse.Namespace) -> list[str]:
     if c.expert_parallel > 1:
         return lines + _expert_parallel_lines(spec, c, per_expert, resident, kv, context)
     lines += _budget_lines(spec, args, c, resident, per_expert, n_experts, wb, kv.bytes_per_token, kv.window_pool_bytes,
-                           context)
+                           context, fmt)
     return lines
 
 
@@ -271,7 +271,7 @@ def _kv_lines(spec: ModelSpec, kv: KVSizing, context: int) -> list[str]:
 
 
 def _budget_lines(spec, args, c: EngineConfig, resident: int, per_expert: int, n_experts: int, wb: int, kv_per_token: int,
-                  window_kv: int, context: int) -> list[str]:
+                  window_kv: int, context: int, fmt: str) -> list[str]:
     """The engine's own memory plan for the budget given (or the card's free memory); ``window_kv``: the
     sliding-window layers' KV of a full batch, ``kv_per_token``: the full-attention layers'."""
     budget = parse_size(args.gpu_memory_budget, "gpu_memory_budget")
@@ -288,7 +288,7 @@ def _budget_lines(spec, args, c: EngineConfig, resident: int, per_expert: int, n
                 f"GPU budget: none given and {why}; pass --gpu-memory-budget 24G to plan for a card"]
     total = per_expert * n_experts
     advice = BudgetAdvice(card_free if args.gpu_memory_budget is None else None,
-                          "" if args.weight_format == "int4" else "use --weight-format int4",
+                          "" if fmt in FOUR_BIT else "use --weight-format int4",
                           smaller_resident(wb == 4, _resident_format(args, spec)))
     def plan_for(table_on_host: bool) -> MemoryPlan:
         table = embedding_bytes(spec, wb) if table_on_host else 0
@@ -296,6 +296,7 @@ def _budget_lines(spec, args, c: EngineConfig, resident: int, per_expert: int, n
                            pool_bytes(parse_live("expert_pool_size", args.expert_pool_size), total),
                            experts_per_layer=spec.num_experts, active_experts_per_token=spec.num_moe_layers * spec.top_k,
                            advice=advice, window_kv_bytes=window_kv, host_resident_bytes=table,
+                           kv_asked_bytes=kv_asked_bytes(c.kv_cache_size, window_kv, kv_per_token, context, c.max_batch),
                            **step_sizing(spec, c, wb))
     wanted = getattr(args, "embeddings", "auto")
     try:
@@ -311,6 +312,9 @@ def _budget_lines(spec, args, c: EngineConfig, resident: int, per_expert: int, n
     kv_alloc = kv_pool_bytes(plan, context, c.max_batch, c.kv_cache_size)
     shown = plan if kv_alloc == plan.kv_bytes else dataclasses.replace(plan, kv_bytes=kv_alloc)
     lines = ["", *shown.format()]
+    if plan.note:
+        at = next(i for i, line in enumerate(lines) if line.startswith("expert pool")) + 1
+        lines.insert(at, f"                    ({plan.note})")
     if kv_alloc < plan.kv_bytes:
         at = next(i for i, line in enumerate(lines) if line.startswith("KV cache")) + 1
         lines.insert(at, f"                    (what a full batch fills, {c.max_batch} sequences of {context} tokens; "
@@ -381,7 +385,9 @@ def load_notes(spec: ModelSpec, args: argparse.Namespace) -> tuple[str, ...]:
     fmt, group = _expert_format(spec, args, compute_dtype(args))
     one = expert_bytes(spec, fmt, group)
     pool = pool_size_note(config.expert_pool_size, spec.num_moe_layers * spec.num_experts * one, one)
-    return fit_to_model(config, spec).notes + tuple(n for n in (note, pool) if n)
+    groups = fitting_group(spec)[1] if fmt == "int4" and args.group_size == DEFAULT_GROUP_SIZE \
+        and not is_converted(Path(model_dir(args))) else ()           # as a load says it
+    return fit_to_model(config, spec).notes + groups + tuple(n for n in (note, pool) if n)
 
 
 def cmd_info(args: argparse.Namespace) -> int:

@@ -55,7 +55,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default="auto", choices=DTYPES, help="activation and resident weight dtype")
     g.add_argument("--weight-format", default="auto", choices=WEIGHT_FORMATS,
                    help="routed expert format; int4/fp8 quantise at load (default: as stored)")
-    g.add_argument("--group-size", type=int, default=128, help="int4 group size along K: 32, 64 or 128 (default: 128)")
+    g.add_argument("--group-size", type=int, default=128,
+                   help="int4 group size along K: 32, 64 or 128 (default: 128, or the largest of them that divides "
+                        "the model's expert widths)")
     g.add_argument("--resident-weights", default="auto", choices=RESIDENT_WEIGHTS,
                    help="attention, dense MLPs and LM head on the GPU: fp8 / int8 halve the bytes a token reads "
                         "(default: as stored; fp8 beside experts quantised at load on a GPU that runs it)")

@@ -260,6 +260,9 @@ def test_a_screenshot_never_replaces_a_file_unless_asked(tmp_path, capsys, monke
     assert mine.read_bytes() == b"precious"
     assert main.main(["gui", "--screenshot", str(tmp_path / "nowhere" / "x.png")]) == 2
     assert "does not exist; create it" in capsys.readouterr().err
+    assert main.main(["gui", "--screenshot", str(tmp_path / "shot.txt")]) == 2      # not a picture's name
+    assert "end its name in .png, .jpg or .bmp (e.g. shot.png)" in capsys.readouterr().err
+    assert not (tmp_path / "shot.txt").exists()
     taken: list[str] = []
     monkeypatch.setattr("strata.cli._window_cannot_open", lambda argv: False)
     monkeypatch.setattr("app.launch.run_gui", lambda model, options, screenshot=None, **kw: taken.append(screenshot) or 0)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from engine import LLM
-from engine.checkpoint import destination, integrity
+from engine.checkpoint import converted, destination, integrity
 from engine.checkpoint.converted import ConvertedSource, convert_command
 from engine.errors import ModelLoadError
 from tests.engine.conftest import run_cli_one_line
@@ -214,13 +214,30 @@ def test_a_manifest_that_cannot_be_read_says_so(conversion, tmp_path, locked):
     (Path("/home/me/my_script.py"), "strata convert"),                       # a program calling the engine
     (Path("/home/me/main.py"), "strata convert"),                            # ... that happens to be a main.py
 ])
-def test_the_convert_command_is_named_as_the_program_was_run(ran, command):
+def test_the_convert_command_is_named_as_the_program_was_run(ran, command, monkeypatch):
+    # an activated environment: "python" and "strata" on the PATH are this interpreter's
+    monkeypatch.setattr(converted.shutil, "which", lambda name: str(Path(sys.executable).parent / name))
     assert convert_command(str(ran)) == command
 
 
 def test_main_py_run_from_its_folder_is_named_as_typed(monkeypatch):
     monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(converted.shutil, "which", lambda name: str(Path(sys.executable).parent / name))
     assert convert_command("main.py") == "python main.py convert"
+
+
+def test_an_interpreter_that_is_not_the_paths_python_is_named_by_its_path(monkeypatch, tmp_path):
+    # .venv/bin/python run without activating the environment: a bare "python" would be another one
+    monkeypatch.setattr(converted.shutil, "which", lambda name: "/usr/bin/python" if name == "python" else None)
+    monkeypatch.setattr(converted.sys, "executable", "/opt/my env/bin/python")
+    assert convert_command(str(ROOT / "main.py")) == f"'/opt/my env/bin/python' {ROOT / 'main.py'} convert"
+    assert convert_command(str(ROOT / "engine" / "__main__.py")) == "'/opt/my env/bin/python' -m engine convert"
+    assert convert_command("/home/me/my_script.py") == "'/opt/my env/bin/python' -m strata convert"
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "strata").write_text("#!/bin/sh\n")
+    monkeypatch.setattr(converted.sys, "executable", str(venv / "python"))
+    assert convert_command("/home/me/my_script.py") == f"{venv / 'strata'} convert"     # strata, not on the PATH
 
 
 @pytest.mark.parametrize("how,command", [
@@ -228,6 +245,7 @@ def test_main_py_run_from_its_folder_is_named_as_typed(monkeypatch):
     ([str(ROOT / "main.py")], f"python {ROOT / 'main.py'} convert"),
 ])
 def test_a_real_process_advises_the_command_it_was_run_as(conversion, tmp_path, how, command):
+    command = command.replace("python", converted._python(), 1)      # this interpreter, as the PATH names it
     (conversion / "strata.json").write_text("{\n")
     proc = subprocess.run([sys.executable, *how, "generate", "--model", str(conversion), "--prompt", "hi"],
                           capture_output=True, text=True, timeout=120, cwd=ROOT if how[0] == "-m" else tmp_path)
@@ -285,3 +303,13 @@ def test_a_generation_config_that_cannot_be_read_is_named_as_such(model, tmp_pat
     locked(gen, 0)
     [(code, err)] = _run_denied(tmp_path, ["generate", "--model", str(model), "--prompt", "hi"])
     assert code == 2 and err == f"error: {gen} {DENIED_FILE}"
+
+
+def test_a_conversion_that_did_not_finish_is_named_as_one(capsys, tmp_path):
+    left = tmp_path / "out.partial"          # what a convert killed before its end leaves
+    left.mkdir()
+    (left / destination.PARTIAL_MARKER).write_text('{"pid": 1, "destination": "out"}\n')
+    (left / "experts-0001.safetensors").write_bytes(b"\0" * 64)
+    code, err = run_cli_one_line(capsys, "info", "--model", str(left))
+    assert (code, err) == (2, f"error: {left} is a conversion that did not finish (convert was stopped before its "
+                              "end); run the same convert command again, which replaces it, or delete the folder")

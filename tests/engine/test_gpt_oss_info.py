@@ -147,3 +147,31 @@ def test_the_120b_over_two_24g_cards_with_expert_parallel(gpt_oss_120b, capsys):
     assert re.fullmatch(r"error: a context of 131072 tokens needs .* budget of GPU 0 leaves it .*; lower --max-model-len "
                         rf"to {found.group(1)} or lower --expert-pool-size or raise --gpu-memory-budget\n",
                         capsys.readouterr().err)
+
+
+def test_a_kv_cache_size_on_a_24g_card_is_counted_in_its_budget(gpt_oss_120b, capsys):
+    args = ["info", "--model", str(gpt_oss_120b), "--gpu-memory-budget", "24G"]
+    assert main(args + ["--kv-cache-size", "10G"]) == 0
+    out = capsys.readouterr().out
+    assert float(_line(out, "device total").split(":")[1].split()[0]) <= 24.0      # the pool gave the KV its room
+    full, window = re.search(r": ([\d.]+) GiB = .*\+ ([\d.]+) MiB for the sliding", _line(out, "KV cache")).groups()
+    assert abs(float(full) * 1024 + float(window) - 10 * 1024) < 8          # the 10 GiB asked for, both pools
+    assert main(args + ["--kv-cache-size", "100G"]) == 2
+    err = capsys.readouterr().err
+    assert "KV cache --kv-cache-size allocates (at most what a full batch fills) does not fit the 24.00 GiB" in err
+    fits = re.search(r"lower --kv-cache-size to ([\d.]+ GiB)", err).group(1)
+    assert main(args + ["--kv-cache-size", fits.replace(" ", "").replace("iB", "")]) == 0
+    out = capsys.readouterr().out
+    assert float(_line(out, "device total").split(":")[1].split()[0]) <= 24.0
+
+
+def test_a_budget_too_small_for_mxfp4_experts_does_not_advise_int4(gpt_oss_120b, capsys):
+    # int4 experts (4.5 bits a weight with their scales) are larger than mxfp4's 4.25: no way out there
+    assert main(["info", "--model", str(gpt_oss_120b), "--gpu-memory-budget", "4G"]) == 2
+    err = capsys.readouterr().err
+    assert "raise --gpu-memory-budget" in err and "int4" not in err
+
+
+def test_int4_at_the_default_group_says_the_group_a_load_takes(gpt_oss_120b, capsys):
+    assert main(["info", "--model", str(gpt_oss_120b), "--weight-format", "int4"]) == 0
+    assert "note: int4 groups of 64: 128 does not divide this model's expert widths" in capsys.readouterr().err

@@ -337,3 +337,30 @@ def test_a_kv_size_whose_context_does_not_fit_is_answered_with_a_kv_size(monkeyp
     size = str(e.value).split("give --kv-cache-size ")[1].split(" or less")[0]
     given = parse_size(size.replace(" ", "").replace("iB", ""))
     check_host_room(given // bpt, given, 0, bpt, table, 16, given, free)        # fits: no error
+
+
+def test_a_kv_cache_size_asked_for_comes_out_of_the_pools_room_and_one_too_big_says_what_fits() -> None:
+    kv = 4 * GiB
+    p = _plan(kv_asked_bytes=kv)
+    assert p.pool_slots == (24 * GiB - 3 * GiB - kv - 128 * EXPERT) // EXPERT       # not the 4096-token reserve
+    assert p.kv_bytes >= kv and p.total_bytes <= 24 * GiB
+    with pytest.raises(ConfigError) as err:            # beside a pool asked for, 4 GiB no longer fits
+        _plan(kv_asked_bytes=kv, requested_pool=18 * GiB)
+    msg = str(err.value)
+    assert msg.startswith("the 4.00 GiB KV cache --kv-cache-size allocates (at most what a full batch fills) does "
+                          "not fit the 24.00 GiB GPU memory budget")
+    assert "lower --kv-cache-size to" in msg and "lower --expert-pool-size" in msg and "\n" not in msg
+    fits = float(msg.split("lower --kv-cache-size to ")[1].split(" GiB")[0])
+    assert _plan(kv_asked_bytes=int(fits * GiB), requested_pool=18 * GiB).kv_bytes >= int(fits * GiB)
+    with pytest.raises(ConfigError, match="lower --kv-cache-size to"):               # more than all the budget
+        _plan(kv_asked_bytes=100 * GiB)
+
+
+def test_a_budget_with_room_for_fewer_experts_than_staging_says_why_the_pool_is_empty() -> None:
+    fixed = 3 * GiB + 4096 * KV_TOK
+    p = _plan(budget_bytes=fixed + 100 * EXPERT, direct_experts=8)       # room for 100, 128 staging slots
+    assert p.pool_slots == 0 and p.note.startswith("no expert is pooled: the room the budget leaves holds 100 experts")
+    short = float(p.note.split("raise --gpu-memory-budget by ")[1].split(" MiB")[0])
+    grown = _plan(budget_bytes=fixed + 100 * EXPERT + int(short * MiB) + 1, direct_experts=8)
+    assert grown.pool_slots >= 1 and not grown.note
+    assert not _plan().note

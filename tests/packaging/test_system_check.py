@@ -327,3 +327,11 @@ def test_a_display_server_is_reachable_only_where_one_listens(tmp_path):
         assert sc.display_reachable("wayland", {"WAYLAND_DISPLAY": "wayland-1", "XDG_RUNTIME_DIR": str(tmp_path)})
         assert sc.display_reachable("wayland", {"WAYLAND_DISPLAY": str(wayland)})
     assert sc.display_reachable("xcb", {"DISPLAY": "something odd"})          # unreadable: Qt says for itself
+
+
+def test_the_no_display_advice_runs_from_any_folder(tmp_path, monkeypatch):
+    # from the repository's folder the short path; from elsewhere the script's whole path
+    monkeypatch.chdir(Path(SCRIPT).resolve().parent.parent)
+    assert sc._bootstrap() == "packaging/bootstrap.sh"
+    monkeypatch.chdir(tmp_path)
+    assert sc._bootstrap() == str(Path(SCRIPT).resolve().parent / "bootstrap.sh")
