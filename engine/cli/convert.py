@@ -116,10 +116,27 @@ def _check_eval_args(args: argparse.Namespace) -> None:
                           "unquantised source)")
 
 
+def _note_another_source(model: Path, reference: Path) -> None:
+    """A note where ``model`` is a conversion of another folder than ``reference``: the agreement then
+    measures how two models differ, not what the conversion lost."""
+    from engine.checkpoint.converted import is_converted, manifest_source, read_manifest
+    try:
+        source = manifest_source(read_manifest(model)) if is_converted(model) else ""
+        same = not source or Path(source).resolve() == reference.resolve()
+    except (OSError, ValueError, StrataError):
+        return                                   # a manifest that cannot be read is the load's to refuse
+    if not same:
+        print(f"note: {model} was converted from {source}, not from the reference {reference}; the agreement "
+              f"compares two different models (give --reference {source} to see what the conversion lost)",
+              file=sys.stderr)
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from engine.engine import LLMEngine
     from engine.evaluate import evaluate, reference_weight_format
     _check_eval_args(args)
+    if args.reference:
+        _note_another_source(Path(model_dir(args)), Path(args.reference))
     text = _read_text(args.text)
     opts = engine_options(args)
     engines = [LLMEngine(EngineConfig(model=model_dir(args), **opts),

@@ -348,3 +348,15 @@ def test_eval_scores_a_text(capsys, good_model, text):
                  "--max-tokens", "100", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["tokens"] > 0 and r["perplexity"] > 1
+
+
+def test_eval_of_a_conversion_against_another_model_than_its_source_says_so(capsys, good_model, good_conversion,
+                                                                         text, tmp_path):
+    other = shutil.copytree(good_model, tmp_path / "other")           # same shape, not the source
+    args = ["eval", "--model", str(good_conversion), "--text", str(text), "--device", "cpu", "--max-tokens", "40",
+            "--json"]
+    assert main(args + ["--reference", str(other)]) == 0
+    err = capsys.readouterr().err
+    assert f"note: {good_conversion} was converted from {good_model}, not from the reference {other}" in err
+    assert main(args + ["--reference", str(good_model)]) == 0
+    assert "was converted from" not in capsys.readouterr().err
