@@ -184,6 +184,7 @@ class ChatController(QObject):
         """Show the current chat: its last SHOWN_AT_ONCE messages now, the earlier ones a batch per turn
         of the event loop above them, so that a long chat opens (and the window appears) at once."""
         self.pane.view.clear()
+        self._notes_above: dict[MessageBubble, list[MessageBubble]] = {}
         messages = self.current.messages
         first = max(0, len(messages) - SHOWN_AT_ONCE)
         self._bubbles = [None] * first + [self._add_bubble(m) for m in messages[first:]]
@@ -207,7 +208,8 @@ class ChatController(QObject):
         until = time.perf_counter() + FILL_SLICE_S
         while i >= self._fill_until:           # a long message may take the slice alone: the window stays live
             after = self._bubbles[i + 1] if i + 1 < len(self._bubbles) else None
-            self._bubbles[i] = self._add_bubble(self.current.messages[i], before=after)
+            self._bubbles[i] = self._add_bubble(self.current.messages[i], before=self._top_of(after))
+            self._show_notes_of(self.current.messages[i], self._bubbles[i])
             i -= 1
             if time.perf_counter() >= until:
                 break
@@ -242,11 +244,25 @@ class ChatController(QObject):
         bubble.set_stats("" if live.text or live.reasoning else WAITING)
 
     def _show_reply_notes(self) -> None:
-        """The notes of the shown chat's replies, above the replies on screen."""
-        for msg, note in self._reply_notes.get(self.current.id, []):
-            at = next((i for i, m in enumerate(self.current.messages) if m is msg), None)
-            if at is not None and self._bubbles[at] is not None:
-                self.pane.view.add("notice", note, before=self._bubbles[at])
+        """The notes of the shown chat's replies, above the replies on screen (an earlier one's as it is
+        put on screen, see _fill_earlier)."""
+        for msg, bubble in zip(self.current.messages, self._bubbles):
+            if bubble is not None:
+                self._show_notes_of(msg, bubble)
+
+    def _show_notes_of(self, msg: StoredMessage, bubble: MessageBubble) -> None:
+        for m, note in self._reply_notes.get(self.current.id, []):
+            if m is msg:
+                self._add_note(note, bubble)
+
+    def _add_note(self, note: str, bubble: MessageBubble) -> None:
+        """A note just above ``bubble`` (under the notes it has already)."""
+        self._notes_above.setdefault(bubble, []).append(self.pane.view.add("notice", note, before=bubble))
+
+    def _top_of(self, bubble: MessageBubble | None) -> MessageBubble | None:
+        """``bubble``, or the first of the notes above it: where an earlier message goes."""
+        notes = self._notes_above.get(bubble) if bubble is not None else None
+        return notes[0] if notes else bubble
 
     def _add_bubble(self, msg: StoredMessage, streaming: bool = False,
                     before: MessageBubble | None = None) -> MessageBubble:
@@ -432,7 +448,7 @@ class ChatController(QObject):
             if not any(m is self.live.message and n == usage.note for m, n in notes):
                 notes.append((self.live.message, usage.note))
             if self._live_here():
-                self.pane.view.add("notice", usage.note, before=self.live.bubble)
+                self._add_note(usage.note, self.live.bubble)
 
     def notice(self, text: str) -> None:
         """A line from Strata in the transcript (thermal guard, errors); not saved."""

@@ -355,3 +355,21 @@ def test_esc_stops_the_reply_of_the_chat_shown_not_one_out_of_sight(qtbot, tmp_p
     chat.open(writing)
     chat.stop_shown()
     assert chat.bridge.cancelled == [chat.live_id] * 2
+
+
+def test_a_note_of_an_early_reply_comes_back_above_it_when_a_long_chat_opens(qtbot, tmp_path):
+    from app.chat_controller import SHOWN_AT_ONCE
+    chat = make_chat(qtbot, tmp_path / "c")
+    for i in range(SHOWN_AT_ONCE):
+        chat.send(f"Q{i}")
+        if i in (1, 2):
+            chat.on_context(ContextUsage(chat.live_id, 300, 512, 100, dropped_messages=1, note=f"note of A{i}"))
+        stream(chat, f"A{i}")
+        finish(chat)
+    shown = chat.current.id
+    chat.new_chat()
+    chat.open(shown)                                   # the last 12 now, the earlier ones a slice at a time
+    qtbot.waitUntil(lambda: None not in chat._bubbles, timeout=5000)
+    texts = bubble_texts(chat)
+    assert texts[texts.index("A1") - 1] == "note of A1" and texts[texts.index("A2") - 1] == "note of A2"
+    assert texts[texts.index("note of A1") - 1] == "Q1" and texts.count("note of A1") == 1
