@@ -247,7 +247,8 @@ class SettingsBox(QGroupBox):
 class PromptBox(QPlainTextEdit):
     """The message box: Enter sends and Shift+Enter starts a new line (or, with ``enter_sends`` off,
     Enter starts a new line); Ctrl+Enter always sends. HEIGHT tall, and down to MIN_HEIGHT (two lines) in
-    a window too short for that, never over the buttons under it."""
+    a window too short for that, never over the buttons under it. Tab moves on to the buttons, as in a
+    form (a keyboard alone must reach Send); pasted text keeps its tabs."""
 
     submitted = Signal()
     HEIGHT = 84
@@ -255,6 +256,7 @@ class PromptBox(QPlainTextEdit):
 
     def __init__(self) -> None:
         super().__init__()
+        self.setTabChangesFocus(True)
         self.enter_sends = True
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Maximum)
         self.setMinimumHeight(self.MIN_HEIGHT)

@@ -201,7 +201,9 @@ class StreamingTail(QTextEdit):
 
 class ReasoningBlock(QWidget):
     """A reasoning model's thinking above its answer: a "Reasoning" toggle (collapsed by default) over the
-    text, dimmed; hidden while there is none."""
+    text, dimmed; hidden while there is none. Streamed text is added at the end of what is laid out (as the
+    answer's tail is): laying the whole of a long thought out again for every batch froze the window. At most
+    SHOWN_CHARS characters are shown; the toggle counts every word, and an export of the chat keeps them all."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -215,29 +217,43 @@ class ReasoningBlock(QWidget):
         self.toggle.setAutoRaise(True)
         self.toggle.toggled.connect(self._expand)
         lay.addWidget(self.toggle)
-        self.label = _label("", Qt.TextFormat.PlainText, "reasoningText")
-        self.label.setStyleSheet("QLabel#reasoningText { color: palette(placeholder-text); }")
+        self.label = StreamingTail()
+        self.label.setObjectName("reasoningText")
+        self.label.setStyleSheet("QTextEdit#reasoningText { color: palette(placeholder-text); background: "
+                                 "transparent; border: none; padding: 0; }")
         lay.addWidget(self.label)
         self.text = ""
+        self._words = 0
         self.set_text("")
 
     def _expand(self, on: bool) -> None:
         self.toggle.setArrowType(Qt.ArrowType.DownArrow if on else Qt.ArrowType.RightArrow)
-        self.label.setVisible(on)
+        self.label.setVisible(on and bool(self.text))
 
     @property
     def expanded(self) -> bool:
         return self.toggle.isChecked()
 
     def set_text(self, text: str) -> None:
-        self.text = text
-        self.label.setText(breakable(shown(text)))
-        self.toggle.setText(f"Reasoning ({len(text.split())} words)")
-        self.setVisible(bool(text))
-        self._expand(self.toggle.isChecked())
+        self.text, self._words = text, len(text.split())
+        self.label.set_text(text[:SHOWN_CHARS])
+        self._shown()
 
     def append(self, text: str) -> None:
-        self.set_text(self.text + text)
+        tail = self.text[-64:]            # a word cut between batches is counted once: as its start, then whole
+        self._words += len((tail + text).split()) - len(tail.split())
+        room = SHOWN_CHARS - len(self.text)
+        self.text += text
+        if room > 0:
+            self.label.append_text(text[:room])
+        self._shown()
+
+    def _shown(self) -> None:
+        more = len(self.text) - SHOWN_CHARS
+        self.toggle.setText(f"Reasoning ({self._words:,} words" + (f"; the last {more:,} characters are not shown "
+                                                                     "here: an export keeps them" if more > 0 else "") + ")")
+        self.setVisible(bool(self.text))
+        self._expand(self.toggle.isChecked())
 
 
 # A message shows at most this many characters: laying out half a megabyte of text (a pasted log) took

@@ -33,12 +33,16 @@ class LoadTestSummary:
     per_stream_tok_s: float      # mean decode speed of one stream
     failed: int = 0              # streams that ended in an error
     first_error: str = ""        # the first of their errors
+    stopped: int = 0             # streams stopped by the user before their output length
 
     def text(self) -> str:
         head = (f"{self.streams} streams, {self.total_tokens} tokens in {self.wall_s:.1f} s: aggregate "
                 f"{self.aggregate_tok_s:.1f} tok/s vs {self.per_stream_tok_s:.1f} tok/s per stream "
                 f"({self.aggregate_tok_s / self.per_stream_tok_s:.2f}× from batching)"
                 if self.per_stream_tok_s > 0 else f"{self.streams} streams, {self.total_tokens} tokens")
+        if self.stopped:
+            which = "every stream" if self.stopped == self.streams else f"{self.stopped} of {self.streams} streams"
+            head = f"Stopped: {which} ended early. {head}"
         if not self.failed:
             return head
         which = "every stream" if self.failed == self.streams else f"{self.failed} of {self.streams} streams"
@@ -51,9 +55,10 @@ def summarise(results: list[ReplyStats]) -> LoadTestSummary:
     wall = max(r.finished for r in results) - min(r.started for r in results) if results else 0.0
     speeds = [r.decode_tok_s for r in results if r.decode_tok_s]
     failed = [r for r in results if r.finish_reason == "error" or r.error]
+    stopped = sum(1 for r in results if r.finish_reason == "abort")
     return LoadTestSummary(len(results), tokens, wall, tokens / wall if wall > 0 else 0.0,
                            sum(speeds) / len(speeds) if speeds else 0.0, len(failed),
-                           (failed[0].error or "the reply failed") if failed else "")
+                           (failed[0].error or "the reply failed") if failed else "", stopped)
 
 
 class LoadTestDialog(QDialog):
@@ -77,6 +82,8 @@ class LoadTestDialog(QDialog):
         self.ids: list[str] = []
         self._max_tokens = 0            # the output length the running test asked for
         self.results: dict[str, ReplyStats] = {}
+        self._read = False              # an engine reading came in while this test ran
+        self._context = 0               # the model's context (0: not known)
         lay = QVBoxLayout(self)
         form = QFormLayout()
         self.streams = QSpinBox()
@@ -97,6 +104,14 @@ class LoadTestDialog(QDialog):
         self.send_through.addItems([ENGINE, HTTP])
         form.addRow("Send through", self.send_through)
         lay.addLayout(form)
+        self.fit_note = QLabel("")       # prompt and output past the model's context: what each stream then does
+        self.fit_note.setObjectName("knobStatus_off")
+        self.fit_note.setWordWrap(True)
+        self.fit_note.hide()
+        lay.addWidget(self.fit_note)
+        for box in (self.prompt_len, self.output_len):
+            box.valueChanged.connect(self._check_fit)
+        self.send_through.currentIndexChanged.connect(self._check_fit)
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels(COLUMNS)
         header = self.table.horizontalHeader()
@@ -130,6 +145,21 @@ class LoadTestDialog(QDialog):
     def through_http(self) -> bool:
         return self.send_through.currentText() == HTTP
 
+    def set_context(self, tokens: int) -> None:
+        """The loaded model's context, against which the lengths are checked."""
+        self._context = tokens
+        self._check_fit()
+
+    def _check_fit(self) -> None:
+        need = self.prompt_len.value() + self.output_len.value()
+        over = bool(self._context) and need > self._context
+        if over:
+            what = ("the server refuses each request (400)" if self.through_http else
+                    "each stream ends when the context is full, before its output length")
+            self.fit_note.setText(f"Prompt and output ({need:,} tokens) are more than the model's {self._context:,}"
+                                  f"-token context: {what}; lower them to {self._context:,} together")
+        self.fit_note.setVisible(over)
+
     def set_server_url(self, url: str | None) -> None:
         """The local server's API URL, or None while it is off (the test then goes to the engine)."""
         self.server_url = url
@@ -146,6 +176,8 @@ class LoadTestDialog(QDialog):
         tag = uuid.uuid4().hex[:6]
         self.ids = [f"load-{tag}-{i}" for i in range(n)]
         self.results = {}
+        self._read = False
+        self.live.setText("Engine aggregate: —")      # a reading of this test's, not the one before
         self.table.setRowCount(n)
         for i, rid in enumerate(self.ids):
             self._row(i, [str(i + 1), "running", "", "", ""])
@@ -189,10 +221,13 @@ class LoadTestDialog(QDialog):
 
     def _row(self, i: int, cells: list[str]) -> None:
         for c, text in enumerate(cells):
-            self.table.setItem(i, c, QTableWidgetItem(text))
+            item = QTableWidgetItem(text)
+            item.setToolTip(text if c == 1 else "")      # a long status (an error) whole
+            self.table.setItem(i, c, item)
 
     def on_stats(self, stats) -> None:
         if self.running:
+            self._read = True
             self.live.setText(f"Engine aggregate: {stats.aggregate_tok_s:.1f} tok/s · batch {stats.batch_size} "
                               f"· queued {stats.waiting}")
 
@@ -209,7 +244,7 @@ class LoadTestDialog(QDialog):
             result = summarise(list(self.results.values()))
             self.summary.setText(result.text())
             last = self.live.text().removeprefix("Engine aggregate: ")
-            if last != self.live.text():            # the engine's last reading while the test ran, said as such
+            if self._read and last != self.live.text():     # the engine's last reading while it ran, said as such
                 self.live.setText(f"Last engine reading of the test: {last}")
             self.start_button.setEnabled(True)
             self.stop_button.setEnabled(False)

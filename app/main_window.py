@@ -493,6 +493,9 @@ class MainWindow(QMainWindow):
             self.load_test = LoadTestDialog(self.bridge.submit, self.bridge.cancel, self,
                                             prompt_ids=self.bridge.synthetic_prompt_ids, server_url=self.server.url)
             self.server.url_changed.connect(self.load_test.set_server_url)
+            self.model_ready.connect(lambda m: self.load_test.set_context(m.context_tokens))
+        if self.model is not None:
+            self.load_test.set_context(self.model.context_tokens)
         self.load_test.show()
         self.load_test.raise_()
 

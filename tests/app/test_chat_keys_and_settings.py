@@ -124,3 +124,14 @@ def test_the_system_prompt_is_hidden_and_ignored_in_completion_mode(qtbot, tmp_p
     request = chat.bridge.requests[-1]
     assert request.prompt == "Once upon a time" and request.messages == ()
     assert chat.current.system_prompt == "Answer in French.", "the hidden text is kept for chat models"
+
+
+def test_tab_leaves_the_message_box_for_the_buttons(qtbot, tmp_path):
+    chat = make_chat(qtbot, tmp_path / "c")
+    box = chat.pane.input
+    box.setFocus()
+    QTest.keyClicks(box, "a question")
+    QTest.keyClick(box, Qt.Key.Key_Tab)
+    assert box.toPlainText() == "a question"          # no tab typed into it: the focus moves on, as in a form
+    box.insertPlainText("\tpasted\ttext")              # pasted text keeps its tabs
+    assert "\tpasted" in box.toPlainText()

@@ -126,3 +126,23 @@ def test_the_bridge_reads_think_tags_into_reasoning_and_answer(tmp_path):
     chunk = text.take().chunks[0]
     assert (chunk.reasoning, chunk.text) == ("Let me see.\n", "Hello!")
     assert reasoning_reader(Tokenizer.from_dir(build_tiny_harmony_tokenizer(tmp_path / "h")), []) is not None
+
+
+def test_a_long_thought_streams_without_laying_itself_out_again(qtbot):
+    # each batch is added at the end of the laid-out text; past SHOWN_CHARS the rest is counted, not shown
+    from app.chat_view import SHOWN_CHARS, MessageBubble
+    bubble = MessageBubble("assistant", streaming=True)
+    qtbot.addWidget(bubble)
+    block = bubble.reasoning
+    block.toggle.click()
+    edits = []
+    block.label.document().contentsChange.connect(lambda at, removed, added: edits.append((at, removed)))
+    pieces = ["the th", "ought goes ", "on and on. "] * 2000
+    for piece in pieces:
+        block.append(piece)
+    assert block.text == "".join(pieces) and len(block.text) > SHOWN_CHARS
+    assert all(removed == 0 for _, removed in edits), "nothing laid out is replaced while it streams"
+    assert block.label.text() == block.text[:SHOWN_CHARS]
+    assert block.toggle.text().startswith(f"Reasoning ({len(block.text.split()):,} words; the last ")
+    block.set_text("A short one.")
+    assert block.toggle.text() == "Reasoning (3 words)" and block.label.text() == "A short one."

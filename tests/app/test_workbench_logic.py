@@ -109,3 +109,33 @@ def test_collapsed_sampling_box_says_what_is_in_force(qtbot):
     assert "system prompt" not in box.summary.text()
     box.setChecked(True)
     assert box.contents.isVisibleTo(box) and not box.summary.isVisibleTo(box)
+
+
+def test_a_load_test_says_when_it_was_stopped_and_which_reading_is_its_own(qapp):
+    from app.load_test import LoadTestDialog, summarise
+    from engine.telemetry import EngineStats
+    sent, cancelled = [], []
+    dialog = LoadTestDialog(sent.append, cancelled.append)
+    dialog.set_context(512)
+    dialog.prompt_len.setValue(16)
+    dialog.output_len.setValue(2000)                        # past the context: said before Start
+    assert dialog.fit_note.isVisibleTo(dialog) and "2,016 tokens) are more than the model's 512" in \
+        dialog.fit_note.text()
+    dialog.output_len.setValue(400)
+    assert dialog.fit_note.isHidden()
+    dialog.streams.setValue(2)
+    dialog.start()
+    dialog.on_stats(EngineStats(batch_size=8, running=8, aggregate_tok_s=238.7))
+    first = [ReplyStats(rid, "loadtest", "abort", completion_tokens=30, started=0.0, finished=1.0, decode_tok_s=40.0)
+             for rid in dialog.ids]
+    for r in first:
+        dialog.on_finished(r)
+    assert dialog.summary.text().startswith("Stopped: every stream ended early.")
+    assert summarise(first).stopped == 2
+    dialog.start()                                          # no reading arrives during this one
+    assert dialog.live.text() == "Engine aggregate: —"
+    error = "the server answered 400: prompt and max_tokens are 1 token over the 512-token context; shorten it"
+    for rid in dialog.ids:
+        dialog.on_finished(ReplyStats(rid, "loadtest", "error", error=error, started=0.0, finished=0.1))
+    assert "238.7" not in dialog.live.text()
+    assert dialog.table.item(0, 1).toolTip() == f"error: {error}"             # the whole error, where it is cut
