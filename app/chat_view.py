@@ -458,7 +458,13 @@ class ChatView(QScrollArea):
             return
         if self._follow:
             # with ``self`` as context the call is dropped if the view is gone by then
-            QTimer.singleShot(0, self, lambda: self.verticalScrollBar().setValue(self.verticalScrollBar().maximum()))
+            QTimer.singleShot(0, self, self._to_bottom)
+
+    def _to_bottom(self) -> None:
+        """Follow the newest text, unless the reader scrolled away meanwhile (a wheel turned while a long
+        chat's messages were still being laid out was undone by the scrolls queued before it)."""
+        if self._follow:
+            self.verticalScrollBar().setValue(self.verticalScrollBar().maximum())
 
     def add(self, role: str, text: str = "", streaming: bool = False, stats: str = "",
             before: MessageBubble | None = None, reasoning: str = "") -> MessageBubble:

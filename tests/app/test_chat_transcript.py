@@ -187,3 +187,24 @@ def test_headings_in_a_message_sit_under_its_speaker_in_the_markdown():
     assert text.count("\n## You\n") == 1 and "#### You\nnot a speaker" in text    # the user's own, two down
     assert "# a comment in code" in text and "\n###### deepest" in text          # code as written; at most six
     assert "## Assistant\n\n### Answer\ntext" in text
+
+
+def test_a_scroll_away_while_the_transcript_is_still_laid_out_holds(qtbot):
+    # scrolls to the bottom queued by a layout before the reader turned the wheel do not undo it
+    from PySide6.QtWidgets import QApplication
+
+    from app.chat_view import ChatView
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.resize(400, 300)
+    view.show()
+    for i in range(40):
+        view.add("user", f"message {i}")
+    QApplication.processEvents()
+    bar = view.verticalScrollBar()
+    qtbot.waitUntil(lambda: bar.maximum() > 0 and bar.value() == bar.maximum())
+    view._range_changed(0, bar.maximum())            # a layout pass queues a scroll to the bottom...
+    bar.setValue(bar.maximum() // 2)                  # ... and the reader scrolls up before it runs
+    for _ in range(3):
+        QApplication.processEvents()
+    assert bar.value() == bar.maximum() // 2
