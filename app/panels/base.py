@@ -236,6 +236,8 @@ class Panel(QWidget):
         self.graphics = pg.GraphicsLayoutWidget()
         self.graphics.ci.setContentsMargins(0, 0, 0, 0)
         self.graphics.setMinimumSize(*PLOT_MIN_SIZE)
+        # the plots take no keys: Tab passes them by (behind another dock's tab it would land out of sight)
+        self.graphics.setFocusPolicy(Qt.FocusPolicy.NoFocus)
         # repaint only what changed: a full-viewport repaint of every plot per frame stalls the GUI
         self.graphics.setViewportUpdateMode(self.graphics.ViewportUpdateMode.MinimalViewportUpdate)
         self._layout.addWidget(self.graphics, 1)

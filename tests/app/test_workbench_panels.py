@@ -379,3 +379,10 @@ def test_the_slowdown_line_is_labelled_with_its_temperature(qapp):
     assert panel._slowdown.isVisible() and panel._slowdown.label.toPlainText() == "slowdown 90 °C"   # not "0 °C"
     panel.push_gpu(sample.with_changes(slowdown_temp_c=None), ThermalState(OK))
     assert not panel._slowdown.isVisible()
+
+
+def test_tab_passes_the_plots_by(qapp):
+    from PySide6.QtCore import Qt
+
+    from app.panels.performance import PerformancePanel
+    assert PerformancePanel().graphics.focusPolicy() == Qt.FocusPolicy.NoFocus
