@@ -225,3 +225,19 @@ def test_a_block_quote_is_marked_as_one_not_read_as_the_list_above_it(qapp):
     lines = doc.toPlainText().split("\n")
     assert f"{QUOTE_BAR} quoted one" in lines and f"{QUOTE_BAR * 2} nested" in lines
     assert "after" in lines and "second" in lines
+
+
+def test_a_reply_of_the_real_engine_goes_on_while_another_chat_is_open(window, qtbot):
+    _settings(window, max_tokens=120)
+    window.chat.new_chat()
+    window.chat.send("And God said")
+    writing = window.chat.current.id
+    qtbot.waitUntil(lambda: bool(window.chat.live.text), timeout=REPLY_MS)
+    with qtbot.waitSignal(window.chat.reply_done, timeout=REPLY_MS) as done:
+        window.chat.new_chat()                           # the user goes on elsewhere while it is written
+        assert window.chat.live is not None and window.chat.live_bubble is None
+    assert done.args[0].completion_tokens > 0
+    assert window.chat_pane.view.bubbles == []           # the new chat shows none of it
+    window.chat.open(writing)
+    reply = window.chat.current.messages[-1]
+    assert window.chat_pane.view.bubbles[-1].text == reply.content != "" and not reply.interrupted
