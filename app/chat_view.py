@@ -288,7 +288,10 @@ _ERROR_LINE = re.compile(r"(^|· )error: ")
 
 class MessageBubble(QFrame):
     """One message. Assistant bubbles stream (``append`` then ``finish``) and page through the replies the
-    model gave to the turn: ``page_requested(-1 | +1)``, ``delete_version_requested``."""
+    model gave to the turn: ``page_requested(-1 | +1)``, ``delete_version_requested``.
+
+    The parts few messages use (the reasoning block, the streaming tail, the pager) are made when first
+    needed: a long chat opens a bubble per message, and each widget made costs the window time."""
 
     ROLE_NAMES = {"user": "You", "assistant": "Assistant", "notice": "Strata"}
     page_requested = Signal(int)
@@ -309,22 +312,20 @@ class MessageBubble(QFrame):
         name.setObjectName("role")
         head.addWidget(name)
         head.addStretch(1)
-        self._add_pager(head)
+        self._head = head
+        self._pager: tuple[QPushButton, QLabel, QPushButton, QPushButton] | None = None
         self.copy_button = QPushButton("Copy")
         self.copy_button.setFlat(True)
         self.copy_button.setToolTip("Copy this message as Markdown")
         self.copy_button.clicked.connect(self.copy)
         head.addWidget(self.copy_button)
         lay.addLayout(head)
-        self.reasoning = ReasoningBlock()
-        lay.addWidget(self.reasoning)
+        self._reasoning: ReasoningBlock | None = None
         self.body = QVBoxLayout()
         self.body.setSpacing(6)
         lay.addLayout(self.body)
         self._blocks: list[QWidget] = []
-        self.tail = StreamingTail()
-        self.tail.hide()
-        lay.addWidget(self.tail)
+        self._tail: StreamingTail | None = None
         self.cut_note = QLabel("")
         self.cut_note.setObjectName("replyStats")
         self.cut_note.setWordWrap(True)         # never wider than the bubble
@@ -342,24 +343,70 @@ class MessageBubble(QFrame):
         if not streaming:
             self.finish()
 
-    def _add_pager(self, head: QHBoxLayout) -> None:
-        """"‹ 2/3 ›" and Delete (this version): shown once a turn has more than one reply."""
-        self.prev_button = _flat_button("‹", "The previous version of this reply")
-        self.prev_button.clicked.connect(lambda: self.page_requested.emit(-1))
-        self.pager_label = QLabel("")
-        self.pager_label.setObjectName("role")
-        self.next_button = _flat_button("›", "The next version of this reply")
-        self.next_button.clicked.connect(lambda: self.page_requested.emit(1))
-        self.delete_version_button = _flat_button("Delete", "Delete this version of the reply; "
-                                                  "the other versions stay")
-        self.delete_version_button.clicked.connect(self.delete_version_requested)
-        for w in (self.prev_button, self.pager_label, self.next_button, self.delete_version_button):
-            head.addWidget(w)
-            w.hide()
+    @property
+    def reasoning(self) -> ReasoningBlock:
+        """The reasoning block above the text (made at first use, between the header and the text)."""
+        if self._reasoning is None:
+            self._reasoning = ReasoningBlock()
+            self.layout().insertWidget(1, self._reasoning)
+        return self._reasoning
+
+    def set_reasoning(self, text: str) -> None:
+        """Show ``text`` as the message's reasoning ("" hides it; no block is made for none)."""
+        if text or self._reasoning is not None:
+            self.reasoning.set_text(text)
+
+    @property
+    def tail(self) -> StreamingTail:
+        """The unfinished end of a streaming reply (made at first use, under the rendered blocks)."""
+        if self._tail is None:
+            self._tail = StreamingTail()
+            self._tail.hide()
+            self.layout().insertWidget(self.layout().indexOf(self.cut_note), self._tail)
+        return self._tail
+
+    def _clear_tail(self) -> None:
+        if self._tail is not None:
+            self._tail.set_text("")
+
+    def _pager_widgets(self) -> tuple[QPushButton, QLabel, QPushButton, QPushButton]:
+        """"‹ 2/3 ›" and Delete (this version), made the first time a turn has more than one reply."""
+        if self._pager is None:
+            prev = _flat_button("‹", "The previous version of this reply")
+            prev.clicked.connect(lambda: self.page_requested.emit(-1))
+            label = QLabel("")
+            label.setObjectName("role")
+            nxt = _flat_button("›", "The next version of this reply")
+            nxt.clicked.connect(lambda: self.page_requested.emit(1))
+            delete = _flat_button("Delete", "Delete this version of the reply; the other versions stay")
+            delete.clicked.connect(self.delete_version_requested)
+            self._pager = (prev, label, nxt, delete)
+            for w in self._pager:
+                self._head.insertWidget(self._head.indexOf(self.copy_button), w)
+                w.hide()
+        return self._pager
+
+    @property
+    def prev_button(self) -> QPushButton:
+        return self._pager_widgets()[0]
+
+    @property
+    def pager_label(self) -> QLabel:
+        return self._pager_widgets()[1]
+
+    @property
+    def next_button(self) -> QPushButton:
+        return self._pager_widgets()[2]
+
+    @property
+    def delete_version_button(self) -> QPushButton:
+        return self._pager_widgets()[3]
 
     def set_pager(self, index: int, count: int, enabled: bool = True) -> None:
         """Show "‹ index+1/count ›" (hidden for a single reply); ``enabled`` False while a reply streams."""
         many = count > 1
+        if not many and self._pager is None:
+            return                              # nothing to page, nothing to hide
         self.pager_label.setText(f"{index + 1}/{count}" if many else "")
         for w in (self.prev_button, self.pager_label, self.next_button, self.delete_version_button):
             w.setVisible(many)
@@ -369,7 +416,7 @@ class MessageBubble(QFrame):
 
     def show_text(self, text: str, stats_line: str = "", streaming: bool = False, reasoning: str = "") -> None:
         """Show another text in this bubble (another version of the reply, or a new one streaming in)."""
-        self.reasoning.set_text(reasoning)
+        self.set_reasoning(reasoning)
         # by widget, never through the layout's items: a QLayoutItem handed to Python outlives its C++ object
         # in the binding's table, and a later object at the same address would come back as that item
         for widget in self._blocks:
@@ -379,7 +426,7 @@ class MessageBubble(QFrame):
         self._blocks = []
         self.text, self._pending, self._shown = "", "", 0
         self.cut_note.hide()
-        self.tail.set_text("")
+        self._clear_tail()
         self.streaming = streaming
         if text:
             self.append(text)
@@ -399,7 +446,9 @@ class MessageBubble(QFrame):
             self._add_block(block)
         if self._shown >= SHOWN_CHARS:
             self._pending = ""
-            self.tail.set_text("")
+            self._clear_tail()
+        elif not self.streaming:
+            pass                                 # a whole message: finish() renders the rest, no tail needed
         elif not blocks and self._pending == grown:
             self.tail.append_text(text)          # the common case: the tail only grows at its end
         else:
@@ -422,7 +471,7 @@ class MessageBubble(QFrame):
         for block in split_all(self._pending):
             self._add_block(block)
         self._pending = ""
-        self.tail.set_text("")
+        self._clear_tail()
         hidden = len(self.text) - self._shown
         if self._shown >= SHOWN_CHARS and hidden > 0:
             self.cut_note.setText(f"… and {hidden:,} more characters, not shown here: Copy copies the whole "
@@ -492,7 +541,7 @@ class ChatView(QScrollArea):
             before: MessageBubble | None = None, reasoning: str = "") -> MessageBubble:
         """Append a bubble (or put it just above ``before``) and return it."""
         bubble = MessageBubble(role, text, streaming)
-        bubble.reasoning.set_text(reasoning)
+        bubble.set_reasoning(reasoning)
         if stats:
             bubble.set_stats(stats)
         if before is not None and before in self.bubbles:

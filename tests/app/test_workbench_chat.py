@@ -241,3 +241,18 @@ def test_a_reply_of_the_real_engine_goes_on_while_another_chat_is_open(window, q
     window.chat.open(writing)
     reply = window.chat.current.messages[-1]
     assert window.chat_pane.view.bubbles[-1].text == reply.content != "" and not reply.interrupted
+
+
+def test_a_stored_message_makes_only_the_widgets_it_shows(qapp):
+    # a long chat makes a bubble per message: no streaming tail, reasoning block or pager where none is used
+    from app.chat_view import MessageBubble
+    bubble = MessageBubble("assistant", "A stored reply.")
+    assert bubble._tail is None and bubble._reasoning is None and bubble._pager is None
+    bubble.set_pager(0, 1)
+    bubble.set_reasoning("")
+    assert bubble._pager is None and bubble._reasoning is None
+    bubble.set_pager(1, 2)
+    assert bubble.pager_label.text() == "2/2" and bubble.prev_button.isEnabled()
+    streaming = MessageBubble("assistant", streaming=True)
+    streaming.append("partial")
+    assert streaming.tail.text() == "partial"
