@@ -500,10 +500,11 @@ def plan_memory(resident_bytes: int, expert_bytes: int, num_experts: int, kv_byt
         if slots < num_experts:                 # staging comes out of the same room
             slots = max(0, min(slots, (room - staging * expert_bytes) // expert_bytes))
         if slots == 0 and room >= expert_bytes:
-            short = format_size((staging + 1) * expert_bytes - room)
-            note = (f"no expert is pooled: the room the budget leaves holds {room // expert_bytes} experts, fewer "
+            short = format_size(_round_up((staging + 1) * expert_bytes - room))
+            kv = " or lower --kv-cache-size" if kv_asked_bytes is not None else ""
+            note = (f"no expert is pooled: the room the budget leaves holds {room // expert_bytes} experts, no more "
                     f"than the {staging} staging slots a pooled step needs beside them, so every expert crosses "
-                    f"the bus and the room goes to the KV cache; raise --gpu-memory-budget by {short} for a pool")
+                    f"the bus and the room goes to the KV cache; raise --gpu-memory-budget by {short}{kv} for a pool")
         if slots == 0 and direct_experts:       # the budget leaves no pool: staged as one asked for none
             staging = staging_slots(experts_per_layer, direct_experts)
     else:

@@ -179,7 +179,9 @@ def _expert_parallel_lines(spec: ModelSpec, c: EngineConfig, per_expert: int, re
             plan = plan_memory(res, per_expert, mine, kv.bytes_per_token if r == 0 else 0, budget,
                                pool_bytes(size, mine * per_expert), experts_per_layer=shard.local_experts,
                                advice=BudgetAdvice(None, "", ""), window_kv_bytes=kv.window_pool_bytes if r == 0 else 0,
-                               min_kv_tokens=0 if r else MIN_KV_TOKENS, **step_sizing(spec, c, 2))
+                               min_kv_tokens=0 if r else MIN_KV_TOKENS, **step_sizing(spec, c, 2),
+                               kv_asked_bytes=None if r else kv_asked_bytes(c.kv_cache_size, kv.window_pool_bytes,
+                                                                            kv.bytes_per_token, context, c.max_batch))
             text += (f"; budget {format_size(budget)}: pool {plan.pool_slots}/{mine} experts "
                      f"({plan.pool_slots / mine:.0%})")
             if r == 0 and not c.kv_cache_size:

@@ -179,7 +179,7 @@ class CompletionView:
             return text, None, lp.TextOffsets(len(text))
         offsets = lp.TextOffsets()
         obj = lp.legacy(self.prompts[prompt_index].ids, self.echoed.logprobs[prompt_index], self.info, offsets,
-                        generated=False)
+                        echoed=text)
         return text, obj, offsets
 
     def _choice(self, c: Choice) -> dict:

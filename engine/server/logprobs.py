@@ -54,16 +54,19 @@ class TextOffsets:
 
 
 def legacy(ids: Sequence[int], lps: Sequence[TokenLogprob | None], info: ModelInfo, offsets: TextOffsets,
-           generated: bool = True) -> dict:
+           echoed: str | None = None) -> dict:
     """The completions shape for ``ids``, text offsets counted on from ``offsets`` (which moves on).
-    ``generated``: the ids are a reply's, whose text leaves special tokens out, so they take no room in it
-    (an echoed prompt's text spells them)."""
+    A reply's text leaves special tokens out, so they take no room in it; an echoed prompt (``echoed``, its
+    text) spells those it was written with, not those the tokenizer added (a BOS before a text prompt)."""
     tokens, token_lps, tops, at = [], [], [], []
     for tid, lp in zip(ids, lps):
         tokens.append(info.token_text(tid))
         token_lps.append(None if lp is None else _f(lp.logprob))
         tops.append(None if lp is None else _legacy_top(lp, info))
-        at.append(offsets.take(info.text_bytes(tid) if generated else info.token_bytes(tid)))
+        room = info.text_bytes(tid)
+        if echoed is not None and not room and echoed.startswith(info.token_text(tid), offsets.offset):
+            room = info.token_bytes(tid)        # a special token the prompt's text spells
+        at.append(offsets.take(room))
     return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": at}
 
 

@@ -77,3 +77,20 @@ def test_streamed_text_offsets_index_the_whole_text(client, scripted):
         merged[0].text_offset += lp.text_offset
     assert text == "Hi there you!" and len(merged[0].tokens) == len(merged[0].text_offset) >= len(SCRIPT)
     check_offsets(text, merged[0])
+
+
+@pytest.fixture(scope="module")
+def bos_client(tmp_path_factory):
+    from tests.engine.tokenizer_fixtures import build_tiny_tokenizer
+    from tiny_models import build_tiny_model
+    folder = build_tiny_model(tmp_path_factory.mktemp("bos") / "m")
+    build_tiny_tokenizer(folder, vocab_size=384, add_bos_token=True)
+    for server, _tok in serving(folder):
+        yield openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=TIMEOUT)
+
+
+def test_echo_offsets_leave_out_the_bos_a_text_prompt_did_not_spell(bos_client):
+    r = bos_client.completions.create(model="m", prompt="hi there", echo=True, max_tokens=4, logprobs=0,
+                                      temperature=0).choices[0]
+    assert r.logprobs.tokens[0].startswith("<|") and r.text.startswith("hi there")      # added, not written
+    check_offsets(r.text, r.logprobs)
