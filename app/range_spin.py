@@ -17,21 +17,12 @@ _NUMBER = re.compile(r"-?\d+([.,]\d*)?")
 
 
 class _SaysOutOfRange:
-    """What the two spin boxes share: the typed number, its check, and the line."""
+    """What the two spin boxes share: the typed number, its check, and the line. Each box says how it reads
+    a number (``_number``), writes one (``_shown``) and what one looks like while it is typed (``_typing``)."""
 
     def _typed(self, text: str) -> str:
         typed = self.cleanText() if text == self.text() else text
         return typed.strip().removeprefix(self.prefix().strip()).removesuffix(self.suffix().strip()).strip()
-
-    def _number(self, typed: str) -> float | None:
-        raise NotImplementedError
-
-    def _shown(self, value: float) -> str:
-        raise NotImplementedError
-
-    def _typing(self) -> re.Pattern:
-        """What a number this box can hold looks like while it is typed ("-" included), in or out of range."""
-        raise NotImplementedError
 
     def validate(self, text: str, pos: int):
         """A number the box could hold but for its range is let through while it is typed, so that Enter
