@@ -194,6 +194,19 @@ def test_a_restart_reopens_the_chat_shown_last_not_the_newest(qtbot, tmp_path):
     assert again.current.id == older and "Older chat" in bubble_texts(again)
 
 
+def _writing_elsewhere(qtbot, tmp_path):
+    """A chat with a reply being written in "Story" while another chat, "Other", is shown: (chat, the id of
+    the one being written in, the id of the one shown)."""
+    chat = make_chat(qtbot, tmp_path / "c")
+    exchange(chat, "A.", "Other")
+    other = chat.current.id
+    chat.new_chat()
+    chat.send("Story")
+    writing = chat.current.id
+    chat.open(other)
+    return chat, writing, other
+
+
 # --- other chats while a reply is being written ----------------------------------------------------------
 def test_a_reply_goes_on_in_its_own_chat_while_another_is_open_and_is_there_when_it_comes_back(qtbot, tmp_path):
     chat = make_chat(qtbot, tmp_path / "c")
@@ -309,13 +322,7 @@ def test_a_held_delete_key_deletes_one_chat_not_the_list(qtbot, tmp_path):
 
 
 def test_the_line_over_the_list_names_the_chat_being_written_in_after_a_rename(qtbot, tmp_path):
-    chat = make_chat(qtbot, tmp_path / "c")
-    exchange(chat, "A.", "Other")
-    other = chat.current.id
-    chat.new_chat()
-    chat.send("Story")
-    writing = chat.current.id
-    chat.open(other)
+    chat, writing, other = _writing_elsewhere(qtbot, tmp_path)
     chat.ask_text = lambda *_args: "Renamed title"
     chat.rename(writing)
     assert "“Renamed title”" in chat.sidebar.busy_note.text()
@@ -341,13 +348,7 @@ def test_a_regenerated_reply_shows_only_its_own_notes(qtbot, tmp_path):
 
 
 def test_esc_stops_the_reply_of_the_chat_shown_not_one_out_of_sight(qtbot, tmp_path):
-    chat = make_chat(qtbot, tmp_path / "c")
-    exchange(chat, "A.", "Other")
-    other = chat.current.id
-    chat.new_chat()
-    chat.send("Story")
-    writing = chat.current.id
-    chat.open(other)
+    chat, writing, other = _writing_elsewhere(qtbot, tmp_path)
     chat.stop_shown()
     assert chat.bridge.cancelled == []
     chat.pane.stop_button.click()                     # the button says what it does: it stops it
