@@ -315,10 +315,7 @@ class LoadedModel:
 
     def _pool_budget(self) -> int | None:
         """Bytes the expert pool (with staging) may grow to: the budget less everything else."""
-        p = self.plan
-        if p.budget_bytes is None:
-            return None
-        return p.budget_bytes - p.resident_bytes - p.workspace_bytes - self._kv_cache_bytes()
+        return self.plan.pool_room(self._kv_cache_bytes())
 
     def pool_bytes(self, size: PoolSize) -> int | None:
         """Pool bytes of a parsed pool size: a share ("50%") of all routed experts resolved against their bytes.

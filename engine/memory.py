@@ -164,6 +164,14 @@ class MemoryPlan:
     def pool_fraction(self) -> float:
         return self.pool_slots / self.num_experts if self.num_experts else 1.0
 
+    def pool_room(self, kv_cache_bytes: int) -> int | None:
+        """Bytes the pool and its staging may grow to (a live resize): the budget less everything else on
+        the card, ``kv_cache_bytes`` being the full-attention KV as allocated; None without a budget."""
+        if self.budget_bytes is None:
+            return None
+        return (self.budget_bytes - self.resident_bytes - self.workspace_bytes - kv_cache_bytes
+                - self.window_kv_bytes)
+
     @property
     def total_bytes(self) -> int:
         """Device bytes the plan uses."""

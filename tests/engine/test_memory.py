@@ -364,3 +364,15 @@ def test_a_budget_with_room_for_fewer_experts_than_staging_says_why_the_pool_is_
     grown = _plan(budget_bytes=fixed + 100 * EXPERT + int(short * MiB) + 1, direct_experts=8)
     assert grown.pool_slots >= 1 and not grown.note
     assert not _plan().note
+
+
+def test_the_room_a_live_pool_may_grow_to_leaves_every_other_byte_of_the_budget() -> None:
+    # a model with sliding-window layers: their KV pool is on the card too, and a pool grown live must not
+    # take it (the room is what the budget leaves once the KV cache as allocated and the rest are paid)
+    window = 300 * MiB
+    p = _plan(window_kv_bytes=window, requested_pool=8 * GiB)
+    kv = 4096 * KV_TOK
+    room = p.pool_room(kv)
+    assert room == 24 * GiB - p.resident_bytes - p.workspace_bytes - kv - window
+    assert room + p.resident_bytes + p.workspace_bytes + kv + window == p.budget_bytes
+    assert _plan(budget_bytes=None).pool_room(kv) is None
