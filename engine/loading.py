@@ -296,10 +296,10 @@ class LoadedModel:
                            active_experts_per_token=s.num_moe_layers * s.top_k, advice=self._budget_advice(),
                            window_kv_bytes=self.kv_sizing.window_pool_bytes,
                            host_resident_bytes=embedding_bytes(s, elem) if self.embed_on_host else 0,
-                           # (a pipeline's stages agree their KV blocks after planning: engine.parallel.stages)
-                           kv_asked_bytes=None if self.stage is not None else kv_asked_bytes(
-                               c.kv_cache_size, self.kv_sizing.window_pool_bytes, self._kv_bytes_per_token(),
-                               self.max_model_len, c.max_batch),
+                           # a pipeline stage's config holds its share of the size (engine.parallel.load)
+                           kv_asked_bytes=kv_asked_bytes(c.kv_cache_size, self.kv_sizing.window_pool_bytes,
+                                                         self._kv_bytes_per_token(), self.max_model_len, c.max_batch),
+                           kv_share=self.stage.plan.kv_fraction(self.stage.rank) if self.stage is not None else 1.0,
                            **step_sizing(s, c, elem, gpu=self.device.type == "cuda"))
 
     def _budget_advice(self) -> BudgetAdvice:

@@ -466,7 +466,8 @@ def plan_memory(resident_bytes: int, expert_bytes: int, num_experts: int, kv_byt
                 active_experts_per_token: int = 0, min_kv_tokens: int = MIN_KV_TOKENS,
                 advice: BudgetAdvice = BudgetAdvice(), window_kv_bytes: int = 0,
                 host_resident_bytes: int = 0, decode_experts: int | None = None,
-                direct_experts: int | None = None, kv_asked_bytes: int | None = None) -> MemoryPlan:
+                direct_experts: int | None = None, kv_asked_bytes: int | None = None,
+                kv_share: float = 1.0) -> MemoryPlan:
     """Split ``budget_bytes`` between resident weights, expert pool (+ staging), KV cache, workspace.
 
     ``num_experts`` counts routed experts over all MoE layers; ``experts_per_layer`` sizes the
@@ -481,7 +482,8 @@ def plan_memory(resident_bytes: int, expert_bytes: int, num_experts: int, kv_byt
     slots for the pool to admit. ``kv_asked_bytes``: the full-attention KV cache the user asked for
     (``--kv-cache-size`` less the window pool, at most what a full batch fills), kept out of the pool's room
     instead of the reserve of ``min_kv_tokens``; one that does not fit beside the pool is a ConfigError
-    naming the size that does.
+    naming the size that does (``kv_share``: the share of ``--kv-cache-size`` this card allocates, a
+    pipeline stage's, by which that size is scaled back to the flag's).
     """
     no_pool = requested_pool is not None and requested_pool < expert_bytes
     staging = staging_slots(experts_per_layer, direct_experts if no_pool and direct_experts else decode_experts)
@@ -533,12 +535,14 @@ def plan_memory(resident_bytes: int, expert_bytes: int, num_experts: int, kv_byt
         what = "the expert pool and its staging" if slots else "the staging slots of missing experts"
         pooled = f", {what} ({format_size(pool)})" if pool else ""
         room = _round_down(max(0, left - pool) + window_kv_bytes)
-        fixes = ([f"lower --kv-cache-size to {format_size(room)}"] if room else []) + \
+        flag = _round_down(int(room / kv_share))
+        share = "" if kv_share == 1.0 else f"this card's {kv_share:.0%} share of "      # the whole size of which this card allocates kv_share
+        fixes = ([f"lower --kv-cache-size to {format_size(flag)}"] if flag else []) + \
             (["lower --expert-pool-size"] if requested_pool else []) + advice._raise_budget(budget_bytes) \
             or ["free memory on the GPU (other programs hold it) or use a GPU with more memory"]
         raise ConfigError(
-            f"the {format_size(kv_asked_bytes + window_kv_bytes)} KV cache --kv-cache-size allocates (at most what a "
-            f"full batch fills) does not fit the {format_size(budget_bytes)} GPU memory budget: the resident "
+            f"the {format_size(kv_asked_bytes + window_kv_bytes)} KV cache {share}--kv-cache-size allocates (at most "
+            f"what a full batch fills) does not fit the {format_size(budget_bytes)} GPU memory budget: the resident "
             f"weights, workspace{pooled} leave it "
             f"{format_size(max(0, left - pool) + window_kv_bytes)}; {_either(fixes)}")
     return MemoryPlan(budget_bytes, resident_bytes, workspace_bytes, expert_bytes, num_experts, slots,

@@ -221,7 +221,9 @@ def _pipeline_lines(spec: ModelSpec, args: argparse.Namespace, c: EngineConfig, 
         plan = plan_memory(stage.resident_bytes, per_expert, n, kv.bytes_per_token, budget, pool,
                            experts_per_layer=sub.num_experts, active_experts_per_token=sub.num_moe_layers * sub.top_k,
                            advice=BudgetAdvice(None, "", ""), window_kv_bytes=kv.window_pool_bytes,
-                           **step_sizing(sub, c, wb))
+                           kv_asked_bytes=kv_asked_bytes(kv_shares[stage.rank], kv.window_pool_bytes,
+                                                         kv.bytes_per_token, context, c.max_batch),
+                           kv_share=pp.kv_fraction(stage.rank), **step_sizing(sub, c, wb))
         lines += ["", f"GPU {stage.rank} (layers {stage.layers}, budget {format_size(budget)}):",
                   *(f"  {line}" for line in plan.format())]
         claims.append(stage_claim(plan, context, c.max_batch, c.kv_block_size, kv_shares[stage.rank]))

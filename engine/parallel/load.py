@@ -24,11 +24,10 @@ def stage_configs(config: EngineConfig, plan: PipelinePlan, device: torch.device
     n = plan.size
     budget = config.gpu_memory_budget
     budgets = list(budget) if isinstance(budget, tuple) else [None if budget is None else budget // n] * n
-    layers = sum(s.end - s.start for s in plan.stages)
     out = []
     for s in plan.stages:
         dev = "cpu" if device.type == "cpu" else f"cuda:{s.rank}"
-        kv = None if config.kv_cache_size is None else config.kv_cache_size * (s.end - s.start) // layers
+        kv = None if config.kv_cache_size is None else int(config.kv_cache_size * plan.kv_fraction(s.rank))
         out.append(config.replace(device=dev, gpu_memory_budget=budgets[s.rank], kv_cache_size=kv,
                                   cuda_graphs=False))
     return out

@@ -55,6 +55,12 @@ class PipelinePlan:
         total = self.expert_bytes
         return self.stages[rank].expert_bytes / total if total else 1.0 / self.size
 
+    def kv_fraction(self, rank: int) -> float:
+        """The share of an explicit ``--kv-cache-size`` stage ``rank`` allocates: its share of the layers."""
+        layers = sum(s.end - s.start for s in self.stages)
+        s = self.stages[rank]
+        return (s.end - s.start) / layers if layers else 1.0 / self.size
+
     def lines(self) -> list[str]:
         """One line per stage, as ``info`` and the load log print them."""
         return [f"stage {s.rank} (GPU {s.rank}): layers {s.layers} ({_count(s.end - s.start, 'layer')}, {s.moe_layers} MoE), "

@@ -175,3 +175,29 @@ def test_a_budget_too_small_for_mxfp4_experts_does_not_advise_int4(gpt_oss_120b,
 def test_int4_at_the_default_group_says_the_group_a_load_takes(gpt_oss_120b, capsys):
     assert main(["info", "--model", str(gpt_oss_120b), "--weight-format", "int4"]) == 0
     assert "note: int4 groups of 64: 128 does not divide this model's expert widths" in capsys.readouterr().err
+
+
+def test_a_kv_cache_size_over_a_pipeline_comes_out_of_each_cards_pool(gpt_oss_120b, capsys):
+    """Each stage allocates its layers' share of --kv-cache-size, so each card's plan keeps that share
+    out of its pool; a size that does not fit names the whole size that does, which then fits."""
+    args = ["info", "--model", str(gpt_oss_120b), "--pipeline-parallel", "2", "--gpu-memory-budget", "24G,24G"]
+    pools = re.compile(r"expert pool       : [\d.]+ GiB = (\d+)/\d+ experts")
+    assert main(args) == 0
+    plain = [int(s) for s in pools.findall(capsys.readouterr().out)]
+    assert main(args + ["--kv-cache-size", "6G"]) == 0
+    out = capsys.readouterr().out
+    asked = [int(s) for s in pools.findall(out)]
+    assert len(asked) == 2 and all(a < p for a, p in zip(asked, plain))
+    kv = [float(x) for x in re.findall(r"KV cache          : ([\d.]+) GiB", out)]
+    assert len(kv) == 2 and 5.5 < sum(kv) <= 6.0        # less the sliding-window layers' pools
+    assert main(args + ["--kv-cache-size", "100G"]) == 2
+    err = capsys.readouterr().err
+    assert re.match(r"error: the [\d.]+ GiB KV cache this card's \d+% share of --kv-cache-size allocates", err)
+    # each card names the size its own room holds: following the advice fits within one step per card
+    sizes, rc = [100.0], 2
+    while rc:
+        assert rc == 2 and err.startswith("error: ") and len(sizes) <= 2
+        sizes.append(float(err.split("lower --kv-cache-size to ")[1].split(" GiB")[0]))
+        assert 1 < sizes[-1] < sizes[-2]
+        rc = main(args + ["--kv-cache-size", f"{sizes[-1]}G"])
+        err = capsys.readouterr().err
