@@ -69,7 +69,15 @@ class RangeDoubleSpin(_SaysOutOfRange, QDoubleSpinBox):
         return value if ok else None
 
     def _shown(self, value: float) -> str:
-        return f"{value:g}"
+        # as the box writes numbers ("0,7" where the decimal point is a comma), without trailing zeros
+        return self.locale().toString(float(value), "g", 6)
+
+    def validate(self, text: str, pos: int):
+        """A point typed where the decimal point is a comma ("0.5" in German) is taken as that comma."""
+        point = self.locale().decimalPoint()
+        if point != "." and "." in text and point not in text:
+            text = text.replace(".", point)
+        return super().validate(text, pos)
 
     def _typing(self) -> re.Pattern:
         point = re.escape(self.locale().decimalPoint())

@@ -455,3 +455,26 @@ def test_the_thermal_guard_says_a_number_typed_outside_its_range(qapp):
     spin.setValue(85)                                   # a change takes the line away
     assert knobs.guard_line.isHidden()
     knobs.hide()
+
+
+def test_a_box_where_the_decimal_point_is_a_comma_says_numbers_as_it_writes_them(qapp):
+    from PySide6.QtCore import QLocale
+    from PySide6.QtTest import QTest
+
+    from app.chat_pane import SettingsBox
+    box = SettingsBox()
+    box.setChecked(True)
+    box.temperature.setLocale(QLocale(QLocale.Language.German, QLocale.Country.Germany))
+    box.show()
+    box.temperature.setValue(0.7)
+    assert box.temperature.text() == "0,70"
+    for typed in ("2,5", "2.5"):                  # the comma the box writes, or a point
+        box.temperature.lineEdit().selectAll()
+        QTest.keyClicks(box.temperature, typed)
+        QTest.keyClick(box.temperature, Qt.Key.Key_Return)
+        assert box.temperature.value() == 0.7 and box.range_note.text() == "✗ 2,5 is outside 0–2; it stays 0,7"
+    box.temperature.lineEdit().selectAll()
+    QTest.keyClicks(box.temperature, "1.5")
+    QTest.keyClick(box.temperature, Qt.Key.Key_Return)
+    assert box.temperature.value() == 1.5 and box.temperature.text() == "1,50"
+    box.hide()
