@@ -178,6 +178,10 @@ def _family(f: ConfigFields) -> tuple[str, Family]:
             raise ModelLoadError(f"{f.file}: field 'architectures' is missing or empty; for model_type "
                                  f"'{f.cfg.get('model_type')}' add \"architectures\": [\"{named}\"]")
     if not archs and not f.given("model_type"):
+        parent = f.file.parent.parent
+        if _names_architectures(parent / "config.json"):    # gpt-oss's original/: its own format, not Hugging Face's
+            raise ModelLoadError(f"{f.file.parent} holds weights in a format of their own, not a Hugging Face "
+                                 f"checkpoint (its config.json names no architecture); open {parent} instead")
         raise ModelLoadError(f"{f.file} names no architecture (neither 'architectures' nor 'model_type'); restore "
                              "config.json from the original checkpoint")
     arch = archs[0] if archs else f"model_type={f.cfg.get('model_type')}"
@@ -191,6 +195,14 @@ def _family(f: ConfigFields) -> tuple[str, Family]:
         raise UnsupportedModelError(f"{f.file}: hidden_act '{act}' is not supported; Strata runs {arch} with silu "
                                     "experts, so this checkpoint is not a standard one of that architecture")
     return arch, fam
+
+
+def _names_architectures(config: Path) -> bool:
+    """Whether ``config`` is a readable config.json with an ``architectures`` list (a Hugging Face one)."""
+    try:
+        return bool(json.loads(config.read_text(encoding="utf-8")).get("architectures"))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 ROPE_TYPES = ("default", "yarn")

@@ -248,6 +248,14 @@ def test_folders_broken_in_other_ways_name_what_is_wrong(tmp_path):
     (tmp_path / "none" / "config.json").write_text(json.dumps({"hidden_size": 64}))
     with pytest.raises(ModelLoadError, match="names no architecture \\(neither 'architectures' nor 'model_type'\\)"):
         read_spec(tmp_path / "none")
+    # gpt-oss ships its weights twice: Hugging Face's at the top, its own format in original/
+    (tmp_path / "oss" / "original").mkdir(parents=True)
+    (tmp_path / "oss" / "config.json").write_text(json.dumps({"architectures": ["GptOssForCausalLM"]}))
+    (tmp_path / "oss" / "original" / "config.json").write_text(json.dumps({"num_hidden_layers": 24, "num_experts": 32}))
+    with pytest.raises(ModelLoadError) as e:
+        read_spec(tmp_path / "oss" / "original")
+    assert str(e.value) == (f"{tmp_path / 'oss' / 'original'} holds weights in a format of their own, not a Hugging "
+                            f"Face checkpoint (its config.json names no architecture); open {tmp_path / 'oss'} instead")
     shutil.copytree(DEMO, tmp_path / "cache")
     (tmp_path / "cache" / "model.safetensors").unlink()
     (tmp_path / "cache" / "model.safetensors").symlink_to(tmp_path / "blobs" / "weights")
