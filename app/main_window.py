@@ -158,6 +158,11 @@ class MainWindow(QMainWindow):
         arrange_docks(self, self.docks, available)
         self.dock_widths.arranged()
 
+    def reset_layout(self) -> None:
+        """View › Reset window layout: the docks as a first window of this window's size has them (not the
+        screen's: the two plot groups of a large screen would squeeze a small window's plots)."""
+        self.apply_default_layout(self.size())
+
     def _build_menus(self) -> None:
         bar = self.menuBar()
         file = bar.addMenu("&File")
@@ -180,8 +185,7 @@ class MainWindow(QMainWindow):
         for dock in self.docks.values():
             view.addAction(dock.toggleViewAction())
         view.addSeparator()
-        self._action(view, "&Reset window layout",
-                     lambda: self.apply_default_layout(self.screen().availableGeometry().size()))
+        self._action(view, "&Reset window layout", self.reset_layout)
         self.server.add_to(bar.addMenu("&Server"))
         help_menu = bar.addMenu("&Help")
         self._action(help_menu, "&About Strata", self.show_about)

@@ -11,7 +11,7 @@ from tests.app.test_window_layout import (_closed_on_a_big_screen, _opened_on_th
 def test_reset_window_layout_keeps_the_big_screens_layout(qtbot, tmp_path, themed):
     saved = _closed_on_a_big_screen(qtbot, tmp_path)
     small = _opened_on_the_small_screen(qtbot, tmp_path)
-    small.apply_default_layout(small.screen().availableGeometry().size())     # View › Reset window layout
+    small.reset_layout()                                                      # View › Reset window layout
     _settle()
     assert small.layout_slot == "smaller"
     small.close()
@@ -19,3 +19,24 @@ def test_reset_window_layout_keeps_the_big_screens_layout(qtbot, tmp_path, theme
     settings = QSettings(str(tmp_path / "strata.ini"), QSettings.Format.IniFormat)
     assert settings.value("smaller_screen/window_state") is not None      # the reset layout, for this screen
     assert _stacked_again_on_the_big_screen(qtbot, tmp_path)
+
+
+def test_reset_window_layout_fits_the_window_as_it_is_not_the_screen(window):
+    """A window made small on a large screen: Reset window layout gives the panels one tab group, as a
+    first window of that size has them, not the two groups one over the other that squeeze its plots."""
+    from PySide6.QtCore import QSize
+
+    from tests.app.test_window_layout import SCREENS, _client
+    w = window
+    w.resize(_client(SCREENS[1]))
+    w.apply_default_layout(SCREENS[1])
+    _settle()
+    docks = w.docks
+    assert docks["memory"] not in w.tabifiedDockWidgets(docks["performance"])     # two groups on the large window
+    w.resize(QSize(1100, 650))
+    _settle()
+    w.reset_layout()
+    _settle()
+    assert {docks[n] for n in ("gpu", "memory", "experts", "traffic")} <= set(w.tabifiedDockWidgets(docks["performance"]))
+    plot = docks["performance"].geometry()
+    assert plot.height() > 0.8 * w.centralWidget().height()      # the front panel spans the window's height
