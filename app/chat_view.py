@@ -286,6 +286,22 @@ SHOWN_CHARS = 50_000
 _ERROR_LINE = re.compile(r"(^|· )error: ")
 
 
+def _tab_before(bubble: QWidget, before: QWidget) -> None:
+    """Tab reaches ``bubble``'s buttons just before ``before``'s, as they lie on screen (Qt puts a widget
+    made later at the end of the chain, so earlier messages filled in above would come last)."""
+    tab = Qt.FocusPolicy.TabFocus
+    stops, after = ([w for w in x.findChildren(QWidget) if w.focusPolicy() & tab] for x in (bubble, before))
+    if not stops or not after:
+        return
+    anchor = after[0].previousInFocusChain()     # the stop before (Qt leaves the order of a NoFocus widget be)
+    while anchor in stops or not anchor.focusPolicy() & tab:
+        if anchor is after[0]:
+            return
+        anchor = anchor.previousInFocusChain()
+    for a, b in zip([anchor, *stops], stops):
+        QWidget.setTabOrder(a, b)
+
+
 class MessageBubble(QFrame):
     """One message. Assistant bubbles stream (``append`` then ``finish``) and page through the replies the
     model gave to the turn: ``page_requested(-1 | +1)``, ``delete_version_requested``.
@@ -552,6 +568,7 @@ class ChatView(QScrollArea):
                 self._keep_from_bottom = bar.maximum() - bar.value()
             self.column.insertWidget(self.column.indexOf(before), bubble)
             self.bubbles.insert(self.bubbles.index(before), bubble)
+            _tab_before(bubble, before)
         else:
             self.column.insertWidget(self.column.count() - 1, bubble)
             self.bubbles.append(bubble)

@@ -208,3 +208,21 @@ def test_a_scroll_away_while_the_transcript_is_still_laid_out_holds(qtbot):
     for _ in range(3):
         QApplication.processEvents()
     assert bar.value() == bar.maximum() // 2
+
+
+def test_tab_reaches_an_earlier_message_put_in_above_before_the_ones_under_it(qtbot):
+    from app.chat_view import ChatView
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.show()
+    first = view.add("user", "one")
+    last = view.add("assistant", "three")
+    middle = view.add("assistant", "two", before=last)        # filled in above, made last
+    top = view.add("user", "zero", before=first)
+    buttons = [b.copy_button for b in (top, first, middle, last)]
+    seen, w = [], buttons[0]
+    for _ in range(200):
+        if w in buttons and w not in seen:
+            seen.append(w)
+        w = w.nextInFocusChain()
+    assert seen == buttons
