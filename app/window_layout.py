@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import QEvent, QObject, QRect, QSize, Qt, QTimer
 from PySide6.QtGui import QResizeEvent
-from PySide6.QtWidgets import QDockWidget, QMainWindow, QWidget
+from PySide6.QtWidgets import QDockWidget, QMainWindow, QTabBar, QWidget
 
 LAYOUT_VERSION = 2      # of saved dock layouts: one saved by an older window is not restored
 # where a window saves its size, place and docks: the layout of the screens it fits, and the one used where
@@ -63,6 +63,22 @@ def default_window_size(available: QSize) -> QSize:
     """The size of a first window: DEFAULT_SIZE, or what the screen offers less room for the frame."""
     return QSize(min(DEFAULT_SIZE.width(), available.width() - FRAME_ROOM.width()),
                  min(DEFAULT_SIZE.height(), available.height() - FRAME_ROOM.height()))
+
+
+def hide_stale_tab_bars(window: QMainWindow, docks: dict[str, QDockWidget]) -> None:
+    """Hide the tab bars a layout that gave way to another left behind: Qt keeps the tab bars of a dock state
+    replaced by a second one on screen (the large screen's two panel groups, replaced by a small screen's one),
+    where they lay over the menus and took Tab focus. A bar in use shows the titles of a group of docks
+    tabbed together now; one whose titles match no such group is a leftover."""
+    groups = set()
+    for dock in docks.values():
+        group = [d for d in [dock, *window.tabifiedDockWidgets(dock)] if not d.isFloating()]
+        if len(group) > 1:
+            groups.add(tuple(sorted(d.windowTitle() for d in group)))
+    for bar in window.findChildren(QTabBar, options=Qt.FindChildOption.FindDirectChildrenOnly):
+        titles = tuple(sorted(bar.tabText(i) for i in range(bar.count())))
+        if not bar.isHidden() and titles not in groups:
+            bar.hide()
 
 
 def arrange_docks(window: QMainWindow, docks: dict[str, QDockWidget], available: QSize) -> None:

@@ -40,3 +40,33 @@ def test_reset_window_layout_fits_the_window_as_it_is_not_the_screen(window):
     assert {docks[n] for n in ("gpu", "memory", "experts", "traffic")} <= set(w.tabifiedDockWidgets(docks["performance"]))
     plot = docks["performance"].geometry()
     assert plot.height() > 0.8 * w.centralWidget().height()      # the front panel spans the window's height
+
+
+def _ghost_tab_bars(w) -> list[str]:
+    """Tab bars of the window shown that belong to no tab group of its docks now (left by a layout that
+    gave way to another), by their tabs' titles."""
+    from PySide6.QtWidgets import QTabBar
+    groups = []
+    for dock in w.docks.values():
+        group = sorted(d.windowTitle() for d in [dock, *w.tabifiedDockWidgets(dock)] if not d.isFloating())
+        if len(group) > 1 and group not in groups:
+            groups.append(group)
+    ghosts = []
+    for bar in w.findChildren(QTabBar):
+        titles = sorted(bar.tabText(i) for i in range(bar.count()))
+        if bar.isVisible() and bar.count() and titles not in groups:
+            ghosts.append(", ".join(titles))
+    return ghosts
+
+
+def test_a_layout_that_gives_way_to_another_leaves_no_tab_bar_of_its_own_behind(qtbot, tmp_path, themed):
+    # the big screen's two panel groups, restored and then replaced by the small screen's one: their tab
+    # bars stayed on screen, over the File and Chat menus, and took Tab focus
+    _closed_on_a_big_screen(qtbot, tmp_path)
+    small = _opened_on_the_small_screen(qtbot, tmp_path)
+    assert _ghost_tab_bars(small) == []
+    assert type(small.childAt(12, 9)).__name__ == "QMenuBar"
+    small.close()
+    again = _opened_on_the_small_screen(qtbot, tmp_path)        # the smaller screen's own layout, restored
+    assert _ghost_tab_bars(again) == []
+    again.close()
