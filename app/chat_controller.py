@@ -218,6 +218,8 @@ class ChatController(ChatListActions, QObject):
             return
         bubble = self._add_bubble(live.message, streaming=True, before=old)
         self.pane.view.remove(old)
+        if old in self._notes_above:          # the reply's notes stay above it
+            self._notes_above[bubble] = self._notes_above.pop(old)
         self._bubbles[at] = live.bubble = bubble
         bubble.set_stats("" if live.text or live.reasoning else WAITING)
 
@@ -236,6 +238,11 @@ class ChatController(ChatListActions, QObject):
     def _add_note(self, note: str, bubble: MessageBubble) -> None:
         """A note just above ``bubble`` (under the notes it has already)."""
         self._notes_above.setdefault(bubble, []).append(self.pane.view.add("notice", note, before=bubble))
+
+    def _drop_notes(self, bubble: MessageBubble) -> None:
+        """Take the notes above ``bubble`` off the screen (its reply is asked again, or it is removed)."""
+        for note in self._notes_above.pop(bubble, []):
+            self.pane.view.remove(note)
 
     def _top_of(self, bubble: MessageBubble | None) -> MessageBubble | None:
         """``bubble``, or the first of the notes above it: where an earlier message goes."""
@@ -411,6 +418,7 @@ class ChatController(ChatListActions, QObject):
     def _begin(self, history: list[StoredMessage], msg: StoredMessage, bubble: MessageBubble) -> None:
         notes = self._reply_notes.get(self.current.id, [])
         notes[:] = [(m, n) for m, n in notes if m is not msg]     # an earlier request's: this one says its own
+        self._drop_notes(bubble)
         request = self._request(f"chat-{uuid.uuid4().hex[:10]}", history)
         self.live = _Live(request.request_id, self.current, msg, bubble, request.settings.max_tokens)
         bubble.set_stats(WAITING)
@@ -544,8 +552,11 @@ class ChatController(ChatListActions, QObject):
         del self.current.messages[at:]
         for bubble in self._bubbles[at:]:
             if bubble is not None:
+                self._drop_notes(bubble)
                 self.pane.view.remove(bubble)
         del self._bubbles[at:]
+        notes = self._reply_notes.get(self.current.id, [])
+        notes[:] = [(m, n) for m, n in notes if any(m is kept for kept in self.current.messages)]
         self.current.context_used = None          # what the chat now takes is known at its next request
         self.pane.input.setPlainText(text)
         self.pane.input.moveCursor(QTextCursor.MoveOperation.End)      # typing goes on after the text

@@ -74,3 +74,27 @@ def test_after_a_crash_mid_reply_the_meter_counts_the_reply_that_was_saved(qtbot
     again = make_chat(qtbot, tmp_path / "c")
     assert again.pane.view.bubbles[-1].text == SEEN
     assert again.pane.context_meter.label.text() == "Context 177 / 512 tokens"
+
+
+def test_a_reply_asked_again_or_edited_away_takes_its_note_off_the_screen(qtbot, tmp_path):
+    note = "3 earlier messages left out"
+    chat = make_chat(qtbot, tmp_path / "c")
+    chat.send("Q1")
+    chat.on_context(ContextUsage(chat.live_id, 300, 512, 100, dropped_messages=3, note=note))
+    stream(chat, "B.")
+    finish(chat)
+    assert note in bubble_texts(chat)
+    chat.regenerate()                       # this request leaves nothing out: no note
+    chat.on_context(ContextUsage(chat.live_id, 300, 512, 100))
+    stream(chat, "C.")
+    finish(chat)
+    assert note not in bubble_texts(chat)
+    chat.regenerate()                       # one that does says so once
+    chat.on_context(ContextUsage(chat.live_id, 300, 512, 100, dropped_messages=3, note=note))
+    stream(chat, "D.")
+    finish(chat)
+    assert bubble_texts(chat).count(note) == 1
+    chat.edit_last()                        # the message and its reply go back to the box: so does the note
+    assert bubble_texts(chat) == []
+    chat.open(chat.current.id)              # and it is not shown again when the chat is shown again
+    assert bubble_texts(chat) == []
