@@ -208,6 +208,7 @@ def _pipeline_lines(spec: ModelSpec, args: argparse.Namespace, c: EngineConfig, 
     dtype = _DTYPES[compute_dtype(args)]
     kv_shares = [cfg.kv_cache_size for cfg in stage_configs(c, pp, torch.device("cpu"))]
     claims: list[KVClaim] = []
+    cards: list[tuple[int, int, MemoryPlan]] = []      # (line to insert the plan before, rank, plan)
     for stage, budget in zip(pp.stages, budgets):
         if budget is None:
             lines.append(f"  GPU {stage.rank}: no budget given and no such CUDA GPU found; pass --gpu-memory-budget "
@@ -224,11 +225,25 @@ def _pipeline_lines(spec: ModelSpec, args: argparse.Namespace, c: EngineConfig, 
                            kv_asked_bytes=kv_asked_bytes(kv_shares[stage.rank], kv.window_pool_bytes,
                                                          kv.bytes_per_token, context, c.max_batch),
                            kv_share=pp.kv_fraction(stage.rank), **step_sizing(sub, c, wb))
-        lines += ["", f"GPU {stage.rank} (layers {stage.layers}, budget {format_size(budget)}):",
-                  *(f"  {line}" for line in plan.format())]
+        lines += ["", f"GPU {stage.rank} (layers {stage.layers}, budget {format_size(budget)}):"]
+        cards.append((len(lines), stage.rank, plan))
         claims.append(stage_claim(plan, context, c.max_batch, c.kv_block_size, kv_shares[stage.rank]))
+    blocks = None
     if len(claims) == pp.size:
+        from engine.parallel.stages import NO_LIMIT, agree_kv
+        agreed = agree_kv(claims, context, c.max_model_len is not None, c.kv_block_size)
+        blocks = agreed.blocks
         lines += _kv_context_lines(c, context, claims)
+    for at, rank, plan in reversed(cards):        # each card's KV cache as allocated: the blocks the cards agree
+        kv = plan.kv_bytes if blocks is None or claims[rank].blocks == NO_LIMIT else \
+            blocks * c.kv_block_size * plan.kv_bytes_per_token
+        shown = plan if kv >= plan.kv_bytes else dataclasses.replace(plan, kv_bytes=kv)
+        card = [f"  {line}" for line in shown.format()]
+        if shown is not plan:
+            i = next(i for i, line in enumerate(card) if line.startswith("  KV cache")) + 1
+            card.insert(i, f"                      (the blocks every card keeps; the budget would leave it "
+                           f"{format_size(plan.kv_bytes)})")
+        lines[at:at] = card
     return lines
 
 

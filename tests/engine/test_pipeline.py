@@ -250,7 +250,11 @@ def test_info_prints_the_plan_per_card(folders, capsys):
     assert "stage 0 (GPU 0): layers 0 (1 layer, 1 MoE), resident " in out and "with embedding and LM head" in out
     assert "stage 1 (GPU 1): layers 1-2 (2 layers, 2 MoE)" in out
     assert "GPU 0 (layers 0, budget 1.50 GiB):" in out and "GPU 1 (layers 1-2, budget 1.25 GiB):" in out
-    assert re.search(r"KV context        : every card keeps the same [0-9,]+ blocks of 16", out)
+    agreed = re.search(r"KV context        : every card keeps the same ([0-9,]+) blocks of 16", out)
+    # each card's plan shows the KV cache it allocates, those blocks, not all the budget would leave it
+    tokens = [int(t) for t in re.findall(r"  KV cache          : [\d.]+ [KMG]iB = (\d+) tokens", out)]
+    assert agreed and tokens == [int(agreed.group(1).replace(",", "")) * 16] * 2
+    assert out.count("(the blocks every card keeps; the budget would leave it ") == 2
 
 
 def test_info_prints_the_kv_context_the_stages_agree_on(folders, capsys):
