@@ -134,6 +134,8 @@ def _pool_size(name: str, value: object) -> PoolSize:
             share = value.percent if isinstance(value, PoolShare) else float(value.strip()[:-1])
         except ValueError:
             share = -1.0
+        if share > 100.0 and share != float("inf"):      # a share past all of them: every expert is all there is
+            raise ConfigError(f"{name}={str(value)!r} is more than all the experts; give at most 100%")
         if not 0.0 <= share <= 100.0:
             raise ConfigError(f"{name}={str(value)!r} is not a share of the experts; write e.g. 50%")
         return PoolShare(share)

@@ -40,7 +40,8 @@ def test_pool_share_resolves_against_all_experts():
 
 
 @pytest.mark.parametrize("options,message", [
-    ({"expert_pool_size": "150%"}, "is not a share of the experts; write e.g. 50%"),
+    ({"expert_pool_size": "150%"}, "expert_pool_size='150%' is more than all the experts; give at most 100%"),
+    ({"expert_pool_size": "-5%"}, "is not a share of the experts; write e.g. 50%"),
     ({"expert_pool_size": "ten gigs"}, "is not a size; write bytes or a number with K, M, G or T"),
     ({"kv_cache_dtype": "int3"}, "kv_cache_dtype='int3' is not supported; choose one of auto, bf16, int8, fp8"),
     ({"group_size": 48}, "group_size=48 is not supported; choose 32, 64 or 128"),
