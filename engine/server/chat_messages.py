@@ -1,7 +1,8 @@
 """OpenAI chat messages as the dicts Hugging Face chat templates read.
 
-- ``content`` is a string, or a list of ``{"type": "text", "text": ...}`` parts joined with newlines;
-  an assistant message may leave it out (or null) when it carries ``tool_calls``;
+- ``content`` is a string, or a list of ``{"type": "text", "text": ...}`` parts joined with newlines (an
+  assistant's may hold ``{"type": "refusal", "refusal": ...}`` parts too, read as its text); an assistant
+  message may leave it out (or null) when it carries ``tool_calls``;
 - role ``developer`` is rendered as ``system`` (templates know only the older name);
 - an assistant's ``tool_calls`` keep the OpenAI shape, with ``function.arguments`` decoded from its
   JSON string into a dict (templates write it back with ``tojson``);
@@ -61,7 +62,7 @@ def _message(where: str, message: object) -> dict:
         _check_assistant_extras(where, message)
     out: dict = {"role": "system" if role == "developer" else role}
     may_omit = role == "assistant"       # an assistant turn may be only tool calls
-    out["content"] = _content(f"{where}.content", message.get("content"), may_omit)
+    out["content"] = _content(f"{where}.content", message.get("content"), may_omit, role == "assistant")
     name = message.get("name")
     if name is not None:
         if not isinstance(name, str):
@@ -106,7 +107,7 @@ def _check_answers(messages: list[dict]) -> None:
                                     f"message ({earlier}); give the id of the call this result answers")
 
 
-def _content(where: str, content: object, may_omit: bool) -> str:
+def _content(where: str, content: object, may_omit: bool, assistant: bool = False) -> str:
     if content is None:
         if may_omit:
             return ""
@@ -116,10 +117,12 @@ def _content(where: str, content: object, may_omit: bool) -> str:
     if not isinstance(content, list):
         raise FieldError(where, f"{where} must be a string or a list of {{\"type\": \"text\", \"text\": ...}} "
                                 f"parts (got {kind_of(content)})")
-    return "\n".join(_text_part(f"{where}[{j}]", part) for j, part in enumerate(content))
+    return "\n".join(_text_part(f"{where}[{j}]", part, assistant) for j, part in enumerate(content))
 
 
-def _text_part(where: str, part: object) -> str:
+def _text_part(where: str, part: object, assistant: bool = False) -> str:
+    """A text part's text; in an assistant's message also a refusal part's (what the model said instead of
+    a reply, as OpenAI gives it back in a turn's history)."""
     if not isinstance(part, dict):
         raise FieldError(where, f"{where} must be an object such as {{\"type\": \"text\", \"text\": ...}} "
                                 f"(got {kind_of(part)})")
@@ -127,11 +130,13 @@ def _text_part(where: str, part: object) -> str:
     if kind in _NOT_TEXT:
         raise FieldError(f"{where}.type", f"{where} has type {show(kind)}, but this model reads text only; "
                                           "send text parts only")
-    if kind != "text":
-        raise FieldError(f"{where}.type", f"{where}.type must be \"text\" (got {show(kind)})")
-    text = part.get("text")
+    field = "refusal" if kind == "refusal" and assistant else "text"
+    if kind != field:
+        also = " (or \"refusal\" in an assistant's message)" if kind == "refusal" else ""
+        raise FieldError(f"{where}.type", f"{where}.type must be \"text\"{also} (got {show(kind)})")
+    text = part.get(field)
     if not isinstance(text, str):
-        raise FieldError(f"{where}.text", f"{where}.text must be a string (got {kind_of(text)})")
+        raise FieldError(f"{where}.{field}", f"{where}.{field} must be a string (got {kind_of(text)})")
     return text
 
 

@@ -498,6 +498,10 @@ ASSISTANT_CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arg
     ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "messages[0].content[0].type",
      "messages[0].content[0] has type \"image_url\", but this model reads text only"),
     ([{"role": "user", "content": [{"text": "hi"}]}], "messages[0].content[0].type", "must be \"text\" (got null)"),
+    ([{"role": "user", "content": [{"type": "refusal", "refusal": "no"}]}], "messages[0].content[0].type",
+     "must be \"text\" (or \"refusal\" in an assistant's message) (got \"refusal\")"),
+    ([{"role": "assistant", "content": [{"type": "refusal", "refusal": 3}]}], "messages[0].content[0].refusal",
+     "messages[0].content[0].refusal must be a string (got a number)"),
     ([{"role": "user", "content": [{"type": "text", "text": 3}]}], "messages[0].content[0].text", "must be a string"),
     ([{"role": "user", "content": ["hi"]}], "messages[0].content[0]", "messages[0].content[0] must be an object"),
     ([{"role": "user", "content": "hi", "name": 5}], "messages[0].name", "messages[0].name must be a string"),
@@ -525,6 +529,14 @@ def test_malformed_messages_name_their_field(messages, param, message):
         render_messages(messages)
     assert err.value.param == param
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_an_assistant_turn_a_client_hands_back_as_a_refusal_part_reads_as_its_text():
+    # OpenAI's history form of a refused reply: a client that keeps it and sends it back is answered
+    out = render_messages([{"role": "user", "content": "x"},
+                           {"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't help with that."}]},
+                           {"role": "user", "content": "y"}])
+    assert out[1] == {"role": "assistant", "content": "I can't help with that."}
 
 
 # ---- through the engine: a tiny random model, greedy, under the guide ------------------------------------
