@@ -197,12 +197,16 @@ def choice_params(base: SamplingParams, j: int) -> SamplingParams:
     return dataclasses.replace(base, seed=base.seed + j)
 
 
+EXACT_CHARS = 200_000      # a text this long is tokenized (milliseconds) so that a refusal names exact numbers
+
+
 def refuse_overlong(chars: int, info: ModelInfo, where: str) -> None:
     """Refuse a text of ``chars`` characters that cannot fit the context before it is tokenized (seconds
     of a core for megabytes): no token covers more than the vocabulary's longest entry, so it has at least
-    ``chars`` / that many tokens (halved here, for normalisers that fold two characters into one)."""
+    ``chars`` / that many tokens (halved here, for normalisers that fold two characters into one). A text of
+    at most EXACT_CHARS is left to the tokenizer, whose count says by how much to shorten it."""
     tok = info.tokenizer
-    if tok is None:
+    if tok is None or chars <= EXACT_CHARS:
         return
     least = chars // (2 * tok.longest_token_chars)
     if least >= info.context_tokens:

@@ -56,6 +56,9 @@ HOSTILE = [
     ("messages-far-over-the-context", "POST", CHAT, JSON,
      _json(messages=[{"role": "user", "content": [{"type": "text", "text": "a " * 300_000}]}]), 400, "messages",
      "messages has 600008 characters, at least 18750 tokens"),
+    # over the context but short enough to count: the message names by how much to shorten it
+    ("prompt-over-the-context", "POST", COMPLETE, JSON, _json(prompt="word " * 5000), 400, "prompt",
+     "tokens over the 512-token context: it has "),
     ("max-tokens-the-context", "POST", COMPLETE, JSON, _json(prompt="Hi", max_tokens=512), 400, "max_tokens",
      "max_tokens 512 does not fit: prompt has 2 tokens"),
     ("temperature-huge-integer", "POST", COMPLETE, JSON, b'{"prompt": "Hi", "temperature": 1' + b"0" * 400 + b"}", 400,
