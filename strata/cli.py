@@ -67,7 +67,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     _add_gui_parser(sub)
     if argv and not argv[0].startswith("-") and argv[0] not in sub.choices:
         unknown_command(parser, sub, argv[0])      # the workbench takes no words, so this is a mistyped command
-    if not argv or (argv[0] not in sub.choices and argv[0] not in ("-h", "--help")):
+    if not argv or (argv[0] not in sub.choices and argv[0] not in ("-h", "--help", "--version")):
         argv = ["gui"] + argv                      # flags alone open the workbench
     return parse(parser, sub, argv)
 

@@ -17,13 +17,30 @@ ENGINE_COMMANDS = ("generate", "chat", "info", "convert", "eval", "serve", "benc
 class OneLineParser(argparse.ArgumentParser):
     """A usage mistake is one line naming it and where the full usage is, exit code 2 (``--help`` stays full)."""
 
+    argv: list[str] = []          # what parse() was given: a misspelt flag is named before what it left missing
+
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {self._misspelt() or ' '.join(message.split())} (see {self.prog} --help)\n")
+
+    def _misspelt(self) -> str | None:
+        """"unrecognized argument --promt; did you mean --prompt?" for the first flag this parser does not
+        know but one it knows is close to (argparse would first say that --prompt is missing)."""
+        known = [o for o in self._option_string_actions if o.startswith("--")]
+        for word in OneLineParser.argv:
+            flag = word.split("=", 1)[0]
+            if word == "--":
+                break
+            if flag.startswith("--") and flag not in self._option_string_actions:
+                close = difflib.get_close_matches(flag, known, n=1)
+                if close:
+                    return f"unrecognized argument {flag}; did you mean {close[0]}?"
+        return None
 
 
 def build_parser(prog: str = "strata") -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
     from engine.cli.run import add_sampling_flags
     parser = OneLineParser(prog=prog, description="Run Mixture-of-Experts models on one GPU, and watch them.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     p = sub.add_parser("generate", help="complete one prompt and print the text")
     add_model_flag(p)
@@ -51,6 +68,15 @@ def build_parser(prog: str = "strata") -> tuple[argparse.ArgumentParser, argpars
     return parser, sub
 
 
+def _version() -> str:
+    """This installation's version (the package's metadata; a source tree not installed says so)."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("strata")
+    except PackageNotFoundError:
+        return "(not installed: a source tree)"
+
+
 _NEGATIVE = re.compile(r"-\d")
 
 
@@ -68,6 +94,7 @@ def _join_negative_values(argv: list[str]) -> list[str]:
 
 def parse(parser: argparse.ArgumentParser, sub: argparse._SubParsersAction, argv: list[str]) -> argparse.Namespace:
     """Parse ``argv``; an unknown flag is reported by the subcommand it was given to, with its help."""
+    OneLineParser.argv = list(argv)
     args, extra = parser.parse_known_args(_join_negative_values(argv))
     if extra:
         owner = sub.choices.get(args.command, parser)

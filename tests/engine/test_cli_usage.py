@@ -39,7 +39,9 @@ MISTAKES = [
     (["gui", "--cpu-threads", "all"],
      "main.py gui: error: argument --cpu-threads: invalid int value: 'all' (see main.py gui --help)"),
     (["--modle", "m"],                                         # the workbench is the default command
-     "main.py gui: error: unrecognized arguments: --modle m (see main.py gui --help)"),
+     "main.py gui: error: unrecognized argument --modle; did you mean --model? (see main.py gui --help)"),
+    (["generate", "--promt", "hi"],                           # named before the --prompt it leaves missing
+     "main.py generate: error: unrecognized argument --promt; did you mean --prompt? (see main.py generate --help)"),
     (["--kv-cache-dtype", "int2"],
      "main.py gui: error: argument --kv-cache-dtype: invalid choice: 'int2' (choose from 'auto', 'bf16', 'int8', "
      "'fp8') (see main.py gui --help)"),
@@ -72,7 +74,8 @@ def test_main_py_usage_mistake_is_one_line(argv, line, capsys):
     (["sreve"],
      "strata: error: argument COMMAND: invalid choice: 'sreve' (choose from 'generate', 'chat', 'info', 'convert', "
      "'eval', 'serve', 'bench') (see strata --help)"),
-    (["--verbose"], "strata: error: unrecognized arguments: --verbose (see strata --help)"),
+    (["--verbose"], "strata: error: unrecognized argument --verbose; did you mean --version? (see strata --help)"),
+    (["--quiet"], "strata: error: unrecognized arguments: --quiet (see strata --help)"),
 ])
 def test_strata_usage_mistake_is_one_line(argv, line, capsys):
     assert strata.main(argv) == 2
@@ -92,3 +95,10 @@ def test_the_real_process_prints_one_line_and_exits_2():
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.splitlines() == [
         "main.py generate: error: argument --max-tokens: invalid int value: 'x' (see main.py generate --help)"]
+
+
+def test_version_names_the_installed_version(capsys):
+    from importlib.metadata import version
+
+    assert root.main(["--version"]) == 0
+    assert capsys.readouterr().out == f"main.py {version('strata')}\n"
