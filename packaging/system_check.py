@@ -71,10 +71,10 @@ LIBRARIES: dict[str, tuple[str, str, str]] = {
 DISPLAYS = {"xcb": "DISPLAY", "wayland": "WAYLAND_DISPLAY"}
 NO_DISPLAY = ("error: there is no display to open the workbench on (DISPLAY and WAYLAND_DISPLAY are not set): "
               "run it in a desktop session or over `ssh -X`, or save a picture of the window without one: "
-              "{bootstrap} gui --screenshot shot.png")
+              "{command} --screenshot shot.png")
 UNREACHABLE = ("error: the display {name}={value} does not answer (no display server listens there): start the "
                "desktop session it names, set {name} to one that runs, or save a picture of the window without "
-               "one: {unset} {bootstrap} gui --screenshot shot.png")
+               "one: {unset} {command} --screenshot shot.png")
 
 
 def _bootstrap() -> str:
@@ -231,18 +231,20 @@ def available_platforms(qt_dir: Path) -> list[str]:
     return sorted(p.name[len("libq"):-len(".so")] for p in folder.glob("libq*.so"))
 
 
-def qt_line(system: System, platforms: Sequence[str], who: str) -> str | None:
-    """None when Qt can start one of ``platforms`` here, else the one line that says why not and the fix."""
+def qt_line(system: System, platforms: Sequence[str], who: str, command: str | None = None) -> str | None:
+    """None when Qt can start one of ``platforms`` here, else the one line that says why not and the fix
+    (``command``: how the user started the workbench, default the bootstrap's ``gui``)."""
+    command = command or f"{_bootstrap()} gui"
     if system.qt_dir is None:
         return None          # no PySide6 wheel: nothing of ours to check
     named = [p for p in platforms if p not in DISPLAYS or system.environ.get(DISPLAYS[p])]
     if not named:
-        return NO_DISPLAY.format(bootstrap=_bootstrap())
+        return NO_DISPLAY.format(command=command)
     usable = [p for p in named if p not in DISPLAYS or system.reachable(p, system.environ)]
     if not usable:                   # Qt would abort on the first, after a screenful of its own output
         name = DISPLAYS[named[0]]
         unset = " ".join(f"{v}=" for v in DISPLAYS.values() if system.environ.get(v))   # every stale one
-        return UNREACHABLE.format(name=name, value=system.environ[name], unset=unset, bootstrap=_bootstrap())
+        return UNREACHABLE.format(name=name, value=system.environ[name], unset=unset, command=command)
     first_problem = None
     for platform in usable:
         plugin = plugin_file(system.qt_dir, platform)
@@ -318,14 +320,14 @@ def this_system() -> System:
     return System(os.environ, read_distro(os_release), os.geteuid() == 0, find_qt_dir(), run_ldd, display_reachable)
 
 
-def main(argv: Sequence[str], system: System | None = None) -> int:
+def main(argv: Sequence[str], system: System | None = None, command: str | None = None) -> int:
     system = system or this_system()
     what, args = (argv[0] if argv else ""), list(argv[1:])
     if what == "python":
         line = python_line(sys.version_info[:2], _has_venv(), sys.executable, system.distro, system.root)
     elif what == "gui":
-        line = (qt_line(system, requested_platforms(system.environ, args), "the workbench cannot open its window")
-                if _shows_window(args) else None)
+        line = (qt_line(system, requested_platforms(system.environ, args), "the workbench cannot open its window",
+                        command) if _shows_window(args) else None)
     elif what == "tests":
         line = qt_line(system, ["offscreen"], "the test suite cannot start Qt")   # its Qt tests run offscreen
     else:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -151,7 +152,15 @@ def _window_cannot_open(argv: list[str]) -> bool:
     check = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = check         # its dataclasses look their module up while they are made
     spec.loader.exec_module(check)
-    return check.main(["gui", *argv]) == 2
+    return check.main(["gui", *argv], command=_command()) == 2
+
+
+def _command() -> str:
+    """How the user started the workbench, to write into a command line they can run again."""
+    if _prog() == "strata":
+        return "strata"
+    from engine.checkpoint.converted import _python
+    return f"{_python()} {shlex.quote(sys.argv[0]) if sys.argv[0].endswith('main.py') else 'main.py'}"
 
 
 

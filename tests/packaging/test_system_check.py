@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -296,6 +297,12 @@ def test_main_py_run_directly_checks_before_qt_starts():
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2, run.stderr
     assert run.stderr.count("\n") == 1 and run.stderr.startswith("error: there is no display")
+    # the picture it offers is taken the way the user ran it, not through the installer
+    command = run.stderr.split("without one: ")[1].split(" --screenshot")[0]
+    assert command.endswith("main.py") and "bootstrap" not in command
+    shot = subprocess.run([*shlex.split(command), "--screenshot", "/dev/null.png", "--device", "cpu", "--help"],
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert shot.returncode == 0 and "--screenshot" in shot.stdout
 
 
 def test_a_display_that_does_not_answer_is_one_line_before_qt_aborts(tmp_path, capsys):
