@@ -6,12 +6,12 @@ import math
 import re
 
 from PySide6.QtCore import QSizeF, Qt, QTimer, Signal
-from PySide6.QtGui import (QColor, QFontDatabase, QGuiApplication, QKeySequence, QTextCharFormat, QTextCursor,
-                           QTextDocument, QTextFormat, QTextOption)
+from PySide6.QtGui import QFontDatabase, QGuiApplication, QKeySequence, QTextCursor, QTextOption
 from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPushButton, QScrollArea, QSizePolicy, QTextEdit,
                                QToolButton, QVBoxLayout, QWidget)
 
 from app.markdown_blocks import Block, split_all, split_finished
+from app.markdown_text import markdown_html
 
 _SELECTABLE = Qt.TextInteractionFlag.TextSelectableByMouse | Qt.TextInteractionFlag.LinksAccessibleByMouse
 
@@ -130,52 +130,6 @@ def block_widget(block: Block) -> QLabel:
             label.setToolTip(block.lang)
         return label
     return _label(breakable_html(markdown_html(shown(block.text))), Qt.TextFormat.RichText)
-
-
-_BODY_STYLE = re.compile(r"<body style=\"[^\"]*\">")
-_MARKDOWN = QTextDocument.MarkdownFeature.MarkdownDialectGitHub | QTextDocument.MarkdownFeature.MarkdownNoHTML
-
-
-def hard_breaks(text: str) -> str:
-    """Each line break inside a paragraph kept as one (Markdown would join the lines into one): a poem, an
-    address or a log reads as it was written. Not in an indented code block, where the spaces would show."""
-    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
-    for i in range(len(lines) - 1):
-        if lines[i].strip() and lines[i + 1].strip() and not lines[i].startswith(("    ", "\t")) \
-                and not lines[i].endswith("\\"):
-            lines[i] = lines[i].rstrip(" ") + "  "
-    return "\n".join(lines)
-
-
-QUOTE_BAR = "\u258e"         # a quoted line starts with one per level: a label draws a quote's indent only,
-QUOTE_COLOR = "#8b949e"      # which read as the list above it going on
-
-
-def _mark_quotes(doc: QTextDocument) -> None:
-    """Each line of a block quote marked as one: a bar per level, and dimmed."""
-    dim = QTextCharFormat()
-    dim.setForeground(QColor(QUOTE_COLOR))
-    block = doc.begin()
-    while block.isValid():
-        level = block.blockFormat().intProperty(QTextFormat.Property.BlockQuoteLevel)
-        if level:
-            cursor = QTextCursor(block)
-            cursor.insertText(QUOTE_BAR * level + " ")
-            cursor.movePosition(QTextCursor.MoveOperation.StartOfBlock)
-            cursor.movePosition(QTextCursor.MoveOperation.EndOfBlock, QTextCursor.MoveMode.KeepAnchor)
-            cursor.mergeCharFormat(dim)
-        block = block.next()
-
-
-def markdown_html(text: str) -> str:
-    """Markdown as the HTML a label shows, line breaks kept, with any HTML in the text kept as the characters
-    it is made of (``vector<int>``, ``<think>``, ``<span style=...>`` stay text; a label's own Markdown would
-    take them as tags and hide or style them)."""
-    doc = QTextDocument()
-    doc.setMarkdown(hard_breaks(text), _MARKDOWN)
-    _mark_quotes(doc)
-    # the document's default font would be written into the body: the label's own font is the one to use
-    return _BODY_STYLE.sub("<body>", doc.toHtml(), count=1)
 
 
 class StreamingTail(QTextEdit):

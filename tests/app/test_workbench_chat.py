@@ -211,7 +211,7 @@ def test_a_message_shows_its_line_breaks(qtbot):
 
 
 def test_text_with_windows_line_ends_keeps_its_table_and_lines():
-    from app.chat_view import hard_breaks
+    from app.markdown_text import hard_breaks
     assert hard_breaks("| a | b |\r\n|---|---|\r\n| 1 | 2 |") == "| a | b |  \n|---|---|  \n| 1 | 2 |"
     assert hard_breaks("one\rtwo") == "one  \ntwo"
 
@@ -219,7 +219,7 @@ def test_text_with_windows_line_ends_keeps_its_table_and_lines():
 def test_a_block_quote_is_marked_as_one_not_read_as_the_list_above_it(qapp):
     from PySide6.QtGui import QTextDocument
 
-    from app.chat_view import QUOTE_BAR, markdown_html
+    from app.markdown_text import QUOTE_BAR, markdown_html
     doc = QTextDocument()
     doc.setHtml(markdown_html("1. first\n2. second\n\n> quoted one\n> quoted two\n>> nested\n\nafter"))
     lines = doc.toPlainText().split("\n")
