@@ -113,6 +113,7 @@ class MainWindow(QMainWindow):
         # its least height: the banners' (bounded, they scroll) and the chat pane's
         self.setCentralWidget(BannerColumn(self.banners, split))
         self.chat = ChatController(self.chat_pane, self.sidebar, store, self.bridge, settings=self.settings)
+        self.chat_pane.input.setFocus()      # a first keystroke is the start of a message
 
     def _dock(self, name: str, widget: QWidget) -> QDockWidget:
         dock = QDockWidget(DOCK_TITLES[name], self)
@@ -439,6 +440,9 @@ class MainWindow(QMainWindow):
 
     def export_chat_dialog(self) -> None:
         conv = self.chat.current
+        if not conv.messages:                 # a file holding a title alone is nothing anyone wants
+            self.statusBar().showMessage("This chat has no messages yet: nothing to export", 5000)
+            return
         name = "".join(c if c.isalnum() or c in "-_ " else "-" for c in conv.title).strip() or "chat"
         path, kind = QFileDialog.getSaveFileName(self, "Export chat", self._export_path(f"{name}.md"),
                                                  "Markdown (*.md);;JSON (*.json)")

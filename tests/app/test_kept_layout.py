@@ -70,3 +70,7 @@ def test_a_layout_that_gives_way_to_another_leaves_no_tab_bar_of_its_own_behind(
     again = _opened_on_the_small_screen(qtbot, tmp_path)        # the smaller screen's own layout, restored
     assert _ghost_tab_bars(again) == []
     again.close()
+
+
+def test_the_window_opens_with_the_message_box_ready_for_typing(window):
+    assert window.focusWidget() is window.chat_pane.input

@@ -15,6 +15,7 @@ from PySide6.QtGui import QImage, QImageReader
 from PySide6.QtWidgets import QLabel, QMenu
 
 from app.bridge import TEXT_INTERVAL_S
+from app.conversations import StoredMessage
 from app.launch import SCREENSHOT_SIZE, run_gui
 from app.messages import GenerationSettings
 from app.paths import default_model_dir
@@ -182,7 +183,11 @@ def test_an_export_that_cannot_be_written_says_so_and_leaves_nothing(window, qtb
     assert window._export_path("next.csv") == str(folder / "next.csv")   # the next dialog opens where it went
     assert (folder / "noext.png").is_file() and not (tmp_path / "missing").exists()
     monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: (str(folder / "chat"), ""))
-    window.export_chat_dialog()                                           # File › Export chat
+    window.export_chat_dialog()                 # File › Export chat of a chat with nothing in it: no file of a title
+    assert window.statusBar().currentMessage() == "This chat has no messages yet: nothing to export"
+    assert not (folder / "chat.md").exists()
+    window.chat.current.messages.append(StoredMessage("user", "Hello"))
+    window.export_chat_dialog()
     assert window.statusBar().currentMessage() == f"Saved {folder / 'chat.md'}"
     assert (folder / "chat.md").read_text(encoding="utf-8").startswith("# ")
     monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: (str(folder / "session"), ""))
