@@ -3,6 +3,8 @@ and the unsent text of a chat whose damaged file was set aside. A part of :class
 ChatController`, which holds the state these act on (the library, the chat shown, the reply in flight)."""
 from __future__ import annotations
 
+from PySide6.QtWidgets import QApplication
+
 from app.conversations import Conversation
 
 TITLE_CHARS = 40
@@ -50,18 +52,26 @@ class ChatListActions:
 
     def delete(self, conv_id: str) -> None:
         """Move a conversation to the trash folder; Undo in the sidebar brings it back. Not the chat a reply
-        is being written in."""
+        is being written in. The chat shown goes to the one next to it in the list (below it, else above
+        it); the keys stay in the list where they were in the sidebar, for the next Delete or the Undo
+        under it, or go to the message box once no chat is left, where typing starts a new one."""
         conv = self.library.find(conv_id)
         if conv is None or (self.live is not None and conv is self.live.conversation):
             return
+        focus = QApplication.focusWidget()
+        in_sidebar = focus is not None and self.sidebar.isAncestorOf(focus)
+        near = self.library.find(self.sidebar.neighbour(conv_id) or "")
         if conv is self.current:            # its edits first: nothing saves it once it is in the trash
             self._keep_edits_now()
         self.library.delete(conv)
         if conv is self.current:            # its unsent text stays with it, for Undo
-            self._show_chat(self.conversations[0] if self.conversations else Conversation())
+            self._show_chat(near or (self.conversations[0] if self.conversations else Conversation()))
         else:
             self._refresh_sidebar()
         self._offer_undo()
+        if in_sidebar:
+            box = self.pane.input
+            (box if not self.conversations and box.isEnabled() else self.sidebar.list).setFocus()
 
     def trashed(self) -> list[Conversation]:
         """The chats in the trash folder that are not in the list (an Undo may have brought one back)."""

@@ -1,6 +1,9 @@
 """The conversations sidebar: New chat, a search over the chats' titles and messages, the saved chats (newest
 first), Rename, Delete, and Undo of a delete.
 
+From the keyboard: Down in the search box goes to the first chat found, Enter there opens it; Enter in the
+list opens the chat marked, the arrows open the next one; after a Delete the chat next to it is shown.
+
 Each entry is its title on one line (cut with "…" to the list's width, the whole title in its tooltip)
 above its time and length: a title that wrapped would push that line out of the entry."""
 from __future__ import annotations
@@ -40,6 +43,7 @@ class ConversationList(QWidget):
     def __init__(self) -> None:
         super().__init__()
         self._writing: str | None = None      # the id of the chat a reply is being written in
+        self._open: str | None = None         # the id of the chat shown (the list may mark another, found)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(6, 6, 0, 6)
         self.new_button = QPushButton("+ New chat")
@@ -78,7 +82,8 @@ class ConversationList(QWidget):
         self.delete_button = QPushButton("Delete")
         self.delete_button.setToolTip("Move this chat to the trash (Delete; Undo brings it back)")
         self.delete_button.clicked.connect(self._delete)
-        self.list.installEventFilter(self)                  # Delete in the list: the Delete button
+        self.list.installEventFilter(self)                  # Delete in the list: the Delete button; Enter: open
+        self.search.installEventFilter(self)                # Down: to the chats found; Enter: open the first
         row.addWidget(self.rename_button)
         row.addStretch(1)
         row.addWidget(self.delete_button)
@@ -122,6 +127,7 @@ class ConversationList(QWidget):
         could leave the binding a wrapper of a deleted item, and crash in it."""
         self.list.blockSignals(True)
         self._writing = writing
+        self._open = current_id
         current = None
         for row, conv in enumerate(convs):
             item = self.list.item(row)
@@ -150,7 +156,10 @@ class ConversationList(QWidget):
         self._busy_or_empty()
 
     def _filter(self, text: str) -> None:
-        """Hide the chats that do not hold ``text`` (in their title or any message; case ignored)."""
+        """Hide the chats that do not hold ``text`` (in their title or any message; case ignored). A chat
+        hidden is never the one marked in the list: the chat shown is marked where the search finds it, else
+        the first chat found (marked, not opened: Enter or a click opens it), else none; once the search is
+        cleared, the chat shown is marked again."""
         wanted = text.strip().casefold()
         shown = 0
         for i in range(self.list.count()):
@@ -159,7 +168,68 @@ class ConversationList(QWidget):
             item.setHidden(hide)
             shown += not hide
         self.no_match.setVisible(bool(wanted) and shown == 0 and self.list.count() > 0)
+        open_item = self._item_of(self._open)
+        if not wanted:
+            self._mark(open_item)
+        elif self._shown_current() is None:
+            self._mark(open_item if open_item is not None and not open_item.isHidden() else self._first_found())
         self._busy_or_empty()
+
+    def _item_of(self, conv_id: str | None) -> QListWidgetItem | None:
+        for i in range(self.list.count()):
+            if conv_id is not None and self.list.item(i).data(Qt.ItemDataRole.UserRole) == conv_id:
+                return self.list.item(i)
+        return None
+
+    def _first_found(self) -> QListWidgetItem | None:
+        """The top chat the search shows (any chat where there is no search)."""
+        return next((self.list.item(i) for i in range(self.list.count()) if not self.list.item(i).isHidden()), None)
+
+    def _mark(self, item: QListWidgetItem | None) -> None:
+        """Mark ``item`` (None: no chat) in the list without opening it."""
+        quiet = self.list.blockSignals(True)
+        if item is not None:
+            self.list.setCurrentItem(item)
+        else:
+            self.list.setCurrentRow(-1)
+        self.list.blockSignals(quiet)
+
+    def neighbour(self, conv_id: str) -> str | None:
+        """The chat to show once ``conv_id`` is deleted: the one below it in the list, else the one above;
+        one the search shows before one it hides. None where it is the only chat."""
+        ids = [self.list.item(i).data(Qt.ItemDataRole.UserRole) for i in range(self.list.count())]
+        if conv_id not in ids:
+            return None
+        at = ids.index(conv_id)
+        near = list(range(at + 1, len(ids))) + list(range(at - 1, -1, -1))     # below first, nearest first
+        found = [i for i in near if not self.list.item(i).isHidden()]
+        return ids[(found or near)[0]] if near else None
+
+    def focus_search(self) -> None:
+        """Put the typing in the search box, its text selected so that new typing replaces it."""
+        self.search.setFocus(Qt.FocusReason.ShortcutFocusReason)
+        self.search.selectAll()
+
+    def _to_found(self) -> None:
+        """Down in the search box: the list takes the keys, on the first chat found (marked, not opened)."""
+        first = self._first_found()
+        if first is not None:
+            self._mark(first)
+            self._busy_or_empty()
+            self.list.setFocus(Qt.FocusReason.TabFocusReason)
+
+    def _open_found(self) -> None:
+        """Enter in the search box: open the first chat found."""
+        first = self._first_found()
+        if first is not None:
+            self._mark(first)
+            self._open_marked()
+
+    def _open_marked(self) -> None:
+        """Enter in the list: open the chat marked (one the search hides is never marked)."""
+        item = self.list.currentItem()
+        if item is not None and not item.isHidden():
+            self.selected.emit(item.data(Qt.ItemDataRole.UserRole))
 
     def _fit_titles(self) -> None:
         """Each entry's title cut to one line of the list's width, its time and length below it."""
@@ -173,10 +243,18 @@ class ConversationList(QWidget):
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
         if watched is self.list.viewport() and event.type() == QEvent.Type.Resize:
             self._fit_titles()
-        if watched is self.list and event.type() == QEvent.Type.KeyPress \
-                and event.matches(QKeySequence.StandardKey.Delete):
+        if event.type() != QEvent.Type.KeyPress or event.modifiers() & ~Qt.KeyboardModifier.KeypadModifier:
+            return super().eventFilter(watched, event)
+        enter = event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
+        if watched is self.list and event.matches(QKeySequence.StandardKey.Delete):
             if not event.isAutoRepeat():        # a key held down deletes one chat, not the list
                 self._delete()
+            return True
+        if watched is self.list and enter:
+            self._open_marked()
+            return True
+        if watched is self.search and (enter or event.key() == Qt.Key.Key_Down):
+            (self._open_found if enter else self._to_found)()
             return True
         return super().eventFilter(watched, event)
 
@@ -188,14 +266,20 @@ class ConversationList(QWidget):
         self._busy_or_empty()
 
     def _shown_current(self) -> QListWidgetItem | None:
-        """The chat Delete and Rename act on: the one selected, while the list shows it (a search may hide it)."""
+        """The chat marked in the list, while the list shows it (a search may hide it)."""
         item = self.list.currentItem()
         return item if item is not None and not item.isHidden() else None
 
-    def _busy_or_empty(self) -> None:
-        """Delete acts on the chat selected in the list: not the one a reply is being written in, and none
-        where the list is empty or a search hides the selected chat."""
+    def _acted_on(self) -> QListWidgetItem | None:
+        """The chat Delete and Rename act on: the one shown, while the list shows it and marks it (a chat
+        the search found and marked is opened first: Enter or a click)."""
         item = self._shown_current()
+        return item if item is not None and item.data(Qt.ItemDataRole.UserRole) == self._open else None
+
+    def _busy_or_empty(self) -> None:
+        """Delete acts on the chat shown and marked in the list: not the one a reply is being written in, and
+        none where the list is empty, a search hides the chat shown or another chat is marked."""
+        item = self._acted_on()
         self.delete_button.setEnabled(item is not None and not self._writing_in(item))
         self.delete_button.setToolTip("A reply is being written in this chat: Stop it, or wait, to delete it"
                                       if item is not None and self._writing_in(item)
@@ -211,11 +295,11 @@ class ConversationList(QWidget):
             self.selected.emit(item.data(Qt.ItemDataRole.UserRole))
 
     def _rename(self) -> None:
-        item = self._shown_current()
+        item = self._acted_on()
         if item is not None:
             self.rename_requested.emit(item.data(Qt.ItemDataRole.UserRole))
 
     def _delete(self) -> None:
-        item = self._shown_current()
+        item = self._acted_on()
         if item is not None and not self._writing_in(item):
             self.delete_requested.emit(item.data(Qt.ItemDataRole.UserRole))

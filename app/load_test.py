@@ -9,9 +9,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable
 
-from PySide6.QtCore import Signal
-from PySide6.QtWidgets import (QComboBox, QDialog, QFormLayout, QHBoxLayout, QHeaderView, QLabel, QPushButton,
-                               QSpinBox, QTableWidget, QTableWidgetItem, QVBoxLayout)
+from PySide6.QtCore import QSize, Qt, Signal
+from PySide6.QtWidgets import (QComboBox, QDialog, QFormLayout, QFrame, QHBoxLayout, QHeaderView, QLabel,
+                               QPushButton, QScrollArea, QSpinBox, QTableWidget, QTableWidgetItem, QVBoxLayout)
 
 from app.http_load import HttpLoad, HttpLoadRun, PromptIds
 from app.local_server import SWITCH_MENU
@@ -22,24 +22,34 @@ ENGINE, HTTP = "Engine directly", "Local HTTP server"
 HTTP_OFF_TIP = f"Turn on {SWITCH_MENU} to send the load test through HTTP."
 TEMPERATURE = 0.8
 CLOSE_WAIT_S = 10.0          # what a closing window gives the HTTP streams to end
+SUMMARY_LINES = 5            # the summary's room, in lines, before a longer one scrolls
 
 
 @dataclass(frozen=True)
 class LoadTestSummary:
+    """A finished test. The speeds and the wall time are those of the streams that did not fail (0 where
+    every stream failed): a stream cut short by an error would make batching look better or worse than it is."""
+
     streams: int
-    total_tokens: int
+    total_tokens: int            # every stream's, the failed ones' too
     wall_s: float
     aggregate_tok_s: float
     per_stream_tok_s: float      # mean decode speed of one stream
     failed: int = 0              # streams that ended in an error
     first_error: str = ""        # the first of their errors
     stopped: int = 0             # streams stopped by the user before their output length
+    finished_tokens: int = -1    # the tokens of the streams that did not fail (-1: all of them)
 
     def text(self) -> str:
-        head = (f"{self.streams} streams, {self.total_tokens} tokens in {self.wall_s:.1f} s: aggregate "
+        """One line: the speeds against each other, what was stopped, and what failed with the first error."""
+        tokens = self.total_tokens if self.finished_tokens < 0 else self.finished_tokens
+        ended = (f"{self.streams} streams" if not self.failed else
+                 f"{self.streams} streams, of which the {self.streams - self.failed} that finished made")
+        head = (f"{ended} {tokens} tokens in {self.wall_s:.1f} s: aggregate "
                 f"{self.aggregate_tok_s:.1f} tok/s vs {self.per_stream_tok_s:.1f} tok/s per stream "
                 f"({self.aggregate_tok_s / self.per_stream_tok_s:.2f}× from batching)"
-                if self.per_stream_tok_s > 0 else f"{self.streams} streams, {self.total_tokens} tokens")
+                if self.per_stream_tok_s > 0 and self.failed < self.streams
+                else f"{self.streams} streams, {self.total_tokens} tokens")
         if self.stopped:
             which = "every stream" if self.stopped == self.streams else f"{self.stopped} of {self.streams} streams"
             head = f"Stopped: {which} ended early. {head}"
@@ -50,15 +60,90 @@ class LoadTestSummary:
 
 
 def summarise(results: list[ReplyStats]) -> LoadTestSummary:
-    """Aggregate = all tokens over the wall time of the whole test; per stream = mean decode speed."""
-    tokens = sum(r.completion_tokens for r in results)
-    wall = max(r.finished for r in results) - min(r.started for r in results) if results else 0.0
-    speeds = [r.decode_tok_s for r in results if r.decode_tok_s]
+    """Aggregate = the tokens of the streams that did not fail over the wall time they took together;
+    per stream = their mean decode speed. No speeds where every stream failed."""
     failed = [r for r in results if r.finish_reason == "error" or r.error]
+    ok = [r for r in results if not (r.finish_reason == "error" or r.error)]
+    tokens = sum(r.completion_tokens for r in ok)
+    wall = max(r.finished for r in ok) - min(r.started for r in ok) if ok else 0.0
+    speeds = [r.decode_tok_s for r in ok if r.decode_tok_s]
     stopped = sum(1 for r in results if r.finish_reason == "abort")
-    return LoadTestSummary(len(results), tokens, wall, tokens / wall if wall > 0 else 0.0,
-                           sum(speeds) / len(speeds) if speeds else 0.0, len(failed),
-                           (failed[0].error or "the reply failed") if failed else "", stopped)
+    return LoadTestSummary(len(results), sum(r.completion_tokens for r in results), wall,
+                           tokens / wall if wall > 0 else 0.0, sum(speeds) / len(speeds) if speeds else 0.0,
+                           len(failed), (failed[0].error or "the reply failed") if failed else "", stopped,
+                           tokens)
+
+
+class FittedLabel(QLabel):
+    """A label that wraps to its width and asks for the height of all its lines at that width, never fewer:
+    the dialog's layout then shrinks the table for them, or the dialog grows, and no line is cut.
+    ``then``: called when its text changes (the box it is in asks for room again)."""
+
+    def __init__(self, text: str = "", then: Callable[[], None] | None = None) -> None:
+        super().__init__(text)
+        self._then = then
+        self.setWordWrap(True)
+        self.setAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop)
+
+    def lines_height(self, width: int | None = None) -> int:
+        """The height of its lines at ``width`` (its own; before it is laid out: its preferred size's)."""
+        if width is None:
+            width = self.width() if self.testAttribute(Qt.WidgetAttribute.WA_Resized) else 0
+        return self.heightForWidth(width) if width > 0 else self.sizeHint().height()
+
+    def minimumSizeHint(self) -> QSize:
+        return QSize(super().minimumSizeHint().width(), self.lines_height())
+
+    def setText(self, text: str) -> None:
+        super().setText(text)
+        self.updateGeometry()
+        if self._then is not None:
+            self._then()
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        if event.size().width() != event.oldSize().width():      # another width: another number of lines
+            self.updateGeometry()
+
+
+class SummaryBox(QScrollArea):
+    """The test's summary, wrapped to the dialog's width and given the height its lines take (up to
+    SUMMARY_LINES; a longer one scrolls): the table gives up room for it, or the dialog grows, and no line
+    is ever cut."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.label = FittedLabel(text, then=self.refit)
+        self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)   # an error can be copied
+        self.setWidget(self.label)
+        self.setWidgetResizable(True)
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.refit()
+
+    def _room(self) -> tuple[int, int]:
+        """The height the summary's lines take at this width (before the box is laid out: at the label's
+        own), and the most the box gives them."""
+        width = self.contentsRect().width() if self.testAttribute(Qt.WidgetAttribute.WA_Resized) else 0
+        return self.label.lines_height(width), SUMMARY_LINES * self.label.fontMetrics().lineSpacing()
+
+    def refit(self) -> None:
+        """Ask for the room of the summary's lines; a scroll bar only where they are more than it gives."""
+        need, most = self._room()
+        self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded if need > most
+                                        else Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.updateGeometry()
+
+    def sizeHint(self) -> QSize:
+        return QSize(self.label.sizeHint().width(), min(*self._room()))
+
+    def minimumSizeHint(self) -> QSize:
+        return QSize(0, min(*self._room()))
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        if event.size().width() != event.oldSize().width():      # another width: another number of lines
+            self.refit()
 
 
 class LoadTestDialog(QDialog):
@@ -104,9 +189,8 @@ class LoadTestDialog(QDialog):
         self.send_through.addItems([ENGINE, HTTP])
         form.addRow("Send through", self.send_through)
         lay.addLayout(form)
-        self.fit_note = QLabel("")       # prompt and output past the model's context: what each stream then does
+        self.fit_note = FittedLabel()      # prompt and output past the model's context: what each stream then does
         self.fit_note.setObjectName("knobStatus_off")
-        self.fit_note.setWordWrap(True)
         self.fit_note.hide()
         lay.addWidget(self.fit_note)
         for box in (self.prompt_len, self.output_len):
@@ -120,10 +204,10 @@ class LoadTestDialog(QDialog):
         self.table.verticalHeader().hide()
         lay.addWidget(self.table, 1)
         self.live = QLabel("Engine aggregate: —")
-        self.summary = QLabel("Press Start to send the requests at once.")
-        self.summary.setWordWrap(True)
+        self.summary_box = SummaryBox("Press Start to send the requests at once.")
+        self.summary = self.summary_box.label
         lay.addWidget(self.live)
-        lay.addWidget(self.summary)
+        lay.addWidget(self.summary_box)
         row = QHBoxLayout()
         self.start_button = QPushButton("Start")
         self.start_button.setObjectName("primary")

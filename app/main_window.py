@@ -182,6 +182,7 @@ class MainWindow(QMainWindow):
         self._action(chat, "&New chat", lambda: self.chat.new_chat(), "Ctrl+N")
         self._action(chat, "&Stop the reply", lambda: self.chat.stop_shown(), "Esc")
         self._action(chat, "&Regenerate the last reply", lambda: self.chat.regenerate(), "Ctrl+R")
+        self._action(chat, "S&earch chats", self.sidebar.focus_search, "Ctrl+F")
         chat.addSeparator()
         self._action(chat, "&Deleted chats…", self.open_trash)
         view = bar.addMenu("&View")
