@@ -28,6 +28,7 @@ class EvalResult:
     expert_format: str = ""                  # the experts as run: bf16, int4, fp8, mxfp4, ...
     reference_format: str | None = None      # the reference's experts as run
     resident_format: str = "bf16"            # the resident matrices as run: bf16 (the dtype), fp8, int8
+    text_tokens: int = 0                     # the text's tokens: ``tokens`` less each window's first (context only)
 
 
 def _resident_as_run(engine) -> str:
@@ -108,6 +109,6 @@ def evaluate(engine, text: str, reference=None, window: int = 256, max_tokens: i
         raise ConfigError("the evaluation text has fewer than 2 tokens; give a longer text file")
     fmt, res = engine.model_info.expert_format, _resident_as_run(engine)
     if reference is None:
-        return EvalResult(n, math.exp(nll / n), expert_format=fmt, resident_format=res)
+        return EvalResult(n, math.exp(nll / n), expert_format=fmt, resident_format=res, text_tokens=len(ids))
     return EvalResult(n, math.exp(nll / n), math.exp(ref_nll / n), agree / rows, cos_sum / rows, fmt,
-                      reference.model_info.expert_format, res)
+                      reference.model_info.expert_format, res, len(ids))

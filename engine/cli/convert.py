@@ -160,7 +160,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(json.dumps(r.__dict__))
         return 0
     resident = f", {r.resident_format} resident weights" if r.resident_format != "bf16" else ""
-    print(f"tokens {r.tokens}  perplexity {r.perplexity:.3f}  ({r.expert_format} experts{resident})")
+    of = f" scored of {r.text_tokens} (each window's first is its context)" if r.text_tokens > r.tokens else ""
+    print(f"tokens {r.tokens}{of}  perplexity {r.perplexity:.3f}  ({r.expert_format} experts{resident})")
     if ref is not None:
         print(f"reference perplexity {r.reference_perplexity:.3f} ({100 * (r.perplexity / r.reference_perplexity - 1):+.2f}%, "
               f"{r.reference_format} experts)  top-1 agreement {100 * r.top1_agreement:.2f}%  "

@@ -348,6 +348,11 @@ def test_eval_scores_a_text(capsys, good_model, text):
                  "--max-tokens", "100", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["tokens"] > 0 and r["perplexity"] > 1
+    # 100 tokens in windows of 64: the first of each is context only, and the line says so
+    assert r["text_tokens"] == 100 and r["tokens"] == 98
+    assert main(["eval", "--model", str(good_model), "--text", str(text), "--device", "cpu", "--window", "64",
+                 "--max-tokens", "100"]) == 0
+    assert capsys.readouterr().out.startswith("tokens 98 scored of 100 (each window's first is its context)  perplexity ")
 
 
 def test_eval_of_a_conversion_against_another_model_than_its_source_says_so(capsys, good_model, good_conversion,
