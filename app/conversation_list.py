@@ -8,6 +8,7 @@ Each entry is its title on one line (cut with "…" to the list's width, the who
 above its time and length: a title that wrapped would push that line out of the entry."""
 from __future__ import annotations
 
+import re
 import time
 
 from PySide6.QtCore import QEvent, QObject, Qt, QTimer, Signal
@@ -21,6 +22,14 @@ UNDO_SHOWN_MS = 30_000     # how long "Deleted … Undo" stays; the file stays i
 TITLE = Qt.ItemDataRole.UserRole + 1      # an entry's whole title; UserRole holds its id
 DETAIL = Qt.ItemDataRole.UserRole + 2     # its second line (time and length)
 SEARCHED = Qt.ItemDataRole.UserRole + 3   # what the search box looks in: its title and messages, casefolded
+_MARKUP = re.compile(r"[*_~`]+")          # Markdown's emphasis and code marks, which the chat does not show
+
+
+def _searched(text: str) -> str:
+    """What a search looks in: the text as written, and as shown ("second *line*" is found by "second line")."""
+    text = text.casefold()
+    shown = _MARKUP.sub("", text)
+    return text if shown == text else f"{text}\n{shown}"
 
 
 WRITING = "writing a reply…"      # the second line of the chat a reply is being written in
@@ -140,7 +149,7 @@ class ConversationList(QWidget):
             item.setData(TITLE, conv.title)
             item.setData(DETAIL, WRITING if conv.id == writing else f"{when} · {n} message{'' if n == 1 else 's'}")
             texts = [r.content for m in conv.messages for r in m.replies()]       # every reply version
-            item.setData(SEARCHED, "\n".join([conv.title, *texts]).casefold())
+            item.setData(SEARCHED, _searched("\n".join([conv.title, *texts])))
             item.setToolTip(conv.title)
             if conv.id == current_id:
                 current = item

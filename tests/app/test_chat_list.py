@@ -130,6 +130,18 @@ def test_the_search_finds_a_reply_version_that_is_not_shown(qtbot, tmp_path):
     assert not chat.sidebar.list.item(0).isHidden()
 
 
+def test_the_search_finds_words_as_the_chat_shows_them_and_as_written(qtbot, tmp_path):
+    chat = make_chat(qtbot, tmp_path / "c")
+    chat.send("Format it")
+    stream(chat, "the **second** *line* and `snake_case`")
+    finish(chat)
+    for words in ("second line", "**second**", "snake_case", "snakecase"):
+        chat.sidebar.search.setText(words)
+        assert not chat.sidebar.list.item(0).isHidden(), words
+    chat.sidebar.search.setText("third line")
+    assert chat.sidebar.list.item(0).isHidden()
+
+
 def test_a_deleted_chat_comes_back_from_the_trash_after_its_undo_is_gone(qtbot, tmp_path):
     from app.trash_dialog import TrashDialog
     folder = tmp_path / "c"
