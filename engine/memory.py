@@ -535,8 +535,8 @@ def plan_memory(resident_bytes: int, expert_bytes: int, num_experts: int, kv_byt
         what = "the expert pool and its staging" if slots else "the staging slots of missing experts"
         pooled = f", {what} ({format_size(pool)})" if pool else ""
         room = _round_down(max(0, left - pool) + window_kv_bytes)
-        flag = _round_down(int(room / kv_share))
-        share = "" if kv_share == 1.0 else f"this card's {kv_share:.0%} share of "      # the whole size of which this card allocates kv_share
+        flag = _round_down(int(room / kv_share))      # the whole size of which this card allocates kv_share
+        share = "" if kv_share == 1.0 else f"this card's {kv_share:.0%} share of "
         fixes = ([f"lower --kv-cache-size to {format_size(flag)}"] if flag else []) + \
             (["lower --expert-pool-size"] if requested_pool else []) + advice._raise_budget(budget_bytes) \
             or ["free memory on the GPU (other programs hold it) or use a GPU with more memory"]

@@ -34,6 +34,13 @@ def workspace_readout(workspace: int, budget: int | None) -> tuple[str, str]:
     return fmt_bytes(workspace), "Kept free in the budget for activations, logits and kernel scratch"
 
 
+def pool_readout(pool_bytes: int, staging_bytes: int) -> str:
+    """The pool's slots, as the Expert pool knob sizes them, and its staging beside them."""
+    if not staging_bytes:
+        return fmt_bytes(pool_bytes)
+    return f"{fmt_bytes(pool_bytes - staging_bytes)} + {fmt_bytes(staging_bytes)} staging"
+
+
 def pool_tip(pool_bytes: int, staging_bytes: int) -> str:
     """The expert pool's tooltip: how much of it is staging (the slots misses and prefetches pass through)."""
     if not staging_bytes:
@@ -105,7 +112,8 @@ class MemoryPanel(Panel):
         self.kv.append(now, kv_pct)
         r = self.readouts
         r["resident"].set(fmt_bytes(m.resident_bytes))
-        r["pool"].set(fmt_bytes(m.expert_pool_bytes), pool_tip(m.expert_pool_bytes, m.staging_bytes))
+        pool, staging = m.expert_pool_bytes, m.staging_bytes
+        r["pool"].set(pool_readout(pool, staging), pool_tip(pool, staging))
         tip = f"dtype {s.kv_cache_dtype}" if s.kv_cache_dtype else ""
         if m.kv_window_bytes:
             tip += f"; {fmt_bytes(m.kv_window_bytes)} of it hold the sliding-window layers (a fixed pool)"

@@ -174,6 +174,9 @@ def test_memory_rows_of_a_cpu_engine_with_an_offloaded_pool(qapp):
     # staging: one layer's experts and room for decode prefetches, named in the pool's tooltip
     assert 0 < m.staging_bytes < m.expert_pool_bytes
     assert f"{fmt_bytes(m.staging_bytes)} of staging" in panel.readouts["pool"].value.toolTip()
+    # the slots as the Expert pool knob sizes them (8M), with the staging beside them
+    assert panel.readouts["pool"].value.text() == (f"{fmt_bytes(m.expert_pool_bytes - m.staging_bytes)} + "
+                                                   f"{fmt_bytes(m.staging_bytes)} staging")
 
 
 def test_memory_rows_name_an_embedding_table_in_host_memory_and_the_plan_against_the_peak(qapp):
