@@ -83,3 +83,14 @@ def test_experts_land_in_the_host_store_as_the_mxfp4_bytes_drawn():
         assert facts["expert_format"] == "mxfp4" and not facts["experts_resident"]
     finally:
         engine.close()
+
+
+def test_the_gemv16_probe_lists_the_one_token_matrices_and_puts_the_kernel_back(tmp_path):
+    import kernels.qlinear as q
+    from benchmarks import gemv16_probe
+    before = q.gemv16_fits, q.gemv16, q.GEMV16
+    seen = gemv16_probe.main([str(tmp_path / "probe.json"), "--tiny"])
+    routers = [k for k in seen if isinstance(k, tuple) and k[1][0] == 8]       # tiny-20b: 8 experts a router
+    assert routers and all(k[0] is False and k[5] is False for k in routers)   # on the CPU: never the kernel
+    assert seen["gemv16 calls"] == 0
+    assert (q.gemv16_fits, q.gemv16, q.GEMV16) == before
