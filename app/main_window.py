@@ -44,7 +44,7 @@ from app.server_switch import ServerSwitch
 from app.thermal import AMBER, RED, ThermalGuard, ThermalState, assess, temperature_note
 from app.window_layout import (CHAT_MIN_WIDTH, DOCK_TITLES, KNOBS_MIN_WIDTH, LAYOUT_VERSION, SIDEBAR_MIN_WIDTH,
                                LAYOUT_KEYS, DockWidths, arrange_docks, default_window_size, fit_window, fits,
-                               hide_stale_tab_bars)
+                               tidy_tab_bars)
 
 REDRAW_MS = 33          # a tick every 33 ms redraws one of REDRAW_GROUPS groups: each panel ~10 Hz,
 REDRAW_GROUPS = 3       # and no single tick paints every plot at once (keeps each pause of the GUI short)
@@ -158,7 +158,7 @@ class MainWindow(QMainWindow):
     def apply_default_layout(self, available: QSize) -> None:
         """The docks as a first window on a screen of ``available`` size has them."""
         arrange_docks(self, self.docks, available)
-        hide_stale_tab_bars(self, self.docks)
+        tidy_tab_bars(self, self.docks)
         self.dock_widths.arranged()
 
     def reset_layout(self) -> None:
@@ -532,7 +532,7 @@ class MainWindow(QMainWindow):
             self.apply_default_layout(available.size())
         elif not fits(self.minimumSizeHint(), available.size()):
             self._smaller_screen_layout(available.size())
-        hide_stale_tab_bars(self, self.docks)
+        tidy_tab_bars(self, self.docks)
         self.fit_to_screen(available)
 
     def _restore(self, slot: str) -> tuple[bool, object | None]:

@@ -65,20 +65,41 @@ def default_window_size(available: QSize) -> QSize:
                  min(DEFAULT_SIZE.height(), available.height() - FRAME_ROOM.height()))
 
 
-def hide_stale_tab_bars(window: QMainWindow, docks: dict[str, QDockWidget]) -> None:
-    """Hide the tab bars a layout that gave way to another left behind: Qt keeps the tab bars of a dock state
-    replaced by a second one on screen (the large screen's two panel groups, replaced by a small screen's one),
-    where they lay over the menus and took Tab focus. A bar in use shows the titles of a group of docks
-    tabbed together now; one whose titles match no such group is a leftover."""
-    groups = set()
+def stale_tab_bars(window: QMainWindow, docks: dict[str, QDockWidget]) -> list[QTabBar] | None:
+    """The tab bars a dock state that gave way to another left behind: Qt keeps the tab bars of a state
+    replaced by a second one on screen (a large screen's two panel groups, replaced by a small screen's one),
+    where they lie over the menus and take Tab focus. Each group of docks tabbed together has its bar: the
+    one with the group's titles next to the group's front dock; every other bar is a leftover, an empty one
+    too. None while the window is not laid out yet (no group, or a group with no bar so far): nothing can be
+    told apart then."""
+    bars = window.findChildren(QTabBar, options=Qt.FindChildOption.FindDirectChildrenOnly)
+    keep: set[QTabBar] = set()
     for dock in docks.values():
-        group = [d for d in [dock, *window.tabifiedDockWidgets(dock)] if not d.isFloating()]
-        if len(group) > 1:
-            groups.add(tuple(sorted(d.windowTitle() for d in group)))
-    for bar in window.findChildren(QTabBar, options=Qt.FindChildOption.FindDirectChildrenOnly):
-        titles = tuple(sorted(bar.tabText(i) for i in range(bar.count())))
-        if not bar.isHidden() and titles not in groups:
-            bar.hide()
+        if dock.isFloating() or not dock.isVisible() or not window.rect().intersects(dock.geometry()):
+            continue                  # a tab group's front dock is the one in the window (the others lie outside)
+        group = [dock, *(d for d in window.tabifiedDockWidgets(dock) if not d.isFloating())]
+        if len(group) < 2:
+            continue
+        titles = sorted(d.windowTitle() for d in group)
+        mine = [b for b in bars if sorted(b.tabText(i) for i in range(b.count())) == titles]
+        if not mine:
+            return None
+        at = dock.geometry()
+        keep.add(min(mine, key=lambda b: abs(b.geometry().left() - at.left())
+                     + min(abs(b.geometry().bottom() + 1 - at.top()), abs(b.geometry().top() - at.bottom() - 1))))
+    if not keep:
+        return None                  # no group of docks so far: not laid out yet (or none to tell bars by)
+    return [b for b in bars if b not in keep and not b.isHidden()]
+
+
+def tidy_tab_bars(window: QMainWindow, docks: dict[str, QDockWidget], tries: int = 200) -> None:
+    """Hide the leftover tab bars (:func:`stale_tab_bars`) once the window is shown and laid out: asked
+    again every 25 ms until it is, at most ``tries`` times."""
+    stale = stale_tab_bars(window, docks) if window.isVisible() else None
+    if stale is None and tries > 0:
+        QTimer.singleShot(25, window, lambda: tidy_tab_bars(window, docks, tries - 1))
+    for bar in stale or ():
+        bar.hide()
 
 
 def arrange_docks(window: QMainWindow, docks: dict[str, QDockWidget], available: QSize) -> None:
