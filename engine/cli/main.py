@@ -20,20 +20,28 @@ class OneLineParser(argparse.ArgumentParser):
     argv: list[str] = []          # what parse() was given: a misspelt flag is named before what it left missing
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {self._misspelt() or ' '.join(message.split())} (see {self.prog} --help)\n")
+        unknown = message.startswith(("unrecognized arguments", "the following arguments are required"))
+        said = (unknown and self._misspelt()) or " ".join(message.split())
+        self.exit(2, f"{self.prog}: error: {said} (see {self.prog} --help)\n")
 
     def _misspelt(self) -> str | None:
-        """"unrecognized argument --promt; did you mean --prompt?" for the first flag this parser does not
-        know but one it knows is close to (argparse would first say that --prompt is missing)."""
+        """"unrecognized argument --promt; did you mean --prompt?" for the first flag of the command line
+        being parsed that this parser does not know, not even as the start of one it knows, but one it knows
+        is close to (argparse would say first that --prompt is missing)."""
         known = [o for o in self._option_string_actions if o.startswith("--")]
         for word in OneLineParser.argv:
             flag = word.split("=", 1)[0]
             if word == "--":
                 break
-            if flag.startswith("--") and flag not in self._option_string_actions:
-                close = difflib.get_close_matches(flag, known, n=1)
-                if close:
-                    return f"unrecognized argument {flag}; did you mean {close[0]}?"
+            if not flag.startswith("--") or any(o.startswith(flag) for o in known):
+                continue
+            if flag == "--version":
+                return f"--version is a flag of {self.prog.split()[0]} itself; give it before any command"
+            close = difflib.get_close_matches(flag, [*known, "--version"], n=1)
+            if close == ["--version"]:
+                return f"unrecognized argument {flag}; did you mean --version (before any command)?"
+            if close:
+                return f"unrecognized argument {flag}; did you mean {close[0]}?"
         return None
 
 
@@ -95,10 +103,13 @@ def _join_negative_values(argv: list[str]) -> list[str]:
 def parse(parser: argparse.ArgumentParser, sub: argparse._SubParsersAction, argv: list[str]) -> argparse.Namespace:
     """Parse ``argv``; an unknown flag is reported by the subcommand it was given to, with its help."""
     OneLineParser.argv = list(argv)
-    args, extra = parser.parse_known_args(_join_negative_values(argv))
-    if extra:
-        owner = sub.choices.get(args.command, parser)
-        owner.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        args, extra = parser.parse_known_args(_join_negative_values(argv))
+        if extra:
+            owner = sub.choices.get(args.command, parser)
+            owner.error(f"unrecognized arguments: {' '.join(extra)}")
+    finally:
+        OneLineParser.argv = []           # a parser used directly later judges its own words alone
     return args
 
 

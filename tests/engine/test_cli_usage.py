@@ -42,6 +42,10 @@ MISTAKES = [
      "main.py gui: error: unrecognized argument --modle; did you mean --model? (see main.py gui --help)"),
     (["generate", "--promt", "hi"],                           # named before the --prompt it leaves missing
      "main.py generate: error: unrecognized argument --promt; did you mean --prompt? (see main.py generate --help)"),
+    (["generate", "--prompt", "hi", "--temp", "0.5", "--max-tokens", "abc"],     # --temp: argparse's abbreviation
+     "main.py generate: error: argument --max-tokens: invalid int value: 'abc' (see main.py generate --help)"),
+    (["chat", "--version"],
+     "main.py chat: error: --version is a flag of main.py itself; give it before any command (see main.py chat --help)"),
     (["--kv-cache-dtype", "int2"],
      "main.py gui: error: argument --kv-cache-dtype: invalid choice: 'int2' (choose from 'auto', 'bf16', 'int8', "
      "'fp8') (see main.py gui --help)"),
@@ -74,7 +78,8 @@ def test_main_py_usage_mistake_is_one_line(argv, line, capsys):
     (["sreve"],
      "strata: error: argument COMMAND: invalid choice: 'sreve' (choose from 'generate', 'chat', 'info', 'convert', "
      "'eval', 'serve', 'bench') (see strata --help)"),
-    (["--verbose"], "strata: error: unrecognized argument --verbose; did you mean --version? (see strata --help)"),
+    (["--verbose"], "strata: error: unrecognized argument --verbose; did you mean --version (before any command)? "
+                    "(see strata --help)"),
     (["--quiet"], "strata: error: unrecognized arguments: --quiet (see strata --help)"),
 ])
 def test_strata_usage_mistake_is_one_line(argv, line, capsys):
@@ -102,3 +107,13 @@ def test_version_names_the_installed_version(capsys):
 
     assert root.main(["--version"]) == 0
     assert capsys.readouterr().out == f"main.py {version('strata')}\n"
+
+
+def test_a_parser_used_after_a_command_line_judges_its_own_words(capsys):
+    # the words of an earlier command line are not searched for a misspelt flag
+    assert root.main(["generate", "--prompt", "hi", "--max-tokns", "3"]) == 2
+    capsys.readouterr()
+    parser, _ = strata.build_parser()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["chat", "--reasoning-effort", "max"])
+    assert "invalid choice: 'max'" in capsys.readouterr().err
