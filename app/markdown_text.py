@@ -9,6 +9,7 @@ _BODY_STYLE = re.compile(r"<body style=\"[^\"]*\">")
 _MARKDOWN = QTextDocument.MarkdownFeature.MarkdownDialectGitHub | QTextDocument.MarkdownFeature.MarkdownNoHTML
 _QUOTES = re.compile(r"(?:[ ]{0,3}>[ ]?)*")                  # the ">" markers of a block quote, any depth
 _FENCE = re.compile(r"[ \t]*(`{3,}|~{3,})(.*)")               # ``` or ~~~ (or longer), then an info string
+_ENDS_BLOCK = re.compile(r" {0,3}(#{1,6}(\s|$)|([-*_])( *\3){2,} *$|=+ *$)")    # a heading, a rule, an underline
 _LINE_BREAK = "\u2028"                                        # a line break inside a paragraph (<br>)
 
 
@@ -39,7 +40,8 @@ def _with_breaks(text: str, joined: bool = False) -> str:
         if indented and code or not content.strip():
             code = True                       # indented code can only follow a blank line or more of it
             continue
-        code, fence, depth = False, _opens_fence(content), level
+        # after a heading or a rule (a setext heading's underline too) a new block starts: indented is code
+        code, fence, depth = bool(_ENDS_BLOCK.match(content)), _opens_fence(content), level
         if fence or i + 1 == len(lines) or not lines[i + 1].strip():
             continue
         broken = (len(line) - len(line.rstrip("\\"))) % 2       # ends in a backslash: a line break already
@@ -73,10 +75,13 @@ def _join_broken_lines(doc: QTextDocument, joined: QTextDocument) -> None:
         if rest is None or not rest.startswith(text):
             return
         rest = rest[len(text):]
+    edit = QTextCursor(doc)
+    edit.beginEditBlock()          # one edit for them all: the document is laid out once, not once a line
     for number in reversed(goes_on):
         cursor = QTextCursor(doc.findBlockByNumber(number))
         cursor.deletePreviousChar()
         cursor.insertText(_LINE_BREAK, QTextCharFormat())       # not part of a link that ends the line
+    edit.endEditBlock()
 
 
 def _blocks(doc: QTextDocument):
@@ -94,6 +99,8 @@ def _mark_quotes(doc: QTextDocument) -> None:
     """Each line of a block quote marked as one: a bar per level, and dimmed."""
     dim = QTextCharFormat()
     dim.setForeground(QColor(QUOTE_COLOR))
+    edit = QTextCursor(doc)
+    edit.beginEditBlock()          # one edit for them all, as in _join_broken_lines
     for block in _blocks(doc):
         level = block.blockFormat().intProperty(QTextFormat.Property.BlockQuoteLevel)
         if level:
@@ -105,6 +112,7 @@ def _mark_quotes(doc: QTextDocument) -> None:
             cursor.movePosition(QTextCursor.MoveOperation.StartOfBlock)
             cursor.movePosition(QTextCursor.MoveOperation.EndOfBlock, QTextCursor.MoveMode.KeepAnchor)
             cursor.mergeCharFormat(dim)
+    edit.endEditBlock()
 
 
 def markdown_html(text: str) -> str:

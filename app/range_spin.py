@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import QLocale, Signal
 from PySide6.QtGui import QValidator
 from PySide6.QtWidgets import QDoubleSpinBox, QSpinBox
 
@@ -69,8 +69,11 @@ class RangeDoubleSpin(_SaysOutOfRange, QDoubleSpinBox):
         return value if ok else None
 
     def _shown(self, value: float) -> str:
-        # as the box writes numbers ("0,7" where the decimal point is a comma), without trailing zeros
-        return self.locale().toString(float(value), "g", 6)
+        # as the box writes numbers ("0,7" where the decimal point is a comma), without trailing zeros and
+        # without the group separators the box leaves out ("12345,5", not "12.345,5")
+        locale = QLocale(self.locale())
+        locale.setNumberOptions(locale.numberOptions() | QLocale.NumberOption.OmitGroupSeparator)
+        return locale.toString(float(value), "g", 6)
 
     def validate(self, text: str, pos: int):
         """A point typed where the decimal point is a comma ("0.5" in German) is taken as that comma."""

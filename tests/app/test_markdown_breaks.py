@@ -24,6 +24,12 @@ def test_an_indented_code_block_after_a_blank_line_is_left_as_written(qapp):
     assert hard_breaks(text) == "Run this:\n\n    make\n    make install\n\nthen  \n\tthis line  \nand this"
 
 
+@pytest.mark.parametrize("above", ["# Title", "***", "Title\n===", "- - -"])
+def test_an_indented_code_block_after_a_heading_or_a_rule_is_left_as_written(qapp, above):
+    from app.markdown_text import hard_breaks
+    assert hard_breaks(f"{above}\n    code()\nafter").split("\n")[-2] == "    code()"
+
+
 def test_two_lines_of_one_paragraph_stand_closer_than_two_paragraphs(qapp):
     from PySide6.QtCore import Qt
     from PySide6.QtWidgets import QLabel

@@ -474,6 +474,10 @@ def test_a_box_where_the_decimal_point_is_a_comma_says_numbers_as_it_writes_them
         QTest.keyClick(box.temperature, Qt.Key.Key_Return)
         assert box.temperature.value() == 0.7 and box.range_note.text() == "✗ 2,5 is outside 0–2; it stays 0,7"
     box.temperature.lineEdit().selectAll()
+    QTest.keyClicks(box.temperature, "12345,5")            # no group separator the box does not write either
+    QTest.keyClick(box.temperature, Qt.Key.Key_Return)
+    assert box.range_note.text() == "✗ 12345,5 is outside 0–2; it stays 0,7"
+    box.temperature.lineEdit().selectAll()
     QTest.keyClicks(box.temperature, "1.5")
     QTest.keyClick(box.temperature, Qt.Key.Key_Return)
     assert box.temperature.value() == 1.5 and box.temperature.text() == "1,50"
