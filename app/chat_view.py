@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 
-from PySide6.QtCore import QSizeF, Qt, QTimer, Signal
+from PySide6.QtCore import QSize, QSizeF, Qt, QTimer, Signal
 from PySide6.QtGui import QFontDatabase, QGuiApplication, QKeySequence, QTextCursor, QTextOption
 from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPushButton, QScrollArea, QSizePolicy, QTextEdit,
                                QToolButton, QVBoxLayout, QWidget)
@@ -36,6 +36,16 @@ class _WrappedLabel(QLabel):
     def setText(self, text: str) -> None:
         self._heights.clear()
         super().setText(text)
+
+    def sizeHint(self) -> QSize:
+        # a wrapped label's own hint lays its text out at several widths in search of a pleasing shape; the
+        # transcript gives it the bubble's width anyway: one layout, at 80 characters, as QLabel starts with
+        width = self.fontMetrics().averageCharWidth() * 80
+        return QSize(width, self.heightForWidth(width))
+
+    def minimumSizeHint(self) -> QSize:
+        # its own lays the text out a word to a line; the transcript breaks long words itself (breakable)
+        return QSize(self.fontMetrics().averageCharWidth() * 4, self.fontMetrics().height())
 
     def changeEvent(self, event) -> None:       # a font or style change lays the text out differently
         self._heights.clear()

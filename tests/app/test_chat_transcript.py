@@ -226,3 +226,17 @@ def test_tab_reaches_an_earlier_message_put_in_above_before_the_ones_under_it(qt
             seen.append(w)
         w = w.nextInFocusChain()
     assert seen == buttons
+
+
+def test_a_message_label_sizes_itself_with_one_layout_at_the_width_it_is_given(qtbot):
+    # a wrapped label's own hints lay its text out at several widths (a word to a line for the minimum): a
+    # long chat paid that for every message it put on screen
+    from app.chat_view import ChatView
+    view = ChatView()
+    qtbot.addWidget(view)
+    short, long = (view.add("user", "word " * n) for n in (3, 3000))
+    for bubble in (short, long):
+        label = next(w for w in bubble.findChildren(QLabel) if w.wordWrap() and w.text().strip())
+        hint = label.sizeHint()
+        assert hint.height() == label.heightForWidth(hint.width())
+        assert label.minimumSizeHint().height() == label.fontMetrics().height()
