@@ -16,7 +16,7 @@ from pathlib import Path
 from engine.chat_format.harmony import DEFAULT_EFFORT, EFFORTS, HarmonyDelta, ReplyReader
 from engine.chat_format.think import reasoning_reader
 from engine.chat_template import TemplateFailure, TemplateFixes, failure_line
-from engine.cli.run import CHAT_OVERFLOW, Reply, open_engine, sampling_params, stream
+from engine.cli.run import CHAT_OVERFLOW, Reply, for_terminal, open_engine, sampling_params, stream
 from engine.context import OVERFLOW_POLICIES, ContextOverflowError, FittedPrompt, fit_messages, fit_text
 from engine.errors import ConfigError, StrataError
 from engine.sampling import SamplingParams
@@ -285,14 +285,15 @@ class _Shown:
         if finished:
             delta += self.reader.finish()
         dim = sys.stdout.isatty()
+        shown = for_terminal if dim else str         # on a terminal, the model's control characters shown, not obeyed
         if delta.reasoning:
-            sys.stdout.write(("\x1b[2m" if dim and not self.reasoned else "") + delta.reasoning)
+            sys.stdout.write(("\x1b[2m" if dim and not self.reasoned else "") + shown(delta.reasoning))
             self.reasoned = True
         answer = delta.content + "".join(f"(calls {c.name} {c.arguments})" for c in delta.calls)
         if self.reasoned and (answer or finished):
             sys.stdout.write(("\x1b[0m" if dim else "") + ("\n\n" if answer else ""))
             self.reasoned = False
-        sys.stdout.write(answer)
+        sys.stdout.write(shown(answer))
         sys.stdout.flush()
 
 

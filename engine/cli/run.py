@@ -74,7 +74,7 @@ class Reply:
         self.token_ids += d.new_token_ids
         self.ttft_ms = self.ttft_ms if d.ttft_ms is None else d.ttft_ms
         if echo and d.new_text:
-            sys.stdout.write(d.new_text)
+            sys.stdout.write(for_terminal(d.new_text) if sys.stdout.isatty() else d.new_text)
             sys.stdout.flush()
         if d.finished:
             self.finish_reason = d.finish_reason
@@ -82,6 +82,17 @@ class Reply:
 
     def summary(self) -> dict:
         return {k: v for k, v in asdict(self).items() if k != "error"}
+
+
+# C0 and C1 control characters but newline and tab, in caret notation: a model's text written to a terminal
+# must not clear the screen, recolour it, set its title or move the cursor ("\x1b[2J" shows as "^[[2J")
+_CONTROLS = {c: f"^{chr(c ^ 64)}" for c in (*range(0x20), 0x7F) if chr(c) not in "\n\t"} | \
+    {c: f"\\x{c:02x}" for c in range(0x80, 0xA0)}
+
+
+def for_terminal(text: str) -> str:
+    """``text`` safe to write to a terminal: its control characters shown, not obeyed."""
+    return text.translate(_CONTROLS)
 
 
 def stream(engine, prompt, params: SamplingParams, echo: bool = True) -> Reply:

@@ -348,3 +348,19 @@ def test_a_reasoning_effort_given_to_a_model_without_one_is_noted_not_silently_d
     assert rc == 0 and note in err
     rc, _, err, _ = run_chat(monkeypatch, capsys, [], model=chat_model)        # not given: nothing to say
     assert rc == 0 and note not in err
+
+
+def test_a_models_control_characters_are_shown_on_a_terminal_not_obeyed(monkeypatch, capsys):
+    # a reply that clears the screen, recolours it and sets the window title must not do so in the user's terminal
+    import sys
+
+    from engine.cli.run import Reply
+    from engine.outputs import RequestDelta
+    said = "\x1b[2J\x1b[31mRED\x1b]0;PWNED\x07 stays\tas\nwritten"
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    Reply().add(RequestDelta("r", (1,), said, False), echo=True)
+    assert capsys.readouterr().out == "^[[2J^[[31mRED^[]0;PWNED^G stays\tas\nwritten"
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: False)     # to a file or a pipe: as the model wrote it
+    reply = Reply()
+    reply.add(RequestDelta("r", (1,), said, False), echo=True)
+    assert capsys.readouterr().out == said and reply.text == said
