@@ -35,7 +35,7 @@ class ReplyText:
             del self._readers[d.request_id]
         if said.reasoning:
             self._thinking.setdefault(d.request_id, []).append(said.reasoning)
-        answer = said.content + "".join(f"\n\n`{c.name}({c.arguments})`" for c in said.calls)
+        answer = said.content + said.cut_call + "".join(f"\n\n`{c.name}({c.arguments})`" for c in said.calls)
         if answer:
             self._text.setdefault(d.request_id, []).append(answer)
 

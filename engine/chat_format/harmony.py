@@ -88,13 +88,14 @@ class HarmonyDelta:
     reasoning: str = ""
     content: str = ""
     calls: tuple[HarmonyCall, ...] = ()
+    cut_call: str = ""      # the arguments of a call the reply stopped inside: a reader of text may show them
 
     def __add__(self, other: HarmonyDelta) -> HarmonyDelta:
         return HarmonyDelta(self.reasoning + other.reasoning, self.content + other.content,
-                            self.calls + other.calls)
+                            self.calls + other.calls, self.cut_call + other.cut_call)
 
     def __bool__(self) -> bool:
-        return bool(self.reasoning or self.content or self.calls)
+        return bool(self.reasoning or self.content or self.calls or self.cut_call)
 
 
 class ReplyReader(Protocol):
@@ -136,9 +137,11 @@ class _Router:
         return HarmonyDelta()
 
     def cut(self) -> HarmonyDelta:
-        """The reply stopped inside a message: a call not closed stays text the user sees."""
+        """The reply stopped inside a message: a call not closed is no call, and its arguments so far are
+        ``cut_call`` (a chat shows them as what the model said; the server drops them, as it does a cut call
+        of other formats)."""
         args, self._args = "".join(self._args), []
-        return HarmonyDelta(content=args)
+        return HarmonyDelta(cut_call=args)
 
 
 def parse_header(text: str) -> tuple[str | None, str | None]:

@@ -289,7 +289,7 @@ class _Shown:
         if delta.reasoning:
             sys.stdout.write(("\x1b[2m" if dim and not self.reasoned else "") + shown(delta.reasoning))
             self.reasoned = True
-        answer = delta.content + "".join(f"(calls {c.name} {c.arguments})" for c in delta.calls)
+        answer = delta.content + delta.cut_call + "".join(f"(calls {c.name} {c.arguments})" for c in delta.calls)
         if self.reasoned and (answer or finished):
             sys.stdout.write(("\x1b[0m" if dim else "") + ("\n\n" if answer else ""))
             self.reasoned = False

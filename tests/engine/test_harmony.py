@@ -100,10 +100,11 @@ def test_a_call_reads_as_a_tool_call_with_its_arguments(tok):
     assert out == HarmonyDelta(reasoning="Need the weather.", calls=(HarmonyCall("get_weather", '{"city": "Paris"}'),))
 
 
-def test_a_reply_cut_inside_a_call_gives_its_text_back_as_content(tok):
+def test_a_reply_cut_inside_a_call_is_no_call_and_keeps_its_text_apart(tok):
+    # a chat shows what the model wrote; the server drops it, as it drops a cut call of other formats
     cut = CALL[:CALL.index("Paris")]
     out = tok.harmony.parse(ids(tok, cut))
-    assert out.calls == () and out.content == '{"city": "'
+    assert out.calls == () and out.content == "" and out.cut_call == '{"city": "'
 
 
 def test_messages_of_one_kind_read_as_paragraphs(tok):

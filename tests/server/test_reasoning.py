@@ -99,6 +99,21 @@ def test_a_harmony_call_is_a_tool_call(client, scripted):
     assert call.id.startswith("call_")
 
 
+def test_a_call_cut_by_max_tokens_is_dropped_not_sent_as_content(client, scripted):
+    # whole and streamed: finish_reason length, no call, and no half of its arguments as the answer
+    scripted(CALL)
+    hi = [{"role": "user", "content": "weather?"}]
+    full = client.chat.completions.create(model="m", messages=hi, tools=TOOLS, max_tokens=200).usage
+    cut = full.completion_tokens - 3                    # stops inside the arguments
+    choice = client.chat.completions.create(model="m", messages=hi, tools=TOOLS, max_tokens=cut).choices[0]
+    assert choice.finish_reason == "length" and not choice.message.tool_calls
+    assert not choice.message.content and reasoning_of(choice.message) == "Need the weather."
+    chunks = list(client.chat.completions.create(model="m", messages=hi, tools=TOOLS, max_tokens=cut, stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert not any(d.content or d.tool_calls for d in deltas)
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
 def test_a_streamed_call_arrives_whole_and_the_result_renders_back(client, scripted):
     seen = scripted(CALL)
     stream = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "weather?"}],
