@@ -410,9 +410,10 @@ class ChatController(ChatListActions, QObject):
             last_user = next(m.content for m in reversed(history) if m.role == "user")
             return ReplyRequest(request_id, settings, prompt=last_user)
         system = self.current.system_prompt.strip()
-        # an empty reply (an error, or a crash before the first token) tells the model nothing
+        # an empty reply (an error, or a crash before the first token) tells the model nothing; one that only
+        # reasoned is a turn of the model's all the same (left out, two user messages would follow each other)
         msgs = ([ChatMessage("system", system)] if system else []) + \
-            [ChatMessage(m.role, m.content) for m in history if m.content or m.role == "user"]
+            [ChatMessage(m.role, m.content) for m in history if m.content or m.reasoning or m.role == "user"]
         return ReplyRequest(request_id, settings, messages=tuple(msgs))
 
     def _begin(self, history: list[StoredMessage], msg: StoredMessage, bubble: MessageBubble) -> None:

@@ -146,3 +146,14 @@ def test_a_long_thought_streams_without_laying_itself_out_again(qtbot):
     assert block.toggle.text().startswith(f"Reasoning ({len(block.text.split()):,} words; the last ")
     block.set_text("A short one.")
     assert block.toggle.text() == "Reasoning (3 words)" and block.label.text() == "A short one."
+
+
+def test_a_reply_that_only_reasoned_stays_a_turn_of_the_model_in_the_next_request(qtbot, tmp_path):
+    # left out, the next prompt would hold two user messages one after the other
+    chat = make_chat(qtbot, tmp_path / "c", model=REASONING_MODEL)
+    chat.send("hi")
+    think(chat, THOUGHT)
+    finish(chat, reason="length")
+    chat.send("again")
+    sent = [(m.role, m.content) for m in chat.bridge.requests[-1].messages]
+    assert sent == [("user", "hi"), ("assistant", ""), ("user", "again")]
