@@ -236,7 +236,8 @@ class ReasoningBlock(QWidget):
 
     def _shown(self) -> None:
         more = len(self.text) - SHOWN_CHARS
-        self.toggle.setText(f"Reasoning ({self._words:,} words" + (f"; the last {more:,} characters are not shown "
+        words = f"{self._words:,} word{'' if self._words == 1 else 's'}"
+        self.toggle.setText(f"Reasoning ({words}" + (f"; the last {more:,} characters are not shown "
                                                                      "here: an export keeps them" if more > 0 else "") + ")")
         self.setVisible(bool(self.text))
         self._expand(self.toggle.isChecked())

@@ -157,3 +157,12 @@ def test_a_reply_that_only_reasoned_stays_a_turn_of_the_model_in_the_next_reques
     chat.send("again")
     sent = [(m.role, m.content) for m in chat.bridge.requests[-1].messages]
     assert sent == [("user", "hi"), ("assistant", ""), ("user", "again")]
+
+
+def test_the_reasoning_toggle_counts_one_word_as_one(qtbot, tmp_path):
+    chat = make_chat(qtbot, tmp_path / "c", model=REASONING_MODEL)
+    chat.send("hi")
+    think(chat, "Hmm.")
+    assert chat.live_bubble.reasoning.toggle.text() == "Reasoning (1 word)"
+    think(chat, " Right.")
+    assert chat.live_bubble.reasoning.toggle.text() == "Reasoning (2 words)"
