@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from engine.cli.options import engine_options, model_dir, utf8_text
 from engine.config import EngineConfig
 from engine.context import DROP_OLDEST_FIX, OVERFLOW_POLICIES, ContextOverflowError, fit_text
+from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import StrataError
 from engine.outputs import RequestDelta
 from engine.sampling import SamplingParams
@@ -68,13 +69,17 @@ class Reply:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: StrataError | None = None
+    markup: IncrementalDetokenizer | None = None    # the text with the model's special tokens kept (harmony's)
 
     def add(self, d: RequestDelta, echo: bool) -> None:
-        self.text += d.new_text
+        new = d.new_text
+        if self.markup is not None:
+            new = self.markup.push(d.new_token_ids) + (self.markup.flush() if d.finished else "")
+        self.text += new
         self.token_ids += d.new_token_ids
         self.ttft_ms = self.ttft_ms if d.ttft_ms is None else d.ttft_ms
-        if echo and d.new_text:
-            sys.stdout.write(for_terminal(d.new_text) if sys.stdout.isatty() else d.new_text)
+        if echo and new:
+            sys.stdout.write(for_terminal(new) if sys.stdout.isatty() else new)
             sys.stdout.flush()
         if d.finished:
             self.finish_reason = d.finish_reason
@@ -95,14 +100,14 @@ def for_terminal(text: str) -> str:
     return text.translate(_CONTROLS)
 
 
-def stream(engine, prompt, params: SamplingParams, echo: bool = True) -> Reply:
+def stream(engine, prompt, params: SamplingParams, echo: bool = True, markup: bool = False) -> Reply:
     """Run one request, writing text as it arrives.
 
     Ctrl-C ends the reply (finish reason "abort") and keeps what it said; a step that fails with a
     StrataError ends it too and comes back in ``Reply.error``. Either way the engine is left empty.
     """
     rid = engine.add_request(None, prompt, params)
-    reply = Reply()
+    reply = Reply(markup=IncrementalDetokenizer(engine.tokenizer, skip_special_tokens=False) if markup else None)
     try:
         while reply.finish_reason is None:
             for d in engine.step():
@@ -133,7 +138,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
                                        e.droppable) from None
         if fitted.note:
             print(f"note: {fitted.note}", file=sys.stderr)
-        reply = stream(engine, fitted.token_ids, params, echo=not args.json)
+        # a harmony model's raw continuation keeps its markup: without the special tokens its channel names
+        # run into the text ("analysisThink it over.assistantfinalHello")
+        harmony = engine.tokenizer is not None and engine.tokenizer.harmony is not None
+        reply = stream(engine, fitted.token_ids, params, echo=not args.json, markup=harmony)
         stats = engine.stats()
     finally:
         engine.close()

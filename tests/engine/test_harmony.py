@@ -317,3 +317,13 @@ def test_the_chat_command_takes_a_reasoning_effort(capsys):
     with pytest.raises(SystemExit) as e:
         parser.parse_args(["chat", "--model", "m", "--reasoning-effort", "max"])
     assert e.value.code == 2 and "choose from 'low', 'medium', 'high'" in capsys.readouterr().err
+
+
+def test_a_raw_continuation_keeps_the_harmony_markup_its_channel_names_need(harmony_engine, capsys):
+    # generate's text: without the special tokens the reply read "analysisThe user greets...assistantfinalHello!"
+    from engine.cli.run import stream
+    tok = harmony_engine.tokenizer
+    reply = stream(harmony_engine, tok.encode("hi"), scripted_params(tok, REPLY), markup=True)
+    assert reply.text == REPLY and capsys.readouterr().out == REPLY
+    plain = stream(harmony_engine, tok.encode("hi"), scripted_params(tok, REPLY), echo=False)
+    assert "<|channel|>" not in plain.text and plain.text.startswith("analysis")
