@@ -37,7 +37,8 @@ def test_reset_window_layout_fits_the_window_as_it_is_not_the_screen(window):
     _settle()
     w.reset_layout()
     _settle()
-    assert {docks[n] for n in ("gpu", "memory", "experts", "traffic")} <= set(w.tabifiedDockWidgets(docks["performance"]))
+    tabbed = set(w.tabifiedDockWidgets(docks["performance"]))
+    assert {docks[n] for n in ("gpu", "memory", "experts", "traffic")} <= tabbed
     plot = docks["performance"].geometry()
     assert plot.height() > 0.8 * w.centralWidget().height()      # the front panel spans the window's height
 

@@ -45,7 +45,8 @@ MISTAKES = [
     (["generate", "--prompt", "hi", "--temp", "0.5", "--max-tokens", "abc"],     # --temp: argparse's abbreviation
      "main.py generate: error: argument --max-tokens: invalid int value: 'abc' (see main.py generate --help)"),
     (["chat", "--version"],
-     "main.py chat: error: --version is a flag of main.py itself; give it before any command (see main.py chat --help)"),
+     "main.py chat: error: --version is a flag of main.py itself; give it before any command "
+     "(see main.py chat --help)"),
     (["--kv-cache-dtype", "int2"],
      "main.py gui: error: argument --kv-cache-dtype: invalid choice: 'int2' (choose from 'auto', 'bf16', 'int8', "
      "'fp8') (see main.py gui --help)"),

@@ -352,7 +352,8 @@ def test_eval_scores_a_text(capsys, good_model, text):
     assert r["text_tokens"] == 100 and r["tokens"] == 98
     assert main(["eval", "--model", str(good_model), "--text", str(text), "--device", "cpu", "--window", "64",
                  "--max-tokens", "100"]) == 0
-    assert capsys.readouterr().out.startswith("tokens 98 scored of 100 (each window's first is its context)  perplexity ")
+    out = capsys.readouterr().out
+    assert out.startswith("tokens 98 scored of 100 (each window's first is its context)  perplexity ")
 
 
 def test_eval_of_a_conversion_against_another_model_than_its_source_says_so(capsys, good_model, good_conversion,

@@ -534,7 +534,8 @@ def test_malformed_messages_name_their_field(messages, param, message):
 def test_an_assistant_turn_a_client_hands_back_as_a_refusal_part_reads_as_its_text():
     # OpenAI's history form of a refused reply: a client that keeps it and sends it back is answered
     out = render_messages([{"role": "user", "content": "x"},
-                           {"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't help with that."}]},
+                           {"role": "assistant",
+                            "content": [{"type": "refusal", "refusal": "I can't help with that."}]},
                            {"role": "user", "content": "y"}])
     assert out[1] == {"role": "assistant", "content": "I can't help with that."}
 
