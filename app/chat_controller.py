@@ -466,6 +466,8 @@ class ChatController(ChatListActions, QObject):
             return
         self.stream_saves.stop()
         line = stats.summary(live.max_tokens)
+        if live.reasoning and not live.text.strip() and stats.completion_tokens:    # it thought, then said nothing
+            line += " · no answer: the reply ended in its reasoning"
         live.message.set_reply(live.text, line, False, live.reasoning)
         if live.bubble is not None:
             live.bubble.finish(line)

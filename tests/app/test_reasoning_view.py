@@ -166,3 +166,18 @@ def test_the_reasoning_toggle_counts_one_word_as_one(qtbot, tmp_path):
     assert chat.live_bubble.reasoning.toggle.text() == "Reasoning (1 word)"
     think(chat, " Right.")
     assert chat.live_bubble.reasoning.toggle.text() == "Reasoning (2 words)"
+
+
+def test_a_reply_that_ended_in_its_reasoning_says_it_gave_no_answer(qtbot, tmp_path):
+    chat = make_chat(qtbot, tmp_path / "c", model=REASONING_MODEL)
+    chat.send("hi")
+    bubble = chat.live_bubble
+    think(chat, THOUGHT)
+    finish(chat, reason="length")
+    assert bubble.stats.text().endswith(" · no answer: the reply ended in its reasoning")
+    assert on_disk(chat)["messages"][-1]["stats"].endswith("no answer: the reply ended in its reasoning")
+    chat.send("again")
+    think(chat, THOUGHT)
+    stream(chat, "Hello!")
+    finish(chat)
+    assert "no answer" not in on_disk(chat)["messages"][-1]["stats"]
