@@ -33,9 +33,8 @@ FIRST_SAVE_MS = 150       # after the save made at once of a reply's first text 
 STREAM_SAVE_MS = 1000     # a streaming reply on disk is at most this far behind the screen
 EDITS_SAVE_MS = 1000      # the unsent text and the system prompt are kept this soon after the first unkept keystroke
 SHOWN_AT_ONCE = 12        # messages of a chat put on screen when it opens (a screenful); the earlier ones follow
-FILL_SLICE_S = 0.03       # time one turn of the event loop spends putting earlier messages on screen (at least one)
-# messages of a chat on screen before the earlier ones wait for "Show earlier messages": each laid-out message
-# makes every later layout pass longer (an 800-message chat stalled the window 120-370 ms a slice)
+FILL_SLICE_S = 0.012      # time a turn of the event loop makes earlier messages in (their layout follows it)
+# messages of a chat on screen before the earlier ones wait for "Show earlier messages" (about a second of work)
 SHOWN_MESSAGES = 200
 INTERRUPTED_NOTE = "interrupted — Strata stopped before this reply finished"   # a quit, a crash, a kill
 

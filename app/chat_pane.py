@@ -9,7 +9,7 @@ from PySide6.QtGui import QKeyEvent, QPainter, QPalette, QResizeEvent
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QFormLayout, QGridLayout, QGroupBox, QHBoxLayout, QLabel,
                                QPlainTextEdit, QPushButton, QSizePolicy, QToolButton, QVBoxLayout, QWidget)
 
-from app.chat_view import ChatView
+from app.transcript import ChatView
 from app.messages import CONTEXT_OVERFLOW_POLICIES, REASONING_EFFORTS, GenerationSettings
 from app.panels.base import CaptionLabel
 from app.range_spin import RangeDoubleSpin, RangeSpin

@@ -1,13 +1,14 @@
-"""The chat transcript: message bubbles; a streaming reply shows plain text and turns each finished
-Markdown block (paragraph, list, fenced code) into rendered text once, never re-rendering the whole reply."""
+"""The chat's message bubbles (app/transcript.py holds them in a column): a streaming reply shows plain
+text and turns each finished Markdown block (paragraph, list, fenced code) into rendered text once, never
+re-rendering the whole reply."""
 from __future__ import annotations
 
 import math
 import re
 
-from PySide6.QtCore import QSize, QSizeF, Qt, QTimer, Signal
+from PySide6.QtCore import QSize, QSizeF, Qt, Signal
 from PySide6.QtGui import QFontDatabase, QGuiApplication, QKeySequence, QTextCursor, QTextOption
-from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPushButton, QScrollArea, QSizePolicy, QTextEdit,
+from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPushButton, QSizePolicy, QTextEdit,
                                QToolButton, QVBoxLayout, QWidget)
 
 from app.markdown_blocks import Block, split_all, split_finished
@@ -38,10 +39,13 @@ class _WrappedLabel(QLabel):
         super().setText(text)
 
     def sizeHint(self) -> QSize:
-        # a wrapped label's own hint lays its text out at several widths in search of a pleasing shape; the
-        # transcript gives it the bubble's width anyway: one layout, at 80 characters, as QLabel starts with
+        # a wrapped label's own hint lays its text out at several widths in search of a pleasing shape, and
+        # even one layout at a hint width is one more than needed: the transcript's layouts size it by its
+        # height at the bubble's width (heightForWidth). 80 characters wide, as QLabel starts with, and the
+        # last height measured (a line before any)
         width = self.fontMetrics().averageCharWidth() * 80
-        return QSize(width, self.heightForWidth(width))
+        height = next(reversed(self._heights.values()), None) if self._heights else None
+        return QSize(width, height if height is not None else self.fontMetrics().height())
 
     def minimumSizeHint(self) -> QSize:
         # its own lays the text out a word to a line; the transcript breaks long words itself (breakable)
@@ -251,22 +255,6 @@ SHOWN_CHARS = 50_000
 _ERROR_LINE = re.compile(r"(^|· )error: ")
 
 
-def _tab_before(bubble: QWidget, before: QWidget) -> None:
-    """Tab reaches ``bubble``'s buttons just before ``before``'s, as they lie on screen (Qt puts a widget
-    made later at the end of the chain, so earlier messages filled in above would come last)."""
-    tab = Qt.FocusPolicy.TabFocus
-    stops, after = ([w for w in x.findChildren(QWidget) if w.focusPolicy() & tab] for x in (bubble, before))
-    if not stops or not after:
-        return
-    anchor = after[0].previousInFocusChain()     # the stop before (Qt leaves the order of a NoFocus widget be)
-    while anchor in stops or not anchor.focusPolicy() & tab:
-        if anchor is after[0]:
-            return
-        anchor = anchor.previousInFocusChain()
-    for a, b in zip([anchor, *stops], stops):
-        QWidget.setTabOrder(a, b)
-
-
 class MessageBubble(QFrame):
     """One message. Assistant bubbles stream (``append`` then ``finish``) and page through the replies the
     model gave to the turn: ``page_requested(-1 | +1)``, ``delete_version_requested``.
@@ -323,6 +311,12 @@ class MessageBubble(QFrame):
             self.append(text)
         if not streaming:
             self.finish()
+
+    def sizeHint(self) -> QSize:
+        # its height at the width it has (the transcript gives it that width before it goes on screen): Qt's
+        # own would lay each label out again at the label's hint width
+        width = self.width()
+        return QSize(width, self.heightForWidth(width))
 
     @property
     def reasoning(self) -> ReasoningBlock:
@@ -473,92 +467,3 @@ class MessageBubble(QFrame):
 
     def copy(self) -> None:
         QGuiApplication.clipboard().setText(self.text)
-
-
-class ChatView(QScrollArea):
-    """A scrolling column of bubbles that follows the newest text while the user is at the bottom."""
-
-    earlier_requested = Signal()          # the reader asked for the messages above the earliest shown
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.setWidgetResizable(True)
-        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        inner = QWidget()
-        self.column = QVBoxLayout(inner)
-        self.column.setContentsMargins(12, 12, 12, 12)
-        self.column.setSpacing(10)
-        self.column.addStretch(1)
-        # above the bubbles, while a long chat's earliest messages are not on screen
-        self.earlier_button = QPushButton("")
-        self.earlier_button.setFlat(True)
-        self.earlier_button.hide()
-        self.earlier_button.clicked.connect(self.earlier_requested)
-        self.column.insertWidget(0, self.earlier_button)
-        self.setWidget(inner)
-        self.bubbles: list[MessageBubble] = []
-        self._follow = True
-        self._keep_from_bottom: int | None = None     # set while earlier messages go in above the reader
-        bar = self.verticalScrollBar()
-        bar.valueChanged.connect(lambda v: setattr(self, "_follow", v >= bar.maximum() - 24))
-        bar.rangeChanged.connect(self._range_changed)
-
-    def _range_changed(self, _lo: int, hi: int) -> None:
-        if self._keep_from_bottom is not None:
-            keep, self._keep_from_bottom = self._keep_from_bottom, None
-            self.verticalScrollBar().setValue(hi - keep)
-            return
-        if self._follow:
-            # with ``self`` as context the call is dropped if the view is gone by then
-            QTimer.singleShot(0, self, self._to_bottom)
-
-    def _to_bottom(self) -> None:
-        """Follow the newest text, unless the reader scrolled away meanwhile (a wheel turned while a long
-        chat's messages were still being laid out was undone by the scrolls queued before it)."""
-        if self._follow:
-            self.verticalScrollBar().setValue(self.verticalScrollBar().maximum())
-
-    def add(self, role: str, text: str = "", streaming: bool = False, stats: str = "",
-            before: MessageBubble | None = None, reasoning: str = "") -> MessageBubble:
-        """Append a bubble (or put it just above ``before``) and return it."""
-        bubble = MessageBubble(role, text, streaming)
-        bubble.set_reasoning(reasoning)
-        if stats:
-            bubble.set_stats(stats)
-        if before is not None and before in self.bubbles:
-            bar = self.verticalScrollBar()
-            if before is self.bubbles[0] and not self._follow and self._keep_from_bottom is None:
-                # an earlier message above all the others: the reader's place stays where it is on screen,
-                # as far from the bottom once the column has grown (see _range_changed)
-                self._keep_from_bottom = bar.maximum() - bar.value()
-            self.column.insertWidget(self.column.indexOf(before), bubble)
-            self.bubbles.insert(self.bubbles.index(before), bubble)
-            _tab_before(bubble, before)
-        else:
-            self.column.insertWidget(self.column.count() - 1, bubble)
-            self.bubbles.append(bubble)
-            self._follow = True
-        return bubble
-
-    def remove_last(self, count: int = 1) -> None:
-        """Drop the newest ``count`` bubbles (regenerate, edit)."""
-        for _ in range(min(count, len(self.bubbles))):
-            bubble = self.bubbles.pop()
-            self.column.removeWidget(bubble)
-            bubble.deleteLater()
-
-    def remove(self, bubble: MessageBubble) -> None:
-        """Drop one bubble (regenerate and edit remove the last exchange)."""
-        if bubble in self.bubbles:
-            self.bubbles.remove(bubble)
-            self.column.removeWidget(bubble)
-            bubble.deleteLater()
-
-    def clear(self) -> None:
-        self.remove_last(len(self.bubbles))
-        self.show_earlier_offer(0)
-
-    def show_earlier_offer(self, hidden: int) -> None:
-        """Offer the ``hidden`` earliest messages not on screen (0: none are hidden)."""
-        self.earlier_button.setText(f"Show earlier messages ({hidden:,} more)")
-        self.earlier_button.setVisible(hidden > 0)

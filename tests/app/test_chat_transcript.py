@@ -52,7 +52,7 @@ def test_a_very_long_chat_shows_its_last_messages_and_offers_the_earlier_ones(qt
 
 
 def test_earlier_messages_put_in_above_keep_the_readers_place(qtbot):
-    from app.chat_view import ChatView
+    from app.transcript import ChatView
     view = ChatView()
     qtbot.addWidget(view)
     view.resize(600, 400)
@@ -73,7 +73,7 @@ def test_earlier_messages_put_in_above_keep_the_readers_place(qtbot):
 
 def test_a_long_word_leaves_the_transcript_as_wide_as_its_view(qtbot):
     # one URL or long code line used to widen every bubble past the view (no horizontal scroll bar there)
-    from app.chat_view import ChatView
+    from app.transcript import ChatView
     view = ChatView()
     qtbot.addWidget(view)
     view.resize(600, 400)
@@ -88,7 +88,8 @@ def test_a_huge_message_shows_its_start_and_names_the_rest_and_copy_keeps_it_all
     # a pasted half-megabyte log: laying it all out froze the window for 1.5 s each time it was shown
     from PySide6.QtGui import QGuiApplication
 
-    from app.chat_view import SHOWN_CHARS, ChatView
+    from app.chat_view import SHOWN_CHARS
+    from app.transcript import ChatView
     view = ChatView()
     qtbot.addWidget(view)
     view.show()
@@ -193,7 +194,7 @@ def test_a_scroll_away_while_the_transcript_is_still_laid_out_holds(qtbot):
     # scrolls to the bottom queued by a layout before the reader turned the wheel do not undo it
     from PySide6.QtWidgets import QApplication
 
-    from app.chat_view import ChatView
+    from app.transcript import ChatView
     view = ChatView()
     qtbot.addWidget(view)
     view.resize(400, 300)
@@ -211,7 +212,7 @@ def test_a_scroll_away_while_the_transcript_is_still_laid_out_holds(qtbot):
 
 
 def test_tab_reaches_an_earlier_message_put_in_above_before_the_ones_under_it(qtbot):
-    from app.chat_view import ChatView
+    from app.transcript import ChatView
     view = ChatView()
     qtbot.addWidget(view)
     view.show()
@@ -229,14 +230,68 @@ def test_tab_reaches_an_earlier_message_put_in_above_before_the_ones_under_it(qt
 
 
 def test_a_message_label_sizes_itself_with_one_layout_at_the_width_it_is_given(qtbot):
-    # a wrapped label's own hints lay its text out at several widths (a word to a line for the minimum): a
-    # long chat paid that for every message it put on screen
-    from app.chat_view import ChatView
+    # a wrapped label's own hints lay its text out at several widths (a word to a line for the minimum), and
+    # a new bubble was laid out at its default size before the transcript's: a long chat paid for each
+    import app.chat_view as cv
+    from app.transcript import ChatView
     view = ChatView()
     qtbot.addWidget(view)
-    short, long = (view.add("user", "word " * n) for n in (3, 3000))
-    for bubble in (short, long):
-        label = next(w for w in bubble.findChildren(QLabel) if w.wordWrap() and w.text().strip())
-        hint = label.sizeHint()
-        assert hint.height() == label.heightForWidth(hint.width())
-        assert label.minimumSizeHint().height() == label.fontMetrics().height()
+    view.resize(700, 500)
+    view.show()
+    widths: list[int] = []
+    measure = cv.QLabel.heightForWidth
+    first = view.add("user", "word " * 3000)          # taller than the view: its scroll bar is up
+    qtbot.waitUntil(lambda: first.isVisible() and view.verticalScrollBar().isVisible())
+    try:
+        cv.QLabel.heightForWidth = lambda label, width: widths.append(width) or measure(label, width)
+        short, long = (view.add("user", "word " * n) for n in (3, 3000))
+        qtbot.waitUntil(lambda: long.isVisible())
+        laid_out = len(widths)
+        for bubble in (short, long):
+            label = next(w for w in bubble.findChildren(QLabel) if w.wordWrap() and w.text().strip())
+            assert label.sizeHint().height() > 0 and len(widths) == laid_out      # lays no text out itself
+            assert label.minimumSizeHint().height() == label.fontMetrics().height()
+    finally:
+        cv.QLabel.heightForWidth = measure
+    # each at most once at each width the scroll area tries: the view's, less its scroll bar and not
+    assert len(widths) <= 4 and max(widths) - min(widths) in (0, view.verticalScrollBar().width())
+
+
+def test_a_message_put_in_above_a_long_chat_or_a_growing_reply_resizes_no_other_message(qtbot):
+    # a layout pass used to squeeze every message below a new one and stretch it back: each message put on
+    # screen laid out every one of a long chat again (200 ms a slice at 800 messages)
+    from PySide6.QtCore import QEvent, QObject
+    from app.chat_view import MessageBubble
+    from app.transcript import PAGE_BUBBLES, ChatView
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.resize(700, 500)
+    view.show()
+    text = "A sentence of a few words that wraps in the bubble's width. " * 6
+    for i in range(3 * PAGE_BUBBLES):
+        view.add("assistant" if i % 2 else "user", text)
+    qtbot.waitUntil(lambda: all(b.isVisible() for b in view.bubbles))
+    qtbot.wait(50)
+    resized: list[QObject] = []
+
+    class Resizes(QObject):
+        def eventFilter(self, watched, event):
+            if event.type() == QEvent.Type.Resize and isinstance(watched, MessageBubble):
+                resized.append(watched)
+            return False
+
+    counter = Resizes()
+    for b in view.bubbles:
+        b.installEventFilter(counter)
+    older = list(view.bubbles)
+    view._follow = False
+    for _ in range(PAGE_BUBBLES + 2):                       # through a full page into a new one
+        new = view.add("user", text, before=view.bubbles[0])
+        qtbot.waitUntil(new.isVisible)
+    streaming = view.add("assistant", "", streaming=True)
+    qtbot.waitUntil(streaming.isVisible)
+    for _ in range(5):
+        streaming.append(text + "\n\n")
+        qtbot.wait(20)
+    assert streaming.height() > 200 and not [b for b in resized if b in older]
+    assert [b.text for b in view.bubbles[-3 * PAGE_BUBBLES - 1:-1]] == [b.text for b in older]

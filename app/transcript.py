@@ -1,0 +1,212 @@
+"""The transcript: a scrolling column of message bubbles, laid out so that a long chat costs the window
+little more per new line or message than a short one."""
+from __future__ import annotations
+
+from PySide6.QtCore import QRect, QSize, Qt, QTimer, Signal
+from PySide6.QtWidgets import QPushButton, QScrollArea, QVBoxLayout, QWidget
+
+from app.chat_view import MessageBubble
+
+def _tab_before(bubble: QWidget, before: QWidget) -> None:
+    """Tab reaches ``bubble``'s buttons just before ``before``'s, as they lie on screen (Qt puts a widget
+    made later at the end of the chain, so earlier messages filled in above would come last)."""
+    tab = Qt.FocusPolicy.TabFocus
+    stops, after = ([w for w in x.findChildren(QWidget) if w.focusPolicy() & tab] for x in (bubble, before))
+    if not stops or not after:
+        return
+    anchor = after[0].previousInFocusChain()     # the stop before (Qt leaves the order of a NoFocus widget be)
+    while anchor in stops or not anchor.focusPolicy() & tab:
+        if anchor is after[0]:
+            return
+        anchor = anchor.previousInFocusChain()
+    for a, b in zip([anchor, *stops], stops):
+        QWidget.setTabOrder(a, b)
+
+
+PAGE_BUBBLES = 16     # bubbles a page of the transcript holds (see ChatView)
+
+
+class _Column(QWidget):
+    """The transcript's column. Its size hint is its minimum: the scroll area sizes it to the view's width
+    and asks its height at that width, and Qt's own hint would lay every bubble out again at a second width
+    on each pass (a layout keeps one width's height), so a long chat's every new line or message
+    re-measured all the ones above it."""
+
+    def sizeHint(self) -> QSize:
+        return self.minimumSizeHint()
+
+
+class _MeasuredLayout(QVBoxLayout):
+    """A column that remembers its height at each width it was asked about until its items change. Qt's
+    keeps one width's, and the scroll area asks two on each pass (with and without its scroll bar): every
+    page, then every bubble of a long chat, was measured again on each new line or message."""
+
+    def __init__(self, parent: QWidget) -> None:
+        super().__init__(parent)
+        self._heights: dict[int, tuple[int, int]] = {}      # width -> (height, minimum height)
+
+    def _measure(self, width: int) -> tuple[int, int]:
+        known = self._heights.get(width)
+        if known is None:
+            if len(self._heights) > 4:
+                self._heights.clear()
+            height = super().heightForWidth(width)
+            self._heights[width] = (height, height)          # the minimum below asks heightForWidth again
+            known = self._heights[width] = (height, super().minimumHeightForWidth(width))
+        return known
+
+    def heightForWidth(self, width: int) -> int:
+        return self._measure(width)[0]
+
+    def minimumHeightForWidth(self, width: int) -> int:
+        return self._measure(width)[1]
+
+    def invalidate(self) -> None:
+        self._heights.clear()
+        super().invalidate()
+
+
+class _ColumnLayout(_MeasuredLayout):
+    """The column's layout, which lays its pages out at their full height even before the scroll area has
+    made the column that tall. Showing a new bubble lays out every layout above it at once, the column's
+    in the height it had before the bubble: the pages below were squeezed, laid out again and stretched
+    back, each time (a slice of 12 messages put in above 400 resized every bubble 4 times)."""
+
+    def setGeometry(self, rect: QRect) -> None:
+        need = self.heightForWidth(rect.width()) if self.hasHeightForWidth() else -1
+        if need > rect.height():
+            rect = QRect(rect.x(), rect.y(), rect.width(), need)
+        super().setGeometry(rect)
+
+
+def _page() -> QWidget:
+    page = QWidget()
+    lay = _MeasuredLayout(page)
+    lay.setContentsMargins(0, 0, 0, 0)
+    lay.setSpacing(COLUMN_SPACING)
+    return page
+
+
+COLUMN_SPACING = 10
+
+
+class ChatView(QScrollArea):
+    """A scrolling column of bubbles that follows the newest text while the user is at the bottom.
+
+    The bubbles sit in pages of PAGE_BUBBLES, the pages in the column: a layout pass moves and measures
+    every item of a layout, so a message put in above 800 others moved 50 pages rather than 800 bubbles,
+    and the bubbles of a page that only moved keep their places inside it."""
+
+    earlier_requested = Signal()          # the reader asked for the messages above the earliest shown
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setWidgetResizable(True)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        inner = _Column()
+        self.column = _ColumnLayout(inner)
+        self.column.setContentsMargins(12, 12, 12, 12)
+        self.column.setSpacing(COLUMN_SPACING)
+        self.column.addStretch(1)
+        # above the bubbles, while a long chat's earliest messages are not on screen
+        self.earlier_button = QPushButton("")
+        self.earlier_button.setFlat(True)
+        self.earlier_button.hide()
+        self.earlier_button.clicked.connect(self.earlier_requested)
+        self.column.insertWidget(0, self.earlier_button)
+        self.setWidget(inner)
+        self.bubbles: list[MessageBubble] = []
+        self._pages: list[QWidget] = []
+        self._follow = True
+        self._keep_from_bottom: int | None = None     # set while earlier messages go in above the reader
+        bar = self.verticalScrollBar()
+        bar.valueChanged.connect(lambda v: setattr(self, "_follow", v >= bar.maximum() - 24))
+        bar.rangeChanged.connect(self._range_changed)
+
+    def _range_changed(self, _lo: int, hi: int) -> None:
+        if self._keep_from_bottom is not None:
+            keep, self._keep_from_bottom = self._keep_from_bottom, None
+            self.verticalScrollBar().setValue(hi - keep)
+            return
+        if self._follow:
+            # with ``self`` as context the call is dropped if the view is gone by then
+            QTimer.singleShot(0, self, self._to_bottom)
+
+    def _to_bottom(self) -> None:
+        """Follow the newest text, unless the reader scrolled away meanwhile (a wheel turned while a long
+        chat's messages were still being laid out was undone by the scrolls queued before it)."""
+        if self._follow:
+            self.verticalScrollBar().setValue(self.verticalScrollBar().maximum())
+
+    def _width(self) -> int:
+        """A bubble's width: a new bubble or page is given it before it is shown, so that its text is laid
+        out once, at that width, rather than at its default size first."""
+        margins = self.column.contentsMargins()
+        return max(1, self.widget().width() - margins.left() - margins.right())
+
+    def _new_page(self, at: int) -> QWidget:
+        """An empty page, ``at`` in the list of pages."""
+        page = _page()
+        page.resize(self._width(), 1)
+        self.column.insertWidget(1 + at, page)          # after the "Show earlier messages" button
+        self._pages.insert(at, page)
+        return page
+
+    def add(self, role: str, text: str = "", streaming: bool = False, stats: str = "",
+            before: MessageBubble | None = None, reasoning: str = "") -> MessageBubble:
+        """Append a bubble (or put it just above ``before``) and return it."""
+        bubble = MessageBubble(role, text, streaming)
+        bubble.resize(self._width(), bubble.height())
+        bubble.set_reasoning(reasoning)
+        if stats:
+            bubble.set_stats(stats)
+        if before is not None and before in self.bubbles:
+            bar = self.verticalScrollBar()
+            if before is self.bubbles[0] and not self._follow and self._keep_from_bottom is None:
+                # an earlier message above all the others: the reader's place stays where it is on screen,
+                # as far from the bottom once the column has grown (see _range_changed)
+                self._keep_from_bottom = bar.maximum() - bar.value()
+            page = before.parentWidget()
+            at = page.layout().indexOf(before)
+            if at == 0 and page.layout().count() >= PAGE_BUBBLES:   # a full page: the bubble starts one above it
+                page, at = self._new_page(self._pages.index(page)), 0
+            page.layout().insertWidget(at, bubble)
+            self.bubbles.insert(self.bubbles.index(before), bubble)
+            _tab_before(bubble, before)
+        else:
+            page = self._pages[-1] if self._pages else None
+            if page is None or page.layout().count() >= PAGE_BUBBLES:
+                page = self._new_page(len(self._pages))
+            page.layout().addWidget(bubble)
+            self.bubbles.append(bubble)
+            self._follow = True
+        return bubble
+
+    def _drop(self, bubble: MessageBubble) -> None:
+        page = bubble.parentWidget()
+        page.layout().removeWidget(bubble)
+        bubble.deleteLater()
+        if page.layout().count() == 0:
+            self._pages.remove(page)
+            self.column.removeWidget(page)
+            page.deleteLater()
+
+    def remove_last(self, count: int = 1) -> None:
+        """Drop the newest ``count`` bubbles (regenerate, edit)."""
+        for _ in range(min(count, len(self.bubbles))):
+            self._drop(self.bubbles.pop())
+
+    def remove(self, bubble: MessageBubble) -> None:
+        """Drop one bubble (regenerate and edit remove the last exchange)."""
+        if bubble in self.bubbles:
+            self.bubbles.remove(bubble)
+            self._drop(bubble)
+
+    def clear(self) -> None:
+        self.remove_last(len(self.bubbles))
+        self.show_earlier_offer(0)
+
+    def show_earlier_offer(self, hidden: int) -> None:
+        """Offer the ``hidden`` earliest messages not on screen (0: none are hidden)."""
+        self.earlier_button.setText(f"Show earlier messages ({hidden:,} more)")
+        self.earlier_button.setVisible(hidden > 0)
