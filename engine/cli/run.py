@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 
 from engine.cli.options import engine_options, model_dir, utf8_text
 from engine.config import EngineConfig
@@ -86,7 +87,9 @@ class Reply:
             self.prompt_tokens, self.completion_tokens = d.prompt_tokens, d.completion_tokens
 
     def summary(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if k != "error"}
+        """What ``--json`` prints: the text, token ids, finish reason and counts (not the error or the
+        detokenizer that kept the markup)."""
+        return {f.name: copy.copy(getattr(self, f.name)) for f in fields(self) if f.name not in ("error", "markup")}
 
 
 # C0 and C1 control characters but newline and tab, in caret notation: a model's text written to a terminal

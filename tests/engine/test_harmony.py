@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -325,5 +326,9 @@ def test_a_raw_continuation_keeps_the_harmony_markup_its_channel_names_need(harm
     tok = harmony_engine.tokenizer
     reply = stream(harmony_engine, tok.encode("hi"), scripted_params(tok, REPLY), markup=True)
     assert reply.text == REPLY and capsys.readouterr().out == REPLY
+    # generate --json prints the summary: the detokenizer kept for the markup is not part of it
+    assert json.loads(json.dumps(reply.summary())) == {
+        "text": REPLY, "token_ids": reply.token_ids, "finish_reason": reply.finish_reason,
+        "ttft_ms": reply.ttft_ms, "prompt_tokens": reply.prompt_tokens, "completion_tokens": len(reply.token_ids)}
     plain = stream(harmony_engine, tok.encode("hi"), scripted_params(tok, REPLY), echo=False)
     assert "<|channel|>" not in plain.text and plain.text.startswith("analysis")
