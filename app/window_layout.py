@@ -172,6 +172,9 @@ class DockWidths(QObject):
         self.window, self.panels, self.knobs = window, panels, knobs
         self.wanted: dict[str, int] = {}      # "panels", "knobs" -> the width the user left them at
         self._width: int | None = None        # the window's width when the chat last changed width
+        # the docks' widths before and after the last give-back, while the chat's change of width it causes
+        # (later, as Qt lays the window out) is still to come: that one is not the user's
+        self._given: dict[str, tuple[int, int]] = {}
         window.centralWidget().installEventFilter(self)
 
     def arranged(self) -> None:
@@ -191,8 +194,13 @@ class DockWidths(QObject):
         return {name: dock for name, dock in (("panels", self.front_panel()), ("knobs", knobs)) if dock is not None}
 
     def record(self) -> None:
-        """Remember the panels' and the knobs' widths as they are now."""
-        self.wanted = {name: dock.width() for name, dock in self._docked().items()}
+        """Remember the panels' and the knobs' widths as they are now, unless they are what the last
+        give-back made them (a window grown in steps took each step's half-way widths for the user's)."""
+        now = {name: dock.width() for name, dock in self._docked().items()}
+        given, self._given = self._given, {}
+        if given and now.keys() == given.keys() and all(lo <= now[n] <= hi for n, (lo, hi) in given.items()):
+            return
+        self.wanted = now
 
     def eventFilter(self, obj: QObject, event: QEvent) -> bool:
         if event.type() == QEvent.Type.Resize:
@@ -208,11 +216,12 @@ class DockWidths(QObject):
         """Each dock up to the width it was left at, as far as the chat has room beyond its least width."""
         central = self.window.centralWidget()
         spare = central.width() - central.minimumSizeHint().width()
-        given = []
-        for name, dock in self._docked().items():
+        docked, given = self._docked(), {}
+        for name, dock in docked.items():
             gain = max(0, min(self.wanted.get(name, 0) - dock.width(), spare))
             if gain:
-                given.append((dock, dock.width() + gain))
+                given[name] = dock.width() + gain
                 spare -= gain
         if given:
-            self.window.resizeDocks([d for d, _ in given], [w for _, w in given], Qt.Orientation.Horizontal)
+            self._given = {name: (dock.width(), given.get(name, dock.width())) for name, dock in docked.items()}
+            self.window.resizeDocks([docked[n] for n in given], list(given.values()), Qt.Orientation.Horizontal)

@@ -54,3 +54,19 @@ def test_a_divider_the_user_drags_is_the_width_given_back(window):
     _resize(window, NARROW)
     _resize(window, WIDE)
     assert _widths(window) == dragged
+
+
+def test_a_window_dragged_narrow_and_wide_in_steps_gives_the_docks_back_their_widths(window):
+    # each step's give-back changes the chat's width while the window's stays: it was taken for the user
+    # dragging a divider, and the docks came back at the widths they had half-way
+    _resize(window, WIDE)
+    window.apply_default_layout(WIDE)
+    _settle()
+    wide = _widths(window)
+    for width in range(WIDE.width(), NARROW.width(), -80):
+        _resize(window, QSize(width, WIDE.height()))
+    _resize(window, QSize(NARROW.width(), WIDE.height()))
+    for width in range(NARROW.width(), WIDE.width(), 80):
+        _resize(window, QSize(width, WIDE.height()))
+    _resize(window, WIDE)
+    assert _widths(window) == wide
