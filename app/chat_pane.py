@@ -12,7 +12,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QFormLayout, QGridLayout, Q
 from app.transcript import ChatView
 from app.messages import CONTEXT_OVERFLOW_POLICIES, REASONING_EFFORTS, GenerationSettings
 from app.panels.base import CaptionLabel
-from app.range_spin import RangeDoubleSpin, RangeSpin
+from app.range_spin import RangeDoubleSpin, RangeNote, RangeSpin
 from app.window_layout import WrappingWidget
 
 OVERFLOW_NAMES = {"drop-oldest": "drop the oldest turns", "stop": "stop and say so"}
@@ -92,14 +92,11 @@ class SettingsBox(QGroupBox):
         self._build_sampling()
         self.form.addRow("System", self.system_prompt)
         self.form.addRow(self._grid())
-        self.range_note = QLabel("")          # a number typed out of range: said here until the next change
-        self.range_note.setObjectName("replyStats")
-        self.range_note.setWordWrap(True)
-        self.range_note.hide()
+        self.range_note = RangeNote()          # a number typed out of range
         self.form.addRow(self.range_note)
         for box in (self.temperature, self.top_p, self.top_k, self.max_tokens):
             box.setKeyboardTracking(False)      # a number counts once entered: "100000" never passes for 10000
-            box.out_of_range.connect(self._out_of_range)
+        self.range_note.watch(self.temperature, self.top_p, self.top_k, self.max_tokens)
         self.toggled.connect(self.contents.setVisible)
         self.toggled.connect(lambda shown: self.summary.setVisible(not shown))
         self.set_settings(GenerationSettings())
@@ -110,7 +107,6 @@ class SettingsBox(QGroupBox):
                        self.effort.currentIndexChanged):
             signal.connect(self.changed)
         self.changed.connect(self._summarise)
-        self.changed.connect(self._range_note_done)
         self.system_prompt.textChanged.connect(self._summarise)
         self._summarise()
 
@@ -118,16 +114,6 @@ class SettingsBox(QGroupBox):
         """Take a number typed into a box but not entered yet (Enter, or leaving the box, would)."""
         for box in (self.temperature, self.top_p, self.top_k, self.max_tokens):
             box.interpretText()
-
-    def _out_of_range(self, line: str) -> None:
-        self.range_note.setText(line)
-        self.range_note.show()
-        self._noted_at = self.settings()
-
-    def _range_note_done(self) -> None:
-        """The line goes once a setting changes (a box put back to its value by Qt is no change)."""
-        if self.range_note.isVisibleTo(self) and self.settings() != self._noted_at:
-            self.range_note.hide()
 
     def _summarise(self) -> None:
         s = self.settings()

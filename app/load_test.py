@@ -11,11 +11,12 @@ from typing import Callable
 
 from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtWidgets import (QComboBox, QDialog, QFormLayout, QFrame, QHBoxLayout, QHeaderView, QLabel,
-                               QPushButton, QScrollArea, QSpinBox, QTableWidget, QTableWidgetItem, QVBoxLayout)
+                               QPushButton, QScrollArea, QTableWidget, QTableWidgetItem, QVBoxLayout)
 
 from app.http_load import HttpLoad, HttpLoadRun, PromptIds
 from app.local_server import SWITCH_MENU
 from app.messages import GenerationSettings, ReplyRequest, ReplyStats
+from app.range_spin import RangeNote, RangeSpin
 
 COLUMNS = ("Stream", "Status", "Tokens", "TTFT (ms)", "Decode tok/s")
 ENGINE, HTTP = "Engine directly", "Local HTTP server"
@@ -171,20 +172,25 @@ class LoadTestDialog(QDialog):
         self._context = 0               # the model's context (0: not known)
         lay = QVBoxLayout(self)
         form = QFormLayout()
-        self.streams = QSpinBox()
+        self.streams = RangeSpin()
         self.streams.setRange(1, 256)
         self.streams.setValue(4)
-        self.prompt_len = QSpinBox()
+        self.prompt_len = RangeSpin()
         self.prompt_len.setRange(1, 32768)
         self.prompt_len.setValue(64)
         self.prompt_len.setSuffix(" tokens")
-        self.output_len = QSpinBox()
+        self.output_len = RangeSpin()
         self.output_len.setRange(1, 32768)
         self.output_len.setValue(64)
         self.output_len.setSuffix(" tokens")
         form.addRow("Concurrent requests", self.streams)
         form.addRow("Prompt length", self.prompt_len)
         form.addRow("Output length", self.output_len)
+        self.range_note = RangeNote()          # a number typed out of range ("✗ 1000 is outside 1–256; ...")
+        form.addRow(self.range_note)
+        for box in (self.streams, self.prompt_len, self.output_len):
+            box.setKeyboardTracking(False)      # a number counts once entered: "1000" never passes for 100
+        self.range_note.watch(self.streams, self.prompt_len, self.output_len)
         self.send_through = QComboBox()
         self.send_through.addItems([ENGINE, HTTP])
         form.addRow("Send through", self.send_through)
@@ -255,6 +261,8 @@ class LoadTestDialog(QDialog):
 
     def start(self) -> None:
         """Send every stream at once (EOS ignored so each produces exactly the output length)."""
+        for box in (self.streams, self.prompt_len, self.output_len):
+            box.interpretText()                        # a number typed but not entered counts
         n = self.streams.value()
         self._max_tokens = self.output_len.value()     # what each stream asks for: the box may change meanwhile
         tag = uuid.uuid4().hex[:6]

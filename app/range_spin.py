@@ -11,7 +11,7 @@ import re
 
 from PySide6.QtCore import QLocale, Signal
 from PySide6.QtGui import QValidator
-from PySide6.QtWidgets import QDoubleSpinBox, QSpinBox
+from PySide6.QtWidgets import QAbstractSpinBox, QDoubleSpinBox, QLabel, QSpinBox
 
 _NUMBER = re.compile(r"-?\d+([.,]\d*)?")
 
@@ -85,3 +85,35 @@ class RangeDoubleSpin(_SaysOutOfRange, QDoubleSpinBox):
     def _typing(self) -> re.Pattern:
         point = re.escape(self.locale().decimalPoint())
         return re.compile(rf"-?\d*({point}\d{{0,{self.decimals()}}})?")
+
+
+class RangeNote(QLabel):
+    """The line under a group of range boxes: a number typed out of range is said here until a box's value
+    changes or another box is typed into (a line about one box left standing over another read as that
+    one's)."""
+
+    def __init__(self) -> None:
+        super().__init__("")
+        self.setObjectName("replyStats")
+        self.setWordWrap(True)
+        self.hide()
+        self._about: QAbstractSpinBox | None = None
+
+    def watch(self, *boxes: RangeSpin | RangeDoubleSpin) -> None:
+        for box in boxes:
+            box.out_of_range.connect(lambda line, box=box: self._say(box, line))
+            box.valueChanged.connect(self._done)
+            box.lineEdit().textEdited.connect(lambda _text, box=box: self._typed_in(box))
+
+    def _say(self, box: QAbstractSpinBox, line: str) -> None:
+        self._about = box
+        self.setText(line)
+        self.show()
+
+    def _typed_in(self, box: QAbstractSpinBox) -> None:
+        if box is not self._about:
+            self._done()
+
+    def _done(self) -> None:
+        self._about = None
+        self.hide()

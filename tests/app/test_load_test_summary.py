@@ -80,3 +80,25 @@ def test_with_a_larger_font_the_dialog_grows_to_show_the_summary_and_stays_on_a_
     qtbot.addWidget(long)
     assert _whole(long) and long.summary_box.verticalScrollBar().isVisible()
     assert long.height() <= 600                                       # a 1024x640 screen, less its panel
+
+
+def test_a_number_typed_outside_a_boxs_range_is_said_and_the_box_keeps_its_value(qapp, qtbot):
+    # Qt dropped the keystroke that took "1000" past 256 and showed 100 without a word
+    from PySide6.QtCore import Qt
+    from PySide6.QtTest import QTest
+    dialog = LoadTestDialog(lambda _r: None, lambda _r: None)
+    qtbot.addWidget(dialog)
+    dialog.show()
+    for spin, typed, line in ((dialog.streams, "1000", "✗ 1000 is outside 1–256; it stays 4"),
+                              (dialog.output_len, "0", "✗ 0 is outside 1–32768; it stays 64")):
+        spin.lineEdit().selectAll()
+        QTest.keyClicks(spin, typed)
+        QTest.keyClick(spin, Qt.Key.Key_Return)
+        assert dialog.range_note.text() == line and dialog.range_note.isVisibleTo(dialog)
+    assert (dialog.streams.value(), dialog.output_len.value()) == (4, 64)
+    QTest.keyClicks(dialog.prompt_len, "9")            # typing into another box: the line was about this one
+    assert dialog.range_note.isHidden()
+    dialog.prompt_len.lineEdit().selectAll()
+    QTest.keyClicks(dialog.prompt_len, "128")          # typed, not entered: Start takes it
+    dialog.start()
+    assert dialog.prompt_len.value() == 128 and len(dialog.ids) == 4

@@ -407,6 +407,11 @@ def test_a_sampling_setting_typed_outside_its_range_is_said_under_the_settings(q
         assert spin.value() == before and box.range_note.text() == line and box.range_note.isVisibleTo(box)
     box.temperature.setValue(1.0)                 # the next change takes the line away
     assert box.range_note.isHidden()
+    QTest.keyClicks(box.max_tokens, "100000")
+    QTest.keyClick(box.max_tokens, Qt.Key.Key_Return)
+    assert box.range_note.isVisibleTo(box)
+    QTest.keyClicks(box.top_k, "5")               # another box typed into: the line was about the other one
+    assert box.range_note.isHidden()
     box.hide()
 
 
