@@ -1,9 +1,10 @@
 """Markdown text as the HTML a message bubble shows: each line break kept as written, block quotes marked."""
 from __future__ import annotations
 
+import functools
 import re
 
-from PySide6.QtGui import QColor, QTextCharFormat, QTextCursor, QTextDocument, QTextFormat
+from PySide6.QtGui import QColor, QFontDatabase, QFontInfo, QTextCharFormat, QTextCursor, QTextDocument, QTextFormat
 
 _BODY_STYLE = re.compile(r"<body style=\"[^\"]*\">")
 _MARKDOWN = QTextDocument.MarkdownFeature.MarkdownDialectGitHub | QTextDocument.MarkdownFeature.MarkdownNoHTML
@@ -115,6 +116,41 @@ def _mark_quotes(doc: QTextDocument) -> None:
     edit.endEditBlock()
 
 
+def _emphasis_in_italics(doc: QTextDocument) -> None:
+    """``_word_`` in italics, as Markdown means it (Qt's reader underlines it, which reads as a link)."""
+    spans = []
+    for block in _blocks(doc):
+        it = block.begin()
+        while not it.atEnd():
+            part = it.fragment()
+            fmt = part.charFormat()
+            if fmt.fontUnderline() and not fmt.isAnchor():
+                spans.append((part.position(), part.length()))
+            it += 1
+    if not spans:
+        return
+    italic = QTextCharFormat()
+    italic.setFontUnderline(False)
+    italic.setFontItalic(True)
+    cursor = QTextCursor(doc)
+    cursor.beginEditBlock()
+    for start, length in spans:
+        cursor.setPosition(start)
+        cursor.setPosition(start + length, QTextCursor.MoveMode.KeepAnchor)
+        cursor.mergeCharFormat(italic)
+    cursor.endEditBlock()
+
+
+# inline code as Qt writes it: a generic family a label's rich text takes for a font of that name, not for
+# the fixed-pitch one (`code` showed in the text's own font); the code boxes' font, by the name it resolves to
+_CODE_FAMILY = "font-family:'monospace';"
+
+
+@functools.cache
+def _code_family() -> str:
+    return QFontInfo(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont)).family().replace("'", "")
+
+
 def markdown_html(text: str) -> str:
     """Markdown as the HTML a label shows, line breaks kept (as close together as in one paragraph), with any
     HTML in the text kept as the characters it is made of (``vector<int>``, ``<think>``, ``<span style=...>``
@@ -124,5 +160,7 @@ def markdown_html(text: str) -> str:
     joined.setMarkdown(_with_breaks(text, joined=True), _MARKDOWN)
     _join_broken_lines(doc, joined)
     _mark_quotes(doc)
+    _emphasis_in_italics(doc)
     # the document's default font would be written into the body: the label's own font is the one to use
-    return _BODY_STYLE.sub("<body>", doc.toHtml(), count=1)
+    html = _BODY_STYLE.sub("<body>", doc.toHtml(), count=1)
+    return html.replace(_CODE_FAMILY, f"font-family:'{_code_family()}','monospace';") if _CODE_FAMILY in html else html

@@ -81,3 +81,22 @@ def test_code_copied_from_a_four_backtick_fence_has_no_trailing_spaces(qtbot):
     labels = [block_widget(block) for block in split_all("Run:\n```` python\nx = 1\ny = 2\n````")]
     lines = [line for label in labels for line in shown_lines(label.text())]
     assert "x = 1" in lines and "y = 2" in lines
+
+
+def test_underscores_are_italics_and_inline_code_is_in_the_code_boxes_font(qapp):
+    # Qt's reader underlined _word_ (read as a link) and named a generic "monospace" family that a label's
+    # rich text took for a font of that name: `code` showed in the text's own font
+    from PySide6.QtGui import QFontInfo, QTextDocument
+    from app.markdown_text import markdown_html
+    doc = QTextDocument()
+    doc.setHtml(markdown_html("_one_ *two* `three` [four](https://example.org)"))
+    formats = {}
+    it = doc.begin().begin()
+    while not it.atEnd():
+        part = it.fragment()
+        formats[part.text().strip()] = part.charFormat()
+        it += 1
+    assert formats["one"].fontItalic() and not formats["one"].fontUnderline()
+    assert formats["two"].fontItalic()
+    assert QFontInfo(formats["three"].font()).fixedPitch() and not QFontInfo(formats["one"].font()).fixedPitch()
+    assert formats["four"].isAnchor()                      # a link is left as it is
