@@ -12,7 +12,7 @@ import re
 import time
 
 from PySide6.QtCore import QEvent, QObject, Qt, QTimer, Signal
-from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtGui import QFontMetrics, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QLineEdit, QListWidget, QListWidgetItem, QPushButton,
                                QVBoxLayout, QWidget)
 
@@ -33,6 +33,24 @@ def _searched(text: str) -> str:
 
 
 WRITING = "writing a reply…"      # the second line of the chat a reply is being written in
+
+
+def detail_lines(updated: float, messages: int, now: float | None = None) -> str:
+    """A chat's second line, as long as room allows: the forms from longest to shortest, one a line
+    ("07 Dec 06:13 · 2 messages", then "06:13 · 2 messages" for today's or "07 Dec · 2 messages", then
+    "06:13 · 2"): the sidebar's default width cut the longest to "2 messa…"."""
+    when, today = time.localtime(updated), time.localtime(now)
+    short = time.strftime("%H:%M" if when[:3] == today[:3] else "%d %b", when)
+    count = f"{messages} message{'' if messages == 1 else 's'}"
+    return "\n".join([f"{time.strftime('%d %b %H:%M', when)} · {count}", f"{short} · {count}",
+                      f"{short} · {messages}"])
+
+
+def fitting(metrics: QFontMetrics, lines: str, width: int) -> str:
+    """The first of ``lines`` that fits ``width`` (the last, cut, where none does)."""
+    forms = str(lines).split("\n")
+    fits = next((f for f in forms if metrics.horizontalAdvance(f) <= width), None)
+    return fits if fits is not None else metrics.elidedText(forms[-1], Qt.TextElideMode.ElideRight, width)
 
 
 def busy_note(title: str, here: bool) -> str:
@@ -143,11 +161,9 @@ class ConversationList(QWidget):
             if item is None:
                 item = QListWidgetItem()
                 self.list.addItem(item)
-            when = time.strftime("%d %b %H:%M", time.localtime(conv.updated))
-            n = len(conv.messages)
             item.setData(Qt.ItemDataRole.UserRole, conv.id)
             item.setData(TITLE, conv.title)
-            item.setData(DETAIL, WRITING if conv.id == writing else f"{when} · {n} message{'' if n == 1 else 's'}")
+            item.setData(DETAIL, WRITING if conv.id == writing else detail_lines(conv.updated, len(conv.messages)))
             texts = [r.content for m in conv.messages for r in m.replies()]       # every reply version
             item.setData(SEARCHED, _searched("\n".join([conv.title, *texts])))
             item.setToolTip(conv.title)
@@ -247,7 +263,7 @@ class ConversationList(QWidget):
         for i in range(self.list.count()):
             item = self.list.item(i)
             title = metrics.elidedText(str(item.data(TITLE)), Qt.TextElideMode.ElideRight, width)
-            item.setText(f"{title}\n{item.data(DETAIL)}")
+            item.setText(f"{title}\n{fitting(metrics, item.data(DETAIL), width)}")
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
         if watched is self.list.viewport() and event.type() == QEvent.Type.Resize:

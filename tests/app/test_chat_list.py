@@ -386,3 +386,22 @@ def test_a_note_of_an_early_reply_comes_back_above_it_when_a_long_chat_opens(qtb
     texts = bubble_texts(chat)
     assert texts[texts.index("A1") - 1] == "note of A1" and texts[texts.index("A2") - 1] == "note of A2"
     assert texts[texts.index("note of A1") - 1] == "Q1" and texts.count("note of A1") == 1
+
+
+def test_an_entrys_second_line_is_the_longest_form_that_fits_the_sidebar(qapp):
+    # at the default width "07 Dec 06:13 · 2 messages" was cut to "07 Dec 06:13 · 2 messa…"
+    import time
+
+    from PySide6.QtGui import QFontMetrics
+    from app.conversation_list import detail_lines, fitting
+    now = time.mktime((2026, 12, 7, 18, 0, 0, 0, 0, -1))
+    today, earlier = now - 3600, now - 3 * 86400
+    assert detail_lines(today, 2, now).split("\n") == ["07 Dec 17:00 · 2 messages", "17:00 · 2 messages",
+                                                        "17:00 · 2"]
+    assert detail_lines(earlier, 1, now).split("\n")[1:] == ["04 Dec · 1 message", "04 Dec · 1"]
+    metrics = QFontMetrics(qapp.font())
+    forms = detail_lines(today, 2, now).split("\n")
+    for form in forms:
+        assert fitting(metrics, detail_lines(today, 2, now), metrics.horizontalAdvance(form)) == form
+    cut = fitting(metrics, detail_lines(today, 2, now), metrics.horizontalAdvance(forms[-1]) - 4)
+    assert cut.endswith("…")
