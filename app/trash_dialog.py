@@ -25,6 +25,8 @@ class TrashDialog(QDialog):
         note.setWordWrap(True)
         lay.addWidget(note)
         self.list = QListWidget()
+        self.list.setTextElideMode(Qt.TextElideMode.ElideRight)      # a long title ends in "…" (whole in its tip)
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.list.itemDoubleClicked.connect(lambda _item: self._restore_selected())
         self.list.currentItemChanged.connect(lambda *_a: self._update())
         lay.addWidget(self.list, 1)

@@ -405,3 +405,16 @@ def test_an_entrys_second_line_is_the_longest_form_that_fits_the_sidebar(qapp):
         assert fitting(metrics, detail_lines(today, 2, now), metrics.horizontalAdvance(form)) == form
     cut = fitting(metrics, detail_lines(today, 2, now), metrics.horizontalAdvance(forms[-1]) - 4)
     assert cut.endswith("…")
+
+
+def test_the_trash_cuts_a_long_title_to_the_dialogs_width(qtbot):
+    # its rows scrolled sideways to show the whole title
+    from app.conversations import Conversation, StoredMessage
+    from app.trash_dialog import TrashDialog
+    chat = Conversation(messages=[StoredMessage("user", "hi")])
+    chat.title = "A very long renamed title " * 6
+    dialog = TrashDialog(lambda: [chat], lambda _id: None, "/somewhere/trash")
+    qtbot.addWidget(dialog)
+    dialog.show()
+    qtbot.waitUntil(dialog.list.isVisible)
+    assert not dialog.list.horizontalScrollBar().isVisible() and dialog.list.item(0).toolTip() == chat.title
