@@ -280,6 +280,7 @@ PRODUCERS = {
     "cpu_threads_": "CPU math threads against decode speed (benchmarks/cpu_threads.py)",
     "e2e_": "end to end against transformers, Qwen3-30B-A3B shape (benchmarks/bench_e2e.py)",
     "gpt_oss_": "gpt-oss shapes, MXFP4 experts (benchmarks/bench_gpt_oss.py)",
+    "gui_long_chat_": "the workbench's event loop while a long chat opens, fills in and streams (benchmarks/gui_long_chat.py)",
     "gui_stall_": "the workbench's event loop while a model loads (benchmarks/gui_stall.py)",
     "int4_e2e_": "int4 end to end against transformers (benchmarks/bench_e2e.py)",
     "kernels_": "MoE layer kernels per format against the HBM ceiling (benchmarks/kernels/bench_moe.py)",
