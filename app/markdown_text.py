@@ -7,7 +7,12 @@ import re
 from PySide6.QtGui import QColor, QFontDatabase, QFontInfo, QTextCharFormat, QTextCursor, QTextDocument, QTextFormat
 
 _BODY_STYLE = re.compile(r"<body style=\"[^\"]*\">")
-_MARKDOWN = QTextDocument.MarkdownFeature.MarkdownDialectGitHub | QTextDocument.MarkdownFeature.MarkdownNoHTML
+_UNDERLINE = 0x4000           # the reader's flag that takes _x_ and __x__ for underlines (md4c's MD_FLAG_UNDERLINE)
+# GitHub's dialect as GitHub reads it: _x_ in italics and __x__ in bold (Qt's reads them as underlines, which
+# look like links), and any HTML in the text kept as text
+_MARKDOWN = QTextDocument.MarkdownFeature(
+    QTextDocument.MarkdownFeature.MarkdownDialectGitHub.value & ~_UNDERLINE
+    | QTextDocument.MarkdownFeature.MarkdownNoHTML.value)
 _QUOTES = re.compile(r"(?:[ ]{0,3}>[ ]?)*")                  # the ">" markers of a block quote, any depth
 _FENCE = re.compile(r"[ \t]*(`{3,}|~{3,})(.*)")               # ``` or ~~~ (or longer), then an info string
 _ENDS_BLOCK = re.compile(r" {0,3}(#{1,6}(\s|$)|([-*_])( *\3){2,} *$|=+ *$)")    # a heading, a rule, an underline
@@ -116,31 +121,6 @@ def _mark_quotes(doc: QTextDocument) -> None:
     edit.endEditBlock()
 
 
-def _emphasis_in_italics(doc: QTextDocument) -> None:
-    """``_word_`` in italics, as Markdown means it (Qt's reader underlines it, which reads as a link)."""
-    spans = []
-    for block in _blocks(doc):
-        it = block.begin()
-        while not it.atEnd():
-            part = it.fragment()
-            fmt = part.charFormat()
-            if fmt.fontUnderline() and not fmt.isAnchor():
-                spans.append((part.position(), part.length()))
-            it += 1
-    if not spans:
-        return
-    italic = QTextCharFormat()
-    italic.setFontUnderline(False)
-    italic.setFontItalic(True)
-    cursor = QTextCursor(doc)
-    cursor.beginEditBlock()
-    for start, length in spans:
-        cursor.setPosition(start)
-        cursor.setPosition(start + length, QTextCursor.MoveMode.KeepAnchor)
-        cursor.mergeCharFormat(italic)
-    cursor.endEditBlock()
-
-
 # inline code as Qt writes it: a generic family a label's rich text takes for a font of that name, not for
 # the fixed-pitch one (`code` showed in the text's own font); the code boxes' font, by the name it resolves to
 _CODE_FAMILY = "font-family:'monospace';"
@@ -160,7 +140,6 @@ def markdown_html(text: str) -> str:
     joined.setMarkdown(_with_breaks(text, joined=True), _MARKDOWN)
     _join_broken_lines(doc, joined)
     _mark_quotes(doc)
-    _emphasis_in_italics(doc)
     # the document's default font would be written into the body: the label's own font is the one to use
     html = _BODY_STYLE.sub("<body>", doc.toHtml(), count=1)
     return html.replace(_CODE_FAMILY, f"font-family:'{_code_family()}','monospace';") if _CODE_FAMILY in html else html

@@ -180,7 +180,7 @@ class DockWidths(QObject):
     def arranged(self) -> None:
         """The docks were laid out anew (a default or restored layout): their widths, once laid out, are
         the ones to keep, whatever the window's width did meanwhile."""
-        self.wanted, self._width = {}, None
+        self.wanted, self._width, self._given = {}, None, {}
 
     def front_panel(self) -> QDockWidget | None:
         """The panel dock in front of its tab group, docked beside the chat (None: none is)."""
@@ -216,6 +216,7 @@ class DockWidths(QObject):
         """Each dock up to the width it was left at, as far as the chat has room beyond its least width."""
         central = self.window.centralWidget()
         spare = central.width() - central.minimumSizeHint().width()
+        self._given = {}           # an earlier give-back's, whose layout came with a resize of the window
         docked, given = self._docked(), {}
         for name, dock in docked.items():
             gain = max(0, min(self.wanted.get(name, 0) - dock.width(), spare))

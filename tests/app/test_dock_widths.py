@@ -70,3 +70,22 @@ def test_a_window_dragged_narrow_and_wide_in_steps_gives_the_docks_back_their_wi
         _resize(window, QSize(width, WIDE.height()))
     _resize(window, WIDE)
     assert _widths(window) == wide
+
+
+def test_a_divider_dragged_after_the_window_grew_in_a_burst_is_kept(window):
+    # a give-back whose layout came with the window's next step left its widths behind, and the user's next
+    # drag, within them, was taken for that give-back's layout and not kept
+    _resize(window, WIDE)
+    window.apply_default_layout(WIDE)
+    _settle()
+    _resize(window, NARROW)
+    window.resize(QSize(WIDE.width() - 80, WIDE.height()))
+    window.dock_widths._give_back()                 # as its timer would, before Qt lays the window out
+    _resize(window, WIDE)
+    front = window.dock_widths.front_panel()
+    window.resizeDocks([front], [front.width() - 40], Qt.Orientation.Horizontal)      # the user drags
+    _settle()
+    dragged = _widths(window)
+    _resize(window, NARROW)
+    _resize(window, WIDE)
+    assert _widths(window) == dragged

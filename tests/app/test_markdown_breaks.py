@@ -84,12 +84,12 @@ def test_code_copied_from_a_four_backtick_fence_has_no_trailing_spaces(qtbot):
 
 
 def test_underscores_are_italics_and_inline_code_is_in_the_code_boxes_font(qapp):
-    # Qt's reader underlined _word_ (read as a link) and named a generic "monospace" family that a label's
+    # Qt's reader underlined _word_ and __word__ (read as links) and named a generic "monospace" family that a label's
     # rich text took for a font of that name: `code` showed in the text's own font
     from PySide6.QtGui import QFontInfo, QTextDocument
     from app.markdown_text import markdown_html
     doc = QTextDocument()
-    doc.setHtml(markdown_html("_one_ *two* `three` [four](https://example.org)"))
+    doc.setHtml(markdown_html("_one_ *two* `three` [four](https://example.org) __five__"))
     formats = {}
     it = doc.begin().begin()
     while not it.atEnd():
@@ -100,3 +100,4 @@ def test_underscores_are_italics_and_inline_code_is_in_the_code_boxes_font(qapp)
     assert formats["two"].fontItalic()
     assert QFontInfo(formats["three"].font()).fixedPitch() and not QFontInfo(formats["one"].font()).fixedPitch()
     assert formats["four"].isAnchor()                      # a link is left as it is
+    assert formats["five"].fontWeight() == 700 and not formats["five"].fontUnderline()      # bold, as **five**
