@@ -468,11 +468,12 @@ class MainWindow(QMainWindow):
         self.settings.setValue("export_dir", str(Path(path).parent))
 
     def _export_failed(self, path: str, exc: OSError) -> None:
-        """In the status bar, and in a red banner that stays until the next export (a status line is cut
-        short at a narrow width and fades)."""
+        """In a red banner that stays until the next export, and in short in the status bar (which cuts a
+        long line at a narrow width, and fades)."""
         why = exc.strerror or str(exc)
         text = f"Export failed: {path} could not be written ({why}); choose a folder you can write to and a file name"
-        self.statusBar().showMessage(text, 15000)
+        self.statusBar().showMessage(f"Export failed: {Path(path).name} could not be written (the red line above "
+                                     f"says where and why)", 15000)
         self.banners.show_message("export", text, "red")
 
     def export_plot_dialog(self, panel: Panel) -> None:

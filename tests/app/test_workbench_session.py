@@ -172,7 +172,7 @@ def test_an_export_that_cannot_be_written_says_so_and_leaves_nothing(window, qtb
     for target in (folder / "adir", tmp_path / "missing" / "s.csv"):
         monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, t=target, **k: (str(t), ""))
         window.export_session_dialog()
-        assert window.statusBar().currentMessage().startswith(f"Export failed: {target} could not be written")
+        assert window.statusBar().currentMessage().startswith(f"Export failed: {target.name} could not be written")
         assert window.banners.level("export") == "red" and str(target) in window.banners.text("export")
     assert [p.name for p in folder.iterdir()] == ["adir"]            # no temporary file left behind
     for target in (tmp_path / "missing" / "p.png", folder / "noext"):
