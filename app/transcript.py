@@ -2,7 +2,7 @@
 little more per new line or message than a short one."""
 from __future__ import annotations
 
-from PySide6.QtCore import QRect, QSize, Qt, QTimer, Signal
+from PySide6.QtCore import QPoint, QRect, QSize, Qt, QTimer, Signal
 from PySide6.QtWidgets import QPushButton, QScrollArea, QVBoxLayout, QWidget
 
 from app.chat_view import MessageBubble
@@ -118,16 +118,36 @@ class ChatView(QScrollArea):
         self.bubbles: list[MessageBubble] = []
         self._pages: list[QWidget] = []
         self._follow = True
-        self._keep_from_bottom: int | None = None     # set while earlier messages go in above the reader
+        # while earlier messages go in above the reader: the message at the top of what they read and its
+        # distance below the view's top, held there until they scroll (a distance from the bottom, kept once
+        # a batch, drifted by every later change of the column: "Show earlier messages" moved the page)
+        self._anchor: tuple[MessageBubble, int] | None = None
         bar = self.verticalScrollBar()
         bar.valueChanged.connect(lambda v: setattr(self, "_follow", v >= bar.maximum() - 24))
         bar.rangeChanged.connect(self._range_changed)
+        bar.actionTriggered.connect(self._reader_scrolled)
+        self.earlier_button.clicked.connect(lambda: self._hold_place(asked=True))
+
+    def _top(self, bubble: MessageBubble) -> int:
+        return bubble.mapTo(self.widget(), QPoint(0, 0)).y()
+
+    def _hold_place(self, asked: bool = False) -> None:
+        """Keep the first message on screen where it is while earlier ones go in above it (unless the view
+        follows the newest text and the reader did not ask for them)."""
+        if self.bubbles and (asked or not self._follow) and self._anchor is None:
+            self._follow = False
+            first = self.bubbles[0]
+            self._anchor = (first, self._top(first) - self.verticalScrollBar().value())
+
+    def _reader_scrolled(self, _action: int) -> None:
+        self._anchor = None
 
     def _range_changed(self, _lo: int, hi: int) -> None:
-        if self._keep_from_bottom is not None:
-            keep, self._keep_from_bottom = self._keep_from_bottom, None
-            self.verticalScrollBar().setValue(hi - keep)
+        anchor = self._anchor
+        if anchor is not None and anchor[0] in self.bubbles:
+            self.verticalScrollBar().setValue(self._top(anchor[0]) - anchor[1])
             return
+        self._anchor = None
         if self._follow:
             # with ``self`` as context the call is dropped if the view is gone by then
             QTimer.singleShot(0, self, self._to_bottom)
@@ -161,11 +181,8 @@ class ChatView(QScrollArea):
         if stats:
             bubble.set_stats(stats)
         if before is not None and before in self.bubbles:
-            bar = self.verticalScrollBar()
-            if before is self.bubbles[0] and not self._follow and self._keep_from_bottom is None:
-                # an earlier message above all the others: the reader's place stays where it is on screen,
-                # as far from the bottom once the column has grown (see _range_changed)
-                self._keep_from_bottom = bar.maximum() - bar.value()
+            if before is self.bubbles[0]:
+                self._hold_place()          # an earlier message above all the others: the reader's place stays
             page = before.parentWidget()
             at = page.layout().indexOf(before)
             if at == 0 and page.layout().count() >= PAGE_BUBBLES:   # a full page: the bubble starts one above it
@@ -179,7 +196,7 @@ class ChatView(QScrollArea):
                 page = self._new_page(len(self._pages))
             page.layout().addWidget(bubble)
             self.bubbles.append(bubble)
-            self._follow = True
+            self._follow, self._anchor = True, None
         return bubble
 
     def _drop(self, bubble: MessageBubble) -> None:

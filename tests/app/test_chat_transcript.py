@@ -51,6 +51,36 @@ def test_a_very_long_chat_shows_its_last_messages_and_offers_the_earlier_ones(qt
     assert not view.earlier_button.isVisibleTo(view)
 
 
+def test_show_earlier_messages_keeps_the_readers_place_and_a_message_sent_then_is_followed(qtbot, tmp_path,
+                                                                                          monkeypatch):
+    # the place was kept as a distance from the bottom once a batch, and each later change of the column
+    # (the next batch, the offer's line going) moved the page under the reader by tens to hundreds of pixels
+    import app.chat_controller as cc
+    from app.conversations import Conversation, StoredMessage
+    monkeypatch.setattr(cc, "SHOWN_MESSAGES", 40)
+    chat = make_chat(qtbot, tmp_path / "c")
+    chat.pane.resize(700, 700)
+    n = 100
+    long = Conversation(messages=[StoredMessage("user" if i % 2 == 0 else "assistant",
+                                                f"message {i} " + "lorem ipsum " * (i % 13 + 1)) for i in range(n)])
+    chat.library.save(long)
+    chat.open(long.id)
+    view = chat.pane.view
+    qtbot.waitUntil(lambda: view.earlier_button.isVisibleTo(view), timeout=10_000)
+    qtbot.wait(50)
+    bar = view.verticalScrollBar()
+    bar.triggerAction(bar.SliderAction.SliderToMinimum)          # the reader goes up to the offer
+    first = view.bubbles[0]
+    y = first.mapTo(view.viewport(), first.rect().topLeft()).y()
+    view.earlier_button.click()
+    qtbot.waitUntil(lambda: len(view.bubbles) == 80, timeout=10_000)
+    qtbot.wait(100)
+    assert abs(first.mapTo(view.viewport(), first.rect().topLeft()).y() - y) <= 2
+    chat.send("A new question")                                   # the view follows the newest text again
+    stream(chat, "An answer " * 40)
+    qtbot.waitUntil(lambda: bar.value() == bar.maximum() and bar.maximum() > 0, timeout=5_000)
+
+
 def test_earlier_messages_put_in_above_keep_the_readers_place(qtbot):
     from app.transcript import ChatView
     view = ChatView()
