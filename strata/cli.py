@@ -159,8 +159,8 @@ def _command() -> str:
     """How the user started the workbench, to write into a command line they can run again."""
     if _prog() == "strata":
         return "strata"
-    from engine.checkpoint.converted import _python
-    return f"{_python()} {shlex.quote(sys.argv[0]) if sys.argv[0].endswith('main.py') else 'main.py'}"
+    from engine.checkpoint.converted import python_command
+    return f"{python_command()} {shlex.quote(sys.argv[0]) if sys.argv[0].endswith('main.py') else 'main.py'}"
 
 
 

@@ -53,16 +53,16 @@ def convert_command(argv0: str | None = None) -> str:
     given = sys.argv[0] if argv0 is None else argv0
     ran = Path(given)
     if ran.name == "__main__.py" and ran.parent.name in ("strata", "engine") and _ours(ran.parent.parent):
-        return f"{_python()} -m {ran.parent.name} convert"
+        return f"{python_command()} -m {ran.parent.name} convert"
     if ran.name == "main.py" and _ours(ran.parent):
-        return f"{_python()} {shlex.quote(given)} convert"
+        return f"{python_command()} {shlex.quote(given)} convert"
     if shutil.which("strata") is None:
         beside = Path(sys.executable).parent / "strata"
-        return f"{shlex.quote(str(beside))} convert" if beside.is_file() else f"{_python()} -m strata convert"
+        return f"{shlex.quote(str(beside))} convert" if beside.is_file() else f"{python_command()} -m strata convert"
     return "strata convert"
 
 
-def _python() -> str:
+def python_command() -> str:
     """``python`` where the PATH finds the interpreter running now, else that interpreter's path."""
     found = shutil.which("python")
     if found is not None and os.path.abspath(found) == os.path.abspath(sys.executable):

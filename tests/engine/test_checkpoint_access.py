@@ -245,7 +245,7 @@ def test_an_interpreter_that_is_not_the_paths_python_is_named_by_its_path(monkey
     ([str(ROOT / "main.py")], f"python {ROOT / 'main.py'} convert"),
 ])
 def test_a_real_process_advises_the_command_it_was_run_as(conversion, tmp_path, how, command):
-    command = command.replace("python", converted._python(), 1)      # this interpreter, as the PATH names it
+    command = command.replace("python", converted.python_command(), 1)      # this interpreter, as the PATH names it
     (conversion / "strata.json").write_text("{\n")
     proc = subprocess.run([sys.executable, *how, "generate", "--model", str(conversion), "--prompt", "hi"],
                           capture_output=True, text=True, timeout=120, cwd=ROOT if how[0] == "-m" else tmp_path)
