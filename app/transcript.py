@@ -185,8 +185,13 @@ class ChatView(QScrollArea):
                 self._hold_place()          # an earlier message above all the others: the reader's place stays
             page = before.parentWidget()
             at = page.layout().indexOf(before)
-            if at == 0 and page.layout().count() >= PAGE_BUBBLES:   # a full page: the bubble starts one above it
-                page, at = self._new_page(self._pages.index(page)), 0
+            if at == 0 and page.layout().count() >= PAGE_BUBBLES:   # a full page: the bubble ends the one above
+                i = self._pages.index(page)                          # it, or starts a new one
+                above = self._pages[i - 1] if i else None
+                if above is not None and above.layout().count() < PAGE_BUBBLES:
+                    page, at = above, above.layout().count()
+                else:
+                    page, at = self._new_page(i), 0
             page.layout().insertWidget(at, bubble)
             self.bubbles.insert(self.bubbles.index(before), bubble)
             _tab_before(bubble, before)
