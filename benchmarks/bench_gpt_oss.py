@@ -220,6 +220,15 @@ def decode_row(engine: LLMEngine, ps: list[list[int]], warmup: int, tokens: int,
            "bus_limit_tok_s": limit, "fraction_of_bus_limit": n / secs / limit if limit else None,
            "cuda_graphs_active": engine.stats().cuda_graphs_active,
            "cpu_experts_per_token": d("cpu_experts") / n, "cold_experts": engine.config.cold_experts}
+    # with cold experts on the CPU the bus alone no longer bounds a step: the combined limit moves each token's
+    # missing bytes (over the bus and through the CPU kernels) at the bus's and the CPU kernels' rates together,
+    # the CPU's as measured over this run (its experts' bytes / its kernels' time)
+    cpu_bytes, cpu_s = d("cpu_experts") * engine.loaded.layout.nbytes, d("cpu_ms") / 1e3
+    cpu_gbs = cpu_bytes / cpu_s / 1e9 if cpu_s > 0 else 0.0
+    moved = h2d + cpu_bytes / n
+    combined = (run.pinned_h2d_gbs + cpu_gbs) * 1e9 / moved if moved else None
+    row.update(cpu_bytes_per_token=cpu_bytes / n, cpu_kernel_gb_s=cpu_gbs or None, combined_limit_tok_s=combined,
+               fraction_of_combined_limit=n / secs / combined if combined else None)
     budget = engine.loaded.plan.budget_bytes
     if run.cuda and budget is not None:
         peak = torch.cuda.max_memory_allocated()
@@ -342,11 +351,14 @@ def summary(result: dict) -> dict:
     rows = [r for r in all_rows(result) if "tok_s" in r]
     roof = [r["fraction_of_roofline"] for r in rows if r.get("cell") == "a"]
     bus = [r["fraction_of_bus_limit"] for r in rows if r.get("cell") == "b" and r.get("fraction_of_bus_limit")]
+    combined = [r["fraction_of_combined_limit"] for r in rows
+                if r.get("cell") == "b" and r.get("fraction_of_combined_limit")]
     b16 = [r["tok_s"] for r in rows if r.get("cell") == "b" and r["batch"] == 16 and r["routing"] == "trained-like"]
     ladder = [r for r in rows if r.get("cell") == "c"]
     peaks = [r["within_budget"] for r in rows if "within_budget" in r]
     return {"20b_fraction_of_roofline": max(roof, default=None), "target_roofline": 0.5,
             "120b_min_fraction_of_bus_limit": min(bus, default=None), "target_bus": 0.8,
+            "120b_min_fraction_of_combined_limit": min(combined, default=None),
             "120b_b16_trained_like_tok_s": b16[0] if b16 else None, "target_b16_tok_s": 108.0,
             "ladder_article_last_over_first": ladder[-1].get("article_last_over_first") if ladder else None,
             "target_ladder": 10.0,        # the article's: its last rung (6) over its first
@@ -358,9 +370,9 @@ def print_table(result: dict) -> None:
     f = lambda r, k, spec, scale=1.0: format(r[k] * scale, spec) if r.get(k) is not None else "-"   # noqa: E731
     print(f"pinned H2D {result['ceilings']['pinned_h2d_gbs']:.1f} GB/s, device copy "
           f"{result['ceilings']['device_copy_gbs']:.0f} GB/s; tok/s decode over all sequences; limit = pinned "
-          "H2D / bus bytes per token; roof = HBM roofline share")
+          "H2D / bus bytes per token; x comb = share of the bus + CPU limit; roof = HBM roofline share")
     print(f"{'c':<2}{'model':<10}{'routing':<13}{'B':>3} {'config':<27}{'tok/s':>8}{'hit%':>6}{'MB/tok':>8}"
-          f"{'busGB/s':>8}{'limit':>8}{'x lim':>6}{'roof%':>6}{'pf_s':>6}{'peak/budget GB':>15}")
+          f"{'busGB/s':>8}{'limit':>8}{'x lim':>6}{'x comb':>7}{'roof%':>6}{'pf_s':>6}{'peak/budget GB':>15}")
     for r in all_rows(result):
         head = f"{r.get('cell', '?'):<2}{r.get('model', ''):<10}{r.get('routing', ''):<13}{r.get('batch', ''):>3} " \
                f"{r.get('config', '')[:26]:<27}"
@@ -370,7 +382,7 @@ def print_table(result: dict) -> None:
         mem = f"{r['peak_gb']:.1f}/{r['budget_gb']:.1f}" if "peak_gb" in r else "-"
         print(head + f"{r['tok_s']:>8.1f}{f(r, 'hit_rate', '6.1f', 100)}{f(r, 'h2d_bytes_per_token', '8.1f', 1e-6):>8}"
               f"{f(r, 'bus_gb_s', '8.1f'):>8}{f(r, 'bus_limit_tok_s', '8.1f'):>8}"
-              f"{f(r, 'fraction_of_bus_limit', '6.2f'):>6}"
+              f"{f(r, 'fraction_of_bus_limit', '6.2f'):>6}{f(r, 'fraction_of_combined_limit', '7.2f'):>7}"
               f"{f(r, 'fraction_of_roofline', '6.0f', 100):>6}{f(r, 'prefill_warmup_s', '6.1f'):>6}{mem:>15}")
     print("summary: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
                                   for k, v in result["summary"].items()))

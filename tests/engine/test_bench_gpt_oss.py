@@ -37,6 +37,12 @@ def test_tiny_run_measures_cells_a_and_b_and_keeps_an_existing_result(tmp_path):
     for r in b:
         assert 0 <= r["hit_rate"] < 1 and r["h2d_bytes_per_token"] > 0          # half the experts on the "GPU"
         assert r["bus_limit_tok_s"] == doc["ceilings"]["pinned_h2d_gbs"] * 1e9 / r["h2d_bytes_per_token"]
+        # the bus and the CPU kernels together: the CPU's rate is its experts' bytes over its kernels' time
+        moved = r["h2d_bytes_per_token"] + r["cpu_bytes_per_token"]
+        cpu = r["cpu_kernel_gb_s"] or 0.0
+        assert r["combined_limit_tok_s"] == (doc["ceilings"]["pinned_h2d_gbs"] + cpu) * 1e9 / moved
+        assert r["fraction_of_combined_limit"] == r["tok_s"] / r["combined_limit_tok_s"]
+        assert (r["cpu_bytes_per_token"] > 0) == (r["cpu_experts_per_token"] > 0) == (cpu > 0)
 
     blocks = doc["120b"]
     assert blocks["trained-like"]["engine_top10_share"] > blocks["uniform"]["engine_top10_share"] + 0.05
