@@ -24,6 +24,7 @@ def _tab_before(bubble: QWidget, before: QWidget) -> None:
 
 
 PAGE_BUBBLES = 16     # bubbles a page of the transcript holds (see ChatView)
+COLUMN_SPACING = 10   # between bubbles, and between pages alike
 
 
 class _Column(QWidget):
@@ -85,9 +86,6 @@ def _page() -> QWidget:
     lay.setContentsMargins(0, 0, 0, 0)
     lay.setSpacing(COLUMN_SPACING)
     return page
-
-
-COLUMN_SPACING = 10
 
 
 class ChatView(QScrollArea):
