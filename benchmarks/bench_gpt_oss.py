@@ -53,9 +53,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import ROOT, h2d_bandwidth_gbs, write_result  # noqa: E402
+from benchmarks.common import ROOT, h2d_bandwidth_gbs, interval_union, write_result  # noqa: E402
 from benchmarks.gpt_oss_shapes import HostRows, ModelOnRows, RandomGptOss, make_routing, model_spec  # noqa: E402
-from benchmarks.synthetic_moe import top_share  # noqa: E402
+from benchmarks.synthetic_moe import profiled_steps, sync, top_share  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.engine import LLMEngine  # noqa: E402
 from engine.loading import expert_layout, resolve_dtype  # noqa: E402
@@ -236,6 +236,40 @@ def decode_row(engine: LLMEngine, ps: list[list[int]], warmup: int, tokens: int,
     return row
 
 
+def profile_decode(engine: LLMEngine, vocab: int, args, run: Run, name: str) -> dict:
+    """``args.profile`` batch-1 decode steps under torch.profiler after a prompt and a warm-up: the GPU's
+    kernels by name per step, its busy time (union of kernel intervals) against the wall time, the host's
+    operators by their own time; the trace goes to ``args.trace_dir`` where one is given."""
+    from benchmarks.step_profile import _by_name, _kernels
+    engine.add_request(None, prompts(vocab, 1, args.prompt_len, 7)[0],
+                       SamplingParams(max_tokens=args.warmup + args.profile + 4, temperature=0.0, ignore_eos=True))
+    for _ in range(args.warmup + 1):
+        engine.step()
+    sync(run.device)
+    prof, wall_ms = profiled_steps(engine, args.profile, run.device)
+    spans = _kernels(prof)
+    total, calls = _by_name(spans)
+    n = args.profile
+    rows = sorted(({"kernel": k[:90], "us_per_step": v / n, "calls_per_step": calls[k] / n}
+                   for k, v in total.items()), key=lambda r: -r["us_per_step"])
+    host = sorted(((e.key, e.self_cpu_time_total, e.count) for e in prof.key_averages()), key=lambda r: -r[1])
+    busy = interval_union([(s, e) for s, e, _ in spans]) / n
+    if args.trace_dir:
+        Path(args.trace_dir).mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(Path(args.trace_dir) / f"{name}.json"))
+    out = {"steps": n, "wall_us_per_step": wall_ms * 1e3, "gpu_busy_us_per_step": busy,
+           "kernels_per_step": len(spans) / n, "idle_share": max(0.0, 1 - busy / (wall_ms * 1e3)) if spans else None,
+           "kernels": rows[:30], "host_ops": [{"op": k[:90], "self_us_per_step": t / n, "calls_per_step": c / n}
+                                              for k, t, c in host[:25]]}
+    say(f"profile {name}: {out['wall_us_per_step']:.0f} us a step, GPU busy {busy:.0f} us "
+        f"({out['kernels_per_step']:.0f} kernels)")
+    for r in rows[:16]:
+        say(f"  {r['us_per_step']:8.1f} us x{r['calls_per_step']:5.1f}  {r['kernel']}")
+    for r in out["host_ops"][:8]:
+        say(f"  host {r['self_us_per_step']:8.1f} us x{r['calls_per_step']:5.1f}  {r['op']}")
+    return out
+
+
 def guarded(fn, args) -> dict:
     """``fn()``'s row, or why there is none (an error or the deadline): one failure never ends the run."""
     if args.deadline and time.perf_counter() - START > args.deadline:
@@ -266,6 +300,8 @@ def cell_a(args, run: Run, routing: str) -> dict:
                    config="every expert resident" if m.experts_resident else "NOT resident: a pool",
                    samples_tok_s=[s["tok_s"] for s in good], bytes_per_token=nbytes, roofline_tok_s=roof,
                    fraction_of_roofline=row["tok_s"] / roof, build=facts)
+        if args.profile:
+            row["profile"] = guarded(lambda: profile_decode(engine, vocab, args, run, f"20b-{routing}-b1"), args)
         return row
     finally:
         engine.close()
@@ -328,6 +364,9 @@ def block_120b(args, run: Run, routing: str) -> dict:
                 out["rows"].append({"cell": "b", "model": args.shape_120b, "routing": routing, "config": "defaults",
                                     **row, "batch": b})
                 say(f"120b {routing} batch {b}: {row.get('tok_s', float('nan')):.1f} tok/s")
+            if args.profile:
+                out["profile_b1"] = guarded(lambda: profile_decode(engine, vocab, args, run, f"120b-{routing}-b1"),
+                                            args)
         if "c" in args.cells and routing == args.ladder_routing:
             out["ladder"] = [{"model": args.shape_120b, "routing": routing, **r} for r in ladder(engine, args, run)]
         acts = torch.tensor(engine.stats().experts.activations) - acts0      # [L, E] routed tokens over the block
@@ -414,6 +453,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--cpu-pool", default="50%", help="expert pool of the 120b engines on the CPU (no budget there)")
     ap.add_argument("--gemv16", choices=("default", "on", "off"), default="default",
                     help="one-token 16-bit matrices and routers on the GEMV kernel (kernels/qlinear.GEMV16)")
+    ap.add_argument("--profile", type=int, default=0,
+                    help="also profile this many batch-1 decode steps of 20b and of 120b (kernels by name)")
+    ap.add_argument("--trace-dir", default=None, help="where the profiled steps' Chrome traces go (default: none)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU in float32 (a check of the pipeline)")
     ap.add_argument("--out", default=None, help="result JSON (default benchmarks/results/gpt_oss_DATE.json; --tiny: "
