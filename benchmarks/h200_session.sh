@@ -257,6 +257,27 @@ case ${1:-} in
       | tail -n 8;;
   kit)
     start_kit;;
+  table)
+    # the MoE kernels' sweep on this card (16-bit, fp8 and int4 on the Qwen3 shape, MXFP4 on gpt-oss-20b's),
+    # merged into the card's table; gpt-oss-20b resident and the resident int4 step before and after it is
+    # put in the device copy's kernels/configs/ (the table comes back under $OUT)
+    table=$(python3 -c "import torch; from kernels.moe_config import config_file_name as n
+print(n(torch.cuda.get_device_name()))")
+    timeout 100 python3 benchmarks/bench_gpt_oss.py --cells a --routing trained-like --rounds-a 2 \
+      --out "$OUT/gpt_oss_before.json" 2>&1 | grep "20b trained"
+    timeout 80 python3 benchmarks/step_profile.py --cells int4 --timed 48 --profiled 2 \
+      --out "$OUT/step_before.json" 2>&1 | grep "tok/s"
+    timeout 240 python3 benchmarks/kernels/bench_moe.py --formats bf16,fp8,int4 --no-grouped-mm \
+      --commit "$STRATA_COMMIT" --out "$OUT/kernels_qwen3.json" --configs-out "$OUT/table_qwen3.json" 2>&1 | tail -n 14
+    timeout 150 python3 benchmarks/kernels/bench_moe.py --shape gpt-oss-20b --formats mxfp4 --tokens 1,4,16,64 \
+      --no-grouped-mm --commit "$STRATA_COMMIT" --out "$OUT/kernels_mxfp4.json" \
+      --configs-out "$OUT/table_mxfp4.json" 2>&1 | tail -n 8
+    python3 benchmarks/kernels/merge_tables.py "$OUT/$table" "$OUT/table_qwen3.json" "$OUT/table_mxfp4.json" \
+      && cp "$OUT/$table" kernels/configs/
+    timeout 100 python3 benchmarks/bench_gpt_oss.py --cells a --routing trained-like --rounds-a 2 \
+      --out "$OUT/gpt_oss_after.json" 2>&1 | grep "20b trained"
+    timeout 80 python3 benchmarks/step_profile.py --cells int4 --timed 48 --profiled 2 \
+      --out "$OUT/step_after.json" 2>&1 | grep "tok/s";;
   kit-then-gpt-oss)
     bash .bench/kit/poll.sh "$(( $(left) - 60 ))" | tail -n 70
     if kit_done; then start_gpt_oss; follow_gpt_oss; else echo "the kit is still running: call this phase again"; fi;;

@@ -80,7 +80,11 @@ DECODE_TILES = {
     # mxfp4 block_k counts elements, whole 32-value groups; the first pair is the shipped setting
     "mxfp4": [((8, 1024, 4), (4, 256, 4)), ((4, 1024, 4), (4, 256, 4)), ((16, 1024, 8), (4, 256, 4)),
               ((8, 512, 4), (4, 512, 4)), ((8, 1024, 4), (2, 256, 4)), ((8, 1024, 8), (8, 256, 4)),
-              ((4, 512, 4), (2, 512, 4))],
+              ((4, 512, 4), (2, 512, 4)), ((16, 1024, 8), (2, 1024, 4), "pdl"), ((16, 512, 4), (2, 1024, 4), "pdl"),
+              ((8, 1024, 4), (4, 256, 4), "pdl"), ((16, 1024, 8), (4, 512, 4), "pdl"),
+              ((32, 512, 8), (2, 1024, 4), "pdl"), ((16, 1024, 8), (2, 512, 2, 3, 2), "pdl"),
+              ((8, 512, 4), (2, 1024, 4), "pdl"), ((32, 1024, 8), (4, 1024, 8), "pdl"),
+              ((16, 2048, 8), (2, 1024, 4), "pdl")],
 }
 # Prefill candidates: (block_m, block_n, block_k, num_warps, num_stages[, "join"]): the same tile for up and
 # down; 4 warps on a 64 x 64 tile spill registers on sm_90 (255 used), 8 do not; "join" (int4 only): tiles
@@ -209,7 +213,9 @@ def bench_format(shape: Shape, fmt: str, layers: int, tokens: tuple[int, ...]) -
         best = best16 = None
         tiles = DECODE_TILES[fmt] if t <= 16 else PREFILL_TILES + (
             [(*tile, "join") for tile in PREFILL_TILES] if fmt == "int4" else [])
-        x16 = [act16(x[i][:t], GROUP) for i in range(layers)] if fmt == "int4" and t <= 16 else None
+        # the engine's 4-bit decode takes x's planes from the norm, in groups of the experts' own size
+        x16 = [act16(x[i][:t], layout.group_size) for i in range(layers)] if fmt in ("int4", "mxfp4") and t <= 16 \
+            else None
         sweep = []
         for tile in tiles:
             cfg = config_of(tile, t)
@@ -243,12 +249,13 @@ def bench_format(shape: Shape, fmt: str, layers: int, tokens: tuple[int, ...]) -
                "rel_err_vs_ref": best[2] if best else None, "torch_ref_ms": ref_ms, "sweep": sweep}
         if best16:  # timed again, and the norm that writes the planes timed with and without them
             cfg = config_of(best16[1], t)
-            row.update(ms_x_from_norm=best16[0], tile_x_from_norm=best16[1], **norm_cost(shape, x, t, layers),
+            row.update(ms_x_from_norm=best16[0], tile_x_from_norm=best16[1],
+                       **norm_cost(shape, x, t, layers, layout.group_size),
                        ms_x_from_norm_again=time_graph(lambda: [fused_moe(
                            x[i][:t], routes[i][1], routes[i][0], slots[i], views[i], layout, cfg, x16=x16[i])
                            for i in range(layers)]) / layers)
         rows.append(row)
-        if best16 or best:  # the engine's int4 decode takes x from the norm: tune for that
+        if best16 or best:  # the engine's 4-bit decode takes x from the norm: tune for that
             c = config_of(best16[1] if best16 else best[1], t)
             tuned[str(t)] = {"variant": c.variant, "block_m": c.block_m, "up": vars(c.up), "down": vars(c.down),
                              "pdl": c.pdl, **({"join": c.join} if c.variant == "prefill" and fmt == "int4" else {})}
@@ -256,10 +263,11 @@ def bench_format(shape: Shape, fmt: str, layers: int, tokens: tuple[int, ...]) -
     return rows, tuned
 
 
-def norm_cost(shape: Shape, x: list[torch.Tensor], t: int, layers: int) -> dict:
+def norm_cost(shape: Shape, x: list[torch.Tensor], t: int, layers: int, group: int) -> dict:
     """Milliseconds of the add + RMSNorm before the router (bf16, ``layers`` of them in a graph, per
-    layer) without and with writing x's 16-bit planes: what moving the planes there costs."""
-    D, GROUP = shape.hidden, shape.group
+    layer) without and with writing x's 16-bit planes (groups of ``group``): what moving the planes there
+    costs."""
+    D, GROUP = shape.hidden, group
     g = torch.Generator(device="cuda").manual_seed(1)
     w = (1 + 0.1 * torch.randn(D, device="cuda", generator=g)).bfloat16()
     r = [torch.randn(t, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(layers)]
