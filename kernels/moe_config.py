@@ -1,7 +1,10 @@
 """Launch settings of the MoE GEMM kernels, read from JSON in ``kernels/configs/``.
 
 One file per GPU, named after ``torch.cuda.get_device_name`` with non-alphanumerics as ``_``
-(``NVIDIA_H200.json``); ``default.json`` is the fallback for unknown GPUs and missing entries. A file
+(``NVIDIA_H200.json``, ``NVIDIA_H100_80GB_HBM3.json``). A card without its own file takes a sibling's
+of the same model (the name up to its first word with a digit: an ``NVIDIA H100 PCIe`` reads the
+``NVIDIA_H100_80GB_HBM3`` table, an ``NVIDIA H200 NVL`` the ``NVIDIA_H200`` one): the same chip, so the
+same kernels win, where ``default.json``'s conservative settings are slower. ``default.json`` is the fallback for other GPUs and missing entries. A file
 maps ``format -> token bucket -> setting``; the bucket used is the smallest one at least the batch's
 token count (else the largest). A setting::
 
@@ -76,9 +79,27 @@ def _pick(table: dict, fmt: str, tokens: int) -> dict | None:
     return buckets[str(size)]
 
 
+@lru_cache(maxsize=None)
+def table_name(device_name: str) -> str | None:
+    """The table file ``device_name`` reads: its own, else a sibling's (the same name up to its first
+    word with a digit, the model; the first in name order), else None (``default.json`` only)."""
+    own = config_file_name(device_name)
+    if (CONFIG_DIR / own).is_file():
+        return own
+    words = own[:-len(".json")].split("_")
+    model = next((i for i, w in enumerate(words) if any(c.isdigit() for c in w)), None)
+    if model is None:
+        return None
+    prefix = "_".join(words[:model + 1])
+    siblings = sorted(p.name for p in CONFIG_DIR.glob("*.json")
+                      if p.stem == prefix or p.stem.startswith(prefix + "_"))
+    return siblings[0] if siblings else None
+
+
 def moe_launch_config(device_name: str, fmt: str, tokens: int) -> MoeLaunchConfig:
     """Setting for ``tokens`` tokens of expert format ``fmt`` on ``device_name`` (with fallback)."""
-    entry = _pick(_load(config_file_name(device_name)), fmt, tokens)
+    name = table_name(device_name)
+    entry = _pick(_load(name), fmt, tokens) if name else None
     if entry is None:
         entry = _pick(_load("default.json"), fmt, tokens)
     if entry is None:
