@@ -15,13 +15,13 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import StrataError
+from engine.gil import offer_gil
 from engine.outputs import RequestDelta
 from engine.sampling import SamplingParams
 
@@ -163,7 +163,7 @@ class EngineLoop:
                     continue              # every queued command goes before the next step
             elif busy:
                 self._guarded(self._step)
-                time.sleep(0)            # let go of the GIL between steps
+                offer_gil()              # a thread waiting for the GIL takes it between steps
             self._tick()
         self._answer_leftovers()
 

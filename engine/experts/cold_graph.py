@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from kernels.publish_ids import SLOT_CPU, CpuShareArgs
+from engine.gil import offer_gil
 
 if TYPE_CHECKING:
     from engine.experts.host_trace import HostTrace
@@ -294,7 +295,7 @@ class GraphCpuShares:
             if finished() and flags[0] == 0:
                 raise RuntimeError(f"the decode graph finished without handing MoE layer {moe_index}'s "
                                    "inputs to the host CPU")
-            time.sleep(0)
+            offer_gil()
         if self.trace is not None:
             self.trace.mark(moe_index, "ready")
         # the marked pairs grouped by expert (ascending), each expert's pairs in order: plain lists, as

@@ -34,6 +34,7 @@ import time
 import torch
 
 from engine.experts.readback import pinned_ids
+from engine.gil import offer_gil
 from engine.host_copy import host_to
 from kernels._triton import HAS_TRITON
 from kernels.expert_claim import (CHUNK_WORDS, CLAIMED, COPY_BLOCK, ClaimBuffers, claim_and_copy, claim_and_copy_ref,
@@ -161,4 +162,4 @@ class DevicePrefetcher:
         while (arr[targets, 0] == UNWRITTEN).any():
             if time.perf_counter() - t0 > 10.0:
                 raise RuntimeError("a prefetch claim of this step never ran")
-            time.sleep(0)
+            offer_gil()

@@ -48,6 +48,7 @@ from engine.experts.step_books import StepBooks
 from engine.experts.device_prefetch import DevicePrefetcher
 from kernels.moe_weights import HostExperts
 from kernels.publish_ids import SLOT_CPU, publish_direct, publish_direct_ref
+from engine.gil import offer_gil
 
 UNWRITTEN = -2              # fills a publish region until the GPU has written it
 
@@ -318,7 +319,7 @@ class DirectPath:
         while (data == UNWRITTEN).any():
             if finished() and (data == UNWRITTEN).any():
                 raise RuntimeError(f"the decode graph finished without publishing MoE layer {c.moe_index}")
-            time.sleep(0)
+            offer_gil()
         r.counters.sync_ms += (time.perf_counter() - t0) * 1e3
         self.trace.mark(c.moe_index, "published")
         ids, seen = data[:rows * k].tolist(), data[n:n + rows * k].tolist()

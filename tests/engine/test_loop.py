@@ -97,3 +97,26 @@ def test_a_stopped_loop_refuses_what_was_still_queued(engine):
     lp.run()
     with pytest.raises(StrataError, match="stopped"):
         fut.result(1)
+
+
+def test_offering_the_gil_lets_a_waiting_thread_run_and_returns_without_sleeping(monkeypatch):
+    # The loops that wait on the GPU or run steps back to back offer the GIL through a zero-timeout
+    # select (engine/gil.py): a thread that needs the GIL gets it while the caller keeps offering, and
+    # the offer never goes through time.sleep (a sleep of the timer slack, 50-120 us, on Linux).
+    import sys
+    import threading
+    import time
+
+    from engine.gil import offer_gil
+
+    if sys.platform != "win32":
+        monkeypatch.setattr(time, "sleep", lambda s: (_ for _ in ()).throw(AssertionError("slept")))
+    ran = threading.Event()
+    worker = threading.Thread(target=ran.set)
+    worker.start()
+    for _ in range(10_000_000):
+        if ran.is_set():
+            break
+        offer_gil()
+    worker.join(30)
+    assert ran.is_set()
