@@ -58,6 +58,7 @@ from benchmarks.gpt_oss_shapes import HostRows, ModelOnRows, RandomGptOss, make_
 from benchmarks.synthetic_moe import profiled_steps, sync, top_share  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.engine import LLMEngine  # noqa: E402
+from engine.experts.tuning import ResidencyTuning  # noqa: E402
 from engine.loading import expert_layout, resolve_dtype  # noqa: E402
 from engine.sampling import SamplingParams  # noqa: E402
 from engine.telemetry import ExpertStats  # noqa: E402
@@ -358,12 +359,17 @@ def block_120b(args, run: Run, routing: str) -> dict:
         vocab, out = engine.loaded.spec.vocab_size, {"build": facts, "rows": []}
         acts0 = torch.tensor(engine.stats().experts.activations)
         if "b" in args.cells:
+            base = engine.loaded.experts.tuning
             for b in args.batches:
-                row = guarded(lambda b=b: decode_row(engine, prompts(vocab, b, args.prompt_len, b), args.warmup,
-                                                     args.tokens, 10 * b, run), args)
-                out["rows"].append({"cell": "b", "model": args.shape_120b, "routing": routing, "config": "defaults",
-                                    **row, "batch": b})
-                say(f"120b {routing} batch {b}: {row.get('tok_s', float('nan')):.1f} tok/s")
+                for name, changes in args.variants:     # each batch's variants in turn, on the same engine
+                    engine.loaded.experts.tuning = dataclasses.replace(base, **changes)
+                    row = guarded(lambda b=b: decode_row(engine, prompts(vocab, b, args.prompt_len, b),
+                                                         args.warmup, args.tokens, 10 * b, run), args)
+                    config = "defaults" if not changes else name
+                    out["rows"].append({"cell": "b", "model": args.shape_120b, "routing": routing, "config": config,
+                                        **row, "batch": b})
+                    say(f"120b {routing} batch {b} {config}: {row.get('tok_s', float('nan')):.1f} tok/s")
+            engine.loaded.experts.tuning = base
             if args.profile:
                 out["profile_b1"] = guarded(lambda: profile_decode(engine, vocab, args, run, f"120b-{routing}-b1"),
                                             args)
@@ -387,7 +393,7 @@ def all_rows(result: dict) -> list[dict]:
 
 def summary(result: dict) -> dict:
     """The issue's targets beside what was measured (None where a figure is missing)."""
-    rows = [r for r in all_rows(result) if "tok_s" in r]
+    rows = [r for r in all_rows(result) if "tok_s" in r and (r.get("cell") != "b" or r.get("config") == "defaults")]
     roof = [r["fraction_of_roofline"] for r in rows if r.get("cell") == "a"]
     bus = [r["fraction_of_bus_limit"] for r in rows if r.get("cell") == "b" and r.get("fraction_of_bus_limit")]
     combined = [r["fraction_of_combined_limit"] for r in rows
@@ -437,6 +443,23 @@ SIZED = (("tokens", 32, 3, "timed decode tokens per sequence"), ("warmup", 8, 2,
          ("deadline", 540.0, None, "seconds after which the rows left are skipped"))
 
 
+def tuning_changes(variant: str) -> dict:
+    """``"fill_share=0.5:end_late=1"`` -> the ResidencyTuning fields it changes, each as its field's type
+    (``"defaults"``: none)."""
+    fields = {f.name: f for f in dataclasses.fields(ResidencyTuning)}
+    changes: dict = {}
+    for part in variant.split(":"):
+        if part in ("defaults", ""):
+            continue
+        name, eq, value = part.partition("=")
+        if not eq or name not in fields:
+            raise ValueError(f"{part!r} is not NAME=VALUE of a tuning field ({', '.join(fields)})")
+        kind = type(fields[name].default)
+        changes[name] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
+    ResidencyTuning(**changes)            # its own checks of range
+    return changes
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cells", default="a,b,c", help="any of a (20b resident), b (120b at the budget), c (ladder)")
@@ -453,6 +476,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--cpu-pool", default="50%", help="expert pool of the 120b engines on the CPU (no budget there)")
     ap.add_argument("--gemv16", choices=("default", "on", "off"), default="default",
                     help="one-token 16-bit matrices and routers on the GEMV kernel (kernels/qlinear.GEMV16)")
+    ap.add_argument("--variants", default="defaults",
+                    help="cell b's residency tunings, each batch's in turn on the same engine: comma-separated, "
+                         "each 'defaults' or NAME=VALUE[:NAME=VALUE] of engine/experts/tuning.py's fields "
+                         "(e.g. defaults,fill_share=0.5,end_late=1)")
     ap.add_argument("--profile", type=int, default=0,
                     help="also profile this many batch-1 decode steps of 20b and of 120b (kernels by name)")
     ap.add_argument("--trace-dir", default=None, help="where the profiled steps' Chrome traces go (default: none)")
@@ -467,6 +494,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if min(args.warmup, args.ladder_warmup) < 1:
         ap.error("--warmup and --ladder-warmup must be at least 1: a sequence's first token comes from its prefill")
     args.cells = set(args.cells.split(","))
+    try:
+        args.variants = [(v, tuning_changes(v)) for v in args.variants.split(",")]
+    except (ValueError, TypeError) as e:
+        ap.error(f"--variants: {e}")
     args.routings = list(ROUTINGS) if args.routing == "both" else [args.routing]
     args.batches = [int(b) for b in args.batches.split(",")]
     args.shape_20b, args.shape_120b = ("tiny-20b", "tiny-120b") if args.tiny else ("20b", "120b")

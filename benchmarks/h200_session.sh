@@ -48,6 +48,10 @@
 #   or:              bash benchmarks/h200_session.sh tuner             (the GPU tests; replays predicting or not
 #                    by measured step time against depth 0 and always predicting, trained-like routing;
 #                    the CPU kernel's OpenMP workers spinning longer between calls)
+#   or:              bash benchmarks/h200_session.sh cold-ab   (the GPU tests; gpt-oss-120b at 24G with residency
+#                    tunings A/B (AB_VARIANTS), batch-1 steps profiled)
+#   or:              bash benchmarks/h200_session.sh table     (the card's MoE launch table: the sweep, merged; gpt-oss-20b
+#                    and the resident int4 step before and after it is put in place)
 #   or, alone:       bash benchmarks/h200_session.sh probes            (the gather's A/B and copy rates)
 #   or, alone:       bash benchmarks/h200_session.sh no-pool           (GPU tests, the resident step with
 #                    and without programmatic dependent launches, then what a no-pool step could move:
@@ -257,6 +261,15 @@ case ${1:-} in
       | tail -n 8;;
   kit)
     start_kit;;
+  cold-ab)
+    # the GPU tests; then gpt-oss-120b at 24G (trained-like, batch 1, 4 and 16) with the residency tunings
+    # that may take the deferred step end and the fill steps' staging off the cold layers' path, each
+    # batch's variants in turn on one engine, and four batch-1 steps profiled (traces under $OUT)
+    gpu_tests 250 gate
+    rm -rf /dev/shm/llamacpp-anchor "$TRAINED"
+    timeout 300 python3 benchmarks/bench_gpt_oss.py --cells b --routing trained-like --batches 1,4,16 \
+      --variants "${AB_VARIANTS:-defaults,fill_share=0.5,end_late=1,fill_share=0.5:end_late=1}" --profile 4 \
+      --trace-dir "$OUT/traces" --out "$OUT/gpt_oss_cold_ab.json" 2>&1 | grep -v USDT | tail -n 24;;
   table)
     # the MoE kernels' sweep on this card (16-bit, fp8 and int4 on the Qwen3 shape, MXFP4 on gpt-oss-20b's),
     # merged into the card's table; gpt-oss-20b resident and the resident int4 step before and after it is

@@ -269,14 +269,20 @@ class DirectPath:
             done = torch.cuda.Event()
             done.record()
             finished = done.query
-        # the first layer waits for the host's CPU experts: the previous step's end comes after them
+        # the first layer waits for the host's CPU experts: the previous step's end comes after them, or
+        # (tuning.end_late) after the step's last layer, where no join of this step waits for the host
         cpu_first = self.shares is not None and self.shares.frac.numpy()[0] > 0
+        late = cpu_first and self.r.tuning.end_late
         self.trace.step_begins()
         if not cpu_first:
             self.finish_ended()
         try:
             for i, c in enumerate(cuts):
-                self._follow_cut(c, rows, finished, self.finish_ended if cpu_first and i == 0 else None)
+                first_end = cpu_first and not late and i == 0
+                self._follow_cut(c, rows, finished, self.finish_ended if first_end else None)
+            if late:
+                self.finish_ended()
+                self.r.policy.catch_up()
         except BaseException:
             try:
                 if self.shares is not None:

@@ -36,7 +36,8 @@ class FillSlots:
         """Fill slots a direct-read step can lease now (0: misses are admitted by copying them in)."""
         if isinstance(self.r.policy, StaticPolicy) or self.r.pool.slots == 0:
             return 0
-        return min(self.admit_per_step, len(self.r.books.staging_free), self.r.num_experts)
+        free = int(len(self.r.books.staging_free) * self.r.tuning.fill_share)
+        return min(self.admit_per_step, free, self.r.num_experts)
 
     def begin(self, step: StepBooks) -> None:
         """Lease ``step``'s fill slots (free staging slots no table entry points at), or take those

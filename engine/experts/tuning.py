@@ -42,12 +42,25 @@ class ResidencyTuning:
     # benchmarks/results/gather_ab_2026-12-05b.json) 1 against 2: batch 1 at depth 0 164 against 144
     # tok/s (cold experts auto) and 101 against 87 (bus alone); batch 8 321 against 315 and 138 against 123.
     gather_min_uses: int = 1
+    # Share of the free staging slots a direct-read step may lease as fill slots (engine/experts/fills.py).
+    # 1.0 leases them all: on gpt-oss-120b at 24G, batch 4 (64 staging slots) a fill step then left the
+    # next replayed step no staging, so it gathered nothing and read every missing expert directly, and
+    # steps alternated between the two (a profile of four steps, gpt_oss_2026-12-07c.json). Below 1 a
+    # step leaves the rest to the next one's gathers; benchmarks try it (bench_gpt_oss.py --variants).
+    fill_share: float = 1.0
+    # Where a replayed step's first layer gives the host CPU experts, the previous step's deferred end
+    # runs after those experts (False), while the GPU already waits at the second layer's join when
+    # that one has a share too (1.3-2.7 ms in that profile); True: after the step's last layer instead.
+    end_late: bool = False
 
     def __post_init__(self) -> None:
         if self.direct_max_tokens < 0 or self.prefetch_per_layer < 0 or self.predict_max_layers < 1 \
                 or self.gather_min_uses < 1:
             raise ConfigError(f"residency tuning out of range: {self}; token, claim and layer counts are "
                               "non-negative (at least one predicted layer, one use for a gather)")
+        if not 0.0 <= self.fill_share <= 1.0:
+            raise ConfigError(f"fill share {self.fill_share} is a share of the free staging slots; give a value "
+                              "from 0 to 1")
         if not 0.0 <= self.device_prefetch_threshold <= 1.0:
             raise ConfigError(f"device prefetch threshold {self.device_prefetch_threshold} is a share; "
                               "give a value from 0 to 1")

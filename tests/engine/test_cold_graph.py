@@ -467,6 +467,41 @@ def test_the_first_layers_cpu_share_comes_before_the_last_steps_end(share: float
     prov.close()
 
 
+def test_with_end_late_the_last_steps_end_comes_after_the_steps_last_layer(monkeypatch) -> None:
+    # tuning.end_late: where the first layer gives the host CPU experts, the previous step's deferred end
+    # waits until every layer of this step was followed (no join of it then waits for the host's books);
+    # outputs, the slot table and the books stay as without it.
+    import dataclasses
+    stack = Stack(seed=5)
+    prov = stack.offloaded(8, depth=1, policy="lru", direct_reads=True, cold_experts="cpu")
+    prov.r.tuning = dataclasses.replace(prov.r.tuning, end_late=True)
+    rep = _Replay(stack, prov, 4)
+    shares, direct = prov.direct.shares, prov.direct
+    shares.share_for = lambda tokens: 0.5
+    flags = shares._bufs[(4, K)].flags.numpy()
+    seen: list[tuple[int, int]] = []                    # (layer 0's done flag, the last layer's) at each end
+    plain = type(direct).finish_ended
+
+    def spy(self) -> None:
+        if self.ended is not None:
+            seen.append((int(flags[0, 1]), int(flags[L - 1, 1])))
+        plain(self)
+
+    monkeypatch.setattr(type(direct), "finish_ended", spy)
+    ref, x = stack.resident(), _x(4)
+    for _ in range(6):
+        y = rep.step(x)
+        want = stack.step(ref, x)
+        torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-4)
+        x = torch.tanh(want)
+    direct.finish_ended()
+    _table_agrees_with_books(prov)
+    assert seen, "no step's end was deferred to the next one"
+    assert all(last == 1 for _, last in seen[:-1]), seen     # the last entry: the end called after the loop
+    assert prov.stats().cpu_experts > 0
+    prov.close()
+
+
 def test_the_balanced_share_weighs_the_bus_at_the_kernels_rate(stack: Stack) -> None:
     # A replayed step's bus side is read by its kernels: where they move the store at half the copy
     # engine's rate, the balance gives the CPU more of the missing experts.

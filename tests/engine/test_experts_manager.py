@@ -727,6 +727,26 @@ def test_direct_reads_fill_slots_admit_without_copies(stack: Stack) -> None:
     assert prov.pool.table.flatten().tolist() == prov.pool.books.slot_of  # the device table follows
 
 
+def test_a_fill_share_leaves_part_of_the_staging_to_the_next_steps_gathers(stack: Stack) -> None:
+    # tuning.fill_share: a direct-read step leases at most that share of the free staging slots as
+    # fill slots (1: all of them, as before), and still fills and admits with them.
+    import dataclasses
+    prov = stack.offloaded(8, depth=1, policy="lru", direct_reads=True)
+    free = len(prov.r.books.staging_free)
+    whole = prov.direct.fills.capacity()
+    prov.r.tuning = dataclasses.replace(prov.r.tuning, fill_share=0.125)
+    assert whole == min(prov.direct.fills.admit_per_step, free) and free >= 16
+    assert prov.direct.fills.capacity() == free // 8 < whole
+    _Fixed(prov)([[e] for e in range(4)])
+    st = prov.stats()
+    assert st.fills > 0 and prov.pool.books.resident_keys()
+    prov.close()
+    from engine.errors import ConfigError
+    from engine.experts.tuning import ResidencyTuning
+    with pytest.raises(ConfigError, match="fill share 1.5"):
+        ResidencyTuning(fill_share=1.5)
+
+
 def test_direct_reads_never_fill_a_slot_the_step_reads(stack: Stack) -> None:
     # A step's fill slots are free before its first layer looks at the table (the coldest residents
     # are evicted first), so no kernel of the step reads a slot another one writes. A layer reads a
