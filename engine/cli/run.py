@@ -131,6 +131,21 @@ def stream(engine, prompt, params: SamplingParams, echo: bool = True, markup: bo
 
 def cmd_generate(args: argparse.Namespace) -> int:
     params = sampling_params(args)          # a bad setting is refused before the model loads
+    done: list[Reply] = []
+    try:
+        return _generate(args, params, done)
+    except KeyboardInterrupt:               # outside the reply's own handling: before it, or once it ended
+        if not done:
+            print("note: interrupted before the reply began; nothing was generated", file=sys.stderr)
+        elif done[0].finish_reason == "abort":
+            print(f"\nnote: interrupted after {done[0].completion_tokens} tokens; the reply is cut short",
+                  file=sys.stderr)
+        else:
+            print("\nnote: interrupted after the reply had ended; the text above is complete", file=sys.stderr)
+        return 130
+
+
+def _generate(args: argparse.Namespace, params: SamplingParams, done: list) -> int:
     engine = open_engine(args)
     try:
         try:
@@ -145,6 +160,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         # run into the text ("analysisThink it over.assistantfinalHello")
         harmony = engine.tokenizer is not None and engine.tokenizer.harmony is not None
         reply = stream(engine, fitted.token_ids, params, echo=not args.json, markup=harmony)
+        done.append(reply)
         stats = engine.stats()
     finally:
         engine.close()

@@ -433,6 +433,24 @@ def test_ctrl_c_during_generate_keeps_the_text_and_exits_130(model, capsys, monk
     assert f"note: interrupted after {reply['completion_tokens']} tokens; the reply is cut short" in err
 
 
+@pytest.mark.parametrize("when", ["loading", "closing"])
+def test_ctrl_c_outside_the_reply_says_whether_the_text_is_whole(model, capsys, monkeypatch, when):
+    # Ctrl-C while the model loads: nothing was generated; after the reply ended (the engine closing):
+    # the text above is complete. Either way one note and exit 130, never a silent 130.
+    from engine.engine import LLMEngine
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(LLMEngine, "__init__" if when == "loading" else "close", interrupted)
+    assert main(["generate", "--model", str(model), "--prompt", "Hello world", "--max-tokens", "5",
+                 "--temperature", "0"]) == 130
+    out, err = capsys.readouterr()
+    if when == "loading":
+        assert out == "" and "note: interrupted before the reply began; nothing was generated" in err
+    else:
+        assert out.strip() and "note: interrupted after the reply had ended; the text above is complete" in err
+
+
 def test_ctrl_c_while_a_command_starts_exits_130_without_a_traceback(capsys, monkeypatch):
     import engine.cli.main as cli
 
