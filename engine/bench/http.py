@@ -3,7 +3,10 @@
 Each request asks for ``max_tokens`` with EOS ignored (``ignore_eos``, as Strata, vLLM and
 llama-server accept) and the usage in the last chunk (``stream_options.include_usage``). Tokens are
 counted by the usage when the server sends it, else one per chunk with text; the first token's time
-is that of the first chunk with text.
+is that of the first chunk with text. A Strata server (its model listing says ``owned_by: strata``)
+is also asked for each chunk's token ids (``return_token_ids``): a chunk then counts the tokens it
+carries, also those whose text it holds back until their UTF-8 is whole, so the per-stream speed and
+the inter-token gaps count tokens, not pieces of text.
 """
 from __future__ import annotations
 
@@ -64,7 +67,7 @@ async def _run(target: Target, workload: Workload, progress: Progress) -> BenchR
         requests = workload.requests(vocab)
         url = f"{base}/v1/completions"
         records, wall = await drive(workload, requests,
-                                    lambda r: _send(client, url, model, workload, r, vocab, progress),
+                                    lambda r: _send(client, url, model, workload, r, vocab, progress, served.strata),
                                     progress)
     return BenchRun(base, model, workload, summarise(records, wall), tuple(records))
 
@@ -76,6 +79,7 @@ class Served:
     model: str
     vocab_size: int | None = None
     context_tokens: int | None = None   # max_model_len
+    strata: bool = False                # owned_by "strata": chunks can carry their token ids
 
 
 def served_model(target: Target) -> Served:
@@ -114,7 +118,7 @@ def _served(data: object, name: str) -> Served:
         return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
     for m in data if isinstance(data, list) else ():
         if isinstance(m, dict) and name in (m.get("id"), m.get("root")):
-            return Served(name, count(m.get("vocab_size")), count(m.get("max_model_len")))
+            return Served(name, count(m.get("vocab_size")), count(m.get("max_model_len")), m.get("owned_by") == "strata")
     return Served(name)
 
 
@@ -173,21 +177,31 @@ def _message(resp: httpx.Response) -> str:
     return json.dumps(body)[:200]
 
 
-def _body(model: str, workload: Workload, req: BenchRequest) -> dict:
+def _body(model: str, workload: Workload, req: BenchRequest, token_ids: bool = False) -> dict:
     body = {"model": model, "prompt": req.prompt if isinstance(req.prompt, str) else list(req.prompt),
             "max_tokens": req.output_len, "temperature": workload.temperature, "seed": request_seed(workload, req),
             "stream": True, "stream_options": {"include_usage": True}}
     if workload.ignore_eos:
         body["ignore_eos"] = True
+    if token_ids:
+        body["return_token_ids"] = True
     return body
 
 
+def _tokens_of(choice: dict) -> int:
+    """Tokens a streamed choice carries: its token ids where it lists them, else one where it has text."""
+    ids = choice.get("token_ids")
+    if isinstance(ids, list):
+        return len(ids)
+    return 1 if choice.get("text") else 0
+
+
 async def _send(client: httpx.AsyncClient, url: str, model: str, workload: Workload, req: BenchRequest,
-                vocab_size: int, progress: Progress) -> RequestRecord:
+                vocab_size: int, progress: Progress, token_ids: bool = False) -> RequestRecord:
     record = RequestRecord(req.index, time.perf_counter())
     chunks, usage = 0, None
     try:
-        async with client.stream("POST", url, json=_body(model, workload, req)) as resp:
+        async with client.stream("POST", url, json=_body(model, workload, req, token_ids)) as resp:
             if resp.status_code != 200:
                 await resp.aread()
                 record.error = _refusal(url, resp, workload, vocab_size)
@@ -205,10 +219,11 @@ async def _send(client: httpx.AsyncClient, url: str, model: str, workload: Workl
                     choices = event.get("choices")
                     choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) \
                         else {}
-                    if choice.get("text"):
-                        record.arrivals.append((now, 1))
-                        progress.tokens(1)
-                        chunks += 1
+                    n = _tokens_of(choice)
+                    if n:
+                        record.arrivals.append((now, n))
+                        progress.tokens(n)
+                        chunks += n
                     record.finish_reason = choice.get("finish_reason") or record.finish_reason
                     usage = event.get("usage") or usage
     except httpx.HTTPError as e:

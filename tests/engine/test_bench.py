@@ -431,3 +431,17 @@ def test_bench_through_the_server_counts_what_the_engine_counts(strata_server, d
     assert [r["prompt_tokens"] for r in remote["requests"]] == [r.prompt_tokens for r in local.records]
     assert remote["results"]["output_tokens"] == local.summary.output_tokens > 0
     assert all(r["ttft_ms"] > 0 for r in remote["requests"])
+
+
+def test_through_a_strata_server_each_chunk_counts_the_tokens_it_carries(strata_server):
+    # A Strata server is asked for each chunk's token ids (return_token_ids): a chunk counts the tokens it
+    # carries, also those whose text waits for whole UTF-8, so the pieces add up to each reply's tokens and
+    # the per-stream speed and inter-token gaps are figures of tokens, not of pieces of text.
+    from engine.bench.http import Target, run_http
+    from engine.cli.bench import workload_from
+    run = run_http(Target(strata_server, vocab_size=4096),
+                   workload_from(_args("--requests", "2", "--output-len", "6", "--warmup", "0")))
+    assert run.summary.failed == 0
+    for r in run.records:
+        assert sum(n for _, n in r.arrivals) == r.output_tokens == 6
+    assert run.summary.stream_tok_s is not None and run.summary.itl_p50_ms is not None
