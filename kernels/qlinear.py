@@ -131,6 +131,9 @@ def _qgemv_kernel(x_ptr, q_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_qn,
     tl.store(y_ptr + cols, y.to(y_ptr.dtype.element_ty), mask=n_ok)
 
 
+LM_HEAD_ROWS = 32768        # from this many rows a one-token matrix takes the LM head's tiles (_gemv_tiles)
+
+
 def _gemv_tiles(N: int, K: int) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_K, num_warps) of the one-token kernel. Attention-sized matrices (a few thousand
     rows) take 8 rows a program with long K runs and 8 warps: few programs must keep enough bytes in
@@ -138,7 +141,7 @@ def _gemv_tiles(N: int, K: int) -> tuple[int, int, int]:
     From ``bench_qlinear.py --gemv-sweep`` on the H100 (fp8, HBM-resident copies): Qwen3-30B-A3B's
     qkv 8.4 -> 6.1 us, its o 14.1 -> 6.4 us, gpt-oss's qkv 12.2 -> 8.4 us; its LM head's best was 16 x 256."""
     most = max(16, 1 << (K - 1).bit_length())
-    if N >= 32768:
+    if N >= LM_HEAD_ROWS:
         return 16, min(256, most), 4
     return 8, min(1024 if K >= 4096 else 512, most), 8
 
