@@ -58,6 +58,7 @@ from benchmarks.gpt_oss_shapes import HostRows, ModelOnRows, RandomGptOss, make_
 from benchmarks.synthetic_moe import profiled_steps, sync, top_share  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.engine import LLMEngine  # noqa: E402
+from engine.errors import ConfigError  # noqa: E402
 from engine.experts.tuning import ResidencyTuning  # noqa: E402
 from engine.loading import expert_layout, resolve_dtype  # noqa: E402
 from engine.sampling import SamplingParams  # noqa: E402
@@ -443,19 +444,28 @@ SIZED = (("tokens", 32, 3, "timed decode tokens per sequence"), ("warmup", 8, 2,
          ("deadline", 540.0, None, "seconds after which the rows left are skipped"))
 
 
+# the ResidencyTuning fields read at every step (others are read once, when the expert manager is made)
+LIVE_TUNING = ("fill_share", "end_late", "prefetch_per_layer")
+
+
 def tuning_changes(variant: str) -> dict:
     """``"fill_share=0.5:end_late=1"`` -> the ResidencyTuning fields it changes, each as its field's type
-    (``"defaults"``: none)."""
+    (``"defaults"``: none); only fields read at every step (LIVE_TUNING) can change between rows."""
     fields = {f.name: f for f in dataclasses.fields(ResidencyTuning)}
     changes: dict = {}
     for part in variant.split(":"):
         if part in ("defaults", ""):
             continue
         name, eq, value = part.partition("=")
-        if not eq or name not in fields:
-            raise ValueError(f"{part!r} is not NAME=VALUE of a tuning field ({', '.join(fields)})")
+        if not eq or name not in LIVE_TUNING:
+            raise ValueError(f"{part!r} is not NAME=VALUE of a tuning read at every step ({', '.join(LIVE_TUNING)})")
         kind = type(fields[name].default)
-        changes[name] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
+        if kind is bool:
+            if value.lower() not in ("1", "0", "true", "false", "yes", "no"):
+                raise ValueError(f"{name}={value!r}: give 1 or 0")
+            changes[name] = value.lower() in ("1", "true", "yes")
+        else:
+            changes[name] = kind(value)
     ResidencyTuning(**changes)            # its own checks of range
     return changes
 
@@ -496,8 +506,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.cells = set(args.cells.split(","))
     try:
         args.variants = [(v, tuning_changes(v)) for v in args.variants.split(",")]
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, ConfigError) as e:
         ap.error(f"--variants: {e}")
+    if all(changes for _, changes in args.variants):
+        ap.error("--variants: name 'defaults' among them (the summary's targets are the defaults' rows)")
     args.routings = list(ROUTINGS) if args.routing == "both" else [args.routing]
     args.batches = [int(b) for b in args.batches.split(",")]
     args.shape_20b, args.shape_120b = ("tiny-20b", "tiny-120b") if args.tiny else ("20b", "120b")

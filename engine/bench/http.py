@@ -6,7 +6,9 @@ counted by the usage when the server sends it, else one per chunk with text; the
 is that of the first chunk with text. A Strata server (its model listing says ``owned_by: strata``)
 is also asked for each chunk's token ids (``return_token_ids``): a chunk then counts the tokens it
 carries, also those whose text it holds back until their UTF-8 is whole, so the per-stream speed and
-the inter-token gaps count tokens, not pieces of text.
+the inter-token gaps count tokens, not pieces of text, and its first token is timed when it arrives
+even before its text is whole (other servers' at their first text: on a byte-level vocabulary their
+TTFT may be a token or two later than Strata's for the same work).
 """
 from __future__ import annotations
 

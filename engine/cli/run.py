@@ -103,14 +103,18 @@ def for_terminal(text: str) -> str:
     return text.translate(_CONTROLS)
 
 
-def stream(engine, prompt, params: SamplingParams, echo: bool = True, markup: bool = False) -> Reply:
+def stream(engine, prompt, params: SamplingParams, echo: bool = True, markup: bool = False,
+           holder: list | None = None) -> Reply:
     """Run one request, writing text as it arrives.
 
     Ctrl-C ends the reply (finish reason "abort") and keeps what it said; a step that fails with a
     StrataError ends it too and comes back in ``Reply.error``. Either way the engine is left empty.
+    ``holder``: the reply is appended to it as soon as it exists (what a second Ctrl-C leaves behind).
     """
     rid = engine.add_request(None, prompt, params)
     reply = Reply(markup=IncrementalDetokenizer(engine.tokenizer, skip_special_tokens=False) if markup else None)
+    if holder is not None:
+        holder.append(reply)
     try:
         while reply.finish_reason is None:
             for d in engine.step():
@@ -135,11 +139,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
     try:
         return _generate(args, params, done)
     except KeyboardInterrupt:               # outside the reply's own handling: before it, or once it ended
-        if not done:
-            print("note: interrupted before the reply began; nothing was generated", file=sys.stderr)
-        elif done[0].finish_reason == "abort":
-            print(f"\nnote: interrupted after {done[0].completion_tokens} tokens; the reply is cut short",
+        reply = done[0] if done else None
+        if reply is None or not reply.token_ids:
+            print("\nnote: interrupted before the reply began; nothing was generated", file=sys.stderr)
+        elif reply.finish_reason in (None, "abort"):
+            print(f"\nnote: interrupted after {reply.completion_tokens} tokens; the reply is cut short",
                   file=sys.stderr)
+        elif args.json:
+            print("note: interrupted after the reply had ended, before its JSON summary", file=sys.stderr)
         else:
             print("\nnote: interrupted after the reply had ended; the text above is complete", file=sys.stderr)
         return 130
@@ -159,8 +166,7 @@ def _generate(args: argparse.Namespace, params: SamplingParams, done: list) -> i
         # a harmony model's raw continuation keeps its markup: without the special tokens its channel names
         # run into the text ("analysisThink it over.assistantfinalHello")
         harmony = engine.tokenizer is not None and engine.tokenizer.harmony is not None
-        reply = stream(engine, fitted.token_ids, params, echo=not args.json, markup=harmony)
-        done.append(reply)
+        reply = stream(engine, fitted.token_ids, params, echo=not args.json, markup=harmony, holder=done)
         stats = engine.stats()
     finally:
         engine.close()

@@ -420,7 +420,9 @@ class DirectPath:
         if predicted is not None and not step.dp_active and not step.early[0]:   # else the GPU prefetches
             self._prefetch(*predicted)
             step.host_prefetched = True
-        if step.fill_slots and not step.host_prefetched and any(f >= 0 for f in fills):
+        # not while the previous step's end is still to run (tuning.end_late): its admissions would not see
+        # this step's early ones and could evict them before their table entries are written
+        if step.fill_slots and not step.host_prefetched and self.ended is None and any(f >= 0 for f in fills):
             self._admit_early(moe_index, [base + e for e, f in zip(ids, fills) if f >= 0])
 
     def _admit_early(self, moe_index: int, keys: list[int]) -> None:

@@ -36,8 +36,9 @@ class FillSlots:
         """Fill slots a direct-read step can lease now (0: misses are admitted by copying them in)."""
         if isinstance(self.r.policy, StaticPolicy) or self.r.pool.slots == 0:
             return 0
-        free = int(len(self.r.books.staging_free) * self.r.tuning.fill_share)
-        return min(self.admit_per_step, free, self.r.num_experts)
+        free, share = len(self.r.books.staging_free), self.r.tuning.fill_share
+        leased = min(free, max(1, round(free * share))) if share > 0 and free else 0   # a share, never 0 of many
+        return min(self.admit_per_step, leased, self.r.num_experts)
 
     def begin(self, step: StepBooks) -> None:
         """Lease ``step``'s fill slots (free staging slots no table entry points at), or take those

@@ -100,3 +100,18 @@ def test_the_gemv16_probe_lists_the_one_token_matrices_and_puts_the_kernel_back(
     assert routers and all(k[0] is False and k[5] is False for k in routers)   # on the CPU: never the kernel
     assert seen["gemv16 calls"] == 0
     assert (q.gemv16_fits, q.gemv16, q.GEMV16) == before
+
+
+def test_variants_change_only_tunings_read_at_every_step_and_keep_the_defaults_row(capsys):
+    # --variants A/Bs residency tunings on one engine: only fields read at every step are taken (a field
+    # read when the manager is made would label rows that measured the defaults), a flag is 1 or 0, and
+    # the defaults are among them (the summary's targets are their rows)
+    import pytest
+    args = bench.parse(["--tiny", "--variants", "defaults,fill_share=0.5:end_late=1"])
+    assert args.variants == [("defaults", {}), ("fill_share=0.5:end_late=1", {"fill_share": 0.5, "end_late": True})]
+    for bad, says in (("defaults,gather_min_uses=2", "a tuning read at every step"),
+                      ("defaults,end_late=maybe", "give 1 or 0"), ("fill_share=0.5", "name 'defaults'"),
+                      ("defaults,fill_share=2", "fill share 2.0")):
+        with pytest.raises(SystemExit):
+            bench.parse(["--tiny", "--variants", bad])
+        assert says in capsys.readouterr().err

@@ -467,13 +467,15 @@ def test_the_first_layers_cpu_share_comes_before_the_last_steps_end(share: float
     prov.close()
 
 
-def test_with_end_late_the_last_steps_end_comes_after_the_steps_last_layer(monkeypatch) -> None:
+@pytest.mark.parametrize("policy, slots", [("lru", 8), ("lfu", 4)])
+def test_with_end_late_the_last_steps_end_comes_after_the_steps_last_layer(monkeypatch, policy, slots) -> None:
     # tuning.end_late: where the first layer gives the host CPU experts, the previous step's deferred end
     # waits until every layer of this step was followed (no join of it then waits for the host's books);
-    # outputs, the slot table and the books stay as without it.
+    # this step admits nothing early meanwhile (the late end's victims could be its admissions). Outputs,
+    # the slot table and the books stay as without it.
     import dataclasses
     stack = Stack(seed=5)
-    prov = stack.offloaded(8, depth=1, policy="lru", direct_reads=True, cold_experts="cpu")
+    prov = stack.offloaded(slots, depth=1, policy=policy, direct_reads=True, cold_experts="cpu")
     prov.r.tuning = dataclasses.replace(prov.r.tuning, end_late=True)
     rep = _Replay(stack, prov, 4)
     shares, direct = prov.direct.shares, prov.direct
@@ -489,7 +491,7 @@ def test_with_end_late_the_last_steps_end_comes_after_the_steps_last_layer(monke
 
     monkeypatch.setattr(type(direct), "finish_ended", spy)
     ref, x = stack.resident(), _x(4)
-    for _ in range(6):
+    for _ in range(14):                 # long enough for a late end's admissions to meet early ones
         y = rep.step(x)
         want = stack.step(ref, x)
         torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-4)

@@ -224,8 +224,9 @@ def test_int4_prefill_tiles_of_joined_nibbles(dtype, group, block_k):
     # A launch setting with ``join`` takes int4 prefill tiles as each byte's two nibbles minus the zero
     # point, joined back into K order, the group's scale applied after one dot per tile
     # (kernels/moe_prefill.py): it computes what the reference does for tiles of a group and half a
-    # group, several blocks per expert. Each GEMM has at least two K tiles (and groups of 128 two
-    # groups along the up GEMM's K), no more: the interpreter's time grows with the tiles.
+    # group, several blocks per expert. K is kept to two to four tiles a GEMM (one where the down GEMM's
+    # K of 128 is one 128-wide tile; groups of 128 are two along the up GEMM's K): the interpreter's time
+    # grows with the tiles.
     cfg = MoeLaunchConfig("prefill", TileConfig(16, block_k), TileConfig(16, block_k), block_m=16, join=True)
     run_case("int4", dtype, hidden=256 if group == 128 else 128, ffn=96 if group == 32 else 128, experts=5,
              tokens=24, top_k=2, cfg=cfg, group=group, used=4)
