@@ -7,6 +7,7 @@ from pathlib import Path
 
 from app.conversations import Conversation
 from app.export_file import write_export
+from app.markdown_text import hard_breaks
 
 
 _HEADING = re.compile(r"^( {0,3})(#{1,6})(?=\s|$)")
@@ -29,15 +30,16 @@ def _nested(text: str) -> str:
 
 def chat_markdown(conv: Conversation) -> str:
     """The chat as Markdown: its title, the system prompt, then each message under its speaker; a reply's
-    reasoning as a quote above it, and the line under a reply (its stats, or that it was cut short)."""
+    reasoning as a quote above it, and the line under a reply (its stats, or that it was cut short). Line
+    breaks inside a paragraph are kept as the workbench shows them (hard breaks; code stays as written)."""
     out = [f"# {conv.title}", ""]
     if conv.system_prompt.strip():
-        out += ["**System prompt**", "", conv.system_prompt, ""]
+        out += ["**System prompt**", "", hard_breaks(conv.system_prompt), ""]
     for m in conv.messages:
         out += ["## You" if m.role == "user" else "## Assistant", ""]
         if m.reasoning:
-            out += ["\n".join("> " + line for line in m.reasoning.splitlines()) or ">", ""]
-        out += [_nested(m.content), ""]
+            out += [hard_breaks("\n".join("> " + line for line in m.reasoning.splitlines())) or ">", ""]
+        out += [hard_breaks(_nested(m.content)), ""]
         note = "interrupted" if m.interrupted else m.stats
         if m.role == "assistant" and note:
             out += [f"*{note}*", ""]

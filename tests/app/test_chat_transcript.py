@@ -214,10 +214,23 @@ def test_headings_in_a_message_sit_under_its_speaker_in_the_markdown():
     conv = Conversation(title="Notes", messages=[
         StoredMessage("user", "## You\nnot a speaker\n```\n# a comment in code\n```\n###### deepest"),
         StoredMessage("assistant", "# Answer\ntext")])
-    text = chat_markdown(conv)
+    text = "\n".join(line.rstrip(" ") for line in chat_markdown(conv).split("\n"))   # hard breaks aside
     assert text.count("\n## You\n") == 1 and "#### You\nnot a speaker" in text    # the user's own, two down
     assert "# a comment in code" in text and "\n###### deepest" in text          # code as written; at most six
     assert "## Assistant\n\n### Answer\ntext" in text
+
+
+def test_line_breaks_inside_a_message_are_kept_in_the_markdown_as_on_screen():
+    # The workbench shows each line break of a message (a poem, an address); Markdown would join the lines
+    # of a paragraph, so the export ends each such line in a hard break, and code blocks stay as written
+    from app.chat_export import chat_markdown
+    from app.conversations import Conversation, StoredMessage
+    conv = Conversation(title="Lines", system_prompt="Be brief.\nBe kind.", messages=[
+        StoredMessage("user", "Line one\nLine two\n\nNew paragraph\n```\ncode a\ncode b\n```"),
+        StoredMessage("assistant", "Roses\nViolets", reasoning="think\nmore")])
+    text = chat_markdown(conv)
+    assert "Line one  \nLine two\n\nNew paragraph" in text and "```\ncode a\ncode b\n```" in text
+    assert "Be brief.  \nBe kind." in text and "Roses  \nViolets" in text and "> think  \n> more" in text
 
 
 def test_a_scroll_away_while_the_transcript_is_still_laid_out_holds(qtbot):
