@@ -66,7 +66,18 @@ def knob_state(engine: Any, defaults: dict[str, object], choices: dict[str, tupl
         unsupported=tuple((name, wording(why)) for name, why in sorted(reasons.items()) if why),
         defaults=tuple(sorted(defaults.items())), pool_max_bytes=max_bytes, pool_bytes=current,
         choices=tuple(sorted(offered_choices(engine, choices).items())),
-        automatic=(("max_batch_tokens", int(cfg.token_budget)),) if "max_batch_tokens" in defaults else ())
+        automatic=(("max_batch_tokens", int(cfg.token_budget)),) if "max_batch_tokens" in defaults else (),
+        most=_most(engine, defaults))
+
+
+def _most(engine: Any, defaults: dict[str, object]) -> tuple[tuple[str, int], ...]:
+    """The largest values this load takes where the model bounds them: a prefetch depth reaches the last MoE
+    layer from the first at most (a deeper one is capped, engine/live.py)."""
+    from engine.settings_fit import max_prefetch_depth
+    spec = getattr(getattr(engine, "loaded", None), "spec", None)
+    if "prefetch_depth" not in defaults or spec is None:
+        return ()
+    return (("prefetch_depth", max_prefetch_depth(spec)),)
 
 
 def synthetic_prompt(tokenizer: Any, n_tokens: int) -> list[int]:

@@ -22,6 +22,7 @@ SLIDER_MAX = 1 << 20          # most steps of the pool slider (its positions are
 LABELS = {o.name: o.label for o in LIVE_OPTIONS}
 SUFFIXES = {o.name: f" {o.unit}" for o in LIVE_OPTIONS if o.unit}
 HELP = {o.name: o.help for o in LIVE_OPTIONS}
+KNOB_MAX = {o.name: o.knob_max for o in LIVE_OPTIONS}
 ORDER = tuple(LABELS)
 NOT_AVAILABLE = "not available"            # the line's tooltip says why
 
@@ -406,6 +407,8 @@ class KnobsPanel(QWidget):
         elif isinstance(w, QSpinBox):
             if isinstance(w, AutoSpin):
                 w.auto_value = state.automatic_value(name)
+            most = state.most_of(name)          # this model's bound (a prefetch depth: its MoE layers - 1)
+            w.setMaximum(most if most is not None else KNOB_MAX[name])
             w.setValue(0 if value is None else int(value))
             unit = w.property("unit")
             if unit:                                  # signals are blocked here: the unit follows the value

@@ -154,9 +154,13 @@ class KnobState:
     pool_bytes: int = 0                           # what the pool holds now
     choices: tuple[tuple[str, tuple[str, ...]], ...] = ()   # option -> allowed values (combo boxes)
     automatic: tuple[tuple[str, int], ...] = ()   # option -> what its automatic value (None) comes to now
+    most: tuple[tuple[str, int], ...] = ()        # option -> the largest value this load takes (number boxes)
 
     def value(self, name: str) -> object:
         return dict(self.values).get(name)
+
+    def most_of(self, name: str) -> int | None:
+        return dict(self.most).get(name)
 
     def automatic_value(self, name: str) -> int | None:
         return dict(self.automatic).get(name)

@@ -22,8 +22,10 @@ def fmt_bytes(n: float | None) -> str:
         return "—"
     if n >= 1 << 30:
         return f"{n / GIB:.2f} GiB"
-    if n >= 1 << 20 or n == 0:
+    if n >= 100 << 20 or n == 0:
         return f"{n / (1 << 20):.0f} MiB"
+    if n >= 1 << 20:                      # as the Expert pool knob shows sizes below 100 MiB: 9.0, 1.8
+        return f"{n / (1 << 20):.1f} MiB"
     return f"{n / 1024:.0f} KiB"          # a tiny model's parts: not "0 MiB"
 
 
@@ -34,11 +36,17 @@ def workspace_readout(workspace: int, budget: int | None) -> tuple[str, str]:
     return fmt_bytes(workspace), "Kept free in the budget for activations, logits and kernel scratch"
 
 
-def pool_readout(pool_bytes: int, staging_bytes: int) -> str:
-    """The pool's slots, as the Expert pool knob sizes them, and its staging beside them."""
+def pool_readout(pool_bytes: int, staging_bytes: int) -> tuple[str, str]:
+    """(caption, value): the pool's slots, as the Expert pool knob sizes them, and its staging beside them
+    ("Expert pool + staging", "9.0 + 3.0 MiB"; the unit once where both have it), short enough for a
+    readout's cell."""
     if not staging_bytes:
-        return fmt_bytes(pool_bytes)
-    return f"{fmt_bytes(pool_bytes - staging_bytes)} + {fmt_bytes(staging_bytes)} staging"
+        return "Expert pool", fmt_bytes(pool_bytes)
+    slots, staging = fmt_bytes(pool_bytes - staging_bytes), fmt_bytes(staging_bytes)
+    unit = slots.rsplit(" ", 1)[-1]
+    if staging.endswith(" " + unit):
+        slots = slots[:-len(unit) - 1]
+    return "Expert pool + staging", f"{slots} + {staging}"
 
 
 def pool_tip(pool_bytes: int, staging_bytes: int) -> str:
@@ -113,7 +121,10 @@ class MemoryPanel(Panel):
         r = self.readouts
         r["resident"].set(fmt_bytes(m.resident_bytes))
         pool, staging = m.expert_pool_bytes, m.staging_bytes
-        r["pool"].set(pool_readout(pool, staging), pool_tip(pool, staging))
+        caption, value = pool_readout(pool, staging)
+        if r["pool"].caption.text() != caption:
+            r["pool"].caption.setText(caption)
+        r["pool"].set(value, pool_tip(pool, staging))
         tip = f"dtype {s.kv_cache_dtype}" if s.kv_cache_dtype else ""
         if m.kv_window_bytes:
             tip += f"; {fmt_bytes(m.kv_window_bytes)} of it hold the sliding-window layers (a fixed pool)"

@@ -249,6 +249,7 @@ def test_real_engine_errors_in_the_workbench_name_working_fixes():
 
 
 def test_an_applied_line_names_the_value_the_engine_holds(window, qtbot):
+    from PySide6.QtTest import QTest
     c, status = window.knobs.controls, window.knobs.status
     layers = c["prefetch_depth"].property("unit")                      # " layers"
 
@@ -267,13 +268,20 @@ def test_an_applied_line_names_the_value_the_engine_holds(window, qtbot):
     assert status["max_batch_tokens"].text() == f"✓ applied: 64{c['max_batch_tokens'].suffix()}"
     settled(lambda: c["max_batch_tokens"].setValue(0), "max_batch_tokens", None)
     assert status["max_batch_tokens"].text() == "✓ applied: auto"
-    # more look-ahead than the demo's layers allow: the engine fits it, and the line says what it holds
-    result = _answer(qtbot, window, lambda: c["prefetch_depth"].setValue(c["prefetch_depth"].maximum()))
-    qtbot.waitUntil(lambda: window.knobs.state.value("prefetch_depth") != 1, timeout=TIMEOUT)
-    held = window.knobs.state.value("prefetch_depth")
-    assert held < c["prefetch_depth"].maximum()
-    qtbot.waitUntil(lambda: status["prefetch_depth"].text() == f"✓ applied: {held}{layers}", timeout=TIMEOUT)
+    # the box offers the look-ahead this model has (from its first MoE layer to its last): its top applies as is,
+    # and a deeper one typed in is said to be outside the range, with the range this model takes
+    deepest = window.knobs.state.most_of("prefetch_depth")
+    assert deepest == c["prefetch_depth"].maximum() < 8            # the demo: 6 MoE layers, 5 ahead at most
+    result = _answer(qtbot, window, lambda: c["prefetch_depth"].setValue(deepest))
+    qtbot.waitUntil(lambda: window.knobs.state.value("prefetch_depth") == deepest, timeout=TIMEOUT)
+    qtbot.waitUntil(lambda: status["prefetch_depth"].text() == f"✓ applied: {deepest}{layers}", timeout=TIMEOUT)
     assert status["prefetch_depth"].toolTip() == f"When applied: {result.message}" and result.message
+    said: list[str] = []
+    c["prefetch_depth"].out_of_range.connect(said.append)
+    c["prefetch_depth"].lineEdit().selectAll()
+    QTest.keyClicks(c["prefetch_depth"], str(deepest + 2))
+    QTest.keyClick(c["prefetch_depth"], Qt.Key.Key_Return)
+    assert said == [f"✗ {deepest + 2} is outside 0–{deepest}; it stays {deepest}"]
     # the pool back to automatic: named so, with the size it holds
     window.knobs.request("expert_pool_size", None)
     qtbot.waitUntil(lambda: status["expert_pool_size"].text().startswith("✓ applied: auto ("), timeout=TIMEOUT)

@@ -174,9 +174,17 @@ def test_memory_rows_of_a_cpu_engine_with_an_offloaded_pool(qapp):
     # staging: one layer's experts and room for decode prefetches, named in the pool's tooltip
     assert 0 < m.staging_bytes < m.expert_pool_bytes
     assert f"{fmt_bytes(m.staging_bytes)} of staging" in panel.readouts["pool"].value.toolTip()
-    # the slots as the Expert pool knob sizes them (8M), with the staging beside them
-    assert panel.readouts["pool"].value.text() == (f"{fmt_bytes(m.expert_pool_bytes - m.staging_bytes)} + "
-                                                   f"{fmt_bytes(m.staging_bytes)} staging")
+    # the slots as the Expert pool knob sizes them (8M, to one decimal as the knob shows it), the staging
+    # beside them, the unit once, and the caption saying which is which; shown whole in the panel's cell
+    pool = panel.readouts["pool"]
+    slots, staging = fmt_bytes(m.expert_pool_bytes - m.staging_bytes), fmt_bytes(m.staging_bytes)
+    assert slots.endswith(" MiB") and "." in slots and staging.endswith(" MiB")
+    assert pool.caption.text() == "Expert pool + staging"
+    assert pool.value.text() == f"{slots[:-len(' MiB')]} + {staging}"
+    panel.resize(360, 600)
+    panel.show()
+    qapp.processEvents()
+    assert pool.value.shown_text() == pool.value.text()
 
 
 def test_memory_rows_name_an_embedding_table_in_host_memory_and_the_plan_against_the_peak(qapp):
@@ -188,7 +196,7 @@ def test_memory_rows_name_an_embedding_table_in_host_memory_and_the_plan_against
                             + (64 << 20), budget_bytes=8 << 30, workspace_bytes=256 << 20, max_allocated_bytes=1 << 30)
     panel = MemoryPanel()
     panel.push_stats(dataclasses.replace(stats, memory=m, device="cuda:0"), now=1.0)
-    assert "64 MiB of it is the token embedding table" in panel.readouts["host"].value.toolTip()
+    assert "64.0 MiB of it is the token embedding table" in panel.readouts["host"].value.toolTip()
     counted = m.resident_bytes + m.expert_pool_bytes + m.kv_cache_bytes + m.workspace_bytes
     assert panel.readouts["peak"].value.text() == "1.00 GiB"
     assert f"the plan counts {fmt_bytes(counted)}" in panel.readouts["peak"].value.toolTip()
@@ -316,8 +324,8 @@ def test_delete_waits_for_a_chat_in_the_list(qapp):
 def test_sizes_below_a_mebibyte_read_in_kibibytes():
     from app.knobs import pool_text
     from app.panels.memory import fmt_bytes
-    assert (fmt_bytes(0), fmt_bytes(288 * 1024), fmt_bytes(3 << 20), fmt_bytes(3 << 30)) == \
-        ("0 MiB", "288 KiB", "3 MiB", "3.00 GiB")
+    assert (fmt_bytes(0), fmt_bytes(288 * 1024), fmt_bytes(3 << 20), fmt_bytes(300 << 20), fmt_bytes(3 << 30)) == \
+        ("0 MiB", "288 KiB", "3.0 MiB", "300 MiB", "3.00 GiB")
     assert (pool_text(0), pool_text(384 * 1024), pool_text(9 << 20)) == ("0.0 MiB", "384 KiB", "9.0 MiB")
 
 
