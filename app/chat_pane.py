@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import re
 
-from PySide6.QtCore import QSize, Qt, Signal
+from PySide6.QtCore import QEvent, QObject, QSize, Qt, Signal
 from PySide6.QtGui import QKeyEvent, QPainter, QPalette, QResizeEvent
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QFormLayout, QGridLayout, QGroupBox, QHBoxLayout, QLabel,
-                               QPlainTextEdit, QPushButton, QSizePolicy, QToolButton, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QFormLayout, QFrame, QGridLayout, QGroupBox, QHBoxLayout,
+                               QLabel, QPlainTextEdit, QPushButton, QScrollArea, QSizePolicy, QToolButton, QVBoxLayout,
+                               QWidget)
 
 from app.transcript import ChatView
 from app.messages import CONTEXT_OVERFLOW_POLICIES, REASONING_EFFORTS, GenerationSettings
@@ -22,6 +23,46 @@ _HINTS = {True: "Message the model — Enter to send, Shift+Enter for a new line
 
 _LEADING_BLANK_LINES = re.compile(r"\A(?:[ \t]*\n)+")
 VIEW_MIN_LINES = 8      # the transcript keeps room for this many lines whatever else the pane shows
+
+
+class ShortScroll(QScrollArea):
+    """Holds a part of the pane that may open tall (the demo note opened, the sampling settings unfolded): as
+    tall as it is where the pane has room, and down to ``lines`` lines with a scroll bar where it has not, so
+    opening it never makes the window taller (on a small screen: past the screen's bottom, for good). Shown
+    and hidden with the part it holds."""
+
+    def __init__(self, part: QWidget, lines: int) -> None:
+        super().__init__()
+        self._lines = lines
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setWidgetResizable(True)
+        self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Preferred)
+        self.setWidget(part)
+        part.installEventFilter(self)
+        self.setVisible(not part.isHidden())
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        kind = event.type()
+        if kind in (QEvent.Type.ShowToParent, QEvent.Type.HideToParent):
+            self.setVisible(kind == QEvent.Type.ShowToParent)
+        elif kind == QEvent.Type.LayoutRequest:
+            self.updateGeometry()           # the part opened or folded: another height to ask for
+        return False
+
+    def _part_height(self) -> int:
+        part = self.widget()
+        width = self.viewport().width() if self.testAttribute(Qt.WidgetAttribute.WA_Resized) else 0
+        if width > 0 and part.hasHeightForWidth():
+            return max(part.heightForWidth(width), part.minimumSizeHint().height())
+        return part.sizeHint().height()
+
+    def sizeHint(self) -> QSize:
+        return QSize(self.widget().sizeHint().width(), self._part_height())
+
+    def minimumSizeHint(self) -> QSize:
+        cap = self._lines * self.fontMetrics().lineSpacing()
+        return QSize(self.widget().minimumSizeHint().width(), min(self._part_height(), cap))
 
 
 class FoldedNote(QWidget):
@@ -201,6 +242,18 @@ class SettingsBox(QGroupBox):
         room = self.contentsRect().width() - m.left() - m.right()
         self._arrange(2 if room >= self._two_per_row_width() else 1)
 
+    def minimumSizeHint(self) -> QSize:
+        """As narrow as one pair a row (it reflows to that when given less than two need): the scroll area
+        it sits in never lays it out narrower than this."""
+        hint = super().minimumSizeHint()
+        if self._per_row == 2 and self.isChecked():
+            labels, fields = [label for label, _ in self._pairs], [w for _, w in self._pairs]
+            m, frame = self.layout().contentsMargins(), self.width() - self.contentsRect().width()
+            one = (max(w.minimumSizeHint().width() for w in labels) + self.grid.horizontalSpacing()
+                   + max(w.minimumSizeHint().width() for w in fields) + m.left() + m.right() + max(frame, 0))
+            hint.setWidth(min(hint.width(), one))
+        return hint
+
     def settings(self) -> GenerationSettings:
         return GenerationSettings(temperature=self.temperature.value(), top_p=self.top_p.value(),
                                   top_k=self.top_k.value(), max_tokens=self.max_tokens.value(),
@@ -362,13 +415,13 @@ class ChatPane(WrappingWidget):
         self.model_line.setTextFormat(Qt.TextFormat.RichText)
         lay.addWidget(self.model_line)
         self.notice = FoldedNote()
-        lay.addWidget(self.notice)
+        lay.addWidget(ShortScroll(self.notice, 2))
         self.view = ChatView()
         frame = 2 * self.view.frameWidth() + 8
         self.view.setMinimumHeight(VIEW_MIN_LINES * self.view.fontMetrics().lineSpacing() + frame)
         lay.addWidget(self.view, 1)
         self.settings_box = SettingsBox()
-        lay.addWidget(self.settings_box)
+        lay.addWidget(ShortScroll(self.settings_box, 4))
         self.mode_label = QLabel("")            # a row of its own: a narrow window wraps it across the pane
         self.mode_label.setObjectName("replyStats")
         self.mode_label.setWordWrap(True)
