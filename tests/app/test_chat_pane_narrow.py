@@ -85,3 +85,21 @@ def test_a_context_line_with_nothing_to_shorten_to_is_cut(window):
     _settle()
     assert meter.label.shown_text().endswith("…")
     assert meter.label.toolTip() == f"Context —\n{meter.toolTip()}" and meter.toolTip().startswith("Load a model")
+
+
+def test_opening_the_settings_and_the_note_never_makes_a_small_window_taller(window):
+    # On a small screen the sampling settings unfolded and the demo note opened take room from the transcript
+    # and scroll where they must: the window's least height stays within a few lines of what it was, so the
+    # window keeps its height (it had grown past a 640-px screen's bottom, and stayed so once they closed)
+    window.apply_default_layout(SMALL_SCREEN)
+    window.resize(_client(SMALL_SCREEN))
+    _settle()
+    pane, before = window.chat_pane, window.minimumSizeHint().height()
+    pane.notice.set_text("A note long enough to wrap over several lines when it is opened whole. " * 6)
+    pane.settings_box.setChecked(True)
+    pane.notice.toggle.click()
+    _settle()
+    line = pane.fontMetrics().lineSpacing()
+    assert window.minimumSizeHint().height() <= before + 3 * line, (before, window.minimumSizeHint().height())
+    assert window.height() == _client(SMALL_SCREEN).height()
+    assert pane.notice.whole.isVisible() and pane.settings_box.temperature.isVisible()
