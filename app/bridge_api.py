@@ -20,6 +20,7 @@ from engine.errors import StrataError
 from engine.gpu_monitor import (NO_GPU_STATUS, POWER_REASONS, THERMAL_REASONS, THROTTLE_REASONS, FakeMonitor,
                                 GpuMonitor, GpuSample, NvmlMonitor)
 from engine.loop import EngineLoop, Job
+from engine.settings_fit import max_prefetch_depth
 from engine.options import LIVE_NAMES, LIVE_OPTIONS, LiveOption, option
 from engine.outputs import RequestDelta
 from engine.sampling import SamplingParams
@@ -28,7 +29,7 @@ __all__ = ["DROP_OLDEST_FIX", "EngineConfig", "EngineLoop", "FakeMonitor", "GpuM
            "LIVE_NAMES", "LIVE_OPTIONS", "LiveOption", "NO_GPU_STATUS", "NvmlMonitor", "POWER_REASONS", "ReplyReader",
            "RequestDelta", "SamplingParams", "StrataError", "THERMAL_REASONS", "THROTTLE_REASONS", "TemplateFailure",
            "TemplateFixes", "add_engine_flags", "add_model_flag", "apply_cpu_threads", "build_engine", "build_server",
-           "failure_line", "fit_messages", "fit_text", "option", "reasoning_reader"]
+           "failure_line", "fit_messages", "fit_text", "max_prefetch_depth", "option", "reasoning_reader"]
 
 
 def build_engine(config: EngineConfig) -> Any:

@@ -73,7 +73,7 @@ def knob_state(engine: Any, defaults: dict[str, object], choices: dict[str, tupl
 def _most(engine: Any, defaults: dict[str, object]) -> tuple[tuple[str, int], ...]:
     """The largest values this load takes where the model bounds them: a prefetch depth reaches the last MoE
     layer from the first at most (a deeper one is capped, engine/live.py)."""
-    from engine.settings_fit import max_prefetch_depth
+    from app.bridge_api import max_prefetch_depth
     spec = getattr(getattr(engine, "loaded", None), "spec", None)
     if "prefetch_depth" not in defaults or spec is None:
         return ()
