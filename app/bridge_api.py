@@ -20,10 +20,10 @@ from engine.errors import StrataError
 from engine.gpu_monitor import (NO_GPU_STATUS, POWER_REASONS, THERMAL_REASONS, THROTTLE_REASONS, FakeMonitor,
                                 GpuMonitor, GpuSample, NvmlMonitor)
 from engine.loop import EngineLoop, Job
-from engine.settings_fit import max_prefetch_depth
 from engine.options import LIVE_NAMES, LIVE_OPTIONS, LiveOption, option
 from engine.outputs import RequestDelta
 from engine.sampling import SamplingParams
+from engine.settings_fit import max_prefetch_depth
 
 __all__ = ["DROP_OLDEST_FIX", "EngineConfig", "EngineLoop", "FakeMonitor", "GpuMonitor", "GpuSample", "Job",
            "LIVE_NAMES", "LIVE_OPTIONS", "LiveOption", "NO_GPU_STATUS", "NvmlMonitor", "POWER_REASONS", "ReplyReader",
