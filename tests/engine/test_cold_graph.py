@@ -430,6 +430,16 @@ def test_a_pool_fills_when_the_cpu_computes_every_missing_expert(stack: Stack) -
     prov.close()
 
 
+def _steps_equal_the_resident_model(stack: Stack, rep: _Replay, steps: int) -> None:
+    """``steps`` replays of 4 tokens, each fed the resident model's last output, equal that model's step."""
+    ref, x = stack.resident(), _x(4)
+    for _ in range(steps):
+        y = rep.step(x)
+        want = stack.step(ref, x)
+        torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-4)
+        x = torch.tanh(want)
+
+
 @pytest.mark.parametrize("share", [0.5, 0.0])
 def test_the_first_layers_cpu_share_comes_before_the_last_steps_end(share: float, monkeypatch) -> None:
     # The first layer's join waits for the host. With a CPU share the host computes that layer's
@@ -449,12 +459,7 @@ def test_the_first_layers_cpu_share_comes_before_the_last_steps_end(share: float
         plain(self)
 
     monkeypatch.setattr(type(direct), "finish_ended", spy)
-    ref, x = stack.resident(), _x(4)
-    for _ in range(6):
-        y = rep.step(x)
-        want = stack.step(ref, x)
-        torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-4)
-        x = torch.tanh(want)
+    _steps_equal_the_resident_model(stack, rep, 6)
     direct.finish_ended()
     _table_agrees_with_books(prov)
     deferred = [(ready, done) for ended, ready, done in seen if ended]
@@ -490,12 +495,7 @@ def test_with_end_late_the_last_steps_end_comes_after_the_steps_last_layer(monke
         plain(self)
 
     monkeypatch.setattr(type(direct), "finish_ended", spy)
-    ref, x = stack.resident(), _x(4)
-    for _ in range(14):                 # long enough for a late end's admissions to meet early ones
-        y = rep.step(x)
-        want = stack.step(ref, x)
-        torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-4)
-        x = torch.tanh(want)
+    _steps_equal_the_resident_model(stack, rep, 14)   # long enough for a late end's admissions to meet early ones
     direct.finish_ended()
     _table_agrees_with_books(prov)
     assert seen, "no step's end was deferred to the next one"
