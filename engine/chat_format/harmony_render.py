@@ -117,6 +117,6 @@ def _turn(m: dict, names: dict[str, str], keep_reasoning: bool) -> list:
         out.append(Message.from_role_and_content(Role.ASSISTANT, _arguments_text(f["arguments"]))
                    .with_channel("commentary").with_recipient(f"functions.{f['name']}")
                    .with_content_type("<|constrain|>json"))
-    if m.get("content"):
-        out.append(Message.from_role_and_content(Role.ASSISTANT, m["content"]).with_channel("final"))
+    if m.get("content") or not out:     # an empty answer still holds its turn's place
+        out.append(Message.from_role_and_content(Role.ASSISTANT, m.get("content") or "").with_channel("final"))
     return out

@@ -91,6 +91,14 @@ def test_every_role_renders_in_its_place(tok):
                          "{\"temp\": 20}<|end|><|start|>assistant")
 
 
+def test_an_empty_answer_keeps_its_turn_between_the_user_messages(tok):
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""},
+                {"role": "user", "content": "still there?"}]
+    text = tok.decode(tok.harmony.render(messages, "low"), skip_special_tokens=False)
+    assert ("<|start|>user<|message|>hi<|end|><|start|>assistant<|channel|>final<|message|><|end|>"
+            "<|start|>user<|message|>still there?<|end|>") in text
+
+
 def test_a_reply_reads_into_reasoning_and_answer(tok):
     out = tok.harmony.parse(ids(tok, REPLY))
     assert out == HarmonyDelta(reasoning="The user greets; answer kindly.", content="Hello! 😀 How are you?")
@@ -254,6 +262,15 @@ def test_an_o200k_vocabulary_runs_on_openai_harmony_and_agrees_with_the_fallback
         lib, tpl = chat.reader(), fallback.reader()
         assert [lib.feed([t]) for t in tokens] + [lib.finish()] == [tpl.feed([t]) for t in tokens] + [tpl.finish()]
     assert hashlib.sha256((O200K / o200k.FILE_NAME).read_bytes()).hexdigest() == o200k.O200K_SHA256
+
+
+@needs_o200k
+def test_the_library_keeps_an_empty_answer_as_the_template_does(o200k_tok):
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None},
+                {"role": "user", "content": "again"}]
+    chat = o200k_tok.harmony
+    text = lambda tokens: o200k_tok.decode(tokens, skip_special_tokens=False)
+    assert text(chat.render(messages, "low")) == text(HarmonyChat(o200k_tok, chat.ids).render(messages, "low"))
 
 
 @needs_o200k
