@@ -14,7 +14,7 @@ from pathlib import Path
 from PySide6.QtCore import QChildEvent, QEvent, QRect, QSettings, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QIcon
 from PySide6.QtWidgets import (QDockWidget, QFileDialog, QFrame, QLabel, QMainWindow, QMenu, QScrollArea,
-                               QSizePolicy, QSplitter, QTabBar, QTabWidget, QWidget)
+                               QSplitter, QTabBar, QTabWidget, QWidget)
 
 from app.about import show_about
 from app.banner import BannerArea, BannerColumn
@@ -41,6 +41,7 @@ from app.panels.traffic import TrafficPanel
 from app.paths import conversations_dir, icon_path
 from app.recorder import SessionRecorder
 from app.server_switch import ServerSwitch
+from app.status_line import MESSAGE_MS, GrowingSlot, MessageSlot, speed_line
 from app.thermal import AMBER, RED, ThermalGuard, ThermalState, assess, temperature_note
 from app.window_layout import (CHAT_MIN_WIDTH, DOCK_TITLES, KNOBS_MIN_WIDTH, LAYOUT_VERSION, SIDEBAR_MIN_WIDTH,
                                LAYOUT_KEYS, DockWidths, arrange_docks, default_window_size, fit_window, fits,
@@ -202,19 +203,24 @@ class MainWindow(QMainWindow):
         return action
 
     def _build_status_bar(self) -> None:
-        self.status_model = QLabel("No model")
-        self.status_speed = QLabel("")
+        # the model's line, and messages over it (a long model path is cut, never widens the window)
+        self.status_model = MessageSlot("No model")
+        self.status_speed = GrowingSlot()
         self.paused_by_guard = False
-        self.status_speed.setMinimumWidth(420)   # a fixed slot: text changes at 10 Hz never re-lay out the bar
         self.status_gpu = QLabel("GPU: polling…")
-        # a long model path is cut, never widens the window (its tooltip has it whole)
-        self.status_model.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.status_gpu.setMaximumWidth(360)
         bar = self.statusBar()
         bar.addWidget(self.status_model, 1)
         bar.addPermanentWidget(self.server.status)
         bar.addPermanentWidget(self.status_speed)
         bar.addPermanentWidget(self.status_gpu)
+
+    def show_message(self, text: str, ms: int = MESSAGE_MS) -> None:
+        """A message in the status bar for ``ms`` (over the model's line)."""
+        self.status_model.show_message(text, ms)
+
+    def _set_speed(self, text: str) -> None:
+        self.status_speed.set_line(text, reset=text in ("", "idle") or self.paused_by_guard)
 
     def _connect(self) -> None:
         b = self.bridge
@@ -280,8 +286,7 @@ class MainWindow(QMainWindow):
         self._set_status_model(f"{m.name} on {m.device}")
 
     def _set_status_model(self, text: str) -> None:
-        self.status_model.setText(text)
-        self.status_model.setToolTip(text)
+        self.status_model.set_line(text)
 
     def _show_notes(self, notes: tuple[str, ...]) -> None:
         """The load's notes (a setting the engine clamped or ignored), one amber banner each."""
@@ -316,7 +321,7 @@ class MainWindow(QMainWindow):
         self.recorder.on_stats(s)
         if self.load_test is not None:
             self.load_test.on_stats(s)
-        self.status_speed.setText(speed_line(s, self.paused_by_guard))
+        self._set_speed(speed_line(s, self.paused_by_guard))
 
     def on_error(self, err: BridgeError) -> None:
         """Engine errors: a red banner; the window lives on (and after a failed load, so does the model)."""
@@ -338,7 +343,7 @@ class MainWindow(QMainWindow):
     def _no_model(self) -> None:
         """No engine runs: nothing to send to, no knob to turn (and no status line of a closed model)."""
         self.model = None
-        self.status_speed.setText("generation paused by the thermal guard" if self.paused_by_guard else "")
+        self._set_speed("generation paused by the thermal guard" if self.paused_by_guard else "")
         self.chat.set_model(None)
         self.chat_pane.notice.set_text("")
         self.knobs.clear_status()
@@ -350,7 +355,7 @@ class MainWindow(QMainWindow):
 
     def _on_paused(self, state: PauseState) -> None:
         self.paused_by_guard = state.paused
-        self.status_speed.setText("generation paused by the thermal guard" if state.paused else "")
+        self._set_speed("generation paused by the thermal guard" if state.paused else "")
 
     # --- GPU -----------------------------------------------------------------------------------
     def on_gpu_sample(self, sample: GpuSample) -> None:
@@ -442,7 +447,7 @@ class MainWindow(QMainWindow):
     def export_chat_dialog(self) -> None:
         conv = self.chat.current
         if not conv.messages:                 # a file holding a title alone is nothing anyone wants
-            self.statusBar().showMessage("This chat has no messages yet: nothing to export", 5000)
+            self.show_message("This chat has no messages yet: nothing to export")
             return
         name = "".join(c if c.isalnum() or c in "-_ " else "-" for c in conv.title).strip() or "chat"
         path, kind = QFileDialog.getSaveFileName(self, "Export chat", self._export_path(f"{name}.md"),
@@ -463,7 +468,7 @@ class MainWindow(QMainWindow):
         return str(Path(folder if folder and Path(folder).is_dir() else Path.home()) / name)
 
     def _exported(self, path: str, message: str) -> None:
-        self.statusBar().showMessage(message, 5000)
+        self.show_message(message)
         self.banners.clear("export")
         self.settings.setValue("export_dir", str(Path(path).parent))
 
@@ -472,8 +477,8 @@ class MainWindow(QMainWindow):
         long line at a narrow width, and fades)."""
         why = exc.strerror or str(exc)
         text = f"Export failed: {path} could not be written ({why}); choose a folder you can write to and a file name"
-        self.statusBar().showMessage(f"Export failed: {Path(path).name} could not be written (the red line above "
-                                     f"says where and why)", 15000)
+        self.show_message(f"Export failed: {Path(path).name} could not be written (the red line above "
+                          f"says where and why)", 15000)
         self.banners.show_message("export", text, "red")
 
     def export_plot_dialog(self, panel: Panel) -> None:
@@ -583,14 +588,3 @@ class MainWindow(QMainWindow):
         self.bridge.shutdown()
         super().closeEvent(event)
 
-
-def speed_line(s, paused: bool = False) -> str:
-    """The status bar's line on the engine: its speeds while something runs; "idle" once nothing does (the
-    speeds are rates over the last seconds, which would trail off for a while after a reply)."""
-    if paused:
-        waiting = s.running + s.waiting
-        return "generation paused by the thermal guard" + (f" · {waiting} waiting" if waiting else "")
-    if not s.running and not s.waiting:
-        return "idle"
-    return (f"decode {s.decode_tok_s:.1f} tok/s · aggregate {s.aggregate_tok_s:.1f} tok/s "
-            f"· {s.running} running, {s.waiting} queued")

@@ -118,7 +118,7 @@ def test_a_guard_with_no_temperature_to_read_says_it_cannot_act(window_factory, 
 def test_the_status_bar_says_idle_once_nothing_runs_not_the_speeds_trailing_off():
     from types import SimpleNamespace
 
-    from app.main_window import speed_line
+    from app.status_line import speed_line
     trailing = SimpleNamespace(decode_tok_s=2.0, aggregate_tok_s=2.0, running=0, waiting=0)
     assert speed_line(trailing) == "idle"
     busy = SimpleNamespace(decode_tok_s=51.25, aggregate_tok_s=98.0, running=2, waiting=1)

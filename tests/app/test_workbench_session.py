@@ -172,23 +172,23 @@ def test_an_export_that_cannot_be_written_says_so_and_leaves_nothing(window, qtb
     for target in (folder / "adir", tmp_path / "missing" / "s.csv"):
         monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, t=target, **k: (str(t), ""))
         window.export_session_dialog()
-        assert window.statusBar().currentMessage().startswith(f"Export failed: {target.name} could not be written")
+        assert window.status_model.message.startswith(f"Export failed: {target.name} could not be written")
         assert window.banners.level("export") == "red" and str(target) in window.banners.text("export")
     assert [p.name for p in folder.iterdir()] == ["adir"]            # no temporary file left behind
     for target in (tmp_path / "missing" / "p.png", folder / "noext"):
         monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, t=target, **k: (str(t), ""))
         window.export_plot_dialog(window.panels[0])
-    assert window.statusBar().currentMessage() == f"Saved {folder / 'noext'}.png"
+    assert window.status_model.message == f"Saved {folder / 'noext'}.png"
     assert window.banners.level("export") is None                    # a written export clears it
     assert window._export_path("next.csv") == str(folder / "next.csv")   # the next dialog opens where it went
     assert (folder / "noext.png").is_file() and not (tmp_path / "missing").exists()
     monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: (str(folder / "chat"), ""))
     window.export_chat_dialog()                 # File › Export chat of a chat with nothing in it: no file of a title
-    assert window.statusBar().currentMessage() == "This chat has no messages yet: nothing to export"
+    assert window.status_model.message == "This chat has no messages yet: nothing to export"
     assert not (folder / "chat.md").exists()
     window.chat.current.messages.append(StoredMessage("user", "Hello"))
     window.export_chat_dialog()
-    assert window.statusBar().currentMessage() == f"Saved {folder / 'chat.md'}"
+    assert window.status_model.message == f"Saved {folder / 'chat.md'}"
     assert (folder / "chat.md").read_text(encoding="utf-8").startswith("# ")
     monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: (str(folder / "session"), ""))
     window.export_session_dialog()                                        # a name without .csv gets it
