@@ -170,6 +170,17 @@ class ChatView(QScrollArea):
         self._pages.insert(at, page)
         return page
 
+    def _spill(self, page: QWidget) -> None:
+        """A page one over full (a bubble put in its middle) passes its last bubble to the start of the next
+        page, or of a new one after it: pages never grow, so a pass never lays out more than a page."""
+        i = self._pages.index(page)
+        last = page.layout().itemAt(page.layout().count() - 1).widget()
+        after = self._pages[i + 1] if i + 1 < len(self._pages) else None
+        if after is None or after.layout().count() >= PAGE_BUBBLES:
+            after = self._new_page(i + 1)
+        page.layout().removeWidget(last)
+        after.layout().insertWidget(0, last)
+
     def add(self, role: str, text: str = "", streaming: bool = False, stats: str = "",
             before: MessageBubble | None = None, reasoning: str = "") -> MessageBubble:
         """Append a bubble (or put it just above ``before``) and return it."""
@@ -191,6 +202,8 @@ class ChatView(QScrollArea):
                 else:
                     page, at = self._new_page(i), 0
             page.layout().insertWidget(at, bubble)
+            if page.layout().count() > PAGE_BUBBLES:
+                self._spill(page)
             self.bubbles.insert(self.bubbles.index(before), bubble)
             _tab_before(bubble, before)
         else:

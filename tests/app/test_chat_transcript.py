@@ -338,3 +338,22 @@ def test_a_message_put_in_above_a_long_chat_or_a_growing_reply_resizes_no_other_
         qtbot.wait(20)
     assert streaming.height() > 200 and not [b for b in resized if b in older]
     assert [b.text for b in view.bubbles[-3 * PAGE_BUBBLES - 1:-1]] == [b.text for b in older]
+
+
+def test_messages_put_in_mid_page_keep_every_page_at_most_full_and_the_order(qtbot):
+    from app.transcript import PAGE_BUBBLES, ChatView
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.resize(600, 400)
+    view.show()
+    for i in range(2 * PAGE_BUBBLES):
+        view.add("user", f"m{i}")
+    expected = [f"m{i}" for i in range(2 * PAGE_BUBBLES)]
+    for n in range(PAGE_BUBBLES + 3):            # notices above a bubble in the middle of the first page
+        at = 3 + n % 5
+        view.add("notice", f"n{n}", before=view.bubbles[at])
+        expected.insert(at, f"n{n}")
+    pages = list(view._pages)
+    assert all(p.layout().count() <= PAGE_BUBBLES for p in pages)
+    shown = [p.layout().itemAt(j).widget().text for p in pages for j in range(p.layout().count())]
+    assert shown == [b.text for b in view.bubbles] == expected
