@@ -19,6 +19,7 @@ from kernels.qlinear import QuantWeight, quantize_rows
 from engine.models.weights import AttentionWeights, LayerWeights, MLPWeights, ModelWeights, MoEWeights
 
 RowAllocator = Callable[[int, int], torch.Tensor]   # (rows, nbytes) -> uint8 [rows, nbytes]
+QUANT_LOAD_BYTES = 64 << 20     # checkpoint bytes of a matrix's rows taken to the device and quantised at a time
 
 
 class _Fetch:
@@ -82,10 +83,30 @@ class _Fetch:
                 parts.append(QuantWeight(self._ordered(e.name, stored.q.to(self.device)),
                                          self._ordered(e.name, stored.scale.to(self.device)), stored.fmt))
             else:
-                parts.append(quantize_rows(self(e), self.resident))
+                parts.append(self._quantised(e))
         if len(parts) == 1:
             return parts[0]
         return QuantWeight(torch.cat([p.q for p in parts], 0), torch.cat([p.scale for p in parts], 0), self.resident)
+
+
+    def _quantised(self, entry: TensorEntry) -> QuantWeight:
+        """``entry`` quantised on the device a block of rows at a time: the card never holds the whole
+        16-bit matrix beside its 8-bit copy (gpt-oss-120b's LM head is 1.2 GB in bf16), so a load's peak
+        stays near what the model keeps."""
+        raw, order = self.raw(entry), self.row_orders.get(entry.name)
+        n = raw.shape[0]
+        rows = max(1, QUANT_LOAD_BYTES // max(1, raw[0].numel() * raw.element_size()))
+        q = scale = None
+        for r in range(0, n, rows):
+            part = raw[r:r + rows] if order is None else raw.index_select(0, order[r:r + rows].to(raw.device))
+            cast = part.to(device=self.device, dtype=self.dtype)
+            check_cast(part, cast, entry.name, self.where(entry.name))
+            w = quantize_rows(cast, self.resident)
+            if q is None:
+                q = torch.empty((n, *w.q.shape[1:]), dtype=w.q.dtype, device=w.q.device)
+                scale = torch.empty(n, dtype=w.scale.dtype, device=w.scale.device)
+            q[r:r + rows], scale[r:r + rows] = w.q, w.scale
+        return QuantWeight(q, scale, self.resident)
 
 
 def where_of(source: TensorSource, name: str) -> str:

@@ -55,6 +55,18 @@ def test_quantised_at_load_and_counted_at_their_size(src, fmt):
     assert len(out.token_ids) == 6
 
 
+def test_rows_quantised_a_block_at_a_time_equal_the_whole_matrix_quantised(src, monkeypatch):
+    import engine.checkpoint.loader as loader
+    from kernels.qlinear import quantize_rows
+    full = _matrices(LLM(str(src), device="cpu"))
+    monkeypatch.setattr(loader, "QUANT_LOAD_BYTES", 3 * full[1].shape[1] * 4)     # three float32 rows a block
+    blocks = _matrices(LLM(str(src), device="cpu", resident_weights="int8"))
+    assert min(m.shape[0] for m in full) > 3 * 4                       # every matrix in several blocks
+    for whole, got in zip(full, blocks):
+        want = quantize_rows(whole, "int8")
+        assert torch.equal(got.q, want.q) and torch.equal(got.scale, want.scale)
+
+
 @pytest.mark.parametrize("fmt", ["fp8", "int8"])
 def test_a_converted_folder_keeps_them_as_stored(src, tmp_path, fmt):
     dst = tmp_path / fmt
