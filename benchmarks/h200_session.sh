@@ -50,6 +50,8 @@
 #                    the CPU kernel's OpenMP workers spinning longer between calls)
 #   or:              bash benchmarks/h200_session.sh cold-ab   (the GPU tests; gpt-oss-120b at 24G with residency
 #                    tunings A/B (AB_VARIANTS), batch-1 steps profiled)
+#   or:              bash benchmarks/h200_session.sh memory    (the GPU tests; the card's memory phase by phase at no
+#                    pool on the kit's trained-like checkpoint, int4 and bf16 in turn, and int4 with expandable segments)
 #   or:              bash benchmarks/h200_session.sh table     (the card's MoE launch table: the sweep, merged; gpt-oss-20b
 #                    and the resident int4 step before and after it is put in place)
 #   or, alone:       bash benchmarks/h200_session.sh probes            (the gather's A/B and copy rates)
@@ -261,6 +263,17 @@ case ${1:-} in
       | tail -n 8;;
   kit)
     start_kit;;
+  memory)
+    # the GPU tests; then where the card's memory goes at no pool on the kit's trained-like checkpoint and
+    # settings (batch 1 after a 512-token prompt, 8 sequences after 128-token prompts), int4 then bf16
+    # loaded in turn in one process as the kit does, and int4 again with the allocator's expandable segments
+    gpu_tests 250 gate
+    [ -d "$TRAINED" ] || python3 benchmarks/trained_like_checkpoint.py "$TRAINED" --layers 12 2>&1 | tail -n 2
+    timeout 150 python3 benchmarks/memory_gap.py --hf "$TRAINED" --sequence "int4:0%,bf16:0%" \
+      --out "$OUT/memory_gap.json" 2>&1 | grep -v -e Warn -e "^ *$" -e "_kernel " | tail -n 24
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 90 python3 benchmarks/memory_gap.py --hf "$TRAINED" \
+      --format int4 --pool 0% --out "$OUT/memory_gap_expandable.json" 2>&1 | grep -v -e Warn -e "^ *$" -e "_kernel " \
+      | tail -n 8;;
   cold-ab)
     # the GPU tests; then gpt-oss-120b at 24G (trained-like, batch 1, 4 and 16) with the residency tunings
     # that may take the deferred step end and the fill steps' staging off the cold layers' path, each

@@ -79,6 +79,7 @@ def live_tensors(device: torch.device, top: int = 40) -> list[dict]:
 
 
 def snapshot(card: CardMemory, phase: str, cuda: bool) -> dict:
+    # peak_mib: torch's largest allocated bytes since the phase before
     row = {"phase": phase, "card_mib": None, "reserved_mib": 0.0, "allocated_mib": 0.0, "peak_mib": 0.0}
     if cuda:
         torch.cuda.synchronize()
@@ -91,6 +92,8 @@ def snapshot(card: CardMemory, phase: str, cuda: bool) -> dict:
     print(f"{phase:34s} card {row['card_mib'] or 0:8.0f} MiB  reserved {row['reserved_mib']:8.0f}  allocated "
           f"{row['allocated_mib']:8.0f}  peak {row['peak_mib']:8.0f}  "
           f"outside torch {row.get('outside_torch_mib', 0):6.0f}", flush=True)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()          # each phase's peak is its own (a load's apart from a step's)
     return row
 
 
