@@ -277,10 +277,12 @@ case ${1:-} in
   cold-ab)
     # the GPU tests; then gpt-oss-120b at 24G (trained-like, batch 1, 4 and 16) with the residency tunings
     # that may take the deferred step end and the fill steps' staging off the cold layers' path, each
-    # batch's variants in turn on one engine, and four batch-1 steps profiled (traces under $OUT)
-    gpu_tests 250 gate
+    # batch's variants in turn on one engine, and four batch-1 steps profiled (traces under $OUT);
+    # AB_BATCHES picks the batches, NO_TESTS=1 leaves out the GPU tests (run by the call before it)
+    [ "${NO_TESTS:-0}" = 1 ] || gpu_tests 250 gate
     rm -rf /dev/shm/llamacpp-anchor "$TRAINED"
-    timeout 300 python3 benchmarks/bench_gpt_oss.py --cells b --routing trained-like --batches 1,4,16 \
+    timeout $(( $(left) > 320 ? 300 : $(left) - 20 )) python3 benchmarks/bench_gpt_oss.py --cells b \
+      --routing trained-like --batches "${AB_BATCHES:-1,4,16}" \
       --variants "${AB_VARIANTS:-defaults,fill_share=0.5,end_late=1,fill_share=0.5:end_late=1}" --profile 4 \
       --trace-dir "$OUT/traces" --out "$OUT/gpt_oss_cold_ab.json" 2>&1 | grep -v USDT | tail -n 24;;
   table)
