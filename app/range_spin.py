@@ -14,6 +14,7 @@ from PySide6.QtGui import QValidator
 from PySide6.QtWidgets import QAbstractSpinBox, QDoubleSpinBox, QLabel, QSpinBox
 
 _NUMBER = re.compile(r"-?\d+([.,]\d*)?")
+_FRACTION = re.compile(r"-?(\d+[.,]\d*|[.,]\d+)")
 
 
 class _SaysOutOfRange:
@@ -26,20 +27,24 @@ class _SaysOutOfRange:
 
     def validate(self, text: str, pos: int):
         """A number the box could hold but for its range is let through while it is typed, so that Enter
-        or leaving the box can say it is out of range (one it could never hold, "12.5" in a box of whole
-        numbers or a third decimal in one of two, Qt refuses at the keystroke as before)."""
+        or leaving the box can say it is out of range; so is a fraction in a box of whole numbers, which
+        Enter refuses with its reason (Qt dropped the point at the keystroke: "3.5" became 35). A third
+        decimal in a box of two Qt still refuses at the keystroke."""
         result = super().validate(text, pos)            # (state, text, pos)
         if result[0] == QValidator.State.Invalid and self._typing().fullmatch(self._typed(text)):
             return QValidator.State.Intermediate, text, pos
         return result
 
     def fixup(self, text: str) -> str:
-        number = self._number(self._typed(text)) if _NUMBER.fullmatch(self._typed(text)) else None
-        if number is not None and not self.minimum() <= number <= self.maximum():
-            low, special = self.minimum(), self.specialValueText()
-            kept = special if special and self.value() == low else self._shown(self.value())
+        typed = self._typed(text)
+        number = self._number(typed) if _NUMBER.fullmatch(typed) else None
+        low, special = self.minimum(), self.specialValueText()
+        kept = special if special and self.value() == low else self._shown(self.value())
+        if number is not None and not low <= number <= self.maximum():
             self.out_of_range.emit(f"✗ {self._shown(number)} is outside {special or self._shown(low)}–"
                                    f"{self._shown(self.maximum())}; it stays {kept}")
+        elif number is None and _FRACTION.fullmatch(typed) and isinstance(self, QSpinBox):
+            self.out_of_range.emit(f"✗ {typed} is not a whole number; it stays {kept}")
         return super().fixup(text)
 
 
@@ -56,7 +61,7 @@ class RangeSpin(_SaysOutOfRange, QSpinBox):
         return _WHOLE
 
 
-_WHOLE = re.compile(r"-?\d*")
+_WHOLE = re.compile(r"-?\d*([.,]\d*)?")     # a fraction too, for Enter to refuse with its reason
 
 
 class RangeDoubleSpin(_SaysOutOfRange, QDoubleSpinBox):

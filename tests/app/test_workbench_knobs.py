@@ -423,19 +423,44 @@ def test_a_sampling_setting_typed_outside_its_range_is_said_under_the_settings(q
     box.hide()
 
 
-def test_a_number_a_box_could_never_hold_is_cut_at_the_keystroke_as_qt_does(qapp):
+def test_a_fraction_in_a_whole_number_box_is_refused_and_a_third_decimal_cut_at_the_keystroke(qapp):
     from PySide6.QtTest import QTest
 
     from app.chat_pane import SettingsBox
     box = SettingsBox()
     box.setChecked(True)
     box.show()
-    for spin, typed, value in ((box.temperature, "0.755", 0.75), (box.max_tokens, "12.5", 125)):
-        spin.lineEdit().selectAll()
-        QTest.keyClicks(spin, typed)
-        QTest.keyClick(spin, Qt.Key.Key_Return)
-        assert spin.value() == value and box.range_note.isHidden()
+    box.temperature.lineEdit().selectAll()
+    QTest.keyClicks(box.temperature, "0.755")
+    QTest.keyClick(box.temperature, Qt.Key.Key_Return)
+    assert box.temperature.value() == 0.75 and box.range_note.isHidden()
+    box.max_tokens.setValue(512)
+    for typed in ("12.5", ".5"):                   # the point was dropped at the keystroke: "12.5" became 125
+        box.max_tokens.lineEdit().selectAll()
+        QTest.keyClicks(box.max_tokens, typed)
+        QTest.keyClick(box.max_tokens, Qt.Key.Key_Return)
+        assert box.max_tokens.value() == 512
+        assert box.range_note.text() == f"✗ {typed} is not a whole number; it stays 512"
     box.hide()
+
+
+def test_a_fraction_typed_into_a_knob_is_refused_on_its_line_and_nothing_is_asked(qtbot):
+    from PySide6.QtTest import QTest
+
+    from app.knobs import KnobsPanel
+    knobs = KnobsPanel()
+    qtbot.addWidget(knobs)
+    knobs.setEnabled(True)
+    knobs.show()
+    asked = []
+    knobs.change_requested.connect(lambda option, value: asked.append((option, value)))
+    box = knobs.controls["max_batch"]
+    before = box.value()
+    box.lineEdit().selectAll()
+    QTest.keyClicks(box, "3.5")
+    QTest.keyClick(box, Qt.Key.Key_Return)
+    assert box.value() == before and asked == []
+    assert knobs.status["max_batch"].text().startswith("✗ 3.5 is not a whole number; it stays")
 
 
 def test_regenerate_takes_a_sampling_number_typed_but_not_entered(qtbot, tmp_path):
