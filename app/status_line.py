@@ -11,7 +11,7 @@ Two labels that a plain QLabel and QStatusBar's own messages get wrong:
 """
 from __future__ import annotations
 
-from PySide6.QtCore import QEvent, QObject, QSize, QTimer
+from PySide6.QtCore import QEvent, QObject, QSize, Qt, QTimer
 from PySide6.QtWidgets import QSizePolicy
 
 from app.panels.base import ElidedLabel
@@ -21,20 +21,21 @@ LEAST_MODEL_PX = 120       # the left slot keeps this much however narrow the wi
 
 
 def speed_line(s, paused: bool = False) -> str:
-    """The status bar's line on the engine: its speeds while something runs; "idle" once nothing does (the
-    speeds are rates over the last seconds, which would trail off for a while after a reply)."""
+    """The status bar's line on the engine: what runs and its speeds (each sequence's decode rate and all of
+    them together) while something runs; "idle" once nothing does (the speeds are rates over the last
+    seconds, which would trail off for a while after a reply)."""
     if paused:
         waiting = s.running + s.waiting
         return "generation paused by the thermal guard" + (f" · {waiting} waiting" if waiting else "")
     if not s.running and not s.waiting:
         return "idle"
-    return (f"decode {s.decode_tok_s:.1f} tok/s · aggregate {s.aggregate_tok_s:.1f} tok/s "
-            f"· {s.running} running, {s.waiting} queued")
+    queued = f", {s.waiting} queued" if s.waiting else ""
+    return f"{s.running} running{queued} · {s.decode_tok_s:.1f} tok/s each · {s.aggregate_tok_s:.1f} tok/s total"
 
 
 class MessageSlot(ElidedLabel):
-    """A line (``set_line``) that a message (``show_message``) covers for a while; cut with "…" where the
-    room is short, whole in the tooltip."""
+    """A line (``set_line``) that a message (``show_message``) covers for a while; cut with "…" in the
+    middle where the room is short, whole in the tooltip."""
 
     def __init__(self, text: str = "") -> None:
         super().__init__(text)
@@ -45,6 +46,10 @@ class MessageSlot(ElidedLabel):
         self._timer.setSingleShot(True)
         self._timer.timeout.connect(self.clear_message)
         self._show(text)
+
+    def shown_text(self) -> str:
+        """Cut in the middle where the room is short: a saved file's name at the end stays in sight."""
+        return self.fontMetrics().elidedText(self.text(), Qt.TextElideMode.ElideMiddle, self.contentsRect().width())
 
     def set_line(self, text: str) -> None:
         self.line = text

@@ -39,6 +39,17 @@ def test_a_message_outlives_the_server_turning_on_and_off(window, qtbot):
     qtbot.waitUntil(lambda: w.status_model.text() == "Loading other…", timeout=5_000)
 
 
+def test_a_long_message_is_cut_in_the_middle_so_the_file_name_stays(window):
+    w = window
+    w.resize(w.minimumSizeHint().width(), 700)
+    saved = "Saved /home/someone/Documents/strata-exports/" + "deep/" * 12 + "My chat.md"
+    w.show_message(saved, 60_000)
+    _settle()
+    shown = w.status_model.shown_text()
+    assert "…" in shown and shown.startswith("Saved /home") and shown.endswith("My chat.md")
+    assert w.status_model.toolTip() == saved
+
+
 def test_at_the_narrowest_window_every_slot_keeps_room(window, qtbot):
     w = window
     _serve(w, qtbot)

@@ -122,6 +122,9 @@ def test_the_status_bar_says_idle_once_nothing_runs_not_the_speeds_trailing_off(
     trailing = SimpleNamespace(decode_tok_s=2.0, aggregate_tok_s=2.0, running=0, waiting=0)
     assert speed_line(trailing) == "idle"
     busy = SimpleNamespace(decode_tok_s=51.25, aggregate_tok_s=98.0, running=2, waiting=1)
-    assert speed_line(busy) == "decode 51.2 tok/s · aggregate 98.0 tok/s · 2 running, 1 queued"
+    assert speed_line(busy) == "2 running, 1 queued · 51.2 tok/s each · 98.0 tok/s total"
+    busy.waiting = 0
+    assert speed_line(busy) == "2 running · 51.2 tok/s each · 98.0 tok/s total"
+    busy.waiting = 1
     assert speed_line(busy, paused=True) == "generation paused by the thermal guard · 3 waiting"
     assert speed_line(trailing, paused=True) == "generation paused by the thermal guard"
