@@ -67,7 +67,7 @@ def knob_state(engine: Any, defaults: dict[str, object], choices: dict[str, tupl
         defaults=tuple(sorted(defaults.items())), pool_max_bytes=max_bytes, pool_bytes=current,
         choices=tuple(sorted(offered_choices(engine, choices).items())),
         automatic=(("max_batch_tokens", int(cfg.token_budget)),) if "max_batch_tokens" in defaults else (),
-        most=_most(engine, defaults))
+        most=_most(engine, defaults), expert_bytes=int(engine.model_info.expert_bytes or 0))
 
 
 def _most(engine: Any, defaults: dict[str, object]) -> tuple[tuple[str, int], ...]:

@@ -158,6 +158,7 @@ class PoolSlider(QWidget):
         lay.addWidget(self.slider, 1)
         lay.addWidget(self.label)
         self._step_bytes = GIB // POOL_STEPS_PER_GIB
+        self._exact = (0, 0)            # (slider position, bytes) of the size set last
         self.slider.valueChanged.connect(self._show)
         self.slider.sliderReleased.connect(lambda: self.released.emit(self.bytes()))
         self.slider.valueChanged.connect(self._changed)
@@ -174,12 +175,16 @@ class PoolSlider(QWidget):
         self._step_bytes = max(self._step_bytes, -(-max_bytes // top))      # a range a slider's int holds
         self.slider.setRange(0, top)
         self.slider.setValue(min(top, round(current / self._step_bytes)))   # a size past the range: the end
+        # the size the engine holds, shown and sent as it is while the slider stays on its step (a step is
+        # about 1% of the range: 8 MiB would read 7.9 beside the engine's "8.0 MiB")
+        self._exact = (self.slider.value(), min(current, max_bytes))
         self.slider.blockSignals(False)
         self._show(self.slider.value())
         self.slider.setToolTip(f"0 to {pool_text(max_bytes)}")
 
     def bytes(self) -> int:
-        return int(self.slider.value() * self._step_bytes)
+        at, exact = self._exact
+        return exact if self.slider.value() == at else int(self.slider.value() * self._step_bytes)
 
     def _show(self, _value: int) -> None:
         self.label.setText(pool_text(self.bytes()))
@@ -388,8 +393,8 @@ class KnobsPanel(QWidget):
                 self._set_status(name, "off", NOT_AVAILABLE)
             elif self.status[name].text() == NOT_AVAILABLE:
                 self._set_status(name, "off", "")
-            elif self._kind(name) == "ok":      # the value the engine holds: it may have fitted the one asked for
-                self._show_applied(name, self._value_text(name, state.value(name), state))
+            elif self._kind(name) in ("ok", "warn"):   # the value the engine holds: it may have fitted the one asked
+                self._show_applied(name, self._value_text(name, state.value(name), state), state.value(name))
         self.reset_button.setEnabled(state.values != state.defaults)
 
     def _sync(self, name: str, w: QWidget, state: KnobState) -> None:
@@ -430,7 +435,8 @@ class KnobsPanel(QWidget):
                                                            f"{result.message}")
             else:
                 self._set_status(result.option, "ok", "", f"When applied: {result.message}")
-                self._show_applied(result.option, self._value_text(result.option, result.value, self.state))
+                self._show_applied(result.option, self._value_text(result.option, result.value, self.state),
+                                   result.value)
             for name in ORDER:                  # a refusal another knob's value caused may no longer hold
                 if name != result.option and self._kind(name) == "bad":
                     self._set_status(name, "off", "")
@@ -439,13 +445,19 @@ class KnobsPanel(QWidget):
             self._set_status(result.option, "bad", f"✗ rejected: {gui_wording(result.message)}")
         self.result_shown.emit(result)
 
-    def _show_applied(self, option: str, value_text: str) -> None:
-        """The ✓ line of ``option``, naming ``value_text``; its tooltip (the engine's account) stays."""
-        line = self.status[option]
+    def _show_applied(self, option: str, value_text: str, value: object = None) -> None:
+        """The ✓ line of ``option``, naming ``value_text``; its tooltip (the engine's account) stays. A pool
+        of ``value`` bytes too small for one expert is applied with a warning: it holds none."""
+        line, one = self.status[option], self.state.expert_bytes if self.state is not None else 0
+        if option == "expert_pool_size" and isinstance(value, int) and 0 < value < one:
+            self._set_status(option, "warn", f"⚠ applied: {value_text}, less than one expert ({pool_text(one)}): "
+                                             "none is pooled", line.tip)
+            return
         self._set_status(option, "ok", f"✓ applied: {value_text}", line.tip)
 
     def _kind(self, option: str) -> str:
-        """What the line of ``option`` says now: "ok" (applied), "bad" (refused) or "off"."""
+        """What the line of ``option`` says now: "ok" (applied), "warn" (applied, and a warning), "bad"
+        (refused) or "off"."""
         return self.status[option].objectName().removeprefix("knobStatus_")
 
     def _value_text(self, option: str, value: object, state: KnobState | None) -> str:

@@ -155,6 +155,7 @@ class KnobState:
     choices: tuple[tuple[str, tuple[str, ...]], ...] = ()   # option -> allowed values (combo boxes)
     automatic: tuple[tuple[str, int], ...] = ()   # option -> what its automatic value (None) comes to now
     most: tuple[tuple[str, int], ...] = ()        # option -> the largest value this load takes (number boxes)
+    expert_bytes: int = 0                         # one routed expert's bytes: a smaller pool holds none
 
     def value(self, name: str) -> object:
         return dict(self.values).get(name)

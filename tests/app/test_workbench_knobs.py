@@ -47,6 +47,31 @@ def test_pool_slider_is_bounded_and_resizes_the_pool(window, qtbot):
     qtbot.waitUntil(lambda: window.knobs.state.pool_bytes > state.pool_bytes, timeout=TIMEOUT)
 
 
+def test_the_pool_slider_names_the_size_the_engine_holds_until_it_moves(window, qtbot):
+    from app.knobs import pool_text
+    pool = window.knobs.controls["expert_pool_size"]
+    held = window.knobs.state.value("expert_pool_size")     # 8 MiB: between two of the slider's steps
+    assert held % pool._step_bytes and pool.label.text() == pool_text(held) == "8.0 MiB"
+    at = pool.slider.value()
+    result = _answer(qtbot, window, lambda: pool.slider.setValue(at + 1))
+    assert result.value == (at + 1) * pool._step_bytes and pool.label.text() == pool_text(result.value)
+    result = _answer(qtbot, window, lambda: pool.slider.setValue(at))         # back on the step: the step's size
+    assert result.value == at * pool._step_bytes
+    qtbot.waitUntil(lambda: _status(window, "expert_pool_size") == f"✓ applied: {pool.label.text()}", timeout=TIMEOUT)
+
+
+def test_a_pool_too_small_for_one_expert_is_applied_with_a_warning(window, qtbot):
+    from app.knobs import pool_text
+    pool, one = window.knobs.controls["expert_pool_size"], window.knobs.state.expert_bytes
+    assert 0 < pool._step_bytes < one
+    result = _answer(qtbot, window, lambda: pool.slider.setValue(1))
+    assert result.applied and window.knobs._kind("expert_pool_size") == "warn"
+    assert _status(window, "expert_pool_size") == (f"⚠ applied: {pool_text(result.value)}, less than one expert "
+                                                   f"({pool_text(one)}): none is pooled")
+    _answer(qtbot, window, lambda: pool.slider.setValue(pool.slider.maximum()))
+    assert window.knobs._kind("expert_pool_size") == "ok"
+
+
 def test_rejected_change_shows_the_engine_reason(window, qtbot):
     c = window.knobs.controls
     _answer(qtbot, window, lambda: c["max_batch"].setValue(32))
