@@ -34,6 +34,7 @@ class ShortScroll(QScrollArea):
     def __init__(self, part: QWidget, lines: int) -> None:
         super().__init__()
         self._lines = lines
+        self._asked = -1                    # the height its last size hint asked for
         self.setFrameShape(QFrame.Shape.NoFrame)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.setWidgetResizable(True)
@@ -50,6 +51,12 @@ class ShortScroll(QScrollArea):
             self.updateGeometry()           # the part opened or folded: another height to ask for
         return False
 
+    def resizeEvent(self, event) -> None:
+        """Narrower, the part's lines wrap to more rows (wider, to fewer): the height it asks for follows."""
+        super().resizeEvent(event)
+        if event.size().width() != event.oldSize().width() and self._part_height() != self._asked:
+            self.updateGeometry()
+
     def _part_height(self) -> int:
         part = self.widget()
         width = self.viewport().width() if self.testAttribute(Qt.WidgetAttribute.WA_Resized) else 0
@@ -58,7 +65,8 @@ class ShortScroll(QScrollArea):
         return part.sizeHint().height()
 
     def sizeHint(self) -> QSize:
-        return QSize(self.widget().sizeHint().width(), self._part_height())
+        self._asked = self._part_height()
+        return QSize(self.widget().sizeHint().width(), self._asked)
 
     def minimumSizeHint(self) -> QSize:
         cap = self._lines * self.fontMetrics().lineSpacing()

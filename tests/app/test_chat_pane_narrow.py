@@ -103,3 +103,17 @@ def test_opening_the_settings_and_the_note_never_makes_a_small_window_taller(win
     assert window.minimumSizeHint().height() <= before + 3 * line, (before, window.minimumSizeHint().height())
     assert window.height() == _client(SMALL_SCREEN).height()
     assert pane.notice.whole.isVisible() and pane.settings_box.temperature.isVisible()
+
+
+def test_the_sampling_summary_keeps_its_lines_whole_after_the_window_narrows(window):
+    # opened wide, then narrowed: the summary wraps to more rows, and its area grows to hold them (it kept
+    # the wide window's one row, cut the second and showed a scroll bar)
+    box = window.chat_pane.settings_box
+    window.resize(_client(SCREENS[-1]))
+    _settle()
+    scroll = box.parentWidget().parentWidget()
+    for size in (SCREENS[0], SMALL_SCREEN):
+        window.resize(_client(size))
+        _settle()
+        assert scroll.height() >= box.heightForWidth(scroll.viewport().width()), size
+        assert not scroll.verticalScrollBar().isVisible(), size
