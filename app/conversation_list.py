@@ -1,7 +1,8 @@
 """The conversations sidebar: New chat, a search over the chats' titles and messages, the saved chats (newest
 first), Rename, Delete, and Undo of a delete.
 
-From the keyboard: Down in the search box goes to the first chat found, Enter there opens it; Enter in the
+From the keyboard: Down in the search box goes to the first chat found, Enter there opens it, Esc clears it
+(an empty box leaves Esc to the window: it stops the reply); Enter in the
 list opens the chat marked, the arrows open the next one; after a Delete the chat next to it is shown.
 
 Each entry is its title on one line (cut with "…" to the list's width, the whole title in its tooltip)
@@ -268,6 +269,12 @@ class ConversationList(QWidget):
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
         if watched is self.list.viewport() and event.type() == QEvent.Type.Resize:
             self._fit_titles()
+        if (watched is self.search and event.type() in (QEvent.Type.ShortcutOverride, QEvent.Type.KeyPress)
+                and event.key() == Qt.Key.Key_Escape and self.search.text()):
+            if event.type() == QEvent.Type.KeyPress:
+                self.search.clear()
+            event.accept()                      # Esc clears a search before it reaches Chat › Stop the reply
+            return True
         if event.type() != QEvent.Type.KeyPress or event.modifiers() & ~Qt.KeyboardModifier.KeypadModifier:
             return super().eventFilter(watched, event)
         enter = event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)

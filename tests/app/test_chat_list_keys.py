@@ -136,3 +136,18 @@ def test_ctrl_f_puts_the_typing_in_the_search_box(window, qtbot):
     QTest.keyClick(window, Qt.Key.Key_F, Qt.KeyboardModifier.ControlModifier)
     qtbot.waitUntil(lambda: window.sidebar.search.hasFocus(), timeout=2000)
     assert window.sidebar.search.selectedText() == "old words"          # typing replaces the last search
+
+
+def test_esc_in_the_search_box_clears_the_search_and_then_is_the_window_s_again(window, qtbot):
+    stopped = []
+    window.chat.stop_shown = lambda: stopped.append(True)       # what Chat › Stop the reply (Esc) does
+    window.show()
+    window.activateWindow()
+    search = window.sidebar.search
+    search.setFocus()
+    qtbot.waitUntil(search.hasFocus, timeout=2000)
+    QTest.keyClicks(search, "words")
+    QTest.keyClick(search, Qt.Key.Key_Escape)
+    assert search.text() == "" and stopped == []
+    QTest.keyClick(search, Qt.Key.Key_Escape)                   # nothing left to clear: the shortcut's
+    assert stopped == [True]
