@@ -269,9 +269,9 @@ case ${1:-} in
     # loaded in turn in one process as the kit does, and int4 again with the allocator's expandable segments
     gpu_tests 250 gate
     [ -d "$TRAINED" ] || python3 benchmarks/trained_like_checkpoint.py "$TRAINED" --layers 12 2>&1 | tail -n 2
-    timeout 150 python3 benchmarks/memory_gap.py --hf "$TRAINED" --sequence "int4:0%,bf16:0%" \
+    timeout 150 python3 benchmarks/memory_gap.py --hf "$TRAINED" --sequence "${MEM_SEQ:-int4:0%,bf16:0%}" \
       --out "$OUT/memory_gap.json" 2>&1 | grep -v -e Warn -e "^ *$" -e "_kernel " | tail -n 24
-    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 90 python3 benchmarks/memory_gap.py --hf "$TRAINED" \
+    [ "${NO_EXPANDABLE:-0}" = 1 ] || PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 90 python3 benchmarks/memory_gap.py --hf "$TRAINED" \
       --format int4 --pool 0% --out "$OUT/memory_gap_expandable.json" 2>&1 | grep -v -e Warn -e "^ *$" -e "_kernel " \
       | tail -n 8;;
   cold-ab)
