@@ -67,6 +67,7 @@ class ConversationList(QWidget):
     delete_requested = Signal(str)
     rename_requested = Signal(str)  # conversation id: ask for its new title
     undo_requested = Signal()
+    trash_changed = Signal()        # a chat went to the trash or came back from it (a delete, a restore, an Undo)
 
     def __init__(self) -> None:
         super().__init__()
@@ -137,7 +138,8 @@ class ConversationList(QWidget):
         return self.undo_bar
 
     def show_undo(self, text: str, where: str = "") -> None:
-        """Offer Undo for a while with ``text`` ("Deleted 'title'"); an empty text takes the offer away."""
+        """Offer Undo for a while with ``text`` ("Deleted 'title'"); an empty text takes the offer away. Said
+        after every delete, restore and Undo: ``trash_changed`` tells an open list of deleted chats."""
         self.undo_label.setText(text)
         self.undo_label.setToolTip(f"The file is kept in {where}" if where else "")
         self.undo_bar.setVisible(bool(text))
@@ -145,6 +147,7 @@ class ConversationList(QWidget):
             self._undo_timer.start()
         else:
             self._undo_timer.stop()
+        self.trash_changed.emit()
 
     def set_conversations(self, convs: list[Conversation], current_id: str | None,
                           writing: str | None = None) -> None:

@@ -500,7 +500,8 @@ class MainWindow(QMainWindow):
     def open_trash(self) -> None:
         """The deleted chats, each to restore (a dialog of its own: the list is read when it opens)."""
         from app.trash_dialog import TrashDialog
-        dialog = TrashDialog(self.chat.trashed, self.chat.restore, str(self.chat.store.trash_folder), self)
+        dialog = TrashDialog(self.chat.trashed, self.chat.restore, str(self.chat.store.trash_folder), self,
+                             changed=self.sidebar.trash_changed)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         self.trash_dialog = dialog
         dialog.show()

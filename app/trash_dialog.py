@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, SignalInstance
 from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QLabel, QListWidget, QListWidgetItem, QPushButton,
                                QVBoxLayout, QWidget)
 
@@ -12,11 +12,11 @@ from app.conversations import Conversation
 
 
 class TrashDialog(QDialog):
-    """``trashed()`` lists the deleted chats (asked again after each restore); ``restore(id)`` brings one back,
-    or says why it cannot (one line, shown under the list)."""
+    """``trashed()`` lists the deleted chats (asked again after each restore, and each time ``changed`` fires);
+    ``restore(id)`` brings one back, or says why it cannot (one line, shown under the list)."""
 
     def __init__(self, trashed: Callable[[], list[Conversation]], restore: Callable[[str], str | None], where: str,
-                 parent: QWidget | None = None) -> None:
+                 parent: QWidget | None = None, changed: SignalInstance | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Deleted chats")
         self._trashed, self._restore = trashed, restore
@@ -45,6 +45,8 @@ class TrashDialog(QDialog):
         lay.addWidget(buttons)
         self.resize(420, 360)
         self.refresh()
+        if changed is not None:          # a delete or an Undo under the chat list while the dialog is open
+            changed.connect(self.refresh)
 
     def refresh(self) -> None:
         self.list.clear()

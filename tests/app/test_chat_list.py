@@ -418,3 +418,20 @@ def test_the_trash_cuts_a_long_title_to_the_dialogs_width(qtbot):
     dialog.show()
     qtbot.waitUntil(dialog.list.isVisible)
     assert not dialog.list.horizontalScrollBar().isVisible() and dialog.list.item(0).toolTip() == chat.title
+
+
+def test_an_open_list_of_deleted_chats_follows_deletes_and_undo(qtbot, tmp_path):
+    from app.trash_dialog import TrashDialog
+    chat = make_chat(qtbot, tmp_path / "c")
+    exchange(chat, "A.", "first")
+    chat.new_chat()
+    exchange(chat, "B.", "second")
+    dialog = TrashDialog(chat.trashed, chat.restore, "/trash", changed=chat.sidebar.trash_changed)
+    qtbot.addWidget(dialog)
+    ids = lambda: [dialog.list.item(i).data(Qt.ItemDataRole.UserRole) for i in range(dialog.list.count())]  # noqa
+    assert ids() == []
+    gone = chat.conversations[-1].id
+    chat.delete(gone)
+    assert ids() == [gone]
+    chat.undo_delete()                       # Undo under the chat list: that chat is no longer in the trash
+    assert ids() == [] and dialog.empty.isVisibleTo(dialog)

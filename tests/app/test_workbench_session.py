@@ -363,3 +363,4 @@ def test_the_chat_menu_opens_the_deleted_chats(window, qtbot):
     qtbot.waitUntil(lambda: window.trash_dialog.isVisible(), timeout=5_000)
     assert str(window.chat.store.trash_folder) in window.trash_dialog.findChild(QLabel).text()
     window.trash_dialog.close()
+
