@@ -175,7 +175,7 @@ class MainWindow(QMainWindow):
         self._action(file, "&Export session stats (CSV)…", self.export_session_dialog, "Ctrl+E")
         plots = file.addMenu("Export &plot as PNG")
         for panel in self.panels:
-            self._action(plots, panel.title, lambda _=False, p=panel: self.export_plot_dialog(p))
+            self._action(plots, f"&{panel.title}", lambda _=False, p=panel: self.export_plot_dialog(p))
         self._action(file, "&Load test…", self.open_load_test, "Ctrl+L")
         file.addSeparator()
         self._action(file, "&Quit", self.close, "Ctrl+Q")
@@ -183,11 +183,14 @@ class MainWindow(QMainWindow):
         self._action(chat, "&New chat", lambda: self.chat.new_chat(), "Ctrl+N")
         self._action(chat, "&Stop the reply", lambda: self.chat.stop_shown(), "Esc")
         self._action(chat, "&Regenerate the last reply", lambda: self.chat.regenerate(), "Ctrl+R")
+        self._action(chat, "Edit the &last message", lambda: self.chat.edit_last())
+        self._action(chat, "Rena&me this chat…", lambda: self.chat.rename(self.chat.current.id))
         self._action(chat, "S&earch chats", self.sidebar.focus_search, "Ctrl+F")
         chat.addSeparator()
         self._action(chat, "&Deleted chats…", self.open_trash)
         view = bar.addMenu("&View")
         for dock in self.docks.values():
+            dock.toggleViewAction().setText(f"&{dock.windowTitle()}")       # Alt+V, then its first letter
             view.addAction(dock.toggleViewAction())
         view.addSeparator()
         self._action(view, "&Reset window layout", self.reset_layout)

@@ -256,3 +256,21 @@ def test_a_stored_message_makes_only_the_widgets_it_shows(qapp):
     streaming = MessageBubble("assistant", streaming=True)
     streaming.append("partial")
     assert streaming.tail.text() == "partial"
+
+
+def test_every_menu_item_has_an_access_key_and_the_chat_menu_edits_and_renames(window, qtbot):
+    from PySide6.QtWidgets import QMenu
+    for menu in window.menuBar().findChildren(QMenu):
+        for action in menu.actions():
+            if not action.isSeparator() and not action.menu():
+                assert "&" in action.text().replace("&&", ""), f"{menu.title()} › {action.text()} has no access key"
+    chat = next(m for m in window.menuBar().findChildren(QMenu) if m.title() == "&Chat")
+    items = {a.text(): a for a in chat.actions()}
+    with qtbot.waitSignal(window.chat.reply_done, timeout=REPLY_MS):
+        window.chat.send("The Lord is my shepherd")
+    window.chat.ask_text = lambda _title, _label, _text: "Psalms"
+    items["Rena&me this chat…"].trigger()
+    assert window.chat.current.title == "Psalms"
+    window.chat.confirm = lambda _title, _question: True          # "... its reply is removed": yes
+    items["Edit the &last message"].trigger()
+    assert window.chat_pane.input.toPlainText() == "The Lord is my shepherd"
