@@ -35,6 +35,7 @@ class ShortScroll(QScrollArea):
         super().__init__()
         self._lines = lines
         self._asked = -1                    # the height its last size hint asked for
+        self.setFocusPolicy(Qt.FocusPolicy.NoFocus)     # Tab goes to what it holds, not to an invisible frame
         self.setFrameShape(QFrame.Shape.NoFrame)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.setWidgetResizable(True)

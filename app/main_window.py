@@ -132,6 +132,7 @@ class MainWindow(QMainWindow):
         self.knobs = KnobsPanel()
         self.panels: list[Panel] = [self.performance, self.gpu_panel, self.memory, self.experts, self.traffic]
         self.knobs_scroll = QScrollArea()
+        self.knobs_scroll.setFocusPolicy(Qt.FocusPolicy.NoFocus)     # Tab goes from knob to knob, not to the frame
         self.knobs_scroll.setWidget(self.knobs)
         self.knobs_scroll.setWidgetResizable(True)
         self.knobs_scroll.setFrameShape(QFrame.Shape.NoFrame)

@@ -2,6 +2,8 @@
 meter's line gives way to shorter forms ("281 / 512 tokens", "281/512"), the whole line in its tooltip."""
 from __future__ import annotations
 
+from PySide6.QtCore import Qt
+
 from tests.app.test_window_layout import SCREENS, SMALL_SCREEN, _client, _settle
 
 
@@ -117,3 +119,11 @@ def test_the_sampling_summary_keeps_its_lines_whole_after_the_window_narrows(win
         _settle()
         assert scroll.height() >= box.heightForWidth(scroll.viewport().width()), size
         assert not scroll.verticalScrollBar().isVisible(), size
+
+
+def test_tab_never_stops_on_a_frame_that_shows_nothing(window):
+    from PySide6.QtWidgets import QScrollArea
+    from app.transcript import ChatView
+    frames = [w for w in window.findChildren(QScrollArea) if not isinstance(w, ChatView) and w.isVisible()]
+    assert frames and all(w.focusPolicy() == Qt.FocusPolicy.NoFocus for w in frames), [
+        type(w).__name__ for w in frames if w.focusPolicy() != Qt.FocusPolicy.NoFocus]
