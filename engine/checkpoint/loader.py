@@ -95,6 +95,8 @@ class _Fetch:
         stays near what the model keeps."""
         raw, order = self.raw(entry), self.row_orders.get(entry.name)
         n = raw.shape[0]
+        if n == 0:
+            return quantize_rows(raw.to(device=self.device, dtype=self.dtype), self.resident)
         rows = max(1, QUANT_LOAD_BYTES // max(1, raw[0].numel() * raw.element_size()))
         q = scale = None
         for r in range(0, n, rows):
