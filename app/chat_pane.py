@@ -31,11 +31,12 @@ class ShortScroll(QScrollArea):
     opening it never makes the window taller (on a small screen: past the screen's bottom, for good). Shown
     and hidden with the part it holds."""
 
-    def __init__(self, part: QWidget, lines: int) -> None:
+    def __init__(self, part: QWidget, lines: int, keys_scroll: bool = False) -> None:
         super().__init__()
         self._lines = lines
         self._asked = -1                    # the height its last size hint asked for
-        self.setFocusPolicy(Qt.FocusPolicy.NoFocus)     # Tab goes to what it holds, not to an invisible frame
+        if not keys_scroll:                 # Tab goes to what it holds (scrolled into sight), not to the frame;
+            self.setFocusPolicy(Qt.FocusPolicy.NoFocus)   # a part with nothing to focus keeps it, for the arrows
         self.setFrameShape(QFrame.Shape.NoFrame)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.setWidgetResizable(True)
@@ -424,7 +425,7 @@ class ChatPane(WrappingWidget):
         self.model_line.setTextFormat(Qt.TextFormat.RichText)
         lay.addWidget(self.model_line)
         self.notice = FoldedNote()
-        lay.addWidget(ShortScroll(self.notice, 2))
+        lay.addWidget(ShortScroll(self.notice, 2, keys_scroll=True))
         self.view = ChatView()
         frame = 2 * self.view.frameWidth() + 8
         self.view.setMinimumHeight(VIEW_MIN_LINES * self.view.fontMetrics().lineSpacing() + frame)

@@ -43,9 +43,9 @@ from app.recorder import SessionRecorder
 from app.server_switch import ServerSwitch
 from app.status_line import MESSAGE_MS, GrowingSlot, MessageSlot, speed_line
 from app.thermal import AMBER, RED, ThermalGuard, ThermalState, assess, temperature_note
-from app.window_layout import (CHAT_MIN_WIDTH, DOCK_TITLES, KNOBS_MIN_WIDTH, LAYOUT_VERSION, SIDEBAR_MIN_WIDTH,
-                               LAYOUT_KEYS, DockWidths, arrange_docks, default_window_size, fit_window, fits,
-                               tidy_tab_bars)
+from app.window_layout import (CHAT_MIN_WIDTH, DOCK_TITLES, KNOBS_MIN_WIDTH, LAYOUT_KEYS, LAYOUT_VERSION,
+                               SIDEBAR_MIN_WIDTH, DockWidths, access_keyed, arrange_docks, default_window_size,
+                               fit_window, fits, tidy_tab_bars)
 
 REDRAW_MS = 33          # a tick every 33 ms redraws one of REDRAW_GROUPS groups: each panel ~10 Hz,
 REDRAW_GROUPS = 3       # and no single tick paints every plot at once (keeps each pause of the GUI short)
@@ -175,8 +175,8 @@ class MainWindow(QMainWindow):
         self._action(file, "Export &chat (Markdown or JSON)…", self.export_chat_dialog, "Ctrl+Shift+E")
         self._action(file, "&Export session stats (CSV)…", self.export_session_dialog, "Ctrl+E")
         plots = file.addMenu("Export &plot as PNG")
-        for panel in self.panels:
-            self._action(plots, f"&{panel.title}", lambda _=False, p=panel: self.export_plot_dialog(p))
+        for panel, text in zip(self.panels, access_keyed([p.title for p in self.panels])):
+            self._action(plots, text, lambda _=False, p=panel: self.export_plot_dialog(p))
         self._action(file, "&Load test…", self.open_load_test, "Ctrl+L")
         file.addSeparator()
         self._action(file, "&Quit", self.close, "Ctrl+Q")
@@ -190,8 +190,9 @@ class MainWindow(QMainWindow):
         chat.addSeparator()
         self._action(chat, "&Deleted chats…", self.open_trash)
         view = bar.addMenu("&View")
-        for dock in self.docks.values():
-            dock.toggleViewAction().setText(f"&{dock.windowTitle()}")       # Alt+V, then its first letter
+        docks = list(self.docks.values())
+        for dock, text in zip(docks, access_keyed([d.windowTitle() for d in docks], taken="r")):   # r: Reset
+            dock.toggleViewAction().setText(text)
             view.addAction(dock.toggleViewAction())
         view.addSeparator()
         self._action(view, "&Reset window layout", self.reset_layout)

@@ -45,6 +45,7 @@ class _SaysOutOfRange:
                                    f"{self._shown(self.maximum())}; it stays {kept}")
         elif number is None and _FRACTION.fullmatch(typed) and isinstance(self, QSpinBox):
             self.out_of_range.emit(f"✗ {typed} is not a whole number; it stays {kept}")
+            return text         # as typed: Qt's own fixup drops a group separator ("3,5" -> 35) and applies that
         return super().fixup(text)
 
 

@@ -99,7 +99,7 @@ class GrowingSlot(ElidedLabel):
         """Show ``text``; ``reset`` lets the slot shrink to it (an idle engine's short line)."""
         self.setText(text)
         width = ElidedLabel.sizeHint(self).width()          # the whole text, with the style's margins
-        if reset or width > self._widest:
+        if width > self._widest or (reset and width != self._widest):     # the bar re-lays out only then
             self._widest = width
             self.updateGeometry()
         self._fit_tooltip()

@@ -226,3 +226,18 @@ class DockWidths(QObject):
         if given:
             self._given = {name: (dock.width(), given.get(name, dock.width())) for name, dock in docked.items()}
             self.window.resizeDocks([docked[n] for n in given], list(given.values()), Qt.Orientation.Horizontal)
+
+
+def access_keyed(titles: list[str], taken: str = "") -> list[str]:
+    """``titles`` as menu items, each with an access key of its own: the first letter of its title no item
+    before it (nor ``taken``) has, else none ("Throughput" and "Transfers": "&Throughput", "T&ransfers")."""
+    used, out = set(taken.lower()), []
+    for title in titles:
+        at = next((i for i, c in enumerate(title) if c.isalpha() and c.lower() not in used), None)
+        if at is None:
+            out.append(title.replace("&", "&&"))
+            continue
+        used.add(title[at].lower())
+        out.append(title[:at].replace("&", "&&") + "&" + title[at:].replace("&", "&&"))
+    return out
+

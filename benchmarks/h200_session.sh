@@ -281,7 +281,7 @@ case ${1:-} in
     # AB_BATCHES picks the batches, NO_TESTS=1 leaves out the GPU tests (run by the call before it)
     [ "${NO_TESTS:-0}" = 1 ] || gpu_tests 250 gate
     rm -rf /dev/shm/llamacpp-anchor "$TRAINED"
-    timeout $(( $(left) > 320 ? 300 : $(left) - 20 )) python3 benchmarks/bench_gpt_oss.py --cells b \
+    timeout $(( $(left) > 320 ? 300 : ($(left) > 40 ? $(left) - 20 : 20) )) python3 benchmarks/bench_gpt_oss.py --cells b \
       --routing trained-like --batches "${AB_BATCHES:-1,4,16}" \
       --variants "${AB_VARIANTS:-defaults,fill_share=0.5,end_late=1,fill_share=0.5:end_late=1}" --profile 4 \
       --trace-dir "$OUT/traces" --out "$OUT/gpt_oss_cold_ab.json" 2>&1 | grep -v USDT | tail -n 24;;

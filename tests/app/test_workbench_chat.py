@@ -261,9 +261,13 @@ def test_a_stored_message_makes_only_the_widgets_it_shows(qapp):
 def test_every_menu_item_has_an_access_key_and_the_chat_menu_edits_and_renames(window, qtbot):
     from PySide6.QtWidgets import QMenu
     for menu in window.menuBar().findChildren(QMenu):
+        keys = []
         for action in menu.actions():
-            if not action.isSeparator() and not action.menu():
-                assert "&" in action.text().replace("&&", ""), f"{menu.title()} › {action.text()} has no access key"
+            if not action.isSeparator():
+                text = action.text().replace("&&", "")
+                assert "&" in text, f"{menu.title()} › {action.text()} has no access key"
+                keys.append(text[text.index("&") + 1].lower())
+        assert len(keys) == len(set(keys)), f"{menu.title()}: two items share an access key: {keys}"
     chat = next(m for m in window.menuBar().findChildren(QMenu) if m.title() == "&Chat")
     items = {a.text(): a for a in chat.actions()}
     with qtbot.waitSignal(window.chat.reply_done, timeout=REPLY_MS):

@@ -469,6 +469,27 @@ def test_a_fraction_in_a_whole_number_box_is_refused_and_a_third_decimal_cut_at_
     box.hide()
 
 
+def test_a_decimal_comma_in_a_whole_number_box_is_refused_not_read_as_a_group_separator(qtbot):
+    # "3,5" where "," groups thousands (C, English) and "3.5" where "." does (German): Qt's own fixup took the
+    # separator out and applied 35
+    from PySide6.QtCore import QLocale
+    from PySide6.QtTest import QTest
+
+    from app.knobs import _spin
+    for locale, typed in ((QLocale.c(), "3,5"), (QLocale(QLocale.Language.German, QLocale.Country.Germany), "3.5")):
+        box = _spin(1, 64, " layers")
+        qtbot.addWidget(box)
+        box.setLocale(locale)
+        box.setValue(7)
+        said = []
+        box.out_of_range.connect(said.append)
+        box.show()
+        box.lineEdit().selectAll()
+        QTest.keyClicks(box, typed)
+        QTest.keyClick(box, Qt.Key.Key_Return)
+        assert box.value() == 7 and said and said[-1] == f"✗ {typed} is not a whole number; it stays 7", locale.name()
+
+
 def test_a_fraction_typed_into_a_knob_is_refused_on_its_line_and_nothing_is_asked(qtbot):
     from PySide6.QtTest import QTest
 
