@@ -87,6 +87,30 @@ def _label(text: str, fmt: Qt.TextFormat, name: str = "") -> QLabel:
     return label
 
 
+def focus_stops(widget: QWidget) -> list[QWidget]:
+    """The widgets under ``widget`` that Tab stops at."""
+    return [w for w in widget.findChildren(QWidget) if w.focusPolicy() & Qt.FocusPolicy.TabFocus]
+
+
+def tab_after(anchor: QWidget, stops: list[QWidget]) -> None:
+    """Tab reaches ``stops``, in that order, right after ``anchor`` (Qt puts a widget made later at the end
+    of the window's chain, past every dock)."""
+    for a, b in zip([anchor, *stops], stops):
+        QWidget.setTabOrder(a, b)
+
+
+def last_stop(widget: QWidget) -> QWidget | None:
+    """The stop under ``widget`` that Tab reaches last, where its stops lie together in the chain."""
+    stops = focus_stops(widget)
+    if not stops:
+        return None
+    last = w = stops[0]
+    while (w := w.nextInFocusChain()) is not stops[0] and widget.isAncestorOf(w):
+        if w in stops:
+            last = w
+    return last
+
+
 def _flat_button(text: str, tip: str) -> QPushButton:
     button = QPushButton(text)
     button.setFlat(True)
@@ -324,6 +348,7 @@ class MessageBubble(QFrame):
         if self._reasoning is None:
             self._reasoning = ReasoningBlock()
             self.layout().insertWidget(1, self._reasoning)
+            tab_after(self.copy_button, focus_stops(self._reasoning))   # Tab: the header's buttons, then it
         return self._reasoning
 
     def set_reasoning(self, text: str) -> None:
@@ -359,6 +384,10 @@ class MessageBubble(QFrame):
             for w in self._pager:
                 self._head.insertWidget(self._head.indexOf(self.copy_button), w)
                 w.hide()
+            anchor = self.copy_button.previousInFocusChain()          # Tab: ‹ › Delete, then Copy, as shown
+            while anchor in (prev, nxt, delete) or not anchor.focusPolicy() & Qt.FocusPolicy.TabFocus:
+                anchor = anchor.previousInFocusChain()
+            tab_after(anchor, [prev, nxt, delete, self.copy_button])
         return self._pager
 
     @property

@@ -5,13 +5,13 @@ from __future__ import annotations
 from PySide6.QtCore import QPoint, QRect, QSize, Qt, QTimer, Signal
 from PySide6.QtWidgets import QPushButton, QScrollArea, QVBoxLayout, QWidget
 
-from app.chat_view import MessageBubble
+from app.chat_view import MessageBubble, focus_stops, last_stop, tab_after
 
 def _tab_before(bubble: QWidget, before: QWidget) -> None:
     """Tab reaches ``bubble``'s buttons just before ``before``'s, as they lie on screen (Qt puts a widget
     made later at the end of the chain, so earlier messages filled in above would come last)."""
     tab = Qt.FocusPolicy.TabFocus
-    stops, after = ([w for w in x.findChildren(QWidget) if w.focusPolicy() & tab] for x in (bubble, before))
+    stops, after = focus_stops(bubble), focus_stops(before)
     if not stops or not after:
         return
     anchor = after[0].previousInFocusChain()     # the stop before (Qt leaves the order of a NoFocus widget be)
@@ -19,8 +19,7 @@ def _tab_before(bubble: QWidget, before: QWidget) -> None:
         if anchor is after[0]:
             return
         anchor = anchor.previousInFocusChain()
-    for a, b in zip([anchor, *stops], stops):
-        QWidget.setTabOrder(a, b)
+    tab_after(anchor, stops)
 
 
 PAGE_BUBBLES = 16     # bubbles a page of the transcript holds (see ChatView)
@@ -211,6 +210,9 @@ class ChatView(QScrollArea):
             if page is None or page.layout().count() >= PAGE_BUBBLES:
                 page = self._new_page(len(self._pages))
             page.layout().addWidget(bubble)
+            # Tab: after the message above it (or the transcript itself), before the settings and the box below
+            above = next((stop for b in reversed(self.bubbles) if (stop := last_stop(b)) is not None), self)
+            tab_after(above, focus_stops(bubble))
             self.bubbles.append(bubble)
             self._follow, self._anchor = True, None
         return bubble

@@ -357,3 +357,32 @@ def test_messages_put_in_mid_page_keep_every_page_at_most_full_and_the_order(qtb
     assert all(p.layout().count() <= PAGE_BUBBLES for p in pages)
     shown = [p.layout().itemAt(j).widget().text for p in pages for j in range(p.layout().count())]
     assert shown == [b.text for b in view.bubbles] == expected
+
+
+def test_tab_goes_through_the_messages_in_reading_order_before_what_lies_below_them(qtbot):
+    # Qt chains a widget made later at the window's end: a new message's buttons came after every dock
+    from PySide6.QtWidgets import QPushButton, QVBoxLayout, QWidget
+    from app.transcript import ChatView
+    window = QWidget()
+    qtbot.addWidget(window)
+    lay = QVBoxLayout(window)
+    view = ChatView()
+    below = QPushButton("Send")                      # what the pane has under the transcript
+    lay.addWidget(view)
+    lay.addWidget(below)
+    window.show()
+    first = view.add("user", "one")
+    second = view.add("assistant", "two")
+    second.set_pager(1, 2)                          # "‹ 2/2 ›" and Delete, made now, shown before Copy
+    third = view.add("assistant", "three")
+    third.set_reasoning("thinking")                 # its block, made now, comes after its Copy
+    late = QPushButton("a dock's button, made after the messages")
+    lay.addWidget(late)
+    fourth = view.add("user", "four")
+    expected = [first.copy_button, second.prev_button, second.next_button, second.delete_version_button,
+                second.copy_button, third.copy_button, third.reasoning.toggle, fourth.copy_button, below, late]
+    order, w = [], view
+    while (w := w.nextInFocusChain()) is not view:
+        if w in expected:
+            order.append(w)
+    assert order == expected, [getattr(x, "text", lambda: "")() for x in order]
