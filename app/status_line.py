@@ -12,9 +12,9 @@ Two labels that a plain QLabel and QStatusBar's own messages get wrong:
 from __future__ import annotations
 
 from PySide6.QtCore import QEvent, QObject, QSize, Qt, QTimer
-from PySide6.QtWidgets import QSizePolicy
+from PySide6.QtWidgets import QLabel, QSizePolicy
 
-from app.panels.base import ElidedLabel
+from app.panels.base import CaptionLabel, ElidedLabel
 
 MESSAGE_MS = 5000          # how long a message stays before the model's line comes back
 LEAST_MODEL_PX = 120       # the left slot keeps this much however narrow the window ("demo on cpu")
@@ -38,7 +38,7 @@ class MessageSlot(ElidedLabel):
     middle where the room is short, whole in the tooltip."""
 
     def __init__(self, text: str = "") -> None:
-        super().__init__(text)
+        super().__init__(text, Qt.TextElideMode.ElideMiddle)    # a saved file's name at the end stays in sight
         self.setMinimumWidth(LEAST_MODEL_PX)
         self.line = text
         self.message = ""
@@ -46,10 +46,6 @@ class MessageSlot(ElidedLabel):
         self._timer.setSingleShot(True)
         self._timer.timeout.connect(self.clear_message)
         self._show(text)
-
-    def shown_text(self) -> str:
-        """Cut in the middle where the room is short: a saved file's name at the end stays in sight."""
-        return self.fontMetrics().elidedText(self.text(), Qt.TextElideMode.ElideMiddle, self.contentsRect().width())
 
     def set_line(self, text: str) -> None:
         self.line = text
@@ -71,9 +67,10 @@ class MessageSlot(ElidedLabel):
         self.setToolTip(text)
 
 
-class GrowingSlot(ElidedLabel):
+class GrowingSlot(CaptionLabel):
     """A label as wide as the longest text since ``reset`` (at most ``share`` of its window, and never below
-    what ``least`` characters need), so that text changing ten times a second moves nothing around it."""
+    what ``least`` characters need), so that text changing ten times a second moves nothing around it; cut
+    with "…" past that, whole in its tooltip."""
 
     def __init__(self, share: float = 0.36, most_px: int = 520, least_chars: int = 12) -> None:
         super().__init__("")
@@ -98,19 +95,10 @@ class GrowingSlot(ElidedLabel):
     def set_line(self, text: str, reset: bool = False) -> None:
         """Show ``text``; ``reset`` lets the slot shrink to it (an idle engine's short line)."""
         self.setText(text)
-        width = ElidedLabel.sizeHint(self).width()          # the whole text, with the style's margins
+        width = QLabel.sizeHint(self).width()               # the whole text, with the style's margins
         if width > self._widest or (reset and width != self._widest):     # the bar re-lays out only then
             self._widest = width
             self.updateGeometry()
-        self._fit_tooltip()
-
-    def _fit_tooltip(self) -> None:
-        """The whole line on hover while it is cut."""
-        self.setToolTip(self.text() if self.shown_text() != self.text() else "")
-
-    def resizeEvent(self, event) -> None:
-        super().resizeEvent(event)
-        self._fit_tooltip()
 
     def _most(self) -> int:
         window = self.window()

@@ -137,13 +137,14 @@ class ElidedLabel(QLabel):
     """A one-line label cut with "…" to the width it is given, never wider: ``text()`` stays the whole
     text, only the painting is cut, so a long value never widens its dock (and with it the window)."""
 
-    def __init__(self, text: str = "") -> None:
+    def __init__(self, text: str = "", elide: Qt.TextElideMode = Qt.TextElideMode.ElideRight) -> None:
         super().__init__(text)
+        self.elide = elide                  # where the "…" goes (the end, or the middle of a path)
         self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
 
     def shown_text(self) -> str:
         """What fits on screen now."""
-        return self.fontMetrics().elidedText(self.text(), Qt.TextElideMode.ElideRight, self.contentsRect().width())
+        return self.fontMetrics().elidedText(self.text(), self.elide, self.contentsRect().width())
 
     def paintEvent(self, _event: QPaintEvent) -> None:
         painter = QPainter(self)
