@@ -99,6 +99,17 @@ def tab_after(anchor: QWidget, stops: list[QWidget]) -> None:
         QWidget.setTabOrder(a, b)
 
 
+def tab_before(target: QWidget, stops: list[QWidget]) -> None:
+    """Tab reaches ``stops``, in that order, just before ``target`` (after the stop that comes before it now;
+    Qt leaves the order of a NoFocus widget be)."""
+    anchor = target.previousInFocusChain()
+    while anchor in stops or not anchor.focusPolicy() & Qt.FocusPolicy.TabFocus:
+        if anchor is target:
+            return                          # no other stop in the window
+        anchor = anchor.previousInFocusChain()
+    tab_after(anchor, [*stops, target])
+
+
 def last_stop(widget: QWidget) -> QWidget | None:
     """The stop under ``widget`` that Tab reaches last, where its stops lie together in the chain."""
     stops = focus_stops(widget)
@@ -384,10 +395,7 @@ class MessageBubble(QFrame):
             for w in self._pager:
                 self._head.insertWidget(self._head.indexOf(self.copy_button), w)
                 w.hide()
-            anchor = self.copy_button.previousInFocusChain()          # Tab: ‹ › Delete, then Copy, as shown
-            while anchor in (prev, nxt, delete) or not anchor.focusPolicy() & Qt.FocusPolicy.TabFocus:
-                anchor = anchor.previousInFocusChain()
-            tab_after(anchor, [prev, nxt, delete, self.copy_button])
+            tab_before(self.copy_button, [prev, nxt, delete])           # Tab: ‹ › Delete, then Copy, as shown
         return self._pager
 
     @property

@@ -5,21 +5,14 @@ from __future__ import annotations
 from PySide6.QtCore import QPoint, QRect, QSize, Qt, QTimer, Signal
 from PySide6.QtWidgets import QPushButton, QScrollArea, QVBoxLayout, QWidget
 
-from app.chat_view import MessageBubble, focus_stops, last_stop, tab_after
+from app.chat_view import MessageBubble, focus_stops, last_stop, tab_after, tab_before
 
 def _tab_before(bubble: QWidget, before: QWidget) -> None:
     """Tab reaches ``bubble``'s buttons just before ``before``'s, as they lie on screen (Qt puts a widget
     made later at the end of the chain, so earlier messages filled in above would come last)."""
-    tab = Qt.FocusPolicy.TabFocus
     stops, after = focus_stops(bubble), focus_stops(before)
-    if not stops or not after:
-        return
-    anchor = after[0].previousInFocusChain()     # the stop before (Qt leaves the order of a NoFocus widget be)
-    while anchor in stops or not anchor.focusPolicy() & tab:
-        if anchor is after[0]:
-            return
-        anchor = anchor.previousInFocusChain()
-    tab_after(anchor, stops)
+    if stops and after:
+        tab_before(after[0], stops)
 
 
 PAGE_BUBBLES = 16     # bubbles a page of the transcript holds (see ChatView)
