@@ -46,8 +46,10 @@ class ResidencyTuning:
     # 1.0 leases them all: on gpt-oss-120b at 24G, batch 4 (64 staging slots) a fill step then left the
     # next replayed step no staging, so it gathered nothing and read every missing expert directly, and
     # steps alternated between the two (a profile of four steps, gpt_oss_2026-12-07c.json). Below 1 a
-    # step leaves the rest to the next one's gathers; benchmarks try it (bench_gpt_oss.py --variants).
-    fill_share: float = 1.0
+    # step leaves the rest to the next one's gathers. 0.5 against 1.0 on that model, trained-like, in two
+    # runs with the order turned round (gpt_oss_cold_ab_2026-12-07*.json, H100): batch 16 126.0 against
+    # 85.8 and 122.9 against 108.0 tok/s, batch 4 91.6 against 85.0, batch 1 even (50.0/51.0 against 51.4).
+    fill_share: float = 0.5
     # Where a replayed step's first layer gives the host CPU experts, the previous step's deferred end
     # runs after those experts (False), while the GPU already waits at the second layer's join when
     # that one has a share too (1.3-2.7 ms in that profile); True: after the step's last layer instead.

@@ -1,0 +1,114 @@
+"""How fast the GPU's own kernels read expert rows out of mapped host memory, against the copy engine.
+
+A direct-read decode step moves its missing experts with the gather's copy kernel
+(kernels/publish_ids.gather_copy): the ids are known only on the device, so the copy engine cannot
+take them. The cost model measured that kernel at 20-24 GB/s on the H100 host, against 55 GB/s for
+the copy engine; this benchmark times it, with more programs, smaller chunks and an unmasked wide
+variant, on the same rows, to find whether the gap is the kernel's or the bus's.
+
+    python benchmarks/gather_rate.py --rows 8,64 --out gather_rate.json
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import environment, write_result  # noqa: E402
+from kernels._triton import cdiv, jit, tl  # noqa: E402
+from kernels.publish_ids import gather_copy  # noqa: E402
+
+EXPERT_BYTES = 2469888          # one int4 expert of the kit's Qwen3 shape (hidden 2048, FFN 768)
+
+
+@jit
+def _wide_kernel(rows, pool, work, W, NCHUNK, NPROG, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    # int64 words; every chunk but a row's last is whole, so its blocks load without a mask
+    n = tl.load(work)
+    offs = tl.arange(0, BLOCK)
+    for u in range(tl.program_id(0), n * NCHUNK, NPROG):
+        item = u // NCHUNK
+        c = u % NCHUNK
+        src = rows + tl.load(work + 2 + 2 * item) * W
+        dst = pool + tl.load(work + 1 + 2 * item) * W
+        start = c * CHUNK
+        if start + CHUNK <= W:
+            for w0 in range(start, start + CHUNK, BLOCK):
+                o = tl.multiple_of(w0, BLOCK) + offs
+                tl.store(dst + o, tl.load(src + o))
+        else:
+            for w0 in range(start, W, BLOCK):
+                o = w0 + offs
+                tl.store(dst + o, tl.load(src + o, mask=o < W), mask=o < W)
+
+
+def wide_copy(work, rows, pool, chunk, block, programs, warps):
+    rows64, pool64 = rows.view(torch.int64), pool.view(torch.int64)
+    w = rows64.shape[1]
+    _wide_kernel[(programs,)](rows64, pool64, work, w, cdiv(w, chunk), programs, CHUNK=chunk, BLOCK=block,
+                              num_warps=warps)
+
+
+def timed(fn, repeats: int) -> float:
+    fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        best = min(best, a.elapsed_time(b) / 1e3)
+    return best
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default="8,64", help="rows moved per call (8: one layer at batch 1)")
+    ap.add_argument("--store-rows", type=int, default=384, help="rows of the host store (a quarter of the kit's)")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--out")
+    args = ap.parse_args(argv)
+    dev = torch.device("cuda")
+    store = torch.empty(args.store_rows, EXPERT_BYTES, dtype=torch.uint8, pin_memory=True)
+    store.view(torch.int32).random_()
+    cells = []
+    for n in (int(v) for v in args.rows.split(",")):
+        keys = torch.randperm(args.store_rows)[:n].tolist()
+        work = torch.tensor([n] + [v for j, k in enumerate(keys) for v in (j, k)], dtype=torch.int64, device=dev)
+        pool = torch.empty(n, EXPERT_BYTES, dtype=torch.uint8, device=dev)
+        nbytes = n * EXPERT_BYTES
+        want = store[keys].to(dev)
+        variants = {"copy engine, one copy per row": lambda: [pool[j].copy_(store[k], non_blocking=True)
+                                                              for j, k in enumerate(keys)]}
+        for programs in (32, 66, 132, 264):
+            for chunk in (1 << 16, 1 << 14):
+                variants[f"gather_copy p{programs} chunk{chunk * 4 // 1024}K"] = (
+                    lambda p=programs, c=chunk: gather_copy(work, store, pool, chunk_words=c, programs=p))
+        for programs in (132, 264, 528):
+            for block, warps in ((1024, 4), (2048, 8), (512, 4)):
+                variants[f"wide p{programs} b{block} w{warps}"] = (
+                    lambda p=programs, b=block, w=warps: wide_copy(work, store, pool, 1 << 13, b, p, w))
+        for name, fn in variants.items():
+            pool.zero_()
+            try:
+                s = timed(fn, args.repeats)
+            except Exception as e:  # noqa: BLE001 - a variant that fails is reported, the rest still run
+                print(f"{n:3d} rows  {name:36s} failed: {type(e).__name__}: {e}".splitlines()[0])
+                continue
+            ok = bool(torch.equal(pool, want))
+            cells.append({"rows": n, "variant": name, "seconds": s, "gb_s": nbytes / s / 1e9, "correct": ok})
+            print(f"{n:3d} rows  {name:36s} {nbytes / s / 1e9:6.1f} GB/s  {s * 1e6:8.1f} us  {'ok' if ok else 'WRONG'}")
+    if args.out:
+        write_result(args.out, {"what": __doc__.splitlines()[0], "environment": environment(),
+                                "benchmark": "gather_rate", "expert_bytes": EXPERT_BYTES, "cells": cells})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
