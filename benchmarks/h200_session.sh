@@ -15,6 +15,8 @@
 #                    resident step; where the card's memory goes at no pool and what a closed engine still
 #                    holds, with and without expandable segments; then the kit in the background: follow
 #                    it with kit-then-gpt-oss, or poll it with bash .bench/kit/poll.sh 540; NO_KIT=1: no kit)
+#   or:              bash benchmarks/h200_session.sh gather-kit        (carry .bench: the GPU tests, the gather's
+#                    read rate from host memory by variant, then the kit in the background; poll it after)
 #   or:              bash benchmarks/h200_session.sh kit               (carry .bench: the kit alone, in the
 #                    background; follow it with kit-then-gpt-oss)
 #   or:              bash benchmarks/h200_session.sh checks            (the GPU tests; decode steps launched ahead
@@ -263,6 +265,14 @@ case ${1:-} in
       | tail -n 8;;
   kit)
     start_kit;;
+  gather-kit)
+    # the GPU tests; how fast the gather's copy kernel reads expert rows from mapped host memory against
+    # the copy engine (more programs, smaller chunks, an unmasked wide variant); then the kit
+    # (trained-like unless KIT_TRAINED=0) in the background: poll it with bash .bench/kit/poll.sh 540
+    gpu_tests 250 gate
+    timeout 120 python3 benchmarks/gather_rate.py --rows 8,64 --out "$OUT/gather_rate.json" 2>&1 | grep -v Warn \
+      | tail -n 40
+    start_kit 1;;
   memory)
     # the GPU tests; then where the card's memory goes at no pool on the kit's trained-like checkpoint and
     # settings (batch 1 after a 512-token prompt, 8 sequences after 128-token prompts), int4 then bf16

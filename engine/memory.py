@@ -212,9 +212,9 @@ class MemoryPlan:
 
 
 def staging_slots(experts_per_layer: int, decode_experts: int | None = None) -> int:
-    """Staging slots of a pool that holds fewer than all experts: room for what the layers of a decode
-    step can need at once, ``decode_experts`` (depth x batch x top-k: a layer's misses and the
-    prefetches of the layers ahead), at most one layer's worth, and at least half a layer's, so that a
+    """Staging slots of a pool that holds fewer than all experts: room for what a layer of a decode step
+    can miss, ``decode_experts`` (batch x top-k; the prefetches of the layers ahead take what it leaves),
+    at most one layer's worth, and at least half a layer's, so that a
     prefill layer that misses every expert runs in two passes (engine/experts/copy_path.LayerPasses);
     None: one layer's worth."""
     if decode_experts is None:
@@ -249,8 +249,13 @@ def step_workspace_bytes(spec: "ModelSpec", token_budget: int, max_batch: int, e
 
 
 def decode_experts(spec: "ModelSpec", config: "EngineConfig") -> int:
-    """The experts the prefetches of ``config``'s decode steps can need: depth (at least 1) x batch x top-k."""
-    return max(1, config.prefetch_depth) * config.max_batch * spec.top_k
+    """The staging slots ``config``'s decode steps are sized for with experts pooled: one layer's misses at
+    most (batch x top-k), whatever the prefetch depth. The prefetches of the layers ahead take what that
+    layer leaves and give way to its misses (engine/experts/copy_path.py). Depth x batch x top-k held a
+    whole layer's worth at batch 8, top-8, depth 2: 128 slots, 1.1 GiB at bf16 on the Qwen3-30B-A3B shape,
+    where a step with a quarter of the experts pooled missed about 20 of a layer's experts
+    (llamacpp_kit_2026-12-07b.json)."""
+    return config.max_batch * spec.top_k
 
 
 def direct_experts(spec: "ModelSpec", config: "EngineConfig", gpu: bool = True) -> int | None:

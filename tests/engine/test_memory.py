@@ -96,11 +96,12 @@ def test_staging_at_no_pool_is_one_layer_of_the_largest_direct_read_step() -> No
     assert step_sizing(spec, kit.replace(max_batch=32))["direct_experts"] is None     # beyond direct reads
     sizes = {k: v for k, v in gpu.items() if k != "workspace_bytes"}
     assert _plan(requested_pool=0, **sizes).staging_slots == 64
-    assert _plan(**sizes).staging_slots == 128 and _plan(requested_pool=0, **cpu).staging_slots == 128
+    # pooled: one layer's misses of a batch of 8 too, whatever the depth; copied steps on the CPU: the depth's
+    assert _plan(**sizes).staging_slots == 64 and _plan(requested_pool=0, **cpu).staging_slots == 64
     one = {k: v for k, v in step_sizing(spec, kit.replace(max_batch=1)).items() if k != "workspace_bytes"}
     assert _plan(requested_pool=0, **one).staging_slots == 64                      # half a layer at least
     # a budget that leaves the auto pool no slot stages as an explicit 0% does
-    tight = 3 * GiB + 4096 * KV_TOK + 100 * EXPERT
+    tight = 3 * GiB + 4096 * KV_TOK + 60 * EXPERT
     auto, none = _plan(budget_bytes=tight, **sizes), _plan(budget_bytes=tight, requested_pool=0, **sizes)
     assert auto.pool_slots == 0 and auto.staging_slots == none.staging_slots == 64
 
@@ -133,7 +134,7 @@ def test_the_workspace_is_what_the_largest_step_allocates() -> None:
     assert 180 * MiB < one < 400 * MiB
     assert step_workspace_bytes(spec, 2048, 8) > 1.8 * (one - 64 * MiB)
     sizing = step_sizing(spec, EngineConfig(model="m", max_batch=4, prefetch_depth=2))
-    assert sizing["decode_experts"] == 2 * 4 * 8
+    assert sizing["decode_experts"] == 4 * 8                # a layer's misses, not the prefetches' depth
     assert sizing["workspace_bytes"] == step_workspace_bytes(spec, 2048, 4)
 
 
