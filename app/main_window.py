@@ -21,6 +21,7 @@ from app.banner import BannerArea, BannerColumn
 from app.bridge import EngineBridge
 from app.chat_controller import ChatController
 from app.chat_export import export_chat
+from app.chat_menu import ChatMenu, add_action
 from app.chat_pane import ChatPane
 from app.conversation_list import ConversationList
 from app.conversations import ConversationStore
@@ -180,15 +181,7 @@ class MainWindow(QMainWindow):
         self._action(file, "&Load test…", self.open_load_test, "Ctrl+L")
         file.addSeparator()
         self._action(file, "&Quit", self.close, "Ctrl+Q")
-        chat = bar.addMenu("&Chat")
-        self._action(chat, "&New chat", lambda: self.chat.new_chat(), "Ctrl+N")
-        self._action(chat, "&Stop the reply", lambda: self.chat.stop_shown(), "Esc")
-        self._action(chat, "&Regenerate the last reply", lambda: self.chat.regenerate(), "Ctrl+R")
-        self._action(chat, "Edit the &last message", lambda: self.chat.edit_last())
-        self._action(chat, "Rena&me this chat…", lambda: self.chat.rename(self.chat.current.id))
-        self._action(chat, "S&earch chats", self.sidebar.focus_search, "Ctrl+F")
-        chat.addSeparator()
-        self._action(chat, "&Deleted chats…", self.open_trash)
+        self.chat_menu = ChatMenu(bar.addMenu("&Chat"), self.chat, self.sidebar.focus_search, self.open_trash)
         view = bar.addMenu("&View")
         docks = list(self.docks.values())
         for dock, text in zip(docks, access_keyed([d.windowTitle() for d in docks], taken="r")):   # r: Reset
@@ -201,11 +194,7 @@ class MainWindow(QMainWindow):
         self._action(help_menu, "&About Strata", self.show_about)
 
     def _action(self, menu: QMenu, text: str, slot, shortcut: str = "") -> QAction:
-        action = menu.addAction(text)
-        action.triggered.connect(slot)
-        if shortcut:
-            action.setShortcut(shortcut)
-        return action
+        return add_action(menu, text, slot, shortcut)
 
     def _build_status_bar(self) -> None:
         # the model's line, and messages over it (a long model path is cut, never widens the window)

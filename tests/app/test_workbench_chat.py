@@ -278,3 +278,25 @@ def test_every_menu_item_has_an_access_key_and_the_chat_menu_edits_and_renames(w
     window.chat.confirm = lambda _title, _question: True          # "... its reply is removed": yes
     items["Edit the &last message"].trigger()
     assert window.chat_pane.input.toPlainText() == "The Lord is my shepherd"
+
+
+def test_the_chat_menu_greys_out_what_cannot_apply_while_it_is_open(window, qtbot):
+    menu = window.chat_menu
+    items = (menu.stop, menu.regenerate, menu.edit_last, menu.rename)
+    menu.grey_out()                 # what aboutToShow does: a new chat has nothing to stop, redo, edit or rename
+    assert [a.isEnabled() for a in items] == [False, False, False, False]
+    assert menu.new.isEnabled() and menu.search.isEnabled() and menu.trash.isEnabled()
+    menu.enable_all()               # aboutToHide: the shortcuts work again whatever the state
+    assert all(a.isEnabled() for a in items)
+    with qtbot.waitSignal(window.chat.reply_done, timeout=REPLY_MS):
+        window.chat.send("Hello there")
+    menu.grey_out()                 # a saved chat with a reply: all but Stop apply
+    assert [a.isEnabled() for a in items] == [False, True, True, True]
+    menu.enable_all()
+    window.chat.regenerate()        # a reply in flight in the shown chat: only Stop applies
+    assert window.chat.live is not None
+    menu.grey_out()
+    assert [a.isEnabled() for a in items] == [True, False, False, True]
+    menu.enable_all()
+    with qtbot.waitSignal(window.chat.reply_done, timeout=REPLY_MS):
+        menu.stop.trigger()
