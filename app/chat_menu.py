@@ -2,11 +2,13 @@
 reply being written in it, Regenerate and Edit with no message of the user's (or a reply still coming),
 Rename on a chat not yet saved. Once it closes every item is enabled again, so that the shortcuts
 (Esc, Ctrl+R) keep working whatever the state was when the menu last opened; each handler checks for
-itself and does nothing where it cannot apply."""
+itself and does nothing where it cannot apply. A menu asked to show but not shown (a desktop's global
+menu reading the items over DBus, which need not say when it is done) is enabled again at once."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
+from PySide6.QtCore import QTimer
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QMenu
 
@@ -27,7 +29,7 @@ class ChatMenu:
     search and the Deleted chats window."""
 
     def __init__(self, menu: QMenu, chat: "ChatController", search: Callable, trash: Callable) -> None:
-        self.chat = chat
+        self.chat, self.menu = chat, menu
         self.new = add_action(menu, "&New chat", lambda: chat.new_chat(), "Ctrl+N")
         self.stop = add_action(menu, "&Stop the reply", lambda: chat.stop_shown(), "Esc")
         self.regenerate = add_action(menu, "&Regenerate the last reply", lambda: chat.regenerate(), "Ctrl+R")
@@ -51,6 +53,11 @@ class ChatMenu:
     def grey_out(self) -> None:
         for action, ok in self.available().items():
             action.setEnabled(ok)
+        QTimer.singleShot(0, self._unless_shown)
+
+    def _unless_shown(self) -> None:
+        if not self.menu.isVisible():
+            self.enable_all()
 
     def enable_all(self) -> None:
         for action in self.available():

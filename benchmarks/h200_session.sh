@@ -293,7 +293,7 @@ case ${1:-} in
     rm -rf /dev/shm/llamacpp-anchor "$TRAINED"
     timeout $(( $(left) > 320 ? 300 : ($(left) > 40 ? $(left) - 20 : 20) )) python3 benchmarks/bench_gpt_oss.py --cells b \
       --routing trained-like --batches "${AB_BATCHES:-1,4,16}" \
-      --variants "${AB_VARIANTS:-defaults,fill_share=0.5,end_late=1,fill_share=0.5:end_late=1}" --profile 4 \
+      --variants "${AB_VARIANTS:-defaults,fill_share=1,end_late=1,fill_share=1:end_late=1}" --profile 4 \
       --trace-dir "$OUT/traces" --out "$OUT/gpt_oss_cold_ab.json" 2>&1 | grep -v USDT | tail -n 24;;
   table)
     # the MoE kernels' sweep on this card (16-bit, fp8 and int4 on the Qwen3 shape, MXFP4 on gpt-oss-20b's),

@@ -100,10 +100,10 @@ class BudgetAdvice:
         return _either(fixes + self._raise_budget(budget) + ([self.smaller_experts] if self.smaller_experts else []))
 
     def staging_fix(self, budget: int, batch_bound: bool, workspace: int) -> str:
-        """With no expert pooled, the staging (what decode steps of max_batch sequences at the prefetch depth
-        can miss, at least half a layer's experts) or the step workspace beside it has to shrink:
+        """With no expert pooled, the staging (what a layer of a decode step of max_batch sequences can
+        miss, at least half a layer's experts) or the step workspace beside it has to shrink:
         ``batch_bound`` when the batch, not the half layer, sizes the staging."""
-        fixes = (["lower --max-batch (or --prefetch-depth)"] if batch_bound else []) + \
+        fixes = (["lower --max-batch"] if batch_bound else []) + \
             [f"lower --prefill-chunk (the step workspace takes {format_size(workspace)})"] + self._raise_budget(budget)
         return _either(fixes + [f for f in (self.smaller_resident, self.smaller_experts) if f])
 

@@ -205,7 +205,7 @@ class ExpertManager:
     def may_run_in_passes(self, tokens: int) -> bool:
         """Whether a copy-path step of ``tokens`` tokens can miss more experts in a layer than the staging
         slots hold, so that the layer runs in passes (engine/experts/copy_path.LayerPasses): after a
-        live change to a larger batch or a deeper look-ahead than staging was sized for at load."""
+        live change to a larger batch than staging was sized for at load."""
         if self.r.pool.full or self.direct_for(tokens):
             return False
         distinct = min(self.num_experts, tokens * (self._top_k or self.num_experts))

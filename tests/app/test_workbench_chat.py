@@ -281,13 +281,19 @@ def test_every_menu_item_has_an_access_key_and_the_chat_menu_edits_and_renames(w
 
 
 def test_the_chat_menu_greys_out_what_cannot_apply_while_it_is_open(window, qtbot):
+    from PySide6.QtCore import QPoint
     menu = window.chat_menu
     items = (menu.stop, menu.regenerate, menu.edit_last, menu.rename)
-    menu.grey_out()                 # what aboutToShow does: a new chat has nothing to stop, redo, edit or rename
+    menu.menu.popup(window.mapToGlobal(QPoint(40, 40)))     # a new chat: nothing to stop, redo, edit or rename
+    qtbot.waitUntil(menu.menu.isVisible)
+    qtbot.wait(20)
     assert [a.isEnabled() for a in items] == [False, False, False, False]
     assert menu.new.isEnabled() and menu.search.isEnabled() and menu.trash.isEnabled()
-    menu.enable_all()               # aboutToHide: the shortcuts work again whatever the state
+    menu.menu.hide()                # closed: the shortcuts work again whatever the state
     assert all(a.isEnabled() for a in items)
+    menu.menu.aboutToShow.emit()    # asked to show but never shown (a global menu reading it): enabled at once
+    assert not menu.stop.isEnabled()
+    qtbot.waitUntil(lambda: all(a.isEnabled() for a in items))
     with qtbot.waitSignal(window.chat.reply_done, timeout=REPLY_MS):
         window.chat.send("Hello there")
     menu.grey_out()                 # a saved chat with a reply: all but Stop apply

@@ -80,7 +80,7 @@ def test_staging_holds_what_a_decode_step_needs_at_once_and_half_a_layer_at_leas
 def test_staging_at_no_pool_is_one_layer_of_the_largest_direct_read_step() -> None:
     # No pool: a direct-read step fills nothing for admission and gathers one layer's distinct experts
     # at a time, so batch x top-k slots do (at least half a layer, for a prefill layer's two passes);
-    # a pool that holds some experts keeps the prefetch sizing (its fill slots lease what is free).
+    # a pool that holds some experts is sized the same way (its prefetches and fill slots take what is free).
     from engine.checkpoint.spec import spec_from_config
     from engine.config import EngineConfig
     from engine.memory import step_sizing
@@ -96,7 +96,7 @@ def test_staging_at_no_pool_is_one_layer_of_the_largest_direct_read_step() -> No
     assert step_sizing(spec, kit.replace(max_batch=32))["direct_experts"] is None     # beyond direct reads
     sizes = {k: v for k, v in gpu.items() if k != "workspace_bytes"}
     assert _plan(requested_pool=0, **sizes).staging_slots == 64
-    # pooled: one layer's misses of a batch of 8 too, whatever the depth; copied steps on the CPU: the depth's
+    # pooled, and copied steps on the CPU: one layer's misses of a batch of 8 too, whatever the depth
     assert _plan(**sizes).staging_slots == 64 and _plan(requested_pool=0, **cpu).staging_slots == 64
     one = {k: v for k, v in step_sizing(spec, kit.replace(max_batch=1)).items() if k != "workspace_bytes"}
     assert _plan(requested_pool=0, **one).staging_slots == 64                      # half a layer at least
