@@ -267,11 +267,13 @@ case ${1:-} in
     start_kit;;
   gather-kit)
     # the GPU tests; how fast the gather's copy kernel reads expert rows from mapped host memory against
-    # the copy engine (more programs, smaller chunks, an unmasked wide variant); then the kit
+    # the copy engine (more programs, smaller chunks, an unmasked wide variant); what one more compiled
+    # kernel costs the card outside torch; then the kit
     # (trained-like unless KIT_TRAINED=0) in the background: poll it with bash .bench/kit/poll.sh 540
     gpu_tests 250 gate
     timeout 120 python3 benchmarks/gather_rate.py --rows 8,64 --out "$OUT/gather_rate.json" 2>&1 | grep -v Warn \
       | tail -n 40
+    timeout 60 python3 benchmarks/module_memory.py --out "$OUT/module_memory.json" 2>&1 | tail -n 3
     start_kit 1;;
   memory)
     # the GPU tests; then where the card's memory goes at no pool on the kit's trained-like checkpoint and

@@ -248,6 +248,17 @@ def test_the_gather_copy_moves_each_listed_row_once():
         assert not pool[1].any() and not pool[2].any()
 
 
+def test_the_benchmarks_wide_gather_copies_whole_and_partial_chunks_exactly():
+    # benchmarks/gather_rate.py's unmasked int64 variant (a candidate for the gather): rows of 8000 bytes
+    # are 1000 words, three chunks of 256 and a partial one, copied by more programs than chunks
+    from benchmarks.gather_rate import wide_copy
+    rows = torch.randint(0, 255, (10, 8000), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    pool = torch.zeros(3, 8000, dtype=torch.uint8)
+    work = torch.tensor([3, 0, 3, 1, 7, 2, 1], dtype=torch.int64)
+    wide_copy(work, rows, pool, chunk=256, block=64, programs=17, warps=4)
+    assert torch.equal(pool, rows[[3, 7, 1]])
+
+
 def test_a_gather_list_of_one_entry_per_expert_holds_any_layer():
     # Four tokens, k = 2, four experts: more pairs (8) than experts. A layer gathers at most one
     # entry per expert, so a list of 1 + 2E holds it.
