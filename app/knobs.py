@@ -163,7 +163,9 @@ class PoolSlider(QWidget):
         self.slider.sliderReleased.connect(lambda: self.released.emit(self.bytes()))
         self.slider.valueChanged.connect(self._changed)
 
-    def _changed(self, _value: int) -> None:
+    def _changed(self, value: int) -> None:
+        if value != self._exact[0]:         # moved: the engine's exact size is forgotten, even back on its step
+            self._exact = (-1, 0)
         if not self.slider.isSliderDown():  # keys and clicks apply at once; a drag applies on release
             self.released.emit(self.bytes())
 

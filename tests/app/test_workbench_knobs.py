@@ -566,3 +566,19 @@ def test_a_box_where_the_decimal_point_is_a_comma_says_numbers_as_it_writes_them
     QTest.keyClick(box.temperature, Qt.Key.Key_Return)
     assert box.temperature.value() == 1.5 and box.temperature.text() == "1,50"
     box.hide()
+
+
+def test_the_pool_slider_forgets_the_engines_size_once_moved(qapp):
+    # moved off the engine's exact size and back onto that step, it sends the step's size, whether or not
+    # a state refresh came in between (it used to send the old exact size again when none had)
+    from app.knobs import PoolSlider, pool_text
+    pool = PoolSlider()
+    held = (8 << 20) + (300 << 10)                    # between two of the slider's 1 MiB steps
+    pool.set_bounds(100 << 20, held)
+    sent: list[int] = []
+    pool.released.connect(sent.append)
+    at, step = pool.slider.value(), pool._step_bytes
+    assert pool.bytes() == held and held % step and pool.label.text() == pool_text(held)
+    pool.slider.setValue(at + 1)
+    pool.slider.setValue(at)
+    assert sent == [(at + 1) * step, at * step] and pool.label.text() == pool_text(at * step)
