@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 from PySide6.QtCore import QChildEvent, QEvent, QRect, QSettings, QSize, Qt, QTimer, Signal
-from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QIcon
-from PySide6.QtWidgets import (QDockWidget, QFileDialog, QFrame, QLabel, QMainWindow, QMenu, QScrollArea,
+from PySide6.QtGui import QCloseEvent, QGuiApplication, QIcon
+from PySide6.QtWidgets import (QDockWidget, QFileDialog, QFrame, QLabel, QMainWindow, QScrollArea,
                                QSplitter, QTabBar, QTabWidget, QWidget)
 
 from app.about import show_about
@@ -172,15 +172,15 @@ class MainWindow(QMainWindow):
     def _build_menus(self) -> None:
         bar = self.menuBar()
         file = bar.addMenu("&File")
-        self._action(file, "&Open model folder…", self.open_model_dialog, "Ctrl+O")
-        self._action(file, "Export &chat (Markdown or JSON)…", self.export_chat_dialog, "Ctrl+Shift+E")
-        self._action(file, "&Export session stats (CSV)…", self.export_session_dialog, "Ctrl+E")
+        add_action(file, "&Open model folder…", self.open_model_dialog, "Ctrl+O")
+        add_action(file, "Export &chat (Markdown or JSON)…", self.export_chat_dialog, "Ctrl+Shift+E")
+        add_action(file, "&Export session stats (CSV)…", self.export_session_dialog, "Ctrl+E")
         plots = file.addMenu("Export &plot as PNG")
         for panel, text in zip(self.panels, access_keyed([p.title for p in self.panels])):
-            self._action(plots, text, lambda _=False, p=panel: self.export_plot_dialog(p))
-        self._action(file, "&Load test…", self.open_load_test, "Ctrl+L")
+            add_action(plots, text, lambda _=False, p=panel: self.export_plot_dialog(p))
+        add_action(file, "&Load test…", self.open_load_test, "Ctrl+L")
         file.addSeparator()
-        self._action(file, "&Quit", self.close, "Ctrl+Q")
+        add_action(file, "&Quit", self.close, "Ctrl+Q")
         self.chat_menu = ChatMenu(bar.addMenu("&Chat"), self.chat, self.sidebar.focus_search, self.open_trash)
         view = bar.addMenu("&View")
         docks = list(self.docks.values())
@@ -188,13 +188,10 @@ class MainWindow(QMainWindow):
             dock.toggleViewAction().setText(text)
             view.addAction(dock.toggleViewAction())
         view.addSeparator()
-        self._action(view, "&Reset window layout", self.reset_layout)
+        add_action(view, "&Reset window layout", self.reset_layout)
         self.server.add_to(bar.addMenu("&Server"))
         help_menu = bar.addMenu("&Help")
-        self._action(help_menu, "&About Strata", self.show_about)
-
-    def _action(self, menu: QMenu, text: str, slot, shortcut: str = "") -> QAction:
-        return add_action(menu, text, slot, shortcut)
+        add_action(help_menu, "&About Strata", self.show_about)
 
     def _build_status_bar(self) -> None:
         # the model's line, and messages over it (a long model path is cut, never widens the window)
