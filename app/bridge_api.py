@@ -34,7 +34,9 @@ __all__ = ["DROP_OLDEST_FIX", "EngineConfig", "EngineLoop", "FakeMonitor", "GpuM
 
 def build_engine(config: EngineConfig) -> Any:
     """The engine (``engine.engine.LLMEngine``) for ``config``, loaded; raises StrataError on a user error."""
+    from engine.collector import freeze_imports
     from engine.engine import LLMEngine      # the model code loads with the first model
+    freeze_imports()                         # once, before the first model (engine/collector.py)
     return LLMEngine(config)
 
 

@@ -44,7 +44,9 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
 
 def open_engine(args: argparse.Namespace):
     from engine.cli.convert import ProgressBar
+    from engine.collector import freeze_imports
     from engine.engine import LLMEngine
+    freeze_imports()                   # before the model: later collections walk only what comes after
     progress = ProgressBar("verifying checksums", in_bytes=True)
     try:
         engine = LLMEngine(EngineConfig(model=model_dir(args), **engine_options(args)), progress=progress)
