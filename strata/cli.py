@@ -17,13 +17,23 @@ import signal
 import sys
 from pathlib import Path
 
-# Ctrl-C while the engine's modules load (torch takes seconds) ends the start quietly, exit code 130;
-# from then on it is the ordinary KeyboardInterrupt that each command handles
-# (a Ctrl-C the process was started to ignore stays ignored)
+
+def _interrupted_while_importing(*_) -> None:
+    """Ctrl-C while the engine's modules load (torch takes seconds): no traceback out of the imports,
+    one line (engine.cli.main.interrupted_at_start's, which cannot be imported yet), exit code 130."""
+    what = ("before the reply began; nothing was generated" if sys.argv[1:2] == ["generate"] else
+            "while Strata was starting; nothing was done")
+    print(f"\nnote: interrupted {what}", file=sys.stderr)
+    sys.exit(130)
+
+
+# From then on it is the ordinary KeyboardInterrupt that each command handles (a Ctrl-C the process was
+# started to ignore stays ignored).
 _INHERITED = signal.getsignal(signal.SIGINT)
 if _INHERITED is not signal.SIG_IGN:
-    signal.signal(signal.SIGINT, lambda *_: sys.exit(130))
-from engine.cli.main import ENGINE_COMMANDS, as_flags, build_parser, parse, run_command, unknown_command  # noqa: E402
+    signal.signal(signal.SIGINT, _interrupted_while_importing)
+from engine.cli.main import (ENGINE_COMMANDS, as_flags, build_parser, interrupted_at_start, parse,  # noqa: E402
+                             run_command, unknown_command)
 from engine.cli.options import add_engine_flags, add_model_flag, engine_options, model_dir  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.errors import StrataError  # noqa: E402
@@ -85,7 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         args = _parse(list(sys.argv[1:] if argv is None else argv))
     except SystemExit as done:                     # a usage error (2) or --help (0), already printed
         return int(done.code or 0)
-    except KeyboardInterrupt:                      # Ctrl-C while the command starts: no traceback
+    except KeyboardInterrupt:                      # Ctrl-C while the command starts: no traceback, one line
+        words = list(sys.argv[1:] if argv is None else argv)
+        print(f"\n{interrupted_at_start(words[0] if words and words[0] in ENGINE_COMMANDS else None)}",
+              file=sys.stderr)
         return 130
     if args.command in ENGINE_COMMANDS:
         return run_command(args)

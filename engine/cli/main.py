@@ -146,9 +146,21 @@ def as_flags(message: str, args: argparse.Namespace) -> str:
     return _NAME.sub(lambda m: "--" + m.group(1).replace("_", "-") if m.group(1) in known else m.group(0), message)
 
 
+def interrupted_at_start(command: str | None) -> str:
+    """The line a Ctrl-C prints when it comes while ``command`` starts (its modules loading, its flags
+    read), before the command's own handling: what a script reading the output learns of it."""
+    if command == "generate":
+        return "note: interrupted before the reply began; nothing was generated"
+    return "note: interrupted while Strata was starting; nothing was done"
+
+
 def run_command(args: argparse.Namespace) -> int:
     """Dispatch an engine subcommand; user errors become one line on stderr and exit code 2."""
-    from engine.cli import bench, chat, convert, info, run, serve
+    try:
+        from engine.cli import bench, chat, convert, info, run, serve
+    except KeyboardInterrupt:          # the model code loading (seconds): no traceback, one line
+        print(f"\n{interrupted_at_start(args.command)}", file=sys.stderr)
+        return 130
     handlers = {"generate": run.cmd_generate, "chat": chat.cmd_chat, "info": info.cmd_info,
                 "convert": convert.cmd_convert, "eval": convert.cmd_eval, "serve": serve.cmd_serve,
                 "bench": bench.cmd_bench}
@@ -184,7 +196,9 @@ def main(argv: list[str] | None = None) -> int:
             args = parse(parser, sub, argv)
         except SystemExit as done:         # a usage error (2) or --help (0), already printed
             return int(done.code or 0)
-    except KeyboardInterrupt:              # Ctrl-C while the command starts: no traceback
+    except KeyboardInterrupt:              # Ctrl-C while the command starts: no traceback, one line
+        print(f"\n{interrupted_at_start(argv[0] if argv and argv[0] in ENGINE_COMMANDS else None)}",
+              file=sys.stderr)
         return 130
     if args.command is None:
         parser.print_help()

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -451,14 +453,52 @@ def test_ctrl_c_outside_the_reply_says_whether_the_text_is_whole(model, capsys, 
         assert out.strip() and "note: interrupted after the reply had ended; the text above is complete" in err
 
 
-def test_ctrl_c_while_a_command_starts_exits_130_without_a_traceback(capsys, monkeypatch):
+START_NOTE = "note: interrupted while Strata was starting; nothing was done"
+GENERATE_NOTE = "note: interrupted before the reply began; nothing was generated"
+
+
+@pytest.mark.parametrize("argv, note", [(["info"], START_NOTE), (["generate", "--prompt", "hi"], GENERATE_NOTE)])
+def test_ctrl_c_while_a_command_starts_exits_130_with_one_line_and_no_traceback(capsys, monkeypatch, argv, note):
+    # Ctrl-C while the flags are read, from either entry point (python -m engine, main.py / strata): a
+    # script reading the output learns that it ended and that nothing was done, not a silent 130
     import engine.cli.main as cli
+    import strata.cli as top
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
     monkeypatch.setattr(cli, "parse", interrupted)
-    assert cli.main(["info"]) == 130
-    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(top, "parse", interrupted)
+    for entry in (cli.main, top.main):
+        assert entry(list(argv)) == 130
+        out, err = capsys.readouterr()
+        assert out == "" and err.strip() == note
+
+
+def test_ctrl_c_while_the_model_code_loads_says_so_in_one_line(capsys, monkeypatch):
+    # the commands' modules (the model code: seconds on a first run) load once the flags are read
+    import builtins
+
+    import engine.cli.main as cli
+    real_import = builtins.__import__
+
+    def interrupted(name, *args, **kwargs):
+        if name == "engine.cli" and "run" in (args[2] if len(args) > 2 and args[2] else ()):
+            raise KeyboardInterrupt
+        return real_import(name, *args, **kwargs)
+    monkeypatch.setattr(builtins, "__import__", interrupted)
+    assert cli.main(["generate", "--prompt", "hi"]) == 130
+    assert capsys.readouterr().err.strip() == GENERATE_NOTE
+
+
+@pytest.mark.parametrize("argv, note", [(["main.py", "generate", "--prompt", "hi"], GENERATE_NOTE),
+                                        (["main.py", "info"], START_NOTE), (["main.py"], START_NOTE)])
+def test_ctrl_c_while_torch_imports_says_so_in_one_line(capsys, monkeypatch, argv, note):
+    # main.py's first seconds import torch, before any command runs: its SIGINT handler says the same
+    import strata.cli as top
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as ended:
+        top._interrupted_while_importing(signal.SIGINT, None)
+    assert ended.value.code == 130 and capsys.readouterr().err.strip() == note
 
 
 def test_info_plans_from_the_config_and_notes_what_would_stop_a_load(model, tmp_path, capsys):
@@ -525,3 +565,27 @@ def test_int4_at_load_picks_the_group_that_divides_the_widths_as_convert_does(tm
     assert main(["generate", "--model", str(model), "--prompt", "hi", "--max-tokens", "2", "--weight-format", "int4",
                  "--group-size", "64"]) == 2                  # a group asked for that does not fit is still refused
     assert "pass --group-size 32" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc to see torch load")
+def test_ctrl_c_in_the_first_seconds_of_a_real_process_says_nothing_was_generated():
+    # a real SIGINT once torch's libraries are mapped, i.e. while main.py imports the engine: one line
+    # (whichever part of the start it lands in), exit code 130, no traceback
+    import subprocess
+    import time
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen([sys.executable, str(root / "main.py"), "generate", "--prompt", "hi", "--json"],
+                            cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            with open(f"/proc/{proc.pid}/maps") as maps:
+                if "libtorch" in maps.read():
+                    break
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and out == "", (proc.returncode, out, err)
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == GENERATE_NOTE, err
