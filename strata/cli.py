@@ -27,8 +27,8 @@ def _interrupted_while_importing(*_) -> None:
     sys.exit(130)
 
 
-# From then on it is the ordinary KeyboardInterrupt that each command handles (a Ctrl-C the process was
-# started to ignore stays ignored).
+# While the imports below run, a Ctrl-C ends the start with that line; after them it is the ordinary
+# KeyboardInterrupt that each command handles (a Ctrl-C the process was started to ignore stays ignored).
 _INHERITED = signal.getsignal(signal.SIGINT)
 if _INHERITED is not signal.SIG_IGN:
     signal.signal(signal.SIGINT, _interrupted_while_importing)
