@@ -17,6 +17,9 @@
 #                    it with kit-then-gpt-oss, or poll it with bash .bench/kit/poll.sh 540; NO_KIT=1: no kit)
 #   or:              bash benchmarks/h200_session.sh gather-kit        (carry .bench: the GPU tests, the gather's
 #                    read rate from host memory by variant, then the kit in the background; poll it after)
+#   or:              bash benchmarks/h200_session.sh cold-kit          (carry .bench: the GPU tests, gpt-oss-120b
+#                    at 24G with the defaults against fill_share=1, then the random-routing kit in the
+#                    background; poll it after)
 #   or:              bash benchmarks/h200_session.sh kit               (carry .bench: the kit alone, in the
 #                    background; follow it with kit-then-gpt-oss)
 #   or:              bash benchmarks/h200_session.sh checks            (the GPU tests; decode steps launched ahead
@@ -275,6 +278,16 @@ case ${1:-} in
       | tail -n 40
     timeout 60 python3 benchmarks/module_memory.py --out "$OUT/module_memory.json" 2>&1 | tail -n 3
     start_kit 1;;
+  cold-kit)
+    # the GPU tests; gpt-oss-120b at 24G (trained-like, batch 1, 4 and 16) with the defaults against every
+    # free staging slot leased for fills (fill_share=1), each batch's two in turn on one engine; then,
+    # once that process has ended (its store is 57 GiB of pinned memory), the kit on the random model
+    # (KIT_TRAINED=1: the trained-like one) in the background: poll it with bash .bench/kit/poll.sh 540
+    gpu_tests 250 gate
+    rm -rf /dev/shm/llamacpp-anchor "$TRAINED"
+    timeout 200 python3 benchmarks/bench_gpt_oss.py --cells b --routing trained-like --batches 1,4,16 \
+      --variants defaults,fill_share=1 --out "$OUT/gpt_oss_cold_ab.json" 2>&1 | grep -v USDT | tail -n 12
+    start_kit 0;;
   memory)
     # the GPU tests; then where the card's memory goes at no pool on the kit's trained-like checkpoint and
     # settings (batch 1 after a 512-token prompt, 8 sequences after 128-token prompts), int4 then bf16
