@@ -55,6 +55,8 @@
 #                    the CPU kernel's OpenMP workers spinning longer between calls)
 #   or:              bash benchmarks/h200_session.sh cold-ab   (the GPU tests; gpt-oss-120b at 24G with residency
 #                    tunings A/B (AB_VARIANTS), batch-1 steps profiled)
+#   or:              bash benchmarks/h200_session.sh share-ab  (carry .bench: no pool on the kit's random model,
+#                    replays with a CPU share tuner per recording against one for both; then the GPU tests)
 #   or:              bash benchmarks/h200_session.sh memory    (the GPU tests; the card's memory phase by phase at no
 #                    pool on the kit's trained-like checkpoint, int4 and bf16 in turn, and int4 with expandable segments)
 #   or:              bash benchmarks/h200_session.sh table     (the card's MoE launch table: the sweep, merged; gpt-oss-20b
@@ -288,6 +290,18 @@ case ${1:-} in
     timeout 200 python3 benchmarks/bench_gpt_oss.py --cells b --routing trained-like --batches 1,4,16 \
       --variants defaults,fill_share=1 --out "$OUT/gpt_oss_cold_ab.json" 2>&1 | grep -v USDT | tail -n 12
     start_kit 0;;
+  share-ab)
+    # the kit's random model written here (its routing: the one where depth 2 lost most at no pool),
+    # then predict_ab at no pool (bf16 unless AB_FORMATS): replays with one CPU share tuner per recording
+    # (tuned) against one for both (tuned1), depth 0 and always predicting; then the GPU tests
+    RANDOM=/dev/shm/strata-random-L12
+    [ -d "$RANDOM" ] || python3 .bench/kit/make_model.py "$RANDOM" --shape qwen3-30b-a3b --layers 12 \
+      --tokenizer-from resources/models/demo 2>&1 | tail -n 2
+    timeout 170 python3 benchmarks/predict_ab.py --hf "$RANDOM" --formats "${AB_FORMATS:-bf16}" --shares "${AB_SHARES:-0}" \
+      --variants tuned1,tuned,depth0,predict --tokens 256 --out "$OUT/predict_ab.json" 2>&1 \
+      | grep -v -e Warn -e "^ *$" -e "_kernel " | tail -n 16
+    rm -rf "$RANDOM"
+    gpu_tests $(( $(left) > 260 ? 250 : $(left) - 10 ));;
   memory)
     # the GPU tests; then where the card's memory goes at no pool on the kit's trained-like checkpoint and
     # settings (batch 1 after a 512-token prompt, 8 sequences after 128-token prompts), int4 then bf16

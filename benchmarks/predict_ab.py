@@ -9,7 +9,9 @@ prompts, each row ``--warmup`` decode tokens then ``--tokens`` timed, for
 * ``tuned``: depth 2, each step size replaying whichever recording its measured steps say is faster
   (engine/experts/predict_tuner.py, the default);
 * ``predict``: depth 2, replaying the predicting recording whenever the claims are open (the behaviour
-  before the tuner).
+  before the tuner);
+* ``tuned1``: as ``tuned``, with one CPU share tuner for both recordings (the behaviour before each
+  recording had its own: a probe of the other recording ran at the share tuned for the one in force).
 
     python benchmarks/predict_ab.py --hf /dev/shm/strata-trained-like-L12 --formats bf16,int4 \
         --shares 50,25,0 --out predict_ab.json
@@ -30,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import write_result  # noqa: E402
 from benchmarks.offload_sweep import Sweep, sampled_decode  # noqa: E402
 from engine import LLM  # noqa: E402
+from engine.experts.cold_graph import ShareTuner  # noqa: E402
 from engine.experts.predict_tuner import PredictTuner  # noqa: E402
 
 VARIANTS = ("depth0", "tuned", "predict")
@@ -38,9 +41,12 @@ VARIANTS = ("depth0", "tuned", "predict")
 def set_variant(llm: LLM, variant: str) -> None:
     engine = llm.engine
     engine.reconfigure(prefetch_depth=0 if variant == "depth0" else 2)
+    direct = engine.loaded.experts.direct
     # never probing: the predicting recording replays whenever the claims are open
-    engine.loaded.experts.direct.predict_tuner = (PredictTuner(trials=10 ** 9, start=True) if variant == "predict"
-                                                  else PredictTuner())
+    direct.predict_tuner = PredictTuner(trials=10 ** 9, start=True) if variant == "predict" else PredictTuner()
+    if direct.shares is not None:      # made at the first recording; a variant's first share tunings start anew
+        one = ShareTuner()
+        direct.shares.tuners = {False: one, True: one} if variant == "tuned1" else {False: one, True: ShareTuner()}
 
 
 def measure(llm: LLM, sweep: Sweep, batch: int, prompt: int, seed: int) -> dict:
@@ -113,13 +119,14 @@ def main(argv: list[str] | None = None) -> dict:
                 if device == "cuda":
                     torch.cuda.empty_cache()
     by = {(r["format"], r["share"], r["batch"], r["variant"]): r["tok_s"] for r in result["rows"]}
-    print("format share batch | depth0 | tuned | predict | tuned/depth0 tuned/predict")
+    print("format share batch | depth0 | tuned | predict | tuned1 | tuned/depth0 tuned/predict tuned/tuned1")
+    ratio = lambda a, b: f"{a / b:5.2f}x" if a and b else "    -"   # noqa: E731
     for (fmt, share, batch, variant), v in by.items():
         if variant != "tuned":
             continue
-        d0, pr = by.get((fmt, share, batch, "depth0")), by.get((fmt, share, batch, "predict"))
-        print(f"{fmt:5} {share:5.0f}% b{batch} | {d0 or 0:7.1f} | {v:7.1f} | {pr or 0:7.1f} | "
-              f"{v / d0 if d0 else 0:5.2f}x {v / pr if pr else 0:5.2f}x")
+        d0, pr, t1 = (by.get((fmt, share, batch, x)) for x in ("depth0", "predict", "tuned1"))
+        print(f"{fmt:5} {share:5.0f}% b{batch} | {d0 or 0:7.1f} | {v:7.1f} | {pr or 0:7.1f} | {t1 or 0:7.1f} | "
+              f"{ratio(v, d0)} {ratio(v, pr)} {ratio(v, t1)}")
     if args.out:
         write_result(args.out, result)
     return result

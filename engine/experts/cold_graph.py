@@ -196,7 +196,10 @@ class GraphCpuShares:
         with torch.inference_mode(False):      # made while a step is recorded; the host writes them later
             self.frac = torch.zeros(1, dtype=torch.float32, pin_memory=pin)   # read by the publish kernels
             self.err = torch.zeros(1, dtype=torch.int32, pin_memory=pin)      # set by a join that gave up
-        self.tuner = ShareTuner()
+        # one tuner per recording (quiet, predicting: engine/experts/predict_tuner.py), each tuned on the
+        # steps of its own recording, so that a probe of the other recording runs at that one's best share
+        self.tuners = {False: ShareTuner(), True: ShareTuner()}
+        self.recording = False           # the recording the next replay runs: whose tuner ``tuner`` is
         self.hold = False                # the replays' other tuner measures now: no suggested share starts
         self._suggested = False          # this step's suggestion was made already (``suggest``)
         self._bufs: dict[tuple[int, int], _Buffers] = {}
@@ -205,13 +208,34 @@ class GraphCpuShares:
         self._pending: list[tuple] = []  # the step's layers that computed experts, for settle()
         self.trace: HostTrace | None = None      # the host's timeline (engine/experts/host_trace.py)
 
+    @property
+    def tuner(self) -> ShareTuner:
+        """The CPU share's tuner of the recording selected (:meth:`select`)."""
+        return self.tuners[self.recording]
+
+    def select(self, predicting: bool) -> None:
+        """The next replay runs the ``predicting`` recording (or the quiet one): its share and time are
+        that recording's tuner's. The shares best with and without predictions differ: predicting steps
+        copy some missing experts in ahead, so the CPU is left fewer, and a share tuned on one recording
+        would make a probe of the other read slower than it is."""
+        self.recording = bool(predicting)
+
+    def recorded(self) -> None:
+        """The steps were recorded (again): the next step of each size is not a measure for either tuner."""
+        for tuner in self.tuners.values():
+            tuner.recorded()
+
+    def reset(self) -> None:
+        for tuner in self.tuners.values():
+            tuner.reset()
+
     def layer(self, moe_index: int, ids: torch.Tensor, snap: torch.Tensor,
               publish: Callable[[CpuShareArgs], None]) -> GraphCpuLayer:
         t, k = ids.shape
         key = (t, k)
         if key not in self._bufs:
             self._bufs[key] = _Buffers(self.r.num_layers, t, k, self.hidden, self.r.device.type == "cuda")
-        self.tuner.recorded()                # the next steps record: not a measure
+        self.recorded()                      # the next steps record: not a measure
         return GraphCpuLayer(self, self._bufs[key], moe_index, ids, snap, publish)
 
     # ---- each replay -------------------------------------------------------------------------------
@@ -264,17 +288,20 @@ class GraphCpuShares:
         self.tokens = tokens
         self.frac.numpy()[0] = self.share_for(tokens)
 
-    def in_force(self) -> tuple[tuple[int, float], ...]:
-        """(tokens, share) for every step size replayed so far (auto's current choice)."""
-        tuned = self.tuner.state()
-        sizes = sorted(set(tuned) | ({self.tokens} if self.tokens else set()))
+    def in_force(self, recording: Callable[[int], bool] | None = None) -> tuple[tuple[int, float], ...]:
+        """(tokens, share) for every step size replayed so far: auto's current choice for the recording
+        that size replays (``recording(tokens)``: whether it predicts; by default the one replayed last)."""
+        tuned = {p: t.state() for p, t in self.tuners.items()}
+        sizes = sorted(set(tuned[False]) | set(tuned[True]) | ({self.tokens} if self.tokens else set()))
         if self.r.cold.mode != "auto":
             return tuple((t, self.share_for(t)) for t in sizes)
-        return tuple((t, tuned.get(t, (0.0,))[0]) for t in sizes)
+        which = recording or (lambda tokens: self.recording)
+        return tuple((t, tuned[bool(which(t))].get(t, (0.0,))[0]) for t in sizes)
 
-    def observe(self, tokens: int, seconds: float) -> None:
+    def observe(self, tokens: int, seconds: float, recording: bool | None = None) -> None:
+        """A replayed step took ``seconds``: to the tuner of its ``recording`` (by default the one selected)."""
         if self.r.cold.mode == "auto":
-            self.tuner.observe(tokens, seconds)
+            (self.tuner if recording is None else self.tuners[bool(recording)]).observe(tokens, seconds)
 
     def release(self) -> None:
         """Let every join of the running step pass (the host cannot finish its share)."""

@@ -85,6 +85,7 @@ class DirectPath:
         self.predict_tuner = PredictTuner()          # predicting or quiet replays, per step size
         self._chose: ReplayChoice | None = None      # what ``predicts`` chose for the step about to replay
         self._measured: ReplayChoice | None = None   # ... for the step replayed last, until observed
+        self._replayed: bool | None = None           # whether the step replayed last was the predicting recording
 
     # ---- when ------------------------------------------------------------------------------------
     @property
@@ -127,7 +128,7 @@ class DirectPath:
         """Before a recorded step of ``tokens`` real tokens is replayed: its fill slots and claim slots
         (none for a ``quiet`` recording, ``predicting`` False, or one that claims for no layer:
         ``targets``, the layers the recording's claim kernels write), the publish regions blanked."""
-        self._take_choice()
+        self._take_choice(predicting)
         if self.shares is not None:          # first: a refusal here leaves nothing begun
             self.shares.begin(tokens)
         books = self.r.books
@@ -181,7 +182,9 @@ class DirectPath:
         about 0.9 ms a step). Always on the claim gate's probe steps of closed claims, which measure
         them again. Otherwise whichever recording the step times say is faster for this step size
         (:class:`engine.experts.predict_tuner.PredictTuner`), measured while the CPU share's tuner is
-        not measuring the same steps."""
+        not measuring the same steps. Each recording has a share tuner of its own: a probe of the other
+        recording runs at that one's share, and where that share was never tuned, the probe's first
+        steps tune it (they measure the share, not the recording)."""
         self._chose = None
         if self.claims is None or not self.direct_for(tokens):
             return True
@@ -191,20 +194,28 @@ class DirectPath:
             return True                       # the claim gate's probe: it measures the claims, not the step
         tuner, share_busy = self.predict_tuner, False
         if self._share_tuned():
+            # the recording in force's share tuner: whether it measures decides whether a probe may start
+            self.shares.select(tuner.in_force(tokens))
             if not tuner.probing(tokens):
                 self.shares.suggest(tokens)   # a share the cost model suggests starts now, or waits
             share_busy = self.shares.tuner.probing(tokens)
             if share_busy and tuner.probing(tokens):
                 tuner.cancel(tokens)          # e.g. a recording made mid-probe: it starts again when free
         pick = tuner.choose(tokens, may_probe=not share_busy)
-        self._chose = ReplayChoice(tokens, pick, tuner.probing(tokens), share_busy)
+        probe = tuner.probing(tokens)
+        if probe and self._share_tuned() and self.shares.tuners[pick].probing(tokens):
+            probe, share_busy = False, True   # the probed recording's share is still being found
+        self._chose = ReplayChoice(tokens, pick, probe, share_busy)
         return pick
 
-    def _take_choice(self) -> None:
-        """As a replay starts: what ``predicts`` chose for it becomes what its time measures (None: it
-        was not asked), and no suggested share starts while a probe of the other recording runs."""
+    def _take_choice(self, predicting: bool) -> None:
+        """As a replay of the ``predicting`` recording (or the quiet one) starts: what ``predicts`` chose
+        for it becomes what its time measures (None: it was not asked), the CPU share and its tuner are
+        that recording's, and no suggested share starts while a probe of the other recording runs."""
         self._measured, self._chose = self._chose, None
+        self._replayed = bool(predicting)
         if self.shares is not None:
+            self.shares.select(predicting)
             self.shares.hold = self._measured is not None and self._measured.probe
 
     def _share_tuned(self) -> bool:
@@ -221,12 +232,18 @@ class DirectPath:
         if chose is not None and not chose.share_busy:
             self.predict_tuner.observe(tokens, chose.predicting, seconds)
         if shared and self.shares is not None and not (chose is not None and chose.probe):
-            self.shares.observe(tokens, seconds)
+            self.shares.observe(tokens, seconds, self._replayed)
 
     def predicting_state(self) -> tuple[tuple[int, bool], ...]:
         """(tokens, whether replayed steps of that size predict) for each size whose two recordings
         have both been measured (while the claims are open: closed ones replay quiet whatever this says)."""
         return tuple((t, on) for t, (on, times) in self.predict_tuner.state().items() if len(times) == 2)
+
+    def cpu_shares_in_force(self) -> tuple[tuple[int, float], ...]:
+        """(tokens, CPU share) per replayed step size: the share tuned for the recording that size has in force."""
+        if self.shares is None:
+            return ()
+        return self.shares.in_force(lambda tokens: self.predict_tuner.in_force(tokens, self.shares.recording))
 
     # ---- following the GPU -----------------------------------------------------------------------
     def publish(self, moe_index: int, topk_ids: torch.Tensor, predicted: Prediction | None,

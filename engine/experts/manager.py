@@ -462,7 +462,7 @@ class ExpertManager:
         self.r.cold.mode = cold_mode
         self.r.cold.arms.reset()                   # the last setting's step times say nothing of this one
         if self.direct.shares is not None:
-            self.direct.shares.tuner.reset()
+            self.direct.shares.reset()
         self.direct.predict_tuner.reset()
         return self.describe()
 
@@ -497,7 +497,7 @@ class ExpertManager:
                                    cpu_ms=cold.cpu_ms,
                                    cold_predicted_ms=cold.predicted_ms, cold_measured_ms=cold.measured_ms,
                                    steps_ms=self._step_ms, last_step_experts=cold.last_step,
-                                   cpu_shares=self.direct.shares.in_force() if self.direct.shares is not None else (),
+                                   cpu_shares=self.direct.cpu_shares_in_force(),
                                    predicting=self.direct.predicting_state())
 
     def _cold_mode(self) -> str:

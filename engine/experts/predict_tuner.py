@@ -23,7 +23,9 @@ force (engine/experts/cold_graph.ShareTuner), and with predicting steps it settl
 almost nothing: on the H100 at 989b39d (predict_ab_2026-12-06, int4, trained-like routing, no pool)
 depth 2 starting from predicting replays kept predicting and gave the CPU 1.4 experts a token at batch
 1 (147.6 tok/s) where depth 0 gave it 36.8 (168.8 tok/s); at batch 8, 433.2 against 483.5. Replays
-that always predicted were slower still (128.0 and 388.8).
+that always predicted were slower still (128.0 and 388.8). Each recording has its own share tuner
+(engine/experts/direct.DirectPath.predicts): a probe runs the probed recording at its own share, whose
+first steps find that share when it was never tuned, so neither recording is judged at the other's.
 """
 from __future__ import annotations
 
@@ -52,6 +54,14 @@ class PredictTuner:
         if st["arm"] == st["cur"] and st["left"] <= 0 and may_probe and not st["skip"]:
             st["arm"], st["left"], st["probe"] = not st["cur"], self.trials, []
         return st["arm"]
+
+    def in_force(self, tokens: int, default: bool | None = None) -> bool:
+        """The recording steps of ``tokens`` tokens have in force (not a probe's); ``default`` (else
+        ``start``) for a size not seen yet."""
+        st = self._s.get(tokens)
+        if st is None:
+            return self.start if default is None else default
+        return st["cur"]
 
     def probing(self, tokens: int) -> bool:
         """Whether the next step of ``tokens`` tokens is one of a probe of the other recording."""

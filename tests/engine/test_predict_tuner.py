@@ -88,10 +88,12 @@ def fake_direct(share_tuner: ShareTuner, quota: int = 1):
     real GraphCpuShares over ``share_tuner``."""
     r = SimpleNamespace(device=torch.device("cpu"), cold=SimpleNamespace(mode="auto", rates=None))
     shares = GraphCpuShares(r, hidden=8)
-    shares.tuner = share_tuner
+    # the quiet recording's tuner is ``share_tuner``; the predicting one's is made alike
+    shares.tuners = {False: share_tuner, True: ShareTuner(trials=share_tuner.trials, probe_every=share_tuner.probe_every)}
     d = SimpleNamespace(claims=SimpleNamespace(quota=lambda tokens: quota, open_for=lambda tokens: quota > 0),
                         direct_for=lambda tokens: True, shares=shares,
-                        predict_tuner=PredictTuner(trials=3, probe_every=12), _chose=None, _measured=None)
+                        predict_tuner=PredictTuner(trials=3, probe_every=12), _chose=None, _measured=None,
+                        _replayed=None)
     d._share_tuned = lambda: True
     return d
 
@@ -100,7 +102,7 @@ def step(d, seconds) -> tuple[bool, float]:
     """One replayed step as DecodeGraphs.run drives it: ``predicts``, the replay's start (the choice
     taken, the share chosen), then its time observed; ``seconds(pick, share)``."""
     pick = DirectPath.predicts(d, 1)
-    DirectPath._take_choice(d)
+    DirectPath._take_choice(d, pick)
     share = d.shares.share_for(1)
     DirectPath.observe_replay(d, 1, seconds(pick, share), shared=True)
     return pick, share
@@ -115,7 +117,7 @@ def test_the_recording_and_the_cpu_share_are_tuned_on_separate_steps() -> None:
     both = 0
     for _ in range(500):
         pick = DirectPath.predicts(d, 1)
-        DirectPath._take_choice(d)
+        DirectPath._take_choice(d, pick)
         share = d.shares.share_for(1)
         both += d.predict_tuner.probing(1) and share_tuner.probing(1) and not d._measured[3]
         DirectPath.observe_replay(d, 1, (1.2 if pick else 1.0) * (1.0 + abs(share - 0.5)), shared=True)
@@ -146,13 +148,14 @@ def test_a_share_suggestion_is_a_probe_the_recordings_tuner_does_not_measure() -
     # tuner's probe, and the recordings' tuner learns nothing from it.
     share_tuner = ShareTuner(trials=2, probe_every=1000)
     d = fake_direct(share_tuner)
+    d.predict_tuner = PredictTuner(trials=3, probe_every=1000)     # no probe of predicting after the first
     for _ in range(60):
         step(d, lambda pick, share: 1.0 + share)         # the bus alone is fastest
     assert share_tuner.state()[1][0] == 0.0
     d.shares.balanced = lambda: 0.75
     tuner_samples = sum(len(v) for v in d.predict_tuner._s[1]["recent"].values())
     pick = DirectPath.predicts(d, 1)
-    DirectPath._take_choice(d)
+    DirectPath._take_choice(d, pick)
     assert share_tuner.probing(1) and d._measured[3] is True     # the share's probe: not the recordings'
     DirectPath.observe_replay(d, 1, 9.0, shared=True)
     assert sum(len(v) for v in d.predict_tuner._s[1]["recent"].values()) == tuner_samples
@@ -181,12 +184,31 @@ def test_no_suggested_share_starts_while_a_probe_of_the_other_recording_runs() -
     share_tuner = ShareTuner(trials=2, probe_every=10)
     d = fake_direct(share_tuner)
     seconds = lambda pick, share: 1.0 + abs(share - 0.5)   # noqa: E731
-    while not d.predict_tuner.probing(1):
+    # a probe of predicting whose share was found (its first steps find it, and hold nothing)
+    while not d.predict_tuner.probing(1) or d.shares.tuners[True].probing(1):
         step(d, seconds)
-    DirectPath.predicts(d, 1)
-    DirectPath._take_choice(d)
+    DirectPath._take_choice(d, DirectPath.predicts(d, 1))
     assert d.shares.hold is True
     d.claims.quota = lambda tokens: 0                 # closed from now on: quiet, and nothing held
     assert DirectPath.predicts(d, 1) is False
-    DirectPath._take_choice(d)
+    DirectPath._take_choice(d, False)
     assert d.shares.hold is False
+
+
+def test_each_recording_is_measured_at_the_cpu_share_tuned_for_it() -> None:
+    # Quiet steps are fastest with half the missing experts on the CPU (1.2), predicting ones with
+    # none (1.0: their copies ahead leave the bus free), and predicting at half is slower (1.5) than
+    # quiet. One share for both would have tried predicting at quiet's share, found it slower and
+    # kept quiet; with a share tuner per recording, the probe of predicting first finds its own share,
+    # then wins, and a later probe of quiet runs at quiet's share.
+    d = fake_direct(ShareTuner(trials=3, probe_every=10))
+    seconds = lambda pick, share: 1.0 + share if pick else 1.2 + abs(share - 0.5)   # noqa: E731
+    quiet_shares = []
+    for i in range(300):
+        pick, share = step(d, seconds)
+        if i > 100 and not pick:
+            quiet_shares.append(share)
+    assert DirectPath.predicting_state(d) == ((1, True),)
+    assert d.shares.tuners[True].state()[1][0] == 0.0 and d.shares.tuners[False].state()[1][0] == 0.5
+    assert quiet_shares and set(quiet_shares) == {0.5}          # probes of quiet, at its own share
+    assert DirectPath.cpu_shares_in_force(d) == ((1, 0.0),)    # the share of the recording in force
