@@ -294,13 +294,13 @@ case ${1:-} in
     # the kit's random model written here (its routing: the one where depth 2 lost most at no pool),
     # then predict_ab at no pool (bf16 unless AB_FORMATS): replays with one CPU share tuner per recording
     # (tuned) against one for both (tuned1), depth 0 and always predicting; then the GPU tests
-    RANDOM=/dev/shm/strata-random-L12
-    [ -d "$RANDOM" ] || python3 .bench/kit/make_model.py "$RANDOM" --shape qwen3-30b-a3b --layers 12 \
+    RAND_HF=/dev/shm/strata-random-L12
+    [ -d "$RAND_HF" ] || python3 .bench/kit/make_model.py "$RAND_HF" --shape qwen3-30b-a3b --layers 12 \
       --tokenizer-from resources/models/demo 2>&1 | tail -n 2
-    timeout 170 python3 benchmarks/predict_ab.py --hf "$RANDOM" --formats "${AB_FORMATS:-bf16}" --shares "${AB_SHARES:-0}" \
+    timeout 170 python3 benchmarks/predict_ab.py --hf "$RAND_HF" --formats "${AB_FORMATS:-bf16}" --shares "${AB_SHARES:-0}" \
       --variants tuned1,tuned,depth0,predict --tokens 256 --out "$OUT/predict_ab.json" 2>&1 \
       | grep -v -e Warn -e "^ *$" -e "_kernel " | tail -n 16
-    rm -rf "$RANDOM"
+    rm -rf "$RAND_HF"
     gpu_tests $(( $(left) > 260 ? 250 : $(left) - 10 ));;
   memory)
     # the GPU tests; then where the card's memory goes at no pool on the kit's trained-like checkpoint and
