@@ -93,8 +93,11 @@ def row(engine, sweep: Sweep, fmt: str, pool: float, depth: int, mode: str, batc
            "cold_predicted_ms_per_token": d("cold_predicted_ms") / n,
            "cold_measured_ms_per_token": d("cold_measured_ms") / n,
            "host_wait_ms_per_token": host_wait / n, "arms_s": {str(t): v for t, v in experts.cold.arms.state().items()},
-           "graph_shares": ({str(t): {"share": sh, "step_s_by_share": {str(k): v for k, v in tried.items()}}
-                             for t, (sh, tried) in experts.direct.shares.tuner.state().items()}
+           # each recording's share tuner (quiet, predicting), keyed "<tokens> <recording>"
+           "graph_shares": ({f"{t} {'predicting' if p else 'quiet'}": {"share": sh, "step_s_by_share":
+                                                                        {str(k): v for k, v in tried.items()}}
+                             for p, tuner in experts.direct.shares.tuners.items()
+                             for t, (sh, tried) in tuner.state().items()}
                             if experts.direct.shares is not None else None),
            "predicting": {str(t): {"on": on, "step_s": {("predicting" if k else "quiet"): v for k, v in times.items()}}
                           for t, (on, times) in experts.direct.predict_tuner.state().items()},
@@ -189,7 +192,9 @@ def main() -> None:
                         print("    host us: " + " ".join(f"{k} {v:.0f}" for k, v in r["host_trace_us"].items()), flush=True)
                     for t, g in (r["graph_shares"] or {}).items():     # what auto measured for each share it tried
                         tried = " ".join(f"{k}:{1e3 * v:.2f}" for k, v in g["step_s_by_share"].items())
-                        print(f"    {t} tokens: share {g['share']:.3f} in force; ms a step by share {tried}", flush=True)
+                        size, recording = t.split(" ")
+                        print(f"    {size} tokens, {recording}: share {g['share']:.3f} in force; ms a step by share "
+                              f"{tried}", flush=True)
                     for t, g in r.get("predicting", {}).items():       # predicting or quiet replays, as measured
                         tried = " ".join(f"{k}:{1e3 * v:.2f}" for k, v in g["step_s"].items())
                         print(f"    {t} tokens: {'predicting' if g['on'] else 'quiet'} replays; ms a step {tried}",

@@ -20,6 +20,7 @@ prompts, each row ``--warmup`` decode tokens then ``--tokens`` timed, for
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import sys
 import time
@@ -32,7 +33,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import write_result  # noqa: E402
 from benchmarks.offload_sweep import Sweep, sampled_decode  # noqa: E402
 from engine import LLM  # noqa: E402
-from engine.experts.cold_graph import ShareTuner  # noqa: E402
 from engine.experts.predict_tuner import PredictTuner  # noqa: E402
 
 VARIANTS = ("depth0", "tuned", "predict")
@@ -41,12 +41,13 @@ VARIANTS = ("depth0", "tuned", "predict")
 def set_variant(llm: LLM, variant: str) -> None:
     engine = llm.engine
     engine.reconfigure(prefetch_depth=0 if variant == "depth0" else 2)
-    direct = engine.loaded.experts.direct
+    experts = engine.loaded.experts
     # never probing: the predicting recording replays whenever the claims are open
-    direct.predict_tuner = PredictTuner(trials=10 ** 9, start=True) if variant == "predict" else PredictTuner()
-    if direct.shares is not None:      # made at the first recording; a variant's first share tunings start anew
-        one = ShareTuner()
-        direct.shares.tuners = {False: one, True: one} if variant == "tuned1" else {False: one, True: ShareTuner()}
+    experts.direct.predict_tuner = PredictTuner(trials=10 ** 9, start=True) if variant == "predict" else PredictTuner()
+    # read where the shares are made (the first recording); where they are made already, set on them
+    experts.tuning = dataclasses.replace(experts.tuning, share_per_recording=variant != "tuned1")
+    if experts.direct.shares is not None:
+        experts.direct.shares.set_per_recording(variant != "tuned1")
 
 
 def measure(llm: LLM, sweep: Sweep, batch: int, prompt: int, seed: int) -> dict:

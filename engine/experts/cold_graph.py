@@ -189,7 +189,8 @@ class GraphCpuLayer:
 class GraphCpuShares:
     """The host side: the recordings' buffers, the share in force and the host CPU's work per layer."""
 
-    def __init__(self, r: "Residency", hidden: int, gathers: Callable[[int], bool] = lambda tokens: False) -> None:
+    def __init__(self, r: "Residency", hidden: int, gathers: Callable[[int], bool] = lambda tokens: False,
+                 per_recording: bool = True) -> None:
         self.r, self.hidden = r, hidden
         self.gathers = gathers           # whether a step of that many tokens copies its shared experts once
         pin = r.device.type == "cuda"
@@ -198,7 +199,8 @@ class GraphCpuShares:
             self.err = torch.zeros(1, dtype=torch.int32, pin_memory=pin)      # set by a join that gave up
         # one tuner per recording (quiet, predicting: engine/experts/predict_tuner.py), each tuned on the
         # steps of its own recording, so that a probe of the other recording runs at that one's best share
-        self.tuners = {False: ShareTuner(), True: ShareTuner()}
+        self.tuners: dict[bool, ShareTuner] = {}
+        self.set_per_recording(per_recording)
         self.recording = False           # the recording the next replay runs: whose tuner ``tuner`` is
         self.hold = False                # the replays' other tuner measures now: no suggested share starts
         self._suggested = False          # this step's suggestion was made already (``suggest``)
@@ -219,6 +221,11 @@ class GraphCpuShares:
         copy some missing experts in ahead, so the CPU is left fewer, and a share tuned on one recording
         would make a probe of the other read slower than it is."""
         self.recording = bool(predicting)
+
+    def set_per_recording(self, on: bool) -> None:
+        """A share tuner per recording (``on``), or one for both; either way starting anew."""
+        quiet = ShareTuner()
+        self.tuners = {False: quiet, True: ShareTuner() if on else quiet}
 
     def recorded(self) -> None:
         """The steps were recorded (again): the next step of each size is not a measure for either tuner."""

@@ -59,6 +59,7 @@ class ReplayChoice(NamedTuple):
     predicting: bool          # the predicting recording replays (else the quiet one)
     probe: bool               # a probe of the recording not in force: no measure for the CPU share's tuner
     share_busy: bool          # the CPU share's tuner measures this step: no measure for the recordings' tuner
+    warming: bool = False     # a probe's step that finds the probed recording's share (share_busy too)
 
 
 class DirectPath:
@@ -86,6 +87,7 @@ class DirectPath:
         self._chose: ReplayChoice | None = None      # what ``predicts`` chose for the step about to replay
         self._measured: ReplayChoice | None = None   # ... for the step replayed last, until observed
         self._replayed: bool | None = None           # whether the step replayed last was the predicting recording
+        self.replayed_recording: dict[int, bool] = {}  # step size -> its last replay outside a probe predicted
 
     # ---- when ------------------------------------------------------------------------------------
     @property
@@ -128,7 +130,7 @@ class DirectPath:
         """Before a recorded step of ``tokens`` real tokens is replayed: its fill slots and claim slots
         (none for a ``quiet`` recording, ``predicting`` False, or one that claims for no layer:
         ``targets``, the layers the recording's claim kernels write), the publish regions blanked."""
-        self._take_choice(predicting)
+        self._take_choice(predicting, tokens)
         if self.shares is not None:          # first: a refusal here leaves nothing begun
             self.shares.begin(tokens)
         books = self.r.books
@@ -191,7 +193,9 @@ class DirectPath:
         if self.claims.quota(tokens) == 0:
             return False
         if not self.claims.open_for(tokens):
-            return True                       # the claim gate's probe: it measures the claims, not the step
+            # the claim gate's probe: it measures the claims, not the step, so neither tuner counts it
+            self._chose = ReplayChoice(tokens, True, probe=True, share_busy=True)
+            return True
         tuner, share_busy = self.predict_tuner, False
         if self._share_tuned():
             # the recording in force's share tuner: whether it measures decides whether a probe may start
@@ -203,17 +207,21 @@ class DirectPath:
                 tuner.cancel(tokens)          # e.g. a recording made mid-probe: it starts again when free
         pick = tuner.choose(tokens, may_probe=not share_busy)
         probe = tuner.probing(tokens)
-        if probe and self._share_tuned() and self.shares.tuners[pick].probing(tokens):
+        warming = probe and self._share_tuned() and self.shares.tuners[pick].probing(tokens)
+        if warming:
             probe, share_busy = False, True   # the probed recording's share is still being found
-        self._chose = ReplayChoice(tokens, pick, probe, share_busy)
+        self._chose = ReplayChoice(tokens, pick, probe, share_busy, warming)
         return pick
 
-    def _take_choice(self, predicting: bool) -> None:
+    def _take_choice(self, predicting: bool, tokens: int | None = None) -> None:
         """As a replay of the ``predicting`` recording (or the quiet one) starts: what ``predicts`` chose
         for it becomes what its time measures (None: it was not asked), the CPU share and its tuner are
         that recording's, and no suggested share starts while a probe of the other recording runs."""
         self._measured, self._chose = self._chose, None
         self._replayed = bool(predicting)
+        m = self._measured
+        if tokens is not None and (m is None or not (m.probe or m.warming)):
+            self.replayed_recording[tokens] = self._replayed
         if self.shares is not None:
             self.shares.select(predicting)
             self.shares.hold = self._measured is not None and self._measured.probe
@@ -229,7 +237,9 @@ class DirectPath:
         chose, self._measured = self._measured, None
         if chose is not None and chose.tokens != tokens:
             chose = None
-        if chose is not None and not chose.share_busy:
+        if chose is not None and (not chose.share_busy
+                                  or chose.warming and self.predict_tuner.too_slow(tokens, seconds)):
+            # a warming step far slower than the recording in force ends the probe as a failed one
             self.predict_tuner.observe(tokens, chose.predicting, seconds)
         if shared and self.shares is not None and not (chose is not None and chose.probe):
             self.shares.observe(tokens, seconds, self._replayed)
@@ -240,10 +250,12 @@ class DirectPath:
         return tuple((t, on) for t, (on, times) in self.predict_tuner.state().items() if len(times) == 2)
 
     def cpu_shares_in_force(self) -> tuple[tuple[int, float], ...]:
-        """(tokens, CPU share) per replayed step size: the share tuned for the recording that size has in force."""
+        """(tokens, CPU share) per replayed step size: the share of the recording that size replayed last
+        outside a probe (the claims may have closed since the recordings' tuner chose; a size it never
+        saw counts as quiet)."""
         if self.shares is None:
             return ()
-        return self.shares.in_force(lambda tokens: self.predict_tuner.in_force(tokens, self.shares.recording))
+        return self.shares.in_force(lambda tokens: self.replayed_recording.get(tokens, False))
 
     # ---- following the GPU -----------------------------------------------------------------------
     def publish(self, moe_index: int, topk_ids: torch.Tensor, predicted: Prediction | None,
@@ -270,7 +282,7 @@ class DirectPath:
             launch()
             return out
         if self.shares is None:
-            self.shares = GraphCpuShares(r, r.layout.hidden, self.gather.on)
+            self.shares = GraphCpuShares(r, r.layout.hidden, self.gather.on, r.tuning.share_per_recording)
             self.shares.trace = self.trace
         # the model launches the publish (with x and the routing weights) and later the join
         return out + (self.shares.layer(moe_index, topk_ids, self.snap[moe_index], launch),)

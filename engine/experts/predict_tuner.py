@@ -63,6 +63,13 @@ class PredictTuner:
             return self.start if default is None else default
         return st["cur"]
 
+    def too_slow(self, tokens: int, seconds: float) -> bool:
+        """Whether a step of ``seconds`` is slower than the recording in force by ``abandon`` (a probe
+        step that slow ends its probe)."""
+        st = self._s.get(tokens)
+        here = st["recent"][st["cur"]] if st is not None else []
+        return bool(here) and seconds > statistics.median(here) * (1 + self.abandon)
+
     def probing(self, tokens: int) -> bool:
         """Whether the next step of ``tokens`` tokens is one of a probe of the other recording."""
         st = self._s.get(tokens)
@@ -96,7 +103,7 @@ class PredictTuner:
         probe.append(seconds)
         st["left"] -= 1
         here = st["recent"][cur]
-        if here and seconds > statistics.median(here) * (1 + self.abandon):
+        if self.too_slow(tokens, seconds):
             st["left"] = 0                   # far slower than the recording in force: stop here
         if st["left"] > 0:
             return

@@ -54,6 +54,10 @@ class ResidencyTuning:
     # runs after those experts (False), while the GPU already waits at the second layer's join when
     # that one has a share too (1.3-2.7 ms in that profile); True: after the step's last layer instead.
     end_late: bool = False
+    # Each replayed recording (quiet, predicting) has its own CPU share tuner (engine/experts/cold_graph.py),
+    # so neither is judged at the share tuned for the other; False: one for both, as before it had two
+    # (benchmarks/predict_ab.py's ``tuned1``). Read when a step is first recorded.
+    share_per_recording: bool = True
 
     def __post_init__(self) -> None:
         if self.direct_max_tokens < 0 or self.prefetch_per_layer < 0 or self.predict_max_layers < 1 \

@@ -93,7 +93,7 @@ def fake_direct(share_tuner: ShareTuner, quota: int = 1):
     d = SimpleNamespace(claims=SimpleNamespace(quota=lambda tokens: quota, open_for=lambda tokens: quota > 0),
                         direct_for=lambda tokens: True, shares=shares,
                         predict_tuner=PredictTuner(trials=3, probe_every=12), _chose=None, _measured=None,
-                        _replayed=None)
+                        _replayed=None, replayed_recording={})
     d._share_tuned = lambda: True
     return d
 
@@ -102,7 +102,7 @@ def step(d, seconds) -> tuple[bool, float]:
     """One replayed step as DecodeGraphs.run drives it: ``predicts``, the replay's start (the choice
     taken, the share chosen), then its time observed; ``seconds(pick, share)``."""
     pick = DirectPath.predicts(d, 1)
-    DirectPath._take_choice(d, pick)
+    DirectPath._take_choice(d, pick, 1)
     share = d.shares.share_for(1)
     DirectPath.observe_replay(d, 1, seconds(pick, share), shared=True)
     return pick, share
@@ -117,7 +117,7 @@ def test_the_recording_and_the_cpu_share_are_tuned_on_separate_steps() -> None:
     both = 0
     for _ in range(500):
         pick = DirectPath.predicts(d, 1)
-        DirectPath._take_choice(d, pick)
+        DirectPath._take_choice(d, pick, 1)
         share = d.shares.share_for(1)
         both += d.predict_tuner.probing(1) and share_tuner.probing(1) and not d._measured[3]
         DirectPath.observe_replay(d, 1, (1.2 if pick else 1.0) * (1.0 + abs(share - 0.5)), shared=True)
@@ -155,7 +155,7 @@ def test_a_share_suggestion_is_a_probe_the_recordings_tuner_does_not_measure() -
     d.shares.balanced = lambda: 0.75
     tuner_samples = sum(len(v) for v in d.predict_tuner._s[1]["recent"].values())
     pick = DirectPath.predicts(d, 1)
-    DirectPath._take_choice(d, pick)
+    DirectPath._take_choice(d, pick, 1)
     assert share_tuner.probing(1) and d._measured[3] is True     # the share's probe: not the recordings'
     DirectPath.observe_replay(d, 1, 9.0, shared=True)
     assert sum(len(v) for v in d.predict_tuner._s[1]["recent"].values()) == tuner_samples
@@ -176,8 +176,10 @@ def test_a_probe_step_of_closed_claims_predicts_and_is_not_a_measure() -> None:
     # gate measures its claims again) whatever the tuner has in force, and the tuner learns nothing from it.
     d = fake_direct(ShareTuner(trials=2, probe_every=10))
     d.claims.open_for = lambda tokens: False
-    assert DirectPath.predicts(d, 1) is True
-    assert d._chose is None and d.predict_tuner.state() == {}
+    for _ in range(5):
+        step(d, lambda pick, share: 1.0)
+    assert d.predict_tuner.state() == {}
+    assert all(not tried for t in d.shares.tuners.values() for _, tried in t.state().values())   # no share timed
 
 
 def test_no_suggested_share_starts_while_a_probe_of_the_other_recording_runs() -> None:
@@ -212,3 +214,35 @@ def test_each_recording_is_measured_at_the_cpu_share_tuned_for_it() -> None:
     assert d.shares.tuners[True].state()[1][0] == 0.0 and d.shares.tuners[False].state()[1][0] == 0.5
     assert quiet_shares and set(quiet_shares) == {0.5}          # probes of quiet, at its own share
     assert DirectPath.cpu_shares_in_force(d) == ((1, 0.0),)    # the share of the recording in force
+
+
+def test_the_share_reported_is_that_of_the_recording_the_size_replays_now() -> None:
+    # Predicting wins at one token; then the claims close, so the steps replay quiet at quiet's own
+    # share: the stats say that share, not the one tuned for predicting.
+    d = fake_direct(ShareTuner(trials=3, probe_every=10))
+    seconds = lambda pick, share: 1.0 + share if pick else 1.2 + abs(share - 0.5)   # noqa: E731
+    for _ in range(120):
+        step(d, seconds)
+    assert DirectPath.cpu_shares_in_force(d) == ((1, 0.0),)
+    d.claims.quota = lambda tokens: 0
+    for _ in range(3):
+        assert step(d, seconds)[0] is False
+    assert DirectPath.cpu_shares_in_force(d) == ((1, 0.5),)
+
+
+def test_a_probe_far_slower_than_the_recording_in_force_ends_while_its_share_is_found() -> None:
+    # Predicting takes three times as long: the probe's first step, which would start finding its
+    # share, ends the probe as a failed one, and quiet stays in force.
+    d = fake_direct(ShareTuner(trials=3, probe_every=10))
+    picks = [step(d, lambda pick, share: 3.0 if pick else 1.0)[0] for _ in range(40)]
+    first = picks.index(True)
+    assert picks[first + 1] is False
+    assert DirectPath.predicting_state(d) == ((1, False),)
+
+
+def test_one_share_tuner_for_both_recordings_when_asked() -> None:
+    r = SimpleNamespace(device=torch.device("cpu"), cold=SimpleNamespace(mode="auto", rates=None))
+    one = GraphCpuShares(r, hidden=8, per_recording=False)
+    assert one.tuners[False] is one.tuners[True]
+    one.set_per_recording(True)
+    assert one.tuners[False] is not one.tuners[True]
