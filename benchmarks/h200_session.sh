@@ -56,7 +56,8 @@
 #   or:              bash benchmarks/h200_session.sh cold-ab   (the GPU tests; gpt-oss-120b at 24G with residency
 #                    tunings A/B (AB_VARIANTS), batch-1 steps profiled)
 #   or:              bash benchmarks/h200_session.sh share-ab  (carry .bench: no pool on the kit's random model,
-#                    replays with a CPU share tuner per recording against one for both; then the GPU tests)
+#                    replays with a CPU share tuner per recording against one for both, in both orders; then
+#                    the GPU tests)
 #   or:              bash benchmarks/h200_session.sh memory    (the GPU tests; the card's memory phase by phase at no
 #                    pool on the kit's trained-like checkpoint, int4 and bf16 in turn, and int4 with expandable segments)
 #   or:              bash benchmarks/h200_session.sh table     (the card's MoE launch table: the sweep, merged; gpt-oss-20b
@@ -297,9 +298,13 @@ case ${1:-} in
     RAND_HF=/dev/shm/strata-random-L12
     [ -d "$RAND_HF" ] || python3 .bench/kit/make_model.py "$RAND_HF" --shape qwen3-30b-a3b --layers 12 \
       --tokenizer-from resources/models/demo 2>&1 | tail -n 2
-    timeout 170 python3 benchmarks/predict_ab.py --hf "$RAND_HF" --formats "${AB_FORMATS:-bf16}" --shares "${AB_SHARES:-0}" \
-      --variants tuned1,tuned,depth0,predict --tokens 256 --out "$OUT/predict_ab.json" 2>&1 \
-      | grep -v -e Warn -e "^ *$" -e "_kernel " | tail -n 16
+    # two engines, the order turned round (a fresh engine's first replays run slower), each step's
+    # time and what it ran in the results' trajectories
+    for order in tuned1,tuned,depth0 tuned,tuned1; do
+      timeout 150 python3 benchmarks/predict_ab.py --hf "$RAND_HF" --formats "${AB_FORMATS:-bf16}" --shares "${AB_SHARES:-0}" \
+        --variants "$order" --tokens 256 --out "$OUT/predict_ab_${order%%,*}_first.json" 2>&1 \
+        | grep -v -e Warn -e "^ *$" -e "_kernel " | tail -n 9
+    done
     rm -rf "$RAND_HF"
     gpu_tests $(( $(left) > 260 ? 250 : $(left) - 10 ));;
   memory)

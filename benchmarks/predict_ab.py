@@ -26,6 +26,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -50,16 +51,61 @@ def set_variant(llm: LLM, variant: str) -> None:
         experts.direct.shares.set_per_recording(variant != "tuned1")
 
 
+def follow_steps(experts) -> tuple[list, Callable[[], None]]:
+    """Record every decode step the expert manager observes, warm-up included: [step ms, eager (1/0),
+    whether it replayed the predicting recording (1/0/-1: not replayed), the CPU share set for it].
+    Returns the list and a function that stops recording."""
+    steps: list = []
+    observe = experts.observe_step
+
+    def observed(tokens, eager, seconds, recorded=None):
+        direct = experts.direct
+        share = float(direct.shares.frac.numpy()[0]) if direct.shares is not None and not eager else 0.0
+        replayed = -1 if eager or direct._replayed is None else int(direct._replayed)
+        steps.append([round(seconds * 1e3, 3), int(bool(eager)), replayed, round(share, 3)])
+        return observe(tokens, eager, seconds, recorded)
+    own = "observe_step" in vars(experts)          # set on the object itself (else its class's method)
+    experts.observe_step = observed
+
+    def stop() -> None:
+        if own:
+            experts.observe_step = observe
+        else:
+            del experts.observe_step
+    return steps, stop
+
+
+def trajectory(steps: list, timed: int) -> dict:
+    """What the steps ran, in the warm-up and the timed steps' first and second half: mean step ms,
+    and the shares of eager, predicting and CPU-share values."""
+    def part(rows: list) -> dict:
+        if not rows:
+            return {}
+        shares: dict[str, int] = {}
+        for r in rows:
+            shares[f"{r[3]:.3f}"] = shares.get(f"{r[3]:.3f}", 0) + 1
+        return {"steps": len(rows), "mean_ms": sum(r[0] for r in rows) / len(rows),
+                "eager": sum(r[1] for r in rows), "predicting": sum(r[2] == 1 for r in rows), "cpu_shares": shares}
+    warm, run = steps[:len(steps) - timed], steps[len(steps) - timed:]
+    half = len(run) // 2
+    return {"warmup": part(warm), "first_half": part(run[:half]), "second_half": part(run[half:]), "steps": steps}
+
+
 def measure(llm: LLM, sweep: Sweep, batch: int, prompt: int, seed: int) -> dict:
     vocab = llm.engine.loaded.spec.vocab_size
     g = torch.Generator().manual_seed(seed)
     prompts = torch.randint(10, vocab - 10, (batch, prompt), generator=g).tolist()
-    n, secs, before, after, _, _ = sampled_decode(llm.engine, prompts, sweep, seed)
+    steps, stop = follow_steps(llm.engine.loaded.experts)
+    try:
+        n, secs, before, after, _, _ = sampled_decode(llm.engine, prompts, sweep, seed)
+    finally:
+        stop()
     d = lambda f: getattr(after, f) - getattr(before, f)   # noqa: E731
     looked = d("hits") + d("misses")
     return {"tokens": n, "tok_s": n / secs, "hit_rate": d("hits") / looked if looked else 1.0,
             "h2d_mb_per_token": d("h2d_bytes") / n / 1e6, "cpu_experts_per_token": d("cpu_experts") / n,
-            "predicting": dict(after.predicting), "cpu_shares": dict(after.cpu_shares)}
+            "predicting": dict(after.predicting), "cpu_shares": dict(after.cpu_shares),
+            "trajectory": trajectory(steps, min(len(steps), sweep.tokens))}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -105,9 +151,12 @@ def main(argv: list[str] | None = None) -> dict:
                         r = {"format": fmt, "share": float(share), "variant": variant, "batch": batch, "prompt": prompt,
                              "load_s": load_s, **measure(llm, sweep, batch, prompt, seed=batch * 100)}
                         result["rows"].append(r)
+                        tr = r["trajectory"]
+                        halves = "/".join(f"{tr[h].get('mean_ms', 0):.1f}" for h in ("warmup", "first_half", "second_half"))
                         print(f"{fmt:5} pool {share:>3}% {variant:8} b{batch}: {r['tok_s']:8.1f} tok/s  hit "
                               f"{100 * r['hit_rate']:5.1f}%  bus {r['h2d_mb_per_token']:6.1f} MB/tok  cpu "
-                              f"{r['cpu_experts_per_token']:5.1f}/tok  predicting {r['predicting']}", flush=True)
+                              f"{r['cpu_experts_per_token']:5.1f}/tok  predicting {r['predicting']}  ms a step "
+                              f"warm-up/first/second half {halves}", flush=True)
                         if args.out:
                             write_result(args.out, result)
             except Exception as e:  # noqa: BLE001

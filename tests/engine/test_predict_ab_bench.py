@@ -23,3 +23,25 @@ def test_each_variant_of_each_cell_is_timed(tmp_path):
     assert cells == {(v, b) for v in ("depth0", "tuned", "predict", "tuned1") for b in (1, 8)}
     assert all(r["tokens"] == 4 * r["batch"] and r["tok_s"] > 0 for r in result["rows"])
     assert "tuned/depth0" in run.stdout and "tuned/tuned1" in run.stdout          # the summary's ratios
+
+
+def test_the_trajectory_says_what_each_step_ran_and_splits_the_timed_steps_in_halves():
+    import numpy as np
+    from types import SimpleNamespace
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.predict_ab import follow_steps, trajectory
+    seen = []
+    experts = SimpleNamespace(direct=SimpleNamespace(shares=SimpleNamespace(frac=SimpleNamespace(
+        numpy=lambda: np.array([0.375]))), _replayed=True))
+    experts.observe_step = lambda tokens, eager, seconds, recorded=None: seen.append(tokens)
+    steps, stop = follow_steps(experts)
+    experts.observe_step(1, True, 0.004)                 # an eager step: no recording, no share
+    for _ in range(4):
+        experts.observe_step(1, False, 0.002, 1)         # replayed, predicting, at the share set
+    stop()
+    experts.observe_step(1, False, 0.002, 1)             # no longer followed
+    assert seen == [1] * 6 and len(steps) == 5
+    t = trajectory(steps, timed=4)
+    assert t["warmup"] == {"steps": 1, "mean_ms": 4.0, "eager": 1, "predicting": 0, "cpu_shares": {"0.000": 1}}
+    assert t["first_half"]["steps"] == t["second_half"]["steps"] == 2
+    assert t["second_half"]["predicting"] == 2 and t["second_half"]["cpu_shares"] == {"0.375": 2}
