@@ -135,6 +135,12 @@ class ShareTuner:
         st = self._s.get(tokens)
         return st is None or st["skip"] or bool(st.get("first")) or st["arm"] != st["cur"]
 
+    def measuring_in_force(self, tokens: int) -> bool:
+        """Whether the next step of ``tokens`` tokens is a measure of the share in force (not a probe of
+        another, not the step after a recording)."""
+        st = self._s.get(tokens)
+        return st is not None and not st["skip"] and st["arm"] == st["cur"]
+
     def state(self) -> dict[int, tuple[float, dict[float, float]]]:
         """Step size -> (share in force, average step seconds by share tried)."""
         return {t: (SHARES[st["cur"]], {SHARES[i]: v for i, v in sorted(st["avg"].items())})

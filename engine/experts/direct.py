@@ -59,7 +59,7 @@ class ReplayChoice(NamedTuple):
     predicting: bool          # the predicting recording replays (else the quiet one)
     probe: bool               # a probe of the recording not in force: no measure for the CPU share's tuner
     share_busy: bool          # the CPU share's tuner measures this step: no measure for the recordings' tuner
-    warming: bool = False     # a probe's step that finds the probed recording's share (share_busy too)
+    warming: bool = False     # a probe's step that finds the probed recording's share, at its start share
 
 
 class DirectPath:
@@ -210,6 +210,9 @@ class DirectPath:
         warming = probe and self._share_tuned() and self.shares.tuners[pick].probing(tokens)
         if warming:
             probe, share_busy = False, True   # the probed recording's share is still being found
+            # a step at the share it starts from also says how fast the recording is (one far slower
+            # than the recording in force ends the probe); one trying another share says nothing of it
+            warming = self.shares.tuners[pick].measuring_in_force(tokens)
         self._chose = ReplayChoice(tokens, pick, probe, share_busy, warming)
         return pick
 

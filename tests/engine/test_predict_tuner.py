@@ -231,13 +231,24 @@ def test_the_share_reported_is_that_of_the_recording_the_size_replays_now() -> N
 
 
 def test_a_probe_far_slower_than_the_recording_in_force_ends_while_its_share_is_found() -> None:
-    # Predicting takes three times as long: the probe's first step, which would start finding its
-    # share, ends the probe as a failed one, and quiet stays in force.
+    # Predicting takes three times as long: its first step at the share its tuner starts from (the
+    # one after the recording is not a measure) ends the probe as a failed one, and quiet stays in force.
     d = fake_direct(ShareTuner(trials=3, probe_every=10))
     picks = [step(d, lambda pick, share: 3.0 if pick else 1.0)[0] for _ in range(40)]
     first = picks.index(True)
-    assert picks[first + 1] is False
+    assert picks[first:first + 12] == [True, True] + [False] * 10
     assert DirectPath.predicting_state(d) == ((1, False),)
+
+
+def test_a_slow_share_tried_while_a_probes_share_is_found_does_not_end_the_probe() -> None:
+    # The probed recording's share tuner tries the bus alone (share 0), far slower: that says nothing
+    # of the recording, so the first probe goes on and, at its own share, predicting wins (ending it
+    # there would have waited for the next probe, ten steps on).
+    d = fake_direct(ShareTuner(trials=3, probe_every=10))
+    seconds = lambda pick, share: (0.8 if pick else 1.0) * (1.0 + 2 * abs(share - 0.5))   # noqa: E731
+    for _ in range(20):
+        step(d, seconds)
+    assert DirectPath.predicting_state(d) == ((1, True),)
 
 
 def test_one_share_tuner_for_both_recordings_when_asked() -> None:
