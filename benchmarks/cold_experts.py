@@ -100,7 +100,7 @@ def row(engine, sweep: Sweep, fmt: str, pool: float, depth: int, mode: str, batc
                              for t, (sh, tried) in tuner.state().items()}
                             if experts.direct.shares is not None else None),
            "predicting": {str(t): {"on": on, "step_s": {("predicting" if k else "quiet"): v for k, v in times.items()}}
-                          for t, (on, times) in experts.direct.predict_tuner.state().items()},
+                          for t, (on, times) in experts.direct.choice.predict_tuner.state().items()},
            "expert_bytes": experts.layout.nbytes,
            "host_trace_us": trace.summary(),            # and the last traced step's events
            "host_trace": [list(e) for e in trace.events if e[0] == trace.events[-1][0]] if trace.events else []}

@@ -44,7 +44,8 @@ def set_variant(llm: LLM, variant: str) -> None:
     engine.reconfigure(prefetch_depth=0 if variant == "depth0" else 2)
     experts = engine.loaded.experts
     # never probing: the predicting recording replays whenever the claims are open
-    experts.direct.predict_tuner = PredictTuner(trials=10 ** 9, start=True) if variant == "predict" else PredictTuner()
+    experts.direct.choice.predict_tuner = (PredictTuner(trials=10 ** 9, start=True) if variant == "predict"
+                                           else PredictTuner())
     # read where the shares are made (the first recording); where they are made already, set on them
     experts.tuning = dataclasses.replace(experts.tuning, share_per_recording=variant != "tuned1")
     if experts.direct.shares is not None:
@@ -61,7 +62,8 @@ def follow_steps(experts) -> tuple[list, Callable[[], None]]:
     def observed(tokens, eager, seconds, recorded=None):
         direct = experts.direct
         share = float(direct.shares.frac.numpy()[0]) if direct.shares is not None and not eager else 0.0
-        replayed = -1 if eager or direct._replayed is None else int(direct._replayed)
+        last = direct.choice.replayed
+        replayed = -1 if eager or last is None else int(last)
         steps.append([round(seconds * 1e3, 3), int(bool(eager)), replayed, round(share, 3)])
         return observe(tokens, eager, seconds, recorded)
     own = "observe_step" in vars(experts)          # set on the object itself (else its class's method)

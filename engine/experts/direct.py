@@ -31,7 +31,7 @@ launched (:meth:`finish_ended`), so the host counts, admits and evicts while the
 from __future__ import annotations
 
 import time
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -41,8 +41,8 @@ from engine.experts.claims import DeviceClaims, admissions_landed
 from engine.experts.fills import FillSlots
 from engine.experts.gather import GatherSlots
 from engine.experts.host_trace import HostTrace
-from engine.experts.predict_tuner import PredictTuner
 from engine.experts.prefetch import ClaimGate, Prediction
+from engine.experts.replay_choice import ReplayChooser
 from engine.experts.residency import Residency
 from engine.experts.step_books import StepBooks
 from engine.experts.device_prefetch import DevicePrefetcher
@@ -51,15 +51,6 @@ from kernels.publish_ids import SLOT_CPU, publish_direct, publish_direct_ref
 from engine.gil import offer_gil
 
 UNWRITTEN = -2              # fills a publish region until the GPU has written it
-
-
-class ReplayChoice(NamedTuple):
-    """What :meth:`DirectPath.predicts` chose for one replayed step, and what its time may measure."""
-    tokens: int
-    predicting: bool          # the predicting recording replays (else the quiet one)
-    probe: bool               # a probe of the recording not in force: no measure for the CPU share's tuner
-    share_busy: bool          # the CPU share's tuner measures this step: no measure for the recordings' tuner
-    warming: bool = False     # a probe's step that finds the probed recording's share, at its start share
 
 
 class DirectPath:
@@ -83,11 +74,7 @@ class DirectPath:
         self.defer_eager_ends = False
         self.shares: GraphCpuShares | None = None    # the host CPU's share in replayed steps, once recorded
         self.trace = HostTrace()                     # the host's timeline of followed steps, when asked
-        self.predict_tuner = PredictTuner()          # predicting or quiet replays, per step size
-        self._chose: ReplayChoice | None = None      # what ``predicts`` chose for the step about to replay
-        self._measured: ReplayChoice | None = None   # ... for the step replayed last, until observed
-        self._replayed: bool | None = None           # whether the step replayed last was the predicting recording
-        self.replayed_recording: dict[int, bool] = {}  # step size -> its last replay outside a probe predicted
+        self.choice = ReplayChooser(self)            # which recording each replay runs, what its time measures
 
     # ---- when ------------------------------------------------------------------------------------
     @property
@@ -130,7 +117,7 @@ class DirectPath:
         """Before a recorded step of ``tokens`` real tokens is replayed: its fill slots and claim slots
         (none for a ``quiet`` recording, ``predicting`` False, or one that claims for no layer:
         ``targets``, the layers the recording's claim kernels write), the publish regions blanked."""
-        self._take_choice(predicting, tokens)
+        self.choice.take(predicting, tokens)
         if self.shares is not None:          # first: a refusal here leaves nothing begun
             self.shares.begin(tokens)
         books = self.r.books
@@ -158,7 +145,7 @@ class DirectPath:
         """Before a step is recorded: a warm-up run outside a step fills and claims nothing, and waits
         for no copy of the host's (nobody follows it)."""
         self.fills.meta.zero_()
-        self.predict_tuner.recorded()        # the next step of each size may record: not a measure
+        self.choice.predict_tuner.recorded()     # the next step of each size may record: not a measure
         if self.claims is not None:
             self.claims.dp.disarm()
 
@@ -174,91 +161,6 @@ class DirectPath:
             self.claims.begin(self.step, ids.shape[1])
         self.step.dp_active, self.step.dp_replay = True, False
         self.claims.launch(moe_index, layers, ids)
-
-    def predicts(self, tokens: int) -> bool:
-        """Whether this replayed step should predict later layers' experts (else the decode graph
-        recorded without predictions replays: ``quiet``, no router GEMMs and routing for later layers,
-        no claim or copy launches). Not when the GPU-side prefetch may claim nothing this step (its
-        guesses were mostly wrong and this is not a probe step): the predictions would feed nothing
-        but statistics (measured on the H200, Qwen3-30B-A3B shape, bf16, batch 1: those launches take
-        about 0.9 ms a step). Always on the claim gate's probe steps of closed claims, which measure
-        them again. Otherwise whichever recording the step times say is faster for this step size
-        (:class:`engine.experts.predict_tuner.PredictTuner`), measured while the CPU share's tuner is
-        not measuring the same steps. Each recording has a share tuner of its own: a probe of the other
-        recording runs at that one's share, and where that share was never tuned, the probe's first
-        steps tune it (they measure the share, not the recording)."""
-        self._chose = None
-        if self.claims is None or not self.direct_for(tokens):
-            return True
-        if self.claims.quota(tokens) == 0:
-            return False
-        if not self.claims.open_for(tokens):
-            # the claim gate's probe: it measures the claims, not the step, so neither tuner counts it
-            self._chose = ReplayChoice(tokens, True, probe=True, share_busy=True)
-            return True
-        tuner, share_busy = self.predict_tuner, False
-        if self._share_tuned():
-            # the recording in force's share tuner: whether it measures decides whether a probe may start
-            self.shares.select(tuner.in_force(tokens))
-            if not tuner.probing(tokens):
-                self.shares.suggest(tokens)   # a share the cost model suggests starts now, or waits
-            share_busy = self.shares.tuner.probing(tokens)
-            if share_busy and tuner.probing(tokens):
-                tuner.cancel(tokens)          # e.g. a recording made mid-probe: it starts again when free
-        pick = tuner.choose(tokens, may_probe=not share_busy)
-        probe = tuner.probing(tokens)
-        warming = probe and self._share_tuned() and self.shares.tuners[pick].probing(tokens)
-        if warming:
-            probe, share_busy = False, True   # the probed recording's share is still being found
-            # a step at the share it starts from also says how fast the recording is (one far slower
-            # than the recording in force ends the probe); one trying another share says nothing of it
-            warming = self.shares.tuners[pick].measuring_in_force(tokens)
-        self._chose = ReplayChoice(tokens, pick, probe, share_busy, warming)
-        return pick
-
-    def _take_choice(self, predicting: bool, tokens: int | None = None) -> None:
-        """As a replay of the ``predicting`` recording (or the quiet one) starts: what ``predicts`` chose
-        for it becomes what its time measures (None: it was not asked), the CPU share and its tuner are
-        that recording's, and no suggested share starts while a probe of the other recording runs."""
-        self._measured, self._chose = self._chose, None
-        self._replayed = bool(predicting)
-        m = self._measured
-        if tokens is not None and (m is None or not (m.probe or m.warming)):
-            self.replayed_recording[tokens] = self._replayed
-        if self.shares is not None:
-            self.shares.select(predicting)
-            self.shares.hold = self._measured is not None and self._measured.probe
-
-    def _share_tuned(self) -> bool:
-        """Whether replayed steps' CPU share is tuned by measuring them (``auto`` on a GPU)."""
-        return self.shares is not None and self.cpu_share_on and self.r.cold.mode == "auto"
-
-    def observe_replay(self, tokens: int, seconds: float, shared: bool) -> None:
-        """A replayed direct-read step of ``tokens`` tokens took ``seconds``: to the tuner of its
-        recording (when ``predicts`` chose it) and, ``shared``, the CPU share's. Each tuner counts only
-        the steps in which the other measured nothing."""
-        chose, self._measured = self._measured, None
-        if chose is not None and chose.tokens != tokens:
-            chose = None
-        if chose is not None and (not chose.share_busy
-                                  or chose.warming and self.predict_tuner.too_slow(tokens, seconds)):
-            # a warming step far slower than the recording in force ends the probe as a failed one
-            self.predict_tuner.observe(tokens, chose.predicting, seconds)
-        if shared and self.shares is not None and not (chose is not None and chose.probe):
-            self.shares.observe(tokens, seconds, self._replayed)
-
-    def predicting_state(self) -> tuple[tuple[int, bool], ...]:
-        """(tokens, whether replayed steps of that size predict) for each size whose two recordings
-        have both been measured (while the claims are open: closed ones replay quiet whatever this says)."""
-        return tuple((t, on) for t, (on, times) in self.predict_tuner.state().items() if len(times) == 2)
-
-    def cpu_shares_in_force(self) -> tuple[tuple[int, float], ...]:
-        """(tokens, CPU share) per replayed step size: the share of the recording that size replayed last
-        outside a probe (the claims may have closed since the recordings' tuner chose; a size it never
-        saw counts as quiet)."""
-        if self.shares is None:
-            return ()
-        return self.shares.in_force(lambda tokens: self.replayed_recording.get(tokens, False))
 
     # ---- following the GPU -----------------------------------------------------------------------
     def publish(self, moe_index: int, topk_ids: torch.Tensor, predicted: Prediction | None,

@@ -225,7 +225,7 @@ class ExpertManager:
         if self.r.store is not None and not self.r.pool.full:
             shared = self.graph_cpu_share(tokens if recorded is None else recorded)
             if not eager:                     # its recording's tuner, and the CPU share's
-                self.direct.observe_replay(tokens, seconds, shared)
+                self.direct.choice.observe(tokens, seconds, shared)
             if eager or not shared or self.direct.shares is None:
                 self.r.cold.observe(tokens, eager, seconds)
 
@@ -463,7 +463,7 @@ class ExpertManager:
         self.r.cold.arms.reset()                   # the last setting's step times say nothing of this one
         if self.direct.shares is not None:
             self.direct.shares.reset()
-        self.direct.predict_tuner.reset()
+        self.direct.choice.reset()
         return self.describe()
 
     def set_gather(self, on: bool, min_uses: int | None = None) -> bool:
@@ -497,8 +497,8 @@ class ExpertManager:
                                    cpu_ms=cold.cpu_ms,
                                    cold_predicted_ms=cold.predicted_ms, cold_measured_ms=cold.measured_ms,
                                    steps_ms=self._step_ms, last_step_experts=cold.last_step,
-                                   cpu_shares=self.direct.cpu_shares_in_force(),
-                                   predicting=self.direct.predicting_state())
+                                   cpu_shares=self.direct.choice.cpu_shares_in_force(),
+                                   predicting=self.direct.choice.predicting_state())
 
     def _cold_mode(self) -> str:
         """The cold-expert setting as it acts here: "" with every expert resident and no host store."""

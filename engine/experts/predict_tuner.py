@@ -24,8 +24,8 @@ almost nothing: on the H100 at 989b39d (predict_ab_2026-12-06, int4, trained-lik
 depth 2 starting from predicting replays kept predicting and gave the CPU 1.4 experts a token at batch
 1 (147.6 tok/s) where depth 0 gave it 36.8 (168.8 tok/s); at batch 8, 433.2 against 483.5. Replays
 that always predicted were slower still (128.0 and 388.8). Each recording has its own share tuner
-(engine/experts/direct.DirectPath.predicts): a probe runs the probed recording at its own share, whose
-first steps find that share when it was never tuned, so neither recording is judged at the other's.
+(engine/experts/replay_choice.py): a probe runs the probed recording at its own share, whose first
+steps find that share when it was never tuned, so neither recording is judged at the other's.
 """
 from __future__ import annotations
 

@@ -170,7 +170,7 @@ class ManagerReplay:
         return m.direct.publish(moe_index, topk_ids, predicted, region, pad)
 
     def predicts(self, tokens: int) -> bool:
-        return self.m.direct.predicts(tokens)
+        return self.m.direct.choice.predicts(tokens)
 
     def recorded_claims(self) -> tuple[int, ...]:
         claims = self.m.direct.claims

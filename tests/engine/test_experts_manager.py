@@ -928,7 +928,7 @@ def test_direct_steps_stop_predicting_while_the_gpu_side_prefetch_is_closed(stac
     # open claims replay whichever recording measures faster, quiet first (test_predict_tuner.py);
     # here a tuner that starts on predicting, so that what the claims allow shows alone
     assert not prov.replay_hooks.predicts(2)                            # no estimate yet: open, quiet first
-    prov.direct.predict_tuner = PredictTuner(start=True)
+    prov.direct.choice.predict_tuner = PredictTuner(start=True)
     assert prov.replay_hooks.predicts(2)
     prov.claims.record(2, [(0, i < 5, 1) for i in range(100)])   # 5% of first claims used
     gate.steps = 1

@@ -340,7 +340,7 @@ def test_replays_measured_faster_with_predictions_predict(model) -> None:
         prov.claims.decay = 1.0
         for tokens in (1, 2, 4, 8, 16):
             prov.claims.record(tokens, [(0, True, 1)] * 1000)     # open at every step size
-        tuner = prov.direct.predict_tuner
+        tuner = prov.direct.choice.predict_tuner
         tuner.trials, tuner.probe_every = 2, 64
         measured = tuner.observe
         tuner.observe = lambda tokens, predicting, seconds: measured(tokens, predicting, 1.0 if predicting else 2.0)

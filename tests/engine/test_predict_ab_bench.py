@@ -32,7 +32,7 @@ def test_the_trajectory_says_what_each_step_ran_and_splits_the_timed_steps_in_ha
     from benchmarks.predict_ab import follow_steps, trajectory
     seen = []
     experts = SimpleNamespace(direct=SimpleNamespace(shares=SimpleNamespace(frac=SimpleNamespace(
-        numpy=lambda: np.array([0.375]))), _replayed=True))
+        numpy=lambda: np.array([0.375]))), choice=SimpleNamespace(replayed=True)))
     experts.observe_step = lambda tokens, eager, seconds, recorded=None: seen.append(tokens)
     steps, stop = follow_steps(experts)
     experts.observe_step(1, True, 0.004)                 # an eager step: no recording, no share

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import torch
 
 from engine.experts.cold_graph import GraphCpuShares, ShareTuner
-from engine.experts.direct import DirectPath
 from engine.experts.predict_tuner import PredictTuner
+from engine.experts.replay_choice import ReplayChooser
 
 
 def run(tuner: PredictTuner, tokens: int, seconds, steps: int) -> list[bool]:
@@ -83,28 +83,27 @@ def test_quiet_replays_come_first_and_predicting_ones_are_tried() -> None:
     assert tuner.state()[4][0] is False                      # no faster by the margin: quiet stays
 
 
-def fake_direct(share_tuner: ShareTuner, quota: int = 1):
-    """What DirectPath.predicts and observe_replay use, with the CPU share tuned (``auto`` on a GPU) by a
-    real GraphCpuShares over ``share_tuner``."""
+def fake_direct(share_tuner: ShareTuner, quota: int = 1) -> ReplayChooser:
+    """A ReplayChooser over a direct path whose claims are open (``quota`` > 0) and whose CPU share is
+    tuned (``auto`` on a GPU) by a real GraphCpuShares: the quiet recording's tuner is ``share_tuner``,
+    the predicting one's is made alike."""
     r = SimpleNamespace(device=torch.device("cpu"), cold=SimpleNamespace(mode="auto", rates=None))
     shares = GraphCpuShares(r, hidden=8)
-    # the quiet recording's tuner is ``share_tuner``; the predicting one's is made alike
     shares.tuners = {False: share_tuner, True: ShareTuner(trials=share_tuner.trials, probe_every=share_tuner.probe_every)}
-    d = SimpleNamespace(claims=SimpleNamespace(quota=lambda tokens: quota, open_for=lambda tokens: quota > 0),
-                        direct_for=lambda tokens: True, shares=shares,
-                        predict_tuner=PredictTuner(trials=3, probe_every=12), _chose=None, _measured=None,
-                        _replayed=None, replayed_recording={})
-    d._share_tuned = lambda: True
+    path = SimpleNamespace(claims=SimpleNamespace(quota=lambda tokens: quota, open_for=lambda tokens: quota > 0),
+                           direct_for=lambda tokens: True, shares=shares, cpu_share_on=True, r=r)
+    d = ReplayChooser(path)
+    d.predict_tuner = PredictTuner(trials=3, probe_every=12)
     return d
 
 
 def step(d, seconds) -> tuple[bool, float]:
     """One replayed step as DecodeGraphs.run drives it: ``predicts``, the replay's start (the choice
     taken, the share chosen), then its time observed; ``seconds(pick, share)``."""
-    pick = DirectPath.predicts(d, 1)
-    DirectPath._take_choice(d, pick, 1)
-    share = d.shares.share_for(1)
-    DirectPath.observe_replay(d, 1, seconds(pick, share), shared=True)
+    pick = d.predicts(1)
+    d.take(pick, 1)
+    share = d.path.shares.share_for(1)
+    d.observe(1, seconds(pick, share), shared=True)
     return pick, share
 
 
@@ -116,15 +115,15 @@ def test_the_recording_and_the_cpu_share_are_tuned_on_separate_steps() -> None:
     d = fake_direct(share_tuner)
     both = 0
     for _ in range(500):
-        pick = DirectPath.predicts(d, 1)
-        DirectPath._take_choice(d, pick, 1)
-        share = d.shares.share_for(1)
+        pick = d.predicts(1)
+        d.take(pick, 1)
+        share = d.path.shares.share_for(1)
         both += d.predict_tuner.probing(1) and share_tuner.probing(1) and not d._measured[3]
-        DirectPath.observe_replay(d, 1, (1.2 if pick else 1.0) * (1.0 + abs(share - 0.5)), shared=True)
+        d.observe(1, (1.2 if pick else 1.0) * (1.0 + abs(share - 0.5)), shared=True)
     assert both == 0
     assert d.predict_tuner.state()[1][0] is False
     assert share_tuner.state()[1][0] == 0.5
-    assert DirectPath.predicting_state(d) == ((1, False),)
+    assert d.predicting_state() == ((1, False),)
 
 
 def test_a_recording_made_in_the_middle_of_a_probe_stalls_neither_tuner() -> None:
@@ -152,12 +151,12 @@ def test_a_share_suggestion_is_a_probe_the_recordings_tuner_does_not_measure() -
     for _ in range(60):
         step(d, lambda pick, share: 1.0 + share)         # the bus alone is fastest
     assert share_tuner.state()[1][0] == 0.0
-    d.shares.balanced = lambda: 0.75
+    d.path.shares.balanced = lambda: 0.75
     tuner_samples = sum(len(v) for v in d.predict_tuner._s[1]["recent"].values())
-    pick = DirectPath.predicts(d, 1)
-    DirectPath._take_choice(d, pick, 1)
+    pick = d.predicts(1)
+    d.take(pick, 1)
     assert share_tuner.probing(1) and d._measured[3] is True     # the share's probe: not the recordings'
-    DirectPath.observe_replay(d, 1, 9.0, shared=True)
+    d.observe(1, 9.0, shared=True)
     assert sum(len(v) for v in d.predict_tuner._s[1]["recent"].values()) == tuner_samples
 
 
@@ -175,11 +174,11 @@ def test_a_probe_step_of_closed_claims_predicts_and_is_not_a_measure() -> None:
     # The claims are closed but this is one of the claim gate's probe steps: the step predicts (so the
     # gate measures its claims again) whatever the tuner has in force, and the tuner learns nothing from it.
     d = fake_direct(ShareTuner(trials=2, probe_every=10))
-    d.claims.open_for = lambda tokens: False
+    d.path.claims.open_for = lambda tokens: False
     for _ in range(5):
         step(d, lambda pick, share: 1.0)
     assert d.predict_tuner.state() == {}
-    assert all(not tried for t in d.shares.tuners.values() for _, tried in t.state().values())   # no share timed
+    assert all(not tried for t in d.path.shares.tuners.values() for _, tried in t.state().values())   # no share timed
 
 
 def test_no_suggested_share_starts_while_a_probe_of_the_other_recording_runs() -> None:
@@ -187,14 +186,14 @@ def test_no_suggested_share_starts_while_a_probe_of_the_other_recording_runs() -
     d = fake_direct(share_tuner)
     seconds = lambda pick, share: 1.0 + abs(share - 0.5)   # noqa: E731
     # a probe of predicting whose share was found (its first steps find it, and hold nothing)
-    while not d.predict_tuner.probing(1) or d.shares.tuners[True].probing(1):
+    while not d.predict_tuner.probing(1) or d.path.shares.tuners[True].probing(1):
         step(d, seconds)
-    DirectPath._take_choice(d, DirectPath.predicts(d, 1))
-    assert d.shares.hold is True
-    d.claims.quota = lambda tokens: 0                 # closed from now on: quiet, and nothing held
-    assert DirectPath.predicts(d, 1) is False
-    DirectPath._take_choice(d, False)
-    assert d.shares.hold is False
+    d.take(d.predicts(1))
+    assert d.path.shares.hold is True
+    d.path.claims.quota = lambda tokens: 0                 # closed from now on: quiet, and nothing held
+    assert d.predicts(1) is False
+    d.take(False)
+    assert d.path.shares.hold is False
 
 
 def test_each_recording_is_measured_at_the_cpu_share_tuned_for_it() -> None:
@@ -210,10 +209,10 @@ def test_each_recording_is_measured_at_the_cpu_share_tuned_for_it() -> None:
         pick, share = step(d, seconds)
         if i > 100 and not pick:
             quiet_shares.append(share)
-    assert DirectPath.predicting_state(d) == ((1, True),)
-    assert d.shares.tuners[True].state()[1][0] == 0.0 and d.shares.tuners[False].state()[1][0] == 0.5
+    assert d.predicting_state() == ((1, True),)
+    assert d.path.shares.tuners[True].state()[1][0] == 0.0 and d.path.shares.tuners[False].state()[1][0] == 0.5
     assert quiet_shares and set(quiet_shares) == {0.5}          # probes of quiet, at its own share
-    assert DirectPath.cpu_shares_in_force(d) == ((1, 0.0),)    # the share of the recording in force
+    assert d.cpu_shares_in_force() == ((1, 0.0),)    # the share of the recording in force
 
 
 def test_the_share_reported_is_that_of_the_recording_the_size_replays_now() -> None:
@@ -223,11 +222,11 @@ def test_the_share_reported_is_that_of_the_recording_the_size_replays_now() -> N
     seconds = lambda pick, share: 1.0 + share if pick else 1.2 + abs(share - 0.5)   # noqa: E731
     for _ in range(120):
         step(d, seconds)
-    assert DirectPath.cpu_shares_in_force(d) == ((1, 0.0),)
-    d.claims.quota = lambda tokens: 0
+    assert d.cpu_shares_in_force() == ((1, 0.0),)
+    d.path.claims.quota = lambda tokens: 0
     for _ in range(3):
         assert step(d, seconds)[0] is False
-    assert DirectPath.cpu_shares_in_force(d) == ((1, 0.5),)
+    assert d.cpu_shares_in_force() == ((1, 0.5),)
 
 
 def test_a_probe_far_slower_than_the_recording_in_force_ends_while_its_share_is_found() -> None:
@@ -237,7 +236,7 @@ def test_a_probe_far_slower_than_the_recording_in_force_ends_while_its_share_is_
     picks = [step(d, lambda pick, share: 3.0 if pick else 1.0)[0] for _ in range(40)]
     first = picks.index(True)
     assert picks[first:first + 12] == [True, True] + [False] * 10
-    assert DirectPath.predicting_state(d) == ((1, False),)
+    assert d.predicting_state() == ((1, False),)
 
 
 def test_a_slow_share_tried_while_a_probes_share_is_found_does_not_end_the_probe() -> None:
@@ -248,7 +247,7 @@ def test_a_slow_share_tried_while_a_probes_share_is_found_does_not_end_the_probe
     seconds = lambda pick, share: (0.8 if pick else 1.0) * (1.0 + 2 * abs(share - 0.5))   # noqa: E731
     for _ in range(20):
         step(d, seconds)
-    assert DirectPath.predicting_state(d) == ((1, True),)
+    assert d.predicting_state() == ((1, True),)
 
 
 def test_one_share_tuner_for_both_recordings_when_asked() -> None:
