@@ -57,7 +57,7 @@
 #                    tunings A/B (AB_VARIANTS), batch-1 steps profiled)
 #   or:              bash benchmarks/h200_session.sh share-ab  (carry .bench: no pool on the kit's random model,
 #                    replays with a CPU share tuner per recording against one for both, in both orders; then
-#                    the GPU tests)
+#                    the GPU tests; with time left, a 512-token prefill kernel by kernel, int4 and bf16)
 #   or:              bash benchmarks/h200_session.sh memory    (the GPU tests; the card's memory phase by phase at no
 #                    pool on the kit's trained-like checkpoint, int4 and bf16 in turn, and int4 with expandable segments)
 #   or:              bash benchmarks/h200_session.sh table     (the card's MoE launch table: the sweep, merged; gpt-oss-20b
@@ -306,7 +306,11 @@ case ${1:-} in
         | grep -v -e Warn -e "^ *$" -e "_kernel " | tail -n 9
     done
     rm -rf "$RAND_HF"
-    gpu_tests $(( $(left) > 260 ? 250 : $(left) - 10 ));;
+    gpu_tests $(( $(left) > 260 ? 250 : $(left) - 10 ))
+    # with time left: a 512-token prefill kernel by kernel, int4 against bf16 (int4's was 0.97x Q4_K_M's
+    # pp512 in llamacpp_kit_2026-12-07d, bf16's 3.04x)
+    [ "$(left)" -gt 100 ] && timeout $(( $(left) - 10 )) python3 benchmarks/step_profile.py --cells int4,bf16 --timed 16 \
+      --profiled 2 --prefill 512 --out "$OUT/step_profile.json" 2>&1 | grep -e "tok/s" -e Error -e "  host" -e "^   ";;
   memory)
     # the GPU tests; then where the card's memory goes at no pool on the kit's trained-like checkpoint and
     # settings (batch 1 after a 512-token prompt, 8 sequences after 128-token prompts), int4 then bf16
