@@ -301,20 +301,19 @@ class GraphCpuShares:
         self.tokens = tokens
         self.frac.numpy()[0] = self.share_for(tokens)
 
-    def in_force(self, recording: Callable[[int], bool] | None = None) -> tuple[tuple[int, float], ...]:
+    def in_force(self, recording: Callable[[int], bool]) -> tuple[tuple[int, float], ...]:
         """(tokens, share) for every step size replayed so far: auto's current choice for the recording
-        that size replays (``recording(tokens)``: whether it predicts; by default the one replayed last)."""
+        that size replays (``recording(tokens)``: whether it predicts)."""
         tuned = {p: t.state() for p, t in self.tuners.items()}
         sizes = sorted(set(tuned[False]) | set(tuned[True]) | ({self.tokens} if self.tokens else set()))
         if self.r.cold.mode != "auto":
             return tuple((t, self.share_for(t)) for t in sizes)
-        which = recording or (lambda tokens: self.recording)
-        return tuple((t, tuned[bool(which(t))].get(t, (0.0,))[0]) for t in sizes)
+        return tuple((t, tuned[bool(recording(t))].get(t, (0.0,))[0]) for t in sizes)
 
-    def observe(self, tokens: int, seconds: float, recording: bool | None = None) -> None:
-        """A replayed step took ``seconds``: to the tuner of its ``recording`` (by default the one selected)."""
+    def observe(self, tokens: int, seconds: float) -> None:
+        """A replayed step took ``seconds``: to the tuner of its recording (selected as it started)."""
         if self.r.cold.mode == "auto":
-            (self.tuner if recording is None else self.tuners[bool(recording)]).observe(tokens, seconds)
+            self.tuner.observe(tokens, seconds)
 
     def release(self) -> None:
         """Let every join of the running step pass (the host cannot finish its share)."""

@@ -461,9 +461,7 @@ class ExpertManager:
         self.direct.option = change.direct
         self.r.cold.mode = cold_mode
         self.r.cold.arms.reset()                   # the last setting's step times say nothing of this one
-        if self.direct.shares is not None:
-            self.direct.shares.reset()
-        self.direct.choice.reset()
+        self.direct.choice.reset()                 # both tuners of the replays: recordings and CPU shares
         return self.describe()
 
     def set_gather(self, on: bool, min_uses: int | None = None) -> bool:

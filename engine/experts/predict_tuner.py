@@ -55,13 +55,11 @@ class PredictTuner:
             st["arm"], st["left"], st["probe"] = not st["cur"], self.trials, []
         return st["arm"]
 
-    def in_force(self, tokens: int, default: bool | None = None) -> bool:
-        """The recording steps of ``tokens`` tokens have in force (not a probe's); ``default`` (else
-        ``start``) for a size not seen yet."""
+    def in_force(self, tokens: int) -> bool:
+        """The recording steps of ``tokens`` tokens have in force (not a probe's); ``start`` for a size
+        not seen yet."""
         st = self._s.get(tokens)
-        if st is None:
-            return self.start if default is None else default
-        return st["cur"]
+        return self.start if st is None else st["cur"]
 
     def too_slow(self, tokens: int, seconds: float) -> bool:
         """Whether a step of ``seconds`` is slower than the recording in force by ``abandon`` (a probe

@@ -121,7 +121,7 @@ class ReplayChooser:
             self.predict_tuner.observe(tokens, chose.predicting, seconds)
         shares = self.path.shares
         if shared and shares is not None and not (chose is not None and chose.probe):
-            shares.observe(tokens, seconds, self.replayed)
+            shares.observe(tokens, seconds)   # the tuner ``take`` selected for this replay
 
     def predicting_state(self) -> tuple[tuple[int, bool], ...]:
         """(tokens, whether replayed steps of that size predict) for each size whose two recordings
@@ -138,5 +138,7 @@ class ReplayChooser:
         return shares.in_force(lambda tokens: self.replayed_recording.get(tokens, False))
 
     def reset(self) -> None:
-        """A live change: the last setting's step times say nothing of the next."""
+        """A live change: the last setting's step times say nothing of the next (either tuner's)."""
         self.predict_tuner.reset()
+        if self.path.shares is not None:
+            self.path.shares.reset()
