@@ -32,6 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import write_result  # noqa: E402
 from benchmarks.offload_sweep import Sweep, sampled_decode  # noqa: E402
 from benchmarks.synthetic_moe import QWEN3_30B, SMOKE, base_std, build_hf, strata_engine  # noqa: E402
+import engine.experts.store as store_mod  # noqa: E402
+from engine.experts.store import huge_page_bytes  # noqa: E402
 
 
 def set_gather(engine, on: bool, min_uses: int = 2) -> bool:
@@ -141,8 +143,14 @@ def main() -> None:
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="profile each row's decode (the host thread) and keep its N functions of most own time "
                          "(the timed figures then include the profiler's cost)")
+    ap.add_argument("--host-pages", default="huge",
+                    help="huge (the engine's default: the host store on transparent huge pages), 4k (ordinary "
+                         "pages); comma-separated: each format's engine is loaded once for each")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    pages = args.host_pages.split(",")
+    if set(pages) - {"huge", "4k"}:
+        ap.error(f"--host-pages takes huge and 4k; got {args.host_pages}")
     shape = dict(SMOKE) if args.smoke else dict(QWEN3_30B, num_hidden_layers=args.layers)
     device = "cpu" if args.smoke else "cuda"
     hf, cfg = build_hf(shape, torch.float32 if args.smoke else torch.bfloat16, base_std(shape), device)
@@ -153,14 +161,16 @@ def main() -> None:
         ap.error(f"--gather takes on, off and all; got {args.gather}")
     result: dict = {"benchmark": "cold_experts" + ("_smoke" if args.smoke else ""), "model": shape,
                     "tokens": args.tokens, "warmup": args.warmup, "rows": [], "errors": []}
-    for fmt in args.formats.split(","):
+    for fmt, page in itertools.product(args.formats.split(","), pages):
+        store_mod.HOST_HUGE_PAGES = page == "huge"
         sweep = Sweep(fmt, (), (), tuple(batches), args.tokens, args.warmup, device,
                       "float32" if args.smoke else "bfloat16", "1G" if args.smoke else "4G", None)
         try:
             engine, load_s = strata_engine(hf, cfg, fmt, max(batches), sweep.dtype, device, sweep.kv_cache_size,
                                            expert_pool_size="0%", prefetch_depth=0)
         except Exception as e:
-            result["errors"].append({"format": fmt, "stage": "load", "error": "".join(traceback.format_exception(e))[-1500:]})
+            result["errors"].append({"format": fmt, "host_pages": page, "stage": "load",
+                                     "error": "".join(traceback.format_exception(e))[-1500:]})
             continue
         for pool in (float(p) for p in args.pools.split(",")):
             for depth in (int(x) for x in args.depths.split(",")):
@@ -179,8 +189,11 @@ def main() -> None:
                             engine.abort_now(req.request_id)   # the next row starts clean
                         continue
                     r["row_s"] = time.perf_counter() - t0
+                    store = engine.loaded.experts.store
+                    r["host_pages"], r["huge_page_mib"] = page, huge_page_bytes(store.rows) / 2**20 if store else 0.0
                     result["rows"].append(r)
-                    print(f"{fmt:5} pool {pool:.2f} depth {depth} {mode:4} {g:9} b{b}: {r['tok_s']:8.1f} tok/s  "
+                    print(f"{fmt:5} {page:4} pool {pool:.2f} depth {depth} {mode:4} {g:9} b{b}: "
+                          f"{r['tok_s']:8.1f} tok/s  "
                           f"cpu {r['cpu_experts_per_token']:5.1f} bus {r['bus_experts_per_token']:5.1f} "
                           f"gathered {r['gathered_per_token']:5.1f} /tok  bus {r['h2d_bytes_per_token'] / 1e6:6.1f} MB/tok  "
                           f"busy {r['cpu_busy_share']:.2f}  pred/meas {r['cold_predicted_ms_per_token']:.2f}/"

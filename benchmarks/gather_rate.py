@@ -6,11 +6,17 @@ take them. The cost model measured that kernel at 20-24 GB/s on the H100 host, a
 the copy engine; this benchmark times it, with more programs, smaller chunks and an unmasked wide
 variant, on the same rows, to find whether the gap is the kernel's or the bus's.
 
-    python benchmarks/gather_rate.py --rows 8,64 --out gather_rate.json
+The store can lie in three kinds of page-locked memory (--backings): "pinned" (PyTorch's pinned
+allocator), "registered" (ordinary memory registered in place, as the engine's host store is) and
+"thp" (the same, on transparent huge pages: 2 MiB pages, which the GPU and the CPU translate 512 times
+less often than 4 KiB ones). For each, the CPU's expert kernel is timed on the same rows as well.
+
+    python benchmarks/gather_rate.py --rows 8,64 --backings pinned,registered,thp --out gather_rate.json
 """
 from __future__ import annotations
 
 import argparse
+import mmap
 import sys
 from pathlib import Path
 
@@ -21,6 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import environment, write_result  # noqa: E402
 from kernels._triton import cdiv, jit, tl  # noqa: E402
 from kernels.publish_ids import gather_copy  # noqa: E402
+from kernels.expert_layout import ExpertLayout  # noqa: E402
+
+HUGE = 2 << 20
 
 EXPERT_BYTES = 2469888          # one int4 expert of the kit's Qwen3 shape (hidden 2048, FFN 768)
 
@@ -71,16 +80,64 @@ def timed(fn, repeats: int, before) -> float:
     return best
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", default="8,64", help="rows moved per call (8: one layer at batch 1)")
-    ap.add_argument("--store-rows", type=int, default=384, help="rows of the host store (a quarter of the kit's)")
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--out")
-    args = ap.parse_args(argv)
-    dev = torch.device("cuda")
-    store = torch.empty(args.store_rows, EXPERT_BYTES, dtype=torch.uint8, pin_memory=True)
+def meminfo_kib(key: str) -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return -1
+
+
+def thp_settings() -> dict:
+    out = {}
+    for name in ("enabled", "defrag"):
+        try:
+            out[name] = Path(f"/sys/kernel/mm/transparent_hugepage/{name}").read_text().strip()
+        except OSError:
+            out[name] = None
+    return out
+
+
+def make_store(backing: str, rows: int, keep: list) -> tuple[torch.Tensor, dict]:
+    """``uint8 [rows, EXPERT_BYTES]`` page-locked in the way ``backing`` names, filled; and what it got."""
+    nbytes = rows * EXPERT_BYTES
+    huge0 = meminfo_kib("AnonHugePages")
+    if backing == "pinned":
+        store = torch.empty(rows, EXPERT_BYTES, dtype=torch.uint8, pin_memory=True)
+    else:
+        if backing == "thp":
+            m = mmap.mmap(-1, nbytes + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            m.madvise(mmap.MADV_HUGEPAGE)
+            keep.append(m)
+            flat = torch.frombuffer(m, dtype=torch.uint8)
+            skip = -flat.data_ptr() % HUGE
+            store = flat[skip:skip + nbytes].view(rows, EXPERT_BYTES)
+        else:
+            store = torch.empty(rows, EXPERT_BYTES, dtype=torch.uint8)
     store.view(torch.int32).random_()
+    layout = ExpertLayout.make("int4", 2048, 768, 128)
+    for sl in layout.tensors:               # finite scales, so the CPU kernel meets ordinary numbers
+        if sl.dtype == torch.float16:
+            store[:, sl.offset:sl.offset + sl.nbytes].view(torch.float16).fill_(0.01)
+    got = {"backing": backing, "huge_pages_mib": (meminfo_kib("AnonHugePages") - huge0) / 1024}
+    if backing != "pinned":
+        err = torch.cuda.cudart().cudaHostRegister(store.data_ptr(), store.numel(), 1 | 2)
+        code = int(err.value) if hasattr(err, "value") else int(err)
+        if code:
+            raise SystemExit(f"cudaHostRegister refused the {backing} store (error {code})")
+        keep.append(store)
+    return store, got
+
+
+def cpu_rate(store: torch.Tensor) -> float:
+    """GB/s of expert bytes the CPU's kernel streams over 32 distinct rows at one token (int4, the kit's shape)."""
+    from kernels.cpu.calibrate import calibrate
+    layout = ExpertLayout.make("int4", 2048, 768, 128)
+    cost = calibrate(store, layout, list(range(0, min(store.shape[0], 64), 2)), tokens=(1,), repeats=5)
+    return cost.gbps(1)
+
+
+def copy_cells(args, store: torch.Tensor, dev: torch.device, backing: str) -> list[dict]:
+    """Each copy variant's rate on ``store``'s rows, for each row count of ``--rows``."""
     cells = []
     for n in (int(v) for v in args.rows.split(",")):
         if n > args.store_rows // 2:
@@ -99,12 +156,12 @@ def main(argv=None) -> int:
             work.copy_(torch.tensor([n] + [v for j, k in enumerate(keys) for v in (j, k)], dtype=torch.int64))
         variants = {"copy engine, one copy per row": lambda: [pool[j].copy_(store[k], non_blocking=True)
                                                               for j, k in enumerate(keys)]}
-        for programs in (32, 66, 132, 264):
-            for chunk in (1 << 16, 1 << 14):
+        for programs in ((132,) if args.quick else (32, 66, 132, 264)):
+            for chunk in ((1 << 16,) if args.quick else (1 << 16, 1 << 14)):
                 variants[f"gather_copy p{programs} chunk{chunk * 4 // 1024}K"] = (
                     lambda p=programs, c=chunk: gather_copy(work, store, pool, chunk_words=c, programs=p))
-        for programs in (132, 264, 528):
-            for block, warps in ((1024, 4), (2048, 8), (512, 4)):
+        for programs in ((264,) if args.quick else (132, 264, 528)):
+            for block, warps in (((1024, 4),) if args.quick else ((1024, 4), (2048, 8), (512, 4))):
                 variants[f"wide p{programs} b{block} w{warps}"] = (
                     lambda p=programs, b=block, w=warps: wide_copy(work, store, pool, 1 << 13, b, p, w))
         for name, fn in variants.items():
@@ -115,11 +172,35 @@ def main(argv=None) -> int:
                 print(f"{n:3d} rows  {name:36s} failed: {type(e).__name__}: {e}".splitlines()[0])
                 continue
             ok = bool(torch.equal(pool, store[keys].to(dev)))              # the last run's rows
-            cells.append({"rows": n, "variant": name, "seconds": s, "gb_s": nbytes / s / 1e9, "correct": ok})
-            print(f"{n:3d} rows  {name:36s} {nbytes / s / 1e9:6.1f} GB/s  {s * 1e6:8.1f} us  {'ok' if ok else 'WRONG'}")
+            cells.append({"backing": backing, "rows": n, "variant": name, "seconds": s, "gb_s": nbytes / s / 1e9,
+                          "correct": ok})
+            print(f"{backing:10s} {n:3d} rows  {name:36s} {nbytes / s / 1e9:6.1f} GB/s  {s * 1e6:8.1f} us  "
+                  f"{'ok' if ok else 'WRONG'}")
+    return cells
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default="8,64", help="rows moved per call (8: one layer at batch 1)")
+    ap.add_argument("--store-rows", type=int, default=384, help="rows of the host store (a quarter of the kit's)")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--backings", default="pinned", help="page-locked memory of the store: pinned, registered, thp")
+    ap.add_argument("--quick", action="store_true", help="one variant of each copy kernel (and the copy engine)")
+    ap.add_argument("--out")
+    args = ap.parse_args(argv)
+    dev = torch.device("cuda")
+    cells, stores, keep = [], [], []
+    print(f"transparent huge pages: {thp_settings()}")
+    for backing in args.backings.split(","):
+        store, got = make_store(backing, args.store_rows, keep)
+        got["cpu_gb_s_1tok"] = cpu_rate(store)
+        stores.append(got)
+        print(f"{backing}: {got['huge_pages_mib']:.0f} MiB on huge pages; CPU kernel {got['cpu_gb_s_1tok']:.1f} GB/s")
+        cells += copy_cells(args, store, dev, backing)
     if args.out:
         write_result(args.out, {"what": __doc__.splitlines()[0], "environment": environment(),
-                                "benchmark": "gather_rate", "expert_bytes": EXPERT_BYTES, "cells": cells})
+                                "benchmark": "gather_rate", "expert_bytes": EXPERT_BYTES, "thp": thp_settings(),
+                                "stores": stores, "cells": cells})
     return 0
 
 

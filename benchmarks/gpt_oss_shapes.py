@@ -45,7 +45,7 @@ from engine.checkpoint.plan import router_bias_name, tensor_plan
 from engine.checkpoint.reader import TensorSource, dtype_name
 from engine.checkpoint.spec import ModelSpec, spec_from_config
 from kernels.expert_layout import ExpertLayout
-from engine.experts.store import HostExpertStore
+from engine.experts.store import HostExpertStore, host_rows
 from engine.loading import LoadedModel
 from kernels.quant.mxfp4 import FP4_VALUES
 from kernels.fused_moe import fused_moe_ref
@@ -207,7 +207,7 @@ class HostRows:
         shape = (spec.num_moe_layers * spec.num_experts, layout.nbytes)
         if self.store is None or tuple(self.store.rows.shape) != shape:
             self.close()
-            self.store = HostExpertStore.from_rows(torch.empty(shape, dtype=torch.uint8), spec.num_experts, layout,
+            self.store = HostExpertStore.from_rows(host_rows(*shape), spec.num_experts, layout,
                                                    pin=self.device.type == "cuda", device=self.device)
         return self.store.rows
 

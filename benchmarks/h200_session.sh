@@ -58,6 +58,9 @@
 #   or:              bash benchmarks/h200_session.sh share-ab  (carry .bench: no pool on the kit's random model,
 #                    replays with a CPU share tuner per recording against one for both, in both orders; then
 #                    the GPU tests; with time left, a 512-token prefill kernel by kernel, int4 and bf16)
+#   or:              bash benchmarks/h200_session.sh pages     (the host store's pages: copy engine, the gather's
+#                    kernel and the CPU kernel on pinned, registered and huge-page rows; no pool, bf16 and int4,
+#                    the engine's store on huge pages against 4 KiB ones; then the GPU tests)
 #   or:              bash benchmarks/h200_session.sh memory    (the GPU tests; the card's memory phase by phase at no
 #                    pool on the kit's trained-like checkpoint, int4 and bf16 in turn, and int4 with expandable segments)
 #   or:              bash benchmarks/h200_session.sh table     (the card's MoE launch table: the sweep, merged; gpt-oss-20b
@@ -291,6 +294,16 @@ case ${1:-} in
     timeout 200 python3 benchmarks/bench_gpt_oss.py --cells b --routing trained-like --batches 1,4,16 \
       --variants defaults,fill_share=1 --out "$OUT/gpt_oss_cold_ab.json" 2>&1 | grep -v USDT | tail -n 12
     start_kit 0;;
+  pages)
+    # where a kernel's reads of mapped host memory lose to the copy engine's (29-33 against 48 GB/s,
+    # gather_rate_2026-12-07.json): the store on 4 KiB pages against 2 MiB ones, then whole no-pool steps
+    grep -m1 "model name" /proc/cpuinfo
+    timeout 150 python3 benchmarks/gather_rate.py --backings pinned,registered,thp --quick --rows 8,64 \
+      --out "$OUT/gather_rate_pages.json" 2>&1 | grep -v -e Warn -e "^ *$"
+    timeout $(( $(left) > 500 ? 260 : $(left) / 2 )) python3 benchmarks/cold_experts.py --formats bf16,int4 --pools 0 \
+      --depths 2 --batches 1,8 --modes bus,auto --host-pages huge,4k --tokens 48 --out "$OUT/cold_pages.json" 2>&1 \
+      | grep -e "tok/s" -e Error -e failed
+    gpu_tests $(( $(left) - 10 ));;
   share-ab)
     # the kit's random model written here (its routing: the one where depth 2 lost most at no pool),
     # then predict_ab at no pool (bf16 unless AB_FORMATS): replays with one CPU share tuner per recording

@@ -263,7 +263,8 @@ class LoadedModel:
         return self.config.expert_pool_size is None and self.plan.pool_slots >= self.plan.num_experts
 
     def _allocate_rows(self, rows: int, nbytes: int) -> torch.Tensor:
-        return torch.empty(rows, nbytes, dtype=torch.uint8)
+        from engine.experts.store import host_rows
+        return host_rows(rows, nbytes)
 
     @property
     def graphs_possible(self) -> str | None:

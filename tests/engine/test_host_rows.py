@@ -1,0 +1,72 @@
+"""The host store's rows: large ones on transparent huge pages (2 MiB aligned, alive as long as a view
+of them is), small ones and those asked for on ordinary pages from the ordinary allocator."""
+from __future__ import annotations
+
+import gc
+import sys
+
+import pytest
+import torch
+
+import engine.experts.store as store_mod
+from engine.experts.store import HUGE_MIN_BYTES, HUGE_PAGE, HostExpertStore, host_rows, huge_page_bytes
+from kernels.expert_layout import ExpertLayout
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="transparent huge pages are Linux's")
+
+
+def _thp_mode() -> str | None:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return f.read().split("[")[1].split("]")[0]
+    except (OSError, IndexError):
+        return None
+
+
+@linux
+def test_large_rows_are_aligned_to_a_huge_page_and_outlive_the_call():
+    rows = host_rows(HUGE_MIN_BYTES // (1 << 20), 1 << 20)
+    assert rows.shape == (HUGE_MIN_BYTES // (1 << 20), 1 << 20) and rows.dtype == torch.uint8
+    assert rows.is_contiguous() and rows.data_ptr() % HUGE_PAGE == 0
+    first, last = rows[0], rows[-1]
+    del rows
+    gc.collect()
+    # the mapping stays while views of it live: they can still be written and read back
+    first.fill_(7)
+    last.copy_(torch.arange(last.numel(), dtype=torch.int64).to(torch.uint8))
+    assert int(first.sum()) == 7 * first.numel()
+    assert torch.equal(last[:300], torch.arange(300, dtype=torch.int64).to(torch.uint8))
+
+
+@linux
+def test_touched_rows_lie_on_huge_pages_where_the_kernel_gives_them():
+    rows = host_rows(HUGE_MIN_BYTES // (1 << 20), 1 << 20)
+    rows.fill_(1)
+    huge = huge_page_bytes(rows)
+    assert 0 <= huge <= rows.numel() + HUGE_PAGE
+    if _thp_mode() in ("always", "madvise"):
+        # the kernel may be short of free huge pages; most of a fresh 64 MiB usually gets them
+        assert huge % HUGE_PAGE == 0
+
+
+def test_small_rows_and_ordinary_pages_come_from_the_ordinary_allocator(monkeypatch):
+    small = host_rows(4, 1024)
+    assert small.shape == (4, 1024) and small.untyped_storage().nbytes() == 4 * 1024
+    monkeypatch.setattr(store_mod, "HOST_HUGE_PAGES", False)
+    big = host_rows(HUGE_MIN_BYTES // 4096, 4096)
+    assert big.untyped_storage().nbytes() == HUGE_MIN_BYTES      # torch's own storage, not a mapping's view
+    if sys.platform.startswith("linux"):                            # asked for: a view into a mapping one page larger
+        mapped = host_rows(HUGE_MIN_BYTES // 4096, 4096, huge_pages=True)
+        assert mapped.untyped_storage().nbytes() == HUGE_MIN_BYTES + HUGE_PAGE
+
+
+def test_a_store_allocated_on_huge_pages_keeps_what_is_written_and_says_where_it_lies(monkeypatch):
+    layout = ExpertLayout.make("bf16", 64, 32)
+    monkeypatch.setattr(store_mod, "HUGE_MIN_BYTES", 1)         # a tiny store takes the huge-page path too
+    store = HostExpertStore.allocate(2, 3, layout, pin=False)
+    assert store.rows.data_ptr() % HUGE_PAGE == 0 or not sys.platform.startswith("linux")
+    packed = torch.arange(layout.nbytes, dtype=torch.int64).to(torch.uint8)
+    store.write(1, 2, packed)
+    assert torch.equal(store.layer_rows(1)[2], packed)
+    line = store.describe()
+    assert line.startswith("host store: 2 x 3 experts") and "pageable" in line
