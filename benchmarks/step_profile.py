@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import interval_union, write_result  # noqa: E402
 from benchmarks.synthetic_moe import kit_model, profiled_steps, strata_engine, sync  # noqa: E402
+from engine import LLM  # noqa: E402
 from engine.sampling import SamplingParams  # noqa: E402
 
 
@@ -124,11 +125,18 @@ def main() -> None:
     ap.add_argument("--profiled", type=int, default=8)
     ap.add_argument("--prefill", type=int, default=0,
                     help="also profile the prefill of a prompt of this many tokens (0: none)")
+    ap.add_argument("--hf", default=None,
+                    help="a checkpoint folder (the llama.cpp kit's model) instead of this script's random one")
     ap.add_argument("--out", default=None)
     ap.add_argument("--smoke", action="store_true",
                     help="a small shape on the CPU: checks the script, measures nothing")
     a = ap.parse_args()
-    hf, cfg, shape, device = kit_model(a.layers, a.smoke)
+    if a.hf:
+        import json
+        shape, device = json.loads((Path(a.hf) / "config.json").read_text()), "cpu" if a.smoke else "cuda"
+        hf = cfg = None
+    else:
+        hf, cfg, shape, device = kit_model(a.layers, a.smoke)
     result = {"benchmark": "step_profile", "what": (
         f"Kernels of replayed batch-1 decode steps, Qwen3-30B-A3B shape with {a.layers} layers, random weights, "
         f"every expert on the GPU, after a {a.prompt}-token prompt: wall time per step, GPU busy time (union "
@@ -151,9 +159,17 @@ def main() -> None:
         qlinear.GEMV16 = "gemv16" in flags
         router.FUSED_GEMV = "gemv" in flags
         try:
-            engine, load_s = strata_engine(hf, cfg, fmt, 1, "float32" if a.smoke else "bfloat16", device=device,
-                                           kv_cache_size="64M" if a.smoke else "4G", resident_weights=res or "auto",
-                                           max_model_len=a.prompt + a.timed + a.profiled + 64)
+            options = dict(kv_cache_size="64M" if a.smoke else "4G", resident_weights=res or "auto",
+                           max_model_len=max(a.prompt, a.prefill) + a.timed + a.profiled + 64)
+            if a.hf:
+                t0 = time.perf_counter()
+                engine = LLM(a.hf, device=device, weight_format=fmt, max_batch=1,
+                             dtype="float32" if a.smoke else "bfloat16", **options).engine
+                sync(device)
+                load_s = time.perf_counter() - t0
+            else:
+                engine, load_s = strata_engine(hf, cfg, fmt, 1, "float32" if a.smoke else "bfloat16", device=device,
+                                               **options)
         except Exception as e:                           # one cell's failure is a row, not the run's end
             result["cells"].append({"cell": cell, "error": f"{type(e).__name__}: {e}"[:2000]})
             print(f"{cell}: {type(e).__name__}: {e}")
