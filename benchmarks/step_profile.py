@@ -99,12 +99,23 @@ def profile_prefill(engine, vocab: int, prompt: int, reps: int, device: str) -> 
         wall = once()
     spans = _kernels(prof)
     total, calls = _by_name(spans)
+    import cProfile
+    import pstats
+    py = cProfile.Profile()                      # the host's Python over three more prefills, by own time
+    py.enable()
+    py_ms = [once() for _ in range(3)]
+    py.disable()
+    st = pstats.Stats(py).stats                  # (file, line, name) -> (calls, prim, own, cum, callers)
+    python = sorted(({"function": f"{Path(f).name}:{ln}({fn})", "calls": v[1] / 3, "own_us": v[2] * 1e6 / 3,
+                      "cum_us": v[3] * 1e6 / 3} for (f, ln, fn), v in st.items()), key=lambda r: -r["own_us"])
     rows = sorted(({"kernel": k[:90], "us": v, "calls": calls[k]} for k, v in total.items()), key=lambda r: -r["us"])
     host = sorted(((e.key, e.self_cpu_time_total, e.count) for e in prof.key_averages()), key=lambda r: -r[1])
     median = statistics.median(ms)
     return {"prompt": prompt, "ms": median, "tok_s": prompt / median * 1e3, "ms_samples": ms, "profiled_ms": wall,
             "gpu_busy_us": interval_union([(s, e) for s, e, _ in spans]), "kernels_launched": len(spans),
-            "kernels": rows[:40], "host_ops": [{"op": k[:90], "self_us": t, "calls": c} for k, t, c in host[:25]]}
+            "kernels": rows[:40], "host_ops": [{"op": k[:90], "self_us": t, "calls": c} for k, t, c in host[:25]],
+            "python_ms": py_ms, "python": python[:60],
+            "python_cum": sorted(python, key=lambda r: -r["cum_us"])[:60]}
 
 
 def main() -> None:
@@ -197,6 +208,9 @@ def main() -> None:
                 print(f"  {r['us']:8.1f} us x{r['calls']:4d}  {r['kernel']}")
             for r in pre["host_ops"][:8]:
                 print(f"  host {r['self_us']:8.1f} us x{r['calls']:4d}  {r['op']}")
+            print(f"  python (cProfile, its cost included): {', '.join(f'{v:.1f}' for v in pre['python_ms'])} ms")
+            for r in pre["python"][:25]:
+                print(f"  py {r['own_us']:8.1f} us own {r['cum_us']:8.1f} cum x{r['calls']:6.1f}  {r['function']}")
     if a.out:
         write_result(a.out, result)
 
