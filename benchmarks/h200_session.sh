@@ -61,6 +61,8 @@
 #   or:              bash benchmarks/h200_session.sh pages     (the host store's pages: copy engine, the gather's
 #                    kernel and the CPU kernel on pinned, registered and huge-page rows; no pool, bf16 and int4,
 #                    the engine's store on huge pages against 4 KiB ones; then the GPU tests)
+#   or:              bash benchmarks/h200_session.sh prefill-py (carry .bench: the GPU tests; the kit's random model's
+#                    512-token prefill, int4 and bf16, kernels, torch's host operators and the host's Python)
 #   or:              bash benchmarks/h200_session.sh memory    (the GPU tests; the card's memory phase by phase at no
 #                    pool on the kit's trained-like checkpoint, int4 and bf16 in turn, and int4 with expandable segments)
 #   or:              bash benchmarks/h200_session.sh table     (the card's MoE launch table: the sweep, merged; gpt-oss-20b
@@ -304,6 +306,16 @@ case ${1:-} in
       --depths 2 --batches 1,8 --modes bus,auto --host-pages huge,4k --tokens 48 --out "$OUT/cold_pages.json" 2>&1 \
       | grep -e "tok/s" -e Error -e failed
     gpu_tests $(( $(left) - 10 ));;
+  prefill-py)
+    # the prefill step's wall time was twice its GPU time on the kit's model (step_profile_2026-12-08.json):
+    # where the host's time goes, by Python function, on the same checkpoint
+    gpu_tests 250
+    RAND_HF=/dev/shm/strata-random-L12
+    [ -d "$RAND_HF" ] || python3 .bench/kit/make_model.py "$RAND_HF" --shape qwen3-30b-a3b --layers 12 \
+      --tokenizer-from resources/models/demo 2>&1 | tail -n 1
+    timeout $(( $(left) - 10 )) python3 benchmarks/step_profile.py --hf "$RAND_HF" --cells int4,bf16 --timed 8 \
+      --profiled 1 --prefill 512 --out "$OUT/step_profile_prefill_py.json" 2>&1 \
+      | grep -e "tok/s" -e Error -e prefill -e "py " -e python | head -n 70;;
   share-ab)
     # the kit's random model written here (its routing: the one where depth 2 lost most at no pool),
     # then predict_ab at no pool (bf16 unless AB_FORMATS): replays with one CPU share tuner per recording
