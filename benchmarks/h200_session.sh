@@ -46,8 +46,8 @@
 #   or:              bash benchmarks/h200_session.sh warm-ab   (carry .bench: the kit's offload rows with and without a
 #                    prompt's chunks ranking the experts they admit, on the trained-like model)
 #   or:              bash benchmarks/h200_session.sh after-kit         (once the kit is done: the 512-token prefill
-#                    with the alignment's one program on 4, 8 and 16 warps, one-token 16-bit matrices and routers
-#                    on the GEMV kernel against cuBLAS; gpt-oss-20b every expert resident)
+#                    on the kit's own checkpoint, int4 and bf16 (PROFILE_CELLS), median of five with the host's
+#                    Python profiled; gpt-oss-20b every expert resident)
 #   or:              bash benchmarks/h200_session.sh turns             (the GPU tests; the CPU kernel in one parallel
 #                    region or two; the card's memory over the kit's engines loaded in turn; predict_ab at AB_SHARES)
 #   or:              bash benchmarks/h200_session.sh tuner             (the GPU tests; replays predicting or not
@@ -269,9 +269,14 @@ case ${1:-} in
     done; done;;
   after-kit)
     kit_done || { echo "the kit is still running: poll it first"; exit 1; }
-    timeout 150 python3 benchmarks/step_profile.py --timed 16 --profiled 2 --prefill 512 \
-      --cells "${PROFILE_CELLS:-int4,int4+alignw8,int4+alignw16,int4+gemv16,bf16,bf16+gemv16}" \
-      --out "$OUT/prefill_align.json" 2>&1 | grep -e "tok/s" -e Error -e "_align"
+    # the 512-token prefill on the kit's own checkpoint (the one its llama-bench pp512 read), median of
+    # five after two untimed, with the host's Python profiled: the kit times only one prefill a run
+    KIT_HF=$(dirname "$(find /dev/shm/llamacpp-anchor "$HOME/llamacpp-anchor/data" -maxdepth 3 -path '*/hf/config.json' \
+      2>/dev/null | head -n 1)")
+    [ "${KIT_TRAINED:-0}" = 1 ] && KIT_HF=$TRAINED
+    timeout 150 python3 benchmarks/step_profile.py --hf "$KIT_HF" --timed 16 --profiled 2 --prefill 512 \
+      --cells "${PROFILE_CELLS:-int4,bf16}" --out "$OUT/prefill_kit_model.json" 2>&1 \
+      | grep -e "tok/s" -e Error -e prefill -e python
     timeout "$(( $(left) - 5 ))" python3 benchmarks/bench_gpt_oss.py --cells a --out "$OUT/gpt_oss_a.json" 2>&1 \
       | tail -n 8;;
   kit)
@@ -471,6 +476,6 @@ print(n(torch.cuda.get_device_name()))")
   *)
     echo "usage: h200_session.sh tests-and-kit | tests-ab-kit | ab-kit | finish | gemv-on | gemv-order |" \
       "validate | checks | turns | prefill-ab | tests-profile-kit | tests-table-kit | after-kit | kit |" \
-      "kit-then-gpt-oss | gpt-oss | probes | no-pool" >&2
+      "kit-then-gpt-oss | gpt-oss | probes | no-pool | pages | prefill-py | share-ab | memory | cold-ab | table" >&2
     exit 2;;
 esac
