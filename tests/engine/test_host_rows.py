@@ -70,3 +70,24 @@ def test_a_store_allocated_on_huge_pages_keeps_what_is_written_and_says_where_it
     assert torch.equal(store.layer_rows(1)[2], packed)
     line = store.describe()
     assert line.startswith("host store: 2 x 3 experts") and "pageable" in line
+
+
+def _rss_mib() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) // 1024 for line in f if line.startswith("VmRSS"))
+
+
+@linux
+def test_the_memory_goes_back_once_the_last_view_is_dropped():
+    before = _rss_mib()
+    rows = host_rows(2 * HUGE_MIN_BYTES // (1 << 20), 1 << 20)
+    rows.fill_(1)
+    view = rows[5]
+    held = _rss_mib()
+    assert held - before >= 96                       # 128 MiB written
+    del rows
+    gc.collect()
+    assert _rss_mib() >= held - 16                    # a view still holds the mapping
+    del view
+    gc.collect()
+    assert _rss_mib() <= before + 16
