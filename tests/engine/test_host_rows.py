@@ -91,3 +91,20 @@ def test_the_memory_goes_back_once_the_last_view_is_dropped():
     del view
     gc.collect()
     assert _rss_mib() <= before + 16
+
+
+def test_a_model_loaded_onto_mapped_rows_answers_as_on_ordinary_ones(tmp_path, monkeypatch):
+    """The loader's rows (every routed expert) from the huge-page mapping: the same scores and tokens."""
+    from engine import LLM
+    from parallel_helpers import GREEDY, OPTIONS, PROMPTS
+    from tiny_models import build_tiny_model
+    folder = build_tiny_model(tmp_path / "m", "qwen3_moe")
+    options = dict(OPTIONS, expert_pool_size="50%")               # a pool over the host store's rows
+    with LLM(str(folder), **options) as llm:
+        want = (llm.engine.score_batch(PROMPTS), [o.token_ids for o in llm.generate(PROMPTS, GREEDY)])
+    monkeypatch.setattr(store_mod, "HUGE_MIN_BYTES", 1)
+    with LLM(str(folder), **options) as llm:
+        rows = llm.engine.loaded.experts.store.rows
+        assert rows.data_ptr() % HUGE_PAGE == 0 or not sys.platform.startswith("linux")
+        got = (llm.engine.score_batch(PROMPTS), [o.token_ids for o in llm.generate(PROMPTS, GREEDY)])
+    assert all(torch.equal(a, b) for a, b in zip(want[0], got[0])) and want[1] == got[1]
