@@ -182,9 +182,10 @@ def main() -> None:
                     try:
                         r = row(engine, sweep, fmt, pool, depth, mode, b, prompts, gather, args.reads, args.profile)
                     except Exception as e:
-                        result["errors"].append({"format": fmt, "pool": pool, "depth": depth, "mode": mode, "gather": gather,
+                        result["errors"].append({"format": fmt, "host_pages": page, "pool": pool, "depth": depth,
+                                                 "mode": mode, "gather": gather,
                                                  "batch": b, "error": "".join(traceback.format_exception(e))[-6000:]})
-                        print(f"{fmt} pool {pool} depth {depth} {mode} {g} b{b}: failed: {e!r}"[:300], flush=True)
+                        print(f"{fmt} {page} pool {pool} depth {depth} {mode} {g} b{b}: failed: {e!r}"[:300], flush=True)
                         for req in list(engine.scheduler.running) + list(engine.scheduler.waiting):
                             engine.abort_now(req.request_id)   # the next row starts clean
                         continue

@@ -28,6 +28,7 @@ from benchmarks.common import environment, write_result  # noqa: E402
 from kernels._triton import cdiv, jit, tl  # noqa: E402
 from kernels.publish_ids import gather_copy  # noqa: E402
 from kernels.expert_layout import ExpertLayout  # noqa: E402
+from engine.experts.store import huge_page_bytes  # noqa: E402
 
 HUGE = 2 << 20
 
@@ -80,13 +81,6 @@ def timed(fn, repeats: int, before) -> float:
     return best
 
 
-def meminfo_kib(key: str) -> int:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    return -1
-
-
 def thp_settings() -> dict:
     out = {}
     for name in ("enabled", "defrag"):
@@ -100,13 +94,15 @@ def thp_settings() -> dict:
 def make_store(backing: str, rows: int, keep: list) -> tuple[torch.Tensor, dict]:
     """``uint8 [rows, EXPERT_BYTES]`` page-locked in the way ``backing`` names, filled; and what it got."""
     nbytes = rows * EXPERT_BYTES
-    huge0 = meminfo_kib("AnonHugePages")
     if backing == "pinned":
         store = torch.empty(rows, EXPERT_BYTES, dtype=torch.uint8, pin_memory=True)
     else:
         if backing == "thp":
             m = mmap.mmap(-1, nbytes + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-            m.madvise(mmap.MADV_HUGEPAGE)
+            try:
+                m.madvise(mmap.MADV_HUGEPAGE)
+            except OSError:          # no transparent huge pages here: the row says how many it got (none)
+                pass
             keep.append(m)
             flat = torch.frombuffer(m, dtype=torch.uint8)
             skip = -flat.data_ptr() % HUGE
@@ -118,7 +114,7 @@ def make_store(backing: str, rows: int, keep: list) -> tuple[torch.Tensor, dict]
     for sl in layout.tensors:               # finite scales, so the CPU kernel meets ordinary numbers
         if sl.dtype == torch.float16:
             store[:, sl.offset:sl.offset + sl.nbytes].view(torch.float16).fill_(0.01)
-    got = {"backing": backing, "huge_pages_mib": (meminfo_kib("AnonHugePages") - huge0) / 1024}
+    got = {"backing": backing, "huge_pages_mib": huge_page_bytes(store) / 2**20}
     if backing != "pinned":
         err = torch.cuda.cudart().cudaHostRegister(store.data_ptr(), store.numel(), 1 | 2)
         code = int(err.value) if hasattr(err, "value") else int(err)
@@ -188,15 +184,21 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="one variant of each copy kernel (and the copy engine)")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
+    backings = args.backings.split(",")
+    if set(backings) - {"pinned", "registered", "thp"}:
+        ap.error(f"--backings takes pinned, registered and thp; got {args.backings}")
     dev = torch.device("cuda")
     cells, stores, keep = [], [], []
     print(f"transparent huge pages: {thp_settings()}")
-    for backing in args.backings.split(","):
+    for backing in backings:
         store, got = make_store(backing, args.store_rows, keep)
         got["cpu_gb_s_1tok"] = cpu_rate(store)
         stores.append(got)
         print(f"{backing}: {got['huge_pages_mib']:.0f} MiB on huge pages; CPU kernel {got['cpu_gb_s_1tok']:.1f} GB/s")
         cells += copy_cells(args, store, dev, backing)
+    for t in keep:                       # the registered stores: unregistered before they are freed
+        if isinstance(t, torch.Tensor):
+            torch.cuda.cudart().cudaHostUnregister(t.data_ptr())
     if args.out:
         write_result(args.out, {"what": __doc__.splitlines()[0], "environment": environment(),
                                 "benchmark": "gather_rate", "expert_bytes": EXPERT_BYTES, "thp": thp_settings(),

@@ -271,9 +271,9 @@ case ${1:-} in
     kit_done || { echo "the kit is still running: poll it first"; exit 1; }
     # the 512-token prefill on the kit's own checkpoint (the one its llama-bench pp512 read), median of
     # five after two untimed, with the host's Python profiled: the kit times only one prefill a run
-    KIT_HF=$(dirname "$(find /dev/shm/llamacpp-anchor "$HOME/llamacpp-anchor/data" -maxdepth 3 -path '*/hf/config.json' \
-      2>/dev/null | head -n 1)")
-    [ "${KIT_TRAINED:-0}" = 1 ] && KIT_HF=$TRAINED
+    KIT_HF=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["hf"])' \
+      "$(readlink -f "$HOME/llamacpp-anchor/latest")/params.json" 2>/dev/null)
+    [ -f "$KIT_HF/config.json" ] || { echo "the kit's checkpoint ($KIT_HF) is gone: no prefill on it"; exit 1; }
     timeout 150 python3 benchmarks/step_profile.py --hf "$KIT_HF" --timed 16 --profiled 2 --prefill 512 \
       --cells "${PROFILE_CELLS:-int4,bf16}" --out "$OUT/prefill_kit_model.json" 2>&1 \
       | grep -e "tok/s" -e Error -e prefill -e python
@@ -318,7 +318,7 @@ case ${1:-} in
     RAND_HF=/dev/shm/strata-random-L12
     [ -d "$RAND_HF" ] || python3 .bench/kit/make_model.py "$RAND_HF" --shape qwen3-30b-a3b --layers 12 \
       --tokenizer-from resources/models/demo 2>&1 | tail -n 1
-    timeout $(( $(left) - 10 )) python3 benchmarks/step_profile.py --hf "$RAND_HF" --cells int4,bf16 --timed 8 \
+    [ "$(left)" -gt 60 ] && timeout $(( $(left) - 10 )) python3 benchmarks/step_profile.py --hf "$RAND_HF" --cells int4,bf16 --timed 8 \
       --profiled 1 --prefill 512 --out "$OUT/step_profile_prefill_py.json" 2>&1 \
       | grep -e "tok/s" -e Error -e prefill -e "py " -e python | head -n 70;;
   share-ab)

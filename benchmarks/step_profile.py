@@ -105,7 +105,7 @@ def profile_prefill(engine, vocab: int, prompt: int, reps: int, device: str) -> 
     py.enable()
     py_ms = [once() for _ in range(3)]
     py.disable()
-    st = pstats.Stats(py).stats                  # (file, line, name) -> (calls, prim, own, cum, callers)
+    st = pstats.Stats(py).stats                  # (file, line, name) -> (prim calls, calls, own, cum, callers)
     python = sorted(({"function": f"{Path(f).name}:{ln}({fn})", "calls": v[1] / 3, "own_us": v[2] * 1e6 / 3,
                       "cum_us": v[3] * 1e6 / 3} for (f, ln, fn), v in st.items()), key=lambda r: -r["own_us"])
     rows = sorted(({"kernel": k[:90], "us": v, "calls": calls[k]} for k, v in total.items()), key=lambda r: -r["us"])
@@ -137,7 +137,8 @@ def main() -> None:
     ap.add_argument("--prefill", type=int, default=0,
                     help="also profile the prefill of a prompt of this many tokens (0: none)")
     ap.add_argument("--hf", default=None,
-                    help="a checkpoint folder (the llama.cpp kit's model) instead of this script's random one")
+                    help="a checkpoint folder (the llama.cpp kit's model) instead of this script's random one "
+                         "(--layers then does not apply)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--smoke", action="store_true",
                     help="a small shape on the CPU: checks the script, measures nothing")
@@ -149,7 +150,8 @@ def main() -> None:
     else:
         hf, cfg, shape, device = kit_model(a.layers, a.smoke)
     result = {"benchmark": "step_profile", "what": (
-        f"Kernels of replayed batch-1 decode steps, Qwen3-30B-A3B shape with {a.layers} layers, random weights, "
+        "Kernels of replayed batch-1 decode steps, "
+        + (f"the checkpoint {a.hf}, " if a.hf else f"Qwen3-30B-A3B shape with {a.layers} layers, random weights, ") +
         f"every expert on the GPU, after a {a.prompt}-token prompt: wall time per step, GPU busy time (union "
         "of kernel intervals), kernels grouped by name"), "config": vars(a), "cells": []}
     import kernels._triton as triton_glue

@@ -56,8 +56,9 @@ def host_rows(rows: int, nbytes: int, huge_pages: bool | None = None) -> torch.T
 
 
 def huge_page_bytes(t: torch.Tensor) -> int:
-    """Bytes of the mapping that holds ``t`` that lie on transparent huge pages (Linux; 0 elsewhere or
-    when it cannot be read)."""
+    """Bytes of the mapping that holds ``t`` that lie on transparent huge pages, at most its storage's
+    (Linux; 0 elsewhere or when it cannot be read). The kernel may merge neighbouring mappings of the
+    same kind into one, whose count then includes its neighbours': the bound keeps it to this one's size."""
     ptr = t.data_ptr()
     try:
         with open("/proc/self/smaps") as f:
@@ -68,7 +69,7 @@ def huge_page_bytes(t: torch.Tensor) -> int:
                     lo, hi = (int(v, 16) for v in head.split("-"))
                     inside = lo <= ptr < hi
                 elif inside and head == "AnonHugePages:":
-                    return int(line.split()[1]) * 1024
+                    return min(int(line.split()[1]) * 1024, t.untyped_storage().nbytes())
     except (OSError, ValueError, IndexError):
         pass
     return 0
