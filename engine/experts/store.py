@@ -55,10 +55,9 @@ def host_rows(rows: int, nbytes: int, huge_pages: bool | None = None) -> torch.T
     return flat[skip:skip + total].view(rows, nbytes)
 
 
-def huge_page_bytes(t: torch.Tensor) -> int:
-    """Bytes of the mapping that holds ``t`` that lie on transparent huge pages, at most its storage's
-    (Linux; 0 elsewhere or when it cannot be read). The kernel may merge neighbouring mappings of the
-    same kind into one, whose count then includes its neighbours': the bound keeps it to this one's size."""
+def mapping_field(t: torch.Tensor, key: str) -> list[str]:
+    """The values of field ``key`` (``"AnonHugePages"``, ``"VmFlags"``) of the mapping that holds ``t``,
+    from /proc/self/smaps ([] where there is none or it cannot be read: not Linux)."""
     ptr = t.data_ptr()
     try:
         with open("/proc/self/smaps") as f:
@@ -68,11 +67,19 @@ def huge_page_bytes(t: torch.Tensor) -> int:
                 if "-" in head and not head.endswith(":"):
                     lo, hi = (int(v, 16) for v in head.split("-"))
                     inside = lo <= ptr < hi
-                elif inside and head == "AnonHugePages:":
-                    return min(int(line.split()[1]) * 1024, t.untyped_storage().nbytes())
+                elif inside and head == key + ":":
+                    return line.split()[1:]
     except (OSError, ValueError, IndexError):
         pass
-    return 0
+    return []
+
+
+def huge_page_bytes(t: torch.Tensor) -> int:
+    """Bytes of the mapping that holds ``t`` that lie on transparent huge pages, at most its storage's
+    (Linux; 0 elsewhere or when it cannot be read). The kernel may merge neighbouring mappings of the
+    same kind into one, whose count then includes its neighbours': the bound keeps it to this one's size."""
+    kib = mapping_field(t, "AnonHugePages")
+    return min(int(kib[0]) * 1024, t.untyped_storage().nbytes()) if kib else 0
 
 
 class HostExpertStore:

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import engine.experts.store as store_mod
-from engine.experts.store import HUGE_MIN_BYTES, HUGE_PAGE, HostExpertStore, host_rows, huge_page_bytes
+from engine.experts.store import (HUGE_MIN_BYTES, HUGE_PAGE, HostExpertStore, host_rows, huge_page_bytes,
+                                  mapping_field)
 from kernels.expert_layout import ExpertLayout
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="transparent huge pages are Linux's")
@@ -38,26 +39,12 @@ def test_large_rows_are_aligned_to_a_huge_page_and_outlive_the_call():
     assert torch.equal(last[:300], torch.arange(300, dtype=torch.int64).to(torch.uint8))
 
 
-def _vm_flags(t: torch.Tensor) -> list[str]:
-    """The kernel's flags of the mapping that holds ``t`` (/proc/self/smaps)."""
-    ptr, inside = t.data_ptr(), False
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split(None, 1)[0]
-            if "-" in head and not head.endswith(":"):
-                lo, hi = (int(v, 16) for v in head.split("-"))
-                inside = lo <= ptr < hi
-            elif inside and head == "VmFlags:":
-                return line.split()[1:]
-    return []
-
-
 @linux
 def test_touched_rows_are_asked_for_on_huge_pages_and_counted_within_their_size():
     rows = host_rows(HUGE_MIN_BYTES // (1 << 20), 1 << 20)
     rows.fill_(1)
     if _thp_mode() in ("always", "madvise"):
-        assert "hg" in _vm_flags(rows)              # madvise(MADV_HUGEPAGE) took: the kernel may use them
+        assert "hg" in mapping_field(rows, "VmFlags")              # madvise(MADV_HUGEPAGE) took: the kernel may use them
     # how many it got depends on the kernel's free huge pages; never more than the rows' own mapping
     assert 0 <= huge_page_bytes(rows) <= rows.untyped_storage().nbytes()
 
